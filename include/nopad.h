@@ -1,0 +1,159 @@
+/* nopad — padding-free transformer inference.
+ *
+ * Public C API. A batch is a packed token stream: tokens[T] for all sequences back to back,
+ * described by cu_seqlens[B+1] (cu_seqlens[0] = 0, cu_seqlens[B] = T). Every function returns a
+ * nopad_status; on failure nopad_last_error() holds a message naming what, where and what was
+ * expected. Every object has an init/free pair; free functions accept NULL.
+ *
+ * No CUDA types appear here: device selection is an enum, device buffers are plain pointers. */
+#ifndef NOPAD_H
+#define NOPAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NOPAD_VERSION_MAJOR 0
+#define NOPAD_VERSION_MINOR 1
+#define NOPAD_VERSION_PATCH 0
+
+/* ---- status and errors -------------------------------------------------------------------- */
+
+typedef enum nopad_status {
+    NOPAD_OK = 0,
+    NOPAD_ERR_INVALID_ARGUMENT = 1, /* a caller-supplied value is out of range or inconsistent */
+    NOPAD_ERR_IO = 2,               /* a file or folder is missing or unreadable */
+    NOPAD_ERR_FORMAT = 3,           /* a file is malformed (safetensors, JSON, vocab, ...) */
+    NOPAD_ERR_UNSUPPORTED = 4,      /* well-formed but not supported (model_type, dtype, ...) */
+    NOPAD_ERR_OUT_OF_MEMORY = 5,
+    NOPAD_ERR_BUFFER_TOO_SMALL = 6, /* output capacity too small; the needed size is reported */
+    NOPAD_ERR_TOO_LONG = 7,         /* a sequence exceeds the model maximum and truncation is off */
+    NOPAD_ERR_BACKEND = 8,          /* the compute backend failed (e.g. a CUDA error) */
+    NOPAD_ERR_INTERNAL = 9,
+} nopad_status;
+
+/* Short name of a status code ("invalid argument", ...). Never NULL. */
+const char *nopad_status_string(nopad_status status);
+/* Message describing the last failure on the calling thread ("" if none). Thread-local, valid
+ * until the next nopad call on this thread. */
+const char *nopad_last_error(void);
+/* "MAJOR.MINOR.PATCH" */
+const char *nopad_version(void);
+
+/* ---- enums -------------------------------------------------------------------------------- */
+
+typedef enum nopad_device { NOPAD_DEVICE_CPU = 0, NOPAD_DEVICE_CUDA = 1 } nopad_device;
+
+typedef enum nopad_dtype { NOPAD_DTYPE_F32 = 0, NOPAD_DTYPE_F16 = 1, NOPAD_DTYPE_BF16 = 2 } nopad_dtype;
+
+typedef enum nopad_pooling {
+    NOPAD_POOLING_MODEL = -1, /* use the folder's sentence-transformers config, else CLS */
+    NOPAD_POOLING_NONE = 0,   /* no pooled output */
+    NOPAD_POOLING_CLS = 1,    /* first token of each sequence */
+    NOPAD_POOLING_MEAN = 2,   /* mean over each sequence's tokens */
+    NOPAD_POOLING_MAX = 3,    /* element-wise max over each sequence's tokens */
+} nopad_pooling;
+
+/* ---- tokenizer ---------------------------------------------------------------------------- */
+
+typedef struct nopad_tokenizer nopad_tokenizer;
+
+/* Loads tokenizer.json from `dir`, else vocab.txt (+ tokenizer_config.json for do_lower_case). */
+nopad_status nopad_tokenizer_load(const char *dir, nopad_tokenizer **out);
+void nopad_tokenizer_free(nopad_tokenizer *tok);
+
+typedef struct nopad_tokenize_params {
+    int add_special_tokens; /* 1: wrap in the template ([CLS] ... [SEP]); default 1 */
+    int truncate;           /* 1: cut to max_length (keeping the closing special token); default 0 */
+    int32_t max_length;     /* total ids allowed incl. special tokens; <= 0 means no limit */
+} nopad_tokenize_params;
+nopad_tokenize_params nopad_tokenize_default_params(void);
+
+/* Tokenizes UTF-8 `text` of `len` bytes into ids[capacity]. *n_ids receives the number of ids.
+ * Invalid UTF-8 -> NOPAD_ERR_INVALID_ARGUMENT. More ids than max_length with truncate == 0 ->
+ * NOPAD_ERR_TOO_LONG. More ids than capacity -> NOPAD_ERR_BUFFER_TOO_SMALL with *n_ids = needed. */
+nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t len,
+                            const nopad_tokenize_params *params, int32_t *ids, int32_t capacity,
+                            int32_t *n_ids);
+int32_t nopad_tokenizer_vocab_size(const nopad_tokenizer *tok);
+/* Id of a token string such as "[CLS]", or -1 when absent. */
+int32_t nopad_tokenizer_token_to_id(const nopad_tokenizer *tok, const char *token);
+
+/* ---- model -------------------------------------------------------------------------------- */
+
+typedef struct nopad_model nopad_model;
+
+typedef struct nopad_model_params {
+    nopad_device device;      /* default NOPAD_DEVICE_CPU */
+    nopad_dtype dtype;        /* compute dtype; the CPU backend supports F32 only. default F32 */
+    int n_threads;            /* CPU threads; <= 0: OpenMP's default */
+    int32_t max_batch_tokens; /* workspace size in tokens; <= 0: grow on demand (CPU) */
+} nopad_model_params;
+nopad_model_params nopad_model_default_params(void);
+
+/* Loads a Hugging Face model folder (config.json + model.safetensors or a sharded index, an
+ * optional tokenizer and optional sentence-transformers files). */
+nopad_status nopad_model_load(const char *dir, const nopad_model_params *params, nopad_model **out);
+void nopad_model_free(nopad_model *model);
+
+typedef struct nopad_model_info {
+    const char *model_type;   /* config.json model_type: "bert", "roberta", ... */
+    const char *family;       /* "BERT", "RoBERTa", "DistilBERT", "ALBERT" */
+    const char *activation;   /* "gelu", "gelu_new", "relu" */
+    const char *weights_dtype;/* dtype of the tensors in the file: "F32", "F16", "BF16" (or "mixed") */
+    const char *compute_dtype;/* "F32", "F16", "BF16" */
+    int32_t vocab_size;
+    int32_t hidden_size;
+    int32_t embedding_size;   /* != hidden_size for ALBERT's factorised embeddings */
+    int32_t num_layers;
+    int32_t num_heads;
+    int32_t head_size;
+    int32_t intermediate_size;
+    int32_t max_position_embeddings;
+    int32_t max_seq_length;   /* longest sequence accepted (sentence-transformers or positions) */
+    int32_t type_vocab_size;  /* 0 when the family has no token types */
+    float layer_norm_eps;
+    int64_t n_params;
+    nopad_pooling pooling;    /* default pooling of the folder (CLS when not configured) */
+    int normalize;            /* 1 if the folder's pipeline L2-normalises */
+    int has_tokenizer;
+    const char *tokenizer_kind; /* "tokenizer.json", "vocab.txt" or "none" */
+} nopad_model_info;
+nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *out);
+
+/* The tokenizer loaded with the model, or NULL when its folder has none. Owned by the model. */
+const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *model);
+
+typedef struct nopad_encode_params {
+    nopad_pooling pooling; /* default NOPAD_POOLING_MODEL */
+    int normalize;         /* -1: the folder's default; 0: off; 1: L2-normalise pooled rows */
+} nopad_encode_params;
+nopad_encode_params nopad_encode_default_params(void);
+
+/* Runs the encoder on a packed batch.
+ *   cu_seqlens[n_seqs+1]  prefix sums of the sequence lengths, cu_seqlens[0] = 0, each length >= 1
+ *   tokens[T]             token ids, T = cu_seqlens[n_seqs]
+ *   token_type_ids[T]     or NULL (all zero)
+ *   hidden_out[T, H]      last hidden states, or NULL
+ *   pooled_out[n_seqs, H] pooled (and maybe normalised) embeddings, or NULL
+ * Host float32 buffers. */
+nopad_status nopad_encode_packed(nopad_model *model, int32_t n_seqs, const int32_t *cu_seqlens,
+                                 const int32_t *tokens, const int32_t *token_type_ids,
+                                 const nopad_encode_params *params, float *hidden_out,
+                                 float *pooled_out);
+
+/* Padded entry: tokens[n_seqs, max_len] row-major with lengths[n_seqs] real tokens per row
+ * (1 <= lengths[i] <= max_len). The batch is packed inside; hidden_out is [n_seqs, max_len, H]
+ * with zeros past each length, or NULL. */
+nopad_status nopad_encode_padded(nopad_model *model, int32_t n_seqs, int32_t max_len,
+                                 const int32_t *tokens, const int32_t *token_type_ids,
+                                 const int32_t *lengths, const nopad_encode_params *params,
+                                 float *hidden_out, float *pooled_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NOPAD_H */

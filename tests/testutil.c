@@ -1,0 +1,105 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *test_data_path(const char *rel) {
+    static char buf[4096];
+    const char *root = getenv("NOPAD_TEST_DATA");
+    snprintf(buf, sizeof buf, "%s/%s", root ? root : "tests/data", rel);
+    return buf;
+}
+
+const char *test_minilm_dir(void) {
+    static char buf[4096];
+    const char *dir = getenv("NOPAD_MINILM_DIR");
+    if (!dir || !*dir) return NULL;
+    snprintf(buf, sizeof buf, "%s/config.json", dir);
+    struct stat st;
+    if (stat(buf, &st) != 0) return NULL;
+    snprintf(buf, sizeof buf, "%s", dir);
+    return buf;
+}
+
+char *test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len) *len = (size_t)n;
+    }
+    return buf;
+}
+
+static const char *temp_root(void) {
+    static char root[256];
+    if (!root[0]) {
+        snprintf(root, sizeof root, "/tmp/nopad-test-%d", (int)getpid());
+        mkdir(root, 0700);
+    }
+    return root;
+}
+
+const char *test_write_temp(int slot, const char *suffix, const void *data, size_t len) {
+    static char paths[8][512];
+    static int counter;
+    char *p = paths[slot & 7];
+    snprintf(p, sizeof paths[0], "%s/f%d%s", temp_root(), counter++, suffix ? suffix : "");
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    if (len) assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+    return p;
+}
+
+const char *test_make_temp_dir(int slot) {
+    static char paths[8][512];
+    static int counter;
+    char *p = paths[slot & 7];
+    snprintf(p, sizeof paths[0], "%s/d%d", temp_root(), counter++);
+    assert_int_equal(mkdir(p, 0700), 0);
+    return p;
+}
+
+double test_max_row_rel_error(const float *a, const float *b, int64_t rows, int64_t cols) {
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double diff = 0, ref = 0;
+        for (int64_t c = 0; c < cols; c++) {
+            double d = (double)a[r * cols + c] - (double)b[r * cols + c];
+            diff += d * d;
+            ref += (double)b[r * cols + c] * b[r * cols + c];
+        }
+        double rel = sqrt(diff) / fmax(sqrt(ref), 1e-6);
+        if (isnan(rel)) return INFINITY;
+        if (rel > worst) worst = rel;
+    }
+    return worst;
+}
+
+uint32_t test_rand_u32(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (uint32_t)(x >> 32);
+}
+
+void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * (float)(test_rand_u32(state) >> 8) / 16777216.0f;
+}

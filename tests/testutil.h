@@ -1,0 +1,49 @@
+/* Helpers shared by the test programs (cmocka). */
+#ifndef NOPAD_TESTUTIL_H
+#define NOPAD_TESTUTIL_H
+
+#include <setjmp.h> /* cmocka needs these before cmocka.h */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "nopad.h"
+
+/* $NOPAD_TEST_DATA/<rel> in a static buffer (tests/data in the source tree). */
+const char *test_data_path(const char *rel);
+/* $NOPAD_MINILM_DIR, or NULL when unset or missing. */
+const char *test_minilm_dir(void);
+/* Reads a whole file; returns NULL on failure. Caller frees. */
+char *test_read_file(const char *path, size_t *len);
+/* Writes `len` bytes to a fresh temporary file and returns its path (static buffer per call
+ * index `slot` 0..7). */
+const char *test_write_temp(int slot, const char *suffix, const void *data, size_t len);
+/* Creates a fresh empty temporary folder and returns its path (static buffer per slot 0..7). */
+const char *test_make_temp_dir(int slot);
+/* max over rows of |a_r - b_r|_2 / max(|b_r|_2, 1e-6) for [rows, cols] matrices. */
+double test_max_row_rel_error(const float *a, const float *b, int64_t rows, int64_t cols);
+/* Uniform floats in [lo, hi) from a fixed-seed xorshift generator. */
+void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state);
+uint32_t test_rand_u32(uint64_t *state);
+/* Asserts `status == NOPAD_OK`, printing nopad_last_error() otherwise. */
+#define assert_nopad_ok(expr)                                                                      \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) fail_msg("%s -> %s: %s", #expr, nopad_status_string(st_),             \
+                                      nopad_last_error());                                         \
+    } while (0)
+/* Asserts a failure with the given status whose message contains `needle`. */
+#define assert_nopad_error(expr, want_status, needle)                                              \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != (want_status))                                                                  \
+            fail_msg("%s -> %s (want %s): %s", #expr, nopad_status_string(st_),                    \
+                     nopad_status_string(want_status), nopad_last_error());                        \
+        if (!strstr(nopad_last_error(), (needle)))                                                 \
+            fail_msg("%s: message \"%s\" does not mention \"%s\"", #expr, nopad_last_error(),      \
+                     (needle));                                                                    \
+    } while (0)
+
+#endif
