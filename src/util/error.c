@@ -23,7 +23,7 @@ nopad_status nopad_wrap_error(nopad_status status, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, last_error, sizeof old);
-    snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+    snprintf(last_error, sizeof last_error, "%.1000s: %.1000s", prefix, old);
     return status;
 }
 

@@ -1,0 +1,101 @@
+/* The op table: every operation a model graph needs, on packed tensors.
+ *
+ * Activations are [T, ...] with T = total real tokens of the batch; sequences are delimited by
+ * cu_seqlens[B+1] (int32, in the backend's memory). Tensor pointers live in the backend's memory
+ * (host for CPU, device for CUDA) and hold elements of the backend's dtype (`be->dtype`); weights
+ * are [out, in] row-major as in nn.Linear, so a linear layer is y = x · Wᵀ (+ epilogue).
+ * Fusions (bias+GELU in the GEMM, bias+residual+LayerNorm) are ops here so the model code stays one
+ * loop over layers and every backend gets the fused path. Ops enqueue work and return; the CPU
+ * backend runs them synchronously. */
+#ifndef NOPAD_BACKEND_H
+#define NOPAD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nopad.h"
+
+typedef enum nopad_activation {
+    NOPAD_ACT_GELU = 0,      /* exact: 0.5·x·(1 + erf(x/√2)) — HF "gelu" */
+    NOPAD_ACT_GELU_TANH = 1, /* tanh approximation — HF "gelu_new", "gelu_pytorch_tanh" */
+    NOPAD_ACT_RELU = 2,
+} nopad_activation;
+
+typedef enum nopad_epilogue {
+    NOPAD_EPILOGUE_NONE = 0,          /* y = x·Wᵀ */
+    NOPAD_EPILOGUE_BIAS = 1,          /* y = x·Wᵀ + b */
+    NOPAD_EPILOGUE_BIAS_ACT = 2,      /* y = act(x·Wᵀ + b) */
+    NOPAD_EPILOGUE_BIAS_RESIDUAL = 3, /* y = x·Wᵀ + b + residual */
+} nopad_epilogue;
+
+typedef struct nopad_backend nopad_backend;
+
+/* Sequence boundaries of a packed batch, as every op that needs them receives them. */
+typedef struct nopad_seqs {
+    int32_t n_seqs;            /* B */
+    int32_t n_tokens;          /* T = cu_seqlens[B] */
+    int32_t max_seqlen;        /* max_i (cu_seqlens[i+1] - cu_seqlens[i]) */
+    const int32_t *cu_seqlens; /* [B+1] in backend memory */
+} nopad_seqs;
+
+struct nopad_backend {
+    const char *name;  /* "cpu", "cuda" */
+    nopad_dtype dtype; /* element type of every tensor the ops see */
+    void *impl;        /* backend-private state */
+
+    void (*destroy)(nopad_backend *be);
+
+    /* ---- memory ---------------------------------------------------------------------------- */
+    nopad_status (*alloc)(nopad_backend *be, size_t bytes, void **out);
+    void (*free)(nopad_backend *be, void *ptr);
+    /* Host float32 -> backend tensor of n elements (converted to be->dtype). */
+    nopad_status (*upload_f32)(nopad_backend *be, void *dst, const float *src, size_t n);
+    /* Backend tensor of n elements -> host float32. */
+    nopad_status (*download_f32)(nopad_backend *be, float *dst, const void *src, size_t n);
+    /* Host int32 -> backend int32 buffer. */
+    nopad_status (*upload_i32)(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n);
+    /* Waits for all enqueued work (no-op on CPU). Never called inside a forward. */
+    nopad_status (*synchronize)(nopad_backend *be);
+
+    /* ---- ops ------------------------------------------------------------------------------- */
+
+    /* out[T, E] = LayerNorm(word[tokens] + pos[position_offset + t - start(seq)] + type[types])
+     * word [V, E], pos [P, E], type [TV, E] or NULL (no token types); types[T] or NULL (= 0). */
+    nopad_status (*embed_layernorm)(nopad_backend *be, void *out, const int32_t *tokens,
+                                    const int32_t *types, const nopad_seqs *seqs,
+                                    int32_t position_offset, const void *word, const void *pos,
+                                    const void *type, const void *ln_weight, const void *ln_bias,
+                                    float eps, int32_t dim);
+
+    /* out[T, N] = epilogue(x[T, K] · w[N, K]ᵀ). bias [N] (unless NONE); residual [T, N] for
+     * BIAS_RESIDUAL (may alias out). */
+    nopad_status (*linear)(nopad_backend *be, void *out, const void *x, const void *w,
+                           const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
+                           int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
+
+    /* x[T, dim] = LayerNorm(x + bias + residual) in place; bias [dim] or NULL. One pass. */
+    nopad_status (*bias_residual_layernorm)(nopad_backend *be, void *x, const void *bias,
+                                            const void *residual, const void *ln_weight,
+                                            const void *ln_bias, float eps, int32_t n_tokens,
+                                            int32_t dim);
+
+    /* Variable-length multi-head attention on packed QKV.
+     * qkv [T, 3, n_heads, head_size] (the fused QKV projection's output: Q | K | V blocks of
+     * n_heads·head_size each), out [T, n_heads·head_size]. Each token attends to the tokens of
+     * its own sequence (only to earlier ones and itself when causal). */
+    nopad_status (*attention_varlen)(nopad_backend *be, void *out, const void *qkv,
+                                     const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                     float scale, int causal);
+
+    /* out[B, dim] = pooling of x[T, dim] over each sequence (CLS: first token; MEAN; MAX). */
+    nopad_status (*pool)(nopad_backend *be, void *out, const void *x, const nopad_seqs *seqs,
+                         int32_t dim, nopad_pooling mode);
+
+    /* x[rows, dim] /= max(‖row‖₂, 1e-12) in place (as torch.nn.functional.normalize). */
+    nopad_status (*l2_normalize)(nopad_backend *be, void *x, int32_t rows, int32_t dim);
+};
+
+/* Creates the CPU backend (float32, OpenBLAS + OpenMP). n_threads <= 0: OpenMP's default. */
+nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out);
+
+#endif

@@ -1,0 +1,75 @@
+/* CPU backend: the float32 reference implementation of the op table. Every CUDA op is tested
+ * against these. GEMMs go to OpenBLAS; the rest is plain loops parallelised with OpenMP. */
+#include "backend/cpu/cpu_ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "util/error.h"
+
+static void cpu_destroy(nopad_backend *be) {
+    free(be->impl);
+    free(be);
+}
+
+static nopad_status cpu_alloc(nopad_backend *be, size_t bytes, void **out) {
+    /* 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    *out = aligned_alloc(64, rounded ? rounded : 64);
+    if (!*out) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu bytes", bytes);
+    return NOPAD_OK;
+}
+
+static void cpu_free(nopad_backend *be, void *ptr) { free(ptr); }
+
+static nopad_status cpu_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n) {
+    memcpy(dst, src, n * sizeof(float));
+    return NOPAD_OK;
+}
+
+static nopad_status cpu_download_f32(nopad_backend *be, float *dst, const void *src, size_t n) {
+    memcpy(dst, src, n * sizeof(float));
+    return NOPAD_OK;
+}
+
+static nopad_status cpu_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n) {
+    memcpy(dst, src, n * sizeof(int32_t));
+    return NOPAD_OK;
+}
+
+static nopad_status cpu_synchronize(nopad_backend *be) { return NOPAD_OK; }
+
+nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
+    *out = NULL;
+    nopad_backend *be = calloc(1, sizeof *be);
+    cpu_state *state = calloc(1, sizeof *state);
+    if (!be || !state) {
+        free(be);
+        free(state);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu: cannot allocate the backend");
+    }
+    state->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    /* OpenBLAS keeps its own pool; match it to ours so the two never oversubscribe the cores. */
+    openblas_set_num_threads(state->n_threads);
+
+    be->name = "cpu";
+    be->dtype = NOPAD_DTYPE_F32;
+    be->impl = state;
+    be->destroy = cpu_destroy;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload_f32 = cpu_upload_f32;
+    be->download_f32 = cpu_download_f32;
+    be->upload_i32 = cpu_upload_i32;
+    be->synchronize = cpu_synchronize;
+    be->embed_layernorm = cpu_embed_layernorm;
+    be->linear = cpu_linear;
+    be->bias_residual_layernorm = cpu_bias_residual_layernorm;
+    be->attention_varlen = cpu_attention_varlen;
+    be->pool = cpu_pool;
+    be->l2_normalize = cpu_l2_normalize;
+    *out = be;
+    return NOPAD_OK;
+}

@@ -1,0 +1,228 @@
+/* config.json of the BERT family, parsed with cJSON and dispatched on model_type. */
+#include "io/hf_config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "util/error.h"
+
+typedef struct family_entry {
+    const char *model_type;
+    encoder_family family;
+} family_entry;
+
+static const family_entry FAMILIES[] = {
+    {"bert", FAMILY_BERT},           {"roberta", FAMILY_ROBERTA},
+    {"xlm-roberta", FAMILY_ROBERTA}, {"camembert", FAMILY_ROBERTA},
+    {"distilbert", FAMILY_DISTILBERT}, {"albert", FAMILY_ALBERT},
+};
+#define SUPPORTED_TYPES "bert, roberta, xlm-roberta, camembert, distilbert, albert"
+
+/* Reads an integer field. Absent: `fallback` if has_fallback, else an error naming the field. */
+static nopad_status get_int(const cJSON *root, const char *where, const char *key, int has_fallback,
+                            int32_t fallback, int32_t lo, int32_t hi, int32_t *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!item || cJSON_IsNull(item)) {
+        if (has_fallback) {
+            *out = fallback;
+            return NOPAD_OK;
+        }
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: required field \"%s\" is missing", where, key);
+    }
+    double v = item->valuedouble;
+    if (!cJSON_IsNumber(item) || v != floor(v) || v < lo || v > hi)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: field \"%s\" must be an integer in [%d, %d]", where, key, lo, hi);
+    *out = (int32_t)v;
+    return NOPAD_OK;
+}
+
+static nopad_status get_float(const cJSON *root, const char *where, const char *key,
+                              float fallback, float *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!item || cJSON_IsNull(item)) {
+        *out = fallback;
+        return NOPAD_OK;
+    }
+    if (!cJSON_IsNumber(item) || !(item->valuedouble > 0) || item->valuedouble > 1)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a number in (0, 1]",
+                               where, key);
+    *out = (float)item->valuedouble;
+    return NOPAD_OK;
+}
+
+static nopad_status parse_activation(const cJSON *root, const char *where, const char *key,
+                                     const char *fallback, encoder_config *cfg) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    const char *name = fallback;
+    if (item && !cJSON_IsNull(item)) {
+        if (!cJSON_IsString(item))
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a string", where, key);
+        name = item->valuestring;
+    }
+    if (!strcmp(name, "gelu"))
+        cfg->activation = NOPAD_ACT_GELU;
+    else if (!strcmp(name, "gelu_new") || !strcmp(name, "gelu_pytorch_tanh") ||
+             !strcmp(name, "gelu_fast"))
+        cfg->activation = NOPAD_ACT_GELU_TANH;
+    else if (!strcmp(name, "relu"))
+        cfg->activation = NOPAD_ACT_RELU;
+    else
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: activation \"%s\" (field \"%s\") is not supported; expected "
+                               "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast or relu",
+                               where, name, key);
+    snprintf(cfg->activation_name, sizeof cfg->activation_name, "%s", name);
+    return NOPAD_OK;
+}
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) {                                                                     \
+            cJSON_Delete(root);                                                                    \
+            return st_;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+enum { MAX_DIM = 1 << 16, MAX_LAYERS = 1024, MAX_VOCAB = 1 << 24, MAX_POSITIONS = 1 << 20 };
+
+nopad_status hf_config_parse(const char *json, size_t len, const char *where, encoder_config *out) {
+    memset(out, 0, sizeof *out);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        size_t offset = end ? (size_t)(end - json) : 0;
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", where,
+                               offset);
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: expected a JSON object", where);
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(type)) {
+        cJSON_Delete(root);
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: required string field \"model_type\" is missing",
+                               where);
+    }
+    int found = 0;
+    for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++) {
+        if (!strcmp(type->valuestring, FAMILIES[i].model_type)) {
+            out->family = FAMILIES[i].family;
+            found = 1;
+        }
+    }
+    if (!found) {
+        nopad_status st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                          "%s: model_type \"%.64s\" is not supported; supported: %s",
+                                          where, type->valuestring, SUPPORTED_TYPES);
+        cJSON_Delete(root);
+        return st;
+    }
+    snprintf(out->model_type, sizeof out->model_type, "%s", type->valuestring);
+
+    if (out->family == FAMILY_DISTILBERT) {
+        TRY(get_int(root, where, "vocab_size", 0, 0, 1, MAX_VOCAB, &out->vocab_size));
+        TRY(get_int(root, where, "dim", 0, 0, 1, MAX_DIM, &out->hidden_size));
+        TRY(get_int(root, where, "n_layers", 0, 0, 1, MAX_LAYERS, &out->num_layers));
+        TRY(get_int(root, where, "n_heads", 0, 0, 1, MAX_DIM, &out->num_heads));
+        TRY(get_int(root, where, "hidden_dim", 0, 0, 1, MAX_DIM * 16, &out->intermediate_size));
+        TRY(get_int(root, where, "max_position_embeddings", 0, 0, 1, MAX_POSITIONS,
+                    &out->max_position_embeddings));
+        TRY(get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
+        TRY(parse_activation(root, where, "activation", "gelu", out));
+        out->layer_norm_eps = 1e-12f; /* fixed in DistilBERT's modeling code */
+        out->type_vocab_size = 0;
+        out->embedding_size = out->hidden_size;
+    } else {
+        TRY(get_int(root, where, "vocab_size", 0, 0, 1, MAX_VOCAB, &out->vocab_size));
+        TRY(get_int(root, where, "hidden_size", 0, 0, 1, MAX_DIM, &out->hidden_size));
+        TRY(get_int(root, where, "num_hidden_layers", 0, 0, 1, MAX_LAYERS, &out->num_layers));
+        TRY(get_int(root, where, "num_attention_heads", 0, 0, 1, MAX_DIM, &out->num_heads));
+        TRY(get_int(root, where, "intermediate_size", 0, 0, 1, MAX_DIM * 16,
+                    &out->intermediate_size));
+        TRY(get_int(root, where, "max_position_embeddings", 0, 0, 1, MAX_POSITIONS,
+                    &out->max_position_embeddings));
+        TRY(get_int(root, where, "type_vocab_size", 1, 2, 0, MAX_VOCAB, &out->type_vocab_size));
+        TRY(get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
+        TRY(get_float(root, where, "layer_norm_eps", 1e-12f, &out->layer_norm_eps));
+        TRY(parse_activation(root, where, "hidden_act",
+                             out->family == FAMILY_ALBERT ? "gelu_new" : "gelu", out));
+        const cJSON *pet = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");
+        if (pet && !cJSON_IsNull(pet) &&
+            (!cJSON_IsString(pet) || strcmp(pet->valuestring, "absolute") != 0)) {
+            cJSON_Delete(root);
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: position_embedding_type must be \"absolute\"", where);
+        }
+        out->embedding_size = out->hidden_size;
+        if (out->family == FAMILY_ALBERT) {
+            TRY(get_int(root, where, "embedding_size", 0, 0, 1, MAX_DIM, &out->embedding_size));
+            TRY(get_int(root, where, "num_hidden_groups", 1, 1, 1, MAX_LAYERS,
+                        &out->num_hidden_groups));
+            TRY(get_int(root, where, "inner_group_num", 1, 1, 1, MAX_LAYERS, &out->inner_group_num));
+            if (out->num_layers % out->num_hidden_groups != 0) {
+                cJSON_Delete(root);
+                return nopad_set_error(NOPAD_ERR_FORMAT,
+                                       "%s: num_hidden_layers (%d) must be a multiple of "
+                                       "num_hidden_groups (%d)",
+                                       where, out->num_layers, out->num_hidden_groups);
+            }
+        }
+        if (out->family == FAMILY_ROBERTA) out->position_offset = out->pad_token_id + 1;
+    }
+    cJSON_Delete(root);
+
+    if (out->hidden_size % out->num_heads != 0)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: hidden size %d is not divisible by the %d attention heads",
+                               where, out->hidden_size, out->num_heads);
+    out->head_size = out->hidden_size / out->num_heads;
+    if (out->position_offset >= out->max_position_embeddings)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: pad_token_id %d leaves no positions (max_position_embeddings %d)",
+                               where, out->pad_token_id, out->max_position_embeddings);
+    return NOPAD_OK;
+}
+#undef TRY
+
+nopad_status read_file(const char *path, char **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t size = 0, cap = 0;
+    for (;;) {
+        if (cap - size < 4096) {
+            size_t ncap = cap ? cap * 2 : 65536;
+            char *nbuf = realloc(buf, ncap + 1);
+            if (!nbuf) {
+                free(buf);
+                fclose(f);
+                return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: file too large to read", path);
+            }
+            buf = nbuf;
+            cap = ncap;
+        }
+        size_t n = fread(buf + size, 1, cap - size, f);
+        size += n;
+        if (n == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return nopad_set_error(NOPAD_ERR_IO, "%s: read error (is it a folder?)", path);
+    }
+    buf[size] = '\0';
+    *data = buf;
+    *len = size;
+    return NOPAD_OK;
+}

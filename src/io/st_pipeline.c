@@ -1,0 +1,138 @@
+/* sentence-transformers folders: modules.json lists the pipeline (Transformer, Pooling,
+ * Normalize, ...); 1_Pooling/config.json picks the pooling; sentence_bert_config.json caps the
+ * sequence length. Modules we cannot reproduce exactly (Dense, other poolings) are refused rather
+ * than silently skipped: a wrong embedding is worse than an error. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "io/hf_config.h"
+#include "util/error.h"
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static nopad_status load_json(const char *path, cJSON **out) {
+    char *text;
+    size_t len;
+    *out = NULL;
+    nopad_status st = read_file(path, &text, &len);
+    if (st != NOPAD_OK) return st;
+    const char *end = NULL;
+    *out = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    size_t offset = end ? (size_t)(end - text) : 0;
+    free(text);
+    if (!*out) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", path, offset);
+    return NOPAD_OK;
+}
+
+static int flag(const cJSON *cfg, const char *key) {
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, key));
+}
+
+static nopad_status load_pooling(const char *path, st_pipeline *out) {
+    cJSON *cfg;
+    nopad_status st = load_json(path, &cfg);
+    if (st != NOPAD_OK) return st;
+    static const char *const unsupported[] = {"pooling_mode_mean_sqrt_len_tokens",
+                                              "pooling_mode_weightedmean_tokens",
+                                              "pooling_mode_lasttoken"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        if (flag(cfg, unsupported[i])) {
+            cJSON_Delete(cfg);
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: %s is not supported (cls, mean, max are)",
+                                   path, unsupported[i]);
+        }
+    }
+    int cls = flag(cfg, "pooling_mode_cls_token"), mean = flag(cfg, "pooling_mode_mean_tokens"),
+        max = flag(cfg, "pooling_mode_max_tokens");
+    cJSON_Delete(cfg);
+    if (cls + mean + max != 1)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: exactly one of pooling_mode_cls_token, pooling_mode_mean_tokens, "
+                               "pooling_mode_max_tokens must be true (found %d)",
+                               path, cls + mean + max);
+    out->pooling = cls ? NOPAD_POOLING_CLS : mean ? NOPAD_POOLING_MEAN : NOPAD_POOLING_MAX;
+    return NOPAD_OK;
+}
+
+nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
+    char path[4096];
+    memset(out, 0, sizeof *out);
+    out->pooling = NOPAD_POOLING_CLS;
+
+    snprintf(path, sizeof path, "%s/sentence_bert_config.json", dir);
+    if (file_exists(path)) {
+        cJSON *cfg;
+        nopad_status st = load_json(path, &cfg);
+        if (st != NOPAD_OK) return st;
+        const cJSON *msl = cJSON_GetObjectItemCaseSensitive(cfg, "max_seq_length");
+        if (msl && !cJSON_IsNull(msl)) {
+            if (!cJSON_IsNumber(msl) || msl->valuedouble < 1 || msl->valuedouble > (1 << 24) ||
+                msl->valuedouble != (double)(int32_t)msl->valuedouble) {
+                cJSON_Delete(cfg);
+                return nopad_set_error(NOPAD_ERR_FORMAT, "%s: max_seq_length must be a positive integer", path);
+            }
+            out->max_seq_length = (int32_t)msl->valuedouble;
+        }
+        cJSON_Delete(cfg);
+    }
+
+    snprintf(path, sizeof path, "%s/modules.json", dir);
+    if (!file_exists(path)) return NOPAD_OK;
+    cJSON *modules;
+    nopad_status st = load_json(path, &modules);
+    if (st != NOPAD_OK) return st;
+    if (!cJSON_IsArray(modules)) {
+        cJSON_Delete(modules);
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: expected a JSON array of modules", path);
+    }
+    out->has_pipeline = 1;
+    const cJSON *module;
+    int index = 0;
+    cJSON_ArrayForEach(module, modules) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(module, "type");
+        const cJSON *mpath = cJSON_GetObjectItemCaseSensitive(module, "path");
+        if (!cJSON_IsString(type) || !cJSON_IsString(mpath)) {
+            cJSON_Delete(modules);
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: module %d needs string \"type\" and \"path\"",
+                                   path, index);
+        }
+        const char *t = type->valuestring;
+        const char *dot = strrchr(t, '.');
+        const char *short_name = dot ? dot + 1 : t;
+        if (strstr(mpath->valuestring, "..")) {
+            cJSON_Delete(modules);
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: module path \"%s\" leaves the folder", path,
+                                   mpath->valuestring);
+        }
+        if (!strcmp(short_name, "Transformer")) {
+            /* the encoder itself: this folder */
+        } else if (!strcmp(short_name, "Pooling")) {
+            char cfg_path[4096];
+            snprintf(cfg_path, sizeof cfg_path, "%s/%s/config.json", dir, mpath->valuestring);
+            st = load_pooling(cfg_path, out);
+            if (st != NOPAD_OK) {
+                cJSON_Delete(modules);
+                return st;
+            }
+        } else if (!strcmp(short_name, "Normalize")) {
+            out->normalize = 1;
+        } else {
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                 "%s: module %d of type \"%s\" is not supported (Transformer, "
+                                 "Pooling and Normalize are)",
+                                 path, index, t);
+            cJSON_Delete(modules);
+            return st;
+        }
+        index++;
+    }
+    cJSON_Delete(modules);
+    return NOPAD_OK;
+}

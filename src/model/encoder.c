@@ -1,0 +1,103 @@
+/* The encoder forward: embeddings, then one loop over layers. Post-LayerNorm (BERT):
+ *   x1 = LN(x + attn(x)·Woᵀ + bo),   x = LN(x1 + act(x1·W1ᵀ + b1)·W2ᵀ + b2)
+ * Every tensor is packed [T, ...]; only the attention op looks at sequence boundaries. */
+#include <math.h>
+#include <string.h>
+
+#include "model/encoder.h"
+#include "util/error.h"
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) return st_;                                                           \
+    } while (0)
+
+void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws) {
+    void *bufs[] = {ws->hidden, ws->embed, ws->qkv,    ws->context, ws->attn,
+                    ws->ffn,    ws->pooled, ws->tokens, ws->types,   ws->cu_seqlens};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    memset(ws, 0, sizeof *ws);
+}
+
+nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *cfg,
+                                       encoder_workspace *ws, int32_t n_tokens, int32_t n_seqs) {
+    if (n_tokens <= ws->capacity_tokens && n_seqs <= ws->capacity_seqs) return NOPAD_OK;
+    /* Grow geometrically so a stream of slightly larger batches does not reallocate each time. */
+    int32_t tokens = n_tokens > ws->capacity_tokens ? n_tokens : ws->capacity_tokens;
+    int32_t seqs = n_seqs > ws->capacity_seqs ? n_seqs : ws->capacity_seqs;
+    if (ws->capacity_tokens && tokens > ws->capacity_tokens && tokens < 2 * ws->capacity_tokens)
+        tokens = 2 * ws->capacity_tokens;
+    encoder_workspace_free(be, ws);
+    const size_t T = (size_t)tokens, B = (size_t)seqs, es = nopad_dtype_size(be->dtype);
+    const size_t H = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size;
+    const size_t E = (size_t)cfg->embedding_size;
+    nopad_status st = NOPAD_OK;
+#define ALLOC(field, bytes)                                                                        \
+    if (st == NOPAD_OK) st = be->alloc(be, (bytes), (void **)&ws->field)
+    ALLOC(hidden, T * H * es);
+    if (E != H) ALLOC(embed, T * E * es);
+    ALLOC(qkv, T * 3 * H * es);
+    ALLOC(context, T * H * es);
+    ALLOC(attn, T * H * es);
+    ALLOC(ffn, T * I * es);
+    ALLOC(pooled, B * H * es);
+    ALLOC(tokens, T * sizeof(int32_t));
+    ALLOC(types, T * sizeof(int32_t));
+    ALLOC(cu_seqlens, (B + 1) * sizeof(int32_t));
+#undef ALLOC
+    if (st != NOPAD_OK) {
+        encoder_workspace_free(be, ws);
+        return nopad_wrap_error(st, "workspace for %d tokens", tokens);
+    }
+    ws->capacity_tokens = tokens;
+    ws->capacity_seqs = seqs;
+    return NOPAD_OK;
+}
+
+nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+                             encoder_workspace *ws, const nopad_seqs *seqs, int has_types) {
+    const int32_t T = seqs->n_tokens, H = cfg->hidden_size, I = cfg->intermediate_size;
+    const int32_t E = cfg->embedding_size;
+    const float eps = cfg->layer_norm_eps;
+    const float scale = 1.0f / sqrtf((float)cfg->head_size);
+    const int32_t *types = has_types ? ws->types : NULL;
+
+    // embeddings: x[T, H] (ALBERT: LayerNorm at E, then project E -> H)
+    if (w->embed_proj_weight) {
+        TRY(be->embed_layernorm(be, ws->embed, ws->tokens, types, seqs, cfg->position_offset,
+                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
+                                w->embed_ln_weight, w->embed_ln_bias, eps, E));
+        TRY(be->linear(be, ws->hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
+                       E, H, NOPAD_EPILOGUE_BIAS, cfg->activation));
+    } else {
+        TRY(be->embed_layernorm(be, ws->hidden, ws->tokens, types, seqs, cfg->position_offset,
+                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
+                                w->embed_ln_weight, w->embed_ln_bias, eps, H));
+    }
+
+    for (int step = 0; step < w->n_steps; step++) {
+        const encoder_layer *L = w->schedule[step];
+        // qkv[T, 3H] = x · Wqkvᵀ + bqkv
+        TRY(be->linear(be, ws->qkv, ws->hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
+                       NOPAD_EPILOGUE_BIAS, cfg->activation));
+        // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head
+        TRY(be->attention_varlen(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
+                                 scale, 0));
+        // attn[T, H] = LN(x + context · Woᵀ + bo)
+        TRY(be->linear(be, ws->attn, ws->context, L->attn_out_weight, NULL, NULL, T, H, H,
+                       NOPAD_EPILOGUE_NONE, cfg->activation));
+        TRY(be->bias_residual_layernorm(be, ws->attn, L->attn_out_bias, ws->hidden,
+                                        L->attn_ln_weight, L->attn_ln_bias, eps, T, H));
+        // ffn[T, I] = act(attn · W1ᵀ + b1)
+        TRY(be->linear(be, ws->ffn, ws->attn, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, I,
+                       NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
+        // x[T, H] = LN(attn + ffn · W2ᵀ + b2)
+        TRY(be->linear(be, ws->hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, I, H,
+                       NOPAD_EPILOGUE_NONE, cfg->activation));
+        TRY(be->bias_residual_layernorm(be, ws->hidden, L->ffn_out_bias, ws->attn,
+                                        L->ffn_ln_weight, L->ffn_ln_bias, eps, T, H));
+    }
+    return NOPAD_OK;
+}

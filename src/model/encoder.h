@@ -1,0 +1,78 @@
+/* The BERT-family encoder, written once against the op table. All four families reduce to the
+ * same post-LayerNorm layer; they differ only in tensor names, token types, position offset and
+ * (ALBERT) a factorised embedding with shared layers, which the loader resolves. */
+#ifndef NOPAD_MODEL_ENCODER_H
+#define NOPAD_MODEL_ENCODER_H
+
+#include "backend/backend.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+
+typedef struct encoder_layer {
+    void *qkv_weight;       // [3H, H] query | key | value rows, fused at load
+    void *qkv_bias;         // [3H]
+    void *attn_out_weight;  // [H, H]
+    void *attn_out_bias;    // [H]
+    void *attn_ln_weight;   // [H]
+    void *attn_ln_bias;     // [H]
+    void *ffn_in_weight;    // [I, H]
+    void *ffn_in_bias;      // [I]
+    void *ffn_out_weight;   // [H, I]
+    void *ffn_out_bias;     // [H]
+    void *ffn_ln_weight;    // [H]
+    void *ffn_ln_bias;      // [H]
+} encoder_layer;
+
+typedef struct encoder_weights {
+    void *word_embeddings;     // [V, E]
+    void *position_embeddings; // [P, E]
+    void *type_embeddings;     // [TV, E], NULL when the family has no token types
+    void *embed_ln_weight;     // [E]
+    void *embed_ln_bias;       // [E]
+    void *embed_proj_weight;   // [H, E] ALBERT only, else NULL
+    void *embed_proj_bias;     // [H]
+    encoder_layer *layers;     // [n_layer_weights] distinct weight sets
+    int n_layer_weights;
+    const encoder_layer **schedule; // [n_steps] the weights applied at each step (ALBERT shares)
+    int n_steps;
+    int64_t n_params;          // parameters used by the encoder (shared ones counted once)
+    char weights_dtype[8];     // "F32", "F16", "BF16" or "mixed"
+    void **allocations;        // every backend buffer, for freeing
+    int n_allocations;
+} encoder_weights;
+
+/* Loads and checks every tensor the config needs from the checkpoint, converts to the backend's
+ * dtype and uploads. `where` (the folder) prefixes messages. */
+nopad_status encoder_weights_load(nopad_backend *be, const encoder_config *cfg,
+                                  const safetensors_checkpoint *ckpt, const char *where,
+                                  encoder_weights *out);
+void encoder_weights_free(nopad_backend *be, encoder_weights *w);
+
+/* Activations of one forward, sized for `capacity_tokens` tokens and `capacity_seqs` sequences. */
+typedef struct encoder_workspace {
+    int32_t capacity_tokens;
+    int32_t capacity_seqs;
+    void *hidden;      // [T, H] the residual stream; the output of the last layer
+    void *embed;       // [T, E] ALBERT only
+    void *qkv;         // [T, 3H]
+    void *context;     // [T, H]
+    void *attn;        // [T, H]
+    void *ffn;         // [T, I]
+    void *pooled;      // [B, H]
+    int32_t *tokens;   // [T]
+    int32_t *types;    // [T]
+    int32_t *cu_seqlens; // [B+1]
+} encoder_workspace;
+
+nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *cfg,
+                                       encoder_workspace *ws, int32_t n_tokens, int32_t n_seqs);
+void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws);
+
+/* Runs the encoder: ws->tokens, ws->types (or types == NULL), ws->cu_seqlens already uploaded;
+ * leaves the last hidden states [T, H] in ws->hidden. */
+nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+                             encoder_workspace *ws, const nopad_seqs *seqs, int has_types);
+
+size_t nopad_dtype_size(nopad_dtype dtype);
+
+#endif

@@ -1,0 +1,280 @@
+/* Loading encoder weights: resolve the family's tensor names, check every shape against the
+ * config, convert to float32 then to the backend's dtype, fuse Q/K/V into one [3H, H] matrix. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/encoder.h"
+#include "util/error.h"
+
+size_t nopad_dtype_size(nopad_dtype dtype) { return dtype == NOPAD_DTYPE_F32 ? 4 : 2; }
+
+typedef struct loader {
+    nopad_backend *be;
+    const safetensors_checkpoint *ckpt;
+    const char *where;
+    char prefix[128];      /* "bert." etc. for checkpoints saved from a task model */
+    encoder_weights *w;
+    unsigned dtype_mask;   /* bit per safetensors dtype seen */
+    float *scratch;        /* host float32 staging buffer */
+    size_t scratch_cap;
+} loader;
+
+static nopad_status track(loader *ld, void *ptr) {
+    encoder_weights *w = ld->w;
+    void **grown = realloc(w->allocations, (size_t)(w->n_allocations + 1) * sizeof *grown);
+    if (!grown) {
+        ld->be->free(ld->be, ptr);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", ld->where);
+    }
+    w->allocations = grown;
+    w->allocations[w->n_allocations++] = ptr;
+    return NOPAD_OK;
+}
+
+static nopad_status alloc_tensor(loader *ld, size_t n_elements, void **out) {
+    nopad_status st = ld->be->alloc(ld->be, n_elements * nopad_dtype_size(ld->be->dtype), out);
+    if (st != NOPAD_OK) return st;
+    return track(ld, *out);
+}
+
+static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Finds `name` (under the prefix), checks its shape is [d0] or [d0, d1] and uploads it to
+ * dst + dst_offset elements. */
+static nopad_status load_into(loader *ld, const char *name, int64_t d0, int64_t d1, void *dst,
+                              size_t dst_offset) {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", ld->prefix, name);
+    const safetensors_tensor *t = safetensors_checkpoint_find(ld->ckpt, full);
+    if (!t) {
+        /* Older checkpoints (TF-converted BERT) call LayerNorm parameters gamma and beta. */
+        const char *ln = strstr(name, "LayerNorm.");
+        if (ln) {
+            char legacy[256];
+            const char *suffix = strstr(ln, ".weight") ? "gamma" : "beta";
+            snprintf(legacy, sizeof legacy, "%s%.*sLayerNorm.%s", ld->prefix, (int)(ln - name), name,
+                     suffix);
+            t = safetensors_checkpoint_find(ld->ckpt, legacy);
+        }
+    }
+    if (!t) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: required tensor '%s' is missing", ld->where, full);
+    int want_ndim = d1 > 0 ? 2 : 1;
+    int64_t want[2] = {d0, d1};
+    if (t->ndim != want_ndim || t->shape[0] != d0 || (want_ndim == 2 && t->shape[1] != d1)) {
+        char got[128], exp[128];
+        format_shape(got, sizeof got, t->ndim, t->shape);
+        format_shape(exp, sizeof exp, want_ndim, want);
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: tensor '%s' has shape %s, expected %s for this config.json",
+                               ld->where, full, got, exp);
+    }
+    size_t n = (size_t)t->n_elements;
+    if (n > ld->scratch_cap) {
+        float *grown = realloc(ld->scratch, n * sizeof(float));
+        if (!grown) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", ld->where);
+        ld->scratch = grown;
+        ld->scratch_cap = n;
+    }
+    nopad_status st = safetensors_to_f32(t, ld->scratch);
+    if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", ld->where);
+    ld->dtype_mask |= 1u << t->dtype;
+    ld->w->n_params += (int64_t)n;
+    char *base = (char *)dst + dst_offset * nopad_dtype_size(ld->be->dtype);
+    return ld->be->upload_f32(ld->be, base, ld->scratch, n);
+}
+
+static nopad_status load(loader *ld, const char *name, int64_t d0, int64_t d1, void **out) {
+    nopad_status st = alloc_tensor(ld, (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1), out);
+    if (st != NOPAD_OK) return st;
+    return load_into(ld, name, d0, d1, *out, 0);
+}
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) return st_;                                                           \
+    } while (0)
+
+/* The tensor names of one layer, relative to its layer prefix. */
+typedef struct layer_names {
+    const char *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w, *o_b, *ln1_w, *ln1_b;
+    const char *in_w, *in_b, *out_w, *out_b, *ln2_w, *ln2_b;
+} layer_names;
+
+static const layer_names BERT_LAYER = {
+    "attention.self.query.weight", "attention.self.query.bias", "attention.self.key.weight",
+    "attention.self.key.bias",     "attention.self.value.weight", "attention.self.value.bias",
+    "attention.output.dense.weight", "attention.output.dense.bias",
+    "attention.output.LayerNorm.weight", "attention.output.LayerNorm.bias",
+    "intermediate.dense.weight",   "intermediate.dense.bias", "output.dense.weight",
+    "output.dense.bias",           "output.LayerNorm.weight", "output.LayerNorm.bias"};
+
+static const layer_names DISTILBERT_LAYER = {
+    "attention.q_lin.weight", "attention.q_lin.bias", "attention.k_lin.weight",
+    "attention.k_lin.bias",   "attention.v_lin.weight", "attention.v_lin.bias",
+    "attention.out_lin.weight", "attention.out_lin.bias", "sa_layer_norm.weight",
+    "sa_layer_norm.bias",     "ffn.lin1.weight", "ffn.lin1.bias", "ffn.lin2.weight",
+    "ffn.lin2.bias",          "output_layer_norm.weight", "output_layer_norm.bias"};
+
+static const layer_names ALBERT_LAYER = {
+    "attention.query.weight", "attention.query.bias", "attention.key.weight",
+    "attention.key.bias",     "attention.value.weight", "attention.value.bias",
+    "attention.dense.weight", "attention.dense.bias", "attention.LayerNorm.weight",
+    "attention.LayerNorm.bias", "ffn.weight", "ffn.bias", "ffn_output.weight", "ffn_output.bias",
+    "full_layer_layer_norm.weight", "full_layer_layer_norm.bias"};
+
+static nopad_status load_layer(loader *ld, const encoder_config *cfg, const char *layer_prefix,
+                               const layer_names *n, encoder_layer *L) {
+    const int64_t H = cfg->hidden_size, I = cfg->intermediate_size;
+    char name[256];
+#define NAME(field) (snprintf(name, sizeof name, "%s%s", layer_prefix, n->field), name)
+    TRY(alloc_tensor(ld, (size_t)(3 * H * H), &L->qkv_weight));
+    TRY(alloc_tensor(ld, (size_t)(3 * H), &L->qkv_bias));
+    TRY(load_into(ld, NAME(q_w), H, H, L->qkv_weight, 0));
+    TRY(load_into(ld, NAME(k_w), H, H, L->qkv_weight, (size_t)(H * H)));
+    TRY(load_into(ld, NAME(v_w), H, H, L->qkv_weight, (size_t)(2 * H * H)));
+    TRY(load_into(ld, NAME(q_b), H, 0, L->qkv_bias, 0));
+    TRY(load_into(ld, NAME(k_b), H, 0, L->qkv_bias, (size_t)H));
+    TRY(load_into(ld, NAME(v_b), H, 0, L->qkv_bias, (size_t)(2 * H)));
+    TRY(load(ld, NAME(o_w), H, H, &L->attn_out_weight));
+    TRY(load(ld, NAME(o_b), H, 0, &L->attn_out_bias));
+    TRY(load(ld, NAME(ln1_w), H, 0, &L->attn_ln_weight));
+    TRY(load(ld, NAME(ln1_b), H, 0, &L->attn_ln_bias));
+    TRY(load(ld, NAME(in_w), I, H, &L->ffn_in_weight));
+    TRY(load(ld, NAME(in_b), I, 0, &L->ffn_in_bias));
+    TRY(load(ld, NAME(out_w), H, I, &L->ffn_out_weight));
+    TRY(load(ld, NAME(out_b), H, 0, &L->ffn_out_bias));
+    TRY(load(ld, NAME(ln2_w), H, 0, &L->ffn_ln_weight));
+    TRY(load(ld, NAME(ln2_b), H, 0, &L->ffn_ln_bias));
+#undef NAME
+    return NOPAD_OK;
+}
+
+/* Checkpoints saved from task models (BertForSequenceClassification, ...) put the encoder under
+ * "bert.", "roberta.", ...; find the prefix from the word-embedding tensor. */
+static nopad_status find_prefix(loader *ld) {
+    static const char *const suffix = "embeddings.word_embeddings.weight";
+    const size_t suffix_len = strlen(suffix);
+    const char *best = NULL;
+    size_t best_len = 0;
+    for (int f = 0; f < ld->ckpt->n_files; f++) {
+        const safetensors_file *file = &ld->ckpt->files[f];
+        for (int i = 0; i < file->n_tensors; i++) {
+            const char *name = file->tensors[i].name;
+            size_t len = strlen(name);
+            if (len < suffix_len || strcmp(name + len - suffix_len, suffix) != 0) continue;
+            size_t plen = len - suffix_len;
+            if (plen > 0 && name[plen - 1] != '.') continue;
+            if (!best || plen < best_len) {
+                best = name;
+                best_len = plen;
+            }
+        }
+    }
+    if (!best)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: required tensor '%s' is missing (no tensor "
+                               "name ends with it)", ld->where, suffix);
+    if (best_len >= sizeof ld->prefix)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor name prefix too long", ld->where);
+    memcpy(ld->prefix, best, best_len);
+    ld->prefix[best_len] = '\0';
+    return NOPAD_OK;
+}
+
+static nopad_status load_all(loader *ld, const encoder_config *cfg, encoder_weights *w) {
+    const int64_t E = cfg->embedding_size, H = cfg->hidden_size;
+    TRY(find_prefix(ld));
+    TRY(load(ld, "embeddings.word_embeddings.weight", cfg->vocab_size, E, &w->word_embeddings));
+    TRY(load(ld, "embeddings.position_embeddings.weight", cfg->max_position_embeddings, E,
+             &w->position_embeddings));
+    if (cfg->type_vocab_size > 0)
+        TRY(load(ld, "embeddings.token_type_embeddings.weight", cfg->type_vocab_size, E,
+                 &w->type_embeddings));
+    TRY(load(ld, "embeddings.LayerNorm.weight", E, 0, &w->embed_ln_weight));
+    TRY(load(ld, "embeddings.LayerNorm.bias", E, 0, &w->embed_ln_bias));
+
+    char layer_prefix[160];
+    switch (cfg->family) {
+    case FAMILY_BERT:
+    case FAMILY_ROBERTA:
+    case FAMILY_DISTILBERT: {
+        w->n_layer_weights = cfg->num_layers;
+        w->layers = calloc((size_t)cfg->num_layers, sizeof *w->layers);
+        w->n_steps = cfg->num_layers;
+        w->schedule = calloc((size_t)cfg->num_layers, sizeof *w->schedule);
+        if (!w->layers || !w->schedule)
+            return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", ld->where);
+        int distil = cfg->family == FAMILY_DISTILBERT;
+        for (int l = 0; l < cfg->num_layers; l++) {
+            snprintf(layer_prefix, sizeof layer_prefix,
+                     distil ? "transformer.layer.%d." : "encoder.layer.%d.", l);
+            TRY(load_layer(ld, cfg, layer_prefix, distil ? &DISTILBERT_LAYER : &BERT_LAYER,
+                           &w->layers[l]));
+            w->schedule[l] = &w->layers[l];
+        }
+        break;
+    }
+    case FAMILY_ALBERT: {
+        TRY(load(ld, "encoder.embedding_hidden_mapping_in.weight", H, E, &w->embed_proj_weight));
+        TRY(load(ld, "encoder.embedding_hidden_mapping_in.bias", H, 0, &w->embed_proj_bias));
+        const int groups = cfg->num_hidden_groups, inner = cfg->inner_group_num;
+        w->n_layer_weights = groups * inner;
+        w->layers = calloc((size_t)w->n_layer_weights, sizeof *w->layers);
+        /* As HF's AlbertTransformer: step i of num_hidden_layers runs group
+         * i / (num_hidden_layers / num_hidden_groups), which applies its inner layers in order. */
+        w->n_steps = cfg->num_layers * inner;
+        w->schedule = calloc((size_t)w->n_steps, sizeof *w->schedule);
+        if (!w->layers || !w->schedule)
+            return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", ld->where);
+        for (int g = 0; g < groups; g++) {
+            for (int j = 0; j < inner; j++) {
+                snprintf(layer_prefix, sizeof layer_prefix,
+                         "encoder.albert_layer_groups.%d.albert_layers.%d.", g, j);
+                TRY(load_layer(ld, cfg, layer_prefix, &ALBERT_LAYER, &w->layers[g * inner + j]));
+            }
+        }
+        const int layers_per_group = cfg->num_layers / groups;
+        for (int i = 0; i < cfg->num_layers; i++)
+            for (int j = 0; j < inner; j++)
+                w->schedule[i * inner + j] = &w->layers[(i / layers_per_group) * inner + j];
+        break;
+    }
+    }
+    return NOPAD_OK;
+}
+#undef TRY
+
+nopad_status encoder_weights_load(nopad_backend *be, const encoder_config *cfg,
+                                  const safetensors_checkpoint *ckpt, const char *where,
+                                  encoder_weights *out) {
+    memset(out, 0, sizeof *out);
+    loader ld = {.be = be, .ckpt = ckpt, .where = where, .w = out};
+    nopad_status st = load_all(&ld, cfg, out);
+    free(ld.scratch);
+    if (st != NOPAD_OK) {
+        encoder_weights_free(be, out);
+        return st;
+    }
+    unsigned m = ld.dtype_mask;
+    const char *name = m == (1u << ST_F32)    ? "F32"
+                       : m == (1u << ST_F16)  ? "F16"
+                       : m == (1u << ST_BF16) ? "BF16"
+                                              : "mixed";
+    snprintf(out->weights_dtype, sizeof out->weights_dtype, "%s", name);
+    return NOPAD_OK;
+}
+
+void encoder_weights_free(nopad_backend *be, encoder_weights *w) {
+    if (!w) return;
+    for (int i = 0; i < w->n_allocations; i++) be->free(be, w->allocations[i]);
+    free(w->allocations);
+    free(w->layers);
+    free(w->schedule);
+    memset(w, 0, sizeof *w);
+}
