@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the default model is fetched once, then
+#   1. release build + ctest (unit, golden, real-model, CLI tests),
+#   2. AddressSanitizer + UBSan build + ctest,
+#   3. libFuzzer targets, each for NOPAD_FUZZ_SECONDS (default 25 s; >= 60 s in all).
+# Usage: scripts/test.sh [--quick]   (--quick: step 1 only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+
+NOPAD_MINILM_DIR=$(scripts/fetch_default_model.sh)
+export NOPAD_MINILM_DIR
+
+echo "== release build and tests"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$JOBS"
+ctest --test-dir build --output-on-failure -j "$JOBS"
+[ "$QUICK" = 1 ] && exit 0
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DNOPAD_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$JOBS"
+# OpenMP's runtime keeps thread pools alive at exit; those are not our leaks.
+ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+
+echo "== fuzzing"
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNOPAD_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j "$JOBS"
+SECONDS_EACH=${NOPAD_FUZZ_SECONDS:-25}
+for fuzzer in build-fuzz/fuzz_*; do
+    name=$(basename "$fuzzer")
+    corpus=fuzz/corpus/${name#fuzz_}
+    work=$(mktemp -d)
+    echo "-- $name for ${SECONDS_EACH}s (seeds: $corpus)"
+    "$fuzzer" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+        -artifact_prefix="$work/" -print_final_stats=1 "$work" "$corpus" 2>&1 | tail -n 12
+    rm -rf "$work"
+done
+echo "== all tests passed"

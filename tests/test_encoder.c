@@ -1,0 +1,240 @@
+/* The encoder against Hugging Face: tiny random-init models of every family (fixtures made by
+ * scripts/make_golden_fixtures.py), packed vs one-by-one, padded vs packed, pooling modes.
+ * Bound: row-relative error <= 1e-4 against HF fp32 (both sides fp32; differences come from
+ * summation order in GEMMs, softmax and LayerNorm, typically ~1e-6). */
+#include <math.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "golden.h"
+
+static const char *const MODELS[] = {"bert_a",       "bert_b",       "roberta_a", "xlmr_b",
+                                     "distilbert_a", "distilbert_b", "albert_a",  "albert_b"};
+enum { N_MODELS = sizeof MODELS / sizeof MODELS[0] };
+static const double GOLDEN_BOUND = 1e-4;
+
+typedef struct golden {
+    safetensors_file file;
+    int32_t *ids, *types, *cu;
+    float *hidden;
+    int32_t n_seqs, n_tokens;
+} golden;
+
+static void golden_load(const char *model, golden *g) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s/golden.safetensors", model);
+    assert_nopad_ok(safetensors_open(test_data_path(rel), &g->file));
+    int64_t n_cu, n_tok;
+    g->ids = golden_copy(&g->file, "input_ids", ST_I32, &n_tok);
+    g->types = golden_copy(&g->file, "token_type_ids", ST_I32, NULL);
+    g->cu = golden_copy(&g->file, "cu_seqlens", ST_I32, &n_cu);
+    g->hidden = golden_copy(&g->file, "last_hidden_state", ST_F32, NULL);
+    g->n_seqs = (int32_t)n_cu - 1;
+    g->n_tokens = (int32_t)n_tok;
+    assert_int_equal(g->cu[g->n_seqs], g->n_tokens);
+}
+
+static void golden_free(golden *g) {
+    free(g->ids);
+    free(g->types);
+    free(g->cu);
+    free(g->hidden);
+    safetensors_close(&g->file);
+}
+
+static nopad_model *load_model(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    nopad_model *m = NULL;
+    assert_nopad_ok(nopad_model_load(test_data_path(rel), NULL, &m));
+    return m;
+}
+
+static const int32_t *types_for(nopad_model *m, const golden *g) {
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    return info.type_vocab_size > 0 ? g->types : NULL;
+}
+
+static void test_golden_hidden_states(void **state) {
+    for (int i = 0; i < N_MODELS; i++) {
+        nopad_model *m = load_model(MODELS[i]);
+        nopad_model_info info;
+        assert_nopad_ok(nopad_model_get_info(m, &info));
+        golden g;
+        golden_load(MODELS[i], &g);
+        float *out = malloc((size_t)g.n_tokens * info.hidden_size * sizeof(float));
+        for (int64_t k = 0; k < (int64_t)g.n_tokens * info.hidden_size; k++) out[k] = NAN;
+        nopad_encode_params p = nopad_encode_default_params();
+        p.pooling = NOPAD_POOLING_NONE;
+        assert_nopad_ok(nopad_encode_packed(m, g.n_seqs, g.cu, g.ids, types_for(m, &g), &p, out, NULL));
+        double err = test_max_row_rel_error(out, g.hidden, g.n_tokens, info.hidden_size);
+        int longest = 0;
+        for (int s = 0; s < g.n_seqs; s++)
+            if (g.cu[s + 1] - g.cu[s] > longest) longest = g.cu[s + 1] - g.cu[s];
+        printf("  %-13s %-10s H=%-3d heads=%d act=%-17s B=%d T=%-4d longest=%d  max row rel err %.2e\n",
+               MODELS[i], info.family, info.hidden_size, info.num_heads, info.activation, g.n_seqs,
+               g.n_tokens, longest, err);
+        if (!(err <= GOLDEN_BOUND)) fail_msg("%s: row-relative error %.3e > %.0e", MODELS[i], err, GOLDEN_BOUND);
+        assert_int_equal(longest, info.max_seq_length); /* the fixture reaches the model maximum */
+        free(out);
+        golden_free(&g);
+        nopad_model_free(m);
+    }
+}
+
+/* A batch's output equals each sequence run alone. */
+static void test_packed_equals_one_by_one(void **state) {
+    for (int i = 0; i < N_MODELS; i++) {
+        nopad_model *m = load_model(MODELS[i]);
+        nopad_model_info info;
+        assert_nopad_ok(nopad_model_get_info(m, &info));
+        golden g;
+        golden_load(MODELS[i], &g);
+        const int H = info.hidden_size;
+        const int32_t *types = types_for(m, &g);
+        float *packed = malloc((size_t)g.n_tokens * H * sizeof(float));
+        float *single = malloc((size_t)g.n_tokens * H * sizeof(float));
+        nopad_encode_params p = nopad_encode_default_params();
+        p.pooling = NOPAD_POOLING_NONE;
+        assert_nopad_ok(nopad_encode_packed(m, g.n_seqs, g.cu, g.ids, types, &p, packed, NULL));
+        for (int s = 0; s < g.n_seqs; s++) {
+            int32_t cu1[2] = {0, g.cu[s + 1] - g.cu[s]};
+            assert_nopad_ok(nopad_encode_packed(m, 1, cu1, g.ids + g.cu[s],
+                                                types ? types + g.cu[s] : NULL, &p,
+                                                single + (size_t)g.cu[s] * H, NULL));
+        }
+        double err = test_max_row_rel_error(packed, single, g.n_tokens, H);
+        if (!(err <= 1e-5)) fail_msg("%s: packed vs one-by-one row error %.3e > 1e-5", MODELS[i], err);
+        free(packed);
+        free(single);
+        golden_free(&g);
+        nopad_model_free(m);
+    }
+}
+
+/* The padded entry packs inside and unpacks with zeros past each length. */
+static void test_padded_equals_packed(void **state) {
+    nopad_model *m = load_model("bert_a");
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    golden g;
+    golden_load("bert_a", &g);
+    const int H = info.hidden_size, S = info.max_seq_length, B = g.n_seqs;
+    int32_t *ids = malloc((size_t)B * S * sizeof(int32_t));
+    int32_t *types = malloc((size_t)B * S * sizeof(int32_t));
+    int32_t *lengths = malloc((size_t)B * sizeof(int32_t));
+    for (int s = 0; s < B; s++) {
+        lengths[s] = g.cu[s + 1] - g.cu[s];
+        for (int t = 0; t < S; t++) {
+            /* padding slots hold garbage the entry must ignore */
+            ids[s * S + t] = t < lengths[s] ? g.ids[g.cu[s] + t] : 7;
+            types[s * S + t] = t < lengths[s] ? g.types[g.cu[s] + t] : 1;
+        }
+    }
+    float *padded = malloc((size_t)B * S * H * sizeof(float));
+    float *pooled_padded = malloc((size_t)B * H * sizeof(float));
+    float *pooled_packed = malloc((size_t)B * H * sizeof(float));
+    for (int64_t k = 0; k < (int64_t)B * S * H; k++) padded[k] = NAN;
+    nopad_encode_params p = nopad_encode_default_params();
+    p.pooling = NOPAD_POOLING_MEAN;
+    assert_nopad_ok(nopad_encode_padded(m, B, S, ids, types, lengths, &p, padded, pooled_padded));
+    assert_nopad_ok(nopad_encode_packed(m, B, g.cu, g.ids, g.types, &p, NULL, pooled_packed));
+    for (int s = 0; s < B; s++) {
+        double err = test_max_row_rel_error(padded + (size_t)s * S * H, g.hidden + (size_t)g.cu[s] * H,
+                                            lengths[s], H);
+        if (!(err <= GOLDEN_BOUND)) fail_msg("padded sequence %d: error %.3e", s, err);
+        for (int64_t k = (int64_t)lengths[s] * H; k < (int64_t)S * H; k++)
+            if (padded[(size_t)s * S * H + k] != 0.0f) fail_msg("padding of sequence %d not zeroed", s);
+    }
+    assert_true(test_max_row_rel_error(pooled_padded, pooled_packed, B, H) <= 1e-6);
+    free(ids);
+    free(types);
+    free(lengths);
+    free(padded);
+    free(pooled_padded);
+    free(pooled_packed);
+    golden_free(&g);
+    nopad_model_free(m);
+}
+
+/* sentence-transformers folders: pooling and Normalize from the folder, against ST's output. */
+static void test_sentence_transformers_pooling(void **state) {
+    static const char *const ST_MODELS[] = {"st_mean_norm", "st_max", "st_cls_v6"};
+    for (size_t i = 0; i < sizeof ST_MODELS / sizeof ST_MODELS[0]; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "models/%s/golden.safetensors", ST_MODELS[i]);
+        if (access(test_data_path(rel), R_OK) != 0) continue;
+        nopad_model *m = load_model(ST_MODELS[i]);
+        nopad_model_info info;
+        assert_nopad_ok(nopad_model_get_info(m, &info));
+        golden g;
+        golden_load(ST_MODELS[i], &g);
+        float *want = golden_copy(&g.file, "pooled", ST_F32, NULL);
+        float *got = malloc((size_t)g.n_seqs * info.hidden_size * sizeof(float));
+        assert_nopad_ok(nopad_encode_packed(m, g.n_seqs, g.cu, g.ids, types_for(m, &g), NULL, NULL, got));
+        double err = test_max_row_rel_error(got, want, g.n_seqs, info.hidden_size);
+        printf("  %-13s pooling=%d normalize=%d max row rel err %.2e\n", ST_MODELS[i], info.pooling,
+               info.normalize, err);
+        if (!(err <= GOLDEN_BOUND)) fail_msg("%s: pooled error %.3e", ST_MODELS[i], err);
+        free(want);
+        free(got);
+        golden_free(&g);
+        nopad_model_free(m);
+    }
+}
+
+/* Every pooling mode equals the same reduction done here over the hidden states. */
+static void test_pooling_modes_match_hidden(void **state) {
+    nopad_model *m = load_model("roberta_a");
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    golden g;
+    golden_load("roberta_a", &g);
+    const int H = info.hidden_size, B = g.n_seqs;
+    float *hidden = malloc((size_t)g.n_tokens * H * sizeof(float));
+    float *pooled = malloc((size_t)B * H * sizeof(float));
+    float *want = malloc((size_t)B * H * sizeof(float));
+    const nopad_pooling modes[] = {NOPAD_POOLING_CLS, NOPAD_POOLING_MEAN, NOPAD_POOLING_MAX};
+    for (int mi = 0; mi < 3; mi++) {
+        for (int norm = 0; norm < 2; norm++) {
+            nopad_encode_params p = {.pooling = modes[mi], .normalize = norm};
+            assert_nopad_ok(nopad_encode_packed(m, B, g.cu, g.ids, NULL, &p, hidden, pooled));
+            for (int s = 0; s < B; s++) {
+                for (int h = 0; h < H; h++) {
+                    double acc = modes[mi] == NOPAD_POOLING_MAX ? -INFINITY : 0;
+                    int start = g.cu[s], end = modes[mi] == NOPAD_POOLING_CLS ? start + 1 : g.cu[s + 1];
+                    for (int t = start; t < end; t++) {
+                        double v = hidden[(size_t)t * H + h];
+                        acc = modes[mi] == NOPAD_POOLING_MAX ? fmax(acc, v) : acc + v;
+                    }
+                    if (modes[mi] == NOPAD_POOLING_MEAN) acc /= (end - start);
+                    want[s * H + h] = (float)acc;
+                }
+                if (norm) {
+                    double ss = 0;
+                    for (int h = 0; h < H; h++) ss += (double)want[s * H + h] * want[s * H + h];
+                    for (int h = 0; h < H; h++) want[s * H + h] /= (float)sqrt(ss);
+                }
+            }
+            double err = test_max_row_rel_error(pooled, want, B, H);
+            if (!(err <= 1e-6)) fail_msg("pooling %d normalize %d: error %.3e", modes[mi], norm, err);
+        }
+    }
+    free(hidden);
+    free(pooled);
+    free(want);
+    golden_free(&g);
+    nopad_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_hidden_states),
+        cmocka_unit_test(test_packed_equals_one_by_one),
+        cmocka_unit_test(test_padded_equals_packed),
+        cmocka_unit_test(test_sentence_transformers_pooling),
+        cmocka_unit_test(test_pooling_modes_match_hidden),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

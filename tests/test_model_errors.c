@@ -1,0 +1,212 @@
+/* Bad input to model loading and encoding: each case must return a non-OK status whose message
+ * names the problem, without crashing or leaking (this program also runs under ASan/LSan). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* Copies model folder tests/data/models/<name> (flat files only) into a fresh temp folder,
+ * replacing config.json with `config` when not NULL. */
+static const char *copy_model(const char *name, const char *config) {
+    static const char *const files[] = {"config.json", "model.safetensors"};
+    const char *dir = test_make_temp_dir(0);
+    for (size_t i = 0; i < 2; i++) {
+        char src[512], dst[512];
+        snprintf(src, sizeof src, "models/%s/%s", name, files[i]);
+        size_t len;
+        char *data = test_read_file(test_data_path(src), &len);
+        assert_non_null(data);
+        if (i == 0 && config) {
+            free(data);
+            data = strdup(config);
+            len = strlen(config);
+        }
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        FILE *f = fopen(dst, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(data, 1, len, f), len);
+        fclose(f);
+        free(data);
+    }
+    return dir;
+}
+
+/* bert_a's config.json with one "key": value replaced (value given as JSON text). */
+static char *bert_a_config_with(const char *key, const char *value) {
+    size_t len;
+    char *cfg = test_read_file(test_data_path("models/bert_a/config.json"), &len);
+    assert_non_null(cfg);
+    char needle[128];
+    snprintf(needle, sizeof needle, "\"%s\":", key);
+    char *at = strstr(cfg, needle);
+    assert_non_null(at);
+    char *val = at + strlen(needle);
+    char *end = val + strcspn(val, ",}\n");
+    char *out = malloc(len + strlen(value) + 8);
+    sprintf(out, "%.*s %s%s", (int)(val - cfg), cfg, value, end);
+    free(cfg);
+    return out;
+}
+
+static void expect_load_error(const char *dir, nopad_status want, const char *needle) {
+    nopad_model *m = (nopad_model *)0x1;
+    assert_nopad_error(nopad_model_load(dir, NULL, &m), want, needle);
+    assert_null(m);
+}
+
+static void test_missing_folder_and_files(void **state) {
+    expect_load_error("/nonexistent/nopad-model", NOPAD_ERR_IO, "no such folder");
+    expect_load_error(test_make_temp_dir(1), NOPAD_ERR_IO, "config.json");
+    /* config present, weights absent */
+    const char *dir = copy_model("bert_a", NULL);
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(remove(path), 0);
+    expect_load_error(dir, NOPAD_ERR_IO, "model.safetensors");
+}
+
+static void test_bad_config(void **state) {
+    expect_load_error(copy_model("bert_a", "{\"model_type\": \"bert\", "), NOPAD_ERR_FORMAT,
+                      "not valid JSON");
+    expect_load_error(copy_model("bert_a", "[1, 2, 3]"), NOPAD_ERR_FORMAT, "JSON object");
+    expect_load_error(copy_model("bert_a", "{\"hidden_size\": 48}"), NOPAD_ERR_FORMAT, "model_type");
+    expect_load_error(copy_model("bert_a", "{\"model_type\": \"gpt2\"}"), NOPAD_ERR_UNSUPPORTED,
+                      "gpt2");
+    expect_load_error(copy_model("bert_a", "{\"model_type\": \"bert\", \"vocab_size\": 10}"),
+                      NOPAD_ERR_FORMAT, "hidden_size");
+    char *cfg = bert_a_config_with("hidden_size", "\"wide\"");
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, "hidden_size");
+    free(cfg);
+    cfg = bert_a_config_with("num_attention_heads", "5"); /* 48 % 5 != 0 */
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, "divisible");
+    free(cfg);
+    cfg = bert_a_config_with("hidden_act", "\"swish\"");
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_UNSUPPORTED, "swish");
+    free(cfg);
+    cfg = bert_a_config_with("num_hidden_layers", "-2");
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, "num_hidden_layers");
+    free(cfg);
+}
+
+static void test_tensors_that_do_not_fit_the_config(void **state) {
+    /* one more layer than the checkpoint has: the first tensor of that layer is missing */
+    char *cfg = bert_a_config_with("num_hidden_layers", "3");
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT,
+                      "'encoder.layer.2.attention.self.query.weight' is missing");
+    free(cfg);
+    /* a different intermediate size: the FFN weight has the wrong shape */
+    cfg = bert_a_config_with("intermediate_size", "99");
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT,
+                      "'encoder.layer.0.intermediate.dense.weight' has shape");
+    free(cfg);
+    cfg = bert_a_config_with("vocab_size", "1000");
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, "word_embeddings");
+    free(cfg);
+}
+
+static void test_truncated_weights(void **state) {
+    const char *dir = copy_model("bert_a", NULL);
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t len;
+    char *data = test_read_file(path, &len);
+    FILE *f = fopen(path, "wb");
+    fwrite(data, 1, len / 2, f);
+    fclose(f);
+    free(data);
+    nopad_model *m = NULL;
+    nopad_status st = nopad_model_load(dir, NULL, &m);
+    assert_int_equal(st, NOPAD_ERR_FORMAT);
+    assert_non_null(strstr(nopad_last_error(), "model.safetensors"));
+    assert_null(m);
+}
+
+static void test_unsupported_params(void **state) {
+    nopad_model_params p = nopad_model_default_params();
+    p.device = NOPAD_DEVICE_CUDA;
+    nopad_model *m = NULL;
+    assert_nopad_error(nopad_model_load(test_data_path("models/bert_a"), &p, &m),
+                       NOPAD_ERR_UNSUPPORTED, "cuda");
+    p = nopad_model_default_params();
+    p.dtype = NOPAD_DTYPE_BF16;
+    assert_nopad_error(nopad_model_load(test_data_path("models/bert_a"), &p, &m),
+                       NOPAD_ERR_UNSUPPORTED, "BF16");
+    assert_nopad_error(nopad_model_load(NULL, NULL, &m), NOPAD_ERR_INVALID_ARGUMENT, "folder");
+}
+
+static void test_bad_batches(void **state) {
+    nopad_model *m = NULL;
+    assert_nopad_ok(nopad_model_load(test_data_path("models/bert_a"), NULL, &m));
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    const int H = info.hidden_size;
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = 1 + i % 50;
+    float out[64 * 48], pooled[4 * 48];
+    int32_t cu[3] = {0, 3, 5};
+    nopad_encode_params p = nopad_encode_default_params();
+
+    assert_nopad_error(nopad_encode_packed(m, 0, cu, ids, NULL, &p, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "empty batch");
+    ids[4] = info.vocab_size;
+    assert_nopad_error(nopad_encode_packed(m, 2, cu, ids, NULL, &p, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "outside the vocabulary");
+    ids[4] = -1;
+    assert_nopad_error(nopad_encode_packed(m, 2, cu, ids, NULL, &p, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "-1");
+    ids[4] = 3;
+    int32_t types[5] = {0, 0, 0, 0, info.type_vocab_size};
+    assert_nopad_error(nopad_encode_packed(m, 2, cu, ids, types, &p, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "token type");
+    int32_t cu_bad[3] = {0, 3, 3};
+    assert_nopad_error(nopad_encode_packed(m, 2, cu_bad, ids, NULL, &p, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "sequence 1");
+    int32_t cu_start[3] = {1, 3, 5};
+    assert_nopad_error(nopad_encode_packed(m, 2, cu_start, ids, NULL, &p, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "cu_seqlens[0]");
+    int32_t cu_long[2] = {0, info.max_seq_length + 1};
+    assert_nopad_error(nopad_encode_packed(m, 1, cu_long, ids, NULL, &p, out, NULL),
+                       NOPAD_ERR_TOO_LONG, "at most");
+    p.pooling = NOPAD_POOLING_NONE;
+    assert_nopad_error(nopad_encode_packed(m, 2, cu, ids, NULL, &p, NULL, pooled),
+                       NOPAD_ERR_INVALID_ARGUMENT, "pooling is none");
+    assert_nopad_error(nopad_encode_packed(m, 2, cu, ids, NULL, &p, NULL, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "NULL");
+    int32_t lengths[2] = {3, 0};
+    assert_nopad_error(nopad_encode_padded(m, 2, 3, ids, NULL, lengths, NULL, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "lengths[1]");
+    /* a failed call leaves the model usable */
+    p.pooling = NOPAD_POOLING_CLS;
+    assert_nopad_ok(nopad_encode_packed(m, 2, cu, ids, NULL, &p, out, pooled));
+    (void)H;
+    nopad_model_free(m);
+
+    nopad_model_params mp = nopad_model_default_params();
+    mp.max_batch_tokens = 4;
+    assert_nopad_ok(nopad_model_load(test_data_path("models/bert_a"), &mp, &m));
+    assert_nopad_error(nopad_encode_packed(m, 2, cu, ids, NULL, NULL, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "max_batch_tokens");
+    nopad_model_free(m);
+}
+
+static void test_status_strings_and_version(void **state) {
+    for (int s = NOPAD_OK; s <= NOPAD_ERR_INTERNAL; s++)
+        assert_true(strlen(nopad_status_string((nopad_status)s)) > 1);
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", NOPAD_VERSION_MAJOR, NOPAD_VERSION_MINOR, NOPAD_VERSION_PATCH);
+    assert_string_equal(nopad_version(), want);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_missing_folder_and_files),
+        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_tensors_that_do_not_fit_the_config),
+        cmocka_unit_test(test_truncated_weights),
+        cmocka_unit_test(test_unsupported_params),
+        cmocka_unit_test(test_bad_batches),
+        cmocka_unit_test(test_status_strings_and_version),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
