@@ -1,0 +1,220 @@
+/* The CPU backend's ops against direct double-precision formulas on random data and random
+ * lengths (1 and the maximum included). The CPU ops are the reference every CUDA op is tested
+ * against, so they get their own check here. Bound: 1e-5 relative (fp32 vs fp64 evaluation). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "testutil.h"
+
+static nopad_backend *be;
+
+static int setup(void **state) { return nopad_backend_cpu_create(2, &be) == NOPAD_OK ? 0 : -1; }
+static int teardown(void **state) {
+    be->destroy(be);
+    return 0;
+}
+
+/* Random lengths in [1, max_len], first one 1 and last one max_len. */
+static int32_t *random_cu_seqlens(int32_t n_seqs, int32_t max_len, uint64_t *rng) {
+    int32_t *cu = malloc(((size_t)n_seqs + 1) * sizeof *cu);
+    cu[0] = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t len = s == 0 ? 1 : s == n_seqs - 1 ? max_len : 1 + (int32_t)(test_rand_u32(rng) % max_len);
+        cu[s + 1] = cu[s] + len;
+    }
+    return cu;
+}
+
+static void reference_attention(double *out, const float *qkv, const int32_t *cu, int32_t n_seqs,
+                                int32_t heads, int32_t d, double scale, int causal) {
+    const int32_t H = heads * d;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const int32_t start = cu[s], len = cu[s + 1] - cu[s];
+        double *p = malloc((size_t)len * sizeof *p);
+        for (int32_t h = 0; h < heads; h++) {
+            for (int32_t i = 0; i < len; i++) {
+                const float *q = qkv + (size_t)(start + i) * 3 * H + h * d;
+                int32_t n_keys = causal ? i + 1 : len;
+                double mx = -INFINITY, sum = 0;
+                for (int32_t j = 0; j < n_keys; j++) {
+                    const float *k = qkv + (size_t)(start + j) * 3 * H + H + h * d;
+                    double dot = 0;
+                    for (int32_t c = 0; c < d; c++) dot += (double)q[c] * k[c];
+                    p[j] = dot * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int32_t j = 0; j < n_keys; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int32_t c = 0; c < d; c++) {
+                    double acc = 0;
+                    for (int32_t j = 0; j < n_keys; j++)
+                        acc += p[j] * qkv[(size_t)(start + j) * 3 * H + 2 * H + h * d + c];
+                    out[(size_t)(start + i) * H + h * d + c] = acc / sum;
+                }
+            }
+        }
+        free(p);
+    }
+}
+
+static double max_rel_vs_double(const float *got, const double *want, int64_t rows, int64_t cols) {
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double diff = 0, ref = 0;
+        for (int64_t c = 0; c < cols; c++) {
+            double d = got[r * cols + c] - want[r * cols + c];
+            diff += d * d;
+            ref += want[r * cols + c] * want[r * cols + c];
+        }
+        double rel = sqrt(diff) / fmax(sqrt(ref), 1e-12);
+        if (!(rel <= worst)) worst = isnan(rel) ? INFINITY : fmax(worst, rel);
+    }
+    return worst;
+}
+
+static void test_attention_varlen(void **state) {
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    const int32_t head_sizes[] = {32, 64, 128, 12};
+    const int32_t max_lens[] = {1, 7, 130, 300};
+    const int32_t batches[] = {1, 5, 40};
+    for (int hi = 0; hi < 4; hi++)
+        for (int li = 0; li < 4; li++)
+            for (int bi = 0; bi < 3; bi++)
+                for (int causal = 0; causal < 2; causal++) {
+                    const int32_t d = head_sizes[hi], heads = 3, B = batches[bi];
+                    int32_t *cu = random_cu_seqlens(B, max_lens[li], &rng);
+                    const int32_t T = cu[B], H = heads * d;
+                    int32_t max_seqlen = 0;
+                    for (int s = 0; s < B; s++)
+                        if (cu[s + 1] - cu[s] > max_seqlen) max_seqlen = cu[s + 1] - cu[s];
+                    float *qkv = malloc((size_t)T * 3 * H * sizeof(float));
+                    float *out = malloc((size_t)T * H * sizeof(float));
+                    double *want = malloc((size_t)T * H * sizeof(double));
+                    test_fill_uniform(qkv, (int64_t)T * 3 * H, -2.0f, 2.0f, &rng);
+                    for (int64_t k = 0; k < (int64_t)T * H; k++) out[k] = NAN; /* poison */
+                    nopad_seqs seqs = {.n_seqs = B, .n_tokens = T, .max_seqlen = max_seqlen, .cu_seqlens = cu};
+                    const float scale = 1.0f / sqrtf((float)d);
+                    assert_int_equal(be->attention_varlen(be, out, qkv, &seqs, heads, d, scale, causal), NOPAD_OK);
+                    reference_attention(want, qkv, cu, B, heads, d, scale, causal);
+                    double err = max_rel_vs_double(out, want, T, H);
+                    if (!(err <= 1e-5))
+                        fail_msg("attention d=%d max_len=%d B=%d causal=%d: error %.3e", d,
+                                 max_lens[li], B, causal, err);
+                    free(cu);
+                    free(qkv);
+                    free(out);
+                    free(want);
+                }
+}
+
+static double activation_ref(double x, nopad_activation act) {
+    switch (act) {
+    case NOPAD_ACT_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    case NOPAD_ACT_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+    case NOPAD_ACT_RELU: return x > 0 ? x : 0;
+    }
+    return x;
+}
+
+static void test_linear_epilogues(void **state) {
+    uint64_t rng = 12345;
+    const int32_t T = 37, K = 50, N = 23;
+    float *x = malloc(sizeof(float) * T * K), *w = malloc(sizeof(float) * N * K);
+    float *b = malloc(sizeof(float) * N), *r = malloc(sizeof(float) * T * N);
+    float *out = malloc(sizeof(float) * T * N);
+    double *want = malloc(sizeof(double) * T * N);
+    test_fill_uniform(x, T * K, -1, 1, &rng);
+    test_fill_uniform(w, N * K, -1, 1, &rng);
+    test_fill_uniform(b, N, -1, 1, &rng);
+    test_fill_uniform(r, T * N, -1, 1, &rng);
+    for (int epi = NOPAD_EPILOGUE_NONE; epi <= NOPAD_EPILOGUE_BIAS_RESIDUAL; epi++)
+        for (int act = NOPAD_ACT_GELU; act <= NOPAD_ACT_RELU; act++) {
+            for (int t = 0; t < T; t++)
+                for (int n = 0; n < N; n++) {
+                    double acc = 0;
+                    for (int k = 0; k < K; k++) acc += (double)x[t * K + k] * w[n * K + k];
+                    if (epi != NOPAD_EPILOGUE_NONE) acc += b[n];
+                    if (epi == NOPAD_EPILOGUE_BIAS_ACT) acc = activation_ref(acc, (nopad_activation)act);
+                    if (epi == NOPAD_EPILOGUE_BIAS_RESIDUAL) acc += r[t * N + n];
+                    want[t * N + n] = acc;
+                }
+            for (int k = 0; k < T * N; k++) out[k] = NAN;
+            assert_int_equal(be->linear(be, out, x, w, b, r, T, K, N, (nopad_epilogue)epi,
+                                        (nopad_activation)act), NOPAD_OK);
+            double err = max_rel_vs_double(out, want, T, N);
+            if (!(err <= 1e-5)) fail_msg("linear epilogue %d act %d: error %.3e", epi, act, err);
+        }
+    /* residual aliasing the output, as the encoder may use it */
+    memcpy(out, r, sizeof(float) * T * N);
+    assert_int_equal(be->linear(be, out, x, w, b, out, T, K, N, NOPAD_EPILOGUE_BIAS_RESIDUAL, 0), NOPAD_OK);
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double acc = b[n] + r[t * N + n];
+            for (int k = 0; k < K; k++) acc += (double)x[t * K + k] * w[n * K + k];
+            want[t * N + n] = acc;
+        }
+    assert_true(max_rel_vs_double(out, want, T, N) <= 1e-5);
+    free(x); free(w); free(b); free(r); free(out); free(want);
+}
+
+static void test_layernorms_and_embedding(void **state) {
+    uint64_t rng = 777;
+    const int32_t B = 6, D = 40, V = 30, P = 20, TV = 3, offset = 2;
+    int32_t *cu = random_cu_seqlens(B, P - offset, &rng);
+    const int32_t T = cu[B];
+    int32_t *tokens = malloc(sizeof(int32_t) * T), *types = malloc(sizeof(int32_t) * T);
+    for (int t = 0; t < T; t++) {
+        tokens[t] = (int32_t)(test_rand_u32(&rng) % V);
+        types[t] = (int32_t)(test_rand_u32(&rng) % TV);
+    }
+    float *word = malloc(sizeof(float) * V * D), *pos = malloc(sizeof(float) * P * D);
+    float *type = malloc(sizeof(float) * TV * D), *g = malloc(sizeof(float) * D), *bb = malloc(sizeof(float) * D);
+    float *out = malloc(sizeof(float) * T * D), *res = malloc(sizeof(float) * T * D);
+    double *want = malloc(sizeof(double) * T * D);
+    test_fill_uniform(word, V * D, -1, 1, &rng);
+    test_fill_uniform(pos, P * D, -1, 1, &rng);
+    test_fill_uniform(type, TV * D, -1, 1, &rng);
+    test_fill_uniform(g, D, 0.5f, 1.5f, &rng);
+    test_fill_uniform(bb, D, -0.5f, 0.5f, &rng);
+    const float eps = 1e-5f;
+    nopad_seqs seqs = {.n_seqs = B, .n_tokens = T, .max_seqlen = P - offset, .cu_seqlens = cu};
+    assert_int_equal(be->embed_layernorm(be, out, tokens, types, &seqs, offset, word, pos, type, g,
+                                         bb, eps, D), NOPAD_OK);
+    for (int s = 0; s < B; s++)
+        for (int t = cu[s]; t < cu[s + 1]; t++) {
+            double v[64], mean = 0, var = 0;
+            for (int i = 0; i < D; i++) {
+                v[i] = (double)word[tokens[t] * D + i] + pos[(offset + t - cu[s]) * D + i] + type[types[t] * D + i];
+                mean += v[i] / D;
+            }
+            for (int i = 0; i < D; i++) var += (v[i] - mean) * (v[i] - mean) / D;
+            for (int i = 0; i < D; i++) want[t * D + i] = (v[i] - mean) / sqrt(var + eps) * g[i] + bb[i];
+        }
+    assert_true(max_rel_vs_double(out, want, T, D) <= 1e-5);
+
+    /* bias + residual + LayerNorm in place */
+    test_fill_uniform(res, T * D, -3, 3, &rng);
+    for (int t = 0; t < T; t++) {
+        double v[64], mean = 0, var = 0;
+        for (int i = 0; i < D; i++) {
+            v[i] = (double)out[t * D + i] + bb[i] + res[t * D + i];
+            mean += v[i] / D;
+        }
+        for (int i = 0; i < D; i++) var += (v[i] - mean) * (v[i] - mean) / D;
+        for (int i = 0; i < D; i++) want[t * D + i] = (v[i] - mean) / sqrt(var + eps) * g[i] + bb[i];
+    }
+    assert_int_equal(be->bias_residual_layernorm(be, out, bb, res, g, bb, eps, T, D), NOPAD_OK);
+    assert_true(max_rel_vs_double(out, want, T, D) <= 1e-5);
+    free(cu); free(tokens); free(types); free(word); free(pos); free(type); free(g); free(bb);
+    free(out); free(res); free(want);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_varlen),
+        cmocka_unit_test(test_linear_epilogues),
+        cmocka_unit_test(test_layernorms_and_embedding),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
