@@ -153,6 +153,22 @@ nopad_status nopad_encode_padded(nopad_model *model, int32_t n_seqs, int32_t max
                                  const int32_t *lengths, const nopad_encode_params *params,
                                  float *hidden_out, float *pooled_out);
 
+/* ---- ops on their own ---------------------------------------------------------------------- */
+
+/* Variable-length multi-head attention on a packed QKV tensor: the encoder's fused attention op,
+ * callable on its own (benchmarks, other frameworks). Every sequence attends only to its own
+ * tokens (causal: to itself and earlier ones). Nothing is padded.
+ *   qkv [T, 3, n_heads, head_size]  Q | K | V blocks per token, as the fused QKV projection writes
+ *   out [T, n_heads * head_size]
+ *   cu_seqlens [n_seqs + 1]         int32 prefix sums, cu_seqlens[0] = 0
+ *   max_seqlen                      longest sequence (sizes the launch; no host sync is needed)
+ * device CPU: host pointers, dtype F32. device CUDA: device pointers (cu_seqlens too), dtype F16 or
+ * BF16, enqueued on `stream` (a cudaStream_t, NULL = the default stream), asynchronous. */
+nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void *out,
+                                    const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                                    int32_t max_seqlen, int32_t n_heads, int32_t head_size,
+                                    float scale, int causal, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
