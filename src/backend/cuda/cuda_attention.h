@@ -1,0 +1,25 @@
+/* C launchers of the CUDA varlen attention kernels (implemented in attention*.cu). */
+#ifndef NOPAD_BACKEND_CUDA_ATTENTION_H
+#define NOPAD_BACKEND_CUDA_ATTENTION_H
+
+#include <stdint.h>
+
+#include "nopad.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Enqueues fused varlen attention on `stream` (cudaStream_t). qkv [T, 3, n_heads, head_size] and
+ * out [T, n_heads*head_size] in dtype F16 or BF16; cu_seqlens [n_seqs+1] on the device.
+ * Returns NOPAD_ERR_UNSUPPORTED for head sizes / dtypes without a kernel, NOPAD_ERR_BACKEND
+ * (with the CUDA error string) if the launch fails. No host synchronisation. */
+nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, const void *qkv,
+                                   const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
+                                   int32_t n_heads, int32_t head_size, float scale, int causal,
+                                   void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
