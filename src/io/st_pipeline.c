@@ -51,6 +51,21 @@ static nopad_status load_pooling(const char *path, st_pipeline *out) {
     }
     int cls = flag(cfg, "pooling_mode_cls_token"), mean = flag(cfg, "pooling_mode_mean_tokens"),
         max = flag(cfg, "pooling_mode_max_tokens");
+    /* sentence-transformers >= 6 writes one string instead of the flags. */
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(cfg, "pooling_mode");
+    if (cJSON_IsString(mode)) {
+        const char *m = mode->valuestring;
+        cls = !strcmp(m, "cls");
+        mean = !strcmp(m, "mean");
+        max = !strcmp(m, "max");
+        if (!cls && !mean && !max) {
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                 "%s: pooling_mode \"%.64s\" is not supported (cls, mean, max are)",
+                                 path, m);
+            cJSON_Delete(cfg);
+            return st;
+        }
+    }
     cJSON_Delete(cfg);
     if (cls + mean + max != 1)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
@@ -83,6 +98,20 @@ nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
         cJSON_Delete(cfg);
     }
 
+    /* sentence-transformers >= 6 keeps the limit only as the tokenizer's model_max_length
+     * (tokenizer_config.json); older folders may have both, and then sentence_bert_config wins.
+     * transformers writes a huge sentinel (1e30) when there is no limit: ignore such values. */
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (out->max_seq_length == 0 && file_exists(path)) {
+        cJSON *cfg;
+        nopad_status st = load_json(path, &cfg);
+        if (st != NOPAD_OK) return st;
+        const cJSON *mml = cJSON_GetObjectItemCaseSensitive(cfg, "model_max_length");
+        if (cJSON_IsNumber(mml) && mml->valuedouble >= 1 && mml->valuedouble <= (1 << 24))
+            out->max_seq_length = (int32_t)mml->valuedouble;
+        cJSON_Delete(cfg);
+    }
+
     snprintf(path, sizeof path, "%s/modules.json", dir);
     if (!file_exists(path)) return NOPAD_OK;
     cJSON *modules;
@@ -107,9 +136,10 @@ nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
         const char *dot = strrchr(t, '.');
         const char *short_name = dot ? dot + 1 : t;
         if (strstr(mpath->valuestring, "..")) {
+            st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: module path \"%.200s\" leaves the folder",
+                                 path, mpath->valuestring);
             cJSON_Delete(modules);
-            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: module path \"%s\" leaves the folder", path,
-                                   mpath->valuestring);
+            return st;
         }
         if (!strcmp(short_name, "Transformer")) {
             /* the encoder itself: this folder */
