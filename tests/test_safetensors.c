@@ -716,7 +716,8 @@ static void test_checkpoint_bad(void **state) {
     assert_nopad_error(safetensors_checkpoint_open(dir, &c), NOPAD_ERR_FORMAT, "not valid JSON");
 
     /* shard names that leave the folder */
-    dir = make_sharded_dir(5, "{\"weight_map\": {\"w1\": \"../model-00001-of-00002.safetensors\"}}");
+    dir = make_sharded_dir(5,
+                           "{\"weight_map\": {\"w1\": \"../model-00001-of-00002.safetensors\"}}");
     assert_nopad_error(safetensors_checkpoint_open(dir, &c), NOPAD_ERR_FORMAT,
                        "shard '../model-00001-of-00002.safetensors'");
     dir = make_sharded_dir(6, "{\"weight_map\": {\"w1\": \"/etc/passwd\"}}");

@@ -265,8 +265,9 @@ static nopad_status parse_entry(const cJSON *entry, const char *where, safetenso
                                missing);
 
     if (!cJSON_IsString(dtype))
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s': dtype must be a string, found %s",
-                               where, name, json_type_name(dtype));
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: tensor '%s': dtype must be a string, found %s", where, name,
+                               json_type_name(dtype));
     int found = -1;
     for (int d = 0; d < N_DTYPES && found < 0; d++)
         if (strcmp(dtype->valuestring, dtype_info[d].name) == 0) found = d;
@@ -463,7 +464,8 @@ static nopad_status build_index(const cJSON *root, const uint8_t *data, size_t d
     }
     if (st == NOPAD_OK) {
         /* Only now are the ranges known to lie inside the buffer. */
-        for (size_t k = 0; k < count; k++) out->tensors[spans[k].index].data = data + spans[k].begin;
+        for (size_t k = 0; k < count; k++)
+            out->tensors[spans[k].index].data = data + spans[k].begin;
         qsort(out->tensors, count, sizeof *out->tensors, compare_tensor_names);
     }
     free(spans);
@@ -634,7 +636,8 @@ static float f16_to_f32(uint16_t h) {
 }
 
 nopad_status safetensors_to_f32(const safetensors_tensor *t, float *dst) {
-    if (!t) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "safetensors_to_f32: tensor is NULL");
+    if (!t)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "safetensors_to_f32: tensor is NULL");
     if (!dst && t->n_elements > 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "safetensors_to_f32: tensor '%s': dst is NULL", t->name);
@@ -676,6 +679,7 @@ static char *join_path(const char *dir, const char *name) {
 /* Reads a whole regular file of at most `limit` bytes into a NUL-terminated buffer. */
 static nopad_status read_text_file(const char *path, size_t limit, char **text, size_t *len) {
     *text = NULL;
+    *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
@@ -689,11 +693,13 @@ static nopad_status read_text_file(const char *path, size_t limit, char **text, 
                              path, (long long)sb.st_size, limit);
     size_t size = st == NOPAD_OK ? (size_t)sb.st_size : 0, used = 0;
     char *buf = st == NOPAD_OK ? malloc(size + 1) : NULL;
-    if (st == NOPAD_OK && !buf) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: %zu bytes", path, size);
+    if (st == NOPAD_OK && !buf)
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: %zu bytes", path, size);
     while (st == NOPAD_OK && used < size) {
         ssize_t got = read(fd, buf + used, size - used);
         if (got < 0 && errno == EINTR) continue;
-        if (got < 0) st = nopad_set_error(NOPAD_ERR_IO, "%s: read error: %s", path, strerror(errno));
+        if (got < 0)
+            st = nopad_set_error(NOPAD_ERR_IO, "%s: read error: %s", path, strerror(errno));
         if (got <= 0) break; /* 0: the file shrank since fstat; keep what was read */
         used += (size_t)got;
     }
@@ -708,7 +714,7 @@ static nopad_status read_text_file(const char *path, size_t limit, char **text, 
     return NOPAD_OK;
 }
 
-/* A shard must be a plain file name in the checkpoint folder: an index must not reach outside it. */
+/* A shard must be a plain file name in the checkpoint folder: an index may not reach outside. */
 static int is_plain_file_name(const char *s) {
     return s[0] && !strchr(s, '/') && !strstr(s, "..");
 }
@@ -737,8 +743,8 @@ static nopad_status open_shards(const char *dir, const char *index_path, const c
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
     if (!cJSON_IsObject(map))
         return nopad_set_error(NOPAD_ERR_FORMAT,
-                               "%s: \"weight_map\" must be an object {tensor: shard file}, found %s",
-                               index_path, map ? json_type_name(map) : "nothing");
+                               "%s: \"weight_map\" must be an object {tensor: shard file}, "
+                               "found %s", index_path, map ? json_type_name(map) : "nothing");
     const char *dup;
     nopad_status st = find_duplicate_key(map, &dup);
     if (st != NOPAD_OK) return st;
@@ -827,7 +833,7 @@ static nopad_status open_shards(const char *dir, const char *index_path, const c
 static nopad_status open_sharded(const char *dir, const char *index_path,
                                  safetensors_checkpoint *out) {
     char *text;
-    size_t len;
+    size_t len = 0;
     nopad_status st = read_text_file(index_path, SAFETENSORS_MAX_HEADER_SIZE, &text, &len);
     if (st != NOPAD_OK) return st;
     if (strlen(text) != len) {
