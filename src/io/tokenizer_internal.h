@@ -3,6 +3,7 @@
 #define NOPAD_IO_TOKENIZER_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "nopad.h"
 
@@ -14,5 +15,144 @@ nopad_status tokenizer_from_json(const char *json, size_t len, const char *where
 /* Builds a WordPiece tokenizer from the bytes of a vocab.txt (one token per line, line = id). */
 nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercase,
                                       const char *where, nopad_tokenizer **out);
+
+/* ---- the tokenizer object, shared by src/io/tokenizer*.c -------------------------------------
+ *
+ * The pipeline is Hugging Face tokenizers' for WordPiece models:
+ *   raw text -> split out added tokens ([CLS], ...) -> normalize (BertNormalizer)
+ *            -> pre-tokenize (BertPreTokenizer) -> WordPiece -> template ([CLS] $A [SEP]).
+ * The object is immutable after loading, so any number of threads may tokenize with it. */
+
+/* Open-addressing hash map from token bytes to id (tokenizer_vocab.c). Keys live back to back in
+ * one pool; a slot holds a 32-bit hash so most misses never touch the pool. */
+typedef struct tok_vocab_slot {
+    uint32_t hash;
+    uint32_t len;
+    uint32_t offset; /* into pool */
+    int32_t id;      /* -1: empty slot */
+} tok_vocab_slot;
+
+typedef struct tok_vocab {
+    tok_vocab_slot *slots;
+    uint32_t mask; /* number of slots - 1 (a power of two) */
+    int32_t count;
+    char *pool;
+    size_t pool_len, pool_cap;
+    uint32_t max_key_len; /* longest key: no lookup of a longer string can succeed */
+    int32_t max_id;       /* -1 when empty */
+} tok_vocab;
+
+/* FNV-1a, fed byte by byte so WordPiece can hash every prefix of a candidate in one pass. */
+#define TOK_HASH_INIT 14695981039346656037ull
+static inline uint64_t tok_hash_step(uint64_t h, uint8_t byte) {
+    return (h ^ byte) * 1099511628211ull;
+}
+uint64_t tok_hash_bytes(const char *s, size_t len);
+
+nopad_status tok_vocab_init(tok_vocab *v, size_t expected);
+/* Inserts or overwrites (a later duplicate wins, as in a Python dict or a Rust HashMap). */
+nopad_status tok_vocab_put(tok_vocab *v, const char *key, size_t len, int32_t id);
+/* Id of key, or -1. `hash` is tok_hash_bytes(key, len). */
+int32_t tok_vocab_find(const tok_vocab *v, uint64_t hash, const char *key, size_t len);
+int32_t tok_vocab_get(const tok_vocab *v, const char *key, size_t len);
+void tok_vocab_free(tok_vocab *v);
+
+/* BertNormalizer settings; enabled == 0 for a null normalizer. */
+typedef struct tok_normalizer {
+    int enabled;
+    int clean_text;
+    int handle_chinese_chars;
+    int strip_accents;
+    int lowercase;
+} tok_normalizer;
+
+typedef enum tok_pre_tokenizer {
+    TOK_PRE_NONE = 0,          /* null: each segment is one word */
+    TOK_PRE_BERT = 1,          /* split on whitespace, isolate each punctuation char */
+    TOK_PRE_WHITESPACE_SPLIT,  /* split on whitespace only */
+    TOK_PRE_WHITESPACE,        /* the regex \w+|[^\w\s]+ */
+} tok_pre_tokenizer;
+
+/* An entry of tokenizer.json's added_tokens: matched in the text before the model runs. */
+typedef struct tok_added {
+    char *content; /* UTF-8, the raw form */
+    size_t len;
+    char *pattern; /* what is matched: content, or its normalized form when normalized == 1 */
+    size_t pattern_len;
+    int32_t id;
+    uint8_t single_word, lstrip, rstrip, normalized, special;
+} tok_added;
+
+/* Added tokens of one kind (raw or normalized) indexed by the first byte of their pattern, so the
+ * scan looks at one small bucket per byte of text. */
+typedef struct tok_matcher {
+    int32_t *order;     /* indices into nopad_tokenizer.added, grouped by first byte */
+    int32_t first[257]; /* bucket b is order[first[b] .. first[b+1]) */
+    int32_t count;
+} tok_matcher;
+
+struct nopad_tokenizer {
+    tok_vocab vocab;
+    tok_normalizer norm;
+    tok_pre_tokenizer pre;
+    int32_t unk_id;
+    char *subword_prefix; /* "##" */
+    size_t subword_prefix_len;
+    int64_t max_chars_per_word; /* a longer word becomes unk */
+    tok_added *added;
+    int32_t n_added;
+    tok_matcher raw_matcher;  /* added tokens with normalized == 0, matched on the raw text */
+    tok_matcher norm_matcher; /* normalized == 1, matched on the normalized text */
+    int32_t *prefix_ids;      /* the single-sequence template: prefix_ids $A suffix_ids */
+    int32_t n_prefix;
+    int32_t *suffix_ids;
+    int32_t n_suffix;
+    int32_t vocab_size; /* largest id + 1, over the model vocab and the added tokens */
+};
+
+/* ---- Unicode, as Hugging Face's BERT components see it (tokenizer_unicode.c) ----------------- */
+
+/* Rust's char::is_whitespace (the White_Space property). */
+int tok_is_whitespace(uint32_t c);
+/* HF's is_control: general category C* except \t \n \r. */
+int tok_is_control(uint32_t c);
+/* The CJK ideograph ranges BERT puts spaces around. */
+int tok_is_chinese(uint32_t c);
+/* HF's is_bert_punc: ASCII punctuation or general category P*. */
+int tok_is_punct(uint32_t c);
+/* \w of the Rust regex crate (Alphabetic, M, Nd, Pc, Join_Control): the Whitespace
+ * pre-tokenizer's \w+|[^\w\s]+ and added tokens' single_word. */
+int tok_is_word(uint32_t c);
+/* Rust's char::to_lowercase: 1 or 2 code points into out. */
+int tok_lowercase(uint32_t c, uint32_t out[2]);
+/* NFD of one code point with nonspacing marks dropped: 0..TOK_MAX_DECOMP code points. */
+enum { TOK_MAX_DECOMP = 8 };
+int tok_strip_accents(uint32_t c, uint32_t out[TOK_MAX_DECOMP]);
+/* Canonical combining class, as HF's NFD orders marks. */
+int tok_combining_class(uint32_t c);
+
+/* ---- UTF-8 and normalization (tokenizer_normalize.c) ------------------------------------- */
+
+/* Offset of the first byte that is not valid UTF-8 (overlong forms, surrogates and code points
+ * above U+10FFFF are invalid), or len when all of it is valid. */
+size_t tok_utf8_check(const char *s, size_t len);
+/* Decodes one code point of valid UTF-8 at s[*pos] and advances *pos. */
+uint32_t tok_utf8_next(const char *s, size_t *pos);
+/* Writes the UTF-8 of c into out[0..4) and returns its length. */
+int tok_utf8_put(uint32_t c, char *out);
+
+/* A growable code point array; starts on caller-provided storage so short texts never allocate. */
+typedef struct tok_cpbuf {
+    uint32_t *data;
+    size_t len, cap;
+    uint32_t *initial; /* caller storage (not freed) and its capacity */
+    size_t initial_cap;
+} tok_cpbuf;
+void tok_cpbuf_init(tok_cpbuf *b, uint32_t *storage, size_t cap);
+nopad_status tok_cpbuf_reserve(tok_cpbuf *b, size_t extra);
+void tok_cpbuf_free(tok_cpbuf *b);
+
+/* Appends the normalized code points of the valid UTF-8 s[0..len) to out. */
+nopad_status tok_normalize(const tok_normalizer *norm, const char *s, size_t len, tok_cpbuf *out);
 
 #endif

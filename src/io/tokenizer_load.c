@@ -1,0 +1,656 @@
+/* Loading a tokenizer: tokenizer.json (Hugging Face tokenizers' format) or a legacy vocab.txt.
+ *
+ * Supported tokenizer.json parts, which cover BERT-family WordPiece tokenizers:
+ *   model           WordPiece (BPE, Unigram, WordLevel: NOPAD_ERR_UNSUPPORTED)
+ *   normalizer      BertNormalizer or null
+ *   pre_tokenizer   BertPreTokenizer, Whitespace, WhitespaceSplit or null
+ *   post_processor  TemplateProcessing (its single template), BertProcessing, RobertaProcessing
+ *                   or null
+ *   added_tokens    all flags (single_word, lstrip, rstrip, normalized)
+ * "truncation" and "padding" are ignored: nopad_tokenize_params decide those per call. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "io/tokenizer_internal.h"
+#include "util/error.h"
+
+static char *dup_bytes(const char *s, size_t len) {
+    char *d = malloc(len + 1);
+    if (d) {
+        if (len) memcpy(d, s, len);
+        d[len] = '\0';
+    }
+    return d;
+}
+
+static nopad_status out_of_memory(const char *where) {
+    return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory building the tokenizer",
+                           where);
+}
+
+void nopad_tokenizer_free(nopad_tokenizer *t) {
+    if (!t) return;
+    tok_vocab_free(&t->vocab);
+    free(t->subword_prefix);
+    for (int32_t i = 0; i < t->n_added; i++) {
+        if (t->added[i].pattern != t->added[i].content) free(t->added[i].pattern);
+        free(t->added[i].content);
+    }
+    free(t->added);
+    free(t->raw_matcher.order);
+    free(t->norm_matcher.order);
+    free(t->prefix_ids);
+    free(t->suffix_ids);
+    free(t);
+}
+
+int32_t nopad_tokenizer_vocab_size(const nopad_tokenizer *t) { return t ? t->vocab_size : 0; }
+
+int32_t nopad_tokenizer_token_to_id(const nopad_tokenizer *t, const char *token) {
+    if (!t || !token) return -1;
+    size_t len = strlen(token);
+    for (int32_t i = 0; i < t->n_added; i++) /* added tokens first, as HF does */
+        if (t->added[i].len == len && memcmp(t->added[i].content, token, len) == 0)
+            return t->added[i].id;
+    return tok_vocab_get(&t->vocab, token, len);
+}
+
+/* ---- shared construction steps ---------------------------------------------------------------- */
+
+static nopad_status set_subword_prefix(nopad_tokenizer *t, const char *s, const char *where) {
+    t->subword_prefix_len = strlen(s);
+    t->subword_prefix = dup_bytes(s, t->subword_prefix_len);
+    return t->subword_prefix ? NOPAD_OK : out_of_memory(where);
+}
+
+/* Adds an added token the way HF's AddedVocabulary::add_tokens does: a token already in the
+ * vocab keeps the vocab's id, a new one gets the next id after the vocab; a repeated content
+ * replaces the earlier entry's flags. */
+static nopad_status add_token(nopad_tokenizer *t, const char *content, size_t len,
+                              const tok_added *flags, const char *where) {
+    if (len == 0) return NOPAD_OK; /* HF ignores empty added tokens */
+    for (int32_t i = 0; i < t->n_added; i++) {
+        tok_added *a = &t->added[i];
+        if (a->len == len && memcmp(a->content, content, len) == 0) {
+            a->single_word = flags->single_word;
+            a->lstrip = flags->lstrip;
+            a->rstrip = flags->rstrip;
+            a->normalized = flags->normalized;
+            a->special = flags->special;
+            return NOPAD_OK;
+        }
+    }
+    int32_t id = tok_vocab_get(&t->vocab, content, len);
+    if (id < 0) {
+        int32_t max = -1;
+        for (int32_t i = 0; i < t->n_added; i++)
+            if (t->added[i].id > max) max = t->added[i].id;
+        id = max < 0 ? t->vocab.count : (max >= t->vocab.count ? max + 1 : t->vocab.count);
+        if (id < 0) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: too many added tokens", where);
+    }
+    tok_added *added = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *added);
+    if (!added) return out_of_memory(where);
+    t->added = added;
+    tok_added *a = &added[t->n_added];
+    *a = *flags;
+    a->content = dup_bytes(content, len);
+    if (!a->content) return out_of_memory(where);
+    a->len = len;
+    a->pattern = a->content;
+    a->pattern_len = len;
+    a->id = id;
+    t->n_added++;
+    return NOPAD_OK;
+}
+
+/* Groups the added tokens of one kind by the first byte of their pattern. Within a bucket,
+ * special tokens come first, then the others, each in file order: HF builds its matcher from
+ * the same order, which decides between two tokens with equal patterns. */
+static nopad_status build_matcher(nopad_tokenizer *t, int normalized, tok_matcher *m,
+                                  const char *where) {
+    int32_t counts[257] = {0};
+    m->count = 0;
+    for (int32_t i = 0; i < t->n_added; i++) {
+        const tok_added *a = &t->added[i];
+        if (a->normalized != normalized || a->pattern_len == 0) continue;
+        counts[(uint8_t)a->pattern[0] + 1]++;
+        m->count++;
+    }
+    for (int b = 0; b < 256; b++) counts[b + 1] += counts[b];
+    memcpy(m->first, counts, sizeof counts);
+    m->order = malloc((size_t)(m->count ? m->count : 1) * sizeof *m->order);
+    if (!m->order) return out_of_memory(where);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < t->n_added; i++) {
+            const tok_added *a = &t->added[i];
+            if (a->normalized != normalized || a->pattern_len == 0) continue;
+            if (a->special != (pass == 0)) continue;
+            m->order[counts[(uint8_t)a->pattern[0]]++] = i;
+        }
+    }
+    return NOPAD_OK;
+}
+
+/* Normalizes the patterns of normalized added tokens, then indexes both kinds and computes the
+ * vocab size. Called once everything else is loaded. */
+static nopad_status finish(nopad_tokenizer *t, const char *where) {
+    for (int32_t i = 0; i < t->n_added; i++) {
+        tok_added *a = &t->added[i];
+        if (!a->normalized || !t->norm.enabled) continue;
+        tok_cpbuf cps;
+        tok_cpbuf_init(&cps, NULL, 0);
+        nopad_status st = tok_normalize(&t->norm, a->content, a->len, &cps);
+        char *pattern = st == NOPAD_OK ? malloc(cps.len * 4 + 1) : NULL;
+        if (!pattern) {
+            tok_cpbuf_free(&cps);
+            return st != NOPAD_OK ? st : out_of_memory(where);
+        }
+        size_t len = 0;
+        for (size_t k = 0; k < cps.len; k++) len += (size_t)tok_utf8_put(cps.data[k], pattern + len);
+        tok_cpbuf_free(&cps);
+        a->pattern = pattern;
+        a->pattern_len = len;
+    }
+    nopad_status st = build_matcher(t, 0, &t->raw_matcher, where);
+    if (st == NOPAD_OK) st = build_matcher(t, 1, &t->norm_matcher, where);
+    if (st != NOPAD_OK) return st;
+
+    int64_t max_id = t->vocab.max_id;
+    for (int32_t i = 0; i < t->n_added; i++)
+        if (t->added[i].id > max_id) max_id = t->added[i].id;
+    for (int32_t i = 0; i < t->n_prefix; i++)
+        if (t->prefix_ids[i] > max_id) max_id = t->prefix_ids[i];
+    for (int32_t i = 0; i < t->n_suffix; i++)
+        if (t->suffix_ids[i] > max_id) max_id = t->suffix_ids[i];
+    if (max_id >= INT32_MAX)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: token id %lld is too large", where,
+                               (long long)max_id);
+    t->vocab_size = (int32_t)(max_id + 1);
+    return NOPAD_OK;
+}
+
+static nopad_status set_template(nopad_tokenizer *t, const int32_t *prefix, int32_t n_prefix,
+                                 const int32_t *suffix, int32_t n_suffix, const char *where) {
+    t->prefix_ids = malloc((size_t)(n_prefix ? n_prefix : 1) * sizeof(int32_t));
+    t->suffix_ids = malloc((size_t)(n_suffix ? n_suffix : 1) * sizeof(int32_t));
+    if (!t->prefix_ids || !t->suffix_ids) return out_of_memory(where);
+    for (int32_t i = 0; i < n_prefix; i++) t->prefix_ids[i] = prefix[i];
+    for (int32_t i = 0; i < n_suffix; i++) t->suffix_ids[i] = suffix[i];
+    t->n_prefix = n_prefix;
+    t->n_suffix = n_suffix;
+    return NOPAD_OK;
+}
+
+/* ---- tokenizer.json ----------------------------------------------------------------------------- */
+
+static const cJSON *field(const cJSON *obj, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(obj, key);
+}
+
+/* A JSON number that is a whole id in [0, INT32_MAX). */
+static int as_id(const cJSON *item, int32_t *out) {
+    if (!cJSON_IsNumber(item)) return 0;
+    double d = item->valuedouble;
+    if (!(d >= 0 && d < (double)INT32_MAX) || d != (double)(int64_t)d) return 0;
+    *out = (int32_t)d;
+    return 1;
+}
+
+/* A string field that must be valid UTF-8 without NUL (cJSON stops at an escaped \u0000). */
+static nopad_status get_string(const cJSON *obj, const char *key, const char *path,
+                               const char *where, const char **out) {
+    const cJSON *item = field(obj, key);
+    if (!item) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field %s", where, path);
+    if (!cJSON_IsString(item) || !item->valuestring)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s must be a string", where, path);
+    size_t len = strlen(item->valuestring);
+    if (tok_utf8_check(item->valuestring, len) != len)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s is not valid UTF-8", where, path);
+    *out = item->valuestring;
+    return NOPAD_OK;
+}
+
+/* An optional boolean: absent or null gives `dflt`. */
+static nopad_status get_bool(const cJSON *obj, const char *key, int dflt, const char *path,
+                             const char *where, int *out) {
+    const cJSON *item = field(obj, key);
+    if (!item || cJSON_IsNull(item)) {
+        *out = dflt;
+        return NOPAD_OK;
+    }
+    if (!cJSON_IsBool(item))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s must be true or false", where, path);
+    *out = cJSON_IsTrue(item);
+    return NOPAD_OK;
+}
+
+static const char *type_of(const cJSON *obj) {
+    const cJSON *type = field(obj, "type");
+    return cJSON_IsString(type) && type->valuestring ? type->valuestring : NULL;
+}
+
+static nopad_status parse_model(nopad_tokenizer *t, const cJSON *model, const char *where) {
+    if (!cJSON_IsObject(model))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing \"model\" object", where);
+    const char *type = type_of(model);
+    if (!type) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.type", where);
+    if (strcmp(type, "WordPiece") != 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: model type \"%s\" is not supported (only WordPiece)", where,
+                               type);
+    const cJSON *vocab = field(model, "vocab");
+    if (!vocab) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.vocab", where);
+    if (!cJSON_IsObject(vocab))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.vocab must be an object", where);
+    nopad_status st = tok_vocab_init(&t->vocab, (size_t)cJSON_GetArraySize(vocab));
+    if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", where);
+    const cJSON *entry;
+    cJSON_ArrayForEach(entry, vocab) {
+        int32_t id;
+        if (!entry->string || !as_id(entry, &id))
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: model.vocab[\"%.64s\"] must be an id in [0, 2^31-1)",
+                                   where, entry->string ? entry->string : "");
+        st = tok_vocab_put(&t->vocab, entry->string, strlen(entry->string), id);
+        if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", where);
+    }
+
+    const char *unk, *prefix;
+    st = get_string(model, "unk_token", "model.unk_token", where, &unk);
+    if (st == NOPAD_OK)
+        st = get_string(model, "continuing_subword_prefix", "model.continuing_subword_prefix",
+                        where, &prefix);
+    if (st != NOPAD_OK) return st;
+    t->unk_id = tok_vocab_get(&t->vocab, unk, strlen(unk));
+    if (t->unk_id < 0)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.unk_token \"%.64s\" is not in model.vocab",
+                               where, unk);
+    st = set_subword_prefix(t, prefix, where);
+    if (st != NOPAD_OK) return st;
+
+    const cJSON *max_chars = field(model, "max_input_chars_per_word");
+    if (!max_chars)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.max_input_chars_per_word",
+                               where);
+    double d = cJSON_IsNumber(max_chars) ? max_chars->valuedouble : -1;
+    if (!(d >= 0 && d <= 9.0e18) || d != (double)(int64_t)d)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: model.max_input_chars_per_word must be a whole number >= 0",
+                               where);
+    t->max_chars_per_word = (int64_t)d;
+    return NOPAD_OK;
+}
+
+static nopad_status parse_normalizer(nopad_tokenizer *t, const cJSON *n, const char *where) {
+    t->norm.enabled = 0;
+    if (!n || cJSON_IsNull(n)) return NOPAD_OK;
+    if (!cJSON_IsObject(n))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: normalizer must be an object or null", where);
+    const char *type = type_of(n);
+    if (!type) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field normalizer.type", where);
+    if (strcmp(type, "BertNormalizer") != 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: normalizer type \"%s\" is not supported (only BertNormalizer)",
+                               where, type);
+    tok_normalizer *nm = &t->norm;
+    nm->enabled = 1;
+    nopad_status st = get_bool(n, "clean_text", 1, "normalizer.clean_text", where, &nm->clean_text);
+    if (st == NOPAD_OK)
+        st = get_bool(n, "handle_chinese_chars", 1, "normalizer.handle_chinese_chars", where,
+                      &nm->handle_chinese_chars);
+    if (st == NOPAD_OK)
+        st = get_bool(n, "lowercase", 1, "normalizer.lowercase", where, &nm->lowercase);
+    /* strip_accents: null means "same as lowercase" */
+    if (st == NOPAD_OK)
+        st = get_bool(n, "strip_accents", nm->lowercase, "normalizer.strip_accents", where,
+                      &nm->strip_accents);
+    return st;
+}
+
+static nopad_status parse_pre_tokenizer(nopad_tokenizer *t, const cJSON *p, const char *where) {
+    t->pre = TOK_PRE_NONE;
+    if (!p || cJSON_IsNull(p)) return NOPAD_OK;
+    if (!cJSON_IsObject(p))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: pre_tokenizer must be an object or null",
+                               where);
+    const char *type = type_of(p);
+    if (!type)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field pre_tokenizer.type", where);
+    if (strcmp(type, "BertPreTokenizer") == 0) t->pre = TOK_PRE_BERT;
+    else if (strcmp(type, "WhitespaceSplit") == 0) t->pre = TOK_PRE_WHITESPACE_SPLIT;
+    else if (strcmp(type, "Whitespace") == 0) t->pre = TOK_PRE_WHITESPACE;
+    else
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: pre_tokenizer type \"%s\" is not supported (BertPreTokenizer, "
+                               "Whitespace, WhitespaceSplit)",
+                               where, type);
+    return NOPAD_OK;
+}
+
+/* The ids of one special token of a TemplateProcessing: special_tokens[name].ids. */
+static nopad_status template_ids(const cJSON *specials, const char *name, int32_t *ids,
+                                 int32_t *n, int32_t cap, const char *where) {
+    const cJSON *sp = field(specials, name);
+    if (!cJSON_IsObject(sp))
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: post_processor.special_tokens has no \"%.64s\" used by the "
+                               "single template",
+                               where, name);
+    const cJSON *list = field(sp, "ids");
+    if (!cJSON_IsArray(list))
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: post_processor.special_tokens[\"%.64s\"].ids must be an array",
+                               where, name);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, list) {
+        if (*n >= cap)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: post_processor: more than %d special ids in a template",
+                                   where, (int)cap);
+        if (!as_id(item, &ids[*n]))
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: post_processor.special_tokens[\"%.64s\"].ids holds a "
+                                   "non-id",
+                                   where, name);
+        (*n)++;
+    }
+    return NOPAD_OK;
+}
+
+/* ["[CLS]", 101] of BertProcessing / RobertaProcessing. */
+static nopad_status pair_id(const cJSON *p, const char *key, int32_t *id, const char *where) {
+    const cJSON *pair = field(p, key);
+    if (!cJSON_IsArray(pair) || cJSON_GetArraySize(pair) != 2 ||
+        !cJSON_IsString(cJSON_GetArrayItem(pair, 0)) || !as_id(cJSON_GetArrayItem(pair, 1), id))
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: post_processor.%s must be [token, id]", where, key);
+    return NOPAD_OK;
+}
+
+static nopad_status parse_post_processor(nopad_tokenizer *t, const cJSON *p, const char *where) {
+    enum { MAX_SPECIAL = 64 };
+    int32_t prefix[MAX_SPECIAL], suffix[MAX_SPECIAL], n_prefix = 0, n_suffix = 0;
+    nopad_status st = NOPAD_OK;
+    if (!p || cJSON_IsNull(p)) return set_template(t, prefix, 0, suffix, 0, where);
+    if (!cJSON_IsObject(p))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: post_processor must be an object or null",
+                               where);
+    const char *type = type_of(p);
+    if (!type)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field post_processor.type", where);
+    if (strcmp(type, "BertProcessing") == 0 || strcmp(type, "RobertaProcessing") == 0) {
+        st = pair_id(p, "cls", &prefix[0], where);
+        if (st == NOPAD_OK) st = pair_id(p, "sep", &suffix[0], where);
+        if (st != NOPAD_OK) return st;
+        return set_template(t, prefix, 1, suffix, 1, where);
+    }
+    if (strcmp(type, "TemplateProcessing") != 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: post_processor type \"%s\" is not supported "
+                               "(TemplateProcessing, BertProcessing, RobertaProcessing)",
+                               where, type);
+    const cJSON *single = field(p, "single");
+    const cJSON *specials = field(p, "special_tokens");
+    if (!cJSON_IsArray(single))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: post_processor.single must be an array",
+                               where);
+    if (!cJSON_IsObject(specials))
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: post_processor.special_tokens must be an object", where);
+    int n_sequences = 0;
+    const cJSON *piece;
+    cJSON_ArrayForEach(piece, single) {
+        const cJSON *seq = field(piece, "Sequence");
+        const cJSON *sp = field(piece, "SpecialToken");
+        if (cJSON_IsObject(seq)) {
+            const cJSON *id = field(seq, "id");
+            if (!cJSON_IsString(id) || strcmp(id->valuestring, "A") != 0)
+                return nopad_set_error(NOPAD_ERR_FORMAT,
+                                       "%s: post_processor.single must use sequence \"A\"", where);
+            n_sequences++;
+        } else if (cJSON_IsObject(sp)) {
+            const cJSON *id = field(sp, "id");
+            if (!cJSON_IsString(id) || !id->valuestring)
+                return nopad_set_error(NOPAD_ERR_FORMAT,
+                                       "%s: post_processor.single: SpecialToken.id must be a "
+                                       "string",
+                                       where);
+            st = n_sequences == 0 ? template_ids(specials, id->valuestring, prefix, &n_prefix,
+                                                 MAX_SPECIAL, where)
+                                  : template_ids(specials, id->valuestring, suffix, &n_suffix,
+                                                 MAX_SPECIAL, where);
+            if (st != NOPAD_OK) return st;
+        } else {
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: post_processor.single: each piece must be {\"Sequence\": "
+                                   "...} or {\"SpecialToken\": ...}",
+                                   where);
+        }
+    }
+    if (n_sequences != 1)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: post_processor.single must hold $A exactly once (found %d)",
+                               where, n_sequences);
+    return set_template(t, prefix, n_prefix, suffix, n_suffix, where);
+}
+
+static nopad_status parse_added_tokens(nopad_tokenizer *t, const cJSON *list, const char *where) {
+    if (!list || cJSON_IsNull(list)) return NOPAD_OK;
+    if (!cJSON_IsArray(list))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: added_tokens must be an array", where);
+    int i = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, list) {
+        char path[64];
+        snprintf(path, sizeof path, "added_tokens[%d]", i);
+        if (!cJSON_IsObject(item))
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s must be an object", where, path);
+        int32_t id;
+        if (!as_id(field(item, "id"), &id))
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s.id must be an id", where, path);
+        char sub[96];
+        snprintf(sub, sizeof sub, "%s.content", path);
+        const char *content;
+        nopad_status st = get_string(item, "content", sub, where, &content);
+        int b[5] = {0};
+        static const char *const names[5] = {"single_word", "lstrip", "rstrip", "normalized",
+                                             "special"};
+        /* HF's defaults: normalized unless special */
+        int special = 0;
+        if (st == NOPAD_OK) {
+            snprintf(sub, sizeof sub, "%s.special", path);
+            st = get_bool(item, "special", 0, sub, where, &special);
+        }
+        for (int k = 0; k < 5 && st == NOPAD_OK; k++) {
+            snprintf(sub, sizeof sub, "%s.%s", path, names[k]);
+            st = get_bool(item, names[k], k == 3 ? !special : 0, sub, where, &b[k]);
+        }
+        if (st != NOPAD_OK) return st;
+        tok_added flags = {0};
+        flags.single_word = (uint8_t)b[0];
+        flags.lstrip = (uint8_t)b[1];
+        flags.rstrip = (uint8_t)b[2];
+        flags.normalized = (uint8_t)b[3];
+        flags.special = (uint8_t)b[4];
+        (void)id; /* HF recomputes the id (vocab id, else the next free one) and so do we */
+        st = add_token(t, content, strlen(content), &flags, where);
+        if (st != NOPAD_OK) return st;
+        i++;
+    }
+    return NOPAD_OK;
+}
+
+nopad_status tokenizer_from_json(const char *json, size_t len, const char *where,
+                                 nopad_tokenizer **out) {
+    if (!where) where = "tokenizer.json";
+    if (!out || (!json && len))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need json bytes and out", where);
+    *out = NULL;
+    cJSON *root = cJSON_ParseWithLength(json ? json : "", len);
+    if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", where);
+    nopad_status st = NOPAD_OK;
+    nopad_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) st = out_of_memory(where);
+    if (st == NOPAD_OK && !cJSON_IsObject(root))
+        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: top level must be a JSON object", where);
+    if (st == NOPAD_OK) st = parse_model(t, field(root, "model"), where);
+    if (st == NOPAD_OK) st = parse_normalizer(t, field(root, "normalizer"), where);
+    if (st == NOPAD_OK) st = parse_pre_tokenizer(t, field(root, "pre_tokenizer"), where);
+    if (st == NOPAD_OK) st = parse_post_processor(t, field(root, "post_processor"), where);
+    if (st == NOPAD_OK) st = parse_added_tokens(t, field(root, "added_tokens"), where);
+    if (st == NOPAD_OK) st = finish(t, where);
+    cJSON_Delete(root);
+    if (st != NOPAD_OK) {
+        nopad_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return NOPAD_OK;
+}
+
+/* ---- vocab.txt ------------------------------------------------------------------------------------ */
+
+nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercase,
+                                      const char *where, nopad_tokenizer **out) {
+    if (!where) where = "vocab.txt";
+    if (!out || (!text && len))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need text bytes and out", where);
+    *out = NULL;
+    nopad_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return out_of_memory(where);
+    /* lines end at \n, \r\n or \r, as Python's text mode reads them (transformers' load_vocab) */
+    size_t n_lines = 0;
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == '\n' || (text[i] == '\r' && (i + 1 == len || text[i + 1] != '\n'))) n_lines++;
+    nopad_status st = tok_vocab_init(&t->vocab, n_lines + 1);
+    int64_t line = 0;
+    for (size_t pos = 0; pos < len && st == NOPAD_OK; line++) {
+        size_t end = pos;
+        while (end < len && text[end] != '\n' && text[end] != '\r') end++;
+        if (line >= INT32_MAX) {
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: too many lines", where);
+        } else if (tok_utf8_check(text + pos, end - pos) != end - pos) {
+            st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: line %lld is not valid UTF-8", where,
+                                 (long long)line + 1);
+        } else {
+            st = tok_vocab_put(&t->vocab, text + pos, end - pos, (int32_t)line);
+        }
+        if (end < len && text[end] == '\r' && end + 1 < len && text[end + 1] == '\n') end++;
+        pos = end + 1;
+    }
+    if (st == NOPAD_OK) {
+        t->norm = (tok_normalizer){.enabled = 1, .clean_text = 1, .handle_chinese_chars = 1,
+                                   .strip_accents = lowercase, .lowercase = lowercase};
+        t->pre = TOK_PRE_BERT;
+        t->max_chars_per_word = 100;
+        t->unk_id = tok_vocab_get(&t->vocab, "[UNK]", 5);
+        if (t->unk_id < 0) st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: no [UNK] line", where);
+    }
+    if (st == NOPAD_OK) st = set_subword_prefix(t, "##", where);
+    int32_t cls = tok_vocab_get(&t->vocab, "[CLS]", 5);
+    int32_t sep = tok_vocab_get(&t->vocab, "[SEP]", 5);
+    if (st == NOPAD_OK && (cls < 0 || sep < 0))
+        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: no %s line (needed for [CLS] text [SEP])",
+                             where, cls < 0 ? "[CLS]" : "[SEP]");
+    if (st == NOPAD_OK) st = set_template(t, &cls, 1, &sep, 1, where);
+    /* BERT's special tokens are never split or normalized */
+    static const char *const specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    tok_added flags = {.special = 1};
+    for (int i = 0; i < 5 && st == NOPAD_OK; i++)
+        if (tok_vocab_get(&t->vocab, specials[i], strlen(specials[i])) >= 0)
+            st = add_token(t, specials[i], strlen(specials[i]), &flags, where);
+    if (st == NOPAD_OK) st = finish(t, where);
+    if (st != NOPAD_OK) {
+        nopad_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return NOPAD_OK;
+}
+
+/* ---- a model folder ---------------------------------------------------------------------------- */
+
+/* Reads a whole file. A missing file is not an error: *data stays NULL. */
+static nopad_status read_file(const char *path, char **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return NOPAD_OK;
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    nopad_status st = NOPAD_OK;
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        st = nopad_set_error(NOPAD_ERR_IO, "%s: cannot determine the file size", path);
+    } else {
+        *data = malloc((size_t)size + 1);
+        if (!*data) st = out_of_memory(path);
+        else if (fread(*data, 1, (size_t)size, f) != (size_t)size)
+            st = nopad_set_error(NOPAD_ERR_IO, "%s: short read", path);
+    }
+    fclose(f);
+    if (st != NOPAD_OK) {
+        free(*data);
+        *data = NULL;
+        return st;
+    }
+    (*data)[size] = '\0';
+    *len = (size_t)size;
+    return NOPAD_OK;
+}
+
+/* do_lower_case from tokenizer_config.json; true when the file or the key is absent. */
+static nopad_status read_do_lower_case(const char *path, int *lowercase) {
+    *lowercase = 1;
+    char *data;
+    size_t len;
+    nopad_status st = read_file(path, &data, &len);
+    if (st != NOPAD_OK || !data) return st;
+    cJSON *root = cJSON_ParseWithLength(data, len);
+    free(data);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    st = get_bool(root, "do_lower_case", 1, "do_lower_case", path, lowercase);
+    cJSON_Delete(root);
+    return st;
+}
+
+nopad_status nopad_tokenizer_load(const char *dir, nopad_tokenizer **out) {
+    if (out) *out = NULL;
+    if (!dir || !out)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_tokenizer_load: need a folder and an output pointer");
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return nopad_set_error(NOPAD_ERR_IO, "%s: tokenizer folder does not exist", dir);
+    size_t n = strlen(dir) + sizeof "/tokenizer_config.json";
+    char *path = malloc(n);
+    if (!path) return out_of_memory(dir);
+    char *data = NULL;
+    size_t len = 0;
+    snprintf(path, n, "%s/tokenizer.json", dir);
+    nopad_status st = read_file(path, &data, &len);
+    if (st == NOPAD_OK && data) {
+        st = tokenizer_from_json(data, len, path, out);
+    } else if (st == NOPAD_OK) {
+        int lowercase = 1;
+        snprintf(path, n, "%s/tokenizer_config.json", dir);
+        st = read_do_lower_case(path, &lowercase);
+        snprintf(path, n, "%s/vocab.txt", dir);
+        if (st == NOPAD_OK) st = read_file(path, &data, &len);
+        if (st == NOPAD_OK && data) st = tokenizer_from_vocab_txt(data, len, lowercase, path, out);
+        else if (st == NOPAD_OK)
+            st = nopad_set_error(NOPAD_ERR_IO, "%s: no tokenizer.json or vocab.txt", dir);
+    }
+    free(data);
+    free(path);
+    return st;
+}
