@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# End-to-end tests of `nopad embed` and `nopad info` on the golden fixtures of tests/data
+# (made by scripts/make_golden_fixtures.py and scripts/make_minilm_fixtures.py), and on
+# all-MiniLM-L6-v2 when NOPAD_MINILM_DIR holds it. Numeric checks are in tests/cli_check.py.
+#
+# The CLI passes no token type ids (all zero), so hidden-state goldens are compared on the
+# sequences whose golden token types are all zero; the other sequences still run (pooling
+# consistency, shapes, batching).
+set -euo pipefail
+
+: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
+: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CHECK=(python3 "$HERE/cli_check.py")
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+failures=0
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+# Runs the CLI; on a non-zero exit shows its stderr and counts a failure.
+run() {
+    local rc=0
+    "$NOPAD_CLI" "$@" 2>"$TMP/stderr" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        fail "nopad $* -> exit $rc: $(cat "$TMP/stderr")"
+        return 1
+    fi
+}
+check() { "${CHECK[@]}" "$@" || fail "check $1 $2"; }
+
+# ---- version and help ------------------------------------------------------------------------
+"$NOPAD_CLI" --version | grep -q '^nopad [0-9]*\.[0-9]*\.[0-9]*$' || fail "--version"
+"$NOPAD_CLI" --help | grep -q 'usage: nopad' || fail "--help"
+"$NOPAD_CLI" embed --help | grep -q -- '--batch-tokens' || fail "embed --help"
+"$NOPAD_CLI" info --help | grep -q -- '--json' || fail "info --help"
+
+# ---- every fixture model -----------------------------------------------------------------------
+n_models=0
+for dir in "$NOPAD_TEST_DATA"/models/*/; do
+    dir="${dir%/}"
+    name="$(basename "$dir")"
+    golden="$dir/golden.safetensors"
+    [ -f "$dir/config.json" ] && [ -f "$golden" ] || continue
+    n_models=$((n_models + 1))
+    echo "== $name"
+    W="$TMP/$name"
+    mkdir -p "$W"
+
+    # info: text and JSON
+    if run info --model "$dir" >"$W/info.txt"; then
+        grep -Eq '^family: +[A-Za-z]+' "$W/info.txt" || fail "$name: info has no family line"
+    fi
+    run info --model "$dir" --json >"$W/info.json" || continue
+    H="$("${CHECK[@]}" json-get "$W/info.json" hidden_size)"
+    family="$("${CHECK[@]}" json-get "$W/info.json" family)"
+    echo "   family $family, hidden $H"
+
+    # Golden ids as --ids lines; KEEP lists the sequences with all-zero token types.
+    "${CHECK[@]}" golden-ids "$golden" "$W/ids.txt" "$W/keep.json" | sed 's/^/   ids: /'
+    B="$(wc -l <"$W/ids.txt")"
+
+    # Last hidden states, npy and jsonl, against the golden.
+    if run embed --model "$dir" --ids --pooling none --format npy --input "$W/ids.txt" \
+        --output "$W/hidden.npy"; then
+        check hidden "$W/hidden.npy" "$golden" "$W/keep.json" 1e-4
+    fi
+    if run embed --model "$dir" --ids --pooling none --input "$W/ids.txt" >"$W/hidden.jsonl"; then
+        check hidden "$W/hidden.jsonl" "$golden" "$W/keep.json" 1e-4
+        check same "$W/hidden.jsonl" "$W/hidden.npy" 0 # both formats hold the same floats
+    fi
+    # npy to a pipe (not seekable: held in memory, header written at the end).
+    if "$NOPAD_CLI" embed --model "$dir" --ids --pooling none --format npy <"$W/ids.txt" |
+        cat >"$W/hidden_pipe.npy"; then
+        check same "$W/hidden_pipe.npy" "$W/hidden.npy" 0
+    else
+        fail "$name: npy to a pipe"
+    fi
+    # Batching does not change results: one token per batch budget (each sequence alone).
+    if run embed --model "$dir" --ids --pooling none --batch-tokens 1 --input "$W/ids.txt" \
+        --output "$W/hidden_b1.npy"; then
+        check same "$W/hidden_b1.npy" "$W/hidden.npy" 1e-6
+    fi
+
+    # Pooling: shapes, and agreement with pooling the hidden states here.
+    for mode in cls mean max; do
+        if run embed --model "$dir" --ids --pooling "$mode" --no-normalize --input "$W/ids.txt" \
+            --output "$W/$mode.npy"; then
+            check shape "$W/$mode.npy" "$B" "$H"
+            check pooling "$W/$mode.npy" "$W/hidden.npy" "$golden" "$mode" 1e-5
+        fi
+        if run embed --model "$dir" --ids --pooling "$mode" --normalize --input "$W/ids.txt" \
+            >"$W/$mode.jsonl"; then
+            check shape "$W/$mode.jsonl" "$B" "$H"
+            check unit-norm "$W/$mode.jsonl"
+        fi
+    done
+
+    # sentence-transformers folders: the folder's own pooling and normalisation by default.
+    if "${CHECK[@]}" has "$golden" pooled; then
+        if run embed --model "$dir" --ids --input "$W/ids.txt" --output "$W/default.npy"; then
+            check cosine "$W/default.npy" "$golden" pooled 0.9999 "$W/keep.json"
+        fi
+        # The same sentences as text, through the folder's tokenizer.
+        if [ -f "$dir/golden_texts.txt" ]; then
+            grep -vn '^<ids only' "$dir/golden_texts.txt" >"$W/texts_numbered.txt" || true
+            cut -d: -f2- "$W/texts_numbered.txt" >"$W/texts.txt"
+            cut -d: -f1 "$W/texts_numbered.txt" |
+                python3 -c 'import sys, json; print(json.dumps([int(l) - 1 for l in sys.stdin]))' \
+                    >"$W/text_keep.json"
+            if run embed --model "$dir" --input "$W/texts.txt" --output "$W/text.npy"; then
+                check cosine "$W/text.npy" "$golden" pooled 0.9999 "$W/text_keep.json"
+            fi
+        fi
+    fi
+done
+[ "$n_models" -gt 0 ] || fail "no fixture models under $NOPAD_TEST_DATA/models"
+
+# ---- all-MiniLM-L6-v2 --------------------------------------------------------------------------
+MINILM="${NOPAD_MINILM_DIR:-}"
+EXPECTED="$NOPAD_TEST_DATA/minilm/expected.safetensors"
+if [ -z "$MINILM" ] || [ ! -f "$MINILM/config.json" ]; then
+    echo "******************************************************************************"
+    echo "SKIP: MiniLM CLI tests: NOPAD_MINILM_DIR='${MINILM}' does not hold the model"
+    echo "      (scripts/fetch_default_model.sh downloads it)"
+    echo "******************************************************************************"
+else
+    echo "== all-MiniLM-L6-v2 ($MINILM)"
+    W="$TMP/minilm"
+    mkdir -p "$W"
+    sentences="$NOPAD_TEST_DATA/minilm/sentences.txt"
+    read -r B T <<<"$("${CHECK[@]}" count "$EXPECTED")"
+    if run embed --model "$MINILM" --input "$sentences" --output "$W/emb.npy"; then
+        check shape "$W/emb.npy" "$B" 384
+        check cosine "$W/emb.npy" "$EXPECTED" embeddings 0.9999
+        check unit-norm "$W/emb.npy"
+    fi
+    # jsonl from stdin gives the same embeddings.
+    if run embed --model "$MINILM" <"$sentences" >"$W/emb.jsonl"; then
+        check same "$W/emb.jsonl" "$W/emb.npy" 0
+    fi
+    # Per-token states: the tokenizer must give the same T, the states the golden's.
+    if run embed --model "$MINILM" --pooling none --input "$sentences" --output "$W/hidden.npy"; then
+        check shape "$W/hidden.npy" "$T" 384
+        check hidden "$W/hidden.npy" "$EXPECTED" all 1e-3
+    fi
+    if run embed --model "$MINILM" --batch-tokens 1 --input "$sentences" --output "$W/emb_b1.npy"; then
+        check same "$W/emb_b1.npy" "$W/emb.npy" 1e-6
+    fi
+    # Long texts: an error without --truncate, the sentence-transformers result with it.
+    long="$NOPAD_TEST_DATA/minilm/long.txt"
+    long_expected="$NOPAD_TEST_DATA/minilm/long_expected.safetensors"
+    if [ -f "$long" ] && [ -f "$long_expected" ]; then
+        rc=0
+        "$NOPAD_CLI" embed --model "$MINILM" --input "$long" >/dev/null 2>"$W/long.err" || rc=$?
+        [ "$rc" -eq 1 ] && grep -q 'line 1:.*longer' "$W/long.err" ||
+            fail "MiniLM long text without --truncate: exit $rc, $(cat "$W/long.err")"
+        if run embed --model "$MINILM" --truncate --input "$long" --output "$W/long.npy"; then
+            check cosine "$W/long.npy" "$long_expected" embeddings 0.9999
+        fi
+    fi
+fi
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures failure(s)" >&2
+    exit 1
+fi
+echo "all CLI embed tests passed"

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Bad input to the `nopad` CLI: each case must fail with exit status 1 (error) or 2 (bad command
+# line) -- never a crash (>= 128, a signal) or a sanitizer exit -- and with a message that names
+# the problem. Uses the tiny fixture models of tests/data/models.
+set -euo pipefail
+
+: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
+: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+MODEL="$NOPAD_TEST_DATA/models/distilbert_a"       # no tokenizer: --ids only
+TEXT_MODEL="$NOPAD_TEST_DATA/models/st_mean_norm"  # has a tokenizer
+for m in "$MODEL" "$TEXT_MODEL"; do
+    [ -f "$m/config.json" ] || { echo "FAIL: fixture $m is missing" >&2; exit 1; }
+done
+
+failures=0
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+
+# expect_fail WANT_RC WORD INPUT -- ARGS...: runs `nopad ARGS < INPUT`, which must exit with
+# WANT_RC and print WORD (case-insensitive) on stderr.
+expect_fail() {
+    local want="$1" word="$2" input="$3"
+    shift 4
+    local rc=0
+    "$NOPAD_CLI" "$@" <"$input" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    if [ "$rc" -ne "$want" ]; then
+        fail "nopad $*: exit $rc, expected $want; stderr: $(head -c 2000 "$TMP/err")"
+    elif ! grep -qiF -- "$word" "$TMP/err"; then
+        fail "nopad $*: stderr lacks '$word': $(head -c 2000 "$TMP/err")"
+    elif [ "$want" -eq 1 ] && ! grep -q '^nopad: error: ' "$TMP/err"; then
+        fail "nopad $*: no 'nopad: error:' line: $(head -c 2000 "$TMP/err")"
+    else
+        echo "ok   $word: $(head -n 1 "$TMP/err")"
+    fi
+}
+expect_ok() {
+    local input="$1"
+    shift 2
+    local rc=0
+    "$NOPAD_CLI" "$@" <"$input" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" -eq 0 ] || fail "nopad $*: exit $rc: $(head -c 2000 "$TMP/err")"
+}
+json_get() { "$NOPAD_CLI" info --model "$1" --json | python3 -c "import sys, json; print(json.load(sys.stdin)['$2'])"; }
+
+VOCAB="$(json_get "$MODEL" vocab_size)"
+MAX_LEN="$(json_get "$MODEL" max_seq_length)"
+TEXT_MAX_LEN="$(json_get "$TEXT_MODEL" max_seq_length)"
+H="$(json_get "$MODEL" hidden_size)"
+EMPTY="$TMP/empty.txt"
+: >"$EMPTY"
+printf '1 2 3\n' >"$TMP/ok_ids.txt"
+
+# ---- command line ------------------------------------------------------------------------------
+expect_fail 2 "usage" /dev/null -- 
+expect_fail 2 "unknown command" /dev/null -- frobnicate
+expect_fail 2 "unknown option" /dev/null -- --frobnicate
+expect_fail 2 "unknown option" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --frobnicate
+expect_fail 2 "missing --model" "$TMP/ok_ids.txt" -- embed --ids
+expect_fail 2 "needs a value" "$TMP/ok_ids.txt" -- embed --ids --model
+expect_fail 2 "pooling" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --pooling average
+expect_fail 2 "format" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --format csv
+expect_fail 2 "device" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --device tpu
+expect_fail 2 "dtype" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --dtype fp8
+expect_fail 2 "--batch-tokens" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --batch-tokens 0
+expect_fail 2 "--batch-tokens" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --batch-tokens 12x
+expect_fail 2 "takes no value" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids=1
+expect_fail 2 "unknown option" /dev/null -- info --model "$MODEL" --frobnicate
+
+# ---- model folder --------------------------------------------------------------------------------
+mkdir -p "$TMP/empty_model"
+expect_fail 1 "does not exist" "$TMP/ok_ids.txt" -- embed --model "$TMP/no_such_folder" --ids
+expect_fail 1 "does not exist" /dev/null -- info --model "$TMP/no_such_folder"
+expect_fail 1 "config.json" "$TMP/ok_ids.txt" -- embed --model "$TMP/empty_model" --ids
+expect_fail 1 "config.json" /dev/null -- info --model "$TMP/empty_model"
+expect_fail 1 "not a folder" /dev/null -- info --model "$MODEL/config.json"
+expect_fail 1 "use --ids" "$TMP/ok_ids.txt" -- embed --model "$MODEL"
+expect_fail 1 "cuda" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --device cuda
+expect_fail 1 "cannot open input" /dev/null -- embed --model "$MODEL" --ids --input "$TMP/no_such_file"
+expect_fail 1 "cannot open output" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --output "$TMP/no/such/dir.npy"
+
+# ---- --ids lines ---------------------------------------------------------------------------------
+printf '1 2 3\n4 five 6\n' >"$TMP/nonnumeric.txt"
+expect_fail 1 "line 2, token 2" "$TMP/nonnumeric.txt" -- embed --model "$MODEL" --ids
+expect_fail 1 "not a number" "$TMP/nonnumeric.txt" -- embed --model "$MODEL" --ids
+printf '1 2 3\n4 -5 6\n' >"$TMP/negative.txt"
+expect_fail 1 "negative" "$TMP/negative.txt" -- embed --model "$MODEL" --ids
+printf '1 %s\n' "$VOCAB" >"$TMP/vocab.txt"
+expect_fail 1 "out of range" "$TMP/vocab.txt" -- embed --model "$MODEL" --ids
+expect_fail 1 "vocabulary has $VOCAB ids" "$TMP/vocab.txt" -- embed --model "$MODEL" --ids
+printf '1 99999999999999999999999999\n' >"$TMP/overflow.txt"
+expect_fail 1 "out of range" "$TMP/overflow.txt" -- embed --model "$MODEL" --ids
+printf '1 2\n\n3\n' >"$TMP/empty_line.txt"
+expect_fail 1 "line 2: empty line" "$TMP/empty_line.txt" -- embed --model "$MODEL" --ids
+printf '1 2\n \t \n' >"$TMP/blank_line.txt"
+expect_fail 1 "line 2: empty line" "$TMP/blank_line.txt" -- embed --model "$MODEL" --ids
+
+# A sequence one id longer than the model allows: an error, or cut with --truncate.
+python3 -c "print(' '.join(['5'] * ($MAX_LEN + 1)))" >"$TMP/long_ids.txt"
+expect_fail 1 "$((MAX_LEN + 1)) tokens is longer" "$TMP/long_ids.txt" -- embed --model "$MODEL" --ids
+expect_ok "$TMP/long_ids.txt" -- embed --model "$MODEL" --ids --truncate --pooling none --format npy \
+    --output "$TMP/long_ids.npy"
+python3 "$HERE/cli_check.py" shape "$TMP/long_ids.npy" "$MAX_LEN" "$H" || fail "--ids --truncate shape"
+
+# ---- text lines ----------------------------------------------------------------------------------
+expect_fail 1 "no input lines" "$EMPTY" -- embed --model "$TEXT_MODEL"
+expect_fail 1 "no input lines" "$EMPTY" -- embed --model "$MODEL" --ids
+printf 'fine\n\xff\xfe\n' >"$TMP/bad_utf8.txt"
+expect_fail 1 "line 2" "$TMP/bad_utf8.txt" -- embed --model "$TEXT_MODEL"
+expect_fail 1 "utf" "$TMP/bad_utf8.txt" -- embed --model "$TEXT_MODEL"
+python3 -c "print(' '.join(['the'] * ($TEXT_MAX_LEN * 2)))" >"$TMP/long_text.txt"
+expect_fail 1 "longer than the model's maximum sequence length $TEXT_MAX_LEN" "$TMP/long_text.txt" \
+    -- embed --model "$TEXT_MODEL"
+expect_ok "$TMP/long_text.txt" -- embed --model "$TEXT_MODEL" --truncate --pooling none \
+    --output "$TMP/long_text.npy"
+python3 "$HERE/cli_check.py" shape "$TMP/long_text.npy" "$TEXT_MAX_LEN" \
+    "$(json_get "$TEXT_MODEL" hidden_size)" || fail "text --truncate shape"
+# Empty lines are inputs (the special tokens alone), as is a last line without '\n'.
+printf '\n\r\nlast' >"$TMP/edge_lines.txt"
+expect_ok "$TMP/edge_lines.txt" -- embed --model "$TEXT_MODEL" --output "$TMP/edge.jsonl"
+n_out="$(cat "$TMP/edge.jsonl" 2>/dev/null | wc -l)"
+[ "$n_out" -eq 3 ] || fail "empty and unterminated lines: $n_out outputs, expected 3"
+
+# ---- success paths print nothing on stderr when it is not a terminal (no progress) --------------
+expect_ok "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids
+[ ! -s "$TMP/err" ] || fail "stderr not empty on success: $(cat "$TMP/err")"
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures failure(s)" >&2
+    exit 1
+fi
+echo "all CLI error tests passed"
