@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine: GPU tests, compute-sanitizer, then the FMHA benchmark.
+#
+# The build folder is made on the development machine (nvcc builds sm_90a without a GPU):
+#   cmake -S . -B build-cuda -DNOPAD_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+#   cmake --build build-cuda -j --target test_cuda_attention nopad_shared
+#   scripts/gpu_check.sh --stage build-cuda      # copies the Debian libraries the binaries need
+# and carried to the GPU machine (device tool: carry build-cuda/tests, build-cuda/libnopad.so,
+# build-cuda/CTestTestfile.cmake, build-cuda/deplibs). There:
+#   scripts/gpu_check.sh build-cuda [test|sanitize|bench|all]...
+# Logs go to $OUT (or ./gpu_check_out). Env: BENCH_ARGS (extra fmha_bench.py arguments),
+# NOPAD_GPU_TEST_QUICK (the sanitizer runs set it to 1).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "${1:-}" = "--stage" ]; then
+    # Copy the non-base shared libraries (openblas, cjson, utf8proc, cmocka, gfortran, ...) that
+    # the GPU machine's image may lack. libc/libstdc++/libgcc stay the system's: torch shares them.
+    B=${2:?build folder}
+    mkdir -p "$B/deplibs"
+    for bin in "$B/libnopad.so" "$B/tests/test_cuda_attention"; do
+        ldd "$bin" | awk '/=> \//{print $3}'
+    done | sort -u | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+        while read -r lib; do cp -L "$lib" "$B/deplibs/"; done
+    ls -la "$B/deplibs"
+    exit 0
+fi
+
+BUILD=$(cd "${1:?usage: gpu_check.sh BUILD_DIR [test|sanitize|bench|all]...}" && pwd)
+shift
+STEPS=${*:-all}
+OUTDIR=${OUT:-$ROOT/gpu_check_out}
+mkdir -p "$OUTDIR"
+TEST=$BUILD/tests/test_cuda_attention
+
+# Debian libraries from the build machine, but only those this machine lacks (gomp is kept apart
+# so a system libgomp, if present, wins).
+if [ -d "$BUILD/deplibs" ]; then
+    mkdir -p /tmp/nopad_deplibs
+    for f in "$BUILD"/deplibs/*.so*; do
+        name=$(basename "$f")
+        ldconfig -p | grep -q " $name " || cp -L "$f" /tmp/nopad_deplibs/
+    done
+    export LD_LIBRARY_PATH=/tmp/nopad_deplibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "libraries taken from the build machine: $(ls /tmp/nopad_deplibs | tr '\n' ' ')"
+fi
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUTDIR/gpu.txt"
+date -u | tee -a "$OUTDIR/gpu.txt"
+status=0
+
+want() { [[ " $STEPS " == *" all "* || " $STEPS " == *" $1 "* ]]; }
+
+if want test; then
+    # ctest's files name absolute paths of the build machine: make them resolve here.
+    src=$(grep -m1 '^# Source directory:' "$BUILD/CTestTestfile.cmake" | sed 's/^# Source directory: //')
+    bld=$(grep -m1 '^# Build directory:' "$BUILD/CTestTestfile.cmake" | sed 's/^# Build directory: //')
+    if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src"; fi
+    if [ -n "$bld" ] && [ ! -e "$bld" ]; then mkdir -p "$(dirname "$bld")" && ln -s "$BUILD" "$bld"; fi
+    (cd "$bld" 2>/dev/null || cd "$BUILD"; ctest -L gpu --output-on-failure -V) 2>&1 | tee "$OUTDIR/gpu_tests.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if want sanitize; then
+    for tool in memcheck racecheck; do
+        NOPAD_GPU_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 3 "$TEST" 2>&1 |
+            tail -n 60 | tee "$OUTDIR/sanitizer_$tool.log"
+        rc=${PIPESTATUS[0]}
+        echo "compute-sanitizer --tool $tool: exit $rc" | tee -a "$OUTDIR/sanitizer_$tool.log"
+        [ "$rc" = 0 ] || status=1
+    done
+fi
+
+if want bench; then
+    PYTHONUNBUFFERED=1 python3 "$ROOT/bench/fmha_bench.py" --lib "$BUILD/libnopad.so" --out "$OUTDIR" \
+        ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+echo "gpu_check: exit $status"
+exit $status

@@ -1,0 +1,371 @@
+/* CUDA: fused variable-length multi-head attention (FlashAttention-2 scheme, mma.sync).
+ *
+ * One CTA per (query tile of one sequence, head). Q, K and V are read straight from the packed
+ * output of the fused QKV projection, qkv [T, 3, heads, D] (row stride 3*heads*D), and the output
+ * goes straight into out [T, heads*D]: no padding, no [B, S, S] buffer, the scores live in
+ * registers only (online softmax in fp32). The sequence a CTA serves is found on the device from
+ * cu_seqlens, so nothing is synchronised with the host; CTAs whose tile starts past their
+ * sequence's end exit at once (the grid is sized by max_seqlen).
+ *
+ * Warp layout: each warp owns 16 query rows (BLOCK_M = 16 * NWARPS) and walks every key tile
+ * (BLOCK_N keys) of its sequence. Per tile: S = Q K^T with mma.m16n8k16 (Q fragments held in
+ * registers for the whole CTA), mask the ragged tail (and the causal triangle), rescale the
+ * running max/sum, then O += P V with P repacked from the S accumulators into A fragments without
+ * touching shared memory. K/V tiles are double-buffered in shared memory with cp.async so the next
+ * tile's load overlaps this tile's math. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "backend/cuda/cuda_attention.h"
+extern "C" {
+#include "util/error.h"
+}
+
+/* ---- small PTX helpers ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy global -> shared; when !valid the destination is zero-filled (src-size 0), so
+ * rows past a sequence's end are zeros in shared memory and P * V stays finite. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* c[4] += a[4] (16x16, row) * b (16x8, col), fp32 accumulate. */
+template <bool BF16>
+static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool BF16>
+static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    uint32_t r;
+    if (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    }
+    return r;
+}
+
+/* 2^x with the SFU; ex2.approx(-inf) = +0, which is what a masked score must give. */
+static __device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Copies rows [row0, row0+ROWS) of one head's Q, K or V (src points at row 0 of the sequence) into
+ * a shared tile [ROWS][D+8]; rows at or past `len` are zero-filled. The 8-element pad per row
+ * spreads ldmatrix's eight 16-byte row reads over all 32 banks. */
+template <int ROWS, int D, int THREADS>
+static __device__ __forceinline__ void load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride,
+                                                 int row0, int len, int tid) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+    constexpr int LDS = D + 8;
+#pragma unroll
+    for (int c = tid; c < ROWS * CHUNKS; c += THREADS) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        const bool ok = row0 + r < len;
+        /* an invalid row still needs a mapped address: use the sequence's first row */
+        const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
+        cp_async16(dst + r * LDS + ch * 8, g, ok);
+    }
+}
+
+/* ---- the kernel --------------------------------------------------------------------------------- */
+
+template <int D, int NWARPS, int BLOCK_N, bool BF16>
+__global__ void __launch_bounds__(NWARPS * 32, (D <= 64 ? 2 : 1))
+attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
+                        const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
+                        const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
+                        float scale_log2, int causal) {
+    constexpr int BLOCK_M = 16 * NWARPS;
+    constexpr int THREADS = NWARPS * 32;
+    constexpr int LDS = D + 8;
+    constexpr int NT = BLOCK_N / 8;  // n8 tiles of S per warp
+    constexpr int DT = D / 8;        // n8 tiles of O per warp
+    constexpr int KQ = D / 16;       // k16 steps of Q K^T
+
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *sQ = smem;                    // [BLOCK_M][LDS]
+    uint16_t *sK = sQ + BLOCK_M * LDS;      // [2][BLOCK_N][LDS]
+    uint16_t *sV = sK + 2 * BLOCK_N * LDS;  // [2][BLOCK_N][LDS]
+
+    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
+    const int start = cu_seqlens[seq];
+    const int len = cu_seqlens[seq + 1] - start;
+    /* causal: the last query tiles see the most keys; hand them out first */
+    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = m_block * BLOCK_M;
+    if (m0 >= len) return;
+
+    const int hidden = n_heads * D;
+    const size_t row_stride = (size_t)3 * hidden;
+    const uint16_t *q_g = qkv + (size_t)start * row_stride + (size_t)head * D;  // row 0 of the sequence
+    const uint16_t *k_g = q_g + hidden;
+    const uint16_t *v_g = q_g + 2 * hidden;
+
+    const int n_end = causal ? min(len, m0 + BLOCK_M) : len;  // keys this tile can see
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
+    load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
+    load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    cp_async_commit();
+
+    float o[DT][4];
+#pragma unroll
+    for (int t = 0; t < DT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    /* rows (lane/4) and (lane/4 + 8) of this warp's 16; m in log2 units, l a per-thread partial */
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    uint32_t qf[KQ][4];
+    const int row_a = m0 + warp * 16 + lane / 4;  // query position in the sequence (row_b = +8)
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait_all();
+        __syncthreads();  // tile j visible to all; every warp is done with buffer (j+1)&1
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KQ; kk++)
+                ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+        }
+        if (j + 1 < n_tiles) {
+            const int nb = (j + 1) & 1;
+            load_tile<BLOCK_N, D, THREADS>(sK + nb * BLOCK_N * LDS, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile<BLOCK_N, D, THREADS>(sV + nb * BLOCK_N * LDS, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            cp_async_commit();
+        }
+        const uint16_t *k_s = sK + (j & 1) * BLOCK_N * LDS;
+        const uint16_t *v_s = sV + (j & 1) * BLOCK_N * LDS;
+
+        /* S = Q K^T: [16 x BLOCK_N] per warp. K rows in shared memory are B in column-major. */
+        float s[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KQ; kk++) {
+#pragma unroll
+            for (int nn = 0; nn < NT / 2; nn++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_s + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma16816<BF16>(s[2 * nn], qf[kk], b[0], b[1]);
+                mma16816<BF16>(s[2 * nn + 1], qf[kk], b[2], b[3]);
+            }
+        }
+
+        /* scale into log2 units, then mask: keys past the end, and (causal) keys after the query */
+        const int n0 = j * BLOCK_N;
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[t][e] *= scale_log2;
+        if (n0 + BLOCK_N > len || (causal && n0 + BLOCK_N - 1 > m0 + warp * 16)) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1);
+                    const int row = row_a + (e >> 1) * 8;
+                    if (col >= len || (causal && col > row)) s[t][e] = -INFINITY;
+                }
+        }
+
+        /* online softmax: the 4 threads of a quad share a row */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx);
+            /* a row with no visible key yet (causal) keeps -inf; subtract 0 so exp2 gives 0, not NaN */
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = fast_exp2(m_run[r] - m_use);
+            m_run[r] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                s[t][2 * r] = fast_exp2(s[t][2 * r] - m_use);
+                s[t][2 * r + 1] = fast_exp2(s[t][2 * r + 1] - m_use);
+                sum += s[t][2 * r] + s[t][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+            for (int t = 0; t < DT; t++) {
+                o[t][2 * r] *= alpha;
+                o[t][2 * r + 1] *= alpha;
+            }
+        }
+
+        /* O += P V. The S accumulators of n-tiles 2k, 2k+1 are exactly the A fragment of k-step k.
+         * V rows in shared memory are B in row-major: ldmatrix.trans. */
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+            uint32_t a[4];
+            a[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dd = 0; dd < D / 16; dd++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, v_s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dd * 16 + (lane >> 4) * 8);
+                mma16816<BF16>(o[2 * dd], a, b[0], b[1]);
+                mma16816<BF16>(o[2 * dd + 1], a, b[2], b[3]);
+            }
+        }
+    }
+
+    /* normalise, stage this warp's 16 rows in its own (already consumed) Q rows, then store rows
+     * inside the sequence with 16-byte writes */
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    uint16_t *sO = sQ + warp * 16 * LDS;
+#pragma unroll
+    for (int t = 0; t < DT; t++) {
+        const int col = t * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t *>(sO + (lane / 4) * LDS + col) = pack2<BF16>(o[t][0] * inv[0], o[t][1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(sO + (lane / 4 + 8) * LDS + col) = pack2<BF16>(o[t][2] * inv[1], o[t][3] * inv[1]);
+    }
+    __syncwarp();
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int c = lane; c < 16 * CHUNKS; c += 32) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        const int row = m0 + warp * 16 + r;
+        if (row < len)
+            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
+                *reinterpret_cast<const uint4 *>(sO + r * LDS + ch * 8);
+    }
+}
+
+/* ---- launcher ----------------------------------------------------------------------------------- */
+
+template <int D, int NWARPS, int BLOCK_N, bool BF16>
+static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                          int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
+    constexpr int BLOCK_M = 16 * NWARPS;
+    const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t);
+    auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16>;
+    /* above 48 KB a kernel must opt in; done once per instantiation (also keeps it out of graph
+     * capture after the first call) */
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        attr_set = true;
+    }
+    const float scale_log2 = scale * 1.4426950408889634f;
+    const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
+    /* gridDim.z is limited to 65535: launch larger batches in slices */
+    for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
+        const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
+        dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
+        kernel<<<grid, NWARPS * 32, smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0,
+                                                    n_heads, scale_log2, causal);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+/* Query-tile height: 64 rows (4 warps) for short sequences, where a 128-row tile would be mostly
+ * past the sequence's end, else 128 (8 warps). NOPAD_FMHA_BLOCK_M=64|128 overrides (tuning). */
+static int choose_block_m(int32_t max_seqlen) {
+    static int forced = -1;
+    if (forced < 0) {
+        const char *env = getenv("NOPAD_FMHA_BLOCK_M");
+        forced = env ? atoi(env) : 0;
+        if (forced != 64 && forced != 128) forced = 0;
+    }
+    if (forced) return forced;
+    return max_seqlen <= 64 ? 64 : 128;
+}
+
+template <int D, bool BF16>
+static cudaError_t dispatch_tile(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal,
+                                 cudaStream_t stream) {
+    if (choose_block_m(max_seqlen) == 64)
+        return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+}
+
+template <bool BF16>
+static cudaError_t dispatch_head(int32_t head_size, void *out, const void *qkv, const int32_t *cu_seqlens,
+                                 int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale,
+                                 int causal, cudaStream_t stream) {
+    switch (head_size) {
+    case 32: return dispatch_tile<32, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    case 64: return dispatch_tile<64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    default: return dispatch_tile<128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    }
+}
+
+extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, const void *qkv,
+                                              const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
+                                              int32_t n_heads, int32_t head_size, float scale, int causal,
+                                              void *stream) {
+    if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_varlen: dtype %d has no kernel (F16, BF16)",
+                               (int)dtype);
+    if (head_size != 32 && head_size != 64 && head_size != 128)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "cuda attention_varlen: head size %d has no kernel (32, 64, 128)", head_size);
+    if (n_seqs < 1 || max_seqlen < 1 || n_heads < 1 || n_heads > 65535)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_varlen: need n_seqs, max_seqlen >= 1 and 1 <= n_heads <= 65535 "
+                               "(got %d, %d, %d)", n_seqs, max_seqlen, n_heads);
+    if (((uintptr_t)out | (uintptr_t)qkv) % 16)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_varlen: qkv and out must be 16-byte aligned");
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e = dtype == NOPAD_DTYPE_BF16
+                        ? dispatch_head<true>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
+                        : dispatch_head<false>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (e != cudaSuccess)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_varlen: launch failed: %s (%s)",
+                               cudaGetErrorString(e), cudaGetErrorName(e));
+    return NOPAD_OK;
+}
