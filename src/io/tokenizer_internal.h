@@ -101,6 +101,8 @@ struct nopad_tokenizer {
     int64_t max_chars_per_word; /* a longer word becomes unk */
     tok_added *added;
     int32_t n_added;
+    tok_vocab added_index;    /* content -> index into added */
+    int32_t max_added_id;     /* -1 when there are none */
     tok_matcher raw_matcher;  /* added tokens with normalized == 0, matched on the raw text */
     tok_matcher norm_matcher; /* normalized == 1, matched on the normalized text */
     int32_t *prefix_ids;      /* the single-sequence template: prefix_ids $A suffix_ids */

@@ -41,6 +41,7 @@ void nopad_tokenizer_free(nopad_tokenizer *t) {
         free(t->added[i].content);
     }
     free(t->added);
+    tok_vocab_free(&t->added_index);
     free(t->raw_matcher.order);
     free(t->norm_matcher.order);
     free(t->prefix_ids);
@@ -53,13 +54,24 @@ int32_t nopad_tokenizer_vocab_size(const nopad_tokenizer *t) { return t ? t->voc
 int32_t nopad_tokenizer_token_to_id(const nopad_tokenizer *t, const char *token) {
     if (!t || !token) return -1;
     size_t len = strlen(token);
-    for (int32_t i = 0; i < t->n_added; i++) /* added tokens first, as HF does */
-        if (t->added[i].len == len && memcmp(t->added[i].content, token, len) == 0)
-            return t->added[i].id;
-    return tok_vocab_get(&t->vocab, token, len);
+    int32_t i = tok_vocab_get(&t->added_index, token, len); /* added tokens first, as HF does */
+    return i >= 0 ? t->added[i].id : tok_vocab_get(&t->vocab, token, len);
 }
 
 /* ---- shared construction steps ---------------------------------------------------------------- */
+
+static nopad_status new_tokenizer(nopad_tokenizer **out, const char *where) {
+    nopad_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return out_of_memory(where);
+    t->max_added_id = -1;
+    nopad_status st = tok_vocab_init(&t->added_index, 16);
+    if (st != NOPAD_OK) {
+        free(t);
+        return st;
+    }
+    *out = t;
+    return NOPAD_OK;
+}
 
 static nopad_status set_subword_prefix(nopad_tokenizer *t, const char *s, const char *where) {
     t->subword_prefix_len = strlen(s);
@@ -73,25 +85,27 @@ static nopad_status set_subword_prefix(nopad_tokenizer *t, const char *s, const 
 static nopad_status add_token(nopad_tokenizer *t, const char *content, size_t len,
                               const tok_added *flags, const char *where) {
     if (len == 0) return NOPAD_OK; /* HF ignores empty added tokens */
-    for (int32_t i = 0; i < t->n_added; i++) {
-        tok_added *a = &t->added[i];
-        if (a->len == len && memcmp(a->content, content, len) == 0) {
-            a->single_word = flags->single_word;
-            a->lstrip = flags->lstrip;
-            a->rstrip = flags->rstrip;
-            a->normalized = flags->normalized;
-            a->special = flags->special;
-            return NOPAD_OK;
-        }
+    int32_t seen = tok_vocab_get(&t->added_index, content, len);
+    if (seen >= 0) {
+        tok_added *a = &t->added[seen];
+        a->single_word = flags->single_word;
+        a->lstrip = flags->lstrip;
+        a->rstrip = flags->rstrip;
+        a->normalized = flags->normalized;
+        a->special = flags->special;
+        return NOPAD_OK;
     }
     int32_t id = tok_vocab_get(&t->vocab, content, len);
     if (id < 0) {
-        int32_t max = -1;
-        for (int32_t i = 0; i < t->n_added; i++)
-            if (t->added[i].id > max) max = t->added[i].id;
+        int32_t max = t->max_added_id;
+        if (max == INT32_MAX - 1)
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: too many added tokens", where);
         id = max < 0 ? t->vocab.count : (max >= t->vocab.count ? max + 1 : t->vocab.count);
-        if (id < 0) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: too many added tokens", where);
     }
+    if (t->n_added == INT32_MAX - 1)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: too many added tokens", where);
+    nopad_status st = tok_vocab_put(&t->added_index, content, len, t->n_added);
+    if (st != NOPAD_OK) return st;
     tok_added *added = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *added);
     if (!added) return out_of_memory(where);
     t->added = added;
@@ -103,6 +117,7 @@ static nopad_status add_token(nopad_tokenizer *t, const char *content, size_t le
     a->pattern = a->content;
     a->pattern_len = len;
     a->id = id;
+    if (id > t->max_added_id) t->max_added_id = id;
     t->n_added++;
     return NOPAD_OK;
 }
@@ -492,9 +507,8 @@ nopad_status tokenizer_from_json(const char *json, size_t len, const char *where
     *out = NULL;
     cJSON *root = cJSON_ParseWithLength(json ? json : "", len);
     if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", where);
-    nopad_status st = NOPAD_OK;
-    nopad_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) st = out_of_memory(where);
+    nopad_tokenizer *t = NULL;
+    nopad_status st = new_tokenizer(&t, where);
     if (st == NOPAD_OK && !cJSON_IsObject(root))
         st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: top level must be a JSON object", where);
     if (st == NOPAD_OK) st = parse_model(t, field(root, "model"), where);
@@ -520,13 +534,14 @@ nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercas
     if (!out || (!text && len))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need text bytes and out", where);
     *out = NULL;
-    nopad_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) return out_of_memory(where);
+    nopad_tokenizer *t = NULL;
+    nopad_status st = new_tokenizer(&t, where);
+    if (st != NOPAD_OK) return st;
     /* lines end at \n, \r\n or \r, as Python's text mode reads them (transformers' load_vocab) */
     size_t n_lines = 0;
     for (size_t i = 0; i < len; i++)
         if (text[i] == '\n' || (text[i] == '\r' && (i + 1 == len || text[i + 1] != '\n'))) n_lines++;
-    nopad_status st = tok_vocab_init(&t->vocab, n_lines + 1);
+    st = tok_vocab_init(&t->vocab, n_lines + 1);
     int64_t line = 0;
     for (size_t pos = 0; pos < len && st == NOPAD_OK; line++) {
         size_t end = pos;

@@ -91,7 +91,7 @@ nopad_status tok_vocab_put(tok_vocab *v, const char *key, size_t len, int32_t id
     }
     if (len > UINT32_MAX - v->pool_len)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "tokenizer: vocab strings exceed 4 GiB");
-    if (v->pool_len + len > v->pool_cap) {
+    if (!v->pool || v->pool_len + len > v->pool_cap) { /* allocated even for "" keys */
         size_t cap = v->pool_cap ? v->pool_cap * 2 : 4096;
         while (cap < v->pool_len + len) cap *= 2;
         char *pool = realloc(v->pool, cap);
