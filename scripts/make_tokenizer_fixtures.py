@@ -16,6 +16,8 @@ corpus.jsonl has one JSON object per line:
     trunc16    uncased ids with truncation to max_length 16 (special tokens kept)
     nospecial  uncased ids without special tokens
     ws         uncased ids with pre_tokenizer {"type": "Whitespace"}
+    lower      ids with normalizer lowercase=true, strip_accents=false (Rust's lowercase alone)
+    raw        ids with normalizer null (no cleaning, no CJK spacing, no case change)
 All ids come from Hugging Face `tokenizers` (the Rust library behind transformers' fast tokenizers).
 
 --unicode-tables compares HF's character classes with utf8proc's, code point by code point, and
@@ -403,14 +405,20 @@ def make_tokenizers(d):
     def whitespace(j):
         j["pre_tokenizer"] = {"type": "Whitespace"}
 
+    def lower_only(j):
+        j["normalizer"]["strip_accents"] = False
+
+    def raw(j):
+        j["normalizer"] = None
+
     uncased = build(lambda j: None)
     trunc = build(lambda j: None)
     trunc.enable_truncation(16)
-    return uncased, build(cased), trunc, build(whitespace)
+    return uncased, build(cased), trunc, build(whitespace), build(lower_only), build(raw)
 
 
 def write_corpus():
-    uncased, cased, trunc, ws = make_tokenizers(minilm_dir())
+    uncased, cased, trunc, ws, lower, raw = make_tokenizers(minilm_dir())
     lines = corpus_lines()
     with open(OUT, "w", encoding="utf-8") as f:
         for text in lines:
@@ -422,6 +430,8 @@ def write_corpus():
                 "trunc16": trunc.encode(text).ids,
                 "nospecial": uncased.encode(text, add_special_tokens=False).ids,
                 "ws": ws.encode(text).ids,
+                "lower": lower.encode(text).ids,
+                "raw": raw.encode(text).ids,
             }
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     print("wrote %d lines to %s" % (len(lines), os.path.relpath(OUT, ROOT)))

@@ -140,6 +140,15 @@ static void edit_whitespace(cJSON *root) {
     cJSON_ReplaceItemInObject(root, "pre_tokenizer", pre);
 }
 
+static void edit_lower_only(cJSON *root) {
+    cJSON *norm = cJSON_GetObjectItem(root, "normalizer");
+    cJSON_ReplaceItemInObject(norm, "strip_accents", cJSON_CreateFalse());
+}
+
+static void edit_no_normalizer(cJSON *root) {
+    cJSON_ReplaceItemInObject(root, "normalizer", cJSON_CreateNull());
+}
+
 /* ---- parity with HF on the corpus --------------------------------------------------------------- */
 
 static void test_corpus_uncased(void **state) {
@@ -186,6 +195,20 @@ static void test_corpus_whitespace_pre_tokenizer(void **state) {
     print_message("Whitespace pre-tokenizer parity: %d lines match\n", n);
     free_fixture(&f);
     nopad_tokenizer_free(tok);
+}
+
+/* lowercase without accent stripping (İ becomes i + U+0307) and no normalizer at all */
+static void test_corpus_lowercase_only_and_raw(void **state) {
+    (void)state;
+    fixture f = load_fixture("tokenizer/corpus.jsonl");
+    nopad_tokenize_params p = nopad_tokenize_default_params();
+    nopad_tokenizer *tok = load_minilm_edited(edit_lower_only);
+    check_fixture(tok, &f, "lower", &p);
+    nopad_tokenizer_free(tok);
+    tok = load_minilm_edited(edit_no_normalizer);
+    check_fixture(tok, &f, "raw", &p);
+    nopad_tokenizer_free(tok);
+    free_fixture(&f);
 }
 
 /* BERT's vocab.txt with do_lower_case must tokenize exactly like its tokenizer.json. */
@@ -688,6 +711,7 @@ int main(void) {
         cmocka_unit_test(test_corpus_uncased),
         cmocka_unit_test(test_corpus_cased),
         cmocka_unit_test(test_corpus_whitespace_pre_tokenizer),
+        cmocka_unit_test(test_corpus_lowercase_only_and_raw),
         cmocka_unit_test(test_corpus_vocab_txt),
         cmocka_unit_test(test_concurrent_tokenize),
     };
