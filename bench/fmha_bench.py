@@ -174,8 +174,9 @@ def run_point(nopad, varlen_attn, batch, max_len, d, heads, dtype_name, causal, 
     res["nan_in_nopad"] = bool(torch.isnan(o).any())
 
     n_inner = args.inner if T * heads * d < (1 << 26) else max(5, args.inner // 4)
-    for name, fn in (("nopad", run_nopad), ("varlen_attn", run_varlen), ("sdpa_padded", run_sdpa),
-                     ("sdpa_cudnn_padded", run_cudnn)):
+    impls = [("nopad", run_nopad), ("varlen_attn", run_varlen), ("sdpa_padded", run_sdpa),
+             ("sdpa_cudnn_padded", run_cudnn)]
+    for name, fn in impls[:2] if args.only_nopad else impls:
         try:
             ms, mode = time_fn(fn, n_inner, args.reps)
             res["impls"][name] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "timing": mode}
@@ -195,6 +196,11 @@ def main():
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="only the issue's five points")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--points", default="", help="custom grid: BxM[,BxM...] (with --d, --dtype, --causal)")
+    ap.add_argument("--d", default="64", help="head sizes for --points, comma-separated")
+    ap.add_argument("--dtype", default="f16", help="dtypes for --points, comma-separated")
+    ap.add_argument("--causal", action="store_true", help="--points causal")
+    ap.add_argument("--only-nopad", action="store_true", help="skip the peers (tile sweeps)")
     args = ap.parse_args()
 
     from torch.nn.attention.varlen import varlen_attn
@@ -210,14 +216,21 @@ def main():
                                        capture_output=True, text=True).stdout.strip()
     except Exception:  # noqa: BLE001
         env["driver"] = "?"
-    env["fp16_gemm_tflops"] = gemm_rate(torch.float16)
+    env["fp16_gemm_tflops"] = float("nan") if args.only_nopad else gemm_rate(torch.float16)
+    env["tiles"] = {k: os.environ.get(k, "") for k in ("NOPAD_FMHA_BLOCK_M", "NOPAD_FMHA_BLOCK_N")}
     print("# %s (%d SMs), driver %s, torch %s, CUDA %s, cuDNN %s, seed %d, fp16 GEMM %.0f TFLOP/s" % (
         env["gpu"], env["sms"], env["driver"], env["torch"], env["cuda"], env["cudnn"], args.seed,
         env["fp16_gemm_tflops"]), flush=True)
 
     points = []  # (batch, max, d, heads, dtype, causal, skew)
     issue = [(16, 512), (16, 1024), (128, 512), (8, 2048), (128, 1024)]
-    if args.quick:
+    if args.points:
+        for dt in args.dtype.split(","):
+            for d in (int(x) for x in args.d.split(",")):
+                for pt in args.points.split(","):
+                    b, m = (int(x) for x in pt.lower().split("x"))
+                    points.append((b, m, d, 12, dt, args.causal, False))
+    elif args.quick:
         points = [(b, m, 64, 12, "f16", False, False) for b, m in issue]
     else:
         for b in (16, 64, 128):

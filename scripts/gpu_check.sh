@@ -76,5 +76,18 @@ if want bench; then
         ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
+if want sweep; then
+    # tile-shape sweep of nopad alone (with varlen_attn as the yardstick): one log for all shapes
+    for m in 64 128; do
+        for n in 64 128; do
+            echo "## NOPAD_FMHA_BLOCK_M=$m NOPAD_FMHA_BLOCK_N=$n"
+            NOPAD_FMHA_BLOCK_M=$m NOPAD_FMHA_BLOCK_N=$n PYTHONUNBUFFERED=1 python3 "$ROOT/bench/fmha_bench.py" \
+                --lib "$BUILD/libnopad.so" --out /tmp/sweep --only-nopad --reps 15 \
+                --points "${SWEEP_POINTS:-16x64,128x128,16x512,128x512,8x2048,128x1024}" --d "${SWEEP_D:-64,128}" \
+                2>&1 | grep '^|'
+        done
+    done 2>&1 | tee "$OUTDIR/sweep.log"
+fi
+
 echo "gpu_check: exit $status"
 exit $status

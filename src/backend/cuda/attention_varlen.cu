@@ -107,7 +107,7 @@ static __device__ __forceinline__ void load_tile(uint16_t *dst, const uint16_t *
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
 template <int D, int NWARPS, int BLOCK_N, bool BF16>
-__global__ void __launch_bounds__(NWARPS * 32, (D <= 64 ? 2 : 1))
+__global__ void __launch_bounds__(NWARPS * 32, (D <= 64 && BLOCK_N == 64 ? 2 : 1))
 attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
                         const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
                         const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
@@ -150,7 +150,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     float o[DT][4];
 #pragma unroll
     for (int t = 0; t < DT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-    /* rows (lane/4) and (lane/4 + 8) of this warp's 16; m in log2 units, l a per-thread partial */
+    /* rows (lane/4) and (lane/4 + 8) of this warp's 16; m = raw running max, l a per-thread partial */
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     uint32_t qf[KQ][4];
     const int row_a = m0 + warp * 16 + lane / 4;  // query position in the sequence (row_b = +8)
@@ -187,12 +187,9 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
             }
         }
 
-        /* scale into log2 units, then mask: keys past the end, and (causal) keys after the query */
+        /* mask keys past the end and (causal) keys after the query; the scale (> 0) is folded into
+         * the exponent below, so raw scores order the same as scaled ones */
         const int n0 = j * BLOCK_N;
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[t][e] *= scale_log2;
         if (n0 + BLOCK_N > len || (causal && n0 + BLOCK_N - 1 > m0 + warp * 16)) {
 #pragma unroll
             for (int t = 0; t < NT; t++)
@@ -214,14 +211,14 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m_run[r], mx);
             /* a row with no visible key yet (causal) keeps -inf; subtract 0 so exp2 gives 0, not NaN */
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            const float alpha = fast_exp2(m_run[r] - m_use);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+            const float alpha = fast_exp2(fmaf(m_run[r], scale_log2, -m_use));
             m_run[r] = m_new;
             float sum = 0.0f;
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                s[t][2 * r] = fast_exp2(s[t][2 * r] - m_use);
-                s[t][2 * r + 1] = fast_exp2(s[t][2 * r + 1] - m_use);
+            for (int t = 0; t < NT; t++) {  /* one FFMA + one MUFU per score */
+                s[t][2 * r] = fast_exp2(fmaf(s[t][2 * r], scale_log2, -m_use));
+                s[t][2 * r + 1] = fast_exp2(fmaf(s[t][2 * r + 1], scale_log2, -m_use));
                 sum += s[t][2 * r] + s[t][2 * r + 1];
             }
             l_run[r] = l_run[r] * alpha + sum;
@@ -262,6 +259,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
     }
     uint16_t *sO = sQ + warp * 16 * LDS;
+    __syncwarp();  // every lane's ldmatrix of these Q rows is done before any lane overwrites them
 #pragma unroll
     for (int t = 0; t < DT; t++) {
         const int col = t * 8 + (lane & 3) * 2;
@@ -310,26 +308,36 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
     return cudaSuccess;
 }
 
-/* Query-tile height: 64 rows (4 warps) for short sequences, where a 128-row tile would be mostly
- * past the sequence's end, else 128 (8 warps). NOPAD_FMHA_BLOCK_M=64|128 overrides (tuning). */
-static int choose_block_m(int32_t max_seqlen) {
-    static int forced = -1;
-    if (forced < 0) {
-        const char *env = getenv("NOPAD_FMHA_BLOCK_M");
-        forced = env ? atoi(env) : 0;
-        if (forced != 64 && forced != 128) forced = 0;
-    }
-    if (forced) return forced;
-    return max_seqlen <= 64 ? 64 : 128;
+/* 64 or 128 from the environment variable `name` (tuning overrides), else 0. */
+static int env_tile(const char *name) {
+    const char *env = getenv(name);
+    const int v = env ? atoi(env) : 0;
+    return v == 64 || v == 128 ? v : 0;
 }
 
+/* Tile shape. Query-tile height: 64 rows (4 warps) for short sequences, where a 128-row tile would
+ * be mostly past the sequence's end and more CTAs fill the SMs, else 128 (8 warps). Key-tile width
+ * 64, except d=128 with 128-row tiles. NOPAD_FMHA_BLOCK_M and NOPAD_FMHA_BLOCK_N (64 | 128)
+ * override both, for tuning. */
 template <int D, bool BF16>
 static cudaError_t dispatch_tile(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                  int32_t max_seqlen, int32_t n_heads, float scale, int causal,
                                  cudaStream_t stream) {
-    if (choose_block_m(max_seqlen) == 64)
+    static int forced_m = -1, forced_n = -1;
+    if (forced_m < 0) {
+        forced_n = env_tile("NOPAD_FMHA_BLOCK_N");
+        forced_m = env_tile("NOPAD_FMHA_BLOCK_M");
+    }
+    /* measured on an H200 (bench/NOTES_fmha.md, sweep of 2026-11-21) */
+    const int bm = forced_m ? forced_m : (max_seqlen <= (D == 128 ? 512 : 256) ? 64 : 128);
+    const int bn = forced_n ? forced_n : (D == 128 && bm == 128 ? 128 : 64);
+    if (bm == 64 && bn == 64)
         return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
-    return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    if (bm == 64)
+        return launch<D, 4, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    if (bn == 64)
+        return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    return launch<D, 8, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
 }
 
 template <bool BF16>
@@ -357,6 +365,9 @@ extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, cons
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: need n_seqs, max_seqlen >= 1 and 1 <= n_heads <= 65535 "
                                "(got %d, %d, %d)", n_seqs, max_seqlen, n_heads);
+    if (!(scale > 0.0f) || isinf(scale))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_varlen: scale must be positive and finite (got %g)", (double)scale);
     if (((uintptr_t)out | (uintptr_t)qkv) % 16)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: qkv and out must be 16-byte aligned");
