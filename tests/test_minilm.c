@@ -84,12 +84,7 @@ static void check_file(const char *text_rel, const char *expected_rel, int trunc
     tp.max_length = info.max_seq_length;
     for (int i = 0; i < n; i++) {
         int32_t got = 0;
-        if (!truncate) {
-            /* without truncation an over-long line must be refused, never silently cut */
-            tp.truncate = 0;
-        } else {
-            tp.truncate = 1;
-        }
+        tp.truncate = truncate;
         nopad_status st = nopad_tokenize(tok, lines[i], strlen(lines[i]), &tp, ids + cu[i],
                                          (int32_t)n_ids - cu[i], &got);
         if (st != NOPAD_OK) fail_msg("line %d: %s: %s", i + 1, nopad_status_string(st), nopad_last_error());
@@ -102,8 +97,8 @@ static void check_file(const char *text_rel, const char *expected_rel, int trunc
     if (truncate) {
         /* the same lines without --truncate are errors naming both lengths */
         tp.truncate = 0;
-        int32_t got;
-        assert_nopad_error(nopad_tokenize(tok, lines[0], strlen(lines[0]), &tp, ids, (int32_t)n_ids, &got),
+        int32_t got, scratch[4096];
+        assert_nopad_error(nopad_tokenize(tok, lines[0], strlen(lines[0]), &tp, scratch, 4096, &got),
                            NOPAD_ERR_TOO_LONG, "256");
     }
 
