@@ -59,6 +59,12 @@ if want test; then
     if [ -n "$bld" ] && [ ! -e "$bld" ]; then mkdir -p "$(dirname "$bld")" && ln -s "$BUILD" "$bld"; fi
     (cd "$bld" 2>/dev/null || cd "$BUILD"; ctest -L gpu --output-on-failure -V) 2>&1 | tee "$OUTDIR/gpu_tests.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    # head size 64 has two kernels (wgmma by default, mma.sync as fallback): test the fallback too
+    echo "## NOPAD_FMHA_WGMMA=0" | tee -a "$OUTDIR/gpu_tests.log"
+    NOPAD_FMHA_WGMMA=0 "$TEST" 2>&1 | tee -a "$OUTDIR/gpu_tests.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    command -v cuobjdump >/dev/null && echo "SASS of libnopad.so: $(cuobjdump --dump-sass "$BUILD/libnopad.so" |
+        grep -oE 'HGMMA|HMMA' | sort | uniq -c | tr '\n' ' ')" | tee -a "$OUTDIR/gpu_tests.log"
 fi
 
 if want sanitize; then
@@ -77,15 +83,15 @@ if want bench; then
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if want sweep; then
-    # tile-shape sweep of nopad alone (with varlen_attn as the yardstick): one log for all shapes
-    for m in 64 128; do
-        for n in 64 128; do
-            echo "## NOPAD_FMHA_BLOCK_M=$m NOPAD_FMHA_BLOCK_N=$n"
-            NOPAD_FMHA_BLOCK_M=$m NOPAD_FMHA_BLOCK_N=$n PYTHONUNBUFFERED=1 python3 "$ROOT/bench/fmha_bench.py" \
-                --lib "$BUILD/libnopad.so" --out /tmp/sweep --only-nopad --reps 15 \
-                --points "${SWEEP_POINTS:-16x64,128x128,16x512,128x512,8x2048,128x1024}" --d "${SWEEP_D:-64,128}" \
-                2>&1 | grep '^|'
-        done
+    # tile-shape sweep of nopad alone (varlen_attn as the yardstick), one log for all settings.
+    # SWEEP_SETTINGS: space-separated settings, each a comma-separated list of VAR=value.
+    SETTINGS=${SWEEP_SETTINGS:-"NOPAD_FMHA_WGMMA=0 NOPAD_FMHA_WG_M=64,NOPAD_FMHA_WG_N=64 NOPAD_FMHA_WG_M=64,NOPAD_FMHA_WG_N=128 NOPAD_FMHA_WG_M=128,NOPAD_FMHA_WG_N=64 NOPAD_FMHA_WG_M=128,NOPAD_FMHA_WG_N=128"}
+    for setting in $SETTINGS; do
+        echo "## $setting"
+        env ${setting//,/ } PYTHONUNBUFFERED=1 python3 "$ROOT/bench/fmha_bench.py" \
+            --lib "$BUILD/libnopad.so" --out /tmp/sweep --only-nopad --reps 15 \
+            --points "${SWEEP_POINTS:-16x64,128x128,16x512,128x512,8x2048,128x1024}" --d "${SWEEP_D:-64}" \
+            2>&1 | grep -E '^\||Error|error'
     done 2>&1 | tee "$OUTDIR/sweep.log"
 fi
 

@@ -1,0 +1,384 @@
+/* CUDA: fused variable-length attention for head size 64 on Hopper tensor cores (wgmma).
+ *
+ * Same contract and the same online-softmax scheme as attention_varlen.cu (read that first); what
+ * differs is the matrix engine. Each warpgroup (4 warps) owns 64 query rows. S = Q K^T is one
+ * chain of wgmma.m64nNk16 with both operands in shared memory (Q and K tiles stored in the 128-byte
+ * swizzled K-major layout wgmma reads without bank conflicts), P V takes P straight from the S
+ * registers as the A operand and V from shared memory through the transposing descriptor (V rows
+ * are key-major, i.e. MN-major for B). K/V tiles are double-buffered with cp.async as before; a
+ * proxy fence hands the cp.async data to the tensor cores' async proxy.
+ *
+ * Why a second kernel: mma.sync tops out near 230 useful TFLOP/s for d = 64 on an H100/H200
+ * (bench/NOTES_fmha.md); wgmma has about twice the tensor throughput and runs asynchronously. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "backend/cuda/attention_wgmma.h"
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void cp_async16_zfill(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void wg_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void wg_cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
+/* cp.async writes go through the generic proxy; wgmma reads through the async proxy */
+static __device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+static __device__ __forceinline__ float wg_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <bool BF16>
+static __device__ __forceinline__ uint32_t wg_pack2(float lo, float hi) {
+    uint32_t r;
+    if (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    }
+    return r;
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle. Tiles are [rows][64] 16-bit elements, one
+ * 128-byte row each, 8-row groups 1024 bytes apart, tile bases 1024-byte aligned. Both byte-offset
+ * fields are 1024: for K-major operands (Q, K) only the 8-row-group stride is read; for the
+ * MN-major V (64 columns = one swizzle atom wide) likewise only the 8-row-group stride matters. */
+static __device__ __forceinline__ uint64_t sw128_desc(const void *p) {
+    const uint64_t addr = smem_u32(p);
+    return ((addr >> 4) & 0x3FFFull) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+/* element offset of (row, col) in a swizzled [rows][64] tile: 16-byte chunk index ^= row % 8 */
+static __device__ __forceinline__ int sw_off(int row, int col) {
+    return row * 64 + ((((col >> 3) ^ row) & 7) << 3) + (col & 7);
+}
+
+template <int ROWS, int THREADS>
+static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_t *src, size_t row_stride,
+                                                    int row0, int len, int tid) {
+#pragma unroll
+    for (int c = tid; c < ROWS * 8; c += THREADS) {
+        const int r = c >> 3, ch = c & 7;
+        const bool ok = row0 + r < len;
+        const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
+        cp_async16_zfill(dst + r * 64 + ((ch ^ (r & 7)) << 3), g, ok);
+    }
+}
+
+/* D[64 x 64] (+)= A (shared, K-major) * B (shared, K-major); 32 fp32 accumulators a thread */
+static __device__ __forceinline__ void wgmma_ss_m64n64k16_f16(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* D[64 x 128] (+)= A (shared, K-major) * B (shared, K-major); 64 fp32 accumulators a thread */
+static __device__ __forceinline__ void wgmma_ss_m64n128k16_f16(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* D[64 x 64] += A (registers, m16k16 fragments per warp) * B (shared, MN-major: transposed) */
+static __device__ __forceinline__ void wgmma_rs_m64n64k16_f16(float d[32], const uint32_t a[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+/* D[64 x 64] (+)= A (shared, K-major) * B (shared, K-major); 32 fp32 accumulators a thread */
+static __device__ __forceinline__ void wgmma_ss_m64n64k16_bf16(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* D[64 x 128] (+)= A (shared, K-major) * B (shared, K-major); 64 fp32 accumulators a thread */
+static __device__ __forceinline__ void wgmma_ss_m64n128k16_bf16(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* D[64 x 64] += A (registers, m16k16 fragments per warp) * B (shared, MN-major: transposed) */
+static __device__ __forceinline__ void wgmma_rs_m64n64k16_bf16(float d[32], const uint32_t a[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+template <bool BF16, int N>
+static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (N == 64) {
+        if constexpr (BF16) wgmma_ss_m64n64k16_bf16(d, da, db, acc);
+        else wgmma_ss_m64n64k16_f16(d, da, db, acc);
+    } else {
+        if constexpr (BF16) wgmma_ss_m64n128k16_bf16(d, da, db, acc);
+        else wgmma_ss_m64n128k16_f16(d, da, db, acc);
+    }
+}
+template <bool BF16>
+static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t a[4], uint64_t db) {
+    if constexpr (BF16) wgmma_rs_m64n64k16_bf16(d, a, db);
+    else wgmma_rs_m64n64k16_f16(d, a, db);
+}
+
+/* ---- the kernel (head size 64) ------------------------------------------------------------------ */
+
+template <int NWG, int BLOCK_N, bool BF16>
+__global__ void __launch_bounds__(NWG * 128, (BLOCK_N == 64 ? 2 : 1))
+attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
+                              const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
+                              const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
+                              float scale_log2, int causal) {
+    constexpr int D = 64;
+    constexpr int BLOCK_M = 64 * NWG;
+    constexpr int THREADS = NWG * 128;
+    constexpr int NT = BLOCK_N / 8;  // n8 column groups of S
+
+    extern __shared__ uint16_t smem_raw[];
+    /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
+    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    uint16_t *sQ = smem_raw + pad / 2;      // [BLOCK_M][64] swizzled
+    uint16_t *sK = sQ + BLOCK_M * D;        // [2][BLOCK_N][64]
+    uint16_t *sV = sK + 2 * BLOCK_N * D;    // [2][BLOCK_N][64]
+
+    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
+    const int start = cu_seqlens[seq];
+    const int len = cu_seqlens[seq + 1] - start;
+    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = m_block * BLOCK_M;
+    if (m0 >= len) return;
+
+    const int hidden = n_heads * D;
+    const size_t row_stride = (size_t)3 * hidden;
+    const uint16_t *q_g = qkv + (size_t)start * row_stride + (size_t)head * D;
+    const uint16_t *k_g = q_g + hidden;
+    const uint16_t *v_g = q_g + 2 * hidden;
+
+    const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int wrow0 = m0 + wg * 64 + warp * 16;  // first query row of this warp
+    const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
+
+    load_tile_sw<BLOCK_M, THREADS>(sQ, q_g, row_stride, m0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS>(sK, k_g, row_stride, 0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    wg_cp_async_commit();
+
+    float o[32];  // O [64 x 64] per warpgroup: n8 group t holds o[4t..4t+3]
+#pragma unroll
+    for (int i = 0; i < 32; i++) o[i] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    const uint16_t *q_wg = sQ + wg * 64 * D;
+
+    for (int j = 0; j < n_tiles; j++) {
+        wg_cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads();  // tile j visible to every warp and to the async proxy; buffer (j+1)&1 free
+        if (j + 1 < n_tiles) {
+            const int nb = (j + 1) & 1;
+            load_tile_sw<BLOCK_N, THREADS>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            wg_cp_async_commit();
+        }
+        const uint16_t *k_s = sK + (j & 1) * BLOCK_N * D;
+        const uint16_t *v_s = sV + (j & 1) * BLOCK_N * D;
+
+        /* S = Q K^T, four k16 steps along the head dimension (+32 bytes each inside the swizzle atom) */
+        float s[BLOCK_N / 2];
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(k_s + kk * 16), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+
+        const int n0 = j * BLOCK_N;
+        if (n0 + BLOCK_N > len || (causal && n0 + BLOCK_N - 1 > wrow0)) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1);
+                    const int row = row_a + (e >> 1) * 8;
+                    if (col >= len || (causal && col > row)) s[4 * t + e] = -INFINITY;
+                }
+        }
+
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+            const float alpha = wg_exp2(fmaf(m_run[r], scale_log2, -m_use));
+            m_run[r] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                s[4 * t + 2 * r] = wg_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
+                s[4 * t + 2 * r + 1] = wg_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
+                sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                o[4 * t + 2 * r] *= alpha;
+                o[4 * t + 2 * r + 1] *= alpha;
+            }
+        }
+
+        /* O += P V: P from registers (S groups 2k, 2k+1 form the A fragment of k-step k), V through the
+         * transposing descriptor, 16 keys = 2048 bytes per k-step */
+        uint32_t pa[BLOCK_N / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+            pa[kk][0] = wg_pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = wg_pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = wg_pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = wg_pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(v_s + kk * 16 * D));
+        wgmma_commit();
+        wgmma_wait0();
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    /* stage O in this warpgroup's Q rows (swizzled, conflict-free), once all its wgmma reads are done */
+    if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    uint16_t *sO = sQ + wg * 64 * D;
+    const int r0 = warp * 16 + lane / 4;
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        const int col = t * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t *>(sO + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(sO + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 16 * 8; c += 32) {  // this warp's 16 rows, 8 chunks of 16 bytes each
+        const int r = warp * 16 + (c >> 3), ch = c & 7;
+        const int row = m0 + wg * 64 + r;
+        if (row < len)
+            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
+                *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
+    }
+}
+
+/* ---- launcher ----------------------------------------------------------------------------------- */
+
+template <int NWG, int BLOCK_N, bool BF16>
+static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                                int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
+    constexpr int BLOCK_M = 64 * NWG;
+    const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * 64 * sizeof(uint16_t) + 1024;  // + alignment slack
+    auto kernel = attention_varlen_wgmma_kernel<NWG, BLOCK_N, BF16>;
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        attr_set = true;
+    }
+    const float scale_log2 = scale * 1.4426950408889634f;
+    const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
+    for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
+        const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
+        dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
+        kernel<<<grid, NWG * 128, smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads,
+                                                  scale_log2, causal);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+static int wg_env(const char *name, int dflt) {
+    const char *env = getenv(name);
+    return env && *env ? atoi(env) : dflt;
+}
+
+int cuda_attention_wgmma_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = wg_env("NOPAD_FMHA_WGMMA", 1) != 0;
+    return on;
+}
+
+/* Tile shape: 64 or 128 query rows (1 or 2 warpgroups), 64 or 128 keys per tile.
+ * NOPAD_FMHA_WG_M / NOPAD_FMHA_WG_N override, for tuning. */
+template <bool BF16>
+static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                                  int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t st) {
+    static int fm = -1, fn = -1;
+    if (fm < 0) {
+        fm = wg_env("NOPAD_FMHA_WG_M", 0);
+        fn = wg_env("NOPAD_FMHA_WG_N", 0);
+    }
+    /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight up to 512
+     * tokens, 128-row tiles halve the K/V re-reads above; 64-key tiles keep registers at 4 CTAs/SM */
+    const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= 512 ? 64 : 128);
+    const int bn = fn == 64 || fn == 128 ? fn : 64;
+    if (bm == 64 && bn == 64) return launch_wgmma<1, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bm == 64) return launch_wgmma<1, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bn == 64) return launch_wgmma<2, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    return launch_wgmma<2, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+}
+
+cudaError_t cuda_attention_wgmma_d64(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens,
+                                     int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale,
+                                     int causal, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    return bf16 ? dispatch_wgmma<true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
+                : dispatch_wgmma<false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+}

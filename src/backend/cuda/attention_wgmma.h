@@ -1,0 +1,17 @@
+/* Internal: the wgmma (sm_90a) kernels of varlen attention, head size 64. Called by
+ * cuda_attention_varlen (attention_varlen.cu) after it has checked the arguments. C++ linkage: both
+ * callers are .cu files. */
+#ifndef NOPAD_BACKEND_CUDA_ATTENTION_WGMMA_H
+#define NOPAD_BACKEND_CUDA_ATTENTION_WGMMA_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* 0 when NOPAD_FMHA_WGMMA=0 (falls back to the mma.sync kernels; for comparisons and tests) */
+int cuda_attention_wgmma_enabled(void);
+
+/* Enqueues head-size-64 attention; same tensors as cuda_attention_varlen. */
+cudaError_t cuda_attention_wgmma_d64(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens,
+                                     int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale,
+                                     int causal, void *stream);
+#endif
