@@ -521,6 +521,43 @@ static void test_long_text_chunks(void **state) {
     nopad_tokenizer_free(tok);
 }
 
+/* NFD's canonical ordering sorts a run of marks by class, stably; a long run stays fast. The
+ * marks are U+1D165 (class 216) and U+1D16D (class 226), which accent stripping keeps. */
+static void test_mark_reordering(void **state) {
+    (void)state;
+    tok_normalizer nm = {.enabled = 1, .clean_text = 1, .handle_chinese_chars = 1,
+                         .strip_accents = 1, .lowercase = 1};
+    enum { PAIRS = 20000 };
+    char *text = malloc(1 + PAIRS * 8 + 1);
+    assert_non_null(text);
+    size_t len = 0;
+    text[len++] = 'A';
+    for (int i = 0; i < PAIRS; i++) {
+        len += (size_t)tok_utf8_put(0x1D16D, text + len);
+        len += (size_t)tok_utf8_put(0x1D165, text + len);
+    }
+    text[len++] = 'B';
+    tok_cpbuf out;
+    tok_cpbuf_init(&out, NULL, 0);
+    assert_nopad_ok(tok_normalize(&nm, text, len, &out));
+    assert_int_equal(out.len, 2 + 2 * PAIRS);
+    assert_int_equal(out.data[0], 'a');
+    for (int i = 0; i < PAIRS; i++) {
+        assert_int_equal(out.data[1 + i], 0x1D165);
+        assert_int_equal(out.data[1 + PAIRS + i], 0x1D16D);
+    }
+    assert_int_equal(out.data[1 + 2 * PAIRS], 'b');
+    /* a short run, and a run ending the text */
+    out.len = 0;
+    const char short_run[] = "x\xf0\x9d\x85\xad\xf0\x9d\x85\xa5 y\xf0\x9d\x85\xad\xf0\x9d\x85\xa5";
+    assert_nopad_ok(tok_normalize(&nm, short_run, sizeof short_run - 1, &out));
+    const uint32_t want[] = {'x', 0x1D165, 0x1D16D, ' ', 'y', 0x1D165, 0x1D16D};
+    assert_int_equal(out.len, 7);
+    for (int i = 0; i < 7; i++) assert_int_equal(out.data[i], want[i]);
+    tok_cpbuf_free(&out);
+    free(text);
+}
+
 /* ---- vocab.txt fallback ---------------------------------------------------------------------------- */
 
 static const char small_vocab_txt[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nun\n##aff\n"
@@ -705,6 +742,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_long_text_chunks),
+        cmocka_unit_test(test_mark_reordering),
         cmocka_unit_test(test_vocab_txt_fallback),
         cmocka_unit_test(test_missing_folder),
         cmocka_unit_test(test_bad_json),

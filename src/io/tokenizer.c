@@ -102,16 +102,18 @@ static nopad_status wordpiece(tok_run *r, const char *w, size_t n, int64_t n_cha
     int bad = 0;
     size_t start = 0;
     while (start < n) {
-        /* key = (start > 0 ? prefix : "") + w[start..n); every candidate is a prefix of key */
+        /* key = (start > 0 ? prefix : "") + w[start..n); every candidate is a prefix of key,
+         * and none longer than the longest token can match, so only lim bytes matter (this
+         * keeps a long word with a huge max_input_chars_per_word linear, not quadratic) */
         size_t klen0 = start ? plen : 0;
-        if (start) memcpy(r->key, t->subword_prefix, plen);
-        memcpy(r->key + klen0, w + start, n - start);
         size_t lim = klen0 + (n - start);
         if (lim > v->max_key_len) lim = v->max_key_len;
         if (lim <= klen0) { /* even one character plus the prefix is longer than any token */
             bad = 1;
             break;
         }
+        if (start) memcpy(r->key, t->subword_prefix, plen);
+        memcpy(r->key + klen0, w + start, lim - klen0);
         r->hash[0] = TOK_HASH_INIT;
         for (size_t i = 0; i < lim; i++) r->hash[i + 1] = tok_hash_step(r->hash[i], (uint8_t)r->key[i]);
         size_t end = n;

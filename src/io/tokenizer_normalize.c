@@ -3,9 +3,9 @@
  * HF's BertNormalizer runs four passes over the whole string: clean_text, CJK spacing, strip
  * accents (NFD, then drop nonspacing marks), lowercase. Each pass maps one character to zero or
  * more characters, so we run all four per character and append the result; the one piece of
- * context NFD needs, canonical reordering of combining marks, is done on the tail of the output.
- * Lowercasing before reordering gives the same result because no character that lowercasing
- * changes has a nonzero combining class. */
+ * context NFD needs, canonical reordering of combining marks, is done on each run of marks once
+ * it ends. Lowercasing before reordering gives the same result because no character that
+ * lowercasing changes has a nonzero combining class. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,35 +116,76 @@ void tok_cpbuf_free(tok_cpbuf *b) {
     tok_cpbuf_init(b, b->initial, b->initial_cap);
 }
 
-/* Appends c; with NFD on, a combining mark moves before marks of a higher class (canonical
- * ordering, a stable insertion sort within the run of marks). */
-static void push(tok_cpbuf *out, uint32_t c, int reorder) {
-    size_t j = out->len++;
-    int ccc = reorder ? tok_combining_class(c) : 0;
-    if (ccc) {
-        while (j > 0 && tok_combining_class(out->data[j - 1]) > ccc) {
-            out->data[j] = out->data[j - 1];
-            j--;
+/* Canonical ordering (the part of NFD that needs context): each maximal run of combining marks
+ * (class > 0) is stably sorted by class. Marks are appended as they come and a run is sorted
+ * when it ends, only if it is out of order; a counting sort keeps even a hostile run of
+ * thousands of marks linear. */
+typedef struct mark_run {
+    size_t start; /* index of the run's first mark */
+    int max_ccc;  /* highest class in the run so far */
+    int unsorted;
+} mark_run;
+
+static nopad_status sort_run(tok_cpbuf *out, mark_run *run) {
+    uint32_t *a = out->data + run->start;
+    size_t n = out->len - run->start;
+    run->unsorted = 0;
+    if (n <= 32) { /* the usual case: a couple of marks */
+        for (size_t i = 1; i < n; i++) {
+            uint32_t c = a[i];
+            int ccc = tok_combining_class(c);
+            size_t j = i;
+            for (; j > 0 && tok_combining_class(a[j - 1]) > ccc; j--) a[j] = a[j - 1];
+            a[j] = c;
         }
+        return NOPAD_OK;
     }
-    out->data[j] = c;
+    size_t count[257] = {0};
+    uint32_t *sorted = malloc(n * sizeof *sorted);
+    if (!sorted)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: cannot sort %zu marks", n);
+    for (size_t i = 0; i < n; i++) count[tok_combining_class(a[i]) + 1]++;
+    for (int k = 0; k < 256; k++) count[k + 1] += count[k];
+    for (size_t i = 0; i < n; i++) sorted[count[tok_combining_class(a[i])]++] = a[i];
+    memcpy(a, sorted, n * sizeof *a);
+    free(sorted);
+    return NOPAD_OK;
+}
+
+/* Appends a character of class 0, which ends the current run of marks. */
+static nopad_status push_starter(tok_cpbuf *out, uint32_t c, mark_run *run) {
+    nopad_status st = run->unsorted ? sort_run(out, run) : NOPAD_OK;
+    out->data[out->len++] = c;
+    run->start = out->len;
+    run->max_ccc = 0;
+    return st;
+}
+
+static nopad_status push(tok_cpbuf *out, uint32_t c, int reorder, mark_run *run) {
+    int ccc = reorder ? tok_combining_class(c) : 0;
+    if (ccc == 0) return push_starter(out, c, run);
+    if (ccc < run->max_ccc) run->unsorted = 1;
+    else run->max_ccc = ccc;
+    out->data[out->len++] = c;
+    return NOPAD_OK;
 }
 
 /* The strip-accents and lowercase passes of one character. */
-static void push_stripped_lowered(const tok_normalizer *nm, tok_cpbuf *out, uint32_t c) {
+static nopad_status push_stripped_lowered(const tok_normalizer *nm, tok_cpbuf *out, uint32_t c,
+                                          mark_run *run) {
     uint32_t dec[TOK_MAX_DECOMP];
     int n = 1;
     dec[0] = c;
     if (nm->strip_accents) n = tok_strip_accents(c, dec);
-    for (int i = 0; i < n; i++) {
-        if (nm->lowercase) {
-            uint32_t low[2];
-            int m = tok_lowercase(dec[i], low);
-            for (int k = 0; k < m; k++) push(out, low[k], nm->strip_accents);
-        } else {
-            push(out, dec[i], nm->strip_accents);
-        }
+    nopad_status st = NOPAD_OK;
+    for (int i = 0; i < n && st == NOPAD_OK; i++) {
+        uint32_t low[2];
+        int m = 1;
+        low[0] = dec[i];
+        if (nm->lowercase) m = tok_lowercase(dec[i], low);
+        for (int k = 0; k < m && st == NOPAD_OK; k++) st = push(out, low[k], nm->strip_accents, run);
     }
+    return st;
 }
 
 /* Upper bound on what one input character becomes, by construction: two CJK spaces around a
@@ -153,17 +194,17 @@ static void push_stripped_lowered(const tok_normalizer *nm, tok_cpbuf *out, uint
 enum { MAX_OUT_PER_CHAR = 2 + 2 * TOK_MAX_DECOMP };
 
 nopad_status tok_normalize(const tok_normalizer *nm, const char *s, size_t len, tok_cpbuf *out) {
-    /* reserve per slice of input, so a long text does not reserve MAX_OUT_PER_CHAR x its size;
-     * a slice has at most as many characters as bytes */
-    enum { SLICE = 1024 };
-    size_t pos = 0, budget = 0;
-    while (pos < len) {
-        if (budget == 0) {
-            budget = len - pos < SLICE ? len - pos : SLICE;
-            nopad_status st = tok_cpbuf_reserve(out, budget * MAX_OUT_PER_CHAR);
+    mark_run run = {out->len, 0, 0};
+    nopad_status st = NOPAD_OK;
+    size_t pos = 0;
+    while (pos < len && st == NOPAD_OK) {
+        /* Room for the worst case of the next character; when short, grow for the rest of the
+         * text at one code point per byte (the common case), so growth is rare and short texts
+         * stay in the caller's storage. */
+        if (out->cap - out->len < MAX_OUT_PER_CHAR) {
+            st = tok_cpbuf_reserve(out, MAX_OUT_PER_CHAR + (len - pos));
             if (st != NOPAD_OK) return st;
         }
-        budget--;
         uint32_t c = tok_utf8_next(s, &pos);
         if (!nm->enabled) {
             out->data[out->len++] = c;
@@ -175,7 +216,7 @@ nopad_status tok_normalize(const tok_normalizer *nm, const char *s, size_t len, 
                 else if (c < 0x20 || c == 0x7F) continue;
             }
             if (nm->lowercase && c >= 'A' && c <= 'Z') c += 32;
-            out->data[out->len++] = c;
+            st = push_starter(out, c, &run);
             continue;
         }
         if (nm->clean_text) {
@@ -183,12 +224,13 @@ nopad_status tok_normalize(const tok_normalizer *nm, const char *s, size_t len, 
             if (tok_is_whitespace(c)) c = ' ';
         }
         if (nm->handle_chinese_chars && tok_is_chinese(c)) {
-            out->data[out->len++] = ' ';
-            push_stripped_lowered(nm, out, c);
-            out->data[out->len++] = ' ';
+            st = push_starter(out, ' ', &run);
+            if (st == NOPAD_OK) st = push_stripped_lowered(nm, out, c, &run);
+            if (st == NOPAD_OK) st = push_starter(out, ' ', &run);
         } else {
-            push_stripped_lowered(nm, out, c);
+            st = push_stripped_lowered(nm, out, c, &run);
         }
     }
-    return NOPAD_OK;
+    if (st == NOPAD_OK && run.unsorted) st = sort_run(out, &run);
+    return st;
 }
