@@ -1,0 +1,141 @@
+/* libFuzzer target: the tokenizer loaders on arbitrary bytes, and tokenization of arbitrary text.
+ *
+ * The first byte picks what the rest is: (b % 3) 0 = a tokenizer.json, 1 = text for a fixed
+ * tokenizer, 2 = a vocab.txt; b / 3 picks the tokenize params. Beyond "no crash, no leak" the
+ * text mode checks the promises nopad_tokenize makes: invalid UTF-8 is always refused, every id
+ * is in the vocab, the template is kept, truncation gives a prefix of the full answer, and a
+ * capacity-0 call reports the size a real call then fills. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/tokenizer_internal.h"
+
+/* A small tokenizer using every feature: normalized and raw added tokens with all flags, a
+ * two-token prefix, a short max_input_chars_per_word. */
+static const char fixed_json[] =
+    "{\"added_tokens\": ["
+    "{\"id\": 0, \"content\": \"[PAD]\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 1, \"content\": \"[UNK]\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 2, \"content\": \"[CLS]\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 3, \"content\": \"[SEP]\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 4, \"content\": \"[MASK]\", \"special\": true, \"normalized\": false, "
+    "\"lstrip\": true},"
+    "{\"id\": 20, \"content\": \"<ent>\", \"single_word\": true, \"normalized\": true},"
+    "{\"id\": 21, \"content\": \"New York\", \"normalized\": true, \"rstrip\": true},"
+    "{\"id\": 22, \"content\": \"\xc4\xb0x\", \"normalized\": true}],"
+    "\"normalizer\": {\"type\": \"BertNormalizer\", \"clean_text\": true, "
+    "\"handle_chinese_chars\": true, \"strip_accents\": null, \"lowercase\": true},"
+    "\"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"},"
+    "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+    "{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}},"
+    "{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}},"
+    "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}},"
+    "{\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 0}}],"
+    "\"special_tokens\": {\"[CLS]\": {\"id\": \"[CLS]\", \"ids\": [2], \"tokens\": [\"[CLS]\"]},"
+    "\"<s>\": {\"id\": \"<s>\", \"ids\": [5, 6], \"tokens\": [\"a\", \"b\"]},"
+    "\"[SEP]\": {\"id\": \"[SEP]\", \"ids\": [3], \"tokens\": [\"[SEP]\"]}}},"
+    "\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", "
+    "\"continuing_subword_prefix\": \"##\", \"max_input_chars_per_word\": 12, \"vocab\": {"
+    "\"[PAD]\": 0, \"[UNK]\": 1, \"[CLS]\": 2, \"[SEP]\": 3, \"[MASK]\": 4, \"a\": 5, \"b\": 6, "
+    "\"##a\": 7, \"##b\": 8, \"e\": 9, \"##e\": 10, \"\xe4\xb8\x80\": 11, \"i\": 12, "
+    "\"##\xcc\x87\": 13, \"new\": 14, \"york\": 15, \",\": 16, \"!\": 17, \"ab\": 18, "
+    "\"##ab\": 19}}}";
+
+static nopad_tokenizer *fixed_tokenizer(void) {
+    static nopad_tokenizer *tok;
+    if (!tok && tokenizer_from_json(fixed_json, sizeof fixed_json - 1, "fixed", &tok) != NOPAD_OK)
+        __builtin_trap();
+    return tok;
+}
+
+/* Tokenizes `text` with params from `flags` and checks the invariants. */
+static void check_tokenize(const nopad_tokenizer *tok, const char *text, size_t len,
+                           unsigned flags) {
+    nopad_tokenize_params p = nopad_tokenize_default_params();
+    p.add_special_tokens = flags & 1;
+    p.truncate = (flags >> 1) & 1;
+    p.max_length = (int32_t)(flags >> 2); /* 0..20 */
+    int valid = tok_utf8_check(text, len) == len;
+
+    int32_t need = -1;
+    nopad_status st = nopad_tokenize(tok, text, len, &p, NULL, 0, &need);
+    if (!valid) {
+        if (st != NOPAD_ERR_INVALID_ARGUMENT) __builtin_trap();
+        return;
+    }
+    int32_t n_special = p.add_special_tokens ? tok->n_prefix + tok->n_suffix : 0;
+    if (st == NOPAD_ERR_INVALID_ARGUMENT) { /* only for a max_length below the template */
+        if (!(p.truncate && p.max_length > 0 && p.max_length < n_special)) __builtin_trap();
+        return;
+    }
+    if (st == NOPAD_ERR_TOO_LONG) {
+        if (p.truncate || p.max_length <= 0) __builtin_trap();
+        return;
+    }
+    if (st != NOPAD_OK && st != NOPAD_ERR_BUFFER_TOO_SMALL) __builtin_trap();
+    if (st == NOPAD_OK && need != 0) __builtin_trap();
+    if (need < n_special) __builtin_trap();
+    if (p.truncate && p.max_length > 0 && need > p.max_length) __builtin_trap();
+
+    int32_t *ids = malloc(((size_t)need + 1) * sizeof *ids);
+    int32_t n = -1;
+    if (!ids) return;
+    if (nopad_tokenize(tok, text, len, &p, ids, need, &n) != NOPAD_OK || n != need)
+        __builtin_trap();
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= nopad_tokenizer_vocab_size(tok)) __builtin_trap();
+    if (p.add_special_tokens) {
+        for (int32_t i = 0; i < tok->n_prefix; i++)
+            if (ids[i] != tok->prefix_ids[i]) __builtin_trap();
+        for (int32_t i = 0; i < tok->n_suffix; i++)
+            if (ids[n - tok->n_suffix + i] != tok->suffix_ids[i]) __builtin_trap();
+    }
+    /* the untruncated answer starts with the truncated one's content */
+    if (p.truncate && p.max_length > 0) {
+        nopad_tokenize_params full = p;
+        full.truncate = 0;
+        full.max_length = 0;
+        int32_t n_full = -1;
+        nopad_tokenize(tok, text, len, &full, NULL, 0, &n_full);
+        int32_t *all = malloc(((size_t)n_full + 1) * sizeof *all);
+        if (all) {
+            if (nopad_tokenize(tok, text, len, &full, all, n_full, &n_full) != NOPAD_OK)
+                __builtin_trap();
+            int32_t content = n - n_special;
+            if (n_full - n_special < content) __builtin_trap();
+            int32_t head = p.add_special_tokens ? tok->n_prefix : 0;
+            for (int32_t i = head; i < head + content; i++)
+                if (ids[i] != all[i]) __builtin_trap();
+            free(all);
+        }
+    }
+    free(ids);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0) return 0;
+    unsigned mode = data[0] % 3, flags = data[0] / 3 % 84;
+    const char *rest = (const char *)data + 1;
+    size_t len = size - 1;
+    nopad_tokenizer *tok = NULL;
+    if (mode == 1) {
+        check_tokenize(fixed_tokenizer(), rest, len, flags);
+        return 0;
+    }
+    nopad_status st = mode == 0 ? tokenizer_from_json(rest, len, "fuzz", &tok)
+                                : tokenizer_from_vocab_txt(rest, len, flags & 1, "fuzz", &tok);
+    if (st != NOPAD_OK) {
+        if (tok) __builtin_trap();
+        return 0;
+    }
+    /* a tokenizer that loads must tokenize anything: its own bytes and a fixed mix */
+    static const char mix[] = "Hello, [MASK] world! caf\xc3\xa9 \xe4\xb8\x80\xe4\xba\x8c "
+                              "New York <ent> [CLS]x\xc4\xb0\t\xf0\x9f\x98\x80 ##a aaaaaaaaaaaa";
+    check_tokenize(tok, mix, sizeof mix - 1, flags);
+    check_tokenize(tok, rest, len < 4096 ? len : 4096, flags);
+    nopad_tokenizer_token_to_id(tok, "[CLS]");
+    nopad_tokenizer_free(tok);
+    return 0;
+}
