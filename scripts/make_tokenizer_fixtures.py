@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the WordPiece tokenizer parity fixtures, and the Unicode exception tables.
 
-    python3 scripts/make_tokenizer_fixtures.py                 # tests/data/tokenizer/corpus.jsonl
-    python3 scripts/make_tokenizer_fixtures.py --unicode-tables  # C tables for src/io/tokenizer_unicode.c
+    python3 scripts/make_tokenizer_fixtures.py                   # fixtures in tests/data/tokenizer/
+    python3 scripts/make_tokenizer_fixtures.py --unicode-tables  # tables for tokenizer_unicode.c
 
 small_tokenizer.json is a hand-written WordPiece tokenizer whose added tokens use every flag
 (lstrip, rstrip, single_word, normalized), and small_cases.jsonl holds HF's ids for it

@@ -11,7 +11,7 @@
 
 #include "io/tokenizer_internal.h"
 
-/* ---- fixtures --------------------------------------------------------------------------------- */
+/* ---- fixtures ------------------------------------------------------------------------------- */
 
 typedef struct fixture_line {
     char *text; /* the bytes of `hex` (may hold NUL) */
@@ -42,7 +42,8 @@ static fixture load_fixture(const char *rel) {
     fixture f = {0};
     size_t size;
     char *data = test_read_file(test_data_path(rel), &size);
-    if (!data) fail_msg("cannot read %s (run scripts/make_tokenizer_fixtures.py)", test_data_path(rel));
+    if (!data)
+        fail_msg("cannot read %s (run scripts/make_tokenizer_fixtures.py)", test_data_path(rel));
     for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
         if (!j) fail_msg("%s line %d is not JSON", rel, f.n + 1);
@@ -149,7 +150,7 @@ static void edit_no_normalizer(cJSON *root) {
     cJSON_ReplaceItemInObject(root, "normalizer", cJSON_CreateNull());
 }
 
-/* ---- parity with HF on the corpus --------------------------------------------------------------- */
+/* ---- parity with HF on the corpus ----------------------------------------------------------- */
 
 static void test_corpus_uncased(void **state) {
     (void)state;
@@ -280,7 +281,7 @@ static void test_concurrent_tokenize(void **state) {
     nopad_tokenizer_free(tok);
 }
 
-/* ---- a small hand-written tokenizer (tests/data/tokenizer/small_tokenizer.json) --------------- */
+/* ---- a small hand-written tokenizer (tests/data/tokenizer/small_tokenizer.json) ------------- */
 
 static nopad_tokenizer *load_small(void) {
     size_t len;
@@ -484,7 +485,8 @@ static void check_repeated(const nopad_tokenizer *tok, const char *unit, const i
     for (int i = 0; i < reps; i++)
         for (int k = 0; k < n_unit; k++)
             if (ids[1 + i * n_unit + k] != unit_ids[k])
-                fail_msg("rep %d id %d: got %d want %d", i, k, ids[1 + i * n_unit + k], unit_ids[k]);
+                fail_msg("rep %d id %d: got %d want %d", i, k, ids[1 + i * n_unit + k],
+                         unit_ids[k]);
     /* truncation of a long text gives the prefix of the full answer */
     nopad_tokenize_params p = nopad_tokenize_default_params();
     p.truncate = 1;
@@ -558,10 +560,11 @@ static void test_mark_reordering(void **state) {
     free(text);
 }
 
-/* ---- vocab.txt fallback ---------------------------------------------------------------------------- */
+/* ---- vocab.txt fallback --------------------------------------------------------------------- */
 
-static const char small_vocab_txt[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nun\n##aff\n"
-                                      "##able\ncafe\nCafé\n##s\n.\n";
+static const char small_vocab_txt[] =
+    "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nun\n##aff\n"
+    "##able\ncafe\nCafé\n##s\n.\n";
 
 static void write_file(const char *dir, const char *name, const char *text) {
     char path[1024];
@@ -620,10 +623,11 @@ static void test_missing_folder(void **state) {
                        "/nonexistent/nopad/model");
     assert_null(tok);
     const char *dir = test_make_temp_dir(1);
-    assert_nopad_error(nopad_tokenizer_load(dir, &tok), NOPAD_ERR_IO, "no tokenizer.json or vocab.txt");
+    assert_nopad_error(nopad_tokenizer_load(dir, &tok), NOPAD_ERR_IO,
+                       "no tokenizer.json or vocab.txt");
 }
 
-/* ---- malformed and unsupported tokenizer.json -------------------------------------------------- */
+/* ---- malformed and unsupported tokenizer.json ----------------------------------------------- */
 
 #define MODEL_OK                                                                                   \
     "\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", "                             \
@@ -637,7 +641,8 @@ static void expect_json_error(const char *json, nopad_status want, const char *n
         fail_msg("%s\n -> %s (want %s): %s", json, nopad_status_string(st),
                  nopad_status_string(want), nopad_last_error());
     if (!strstr(nopad_last_error(), needle))
-        fail_msg("%s\n -> message \"%s\" does not mention \"%s\"", json, nopad_last_error(), needle);
+        fail_msg("%s\n -> message \"%s\" does not mention \"%s\"", json, nopad_last_error(),
+                 needle);
     assert_null(tok);
 }
 

@@ -78,8 +78,8 @@ static nopad_status reserve_key(tok_run *r, size_t need) {
                                                 : realloc(r->hash, (need + 1) * sizeof *hash);
     if (hash) r->hash = hash;
     if (!key || !hash)
-        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate a %zu-byte word",
-                               need);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
+                               "tokenizer: cannot allocate a %zu-byte word", need);
     r->key_cap = need;
     return NOPAD_OK;
 }
@@ -115,7 +115,8 @@ static nopad_status wordpiece(tok_run *r, const char *w, size_t n, int64_t n_cha
         if (start) memcpy(r->key, t->subword_prefix, plen);
         memcpy(r->key + klen0, w + start, lim - klen0);
         r->hash[0] = TOK_HASH_INIT;
-        for (size_t i = 0; i < lim; i++) r->hash[i + 1] = tok_hash_step(r->hash[i], (uint8_t)r->key[i]);
+        for (size_t i = 0; i < lim; i++)
+            r->hash[i + 1] = tok_hash_step(r->hash[i], (uint8_t)r->key[i]);
         size_t end = n;
         if (klen0 + (end - start) > lim) { /* skip candidates longer than the longest token */
             end = start + (lim - klen0);
@@ -307,7 +308,8 @@ static nopad_status raw_piece(tok_run *r, const char *s, size_t n) {
     st = grow_bytes(&r->text2, &r->text2_cap, NULL, r->cps.len * 4 + 1);
     if (st != NOPAD_OK) return st;
     size_t len = 0;
-    for (size_t i = 0; i < r->cps.len; i++) len += (size_t)tok_utf8_put(r->cps.data[i], r->text2 + len);
+    for (size_t i = 0; i < r->cps.len; i++)
+        len += (size_t)tok_utf8_put(r->cps.data[i], r->text2 + len);
     return split_added(r, &t->norm_matcher, r->text2, len, normalized_piece);
 }
 
@@ -383,7 +385,8 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
                                "(set truncate to cut it)",
                                (long long)total, (int)p.max_length);
     if (total > INT32_MAX)
-        return nopad_set_error(NOPAD_ERR_TOO_LONG, "nopad_tokenize: text gives %lld ids", (long long)total);
+        return nopad_set_error(NOPAD_ERR_TOO_LONG, "nopad_tokenize: text gives %lld ids",
+                               (long long)total);
     *n_ids = (int32_t)total;
     if (total > capacity)
         return nopad_set_error(NOPAD_ERR_BUFFER_TOO_SMALL,

@@ -58,7 +58,7 @@ int32_t nopad_tokenizer_token_to_id(const nopad_tokenizer *t, const char *token)
     return i >= 0 ? t->added[i].id : tok_vocab_get(&t->vocab, token, len);
 }
 
-/* ---- shared construction steps ---------------------------------------------------------------- */
+/* ---- shared construction steps -------------------------------------------------------------- */
 
 static nopad_status new_tokenizer(nopad_tokenizer **out, const char *where) {
     nopad_tokenizer *t = calloc(1, sizeof *t);
@@ -165,7 +165,8 @@ static nopad_status finish(nopad_tokenizer *t, const char *where) {
             return st != NOPAD_OK ? st : out_of_memory(where);
         }
         size_t len = 0;
-        for (size_t k = 0; k < cps.len; k++) len += (size_t)tok_utf8_put(cps.data[k], pattern + len);
+        for (size_t k = 0; k < cps.len; k++)
+            len += (size_t)tok_utf8_put(cps.data[k], pattern + len);
         tok_cpbuf_free(&cps);
         a->pattern = pattern;
         a->pattern_len = len;
@@ -200,7 +201,7 @@ static nopad_status set_template(nopad_tokenizer *t, const int32_t *prefix, int3
     return NOPAD_OK;
 }
 
-/* ---- tokenizer.json ----------------------------------------------------------------------------- */
+/* ---- tokenizer.json ------------------------------------------------------------------------- */
 
 static const cJSON *field(const cJSON *obj, const char *key) {
     return cJSON_GetObjectItemCaseSensitive(obj, key);
@@ -282,8 +283,8 @@ static nopad_status parse_model(nopad_tokenizer *t, const cJSON *model, const ch
     if (st != NOPAD_OK) return st;
     t->unk_id = tok_vocab_get(&t->vocab, unk, strlen(unk));
     if (t->unk_id < 0)
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.unk_token \"%.64s\" is not in model.vocab",
-                               where, unk);
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: model.unk_token \"%.64s\" is not in model.vocab", where, unk);
     st = set_subword_prefix(t, prefix, where);
     if (st != NOPAD_OK) return st;
 
@@ -526,7 +527,7 @@ nopad_status tokenizer_from_json(const char *json, size_t len, const char *where
     return NOPAD_OK;
 }
 
-/* ---- vocab.txt ------------------------------------------------------------------------------------ */
+/* ---- vocab.txt ------------------------------------------------------------------------------ */
 
 nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercase,
                                       const char *where, nopad_tokenizer **out) {
@@ -540,7 +541,8 @@ nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercas
     /* lines end at \n, \r\n or \r, as Python's text mode reads them (transformers' load_vocab) */
     size_t n_lines = 0;
     for (size_t i = 0; i < len; i++)
-        if (text[i] == '\n' || (text[i] == '\r' && (i + 1 == len || text[i + 1] != '\n'))) n_lines++;
+        if (text[i] == '\n' || (text[i] == '\r' && (i + 1 == len || text[i + 1] != '\n')))
+            n_lines++;
     st = tok_vocab_init(&t->vocab, n_lines + 1);
     int64_t line = 0;
     for (size_t pos = 0; pos < len && st == NOPAD_OK; line++) {
@@ -587,7 +589,7 @@ nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercas
     return NOPAD_OK;
 }
 
-/* ---- a model folder ---------------------------------------------------------------------------- */
+/* ---- a model folder ------------------------------------------------------------------------- */
 
 /* Reads a whole file. A missing file is not an error: *data stays NULL. */
 static nopad_status read_file(const char *path, char **data, size_t *len) {

@@ -183,7 +183,8 @@ static nopad_status push_stripped_lowered(const tok_normalizer *nm, tok_cpbuf *o
         int m = 1;
         low[0] = dec[i];
         if (nm->lowercase) m = tok_lowercase(dec[i], low);
-        for (int k = 0; k < m && st == NOPAD_OK; k++) st = push(out, low[k], nm->strip_accents, run);
+        for (int k = 0; k < m && st == NOPAD_OK; k++)
+            st = push(out, low[k], nm->strip_accents, run);
     }
     return st;
 }

@@ -19,8 +19,8 @@ static uint32_t slot_hash(uint64_t h) { return (uint32_t)(h ^ (h >> 32)); }
 static nopad_status alloc_slots(tok_vocab *v, size_t n_slots) {
     v->slots = malloc(n_slots * sizeof *v->slots);
     if (!v->slots)
-        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate %zu vocab slots",
-                               n_slots);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
+                               "tokenizer: cannot allocate %zu vocab slots", n_slots);
     for (size_t i = 0; i < n_slots; i++) v->slots[i].id = -1;
     v->mask = (uint32_t)(n_slots - 1);
     return NOPAD_OK;
@@ -30,8 +30,8 @@ nopad_status tok_vocab_init(tok_vocab *v, size_t expected) {
     memset(v, 0, sizeof *v);
     v->max_id = -1;
     if (expected > (1u << 29))
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "tokenizer: vocab of %zu entries is too large",
-                               expected);
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "tokenizer: vocab of %zu entries is too large", expected);
     size_t n_slots = 16;
     while (n_slots < expected * 2) n_slots *= 2;
     return alloc_slots(v, n_slots);
