@@ -59,10 +59,12 @@ if want test; then
     if [ -n "$bld" ] && [ ! -e "$bld" ]; then mkdir -p "$(dirname "$bld")" && ln -s "$BUILD" "$bld"; fi
     (cd "$bld" 2>/dev/null || cd "$BUILD"; ctest -L gpu --output-on-failure -V) 2>&1 | tee "$OUTDIR/gpu_tests.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    # head size 64 has two kernels (wgmma by default, mma.sync as fallback): test the fallback too
-    echo "## NOPAD_FMHA_WGMMA=0" | tee -a "$OUTDIR/gpu_tests.log"
-    NOPAD_FMHA_WGMMA=0 "$TEST" 2>&1 | tee -a "$OUTDIR/gpu_tests.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    # head size 64 has three kernels (wgmma pipelined by default, wgmma plain, mma.sync): test all
+    for setting in NOPAD_FMHA_WG_PIPE=0 NOPAD_FMHA_WGMMA=0; do
+        echo "## $setting" | tee -a "$OUTDIR/gpu_tests.log"
+        env $setting "$TEST" 2>&1 | tee -a "$OUTDIR/gpu_tests.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    done
     command -v cuobjdump >/dev/null && echo "SASS of libnopad.so: $(cuobjdump --dump-sass "$BUILD/libnopad.so" |
         grep -oE 'HGMMA|HMMA' | sort | uniq -c | tr '\n' ' ')" | tee -a "$OUTDIR/gpu_tests.log"
 fi
@@ -85,7 +87,7 @@ fi
 if want sweep; then
     # tile-shape sweep of nopad alone (varlen_attn as the yardstick), one log for all settings.
     # SWEEP_SETTINGS: space-separated settings, each a comma-separated list of VAR=value.
-    SETTINGS=${SWEEP_SETTINGS:-"NOPAD_FMHA_WGMMA=0 NOPAD_FMHA_WG_M=64,NOPAD_FMHA_WG_N=64 NOPAD_FMHA_WG_M=64,NOPAD_FMHA_WG_N=128 NOPAD_FMHA_WG_M=128,NOPAD_FMHA_WG_N=64 NOPAD_FMHA_WG_M=128,NOPAD_FMHA_WG_N=128"}
+    SETTINGS=${SWEEP_SETTINGS:-"NOPAD_FMHA_WG_PIPE=0,NOPAD_FMHA_WG_M=64 NOPAD_FMHA_WG_PIPE=0,NOPAD_FMHA_WG_M=128 NOPAD_FMHA_WG_PIPE=1,NOPAD_FMHA_WG_M=64 NOPAD_FMHA_WG_PIPE=1,NOPAD_FMHA_WG_M=128"}
     for setting in $SETTINGS; do
         echo "## $setting"
         env ${setting//,/ } PYTHONUNBUFFERED=1 python3 "$ROOT/bench/fmha_bench.py" \

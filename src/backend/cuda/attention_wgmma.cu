@@ -317,14 +317,227 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     }
 }
 
-/* ---- launcher ----------------------------------------------------------------------------------- */
+/* ---- pipelined variant ----------------------------------------------------------------------------
+ * FlashAttention-3's intra-warpgroup overlap: in iteration j the warpgroup issues S_j = Q K_j^T and
+ * O += P_{j-1} V_{j-1} back to back, waits only for S_j, and runs the softmax of S_j on the CUDA
+ * cores while the tensor cores still work on P_{j-1} V_{j-1}. V_{j-1} is still being read when tile
+ * j+1 is loaded, so K/V take three shared-memory stages. */
+
+/* keeps the compiler from moving register reads/writes of wgmma operands across the issue/wait */
+template <int N>
+static __device__ __forceinline__ void fence_regs(float *r) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int NT>
+static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], float l_run[2], float alpha[2],
+                                                    float scale_log2, int n0, int len, int wrow0, int row_a,
+                                                    int causal, int lane) {
+    if (n0 + NT * 8 > len || (causal && n0 + NT * 8 - 1 > wrow0)) {
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1);
+                const int row = row_a + (e >> 1) * 8;
+                if (col >= len || (causal && col > row)) s[4 * t + e] = -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[r], mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+        alpha[r] = wg_exp2(fmaf(m_run[r], scale_log2, -m_use));
+        m_run[r] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            s[4 * t + 2 * r] = wg_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
+            s[4 * t + 2 * r + 1] = wg_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
+            sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
+        }
+        l_run[r] = l_run[r] * alpha[r] + sum;
+    }
+}
 
 template <int NWG, int BLOCK_N, bool BF16>
+__global__ void __launch_bounds__(NWG * 128, 1)
+attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
+                                   const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
+                                   const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
+                                   float scale_log2, int causal) {
+    constexpr int D = 64;
+    constexpr int BLOCK_M = 64 * NWG;
+    constexpr int THREADS = NWG * 128;
+    constexpr int NT = BLOCK_N / 8;
+    constexpr int KS = BLOCK_N / 16;  // k16 steps of P V
+    constexpr int STAGES = 3;
+
+    extern __shared__ uint16_t smem_raw[];
+    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    uint16_t *sQ = smem_raw + pad / 2;         // [BLOCK_M][64] swizzled
+    uint16_t *sK = sQ + BLOCK_M * D;           // [STAGES][BLOCK_N][64]
+    uint16_t *sV = sK + STAGES * BLOCK_N * D;  // [STAGES][BLOCK_N][64]
+
+    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
+    const int start = cu_seqlens[seq];
+    const int len = cu_seqlens[seq + 1] - start;
+    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = m_block * BLOCK_M;
+    if (m0 >= len) return;
+
+    const int hidden = n_heads * D;
+    const size_t row_stride = (size_t)3 * hidden;
+    const uint16_t *q_g = qkv + (size_t)start * row_stride + (size_t)head * D;
+    const uint16_t *k_g = q_g + hidden;
+    const uint16_t *v_g = q_g + 2 * hidden;
+
+    const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
+    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int wrow0 = m0 + wg * 64 + warp * 16;
+    const int row_a = wrow0 + lane / 4;
+    const uint16_t *q_wg = sQ + wg * 64 * D;
+
+    load_tile_sw<BLOCK_M, THREADS>(sQ, q_g, row_stride, m0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS>(sK, k_g, row_stride, 0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    wg_cp_async_commit();
+
+    float o[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) o[i] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+    float s[BLOCK_N / 2];
+    uint32_t pa[KS][4];
+
+    /* prologue: S_0 and its softmax */
+    wg_cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+    if (n_tiles > 1) {
+        load_tile_sw<BLOCK_N, THREADS>(sK + BLOCK_N * D, k_g, row_stride, BLOCK_N, len, tid);
+        load_tile_sw<BLOCK_N, THREADS>(sV + BLOCK_N * D, v_g, row_stride, BLOCK_N, len, tid);
+        wg_cp_async_commit();
+    }
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
+    fence_regs<BLOCK_N / 2>(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + kk * 16), kk > 0);
+    wgmma_commit();
+    wgmma_wait0();
+    fence_regs<BLOCK_N / 2>(s);
+    softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, 0, len, wrow0, row_a, causal, lane);
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        pa[kk][0] = wg_pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = wg_pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = wg_pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = wg_pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    for (int j = 1; j < n_tiles; j++) {
+        wg_cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads();  // tile j landed; every warpgroup is past iteration j-1 (stage (j+1)%3 free)
+        if (j + 1 < n_tiles) {
+            const int nb = (j + 1) % STAGES;
+            load_tile_sw<BLOCK_N, THREADS>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            wg_cp_async_commit();
+        }
+        const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
+        const uint16_t *v_prev = sV + ((j - 1) % STAGES) * BLOCK_N * D;
+        fence_regs<BLOCK_N / 2>(s);
+        fence_regs<32>(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(k_s + kk * 16), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(v_prev + kk * 16 * D));
+        wgmma_commit();
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
+        fence_regs<BLOCK_N / 2>(s);
+        softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, j * BLOCK_N, len, wrow0, row_a, causal, lane);
+        wgmma_wait0();
+        fence_regs<32>(o);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            o[4 * t] *= alpha[0];
+            o[4 * t + 1] *= alpha[0];
+            o[4 * t + 2] *= alpha[1];
+            o[4 * t + 3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            pa[kk][0] = wg_pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = wg_pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = wg_pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = wg_pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    }
+    /* epilogue: the last P V */
+    {
+        const uint16_t *v_last = sV + ((n_tiles - 1) % STAGES) * BLOCK_N * D;
+        fence_regs<32>(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(v_last + kk * 16 * D));
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs<32>(o);
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    uint16_t *sO = sQ + wg * 64 * D;
+    const int r0 = warp * 16 + lane / 4;
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        const int col = t * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t *>(sO + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(sO + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 16 * 8; c += 32) {
+        const int r = warp * 16 + (c >> 3), ch = c & 7;
+        const int row = m0 + wg * 64 + r;
+        if (row < len)
+            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
+                *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
+    }
+}
+
+/* ---- launcher ----------------------------------------------------------------------------------- */
+
+template <int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
-    const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * 64 * sizeof(uint16_t) + 1024;  // + alignment slack
-    auto kernel = attention_varlen_wgmma_kernel<NWG, BLOCK_N, BF16>;
+    /* Q + K/V stages (2 plain, 3 pipelined) + alignment slack */
+    const size_t smem = (size_t)(BLOCK_M + (PIPE ? 6 : 4) * BLOCK_N) * 64 * sizeof(uint16_t) + 1024;
+    auto kernel = PIPE ? attention_varlen_wgmma_pipe_kernel<NWG, BLOCK_N, BF16>
+                       : attention_varlen_wgmma_kernel<NWG, BLOCK_N, BF16>;
     static bool attr_set = false;
     if (!attr_set) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -355,24 +568,31 @@ int cuda_attention_wgmma_enabled(void) {
     return on;
 }
 
-/* Tile shape: 64 or 128 query rows (1 or 2 warpgroups), 64 or 128 keys per tile.
- * NOPAD_FMHA_WG_M / NOPAD_FMHA_WG_N override, for tuning. */
+/* Tile shape: 64 or 128 query rows (1 or 2 warpgroups), 64 or 128 keys per tile; pipelined
+ * (softmax overlapping P V) or not. NOPAD_FMHA_WG_M / NOPAD_FMHA_WG_N / NOPAD_FMHA_WG_PIPE override,
+ * for tuning. */
 template <bool BF16>
 static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                   int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t st) {
-    static int fm = -1, fn = -1;
+    static int fm = -1, fn = -1, pipe = -1;
     if (fm < 0) {
         fm = wg_env("NOPAD_FMHA_WG_M", 0);
         fn = wg_env("NOPAD_FMHA_WG_N", 0);
+        pipe = wg_env("NOPAD_FMHA_WG_PIPE", -1);  /* pipelined kernels have 64-key tiles only */
+        if (fn == 128) pipe = 0;
     }
     /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight up to 512
      * tokens, 128-row tiles halve the K/V re-reads above; 64-key tiles keep registers at 4 CTAs/SM */
     const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= 512 ? 64 : 128);
     const int bn = fn == 64 || fn == 128 ? fn : 64;
-    if (bm == 64 && bn == 64) return launch_wgmma<1, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bm == 64) return launch_wgmma<1, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bn == 64) return launch_wgmma<2, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    return launch_wgmma<2, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    /* pipelining paid off only with two warpgroups per CTA (sweep of 2026-11-21) */
+    if (pipe == 1 || (pipe < 0 && bm == 128 && bn == 64))
+        return bm == 64 ? launch_wgmma<1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
+                        : launch_wgmma<2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bm == 64 && bn == 64) return launch_wgmma<1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bm == 64) return launch_wgmma<1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bn == 64) return launch_wgmma<2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    return launch_wgmma<2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
 }
 
 cudaError_t cuda_attention_wgmma_d64(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens,
