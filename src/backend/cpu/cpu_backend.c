@@ -73,3 +73,5 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     *out = be;
     return NOPAD_OK;
 }
+
+const char *cpu_blas_core_name(void) { return openblas_get_corename(); }

@@ -373,9 +373,9 @@ extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, cons
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: qkv and out must be 16-byte aligned");
     cudaStream_t st = (cudaStream_t)stream;
-    cudaError_t e = head_size == 64 && cuda_attention_wgmma_enabled()
-                        ? cuda_attention_wgmma_d64(dtype == NOPAD_DTYPE_BF16, out, qkv, cu_seqlens, n_seqs,
-                                                   max_seqlen, n_heads, scale, causal, stream)
+    cudaError_t e = head_size >= 64 && cuda_attention_wgmma_enabled()
+                        ? cuda_attention_wgmma(head_size, dtype == NOPAD_DTYPE_BF16, out, qkv, cu_seqlens, n_seqs,
+                                               max_seqlen, n_heads, scale, causal, stream)
                     : dtype == NOPAD_DTYPE_BF16
                         ? dispatch_head<true>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
                         : dispatch_head<false>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);

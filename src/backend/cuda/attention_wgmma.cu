@@ -1,4 +1,4 @@
-/* CUDA: fused variable-length attention for head size 64 on Hopper tensor cores (wgmma).
+/* CUDA: fused variable-length attention for head sizes 64 and 128 on Hopper tensor cores (wgmma).
  *
  * Same contract and the same online-softmax scheme as attention_varlen.cu (read that first); what
  * differs is the matrix engine. Each warpgroup (4 warps) owns 64 query rows. S = Q K^T is one
@@ -70,15 +70,17 @@ static __device__ __forceinline__ int sw_off(int row, int col) {
     return row * 64 + ((((col >> 3) ^ row) & 7) << 3) + (col & 7);
 }
 
-template <int ROWS, int THREADS>
+/* tile [D/64][ROWS][64]: a head of 128 is two 64-column slabs, each its own swizzled K-major tile */
+template <int ROWS, int THREADS, int D>
 static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_t *src, size_t row_stride,
                                                     int row0, int len, int tid) {
+    constexpr int CH = D / 8;  // 16-byte chunks per row
 #pragma unroll
-    for (int c = tid; c < ROWS * 8; c += THREADS) {
-        const int r = c >> 3, ch = c & 7;
+    for (int c = tid; c < ROWS * CH; c += THREADS) {
+        const int r = c / CH, ch = c % CH;
         const bool ok = row0 + r < len;
         const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
-        cp_async16_zfill(dst + r * 64 + ((ch ^ (r & 7)) << 3), g, ok);
+        cp_async16_zfill(dst + (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), g, ok);
     }
 }
 
@@ -158,15 +160,15 @@ static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t a[4], u
     else wgmma_rs_m64n64k16_f16(d, a, db);
 }
 
-/* ---- the kernel (head size 64) ------------------------------------------------------------------ */
+/* ---- the kernel (head size 64 or 128) --------------------------------------------------------------- */
 
-template <int NWG, int BLOCK_N, bool BF16>
-__global__ void __launch_bounds__(NWG * 128, (BLOCK_N == 64 ? 2 : 1))
+template <int D, int NWG, int BLOCK_N, bool BF16>
+__global__ void __launch_bounds__(NWG * 128, (D == 64 && BLOCK_N == 64 ? 2 : 1))
 attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                               const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                               const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
                               float scale_log2, int causal) {
-    constexpr int D = 64;
+    constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
     constexpr int NT = BLOCK_N / 8;  // n8 column groups of S
@@ -197,16 +199,16 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     const int wrow0 = m0 + wg * 64 + warp * 16;  // first query row of this warp
     const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
 
-    load_tile_sw<BLOCK_M, THREADS>(sQ, q_g, row_stride, m0, len, tid);
-    load_tile_sw<BLOCK_N, THREADS>(sK, k_g, row_stride, 0, len, tid);
-    load_tile_sw<BLOCK_N, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    load_tile_sw<BLOCK_M, THREADS, D>(sQ, q_g, row_stride, m0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS, D>(sK, k_g, row_stride, 0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
     wg_cp_async_commit();
 
-    float o[32];  // O [64 x 64] per warpgroup: n8 group t holds o[4t..4t+3]
+    float o[32 * DS];  // O [64 x D] per warpgroup: n8 column group t holds o[4t..4t+3]
 #pragma unroll
-    for (int i = 0; i < 32; i++) o[i] = 0.0f;
+    for (int i = 0; i < 32 * DS; i++) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    const uint16_t *q_wg = sQ + wg * 64 * D;
+    const uint16_t *q_wg = sQ + wg * 64 * 64;  // this warpgroup's rows in slab 0
 
     for (int j = 0; j < n_tiles; j++) {
         wg_cp_async_wait_all();
@@ -214,8 +216,8 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         __syncthreads();  // tile j visible to every warp and to the async proxy; buffer (j+1)&1 free
         if (j + 1 < n_tiles) {
             const int nb = (j + 1) & 1;
-            load_tile_sw<BLOCK_N, THREADS>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            load_tile_sw<BLOCK_N, THREADS>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
             wg_cp_async_commit();
         }
         const uint16_t *k_s = sK + (j & 1) * BLOCK_N * D;
@@ -228,7 +230,8 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(k_s + kk * 16), kk > 0);
+            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
+                                    sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
         wgmma_commit();
         wgmma_wait0();
 
@@ -264,7 +267,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
             }
             l_run[r] = l_run[r] * alpha + sum;
 #pragma unroll
-            for (int t = 0; t < 8; t++) {
+            for (int t = 0; t < 8 * DS; t++) {
                 o[4 * t + 2 * r] *= alpha;
                 o[4 * t + 2 * r + 1] *= alpha;
             }
@@ -282,7 +285,10 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         }
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(v_s + kk * 16 * D));
+        for (int kk = 0; kk < BLOCK_N / 16; kk++)
+#pragma unroll
+            for (int ds = 0; ds < DS; ds++)
+                wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_s + ds * BLOCK_N * 64 + kk * 16 * 64));
         wgmma_commit();
         wgmma_wait0();
     }
@@ -298,22 +304,24 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     /* stage O in this warpgroup's Q rows (swizzled, conflict-free), once all its wgmma reads are done */
     if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
     else asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    uint16_t *sO = sQ + wg * 64 * D;
+    uint16_t *sO = sQ + wg * 64 * 64;  // slab ds of these rows at + ds * BLOCK_M * 64
     const int r0 = warp * 16 + lane / 4;
 #pragma unroll
-    for (int t = 0; t < 8; t++) {
-        const int col = t * 8 + (lane & 3) * 2;
-        *reinterpret_cast<uint32_t *>(sO + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
-        *reinterpret_cast<uint32_t *>(sO + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+    for (int t = 0; t < 8 * DS; t++) {
+        const int col = (t & 7) * 8 + (lane & 3) * 2;
+        uint16_t *slab = sO + (t >> 3) * BLOCK_M * 64;
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
     }
     __syncwarp();
+    constexpr int CH = D / 8;
 #pragma unroll
-    for (int c = lane; c < 16 * 8; c += 32) {  // this warp's 16 rows, 8 chunks of 16 bytes each
-        const int r = warp * 16 + (c >> 3), ch = c & 7;
+    for (int c = lane; c < 16 * CH; c += 32) {  // this warp's 16 rows, D/8 chunks of 16 bytes each
+        const int r = warp * 16 + c / CH, ch = c % CH;
         const int row = m0 + wg * 64 + r;
         if (row < len)
             *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
+                *reinterpret_cast<const uint4 *>(sO + (ch >> 3) * BLOCK_M * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3));
     }
 }
 
@@ -366,13 +374,13 @@ static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], fl
     }
 }
 
-template <int NWG, int BLOCK_N, bool BF16>
+template <int D, int NWG, int BLOCK_N, bool BF16>
 __global__ void __launch_bounds__(NWG * 128, 1)
 attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                                    const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                                    const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
                                    float scale_log2, int causal) {
-    constexpr int D = 64;
+    constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
     constexpr int NT = BLOCK_N / 8;
@@ -403,16 +411,16 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
     const int wrow0 = m0 + wg * 64 + warp * 16;
     const int row_a = wrow0 + lane / 4;
-    const uint16_t *q_wg = sQ + wg * 64 * D;
+    const uint16_t *q_wg = sQ + wg * 64 * 64;  // this warpgroup's rows in slab 0
 
-    load_tile_sw<BLOCK_M, THREADS>(sQ, q_g, row_stride, m0, len, tid);
-    load_tile_sw<BLOCK_N, THREADS>(sK, k_g, row_stride, 0, len, tid);
-    load_tile_sw<BLOCK_N, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    load_tile_sw<BLOCK_M, THREADS, D>(sQ, q_g, row_stride, m0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS, D>(sK, k_g, row_stride, 0, len, tid);
+    load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
     wg_cp_async_commit();
 
-    float o[32];
+    float o[32 * DS];
 #pragma unroll
-    for (int i = 0; i < 32; i++) o[i] = 0.0f;
+    for (int i = 0; i < 32 * DS; i++) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
     float s[BLOCK_N / 2];
     uint32_t pa[KS][4];
@@ -422,8 +430,8 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     fence_proxy_async();
     __syncthreads();
     if (n_tiles > 1) {
-        load_tile_sw<BLOCK_N, THREADS>(sK + BLOCK_N * D, k_g, row_stride, BLOCK_N, len, tid);
-        load_tile_sw<BLOCK_N, THREADS>(sV + BLOCK_N * D, v_g, row_stride, BLOCK_N, len, tid);
+        load_tile_sw<BLOCK_N, THREADS, D>(sK + BLOCK_N * D, k_g, row_stride, BLOCK_N, len, tid);
+        load_tile_sw<BLOCK_N, THREADS, D>(sV + BLOCK_N * D, v_g, row_stride, BLOCK_N, len, tid);
         wg_cp_async_commit();
     }
 #pragma unroll
@@ -432,7 +440,8 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + kk * 16), kk > 0);
+        wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
+                                sw128_desc(sK + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
     wgmma_commit();
     wgmma_wait0();
     fence_regs<BLOCK_N / 2>(s);
@@ -451,29 +460,33 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
         __syncthreads();  // tile j landed; every warpgroup is past iteration j-1 (stage (j+1)%3 free)
         if (j + 1 < n_tiles) {
             const int nb = (j + 1) % STAGES;
-            load_tile_sw<BLOCK_N, THREADS>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            load_tile_sw<BLOCK_N, THREADS>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
             wg_cp_async_commit();
         }
         const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
         const uint16_t *v_prev = sV + ((j - 1) % STAGES) * BLOCK_N * D;
         fence_regs<BLOCK_N / 2>(s);
-        fence_regs<32>(o);
+        fence_regs<32 * DS>(o);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(k_s + kk * 16), kk > 0);
+            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
+                                    sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
         wgmma_commit();
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(v_prev + kk * 16 * D));
+        for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+            for (int ds = 0; ds < DS; ds++)
+                wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_prev + ds * BLOCK_N * 64 + kk * 16 * 64));
         wgmma_commit();
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
         fence_regs<BLOCK_N / 2>(s);
         softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, j * BLOCK_N, len, wrow0, row_a, causal, lane);
         wgmma_wait0();
-        fence_regs<32>(o);
+        fence_regs<32 * DS>(o);
 #pragma unroll
-        for (int t = 0; t < 8; t++) {
+        for (int t = 0; t < 8 * DS; t++) {
             o[4 * t] *= alpha[0];
             o[4 * t + 1] *= alpha[0];
             o[4 * t + 2] *= alpha[1];
@@ -490,13 +503,16 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     /* epilogue: the last P V */
     {
         const uint16_t *v_last = sV + ((n_tiles - 1) % STAGES) * BLOCK_N * D;
-        fence_regs<32>(o);
+        fence_regs<32 * DS>(o);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(v_last + kk * 16 * D));
+        for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+            for (int ds = 0; ds < DS; ds++)
+                wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_last + ds * BLOCK_N * 64 + kk * 16 * 64));
         wgmma_commit();
         wgmma_wait0();
-        fence_regs<32>(o);
+        fence_regs<32 * DS>(o);
     }
 
     float inv[2];
@@ -509,35 +525,37 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     }
     if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
     else asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    uint16_t *sO = sQ + wg * 64 * D;
+    uint16_t *sO = sQ + wg * 64 * 64;  // slab ds of these rows at + ds * BLOCK_M * 64
     const int r0 = warp * 16 + lane / 4;
 #pragma unroll
-    for (int t = 0; t < 8; t++) {
-        const int col = t * 8 + (lane & 3) * 2;
-        *reinterpret_cast<uint32_t *>(sO + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
-        *reinterpret_cast<uint32_t *>(sO + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+    for (int t = 0; t < 8 * DS; t++) {
+        const int col = (t & 7) * 8 + (lane & 3) * 2;
+        uint16_t *slab = sO + (t >> 3) * BLOCK_M * 64;
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
     }
     __syncwarp();
+    constexpr int CH = D / 8;
 #pragma unroll
-    for (int c = lane; c < 16 * 8; c += 32) {
-        const int r = warp * 16 + (c >> 3), ch = c & 7;
+    for (int c = lane; c < 16 * CH; c += 32) {  // this warp's 16 rows, D/8 chunks of 16 bytes each
+        const int r = warp * 16 + c / CH, ch = c % CH;
         const int row = m0 + wg * 64 + r;
         if (row < len)
             *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
+                *reinterpret_cast<const uint4 *>(sO + (ch >> 3) * BLOCK_M * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3));
     }
 }
 
 /* ---- launcher ----------------------------------------------------------------------------------- */
 
-template <int NWG, int BLOCK_N, bool BF16, bool PIPE>
+template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V stages (2 plain, 3 pipelined) + alignment slack */
-    const size_t smem = (size_t)(BLOCK_M + (PIPE ? 6 : 4) * BLOCK_N) * 64 * sizeof(uint16_t) + 1024;
-    auto kernel = PIPE ? attention_varlen_wgmma_pipe_kernel<NWG, BLOCK_N, BF16>
-                       : attention_varlen_wgmma_kernel<NWG, BLOCK_N, BF16>;
+    const size_t smem = (size_t)(BLOCK_M + (PIPE ? 6 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
+    auto kernel = PIPE ? attention_varlen_wgmma_pipe_kernel<D, NWG, BLOCK_N, BF16>
+                       : attention_varlen_wgmma_kernel<D, NWG, BLOCK_N, BF16>;
     static bool attr_set = false;
     if (!attr_set) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -571,7 +589,7 @@ int cuda_attention_wgmma_enabled(void) {
 /* Tile shape: 64 or 128 query rows (1 or 2 warpgroups), 64 or 128 keys per tile; pipelined
  * (softmax overlapping P V) or not. NOPAD_FMHA_WG_M / NOPAD_FMHA_WG_N / NOPAD_FMHA_WG_PIPE override,
  * for tuning. */
-template <bool BF16>
+template <int D, bool BF16>
 static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                   int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t st) {
     static int fm = -1, fn = -1, pipe = -1;
@@ -587,18 +605,21 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     const int bn = fn == 64 || fn == 128 ? fn : 64;
     /* pipelining paid off only with two warpgroups per CTA (sweep of 2026-11-21) */
     if (pipe == 1 || (pipe < 0 && bm == 128 && bn == 64))
-        return bm == 64 ? launch_wgmma<1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
-                        : launch_wgmma<2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bm == 64 && bn == 64) return launch_wgmma<1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bm == 64) return launch_wgmma<1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bn == 64) return launch_wgmma<2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    return launch_wgmma<2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+        return bm == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
+                        : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bm == 64 && bn == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bm == 64) return launch_wgmma<D, 1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (bn == 64) return launch_wgmma<D, 2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    return launch_wgmma<D, 2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
 }
 
-cudaError_t cuda_attention_wgmma_d64(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens,
-                                     int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale,
-                                     int causal, void *stream) {
+cudaError_t cuda_attention_wgmma(int32_t head_size, int bf16, void *out, const void *qkv,
+                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
+                                 float scale, int causal, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
-    return bf16 ? dispatch_wgmma<true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
-                : dispatch_wgmma<false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    if (head_size == 128)
+        return bf16 ? dispatch_wgmma<128, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
+                    : dispatch_wgmma<128, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+    return bf16 ? dispatch_wgmma<64, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
+                : dispatch_wgmma<64, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
 }

@@ -1,4 +1,4 @@
-/* Internal: the wgmma (sm_90a) kernels of varlen attention, head size 64. Called by
+/* Internal: the wgmma (sm_90a) kernels of varlen attention, head sizes 64 and 128. Called by
  * cuda_attention_varlen (attention_varlen.cu) after it has checked the arguments. C++ linkage: both
  * callers are .cu files. */
 #ifndef NOPAD_BACKEND_CUDA_ATTENTION_WGMMA_H
@@ -10,8 +10,8 @@
 /* 0 when NOPAD_FMHA_WGMMA=0 (falls back to the mma.sync kernels; for comparisons and tests) */
 int cuda_attention_wgmma_enabled(void);
 
-/* Enqueues head-size-64 attention; same tensors as cuda_attention_varlen. */
-cudaError_t cuda_attention_wgmma_d64(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens,
-                                     int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale,
-                                     int causal, void *stream);
+/* Enqueues attention for head_size 64 or 128; same tensors as cuda_attention_varlen. */
+cudaError_t cuda_attention_wgmma(int32_t head_size, int bf16, void *out, const void *qkv,
+                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
+                                 float scale, int causal, void *stream);
 #endif
