@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/backend.h" /* cpu_blas_core_name */
 #include "nopad.h"
 
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2 };
@@ -980,7 +981,20 @@ static int cmd_info(int argc, char **argv) {
 
 /* ---- main ---------------------------------------------------------------------------------- */
 
+/* OpenBLAS picks its kernels when the program starts. On CPUs it does not recognise (some virtual
+ * machines) it falls back to its SSE3 ("Prescott") kernels, about half as fast as the AVX2 /
+ * AVX-512 ones. Restart once with the family this CPU supports, unless the user chose one. */
+static void pick_blas_kernels(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE") || strcmp(cpu_blas_core_name(), "Prescott") != 0) return;
+    const char *core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : NULL;
+    if (!core || setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
+    execv("/proc/self/exe", argv); /* returns only on failure: carry on with the slow kernels */
+}
+
 int main(int argc, char **argv) {
+    pick_blas_kernels(argv);
     if (argc < 2) {
         fputs(main_help, stderr);
         return EXIT_USAGE;

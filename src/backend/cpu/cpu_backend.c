@@ -51,8 +51,9 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu: cannot allocate the backend");
     }
     state->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-    /* OpenBLAS keeps its own pool; match it to ours so the two never oversubscribe the cores. */
-    openblas_set_num_threads(state->n_threads);
+    /* OpenBLAS's own pool would spin against our OpenMP threads (each waits while the other
+     * runs): keep OpenBLAS single-threaded and split GEMMs across our threads (cpu_linear.c). */
+    openblas_set_num_threads(1);
 
     be->name = "cpu";
     be->dtype = NOPAD_DTYPE_F32;
