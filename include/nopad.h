@@ -74,7 +74,8 @@ nopad_tokenize_params nopad_tokenize_default_params(void);
 
 /* Tokenizes UTF-8 `text` of `len` bytes into ids[capacity]. *n_ids receives the number of ids.
  * Invalid UTF-8 -> NOPAD_ERR_INVALID_ARGUMENT. More ids than max_length with truncate == 0 ->
- * NOPAD_ERR_TOO_LONG. More ids than capacity -> NOPAD_ERR_BUFFER_TOO_SMALL with *n_ids = needed. */
+ * NOPAD_ERR_TOO_LONG with *n_ids = the untruncated length. More ids than capacity ->
+ * NOPAD_ERR_BUFFER_TOO_SMALL with *n_ids = needed. */
 nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t len,
                             const nopad_tokenize_params *params, int32_t *ids, int32_t capacity,
                             int32_t *n_ids);

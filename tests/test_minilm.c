@@ -100,6 +100,11 @@ static void check_file(const char *text_rel, const char *expected_rel, int trunc
         int32_t got, scratch[4096];
         assert_nopad_error(nopad_tokenize(tok, lines[0], strlen(lines[0]), &tp, scratch, 4096, &got),
                            NOPAD_ERR_TOO_LONG, "256");
+        if (golden_has(&f, "untruncated_cu_seqlens")) {
+            int32_t *full_cu = golden_copy(&f, "untruncated_cu_seqlens", ST_I32, NULL);
+            assert_int_equal(got, full_cu[1] - full_cu[0]); /* the untruncated length is reported */
+            free(full_cu);
+        }
     }
 
     const int H = info.hidden_size;

@@ -379,11 +379,14 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
     free(r);
     if (st != NOPAD_OK) return st;
 
-    if (p.max_length > 0 && total > p.max_length)
+    if (p.max_length > 0 && total > p.max_length) {
+        /* report the full length so callers can say by how much the limit is exceeded */
+        *n_ids = total > INT32_MAX ? INT32_MAX : (int32_t)total;
         return nopad_set_error(NOPAD_ERR_TOO_LONG,
                                "nopad_tokenize: text gives %lld ids, more than max_length %d "
                                "(set truncate to cut it)",
                                (long long)total, (int)p.max_length);
+    }
     if (total > INT32_MAX)
         return nopad_set_error(NOPAD_ERR_TOO_LONG, "nopad_tokenize: text gives %lld ids",
                                (long long)total);
