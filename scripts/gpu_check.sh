@@ -59,8 +59,8 @@ if want test; then
     if [ -n "$bld" ] && [ ! -e "$bld" ]; then mkdir -p "$(dirname "$bld")" && ln -s "$BUILD" "$bld"; fi
     (cd "$bld" 2>/dev/null || cd "$BUILD"; ctest -L gpu --output-on-failure -V) 2>&1 | tee "$OUTDIR/gpu_tests.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    # head size 64 has three kernels (wgmma pipelined by default, wgmma plain, mma.sync): test all
-    for setting in NOPAD_FMHA_WG_PIPE=0 NOPAD_FMHA_WGMMA=0; do
+    # d=64/128 have several kernels (wgmma pipelined or plain, lazy or exact rescaling, mma.sync): test all
+    for setting in NOPAD_FMHA_WG_PIPE=0 NOPAD_FMHA_RESCALE=0 NOPAD_FMHA_WGMMA=0; do
         echo "## $setting" | tee -a "$OUTDIR/gpu_tests.log"
         env $setting "$TEST" 2>&1 | tee -a "$OUTDIR/gpu_tests.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1

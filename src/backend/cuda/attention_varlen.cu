@@ -1,4 +1,6 @@
-/* CUDA: fused variable-length multi-head attention (FlashAttention-2 scheme, mma.sync).
+/* CUDA: fused variable-length multi-head attention (FlashAttention-2 scheme, mma.sync), and the
+ * launcher cuda_attention_varlen. Head sizes 64 and 128 go to the wgmma kernels of
+ * attention_wgmma.cu unless NOPAD_FMHA_WGMMA=0; head size 32 always runs here.
  *
  * One CTA per (query tile of one sequence, head). Q, K and V are read straight from the packed
  * output of the fused QKV projection, qkv [T, 3, heads, D] (row stride 3*heads*D), and the output

@@ -8,6 +8,10 @@
  * are key-major, i.e. MN-major for B). K/V tiles are double-buffered with cp.async as before; a
  * proxy fence hands the cp.async data to the tensor cores' async proxy.
  *
+ * A head of 128 is two 64-column slabs per tile (each its own swizzled tile; O is two 64-wide
+ * accumulators). With 128-row tiles at d = 64 the FA3 intra-warpgroup overlap is used (the pipe
+ * kernel below); the running max is rescaled lazily (see softmax_tile).
+ *
  * Why a second kernel: mma.sync tops out near 230 useful TFLOP/s for d = 64 on an H100/H200
  * (bench/NOTES_fmha.md); wgmma has about twice the tensor throughput and runs asynchronously. */
 #include <cuda_bf16.h>
@@ -18,6 +22,11 @@
 #include <stdlib.h>
 
 #include "backend/cuda/attention_wgmma.h"
+
+/* 1: skip the O rescale when no row of the warp moved its (lazy) maximum; 0: always multiply */
+#ifndef NOPAD_FMHA_VOTE
+#define NOPAD_FMHA_VOTE 1
+#endif
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -74,13 +83,14 @@ static __device__ __forceinline__ int sw_off(int row, int col) {
 template <int ROWS, int THREADS, int D>
 static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_t *src, size_t row_stride,
                                                     int row0, int len, int tid) {
-    constexpr int CH = D / 8;  // 16-byte chunks per row
+    constexpr unsigned CH = D / 8;  // 16-byte chunks per row (unsigned: / and % become shifts)
 #pragma unroll
-    for (int c = tid; c < ROWS * CH; c += THREADS) {
-        const int r = c / CH, ch = c % CH;
+    for (unsigned c = tid; c < ROWS * CH; c += THREADS) {
+        const int r = (int)(c / CH), ch = (int)(c % CH);
+        const int slab = CH > 8 ? ch >> 3 : 0;
         const bool ok = row0 + r < len;
         const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
-        cp_async16_zfill(dst + (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), g, ok);
+        cp_async16_zfill(dst + slab * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), g, ok);
     }
 }
 
@@ -167,7 +177,7 @@ __global__ void __launch_bounds__(NWG * 128, (D == 64 && BLOCK_N == 64 ? 2 : 1))
 attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                               const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                               const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
-                              float scale_log2, int causal) {
+                              float scale_log2, float rescale_thresh, int causal) {
     constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
@@ -254,10 +264,14 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
             for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[r], mx);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-            const float alpha = wg_exp2(fmaf(m_run[r], scale_log2, -m_use));
-            m_run[r] = m_new;
+            /* lazy rescaling: keep the old max unless the new one is larger by more than
+             * rescale_thresh (log2 units), so p <= 2^thresh and O is rarely rescaled; exact final
+             * normalisation because l and O use the same max. (both -inf: NaN > t is false) */
+            const bool bump = (fmaxf(m_run[r], mx) - m_run[r]) * scale_log2 > rescale_thresh;
+            const float m_keep = bump ? fmaxf(m_run[r], mx) : m_run[r];
+            const float m_use = m_keep == -INFINITY ? 0.0f : m_keep * scale_log2;
+            const float alpha = bump ? wg_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
+            m_run[r] = m_keep;
             float sum = 0.0f;
 #pragma unroll
             for (int t = 0; t < NT; t++) {
@@ -266,10 +280,12 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
                 sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
             }
             l_run[r] = l_run[r] * alpha + sum;
+            if (!NOPAD_FMHA_VOTE || __any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-            for (int t = 0; t < 8 * DS; t++) {
-                o[4 * t + 2 * r] *= alpha;
-                o[4 * t + 2 * r + 1] *= alpha;
+                for (int t = 0; t < 8 * DS; t++) {
+                    o[4 * t + 2 * r] *= alpha;
+                    o[4 * t + 2 * r + 1] *= alpha;
+                }
             }
         }
 
@@ -340,8 +356,8 @@ static __device__ __forceinline__ void fence_regs(float *r) {
 
 template <int NT>
 static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], float l_run[2], float alpha[2],
-                                                    float scale_log2, int n0, int len, int wrow0, int row_a,
-                                                    int causal, int lane) {
+                                                    float scale_log2, float rescale_thresh, int n0, int len,
+                                                    int wrow0, int row_a, int causal, int lane) {
     if (n0 + NT * 8 > len || (causal && n0 + NT * 8 - 1 > wrow0)) {
 #pragma unroll
         for (int t = 0; t < NT; t++)
@@ -359,10 +375,12 @@ static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], fl
         for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[r], mx);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-        alpha[r] = wg_exp2(fmaf(m_run[r], scale_log2, -m_use));
-        m_run[r] = m_new;
+        /* lazy rescaling, as in the plain kernel */
+        const bool bump = (fmaxf(m_run[r], mx) - m_run[r]) * scale_log2 > rescale_thresh;
+        const float m_keep = bump ? fmaxf(m_run[r], mx) : m_run[r];
+        const float m_use = m_keep == -INFINITY ? 0.0f : m_keep * scale_log2;
+        alpha[r] = bump ? wg_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
+        m_run[r] = m_keep;
         float sum = 0.0f;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -379,7 +397,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                                    const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                                    const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
-                                   float scale_log2, int causal) {
+                                   float scale_log2, float rescale_thresh, int causal) {
     constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
@@ -445,7 +463,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     wgmma_commit();
     wgmma_wait0();
     fence_regs<BLOCK_N / 2>(s);
-    softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, 0, len, wrow0, row_a, causal, lane);
+    softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
         pa[kk][0] = wg_pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -482,15 +500,17 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
         wgmma_commit();
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
         fence_regs<BLOCK_N / 2>(s);
-        softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, j * BLOCK_N, len, wrow0, row_a, causal, lane);
+        softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a, causal, lane);
         wgmma_wait0();
         fence_regs<32 * DS>(o);
+        if (!NOPAD_FMHA_VOTE || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int t = 0; t < 8 * DS; t++) {
-            o[4 * t] *= alpha[0];
-            o[4 * t + 1] *= alpha[0];
-            o[4 * t + 2] *= alpha[1];
-            o[4 * t + 3] *= alpha[1];
+            for (int t = 0; t < 8 * DS; t++) {
+                o[4 * t] *= alpha[0];
+                o[4 * t + 1] *= alpha[0];
+                o[4 * t + 2] *= alpha[1];
+                o[4 * t + 3] *= alpha[1];
+            }
         }
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) {
@@ -563,12 +583,20 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
         attr_set = true;
     }
     const float scale_log2 = scale * 1.4426950408889634f;
+    /* lazy-rescaling threshold in log2 units (P <= 2^8 = 256 stays exact enough in fp16/bf16);
+     * NOPAD_FMHA_RESCALE=0 rescales at every new maximum */
+    static float rescale_thresh = -1.0f;
+    if (rescale_thresh < 0.0f) {
+        const char *env = getenv("NOPAD_FMHA_RESCALE");
+        rescale_thresh = env && *env ? (float)atof(env) : 8.0f;
+        if (!(rescale_thresh >= 0.0f && rescale_thresh <= 8.0f)) rescale_thresh = 8.0f;
+    }
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
         kernel<<<grid, NWG * 128, smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads,
-                                                  scale_log2, causal);
+                                                  scale_log2, rescale_thresh, causal);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -601,10 +629,10 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     }
     /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight up to 512
      * tokens, 128-row tiles halve the K/V re-reads above; 64-key tiles keep registers at 4 CTAs/SM */
-    const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= 512 ? 64 : 128);
-    const int bn = fn == 64 || fn == 128 ? fn : 64;
-    /* pipelining paid off only with two warpgroups per CTA (sweep of 2026-11-21) */
-    if (pipe == 1 || (pipe < 0 && bm == 128 && bn == 64))
+    const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= (D == 64 ? 512 : 256) ? 64 : 128);
+    const int bn = fn == 64 || fn == 128 ? fn : (D == 128 && bm == 128 ? 128 : 64);
+    /* pipelining paid off only for d=64 with two warpgroups per CTA (sweeps of 2026-11-21) */
+    if (pipe == 1 || (pipe < 0 && D == 64 && bm == 128 && bn == 64))
         return bm == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
                         : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
     if (bm == 64 && bn == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
