@@ -89,9 +89,12 @@ typedef struct nopad_model nopad_model;
 
 typedef struct nopad_model_params {
     nopad_device device;      /* default NOPAD_DEVICE_CPU */
-    nopad_dtype dtype;        /* compute dtype; the CPU backend supports F32 only. default F32 */
+    nopad_dtype dtype;        /* compute dtype: F32 on the CPU; F16 or BF16 on CUDA. default F32 */
     int n_threads;            /* CPU threads; <= 0: OpenMP's default */
-    int32_t max_batch_tokens; /* workspace size in tokens; <= 0: grow on demand (CPU) */
+    int32_t max_batch_tokens; /* workspace size in tokens, allocated at load; larger batches are
+                                 refused. <= 0: grow on demand */
+    void *cuda_stream;        /* CUDA: a cudaStream_t to run on (owned by the caller); NULL: the
+                                 model creates its own */
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
 
@@ -153,6 +156,20 @@ nopad_status nopad_encode_padded(nopad_model *model, int32_t n_seqs, int32_t max
                                  const int32_t *tokens, const int32_t *token_type_ids,
                                  const int32_t *lengths, const nopad_encode_params *params,
                                  float *hidden_out, float *pooled_out);
+
+/* Device-resident entry (models loaded on cuda): every pointer is GPU memory owned by the caller
+ * (e.g. torch tensors) and is used in place, without copies.
+ *   cu_seqlens[n_seqs+1], tokens[n_tokens], token_type_ids[n_tokens] or NULL: int32
+ *   max_seqlen: the longest sequence, given by the caller so nothing is read back from the GPU
+ *   hidden_out [n_tokens, H], pooled_out [n_seqs, H] (or NULL): in the model's compute dtype
+ * The work is enqueued on the model's stream (nopad_model_params.cuda_stream) and the call returns
+ * without waiting. Ids cannot be checked on the host here: an out-of-range id or position yields
+ * NaN rows in the output instead of an error. */
+nopad_status nopad_encode_packed_device(nopad_model *model, int32_t n_seqs, int32_t n_tokens,
+                                        int32_t max_seqlen, const int32_t *cu_seqlens,
+                                        const int32_t *tokens, const int32_t *token_type_ids,
+                                        const nopad_encode_params *params, void *hidden_out,
+                                        void *pooled_out);
 
 /* ---- ops on their own ---------------------------------------------------------------------- */
 

@@ -179,7 +179,7 @@ static void test_layernorms_and_embedding(void **state) {
     test_fill_uniform(bb, D, -0.5f, 0.5f, &rng);
     const float eps = 1e-5f;
     nopad_seqs seqs = {.n_seqs = B, .n_tokens = T, .max_seqlen = P - offset, .cu_seqlens = cu};
-    assert_int_equal(be->embed_layernorm(be, out, tokens, types, &seqs, offset, word, pos, type, g,
+    assert_int_equal(be->embed_layernorm(be, out, tokens, types, &seqs, offset, V, P, TV, word, pos, type, g,
                                          bb, eps, D), NOPAD_OK);
     for (int s = 0; s < B; s++)
         for (int t = cu[s]; t < cu[s + 1]; t++) {

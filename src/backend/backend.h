@@ -60,10 +60,14 @@ struct nopad_backend {
     /* ---- ops ------------------------------------------------------------------------------- */
 
     /* out[T, E] = LayerNorm(word[tokens] + pos[position_offset + t - start(seq)] + type[types])
-     * word [V, E], pos [P, E], type [TV, E] or NULL (no token types); types[T] or NULL (= 0). */
+     * word [V, E], pos [P, E], type [TV, E] or NULL (no token types); types[T] or NULL (= 0).
+     * V, P, TV bound the ids: backends that cannot check them before the launch (device-side
+     * input) must poison the row rather than read out of bounds. */
     nopad_status (*embed_layernorm)(nopad_backend *be, void *out, const int32_t *tokens,
                                     const int32_t *types, const nopad_seqs *seqs,
-                                    int32_t position_offset, const void *word, const void *pos,
+                                    int32_t position_offset, int32_t vocab_size,
+                                    int32_t n_positions, int32_t type_vocab_size,
+                                    const void *word, const void *pos,
                                     const void *type, const void *ln_weight, const void *ln_bias,
                                     float eps, int32_t dim);
 

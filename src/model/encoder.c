@@ -14,7 +14,7 @@
     } while (0)
 
 void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws) {
-    void *bufs[] = {ws->hidden, ws->embed, ws->qkv,    ws->context, ws->attn,
+    void *bufs[] = {ws->hidden, ws->embed,  ws->qkv,    ws->context, ws->attn,
                     ws->ffn,    ws->pooled, ws->tokens, ws->types,   ws->cu_seqlens};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
@@ -57,30 +57,32 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *
 }
 
 nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
-                             encoder_workspace *ws, const nopad_seqs *seqs, int has_types) {
+                             encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
+                             const int32_t *types, void *hidden) {
     const int32_t T = seqs->n_tokens, H = cfg->hidden_size, I = cfg->intermediate_size;
     const int32_t E = cfg->embedding_size;
     const float eps = cfg->layer_norm_eps;
     const float scale = 1.0f / sqrtf((float)cfg->head_size);
-    const int32_t *types = has_types ? ws->types : NULL;
 
     // embeddings: x[T, H] (ALBERT: LayerNorm at E, then project E -> H)
     if (w->embed_proj_weight) {
-        TRY(be->embed_layernorm(be, ws->embed, ws->tokens, types, seqs, cfg->position_offset,
-                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
+        TRY(be->embed_layernorm(be, ws->embed, tokens, types, seqs, cfg->position_offset,
+                                cfg->vocab_size, cfg->max_position_embeddings,
+                                cfg->type_vocab_size, w->word_embeddings, w->position_embeddings, w->type_embeddings,
                                 w->embed_ln_weight, w->embed_ln_bias, eps, E));
-        TRY(be->linear(be, ws->hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
+        TRY(be->linear(be, hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
                        E, H, NOPAD_EPILOGUE_BIAS, cfg->activation));
     } else {
-        TRY(be->embed_layernorm(be, ws->hidden, ws->tokens, types, seqs, cfg->position_offset,
-                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
+        TRY(be->embed_layernorm(be, hidden, tokens, types, seqs, cfg->position_offset,
+                                cfg->vocab_size, cfg->max_position_embeddings,
+                                cfg->type_vocab_size, w->word_embeddings, w->position_embeddings, w->type_embeddings,
                                 w->embed_ln_weight, w->embed_ln_bias, eps, H));
     }
 
     for (int step = 0; step < w->n_steps; step++) {
         const encoder_layer *L = w->schedule[step];
         // qkv[T, 3H] = x · Wqkvᵀ + bqkv
-        TRY(be->linear(be, ws->qkv, ws->hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
+        TRY(be->linear(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
                        NOPAD_EPILOGUE_BIAS, cfg->activation));
         // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head
         TRY(be->attention_varlen(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
@@ -88,15 +90,15 @@ nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const
         // attn[T, H] = LN(x + context · Woᵀ + bo)
         TRY(be->linear(be, ws->attn, ws->context, L->attn_out_weight, NULL, NULL, T, H, H,
                        NOPAD_EPILOGUE_NONE, cfg->activation));
-        TRY(be->bias_residual_layernorm(be, ws->attn, L->attn_out_bias, ws->hidden,
+        TRY(be->bias_residual_layernorm(be, ws->attn, L->attn_out_bias, hidden,
                                         L->attn_ln_weight, L->attn_ln_bias, eps, T, H));
         // ffn[T, I] = act(attn · W1ᵀ + b1)
         TRY(be->linear(be, ws->ffn, ws->attn, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, I,
                        NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
         // x[T, H] = LN(attn + ffn · W2ᵀ + b2)
-        TRY(be->linear(be, ws->hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, I, H,
+        TRY(be->linear(be, hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, I, H,
                        NOPAD_EPILOGUE_NONE, cfg->activation));
-        TRY(be->bias_residual_layernorm(be, ws->hidden, L->ffn_out_bias, ws->attn,
+        TRY(be->bias_residual_layernorm(be, hidden, L->ffn_out_bias, ws->attn,
                                         L->ffn_ln_weight, L->ffn_ln_bias, eps, T, H));
     }
     return NOPAD_OK;

@@ -68,10 +68,12 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *
                                        encoder_workspace *ws, int32_t n_tokens, int32_t n_seqs);
 void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws);
 
-/* Runs the encoder: ws->tokens, ws->types (or types == NULL), ws->cu_seqlens already uploaded;
- * leaves the last hidden states [T, H] in ws->hidden. */
+/* Runs the encoder on tokens[T] (types[T] or NULL) in backend memory; `hidden` [T, H] carries
+ * the residual stream and ends holding the last hidden states (ws->hidden, or a caller's buffer).
+ * Only enqueues work: no allocation and no host synchronisation. */
 nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
-                             encoder_workspace *ws, const nopad_seqs *seqs, int has_types);
+                             encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
+                             const int32_t *types, void *hidden);
 
 size_t nopad_dtype_size(nopad_dtype dtype);
 

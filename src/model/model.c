@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#ifdef NOPAD_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/encoder.h"
@@ -28,7 +31,7 @@ struct nopad_model {
 
 nopad_model_params nopad_model_default_params(void) {
     nopad_model_params p = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = 0,
-                            .max_batch_tokens = 0};
+                            .max_batch_tokens = 0, .cuda_stream = NULL};
     return p;
 }
 
@@ -62,9 +65,15 @@ static const char *dtype_name(nopad_dtype d) {
 }
 
 static nopad_status create_backend(const nopad_model_params *p, nopad_backend **out) {
-    if (p->device == NOPAD_DEVICE_CUDA)
+    if (p->device == NOPAD_DEVICE_CUDA) {
+#ifdef NOPAD_HAVE_CUDA
+        return nopad_backend_cuda_create(p->dtype, p->cuda_stream, out);
+#else
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "device cuda: this build of nopad has no CUDA backend; use cpu");
+                               "device cuda: this build of nopad has no CUDA backend (configure "
+                               "with -DNOPAD_CUDA=ON); use cpu");
+#endif
+    }
     if (p->device != NOPAD_DEVICE_CPU)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "device %d is not cpu or cuda", (int)p->device);
     if (p->dtype != NOPAD_DTYPE_F32)
@@ -253,7 +262,8 @@ static nopad_status encode_locked(nopad_model *m, int32_t n_seqs, const int32_t 
     if (st != NOPAD_OK) return st;
     nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = T, .max_seqlen = max_seqlen,
                        .cu_seqlens = ws->cu_seqlens};
-    st = encoder_forward(be, &m->cfg, &m->weights, ws, &seqs, types != NULL);
+    st = encoder_forward(be, &m->cfg, &m->weights, ws, &seqs, ws->tokens, types ? ws->types : NULL,
+                         ws->hidden);
     if (st != NOPAD_OK) return st;
     if (pooled_out) {
         st = be->pool(be, ws->pooled, ws->hidden, &seqs, H, pooling);
@@ -347,5 +357,56 @@ done:
     free(packed_tokens);
     free(packed_types);
     free(packed_hidden);
+    return st;
+}
+
+nopad_status nopad_encode_packed_device(nopad_model *m, int32_t n_seqs, int32_t n_tokens,
+                                        int32_t max_seqlen, const int32_t *cu_seqlens,
+                                        const int32_t *tokens, const int32_t *token_type_ids,
+                                        const nopad_encode_params *params, void *hidden_out,
+                                        void *pooled_out) {
+    if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_encode_packed_device: model is NULL");
+    if (m->params.device != NOPAD_DEVICE_CUDA)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_encode_packed_device needs a model loaded on cuda; use "
+                               "nopad_encode_packed for host buffers");
+    nopad_encode_params p = params ? *params : nopad_encode_default_params();
+    nopad_pooling pooling = p.pooling == NOPAD_POOLING_MODEL ? m->pipeline.pooling : p.pooling;
+    int normalize = p.normalize < 0 ? m->pipeline.normalize : p.normalize != 0;
+    if (pooling < NOPAD_POOLING_NONE || pooling > NOPAD_POOLING_MAX)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pooling %d is not one of none, cls, mean, max",
+                               (int)pooling);
+    if (pooled_out && pooling == NOPAD_POOLING_NONE)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pooled output requested but pooling is none");
+    if (!hidden_out && !pooled_out)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_encode_packed_device: both hidden_out and pooled_out are NULL");
+    if (n_seqs <= 0 || n_tokens < n_seqs || !cu_seqlens || !tokens)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_encode_packed_device: need n_seqs >= 1, n_tokens >= n_seqs "
+                               "(got %d, %d), cu_seqlens and tokens", n_seqs, n_tokens);
+    const int32_t limit = m->cfg.max_position_embeddings - m->cfg.position_offset;
+    if (max_seqlen < 1 || max_seqlen > limit || max_seqlen > n_tokens)
+        return nopad_set_error(max_seqlen > limit ? NOPAD_ERR_TOO_LONG : NOPAD_ERR_INVALID_ARGUMENT,
+                               "max_seqlen %d: must be in [1, %d] (the model maximum) and <= n_tokens",
+                               max_seqlen, limit);
+    if (m->params.max_batch_tokens > 0 && n_tokens > m->params.max_batch_tokens)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "batch has %d tokens, more than max_batch_tokens = %d; split it",
+                               n_tokens, m->params.max_batch_tokens);
+    pthread_mutex_lock(&m->lock);
+    nopad_backend *be = m->be;
+    nopad_status st = encoder_workspace_reserve(be, &m->cfg, &m->ws, n_tokens, n_seqs);
+    if (st == NOPAD_OK) {
+        nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = n_tokens, .max_seqlen = max_seqlen,
+                           .cu_seqlens = cu_seqlens};
+        /* the caller's buffer carries the residual stream: no copy at the end */
+        void *hidden = hidden_out ? hidden_out : m->ws.hidden;
+        st = encoder_forward(be, &m->cfg, &m->weights, &m->ws, &seqs, tokens, token_type_ids, hidden);
+        if (st == NOPAD_OK && pooled_out) st = be->pool(be, pooled_out, hidden, &seqs, m->cfg.hidden_size, pooling);
+        if (st == NOPAD_OK && pooled_out && normalize)
+            st = be->l2_normalize(be, pooled_out, n_seqs, m->cfg.hidden_size);
+    }
+    pthread_mutex_unlock(&m->lock);
     return st;
 }

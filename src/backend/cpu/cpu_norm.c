@@ -22,7 +22,8 @@ void cpu_layernorm_row(float *y, const float *x, const float *w, const float *b,
 
 nopad_status cpu_embed_layernorm(nopad_backend *be, void *out_, const int32_t *tokens,
                                  const int32_t *types, const nopad_seqs *seqs,
-                                 int32_t position_offset, const void *word_, const void *pos_,
+                                 int32_t position_offset, int32_t vocab_size, int32_t n_positions,
+                                 int32_t type_vocab_size, const void *word_, const void *pos_,
                                  const void *type_, const void *ln_weight, const void *ln_bias,
                                  float eps, int32_t dim) {
     float *out = out_;              // [T, dim]

@@ -16,7 +16,8 @@ static inline int cpu_threads(const nopad_backend *be) {
 
 nopad_status cpu_embed_layernorm(nopad_backend *be, void *out, const int32_t *tokens,
                                  const int32_t *types, const nopad_seqs *seqs,
-                                 int32_t position_offset, const void *word, const void *pos,
+                                 int32_t position_offset, int32_t vocab_size, int32_t n_positions,
+                                 int32_t type_vocab_size, const void *word, const void *pos,
                                  const void *type, const void *ln_weight, const void *ln_bias,
                                  float eps, int32_t dim);
 nopad_status cpu_linear(nopad_backend *be, void *out, const void *x, const void *w,

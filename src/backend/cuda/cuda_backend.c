@@ -1,0 +1,352 @@
+/* CUDA backend: the op table in fp16 or bf16 with fp32 accumulation. GEMMs go to cuBLASLt with
+ * fused epilogues (the algorithm is chosen once per shape and cached); attention is the fused
+ * varlen kernel; the rest are the kernels of cuda_kernels.cu. Every op enqueues on the backend's
+ * stream and returns: nothing synchronises inside a forward. */
+#ifdef NOPAD_HAVE_CUDA
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "util/error.h"
+
+enum { GEMM_CACHE_SIZE = 512 };
+#define CUBLASLT_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* One cached GEMM configuration: shape, epilogue and the algorithm the heuristic picked. */
+typedef struct gemm_plan {
+    int32_t n_tokens, n_in, n_out;
+    int epilogue; /* cublasLtEpilogue_t */
+    int accumulate; /* beta = 1 with C = residual */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t layout_w, layout_x, layout_y;
+    cublasLtMatmulAlgo_t algo;
+} gemm_plan;
+
+typedef struct cuda_state {
+    cudaStream_t stream;
+    int own_stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace;
+    float *scratch; /* device float32 staging for uploads and downloads */
+    size_t scratch_bytes;
+    gemm_plan plans[GEMM_CACHE_SIZE];
+    int n_plans;
+} cuda_state;
+
+static cuda_state *state_of(nopad_backend *be) { return (cuda_state *)be->impl; }
+
+static nopad_status cuda_check(cudaError_t err, const char *what) {
+    if (err == cudaSuccess) return NOPAD_OK;
+    return nopad_set_error(NOPAD_ERR_BACKEND, "cuda %s: %s", what, cudaGetErrorString(err));
+}
+
+static nopad_status lt_check(cublasStatus_t st, const char *what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return NOPAD_OK;
+    return nopad_set_error(NOPAD_ERR_BACKEND, "cublasLt %s: status %d", what, (int)st);
+}
+
+/* ---- memory ----------------------------------------------------------------------------------- */
+
+static nopad_status cu_alloc(nopad_backend *be, size_t bytes, void **out) {
+    *out = NULL;
+    cudaError_t err = cudaMalloc(out, bytes ? bytes : 16);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky-free error so later calls are unaffected */
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cuda: cannot allocate %zu bytes: %s", bytes,
+                               cudaGetErrorString(err));
+    }
+    return NOPAD_OK;
+}
+
+static void cu_free(nopad_backend *be, void *ptr) {
+    if (ptr) cudaFree(ptr);
+}
+
+static nopad_status reserve_scratch(cuda_state *s, size_t bytes) {
+    if (bytes <= s->scratch_bytes) return NOPAD_OK;
+    if (s->scratch) cudaFree(s->scratch);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    cudaError_t err = cudaMalloc((void **)&s->scratch, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cuda: cannot allocate %zu bytes of staging: %s",
+                               bytes, cudaGetErrorString(err));
+    }
+    s->scratch_bytes = bytes;
+    return NOPAD_OK;
+}
+
+static nopad_status cu_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n) {
+    cuda_state *s = state_of(be);
+    nopad_status st = reserve_scratch(s, n * sizeof(float));
+    if (st != NOPAD_OK) return st;
+    st = cuda_check(cudaMemcpyAsync(s->scratch, src, n * sizeof(float), cudaMemcpyHostToDevice, s->stream),
+                    "upload");
+    if (st == NOPAD_OK) st = cuda_convert_from_f32(be->dtype, dst, s->scratch, n, s->stream);
+    /* the caller may reuse `src` and the scratch at once: wait (only at load time) */
+    if (st == NOPAD_OK) st = cuda_check(cudaStreamSynchronize(s->stream), "upload");
+    return st;
+}
+
+static nopad_status cu_download_f32(nopad_backend *be, float *dst, const void *src, size_t n) {
+    cuda_state *s = state_of(be);
+    nopad_status st = reserve_scratch(s, n * sizeof(float));
+    if (st != NOPAD_OK) return st;
+    st = cuda_convert_to_f32(be->dtype, s->scratch, src, n, s->stream);
+    if (st == NOPAD_OK)
+        st = cuda_check(cudaMemcpyAsync(dst, s->scratch, n * sizeof(float), cudaMemcpyDeviceToHost, s->stream),
+                        "download");
+    if (st == NOPAD_OK) st = cuda_check(cudaStreamSynchronize(s->stream), "download");
+    return st;
+}
+
+static nopad_status cu_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n) {
+    return cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                      state_of(be)->stream), "upload");
+}
+
+static nopad_status cu_synchronize(nopad_backend *be) {
+    return cuda_check(cudaStreamSynchronize(state_of(be)->stream), "synchronize");
+}
+
+/* ---- GEMM through cuBLASLt ------------------------------------------------------------------- */
+
+static void plan_destroy(gemm_plan *p) {
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    if (p->layout_w) cublasLtMatrixLayoutDestroy(p->layout_w);
+    if (p->layout_x) cublasLtMatrixLayoutDestroy(p->layout_x);
+    if (p->layout_y) cublasLtMatrixLayoutDestroy(p->layout_y);
+    memset(p, 0, sizeof *p);
+}
+
+/* Row-major y[T, N] = x[T, K] · w[N, K]ᵀ is, in cuBLAS's column-major terms,
+ * yᵀ[N, T] = op(w)[N, K] · xᵀ[K, T] with w seen as a K x N column-major matrix (op = transpose)
+ * and x as K x T (no transpose). The bias epilogue adds a vector along N, the rows of yᵀ. */
+static nopad_status plan_create(cuda_state *s, nopad_dtype dtype, int32_t T, int32_t K, int32_t N,
+                                cublasLtEpilogue_t epilogue, int accumulate, gemm_plan *p) {
+    memset(p, 0, sizeof *p);
+    p->n_tokens = T;
+    p->n_in = K;
+    p->n_out = N;
+    p->epilogue = (int)epilogue;
+    p->accumulate = accumulate;
+    const cudaDataType_t type = dtype == NOPAD_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    nopad_status st = lt_check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans), "transa");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof no_trans), "transb");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "epilogue");
+    if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&p->layout_w, type, K, N, K), "layout w");
+    if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&p->layout_x, type, K, T, K), "layout x");
+    if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&p->layout_y, type, N, T, N), "layout y");
+    if (st != NOPAD_OK) {
+        plan_destroy(p);
+        return st;
+    }
+    cublasLtMatmulPreference_t pref = NULL;
+    size_t ws = CUBLASLT_WORKSPACE_BYTES;
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    st = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                      "preference");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulAlgoGetHeuristic(s->lt, p->desc, p->layout_w, p->layout_x, p->layout_y,
+                                                     p->layout_y, pref, 1, &result, &found), "heuristic");
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (st == NOPAD_OK && found == 0)
+        st = nopad_set_error(NOPAD_ERR_BACKEND, "cublasLt: no algorithm for a [%d, %d] x [%d, %d]ᵀ GEMM", T, K, N, K);
+    if (st != NOPAD_OK) {
+        plan_destroy(p);
+        return st;
+    }
+    p->algo = result.algo;
+    return NOPAD_OK;
+}
+
+static nopad_status find_plan(cuda_state *s, nopad_dtype dtype, int32_t T, int32_t K, int32_t N,
+                              cublasLtEpilogue_t epilogue, int accumulate, gemm_plan **out) {
+    for (int i = 0; i < s->n_plans; i++) {
+        gemm_plan *p = &s->plans[i];
+        if (p->n_tokens == T && p->n_in == K && p->n_out == N && p->epilogue == (int)epilogue &&
+            p->accumulate == accumulate) {
+            *out = p;
+            return NOPAD_OK;
+        }
+    }
+    if (s->n_plans == GEMM_CACHE_SIZE) { /* full: start over rather than grow without bound */
+        for (int i = 0; i < s->n_plans; i++) plan_destroy(&s->plans[i]);
+        s->n_plans = 0;
+    }
+    gemm_plan *p = &s->plans[s->n_plans];
+    nopad_status st = plan_create(s, dtype, T, K, N, epilogue, accumulate, p);
+    if (st != NOPAD_OK) return st;
+    s->n_plans++;
+    *out = p;
+    return NOPAD_OK;
+}
+
+static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const void *w,
+                              const void *bias, const void *residual, int32_t n_tokens,
+                              int32_t n_in, int32_t n_out, nopad_epilogue epilogue,
+                              nopad_activation act) {
+    cuda_state *s = state_of(be);
+    if (n_tokens == 0) return NOPAD_OK;
+    cublasLtEpilogue_t lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    int separate_activation = 0;
+    switch (epilogue) {
+    case NOPAD_EPILOGUE_NONE: break;
+    case NOPAD_EPILOGUE_BIAS:
+    case NOPAD_EPILOGUE_BIAS_RESIDUAL: lt_epilogue = CUBLASLT_EPILOGUE_BIAS; break;
+    case NOPAD_EPILOGUE_BIAS_ACT:
+        /* cuBLASLt's GELU is the tanh approximation: exact-erf GELU gets its own pass. */
+        if (act == NOPAD_ACT_GELU_TANH) lt_epilogue = CUBLASLT_EPILOGUE_GELU_BIAS;
+        else if (act == NOPAD_ACT_RELU) lt_epilogue = CUBLASLT_EPILOGUE_RELU_BIAS;
+        else separate_activation = 1;
+        break;
+    }
+    const int accumulate = epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL;
+    gemm_plan *p;
+    nopad_status st = find_plan(s, be->dtype, n_tokens, n_in, n_out, lt_epilogue, accumulate, &p);
+    if (st != NOPAD_OK) return st;
+    if (lt_epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        st = lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                      "bias");
+        if (st != NOPAD_OK) return st;
+    }
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const void *c = accumulate ? residual : out;
+    st = lt_check(cublasLtMatmul(s->lt, p->desc, &alpha, w, p->layout_w, x, p->layout_x, &beta, c,
+                                 p->layout_y, out, p->layout_y, &p->algo, s->lt_workspace,
+                                 CUBLASLT_WORKSPACE_BYTES, s->stream),
+                  "matmul");
+    if (st == NOPAD_OK && separate_activation)
+        st = cuda_bias_activation(be->dtype, out, bias, n_tokens, n_out, act, s->stream);
+    return st;
+}
+
+/* ---- the other ops ------------------------------------------------------------------------- */
+
+static nopad_status cu_embed_layernorm(nopad_backend *be, void *out, const int32_t *tokens,
+                                       const int32_t *types, const nopad_seqs *seqs,
+                                       int32_t position_offset, int32_t vocab_size,
+                                       int32_t n_positions, int32_t type_vocab_size,
+                                       const void *word, const void *pos, const void *type,
+                                       const void *ln_weight, const void *ln_bias, float eps,
+                                       int32_t dim) {
+    return cuda_embed_layernorm(be->dtype, out, tokens, types, seqs->cu_seqlens, seqs->n_seqs,
+                                seqs->n_tokens, position_offset, vocab_size, n_positions,
+                                type_vocab_size, word, pos,
+                                type, ln_weight, ln_bias, eps, dim, state_of(be)->stream);
+}
+
+static nopad_status cu_bias_residual_layernorm(nopad_backend *be, void *x, const void *bias,
+                                               const void *residual, const void *ln_weight,
+                                               const void *ln_bias, float eps, int32_t n_tokens,
+                                               int32_t dim) {
+    return cuda_bias_residual_layernorm(be->dtype, x, bias, residual, ln_weight, ln_bias, eps,
+                                        n_tokens, dim, state_of(be)->stream);
+}
+
+static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void *qkv,
+                                        const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                        float scale, int causal) {
+    if (head_size != 32 && head_size != 64 && head_size != 128)
+        return cuda_attention_varlen_generic(be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs,
+                                             seqs->n_tokens, n_heads, head_size, scale, causal,
+                                             state_of(be)->stream);
+    return cuda_attention_varlen(be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs,
+                                 seqs->max_seqlen, n_heads, head_size, scale, causal,
+                                 state_of(be)->stream);
+}
+
+static nopad_status cu_pool(nopad_backend *be, void *out, const void *x, const nopad_seqs *seqs,
+                            int32_t dim, nopad_pooling mode) {
+    return cuda_pool(be->dtype, out, x, seqs->cu_seqlens, seqs->n_seqs, dim, mode, state_of(be)->stream);
+}
+
+static nopad_status cu_l2_normalize(nopad_backend *be, void *x, int32_t rows, int32_t dim) {
+    return cuda_l2_normalize(be->dtype, x, rows, dim, state_of(be)->stream);
+}
+
+static void cu_destroy(nopad_backend *be) {
+    cuda_state *s = state_of(be);
+    if (s) {
+        if (s->stream) cudaStreamSynchronize(s->stream);
+        for (int i = 0; i < s->n_plans; i++) plan_destroy(&s->plans[i]);
+        if (s->lt) cublasLtDestroy(s->lt);
+        if (s->lt_workspace) cudaFree(s->lt_workspace);
+        if (s->scratch) cudaFree(s->scratch);
+        if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
+        free(s);
+    }
+    free(be);
+}
+
+cudaStream_t cuda_backend_stream(nopad_backend *be) { return state_of(be)->stream; }
+
+nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_backend **out) {
+    *out = NULL;
+    if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "cuda: compute dtype must be F16 or BF16 (F32 runs on the CPU backend)");
+    int n_devices = 0;
+    cudaError_t err = cudaGetDeviceCount(&n_devices);
+    if (err != cudaSuccess || n_devices == 0) {
+        cudaGetLastError();
+        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda: no usable GPU (%s)",
+                               err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    }
+    nopad_backend *be = calloc(1, sizeof *be);
+    cuda_state *s = calloc(1, sizeof *s);
+    if (!be || !s) {
+        free(be);
+        free(s);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cuda: cannot allocate the backend");
+    }
+    be->impl = s;
+    be->destroy = cu_destroy;
+    nopad_status st = NOPAD_OK;
+    if (stream) {
+        s->stream = (cudaStream_t)stream;
+    } else {
+        st = cuda_check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream");
+        s->own_stream = st == NOPAD_OK;
+    }
+    if (st == NOPAD_OK) st = lt_check(cublasLtCreate(&s->lt), "create");
+    if (st == NOPAD_OK) st = cuda_check(cudaMalloc(&s->lt_workspace, CUBLASLT_WORKSPACE_BYTES), "workspace");
+    if (st != NOPAD_OK) {
+        cu_destroy(be);
+        return st;
+    }
+    be->name = "cuda";
+    be->dtype = dtype;
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->upload_f32 = cu_upload_f32;
+    be->download_f32 = cu_download_f32;
+    be->upload_i32 = cu_upload_i32;
+    be->synchronize = cu_synchronize;
+    be->embed_layernorm = cu_embed_layernorm;
+    be->linear = cu_linear;
+    be->bias_residual_layernorm = cu_bias_residual_layernorm;
+    be->attention_varlen = cu_attention_varlen;
+    be->pool = cu_pool;
+    be->l2_normalize = cu_l2_normalize;
+    *out = be;
+    return NOPAD_OK;
+}
+
+#endif /* NOPAD_HAVE_CUDA */

@@ -1,0 +1,13 @@
+/* The CUDA backend's constructor and the few things the model needs beyond the op table. */
+#ifndef NOPAD_BACKEND_CUDA_BACKEND_H
+#define NOPAD_BACKEND_CUDA_BACKEND_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+/* Creates the CUDA backend computing in `dtype` (F16 or BF16) on `stream` (a cudaStream_t owned
+ * by the caller), or on a stream of its own when NULL. */
+nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_backend **out);
+
+#endif

@@ -1,0 +1,493 @@
+/* CUDA: the encoder's memory-bound ops — embedding gather + LayerNorm, bias + residual +
+ * LayerNorm, bias + activation, pooling, L2 normalisation and dtype conversions. All on packed
+ * [T, dim] tensors in fp16 or bf16 with fp32 arithmetic.
+ *
+ * The LayerNorm kernels give each row to one warp and keep the row in registers, so a row is read
+ * once and written once (one pass). When dim is a multiple of 8 every lane moves 16 bytes at a time
+ * (8 halves); other widths (the tiny test models) take the scalar path of the same kernel. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_ops.h"
+extern "C" {
+#include "util/error.h"
+}
+
+/* ---- element helpers -------------------------------------------------------------------------- */
+
+template <typename T> __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+/* Loads VEC consecutive elements as floats (VEC == 8: one 16-byte load; the caller guarantees the
+ * alignment, which holds when dim % 8 == 0). */
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(float *dst, const T *src) {
+    if (VEC == 8) {
+        uint4 raw = *reinterpret_cast<const uint4 *>(src);
+        const T *p = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; j++) dst[j] = to_f32(p[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) dst[j] = to_f32(src[j]);
+    }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T *dst, const float *src) {
+    if (VEC == 8) {
+        uint4 raw;
+        T *p = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; j++) p[j] = from_f32<T>(src[j]);
+        *reinterpret_cast<uint4 *>(dst) = raw;
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) dst[j] = from_f32<T>(src[j]);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static nopad_status launch_status(const char *what) {
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda %s: %s", what, cudaGetErrorString(err));
+    return NOPAD_OK;
+}
+
+enum { LN_WARPS = 4 }; /* rows per 128-thread block */
+
+/* Normalises the row held in v[ITERS * VEC] (lane's share; invalid slots hold 0) and stores it. */
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void layernorm_store(float *v, T *out_row, const T *w, const T *b,
+                                                float eps, int dim, int lane) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ITERS * VEC; i++) sum += v[i];
+    const float mean = warp_sum(sum) / (float)dim;
+    float sq = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const int e = (it * 32 + lane) * VEC + j;
+            if (e < dim) {
+                const float d = v[it * VEC + j] - mean;
+                sq += d * d;
+            }
+        }
+    }
+    const float rstd = rsqrtf(warp_sum(sq) / (float)dim + eps);
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int e0 = (it * 32 + lane) * VEC;
+        if (e0 >= dim) continue;
+        float wv[VEC], bv[VEC], o[VEC];
+        if (VEC == 8 || e0 + VEC <= dim) {
+            load_vec<T, VEC>(wv, w + e0);
+            load_vec<T, VEC>(bv, b + e0);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) o[j] = (v[it * VEC + j] - mean) * rstd * wv[j] + bv[j];
+            store_vec<T, VEC>(out_row + e0, o);
+        }
+    }
+}
+
+/* ---- bias + residual + LayerNorm ------------------------------------------------------------- */
+
+template <typename T, int VEC, int ITERS>
+__global__ void __launch_bounds__(LN_WARPS * 32)
+bias_residual_layernorm_kernel(T *__restrict__ x, const T *__restrict__ bias,
+                               const T *__restrict__ residual, const T *__restrict__ w,
+                               const T *__restrict__ b, float eps, int rows, int dim) {
+    const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    T *xr = x + (size_t)row * dim;
+    const T *rr = residual + (size_t)row * dim;
+    float v[ITERS * VEC];
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int e0 = (it * 32 + lane) * VEC;
+        float xv[VEC], rv[VEC], bv[VEC];
+        if (e0 < dim) {
+            load_vec<T, VEC>(xv, xr + e0);
+            load_vec<T, VEC>(rv, rr + e0);
+            if (bias) load_vec<T, VEC>(bv, bias + e0);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            v[it * VEC + j] = e0 < dim ? xv[j] + rv[j] + (bias ? bv[j] : 0.0f) : 0.0f;
+    }
+    layernorm_store<T, VEC, ITERS>(v, xr, w, b, eps, dim, lane);
+}
+
+/* ---- embedding gather + LayerNorm -------------------------------------------------------------- */
+
+/* The sequence holding token t: the last s with cu_seqlens[s] <= t (binary search, B+1 entries). */
+__device__ __forceinline__ int sequence_of(const int32_t *cu_seqlens, int n_seqs, int t) {
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (__ldg(cu_seqlens + mid) <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <typename T, int VEC, int ITERS>
+__global__ void __launch_bounds__(LN_WARPS * 32)
+embed_layernorm_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
+                       const int32_t *__restrict__ types, const int32_t *__restrict__ cu_seqlens,
+                       int n_seqs, int n_tokens, int position_offset, int vocab, int n_positions,
+                       int type_vocab, const T *__restrict__ word, const T *__restrict__ pos,
+                       const T *__restrict__ type, const T *__restrict__ w, const T *__restrict__ b,
+                       float eps, int dim) {
+    const int t = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (t >= n_tokens) return;
+    const int s = sequence_of(cu_seqlens, n_seqs, t);
+    const int id = tokens[t];
+    const int p = position_offset + t - cu_seqlens[s];
+    const int ty = types ? types[t] : 0;
+    T *orow = out + (size_t)t * dim;
+    if (id < 0 || id >= vocab || p >= n_positions || (type && (ty < 0 || ty >= type_vocab))) {
+        /* invalid input that could not be checked on the host: poison the row, never read out
+         * of bounds */
+        for (int e = lane; e < dim; e += 32) orow[e] = from_f32<T>(NAN);
+        return;
+    }
+    const T *wr = word + (size_t)id * dim, *pr = pos + (size_t)p * dim;
+    const T *tr = type ? type + (size_t)ty * dim : NULL;
+    float v[ITERS * VEC];
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int e0 = (it * 32 + lane) * VEC;
+        float a[VEC], c[VEC], d[VEC];
+        if (e0 < dim) {
+            load_vec<T, VEC>(a, wr + e0);
+            load_vec<T, VEC>(c, pr + e0);
+            if (tr) load_vec<T, VEC>(d, tr + e0);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; j++) v[it * VEC + j] = e0 < dim ? a[j] + c[j] + (tr ? d[j] : 0.0f) : 0.0f;
+    }
+    layernorm_store<T, VEC, ITERS>(v, orow, w, b, eps, dim, lane);
+}
+
+/* Chooses VEC and the per-lane register count for `dim`; returns 0 if dim is too wide. */
+#define LN_DISPATCH(T, KERNEL, GRID, STREAM, ...)                                                  \
+    do {                                                                                           \
+        if (dim % 8 == 0) {                                                                        \
+            const int iters = (dim + 255) / 256;                                                   \
+            if (iters <= 1) KERNEL<T, 8, 1><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__);      \
+            else if (iters <= 2) KERNEL<T, 8, 2><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
+            else if (iters <= 4) KERNEL<T, 8, 4><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
+            else if (iters <= 8) KERNEL<T, 8, 8><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
+            else return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "LayerNorm width %d > 2048", dim);   \
+        } else {                                                                                   \
+            const int iters = (dim + 31) / 32;                                                     \
+            if (iters <= 2) KERNEL<T, 1, 2><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__);      \
+            else if (iters <= 8) KERNEL<T, 1, 8><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
+            else if (iters <= 32) KERNEL<T, 1, 32><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
+            else return nopad_set_error(NOPAD_ERR_UNSUPPORTED,                                     \
+                                        "LayerNorm width %d > 1024 and not a multiple of 8", dim); \
+        }                                                                                          \
+    } while (0)
+
+template <typename T>
+static nopad_status embed_layernorm_t(void *out, const int32_t *tokens, const int32_t *types,
+                                      const int32_t *cu, int n_seqs, int n_tokens, int offset,
+                                      int vocab, int n_pos, int type_vocab, const void *word,
+                                      const void *pos, const void *type, const void *w,
+                                      const void *b, float eps, int dim, cudaStream_t stream) {
+    const int grid = (n_tokens + LN_WARPS - 1) / LN_WARPS;
+    LN_DISPATCH(T, embed_layernorm_kernel, grid, stream, (T *)out, tokens, types, cu, n_seqs,
+                n_tokens, offset, vocab, n_pos, type_vocab, (const T *)word, (const T *)pos,
+                (const T *)type, (const T *)w, (const T *)b, eps, dim);
+    return launch_status("embed_layernorm");
+}
+
+template <typename T>
+static nopad_status bias_residual_layernorm_t(void *x, const void *bias, const void *residual,
+                                              const void *w, const void *b, float eps, int rows,
+                                              int dim, cudaStream_t stream) {
+    const int grid = (rows + LN_WARPS - 1) / LN_WARPS;
+    LN_DISPATCH(T, bias_residual_layernorm_kernel, grid, stream, (T *)x, (const T *)bias,
+                (const T *)residual, (const T *)w, (const T *)b, eps, rows, dim);
+    return launch_status("bias_residual_layernorm");
+}
+
+/* ---- bias + activation ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ float activate(float x, int act) {
+    if (act == NOPAD_ACT_GELU) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    if (act == NOPAD_ACT_GELU_TANH)
+        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    return x > 0.0f ? x : 0.0f;
+}
+
+template <typename T, int VEC>
+__global__ void bias_activation_kernel(T *__restrict__ x, const T *__restrict__ bias, size_t n,
+                                       int dim, int act) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x * VEC;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n; i += stride) {
+        float v[VEC], bv[VEC];
+        load_vec<T, VEC>(v, x + i);
+        if (bias) load_vec<T, VEC>(bv, bias + i % dim);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) v[j] = activate(v[j] + (bias ? bv[j] : 0.0f), act);
+        store_vec<T, VEC>(x + i, v);
+    }
+}
+
+static int grid_for(size_t work, int threads) {
+    size_t blocks = (work + threads - 1) / threads;
+    return (int)(blocks < 132 * 16 ? (blocks ? blocks : 1) : 132 * 16);
+}
+
+template <typename T>
+static nopad_status bias_activation_t(void *x, const void *bias, int rows, int dim,
+                                      nopad_activation act, cudaStream_t stream) {
+    const size_t n = (size_t)rows * dim;
+    if (dim % 8 == 0)
+        bias_activation_kernel<T, 8><<<grid_for(n / 8, 256), 256, 0, stream>>>((T *)x, (const T *)bias, n, dim, act);
+    else
+        bias_activation_kernel<T, 1><<<grid_for(n, 256), 256, 0, stream>>>((T *)x, (const T *)bias, n, dim, act);
+    return launch_status("bias_activation");
+}
+
+/* ---- pooling and L2 normalisation -------------------------------------------------------------- */
+
+template <typename T>
+__global__ void pool_kernel(T *__restrict__ out, const T *__restrict__ x,
+                            const int32_t *__restrict__ cu_seqlens, int dim, int mode) {
+    const int s = blockIdx.x;
+    const int start = cu_seqlens[s], end = mode == NOPAD_POOLING_CLS ? start + 1 : cu_seqlens[s + 1];
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float acc = mode == NOPAD_POOLING_MAX ? -INFINITY : 0.0f;
+        for (int t = start; t < end; t++) {
+            const float v = to_f32(x[(size_t)t * dim + c]);
+            acc = mode == NOPAD_POOLING_MAX ? fmaxf(acc, v) : acc + v;
+        }
+        if (mode == NOPAD_POOLING_MEAN) acc /= (float)(end - start);
+        out[(size_t)s * dim + c] = from_f32<T>(acc);
+    }
+}
+
+template <typename T>
+__global__ void l2_normalize_kernel(T *__restrict__ x, int dim) {
+    __shared__ float partial[32];
+    T *row = x + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        const float v = to_f32(row[c]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) partial[0] = v;
+    }
+    __syncthreads();
+    const float inv = 1.0f / fmaxf(sqrtf(partial[0]), 1e-12f);
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) row[c] = from_f32<T>(to_f32(row[c]) * inv);
+}
+
+/* ---- attention for other head sizes --------------------------------------------------------- */
+
+template <typename T>
+__global__ void attention_generic_kernel(T *__restrict__ out, const T *__restrict__ qkv,
+                                         const int32_t *__restrict__ cu_seqlens, int n_seqs,
+                                         int n_tokens, int heads, int d, float scale, int causal) {
+    const int warp = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    const int t = warp / heads, h = warp % heads;
+    if (t >= n_tokens) return;
+    const int s = sequence_of(cu_seqlens, n_seqs, t);
+    const int end = causal ? t + 1 : cu_seqlens[s + 1];
+    const size_t H = (size_t)heads * d, stride = 3 * H;
+    float q[4], acc[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int c = lane + 32 * k;
+        q[k] = c < d ? to_f32(qkv[t * stride + (size_t)h * d + c]) * scale : 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j = cu_seqlens[s]; j < end; j++) {
+        const T *kr = qkv + j * stride + H + (size_t)h * d, *vr = kr + H;
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int c = lane + 32 * k;
+            if (c < d) dot += q[k] * to_f32(kr[c]);
+        }
+        dot = warp_sum(dot);
+        const float m_new = fmaxf(m, dot), correction = __expf(m - m_new), p = __expf(dot - m_new);
+        l = l * correction + p;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int c = lane + 32 * k;
+            acc[k] = acc[k] * correction + (c < d ? p * to_f32(vr[c]) : 0.0f);
+        }
+        m = m_new;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int c = lane + 32 * k;
+        if (c < d) out[t * H + (size_t)h * d + c] = from_f32<T>(acc[k] / l);
+    }
+}
+
+template <typename T>
+static nopad_status attention_generic_t(void *out, const void *qkv, const int32_t *cu, int n_seqs,
+                                        int n_tokens, int heads, int d, float scale, int causal,
+                                        cudaStream_t s) {
+    const size_t warps = (size_t)n_tokens * heads;
+    const int blocks = (int)((warps * 32 + 255) / 256);
+    attention_generic_kernel<T><<<blocks, 256, 0, s>>>((T *)out, (const T *)qkv, cu, n_seqs, n_tokens,
+                                                       heads, d, scale, causal);
+    return launch_status("attention_generic");
+}
+
+/* ---- conversions ----------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void from_f32_kernel(T *__restrict__ dst, const float *__restrict__ src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = from_f32<T>(src[i]);
+}
+template <typename T>
+__global__ void to_f32_kernel(float *__restrict__ dst, const T *__restrict__ src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = to_f32(src[i]);
+}
+
+/* ---- C launchers ----------------------------------------------------------------------------- */
+
+#define DISPATCH_DTYPE(dtype, CALL_HALF, CALL_BF16)                                                \
+    switch (dtype) {                                                                               \
+    case NOPAD_DTYPE_F16: return CALL_HALF;                                                        \
+    case NOPAD_DTYPE_BF16: return CALL_BF16;                                                       \
+    default: return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda: dtype %d is not F16 or BF16", (int)dtype); \
+    }
+
+extern "C" nopad_status cuda_embed_layernorm(nopad_dtype dtype, void *out, const int32_t *tokens,
+                                             const int32_t *types, const int32_t *cu_seqlens,
+                                             int32_t n_seqs, int32_t n_tokens, int32_t offset,
+                                             int32_t vocab, int32_t n_pos, int32_t type_vocab,
+                                             const void *word, const void *pos, const void *type,
+                                             const void *w, const void *b, float eps, int32_t dim,
+                                             void *stream) {
+    if (n_tokens == 0) return NOPAD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype,
+                   embed_layernorm_t<__half>(out, tokens, types, cu_seqlens, n_seqs, n_tokens, offset, vocab,
+                                             n_pos, type_vocab, word, pos, type, w, b, eps, dim, s),
+                   embed_layernorm_t<__nv_bfloat16>(out, tokens, types, cu_seqlens, n_seqs, n_tokens, offset,
+                                                    vocab, n_pos, type_vocab, word, pos, type, w, b, eps, dim, s));
+}
+
+extern "C" nopad_status cuda_bias_residual_layernorm(nopad_dtype dtype, void *x, const void *bias,
+                                                     const void *residual, const void *w,
+                                                     const void *b, float eps, int32_t rows,
+                                                     int32_t dim, void *stream) {
+    if (rows == 0) return NOPAD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype, bias_residual_layernorm_t<__half>(x, bias, residual, w, b, eps, rows, dim, s),
+                   bias_residual_layernorm_t<__nv_bfloat16>(x, bias, residual, w, b, eps, rows, dim, s));
+}
+
+extern "C" nopad_status cuda_bias_activation(nopad_dtype dtype, void *x, const void *bias,
+                                             int32_t rows, int32_t dim, nopad_activation act,
+                                             void *stream) {
+    if (rows == 0) return NOPAD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype, bias_activation_t<__half>(x, bias, rows, dim, act, s),
+                   bias_activation_t<__nv_bfloat16>(x, bias, rows, dim, act, s));
+}
+
+template <typename T>
+static nopad_status pool_t(void *out, const void *x, const int32_t *cu, int n_seqs, int dim,
+                           nopad_pooling mode, cudaStream_t s) {
+    pool_kernel<T><<<n_seqs, 256, 0, s>>>((T *)out, (const T *)x, cu, dim, (int)mode);
+    return launch_status("pool");
+}
+
+extern "C" nopad_status cuda_pool(nopad_dtype dtype, void *out, const void *x,
+                                  const int32_t *cu_seqlens, int32_t n_seqs, int32_t dim,
+                                  nopad_pooling mode, void *stream) {
+    if (mode != NOPAD_POOLING_CLS && mode != NOPAD_POOLING_MEAN && mode != NOPAD_POOLING_MAX)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pool: mode %d is not cls, mean or max", (int)mode);
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype, pool_t<__half>(out, x, cu_seqlens, n_seqs, dim, mode, s),
+                   pool_t<__nv_bfloat16>(out, x, cu_seqlens, n_seqs, dim, mode, s));
+}
+
+template <typename T>
+static nopad_status l2_t(void *x, int rows, int dim, cudaStream_t s) {
+    l2_normalize_kernel<T><<<rows, 256, 0, s>>>((T *)x, dim);
+    return launch_status("l2_normalize");
+}
+
+extern "C" nopad_status cuda_l2_normalize(nopad_dtype dtype, void *x, int32_t rows, int32_t dim,
+                                          void *stream) {
+    if (rows == 0) return NOPAD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype, l2_t<__half>(x, rows, dim, s), l2_t<__nv_bfloat16>(x, rows, dim, s));
+}
+
+template <typename T>
+static nopad_status from_f32_t(void *dst, const float *src, size_t n, cudaStream_t s) {
+    from_f32_kernel<T><<<grid_for(n, 256), 256, 0, s>>>((T *)dst, src, n);
+    return launch_status("convert");
+}
+template <typename T>
+static nopad_status to_f32_t(float *dst, const void *src, size_t n, cudaStream_t s) {
+    to_f32_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(dst, (const T *)src, n);
+    return launch_status("convert");
+}
+
+extern "C" nopad_status cuda_convert_from_f32(nopad_dtype dtype, void *dst, const float *src,
+                                              size_t n, void *stream) {
+    if (n == 0) return NOPAD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype, from_f32_t<__half>(dst, src, n, s), from_f32_t<__nv_bfloat16>(dst, src, n, s));
+}
+
+extern "C" nopad_status cuda_convert_to_f32(nopad_dtype dtype, float *dst, const void *src,
+                                            size_t n, void *stream) {
+    if (n == 0) return NOPAD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype, to_f32_t<__half>(dst, src, n, s), to_f32_t<__nv_bfloat16>(dst, src, n, s));
+}
+
+extern "C" nopad_status cuda_attention_varlen_generic(nopad_dtype dtype, void *out, const void *qkv,
+                                                      const int32_t *cu_seqlens, int32_t n_seqs,
+                                                      int32_t n_tokens, int32_t n_heads,
+                                                      int32_t head_size, float scale, int causal,
+                                                      void *stream) {
+    if (head_size < 1 || head_size > 128)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "attention: head size %d is not in [1, 128]", head_size);
+    if (n_tokens == 0) return NOPAD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype,
+                   attention_generic_t<__half>(out, qkv, cu_seqlens, n_seqs, n_tokens, n_heads, head_size, scale, causal, s),
+                   attention_generic_t<__nv_bfloat16>(out, qkv, cu_seqlens, n_seqs, n_tokens, n_heads, head_size, scale, causal, s));
+}

@@ -1,0 +1,478 @@
+/* The CUDA backend (fp16 and bf16) against the CPU backend and against Hugging Face.
+ *
+ * Ops: every op of the table on random data and random lengths (1 and the maximum included),
+ * inputs rounded to the GPU dtype first so both sides see the same numbers. Bounds, row-relative:
+ * fp16 2e-3 and bf16 1e-2 — the output rounding of one op (fp16 keeps 11 significant bits, 4.9e-4
+ * relative per element; bf16 8 bits, 3.9e-3) plus fp32-accumulation order differences.
+ * Model: the tiny HF fixtures of every family, last hidden states within 5e-3 (fp16) and 2e-2
+ * (bf16) of HF fp32 (rounding compounds over layers), and all-MiniLM-L6-v2 sentence embeddings
+ * with cosine >= 0.9999 against the fp32 reference. Edge batches and padded = packed too.
+ * No GPU: exit 77 (ctest: skipped). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "golden.h"
+
+static nopad_backend *cpu;
+static const nopad_dtype DTYPES[2] = {NOPAD_DTYPE_F16, NOPAD_DTYPE_BF16};
+static const char *const DTYPE_NAMES[2] = {"f16", "bf16"};
+static const double OP_BOUND[2] = {2e-3, 1e-2};
+static const double MODEL_BOUND[2] = {5e-3, 2e-2};
+
+/* Uploads host floats to a fresh device tensor of the backend's dtype and rewrites the host copy
+ * with the rounded values, so the CPU reference computes on exactly what the GPU sees. */
+static void *to_device(nopad_backend *be, float *host, size_t n) {
+    void *dev;
+    assert_nopad_ok(be->alloc(be, n * 2, &dev));
+    assert_nopad_ok(be->upload_f32(be, dev, host, n));
+    assert_nopad_ok(be->download_f32(be, host, dev, n));
+    return dev;
+}
+
+static int32_t *i32_to_device(nopad_backend *be, const int32_t *host, size_t n) {
+    void *dev;
+    assert_nopad_ok(be->alloc(be, n * 4 + 4, &dev));
+    assert_nopad_ok(be->upload_i32(be, dev, host, n));
+    return dev;
+}
+
+/* A device tensor of n elements filled with NaN, so unwritten outputs fail the comparison. */
+static void *poisoned(nopad_backend *be, size_t n) {
+    float *nan = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    void *dev;
+    assert_nopad_ok(be->alloc(be, n * 2, &dev));
+    assert_nopad_ok(be->upload_f32(be, dev, nan, n));
+    free(nan);
+    return dev;
+}
+
+static float *to_host(nopad_backend *be, const void *dev, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    assert_nopad_ok(be->download_f32(be, h, dev, n));
+    return h;
+}
+
+static int32_t *random_cu(int32_t n_seqs, int32_t max_len, uint64_t *rng, int32_t *max_seqlen) {
+    int32_t *cu = malloc(((size_t)n_seqs + 1) * sizeof *cu);
+    cu[0] = 0;
+    *max_seqlen = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t len = s == 0 ? 1 : s == n_seqs - 1 ? max_len : 1 + (int32_t)(test_rand_u32(rng) % max_len);
+        cu[s + 1] = cu[s] + len;
+        if (len > *max_seqlen) *max_seqlen = len;
+    }
+    return cu;
+}
+
+static float *random_floats(size_t n, float lo, float hi, uint64_t *rng) {
+    float *x = malloc(n * sizeof(float));
+    test_fill_uniform(x, (int64_t)n, lo, hi, rng);
+    return x;
+}
+
+static void expect_close(const char *what, int di, const float *got, const float *want, int64_t rows,
+                         int64_t cols) {
+    double err = test_max_row_rel_error(got, want, rows, cols);
+    if (!(err <= OP_BOUND[di]))
+        fail_msg("%s %s: row-relative error %.3e > %.0e", what, DTYPE_NAMES[di], err, OP_BOUND[di]);
+}
+
+/* ---- ops ------------------------------------------------------------------------------------- */
+
+static void test_linear(void **state) {
+    uint64_t rng = 11;
+    const int32_t shapes[][3] = {{1, 384, 1152}, {77, 384, 1536}, {1000, 1536, 384}, {300, 36, 100},
+                                 {4096, 768, 2304}, {5, 40, 72}};
+    for (int di = 0; di < 2; di++) {
+        nopad_backend *gpu;
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], NULL, &gpu));
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int32_t T = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+            float *x = random_floats((size_t)T * K, -1, 1, &rng), *w = random_floats((size_t)N * K, -0.1f, 0.1f, &rng);
+            float *b = random_floats(N, -1, 1, &rng), *r = random_floats((size_t)T * N, -1, 1, &rng);
+            void *dx = to_device(gpu, x, (size_t)T * K), *dw = to_device(gpu, w, (size_t)N * K);
+            void *db = to_device(gpu, b, N), *dr = to_device(gpu, r, (size_t)T * N);
+            float *want = malloc((size_t)T * N * sizeof(float));
+            for (int epi = NOPAD_EPILOGUE_NONE; epi <= NOPAD_EPILOGUE_BIAS_RESIDUAL; epi++) {
+                for (int act = 0; act <= (epi == NOPAD_EPILOGUE_BIAS_ACT ? 2 : 0); act++) {
+                    void *dout = poisoned(gpu, (size_t)T * N);
+                    assert_nopad_ok(gpu->linear(gpu, dout, dx, dw, db, dr, T, K, N, epi, act));
+                    assert_nopad_ok(cpu->linear(cpu, want, x, w, b, r, T, K, N, epi, act));
+                    float *got = to_host(gpu, dout, (size_t)T * N);
+                    char what[96];
+                    snprintf(what, sizeof what, "linear [%d,%d]x[%d,%d] epilogue %d act %d", T, K, N, K, epi, act);
+                    expect_close(what, di, got, want, T, N);
+                    free(got);
+                    gpu->free(gpu, dout);
+                }
+            }
+            free(x); free(w); free(b); free(r); free(want);
+            gpu->free(gpu, dx); gpu->free(gpu, dw); gpu->free(gpu, db); gpu->free(gpu, dr);
+        }
+        gpu->destroy(gpu);
+    }
+}
+
+static void test_layernorms(void **state) {
+    uint64_t rng = 12;
+    const int32_t dims[] = {36, 40, 48, 384, 768, 1024};
+    for (int di = 0; di < 2; di++) {
+        nopad_backend *gpu;
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], NULL, &gpu));
+        for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
+            const int32_t D = dims[k], B = 37, V = 50, P = 130, TV = 3, offset = 2;
+            int32_t max_seqlen;
+            int32_t *cu = random_cu(B, P - offset, &rng, &max_seqlen);
+            const int32_t T = cu[B];
+            int32_t *tokens = malloc(sizeof(int32_t) * T), *types = malloc(sizeof(int32_t) * T);
+            for (int t = 0; t < T; t++) {
+                tokens[t] = (int32_t)(test_rand_u32(&rng) % V);
+                types[t] = (int32_t)(test_rand_u32(&rng) % TV);
+            }
+            float *word = random_floats((size_t)V * D, -1, 1, &rng), *pos = random_floats((size_t)P * D, -1, 1, &rng);
+            float *type = random_floats((size_t)TV * D, -1, 1, &rng), *g = random_floats(D, 0.5f, 1.5f, &rng);
+            float *bb = random_floats(D, -0.5f, 0.5f, &rng), *res = random_floats((size_t)T * D, -3, 3, &rng);
+            void *dword = to_device(gpu, word, (size_t)V * D), *dpos = to_device(gpu, pos, (size_t)P * D);
+            void *dtype = to_device(gpu, type, (size_t)TV * D), *dg = to_device(gpu, g, D), *db = to_device(gpu, bb, D);
+            void *dres = to_device(gpu, res, (size_t)T * D);
+            int32_t *dtok = i32_to_device(gpu, tokens, T), *dtyp = i32_to_device(gpu, types, T);
+            int32_t *dcu = i32_to_device(gpu, cu, B + 1);
+            nopad_seqs hs = {.n_seqs = B, .n_tokens = T, .max_seqlen = max_seqlen, .cu_seqlens = cu};
+            nopad_seqs ds = hs;
+            ds.cu_seqlens = dcu;
+            float *want = malloc(sizeof(float) * T * D);
+            void *dout = poisoned(gpu, (size_t)T * D);
+            assert_nopad_ok(gpu->embed_layernorm(gpu, dout, dtok, dtyp, &ds, offset, V, P, TV, dword, dpos, dtype, dg, db, 1e-5f, D));
+            assert_nopad_ok(cpu->embed_layernorm(cpu, want, tokens, types, &hs, offset, V, P, TV, word, pos, type, g, bb, 1e-5f, D));
+            float *got = to_host(gpu, dout, (size_t)T * D);
+            char what[64];
+            snprintf(what, sizeof what, "embed_layernorm dim %d", D);
+            expect_close(what, di, got, want, T, D);
+            /* bias + residual + LayerNorm on the embedding output (rounded like the GPU's) */
+            memcpy(want, got, sizeof(float) * T * D);
+            assert_nopad_ok(gpu->bias_residual_layernorm(gpu, dout, db, dres, dg, db, 1e-6f, T, D));
+            assert_nopad_ok(cpu->bias_residual_layernorm(cpu, want, bb, res, g, bb, 1e-6f, T, D));
+            free(got);
+            got = to_host(gpu, dout, (size_t)T * D);
+            snprintf(what, sizeof what, "bias_residual_layernorm dim %d", D);
+            expect_close(what, di, got, want, T, D);
+            /* pooling (all three) and L2 normalisation */
+            for (int mode = NOPAD_POOLING_CLS; mode <= NOPAD_POOLING_MAX; mode++) {
+                float *pwant = malloc(sizeof(float) * B * D);
+                void *dp = poisoned(gpu, (size_t)B * D);
+                assert_nopad_ok(gpu->pool(gpu, dp, dout, &ds, D, mode));
+                assert_nopad_ok(cpu->pool(cpu, pwant, got, &hs, D, mode));
+                float *pgot = to_host(gpu, dp, (size_t)B * D);
+                snprintf(what, sizeof what, "pool mode %d dim %d", mode, D);
+                expect_close(what, di, pgot, pwant, B, D);
+                free(pgot);
+                assert_nopad_ok(gpu->l2_normalize(gpu, dp, B, D));
+                pgot = to_host(gpu, dp, (size_t)B * D);
+                assert_nopad_ok(cpu->pool(cpu, pwant, got, &hs, D, mode));
+                assert_nopad_ok(cpu->l2_normalize(cpu, pwant, B, D));
+                snprintf(what, sizeof what, "l2_normalize dim %d", D);
+                expect_close(what, di, pgot, pwant, B, D);
+                free(pgot);
+                free(pwant);
+                gpu->free(gpu, dp);
+            }
+            free(got); free(want); free(cu); free(tokens); free(types); free(word); free(pos); free(type);
+            free(g); free(bb); free(res);
+            void *bufs[] = {dword, dpos, dtype, dg, db, dres, dtok, dtyp, dcu, dout};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu->free(gpu, bufs[i]);
+        }
+        gpu->destroy(gpu);
+    }
+}
+
+/* Head sizes the fused kernels do not cover go to the generic kernel; 32/64 go to the fused ones. */
+static void test_attention_through_backend(void **state) {
+    uint64_t rng = 13;
+    const int32_t head_sizes[] = {8, 12, 20, 32, 64, 100};
+    for (int di = 0; di < 2; di++) {
+        nopad_backend *gpu;
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], NULL, &gpu));
+        for (size_t k = 0; k < sizeof head_sizes / sizeof head_sizes[0]; k++) {
+            for (int causal = 0; causal < 2; causal++) {
+                const int32_t d = head_sizes[k], heads = 3, B = 23;
+                int32_t max_seqlen;
+                int32_t *cu = random_cu(B, 200, &rng, &max_seqlen);
+                const int32_t T = cu[B], H = heads * d;
+                float *qkv = random_floats((size_t)T * 3 * H, -2, 2, &rng);
+                void *dqkv = to_device(gpu, qkv, (size_t)T * 3 * H);
+                int32_t *dcu = i32_to_device(gpu, cu, B + 1);
+                void *dout = poisoned(gpu, (size_t)T * H);
+                nopad_seqs hs = {.n_seqs = B, .n_tokens = T, .max_seqlen = max_seqlen, .cu_seqlens = cu};
+                nopad_seqs ds = hs;
+                ds.cu_seqlens = dcu;
+                const float scale = 1.0f / sqrtf((float)d);
+                assert_nopad_ok(gpu->attention_varlen(gpu, dout, dqkv, &ds, heads, d, scale, causal));
+                float *want = malloc(sizeof(float) * T * H);
+                assert_nopad_ok(cpu->attention_varlen(cpu, want, qkv, &hs, heads, d, scale, causal));
+                float *got = to_host(gpu, dout, (size_t)T * H);
+                char what[64];
+                snprintf(what, sizeof what, "attention d %d causal %d", d, causal);
+                expect_close(what, di, got, want, T, H);
+                free(cu); free(qkv); free(want); free(got);
+                gpu->free(gpu, dqkv); gpu->free(gpu, dcu); gpu->free(gpu, dout);
+            }
+        }
+        gpu->destroy(gpu);
+    }
+}
+
+/* ---- whole model ---------------------------------------------------------------------------- */
+
+static const char *const MODELS[] = {"bert_a", "bert_b", "roberta_a", "xlmr_b", "distilbert_a",
+                                     "distilbert_b", "albert_a", "albert_b", "st_mean_norm",
+                                     "st_max", "st_cls_v6"};
+
+static nopad_model *load_cuda(const char *dir, int di, int32_t max_batch_tokens) {
+    nopad_model_params p = nopad_model_default_params();
+    p.device = NOPAD_DEVICE_CUDA;
+    p.dtype = DTYPES[di];
+    p.max_batch_tokens = max_batch_tokens;
+    nopad_model *m = NULL;
+    assert_nopad_ok(nopad_model_load(dir, &p, &m));
+    return m;
+}
+
+static void test_golden_models(void **state) {
+    for (int di = 0; di < 2; di++) {
+        for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
+            char rel[256];
+            snprintf(rel, sizeof rel, "models/%s", MODELS[i]);
+            nopad_model *m = load_cuda(test_data_path(rel), di, 0);
+            nopad_model_info info;
+            assert_nopad_ok(nopad_model_get_info(m, &info));
+            snprintf(rel, sizeof rel, "models/%s/golden.safetensors", MODELS[i]);
+            safetensors_file f;
+            assert_nopad_ok(safetensors_open(test_data_path(rel), &f));
+            int64_t n_cu, T;
+            int32_t *ids = golden_copy(&f, "input_ids", ST_I32, &T);
+            int32_t *types = golden_copy(&f, "token_type_ids", ST_I32, NULL);
+            int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
+            float *want = golden_copy(&f, "last_hidden_state", ST_F32, NULL);
+            const int B = (int)n_cu - 1, H = info.hidden_size;
+            float *got = malloc(sizeof(float) * T * H);
+            nopad_encode_params p = nopad_encode_default_params();
+            p.pooling = NOPAD_POOLING_NONE;
+            assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, info.type_vocab_size > 0 ? types : NULL, &p, got, NULL));
+            double err = test_max_row_rel_error(got, want, T, H);
+            printf("  %-5s %-13s hidden max row rel err %.2e", DTYPE_NAMES[di], MODELS[i], err);
+            if (!(err <= MODEL_BOUND[di])) fail_msg("%s %s: %.3e > %.0e", MODELS[i], DTYPE_NAMES[di], err, MODEL_BOUND[di]);
+            if (golden_has(&f, "pooled")) {
+                float *pw = golden_copy(&f, "pooled", ST_F32, NULL), *pg = malloc(sizeof(float) * B * H);
+                assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, info.type_vocab_size > 0 ? types : NULL, NULL, NULL, pg));
+                double perr = test_max_row_rel_error(pg, pw, B, H);
+                printf(", pooled %.2e", perr);
+                if (!(perr <= MODEL_BOUND[di])) fail_msg("%s pooled: %.3e", MODELS[i], perr);
+                free(pw);
+                free(pg);
+            }
+            printf("\n");
+            free(ids); free(types); free(cu); free(want); free(got);
+            safetensors_close(&f);
+            nopad_model_free(m);
+        }
+    }
+}
+
+static double cosine(const float *a, const float *b, int n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return ab / sqrt(aa * bb);
+}
+
+/* all-MiniLM-L6-v2: NOPAD_MINILM_DIR may hold an fp16 copy of the weights (scripts/gpu_check.sh
+ * carries one: the fp32 file is too large to send); an fp16 or bf16 backend rounds the weights to
+ * its dtype anyway. The reference embeddings are sentence-transformers' fp32 ones. */
+static void test_minilm_and_edge_batches(void **state) {
+    const char *dir = test_minilm_dir();
+    if (!dir) fail_msg("NOPAD_MINILM_DIR unset or missing: the MiniLM GPU test needs it");
+    safetensors_file f;
+    assert_nopad_ok(safetensors_open(test_data_path("minilm/expected.safetensors"), &f));
+    int64_t n_cu, T;
+    int32_t *ids = golden_copy(&f, "input_ids", ST_I32, &T);
+    int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
+    float *want = golden_copy(&f, "embeddings", ST_F32, NULL);
+    const int B = (int)n_cu - 1, H = 384;
+    for (int di = 0; di < 2; di++) {
+        nopad_model *m = load_cuda(dir, di, 8192);
+        float *emb = malloc(sizeof(float) * B * H);
+        assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, NULL, NULL, NULL, emb));
+        double worst = 1;
+        for (int s = 0; s < B; s++) worst = fmin(worst, cosine(emb + (size_t)s * H, want + (size_t)s * H, H));
+        printf("  %-5s MiniLM %d sentences: min cosine vs fp32 reference %.6f\n", DTYPE_NAMES[di], B, worst);
+        if (!(worst >= 0.9999)) fail_msg("MiniLM %s: min cosine %.6f < 0.9999", DTYPE_NAMES[di], worst);
+
+        /* one sequence of length 1 */
+        int32_t cu1[2] = {0, 1}, one = 101;
+        float *e1 = malloc(sizeof(float) * H);
+        assert_nopad_ok(nopad_encode_packed(m, 1, cu1, &one, NULL, NULL, NULL, e1));
+        for (int h = 0; h < H; h++) assert_true(isfinite(e1[h]));
+        /* 1000 sequences made of the fixture sentences, against each sentence's reference */
+        enum { N = 1000 };
+        int32_t *bcu = malloc(sizeof(int32_t) * (N + 1));
+        bcu[0] = 0;
+        for (int s = 0; s < N; s++) bcu[s + 1] = bcu[s] + cu[s % B + 1] - cu[s % B];
+        int32_t *bids = malloc(sizeof(int32_t) * bcu[N]);
+        for (int s = 0; s < N; s++) memcpy(bids + bcu[s], ids + cu[s % B], sizeof(int32_t) * (bcu[s + 1] - bcu[s]));
+        float *bemb = malloc(sizeof(float) * N * H);
+        assert_nopad_ok(nopad_encode_packed(m, N, bcu, bids, NULL, NULL, NULL, bemb));
+        for (int s = 0; s < N; s++)
+            if (!(cosine(bemb + (size_t)s * H, want + (size_t)(s % B) * H, H) >= 0.9999))
+                fail_msg("1000-sequence batch, sequence %d: cosine below 0.9999", s);
+        /* every sequence at the model maximum (256), and one long among many short */
+        enum { NMAX = 24 };
+        int32_t mcu[NMAX + 1], *mids = malloc(sizeof(int32_t) * NMAX * 256);
+        uint64_t rng = 5;
+        for (int s = 0; s <= NMAX; s++) mcu[s] = s * 256;
+        for (int t = 0; t < NMAX * 256; t++) mids[t] = 1000 + (int32_t)(test_rand_u32(&rng) % 20000);
+        float *mh = malloc(sizeof(float) * NMAX * 256 * H);
+        nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
+        assert_nopad_ok(nopad_encode_packed(m, NMAX, mcu, mids, NULL, &none, mh, NULL));
+        /* sequence 0 alone must give the same rows */
+        float *alone = malloc(sizeof(float) * 256 * H);
+        assert_nopad_ok(nopad_encode_packed(m, 1, mcu, mids, NULL, &none, alone, NULL));
+        double err = test_max_row_rel_error(mh, alone, 256, H);
+        if (!(err <= MODEL_BOUND[di])) fail_msg("max-length batch vs alone: %.3e", err);
+        int32_t scu[65];
+        scu[0] = 0;
+        scu[1] = 256;
+        for (int s = 1; s < 64; s++) scu[s + 1] = scu[s] + 20;
+        float *sh = malloc(sizeof(float) * scu[64] * H);
+        assert_nopad_ok(nopad_encode_packed(m, 64, scu, mids, NULL, &none, sh, NULL));
+        err = test_max_row_rel_error(sh, alone, 256, H);
+        if (!(err <= MODEL_BOUND[di])) fail_msg("skewed batch, long sequence: %.3e", err);
+        /* padded entry = packed entry */
+        int32_t lengths[4] = {256, 20, 1, 77};
+        int32_t *pids = malloc(sizeof(int32_t) * 4 * 256), pcu[5] = {0};
+        for (int s = 0; s < 4; s++) {
+            for (int t = 0; t < 256; t++) pids[s * 256 + t] = t < lengths[s] ? mids[t] : 0;
+            pcu[s + 1] = pcu[s] + lengths[s];
+        }
+        int32_t *packed_ids = malloc(sizeof(int32_t) * pcu[4]);
+        for (int s = 0; s < 4; s++) memcpy(packed_ids + pcu[s], mids, sizeof(int32_t) * lengths[s]);
+        float *ph = malloc(sizeof(float) * 4 * 256 * H), *kh = malloc(sizeof(float) * pcu[4] * H);
+        assert_nopad_ok(nopad_encode_padded(m, 4, 256, pids, NULL, lengths, &none, ph, NULL));
+        assert_nopad_ok(nopad_encode_packed(m, 4, pcu, packed_ids, NULL, &none, kh, NULL));
+        for (int s = 0; s < 4; s++) {
+            err = test_max_row_rel_error(ph + (size_t)s * 256 * H, kh + (size_t)pcu[s] * H, lengths[s], H);
+            if (!(err <= 1e-6)) fail_msg("padded vs packed, sequence %d: %.3e", s, err);
+        }
+        /* a batch over max_batch_tokens: a clear error, and the model stays usable */
+        int32_t big_cu[2] = {0, 200};
+        int32_t *big_ids = calloc(9000, sizeof(int32_t));
+        int32_t over_cu[46];
+        over_cu[0] = 0;
+        for (int s = 0; s < 45; s++) over_cu[s + 1] = over_cu[s] + 200;
+        assert_nopad_error(nopad_encode_packed(m, 45, over_cu, big_ids, NULL, &none, NULL, NULL),
+                           NOPAD_ERR_INVALID_ARGUMENT, "NULL");
+        float *tmp = malloc(sizeof(float) * 9000 * H);
+        assert_nopad_error(nopad_encode_packed(m, 45, over_cu, big_ids, NULL, &none, tmp, NULL),
+                           NOPAD_ERR_INVALID_ARGUMENT, "max_batch_tokens");
+        assert_nopad_ok(nopad_encode_packed(m, 1, big_cu, big_ids, NULL, &none, tmp, NULL));
+        free(tmp); free(big_ids);
+        free(pids); free(packed_ids); free(ph); free(kh);
+        free(sh); free(alone); free(mh); free(mids); free(bemb); free(bids); free(bcu); free(e1); free(emb);
+        nopad_model_free(m);
+    }
+    free(ids); free(cu); free(want);
+    safetensors_close(&f);
+}
+
+static float half_bits_to_float(uint16_t h, int bf16) {
+    if (bf16) {
+        uint32_t bits = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+    if (e == 0) return sign * ldexpf((float)m, -24);
+    if (e == 31) return m ? NAN : sign * INFINITY;
+    return sign * ldexpf((float)(m | 1024), e - 25);
+}
+
+/* The device entry uses caller-owned GPU buffers in place and equals the host entry. */
+static void test_device_entry(void **state) {
+    for (int di = 0; di < 2; di++) {
+        nopad_model *m = load_cuda(test_data_path("models/st_mean_norm"), di, 4096);
+        safetensors_file f;
+        assert_nopad_ok(safetensors_open(test_data_path("models/st_mean_norm/golden.safetensors"), &f));
+        int64_t n_cu, T;
+        int32_t *ids = golden_copy(&f, "input_ids", ST_I32, &T);
+        int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
+        const int B = (int)n_cu - 1, H = 48;
+        int32_t maxlen = 0;
+        for (int s = 0; s < B; s++) maxlen = cu[s + 1] - cu[s] > maxlen ? cu[s + 1] - cu[s] : maxlen;
+        float *host_hidden = malloc(sizeof(float) * T * H), *host_pooled = malloc(sizeof(float) * B * H);
+        nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
+        assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, NULL, &none, host_hidden, NULL));
+        assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, NULL, NULL, NULL, host_pooled));
+        int32_t *d_ids, *d_cu;
+        uint16_t *d_hidden, *d_pooled;
+        assert_int_equal(cudaMalloc((void **)&d_ids, sizeof(int32_t) * T), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_cu, sizeof(int32_t) * (B + 1)), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_hidden, 2 * T * H), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_pooled, 2 * B * H), cudaSuccess);
+        cudaMemcpy(d_ids, ids, sizeof(int32_t) * T, cudaMemcpyHostToDevice);
+        cudaMemcpy(d_cu, cu, sizeof(int32_t) * (B + 1), cudaMemcpyHostToDevice);
+        cudaMemset(d_hidden, 0xff, 2 * T * H); /* NaN in both fp16 and bf16 */
+        nopad_encode_params dflt = nopad_encode_default_params();
+        assert_nopad_ok(nopad_encode_packed_device(m, B, (int32_t)T, maxlen, d_cu, d_ids, NULL, &none, d_hidden, NULL));
+        assert_nopad_ok(nopad_encode_packed_device(m, B, (int32_t)T, maxlen, d_cu, d_ids, NULL, &dflt, NULL, d_pooled));
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        uint16_t *raw = malloc(2 * T * H);
+        float *got = malloc(sizeof(float) * T * H);
+        cudaMemcpy(raw, d_hidden, 2 * T * H, cudaMemcpyDeviceToHost);
+        for (int64_t i = 0; i < T * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
+        double err = test_max_row_rel_error(got, host_hidden, T, H);
+        if (!(err <= 1e-6)) fail_msg("device entry hidden vs host entry: %.3e", err);
+        cudaMemcpy(raw, d_pooled, 2 * B * H, cudaMemcpyDeviceToHost);
+        for (int64_t i = 0; i < B * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
+        err = test_max_row_rel_error(got, host_pooled, B, H);
+        if (!(err <= 1e-6)) fail_msg("device entry pooled vs host entry: %.3e", err);
+        /* a model on the CPU refuses the device entry; a too-long max_seqlen is refused */
+        assert_nopad_error(nopad_encode_packed_device(m, B, (int32_t)T, 100000, d_cu, d_ids, NULL, &none, d_hidden, NULL),
+                           NOPAD_ERR_TOO_LONG, "max_seqlen");
+        cudaFree(d_ids); cudaFree(d_cu); cudaFree(d_hidden); cudaFree(d_pooled);
+        free(raw); free(got); free(host_hidden); free(host_pooled); free(ids); free(cu);
+        safetensors_close(&f);
+        nopad_model_free(m);
+    }
+}
+
+int main(void) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipping the GPU tests\n");
+        return 77;
+    }
+    if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_layernorms),
+        cmocka_unit_test(test_attention_through_backend),
+        cmocka_unit_test(test_golden_models),
+        cmocka_unit_test(test_device_entry),
+        cmocka_unit_test(test_minilm_and_edge_batches),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    cpu->destroy(cpu);
+    return rc;
+}
