@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA encoder backend (issue: CUDA backend), one call on the GPU machine.
+# Here (development machine):
+#   cmake -S . -B build-cuda -DNOPAD_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+#   cmake --build build-cuda -j --target test_cuda_encoder test_cuda_attention nopad_shared
+#   scripts/gpu_check_encoder.sh --stage build-cuda    # Debian libs + an fp16 MiniLM copy
+# There (carry build-cuda/tests build-cuda/libnopad.so build-cuda/deplibs .gpu_carry):
+#   scripts/gpu_check_encoder.sh build-cuda [test|sanitize|bench|all]...
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "${1:-}" = "--stage" ]; then
+    B=${2:?build folder}
+    mkdir -p "$B/deplibs" "$ROOT/.gpu_carry"
+    for bin in "$B/libnopad.so" "$B"/tests/test_cuda_*; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
+        grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
+        while read -r lib; do cp -L "$lib" "$B/deplibs/"; done
+    # all-MiniLM-L6-v2 with fp16 weights (the fp32 file is larger than a call carries; fp16 and
+    # bf16 backends round the weights to their dtype anyway)
+    python3 - "$ROOT/.gpu_carry/minilm_f16" <<'PY'
+import os, shutil, subprocess, sys
+from safetensors.numpy import load_file, save_file
+dst = sys.argv[1]
+src = subprocess.check_output(["scripts/fetch_default_model.sh"]).decode().strip()
+os.makedirs(dst + "/1_Pooling", exist_ok=True)
+save_file({k: v.astype("float16") for k, v in load_file(src + "/model.safetensors").items()}, dst + "/model.safetensors")
+for f in ["config.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"]:
+    shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+PY
+    du -sh "$B/deplibs" "$B/tests" "$B/libnopad.so" "$ROOT/.gpu_carry"
+    exit 0
+fi
+
+BUILD=$(cd "${1:?usage: gpu_check_encoder.sh BUILD_DIR [steps]}" && pwd)
+shift
+STEPS=${*:-all}
+OUTDIR=${OUT:-$ROOT/gpu_check_out}
+mkdir -p "$OUTDIR" /tmp/nopad_deplibs
+for f in "$BUILD"/deplibs/*.so*; do
+    name=$(basename "$f")
+    ldconfig -p | grep -q " $name " || cp -L "$f" /tmp/nopad_deplibs/
+done
+export LD_LIBRARY_PATH=/tmp/nopad_deplibs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export NOPAD_TEST_DATA=$ROOT/tests/data NOPAD_MINILM_DIR=${NOPAD_MINILM_DIR:-$ROOT/.gpu_carry/minilm_f16}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt"
+date -u | tee -a "$OUTDIR/gpu.txt"
+want() { [[ " $STEPS " == *" all "* || " $STEPS " == *" $1 "* ]]; }
+status=0
+if want test; then
+    "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
+fi
+if want sanitize; then
+    compute-sanitizer --tool memcheck --leak-check no "$BUILD/tests/test_cuda_encoder" > "$OUTDIR/memcheck.log" 2>&1 || status=1
+    tail -n 5 "$OUTDIR/memcheck.log"
+fi
+if want bench; then
+    python3 "$ROOT/bench/enc_bench.py" --lib "$BUILD/libnopad.so" ${ENC_ARGS:---quick} \
+        --out "$OUTDIR/enc.json" 2>&1 | tee "$OUTDIR/enc_bench.log" || status=1
+fi
+exit $status
