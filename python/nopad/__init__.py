@@ -1,0 +1,42 @@
+"""nopad: padding-free inference for BERT-family encoders, from Python.
+
+>>> import nopad
+>>> with nopad.Encoder("path/to/all-MiniLM-L6-v2") as enc:
+...     emb = enc.encode(["Hello world", "Padding-free inference"])   # numpy float32 [2, 384]
+
+A thin ctypes layer over libnopad (include/nopad.h): no compiler is needed to use it, the GIL is
+released while the library computes, and every failure raises a :class:`NopadError` subclass
+carrying the library's message and status.
+
+- :class:`Encoder`: ``encode`` (text -> embeddings), ``forward`` (packed ids + cu_seqlens ->
+  hidden states), ``info``, ``tokenizer``.
+- :class:`Tokenizer`: ``encode``, ``encode_batch`` (-> ids, cu_seqlens).
+- :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
+  tensors.
+
+The library is found through ``$NOPAD_LIBRARY``, else the copy installed with the package, else
+``build/`` of the repository (see :func:`library_path`).
+"""
+from ._native import find_library, library_path
+from ._version import __version__
+from .attention import attention_varlen, attention_varlen_packed
+from .encoder import DEFAULT_BATCH_TOKENS, Encoder, ModelInfo
+from .errors import (BackendError, BufferTooSmallError, FileError, FormatError, InternalError,
+                     InvalidArgumentError, LibraryNotFoundError, NopadError, OutOfMemoryError,
+                     Status, TooLongError, UnsupportedError)
+from .tokenizer import Tokenizer
+
+__all__ = [
+    "Encoder", "ModelInfo", "Tokenizer", "attention_varlen", "attention_varlen_packed",
+    "library_version", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
+    "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
+    "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",
+    "LibraryNotFoundError", "Status",
+]
+
+
+def library_version() -> str:
+    """nopad_version() of the loaded library, "MAJOR.MINOR.PATCH"."""
+    from ._native import library
+
+    return library().nopad_version().decode()

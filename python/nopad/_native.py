@@ -1,0 +1,287 @@
+"""Finding, loading and declaring libnopad.so through ctypes.
+
+The library is looked up, in order:
+
+1. ``$NOPAD_LIBRARY`` (a path to libnopad.so; nothing else is tried when it is set),
+2. the copy bundled in the installed package (``nopad/_lib/libnopad.so``, put there by
+   ``pip install``),
+3. ``build/libnopad.so`` of the repository, when the package is used from a checkout.
+
+It is loaded with ``ctypes.CDLL``, never ``PyDLL``: ctypes releases the GIL for the duration of
+every foreign call, so other Python threads run while nopad computes.
+
+Everything here mirrors include/nopad.h; tests/python/test_abi.py compiles a C program to check
+the struct layouts against the header.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from .errors import LibraryNotFoundError, error_for
+
+_PKG_DIR = Path(__file__).resolve().parent
+LIB_NAME = "libnopad.so"
+
+# ---- enums (include/nopad.h) --------------------------------------------------------------------
+
+DEVICE_CPU, DEVICE_CUDA = 0, 1
+DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
+POOLING_MODEL, POOLING_NONE, POOLING_CLS, POOLING_MEAN, POOLING_MAX = -1, 0, 1, 2, 3
+
+POOLING_NAMES = {POOLING_NONE: "none", POOLING_CLS: "cls", POOLING_MEAN: "mean", POOLING_MAX: "max"}
+POOLING_CODES = {name: code for code, name in POOLING_NAMES.items()}
+
+# ---- structs ------------------------------------------------------------------------------------
+
+_enum = ctypes.c_int  # the C enums here are int-sized (all values fit in int)
+
+
+class TokenizeParams(ctypes.Structure):
+    _fields_ = [("add_special_tokens", ctypes.c_int),
+                ("truncate", ctypes.c_int),
+                ("max_length", ctypes.c_int32)]
+
+
+class ModelParams(ctypes.Structure):
+    _fields_ = [("device", _enum),
+                ("dtype", _enum),
+                ("n_threads", ctypes.c_int),
+                ("max_batch_tokens", ctypes.c_int32),
+                ("cuda_stream", ctypes.c_void_p)]
+
+
+class ModelInfo(ctypes.Structure):
+    _fields_ = [("model_type", ctypes.c_char_p),
+                ("family", ctypes.c_char_p),
+                ("activation", ctypes.c_char_p),
+                ("weights_dtype", ctypes.c_char_p),
+                ("compute_dtype", ctypes.c_char_p),
+                ("vocab_size", ctypes.c_int32),
+                ("hidden_size", ctypes.c_int32),
+                ("embedding_size", ctypes.c_int32),
+                ("num_layers", ctypes.c_int32),
+                ("num_heads", ctypes.c_int32),
+                ("head_size", ctypes.c_int32),
+                ("intermediate_size", ctypes.c_int32),
+                ("max_position_embeddings", ctypes.c_int32),
+                ("max_seq_length", ctypes.c_int32),
+                ("type_vocab_size", ctypes.c_int32),
+                ("layer_norm_eps", ctypes.c_float),
+                ("n_params", ctypes.c_int64),
+                ("pooling", _enum),
+                ("normalize", ctypes.c_int),
+                ("has_tokenizer", ctypes.c_int),
+                ("tokenizer_kind", ctypes.c_char_p)]
+
+
+class EncodeParams(ctypes.Structure):
+    _fields_ = [("pooling", _enum),
+                ("normalize", ctypes.c_int)]
+
+
+_p = ctypes.c_void_p
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_f32p = ctypes.POINTER(ctypes.c_float)
+
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "nopad_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "nopad_last_error": (ctypes.c_char_p, []),
+    "nopad_version": (ctypes.c_char_p, []),
+    "nopad_tokenizer_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_p)]),
+    "nopad_tokenizer_free": (None, [_p]),
+    "nopad_tokenize_default_params": (TokenizeParams, []),
+    "nopad_tokenize": (ctypes.c_int, [_p, ctypes.c_char_p, ctypes.c_size_t,
+                                      ctypes.POINTER(TokenizeParams), _p, ctypes.c_int32,
+                                      ctypes.POINTER(ctypes.c_int32)]),
+    "nopad_tokenizer_vocab_size": (ctypes.c_int32, [_p]),
+    "nopad_tokenizer_token_to_id": (ctypes.c_int32, [_p, ctypes.c_char_p]),
+    "nopad_model_default_params": (ModelParams, []),
+    "nopad_model_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ModelParams),
+                                        ctypes.POINTER(_p)]),
+    "nopad_model_free": (None, [_p]),
+    "nopad_model_get_info": (ctypes.c_int, [_p, ctypes.POINTER(ModelInfo)]),
+    "nopad_model_tokenizer": (_p, [_p]),
+    "nopad_encode_default_params": (EncodeParams, []),
+    "nopad_encode_packed": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, _p,
+                                           ctypes.POINTER(EncodeParams), _p, _p]),
+    "nopad_encode_padded": (ctypes.c_int, [_p, ctypes.c_int32, ctypes.c_int32, _p, _p, _p,
+                                           ctypes.POINTER(EncodeParams), _p, _p]),
+    "nopad_encode_packed_device": (ctypes.c_int, [_p, ctypes.c_int32, ctypes.c_int32,
+                                                  ctypes.c_int32, _p, _p, _p,
+                                                  ctypes.POINTER(EncodeParams), _p, _p]),
+    "nopad_attention_varlen": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _p, _p, _p,
+                                              ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                              ctypes.c_int32, ctypes.c_float, ctypes.c_int, _p]),
+}
+
+# Entry points that a library may or may not have (declared when present): for functions newer
+# than the oldest library this package should still load.
+_OPTIONAL: dict = {}
+
+# ---- loading ------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[Path] = None
+
+
+def _candidates() -> List[Tuple[str, Path]]:
+    env = os.environ.get("NOPAD_LIBRARY")
+    if env:
+        return [("$NOPAD_LIBRARY", Path(env))]
+    found = [("bundled with the package", _PKG_DIR / "_lib" / LIB_NAME)]
+    repo = _PKG_DIR.parent.parent  # python/nopad/ -> the repository, in a checkout
+    if (repo / "include" / "nopad.h").is_file():
+        found.append(("the repository's build/", repo / "build" / LIB_NAME))
+    return found
+
+
+def find_library() -> Path:
+    """The libnopad.so that :func:`library` loads (see the module docstring for the order)."""
+    tried = []
+    for what, path in _candidates():
+        if path.is_file():
+            return path.resolve()
+        tried.append("%s (%s)" % (path, what))
+    hint = ("set NOPAD_LIBRARY to a libnopad.so, or install the package with "
+            "'pip install ./python' from the repository (it builds the library with CMake), or "
+            "build it: cmake -S . -B build && cmake --build build --target nopad_shared")
+    if os.environ.get("NOPAD_LIBRARY"):
+        raise LibraryNotFoundError("NOPAD_LIBRARY=%s: no such file" % os.environ["NOPAD_LIBRARY"])
+    raise LibraryNotFoundError("libnopad.so not found; tried %s. %s" % (", ".join(tried), hint))
+
+
+def _cpu_blas_core() -> Optional[str]:
+    """OpenBLAS core type for this CPU's vector units (as the CLI picks it), or None."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    if "avx512f" in flags:
+                        return "SkylakeX"
+                    if "avx2" in flags:
+                        return "Haswell"
+                    return None
+    except OSError:
+        pass
+    return None
+
+
+_PROBE = ("import ctypes, sys; l = ctypes.CDLL(sys.argv[1]); f = l.openblas_get_corename; "
+          "f.restype = ctypes.c_char_p; print(f().decode())")
+
+
+def _corename(lib: ctypes.CDLL) -> Optional[str]:
+    try:
+        f = lib.openblas_get_corename  # dlsym on the handle also searches its dependencies
+    except AttributeError:
+        return None
+    f.restype = ctypes.c_char_p
+    f.argtypes = []
+    return f().decode()
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    """CDLL(path), with OpenBLAS's fast kernels on CPUs it does not recognise.
+
+    OpenBLAS picks its kernels when it is loaded; on CPUs it does not recognise (some virtual
+    machines) it falls back to SSE3 ("Prescott") kernels, about half as fast. The CLI restarts
+    itself with OPENBLAS_CORETYPE set; here a child process loads the library once to ask, and
+    OPENBLAS_CORETYPE is set for the time of the load only. Set OPENBLAS_CORETYPE yourself to
+    choose, or NOPAD_BLAS_PROBE=0 to skip the check.
+    """
+    core = None
+    if ("OPENBLAS_CORETYPE" not in os.environ and os.environ.get("NOPAD_BLAS_PROBE", "1") != "0"
+            and sys.platform.startswith("linux")):
+        core = _cpu_blas_core()
+        if core is not None:
+            try:
+                probe = subprocess.run([sys.executable, "-S", "-c", _PROBE, str(path)],
+                                       capture_output=True, timeout=60, check=False)
+                if probe.returncode != 0 or probe.stdout.strip() != b"Prescott":
+                    core = None
+            except (OSError, subprocess.SubprocessError):
+                core = None
+    if core is None:
+        return ctypes.CDLL(str(path))
+    os.environ["OPENBLAS_CORETYPE"] = core
+    try:
+        lib = ctypes.CDLL(str(path))
+    finally:
+        del os.environ["OPENBLAS_CORETYPE"]
+    if _corename(lib) == "Prescott":  # OpenBLAS was in the process already: too late
+        warnings.warn("nopad: OpenBLAS uses its slow SSE3 kernels on this CPU; start Python with "
+                      "OPENBLAS_CORETYPE=%s for about twice the CPU speed" % core,
+                      RuntimeWarning, stacklevel=3)
+    return lib
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libnopad (loaded on first use), with every prototype declared."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        path = find_library()
+        try:
+            lib = _load(path)
+        except OSError as e:
+            raise LibraryNotFoundError("cannot load %s: %s" % (path, e)) from None
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            try:
+                f = getattr(lib, name)
+            except AttributeError:
+                raise LibraryNotFoundError("%s lacks %s: it is not a libnopad.so of this version"
+                                           % (path, name)) from None
+            f.restype = restype
+            f.argtypes = argtypes
+        for name, (restype, argtypes) in _OPTIONAL.items():
+            f = getattr(lib, name, None)
+            if f is not None:
+                f.restype = restype
+                f.argtypes = argtypes
+        _lib_path = path
+        _lib = lib
+        return lib
+
+
+def library_path() -> Path:
+    """Path of the loaded libnopad.so (loading it if needed)."""
+    library()
+    assert _lib_path is not None
+    return _lib_path
+
+
+def has_function(name: str) -> bool:
+    """Whether the loaded library exports `name` (for entry points newer than this package)."""
+    return getattr(library(), name, None) is not None
+
+
+def last_error() -> str:
+    msg = library().nopad_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(status: int, context: str = "") -> None:
+    """Raises the NopadError subclass of `status` with nopad_last_error() unless it is OK."""
+    if status != 0:
+        msg = last_error() or library().nopad_status_string(status).decode()
+        raise error_for(status, context + msg if context else msg)
+
+
+def ptr(array) -> ctypes.c_void_p:
+    """Data pointer of a numpy array (None for None)."""
+    if array is None:
+        return None
+    return ctypes.c_void_p(array.ctypes.data)

@@ -1,0 +1,232 @@
+"""nopad.Tokenizer: the model folder's WordPiece tokenizer (Hugging Face-exact ids)."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._handle import Handle
+from .errors import InvalidArgumentError, Status, error_for
+
+Text = Union[str, bytes, bytearray, memoryview]
+PathLike = Union[str, "os.PathLike[str]"]
+
+__all__ = ["Tokenizer"]
+
+
+def as_utf8(text: Text, where: str = "text") -> bytes:
+    """UTF-8 bytes of `text`. str is encoded (lone surrogates pass through and are then rejected
+    by the library as invalid UTF-8); bytes-like objects are used as they are."""
+    if isinstance(text, str):
+        return text.encode("utf-8", "surrogatepass")
+    if isinstance(text, bytes):
+        return text
+    if isinstance(text, (bytearray, memoryview)):
+        return bytes(text)
+    raise TypeError("%s must be str or bytes, not %s" % (where, type(text).__name__))
+
+
+class Tokenizer:
+    """A WordPiece tokenizer loaded from a model folder.
+
+    Loads ``tokenizer.json`` from the folder, else ``vocab.txt`` (+ ``tokenizer_config.json`` for
+    ``do_lower_case``); the ids equal Hugging Face ``tokenizers``' ids.
+
+    >>> tok = nopad.Tokenizer("path/to/all-MiniLM-L6-v2")
+    >>> tok.encode("Hello world")
+    [101, 7592, 2088, 102]
+    >>> ids, cu_seqlens = tok.encode_batch(["Hello world", "Hi"])   # ready for Encoder.forward
+
+    Thread-safe: several threads may tokenize with one Tokenizer at once (the GIL is released
+    during each call). Free the native memory with :meth:`close` or a ``with`` block; garbage
+    collection frees it too. A tokenizer obtained from :attr:`Encoder.tokenizer` belongs to the
+    encoder: it stays usable until the encoder is closed, and its own close() does nothing.
+    """
+
+    def __init__(self, path: PathLike):
+        """Loads the tokenizer of the folder `path`.
+
+        Raises:
+            FileError: the folder, or both tokenizer.json and vocab.txt, are missing.
+            FormatError: the tokenizer file is malformed.
+            UnsupportedError: the tokenizer is not a WordPiece one nopad supports.
+        """
+        self._handle: Optional[Handle] = None
+        self._borrowed: Optional[int] = None
+        self._owner = None
+        lib = _native.library()
+        out = ctypes.c_void_p()
+        _native.check(lib.nopad_tokenizer_load(os.fsencode(path), ctypes.byref(out)))
+        self._handle = Handle(out.value, lib.nopad_tokenizer_free, "Tokenizer")
+        self._vocab_size = int(lib.nopad_tokenizer_vocab_size(out.value))
+
+    @classmethod
+    def _from_model(cls, owner, model_handle: Handle, tok_ptr: int) -> "Tokenizer":
+        self = cls.__new__(cls)
+        self._handle = model_handle  # the model's handle: usable while the model is open
+        self._borrowed = tok_ptr
+        self._owner = owner  # keeps the Encoder alive
+        self._vocab_size = int(_native.library().nopad_tokenizer_vocab_size(tok_ptr))
+        return self
+
+    # ---- lifetime ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[int]:
+        if self._handle is None:
+            raise InvalidArgumentError("Tokenizer is closed")
+        with self._handle.use() as ptr:
+            yield self._borrowed if self._borrowed is not None else ptr
+
+    def close(self) -> None:
+        """Frees the native tokenizer now (waiting for calls in other threads to finish). Further
+        calls raise InvalidArgumentError. A no-op for an encoder's tokenizer, and when closed."""
+        if self._handle is not None and self._borrowed is None:
+            self._handle.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self) -> "Tokenizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None and getattr(self, "_borrowed", None) is None:
+            try:
+                handle.close_unlocked()
+            except Exception:  # interpreter shutdown: the library may be gone already
+                pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "vocab_size=%d" % self._vocab_size
+        return "<nopad.Tokenizer %s>" % state
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids (the largest id + 1)."""
+        return self._vocab_size
+
+    def __len__(self) -> int:
+        return self._vocab_size
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        """Id of a token string such as ``"[CLS]"`` or ``"##ing"``, or None when absent."""
+        data = as_utf8(token, "token")
+        if b"\0" in data:
+            return None
+        with self._use() as ptr:
+            i = _native.library().nopad_tokenizer_token_to_id(ptr, data)
+        return None if i < 0 else int(i)
+
+    # ---- tokenizing --------------------------------------------------------------------------
+
+    @staticmethod
+    def _params(add_special_tokens: bool, truncate: bool,
+                max_length: Optional[int]) -> _native.TokenizeParams:
+        p = _native.library().nopad_tokenize_default_params()
+        p.add_special_tokens = 1 if add_special_tokens else 0
+        p.truncate = 1 if truncate else 0
+        if max_length is None:
+            if truncate:
+                raise InvalidArgumentError("truncate=True needs max_length")
+            p.max_length = 0
+        else:
+            if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
+                raise TypeError("max_length must be an int, not %s" % type(max_length).__name__)
+            if not 1 <= max_length <= 2**31 - 1:
+                raise InvalidArgumentError("max_length must be in [1, 2^31), got %d" % max_length)
+            p.max_length = int(max_length)
+        return p
+
+    @staticmethod
+    def _call(ptr: int, data: bytes, params: _native.TokenizeParams, dest: int, capacity: int
+              ) -> Tuple[int, int]:
+        """(status, n_ids) of one nopad_tokenize call writing to address `dest`."""
+        n = ctypes.c_int32(0)
+        st = _native.library().nopad_tokenize(ptr, data, len(data), ctypes.byref(params), dest,
+                                              min(capacity, 2**31 - 1), ctypes.byref(n))
+        return st, n.value
+
+    def _tokenize_all(self, datas: Sequence[bytes], params: _native.TokenizeParams,
+                      label: str, limit_name: str = "max_length"
+                      ) -> Tuple[np.ndarray, np.ndarray]:
+        """Packs the ids of every text: (ids int32 [T], cu_seqlens int32 [B+1]). Errors name the
+        text by `label` and index, and the length limit by `limit_name`."""
+        # A piece of text gives at most one id per byte, plus the special tokens: this capacity
+        # nearly always suffices; a BUFFER_TOO_SMALL answer grows it.
+        cap = sum(len(d) for d in datas) + 8 * len(datas) + 16
+        if params.truncate and params.max_length > 0:
+            cap = min(cap, params.max_length * len(datas) + 16)
+        ids = np.empty(cap, dtype=np.int32)
+        cu = np.zeros(len(datas) + 1, dtype=np.int32)
+        off = 0
+        lib = _native.library()
+        with self._use() as ptr:
+            for i, data in enumerate(datas):
+                while True:
+                    st, n = self._call(ptr, data, params, ids.ctypes.data + 4 * off, cap - off)
+                    if st != Status.BUFFER_TOO_SMALL:
+                        break
+                    cap = max(2 * cap, off + n + 16)
+                    grown = np.empty(cap, dtype=np.int32)
+                    grown[:off] = ids[:off]
+                    ids = grown
+                if st != Status.OK:
+                    msg = _native.last_error() or lib.nopad_status_string(st).decode()
+                    where = "%s %d: " % (label, i) if label else ""
+                    if st == Status.TOO_LONG and params.max_length > 0:
+                        msg = ("%d tokens, more than %s %d (truncate=True cuts it)"
+                               % (n, limit_name, params.max_length))
+                    raise error_for(st, where + msg)
+                if off + n > 2**31 - 1:
+                    raise InvalidArgumentError("the batch has more than 2^31 - 1 ids")
+                off += n
+                cu[i + 1] = off
+        return ids[:off].copy(), cu
+
+    def encode(self, text: Text, add_special_tokens: bool = True, truncate: bool = False,
+               max_length: Optional[int] = None) -> List[int]:
+        """Token ids of one text.
+
+        Args:
+            text: str, or UTF-8 bytes (invalid UTF-8 raises InvalidArgumentError).
+            add_special_tokens: wrap in the template, e.g. ``[CLS] ... [SEP]``.
+            truncate: cut to `max_length` ids, keeping the closing special token.
+            max_length: most ids allowed, special tokens included; None: no limit.
+
+        Raises:
+            TooLongError: more than `max_length` ids and truncate is False.
+            InvalidArgumentError: invalid UTF-8, truncate without max_length, a closed tokenizer.
+        """
+        params = self._params(add_special_tokens, truncate, max_length)
+        ids, _ = self._tokenize_all([as_utf8(text)], params, "")
+        return ids.tolist()
+
+    def encode_batch(self, texts: Iterable[Text], add_special_tokens: bool = True,
+                     truncate: bool = False, max_length: Optional[int] = None
+                     ) -> Tuple[np.ndarray, np.ndarray]:
+        """Token ids of several texts, packed back to back.
+
+        Returns:
+            (ids, cu_seqlens): int32 arrays [T] and [B+1]; text ``b`` has the ids
+            ``ids[cu_seqlens[b]:cu_seqlens[b+1]]``. No texts give ``([], [0])``.
+
+        Raises:
+            as :meth:`encode`, with the index of the failing text in the message.
+        """
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("encode_batch takes a list of texts; use encode() for one text")
+        params = self._params(add_special_tokens, truncate, max_length)
+        datas = [as_utf8(t, "texts[%d]" % i) for i, t in enumerate(texts)]
+        return self._tokenize_all(datas, params, "text")
