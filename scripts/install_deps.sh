@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing nopad needs on Debian 12: compilers, CMake, the C libraries
 # (cJSON, utf8proc, OpenBLAS, cmocka), clang for the fuzzers, and numpy + safetensors for the
-# CLI tests. Safe to run again.
+# CLI tests (+ pytest for the Python package's tests). Safe to run again.
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -10,6 +10,6 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev \
     libcjson-dev libutf8proc-dev libopenblas-dev libcmocka-dev python3 python3-pip >/dev/null
-python3 -m pip install --quiet --disable-pip-version-check numpy safetensors 2>/dev/null \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages numpy safetensors
+python3 -m pip install --quiet --disable-pip-version-check numpy safetensors pytest 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages numpy safetensors pytest
 echo "nopad: dependencies installed" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the default model is fetched once, then
-#   1. release build + ctest (unit, golden, real-model, CLI tests),
+#   1. release build + ctest (unit, golden, real-model, CLI tests) + the Python package's pytest,
 #   2. AddressSanitizer + UBSan build + ctest,
 #   3. libFuzzer targets, each for NOPAD_FUZZ_SECONDS (default 25 s; >= 60 s in all).
 # Usage: scripts/test.sh [--quick]   (--quick: step 1 only)
@@ -17,6 +17,8 @@ echo "== release build and tests"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$JOBS"
 ctest --test-dir build --output-on-failure -j "$JOBS"
+echo "== Python package tests (build/libnopad.so)"
+NOPAD_LIBRARY=build/libnopad.so NOPAD_CLI=build/nopad python3 -m pytest -q tests/python
 [ "$QUICK" = 1 ] && exit 0
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
