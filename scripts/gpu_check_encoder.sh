@@ -54,7 +54,7 @@ if want sanitize; then
     tail -n 5 "$OUTDIR/memcheck.log"
 fi
 if want bench; then
-    python3 "$ROOT/bench/enc_bench.py" --lib "$BUILD/libnopad.so" ${ENC_ARGS:---quick} \
-        --out "$OUTDIR/enc.json" 2>&1 | tee "$OUTDIR/enc_bench.log" || status=1
+    python3 "$ROOT/bench/enc_bench.py" --lib "$BUILD/libnopad.so" ${ENC_ARGS:---quick --out $OUTDIR/enc.json} \
+        2>&1 | tee -a "$OUTDIR/enc_bench.log" || status=1
 fi
 exit $status
