@@ -2,7 +2,9 @@
 # Builds and runs every test: the default model is fetched once, then
 #   1. release build + ctest (unit, golden, real-model, CLI tests) + the Python package's pytest,
 #   2. AddressSanitizer + UBSan build + ctest,
-#   3. libFuzzer targets, each for NOPAD_FUZZ_SECONDS (default 25 s; >= 60 s in all).
+#   3. libFuzzer targets, each for NOPAD_FUZZ_SECONDS (default 25 s; >= 60 s in all),
+#   4. where nvcc is installed: the CUDA build (sm_90a) compiles, and its GPU tests run or, with no
+#      GPU present, report themselves skipped (the GPU machine runs them: scripts/gpu_check*.sh).
 # Usage: scripts/test.sh [--quick]   (--quick: step 1 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,4 +44,10 @@ for fuzzer in build-fuzz/fuzz_*; do
         -artifact_prefix="$work/" -print_final_stats=1 "$work" "$corpus" 2>&1 | tail -n 12
     rm -rf "$work"
 done
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    echo "== CUDA build (GPU tests skip without a GPU)"
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNOPAD_CUDA=ON >/dev/null
+    cmake --build build-cuda -j "$JOBS"
+    ctest --test-dir build-cuda --output-on-failure -L gpu
+fi
 echo "== all tests passed"
