@@ -160,7 +160,8 @@ nopad_status nopad_encode_padded(nopad_model *model, int32_t n_seqs, int32_t max
 /* Device-resident entry (models loaded on cuda): every pointer is GPU memory owned by the caller
  * (e.g. torch tensors) and is used in place, without copies.
  *   cu_seqlens[n_seqs+1], tokens[n_tokens], token_type_ids[n_tokens] or NULL: int32
- *   max_seqlen: the longest sequence, given by the caller so nothing is read back from the GPU
+ *   max_seqlen: the longest sequence, given by the caller so nothing is read back from the GPU;
+ *               it must be >= every sequence's length (it sizes the attention launch)
  *   hidden_out [n_tokens, H], pooled_out [n_seqs, H] (or NULL): in the model's compute dtype
  * The work is enqueued on the model's stream (nopad_model_params.cuda_stream) and the call returns
  * without waiting. Ids cannot be checked on the host here: an out-of-range id or position yields
