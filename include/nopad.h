@@ -128,6 +128,12 @@ typedef struct nopad_model_info {
 } nopad_model_info;
 nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *out);
 
+/* Memory the model holds on its device (host memory for the CPU backend): the weights in the
+ * compute dtype, the activation workspace at its current size (it grows to the largest batch seen,
+ * or is fixed by max_batch_tokens), and the backend's own buffers (GEMM workspace, staging). */
+nopad_status nopad_model_memory(const nopad_model *model, size_t *weights_bytes,
+                                size_t *workspace_bytes, size_t *backend_bytes);
+
 /* The tokenizer loaded with the model, or NULL when its folder has none. Owned by the model. */
 const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *model);
 

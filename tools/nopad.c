@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h" /* cpu_blas_core_name */
+#include "bench.h"
 #include "nopad.h"
 
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2 };
@@ -39,6 +40,7 @@ static const char main_help[] =
     "commands:\n"
     "  embed     embed lines of text (or token ids), one embedding per line\n"
     "  info      describe a model folder\n"
+    "  bench     time the encoder on random batches (the ENC workload)\n"
     "\n"
     "options:\n"
     "  -h, --help       show this help; 'nopad <command> --help' shows a command's options\n"
@@ -1011,6 +1013,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(command, "embed") == 0) return cmd_embed(argc, argv);
     if (strcmp(command, "info") == 0) return cmd_info(argc, argv);
+    if (strcmp(command, "bench") == 0) return cmd_bench(argc, argv);
     if (command[0] == '-') print_error("unknown option '%s'", command);
     else print_error("unknown command '%s'", command);
     fputs(main_help, stderr);

@@ -254,6 +254,16 @@ class Encoder:
     def hidden_size(self) -> int:
         return self.info.hidden_size
 
+    @property
+    def memory(self) -> dict:
+        """Bytes the model holds on its device: ``{"weights", "workspace", "backend"}`` (the
+        workspace grows to the largest batch seen unless max_batch_tokens fixed it)."""
+        lib = _native.library()
+        sizes = [ctypes.c_size_t() for _ in range(3)]
+        with self._handle.use() as ptr:
+            _native.check(lib.nopad_model_memory(ptr, *(ctypes.byref(x) for x in sizes)))
+        return dict(zip(("weights", "workspace", "backend"), (x.value for x in sizes)))
+
     # ---- text in, embeddings out -------------------------------------------------------------
 
     def encode(self, sentences: Union[Text, Iterable[Text]], batch_tokens: Optional[int] = None,

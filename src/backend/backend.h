@@ -42,6 +42,8 @@ struct nopad_backend {
     const char *name;  /* "cpu", "cuda" */
     nopad_dtype dtype; /* element type of every tensor the ops see */
     void *impl;        /* backend-private state */
+    size_t extra_bytes; /* memory the backend holds beyond tensors it was asked for (GEMM
+                           workspace, staging), for reporting */
 
     void (*destroy)(nopad_backend *be);
 

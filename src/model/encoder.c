@@ -34,8 +34,11 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *
     const size_t H = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size;
     const size_t E = (size_t)cfg->embedding_size;
     nopad_status st = NOPAD_OK;
-#define ALLOC(field, bytes)                                                                        \
-    if (st == NOPAD_OK) st = be->alloc(be, (bytes), (void **)&ws->field)
+#define ALLOC(field, n_bytes)                                                                      \
+    if (st == NOPAD_OK) {                                                                          \
+        st = be->alloc(be, (n_bytes), (void **)&ws->field);                                        \
+        ws->bytes += (n_bytes);                                                                    \
+    }
     ALLOC(hidden, T * H * es);
     if (E != H) ALLOC(embed, T * E * es);
     ALLOC(qkv, T * 3 * H * es);

@@ -39,6 +39,7 @@ typedef struct encoder_weights {
     char weights_dtype[8];     // "F32", "F16", "BF16" or "mixed"
     void **allocations;        // every backend buffer, for freeing
     int n_allocations;
+    size_t bytes;              // backend memory of all weight tensors
 } encoder_weights;
 
 /* Loads and checks every tensor the config needs from the checkpoint, converts to the backend's
@@ -62,6 +63,7 @@ typedef struct encoder_workspace {
     int32_t *tokens;   // [T]
     int32_t *types;    // [T]
     int32_t *cu_seqlens; // [B+1]
+    size_t bytes;        // backend memory of all of the above
 } encoder_workspace;
 
 nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *cfg,

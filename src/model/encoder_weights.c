@@ -35,6 +35,7 @@ static nopad_status track(loader *ld, void *ptr) {
 static nopad_status alloc_tensor(loader *ld, size_t n_elements, void **out) {
     nopad_status st = ld->be->alloc(ld->be, n_elements * nopad_dtype_size(ld->be->dtype), out);
     if (st != NOPAD_OK) return st;
+    ld->w->bytes += n_elements * nopad_dtype_size(ld->be->dtype);
     return track(ld, *out);
 }
 

@@ -164,6 +164,15 @@ void nopad_model_free(nopad_model *m) {
     free(m);
 }
 
+nopad_status nopad_model_memory(const nopad_model *m, size_t *weights_bytes,
+                                size_t *workspace_bytes, size_t *backend_bytes) {
+    if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_memory: model is NULL");
+    if (weights_bytes) *weights_bytes = m->weights.bytes;
+    if (workspace_bytes) *workspace_bytes = m->ws.bytes;
+    if (backend_bytes) *backend_bytes = m->be->extra_bytes;
+    return NOPAD_OK;
+}
+
 const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *m) {
     return m ? m->tokenizer : NULL;
 }

@@ -112,3 +112,12 @@ def test_toml_fallback_reads_our_pyproject():
     tomllib = pytest.importorskip("tomllib")
     text = (REPO / "python" / "pyproject.toml").read_text()
     assert nopad_build._parse_toml_subset(text) == tomllib.loads(text)
+
+
+def test_memory_report():
+    import numpy as np
+    with nopad.Encoder(os.path.join(REPO, "tests", "data", "models", "bert_a")) as enc:
+        before = enc.memory
+        assert before["weights"] > 0 and before["workspace"] == 0
+        enc.forward(np.array([5, 6, 7], dtype=np.int32), np.array([0, 3], dtype=np.int32))
+        assert enc.memory["workspace"] > 0

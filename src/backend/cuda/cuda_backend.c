@@ -87,6 +87,7 @@ static nopad_status reserve_scratch(cuda_state *s, size_t bytes) {
 static nopad_status cu_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n) {
     cuda_state *s = state_of(be);
     nopad_status st = reserve_scratch(s, n * sizeof(float));
+    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES + s->scratch_bytes;
     if (st != NOPAD_OK) return st;
     st = cuda_check(cudaMemcpyAsync(s->scratch, src, n * sizeof(float), cudaMemcpyHostToDevice, s->stream),
                     "upload");
@@ -99,6 +100,7 @@ static nopad_status cu_upload_f32(nopad_backend *be, void *dst, const float *src
 static nopad_status cu_download_f32(nopad_backend *be, float *dst, const void *src, size_t n) {
     cuda_state *s = state_of(be);
     nopad_status st = reserve_scratch(s, n * sizeof(float));
+    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES + s->scratch_bytes;
     if (st != NOPAD_OK) return st;
     st = cuda_convert_to_f32(be->dtype, s->scratch, src, n, s->stream);
     if (st == NOPAD_OK)
@@ -333,6 +335,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     }
     be->name = "cuda";
     be->dtype = dtype;
+    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES;
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->upload_f32 = cu_upload_f32;

@@ -1,0 +1,267 @@
+/* `nopad bench`: times the encoder forward on the ENC workload of shared/BENCHMARKS.md — for each
+ * batch × max point, sequence lengths uniform in [ceil(0.2·max), max] and random token ids — on
+ * nopad alone. Each forward is one synchronous nopad_encode_packed call (ids in, CLS rows out, so
+ * the transfers are a few KB); the median of --iters calls after --warmup is reported with
+ * tokens/s, achieved TFLOP/s (useful FLOPs only: no credit for padding, there is none), the
+ * fraction of a peak given with --peak-tflops, and the memory the model holds. Comparisons with
+ * other engines live in bench/ (they need the same data in one process). */
+#include "bench.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nopad.h"
+
+static const char bench_help[] =
+    "usage: nopad bench --model DIR [options]\n"
+    "\n"
+    "Times the encoder on random batches (lengths uniform in [0.2*max, max], random ids).\n"
+    "\n"
+    "options:\n"
+    "  --model DIR          Hugging Face model folder (required)\n"
+    "  --device cpu|cuda    default cpu\n"
+    "  --dtype fp32|fp16|bf16  compute dtype (cpu: fp32; cuda: fp16 default, or bf16)\n"
+    "  --threads N          CPU threads (default: all)\n"
+    "  --batch B --max M    one point; default: the grid batch {1,16,64,128} x max {64..1024}\n"
+    "                       (points beyond the model's maximum length are skipped; on the CPU,\n"
+    "                       points over 8192 tokens unless --all)\n"
+    "  --all                do not skip large points on the CPU\n"
+    "  --iters N            timed forwards per point (default 20)\n"
+    "  --warmup N           untimed forwards first (default 3)\n"
+    "  --seed S             random seed (default 20261121)\n"
+    "  --peak-tflops X      report the fraction of this rate (e.g. a measured matmul rate)\n"
+    "  --json               one JSON object per point instead of a table\n";
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int compare_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int usage_error(const char *msg, const char *arg) {
+    fprintf(stderr, "nopad bench: %s%s%s\n%s", msg, arg ? " " : "", arg ? arg : "", bench_help);
+    return 2;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+static int is_valued_option(const char *a) {
+    static const char *const names[] = {"--model", "--device", "--dtype", "--threads", "--batch",
+                                        "--max", "--iters", "--warmup", "--seed", "--peak-tflops"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(a, names[i])) return 1;
+    return 0;
+}
+
+typedef struct point_result {
+    int batch, max, tokens;
+    double ms, tokens_per_s, tflops;
+} point_result;
+
+static int run_point(nopad_model *model, const nopad_model_info *info, int B, int M, int iters,
+                     int warmup, uint64_t *rng, point_result *r) {
+    int32_t *cu = malloc(sizeof(int32_t) * (B + 1));
+    int64_t sum_sq = 0;
+    cu[0] = 0;
+    const int lo = (int)ceil(0.2 * M);
+    for (int s = 0; s < B; s++) {
+        int len = lo + (int)(rng_next(rng) % (uint64_t)(M - lo + 1));
+        cu[s + 1] = cu[s] + len;
+        sum_sq += (int64_t)len * len;
+    }
+    const int T = cu[B], H = info->hidden_size, I = info->intermediate_size;
+    int32_t *ids = malloc(sizeof(int32_t) * T);
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)(rng_next(rng) % (uint64_t)info->vocab_size);
+    float *pooled = malloc(sizeof(float) * B * H);
+    double *times = malloc(sizeof(double) * iters);
+    nopad_encode_params p = {.pooling = NOPAD_POOLING_CLS, .normalize = 0};
+    int ok = 1;
+    for (int i = 0; i < warmup + iters && ok; i++) {
+        double t0 = now_ms();
+        if (nopad_encode_packed(model, B, cu, ids, NULL, &p, NULL, pooled) != NOPAD_OK) {
+            fprintf(stderr, "nopad bench: error: %d x %d: %s\n", B, M, nopad_last_error());
+            ok = 0;
+        }
+        if (i >= warmup) times[i - warmup] = now_ms() - t0;
+    }
+    if (ok) {
+        qsort(times, iters, sizeof *times, compare_double);
+        r->batch = B;
+        r->max = M;
+        r->tokens = T;
+        r->ms = times[iters / 2];
+        r->tokens_per_s = T / (r->ms * 1e-3);
+        /* per layer: QKV 6H², output 2H², FFN 4HI per token (multiply-adds x2), attention 4·H·L² */
+        double flops = (double)info->num_layers *
+                       ((double)T * (8.0 * H * H + 4.0 * H * I) + 4.0 * H * (double)sum_sq);
+        r->tflops = flops / (r->ms * 1e-3) / 1e12;
+    }
+    free(cu);
+    free(ids);
+    free(pooled);
+    free(times);
+    return ok;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_dir = NULL;
+    nopad_model_params mp = nopad_model_default_params();
+    int dtype_given = 0, batch = 0, max = 0, iters = 20, warmup = 3, all = 0, json = 0;
+    uint64_t seed = 20261121;
+    double peak = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(bench_help, stdout);
+            return 0;
+        } else if (!strcmp(a, "--all")) {
+            all = 1;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!is_valued_option(a)) {
+            return usage_error("unknown option", a);
+        } else if (!v) {
+            return usage_error("missing value for", a);
+        } else if (!strcmp(a, "--model")) {
+            model_dir = v, i++;
+        } else if (!strcmp(a, "--device")) {
+            if (!strcmp(v, "cpu")) mp.device = NOPAD_DEVICE_CPU;
+            else if (!strcmp(v, "cuda")) mp.device = NOPAD_DEVICE_CUDA;
+            else return usage_error("--device must be cpu or cuda, not", v);
+            i++;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "fp32")) mp.dtype = NOPAD_DTYPE_F32;
+            else if (!strcmp(v, "fp16")) mp.dtype = NOPAD_DTYPE_F16;
+            else if (!strcmp(v, "bf16")) mp.dtype = NOPAD_DTYPE_BF16;
+            else return usage_error("--dtype must be fp32, fp16 or bf16, not", v);
+            dtype_given = 1, i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (!parse_int(v, 0, 4096, &mp.n_threads)) return usage_error("bad --threads", v);
+            i++;
+        } else if (!strcmp(a, "--batch")) {
+            if (!parse_int(v, 1, 1 << 20, &batch)) return usage_error("bad --batch", v);
+            i++;
+        } else if (!strcmp(a, "--max")) {
+            if (!parse_int(v, 1, 1 << 20, &max)) return usage_error("bad --max", v);
+            i++;
+        } else if (!strcmp(a, "--iters")) {
+            if (!parse_int(v, 1, 1 << 20, &iters)) return usage_error("bad --iters", v);
+            i++;
+        } else if (!strcmp(a, "--warmup")) {
+            if (!parse_int(v, 0, 1 << 20, &warmup)) return usage_error("bad --warmup", v);
+            i++;
+        } else if (!strcmp(a, "--seed")) {
+            int s;
+            if (!parse_int(v, 0, 1 << 30, &s)) return usage_error("bad --seed", v);
+            seed = (uint64_t)s * 2654435761u + 1, i++;
+        } else if (!strcmp(a, "--peak-tflops")) {
+            char *end;
+            peak = strtod(v, &end);
+            if (*end || !(peak > 0)) return usage_error("bad --peak-tflops", v);
+            i++;
+        }
+    }
+    if (!model_dir) return usage_error("--model is required", NULL);
+    if ((batch > 0) != (max > 0)) return usage_error("--batch and --max go together", NULL);
+    if (mp.device == NOPAD_DEVICE_CUDA && !dtype_given) mp.dtype = NOPAD_DTYPE_F16;
+
+    static const int grid_batch[] = {1, 16, 64, 128}, grid_max[] = {64, 128, 256, 512, 1024};
+    int points[20][2], n_points = 0;
+    if (batch) {
+        points[n_points][0] = batch, points[n_points][1] = max, n_points++;
+    } else {
+        for (int b = 0; b < 4; b++)
+            for (int m = 0; m < 5; m++)
+                points[n_points][0] = grid_batch[b], points[n_points][1] = grid_max[m], n_points++;
+    }
+    int max_tokens = 0;
+    for (int i = 0; i < n_points; i++)
+        if (points[i][0] * points[i][1] > max_tokens) max_tokens = points[i][0] * points[i][1];
+    if (mp.device == NOPAD_DEVICE_CUDA) mp.max_batch_tokens = max_tokens; /* allocated once, at load */
+
+    nopad_model *model;
+    if (nopad_model_load(model_dir, &mp, &model) != NOPAD_OK) {
+        fprintf(stderr, "nopad bench: error: %s\n", nopad_last_error());
+        return 1;
+    }
+    nopad_model_info info;
+    nopad_model_get_info(model, &info);
+    if (batch && max > info.max_seq_length) {
+        fprintf(stderr, "nopad bench: error: --max %d: the model accepts at most %d tokens per sequence\n",
+                max, info.max_seq_length);
+        nopad_model_free(model);
+        return 1;
+    }
+    if (!json)
+        printf("%s %s, %d layers, hidden %d, on %s %s; median of %d forwards after %d warm-up\n"
+               "| batch x max | tokens | ms | tokens/s | TFLOP/s |%s\n|---|---|---|---|---|%s\n",
+               info.family, model_dir, info.num_layers, info.hidden_size,
+               mp.device == NOPAD_DEVICE_CUDA ? "cuda" : "cpu", info.compute_dtype, iters, warmup,
+               peak > 0 ? " of peak |" : "", peak > 0 ? "---|" : "");
+    uint64_t rng = seed ? seed : 1;
+    int status = 0, n_run = 0;
+    for (int i = 0; i < n_points; i++) {
+        const int B = points[i][0], M = points[i][1];
+        if (M > info.max_seq_length) continue;
+        if (!batch && mp.device == NOPAD_DEVICE_CPU && !all && B * M > 8192) continue;
+        point_result r;
+        if (!run_point(model, &info, B, M, iters, warmup, &rng, &r)) {
+            status = 1;
+            break;
+        }
+        n_run++;
+        if (json)
+            printf("{\"batch\": %d, \"max\": %d, \"tokens\": %d, \"ms\": %.4f, \"tokens_per_s\": %.0f, "
+                   "\"tflops\": %.3f%s%.4f}\n",
+                   r.batch, r.max, r.tokens, r.ms, r.tokens_per_s, r.tflops,
+                   ", \"fraction_of_peak\": ", peak > 0 ? r.tflops / peak : 0.0);
+        else if (peak > 0)
+            printf("| %d x %d | %d | %.3f | %.0f | %.2f | %.2f |\n", r.batch, r.max, r.tokens, r.ms,
+                   r.tokens_per_s, r.tflops, r.tflops / peak);
+        else
+            printf("| %d x %d | %d | %.3f | %.0f | %.2f |\n", r.batch, r.max, r.tokens, r.ms,
+                   r.tokens_per_s, r.tflops);
+        fflush(stdout);
+    }
+    if (status == 0 && n_run == 0) {
+        fprintf(stderr, "nopad bench: error: no point of the grid fits this model (maximum length %d%s); "
+                        "choose one with --batch and --max\n",
+                info.max_seq_length, mp.device == NOPAD_DEVICE_CPU && !all ? ", CPU points <= 8192 tokens" : "");
+        status = 1;
+    }
+    size_t weights = 0, workspace = 0, backend = 0;
+    nopad_model_memory(model, &weights, &workspace, &backend);
+    if (json)
+        printf("{\"weights_bytes\": %zu, \"workspace_bytes\": %zu, \"backend_bytes\": %zu}\n", weights,
+               workspace, backend);
+    else
+        printf("memory: weights %.1f MiB, workspace %.1f MiB, backend %.1f MiB (total %.1f MiB)\n",
+               weights / 1048576.0, workspace / 1048576.0, backend / 1048576.0,
+               (weights + workspace + backend) / 1048576.0);
+    nopad_model_free(model);
+    return status;
+}
