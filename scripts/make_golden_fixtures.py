@@ -18,7 +18,7 @@ golden.safetensors tensors:
 Everything is seeded, so re-running the script reproduces the same weights and
 goldens on the same torch/transformers versions (see tests/data/README.md).
 
-Usage: python3 scripts/make_golden_fixtures.py [--out tests/data/models]
+Usage: python3 scripts/make_golden_fixtures.py [--out tests/data/models] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -361,7 +361,11 @@ def make_st_fixture(out_root: str, name: str, pooling: str, normalize: bool, see
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file = os.path.join(tmp, "vocab.txt")
         vocab = build_st_vocab(vocab_file)
-        tok = BertTokenizerFast(vocab_file=vocab_file, do_lower_case=True)
+        # Positional on purpose: the first parameter is `vocab_file` in transformers 4 and `vocab`
+        # (a path or a dict) in transformers 5, which silently swallows `vocab_file=` into **kwargs
+        # and builds a WordPiece holding only the 5 special tokens (every word -> [UNK]).
+        tok = BertTokenizerFast(vocab_file, do_lower_case=True)
+        assert tok.get_vocab() == {t: i for i, t in enumerate(vocab)}, "tokenizer lost the vocab"
         torch.manual_seed(seed)
         cfg = BertConfig(vocab_size=len(vocab), hidden_size=48, num_attention_heads=4, num_hidden_layers=2,
                          intermediate_size=72, max_position_embeddings=32, type_vocab_size=2,
@@ -387,6 +391,11 @@ def make_st_fixture(out_root: str, name: str, pooling: str, normalize: bool, see
         if os.path.exists(os.path.join(path, junk)):
             os.remove(os.path.join(path, junk))
 
+    # The saved tokenizer.json must carry the whole vocab (not just the special tokens).
+    with open(os.path.join(path, "tokenizer.json")) as f:
+        saved_vocab = json.load(f)["model"]["vocab"]
+    assert saved_vocab == {t: i for i, t in enumerate(vocab)}, (name, len(saved_vocab), len(vocab))
+
     st = SentenceTransformer(path, device="cpu", model_kwargs={"attn_implementation": "eager"})
     st.eval()
     assert st.max_seq_length == max_seq_length, (st.max_seq_length, max_seq_length)
@@ -406,13 +415,22 @@ def make_st_fixture(out_root: str, name: str, pooling: str, normalize: bool, see
         assert len(e) == n + 2 and len(e) <= max_seq_length
         texts.append(t)
         ids.append(np.array(e, dtype=np.int64))
+    # The ids must be real words, not [UNK]: fewer than 10% unk ids overall (in practice none).
+    all_ids = np.concatenate(ids)
+    unk_frac = float(np.mean(all_ids == tok.unk_token_id))
+    assert unk_frac < 0.10, (name, unk_frac)
+    # ... and the folder's own tokenizer, as sentence-transformers loads it, gives the same ids.
+    tokenize = st.preprocess if hasattr(st, "preprocess") else st.tokenize
+    for t, e in zip(texts, ids):
+        tf = tokenize([t])
+        assert tf["input_ids"][0].tolist() == e.tolist(), (name, t, tf["input_ids"][0].tolist(), e.tolist())
     ids.insert(3, np.array([tok.cls_token_id], dtype=np.int64))
     texts.insert(3, None)
     tts = [np.zeros(len(i), dtype=np.int64) for i in ids]
 
     # truncation sanity: ST truncates to max_seq_length (keeping [SEP] last)
     long_text = " ".join(rng.choice(words, size=max_seq_length + 7).tolist())
-    tf = (st.preprocess if hasattr(st, "preprocess") else st.tokenize)([long_text])
+    tf = tokenize([long_text])
     assert tf["input_ids"].shape[1] == max_seq_length and int(tf["input_ids"][0, -1]) == tok.sep_token_id
 
     hidden = run_one_by_one(hf, ids, tts, True)
@@ -447,6 +465,7 @@ def make_st_fixture(out_root: str, name: str, pooling: str, normalize: bool, see
     return dict(name=name, cls=f"SentenceTransformer(BertModel), {layout} layout", dtype="float32",
                 sharded=False, files=sorted(set(names.values())), n_tensors=len(names),
                 lens=[len(i) for i in ids], T=int(golden["cu_seqlens"][-1]), size=dir_size(path),
+                unk_frac=unk_frac,
                 tensor_names=sorted(names),
                 config=dict(hidden_size=48, num_attention_heads=4, num_hidden_layers=2,
                             intermediate_size=72, hidden_act=act, layer_norm_eps=eps,
@@ -466,18 +485,31 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "models"))
     ap.add_argument("--summary", default=None, help="write a JSON summary here")
+    ap.add_argument("--only", nargs="+", metavar="NAME", default=None,
+                    help="regenerate only these folders (default: all)")
     args = ap.parse_args()
+    known = HF_MODELS + [a[0] for a in ST_MODELS]
+    if args.only:
+        unknown = sorted(set(args.only) - set(known))
+        if unknown:
+            ap.error(f"unknown fixture(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    wanted = lambda n: args.only is None or n in args.only
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
 
     infos = []
     for n in HF_MODELS:
+        if not wanted(n):
+            continue
         infos.append(make_hf_fixture(args.out, n))
         print(f"{n}: {infos[-1]['size']} bytes, T={infos[-1]['T']}, lens={infos[-1]['lens']}", file=sys.stderr)
     for st_args in ST_MODELS:
+        if not wanted(st_args[0]):
+            continue
         infos.append(make_st_fixture(args.out, *st_args))
-    for i in infos[-len(ST_MODELS):]:
-        print(f"{i['name']}: {i['size']} bytes, T={i['T']}, lens={i['lens']}", file=sys.stderr)
+        i = infos[-1]
+        print(f"{i['name']}: {i['size']} bytes, T={i['T']}, lens={i['lens']}, unk={i['unk_frac']:.3f}",
+              file=sys.stderr)
 
     total = dir_size(args.out)
     print(f"total: {total} bytes", file=sys.stderr)
