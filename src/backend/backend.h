@@ -58,6 +58,8 @@ struct nopad_backend {
     nopad_status (*upload_i32)(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n);
     /* Waits for all enqueued work (no-op on CPU). Never called inside a forward. */
     nopad_status (*synchronize)(nopad_backend *be);
+    /* Releases staging memory kept from loading (may be NULL). Called once the weights are up. */
+    void (*release_staging)(nopad_backend *be);
 
     /* ---- ops ------------------------------------------------------------------------------- */
 

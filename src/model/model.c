@@ -111,6 +111,8 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     st = encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights);
     safetensors_checkpoint_close(&ckpt);
     if (st != NOPAD_OK) return st;
+    /* the fp32 staging of the largest tensor (the word embeddings) is not needed any more */
+    if (m->be->release_staging) m->be->release_staging(m->be);
 
     if (m->params.max_batch_tokens > 0) {
         st = encoder_workspace_reserve(m->be, &m->cfg, &m->ws, m->params.max_batch_tokens,

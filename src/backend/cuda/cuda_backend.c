@@ -115,6 +115,15 @@ static nopad_status cu_upload_i32(nopad_backend *be, int32_t *dst, const int32_t
                                       state_of(be)->stream), "upload");
 }
 
+static void cu_release_staging(nopad_backend *be) {
+    cuda_state *s = state_of(be);
+    cudaStreamSynchronize(s->stream);
+    if (s->scratch) cudaFree(s->scratch);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES;
+}
+
 static nopad_status cu_synchronize(nopad_backend *be) {
     return cuda_check(cudaStreamSynchronize(state_of(be)->stream), "synchronize");
 }
@@ -342,6 +351,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->download_f32 = cu_download_f32;
     be->upload_i32 = cu_upload_i32;
     be->synchronize = cu_synchronize;
+    be->release_staging = cu_release_staging;
     be->embed_layernorm = cu_embed_layernorm;
     be->linear = cu_linear;
     be->bias_residual_layernorm = cu_bias_residual_layernorm;
