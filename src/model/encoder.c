@@ -70,15 +70,15 @@ nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const
     // embeddings: x[T, H] (ALBERT: LayerNorm at E, then project E -> H)
     if (w->embed_proj_weight) {
         TRY(be->embed_layernorm(be, ws->embed, tokens, types, seqs, cfg->position_offset,
-                                cfg->vocab_size, cfg->max_position_embeddings,
-                                cfg->type_vocab_size, w->word_embeddings, w->position_embeddings, w->type_embeddings,
+                                cfg->vocab_size, cfg->max_position_embeddings, cfg->type_vocab_size,
+                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
                                 w->embed_ln_weight, w->embed_ln_bias, eps, E));
         TRY(be->linear(be, hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
                        E, H, NOPAD_EPILOGUE_BIAS, cfg->activation));
     } else {
         TRY(be->embed_layernorm(be, hidden, tokens, types, seqs, cfg->position_offset,
-                                cfg->vocab_size, cfg->max_position_embeddings,
-                                cfg->type_vocab_size, w->word_embeddings, w->position_embeddings, w->type_embeddings,
+                                cfg->vocab_size, cfg->max_position_embeddings, cfg->type_vocab_size,
+                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
                                 w->embed_ln_weight, w->embed_ln_bias, eps, H));
     }
 
