@@ -101,6 +101,8 @@ def main():
     ap.add_argument("--shape", default="base", choices=["base", "large"])
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--peers", default="sdpa,eager,nested")
+    ap.add_argument("--package", action="store_true",
+                    help="also time nopad through the Python package (python/, nopad.Encoder)")
     args = ap.parse_args()
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     lib = load_lib(args.lib)
@@ -129,6 +131,12 @@ def main():
     torch.cuda.synchronize()
     nopad_load_bytes = free0 - torch.cuda.mem_get_info()[0]
     none = EncodeParams(0, 0)
+    enc = None
+    if args.package:
+        sys.path.insert(0, os.path.join(HERE, "..", "python"))
+        os.environ.setdefault("NOPAD_LIBRARY", os.path.abspath(args.lib))
+        import nopad
+        enc = nopad.Encoder(folder, device="cuda", dtype=args.dtype, max_batch_tokens=max_tokens)
 
     peers = {}
     if "nested" in args.peers:
@@ -175,6 +183,12 @@ def main():
             row["nopad_graph_ms"] = None
             row["nopad_graph_error"] = str(e)[:200]
         torch.cuda.set_stream(torch.cuda.default_stream())
+        if enc is not None:
+            pkg_out = torch.empty_like(hidden)
+            row["nopad_package_ms"] = time_fn(
+                lambda: enc.forward(d_ids, d_cu, max_seqlen=maxlen, out=pkg_out), iters, 5)
+            torch.cuda.synchronize()
+            row["package_vs_ctypes_max_abs_diff"] = (pkg_out.float() - hidden.float()).abs().max().item()
 
         # padded inputs for the peers
         padded = torch.zeros(B, maxlen, dtype=torch.long)
@@ -198,7 +212,8 @@ def main():
                 x = torch.randn(B, maxlen, H, device="cuda", dtype=dtype)
                 pad_mask = mask == 0
                 row["nested_ms"] = time_fn(lambda: peers["nested"](x, src_key_padding_mask=pad_mask), iters, 5)
-        peer_ms = [row[k] for k in row if k.endswith("_ms") and k not in ("ideal_ms", "nopad_ms", "nopad_graph_ms") and row[k]]
+        peer_ms = [row[k] for k in row if k.endswith("_ms") and not k.startswith("nopad")
+                   and k != "ideal_ms" and row[k]]
         best = min(peer_ms) if peer_ms else None
         nop = min(x for x in (row["nopad_ms"], row.get("nopad_graph_ms")) if x)
         row["best_peer_ms"] = best
@@ -208,6 +223,13 @@ def main():
         print(json.dumps(row), flush=True)
         del hidden, padded, mask
     lib.nopad_model_free(handle)
+    if enc is not None:
+        enc.close()
+        print("| batch x max | nopad via ctypes ms | via nopad.Encoder ms | max abs diff |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['batch']} x {r['max']} | {r['nopad_ms']:.3f} | {r['nopad_package_ms']:.3f} | "
+                  f"{r['package_vs_ctypes_max_abs_diff']:.1e} |")
 
     print(f"\n{info['gpu']}, torch {info['torch']}, CUDA {info['cuda']}, {args.shape} {args.dtype}, "
           f"matmul {info['matmul_tflops']:.0f} TFLOP/s; ms per forward (median of 5 x N)")
