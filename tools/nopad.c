@@ -74,7 +74,8 @@ static const char embed_help[] =
     "  --batch-tokens N    tokens per forward pass (default 16384); lines are grouped in input\n"
     "                      order up to N tokens, a longer sequence runs alone\n"
     "  --device D          cpu (default) or cuda\n"
-    "  --dtype T           compute dtype: fp32 (default), fp16 or bf16 (the CPU runs fp32 only)\n"
+    "  --dtype T           compute dtype: fp32 (CPU default; the CPU runs fp32 only), fp16 (CUDA\n"
+    "                      default) or bf16\n"
     "  --threads N         CPU threads (default: OpenMP's default)\n"
     "  -h, --help          show this help\n"
     "\n"
@@ -102,7 +103,7 @@ static const char info_help[] =
     "  --model DIR     Hugging Face model folder [required]\n"
     "  --json          print one JSON object instead of aligned 'key: value' lines\n"
     "  --device D      cpu (default) or cuda\n"
-    "  --dtype T       compute dtype: fp32 (default), fp16 or bf16\n"
+    "  --dtype T       compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
     "  -h, --help      show this help\n";
 
 /* ---- messages ------------------------------------------------------------------------------ */
@@ -250,7 +251,7 @@ static int ends_with(const char *s, const char *suffix) {
 /* Loads `dir`, or prints why not and returns NULL. The folder is checked here first so that a
  * mistyped path reads as such rather than as a missing config.json. */
 static nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype,
-                               int n_threads) {
+                               int dtype_given, int n_threads) {
     struct stat st;
     if (stat(dir, &st) != 0) {
         if (errno == ENOENT) print_error("model folder '%s' does not exist", dir);
@@ -263,7 +264,8 @@ static nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype
     }
     nopad_model_params params = nopad_model_default_params();
     params.device = device;
-    params.dtype = dtype;
+    /* without --dtype: the CPU computes in fp32, the GPU in fp16 */
+    params.dtype = dtype_given ? dtype : device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32;
     params.n_threads = n_threads;
     nopad_model *model = NULL;
     nopad_status status = nopad_model_load(dir, &params, &model);
@@ -662,6 +664,7 @@ typedef struct embed_options {
     int32_t batch_tokens;
     nopad_device device;
     nopad_dtype dtype;
+    int dtype_given; /* 0: fp32 on the CPU, fp16 on CUDA */
     int threads;
 } embed_options;
 
@@ -701,6 +704,7 @@ static int parse_embed_options(int argc, char **argv, embed_options *o) {
             if (parse_device(val, &o->device)) return -1;
         } else if (strcmp(opt.name, "--dtype") == 0) {
             if (parse_dtype(val, &o->dtype)) return -1;
+            o->dtype_given = 1;
         } else if (strcmp(opt.name, "--threads") == 0) {
             if (parse_int("--threads", val, 0, 4096, &v)) return -1;
             o->threads = (int)v;
@@ -796,7 +800,7 @@ static int cmd_embed(int argc, char **argv) {
             goto done;
         }
     }
-    r.model = open_model(o.model_dir, o.device, o.dtype, o.threads);
+    r.model = open_model(o.model_dir, o.device, o.dtype, o.dtype_given, o.threads);
     if (!r.model) goto done;
     status = nopad_model_get_info(r.model, &r.info);
     if (status != NOPAD_OK) {
@@ -930,6 +934,7 @@ static int cmd_info(int argc, char **argv) {
     int json = 0;
     nopad_device device = NOPAD_DEVICE_CPU;
     nopad_dtype dtype = NOPAD_DTYPE_F32;
+    int dtype_given = 0;
     for (int i = 2; i < argc; i++) {
         option_arg opt;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -941,7 +946,7 @@ static int cmd_info(int argc, char **argv) {
             if (strcmp(opt.name, "--model") == 0) model_dir = opt.value;
             else if (strcmp(opt.name, "--json") == 0) json = 1;
             else if (strcmp(opt.name, "--device") == 0) bad = parse_device(opt.value, &device);
-            else if (strcmp(opt.name, "--dtype") == 0) bad = parse_dtype(opt.value, &dtype);
+            else if (strcmp(opt.name, "--dtype") == 0) bad = parse_dtype(opt.value, &dtype), dtype_given = 1;
             else {
                 print_error("unknown option '%s'", opt.name);
                 bad = 1;
@@ -957,7 +962,7 @@ static int cmd_info(int argc, char **argv) {
         fputs("usage: nopad info --model DIR [--json]   (nopad info --help)\n", stderr);
         return EXIT_USAGE;
     }
-    nopad_model *model = open_model(model_dir, device, dtype, 0);
+    nopad_model *model = open_model(model_dir, device, dtype, dtype_given, 0);
     if (!model) return EXIT_ERROR;
     nopad_model_info info;
     nopad_status status = nopad_model_get_info(model, &info);
