@@ -287,25 +287,38 @@ static nopad_status encode_locked(nopad_model *m, int32_t n_seqs, const int32_t 
     return st;
 }
 
+/* Resolves the folder defaults of `params` and checks them against the requested outputs.
+ * `who` names the entry point in messages. */
+static nopad_status resolve_encode_params(const nopad_model *m, const nopad_encode_params *params,
+                                          int has_hidden, int has_pooled, const char *who,
+                                          nopad_pooling *pooling, int *normalize) {
+    nopad_encode_params p = params ? *params : nopad_encode_default_params();
+    *pooling = p.pooling == NOPAD_POOLING_MODEL ? m->pipeline.pooling : p.pooling;
+    *normalize = p.normalize < 0 ? m->pipeline.normalize : p.normalize != 0;
+    if (*pooling < NOPAD_POOLING_NONE || *pooling > NOPAD_POOLING_MAX)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pooling %d is not one of none, cls, mean, max",
+                               (int)*pooling);
+    if (has_pooled && *pooling == NOPAD_POOLING_NONE)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "pooled output requested but pooling is none");
+    if (!has_hidden && !has_pooled)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: both hidden_out and pooled_out are NULL", who);
+    return NOPAD_OK;
+}
+
 nopad_status nopad_encode_packed(nopad_model *m, int32_t n_seqs, const int32_t *cu_seqlens,
                                  const int32_t *tokens, const int32_t *token_type_ids,
                                  const nopad_encode_params *params, float *hidden_out,
                                  float *pooled_out) {
     if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_encode_packed: model is NULL");
-    nopad_encode_params p = params ? *params : nopad_encode_default_params();
-    nopad_pooling pooling = p.pooling == NOPAD_POOLING_MODEL ? m->pipeline.pooling : p.pooling;
-    int normalize = p.normalize < 0 ? m->pipeline.normalize : p.normalize != 0;
-    if (pooling < NOPAD_POOLING_NONE || pooling > NOPAD_POOLING_MAX)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pooling %d is not one of none, cls, mean, max",
-                               (int)pooling);
-    if (pooled_out && pooling == NOPAD_POOLING_NONE)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "pooled output requested but pooling is none");
-    if (!hidden_out && !pooled_out)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_encode_packed: both hidden_out and pooled_out are NULL");
+    nopad_pooling pooling;
+    int normalize;
+    nopad_status st = resolve_encode_params(m, params, hidden_out != NULL, pooled_out != NULL,
+                                            "nopad_encode_packed", &pooling, &normalize);
+    if (st != NOPAD_OK) return st;
     int32_t max_seqlen = 0;
-    nopad_status st = validate_batch(m, n_seqs, cu_seqlens, tokens, token_type_ids, &max_seqlen);
+    st = validate_batch(m, n_seqs, cu_seqlens, tokens, token_type_ids, &max_seqlen);
     if (st != NOPAD_OK) return st;
     pthread_mutex_lock(&m->lock);
     st = encode_locked(m, n_seqs, cu_seqlens, tokens, token_type_ids, max_seqlen, pooling, normalize,
@@ -381,17 +394,11 @@ nopad_status nopad_encode_packed_device(nopad_model *m, int32_t n_seqs, int32_t 
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "nopad_encode_packed_device needs a model loaded on cuda; use "
                                "nopad_encode_packed for host buffers");
-    nopad_encode_params p = params ? *params : nopad_encode_default_params();
-    nopad_pooling pooling = p.pooling == NOPAD_POOLING_MODEL ? m->pipeline.pooling : p.pooling;
-    int normalize = p.normalize < 0 ? m->pipeline.normalize : p.normalize != 0;
-    if (pooling < NOPAD_POOLING_NONE || pooling > NOPAD_POOLING_MAX)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pooling %d is not one of none, cls, mean, max",
-                               (int)pooling);
-    if (pooled_out && pooling == NOPAD_POOLING_NONE)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pooled output requested but pooling is none");
-    if (!hidden_out && !pooled_out)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_encode_packed_device: both hidden_out and pooled_out are NULL");
+    nopad_pooling pooling;
+    int normalize;
+    nopad_status st = resolve_encode_params(m, params, hidden_out != NULL, pooled_out != NULL,
+                                            "nopad_encode_packed_device", &pooling, &normalize);
+    if (st != NOPAD_OK) return st;
     if (n_seqs <= 0 || n_tokens < n_seqs || !cu_seqlens || !tokens)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "nopad_encode_packed_device: need n_seqs >= 1, n_tokens >= n_seqs "
@@ -407,7 +414,7 @@ nopad_status nopad_encode_packed_device(nopad_model *m, int32_t n_seqs, int32_t 
                                n_tokens, m->params.max_batch_tokens);
     pthread_mutex_lock(&m->lock);
     nopad_backend *be = m->be;
-    nopad_status st = encoder_workspace_reserve(be, &m->cfg, &m->ws, n_tokens, n_seqs);
+    st = encoder_workspace_reserve(be, &m->cfg, &m->ws, n_tokens, n_seqs);
     if (st == NOPAD_OK) {
         nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = n_tokens, .max_seqlen = max_seqlen,
                            .cu_seqlens = cu_seqlens};
