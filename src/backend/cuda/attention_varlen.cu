@@ -24,24 +24,12 @@
 
 #include "backend/cuda/attention_wgmma.h"
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/ptx_helpers.cuh"
 extern "C" {
 #include "util/error.h"
 }
 
 /* ---- small PTX helpers ------------------------------------------------------------------------ */
-
-static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16-byte async copy global -> shared; when !valid the destination is zero-filled (src-size 0), so
- * rows past a sequence's end are zeros in shared memory and P * V stays finite. */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-static __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -67,26 +55,6 @@ static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4],
                      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <bool BF16>
-static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    uint32_t r;
-    if (BF16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        r = *reinterpret_cast<uint32_t *>(&v);
-    } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        r = *reinterpret_cast<uint32_t *>(&v);
-    }
-    return r;
-}
-
-/* 2^x with the SFU; ex2.approx(-inf) = +0, which is what a masked score must give. */
-static __device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 /* Copies rows [row0, row0+ROWS) of one head's Q, K or V (src points at row 0 of the sequence) into

@@ -22,21 +22,13 @@
 #include <stdlib.h>
 
 #include "backend/cuda/attention_wgmma.h"
+#include "backend/cuda/ptx_helpers.cuh"
 
 /* 1: skip the O rescale when no row of the warp moved its (lazy) maximum; 0: always multiply */
 #ifndef NOPAD_FMHA_VOTE
 #define NOPAD_FMHA_VOTE 1
 #endif
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void cp_async16_zfill(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void wg_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-static __device__ __forceinline__ void wg_cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
 /* cp.async writes go through the generic proxy; wgmma reads through the async proxy */
 static __device__ __forceinline__ void fence_proxy_async(void) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -45,31 +37,14 @@ static __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.f
 static __device__ __forceinline__ void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wgmma_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
-static __device__ __forceinline__ float wg_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
-template <bool BF16>
-static __device__ __forceinline__ uint32_t wg_pack2(float lo, float hi) {
-    uint32_t r;
-    if (BF16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        r = *reinterpret_cast<uint32_t *>(&v);
-    } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        r = *reinterpret_cast<uint32_t *>(&v);
-    }
-    return r;
-}
 
 /* Shared-memory matrix descriptor, 128-byte swizzle. Tiles are [rows][64] 16-bit elements, one
  * 128-byte row each, 8-row groups 1024 bytes apart, tile bases 1024-byte aligned. Both byte-offset
  * fields are 1024: for K-major operands (Q, K) only the 8-row-group stride is read; for the
  * MN-major V (64 columns = one swizzle atom wide) likewise only the 8-row-group stride matters. */
 static __device__ __forceinline__ uint64_t sw128_desc(const void *p) {
-    const uint64_t addr = smem_u32(p);
+    const uint64_t addr = smem_addr(p);
     return ((addr >> 4) & 0x3FFFull) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
            (1ull << 62);
 }
@@ -90,7 +65,7 @@ static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_
         const int slab = CH > 8 ? ch >> 3 : 0;
         const bool ok = row0 + r < len;
         const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
-        cp_async16_zfill(dst + slab * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), g, ok);
+        cp_async16(dst + slab * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), g, ok);
     }
 }
 
@@ -185,7 +160,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
 
     extern __shared__ uint16_t smem_raw[];
     /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
-    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
     uint16_t *sQ = smem_raw + pad / 2;      // [BLOCK_M][64] swizzled
     uint16_t *sK = sQ + BLOCK_M * D;        // [2][BLOCK_N][64]
     uint16_t *sV = sK + 2 * BLOCK_N * D;    // [2][BLOCK_N][64]
@@ -212,7 +187,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     load_tile_sw<BLOCK_M, THREADS, D>(sQ, q_g, row_stride, m0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sK, k_g, row_stride, 0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
-    wg_cp_async_commit();
+    cp_async_commit();
 
     float o[32 * DS];  // O [64 x D] per warpgroup: n8 column group t holds o[4t..4t+3]
 #pragma unroll
@@ -221,14 +196,14 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     const uint16_t *q_wg = sQ + wg * 64 * 64;  // this warpgroup's rows in slab 0
 
     for (int j = 0; j < n_tiles; j++) {
-        wg_cp_async_wait_all();
+        cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();  // tile j visible to every warp and to the async proxy; buffer (j+1)&1 free
         if (j + 1 < n_tiles) {
             const int nb = (j + 1) & 1;
             load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
             load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            wg_cp_async_commit();
+            cp_async_commit();
         }
         const uint16_t *k_s = sK + (j & 1) * BLOCK_N * D;
         const uint16_t *v_s = sV + (j & 1) * BLOCK_N * D;
@@ -270,13 +245,13 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
             const bool bump = (fmaxf(m_run[r], mx) - m_run[r]) * scale_log2 > rescale_thresh;
             const float m_keep = bump ? fmaxf(m_run[r], mx) : m_run[r];
             const float m_use = m_keep == -INFINITY ? 0.0f : m_keep * scale_log2;
-            const float alpha = bump ? wg_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
+            const float alpha = bump ? fast_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
             m_run[r] = m_keep;
             float sum = 0.0f;
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                s[4 * t + 2 * r] = wg_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
-                s[4 * t + 2 * r + 1] = wg_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
+                s[4 * t + 2 * r] = fast_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
+                s[4 * t + 2 * r + 1] = fast_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
                 sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
             }
             l_run[r] = l_run[r] * alpha + sum;
@@ -294,10 +269,10 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         uint32_t pa[BLOCK_N / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; kk++) {
-            pa[kk][0] = wg_pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = wg_pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = wg_pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = wg_pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+            pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
         }
         wgmma_fence();
 #pragma unroll
@@ -326,8 +301,8 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     for (int t = 0; t < 8 * DS; t++) {
         const int col = (t & 7) * 8 + (lane & 3) * 2;
         uint16_t *slab = sO + (t >> 3) * BLOCK_M * 64;
-        *reinterpret_cast<uint32_t *>(slab + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
-        *reinterpret_cast<uint32_t *>(slab + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0, col)) = pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0 + 8, col)) = pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
     }
     __syncwarp();
     constexpr int CH = D / 8;
@@ -379,13 +354,13 @@ static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], fl
         const bool bump = (fmaxf(m_run[r], mx) - m_run[r]) * scale_log2 > rescale_thresh;
         const float m_keep = bump ? fmaxf(m_run[r], mx) : m_run[r];
         const float m_use = m_keep == -INFINITY ? 0.0f : m_keep * scale_log2;
-        alpha[r] = bump ? wg_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
+        alpha[r] = bump ? fast_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
         m_run[r] = m_keep;
         float sum = 0.0f;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            s[4 * t + 2 * r] = wg_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
-            s[4 * t + 2 * r + 1] = wg_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
+            s[4 * t + 2 * r] = fast_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
+            s[4 * t + 2 * r + 1] = fast_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
             sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
         }
         l_run[r] = l_run[r] * alpha[r] + sum;
@@ -406,7 +381,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     constexpr int STAGES = 3;
 
     extern __shared__ uint16_t smem_raw[];
-    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
     uint16_t *sQ = smem_raw + pad / 2;         // [BLOCK_M][64] swizzled
     uint16_t *sK = sQ + BLOCK_M * D;           // [STAGES][BLOCK_N][64]
     uint16_t *sV = sK + STAGES * BLOCK_N * D;  // [STAGES][BLOCK_N][64]
@@ -434,7 +409,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     load_tile_sw<BLOCK_M, THREADS, D>(sQ, q_g, row_stride, m0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sK, k_g, row_stride, 0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
-    wg_cp_async_commit();
+    cp_async_commit();
 
     float o[32 * DS];
 #pragma unroll
@@ -444,13 +419,13 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     uint32_t pa[KS][4];
 
     /* prologue: S_0 and its softmax */
-    wg_cp_async_wait_all();
+    cp_async_wait_all();
     fence_proxy_async();
     __syncthreads();
     if (n_tiles > 1) {
         load_tile_sw<BLOCK_N, THREADS, D>(sK + BLOCK_N * D, k_g, row_stride, BLOCK_N, len, tid);
         load_tile_sw<BLOCK_N, THREADS, D>(sV + BLOCK_N * D, v_g, row_stride, BLOCK_N, len, tid);
-        wg_cp_async_commit();
+        cp_async_commit();
     }
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
@@ -466,21 +441,21 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
-        pa[kk][0] = wg_pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = wg_pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = wg_pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = wg_pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+        pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
     }
 
     for (int j = 1; j < n_tiles; j++) {
-        wg_cp_async_wait_all();
+        cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();  // tile j landed; every warpgroup is past iteration j-1 (stage (j+1)%3 free)
         if (j + 1 < n_tiles) {
             const int nb = (j + 1) % STAGES;
             load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
             load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            wg_cp_async_commit();
+            cp_async_commit();
         }
         const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
         const uint16_t *v_prev = sV + ((j - 1) % STAGES) * BLOCK_N * D;
@@ -514,10 +489,10 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
         }
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) {
-            pa[kk][0] = wg_pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = wg_pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = wg_pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = wg_pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+            pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
         }
     }
     /* epilogue: the last P V */
@@ -551,8 +526,8 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     for (int t = 0; t < 8 * DS; t++) {
         const int col = (t & 7) * 8 + (lane & 3) * 2;
         uint16_t *slab = sO + (t >> 3) * BLOCK_M * 64;
-        *reinterpret_cast<uint32_t *>(slab + sw_off(r0, col)) = wg_pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
-        *reinterpret_cast<uint32_t *>(slab + sw_off(r0 + 8, col)) = wg_pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0, col)) = pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(slab + sw_off(r0 + 8, col)) = pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
     }
     __syncwarp();
     constexpr int CH = D / 8;
