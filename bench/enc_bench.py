@@ -25,7 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class ModelParams(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int), ("dtype", ctypes.c_int), ("n_threads", ctypes.c_int),
-                ("max_batch_tokens", ctypes.c_int32), ("cuda_stream", ctypes.c_void_p)]
+                ("max_batch_tokens", ctypes.c_int32), ("cuda_stream", ctypes.c_void_p),
+                ("cuda_graph_max_tokens", ctypes.c_int32)]
 
 
 class EncodeParams(ctypes.Structure):

@@ -95,6 +95,12 @@ typedef struct nopad_model_params {
                                  refused. <= 0: grow on demand */
     void *cuda_stream;        /* CUDA: a cudaStream_t to run on (owned by the caller); NULL: the
                                  model creates its own */
+    int32_t cuda_graph_max_tokens; /* CUDA: batches of at most this many tokens replay the layers
+                                 as a CUDA graph recorded per token-count bucket (the second time
+                                 a bucket is seen), so small batches are not bound by kernel
+                                 launches. Buckets round T up by at most 1/16 (16 rows below 256
+                                 tokens); the extra rows are computed and discarded. 0: default
+                                 (2048); < 0: never */
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
 
@@ -133,6 +139,16 @@ nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *ou
  * or is fixed by max_batch_tokens), and the backend's own buffers (GEMM workspace, staging). */
 nopad_status nopad_model_memory(const nopad_model *model, size_t *weights_bytes,
                                 size_t *workspace_bytes, size_t *backend_bytes);
+
+/* Counters since load, for monitoring: forwards run, and of those how many replayed a recorded
+ * CUDA graph (cuda_graph_max_tokens); graphs_held is how many the backend keeps now. */
+typedef struct nopad_model_stats {
+    int64_t forwards;
+    int64_t graph_replays;
+    int64_t graphs_recorded;
+    int32_t graphs_held;
+} nopad_model_stats;
+nopad_status nopad_model_get_stats(const nopad_model *model, nopad_model_stats *out);
 
 /* The tokenizer loaded with the model, or NULL when its folder has none. Owned by the model. */
 const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *model);

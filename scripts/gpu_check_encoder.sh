@@ -53,6 +53,53 @@ if want sanitize; then
     compute-sanitizer --tool memcheck --leak-check no "$BUILD/tests/test_cuda_encoder" > "$OUTDIR/memcheck.log" 2>&1 || status=1
     tail -n 5 "$OUTDIR/memcheck.log"
 fi
+# A BERT-base folder with random weights (what bench/enc_bench.py times), for nopad bench/ncu.
+bert_base() {
+    [ -f /tmp/nopad_enc_base/config.json ] || python3 -c "import sys, torch; sys.path.insert(0, '$ROOT/bench'); \
+import enc_bench; enc_bench.make_model('base', torch.float16, '/tmp/nopad_enc_base')" >/dev/null 2>&1
+    echo /tmp/nopad_enc_base
+}
+if want graphs; then
+    # the host entry (nopad bench: ids in, CLS rows out, synchronous) with and without the graph
+    # replay of small batches
+    model=$(bert_base)
+    for point in "1 128" "1 512" "4 256" "16 128" "8 256"; do
+        set -- $point
+        for g in 0 -1; do
+            echo "== batch $1 max $2, cuda_graph_max_tokens $g" | tee -a "$OUTDIR/graphs.log"
+            "$BUILD/nopad" bench --model "$model" --device cuda --batch "$1" --max "$2" --iters 200 \
+                --warmup 20 --cuda-graph-max-tokens "$g" 2>&1 | tee -a "$OUTDIR/graphs.log" || status=1
+        done
+    done
+fi
+if want profile; then
+    # per-kernel times of one BERT-base forward at batch 1 x 128, launched directly (ncu serialises
+    # kernels, so this is each kernel alone, not the overlap)
+    model=$(bert_base)
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        "$BUILD/nopad" bench --model "$model" --device cuda --batch "${PROFILE_BATCH:-1}" \
+        --max "${PROFILE_MAX:-128}" --iters 1 --warmup 0 --cuda-graph-max-tokens -1 \
+        > "$OUTDIR/ncu_profile.csv" 2> "$OUTDIR/ncu_profile.err" || echo "ncu failed: $(tail -n 3 "$OUTDIR/ncu_profile.err")"
+    python3 - "$OUTDIR/ncu_profile.csv" <<'PY' | tee "$OUTDIR/ncu_summary.txt"
+import csv, collections, sys
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+rows = [r for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
+if not rows:
+    sys.exit("no ncu rows")
+# the last forward: everything after the last conversion/upload kernel
+last = max(i for i, r in enumerate(rows) if "f32" in r["Kernel Name"] or "convert" in r["Kernel Name"])
+fwd = rows[last + 1:]
+by = collections.OrderedDict()
+for r in fwd:
+    name = r["Kernel Name"][:90]
+    t = float(r["Metric Value"].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}[r["Metric Unit"]]
+    by.setdefault(name, []).append(t)
+total = sum(sum(v) for v in by.values())
+print(f"{len(fwd)} kernels in the forward, sum of kernel times {total:.1f} us")
+for name, v in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+    print(f"{sum(v):8.1f} us  {len(v):4d} x {sum(v)/len(v):6.2f} us  {name}")
+PY
+fi
 if want bench; then
     python3 "$ROOT/bench/enc_bench.py" --lib "$BUILD/libnopad.so" ${ENC_ARGS:---quick --out $OUTDIR/enc.json} \
         2>&1 | tee -a "$OUTDIR/enc_bench.log" || status=1

@@ -492,6 +492,123 @@ static void test_device_entry(void **state) {
     }
 }
 
+/* Graph replay (cuda_graph_max_tokens) gives the rows that direct launches give. Batches of one
+ * bucket with different lengths, B and ids, each run several times (recorded the second time a
+ * key is seen, replayed after), one sequence of length 1, a batch at the maximum length, a
+ * workspace that grows in between (the graphs name its old buffers), and the device entry. The
+ * bound is the model bound: the graph's GEMMs run on the bucket's rows, and cuBLASLt may pick
+ * another algorithm for that row count. */
+static void run_batch(nopad_model *m, int B, const int32_t *lengths, uint64_t seed, int H, float **out,
+                      int32_t *n_tokens, int32_t **ids_out, int32_t **cu_out) {
+    int32_t *cu = malloc(sizeof(int32_t) * (B + 1));
+    cu[0] = 0;
+    for (int s = 0; s < B; s++) cu[s + 1] = cu[s] + lengths[s];
+    int32_t *ids = malloc(sizeof(int32_t) * cu[B]);
+    for (int t = 0; t < cu[B]; t++) ids[t] = 1000 + (int32_t)(test_rand_u32(&seed) % 20000);
+    *out = malloc(sizeof(float) * cu[B] * H);
+    nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
+    assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, NULL, &none, *out, NULL));
+    *n_tokens = cu[B];
+    if (ids_out) *ids_out = ids; else free(ids);
+    if (cu_out) *cu_out = cu; else free(cu);
+}
+
+static void test_graph_replay(void **state) {
+    const char *dir = test_minilm_dir();
+    if (!dir) fail_msg("NOPAD_MINILM_DIR unset or missing: the graph test needs MiniLM");
+    const int H = 384;
+    /* A and A2 share a key (112 rows, B = 2, max_seqlen bucket 64) with different boundaries */
+    static const int32_t A[] = {50, 50}, A2[] = {40, 58}, C[] = {1}, D[] = {7, 128, 3, 90, 33},
+                         E[] = {256, 256, 256, 256, 256, 256, 256};
+    const struct { const int32_t *len; int B; } batches[] = {{A, 2}, {A2, 2}, {C, 1}, {D, 5}, {E, 7}};
+    const int n_batches = sizeof batches / sizeof batches[0];
+    for (int di = 0; di < 2; di++) {
+        nopad_model *graphs = load_cuda(dir, di, 0);
+        nopad_model_params p = nopad_model_default_params();
+        p.device = NOPAD_DEVICE_CUDA;
+        p.dtype = DTYPES[di];
+        p.cuda_graph_max_tokens = -1;
+        nopad_model *direct = NULL;
+        assert_nopad_ok(nopad_model_load(dir, &p, &direct));
+        { /* size the workspace for every bucket below first, so it grows only where wanted */
+            int32_t warm[8];
+            for (int s = 0; s < 8; s++) warm[s] = 256;
+            float *out;
+            int32_t T;
+            run_batch(graphs, 8, warm, 3, H, &out, &T, NULL, NULL);
+            free(out);
+        }
+        double worst = 0;
+        for (int round = 0; round < 4; round++) {
+            for (int b = 0; b < n_batches; b++) {
+                float *got, *want;
+                int32_t T;
+                const uint64_t seed = 1000 + 10 * round + b; /* new ids every round */
+                run_batch(graphs, batches[b].B, batches[b].len, seed, H, &got, &T, NULL, NULL);
+                run_batch(direct, batches[b].B, batches[b].len, seed, H, &want, &T, NULL, NULL);
+                const double err = test_max_row_rel_error(got, want, T, H);
+                worst = fmax(worst, err);
+                if (!(err <= MODEL_BOUND[di]))
+                    fail_msg("%s round %d batch %d: graph vs direct %.3e", DTYPE_NAMES[di], round, b, err);
+                free(got);
+                free(want);
+            }
+            if (round == 1) { /* grow the workspace past every bucket: the graphs must go */
+                int32_t big[20];
+                for (int s = 0; s < 20; s++) big[s] = 250;
+                float *out;
+                int32_t T;
+                run_batch(graphs, 20, big, 7, H, &out, &T, NULL, NULL);
+                free(out);
+            }
+        }
+        nopad_model_stats gs, ds;
+        assert_nopad_ok(nopad_model_get_stats(graphs, &gs));
+        assert_nopad_ok(nopad_model_get_stats(direct, &ds));
+        printf("  %-5s graph vs direct: worst row rel err %.2e; %lld forwards, %lld replays, %lld recorded, %d held\n",
+               DTYPE_NAMES[di], worst, (long long)gs.forwards, (long long)gs.graph_replays,
+               (long long)gs.graphs_recorded, gs.graphs_held);
+        /* 4 keys (A and A2 share one), each recorded at its second sight, and again after the
+         * workspace grew: 8 recordings; replays: A2 in rounds 0 and 2, all 5 in rounds 1 and 3 */
+        if (gs.graphs_recorded < 8 || gs.graph_replays < 12)
+            fail_msg("graphs were not used: %lld recorded, %lld replays", (long long)gs.graphs_recorded,
+                     (long long)gs.graph_replays);
+        assert_int_equal(ds.graph_replays, 0);
+        assert_int_equal(gs.forwards, 4 * n_batches + 2);
+
+        /* the device entry through the graph equals the host entry through it */
+        float *host;
+        int32_t T, *ids, *cu;
+        run_batch(graphs, 5, D, 99, H, &host, &T, &ids, &cu);
+        int32_t *d_ids, *d_cu;
+        uint16_t *d_hidden;
+        assert_int_equal(cudaMalloc((void **)&d_ids, sizeof(int32_t) * T), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_cu, sizeof(int32_t) * 6), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_hidden, 2 * (size_t)T * H), cudaSuccess);
+        cudaMemcpy(d_ids, ids, sizeof(int32_t) * T, cudaMemcpyHostToDevice);
+        cudaMemcpy(d_cu, cu, sizeof(int32_t) * 6, cudaMemcpyHostToDevice);
+        nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
+        uint16_t *raw = malloc(2 * (size_t)T * H);
+        float *got = malloc(sizeof(float) * T * H);
+        const int64_t replays_before = gs.graph_replays;
+        for (int rep = 0; rep < 3; rep++) {
+            cudaMemset(d_hidden, 0xff, 2 * (size_t)T * H); /* NaN in both fp16 and bf16 */
+            assert_nopad_ok(nopad_encode_packed_device(graphs, 5, T, 128, d_cu, d_ids, NULL, &none, d_hidden, NULL));
+            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            cudaMemcpy(raw, d_hidden, 2 * (size_t)T * H, cudaMemcpyDeviceToHost);
+            for (int64_t i = 0; i < (int64_t)T * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
+            const double err = test_max_row_rel_error(got, host, T, H);
+            if (!(err <= 1e-6)) fail_msg("device entry through the graph, call %d: %.3e", rep, err);
+        }
+        assert_nopad_ok(nopad_model_get_stats(graphs, &gs));
+        if (gs.graph_replays < replays_before + 3) fail_msg("the device entry did not replay the graph");
+        cudaFree(d_ids); cudaFree(d_cu); cudaFree(d_hidden);
+        free(raw); free(got); free(host); free(ids); free(cu);
+        nopad_model_free(graphs);
+        nopad_model_free(direct);
+    }
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -509,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_golden_models),
         cmocka_unit_test(test_device_entry),
         cmocka_unit_test(test_minilm_and_edge_batches),
+        cmocka_unit_test(test_graph_replay),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     cpu->destroy(cpu);

@@ -34,6 +34,8 @@ static const char bench_help[] =
     "  --warmup N           untimed forwards first (default 3)\n"
     "  --seed S             random seed (default 20261121)\n"
     "  --peak-tflops X      report the fraction of this rate (e.g. a measured matmul rate)\n"
+    "  --cuda-graph-max-tokens N  cuda: replay recorded graphs up to N tokens (default 2048;\n"
+    "                       -1: launch every kernel directly)\n"
     "  --json               one JSON object per point instead of a table\n";
 
 static uint64_t rng_next(uint64_t *s) {
@@ -70,7 +72,8 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 
 static int is_valued_option(const char *a) {
     static const char *const names[] = {"--model", "--device", "--dtype", "--threads", "--batch",
-                                        "--max", "--iters", "--warmup", "--seed", "--peak-tflops"};
+                                        "--max", "--iters", "--warmup", "--seed", "--peak-tflops",
+                                        "--cuda-graph-max-tokens"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i])) return 1;
     return 0;
@@ -178,6 +181,10 @@ int cmd_bench(int argc, char **argv) {
             int s;
             if (!parse_int(v, 0, 1 << 30, &s)) return usage_error("bad --seed", v);
             seed = (uint64_t)s * 2654435761u + 1, i++;
+        } else if (!strcmp(a, "--cuda-graph-max-tokens")) {
+            int n;
+            if (!parse_int(v, -1, 1 << 30, &n)) return usage_error("bad --cuda-graph-max-tokens", v);
+            mp.cuda_graph_max_tokens = n, i++;
         } else if (!strcmp(a, "--peak-tflops")) {
             char *end;
             peak = strtod(v, &end);

@@ -54,7 +54,15 @@ class ModelParams(ctypes.Structure):
                 ("dtype", _enum),
                 ("n_threads", ctypes.c_int),
                 ("max_batch_tokens", ctypes.c_int32),
-                ("cuda_stream", ctypes.c_void_p)]
+                ("cuda_stream", ctypes.c_void_p),
+                ("cuda_graph_max_tokens", ctypes.c_int32)]
+
+
+class ModelStats(ctypes.Structure):
+    _fields_ = [("forwards", ctypes.c_int64),
+                ("graph_replays", ctypes.c_int64),
+                ("graphs_recorded", ctypes.c_int64),
+                ("graphs_held", ctypes.c_int32)]
 
 
 class ModelInfo(ctypes.Structure):
@@ -112,6 +120,7 @@ _PROTOTYPES = {
     "nopad_model_memory": (ctypes.c_int, [_p, ctypes.POINTER(ctypes.c_size_t),
                                           ctypes.POINTER(ctypes.c_size_t),
                                           ctypes.POINTER(ctypes.c_size_t)]),
+    "nopad_model_get_stats": (ctypes.c_int, [_p, ctypes.POINTER(ModelStats)]),
     "nopad_encode_default_params": (EncodeParams, []),
     "nopad_encode_packed": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, _p,
                                            ctypes.POINTER(EncodeParams), _p, _p]),

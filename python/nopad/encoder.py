@@ -141,7 +141,8 @@ class Encoder:
     """
 
     def __init__(self, path: PathLike, device: str = "cpu", dtype: str = "fp32",
-                 max_batch_tokens: int = 0, threads: int = 0, cuda_stream: Any = None):
+                 max_batch_tokens: int = 0, threads: int = 0, cuda_stream: Any = None,
+                 cuda_graph_max_tokens: int = 0):
         """Loads the model folder `path`.
 
         Args:
@@ -157,6 +158,9 @@ class Encoder:
                 raw ``cudaStream_t`` (int). Default: a new torch stream when torch is installed,
                 else a stream of the library's own. :meth:`forward` on CUDA tensors orders it
                 after the caller's current stream and the current stream after it.
+            cuda_graph_max_tokens: CUDA only: batches of at most this many tokens replay the
+                layers as a CUDA graph recorded per token-count bucket (T rounded up by at most
+                1/16); 0: the library default (2048); -1: never.
 
         Raises:
             FileError: missing folder, config.json or weights.
@@ -175,6 +179,7 @@ class Encoder:
         params.dtype = dt
         params.n_threads = threads
         params.max_batch_tokens = max_batch_tokens
+        params.cuda_graph_max_tokens = _int_arg(cuda_graph_max_tokens, "cuda_graph_max_tokens", -1)
         self._stream: Any = None  # torch stream, raw cudaStream_t (int) or None
         self._cuda_index: Optional[int] = None
         if dev == _native.DEVICE_CUDA:
@@ -263,6 +268,16 @@ class Encoder:
         with self._handle.use() as ptr:
             _native.check(lib.nopad_model_memory(ptr, *(ctypes.byref(x) for x in sizes)))
         return dict(zip(("weights", "workspace", "backend"), (x.value for x in sizes)))
+
+    @property
+    def stats(self) -> dict:
+        """Counters since load: ``{"forwards", "graph_replays", "graphs_recorded",
+        "graphs_held"}`` (CUDA graph replay of small batches, see ``cuda_graph_max_tokens``)."""
+        lib = _native.library()
+        out = _native.ModelStats()
+        with self._handle.use() as ptr:
+            _native.check(lib.nopad_model_get_stats(ptr, ctypes.byref(out)))
+        return {name: getattr(out, name) for name, _ in out._fields_}
 
     # ---- text in, embeddings out -------------------------------------------------------------
 

@@ -60,6 +60,20 @@ struct nopad_backend {
     nopad_status (*synchronize)(nopad_backend *be);
     /* Releases staging memory kept from loading (may be NULL). Called once the weights are up. */
     void (*release_staging)(nopad_backend *be);
+    /* dst = src, bytes of backend memory (enqueued like an op). */
+    nopad_status (*copy)(nopad_backend *be, void *dst, const void *src, size_t bytes);
+
+    /* ---- recorded graphs (NULL where the backend has none; the CPU runs ops directly) ------- */
+    /* Replays the graph recorded under `key`, or records one by calling record(ctx) — which
+     * must only enqueue ops of this backend, on buffers that stay put — and then replays it.
+     * A backend that cannot record runs record(ctx) directly instead, so the work always
+     * happens once. Keys are the caller's: equal keys must mean identical work. */
+    nopad_status (*graph_run)(nopad_backend *be, const int64_t key[4],
+                              nopad_status (*record)(void *ctx), void *ctx);
+    /* Forgets every recorded graph (the buffers they name were freed or moved). */
+    void (*graph_clear)(nopad_backend *be);
+    int64_t graph_replays, graphs_recorded; /* counters kept by graph_run */
+    int32_t graphs_held;
 
     /* ---- ops ------------------------------------------------------------------------------- */
 

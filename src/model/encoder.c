@@ -18,7 +18,9 @@ void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws) {
                     ws->ffn,    ws->pooled, ws->tokens, ws->types,   ws->cu_seqlens};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
+    const uint32_t generation = ws->generation + 1; /* the buffers are gone: graphs naming them too */
     memset(ws, 0, sizeof *ws);
+    ws->generation = generation;
 }
 
 nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *cfg,
@@ -59,28 +61,30 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *
     return NOPAD_OK;
 }
 
-nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
-                             encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
-                             const int32_t *types, void *hidden) {
-    const int32_t T = seqs->n_tokens, H = cfg->hidden_size, I = cfg->intermediate_size;
+nopad_status encoder_embed(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+                           encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
+                           const int32_t *types, void *hidden) {
+    // x[T, H] = LN(word[tokens] + pos + type) (ALBERT: at E into ws->embed; projected by the layers)
+    const int32_t dim = w->embed_proj_weight ? cfg->embedding_size : cfg->hidden_size;
+    return be->embed_layernorm(be, w->embed_proj_weight ? ws->embed : hidden, tokens, types, seqs,
+                               cfg->position_offset, cfg->vocab_size, cfg->max_position_embeddings,
+                               cfg->type_vocab_size, w->word_embeddings, w->position_embeddings,
+                               w->type_embeddings, w->embed_ln_weight, w->embed_ln_bias,
+                               cfg->layer_norm_eps, dim);
+}
+
+nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+                            encoder_workspace *ws, const nopad_seqs *seqs, int32_t n_rows,
+                            void *hidden) {
+    const int32_t T = n_rows, H = cfg->hidden_size, I = cfg->intermediate_size;
     const int32_t E = cfg->embedding_size;
     const float eps = cfg->layer_norm_eps;
     const float scale = 1.0f / sqrtf((float)cfg->head_size);
 
-    // embeddings: x[T, H] (ALBERT: LayerNorm at E, then project E -> H)
-    if (w->embed_proj_weight) {
-        TRY(be->embed_layernorm(be, ws->embed, tokens, types, seqs, cfg->position_offset,
-                                cfg->vocab_size, cfg->max_position_embeddings, cfg->type_vocab_size,
-                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
-                                w->embed_ln_weight, w->embed_ln_bias, eps, E));
+    // ALBERT: x[T, H] = embed[T, E] · Wprojᵀ + b
+    if (w->embed_proj_weight)
         TRY(be->linear(be, hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
                        E, H, NOPAD_EPILOGUE_BIAS, cfg->activation));
-    } else {
-        TRY(be->embed_layernorm(be, hidden, tokens, types, seqs, cfg->position_offset,
-                                cfg->vocab_size, cfg->max_position_embeddings, cfg->type_vocab_size,
-                                w->word_embeddings, w->position_embeddings, w->type_embeddings,
-                                w->embed_ln_weight, w->embed_ln_bias, eps, H));
-    }
 
     for (int step = 0; step < w->n_steps; step++) {
         const encoder_layer *L = w->schedule[step];
@@ -105,4 +109,11 @@ nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const
                                         L->ffn_ln_weight, L->ffn_ln_bias, eps, T, H));
     }
     return NOPAD_OK;
+}
+
+nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+                             encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
+                             const int32_t *types, void *hidden) {
+    TRY(encoder_embed(be, cfg, w, ws, seqs, tokens, types, hidden));
+    return encoder_layers(be, cfg, w, ws, seqs, seqs->n_tokens, hidden);
 }

@@ -64,6 +64,7 @@ typedef struct encoder_workspace {
     int32_t *types;    // [T]
     int32_t *cu_seqlens; // [B+1]
     size_t bytes;        // backend memory of all of the above
+    uint32_t generation; // bumped whenever the buffers move (recorded graphs name them)
 } encoder_workspace;
 
 nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *cfg,
@@ -76,6 +77,17 @@ void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws);
 nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
                              encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
                              const int32_t *types, void *hidden);
+
+/* The two halves of encoder_forward, for callers that replay the layers as a recorded graph.
+ * encoder_embed writes the T rows of the batch. encoder_layers runs every layer on n_rows >= T
+ * rows: row-wise ops (GEMMs, LayerNorms) see all n_rows, attention only the rows inside
+ * seqs->cu_seqlens; rows past T are slack whose values are never read back. */
+nopad_status encoder_embed(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+                           encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
+                           const int32_t *types, void *hidden);
+nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+                            encoder_workspace *ws, const nopad_seqs *seqs, int32_t n_rows,
+                            void *hidden);
 
 size_t nopad_dtype_size(nopad_dtype dtype);
 

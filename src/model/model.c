@@ -27,11 +27,14 @@ struct nopad_model {
     nopad_tokenizer *tokenizer;
     const char *tokenizer_kind;
     pthread_mutex_t lock; /* one forward at a time: the workspace is shared */
+    uint32_t graph_generation; /* the workspace generation the backend's graphs were recorded on */
+    int64_t forwards;
 };
 
 nopad_model_params nopad_model_default_params(void) {
     nopad_model_params p = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = 0,
-                            .max_batch_tokens = 0, .cuda_stream = NULL};
+                            .max_batch_tokens = 0, .cuda_stream = NULL,
+                            .cuda_graph_max_tokens = 0};
     return p;
 }
 
@@ -166,6 +169,17 @@ void nopad_model_free(nopad_model *m) {
     free(m);
 }
 
+nopad_status nopad_model_get_stats(const nopad_model *m, nopad_model_stats *out) {
+    if (!m || !out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_get_stats: NULL argument");
+    pthread_mutex_lock((pthread_mutex_t *)&m->lock);
+    out->forwards = m->forwards;
+    out->graph_replays = m->be->graph_replays;
+    out->graphs_recorded = m->be->graphs_recorded;
+    out->graphs_held = m->be->graphs_held;
+    pthread_mutex_unlock((pthread_mutex_t *)&m->lock);
+    return NOPAD_OK;
+}
+
 nopad_status nopad_model_memory(const nopad_model *m, size_t *weights_bytes,
                                 size_t *workspace_bytes, size_t *backend_bytes) {
     if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_memory: model is NULL");
@@ -254,6 +268,76 @@ static nopad_status validate_batch(const nopad_model *m, int32_t n_seqs, const i
     return NOPAD_OK;
 }
 
+/* Forwards of at most this many tokens replay recorded graphs (CUDA) by default. Below it the host
+ * launching ~8 kernels per layer is as slow as the GPU running them; above it the launches hide
+ * behind the GPU's work and the bucket's slack rows would only cost. */
+enum { DEFAULT_GRAPH_MAX_TOKENS = 2048 };
+
+/* The token-count bucket of T: T rounded up to a multiple of 1/16 of the power of two below it,
+ * at least 16. Slack is at most 1/16 of T above 256 tokens (and under 16 rows below), and there
+ * are 16 buckets per doubling, so a few dozen graphs cover every batch up to the limit. */
+static int32_t token_bucket(int32_t T) {
+    int32_t pow2 = 1;
+    while (pow2 <= T / 2) pow2 *= 2;
+    const int32_t step = pow2 / 16 > 16 ? pow2 / 16 : 16;
+    return (T + step - 1) / step * step;
+}
+
+/* The rows a forward of T tokens runs on: its bucket when the layers replay a recorded graph,
+ * else 0 (the ops are launched directly on exactly T rows). */
+static int32_t graph_rows(const nopad_model *m, int32_t T) {
+    const int32_t limit = m->params.cuda_graph_max_tokens ? m->params.cuda_graph_max_tokens
+                                                          : DEFAULT_GRAPH_MAX_TOKENS;
+    if (!m->be->graph_run || limit < 0 || T > limit) return 0;
+    const int32_t rows = token_bucket(T);
+    if (m->params.max_batch_tokens > 0 && rows > m->params.max_batch_tokens) return 0;
+    return rows;
+}
+
+typedef struct layers_call {
+    nopad_model *m;
+    nopad_seqs seqs; /* n_tokens = the bucket's rows; cu_seqlens in the workspace */
+} layers_call;
+
+static nopad_status record_layers(void *ctx) {
+    layers_call *c = ctx;
+    return encoder_layers(c->m->be, &c->m->cfg, &c->m->weights, &c->m->ws, &c->seqs,
+                          c->seqs.n_tokens, c->m->ws.hidden);
+}
+
+/* Runs the encoder on a validated batch whose ids and cu_seqlens are in backend memory, with the
+ * workspace already reserved for `rows` (graph_rows) or T tokens. The last hidden states end in
+ * `hidden` [T, H]: ws->hidden, or a caller's device buffer. */
+static nopad_status run_encoder(nopad_model *m, const nopad_seqs *seqs, int32_t rows,
+                                const int32_t *tokens, const int32_t *types, void *hidden) {
+    nopad_backend *be = m->be;
+    encoder_workspace *ws = &m->ws;
+    m->forwards++;
+    if (!rows) return encoder_forward(be, &m->cfg, &m->weights, ws, seqs, tokens, types, hidden);
+    /* The layers replay a graph recorded for this bucket, B and max_seqlen (rounded up to 64,
+     * the granularity of the attention's tiles). Embeddings run outside it on exactly T rows; the
+     * graph's rows past T are slack: row-wise ops carry them along and nothing reads them back. */
+    if (ws->generation != m->graph_generation) {
+        be->graph_clear(be);
+        m->graph_generation = ws->generation;
+    }
+    const int32_t T = seqs->n_tokens, B = seqs->n_seqs;
+    nopad_status st = NOPAD_OK;
+    if (seqs->cu_seqlens != ws->cu_seqlens)
+        st = be->copy(be, ws->cu_seqlens, seqs->cu_seqlens, ((size_t)B + 1) * sizeof(int32_t));
+    if (st == NOPAD_OK) st = encoder_embed(be, &m->cfg, &m->weights, ws, seqs, tokens, types, ws->hidden);
+    if (st != NOPAD_OK) return st;
+    layers_call call = {.m = m,
+                        .seqs = {.n_seqs = B, .n_tokens = rows,
+                                 .max_seqlen = (seqs->max_seqlen + 63) / 64 * 64,
+                                 .cu_seqlens = ws->cu_seqlens}};
+    const int64_t key[4] = {rows, B, call.seqs.max_seqlen, 0};
+    st = be->graph_run(be, key, record_layers, &call);
+    if (st == NOPAD_OK && hidden != ws->hidden)
+        st = be->copy(be, hidden, ws->hidden, (size_t)T * m->cfg.hidden_size * nopad_dtype_size(be->dtype));
+    return st;
+}
+
 static nopad_status encode_locked(nopad_model *m, int32_t n_seqs, const int32_t *cu_seqlens,
                                   const int32_t *tokens, const int32_t *types, int32_t max_seqlen,
                                   nopad_pooling pooling, int normalize, float *hidden_out,
@@ -264,7 +348,8 @@ static nopad_status encode_locked(nopad_model *m, int32_t n_seqs, const int32_t 
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "batch has %d tokens, more than max_batch_tokens = %d; split it",
                                T, m->params.max_batch_tokens);
-    nopad_status st = encoder_workspace_reserve(be, &m->cfg, &m->ws, T, n_seqs);
+    const int32_t rows = graph_rows(m, T);
+    nopad_status st = encoder_workspace_reserve(be, &m->cfg, &m->ws, rows ? rows : T, n_seqs);
     if (st != NOPAD_OK) return st;
     encoder_workspace *ws = &m->ws;
     st = be->upload_i32(be, ws->tokens, tokens, (size_t)T);
@@ -273,8 +358,7 @@ static nopad_status encode_locked(nopad_model *m, int32_t n_seqs, const int32_t 
     if (st != NOPAD_OK) return st;
     nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = T, .max_seqlen = max_seqlen,
                        .cu_seqlens = ws->cu_seqlens};
-    st = encoder_forward(be, &m->cfg, &m->weights, ws, &seqs, ws->tokens, types ? ws->types : NULL,
-                         ws->hidden);
+    st = run_encoder(m, &seqs, rows, ws->tokens, types ? ws->types : NULL, ws->hidden);
     if (st != NOPAD_OK) return st;
     if (pooled_out) {
         st = be->pool(be, ws->pooled, ws->hidden, &seqs, H, pooling);
@@ -414,13 +498,15 @@ nopad_status nopad_encode_packed_device(nopad_model *m, int32_t n_seqs, int32_t 
                                n_tokens, m->params.max_batch_tokens);
     pthread_mutex_lock(&m->lock);
     nopad_backend *be = m->be;
-    st = encoder_workspace_reserve(be, &m->cfg, &m->ws, n_tokens, n_seqs);
+    const int32_t rows = graph_rows(m, n_tokens);
+    st = encoder_workspace_reserve(be, &m->cfg, &m->ws, rows ? rows : n_tokens, n_seqs);
     if (st == NOPAD_OK) {
         nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = n_tokens, .max_seqlen = max_seqlen,
                            .cu_seqlens = cu_seqlens};
-        /* the caller's buffer carries the residual stream: no copy at the end */
+        /* without a graph the caller's buffer carries the residual stream (no copy at the end);
+         * a graph names the workspace's, and the rows are copied out after it */
         void *hidden = hidden_out ? hidden_out : m->ws.hidden;
-        st = encoder_forward(be, &m->cfg, &m->weights, &m->ws, &seqs, tokens, token_type_ids, hidden);
+        st = run_encoder(m, &seqs, rows, tokens, token_type_ids, hidden);
         if (st == NOPAD_OK && pooled_out) st = be->pool(be, pooled_out, hidden, &seqs, m->cfg.hidden_size, pooling);
         if (st == NOPAD_OK && pooled_out && normalize)
             st = be->l2_normalize(be, pooled_out, n_seqs, m->cfg.hidden_size);

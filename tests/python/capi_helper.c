@@ -27,6 +27,7 @@ static void abi(void) {
     FIELD(nopad_model_params, n_threads);
     FIELD(nopad_model_params, max_batch_tokens);
     FIELD(nopad_model_params, cuda_stream);
+    FIELD(nopad_model_params, cuda_graph_max_tokens);
     SIZE(nopad_model_params);
     FIELD(nopad_model_info, model_type);
     FIELD(nopad_model_info, family);
@@ -50,6 +51,11 @@ static void abi(void) {
     FIELD(nopad_model_info, has_tokenizer);
     FIELD(nopad_model_info, tokenizer_kind);
     SIZE(nopad_model_info);
+    FIELD(nopad_model_stats, forwards);
+    FIELD(nopad_model_stats, graph_replays);
+    FIELD(nopad_model_stats, graphs_recorded);
+    FIELD(nopad_model_stats, graphs_held);
+    SIZE(nopad_model_stats);
     FIELD(nopad_encode_params, pooling);
     FIELD(nopad_encode_params, normalize);
     SIZE(nopad_encode_params);

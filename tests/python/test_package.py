@@ -17,6 +17,7 @@ def test_struct_layouts_match_the_header(capi_helper):
     structs = {"nopad_tokenize_params": _native.TokenizeParams,
                "nopad_model_params": _native.ModelParams,
                "nopad_model_info": _native.ModelInfo,
+               "nopad_model_stats": _native.ModelStats,
                "nopad_encode_params": _native.EncodeParams}
     seen = {name: [] for name in structs}
     for line in out.stdout.splitlines():
@@ -121,3 +122,15 @@ def test_memory_report():
         assert before["weights"] > 0 and before["workspace"] == 0
         enc.forward(np.array([5, 6, 7], dtype=np.int32), np.array([0, 3], dtype=np.int32))
         assert enc.memory["workspace"] > 0
+
+
+def test_stats_count_forwards():
+    import numpy as np
+    with nopad.Encoder(os.path.join(REPO, "tests", "data", "models", "bert_a")) as enc:
+        assert enc.stats == {"forwards": 0, "graph_replays": 0, "graphs_recorded": 0, "graphs_held": 0}
+        for _ in range(3):
+            enc.forward(np.array([5, 6, 7], dtype=np.int32), np.array([0, 3], dtype=np.int32))
+        # the CPU runs ops directly: no graphs
+        assert enc.stats == {"forwards": 3, "graph_replays": 0, "graphs_recorded": 0, "graphs_held": 0}
+    with pytest.raises(nopad.InvalidArgumentError, match="cuda_graph_max_tokens"):
+        nopad.Encoder(os.path.join(REPO, "tests", "data", "models", "bert_a"), cuda_graph_max_tokens=-2)

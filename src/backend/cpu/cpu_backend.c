@@ -41,6 +41,11 @@ static nopad_status cpu_upload_i32(nopad_backend *be, int32_t *dst, const int32_
 
 static nopad_status cpu_synchronize(nopad_backend *be) { return NOPAD_OK; }
 
+static nopad_status cpu_copy(nopad_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+    return NOPAD_OK;
+}
+
 nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     *out = NULL;
     nopad_backend *be = calloc(1, sizeof *be);
@@ -65,6 +70,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->download_f32 = cpu_download_f32;
     be->upload_i32 = cpu_upload_i32;
     be->synchronize = cpu_synchronize;
+    be->copy = cpu_copy;
     be->embed_layernorm = cpu_embed_layernorm;
     be->linear = cpu_linear;
     be->bias_residual_layernorm = cpu_bias_residual_layernorm;

@@ -16,7 +16,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "util/error.h"
 
-enum { GEMM_CACHE_SIZE = 512 };
+enum { GEMM_CACHE_SIZE = 512, GRAPH_CACHE_SIZE = 48, SEEN_KEYS = 64 };
 #define CUBLASLT_WORKSPACE_BYTES ((size_t)32 << 20)
 
 /* One cached GEMM configuration: shape, epilogue and the algorithm the heuristic picked. */
@@ -29,6 +29,13 @@ typedef struct gemm_plan {
     cublasLtMatmulAlgo_t algo;
 } gemm_plan;
 
+/* One recorded forward, replayed whenever the same key comes back. */
+typedef struct graph_entry {
+    int64_t key[4];
+    cudaGraphExec_t exec;
+    uint64_t last_use; /* for evicting the least recently used */
+} graph_entry;
+
 typedef struct cuda_state {
     cudaStream_t stream;
     int own_stream;
@@ -38,6 +45,13 @@ typedef struct cuda_state {
     size_t scratch_bytes;
     gemm_plan plans[GEMM_CACHE_SIZE];
     int n_plans;
+    graph_entry graphs[GRAPH_CACHE_SIZE];
+    int n_graphs;
+    uint64_t graph_clock;
+    int64_t seen[SEEN_KEYS][4]; /* keys run once, not yet recorded */
+    int next_seen;
+    int cannot_record; /* a recording failed once (e.g. a caller's stream that cannot be captured):
+                          run ops directly from then on */
 } cuda_state;
 
 static cuda_state *state_of(nopad_backend *be) { return (cuda_state *)be->impl; }
@@ -126,6 +140,93 @@ static void cu_release_staging(nopad_backend *be) {
 
 static nopad_status cu_synchronize(nopad_backend *be) {
     return cuda_check(cudaStreamSynchronize(state_of(be)->stream), "synchronize");
+}
+
+static nopad_status cu_copy(nopad_backend *be, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return NOPAD_OK;
+    return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state_of(be)->stream), "copy");
+}
+
+/* ---- recorded graphs -------------------------------------------------------------------------- */
+
+static void cu_graph_clear(nopad_backend *be) {
+    cuda_state *s = state_of(be);
+    if (s->n_graphs) cudaStreamSynchronize(s->stream); /* none may still be running */
+    for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
+    s->n_graphs = 0;
+    be->graphs_held = 0;
+    memset(s->seen, 0, sizeof s->seen);
+}
+
+/* Records record(ctx) by stream capture (the kernels are noted, not run) into *exec. Any failure,
+ * of the ops or of the capture, leaves *exec NULL with the CUDA error state cleared. */
+static void record_graph(cuda_state *s, nopad_status (*record)(void *ctx), void *ctx,
+                         cudaGraphExec_t *exec) {
+    *exec = NULL;
+    /* thread-local mode: other threads of the process may keep calling CUDA while we capture */
+    if (cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    nopad_status st = record(ctx);
+    cudaGraph_t graph = NULL;
+    cudaError_t err = cudaStreamEndCapture(s->stream, &graph);
+    if (st == NOPAD_OK && err == cudaSuccess && graph) err = cudaGraphInstantiate(exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (st != NOPAD_OK || err != cudaSuccess) {
+        cudaGetLastError();
+        *exec = NULL;
+    }
+}
+
+/* A key is recorded the second time it is seen: a shape that comes once is not worth the
+ * recording (about as long as running it, plus instantiation). */
+static int seen_before(cuda_state *s, const int64_t key[4]) {
+    for (int i = 0; i < SEEN_KEYS; i++)
+        if (memcmp(s->seen[i], key, sizeof s->seen[i]) == 0) return 1;
+    memcpy(s->seen[s->next_seen], key, sizeof s->seen[0]);
+    s->next_seen = (s->next_seen + 1) % SEEN_KEYS;
+    return 0;
+}
+
+static nopad_status cu_graph_run(nopad_backend *be, const int64_t key[4],
+                                 nopad_status (*record)(void *ctx), void *ctx) {
+    cuda_state *s = state_of(be);
+    /* the caller is recording our stream into a graph of its own: the ops go there directly */
+    enum cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s->stream, &capturing) != cudaSuccess) cudaGetLastError();
+    if (capturing != cudaStreamCaptureStatusNone) return record(ctx);
+    graph_entry *e = NULL;
+    for (int i = 0; i < s->n_graphs && !e; i++)
+        if (memcmp(s->graphs[i].key, key, sizeof s->graphs[i].key) == 0) e = &s->graphs[i];
+    if (!e) {
+        if (s->cannot_record || !seen_before(s, key)) return record(ctx);
+        cudaGraphExec_t exec;
+        record_graph(s, record, ctx, &exec);
+        if (!exec) {
+            /* run the ops directly: a genuine error shows there; if they succeed, it was the
+             * capture that failed (e.g. a caller's stream that cannot be captured) */
+            nopad_status st = record(ctx);
+            if (st == NOPAD_OK) s->cannot_record = 1;
+            return st;
+        }
+        if (s->n_graphs == GRAPH_CACHE_SIZE) { /* evict the least recently used */
+            int lru = 0;
+            for (int i = 1; i < s->n_graphs; i++)
+                if (s->graphs[i].last_use < s->graphs[lru].last_use) lru = i;
+            cudaStreamSynchronize(s->stream);
+            cudaGraphExecDestroy(s->graphs[lru].exec);
+            s->graphs[lru] = s->graphs[--s->n_graphs];
+        }
+        e = &s->graphs[s->n_graphs++];
+        memcpy(e->key, key, sizeof e->key);
+        e->exec = exec;
+        be->graphs_recorded++;
+        be->graphs_held = s->n_graphs;
+    }
+    e->last_use = ++s->graph_clock;
+    be->graph_replays++;
+    return cuda_check(cudaGraphLaunch(e->exec, s->stream), "graph launch");
 }
 
 /* ---- GEMM through cuBLASLt ------------------------------------------------------------------- */
@@ -296,6 +397,7 @@ static void cu_destroy(nopad_backend *be) {
     cuda_state *s = state_of(be);
     if (s) {
         if (s->stream) cudaStreamSynchronize(s->stream);
+        for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
         for (int i = 0; i < s->n_plans; i++) plan_destroy(&s->plans[i]);
         if (s->lt) cublasLtDestroy(s->lt);
         if (s->lt_workspace) cudaFree(s->lt_workspace);
@@ -352,6 +454,9 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->upload_i32 = cu_upload_i32;
     be->synchronize = cu_synchronize;
     be->release_staging = cu_release_staging;
+    be->copy = cu_copy;
+    be->graph_run = cu_graph_run;
+    be->graph_clear = cu_graph_clear;
     be->embed_layernorm = cu_embed_layernorm;
     be->linear = cu_linear;
     be->bias_residual_layernorm = cu_bias_residual_layernorm;
