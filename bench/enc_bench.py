@@ -101,7 +101,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the issue's target points only")
     ap.add_argument("--shape", default="base", choices=["base", "large"])
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
-    ap.add_argument("--peers", default="sdpa,eager,nested")
+    ap.add_argument("--peers", default="sdpa,eager,nested",
+                    help="comma list of sdpa, eager, nested, compile (HF sdpa + torch.compile)")
     ap.add_argument("--package", action="store_true",
                     help="also time nopad through the Python package (python/, nopad.Encoder)")
     args = ap.parse_args()
@@ -144,8 +145,7 @@ def main():
         layer = torch.nn.TransformerEncoderLayer(H, cfg.num_attention_heads, cfg.intermediate_size,
                                                  activation="gelu", batch_first=True,
                                                  layer_norm_eps=cfg.layer_norm_eps)
-        enc = torch.nn.TransformerEncoder(layer, L, enable_nested_tensor=True).to("cuda", dtype).eval()
-        peers["nested"] = enc
+        peers["nested"] = torch.nn.TransformerEncoder(layer, L, enable_nested_tensor=True).to("cuda", dtype).eval()
 
     rows = []
     gen = torch.Generator().manual_seed(20261121)
@@ -209,6 +209,18 @@ def main():
                     continue
                 set_attn(hf, impl)
                 row[f"hf_{impl}_ms"] = time_fn(lambda: hf(input_ids=padded, attention_mask=mask), iters, 5)
+            if "compile" in args.peers:
+                # HF sdpa under torch.compile, dynamic shapes: one compilation serves every point
+                # (per-shape compilation is minutes per point); compile time is not timed
+                set_attn(hf, "sdpa")
+                if "compiled" not in peers:
+                    peers["compiled"] = torch.compile(hf, dynamic=True)
+                cfn = lambda: peers["compiled"](input_ids=padded, attention_mask=mask)
+                t0 = time.time()
+                cfn()
+                torch.cuda.synchronize()
+                row["hf_sdpa_compile_first_call_s"] = time.time() - t0
+                row["hf_sdpa_compile_ms"] = time_fn(cfn, iters, 5)
             if "nested" in peers:
                 x = torch.randn(B, maxlen, H, device="cuda", dtype=dtype)
                 pad_mask = mask == 0
@@ -234,13 +246,13 @@ def main():
 
     print(f"\n{info['gpu']}, torch {info['torch']}, CUDA {info['cuda']}, {args.shape} {args.dtype}, "
           f"matmul {info['matmul_tflops']:.0f} TFLOP/s; ms per forward (median of 5 x N)")
-    print("| batch x max | T | ideal | nopad | nopad graph | x ideal | HF sdpa | HF eager | nested | vs best peer | err vs HF |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| batch x max | T | ideal | nopad | nopad graph | x ideal | HF sdpa | HF eager | HF sdpa+compile | nested | vs best peer | err vs HF |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     f = lambda v: f"{v:.3f}" if isinstance(v, float) else "–"
     for r in rows:
         print(f"| {r['batch']} x {r['max']} | {r['tokens']} | {f(r['ideal_ms'])} | {f(r['nopad_ms'])} | "
               f"{f(r.get('nopad_graph_ms'))} | {r['x_ideal']:.2f} | {f(r.get('hf_sdpa_ms'))} | "
-              f"{f(r.get('hf_eager_ms'))} | {f(r.get('nested_ms'))} | "
+              f"{f(r.get('hf_eager_ms'))} | {f(r.get('hf_sdpa_compile_ms'))} | {f(r.get('nested_ms'))} | "
               f"{(r['speedup_vs_best_peer'] or 0):.2f}x | {r['err_vs_hf']:.1e} |")
     if args.out:
         with open(args.out, "w") as fh:
