@@ -194,6 +194,23 @@ nopad_status nopad_encode_packed_device(nopad_model *model, int32_t n_seqs, int3
                                         const nopad_encode_params *params, void *hidden_out,
                                         void *pooled_out);
 
+/* Device-resident right-padded entry (models loaded on cuda), for inputs as tokenizers pad them:
+ *   tokens[n_seqs, max_len], token_type_ids[n_seqs, max_len] or NULL, lengths[n_seqs]: int32 GPU
+ *   memory owned by the caller; each row's real tokens first (lengths[i] of them, 1..max_len).
+ *   n_tokens = the sum of the lengths and max_seqlen = the longest, given by the caller so that
+ *   nothing is read back from the GPU (in torch: one .tolist() of lengths.sum() and .max()).
+ *   hidden_out [n_seqs, max_len, H] with zeros past each length, pooled_out [n_seqs, H] (or NULL),
+ *   in the model's compute dtype.
+ * The batch is packed on the GPU (a prefix sum of the lengths, then a gather), only real tokens
+ * are computed, and the last kernel unpacks the rows into hidden_out. Enqueued on the model's
+ * stream; the call returns without waiting. Lengths that contradict n_tokens or max_seqlen cannot
+ * be seen on the host: they yield NaN outputs instead of an error, never an out-of-bounds access. */
+nopad_status nopad_encode_padded_device(nopad_model *model, int32_t n_seqs, int32_t max_len,
+                                        int32_t n_tokens, int32_t max_seqlen, const int32_t *tokens,
+                                        const int32_t *token_type_ids, const int32_t *lengths,
+                                        const nopad_encode_params *params, void *hidden_out,
+                                        void *pooled_out);
+
 /* ---- ops on their own ---------------------------------------------------------------------- */
 
 /* Variable-length multi-head attention on a packed QKV tensor: the encoder's fused attention op,

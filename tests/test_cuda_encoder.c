@@ -609,6 +609,92 @@ static void test_graph_replay(void **state) {
     }
 }
 
+/* The padded device entry: packed and unpacked on the GPU, equal to the host padded entry (which
+ * packs on the host), zeros past each length, NaN-poisoned output first; called 3 times so the
+ * graph path records and replays; lengths that contradict n_tokens give NaN rows (no crash, the
+ * model stays usable); host-checkable mistakes give clear errors. */
+static void test_padded_device_entry(void **state) {
+    const char *dir = test_minilm_dir();
+    if (!dir) fail_msg("NOPAD_MINILM_DIR unset or missing: the padded device test needs MiniLM");
+    enum { B = 5, S = 40, H = 384 };
+    const int32_t lengths[B] = {40, 1, 17, 33, 8};
+    int32_t n_tokens = 0;
+    for (int b = 0; b < B; b++) n_tokens += lengths[b];
+    int32_t ids[B * S], types[B * S];
+    uint64_t rng = 11;
+    for (int i = 0; i < B * S; i++) {
+        ids[i] = 1000 + (int32_t)(test_rand_u32(&rng) % 20000);
+        types[i] = (int32_t)(test_rand_u32(&rng) % 2);
+    }
+    for (int di = 0; di < 2; di++) {
+        nopad_model *m = load_cuda(dir, di, 0);
+        float *want = malloc(sizeof(float) * B * S * H), *want_pooled = malloc(sizeof(float) * B * H);
+        nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
+        assert_nopad_ok(nopad_encode_padded(m, B, S, ids, types, lengths, &none, want, NULL));
+        assert_nopad_ok(nopad_encode_padded(m, B, S, ids, types, lengths, NULL, NULL, want_pooled));
+        int32_t *d_ids, *d_types, *d_len;
+        uint16_t *d_hidden, *d_pooled;
+        assert_int_equal(cudaMalloc((void **)&d_ids, sizeof ids), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_types, sizeof types), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_len, sizeof lengths), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_hidden, 2 * B * S * H), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&d_pooled, 2 * B * H), cudaSuccess);
+        cudaMemcpy(d_ids, ids, sizeof ids, cudaMemcpyHostToDevice);
+        cudaMemcpy(d_types, types, sizeof types, cudaMemcpyHostToDevice);
+        cudaMemcpy(d_len, lengths, sizeof lengths, cudaMemcpyHostToDevice);
+        uint16_t *raw = malloc(2 * B * S * H);
+        float *got = malloc(sizeof(float) * B * S * H);
+        nopad_encode_params dflt = nopad_encode_default_params();
+        for (int rep = 0; rep < 3; rep++) {
+            cudaMemset(d_hidden, 0xff, 2 * B * S * H); /* NaN in fp16 and bf16 */
+            cudaMemset(d_pooled, 0xff, 2 * B * H);
+            assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &none, d_hidden, NULL));
+            assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &dflt, NULL, d_pooled));
+            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            cudaMemcpy(raw, d_hidden, 2 * B * S * H, cudaMemcpyDeviceToHost);
+            for (int i = 0; i < B * S * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
+            for (int b = 0; b < B; b++) {
+                const float *g = got + (size_t)b * S * H, *w = want + (size_t)b * S * H;
+                const double err = test_max_row_rel_error(g, w, lengths[b], H);
+                if (!(err <= 1e-6)) fail_msg("%s padded device entry, call %d, row %d: %.3e vs host", DTYPE_NAMES[di], rep, b, err);
+                for (int i = lengths[b] * H; i < S * H; i++)
+                    if (g[i] != 0.0f) fail_msg("row %d position %d: %g past the length, want 0", b, i / H, g[i]);
+            }
+            cudaMemcpy(raw, d_pooled, 2 * B * H, cudaMemcpyDeviceToHost);
+            for (int i = 0; i < B * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
+            const double perr = test_max_row_rel_error(got, want_pooled, B, H);
+            if (!(perr <= 1e-6)) fail_msg("padded device entry pooled: %.3e vs host", perr);
+        }
+        /* lengths that do not add up to n_tokens, or a length of 0: NaN rows, no crash */
+        const int32_t bad_sets[2][B] = {{40, 1, 17, 33, 9}, {40, 1, 17, 0, 8}};
+        for (int k = 0; k < 2; k++) {
+            cudaMemcpy(d_len, bad_sets[k], sizeof lengths, cudaMemcpyHostToDevice);
+            assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, NULL, d_len, &none, d_hidden, NULL));
+            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            cudaMemcpy(raw, d_hidden, 2 * H, cudaMemcpyDeviceToHost); /* row 0, position 0 */
+            for (int h = 0; h < H; h++)
+                if (!isnan(half_bits_to_float(raw[h], di == 1))) fail_msg("bad lengths set %d: finite output", k);
+        }
+        /* and the model still gives the right answer */
+        cudaMemcpy(d_len, lengths, sizeof lengths, cudaMemcpyHostToDevice);
+        assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &none, d_hidden, NULL));
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        cudaMemcpy(raw, d_hidden, 2 * S * H, cudaMemcpyDeviceToHost);
+        for (int i = 0; i < S * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
+        if (!(test_max_row_rel_error(got, want, S, H) <= 1e-6)) fail_msg("after bad lengths: wrong output");
+        /* what the host can check */
+        assert_nopad_error(nopad_encode_padded_device(m, B, S, B - 1, 40, d_ids, NULL, d_len, &none, d_hidden, NULL),
+                           NOPAD_ERR_INVALID_ARGUMENT, "n_tokens");
+        assert_nopad_error(nopad_encode_padded_device(m, B, S, n_tokens, 41, d_ids, NULL, d_len, &none, d_hidden, NULL),
+                           NOPAD_ERR_INVALID_ARGUMENT, "max_seqlen");
+        assert_nopad_error(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, NULL, NULL, &none, d_hidden, NULL),
+                           NOPAD_ERR_INVALID_ARGUMENT, "lengths");
+        cudaFree(d_ids); cudaFree(d_types); cudaFree(d_len); cudaFree(d_hidden); cudaFree(d_pooled);
+        free(raw); free(got); free(want); free(want_pooled);
+        nopad_model_free(m);
+    }
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -627,6 +713,7 @@ int main(void) {
         cmocka_unit_test(test_device_entry),
         cmocka_unit_test(test_minilm_and_edge_batches),
         cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_padded_device_entry),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     cpu->destroy(cpu);

@@ -442,9 +442,13 @@ class Encoder:
 
         Returns:
             float32 [B, S, H] with zeros past each length (pooling "none"), or [B, H]; a torch
-            tensor for torch input, else numpy.
+            tensor for torch input, else numpy. Torch CUDA tensors stay on the GPU (Encoder on
+            "cuda"): packed and unpacked there, the result in the compute dtype.
         """
         torch_in = _arrays.is_torch(input_ids)
+        if torch_in and input_ids.device.type == "cuda":
+            return self._forward_padded_device(input_ids, attention_mask, lengths, token_type_ids,
+                                               pooling, normalize)
         ids = _arrays.to_numpy(input_ids, "input_ids")
         if ids.ndim != 2:
             raise InvalidArgumentError("input_ids must be [B, S], got shape %s" % (ids.shape,))
@@ -552,27 +556,98 @@ class Encoder:
             max_seqlen = _int_arg(max_seqlen, "max_seqlen", 1)
             if out is None:
                 out = torch.empty(shape, dtype=out_dtype, device=dev)
-            stream = self._stream
-            if isinstance(stream, int):
-                stream = torch.cuda.ExternalStream(stream, device=dev) if stream else None
-            if stream is None:
-                raise UnsupportedError(
-                    "this Encoder runs on a CUDA stream of the library's own, which torch cannot "
-                    "order against; make it with cuda_stream= (a torch.cuda.Stream)")
-            other = stream.cuda_stream != cur.cuda_stream
-            if other:
-                stream.wait_stream(cur)  # the inputs are ready
             params = self._encode_params(pool, normalize)
-            with self._handle.use() as model:  # type: ignore[union-attr]
-                st = _native.library().nopad_encode_packed_device(
-                    model, n_seqs, n_tokens, max_seqlen, cu.data_ptr(), ids.data_ptr(),
-                    None if types is None else types.data_ptr(), ctypes.byref(params),
-                    out.data_ptr() if per_token else None, None if per_token else out.data_ptr())
-                _native.check(st)
-            if other:
-                # The caller's later work sees the output; and memory torch allocated on `cur`
-                # (the int32 copies, out) is reused only by work ordered after the model's.
-                cur.wait_stream(stream)
+            self._on_model_stream(dev, cur, lambda model: _native.library().nopad_encode_packed_device(
+                model, n_seqs, n_tokens, max_seqlen, cu.data_ptr(), ids.data_ptr(),
+                None if types is None else types.data_ptr(), ctypes.byref(params),
+                out.data_ptr() if per_token else None, None if per_token else out.data_ptr()))
+        return out
+
+    def _on_model_stream(self, dev: Any, cur: Any, call: Any) -> None:
+        """Runs call(model handle) — one enqueueing C call — ordered after the caller's current
+        stream `cur`, and orders `cur` after it."""
+        torch = _arrays.torch_module()
+        stream = self._stream
+        if isinstance(stream, int):
+            stream = torch.cuda.ExternalStream(stream, device=dev) if stream else None
+        if stream is None:
+            raise UnsupportedError(
+                "this Encoder runs on a CUDA stream of the library's own, which torch cannot "
+                "order against; make it with cuda_stream= (a torch.cuda.Stream)")
+        other = stream.cuda_stream != cur.cuda_stream
+        if other:
+            stream.wait_stream(cur)  # the inputs are ready
+        with self._handle.use() as model:  # type: ignore[union-attr]
+            _native.check(call(model))
+        if other:
+            # The caller's later work sees the output; and memory torch allocated on `cur`
+            # (the int32 copies, out) is reused only by work ordered after the model's.
+            cur.wait_stream(stream)
+
+    def _forward_padded_device(self, input_ids: Any, attention_mask: Any, lengths: Any,
+                               token_type_ids: Any, pooling: Optional[str],
+                               normalize: Optional[bool]) -> Any:
+        """Torch CUDA [B, S] tensors: packed and unpacked on the GPU (nopad_encode_padded_device);
+        one host synchronisation reads the token count and the longest length."""
+        torch = _arrays.torch_module()
+        if self.info.device != "cuda":
+            raise InvalidArgumentError("CUDA tensors need an Encoder made with device='cuda' "
+                                       "(this one is on the CPU: pass CPU tensors or numpy)")
+        dev = input_ids.device
+        if self._cuda_index is not None and dev.index != self._cuda_index:
+            raise InvalidArgumentError("input_ids is on %s, the model on cuda:%s" % (dev, self._cuda_index))
+        if input_ids.dim() != 2 or 0 in input_ids.shape:
+            raise InvalidArgumentError("input_ids must be a non-empty [B, S] tensor, got shape %s"
+                                       % (tuple(input_ids.shape),))
+        B, S = (int(n) for n in input_ids.shape)
+        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if t is not None and (not _arrays.is_torch(t) or t.device != dev or tuple(t.shape) != (B, S)):
+                raise InvalidArgumentError("%s must be a [%d, %d] torch tensor on %s" % (name, B, S, dev))
+        if lengths is not None and attention_mask is not None:
+            raise InvalidArgumentError("give attention_mask or lengths, not both")
+        if lengths is not None and (not _arrays.is_torch(lengths) or lengths.device != dev
+                                    or tuple(lengths.shape) != (B,)):
+            raise InvalidArgumentError("lengths must be a [%d] torch tensor on %s" % (B, dev))
+        pool = _parse_pooling(pooling, self._pooling_code)
+        if pool == _native.POOLING_NONE and normalize:
+            raise InvalidArgumentError("normalize applies to pooled embeddings, not to "
+                                       "pooling='none'")
+        with torch.cuda.device(dev):
+            cur = torch.cuda.current_stream(dev)
+            if attention_mask is not None:
+                mask = attention_mask != 0
+                lens = mask.sum(dim=1, dtype=torch.int32)
+                prefix = torch.arange(S, device=dev)[None, :] < lens[:, None]
+                gapped = (mask != prefix).any(dim=1)
+            elif lengths is not None:
+                lens = lengths.to(torch.int32)
+                gapped = torch.zeros(B, dtype=torch.bool, device=dev)
+            else:
+                lens = torch.full((B,), S, dtype=torch.int32, device=dev)
+                gapped = torch.zeros(B, dtype=torch.bool, device=dev)
+            lens = lens.contiguous()
+            n_tokens, max_seqlen, min_len, n_gapped = torch.stack(
+                [lens.sum(dtype=torch.int64), lens.max().long(), lens.min().long(),
+                 gapped.sum(dtype=torch.int64)]).tolist()  # the one host synchronisation
+            if n_gapped:
+                row = int(torch.nonzero(gapped)[0][0])
+                raise InvalidArgumentError(
+                    "attention_mask row %d is not right padding (ones, then zeros); left-padded "
+                    "or gapped masks are not supported" % row)
+            if min_len < 1 or max_seqlen > S:
+                raise InvalidArgumentError("every length must be in [1, S = %d]; got lengths "
+                                           "from %d to %d" % (S, min_len, max_seqlen))
+            ids = input_ids.to(torch.int32).contiguous()
+            types = None if token_type_ids is None else token_type_ids.to(torch.int32).contiguous()
+            H = self.info.hidden_size
+            out_dtype = {"F16": torch.float16, "BF16": torch.bfloat16}[self.info.compute_dtype]
+            per_token = pool == _native.POOLING_NONE
+            out = torch.empty((B, S, H) if per_token else (B, H), dtype=out_dtype, device=dev)
+            params = self._encode_params(pool, normalize)
+            self._on_model_stream(dev, cur, lambda model: _native.library().nopad_encode_padded_device(
+                model, B, S, n_tokens, max_seqlen, ids.data_ptr(),
+                None if types is None else types.data_ptr(), lens.data_ptr(), ctypes.byref(params),
+                out.data_ptr() if per_token else None, None if per_token else out.data_ptr()))
         return out
 
     # ---- helpers -----------------------------------------------------------------------------

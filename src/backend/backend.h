@@ -72,6 +72,19 @@ struct nopad_backend {
                               nopad_status (*record)(void *ctx), void *ctx);
     /* Forgets every recorded graph (the buffers they name were freed or moved). */
     void (*graph_clear)(nopad_backend *be);
+    /* ---- right-padded batches in backend memory (NULL where the backend has none) ---------- */
+    /* cu_out[B+1] from lengths[B]; tokens_out[n_tokens] (types_out, or NULL) gathered from
+     * tokens[B, max_len] (types or NULL). Lengths are not read back to the host: if they do not
+     * fit [1, min(max_len, max_seqlen)] or add up to n_tokens, the ids are poisoned (NaN rows out)
+     * and cu_out stays a valid layout. Needs n_tokens >= n_seqs. */
+    nopad_status (*pack_padded)(nopad_backend *be, const int32_t *tokens, const int32_t *types,
+                                const int32_t *lengths, int32_t n_seqs, int32_t max_len,
+                                int32_t max_seqlen, int32_t n_tokens, int32_t *cu_out,
+                                int32_t *tokens_out, int32_t *types_out);
+    /* out[B, max_len, dim] = the rows of x[T, dim] per sequence of cu[B+1], zeros past each end. */
+    nopad_status (*unpack_padded)(nopad_backend *be, void *out, const void *x, const int32_t *cu,
+                                  int32_t n_seqs, int32_t max_len, int32_t dim);
+
     int64_t graph_replays, graphs_recorded; /* counters kept by graph_run */
     int32_t graphs_held;
 

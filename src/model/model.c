@@ -514,3 +514,56 @@ nopad_status nopad_encode_packed_device(nopad_model *m, int32_t n_seqs, int32_t 
     pthread_mutex_unlock(&m->lock);
     return st;
 }
+
+nopad_status nopad_encode_padded_device(nopad_model *m, int32_t n_seqs, int32_t max_len,
+                                        int32_t n_tokens, int32_t max_seqlen, const int32_t *tokens,
+                                        const int32_t *token_type_ids, const int32_t *lengths,
+                                        const nopad_encode_params *params, void *hidden_out,
+                                        void *pooled_out) {
+    if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_encode_padded_device: model is NULL");
+    if (m->params.device != NOPAD_DEVICE_CUDA || !m->be->pack_padded)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_encode_padded_device needs a model loaded on cuda; use "
+                               "nopad_encode_padded for host buffers");
+    nopad_pooling pooling;
+    int normalize;
+    nopad_status st = resolve_encode_params(m, params, hidden_out != NULL, pooled_out != NULL,
+                                            "nopad_encode_padded_device", &pooling, &normalize);
+    if (st != NOPAD_OK) return st;
+    if (n_seqs <= 0 || max_len <= 0 || !tokens || !lengths)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_encode_padded_device: need n_seqs >= 1, max_len >= 1 (got %d, "
+                               "%d), tokens and lengths", n_seqs, max_len);
+    if (n_tokens < n_seqs || (int64_t)n_tokens > (int64_t)n_seqs * max_len)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_encode_padded_device: n_tokens %d must be in [n_seqs, n_seqs * "
+                               "max_len] = [%d, %lld] (it is the sum of the lengths)",
+                               n_tokens, n_seqs, (long long)n_seqs * max_len);
+    const int32_t limit = m->cfg.max_position_embeddings - m->cfg.position_offset;
+    if (max_seqlen < 1 || max_seqlen > max_len || max_seqlen > limit)
+        return nopad_set_error(max_seqlen > limit ? NOPAD_ERR_TOO_LONG : NOPAD_ERR_INVALID_ARGUMENT,
+                               "max_seqlen %d: must be in [1, %d] (max_len, and the model maximum %d)",
+                               max_seqlen, max_len < limit ? max_len : limit, limit);
+    if (m->params.max_batch_tokens > 0 && n_tokens > m->params.max_batch_tokens)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "batch has %d tokens, more than max_batch_tokens = %d; split it",
+                               n_tokens, m->params.max_batch_tokens);
+    pthread_mutex_lock(&m->lock);
+    nopad_backend *be = m->be;
+    const int32_t rows = graph_rows(m, n_tokens);
+    st = encoder_workspace_reserve(be, &m->cfg, &m->ws, rows ? rows : n_tokens, n_seqs);
+    encoder_workspace *ws = &m->ws;
+    if (st == NOPAD_OK)
+        st = be->pack_padded(be, tokens, token_type_ids, lengths, n_seqs, max_len, max_seqlen, n_tokens,
+                             ws->cu_seqlens, ws->tokens, token_type_ids ? ws->types : NULL);
+    nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = n_tokens, .max_seqlen = max_seqlen,
+                       .cu_seqlens = ws->cu_seqlens};
+    if (st == NOPAD_OK)
+        st = run_encoder(m, &seqs, rows, ws->tokens, token_type_ids ? ws->types : NULL, ws->hidden);
+    if (st == NOPAD_OK && hidden_out)
+        st = be->unpack_padded(be, hidden_out, ws->hidden, ws->cu_seqlens, n_seqs, max_len, m->cfg.hidden_size);
+    if (st == NOPAD_OK && pooled_out) st = be->pool(be, pooled_out, ws->hidden, &seqs, m->cfg.hidden_size, pooling);
+    if (st == NOPAD_OK && pooled_out && normalize) st = be->l2_normalize(be, pooled_out, n_seqs, m->cfg.hidden_size);
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}

@@ -119,3 +119,34 @@ def test_small_batches_replay_graphs_with_the_same_result():
         stats = enc.stats
         assert stats["forwards"] == 4 and stats["graphs_recorded"] == 1 and stats["graph_replays"] == 3
         assert direct.stats["graph_replays"] == 0
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_forward_padded_on_cuda_tensors_stays_on_the_gpu(dtype):
+    tdtype, bound = DTYPES[dtype]
+    g = load_safetensors(MODELS / "bert_a" / "golden.safetensors")
+    ids, cu = g["input_ids"], g["cu_seqlens"]
+    lens = np.diff(cu)
+    B, S = len(lens), int(lens.max()) + 3
+    padded = np.zeros((B, S), dtype=np.int64)
+    mask = np.zeros((B, S), dtype=np.int64)
+    for i in range(B):
+        padded[i, :lens[i]] = ids[cu[i]:cu[i + 1]]
+        mask[i, :lens[i]] = 1
+    with nopad.Encoder(MODELS / "bert_a", device="cuda", dtype=dtype) as enc:
+        want = enc.forward_padded(padded, attention_mask=mask)  # numpy: packed on the host
+        for _ in range(3):
+            got = enc.forward_padded(torch.from_numpy(padded).cuda(),
+                                     attention_mask=torch.from_numpy(mask).cuda())
+            assert got.is_cuda and got.dtype == tdtype and tuple(got.shape) == (B, S, enc.hidden_size)
+            got = got.float().cpu().numpy()
+            for i in range(B):
+                assert row_rel_err(got[i, :lens[i]], want[i, :lens[i]]) <= 1e-6
+                assert not got[i, lens[i]:].any()
+        by_len = enc.forward_padded(torch.from_numpy(padded).cuda(),
+                                    lengths=torch.from_numpy(lens.astype(np.int32)).cuda(), pooling="cls")
+        want_cls = enc.forward_padded(padded, attention_mask=mask, pooling="cls")
+        assert row_rel_err(by_len.float().cpu().numpy(), want_cls) <= 1e-6
+        left = mask[:, ::-1].copy()
+        with pytest.raises(nopad.InvalidArgumentError, match="right padding"):
+            enc.forward_padded(torch.from_numpy(padded).cuda(), attention_mask=torch.from_numpy(left).cuda())

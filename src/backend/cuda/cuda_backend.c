@@ -50,6 +50,7 @@ typedef struct cuda_state {
     uint64_t graph_clock;
     int64_t seen[SEEN_KEYS][4]; /* keys run once, not yet recorded */
     int next_seen;
+    int32_t *pack_bad; /* device flag of pack_padded: the lengths did not match what the host said */
     int cannot_record; /* a recording failed once (e.g. a caller's stream that cannot be captured):
                           run ops directly from then on */
 } cuda_state;
@@ -145,6 +146,21 @@ static nopad_status cu_synchronize(nopad_backend *be) {
 static nopad_status cu_copy(nopad_backend *be, void *dst, const void *src, size_t bytes) {
     if (!bytes) return NOPAD_OK;
     return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state_of(be)->stream), "copy");
+}
+
+static nopad_status cu_pack_padded(nopad_backend *be, const int32_t *tokens, const int32_t *types,
+                                   const int32_t *lengths, int32_t n_seqs, int32_t max_len,
+                                   int32_t max_seqlen, int32_t n_tokens, int32_t *cu_out,
+                                   int32_t *tokens_out, int32_t *types_out) {
+    cuda_state *s = state_of(be);
+    return cuda_pack_padded(tokens, types, lengths, n_seqs, max_len, max_seqlen, n_tokens, cu_out,
+                            tokens_out, types_out, s->pack_bad, s->stream);
+}
+
+static nopad_status cu_unpack_padded(nopad_backend *be, void *out, const void *x, const int32_t *cu,
+                                     int32_t n_seqs, int32_t max_len, int32_t dim) {
+    /* rows of F16 or BF16: two bytes an element */
+    return cuda_unpack_padded(out, x, cu, n_seqs, max_len, (size_t)dim * 2, state_of(be)->stream);
 }
 
 /* ---- recorded graphs -------------------------------------------------------------------------- */
@@ -402,6 +418,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->lt) cublasLtDestroy(s->lt);
         if (s->lt_workspace) cudaFree(s->lt_workspace);
         if (s->scratch) cudaFree(s->scratch);
+        if (s->pack_bad) cudaFree(s->pack_bad);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);
     }
@@ -440,6 +457,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     }
     if (st == NOPAD_OK) st = lt_check(cublasLtCreate(&s->lt), "create");
     if (st == NOPAD_OK) st = cuda_check(cudaMalloc(&s->lt_workspace, CUBLASLT_WORKSPACE_BYTES), "workspace");
+    if (st == NOPAD_OK) st = cuda_check(cudaMalloc((void **)&s->pack_bad, sizeof(int32_t)), "flag");
     if (st != NOPAD_OK) {
         cu_destroy(be);
         return st;
@@ -457,6 +475,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->copy = cu_copy;
     be->graph_run = cu_graph_run;
     be->graph_clear = cu_graph_clear;
+    be->pack_padded = cu_pack_padded;
+    be->unpack_padded = cu_unpack_padded;
     be->embed_layernorm = cu_embed_layernorm;
     be->linear = cu_linear;
     be->bias_residual_layernorm = cu_bias_residual_layernorm;

@@ -48,6 +48,22 @@ nopad_status cuda_attention_varlen_generic(nopad_dtype dtype, void *out, const v
                                            int32_t n_tokens, int32_t n_heads, int32_t head_size,
                                            float scale, int causal, void *stream);
 
+/* Packs a right-padded batch on the device: cu_out[B+1] = prefix sum of lengths[B];
+ * tokens_out[T] (types_out[T], or NULL) gathered from tokens[B, max_len] (types or NULL: zeros).
+ * The lengths are not read back: if one is outside [1, min(max_len, max_seqlen)] or they do not
+ * add up to n_tokens,
+ * *bad (device int) is set, cu_out becomes [0, 1, ..., B-1, n_tokens] and every id -1, so the
+ * forward stays in bounds and yields NaN rows. Needs n_tokens >= n_seqs. */
+nopad_status cuda_pack_padded(const int32_t *tokens, const int32_t *types, const int32_t *lengths,
+                              int32_t n_seqs, int32_t max_len, int32_t max_seqlen, int32_t n_tokens,
+                              int32_t *cu_out, int32_t *tokens_out, int32_t *types_out, int32_t *bad,
+                              void *stream);
+
+/* out[B, max_len, row] = the packed rows x[T, row] of each sequence (cu[B+1]), zeros past its
+ * length; row_bytes per row (a byte copy: any dtype). */
+nopad_status cuda_unpack_padded(void *out, const void *x, const int32_t *cu, int32_t n_seqs,
+                                int32_t max_len, size_t row_bytes, void *stream);
+
 /* Element conversions between float32 and dtype, n elements, device to device. */
 nopad_status cuda_convert_from_f32(nopad_dtype dtype, void *dst, const float *src, size_t n,
                                    void *stream);
