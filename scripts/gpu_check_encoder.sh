@@ -49,7 +49,14 @@ status=0
 if want test; then
     "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
 fi
+if want pytest; then
+    # the Python package's GPU tests (torch CUDA tensors in and out) against this build
+    (cd "$ROOT" && PYTHONPATH=$ROOT/python NOPAD_LIBRARY=$BUILD/libnopad.so \
+        python3 -m pytest -q -p no:cacheprovider tests/python/test_cuda_encoder.py tests/python/test_attention.py) \
+        2>&1 | tee "$OUTDIR/pytest_gpu.log" | tail -n 15 || status=1
+fi
 if want sanitize; then
+    # NOPAD_TEST_FILTER narrows it (the full suite under memcheck takes minutes)
     compute-sanitizer --tool memcheck --leak-check no "$BUILD/tests/test_cuda_encoder" > "$OUTDIR/memcheck.log" 2>&1 || status=1
     tail -n 5 "$OUTDIR/memcheck.log"
 fi
