@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_ops.h"
 extern "C" {
@@ -71,12 +72,70 @@ static nopad_status launch_status(const char *what) {
     return NOPAD_OK;
 }
 
+/* Programmatic dependent launch (Hopper): the row-wise kernels below follow a GEMM each. Launched
+ * with programmatic stream serialisation they are scheduled while the GEMM's last CTAs drain, load
+ * what does not depend on it (LayerNorm weights, biases), and wait in griddepcontrol.wait until the
+ * GEMM's results are complete and visible. Without the attribute the wait returns at once.
+ * NOPAD_PDL=0 turns it off (for A/B timing). */
+__device__ __forceinline__ void wait_for_upstream_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static int pdl_enabled(void) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *env = getenv("NOPAD_PDL");
+        enabled = !(env && env[0] == '0');
+    }
+    return enabled;
+}
+
+template <typename... Params, typename... Args>
+static void launch_row_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                              Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, ((Params)args)...);
+}
+
 enum { LN_WARPS = 4 }; /* rows per 128-thread block */
 
-/* Normalises the row held in v[ITERS * VEC] (lane's share; invalid slots hold 0) and stores it. */
+/* The lane's share of a row-wide weight vector (gamma, beta, bias), kept in its 16-bit form (half
+ * the registers of floats: the kernels hold three of them); 0 past dim or when src is NULL. */
 template <typename T, int VEC, int ITERS>
-__device__ __forceinline__ void layernorm_store(float *v, T *out_row, const T *w, const T *b,
-                                                float eps, int dim, int lane) {
+struct row_share {
+    T e[ITERS * VEC];
+    __device__ __forceinline__ void load(const T *src, int dim, int lane) {
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int e0 = (it * 32 + lane) * VEC;
+            if (VEC == 8 && src && e0 < dim) {
+                *reinterpret_cast<uint4 *>(e + it * VEC) = *reinterpret_cast<const uint4 *>(src + e0);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VEC; j++) e[it * VEC + j] = src && e0 + j < dim ? src[e0 + j] : from_f32<T>(0.0f);
+            }
+        }
+    }
+    __device__ __forceinline__ float operator[](int i) const { return to_f32(e[i]); }
+};
+
+/* Normalises the row held in v[ITERS * VEC] (lane's share; invalid slots hold 0) with the
+ * preloaded shares wv (gamma) and bv (beta), and stores it. */
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void layernorm_store(float *v, T *out_row, const row_share<T, VEC, ITERS> &wv,
+                                                const row_share<T, VEC, ITERS> &bv, float eps, int dim,
+                                                int lane) {
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < ITERS * VEC; i++) sum += v[i];
@@ -98,12 +157,11 @@ __device__ __forceinline__ void layernorm_store(float *v, T *out_row, const T *w
     for (int it = 0; it < ITERS; it++) {
         const int e0 = (it * 32 + lane) * VEC;
         if (e0 >= dim) continue;
-        float wv[VEC], bv[VEC], o[VEC];
+        float o[VEC];
         if (VEC == 8 || e0 + VEC <= dim) {
-            load_vec<T, VEC>(wv, w + e0);
-            load_vec<T, VEC>(bv, b + e0);
 #pragma unroll
-            for (int j = 0; j < VEC; j++) o[j] = (v[it * VEC + j] - mean) * rstd * wv[j] + bv[j];
+            for (int j = 0; j < VEC; j++)
+                o[j] = (v[it * VEC + j] - mean) * rstd * wv[it * VEC + j] + bv[it * VEC + j];
             store_vec<T, VEC>(out_row + e0, o);
         }
     }
@@ -117,6 +175,12 @@ bias_residual_layernorm_kernel(T *__restrict__ x, const T *__restrict__ bias,
                                const T *__restrict__ residual, const T *__restrict__ w,
                                const T *__restrict__ b, float eps, int rows, int dim) {
     const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    /* weights first: they do not depend on the GEMM this kernel follows */
+    row_share<T, VEC, ITERS> wv, bv, biasv;
+    wv.load(w, dim, lane);
+    bv.load(b, dim, lane);
+    biasv.load(bias, dim, lane);
+    wait_for_upstream_grid();
     if (row >= rows) return;
     T *xr = x + (size_t)row * dim;
     const T *rr = residual + (size_t)row * dim;
@@ -124,17 +188,16 @@ bias_residual_layernorm_kernel(T *__restrict__ x, const T *__restrict__ bias,
 #pragma unroll
     for (int it = 0; it < ITERS; it++) {
         const int e0 = (it * 32 + lane) * VEC;
-        float xv[VEC], rv[VEC], bv[VEC];
+        float xv[VEC], rv[VEC];
         if (e0 < dim) {
             load_vec<T, VEC>(xv, xr + e0);
             load_vec<T, VEC>(rv, rr + e0);
-            if (bias) load_vec<T, VEC>(bv, bias + e0);
         }
 #pragma unroll
         for (int j = 0; j < VEC; j++)
-            v[it * VEC + j] = e0 < dim ? xv[j] + rv[j] + (bias ? bv[j] : 0.0f) : 0.0f;
+            v[it * VEC + j] = e0 < dim ? xv[j] + rv[j] + biasv[it * VEC + j] : 0.0f;
     }
-    layernorm_store<T, VEC, ITERS>(v, xr, w, b, eps, dim, lane);
+    layernorm_store<T, VEC, ITERS>(v, xr, wv, bv, eps, dim, lane);
 }
 
 /* ---- embedding gather + LayerNorm -------------------------------------------------------------- */
@@ -159,6 +222,10 @@ embed_layernorm_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
                        const T *__restrict__ type, const T *__restrict__ w, const T *__restrict__ b,
                        float eps, int dim) {
     const int t = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    row_share<T, VEC, ITERS> wv, bv;
+    wv.load(w, dim, lane);
+    bv.load(b, dim, lane);
+    wait_for_upstream_grid(); /* the ids may come from the packing kernel */
     if (t >= n_tokens) return;
     const int s = sequence_of(cu_seqlens, n_seqs, t);
     const int id = tokens[t];
@@ -186,7 +253,7 @@ embed_layernorm_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
 #pragma unroll
         for (int j = 0; j < VEC; j++) v[it * VEC + j] = e0 < dim ? a[j] + c[j] + (tr ? d[j] : 0.0f) : 0.0f;
     }
-    layernorm_store<T, VEC, ITERS>(v, orow, w, b, eps, dim, lane);
+    layernorm_store<T, VEC, ITERS>(v, orow, wv, bv, eps, dim, lane);
 }
 
 /* Chooses VEC and the per-lane register count for `dim`; returns 0 if dim is too wide. */
@@ -194,16 +261,17 @@ embed_layernorm_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
     do {                                                                                           \
         if (dim % 8 == 0) {                                                                        \
             const int iters = (dim + 255) / 256;                                                   \
-            if (iters <= 1) KERNEL<T, 8, 1><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__);      \
-            else if (iters <= 2) KERNEL<T, 8, 2><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
-            else if (iters <= 4) KERNEL<T, 8, 4><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
-            else if (iters <= 8) KERNEL<T, 8, 8><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
+            if (iters <= 1) launch_row_kernel(KERNEL<T, 8, 1>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__);      \
+            else if (iters <= 2) launch_row_kernel(KERNEL<T, 8, 2>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__); \
+            else if (iters <= 3) launch_row_kernel(KERNEL<T, 8, 3>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__); \
+            else if (iters <= 4) launch_row_kernel(KERNEL<T, 8, 4>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__); \
+            else if (iters <= 8) launch_row_kernel(KERNEL<T, 8, 8>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__); \
             else return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "LayerNorm width %d > 2048", dim);   \
         } else {                                                                                   \
             const int iters = (dim + 31) / 32;                                                     \
-            if (iters <= 2) KERNEL<T, 1, 2><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__);      \
-            else if (iters <= 8) KERNEL<T, 1, 8><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
-            else if (iters <= 32) KERNEL<T, 1, 32><<<GRID, LN_WARPS * 32, 0, STREAM>>>(__VA_ARGS__); \
+            if (iters <= 2) launch_row_kernel(KERNEL<T, 1, 2>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__);      \
+            else if (iters <= 8) launch_row_kernel(KERNEL<T, 1, 8>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__); \
+            else if (iters <= 32) launch_row_kernel(KERNEL<T, 1, 32>, GRID, LN_WARPS * 32, STREAM, __VA_ARGS__); \
             else return nopad_set_error(NOPAD_ERR_UNSUPPORTED,                                     \
                                         "LayerNorm width %d > 1024 and not a multiple of 8", dim); \
         }                                                                                          \
@@ -245,6 +313,7 @@ template <typename T, int VEC>
 __global__ void bias_activation_kernel(T *__restrict__ x, const T *__restrict__ bias, size_t n,
                                        int dim, int act) {
     const size_t stride = (size_t)gridDim.x * blockDim.x * VEC;
+    wait_for_upstream_grid();
     for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n; i += stride) {
         float v[VEC], bv[VEC];
         load_vec<T, VEC>(v, x + i);
@@ -265,9 +334,9 @@ static nopad_status bias_activation_t(void *x, const void *bias, int rows, int d
                                       nopad_activation act, cudaStream_t stream) {
     const size_t n = (size_t)rows * dim;
     if (dim % 8 == 0)
-        bias_activation_kernel<T, 8><<<grid_for(n / 8, 256), 256, 0, stream>>>((T *)x, (const T *)bias, n, dim, act);
+        launch_row_kernel(bias_activation_kernel<T, 8>, grid_for(n / 8, 256), 256, stream, (T *)x, (const T *)bias, n, dim, (int)act);
     else
-        bias_activation_kernel<T, 1><<<grid_for(n, 256), 256, 0, stream>>>((T *)x, (const T *)bias, n, dim, act);
+        launch_row_kernel(bias_activation_kernel<T, 1>, grid_for(n, 256), 256, stream, (T *)x, (const T *)bias, n, dim, (int)act);
     return launch_status("bias_activation");
 }
 
