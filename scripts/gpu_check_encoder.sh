@@ -79,6 +79,25 @@ if want graphs; then
         done
     done
 fi
+if want ab; then
+    # A/B of a runtime knob on nopad bench (host entry), alternating settings point by point:
+    # AB_SETTINGS="NOPAD_PDL=0 NOPAD_PDL=1" (words are env assignments or nopad bench options,
+    # joined by commas: "NOPAD_PDL=0,--cuda-graph-max-tokens=-1"), AB_POINTS="1x128 16x512"
+    model=$(bert_base)
+    for point in ${AB_POINTS:-1x128 16x256 16x512 128x512}; do
+        for rep in 1 2; do
+            for setting in ${AB_SETTINGS:-NOPAD_PDL=0 NOPAD_PDL=1}; do
+                envs=() opts=()
+                for w in ${setting//,/ }; do
+                    if [[ $w == --* ]]; then opts+=("${w%%=*}" "${w#*=}"); else envs+=("$w"); fi
+                done
+                printf '%s rep %s %s: ' "$point" "$rep" "$setting" | tee -a "$OUTDIR/ab.log"
+                env "${envs[@]}" "$BUILD/nopad" bench --model "$model" --device cuda --batch "${point%x*}" \
+                    --max "${point#*x}" --iters 100 --warmup 10 "${opts[@]}" 2>&1 | grep '^| [0-9]' | tee -a "$OUTDIR/ab.log"
+            done
+        done
+    done
+fi
 if want profile; then
     # per-kernel times of one BERT-base forward at batch 1 x 128, launched directly (ncu serialises
     # kernels, so this is each kernel alone, not the overlap)
