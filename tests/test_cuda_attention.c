@@ -171,12 +171,14 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
     free(cu);
 }
 
+/* {1, 256}: T is exactly two 128-row tiles (every TMA box inside qkv); {4, 513}: one token past a
+ * tile, just above the length where the dispatcher switches kernels; {1, 1}: T smaller than any tile */
 static const attn_case full_cases[] = {
     {1, 1, 3, 0},     {1, 2048, 2, 0}, {200, 64, 3, 0}, {200, 300, 2, 0}, {7, 1000, 2, 0},
-    {64, 2048, 2, 1}, {3, 129, 3, 0},  {5, 17, 4, 0},
+    {64, 2048, 2, 1}, {3, 129, 3, 0},  {5, 17, 4, 0},   {1, 256, 2, 0},   {4, 513, 2, 0},
 };
 static const attn_case quick_cases[] = {
-    {1, 1, 2, 0}, {3, 129, 2, 0}, {6, 70, 2, 0}, {8, 150, 1, 1},
+    {1, 1, 2, 0}, {3, 129, 2, 0}, {6, 70, 2, 0}, {8, 150, 1, 1}, {2, 400, 1, 0},
 };
 
 static void run_grid(int32_t d, nopad_dtype dtype, uint64_t seed) {
