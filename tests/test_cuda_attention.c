@@ -10,7 +10,8 @@
  * end are checked to stay poisoned, so an unwritten or stray-written element fails.
  *
  * No GPU (cudaGetDeviceCount fails or finds none): exit 77, which ctest reports as skipped.
- * NOPAD_GPU_TEST_QUICK=1 runs small shapes only (for compute-sanitizer, which is ~100x slower). */
+ * NOPAD_GPU_TEST_QUICK=1 runs small shapes only (for compute-sanitizer, which is ~100x slower);
+ * NOPAD_GPU_TEST_D=32|64|128 one head size only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,7 +182,17 @@ static const attn_case quick_cases[] = {
     {1, 1, 2, 0}, {3, 129, 2, 0}, {6, 70, 2, 0}, {8, 150, 1, 1}, {2, 400, 1, 0},
 };
 
+/* NOPAD_GPU_TEST_D=64 (say): only that head size, so a sanitizer run can focus on one kernel */
+static int head_size_selected(int32_t d) {
+    const char *e = getenv("NOPAD_GPU_TEST_D");
+    return !(e && *e) || atoi(e) == d;
+}
+
 static void run_grid(int32_t d, nopad_dtype dtype, uint64_t seed) {
+    if (!head_size_selected(d)) {
+        printf("  d=%d skipped (NOPAD_GPU_TEST_D)\n", d);
+        return;
+    }
     uint64_t rng = seed;
     const int quick = quick_mode();
     const attn_case *cases = quick ? quick_cases : full_cases;

@@ -129,11 +129,104 @@ static __device__ __forceinline__ void fence_pa(uint32_t (*pa)[4]) {
         for (int i = 0; i < 4; i++) asm volatile("" : "+r"(pa[k][i])::"memory");
 }
 
+/* ---- work list: longest sequences first (persistent launch) -------------------------------------- */
+
+constexpr int FA3_MAX_PERSIST_SEQS = 1024;  // sequences a persistent launch sorts in shared memory
+constexpr int FA3_LEN_BUCKETS = 256;        // sort key: key tiles of the sequence, clamped
+
+/* The persistent grid walks work items (sequence, head, query tile) in the order: sequences by
+ * decreasing length (each CTA counting-sorts cu_seqlens into shared memory at start: the same order
+ * in every CTA, no device scratch, no host sync), then head, then query tile. Item w goes to CTA
+ * w % gridDim.x, so the longest items start first and the short ones fill the tail. */
+struct Fa3Schedule {
+    int order[FA3_MAX_PERSIST_SEQS];       // sequences, longest first
+    int prefix[FA3_MAX_PERSIST_SEQS + 1];  // work items before position p of `order`
+    int bucket[FA3_LEN_BUCKETS];
+};
+
+template <int THREADS, int BLOCK_M, int BLOCK_N>
+static __device__ void build_schedule(Fa3Schedule &sc, const int32_t *cu_seqlens, int n_seqs, int n_heads, int tid) {
+    for (int b = tid; b < FA3_LEN_BUCKETS; b += THREADS) sc.bucket[b] = 0;
+    __syncthreads();
+    for (int i = tid; i < n_seqs; i += THREADS) {
+        const int len = cu_seqlens[i + 1] - cu_seqlens[i];
+        atomicAdd(&sc.bucket[min((len + BLOCK_N - 1) / BLOCK_N, FA3_LEN_BUCKETS - 1)], 1);
+    }
+    __syncthreads();
+    if (tid < 32) {  // bucket offsets, longest bucket first: 8 buckets a lane, then a warp scan
+        constexpr int PER = FA3_LEN_BUCKETS / 32;
+        int c[PER], sum = 0;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            c[k] = sc.bucket[FA3_LEN_BUCKETS - 1 - (tid * PER + k)];
+            sum += c[k];
+        }
+        int incl = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (tid >= o) incl += v;
+        }
+        int off = incl - sum;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            sc.bucket[FA3_LEN_BUCKETS - 1 - (tid * PER + k)] = off;
+            off += c[k];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < n_seqs; i += THREADS) {
+        const int len = cu_seqlens[i + 1] - cu_seqlens[i];
+        sc.order[atomicAdd(&sc.bucket[min((len + BLOCK_N - 1) / BLOCK_N, FA3_LEN_BUCKETS - 1)], 1)] = i;
+    }
+    __syncthreads();
+    /* prefix of items (query tiles x heads) along `order`: consecutive chunks per thread, a scan of
+     * the chunk sums through warp shuffles and one shared array of warp totals (in `bucket`) */
+    constexpr int CHUNK = (FA3_MAX_PERSIST_SEQS + THREADS - 1) / THREADS;
+    int items[CHUNK], sum = 0;
+#pragma unroll
+    for (int k = 0; k < CHUNK; k++) {
+        const int p = tid * CHUNK + k;
+        items[k] = 0;
+        if (p < n_seqs) {
+            const int s = sc.order[p];
+            items[k] = (cu_seqlens[s + 1] - cu_seqlens[s] + BLOCK_M - 1) / BLOCK_M * n_heads;
+        }
+        sum += items[k];
+    }
+    const int lane = tid & 31, warp = tid >> 5;
+    int incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    __syncthreads();  // everyone is done reading bucket offsets
+    if (lane == 31) sc.bucket[warp] = incl;
+    __syncthreads();
+    int base = 0;
+    for (int w = 0; w < warp; w++) base += sc.bucket[w];
+    int run = base + incl - sum;
+#pragma unroll
+    for (int k = 0; k < CHUNK; k++) {
+        const int p = tid * CHUNK + k;
+        if (p < n_seqs) sc.prefix[p] = run;
+        run += items[k];
+    }
+    if (tid == THREADS - 1) sc.prefix[n_seqs] = run;
+    __syncthreads();
+}
+
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
 /* named barrier ids (0 is __syncthreads): the ping-pong turn of consumer warpgroup c is 1 + c, the
- * output staging of consumer warpgroup c is 1 + NWG + c */
-template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG>
+ * output staging of consumer warpgroup c is 1 + NWG + c.
+ *
+ * PERSIST: grid = one CTA per SM, items from the sorted list above (n_seqs <= FA3_MAX_PERSIST_SEQS);
+ * else one CTA per (query tile, head, sequence) as in the other kernels. The shared-memory ring keeps
+ * running across a CTA's items: the producer prefetches the next item's K/V while the consumers
+ * finish the last one, and loads its Q once every consumer warp has stored its output (empty_q). */
+template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [rows, 3*heads*64], 64x64 boxes
                      uint16_t *__restrict__ out,                   // [T, heads*64]
@@ -142,6 +235,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                      float scale_log2, float rescale_thresh, int causal) {
     constexpr int D = 64;
     constexpr int BLOCK_M = 64 * NWG;
+    constexpr int THREADS = (NWG + 1) * 128;
     constexpr int NT = BLOCK_N / 8;   // n8 column groups of S
     constexpr int KS = BLOCK_N / 16;  // k16 steps of P V
     constexpr int TILE = BLOCK_N * 64;  // elements of one K or V slot
@@ -157,27 +251,63 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     uint16_t *sQ = smem_raw + pad / 2;     // [BLOCK_M][64]
     uint16_t *sK = sQ + BLOCK_M * 64;      // [STAGES][BLOCK_N][64]
     uint16_t *sV = sK + STAGES * TILE;     // [STAGES][BLOCK_N][64]
-    __shared__ __align__(8) uint64_t bar_q, full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES];
+    /* the persistent schedule sits behind the tiles */
+    Fa3Schedule &sched = *reinterpret_cast<Fa3Schedule *>(sV + STAGES * TILE);
+    __shared__ __align__(8) uint64_t full_q, empty_q, full_k[STAGES], full_v[STAGES], empty_k[STAGES],
+        empty_v[STAGES];
 
-    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
-    const int start = cu_seqlens[seq];
-    const int len = cu_seqlens[seq + 1] - start;
-    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int m0 = m_block * BLOCK_M;
-    if (m0 >= len) return;  // the whole CTA, before any barrier
-
-    const int hidden = n_heads * D;
-    const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
-    const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    int n_items, first_item, item_stride;
+    if constexpr (PERSIST) {
+        build_schedule<THREADS, BLOCK_M, BLOCK_N>(sched, cu_seqlens, n_seqs_total, n_heads, tid);
+        n_items = sched.prefix[n_seqs_total];
+        first_item = blockIdx.x;
+        item_stride = gridDim.x;
+        if (first_item >= n_items) return;  // the whole CTA, before any barrier
+    } else {
+        const int seq = seq_offset + blockIdx.z;
+        const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+        if (m_block * BLOCK_M >= cu_seqlens[seq + 1] - cu_seqlens[seq]) return;  // whole CTA
+        n_items = 1;
+        first_item = 0;
+        item_stride = 1;
+    }
+    /* item w -> (start, len, head, m0) */
+    auto item_at = [&](int w, int &start, int &len, int &head, int &m0) {
+        int seq, m_block;
+        if constexpr (PERSIST) {
+            int lo = 0, hi = n_seqs_total - 1;  // last position p with prefix[p] <= w
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (sched.prefix[mid] <= w) lo = mid;
+                else hi = mid - 1;
+            }
+            seq = sched.order[lo];
+            start = cu_seqlens[seq];
+            len = cu_seqlens[seq + 1] - start;
+            const int mb = (len + BLOCK_M - 1) / BLOCK_M, r = w - sched.prefix[lo];
+            head = r / mb;
+            m_block = r - head * mb;
+            if (causal) m_block = mb - 1 - m_block;  // the longest rows of the causal triangle first
+        } else {
+            seq = seq_offset + blockIdx.z;
+            head = blockIdx.y;
+            m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+            start = cu_seqlens[seq];
+            len = cu_seqlens[seq + 1] - start;
+        }
+        m0 = m_block * BLOCK_M;
+    };
+    const int hidden = n_heads * D;
 
     if (tid == 0) {
-        mbar_init(&bar_q, 1);
+        mbar_init(&full_q, 1);
+        mbar_init(&empty_q, 4 * NWG);  // one arrival per consumer warp
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full_k[s], 1);
             mbar_init(&full_v[s], 1);
-            mbar_init(&empty_k[s], 4 * NWG);  // one arrival per consumer warp
+            mbar_init(&empty_k[s], 4 * NWG);
             mbar_init(&empty_v[s], 4 * NWG);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -190,153 +320,180 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         if (warp != 0) return;
         const int t_rows = cu_seqlens[n_seqs_total];  // rows of qkv: nothing at or past it is read
         const size_t row_stride = (size_t)3 * hidden;
-        const int col_q = head * D, col_k = hidden + head * D, col_v = 2 * hidden + head * D;
-        produce_tile<BLOCK_M>(sQ, &bar_q, &qkv_map, qkv, row_stride, col_q, start + m0, t_rows, lane);
-        for (int j = 0; j < n_tiles; j++) {
-            const int s = j % STAGES;
-            const uint32_t wait_parity = ((j / STAGES) + 1) & 1;  // phase (j/STAGES - 1) of the slot
-            if (j >= STAGES) mbar_wait(&empty_k[s], wait_parity);
-            produce_tile<BLOCK_N>(sK + s * TILE, &full_k[s], &qkv_map, qkv, row_stride, col_k, start + j * BLOCK_N,
-                                  t_rows, lane);
-            if (j >= STAGES) mbar_wait(&empty_v[s], wait_parity);
-            produce_tile<BLOCK_N>(sV + s * TILE, &full_v[s], &qkv_map, qkv, row_stride, col_v, start + j * BLOCK_N,
-                                  t_rows, lane);
+        int g = 0, it = 0;  // K/V tiles and items produced so far (ring slot / phase)
+        for (int w = first_item; w < n_items; w += item_stride, it++) {
+            int start, len, head, m0;
+            item_at(w, start, len, head, m0);
+            const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
+            const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+            const int col_q = head * D, col_k = hidden + head * D, col_v = 2 * hidden + head * D;
+            if (it > 0) mbar_wait(&empty_q, (it - 1) & 1);
+            produce_tile<BLOCK_M>(sQ, &full_q, &qkv_map, qkv, row_stride, col_q, start + m0, t_rows, lane);
+            for (int j = 0; j < n_tiles; j++, g++) {
+                const int s = g % STAGES;
+                const uint32_t wait_parity = ((g / STAGES) + 1) & 1;  // phase (g/STAGES - 1) of the slot
+                if (g >= STAGES) mbar_wait(&empty_k[s], wait_parity);
+                produce_tile<BLOCK_N>(sK + s * TILE, &full_k[s], &qkv_map, qkv, row_stride, col_k,
+                                      start + j * BLOCK_N, t_rows, lane);
+                if (g >= STAGES) mbar_wait(&empty_v[s], wait_parity);
+                produce_tile<BLOCK_N>(sV + s * TILE, &full_v[s], &qkv_map, qkv, row_stride, col_v,
+                                      start + j * BLOCK_N, t_rows, lane);
+            }
         }
         return;
     }
 
     /* ---- consumers ---- */
     regs_alloc<CONSUMER_REGS>();
-    const int cw = wg - 1;                        // consumer warpgroup 0..NWG-1
-    const int wrow0 = m0 + cw * 64 + warp * 16;  // first query row of this warp
-    const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
-    const uint16_t *q_wg = sQ + cw * 64 * 64;    // this warpgroup's 64 query rows
+    const int cw = wg - 1;                      // consumer warpgroup 0..NWG-1
+    const uint16_t *q_wg = sQ + cw * 64 * 64;  // this warpgroup's 64 query rows
     /* ping-pong: warpgroup cw waits for its turn on barrier 1 + cw, then passes the turn on to the
-     * next; the last one opens the first turn of warpgroup 0 and skips its final hand-over, so every
-     * barrier sees as many arrivals as syncs */
+     * next; the last one opens the first turn of warpgroup 0 and skips its very last hand-over, so
+     * every barrier sees as many arrivals as syncs */
     const int turn_bar = 1 + cw, next_bar = 1 + (cw + 1) % NWG;
     const bool last_wg = cw == NWG - 1;
     if (PINGPONG && NWG > 1 && last_wg) named_bar_arrive(1, 256);
 
-    float o[32];  // O [64 x 64] of this warpgroup: n8 column group t holds o[4t..4t+3]
-#pragma unroll
-    for (int i = 0; i < 32; i++) o[i] = 0.0f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
-    float s[BLOCK_N / 2];
-    uint32_t pa[KS][4];
+    int g = 0, it = 0;  // K/V tiles and items consumed so far
+    for (int w = first_item; w < n_items; w += item_stride, it++) {
+        int start, len, head, m0;
+        item_at(w, start, len, head, m0);
+        const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
+        const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+        const bool final_item = w + item_stride >= n_items;
+        const int wrow0 = m0 + cw * 64 + warp * 16;  // first query row of this warp
+        const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
 
-    /* prologue: S_0 and its softmax */
-    mbar_wait(&bar_q, 0);
-    mbar_wait(&full_k[0], 0);
-    if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+        float o[32];  // O [64 x 64] of this warpgroup: n8 column group t holds o[4t..4t+3]
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
-    fence_regs<BLOCK_N / 2>(s);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + kk * 16), kk > 0);
-    wgmma_commit();
-    if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
-    wgmma_wait0();
-    fence_regs<BLOCK_N / 2>(s);
-    if (lane == 0) mbar_arrive(&empty_k[0]);
-    softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-        pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+        for (int i = 0; i < 32; i++) o[i] = 0.0f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+        float s[BLOCK_N / 2];
+        uint32_t pa[KS][4];
 
-    for (int j = 1; j < n_tiles; j++) {
-        const int sk = j % STAGES, sv = (j - 1) % STAGES;
-        /* V_(j-1) was requested before K_j, so waiting for it first costs nothing and keeps the branch
-         * of the wait out of the two wgmma issues below */
-        mbar_wait(&full_v[sv], ((j - 1) / STAGES) & 1);
-        mbar_wait(&full_k[sk], (j / STAGES) & 1);
-        if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
-        fence_regs<BLOCK_N / 2>(s);
-        fence_regs<32>(o);
-        fence_pa<KS>(pa);
-        wgmma_fence();
+        /* prologue: S_0 and its softmax */
+        {
+            const int sk = g % STAGES;
+            mbar_wait(&full_q, it & 1);
+            mbar_wait(&full_k[sk], (g / STAGES) & 1);
+            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
-        wgmma_commit();
+            for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
+            fence_regs<BLOCK_N / 2>(s);
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
-        wgmma_commit();
-        if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
-        fence_regs<BLOCK_N / 2>(s);
-        if (lane == 0) mbar_arrive(&empty_k[sk]);
-        softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a, causal,
-                         lane);
-        wgmma_wait0();
-        fence_regs<32>(o);
-        if (lane == 0) mbar_arrive(&empty_v[sv]);
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
+            wgmma_commit();
+            if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
+            wgmma_wait0();
+            fence_regs<BLOCK_N / 2>(s);
+            if (lane == 0) mbar_arrive(&empty_k[sk]);
+            softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
 #pragma unroll
-            for (int t = 0; t < 8; t++) {
-                o[4 * t] *= alpha[0];
-                o[4 * t + 1] *= alpha[0];
-                o[4 * t + 2] *= alpha[1];
-                o[4 * t + 3] *= alpha[1];
+            for (int kk = 0; kk < KS; kk++) {
+                pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-    }
-    /* epilogue: the last P V */
-    {
-        const int sv = (n_tiles - 1) % STAGES;
-        mbar_wait(&full_v[sv], ((n_tiles - 1) / STAGES) & 1);
-        if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
-        fence_regs<32>(o);
-        fence_pa<KS>(pa);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
-        wgmma_commit();
-        if (PINGPONG && NWG > 1 && !last_wg) named_bar_arrive(next_bar, 256);
-        wgmma_wait0();
-        fence_regs<32>(o);
-    }
 
-    float inv[2];
+        for (int j = 1; j < n_tiles; j++) {
+            const int gk = g + j, gv = g + j - 1;
+            const int sk = gk % STAGES, sv = gv % STAGES;
+            /* V_(j-1) was requested before K_j, so waiting for it first costs nothing and keeps the
+             * branch of the wait out of the two wgmma issues below */
+            mbar_wait(&full_v[sv], (gv / STAGES) & 1);
+            mbar_wait(&full_k[sk], (gk / STAGES) & 1);
+            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+            fence_regs<BLOCK_N / 2>(s);
+            fence_regs<32>(o);
+            fence_pa<KS>(pa);
+            wgmma_fence();
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = l_run[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
-    /* stage O in this warpgroup's Q rows (swizzled, conflict-free) once all four warps' wgmmas that
-     * read them are done */
-    named_bar_sync(1 + NWG + cw, 128);
-    uint16_t *sO = sQ + cw * 64 * 64;
-    const int r0 = warp * 16 + lane / 4;
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
+            wgmma_commit();
 #pragma unroll
-    for (int t = 0; t < 8; t++) {
-        const int col = t * 8 + (lane & 3) * 2;
-        *reinterpret_cast<uint32_t *>(sO + sw_off(r0, col)) = pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
-        *reinterpret_cast<uint32_t *>(sO + sw_off(r0 + 8, col)) = pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
-    }
-    __syncwarp();
+            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
+            wgmma_commit();
+            if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
+            fence_regs<BLOCK_N / 2>(s);
+            if (lane == 0) mbar_arrive(&empty_k[sk]);
+            softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a,
+                             causal, lane);
+            wgmma_wait0();
+            fence_regs<32>(o);
+            if (lane == 0) mbar_arrive(&empty_v[sv]);
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int c = lane; c < 16 * 8; c += 32) {  // this warp's 16 rows, 8 chunks of 16 bytes each
-        const int r = warp * 16 + (c >> 3), ch = c & 7;
-        const int row = m0 + cw * 64 + r;
-        if (row < len)
-            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
+                for (int t = 0; t < 8; t++) {
+                    o[4 * t] *= alpha[0];
+                    o[4 * t + 1] *= alpha[0];
+                    o[4 * t + 2] *= alpha[1];
+                    o[4 * t + 3] *= alpha[1];
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        }
+        /* epilogue: the last P V */
+        {
+            const int gv = g + n_tiles - 1, sv = gv % STAGES;
+            mbar_wait(&full_v[sv], (gv / STAGES) & 1);
+            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+            fence_regs<32>(o);
+            fence_pa<KS>(pa);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
+            wgmma_commit();
+            if (PINGPONG && NWG > 1 && !(last_wg && final_item)) named_bar_arrive(next_bar, 256);
+            wgmma_wait0();
+            fence_regs<32>(o);
+            if (lane == 0) mbar_arrive(&empty_v[sv]);
+        }
+        g += n_tiles;
+
+        float inv[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = l_run[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+        }
+        /* stage O in this warpgroup's Q rows (swizzled, conflict-free) once all four warps' wgmmas
+         * that read them are done */
+        named_bar_sync(1 + NWG + cw, 128);
+        uint16_t *sO = sQ + cw * 64 * 64;
+        const int r0 = warp * 16 + lane / 4;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int col = t * 8 + (lane & 3) * 2;
+            *reinterpret_cast<uint32_t *>(sO + sw_off(r0, col)) = pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+            *reinterpret_cast<uint32_t *>(sO + sw_off(r0 + 8, col)) =
+                pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int c = lane; c < 16 * 8; c += 32) {  // this warp's 16 rows, 8 chunks of 16 bytes each
+            const int r = warp * 16 + (c >> 3), ch = c & 7;
+            const int row = m0 + cw * 64 + r;
+            if (row < len)
+                *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
+                    *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
+        }
+        /* this warp is done with its rows of sQ: the next item's Q may land there */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty_q);
     }
 }
 
@@ -361,13 +518,27 @@ static encode_tiled_fn tensor_map_encoder(void) {
     return fn;
 }
 
-template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG>
+static int fa3_env(const char *name, int dflt) {
+    const char *env = getenv(name);
+    return env && *env ? atoi(env) : dflt;
+}
+
+static int multiprocessor_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 0;
+    return n;
+}
+
+template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
 static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
                               float rescale_thresh, int causal, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
-    const size_t smem = (size_t)(BLOCK_M + 2 * STAGES * BLOCK_N) * 64 * sizeof(uint16_t) + 1024;
-    auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG>;
+    /* Q + K/V ring + alignment slack (+ the sorted work list) */
+    const size_t smem = (size_t)(BLOCK_M + 2 * STAGES * BLOCK_N) * 64 * sizeof(uint16_t) + 1024 +
+                        (PERSIST ? sizeof(Fa3Schedule) : 0);
+    auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST>;
     static bool attr_set = false;
     if (!attr_set) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -375,6 +546,16 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
         attr_set = true;
     }
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
+    if (PERSIST) {
+        static int n_sm = 0;
+        if (!n_sm) n_sm = multiprocessor_count();
+        /* one CTA per SM (registers allow no more), fewer when there are fewer items at most */
+        const uint64_t most_items = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
+        const unsigned grid = (unsigned)(most_items < (uint64_t)n_sm ? most_items : (uint64_t)n_sm);
+        kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, 0,
+                                                        n_seqs, n_heads, scale_log2, rescale_thresh, causal);
+        return cudaGetLastError();
+    }
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
@@ -386,11 +567,6 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
     return cudaSuccess;
 }
 
-static int fa3_env(const char *name, int dflt) {
-    const char *env = getenv(name);
-    return env && *env ? atoi(env) : dflt;
-}
-
 int cuda_attention_fa3_mode(void) {
     static int mode = -2;
     if (mode == -2) {
@@ -400,28 +576,54 @@ int cuda_attention_fa3_mode(void) {
     return mode;
 }
 
+/* run-time knobs -> template arguments */
+struct Fa3Args {
+    const CUtensorMap *map;
+    void *out;
+    const void *qkv;
+    const int32_t *cu_seqlens;
+    int32_t n_seqs, max_seqlen, n_heads;
+    float scale_log2, rescale_thresh;
+    int causal;
+    cudaStream_t st;
+};
+template <int NWG, int STAGES, bool BF16, bool PP>
+static cudaError_t fa3_persist(const Fa3Args &a, bool persist) {
+    return persist ? launch_fa3<NWG, 128, STAGES, BF16, PP, true>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
+                                                                  a.max_seqlen, a.n_heads, a.scale_log2,
+                                                                  a.rescale_thresh, a.causal, a.st)
+                   : launch_fa3<NWG, 128, STAGES, BF16, PP, false>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
+                                                                   a.max_seqlen, a.n_heads, a.scale_log2,
+                                                                   a.rescale_thresh, a.causal, a.st);
+}
+template <int NWG, int STAGES, bool BF16>
+static cudaError_t fa3_pingpong(const Fa3Args &a, bool pp, bool persist) {
+    return pp ? fa3_persist<NWG, STAGES, BF16, true>(a, persist) : fa3_persist<NWG, STAGES, BF16, false>(a, persist);
+}
+template <int NWG, bool BF16>
+static cudaError_t fa3_stages(const Fa3Args &a, int stages, bool pp, bool persist) {
+    return stages == 3 ? fa3_pingpong<NWG, 3, BF16>(a, pp, persist) : fa3_pingpong<NWG, 2, BF16>(a, pp, persist);
+}
+
+/* Tile shape and schedule. Defaults from the sweeps in bench/NOTES_fmha.md (H200): three consumer
+ * warpgroups (192 query rows), 128-key tiles, two K/V stages, ping-pong on, persistent longest-first
+ * grid when the batch fits the in-CTA sort. NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3),
+ * NOPAD_FMHA_FA3_PINGPONG (0|1), NOPAD_FMHA_FA3_PERSIST (0|1) override, for tuning. */
 template <bool BF16>
-static cudaError_t dispatch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
-                                int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
-                                float rescale_thresh, int causal, cudaStream_t st) {
-    static int nwg = -1, stages = -1, pingpong = -1;
+static cudaError_t dispatch_fa3(const Fa3Args &a) {
+    static int nwg = -1, stages = -1, pingpong = -1, persist = -1;
     if (nwg < 0) {
-        nwg = fa3_env("NOPAD_FMHA_FA3_WG", 2) == 3 ? 3 : 2;
+        nwg = fa3_env("NOPAD_FMHA_FA3_WG", 3) == 2 ? 2 : 3;
         stages = fa3_env("NOPAD_FMHA_FA3_STAGES", 2) == 3 ? 3 : 2;
         pingpong = fa3_env("NOPAD_FMHA_FA3_PINGPONG", 1) != 0;
+        persist = fa3_env("NOPAD_FMHA_FA3_PERSIST", 1) != 0;
     }
-#define FA3_LAUNCH(NWG_, ST_, PP_)                                                                              \
-    return launch_fa3<NWG_, 128, ST_, BF16, PP_>(map, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale_log2, \
-                                                 rescale_thresh, causal, st)
-    if (nwg == 2) {
-        if (stages == 2) { if (pingpong) FA3_LAUNCH(2, 2, true); FA3_LAUNCH(2, 2, false); }
-        if (pingpong) FA3_LAUNCH(2, 3, true);
-        FA3_LAUNCH(2, 3, false);
-    }
-    if (stages == 2) { if (pingpong) FA3_LAUNCH(3, 2, true); FA3_LAUNCH(3, 2, false); }
-    if (pingpong) FA3_LAUNCH(3, 3, true);
-    FA3_LAUNCH(3, 3, false);
-#undef FA3_LAUNCH
+    /* the in-CTA sort holds FA3_MAX_PERSIST_SEQS sequences; item indices must fit an int */
+    const uint64_t most_items = (uint64_t)((a.max_seqlen + 64 * nwg - 1) / (64 * nwg)) * (uint64_t)a.n_heads *
+                                (uint64_t)a.n_seqs;
+    const bool use_persist = persist && a.n_seqs <= FA3_MAX_PERSIST_SEQS && most_items < (1ull << 31);
+    return nwg == 2 ? fa3_stages<2, BF16>(a, stages, pingpong, use_persist)
+                    : fa3_stages<3, BF16>(a, stages, pingpong, use_persist);
 }
 
 cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
@@ -442,10 +644,7 @@ cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorNotSupported;
-    const float scale_log2 = scale * 1.4426950408889634f;
-    cudaStream_t st = (cudaStream_t)stream;
-    return bf16 ? dispatch_fa3<true>(map, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale_log2, rescale_thresh,
-                                     causal, st)
-                : dispatch_fa3<false>(map, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale_log2, rescale_thresh,
-                                      causal, st);
+    const Fa3Args args = {&map, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale * 1.4426950408889634f,
+                          rescale_thresh, causal, (cudaStream_t)stream};
+    return bf16 ? dispatch_fa3<true>(args) : dispatch_fa3<false>(args);
 }
