@@ -135,8 +135,8 @@ constexpr int FA3_MAX_PERSIST_SEQS = 1024;  // sequences a persistent launch sor
 constexpr int FA3_LEN_BUCKETS = 256;        // sort key: key tiles of the sequence, clamped
 
 /* The persistent grid walks work items (sequence, head, query tile) in the order: sequences by
- * decreasing length (each CTA counting-sorts cu_seqlens into shared memory at start: the same order
- * in every CTA, no device scratch, no host sync), then head, then query tile. Item w goes to CTA
+ * decreasing length (each CTA counting-sorts cu_seqlens into shared memory at start, stably, so
+ * every CTA builds the same order; no device scratch, no host sync), then head, then query tile. Item w goes to CTA
  * w % gridDim.x, so the longest items start first and the short ones fill the tail. */
 struct Fa3Schedule {
     int order[FA3_MAX_PERSIST_SEQS];       // sequences, longest first
@@ -175,9 +175,21 @@ static __device__ void build_schedule(Fa3Schedule &sc, const int32_t *cu_seqlens
         }
     }
     __syncthreads();
-    for (int i = tid; i < n_seqs; i += THREADS) {
-        const int len = cu_seqlens[i + 1] - cu_seqlens[i];
-        sc.order[atomicAdd(&sc.bucket[min((len + BLOCK_N - 1) / BLOCK_N, FA3_LEN_BUCKETS - 1)], 1)] = i;
+    /* stable scatter by one warp, 32 sequences at a time (ranks among equal keys from
+     * __match_any_sync): every CTA must build the same order, which atomics would not guarantee */
+    if (tid < 32) {
+        for (int base = 0; base < n_seqs; base += 32) {
+            const int i = base + tid;
+            const int key = i < n_seqs
+                                ? min((cu_seqlens[i + 1] - cu_seqlens[i] + BLOCK_N - 1) / BLOCK_N, FA3_LEN_BUCKETS - 1)
+                                : -1;
+            const unsigned peers = __match_any_sync(0xffffffffu, key);
+            const int rank = __popc(peers & ((1u << tid) - 1u));
+            if (key >= 0) sc.order[sc.bucket[key] + rank] = i;
+            __syncwarp();
+            if (key >= 0 && rank == 0) sc.bucket[key] += __popc(peers);
+            __syncwarp();
+        }
     }
     __syncthreads();
     /* prefix of items (query tiles x heads) along `order`: consecutive chunks per thread, a scan of
@@ -224,8 +236,9 @@ static __device__ void build_schedule(Fa3Schedule &sc, const int32_t *cu_seqlens
  *
  * PERSIST: grid = one CTA per SM, items from the sorted list above (n_seqs <= FA3_MAX_PERSIST_SEQS);
  * else one CTA per (query tile, head, sequence) as in the other kernels. The shared-memory ring keeps
- * running across a CTA's items: the producer prefetches the next item's K/V while the consumers
- * finish the last one, and loads its Q once every consumer warp has stored its output (empty_q). */
+ * running across a CTA's items, and Q is double-buffered: the producer prefetches the next item's Q
+ * and K/V while the consumers finish the current one; a Q buffer is reloaded once every consumer
+ * warp has stored the output it staged there (empty_q). */
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [rows, 3*heads*64], 64x64 boxes
@@ -244,16 +257,18 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
      * 128*32 + 384*160 = 65536 */
     constexpr int PRODUCER_REGS = NWG == 2 ? 40 : 32;
     constexpr int CONSUMER_REGS = NWG == 2 ? 232 : 160;
+    /* Q buffers: a persistent CTA loads the next item's Q while its consumers finish the current one */
+    constexpr int QBUF = PERSIST ? 2 : 1;
 
     extern __shared__ uint16_t smem_raw[];
     /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
-    uint16_t *sQ = smem_raw + pad / 2;     // [BLOCK_M][64]
-    uint16_t *sK = sQ + BLOCK_M * 64;      // [STAGES][BLOCK_N][64]
+    uint16_t *sQ = smem_raw + pad / 2;     // [QBUF][BLOCK_M][64]
+    uint16_t *sK = sQ + QBUF * BLOCK_M * 64;  // [STAGES][BLOCK_N][64]
     uint16_t *sV = sK + STAGES * TILE;     // [STAGES][BLOCK_N][64]
     /* the persistent schedule sits behind the tiles */
     Fa3Schedule &sched = *reinterpret_cast<Fa3Schedule *>(sV + STAGES * TILE);
-    __shared__ __align__(8) uint64_t full_q, empty_q, full_k[STAGES], full_v[STAGES], empty_k[STAGES],
+    __shared__ __align__(8) uint64_t full_q[QBUF], empty_q[QBUF], full_k[STAGES], full_v[STAGES], empty_k[STAGES],
         empty_v[STAGES];
 
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
@@ -301,8 +316,11 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     const int hidden = n_heads * D;
 
     if (tid == 0) {
-        mbar_init(&full_q, 1);
-        mbar_init(&empty_q, 4 * NWG);  // one arrival per consumer warp
+#pragma unroll
+        for (int b = 0; b < QBUF; b++) {
+            mbar_init(&full_q[b], 1);
+            mbar_init(&empty_q[b], 4 * NWG);  // one arrival per consumer warp
+        }
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full_k[s], 1);
@@ -327,8 +345,10 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
             const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
             const int col_q = head * D, col_k = hidden + head * D, col_v = 2 * hidden + head * D;
-            if (it > 0) mbar_wait(&empty_q, (it - 1) & 1);
-            produce_tile<BLOCK_M>(sQ, &full_q, &qkv_map, qkv, row_stride, col_q, start + m0, t_rows, lane);
+            const int qb = it % QBUF;
+            if (it >= QBUF) mbar_wait(&empty_q[qb], ((it / QBUF) + 1) & 1);  // phase it/QBUF - 1
+            produce_tile<BLOCK_M>(sQ + qb * BLOCK_M * 64, &full_q[qb], &qkv_map, qkv, row_stride, col_q, start + m0,
+                                  t_rows, lane);
             for (int j = 0; j < n_tiles; j++, g++) {
                 const int s = g % STAGES;
                 const uint32_t wait_parity = ((g / STAGES) + 1) & 1;  // phase (g/STAGES - 1) of the slot
@@ -345,8 +365,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
 
     /* ---- consumers ---- */
     regs_alloc<CONSUMER_REGS>();
-    const int cw = wg - 1;                      // consumer warpgroup 0..NWG-1
-    const uint16_t *q_wg = sQ + cw * 64 * 64;  // this warpgroup's 64 query rows
+    const int cw = wg - 1;  // consumer warpgroup 0..NWG-1
     /* ping-pong: warpgroup cw waits for its turn on barrier 1 + cw, then passes the turn on to the
      * next; the last one opens the first turn of warpgroup 0 and skips its very last hand-over, so
      * every barrier sees as many arrivals as syncs */
@@ -363,6 +382,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         const bool final_item = w + item_stride >= n_items;
         const int wrow0 = m0 + cw * 64 + warp * 16;  // first query row of this warp
         const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
+        const int qb = it % QBUF;
+        uint16_t *q_wg = sQ + qb * BLOCK_M * 64 + cw * 64 * 64;  // this warpgroup's 64 query rows
 
         float o[32];  // O [64 x 64] of this warpgroup: n8 column group t holds o[4t..4t+3]
 #pragma unroll
@@ -374,7 +395,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         /* prologue: S_0 and its softmax */
         {
             const int sk = g % STAGES;
-            mbar_wait(&full_q, it & 1);
+            mbar_wait(&full_q[qb], (it / QBUF) & 1);
             mbar_wait(&full_k[sk], (g / STAGES) & 1);
             if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
 #pragma unroll
@@ -473,7 +494,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         /* stage O in this warpgroup's Q rows (swizzled, conflict-free) once all four warps' wgmmas
          * that read them are done */
         named_bar_sync(1 + NWG + cw, 128);
-        uint16_t *sO = sQ + cw * 64 * 64;
+        uint16_t *sO = q_wg;
         const int r0 = warp * 16 + lane / 4;
 #pragma unroll
         for (int t = 0; t < 8; t++) {
@@ -493,7 +514,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         }
         /* this warp is done with its rows of sQ: the next item's Q may land there */
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty_q);
+        if (lane == 0) mbar_arrive(&empty_q[qb]);
     }
 }
 
@@ -536,7 +557,7 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
                               float rescale_thresh, int causal, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V ring + alignment slack (+ the sorted work list) */
-    const size_t smem = (size_t)(BLOCK_M + 2 * STAGES * BLOCK_N) * 64 * sizeof(uint16_t) + 1024 +
+    const size_t smem = (size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 * sizeof(uint16_t) + 1024 +
                         (PERSIST ? sizeof(Fa3Schedule) : 0);
     auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST>;
     static bool attr_set = false;
