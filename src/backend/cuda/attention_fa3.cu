@@ -136,8 +136,9 @@ constexpr int FA3_LEN_BUCKETS = 256;        // sort key: key tiles of the sequen
 
 /* The persistent grid walks work items (sequence, head, query tile) in the order: sequences by
  * decreasing length (each CTA counting-sorts cu_seqlens into shared memory at start, stably, so
- * every CTA builds the same order; no device scratch, no host sync), then head, then query tile. Item w goes to CTA
- * w % gridDim.x, so the longest items start first and the short ones fill the tail. */
+ * every CTA builds the same order; no device scratch, no host sync), then head, then query tile.
+ * Item w goes to CTA position w % gridDim.x of round w / gridDim.x (see item_index), so the longest
+ * items start first and the short ones fill the tail. */
 struct Fa3Schedule {
     int order[FA3_MAX_PERSIST_SEQS];       // sequences, longest first
     int prefix[FA3_MAX_PERSIST_SEQS + 1];  // work items before position p of `order`
@@ -272,21 +273,25 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         empty_v[STAGES];
 
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
-    int n_items, first_item, item_stride;
+    int n_items;
     if constexpr (PERSIST) {
         build_schedule<THREADS, BLOCK_M, BLOCK_N>(sched, cu_seqlens, n_seqs_total, n_heads, tid);
         n_items = sched.prefix[n_seqs_total];
-        first_item = blockIdx.x;
-        item_stride = gridDim.x;
-        if (first_item >= n_items) return;  // the whole CTA, before any barrier
+        if ((int)blockIdx.x >= n_items) return;  // the whole CTA, before any barrier
     } else {
         const int seq = seq_offset + blockIdx.z;
         const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
         if (m_block * BLOCK_M >= cu_seqlens[seq + 1] - cu_seqlens[seq]) return;  // whole CTA
         n_items = 1;
-        first_item = 0;
-        item_stride = 1;
     }
+    /* this CTA's item of round r: rounds of gridDim.x items, every other round walked backwards
+     * (snake order), so the CTAs that took the longest items of one round take the shortest of the
+     * next; >= n_items once this CTA is done */
+    auto item_index = [&](int r) -> int {
+        if constexpr (!PERSIST) return r;
+        const int g = (int)gridDim.x, b = (int)blockIdx.x;
+        return r * g + ((r & 1) ? g - 1 - b : b);
+    };
     /* item w -> (start, len, head, m0) */
     auto item_at = [&](int w, int &start, int &len, int &head, int &m0) {
         int seq, m_block;
@@ -339,7 +344,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         const int t_rows = cu_seqlens[n_seqs_total];  // rows of qkv: nothing at or past it is read
         const size_t row_stride = (size_t)3 * hidden;
         int g = 0, it = 0;  // K/V tiles and items produced so far (ring slot / phase)
-        for (int w = first_item; w < n_items; w += item_stride, it++) {
+        for (int w = item_index(0); w < n_items; w = item_index(++it)) {
             int start, len, head, m0;
             item_at(w, start, len, head, m0);
             const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
@@ -374,12 +379,12 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     if (PINGPONG && NWG > 1 && last_wg) named_bar_arrive(1, 256);
 
     int g = 0, it = 0;  // K/V tiles and items consumed so far
-    for (int w = first_item; w < n_items; w += item_stride, it++) {
+    for (int w = item_index(0); w < n_items; w = item_index(++it)) {
         int start, len, head, m0;
         item_at(w, start, len, head, m0);
         const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
         const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
-        const bool final_item = w + item_stride >= n_items;
+        const bool final_item = item_index(it + 1) >= n_items;
         const int wrow0 = m0 + cw * 64 + warp * 16;  // first query row of this warp
         const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
         const int qb = it % QBUF;
@@ -627,9 +632,10 @@ static cudaError_t fa3_stages(const Fa3Args &a, int stages, bool pp, bool persis
 }
 
 /* Tile shape and schedule. Defaults from the sweeps in bench/NOTES_fmha.md (H200): three consumer
- * warpgroups (192 query rows), 128-key tiles, two K/V stages, ping-pong on, persistent longest-first
- * grid when the batch fits the in-CTA sort. NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3),
- * NOPAD_FMHA_FA3_PINGPONG (0|1), NOPAD_FMHA_FA3_PERSIST (0|1) override, for tuning. */
+ * warpgroups (192 query rows), 128-key tiles, two K/V stages, ping-pong on, one CTA per item (the
+ * persistent longest-first grid was slower where this kernel is selected: 8x2048, 64x2048).
+ * NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3), NOPAD_FMHA_FA3_PINGPONG (0|1),
+ * NOPAD_FMHA_FA3_PERSIST (0|1) override, for tuning. */
 template <bool BF16>
 static cudaError_t dispatch_fa3(const Fa3Args &a) {
     static int nwg = -1, stages = -1, pingpong = -1, persist = -1;
@@ -637,7 +643,7 @@ static cudaError_t dispatch_fa3(const Fa3Args &a) {
         nwg = fa3_env("NOPAD_FMHA_FA3_WG", 3) == 2 ? 2 : 3;
         stages = fa3_env("NOPAD_FMHA_FA3_STAGES", 2) == 3 ? 3 : 2;
         pingpong = fa3_env("NOPAD_FMHA_FA3_PINGPONG", 1) != 0;
-        persist = fa3_env("NOPAD_FMHA_FA3_PERSIST", 1) != 0;
+        persist = fa3_env("NOPAD_FMHA_FA3_PERSIST", 0) != 0;
     }
     /* the in-CTA sort holds FA3_MAX_PERSIST_SEQS sequences; item indices must fit an int */
     const uint64_t most_items = (uint64_t)((a.max_seqlen + 64 * nwg - 1) / (64 * nwg)) * (uint64_t)a.n_heads *

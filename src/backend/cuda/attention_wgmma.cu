@@ -434,9 +434,6 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     return cudaSuccess;
 }
 
-/* below this max_seqlen the wgmma kernels here stay faster (64-row tiles, several CTAs per SM) */
-#define FA3_MIN_MAX_SEQLEN 512
-
 static int wg_env(const char *name, int dflt) {
     const char *env = getenv(name);
     return env && *env ? atoi(env) : dflt;
@@ -457,7 +454,12 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
-        if (fa3 == 1 || (fa3 < 0 && max_seqlen > FA3_MIN_MAX_SEQLEN)) {
+        /* measured on an H200 (bench/NOTES_fmha.md, v6): the FA3 kernel wins when sequences are long
+         * (per query tile, the un-overlapped first S and last P V are a small share) and there are
+         * many of them; at 16x1024 it was 20% slower than the pipelined kernel, at <= 512 5-60%.
+         * Causal attention stays on the pipelined kernel by default until measured (correct on both) */
+        const bool fa3_wins = !causal && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
+        if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
             cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
                                                lazy_rescale_threshold(), causal, st);
             if (e != cudaErrorNotSupported) return e;
