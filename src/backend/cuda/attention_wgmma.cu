@@ -13,7 +13,10 @@
  * kernel below); the running max is rescaled lazily (see softmax_tile).
  *
  * Why a second kernel: mma.sync tops out near 230 useful TFLOP/s for d = 64 on an H100/H200
- * (bench/NOTES_fmha.md); wgmma has about twice the tensor throughput and runs asynchronously. */
+ * (bench/NOTES_fmha.md); wgmma has about twice the tensor throughput and runs asynchronously.
+ *
+ * The dispatcher below hands non-causal d = 64 with long sequences to the FA3-structured kernel of
+ * attention_fa3.cu (TMA producer warp, consumer warpgroups), where it measured faster. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -454,10 +457,12 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
-        /* measured on an H200 (bench/NOTES_fmha.md, v6): the FA3 kernel wins when sequences are long
-         * (per query tile, the un-overlapped first S and last P V are a small share) and there are
-         * many of them; at 16x1024 it was 20% slower than the pipelined kernel, at <= 512 5-60%.
-         * Causal attention stays on the pipelined kernel by default until measured (correct on both) */
+        /* measured on an H200 (bench/NOTES_fmha.md, v6): the FA3 kernel wins by ~20% on long
+         * sequences (16/64/128 x 2048) and by 3-7% at 128 x 1024, where the un-overlapped first S and
+         * last P V of a query tile are a small share; it is slower at <= 512 and at 16 x 1024 (more
+         * CTAs per SM win there) and for causal masks. Known losses under this rule: the skewed
+         * 64 x 2048 batch (28%: thousands of CTAs past their sequence's end each hold an SM alone
+         * before exiting) and one of five 8 x 2048 length draws (7%). */
         const bool fa3_wins = !causal && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
         if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
             cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
