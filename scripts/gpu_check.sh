@@ -60,7 +60,11 @@ if want test; then
     (cd "$bld" 2>/dev/null || cd "$BUILD"; ctest -L gpu --output-on-failure -V) 2>&1 | tee "$OUTDIR/gpu_tests.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
     # d=64/128 have several kernels (wgmma pipelined or plain, lazy or exact rescaling, mma.sync): test all
-    for setting in NOPAD_FMHA_WG_PIPE=0 NOPAD_FMHA_RESCALE=0 NOPAD_FMHA_WGMMA=0; do
+    # (FA3 kernel forced for every d=64 length, and its variants)
+    for setting in NOPAD_FMHA_FA3=1 "NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=0" \
+        "NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_WG=2 NOPAD_FMHA_FA3_STAGES=3 NOPAD_FMHA_FA3_PINGPONG=0" \
+        "NOPAD_FMHA_FA3=1 NOPAD_FMHA_RESCALE=0" \
+        NOPAD_FMHA_FA3=0 NOPAD_FMHA_WG_PIPE=0 NOPAD_FMHA_RESCALE=0 NOPAD_FMHA_WGMMA=0; do
         echo "## $setting" | tee -a "$OUTDIR/gpu_tests.log"
         env $setting "$TEST" 2>&1 | tee -a "$OUTDIR/gpu_tests.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -75,6 +79,12 @@ if want sanitize; then
             tail -n 60 | tee "$OUTDIR/sanitizer_$tool.log"
         rc=${PIPESTATUS[0]}
         echo "compute-sanitizer --tool $tool: exit $rc" | tee -a "$OUTDIR/sanitizer_$tool.log"
+        [ "$rc" = 0 ] || status=1
+        # the FA3 kernel (TMA, mbarriers) at every quick shape, d=64
+        NOPAD_FMHA_FA3=1 NOPAD_GPU_TEST_QUICK=1 NOPAD_GPU_TEST_D=64 compute-sanitizer --tool $tool --error-exitcode 3 "$TEST" 2>&1 |
+            tail -n 60 | tee "$OUTDIR/sanitizer_${tool}_fa3.log"
+        rc=${PIPESTATUS[0]}
+        echo "compute-sanitizer --tool $tool (NOPAD_FMHA_FA3=1): exit $rc" | tee -a "$OUTDIR/sanitizer_${tool}_fa3.log"
         [ "$rc" = 0 ] || status=1
     done
 fi

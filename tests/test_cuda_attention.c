@@ -10,7 +10,8 @@
  * end are checked to stay poisoned, so an unwritten or stray-written element fails.
  *
  * No GPU (cudaGetDeviceCount fails or finds none): exit 77, which ctest reports as skipped.
- * NOPAD_GPU_TEST_QUICK=1 runs small shapes only (for compute-sanitizer, which is ~100x slower). */
+ * NOPAD_GPU_TEST_QUICK=1 runs small shapes only (for compute-sanitizer, which is ~100x slower);
+ * NOPAD_GPU_TEST_D=32|64|128 one head size only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,15 +172,27 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
     free(cu);
 }
 
+/* {1, 256}: T is exactly two 128-row tiles (every TMA box inside qkv); {4, 513}: one token past a
+ * tile, just above the length where the dispatcher switches kernels; {1, 1}: T smaller than any tile */
 static const attn_case full_cases[] = {
     {1, 1, 3, 0},     {1, 2048, 2, 0}, {200, 64, 3, 0}, {200, 300, 2, 0}, {7, 1000, 2, 0},
-    {64, 2048, 2, 1}, {3, 129, 3, 0},  {5, 17, 4, 0},
+    {64, 2048, 2, 1}, {3, 129, 3, 0},  {5, 17, 4, 0},   {1, 256, 2, 0},   {4, 513, 2, 0},
 };
 static const attn_case quick_cases[] = {
-    {1, 1, 2, 0}, {3, 129, 2, 0}, {6, 70, 2, 0}, {8, 150, 1, 1},
+    {1, 1, 2, 0}, {3, 129, 2, 0}, {6, 70, 2, 0}, {8, 150, 1, 1}, {2, 400, 1, 0},
 };
 
+/* NOPAD_GPU_TEST_D=64 (say): only that head size, so a sanitizer run can focus on one kernel */
+static int head_size_selected(int32_t d) {
+    const char *e = getenv("NOPAD_GPU_TEST_D");
+    return !(e && *e) || atoi(e) == d;
+}
+
 static void run_grid(int32_t d, nopad_dtype dtype, uint64_t seed) {
+    if (!head_size_selected(d)) {
+        printf("  d=%d skipped (NOPAD_GPU_TEST_D)\n", d);
+        return;
+    }
     uint64_t rng = seed;
     const int quick = quick_mode();
     const attn_case *cases = quick ? quick_cases : full_cases;

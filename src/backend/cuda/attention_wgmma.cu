@@ -13,7 +13,10 @@
  * kernel below); the running max is rescaled lazily (see softmax_tile).
  *
  * Why a second kernel: mma.sync tops out near 230 useful TFLOP/s for d = 64 on an H100/H200
- * (bench/NOTES_fmha.md); wgmma has about twice the tensor throughput and runs asynchronously. */
+ * (bench/NOTES_fmha.md); wgmma has about twice the tensor throughput and runs asynchronously.
+ *
+ * The dispatcher below hands non-causal d = 64 with long sequences to the FA3-structured kernel of
+ * attention_fa3.cu (TMA producer warp, consumer warpgroups), where it measured faster. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,38 +24,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "backend/cuda/attention_fa3.h"
 #include "backend/cuda/attention_wgmma.h"
 #include "backend/cuda/ptx_helpers.cuh"
-
-/* 1: skip the O rescale when no row of the warp moved its (lazy) maximum; 0: always multiply */
-#ifndef NOPAD_FMHA_VOTE
-#define NOPAD_FMHA_VOTE 1
-#endif
-
-/* cp.async writes go through the generic proxy; wgmma reads through the async proxy */
-static __device__ __forceinline__ void fence_proxy_async(void) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-static __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wgmma_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
-
-
-/* Shared-memory matrix descriptor, 128-byte swizzle. Tiles are [rows][64] 16-bit elements, one
- * 128-byte row each, 8-row groups 1024 bytes apart, tile bases 1024-byte aligned. Both byte-offset
- * fields are 1024: for K-major operands (Q, K) only the 8-row-group stride is read; for the
- * MN-major V (64 columns = one swizzle atom wide) likewise only the 8-row-group stride matters. */
-static __device__ __forceinline__ uint64_t sw128_desc(const void *p) {
-    const uint64_t addr = smem_addr(p);
-    return ((addr >> 4) & 0x3FFFull) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           (1ull << 62);
-}
-
-/* element offset of (row, col) in a swizzled [rows][64] tile: 16-byte chunk index ^= row % 8 */
-static __device__ __forceinline__ int sw_off(int row, int col) {
-    return row * 64 + ((((col >> 3) ^ row) & 7) << 3) + (col & 7);
-}
+#include "backend/cuda/wgmma_helpers.cuh"
 
 /* tile [D/64][ROWS][64]: a head of 128 is two 64-column slabs, each its own swizzled K-major tile */
 template <int ROWS, int THREADS, int D>
@@ -67,82 +42,6 @@ static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_
         const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
         cp_async16(dst + slab * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), g, ok);
     }
-}
-
-/* D[64 x 64] (+)= A (shared, K-major) * B (shared, K-major); 32 fp32 accumulators a thread */
-static __device__ __forceinline__ void wgmma_ss_m64n64k16_f16(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-/* D[64 x 128] (+)= A (shared, K-major) * B (shared, K-major); 64 fp32 accumulators a thread */
-static __device__ __forceinline__ void wgmma_ss_m64n128k16_f16(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-/* D[64 x 64] += A (registers, m16k16 fragments per warp) * B (shared, MN-major: transposed) */
-static __device__ __forceinline__ void wgmma_rs_m64n64k16_f16(float d[32], const uint32_t a[4], uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-/* D[64 x 64] (+)= A (shared, K-major) * B (shared, K-major); 32 fp32 accumulators a thread */
-static __device__ __forceinline__ void wgmma_ss_m64n64k16_bf16(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-/* D[64 x 128] (+)= A (shared, K-major) * B (shared, K-major); 64 fp32 accumulators a thread */
-static __device__ __forceinline__ void wgmma_ss_m64n128k16_bf16(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-/* D[64 x 64] += A (registers, m16k16 fragments per warp) * B (shared, MN-major: transposed) */
-static __device__ __forceinline__ void wgmma_rs_m64n64k16_bf16(float d[32], const uint32_t a[4], uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-template <bool BF16, int N>
-static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 64) {
-        if constexpr (BF16) wgmma_ss_m64n64k16_bf16(d, da, db, acc);
-        else wgmma_ss_m64n64k16_f16(d, da, db, acc);
-    } else {
-        if constexpr (BF16) wgmma_ss_m64n128k16_bf16(d, da, db, acc);
-        else wgmma_ss_m64n128k16_f16(d, da, db, acc);
-    }
-}
-template <bool BF16>
-static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t a[4], uint64_t db) {
-    if constexpr (BF16) wgmma_rs_m64n64k16_bf16(d, a, db);
-    else wgmma_rs_m64n64k16_f16(d, a, db);
 }
 
 /* ---- the kernel (head size 64 or 128) --------------------------------------------------------------- */
@@ -322,51 +221,6 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
  * cores while the tensor cores still work on P_{j-1} V_{j-1}. V_{j-1} is still being read when tile
  * j+1 is loaded, so K/V take three shared-memory stages. */
 
-/* keeps the compiler from moving register reads/writes of wgmma operands across the issue/wait */
-template <int N>
-static __device__ __forceinline__ void fence_regs(float *r) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-template <int NT>
-static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], float l_run[2], float alpha[2],
-                                                    float scale_log2, float rescale_thresh, int n0, int len,
-                                                    int wrow0, int row_a, int causal, int lane) {
-    if (n0 + NT * 8 > len || (causal && n0 + NT * 8 - 1 > wrow0)) {
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1);
-                const int row = row_a + (e >> 1) * 8;
-                if (col >= len || (causal && col > row)) s[4 * t + e] = -INFINITY;
-            }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        /* lazy rescaling, as in the plain kernel */
-        const bool bump = (fmaxf(m_run[r], mx) - m_run[r]) * scale_log2 > rescale_thresh;
-        const float m_keep = bump ? fmaxf(m_run[r], mx) : m_run[r];
-        const float m_use = m_keep == -INFINITY ? 0.0f : m_keep * scale_log2;
-        alpha[r] = bump ? fast_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
-        m_run[r] = m_keep;
-        float sum = 0.0f;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            s[4 * t + 2 * r] = fast_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
-            s[4 * t + 2 * r + 1] = fast_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
-            sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
-        }
-        l_run[r] = l_run[r] * alpha[r] + sum;
-    }
-}
-
 template <int D, int NWG, int BLOCK_N, bool BF16>
 __global__ void __launch_bounds__(NWG * 128, 1)
 attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
@@ -543,6 +397,18 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
 
 /* ---- launcher ----------------------------------------------------------------------------------- */
 
+/* lazy-rescaling threshold in log2 units (P <= 2^8 = 256 stays exact enough in fp16/bf16);
+ * NOPAD_FMHA_RESCALE=0 rescales at every new maximum */
+static float lazy_rescale_threshold(void) {
+    static float thresh = -1.0f;
+    if (thresh < 0.0f) {
+        const char *env = getenv("NOPAD_FMHA_RESCALE");
+        thresh = env && *env ? (float)atof(env) : 8.0f;
+        if (!(thresh >= 0.0f && thresh <= 8.0f)) thresh = 8.0f;
+    }
+    return thresh;
+}
+
 template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
@@ -558,14 +424,7 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
         attr_set = true;
     }
     const float scale_log2 = scale * 1.4426950408889634f;
-    /* lazy-rescaling threshold in log2 units (P <= 2^8 = 256 stays exact enough in fp16/bf16);
-     * NOPAD_FMHA_RESCALE=0 rescales at every new maximum */
-    static float rescale_thresh = -1.0f;
-    if (rescale_thresh < 0.0f) {
-        const char *env = getenv("NOPAD_FMHA_RESCALE");
-        rescale_thresh = env && *env ? (float)atof(env) : 8.0f;
-        if (!(rescale_thresh >= 0.0f && rescale_thresh <= 8.0f)) rescale_thresh = 8.0f;
-    }
+    const float rescale_thresh = lazy_rescale_threshold();
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
@@ -595,6 +454,22 @@ int cuda_attention_wgmma_enabled(void) {
 template <int D, bool BF16>
 static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                   int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t st) {
+    /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
+    if constexpr (D == 64) {
+        const int fa3 = cuda_attention_fa3_mode();
+        /* measured on an H200 (bench/NOTES_fmha.md, v6): the FA3 kernel wins by ~20% on long
+         * sequences (16/64/128 x 2048) and by 3-7% at 128 x 1024, where the un-overlapped first S and
+         * last P V of a query tile are a small share; it is slower at <= 512 and at 16 x 1024 (more
+         * CTAs per SM win there) and for causal masks. Known losses under this rule: the skewed
+         * 64 x 2048 batch (28%: thousands of CTAs past their sequence's end each hold an SM alone
+         * before exiting) and one of five 8 x 2048 length draws (7%). */
+        const bool fa3_wins = !causal && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
+        if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
+            cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
+                                               lazy_rescale_threshold(), causal, st);
+            if (e != cudaErrorNotSupported) return e;
+        }
+    }
     static int fm = -1, fn = -1, pipe = -1;
     if (fm < 0) {
         fm = wg_env("NOPAD_FMHA_WG_M", 0);

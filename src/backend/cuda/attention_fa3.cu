@@ -1,0 +1,677 @@
+/* CUDA: fused variable-length attention, head size 64, in the FlashAttention-3 structure (Hopper).
+ *
+ * Same contract and math as attention_wgmma.cu (read that first: 128-byte swizzled tiles, S = Q K^T
+ * with both operands in shared memory, O += P V with P from registers, lazy online softmax). What
+ * this kernel changes is who does what inside a CTA:
+ *
+ *  - warpgroup 0 is the producer. One warp of it issues TMA bulk tensor copies
+ *    (cp.async.bulk.tensor) of the Q tile and of each K / V tile into a ring of STAGES shared-memory
+ *    slots. A slot's "full" mbarrier completes when its bytes have landed; the consumers release it
+ *    through its "empty" mbarrier once their wgmmas have read it. No CTA-wide barrier per tile, no
+ *    load instructions in the math warps. The producer keeps 40 registers (setmaxnreg.dec).
+ *  - warpgroups 1..NWG are consumers, each owning 64 query rows (setmaxnreg.inc: 232 registers
+ *    with two consumer warpgroups, 160 with three).
+ *    Inside one warpgroup S_j = Q K_j^T and O += P_(j-1) V_(j-1) are issued together and the
+ *    softmax of S_j runs while P V is still on the tensor cores (intra-warpgroup overlap).
+ *    Optionally (PINGPONG) the consumer warpgroups take turns issuing their wgmmas through two named
+ *    barriers, so one warpgroup's softmax runs under the other's matrix products.
+ *
+ * The TMA tensor map covers the packed qkv as a 2-D tensor [rows, 3*heads*64] (16-bit elements,
+ * 64 x 64 boxes, 128-byte swizzle): Q of head h is column block h, K is heads + h, V 2*heads + h.
+ * It is encoded on the host for every call (a pure host function, no device sync, fine inside CUDA
+ * graph capture) through cudaGetDriverEntryPointByVersion, so libcuda is not linked, and passed as a
+ * __grid_constant__ kernel parameter.
+ *
+ * Rows past a sequence's end: a tile of sequence s may cover rows of sequence s+1 (the TMA box does
+ * not know sequence boundaries). Those keys are masked to -inf in S (P = 0; V rows of other tokens
+ * are finite) and those query rows are never written. The host does not know T = cu_seqlens[B]
+ * (it lives on the device), so the map's row extent is the bound n_seqs * max_seqlen; a tile that
+ * would reach past row T is copied by the producer warp with plain loads instead (rows >= T become
+ * zeros), so nothing past the qkv buffer is ever read. */
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "backend/cuda/attention_fa3.h"
+#include "backend/cuda/ptx_helpers.cuh"
+#include "backend/cuda/wgmma_helpers.cuh"
+
+/* ---- mbarrier, TMA, named barriers, register reallocation -------------------------------------- */
+
+static __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+/* one arrival that also announces `bytes` of transactions (the TMA copies) for the current phase */
+static __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/* spins until the phase with the given parity has completed */
+static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+/* 2-D tile copy global -> shared (box from the tensor map at element coordinates col, row) */
+static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row)
+        : "memory");
+}
+static __device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+static __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int REGS>
+static __device__ __forceinline__ void regs_dealloc(void) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+static __device__ __forceinline__ void regs_alloc(void) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+/* ---- producer: one tile of ROWS rows x 64 columns into a swizzled slot ---------------------------- */
+
+constexpr int FA3_BOX_ROWS = 64;  // rows per TMA box (64 rows x 128 bytes = 8 KB)
+
+/* Run by the whole producer warp. Rows [row0, row0 + ROWS) of column block col of qkv, landing as
+ * ROWS swizzled 128-byte rows at dst; `bar` completes when they are there. */
+template <int ROWS>
+static __device__ __forceinline__ void produce_tile(uint16_t *dst, uint64_t *bar, const CUtensorMap *map,
+                                                    const uint16_t *qkv, size_t row_stride, int col, int row0,
+                                                    int t_rows, int lane) {
+    if (row0 + ROWS <= t_rows) {
+        if (lane == 0) {
+            mbar_arrive_expect_tx(bar, ROWS * 64 * 2);
+#pragma unroll
+            for (int b = 0; b < ROWS / FA3_BOX_ROWS; b++)
+                tma_load_2d(dst + b * FA3_BOX_ROWS * 64, map, bar, col, row0 + b * FA3_BOX_ROWS);
+        }
+        return;
+    }
+    /* the tile reaches past the last row of qkv: plain 16-byte loads of the rows that exist, zeros for
+     * the rest, in the same swizzled layout; the proxy fence makes these generic-proxy stores visible
+     * to the wgmmas (async proxy) that wait on `bar` */
+    for (int c = lane; c < ROWS * 8; c += 32) {
+        const int r = c >> 3, ch = c & 7;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (row0 + r < t_rows) v = *reinterpret_cast<const uint4 *>(qkv + (size_t)(row0 + r) * row_stride + col + ch * 8);
+        *reinterpret_cast<uint4 *>(dst + r * 64 + ((ch ^ (r & 7)) << 3)) = v;
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+}
+
+/* keeps the packing of P (plain conversions) from sinking past wgmma.fence into the wgmma issue */
+template <int KS>
+static __device__ __forceinline__ void fence_pa(uint32_t (*pa)[4]) {
+#pragma unroll
+    for (int k = 0; k < KS; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(pa[k][i])::"memory");
+}
+
+/* ---- work list: longest sequences first (persistent launch) -------------------------------------- */
+
+constexpr int FA3_MAX_PERSIST_SEQS = 1024;  // sequences a persistent launch sorts in shared memory
+constexpr int FA3_LEN_BUCKETS = 256;        // sort key: key tiles of the sequence, clamped
+
+/* The persistent grid walks work items (sequence, head, query tile) in the order: sequences by
+ * decreasing length (each CTA counting-sorts cu_seqlens into shared memory at start, stably, so
+ * every CTA builds the same order; no device scratch, no host sync), then head, then query tile.
+ * Item w goes to CTA position w % gridDim.x of round w / gridDim.x (see item_index), so the longest
+ * items start first and the short ones fill the tail. */
+struct Fa3Schedule {
+    int order[FA3_MAX_PERSIST_SEQS];       // sequences, longest first
+    int prefix[FA3_MAX_PERSIST_SEQS + 1];  // work items before position p of `order`
+    int bucket[FA3_LEN_BUCKETS];
+};
+
+template <int THREADS, int BLOCK_M, int BLOCK_N>
+static __device__ void build_schedule(Fa3Schedule &sc, const int32_t *cu_seqlens, int n_seqs, int n_heads, int tid) {
+    for (int b = tid; b < FA3_LEN_BUCKETS; b += THREADS) sc.bucket[b] = 0;
+    __syncthreads();
+    for (int i = tid; i < n_seqs; i += THREADS) {
+        const int len = cu_seqlens[i + 1] - cu_seqlens[i];
+        atomicAdd(&sc.bucket[min((len + BLOCK_N - 1) / BLOCK_N, FA3_LEN_BUCKETS - 1)], 1);
+    }
+    __syncthreads();
+    if (tid < 32) {  // bucket offsets, longest bucket first: 8 buckets a lane, then a warp scan
+        constexpr int PER = FA3_LEN_BUCKETS / 32;
+        int c[PER], sum = 0;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            c[k] = sc.bucket[FA3_LEN_BUCKETS - 1 - (tid * PER + k)];
+            sum += c[k];
+        }
+        int incl = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (tid >= o) incl += v;
+        }
+        int off = incl - sum;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            sc.bucket[FA3_LEN_BUCKETS - 1 - (tid * PER + k)] = off;
+            off += c[k];
+        }
+    }
+    __syncthreads();
+    /* stable scatter by one warp, 32 sequences at a time (ranks among equal keys from
+     * __match_any_sync): every CTA must build the same order, which atomics would not guarantee */
+    if (tid < 32) {
+        for (int base = 0; base < n_seqs; base += 32) {
+            const int i = base + tid;
+            const int key = i < n_seqs
+                                ? min((cu_seqlens[i + 1] - cu_seqlens[i] + BLOCK_N - 1) / BLOCK_N, FA3_LEN_BUCKETS - 1)
+                                : -1;
+            const unsigned peers = __match_any_sync(0xffffffffu, key);
+            const int rank = __popc(peers & ((1u << tid) - 1u));
+            if (key >= 0) sc.order[sc.bucket[key] + rank] = i;
+            __syncwarp();
+            if (key >= 0 && rank == 0) sc.bucket[key] += __popc(peers);
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    /* prefix of items (query tiles x heads) along `order`: consecutive chunks per thread, a scan of
+     * the chunk sums through warp shuffles and one shared array of warp totals (in `bucket`) */
+    constexpr int CHUNK = (FA3_MAX_PERSIST_SEQS + THREADS - 1) / THREADS;
+    int items[CHUNK], sum = 0;
+#pragma unroll
+    for (int k = 0; k < CHUNK; k++) {
+        const int p = tid * CHUNK + k;
+        items[k] = 0;
+        if (p < n_seqs) {
+            const int s = sc.order[p];
+            items[k] = (cu_seqlens[s + 1] - cu_seqlens[s] + BLOCK_M - 1) / BLOCK_M * n_heads;
+        }
+        sum += items[k];
+    }
+    const int lane = tid & 31, warp = tid >> 5;
+    int incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    __syncthreads();  // everyone is done reading bucket offsets
+    if (lane == 31) sc.bucket[warp] = incl;
+    __syncthreads();
+    int base = 0;
+    for (int w = 0; w < warp; w++) base += sc.bucket[w];
+    int run = base + incl - sum;
+#pragma unroll
+    for (int k = 0; k < CHUNK; k++) {
+        const int p = tid * CHUNK + k;
+        if (p < n_seqs) sc.prefix[p] = run;
+        run += items[k];
+    }
+    if (tid == THREADS - 1) sc.prefix[n_seqs] = run;
+    __syncthreads();
+}
+
+/* ---- the kernel --------------------------------------------------------------------------------- */
+
+/* named barrier ids (0 is __syncthreads): the ping-pong turn of consumer warpgroup c is 1 + c, the
+ * output staging of consumer warpgroup c is 1 + NWG + c.
+ *
+ * PERSIST: grid = one CTA per SM, items from the sorted list above (n_seqs <= FA3_MAX_PERSIST_SEQS);
+ * else one CTA per (query tile, head, sequence) as in the other kernels. The shared-memory ring keeps
+ * running across a CTA's items, and Q is double-buffered: the producer prefetches the next item's Q
+ * and K/V while the consumers finish the current one; a Q buffer is reloaded once every consumer
+ * warp has stored the output it staged there (empty_q). */
+template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1)
+attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [rows, 3*heads*64], 64x64 boxes
+                     uint16_t *__restrict__ out,                   // [T, heads*64]
+                     const uint16_t *__restrict__ qkv,             // [T, 3, heads, 64]
+                     const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_seqs_total, int n_heads,
+                     float scale_log2, float rescale_thresh, int causal) {
+    constexpr int D = 64;
+    constexpr int BLOCK_M = 64 * NWG;
+    constexpr int THREADS = (NWG + 1) * 128;
+    constexpr int NT = BLOCK_N / 8;   // n8 column groups of S
+    constexpr int KS = BLOCK_N / 16;  // k16 steps of P V
+    constexpr int TILE = BLOCK_N * 64;  // elements of one K or V slot
+    /* register split after setmaxnreg (the 64K file): 40 for the producer warpgroup (with 24 its
+     * addressing spilled), the rest for the consumers: 128*40 + 256*232 = 64512,
+     * 128*32 + 384*160 = 65536 */
+    constexpr int PRODUCER_REGS = NWG == 2 ? 40 : 32;
+    constexpr int CONSUMER_REGS = NWG == 2 ? 232 : 160;
+    /* Q buffers: a persistent CTA loads the next item's Q while its consumers finish the current one */
+    constexpr int QBUF = PERSIST ? 2 : 1;
+
+    extern __shared__ uint16_t smem_raw[];
+    /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
+    const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
+    uint16_t *sQ = smem_raw + pad / 2;     // [QBUF][BLOCK_M][64]
+    uint16_t *sK = sQ + QBUF * BLOCK_M * 64;  // [STAGES][BLOCK_N][64]
+    uint16_t *sV = sK + STAGES * TILE;     // [STAGES][BLOCK_N][64]
+    /* the persistent schedule sits behind the tiles */
+    Fa3Schedule &sched = *reinterpret_cast<Fa3Schedule *>(sV + STAGES * TILE);
+    __shared__ __align__(8) uint64_t full_q[QBUF], empty_q[QBUF], full_k[STAGES], full_v[STAGES], empty_k[STAGES],
+        empty_v[STAGES];
+
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    int n_items;
+    if constexpr (PERSIST) {
+        build_schedule<THREADS, BLOCK_M, BLOCK_N>(sched, cu_seqlens, n_seqs_total, n_heads, tid);
+        n_items = sched.prefix[n_seqs_total];
+        if ((int)blockIdx.x >= n_items) return;  // the whole CTA, before any barrier
+    } else {
+        const int seq = seq_offset + blockIdx.z;
+        const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+        if (m_block * BLOCK_M >= cu_seqlens[seq + 1] - cu_seqlens[seq]) return;  // whole CTA
+        n_items = 1;
+    }
+    /* this CTA's item of round r: rounds of gridDim.x items, every other round walked backwards
+     * (snake order), so the CTAs that took the longest items of one round take the shortest of the
+     * next; >= n_items once this CTA is done */
+    auto item_index = [&](int r) -> int {
+        if constexpr (!PERSIST) return r;
+        const int g = (int)gridDim.x, b = (int)blockIdx.x;
+        return r * g + ((r & 1) ? g - 1 - b : b);
+    };
+    /* item w -> (start, len, head, m0) */
+    auto item_at = [&](int w, int &start, int &len, int &head, int &m0) {
+        int seq, m_block;
+        if constexpr (PERSIST) {
+            int lo = 0, hi = n_seqs_total - 1;  // last position p with prefix[p] <= w
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (sched.prefix[mid] <= w) lo = mid;
+                else hi = mid - 1;
+            }
+            seq = sched.order[lo];
+            start = cu_seqlens[seq];
+            len = cu_seqlens[seq + 1] - start;
+            const int mb = (len + BLOCK_M - 1) / BLOCK_M, r = w - sched.prefix[lo];
+            head = r / mb;
+            m_block = r - head * mb;
+            if (causal) m_block = mb - 1 - m_block;  // the longest rows of the causal triangle first
+        } else {
+            seq = seq_offset + blockIdx.z;
+            head = blockIdx.y;
+            m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+            start = cu_seqlens[seq];
+            len = cu_seqlens[seq + 1] - start;
+        }
+        m0 = m_block * BLOCK_M;
+    };
+    const int hidden = n_heads * D;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int b = 0; b < QBUF; b++) {
+            mbar_init(&full_q[b], 1);
+            mbar_init(&empty_q[b], 4 * NWG);  // one arrival per consumer warp
+        }
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full_k[s], 1);
+            mbar_init(&full_v[s], 1);
+            mbar_init(&empty_k[s], 4 * NWG);
+            mbar_init(&empty_v[s], 4 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---- producer ---- */
+        regs_dealloc<PRODUCER_REGS>();
+        if (warp != 0) return;
+        const int t_rows = cu_seqlens[n_seqs_total];  // rows of qkv: nothing at or past it is read
+        const size_t row_stride = (size_t)3 * hidden;
+        int g = 0, it = 0;  // K/V tiles and items produced so far (ring slot / phase)
+        for (int w = item_index(0); w < n_items; w = item_index(++it)) {
+            int start, len, head, m0;
+            item_at(w, start, len, head, m0);
+            const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
+            const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+            const int col_q = head * D, col_k = hidden + head * D, col_v = 2 * hidden + head * D;
+            const int qb = it % QBUF;
+            if (it >= QBUF) mbar_wait(&empty_q[qb], ((it / QBUF) + 1) & 1);  // phase it/QBUF - 1
+            produce_tile<BLOCK_M>(sQ + qb * BLOCK_M * 64, &full_q[qb], &qkv_map, qkv, row_stride, col_q, start + m0,
+                                  t_rows, lane);
+            for (int j = 0; j < n_tiles; j++, g++) {
+                const int s = g % STAGES;
+                const uint32_t wait_parity = ((g / STAGES) + 1) & 1;  // phase (g/STAGES - 1) of the slot
+                if (g >= STAGES) mbar_wait(&empty_k[s], wait_parity);
+                produce_tile<BLOCK_N>(sK + s * TILE, &full_k[s], &qkv_map, qkv, row_stride, col_k,
+                                      start + j * BLOCK_N, t_rows, lane);
+                if (g >= STAGES) mbar_wait(&empty_v[s], wait_parity);
+                produce_tile<BLOCK_N>(sV + s * TILE, &full_v[s], &qkv_map, qkv, row_stride, col_v,
+                                      start + j * BLOCK_N, t_rows, lane);
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    regs_alloc<CONSUMER_REGS>();
+    const int cw = wg - 1;  // consumer warpgroup 0..NWG-1
+    /* ping-pong: warpgroup cw waits for its turn on barrier 1 + cw, then passes the turn on to the
+     * next; the last one opens the first turn of warpgroup 0 and skips its very last hand-over, so
+     * every barrier sees as many arrivals as syncs */
+    const int turn_bar = 1 + cw, next_bar = 1 + (cw + 1) % NWG;
+    const bool last_wg = cw == NWG - 1;
+    if (PINGPONG && NWG > 1 && last_wg) named_bar_arrive(1, 256);
+
+    int g = 0, it = 0;  // K/V tiles and items consumed so far
+    for (int w = item_index(0); w < n_items; w = item_index(++it)) {
+        int start, len, head, m0;
+        item_at(w, start, len, head, m0);
+        const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
+        const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+        const bool final_item = item_index(it + 1) >= n_items;
+        const int wrow0 = m0 + cw * 64 + warp * 16;  // first query row of this warp
+        const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
+        const int qb = it % QBUF;
+        uint16_t *q_wg = sQ + qb * BLOCK_M * 64 + cw * 64 * 64;  // this warpgroup's 64 query rows
+
+        float o[32];  // O [64 x 64] of this warpgroup: n8 column group t holds o[4t..4t+3]
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[i] = 0.0f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+        float s[BLOCK_N / 2];
+        uint32_t pa[KS][4];
+
+        /* prologue: S_0 and its softmax */
+        {
+            const int sk = g % STAGES;
+            mbar_wait(&full_q[qb], (it / QBUF) & 1);
+            mbar_wait(&full_k[sk], (g / STAGES) & 1);
+            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+#pragma unroll
+            for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
+            fence_regs<BLOCK_N / 2>(s);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
+            wgmma_commit();
+            if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
+            wgmma_wait0();
+            fence_regs<BLOCK_N / 2>(s);
+            if (lane == 0) mbar_arrive(&empty_k[sk]);
+            softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        }
+
+        for (int j = 1; j < n_tiles; j++) {
+            const int gk = g + j, gv = g + j - 1;
+            const int sk = gk % STAGES, sv = gv % STAGES;
+            /* V_(j-1) was requested before K_j, so waiting for it first costs nothing and keeps the
+             * branch of the wait out of the two wgmma issues below */
+            mbar_wait(&full_v[sv], (gv / STAGES) & 1);
+            mbar_wait(&full_k[sk], (gk / STAGES) & 1);
+            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+            fence_regs<BLOCK_N / 2>(s);
+            fence_regs<32>(o);
+            fence_pa<KS>(pa);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
+            wgmma_commit();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
+            wgmma_commit();
+            if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
+            fence_regs<BLOCK_N / 2>(s);
+            if (lane == 0) mbar_arrive(&empty_k[sk]);
+            softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a,
+                             causal, lane);
+            wgmma_wait0();
+            fence_regs<32>(o);
+            if (lane == 0) mbar_arrive(&empty_v[sv]);
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                for (int t = 0; t < 8; t++) {
+                    o[4 * t] *= alpha[0];
+                    o[4 * t + 1] *= alpha[0];
+                    o[4 * t + 2] *= alpha[1];
+                    o[4 * t + 3] *= alpha[1];
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        }
+        /* epilogue: the last P V */
+        {
+            const int gv = g + n_tiles - 1, sv = gv % STAGES;
+            mbar_wait(&full_v[sv], (gv / STAGES) & 1);
+            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+            fence_regs<32>(o);
+            fence_pa<KS>(pa);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
+            wgmma_commit();
+            if (PINGPONG && NWG > 1 && !(last_wg && final_item)) named_bar_arrive(next_bar, 256);
+            wgmma_wait0();
+            fence_regs<32>(o);
+            if (lane == 0) mbar_arrive(&empty_v[sv]);
+        }
+        g += n_tiles;
+
+        float inv[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = l_run[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+        }
+        /* stage O in this warpgroup's Q rows (swizzled, conflict-free) once all four warps' wgmmas
+         * that read them are done */
+        named_bar_sync(1 + NWG + cw, 128);
+        uint16_t *sO = q_wg;
+        const int r0 = warp * 16 + lane / 4;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int col = t * 8 + (lane & 3) * 2;
+            *reinterpret_cast<uint32_t *>(sO + sw_off(r0, col)) = pack2<BF16>(o[4 * t] * inv[0], o[4 * t + 1] * inv[0]);
+            *reinterpret_cast<uint32_t *>(sO + sw_off(r0 + 8, col)) =
+                pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int c = lane; c < 16 * 8; c += 32) {  // this warp's 16 rows, 8 chunks of 16 bytes each
+            const int r = warp * 16 + (c >> 3), ch = c & 7;
+            const int row = m0 + cw * 64 + r;
+            if (row < len)
+                *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
+                    *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
+        }
+        /* this warp is done with its rows of sQ: the next item's Q may land there */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty_q[qb]);
+    }
+}
+
+/* ---- host: tensor map and launch ------------------------------------------------------------------ */
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the driver the runtime already loaded; NULL if it has none */
+static encode_tiled_fn tensor_map_encoder(void) {
+    static encode_tiled_fn fn = NULL;
+    static int looked = 0;
+    if (!looked) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (encode_tiled_fn)p;
+        looked = 1;
+    }
+    return fn;
+}
+
+static int fa3_env(const char *name, int dflt) {
+    const char *env = getenv(name);
+    return env && *env ? atoi(env) : dflt;
+}
+
+static int multiprocessor_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 0;
+    return n;
+}
+
+template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
+static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
+                              int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
+                              float rescale_thresh, int causal, cudaStream_t stream) {
+    constexpr int BLOCK_M = 64 * NWG;
+    /* Q + K/V ring + alignment slack (+ the sorted work list) */
+    const size_t smem = (size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 * sizeof(uint16_t) + 1024 +
+                        (PERSIST ? sizeof(Fa3Schedule) : 0);
+    auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST>;
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        attr_set = true;
+    }
+    const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
+    if (PERSIST) {
+        static int n_sm = 0;
+        if (!n_sm) n_sm = multiprocessor_count();
+        /* one CTA per SM (registers allow no more), fewer when there are fewer items at most */
+        const uint64_t most_items = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
+        const unsigned grid = (unsigned)(most_items < (uint64_t)n_sm ? most_items : (uint64_t)n_sm);
+        kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, 0,
+                                                        n_seqs, n_heads, scale_log2, rescale_thresh, causal);
+        return cudaGetLastError();
+    }
+    for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
+        const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
+        dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
+        kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0,
+                                                        n_seqs, n_heads, scale_log2, rescale_thresh, causal);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+int cuda_attention_fa3_mode(void) {
+    static int mode = -2;
+    if (mode == -2) {
+        mode = fa3_env("NOPAD_FMHA_FA3", -1);
+        if (mode < -1 || mode > 1) mode = -1;
+    }
+    return mode;
+}
+
+/* run-time knobs -> template arguments */
+struct Fa3Args {
+    const CUtensorMap *map;
+    void *out;
+    const void *qkv;
+    const int32_t *cu_seqlens;
+    int32_t n_seqs, max_seqlen, n_heads;
+    float scale_log2, rescale_thresh;
+    int causal;
+    cudaStream_t st;
+};
+template <int NWG, int STAGES, bool BF16, bool PP>
+static cudaError_t fa3_persist(const Fa3Args &a, bool persist) {
+    return persist ? launch_fa3<NWG, 128, STAGES, BF16, PP, true>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
+                                                                  a.max_seqlen, a.n_heads, a.scale_log2,
+                                                                  a.rescale_thresh, a.causal, a.st)
+                   : launch_fa3<NWG, 128, STAGES, BF16, PP, false>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
+                                                                   a.max_seqlen, a.n_heads, a.scale_log2,
+                                                                   a.rescale_thresh, a.causal, a.st);
+}
+template <int NWG, int STAGES, bool BF16>
+static cudaError_t fa3_pingpong(const Fa3Args &a, bool pp, bool persist) {
+    return pp ? fa3_persist<NWG, STAGES, BF16, true>(a, persist) : fa3_persist<NWG, STAGES, BF16, false>(a, persist);
+}
+template <int NWG, bool BF16>
+static cudaError_t fa3_stages(const Fa3Args &a, int stages, bool pp, bool persist) {
+    return stages == 3 ? fa3_pingpong<NWG, 3, BF16>(a, pp, persist) : fa3_pingpong<NWG, 2, BF16>(a, pp, persist);
+}
+
+/* Tile shape and schedule. Defaults from the sweeps in bench/NOTES_fmha.md (H200): three consumer
+ * warpgroups (192 query rows), 128-key tiles, two K/V stages, ping-pong on, one CTA per item (the
+ * persistent longest-first grid was slower where this kernel is selected: 8x2048, 64x2048).
+ * NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3), NOPAD_FMHA_FA3_PINGPONG (0|1),
+ * NOPAD_FMHA_FA3_PERSIST (0|1) override, for tuning. */
+template <bool BF16>
+static cudaError_t dispatch_fa3(const Fa3Args &a) {
+    static int nwg = -1, stages = -1, pingpong = -1, persist = -1;
+    if (nwg < 0) {
+        nwg = fa3_env("NOPAD_FMHA_FA3_WG", 3) == 2 ? 2 : 3;
+        stages = fa3_env("NOPAD_FMHA_FA3_STAGES", 2) == 3 ? 3 : 2;
+        pingpong = fa3_env("NOPAD_FMHA_FA3_PINGPONG", 1) != 0;
+        persist = fa3_env("NOPAD_FMHA_FA3_PERSIST", 0) != 0;
+    }
+    /* the in-CTA sort holds FA3_MAX_PERSIST_SEQS sequences; item indices must fit an int */
+    const uint64_t most_items = (uint64_t)((a.max_seqlen + 64 * nwg - 1) / (64 * nwg)) * (uint64_t)a.n_heads *
+                                (uint64_t)a.n_seqs;
+    const bool use_persist = persist && a.n_seqs <= FA3_MAX_PERSIST_SEQS && most_items < (1ull << 31);
+    return nwg == 2 ? fa3_stages<2, BF16>(a, stages, pingpong, use_persist)
+                    : fa3_stages<3, BF16>(a, stages, pingpong, use_persist);
+}
+
+cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                               int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
+                               void *stream) {
+    encode_tiled_fn encode = tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    /* qkv as a 2-D tensor: columns 3*heads*64 (innermost), rows bounded by n_seqs * max_seqlen (>= T;
+     * the kernel never lets TMA touch rows >= T, see the file comment) */
+    const uint64_t row_bound = (uint64_t)n_seqs * (uint64_t)max_seqlen;
+    const cuuint64_t dims[2] = {(cuuint64_t)3 * (cuuint64_t)n_heads * 64,
+                                (cuuint64_t)(row_bound < 0xFFFFFFFFull ? row_bound : 0xFFFFFFFFull)};
+    const cuuint64_t strides[1] = {(cuuint64_t)3 * (cuuint64_t)n_heads * 64 * sizeof(uint16_t)};  // bytes, row 1
+    const cuuint32_t box[2] = {64, FA3_BOX_ROWS};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    CUtensorMap map;
+    if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(qkv), dims, strides, box, elem_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return cudaErrorNotSupported;
+    const Fa3Args args = {&map, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale * 1.4426950408889634f,
+                          rescale_thresh, causal, (cudaStream_t)stream};
+    return bf16 ? dispatch_fa3<true>(args) : dispatch_fa3<false>(args);
+}

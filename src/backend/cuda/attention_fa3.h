@@ -1,0 +1,19 @@
+/* Internal: the FlashAttention-3-structured kernel of varlen attention (TMA producer warp, consumer
+ * warpgroups, sm_90a), head size 64. Called by the wgmma dispatcher (attention_wgmma.cu). C++
+ * linkage: both sides are .cu files. */
+#ifndef NOPAD_BACKEND_CUDA_ATTENTION_FA3_H
+#define NOPAD_BACKEND_CUDA_ATTENTION_FA3_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* NOPAD_FMHA_FA3: -1 (unset: the dispatcher decides by max_seqlen), 0 (never), 1 (always, d = 64) */
+int cuda_attention_fa3_mode(void);
+
+/* Enqueues attention for head_size 64; same tensors as cuda_attention_varlen. rescale_thresh: the
+ * lazy-rescaling threshold (log2 units). Returns cudaErrorNotSupported, having enqueued nothing,
+ * when the driver has no tensor-map encoder (the caller then uses another kernel). */
+cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                               int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
+                               void *stream);
+#endif
