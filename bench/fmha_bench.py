@@ -44,13 +44,14 @@ class Nopad:
         f = self.lib.nopad_attention_varlen
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                      ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
+                      ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                      ctypes.c_float,
                       ctypes.c_int, ctypes.c_void_p]
         self.lib.nopad_last_error.restype = ctypes.c_char_p
         self.f = f
 
     def __call__(self, dtype_code, out, qkv, cu, n_seqs, max_len, heads, d, scale, causal):
-        st = self.f(1, dtype_code, out.data_ptr(), qkv.data_ptr(), cu.data_ptr(), n_seqs, max_len, heads,
+        st = self.f(1, dtype_code, out.data_ptr(), qkv.data_ptr(), cu.data_ptr(), n_seqs, qkv.shape[0], max_len, heads,
                     d, scale, int(causal), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if st != 0:
             raise RuntimeError("nopad: %s" % self.lib.nopad_last_error().decode())

@@ -219,12 +219,14 @@ nopad_status nopad_encode_padded_device(nopad_model *model, int32_t n_seqs, int3
  *   qkv [T, 3, n_heads, head_size]  Q | K | V blocks per token, as the fused QKV projection writes
  *   out [T, n_heads * head_size]
  *   cu_seqlens [n_seqs + 1]         int32 prefix sums, cu_seqlens[0] = 0
+ *   n_tokens                        T = cu_seqlens[n_seqs], the rows of qkv and out (given so
+ *                                   nothing is read back; the kernel choice uses it)
  *   max_seqlen                      longest sequence (sizes the launch; no host sync is needed)
  * device CPU: host pointers, dtype F32. device CUDA: device pointers (cu_seqlens too), dtype F16 or
  * BF16, enqueued on `stream` (a cudaStream_t, NULL = the default stream), asynchronous. */
 nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void *out,
                                     const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                    int32_t max_seqlen, int32_t n_heads, int32_t head_size,
+                                    int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size,
                                     float scale, int causal, void *stream);
 
 #ifdef __cplusplus

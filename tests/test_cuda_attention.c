@@ -125,7 +125,7 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
     const float scale = 1.0f / sqrtf((float)d);
 
     float *want = malloc((size_t)n_out * sizeof(float));
-    assert_nopad_ok(nopad_attention_varlen(NOPAD_DEVICE_CPU, NOPAD_DTYPE_F32, want, qkv, cu, B,
+    assert_nopad_ok(nopad_attention_varlen(NOPAD_DEVICE_CPU, NOPAD_DTYPE_F32, want, qkv, cu, B, T,
                                            c->max_len, c->heads, d, scale, causal, NULL));
 
     void *d_qkv, *d_out, *d_cu;
@@ -135,7 +135,7 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
     CUDA_OK(cudaMemcpy(d_qkv, qkv16, (size_t)n_qkv * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_cu, cu, (size_t)(B + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_out, 0xFF, (size_t)(n_out + n_guard) * 2)); /* NaN poison */
-    assert_nopad_ok(nopad_attention_varlen(NOPAD_DEVICE_CUDA, dtype, d_out, d_qkv, d_cu, B,
+    assert_nopad_ok(nopad_attention_varlen(NOPAD_DEVICE_CUDA, dtype, d_out, d_qkv, d_cu, B, T,
                                            c->max_len, c->heads, d, scale, causal, NULL));
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
@@ -216,10 +216,10 @@ static void test_unsupported(void **state) {
     void *d_cu;
     CUDA_OK(cudaMalloc(&d_cu, sizeof cu));
     CUDA_OK(cudaMemcpy(d_cu, cu, sizeof cu, cudaMemcpyHostToDevice));
-    assert_nopad_error(nopad_attention_varlen(NOPAD_DEVICE_CUDA, NOPAD_DTYPE_F16, p, p, d_cu, 1, 4, 1,
+    assert_nopad_error(nopad_attention_varlen(NOPAD_DEVICE_CUDA, NOPAD_DTYPE_F16, p, p, d_cu, 1, 4, 4, 1,
                                               48, 1.0f, 0, NULL),
                        NOPAD_ERR_UNSUPPORTED, "head size 48");
-    assert_nopad_error(nopad_attention_varlen(NOPAD_DEVICE_CUDA, NOPAD_DTYPE_F32, p, p, d_cu, 1, 4, 1,
+    assert_nopad_error(nopad_attention_varlen(NOPAD_DEVICE_CUDA, NOPAD_DTYPE_F32, p, p, d_cu, 1, 4, 4, 1,
                                               64, 1.0f, 0, NULL),
                        NOPAD_ERR_UNSUPPORTED, "dtype");
     CUDA_OK(cudaFree(p));

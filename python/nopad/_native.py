@@ -133,7 +133,7 @@ _PROTOTYPES = {
                                                   ctypes.c_int32, ctypes.c_int32, _p, _p, _p,
                                                   ctypes.POINTER(EncodeParams), _p, _p]),
     "nopad_attention_varlen": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _p, _p, _p,
-                                              ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                              ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                               ctypes.c_int32, ctypes.c_float, ctypes.c_int, _p]),
 }
 

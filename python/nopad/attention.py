@@ -134,12 +134,12 @@ def _run(torch, qkv_ptr: int, ref, T: int, h: int, d: int, cu_seqlens: Any,
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device).cuda_stream
             st = lib.nopad_attention_varlen(_native.DEVICE_CUDA, code, out.data_ptr(), qkv_ptr,
-                                            cu.data_ptr(), n_seqs, int(max_seqlen), h, d,
+                                            cu.data_ptr(), n_seqs, T, int(max_seqlen), h, d,
                                             float(scale), 1 if causal else 0,
                                             ctypes.c_void_p(stream))
     else:
         st = lib.nopad_attention_varlen(_native.DEVICE_CPU, code, out.data_ptr(), qkv_ptr,
-                                        cu.data_ptr(), n_seqs, int(max_seqlen), h, d,
+                                        cu.data_ptr(), n_seqs, T, int(max_seqlen), h, d,
                                         float(scale), 1 if causal else 0, None)
     del keep  # inputs (and any stacked copy) stay referenced until the call has been made
     _native.check(st)

@@ -8,7 +8,7 @@
 
 nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void *out,
                                     const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                    int32_t max_seqlen, int32_t n_heads, int32_t head_size,
+                                    int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size,
                                     float scale, int causal, void *stream) {
     if (!out || !qkv || !cu_seqlens)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "attention_varlen: NULL tensor");
@@ -16,6 +16,10 @@ nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "attention_varlen: need n_seqs, max_seqlen, n_heads, head_size >= 1 "
                                "(got %d, %d, %d, %d)", n_seqs, max_seqlen, n_heads, head_size);
+    if (n_tokens < n_seqs)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "attention_varlen: n_tokens %d < n_seqs %d (every sequence has a token)",
+                               n_tokens, n_seqs);
     if (device == NOPAD_DEVICE_CPU) {
         if (dtype != NOPAD_DTYPE_F32)
             return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "attention_varlen: the CPU computes in F32");
@@ -29,6 +33,10 @@ nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void
                                        "attention_varlen: sequence %d has length %d, outside [1, "
                                        "max_seqlen = %d]", s, len, max_seqlen);
         }
+        if (cu_seqlens[n_seqs] != n_tokens)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "attention_varlen: n_tokens is %d but cu_seqlens[%d] = %d", n_tokens,
+                                   n_seqs, cu_seqlens[n_seqs]);
         nopad_backend *be;
         nopad_status st = nopad_backend_cpu_create(0, &be);
         if (st != NOPAD_OK) return st;
@@ -40,7 +48,7 @@ nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void
     }
     if (device == NOPAD_DEVICE_CUDA) {
 #ifdef NOPAD_HAVE_CUDA
-        return cuda_attention_varlen(dtype, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads,
+        return cuda_attention_varlen(dtype, out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads,
                                      head_size, scale, causal, stream);
 #else
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,

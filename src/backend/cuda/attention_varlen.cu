@@ -323,9 +323,9 @@ static cudaError_t dispatch_head(int32_t head_size, void *out, const void *qkv, 
 }
 
 extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, const void *qkv,
-                                              const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
-                                              int32_t n_heads, int32_t head_size, float scale, int causal,
-                                              void *stream) {
+                                              const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
+                                              int32_t max_seqlen, int32_t n_heads, int32_t head_size,
+                                              float scale, int causal, void *stream) {
     if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_varlen: dtype %d has no kernel (F16, BF16)",
                                (int)dtype);
@@ -336,6 +336,10 @@ extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, cons
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: need n_seqs, max_seqlen >= 1 and 1 <= n_heads <= 65535 "
                                "(got %d, %d, %d)", n_seqs, max_seqlen, n_heads);
+    if (n_tokens < n_seqs)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_varlen: n_tokens %d < n_seqs %d (every sequence has a token)",
+                               n_tokens, n_seqs);
     if (!(scale > 0.0f) || isinf(scale))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: scale must be positive and finite (got %g)", (double)scale);
@@ -345,7 +349,7 @@ extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, cons
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = head_size >= 64 && cuda_attention_wgmma_enabled()
                         ? cuda_attention_wgmma(head_size, dtype == NOPAD_DTYPE_BF16, out, qkv, cu_seqlens, n_seqs,
-                                               max_seqlen, n_heads, scale, causal, stream)
+                                               n_tokens, max_seqlen, n_heads, scale, causal, stream)
                     : dtype == NOPAD_DTYPE_BF16
                         ? dispatch_head<true>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
                         : dispatch_head<false>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);

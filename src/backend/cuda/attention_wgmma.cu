@@ -453,7 +453,8 @@ int cuda_attention_wgmma_enabled(void) {
  * for tuning. */
 template <int D, bool BF16>
 static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                  int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t st) {
+                                  int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, float scale, int causal,
+                                  cudaStream_t st) {
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
@@ -462,8 +463,11 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
          * last P V of a query tile are a small share; it is slower at <= 512 and at 16 x 1024 (more
          * CTAs per SM win there) and for causal masks. Known losses under this rule: the skewed
          * 64 x 2048 batch (28%: thousands of CTAs past their sequence's end each hold an SM alone
-         * before exiting) and one of five 8 x 2048 length draws (7%). */
-        const bool fa3_wins = !causal && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
+         * before exiting) and one of five 8 x 2048 length draws (7%). The skewed batches are told
+         * apart by their density T / (B * max_seqlen): 0.03 for the skewed one, 0.6 on average
+         * for lengths uniform in [0.2 max, max]; below 1/2 the v5 kernel keeps them. */
+        const bool dense = (int64_t)n_tokens * 2 >= (int64_t)n_seqs * max_seqlen;
+        const bool fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
         if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
             cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
                                                lazy_rescale_threshold(), causal, st);
@@ -492,12 +496,12 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
 }
 
 cudaError_t cuda_attention_wgmma(int32_t head_size, int bf16, void *out, const void *qkv,
-                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                                 float scale, int causal, void *stream) {
+                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
+                                 int32_t n_heads, float scale, int causal, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     if (head_size == 128)
-        return bf16 ? dispatch_wgmma<128, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
-                    : dispatch_wgmma<128, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    return bf16 ? dispatch_wgmma<64, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
-                : dispatch_wgmma<64, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+        return bf16 ? dispatch_wgmma<128, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st)
+                    : dispatch_wgmma<128, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st);
+    return bf16 ? dispatch_wgmma<64, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st)
+                : dispatch_wgmma<64, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st);
 }

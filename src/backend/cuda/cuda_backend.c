@@ -396,7 +396,7 @@ static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void
                                              seqs->n_tokens, n_heads, head_size, scale, causal,
                                              state_of(be)->stream);
     return cuda_attention_varlen(be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs,
-                                 seqs->max_seqlen, n_heads, head_size, scale, causal,
+                                 seqs->n_tokens, seqs->max_seqlen, n_heads, head_size, scale, causal,
                                  state_of(be)->stream);
 }
 
