@@ -5,7 +5,7 @@
 #   cmake --build build-cuda -j --target test_cuda_encoder test_cuda_attention nopad_shared
 #   scripts/gpu_check_encoder.sh --stage build-cuda    # Debian libs + an fp16 MiniLM copy
 # There (carry build-cuda/tests build-cuda/libnopad.so build-cuda/deplibs .gpu_carry):
-#   scripts/gpu_check_encoder.sh build-cuda [test|sanitize|bench|all]...
+#   scripts/gpu_check_encoder.sh build-cuda [test|pytest|sanitize|bench|fmha|graphs|ab|profile|all]...
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -48,6 +48,20 @@ want() { [[ " $STEPS " == *" all "* || " $STEPS " == *" $1 "* ]]; }
 status=0
 if want test; then
     "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
+fi
+if want test; then
+    # the attention op alone (every kernel the dispatcher picks), and the fused GEMMs where built
+    for t in test_cuda_attention test_cuda_gemm; do
+        [ -x "$BUILD/tests/$t" ] || continue
+        "$BUILD/tests/$t" > "$OUTDIR/$t.log" 2>&1 || status=1
+        echo "$t: $(grep -E 'PASSED|FAILED' "$OUTDIR/$t.log" | tr '\n' ' ')"
+    done
+fi
+if want fmha; then
+    # the FMHA grid of bench/RESULTS.md with its peers (same seed: the same lengths every run)
+    python3 "$ROOT/bench/fmha_bench.py" --lib "$BUILD/libnopad.so" --out "$OUTDIR" ${FMHA_ARGS:-} \
+        > "$OUTDIR/fmha_bench.log" 2>&1 || status=1
+    tail -n 40 "$OUTDIR/fmha_bench.log"
 fi
 if want pytest; then
     # the Python package's GPU tests (torch CUDA tensors in and out) against this build
