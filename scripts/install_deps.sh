@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing nopad needs on Debian 12: compilers, CMake, the C libraries
-# (cJSON, utf8proc, OpenBLAS, cmocka), clang for the fuzzers, and numpy + safetensors for the
-# CLI tests (+ pytest for the Python package's tests). Safe to run again.
+# (cJSON, utf8proc, OpenBLAS, cmocka), clang for the fuzzers, numpy + safetensors for the CLI
+# tests (+ pytest for the Python package's tests), and CUTLASS's headers (pip nvidia-cutlass) for
+# the CUDA build. Safe to run again.
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -10,6 +11,10 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev \
     libcjson-dev libutf8proc-dev libopenblas-dev libcmocka-dev python3 python3-pip >/dev/null
+# nvidia-cutlass: CUTLASS's headers for the CUDA build's fused-epilogue GEMMs (header-only; only
+# the headers are used, so none of the wheel's Python dependencies are needed: --no-deps).
 python3 -m pip install --quiet --disable-pip-version-check numpy safetensors pytest 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages numpy safetensors pytest
+python3 -m pip install --quiet --disable-pip-version-check --no-deps nvidia-cutlass==4.2.0.0 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --no-deps --break-system-packages nvidia-cutlass==4.2.0.0
 echo "nopad: dependencies installed" >&2

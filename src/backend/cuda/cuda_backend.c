@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm_fused.h"
 #include "util/error.h"
 
 enum { GEMM_CACHE_SIZE = 512, GRAPH_CACHE_SIZE = 48, SEEN_KEYS = 64 };
@@ -332,6 +333,20 @@ static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const
                               nopad_activation act) {
     cuda_state *s = state_of(be);
     if (n_tokens == 0) return NOPAD_OK;
+    /* ---- CUTLASS with the epilogue fused (gemm_fused.h): for the exact-erf GELU, which cuBLASLt
+     * cannot fuse, and wherever NOPAD_GEMM=cutlass|auto picks it; shapes it does not take
+     * (K or N not multiples of 8, ...) come back UNSUPPORTED and go on to cuBLASLt below. */
+    const int fused_ep = epilogue == NOPAD_EPILOGUE_BIAS_ACT
+                             ? (act == NOPAD_ACT_GELU ? CUDA_GEMM_BIAS_GELU_ERF : -1)
+                         : epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? CUDA_GEMM_BIAS_RESIDUAL
+                                                                    : CUDA_GEMM_BIAS;
+    if (fused_ep >= 0 && cuda_gemm_use_fused(n_tokens, n_in, n_out, (cuda_gemm_epilogue)fused_ep)) {
+        nopad_status fst = cuda_gemm_fused(be->dtype, out, x, w, epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
+                                           residual, n_tokens, n_in, n_out, (cuda_gemm_epilogue)fused_ep,
+                                           s->stream);
+        if (fst != NOPAD_ERR_UNSUPPORTED) return fst;
+    }
+    /* ---- cuBLASLt ---- */
     cublasLtEpilogue_t lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     int separate_activation = 0;
     switch (epilogue) {

@@ -1,0 +1,286 @@
+/* cuda_gemm_fused (CUTLASS, epilogue fused) against an fp32 CPU reference.
+ *
+ * y[T, N] = x[T, K] · w[N, K]ᵀ + bias[N], then exact-erf GELU or + residual[T, N], in fp16 and
+ * bf16, on random data (never zeros), for T in {1, 7, 128, 1000, 4352} and the BERT-base and
+ * BERT-large layer shapes; every tile configuration on a few shapes; NULL bias; unsupported
+ * shapes and pointers; a CUDA-graph capture; and cu_linear under each NOPAD_GEMM mode.
+ * Inputs are rounded to the GPU dtype first, so both sides multiply the same numbers; the CPU
+ * reference is the CPU backend's fp32 GEMM (OpenBLAS) with the epilogue in double.
+ * Bounds, max over rows of ||y_r - ref_r|| / ||ref_r||: fp16 2e-3 and bf16 1.5e-2 — the one
+ * output rounding (fp16 keeps 11 significant bits: at most 4.9e-4 relative per element; bf16 8
+ * bits: 3.9e-3) plus fp32 accumulation-order differences (~1e-6 at K = 4096), with margin.
+ * Outputs are NaN-poisoned before every call, so an unwritten element fails.
+ * No GPU: exit 77 (ctest: skipped); built without CUTLASS: 77 too.
+ * NOPAD_GPU_TEST_QUICK=1 leaves out T = 4352. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm_fused.h"
+#include "testutil.h"
+
+static nopad_backend *cpu;
+static nopad_backend *gpu[2];
+static cudaStream_t streams[2]; /* gpu[d] runs on streams[d] */
+static const nopad_dtype DTYPES[2] = {NOPAD_DTYPE_F16, NOPAD_DTYPE_BF16};
+static const char *const DTYPE_NAMES[2] = {"f16", "bf16"};
+static const double BOUND[2] = {2e-3, 1.5e-2};
+static const char *const EP_NAMES[3] = {"bias", "bias+gelu_erf", "bias+residual"};
+
+/* (K, N) of a BERT layer's GEMMs: qkv, attention out, FFN in, FFN out; base then large. */
+static const int32_t SHAPES[8][2] = {{768, 2304},  {768, 768},   {768, 3072},  {3072, 768},
+                                     {1024, 3072}, {1024, 1024}, {1024, 4096}, {4096, 1024}};
+
+/* Uploads host floats to a fresh device tensor of be's dtype and rewrites the host copy with the
+ * rounded values, so the reference computes on exactly what the GPU sees. */
+static void *to_device(nopad_backend *be, float *host, size_t n) {
+    void *dev;
+    assert_nopad_ok(be->alloc(be, n * 2, &dev));
+    assert_nopad_ok(be->upload_f32(be, dev, host, n));
+    assert_nopad_ok(be->download_f32(be, host, dev, n));
+    return dev;
+}
+
+static void poison(nopad_backend *be, void *dev, size_t n) {
+    float *nan = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    assert_nopad_ok(be->upload_f32(be, dev, nan, n));
+    free(nan);
+}
+
+static float *random_floats(size_t n, float lo, float hi, uint64_t *rng) {
+    float *x = malloc(n * sizeof(float));
+    test_fill_uniform(x, (int64_t)n, lo, hi, rng);
+    return x;
+}
+
+/* ref[T, N] = epilogue(acc) in double, acc = x · wᵀ in fp32 from the CPU backend. */
+static void reference(float *ref, const float *acc, const float *bias, const float *res, int32_t T,
+                      int32_t N, cuda_gemm_epilogue ep) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            double v = (double)acc[t * N + n] + (bias ? bias[n] : 0.0);
+            if (ep == CUDA_GEMM_BIAS_GELU_ERF) v = 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+            if (ep == CUDA_GEMM_BIAS_RESIDUAL) v += res[t * N + n];
+            ref[t * N + n] = (float)v;
+        }
+}
+
+/* One problem: random x, w, bias, residual of the given shape in memory of gpu[d]. */
+typedef struct problem {
+    int32_t T, K, N;
+    float *x, *w, *bias, *res, *acc; /* host, rounded to the dtype */
+    void *dx, *dw, *dbias, *dres, *dy;
+} problem;
+
+static void problem_make(problem *p, int d, int32_t T, int32_t K, int32_t N, uint64_t *rng) {
+    nopad_backend *be = gpu[d];
+    memset(p, 0, sizeof *p);
+    p->T = T, p->K = K, p->N = N;
+    /* |w| ~ sqrt(3/K): outputs of order 1, where GELU is far from linear */
+    const float ws = sqrtf(3.0f / (float)K);
+    p->x = random_floats((size_t)T * K, -1.0f, 1.0f, rng);
+    p->w = random_floats((size_t)N * K, -ws, ws, rng);
+    p->bias = random_floats((size_t)N, -0.5f, 0.5f, rng);
+    p->res = random_floats((size_t)T * N, -1.0f, 1.0f, rng);
+    p->dx = to_device(be, p->x, (size_t)T * K);
+    p->dw = to_device(be, p->w, (size_t)N * K);
+    p->dbias = to_device(be, p->bias, (size_t)N);
+    p->dres = to_device(be, p->res, (size_t)T * N);
+    assert_nopad_ok(be->alloc(be, (size_t)T * N * 2, &p->dy));
+    p->acc = malloc((size_t)T * N * sizeof(float));
+    assert_nopad_ok(cpu->linear(cpu, p->acc, p->x, p->w, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE,
+                                NOPAD_ACT_GELU));
+}
+
+static void problem_free(problem *p, int d) {
+    nopad_backend *be = gpu[d];
+    be->free(be, p->dx), be->free(be, p->dw), be->free(be, p->dbias), be->free(be, p->dres);
+    be->free(be, p->dy);
+    free(p->x), free(p->w), free(p->bias), free(p->res), free(p->acc);
+}
+
+/* Runs the fused GEMM (config, or auto) on a poisoned output and returns the row error. */
+static double check(problem *p, int d, cuda_gemm_epilogue ep, int config, int with_bias) {
+    nopad_backend *be = gpu[d];
+    const size_t n = (size_t)p->T * p->N;
+    poison(be, p->dy, n);
+    assert_nopad_ok(cuda_gemm_fused_config(DTYPES[d], p->dy, p->dx, p->dw, with_bias ? p->dbias : NULL,
+                                           p->dres, p->T, p->K, p->N, ep, config,
+                                           streams[d]));
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    float *y = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    assert_nopad_ok(be->download_f32(be, y, p->dy, n));
+    reference(ref, p->acc, with_bias ? p->bias : NULL, p->res, p->T, p->N, ep);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(y[i])) fail_msg("%s %s T %d K %d N %d config %d: y[%zu] = %g (unwritten?)",
+                                      DTYPE_NAMES[d], EP_NAMES[ep], p->T, p->K, p->N, config, i, y[i]);
+    const double err = test_max_row_rel_error(y, ref, p->T, p->N);
+    free(y), free(ref);
+    if (!(err <= BOUND[d]))
+        fail_msg("%s %s T %d K %d N %d config %d: row rel err %.3g > %.3g", DTYPE_NAMES[d],
+                 EP_NAMES[ep], p->T, p->K, p->N, config, err, BOUND[d]);
+    return err;
+}
+
+static void test_shapes(void **state) {
+    const int32_t Ts[] = {1, 7, 128, 1000, 4352};
+    const int n_T = getenv("NOPAD_GPU_TEST_QUICK") ? 4 : 5;
+    uint64_t rng = 0x6e6f706164676d6dULL;
+    for (int d = 0; d < 2; d++) {
+        double worst[3] = {0, 0, 0};
+        for (int ti = 0; ti < n_T; ti++)
+            for (int si = 0; si < 8; si++) {
+                problem p;
+                problem_make(&p, d, Ts[ti], SHAPES[si][0], SHAPES[si][1], &rng);
+                for (int ep = 0; ep < 3; ep++) {
+                    const double err = check(&p, d, (cuda_gemm_epilogue)ep, CUDA_GEMM_CONFIG_AUTO, 1);
+                    if (err > worst[ep]) worst[ep] = err;
+                }
+                problem_free(&p, d);
+            }
+        for (int ep = 0; ep < 3; ep++)
+            printf("%s %-14s worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], EP_NAMES[ep],
+                   worst[ep], BOUND[d]);
+    }
+}
+
+/* Every compiled tile configuration, whichever auto picks: partial tiles in M and N included. */
+static void test_every_config(void **state) {
+    const int32_t cases[][3] = {{7, 768, 3072}, {1000, 3072, 768}, {300, 1024, 1032}, {1, 4096, 1024}};
+    uint64_t rng = 0x636f6e666967ULL;
+    for (int d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            problem p;
+            problem_make(&p, d, cases[c][0], cases[c][1], cases[c][2], &rng);
+            for (int cfg = 0; cfg < cuda_gemm_fused_n_configs(); cfg++)
+                for (int ep = 0; ep < 3; ep++) check(&p, d, (cuda_gemm_epilogue)ep, cfg, 1);
+            check(&p, d, CUDA_GEMM_BIAS, CUDA_GEMM_CONFIG_AUTO, 0); /* bias NULL: none added */
+            check(&p, d, CUDA_GEMM_BIAS_GELU_ERF, CUDA_GEMM_CONFIG_AUTO, 0);
+            problem_free(&p, d);
+        }
+}
+
+static void test_unsupported(void **state) {
+    uint64_t rng = 7;
+    problem p;
+    problem_make(&p, 0, 16, 64, 64, &rng);
+    cudaStream_t s = streams[0];
+    /* K or N not a multiple of 8: the caller falls back to cuBLASLt */
+    assert_nopad_error(cuda_gemm_fused(NOPAD_DTYPE_F16, p.dy, p.dx, p.dw, p.dbias, NULL, 16, 60, 64,
+                                       CUDA_GEMM_BIAS, s), NOPAD_ERR_UNSUPPORTED, "multiples of 8");
+    assert_nopad_error(cuda_gemm_fused(NOPAD_DTYPE_F16, p.dy, p.dx, p.dw, p.dbias, NULL, 16, 64, 36,
+                                       CUDA_GEMM_BIAS, s), NOPAD_ERR_UNSUPPORTED, "multiples of 8");
+    /* a view one element in: not 16-byte aligned */
+    assert_nopad_error(cuda_gemm_fused(NOPAD_DTYPE_F16, p.dy, (char *)p.dx + 2, p.dw, p.dbias, NULL, 8,
+                                       64, 64, CUDA_GEMM_BIAS, s), NOPAD_ERR_UNSUPPORTED, "aligned");
+    assert_nopad_error(cuda_gemm_fused(NOPAD_DTYPE_F16, p.dy, p.dx, p.dw, p.dbias, NULL, 16, 64, 64,
+                                       CUDA_GEMM_BIAS_RESIDUAL, s), NOPAD_ERR_INVALID_ARGUMENT, "residual");
+    assert_nopad_error(cuda_gemm_fused(NOPAD_DTYPE_F32, p.dy, p.dx, p.dw, p.dbias, NULL, 16, 64, 64,
+                                       CUDA_GEMM_BIAS, s), NOPAD_ERR_UNSUPPORTED, "dtype");
+    problem_free(&p, 0);
+}
+
+/* The call records into a CUDA graph (thread-local capture, as the backend records forwards):
+ * no allocation, no synchronisation, nothing that capture refuses. */
+static void test_graph_capture(void **state) {
+    uint64_t rng = 11;
+    for (int d = 0; d < 2; d++) {
+        problem p;
+        problem_make(&p, d, 1000, 768, 3072, &rng);
+        cudaStream_t s = streams[d];
+        poison(gpu[d], p.dy, (size_t)p.T * p.N);
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        nopad_status st = cuda_gemm_fused(DTYPES[d], p.dy, p.dx, p.dw, p.dbias, NULL, p.T, p.K, p.N,
+                                          CUDA_GEMM_BIAS_GELU_ERF, s);
+        assert_int_equal(cudaStreamEndCapture(s, &graph), cudaSuccess);
+        assert_nopad_ok(st);
+        assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        assert_int_equal(cudaGraphLaunch(exec, s), cudaSuccess);
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        const size_t n = (size_t)p.T * p.N;
+        float *y = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+        assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, p.dy, n));
+        reference(ref, p.acc, p.bias, NULL, p.T, p.N, CUDA_GEMM_BIAS_GELU_ERF);
+        const double err = test_max_row_rel_error(y, ref, p.T, p.N);
+        printf("%s graph replay: row rel err %.3g\n", DTYPE_NAMES[d], err);
+        assert_true(err <= BOUND[d]);
+        free(y), free(ref);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        problem_free(&p, d);
+    }
+}
+
+/* cu_linear (the backend's linear op) under each mode gives the CPU backend's result: the hook
+ * passes bias and residual through and maps the op's epilogues to the fused ones. */
+static void test_backend_modes(void **state) {
+    const cuda_gemm_mode modes[3] = {CUDA_GEMM_MODE_CUBLASLT, CUDA_GEMM_MODE_CUTLASS, CUDA_GEMM_MODE_AUTO};
+    const nopad_epilogue eps[4] = {NOPAD_EPILOGUE_NONE, NOPAD_EPILOGUE_BIAS, NOPAD_EPILOGUE_BIAS_ACT,
+                                   NOPAD_EPILOGUE_BIAS_RESIDUAL};
+    const int32_t shapes[][3] = {{130, 768, 3072}, {5, 1024, 4096}, {77, 36, 100}};
+    uint64_t rng = 13;
+    const cuda_gemm_mode saved = cuda_gemm_get_mode();
+    for (int d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+            problem p;
+            problem_make(&p, d, shapes[c][0], shapes[c][1], shapes[c][2], &rng);
+            const size_t n = (size_t)p.T * p.N;
+            float *y = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+            for (int m = 0; m < 3; m++)
+                for (int e = 0; e < 4; e++) {
+                    cuda_gemm_set_mode(modes[m]);
+                    poison(gpu[d], p.dy, n);
+                    assert_nopad_ok(gpu[d]->linear(gpu[d], p.dy, p.dx, p.dw, p.dbias, p.dres, p.T, p.K, p.N,
+                                                   eps[e], NOPAD_ACT_GELU));
+                    assert_nopad_ok(cpu->linear(cpu, ref, p.x, p.w, p.bias, p.res, p.T, p.K, p.N, eps[e],
+                                                NOPAD_ACT_GELU));
+                    assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, p.dy, n));
+                    const double err = test_max_row_rel_error(y, ref, p.T, p.N);
+                    if (!(err <= BOUND[d]))
+                        fail_msg("%s mode %d epilogue %d T %d K %d N %d: row rel err %.3g", DTYPE_NAMES[d],
+                                 (int)modes[m], (int)eps[e], p.T, p.K, p.N, err);
+                }
+            free(y), free(ref);
+            problem_free(&p, d);
+        }
+    cuda_gemm_set_mode(saved);
+}
+
+int main(void) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipping the GPU tests\n");
+        return 77;
+    }
+    if (!cuda_gemm_fused_available()) {
+        printf("built without CUTLASS: no fused GEMMs to test\n");
+        return 77;
+    }
+    if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
+    for (int d = 0; d < 2; d++)
+        if (cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking) != cudaSuccess ||
+            nopad_backend_cuda_create(DTYPES[d], streams[d], &gpu[d]) != NOPAD_OK)
+            return 1;
+    if (getenv("NOPAD_TEST_FILTER")) cmocka_set_test_filter(getenv("NOPAD_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shapes),        cmocka_unit_test(test_every_config),
+        cmocka_unit_test(test_unsupported),   cmocka_unit_test(test_graph_capture),
+        cmocka_unit_test(test_backend_modes),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (int d = 0; d < 2; d++) {
+        gpu[d]->destroy(gpu[d]);
+        cudaStreamDestroy(streams[d]);
+    }
+    cpu->destroy(cpu);
+    return rc;
+}
