@@ -116,28 +116,28 @@ if want profile; then
     # per-kernel times of one BERT-base forward at batch 1 x 128, launched directly (ncu serialises
     # kernels, so this is each kernel alone, not the overlap)
     model=$(bert_base)
-    ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
         "$BUILD/nopad" bench --model "$model" --device cuda --batch "${PROFILE_BATCH:-1}" \
         --max "${PROFILE_MAX:-128}" --iters 1 --warmup 0 --cuda-graph-max-tokens -1 \
-        > "$OUTDIR/ncu_profile.csv" 2> "$OUTDIR/ncu_profile.err" || echo "ncu failed: $(tail -n 3 "$OUTDIR/ncu_profile.err")"
-    python3 - "$OUTDIR/ncu_profile.csv" <<'PY' | tee "$OUTDIR/ncu_summary.txt"
+        > "$OUTDIR/ncu_profile${PROFILE_TAG:-}.csv" 2> "$OUTDIR/ncu_profile.err" || echo "ncu failed: $(tail -n 3 "$OUTDIR/ncu_profile.err")"
+    python3 - "$OUTDIR/ncu_profile${PROFILE_TAG:-}.csv" <<'PY' | tee "$OUTDIR/ncu_summary${PROFILE_TAG:-}.txt"
 import csv, collections, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 rows = [r for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
 if not rows:
     sys.exit("no ncu rows")
-# the last forward: everything after the last conversion/upload kernel
-last = max(i for i, r in enumerate(rows) if "f32" in r["Kernel Name"] or "convert" in r["Kernel Name"])
-fwd = rows[last + 1:]
+# the timed forward: the kernels after the last weight conversion at load, before the download
+last = max(i for i, r in enumerate(rows) if "from_f32" in r["Kernel Name"])
+fwd = [r for r in rows[last + 1:] if "to_f32" not in r["Kernel Name"]]
+unit = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 by = collections.OrderedDict()
 for r in fwd:
-    name = r["Kernel Name"][:90]
-    t = float(r["Metric Value"].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}[r["Metric Unit"]]
-    by.setdefault(name, []).append(t)
+    t = float(r["Metric Value"].replace(",", "")) * unit[r["Metric Unit"]]
+    by.setdefault((r["Kernel Name"][:80], r["Grid Size"]), []).append(t)
 total = sum(sum(v) for v in by.values())
 print(f"{len(fwd)} kernels in the forward, sum of kernel times {total:.1f} us")
-for name, v in sorted(by.items(), key=lambda kv: -sum(kv[1])):
-    print(f"{sum(v):8.1f} us  {len(v):4d} x {sum(v)/len(v):6.2f} us  {name}")
+for (name, grid), v in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+    print(f"{sum(v):9.1f} us {100 * sum(v) / total:5.1f}%  {len(v):4d} x {sum(v) / len(v):8.2f} us  {name} {grid}")
 PY
 fi
 if want bench; then
