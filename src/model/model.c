@@ -338,6 +338,14 @@ static nopad_status run_encoder(nopad_model *m, const nopad_seqs *seqs, int32_t 
     return st;
 }
 
+/* pooled[B, H] from hidden[T, H] (and L2-normalised when asked), in backend memory. */
+static nopad_status pool_rows(nopad_model *m, void *pooled, const void *hidden, const nopad_seqs *seqs,
+                              nopad_pooling pooling, int normalize) {
+    nopad_status st = m->be->pool(m->be, pooled, hidden, seqs, m->cfg.hidden_size, pooling);
+    if (st == NOPAD_OK && normalize) st = m->be->l2_normalize(m->be, pooled, seqs->n_seqs, m->cfg.hidden_size);
+    return st;
+}
+
 static nopad_status encode_locked(nopad_model *m, int32_t n_seqs, const int32_t *cu_seqlens,
                                   const int32_t *tokens, const int32_t *types, int32_t max_seqlen,
                                   nopad_pooling pooling, int normalize, float *hidden_out,
@@ -361,8 +369,7 @@ static nopad_status encode_locked(nopad_model *m, int32_t n_seqs, const int32_t 
     st = run_encoder(m, &seqs, rows, ws->tokens, types ? ws->types : NULL, ws->hidden);
     if (st != NOPAD_OK) return st;
     if (pooled_out) {
-        st = be->pool(be, ws->pooled, ws->hidden, &seqs, H, pooling);
-        if (st == NOPAD_OK && normalize) st = be->l2_normalize(be, ws->pooled, n_seqs, H);
+        st = pool_rows(m, ws->pooled, ws->hidden, &seqs, pooling, normalize);
         if (st == NOPAD_OK) st = be->download_f32(be, pooled_out, ws->pooled, (size_t)n_seqs * H);
         if (st != NOPAD_OK) return st;
     }
@@ -396,8 +403,8 @@ nopad_status nopad_encode_packed(nopad_model *m, int32_t n_seqs, const int32_t *
                                  const nopad_encode_params *params, float *hidden_out,
                                  float *pooled_out) {
     if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_encode_packed: model is NULL");
-    nopad_pooling pooling;
-    int normalize;
+    nopad_pooling pooling = NOPAD_POOLING_NONE;
+    int normalize = 0;
     nopad_status st = resolve_encode_params(m, params, hidden_out != NULL, pooled_out != NULL,
                                             "nopad_encode_packed", &pooling, &normalize);
     if (st != NOPAD_OK) return st;
@@ -468,38 +475,53 @@ done:
     return st;
 }
 
+/* The checks both device entries start with: a model on CUDA, and the encode params resolved.
+ * `who` names the entry in messages, `host_entry` the one to use for host buffers. */
+static nopad_status check_device_entry(const nopad_model *m, const char *who, const char *host_entry,
+                                       const nopad_encode_params *params, int has_hidden,
+                                       int has_pooled, nopad_pooling *pooling, int *normalize) {
+    if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: model is NULL", who);
+    if (m->params.device != NOPAD_DEVICE_CUDA)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s needs a model loaded on cuda; use %s for host buffers", who, host_entry);
+    return resolve_encode_params(m, params, has_hidden, has_pooled, who, pooling, normalize);
+}
+
+/* The sizes a device entry is told rather than reads: max_seqlen within the model (and <= limit,
+ * the other bound the entry has), and n_tokens within max_batch_tokens. */
+static nopad_status check_device_sizes(const nopad_model *m, int32_t n_tokens, int32_t max_seqlen,
+                                       int32_t limit, const char *limit_name) {
+    const int32_t model_limit = m->cfg.max_position_embeddings - m->cfg.position_offset;
+    if (max_seqlen < 1 || max_seqlen > model_limit || max_seqlen > limit)
+        return nopad_set_error(max_seqlen > model_limit ? NOPAD_ERR_TOO_LONG : NOPAD_ERR_INVALID_ARGUMENT,
+                               "max_seqlen %d: must be in [1, %d] (the model maximum) and <= %s (%d)",
+                               max_seqlen, model_limit, limit_name, limit);
+    if (m->params.max_batch_tokens > 0 && n_tokens > m->params.max_batch_tokens)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "batch has %d tokens, more than max_batch_tokens = %d; split it",
+                               n_tokens, m->params.max_batch_tokens);
+    return NOPAD_OK;
+}
+
 nopad_status nopad_encode_packed_device(nopad_model *m, int32_t n_seqs, int32_t n_tokens,
                                         int32_t max_seqlen, const int32_t *cu_seqlens,
                                         const int32_t *tokens, const int32_t *token_type_ids,
                                         const nopad_encode_params *params, void *hidden_out,
                                         void *pooled_out) {
-    if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_encode_packed_device: model is NULL");
-    if (m->params.device != NOPAD_DEVICE_CUDA)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_encode_packed_device needs a model loaded on cuda; use "
-                               "nopad_encode_packed for host buffers");
-    nopad_pooling pooling;
-    int normalize;
-    nopad_status st = resolve_encode_params(m, params, hidden_out != NULL, pooled_out != NULL,
-                                            "nopad_encode_packed_device", &pooling, &normalize);
+    nopad_pooling pooling = NOPAD_POOLING_NONE;
+    int normalize = 0;
+    nopad_status st = check_device_entry(m, "nopad_encode_packed_device", "nopad_encode_packed", params,
+                                         hidden_out != NULL, pooled_out != NULL, &pooling, &normalize);
     if (st != NOPAD_OK) return st;
     if (n_seqs <= 0 || n_tokens < n_seqs || !cu_seqlens || !tokens)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "nopad_encode_packed_device: need n_seqs >= 1, n_tokens >= n_seqs "
                                "(got %d, %d), cu_seqlens and tokens", n_seqs, n_tokens);
-    const int32_t limit = m->cfg.max_position_embeddings - m->cfg.position_offset;
-    if (max_seqlen < 1 || max_seqlen > limit || max_seqlen > n_tokens)
-        return nopad_set_error(max_seqlen > limit ? NOPAD_ERR_TOO_LONG : NOPAD_ERR_INVALID_ARGUMENT,
-                               "max_seqlen %d: must be in [1, %d] (the model maximum) and <= n_tokens",
-                               max_seqlen, limit);
-    if (m->params.max_batch_tokens > 0 && n_tokens > m->params.max_batch_tokens)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "batch has %d tokens, more than max_batch_tokens = %d; split it",
-                               n_tokens, m->params.max_batch_tokens);
+    st = check_device_sizes(m, n_tokens, max_seqlen, n_tokens, "n_tokens");
+    if (st != NOPAD_OK) return st;
     pthread_mutex_lock(&m->lock);
-    nopad_backend *be = m->be;
     const int32_t rows = graph_rows(m, n_tokens);
-    st = encoder_workspace_reserve(be, &m->cfg, &m->ws, rows ? rows : n_tokens, n_seqs);
+    st = encoder_workspace_reserve(m->be, &m->cfg, &m->ws, rows ? rows : n_tokens, n_seqs);
     if (st == NOPAD_OK) {
         nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = n_tokens, .max_seqlen = max_seqlen,
                            .cu_seqlens = cu_seqlens};
@@ -507,9 +529,7 @@ nopad_status nopad_encode_packed_device(nopad_model *m, int32_t n_seqs, int32_t 
          * a graph names the workspace's, and the rows are copied out after it */
         void *hidden = hidden_out ? hidden_out : m->ws.hidden;
         st = run_encoder(m, &seqs, rows, tokens, token_type_ids, hidden);
-        if (st == NOPAD_OK && pooled_out) st = be->pool(be, pooled_out, hidden, &seqs, m->cfg.hidden_size, pooling);
-        if (st == NOPAD_OK && pooled_out && normalize)
-            st = be->l2_normalize(be, pooled_out, n_seqs, m->cfg.hidden_size);
+        if (st == NOPAD_OK && pooled_out) st = pool_rows(m, pooled_out, hidden, &seqs, pooling, normalize);
     }
     pthread_mutex_unlock(&m->lock);
     return st;
@@ -520,16 +540,14 @@ nopad_status nopad_encode_padded_device(nopad_model *m, int32_t n_seqs, int32_t 
                                         const int32_t *token_type_ids, const int32_t *lengths,
                                         const nopad_encode_params *params, void *hidden_out,
                                         void *pooled_out) {
-    if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_encode_padded_device: model is NULL");
-    if (m->params.device != NOPAD_DEVICE_CUDA || !m->be->pack_padded)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_encode_padded_device needs a model loaded on cuda; use "
-                               "nopad_encode_padded for host buffers");
-    nopad_pooling pooling;
-    int normalize;
-    nopad_status st = resolve_encode_params(m, params, hidden_out != NULL, pooled_out != NULL,
-                                            "nopad_encode_padded_device", &pooling, &normalize);
+    nopad_pooling pooling = NOPAD_POOLING_NONE;
+    int normalize = 0;
+    nopad_status st = check_device_entry(m, "nopad_encode_padded_device", "nopad_encode_padded", params,
+                                         hidden_out != NULL, pooled_out != NULL, &pooling, &normalize);
     if (st != NOPAD_OK) return st;
+    if (!m->be->pack_padded)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "nopad_encode_padded_device: backend %s cannot pack on the device",
+                               m->be->name);
     if (n_seqs <= 0 || max_len <= 0 || !tokens || !lengths)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "nopad_encode_padded_device: need n_seqs >= 1, max_len >= 1 (got %d, "
@@ -539,15 +557,8 @@ nopad_status nopad_encode_padded_device(nopad_model *m, int32_t n_seqs, int32_t 
                                "nopad_encode_padded_device: n_tokens %d must be in [n_seqs, n_seqs * "
                                "max_len] = [%d, %lld] (it is the sum of the lengths)",
                                n_tokens, n_seqs, (long long)n_seqs * max_len);
-    const int32_t limit = m->cfg.max_position_embeddings - m->cfg.position_offset;
-    if (max_seqlen < 1 || max_seqlen > max_len || max_seqlen > limit)
-        return nopad_set_error(max_seqlen > limit ? NOPAD_ERR_TOO_LONG : NOPAD_ERR_INVALID_ARGUMENT,
-                               "max_seqlen %d: must be in [1, %d] (max_len, and the model maximum %d)",
-                               max_seqlen, max_len < limit ? max_len : limit, limit);
-    if (m->params.max_batch_tokens > 0 && n_tokens > m->params.max_batch_tokens)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "batch has %d tokens, more than max_batch_tokens = %d; split it",
-                               n_tokens, m->params.max_batch_tokens);
+    st = check_device_sizes(m, n_tokens, max_seqlen, max_len, "max_len");
+    if (st != NOPAD_OK) return st;
     pthread_mutex_lock(&m->lock);
     nopad_backend *be = m->be;
     const int32_t rows = graph_rows(m, n_tokens);
@@ -562,8 +573,7 @@ nopad_status nopad_encode_padded_device(nopad_model *m, int32_t n_seqs, int32_t 
         st = run_encoder(m, &seqs, rows, ws->tokens, token_type_ids ? ws->types : NULL, ws->hidden);
     if (st == NOPAD_OK && hidden_out)
         st = be->unpack_padded(be, hidden_out, ws->hidden, ws->cu_seqlens, n_seqs, max_len, m->cfg.hidden_size);
-    if (st == NOPAD_OK && pooled_out) st = be->pool(be, pooled_out, ws->hidden, &seqs, m->cfg.hidden_size, pooling);
-    if (st == NOPAD_OK && pooled_out && normalize) st = be->l2_normalize(be, pooled_out, n_seqs, m->cfg.hidden_size);
+    if (st == NOPAD_OK && pooled_out) st = pool_rows(m, pooled_out, ws->hidden, &seqs, pooling, normalize);
     pthread_mutex_unlock(&m->lock);
     return st;
 }
