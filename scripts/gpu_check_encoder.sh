@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# GPU check of the CUDA encoder backend (issue: CUDA backend), one call on the GPU machine.
-# Here (development machine):
-#   cmake -S . -B build-cuda -DNOPAD_CUDA=ON -DCMAKE_BUILD_TYPE=Release
-#   cmake --build build-cuda -j --target test_cuda_encoder test_cuda_attention nopad_shared
-#   scripts/gpu_check_encoder.sh --stage build-cuda    # Debian libs + an fp16 MiniLM copy
-# There (carry build-cuda/tests build-cuda/libnopad.so build-cuda/deplibs .gpu_carry):
-#   scripts/gpu_check_encoder.sh build-cuda [test|pytest|sanitize|bench|fmha|graphs|ab|profile|all]...
+# GPU check of the CUDA encoder backend, one call on the GPU machine: GPU tests (encoder, attention,
+# fused GEMMs, the Python package's), compute-sanitizer, and the benchmarks with their peers.
+# Here (development machine; nvcc builds sm_90a without a GPU):
+#   cmake -S . -B build-cuda -DNOPAD_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build build-cuda -j
+#   scripts/gpu_check_encoder.sh --stage build-cuda
+# which writes .gpu_carry/bundle.tar.xz: the CLI, libnopad.so, the GPU test binaries, the Debian
+# libraries they need and an fp16 copy of all-MiniLM-L6-v2 (a device call carries <= 64 MiB).
+# There (device tool, carry .gpu_carry):
+#   mkdir -p /tmp/g && tar xJf .gpu_carry/bundle.tar.xz -C /tmp/g
+#   NOPAD_MINILM_DIR=/tmp/g/minilm_f16 scripts/gpu_check_encoder.sh /tmp/g/build [steps]
+# steps: test pytest sanitize bench fmha graphs ab profile, or all (test pytest sanitize bench fmha).
+# Logs and JSON go to $OUT. Env knobs per step: ENC_ARGS, FMHA_ARGS, AB_SETTINGS, AB_POINTS,
+# PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -17,17 +23,26 @@ if [ "${1:-}" = "--stage" ]; then
         while read -r lib; do cp -L "$lib" "$B/deplibs/"; done
     # all-MiniLM-L6-v2 with fp16 weights (the fp32 file is larger than a call carries; fp16 and
     # bf16 backends round the weights to their dtype anyway)
-    python3 - "$ROOT/.gpu_carry/minilm_f16" <<'PY'
+    stage=$(mktemp -d)
+    python3 - "$stage/minilm_f16" <<'PY'
 import os, shutil, subprocess, sys
 from safetensors.numpy import load_file, save_file
 dst = sys.argv[1]
 src = subprocess.check_output(["scripts/fetch_default_model.sh"]).decode().strip()
 os.makedirs(dst + "/1_Pooling", exist_ok=True)
 save_file({k: v.astype("float16") for k, v in load_file(src + "/model.safetensors").items()}, dst + "/model.safetensors")
-for f in ["config.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"]:
-    shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+for f in ["config.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
+          "tokenizer.json", "tokenizer_config.json", "vocab.txt"]:
+    if os.path.exists(os.path.join(src, f)):  # the tokenizer: the Python GPU tests encode text
+        shutil.copy(os.path.join(src, f), os.path.join(dst, f))
 PY
-    du -sh "$B/deplibs" "$B/tests" "$B/libnopad.so" "$ROOT/.gpu_carry"
+    mkdir -p "$stage/build/tests"
+    cp "$B/nopad" "$B/libnopad.so" "$stage/build/"
+    cp "$B"/tests/test_cuda_* "$stage/build/tests/"
+    cp -r "$B/deplibs" "$stage/build/"
+    tar cJf "$ROOT/.gpu_carry/bundle.tar.xz" -C "$stage" .
+    rm -rf "$stage"
+    du -sh "$ROOT/.gpu_carry/bundle.tar.xz"
     exit 0
 fi
 
@@ -41,10 +56,11 @@ for f in "$BUILD"/deplibs/*.so*; do
     ldconfig -p | grep -q " $name " || cp -L "$f" /tmp/nopad_deplibs/
 done
 export LD_LIBRARY_PATH=/tmp/nopad_deplibs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NOPAD_TEST_DATA=$ROOT/tests/data NOPAD_MINILM_DIR=${NOPAD_MINILM_DIR:-$ROOT/.gpu_carry/minilm_f16}
+export NOPAD_TEST_DATA=$ROOT/tests/data NOPAD_MINILM_DIR=${NOPAD_MINILM_DIR:-$(dirname "$BUILD")/minilm_f16}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt"
 date -u | tee -a "$OUTDIR/gpu.txt"
-want() { [[ " $STEPS " == *" all "* || " $STEPS " == *" $1 "* ]]; }
+# "all": the check itself; graphs, ab and profile are diagnostics, run by name
+want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test pytest sanitize bench fmha " == *" $1 "* ]]; }; }
 status=0
 if want test; then
     "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
