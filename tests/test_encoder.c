@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "golden.h"
+#include "model/encoder.h"
 
 static const char *const MODELS[] = {"bert_a",       "bert_b",       "roberta_a", "xlmr_b",
                                      "distilbert_a", "distilbert_b", "albert_a",  "albert_b"};
@@ -228,6 +229,27 @@ static void test_pooling_modes_match_hidden(void **state) {
     nopad_model_free(m);
 }
 
+/* The graph buckets (encoder_token_bucket): never below T, slack under max(16, T/16), multiples
+ * of 16, the same bucket for every T between two buckets, and few of them up to the default limit. */
+static void test_token_buckets(void **state) {
+    int32_t prev = 0, n_buckets = 0;
+    for (int32_t T = 1; T <= 1 << 20; T++) {
+        const int32_t b = encoder_token_bucket(T);
+        assert_true(b >= T);
+        assert_int_equal(b % 16, 0);
+        const int32_t slack_bound = T / 16 > 16 ? T / 16 : 16;
+        if (!(b - T < slack_bound)) fail_msg("T = %d: bucket %d, slack %d >= %d", T, b, b - T, slack_bound);
+        assert_true(b >= prev); /* monotone, so T in (previous bucket, b] shares b */
+        if (b != prev && T <= 2048) n_buckets++;
+        prev = b;
+    }
+    assert_int_equal(encoder_token_bucket(100), 112);
+    assert_int_equal(encoder_token_bucket(2048), 2048);
+    assert_int_equal(encoder_token_bucket(4352), 4352);
+    assert_int_equal(encoder_token_bucket(INT32_MAX / 2), 1073741824);
+    if (n_buckets > 80) fail_msg("%d buckets up to 2048 tokens", n_buckets);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_hidden_states),
@@ -235,6 +257,7 @@ int main(void) {
         cmocka_unit_test(test_padded_equals_packed),
         cmocka_unit_test(test_sentence_transformers_pooling),
         cmocka_unit_test(test_pooling_modes_match_hidden),
+        cmocka_unit_test(test_token_buckets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

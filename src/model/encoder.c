@@ -117,3 +117,10 @@ nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const
     TRY(encoder_embed(be, cfg, w, ws, seqs, tokens, types, hidden));
     return encoder_layers(be, cfg, w, ws, seqs, seqs->n_tokens, hidden);
 }
+
+int32_t encoder_token_bucket(int32_t n_tokens) {
+    int32_t pow2 = 1;
+    while (pow2 <= n_tokens / 2) pow2 *= 2;
+    const int32_t step = pow2 / 16 > 16 ? pow2 / 16 : 16;
+    return (int32_t)(((int64_t)n_tokens + step - 1) / step * step);
+}

@@ -89,6 +89,12 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
                             encoder_workspace *ws, const nopad_seqs *seqs, int32_t n_rows,
                             void *hidden);
 
+/* The token-count bucket of a batch whose layers replay a recorded graph: n_tokens rounded up to
+ * a multiple of 1/16 of the power of two at or below it, at least 16. The slack is under 1/16 of
+ * n_tokens from 256 tokens up (under 16 rows below), and there are 16 buckets per doubling, so a
+ * few dozen graphs cover every batch up to cuda_graph_max_tokens. */
+int32_t encoder_token_bucket(int32_t n_tokens);
+
 size_t nopad_dtype_size(nopad_dtype dtype);
 
 #endif

@@ -273,23 +273,13 @@ static nopad_status validate_batch(const nopad_model *m, int32_t n_seqs, const i
  * behind the GPU's work and the bucket's slack rows would only cost. */
 enum { DEFAULT_GRAPH_MAX_TOKENS = 2048 };
 
-/* The token-count bucket of T: T rounded up to a multiple of 1/16 of the power of two below it,
- * at least 16. Slack is at most 1/16 of T above 256 tokens (and under 16 rows below), and there
- * are 16 buckets per doubling, so a few dozen graphs cover every batch up to the limit. */
-static int32_t token_bucket(int32_t T) {
-    int32_t pow2 = 1;
-    while (pow2 <= T / 2) pow2 *= 2;
-    const int32_t step = pow2 / 16 > 16 ? pow2 / 16 : 16;
-    return (T + step - 1) / step * step;
-}
-
 /* The rows a forward of T tokens runs on: its bucket when the layers replay a recorded graph,
  * else 0 (the ops are launched directly on exactly T rows). */
 static int32_t graph_rows(const nopad_model *m, int32_t T) {
     const int32_t limit = m->params.cuda_graph_max_tokens ? m->params.cuda_graph_max_tokens
                                                           : DEFAULT_GRAPH_MAX_TOKENS;
     if (!m->be->graph_run || limit < 0 || T > limit) return 0;
-    const int32_t rows = token_bucket(T);
+    const int32_t rows = encoder_token_bucket(T);
     if (m->params.max_batch_tokens > 0 && rows > m->params.max_batch_tokens) return 0;
     return rows;
 }
