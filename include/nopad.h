@@ -99,8 +99,9 @@ typedef struct nopad_model_params {
                                  as a CUDA graph recorded per token-count bucket (the second time
                                  a bucket is seen), so small batches are not bound by kernel
                                  launches. Buckets round T up by at most 1/16 (16 rows below 256
-                                 tokens); the extra rows are computed and discarded. 0: default
-                                 (2048); < 0: never */
+                                 tokens); the extra rows are computed and discarded. Up to 48
+                                 graphs are kept; dropping the least recently used one waits for
+                                 the stream. 0: default (2048); < 0: never */
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
 
