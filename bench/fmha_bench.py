@@ -46,13 +46,16 @@ class Nopad:
         f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                       ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                       ctypes.c_float,
-                      ctypes.c_int, ctypes.c_void_p]
+                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         self.lib.nopad_last_error.restype = ctypes.c_char_p
         self.f = f
+        # NOPAD_ATTENTION_WORKSPACE_BYTES, zeroed once (the persistent kernels leave it zero)
+        self.ws = torch.zeros(4, dtype=torch.int32, device="cuda")
 
     def __call__(self, dtype_code, out, qkv, cu, n_seqs, max_len, heads, d, scale, causal):
         st = self.f(1, dtype_code, out.data_ptr(), qkv.data_ptr(), cu.data_ptr(), n_seqs, qkv.shape[0], max_len, heads,
-                    d, scale, int(causal), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+                    d, scale, int(causal), ctypes.c_void_p(self.ws.data_ptr()),
+                    ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if st != 0:
             raise RuntimeError("nopad: %s" % self.lib.nopad_last_error().decode())
 
@@ -197,7 +200,8 @@ def main():
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="only the issue's five points")
     ap.add_argument("--tag", default="")
-    ap.add_argument("--points", default="", help="custom grid: BxM[,BxM...] (with --d, --dtype, --causal)")
+    ap.add_argument("--points", default="",
+                    help="custom grid: BxM[,BxM...], sBxM for the skewed mix (with --d, --dtype, --causal)")
     ap.add_argument("--d", default="64", help="head sizes for --points, comma-separated")
     ap.add_argument("--dtype", default="f16", help="dtypes for --points, comma-separated")
     ap.add_argument("--causal", action="store_true", help="--points causal")
@@ -229,8 +233,9 @@ def main():
         for dt in args.dtype.split(","):
             for d in (int(x) for x in args.d.split(",")):
                 for pt in args.points.split(","):
-                    b, m = (int(x) for x in pt.lower().split("x"))
-                    points.append((b, m, d, 12, dt, args.causal, False))
+                    skew = pt.lower().startswith("s")  # sBxM: one max-length sequence among 20s
+                    b, m = (int(x) for x in pt.lower().lstrip("s").split("x"))
+                    points.append((b, m, d, 12, dt, args.causal, skew))
     elif args.quick:
         points = [(b, m, 64, 12, "f16", False, False) for b, m in issue]
     else:

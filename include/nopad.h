@@ -214,6 +214,9 @@ nopad_status nopad_encode_padded_device(nopad_model *model, int32_t n_seqs, int3
 
 /* ---- ops on their own ---------------------------------------------------------------------- */
 
+/* Bytes of the optional workspace of nopad_attention_varlen. */
+#define NOPAD_ATTENTION_WORKSPACE_BYTES 16
+
 /* Variable-length multi-head attention on a packed QKV tensor: the encoder's fused attention op,
  * callable on its own (benchmarks, other frameworks). Every sequence attends only to its own
  * tokens (causal: to itself and earlier ones). Nothing is padded.
@@ -223,12 +226,20 @@ nopad_status nopad_encode_padded_device(nopad_model *model, int32_t n_seqs, int3
  *   n_tokens                        T = cu_seqlens[n_seqs], the rows of qkv and out (given so
  *                                   nothing is read back; the kernel choice uses it)
  *   max_seqlen                      longest sequence (sizes the launch; no host sync is needed)
+ *   workspace                       CUDA only, optional (NULL): NOPAD_ATTENTION_WORKSPACE_BYTES of
+ *                                   device memory, 8-byte aligned, zero-filled before its first
+ *                                   use. The persistent kernels hand out work through a counter
+ *                                   in it and leave it zero when they finish. Calls that may run
+ *                                   at the same time (other streams) need workspaces of their
+ *                                   own; a call that shares one with an unfinished call computes
+ *                                   wrong results. Without it those kernels are not used (slower
+ *                                   on some shapes, never wrong). Ignored on the CPU.
  * device CPU: host pointers, dtype F32. device CUDA: device pointers (cu_seqlens too), dtype F16 or
  * BF16, enqueued on `stream` (a cudaStream_t, NULL = the default stream), asynchronous. */
 nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void *out,
                                     const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                     int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size,
-                                    float scale, int causal, void *stream);
+                                    float scale, int causal, void *workspace, void *stream);
 
 #ifdef __cplusplus
 }

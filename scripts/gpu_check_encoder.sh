@@ -9,9 +9,10 @@
 # There (device tool, carry .gpu_carry):
 #   mkdir -p /tmp/g && tar xJf .gpu_carry/bundle.tar.xz -C /tmp/g
 #   NOPAD_MINILM_DIR=/tmp/g/minilm_f16 scripts/gpu_check_encoder.sh /tmp/g/build [steps]
-# steps: test pytest sanitize bench fmha graphs ab profile, or all (test pytest sanitize bench fmha).
-# Logs and JSON go to $OUT. Env knobs per step: ENC_ARGS, FMHA_ARGS, AB_SETTINGS, AB_POINTS,
-# PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
+# steps: test pytest sanitize sanitize_fmha bench fmha sweep graphs ab profile, or all (test pytest
+# sanitize sanitize_fmha bench fmha). Logs and JSON go to $OUT. Env knobs per step: ENC_ARGS,
+# FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS, AB_SETTINGS, AB_POINTS, PROFILE_BATCH,
+# PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -60,7 +61,7 @@ export NOPAD_TEST_DATA=$ROOT/tests/data NOPAD_MINILM_DIR=${NOPAD_MINILM_DIR:-$(d
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt"
 date -u | tee -a "$OUTDIR/gpu.txt"
 # "all": the check itself; graphs, ab and profile are diagnostics, run by name
-want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test pytest sanitize bench fmha " == *" $1 "* ]]; }; }
+want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test pytest sanitize sanitize_fmha bench fmha " == *" $1 "* ]]; }; }
 status=0
 if want test; then
     "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
@@ -71,6 +72,17 @@ if want test; then
         [ -x "$BUILD/tests/$t" ] || continue
         "$BUILD/tests/$t" > "$OUTDIR/$t.log" 2>&1 || status=1
         echo "$t: $(grep -E 'PASSED|FAILED' "$OUTDIR/$t.log" | tr '\n' ' ')"
+    done
+    # the attention kernels the default dispatch may not reach at the test's shapes: the FA3
+    # kernel forced for every d=64 length, one CTA per tile and persistent, and its variants
+    for setting in "NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=0" "NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=1" \
+        "NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=1 NOPAD_FMHA_FA3_WG=2 NOPAD_FMHA_FA3_STAGES=3" \
+        "NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=1 NOPAD_FMHA_FA3_PINGPONG=0" \
+        "NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=0 NOPAD_FMHA_FA3_WG=2" NOPAD_FMHA_FA3=0; do
+        env $setting NOPAD_GPU_TEST_D=64 "$BUILD/tests/test_cuda_attention" > "$OUTDIR/attention_variant.log" 2>&1 || status=1
+        echo "test_cuda_attention d=64 [$setting]: $(grep -E 'PASSED|FAILED' "$OUTDIR/attention_variant.log" |
+            tr '\n' ' ') worst $(grep -oE 'row rel err [0-9.e+-]+' "$OUTDIR/attention_variant.log" | awk '{print $4}' | sort -g | tail -n 1)" |
+            tee -a "$OUTDIR/attention_variants.log"
     done
 fi
 if want fmha; then
@@ -89,6 +101,32 @@ if want sanitize; then
     # NOPAD_TEST_FILTER narrows it (the full suite under memcheck takes minutes)
     compute-sanitizer --tool memcheck --leak-check no "$BUILD/tests/test_cuda_encoder" > "$OUTDIR/memcheck.log" 2>&1 || status=1
     tail -n 5 "$OUTDIR/memcheck.log"
+fi
+if want sanitize_fmha; then
+    # the FA3 kernel (TMA, mbarriers, named barriers, the persistent counter) on the quick shapes
+    for persist in 0 1; do
+        for tool in memcheck racecheck; do
+            NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=$persist NOPAD_GPU_TEST_QUICK=1 NOPAD_GPU_TEST_D=64 \
+                compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD/tests/test_cuda_attention" \
+                > "$OUTDIR/sanitizer_fa3_p${persist}_$tool.log" 2>&1
+            rc=$?
+            [ "$rc" = 0 ] || status=1
+            echo "compute-sanitizer --tool $tool, FA3 persist=$persist: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+                "$OUTDIR/sanitizer_fa3_p${persist}_$tool.log" | tail -n 1)" | tee -a "$OUTDIR/sanitizer_fmha.log"
+        done
+    done
+fi
+if want sweep; then
+    # nopad's attention alone under several settings, same points and lengths for each:
+    # SWEEP_SETTINGS (space-separated; each a comma-separated list of VAR=value), SWEEP_POINTS
+    # (BxM, sBxM for the skewed mix), SWEEP_ARGS (more fmha_bench.py arguments)
+    for setting in ${SWEEP_SETTINGS:-NOPAD_FMHA_FA3=0 NOPAD_FMHA_FA3=1,NOPAD_FMHA_FA3_PERSIST=0 NOPAD_FMHA_FA3=1,NOPAD_FMHA_FA3_PERSIST=1}; do
+        echo "## $setting"
+        env ${setting//,/ } PYTHONUNBUFFERED=1 python3 "$ROOT/bench/fmha_bench.py" --lib "$BUILD/libnopad.so" \
+            --out /tmp/sweep --only-nopad --reps 15 \
+            --points "${SWEEP_POINTS:-16x512,128x512,16x1024,128x1024,8x2048,128x2048,s64x2048}" ${SWEEP_ARGS:-} \
+            2>&1 | grep -E '^\||Error|error'
+    done 2>&1 | tee -a "$OUTDIR/sweep.log"
 fi
 # A BERT-base folder with random weights (what bench/enc_bench.py times), for nopad bench/ncu.
 bert_base() {

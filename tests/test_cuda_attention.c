@@ -111,6 +111,17 @@ static int32_t *make_cu_seqlens(const attn_case *c, uint64_t *rng) {
     return cu;
 }
 
+/* The attention workspace every GPU call gets (zeroed once in main, as nopad.h asks): the
+ * persistent kernels count work items in it and must leave it zero. */
+static void *g_workspace;
+
+static void expect_workspace_zero(const char *when) {
+    int32_t ws[NOPAD_ATTENTION_WORKSPACE_BYTES / 4];
+    CUDA_OK(cudaMemcpy(ws, g_workspace, sizeof ws, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        if (ws[i] != 0) fail_msg("%s: workspace word %zu is %d, not 0", when, i, (int)ws[i]);
+}
+
 static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causal, uint64_t *rng) {
     int32_t *cu = make_cu_seqlens(c, rng);
     const int32_t B = c->n_seqs, T = cu[B], H = c->heads * d;
@@ -126,7 +137,7 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
 
     float *want = malloc((size_t)n_out * sizeof(float));
     assert_nopad_ok(nopad_attention_varlen(NOPAD_DEVICE_CPU, NOPAD_DTYPE_F32, want, qkv, cu, B, T,
-                                           c->max_len, c->heads, d, scale, causal, NULL));
+                                           c->max_len, c->heads, d, scale, causal, NULL, NULL));
 
     void *d_qkv, *d_out, *d_cu;
     CUDA_OK(cudaMalloc(&d_qkv, (size_t)n_qkv * 2));
@@ -136,9 +147,10 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
     CUDA_OK(cudaMemcpy(d_cu, cu, (size_t)(B + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_out, 0xFF, (size_t)(n_out + n_guard) * 2)); /* NaN poison */
     assert_nopad_ok(nopad_attention_varlen(NOPAD_DEVICE_CUDA, dtype, d_out, d_qkv, d_cu, B, T,
-                                           c->max_len, c->heads, d, scale, causal, NULL));
+                                           c->max_len, c->heads, d, scale, causal, g_workspace, NULL));
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
+    expect_workspace_zero("after a call");
 
     uint16_t *got16 = malloc((size_t)(n_out + n_guard) * 2);
     float *got = malloc((size_t)n_out * sizeof(float));
@@ -160,6 +172,19 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
         fail_msg("d=%d B=%d max=%d skew=%d causal=%d %s: %lld NaN (unwritten), row rel err %.3e > %.0e",
                  d, B, c->max_len, c->skewed, causal, dtype == NOPAD_DTYPE_F16 ? "f16" : "bf16",
                  (long long)n_nan, err, bound);
+
+    /* a second call with the same workspace (the counter the first one left behind) and a
+     * re-poisoned output gives the same bits */
+    CUDA_OK(cudaMemset(d_out, 0xFF, (size_t)n_out * 2));
+    assert_nopad_ok(nopad_attention_varlen(NOPAD_DEVICE_CUDA, dtype, d_out, d_qkv, d_cu, B, T,
+                                           c->max_len, c->heads, d, scale, causal, g_workspace, NULL));
+    uint16_t *again16 = malloc((size_t)n_out * 2);
+    CUDA_OK(cudaMemcpy(again16, d_out, (size_t)n_out * 2, cudaMemcpyDeviceToHost));
+    if (memcmp(again16, got16, (size_t)n_out * 2) != 0)
+        fail_msg("d=%d B=%d max=%d causal=%d: a second call with the same workspace differs", d, B,
+                 c->max_len, causal);
+    expect_workspace_zero("after a second call");
+    free(again16);
 
     CUDA_OK(cudaFree(d_qkv));
     CUDA_OK(cudaFree(d_out));
@@ -217,11 +242,14 @@ static void test_unsupported(void **state) {
     CUDA_OK(cudaMalloc(&d_cu, sizeof cu));
     CUDA_OK(cudaMemcpy(d_cu, cu, sizeof cu, cudaMemcpyHostToDevice));
     assert_nopad_error(nopad_attention_varlen(NOPAD_DEVICE_CUDA, NOPAD_DTYPE_F16, p, p, d_cu, 1, 4, 4, 1,
-                                              48, 1.0f, 0, NULL),
+                                              48, 1.0f, 0, NULL, NULL),
                        NOPAD_ERR_UNSUPPORTED, "head size 48");
     assert_nopad_error(nopad_attention_varlen(NOPAD_DEVICE_CUDA, NOPAD_DTYPE_F32, p, p, d_cu, 1, 4, 4, 1,
-                                              64, 1.0f, 0, NULL),
+                                              64, 1.0f, 0, NULL, NULL),
                        NOPAD_ERR_UNSUPPORTED, "dtype");
+    assert_nopad_error(nopad_attention_varlen(NOPAD_DEVICE_CUDA, NOPAD_DTYPE_F16, p, p, d_cu, 1, 4, 4, 1,
+                                              64, 1.0f, 0, (char *)p + 4, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "8-byte aligned");
     CUDA_OK(cudaFree(p));
     CUDA_OK(cudaFree(d_cu));
 }
@@ -242,5 +270,12 @@ int main(void) {
         cmocka_unit_test(test_bf16_d64),    cmocka_unit_test(test_bf16_d32),
         cmocka_unit_test(test_bf16_d128),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    if (cudaMalloc(&g_workspace, NOPAD_ATTENTION_WORKSPACE_BYTES) != cudaSuccess ||
+        cudaMemset(g_workspace, 0, NOPAD_ATTENTION_WORKSPACE_BYTES) != cudaSuccess) {
+        printf("cannot allocate the attention workspace\n");
+        return 1;
+    }
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    cudaFree(g_workspace);
+    return failed;
 }

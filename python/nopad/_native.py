@@ -134,7 +134,7 @@ _PROTOTYPES = {
                                                   ctypes.POINTER(EncodeParams), _p, _p]),
     "nopad_attention_varlen": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _p, _p, _p,
                                               ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-                                              ctypes.c_int32, ctypes.c_float, ctypes.c_int, _p]),
+                                              ctypes.c_int32, ctypes.c_float, ctypes.c_int, _p, _p]),
 }
 
 # Entry points that a library may or may not have (declared when present): for functions newer

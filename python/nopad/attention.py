@@ -53,6 +53,27 @@ def _dtype_code(torch, t) -> int:
                            % t.device)
 
 
+# NOPAD_ATTENTION_WORKSPACE_BYTES of nopad.h
+_WORKSPACE_BYTES = 16
+# one zeroed workspace per (device, stream): calls on one stream run one after another, which is
+# what a shared workspace needs (nopad.h, nopad_attention_varlen)
+_workspaces: dict = {}
+
+
+def _workspace(torch, device, stream: int):
+    """The attention workspace of this stream, or None while the stream is being captured into a
+    CUDA graph and has none yet (its zero fill would only be recorded, not run; without a workspace
+    the persistent kernels are not used)."""
+    key = (device.index, stream)
+    ws = _workspaces.get(key)
+    if ws is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        ws = torch.zeros(_WORKSPACE_BYTES // 4, dtype=torch.int32, device=device)
+        _workspaces[key] = ws
+    return ws
+
+
 def _strides_are(t, expected: Tuple[int, ...]) -> bool:
     """t has these strides, ignoring dimensions of size 1 (their stride never matters)."""
     return all(n == 1 or s == e for n, s, e in zip(t.shape, t.stride(), expected))
@@ -133,14 +154,16 @@ def _run(torch, qkv_ptr: int, ref, T: int, h: int, d: int, cu_seqlens: Any,
     if device.type == "cuda":
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device).cuda_stream
+            ws = _workspace(torch, device, stream)
             st = lib.nopad_attention_varlen(_native.DEVICE_CUDA, code, out.data_ptr(), qkv_ptr,
                                             cu.data_ptr(), n_seqs, T, int(max_seqlen), h, d,
                                             float(scale), 1 if causal else 0,
+                                            None if ws is None else ctypes.c_void_p(ws.data_ptr()),
                                             ctypes.c_void_p(stream))
     else:
         st = lib.nopad_attention_varlen(_native.DEVICE_CPU, code, out.data_ptr(), qkv_ptr,
                                         cu.data_ptr(), n_seqs, T, int(max_seqlen), h, d,
-                                        float(scale), 1 if causal else 0, None)
+                                        float(scale), 1 if causal else 0, None, None)
     del keep  # inputs (and any stacked copy) stay referenced until the call has been made
     _native.check(st)
     return out

@@ -9,7 +9,7 @@
 nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void *out,
                                     const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                     int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size,
-                                    float scale, int causal, void *stream) {
+                                    float scale, int causal, void *workspace, void *stream) {
     if (!out || !qkv || !cu_seqlens)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "attention_varlen: NULL tensor");
     if (n_seqs < 1 || max_seqlen < 1 || n_heads < 1 || head_size < 1)
@@ -49,7 +49,7 @@ nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void
     if (device == NOPAD_DEVICE_CUDA) {
 #ifdef NOPAD_HAVE_CUDA
         return cuda_attention_varlen(dtype, out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads,
-                                     head_size, scale, causal, stream);
+                                     head_size, scale, causal, workspace, stream);
 #else
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "attention_varlen: this build of nopad has no CUDA backend "

@@ -134,11 +134,13 @@ static __device__ __forceinline__ void fence_pa(uint32_t (*pa)[4]) {
 constexpr int FA3_MAX_PERSIST_SEQS = 1024;  // sequences a persistent launch sorts in shared memory
 constexpr int FA3_LEN_BUCKETS = 256;        // sort key: key tiles of the sequence, clamped
 
-/* The persistent grid walks work items (sequence, head, query tile) in the order: sequences by
+/* The persistent grid takes work items (sequence, head, query tile) in the order: sequences by
  * decreasing length (each CTA counting-sorts cu_seqlens into shared memory at start, stably, so
- * every CTA builds the same order; no device scratch, no host sync), then head, then query tile.
- * Item w goes to CTA position w % gridDim.x of round w / gridDim.x (see item_index), so the longest
- * items start first and the short ones fill the tail. */
+ * every CTA builds the same order; no host sync), then head, then query tile. Items are handed out
+ * dynamically: a CTA's producer warp takes the next one from a global counter when it is ready to
+ * load another Q tile, so the longest items start first and whichever CTA frees up first takes
+ * the next (greedy list scheduling, as the hardware does with one CTA per item, but without a CTA
+ * launched per empty tile). */
 struct Fa3Schedule {
     int order[FA3_MAX_PERSIST_SEQS];       // sequences, longest first
     int prefix[FA3_MAX_PERSIST_SEQS + 1];  // work items before position p of `order`
@@ -232,21 +234,35 @@ static __device__ void build_schedule(Fa3Schedule &sc, const int32_t *cu_seqlens
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
+/* Called once per persistent CTA, after its last take from the counter: the last CTA to finish
+ * sets the counter back to zero for the next launch (launches that share a counter run one after
+ * another: see cuda_attention_fa3). */
+static __device__ __forceinline__ void sched_finish(int32_t *sched_counter) {
+    __threadfence();
+    if (atomicAdd(&sched_counter[1], 1) == (int)(gridDim.x * gridDim.y * gridDim.z) - 1) {
+        atomicExch(&sched_counter[0], 0);
+        atomicExch(&sched_counter[1], 0);
+    }
+}
+
 /* named barrier ids (0 is __syncthreads): the ping-pong turn of consumer warpgroup c is 1 + c, the
  * output staging of consumer warpgroup c is 1 + NWG + c.
  *
- * PERSIST: grid = one CTA per SM, items from the sorted list above (n_seqs <= FA3_MAX_PERSIST_SEQS);
- * else one CTA per (query tile, head, sequence) as in the other kernels. The shared-memory ring keeps
- * running across a CTA's items, and Q is double-buffered: the producer prefetches the next item's Q
- * and K/V while the consumers finish the current one; a Q buffer is reloaded once every consumer
- * warp has stored the output it staged there (empty_q). */
+ * PERSIST: grid = one CTA per SM, items from the sorted list above (n_seqs <= FA3_MAX_PERSIST_SEQS),
+ * taken one at a time through sched_counter; else one CTA per (query tile, head, sequence) as in the
+ * other kernels. The producer announces each item to the consumers in item_info, next to its Q tile.
+ * The shared-memory ring keeps running across a CTA's items, and Q is double-buffered: the producer
+ * takes the next item and prefetches its Q and K/V while the consumers finish the current one; a Q
+ * buffer is reloaded once every consumer warp has stored the output it staged there (empty_q). */
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [rows, 3*heads*64], 64x64 boxes
                      uint16_t *__restrict__ out,                   // [T, heads*64]
                      const uint16_t *__restrict__ qkv,             // [T, 3, heads, 64]
                      const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_seqs_total, int n_heads,
-                     float scale_log2, float rescale_thresh, int causal) {
+                     float scale_log2, float rescale_thresh, int causal,
+                     int32_t *__restrict__ sched_counter) {  // PERSIST: {next item, CTAs done}, zero at launch
+
     constexpr int D = 64;
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = (NWG + 1) * 128;
@@ -271,30 +287,26 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     Fa3Schedule &sched = *reinterpret_cast<Fa3Schedule *>(sV + STAGES * TILE);
     __shared__ __align__(8) uint64_t full_q[QBUF], empty_q[QBUF], full_k[STAGES], full_v[STAGES], empty_k[STAGES],
         empty_v[STAGES];
+    __shared__ int4 item_info[QBUF];  // (start, len, head, m0) of the item whose Q is in buffer b
 
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
     int n_items;
     if constexpr (PERSIST) {
         build_schedule<THREADS, BLOCK_M, BLOCK_N>(sched, cu_seqlens, n_seqs_total, n_heads, tid);
         n_items = sched.prefix[n_seqs_total];
-        if ((int)blockIdx.x >= n_items) return;  // the whole CTA, before any barrier
+        if ((int)blockIdx.x >= n_items) {  // the whole CTA, before any barrier; it takes no item
+            if (tid == 0) sched_finish(sched_counter);
+            return;
+        }
     } else {
         const int seq = seq_offset + blockIdx.z;
         const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
         if (m_block * BLOCK_M >= cu_seqlens[seq + 1] - cu_seqlens[seq]) return;  // whole CTA
         n_items = 1;
     }
-    /* this CTA's item of round r: rounds of gridDim.x items, every other round walked backwards
-     * (snake order), so the CTAs that took the longest items of one round take the shortest of the
-     * next; >= n_items once this CTA is done */
-    auto item_index = [&](int r) -> int {
-        if constexpr (!PERSIST) return r;
-        const int g = (int)gridDim.x, b = (int)blockIdx.x;
-        return r * g + ((r & 1) ? g - 1 - b : b);
-    };
     /* item w -> (start, len, head, m0) */
-    auto item_at = [&](int w, int &start, int &len, int &head, int &m0) {
-        int seq, m_block;
+    auto item_at = [&](int w) -> int4 {
+        int seq, m_block, head, start, len;
         if constexpr (PERSIST) {
             int lo = 0, hi = n_seqs_total - 1;  // last position p with prefix[p] <= w
             while (lo < hi) {
@@ -316,7 +328,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             start = cu_seqlens[seq];
             len = cu_seqlens[seq + 1] - start;
         }
-        m0 = m_block * BLOCK_M;
+        return make_int4(start, len, head, m_block * BLOCK_M);
     };
     const int hidden = n_heads * D;
 
@@ -343,15 +355,31 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         if (warp != 0) return;
         const int t_rows = cu_seqlens[n_seqs_total];  // rows of qkv: nothing at or past it is read
         const size_t row_stride = (size_t)3 * hidden;
-        int g = 0, it = 0;  // K/V tiles and items produced so far (ring slot / phase)
-        for (int w = item_index(0); w < n_items; w = item_index(++it)) {
-            int start, len, head, m0;
-            item_at(w, start, len, head, m0);
+        int g = 0;  // K/V tiles produced so far (ring slot / phase)
+        for (int it = 0;; it++) {  // items this CTA has taken
+            const int qb = it % QBUF;
+            if (it >= QBUF) mbar_wait(&empty_q[qb], ((it / QBUF) + 1) & 1);  // phase it/QBUF - 1
+            int w = it;
+            if constexpr (PERSIST) {
+                if (lane == 0) w = atomicAdd(&sched_counter[0], 1);
+                w = __shfl_sync(0xffffffffu, w, 0);
+                if (w >= n_items) {  // no work left: tell the consumers (len = -1) and leave
+                    if (lane == 0) {
+                        item_info[qb] = make_int4(0, -1, 0, 0);
+                        mbar_arrive(&full_q[qb]);
+                        sched_finish(sched_counter);
+                    }
+                    return;
+                }
+            }
+            const int4 item = item_at(w);
+            const int start = item.x, len = item.y, head = item.z, m0 = item.w;
+            /* the consumers read the item from here once full_q[qb] completes (the arrival that
+             * completes it comes after this store, and mbarrier arrivals release) */
+            if (lane == 0) item_info[qb] = item;
             const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
             const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
             const int col_q = head * D, col_k = hidden + head * D, col_v = 2 * hidden + head * D;
-            const int qb = it % QBUF;
-            if (it >= QBUF) mbar_wait(&empty_q[qb], ((it / QBUF) + 1) & 1);  // phase it/QBUF - 1
             produce_tile<BLOCK_M>(sQ + qb * BLOCK_M * 64, &full_q[qb], &qkv_map, qkv, row_stride, col_q, start + m0,
                                   t_rows, lane);
             for (int j = 0; j < n_tiles; j++, g++) {
@@ -364,31 +392,63 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                 produce_tile<BLOCK_N>(sV + s * TILE, &full_v[s], &qkv_map, qkv, row_stride, col_v,
                                       start + j * BLOCK_N, t_rows, lane);
             }
+            if constexpr (!PERSIST) return;
         }
-        return;
     }
 
     /* ---- consumers ---- */
     regs_alloc<CONSUMER_REGS>();
     const int cw = wg - 1;  // consumer warpgroup 0..NWG-1
     /* ping-pong: warpgroup cw waits for its turn on barrier 1 + cw, then passes the turn on to the
-     * next; the last one opens the first turn of warpgroup 0 and skips its very last hand-over, so
-     * every barrier sees as many arrivals as syncs */
+     * next; the last one opens the first turn of warpgroup 0. Every warpgroup takes the same number
+     * of turns, so the last one's final hand-over has no taker: one CTA = one item skips it, a
+     * persistent CTA's warpgroup 0 takes it after its last item. */
+    const bool pingpong = PINGPONG && NWG > 1;
     const int turn_bar = 1 + cw, next_bar = 1 + (cw + 1) % NWG;
     const bool last_wg = cw == NWG - 1;
-    if (PINGPONG && NWG > 1 && last_wg) named_bar_arrive(1, 256);
+    if (pingpong && last_wg) named_bar_arrive(1, 256);
 
-    int g = 0, it = 0;  // K/V tiles and items consumed so far
-    for (int w = item_index(0); w < n_items; w = item_index(++it)) {
-        int start, len, head, m0;
-        item_at(w, start, len, head, m0);
+    int g = 0;  // K/V tiles consumed so far
+    for (int it = 0;; it++) {
+        const int qb = it % QBUF;
+        mbar_wait(&full_q[qb], (it / QBUF) & 1);
+        /* the item's length and first row now; its start and head only for the output store, read
+         * again there, so that they do not hold registers through the loop (the persistent kernel
+         * spilled inside the loop otherwise) */
+        const int len = item_info[qb].y, m0 = item_info[qb].w;
+        if (PERSIST && len < 0) break;  // no work left
         const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
         const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
-        const bool final_item = item_index(it + 1) >= n_items;
+        const bool hand_over_last = PERSIST || !last_wg;  // see ping-pong above
         const int wrow0 = m0 + cw * 64 + warp * 16;  // first query row of this warp
         const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
-        const int qb = it % QBUF;
         uint16_t *q_wg = sQ + qb * BLOCK_M * 64 + cw * 64 * 64;  // this warpgroup's 64 query rows
+
+        if (m0 + cw * 64 >= len) {
+            /* All 64 rows of this warpgroup lie past the sequence's end (the last query tile of a
+             * sequence shorter than a multiple of BLOCK_M): no matrix products, no softmax, no
+             * output. It still takes its ping-pong turns and releases the ring slots as the others
+             * do, waiting for each slot to fill first, so that its arrivals always count towards the
+             * phase the others are in. */
+            for (int j = 0; j <= n_tiles; j++) {
+                const int gk = g + j, gv = g + j - 1;
+                if (j > 0) mbar_wait(&full_v[gv % STAGES], (gv / STAGES) & 1);
+                if (j < n_tiles) mbar_wait(&full_k[gk % STAGES], (gk / STAGES) & 1);
+                if (pingpong) {
+                    named_bar_sync(turn_bar, 256);
+                    if (j < n_tiles || hand_over_last) named_bar_arrive(next_bar, 256);
+                }
+                if (lane == 0) {
+                    if (j < n_tiles) mbar_arrive(&empty_k[gk % STAGES]);
+                    if (j > 0) mbar_arrive(&empty_v[gv % STAGES]);
+                }
+            }
+            g += n_tiles;
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty_q[qb]);
+            if constexpr (!PERSIST) break;
+            continue;
+        }
 
         float o[32];  // O [64 x 64] of this warpgroup: n8 column group t holds o[4t..4t+3]
 #pragma unroll
@@ -400,9 +460,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         /* prologue: S_0 and its softmax */
         {
             const int sk = g % STAGES;
-            mbar_wait(&full_q[qb], (it / QBUF) & 1);
             mbar_wait(&full_k[sk], (g / STAGES) & 1);
-            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+            if (pingpong) named_bar_sync(turn_bar, 256);
 #pragma unroll
             for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
             fence_regs<BLOCK_N / 2>(s);
@@ -411,7 +470,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             for (int kk = 0; kk < D / 16; kk++)
                 wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
             wgmma_commit();
-            if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
+            if (pingpong) named_bar_arrive(next_bar, 256);
             wgmma_wait0();
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
@@ -432,7 +491,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
              * branch of the wait out of the two wgmma issues below */
             mbar_wait(&full_v[sv], (gv / STAGES) & 1);
             mbar_wait(&full_k[sk], (gk / STAGES) & 1);
-            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+            if (pingpong) named_bar_sync(turn_bar, 256);
             fence_regs<BLOCK_N / 2>(s);
             fence_regs<32>(o);
             fence_pa<KS>(pa);
@@ -444,7 +503,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
             wgmma_commit();
-            if (PINGPONG && NWG > 1) named_bar_arrive(next_bar, 256);
+            if (pingpong) named_bar_arrive(next_bar, 256);
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
@@ -474,14 +533,14 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         {
             const int gv = g + n_tiles - 1, sv = gv % STAGES;
             mbar_wait(&full_v[sv], (gv / STAGES) & 1);
-            if (PINGPONG && NWG > 1) named_bar_sync(turn_bar, 256);
+            if (pingpong) named_bar_sync(turn_bar, 256);
             fence_regs<32>(o);
             fence_pa<KS>(pa);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
             wgmma_commit();
-            if (PINGPONG && NWG > 1 && !(last_wg && final_item)) named_bar_arrive(next_bar, 256);
+            if (pingpong && hand_over_last) named_bar_arrive(next_bar, 256);
             wgmma_wait0();
             fence_regs<32>(o);
             if (lane == 0) mbar_arrive(&empty_v[sv]);
@@ -509,6 +568,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                 pack2<BF16>(o[4 * t + 2] * inv[1], o[4 * t + 3] * inv[1]);
         }
         __syncwarp();
+        const int start = *reinterpret_cast<volatile const int *>(&item_info[qb].x);
+        const int head = *reinterpret_cast<volatile const int *>(&item_info[qb].z);
 #pragma unroll
         for (int c = lane; c < 16 * 8; c += 32) {  // this warp's 16 rows, 8 chunks of 16 bytes each
             const int r = warp * 16 + (c >> 3), ch = c & 7;
@@ -520,7 +581,10 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         /* this warp is done with its rows of sQ: the next item's Q may land there */
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty_q[qb]);
+        if constexpr (!PERSIST) break;
     }
+    /* the last warpgroup's final hand-over (persistent CTAs): take it, so no arrival is left pending */
+    if (PERSIST && pingpong && cw == 0) named_bar_sync(1, 256);
 }
 
 /* ---- host: tensor map and launch ------------------------------------------------------------------ */
@@ -559,7 +623,7 @@ static int multiprocessor_count(void) {
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
 static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
-                              float rescale_thresh, int causal, cudaStream_t stream) {
+                              float rescale_thresh, int causal, int32_t *sched_counter, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V ring + alignment slack (+ the sorted work list) */
     const size_t smem = (size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 * sizeof(uint16_t) + 1024 +
@@ -572,25 +636,27 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
         attr_set = true;
     }
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
-    if (PERSIST) {
+    if constexpr (PERSIST) {
         static int n_sm = 0;
         if (!n_sm) n_sm = multiprocessor_count();
         /* one CTA per SM (registers allow no more), fewer when there are fewer items at most */
         const uint64_t most_items = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
         const unsigned grid = (unsigned)(most_items < (uint64_t)n_sm ? most_items : (uint64_t)n_sm);
         kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, 0,
-                                                        n_seqs, n_heads, scale_log2, rescale_thresh, causal);
+                                                        n_seqs, n_heads, scale_log2, rescale_thresh, causal,
+                                                        sched_counter);
         return cudaGetLastError();
+    } else {
+        for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
+            const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
+            dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
+            kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0,
+                                                            n_seqs, n_heads, scale_log2, rescale_thresh, causal, nullptr);
+            cudaError_t e = cudaGetLastError();
+            if (e != cudaSuccess) return e;
+        }
+        return cudaSuccess;
     }
-    for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
-        const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
-        dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
-        kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0,
-                                                        n_seqs, n_heads, scale_log2, rescale_thresh, causal);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-    }
-    return cudaSuccess;
 }
 
 int cuda_attention_fa3_mode(void) {
@@ -611,16 +677,17 @@ struct Fa3Args {
     int32_t n_seqs, max_seqlen, n_heads;
     float scale_log2, rescale_thresh;
     int causal;
+    int32_t *counter;  // the persistent kernel's item counter (NULL: no persistent launch)
     cudaStream_t st;
 };
 template <int NWG, int STAGES, bool BF16, bool PP>
 static cudaError_t fa3_persist(const Fa3Args &a, bool persist) {
     return persist ? launch_fa3<NWG, 128, STAGES, BF16, PP, true>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
                                                                   a.max_seqlen, a.n_heads, a.scale_log2,
-                                                                  a.rescale_thresh, a.causal, a.st)
+                                                                  a.rescale_thresh, a.causal, a.counter, a.st)
                    : launch_fa3<NWG, 128, STAGES, BF16, PP, false>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
                                                                    a.max_seqlen, a.n_heads, a.scale_log2,
-                                                                   a.rescale_thresh, a.causal, a.st);
+                                                                   a.rescale_thresh, a.causal, nullptr, a.st);
 }
 template <int NWG, int STAGES, bool BF16>
 static cudaError_t fa3_pingpong(const Fa3Args &a, bool pp, bool persist) {
@@ -648,14 +715,14 @@ static cudaError_t dispatch_fa3(const Fa3Args &a) {
     /* the in-CTA sort holds FA3_MAX_PERSIST_SEQS sequences; item indices must fit an int */
     const uint64_t most_items = (uint64_t)((a.max_seqlen + 64 * nwg - 1) / (64 * nwg)) * (uint64_t)a.n_heads *
                                 (uint64_t)a.n_seqs;
-    const bool use_persist = persist && a.n_seqs <= FA3_MAX_PERSIST_SEQS && most_items < (1ull << 31);
+    const bool use_persist = persist && a.counter && a.n_seqs <= FA3_MAX_PERSIST_SEQS && most_items < (1ull << 31);
     return nwg == 2 ? fa3_stages<2, BF16>(a, stages, pingpong, use_persist)
                     : fa3_stages<3, BF16>(a, stages, pingpong, use_persist);
 }
 
 cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
-                               void *stream) {
+                               void *workspace, void *stream) {
     encode_tiled_fn encode = tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
     /* qkv as a 2-D tensor: columns 3*heads*64 (innermost), rows bounded by n_seqs * max_seqlen (>= T;
@@ -672,6 +739,6 @@ cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorNotSupported;
     const Fa3Args args = {&map, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale * 1.4426950408889634f,
-                          rescale_thresh, causal, (cudaStream_t)stream};
+                          rescale_thresh, causal, (int32_t *)workspace, (cudaStream_t)stream};
     return bf16 ? dispatch_fa3<true>(args) : dispatch_fa3<false>(args);
 }

@@ -10,10 +10,11 @@
 /* NOPAD_FMHA_FA3: -1 (unset: the dispatcher decides by max_seqlen), 0 (never), 1 (always, d = 64) */
 int cuda_attention_fa3_mode(void);
 
-/* Enqueues attention for head_size 64; same tensors as cuda_attention_varlen. rescale_thresh: the
- * lazy-rescaling threshold (log2 units). Returns cudaErrorNotSupported, having enqueued nothing,
- * when the driver has no tensor-map encoder (the caller then uses another kernel). */
+/* Enqueues attention for head_size 64; same tensors and workspace as cuda_attention_varlen (the
+ * persistent variant needs the workspace, the other ignores it). rescale_thresh: the lazy-rescaling
+ * threshold (log2 units). Returns cudaErrorNotSupported, having enqueued nothing, when the driver
+ * has no tensor-map encoder (the caller then uses another kernel). */
 cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
-                               void *stream);
+                               void *workspace, void *stream);
 #endif

@@ -325,7 +325,7 @@ static cudaError_t dispatch_head(int32_t head_size, void *out, const void *qkv, 
 extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, const void *qkv,
                                               const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
                                               int32_t max_seqlen, int32_t n_heads, int32_t head_size,
-                                              float scale, int causal, void *stream) {
+                                              float scale, int causal, void *workspace, void *stream) {
     if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_varlen: dtype %d has no kernel (F16, BF16)",
                                (int)dtype);
@@ -343,13 +343,16 @@ extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, cons
     if (!(scale > 0.0f) || isinf(scale))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: scale must be positive and finite (got %g)", (double)scale);
+    if ((uintptr_t)workspace % 8)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_varlen: the workspace must be 8-byte aligned");
     if (((uintptr_t)out | (uintptr_t)qkv) % 16)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: qkv and out must be 16-byte aligned");
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = head_size >= 64 && cuda_attention_wgmma_enabled()
                         ? cuda_attention_wgmma(head_size, dtype == NOPAD_DTYPE_BF16, out, qkv, cu_seqlens, n_seqs,
-                                               n_tokens, max_seqlen, n_heads, scale, causal, stream)
+                                               n_tokens, max_seqlen, n_heads, scale, causal, workspace, stream)
                     : dtype == NOPAD_DTYPE_BF16
                         ? dispatch_head<true>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
                         : dispatch_head<false>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);

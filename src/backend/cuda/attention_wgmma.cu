@@ -457,7 +457,7 @@ int cuda_attention_wgmma_enabled(void) {
 template <int D, bool BF16>
 static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                   int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, float scale, int causal,
-                                  cudaStream_t st) {
+                                  void *workspace, cudaStream_t st) {
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
@@ -473,7 +473,7 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
         const bool fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
         if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
             cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
-                                               lazy_rescale_threshold(), causal, st);
+                                               lazy_rescale_threshold(), causal, workspace, st);
             if (e != cudaErrorNotSupported) return e;
         }
     }
@@ -500,11 +500,11 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
 
 cudaError_t cuda_attention_wgmma(int32_t head_size, int bf16, void *out, const void *qkv,
                                  const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
-                                 int32_t n_heads, float scale, int causal, void *stream) {
+                                 int32_t n_heads, float scale, int causal, void *workspace, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     if (head_size == 128)
-        return bf16 ? dispatch_wgmma<128, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st)
-                    : dispatch_wgmma<128, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st);
-    return bf16 ? dispatch_wgmma<64, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st)
-                : dispatch_wgmma<64, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, st);
+        return bf16 ? dispatch_wgmma<128, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st)
+                    : dispatch_wgmma<128, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st);
+    return bf16 ? dispatch_wgmma<64, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st)
+                : dispatch_wgmma<64, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st);
 }

@@ -13,5 +13,5 @@ int cuda_attention_wgmma_enabled(void);
 /* Enqueues attention for head_size 64 or 128; same tensors as cuda_attention_varlen. */
 cudaError_t cuda_attention_wgmma(int32_t head_size, int bf16, void *out, const void *qkv,
                                  const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
-                                 int32_t n_heads, float scale, int causal, void *stream);
+                                 int32_t n_heads, float scale, int causal, void *workspace, void *stream);
 #endif

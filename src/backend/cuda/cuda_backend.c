@@ -52,6 +52,8 @@ typedef struct cuda_state {
     int64_t seen[SEEN_KEYS][4]; /* keys run once, not yet recorded */
     int next_seen;
     int32_t *pack_bad; /* device flag of pack_padded: the lengths did not match what the host said */
+    void *attention_ws; /* the attention kernels' work counter (NOPAD_ATTENTION_WORKSPACE_BYTES,
+                           zeroed once; every use is ordered on `stream`) */
     int cannot_record; /* a recording failed once (e.g. a caller's stream that cannot be captured):
                           run ops directly from then on */
 } cuda_state;
@@ -412,7 +414,7 @@ static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void
                                              state_of(be)->stream);
     return cuda_attention_varlen(be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs,
                                  seqs->n_tokens, seqs->max_seqlen, n_heads, head_size, scale, causal,
-                                 state_of(be)->stream);
+                                 state_of(be)->attention_ws, state_of(be)->stream);
 }
 
 static nopad_status cu_pool(nopad_backend *be, void *out, const void *x, const nopad_seqs *seqs,
@@ -434,6 +436,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->lt_workspace) cudaFree(s->lt_workspace);
         if (s->scratch) cudaFree(s->scratch);
         if (s->pack_bad) cudaFree(s->pack_bad);
+        if (s->attention_ws) cudaFree(s->attention_ws);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);
     }
@@ -473,6 +476,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     if (st == NOPAD_OK) st = lt_check(cublasLtCreate(&s->lt), "create");
     if (st == NOPAD_OK) st = cuda_check(cudaMalloc(&s->lt_workspace, CUBLASLT_WORKSPACE_BYTES), "workspace");
     if (st == NOPAD_OK) st = cuda_check(cudaMalloc((void **)&s->pack_bad, sizeof(int32_t)), "flag");
+    if (st == NOPAD_OK) st = cuda_check(cudaMalloc(&s->attention_ws, NOPAD_ATTENTION_WORKSPACE_BYTES), "workspace");
+    if (st == NOPAD_OK) st = cuda_check(cudaMemset(s->attention_ws, 0, NOPAD_ATTENTION_WORKSPACE_BYTES), "workspace");
     if (st != NOPAD_OK) {
         cu_destroy(be);
         return st;
