@@ -253,7 +253,7 @@ static __device__ __forceinline__ void sched_finish(int32_t *sched_counter) {
  * other kernels. The producer announces each item to the consumers in item_info, next to its Q tile.
  * The shared-memory ring keeps running across a CTA's items, and Q is double-buffered: the producer
  * takes the next item and prefetches its Q and K/V while the consumers finish the current one; a Q
- * buffer is reloaded once every consumer warp has stored the output it staged there (empty_q). */
+ * buffer (and its item_info) is reused once every consumer thread is done with it (empty_q). */
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [rows, 3*heads*64], 64x64 boxes
@@ -336,7 +336,9 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
 #pragma unroll
         for (int b = 0; b < QBUF; b++) {
             mbar_init(&full_q[b], 1);
-            mbar_init(&empty_q[b], 4 * NWG);  // one arrival per consumer warp
+            /* one arrival per consumer thread: each has read item_info (and the staged output)
+             * itself, and its own release orders those reads before the producer's next write */
+            mbar_init(&empty_q[b], 128 * NWG);
         }
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
@@ -444,8 +446,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                 }
             }
             g += n_tiles;
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty_q[qb]);
+            mbar_arrive(&empty_q[qb]);
             if constexpr (!PERSIST) break;
             continue;
         }
@@ -578,9 +579,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                 *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
                     *reinterpret_cast<const uint4 *>(sO + r * 64 + ((ch ^ (r & 7)) << 3));
         }
-        /* this warp is done with its rows of sQ: the next item's Q may land there */
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty_q[qb]);
+        /* this thread is done with its rows of sQ and with item_info: the next item may land there */
+        mbar_arrive(&empty_q[qb]);
         if constexpr (!PERSIST) break;
     }
     /* the last warpgroup's final hand-over (persistent CTAs): take it, so no arrival is left pending */
@@ -699,23 +699,33 @@ static cudaError_t fa3_stages(const Fa3Args &a, int stages, bool pp, bool persis
 }
 
 /* Tile shape and schedule. Defaults from the sweeps in bench/NOTES_fmha.md (H200): three consumer
- * warpgroups (192 query rows), 128-key tiles, two K/V stages, ping-pong on, one CTA per item (the
- * persistent longest-first grid was slower where this kernel is selected: 8x2048, 64x2048).
- * NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3), NOPAD_FMHA_FA3_PINGPONG (0|1),
- * NOPAD_FMHA_FA3_PERSIST (0|1) override, for tuning. */
-template <bool BF16>
-static cudaError_t dispatch_fa3(const Fa3Args &a) {
+ * warpgroups (192 query rows), 128-key tiles, two K/V stages, ping-pong on, persistent where the
+ * caller gave a workspace (v7: as fast as one CTA per item at 2048 tokens, faster below, and no CTAs
+ * launched for tiles past a sequence's end). NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3),
+ * NOPAD_FMHA_FA3_PINGPONG (0|1), NOPAD_FMHA_FA3_PERSIST (0|1) override, for tuning. */
+static int fa3_setting(int which) {
     static int nwg = -1, stages = -1, pingpong = -1, persist = -1;
     if (nwg < 0) {
         nwg = fa3_env("NOPAD_FMHA_FA3_WG", 3) == 2 ? 2 : 3;
         stages = fa3_env("NOPAD_FMHA_FA3_STAGES", 2) == 3 ? 3 : 2;
         pingpong = fa3_env("NOPAD_FMHA_FA3_PINGPONG", 1) != 0;
-        persist = fa3_env("NOPAD_FMHA_FA3_PERSIST", 0) != 0;
+        persist = fa3_env("NOPAD_FMHA_FA3_PERSIST", 1) != 0;
     }
+    return which == 0 ? nwg : which == 1 ? stages : which == 2 ? pingpong : persist;
+}
+
+int cuda_attention_fa3_persistent(int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, const void *workspace) {
     /* the in-CTA sort holds FA3_MAX_PERSIST_SEQS sequences; item indices must fit an int */
-    const uint64_t most_items = (uint64_t)((a.max_seqlen + 64 * nwg - 1) / (64 * nwg)) * (uint64_t)a.n_heads *
-                                (uint64_t)a.n_seqs;
-    const bool use_persist = persist && a.counter && a.n_seqs <= FA3_MAX_PERSIST_SEQS && most_items < (1ull << 31);
+    const int rows = 64 * fa3_setting(0);
+    const uint64_t most_items = (uint64_t)((max_seqlen + rows - 1) / rows) * (uint64_t)n_heads * (uint64_t)n_seqs;
+    return fa3_setting(3) && workspace && n_seqs <= FA3_MAX_PERSIST_SEQS && most_items < (1ull << 31);
+}
+
+template <bool BF16>
+static cudaError_t dispatch_fa3(const Fa3Args &a) {
+    const int nwg = fa3_setting(0), stages = fa3_setting(1);
+    const bool pingpong = fa3_setting(2);
+    const bool use_persist = cuda_attention_fa3_persistent(a.n_seqs, a.max_seqlen, a.n_heads, a.counter);
     return nwg == 2 ? fa3_stages<2, BF16>(a, stages, pingpong, use_persist)
                     : fa3_stages<3, BF16>(a, stages, pingpong, use_persist);
 }

@@ -10,6 +10,10 @@
 /* NOPAD_FMHA_FA3: -1 (unset: the dispatcher decides by max_seqlen), 0 (never), 1 (always, d = 64) */
 int cuda_attention_fa3_mode(void);
 
+/* 1 if cuda_attention_fa3 would launch its persistent kernel for this batch: it needs the
+ * workspace, at most 1024 sequences, and NOPAD_FMHA_FA3_PERSIST not 0 */
+int cuda_attention_fa3_persistent(int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, const void *workspace);
+
 /* Enqueues attention for head_size 64; same tensors and workspace as cuda_attention_varlen (the
  * persistent variant needs the workspace, the other ignores it). rescale_thresh: the lazy-rescaling
  * threshold (log2 units). Returns cudaErrorNotSupported, having enqueued nothing, when the driver

@@ -461,16 +461,25 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
-        /* measured on an H200 (bench/NOTES_fmha.md, v6): the FA3 kernel wins by ~20% on long
-         * sequences (16/64/128 x 2048) and by 3-7% at 128 x 1024, where the un-overlapped first S and
-         * last P V of a query tile are a small share; it is slower at <= 512 and at 16 x 1024 (more
-         * CTAs per SM win there) and for causal masks. Known losses under this rule: the skewed
-         * 64 x 2048 batch (28%: thousands of CTAs past their sequence's end each hold an SM alone
-         * before exiting) and one of five 8 x 2048 length draws (7%). The skewed batches are told
-         * apart by their density T / (B * max_seqlen): 0.03 for the skewed one, 0.6 on average
-         * for lengths uniform in [0.2 max, max]; below 1/2 the v5 kernel keeps them. */
-        const bool dense = (int64_t)n_tokens * 2 >= (int64_t)n_seqs * max_seqlen;
-        const bool fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
+        /* Measured on an H200 (bench/NOTES_fmha.md, v6 and v7 sweeps, 12 heads). The persistent FA3
+         * kernel (it needs the caller's workspace) wins by 1.15-1.3x over the v5 kernels from 2048
+         * tokens on, causal too, and on the skewed batch ties them; below that it needs enough work
+         * items (192-row query tiles x heads x sequences, bounded by max_seqlen) to fill the SMs:
+         * 32 x 1024 (2304 items) 1.53x vs 1.26x, 128 x 512 (4608) 1.54x vs 1.38x, but 16 x 1024
+         * (1152) 1.05x vs 1.27x, 64 x 512 (2304) 1.17x vs 1.34x, causal 16 x 512 1.36x vs 1.65x
+         * (ratios to varlen_attn). At <= 256 tokens the v5 kernels keep every batch.
+         * Without a workspace the one-CTA-per-tile FA3 kernel is used for non-causal dense batches
+         * only: its CTAs past a sequence's end each hold an SM alone before exiting, which cost
+         * the skewed 64 x 2048 batch (density T / (B * max_seqlen) = 0.03) 28%. */
+        bool fa3_wins;
+        if (cuda_attention_fa3_persistent(n_seqs, max_seqlen, n_heads, workspace)) {
+            const int64_t items = (int64_t)n_seqs * n_heads * ((max_seqlen + 191) / 192);
+            fa3_wins = max_seqlen > 1024 || (max_seqlen > 512 && items >= 2304) ||
+                       (max_seqlen > 256 && items >= 4608);
+        } else {
+            const bool dense = (int64_t)n_tokens * 2 >= (int64_t)n_seqs * max_seqlen;
+            fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
+        }
         if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
             cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
                                                lazy_rescale_threshold(), causal, workspace, st);
