@@ -461,21 +461,23 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
-        /* Measured on an H200 (bench/NOTES_fmha.md, v6 and v7 sweeps, 12 heads). The persistent FA3
-         * kernel (it needs the caller's workspace) wins by 1.15-1.3x over the v5 kernels from 2048
-         * tokens on, causal too, and on the skewed batch ties them; below that it needs enough work
-         * items (192-row query tiles x heads x sequences, bounded by max_seqlen) to fill the SMs:
-         * 32 x 1024 (2304 items) 1.53x vs 1.26x, 128 x 512 (4608) 1.54x vs 1.38x, but 16 x 1024
-         * (1152) 1.05x vs 1.27x, 64 x 512 (2304) 1.17x vs 1.34x, causal 16 x 512 1.36x vs 1.65x
-         * (ratios to varlen_attn). At <= 256 tokens the v5 kernels keep every batch.
+        /* Measured on an H200 (bench/NOTES_fmha.md, v6 to v8 sweeps, 12 heads; ratios to
+         * varlen_attn). The persistent FA3 kernel (it needs the caller's workspace) beats the v5
+         * kernels on every non-causal batch above 256 tokens: 16 x 512 1.27x vs 1.20x, 64 x 512
+         * 1.62x vs 1.33x, 128 x 512 1.69x vs 1.39x, 16 x 1024 1.39x vs 1.28x, 8 x 1024 1.64x vs
+         * 1.43x, 2048 tokens 1.45-1.6x vs 1.2-1.4x, the skewed batch 1.97x vs 1.77x (ties at 2-4 x
+         * 2048). At <= 256 tokens the v5 kernels win (16 x 256 1.54x vs 0.98x, 128 x 256 1.51x vs
+         * 1.39x). Causal, the v5 kernels keep <= 1024 tokens (16 x 512 1.66x vs 1.44x, 128 x 512
+         * 2.22x vs 2.08x, 16 x 1024 1.70x vs 1.64x) unless there are many items (128 x 1024:
+         * 2.17x vs 2.04x; items = 192-row query tiles x heads x sequences, bounded by max_seqlen);
+         * the FA3 kernel takes 2048 (64 x 2048 1.83x vs 1.59x).
          * Without a workspace the one-CTA-per-tile FA3 kernel is used for non-causal dense batches
          * only: its CTAs past a sequence's end each hold an SM alone before exiting, which cost
          * the skewed 64 x 2048 batch (density T / (B * max_seqlen) = 0.03) 28%. */
         bool fa3_wins;
         if (cuda_attention_fa3_persistent(n_seqs, max_seqlen, n_heads, workspace)) {
             const int64_t items = (int64_t)n_seqs * n_heads * ((max_seqlen + 191) / 192);
-            fa3_wins = max_seqlen > 1024 || (max_seqlen > 512 && items >= 2304) ||
-                       (max_seqlen > 256 && items >= 4608);
+            fa3_wins = causal ? max_seqlen > 1024 || (max_seqlen > 512 && items >= 4608) : max_seqlen > 256;
         } else {
             const bool dense = (int64_t)n_tokens * 2 >= (int64_t)n_seqs * max_seqlen;
             fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
