@@ -282,7 +282,6 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                      const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_seqs_total, int n_heads,
                      float scale_log2, float rescale_thresh, int causal,
                      int32_t *__restrict__ sched_counter) {  // PERSIST: {next item, CTAs done}, zero at launch
-
     constexpr int D = 64;
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = (NWG + 1) * 128;
