@@ -8,7 +8,9 @@ stream). The output is a new tensor [T, heads, d], or `out`.
 
 CUDA tensors (fp16 / bf16) run on the GPU, asynchronously on torch's current stream of the
 tensors' device; CPU tensors (float32) run the CPU reference. A library built without CUDA raises
-UnsupportedError for CUDA tensors.
+UnsupportedError for CUDA tensors. The package keeps one 16-byte zeroed workspace per (device,
+stream) for the persistent attention kernel's work counter (nopad.h, nopad_attention_varlen);
+calls on one stream share it, which is safe because they run one after another.
 """
 from __future__ import annotations
 
