@@ -495,13 +495,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
             softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
-            }
+            pack_p<BF16, KS>(pa, s);
         }
 
         for (int j = 1; j < n_tiles; j++) {
@@ -532,22 +526,9 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             wgmma_wait0();
             fence_regs<32>(o);
             if (lane == 0) mbar_arrive(&empty_v[sv]);
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                for (int t = 0; t < 8; t++) {
-                    o[4 * t] *= alpha[0];
-                    o[4 * t + 1] *= alpha[0];
-                    o[4 * t + 2] *= alpha[1];
-                    o[4 * t + 3] *= alpha[1];
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
-            }
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+                rescale_o<8>(o, alpha);
+            pack_p<BF16, KS>(pa, s);
         }
         /* epilogue: the last P V */
         {

@@ -169,13 +169,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         /* O += P V: P from registers (S groups 2k, 2k+1 form the A fragment of k-step k), V through the
          * transposing descriptor, 16 keys = 2048 bytes per k-step */
         uint32_t pa[BLOCK_N / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; kk++) {
-            pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        pack_p<BF16, BLOCK_N / 16>(pa, s);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; kk++)
@@ -296,13 +290,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     wgmma_wait0();
     fence_regs<BLOCK_N / 2>(s);
     softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-        pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    pack_p<BF16, KS>(pa, s);
 
     for (int j = 1; j < n_tiles; j++) {
         cp_async_wait_all();
@@ -335,22 +323,9 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
         softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a, causal, lane);
         wgmma_wait0();
         fence_regs<32 * DS>(o);
-        if (!NOPAD_FMHA_VOTE || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-            for (int t = 0; t < 8 * DS; t++) {
-                o[4 * t] *= alpha[0];
-                o[4 * t + 1] *= alpha[0];
-                o[4 * t + 2] *= alpha[1];
-                o[4 * t + 3] *= alpha[1];
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        if (!NOPAD_FMHA_VOTE || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+            rescale_o<8 * DS>(o, alpha);
+        pack_p<BF16, KS>(pa, s);
     }
     /* epilogue: the last P V */
     {

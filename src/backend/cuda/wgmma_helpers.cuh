@@ -119,6 +119,31 @@ static __device__ __forceinline__ void fence_regs(float *r) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+/* P of an S tile (in s, after softmax_tile) as the A fragments of the P V wgmmas: S groups 2k and
+ * 2k+1 form the fragment of k-step k (16 keys). */
+template <bool BF16, int KS>
+static __device__ __forceinline__ void pack_p(uint32_t (*pa)[4], const float *s) {
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        pa[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+/* O *= alpha per row (this thread's two rows) over N8 n8 column groups of the O accumulator */
+template <int N8>
+static __device__ __forceinline__ void rescale_o(float *o, const float alpha[2]) {
+#pragma unroll
+    for (int t = 0; t < N8; t++) {
+        o[4 * t] *= alpha[0];
+        o[4 * t + 1] *= alpha[0];
+        o[4 * t + 2] *= alpha[1];
+        o[4 * t + 3] *= alpha[1];
+    }
+}
+
 /* Online softmax of one S tile (NT n8 column groups; this thread's rows row_a and row_a + 8):
  * masks keys >= len (and the causal triangle), updates the running max / sum, and leaves
  * P = 2^(S*scale_log2 - m) in s and the factor O must be multiplied by in alpha. The running max is
