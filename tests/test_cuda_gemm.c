@@ -1,4 +1,5 @@
-/* cuda_gemm_fused (CUTLASS, epilogue fused) against an fp32 CPU reference.
+/* cuda_gemm_fused (CUTLASS, epilogue fused) and cuda_gemm_skinny (few tokens, one kernel) against
+ * an fp32 CPU reference.
  *
  * y[T, N] = x[T, K] · w[N, K]ᵀ + bias[N], then exact-erf GELU or + residual[T, N], in fp16 and
  * bf16, on random data (never zeros), for T in {1, 7, 128, 1000, 4352} and the BERT-base and
@@ -10,7 +11,10 @@
  * output rounding (fp16 keeps 11 significant bits: at most 4.9e-4 relative per element; bf16 8
  * bits: 3.9e-3) plus fp32 accumulation-order differences (~1e-6 at K = 4096), with margin.
  * Outputs are NaN-poisoned before every call, so an unwritten element fails.
- * No GPU: exit 77 (ctest: skipped); built without CUTLASS: 77 too.
+ * The skinny GEMM: T from 1 to its limit of 256 (one and several 64-token tiles), every epilogue
+ * and activation, K not a multiple of 16 (a zero-filled slice tail), one and many K slices; it
+ * must give identical bits twice. Same bounds.
+ * No GPU: exit 77 (ctest: skipped); built without CUTLASS, the fused tests skip.
  * NOPAD_GPU_TEST_QUICK=1 leaves out T = 4352. */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +26,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_fused.h"
+#include "backend/cuda/gemm_skinny.h"
 #include "testutil.h"
 
 static nopad_backend *cpu;
@@ -105,6 +110,13 @@ static void problem_free(problem *p, int d) {
     free(p->x), free(p->w), free(p->bias), free(p->res), free(p->acc);
 }
 
+static void skip_without_cutlass(void) {
+    if (!cuda_gemm_fused_available()) {
+        printf("built without CUTLASS: no fused GEMMs to test\n");
+        skip();
+    }
+}
+
 /* Runs the fused GEMM (config, or auto) on a poisoned output and returns the row error. */
 static double check(problem *p, int d, cuda_gemm_epilogue ep, int config, int with_bias) {
     nopad_backend *be = gpu[d];
@@ -129,6 +141,7 @@ static double check(problem *p, int d, cuda_gemm_epilogue ep, int config, int wi
 }
 
 static void test_shapes(void **state) {
+    skip_without_cutlass();
     const int32_t Ts[] = {1, 7, 128, 1000, 4352};
     const int n_T = getenv("NOPAD_GPU_TEST_QUICK") ? 4 : 5;
     uint64_t rng = 0x6e6f706164676d6dULL;
@@ -152,6 +165,7 @@ static void test_shapes(void **state) {
 
 /* Every compiled tile configuration, whichever auto picks: partial tiles in M and N included. */
 static void test_every_config(void **state) {
+    skip_without_cutlass();
     const int32_t cases[][3] = {{7, 768, 3072}, {1000, 3072, 768}, {300, 1024, 1032}, {1, 4096, 1024}};
     uint64_t rng = 0x636f6e666967ULL;
     for (int d = 0; d < 2; d++)
@@ -167,6 +181,7 @@ static void test_every_config(void **state) {
 }
 
 static void test_unsupported(void **state) {
+    skip_without_cutlass();
     uint64_t rng = 7;
     problem p;
     problem_make(&p, 0, 16, 64, 64, &rng);
@@ -189,6 +204,7 @@ static void test_unsupported(void **state) {
 /* The call records into a CUDA graph (thread-local capture, as the backend records forwards):
  * no allocation, no synchronisation, nothing that capture refuses. */
 static void test_graph_capture(void **state) {
+    skip_without_cutlass();
     uint64_t rng = 11;
     for (int d = 0; d < 2; d++) {
         problem p;
@@ -223,6 +239,7 @@ static void test_graph_capture(void **state) {
 /* cu_linear (the backend's linear op) under each mode gives the CPU backend's result: the hook
  * passes bias and residual through and maps the op's epilogues to the fused ones. */
 static void test_backend_modes(void **state) {
+    skip_without_cutlass();
     const cuda_gemm_mode modes[3] = {CUDA_GEMM_MODE_CUBLASLT, CUDA_GEMM_MODE_CUTLASS, CUDA_GEMM_MODE_AUTO};
     const nopad_epilogue eps[4] = {NOPAD_EPILOGUE_NONE, NOPAD_EPILOGUE_BIAS, NOPAD_EPILOGUE_BIAS_ACT,
                                    NOPAD_EPILOGUE_BIAS_RESIDUAL};
@@ -255,14 +272,162 @@ static void test_backend_modes(void **state) {
     cuda_gemm_set_mode(saved);
 }
 
+/* ---- the skinny GEMM ------------------------------------------------------------------------ */
+
+/* ref[T, N] = act(acc + bias) + residual in double; act < 0: none. */
+static void skinny_reference(float *ref, const float *acc, const float *bias, const float *res,
+                             int32_t T, int32_t N, int act) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            double v = (double)acc[t * N + n] + (bias ? bias[n] : 0.0);
+            if (act == NOPAD_ACT_GELU) v = 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+            if (act == NOPAD_ACT_GELU_TANH)
+                v = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+            if (act == NOPAD_ACT_RELU) v = v > 0.0 ? v : 0.0;
+            if (res) v += res[t * N + n];
+            ref[t * N + n] = (float)v;
+        }
+}
+
+/* Runs the skinny GEMM twice on a poisoned output; both runs must match bit for bit; returns
+ * the row error against the reference. with_residual 2: the residual is y itself (aliasing). */
+static double skinny_check(problem *p, int d, int with_bias, int act, int with_residual) {
+    nopad_backend *be = gpu[d];
+    const size_t n = (size_t)p->T * p->N;
+    float *y = malloc(n * sizeof(float)), *y2 = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    const void *dres = with_residual == 1 ? p->dres : with_residual == 2 ? p->dy : NULL;
+    for (int run = 0; run < 2; run++) {
+        if (with_residual == 2) {
+            assert_nopad_ok(be->upload_f32(be, p->dy, p->res, n)); /* y starts as the residual */
+        } else {
+            poison(be, p->dy, n);
+        }
+        assert_nopad_ok(cuda_gemm_skinny(DTYPES[d], p->dy, p->dx, p->dw, with_bias ? p->dbias : NULL, dres,
+                                         p->T, p->K, p->N, act, streams[d]));
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+        assert_nopad_ok(be->download_f32(be, run ? y2 : y, p->dy, n));
+    }
+    if (memcmp(y, y2, n * sizeof(float)) != 0)
+        fail_msg("%s skinny T %d K %d N %d act %d: two runs differ", DTYPE_NAMES[d], p->T, p->K, p->N, act);
+    skinny_reference(ref, p->acc, with_bias ? p->bias : NULL, with_residual ? p->res : NULL, p->T, p->N, act);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(y[i]))
+            fail_msg("%s skinny T %d K %d N %d act %d: y[%zu] = %g (unwritten?)", DTYPE_NAMES[d], p->T,
+                     p->K, p->N, act, i, y[i]);
+    const double err = test_max_row_rel_error(y, ref, p->T, p->N);
+    if (!(err <= BOUND[d]))
+        fail_msg("%s skinny T %d K %d N %d act %d bias %d residual %d: row rel err %.3g > %.3g",
+                 DTYPE_NAMES[d], p->T, p->K, p->N, act, with_bias, with_residual, err, BOUND[d]);
+    free(y), free(y2), free(ref);
+    return err;
+}
+
+static void test_skinny_shapes(void **state) {
+    /* T: 1, odd, one full 64-token tile, one past it, several tiles, the limit */
+    const int32_t Ts[] = {1, 7, 26, 64, 65, 130, 256};
+    const int n_T = getenv("NOPAD_GPU_TEST_QUICK") ? 5 : 7;
+    uint64_t rng = 0x736b696e6e79ULL;
+    for (int d = 0; d < 2; d++) {
+        double worst = 0.0;
+        for (int ti = 0; ti < n_T; ti++)
+            for (int si = 0; si < 8; si++) {
+                if (!cuda_gemm_skinny_supported(Ts[ti], SHAPES[si][0], SHAPES[si][1])) continue;
+                problem p;
+                problem_make(&p, d, Ts[ti], SHAPES[si][0], SHAPES[si][1], &rng);
+                /* the encoder's epilogues: bias (qkv), bias + GELU (FFN in), none (before LayerNorm) */
+                double e = skinny_check(&p, d, 1, -1, 0);
+                if (e > worst) worst = e;
+                e = skinny_check(&p, d, 1, NOPAD_ACT_GELU, 0);
+                if (e > worst) worst = e;
+                e = skinny_check(&p, d, 0, -1, 0);
+                if (e > worst) worst = e;
+                problem_free(&p, d);
+            }
+        printf("%s skinny worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, BOUND[d]);
+    }
+}
+
+/* Every epilogue and activation, a residual that is y itself, K with a zero-filled slice tail
+ * (200: not a multiple of 16), a single K slice (K = 64) and a tiny N. */
+static void test_skinny_epilogues(void **state) {
+    const int32_t cases[][3] = {{26, 200, 192}, {1, 64, 64}, {100, 8, 128}, {64, 3072, 768}, {200, 776, 320}};
+    uint64_t rng = 0x65706973ULL;
+    for (int d = 0; d < 2; d++) {
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            problem p;
+            problem_make(&p, d, cases[c][0], cases[c][1], cases[c][2], &rng);
+            for (int act = -1; act <= NOPAD_ACT_RELU; act++) skinny_check(&p, d, 1, act, 0);
+            skinny_check(&p, d, 1, -1, 1);
+            skinny_check(&p, d, 1, -1, 2);
+            skinny_check(&p, d, 0, NOPAD_ACT_GELU, 1);
+            problem_free(&p, d);
+        }
+    }
+}
+
+static void test_skinny_unsupported(void **state) {
+    uint64_t rng = 17;
+    problem p;
+    problem_make(&p, 0, 16, 64, 64, &rng);
+    cudaStream_t s = streams[0];
+    assert_false(cuda_gemm_skinny_supported(257, 768, 768));
+    assert_false(cuda_gemm_skinny_supported(0, 768, 768));
+    assert_false(cuda_gemm_skinny_supported(16, 60, 64));
+    assert_false(cuda_gemm_skinny_supported(16, 64, 96));
+    assert_nopad_error(cuda_gemm_skinny(NOPAD_DTYPE_F16, p.dy, p.dx, p.dw, p.dbias, NULL, 16, 64, 96, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "N % 64");
+    assert_nopad_error(cuda_gemm_skinny(NOPAD_DTYPE_F16, p.dy, p.dx, p.dw, p.dbias, NULL, 300, 64, 64, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "T <= 256");
+    assert_nopad_error(cuda_gemm_skinny(NOPAD_DTYPE_F16, p.dy, (char *)p.dx + 2, p.dw, p.dbias, NULL, 8, 64,
+                                        64, -1, s), NOPAD_ERR_UNSUPPORTED, "aligned");
+    assert_nopad_error(cuda_gemm_skinny(NOPAD_DTYPE_F32, p.dy, p.dx, p.dw, p.dbias, NULL, 16, 64, 64, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "dtype");
+    assert_nopad_error(cuda_gemm_skinny(NOPAD_DTYPE_F16, p.dy, NULL, p.dw, p.dbias, NULL, 16, 64, 64, -1, s),
+                       NOPAD_ERR_INVALID_ARGUMENT, "NULL");
+    assert_false(cuda_gemm_skinny_supported(16, 4104, 64)); /* K > 4096: more than 8 slices of 512 */
+    problem_free(&p, 0);
+}
+
+/* A skinny GEMM (a cluster launch with a programmatic-serialisation attribute) recorded into a
+ * CUDA graph and replayed twice. */
+static void test_skinny_graph(void **state) {
+    uint64_t rng = 19;
+    for (int d = 0; d < 2; d++) {
+        problem p;
+        problem_make(&p, d, 26, 3072, 768, &rng);
+        cudaStream_t s = streams[d];
+        const size_t n = (size_t)p.T * p.N;
+        poison(gpu[d], p.dy, n);
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        nopad_status st = cuda_gemm_skinny(DTYPES[d], p.dy, p.dx, p.dw, p.dbias, p.dres, p.T, p.K, p.N,
+                                           -1, s);
+        assert_int_equal(cudaStreamEndCapture(s, &graph), cudaSuccess);
+        assert_nopad_ok(st);
+        assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        float *y = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+        skinny_reference(ref, p.acc, p.bias, p.res, p.T, p.N, -1);
+        for (int replay = 0; replay < 2; replay++) {
+            poison(gpu[d], p.dy, n);
+            assert_int_equal(cudaGraphLaunch(exec, s), cudaSuccess);
+            assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, p.dy, n));
+            const double err = test_max_row_rel_error(y, ref, p.T, p.N);
+            printf("%s skinny graph replay %d: row rel err %.3g\n", DTYPE_NAMES[d], replay, err);
+            assert_true(err <= BOUND[d]);
+        }
+        free(y), free(ref);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        problem_free(&p, d);
+    }
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         printf("no CUDA device: skipping the GPU tests\n");
-        return 77;
-    }
-    if (!cuda_gemm_fused_available()) {
-        printf("built without CUTLASS: no fused GEMMs to test\n");
         return 77;
     }
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
@@ -274,7 +439,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shapes),        cmocka_unit_test(test_every_config),
         cmocka_unit_test(test_unsupported),   cmocka_unit_test(test_graph_capture),
-        cmocka_unit_test(test_backend_modes),
+        cmocka_unit_test(test_backend_modes), cmocka_unit_test(test_skinny_shapes),
+        cmocka_unit_test(test_skinny_epilogues), cmocka_unit_test(test_skinny_unsupported),
+        cmocka_unit_test(test_skinny_graph),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int d = 0; d < 2; d++) {

@@ -57,6 +57,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     constexpr int THREADS = NWG * 128;
     constexpr int NT = BLOCK_N / 8;  // n8 column groups of S
 
+    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may start loading its weights */
     extern __shared__ uint16_t smem_raw[];
     /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
@@ -231,6 +232,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     constexpr int KS = BLOCK_N / 16;  // k16 steps of P V
     constexpr int STAGES = 3;
 
+    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may start loading its weights */
     extern __shared__ uint16_t smem_raw[];
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
     uint16_t *sQ = smem_raw + pad / 2;         // [BLOCK_M][64] swizzled

@@ -15,10 +15,14 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm_fused.h"
+#include "backend/cuda/gemm_skinny.h"
 #include "util/error.h"
 
 enum { GEMM_CACHE_SIZE = 512, GRAPH_CACHE_SIZE = 48, SEEN_KEYS = 64 };
 #define CUBLASLT_WORKSPACE_BYTES ((size_t)32 << 20)
+/* Device memory the backend holds whatever the model: cuBLASLt's workspace and the attention's
+ * work counter. */
+#define FIXED_EXTRA_BYTES (CUBLASLT_WORKSPACE_BYTES + NOPAD_ATTENTION_WORKSPACE_BYTES)
 
 /* One cached GEMM configuration: shape, epilogue and the algorithm the heuristic picked. */
 typedef struct gemm_plan {
@@ -105,7 +109,7 @@ static nopad_status reserve_scratch(cuda_state *s, size_t bytes) {
 static nopad_status cu_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n) {
     cuda_state *s = state_of(be);
     nopad_status st = reserve_scratch(s, n * sizeof(float));
-    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES + s->scratch_bytes;
+    be->extra_bytes = FIXED_EXTRA_BYTES + s->scratch_bytes;
     if (st != NOPAD_OK) return st;
     st = cuda_check(cudaMemcpyAsync(s->scratch, src, n * sizeof(float), cudaMemcpyHostToDevice, s->stream),
                     "upload");
@@ -118,7 +122,7 @@ static nopad_status cu_upload_f32(nopad_backend *be, void *dst, const float *src
 static nopad_status cu_download_f32(nopad_backend *be, float *dst, const void *src, size_t n) {
     cuda_state *s = state_of(be);
     nopad_status st = reserve_scratch(s, n * sizeof(float));
-    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES + s->scratch_bytes;
+    be->extra_bytes = FIXED_EXTRA_BYTES + s->scratch_bytes;
     if (st != NOPAD_OK) return st;
     st = cuda_convert_to_f32(be->dtype, s->scratch, src, n, s->stream);
     if (st == NOPAD_OK)
@@ -139,7 +143,7 @@ static void cu_release_staging(nopad_backend *be) {
     if (s->scratch) cudaFree(s->scratch);
     s->scratch = NULL;
     s->scratch_bytes = 0;
-    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES;
+    be->extra_bytes = FIXED_EXTRA_BYTES;
 }
 
 static nopad_status cu_synchronize(nopad_backend *be) {
@@ -335,6 +339,15 @@ static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const
                               nopad_activation act) {
     cuda_state *s = state_of(be);
     if (n_tokens == 0) return NOPAD_OK;
+    /* ---- a few tokens (gemm_skinny.h): one kernel with every epilogue, weights read by all SMs;
+     * shapes it does not take come back UNSUPPORTED and go on below */
+    if (n_tokens <= cuda_gemm_skinny_max_tokens() && cuda_gemm_skinny_supported(n_tokens, n_in, n_out)) {
+        nopad_status sst = cuda_gemm_skinny(
+            be->dtype, out, x, w, epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
+            epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,
+            epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, s->stream);
+        if (sst != NOPAD_ERR_UNSUPPORTED) return sst;
+    }
     /* ---- CUTLASS with the epilogue fused (gemm_fused.h): for the exact-erf GELU, which cuBLASLt
      * cannot fuse, and wherever NOPAD_GEMM=cutlass|auto picks it; shapes it does not take
      * (K or N not multiples of 8, ...) come back UNSUPPORTED and go on to cuBLASLt below. */
@@ -477,14 +490,17 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     if (st == NOPAD_OK) st = cuda_check(cudaMalloc(&s->lt_workspace, CUBLASLT_WORKSPACE_BYTES), "workspace");
     if (st == NOPAD_OK) st = cuda_check(cudaMalloc((void **)&s->pack_bad, sizeof(int32_t)), "flag");
     if (st == NOPAD_OK) st = cuda_check(cudaMalloc(&s->attention_ws, NOPAD_ATTENTION_WORKSPACE_BYTES), "workspace");
-    if (st == NOPAD_OK) st = cuda_check(cudaMemset(s->attention_ws, 0, NOPAD_ATTENTION_WORKSPACE_BYTES), "workspace");
+    /* zeroed on the backend's stream, which may not synchronise with the legacy default one */
+    if (st == NOPAD_OK)
+        st = cuda_check(cudaMemsetAsync(s->attention_ws, 0, NOPAD_ATTENTION_WORKSPACE_BYTES, s->stream), "workspace");
+    if (st == NOPAD_OK) st = cuda_check(cudaStreamSynchronize(s->stream), "workspace");
     if (st != NOPAD_OK) {
         cu_destroy(be);
         return st;
     }
     be->name = "cuda";
     be->dtype = dtype;
-    be->extra_bytes = CUBLASLT_WORKSPACE_BYTES;
+    be->extra_bytes = FIXED_EXTRA_BYTES;
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->upload_f32 = cu_upload_f32;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/ptx_helpers.cuh"
 extern "C" {
 #include "util/error.h"
 }
@@ -175,6 +176,7 @@ bias_residual_layernorm_kernel(T *__restrict__ x, const T *__restrict__ bias,
                                const T *__restrict__ residual, const T *__restrict__ w,
                                const T *__restrict__ b, float eps, int rows, int dim) {
     const int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    allow_dependent_launch(); /* the next GEMM may start streaming its weights */
     /* weights first: they do not depend on the GEMM this kernel follows */
     row_share<T, VEC, ITERS> wv, bv, biasv;
     wv.load(w, dim, lane);
@@ -222,6 +224,7 @@ embed_layernorm_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
                        const T *__restrict__ type, const T *__restrict__ w, const T *__restrict__ b,
                        float eps, int dim) {
     const int t = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    allow_dependent_launch();
     row_share<T, VEC, ITERS> wv, bv;
     wv.load(w, dim, lane);
     bv.load(b, dim, lane);

@@ -1,4 +1,5 @@
-/* Small PTX helpers shared by the attention kernels (attention_varlen.cu, attention_wgmma.cu). */
+/* Small PTX helpers shared by the attention kernels (attention_varlen.cu, attention_wgmma.cu,
+ * attention_fa3.cu) and the skinny GEMM (gemm_skinny.cu). */
 #ifndef NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 #define NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 
@@ -18,6 +19,75 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bo
 }
 static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
 static __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* c[4] += a[4] (16x16, row) * b (16x8, col), fp32 accumulate. */
+template <bool BF16>
+static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+/* one arrival that also announces `bytes` of transactions (the TMA copies) for the current phase */
+static __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/* spins until the phase with the given parity has completed */
+static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+/* 1-D bulk copy global -> shared of `bytes` (a multiple of 16; both addresses 16-byte aligned),
+ * completing as transactions on `bar` */
+static __device__ __forceinline__ void bulk_copy_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+/* Programmatic dependent launch (Hopper): lets the next kernel on the stream, when it was launched
+ * with programmatic stream serialisation, be scheduled before this grid ends, so its CTAs can
+ * start on what does not depend on this one (weights) while this grid finishes. Safe whatever the
+ * dependent does: it still reads this grid's results only after griddepcontrol.wait, which waits
+ * for this grid's completion and memory flush. A no-op for dependents launched without the
+ * attribute. */
+static __device__ __forceinline__ void allow_dependent_launch(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 /* Two floats rounded to one packed f16x2 / bf16x2 register. */
 template <bool BF16>
