@@ -1,5 +1,6 @@
-/* CUDA backend: the op table in fp16 or bf16 with fp32 accumulation. GEMMs go to cuBLASLt with
- * fused epilogues (the algorithm is chosen once per shape and cached); attention is the fused
+/* CUDA backend: the op table in fp16 or bf16 with fp32 accumulation. GEMMs of a few tokens go to
+ * the skinny GEMM (gemm_skinny.h), the rest to CUTLASS (gemm_fused.h) or cuBLASLt with fused
+ * epilogues (the algorithm is chosen once per shape and cached); attention is the fused
  * varlen kernel; the rest are the kernels of cuda_kernels.cu. Every op enqueues on the backend's
  * stream and returns: nothing synchronises inside a forward. */
 #ifdef NOPAD_HAVE_CUDA
