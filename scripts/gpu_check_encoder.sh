@@ -39,6 +39,7 @@ for f in ["config.json", "modules.json", "sentence_bert_config.json", "1_Pooling
 PY
     mkdir -p "$stage/build/tests"
     cp "$B/nopad" "$B/libnopad.so" "$stage/build/"
+    [ -x "$B/gemm_bench" ] && cp "$B/gemm_bench" "$stage/build/"
     cp "$B"/tests/test_cuda_* "$stage/build/tests/"
     cp -r "$B/deplibs" "$stage/build/"
     tar cJf "$ROOT/.gpu_carry/bundle.tar.xz" -C "$stage" .

@@ -1,8 +1,9 @@
 /* GEMM benchmark of the CUDA backend: for each BERT-base/large layer GEMM and token count, the
  * cuBLASLt path as cu_linear takes it without CUTLASS (for the exact GELU: cuBLASLt with a bias
  * epilogue, then the separate bias+GELU pass) against the CUTLASS kernel with the epilogue fused
- * (each tile configuration, and the one cuda_gemm_fused picks), and cu_linear under
- * NOPAD_GEMM=auto.
+ * (each tile configuration, and the one cuda_gemm_fused picks), cu_linear under
+ * NOPAD_GEMM=auto, and for T <= 256 the skinny GEMM (gemm_skinny.h; "auto" takes it up to
+ * NOPAD_SKINNY_MAX_TOKENS, the cuBLASLt variants never).
  *
  * Timing (time_variants): CUDA-graph replays of max(20, sets) back-to-back launches, the
  * variants taking turns; per launch, the median over R rounds (--reps, default 15). Random data
@@ -11,7 +12,9 @@
  * 60 MB L2, so small problems are not timed out of the cache. TFLOP/s = 2·T·K·N / time.
  *
  * Usage: gemm_bench [--json FILE] [--reps ROUNDS] [--dtype f16|bf16|both] [--quick] [--only TEXT]
- * (--only "base ffn_in+gelu 39798": the GEMMs whose "model gemm T" contains TEXT) */
+ *                   [--tokens T1,T2,...]
+ * (--only "base ffn_in+gelu 39798": the GEMMs whose "model gemm T" contains TEXT; --tokens: these
+ * token counts instead of the default list) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +26,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_fused.h"
+#include "backend/cuda/gemm_skinny.h"
 
 #define CHECK_CUDA(x)                                                                               \
     do {                                                                                            \
@@ -46,8 +50,9 @@ enum { POOL_ELEMS = 208 << 20, W_POOL_ELEMS = 64 << 20, MAX_SETS = 64, MAX_REPS 
 static const size_t WORKING_SET_BYTES = (size_t)256 << 20;
 
 typedef struct variant {
-    const char *path; /* "cublaslt", "cutlass", "auto"; for the GELU shape also "cublaslt-gemm" and
-                         "cutlass-gemm": the GEMM with the bias epilogue only (no GELU) */
+    const char *path; /* "cublaslt", "cutlass", "auto", "skinny"; for the GELU shape also
+                         "cublaslt-gemm" and "cutlass-gemm": the GEMM with the bias epilogue only
+                         (no GELU) */
     int config;       /* cutlass tile configuration, -1 = the picked one */
 } variant;
 
@@ -61,6 +66,7 @@ static nopad_backend *be;
 static cudaStream_t stream;
 static void *pool_x, *pool_w, *pool_y, *pool_r, *bias;
 static int reps = 15; /* rounds of graph replays */
+static int32_t skinny_default; /* cu_linear's skinny limit before the benchmark overrides it */
 
 /* One launch of a variant on buffer set `set`. */
 static void launch(const variant *v, nopad_dtype dtype, int set, int32_t T, int32_t K, int32_t N,
@@ -77,8 +83,14 @@ static void launch(const variant *v, nopad_dtype dtype, int set, int32_t T, int3
                                                                               : CUDA_GEMM_BIAS;
         CHECK_NOPAD(cuda_gemm_fused_config(dtype, y, x, w, op_ep == NOPAD_EPILOGUE_NONE ? NULL : bias, r, T, K,
                                            N, ep, v->config, stream));
+    } else if (strcmp(v->path, "skinny") == 0) {
+        CHECK_NOPAD(cuda_gemm_skinny(dtype, y, x, w, op_ep == NOPAD_EPILOGUE_NONE ? NULL : bias,
+                                     op_ep == NOPAD_EPILOGUE_BIAS_RESIDUAL ? r : NULL, T, K, N,
+                                     op_ep == NOPAD_EPILOGUE_BIAS_ACT ? (int)NOPAD_ACT_GELU : -1, stream));
     } else {
-        cuda_gemm_set_mode(strcmp(v->path, "auto") == 0 ? CUDA_GEMM_MODE_AUTO : CUDA_GEMM_MODE_CUBLASLT);
+        const int is_auto = strcmp(v->path, "auto") == 0;
+        cuda_gemm_set_mode(is_auto ? CUDA_GEMM_MODE_AUTO : CUDA_GEMM_MODE_CUBLASLT);
+        cuda_gemm_skinny_set_max_tokens(is_auto ? skinny_default : 0);
         if (strcmp(v->path, "cublaslt-gemm") == 0) op_ep = NOPAD_EPILOGUE_BIAS;
         CHECK_NOPAD(be->linear(be, y, x, w, bias, r, T, K, N, op_ep, NOPAD_ACT_GELU));
     }
@@ -154,6 +166,7 @@ int main(int argc, char **argv) {
     const char *json_path = NULL;
     int dtype_mask = 3, quick = 0;
     const char *only = NULL; /* run only the GEMMs whose "model gemm T" contains this */
+    const char *tokens_arg = NULL; /* "16,32": token counts to run instead of the default list */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -162,8 +175,10 @@ int main(int argc, char **argv) {
             dtype_mask = !strcmp(d, "f16") ? 1 : !strcmp(d, "bf16") ? 2 : 3;
         } else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_arg = argv[++i];
         else {
-            fprintf(stderr, "usage: gemm_bench [--json FILE] [--reps ROUNDS] [--dtype f16|bf16|both] [--quick] [--only TEXT]\n");
+            fprintf(stderr, "usage: gemm_bench [--json FILE] [--reps ROUNDS] [--dtype f16|bf16|both] [--quick] [--only TEXT] "
+                            "[--tokens T1,T2,...]\n");
             return 2;
         }
     }
@@ -193,8 +208,23 @@ int main(int argc, char **argv) {
                 prop.name, prop.multiProcessorCount, driver, runtime, date, reps, MIN_LAUNCHES_PER_GRAPH);
     int first_row = 1;
 
-    const int32_t Ts[] = {128, 1024, 4352, 39798};
-    const int n_T = quick ? 2 : 4;
+    int32_t Ts[16] = {16, 32, 128, 1024, 4352, 39798};
+    int n_T = quick ? 4 : 6;
+    if (tokens_arg) {
+        n_T = 0;
+        for (const char *c = tokens_arg; *c && n_T < 16;) {
+            char *end;
+            const long t = strtol(c, &end, 10);
+            if (end == c || t < 1 || t > 65536) {
+                fprintf(stderr, "gemm_bench: --tokens: expected a comma-separated list of counts in [1, 65536], got \"%s\"\n",
+                        tokens_arg);
+                return 2;
+            }
+            Ts[n_T++] = (int32_t)t;
+            c = *end == ',' ? end + 1 : end;
+        }
+    }
+    skinny_default = cuda_gemm_skinny_max_tokens();
     const struct { const char *name; int32_t H, I; } models[2] = {{"base", 768, 3072}, {"large", 1024, 4096}};
     const layer_gemm gemms[] = {
         {"qkv", 0, 3, NOPAD_EPILOGUE_BIAS},                /* [T,H]·[3H,H]ᵀ + b */
@@ -254,9 +284,12 @@ int main(int argc, char **argv) {
                     for (int c = 0; c < cuda_gemm_fused_n_configs() && nv < MAX_VARIANTS - 1; c++)
                         vs[nv++] = (variant){"cutlass", c};
                     vs[nv++] = (variant){"auto", -1};
+                    if (cuda_gemm_skinny_supported(T, K, N)) vs[nv++] = (variant){"skinny", -1};
                     const int picked = cuda_gemm_fused_pick(T, K, N, fep);
                     cuda_gemm_set_mode(CUDA_GEMM_MODE_AUTO);
                     const int auto_fused = cuda_gemm_use_fused(T, K, N, fep);
+                    cuda_gemm_skinny_set_max_tokens(skinny_default);
+                    const int auto_skinny = cuda_gemm_skinny_wins(T, K, N, op_ep == NOPAD_EPILOGUE_BIAS_ACT ? (int)NOPAD_ACT_GELU : -1);
                     const double flops = 2.0 * T * K * N;
                     double ms[MAX_VARIANTS];
                     time_variants(vs, nv, dtype, T, K, N, op_ep, sets, ms);
@@ -267,8 +300,12 @@ int main(int argc, char **argv) {
                             config = cuda_gemm_fused_config_name(vs[vi].config);
                             snprintf(label, sizeof label, "cutlass %s%s", config, vs[vi].config == picked ? "*" : "");
                         } else if (!strcmp(vs[vi].path, "auto")) {
-                            config = auto_fused ? cuda_gemm_fused_config_name(picked) : "cublaslt";
-                            snprintf(label, sizeof label, "auto -> %s", auto_fused ? "cutlass" : "cublaslt");
+                            config = auto_skinny ? "skinny" : auto_fused ? cuda_gemm_fused_config_name(picked) : "cublaslt";
+                            snprintf(label, sizeof label, "auto -> %s",
+                                     auto_skinny ? "skinny" : auto_fused ? "cutlass" : "cublaslt");
+                        } else if (!strcmp(vs[vi].path, "skinny")) {
+                            config = "skinny";
+                            snprintf(label, sizeof label, "skinny (one kernel)");
                         } else if (!strcmp(vs[vi].path, "cublaslt-gemm"))
                             snprintf(label, sizeof label, "(cublaslt gemm+bias alone)");
                         else if (!strcmp(vs[vi].path, "cutlass-gemm"))

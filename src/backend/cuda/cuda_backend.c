@@ -342,7 +342,7 @@ static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const
     if (n_tokens == 0) return NOPAD_OK;
     /* ---- a few tokens (gemm_skinny.h): one kernel with every epilogue, weights read by all SMs;
      * shapes it does not take come back UNSUPPORTED and go on below */
-    if (n_tokens <= cuda_gemm_skinny_max_tokens() && cuda_gemm_skinny_supported(n_tokens, n_in, n_out)) {
+    if (cuda_gemm_skinny_wins(n_tokens, n_in, n_out, epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1)) {
         nopad_status sst = cuda_gemm_skinny(
             be->dtype, out, x, w, epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
             epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,

@@ -326,8 +326,10 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
     return NOPAD_OK;
 }
 
+static int32_t max_tokens_value = -1; /* -1: NOPAD_SKINNY_MAX_TOKENS not read yet */
+
 extern "C" int32_t cuda_gemm_skinny_max_tokens(void) {
-    static int32_t value = -1;
+    int32_t &value = max_tokens_value;
     if (value < 0) {
         const char *env = getenv("NOPAD_SKINNY_MAX_TOKENS");
         /* default 32: measured on an H200 (BERT-base forward, CUDA graphs, A/B in one run,
@@ -337,4 +339,15 @@ extern "C" int32_t cuda_gemm_skinny_max_tokens(void) {
         value = (int32_t)(v < 0 ? 0 : v > CUDA_SKINNY_MAX_T ? CUDA_SKINNY_MAX_T : v);
     }
     return value;
+}
+
+extern "C" void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens) {
+    max_tokens_value = max_tokens < 0 ? 0 : max_tokens > CUDA_SKINNY_MAX_T ? CUDA_SKINNY_MAX_T : max_tokens;
+}
+
+extern "C" int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out, int act) {
+    static int only_wins = -1;
+    if (only_wins < 0) only_wins = getenv("NOPAD_SKINNY_ONLY_WINS") && getenv("NOPAD_SKINNY_ONLY_WINS")[0] == '1';
+    if (n_tokens > cuda_gemm_skinny_max_tokens() || !cuda_gemm_skinny_supported(n_tokens, n_in, n_out)) return 0;
+    return !only_wins || n_in >= 2 * n_out || (act == NOPAD_ACT_GELU && n_tokens <= 16);
 }

@@ -39,6 +39,19 @@ nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void *x, const v
  * 64: the kernel takes 7-10 us where the library GEMM takes 5-6, and only wins by replacing the
  * split-K reduction and GELU kernels; gemm_skinny.cu). */
 int32_t cuda_gemm_skinny_max_tokens(void);
+/* Overrides it (0: off), for the benchmark and the tests. */
+void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens);
+
+/* Whether the backend's linear op takes the skinny GEMM for this shape and activation (act < 0:
+ * none): every supported shape within cuda_gemm_skinny_max_tokens(). Alone, graph-replayed, the
+ * skinny GEMM beats the library path only at K >= 2·N (FFN out: 1.34x at 16 tokens, 1.09x at
+ * 32) and for the exact GELU at 16 tokens (1.17x), and loses elsewhere (qkv 0.95x / 0.77x;
+ * bench/results/gemm_2026-11-21_H200_skinny.log); but in the forward, where consecutive skinny
+ * kernels fetch their weights while the kernel before them finishes, taking it for every GEMM
+ * measured faster than taking it only where it won alone (26 tokens: 0.347 against 0.366 ms;
+ * bench/results/enc_2026-11-21_H200_ab_skinny.log). NOPAD_SKINNY_ONLY_WINS=1 takes it only
+ * where it won alone (for A/B runs). */
+int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out, int act);
 
 #ifdef __cplusplus
 }
