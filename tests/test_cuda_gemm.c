@@ -348,7 +348,8 @@ static void test_skinny_shapes(void **state) {
 }
 
 /* Every epilogue and activation, a residual that is y itself, K with a zero-filled slice tail
- * (200: not a multiple of 16), a single K slice (K = 64) and a tiny N. */
+ * (200 and 776: not multiples of 16), one K slice (K = 8: half of it zeros), slices of 16
+ * (K = 64 on one 64-feature tile: four of them), eight slices (K = 3072), several token tiles. */
 static void test_skinny_epilogues(void **state) {
     const int32_t cases[][3] = {{26, 200, 192}, {1, 64, 64}, {100, 8, 128}, {64, 3072, 768}, {200, 776, 320}};
     uint64_t rng = 0x65706973ULL;
