@@ -297,12 +297,18 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
     choose_slice(n_tokens, n_in, n_out, &p.ks, &splits);
 
     void (*kernel)(params) = dtype == NOPAD_DTYPE_BF16 ? skinny_gemm_kernel<true> : skinny_gemm_kernel<false>;
-    static int attr_set[2];
+    /* the shared-memory limit is a per-device attribute of the kernel: set once per device */
+    static int attr_set[64][2];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "skinny gemm: no current device below 64");
+    }
     const int di = dtype == NOPAD_DTYPE_BF16;
-    if (!attr_set[di]) {
+    if (!attr_set[dev][di]) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MAX_SMEM) != cudaSuccess)
             return nopad_set_error(NOPAD_ERR_BACKEND, "skinny gemm: %s", cudaGetErrorString(cudaGetLastError()));
-        attr_set[di] = 1;
+        attr_set[dev][di] = 1;
     }
     static int pdl = -1; /* NOPAD_PDL=0 turns programmatic launches off (A/B timing) */
     if (pdl < 0) pdl = !(getenv("NOPAD_PDL") && getenv("NOPAD_PDL")[0] == '0');
