@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "backend/cuda/activation.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/ptx_helpers.cuh"
 extern "C" {
@@ -84,7 +85,7 @@ __device__ __forceinline__ void wait_for_upstream_grid() {
 #endif
 }
 
-static int pdl_enabled(void) {
+extern "C" int cuda_pdl_enabled(void) {
     static int enabled = -1;
     if (enabled < 0) {
         const char *env = getenv("NOPAD_PDL");
@@ -105,7 +106,7 @@ static void launch_row_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, 
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cfg.attrs = &attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = cuda_pdl_enabled() ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, ((Params)args)...);
 }
 
@@ -305,13 +306,6 @@ static nopad_status bias_residual_layernorm_t(void *x, const void *bias, const v
 
 /* ---- bias + activation ---------------------------------------------------------------------- */
 
-__device__ __forceinline__ float activate(float x, int act) {
-    if (act == NOPAD_ACT_GELU) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    if (act == NOPAD_ACT_GELU_TANH)
-        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    return x > 0.0f ? x : 0.0f;
-}
-
 template <typename T, int VEC>
 __global__ void bias_activation_kernel(T *__restrict__ x, const T *__restrict__ bias, size_t n,
                                        int dim, int act) {
@@ -322,7 +316,7 @@ __global__ void bias_activation_kernel(T *__restrict__ x, const T *__restrict__ 
         load_vec<T, VEC>(v, x + i);
         if (bias) load_vec<T, VEC>(bv, bias + i % dim);
 #pragma unroll
-        for (int j = 0; j < VEC; j++) v[j] = activate(v[j] + (bias ? bv[j] : 0.0f), act);
+        for (int j = 0; j < VEC; j++) v[j] = apply_activation(v[j] + (bias ? bv[j] : 0.0f), act);
         store_vec<T, VEC>(x + i, v);
     }
 }

@@ -29,6 +29,10 @@ nopad_status cuda_bias_residual_layernorm(nopad_dtype dtype, void *x, const void
                                           const void *ln_bias, float eps, int32_t n_tokens,
                                           int32_t dim, void *stream);
 
+/* Whether kernels are launched with programmatic stream serialisation (programmatic dependent
+ * launch): 1 unless NOPAD_PDL=0 (for A/B timing), read once. */
+int cuda_pdl_enabled(void);
+
 /* x[rows, dim] = act(x + bias) in place (for epilogues cuBLASLt lacks, e.g. exact erf GELU). */
 nopad_status cuda_bias_activation(nopad_dtype dtype, void *x, const void *bias, int32_t rows,
                                   int32_t dim, nopad_activation act, void *stream);

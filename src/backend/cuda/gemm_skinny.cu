@@ -32,6 +32,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "backend/cuda/activation.cuh"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm_skinny.h"
 #include "backend/cuda/ptx_helpers.cuh"
 extern "C" {
@@ -67,16 +69,6 @@ size_t smem_bytes(int ks, int rows) {
     return tiles > STAGE_BYTES ? tiles : STAGE_BYTES;
 }
 
-__device__ __forceinline__ float activate(float v, int act) {
-    switch (act) {
-    case NOPAD_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    case NOPAD_ACT_GELU_TANH:
-        return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    case NOPAD_ACT_RELU: return v > 0.0f ? v : 0.0f;
-    default: return v;
-    }
-}
-
 template <bool BF16> struct elem;
 template <> struct elem<false> {
     using T = __half;
@@ -108,7 +100,7 @@ __device__ __forceinline__ void epilogue_store(const params &p, float v[4], int 
     }
     if (p.act >= 0) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = activate(v[j], p.act);
+        for (int j = 0; j < 4; j++) v[j] = apply_activation(v[j], p.act);
     }
     const size_t i = (size_t)t * p.N + n;
     if (p.residual) {
@@ -310,8 +302,7 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
             return nopad_set_error(NOPAD_ERR_BACKEND, "skinny gemm: %s", cudaGetErrorString(cudaGetLastError()));
         attr_set[dev][di] = 1;
     }
-    static int pdl = -1; /* NOPAD_PDL=0 turns programmatic launches off (A/B timing) */
-    if (pdl < 0) pdl = !(getenv("NOPAD_PDL") && getenv("NOPAD_PDL")[0] == '0');
+    const int pdl = cuda_pdl_enabled();
     cudaLaunchAttribute attrs[2];
     attrs[0].id = cudaLaunchAttributeClusterDimension;
     attrs[0].val.clusterDim.x = 1;
