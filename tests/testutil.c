@@ -1,5 +1,7 @@
+#define _XOPEN_SOURCE 700 /* nftw, mkdtemp */
 #include "testutil.h"
 
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,13 +46,35 @@ char *test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* Remove one entry of the temporary tree (nftw callback, children first). */
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static char temp_root_path[256];
+
+static void remove_temp_root(void) {
+    if (temp_root_path[0]) nftw(temp_root_path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A fresh directory per test process, made by mkdtemp and removed at exit.
+ * Why not /tmp/nopad-test-<pid>: in containers pids repeat from run to run,
+ * and a directory left by an earlier run (killed, or another user's) made
+ * mkdir of the test folders fail with EEXIST. */
 static const char *temp_root(void) {
-    static char root[256];
-    if (!root[0]) {
-        snprintf(root, sizeof root, "/tmp/nopad-test-%d", (int)getpid());
-        mkdir(root, 0700);
+    if (!temp_root_path[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(temp_root_path, sizeof temp_root_path, "%s/nopad-test-XXXXXX",
+                 tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(temp_root_path)) {
+            fprintf(stderr, "testutil: mkdtemp(%s) failed\n", temp_root_path);
+            abort();
+        }
+        atexit(remove_temp_root);
     }
-    return root;
+    return temp_root_path;
 }
 
 const char *test_write_temp(int slot, const char *suffix, const void *data, size_t len) {
