@@ -1,12 +1,15 @@
 /* The encoder against Hugging Face: tiny random-init models of every family (fixtures made by
  * scripts/make_golden_fixtures.py), packed vs one-by-one, padded vs packed, pooling modes.
  * Bound: row-relative error <= 1e-4 against HF fp32 (both sides fp32; differences come from
- * summation order in GEMMs, softmax and LayerNorm, typically ~1e-6). */
+ * summation order in GEMMs, softmax and LayerNorm, typically ~1e-6). The encoder's loop with
+ * the LayerNorms fused into the following linear layers (layernorm_linear) against the loop with
+ * LayerNorm ops, on the CPU backend. */
 #include <math.h>
 #include <stdio.h>
 #include <unistd.h>
 
 #include "golden.h"
+#include "io/hf_config.h"
 #include "model/encoder.h"
 
 static const char *const MODELS[] = {"bert_a",       "bert_b",       "roberta_a", "xlmr_b",
@@ -229,6 +232,82 @@ static void test_pooling_modes_match_hidden(void **state) {
     nopad_model_free(m);
 }
 
+/* The CPU backend's layernorm_linear, counting its calls. */
+static int layernorm_linear_calls;
+static nopad_status (*cpu_layernorm_linear_op)(nopad_backend *, void *, void *, const void *, const void *,
+                                                const void *, float, const void *, const void *, const void *,
+                                                int32_t, int32_t, int32_t, nopad_epilogue, nopad_activation);
+static nopad_status counting_layernorm_linear(nopad_backend *be, void *out, void *xn, const void *x,
+                                              const void *ln_weight, const void *ln_bias, float eps,
+                                              const void *w, const void *bias, const void *residual,
+                                              int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                              nopad_epilogue epilogue, nopad_activation act) {
+    layernorm_linear_calls++;
+    return cpu_layernorm_linear_op(be, out, xn, x, ln_weight, ln_bias, eps, w, bias, residual, n_tokens,
+                                   n_in, n_out, epilogue, act);
+}
+
+/* The encoder's two loops (encoder_layers): with every LayerNorm after the first layer's input
+ * fused into the linear layer that reads it (2 · layers - 1 of them: the last LayerNorm has no
+ * linear layer after it), and with LayerNorm ops. Same arithmetic in fp32 up to where bias and
+ * residual are added, so the outputs agree to 1e-5 row-relative, and both match HF; on every
+ * family (ALBERT's shared layers, DistilBERT's names). The CUDA backend's kernel for the fused op
+ * is tested in test_cuda_gemm. */
+static void test_fused_layernorm_loop(void **state) {
+    for (int i = 0; i < N_MODELS; i++) {
+        char rel[256], path[512];
+        snprintf(rel, sizeof rel, "models/%s", MODELS[i]);
+        snprintf(path, sizeof path, "%s/config.json", test_data_path(rel));
+        size_t len;
+        char *json = test_read_file(path, &len);
+        assert_non_null(json);
+        encoder_config cfg;
+        assert_nopad_ok(hf_config_parse(json, len, path, &cfg));
+        free(json);
+        nopad_backend *be;
+        assert_nopad_ok(nopad_backend_cpu_create(0, &be));
+        safetensors_checkpoint ckpt;
+        assert_nopad_ok(safetensors_checkpoint_open(test_data_path(rel), &ckpt));
+        encoder_weights w;
+        assert_nopad_ok(encoder_weights_load(be, &cfg, &ckpt, rel, &w));
+        safetensors_checkpoint_close(&ckpt);
+        golden g;
+        golden_load(MODELS[i], &g);
+        encoder_workspace ws = {0};
+        assert_nopad_ok(encoder_workspace_reserve(be, &cfg, &ws, g.n_tokens, g.n_seqs));
+        assert_nopad_ok(be->upload_i32(be, ws.tokens, g.ids, (size_t)g.n_tokens));
+        assert_nopad_ok(be->upload_i32(be, ws.types, g.types, (size_t)g.n_tokens));
+        assert_nopad_ok(be->upload_i32(be, ws.cu_seqlens, g.cu, (size_t)g.n_seqs + 1));
+        int32_t longest = 0;
+        for (int s = 0; s < g.n_seqs; s++)
+            if (g.cu[s + 1] - g.cu[s] > longest) longest = g.cu[s + 1] - g.cu[s];
+        const nopad_seqs seqs = {g.n_seqs, g.n_tokens, longest, ws.cu_seqlens};
+        const size_t n = (size_t)g.n_tokens * cfg.hidden_size;
+        float *out[2];
+        for (int fused = 1; fused >= 0; fused--) {
+            cpu_layernorm_linear_op = be->layernorm_linear;
+            be->layernorm_linear = fused ? counting_layernorm_linear : NULL;
+            layernorm_linear_calls = 0;
+            assert_nopad_ok(encoder_forward(be, &cfg, &w, &ws, &seqs, ws.tokens,
+                                            cfg.type_vocab_size > 0 ? ws.types : NULL, ws.hidden));
+            be->layernorm_linear = cpu_layernorm_linear_op;
+            assert_int_equal(layernorm_linear_calls, fused ? 2 * w.n_steps - 1 : 0);
+            out[fused] = malloc(n * sizeof(float));
+            assert_nopad_ok(be->download_f32(be, out[fused], ws.hidden, n));
+        }
+        const double between = test_max_row_rel_error(out[1], out[0], g.n_tokens, cfg.hidden_size);
+        const double vs_hf = test_max_row_rel_error(out[1], g.hidden, g.n_tokens, cfg.hidden_size);
+        printf("  %-13s fused vs LayerNorm ops %.2e, fused vs HF %.2e\n", MODELS[i], between, vs_hf);
+        if (!(between <= 1e-5)) fail_msg("%s: fused loop vs LayerNorm ops %.3e > 1e-5", MODELS[i], between);
+        if (!(vs_hf <= GOLDEN_BOUND)) fail_msg("%s: fused loop vs HF %.3e", MODELS[i], vs_hf);
+        free(out[0]), free(out[1]);
+        golden_free(&g);
+        encoder_workspace_free(be, &ws);
+        encoder_weights_free(be, &w);
+        be->destroy(be);
+    }
+}
+
 /* The graph buckets (encoder_token_bucket): never below T, slack under max(16, T/16), multiples
  * of 16, the same bucket for every T between two buckets, and few of them up to the default limit. */
 static void test_token_buckets(void **state) {
@@ -258,6 +337,7 @@ int main(void) {
         cmocka_unit_test(test_sentence_transformers_pooling),
         cmocka_unit_test(test_pooling_modes_match_hidden),
         cmocka_unit_test(test_token_buckets),
+        cmocka_unit_test(test_fused_layernorm_loop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,11 +108,27 @@ struct nopad_backend {
                            const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
                            int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
 
-    /* x[T, dim] = LayerNorm(x + bias + residual) in place; bias [dim] or NULL. One pass. */
+    /* x[T, dim] = LayerNorm(x + bias + residual) in place; bias [dim] or NULL, residual [T, dim]
+     * or NULL. One pass. */
     nopad_status (*bias_residual_layernorm)(nopad_backend *be, void *x, const void *bias,
                                             const void *residual, const void *ln_weight,
                                             const void *ln_bias, float eps, int32_t n_tokens,
                                             int32_t dim);
+
+    /* A LayerNorm fused into the linear layer that consumes it (optional: NULL where a backend
+     * has none). xn[T, n_in] = LayerNorm(x[T, n_in]) (ln_weight, ln_bias [n_in], eps) is stored
+     * — the model still needs it as the next residual — and out[T, n_out] = epilogue(xn · wᵀ) as
+     * `linear` computes it from the stored xn. xn must not overlap x, out or residual.
+     * layernorm_linear_takes says beforehand whether a shape is taken (the model then writes the
+     * un-normalised sum for this op instead of running bias_residual_layernorm); the op returns
+     * NOPAD_ERR_UNSUPPORTED for shapes it does not take. */
+    nopad_status (*layernorm_linear)(nopad_backend *be, void *out, void *xn, const void *x,
+                                     const void *ln_weight, const void *ln_bias, float eps,
+                                     const void *w, const void *bias, const void *residual,
+                                     int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                     nopad_epilogue epilogue, nopad_activation act);
+    int (*layernorm_linear_takes)(nopad_backend *be, int32_t n_tokens, int32_t n_in,
+                                  int32_t n_out);
 
     /* Variable-length multi-head attention on packed QKV.
      * qkv [T, 3, n_heads, head_size] (the fused QKV projection's output: Q | K | V blocks of

@@ -56,8 +56,8 @@ typedef struct encoder_workspace {
     void *hidden;      // [T, H] the residual stream; the output of the last layer
     void *embed;       // [T, E] ALBERT only
     void *qkv;         // [T, 3H]
-    void *context;     // [T, H]
-    void *attn;        // [T, H]
+    void *context;     // [T, H] attention output; x1 = LN(s1) where LayerNorms are fused
+    void *attn;        // [T, H] x1; or the sums s1, s2 before a fused LayerNorm (encoder.c)
     void *ffn;         // [T, I]
     void *pooled;      // [B, H]
     int32_t *tokens;   // [T]

@@ -396,6 +396,42 @@ static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const
     return st;
 }
 
+/* A LayerNorm in front of a linear layer: one skinny kernel for a few tokens (gemm_skinny.h).
+ * The model asks layernorm_linear_takes first and otherwise runs the LayerNorm kernels itself;
+ * a call the skinny kernel refuses anyway still gets the right answer, in three kernels. */
+static nopad_status cu_layernorm_linear(nopad_backend *be, void *out, void *xn, const void *x,
+                                        const void *ln_weight, const void *ln_bias, float eps,
+                                        const void *w, const void *bias, const void *residual,
+                                        int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                        nopad_epilogue epilogue, nopad_activation act) {
+    cuda_state *s = state_of(be);
+    if (n_tokens == 0) return NOPAD_OK;
+    if (cuda_gemm_skinny_layernorm_takes(n_tokens, n_in, n_out)) {
+        nopad_status st = cuda_gemm_skinny_layernorm(
+            be->dtype, out, xn, x, ln_weight, ln_bias, eps, w,
+            epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
+            epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,
+            epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, s->stream);
+        if (st != NOPAD_ERR_UNSUPPORTED) return st;
+    }
+    /* anything else (more tokens, unaligned caller buffers): xn = x, the LayerNorm kernel in
+     * place, then the linear op; the same results in two more kernels */
+    const size_t bytes = (size_t)n_tokens * (size_t)n_in * 2 /* fp16 or bf16 */;
+    if (cudaMemcpyAsync(xn, x, bytes, cudaMemcpyDeviceToDevice, s->stream) != cudaSuccess)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda layernorm_linear: copy: %s",
+                               cudaGetErrorString(cudaGetLastError()));
+    nopad_status st = cuda_bias_residual_layernorm(be->dtype, xn, NULL, NULL, ln_weight, ln_bias,
+                                                   eps, n_tokens, n_in, s->stream);
+    if (st != NOPAD_OK) return st;
+    return cu_linear(be, out, xn, w, bias, residual, n_tokens, n_in, n_out, epilogue, act);
+}
+
+static int cu_layernorm_linear_takes(nopad_backend *be, int32_t n_tokens, int32_t n_in,
+                                     int32_t n_out) {
+    (void)be;
+    return cuda_gemm_skinny_layernorm_takes(n_tokens, n_in, n_out);
+}
+
 /* ---- the other ops ------------------------------------------------------------------------- */
 
 static nopad_status cu_embed_layernorm(nopad_backend *be, void *out, const int32_t *tokens,
@@ -517,6 +553,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->embed_layernorm = cu_embed_layernorm;
     be->linear = cu_linear;
     be->bias_residual_layernorm = cu_bias_residual_layernorm;
+    be->layernorm_linear = cu_layernorm_linear;
+    be->layernorm_linear_takes = cu_layernorm_linear_takes;
     be->attention_varlen = cu_attention_varlen;
     be->pool = cu_pool;
     be->l2_normalize = cu_l2_normalize;

@@ -186,7 +186,7 @@ bias_residual_layernorm_kernel(T *__restrict__ x, const T *__restrict__ bias,
     wait_for_upstream_grid();
     if (row >= rows) return;
     T *xr = x + (size_t)row * dim;
-    const T *rr = residual + (size_t)row * dim;
+    const T *rr = residual ? residual + (size_t)row * dim : nullptr; /* NULL: no residual */
     float v[ITERS * VEC];
 #pragma unroll
     for (int it = 0; it < ITERS; it++) {
@@ -194,7 +194,12 @@ bias_residual_layernorm_kernel(T *__restrict__ x, const T *__restrict__ bias,
         float xv[VEC], rv[VEC];
         if (e0 < dim) {
             load_vec<T, VEC>(xv, xr + e0);
-            load_vec<T, VEC>(rv, rr + e0);
+            if (rr) {
+                load_vec<T, VEC>(rv, rr + e0);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VEC; j++) rv[j] = 0.0f;
+            }
         }
 #pragma unroll
         for (int j = 0; j < VEC; j++)

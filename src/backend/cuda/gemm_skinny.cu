@@ -60,6 +60,10 @@ struct params {
     void *y;
     const void *x, *w, *bias, *residual;
     int T, K, N, ks, act;
+    /* the LayerNorm variant (gemm_skinny.h): gamma, beta [K]; xn [T, K] receives LN(x) */
+    const void *ln_w, *ln_b;
+    void *xn;
+    float eps;
 };
 
 /* Shared memory for a slice of ks and up to `rows` tokens: the w and x tiles, which the staged
@@ -89,6 +93,100 @@ __device__ __forceinline__ void load4(float v[4], const void *base, size_t i) {
     for (int j = 0; j < 4; j++) v[j] = elem<BF16>::f(e[j]);
 }
 
+/* Eight consecutive elements (16 bytes) as floats, and back. */
+template <bool BF16>
+__device__ __forceinline__ void load8(float v[8], const void *src) {
+    using T = typename elem<BF16>::T;
+    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+    const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = elem<BF16>::f(e[j]);
+}
+template <bool BF16>
+__device__ __forceinline__ uint4 pack8(const float v[8]) {
+    return make_uint4(pack2<BF16>(v[0], v[1]), pack2<BF16>(v[2], v[3]), pack2<BF16>(v[4], v[5]),
+                      pack2<BF16>(v[6], v[7]));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The LayerNorm variant: the token tile sx[rows][k_valid] (this CTA's slice of K of each row) is
+ * replaced by its LayerNorm, rounded to the dtype as the LayerNorm kernel would store it; the
+ * CTAs of feature tile 0 also store it to xn. Each CTA computes, per row, its slice's mean and sum
+ * of squared deviations (two passes over shared memory, no cancellation); after a cluster barrier
+ * each merges the cluster's slices in slice order (Chan, Golub and LeVeque's pairwise update:
+ * M2 = sum M2_s + n_s (mean_s - mean)^2), so every CTA normalises with the whole row's statistics
+ * and the same bits on every run. The cluster holds every slice of K, hence the whole row. */
+template <bool BF16>
+__device__ void layernorm_tile(const params &p, typename elem<BF16>::T *sx, int ld, int k0, int k_valid,
+                               int rows, int t0, cg::cluster_group &cluster, float2 *slice_stats,
+                               float2 *row_stats) {
+    using T = typename elem<BF16>::T;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, chunks = k_valid / 8;
+    for (int r = warp; r < rows; r += THREADS / 32) {
+        const T *row = sx + r * ld;
+        float sum = 0.0f;
+        for (int c = lane; c < chunks; c += 32) {
+            float v[8];
+            load8<BF16>(v, row + 8 * c);
+#pragma unroll
+            for (int j = 0; j < 8; j++) sum += v[j];
+        }
+        const float mean = warp_sum(sum) / (float)k_valid;
+        float m2 = 0.0f;
+        for (int c = lane; c < chunks; c += 32) {
+            float v[8];
+            load8<BF16>(v, row + 8 * c);
+#pragma unroll
+            for (int j = 0; j < 8; j++) m2 += (v[j] - mean) * (v[j] - mean);
+        }
+        m2 = warp_sum(m2);
+        if (lane == 0) slice_stats[r] = make_float2(mean, m2);
+    }
+    cluster.sync(); /* every slice's statistics are in place */
+    const int splits = (int)cluster.num_blocks();
+    if (tid < rows) {
+        float2 part[MAX_SPLITS];
+#pragma unroll
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < splits) part[s] = *cluster.map_shared_rank(slice_stats + tid, s);
+        float mean = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < splits) mean += (float)min(p.ks, p.K - s * p.ks) * part[s].x;
+        mean /= (float)p.K;
+        float m2 = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < splits) {
+                const float d = part[s].x - mean;
+                m2 += part[s].y + (float)min(p.ks, p.K - s * p.ks) * d * d;
+            }
+        row_stats[tid] = make_float2(mean, rsqrtf(m2 / (float)p.K + p.eps));
+    }
+    __syncthreads();
+    T *xn = static_cast<T *>(p.xn);
+    const bool store = blockIdx.x == 0;
+    for (int i = tid; i < rows * chunks; i += THREADS) {
+        const int r = i / chunks, c = (i % chunks) * 8;
+        float v[8], g[8], b[8];
+        load8<BF16>(v, sx + r * ld + c);
+        load8<BF16>(g, static_cast<const T *>(p.ln_w) + k0 + c);
+        load8<BF16>(b, static_cast<const T *>(p.ln_b) + k0 + c);
+        const float2 st = row_stats[r];
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = (v[j] - st.x) * st.y * g[j] + b[j];
+        const uint4 out = pack8<BF16>(v);
+        *reinterpret_cast<uint4 *>(sx + r * ld + c) = out;
+        if (store) *reinterpret_cast<uint4 *>(xn + (size_t)(t0 + r) * p.K + k0 + c) = out;
+    }
+    __syncthreads(); /* the MMAs read the normalised tile */
+}
+
 /* y[t][n .. n+4) = act(v + bias) + residual, rounded once. */
 template <bool BF16>
 __device__ __forceinline__ void epilogue_store(const params &p, float v[4], int t, int n) {
@@ -115,7 +213,7 @@ __device__ __forceinline__ void epilogue_store(const params &p, float v[4], int 
     *reinterpret_cast<uint2 *>(static_cast<typename elem<BF16>::T *>(p.y) + i) = out;
 }
 
-template <bool BF16>
+template <bool BF16, bool LN>
 __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     using T = typename elem<BF16>::T;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -124,6 +222,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     T *sx = sw + TILE_N * ld;            /* [16·groups tokens][ld] */
     float *stage = reinterpret_cast<float *>(smem); /* [64 tokens][STAGE_LD], after the MMAs */
     __shared__ uint64_t loaded; /* completes when both tiles have landed */
+    __shared__ float2 slice_stats[LN ? TILE_T : 1], row_stats[LN ? TILE_T : 1]; /* LN variant */
     cg::cluster_group cluster = cg::this_cluster();
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -165,6 +264,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
         bulk_copy_g2s(sx + (tid - TILE_N) * ld, static_cast<const T *>(p.x) + (size_t)(t0 + tid - TILE_N) * p.K + k0,
                       row_bytes, &loaded);
     mbar_wait(&loaded, 0);
+    if constexpr (LN) layernorm_tile<BF16>(p, sx, ld, k0, k_valid, rows, t0, cluster, slice_stats, row_stats);
 
     /* acc[j]: features (g, g + 8) of the warp's 16 x tokens 8j + 2q + (0, 1) of its 32,
      * g = lane / 4, q = lane % 4 */
@@ -268,39 +368,39 @@ extern "C" int cuda_gemm_skinny_supported(int32_t n_tokens, int32_t n_in, int32_
            choose_slice(n_tokens, n_in, n_out, &ks, &splits);
 }
 
-extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void *x, const void *w,
-                                         const void *bias, const void *residual, int32_t n_tokens,
-                                         int32_t n_in, int32_t n_out, int act, void *stream) {
+/* Checks what both variants need and launches one. p.ks is chosen here. */
+static nopad_status skinny_launch(nopad_dtype dtype, params p, bool layernorm, void *stream) {
+    const char *what = layernorm ? "skinny layernorm gemm" : "skinny gemm";
     if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "skinny gemm: dtype must be F16 or BF16");
-    if (!y || !x || !w)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "skinny gemm: NULL y, x or w");
-    if (!cuda_gemm_skinny_supported(n_tokens, n_in, n_out))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: dtype must be F16 or BF16", what);
+    if (!p.y || !p.x || !p.w)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: NULL y, x or w", what);
+    if (!cuda_gemm_skinny_supported(p.T, p.K, p.N))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "skinny gemm: T %d K %d N %d (needs 1 <= T <= %d, K %% 8 == 0 and <= 4096, N %% 64 == 0)",
-                               n_tokens, n_in, n_out, (int)CUDA_SKINNY_MAX_T);
-    if ((((uintptr_t)y | (uintptr_t)x | (uintptr_t)w | (uintptr_t)residual) & 15u) || ((uintptr_t)bias & 7u))
+                               "%s: T %d K %d N %d (needs 1 <= T <= %d, K %% 8 == 0 and <= 4096, N %% 64 == 0)",
+                               what, p.T, p.K, p.N, (int)CUDA_SKINNY_MAX_T);
+    if ((((uintptr_t)p.y | (uintptr_t)p.x | (uintptr_t)p.w | (uintptr_t)p.residual) & 15u) ||
+        ((uintptr_t)p.bias & 7u))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "skinny gemm: x, w, y and residual must be 16-byte aligned, bias 8-byte aligned");
-    params p;
-    p.y = y, p.x = x, p.w = w, p.bias = bias, p.residual = residual;
-    p.T = n_tokens, p.K = n_in, p.N = n_out, p.act = act;
+                               "%s: x, w, y and residual must be 16-byte aligned, bias 8-byte aligned", what);
     int splits = 1;
-    choose_slice(n_tokens, n_in, n_out, &p.ks, &splits);
+    choose_slice(p.T, p.K, p.N, &p.ks, &splits);
 
-    void (*kernel)(params) = dtype == NOPAD_DTYPE_BF16 ? skinny_gemm_kernel<true> : skinny_gemm_kernel<false>;
+    void (*kernel)(params) = dtype == NOPAD_DTYPE_BF16
+                                 ? (layernorm ? skinny_gemm_kernel<true, true> : skinny_gemm_kernel<true, false>)
+                                 : (layernorm ? skinny_gemm_kernel<false, true> : skinny_gemm_kernel<false, false>);
     /* the shared-memory limit is a per-device attribute of the kernel: set once per device */
-    static int attr_set[64][2];
+    static int attr_set[64][4];
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
         cudaGetLastError();
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "skinny gemm: no current device below 64");
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: no current device below 64", what);
     }
-    const int di = dtype == NOPAD_DTYPE_BF16;
-    if (!attr_set[dev][di]) {
+    const int variant = (dtype == NOPAD_DTYPE_BF16) * 2 + layernorm;
+    if (!attr_set[dev][variant]) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MAX_SMEM) != cudaSuccess)
-            return nopad_set_error(NOPAD_ERR_BACKEND, "skinny gemm: %s", cudaGetErrorString(cudaGetLastError()));
-        attr_set[dev][di] = 1;
+            return nopad_set_error(NOPAD_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
+        attr_set[dev][variant] = 1;
     }
     const int pdl = cuda_pdl_enabled();
     cudaLaunchAttribute attrs[2];
@@ -311,18 +411,60 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[1].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(n_out / TILE_N, splits, (n_tokens + TILE_T - 1) / TILE_T);
+    cfg.gridDim = dim3(p.N / TILE_N, splits, (p.T + TILE_T - 1) / TILE_T);
     cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = smem_bytes(p.ks, n_tokens < TILE_T ? n_tokens : TILE_T);
+    cfg.dynamicSmemBytes = smem_bytes(p.ks, p.T < TILE_T ? p.T : TILE_T);
     cfg.stream = static_cast<cudaStream_t>(stream);
     cfg.attrs = attrs;
     cfg.numAttrs = pdl ? 2 : 1;
     const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        return nopad_set_error(NOPAD_ERR_BACKEND, "skinny gemm: launch: %s", cudaGetErrorString(err));
+        return nopad_set_error(NOPAD_ERR_BACKEND, "%s: launch: %s", what, cudaGetErrorString(err));
     }
     return NOPAD_OK;
+}
+
+extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void *x, const void *w,
+                                         const void *bias, const void *residual, int32_t n_tokens,
+                                         int32_t n_in, int32_t n_out, int act, void *stream) {
+    params p = {};
+    p.y = y, p.x = x, p.w = w, p.bias = bias, p.residual = residual;
+    p.T = n_tokens, p.K = n_in, p.N = n_out, p.act = act;
+    return skinny_launch(dtype, p, false, stream);
+}
+
+/* Whether the byte ranges [a, a + na) and [b, b + nb) meet. */
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    const uintptr_t ua = (uintptr_t)a, ub = (uintptr_t)b;
+    return ua < ub + nb && ub < ua + na;
+}
+
+extern "C" nopad_status cuda_gemm_skinny_layernorm(nopad_dtype dtype, void *y, void *xn, const void *x,
+                                                   const void *ln_weight, const void *ln_bias, float eps,
+                                                   const void *w, const void *bias, const void *residual,
+                                                   int32_t n_tokens, int32_t n_in, int32_t n_out, int act,
+                                                   void *stream) {
+    if (!xn || !ln_weight || !ln_bias)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "skinny layernorm gemm: NULL xn, ln_weight or ln_bias");
+    if (((uintptr_t)xn | (uintptr_t)ln_weight | (uintptr_t)ln_bias) & 15u)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "skinny layernorm gemm: xn, ln_weight and ln_bias must be 16-byte aligned");
+    if (!(eps >= 0.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "skinny layernorm gemm: eps %g (expected >= 0)",
+                               (double)eps);
+    /* xn is written while other CTAs still read x, and y while they read both */
+    const size_t es = 2, xbytes = (size_t)(n_tokens > 0 ? n_tokens : 0) * (size_t)(n_in > 0 ? n_in : 0) * es;
+    const size_t ybytes = (size_t)(n_tokens > 0 ? n_tokens : 0) * (size_t)(n_out > 0 ? n_out : 0) * es;
+    if (overlaps(xn, xbytes, x, xbytes) || overlaps(y, ybytes, x, xbytes) || overlaps(y, ybytes, xn, xbytes) ||
+        (residual && overlaps(residual, ybytes, xn, xbytes)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "skinny layernorm gemm: xn must not overlap x, y or residual, nor y overlap x");
+    params p = {};
+    p.y = y, p.x = x, p.w = w, p.bias = bias, p.residual = residual;
+    p.T = n_tokens, p.K = n_in, p.N = n_out, p.act = act;
+    p.ln_w = ln_weight, p.ln_b = ln_bias, p.xn = xn, p.eps = eps;
+    return skinny_launch(dtype, p, true, stream);
 }
 
 static int32_t max_tokens_value = -1; /* -1: NOPAD_SKINNY_MAX_TOKENS not read yet */
@@ -349,4 +491,11 @@ extern "C" int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_o
     if (only_wins < 0) only_wins = getenv("NOPAD_SKINNY_ONLY_WINS") && getenv("NOPAD_SKINNY_ONLY_WINS")[0] == '1';
     if (n_tokens > cuda_gemm_skinny_max_tokens() || !cuda_gemm_skinny_supported(n_tokens, n_in, n_out)) return 0;
     return !only_wins || n_in >= 2 * n_out || (act == NOPAD_ACT_GELU && n_tokens <= 16);
+}
+
+extern "C" int cuda_gemm_skinny_layernorm_takes(int32_t n_tokens, int32_t n_in, int32_t n_out) {
+    static int enabled = -1;
+    /* off unless NOPAD_SKINNY_LN=1 until measured on a GPU */
+    if (enabled < 0) enabled = getenv("NOPAD_SKINNY_LN") && getenv("NOPAD_SKINNY_LN")[0] == '1';
+    return enabled && n_tokens <= cuda_gemm_skinny_max_tokens() && cuda_gemm_skinny_supported(n_tokens, n_in, n_out);
 }

@@ -33,6 +33,24 @@ nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void *x, const v
                               const void *bias, const void *residual, int32_t n_tokens,
                               int32_t n_in, int32_t n_out, int act, void *stream);
 
+/* The LayerNorm of the input fused in front: xn[T, K] = LayerNorm(x[T, K]) over each row
+ * (ln_weight, ln_bias [K], eps) is stored, rounded to the dtype as the LayerNorm kernel stores
+ * it, and y[T, N] = epilogue(xn · wᵀ) is computed from those rounded values, with the epilogue of
+ * cuda_gemm_skinny. One kernel instead of a LayerNorm kernel and a GEMM: the K slices of a tile
+ * (one thread-block cluster) hold whole rows between them and exchange their row statistics
+ * through distributed shared memory. xn must not overlap x, y or residual, nor y overlap x;
+ * xn, ln_weight and ln_bias 16-byte aligned; the shapes of cuda_gemm_skinny_supported. */
+nopad_status cuda_gemm_skinny_layernorm(nopad_dtype dtype, void *y, void *xn, const void *x,
+                                        const void *ln_weight, const void *ln_bias, float eps,
+                                        const void *w, const void *bias, const void *residual,
+                                        int32_t n_tokens, int32_t n_in, int32_t n_out, int act,
+                                        void *stream);
+
+/* Whether the backend's layernorm_linear op takes this shape: T within
+ * cuda_gemm_skinny_max_tokens(), a supported shape, and NOPAD_SKINNY_LN = "1" (read at the
+ * first call; otherwise the model keeps the LayerNorm kernels). */
+int cuda_gemm_skinny_layernorm_takes(int32_t n_tokens, int32_t n_in, int32_t n_out);
+
 /* The largest T that the backend's linear op sends here: NOPAD_SKINNY_MAX_TOKENS (0 turns the
  * path off; at most CUDA_SKINNY_MAX_T), read at the first call; by default 32, the crossover
  * measured on an H200 in the whole BERT-base forward (faster at 16 and 32 tokens, slower from
