@@ -9,8 +9,8 @@
 # There (device tool, carry .gpu_carry):
 #   mkdir -p /tmp/g && tar xJf .gpu_carry/bundle.tar.xz -C /tmp/g
 #   NOPAD_MINILM_DIR=/tmp/g/minilm_f16 scripts/gpu_check_encoder.sh /tmp/g/build [steps]
-# steps: test pytest sanitize sanitize_fmha bench fmha sweep graphs ab profile, or all (test pytest
-# sanitize sanitize_fmha bench fmha). Logs and JSON go to $OUT. Env knobs per step: ENC_ARGS,
+# steps: test fused_ln pytest sanitize sanitize_fmha bench fmha sweep graphs ab profile, or all (test
+# fused_ln pytest sanitize sanitize_fmha bench fmha). Logs and JSON go to $OUT. Env knobs per step: ENC_ARGS,
 # FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS, AB_SETTINGS, AB_POINTS, PROFILE_BATCH,
 # PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
 set -uo pipefail
@@ -62,7 +62,7 @@ export NOPAD_TEST_DATA=$ROOT/tests/data NOPAD_MINILM_DIR=${NOPAD_MINILM_DIR:-$(d
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt"
 date -u | tee -a "$OUTDIR/gpu.txt"
 # "all": the check itself; graphs, ab and profile are diagnostics, run by name
-want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test pytest sanitize sanitize_fmha bench fmha " == *" $1 "* ]]; }; }
+want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test fused_ln pytest sanitize sanitize_fmha bench fmha " == *" $1 "* ]]; }; }
 status=0
 if want test; then
     "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
@@ -85,6 +85,14 @@ if want test; then
             tr '\n' ' ') worst $(grep -oE 'row rel err [0-9.e+-]+' "$OUTDIR/attention_variant.log" | awk '{print $4}' | sort -g | tail -n 1)" |
             tee -a "$OUTDIR/attention_variants.log"
     done
+fi
+if want fused_ln; then
+    # the skinny GEMM with the LayerNorm of its input fused in (gemm_skinny.h): its kernel tests,
+    # then the whole model with the fused loop taking every batch of <= 256 tokens
+    NOPAD_TEST_FILTER='*layernorm*' "$BUILD/tests/test_cuda_gemm" > "$OUTDIR/test_skinny_layernorm.log" 2>&1 || status=1
+    echo "test_cuda_gemm *layernorm*: $(grep -E 'PASSED|FAILED|worst' "$OUTDIR/test_skinny_layernorm.log" | tr '\n' ' ')"
+    NOPAD_SKINNY_LN=1 NOPAD_SKINNY_MAX_TOKENS=256 "$BUILD/tests/test_cuda_encoder" > "$OUTDIR/test_cuda_encoder_fused_ln.log" 2>&1 || status=1
+    echo "test_cuda_encoder, LayerNorms fused up to 256 tokens: $(grep -E 'PASSED|FAILED' "$OUTDIR/test_cuda_encoder_fused_ln.log" | tr '\n' ' ')"
 fi
 if want fmha; then
     # the FMHA grid of bench/RESULTS.md with its peers (same seed: the same lengths every run)

@@ -13,7 +13,9 @@
  * Outputs are NaN-poisoned before every call, so an unwritten element fails.
  * The skinny GEMM: T from 1 to its limit of 256 (one and several 64-token tiles), every epilogue
  * and activation, K not a multiple of 16 (a zero-filled slice tail), one and many K slices; it
- * must give identical bits twice. Same bounds.
+ * must give identical bits twice. Same bounds. Its LayerNorm variant: the stored LayerNorm against
+ * a double reference and y against the CPU GEMM of that stored LayerNorm, same bounds (the
+ * LayerNorm output is rounded once, like y), rows with means far from zero.
  * No GPU: exit 77 (ctest: skipped); built without CUTLASS, the fused tests skip.
  * NOPAD_GPU_TEST_QUICK=1 leaves out T = 4352. */
 #include <math.h>
@@ -425,6 +427,164 @@ static void test_skinny_graph(void **state) {
     }
 }
 
+/* ---- the skinny GEMM with the LayerNorm of its input fused in ------------------------------ */
+
+/* xn[T, K] = LayerNorm(x) in double (gamma g, beta b). */
+static void layernorm_reference(float *xn, const float *x, const float *g, const float *b, float eps,
+                                int32_t T, int32_t K) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * K;
+        double mean = 0, var = 0;
+        for (int64_t k = 0; k < K; k++) mean += row[k];
+        mean /= K;
+        for (int64_t k = 0; k < K; k++) var += (row[k] - mean) * (row[k] - mean);
+        const double rstd = 1.0 / sqrt(var / K + eps);
+        for (int64_t k = 0; k < K; k++) xn[t * K + k] = (float)((row[k] - mean) * rstd * g[k] + b[k]);
+    }
+}
+
+/* One problem of the LayerNorm variant: x rows with offsets up to +-4 and spreads from 0.25 to 2
+ * (a mean well away from zero, as residual sums have), gamma in [0.5, 1.5], beta in [-0.5, 0.5]. */
+typedef struct ln_problem {
+    problem p; /* x, w, bias, residual; p.acc unused */
+    float *g, *b;
+    void *dg, *db, *dxn;
+} ln_problem;
+
+static void ln_problem_make(ln_problem *q, int d, int32_t T, int32_t K, int32_t N, uint64_t *rng) {
+    problem *p = &q->p;
+    problem_make(p, d, T, K, N, rng);
+    float *off = random_floats((size_t)T * 2, 0.0f, 1.0f, rng);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < K; k++) p->x[t * K + k] = 8.0f * (off[2 * t] - 0.5f) + (0.25f + 1.75f * off[2 * t + 1]) * p->x[t * K + k];
+    free(off);
+    gpu[d]->free(gpu[d], p->dx);
+    p->dx = to_device(gpu[d], p->x, (size_t)T * K);
+    q->g = random_floats((size_t)K, 0.5f, 1.5f, rng);
+    q->b = random_floats((size_t)K, -0.5f, 0.5f, rng);
+    q->dg = to_device(gpu[d], q->g, (size_t)K);
+    q->db = to_device(gpu[d], q->b, (size_t)K);
+    assert_nopad_ok(gpu[d]->alloc(gpu[d], (size_t)T * K * 2, &q->dxn));
+}
+
+static void ln_problem_free(ln_problem *q, int d) {
+    gpu[d]->free(gpu[d], q->dg), gpu[d]->free(gpu[d], q->db), gpu[d]->free(gpu[d], q->dxn);
+    free(q->g), free(q->b);
+    problem_free(&q->p, d);
+}
+
+/* Runs the LayerNorm variant (through_backend: the backend's layernorm_linear op instead) twice on
+ * poisoned xn and y; the runs must match bit for bit. xn is checked against the double
+ * LayerNorm, and y against epilogue(xn · wᵀ) computed by the CPU from the xn the GPU stored (the
+ * op's contract). Returns the worse of the two row errors. */
+static double skinny_ln_check(ln_problem *q, int d, int act, int with_residual, int through_backend) {
+    problem *p = &q->p;
+    nopad_backend *be = gpu[d];
+    const float eps = 1e-12f;
+    const size_t nx = (size_t)p->T * p->K, ny = (size_t)p->T * p->N;
+    float *xn[2], *y[2];
+    for (int run = 0; run < 2; run++) {
+        poison(be, q->dxn, nx);
+        poison(be, p->dy, ny);
+        const void *bias = p->dbias, *res = with_residual ? p->dres : NULL;
+        if (through_backend) {
+            const nopad_epilogue ep = with_residual ? NOPAD_EPILOGUE_BIAS_RESIDUAL
+                                      : act >= 0   ? NOPAD_EPILOGUE_BIAS_ACT
+                                                   : NOPAD_EPILOGUE_BIAS;
+            assert_nopad_ok(be->layernorm_linear(be, p->dy, q->dxn, p->dx, q->dg, q->db, eps, p->dw, bias, res,
+                                                 p->T, p->K, p->N, ep, act >= 0 ? (nopad_activation)act : NOPAD_ACT_GELU));
+        } else {
+            assert_nopad_ok(cuda_gemm_skinny_layernorm(DTYPES[d], p->dy, q->dxn, p->dx, q->dg, q->db, eps, p->dw,
+                                                       bias, res, p->T, p->K, p->N, act, streams[d]));
+        }
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+        xn[run] = malloc(nx * sizeof(float)), y[run] = malloc(ny * sizeof(float));
+        assert_nopad_ok(be->download_f32(be, xn[run], q->dxn, nx));
+        assert_nopad_ok(be->download_f32(be, y[run], p->dy, ny));
+    }
+    if (memcmp(xn[0], xn[1], nx * sizeof(float)) != 0 || memcmp(y[0], y[1], ny * sizeof(float)) != 0)
+        fail_msg("%s skinny layernorm T %d K %d N %d: two runs differ", DTYPE_NAMES[d], p->T, p->K, p->N);
+    for (size_t i = 0; i < nx; i++)
+        if (!isfinite(xn[0][i])) fail_msg("%s skinny layernorm T %d K %d N %d: xn[%zu] = %g (unwritten?)",
+                                          DTYPE_NAMES[d], p->T, p->K, p->N, i, xn[0][i]);
+    for (size_t i = 0; i < ny; i++)
+        if (!isfinite(y[0][i])) fail_msg("%s skinny layernorm T %d K %d N %d: y[%zu] = %g (unwritten?)",
+                                         DTYPE_NAMES[d], p->T, p->K, p->N, i, y[0][i]);
+    float *xn_ref = malloc(nx * sizeof(float)), *acc = malloc(ny * sizeof(float)), *ref = malloc(ny * sizeof(float));
+    layernorm_reference(xn_ref, p->x, q->g, q->b, eps, p->T, p->K);
+    const double err_xn = test_max_row_rel_error(xn[0], xn_ref, p->T, p->K);
+    assert_nopad_ok(cpu->linear(cpu, acc, xn[0], p->w, NULL, NULL, p->T, p->K, p->N, NOPAD_EPILOGUE_NONE,
+                                NOPAD_ACT_GELU));
+    skinny_reference(ref, acc, p->bias, with_residual ? p->res : NULL, p->T, p->N, act);
+    const double err_y = test_max_row_rel_error(y[0], ref, p->T, p->N);
+    if (!(err_xn <= BOUND[d]) || !(err_y <= BOUND[d]))
+        fail_msg("%s skinny layernorm%s T %d K %d N %d act %d residual %d: row rel err xn %.3g, y %.3g > %.3g",
+                 DTYPE_NAMES[d], through_backend ? " (backend op)" : "", p->T, p->K, p->N, act, with_residual,
+                 err_xn, err_y, BOUND[d]);
+    for (int run = 0; run < 2; run++) free(xn[run]), free(y[run]);
+    free(xn_ref), free(acc), free(ref);
+    return err_xn > err_y ? err_xn : err_y;
+}
+
+/* The encoder's shapes (qkv and FFN in: K = hidden, every T from 1 to 256), every epilogue, K
+ * with a zero-filled slice tail (200, 776), K = 8 (one slice), K = 3072 (eight slices), several
+ * token tiles; and the backend op, whose shapes the kernel is not asked for (NOPAD_SKINNY_LN
+ * unset, or T over the limit) take the LayerNorm kernel and the linear op instead. */
+static void test_skinny_layernorm(void **state) {
+    const int32_t Ts[] = {1, 7, 26, 64, 65, 130, 256};
+    const int32_t shapes[][2] = {{768, 2304}, {768, 3072}, {1024, 3072}, {1024, 4096}, {384, 1536}};
+    const int32_t odd[][3] = {{26, 200, 192}, {100, 776, 320}, {5, 8, 64}, {33, 3072, 768}};
+    const int n_T = getenv("NOPAD_GPU_TEST_QUICK") ? 3 : 7;
+    uint64_t rng = 0x6c6e6c696eULL;
+    for (int d = 0; d < 2; d++) {
+        double worst = 0.0;
+        for (int ti = 0; ti < n_T; ti++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                ln_problem q;
+                ln_problem_make(&q, d, Ts[ti], shapes[si][0], shapes[si][1], &rng);
+                double e = skinny_ln_check(&q, d, NOPAD_ACT_GELU, 0, 0);
+                if (e > worst) worst = e;
+                e = skinny_ln_check(&q, d, -1, 0, 0);
+                if (e > worst) worst = e;
+                ln_problem_free(&q, d);
+            }
+        for (size_t c = 0; c < sizeof odd / sizeof odd[0]; c++) {
+            ln_problem q;
+            ln_problem_make(&q, d, odd[c][0], odd[c][1], odd[c][2], &rng);
+            for (int act = -1; act <= NOPAD_ACT_RELU; act++) skinny_ln_check(&q, d, act, 0, 0);
+            skinny_ln_check(&q, d, -1, 1, 0);
+            skinny_ln_check(&q, d, NOPAD_ACT_GELU, 0, 1);
+            skinny_ln_check(&q, d, -1, 1, 1);
+            ln_problem_free(&q, d);
+        }
+        printf("%s skinny layernorm worst row rel err (xn, y) %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, BOUND[d]);
+    }
+}
+
+static void test_skinny_layernorm_bad_arguments(void **state) {
+    uint64_t rng = 23;
+    ln_problem q;
+    ln_problem_make(&q, 0, 16, 64, 64, &rng);
+    problem *p = &q.p;
+    cudaStream_t s = streams[0];
+    const nopad_dtype f16 = NOPAD_DTYPE_F16;
+    assert_nopad_error(cuda_gemm_skinny_layernorm(f16, p->dy, p->dx, p->dx, q.dg, q.db, 1e-5f, p->dw, p->dbias,
+                                                  NULL, 16, 64, 64, -1, s), NOPAD_ERR_INVALID_ARGUMENT, "overlap");
+    assert_nopad_error(cuda_gemm_skinny_layernorm(f16, q.dxn, q.dxn, p->dx, q.dg, q.db, 1e-5f, p->dw, p->dbias,
+                                                  NULL, 16, 64, 64, -1, s), NOPAD_ERR_INVALID_ARGUMENT, "overlap");
+    assert_nopad_error(cuda_gemm_skinny_layernorm(f16, p->dy, q.dxn, p->dx, q.dg, q.db, 1e-5f, p->dw, p->dbias,
+                                                  q.dxn, 16, 64, 64, -1, s), NOPAD_ERR_INVALID_ARGUMENT, "overlap");
+    assert_nopad_error(cuda_gemm_skinny_layernorm(f16, p->dy, NULL, p->dx, q.dg, q.db, 1e-5f, p->dw, p->dbias,
+                                                  NULL, 16, 64, 64, -1, s), NOPAD_ERR_INVALID_ARGUMENT, "NULL");
+    assert_nopad_error(cuda_gemm_skinny_layernorm(f16, p->dy, q.dxn, p->dx, (char *)q.dg + 8, q.db, 1e-5f, p->dw,
+                                                  p->dbias, NULL, 16, 64, 64, -1, s), NOPAD_ERR_UNSUPPORTED, "aligned");
+    assert_nopad_error(cuda_gemm_skinny_layernorm(f16, p->dy, q.dxn, p->dx, q.dg, q.db, -1.0f, p->dw, p->dbias,
+                                                  NULL, 16, 64, 64, -1, s), NOPAD_ERR_INVALID_ARGUMENT, "eps");
+    assert_nopad_error(cuda_gemm_skinny_layernorm(f16, p->dy, q.dxn, p->dx, q.dg, q.db, 1e-5f, p->dw, p->dbias,
+                                                  NULL, 300, 64, 64, -1, s), NOPAD_ERR_UNSUPPORTED, "T <= 256");
+    ln_problem_free(&q, 0);
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -442,7 +602,8 @@ int main(void) {
         cmocka_unit_test(test_unsupported),   cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_backend_modes), cmocka_unit_test(test_skinny_shapes),
         cmocka_unit_test(test_skinny_epilogues), cmocka_unit_test(test_skinny_unsupported),
-        cmocka_unit_test(test_skinny_graph),
+        cmocka_unit_test(test_skinny_graph), cmocka_unit_test(test_skinny_layernorm),
+        cmocka_unit_test(test_skinny_layernorm_bad_arguments),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int d = 0; d < 2; d++) {
