@@ -19,6 +19,11 @@
  * cuBLASLt GEMM and 2.6 for its split-K reduction kernel; bench/results/
  * enc_2026-11-21_H200_ncu_skinny.txt.)
  *
+ * LayerNorm variant (cuda_gemm_skinny_layernorm). Since a cluster holds every K slice of its
+ * token rows, it can also normalise them: each CTA takes its slice's statistics, the cluster
+ * merges them (layernorm_tile), and each CTA normalises its slice in shared memory before the
+ * MMAs; feature tile 0 stores the normalised rows. Gamma and beta arrive with the weights.
+ *
  * Programmatic dependent launch. The weights do not depend on the kernel before, so each CTA issues
  * their copies first and only then waits (griddepcontrol.wait) for the upstream grid before
  * reading x and the residual; and it lets its own dependents launch at once, so the next layer's
@@ -66,10 +71,10 @@ struct params {
     float eps;
 };
 
-/* Shared memory for a slice of ks and up to `rows` tokens: the w and x tiles, which the staged
- * partial tile later overwrites. */
+/* Shared memory for a slice of ks and up to `rows` tokens: the w and x tiles and two rows for the
+ * LayerNorm variant's gamma and beta slices, which the staged partial tile later overwrites. */
 size_t smem_bytes(int ks, int rows) {
-    const size_t tiles = (size_t)(TILE_N + (rows + 15) / 16 * 16) * (ks + ROW_PAD) * 2;
+    const size_t tiles = (size_t)(TILE_N + (rows + 15) / 16 * 16 + 2) * (ks + ROW_PAD) * 2;
     return tiles > STAGE_BYTES ? tiles : STAGE_BYTES;
 }
 
@@ -122,7 +127,8 @@ __device__ __forceinline__ float warp_sum(float v) {
  * M2 = sum M2_s + n_s (mean_s - mean)^2), so every CTA normalises with the whole row's statistics
  * and the same bits on every run. The cluster holds every slice of K, hence the whole row. */
 template <bool BF16>
-__device__ void layernorm_tile(const params &p, typename elem<BF16>::T *sx, int ld, int k0, int k_valid,
+__device__ void layernorm_tile(const params &p, typename elem<BF16>::T *sx,
+                               const typename elem<BF16>::T *sln, int ld, int k0, int k_valid,
                                int rows, int t0, cg::cluster_group &cluster, float2 *slice_stats,
                                float2 *row_stats) {
     using T = typename elem<BF16>::T;
@@ -175,8 +181,8 @@ __device__ void layernorm_tile(const params &p, typename elem<BF16>::T *sx, int 
         const int r = i / chunks, c = (i % chunks) * 8;
         float v[8], g[8], b[8];
         load8<BF16>(v, sx + r * ld + c);
-        load8<BF16>(g, static_cast<const T *>(p.ln_w) + k0 + c);
-        load8<BF16>(b, static_cast<const T *>(p.ln_b) + k0 + c);
+        load8<BF16>(g, sln + c);      /* gamma's slice */
+        load8<BF16>(b, sln + ld + c); /* beta's */
         const float2 st = row_stats[r];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = (v[j] - st.x) * st.y * g[j] + b[j];
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     if (tid == 0) {
         mbar_init(&loaded, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        mbar_arrive_expect_tx(&loaded, (uint32_t)(TILE_N + rows) * row_bytes);
+        mbar_arrive_expect_tx(&loaded, (uint32_t)(TILE_N + rows + (LN ? 2 : 0)) * row_bytes);
     }
     /* zeros where the MMAs read past the copies: the slice's tail past K, tokens past T */
     const int tail_chunks = (k_len - k_valid) / 8;
@@ -256,6 +262,10 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     if (tid < TILE_N)
         bulk_copy_g2s(sw + tid * ld, static_cast<const T *>(p.w) + (size_t)(n0 + tid) * p.K + k0, row_bytes,
                       &loaded);
+    T *sln = sx + 16 * groups * ld; /* LN: the slices of gamma, then beta (one row each) */
+    if (LN && tid >= THREADS - 2) /* two threads the token rows leave free (rows <= 64) */
+        bulk_copy_g2s(sln + (tid - (THREADS - 2)) * ld,
+                      static_cast<const T *>(tid == THREADS - 2 ? p.ln_w : p.ln_b) + k0, row_bytes, &loaded);
     allow_dependent_launch();
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -264,7 +274,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
         bulk_copy_g2s(sx + (tid - TILE_N) * ld, static_cast<const T *>(p.x) + (size_t)(t0 + tid - TILE_N) * p.K + k0,
                       row_bytes, &loaded);
     mbar_wait(&loaded, 0);
-    if constexpr (LN) layernorm_tile<BF16>(p, sx, ld, k0, k_valid, rows, t0, cluster, slice_stats, row_stats);
+    if constexpr (LN) layernorm_tile<BF16>(p, sx, sln, ld, k0, k_valid, rows, t0, cluster, slice_stats, row_stats);
 
     /* acc[j]: features (g, g + 8) of the warp's 16 x tokens 8j + 2q + (0, 1) of its 32,
      * g = lane / 4, q = lane % 4 */
@@ -368,6 +378,12 @@ extern "C" int cuda_gemm_skinny_supported(int32_t n_tokens, int32_t n_in, int32_
            choose_slice(n_tokens, n_in, n_out, &ks, &splits);
 }
 
+/* Whether the byte ranges [a, a + na) and [b, b + nb) meet. */
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    const uintptr_t ua = (uintptr_t)a, ub = (uintptr_t)b;
+    return ua < ub + nb && ub < ua + na;
+}
+
 /* Checks what both variants need and launches one. p.ks is chosen here. */
 static nopad_status skinny_launch(nopad_dtype dtype, params p, bool layernorm, void *stream) {
     const char *what = layernorm ? "skinny layernorm gemm" : "skinny gemm";
@@ -383,6 +399,14 @@ static nopad_status skinny_launch(nopad_dtype dtype, params p, bool layernorm, v
         ((uintptr_t)p.bias & 7u))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: x, w, y and residual must be 16-byte aligned, bias 8-byte aligned", what);
+    if (layernorm) {
+        /* xn is written while other CTAs still read x, and y while they read both */
+        const size_t xbytes = (size_t)p.T * p.K * 2, ybytes = (size_t)p.T * p.N * 2;
+        if (overlaps(p.xn, xbytes, p.x, xbytes) || overlaps(p.y, ybytes, p.x, xbytes) ||
+            overlaps(p.y, ybytes, p.xn, xbytes) || (p.residual && overlaps(p.residual, ybytes, p.xn, xbytes)))
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "%s: xn must not overlap x, y or residual, nor y overlap x", what);
+    }
     int splits = 1;
     choose_slice(p.T, p.K, p.N, &p.ks, &splits);
 
@@ -434,11 +458,6 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
     return skinny_launch(dtype, p, false, stream);
 }
 
-/* Whether the byte ranges [a, a + na) and [b, b + nb) meet. */
-static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
-    const uintptr_t ua = (uintptr_t)a, ub = (uintptr_t)b;
-    return ua < ub + nb && ub < ua + na;
-}
 
 extern "C" nopad_status cuda_gemm_skinny_layernorm(nopad_dtype dtype, void *y, void *xn, const void *x,
                                                    const void *ln_weight, const void *ln_bias, float eps,
@@ -453,13 +472,6 @@ extern "C" nopad_status cuda_gemm_skinny_layernorm(nopad_dtype dtype, void *y, v
     if (!(eps >= 0.0f))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "skinny layernorm gemm: eps %g (expected >= 0)",
                                (double)eps);
-    /* xn is written while other CTAs still read x, and y while they read both */
-    const size_t es = 2, xbytes = (size_t)(n_tokens > 0 ? n_tokens : 0) * (size_t)(n_in > 0 ? n_in : 0) * es;
-    const size_t ybytes = (size_t)(n_tokens > 0 ? n_tokens : 0) * (size_t)(n_out > 0 ? n_out : 0) * es;
-    if (overlaps(xn, xbytes, x, xbytes) || overlaps(y, ybytes, x, xbytes) || overlaps(y, ybytes, xn, xbytes) ||
-        (residual && overlaps(residual, ybytes, xn, xbytes)))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "skinny layernorm gemm: xn must not overlap x, y or residual, nor y overlap x");
     params p = {};
     p.y = y, p.x = x, p.w = w, p.bias = bias, p.residual = residual;
     p.T = n_tokens, p.K = n_in, p.N = n_out, p.act = act;
