@@ -130,6 +130,20 @@ struct nopad_backend {
     int (*layernorm_linear_takes)(nopad_backend *be, int32_t n_tokens, int32_t n_in,
                                   int32_t n_out);
 
+    /* The attention of attention_varlen (not causal) feeding a linear layer (optional: NULL where
+     * a backend has none): out[T, n_out] = epilogue(attention(qkv) · wᵀ), the epilogue as in
+     * `linear` (residual may alias out). context [T, n_heads·head_size] is scratch the op may
+     * write (the CPU stores the attention output there; the CUDA kernel never stores it).
+     * attention_linear_takes says beforehand which batches it takes; the op returns
+     * NOPAD_ERR_UNSUPPORTED for the others. */
+    nopad_status (*attention_linear)(nopad_backend *be, void *out, void *context, const void *qkv,
+                                     const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                     float scale, const void *w, const void *bias,
+                                     const void *residual, int32_t n_out, nopad_epilogue epilogue,
+                                     nopad_activation act);
+    int (*attention_linear_takes)(nopad_backend *be, const nopad_seqs *seqs, int32_t n_heads,
+                                  int32_t head_size, int32_t n_out);
+
     /* Variable-length multi-head attention on packed QKV.
      * qkv [T, 3, n_heads, head_size] (the fused QKV projection's output: Q | K | V blocks of
      * n_heads·head_size each), out [T, n_heads·head_size]. Each token attends to the tokens of

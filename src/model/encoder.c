@@ -92,11 +92,16 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
      * stores the un-normalised sum s, and the next linear layer normalises s as it reads it,
      * storing LN(s) for the residual that follows. Buffers in that loop:
      *   ws->attn     s1 = x + context·Woᵀ + bo, then s2 = x1 + ffn·W2ᵀ + b2
-     *   ws->context  context, then x1 = LN(s1) (written by the FFN-in op)
+     *   ws->context  context (unless attention_linear keeps it), then x1 = LN(s1) (written by
+     *                the FFN-in op)
      *   hidden       x = LN(s2) of the layer before (written by the qkv op), finally the output */
     const int fuse_ln = be->layernorm_linear && be->layernorm_linear_takes &&
                         be->layernorm_linear_takes(be, T, H, 3 * H) &&
                         be->layernorm_linear_takes(be, T, H, I);
+    /* Likewise the attention, where the backend fuses it into the attention-out linear layer
+     * (attention_linear: the context never goes to memory). */
+    const int fuse_attn = be->attention_linear && be->attention_linear_takes &&
+                          be->attention_linear_takes(be, seqs, cfg->num_heads, cfg->head_size, H);
     for (int step = 0; step < w->n_steps; step++) {
         const encoder_layer *L = w->schedule[step];
         const encoder_layer *prev = step > 0 ? w->schedule[step - 1] : NULL;
@@ -111,15 +116,23 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
             TRY(be->linear(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
                            NOPAD_EPILOGUE_BIAS, cfg->activation));
         }
-        // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head
-        TRY(be->attention_varlen(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
-                                 scale, 0));
+        // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head, then
+        // attn[T, H] = context · Woᵀ (LayerNorm op after) or s1 = x + context · Woᵀ + bo (fused)
+        const nopad_epilogue out_ep = fuse_ln ? NOPAD_EPILOGUE_BIAS_RESIDUAL : NOPAD_EPILOGUE_NONE;
+        const void *out_bias = fuse_ln ? L->attn_out_bias : NULL, *out_residual = fuse_ln ? hidden : NULL;
+        if (fuse_attn) {
+            TRY(be->attention_linear(be, ws->attn, ws->context, ws->qkv, seqs, cfg->num_heads,
+                                     cfg->head_size, scale, L->attn_out_weight, out_bias,
+                                     out_residual, H, out_ep, cfg->activation));
+        } else {
+            TRY(be->attention_varlen(be, ws->context, ws->qkv, seqs, cfg->num_heads,
+                                     cfg->head_size, scale, 0));
+            TRY(be->linear(be, ws->attn, ws->context, L->attn_out_weight, out_bias, out_residual,
+                           T, H, H, out_ep, cfg->activation));
+        }
         void *x1; /* [T, H] = LN(x + context · Woᵀ + bo), the FFN's input and residual */
         if (fuse_ln) {
-            // s1[T, H] = x + context · Woᵀ + bo
-            TRY(be->linear(be, ws->attn, ws->context, L->attn_out_weight, L->attn_out_bias,
-                           hidden, T, H, H, NOPAD_EPILOGUE_BIAS_RESIDUAL, cfg->activation));
-            // x1 = LN(s1) into context (read by the op before); ffn[T, I] = act(x1 · W1ᵀ + b1)
+            // x1 = LN(s1) into context (read by the ops before); ffn[T, I] = act(x1 · W1ᵀ + b1)
             x1 = ws->context;
             TRY(be->layernorm_linear(be, ws->ffn, x1, ws->attn, L->attn_ln_weight,
                                      L->attn_ln_bias, eps, L->ffn_in_weight, L->ffn_in_bias,
@@ -127,8 +140,6 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
         } else {
             // x1 = LN(x + context · Woᵀ + bo)
             x1 = ws->attn;
-            TRY(be->linear(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, H, H,
-                           NOPAD_EPILOGUE_NONE, cfg->activation));
             TRY(be->bias_residual_layernorm(be, x1, L->attn_out_bias, hidden, L->attn_ln_weight,
                                             L->attn_ln_bias, eps, T, H));
             // ffn[T, I] = act(x1 · W1ᵀ + b1)

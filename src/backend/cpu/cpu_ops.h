@@ -42,6 +42,12 @@ nopad_status cpu_layernorm_linear(nopad_backend *be, void *out, void *xn, const 
                                   int32_t n_tokens, int32_t n_in, int32_t n_out,
                                   nopad_epilogue epilogue, nopad_activation act);
 int cpu_layernorm_linear_takes(nopad_backend *be, int32_t n_tokens, int32_t n_in, int32_t n_out);
+nopad_status cpu_attention_linear(nopad_backend *be, void *out, void *context, const void *qkv,
+                                  const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                  float scale, const void *w, const void *bias, const void *residual,
+                                  int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
+int cpu_attention_linear_takes(nopad_backend *be, const nopad_seqs *seqs, int32_t n_heads,
+                               int32_t head_size, int32_t n_out);
 void cpu_layernorm_row(float *y, const float *x, const float *w, const float *b, float eps,
                        int32_t dim);
 

@@ -426,6 +426,38 @@ static nopad_status cu_layernorm_linear(nopad_backend *be, void *out, void *xn, 
     return cu_linear(be, out, xn, w, bias, residual, n_tokens, n_in, n_out, epilogue, act);
 }
 
+static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void *qkv,
+                                        const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                        float scale, int causal);
+
+/* The attention feeding a linear layer: one skinny kernel for one tile of tokens (gemm_skinny.h);
+ * anything else the attention op into context, then the linear op. */
+static nopad_status cu_attention_linear(nopad_backend *be, void *out, void *context, const void *qkv,
+                                        const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                        float scale, const void *w, const void *bias,
+                                        const void *residual, int32_t n_out, nopad_epilogue epilogue,
+                                        nopad_activation act) {
+    const int32_t T = seqs->n_tokens;
+    if (T == 0) return NOPAD_OK;
+    if (cuda_gemm_skinny_attention_takes(T, n_heads, head_size, n_out)) {
+        nopad_status st = cuda_gemm_skinny_attention(
+            be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs, T, n_heads, head_size, scale, w,
+            epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
+            epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_out,
+            epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, state_of(be)->stream);
+        if (st != NOPAD_ERR_UNSUPPORTED) return st;
+    }
+    nopad_status st = cu_attention_varlen(be, context, qkv, seqs, n_heads, head_size, scale, 0);
+    if (st != NOPAD_OK) return st;
+    return cu_linear(be, out, context, w, bias, residual, T, n_heads * head_size, n_out, epilogue, act);
+}
+
+static int cu_attention_linear_takes(nopad_backend *be, const nopad_seqs *seqs, int32_t n_heads,
+                                     int32_t head_size, int32_t n_out) {
+    (void)be;
+    return cuda_gemm_skinny_attention_takes(seqs->n_tokens, n_heads, head_size, n_out);
+}
+
 static int cu_layernorm_linear_takes(nopad_backend *be, int32_t n_tokens, int32_t n_in,
                                      int32_t n_out) {
     (void)be;
@@ -555,6 +587,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->bias_residual_layernorm = cu_bias_residual_layernorm;
     be->layernorm_linear = cu_layernorm_linear;
     be->layernorm_linear_takes = cu_layernorm_linear_takes;
+    be->attention_linear = cu_attention_linear;
+    be->attention_linear_takes = cu_attention_linear_takes;
     be->attention_varlen = cu_attention_varlen;
     be->pool = cu_pool;
     be->l2_normalize = cu_l2_normalize;

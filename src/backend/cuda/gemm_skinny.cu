@@ -69,12 +69,18 @@ struct params {
     const void *ln_w, *ln_b;
     void *xn;
     float eps;
+    /* the attention variant: x is qkv [T, 3, heads, d] (K = heads·d, rows 3·K apart), the
+     * sequences cu_seqlens[n_seqs + 1]; scores scaled by scale·log2(e) in exp2 */
+    const int32_t *cu_seqlens;
+    int n_seqs;
+    float scale_log2;
 };
 
-/* Shared memory for a slice of ks and up to `rows` tokens: the w and x tiles and two rows for the
- * LayerNorm variant's gamma and beta slices, which the staged partial tile later overwrites. */
-size_t smem_bytes(int ks, int rows) {
-    const size_t tiles = (size_t)(TILE_N + (rows + 15) / 16 * 16 + 2) * (ks + ROW_PAD) * 2;
+/* Shared memory for a slice of ks and up to `rows` tokens: the w and x tiles, two rows for the
+ * LayerNorm variant's gamma and beta slices, and (attention variant, attn) the q, k and v tiles;
+ * the staged partial tile later overwrites them. */
+size_t smem_bytes(int ks, int rows, bool attn = false) {
+    const size_t tiles = (size_t)(TILE_N + (rows + 15) / 16 * 16 * (attn ? 4 : 1) + 2) * (ks + ROW_PAD) * 2;
     return tiles > STAGE_BYTES ? tiles : STAGE_BYTES;
 }
 
@@ -193,6 +199,103 @@ __device__ void layernorm_tile(const params &p, typename elem<BF16>::T *sx,
     __syncthreads(); /* the MMAs read the normalised tile */
 }
 
+/* The attention variant: the token tile sx[16·groups][k_valid] (this CTA's slice of the context,
+ * heads k0/D .. k0/D + heads_here) is computed from the q, k and v slices of those heads, for
+ * every token of the batch (one tile: T <= 64, so every key of every sequence is here). A warp
+ * takes one head and 16 queries: S = q·kᵀ (mma.sync, k rows as the column-major B operand), keys
+ * of other sequences and past T masked, softmax in registers (the four lanes of a quad share a
+ * row), P rounded to the dtype as the A operand of P·v (v rows through ldmatrix.trans), divided
+ * by the row sum and stored to sx. Queries past T get zeros. The feature tiles of a slice each
+ * compute the same context: at T <= 64 that is a few hundred thousand FLOPs per CTA, against a
+ * kernel and a round trip through global memory saved. */
+template <bool BF16, int D>
+__device__ void attention_tile(const params &p, typename elem<BF16>::T *sx, const typename elem<BF16>::T *sq,
+                               const typename elem<BF16>::T *sk, const typename elem<BF16>::T *sv, int ld,
+                               int heads_here, int rows, int groups, const int *seq_of) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int task = warp; task < heads_here * 4; task += THREADS / 32) {
+        const int h = task / 4, qg = task % 4;
+        if (qg >= groups) continue; /* warp-uniform */
+        const int c0 = h * D;
+        uint32_t qf[D / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            ldmatrix_x4(qf[kk], sq + (qg * 16 + (lane & 15)) * ld + c0 + kk * 16 + (lane >> 4) * 8);
+        /* s[t]: queries qg·16 + lane/4 (+8) x keys 8t + 2(lane % 4) (+1) */
+        float s[8][4];
+#pragma unroll
+        for (int t = 0; t < 8; t++) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++) {
+                if (nn >= groups) continue;
+                uint32_t b[4];
+                ldmatrix_x4(b, sk + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * ld + c0 + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma16816<BF16>(s[2 * nn], qf[kk], b[0], b[1]);
+                mma16816<BF16>(s[2 * nn + 1], qf[kk], b[2], b[3]);
+            }
+        }
+        float l[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = qg * 16 + lane / 4 + r * 8;
+            const int seq = row < rows ? seq_of[row] : -1;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < 8; t++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = t * 8 + (lane & 3) * 2 + e;
+                    if (col >= rows || seq < 0 || seq_of[col] != seq) s[t][2 * r + e] = -INFINITY;
+                    mx = fmaxf(mx, s[t][2 * r + e]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_use = mx == -INFINITY ? 0.0f : mx * p.scale_log2; /* a row past T: all -inf */
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 8; t++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    s[t][2 * r + e] = exp2f(fmaf(s[t][2 * r + e], p.scale_log2, -m_use));
+                    sum += s[t][2 * r + e];
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        }
+        /* O = P·v: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment of key step kk */
+        float o[D / 8][4];
+#pragma unroll
+        for (int t = 0; t < D / 8; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if (kk >= groups) continue;
+            uint32_t a[4];
+            a[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dd = 0; dd < D / 16; dd++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + dd * 16 + (lane >> 4) * 8);
+                mma16816<BF16>(o[2 * dd], a, b[0], b[1]);
+                mma16816<BF16>(o[2 * dd + 1], a, b[2], b[3]);
+            }
+        }
+        const int row = qg * 16 + lane / 4;
+#pragma unroll
+        for (int t = 0; t < D / 8; t++) {
+            const int col = c0 + t * 8 + (lane & 3) * 2;
+            *reinterpret_cast<uint32_t *>(sx + row * ld + col) = pack2<BF16>(o[t][0] * l[0], o[t][1] * l[0]);
+            *reinterpret_cast<uint32_t *>(sx + (row + 8) * ld + col) = pack2<BF16>(o[t][2] * l[1], o[t][3] * l[1]);
+        }
+    }
+    __syncthreads(); /* the MMAs read the context tile */
+}
+
 /* y[t][n .. n+4) = act(v + bias) + residual, rounded once. */
 template <bool BF16>
 __device__ __forceinline__ void epilogue_store(const params &p, float v[4], int t, int n) {
@@ -219,9 +322,11 @@ __device__ __forceinline__ void epilogue_store(const params &p, float v[4], int 
     *reinterpret_cast<uint2 *>(static_cast<typename elem<BF16>::T *>(p.y) + i) = out;
 }
 
-template <bool BF16, bool LN>
+/* LN: the LayerNorm variant; HEAD_D > 0: the attention variant for that head size. */
+template <bool BF16, bool LN, int HEAD_D>
 __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     using T = typename elem<BF16>::T;
+    constexpr bool ATTN = HEAD_D > 0;
     extern __shared__ __align__(128) unsigned char smem[];
     const int ld = p.ks + ROW_PAD;
     T *sw = reinterpret_cast<T *>(smem); /* [64 features][ld] */
@@ -229,6 +334,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     float *stage = reinterpret_cast<float *>(smem); /* [64 tokens][STAGE_LD], after the MMAs */
     __shared__ uint64_t loaded; /* completes when both tiles have landed */
     __shared__ float2 slice_stats[LN ? TILE_T : 1], row_stats[LN ? TILE_T : 1]; /* LN variant */
+    __shared__ int seq_of[ATTN ? TILE_T : 1]; /* attention variant: the sequence of each token */
     cg::cluster_group cluster = cg::this_cluster();
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -243,7 +349,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     if (tid == 0) {
         mbar_init(&loaded, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        mbar_arrive_expect_tx(&loaded, (uint32_t)(TILE_N + rows + (LN ? 2 : 0)) * row_bytes);
+        mbar_arrive_expect_tx(&loaded, (uint32_t)(TILE_N + rows * (ATTN ? 3 : 1) + (LN ? 2 : 0)) * row_bytes);
     }
     /* zeros where the MMAs read past the copies: the slice's tail past K, tokens past T */
     const int tail_chunks = (k_len - k_valid) / 8;
@@ -251,10 +357,13 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
         const int r = i / tail_chunks, c = k_valid + (i % tail_chunks) * 8;
         *reinterpret_cast<uint4 *>(sw + r * ld + c) = make_uint4(0, 0, 0, 0); /* sx follows sw */
     }
-    for (int i = tid; i < (16 * groups - rows) * (k_len / 8); i += THREADS) {
-        const int r = rows + i / (k_len / 8), c = (i % (k_len / 8)) * 8;
-        *reinterpret_cast<uint4 *>(sx + r * ld + c) = make_uint4(0, 0, 0, 0);
-    }
+    /* (attention variant: the q, k and v tiles follow sx, with zeros past T too: a v row of
+     * NaN would poison P·v even where P is 0) */
+    for (int tile = 0; tile < (ATTN ? 4 : 1); tile++)
+        for (int i = tid; i < (16 * groups - rows) * (k_len / 8); i += THREADS) {
+            const int r = rows + i / (k_len / 8), c = (i % (k_len / 8)) * 8;
+            *reinterpret_cast<uint4 *>(sx + (tile * 16 * groups + r) * ld + c) = make_uint4(0, 0, 0, 0);
+        }
     __syncthreads(); /* the barrier is initialised before any copy signals it */
 
     /* One bulk copy per row, a thread each; the weight slice first: it does not depend on the
@@ -263,6 +372,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
         bulk_copy_g2s(sw + tid * ld, static_cast<const T *>(p.w) + (size_t)(n0 + tid) * p.K + k0, row_bytes,
                       &loaded);
     T *sln = sx + 16 * groups * ld; /* LN: the slices of gamma, then beta (one row each) */
+    T *sq = sx + 16 * groups * ld;  /* attention: the q, k and v tiles, [16·groups][ld] each */
     if (LN && tid >= THREADS - 2) /* two threads the token rows leave free (rows <= 64) */
         bulk_copy_g2s(sln + (tid - (THREADS - 2)) * ld,
                       static_cast<const T *>(tid == THREADS - 2 ? p.ln_w : p.ln_b) + k0, row_bytes, &loaded);
@@ -270,10 +380,32 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    if (tid >= TILE_N && tid < TILE_N + rows)
+    if (ATTN) {
+        /* thread 64 + j copies row j % rows of q (j / rows = 0), k (1) or v (2); t0 = 0 */
+        const int j = tid - TILE_N;
+        if (j >= 0 && j < 3 * rows)
+            bulk_copy_g2s(sq + ((j / rows) * 16 * groups + j % rows) * ld,
+                          static_cast<const T *>(p.x) + (size_t)(j % rows) * 3 * p.K + (j / rows) * p.K + k0,
+                          row_bytes, &loaded);
+        if (tid < rows) { /* the last sequence starting at or before token tid */
+            int lo = 0, hi = p.n_seqs - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (p.cu_seqlens[mid] <= tid) lo = mid;
+                else hi = mid - 1;
+            }
+            seq_of[tid] = lo;
+        }
+    } else if (tid >= TILE_N && tid < TILE_N + rows) {
         bulk_copy_g2s(sx + (tid - TILE_N) * ld, static_cast<const T *>(p.x) + (size_t)(t0 + tid - TILE_N) * p.K + k0,
                       row_bytes, &loaded);
+    }
     mbar_wait(&loaded, 0);
+    if constexpr (ATTN) {
+        __syncthreads(); /* seq_of */
+        attention_tile<BF16, HEAD_D>(p, sx, sq, sq + 16 * groups * ld, sq + 2 * 16 * groups * ld, ld,
+                                     k_valid / HEAD_D, rows, groups, seq_of);
+    }
     if constexpr (LN) layernorm_tile<BF16>(p, sx, sln, ld, k0, k_valid, rows, t0, cluster, slice_stats, row_stats);
 
     /* acc[j]: features (g, g + 8) of the warp's 16 x tokens 8j + 2q + (0, 1) of its 32,
@@ -369,6 +501,25 @@ int choose_slice(int T, int K, int N, int *ks_out, int *splits_out) {
     return found;
 }
 
+/* The attention variant's slices hold whole heads (d elements each): the fewest slices (1..8)
+ * whose grid covers the SMs, else the most; 0 when none fits. BERT-base (12 heads of 64, N = 768):
+ * 6 slices of 2 heads, 72 CTAs; BERT-large (16 heads): 8 slices of 2, 128 CTAs. */
+int choose_slice_heads(int T, int K, int N, int d, int *ks_out, int *splits_out) {
+    const int heads = K / d, tiles = N / TILE_N, sms = device_sm_count();
+    int found = 0;
+    for (int splits = 1; splits <= MAX_SPLITS; splits++) {
+        const int per = (heads + splits - 1) / splits;
+        if ((heads + per - 1) / per != splits) continue;
+        const int ks = per * d;
+        if (ks > MAX_KS || smem_bytes(ks, T, true) > MAX_SMEM) continue;
+        *ks_out = ks, *splits_out = splits, found = 1;
+        if (tiles * splits >= sms) break;
+    }
+    return found;
+}
+
+enum variant { PLAIN = 0, LAYERNORM = 1, ATTENTION_32 = 2, ATTENTION_64 = 3 };
+
 } // namespace
 
 extern "C" int cuda_gemm_skinny_supported(int32_t n_tokens, int32_t n_in, int32_t n_out) {
@@ -384,47 +535,64 @@ static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
     return ua < ub + nb && ub < ua + na;
 }
 
-/* Checks what both variants need and launches one. p.ks is chosen here. */
-static nopad_status skinny_launch(nopad_dtype dtype, params p, bool layernorm, void *stream) {
-    const char *what = layernorm ? "skinny layernorm gemm" : "skinny gemm";
+/* Checks what every variant needs and launches one. p.ks is chosen here. */
+static nopad_status skinny_launch(nopad_dtype dtype, params p, variant v, void *stream) {
+    static const char *const names[4] = {"skinny gemm", "skinny layernorm gemm", "skinny attention gemm",
+                                         "skinny attention gemm"};
+    const char *what = names[v];
+    const bool attention = v == ATTENTION_32 || v == ATTENTION_64;
+    const int head_size = v == ATTENTION_32 ? 32 : 64;
     if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: dtype must be F16 or BF16", what);
     if (!p.y || !p.x || !p.w)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: NULL y, x or w", what);
-    if (!cuda_gemm_skinny_supported(p.T, p.K, p.N))
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: T %d K %d N %d (needs 1 <= T <= %d, K %% 8 == 0 and <= 4096, N %% 64 == 0)",
-                               what, p.T, p.K, p.N, (int)CUDA_SKINNY_MAX_T);
+    int splits = 1;
+    if (attention) {
+        if (!cuda_gemm_skinny_attention_supported(p.T, p.K / head_size, head_size, p.N) || p.K % head_size)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: T %d, %d heads of %d, N %d (needs 1 <= T <= %d, head size 32 or 64, N %% 64 == 0)",
+                                   what, p.T, p.K / head_size, head_size, p.N, (int)TILE_T);
+        choose_slice_heads(p.T, p.K, p.N, head_size, &p.ks, &splits);
+    } else {
+        if (!cuda_gemm_skinny_supported(p.T, p.K, p.N))
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: T %d K %d N %d (needs 1 <= T <= %d, K %% 8 == 0 and <= 4096, N %% 64 == 0)",
+                                   what, p.T, p.K, p.N, (int)CUDA_SKINNY_MAX_T);
+        choose_slice(p.T, p.K, p.N, &p.ks, &splits);
+    }
     if ((((uintptr_t)p.y | (uintptr_t)p.x | (uintptr_t)p.w | (uintptr_t)p.residual) & 15u) ||
         ((uintptr_t)p.bias & 7u))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: x, w, y and residual must be 16-byte aligned, bias 8-byte aligned", what);
-    if (layernorm) {
+    const size_t xbytes = (size_t)p.T * p.K * 2 * (attention ? 3 : 1), ybytes = (size_t)p.T * p.N * 2;
+    if (v == LAYERNORM) {
         /* xn is written while other CTAs still read x, and y while they read both */
-        const size_t xbytes = (size_t)p.T * p.K * 2, ybytes = (size_t)p.T * p.N * 2;
         if (overlaps(p.xn, xbytes, p.x, xbytes) || overlaps(p.y, ybytes, p.x, xbytes) ||
             overlaps(p.y, ybytes, p.xn, xbytes) || (p.residual && overlaps(p.residual, ybytes, p.xn, xbytes)))
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                    "%s: xn must not overlap x, y or residual, nor y overlap x", what);
+    } else if (attention && overlaps(p.y, ybytes, p.x, xbytes)) {
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: y must not overlap qkv", what);
     }
-    int splits = 1;
-    choose_slice(p.T, p.K, p.N, &p.ks, &splits);
 
-    void (*kernel)(params) = dtype == NOPAD_DTYPE_BF16
-                                 ? (layernorm ? skinny_gemm_kernel<true, true> : skinny_gemm_kernel<true, false>)
-                                 : (layernorm ? skinny_gemm_kernel<false, true> : skinny_gemm_kernel<false, false>);
+    void (*const kernels[2][4])(params) = {
+        {skinny_gemm_kernel<false, false, 0>, skinny_gemm_kernel<false, true, 0>,
+         skinny_gemm_kernel<false, false, 32>, skinny_gemm_kernel<false, false, 64>},
+        {skinny_gemm_kernel<true, false, 0>, skinny_gemm_kernel<true, true, 0>,
+         skinny_gemm_kernel<true, false, 32>, skinny_gemm_kernel<true, false, 64>}};
+    const int di = dtype == NOPAD_DTYPE_BF16;
+    void (*kernel)(params) = kernels[di][v];
     /* the shared-memory limit is a per-device attribute of the kernel: set once per device */
-    static int attr_set[64][4];
+    static int attr_set[64][2][4];
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
         cudaGetLastError();
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: no current device below 64", what);
     }
-    const int variant = (dtype == NOPAD_DTYPE_BF16) * 2 + layernorm;
-    if (!attr_set[dev][variant]) {
+    if (!attr_set[dev][di][v]) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MAX_SMEM) != cudaSuccess)
             return nopad_set_error(NOPAD_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
-        attr_set[dev][variant] = 1;
+        attr_set[dev][di][v] = 1;
     }
     const int pdl = cuda_pdl_enabled();
     cudaLaunchAttribute attrs[2];
@@ -437,7 +605,7 @@ static nopad_status skinny_launch(nopad_dtype dtype, params p, bool layernorm, v
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(p.N / TILE_N, splits, (p.T + TILE_T - 1) / TILE_T);
     cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = smem_bytes(p.ks, p.T < TILE_T ? p.T : TILE_T);
+    cfg.dynamicSmemBytes = smem_bytes(p.ks, p.T < TILE_T ? p.T : TILE_T, attention);
     cfg.stream = static_cast<cudaStream_t>(stream);
     cfg.attrs = attrs;
     cfg.numAttrs = pdl ? 2 : 1;
@@ -455,7 +623,7 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
     params p = {};
     p.y = y, p.x = x, p.w = w, p.bias = bias, p.residual = residual;
     p.T = n_tokens, p.K = n_in, p.N = n_out, p.act = act;
-    return skinny_launch(dtype, p, false, stream);
+    return skinny_launch(dtype, p, PLAIN, stream);
 }
 
 
@@ -476,7 +644,36 @@ extern "C" nopad_status cuda_gemm_skinny_layernorm(nopad_dtype dtype, void *y, v
     p.y = y, p.x = x, p.w = w, p.bias = bias, p.residual = residual;
     p.T = n_tokens, p.K = n_in, p.N = n_out, p.act = act;
     p.ln_w = ln_weight, p.ln_b = ln_bias, p.xn = xn, p.eps = eps;
-    return skinny_launch(dtype, p, true, stream);
+    return skinny_launch(dtype, p, LAYERNORM, stream);
+}
+
+extern "C" int cuda_gemm_skinny_attention_supported(int32_t n_tokens, int32_t n_heads, int32_t head_size,
+                                                    int32_t n_out) {
+    int ks, splits;
+    return n_tokens >= 1 && n_tokens <= TILE_T && (head_size == 32 || head_size == 64) && n_heads >= 1 &&
+           n_heads <= 4096 / head_size && n_out >= TILE_N && n_out % TILE_N == 0 && n_out / TILE_N <= 65535 &&
+           choose_slice_heads(n_tokens, n_heads * head_size, n_out, head_size, &ks, &splits);
+}
+
+extern "C" nopad_status cuda_gemm_skinny_attention(nopad_dtype dtype, void *y, const void *qkv,
+                                                   const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
+                                                   int32_t n_heads, int32_t head_size, float scale, const void *w,
+                                                   const void *bias, const void *residual, int32_t n_out, int act,
+                                                   void *stream) {
+    if (!cu_seqlens || n_seqs < 1 || n_seqs > n_tokens)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "skinny attention gemm: %d sequences for %d tokens (expected 1..T, cu_seqlens given)",
+                               n_seqs, n_tokens);
+    if (!(scale > 0.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "skinny attention gemm: scale %g (expected > 0)",
+                               (double)scale);
+    if (head_size != 32 && head_size != 64)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "skinny attention gemm: head size %d (32 or 64)", head_size);
+    params p = {};
+    p.y = y, p.x = qkv, p.w = w, p.bias = bias, p.residual = residual;
+    p.T = n_tokens, p.K = n_heads * head_size, p.N = n_out, p.act = act;
+    p.cu_seqlens = cu_seqlens, p.n_seqs = n_seqs, p.scale_log2 = scale * 1.4426950408889634f;
+    return skinny_launch(dtype, p, head_size == 32 ? ATTENTION_32 : ATTENTION_64, stream);
 }
 
 static int32_t max_tokens_value = -1; /* -1: NOPAD_SKINNY_MAX_TOKENS not read yet */
@@ -510,4 +707,13 @@ extern "C" int cuda_gemm_skinny_layernorm_takes(int32_t n_tokens, int32_t n_in, 
     /* off unless NOPAD_SKINNY_LN=1 until measured on a GPU */
     if (enabled < 0) enabled = getenv("NOPAD_SKINNY_LN") && getenv("NOPAD_SKINNY_LN")[0] == '1';
     return enabled && n_tokens <= cuda_gemm_skinny_max_tokens() && cuda_gemm_skinny_supported(n_tokens, n_in, n_out);
+}
+
+extern "C" int cuda_gemm_skinny_attention_takes(int32_t n_tokens, int32_t n_heads, int32_t head_size,
+                                                int32_t n_out) {
+    static int enabled = -1;
+    /* off unless NOPAD_SKINNY_ATTN=1 until measured on a GPU */
+    if (enabled < 0) enabled = getenv("NOPAD_SKINNY_ATTN") && getenv("NOPAD_SKINNY_ATTN")[0] == '1';
+    return enabled && n_tokens <= cuda_gemm_skinny_max_tokens() &&
+           cuda_gemm_skinny_attention_supported(n_tokens, n_heads, head_size, n_out);
 }

@@ -51,6 +51,26 @@ nopad_status cuda_gemm_skinny_layernorm(nopad_dtype dtype, void *y, void *xn, co
  * first call; otherwise the model keeps the LayerNorm kernels). */
 int cuda_gemm_skinny_layernorm_takes(int32_t n_tokens, int32_t n_in, int32_t n_out);
 
+/* The attention of the batch fused in front: y[T, N] = epilogue(attention(qkv) · wᵀ), where
+ * attention is the backend's attention_varlen (not causal; qkv [T, 3, heads, head_size], the
+ * sequences cu_seqlens[n_seqs + 1] in device memory, softmax(scale · q·kᵀ)) and its output
+ * [T, heads·head_size], rounded to the dtype, is the GEMM's input. It is never stored: each CTA
+ * computes the heads of its K slice for every token. For one tile of tokens (T <= 64) and head
+ * sizes 32 and 64; y must not overlap qkv (residual may alias y); cu_seqlens must describe T
+ * tokens (it is read on the device, as the attention op reads it). */
+nopad_status cuda_gemm_skinny_attention(nopad_dtype dtype, void *y, const void *qkv,
+                                        const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
+                                        int32_t n_heads, int32_t head_size, float scale, const void *w,
+                                        const void *bias, const void *residual, int32_t n_out, int act,
+                                        void *stream);
+int cuda_gemm_skinny_attention_supported(int32_t n_tokens, int32_t n_heads, int32_t head_size,
+                                         int32_t n_out);
+/* Whether the backend's attention_linear op takes this batch: T within
+ * cuda_gemm_skinny_max_tokens(), a supported shape, and NOPAD_SKINNY_ATTN = "1" (read at the first
+ * call; otherwise the model keeps the attention kernel and the linear layer). */
+int cuda_gemm_skinny_attention_takes(int32_t n_tokens, int32_t n_heads, int32_t head_size,
+                                     int32_t n_out);
+
 /* The largest T that the backend's linear op sends here: NOPAD_SKINNY_MAX_TOKENS (0 turns the
  * path off; at most CUDA_SKINNY_MAX_T), read at the first call; by default 32, the crossover
  * measured on an H200 in the whole BERT-base forward (faster at 16 and 32 tokens, slower from
