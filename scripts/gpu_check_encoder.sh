@@ -9,10 +9,10 @@
 # There (device tool, carry .gpu_carry):
 #   mkdir -p /tmp/g && tar xJf .gpu_carry/bundle.tar.xz -C /tmp/g
 #   NOPAD_MINILM_DIR=/tmp/g/minilm_f16 scripts/gpu_check_encoder.sh /tmp/g/build [steps]
-# steps: test fused_ln pytest sanitize sanitize_fmha bench fmha sweep graphs ab profile, or all (test
-# fused_ln pytest sanitize sanitize_fmha bench fmha). Logs and JSON go to $OUT. Env knobs per step: ENC_ARGS,
-# FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS, AB_SETTINGS, AB_POINTS, PROFILE_BATCH,
-# PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
+# steps: test fused pytest sanitize sanitize_fmha sanitize_fused bench fmha sweep graphs ab profile,
+# or all (test fused pytest sanitize sanitize_fmha sanitize_fused bench fmha). Logs and JSON go to
+# $OUT. Env knobs per step: ENC_ARGS, FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS,
+# AB_SETTINGS, AB_POINTS, PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -62,7 +62,7 @@ export NOPAD_TEST_DATA=$ROOT/tests/data NOPAD_MINILM_DIR=${NOPAD_MINILM_DIR:-$(d
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt"
 date -u | tee -a "$OUTDIR/gpu.txt"
 # "all": the check itself; graphs, ab and profile are diagnostics, run by name
-want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test fused_ln pytest sanitize sanitize_fmha bench fmha " == *" $1 "* ]]; }; }
+want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test fused pytest sanitize sanitize_fmha sanitize_fused bench fmha " == *" $1 "* ]]; }; }
 status=0
 if want test; then
     "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
@@ -86,13 +86,19 @@ if want test; then
             tee -a "$OUTDIR/attention_variants.log"
     done
 fi
-if want fused_ln; then
-    # the skinny GEMM with the LayerNorm of its input fused in (gemm_skinny.h): its kernel tests,
-    # then the whole model with the fused loop taking every batch of <= 256 tokens
-    NOPAD_TEST_FILTER='*layernorm*' "$BUILD/tests/test_cuda_gemm" > "$OUTDIR/test_skinny_layernorm.log" 2>&1 || status=1
-    echo "test_cuda_gemm *layernorm*: $(grep -E 'PASSED|FAILED|worst' "$OUTDIR/test_skinny_layernorm.log" | tr '\n' ' ')"
-    NOPAD_SKINNY_LN=1 NOPAD_SKINNY_MAX_TOKENS=256 "$BUILD/tests/test_cuda_encoder" > "$OUTDIR/test_cuda_encoder_fused_ln.log" 2>&1 || status=1
-    echo "test_cuda_encoder, LayerNorms fused up to 256 tokens: $(grep -E 'PASSED|FAILED' "$OUTDIR/test_cuda_encoder_fused_ln.log" | tr '\n' ' ')"
+if want fused; then
+    # the skinny GEMM's variants with the LayerNorm or the attention of its input fused in
+    # (gemm_skinny.h): their kernel tests, then the whole model with both fused loops taking every
+    # batch they can (the LayerNorm up to 256 tokens, the attention up to 64)
+    for t in '*layernorm*' '*attention*'; do
+        NOPAD_TEST_FILTER=$t "$BUILD/tests/test_cuda_gemm" > "$OUTDIR/test_skinny_fused.log" 2>&1 || status=1
+        echo "test_cuda_gemm $t: $(grep -E 'PASSED|FAILED|worst' "$OUTDIR/test_skinny_fused.log" | tr '\n' ' ')" |
+            tee -a "$OUTDIR/test_skinny_fused_summary.log"
+        cat "$OUTDIR/test_skinny_fused.log" >> "$OUTDIR/test_skinny_fused_all.log"
+    done
+    NOPAD_SKINNY_LN=1 NOPAD_SKINNY_ATTN=1 NOPAD_SKINNY_MAX_TOKENS=256 "$BUILD/tests/test_cuda_encoder" \
+        > "$OUTDIR/test_cuda_encoder_fused.log" 2>&1 || status=1
+    echo "test_cuda_encoder, fused loops: $(grep -E 'PASSED|FAILED' "$OUTDIR/test_cuda_encoder_fused.log" | tr '\n' ' ')"
 fi
 if want fmha; then
     # the FMHA grid of bench/RESULTS.md with its peers (same seed: the same lengths every run)
@@ -122,6 +128,20 @@ if want sanitize_fmha; then
             [ "$rc" = 0 ] || status=1
             echo "compute-sanitizer --tool $tool, FA3 persist=$persist: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
                 "$OUTDIR/sanitizer_fa3_p${persist}_$tool.log" | tail -n 1)" | tee -a "$OUTDIR/sanitizer_fmha.log"
+        done
+    done
+fi
+if want sanitize_fused; then
+    # the skinny GEMM's fused variants (mbarriers, bulk copies, cluster barriers, distributed
+    # shared memory) under memcheck, racecheck and synccheck
+    for t in '*layernorm*' '*attention*'; do
+        for tool in memcheck racecheck synccheck; do
+            NOPAD_TEST_FILTER=$t NOPAD_GPU_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 3 \
+                "$BUILD/tests/test_cuda_gemm" > "$OUTDIR/sanitizer_fused_$tool.log" 2>&1
+            rc=$?
+            [ "$rc" = 0 ] || status=1
+            echo "compute-sanitizer --tool $tool, test_cuda_gemm $t: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+                "$OUTDIR/sanitizer_fused_$tool.log" | tail -n 1)" | tee -a "$OUTDIR/sanitizer_fused.log"
         done
     done
 fi

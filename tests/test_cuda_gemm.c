@@ -15,7 +15,9 @@
  * and activation, K not a multiple of 16 (a zero-filled slice tail), one and many K slices; it
  * must give identical bits twice. Same bounds. Its LayerNorm variant: the stored LayerNorm against
  * a double reference and y against the CPU GEMM of that stored LayerNorm, same bounds (the
- * LayerNorm output is rounded once, like y), rows with means far from zero.
+ * LayerNorm output is rounded once, like y), rows with means far from zero. Its attention
+ * variant: y against the CPU GEMM of the CPU attention op's output (rounded to the dtype), bounds
+ * 1.5x (P is rounded too), on batches of 1 to 64 tokens and 1 to 26 sequences.
  * No GPU: exit 77 (ctest: skipped); built without CUTLASS, the fused tests skip.
  * NOPAD_GPU_TEST_QUICK=1 leaves out T = 4352. */
 #include <math.h>
@@ -585,6 +587,136 @@ static void test_skinny_layernorm_bad_arguments(void **state) {
     ln_problem_free(&q, 0);
 }
 
+/* ---- the skinny GEMM with the attention of its input fused in ------------------------------ */
+
+/* Bounds for the attention variant: the context is rounded to the dtype before the GEMM, as
+ * the reference's is, but P is rounded too on the GPU (the A operand of P·v), as in the attention
+ * kernels; 1.5x the GEMM bounds covers the second rounding. */
+static const double ATTN_BOUND[2] = {3e-3, 2.25e-2};
+
+/* Runs the attention variant (through_backend: the backend's attention_linear op, which takes the
+ * attention kernel and the linear op where NOPAD_SKINNY_ATTN is unset) twice on a poisoned y, for
+ * the sequences of `lens`; the runs must match bit for bit; y against epilogue(ctx · wᵀ) with ctx
+ * the CPU attention op's output rounded to the dtype. Returns the row error. */
+static double skinny_attention_check(int d, const int32_t *lens, int32_t n_seqs, int32_t heads, int32_t head_size,
+                                     int32_t N, int act, int with_residual, int through_backend, uint64_t *rng) {
+    nopad_backend *be = gpu[d];
+    int32_t cu[65];
+    cu[0] = 0;
+    for (int s = 0; s < n_seqs; s++) cu[s + 1] = cu[s] + lens[s];
+    const int32_t T = cu[n_seqs], K = heads * head_size;
+    float *qkv = random_floats((size_t)T * 3 * K, -2.0f, 2.0f, rng);
+    float *w = random_floats((size_t)N * K, -sqrtf(3.0f / K), sqrtf(3.0f / K), rng);
+    float *bias = random_floats((size_t)N, -0.5f, 0.5f, rng), *res = random_floats((size_t)T * N, -1.0f, 1.0f, rng);
+    void *dqkv = to_device(be, qkv, (size_t)T * 3 * K), *dw = to_device(be, w, (size_t)N * K);
+    void *dbias = to_device(be, bias, (size_t)N), *dres = to_device(be, res, (size_t)T * N), *dy, *dctx, *dcu;
+    assert_nopad_ok(be->alloc(be, (size_t)T * N * 2, &dy));
+    assert_nopad_ok(be->alloc(be, (size_t)T * K * 2, &dctx));
+    assert_nopad_ok(be->alloc(be, (size_t)(n_seqs + 1) * 4, &dcu));
+    assert_nopad_ok(be->upload_i32(be, dcu, cu, (size_t)n_seqs + 1));
+    const float scale = 1.0f / sqrtf((float)head_size);
+    int32_t longest = 0;
+    for (int s = 0; s < n_seqs; s++) longest = lens[s] > longest ? lens[s] : longest;
+    const nopad_seqs dseqs = {n_seqs, T, longest, dcu}, hseqs = {n_seqs, T, longest, cu};
+    const size_t ny = (size_t)T * N;
+    float *y[2];
+    for (int run = 0; run < 2; run++) {
+        poison(be, dy, ny);
+        if (through_backend) {
+            const nopad_epilogue ep = with_residual ? NOPAD_EPILOGUE_BIAS_RESIDUAL
+                                      : act >= 0   ? NOPAD_EPILOGUE_BIAS_ACT
+                                                   : NOPAD_EPILOGUE_BIAS;
+            assert_nopad_ok(be->attention_linear(be, dy, dctx, dqkv, &dseqs, heads, head_size, scale, dw, dbias,
+                                                 with_residual ? dres : NULL, N, ep,
+                                                 act >= 0 ? (nopad_activation)act : NOPAD_ACT_GELU));
+        } else {
+            assert_nopad_ok(cuda_gemm_skinny_attention(DTYPES[d], dy, dqkv, dcu, n_seqs, T, heads, head_size, scale,
+                                                       dw, dbias, with_residual ? dres : NULL, N, act, streams[d]));
+        }
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+        y[run] = malloc(ny * sizeof(float));
+        assert_nopad_ok(be->download_f32(be, y[run], dy, ny));
+    }
+    if (memcmp(y[0], y[1], ny * sizeof(float)) != 0)
+        fail_msg("%s skinny attention T %d B %d: two runs differ", DTYPE_NAMES[d], T, n_seqs);
+    for (size_t i = 0; i < ny; i++)
+        if (!isfinite(y[0][i])) fail_msg("%s skinny attention T %d B %d heads %d d %d: y[%zu] = %g (unwritten?)",
+                                         DTYPE_NAMES[d], T, n_seqs, heads, head_size, i, y[0][i]);
+    /* the reference: the CPU attention op, its output rounded to the dtype, the CPU GEMM */
+    float *ctx = malloc((size_t)T * K * sizeof(float)), *acc = malloc(ny * sizeof(float)), *ref = malloc(ny * sizeof(float));
+    assert_nopad_ok(cpu->attention_varlen(cpu, ctx, qkv, &hseqs, heads, head_size, scale, 0));
+    be->free(be, to_device(be, ctx, (size_t)T * K));
+    assert_nopad_ok(cpu->linear(cpu, acc, ctx, w, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+    skinny_reference(ref, acc, bias, with_residual ? res : NULL, T, N, act);
+    const double err = test_max_row_rel_error(y[0], ref, T, N);
+    if (!(err <= ATTN_BOUND[d]))
+        fail_msg("%s skinny attention%s T %d B %d heads %d d %d N %d act %d residual %d: row rel err %.3g > %.3g",
+                 DTYPE_NAMES[d], through_backend ? " (backend op)" : "", T, n_seqs, heads, head_size, N, act,
+                 with_residual, err, ATTN_BOUND[d]);
+    free(y[0]), free(y[1]), free(ctx), free(acc), free(ref);
+    free(qkv), free(w), free(bias), free(res);
+    be->free(be, dqkv), be->free(be, dw), be->free(be, dbias), be->free(be, dres), be->free(be, dy);
+    be->free(be, dctx), be->free(be, dcu);
+    return err;
+}
+
+/* Batches of one tile (T <= 64): one token; one sequence of 64; five of length 1; mixes whose
+ * sequences cross the 16-token groups; 26 sequences of one token. Head layouts of BERT-base,
+ * BERT-large, MiniLM (d = 32) and small ones (one slice). Every epilogue; the backend op. */
+static void test_skinny_attention(void **state) {
+    static const int32_t lens[][27] = {{1, 1},  {1, 64}, {5, 1, 1, 1, 1, 1}, {4, 5, 20, 1, 6}, {3, 17, 15, 30},
+                                       {1, 33}, {2, 7, 9},
+                                       {26, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};
+    static const int32_t layouts[][3] = {{12, 64, 768}, {16, 64, 1024}, {12, 32, 384}, {2, 64, 128}, {1, 32, 64}};
+    const int quick = getenv("NOPAD_GPU_TEST_QUICK") != NULL; /* under a sanitizer: 4 batches, 3 layouts */
+    const size_t n_lens = quick ? 4 : sizeof lens / sizeof lens[0];
+    const size_t n_layouts = quick ? 3 : sizeof layouts / sizeof layouts[0];
+    uint64_t rng = 0x6174746eULL;
+    for (int d = 0; d < 2; d++) {
+        double worst = 0.0;
+        for (size_t b = 0; b < n_lens; b++)
+            for (size_t l = 0; l < n_layouts; l++) {
+                const double e = skinny_attention_check(d, lens[b] + 1, lens[b][0], layouts[l][0], layouts[l][1],
+                                                        layouts[l][2], -1, 1, 0, &rng);
+                if (e > worst) worst = e;
+            }
+        for (int act = -1; act <= NOPAD_ACT_RELU; act++) skinny_attention_check(d, lens[3] + 1, lens[3][0], 12, 64, 768, act, 0, 0, &rng);
+        skinny_attention_check(d, lens[4] + 1, lens[4][0], 12, 32, 384, -1, 1, 1, &rng);
+        skinny_attention_check(d, lens[3] + 1, lens[3][0], 12, 64, 768, NOPAD_ACT_GELU, 0, 1, &rng);
+        printf("%s skinny attention worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, ATTN_BOUND[d]);
+    }
+}
+
+static void test_skinny_attention_bad_arguments(void **state) {
+    nopad_backend *be = gpu[0];
+    cudaStream_t s = streams[0];
+    const nopad_dtype f16 = NOPAD_DTYPE_F16;
+    const int32_t cu[3] = {0, 40, 65};
+    void *qkv, *w, *y, *dcu;
+    assert_nopad_ok(be->alloc(be, (size_t)65 * 3 * 768 * 2, &qkv));
+    assert_nopad_ok(be->alloc(be, (size_t)768 * 768 * 2, &w));
+    assert_nopad_ok(be->alloc(be, (size_t)65 * 768 * 2, &y));
+    assert_nopad_ok(be->alloc(be, sizeof cu, &dcu));
+    assert_nopad_ok(be->upload_i32(be, dcu, cu, 3));
+    assert_false(cuda_gemm_skinny_attention_supported(65, 12, 64, 768));
+    assert_false(cuda_gemm_skinny_attention_supported(16, 6, 128, 768));
+    assert_false(cuda_gemm_skinny_attention_supported(16, 12, 64, 96));
+    assert_true(cuda_gemm_skinny_attention_supported(64, 12, 64, 768));
+    assert_nopad_error(cuda_gemm_skinny_attention(f16, y, qkv, dcu, 2, 65, 12, 64, 0.125f, w, NULL, NULL, 768, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "T <= 64");
+    assert_nopad_error(cuda_gemm_skinny_attention(f16, y, qkv, dcu, 1, 16, 6, 128, 0.125f, w, NULL, NULL, 768, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "head size");
+    assert_nopad_error(cuda_gemm_skinny_attention(f16, y, qkv, dcu, 0, 16, 12, 64, 0.125f, w, NULL, NULL, 768, -1, s),
+                       NOPAD_ERR_INVALID_ARGUMENT, "sequences");
+    assert_nopad_error(cuda_gemm_skinny_attention(f16, y, qkv, NULL, 1, 16, 12, 64, 0.125f, w, NULL, NULL, 768, -1, s),
+                       NOPAD_ERR_INVALID_ARGUMENT, "cu_seqlens");
+    assert_nopad_error(cuda_gemm_skinny_attention(f16, y, qkv, dcu, 1, 16, 12, 64, 0.0f, w, NULL, NULL, 768, -1, s),
+                       NOPAD_ERR_INVALID_ARGUMENT, "scale");
+    assert_nopad_error(cuda_gemm_skinny_attention(f16, qkv, qkv, dcu, 1, 16, 12, 64, 0.125f, w, NULL, NULL, 768, -1, s),
+                       NOPAD_ERR_INVALID_ARGUMENT, "overlap");
+    be->free(be, qkv), be->free(be, w), be->free(be, y), be->free(be, dcu);
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -603,7 +735,8 @@ int main(void) {
         cmocka_unit_test(test_backend_modes), cmocka_unit_test(test_skinny_shapes),
         cmocka_unit_test(test_skinny_epilogues), cmocka_unit_test(test_skinny_unsupported),
         cmocka_unit_test(test_skinny_graph), cmocka_unit_test(test_skinny_layernorm),
-        cmocka_unit_test(test_skinny_layernorm_bad_arguments),
+        cmocka_unit_test(test_skinny_layernorm_bad_arguments), cmocka_unit_test(test_skinny_attention),
+        cmocka_unit_test(test_skinny_attention_bad_arguments),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int d = 0; d < 2; d++) {
