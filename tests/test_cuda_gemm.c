@@ -598,14 +598,17 @@ static const double ATTN_BOUND[2] = {3e-3, 2.25e-2};
  * attention kernel and the linear op where NOPAD_SKINNY_ATTN is unset) twice on a poisoned y, for
  * the sequences of `lens`; the runs must match bit for bit; y against epilogue(ctx · wᵀ) with ctx
  * the CPU attention op's output rounded to the dtype. Returns the row error. */
-static double skinny_attention_check(int d, const int32_t *lens, int32_t n_seqs, int32_t heads, int32_t head_size,
-                                     int32_t N, int act, int with_residual, int through_backend, uint64_t *rng) {
+static double skinny_attention_check(int d, const int32_t *lens, int32_t n_seqs, int32_t slack, int32_t heads,
+                                     int32_t head_size, int32_t N, int act, int with_residual, int through_backend,
+                                     uint64_t *rng) {
     nopad_backend *be = gpu[d];
     int32_t cu[65];
     cu[0] = 0;
     for (int s = 0; s < n_seqs; s++) cu[s + 1] = cu[s] + lens[s];
-    const int32_t T = cu[n_seqs], K = heads * head_size;
+    /* T: the sequences' tokens and `slack` rows past them, as in a graph recorded for a bucket */
+    const int32_t real = cu[n_seqs], T = real + slack, K = heads * head_size;
     float *qkv = random_floats((size_t)T * 3 * K, -2.0f, 2.0f, rng);
+    for (size_t i = (size_t)real * 3 * K; i < (size_t)T * 3 * K; i++) qkv[i] = NAN; /* slack: garbage */
     float *w = random_floats((size_t)N * K, -sqrtf(3.0f / K), sqrtf(3.0f / K), rng);
     float *bias = random_floats((size_t)N, -0.5f, 0.5f, rng), *res = random_floats((size_t)T * N, -1.0f, 1.0f, rng);
     void *dqkv = to_device(be, qkv, (size_t)T * 3 * K), *dw = to_device(be, w, (size_t)N * K);
@@ -617,7 +620,7 @@ static double skinny_attention_check(int d, const int32_t *lens, int32_t n_seqs,
     const float scale = 1.0f / sqrtf((float)head_size);
     int32_t longest = 0;
     for (int s = 0; s < n_seqs; s++) longest = lens[s] > longest ? lens[s] : longest;
-    const nopad_seqs dseqs = {n_seqs, T, longest, dcu}, hseqs = {n_seqs, T, longest, cu};
+    const nopad_seqs dseqs = {n_seqs, T, longest, dcu}, hseqs = {n_seqs, real, longest, cu};
     const size_t ny = (size_t)T * N;
     float *y[2];
     for (int run = 0; run < 2; run++) {
@@ -643,16 +646,16 @@ static double skinny_attention_check(int d, const int32_t *lens, int32_t n_seqs,
         if (!isfinite(y[0][i])) fail_msg("%s skinny attention T %d B %d heads %d d %d: y[%zu] = %g (unwritten?)",
                                          DTYPE_NAMES[d], T, n_seqs, heads, head_size, i, y[0][i]);
     /* the reference: the CPU attention op, its output rounded to the dtype, the CPU GEMM */
-    float *ctx = malloc((size_t)T * K * sizeof(float)), *acc = malloc(ny * sizeof(float)), *ref = malloc(ny * sizeof(float));
-    assert_nopad_ok(cpu->attention_varlen(cpu, ctx, qkv, &hseqs, heads, head_size, scale, 0));
+    float *ctx = calloc((size_t)T * K, sizeof(float)), *acc = malloc(ny * sizeof(float)), *ref = malloc(ny * sizeof(float));
+    assert_nopad_ok(cpu->attention_varlen(cpu, ctx, qkv, &hseqs, heads, head_size, scale, 0)); /* slack: 0 */
     be->free(be, to_device(be, ctx, (size_t)T * K));
     assert_nopad_ok(cpu->linear(cpu, acc, ctx, w, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
     skinny_reference(ref, acc, bias, with_residual ? res : NULL, T, N, act);
     const double err = test_max_row_rel_error(y[0], ref, T, N);
     if (!(err <= ATTN_BOUND[d]))
-        fail_msg("%s skinny attention%s T %d B %d heads %d d %d N %d act %d residual %d: row rel err %.3g > %.3g",
-                 DTYPE_NAMES[d], through_backend ? " (backend op)" : "", T, n_seqs, heads, head_size, N, act,
-                 with_residual, err, ATTN_BOUND[d]);
+        fail_msg("%s skinny attention%s T %d (%d slack) B %d heads %d d %d N %d act %d residual %d: row rel err "
+                 "%.3g > %.3g", DTYPE_NAMES[d], through_backend ? " (backend op)" : "", T, slack, n_seqs, heads,
+                 head_size, N, act, with_residual, err, ATTN_BOUND[d]);
     free(y[0]), free(y[1]), free(ctx), free(acc), free(ref);
     free(qkv), free(w), free(bias), free(res);
     be->free(be, dqkv), be->free(be, dw), be->free(be, dbias), be->free(be, dres), be->free(be, dy);
@@ -661,7 +664,7 @@ static double skinny_attention_check(int d, const int32_t *lens, int32_t n_seqs,
 }
 
 /* Batches of one tile (T <= 64): one token; one sequence of 64; five of length 1; mixes whose
- * sequences cross the 16-token groups; 26 sequences of one token. Head layouts of BERT-base,
+ * sequences cross the 16-token groups; 26 sequences of one token; rows past the last sequence. Head layouts of BERT-base,
  * BERT-large, MiniLM (d = 32) and small ones (one slice). Every epilogue; the backend op. */
 static void test_skinny_attention(void **state) {
     static const int32_t lens[][27] = {{1, 1},  {1, 64}, {5, 1, 1, 1, 1, 1}, {4, 5, 20, 1, 6}, {3, 17, 15, 30},
@@ -676,13 +679,18 @@ static void test_skinny_attention(void **state) {
         double worst = 0.0;
         for (size_t b = 0; b < n_lens; b++)
             for (size_t l = 0; l < n_layouts; l++) {
-                const double e = skinny_attention_check(d, lens[b] + 1, lens[b][0], layouts[l][0], layouts[l][1],
+                const double e = skinny_attention_check(d, lens[b] + 1, lens[b][0], 0, layouts[l][0], layouts[l][1],
                                                         layouts[l][2], -1, 1, 0, &rng);
                 if (e > worst) worst = e;
             }
-        for (int act = -1; act <= NOPAD_ACT_RELU; act++) skinny_attention_check(d, lens[3] + 1, lens[3][0], 12, 64, 768, act, 0, 0, &rng);
-        skinny_attention_check(d, lens[4] + 1, lens[4][0], 12, 32, 384, -1, 1, 1, &rng);
-        skinny_attention_check(d, lens[3] + 1, lens[3][0], 12, 64, 768, NOPAD_ACT_GELU, 0, 1, &rng);
+        for (int act = -1; act <= NOPAD_ACT_RELU; act++)
+            skinny_attention_check(d, lens[3] + 1, lens[3][0], 0, 12, 64, 768, act, 0, 0, &rng);
+        /* slack rows (NaN) past the last sequence: 6 past 32 tokens, 1 past 16, 63 past one token */
+        skinny_attention_check(d, lens[4] + 1, lens[4][0] - 1, 6, 12, 64, 768, -1, 1, 0, &rng);
+        skinny_attention_check(d, lens[6] + 1, lens[6][0], 1, 12, 32, 384, -1, 1, 0, &rng);
+        skinny_attention_check(d, lens[0] + 1, lens[0][0], 63, 16, 64, 1024, -1, 1, 0, &rng);
+        skinny_attention_check(d, lens[4] + 1, lens[4][0], 0, 12, 32, 384, -1, 1, 1, &rng);
+        skinny_attention_check(d, lens[3] + 1, lens[3][0], 0, 12, 64, 768, NOPAD_ACT_GELU, 0, 1, &rng);
         printf("%s skinny attention worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, ATTN_BOUND[d]);
     }
 }

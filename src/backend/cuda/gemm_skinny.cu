@@ -205,7 +205,8 @@ __device__ void layernorm_tile(const params &p, typename elem<BF16>::T *sx,
  * takes one head and 16 queries: S = q·kᵀ (mma.sync, k rows as the column-major B operand), keys
  * of other sequences and past T masked, softmax in registers (the four lanes of a quad share a
  * row), P rounded to the dtype as the A operand of P·v (v rows through ldmatrix.trans), divided
- * by the row sum and stored to sx. Queries past T get zeros. The feature tiles of a slice each
+ * by the row sum and stored to sx. Queries past T, and past the last sequence (cu_seqlens[B] may
+ * be below T: the slack rows of a graph recorded for a bucket), get zeros; such keys are masked. The feature tiles of a slice each
  * compute the same context: at T <= 64 that is a few hundred thousand FLOPs per CTA, against a
  * kernel and a round trip through global memory saved. */
 template <bool BF16, int D>
@@ -387,14 +388,15 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
             bulk_copy_g2s(sq + ((j / rows) * 16 * groups + j % rows) * ld,
                           static_cast<const T *>(p.x) + (size_t)(j % rows) * 3 * p.K + (j / rows) * p.K + k0,
                           row_bytes, &loaded);
-        if (tid < rows) { /* the last sequence starting at or before token tid */
+        if (tid < rows) { /* the last sequence starting at or before token tid; -1 past the
+                             last sequence (the slack rows of a graph recorded for a bucket) */
             int lo = 0, hi = p.n_seqs - 1;
             while (lo < hi) {
                 const int mid = (lo + hi + 1) / 2;
                 if (p.cu_seqlens[mid] <= tid) lo = mid;
                 else hi = mid - 1;
             }
-            seq_of[tid] = lo;
+            seq_of[tid] = tid < p.cu_seqlens[p.n_seqs] ? lo : -1;
         }
     } else if (tid >= TILE_N && tid < TILE_N + rows) {
         bulk_copy_g2s(sx + (tid - TILE_N) * ld, static_cast<const T *>(p.x) + (size_t)(t0 + tid - TILE_N) * p.K + k0,
@@ -402,9 +404,15 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     }
     mbar_wait(&loaded, 0);
     if constexpr (ATTN) {
+        T *sk = sq + 16 * groups * ld, *sv = sk + 16 * groups * ld;
         __syncthreads(); /* seq_of */
-        attention_tile<BF16, HEAD_D>(p, sx, sq, sq + 16 * groups * ld, sq + 2 * 16 * groups * ld, ld,
-                                     k_valid / HEAD_D, rows, groups, seq_of);
+        /* v rows of tokens in no sequence (graph slack) hold whatever was there; P is 0 for them,
+         * but 0 · NaN is NaN: zero them (their q and k only feed scores that are masked) */
+        for (int i = tid; i < rows * (k_len / 8); i += THREADS)
+            if (seq_of[i / (k_len / 8)] < 0)
+                *reinterpret_cast<uint4 *>(sv + (i / (k_len / 8)) * ld + (i % (k_len / 8)) * 8) = make_uint4(0, 0, 0, 0);
+        __syncthreads();
+        attention_tile<BF16, HEAD_D>(p, sx, sq, sk, sv, ld, k_valid / HEAD_D, rows, groups, seq_of);
     }
     if constexpr (LN) layernorm_tile<BF16>(p, sx, sln, ld, k0, k_valid, rows, t0, cluster, slice_stats, row_stats);
 

@@ -56,8 +56,9 @@ int cuda_gemm_skinny_layernorm_takes(int32_t n_tokens, int32_t n_in, int32_t n_o
  * sequences cu_seqlens[n_seqs + 1] in device memory, softmax(scale · q·kᵀ)) and its output
  * [T, heads·head_size], rounded to the dtype, is the GEMM's input. It is never stored: each CTA
  * computes the heads of its K slice for every token. For one tile of tokens (T <= 64) and head
- * sizes 32 and 64; y must not overlap qkv (residual may alias y); cu_seqlens must describe T
- * tokens (it is read on the device, as the attention op reads it). */
+ * sizes 32 and 64; y must not overlap qkv (residual may alias y). cu_seqlens is read on the
+ * device, as the attention op reads it; tokens past cu_seqlens[n_seqs] (at most T) belong to no
+ * sequence: they attend to nothing and get y = epilogue(0). */
 nopad_status cuda_gemm_skinny_attention(nopad_dtype dtype, void *y, const void *qkv,
                                         const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
                                         int32_t n_heads, int32_t head_size, float scale, const void *w,
