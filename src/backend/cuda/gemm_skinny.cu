@@ -24,6 +24,12 @@
  * merges them (layernorm_tile), and each CTA normalises its slice in shared memory before the
  * MMAs; feature tile 0 stores the normalised rows. Gamma and beta arrive with the weights.
  *
+ * Attention variant (cuda_gemm_skinny_attention). For one tile of tokens (T <= 64) the input of
+ * the attention-out GEMM can be made where it is used: slices hold whole heads, and each CTA
+ * brings the q, k and v of its heads for every token and computes their context in shared memory
+ * (attention_tile) instead of reading it. The feature tiles of a slice repeat that work; the
+ * context never goes to memory and the attention kernel goes.
+ *
  * Programmatic dependent launch. The weights do not depend on the kernel before, so each CTA issues
  * their copies first and only then waits (griddepcontrol.wait) for the upstream grid before
  * reading x and the residual; and it lets its own dependents launch at once, so the next layer's
