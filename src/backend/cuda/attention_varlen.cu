@@ -175,20 +175,8 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         /* O += P V. The S accumulators of n-tiles 2k, 2k+1 are exactly the A fragment of k-step k.
          * V rows in shared memory are B in row-major: ldmatrix.trans. */
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; kk++) {
-            uint32_t a[4];
-            a[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dd = 0; dd < D / 16; dd++) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, v_s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dd * 16 + (lane >> 4) * 8);
-                mma16816<BF16>(o[2 * dd], a, b[0], b[1]);
-                mma16816<BF16>(o[2 * dd + 1], a, b[2], b[3]);
-            }
-        }
+        for (int kk = 0; kk < BLOCK_N / 16; kk++)
+            mma_pv_step<BF16, D>(o, s[2 * kk], s[2 * kk + 1], v_s + kk * 16 * LDS, LDS, lane);
     }
 
     /* normalise, stage this warp's 16 rows in its own (already consumed) Q rows, then store rows

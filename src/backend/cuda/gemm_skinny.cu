@@ -277,21 +277,8 @@ __device__ void attention_tile(const params &p, typename elem<BF16>::T *sx, cons
 #pragma unroll
         for (int t = 0; t < D / 8; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            if (kk >= groups) continue;
-            uint32_t a[4];
-            a[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dd = 0; dd < D / 16; dd++) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + dd * 16 + (lane >> 4) * 8);
-                mma16816<BF16>(o[2 * dd], a, b[0], b[1]);
-                mma16816<BF16>(o[2 * dd + 1], a, b[2], b[3]);
-            }
-        }
+        for (int kk = 0; kk < 4; kk++)
+            if (kk < groups) mma_pv_step<BF16, D>(o, s[2 * kk], s[2 * kk + 1], sv + kk * 16 * ld + c0, ld, lane);
         const int row = qg * 16 + lane / 4;
 #pragma unroll
         for (int t = 0; t < D / 8; t++) {

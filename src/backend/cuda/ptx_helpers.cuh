@@ -110,4 +110,25 @@ static __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+/* One key step of a flash-attention warp: o[D/8][4] += P · V over 16 keys. The two m16n8 score
+ * accumulators of the step (s_lo: keys 0-7, s_hi: 8-15) are, rounded to the dtype, exactly the
+ * A fragment of the m16n8k16 MMA; v points at the step's first key row of V (row-major
+ * [key][dim], ld elements apart), read as the B operand through ldmatrix.trans. */
+template <bool BF16, int D, typename E>
+static __device__ __forceinline__ void mma_pv_step(float (*o)[4], const float s_lo[4], const float s_hi[4],
+                                                   const E *v, int ld, int lane) {
+    uint32_t a[4];
+    a[0] = pack2<BF16>(s_lo[0], s_lo[1]);
+    a[1] = pack2<BF16>(s_lo[2], s_lo[3]);
+    a[2] = pack2<BF16>(s_hi[0], s_hi[1]);
+    a[3] = pack2<BF16>(s_hi[2], s_hi[3]);
+#pragma unroll
+    for (int dd = 0; dd < D / 16; dd++) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + dd * 16 + (lane >> 4) * 8);
+        mma16816<BF16>(o[2 * dd], a, b[0], b[1]);
+        mma16816<BF16>(o[2 * dd + 1], a, b[2], b[3]);
+    }
+}
+
 #endif
