@@ -25,6 +25,11 @@ static const nopad_dtype DTYPES[2] = {NOPAD_DTYPE_F16, NOPAD_DTYPE_BF16};
 static const char *const DTYPE_NAMES[2] = {"f16", "bf16"};
 static const double OP_BOUND[2] = {2e-3, 1e-2};
 static const double MODEL_BOUND[2] = {5e-3, 2e-2};
+/* The MiniLM check on 256 random token ids is harder for half precision than the fixtures' text:
+ * PyTorch's own forwards of that input lie 3.06e-3 (fp16) and 5.0e-2 (bf16) from its fp32 forward
+ * (scripts/torch_bf16_error.py, H200, 2026-11-21); nopad's measured 3.1e-3 and 4.3e-2 to 5.3e-2.
+ * Bound: 1.5x PyTorch's error, and never below MODEL_BOUND. */
+static const double RANDOM_IDS_BOUND[2] = {5e-3, 7.5e-2};
 
 /* Uploads host floats to a fresh device tensor of the backend's dtype and rewrites the host copy
  * with the rounded values, so the CPU reference computes on exactly what the GPU sees. */
@@ -344,8 +349,34 @@ static void test_minilm_and_edge_batches(void **state) {
     int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
     float *want = golden_copy(&f, "embeddings", ST_F32, NULL);
     const int B = (int)n_cu - 1, H = 384;
+    /* the fp32 CPU forward of one 256-token sequence of random ids (the model maximum) */
+    enum { NMAX = 24 };
+    int32_t mcu[NMAX + 1], *mids = malloc(sizeof(int32_t) * NMAX * 256);
+    uint64_t rng = 5;
+    for (int s = 0; s <= NMAX; s++) mcu[s] = s * 256;
+    for (int t = 0; t < NMAX * 256; t++) mids[t] = 1000 + (int32_t)(test_rand_u32(&rng) % 20000);
+    nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
+    float *long_ref = malloc(sizeof(float) * 256 * H);
+    {
+        nopad_model *ref = NULL;
+        nopad_model_params cp = nopad_model_default_params();
+        assert_nopad_ok(nopad_model_load(dir, &cp, &ref));
+        assert_nopad_ok(nopad_encode_packed(ref, 1, mcu, mids, NULL, &none, long_ref, NULL));
+        nopad_model_free(ref);
+    }
     for (int di = 0; di < 2; di++) {
         nopad_model *m = load_cuda(dir, di, 32768);
+        /* small batches (the first sentences, up to 64 tokens: the shapes the skinny and fused
+         * kernels take) against the reference embeddings */
+        for (int k = 1; k <= B && cu[k] <= 64; k++) {
+            float *se = malloc(sizeof(float) * k * H);
+            assert_nopad_ok(nopad_encode_packed(m, k, cu, ids, NULL, NULL, NULL, se));
+            for (int s = 0; s < k; s++)
+                if (!(cosine(se + (size_t)s * H, want + (size_t)s * H, H) >= 0.9999))
+                    fail_msg("MiniLM %s, batch of the first %d sentences (%d tokens), sentence %d: cosine %.6f < 0.9999",
+                             DTYPE_NAMES[di], k, cu[k], s, cosine(se + (size_t)s * H, want + (size_t)s * H, H));
+            free(se);
+        }
         float *emb = malloc(sizeof(float) * B * H);
         assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, NULL, NULL, NULL, emb));
         double worst = 1;
@@ -371,27 +402,28 @@ static void test_minilm_and_edge_batches(void **state) {
             if (!(cosine(bemb + (size_t)s * H, want + (size_t)(s % B) * H, H) >= 0.9999))
                 fail_msg("1000-sequence batch, sequence %d: cosine below 0.9999", s);
         /* every sequence at the model maximum (256), and one long among many short */
-        enum { NMAX = 24 };
-        int32_t mcu[NMAX + 1], *mids = malloc(sizeof(int32_t) * NMAX * 256);
-        uint64_t rng = 5;
-        for (int s = 0; s <= NMAX; s++) mcu[s] = s * 256;
-        for (int t = 0; t < NMAX * 256; t++) mids[t] = 1000 + (int32_t)(test_rand_u32(&rng) % 20000);
         float *mh = malloc(sizeof(float) * NMAX * 256 * H);
-        nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
         assert_nopad_ok(nopad_encode_packed(m, NMAX, mcu, mids, NULL, &none, mh, NULL));
-        /* sequence 0 alone must give the same rows */
+        /* sequence 0 alone and in the batch, each against the fp32 CPU forward of it (the two
+         * may take different kernels: a 256-token batch can take the skinny GEMMs, 6144 cannot) */
         float *alone = malloc(sizeof(float) * 256 * H);
         assert_nopad_ok(nopad_encode_packed(m, 1, mcu, mids, NULL, &none, alone, NULL));
+        double err_batch = test_max_row_rel_error(mh, long_ref, 256, H);
+        double err_alone = test_max_row_rel_error(alone, long_ref, 256, H);
         double err = test_max_row_rel_error(mh, alone, 256, H);
-        if (!(err <= MODEL_BOUND[di])) fail_msg("max-length batch vs alone: %.3e", err);
+        printf("  %-5s MiniLM 256 tokens vs fp32 CPU: in a batch of %d %.2e, alone %.2e (batch vs alone %.2e)\n",
+               DTYPE_NAMES[di], NMAX, err_batch, err_alone, err);
+        if (!(err_batch <= RANDOM_IDS_BOUND[di]) || !(err_alone <= RANDOM_IDS_BOUND[di]))
+            fail_msg("max-length sequence vs fp32 CPU: in the batch %.3e, alone %.3e (bound %.1e)", err_batch,
+                     err_alone, RANDOM_IDS_BOUND[di]);
         int32_t scu[65];
         scu[0] = 0;
         scu[1] = 256;
         for (int s = 1; s < 64; s++) scu[s + 1] = scu[s] + 20;
         float *sh = malloc(sizeof(float) * scu[64] * H);
         assert_nopad_ok(nopad_encode_packed(m, 64, scu, mids, NULL, &none, sh, NULL));
-        err = test_max_row_rel_error(sh, alone, 256, H);
-        if (!(err <= MODEL_BOUND[di])) fail_msg("skewed batch, long sequence: %.3e", err);
+        err = test_max_row_rel_error(sh, long_ref, 256, H);
+        if (!(err <= RANDOM_IDS_BOUND[di])) fail_msg("skewed batch, long sequence vs fp32 CPU: %.3e", err);
         /* padded entry = packed entry */
         int32_t lengths[4] = {256, 20, 1, 77};
         int32_t *pids = malloc(sizeof(int32_t) * 4 * 256), pcu[5] = {0};
@@ -422,10 +454,10 @@ static void test_minilm_and_edge_batches(void **state) {
         assert_nopad_ok(nopad_encode_packed(m, 1, big_cu, big_ids, NULL, &none, tmp, NULL));
         free(tmp); free(big_ids);
         free(pids); free(packed_ids); free(ph); free(kh);
-        free(sh); free(alone); free(mh); free(mids); free(bemb); free(bids); free(bcu); free(e1); free(emb);
+        free(sh); free(alone); free(mh); free(bemb); free(bids); free(bcu); free(e1); free(emb);
         nopad_model_free(m);
     }
-    free(ids); free(cu); free(want);
+    free(ids); free(cu); free(want); free(mids); free(long_ref);
     safetensors_close(&f);
 }
 

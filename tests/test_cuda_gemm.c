@@ -555,8 +555,11 @@ static void test_skinny_layernorm(void **state) {
             ln_problem_make(&q, d, odd[c][0], odd[c][1], odd[c][2], &rng);
             for (int act = -1; act <= NOPAD_ACT_RELU; act++) skinny_ln_check(&q, d, act, 0, 0);
             skinny_ln_check(&q, d, -1, 1, 0);
-            skinny_ln_check(&q, d, NOPAD_ACT_GELU, 0, 1);
-            skinny_ln_check(&q, d, -1, 1, 1);
+            /* the op's fallback, the LayerNorm kernel, takes rows of up to 2048 */
+            if (odd[c][1] <= 2048) {
+                skinny_ln_check(&q, d, NOPAD_ACT_GELU, 0, 1);
+                skinny_ln_check(&q, d, -1, 1, 1);
+            }
             ln_problem_free(&q, d);
         }
         printf("%s skinny layernorm worst row rel err (xn, y) %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, BOUND[d]);
