@@ -63,9 +63,15 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/
 date -u | tee -a "$OUTDIR/gpu.txt"
 # "all": the check itself; graphs, ab and profile are diagnostics, run by name
 want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test fused pytest sanitize sanitize_fmha sanitize_fused bench fmha " == *" $1 "* ]]; }; }
+# a BERT-base-shaped model with random weights (bench/enc_bench.py), made once per machine
+bert_base() {
+    [ -f /tmp/nopad_enc_base/config.json ] || python3 -c "import sys, torch; sys.path.insert(0, '$ROOT/bench'); \
+import enc_bench; enc_bench.make_model('base', torch.float16, '/tmp/nopad_enc_base')" >/dev/null 2>&1
+    echo /tmp/nopad_enc_base
+}
 status=0
 if want test; then
-    "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
+    NOPAD_BERT_BASE_DIR=$(bert_base) "$BUILD/tests/test_cuda_encoder" 2>&1 | tee "$OUTDIR/test_cuda_encoder.log" || status=1
 fi
 if want test; then
     # the attention op alone (every kernel the dispatcher picks), and the fused GEMMs where built
@@ -158,11 +164,6 @@ if want sweep; then
     done 2>&1 | tee -a "$OUTDIR/sweep.log"
 fi
 # A BERT-base folder with random weights (what bench/enc_bench.py times), for nopad bench/ncu.
-bert_base() {
-    [ -f /tmp/nopad_enc_base/config.json ] || python3 -c "import sys, torch; sys.path.insert(0, '$ROOT/bench'); \
-import enc_bench; enc_bench.make_model('base', torch.float16, '/tmp/nopad_enc_base')" >/dev/null 2>&1
-    echo /tmp/nopad_enc_base
-}
 if want graphs; then
     # the host entry (nopad bench: ids in, CLS rows out, synchronous) with and without the graph
     # replay of small batches

@@ -95,6 +95,12 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
      *   ws->context  context (unless attention_linear keeps it), then x1 = LN(s1) (written by
      *                the FFN-in op)
      *   hidden       x = LN(s2) of the layer before (written by the qkv op), finally the output */
+    /* Where the backend runs the whole stack in one call for this batch, that is all. */
+    if (be->encoder_layers && be->encoder_layers_takes &&
+        be->encoder_layers_takes(be, T, w->n_steps, H, cfg->num_heads, cfg->head_size, I))
+        return be->encoder_layers(be, hidden, w->schedule, w->n_steps, seqs, H, cfg->num_heads,
+                                  cfg->head_size, I, eps, scale, cfg->activation, ws->qkv,
+                                  ws->context, ws->attn, ws->ffn);
     const int fuse_ln = be->layernorm_linear && be->layernorm_linear_takes &&
                         be->layernorm_linear_takes(be, T, H, 3 * H) &&
                         be->layernorm_linear_takes(be, T, H, I);

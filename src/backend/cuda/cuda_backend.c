@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/encoder_small.h"
 #include "backend/cuda/gemm_fused.h"
 #include "backend/cuda/gemm_skinny.h"
 #include "util/error.h"
@@ -464,6 +465,24 @@ static int cu_layernorm_linear_takes(nopad_backend *be, int32_t n_tokens, int32_
     return cuda_gemm_skinny_layernorm_takes(n_tokens, n_in, n_out);
 }
 
+/* Every layer of a batch of at most 32 tokens in one cooperative kernel (encoder_small.h). */
+static nopad_status cu_encoder_layers(nopad_backend *be, void *hidden, const encoder_layer *const *schedule,
+                                      int32_t n_steps, const nopad_seqs *seqs, int32_t hidden_size,
+                                      int32_t n_heads, int32_t head_size, int32_t intermediate, float eps,
+                                      float scale, nopad_activation act, void *qkv, void *context, void *sums,
+                                      void *ffn) {
+    if (seqs->n_tokens == 0) return NOPAD_OK;
+    return cuda_encoder_small(be->dtype, hidden, schedule, n_steps, seqs->cu_seqlens, seqs->n_seqs,
+                              seqs->n_tokens, hidden_size, n_heads, head_size, intermediate, eps, scale,
+                              (int)act, qkv, context, sums, ffn, state_of(be)->stream);
+}
+
+static int cu_encoder_layers_takes(nopad_backend *be, int32_t n_tokens, int32_t n_steps, int32_t hidden_size,
+                                   int32_t n_heads, int32_t head_size, int32_t intermediate) {
+    (void)be;
+    return cuda_encoder_small_takes(n_tokens, n_steps, hidden_size, n_heads, head_size, intermediate);
+}
+
 /* ---- the other ops ------------------------------------------------------------------------- */
 
 static nopad_status cu_embed_layernorm(nopad_backend *be, void *out, const int32_t *tokens,
@@ -589,6 +608,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->layernorm_linear_takes = cu_layernorm_linear_takes;
     be->attention_linear = cu_attention_linear;
     be->attention_linear_takes = cu_attention_linear_takes;
+    be->encoder_layers = cu_encoder_layers;
+    be->encoder_layers_takes = cu_encoder_layers_takes;
     be->attention_varlen = cu_attention_varlen;
     be->pool = cu_pool;
     be->l2_normalize = cu_l2_normalize;
