@@ -9,8 +9,8 @@
 # There (device tool, carry .gpu_carry):
 #   mkdir -p /tmp/g && tar xJf .gpu_carry/bundle.tar.xz -C /tmp/g
 #   NOPAD_MINILM_DIR=/tmp/g/minilm_f16 scripts/gpu_check_encoder.sh /tmp/g/build [steps]
-# steps: test fused pytest sanitize sanitize_fmha sanitize_fused bench fmha sweep graphs ab profile,
-# or all (test fused pytest sanitize sanitize_fmha sanitize_fused bench fmha). Logs and JSON go to
+# steps: test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha sweep graphs
+# ab profile, or all (test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha). Logs and JSON go to
 # $OUT. Env knobs per step: ENC_ARGS, FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS,
 # AB_SETTINGS, AB_POINTS, PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
 set -uo pipefail
@@ -62,7 +62,7 @@ export NOPAD_TEST_DATA=$ROOT/tests/data NOPAD_MINILM_DIR=${NOPAD_MINILM_DIR:-$(d
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt"
 date -u | tee -a "$OUTDIR/gpu.txt"
 # "all": the check itself; graphs, ab and profile are diagnostics, run by name
-want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test fused pytest sanitize sanitize_fmha sanitize_fused bench fmha " == *" $1 "* ]]; }; }
+want() { [[ " $STEPS " == *" $1 "* ]] || { [[ " $STEPS " == *" all "* ]] && [[ " test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha " == *" $1 "* ]]; }; }
 # a BERT-base-shaped model with random weights (bench/enc_bench.py), made once per machine
 bert_base() {
     [ -f /tmp/nopad_enc_base/config.json ] || python3 -c "import sys, torch; sys.path.insert(0, '$ROOT/bench'); \
@@ -149,6 +149,18 @@ if want sanitize_fused; then
             echo "compute-sanitizer --tool $tool, test_cuda_gemm $t: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
                 "$OUTDIR/sanitizer_fused_$tool.log" | tail -n 1)" | tee -a "$OUTDIR/sanitizer_fused.log"
         done
+    done
+fi
+if want sanitize_small; then
+    # the one-kernel small-batch encoder (encoder_small.cu: grid barriers, shared memory reused
+    # between phases) under memcheck, racecheck and synccheck, on its phase-by-phase test
+    for tool in memcheck racecheck synccheck; do
+        NOPAD_TEST_FILTER='*phases*' NOPAD_GPU_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 3 \
+            "$BUILD/tests/test_cuda_encoder" > "$OUTDIR/sanitizer_small_$tool.log" 2>&1
+        rc=$?
+        [ "$rc" = 0 ] || status=1
+        echo "compute-sanitizer --tool $tool, test_small_kernel_phases: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+            "$OUTDIR/sanitizer_small_$tool.log" | tail -n 1)" | tee -a "$OUTDIR/sanitizer_small.log"
     done
 fi
 if want sweep; then

@@ -326,7 +326,7 @@ __device__ __noinline__ void gemm_phase(const gemm_args a, int T, const float2 *
 #pragma unroll
         for (int j = 0; j < EPI; j++) {
             const int i = threadIdx.x + THREADS * j;
-            if (i >= T * features) break;
+            if (i >= T * features) continue; /* (not break: every thread reaches the barrier below alike) */
             const int tok = i / features, fl = i % features, c = fl / 8, f = fl % 8;
             const int t = tok / 16, rr = tok % 16;
             /* accumulator element of token rr (row g = rr % 8, upper half rr / 8) and feature f
