@@ -405,34 +405,7 @@ __device__ __noinline__ void attention_phase(const params &p, const int *seq_of,
                 mma16816<BF16>(s[2 * nn + 1], qf[kk], b[2], b[3]);
             }
         float inv_sum[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = qg * 16 + lane / 4 + r * 8;
-            const int seq = row < T ? seq_of[row] : -1;
-            float mx = -INFINITY;
-#pragma unroll
-            for (int t = 0; t < MAX_T / 8; t++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = t * 8 + (lane & 3) * 2 + e;
-                    if (key >= T || seq < 0 || seq_of[key] != seq) s[t][2 * r + e] = -INFINITY;
-                    mx = fmaxf(mx, s[t][2 * r + e]);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_use = mx == -INFINITY ? 0.0f : mx * p.scale_log2; /* a row in no sequence: all -inf */
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < MAX_T / 8; t++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    s[t][2 * r + e] = exp2f(fmaf(s[t][2 * r + e], p.scale_log2, -m_use));
-                    sum += s[t][2 * r + e];
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            inv_sum[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-        }
+        masked_softmax_rows<MAX_T / 8>(s, inv_sum, qg * 16, T, seq_of, p.scale_log2, lane);
         float o[D / 8][4];
 #pragma unroll
         for (int t = 0; t < D / 8; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;

@@ -244,34 +244,7 @@ __device__ void attention_tile(const params &p, typename elem<BF16>::T *sx, cons
             }
         }
         float l[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = qg * 16 + lane / 4 + r * 8;
-            const int seq = row < rows ? seq_of[row] : -1;
-            float mx = -INFINITY;
-#pragma unroll
-            for (int t = 0; t < 8; t++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int col = t * 8 + (lane & 3) * 2 + e;
-                    if (col >= rows || seq < 0 || seq_of[col] != seq) s[t][2 * r + e] = -INFINITY;
-                    mx = fmaxf(mx, s[t][2 * r + e]);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_use = mx == -INFINITY ? 0.0f : mx * p.scale_log2; /* a row past T: all -inf */
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < 8; t++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    s[t][2 * r + e] = exp2f(fmaf(s[t][2 * r + e], p.scale_log2, -m_use));
-                    sum += s[t][2 * r + e];
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            l[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-        }
+        masked_softmax_rows<8>(s, l, qg * 16, rows, seq_of, p.scale_log2, lane);
         /* O = P·v: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment of key step kk */
         float o[D / 8][4];
 #pragma unroll
