@@ -462,6 +462,25 @@ static void test_minilm_and_edge_batches(void **state) {
     safetensors_close(&f);
 }
 
+/* Phases A to D of one layer of the small-batch kernel: qkv against the CPU linear op of the
+ * layer's input x, and x1 (the context buffer) against LN(attention(qkv) · Woᵀ + bo + x), with the
+ * CPU ops on the GPU's own qkv. rw: the layer's 12 tensors as the GPU holds them. */
+static void check_qkv_x1(const char *what, int di, const float *qkv, const float *x1, const float *x, float *const rw[12],
+                         const nopad_seqs *hs, int32_t NH, int32_t D, float scale, float eps) {
+    const int32_t T = hs->n_tokens, H = NH * D;
+    float *want = malloc(sizeof(float) * (size_t)T * 3 * H), *ctx = malloc(sizeof(float) * (size_t)T * H);
+    char step[160];
+    assert_nopad_ok(cpu->linear(cpu, want, x, rw[0], rw[1], NULL, T, H, 3 * H, NOPAD_EPILOGUE_BIAS, NOPAD_ACT_GELU));
+    snprintf(step, sizeof step, "%s: qkv", what);
+    expect_close(step, di, qkv, want, T, 3 * H);
+    assert_nopad_ok(cpu->attention_varlen(cpu, ctx, qkv, hs, NH, D, scale, 0));
+    assert_nopad_ok(cpu->linear(cpu, want, ctx, rw[2], NULL, NULL, T, H, H, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+    assert_nopad_ok(cpu->bias_residual_layernorm(cpu, want, rw[3], x, rw[4], rw[5], eps, T, H));
+    snprintf(step, sizeof step, "%s: x1 = LN(attention out)", what);
+    expect_close(step, di, x1, want, T, H);
+    free(want), free(ctx);
+}
+
 /* One layer of the small-batch kernel (encoder_small.cu), phase by phase: after a one-layer run
  * its scratch buffers hold qkv, x1 = LN(s1) (context), ffn and the output (hidden); each is
  * checked against the CPU ops applied to the GPU's own input of that phase (so one phase's
@@ -528,27 +547,20 @@ static void test_small_kernel_phases(void **state) {
                 }
                 nopad_seqs hs = {.n_seqs = B, .n_tokens = T, .max_seqlen = max_seqlen, .cu_seqlens = cu};
                 float *want = malloc(sizeof(float) * (size_t)T * (I > 3 * H ? I : 3 * H));
-                float *ctx = malloc(sizeof(float) * (size_t)T * H), *s = malloc(sizeof(float) * (size_t)T * H);
-                char what[96];
-                /* A: qkv */
-                assert_nopad_ok(cpu->linear(cpu, want, x, rw[0], rw[1], NULL, T, H, 3 * H, NOPAD_EPILOGUE_BIAS, NOPAD_ACT_GELU));
-                snprintf(what, sizeof what, "small kernel H %d T %d B %d: qkv", H, T, B);
-                expect_close(what, di, qkv, want, T, 3 * H);
-                /* B, C, D: x1 = LN(attention(qkv) · Woᵀ + bo + x) */
-                assert_nopad_ok(cpu->attention_varlen(cpu, ctx, qkv, &hs, NH, D, scale, 0));
-                assert_nopad_ok(cpu->linear(cpu, s, ctx, rw[2], NULL, NULL, T, H, H, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-                assert_nopad_ok(cpu->bias_residual_layernorm(cpu, s, rw[3], x, rw[4], rw[5], eps, T, H));
-                snprintf(what, sizeof what, "small kernel H %d T %d B %d: x1 = LN(attention out)", H, T, B);
-                expect_close(what, di, x1, s, T, H);
+                float *s = malloc(sizeof(float) * (size_t)T * H);
+                char what[96], step[128];
+                /* A, B, C, D: qkv and x1 */
+                snprintf(what, sizeof what, "small kernel H %d T %d B %d, first layer", H, T, B);
+                check_qkv_x1(what, di, qkv, x1, x, rw, &hs, NH, D, scale, eps);
                 /* D: ffn = gelu(x1 · W1ᵀ + b1) */
                 assert_nopad_ok(cpu->linear(cpu, want, x1, rw[6], rw[7], NULL, T, H, I, NOPAD_EPILOGUE_BIAS_ACT, NOPAD_ACT_GELU));
-                snprintf(what, sizeof what, "small kernel H %d T %d B %d: ffn", H, T, B);
-                expect_close(what, di, ffn, want, T, I);
+                snprintf(step, sizeof step, "%s: ffn", what);
+                expect_close(step, di, ffn, want, T, I);
                 /* E and the last LayerNorm: out = LN(ffn · W2ᵀ + b2 + x1) */
                 assert_nopad_ok(cpu->linear(cpu, s, ffn, rw[8], NULL, NULL, T, I, H, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
                 assert_nopad_ok(cpu->bias_residual_layernorm(cpu, s, rw[9], x1, rw[10], rw[11], eps, T, H));
-                snprintf(what, sizeof what, "small kernel H %d T %d B %d: output", H, T, B);
-                expect_close(what, di, out, s, T, H);
+                snprintf(step, sizeof step, "%s: output", what);
+                expect_close(step, di, out, s, T, H);
                 /* the second of two layers (the same weights twice, as ALBERT shares them): its input
                  * is LN(s2) of the first, the bits the one-layer run returned as its output; check
                  * its qkv and x1, where the LayerNorm of phase A and the residual it stores count */
@@ -559,17 +571,11 @@ static void test_small_kernel_phases(void **state) {
                                                    NOPAD_ACT_GELU, dqkv, dctx, dsums, dffn, NULL));
                 assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
                 float *qkv2 = to_host(gpu, dqkv, (size_t)T * 3 * H), *x1_2 = to_host(gpu, dctx, (size_t)T * H);
-                assert_nopad_ok(cpu->linear(cpu, want, out, rw[0], rw[1], NULL, T, H, 3 * H, NOPAD_EPILOGUE_BIAS, NOPAD_ACT_GELU));
-                snprintf(what, sizeof what, "small kernel H %d T %d B %d: second layer's qkv", H, T, B);
-                expect_close(what, di, qkv2, want, T, 3 * H);
-                assert_nopad_ok(cpu->attention_varlen(cpu, ctx, qkv2, &hs, NH, D, scale, 0));
-                assert_nopad_ok(cpu->linear(cpu, s, ctx, rw[2], NULL, NULL, T, H, H, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-                assert_nopad_ok(cpu->bias_residual_layernorm(cpu, s, rw[3], out, rw[4], rw[5], eps, T, H));
-                snprintf(what, sizeof what, "small kernel H %d T %d B %d: second layer's x1", H, T, B);
-                expect_close(what, di, x1_2, s, T, H);
+                snprintf(what, sizeof what, "small kernel H %d T %d B %d, second layer", H, T, B);
+                check_qkv_x1(what, di, qkv2, x1_2, out, rw, &hs, NH, D, scale, eps);
                 free(qkv2), free(x1_2);
                 for (int k = 0; k < 12; k++) free(rw[k]);
-                free(want), free(ctx), free(s), free(qkv), free(x1), free(ffn), free(out), free(x);
+                free(want), free(s), free(qkv), free(x1), free(ffn), free(out), free(x);
                 gpu->free(gpu, dx), gpu->free(gpu, dqkv), gpu->free(gpu, dctx), gpu->free(gpu, dsums);
                 gpu->free(gpu, dffn), gpu->free(gpu, dcu);
             }
