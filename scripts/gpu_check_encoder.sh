@@ -10,7 +10,7 @@
 #   mkdir -p /tmp/g && tar xJf .gpu_carry/bundle.tar.xz -C /tmp/g
 #   NOPAD_MINILM_DIR=/tmp/g/minilm_f16 scripts/gpu_check_encoder.sh /tmp/g/build [steps]
 # steps: test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha sweep graphs
-# ab profile, or all (test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha). Logs and JSON go to
+# ab profile profile_small, or all (test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha). Logs and JSON go to
 # $OUT. Env knobs per step: ENC_ARGS, FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS,
 # AB_SETTINGS, AB_POINTS, PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
 set -uo pipefail
@@ -235,6 +235,20 @@ print(f"{len(fwd)} kernels in the forward, sum of kernel times {total:.1f} us")
 for (name, grid), v in sorted(by.items(), key=lambda kv: -sum(kv[1])):
     print(f"{sum(v):9.1f} us {100 * sum(v) / total:5.1f}%  {len(v):4d} x {sum(v) / len(v):8.2f} us  {name} {grid}")
 PY
+fi
+if want profile_small; then
+    # the one-kernel small-batch encoder (NOPAD_ENCODER_SMALL=1) under ncu: warp stall reasons,
+    # memory traffic and the source lines they fall on, one BERT-base forward of PROFILE_MAX tokens
+    model=$(bert_base)
+    NOPAD_ENCODER_SMALL=1 ncu --clock-control none --kernel-name regex:encoder_small --launch-count 1 \
+        --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SourceCounters --import-source yes -o "$OUTDIR/ncu_encoder_small" \
+        "$BUILD/nopad" bench --model "$model" --device cuda --batch 1 --max "${PROFILE_MAX:-32}" --iters 1 \
+        --warmup 0 --cuda-graph-max-tokens -1 > "$OUTDIR/ncu_encoder_small.err" 2>&1 ||
+        echo "ncu failed: $(tail -n 3 "$OUTDIR/ncu_encoder_small.err")"
+    ncu --import "$OUTDIR/ncu_encoder_small.ncu-rep" --page details > "$OUTDIR/ncu_encoder_small.txt" 2>&1
+    ncu --import "$OUTDIR/ncu_encoder_small.ncu-rep" --page source --csv > "$OUTDIR/ncu_encoder_small_source.csv" 2>&1
+    grep -E 'Duration|Stall|L2 Hit|Mem Busy|Max Bandwidth|Warp Cycles' "$OUTDIR/ncu_encoder_small.txt" | head -40
 fi
 if want bench; then
     python3 "$ROOT/bench/enc_bench.py" --lib "$BUILD/libnopad.so" ${ENC_ARGS:---quick --out $OUTDIR/enc.json} \
