@@ -86,6 +86,13 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
         TRY(be->linear(be, hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
                        E, H, NOPAD_EPILOGUE_BIAS, cfg->activation));
 
+    /* Where the backend runs the whole stack in one call for this batch, that is all. */
+    if (be->encoder_layers && be->encoder_layers_takes &&
+        be->encoder_layers_takes(be, T, w->n_steps, H, cfg->num_heads, cfg->head_size, I))
+        return be->encoder_layers(be, hidden, w->schedule, w->n_steps, seqs, H, cfg->num_heads,
+                                  cfg->head_size, I, eps, scale, cfg->activation, ws->qkv,
+                                  ws->context, ws->attn, ws->ffn);
+
     /* With few tokens every kernel is latency-bound, so where the backend fuses a LayerNorm
      * into the linear layer that consumes it (layernorm_linear), the layer's two LayerNorm
      * kernels go: the GEMM before each LayerNorm adds bias and residual in its epilogue and
@@ -95,12 +102,6 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
      *   ws->context  context (unless attention_linear keeps it), then x1 = LN(s1) (written by
      *                the FFN-in op)
      *   hidden       x = LN(s2) of the layer before (written by the qkv op), finally the output */
-    /* Where the backend runs the whole stack in one call for this batch, that is all. */
-    if (be->encoder_layers && be->encoder_layers_takes &&
-        be->encoder_layers_takes(be, T, w->n_steps, H, cfg->num_heads, cfg->head_size, I))
-        return be->encoder_layers(be, hidden, w->schedule, w->n_steps, seqs, H, cfg->num_heads,
-                                  cfg->head_size, I, eps, scale, cfg->activation, ws->qkv,
-                                  ws->context, ws->attn, ws->ffn);
     const int fuse_ln = be->layernorm_linear && be->layernorm_linear_takes &&
                         be->layernorm_linear_takes(be, T, H, 3 * H) &&
                         be->layernorm_linear_takes(be, T, H, I);
