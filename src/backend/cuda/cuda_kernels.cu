@@ -61,11 +61,6 @@ __device__ __forceinline__ void store_vec(T *dst, const float *src) {
     }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 static nopad_status launch_status(const char *what) {
     cudaError_t err = cudaGetLastError();

@@ -114,22 +114,12 @@ __device__ __forceinline__ void unpack8(float f[8], uint4 v) {
         f[2 * i] = p.x, f[2 * i + 1] = p.y;
     }
 }
-template <bool BF16>
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    return make_uint4(pack2<BF16>(f[0], f[1]), pack2<BF16>(f[2], f[3]), pack2<BF16>(f[4], f[5]),
-                      pack2<BF16>(f[6], f[7]));
-}
 
 /* activations written earlier in this kernel: through L2 */
 __device__ __forceinline__ uint4 load_act(const uint16_t *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 /* weights, read-only for the kernel's life */
 __device__ __forceinline__ uint4 load_w(const uint16_t *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* ---- LayerNorm ------------------------------------------------------------------------------ */
 

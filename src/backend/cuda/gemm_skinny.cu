@@ -119,17 +119,7 @@ __device__ __forceinline__ void load8(float v[8], const void *src) {
 #pragma unroll
     for (int j = 0; j < 8; j++) v[j] = elem<BF16>::f(e[j]);
 }
-template <bool BF16>
-__device__ __forceinline__ uint4 pack8(const float v[8]) {
-    return make_uint4(pack2<BF16>(v[0], v[1]), pack2<BF16>(v[2], v[3]), pack2<BF16>(v[4], v[5]),
-                      pack2<BF16>(v[6], v[7]));
-}
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* The LayerNorm variant: the token tile sx[rows][k_valid] (this CTA's slice of K of each row) is
  * replaced by its LayerNorm, rounded to the dtype as the LayerNorm kernel would store it; the

@@ -1,6 +1,6 @@
 /* Small PTX helpers shared by the attention kernels (attention_varlen.cu, attention_wgmma.cu,
- * attention_fa3.cu), the skinny GEMM (gemm_skinny.cu) and the small-batch encoder kernel
- * (encoder_small.cu). */
+ * attention_fa3.cu), the skinny GEMM (gemm_skinny.cu), the small-batch encoder kernel
+ * (encoder_small.cu) and the elementwise kernels (cuda_kernels.cu). */
 #ifndef NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 #define NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 
@@ -103,6 +103,20 @@ static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
         r = *reinterpret_cast<uint32_t *>(&v);
     }
     return r;
+}
+
+/* Eight floats rounded to eight packed f16 / bf16 values (16 bytes). */
+template <bool BF16>
+static __device__ __forceinline__ uint4 pack8(const float v[8]) {
+    return make_uint4(pack2<BF16>(v[0], v[1]), pack2<BF16>(v[2], v[3]), pack2<BF16>(v[4], v[5]),
+                      pack2<BF16>(v[6], v[7]));
+}
+
+/* The sum of v over the 32 lanes of a warp, in every lane. */
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 /* 2^x with the SFU; ex2.approx(-inf) = +0, which is what a masked score must give. */
