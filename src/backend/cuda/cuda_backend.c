@@ -335,6 +335,21 @@ static nopad_status find_plan(cuda_state *s, nopad_dtype dtype, int32_t T, int32
     return NOPAD_OK;
 }
 
+/* The skinny GEMM's form of a linear op's epilogue: bias and residual NULL where the epilogue
+ * does not add them, the activation -1 where it applies none. */
+typedef struct skinny_epilogue {
+    const void *bias, *residual;
+    int act;
+} skinny_epilogue;
+
+static skinny_epilogue skinny_epilogue_of(nopad_epilogue epilogue, const void *bias, const void *residual,
+                                          nopad_activation act) {
+    skinny_epilogue e = {epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
+                         epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL,
+                         epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1};
+    return e;
+}
+
 static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const void *w,
                               const void *bias, const void *residual, int32_t n_tokens,
                               int32_t n_in, int32_t n_out, nopad_epilogue epilogue,
@@ -343,11 +358,10 @@ static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const
     if (n_tokens == 0) return NOPAD_OK;
     /* ---- a few tokens (gemm_skinny.h): one kernel with every epilogue, weights read by all SMs;
      * shapes it does not take come back UNSUPPORTED and go on below */
-    if (cuda_gemm_skinny_wins(n_tokens, n_in, n_out, epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1)) {
-        nopad_status sst = cuda_gemm_skinny(
-            be->dtype, out, x, w, epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
-            epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,
-            epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, s->stream);
+    const skinny_epilogue se = skinny_epilogue_of(epilogue, bias, residual, act);
+    if (cuda_gemm_skinny_wins(n_tokens, n_in, n_out, se.act)) {
+        nopad_status sst = cuda_gemm_skinny(be->dtype, out, x, w, se.bias, se.residual, n_tokens, n_in,
+                                            n_out, se.act, s->stream);
         if (sst != NOPAD_ERR_UNSUPPORTED) return sst;
     }
     /* ---- CUTLASS with the epilogue fused (gemm_fused.h): for the exact-erf GELU, which cuBLASLt
@@ -408,11 +422,9 @@ static nopad_status cu_layernorm_linear(nopad_backend *be, void *out, void *xn, 
     cuda_state *s = state_of(be);
     if (n_tokens == 0) return NOPAD_OK;
     if (cuda_gemm_skinny_layernorm_takes(n_tokens, n_in, n_out)) {
-        nopad_status st = cuda_gemm_skinny_layernorm(
-            be->dtype, out, xn, x, ln_weight, ln_bias, eps, w,
-            epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
-            epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,
-            epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, s->stream);
+        const skinny_epilogue se = skinny_epilogue_of(epilogue, bias, residual, act);
+        nopad_status st = cuda_gemm_skinny_layernorm(be->dtype, out, xn, x, ln_weight, ln_bias, eps, w, se.bias,
+                                                     se.residual, n_tokens, n_in, n_out, se.act, s->stream);
         if (st != NOPAD_ERR_UNSUPPORTED) return st;
     }
     /* anything else (more tokens, unaligned caller buffers): xn = x, the LayerNorm kernel in
@@ -441,11 +453,10 @@ static nopad_status cu_attention_linear(nopad_backend *be, void *out, void *cont
     const int32_t T = seqs->n_tokens;
     if (T == 0) return NOPAD_OK;
     if (cuda_gemm_skinny_attention_takes(T, n_heads, head_size, n_out)) {
-        nopad_status st = cuda_gemm_skinny_attention(
-            be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs, T, n_heads, head_size, scale, w,
-            epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
-            epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_out,
-            epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, state_of(be)->stream);
+        const skinny_epilogue se = skinny_epilogue_of(epilogue, bias, residual, act);
+        nopad_status st = cuda_gemm_skinny_attention(be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs, T,
+                                                     n_heads, head_size, scale, w, se.bias, se.residual, n_out,
+                                                     se.act, state_of(be)->stream);
         if (st != NOPAD_ERR_UNSUPPORTED) return st;
     }
     nopad_status st = cu_attention_varlen(be, context, qkv, seqs, n_heads, head_size, scale, 0);
