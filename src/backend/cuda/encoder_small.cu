@@ -568,8 +568,14 @@ extern "C" nopad_status cuda_encoder_small(nopad_dtype dtype, void *hidden, cons
         const void *const ptrs[12] = {L->qkv_weight, L->qkv_bias,     L->attn_out_weight, L->attn_out_bias,
                                       L->attn_ln_weight, L->attn_ln_bias, L->ffn_in_weight, L->ffn_in_bias,
                                       L->ffn_out_weight, L->ffn_out_bias, L->ffn_ln_weight, L->ffn_ln_bias};
+        static const char *const names[12] = {"qkv weight", "qkv bias", "attention-out weight", "attention-out bias",
+                                              "attention LayerNorm weight", "attention LayerNorm bias", "FFN-in weight",
+                                              "FFN-in bias", "FFN-out weight", "FFN-out bias", "FFN LayerNorm weight",
+                                              "FFN LayerNorm bias"};
         for (int i = 0; i < 12; i++) {
-            if (!ptrs[i]) return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: layer %d lacks tensor %d (biases and LayerNorms are required)", what, s, i);
+            if (!ptrs[i])
+                return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: layer %d has no %s (every bias and LayerNorm is required)",
+                                       what, s, names[i]);
             align |= (uintptr_t)ptrs[i];
         }
         layer_w &w = p.layers[s];
