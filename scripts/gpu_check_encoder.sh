@@ -9,10 +9,11 @@
 # There (device tool, carry .gpu_carry):
 #   mkdir -p /tmp/g && tar xJf .gpu_carry/bundle.tar.xz -C /tmp/g
 #   NOPAD_MINILM_DIR=/tmp/g/minilm_f16 scripts/gpu_check_encoder.sh /tmp/g/build [steps]
-# steps: test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha sweep graphs
-# ab profile profile_small, or all (test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha). Logs and JSON go to
+# steps: test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha sweep
+# fmha_ab fmha_profile graphs ab profile profile_small, or all (test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha). Logs and JSON go to
 # $OUT. Env knobs per step: ENC_ARGS, FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS,
-# AB_SETTINGS, AB_POINTS, PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize).
+# AB_SETTINGS, AB_POINTS, PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize),
+# FMHA_AB_LIBS, FMHA_PROFILE_LIB, FMHA_PROFILE_POINT, FMHA_PROFILE_TAG.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -174,6 +175,34 @@ if want sweep; then
             --points "${SWEEP_POINTS:-16x512,128x512,16x1024,128x1024,8x2048,128x2048,s64x2048}" ${SWEEP_ARGS:-} \
             2>&1 | grep -E '^\||Error|error'
     done 2>&1 | tee -a "$OUTDIR/sweep.log"
+fi
+if want fmha_ab; then
+    # nopad's attention from several builds of libnopad.so (FMHA_AB_LIBS, space-separated paths),
+    # alternated twice per library, same points and lengths: A/B of a kernel change in one process order
+    for rep in 1 2; do
+        for lib in ${FMHA_AB_LIBS:-$BUILD/libnopad.so}; do
+            echo "## rep $rep $(basename "$lib")"
+            PYTHONUNBUFFERED=1 python3 "$ROOT/bench/fmha_bench.py" --lib "$lib" --out /tmp/fmha_ab --only-nopad \
+                --reps 15 --points "${SWEEP_POINTS:-16x1024,64x512,128x512,128x1024,8x2048,128x2048}" ${SWEEP_ARGS:-} \
+                2>&1 | grep -E '^\||Error|error'
+        done
+    done 2>&1 | tee -a "$OUTDIR/fmha_ab.log"
+fi
+if want fmha_profile; then
+    # the FA3 attention kernel under ncu (one launch at FMHA_PROFILE_POINT, default 128x1024, d 64,
+    # fp16): throughput, warp states and the stall samples of every SASS instruction. FMHA_PROFILE_LIB
+    # picks the library (default this build's); FMHA_PROFILE_TAG names the outputs.
+    tag=${FMHA_PROFILE_TAG:-}
+    ncu --clock-control none --kernel-name regex:attention_fa3 --launch-skip 3 --launch-count 1 \
+        --section LaunchStats --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        --section InstructionStats --section SchedulerStats --section SourceCounters -o "$OUTDIR/ncu_fmha$tag" \
+        python3 "$ROOT/bench/fmha_bench.py" --lib "${FMHA_PROFILE_LIB:-$BUILD/libnopad.so}" --out /tmp/fmha_prof \
+        --only-nopad --reps 1 --inner 1 --points "${FMHA_PROFILE_POINT:-128x1024}" > "$OUTDIR/ncu_fmha$tag.err" 2>&1 ||
+        echo "ncu failed: $(tail -n 3 "$OUTDIR/ncu_fmha$tag.err")"
+    ncu --import "$OUTDIR/ncu_fmha$tag.ncu-rep" --page details > "$OUTDIR/ncu_fmha$tag.txt" 2>&1
+    ncu --import "$OUTDIR/ncu_fmha$tag.ncu-rep" --page source --print-source sass --csv \
+        > "$OUTDIR/ncu_fmha${tag}_sass.csv" 2>&1
+    grep -E 'Duration|Issue Slots|Warp Cycles|Stall|pipeline|Eligible|Active Warps' "$OUTDIR/ncu_fmha$tag.txt" | head -30
 fi
 # A BERT-base folder with random weights (what bench/enc_bench.py times), for nopad bench/ncu.
 if want graphs; then

@@ -127,6 +127,9 @@ static __device__ __forceinline__ void fence_pa(uint32_t (*pa)[4]) {
         for (int i = 0; i < 4; i++) asm volatile("" : "+r"(pa[k][i])::"memory");
 }
 
+/* keeps a value computed here: the compiler would otherwise sink it past a barrier to its use */
+static __device__ __forceinline__ void pin_reg(uint32_t &r) { asm volatile("" : "+r"(r)); }
+
 /* ---- work list: longest sequences first (persistent launch) -------------------------------------- */
 
 constexpr int FA3_MAX_PERSIST_SEQS = 1024;  // sequences a persistent launch sorts in shared memory
@@ -407,6 +410,15 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     const bool last_wg = cw == NWG - 1;
     if (pingpong && last_wg) named_bar_arrive(1, 256);
 
+    /* wgmma descriptors as low words (sw128_desc_lo) of this warpgroup's rows of Q buffer 0 and of
+     * K / V slot 0; another buffer, slot or k-step is a fixed offset in 16-byte units. Built once
+     * here: rebuilt from pointers at every tile they cost ~70 integer instructions, issued while
+     * this warpgroup held the ping-pong turn. */
+    const uint32_t desc_q0 = sw128_desc_lo(sQ + cw * 64 * 64), desc_k0 = sw128_desc_lo(sK), desc_v0 = sw128_desc_lo(sV);
+    constexpr uint32_t Q_BUF_STEP = BLOCK_M * 64 * 2 / 16, SLOT_STEP = TILE * 2 / 16;
+    constexpr uint32_t QK_KSTEP = 16 * 2 / 16;   // 16 columns of a K-major row
+    constexpr uint32_t V_KSTEP = 16 * 64 * 2 / 16;  // 16 rows of V
+
     int g = 0;  // K/V tiles consumed so far
     for (int it = 0;; it++) {
         const int qb = it % QBUF;
@@ -422,6 +434,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         const int wrow0 = m0 + cw * 64 + warp * 16;  // first query row of this warp
         const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
         uint16_t *q_wg = sQ + qb * BLOCK_M * 64 + cw * 64 * 64;  // this warpgroup's 64 query rows
+        const uint32_t desc_q = desc_q0 + (uint32_t)qb * Q_BUF_STEP;
 
         if (m0 + cw * 64 >= len) {
             /* All 64 rows of this warpgroup lie past the sequence's end (the last query tile of a
@@ -458,6 +471,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         /* prologue: S_0 and its softmax */
         {
             const int sk = g % STAGES;
+            uint32_t desc_k = desc_k0 + (uint32_t)sk * SLOT_STEP;
+            pin_reg(desc_k);
             mbar_wait(&full_k[sk], (g / STAGES) & 1);
             if (pingpong) named_bar_sync(turn_bar, 256);
 #pragma unroll
@@ -466,7 +481,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
+                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc_from_lo(desc_q + kk * QK_KSTEP),
+                                        sw128_desc_from_lo(desc_k + kk * QK_KSTEP), kk > 0);
             wgmma_commit();
             if (pingpong) named_bar_arrive(next_bar, 256);
             wgmma_wait0();
@@ -479,6 +495,10 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         for (int j = 1; j < n_tiles; j++) {
             const int gk = g + j, gv = g + j - 1;
             const int sk = gk % STAGES, sv = gv % STAGES;
+            /* computed before the turn is taken (pin_reg keeps them there) */
+            uint32_t desc_k = desc_k0 + (uint32_t)sk * SLOT_STEP, desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP;
+            pin_reg(desc_k);
+            pin_reg(desc_v);
             /* V_(j-1) was requested before K_j, so waiting for it first costs nothing and keeps the
              * branch of the wait out of the two wgmma issues below */
             mbar_wait(&full_v[sv], (gv / STAGES) & 1);
@@ -490,10 +510,11 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + kk * 16), sw128_desc(sK + sk * TILE + kk * 16), kk > 0);
+                wgmma_ss<BF16, BLOCK_N>(s, sw128_desc_from_lo(desc_q + kk * QK_KSTEP),
+                                        sw128_desc_from_lo(desc_k + kk * QK_KSTEP), kk > 0);
             wgmma_commit();
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
+            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP));
             wgmma_commit();
             if (pingpong) named_bar_arrive(next_bar, 256);
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
@@ -511,13 +532,15 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         /* epilogue: the last P V */
         {
             const int gv = g + n_tiles - 1, sv = gv % STAGES;
+            uint32_t desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP;
+            pin_reg(desc_v);
             mbar_wait(&full_v[sv], (gv / STAGES) & 1);
             if (pingpong) named_bar_sync(turn_bar, 256);
             fence_regs<32>(o);
             fence_pa<KS>(pa);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc(sV + sv * TILE + kk * 16 * 64));
+            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP));
             wgmma_commit();
             if (pingpong && hand_over_last) named_bar_arrive(next_bar, 256);
             wgmma_wait0();

@@ -31,6 +31,18 @@ static __device__ __forceinline__ uint64_t sw128_desc(const void *p) {
            (1ull << 62);
 }
 
+/* The same descriptor in two halves: the high word is one constant for every tile, the low word is
+ * the start address (>> 4, 14 bits) and the leading byte offset. Shared memory ends below 256 KB, so
+ * the address field never carries: a descriptor of base + k bytes (k a multiple of 16 that stays
+ * inside shared memory) is the base's low word + k / 16, one integer add instead of rebuilding it. */
+constexpr uint32_t SW128_DESC_HI = (uint32_t)(1024 >> 4) | (1u << 30);
+static __device__ __forceinline__ uint32_t sw128_desc_lo(const void *p) {
+    return ((smem_addr(p) >> 4) & 0x3FFFu) | ((uint32_t)(1024 >> 4) << 16);
+}
+static __device__ __forceinline__ uint64_t sw128_desc_from_lo(uint32_t lo) {
+    return ((uint64_t)SW128_DESC_HI << 32) | lo;
+}
+
 /* element offset of (row, col) in a swizzled [rows][64] tile: 16-byte chunk index ^= row % 8 */
 static __device__ __forceinline__ int sw_off(int row, int col) {
     return row * 64 + ((((col >> 3) ^ row) & 7) << 3) + (col & 7);
@@ -164,11 +176,23 @@ static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], fl
                 if (col >= len || (causal && col > row)) s[4 * t + e] = -INFINITY;
             }
     }
+    /* the row maxima and sums go into four independent partials, combined at the end: one running
+     * max or sum would be a chain of 2·NT dependent instructions per row (a full tree needs more
+     * live registers than the FA3 consumer has) */
+    constexpr int PARTS = NT >= 4 ? 4 : NT;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
+        float part[PARTS];
 #pragma unroll
-        for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
+        for (int t = 0; t < NT; t++) {
+            const float v = fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]);
+            part[t % PARTS] = t < PARTS ? v : fmaxf(part[t % PARTS], v);
+        }
+#pragma unroll
+        for (int w = PARTS / 2; w >= 1; w /= 2)
+#pragma unroll
+            for (int t = 0; t < w; t++) part[t] = fmaxf(part[t], part[t + w]);
+        float mx = part[0];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const bool bump = (fmaxf(m_run[r], mx) - m_run[r]) * scale_log2 > rescale_thresh;
@@ -176,14 +200,18 @@ static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], fl
         const float m_use = m_keep == -INFINITY ? 0.0f : m_keep * scale_log2;
         alpha[r] = bump ? fast_exp2(fmaf(m_run[r], scale_log2, -m_use)) : 1.0f;
         m_run[r] = m_keep;
-        float sum = 0.0f;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             s[4 * t + 2 * r] = fast_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
             s[4 * t + 2 * r + 1] = fast_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
-            sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
+            const float v = s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
+            part[t % PARTS] = t < PARTS ? v : part[t % PARTS] + v;
         }
-        l_run[r] = l_run[r] * alpha[r] + sum;
+#pragma unroll
+        for (int w = PARTS / 2; w >= 1; w /= 2)
+#pragma unroll
+            for (int t = 0; t < w; t++) part[t] += part[t + w];
+        l_run[r] = l_run[r] * alpha[r] + part[0];
     }
 }
 
