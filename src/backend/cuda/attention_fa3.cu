@@ -132,6 +132,8 @@ static __device__ __forceinline__ void pin_reg(uint32_t &r) { asm volatile("" : 
 
 /* ---- work list: longest sequences first (persistent launch) -------------------------------------- */
 
+constexpr int ONES_ELEMS = 16 * 64;  // the ones block: 16 rows (one k16 step) of one 64-column atom
+
 constexpr int FA3_MAX_PERSIST_SEQS = 1024;  // sequences a persistent launch sorts in shared memory
 constexpr int FA3_LEN_BUCKETS = 256;        // sort key: key tiles of the sequence, clamped
 
@@ -269,6 +271,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     constexpr int NT = BLOCK_N / 8;   // n8 column groups of S
     constexpr int KS = BLOCK_N / 16;  // k16 steps of P V
     constexpr int TILE = BLOCK_N * 64;  // elements of one K or V slot
+    constexpr int OA = 36;              // O accumulators a thread: 64 columns of O + 8 of row sums
     /* register split after setmaxnreg (the 64K file): 40 for the producer warpgroup (with 24 its
      * addressing spilled), the rest for the consumers: 128*40 + 256*232 = 64512,
      * 128*32 + 384*160 = 65536 */
@@ -283,8 +286,11 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     uint16_t *sQ = smem_raw + pad / 2;     // [QBUF][BLOCK_M][64]
     uint16_t *sK = sQ + QBUF * BLOCK_M * 64;  // [STAGES][BLOCK_N][64]
     uint16_t *sV = sK + STAGES * TILE;     // [STAGES][BLOCK_N][64]
+    /* [16][64] ones: the second column atom of every P V product, whose columns 64..71 then hold
+     * the row sums of P (see the consumers) */
+    uint16_t *sOnes = sV + STAGES * TILE;
     /* the persistent schedule sits behind the tiles */
-    Fa3Schedule &sched = *reinterpret_cast<Fa3Schedule *>(sV + STAGES * TILE);
+    Fa3Schedule &sched = *reinterpret_cast<Fa3Schedule *>(sOnes + ONES_ELEMS);
     __shared__ __align__(8) uint64_t full_q[QBUF], empty_q[QBUF], full_k[STAGES], full_v[STAGES], empty_k[STAGES],
         empty_v[STAGES];
     __shared__ int4 item_info[QBUF];  // (start, len, head, m0) of the item whose Q is in buffer b
@@ -332,6 +338,13 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     };
     const int hidden = n_heads * D;
 
+    {
+        /* the ones block, written through the generic proxy and read by wgmma (async proxy) after
+         * the barrier below */
+        const uint32_t one2 = BF16 ? 0x3F803F80u : 0x3C003C00u;
+        for (int i = tid; i < ONES_ELEMS / 2; i += THREADS) reinterpret_cast<uint32_t *>(sOnes)[i] = one2;
+        fence_proxy_async();
+    }
     if (tid == 0) {
 #pragma unroll
         for (int b = 0; b < QBUF; b++) {
@@ -414,10 +427,17 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
      * K / V slot 0; another buffer, slot or k-step is a fixed offset in 16-byte units. Built once
      * here: rebuilt from pointers at every tile they cost ~70 integer instructions, issued while
      * this warpgroup held the ping-pong turn. */
-    const uint32_t desc_q0 = sw128_desc_lo(sQ + cw * 64 * 64), desc_k0 = sw128_desc_lo(sK), desc_v0 = sw128_desc_lo(sV);
+    const uint32_t desc_q0 = sw128_desc_lo(sQ + cw * 64 * 64), desc_k0 = sw128_desc_lo(sK);
     constexpr uint32_t Q_BUF_STEP = BLOCK_M * 64 * 2 / 16, SLOT_STEP = TILE * 2 / 16;
-    constexpr uint32_t QK_KSTEP = 16 * 2 / 16;   // 16 columns of a K-major row
+    constexpr uint32_t QK_KSTEP = 16 * 2 / 16;  // 16 columns of a K-major row
+    /* P V reads B = [V | ones] (N = 72): V's rows as one 64-column swizzle atom, the ones as the
+     * next atom, which the descriptor places at its leading byte offset (bits 16..29, MN-major
+     * operand) from the start address. Moving the start by k (16-byte units: another slot, or the
+     * next 16 rows) moves that offset by -k, so the ones stay where they are: both fields change
+     * by one multiply-add, without a borrow between them (the ones lie past every V slot). */
+    const uint32_t desc_v0 = (sw128_desc_lo(sV) & 0xFFFFu) | (((smem_addr(sOnes) - smem_addr(sV)) >> 4) << 16);
     constexpr uint32_t V_KSTEP = 16 * 64 * 2 / 16;  // 16 rows of V
+    constexpr uint32_t V_MOVE = 1u - (1u << 16);    // start + k, leading offset - k (mod 2^32)
 
     int g = 0;  // K/V tiles consumed so far
     for (int it = 0;; it++) {
@@ -461,9 +481,12 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             continue;
         }
 
-        float o[32];  // O [64 x 64] of this warpgroup: n8 column group t holds o[4t..4t+3]
+        /* [O | l] [64 x 72] of this warpgroup: n8 column group t holds o[4t..4t+3]; group 8 is
+         * P times the ones block, the running row sums (o[32], o[33]: row_a; o[34], o[35]:
+         * row_a + 8), rescaled with O and summed over the P values as rounded for the product */
+        float o[OA];
 #pragma unroll
-        for (int i = 0; i < 32; i++) o[i] = 0.0f;
+        for (int i = 0; i < OA; i++) o[i] = 0.0f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
         float s[BLOCK_N / 2];
         uint32_t pa[KS][4];
@@ -488,7 +511,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             wgmma_wait0();
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
-            softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
+            softmax_tile<NT, false>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
             pack_p<BF16, KS>(pa, s);
         }
 
@@ -496,7 +519,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             const int gk = g + j, gv = g + j - 1;
             const int sk = gk % STAGES, sv = gv % STAGES;
             /* computed before the turn is taken (pin_reg keeps them there) */
-            uint32_t desc_k = desc_k0 + (uint32_t)sk * SLOT_STEP, desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP;
+            uint32_t desc_k = desc_k0 + (uint32_t)sk * SLOT_STEP, desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP * V_MOVE;
             pin_reg(desc_k);
             pin_reg(desc_v);
             /* V_(j-1) was requested before K_j, so waiting for it first costs nothing and keeps the
@@ -505,7 +528,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             mbar_wait(&full_k[sk], (gk / STAGES) & 1);
             if (pingpong) named_bar_sync(turn_bar, 256);
             fence_regs<BLOCK_N / 2>(s);
-            fence_regs<32>(o);
+            fence_regs<OA>(o);
             fence_pa<KS>(pa);
             wgmma_fence();
 #pragma unroll
@@ -514,37 +537,37 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                                         sw128_desc_from_lo(desc_k + kk * QK_KSTEP), kk > 0);
             wgmma_commit();
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP));
+            for (int kk = 0; kk < KS; kk++) wgmma_rs72<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP * V_MOVE));
             wgmma_commit();
             if (pingpong) named_bar_arrive(next_bar, 256);
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
-            softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a,
+            softmax_tile<NT, false>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a,
                              causal, lane);
             wgmma_wait0();
-            fence_regs<32>(o);
+            fence_regs<OA>(o);
             if (lane == 0) mbar_arrive(&empty_v[sv]);
             if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-                rescale_o<8>(o, alpha);
+                rescale_o<OA / 4>(o, alpha);
             pack_p<BF16, KS>(pa, s);
         }
         /* epilogue: the last P V */
         {
             const int gv = g + n_tiles - 1, sv = gv % STAGES;
-            uint32_t desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP;
+            uint32_t desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP * V_MOVE;
             pin_reg(desc_v);
             mbar_wait(&full_v[sv], (gv / STAGES) & 1);
             if (pingpong) named_bar_sync(turn_bar, 256);
-            fence_regs<32>(o);
+            fence_regs<OA>(o);
             fence_pa<KS>(pa);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP));
+            for (int kk = 0; kk < KS; kk++) wgmma_rs72<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP * V_MOVE));
             wgmma_commit();
             if (pingpong && hand_over_last) named_bar_arrive(next_bar, 256);
             wgmma_wait0();
-            fence_regs<32>(o);
+            fence_regs<OA>(o);
             if (lane == 0) mbar_arrive(&empty_v[sv]);
         }
         g += n_tiles;
@@ -552,9 +575,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         float inv[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float l = l_run[r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float l = o[32 + 2 * r];  // the whole row's sum (the product summed over all keys)
             inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
         }
         /* stage O in this warpgroup's Q rows (swizzled, conflict-free) once all four warps' wgmmas
@@ -627,7 +648,7 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
                               float rescale_thresh, int causal, int32_t *sched_counter, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V ring + alignment slack (+ the sorted work list) */
-    const size_t smem = (size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 * sizeof(uint16_t) + 1024 +
+    const size_t smem = ((size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 + ONES_ELEMS) * sizeof(uint16_t) + 1024 +
                         (PERSIST ? sizeof(Fa3Schedule) : 0);
     auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST>;
     static bool attr_set = false;

@@ -108,6 +108,31 @@ static __device__ __forceinline__ void wgmma_rs_m64n64k16_bf16(float d[32], cons
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
+/* D[64 x 72] += A (registers) * B (shared, MN-major: transposed), B's columns 64..71 from a second
+ * swizzle atom at the descriptor's leading byte offset (attention_fa3.cu: a block of ones, so that
+ * columns 64..71 of D accumulate the row sums of A); 36 fp32 accumulators a thread */
+static __device__ __forceinline__ void wgmma_rs_m64n72k16_f16(float d[36], const uint32_t a[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}, {%36,%37,%38,%39}, %40, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+static __device__ __forceinline__ void wgmma_rs_m64n72k16_bf16(float d[36], const uint32_t a[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}, {%36,%37,%38,%39}, %40, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+template <bool BF16>
+static __device__ __forceinline__ void wgmma_rs72(float *d, const uint32_t a[4], uint64_t db) {
+    if constexpr (BF16) wgmma_rs_m64n72k16_bf16(d, a, db);
+    else wgmma_rs_m64n72k16_f16(d, a, db);
+}
+
 template <bool BF16, int N>
 static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int acc) {
     if constexpr (N == 64) {
@@ -161,8 +186,9 @@ static __device__ __forceinline__ void rescale_o(float *o, const float alpha[2])
  * P = 2^(S*scale_log2 - m) in s and the factor O must be multiplied by in alpha. The running max is
  * rescaled lazily: it moves only when the new maximum exceeds it by more than rescale_thresh (log2
  * units), so p <= 2^thresh and O is rarely rescaled; l and O share the max, so the final
- * normalisation stays exact. (both -inf: NaN > t is false) */
-template <int NT>
+ * normalisation stays exact. (both -inf: NaN > t is false) With SUM false the row sums are left to
+ * the caller (attention_fa3.cu takes them from the P V product) and l_run is not touched. */
+template <int NT, bool SUM = true>
 static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], float l_run[2], float alpha[2],
                                                     float scale_log2, float rescale_thresh, int n0, int len,
                                                     int wrow0, int row_a, int causal, int lane) {
@@ -204,14 +230,18 @@ static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], fl
         for (int t = 0; t < NT; t++) {
             s[4 * t + 2 * r] = fast_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
             s[4 * t + 2 * r + 1] = fast_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
-            const float v = s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
-            part[t % PARTS] = t < PARTS ? v : part[t % PARTS] + v;
+            if constexpr (SUM) {
+                const float v = s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
+                part[t % PARTS] = t < PARTS ? v : part[t % PARTS] + v;
+            }
         }
+        if constexpr (SUM) {
 #pragma unroll
-        for (int w = PARTS / 2; w >= 1; w /= 2)
+            for (int w = PARTS / 2; w >= 1; w /= 2)
 #pragma unroll
-            for (int t = 0; t < w; t++) part[t] += part[t + w];
-        l_run[r] = l_run[r] * alpha[r] + part[0];
+                for (int t = 0; t < w; t++) part[t] += part[t + w];
+            l_run[r] = l_run[r] * alpha[r] + part[0];
+        }
     }
 }
 
