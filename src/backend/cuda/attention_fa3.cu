@@ -257,15 +257,17 @@ static __device__ __forceinline__ void sched_finish(int32_t *sched_counter) {
  * The shared-memory ring keeps running across a CTA's items, and Q is double-buffered: the producer
  * takes the next item and prefetches its Q and K/V while the consumers finish the current one; a Q
  * buffer (and its item_info) is reused once every consumer thread is done with it (empty_q). */
-template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
+template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST, bool CAUSAL>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [rows, 3*heads*64], 64x64 boxes
                      uint16_t *__restrict__ out,                   // [T, heads*64]
                      const uint16_t *__restrict__ qkv,             // [T, 3, heads, 64]
                      const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_seqs_total, int n_heads,
-                     float scale_log2, float rescale_thresh, int causal,
+                     float scale_log2, float rescale_thresh,
                      int32_t *__restrict__ sched_counter) {  // PERSIST: {next item, CTAs done}, zero at launch
     constexpr int D = 64;
+    /* a template argument, so that the non-causal kernel's key mask is the short one (softmax_tile) */
+    constexpr bool causal = CAUSAL;
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = (NWG + 1) * 128;
     constexpr int NT = BLOCK_N / 8;   // n8 column groups of S
@@ -511,7 +513,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             wgmma_wait0();
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
-            softmax_tile<NT, false>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
+            softmax_tile<NT, false, CAUSAL>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal,
+                                            lane);
             pack_p<BF16, KS>(pa, s);
         }
 
@@ -543,7 +546,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
-            softmax_tile<NT, false>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a,
+            softmax_tile<NT, false, CAUSAL>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a,
                              causal, lane);
             wgmma_wait0();
             fence_regs<OA>(o);
@@ -642,15 +645,15 @@ static int multiprocessor_count(void) {
     return n;
 }
 
-template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST>
+template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST, bool CAUSAL>
 static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
-                              float rescale_thresh, int causal, int32_t *sched_counter, cudaStream_t stream) {
+                              float rescale_thresh, int32_t *sched_counter, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V ring + alignment slack (+ the sorted work list) */
     const size_t smem = ((size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 + ONES_ELEMS) * sizeof(uint16_t) + 1024 +
                         (PERSIST ? sizeof(Fa3Schedule) : 0);
-    auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST>;
+    auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST, CAUSAL>;
     static bool attr_set = false;
     if (!attr_set) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -665,15 +668,14 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
         const uint64_t most_items = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
         const unsigned grid = (unsigned)(most_items < (uint64_t)n_sm ? most_items : (uint64_t)n_sm);
         kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, 0,
-                                                        n_seqs, n_heads, scale_log2, rescale_thresh, causal,
-                                                        sched_counter);
+                                                        n_seqs, n_heads, scale_log2, rescale_thresh, sched_counter);
         return cudaGetLastError();
     } else {
         for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
             const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
             dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
             kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0,
-                                                            n_seqs, n_heads, scale_log2, rescale_thresh, causal, nullptr);
+                                                            n_seqs, n_heads, scale_log2, rescale_thresh, nullptr);
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess) return e;
         }
@@ -702,18 +704,23 @@ struct Fa3Args {
     int32_t *counter;  // the persistent kernel's item counter (NULL: no persistent launch)
     cudaStream_t st;
 };
-template <int NWG, int STAGES, bool BF16, bool PP>
+template <int NWG, int STAGES, bool BF16, bool PP, bool CAUSAL>
 static cudaError_t fa3_persist(const Fa3Args &a, bool persist) {
-    return persist ? launch_fa3<NWG, 128, STAGES, BF16, PP, true>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
-                                                                  a.max_seqlen, a.n_heads, a.scale_log2,
-                                                                  a.rescale_thresh, a.causal, a.counter, a.st)
-                   : launch_fa3<NWG, 128, STAGES, BF16, PP, false>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
-                                                                   a.max_seqlen, a.n_heads, a.scale_log2,
-                                                                   a.rescale_thresh, a.causal, nullptr, a.st);
+    return persist ? launch_fa3<NWG, 128, STAGES, BF16, PP, true, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens,
+                                                                          a.n_seqs, a.max_seqlen, a.n_heads,
+                                                                          a.scale_log2, a.rescale_thresh, a.counter, a.st)
+                   : launch_fa3<NWG, 128, STAGES, BF16, PP, false, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens,
+                                                                           a.n_seqs, a.max_seqlen, a.n_heads,
+                                                                           a.scale_log2, a.rescale_thresh, nullptr, a.st);
+}
+template <int NWG, int STAGES, bool BF16, bool PP>
+static cudaError_t fa3_causal(const Fa3Args &a, bool persist) {
+    return a.causal ? fa3_persist<NWG, STAGES, BF16, PP, true>(a, persist)
+                    : fa3_persist<NWG, STAGES, BF16, PP, false>(a, persist);
 }
 template <int NWG, int STAGES, bool BF16>
 static cudaError_t fa3_pingpong(const Fa3Args &a, bool pp, bool persist) {
-    return pp ? fa3_persist<NWG, STAGES, BF16, true>(a, persist) : fa3_persist<NWG, STAGES, BF16, false>(a, persist);
+    return pp ? fa3_causal<NWG, STAGES, BF16, true>(a, persist) : fa3_causal<NWG, STAGES, BF16, false>(a, persist);
 }
 template <int NWG, bool BF16>
 static cudaError_t fa3_stages(const Fa3Args &a, int stages, bool pp, bool persist) {

@@ -187,12 +187,24 @@ static __device__ __forceinline__ void rescale_o(float *o, const float alpha[2])
  * rescaled lazily: it moves only when the new maximum exceeds it by more than rescale_thresh (log2
  * units), so p <= 2^thresh and O is rarely rescaled; l and O share the max, so the final
  * normalisation stays exact. (both -inf: NaN > t is false) With SUM false the row sums are left to
- * the caller (attention_fa3.cu takes them from the P V product) and l_run is not touched. */
-template <int NT, bool SUM = true>
+ * the caller (attention_fa3.cu takes them from the P V product) and l_run is not touched. CAUSAL: 0 or
+ * 1 when the caller knows it at compile time (the causal argument is then ignored), -1 when not. */
+template <int NT, bool SUM = true, int CAUSAL = -1>
 static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], float l_run[2], float alpha[2],
                                                     float scale_log2, float rescale_thresh, int n0, int len,
                                                     int wrow0, int row_a, int causal, int lane) {
-    if (n0 + NT * 8 > len || (causal && n0 + NT * 8 - 1 > wrow0)) {
+    if constexpr (CAUSAL == 0) {
+        /* non-causal, known at compile time: only keys past the end are masked, and that test
+         * depends on the column alone (two compares per n8 group instead of four) */
+        if (n0 + NT * 8 > len) {
+            const int lim = len - n0 - (lane & 3) * 2;  // column t*8 + c of this thread is a key iff t*8 + c < lim
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    if (t * 8 + c >= lim) s[4 * t + c] = s[4 * t + 2 + c] = -INFINITY;
+        }
+    } else if (n0 + NT * 8 > len || (causal && n0 + NT * 8 - 1 > wrow0)) {
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
