@@ -13,8 +13,11 @@
  *    with two consumer warpgroups, 160 with three).
  *    Inside one warpgroup S_j = Q K_j^T and O += P_(j-1) V_(j-1) are issued together and the
  *    softmax of S_j runs while P V is still on the tensor cores (intra-warpgroup overlap).
- *    Optionally (PINGPONG) the consumer warpgroups take turns issuing their wgmmas through two named
+ *    Optionally (PINGPONG) the consumer warpgroups take turns issuing their wgmmas through named
  *    barriers, so one warpgroup's softmax runs under the other's matrix products.
+ *    The row sums of P are not added on the CUDA cores: P V multiplies P by [V | ones] (N = 72),
+ *    so columns 64..71 of the accumulator carry them (see sOnes). Per key tile the softmax is then
+ *    one max, one FFMA, one exp2 and half a pack per score (bench/NOTES_fmha.md, v9).
  *
  * The TMA tensor map covers the packed qkv as a 2-D tensor [rows, 3*heads*64] (16-bit elements,
  * 64 x 64 boxes, 128-byte swizzle): Q of head h is column block h, K is heads + h, V 2*heads + h.
