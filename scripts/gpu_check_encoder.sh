@@ -13,7 +13,7 @@
 # fmha_ab fmha_profile graphs ab profile profile_small, or all (test fused pytest sanitize sanitize_fmha sanitize_fused sanitize_small bench fmha). Logs and JSON go to
 # $OUT. Env knobs per step: ENC_ARGS, FMHA_ARGS, SWEEP_SETTINGS, SWEEP_POINTS, SWEEP_ARGS,
 # AB_SETTINGS, AB_POINTS, PROFILE_BATCH, PROFILE_MAX, PROFILE_TAG, NOPAD_TEST_FILTER (sanitize),
-# FMHA_AB_LIBS, FMHA_PROFILE_LIB, FMHA_PROFILE_POINT, FMHA_PROFILE_TAG.
+# FMHA_AB_LIBS, FMHA_PROFILE_KERNEL, FMHA_PROFILE_LIB, FMHA_PROFILE_POINT, FMHA_PROFILE_TAG.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -189,11 +189,12 @@ if want fmha_ab; then
     done 2>&1 | tee -a "$OUTDIR/fmha_ab.log"
 fi
 if want fmha_profile; then
-    # the FA3 attention kernel under ncu (one launch at FMHA_PROFILE_POINT, default 128x1024, d 64,
-    # fp16): throughput, warp states and the stall samples of every SASS instruction. FMHA_PROFILE_LIB
-    # picks the library (default this build's); FMHA_PROFILE_TAG names the outputs.
+    # an attention kernel under ncu (one launch at FMHA_PROFILE_POINT, default 128x1024, d 64, fp16):
+    # throughput, warp states and the stall samples of every SASS instruction. FMHA_PROFILE_KERNEL
+    # (a regex, default attention_fa3: the FA3 kernel; attention_varlen_wgmma: the v5 kernels) picks the
+    # kernel, FMHA_PROFILE_LIB the library (default this build's); FMHA_PROFILE_TAG names the outputs.
     tag=${FMHA_PROFILE_TAG:-}
-    ncu --clock-control none --kernel-name regex:attention_fa3 --launch-skip 3 --launch-count 1 \
+    ncu --clock-control none --kernel-name "regex:${FMHA_PROFILE_KERNEL:-attention_fa3}" --launch-skip 3 --launch-count 1 \
         --section LaunchStats --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
         --section InstructionStats --section SchedulerStats --section SourceCounters -o "$OUTDIR/ncu_fmha$tag" \
         python3 "$ROOT/bench/fmha_bench.py" --lib "${FMHA_PROFILE_LIB:-$BUILD/libnopad.so}" --out /tmp/fmha_prof \
