@@ -47,7 +47,7 @@ static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_
 /* ---- the kernel (head size 64 or 128) --------------------------------------------------------------- */
 
 template <int D, int NWG, int BLOCK_N, bool BF16>
-__global__ void __launch_bounds__(NWG * 128, (D == 64 && BLOCK_N == 64 ? 2 : 1))
+__global__ void __launch_bounds__(NWG * 128, (D == 64 && BLOCK_N == 64 ? (NWG == 1 ? 5 : 2) : 1))
 attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                               const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                               const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
@@ -389,6 +389,8 @@ static float lazy_rescale_threshold(void) {
     return thresh;
 }
 
+static int wg_env(const char *name, int dflt);  // below, with the dispatcher's knobs
+
 template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
@@ -397,19 +399,38 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     const size_t smem = (size_t)(BLOCK_M + (PIPE ? 6 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
     auto kernel = PIPE ? attention_varlen_wgmma_pipe_kernel<D, NWG, BLOCK_N, BF16>
                        : attention_varlen_wgmma_kernel<D, NWG, BLOCK_N, BF16>;
+    const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
+    /* The one-warpgroup d = 64 kernel with 64-key tiles fits five CTAs a SM (<= 96 registers, 42 KB
+     * of shared memory); asking for FOUR_CTA_SMEM bytes of shared memory holds it to four. Five won
+     * 4-7% on grids of >= 2.5 waves of four (64 x 128 to 128 x 256, two length draws, H200) and lost
+     * up to 13% on smaller grids of longer tiles (8 x 512, one draw of 16 x 256): the fifth CTA slows
+     * the others, which pays only when it also shortens the wave count. NOPAD_FMHA_V5_CTAS=4|5
+     * overrides, for A/B runs. */
+    constexpr bool FIVE_A_SM = !PIPE && D == 64 && NWG == 1 && BLOCK_N == 64;
+    constexpr size_t FOUR_CTA_SMEM = 46 * 1024;
+    static int ctas_env = -2, n_sm = 0;
+    if (ctas_env == -2) {
+        ctas_env = wg_env("NOPAD_FMHA_V5_CTAS", 0);
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n_sm = 132;
+    }
+    const uint64_t grid_ctas = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
+    const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * n_sm;
+    const size_t launch_smem = FIVE_A_SM && !five && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
     static bool attr_set = false;
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const size_t most = FIVE_A_SM && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
         if (e != cudaSuccess) return e;
         attr_set = true;
     }
     const float scale_log2 = scale * 1.4426950408889634f;
     const float rescale_thresh = lazy_rescale_threshold();
-    const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
-        kernel<<<grid, NWG * 128, smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads,
+        kernel<<<grid, NWG * 128, launch_smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads,
                                                   scale_log2, rescale_thresh, causal);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
