@@ -440,7 +440,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
      * operand) from the start address. Moving the start by k (16-byte units: another slot, or the
      * next 16 rows) moves that offset by -k, so the ones stay where they are: both fields change
      * by one multiply-add, without a borrow between them (the ones lie past every V slot). */
-    const uint32_t desc_v0 = (sw128_desc_lo(sV) & 0xFFFFu) | (((smem_addr(sOnes) - smem_addr(sV)) >> 4) << 16);
+    const uint32_t ones_offset = (smem_addr(sOnes) - smem_addr(sV)) >> 4;
+    const uint32_t desc_v0 = (sw128_desc_lo(sV) & 0xFFFFu) | (ones_offset << 16);
     constexpr uint32_t V_KSTEP = 16 * 64 * 2 / 16;  // 16 rows of V
     constexpr uint32_t V_MOVE = 1u - (1u << 16);    // start + k, leading offset - k (mod 2^32)
 
@@ -492,7 +493,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
         float o[OA];
 #pragma unroll
         for (int i = 0; i < OA; i++) o[i] = 0.0f;
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+        float m_run[2] = {-INFINITY, -INFINITY}, alpha[2];
+        float l_run[2] = {0.0f, 0.0f};  // softmax_tile's argument, unused: the sums are o[32..35]
         float s[BLOCK_N / 2];
         uint32_t pa[KS][4];
 
@@ -516,8 +518,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             wgmma_wait0();
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
-            softmax_tile<NT, false, CAUSAL>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal,
-                                            lane);
+            softmax_tile<NT, false, CAUSAL>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0,
+                                            row_a, causal, lane);
             pack_p<BF16, KS>(pa, s);
         }
 
@@ -525,7 +527,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             const int gk = g + j, gv = g + j - 1;
             const int sk = gk % STAGES, sv = gv % STAGES;
             /* computed before the turn is taken (pin_reg keeps them there) */
-            uint32_t desc_k = desc_k0 + (uint32_t)sk * SLOT_STEP, desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP * V_MOVE;
+            uint32_t desc_k = desc_k0 + (uint32_t)sk * SLOT_STEP;
+            uint32_t desc_v = desc_v0 + (uint32_t)sv * SLOT_STEP * V_MOVE;
             pin_reg(desc_k);
             pin_reg(desc_v);
             /* V_(j-1) was requested before K_j, so waiting for it first costs nothing and keeps the
@@ -543,14 +546,15 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
                                         sw128_desc_from_lo(desc_k + kk * QK_KSTEP), kk > 0);
             wgmma_commit();
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs72<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP * V_MOVE));
+            for (int kk = 0; kk < KS; kk++)
+                wgmma_rs72<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP * V_MOVE));
             wgmma_commit();
             if (pingpong) named_bar_arrive(next_bar, 256);
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
             fence_regs<BLOCK_N / 2>(s);
             if (lane == 0) mbar_arrive(&empty_k[sk]);
-            softmax_tile<NT, false, CAUSAL>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a,
-                             causal, lane);
+            softmax_tile<NT, false, CAUSAL>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len,
+                                            wrow0, row_a, causal, lane);
             wgmma_wait0();
             fence_regs<OA>(o);
             if (lane == 0) mbar_arrive(&empty_v[sv]);
@@ -569,7 +573,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
             fence_pa<KS>(pa);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs72<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP * V_MOVE));
+            for (int kk = 0; kk < KS; kk++)
+                wgmma_rs72<BF16>(o, pa[kk], sw128_desc_from_lo(desc_v + kk * V_KSTEP * V_MOVE));
             wgmma_commit();
             if (pingpong && hand_over_last) named_bar_arrive(next_bar, 256);
             wgmma_wait0();
@@ -654,8 +659,8 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
                               float rescale_thresh, int32_t *sched_counter, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V ring + alignment slack (+ the sorted work list) */
-    const size_t smem = ((size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 + ONES_ELEMS) * sizeof(uint16_t) + 1024 +
-                        (PERSIST ? sizeof(Fa3Schedule) : 0);
+    const size_t tiles = (size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 + ONES_ELEMS;
+    const size_t smem = tiles * sizeof(uint16_t) + 1024 + (PERSIST ? sizeof(Fa3Schedule) : 0);
     auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST, CAUSAL>;
     static bool attr_set = false;
     if (!attr_set) {
@@ -709,12 +714,13 @@ struct Fa3Args {
 };
 template <int NWG, int STAGES, bool BF16, bool PP, bool CAUSAL>
 static cudaError_t fa3_persist(const Fa3Args &a, bool persist) {
-    return persist ? launch_fa3<NWG, 128, STAGES, BF16, PP, true, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens,
-                                                                          a.n_seqs, a.max_seqlen, a.n_heads,
-                                                                          a.scale_log2, a.rescale_thresh, a.counter, a.st)
-                   : launch_fa3<NWG, 128, STAGES, BF16, PP, false, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens,
-                                                                           a.n_seqs, a.max_seqlen, a.n_heads,
-                                                                           a.scale_log2, a.rescale_thresh, nullptr, a.st);
+    if (persist)
+        return launch_fa3<NWG, 128, STAGES, BF16, PP, true, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
+                                                                    a.max_seqlen, a.n_heads, a.scale_log2,
+                                                                    a.rescale_thresh, a.counter, a.st);
+    return launch_fa3<NWG, 128, STAGES, BF16, PP, false, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
+                                                                 a.max_seqlen, a.n_heads, a.scale_log2,
+                                                                 a.rescale_thresh, nullptr, a.st);
 }
 template <int NWG, int STAGES, bool BF16, bool PP>
 static cudaError_t fa3_causal(const Fa3Args &a, bool persist) {

@@ -412,8 +412,9 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     if (ctas_env == -2) {
         ctas_env = wg_env("NOPAD_FMHA_V5_CTAS", 0);
         int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            n_sm = 132;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n_sm = 132;  // the H100 / H200 count; only the four-or-five choice depends on it
     }
     const uint64_t grid_ctas = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
     const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * n_sm;
