@@ -65,10 +65,11 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     uint16_t *sK = sQ + BLOCK_M * D;        // [2][BLOCK_N][64]
     uint16_t *sV = sK + 2 * BLOCK_N * D;    // [2][BLOCK_N][64]
 
-    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
+    /* grid (query tiles, heads, sequences), or causal (heads, sequences, query tiles); see launch_wgmma */
+    const int seq = seq_offset + (causal ? blockIdx.y : blockIdx.z), head = causal ? blockIdx.x : blockIdx.y;
     const int start = cu_seqlens[seq];
     const int len = cu_seqlens[seq + 1] - start;
-    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m_block = causal ? (int)(gridDim.z - 1 - blockIdx.z) : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M;
     if (m0 >= len) return;
 
@@ -239,10 +240,11 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     uint16_t *sK = sQ + BLOCK_M * D;           // [STAGES][BLOCK_N][64]
     uint16_t *sV = sK + STAGES * BLOCK_N * D;  // [STAGES][BLOCK_N][64]
 
-    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
+    /* grid (query tiles, heads, sequences), or causal (heads, sequences, query tiles); see launch_wgmma */
+    const int seq = seq_offset + (causal ? blockIdx.y : blockIdx.z), head = causal ? blockIdx.x : blockIdx.y;
     const int start = cu_seqlens[seq];
     const int len = cu_seqlens[seq + 1] - start;
-    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m_block = causal ? (int)(gridDim.z - 1 - blockIdx.z) : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M;
     if (m0 >= len) return;
 
@@ -430,7 +432,12 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     const float rescale_thresh = lazy_rescale_threshold();
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
-        dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
+        /* Non-causal: the query tiles of one (sequence, head) are neighbours in the launch order and
+         * share K / V in L2. Causal: the query tile is the slowest index and runs last tile first,
+         * so the tiles with the most keys start first and the short ones fill the tail (H200, A/B:
+         * causal 16 x 512 +25%, 64 x 512 +7%, 16 x 1024 +7%; the same order non-causal lost 1-13%). */
+        const dim3 grid = causal ? dim3((unsigned)n_heads, (unsigned)ns, m_blocks)
+                                 : dim3(m_blocks, (unsigned)n_heads, (unsigned)ns);
         kernel<<<grid, NWG * 128, launch_smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads,
                                                   scale_log2, rescale_thresh, causal);
         cudaError_t e = cudaGetLastError();
