@@ -472,9 +472,10 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
          * kernels on non-causal batches above 512 tokens (16 x 1024 1.39x vs 1.28x, 8 x 1024 1.64x
          * vs 1.43x, 2048 tokens 1.45-1.6x vs 1.2-1.4x, the skewed batch 1.97x vs 1.77x; ties at 2-4
          * x 2048) and at 512 tokens given enough items (32 x 512 1.51x vs 1.27x, 64 x 512 1.62x vs
-         * 1.33x, 128 x 512 1.69x vs 1.39x). 16 x 512 (576 items) came out 1.27x vs 1.20x in one
-         * draw and 1.18x vs 1.22x in another before v9; with v9's FA3 kernel 1.38x vs 1.29x and
-         * 1.46x vs 1.10x in two draws, so from 576 items at 512 tokens it takes FA3. At <= 256 tokens the v5 kernels win (16 x 256
+         * 1.33x, 128 x 512 1.69x vs 1.39x). 16 x 512 (576 items) is a coin flip: over five length
+         * draws with the v9 kernels FA3 gave 1.38 / 1.46 / 1.32 / 1.23 / 1.19x, v5 1.29 / 1.10 /
+         * 1.23 / 1.34 / 1.33x (means 1.32x, 1.26x), so from 576 items at 512 tokens it takes FA3.
+         * At <= 256 tokens the v5 kernels win (16 x 256
          * 1.54x vs 0.98x, 128 x 256 1.51x vs 1.39x). Causal, the v5 kernels keep <= 1024 tokens (16 x 512 1.66x vs 1.44x, 128 x 512
          * 2.22x vs 2.08x, 16 x 1024 1.70x vs 1.64x) unless there are many items (128 x 1024:
          * 2.17x vs 2.04x; items = 192-row query tiles x heads x sequences, bounded by max_seqlen);

@@ -187,8 +187,9 @@ static __device__ __forceinline__ void rescale_o(float *o, const float alpha[2])
  * rescaled lazily: it moves only when the new maximum exceeds it by more than rescale_thresh (log2
  * units), so p <= 2^thresh and O is rarely rescaled; l and O share the max, so the final
  * normalisation stays exact. (both -inf: NaN > t is false) With SUM false the row sums are left to
- * the caller (attention_fa3.cu takes them from the P V product) and l_run is not touched. CAUSAL: 0 or
- * 1 when the caller knows it at compile time (the causal argument is then ignored), -1 when not. */
+ * the caller (attention_fa3.cu takes them from the P V product) and l_run is not touched. CAUSAL = 0:
+ * the caller knows at compile time that it is not causal (the causal argument is then not read, and
+ * the key mask is the short one); otherwise the causal argument decides. */
 template <int NT, bool SUM = true, int CAUSAL = -1>
 static __device__ __forceinline__ void softmax_tile(float *s, float m_run[2], float l_run[2], float alpha[2],
                                                     float scale_log2, float rescale_thresh, int n0, int len,
