@@ -40,6 +40,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/attention_fa3.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/ptx_helpers.cuh"
 #include "backend/cuda/wgmma_helpers.cuh"
 
@@ -285,6 +286,8 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     /* Q buffers: a persistent CTA loads the next item's Q while its consumers finish the current one */
     constexpr int QBUF = PERSIST ? 2 : 1;
 
+    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may be scheduled */
+    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
     extern __shared__ uint16_t smem_raw[];
     /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
@@ -675,16 +678,19 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
         /* one CTA per SM (registers allow no more), fewer when there are fewer items at most */
         const uint64_t most_items = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
         const unsigned grid = (unsigned)(most_items < (uint64_t)n_sm ? most_items : (uint64_t)n_sm);
-        kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, 0,
-                                                        n_seqs, n_heads, scale_log2, rescale_thresh, sched_counter);
-        return cudaGetLastError();
+        cudaError_t e = launch_maybe_pdl(kernel, dim3(grid), dim3((NWG + 1) * 128), smem, stream,
+                                         cuda_pdl_tensor_enabled() != 0, map, (uint16_t *)out, (const uint16_t *)qkv,
+                                         cu_seqlens, 0, n_seqs, n_heads, scale_log2, rescale_thresh, sched_counter);
+        return e == cudaSuccess ? cudaGetLastError() : e;
     } else {
         for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
             const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
             dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
-            kernel<<<grid, (NWG + 1) * 128, smem, stream>>>(map, (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0,
-                                                            n_seqs, n_heads, scale_log2, rescale_thresh, nullptr);
-            cudaError_t e = cudaGetLastError();
+            cudaError_t e = launch_maybe_pdl(kernel, grid, dim3((NWG + 1) * 128), smem, stream,
+                                             cuda_pdl_tensor_enabled() != 0, map, (uint16_t *)out,
+                                             (const uint16_t *)qkv, cu_seqlens, s0, n_seqs, n_heads, scale_log2,
+                                             rescale_thresh, (int32_t *)nullptr);
+            if (e == cudaSuccess) e = cudaGetLastError();
             if (e != cudaSuccess) return e;
         }
         return cudaSuccess;

@@ -24,6 +24,7 @@
 
 #include "backend/cuda/attention_wgmma.h"
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/ptx_helpers.cuh"
 extern "C" {
 #include "util/error.h"
@@ -62,6 +63,8 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     constexpr int DT = D / 8;        // n8 tiles of O per warp
     constexpr int KQ = D / 16;       // k16 steps of Q K^T
 
+    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may be scheduled */
+    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem;                    // [BLOCK_M][LDS]
     uint16_t *sK = sQ + BLOCK_M * LDS;      // [2][BLOCK_N][LDS]
@@ -231,9 +234,10 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
-        kernel<<<grid, NWARPS * 32, smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0,
-                                                    n_heads, scale_log2, causal);
-        cudaError_t e = cudaGetLastError();
+        cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWARPS * 32), smem, stream, cuda_pdl_tensor_enabled() != 0,
+                                         (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
+                                         causal);
+        if (e == cudaSuccess) e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

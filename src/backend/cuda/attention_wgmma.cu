@@ -26,6 +26,7 @@
 
 #include "backend/cuda/attention_fa3.h"
 #include "backend/cuda/attention_wgmma.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/ptx_helpers.cuh"
 #include "backend/cuda/wgmma_helpers.cuh"
 
@@ -58,6 +59,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     constexpr int NT = BLOCK_N / 8;  // n8 column groups of S
 
     allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may start loading its weights */
+    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
     extern __shared__ uint16_t smem_raw[];
     /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
@@ -234,6 +236,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     constexpr int STAGES = 3;
 
     allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may start loading its weights */
+    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
     extern __shared__ uint16_t smem_raw[];
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
     uint16_t *sQ = smem_raw + pad / 2;         // [BLOCK_M][64] swizzled
@@ -393,6 +396,21 @@ static float lazy_rescale_threshold(void) {
 
 static int wg_env(const char *name, int dflt);  // below, with the dispatcher's knobs
 
+/* SMs of the current device (cached; 132, the H100 / H200 count, if the query fails: only tile and
+ * occupancy choices depend on it) */
+static int sm_count(void) {
+    static int n_sm = 0;
+    if (!n_sm) {
+        int dev = 0, n = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0)
+            n_sm = n;
+        else
+            n_sm = 132;
+    }
+    return n_sm;
+}
+
 template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
@@ -410,16 +428,10 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
      * overrides, for A/B runs. */
     constexpr bool FIVE_A_SM = !PIPE && D == 64 && NWG == 1 && BLOCK_N == 64;
     constexpr size_t FOUR_CTA_SMEM = 46 * 1024;
-    static int ctas_env = -2, n_sm = 0;
-    if (ctas_env == -2) {
-        ctas_env = wg_env("NOPAD_FMHA_V5_CTAS", 0);
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            n_sm = 132;  // the H100 / H200 count; only the four-or-five choice depends on it
-    }
+    static int ctas_env = -2;
+    if (ctas_env == -2) ctas_env = wg_env("NOPAD_FMHA_V5_CTAS", 0);
     const uint64_t grid_ctas = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
-    const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * n_sm;
+    const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * sm_count();
     const size_t launch_smem = FIVE_A_SM && !five && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
     static bool attr_set = false;
     if (!attr_set) {
@@ -438,9 +450,10 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
          * causal 16 x 512 +25%, 64 x 512 +7%, 16 x 1024 +7%; the same order non-causal lost 1-13%). */
         const dim3 grid = causal ? dim3((unsigned)n_heads, (unsigned)ns, m_blocks)
                                  : dim3(m_blocks, (unsigned)n_heads, (unsigned)ns);
-        kernel<<<grid, NWG * 128, launch_smem, stream>>>((uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads,
-                                                  scale_log2, rescale_thresh, causal);
-        cudaError_t e = cudaGetLastError();
+        cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWG * 128), launch_smem, stream, cuda_pdl_tensor_enabled() != 0,
+                                         (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
+                                         rescale_thresh, causal);
+        if (e == cudaSuccess) e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -508,7 +521,13 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight up to 512
      * tokens, 128-row tiles halve the K/V re-reads above; 64-key tiles keep registers at 4 CTAs/SM */
     const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= (D == 64 ? 512 : 256) ? 64 : 128);
-    const int bn = fn == 64 || fn == 128 ? fn : (D == 128 && bm == 128 ? 128 : 64);
+    /* 128-key tiles for d = 64 only where a sequence of 65-128 keys is then one tile and the grid
+     * is under one wave of four CTAs a SM: 16 x 128 6.5 -> 5.8 us against 64-key tiles, same lengths,
+     * twice each (H200, bench/results/fmha_sweep_2026-11-21_H200_v10.log); with more CTAs (64 x 128)
+     * the 64-key tiles' smaller footprint wins */
+    const bool one_key_tile = D == 64 && bm == 64 && max_seqlen > 64 && max_seqlen <= 128 &&
+                              (int64_t)2 * n_heads * n_seqs < (int64_t)4 * sm_count();
+    const int bn = fn == 64 || fn == 128 ? fn : ((D == 128 && bm == 128) || one_key_tile ? 128 : 64);
     /* pipelining paid off only for d=64 with two warpgroups per CTA (sweeps of 2026-11-21) */
     if (pipe == 1 || (pipe < 0 && D == 64 && bm == 128 && bn == 64))
         return bm == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)

@@ -74,12 +74,6 @@ static nopad_status launch_status(const char *what) {
  * what does not depend on it (LayerNorm weights, biases), and wait in griddepcontrol.wait until the
  * GEMM's results are complete and visible. Without the attribute the wait returns at once.
  * NOPAD_PDL=0 turns it off (for A/B timing). */
-__device__ __forceinline__ void wait_for_upstream_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 extern "C" int cuda_pdl_enabled(void) {
     static int enabled = -1;
     if (enabled < 0) {
@@ -89,20 +83,19 @@ extern "C" int cuda_pdl_enabled(void) {
     return enabled;
 }
 
+extern "C" int cuda_pdl_tensor_enabled(void) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *env = getenv("NOPAD_PDL_TENSOR");
+        enabled = cuda_pdl_enabled() && !(env && env[0] == '0');
+    }
+    return enabled;
+}
+
 template <typename... Params, typename... Args>
 static void launch_row_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                               Args... args) {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = cuda_pdl_enabled() ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, kernel, ((Params)args)...);
+    launch_maybe_pdl(kernel, grid, block, 0, stream, cuda_pdl_enabled() != 0, args...);
 }
 
 enum { LN_WARPS = 4 }; /* rows per 128-thread block */

@@ -33,6 +33,10 @@ nopad_status cuda_bias_residual_layernorm(nopad_dtype dtype, void *x, const void
  * launch): 1 unless NOPAD_PDL=0 (for A/B timing), read once. */
 int cuda_pdl_enabled(void);
 
+/* The same for the tensor-core kernels (CUTLASS GEMMs, attention): 1 unless NOPAD_PDL=0 or
+ * NOPAD_PDL_TENSOR=0 (for A/B timing against launching them plainly), read once. */
+int cuda_pdl_tensor_enabled(void);
+
 /* x[rows, dim] = act(x + bias) in place (for epilogues cuBLASLt lacks, e.g. exact erf GELU). */
 nopad_status cuda_bias_activation(nopad_dtype dtype, void *x, const void *bias, int32_t rows,
                                   int32_t dim, nopad_activation act, void *stream);

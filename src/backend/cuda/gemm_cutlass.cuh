@@ -17,6 +17,12 @@
 
 #include <cuda_runtime.h>
 
+/* Programmatic dependent launch inside the CUTLASS kernels: the producer warps wait
+ * (griddepcontrol.wait) before their first load of A, B or C, and the consumers let the next
+ * kernel launch once their last tile's MMAs are done. Launched with the attribute (run() below),
+ * a GEMM's prologue (barrier setup, tensor-map prefetch) overlaps the tail of the kernel before it. */
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -25,6 +31,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm_fused.h"
 extern "C" {
 #include "util/error.h"
@@ -233,7 +240,7 @@ nopad_status run(void *y, const void *x, const void *w, const void *bias, const 
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cutlass gemm: [%d, %d] x [%d, %d]ᵀ: %s", M, K,
                                N, K, cutlassGetStatusString(st));
     st = gemm.initialize(args, nullptr, stream);
-    if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
+    if (st == cutlass::Status::kSuccess) st = gemm.run(stream, nullptr, cuda_pdl_tensor_enabled() != 0);
     if (st != cutlass::Status::kSuccess) {
         cudaError_t err = cudaGetLastError();
         return nopad_set_error(NOPAD_ERR_BACKEND, "cutlass gemm: [%d, %d] x [%d, %d]ᵀ: %s (%s)", M, K, N,

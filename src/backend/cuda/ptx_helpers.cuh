@@ -91,6 +91,38 @@ static __device__ __forceinline__ void allow_dependent_launch(void) {
 #endif
 }
 
+/* The other half: a kernel launched with programmatic stream serialisation may start before the
+ * grid ahead of it on the stream has finished; this waits until that grid has completed and its
+ * memory is visible. Everything before it must not read what that grid writes, nor write what it
+ * reads. Returns at once for a kernel launched without the attribute. */
+static __device__ __forceinline__ void wait_for_upstream_grid(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+/* Host: launches `kernel` with programmatic stream serialisation when `pdl` is set (the kernel
+ * must call wait_for_upstream_grid before touching anything the previous kernel reads or writes),
+ * as a plain launch otherwise. */
+template <typename... Params, typename... Args>
+static cudaError_t launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, bool pdl, Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, ((Params)args)...);
+}
+#endif
+
 /* Two floats rounded to one packed f16x2 / bf16x2 register. */
 template <bool BF16>
 static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
