@@ -264,6 +264,13 @@ total = sum(sum(v) for v in by.values())
 print(f"{len(fwd)} kernels in the forward, sum of kernel times {total:.1f} us")
 for (name, grid), v in sorted(by.items(), key=lambda kv: -sum(kv[1])):
     print(f"{sum(v):9.1f} us {100 * sum(v) / total:5.1f}%  {len(v):4d} x {sum(v) / len(v):8.2f} us  {name} {grid}")
+# the second layer in launch order (the first may differ: it follows the embedding kernel)
+per_layer = (len(fwd) - 2) // 12 if len(fwd) > 14 else 0
+if per_layer:
+    print("second layer, in launch order:")
+    for r in fwd[1 + per_layer:1 + 2 * per_layer]:
+        t = float(r["Metric Value"].replace(",", "")) * unit[r["Metric Unit"]]
+        print(f"{t:9.2f} us  {r['Kernel Name'][:80]} {r['Grid Size']}")
 PY
 fi
 if want profile_small; then

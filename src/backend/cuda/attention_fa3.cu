@@ -286,8 +286,10 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     /* Q buffers: a persistent CTA loads the next item's Q while its consumers finish the current one */
     constexpr int QBUF = PERSIST ? 2 : 1;
 
-    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may be scheduled */
-    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
+    /* launched early behind the QKV GEMM: nothing is read before it ends; the next kernel may be
+     * scheduled only after that (attention_wgmma.cu says why) */
+    wait_for_upstream_grid();
+    allow_dependent_launch();
     extern __shared__ uint16_t smem_raw[];
     /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
@@ -659,7 +661,7 @@ static int multiprocessor_count(void) {
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST, bool CAUSAL>
 static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
-                              float rescale_thresh, int32_t *sched_counter, cudaStream_t stream) {
+                              float rescale_thresh, int32_t *sched_counter, bool pdl, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V ring + alignment slack (+ the sorted work list) */
     const size_t tiles = (size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 + ONES_ELEMS;
@@ -679,7 +681,7 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
         const uint64_t most_items = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
         const unsigned grid = (unsigned)(most_items < (uint64_t)n_sm ? most_items : (uint64_t)n_sm);
         cudaError_t e = launch_maybe_pdl(kernel, dim3(grid), dim3((NWG + 1) * 128), smem, stream,
-                                         cuda_pdl_tensor_enabled() != 0, map, (uint16_t *)out, (const uint16_t *)qkv,
+                                         pdl, map, (uint16_t *)out, (const uint16_t *)qkv,
                                          cu_seqlens, 0, n_seqs, n_heads, scale_log2, rescale_thresh, sched_counter);
         return e == cudaSuccess ? cudaGetLastError() : e;
     } else {
@@ -687,7 +689,7 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
             const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
             dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
             cudaError_t e = launch_maybe_pdl(kernel, grid, dim3((NWG + 1) * 128), smem, stream,
-                                             cuda_pdl_tensor_enabled() != 0, map, (uint16_t *)out,
+                                             pdl, map, (uint16_t *)out,
                                              (const uint16_t *)qkv, cu_seqlens, s0, n_seqs, n_heads, scale_log2,
                                              rescale_thresh, (int32_t *)nullptr);
             if (e == cudaSuccess) e = cudaGetLastError();
@@ -716,6 +718,7 @@ struct Fa3Args {
     float scale_log2, rescale_thresh;
     int causal;
     int32_t *counter;  // the persistent kernel's item counter (NULL: no persistent launch)
+    bool pdl;          // launched with programmatic stream serialisation
     cudaStream_t st;
 };
 template <int NWG, int STAGES, bool BF16, bool PP, bool CAUSAL>
@@ -723,10 +726,10 @@ static cudaError_t fa3_persist(const Fa3Args &a, bool persist) {
     if (persist)
         return launch_fa3<NWG, 128, STAGES, BF16, PP, true, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
                                                                     a.max_seqlen, a.n_heads, a.scale_log2,
-                                                                    a.rescale_thresh, a.counter, a.st);
+                                                                    a.rescale_thresh, a.counter, a.pdl, a.st);
     return launch_fa3<NWG, 128, STAGES, BF16, PP, false, CAUSAL>(*a.map, a.out, a.qkv, a.cu_seqlens, a.n_seqs,
                                                                  a.max_seqlen, a.n_heads, a.scale_log2,
-                                                                 a.rescale_thresh, nullptr, a.st);
+                                                                 a.rescale_thresh, nullptr, a.pdl, a.st);
 }
 template <int NWG, int STAGES, bool BF16, bool PP>
 static cudaError_t fa3_causal(const Fa3Args &a, bool persist) {
@@ -776,7 +779,7 @@ static cudaError_t dispatch_fa3(const Fa3Args &a) {
 
 cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
-                               void *workspace, void *stream) {
+                               int pdl, void *workspace, void *stream) {
     encode_tiled_fn encode = tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
     /* qkv as a 2-D tensor: columns 3*heads*64 (innermost), rows bounded by n_seqs * max_seqlen (>= T;
@@ -793,6 +796,6 @@ cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorNotSupported;
     const Fa3Args args = {&map, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale * 1.4426950408889634f,
-                          rescale_thresh, causal, (int32_t *)workspace, (cudaStream_t)stream};
+                          rescale_thresh, causal, (int32_t *)workspace, pdl != 0, (cudaStream_t)stream};
     return bf16 ? dispatch_fa3<true>(args) : dispatch_fa3<false>(args);
 }

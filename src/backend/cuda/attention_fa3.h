@@ -20,5 +20,5 @@ int cuda_attention_fa3_persistent(int32_t n_seqs, int32_t max_seqlen, int32_t n_
  * has no tensor-map encoder (the caller then uses another kernel). */
 cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
-                               void *workspace, void *stream);
+                               int pdl, void *workspace, void *stream);
 #endif

@@ -63,8 +63,10 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     constexpr int DT = D / 8;        // n8 tiles of O per warp
     constexpr int KQ = D / 16;       // k16 steps of Q K^T
 
-    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may be scheduled */
-    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
+    /* launched early behind the QKV GEMM: nothing is read before it ends; the next kernel may be
+     * scheduled only after that (attention_wgmma.cu says why) */
+    wait_for_upstream_grid();
+    allow_dependent_launch();
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem;                    // [BLOCK_M][LDS]
     uint16_t *sK = sQ + BLOCK_M * LDS;      // [2][BLOCK_N][LDS]
@@ -216,7 +218,8 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
 
 template <int D, int NWARPS, int BLOCK_N, bool BF16>
 static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                          int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
+                          int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
+                          cudaStream_t stream) {
     constexpr int BLOCK_M = 16 * NWARPS;
     const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t);
     auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16>;
@@ -234,7 +237,7 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
-        cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWARPS * 32), smem, stream, cuda_pdl_tensor_enabled() != 0,
+        cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWARPS * 32), smem, stream, pdl,
                                          (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
                                          causal);
         if (e == cudaSuccess) e = cudaGetLastError();
@@ -256,7 +259,7 @@ static int env_tile(const char *name) {
  * override both, for tuning. */
 template <int D, bool BF16>
 static cudaError_t dispatch_tile(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal,
+                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
                                  cudaStream_t stream) {
     static int forced_m = -1, forced_n = -1;
     if (forced_m < 0) {
@@ -267,24 +270,31 @@ static cudaError_t dispatch_tile(void *out, const void *qkv, const int32_t *cu_s
     const int bm = forced_m ? forced_m : (max_seqlen <= (D == 128 ? 512 : 256) ? 64 : 128);
     const int bn = forced_n ? forced_n : (D == 128 && bm == 128 ? 128 : 64);
     if (bm == 64 && bn == 64)
-        return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+        return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
     if (bm == 64)
-        return launch<D, 4, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+        return launch<D, 4, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
     if (bn == 64)
-        return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
-    return launch<D, 8, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+        return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+    return launch<D, 8, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
 }
 
 template <bool BF16>
 static cudaError_t dispatch_head(int32_t head_size, void *out, const void *qkv, const int32_t *cu_seqlens,
                                  int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale,
-                                 int causal, cudaStream_t stream) {
+                                 int causal, bool pdl, cudaStream_t stream) {
     switch (head_size) {
-    case 32: return dispatch_tile<32, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
-    case 64: return dispatch_tile<64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
-    default: return dispatch_tile<128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    case 32: return dispatch_tile<32, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+    case 64: return dispatch_tile<64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+    default: return dispatch_tile<128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
     }
 }
+
+/* A batch of at most 32 tokens runs its linear layers on the skinny GEMM (gemm_skinny.h), whose
+ * kernels already chain by programmatic launch; between two of them the attention launched with the
+ * attribute too made the forward 3.5% slower (1 x 128, 26 tokens: 0.359 against 0.347 ms, H200,
+ * bench/results/enc_2026-11-21_H200_ab_pdl_tensor_26tok.log), while with more tokens it gains
+ * (16 x 256 forward -1 to -4%). So: the attribute above 32 tokens. */
+int cuda_attention_pdl(int32_t n_tokens) { return cuda_pdl_tensor_enabled() && n_tokens > 32; }
 
 extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, const void *qkv,
                                               const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
@@ -314,12 +324,13 @@ extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, cons
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda attention_varlen: qkv and out must be 16-byte aligned");
     cudaStream_t st = (cudaStream_t)stream;
+    const bool pdl = cuda_attention_pdl(n_tokens) != 0;
     cudaError_t e = head_size >= 64 && cuda_attention_wgmma_enabled()
                         ? cuda_attention_wgmma(head_size, dtype == NOPAD_DTYPE_BF16, out, qkv, cu_seqlens, n_seqs,
                                                n_tokens, max_seqlen, n_heads, scale, causal, workspace, stream)
                     : dtype == NOPAD_DTYPE_BF16
-                        ? dispatch_head<true>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
-                        : dispatch_head<false>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+                        ? dispatch_head<true>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st)
+                        : dispatch_head<false>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
     if (e != cudaSuccess)
         return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_varlen: launch failed: %s (%s)",
                                cudaGetErrorString(e), cudaGetErrorName(e));

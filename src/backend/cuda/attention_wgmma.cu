@@ -58,8 +58,12 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     constexpr int THREADS = NWG * 128;
     constexpr int NT = BLOCK_N / 8;  // n8 column groups of S
 
-    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may start loading its weights */
-    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
+    /* Launched early behind the QKV GEMM: nothing is read before it ends. Only then may a
+     * programmatic dependent (the next GEMM) be scheduled and start loading its weights: signalled
+     * before the wait, a chain of short launches ran ahead of itself and 16 x 64 took 4.5 instead
+     * of 3.4 us (H200, bench/results/fmha_ab_2026-11-21_H200_v10_trigger.log). */
+    wait_for_upstream_grid();
+    allow_dependent_launch();
     extern __shared__ uint16_t smem_raw[];
     /* the swizzle is applied to absolute address bits: tiles start on 1024-byte boundaries */
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
@@ -235,8 +239,8 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     constexpr int KS = BLOCK_N / 16;  // k16 steps of P V
     constexpr int STAGES = 3;
 
-    allow_dependent_launch(); /* a programmatic dependent (the next GEMM) may start loading its weights */
-    wait_for_upstream_grid(); /* launched early behind the QKV GEMM: nothing is read before it ends */
+    wait_for_upstream_grid(); /* as in attention_varlen_wgmma_kernel: wait, then let the next one launch */
+    allow_dependent_launch();
     extern __shared__ uint16_t smem_raw[];
     const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
     uint16_t *sQ = smem_raw + pad / 2;         // [BLOCK_M][64] swizzled
@@ -413,7 +417,8 @@ static int sm_count(void) {
 
 template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
+                                int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
+                                cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V stages (2 plain, 3 pipelined) + alignment slack */
     const size_t smem = (size_t)(BLOCK_M + (PIPE ? 6 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
@@ -450,7 +455,7 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
          * causal 16 x 512 +25%, 64 x 512 +7%, 16 x 1024 +7%; the same order non-causal lost 1-13%). */
         const dim3 grid = causal ? dim3((unsigned)n_heads, (unsigned)ns, m_blocks)
                                  : dim3(m_blocks, (unsigned)n_heads, (unsigned)ns);
-        cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWG * 128), launch_smem, stream, cuda_pdl_tensor_enabled() != 0,
+        cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWG * 128), launch_smem, stream, pdl,
                                          (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
                                          rescale_thresh, causal);
         if (e == cudaSuccess) e = cudaGetLastError();
@@ -477,6 +482,7 @@ template <int D, bool BF16>
 static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                   int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, float scale, int causal,
                                   void *workspace, cudaStream_t st) {
+    const bool pdl = cuda_attention_pdl(n_tokens) != 0;
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
@@ -507,7 +513,7 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
         }
         if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
             cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
-                                               lazy_rescale_threshold(), causal, workspace, st);
+                                               lazy_rescale_threshold(), causal, pdl, workspace, st);
             if (e != cudaErrorNotSupported) return e;
         }
     }
@@ -530,12 +536,12 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     const int bn = fn == 64 || fn == 128 ? fn : ((D == 128 && bm == 128) || one_key_tile ? 128 : 64);
     /* pipelining paid off only for d=64 with two warpgroups per CTA (sweeps of 2026-11-21) */
     if (pipe == 1 || (pipe < 0 && D == 64 && bm == 128 && bn == 64))
-        return bm == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st)
-                        : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bm == 64 && bn == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bm == 64) return launch_wgmma<D, 1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    if (bn == 64) return launch_wgmma<D, 2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
-    return launch_wgmma<D, 2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, st);
+        return bm == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st)
+                        : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
+    if (bm == 64 && bn == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
+    if (bm == 64) return launch_wgmma<D, 1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
+    if (bn == 64) return launch_wgmma<D, 2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
+    return launch_wgmma<D, 2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
 }
 
 cudaError_t cuda_attention_wgmma(int32_t head_size, int bf16, void *out, const void *qkv,
