@@ -491,9 +491,12 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
          * kernels on non-causal batches above 512 tokens (16 x 1024 1.39x vs 1.28x, 8 x 1024 1.64x
          * vs 1.43x, 2048 tokens 1.45-1.6x vs 1.2-1.4x, the skewed batch 1.97x vs 1.77x; ties at 2-4
          * x 2048) and at 512 tokens given enough items (32 x 512 1.51x vs 1.27x, 64 x 512 1.62x vs
-         * 1.33x, 128 x 512 1.69x vs 1.39x). 16 x 512 (576 items) is a coin flip: over five length
-         * draws with the v9 kernels FA3 gave 1.38 / 1.46 / 1.32 / 1.23 / 1.19x, v5 1.29 / 1.10 /
-         * 1.23 / 1.34 / 1.33x (means 1.32x, 1.26x), so from 576 items at 512 tokens it takes FA3.
+         * 1.33x, 128 x 512 1.69x vs 1.39x). Below 1152 items at 257-512 tokens the v5 kernel with
+         * 128-row tiles wins on average: 16 x 512 (576 items) over five length draws FA3 1.28 /
+         * 1.50 / 1.21 / 1.19 / 1.21x, v5 with 128-row tiles 1.37 / 1.37 / 1.43 / 1.28 / 1.42x, with
+         * 64-row tiles 1.27 / 1.30 / 1.42 / 1.26 / 1.41x; 24 x 512 FA3 1.38 / 1.12x, v5 128-row 1.40 /
+         * 1.40x; at 32 x 512 (1152 items) FA3 1.44x on average against 1.40x
+         * (bench/results/fmha_sweep_2026-11-21_H200_v10_512*.log). So FA3 from 1152 items.
          * At <= 256 tokens the v5 kernels win (16 x 256
          * 1.54x vs 0.98x, 128 x 256 1.51x vs 1.39x). Causal, the v5 kernels keep <= 1024 tokens (16 x 512 1.66x vs 1.44x, 128 x 512
          * 2.22x vs 2.08x, 16 x 1024 1.70x vs 1.64x) unless there are many items (128 x 1024:
@@ -506,7 +509,7 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
         if (cuda_attention_fa3_persistent(n_seqs, max_seqlen, n_heads, workspace)) {
             const int64_t items = (int64_t)n_seqs * n_heads * ((max_seqlen + 191) / 192);
             fa3_wins = causal ? max_seqlen > 1024 || (max_seqlen > 512 && items >= 4608)
-                              : max_seqlen > 512 || (max_seqlen > 256 && items >= 576);
+                              : max_seqlen > 512 || (max_seqlen > 256 && items >= 1152);
         } else {
             const bool dense = (int64_t)n_tokens * 2 >= (int64_t)n_seqs * max_seqlen;
             fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
@@ -524,9 +527,12 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
         pipe = wg_env("NOPAD_FMHA_WG_PIPE", -1);  /* pipelined kernels have 64-key tiles only */
         if (fn == 128) pipe = 0;
     }
-    /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight up to 512
-     * tokens, 128-row tiles halve the K/V re-reads above; 64-key tiles keep registers at 4 CTAs/SM */
-    const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= (D == 64 ? 512 : 256) ? 64 : 128);
+    /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight up to 256
+     * tokens (512 for causal d = 64), 128-row tiles halve the K/V re-reads above (non-causal d = 64
+     * at 257-512 tokens: 16 x 384 1.34x vs 1.29x, 16 x 512 1.37x vs 1.33x, means of five length
+     * draws); 64-key tiles keep registers at 4 CTAs/SM */
+    const int rows64_upto = D == 64 ? (causal ? 512 : 256) : 256;
+    const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= rows64_upto ? 64 : 128);
     /* 128-key tiles for d = 64 only where a sequence of 65-128 keys is then one tile and the grid
      * is under one wave of four CTAs a SM: 16 x 128 6.5 -> 5.8 us against 64-key tiles, same lengths,
      * twice each (H200, bench/results/fmha_sweep_2026-11-21_H200_v10.log); with more CTAs (64 x 128)
