@@ -651,13 +651,6 @@ static int fa3_env(const char *name, int dflt) {
     return env && *env ? atoi(env) : dflt;
 }
 
-static int multiprocessor_count(void) {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return 0;
-    return n;
-}
-
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST, bool CAUSAL>
 static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
@@ -675,8 +668,7 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
     }
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     if constexpr (PERSIST) {
-        static int n_sm = 0;
-        if (!n_sm) n_sm = multiprocessor_count();
+        const int n_sm = cuda_sm_count();
         /* one CTA per SM (registers allow no more), fewer when there are fewer items at most */
         const uint64_t most_items = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
         const unsigned grid = (unsigned)(most_items < (uint64_t)n_sm ? most_items : (uint64_t)n_sm);

@@ -400,21 +400,6 @@ static float lazy_rescale_threshold(void) {
 
 static int wg_env(const char *name, int dflt);  // below, with the dispatcher's knobs
 
-/* SMs of the current device (cached; 132, the H100 / H200 count, if the query fails: only tile and
- * occupancy choices depend on it) */
-static int sm_count(void) {
-    static int n_sm = 0;
-    if (!n_sm) {
-        int dev = 0, n = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0)
-            n_sm = n;
-        else
-            n_sm = 132;
-    }
-    return n_sm;
-}
-
 template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
@@ -436,7 +421,7 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     static int ctas_env = -2;
     if (ctas_env == -2) ctas_env = wg_env("NOPAD_FMHA_V5_CTAS", 0);
     const uint64_t grid_ctas = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
-    const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * sm_count();
+    const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * cuda_sm_count();
     const size_t launch_smem = FIVE_A_SM && !five && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
     static bool attr_set = false;
     if (!attr_set) {
@@ -538,7 +523,7 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
      * twice each (H200, bench/results/fmha_sweep_2026-11-21_H200_v10.log); with more CTAs (64 x 128)
      * the 64-key tiles' smaller footprint wins */
     const bool one_key_tile = D == 64 && bm == 64 && max_seqlen > 64 && max_seqlen <= 128 &&
-                              (int64_t)2 * n_heads * n_seqs < (int64_t)4 * sm_count();
+                              (int64_t)2 * n_heads * n_seqs < (int64_t)4 * cuda_sm_count();
     const int bn = fn == 64 || fn == 128 ? fn : ((D == 128 && bm == 128) || one_key_tile ? 128 : 64);
     /* pipelining paid off only for d=64 with two warpgroups per CTA (sweeps of 2026-11-21) */
     if (pipe == 1 || (pipe < 0 && D == 64 && bm == 128 && bn == 64))

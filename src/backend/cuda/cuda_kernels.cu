@@ -74,6 +74,24 @@ static nopad_status launch_status(const char *what) {
  * what does not depend on it (LayerNorm weights, biases), and wait in griddepcontrol.wait until the
  * GEMM's results are complete and visible. Without the attribute the wait returns at once.
  * NOPAD_PDL=0 turns it off (for A/B timing). */
+extern "C" int cuda_sm_count(void) {
+    static int cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return 132;
+    }
+    if (!cached[dev]) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+            cudaGetLastError();
+            n = 132;
+        }
+        cached[dev] = n;
+    }
+    return cached[dev];
+}
+
 extern "C" int cuda_pdl_enabled(void) {
     static int enabled = -1;
     if (enabled < 0) {

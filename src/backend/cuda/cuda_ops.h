@@ -29,6 +29,10 @@ nopad_status cuda_bias_residual_layernorm(nopad_dtype dtype, void *x, const void
                                           const void *ln_bias, float eps, int32_t n_tokens,
                                           int32_t dim, void *stream);
 
+/* SMs of the current device, read once per device; 132 (the H100 / H200 count) if the query fails:
+ * only grid sizes and tile choices depend on it. */
+int cuda_sm_count(void);
+
 /* Whether kernels are launched with programmatic stream serialisation (programmatic dependent
  * launch): 1 unless NOPAD_PDL=0 (for A/B timing), read once. */
 int cuda_pdl_enabled(void);

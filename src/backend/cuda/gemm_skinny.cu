@@ -427,24 +427,6 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(const params p) {
     cluster.sync(); /* no CTA leaves while another still reads its shared memory */
 }
 
-int device_sm_count(void) {
-    static int cached[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return 132;
-    }
-    if (!cached[dev]) {
-        int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-            cudaGetLastError();
-            n = 132;
-        }
-        cached[dev] = n;
-    }
-    return cached[dev];
-}
-
 /* The fewest slices (1..8) whose grid covers the SMs, else 8; a slice is a multiple of 16
  * elements, at most MAX_KS, with tiles that fit MAX_SMEM. Returns 0 when no slice fits (K > 4096). */
 int choose_slice(int T, int K, int N, int *ks_out, int *splits_out) {
@@ -452,7 +434,7 @@ int choose_slice(int T, int K, int N, int *ks_out, int *splits_out) {
      * a third or half of the SMs, or twice them, measured no better) */
     static int min_ctas = -1;
     if (min_ctas < 0) min_ctas = getenv("NOPAD_SKINNY_MIN_CTAS") ? atoi(getenv("NOPAD_SKINNY_MIN_CTAS")) : 0;
-    const int tiles = N / TILE_N, z = (T + TILE_T - 1) / TILE_T, sms = min_ctas > 0 ? min_ctas : device_sm_count();
+    const int tiles = N / TILE_N, z = (T + TILE_T - 1) / TILE_T, sms = min_ctas > 0 ? min_ctas : cuda_sm_count();
     const int rows = T < TILE_T ? T : TILE_T;
     int found = 0;
     for (int splits = 1; splits <= MAX_SPLITS; splits++) {
@@ -469,7 +451,7 @@ int choose_slice(int T, int K, int N, int *ks_out, int *splits_out) {
  * whose grid covers the SMs, else the most; 0 when none fits. BERT-base (12 heads of 64, N = 768):
  * 6 slices of 2 heads, 72 CTAs; BERT-large (16 heads): 8 slices of 2, 128 CTAs. */
 int choose_slice_heads(int T, int K, int N, int d, int *ks_out, int *splits_out) {
-    const int heads = K / d, tiles = N / TILE_N, sms = device_sm_count();
+    const int heads = K / d, tiles = N / TILE_N, sms = cuda_sm_count();
     int found = 0;
     for (int splits = 1; splits <= MAX_SPLITS; splits++) {
         const int per = (heads + splits - 1) / splits;
