@@ -137,6 +137,18 @@ if want sanitize_fmha; then
                 "$OUTDIR/sanitizer_fa3_p${persist}_$tool.log" | tail -n 1)" | tee -a "$OUTDIR/sanitizer_fmha.log"
         done
     done
+    # the v5 kernels (cp.async, wgmma; the dead-warpgroup path and the half-width last key tile):
+    # the default dispatch with FA3 off, and 128-row tiles forced (the pipelined kernel) at every length
+    for setting in "NOPAD_FMHA_FA3=0" "NOPAD_FMHA_FA3=0 NOPAD_FMHA_WG_M=128"; do
+        for tool in memcheck racecheck; do
+            env $setting NOPAD_GPU_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 3 \
+                "$BUILD/tests/test_cuda_attention" > "$OUTDIR/sanitizer_v5_$tool.log" 2>&1
+            rc=$?
+            [ "$rc" = 0 ] || status=1
+            echo "compute-sanitizer --tool $tool, v5 [$setting]: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+                "$OUTDIR/sanitizer_v5_$tool.log" | tail -n 1)" | tee -a "$OUTDIR/sanitizer_fmha.log"
+        done
+    done
 fi
 if want sanitize_fused; then
     # the skinny GEMM's fused variants (mbarriers, bulk copies, cluster barriers, distributed

@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <type_traits>
+
 #include "backend/cuda/attention_fa3.h"
 #include "backend/cuda/attention_wgmma.h"
 #include "backend/cuda/cuda_ops.h"
@@ -45,6 +47,29 @@ static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_
     }
 }
 
+/* A warpgroup whose 64 query rows all lie past the sequence's end (the second of a 128-row tile
+ * whose last block has <= 64 rows) runs this instead of the kernel's loop: it loads its share of
+ * every K/V tile and meets every __syncthreads as the loop would (tile t into buffer t % STAGES),
+ * but issues no MMAs and no softmax, so the tensor cores go to the other warpgroup and the SM's
+ * other CTA (the FA3 kernel does the same). It is a separate path taken before any wgmma code:
+ * with the test inside the loop, ptxas serialised every wgmma of the kernel (warning C7520). */
+template <int BLOCK_N, int THREADS, int D, int STAGES>
+static __device__ __forceinline__ void dead_warpgroup_loads(uint16_t *sK, uint16_t *sV, const uint16_t *k_g,
+                                                            const uint16_t *v_g, size_t row_stride, int len,
+                                                            int n_tiles, int tid) {
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads();
+        if (j + 1 < n_tiles) {
+            const int nb = (j + 1) % STAGES;
+            load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            cp_async_commit();
+        }
+    }
+}
+
 /* ---- the kernel (head size 64 or 128) --------------------------------------------------------------- */
 
 template <int D, int NWG, int BLOCK_N, bool BF16>
@@ -56,7 +81,6 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
-    constexpr int NT = BLOCK_N / 8;  // n8 column groups of S
 
     /* Launched early behind the QKV GEMM: nothing is read before it ends. Only then may a
      * programmatic dependent (the next GEMM) be scheduled and start loading its weights: signalled
@@ -90,11 +114,16 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
     const int wrow0 = m0 + wg * 64 + warp * 16;  // first query row of this warp
     const int row_a = wrow0 + lane / 4;          // this thread's rows: row_a, row_a + 8
+    const bool live = NWG == 1 || m0 + wg * 64 < len;  // see dead_warpgroup_loads
 
     load_tile_sw<BLOCK_M, THREADS, D>(sQ, q_g, row_stride, m0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sK, k_g, row_stride, 0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
     cp_async_commit();
+    if (!live) {
+        dead_warpgroup_loads<BLOCK_N, THREADS, D, 2>(sK, sV, k_g, v_g, row_stride, len, n_tiles, tid);
+        return;
+    }
 
     float o[32 * DS];  // O [64 x D] per warpgroup: n8 column group t holds o[4t..4t+3]
 #pragma unroll
@@ -102,7 +131,10 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     const uint16_t *q_wg = sQ + wg * 64 * 64;  // this warpgroup's rows in slab 0
 
-    for (int j = 0; j < n_tiles; j++) {
+    /* one key tile: the S product, the online softmax and P V over its first W keys (W = BLOCK_N, or
+     * BLOCK_N / 2 for a half-width last tile; see half_last) */
+    auto key_tile = [&](int j, auto width) {
+        constexpr int W = decltype(width)::value, WT = W / 8;  // keys, n8 column groups
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();  // tile j visible to every warp and to the async proxy; buffer (j+1)&1 free
@@ -116,14 +148,14 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         const uint16_t *v_s = sV + (j & 1) * BLOCK_N * D;
 
         /* S = Q K^T, four k16 steps along the head dimension (+32 bytes each inside the swizzle atom) */
-        float s[BLOCK_N / 2];
+        float s[W / 2];
 #pragma unroll
-        for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
+        for (int i = 0; i < W / 2; i++) s[i] = 0.0f;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
-                                    sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
+            wgmma_ss<BF16, W>(s, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
+                              sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
         wgmma_commit();
         wgmma_wait0();
 
@@ -131,9 +163,9 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
          * calling softmax_tile and rescaling after it measured 1.5-2% slower at 128 x 512 (the
          * encoder's main case of this kernel) in an A/B on an H200, 2026-11-21 */
         const int n0 = j * BLOCK_N;
-        if (n0 + BLOCK_N > len || (causal && n0 + BLOCK_N - 1 > wrow0)) {
+        if (n0 + W > len || (causal && n0 + W - 1 > wrow0)) {
 #pragma unroll
-            for (int t = 0; t < NT; t++)
+            for (int t = 0; t < WT; t++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1);
@@ -146,7 +178,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
+            for (int t = 0; t < WT; t++) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             /* lazy rescaling: keep the old max unless the new one is larger by more than
@@ -159,7 +191,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
             m_run[r] = m_keep;
             float sum = 0.0f;
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
+            for (int t = 0; t < WT; t++) {
                 s[4 * t + 2 * r] = fast_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_use));
                 s[4 * t + 2 * r + 1] = fast_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_use));
                 sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
@@ -176,17 +208,22 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
 
         /* O += P V: P from registers (S groups 2k, 2k+1 form the A fragment of k-step k), V through the
          * transposing descriptor, 16 keys = 2048 bytes per k-step */
-        uint32_t pa[BLOCK_N / 16][4];
-        pack_p<BF16, BLOCK_N / 16>(pa, s);
+        uint32_t pa[W / 16][4];
+        pack_p<BF16, W / 16>(pa, s);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; kk++)
+        for (int kk = 0; kk < W / 16; kk++)
 #pragma unroll
             for (int ds = 0; ds < DS; ds++)
                 wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_s + ds * BLOCK_N * 64 + kk * 16 * 64));
         wgmma_commit();
         wgmma_wait0();
-    }
+    };
+    /* the half-width last key tile, taken after the loop (the pipelined kernel below says why) */
+    const bool half_last = n_tiles > 1 && n_end - (n_tiles - 1) * BLOCK_N <= BLOCK_N / 2;
+    const int n_full = n_tiles - (half_last ? 1 : 0);
+    for (int j = 0; j < n_full; j++) key_tile(j, std::integral_constant<int, BLOCK_N>{});
+    if (half_last) key_tile(n_tiles - 1, std::integral_constant<int, BLOCK_N / 2>{});
 
     float inv[2];
 #pragma unroll
@@ -226,8 +263,9 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
  * cores while the tensor cores still work on P_{j-1} V_{j-1}. V_{j-1} is still being read when tile
  * j+1 is loaded, so K/V take three shared-memory stages. */
 
+/* two CTAs a SM at d = 64 with 64-key tiles (<= 128 registers): the 16 x 512 case */
 template <int D, int NWG, int BLOCK_N, bool BF16>
-__global__ void __launch_bounds__(NWG * 128, 1)
+__global__ void __launch_bounds__(NWG * 128, (D == 64 && NWG == 2 && BLOCK_N == 64 ? 2 : 1))
 attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                                    const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                                    const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
@@ -267,11 +305,16 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     const int wrow0 = m0 + wg * 64 + warp * 16;
     const int row_a = wrow0 + lane / 4;
     const uint16_t *q_wg = sQ + wg * 64 * 64;  // this warpgroup's rows in slab 0
+    const bool live = NWG == 1 || m0 + wg * 64 < len;  // see dead_warpgroup_loads
 
     load_tile_sw<BLOCK_M, THREADS, D>(sQ, q_g, row_stride, m0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sK, k_g, row_stride, 0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
     cp_async_commit();
+    if (!live) {
+        dead_warpgroup_loads<BLOCK_N, THREADS, D, STAGES>(sK, sV, k_g, v_g, row_stride, len, n_tiles, tid);
+        return;
+    }
 
     float o[32 * DS];
 #pragma unroll
@@ -279,6 +322,18 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
     float s[BLOCK_N / 2];
     uint32_t pa[KS][4];
+
+    /* The half-width last key tile: when the sequence's last tile holds at most BLOCK_N / 2 keys
+     * (half of all sequences, for lengths spread evenly), S is the m64n(BLOCK_N/2) product, its
+     * softmax covers those columns only, and the last P V takes half the k-steps. The rest of the
+     * tile is masked anyway (past the end, or for causal past every row of the query tile), so its
+     * P would be exactly 0: the skipped work adds nothing. That tile is peeled off the loop: with
+     * the choice made inside the loop (while a P V is in flight), ptxas serialised every wgmma of
+     * the kernel (warnings C7511/C7520), and so it did with a half-width choice in the prologue,
+     * which is why a sequence of a single tile is always taken at full width. s[] past the half
+     * keeps stale values that no P V reads. */
+    const bool half_last = n_tiles > 1 && n_end - (n_tiles - 1) * BLOCK_N <= BLOCK_N / 2;
+    const int n_full = n_tiles - (half_last ? 1 : 0);  // tiles at full width: the prologue's and the loop's
 
     /* prologue: S_0 and its softmax */
     cp_async_wait_all();
@@ -303,7 +358,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
     pack_p<BF16, KS>(pa, s);
 
-    for (int j = 1; j < n_tiles; j++) {
+    for (int j = 1; j < n_full; j++) {
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();  // tile j landed; every warpgroup is past iteration j-1 (stage (j+1)%3 free)
@@ -338,16 +393,60 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
             rescale_o<8 * DS>(o, alpha);
         pack_p<BF16, KS>(pa, s);
     }
-    /* epilogue: the last P V */
-    {
-        const uint16_t *v_last = sV + ((n_tiles - 1) % STAGES) * BLOCK_N * D;
+    if (half_last) {  // the loop's iteration for the half-width last tile
+        const int j = n_tiles - 1;
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads();
+        const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
+        const uint16_t *v_prev = sV + ((j - 1) % STAGES) * BLOCK_N * D;
+        fence_regs<BLOCK_N / 2>(s);
         fence_regs<32 * DS>(o);
+        float sh[BLOCK_N / 4];
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 4; i++) sh[i] = 0.0f;
+        fence_regs<BLOCK_N / 4>(sh);
         wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<BF16, BLOCK_N / 2>(sh, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
+                                        sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
+        wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
 #pragma unroll
             for (int ds = 0; ds < DS; ds++)
-                wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_last + ds * BLOCK_N * 64 + kk * 16 * 64));
+                wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_prev + ds * BLOCK_N * 64 + kk * 16 * 64));
+        wgmma_commit();
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        fence_regs<BLOCK_N / 4>(sh);
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 4; i++) s[i] = sh[i];
+        softmax_tile<NT / 2>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a, causal, lane);
+        wgmma_wait0();
+        fence_regs<32 * DS>(o);
+        if (!NOPAD_FMHA_VOTE || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+            rescale_o<8 * DS>(o, alpha);
+        pack_p<BF16, KS / 2>(pa, s);
+    }
+    /* epilogue: the last P V (half the k-steps after a half-width tile: P is 0 past its keys) */
+    {
+        const uint16_t *v_last = sV + ((n_tiles - 1) % STAGES) * BLOCK_N * D;
+        fence_regs<32 * DS>(o);
+        wgmma_fence();
+        if (half_last) {
+#pragma unroll
+            for (int kk = 0; kk < KS / 2; kk++)
+#pragma unroll
+                for (int ds = 0; ds < DS; ds++)
+                    wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_last + ds * BLOCK_N * 64 + kk * 16 * 64));
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                for (int ds = 0; ds < DS; ds++)
+                    wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_last + ds * BLOCK_N * 64 + kk * 16 * 64));
+        }
         wgmma_commit();
         wgmma_wait0();
         fence_regs<32 * DS>(o);

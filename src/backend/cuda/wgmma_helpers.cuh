@@ -48,6 +48,24 @@ static __device__ __forceinline__ int sw_off(int row, int col) {
     return row * 64 + ((((col >> 3) ^ row) & 7) << 3) + (col & 7);
 }
 
+/* D[64 x 32] (+)= A * B, both in shared memory: the half-width last key tile of a sequence
+ * (attention_wgmma.cu); 16 fp32 accumulators a thread, the first 16 of the m64n64 layout */
+static __device__ __forceinline__ void wgmma_ss_m64n32k16_f16(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+static __device__ __forceinline__ void wgmma_ss_m64n32k16_bf16(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
 /* D[64 x 64] (+)= A (shared, K-major) * B (shared, K-major); 32 fp32 accumulators a thread */
 static __device__ __forceinline__ void wgmma_ss_m64n64k16_f16(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
@@ -135,10 +153,14 @@ static __device__ __forceinline__ void wgmma_rs72(float *d, const uint32_t a[4],
 
 template <bool BF16, int N>
 static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 64) {
+    if constexpr (N == 32) {
+        if constexpr (BF16) wgmma_ss_m64n32k16_bf16(d, da, db, acc);
+        else wgmma_ss_m64n32k16_f16(d, da, db, acc);
+    } else if constexpr (N == 64) {
         if constexpr (BF16) wgmma_ss_m64n64k16_bf16(d, da, db, acc);
         else wgmma_ss_m64n64k16_f16(d, da, db, acc);
     } else {
+        static_assert(N == 128, "wgmma_ss: N is 32, 64 or 128");
         if constexpr (BF16) wgmma_ss_m64n128k16_bf16(d, da, db, acc);
         else wgmma_ss_m64n128k16_f16(d, da, db, acc);
     }
