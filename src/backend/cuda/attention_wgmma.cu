@@ -49,24 +49,26 @@ static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_
 
 /* A warpgroup whose 64 query rows all lie past the sequence's end (the second of a 128-row tile
  * whose last block has <= 64 rows) runs this instead of the kernel's loop: it loads its share of
- * every K/V tile and meets every __syncthreads as the loop would (tile t into buffer t % STAGES),
- * but issues no MMAs and no softmax, so the tensor cores go to the other warpgroup and the SM's
- * other CTA (the FA3 kernel does the same). It is a separate path taken before any wgmma code:
- * with the test inside the loop, ptxas serialised every wgmma of the kernel (warning C7520). */
-template <int BLOCK_N, int THREADS, int D, int STAGES>
+ * every K/V tile and meets every __syncthreads as the loop would (tile t into buffer t % STAGES,
+ * PREFETCH tiles ahead, one cp.async group per tile loaded or not), but issues no MMAs and no
+ * softmax, so the tensor cores go to the other warpgroup and the SM's other CTA (the FA3 kernel
+ * does the same). It is a separate path taken before any wgmma code: with the test inside the
+ * loop, ptxas serialised every wgmma of the kernel (warning C7520). The caller has committed
+ * the groups of tiles 0 .. PREFETCH-1. */
+template <int BLOCK_N, int THREADS, int D, int STAGES, int PREFETCH>
 static __device__ __forceinline__ void dead_warpgroup_loads(uint16_t *sK, uint16_t *sV, const uint16_t *k_g,
                                                             const uint16_t *v_g, size_t row_stride, int len,
                                                             int n_tiles, int tid) {
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
+        cp_async_wait_group<PREFETCH - 1>();
         fence_proxy_async();
         __syncthreads();
-        if (j + 1 < n_tiles) {
-            const int nb = (j + 1) % STAGES;
-            load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            cp_async_commit();
+        if (j + PREFETCH < n_tiles) {
+            const int nb = (j + PREFETCH) % STAGES;
+            load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + PREFETCH) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + PREFETCH) * BLOCK_N, len, tid);
         }
+        cp_async_commit();
     }
 }
 
@@ -121,7 +123,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
     cp_async_commit();
     if (!live) {
-        dead_warpgroup_loads<BLOCK_N, THREADS, D, 2>(sK, sV, k_g, v_g, row_stride, len, n_tiles, tid);
+        dead_warpgroup_loads<BLOCK_N, THREADS, D, 2, 1>(sK, sV, k_g, v_g, row_stride, len, n_tiles, tid);
         return;
     }
 
@@ -275,7 +277,10 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     constexpr int THREADS = NWG * 128;
     constexpr int NT = BLOCK_N / 8;
     constexpr int KS = BLOCK_N / 16;  // k16 steps of P V
-    constexpr int STAGES = 3;
+    /* K/V tiles are loaded PREFETCH tiles ahead: one tile ahead, the cp.async latency (L2 or HBM,
+     * ~1 us) was longer than one tile's MMAs at 16 x 512. V_{j-1} is still read in iteration j, so
+     * STAGES = PREFETCH + 2 buffers. */
+    constexpr int PREFETCH = 2, STAGES = PREFETCH + 2;
 
     wait_for_upstream_grid(); /* as in attention_varlen_wgmma_kernel: wait, then let the next one launch */
     allow_dependent_launch();
@@ -311,8 +316,16 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     load_tile_sw<BLOCK_N, THREADS, D>(sK, k_g, row_stride, 0, len, tid);
     load_tile_sw<BLOCK_N, THREADS, D>(sV, v_g, row_stride, 0, len, tid);
     cp_async_commit();
+#pragma unroll
+    for (int p = 1; p < PREFETCH; p++) {  // one group per tile, empty past the last
+        if (p < n_tiles) {
+            load_tile_sw<BLOCK_N, THREADS, D>(sK + p * BLOCK_N * D, k_g, row_stride, p * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sV + p * BLOCK_N * D, v_g, row_stride, p * BLOCK_N, len, tid);
+        }
+        cp_async_commit();
+    }
     if (!live) {
-        dead_warpgroup_loads<BLOCK_N, THREADS, D, STAGES>(sK, sV, k_g, v_g, row_stride, len, n_tiles, tid);
+        dead_warpgroup_loads<BLOCK_N, THREADS, D, STAGES, PREFETCH>(sK, sV, k_g, v_g, row_stride, len, n_tiles, tid);
         return;
     }
 
@@ -336,14 +349,14 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     const int n_full = n_tiles - (half_last ? 1 : 0);  // tiles at full width: the prologue's and the loop's
 
     /* prologue: S_0 and its softmax */
-    cp_async_wait_all();
+    cp_async_wait_group<PREFETCH - 1>();  // tile 0 (and Q) landed
     fence_proxy_async();
     __syncthreads();
-    if (n_tiles > 1) {
-        load_tile_sw<BLOCK_N, THREADS, D>(sK + BLOCK_N * D, k_g, row_stride, BLOCK_N, len, tid);
-        load_tile_sw<BLOCK_N, THREADS, D>(sV + BLOCK_N * D, v_g, row_stride, BLOCK_N, len, tid);
-        cp_async_commit();
+    if (PREFETCH < n_tiles) {
+        load_tile_sw<BLOCK_N, THREADS, D>(sK + (PREFETCH % STAGES) * BLOCK_N * D, k_g, row_stride, PREFETCH * BLOCK_N, len, tid);
+        load_tile_sw<BLOCK_N, THREADS, D>(sV + (PREFETCH % STAGES) * BLOCK_N * D, v_g, row_stride, PREFETCH * BLOCK_N, len, tid);
     }
+    cp_async_commit();
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.0f;
     fence_regs<BLOCK_N / 2>(s);
@@ -359,15 +372,15 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     pack_p<BF16, KS>(pa, s);
 
     for (int j = 1; j < n_full; j++) {
-        cp_async_wait_all();
+        cp_async_wait_group<PREFETCH - 1>();
         fence_proxy_async();
-        __syncthreads();  // tile j landed; every warpgroup is past iteration j-1 (stage (j+1)%3 free)
-        if (j + 1 < n_tiles) {
-            const int nb = (j + 1) % STAGES;
-            load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            cp_async_commit();
+        __syncthreads();  // tile j landed; every warpgroup is past iteration j-1 (stage (j-2) % STAGES free)
+        if (j + PREFETCH < n_tiles) {
+            const int nb = (j + PREFETCH) % STAGES;
+            load_tile_sw<BLOCK_N, THREADS, D>(sK + nb * BLOCK_N * D, k_g, row_stride, (j + PREFETCH) * BLOCK_N, len, tid);
+            load_tile_sw<BLOCK_N, THREADS, D>(sV + nb * BLOCK_N * D, v_g, row_stride, (j + PREFETCH) * BLOCK_N, len, tid);
         }
+        cp_async_commit();
         const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
         const uint16_t *v_prev = sV + ((j - 1) % STAGES) * BLOCK_N * D;
         fence_regs<BLOCK_N / 2>(s);
@@ -395,7 +408,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     }
     if (half_last) {  // the loop's iteration for the half-width last tile
         const int j = n_tiles - 1;
-        cp_async_wait_all();
+        cp_async_wait_all();  // the last tile
         fence_proxy_async();
         __syncthreads();
         const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
@@ -504,8 +517,8 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
                                 cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
-    /* Q + K/V stages (2 plain, 3 pipelined) + alignment slack */
-    const size_t smem = (size_t)(BLOCK_M + (PIPE ? 6 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
+    /* Q + K/V stages (2 plain, 4 pipelined) + alignment slack */
+    const size_t smem = (size_t)(BLOCK_M + (PIPE ? 8 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
     auto kernel = PIPE ? attention_varlen_wgmma_pipe_kernel<D, NWG, BLOCK_N, BF16>
                        : attention_varlen_wgmma_kernel<D, NWG, BLOCK_N, BF16>;
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);

@@ -21,6 +21,9 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bo
 }
 static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
 static __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
+/* all but the N most recently committed groups have landed */
+template <int N>
+static __device__ __forceinline__ void cp_async_wait_group(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
