@@ -32,18 +32,28 @@
 #include "backend/cuda/ptx_helpers.cuh"
 #include "backend/cuda/wgmma_helpers.cuh"
 
-/* tile [D/64][ROWS][64]: a head of 128 is two 64-column slabs, each its own swizzled K-major tile */
+/* tile [D/64][ROWS][64]: a head of 128 is two 64-column slabs, each its own swizzled K-major tile.
+ * Rows row0 .. row0 + ROWS - 1 of src (row_stride elements apart; row0 < len); rows at or past len
+ * are zero-filled, their source address clamped to the last row so that it stays inside the
+ * sequence. Thread t copies chunk t % CH of rows t / CH + i * THREADS / CH: the chunk, the swizzle
+ * and both offsets are per-thread constants, so a tile costs one 64-bit product for its base (the
+ * same for every thread) and per chunk a compare, a min, a multiply-add and the copy. The former
+ * form (a 64-bit multiply and a bounds check per chunk) was a quarter of the pipelined kernel's
+ * loop instructions at 16 x 512 (ncu, H200, bench/results/fmha_2026-11-21_H200_v11_ncu_v5pipe_16x512.txt). */
 template <int ROWS, int THREADS, int D>
 static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_t *src, size_t row_stride,
                                                     int row0, int len, int tid) {
-    constexpr unsigned CH = D / 8;  // 16-byte chunks per row (unsigned: / and % become shifts)
+    constexpr int CH = D / 8;                // 16-byte chunks per row
+    constexpr int ROW_STEP = THREADS / CH;   // rows between a thread's chunks
+    static_assert(ROWS % ROW_STEP == 0 && ROW_STEP % 8 == 0, "whole rows per pass, swizzle phase per thread fixed");
+    const uint16_t *tile = src + (size_t)row0 * row_stride;
+    const int last = len - row0 - 1;  // >= 0
+    const int r0 = tid / CH, ch = tid % CH;
+    uint16_t *d = dst + (CH > 8 ? (ch >> 3) * ROWS * 64 : 0) + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3);
 #pragma unroll
-    for (unsigned c = tid; c < ROWS * CH; c += THREADS) {
-        const int r = (int)(c / CH), ch = (int)(c % CH);
-        const int slab = CH > 8 ? ch >> 3 : 0;
-        const bool ok = row0 + r < len;
-        const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
-        cp_async16(dst + slab * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), g, ok);
+    for (int i = 0; i < ROWS / ROW_STEP; i++) {
+        const int r = r0 + i * ROW_STEP;
+        cp_async16(d + i * ROW_STEP * 64, tile + (min(r, last) * (int)row_stride + ch * 8), r <= last);
     }
 }
 
@@ -263,7 +273,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
  * FlashAttention-3's intra-warpgroup overlap: in iteration j the warpgroup issues S_j = Q K_j^T and
  * O += P_{j-1} V_{j-1} back to back, waits only for S_j, and runs the softmax of S_j on the CUDA
  * cores while the tensor cores still work on P_{j-1} V_{j-1}. V_{j-1} is still being read when tile
- * j+1 is loaded, so K/V take three shared-memory stages. */
+ * j+2 is loaded (two tiles ahead, see PREFETCH), so K/V take four shared-memory stages. */
 
 /* two CTAs a SM at d = 64 with 64-key tiles (<= 128 registers): the 16 x 512 case */
 template <int D, int NWG, int BLOCK_N, bool BF16>
