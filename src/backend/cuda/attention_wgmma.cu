@@ -593,30 +593,24 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
     /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
     if constexpr (D == 64) {
         const int fa3 = cuda_attention_fa3_mode();
-        /* Measured on an H200 (bench/NOTES_fmha.md, v6 to v8 sweeps, 12 heads; ratios to
-         * varlen_attn). The persistent FA3 kernel (it needs the caller's workspace) beats the v5
-         * kernels on non-causal batches above 512 tokens (16 x 1024 1.39x vs 1.28x, 8 x 1024 1.64x
-         * vs 1.43x, 2048 tokens 1.45-1.6x vs 1.2-1.4x, the skewed batch 1.97x vs 1.77x; ties at 2-4
-         * x 2048) and at 512 tokens given enough items (32 x 512 1.51x vs 1.27x, 64 x 512 1.62x vs
-         * 1.33x, 128 x 512 1.69x vs 1.39x). Below 1152 items at 257-512 tokens the v5 kernel with
-         * 128-row tiles wins on average: 16 x 512 (576 items) over five length draws FA3 1.28 /
-         * 1.50 / 1.21 / 1.19 / 1.21x, v5 with 128-row tiles 1.37 / 1.37 / 1.43 / 1.28 / 1.42x, with
-         * 64-row tiles 1.27 / 1.30 / 1.42 / 1.26 / 1.41x; 24 x 512 FA3 1.38 / 1.12x, v5 128-row 1.40 /
-         * 1.40x; at 32 x 512 (1152 items) FA3 1.44x on average against 1.40x
-         * (bench/results/fmha_sweep_2026-11-21_H200_v10_512*.log). So FA3 from 1152 items.
-         * At <= 256 tokens the v5 kernels win (16 x 256
-         * 1.54x vs 0.98x, 128 x 256 1.51x vs 1.39x). Causal, the v5 kernels keep <= 1024 tokens (16 x 512 1.66x vs 1.44x, 128 x 512
-         * 2.22x vs 2.08x, 16 x 1024 1.70x vs 1.64x) unless there are many items (128 x 1024:
-         * 2.17x vs 2.04x; items = 192-row query tiles x heads x sequences, bounded by max_seqlen);
-         * the FA3 kernel takes 2048 (64 x 2048 1.83x vs 1.59x).
+        /* Measured on an H200 (bench/NOTES_fmha.md; 12 heads; ratios to varlen_attn). Since the v5
+         * kernels' loads were slimmed (v11), the one-warpgroup v5 kernel with 64-row tiles beats
+         * the persistent FA3 kernel (which needs the caller's workspace) on every non-causal batch
+         * of at most 512 tokens: 32 x 512 1.86 / 1.84x vs 1.40 / 1.35x (two length draws), 64 x 512
+         * 1.82 / 2.06x vs 1.67 / 1.56x, 128 x 512 1.97 / 1.86x vs 1.76 / 1.66x, 16 x 512 1.66 / 1.63x vs
+         * 1.42 / 1.56x (bench/results/fmha_sweep_2026-11-21_H200_v11_dispatch.log). Above 512 tokens
+         * FA3 wins (16 x 1024 1.64 / 1.66x vs 1.58 / 1.65x, 64 x 1024 1.72 / 1.61x vs 1.50 / 1.46x,
+         * 2048 tokens 1.64-1.72x vs 1.40-1.52x). Causal, the v5 kernels keep <= 1024 tokens (16 x 512
+         * 2.58x vs 1.50x, 128 x 512 2.26x vs 1.92x, 16 x 1024 2.85x vs 2.11x) unless there are many
+         * items (128 x 1024: 2.21x vs 2.20x; items = 192-row query tiles x heads x sequences, bounded
+         * by max_seqlen); the FA3 kernel takes 2048 (64 x 2048 1.83x vs 1.59x, v9).
          * Without a workspace the one-CTA-per-tile FA3 kernel is used for non-causal dense batches
          * only: its CTAs past a sequence's end each hold an SM alone before exiting, which cost
          * the skewed 64 x 2048 batch (density T / (B * max_seqlen) = 0.03) 28%. */
         bool fa3_wins;
         if (cuda_attention_fa3_persistent(n_seqs, max_seqlen, n_heads, workspace)) {
             const int64_t items = (int64_t)n_seqs * n_heads * ((max_seqlen + 191) / 192);
-            fa3_wins = causal ? max_seqlen > 1024 || (max_seqlen > 512 && items >= 4608)
-                              : max_seqlen > 512 || (max_seqlen > 256 && items >= 1152);
+            fa3_wins = causal ? max_seqlen > 1024 || (max_seqlen > 512 && items >= 4608) : max_seqlen > 512;
         } else {
             const bool dense = (int64_t)n_tokens * 2 >= (int64_t)n_seqs * max_seqlen;
             fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
@@ -634,11 +628,12 @@ static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_
         pipe = wg_env("NOPAD_FMHA_WG_PIPE", -1);  /* pipelined kernels have 64-key tiles only */
         if (fn == 128) pipe = 0;
     }
-    /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight up to 256
-     * tokens (512 for causal d = 64), 128-row tiles halve the K/V re-reads above (non-causal d = 64
-     * at 257-512 tokens: 16 x 384 1.34x vs 1.29x, 16 x 512 1.37x vs 1.33x, means of five length
-     * draws); 64-key tiles keep registers at 4 CTAs/SM */
-    const int rows64_upto = D == 64 ? (causal ? 512 : 256) : 256;
+    /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight (five a SM
+     * at d = 64) up to 512 tokens for d = 64 (1024 causal: 16 x 1024 2.85x vs 2.47x), 128-row tiles
+     * halve the K/V re-reads above (v11 sweep: 64 x 1024 1.52 / 1.49x vs 1.50 / 1.46x, 128 x 1024
+     * 1.43 / 1.45x vs 1.40 / 1.40x; FA3 takes these when the caller gives a workspace). d = 128: 64-row
+     * tiles up to 256 tokens (v5 sweeps). 64-key tiles keep registers at 4 CTAs/SM */
+    const int rows64_upto = D == 64 ? (causal ? 1024 : 512) : 256;
     const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= rows64_upto ? 64 : 128);
     /* 128-key tiles for d = 64 only where a sequence of 65-128 keys is then one tile and the grid
      * is under one wave of four CTAs a SM: 16 x 128 6.5 -> 5.8 us against 64-key tiles, same lengths,
