@@ -30,21 +30,27 @@ extern "C" {
 #include "util/error.h"
 }
 
-/* Copies rows [row0, row0+ROWS) of one head's Q, K or V (src points at row 0 of the sequence) into
- * a shared tile [ROWS][D+8]; rows at or past `len` are zero-filled. The 8-element pad per row
- * spreads ldmatrix's eight 16-byte row reads over all 32 banks. */
+/* Copies rows [row0, row0+ROWS) of one head's Q, K or V (src points at row 0 of the sequence;
+ * row0 < len) into a shared tile [ROWS][D+8]; rows at or past `len` are zero-filled, their source
+ * address clamped to the last row so that it stays mapped. The 8-element pad per row spreads
+ * ldmatrix's eight 16-byte row reads over all 32 banks. Thread t copies chunk t % CHUNKS of rows
+ * t / CHUNKS + i * THREADS / CHUNKS: per-thread constant offsets and one 64-bit base per tile, as in
+ * attention_wgmma.cu's load_tile_sw (a 64-bit multiply and a bounds check per chunk cost the wgmma
+ * kernels 10-20%, bench/NOTES_fmha.md v11). */
 template <int ROWS, int D, int THREADS>
 static __device__ __forceinline__ void load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride,
                                                  int row0, int len, int tid) {
     constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
     constexpr int LDS = D + 8;
+    constexpr int ROW_STEP = THREADS / CHUNKS;  // rows between a thread's chunks
+    static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "whole rows per pass");
+    const uint16_t *tile = src + (size_t)row0 * row_stride;
+    const int last = len - row0 - 1;  // >= 0
+    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
 #pragma unroll
-    for (int c = tid; c < ROWS * CHUNKS; c += THREADS) {
-        const int r = c / CHUNKS, ch = c % CHUNKS;
-        const bool ok = row0 + r < len;
-        /* an invalid row still needs a mapped address: use the sequence's first row */
-        const uint16_t *g = src + (size_t)(ok ? row0 + r : 0) * row_stride + ch * 8;
-        cp_async16(dst + r * LDS + ch * 8, g, ok);
+    for (int i = 0; i < ROWS / ROW_STEP; i++) {
+        const int r = r0 + i * ROW_STEP;
+        cp_async16(dst + r * LDS + ch * 8, tile + (min(r, last) * (int)row_stride + ch * 8), r <= last);
     }
 }
 
