@@ -381,7 +381,11 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, 0, len, wrow0, row_a, causal, lane);
     pack_p<BF16, KS>(pa, s);
 
-    for (int j = 1; j < n_full; j++) {
+    /* one iteration: S_j = Q K_j^T over the tile's first W keys (W = BLOCK_N, or BLOCK_N / 2 for the
+     * half-width last tile, whose product goes to registers of its own before the softmax reads
+     * it), P_(j-1) V_(j-1) beside it, the softmax of S_j under that P V */
+    auto kv_step = [&](int j, auto width) {
+        constexpr int W = decltype(width)::value;
         cp_async_wait_group<PREFETCH - 1>();
         fence_proxy_async();
         __syncthreads();  // tile j landed; every warpgroup is past iteration j-1 (stage (j-2) % STAGES free)
@@ -393,13 +397,19 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
         cp_async_commit();
         const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
         const uint16_t *v_prev = sV + ((j - 1) % STAGES) * BLOCK_N * D;
-        fence_regs<BLOCK_N / 2>(s);
+        float sh[W / 2];
+        float *sw = W == BLOCK_N ? s : sh;  // S_j's accumulators
+        if constexpr (W != BLOCK_N) {
+#pragma unroll
+            for (int i = 0; i < W / 2; i++) sh[i] = 0.0f;
+        }
+        fence_regs<W / 2>(sw);
         fence_regs<32 * DS>(o);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BF16, BLOCK_N>(s, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
-                                    sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
+            wgmma_ss<BF16, W>(sw, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
+                              sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
@@ -408,50 +418,20 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
                 wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_prev + ds * BLOCK_N * 64 + kk * 16 * 64));
         wgmma_commit();
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S_j done, P V may run on
-        fence_regs<BLOCK_N / 2>(s);
-        softmax_tile<NT>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a, causal, lane);
+        fence_regs<W / 2>(sw);
+        if constexpr (W != BLOCK_N) {
+#pragma unroll
+            for (int i = 0; i < W / 2; i++) s[i] = sh[i];
+        }
+        softmax_tile<W / 8>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a, causal, lane);
         wgmma_wait0();
         fence_regs<32 * DS>(o);
         if (!NOPAD_FMHA_VOTE || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
             rescale_o<8 * DS>(o, alpha);
-        pack_p<BF16, KS>(pa, s);
-    }
-    if (half_last) {  // the loop's iteration for the half-width last tile
-        const int j = n_tiles - 1;
-        cp_async_wait_all();  // the last tile
-        fence_proxy_async();
-        __syncthreads();
-        const uint16_t *k_s = sK + (j % STAGES) * BLOCK_N * D;
-        const uint16_t *v_prev = sV + ((j - 1) % STAGES) * BLOCK_N * D;
-        fence_regs<BLOCK_N / 2>(s);
-        fence_regs<32 * DS>(o);
-        float sh[BLOCK_N / 4];
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 4; i++) sh[i] = 0.0f;
-        fence_regs<BLOCK_N / 4>(sh);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BF16, BLOCK_N / 2>(sh, sw128_desc(q_wg + (kk >> 2) * BLOCK_M * 64 + (kk & 3) * 16),
-                                        sw128_desc(k_s + (kk >> 2) * BLOCK_N * 64 + (kk & 3) * 16), kk > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-#pragma unroll
-            for (int ds = 0; ds < DS; ds++)
-                wgmma_rs<BF16>(o + 32 * ds, pa[kk], sw128_desc(v_prev + ds * BLOCK_N * 64 + kk * 16 * 64));
-        wgmma_commit();
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        fence_regs<BLOCK_N / 4>(sh);
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 4; i++) s[i] = sh[i];
-        softmax_tile<NT / 2>(s, m_run, l_run, alpha, scale_log2, rescale_thresh, j * BLOCK_N, len, wrow0, row_a, causal, lane);
-        wgmma_wait0();
-        fence_regs<32 * DS>(o);
-        if (!NOPAD_FMHA_VOTE || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-            rescale_o<8 * DS>(o, alpha);
-        pack_p<BF16, KS / 2>(pa, s);
-    }
+        pack_p<BF16, W / 16>(pa, s);
+    };
+    for (int j = 1; j < n_full; j++) kv_step(j, std::integral_constant<int, BLOCK_N>{});
+    if (half_last) kv_step(n_tiles - 1, std::integral_constant<int, BLOCK_N / 2>{});
     /* epilogue: the last P V (half the k-steps after a half-width tile: P is 0 past its keys) */
     {
         const uint16_t *v_last = sV + ((n_tiles - 1) % STAGES) * BLOCK_N * D;

@@ -69,11 +69,7 @@ static nopad_status launch_status(const char *what) {
     return NOPAD_OK;
 }
 
-/* Programmatic dependent launch (Hopper): the row-wise kernels below follow a GEMM each. Launched
- * with programmatic stream serialisation they are scheduled while the GEMM's last CTAs drain, load
- * what does not depend on it (LayerNorm weights, biases), and wait in griddepcontrol.wait until the
- * GEMM's results are complete and visible. Without the attribute the wait returns at once.
- * NOPAD_PDL=0 turns it off (for A/B timing). */
+/* cuda_ops.h says what this is for; cached per device (up to 64) */
 extern "C" int cuda_sm_count(void) {
     static int cached[64];
     int dev = 0;
@@ -92,6 +88,11 @@ extern "C" int cuda_sm_count(void) {
     return cached[dev];
 }
 
+/* Programmatic dependent launch (Hopper): the row-wise kernels below follow a GEMM each. Launched
+ * with programmatic stream serialisation they are scheduled while the GEMM's last CTAs drain, load
+ * what does not depend on it (LayerNorm weights, biases), and wait in griddepcontrol.wait until the
+ * GEMM's results are complete and visible. Without the attribute the wait returns at once.
+ * NOPAD_PDL=0 turns it off (for A/B timing). */
 extern "C" int cuda_pdl_enabled(void) {
     static int enabled = -1;
     if (enabled < 0) {
