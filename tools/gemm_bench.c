@@ -12,9 +12,10 @@
  * 60 MB L2, so small problems are not timed out of the cache. TFLOP/s = 2·T·K·N / time.
  *
  * Usage: gemm_bench [--json FILE] [--reps ROUNDS] [--dtype f16|bf16|both] [--quick] [--only TEXT]
- *                   [--tokens T1,T2,...]
+ *                   [--tokens T1,T2,...] [--lt-ranks N]
  * (--only "base ffn_in+gelu 39798": the GEMMs whose "model gemm T" contains TEXT; --tokens: these
- * token counts instead of the default list) */
+ * token counts instead of the default list; --lt-ranks N: also cuBLASLt's heuristic answers 2..N+1,
+ * each timed as the cuBLASLt path takes its first; a rank past its last answer repeats the last) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +46,7 @@
         }                                                                                           \
     } while (0)
 
-enum { POOL_ELEMS = 208 << 20, W_POOL_ELEMS = 64 << 20, MAX_SETS = 64, MAX_REPS = 400, MAX_VARIANTS = 9,
+enum { POOL_ELEMS = 208 << 20, W_POOL_ELEMS = 64 << 20, MAX_SETS = 64, MAX_REPS = 400, MAX_VARIANTS = 16,
        MAX_EVENTS = MAX_REPS * MAX_VARIANTS + 1, MIN_LAUNCHES_PER_GRAPH = 20 };
 static const size_t WORKING_SET_BYTES = (size_t)256 << 20;
 
@@ -53,7 +54,8 @@ typedef struct variant {
     const char *path; /* "cublaslt", "cutlass", "auto", "skinny"; for the GELU shape also
                          "cublaslt-gemm" and "cutlass-gemm": the GEMM with the bias epilogue only
                          (no GELU) */
-    int config;       /* cutlass tile configuration, -1 = the picked one */
+    int config;       /* cutlass tile configuration, -1 = the picked one; for "cublaslt-rank", the
+                         rank of cuBLASLt's heuristic answer (cuda_gemm_set_lt_rank) */
 } variant;
 
 typedef struct layer_gemm {
@@ -67,6 +69,7 @@ static cudaStream_t stream;
 static void *pool_x, *pool_w, *pool_y, *pool_r, *bias;
 static int reps = 15; /* rounds of graph replays */
 static int32_t skinny_default; /* cu_linear's skinny limit before the benchmark overrides it */
+static int lt_ranks; /* --lt-ranks: time cuBLASLt's heuristic answers 1..lt_ranks against its first */
 
 /* One launch of a variant on buffer set `set`. */
 static void launch(const variant *v, nopad_dtype dtype, int set, int32_t T, int32_t K, int32_t N,
@@ -91,8 +94,10 @@ static void launch(const variant *v, nopad_dtype dtype, int set, int32_t T, int3
         const int is_auto = strcmp(v->path, "auto") == 0;
         cuda_gemm_set_mode(is_auto ? CUDA_GEMM_MODE_AUTO : CUDA_GEMM_MODE_CUBLASLT);
         cuda_gemm_skinny_set_max_tokens(is_auto ? skinny_default : 0);
+        cuda_gemm_set_lt_rank(strcmp(v->path, "cublaslt-rank") == 0 ? v->config : 0);
         if (strcmp(v->path, "cublaslt-gemm") == 0) op_ep = NOPAD_EPILOGUE_BIAS;
         CHECK_NOPAD(be->linear(be, y, x, w, bias, r, T, K, N, op_ep, NOPAD_ACT_GELU));
+        cuda_gemm_set_lt_rank(0);
     }
 }
 
@@ -176,13 +181,18 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_arg = argv[++i];
+        else if (!strcmp(argv[i], "--lt-ranks") && i + 1 < argc) lt_ranks = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gemm_bench [--json FILE] [--reps ROUNDS] [--dtype f16|bf16|both] [--quick] [--only TEXT] "
-                            "[--tokens T1,T2,...]\n");
+                            "[--tokens T1,T2,...] [--lt-ranks N (1..%d)]\n", CUDA_GEMM_LT_MAX_RANK);
             return 2;
         }
     }
     if (reps < 1 || reps > MAX_REPS) reps = 15;
+    if (lt_ranks < 0 || lt_ranks > CUDA_GEMM_LT_MAX_RANK) {
+        fprintf(stderr, "gemm_bench: --lt-ranks: expected 0..%d, got %d\n", CUDA_GEMM_LT_MAX_RANK, lt_ranks);
+        return 2;
+    }
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         printf("no CUDA device\n");
@@ -285,6 +295,7 @@ int main(int argc, char **argv) {
                         vs[nv++] = (variant){"cutlass", c};
                     vs[nv++] = (variant){"auto", -1};
                     if (cuda_gemm_skinny_supported(T, K, N)) vs[nv++] = (variant){"skinny", -1};
+                    for (int rk = 1; rk <= lt_ranks && nv < MAX_VARIANTS; rk++) vs[nv++] = (variant){"cublaslt-rank", rk};
                     const int picked = cuda_gemm_fused_pick(T, K, N, fep);
                     cuda_gemm_set_mode(CUDA_GEMM_MODE_AUTO);
                     const int auto_fused = cuda_gemm_use_fused(T, K, N, fep);
@@ -306,6 +317,9 @@ int main(int argc, char **argv) {
                         } else if (!strcmp(vs[vi].path, "skinny")) {
                             config = "skinny";
                             snprintf(label, sizeof label, "skinny (one kernel)");
+                        } else if (!strcmp(vs[vi].path, "cublaslt-rank")) {
+                            snprintf(label, sizeof label, "cublaslt heuristic #%d%s", vs[vi].config + 1,
+                                     op_ep == NOPAD_EPILOGUE_BIAS_ACT ? " + gelu" : "");
                         } else if (!strcmp(vs[vi].path, "cublaslt-gemm"))
                             snprintf(label, sizeof label, "(cublaslt gemm+bias alone)");
                         else if (!strcmp(vs[vi].path, "cutlass-gemm"))

@@ -31,6 +31,7 @@ typedef struct gemm_plan {
     int32_t n_tokens, n_in, n_out;
     int epilogue; /* cublasLtEpilogue_t */
     int accumulate; /* beta = 1 with C = residual */
+    int lt_rank;    /* the heuristic's answer taken (cuda_gemm_set_lt_rank) */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t layout_w, layout_x, layout_y;
     cublasLtMatmulAlgo_t algo;
@@ -256,6 +257,13 @@ static nopad_status cu_graph_run(nopad_backend *be, const int64_t key[4],
 
 /* ---- GEMM through cuBLASLt ------------------------------------------------------------------- */
 
+static int lt_rank_wanted; /* gemm_fused.h: cuda_gemm_set_lt_rank */
+
+int cuda_gemm_set_lt_rank(int rank) {
+    lt_rank_wanted = rank < 0 ? 0 : rank > CUDA_GEMM_LT_MAX_RANK ? CUDA_GEMM_LT_MAX_RANK : rank;
+    return lt_rank_wanted;
+}
+
 static void plan_destroy(gemm_plan *p) {
     if (p->desc) cublasLtMatmulDescDestroy(p->desc);
     if (p->layout_w) cublasLtMatrixLayoutDestroy(p->layout_w);
@@ -275,6 +283,7 @@ static nopad_status plan_create(cuda_state *s, nopad_dtype dtype, int32_t T, int
     p->n_out = N;
     p->epilogue = (int)epilogue;
     p->accumulate = accumulate;
+    p->lt_rank = lt_rank_wanted;
     const cudaDataType_t type = dtype == NOPAD_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     nopad_status st = lt_check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
     const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
@@ -293,7 +302,8 @@ static nopad_status plan_create(cuda_state *s, nopad_dtype dtype, int32_t T, int
     }
     cublasLtMatmulPreference_t pref = NULL;
     size_t ws = CUBLASLT_WORKSPACE_BYTES;
-    cublasLtMatmulHeuristicResult_t result;
+    /* the first lt_rank + 1 answers; a rank past the last answer takes the last */
+    cublasLtMatmulHeuristicResult_t results[CUDA_GEMM_LT_MAX_RANK + 1];
     int found = 0;
     st = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
     if (st == NOPAD_OK)
@@ -301,7 +311,8 @@ static nopad_status plan_create(cuda_state *s, nopad_dtype dtype, int32_t T, int
                       "preference");
     if (st == NOPAD_OK)
         st = lt_check(cublasLtMatmulAlgoGetHeuristic(s->lt, p->desc, p->layout_w, p->layout_x, p->layout_y,
-                                                     p->layout_y, pref, 1, &result, &found), "heuristic");
+                                                     p->layout_y, pref, lt_rank_wanted + 1, results, &found),
+                      "heuristic");
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (st == NOPAD_OK && found == 0)
         st = nopad_set_error(NOPAD_ERR_BACKEND, "cublasLt: no algorithm for a [%d, %d] x [%d, %d]ᵀ GEMM", T, K, N, K);
@@ -309,7 +320,7 @@ static nopad_status plan_create(cuda_state *s, nopad_dtype dtype, int32_t T, int
         plan_destroy(p);
         return st;
     }
-    p->algo = result.algo;
+    p->algo = results[lt_rank_wanted < found ? lt_rank_wanted : found - 1].algo;
     return NOPAD_OK;
 }
 
@@ -318,7 +329,7 @@ static nopad_status find_plan(cuda_state *s, nopad_dtype dtype, int32_t T, int32
     for (int i = 0; i < s->n_plans; i++) {
         gemm_plan *p = &s->plans[i];
         if (p->n_tokens == T && p->n_in == K && p->n_out == N && p->epilogue == (int)epilogue &&
-            p->accumulate == accumulate) {
+            p->accumulate == accumulate && p->lt_rank == lt_rank_wanted) {
             *out = p;
             return NOPAD_OK;
         }

@@ -52,6 +52,11 @@ typedef enum cuda_gemm_mode {
 } cuda_gemm_mode;
 cuda_gemm_mode cuda_gemm_get_mode(void);
 void cuda_gemm_set_mode(cuda_gemm_mode mode); /* for the benchmark and the tests */
+/* Which of cuBLASLt's heuristic answers a new GEMM plan takes: rank 0 (its first choice, the
+ * default) up to CUDA_GEMM_LT_MAX_RANK. For the benchmark, which times the ranks against each other
+ * (gemm_bench --lt-ranks); plans are cached per rank. Returns the rank set (clamped). */
+enum { CUDA_GEMM_LT_MAX_RANK = 7 };
+int cuda_gemm_set_lt_rank(int rank);
 /* Whether cu_linear should call cuda_gemm_fused for this shape and epilogue under the mode. */
 int cuda_gemm_use_fused(int32_t n_tokens, int32_t n_in, int32_t n_out, cuda_gemm_epilogue ep);
 
