@@ -69,7 +69,7 @@ static cudaStream_t stream;
 static void *pool_x, *pool_w, *pool_y, *pool_r, *bias;
 static int reps = 15; /* rounds of graph replays */
 static int32_t skinny_default; /* cu_linear's skinny limit before the benchmark overrides it */
-static int lt_ranks; /* --lt-ranks: time cuBLASLt's heuristic answers 1..lt_ranks against its first */
+static int lt_ranks; /* --lt-ranks: also time cuBLASLt's answers of rank 1..lt_ranks (its 2nd to (lt_ranks+1)-th) */
 
 /* One launch of a variant on buffer set `set`. */
 static void launch(const variant *v, nopad_dtype dtype, int set, int32_t T, int32_t K, int32_t N,
