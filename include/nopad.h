@@ -42,6 +42,10 @@ const char *nopad_status_string(nopad_status status);
 const char *nopad_last_error(void);
 /* "MAJOR.MINOR.PATCH" */
 const char *nopad_version(void);
+/* The kernel family OpenBLAS picked for this CPU ("Haswell", "SkylakeX", ...). OpenBLAS falls back
+ * to "Prescott" (SSE3, about half the speed) on CPUs it does not recognise, e.g. some virtual
+ * machines; OPENBLAS_CORETYPE set before the program starts overrides the choice. */
+const char *nopad_cpu_blas_kernels(void);
 
 /* ---- enums -------------------------------------------------------------------------------- */
 

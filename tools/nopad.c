@@ -23,7 +23,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend/backend.h" /* cpu_blas_core_name */
 #include "bench.h"
 #include "nopad.h"
 
@@ -992,7 +991,7 @@ static int cmd_info(int argc, char **argv) {
  * machines) it falls back to its SSE3 ("Prescott") kernels, about half as fast as the AVX2 /
  * AVX-512 ones. Restart once with the family this CPU supports, unless the user chose one. */
 static void pick_blas_kernels(char **argv) {
-    if (getenv("OPENBLAS_CORETYPE") || strcmp(cpu_blas_core_name(), "Prescott") != 0) return;
+    if (getenv("OPENBLAS_CORETYPE") || strcmp(nopad_cpu_blas_kernels(), "Prescott") != 0) return;
     const char *core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
                        : __builtin_cpu_supports("avx2")  ? "Haswell"
                                                          : NULL;

@@ -195,9 +195,4 @@ struct nopad_backend {
 /* Creates the CPU backend (float32, OpenBLAS + OpenMP). n_threads <= 0: OpenMP's default. */
 nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out);
 
-/* The kernel family OpenBLAS picked for this CPU ("Haswell", "SkylakeX", ...). OpenBLAS falls back
- * to "Prescott" (SSE3, about half the speed) on CPUs it does not recognise, e.g. some virtual
- * machines; OPENBLAS_CORETYPE set before the program starts overrides the choice. */
-const char *cpu_blas_core_name(void);
-
 #endif

@@ -85,4 +85,4 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     return NOPAD_OK;
 }
 
-const char *cpu_blas_core_name(void) { return openblas_get_corename(); }
+const char *nopad_cpu_blas_kernels(void) { return openblas_get_corename(); }
