@@ -300,7 +300,7 @@ int main(int argc, char **argv) {
                     cuda_gemm_set_mode(CUDA_GEMM_MODE_AUTO);
                     const int auto_fused = cuda_gemm_use_fused(T, K, N, fep);
                     cuda_gemm_skinny_set_max_tokens(skinny_default);
-                    const int auto_skinny = cuda_gemm_skinny_wins(T, K, N, op_ep == NOPAD_EPILOGUE_BIAS_ACT ? (int)NOPAD_ACT_GELU : -1);
+                    const int auto_skinny = cuda_gemm_skinny_wins(T, K, N);
                     const double flops = 2.0 * T * K * N;
                     double ms[MAX_VARIANTS];
                     time_variants(vs, nv, dtype, T, K, N, op_ep, sets, ms);

@@ -38,23 +38,6 @@ typedef struct nopad_seqs {
     const int32_t *cu_seqlens; /* [B+1] in backend memory */
 } nopad_seqs;
 
-/* The weights of one post-LayerNorm encoder layer (the BERT family's), in the backend's memory:
- * what the model passes to ops that run whole layers. */
-typedef struct encoder_layer {
-    void *qkv_weight;       // [3H, H] query | key | value rows, fused at load
-    void *qkv_bias;         // [3H]
-    void *attn_out_weight;  // [H, H]
-    void *attn_out_bias;    // [H]
-    void *attn_ln_weight;   // [H]
-    void *attn_ln_bias;     // [H]
-    void *ffn_in_weight;    // [I, H]
-    void *ffn_in_bias;      // [I]
-    void *ffn_out_weight;   // [H, I]
-    void *ffn_out_bias;     // [H]
-    void *ffn_ln_weight;    // [H]
-    void *ffn_ln_bias;      // [H]
-} encoder_layer;
-
 struct nopad_backend {
     const char *name;  /* "cpu", "cuda" */
     nopad_dtype dtype; /* element type of every tensor the ops see */
@@ -131,50 +114,6 @@ struct nopad_backend {
                                             const void *residual, const void *ln_weight,
                                             const void *ln_bias, float eps, int32_t n_tokens,
                                             int32_t dim);
-
-    /* A LayerNorm fused into the linear layer that consumes it (optional: NULL where a backend
-     * has none). xn[T, n_in] = LayerNorm(x[T, n_in]) (ln_weight, ln_bias [n_in], eps) is stored
-     * — the model still needs it as the next residual — and out[T, n_out] = epilogue(xn · wᵀ) as
-     * `linear` computes it from the stored xn. xn must not overlap x, out or residual.
-     * layernorm_linear_takes says beforehand whether a shape is taken (the model then writes the
-     * un-normalised sum for this op instead of running bias_residual_layernorm); the op returns
-     * NOPAD_ERR_UNSUPPORTED for shapes it does not take. */
-    nopad_status (*layernorm_linear)(nopad_backend *be, void *out, void *xn, const void *x,
-                                     const void *ln_weight, const void *ln_bias, float eps,
-                                     const void *w, const void *bias, const void *residual,
-                                     int32_t n_tokens, int32_t n_in, int32_t n_out,
-                                     nopad_epilogue epilogue, nopad_activation act);
-    int (*layernorm_linear_takes)(nopad_backend *be, int32_t n_tokens, int32_t n_in,
-                                  int32_t n_out);
-
-    /* A whole stack of post-LayerNorm encoder layers (the BERT family's layer, as
-     * src/model/encoder.c composes it from the ops above) in one call, for the small batches
-     * where a layer's seven kernels cost more than their work (optional: NULL where a backend
-     * has none). hidden[T, H]: the embedding output in, the last layer's output out. Layer s
-     * applies schedule[s]. qkv [T, 3H], context [T, H], sums [T, H] and ffn [T, I] are the
-     * layer loop's scratch buffers. encoder_layers_takes says beforehand which batches it takes;
-     * the op returns NOPAD_ERR_UNSUPPORTED for the others. */
-    nopad_status (*encoder_layers)(nopad_backend *be, void *hidden, const encoder_layer *const *schedule,
-                                   int32_t n_steps, const nopad_seqs *seqs, int32_t hidden_size,
-                                   int32_t n_heads, int32_t head_size, int32_t intermediate, float eps,
-                                   float scale, nopad_activation act, void *qkv, void *context,
-                                   void *sums, void *ffn);
-    int (*encoder_layers_takes)(nopad_backend *be, int32_t n_tokens, int32_t n_steps, int32_t hidden_size,
-                                int32_t n_heads, int32_t head_size, int32_t intermediate);
-
-    /* The attention of attention_varlen (not causal) feeding a linear layer (optional: NULL where
-     * a backend has none): out[T, n_out] = epilogue(attention(qkv) · wᵀ), the epilogue as in
-     * `linear` (residual may alias out). context [T, n_heads·head_size] is scratch the op may
-     * write (the CPU stores the attention output there; the CUDA kernel never stores it).
-     * attention_linear_takes says beforehand which batches it takes; the op returns
-     * NOPAD_ERR_UNSUPPORTED for the others. */
-    nopad_status (*attention_linear)(nopad_backend *be, void *out, void *context, const void *qkv,
-                                     const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                     float scale, const void *w, const void *bias,
-                                     const void *residual, int32_t n_out, nopad_epilogue epilogue,
-                                     nopad_activation act);
-    int (*attention_linear_takes)(nopad_backend *be, const nopad_seqs *seqs, int32_t n_heads,
-                                  int32_t head_size, int32_t n_out);
 
     /* Variable-length multi-head attention on packed QKV.
      * qkv [T, 3, n_heads, head_size] (the fused QKV projection's output: Q | K | V blocks of

@@ -8,6 +8,21 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 
+/* The weights of one post-LayerNorm encoder layer (the BERT family's), in the backend's memory. */
+typedef struct encoder_layer {
+    void *qkv_weight;       // [3H, H] query | key | value rows, fused at load
+    void *qkv_bias;         // [3H]
+    void *attn_out_weight;  // [H, H]
+    void *attn_out_bias;    // [H]
+    void *attn_ln_weight;   // [H]
+    void *attn_ln_bias;     // [H]
+    void *ffn_in_weight;    // [I, H]
+    void *ffn_in_bias;      // [I]
+    void *ffn_out_weight;   // [H, I]
+    void *ffn_out_bias;     // [H]
+    void *ffn_ln_weight;    // [H]
+    void *ffn_ln_bias;      // [H]
+} encoder_layer;
 
 typedef struct encoder_weights {
     void *word_embeddings;     // [V, E]

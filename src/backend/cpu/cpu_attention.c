@@ -66,20 +66,3 @@ nopad_status cpu_attention_varlen(nopad_backend *be, void *out_, const void *qkv
     if (failed) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu attention: no scratch memory");
     return NOPAD_OK;
 }
-
-nopad_status cpu_attention_linear(nopad_backend *be, void *out, void *context, const void *qkv,
-                                  const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                  float scale, const void *w, const void *bias, const void *residual,
-                                  int32_t n_out, nopad_epilogue epilogue, nopad_activation act) {
-    // context[T, heads·d] = attention(qkv), then out[T, n_out] = epilogue(context · wᵀ)
-    nopad_status st = cpu_attention_varlen(be, context, qkv, seqs, n_heads, head_size, scale, 0);
-    if (st != NOPAD_OK) return st;
-    return cpu_linear(be, out, context, w, bias, residual, seqs->n_tokens, n_heads * head_size, n_out,
-                      epilogue, act);
-}
-
-int cpu_attention_linear_takes(nopad_backend *be, const nopad_seqs *seqs, int32_t n_heads,
-                               int32_t head_size, int32_t n_out) {
-    (void)be, (void)seqs, (void)n_heads, (void)head_size, (void)n_out;
-    return 1; /* every batch: the same arithmetic either way, and CI covers the encoder's loop */
-}

@@ -74,10 +74,6 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->embed_layernorm = cpu_embed_layernorm;
     be->linear = cpu_linear;
     be->bias_residual_layernorm = cpu_bias_residual_layernorm;
-    be->layernorm_linear = cpu_layernorm_linear;
-    be->layernorm_linear_takes = cpu_layernorm_linear_takes;
-    be->attention_linear = cpu_attention_linear;
-    be->attention_linear_takes = cpu_attention_linear_takes;
     be->attention_varlen = cpu_attention_varlen;
     be->pool = cpu_pool;
     be->l2_normalize = cpu_l2_normalize;

@@ -63,22 +63,3 @@ nopad_status cpu_bias_residual_layernorm(nopad_backend *be, void *x_, const void
     }
     return NOPAD_OK;
 }
-
-nopad_status cpu_layernorm_linear(nopad_backend *be, void *out, void *xn_, const void *x_,
-                                  const void *ln_weight, const void *ln_bias, float eps,
-                                  const void *w, const void *bias, const void *residual,
-                                  int32_t n_tokens, int32_t n_in, int32_t n_out,
-                                  nopad_epilogue epilogue, nopad_activation act) {
-    float *xn = xn_;        // [T, n_in]
-    const float *x = x_;    // [T, n_in]
-#pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
-    for (int32_t t = 0; t < n_tokens; t++)
-        cpu_layernorm_row(xn + (size_t)t * n_in, x + (size_t)t * n_in, ln_weight, ln_bias, eps, n_in);
-    return cpu_linear(be, out, xn, w, bias, residual, n_tokens, n_in, n_out, epilogue, act);
-}
-
-int cpu_layernorm_linear_takes(nopad_backend *be, int32_t n_tokens, int32_t n_in, int32_t n_out) {
-    (void)be, (void)n_tokens, (void)n_in, (void)n_out;
-    return 1; /* every shape: the CPU runs the same arithmetic either way, and CI covers the
-                 encoder's fused loop through it */
-}

@@ -34,20 +34,6 @@ nopad_status cpu_pool(nopad_backend *be, void *out, const void *x, const nopad_s
                       int32_t dim, nopad_pooling mode);
 nopad_status cpu_l2_normalize(nopad_backend *be, void *x, int32_t rows, int32_t dim);
 
-/* The fused ops of backend.h (layernorm_linear, attention_linear), composed from the ones above. */
-nopad_status cpu_layernorm_linear(nopad_backend *be, void *out, void *xn, const void *x,
-                                  const void *ln_weight, const void *ln_bias, float eps,
-                                  const void *w, const void *bias, const void *residual,
-                                  int32_t n_tokens, int32_t n_in, int32_t n_out,
-                                  nopad_epilogue epilogue, nopad_activation act);
-int cpu_layernorm_linear_takes(nopad_backend *be, int32_t n_tokens, int32_t n_in, int32_t n_out);
-nopad_status cpu_attention_linear(nopad_backend *be, void *out, void *context, const void *qkv,
-                                  const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                  float scale, const void *w, const void *bias, const void *residual,
-                                  int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
-int cpu_attention_linear_takes(nopad_backend *be, const nopad_seqs *seqs, int32_t n_heads,
-                               int32_t head_size, int32_t n_out);
-
 /* Row LayerNorm of x[dim] into y[dim] (may alias): (x - mean) / sqrt(var + eps) · w + b, with
  * the biased variance as torch computes it. */
 void cpu_layernorm_row(float *y, const float *x, const float *w, const float *b, float eps,

@@ -15,7 +15,6 @@
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/encoder_small.h"
 #include "backend/cuda/gemm_fused.h"
 #include "backend/cuda/gemm_skinny.h"
 #include "util/error.h"
@@ -370,7 +369,7 @@ static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const
     /* ---- a few tokens (gemm_skinny.h): one kernel with every epilogue, weights read by all SMs;
      * shapes it does not take come back UNSUPPORTED and go on below */
     const skinny_epilogue se = skinny_epilogue_of(epilogue, bias, residual, act);
-    if (cuda_gemm_skinny_wins(n_tokens, n_in, n_out, se.act)) {
+    if (cuda_gemm_skinny_wins(n_tokens, n_in, n_out)) {
         nopad_status sst = cuda_gemm_skinny(be->dtype, out, x, w, se.bias, se.residual, n_tokens, n_in,
                                             n_out, se.act, s->stream);
         if (sst != NOPAD_ERR_UNSUPPORTED) return sst;
@@ -420,89 +419,6 @@ static nopad_status cu_linear(nopad_backend *be, void *out, const void *x, const
     if (st == NOPAD_OK && separate_activation)
         st = cuda_bias_activation(be->dtype, out, bias, n_tokens, n_out, act, s->stream);
     return st;
-}
-
-/* A LayerNorm in front of a linear layer: one skinny kernel for a few tokens (gemm_skinny.h).
- * The model asks layernorm_linear_takes first and otherwise runs the LayerNorm kernels itself;
- * a call the skinny kernel refuses anyway still gets the right answer, in three kernels. */
-static nopad_status cu_layernorm_linear(nopad_backend *be, void *out, void *xn, const void *x,
-                                        const void *ln_weight, const void *ln_bias, float eps,
-                                        const void *w, const void *bias, const void *residual,
-                                        int32_t n_tokens, int32_t n_in, int32_t n_out,
-                                        nopad_epilogue epilogue, nopad_activation act) {
-    cuda_state *s = state_of(be);
-    if (n_tokens == 0) return NOPAD_OK;
-    if (cuda_gemm_skinny_layernorm_takes(n_tokens, n_in, n_out)) {
-        const skinny_epilogue se = skinny_epilogue_of(epilogue, bias, residual, act);
-        nopad_status st = cuda_gemm_skinny_layernorm(be->dtype, out, xn, x, ln_weight, ln_bias, eps, w, se.bias,
-                                                     se.residual, n_tokens, n_in, n_out, se.act, s->stream);
-        if (st != NOPAD_ERR_UNSUPPORTED) return st;
-    }
-    /* anything else (more tokens, unaligned caller buffers): xn = x, the LayerNorm kernel in
-     * place, then the linear op; the same results in two more kernels */
-    const size_t bytes = (size_t)n_tokens * (size_t)n_in * 2 /* fp16 or bf16 */;
-    if (cudaMemcpyAsync(xn, x, bytes, cudaMemcpyDeviceToDevice, s->stream) != cudaSuccess)
-        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda layernorm_linear: copy: %s",
-                               cudaGetErrorString(cudaGetLastError()));
-    nopad_status st = cuda_bias_residual_layernorm(be->dtype, xn, NULL, NULL, ln_weight, ln_bias,
-                                                   eps, n_tokens, n_in, s->stream);
-    if (st != NOPAD_OK) return st;
-    return cu_linear(be, out, xn, w, bias, residual, n_tokens, n_in, n_out, epilogue, act);
-}
-
-static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void *qkv,
-                                        const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                        float scale, int causal);
-
-/* The attention feeding a linear layer: one skinny kernel for one tile of tokens (gemm_skinny.h);
- * anything else the attention op into context, then the linear op. */
-static nopad_status cu_attention_linear(nopad_backend *be, void *out, void *context, const void *qkv,
-                                        const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                        float scale, const void *w, const void *bias,
-                                        const void *residual, int32_t n_out, nopad_epilogue epilogue,
-                                        nopad_activation act) {
-    const int32_t T = seqs->n_tokens;
-    if (T == 0) return NOPAD_OK;
-    if (cuda_gemm_skinny_attention_takes(T, n_heads, head_size, n_out)) {
-        const skinny_epilogue se = skinny_epilogue_of(epilogue, bias, residual, act);
-        nopad_status st = cuda_gemm_skinny_attention(be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs, T,
-                                                     n_heads, head_size, scale, w, se.bias, se.residual, n_out,
-                                                     se.act, state_of(be)->stream);
-        if (st != NOPAD_ERR_UNSUPPORTED) return st;
-    }
-    nopad_status st = cu_attention_varlen(be, context, qkv, seqs, n_heads, head_size, scale, 0);
-    if (st != NOPAD_OK) return st;
-    return cu_linear(be, out, context, w, bias, residual, T, n_heads * head_size, n_out, epilogue, act);
-}
-
-static int cu_attention_linear_takes(nopad_backend *be, const nopad_seqs *seqs, int32_t n_heads,
-                                     int32_t head_size, int32_t n_out) {
-    (void)be;
-    return cuda_gemm_skinny_attention_takes(seqs->n_tokens, n_heads, head_size, n_out);
-}
-
-static int cu_layernorm_linear_takes(nopad_backend *be, int32_t n_tokens, int32_t n_in,
-                                     int32_t n_out) {
-    (void)be;
-    return cuda_gemm_skinny_layernorm_takes(n_tokens, n_in, n_out);
-}
-
-/* Every layer of a batch of at most 32 tokens in one cooperative kernel (encoder_small.h). */
-static nopad_status cu_encoder_layers(nopad_backend *be, void *hidden, const encoder_layer *const *schedule,
-                                      int32_t n_steps, const nopad_seqs *seqs, int32_t hidden_size,
-                                      int32_t n_heads, int32_t head_size, int32_t intermediate, float eps,
-                                      float scale, nopad_activation act, void *qkv, void *context, void *sums,
-                                      void *ffn) {
-    if (seqs->n_tokens == 0) return NOPAD_OK;
-    return cuda_encoder_small(be->dtype, hidden, schedule, n_steps, seqs->cu_seqlens, seqs->n_seqs,
-                              seqs->n_tokens, hidden_size, n_heads, head_size, intermediate, eps, scale,
-                              (int)act, qkv, context, sums, ffn, state_of(be)->stream);
-}
-
-static int cu_encoder_layers_takes(nopad_backend *be, int32_t n_tokens, int32_t n_steps, int32_t hidden_size,
-                                   int32_t n_heads, int32_t head_size, int32_t intermediate) {
-    (void)be;
-    return cuda_encoder_small_takes(n_tokens, n_steps, hidden_size, n_heads, head_size, intermediate);
 }
 
 /* ---- the other ops ------------------------------------------------------------------------- */
@@ -626,12 +542,6 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->embed_layernorm = cu_embed_layernorm;
     be->linear = cu_linear;
     be->bias_residual_layernorm = cu_bias_residual_layernorm;
-    be->layernorm_linear = cu_layernorm_linear;
-    be->layernorm_linear_takes = cu_layernorm_linear_takes;
-    be->attention_linear = cu_attention_linear;
-    be->attention_linear_takes = cu_attention_linear_takes;
-    be->encoder_layers = cu_encoder_layers;
-    be->encoder_layers_takes = cu_encoder_layers_takes;
     be->attention_varlen = cu_attention_varlen;
     be->pool = cu_pool;
     be->l2_normalize = cu_l2_normalize;
