@@ -109,8 +109,8 @@ static void test_linear(void **state) {
             for (int epi = NOPAD_EPILOGUE_NONE; epi <= NOPAD_EPILOGUE_BIAS_RESIDUAL; epi++) {
                 for (int act = 0; act <= (epi == NOPAD_EPILOGUE_BIAS_ACT ? 2 : 0); act++) {
                     void *dout = poisoned(gpu, (size_t)T * N);
-                    assert_nopad_ok(gpu->linear(gpu, dout, dx, dw, db, dr, T, K, N, epi, act));
-                    assert_nopad_ok(cpu->linear(cpu, want, x, w, b, r, T, K, N, epi, act));
+                    assert_nopad_ok(gpu->gemm(gpu, dout, dx, dw, db, dr, T, K, N, epi, act));
+                    assert_nopad_ok(cpu->gemm(cpu, want, x, w, b, r, T, K, N, epi, act));
                     float *got = to_host(gpu, dout, (size_t)T * N);
                     char what[96];
                     snprintf(what, sizeof what, "linear [%d,%d]x[%d,%d] epilogue %d act %d", T, K, N, K, epi, act);
@@ -139,7 +139,7 @@ static void test_gelu_epilogue_is_tanh(void **state) {
     for (int i = 0; i < D; i++) eye[i * D + i] = 1.0f;
     void *dx = to_device(gpu, x, T * D), *dw = to_device(gpu, eye, D * D), *db = to_device(gpu, zero, D);
     void *dout = poisoned(gpu, T * D);
-    assert_nopad_ok(gpu->linear(gpu, dout, dx, dw, db, NULL, T, D, D, NOPAD_EPILOGUE_BIAS_ACT, NOPAD_ACT_GELU_TANH));
+    assert_nopad_ok(gpu->gemm(gpu, dout, dx, dw, db, NULL, T, D, D, NOPAD_EPILOGUE_BIAS_ACT, NOPAD_ACT_GELU_TANH));
     float *got = to_host(gpu, dout, T * D);
     /* Error in units of an allowance of 1e-3 relative + 1e-5 absolute (fp16 rounding of these
      * outputs, 1e-3 to 0.16 in size, is up to 6e-5 absolute at the large end). The tanh and erf
@@ -190,16 +190,16 @@ static void test_layernorms(void **state) {
             ds.cu_seqlens = dcu;
             float *want = malloc(sizeof(float) * T * D);
             void *dout = poisoned(gpu, (size_t)T * D);
-            assert_nopad_ok(gpu->embed_layernorm(gpu, dout, dtok, dtyp, &ds, offset, V, P, TV, dword, dpos, dtype, dg, db, 1e-5f, D));
-            assert_nopad_ok(cpu->embed_layernorm(cpu, want, tokens, types, &hs, offset, V, P, TV, word, pos, type, g, bb, 1e-5f, D));
+            assert_nopad_ok(gpu->embed(gpu, dout, dtok, dtyp, &ds, offset, V, P, TV, dword, dpos, dtype, dg, db, 1e-5f, D));
+            assert_nopad_ok(cpu->embed(cpu, want, tokens, types, &hs, offset, V, P, TV, word, pos, type, g, bb, 1e-5f, D));
             float *got = to_host(gpu, dout, (size_t)T * D);
             char what[64];
             snprintf(what, sizeof what, "embed_layernorm dim %d", D);
             expect_close(what, di, got, want, T, D);
             /* bias + residual + LayerNorm on the embedding output (rounded like the GPU's) */
             memcpy(want, got, sizeof(float) * T * D);
-            assert_nopad_ok(gpu->bias_residual_layernorm(gpu, dout, db, dres, dg, db, 1e-6f, T, D));
-            assert_nopad_ok(cpu->bias_residual_layernorm(cpu, want, bb, res, g, bb, 1e-6f, T, D));
+            assert_nopad_ok(gpu->layernorm(gpu, dout, db, dres, dg, db, 1e-6f, T, D));
+            assert_nopad_ok(cpu->layernorm(cpu, want, bb, res, g, bb, 1e-6f, T, D));
             free(got);
             got = to_host(gpu, dout, (size_t)T * D);
             snprintf(what, sizeof what, "bias_residual_layernorm dim %d", D);
@@ -254,9 +254,9 @@ static void test_attention_through_backend(void **state) {
                 nopad_seqs ds = hs;
                 ds.cu_seqlens = dcu;
                 const float scale = 1.0f / sqrtf((float)d);
-                assert_nopad_ok(gpu->attention_varlen(gpu, dout, dqkv, &ds, heads, d, scale, causal));
+                assert_nopad_ok(gpu->attention(gpu, dout, dqkv, &ds, heads, d, scale, causal));
                 float *want = malloc(sizeof(float) * T * H);
-                assert_nopad_ok(cpu->attention_varlen(cpu, want, qkv, &hs, heads, d, scale, causal));
+                assert_nopad_ok(cpu->attention(cpu, want, qkv, &hs, heads, d, scale, causal));
                 float *got = to_host(gpu, dout, (size_t)T * H);
                 char what[64];
                 snprintf(what, sizeof what, "attention d %d causal %d", d, causal);

@@ -99,7 +99,7 @@ static void problem_make(problem *p, int d, int32_t T, int32_t K, int32_t N, uin
     p->dres = to_device(be, p->res, (size_t)T * N);
     assert_nopad_ok(be->alloc(be, (size_t)T * N * 2, &p->dy));
     p->acc = malloc((size_t)T * N * sizeof(float));
-    assert_nopad_ok(cpu->linear(cpu, p->acc, p->x, p->w, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE,
+    assert_nopad_ok(cpu->gemm(cpu, p->acc, p->x, p->w, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE,
                                 NOPAD_ACT_GELU));
 }
 
@@ -256,9 +256,9 @@ static void test_backend_modes(void **state) {
                 for (int e = 0; e < 4; e++) {
                     cuda_gemm_set_mode(modes[m]);
                     poison(gpu[d], p.dy, n);
-                    assert_nopad_ok(gpu[d]->linear(gpu[d], p.dy, p.dx, p.dw, p.dbias, p.dres, p.T, p.K, p.N,
+                    assert_nopad_ok(gpu[d]->gemm(gpu[d], p.dy, p.dx, p.dw, p.dbias, p.dres, p.T, p.K, p.N,
                                                    eps[e], NOPAD_ACT_GELU));
-                    assert_nopad_ok(cpu->linear(cpu, ref, p.x, p.w, p.bias, p.res, p.T, p.K, p.N, eps[e],
+                    assert_nopad_ok(cpu->gemm(cpu, ref, p.x, p.w, p.bias, p.res, p.T, p.K, p.N, eps[e],
                                                 NOPAD_ACT_GELU));
                     assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, p.dy, n));
                     const double err = test_max_row_rel_error(y, ref, p.T, p.N);

@@ -96,7 +96,7 @@ static void launch(const variant *v, nopad_dtype dtype, int set, int32_t T, int3
         cuda_gemm_skinny_set_max_tokens(is_auto ? skinny_default : 0);
         cuda_gemm_set_lt_rank(strcmp(v->path, "cublaslt-rank") == 0 ? v->config : 0);
         if (strcmp(v->path, "cublaslt-gemm") == 0) op_ep = NOPAD_EPILOGUE_BIAS;
-        CHECK_NOPAD(be->linear(be, y, x, w, bias, r, T, K, N, op_ep, NOPAD_ACT_GELU));
+        CHECK_NOPAD(be->gemm(be, y, x, w, bias, r, T, K, N, op_ep, NOPAD_ACT_GELU));
         cuda_gemm_set_lt_rank(0);
     }
 }

@@ -42,7 +42,7 @@ nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void
         if (st != NOPAD_OK) return st;
         nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = cu_seqlens[n_seqs],
                            .max_seqlen = max_seqlen, .cu_seqlens = cu_seqlens};
-        st = be->attention_varlen(be, out, qkv, &seqs, n_heads, head_size, scale, causal);
+        st = be->attention(be, out, qkv, &seqs, n_heads, head_size, scale, causal);
         be->destroy(be);
         return st;
     }

@@ -1,4 +1,7 @@
-/* The op table: every operation a model graph needs, on packed tensors.
+/* The op table: every operation a model graph needs, on packed tensors, named by family
+ * (memory, graphs, pack/unpack, embedding, gemm, norm, attention, pooling). It knows no model:
+ * model/ composes these ops into layers, and a new model family adds ops here only where it needs
+ * a new kind of operation (e.g. RMSNorm, RoPE, paged attention), never a model's layer.
  *
  * Activations are [T, ...] with T = total real tokens of the batch; sequences are delimited by
  * cu_seqlens[B+1] (int32, in the backend's memory). Tensor pointers live in the backend's memory
@@ -6,7 +9,11 @@
  * are [out, in] row-major as in nn.Linear, so a linear layer is y = x · Wᵀ (+ epilogue).
  * Fusions (bias+GELU in the GEMM, bias+residual+LayerNorm) are ops here so the model code stays one
  * loop over layers and every backend gets the fused path. Ops enqueue work and return; the CPU
- * backend runs them synchronously. */
+ * backend runs them synchronously.
+ *
+ * One backend object is one stream of work on one device (a nopad_context owns one); memory one
+ * backend allocates is usable by every backend of the same kind and device (the model's weights
+ * are allocated once and read by every context). */
 #ifndef NOPAD_BACKEND_H
 #define NOPAD_BACKEND_H
 
@@ -14,12 +21,7 @@
 #include <stdint.h>
 
 #include "nopad.h"
-
-typedef enum nopad_activation {
-    NOPAD_ACT_GELU = 0,      /* exact: 0.5·x·(1 + erf(x/√2)) — HF "gelu" */
-    NOPAD_ACT_GELU_TANH = 1, /* tanh approximation — HF "gelu_new", "gelu_pytorch_tanh" */
-    NOPAD_ACT_RELU = 2,
-} nopad_activation;
+#include "util/types.h"
 
 typedef enum nopad_epilogue {
     NOPAD_EPILOGUE_NONE = 0,          /* y = x·Wᵀ */
@@ -37,6 +39,26 @@ typedef struct nopad_seqs {
     int32_t max_seqlen;        /* max_i (cu_seqlens[i+1] - cu_seqlens[i]) */
     const int32_t *cu_seqlens; /* [B+1] in backend memory */
 } nopad_seqs;
+
+/* The op families, for the capability query. */
+typedef enum nopad_op {
+    NOPAD_OP_PACK = 0, /* pack and unpack */
+    NOPAD_OP_EMBED,
+    NOPAD_OP_GEMM,
+    NOPAD_OP_LAYERNORM,
+    NOPAD_OP_ATTENTION,
+    NOPAD_OP_POOL,     /* pool and l2_normalize */
+    NOPAD_OP_GRAPH,    /* recording and replaying a sequence of ops (graph_run) */
+} nopad_op;
+
+/* What a capability query describes; each op reads the fields it needs. */
+typedef struct nopad_op_shape {
+    int32_t n_tokens, n_in, n_out; /* gemm: [T, K] · [N, K]ᵀ; layernorm: n_in = dim */
+    int32_t n_heads, head_size;    /* attention */
+    int causal;                    /* attention */
+    nopad_epilogue epilogue;       /* gemm */
+    nopad_activation act;          /* gemm with NOPAD_EPILOGUE_BIAS_ACT */
+} nopad_op_shape;
 
 struct nopad_backend {
     const char *name;  /* "cpu", "cuda" */
@@ -72,57 +94,65 @@ struct nopad_backend {
                               nopad_status (*record)(void *ctx), void *ctx);
     /* Forgets every recorded graph (the buffers they name were freed or moved). */
     void (*graph_clear)(nopad_backend *be);
-    /* ---- right-padded batches in backend memory (NULL where the backend has none) ---------- */
+    int64_t graph_replays, graphs_recorded; /* counters kept by graph_run */
+    int32_t graphs_held;
+
+    /* Whether this backend runs `op` on the shape described (fields the op does not use are
+     * ignored; shape may be NULL for "at all"), so a model can choose before it enqueues
+     * anything. An op it cannot run at all is also NULL in the table. */
+    int (*supports)(nopad_backend *be, nopad_op op, const nopad_op_shape *shape);
+
+    /* ---- pack / unpack: right-padded batches in backend memory (NULL where none) ------------ */
     /* cu_out[B+1] from lengths[B]; tokens_out[n_tokens] (types_out, or NULL) gathered from
      * tokens[B, max_len] (types or NULL). Lengths are not read back to the host: if they do not
      * fit [1, min(max_len, max_seqlen)] or add up to n_tokens, the ids are poisoned (NaN rows out)
      * and cu_out stays a valid layout. Needs n_tokens >= n_seqs. */
-    nopad_status (*pack_padded)(nopad_backend *be, const int32_t *tokens, const int32_t *types,
-                                const int32_t *lengths, int32_t n_seqs, int32_t max_len,
-                                int32_t max_seqlen, int32_t n_tokens, int32_t *cu_out,
-                                int32_t *tokens_out, int32_t *types_out);
+    nopad_status (*pack)(nopad_backend *be, const int32_t *tokens, const int32_t *types,
+                         const int32_t *lengths, int32_t n_seqs, int32_t max_len,
+                         int32_t max_seqlen, int32_t n_tokens, int32_t *cu_out,
+                         int32_t *tokens_out, int32_t *types_out);
     /* out[B, max_len, dim] = the rows of x[T, dim] per sequence of cu[B+1], zeros past each end. */
-    nopad_status (*unpack_padded)(nopad_backend *be, void *out, const void *x, const int32_t *cu,
-                                  int32_t n_seqs, int32_t max_len, int32_t dim);
+    nopad_status (*unpack)(nopad_backend *be, void *out, const void *x, const int32_t *cu,
+                           int32_t n_seqs, int32_t max_len, int32_t dim);
 
-    int64_t graph_replays, graphs_recorded; /* counters kept by graph_run */
-    int32_t graphs_held;
-
-    /* ---- ops ------------------------------------------------------------------------------- */
-
+    /* ---- embedding ------------------------------------------------------------------------- */
     /* out[T, E] = LayerNorm(word[tokens] + pos[position_offset + t - start(seq)] + type[types])
      * word [V, E], pos [P, E], type [TV, E] or NULL (no token types); types[T] or NULL (= 0).
      * V, P, TV bound the ids: backends that cannot check them before the launch (device-side
      * input) must poison the row rather than read out of bounds. */
-    nopad_status (*embed_layernorm)(nopad_backend *be, void *out, const int32_t *tokens,
-                                    const int32_t *types, const nopad_seqs *seqs,
-                                    int32_t position_offset, int32_t vocab_size,
-                                    int32_t n_positions, int32_t type_vocab_size,
-                                    const void *word, const void *pos,
-                                    const void *type, const void *ln_weight, const void *ln_bias,
-                                    float eps, int32_t dim);
+    nopad_status (*embed)(nopad_backend *be, void *out, const int32_t *tokens,
+                          const int32_t *types, const nopad_seqs *seqs,
+                          int32_t position_offset, int32_t vocab_size,
+                          int32_t n_positions, int32_t type_vocab_size,
+                          const void *word, const void *pos,
+                          const void *type, const void *ln_weight, const void *ln_bias,
+                          float eps, int32_t dim);
 
+    /* ---- gemm ------------------------------------------------------------------------------ */
     /* out[T, N] = epilogue(x[T, K] · w[N, K]ᵀ). bias [N] (unless NONE); residual [T, N] for
      * BIAS_RESIDUAL (may alias out). */
-    nopad_status (*linear)(nopad_backend *be, void *out, const void *x, const void *w,
-                           const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
-                           int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
+    nopad_status (*gemm)(nopad_backend *be, void *out, const void *x, const void *w,
+                         const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
+                         int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
 
+    /* ---- norm ------------------------------------------------------------------------------ */
     /* x[T, dim] = LayerNorm(x + bias + residual) in place; bias [dim] or NULL, residual [T, dim]
      * or NULL. One pass. */
-    nopad_status (*bias_residual_layernorm)(nopad_backend *be, void *x, const void *bias,
-                                            const void *residual, const void *ln_weight,
-                                            const void *ln_bias, float eps, int32_t n_tokens,
-                                            int32_t dim);
+    nopad_status (*layernorm)(nopad_backend *be, void *x, const void *bias,
+                              const void *residual, const void *ln_weight,
+                              const void *ln_bias, float eps, int32_t n_tokens,
+                              int32_t dim);
 
+    /* ---- attention ------------------------------------------------------------------------- */
     /* Variable-length multi-head attention on packed QKV.
      * qkv [T, 3, n_heads, head_size] (the fused QKV projection's output: Q | K | V blocks of
      * n_heads·head_size each), out [T, n_heads·head_size]. Each token attends to the tokens of
      * its own sequence (only to earlier ones and itself when causal). */
-    nopad_status (*attention_varlen)(nopad_backend *be, void *out, const void *qkv,
-                                     const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                     float scale, int causal);
+    nopad_status (*attention)(nopad_backend *be, void *out, const void *qkv,
+                              const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                              float scale, int causal);
 
+    /* ---- pooling --------------------------------------------------------------------------- */
     /* out[B, dim] = pooling of x[T, dim] over each sequence (CLS: first token; MEAN; MAX). */
     nopad_status (*pool)(nopad_backend *be, void *out, const void *x, const nopad_seqs *seqs,
                          int32_t dim, nopad_pooling mode);

@@ -192,37 +192,3 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, en
 }
 #undef TRY
 
-nopad_status read_file(const char *path, char **data, size_t *len) {
-    *data = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t size = 0, cap = 0;
-    for (;;) {
-        if (cap - size < 4096) {
-            size_t ncap = cap ? cap * 2 : 65536;
-            char *nbuf = realloc(buf, ncap + 1);
-            if (!nbuf) {
-                free(buf);
-                fclose(f);
-                return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: file too large to read", path);
-            }
-            buf = nbuf;
-            cap = ncap;
-        }
-        size_t n = fread(buf + size, 1, cap - size, f);
-        size += n;
-        if (n == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return nopad_set_error(NOPAD_ERR_IO, "%s: read error (is it a folder?)", path);
-    }
-    buf[size] = '\0';
-    *data = buf;
-    *len = size;
-    return NOPAD_OK;
-}

@@ -51,7 +51,4 @@ typedef struct st_pipeline {
 
 nopad_status st_pipeline_load(const char *dir, st_pipeline *out);
 
-/* Reads a whole file (NUL-terminated). Missing -> NOPAD_ERR_IO naming the path. */
-nopad_status read_file(const char *path, char **data, size_t *len);
-
 #endif

@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 /* ---- dtypes ------------------------------------------------------------------------------- */
 
@@ -676,44 +677,6 @@ static char *join_path(const char *dir, const char *name) {
     return p;
 }
 
-/* Reads a whole regular file of at most `limit` bytes into a NUL-terminated buffer. */
-static nopad_status read_text_file(const char *path, size_t limit, char **text, size_t *len) {
-    *text = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    nopad_status st = NOPAD_OK;
-    if (fstat(fd, &sb) != 0)
-        st = nopad_set_error(NOPAD_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(sb.st_mode))
-        st = nopad_set_error(NOPAD_ERR_IO, "%s: not a regular file", path);
-    else if (sb.st_size < 0 || (uint64_t)sb.st_size > limit)
-        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: %lld bytes, more than the %zu-byte limit",
-                             path, (long long)sb.st_size, limit);
-    size_t size = st == NOPAD_OK ? (size_t)sb.st_size : 0, used = 0;
-    char *buf = st == NOPAD_OK ? malloc(size + 1) : NULL;
-    if (st == NOPAD_OK && !buf)
-        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: %zu bytes", path, size);
-    while (st == NOPAD_OK && used < size) {
-        ssize_t got = read(fd, buf + used, size - used);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0)
-            st = nopad_set_error(NOPAD_ERR_IO, "%s: read error: %s", path, strerror(errno));
-        if (got <= 0) break; /* 0: the file shrank since fstat; keep what was read */
-        used += (size_t)got;
-    }
-    close(fd);
-    if (st != NOPAD_OK) {
-        free(buf);
-        return st;
-    }
-    buf[used] = '\0';
-    *text = buf;
-    *len = used;
-    return NOPAD_OK;
-}
-
 /* A shard must be a plain file name in the checkpoint folder: an index may not reach outside. */
 static int is_plain_file_name(const char *s) {
     return s[0] && !strchr(s, '/') && !strstr(s, "..");
@@ -834,7 +797,7 @@ static nopad_status open_sharded(const char *dir, const char *index_path,
                                  safetensors_checkpoint *out) {
     char *text;
     size_t len = 0;
-    nopad_status st = read_text_file(index_path, SAFETENSORS_MAX_HEADER_SIZE, &text, &len);
+    nopad_status st = read_file(index_path, SAFETENSORS_MAX_HEADER_SIZE, &text, &len);
     if (st != NOPAD_OK) return st;
     if (strlen(text) != len) {
         free(text);

@@ -11,17 +11,13 @@
 
 #include "io/hf_config.h"
 #include "util/error.h"
-
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
+#include "util/file.h"
 
 static nopad_status load_json(const char *path, cJSON **out) {
     char *text;
     size_t len;
     *out = NULL;
-    nopad_status st = read_file(path, &text, &len);
+    nopad_status st = read_file(path, 0, &text, &len);
     if (st != NOPAD_OK) return st;
     const char *end = NULL;
     *out = cJSON_ParseWithLengthOpts(text, len, &end, 0);

@@ -17,6 +17,7 @@
 
 #include "io/tokenizer_internal.h"
 #include "util/error.h"
+#include "util/file.h"
 
 static char *dup_bytes(const char *s, size_t len) {
     char *d = malloc(len + 1);
@@ -592,34 +593,11 @@ nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercas
 /* ---- a model folder ------------------------------------------------------------------------- */
 
 /* Reads a whole file. A missing file is not an error: *data stays NULL. */
-static nopad_status read_file(const char *path, char **data, size_t *len) {
+static nopad_status read_optional_file(const char *path, char **data, size_t *len) {
     *data = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) return NOPAD_OK;
-        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    nopad_status st = NOPAD_OK;
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = nopad_set_error(NOPAD_ERR_IO, "%s: cannot determine the file size", path);
-    } else {
-        *data = malloc((size_t)size + 1);
-        if (!*data) st = out_of_memory(path);
-        else if (fread(*data, 1, (size_t)size, f) != (size_t)size)
-            st = nopad_set_error(NOPAD_ERR_IO, "%s: short read", path);
-    }
-    fclose(f);
-    if (st != NOPAD_OK) {
-        free(*data);
-        *data = NULL;
-        return st;
-    }
-    (*data)[size] = '\0';
-    *len = (size_t)size;
-    return NOPAD_OK;
+    if (!file_exists(path)) return NOPAD_OK;
+    return read_file(path, 0, data, len);
 }
 
 /* do_lower_case from tokenizer_config.json; true when the file or the key is absent. */
@@ -627,7 +605,7 @@ static nopad_status read_do_lower_case(const char *path, int *lowercase) {
     *lowercase = 1;
     char *data;
     size_t len;
-    nopad_status st = read_file(path, &data, &len);
+    nopad_status st = read_optional_file(path, &data, &len);
     if (st != NOPAD_OK || !data) return st;
     cJSON *root = cJSON_ParseWithLength(data, len);
     free(data);
@@ -654,7 +632,7 @@ nopad_status nopad_tokenizer_load(const char *dir, nopad_tokenizer **out) {
     char *data = NULL;
     size_t len = 0;
     snprintf(path, n, "%s/tokenizer.json", dir);
-    nopad_status st = read_file(path, &data, &len);
+    nopad_status st = read_optional_file(path, &data, &len);
     if (st == NOPAD_OK && data) {
         st = tokenizer_from_json(data, len, path, out);
     } else if (st == NOPAD_OK) {
@@ -662,7 +640,7 @@ nopad_status nopad_tokenizer_load(const char *dir, nopad_tokenizer **out) {
         snprintf(path, n, "%s/tokenizer_config.json", dir);
         st = read_do_lower_case(path, &lowercase);
         snprintf(path, n, "%s/vocab.txt", dir);
-        if (st == NOPAD_OK) st = read_file(path, &data, &len);
+        if (st == NOPAD_OK) st = read_optional_file(path, &data, &len);
         if (st == NOPAD_OK && data) st = tokenizer_from_vocab_txt(data, len, lowercase, path, out);
         else if (st == NOPAD_OK)
             st = nopad_set_error(NOPAD_ERR_IO, "%s: no tokenizer.json or vocab.txt", dir);

@@ -66,7 +66,7 @@ nopad_status encoder_embed(nopad_backend *be, const encoder_config *cfg, const e
                            const int32_t *types, void *hidden) {
     // x[T, H] = LN(word[tokens] + pos + type) (ALBERT: at E into ws->embed; projected by the layers)
     const int32_t dim = w->embed_proj_weight ? cfg->embedding_size : cfg->hidden_size;
-    return be->embed_layernorm(be, w->embed_proj_weight ? ws->embed : hidden, tokens, types, seqs,
+    return be->embed(be, w->embed_proj_weight ? ws->embed : hidden, tokens, types, seqs,
                                cfg->position_offset, cfg->vocab_size, cfg->max_position_embeddings,
                                cfg->type_vocab_size, w->word_embeddings, w->position_embeddings,
                                w->type_embeddings, w->embed_ln_weight, w->embed_ln_bias,
@@ -83,30 +83,30 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
 
     // ALBERT: x[T, H] = embed[T, E] · Wprojᵀ + b
     if (w->embed_proj_weight)
-        TRY(be->linear(be, hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
+        TRY(be->gemm(be, hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
                        E, H, NOPAD_EPILOGUE_BIAS, cfg->activation));
 
     for (int step = 0; step < w->n_steps; step++) {
         const encoder_layer *L = w->schedule[step];
         // qkv[T, 3H] = x · Wqkvᵀ + bqkv
-        TRY(be->linear(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
+        TRY(be->gemm(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
                        NOPAD_EPILOGUE_BIAS, cfg->activation));
         // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head
-        TRY(be->attention_varlen(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
+        TRY(be->attention(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
                                  scale, 0));
         // x1[T, H] = LN(x + context · Woᵀ + bo)
         void *x1 = ws->attn;
-        TRY(be->linear(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, H, H,
+        TRY(be->gemm(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, H, H,
                        NOPAD_EPILOGUE_NONE, cfg->activation));
-        TRY(be->bias_residual_layernorm(be, x1, L->attn_out_bias, hidden, L->attn_ln_weight,
+        TRY(be->layernorm(be, x1, L->attn_out_bias, hidden, L->attn_ln_weight,
                                         L->attn_ln_bias, eps, T, H));
         // ffn[T, I] = act(x1 · W1ᵀ + b1)
-        TRY(be->linear(be, ws->ffn, x1, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, I,
+        TRY(be->gemm(be, ws->ffn, x1, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, I,
                        NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
         // x[T, H] = LN(x1 + ffn · W2ᵀ + b2)
-        TRY(be->linear(be, hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, I, H,
+        TRY(be->gemm(be, hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, I, H,
                        NOPAD_EPILOGUE_NONE, cfg->activation));
-        TRY(be->bias_residual_layernorm(be, hidden, L->ffn_out_bias, x1, L->ffn_ln_weight,
+        TRY(be->layernorm(be, hidden, L->ffn_out_bias, x1, L->ffn_ln_weight,
                                         L->ffn_ln_bias, eps, T, H));
     }
     return NOPAD_OK;

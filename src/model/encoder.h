@@ -96,6 +96,5 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
  * few dozen graphs cover every batch up to cuda_graph_max_tokens. */
 int32_t encoder_token_bucket(int32_t n_tokens);
 
-size_t nopad_dtype_size(nopad_dtype dtype);
 
 #endif

@@ -7,7 +7,6 @@
 #include "model/encoder.h"
 #include "util/error.h"
 
-size_t nopad_dtype_size(nopad_dtype dtype) { return dtype == NOPAD_DTYPE_F32 ? 4 : 2; }
 
 typedef struct loader {
     nopad_backend *be;

@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "model/encoder.h"
 #include "util/error.h"
+#include "util/file.h"
 
 struct nopad_model {
     char *dir;
@@ -93,7 +94,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *json;
     size_t len;
-    nopad_status st = read_file(path, &json, &len);
+    nopad_status st = read_file(path, 0, &json, &len);
     if (st != NOPAD_OK) return st;
     st = hf_config_parse(json, len, path, &m->cfg);
     free(json);
@@ -278,7 +279,7 @@ enum { DEFAULT_GRAPH_MAX_TOKENS = 2048 };
 static int32_t graph_rows(const nopad_model *m, int32_t T) {
     const int32_t limit = m->params.cuda_graph_max_tokens ? m->params.cuda_graph_max_tokens
                                                           : DEFAULT_GRAPH_MAX_TOKENS;
-    if (!m->be->graph_run || limit < 0 || T > limit) return 0;
+    if (!m->be->supports(m->be, NOPAD_OP_GRAPH, NULL) || limit < 0 || T > limit) return 0;
     const int32_t rows = encoder_token_bucket(T);
     if (m->params.max_batch_tokens > 0 && rows > m->params.max_batch_tokens) return 0;
     return rows;
@@ -535,7 +536,7 @@ nopad_status nopad_encode_padded_device(nopad_model *m, int32_t n_seqs, int32_t 
     nopad_status st = check_device_entry(m, "nopad_encode_padded_device", "nopad_encode_padded", params,
                                          hidden_out != NULL, pooled_out != NULL, &pooling, &normalize);
     if (st != NOPAD_OK) return st;
-    if (!m->be->pack_padded)
+    if (!m->be->supports(m->be, NOPAD_OP_PACK, NULL))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "nopad_encode_padded_device: backend %s cannot pack on the device",
                                m->be->name);
     if (n_seqs <= 0 || max_len <= 0 || !tokens || !lengths)
@@ -555,14 +556,14 @@ nopad_status nopad_encode_padded_device(nopad_model *m, int32_t n_seqs, int32_t 
     st = encoder_workspace_reserve(be, &m->cfg, &m->ws, rows ? rows : n_tokens, n_seqs);
     encoder_workspace *ws = &m->ws;
     if (st == NOPAD_OK)
-        st = be->pack_padded(be, tokens, token_type_ids, lengths, n_seqs, max_len, max_seqlen, n_tokens,
+        st = be->pack(be, tokens, token_type_ids, lengths, n_seqs, max_len, max_seqlen, n_tokens,
                              ws->cu_seqlens, ws->tokens, token_type_ids ? ws->types : NULL);
     nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = n_tokens, .max_seqlen = max_seqlen,
                        .cu_seqlens = ws->cu_seqlens};
     if (st == NOPAD_OK)
         st = run_encoder(m, &seqs, rows, ws->tokens, token_type_ids ? ws->types : NULL, ws->hidden);
     if (st == NOPAD_OK && hidden_out)
-        st = be->unpack_padded(be, hidden_out, ws->hidden, ws->cu_seqlens, n_seqs, max_len, m->cfg.hidden_size);
+        st = be->unpack(be, hidden_out, ws->hidden, ws->cu_seqlens, n_seqs, max_len, m->cfg.hidden_size);
     if (st == NOPAD_OK && pooled_out) st = pool_rows(m, pooled_out, ws->hidden, &seqs, pooling, normalize);
     pthread_mutex_unlock(&m->lock);
     return st;

@@ -46,6 +46,13 @@ static nopad_status cpu_copy(nopad_backend *be, void *dst, const void *src, size
     return NOPAD_OK;
 }
 
+/* Every op on every shape, but no device-side packing and no recorded graphs: the CPU runs ops
+ * as they come, and its buffers are host memory the caller packs. */
+static int cpu_supports(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
+    (void)be, (void)shape;
+    return op != NOPAD_OP_PACK && op != NOPAD_OP_GRAPH;
+}
+
 nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     *out = NULL;
     nopad_backend *be = calloc(1, sizeof *be);
@@ -60,6 +67,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
      * runs): keep OpenBLAS single-threaded and split GEMMs across our threads (cpu_linear.c). */
     openblas_set_num_threads(1);
 
+    be->supports = cpu_supports;
     be->name = "cpu";
     be->dtype = NOPAD_DTYPE_F32;
     be->impl = state;
@@ -71,10 +79,10 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->upload_i32 = cpu_upload_i32;
     be->synchronize = cpu_synchronize;
     be->copy = cpu_copy;
-    be->embed_layernorm = cpu_embed_layernorm;
-    be->linear = cpu_linear;
-    be->bias_residual_layernorm = cpu_bias_residual_layernorm;
-    be->attention_varlen = cpu_attention_varlen;
+    be->embed = cpu_embed_layernorm;
+    be->gemm = cpu_linear;
+    be->layernorm = cpu_bias_residual_layernorm;
+    be->attention = cpu_attention_varlen;
     be->pool = cpu_pool;
     be->l2_normalize = cpu_l2_normalize;
     *out = be;

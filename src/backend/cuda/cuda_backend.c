@@ -456,6 +456,13 @@ static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void
                                  state_of(be)->attention_ws, state_of(be)->stream);
 }
 
+/* Every op and shape, except attention heads over 128 (the generic kernel's limit). */
+static int cu_supports(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
+    (void)be;
+    if (op == NOPAD_OP_ATTENTION && shape) return shape->head_size >= 1 && shape->head_size <= 128;
+    return 1;
+}
+
 static nopad_status cu_pool(nopad_backend *be, void *out, const void *x, const nopad_seqs *seqs,
                             int32_t dim, nopad_pooling mode) {
     return cuda_pool(be->dtype, out, x, seqs->cu_seqlens, seqs->n_seqs, dim, mode, state_of(be)->stream);
@@ -537,12 +544,13 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     be->copy = cu_copy;
     be->graph_run = cu_graph_run;
     be->graph_clear = cu_graph_clear;
-    be->pack_padded = cu_pack_padded;
-    be->unpack_padded = cu_unpack_padded;
-    be->embed_layernorm = cu_embed_layernorm;
-    be->linear = cu_linear;
-    be->bias_residual_layernorm = cu_bias_residual_layernorm;
-    be->attention_varlen = cu_attention_varlen;
+    be->supports = cu_supports;
+    be->pack = cu_pack_padded;
+    be->unpack = cu_unpack_padded;
+    be->embed = cu_embed_layernorm;
+    be->gemm = cu_linear;
+    be->layernorm = cu_bias_residual_layernorm;
+    be->attention = cu_attention_varlen;
     be->pool = cu_pool;
     be->l2_normalize = cu_l2_normalize;
     *out = be;

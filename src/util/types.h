@@ -1,0 +1,19 @@
+/* The small vocabulary every layer shares: activation functions and element sizes. Plain enums,
+ * no behaviour; io/ fills them from config files, backend/ implements them, model/ passes them. */
+#ifndef NOPAD_UTIL_TYPES_H
+#define NOPAD_UTIL_TYPES_H
+
+#include <stddef.h>
+
+#include "nopad.h"
+
+typedef enum nopad_activation {
+    NOPAD_ACT_GELU = 0,      /* exact: 0.5·x·(1 + erf(x/√2)) — HF "gelu" */
+    NOPAD_ACT_GELU_TANH = 1, /* tanh approximation — HF "gelu_new", "gelu_pytorch_tanh" */
+    NOPAD_ACT_RELU = 2,
+} nopad_activation;
+
+/* Bytes of one element of `dtype`. */
+size_t nopad_dtype_size(nopad_dtype dtype);
+
+#endif
