@@ -5,15 +5,14 @@
  * tokens/s, achieved TFLOP/s (useful FLOPs only: no credit for padding, there is none), the
  * fraction of a peak given with --peak-tflops, and the memory the model holds. Comparisons with
  * other engines live in bench/ (they need the same data in one process). */
-#include "bench.h"
-
+#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "cli.h"
 #include "nopad.h"
 
 static const char bench_help[] =
@@ -46,11 +45,7 @@ static uint64_t rng_next(uint64_t *s) {
     return *s = x;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
+static double now_ms(void) { return now_seconds() * 1e3; }
 
 static int compare_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -62,21 +57,12 @@ static int usage_error(const char *msg, const char *arg) {
     return 2;
 }
 
-static int parse_int(const char *s, int lo, int hi, int *out) {
+static int int_in_range(const char *s, int lo, int hi, int *out) {
     char *end;
     long v = strtol(s, &end, 10);
     if (!*s || *end || v < lo || v > hi) return 0;
     *out = (int)v;
     return 1;
-}
-
-static int is_valued_option(const char *a) {
-    static const char *const names[] = {"--model", "--device", "--dtype", "--threads", "--batch",
-                                        "--max", "--iters", "--warmup", "--seed", "--peak-tflops",
-                                        "--cuda-graph-max-tokens"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(a, names[i])) return 1;
-    return 0;
 }
 
 typedef struct point_result {
@@ -129,67 +115,86 @@ static int run_point(nopad_model *model, const nopad_model_info *info, int B, in
     return ok;
 }
 
+enum {
+    OPT_MODEL = 256, OPT_DEVICE, OPT_DTYPE, OPT_THREADS, OPT_BATCH, OPT_MAX, OPT_ALL, OPT_ITERS,
+    OPT_WARMUP, OPT_SEED, OPT_PEAK_TFLOPS, OPT_CUDA_GRAPH_MAX_TOKENS, OPT_JSON
+};
+
+static const struct option long_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"batch", required_argument, NULL, OPT_BATCH},
+    {"max", required_argument, NULL, OPT_MAX},
+    {"all", no_argument, NULL, OPT_ALL},
+    {"iters", required_argument, NULL, OPT_ITERS},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"peak-tflops", required_argument, NULL, OPT_PEAK_TFLOPS},
+    {"cuda-graph-max-tokens", required_argument, NULL, OPT_CUDA_GRAPH_MAX_TOKENS},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
 int cmd_bench(int argc, char **argv) {
     const char *model_dir = NULL;
     nopad_model_params mp = nopad_model_default_params();
     int dtype_given = 0, batch = 0, max = 0, iters = 20, warmup = 3, all = 0, json = 0;
     uint64_t seed = 20261121;
     double peak = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(bench_help, stdout);
-            return 0;
-        } else if (!strcmp(a, "--all")) {
-            all = 1;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!is_valued_option(a)) {
-            return usage_error("unknown option", a);
-        } else if (!v) {
-            return usage_error("missing value for", a);
-        } else if (!strcmp(a, "--model")) {
-            model_dir = v, i++;
-        } else if (!strcmp(a, "--device")) {
-            if (!strcmp(v, "cpu")) mp.device = NOPAD_DEVICE_CPU;
-            else if (!strcmp(v, "cuda")) mp.device = NOPAD_DEVICE_CUDA;
-            else return usage_error("--device must be cpu or cuda, not", v);
-            i++;
-        } else if (!strcmp(a, "--dtype")) {
-            if (!strcmp(v, "fp32")) mp.dtype = NOPAD_DTYPE_F32;
-            else if (!strcmp(v, "fp16")) mp.dtype = NOPAD_DTYPE_F16;
-            else if (!strcmp(v, "bf16")) mp.dtype = NOPAD_DTYPE_BF16;
-            else return usage_error("--dtype must be fp32, fp16 or bf16, not", v);
-            dtype_given = 1, i++;
-        } else if (!strcmp(a, "--threads")) {
-            if (!parse_int(v, 0, 4096, &mp.n_threads)) return usage_error("bad --threads", v);
-            i++;
-        } else if (!strcmp(a, "--batch")) {
-            if (!parse_int(v, 1, 1 << 20, &batch)) return usage_error("bad --batch", v);
-            i++;
-        } else if (!strcmp(a, "--max")) {
-            if (!parse_int(v, 1, 1 << 20, &max)) return usage_error("bad --max", v);
-            i++;
-        } else if (!strcmp(a, "--iters")) {
-            if (!parse_int(v, 1, 1 << 20, &iters)) return usage_error("bad --iters", v);
-            i++;
-        } else if (!strcmp(a, "--warmup")) {
-            if (!parse_int(v, 0, 1 << 20, &warmup)) return usage_error("bad --warmup", v);
-            i++;
-        } else if (!strcmp(a, "--seed")) {
-            int s;
-            if (!parse_int(v, 0, 1 << 30, &s)) return usage_error("bad --seed", v);
-            seed = (uint64_t)s * 2654435761u + 1, i++;
-        } else if (!strcmp(a, "--cuda-graph-max-tokens")) {
-            int n;
-            if (!parse_int(v, -1, 1 << 30, &n)) return usage_error("bad --cuda-graph-max-tokens", v);
-            mp.cuda_graph_max_tokens = n, i++;
-        } else if (!strcmp(a, "--peak-tflops")) {
-            char *end;
+    cli_parser p = cli_parser_start(argc, argv, long_options);
+    int c;
+    while ((c = cli_getopt(&p)) != -1) {
+        const char *v = optarg;
+        int n;
+        char *end;
+        switch (c) {
+        case 'h': fputs(bench_help, stdout); return 0;
+        case OPT_ALL: all = 1; break;
+        case OPT_JSON: json = 1; break;
+        case OPT_MODEL: model_dir = v; break;
+        case OPT_DEVICE:
+            if (device_from_name(v, &mp.device))
+                return usage_error("--device must be cpu or cuda, not", v);
+            break;
+        case OPT_DTYPE:
+            if (dtype_from_name(v, &mp.dtype))
+                return usage_error("--dtype must be fp32, fp16 or bf16, not", v);
+            dtype_given = 1;
+            break;
+        case OPT_THREADS:
+            if (!int_in_range(v, 0, 4096, &mp.n_threads)) return usage_error("bad --threads", v);
+            break;
+        case OPT_BATCH:
+            if (!int_in_range(v, 1, 1 << 20, &batch)) return usage_error("bad --batch", v);
+            break;
+        case OPT_MAX:
+            if (!int_in_range(v, 1, 1 << 20, &max)) return usage_error("bad --max", v);
+            break;
+        case OPT_ITERS:
+            if (!int_in_range(v, 1, 1 << 20, &iters)) return usage_error("bad --iters", v);
+            break;
+        case OPT_WARMUP:
+            if (!int_in_range(v, 0, 1 << 20, &warmup)) return usage_error("bad --warmup", v);
+            break;
+        case OPT_SEED:
+            if (!int_in_range(v, 0, 1 << 30, &n)) return usage_error("bad --seed", v);
+            seed = (uint64_t)n * 2654435761u + 1;
+            break;
+        case OPT_CUDA_GRAPH_MAX_TOKENS:
+            if (!int_in_range(v, -1, 1 << 30, &n))
+                return usage_error("bad --cuda-graph-max-tokens", v);
+            mp.cuda_graph_max_tokens = n;
+            break;
+        case OPT_PEAK_TFLOPS:
             peak = strtod(v, &end);
             if (*end || !(peak > 0)) return usage_error("bad --peak-tflops", v);
-            i++;
+            break;
+        default:
+            if (p.error == CLI_OPT_NEEDS_VALUE) return usage_error("missing value for", p.arg);
+            return usage_error("unknown option", p.arg);
         }
     }
     if (!model_dir) return usage_error("--model is required", NULL);

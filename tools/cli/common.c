@@ -1,0 +1,222 @@
+/* The helpers of cli.h: messages, option parsing, option values, model loading, buffers. */
+#include "cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+int progress_line_open;
+
+void print_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (progress_line_open) fputc('\n', stderr);
+    progress_line_open = 0;
+    fputs("nopad: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+const char *library_error(nopad_status status) {
+    const char *message = nopad_last_error();
+    return message && message[0] ? message : nopad_status_string(status);
+}
+
+/* ---- command-line parsing ---------------------------------------------------------------- */
+
+cli_parser cli_parser_start(int argc, char **argv, const struct option *options) {
+    optind = 0; /* glibc: start afresh */
+    opterr = 0; /* the caller words the messages */
+    return (cli_parser){.argc = argc, .argv = argv, .options = options};
+}
+
+/* Whether `arg` is "--NAME" or "--NAME=...", NAME spelled out in full. */
+static int spells(const char *arg, const char *name) {
+    size_t n = strlen(name);
+    return arg[0] == '-' && arg[1] == '-' && strncmp(arg + 2, name, n) == 0 &&
+           (arg[2 + n] == '\0' || arg[2 + n] == '=');
+}
+
+static int bad(cli_parser *p, const char *arg, cli_opt_error error) {
+    const char *eq = strchr(arg, '=');
+    p->arg = arg;
+    p->name_len = (int)(eq ? (size_t)(eq - arg) : strlen(arg));
+    p->error = error;
+    return CLI_BAD;
+}
+
+/* Says what is wrong with argv[at], an option getopt refused or one that breaks nopad's rules. */
+static int diagnose(cli_parser *p, int at) {
+    const char *arg = p->argv[at];
+    if (arg[0] != '-' || arg[1] == '\0') return bad(p, arg, CLI_OPT_UNEXPECTED);
+    const char *eq = strchr(arg, '=');
+    size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+    int has_arg = -1;
+    if (n == 2 && arg[1] == 'h') {
+        has_arg = no_argument;
+    } else if (n > 2 && arg[1] == '-') {
+        for (const struct option *o = p->options; o->name; o++)
+            if (strlen(o->name) == n - 2 && strncmp(arg + 2, o->name, n - 2) == 0)
+                has_arg = o->has_arg;
+    }
+    if (has_arg == no_argument && eq) return bad(p, arg, CLI_OPT_TAKES_NO_VALUE);
+    if (has_arg == required_argument && !eq && at + 1 >= p->argc)
+        return bad(p, arg, CLI_OPT_NEEDS_VALUE);
+    return bad(p, arg, CLI_OPT_UNKNOWN);
+}
+
+int cli_getopt(cli_parser *p) {
+    /* With '+' getopt neither permutes nor reads past a positional argument, and it advances
+     * optind only past the arguments it returns, so the current one is argv[at]. */
+    const int at = optind > 0 ? optind : 1;
+    int index = -1;
+    int c = getopt_long(p->argc, p->argv, "+:h", p->options, &index);
+    if (c == -1) {
+        if (optind != at) return bad(p, "--", CLI_OPT_UNKNOWN); /* getopt skipped a "--" */
+        if (optind < p->argc) return bad(p, p->argv[optind], CLI_OPT_UNEXPECTED);
+        return -1;
+    }
+    if (c != '?' && c != ':') {
+        const char *arg = p->argv[at];
+        if (index >= 0 ? spells(arg, p->options[index].name) : strcmp(arg, "-h") == 0) return c;
+    }
+    return diagnose(p, at);
+}
+
+void cli_print_opt_error(const cli_parser *p) {
+    switch (p->error) {
+    case CLI_OPT_UNKNOWN: print_error("unknown option '%.*s'", p->name_len, p->arg); break;
+    case CLI_OPT_TAKES_NO_VALUE:
+        print_error("option %.*s takes no value", p->name_len, p->arg);
+        break;
+    case CLI_OPT_NEEDS_VALUE: print_error("option %.*s needs a value", p->name_len, p->arg); break;
+    case CLI_OPT_UNEXPECTED: print_error("unexpected argument '%s'", p->arg); break;
+    }
+}
+
+/* ---- option values ----------------------------------------------------------------------- */
+
+int parse_int(const char *name, const char *s, long lo, long hi, long *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > hi) {
+        print_error("%s expects an integer in [%ld, %ld], got '%s'", name, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+const char *pooling_name(nopad_pooling p) {
+    switch (p) {
+    case NOPAD_POOLING_MODEL: return "model";
+    case NOPAD_POOLING_NONE: return "none";
+    case NOPAD_POOLING_CLS: return "cls";
+    case NOPAD_POOLING_MEAN: return "mean";
+    case NOPAD_POOLING_MAX: return "max";
+    }
+    return "unknown";
+}
+
+int parse_pooling(const char *s, nopad_pooling *out) {
+    static const nopad_pooling all[] = {NOPAD_POOLING_NONE, NOPAD_POOLING_CLS, NOPAD_POOLING_MEAN,
+                                        NOPAD_POOLING_MAX};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(s, pooling_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    }
+    print_error("unknown pooling '%s' (expected cls, mean, max or none)", s);
+    return -1;
+}
+
+int device_from_name(const char *s, nopad_device *out) {
+    if (strcmp(s, "cpu") == 0) *out = NOPAD_DEVICE_CPU;
+    else if (strcmp(s, "cuda") == 0) *out = NOPAD_DEVICE_CUDA;
+    else return -1;
+    return 0;
+}
+
+int dtype_from_name(const char *s, nopad_dtype *out) {
+    if (strcmp(s, "fp32") == 0) *out = NOPAD_DTYPE_F32;
+    else if (strcmp(s, "fp16") == 0) *out = NOPAD_DTYPE_F16;
+    else if (strcmp(s, "bf16") == 0) *out = NOPAD_DTYPE_BF16;
+    else return -1;
+    return 0;
+}
+
+int parse_device(const char *s, nopad_device *out) {
+    if (device_from_name(s, out) == 0) return 0;
+    print_error("unknown device '%s' (expected cpu or cuda)", s);
+    return -1;
+}
+
+int parse_dtype(const char *s, nopad_dtype *out) {
+    if (dtype_from_name(s, out) == 0) return 0;
+    print_error("unknown dtype '%s' (expected fp32, fp16 or bf16)", s);
+    return -1;
+}
+
+/* ---- model loading ----------------------------------------------------------------------- */
+
+/* The folder is checked here first so that a mistyped path reads as such rather than as a
+ * missing config.json. */
+nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype, int dtype_given,
+                        int n_threads) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno == ENOENT) print_error("model folder '%s' does not exist", dir);
+        else print_error("model folder '%s': %s", dir, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        print_error("model folder '%s' is not a folder", dir);
+        return NULL;
+    }
+    nopad_model_params params = nopad_model_default_params();
+    params.device = device;
+    params.dtype = dtype_given ? dtype : device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32;
+    params.n_threads = n_threads;
+    nopad_model *model = NULL;
+    nopad_status status = nopad_model_load(dir, &params, &model);
+    if (status != NOPAD_OK) {
+        print_error("cannot load model '%s': %s", dir, library_error(status));
+        nopad_model_free(model);
+        return NULL;
+    }
+    return model;
+}
+
+/* ---- buffers and time -------------------------------------------------------------------- */
+
+int reserve(void **buf, size_t *cap, size_t n, size_t size) {
+    if (n <= *cap) return 0;
+    size_t new_cap = *cap ? *cap : 64;
+    while (new_cap < n) new_cap *= 2;
+    if (new_cap > SIZE_MAX / size) new_cap = n;
+    void *p = realloc(*buf, new_cap * size);
+    if (!p) {
+        print_error("out of memory (%zu bytes)", new_cap * size);
+        return -1;
+    }
+    *buf = p;
+    *cap = new_cap;
+    return 0;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,175 @@
+/* `nopad info`: what a model folder holds, as aligned 'key: value' lines or one JSON object. */
+#include <cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "nopad.h"
+
+static const char info_help[] =
+    "usage: nopad info --model DIR [--json] [--device D] [--dtype T]\n"
+    "\n"
+    "Loads a model folder and prints its architecture, sizes, tokenizer and default pooling.\n"
+    "\n"
+    "options:\n"
+    "  --model DIR     Hugging Face model folder [required]\n"
+    "  --json          print one JSON object instead of aligned 'key: value' lines\n"
+    "  --device D      cpu (default) or cuda\n"
+    "  --dtype T       compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
+    "  -h, --help      show this help\n";
+
+/* Shortest decimal that reads back as the same float: 1e-12, not 9.99999996e-13. */
+static void format_float(char *buf, size_t cap, float x) {
+    for (int precision = 1; precision <= 9; precision++) {
+        snprintf(buf, cap, "%.*g", precision, (double)x);
+        if (strtof(buf, NULL) == x) return;
+    }
+}
+
+static const char *or_unknown(const char *s) { return s && s[0] ? s : "unknown"; }
+
+static void print_field(const char *key, const char *fmt, ...) PRINTF_LIKE(2, 3);
+static void print_field(const char *key, const char *fmt, ...) {
+    char label[64];
+    snprintf(label, sizeof label, "%s:", key);
+    printf("%-21s ", label);
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+}
+
+static void print_info_text(const nopad_model_info *m) {
+    char eps[32];
+    format_float(eps, sizeof eps, m->layer_norm_eps);
+    print_field("family", "%s", or_unknown(m->family));
+    print_field("model type", "%s", or_unknown(m->model_type));
+    print_field("vocab size", "%" PRId32, m->vocab_size);
+    print_field("hidden size", "%" PRId32, m->hidden_size);
+    if (m->embedding_size != m->hidden_size)
+        print_field("embedding size", "%" PRId32, m->embedding_size);
+    print_field("layers", "%" PRId32, m->num_layers);
+    print_field("heads", "%" PRId32, m->num_heads);
+    print_field("head size", "%" PRId32, m->head_size);
+    print_field("intermediate size", "%" PRId32, m->intermediate_size);
+    print_field("max positions", "%" PRId32, m->max_position_embeddings);
+    print_field("max sequence length", "%" PRId32, m->max_seq_length);
+    print_field("token types", "%" PRId32, m->type_vocab_size);
+    print_field("activation", "%s", or_unknown(m->activation));
+    print_field("layer norm eps", "%s", eps);
+    print_field("weights dtype", "%s", or_unknown(m->weights_dtype));
+    print_field("compute dtype", "%s", or_unknown(m->compute_dtype));
+    print_field("parameters", "%" PRId64 " (%.2fM)", m->n_params, (double)m->n_params / 1e6);
+    print_field("tokenizer", "%s", m->has_tokenizer ? or_unknown(m->tokenizer_kind) : "none");
+    print_field("pooling", "%s", pooling_name(m->pooling));
+    print_field("normalize", "%s", m->normalize ? "yes" : "no");
+}
+
+static int print_info_json(const nopad_model_info *m) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return -1;
+    char eps[32];
+    format_float(eps, sizeof eps, m->layer_norm_eps);
+    cJSON_AddStringToObject(o, "family", or_unknown(m->family));
+    cJSON_AddStringToObject(o, "model_type", or_unknown(m->model_type));
+    cJSON_AddNumberToObject(o, "vocab_size", m->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", m->hidden_size);
+    cJSON_AddNumberToObject(o, "embedding_size", m->embedding_size);
+    cJSON_AddNumberToObject(o, "num_layers", m->num_layers);
+    cJSON_AddNumberToObject(o, "num_heads", m->num_heads);
+    cJSON_AddNumberToObject(o, "head_size", m->head_size);
+    cJSON_AddNumberToObject(o, "intermediate_size", m->intermediate_size);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", m->max_position_embeddings);
+    cJSON_AddNumberToObject(o, "max_seq_length", m->max_seq_length);
+    cJSON_AddNumberToObject(o, "type_vocab_size", m->type_vocab_size);
+    cJSON_AddStringToObject(o, "activation", or_unknown(m->activation));
+    cJSON_AddNumberToObject(o, "layer_norm_eps", strtod(eps, NULL)); /* 1e-12, not 9.99e-13 */
+    cJSON_AddStringToObject(o, "weights_dtype", or_unknown(m->weights_dtype));
+    cJSON_AddStringToObject(o, "compute_dtype", or_unknown(m->compute_dtype));
+    cJSON_AddNumberToObject(o, "n_params", (double)m->n_params); /* exact below 2^53 */
+    cJSON_AddBoolToObject(o, "has_tokenizer", m->has_tokenizer != 0);
+    cJSON_AddStringToObject(o, "tokenizer", m->has_tokenizer ? or_unknown(m->tokenizer_kind)
+                                                             : "none");
+    cJSON_AddStringToObject(o, "pooling", pooling_name(m->pooling));
+    cJSON_AddBoolToObject(o, "normalize", m->normalize != 0);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return -1;
+    puts(text);
+    cJSON_free(text);
+    return 0;
+}
+
+enum { OPT_MODEL = 256, OPT_JSON, OPT_DEVICE, OPT_DTYPE };
+
+static const struct option long_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+int cmd_info(int argc, char **argv) {
+    const char *model_dir = NULL;
+    int json = 0;
+    nopad_device device = NOPAD_DEVICE_CPU;
+    nopad_dtype dtype = NOPAD_DTYPE_F32;
+    int dtype_given = 0;
+    cli_parser p = cli_parser_start(argc, argv, long_options);
+    int c;
+    while ((c = cli_getopt(&p)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'h': fputs(info_help, stdout); return EXIT_OK;
+        case OPT_MODEL: model_dir = optarg; break;
+        case OPT_JSON: json = 1; break;
+        case OPT_DEVICE: bad = parse_device(optarg, &device); break;
+        case OPT_DTYPE:
+            bad = parse_dtype(optarg, &dtype);
+            dtype_given = 1;
+            break;
+        default:
+            cli_print_opt_error(&p);
+            bad = 1;
+        }
+        if (bad) {
+            fputs("usage: nopad info --model DIR [--json]   (nopad info --help)\n", stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (!model_dir) {
+        print_error("missing --model DIR");
+        fputs("usage: nopad info --model DIR [--json]   (nopad info --help)\n", stderr);
+        return EXIT_USAGE;
+    }
+    nopad_model *model = open_model(model_dir, device, dtype, dtype_given, 0);
+    if (!model) return EXIT_ERROR;
+    nopad_model_info info;
+    nopad_status status = nopad_model_get_info(model, &info);
+    int rc = EXIT_OK;
+    if (status != NOPAD_OK) {
+        print_error("%s", library_error(status));
+        rc = EXIT_ERROR;
+    } else if (json) {
+        if (print_info_json(&info)) {
+            print_error("out of memory");
+            rc = EXIT_ERROR;
+        }
+    } else {
+        print_info_text(&info);
+    }
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        print_error("cannot write stdout: %s", strerror(errno));
+        rc = EXIT_ERROR;
+    }
+    nopad_model_free(model);
+    return rc;
+}

@@ -1,0 +1,78 @@
+/* nopad — the command-line front end: `nopad <command> [options]`.
+ *
+ * One file per subcommand (embed.c, info.c, bench.c, ...), each `cmd_NAME(argc, argv)` with
+ * argv[0] the command's name; a new one is a file and a line in `commands` below. Shared helpers
+ * are in cli.h, the embedding writers in output.h. Uses the public API only (include/nopad.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "nopad.h"
+
+typedef struct command {
+    const char *name;
+    const char *summary; /* one line of `nopad --help` */
+    int (*run)(int argc, char **argv);
+} command;
+
+static const command commands[] = {
+    {"embed", "embed lines of text (or token ids), one embedding per line", cmd_embed},
+    {"info", "describe a model folder", cmd_info},
+    {"bench", "time the encoder on random batches (the ENC workload)", cmd_bench},
+};
+enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
+
+static void print_main_help(FILE *f) {
+    fputs("usage: nopad <command> [options]\n"
+          "\n"
+          "Padding-free inference for BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT).\n"
+          "\n"
+          "commands:\n",
+          f);
+    for (int i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fputs("\n"
+          "options:\n"
+          "  -h, --help       show this help; 'nopad <command> --help' shows a command's options\n"
+          "  -V, --version    print the version\n"
+          "\n"
+          "exit status: 0 success, 1 error (message on stderr), 2 bad command line.\n",
+          f);
+}
+
+/* OpenBLAS picks its kernels when the program starts. On CPUs it does not recognise (some virtual
+ * machines) it falls back to its SSE3 ("Prescott") kernels, about half as fast as the AVX2 /
+ * AVX-512 ones. Restart once with the family this CPU supports, unless the user chose one. */
+static void pick_blas_kernels(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE") || strcmp(nopad_cpu_blas_kernels(), "Prescott") != 0) return;
+    const char *core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : NULL;
+    if (!core || setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
+    execv("/proc/self/exe", argv); /* returns only on failure: carry on with the slow kernels */
+}
+
+int main(int argc, char **argv) {
+    pick_blas_kernels(argv);
+    if (argc < 2) {
+        print_main_help(stderr);
+        return EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0 || strcmp(name, "help") == 0) {
+        print_main_help(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(name, "-V") == 0 || strcmp(name, "--version") == 0) {
+        printf("nopad %s\n", nopad_version());
+        return EXIT_OK;
+    }
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (strcmp(name, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    if (name[0] == '-') print_error("unknown option '%s'", name);
+    else print_error("unknown command '%s'", name);
+    print_main_help(stderr);
+    return EXIT_USAGE;
+}
