@@ -93,6 +93,7 @@ typedef struct nopad_model nopad_model;
 
 typedef struct nopad_model_params {
     nopad_device device;      /* default NOPAD_DEVICE_CPU */
+    int32_t device_index;     /* CUDA: the device ordinal (as cudaSetDevice counts); default 0 */
     nopad_dtype dtype;        /* compute dtype: F32 on the CPU; F16 or BF16 on CUDA. default F32 */
     int n_threads;            /* CPU threads; <= 0: OpenMP's default */
     int32_t max_batch_tokens; /* workspace size in tokens, allocated at load; larger batches are

@@ -98,7 +98,7 @@ static void test_linear(void **state) {
                                  {4096, 768, 2304}, {5, 40, 72}};
     for (int di = 0; di < 2; di++) {
         nopad_backend *gpu;
-        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], NULL, &gpu));
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], 0, NULL, &gpu));
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int32_t T = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
             float *x = random_floats((size_t)T * K, -1, 1, &rng), *w = random_floats((size_t)N * K, -0.1f, 0.1f, &rng);
@@ -132,7 +132,7 @@ static void test_linear(void **state) {
  * apart. */
 static void test_gelu_epilogue_is_tanh(void **state) {
     nopad_backend *gpu;
-    assert_nopad_ok(nopad_backend_cuda_create(NOPAD_DTYPE_F16, NULL, &gpu));
+    assert_nopad_ok(nopad_backend_cuda_create(NOPAD_DTYPE_F16, 0, NULL, &gpu));
     enum { T = 512, D = 8 }; /* x[T, D] · I[D, D]ᵀ = x, then GELU */
     static float x[T * D], eye[D * D], zero[D];
     for (int i = 0; i < T * D; i++) x[i] = -3.5f + 2.5f * i / (T * D - 1);
@@ -166,7 +166,7 @@ static void test_layernorms(void **state) {
     const int32_t dims[] = {36, 40, 48, 384, 768, 1024};
     for (int di = 0; di < 2; di++) {
         nopad_backend *gpu;
-        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], NULL, &gpu));
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], 0, NULL, &gpu));
         for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
             const int32_t D = dims[k], B = 37, V = 50, P = 130, TV = 3, offset = 2;
             int32_t max_seqlen;
@@ -239,7 +239,7 @@ static void test_attention_through_backend(void **state) {
     const int32_t head_sizes[] = {8, 12, 20, 32, 64, 100};
     for (int di = 0; di < 2; di++) {
         nopad_backend *gpu;
-        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], NULL, &gpu));
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], 0, NULL, &gpu));
         for (size_t k = 0; k < sizeof head_sizes / sizeof head_sizes[0]; k++) {
             for (int causal = 0; causal < 2; causal++) {
                 const int32_t d = head_sizes[k], heads = 3, B = 23;

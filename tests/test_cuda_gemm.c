@@ -434,7 +434,7 @@ int main(void) {
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
     for (int d = 0; d < 2; d++)
         if (cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking) != cudaSuccess ||
-            nopad_backend_cuda_create(DTYPES[d], streams[d], &gpu[d]) != NOPAD_OK)
+            nopad_backend_cuda_create(DTYPES[d], 0, streams[d], &gpu[d]) != NOPAD_OK)
             return 1;
     if (getenv("NOPAD_TEST_FILTER")) cmocka_set_test_filter(getenv("NOPAD_TEST_FILTER"));
     const struct CMUnitTest tests[] = {

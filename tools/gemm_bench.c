@@ -251,7 +251,7 @@ int main(int argc, char **argv) {
         const nopad_dtype dtype = d == 0 ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_BF16;
         const char *dname = d == 0 ? "f16" : "bf16";
         CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        CHECK_NOPAD(nopad_backend_cuda_create(dtype, stream, &be));
+        CHECK_NOPAD(nopad_backend_cuda_create(dtype, 0, stream, &be));
         CHECK_NOPAD(be->alloc(be, (size_t)POOL_ELEMS * 2, &pool_x));
         CHECK_NOPAD(be->alloc(be, (size_t)W_POOL_ELEMS * 2, &pool_w));
         CHECK_NOPAD(be->alloc(be, (size_t)POOL_ELEMS * 2, &pool_y));

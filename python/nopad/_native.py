@@ -51,6 +51,7 @@ class TokenizeParams(ctypes.Structure):
 
 class ModelParams(ctypes.Structure):
     _fields_ = [("device", _enum),
+                ("device_index", ctypes.c_int32),
                 ("dtype", _enum),
                 ("n_threads", ctypes.c_int),
                 ("max_batch_tokens", ctypes.c_int32),
@@ -103,6 +104,7 @@ _PROTOTYPES = {
     "nopad_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "nopad_last_error": (ctypes.c_char_p, []),
     "nopad_version": (ctypes.c_char_p, []),
+    "nopad_cpu_blas_kernels": (ctypes.c_char_p, []),
     "nopad_tokenizer_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_p)]),
     "nopad_tokenizer_free": (None, [_p]),
     "nopad_tokenize_default_params": (TokenizeParams, []),

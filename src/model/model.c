@@ -33,7 +33,7 @@ struct nopad_model {
 };
 
 nopad_model_params nopad_model_default_params(void) {
-    nopad_model_params p = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = 0,
+    nopad_model_params p = {.device = NOPAD_DEVICE_CPU, .device_index = 0, .dtype = NOPAD_DTYPE_F32, .n_threads = 0,
                             .max_batch_tokens = 0, .cuda_stream = NULL,
                             .cuda_graph_max_tokens = 0};
     return p;
@@ -71,7 +71,7 @@ static const char *dtype_name(nopad_dtype d) {
 static nopad_status create_backend(const nopad_model_params *p, nopad_backend **out) {
     if (p->device == NOPAD_DEVICE_CUDA) {
 #ifdef NOPAD_HAVE_CUDA
-        return nopad_backend_cuda_create(p->dtype, p->cuda_stream, out);
+        return nopad_backend_cuda_create(p->dtype, p->device_index, p->cuda_stream, out);
 #else
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "device cuda: this build of nopad has no CUDA backend (configure "

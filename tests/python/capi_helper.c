@@ -23,6 +23,7 @@ static void abi(void) {
     FIELD(nopad_tokenize_params, max_length);
     SIZE(nopad_tokenize_params);
     FIELD(nopad_model_params, device);
+    FIELD(nopad_model_params, device_index);
     FIELD(nopad_model_params, dtype);
     FIELD(nopad_model_params, n_threads);
     FIELD(nopad_model_params, max_batch_tokens);

@@ -84,7 +84,9 @@ def test_pooling_and_normalize_options(minilm, sentences, expected):
                                                                      keepdims=True), atol=2e-6)
     rows = minilm.encode(sentences[:3], pooling="none")
     assert [r.shape for r in rows] == [(cu[b + 1] - cu[b], 384) for b in range(3)]
-    np.testing.assert_allclose(np.concatenate(rows), hidden[:cu[3]], atol=2e-6)
+    # the same rows from batches of 3 and of 12 sentences: OpenBLAS blocks the GEMMs by the token
+    # count, so fp32 sums run in another order (seen: 2.4e-6 on values of order 1)
+    np.testing.assert_allclose(np.concatenate(rows), hidden[:cu[3]], atol=5e-6)
 
 
 def test_too_long_texts(minilm, minilm_dir):

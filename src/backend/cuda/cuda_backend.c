@@ -44,6 +44,7 @@ typedef struct graph_entry {
 } graph_entry;
 
 typedef struct cuda_state {
+    int device; /* the CUDA device ordinal everything below belongs to */
     cudaStream_t stream;
     int own_stream;
     cublasLtHandle_t lt;
@@ -491,7 +492,7 @@ static void cu_destroy(nopad_backend *be) {
 
 cudaStream_t cuda_backend_stream(nopad_backend *be) { return state_of(be)->stream; }
 
-nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_backend **out) {
+nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stream, nopad_backend **out) {
     *out = NULL;
     if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
@@ -503,6 +504,16 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
         return nopad_set_error(NOPAD_ERR_BACKEND, "cuda: no usable GPU (%s)",
                                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
     }
+    if (device < 0 || device >= n_devices)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda: device %d does not exist (this machine has %d: 0..%d)",
+                               device, n_devices, n_devices - 1);
+    /* the backend's stream, handle and buffers belong to this device; every op of the backend
+     * runs with it current (cuda_use_device) */
+    err = cudaSetDevice(device);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda: cannot use device %d: %s", device, cudaGetErrorString(err));
+    }
     nopad_backend *be = calloc(1, sizeof *be);
     cuda_state *s = calloc(1, sizeof *s);
     if (!be || !s) {
@@ -512,6 +523,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_ba
     }
     be->impl = s;
     be->destroy = cu_destroy;
+    s->device = device;
     nopad_status st = NOPAD_OK;
     if (stream) {
         s->stream = (cudaStream_t)stream;

@@ -6,8 +6,9 @@
 
 #include "backend/backend.h"
 
-/* Creates the CUDA backend computing in `dtype` (F16 or BF16) on `stream` (a cudaStream_t owned
- * by the caller), or on a stream of its own when NULL. */
-nopad_status nopad_backend_cuda_create(nopad_dtype dtype, void *stream, nopad_backend **out);
+/* Creates the CUDA backend computing in `dtype` (F16 or BF16) on device ordinal `device`, on
+ * `stream` (a cudaStream_t of that device owned by the caller), or on a stream of its own when
+ * NULL. */
+nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stream, nopad_backend **out);
 
 #endif
