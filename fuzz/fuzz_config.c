@@ -5,7 +5,7 @@
 #include "io/hf_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    encoder_config cfg;
+    model_config cfg;
     if (hf_config_parse((const char *)data, size, "fuzz", &cfg) == NOPAD_OK) {
         /* Invariants a successful parse promises to the loader. */
         if (cfg.head_size * cfg.num_heads != cfg.hidden_size) __builtin_trap();

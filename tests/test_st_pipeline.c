@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "io/hf_config.h"
+#include "io/st_pipeline.h"
 #include "testutil.h"
 
 static void write_text(const char *dir, const char *rel, const char *text) {

@@ -1,4 +1,4 @@
-/* config.json of the BERT family, parsed with cJSON and dispatched on model_type. */
+/* config.json, parsed with cJSON and dispatched on model_type (the BERT family today). */
 #include "io/hf_config.h"
 
 #include <errno.h>
@@ -13,7 +13,7 @@
 
 typedef struct family_entry {
     const char *model_type;
-    encoder_family family;
+    model_family family;
 } family_entry;
 
 static const family_entry FAMILIES[] = {
@@ -57,7 +57,7 @@ static nopad_status get_float(const cJSON *root, const char *where, const char *
 }
 
 static nopad_status parse_activation(const cJSON *root, const char *where, const char *key,
-                                     const char *fallback, encoder_config *cfg) {
+                                     const char *fallback, model_config *cfg) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
     const char *name = fallback;
     if (item && !cJSON_IsNull(item)) {
@@ -92,7 +92,7 @@ static nopad_status parse_activation(const cJSON *root, const char *where, const
 
 enum { MAX_DIM = 1 << 16, MAX_LAYERS = 1024, MAX_VOCAB = 1 << 24, MAX_POSITIONS = 1 << 20 };
 
-nopad_status hf_config_parse(const char *json, size_t len, const char *where, encoder_config *out) {
+nopad_status hf_config_parse(const char *json, size_t len, const char *where, model_config *out) {
     memset(out, 0, sizeof *out);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
@@ -184,6 +184,13 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, en
                                "%s: hidden size %d is not divisible by the %d attention heads",
                                where, out->hidden_size, out->num_heads);
     out->head_size = out->hidden_size / out->num_heads;
+    /* what every encoder family shares: bidirectional attention over learned positions, with
+     * LayerNorm and one key/value head per query head */
+    out->causal = 0;
+    out->num_kv_heads = out->num_heads;
+    out->positions = POSITIONS_LEARNED;
+    out->rope_theta = 0.0f;
+    out->norm = NORM_LAYERNORM;
     if (out->position_offset >= out->max_position_embeddings)
         return nopad_set_error(NOPAD_ERR_FORMAT,
                                "%s: pad_token_id %d leaves no positions (max_position_embeddings %d)",

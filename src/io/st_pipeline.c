@@ -9,7 +9,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "io/hf_config.h"
+#include "io/st_pipeline.h"
 #include "util/error.h"
 #include "util/file.h"
 

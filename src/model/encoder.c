@@ -23,7 +23,7 @@ void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws) {
     ws->generation = generation;
 }
 
-nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *cfg,
+nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cfg,
                                        encoder_workspace *ws, int32_t n_tokens, int32_t n_seqs) {
     if (n_tokens <= ws->capacity_tokens && n_seqs <= ws->capacity_seqs) return NOPAD_OK;
     /* Grow geometrically so a stream of slightly larger batches does not reallocate each time. */
@@ -61,7 +61,7 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *
     return NOPAD_OK;
 }
 
-nopad_status encoder_embed(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+nopad_status encoder_embed(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                            encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
                            const int32_t *types, void *hidden) {
     // x[T, H] = LN(word[tokens] + pos + type) (ALBERT: at E into ws->embed; projected by the layers)
@@ -73,7 +73,7 @@ nopad_status encoder_embed(nopad_backend *be, const encoder_config *cfg, const e
                                cfg->layer_norm_eps, dim);
 }
 
-nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                             encoder_workspace *ws, const nopad_seqs *seqs, int32_t n_rows,
                             void *hidden) {
     const int32_t T = n_rows, H = cfg->hidden_size, I = cfg->intermediate_size;
@@ -112,7 +112,7 @@ nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const 
     return NOPAD_OK;
 }
 
-nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+nopad_status encoder_forward(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                              encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
                              const int32_t *types, void *hidden) {
     TRY(encoder_embed(be, cfg, w, ws, seqs, tokens, types, hidden));

@@ -45,7 +45,7 @@ typedef struct encoder_weights {
 
 /* Loads and checks every tensor the config needs from the checkpoint, converts to the backend's
  * dtype and uploads. `where` (the folder) prefixes messages. */
-nopad_status encoder_weights_load(nopad_backend *be, const encoder_config *cfg,
+nopad_status encoder_weights_load(nopad_backend *be, const model_config *cfg,
                                   const safetensors_checkpoint *ckpt, const char *where,
                                   encoder_weights *out);
 void encoder_weights_free(nopad_backend *be, encoder_weights *w);
@@ -68,14 +68,14 @@ typedef struct encoder_workspace {
     uint32_t generation; // bumped whenever the buffers move (recorded graphs name them)
 } encoder_workspace;
 
-nopad_status encoder_workspace_reserve(nopad_backend *be, const encoder_config *cfg,
+nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cfg,
                                        encoder_workspace *ws, int32_t n_tokens, int32_t n_seqs);
 void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws);
 
 /* Runs the encoder on tokens[T] (types[T] or NULL) in backend memory; `hidden` [T, H] carries
  * the residual stream and ends holding the last hidden states (ws->hidden, or a caller's buffer).
  * Only enqueues work: no allocation and no host synchronisation. */
-nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+nopad_status encoder_forward(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                              encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
                              const int32_t *types, void *hidden);
 
@@ -83,10 +83,10 @@ nopad_status encoder_forward(nopad_backend *be, const encoder_config *cfg, const
  * encoder_embed writes the T rows of the batch. encoder_layers runs every layer on n_rows >= T
  * rows: row-wise ops (GEMMs, LayerNorms) see all n_rows, attention only the rows inside
  * seqs->cu_seqlens; rows past T are slack whose values are never read back. */
-nopad_status encoder_embed(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+nopad_status encoder_embed(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                            encoder_workspace *ws, const nopad_seqs *seqs, const int32_t *tokens,
                            const int32_t *types, void *hidden);
-nopad_status encoder_layers(nopad_backend *be, const encoder_config *cfg, const encoder_weights *w,
+nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                             encoder_workspace *ws, const nopad_seqs *seqs, int32_t n_rows,
                             void *hidden);
 

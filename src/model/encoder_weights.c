@@ -129,7 +129,7 @@ static const layer_names ALBERT_LAYER = {
     "attention.LayerNorm.bias", "ffn.weight", "ffn.bias", "ffn_output.weight", "ffn_output.bias",
     "full_layer_layer_norm.weight", "full_layer_layer_norm.bias"};
 
-static nopad_status load_layer(loader *ld, const encoder_config *cfg, const char *layer_prefix,
+static nopad_status load_layer(loader *ld, const model_config *cfg, const char *layer_prefix,
                                const layer_names *n, encoder_layer *L) {
     const int64_t H = cfg->hidden_size, I = cfg->intermediate_size;
     char name[256];
@@ -187,7 +187,7 @@ static nopad_status find_prefix(loader *ld) {
     return NOPAD_OK;
 }
 
-static nopad_status load_all(loader *ld, const encoder_config *cfg, encoder_weights *w) {
+static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weights *w) {
     const int64_t E = cfg->embedding_size, H = cfg->hidden_size;
     TRY(find_prefix(ld));
     TRY(load(ld, "embeddings.word_embeddings.weight", cfg->vocab_size, E, &w->word_embeddings));
@@ -250,7 +250,7 @@ static nopad_status load_all(loader *ld, const encoder_config *cfg, encoder_weig
 }
 #undef TRY
 
-nopad_status encoder_weights_load(nopad_backend *be, const encoder_config *cfg,
+nopad_status encoder_weights_load(nopad_backend *be, const model_config *cfg,
                                   const safetensors_checkpoint *ckpt, const char *where,
                                   encoder_weights *out) {
     memset(out, 0, sizeof *out);

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "io/hf_config.h"
+#include "io/st_pipeline.h"
 #include "io/safetensors.h"
 #include "model/encoder.h"
 #include "util/error.h"
@@ -19,7 +20,7 @@
 struct nopad_model {
     char *dir;
     nopad_model_params params;
-    encoder_config cfg;
+    model_config cfg;
     st_pipeline pipeline;
     int32_t max_seq_length;
     nopad_backend *be;
@@ -54,7 +55,7 @@ static int is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static const char *family_name(encoder_family f) {
+static const char *family_name(model_family f) {
     switch (f) {
     case FAMILY_BERT: return "BERT";
     case FAMILY_ROBERTA: return "RoBERTa";
@@ -197,7 +198,7 @@ const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *m) {
 nopad_status nopad_model_get_info(const nopad_model *m, nopad_model_info *out) {
     if (!m || !out)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_get_info: NULL argument");
-    const encoder_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     memset(out, 0, sizeof *out);
     out->model_type = c->model_type;
     out->family = family_name(c->family);
