@@ -24,13 +24,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class ModelParams(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_int), ("dtype", ctypes.c_int), ("n_threads", ctypes.c_int),
-                ("max_batch_tokens", ctypes.c_int32), ("cuda_stream", ctypes.c_void_p),
-                ("cuda_graph_max_tokens", ctypes.c_int32)]
+    _fields_ = [("device", ctypes.c_int), ("device_index", ctypes.c_int32), ("dtype", ctypes.c_int),
+                ("n_threads", ctypes.c_int), ("max_batch_tokens", ctypes.c_int32),
+                ("cuda_stream", ctypes.c_void_p), ("cuda_graph_max_tokens", ctypes.c_int32)]
 
 
 class EncodeParams(ctypes.Structure):
-    _fields_ = [("pooling", ctypes.c_int), ("normalize", ctypes.c_int)]
+    _fields_ = [("pooling", ctypes.c_int), ("normalize", ctypes.c_int), ("batch_tokens", ctypes.c_int32)]
+
+
+class Batch(ctypes.Structure):  # nopad_batch
+    _fields_ = [("layout", ctypes.c_int), ("on_device", ctypes.c_int), ("n_seqs", ctypes.c_int32),
+                ("tokens", ctypes.c_void_p), ("token_type_ids", ctypes.c_void_p),
+                ("cu_seqlens", ctypes.c_void_p), ("lengths", ctypes.c_void_p), ("max_len", ctypes.c_int32),
+                ("n_tokens", ctypes.c_int32), ("max_seqlen", ctypes.c_int32)]
 
 
 def load_lib(path):
@@ -39,9 +46,10 @@ def load_lib(path):
     lib.nopad_model_default_params.restype = ModelParams
     lib.nopad_model_load.argtypes = [ctypes.c_char_p, ctypes.POINTER(ModelParams), ctypes.POINTER(ctypes.c_void_p)]
     lib.nopad_model_free.argtypes = [ctypes.c_void_p]
-    lib.nopad_encode_packed_device.argtypes = [
-        ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(EncodeParams), ctypes.c_void_p, ctypes.c_void_p]
+    lib.nopad_model_context.restype = ctypes.c_void_p
+    lib.nopad_model_context.argtypes = [ctypes.c_void_p]
+    lib.nopad_encode.argtypes = [ctypes.c_void_p, ctypes.POINTER(Batch), ctypes.POINTER(EncodeParams),
+                                 ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -162,9 +170,13 @@ def main():
         useful = L * (24 * T * H * H + 4 * H * int((lens.long() ** 2).sum()))
         ideal_ms = useful / (info["matmul_tflops"] * 1e9)
 
+        batch = Batch(layout=0, on_device=1, n_seqs=B, tokens=d_ids.data_ptr(), cu_seqlens=d_cu.data_ptr(),
+                      n_tokens=T, max_seqlen=maxlen)
+        context = lib.nopad_model_context(handle)
+
         def nopad_fwd():
-            check(lib, lib.nopad_encode_packed_device(handle, B, T, maxlen, d_cu.data_ptr(), d_ids.data_ptr(),
-                                                      None, ctypes.byref(none), hidden.data_ptr(), None), "encode")
+            check(lib, lib.nopad_encode(context, ctypes.byref(batch), ctypes.byref(none), hidden.data_ptr(), None),
+                  "encode")
 
         torch.cuda.set_stream(stream)
         nopad_fwd()

@@ -96,17 +96,11 @@ typedef struct nopad_model_params {
     int32_t device_index;     /* CUDA: the device ordinal (as cudaSetDevice counts); default 0 */
     nopad_dtype dtype;        /* compute dtype: F32 on the CPU; F16 or BF16 on CUDA. default F32 */
     int n_threads;            /* CPU threads; <= 0: OpenMP's default */
-    int32_t max_batch_tokens; /* workspace size in tokens, allocated at load; larger batches are
-                                 refused. <= 0: grow on demand */
-    void *cuda_stream;        /* CUDA: a cudaStream_t to run on (owned by the caller); NULL: the
-                                 model creates its own */
-    int32_t cuda_graph_max_tokens; /* CUDA: batches of at most this many tokens replay the layers
-                                 as a CUDA graph recorded per token-count bucket (the second time
-                                 a bucket is seen), so small batches are not bound by kernel
-                                 launches. Buckets round T up by at most 1/16 (16 rows below 256
-                                 tokens); the extra rows are computed and discarded. Up to 48
-                                 graphs are kept; dropping the least recently used one waits for
-                                 the stream. 0: default (2048); < 0: never */
+    /* The model's default context (nopad_model_context), which the one-call entry points run on,
+     * is created at load with these three; see nopad_context_params for their meaning. */
+    int32_t max_batch_tokens;
+    void *cuda_stream;
+    int32_t cuda_graph_max_tokens;
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
 
@@ -114,6 +108,37 @@ nopad_model_params nopad_model_default_params(void);
  * optional tokenizer and optional sentence-transformers files). */
 nopad_status nopad_model_load(const char *dir, const nopad_model_params *params, nopad_model **out);
 void nopad_model_free(nopad_model *model);
+
+/* ---- contexts ----------------------------------------------------------------------------- */
+
+/* A context is one stream of work on a loaded model: the activation workspace, the device stream,
+ * the recorded CUDA graphs (and later KV memory and training state). The model's weights are
+ * shared, read-only, by all of its contexts; contexts run at the same time from different
+ * threads, and each runs one call at a time (calls on one context are serialised). A model holds
+ * one default context for the one-call entry points (nopad_encode_packed, nopad_model_context). */
+typedef struct nopad_context nopad_context;
+
+typedef struct nopad_context_params {
+    int32_t max_batch_tokens; /* workspace size in tokens, allocated at creation; larger batches
+                                 are refused. <= 0: grow on demand */
+    void *cuda_stream;        /* CUDA: a cudaStream_t to run on (owned by the caller); NULL: the
+                                 context creates its own */
+    int32_t cuda_graph_max_tokens; /* CUDA: batches of at most this many tokens replay the layers
+                                 as a CUDA graph recorded per token-count bucket (the second time
+                                 a bucket is seen), so small batches are not bound by kernel
+                                 launches. Buckets round T up by at most 1/16 (16 rows below 256
+                                 tokens); the extra rows are computed and discarded. Up to 48
+                                 graphs are kept; dropping the least recently used one waits for
+                                 the stream. 0: default (2048); < 0: never */
+} nopad_context_params;
+nopad_context_params nopad_context_default_params(void);
+
+/* A new context on `model` (on its device and dtype). The model must outlive it. */
+nopad_status nopad_context_create(nopad_model *model, const nopad_context_params *params,
+                                  nopad_context **out);
+void nopad_context_free(nopad_context *ctx);
+/* The model's default context, owned by the model (NULL for NULL). */
+nopad_context *nopad_model_context(nopad_model *model);
 
 typedef struct nopad_model_info {
     const char *model_type;   /* config.json model_type: "bert", "roberta", ... */
@@ -141,13 +166,19 @@ typedef struct nopad_model_info {
 nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *out);
 
 /* Memory the model holds on its device (host memory for the CPU backend): the weights in the
- * compute dtype, the activation workspace at its current size (it grows to the largest batch seen,
- * or is fixed by max_batch_tokens), and the backend's own buffers (GEMM workspace, staging). */
+ * compute dtype, and its default context's activation workspace at its current size (it grows to
+ * the largest batch seen, or is fixed by max_batch_tokens) and backend buffers (GEMM workspace,
+ * staging). Other contexts report theirs with nopad_context_memory. */
 nopad_status nopad_model_memory(const nopad_model *model, size_t *weights_bytes,
                                 size_t *workspace_bytes, size_t *backend_bytes);
 
-/* Counters since load, for monitoring: forwards run, and of those how many replayed a recorded
- * CUDA graph (cuda_graph_max_tokens); graphs_held is how many the backend keeps now. */
+/* The same for one context: its workspace and its backend's own buffers. */
+nopad_status nopad_context_memory(const nopad_context *ctx, size_t *workspace_bytes,
+                                  size_t *backend_bytes);
+
+/* Counters since creation, for monitoring: forwards run, and of those how many replayed a
+ * recorded CUDA graph (cuda_graph_max_tokens); graphs_held is how many the context keeps now.
+ * nopad_model_get_stats reports the model's default context. */
 typedef struct nopad_model_stats {
     int64_t forwards;
     int64_t graph_replays;
@@ -155,6 +186,7 @@ typedef struct nopad_model_stats {
     int32_t graphs_held;
 } nopad_model_stats;
 nopad_status nopad_model_get_stats(const nopad_model *model, nopad_model_stats *out);
+nopad_status nopad_context_get_stats(const nopad_context *ctx, nopad_model_stats *out);
 
 /* The tokenizer loaded with the model, or NULL when its folder has none. Owned by the model. */
 const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *model);
@@ -162,60 +194,55 @@ const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *model);
 typedef struct nopad_encode_params {
     nopad_pooling pooling; /* default NOPAD_POOLING_MODEL */
     int normalize;         /* -1: the folder's default; 0: off; 1: L2-normalise pooled rows */
+    int32_t batch_tokens;  /* host batches: run them in forwards of at most this many tokens,
+                              sequences in order (a longer sequence runs alone), so a large input
+                              needs a workspace of one such forward only; <= 0: one forward.
+                              Device batches ignore it. default 0 */
 } nopad_encode_params;
 nopad_encode_params nopad_encode_default_params(void);
 
-/* Runs the encoder on a packed batch.
- *   cu_seqlens[n_seqs+1]  prefix sums of the sequence lengths, cu_seqlens[0] = 0, each length >= 1
- *   tokens[T]             token ids, T = cu_seqlens[n_seqs]
- *   token_type_ids[T]     or NULL (all zero)
- *   hidden_out[T, H]      last hidden states, or NULL
- *   pooled_out[n_seqs, H] pooled (and maybe normalised) embeddings, or NULL
- * Host float32 buffers. */
+/* Where a batch lives and how it is laid out. */
+typedef enum nopad_layout {
+    NOPAD_LAYOUT_PACKED = 0, /* tokens[T] back to back, sequences given by cu_seqlens[B+1] */
+    NOPAD_LAYOUT_PADDED = 1, /* tokens[B, max_len] row-major, right-padded, lengths[B] real tokens */
+} nopad_layout;
+
+/* A batch of token ids for nopad_encode: one description for every layout and memory.
+ *   on_device = 0: host int32 arrays in, host float32 outputs.
+ *   on_device = 1 (contexts on cuda): every pointer is GPU memory owned by the caller (e.g. torch
+ *     tensors), used in place without copies; outputs are in the model's compute dtype; the work
+ *     is enqueued on the context's stream and the call returns without waiting. Nothing is read
+ *     back from the GPU, so n_tokens and max_seqlen must be given, and ids or lengths the host
+ *     cannot check yield NaN rows in the output instead of an error (never an out-of-bounds
+ *     access).
+ * Padded input is packed inside (on the GPU when on_device) and only real tokens are computed. */
+typedef struct nopad_batch {
+    nopad_layout layout;
+    int on_device;
+    int32_t n_seqs;                 /* B >= 1 */
+    const int32_t *tokens;          /* packed: [T]; padded: [B, max_len] */
+    const int32_t *token_type_ids;  /* the shape of tokens, or NULL (all zero) */
+    const int32_t *cu_seqlens;      /* packed: [B+1], cu_seqlens[0] = 0, each length >= 1 */
+    const int32_t *lengths;         /* padded: [B], each in [1, max_len] */
+    int32_t max_len;                /* padded: the row stride of tokens */
+    int32_t n_tokens;               /* on_device: T, the sum of the lengths; host: ignored */
+    int32_t max_seqlen;             /* on_device: >= the longest sequence (sizes the attention
+                                       launch); host: ignored */
+} nopad_batch;
+
+/* Runs the encoder on a batch.
+ *   hidden_out  packed: [T, H]; padded: [B, max_len, H] with zeros past each length; or NULL
+ *   pooled_out  [B, H] pooled (and maybe normalised) embeddings, or NULL
+ * float32 host buffers, or (on_device) device buffers of the compute dtype. */
+nopad_status nopad_encode(nopad_context *ctx, const nopad_batch *batch,
+                          const nopad_encode_params *params, void *hidden_out, void *pooled_out);
+
+/* The one-call path for the common case: a host packed batch on the model's default context
+ * (nopad_encode with layout PACKED, on_device 0). token_type_ids may be NULL. */
 nopad_status nopad_encode_packed(nopad_model *model, int32_t n_seqs, const int32_t *cu_seqlens,
                                  const int32_t *tokens, const int32_t *token_type_ids,
                                  const nopad_encode_params *params, float *hidden_out,
                                  float *pooled_out);
-
-/* Padded entry: tokens[n_seqs, max_len] row-major with lengths[n_seqs] real tokens per row
- * (1 <= lengths[i] <= max_len). The batch is packed inside; hidden_out is [n_seqs, max_len, H]
- * with zeros past each length, or NULL. */
-nopad_status nopad_encode_padded(nopad_model *model, int32_t n_seqs, int32_t max_len,
-                                 const int32_t *tokens, const int32_t *token_type_ids,
-                                 const int32_t *lengths, const nopad_encode_params *params,
-                                 float *hidden_out, float *pooled_out);
-
-/* Device-resident entry (models loaded on cuda): every pointer is GPU memory owned by the caller
- * (e.g. torch tensors) and is used in place, without copies.
- *   cu_seqlens[n_seqs+1], tokens[n_tokens], token_type_ids[n_tokens] or NULL: int32
- *   max_seqlen: the longest sequence, given by the caller so nothing is read back from the GPU;
- *               it must be >= every sequence's length (it sizes the attention launch)
- *   hidden_out [n_tokens, H], pooled_out [n_seqs, H] (or NULL): in the model's compute dtype
- * The work is enqueued on the model's stream (nopad_model_params.cuda_stream) and the call returns
- * without waiting. Ids cannot be checked on the host here: an out-of-range id or position yields
- * NaN rows in the output instead of an error. */
-nopad_status nopad_encode_packed_device(nopad_model *model, int32_t n_seqs, int32_t n_tokens,
-                                        int32_t max_seqlen, const int32_t *cu_seqlens,
-                                        const int32_t *tokens, const int32_t *token_type_ids,
-                                        const nopad_encode_params *params, void *hidden_out,
-                                        void *pooled_out);
-
-/* Device-resident right-padded entry (models loaded on cuda), for inputs as tokenizers pad them:
- *   tokens[n_seqs, max_len], token_type_ids[n_seqs, max_len] or NULL, lengths[n_seqs]: int32 GPU
- *   memory owned by the caller; each row's real tokens first (lengths[i] of them, 1..max_len).
- *   n_tokens = the sum of the lengths and max_seqlen = the longest, given by the caller so that
- *   nothing is read back from the GPU (in torch: one .tolist() of lengths.sum() and .max()).
- *   hidden_out [n_seqs, max_len, H] with zeros past each length, pooled_out [n_seqs, H] (or NULL),
- *   in the model's compute dtype.
- * The batch is packed on the GPU (a prefix sum of the lengths, then a gather), only real tokens
- * are computed, and the last kernel unpacks the rows into hidden_out. Enqueued on the model's
- * stream; the call returns without waiting. Lengths that contradict n_tokens or max_seqlen cannot
- * be seen on the host: they yield NaN outputs instead of an error, never an out-of-bounds access. */
-nopad_status nopad_encode_padded_device(nopad_model *model, int32_t n_seqs, int32_t max_len,
-                                        int32_t n_tokens, int32_t max_seqlen, const int32_t *tokens,
-                                        const int32_t *token_type_ids, const int32_t *lengths,
-                                        const nopad_encode_params *params, void *hidden_out,
-                                        void *pooled_out);
 
 /* ---- ops on their own ---------------------------------------------------------------------- */
 

@@ -275,6 +275,29 @@ static const char *const MODELS[] = {"bert_a", "bert_b", "roberta_a", "xlmr_b", 
                                      "distilbert_b", "albert_a", "albert_b", "st_mean_norm",
                                      "st_max", "st_cls_v6"};
 
+/* The batch layouts of nopad_encode on a model's default context, one helper each. */
+static nopad_status encode_padded(nopad_model *m, int32_t B, int32_t S, const int32_t *ids, const int32_t *types,
+                                  const int32_t *lengths, const nopad_encode_params *p, float *hidden, float *pooled) {
+    const nopad_batch b = {.layout = NOPAD_LAYOUT_PADDED, .n_seqs = B, .tokens = ids, .token_type_ids = types,
+                           .lengths = lengths, .max_len = S};
+    return nopad_encode(nopad_model_context(m), &b, p, hidden, pooled);
+}
+static nopad_status encode_packed_device(nopad_model *m, int32_t B, int32_t T, int32_t max_seqlen, const int32_t *cu,
+                                         const int32_t *ids, const int32_t *types, const nopad_encode_params *p,
+                                         void *hidden, void *pooled) {
+    const nopad_batch b = {.layout = NOPAD_LAYOUT_PACKED, .on_device = 1, .n_seqs = B, .tokens = ids,
+                           .token_type_ids = types, .cu_seqlens = cu, .n_tokens = T, .max_seqlen = max_seqlen};
+    return nopad_encode(nopad_model_context(m), &b, p, hidden, pooled);
+}
+static nopad_status encode_padded_device(nopad_model *m, int32_t B, int32_t S, int32_t T, int32_t max_seqlen,
+                                         const int32_t *ids, const int32_t *types, const int32_t *lengths,
+                                         const nopad_encode_params *p, void *hidden, void *pooled) {
+    const nopad_batch b = {.layout = NOPAD_LAYOUT_PADDED, .on_device = 1, .n_seqs = B, .tokens = ids,
+                           .token_type_ids = types, .lengths = lengths, .max_len = S, .n_tokens = T,
+                           .max_seqlen = max_seqlen};
+    return nopad_encode(nopad_model_context(m), &b, p, hidden, pooled);
+}
+
 static nopad_model *load_cuda(const char *dir, int di, int32_t max_batch_tokens) {
     nopad_model_params p = nopad_model_default_params();
     p.device = NOPAD_DEVICE_CUDA;
@@ -434,7 +457,7 @@ static void test_minilm_and_edge_batches(void **state) {
         int32_t *packed_ids = malloc(sizeof(int32_t) * pcu[4]);
         for (int s = 0; s < 4; s++) memcpy(packed_ids + pcu[s], mids, sizeof(int32_t) * lengths[s]);
         float *ph = malloc(sizeof(float) * 4 * 256 * H), *kh = malloc(sizeof(float) * pcu[4] * H);
-        assert_nopad_ok(nopad_encode_padded(m, 4, 256, pids, NULL, lengths, &none, ph, NULL));
+        assert_nopad_ok(encode_padded(m, 4, 256, pids, NULL, lengths, &none, ph, NULL));
         assert_nopad_ok(nopad_encode_packed(m, 4, pcu, packed_ids, NULL, &none, kh, NULL));
         for (int s = 0; s < 4; s++) {
             err = test_max_row_rel_error(ph + (size_t)s * 256 * H, kh + (size_t)pcu[s] * H, lengths[s], H);
@@ -584,8 +607,8 @@ static void test_device_entry(void **state) {
         cudaMemcpy(d_cu, cu, sizeof(int32_t) * (B + 1), cudaMemcpyHostToDevice);
         cudaMemset(d_hidden, 0xff, 2 * T * H); /* NaN in both fp16 and bf16 */
         nopad_encode_params dflt = nopad_encode_default_params();
-        assert_nopad_ok(nopad_encode_packed_device(m, B, (int32_t)T, maxlen, d_cu, d_ids, NULL, &none, d_hidden, NULL));
-        assert_nopad_ok(nopad_encode_packed_device(m, B, (int32_t)T, maxlen, d_cu, d_ids, NULL, &dflt, NULL, d_pooled));
+        assert_nopad_ok(encode_packed_device(m, B, (int32_t)T, maxlen, d_cu, d_ids, NULL, &none, d_hidden, NULL));
+        assert_nopad_ok(encode_packed_device(m, B, (int32_t)T, maxlen, d_cu, d_ids, NULL, &dflt, NULL, d_pooled));
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         uint16_t *raw = malloc(2 * T * H);
         float *got = malloc(sizeof(float) * T * H);
@@ -598,7 +621,7 @@ static void test_device_entry(void **state) {
         err = test_max_row_rel_error(got, host_pooled, B, H);
         if (!(err <= 1e-6)) fail_msg("device entry pooled vs host entry: %.3e", err);
         /* a max_seqlen beyond the model's positions is refused */
-        assert_nopad_error(nopad_encode_packed_device(m, B, (int32_t)T, 100000, d_cu, d_ids, NULL, &none, d_hidden, NULL),
+        assert_nopad_error(encode_packed_device(m, B, (int32_t)T, 100000, d_cu, d_ids, NULL, &none, d_hidden, NULL),
                            NOPAD_ERR_TOO_LONG, "max_seqlen");
         cudaFree(d_ids); cudaFree(d_cu); cudaFree(d_hidden); cudaFree(d_pooled);
         free(raw); free(got); free(host_hidden); free(host_pooled); free(ids); free(cu);
@@ -708,7 +731,7 @@ static void test_graph_replay(void **state) {
         const int64_t replays_before = gs.graph_replays;
         for (int rep = 0; rep < 3; rep++) {
             cudaMemset(d_hidden, 0xff, 2 * (size_t)T * H); /* NaN in both fp16 and bf16 */
-            assert_nopad_ok(nopad_encode_packed_device(graphs, 5, T, 128, d_cu, d_ids, NULL, &none, d_hidden, NULL));
+            assert_nopad_ok(encode_packed_device(graphs, 5, T, 128, d_cu, d_ids, NULL, &none, d_hidden, NULL));
             assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
             cudaMemcpy(raw, d_hidden, 2 * (size_t)T * H, cudaMemcpyDeviceToHost);
             for (int64_t i = 0; i < (int64_t)T * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
@@ -745,8 +768,8 @@ static void test_padded_device_entry(void **state) {
         nopad_model *m = load_cuda(dir, di, 0);
         float *want = malloc(sizeof(float) * B * S * H), *want_pooled = malloc(sizeof(float) * B * H);
         nopad_encode_params none = {.pooling = NOPAD_POOLING_NONE, .normalize = 0};
-        assert_nopad_ok(nopad_encode_padded(m, B, S, ids, types, lengths, &none, want, NULL));
-        assert_nopad_ok(nopad_encode_padded(m, B, S, ids, types, lengths, NULL, NULL, want_pooled));
+        assert_nopad_ok(encode_padded(m, B, S, ids, types, lengths, &none, want, NULL));
+        assert_nopad_ok(encode_padded(m, B, S, ids, types, lengths, NULL, NULL, want_pooled));
         int32_t *d_ids, *d_types, *d_len;
         uint16_t *d_hidden, *d_pooled;
         assert_int_equal(cudaMalloc((void **)&d_ids, sizeof ids), cudaSuccess);
@@ -763,8 +786,8 @@ static void test_padded_device_entry(void **state) {
         for (int rep = 0; rep < 3; rep++) {
             cudaMemset(d_hidden, 0xff, 2 * B * S * H); /* NaN in fp16 and bf16 */
             cudaMemset(d_pooled, 0xff, 2 * B * H);
-            assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &none, d_hidden, NULL));
-            assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &dflt, NULL, d_pooled));
+            assert_nopad_ok(encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &none, d_hidden, NULL));
+            assert_nopad_ok(encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &dflt, NULL, d_pooled));
             assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
             cudaMemcpy(raw, d_hidden, 2 * B * S * H, cudaMemcpyDeviceToHost);
             for (int i = 0; i < B * S * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
@@ -784,7 +807,7 @@ static void test_padded_device_entry(void **state) {
         const int32_t bad_sets[2][B] = {{40, 1, 17, 33, 9}, {40, 1, 17, 0, 8}};
         for (int k = 0; k < 2; k++) {
             cudaMemcpy(d_len, bad_sets[k], sizeof lengths, cudaMemcpyHostToDevice);
-            assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, NULL, d_len, &none, d_hidden, NULL));
+            assert_nopad_ok(encode_padded_device(m, B, S, n_tokens, 40, d_ids, NULL, d_len, &none, d_hidden, NULL));
             assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
             cudaMemcpy(raw, d_hidden, 2 * H, cudaMemcpyDeviceToHost); /* row 0, position 0 */
             for (int h = 0; h < H; h++)
@@ -792,17 +815,17 @@ static void test_padded_device_entry(void **state) {
         }
         /* and the model still gives the right answer */
         cudaMemcpy(d_len, lengths, sizeof lengths, cudaMemcpyHostToDevice);
-        assert_nopad_ok(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &none, d_hidden, NULL));
+        assert_nopad_ok(encode_padded_device(m, B, S, n_tokens, 40, d_ids, d_types, d_len, &none, d_hidden, NULL));
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         cudaMemcpy(raw, d_hidden, 2 * S * H, cudaMemcpyDeviceToHost);
         for (int i = 0; i < S * H; i++) got[i] = half_bits_to_float(raw[i], di == 1);
         if (!(test_max_row_rel_error(got, want, S, H) <= 1e-6)) fail_msg("after bad lengths: wrong output");
         /* what the host can check */
-        assert_nopad_error(nopad_encode_padded_device(m, B, S, B - 1, 40, d_ids, NULL, d_len, &none, d_hidden, NULL),
+        assert_nopad_error(encode_padded_device(m, B, S, B - 1, 40, d_ids, NULL, d_len, &none, d_hidden, NULL),
                            NOPAD_ERR_INVALID_ARGUMENT, "n_tokens");
-        assert_nopad_error(nopad_encode_padded_device(m, B, S, n_tokens, 41, d_ids, NULL, d_len, &none, d_hidden, NULL),
+        assert_nopad_error(encode_padded_device(m, B, S, n_tokens, 41, d_ids, NULL, d_len, &none, d_hidden, NULL),
                            NOPAD_ERR_INVALID_ARGUMENT, "max_seqlen");
-        assert_nopad_error(nopad_encode_padded_device(m, B, S, n_tokens, 40, d_ids, NULL, NULL, &none, d_hidden, NULL),
+        assert_nopad_error(encode_padded_device(m, B, S, n_tokens, 40, d_ids, NULL, NULL, &none, d_hidden, NULL),
                            NOPAD_ERR_INVALID_ARGUMENT, "lengths");
         cudaFree(d_ids); cudaFree(d_types); cudaFree(d_len); cudaFree(d_hidden); cudaFree(d_pooled);
         free(raw); free(got); free(want); free(want_pooled);

@@ -3,6 +3,7 @@
  * Bound: row-relative error <= 1e-4 against HF fp32 (both sides fp32; differences come from
  * summation order in GEMMs, softmax and LayerNorm, typically ~1e-6). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -140,7 +141,9 @@ static void test_padded_equals_packed(void **state) {
     for (int64_t k = 0; k < (int64_t)B * S * H; k++) padded[k] = NAN;
     nopad_encode_params p = nopad_encode_default_params();
     p.pooling = NOPAD_POOLING_MEAN;
-    assert_nopad_ok(nopad_encode_padded(m, B, S, ids, types, lengths, &p, padded, pooled_padded));
+    const nopad_batch batch = {.layout = NOPAD_LAYOUT_PADDED, .n_seqs = B, .tokens = ids,
+                               .token_type_ids = types, .lengths = lengths, .max_len = S};
+    assert_nopad_ok(nopad_encode(nopad_model_context(m), &batch, &p, padded, pooled_padded));
     assert_nopad_ok(nopad_encode_packed(m, B, g.cu, g.ids, g.types, &p, NULL, pooled_packed));
     for (int s = 0; s < B; s++) {
         double err = test_max_row_rel_error(padded + (size_t)s * S * H, g.hidden + (size_t)g.cu[s] * H,
@@ -251,6 +254,126 @@ static void test_token_buckets(void **state) {
     if (n_buckets > 80) fail_msg("%d buckets up to 2048 tokens", n_buckets);
 }
 
+/* Contexts: several on one model, each on its own thread, run the same batch at the same time and
+ * agree with the default context (same arithmetic, so to 1e-6 row-relative); each counts its own
+ * forwards and holds its own workspace (a fixed max_batch_tokens one refuses a larger batch). */
+typedef struct context_job {
+    nopad_context *ctx;
+    const golden *g;
+    const int32_t *types;
+    float *out; /* [T, H] */
+    nopad_status st;
+} context_job;
+
+static void *run_context_job(void *arg) {
+    context_job *job = arg;
+    nopad_encode_params p = nopad_encode_default_params();
+    p.pooling = NOPAD_POOLING_NONE;
+    const nopad_batch b = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = job->g->n_seqs, .tokens = job->g->ids,
+                           .token_type_ids = job->types, .cu_seqlens = job->g->cu};
+    job->st = NOPAD_OK;
+    for (int rep = 0; rep < 4 && job->st == NOPAD_OK; rep++) job->st = nopad_encode(job->ctx, &b, &p, job->out, NULL);
+    return NULL;
+}
+
+static void test_contexts(void **state) {
+    nopad_model *m = load_model("bert_a");
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    golden g;
+    golden_load("bert_a", &g);
+    const int32_t H = info.hidden_size;
+    const size_t n = (size_t)g.n_tokens * H;
+    enum { N_CTX = 3 };
+    nopad_context *ctx[N_CTX];
+    ctx[0] = nopad_model_context(m);
+    assert_non_null(ctx[0]);
+    nopad_context_params cp = nopad_context_default_params();
+    assert_nopad_ok(nopad_context_create(m, &cp, &ctx[1]));
+    cp.max_batch_tokens = g.n_tokens;
+    assert_nopad_ok(nopad_context_create(m, &cp, &ctx[2]));
+    size_t ws_bytes = 0, be_bytes = 0;
+    assert_nopad_ok(nopad_context_memory(ctx[2], &ws_bytes, &be_bytes));
+    assert_true(ws_bytes > 0); /* allocated at creation */
+    context_job jobs[N_CTX];
+    pthread_t threads[N_CTX];
+    for (int i = 0; i < N_CTX; i++) {
+        jobs[i] = (context_job){.ctx = ctx[i], .g = &g, .types = types_for(m, &g), .out = malloc(n * sizeof(float))};
+        assert_int_equal(pthread_create(&threads[i], NULL, run_context_job, &jobs[i]), 0);
+    }
+    for (int i = 0; i < N_CTX; i++) assert_int_equal(pthread_join(threads[i], NULL), 0);
+    for (int i = 0; i < N_CTX; i++) {
+        assert_nopad_ok(jobs[i].st);
+        const double err = test_max_row_rel_error(jobs[i].out, jobs[0].out, g.n_tokens, H);
+        if (!(err <= 1e-6)) fail_msg("context %d vs the default context: %.3e", i, err);
+        const double vs_hf = test_max_row_rel_error(jobs[i].out, g.hidden, g.n_tokens, H);
+        if (!(vs_hf <= GOLDEN_BOUND)) fail_msg("context %d vs HF: %.3e", i, vs_hf);
+        nopad_model_stats stats;
+        assert_nopad_ok(nopad_context_get_stats(ctx[i], &stats));
+        assert_int_equal(stats.forwards, 4);
+    }
+    /* a context's fixed workspace refuses a larger batch; the others are not affected */
+    int32_t cu_big[2] = {0, g.n_tokens + 1};
+    int32_t *ids_big = calloc((size_t)g.n_tokens + 1, sizeof(int32_t));
+    const nopad_batch big = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = 1, .tokens = ids_big, .cu_seqlens = cu_big};
+    if (g.n_tokens + 1 <= info.max_seq_length) {
+        assert_nopad_error(nopad_encode(ctx[2], &big, NULL, jobs[2].out, NULL), NOPAD_ERR_INVALID_ARGUMENT,
+                           "max_batch_tokens");
+    }
+    assert_nopad_error(nopad_context_create(NULL, NULL, &ctx[1]), NOPAD_ERR_INVALID_ARGUMENT, "model is NULL");
+    assert_null(ctx[1]);
+    nopad_context_free(NULL);
+    free(ids_big);
+    for (int i = 0; i < N_CTX; i++) free(jobs[i].out);
+    nopad_context_free(jobs[1].ctx);
+    nopad_context_free(jobs[2].ctx);
+    golden_free(&g);
+    nopad_model_free(m);
+}
+
+/* batch_tokens: a host batch run in forwards of at most that many tokens, in order, gives what one
+ * forward gives (to 1e-5 row-relative: OpenBLAS blocks GEMMs by the token count, so fp32 sums run
+ * in another order), hidden rows and pooled rows in place; a budget smaller than a sequence runs
+ * it alone. */
+static void test_batch_tokens(void **state) {
+    for (int i = 0; i < N_MODELS; i++) {
+        nopad_model *m = load_model(MODELS[i]);
+        nopad_model_info info;
+        assert_nopad_ok(nopad_model_get_info(m, &info));
+        golden g;
+        golden_load(MODELS[i], &g);
+        const int32_t H = info.hidden_size;
+        float *hidden[2], *pooled[2];
+        for (int k = 0; k < 2; k++) {
+            hidden[k] = malloc((size_t)g.n_tokens * H * sizeof(float));
+            pooled[k] = malloc((size_t)g.n_seqs * H * sizeof(float));
+        }
+        const int32_t budgets[] = {1, 7, g.n_tokens / 2, g.n_tokens};
+        nopad_encode_params p = nopad_encode_default_params();
+        p.pooling = NOPAD_POOLING_MEAN;
+        assert_nopad_ok(nopad_encode_packed(m, g.n_seqs, g.cu, g.ids, types_for(m, &g), &p, hidden[0], pooled[0]));
+        for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
+            p.batch_tokens = budgets[b];
+            for (size_t k = 0; k < (size_t)g.n_tokens * H; k++) hidden[1][k] = NAN;
+            assert_nopad_ok(nopad_encode_packed(m, g.n_seqs, g.cu, g.ids, types_for(m, &g), &p, hidden[1], pooled[1]));
+            const double eh = test_max_row_rel_error(hidden[1], hidden[0], g.n_tokens, H);
+            const double ep = test_max_row_rel_error(pooled[1], pooled[0], g.n_seqs, H);
+            if (!(eh <= 1e-5) || !(ep <= 1e-5))
+                fail_msg("%s batch_tokens %d: hidden %.3e, pooled %.3e vs one forward", MODELS[i], budgets[b], eh, ep);
+        }
+        /* a bad id in the last sequence is refused before any forward runs */
+        const int32_t saved = g.ids[g.n_tokens - 1];
+        g.ids[g.n_tokens - 1] = info.vocab_size;
+        p.batch_tokens = 1;
+        assert_nopad_error(nopad_encode_packed(m, g.n_seqs, g.cu, g.ids, NULL, &p, NULL, pooled[1]),
+                           NOPAD_ERR_INVALID_ARGUMENT, "outside the vocabulary");
+        g.ids[g.n_tokens - 1] = saved;
+        for (int k = 0; k < 2; k++) free(hidden[k]), free(pooled[k]);
+        golden_free(&g);
+        nopad_model_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_hidden_states),
@@ -259,6 +382,8 @@ int main(void) {
         cmocka_unit_test(test_sentence_transformers_pooling),
         cmocka_unit_test(test_pooling_modes_match_hidden),
         cmocka_unit_test(test_token_buckets),
+        cmocka_unit_test(test_contexts),
+        cmocka_unit_test(test_batch_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -174,8 +174,17 @@ static void test_bad_batches(void **state) {
     assert_nopad_error(nopad_encode_packed(m, 2, cu, ids, NULL, &p, NULL, NULL),
                        NOPAD_ERR_INVALID_ARGUMENT, "NULL");
     int32_t lengths[2] = {3, 0};
-    assert_nopad_error(nopad_encode_padded(m, 2, 3, ids, NULL, lengths, NULL, out, NULL),
+    const nopad_batch padded = {.layout = NOPAD_LAYOUT_PADDED, .n_seqs = 2, .tokens = ids,
+                                .lengths = lengths, .max_len = 3};
+    assert_nopad_error(nopad_encode(nopad_model_context(m), &padded, NULL, out, NULL),
                        NOPAD_ERR_INVALID_ARGUMENT, "lengths[1]");
+    const nopad_batch on_device = {.layout = NOPAD_LAYOUT_PACKED, .on_device = 1, .n_seqs = 2,
+                                   .tokens = ids, .cu_seqlens = cu, .n_tokens = 5, .max_seqlen = 3};
+    assert_nopad_error(nopad_encode(nopad_model_context(m), &on_device, NULL, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "needs a model loaded on cuda");
+    const nopad_batch bad_layout = {.layout = (nopad_layout)7, .n_seqs = 2, .tokens = ids, .cu_seqlens = cu};
+    assert_nopad_error(nopad_encode(nopad_model_context(m), &bad_layout, NULL, out, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "layout 7");
     /* a failed call leaves the model usable */
     p.pooling = NOPAD_POOLING_CLS;
     assert_nopad_ok(nopad_encode_packed(m, 2, cu, ids, NULL, &p, out, pooled));

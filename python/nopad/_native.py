@@ -92,7 +92,31 @@ class ModelInfo(ctypes.Structure):
 
 class EncodeParams(ctypes.Structure):
     _fields_ = [("pooling", _enum),
-                ("normalize", ctypes.c_int)]
+                ("normalize", ctypes.c_int),
+                ("batch_tokens", ctypes.c_int32)]
+
+
+class ContextParams(ctypes.Structure):
+    _fields_ = [("max_batch_tokens", ctypes.c_int32),
+                ("cuda_stream", ctypes.c_void_p),
+                ("cuda_graph_max_tokens", ctypes.c_int32)]
+
+
+LAYOUT_PACKED, LAYOUT_PADDED = 0, 1
+
+
+class Batch(ctypes.Structure):
+    """nopad_batch: one description of a batch for nopad_encode (pointers as integers)."""
+    _fields_ = [("layout", _enum),
+                ("on_device", ctypes.c_int),
+                ("n_seqs", ctypes.c_int32),
+                ("tokens", ctypes.c_void_p),
+                ("token_type_ids", ctypes.c_void_p),
+                ("cu_seqlens", ctypes.c_void_p),
+                ("lengths", ctypes.c_void_p),
+                ("max_len", ctypes.c_int32),
+                ("n_tokens", ctypes.c_int32),
+                ("max_seqlen", ctypes.c_int32)]
 
 
 _p = ctypes.c_void_p
@@ -126,14 +150,14 @@ _PROTOTYPES = {
     "nopad_encode_default_params": (EncodeParams, []),
     "nopad_encode_packed": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, _p,
                                            ctypes.POINTER(EncodeParams), _p, _p]),
-    "nopad_encode_padded": (ctypes.c_int, [_p, ctypes.c_int32, ctypes.c_int32, _p, _p, _p,
-                                           ctypes.POINTER(EncodeParams), _p, _p]),
-    "nopad_encode_packed_device": (ctypes.c_int, [_p, ctypes.c_int32, ctypes.c_int32,
-                                                  ctypes.c_int32, _p, _p, _p,
-                                                  ctypes.POINTER(EncodeParams), _p, _p]),
-    "nopad_encode_padded_device": (ctypes.c_int, [_p, ctypes.c_int32, ctypes.c_int32,
-                                                  ctypes.c_int32, ctypes.c_int32, _p, _p, _p,
-                                                  ctypes.POINTER(EncodeParams), _p, _p]),
+    "nopad_encode": (ctypes.c_int, [_p, ctypes.POINTER(Batch), ctypes.POINTER(EncodeParams), _p, _p]),
+    "nopad_context_default_params": (ContextParams, []),
+    "nopad_context_create": (ctypes.c_int, [_p, ctypes.POINTER(ContextParams), ctypes.POINTER(_p)]),
+    "nopad_context_free": (None, [_p]),
+    "nopad_model_context": (_p, [_p]),
+    "nopad_context_memory": (ctypes.c_int, [_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]),
+    "nopad_context_get_stats": (ctypes.c_int, [_p, ctypes.POINTER(ModelStats)]),
     "nopad_attention_varlen": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _p, _p, _p,
                                               ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                               ctypes.c_int32, ctypes.c_float, ctypes.c_int, _p, _p]),

@@ -62,6 +62,14 @@ def _s(b: Optional[bytes]) -> str:
     return b.decode("utf-8", "replace") if b else ""
 
 
+def _encode(model: Any, batch: "_native.Batch", params: "_native.EncodeParams", hidden: Any,
+            pooled: Any) -> int:
+    """nopad_encode on the model's default context; hidden and pooled are addresses or None."""
+    lib = _native.library()
+    return lib.nopad_encode(lib.nopad_model_context(model), ctypes.byref(batch),
+                            ctypes.byref(params), hidden, pooled)
+
+
 def _parse_device(device: Any) -> int:
     name = str(device).lower()  # also takes torch.device("cuda")
     if name in _DEVICES:
@@ -334,18 +342,9 @@ class Encoder:
         per_token = pool == _native.POOLING_NONE
         pooled = None if per_token else np.empty((B, H), dtype=np.float32)
         hidden = np.empty((int(cu[-1]), H), dtype=np.float32) if per_token else None
-        start = 0
-        while start < B:  # batches by token budget, in input order
-            end = start + 1
-            while end < B and cu[end + 1] - cu[start] <= budget:
-                end += 1
-            t0, t1 = int(cu[start]), int(cu[end])
-            self._encode_packed(cu[start:end + 1] - cu[start], ids[t0:t1], None, eparams,
-                                hidden[t0:t1] if per_token else None,
-                                None if per_token else pooled[start:end],
-                                context="sentences %d-%d: " % (start, end - 1)
-                                if end - start > 1 else "sentence %d: " % start)
-            start = end
+        # one call: the library runs forwards of at most `budget` tokens, sentences in order
+        eparams.batch_tokens = budget
+        self._encode_packed(cu, ids, None, eparams, hidden, pooled)
         if per_token:
             rows = [hidden[cu[b]:cu[b + 1]] for b in range(B)]
             return rows[0] if single else rows
@@ -494,17 +493,20 @@ class Encoder:
         params = self._encode_params(pool, normalize)
         lib = _native.library()
         with self._handle.use() as model:  # type: ignore[union-attr]
-            st = lib.nopad_encode_padded(model, B, S, _native.ptr(ids), _native.ptr(types),
-                                         _native.ptr(lens), ctypes.byref(params),
-                                         _native.ptr(result) if per_token else None,
-                                         None if per_token else _native.ptr(result))
+            batch = _native.Batch(layout=_native.LAYOUT_PADDED, on_device=0, n_seqs=B,
+                                  tokens=ids.ctypes.data,
+                                  token_type_ids=None if types is None else types.ctypes.data,
+                                  lengths=lens.ctypes.data, max_len=S)
+            st = lib.nopad_encode(lib.nopad_model_context(model), ctypes.byref(batch),
+                                  ctypes.byref(params), _native.ptr(result) if per_token else None,
+                                  None if per_token else _native.ptr(result))
             _native.check(st)
         return _arrays.torch_module().from_numpy(result) if torch_in else result
 
     def _forward_device(self, input_ids: Any, cu_seqlens: Any, token_type_ids: Any,
                         pooling: Optional[str], normalize: Optional[bool], out: Any,
                         max_seqlen: Optional[int]) -> Any:
-        """Torch CUDA tensors in and out without copies (nopad_encode_packed_device)."""
+        """Torch CUDA tensors in and out without copies (nopad_encode, a device packed batch)."""
         torch = _arrays.torch_module()
         if self.info.device != "cuda":
             raise InvalidArgumentError("CUDA tensors need an Encoder made with device='cuda' "
@@ -557,10 +559,13 @@ class Encoder:
             if out is None:
                 out = torch.empty(shape, dtype=out_dtype, device=dev)
             params = self._encode_params(pool, normalize)
-            self._on_model_stream(dev, cur, lambda model: _native.library().nopad_encode_packed_device(
-                model, n_seqs, n_tokens, max_seqlen, cu.data_ptr(), ids.data_ptr(),
-                None if types is None else types.data_ptr(), ctypes.byref(params),
-                out.data_ptr() if per_token else None, None if per_token else out.data_ptr()))
+            batch = _native.Batch(layout=_native.LAYOUT_PACKED, on_device=1, n_seqs=n_seqs,
+                                  tokens=ids.data_ptr(),
+                                  token_type_ids=None if types is None else types.data_ptr(),
+                                  cu_seqlens=cu.data_ptr(), n_tokens=n_tokens, max_seqlen=max_seqlen)
+            self._on_model_stream(dev, cur, lambda model: _encode(
+                model, batch, params, out.data_ptr() if per_token else None,
+                None if per_token else out.data_ptr()))
         return out
 
     def _on_model_stream(self, dev: Any, cur: Any, call: Any) -> None:
@@ -587,7 +592,7 @@ class Encoder:
     def _forward_padded_device(self, input_ids: Any, attention_mask: Any, lengths: Any,
                                token_type_ids: Any, pooling: Optional[str],
                                normalize: Optional[bool]) -> Any:
-        """Torch CUDA [B, S] tensors: packed and unpacked on the GPU (nopad_encode_padded_device);
+        """Torch CUDA [B, S] tensors: packed and unpacked on the GPU (nopad_encode, a device padded batch);
         one host synchronisation reads the token count and the longest length."""
         torch = _arrays.torch_module()
         if self.info.device != "cuda":
@@ -644,10 +649,14 @@ class Encoder:
             per_token = pool == _native.POOLING_NONE
             out = torch.empty((B, S, H) if per_token else (B, H), dtype=out_dtype, device=dev)
             params = self._encode_params(pool, normalize)
-            self._on_model_stream(dev, cur, lambda model: _native.library().nopad_encode_padded_device(
-                model, B, S, n_tokens, max_seqlen, ids.data_ptr(),
-                None if types is None else types.data_ptr(), lens.data_ptr(), ctypes.byref(params),
-                out.data_ptr() if per_token else None, None if per_token else out.data_ptr()))
+            batch = _native.Batch(layout=_native.LAYOUT_PADDED, on_device=1, n_seqs=B,
+                                  tokens=ids.data_ptr(),
+                                  token_type_ids=None if types is None else types.data_ptr(),
+                                  lengths=lens.data_ptr(), max_len=S, n_tokens=n_tokens,
+                                  max_seqlen=max_seqlen)
+            self._on_model_stream(dev, cur, lambda model: _encode(
+                model, batch, params, out.data_ptr() if per_token else None,
+                None if per_token else out.data_ptr()))
         return out
 
     # ---- helpers -----------------------------------------------------------------------------

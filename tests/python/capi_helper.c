@@ -59,7 +59,23 @@ static void abi(void) {
     SIZE(nopad_model_stats);
     FIELD(nopad_encode_params, pooling);
     FIELD(nopad_encode_params, normalize);
+    FIELD(nopad_encode_params, batch_tokens);
     SIZE(nopad_encode_params);
+    FIELD(nopad_context_params, max_batch_tokens);
+    FIELD(nopad_context_params, cuda_stream);
+    FIELD(nopad_context_params, cuda_graph_max_tokens);
+    SIZE(nopad_context_params);
+    FIELD(nopad_batch, layout);
+    FIELD(nopad_batch, on_device);
+    FIELD(nopad_batch, n_seqs);
+    FIELD(nopad_batch, tokens);
+    FIELD(nopad_batch, token_type_ids);
+    FIELD(nopad_batch, cu_seqlens);
+    FIELD(nopad_batch, lengths);
+    FIELD(nopad_batch, max_len);
+    FIELD(nopad_batch, n_tokens);
+    FIELD(nopad_batch, max_seqlen);
+    SIZE(nopad_batch);
     printf("enum - %zu -\n", sizeof(nopad_pooling));
 }
 

@@ -18,7 +18,9 @@ def test_struct_layouts_match_the_header(capi_helper):
                "nopad_model_params": _native.ModelParams,
                "nopad_model_info": _native.ModelInfo,
                "nopad_model_stats": _native.ModelStats,
-               "nopad_encode_params": _native.EncodeParams}
+               "nopad_encode_params": _native.EncodeParams,
+               "nopad_context_params": _native.ContextParams,
+               "nopad_batch": _native.Batch}
     seen = {name: [] for name in structs}
     for line in out.stdout.splitlines():
         struct, field, offset, size = line.split()
