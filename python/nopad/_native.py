@@ -10,8 +10,8 @@ The library is looked up, in order:
 It is loaded with ``ctypes.CDLL``, never ``PyDLL``: ctypes releases the GIL for the duration of
 every foreign call, so other Python threads run while nopad computes.
 
-Everything here mirrors include/nopad.h; tests/python/test_abi.py compiles a C program to check
-the struct layouts against the header.
+Everything here mirrors include/nopad.h; tests/python/test_package.py compiles a C program
+(tests/python/capi_helper.c) to check the struct layouts against the header.
 """
 from __future__ import annotations
 
@@ -217,13 +217,13 @@ def _cpu_blas_core() -> Optional[str]:
     return None
 
 
-_PROBE = ("import ctypes, sys; l = ctypes.CDLL(sys.argv[1]); f = l.openblas_get_corename; "
+_PROBE = ("import ctypes, sys; l = ctypes.CDLL(sys.argv[1]); f = l.nopad_cpu_blas_kernels; "
           "f.restype = ctypes.c_char_p; print(f().decode())")
 
 
 def _corename(lib: ctypes.CDLL) -> Optional[str]:
     try:
-        f = lib.openblas_get_corename  # dlsym on the handle also searches its dependencies
+        f = lib.nopad_cpu_blas_kernels
     except AttributeError:
         return None
     f.restype = ctypes.c_char_p
