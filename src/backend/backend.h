@@ -161,7 +161,21 @@ struct nopad_backend {
     nopad_status (*l2_normalize)(nopad_backend *be, void *x, int32_t rows, int32_t dim);
 };
 
-/* Creates the CPU backend (float32, OpenBLAS + OpenMP). n_threads <= 0: OpenMP's default. */
+/* What a backend is created for: the device and its ordinal, the compute dtype, and the
+ * device-specific settings. */
+typedef struct nopad_backend_params {
+    nopad_device device;
+    int32_t device_index; /* CUDA device ordinal */
+    nopad_dtype dtype;
+    int n_threads;        /* CPU threads; <= 0: OpenMP's default */
+    void *cuda_stream;    /* a cudaStream_t of the caller's, or NULL: the backend's own */
+} nopad_backend_params;
+
+/* Creates the backend for `p` (backend.c: the one place that knows every backend). A device this
+ * build lacks, or a dtype the device does not compute in, is a clear NOPAD_ERR_UNSUPPORTED. */
+nopad_status nopad_backend_create(const nopad_backend_params *p, nopad_backend **out);
+
+/* The constructors behind it. CPU: float32, OpenBLAS + OpenMP. */
 nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out);
 
 #endif

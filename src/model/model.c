@@ -7,9 +7,6 @@
 #include <sys/stat.h>
 
 #include "model/model_internal.h"
-#ifdef NOPAD_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 #include "io/hf_config.h"
 #include "io/st_pipeline.h"
 #include "io/safetensors.h"
@@ -49,22 +46,9 @@ static const char *dtype_name(nopad_dtype d) {
 }
 
 nopad_status model_create_backend(const nopad_model_params *p, void *cuda_stream, nopad_backend **out) {
-    if (p->device == NOPAD_DEVICE_CUDA) {
-#ifdef NOPAD_HAVE_CUDA
-        return nopad_backend_cuda_create(p->dtype, p->device_index, cuda_stream, out);
-#else
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "device cuda: this build of nopad has no CUDA backend (configure "
-                               "with -DNOPAD_CUDA=ON); use cpu");
-#endif
-    }
-    if (p->device != NOPAD_DEVICE_CPU)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "device %d is not cpu or cuda", (int)p->device);
-    if (p->dtype != NOPAD_DTYPE_F32)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "dtype %s: the CPU backend computes in F32 (F16 and BF16 need the "
-                               "CUDA backend)", dtype_name(p->dtype));
-    return nopad_backend_cpu_create(p->n_threads, out);
+    const nopad_backend_params bp = {.device = p->device, .device_index = p->device_index, .dtype = p->dtype,
+                                     .n_threads = p->n_threads, .cuda_stream = cuda_stream};
+    return nopad_backend_create(&bp, out);
 }
 
 static nopad_status load_model(nopad_model *m, const char *dir) {

@@ -1,0 +1,31 @@
+/* The backend registry: which backend serves a device. A new backend adds its constructor here. */
+#include "backend/backend.h"
+
+#ifdef NOPAD_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+#include "util/error.h"
+
+static const char *dtype_name(nopad_dtype d) {
+    return d == NOPAD_DTYPE_F32 ? "F32" : d == NOPAD_DTYPE_F16 ? "F16" : "BF16";
+}
+
+nopad_status nopad_backend_create(const nopad_backend_params *p, nopad_backend **out) {
+    *out = NULL;
+    if (p->device == NOPAD_DEVICE_CUDA) {
+#ifdef NOPAD_HAVE_CUDA
+        return nopad_backend_cuda_create(p->dtype, p->device_index, p->cuda_stream, out);
+#else
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "device cuda: this build of nopad has no CUDA backend (configure "
+                               "with -DNOPAD_CUDA=ON); use cpu");
+#endif
+    }
+    if (p->device != NOPAD_DEVICE_CPU)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "device %d is not cpu or cuda", (int)p->device);
+    if (p->dtype != NOPAD_DTYPE_F32)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "dtype %s: the CPU backend computes in F32 (F16 and BF16 need the "
+                               "CUDA backend)", dtype_name(p->dtype));
+    return nopad_backend_cpu_create(p->n_threads, out);
+}
