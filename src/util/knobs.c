@@ -1,0 +1,116 @@
+/* The table of tuning knobs (knobs.h). Where a knob is used, its consumer clamps or validates the
+ * value (e.g. a tile size other than 64 or 128 means "per shape"); the table only parses. */
+#include "util/knobs.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum knob_kind {
+    KIND_INT,    /* a decimal integer (atoi) */
+    KIND_SWITCH, /* 0 when the value starts with '0', else 1 */
+    KIND_CHOICE, /* the index of the value in `choices` ('|'-separated), else the default */
+    KIND_FLOAT,  /* atof */
+} knob_kind;
+
+typedef struct knob_def {
+    const char *name;
+    knob_kind kind;
+    double dflt;         /* the default (a choice: its index) */
+    const char *choices; /* KIND_CHOICE only */
+    const char *meaning;
+} knob_def;
+
+static const knob_def KNOBS[KNOB_COUNT] = {
+    [KNOB_GEMM] = {"NOPAD_GEMM", KIND_CHOICE, 0, "auto|cublaslt|cutlass",
+                   "linear layers: cublaslt only, cutlass (epilogues fused) wherever it applies, or auto per shape"},
+    [KNOB_SKINNY_MAX_TOKENS] = {"NOPAD_SKINNY_MAX_TOKENS", KIND_INT, 32, NULL,
+                                "linear layers of at most this many tokens run the skinny GEMM (0 = off, at most 256)"},
+    [KNOB_PDL] = {"NOPAD_PDL", KIND_SWITCH, 1, NULL,
+                  "0 = no programmatic dependent launch (each kernel waits for the previous one to end)"},
+    [KNOB_PDL_TENSOR] = {"NOPAD_PDL_TENSOR", KIND_SWITCH, 1, NULL,
+                         "0 = the CUTLASS GEMMs and the attention kernels launch plainly"},
+    [KNOB_FMHA_FA3] = {"NOPAD_FMHA_FA3", KIND_INT, -1, NULL,
+                       "1 / 0 = always / never the FA3-style attention kernel (head size 64); -1 per shape"},
+    [KNOB_FMHA_FA3_PERSIST] = {"NOPAD_FMHA_FA3_PERSIST", KIND_INT, 1, NULL,
+                               "FA3 kernel: 0 = one CTA per tile instead of the persistent grid"},
+    [KNOB_FMHA_FA3_WG] = {"NOPAD_FMHA_FA3_WG", KIND_INT, 3, NULL, "FA3 kernel: consumer warpgroups (2 | 3)"},
+    [KNOB_FMHA_FA3_STAGES] = {"NOPAD_FMHA_FA3_STAGES", KIND_INT, 2, NULL, "FA3 kernel: K/V stages (2 | 3)"},
+    [KNOB_FMHA_FA3_PINGPONG] = {"NOPAD_FMHA_FA3_PINGPONG", KIND_INT, 1, NULL,
+                                "FA3 kernel: 0 = consumer warpgroups issue their wgmmas without taking turns"},
+    [KNOB_FMHA_WGMMA] = {"NOPAD_FMHA_WGMMA", KIND_INT, 1, NULL,
+                         "0 = the mma.sync attention kernels instead of the wgmma ones"},
+    [KNOB_FMHA_WG_M] = {"NOPAD_FMHA_WG_M", KIND_INT, 0, NULL,
+                        "wgmma attention: query rows a tile (64 | 128; else per shape)"},
+    [KNOB_FMHA_WG_N] = {"NOPAD_FMHA_WG_N", KIND_INT, 0, NULL,
+                        "wgmma attention: keys a tile (64 | 128; else per shape)"},
+    [KNOB_FMHA_WG_PIPE] = {"NOPAD_FMHA_WG_PIPE", KIND_INT, -1, NULL,
+                           "wgmma attention: 1 / 0 = the pipelined variant or not; -1 per shape"},
+    [KNOB_FMHA_V5_CTAS] = {"NOPAD_FMHA_V5_CTAS", KIND_INT, 0, NULL,
+                           "4 / 5 CTAs a SM for the 64 x 64 wgmma attention kernel; else per grid"},
+    [KNOB_FMHA_BLOCK_M] = {"NOPAD_FMHA_BLOCK_M", KIND_INT, 0, NULL,
+                           "mma.sync attention: query rows a tile (64 | 128; else per shape)"},
+    [KNOB_FMHA_BLOCK_N] = {"NOPAD_FMHA_BLOCK_N", KIND_INT, 0, NULL,
+                           "mma.sync attention: keys a tile (64 | 128; else per shape)"},
+    [KNOB_FMHA_RESCALE] = {"NOPAD_FMHA_RESCALE", KIND_FLOAT, 8, NULL,
+                           "online softmax: rescale only when the running maximum grows by more than this "
+                           "(log2 units, 0 to 8; 0 = at every new maximum)"},
+};
+
+typedef struct knob_value {
+    const char *raw; /* getenv's string (NULL: unset) */
+    double value;
+} knob_value;
+
+static knob_value values[KNOB_COUNT];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* The index of `word` among the '|'-separated `choices`, or -1. */
+static int choice_index(const char *choices, const char *word) {
+    const size_t len = strlen(word);
+    int index = 0;
+    for (const char *c = choices; *c; index++) {
+        const char *end = strchr(c, '|');
+        const size_t n = end ? (size_t)(end - c) : strlen(c);
+        if (n == len && strncmp(c, word, n) == 0) return index;
+        if (!end) break;
+        c = end + 1;
+    }
+    return -1;
+}
+
+static void read_all(void) {
+    for (int i = 0; i < KNOB_COUNT; i++) {
+        const knob_def *k = &KNOBS[i];
+        const char *env = getenv(k->name);
+        values[i].raw = env;
+        values[i].value = k->dflt;
+        if (!env || !*env) continue;
+        switch (k->kind) {
+        case KIND_INT: values[i].value = atoi(env); break;
+        case KIND_SWITCH: values[i].value = env[0] != '0'; break;
+        case KIND_CHOICE: {
+            const int c = choice_index(k->choices, env);
+            if (c >= 0) values[i].value = c;
+            break;
+        }
+        case KIND_FLOAT: values[i].value = atof(env); break;
+        }
+    }
+}
+
+static const knob_value *get(knob_id id) {
+    pthread_once(&once, read_all);
+    return &values[id];
+}
+
+long knob_int(knob_id id) { return (long)get(id)->value; }
+double knob_float(knob_id id) { return get(id)->value; }
+const char *knob_str(knob_id id) { return get(id)->raw; }
+const char *knob_name(knob_id id) { return KNOBS[id].name; }
+const char *knob_meaning(knob_id id) { return KNOBS[id].meaning; }
+
+void knob_set_int(knob_id id, long value) {
+    pthread_once(&once, read_all);
+    values[id].value = (double)value;
+}
