@@ -25,8 +25,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/gemm_fused.h"
-#include "backend/cuda/gemm_skinny.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "testutil.h"
 
 static nopad_backend *cpu;

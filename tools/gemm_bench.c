@@ -26,8 +26,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/gemm_fused.h"
-#include "backend/cuda/gemm_skinny.h"
+#include "backend/cuda/gemm/gemm.h"
 
 #define CHECK_CUDA(x)                                                                               \
     do {                                                                                            \

@@ -1,5 +1,5 @@
 /* The activations of nopad_activation on one fp32 value, shared by the CUDA kernels that apply them
- * (cuda_kernels.cu's bias + activation pass, gemm_skinny.cu's fused epilogue), so every path uses
+ * (activation.cu's bias + activation pass, gemm/skinny.cu's fused epilogue), so every path uses
  * the same formula. act < 0: none. */
 #ifndef NOPAD_BACKEND_CUDA_ACTIVATION_CUH
 #define NOPAD_BACKEND_CUDA_ACTIVATION_CUH

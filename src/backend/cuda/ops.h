@@ -1,4 +1,5 @@
-/* C launchers of the CUDA backend's non-attention kernels (cuda_kernels.cu). Tensors are device
+/* C launchers of the CUDA backend's memory-bound op families, one .cu file each: embed.cu,
+ * norm.cu, activation.cu, pool.cu, pack.cu, convert.cu. Tensors are device
  * pointers of `dtype` (F16 or BF16) unless named f32; every launcher enqueues on `stream`
  * (cudaStream_t) and returns NOPAD_ERR_BACKEND with the CUDA error if the launch fails. */
 #ifndef NOPAD_BACKEND_CUDA_OPS_H
@@ -8,6 +9,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/common.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,18 +31,6 @@ nopad_status cuda_bias_residual_layernorm(nopad_dtype dtype, void *x, const void
                                           const void *ln_bias, float eps, int32_t n_tokens,
                                           int32_t dim, void *stream);
 
-/* SMs of the current device, read once per device; 132 (the H100 / H200 count) if the query fails:
- * only grid sizes and tile choices depend on it. */
-int cuda_sm_count(void);
-
-/* Whether kernels are launched with programmatic stream serialisation (programmatic dependent
- * launch): 1 unless NOPAD_PDL=0 (for A/B timing), read once. */
-int cuda_pdl_enabled(void);
-
-/* The same for the tensor-core kernels (CUTLASS GEMMs, attention): 1 unless NOPAD_PDL=0 or
- * NOPAD_PDL_TENSOR=0 (for A/B timing against launching them plainly), read once. */
-int cuda_pdl_tensor_enabled(void);
-
 /* x[rows, dim] = act(x + bias) in place (for epilogues cuBLASLt lacks, e.g. exact erf GELU). */
 nopad_status cuda_bias_activation(nopad_dtype dtype, void *x, const void *bias, int32_t rows,
                                   int32_t dim, nopad_activation act, void *stream);
@@ -51,14 +41,6 @@ nopad_status cuda_pool(nopad_dtype dtype, void *out, const void *x, const int32_
 
 /* x[rows, dim] /= max(||row||, 1e-12) in place. */
 nopad_status cuda_l2_normalize(nopad_dtype dtype, void *x, int32_t rows, int32_t dim, void *stream);
-
-/* Varlen attention for any head size <= 128 (one warp per query row and head, fp32 online
- * softmax, no tensor cores): the correctness path for head sizes the fused kernels do not cover
- * (the fused ones take 32, 64, 128). Same layouts as cuda_attention_varlen. */
-nopad_status cuda_attention_varlen_generic(nopad_dtype dtype, void *out, const void *qkv,
-                                           const int32_t *cu_seqlens, int32_t n_seqs,
-                                           int32_t n_tokens, int32_t n_heads, int32_t head_size,
-                                           float scale, int causal, void *stream);
 
 /* Packs a right-padded batch on the device: cu_out[B+1] = prefix sum of lengths[B];
  * tokens_out[T] (types_out[T], or NULL) gathered from tokens[B, max_len] (types or NULL: zeros).

@@ -1,6 +1,5 @@
-/* Small PTX helpers shared by the attention kernels (attention_varlen.cu, attention_wgmma.cu,
- * attention_fa3.cu), the skinny GEMM (gemm_skinny.cu), the small-batch encoder kernel
- * (encoder_small.cu) and the elementwise kernels (cuda_kernels.cu). */
+/* Small PTX helpers shared by the op families: the attention kernels (attention/), the skinny GEMM
+ * (gemm/skinny.cu) and the row-wise kernels (common.cuh). */
 #ifndef NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 #define NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 
@@ -179,45 +178,6 @@ static __device__ __forceinline__ void mma_pv_step(float (*o)[4], const float s_
         ldmatrix_x4_trans(b, v + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + dd * 16 + (lane >> 4) * 8);
         mma16816<BF16>(o[2 * dd], a, b[0], b[1]);
         mma16816<BF16>(o[2 * dd + 1], a, b[2], b[3]);
-    }
-}
-
-/* The whole-row softmax of a warp's scores for 16 queries when every key is in registers (the
- * attention of a batch of at most 64 tokens: gemm_skinny.cu's attention variant and
- * encoder_small.cu). s[NT][4] holds queries q0 + lane/4 (+8) x keys 8t + 2(lane % 4) (+1), as
- * m16n8 accumulators. A key is masked unless it is below n_keys and in the query's sequence
- * (seq_of[token]; -1 for tokens in no sequence, whose rows then come out all zero). s becomes
- * exp2(scale_log2 · (s - max)); inv_sum[r] is 1 / the row sum (0 for a fully masked row). */
-template <int NT>
-static __device__ __forceinline__ void masked_softmax_rows(float (*s)[4], float inv_sum[2], int q0, int n_keys,
-                                                           const int *seq_of, float scale_log2, int lane) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = q0 + lane / 4 + r * 8;
-        const int seq = row < n_keys ? seq_of[row] : -1;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = t * 8 + (lane & 3) * 2 + e;
-                if (key >= n_keys || seq < 0 || seq_of[key] != seq) s[t][2 * r + e] = -INFINITY;
-                mx = fmaxf(mx, s[t][2 * r + e]);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_use = mx == -INFINITY ? 0.0f : mx * scale_log2; /* a row in no sequence: all -inf */
-        float sum = 0.0f;
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                s[t][2 * r + e] = exp2f(fmaf(s[t][2 * r + e], scale_log2, -m_use));
-                sum += s[t][2 * r + e];
-            }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        inv_sum[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
     }
 }
 

@@ -1,6 +1,7 @@
-/* C launchers of the CUDA varlen attention kernels (implemented in attention*.cu). */
-#ifndef NOPAD_BACKEND_CUDA_ATTENTION_H
-#define NOPAD_BACKEND_CUDA_ATTENTION_H
+/* C entry points of the CUDA varlen attention (dispatch.cu, the one place that chooses a kernel:
+ * fa3.cu, wgmma.cu, mma.cu or generic.cu). */
+#ifndef NOPAD_BACKEND_CUDA_ATTENTION_ATTENTION_H
+#define NOPAD_BACKEND_CUDA_ATTENTION_ATTENTION_H
 
 #include <stdint.h>
 
@@ -21,6 +22,12 @@ nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, const void *qkv
                                    const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
                                    int32_t max_seqlen, int32_t n_heads, int32_t head_size, float scale,
                                    int causal, void *workspace, void *stream);
+
+/* The backend's attention op: cuda_attention_varlen where a fused kernel takes the head size (32,
+ * 64, 128), else the generic kernel (head sizes 1..128; others: NOPAD_ERR_UNSUPPORTED). */
+nopad_status cuda_attention(nopad_dtype dtype, void *out, const void *qkv, const int32_t *cu_seqlens,
+                            int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen, int32_t n_heads,
+                            int32_t head_size, float scale, int causal, void *workspace, void *stream);
 
 #ifdef __cplusplus
 }

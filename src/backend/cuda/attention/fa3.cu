@@ -1,6 +1,6 @@
 /* CUDA: fused variable-length attention, head size 64, in the FlashAttention-3 structure (Hopper).
  *
- * Same contract and math as attention_wgmma.cu (read that first: 128-byte swizzled tiles, S = Q K^T
+ * Same contract and math as wgmma.cu (read that first: 128-byte swizzled tiles, S = Q K^T
  * with both operands in shared memory, O += P V with P from registers, lazy online softmax). What
  * this kernel changes is who does what inside a CTA:
  *
@@ -17,7 +17,7 @@
  *    barriers, so one warpgroup's softmax runs under the other's matrix products.
  *    The row sums of P are not added on the CUDA cores: P V multiplies P by [V | ones] (N = 72),
  *    so columns 64..71 of the accumulator carry them (see sOnes). Per key tile the softmax is then
- *    one max, one FFMA, one exp2 and half a pack per score (bench/NOTES_fmha.md, v9).
+ *    one max, one FFMA, one exp2 and half a pack per score (docs/attention.md).
  *
  * The TMA tensor map covers the packed qkv as a 2-D tensor [rows, 3*heads*64] (16-bit elements,
  * 64 x 64 boxes, 128-byte swizzle): Q of head h is column block h, K is heads + h, V 2*heads + h.
@@ -39,10 +39,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "backend/cuda/attention_fa3.h"
-#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/attention/common.cuh"
+#include "backend/cuda/attention/kernels.h"
+#include "backend/cuda/common.h"
+#include "util/knobs.h"
 #include "backend/cuda/ptx_helpers.cuh"
-#include "backend/cuda/wgmma_helpers.cuh"
+#include "backend/cuda/attention/wgmma_helpers.cuh"
 
 /* ---- mbarrier, TMA, named barriers, register reallocation -------------------------------------- */
 
@@ -287,7 +289,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
     constexpr int QBUF = PERSIST ? 2 : 1;
 
     /* launched early behind the QKV GEMM: nothing is read before it ends; the next kernel may be
-     * scheduled only after that (attention_wgmma.cu says why) */
+     * scheduled only after that (wgmma.cu says why) */
     wait_for_upstream_grid();
     allow_dependent_launch();
     extern __shared__ uint16_t smem_raw[];
@@ -592,7 +594,7 @@ attention_fa3_kernel(const __grid_constant__ CUtensorMap qkv_map,  // qkv as [ro
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float l = o[32 + 2 * r];  // the whole row's sum (the product summed over all keys)
-            inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+            inv[r] = row_sum_inverse(l);
         }
         /* stage O in this warpgroup's Q rows (swizzled, conflict-free) once all four warps' wgmmas
          * that read them are done */
@@ -646,11 +648,6 @@ static encode_tiled_fn tensor_map_encoder(void) {
     return fn;
 }
 
-static int fa3_env(const char *name, int dflt) {
-    const char *env = getenv(name);
-    return env && *env ? atoi(env) : dflt;
-}
-
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST, bool CAUSAL>
 static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv, const int32_t *cu_seqlens,
                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale_log2,
@@ -660,11 +657,13 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
     const size_t tiles = (size_t)((PERSIST ? 2 : 1) * BLOCK_M + 2 * STAGES * BLOCK_N) * 64 + ONES_ELEMS;
     const size_t smem = tiles * sizeof(uint16_t) + 1024 + (PERSIST ? sizeof(Fa3Schedule) : 0);
     auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST, CAUSAL>;
-    static bool attr_set = false;
-    if (!attr_set) {
+    /* above 48 KB a kernel must opt in: once per instantiation and device */
+    static bool attr_set[CUDA_MAX_DEVICES];
+    const int dev = cuda_current_device();
+    if (dev < 0 || !attr_set[dev]) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
-        attr_set = true;
+        if (dev >= 0) attr_set[dev] = true;
     }
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     if constexpr (PERSIST) {
@@ -689,15 +688,6 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
         }
         return cudaSuccess;
     }
-}
-
-int cuda_attention_fa3_mode(void) {
-    static int mode = -2;
-    if (mode == -2) {
-        mode = fa3_env("NOPAD_FMHA_FA3", -1);
-        if (mode < -1 || mode > 1) mode = -1;
-    }
-    return mode;
 }
 
 /* run-time knobs -> template arguments */
@@ -737,20 +727,18 @@ static cudaError_t fa3_stages(const Fa3Args &a, int stages, bool pp, bool persis
     return stages == 3 ? fa3_pingpong<NWG, 3, BF16>(a, pp, persist) : fa3_pingpong<NWG, 2, BF16>(a, pp, persist);
 }
 
-/* Tile shape and schedule. Defaults from the sweeps in bench/NOTES_fmha.md (H200): three consumer
- * warpgroups (192 query rows), 128-key tiles, two K/V stages, ping-pong on, persistent where the
- * caller gave a workspace (v7: as fast as one CTA per item at 2048 tokens, faster below, and no CTAs
- * launched for tiles past a sequence's end). NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3),
- * NOPAD_FMHA_FA3_PINGPONG (0|1), NOPAD_FMHA_FA3_PERSIST (0|1) override, for tuning. */
+/* Tile shape and schedule (docs/attention.md): three consumer warpgroups (192 query rows), 128-key
+ * tiles, two K/V stages, ping-pong on, persistent where the caller gave a workspace (as fast as one
+ * CTA per item at 2048 tokens, faster below, and no CTAs launched for tiles past a sequence's end).
+ * NOPAD_FMHA_FA3_WG (2|3), NOPAD_FMHA_FA3_STAGES (2|3), NOPAD_FMHA_FA3_PINGPONG (0|1),
+ * NOPAD_FMHA_FA3_PERSIST (0|1) override. */
 static int fa3_setting(int which) {
-    static int nwg = -1, stages = -1, pingpong = -1, persist = -1;
-    if (nwg < 0) {
-        nwg = fa3_env("NOPAD_FMHA_FA3_WG", 3) == 2 ? 2 : 3;
-        stages = fa3_env("NOPAD_FMHA_FA3_STAGES", 2) == 3 ? 3 : 2;
-        pingpong = fa3_env("NOPAD_FMHA_FA3_PINGPONG", 1) != 0;
-        persist = fa3_env("NOPAD_FMHA_FA3_PERSIST", 1) != 0;
+    switch (which) {
+    case 0: return knob_int(KNOB_FMHA_FA3_WG) == 2 ? 2 : 3;
+    case 1: return knob_int(KNOB_FMHA_FA3_STAGES) == 3 ? 3 : 2;
+    case 2: return knob_int(KNOB_FMHA_FA3_PINGPONG) != 0;
+    default: return knob_int(KNOB_FMHA_FA3_PERSIST) != 0;
     }
-    return which == 0 ? nwg : which == 1 ? stages : which == 2 ? pingpong : persist;
 }
 
 int cuda_attention_fa3_persistent(int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, const void *workspace) {

@@ -1,7 +1,6 @@
-/* CUDA: fused variable-length multi-head attention (FlashAttention-2 scheme, mma.sync), and the
- * launcher cuda_attention_varlen. Head sizes 64 and 128 go to the wgmma kernels of
- * attention_wgmma.cu unless NOPAD_FMHA_WGMMA=0; head size 32 always runs here.
- *
+/* CUDA: fused variable-length multi-head attention (FlashAttention-2 scheme, mma.sync), head sizes
+ * 32, 64 and 128; the dispatcher (dispatch.cu) sends head size 32 here, and 64 and 128 when
+ * NOPAD_FMHA_WGMMA=0. *
  * One CTA per (query tile of one sequence, head). Q, K and V are read straight from the packed
  * output of the fused QKV projection, qkv [T, 3, heads, D] (row stride 3*heads*D), and the output
  * goes straight into out [T, heads*D]: no padding, no [B, S, S] buffer, the scores live in
@@ -22,21 +21,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "backend/cuda/attention_wgmma.h"
-#include "backend/cuda/cuda_attention.h"
-#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/attention/common.cuh"
+#include "backend/cuda/attention/kernels.h"
+#include "backend/cuda/common.h"
 #include "backend/cuda/ptx_helpers.cuh"
-extern "C" {
-#include "util/error.h"
-}
 
 /* Copies rows [row0, row0+ROWS) of one head's Q, K or V (src points at row 0 of the sequence;
  * row0 < len) into a shared tile [ROWS][D+8]; rows at or past `len` are zero-filled, their source
  * address clamped to the last row so that it stays mapped. The 8-element pad per row spreads
  * ldmatrix's eight 16-byte row reads over all 32 banks. Thread t copies chunk t % CHUNKS of rows
  * t / CHUNKS + i * THREADS / CHUNKS: per-thread constant offsets and one 64-bit base per tile, as in
- * attention_wgmma.cu's load_tile_sw (a 64-bit multiply and a bounds check per chunk cost the wgmma
- * kernels 10-20%, bench/NOTES_fmha.md v11). */
+ * wgmma.cu's load_tile_sw (a 64-bit multiply and a bounds check per chunk cost the wgmma kernels
+ * 10-20%; docs/attention.md). */
 template <int ROWS, int D, int THREADS>
 static __device__ __forceinline__ void load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride,
                                                  int row0, int len, int tid) {
@@ -70,7 +66,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     constexpr int KQ = D / 16;       // k16 steps of Q K^T
 
     /* launched early behind the QKV GEMM: nothing is read before it ends; the next kernel may be
-     * scheduled only after that (attention_wgmma.cu says why) */
+     * scheduled only after that (wgmma.cu says why) */
     wait_for_upstream_grid();
     allow_dependent_launch();
     extern __shared__ __align__(16) uint16_t smem[];
@@ -86,11 +82,10 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     const int m0 = m_block * BLOCK_M;
     if (m0 >= len) return;
 
-    const int hidden = n_heads * D;
-    const size_t row_stride = (size_t)3 * hidden;
-    const uint16_t *q_g = qkv + (size_t)start * row_stride + (size_t)head * D;  // row 0 of the sequence
-    const uint16_t *k_g = q_g + hidden;
-    const uint16_t *v_g = q_g + 2 * hidden;
+    const attention_head hd = attention_head_of<D>(qkv, start, head, n_heads);
+    const int hidden = hd.hidden;
+    const size_t row_stride = hd.row_stride;
+    const uint16_t *q_g = hd.q, *k_g = hd.k, *v_g = hd.v;
 
     const int n_end = causal ? min(len, m0 + BLOCK_M) : len;  // keys this tile can see
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
@@ -193,13 +188,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     /* normalise, stage this warp's 16 rows in its own (already consumed) Q rows, then store rows
      * inside the sequence with 16-byte writes */
     float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = l_run[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
+    quad_row_inverse(l_run, inv);
     uint16_t *sO = sQ + warp * 16 * LDS;
     __syncwarp();  // every lane's ldmatrix of these Q rows is done before any lane overwrites them
 #pragma unroll
@@ -229,13 +218,14 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
     constexpr int BLOCK_M = 16 * NWARPS;
     const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t);
     auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16>;
-    /* above 48 KB a kernel must opt in; done once per instantiation (also keeps it out of graph
-     * capture after the first call) */
-    static bool attr_set = false;
-    if (!attr_set) {
+    /* above 48 KB a kernel must opt in; done once per instantiation and device (also keeps it out
+     * of graph capture after the first call) */
+    static bool attr_set[CUDA_MAX_DEVICES];
+    const int dev = cuda_current_device();
+    if (dev < 0 || !attr_set[dev]) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
-        attr_set = true;
+        if (dev >= 0) attr_set[dev] = true;
     }
     const float scale_log2 = scale * 1.4426950408889634f;
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
@@ -252,93 +242,35 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
     return cudaSuccess;
 }
 
-/* 64 or 128 from the environment variable `name` (tuning overrides), else 0. */
-static int env_tile(const char *name) {
-    const char *env = getenv(name);
-    const int v = env ? atoi(env) : 0;
-    return v == 64 || v == 128 ? v : 0;
-}
-
-/* Tile shape. Query-tile height: 64 rows (4 warps) for short sequences, where a 128-row tile would
- * be mostly past the sequence's end and more CTAs fill the SMs, else 128 (8 warps). Key-tile width
- * 64, except d=128 with 128-row tiles. NOPAD_FMHA_BLOCK_M and NOPAD_FMHA_BLOCK_N (64 | 128)
- * override both, for tuning. */
 template <int D, bool BF16>
-static cudaError_t dispatch_tile(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                 int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
-                                 cudaStream_t stream) {
-    static int forced_m = -1, forced_n = -1;
-    if (forced_m < 0) {
-        forced_n = env_tile("NOPAD_FMHA_BLOCK_N");
-        forced_m = env_tile("NOPAD_FMHA_BLOCK_M");
-    }
-    /* measured on an H200 (bench/NOTES_fmha.md, sweep of 2026-11-21) */
-    const int bm = forced_m ? forced_m : (max_seqlen <= (D == 128 ? 512 : 256) ? 64 : 128);
-    const int bn = forced_n ? forced_n : (D == 128 && bm == 128 ? 128 : 64);
-    if (bm == 64 && bn == 64)
+static cudaError_t launch_tile(int block_m, int block_n, void *out, const void *qkv, const int32_t *cu_seqlens,
+                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
+                               cudaStream_t stream) {
+    if (block_m == 64 && block_n == 64)
         return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
-    if (bm == 64)
+    if (block_m == 64)
         return launch<D, 4, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
-    if (bn == 64)
+    if (block_n == 64)
         return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
     return launch<D, 8, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
 }
 
 template <bool BF16>
-static cudaError_t dispatch_head(int32_t head_size, void *out, const void *qkv, const int32_t *cu_seqlens,
-                                 int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale,
-                                 int causal, bool pdl, cudaStream_t stream) {
+static cudaError_t launch_head(int32_t head_size, int block_m, int block_n, void *out, const void *qkv,
+                               const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
+                               float scale, int causal, bool pdl, cudaStream_t stream) {
     switch (head_size) {
-    case 32: return dispatch_tile<32, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
-    case 64: return dispatch_tile<64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
-    default: return dispatch_tile<128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+    case 32: return launch_tile<32, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+    case 64: return launch_tile<64, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+    default: return launch_tile<128, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
     }
 }
 
-/* A batch of at most 32 tokens runs its linear layers on the skinny GEMM (gemm_skinny.h), whose
- * kernels already chain by programmatic launch; between two of them the attention launched with the
- * attribute too made the forward 3.5% slower (1 x 128, 26 tokens: 0.359 against 0.347 ms, H200,
- * bench/results/enc_2026-11-21_H200_ab_pdl_tensor_26tok.log), while with more tokens it gains
- * (16 x 256 forward -1 to -4%). So: the attribute above 32 tokens. */
-int cuda_attention_pdl(int32_t n_tokens) { return cuda_pdl_tensor_enabled() && n_tokens > 32; }
-
-extern "C" nopad_status cuda_attention_varlen(nopad_dtype dtype, void *out, const void *qkv,
-                                              const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
-                                              int32_t max_seqlen, int32_t n_heads, int32_t head_size,
-                                              float scale, int causal, void *workspace, void *stream) {
-    if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_varlen: dtype %d has no kernel (F16, BF16)",
-                               (int)dtype);
-    if (head_size != 32 && head_size != 64 && head_size != 128)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "cuda attention_varlen: head size %d has no kernel (32, 64, 128)", head_size);
-    if (n_seqs < 1 || max_seqlen < 1 || n_heads < 1 || n_heads > 65535)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cuda attention_varlen: need n_seqs, max_seqlen >= 1 and 1 <= n_heads <= 65535 "
-                               "(got %d, %d, %d)", n_seqs, max_seqlen, n_heads);
-    if (n_tokens < n_seqs)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cuda attention_varlen: n_tokens %d < n_seqs %d (every sequence has a token)",
-                               n_tokens, n_seqs);
-    if (!(scale > 0.0f) || isinf(scale))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cuda attention_varlen: scale must be positive and finite (got %g)", (double)scale);
-    if ((uintptr_t)workspace % 8)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cuda attention_varlen: the workspace must be 8-byte aligned");
-    if (((uintptr_t)out | (uintptr_t)qkv) % 16)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cuda attention_varlen: qkv and out must be 16-byte aligned");
-    cudaStream_t st = (cudaStream_t)stream;
-    const bool pdl = cuda_attention_pdl(n_tokens) != 0;
-    cudaError_t e = head_size >= 64 && cuda_attention_wgmma_enabled()
-                        ? cuda_attention_wgmma(head_size, dtype == NOPAD_DTYPE_BF16, out, qkv, cu_seqlens, n_seqs,
-                                               n_tokens, max_seqlen, n_heads, scale, causal, workspace, stream)
-                    : dtype == NOPAD_DTYPE_BF16
-                        ? dispatch_head<true>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st)
-                        : dispatch_head<false>(head_size, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
-    if (e != cudaSuccess)
-        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_varlen: launch failed: %s (%s)",
-                               cudaGetErrorString(e), cudaGetErrorName(e));
-    return NOPAD_OK;
+cudaError_t cuda_attention_mma(int32_t head_size, int block_m, int block_n, bool bf16, void *out, const void *qkv,
+                               const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
+                               float scale, int causal, bool pdl, cudaStream_t stream) {
+    return bf16 ? launch_head<true>(head_size, block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads,
+                                    scale, causal, pdl, stream)
+                : launch_head<false>(head_size, block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads,
+                                     scale, causal, pdl, stream);
 }

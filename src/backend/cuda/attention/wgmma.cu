@@ -1,6 +1,6 @@
 /* CUDA: fused variable-length attention for head sizes 64 and 128 on Hopper tensor cores (wgmma).
  *
- * Same contract and the same online-softmax scheme as attention_varlen.cu (read that first); what
+ * Same contract and the same online-softmax scheme as mma.cu (read that first); what
  * differs is the matrix engine. Each warpgroup (4 warps) owns 64 query rows. S = Q K^T is one
  * chain of wgmma.m64nNk16 with both operands in shared memory (Q and K tiles stored in the 128-byte
  * swizzled K-major layout wgmma reads without bank conflicts), P V takes P straight from the S
@@ -13,10 +13,8 @@
  * kernel below); the running max is rescaled lazily (see softmax_tile).
  *
  * Why a second kernel: mma.sync tops out near 230 useful TFLOP/s for d = 64 on an H100/H200
- * (bench/NOTES_fmha.md); wgmma has about twice the tensor throughput and runs asynchronously.
- *
- * The dispatcher below hands non-causal d = 64 with long sequences to the FA3-structured kernel of
- * attention_fa3.cu (TMA producer warp, consumer warpgroups), where it measured faster. */
+ * (docs/attention.md); wgmma has about twice the tensor throughput and runs asynchronously.
+ * The tile shape is chosen by the dispatcher (dispatch.cu). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,20 +24,21 @@
 
 #include <type_traits>
 
-#include "backend/cuda/attention_fa3.h"
-#include "backend/cuda/attention_wgmma.h"
-#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/attention/common.cuh"
+#include "backend/cuda/attention/kernels.h"
+#include "backend/cuda/common.h"
+#include "util/knobs.h"
 #include "backend/cuda/ptx_helpers.cuh"
-#include "backend/cuda/wgmma_helpers.cuh"
+#include "backend/cuda/attention/wgmma_helpers.cuh"
 
 /* tile [D/64][ROWS][64]: a head of 128 is two 64-column slabs, each its own swizzled K-major tile.
  * Rows row0 .. row0 + ROWS - 1 of src (row_stride elements apart; row0 < len); rows at or past len
  * are zero-filled, their source address clamped to the last row so that it stays inside the
  * sequence. Thread t copies chunk t % CH of rows t / CH + i * THREADS / CH: the chunk, the swizzle
  * and both offsets are per-thread constants, so a tile costs one 64-bit product for its base (the
- * same for every thread) and per chunk a compare, a min, a multiply-add and the copy. The former
- * form (a 64-bit multiply and a bounds check per chunk) was a quarter of the pipelined kernel's
- * loop instructions at 16 x 512 (ncu, H200, bench/results/fmha_2026-11-21_H200_v11_ncu_v5pipe_16x512.txt). */
+ * same for every thread) and per chunk a compare, a min, a multiply-add and the copy (a 64-bit
+ * multiply and a bounds check per chunk were a quarter of the pipelined kernel's loop
+ * instructions; docs/attention.md). */
 template <int ROWS, int THREADS, int D>
 static __device__ __forceinline__ void load_tile_sw(uint16_t *dst, const uint16_t *src, size_t row_stride,
                                                     int row0, int len, int tid) {
@@ -96,8 +95,8 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
 
     /* Launched early behind the QKV GEMM: nothing is read before it ends. Only then may a
      * programmatic dependent (the next GEMM) be scheduled and start loading its weights: signalled
-     * before the wait, a chain of short launches ran ahead of itself and 16 x 64 took 4.5 instead
-     * of 3.4 us (H200, bench/results/fmha_ab_2026-11-21_H200_v10_trigger.log). */
+     * before the wait, a chain of short launches ran ahead of itself (16 x 64: 4.5 instead of
+     * 3.4 us; docs/attention.md). */
     wait_for_upstream_grid();
     allow_dependent_launch();
     extern __shared__ uint16_t smem_raw[];
@@ -115,11 +114,10 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     const int m0 = m_block * BLOCK_M;
     if (m0 >= len) return;
 
-    const int hidden = n_heads * D;
-    const size_t row_stride = (size_t)3 * hidden;
-    const uint16_t *q_g = qkv + (size_t)start * row_stride + (size_t)head * D;
-    const uint16_t *k_g = q_g + hidden;
-    const uint16_t *v_g = q_g + 2 * hidden;
+    const attention_head hd = attention_head_of<D>(qkv, start, head, n_heads);
+    const int hidden = hd.hidden;
+    const size_t row_stride = hd.row_stride;
+    const uint16_t *q_g = hd.q, *k_g = hd.k, *v_g = hd.v;
 
     const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
@@ -172,8 +170,8 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         wgmma_wait0();
 
         /* softmax_tile (wgmma_helpers.cuh) inline, with O rescaled row by row inside the loop:
-         * calling softmax_tile and rescaling after it measured 1.5-2% slower at 128 x 512 (the
-         * encoder's main case of this kernel) in an A/B on an H200, 2026-11-21 */
+         * calling softmax_tile and rescaling after it is 1.5-2% slower at 128 x 512, the encoder's
+         * main case of this kernel */
         const int n0 = j * BLOCK_N;
         if (n0 + W > len || (causal && n0 + W - 1 > wrow0)) {
 #pragma unroll
@@ -238,13 +236,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     if (half_last) key_tile(n_tiles - 1, std::integral_constant<int, BLOCK_N / 2>{});
 
     float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = l_run[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
+    quad_row_inverse(l_run, inv);
     /* stage O in this warpgroup's Q rows (swizzled, conflict-free), once all its wgmma reads are done */
     if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
     else asm volatile("bar.sync 2, 128;\n" ::: "memory");
@@ -308,11 +300,10 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     const int m0 = m_block * BLOCK_M;
     if (m0 >= len) return;
 
-    const int hidden = n_heads * D;
-    const size_t row_stride = (size_t)3 * hidden;
-    const uint16_t *q_g = qkv + (size_t)start * row_stride + (size_t)head * D;
-    const uint16_t *k_g = q_g + hidden;
-    const uint16_t *v_g = q_g + 2 * hidden;
+    const attention_head hd = attention_head_of<D>(qkv, start, head, n_heads);
+    const int hidden = hd.hidden;
+    const size_t row_stride = hd.row_stride;
+    const uint16_t *q_g = hd.q, *k_g = hd.k, *v_g = hd.v;
 
     const int n_end = causal ? min(len, m0 + BLOCK_M) : len;
     const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
@@ -456,13 +447,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
     }
 
     float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = l_run[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
+    quad_row_inverse(l_run, inv);
     if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
     else asm volatile("bar.sync 2, 128;\n" ::: "memory");
     uint16_t *sO = sQ + wg * 64 * 64;  // slab ds of these rows at + ds * BLOCK_M * 64
@@ -488,24 +473,10 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
 
 /* ---- launcher ----------------------------------------------------------------------------------- */
 
-/* lazy-rescaling threshold in log2 units (P <= 2^8 = 256 stays exact enough in fp16/bf16);
- * NOPAD_FMHA_RESCALE=0 rescales at every new maximum */
-static float lazy_rescale_threshold(void) {
-    static float thresh = -1.0f;
-    if (thresh < 0.0f) {
-        const char *env = getenv("NOPAD_FMHA_RESCALE");
-        thresh = env && *env ? (float)atof(env) : 8.0f;
-        if (!(thresh >= 0.0f && thresh <= 8.0f)) thresh = 8.0f;
-    }
-    return thresh;
-}
-
-static int wg_env(const char *name, int dflt);  // below, with the dispatcher's knobs
-
 template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
-                                cudaStream_t stream) {
+                                int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
+                                bool pdl, cudaStream_t stream) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V stages (2 plain, 4 pipelined) + alignment slack */
     const size_t smem = (size_t)(BLOCK_M + (PIPE ? 8 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
@@ -513,33 +484,32 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
                        : attention_varlen_wgmma_kernel<D, NWG, BLOCK_N, BF16>;
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     /* The one-warpgroup d = 64 kernel with 64-key tiles fits five CTAs a SM (<= 96 registers, 42 KB
-     * of shared memory); asking for FOUR_CTA_SMEM bytes of shared memory holds it to four. Five won
-     * 4-7% on grids of >= 2.5 waves of four (64 x 128 to 128 x 256, two length draws, H200) and lost
-     * up to 13% on smaller grids of longer tiles (8 x 512, one draw of 16 x 256): the fifth CTA slows
-     * the others, which pays only when it also shortens the wave count. NOPAD_FMHA_V5_CTAS=4|5
-     * overrides, for A/B runs. */
+     * of shared memory); asking for FOUR_CTA_SMEM bytes of shared memory holds it to four. Five win
+     * 4-7% on grids of >= 2.5 waves of four and lose up to 13% on smaller grids of longer tiles: the
+     * fifth CTA slows the others, which pays only when it also shortens the wave count.
+     * NOPAD_FMHA_V5_CTAS=4|5 overrides. */
     constexpr bool FIVE_A_SM = !PIPE && D == 64 && NWG == 1 && BLOCK_N == 64;
     constexpr size_t FOUR_CTA_SMEM = 46 * 1024;
-    static int ctas_env = -2;
-    if (ctas_env == -2) ctas_env = wg_env("NOPAD_FMHA_V5_CTAS", 0);
+    const long ctas_env = knob_int(KNOB_FMHA_V5_CTAS);
     const uint64_t grid_ctas = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
     const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * cuda_sm_count();
     const size_t launch_smem = FIVE_A_SM && !five && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
-    static bool attr_set = false;
-    if (!attr_set) {
+    /* above 48 KB a kernel must opt in: once per instantiation and device */
+    static bool attr_set[CUDA_MAX_DEVICES];
+    const int dev = cuda_current_device();
+    if (dev < 0 || !attr_set[dev]) {
         const size_t most = FIVE_A_SM && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
         if (e != cudaSuccess) return e;
-        attr_set = true;
+        if (dev >= 0) attr_set[dev] = true;
     }
     const float scale_log2 = scale * 1.4426950408889634f;
-    const float rescale_thresh = lazy_rescale_threshold();
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         /* Non-causal: the query tiles of one (sequence, head) are neighbours in the launch order and
          * share K / V in L2. Causal: the query tile is the slowest index and runs last tile first,
-         * so the tiles with the most keys start first and the short ones fill the tail (H200, A/B:
-         * causal 16 x 512 +25%, 64 x 512 +7%, 16 x 1024 +7%; the same order non-causal lost 1-13%). */
+         * so the tiles with the most keys start first and the short ones fill the tail (causal up to
+         * +25%; the same order non-causal loses 1-13%). */
         const dim3 grid = causal ? dim3((unsigned)n_heads, (unsigned)ns, m_blocks)
                                  : dim3(m_blocks, (unsigned)n_heads, (unsigned)ns);
         cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWG * 128), launch_smem, stream, pdl,
@@ -551,94 +521,26 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     return cudaSuccess;
 }
 
-static int wg_env(const char *name, int dflt) {
-    const char *env = getenv(name);
-    return env && *env ? atoi(env) : dflt;
-}
-
-int cuda_attention_wgmma_enabled(void) {
-    static int on = -1;
-    if (on < 0) on = wg_env("NOPAD_FMHA_WGMMA", 1) != 0;
-    return on;
-}
-
-/* Tile shape: 64 or 128 query rows (1 or 2 warpgroups), 64 or 128 keys per tile; pipelined
- * (softmax overlapping P V) or not. NOPAD_FMHA_WG_M / NOPAD_FMHA_WG_N / NOPAD_FMHA_WG_PIPE override,
- * for tuning. */
 template <int D, bool BF16>
-static cudaError_t dispatch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                                  int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, float scale, int causal,
-                                  void *workspace, cudaStream_t st) {
-    const bool pdl = cuda_attention_pdl(n_tokens) != 0;
-    /* d = 64 with long sequences: the FA3-structured kernel (attention_fa3.cu) */
-    if constexpr (D == 64) {
-        const int fa3 = cuda_attention_fa3_mode();
-        /* Measured on an H200 (bench/NOTES_fmha.md; 12 heads; ratios to varlen_attn). Since the v5
-         * kernels' loads were slimmed (v11), the one-warpgroup v5 kernel with 64-row tiles beats
-         * the persistent FA3 kernel (which needs the caller's workspace) on every non-causal batch
-         * of at most 512 tokens: 32 x 512 1.86 / 1.84x vs 1.40 / 1.35x (two length draws), 64 x 512
-         * 1.82 / 2.06x vs 1.67 / 1.56x, 128 x 512 1.97 / 1.86x vs 1.76 / 1.66x, 16 x 512 1.66 / 1.63x vs
-         * 1.42 / 1.56x (bench/results/fmha_sweep_2026-11-21_H200_v11_dispatch.log). Above 512 tokens
-         * FA3 wins (16 x 1024 1.64 / 1.66x vs 1.58 / 1.65x, 64 x 1024 1.72 / 1.61x vs 1.50 / 1.46x,
-         * 2048 tokens 1.64-1.72x vs 1.40-1.52x). Causal, the v5 kernels keep <= 1024 tokens (16 x 512
-         * 2.58x vs 1.50x, 128 x 512 2.26x vs 1.92x, 16 x 1024 2.85x vs 2.11x) unless there are many
-         * items (128 x 1024: 2.21x vs 2.20x; items = 192-row query tiles x heads x sequences, bounded
-         * by max_seqlen); the FA3 kernel takes 2048 (64 x 2048 1.83x vs 1.59x, v9).
-         * Without a workspace the one-CTA-per-tile FA3 kernel is used for non-causal dense batches
-         * only: its CTAs past a sequence's end each hold an SM alone before exiting, which cost
-         * the skewed 64 x 2048 batch (density T / (B * max_seqlen) = 0.03) 28%. */
-        bool fa3_wins;
-        if (cuda_attention_fa3_persistent(n_seqs, max_seqlen, n_heads, workspace)) {
-            const int64_t items = (int64_t)n_seqs * n_heads * ((max_seqlen + 191) / 192);
-            fa3_wins = causal ? max_seqlen > 1024 || (max_seqlen > 512 && items >= 4608) : max_seqlen > 512;
-        } else {
-            const bool dense = (int64_t)n_tokens * 2 >= (int64_t)n_seqs * max_seqlen;
-            fa3_wins = !causal && dense && (max_seqlen > 1024 || (max_seqlen > 512 && n_seqs >= 64));
-        }
-        if (fa3 == 1 || (fa3 < 0 && fa3_wins)) {
-            cudaError_t e = cuda_attention_fa3(BF16, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
-                                               lazy_rescale_threshold(), causal, pdl, workspace, st);
-            if (e != cudaErrorNotSupported) return e;
-        }
-    }
-    static int fm = -1, fn = -1, pipe = -1;
-    if (fm < 0) {
-        fm = wg_env("NOPAD_FMHA_WG_M", 0);
-        fn = wg_env("NOPAD_FMHA_WG_N", 0);
-        pipe = wg_env("NOPAD_FMHA_WG_PIPE", -1);  /* pipelined kernels have 64-key tiles only */
-        if (fn == 128) pipe = 0;
-    }
-    /* measured on an H200 (bench/NOTES_fmha.md): 64-row tiles keep more CTAs in flight (five a SM
-     * at d = 64) up to 512 tokens for d = 64 (1024 causal: 16 x 1024 2.85x vs 2.47x), 128-row tiles
-     * halve the K/V re-reads above (v11 sweep: 64 x 1024 1.52 / 1.49x vs 1.50 / 1.46x, 128 x 1024
-     * 1.43 / 1.45x vs 1.40 / 1.40x; FA3 takes these when the caller gives a workspace). d = 128: 64-row
-     * tiles up to 256 tokens (v5 sweeps). 64-key tiles keep registers at 4 CTAs/SM */
-    const int rows64_upto = D == 64 ? (causal ? 1024 : 512) : 256;
-    const int bm = fm == 64 || fm == 128 ? fm : (max_seqlen <= rows64_upto ? 64 : 128);
-    /* 128-key tiles for d = 64 only where a sequence of 65-128 keys is then one tile and the grid
-     * is under one wave of four CTAs a SM: 16 x 128 6.5 -> 5.8 us against 64-key tiles, same lengths,
-     * twice each (H200, bench/results/fmha_sweep_2026-11-21_H200_v10.log); with more CTAs (64 x 128)
-     * the 64-key tiles' smaller footprint wins */
-    const bool one_key_tile = D == 64 && bm == 64 && max_seqlen > 64 && max_seqlen <= 128 &&
-                              (int64_t)2 * n_heads * n_seqs < (int64_t)4 * cuda_sm_count();
-    const int bn = fn == 64 || fn == 128 ? fn : ((D == 128 && bm == 128) || one_key_tile ? 128 : 64);
-    /* pipelining paid off only for d=64 with two warpgroups per CTA (sweeps of 2026-11-21) */
-    if (pipe == 1 || (pipe < 0 && D == 64 && bm == 128 && bn == 64))
-        return bm == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st)
-                        : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
-    if (bm == 64 && bn == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
-    if (bm == 64) return launch_wgmma<D, 1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
-    if (bn == 64) return launch_wgmma<D, 2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
-    return launch_wgmma<D, 2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, st);
+static cudaError_t launch_tile(int block_m, int block_n, bool pipe, void *out, const void *qkv,
+                               const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
+                               float scale, float rt, int causal, bool pdl, cudaStream_t st) {
+    if (pipe)
+        return block_m == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st)
+                             : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
+    if (block_m == 64 && block_n == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
+    if (block_m == 64) return launch_wgmma<D, 1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
+    if (block_n == 64) return launch_wgmma<D, 2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
+    return launch_wgmma<D, 2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
 }
 
-cudaError_t cuda_attention_wgmma(int32_t head_size, int bf16, void *out, const void *qkv,
-                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
-                                 int32_t n_heads, float scale, int causal, void *workspace, void *stream) {
-    cudaStream_t st = (cudaStream_t)stream;
+cudaError_t cuda_attention_wgmma(int32_t head_size, int block_m, int block_n, bool pipe, bool bf16, void *out,
+                                 const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
+                                 int32_t n_heads, float scale, float rescale_thresh, int causal, bool pdl,
+                                 cudaStream_t st) {
     if (head_size == 128)
-        return bf16 ? dispatch_wgmma<128, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st)
-                    : dispatch_wgmma<128, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st);
-    return bf16 ? dispatch_wgmma<64, true>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st)
-                : dispatch_wgmma<64, false>(out, qkv, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, scale, causal, workspace, st);
+        return bf16 ? launch_tile<128, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st)
+                    : launch_tile<128, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st);
+    return bf16 ? launch_tile<64, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st)
+                : launch_tile<64, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st);
 }

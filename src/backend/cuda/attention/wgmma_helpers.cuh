@@ -1,8 +1,8 @@
-/* wgmma helpers shared by the Hopper attention kernels (attention_wgmma.cu, attention_fa3.cu):
+/* wgmma helpers shared by the Hopper attention kernels (wgmma.cu, fa3.cu):
  * proxy fences, the 128-byte-swizzle shared-memory descriptor, wgmma wrappers for the shapes the
  * kernels use, and the online-softmax step of one S tile (lazy rescaling). */
-#ifndef NOPAD_BACKEND_CUDA_WGMMA_HELPERS_CUH
-#define NOPAD_BACKEND_CUDA_WGMMA_HELPERS_CUH
+#ifndef NOPAD_BACKEND_CUDA_ATTENTION_WGMMA_HELPERS_CUH
+#define NOPAD_BACKEND_CUDA_ATTENTION_WGMMA_HELPERS_CUH
 
 #include <math.h>
 #include <stdint.h>
@@ -49,7 +49,7 @@ static __device__ __forceinline__ int sw_off(int row, int col) {
 }
 
 /* D[64 x 32] (+)= A * B, both in shared memory: the half-width last key tile of a sequence
- * (attention_wgmma.cu); 16 fp32 accumulators a thread, the first 16 of the m64n64 layout */
+ * (wgmma.cu); 16 fp32 accumulators a thread, the first 16 of the m64n64 layout */
 static __device__ __forceinline__ void wgmma_ss_m64n32k16_f16(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
@@ -127,7 +127,7 @@ static __device__ __forceinline__ void wgmma_rs_m64n64k16_bf16(float d[32], cons
 }
 
 /* D[64 x 72] += A (registers) * B (shared, MN-major: transposed), B's columns 64..71 from a second
- * swizzle atom at the descriptor's leading byte offset (attention_fa3.cu: a block of ones, so that
+ * swizzle atom at the descriptor's leading byte offset (fa3.cu: a block of ones, so that
  * columns 64..71 of D accumulate the row sums of A); 36 fp32 accumulators a thread */
 static __device__ __forceinline__ void wgmma_rs_m64n72k16_f16(float d[36], const uint32_t a[4], uint64_t desc_b) {
     asm volatile(
@@ -209,7 +209,7 @@ static __device__ __forceinline__ void rescale_o(float *o, const float alpha[2])
  * rescaled lazily: it moves only when the new maximum exceeds it by more than rescale_thresh (log2
  * units), so p <= 2^thresh and O is rarely rescaled; l and O share the max, so the final
  * normalisation stays exact. (both -inf: NaN > t is false) With SUM false the row sums are left to
- * the caller (attention_fa3.cu takes them from the P V product) and l_run is not touched. CAUSAL = 0:
+ * the caller (fa3.cu takes them from the P V product) and l_run is not touched. CAUSAL = 0:
  * the caller knows at compile time that it is not causal (the causal argument is then not read, and
  * the key mask is the short one); otherwise the causal argument decides. */
 template <int NT, bool SUM = true, int CAUSAL = -1>

@@ -1,4 +1,4 @@
-/* The CUTLASS kernel template behind cuda_gemm_fused (gemm_fused.h); included only by the
+/* The CUTLASS kernel template behind cuda_gemm_fused (cutlass.h); included only by the
  * per-dtype instantiation files, so each dtype compiles in a translation unit of its own (the
  * two compile in parallel; CUTLASS kernels are slow to compile).
  *
@@ -31,8 +31,8 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
-#include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/gemm_fused.h"
+#include "backend/cuda/common.h"
+#include "backend/cuda/gemm/cutlass.h"
 extern "C" {
 #include "util/error.h"
 }
@@ -44,7 +44,7 @@ using namespace cute;
 /* Tile configurations (the numbers are cuda_gemm_fused's config indices), chosen by measurement
  * on an H200 among cooperative 128x256 (cluster 2x1) and 256x128 (cluster 1x2), ping-pong
  * 128x128 (clusters 1x1 and 2x1) and 64x128, and epilogue subtiles 64x32, 64x64, 64x128, 128x32
- * and 128x64 (bench/RESULTS.md and bench/results/gemm_explore_2026-11-21_H200.log):
+ * and 128x64 (docs/gemm.md):
  * 0: ping-pong 128x128x64 — each consumer warpgroup owns a whole tile, so one's epilogue overlaps
  *    the other's MMAs; the GELU kernel takes 64x64 epilogue subtiles (32 independent elements per
  *    thread for the erf math and half the subtile barriers of the default 64x32).
@@ -142,20 +142,9 @@ struct Gemm {
     using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-enum { MAX_DEVICES = 64 };
-
-static inline int current_device() {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
-        cudaGetLastError();
-        return -1;
-    }
-    return dev;
-}
-
-/* The persistent grid is sized to the SMs (read once per device). */
+/* The persistent grid is sized to the SMs (read once per device; 0 when the query fails). */
 static inline int sm_count(int dev) {
-    static int cached[MAX_DEVICES];
+    static int cached[CUDA_MAX_DEVICES];
     if (dev < 0) return 0;
     if (!cached[dev]) {
         int n = 0;
@@ -171,7 +160,7 @@ static inline int sm_count(int dev) {
  * after the rest: nearly twice the time for their share of the tiles. 0 when unknown. */
 template <class Kernel>
 static int max_active_clusters(int dev) {
-    static int cached[MAX_DEVICES]; /* 0: not asked yet; -1: the query failed */
+    static int cached[CUDA_MAX_DEVICES]; /* 0: not asked yet; -1: the query failed */
     if (dev < 0) return 0;
     if (!cached[dev]) {
         const void *fn = (const void *)cutlass::device_kernel<Kernel>;
@@ -217,7 +206,7 @@ nopad_status run(void *y, const void *x, const void *w, const void *bias, const 
     if constexpr (!G::kGelu) c = static_cast<const Element *>(residual ? residual : y);
     Element *d = static_cast<Element *>(y);
 
-    const int dev = current_device();
+    const int dev = cuda_current_device();
     cutlass::KernelHardwareInfo hw;
     hw.device_id = dev < 0 ? 0 : dev;
     hw.sm_count = sm_count(dev);

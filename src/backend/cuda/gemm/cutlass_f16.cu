@@ -1,4 +1,4 @@
-/* cuda_gemm_fused's f16 kernels (gemm_cutlass.cuh); a translation unit of their own so the two
+/* cuda_gemm_fused's f16 kernels (cutlass.cuh); a translation unit of their own so the two
  * dtypes compile in parallel. Empty without CUTLASS. */
 #ifdef NOPAD_HAVE_CUTLASS
 /* CUTLASS's device asserts are calls to __assert_fail: a call inside the mainloop makes ptxas
@@ -6,7 +6,7 @@
 #ifndef NDEBUG
 #define NDEBUG
 #endif
-#include "backend/cuda/gemm_cutlass.cuh"
+#include "backend/cuda/gemm/cutlass.cuh"
 
 nopad_status nopad_gemm_cutlass_f16(int cfg, int gelu, void *y, const void *x, const void *w,
                                    const void *bias, const void *residual, int M, int K, int N,

@@ -1,4 +1,4 @@
-/* Skinny linear layers (gemm_skinny.h): y[T, N] = epilogue(x[T, K] · w[N, K]ᵀ) for T <= 256.
+/* Skinny linear layers (skinny.h): y[T, N] = epilogue(x[T, K] · w[N, K]ᵀ) for T <= 256.
  *
  * Work split. A CTA (8 warps) owns an output tile of 64 features (rows of w) x up to 64 tokens and
  * one slice of K: grid = N/64 tiles x `splits` slices x ceil(T/64) token tiles, with the fewest
@@ -15,9 +15,7 @@
  * applies bias, activation and residual and stores y. No workspace, no atomics, no second kernel.
  * (A first version reduced through global memory, the last CTA of a tile summing every slice
  * after a fence and a ticket: the serial chain of L2 round trips made each GEMM take 12-14 us
- * in ncu at 64 tokens; this one takes 7.9-10.2 there, 7.1-8.3 at 32, against 4.6-5.9 for a
- * cuBLASLt GEMM and 2.6 for its split-K reduction kernel; bench/results/
- * enc_2026-11-21_H200_ncu_skinny.txt.)
+ * at 64 tokens against 7.9-10.2 for this one; docs/gemm.md.)
  *
  * Programmatic dependent launch. The weights do not depend on the kernel before, so each CTA issues
  * their copies first and only then waits (griddepcontrol.wait) for the upstream grid before
@@ -33,8 +31,8 @@
 #include <stdlib.h>
 
 #include "backend/cuda/activation.cuh"
-#include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/gemm_skinny.h"
+#include "backend/cuda/common.h"
+#include "backend/cuda/gemm/skinny.h"
 #include "backend/cuda/ptx_helpers.cuh"
 extern "C" {
 #include "util/error.h"
@@ -269,12 +267,10 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
     const int di = dtype == NOPAD_DTYPE_BF16;
     void (*kernel)(params) = di ? skinny_gemm_kernel<true> : skinny_gemm_kernel<false>;
     /* the shared-memory limit is a per-device attribute of the kernel: set once per device */
-    static int attr_set[64][2];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: no current device below 64", what);
-    }
+    static int attr_set[CUDA_MAX_DEVICES][2];
+    const int dev = cuda_current_device();
+    if (dev < 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: no current device below %d", what, (int)CUDA_MAX_DEVICES);
     if (!attr_set[dev][di]) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MAX_SMEM) != cudaSuccess)
             return nopad_set_error(NOPAD_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
@@ -301,27 +297,4 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
         return nopad_set_error(NOPAD_ERR_BACKEND, "%s: launch: %s", what, cudaGetErrorString(err));
     }
     return NOPAD_OK;
-}
-
-static int32_t max_tokens_value = -1; /* -1: NOPAD_SKINNY_MAX_TOKENS not read yet */
-
-extern "C" int32_t cuda_gemm_skinny_max_tokens(void) {
-    int32_t &value = max_tokens_value;
-    if (value < 0) {
-        const char *env = getenv("NOPAD_SKINNY_MAX_TOKENS");
-        /* default 32: measured on an H200 (BERT-base forward, CUDA graphs, A/B in one run,
-         * bench/RESULTS.md ENC v5): 16 tokens 0.385 -> 0.320 ms, 32 tokens 0.390 -> 0.367, but
-         * 64 tokens 0.401 -> 0.462 and 100 tokens 0.435 -> 0.562 */
-        long v = env ? strtol(env, NULL, 10) : 32;
-        value = (int32_t)(v < 0 ? 0 : v > CUDA_SKINNY_MAX_T ? CUDA_SKINNY_MAX_T : v);
-    }
-    return value;
-}
-
-extern "C" void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens) {
-    max_tokens_value = max_tokens < 0 ? 0 : max_tokens > CUDA_SKINNY_MAX_T ? CUDA_SKINNY_MAX_T : max_tokens;
-}
-
-extern "C" int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out) {
-    return n_tokens <= cuda_gemm_skinny_max_tokens() && cuda_gemm_skinny_supported(n_tokens, n_in, n_out);
 }

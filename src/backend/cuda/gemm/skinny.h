@@ -1,5 +1,5 @@
 /* Linear layers for the few tokens of a small batch: y[T, N] = epilogue(x[T, K] · w[N, K]ᵀ) with
- * T <= CUDA_SKINNY_MAX_T, in one kernel whatever the epilogue (gemm_skinny.cu says how).
+ * T <= CUDA_SKINNY_MAX_T, in one kernel whatever the epilogue (skinny.cu says how).
  *
  * At T = 26 (one short sentence) a BERT-base linear layer is a stream of 1.2–4.7 MB of weights
  * through ~0.2 GFLOP: what counts is reading the weights with every SM and doing the rest in the
@@ -32,23 +32,6 @@ int cuda_gemm_skinny_supported(int32_t n_tokens, int32_t n_in, int32_t n_out);
 nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void *x, const void *w,
                               const void *bias, const void *residual, int32_t n_tokens,
                               int32_t n_in, int32_t n_out, int act, void *stream);
-
-/* The largest T that the backend's linear op sends here: NOPAD_SKINNY_MAX_TOKENS (0 turns the
- * path off; at most CUDA_SKINNY_MAX_T), read at the first call; by default 32, the crossover
- * measured on an H200 in the whole BERT-base forward (faster at 16 and 32 tokens, slower from
- * 64). Timed alone by ncu the kernel takes 7-8 us at 32 tokens where a cuBLASLt GEMM takes
- * 4.6-5.9: in the forward it gains by replacing the split-K reduction and GELU kernels and by
- * fetching its weights before the kernel ahead of it has finished. */
-int32_t cuda_gemm_skinny_max_tokens(void);
-/* Overrides it (0: off), for the benchmark and the tests. */
-void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens);
-
-/* Whether the backend's linear op takes the skinny GEMM for this shape: every supported shape
- * within cuda_gemm_skinny_max_tokens(). Alone, graph-replayed, it beats the library path only at
- * K >= 2·N, yet taking it for every GEMM of the forward measured faster than taking it only where
- * it won alone (consecutive skinny kernels fetch their weights while the one before finishes;
- * docs/gemm.md). */
-int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out);
 
 #ifdef __cplusplus
 }
