@@ -3,7 +3,7 @@
 #include "backend/backend.h"
 #include "util/error.h"
 #ifdef NOPAD_HAVE_CUDA
-#include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/attention/attention.h"
 #endif
 
 nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void *out,
