@@ -135,6 +135,16 @@ import enc_bench; enc_bench.make_model('base', torch.float16, '/tmp/nopad_enc_ba
 }
 # summary line of a compute-sanitizer log
 san_summary() { grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$1" | tail -n 1; }
+# sanitize_run TOOL LABEL LOG BINARY [VAR=value ...]: BINARY under compute-sanitizer --tool TOOL
+# with those variables; the outcome goes to sanitizer.log, a failure to $status
+sanitize_run() {
+    local tool=$1 label=$2 log=$3 bin=$4
+    shift 4
+    env "$@" compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" > "$log" 2>&1
+    local rc=$?
+    [ "$rc" = 0 ] || status=1
+    echo "compute-sanitizer --tool $tool, $label: exit $rc; $(san_summary "$log")" | tee -a "$OUTDIR/sanitizer.log"
+}
 status=0
 
 if want test; then
@@ -183,37 +193,26 @@ if want sanitize_fmha; then
     # the FA3 kernel (TMA, mbarriers, named barriers, the persistent counter) on the quick shapes
     for persist in 0 1; do
         for tool in memcheck racecheck; do
-            NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=$persist NOPAD_GPU_TEST_QUICK=1 NOPAD_GPU_TEST_D=64 \
-                compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD/tests/test_cuda_attention" \
-                > "$OUTDIR/sanitizer_fa3_p${persist}_$tool.log" 2>&1
-            rc=$?
-            [ "$rc" = 0 ] || status=1
-            echo "compute-sanitizer --tool $tool, FA3 persist=$persist: exit $rc; $(san_summary "$OUTDIR/sanitizer_fa3_p${persist}_$tool.log")" |
-                tee -a "$OUTDIR/sanitizer.log"
+            sanitize_run $tool "FA3 persist=$persist" "$OUTDIR/sanitizer_fa3_p${persist}_$tool.log" \
+                "$BUILD/tests/test_cuda_attention" NOPAD_FMHA_FA3=1 NOPAD_FMHA_FA3_PERSIST=$persist \
+                NOPAD_GPU_TEST_QUICK=1 NOPAD_GPU_TEST_D=64
         done
     done
     # the v5 kernels (cp.async, wgmma; dead warpgroups, the half-width last key tile) and mma.sync
     # (d = 32): the dispatch with FA3 off, and 128-row tiles forced (the pipelined kernel)
     for setting in "NOPAD_FMHA_FA3=0" "NOPAD_FMHA_FA3=0 NOPAD_FMHA_WG_M=128"; do
         for tool in memcheck racecheck; do
-            env $setting NOPAD_GPU_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 3 \
-                "$BUILD/tests/test_cuda_attention" > "$OUTDIR/sanitizer_v5_$tool.log" 2>&1
-            rc=$?
-            [ "$rc" = 0 ] || status=1
-            echo "compute-sanitizer --tool $tool, v5 [$setting]: exit $rc; $(san_summary "$OUTDIR/sanitizer_v5_$tool.log")" |
-                tee -a "$OUTDIR/sanitizer.log"
+            # shellcheck disable=SC2086 # $setting is a list of VAR=value words
+            sanitize_run $tool "v5 [$setting]" "$OUTDIR/sanitizer_v5_$tool.log" "$BUILD/tests/test_cuda_attention" \
+                $setting NOPAD_GPU_TEST_QUICK=1
         done
     done
 fi
 if want sanitize_gemm; then
     # the skinny GEMM (bulk copies on mbarriers, cluster barriers, distributed shared memory)
     for tool in memcheck racecheck synccheck; do
-        NOPAD_TEST_FILTER='*skinny*' NOPAD_GPU_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 3 \
-            "$BUILD/tests/test_cuda_gemm" > "$OUTDIR/sanitizer_skinny_$tool.log" 2>&1
-        rc=$?
-        [ "$rc" = 0 ] || status=1
-        echo "compute-sanitizer --tool $tool, test_cuda_gemm *skinny*: exit $rc; $(san_summary "$OUTDIR/sanitizer_skinny_$tool.log")" |
-            tee -a "$OUTDIR/sanitizer.log"
+        sanitize_run $tool "test_cuda_gemm *skinny*" "$OUTDIR/sanitizer_skinny_$tool.log" "$BUILD/tests/test_cuda_gemm" \
+            'NOPAD_TEST_FILTER=*skinny*' NOPAD_GPU_TEST_QUICK=1
     done
 fi
 if want bench; then

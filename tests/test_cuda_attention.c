@@ -19,6 +19,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_testutil.h"
+
 #include "testutil.h"
 
 #define CUDA_OK(expr)                                                                              \
@@ -255,11 +257,7 @@ static void test_unsupported(void **state) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipping the GPU tests\n");
-        return 77;
-    }
+    if (test_skip_without_gpu()) return 77;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
         printf("device: %s (sm_%d%d, %d SMs)%s\n", prop.name, prop.major, prop.minor,

@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_testutil.h"
+
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "golden.h"
@@ -30,16 +32,6 @@ static const double MODEL_BOUND[2] = {5e-3, 2e-2};
  * (scripts/torch_bf16_error.py, H200, 2026-11-21); nopad's measured 3.1e-3 and 4.3e-2 to 5.3e-2.
  * Bound: 1.5x PyTorch's error, and never below MODEL_BOUND. */
 static const double RANDOM_IDS_BOUND[2] = {5e-3, 7.5e-2};
-
-/* Uploads host floats to a fresh device tensor of the backend's dtype and rewrites the host copy
- * with the rounded values, so the CPU reference computes on exactly what the GPU sees. */
-static void *to_device(nopad_backend *be, float *host, size_t n) {
-    void *dev;
-    assert_nopad_ok(be->alloc(be, n * 2, &dev));
-    assert_nopad_ok(be->upload_f32(be, dev, host, n));
-    assert_nopad_ok(be->download_f32(be, host, dev, n));
-    return dev;
-}
 
 static int32_t *i32_to_device(nopad_backend *be, const int32_t *host, size_t n) {
     void *dev;
@@ -103,8 +95,8 @@ static void test_linear(void **state) {
             const int32_t T = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
             float *x = random_floats((size_t)T * K, -1, 1, &rng), *w = random_floats((size_t)N * K, -0.1f, 0.1f, &rng);
             float *b = random_floats(N, -1, 1, &rng), *r = random_floats((size_t)T * N, -1, 1, &rng);
-            void *dx = to_device(gpu, x, (size_t)T * K), *dw = to_device(gpu, w, (size_t)N * K);
-            void *db = to_device(gpu, b, N), *dr = to_device(gpu, r, (size_t)T * N);
+            void *dx = test_to_device(gpu, x, (size_t)T * K), *dw = test_to_device(gpu, w, (size_t)N * K);
+            void *db = test_to_device(gpu, b, N), *dr = test_to_device(gpu, r, (size_t)T * N);
             float *want = malloc((size_t)T * N * sizeof(float));
             for (int epi = NOPAD_EPILOGUE_NONE; epi <= NOPAD_EPILOGUE_BIAS_RESIDUAL; epi++) {
                 for (int act = 0; act <= (epi == NOPAD_EPILOGUE_BIAS_ACT ? 2 : 0); act++) {
@@ -137,7 +129,7 @@ static void test_gelu_epilogue_is_tanh(void **state) {
     static float x[T * D], eye[D * D], zero[D];
     for (int i = 0; i < T * D; i++) x[i] = -3.5f + 2.5f * i / (T * D - 1);
     for (int i = 0; i < D; i++) eye[i * D + i] = 1.0f;
-    void *dx = to_device(gpu, x, T * D), *dw = to_device(gpu, eye, D * D), *db = to_device(gpu, zero, D);
+    void *dx = test_to_device(gpu, x, T * D), *dw = test_to_device(gpu, eye, D * D), *db = test_to_device(gpu, zero, D);
     void *dout = poisoned(gpu, T * D);
     assert_nopad_ok(gpu->gemm(gpu, dout, dx, dw, db, NULL, T, D, D, NOPAD_EPILOGUE_BIAS_ACT, NOPAD_ACT_GELU_TANH));
     float *got = to_host(gpu, dout, T * D);
@@ -180,9 +172,9 @@ static void test_layernorms(void **state) {
             float *word = random_floats((size_t)V * D, -1, 1, &rng), *pos = random_floats((size_t)P * D, -1, 1, &rng);
             float *type = random_floats((size_t)TV * D, -1, 1, &rng), *g = random_floats(D, 0.5f, 1.5f, &rng);
             float *bb = random_floats(D, -0.5f, 0.5f, &rng), *res = random_floats((size_t)T * D, -3, 3, &rng);
-            void *dword = to_device(gpu, word, (size_t)V * D), *dpos = to_device(gpu, pos, (size_t)P * D);
-            void *dtype = to_device(gpu, type, (size_t)TV * D), *dg = to_device(gpu, g, D), *db = to_device(gpu, bb, D);
-            void *dres = to_device(gpu, res, (size_t)T * D);
+            void *dword = test_to_device(gpu, word, (size_t)V * D), *dpos = test_to_device(gpu, pos, (size_t)P * D);
+            void *dtype = test_to_device(gpu, type, (size_t)TV * D), *dg = test_to_device(gpu, g, D), *db = test_to_device(gpu, bb, D);
+            void *dres = test_to_device(gpu, res, (size_t)T * D);
             int32_t *dtok = i32_to_device(gpu, tokens, T), *dtyp = i32_to_device(gpu, types, T);
             int32_t *dcu = i32_to_device(gpu, cu, B + 1);
             nopad_seqs hs = {.n_seqs = B, .n_tokens = T, .max_seqlen = max_seqlen, .cu_seqlens = cu};
@@ -247,7 +239,7 @@ static void test_attention_through_backend(void **state) {
                 int32_t *cu = random_cu(B, 200, &rng, &max_seqlen);
                 const int32_t T = cu[B], H = heads * d;
                 float *qkv = random_floats((size_t)T * 3 * H, -2, 2, &rng);
-                void *dqkv = to_device(gpu, qkv, (size_t)T * 3 * H);
+                void *dqkv = test_to_device(gpu, qkv, (size_t)T * 3 * H);
                 int32_t *dcu = i32_to_device(gpu, cu, B + 1);
                 void *dout = poisoned(gpu, (size_t)T * H);
                 nopad_seqs hs = {.n_seqs = B, .n_tokens = T, .max_seqlen = max_seqlen, .cu_seqlens = cu};
@@ -349,15 +341,6 @@ static void test_golden_models(void **state) {
     }
 }
 
-static double cosine(const float *a, const float *b, int n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (int i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
-}
 
 /* all-MiniLM-L6-v2: NOPAD_MINILM_DIR may hold an fp16 copy of the weights (scripts/gpu_check.sh
  * carries one: the fp32 file is too large to send); an fp16 or bf16 backend rounds the weights to
@@ -395,15 +378,15 @@ static void test_minilm_and_edge_batches(void **state) {
             float *se = malloc(sizeof(float) * k * H);
             assert_nopad_ok(nopad_encode_packed(m, k, cu, ids, NULL, NULL, NULL, se));
             for (int s = 0; s < k; s++)
-                if (!(cosine(se + (size_t)s * H, want + (size_t)s * H, H) >= 0.9999))
+                if (!(test_cosine(se + (size_t)s * H, want + (size_t)s * H, H) >= 0.9999))
                     fail_msg("MiniLM %s, batch of the first %d sentences (%d tokens), sentence %d: cosine %.6f < 0.9999",
-                             DTYPE_NAMES[di], k, cu[k], s, cosine(se + (size_t)s * H, want + (size_t)s * H, H));
+                             DTYPE_NAMES[di], k, cu[k], s, test_cosine(se + (size_t)s * H, want + (size_t)s * H, H));
             free(se);
         }
         float *emb = malloc(sizeof(float) * B * H);
         assert_nopad_ok(nopad_encode_packed(m, B, cu, ids, NULL, NULL, NULL, emb));
         double worst = 1;
-        for (int s = 0; s < B; s++) worst = fmin(worst, cosine(emb + (size_t)s * H, want + (size_t)s * H, H));
+        for (int s = 0; s < B; s++) worst = fmin(worst, test_cosine(emb + (size_t)s * H, want + (size_t)s * H, H));
         printf("  %-5s MiniLM %d sentences: min cosine vs fp32 reference %.6f\n", DTYPE_NAMES[di], B, worst);
         if (!(worst >= 0.9999)) fail_msg("MiniLM %s: min cosine %.6f < 0.9999", DTYPE_NAMES[di], worst);
 
@@ -422,7 +405,7 @@ static void test_minilm_and_edge_batches(void **state) {
         float *bemb = malloc(sizeof(float) * N * H);
         assert_nopad_ok(nopad_encode_packed(m, N, bcu, bids, NULL, NULL, NULL, bemb));
         for (int s = 0; s < N; s++)
-            if (!(cosine(bemb + (size_t)s * H, want + (size_t)(s % B) * H, H) >= 0.9999))
+            if (!(test_cosine(bemb + (size_t)s * H, want + (size_t)(s % B) * H, H) >= 0.9999))
                 fail_msg("1000-sequence batch, sequence %d: cosine below 0.9999", s);
         /* every sequence at the model maximum (256), and one long among many short */
         float *mh = malloc(sizeof(float) * NMAX * 256 * H);
@@ -834,11 +817,7 @@ static void test_padded_device_entry(void **state) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipping the GPU tests\n");
-        return 77;
-    }
+    if (test_skip_without_gpu()) return 77;
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
     /* NOPAD_TEST_FILTER=pattern runs a subset (e.g. under compute-sanitizer) */
     if (getenv("NOPAD_TEST_FILTER")) cmocka_set_test_filter(getenv("NOPAD_TEST_FILTER"));

@@ -23,6 +23,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_testutil.h"
+
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm/gemm.h"
@@ -39,16 +41,6 @@ static const char *const EP_NAMES[3] = {"bias", "bias+gelu_erf", "bias+residual"
 /* (K, N) of a BERT layer's GEMMs: qkv, attention out, FFN in, FFN out; base then large. */
 static const int32_t SHAPES[8][2] = {{768, 2304},  {768, 768},   {768, 3072},  {3072, 768},
                                      {1024, 3072}, {1024, 1024}, {1024, 4096}, {4096, 1024}};
-
-/* Uploads host floats to a fresh device tensor of be's dtype and rewrites the host copy with the
- * rounded values, so the reference computes on exactly what the GPU sees. */
-static void *to_device(nopad_backend *be, float *host, size_t n) {
-    void *dev;
-    assert_nopad_ok(be->alloc(be, n * 2, &dev));
-    assert_nopad_ok(be->upload_f32(be, dev, host, n));
-    assert_nopad_ok(be->download_f32(be, host, dev, n));
-    return dev;
-}
 
 static void poison(nopad_backend *be, void *dev, size_t n) {
     float *nan = malloc(n * sizeof(float));
@@ -92,10 +84,10 @@ static void problem_make(problem *p, int d, int32_t T, int32_t K, int32_t N, uin
     p->w = random_floats((size_t)N * K, -ws, ws, rng);
     p->bias = random_floats((size_t)N, -0.5f, 0.5f, rng);
     p->res = random_floats((size_t)T * N, -1.0f, 1.0f, rng);
-    p->dx = to_device(be, p->x, (size_t)T * K);
-    p->dw = to_device(be, p->w, (size_t)N * K);
-    p->dbias = to_device(be, p->bias, (size_t)N);
-    p->dres = to_device(be, p->res, (size_t)T * N);
+    p->dx = test_to_device(be, p->x, (size_t)T * K);
+    p->dw = test_to_device(be, p->w, (size_t)N * K);
+    p->dbias = test_to_device(be, p->bias, (size_t)N);
+    p->dres = test_to_device(be, p->res, (size_t)T * N);
     assert_nopad_ok(be->alloc(be, (size_t)T * N * 2, &p->dy));
     p->acc = malloc((size_t)T * N * sizeof(float));
     assert_nopad_ok(cpu->gemm(cpu, p->acc, p->x, p->w, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE,
@@ -425,11 +417,7 @@ static void test_skinny_graph(void **state) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipping the GPU tests\n");
-        return 77;
-    }
+    if (test_skip_without_gpu()) return 77;
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
     for (int d = 0; d < 2; d++)
         if (cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking) != cudaSuccess ||

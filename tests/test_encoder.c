@@ -53,6 +53,15 @@ static nopad_model *load_model(const char *name) {
     return m;
 }
 
+/* The model of tests/data/models/<name>, its info and its golden batch (free with golden_free and
+ * nopad_model_free). */
+static nopad_model *load_golden(const char *name, nopad_model_info *info, golden *g) {
+    nopad_model *m = load_model(name);
+    assert_nopad_ok(nopad_model_get_info(m, info));
+    golden_load(name, g);
+    return m;
+}
+
 static const int32_t *types_for(nopad_model *m, const golden *g) {
     nopad_model_info info;
     assert_nopad_ok(nopad_model_get_info(m, &info));
@@ -61,11 +70,9 @@ static const int32_t *types_for(nopad_model *m, const golden *g) {
 
 static void test_golden_hidden_states(void **state) {
     for (int i = 0; i < N_MODELS; i++) {
-        nopad_model *m = load_model(MODELS[i]);
         nopad_model_info info;
-        assert_nopad_ok(nopad_model_get_info(m, &info));
         golden g;
-        golden_load(MODELS[i], &g);
+        nopad_model *m = load_golden(MODELS[i], &info, &g);
         float *out = malloc((size_t)g.n_tokens * info.hidden_size * sizeof(float));
         for (int64_t k = 0; k < (int64_t)g.n_tokens * info.hidden_size; k++) out[k] = NAN;
         nopad_encode_params p = nopad_encode_default_params();
@@ -92,11 +99,9 @@ static void test_golden_hidden_states(void **state) {
  * blocks GEMMs by the token count, so fp32 sums run in another order. */
 static void test_packed_equals_one_by_one(void **state) {
     for (int i = 0; i < N_MODELS; i++) {
-        nopad_model *m = load_model(MODELS[i]);
         nopad_model_info info;
-        assert_nopad_ok(nopad_model_get_info(m, &info));
         golden g;
-        golden_load(MODELS[i], &g);
+        nopad_model *m = load_golden(MODELS[i], &info, &g);
         const int H = info.hidden_size;
         const int32_t *types = types_for(m, &g);
         float *packed = malloc((size_t)g.n_tokens * H * sizeof(float));
@@ -137,11 +142,9 @@ static void test_packed_equals_one_by_one(void **state) {
 
 /* The padded entry packs inside and unpacks with zeros past each length. */
 static void test_padded_equals_packed(void **state) {
-    nopad_model *m = load_model("bert_a");
     nopad_model_info info;
-    assert_nopad_ok(nopad_model_get_info(m, &info));
     golden g;
-    golden_load("bert_a", &g);
+    nopad_model *m = load_golden("bert_a", &info, &g);
     const int H = info.hidden_size, S = info.max_seq_length, B = g.n_seqs;
     int32_t *ids = malloc((size_t)B * S * sizeof(int32_t));
     int32_t *types = malloc((size_t)B * S * sizeof(int32_t));
@@ -189,11 +192,9 @@ static void test_sentence_transformers_pooling(void **state) {
         char rel[256];
         snprintf(rel, sizeof rel, "models/%s/golden.safetensors", ST_MODELS[i]);
         if (access(test_data_path(rel), R_OK) != 0) continue;
-        nopad_model *m = load_model(ST_MODELS[i]);
         nopad_model_info info;
-        assert_nopad_ok(nopad_model_get_info(m, &info));
         golden g;
-        golden_load(ST_MODELS[i], &g);
+        nopad_model *m = load_golden(ST_MODELS[i], &info, &g);
         float *want = golden_copy(&g.file, "pooled", ST_F32, NULL);
         float *got = malloc((size_t)g.n_seqs * info.hidden_size * sizeof(float));
         assert_nopad_ok(nopad_encode_packed(m, g.n_seqs, g.cu, g.ids, types_for(m, &g), NULL, NULL, got));
@@ -210,11 +211,9 @@ static void test_sentence_transformers_pooling(void **state) {
 
 /* Every pooling mode equals the same reduction done here over the hidden states. */
 static void test_pooling_modes_match_hidden(void **state) {
-    nopad_model *m = load_model("roberta_a");
     nopad_model_info info;
-    assert_nopad_ok(nopad_model_get_info(m, &info));
     golden g;
-    golden_load("roberta_a", &g);
+    nopad_model *m = load_golden("roberta_a", &info, &g);
     const int H = info.hidden_size, B = g.n_seqs;
     float *hidden = malloc((size_t)g.n_tokens * H * sizeof(float));
     float *pooled = malloc((size_t)B * H * sizeof(float));
@@ -296,11 +295,9 @@ static void *run_context_job(void *arg) {
 }
 
 static void test_contexts(void **state) {
-    nopad_model *m = load_model("bert_a");
     nopad_model_info info;
-    assert_nopad_ok(nopad_model_get_info(m, &info));
     golden g;
-    golden_load("bert_a", &g);
+    nopad_model *m = load_golden("bert_a", &info, &g);
     const int32_t H = info.hidden_size;
     const size_t n = (size_t)g.n_tokens * H;
     enum { N_CTX = 3 };

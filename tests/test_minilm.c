@@ -50,15 +50,6 @@ static int read_lines(const char *path, char ***lines_out, char **buf_out) {
     return n;
 }
 
-static double cosine(const float *a, const float *b, int n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (int i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
-}
 
 static void check_file(const char *text_rel, const char *expected_rel, int truncate) {
     nopad_model_info info;
@@ -113,7 +104,7 @@ static void check_file(const char *text_rel, const char *expected_rel, int trunc
     assert_nopad_ok(nopad_encode_packed(model, n, cu, ids, NULL, NULL, hidden, emb));
     double worst = 1;
     for (int i = 0; i < n; i++) {
-        double c = cosine(emb + (size_t)i * H, want_emb + (size_t)i * H, H);
+        double c = test_cosine(emb + (size_t)i * H, want_emb + (size_t)i * H, H);
         if (c < worst) worst = c;
         if (!(c >= 0.9999)) fail_msg("line %d: cosine %.6f < 0.9999", i + 1, c);
     }

@@ -127,3 +127,13 @@ void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state)
     for (int64_t i = 0; i < n; i++)
         x[i] = lo + (hi - lo) * (float)(test_rand_u32(state) >> 8) / 16777216.0f;
 }
+
+double test_cosine(const float *a, const float *b, int64_t n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return ab / sqrt(aa * bb);
+}

@@ -24,6 +24,8 @@ const char *test_write_temp(int slot, const char *suffix, const void *data, size
 const char *test_make_temp_dir(int slot);
 /* max over rows of |a_r - b_r|_2 / max(|b_r|_2, 1e-6) for [rows, cols] matrices. */
 double test_max_row_rel_error(const float *a, const float *b, int64_t rows, int64_t cols);
+/* Cosine similarity of two vectors of n floats, in double. */
+double test_cosine(const float *a, const float *b, int64_t n);
 /* Uniform floats in [lo, hi) from a fixed-seed xorshift generator. */
 void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state);
 uint32_t test_rand_u32(uint64_t *state);

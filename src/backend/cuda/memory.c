@@ -40,10 +40,16 @@ static nopad_status reserve_scratch(cuda_state *s, size_t bytes) {
     return NOPAD_OK;
 }
 
-nopad_status cuda_mem_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n) {
-    CUDA_ENTER(be, s);
+/* Staging for n float32 elements, counted in the backend's extra bytes. */
+static nopad_status reserve_staging(nopad_backend *be, cuda_state *s, size_t n) {
     nopad_status st = reserve_scratch(s, n * sizeof(float));
     be->extra_bytes = FIXED_EXTRA_BYTES + s->scratch_bytes;
+    return st;
+}
+
+nopad_status cuda_mem_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n) {
+    CUDA_ENTER(be, s);
+    nopad_status st = reserve_staging(be, s, n);
     if (st != NOPAD_OK) return st;
     st = cuda_check(cudaMemcpyAsync(s->scratch, src, n * sizeof(float), cudaMemcpyHostToDevice, s->stream),
                     "upload");
@@ -55,8 +61,7 @@ nopad_status cuda_mem_upload_f32(nopad_backend *be, void *dst, const float *src,
 
 nopad_status cuda_mem_download_f32(nopad_backend *be, float *dst, const void *src, size_t n) {
     CUDA_ENTER(be, s);
-    nopad_status st = reserve_scratch(s, n * sizeof(float));
-    be->extra_bytes = FIXED_EXTRA_BYTES + s->scratch_bytes;
+    nopad_status st = reserve_staging(be, s, n);
     if (st != NOPAD_OK) return st;
     st = cuda_convert_to_f32(be->dtype, s->scratch, src, n, s->stream);
     if (st == NOPAD_OK)
