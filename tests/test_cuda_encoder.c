@@ -9,6 +9,7 @@
  * with cosine >= 0.9999 against the fp32 reference. Edge batches and padded = packed too.
  * No GPU: exit 77 (ctest: skipped). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -816,6 +817,88 @@ static void test_padded_device_entry(void **state) {
     }
 }
 
+/* Contexts on the GPU: the default context and two more (one on a caller's stream, one with a
+ * fixed workspace), each driven by its own thread at the same time, run the same batches — one of
+ * 1000 tokens launched directly and one of 300 that replays a recorded graph — several times, and
+ * agree with a run of the default context alone (to 1e-6 row-relative: the same kernels on the same
+ * data; one context's graphs and plans never serve another). */
+typedef struct gpu_context_job {
+    nopad_context *ctx;
+    const int32_t *cu, *ids;
+    int32_t n_seqs[2];
+    float *out[2]; /* [T, H] of each batch */
+    nopad_status st;
+} gpu_context_job;
+
+static void *run_gpu_context_job(void *arg) {
+    gpu_context_job *job = arg;
+    nopad_encode_params none = nopad_encode_default_params();
+    none.pooling = NOPAD_POOLING_NONE;
+    job->st = NOPAD_OK;
+    for (int rep = 0; rep < 3 && job->st == NOPAD_OK; rep++)
+        for (int k = 0; k < 2 && job->st == NOPAD_OK; k++) {
+            const nopad_batch b = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = job->n_seqs[k], .tokens = job->ids,
+                                   .cu_seqlens = job->cu};
+            job->st = nopad_encode(job->ctx, &b, &none, job->out[k], NULL);
+        }
+    return NULL;
+}
+
+static void test_contexts(void **state) {
+    const char *dir = test_minilm_dir();
+    if (!dir) fail_msg("NOPAD_MINILM_DIR unset or missing");
+    enum { B = 10, L = 100 }; /* sequences of 100 tokens: the first 3 (300 tokens) replay a graph */
+    int32_t cu[B + 1], *ids = malloc(sizeof(int32_t) * B * L);
+    uint64_t rng = 91;
+    for (int s = 0; s <= B; s++) cu[s] = s * L;
+    for (int t = 0; t < B * L; t++) ids[t] = 1000 + (int32_t)(test_rand_u32(&rng) % 20000);
+    for (int di = 0; di < 2; di++) {
+        nopad_model *m = load_cuda(dir, di, 0);
+        nopad_model_info info;
+        assert_nopad_ok(nopad_model_get_info(m, &info));
+        const int H = info.hidden_size;
+        enum { N_CTX = 3 };
+        gpu_context_job jobs[N_CTX + 1];
+        cudaStream_t stream;
+        assert_int_equal(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        nopad_context *ctx[N_CTX] = {nopad_model_context(m), NULL, NULL};
+        nopad_context_params cp = nopad_context_default_params();
+        cp.cuda_stream = stream;
+        assert_nopad_ok(nopad_context_create(m, &cp, &ctx[1]));
+        cp = nopad_context_default_params();
+        cp.max_batch_tokens = B * L;
+        assert_nopad_ok(nopad_context_create(m, &cp, &ctx[2]));
+        for (int i = 0; i <= N_CTX; i++) { /* jobs[N_CTX]: the reference, the default context alone */
+            jobs[i] = (gpu_context_job){.ctx = ctx[i < N_CTX ? i : 0], .cu = cu, .ids = ids, .n_seqs = {B, 3}};
+            for (int k = 0; k < 2; k++) jobs[i].out[k] = malloc(sizeof(float) * (size_t)B * L * H);
+        }
+        run_gpu_context_job(&jobs[N_CTX]);
+        assert_nopad_ok(jobs[N_CTX].st);
+        pthread_t threads[N_CTX];
+        for (int i = 0; i < N_CTX; i++) assert_int_equal(pthread_create(&threads[i], NULL, run_gpu_context_job, &jobs[i]), 0);
+        for (int i = 0; i < N_CTX; i++) assert_int_equal(pthread_join(threads[i], NULL), 0);
+        for (int i = 0; i < N_CTX; i++) {
+            assert_nopad_ok(jobs[i].st);
+            for (int k = 0; k < 2; k++) {
+                const double err = test_max_row_rel_error(jobs[i].out[k], jobs[N_CTX].out[k], cu[jobs[i].n_seqs[k]], H);
+                if (!(err <= 1e-6)) fail_msg("%s context %d, batch %d: %.3e vs the default context alone", DTYPE_NAMES[di], i, k, err);
+            }
+            nopad_model_stats stats;
+            assert_nopad_ok(nopad_context_get_stats(ctx[i], &stats));
+            if (i > 0 && (stats.forwards != 6 || stats.graph_replays < 1))
+                fail_msg("context %d: %lld forwards, %lld graph replays (want 6, >= 1)", i, (long long)stats.forwards,
+                         (long long)stats.graph_replays);
+        }
+        printf("  %-5s three contexts on three threads agree with the default context alone\n", DTYPE_NAMES[di]);
+        for (int i = 0; i <= N_CTX; i++) free(jobs[i].out[0]), free(jobs[i].out[1]);
+        nopad_context_free(ctx[1]);
+        nopad_context_free(ctx[2]);
+        nopad_model_free(m);
+        assert_int_equal(cudaStreamDestroy(stream), cudaSuccess);
+    }
+    free(ids);
+}
+
 int main(void) {
     if (test_skip_without_gpu()) return 77;
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
@@ -832,6 +915,7 @@ int main(void) {
         cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_padded_device_entry),
         cmocka_unit_test(test_small_batches),
+        cmocka_unit_test(test_contexts),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     cpu->destroy(cpu);

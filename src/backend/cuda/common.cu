@@ -17,15 +17,15 @@ extern "C" int cuda_sm_count(void) {
     static int cached[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
     if (dev < 0) return 132;
-    if (!cached[dev]) {
-        int n = 0;
+    int n = cuda_cache_load(&cached[dev]);
+    if (!n) {
         if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
             cudaGetLastError();
             n = 132;
         }
-        cached[dev] = n;
+        cuda_cache_store(&cached[dev], n);
     }
-    return cached[dev];
+    return n;
 }
 
 extern "C" int cuda_pdl_enabled(void) { return knob_int(KNOB_PDL) != 0; }

@@ -11,6 +11,12 @@ extern "C" {
  * device ordinals; a device at or above it gets the fallbacks below. */
 enum { CUDA_MAX_DEVICES = 64 };
 
+/* Per-device caches (a function attribute set, a query's answer) are filled by whichever thread
+ * comes first; contexts on several threads may race to fill one, which is harmless (the value is
+ * the same) as long as the slot itself is read and written atomically: these two do that. */
+static inline int cuda_cache_load(const int *slot) { return __atomic_load_n(slot, __ATOMIC_ACQUIRE); }
+static inline void cuda_cache_store(int *slot, int value) { __atomic_store_n(slot, value, __ATOMIC_RELEASE); }
+
 /* The current device's ordinal, or -1 when the query fails or it is >= CUDA_MAX_DEVICES. */
 int cuda_current_device(void);
 

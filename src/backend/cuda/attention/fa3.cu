@@ -35,6 +35,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -634,18 +635,22 @@ typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32
                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 /* cuTensorMapEncodeTiled from the driver the runtime already loaded; NULL if it has none */
+static encode_tiled_fn tensor_map_encoder_fn; /* set once, under tensor_map_encoder_once */
+static pthread_once_t tensor_map_encoder_once = PTHREAD_ONCE_INIT;
+
+static void look_up_tensor_map_encoder(void) {
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        tensor_map_encoder_fn = (encode_tiled_fn)p;
+    else
+        cudaGetLastError();
+}
+
 static encode_tiled_fn tensor_map_encoder(void) {
-    static encode_tiled_fn fn = NULL;
-    static int looked = 0;
-    if (!looked) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (encode_tiled_fn)p;
-        looked = 1;
-    }
-    return fn;
+    pthread_once(&tensor_map_encoder_once, look_up_tensor_map_encoder);
+    return tensor_map_encoder_fn;
 }
 
 template <int NWG, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG, bool PERSIST, bool CAUSAL>
@@ -658,12 +663,12 @@ static cudaError_t launch_fa3(const CUtensorMap &map, void *out, const void *qkv
     const size_t smem = tiles * sizeof(uint16_t) + 1024 + (PERSIST ? sizeof(Fa3Schedule) : 0);
     auto kernel = attention_fa3_kernel<NWG, BLOCK_N, STAGES, BF16, PINGPONG, PERSIST, CAUSAL>;
     /* above 48 KB a kernel must opt in: once per instantiation and device */
-    static bool attr_set[CUDA_MAX_DEVICES];
+    static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
-    if (dev < 0 || !attr_set[dev]) {
+    if (dev < 0 || !cuda_cache_load(&attr_set[dev])) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
-        if (dev >= 0) attr_set[dev] = true;
+        if (dev >= 0) cuda_cache_store(&attr_set[dev], 1);
     }
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     if constexpr (PERSIST) {

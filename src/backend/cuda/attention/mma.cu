@@ -220,12 +220,12 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
     auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16>;
     /* above 48 KB a kernel must opt in; done once per instantiation and device (also keeps it out
      * of graph capture after the first call) */
-    static bool attr_set[CUDA_MAX_DEVICES];
+    static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
-    if (dev < 0 || !attr_set[dev]) {
+    if (dev < 0 || !cuda_cache_load(&attr_set[dev])) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
-        if (dev >= 0) attr_set[dev] = true;
+        if (dev >= 0) cuda_cache_store(&attr_set[dev], 1);
     }
     const float scale_log2 = scale * 1.4426950408889634f;
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);

@@ -495,13 +495,13 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     const bool five = ctas_env == 4 ? false : ctas_env == 5 ? true : grid_ctas * 2 >= (uint64_t)5 * 4 * cuda_sm_count();
     const size_t launch_smem = FIVE_A_SM && !five && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
     /* above 48 KB a kernel must opt in: once per instantiation and device */
-    static bool attr_set[CUDA_MAX_DEVICES];
+    static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
-    if (dev < 0 || !attr_set[dev]) {
+    if (dev < 0 || !cuda_cache_load(&attr_set[dev])) {
         const size_t most = FIVE_A_SM && smem < FOUR_CTA_SMEM ? FOUR_CTA_SMEM : smem;
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
         if (e != cudaSuccess) return e;
-        if (dev >= 0) attr_set[dev] = true;
+        if (dev >= 0) cuda_cache_store(&attr_set[dev], 1);
     }
     const float scale_log2 = scale * 1.4426950408889634f;
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {

@@ -146,12 +146,12 @@ struct Gemm {
 static inline int sm_count(int dev) {
     static int cached[CUDA_MAX_DEVICES];
     if (dev < 0) return 0;
-    if (!cached[dev]) {
-        int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) cached[dev] = n;
-        else cudaGetLastError();
+    int n = cuda_cache_load(&cached[dev]);
+    if (!n) {
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) cuda_cache_store(&cached[dev], n);
+        else cudaGetLastError(), n = 0;
     }
-    return cached[dev];
+    return n;
 }
 
 /* How many clusters of this kernel fit on the device at once, with its real shared memory (once
@@ -162,7 +162,8 @@ template <class Kernel>
 static int max_active_clusters(int dev) {
     static int cached[CUDA_MAX_DEVICES]; /* 0: not asked yet; -1: the query failed */
     if (dev < 0) return 0;
-    if (!cached[dev]) {
+    int known = cuda_cache_load(&cached[dev]);
+    if (!known) {
         const void *fn = (const void *)cutlass::device_kernel<Kernel>;
         const int smem = (int)Kernel::SharedStorageSize;
         cudaLaunchAttribute attr;
@@ -182,9 +183,10 @@ static int max_active_clusters(int dev) {
             cudaGetLastError();
             n = -1;
         }
-        cached[dev] = n;
+        cuda_cache_store(&cached[dev], n);
+        known = n;
     }
-    return cached[dev] > 0 ? cached[dev] : 0;
+    return known > 0 ? known : 0;
 }
 
 template <class Element, class Cfg, template <class> class Act>

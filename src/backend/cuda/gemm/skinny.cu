@@ -271,10 +271,10 @@ extern "C" nopad_status cuda_gemm_skinny(nopad_dtype dtype, void *y, const void 
     const int dev = cuda_current_device();
     if (dev < 0)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: no current device below %d", what, (int)CUDA_MAX_DEVICES);
-    if (!attr_set[dev][di]) {
+    if (!cuda_cache_load(&attr_set[dev][di])) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MAX_SMEM) != cudaSuccess)
             return nopad_set_error(NOPAD_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
-        attr_set[dev][di] = 1;
+        cuda_cache_store(&attr_set[dev][di], 1);
     }
     const int pdl = cuda_pdl_enabled();
     cudaLaunchAttribute attrs[2];
