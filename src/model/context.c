@@ -17,6 +17,12 @@ nopad_encode_params nopad_encode_default_params(void) {
     return p;
 }
 
+nopad_status context_create_backend(const nopad_model_params *p, void *cuda_stream, nopad_backend **out) {
+    const nopad_backend_params bp = {.device = p->device, .device_index = p->device_index, .dtype = p->dtype,
+                                     .n_threads = p->n_threads, .cuda_stream = cuda_stream};
+    return nopad_backend_create(&bp, out);
+}
+
 nopad_status context_create(nopad_model *model, const nopad_context_params *params, nopad_backend *be,
                             nopad_context **out) {
     *out = NULL;
@@ -29,7 +35,7 @@ nopad_status context_create(nopad_model *model, const nopad_context_params *para
     if (be) {
         c->be = be;
     } else {
-        st = model_create_backend(&model->params, c->params.cuda_stream, &c->be);
+        st = context_create_backend(&model->params, c->params.cuda_stream, &c->be);
         c->owns_backend = 1;
     }
     if (st == NOPAD_OK && c->params.max_batch_tokens > 0)

@@ -45,12 +45,6 @@ static const char *dtype_name(nopad_dtype d) {
     return d == NOPAD_DTYPE_F32 ? "F32" : d == NOPAD_DTYPE_F16 ? "F16" : "BF16";
 }
 
-nopad_status model_create_backend(const nopad_model_params *p, void *cuda_stream, nopad_backend **out) {
-    const nopad_backend_params bp = {.device = p->device, .device_index = p->device_index, .dtype = p->dtype,
-                                     .n_threads = p->n_threads, .cuda_stream = cuda_stream};
-    return nopad_backend_create(&bp, out);
-}
-
 static nopad_status load_model(nopad_model *m, const char *dir) {
     char path[4096];
     if (!is_dir(dir)) return nopad_set_error(NOPAD_ERR_IO, "%s: no such folder", dir);
@@ -70,7 +64,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     if (m->pipeline.max_seq_length > 0 && m->pipeline.max_seq_length < m->max_seq_length)
         m->max_seq_length = m->pipeline.max_seq_length;
 
-    st = model_create_backend(&m->params, m->params.cuda_stream, &m->be);
+    st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
     if (st != NOPAD_OK) return st;
 
     safetensors_checkpoint ckpt;

@@ -43,7 +43,8 @@ struct nopad_context {
 nopad_status context_create(nopad_model *model, const nopad_context_params *params, nopad_backend *be,
                             nopad_context **out);
 
-/* Creates a backend for `model`'s device and dtype on `cuda_stream` (CUDA; NULL: its own). */
-nopad_status model_create_backend(const nopad_model_params *p, void *cuda_stream, nopad_backend **out);
+/* Creates a backend for a model's device and dtype (`p`) on `cuda_stream` (CUDA; NULL: its own):
+ * the model's own, which loads the weights and serves the default context, or another context's. */
+nopad_status context_create_backend(const nopad_model_params *p, void *cuda_stream, nopad_backend **out);
 
 #endif

@@ -18,18 +18,6 @@
 #include "backend/cuda/state.h"
 #include "util/error.h"
 
-nopad_status cuda_check(cudaError_t err, const char *what) {
-    if (err == cudaSuccess) return NOPAD_OK;
-    return nopad_set_error(NOPAD_ERR_BACKEND, "cuda %s: %s", what, cudaGetErrorString(err));
-}
-
-nopad_status cuda_use_device(const cuda_state *s) {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current == s->device) return NOPAD_OK;
-    cudaGetLastError();
-    return cuda_check(cudaSetDevice(s->device), "set device");
-}
-
 /* ---- the ops ---------------------------------------------------------------------------------- */
 
 static nopad_status cu_pack_padded(nopad_backend *be, const int32_t *tokens, const int32_t *types,
