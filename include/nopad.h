@@ -136,6 +136,8 @@ nopad_context_params nopad_context_default_params(void);
 /* A new context on `model` (on its device and dtype). The model must outlive it. */
 nopad_status nopad_context_create(nopad_model *model, const nopad_context_params *params,
                                   nopad_context **out);
+/* Frees a context made by nopad_context_create (the model's default context is freed with the
+ * model: nopad_context_free ignores it). */
 void nopad_context_free(nopad_context *ctx);
 /* The model's default context, owned by the model (NULL for NULL). */
 nopad_context *nopad_model_context(nopad_model *model);

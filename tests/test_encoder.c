@@ -339,6 +339,11 @@ static void test_contexts(void **state) {
     assert_nopad_error(nopad_context_create(NULL, NULL, &ctx[1]), NOPAD_ERR_INVALID_ARGUMENT, "model is NULL");
     assert_null(ctx[1]);
     nopad_context_free(NULL);
+    nopad_context_free(ctx[0]); /* the model's own: left alone, still usable */
+    assert_nopad_ok(nopad_encode(ctx[0], &(nopad_batch){.layout = NOPAD_LAYOUT_PACKED, .n_seqs = g.n_seqs,
+                                                        .tokens = g.ids, .token_type_ids = types_for(m, &g),
+                                                        .cu_seqlens = g.cu},
+                                 NULL, NULL, jobs[0].out));
     free(ids_big);
     for (int i = 0; i < N_CTX; i++) free(jobs[i].out);
     nopad_context_free(jobs[1].ctx);

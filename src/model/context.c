@@ -42,7 +42,7 @@ nopad_status context_create(nopad_model *model, const nopad_context_params *para
         st = encoder_workspace_reserve(c->be, &model->cfg, &c->ws, c->params.max_batch_tokens,
                                        c->params.max_batch_tokens);
     if (st != NOPAD_OK) {
-        nopad_context_free(c);
+        context_destroy(c);
         return st;
     }
     *out = c;
@@ -58,6 +58,12 @@ nopad_status nopad_context_create(nopad_model *model, const nopad_context_params
 }
 
 void nopad_context_free(nopad_context *c) {
+    /* the model's own context goes with the model (nopad_model_free) */
+    if (!c || (c->model && c->model->context == c)) return;
+    context_destroy(c);
+}
+
+void context_destroy(nopad_context *c) {
     if (!c) return;
     if (c->be) {
         encoder_workspace_free(c->be, &c->ws);

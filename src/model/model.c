@@ -117,7 +117,7 @@ nopad_status nopad_model_load(const char *dir, const nopad_model_params *params,
 
 void nopad_model_free(nopad_model *m) {
     if (!m) return;
-    nopad_context_free(m->context);
+    context_destroy(m->context);
     if (m->be) {
         encoder_weights_free(m->be, &m->weights);
         m->be->destroy(m->be);

@@ -43,6 +43,9 @@ struct nopad_context {
 nopad_status context_create(nopad_model *model, const nopad_context_params *params, nopad_backend *be,
                             nopad_context **out);
 
+/* Frees a context, the model's default one included (nopad_context_free leaves that one alone). */
+void context_destroy(nopad_context *c);
+
 /* Creates a backend for a model's device and dtype (`p`) on `cuda_stream` (CUDA; NULL: its own):
  * the model's own, which loads the weights and serves the default context, or another context's. */
 nopad_status context_create_backend(const nopad_model_params *p, void *cuda_stream, nopad_backend **out);
