@@ -822,27 +822,7 @@ static void test_padded_device_entry(void **state) {
  * 1000 tokens launched directly and one of 300 that replays a recorded graph — several times, and
  * agree with a run of the default context alone (to 1e-6 row-relative: the same kernels on the same
  * data; one context's graphs and plans never serve another). */
-typedef struct gpu_context_job {
-    nopad_context *ctx;
-    const int32_t *cu, *ids;
-    int32_t n_seqs[2];
-    float *out[2]; /* [T, H] of each batch */
-    nopad_status st;
-} gpu_context_job;
-
-static void *run_gpu_context_job(void *arg) {
-    gpu_context_job *job = arg;
-    nopad_encode_params none = nopad_encode_default_params();
-    none.pooling = NOPAD_POOLING_NONE;
-    job->st = NOPAD_OK;
-    for (int rep = 0; rep < 3 && job->st == NOPAD_OK; rep++)
-        for (int k = 0; k < 2 && job->st == NOPAD_OK; k++) {
-            const nopad_batch b = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = job->n_seqs[k], .tokens = job->ids,
-                                   .cu_seqlens = job->cu};
-            job->st = nopad_encode(job->ctx, &b, &none, job->out[k], NULL);
-        }
-    return NULL;
-}
+enum { GPU_JOB_BATCHES = 2, GPU_JOB_REPS = 3 };
 
 static void test_contexts(void **state) {
     const char *dir = test_minilm_dir();
@@ -858,7 +838,8 @@ static void test_contexts(void **state) {
         assert_nopad_ok(nopad_model_get_info(m, &info));
         const int H = info.hidden_size;
         enum { N_CTX = 3 };
-        gpu_context_job jobs[N_CTX + 1];
+        test_encode_job jobs[N_CTX + 1];
+        float *outs[N_CTX + 1][GPU_JOB_BATCHES];
         cudaStream_t stream;
         assert_int_equal(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
         nopad_context *ctx[N_CTX] = {nopad_model_context(m), NULL, NULL};
@@ -868,26 +849,30 @@ static void test_contexts(void **state) {
         cp = nopad_context_default_params();
         cp.max_batch_tokens = B * L;
         assert_nopad_ok(nopad_context_create(m, &cp, &ctx[2]));
+        const nopad_batch batches[GPU_JOB_BATCHES] = {
+            {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = B, .tokens = ids, .cu_seqlens = cu},
+            {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = 3, .tokens = ids, .cu_seqlens = cu}};
         for (int i = 0; i <= N_CTX; i++) { /* jobs[N_CTX]: the reference, the default context alone */
-            jobs[i] = (gpu_context_job){.ctx = ctx[i < N_CTX ? i : 0], .cu = cu, .ids = ids, .n_seqs = {B, 3}};
-            for (int k = 0; k < 2; k++) jobs[i].out[k] = malloc(sizeof(float) * (size_t)B * L * H);
+            for (int k = 0; k < GPU_JOB_BATCHES; k++) outs[i][k] = malloc(sizeof(float) * (size_t)B * L * H);
+            jobs[i] = (test_encode_job){.ctx = ctx[i < N_CTX ? i : 0], .batches = batches,
+                                        .n_batches = GPU_JOB_BATCHES, .reps = GPU_JOB_REPS, .out = outs[i]};
         }
-        run_gpu_context_job(&jobs[N_CTX]);
+        test_encode_job_run(&jobs[N_CTX]);
         assert_nopad_ok(jobs[N_CTX].st);
         pthread_t threads[N_CTX];
-        for (int i = 0; i < N_CTX; i++) assert_int_equal(pthread_create(&threads[i], NULL, run_gpu_context_job, &jobs[i]), 0);
+        for (int i = 0; i < N_CTX; i++) assert_int_equal(pthread_create(&threads[i], NULL, test_encode_job_run, &jobs[i]), 0);
         for (int i = 0; i < N_CTX; i++) assert_int_equal(pthread_join(threads[i], NULL), 0);
         for (int i = 0; i < N_CTX; i++) {
             assert_nopad_ok(jobs[i].st);
-            for (int k = 0; k < 2; k++) {
-                const double err = test_max_row_rel_error(jobs[i].out[k], jobs[N_CTX].out[k], cu[jobs[i].n_seqs[k]], H);
+            for (int k = 0; k < GPU_JOB_BATCHES; k++) {
+                const double err = test_max_row_rel_error(jobs[i].out[k], jobs[N_CTX].out[k], cu[batches[k].n_seqs], H);
                 if (!(err <= 1e-6)) fail_msg("%s context %d, batch %d: %.3e vs the default context alone", DTYPE_NAMES[di], i, k, err);
             }
             nopad_model_stats stats;
             assert_nopad_ok(nopad_context_get_stats(ctx[i], &stats));
-            if (i > 0 && (stats.forwards != 6 || stats.graph_replays < 1))
-                fail_msg("context %d: %lld forwards, %lld graph replays (want 6, >= 1)", i, (long long)stats.forwards,
-                         (long long)stats.graph_replays);
+            if (i > 0 && (stats.forwards != GPU_JOB_REPS * GPU_JOB_BATCHES || stats.graph_replays < 1))
+                fail_msg("context %d: %lld forwards, %lld graph replays (want %d, >= 1)", i, (long long)stats.forwards,
+                         (long long)stats.graph_replays, GPU_JOB_REPS * GPU_JOB_BATCHES);
         }
         printf("  %-5s three contexts on three threads agree with the default context alone\n", DTYPE_NAMES[di]);
         for (int i = 0; i <= N_CTX; i++) free(jobs[i].out[0]), free(jobs[i].out[1]);

@@ -275,25 +275,6 @@ static void test_token_buckets(void **state) {
 /* Contexts: several on one model, each on its own thread, run the same batch at the same time and
  * agree with the default context (same arithmetic, so to 1e-6 row-relative); each counts its own
  * forwards and holds its own workspace (a fixed max_batch_tokens one refuses a larger batch). */
-typedef struct context_job {
-    nopad_context *ctx;
-    const golden *g;
-    const int32_t *types;
-    float *out; /* [T, H] */
-    nopad_status st;
-} context_job;
-
-static void *run_context_job(void *arg) {
-    context_job *job = arg;
-    nopad_encode_params p = nopad_encode_default_params();
-    p.pooling = NOPAD_POOLING_NONE;
-    const nopad_batch b = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = job->g->n_seqs, .tokens = job->g->ids,
-                           .token_type_ids = job->types, .cu_seqlens = job->g->cu};
-    job->st = NOPAD_OK;
-    for (int rep = 0; rep < 4 && job->st == NOPAD_OK; rep++) job->st = nopad_encode(job->ctx, &b, &p, job->out, NULL);
-    return NULL;
-}
-
 static void test_contexts(void **state) {
     nopad_model_info info;
     golden g;
@@ -311,18 +292,22 @@ static void test_contexts(void **state) {
     size_t ws_bytes = 0, be_bytes = 0;
     assert_nopad_ok(nopad_context_memory(ctx[2], &ws_bytes, &be_bytes));
     assert_true(ws_bytes > 0); /* allocated at creation */
-    context_job jobs[N_CTX];
+    const nopad_batch batch = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = g.n_seqs, .tokens = g.ids,
+                               .token_type_ids = types_for(m, &g), .cu_seqlens = g.cu};
+    test_encode_job jobs[N_CTX];
+    float *outs[N_CTX];
     pthread_t threads[N_CTX];
     for (int i = 0; i < N_CTX; i++) {
-        jobs[i] = (context_job){.ctx = ctx[i], .g = &g, .types = types_for(m, &g), .out = malloc(n * sizeof(float))};
-        assert_int_equal(pthread_create(&threads[i], NULL, run_context_job, &jobs[i]), 0);
+        outs[i] = malloc(n * sizeof(float));
+        jobs[i] = (test_encode_job){.ctx = ctx[i], .batches = &batch, .n_batches = 1, .reps = 4, .out = &outs[i]};
+        assert_int_equal(pthread_create(&threads[i], NULL, test_encode_job_run, &jobs[i]), 0);
     }
     for (int i = 0; i < N_CTX; i++) assert_int_equal(pthread_join(threads[i], NULL), 0);
     for (int i = 0; i < N_CTX; i++) {
         assert_nopad_ok(jobs[i].st);
-        const double err = test_max_row_rel_error(jobs[i].out, jobs[0].out, g.n_tokens, H);
+        const double err = test_max_row_rel_error(outs[i], outs[0], g.n_tokens, H);
         if (!(err <= 1e-6)) fail_msg("context %d vs the default context: %.3e", i, err);
-        const double vs_hf = test_max_row_rel_error(jobs[i].out, g.hidden, g.n_tokens, H);
+        const double vs_hf = test_max_row_rel_error(outs[i], g.hidden, g.n_tokens, H);
         if (!(vs_hf <= GOLDEN_BOUND)) fail_msg("context %d vs HF: %.3e", i, vs_hf);
         nopad_model_stats stats;
         assert_nopad_ok(nopad_context_get_stats(ctx[i], &stats));
@@ -333,7 +318,7 @@ static void test_contexts(void **state) {
     int32_t *ids_big = calloc((size_t)g.n_tokens + 1, sizeof(int32_t));
     const nopad_batch big = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = 1, .tokens = ids_big, .cu_seqlens = cu_big};
     if (g.n_tokens + 1 <= info.max_seq_length) {
-        assert_nopad_error(nopad_encode(ctx[2], &big, NULL, jobs[2].out, NULL), NOPAD_ERR_INVALID_ARGUMENT,
+        assert_nopad_error(nopad_encode(ctx[2], &big, NULL, outs[2], NULL), NOPAD_ERR_INVALID_ARGUMENT,
                            "max_batch_tokens");
     }
     assert_nopad_error(nopad_context_create(NULL, NULL, &ctx[1]), NOPAD_ERR_INVALID_ARGUMENT, "model is NULL");
@@ -343,9 +328,9 @@ static void test_contexts(void **state) {
     assert_nopad_ok(nopad_encode(ctx[0], &(nopad_batch){.layout = NOPAD_LAYOUT_PACKED, .n_seqs = g.n_seqs,
                                                         .tokens = g.ids, .token_type_ids = types_for(m, &g),
                                                         .cu_seqlens = g.cu},
-                                 NULL, NULL, jobs[0].out));
+                                 NULL, NULL, outs[0]));
     free(ids_big);
-    for (int i = 0; i < N_CTX; i++) free(jobs[i].out);
+    for (int i = 0; i < N_CTX; i++) free(outs[i]);
     nopad_context_free(jobs[1].ctx);
     nopad_context_free(jobs[2].ctx);
     golden_free(&g);

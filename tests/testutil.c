@@ -137,3 +137,13 @@ double test_cosine(const float *a, const float *b, int64_t n) {
     }
     return ab / sqrt(aa * bb);
 }
+
+void *test_encode_job_run(void *arg) {
+    test_encode_job *job = arg;
+    nopad_encode_params none = nopad_encode_default_params();
+    none.pooling = NOPAD_POOLING_NONE;
+    job->st = NOPAD_OK;
+    for (int i = 0; i < job->reps * job->n_batches && job->st == NOPAD_OK; i++)
+        job->st = nopad_encode(job->ctx, &job->batches[i % job->n_batches], &none, job->out[i % job->n_batches], NULL);
+    return NULL;
+}

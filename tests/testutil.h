@@ -29,6 +29,18 @@ double test_cosine(const float *a, const float *b, int64_t n);
 /* Uniform floats in [lo, hi) from a fixed-seed xorshift generator. */
 void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state);
 uint32_t test_rand_u32(uint64_t *state);
+/* One thread's work in the tests of contexts on several threads: nopad_encode(ctx, batches[i % n])
+ * for i < reps · n, hidden states (no pooling) of batch k into out[k]; the first failure stops it
+ * and stays in st. Pass it to pthread_create with test_encode_job_run. */
+typedef struct test_encode_job {
+    nopad_context *ctx;
+    const nopad_batch *batches; /* [n_batches] */
+    int n_batches, reps;
+    float **out;                /* [n_batches], each [T_k, H] */
+    nopad_status st;
+} test_encode_job;
+void *test_encode_job_run(void *job);
+
 /* Asserts `status == NOPAD_OK`, printing nopad_last_error() otherwise. */
 #define assert_nopad_ok(expr)                                                                      \
     do {                                                                                           \
