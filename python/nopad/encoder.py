@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import stat
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 import numpy as np
@@ -26,6 +27,23 @@ _DTYPES = {"fp32": _native.DTYPE_F32, "float32": _native.DTYPE_F32, "f32": _nati
            "bf16": _native.DTYPE_BF16, "bfloat16": _native.DTYPE_BF16}
 
 
+
+def _check_model_folder(path: Union[str, bytes]) -> None:
+    """Raises FileError unless `path` is a folder, in the CLI's words (tools/cli/common.c,
+    open_model): "does not exist", "is not a folder", or the system's reason (a symlink loop:
+    "Too many levels of symbolic links"). The library alone says "no such folder" for all three."""
+    shown = os.fsdecode(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileError("model folder '%s' does not exist" % shown) from None
+    except OSError as e:
+        raise FileError("model folder '%s': %s" % (shown, os.strerror(e.errno) if e.errno
+                                                   else e)) from None
+    except ValueError as e:  # an embedded NUL
+        raise InvalidArgumentError("model folder %r: %s" % (shown, e)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FileError("model folder '%s' is not a folder" % shown)
 
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
@@ -196,6 +214,7 @@ class Encoder:
             raise InvalidArgumentError("cuda_stream applies to device='cuda'")
         out = ctypes.c_void_p()
         self.path = os.fspath(path)
+        _check_model_folder(self.path)
         _native.check(lib.nopad_model_load(os.fsencode(path), ctypes.byref(params),
                                            ctypes.byref(out)))
         self._handle = Handle(out.value, lib.nopad_model_free, "Encoder")
@@ -221,8 +240,9 @@ class Encoder:
     # ---- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the model now (waiting for calls in other threads to finish). Further calls, also
-        through :attr:`tokenizer`, raise InvalidArgumentError. Closing twice is fine."""
+        """Frees the model now: new calls, also through :attr:`tokenizer`, raise
+        InvalidArgumentError ("closed") at once; close() waits only for the calls already running
+        in other threads, then frees. Closing twice, or from several threads, is fine."""
         if self._handle is not None:
             self._handle.close()
 

@@ -83,8 +83,9 @@ class Tokenizer:
             yield self._borrowed if self._borrowed is not None else ptr
 
     def close(self) -> None:
-        """Frees the native tokenizer now (waiting for calls in other threads to finish). Further
-        calls raise InvalidArgumentError. A no-op for an encoder's tokenizer, and when closed."""
+        """Frees the native tokenizer now: new calls raise InvalidArgumentError ("closed") at once;
+        close() waits only for the calls already running in other threads, then frees. A no-op
+        for an encoder's tokenizer, and when closed."""
         if self._handle is not None and self._borrowed is None:
             self._handle.close()
 

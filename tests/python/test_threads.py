@@ -1,0 +1,175 @@
+"""close() while other threads use the object (issue 19, item 1): close() stops new calls at once
+(they raise the "closed" error), waits only for the calls in flight, then frees; it never hangs,
+also when called twice at once, from a thread that is itself inside a call, or from __del__."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import nopad
+from conftest import MODELS
+
+MODEL = MODELS / "st_max"  # tiny CPU model with a tokenizer
+TIMEOUT = 10.0  # generous: only "it returns", never how fast
+SENTENCES = ["hello world", "them and us", "a third, longer sentence of words"]
+
+
+def _start_workers(enc, n):
+    """n daemon threads calling enc.encode in a loop until it raises (or `stop` is set)."""
+    stop = threading.Event()
+    started = threading.Barrier(n + 1)
+    results = [None] * n  # per worker: the exception that ended its loop
+    calls = [0] * n
+
+    def work(k):
+        first = True
+        try:
+            while not stop.is_set():
+                emb = enc.encode(SENTENCES)
+                assert emb.shape == (len(SENTENCES), enc.hidden_size)
+                assert np.isfinite(emb).all()
+                calls[k] += 1
+                if first:
+                    first = False
+                    started.wait(TIMEOUT)
+        except BaseException as e:  # noqa: BLE001 (recorded, checked by the test)
+            results[k] = e
+            if first:
+                started.abort()
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    started.wait(TIMEOUT)  # every worker has finished one encode and is looping
+    return threads, stop, results, calls
+
+
+def _close_in_thread(obj):
+    errors = []
+
+    def run():
+        try:
+            obj.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, errors
+
+
+def _assert_closed_error(e):
+    assert isinstance(e, nopad.InvalidArgumentError), repr(e)
+    assert e.status == nopad.Status.INVALID_ARGUMENT
+    assert "closed" in str(e).lower(), str(e)
+
+
+@pytest.mark.parametrize("n_workers", [1, 2, 4])
+def test_close_returns_while_threads_keep_encoding(n_workers):
+    enc = nopad.Encoder(MODEL)
+    threads, stop, results, calls = _start_workers(enc, n_workers)
+    try:
+        closer, errors = _close_in_thread(enc)
+        closer.join(TIMEOUT)
+        assert not closer.is_alive(), "Encoder.close() did not return within %gs while %d " \
+            "threads kept encoding" % (TIMEOUT, n_workers)
+        assert not errors, errors
+        assert enc.closed
+        for t in threads:
+            t.join(TIMEOUT)
+            assert not t.is_alive(), "a worker kept running after close()"
+    finally:
+        stop.set()  # lets a hung close() (the old bug) finish, so the test run can end
+    assert all(c >= 1 for c in calls), calls
+    for e in results:
+        _assert_closed_error(e)
+    with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+        enc.encode(SENTENCES)
+    enc.close()  # twice is fine
+
+
+def test_close_from_several_threads_at_once():
+    enc = nopad.Encoder(MODEL)
+    tok = enc.tokenizer
+    threads, stop, results, _ = _start_workers(enc, 4)
+    try:
+        closers = [_close_in_thread(enc) for _ in range(3)]
+        for t, errors in closers:
+            t.join(TIMEOUT)
+            assert not t.is_alive(), "a concurrent close() did not return"
+            assert not errors, errors
+        for t in threads:
+            t.join(TIMEOUT)
+            assert not t.is_alive()
+    finally:
+        stop.set()
+    for e in results:
+        _assert_closed_error(e)
+    assert enc.closed and tok.closed
+    with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+        tok.encode("a")
+
+
+def test_close_from_inside_a_call_does_not_deadlock():
+    """A thread inside a call (a signal handler or callback on it) closes the object: close()
+    returns at once, new calls raise, and the memory goes when the outer call ends."""
+    enc = nopad.Encoder(MODEL)
+    done = threading.Event()
+
+    def inside():
+        with enc._handle.use():
+            enc.close()
+            enc.close()
+            assert enc.closed
+            with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+                enc.encode(SENTENCES)
+        done.set()
+
+    t = threading.Thread(target=inside, daemon=True)
+    t.start()
+    t.join(TIMEOUT)
+    assert done.is_set(), "close() inside a call deadlocked or failed"
+    assert enc.closed
+
+
+def test_closed_tokenizer_while_threads_tokenize():
+    tok = nopad.Tokenizer(MODEL)
+    stop = threading.Event()
+    results = []
+
+    def work():
+        try:
+            while not stop.is_set():
+                tok.encode("hello world")
+        except BaseException as e:  # noqa: BLE001
+            results.append(e)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        closer, errors = _close_in_thread(tok)
+        closer.join(TIMEOUT)
+        assert not closer.is_alive(), "Tokenizer.close() did not return"
+        assert not errors, errors
+        for t in threads:
+            t.join(TIMEOUT)
+            assert not t.is_alive()
+    finally:
+        stop.set()
+    assert len(results) == 4
+    for e in results:
+        _assert_closed_error(e)
+
+
+def test_garbage_collection_after_threads():
+    enc = nopad.Encoder(MODEL)
+    threads, stop, results, _ = _start_workers(enc, 2)
+    stop.set()
+    for t in threads:
+        t.join(TIMEOUT)
+        assert not t.is_alive()
+    assert results == [None, None]
+    del enc, threads
+    gc.collect()  # __del__ frees without waiting on anything
