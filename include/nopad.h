@@ -105,7 +105,14 @@ typedef struct nopad_model_params {
 nopad_model_params nopad_model_default_params(void);
 
 /* Loads a Hugging Face model folder (config.json + model.safetensors or a sharded index, an
- * optional tokenizer and optional sentence-transformers files). */
+ * optional tokenizer and optional sentence-transformers files).
+ *
+ * Threads: a loaded model may be used from several threads at once. Its weights, config and
+ * tokenizer are read-only. Calls that run the model go through a context: the one-call entry
+ * points (nopad_encode_packed) share the model's default context, so concurrent calls on them
+ * are safe but run one after another (a lock). For work in parallel, give each thread its own
+ * context (nopad_context_create); calls on different contexts run at the same time. Free the
+ * contexts, then the model, when no call is running. */
 nopad_status nopad_model_load(const char *dir, const nopad_model_params *params, nopad_model **out);
 void nopad_model_free(nopad_model *model);
 

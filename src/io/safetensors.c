@@ -558,7 +558,9 @@ nopad_status safetensors_open(const char *path, safetensors_file *out) {
     if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "safetensors_open: out is NULL");
     memset(out, 0, sizeof *out);
     if (!path) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "safetensors_open: path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO with no writer opens at once (and is refused below) instead of blocking
+     * the caller; a regular file ignores the flag */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -568,7 +570,8 @@ nopad_status safetensors_open(const char *path, safetensors_file *out) {
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return nopad_set_error(NOPAD_ERR_IO, "%s: not a regular file", path);
+        return nopad_set_error(NOPAD_ERR_IO, "%s: not a regular file%s", path,
+                               S_ISDIR(sb.st_mode) ? " (it is a folder)" : "");
     }
     if (sb.st_size < 0 || (uint64_t)sb.st_size > SIZE_MAX) {
         close(fd);

@@ -1,5 +1,6 @@
 /* Loading encoder weights: resolve the family's tensor names, check every shape against the
  * config, convert to float32 then to the backend's dtype, fuse Q/K/V into one [3H, H] matrix. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,17 @@ static nopad_status load_into(loader *ld, const char *name, int64_t d0, int64_t 
     }
     nopad_status st = safetensors_to_f32(t, ld->scratch);
     if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", ld->where);
+    /* one pass over the converted values: a NaN or infinity in the weights would turn every
+     * output it reaches into NaN, on every interface, with no error */
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(ld->scratch[i])) continue;
+        const int64_t cols = want_ndim == 2 ? d1 : 1;
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: tensor '%s' holds %s at element %zu (row %lld, column %lld); the "
+                               "weights are corrupt (every value must be finite)",
+                               ld->where, full, isnan(ld->scratch[i]) ? "NaN" : "an infinity", i,
+                               (long long)((int64_t)i / cols), (long long)((int64_t)i % cols));
+    }
     ld->dtype_mask |= 1u << t->dtype;
     ld->w->n_params += (int64_t)n;
     char *base = (char *)dst + dst_offset * nopad_dtype_size(ld->be->dtype);
@@ -187,9 +199,49 @@ static nopad_status find_prefix(loader *ld) {
     return NOPAD_OK;
 }
 
+/* The tensor `name` under the checkpoint's prefix, or NULL. */
+static const safetensors_tensor *find(const loader *ld, const char *name) {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", ld->prefix, name);
+    return safetensors_checkpoint_find(ld->ckpt, full);
+}
+
+/* Where config.json and the weights disagree in a way the shape checks of load_into cannot see
+ * (a tensor the config says is absent, layers past the config's count), an error naming both;
+ * every such rule lives here. Loading such a pair would silently drop weights. */
+static nopad_status check_config_against_weights(const loader *ld, const model_config *cfg) {
+    const safetensors_tensor *types = find(ld, "embeddings.token_type_embeddings.weight");
+    if (cfg->type_vocab_size == 0 && types && cfg->family != FAMILY_DISTILBERT)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: config.json says type_vocab_size 0 (no token types), but the weights "
+                               "hold '%sembeddings.token_type_embeddings.weight' with %lld rows; the two "
+                               "files disagree (set type_vocab_size to %lld, or drop the tensor)",
+                               ld->where, ld->prefix, (long long)types->shape[0], (long long)types->shape[0]);
+    char name[160];
+    int expected = cfg->num_layers;
+    const char *what = "num_hidden_layers";
+    if (cfg->family == FAMILY_ALBERT) {
+        snprintf(name, sizeof name, "encoder.albert_layer_groups.%d.albert_layers.0.ffn.weight",
+                 cfg->num_hidden_groups);
+        expected = cfg->num_hidden_groups;
+        what = "num_hidden_groups";
+    } else {
+        snprintf(name, sizeof name, cfg->family == FAMILY_DISTILBERT ? "transformer.layer.%d.ffn.lin1.weight"
+                                                                    : "encoder.layer.%d.intermediate.dense.weight",
+                 cfg->num_layers);
+    }
+    if (find(ld, name))
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: config.json says %s %d, but the weights hold more ('%s%s' exists); the "
+                               "two files disagree",
+                               ld->where, what, expected, ld->prefix, name);
+    return NOPAD_OK;
+}
+
 static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weights *w) {
     const int64_t E = cfg->embedding_size, H = cfg->hidden_size;
     TRY(find_prefix(ld));
+    TRY(check_config_against_weights(ld, cfg));
     TRY(load(ld, "embeddings.word_embeddings.weight", cfg->vocab_size, E, &w->word_embeddings));
     TRY(load(ld, "embeddings.position_embeddings.weight", cfg->max_position_embeddings, E,
              &w->position_embeddings));

@@ -26,11 +26,6 @@ static int is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static int is_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 static const char *family_name(model_family f) {
     switch (f) {
     case FAMILY_BERT: return "BERT";
@@ -84,10 +79,12 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     if (st != NOPAD_OK) return st;
 
     m->tokenizer_kind = "none";
+    /* present as anything: a tokenizer file that is there but bad (a folder, a FIFO, a link loop)
+     * is an error from the tokenizer loader, never a silent fallback */
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    int has_json = is_file(path);
+    int has_json = file_exists(path);
     snprintf(path, sizeof path, "%s/vocab.txt", dir);
-    int has_vocab = is_file(path);
+    int has_vocab = file_exists(path);
     if (has_json || has_vocab) {
         st = nopad_tokenizer_load(dir, &m->tokenizer);
         if (st != NOPAD_OK) return st;

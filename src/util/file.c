@@ -50,5 +50,5 @@ nopad_status read_file(const char *path, size_t limit, char **data, size_t *len)
 
 int file_exists(const char *path) {
     struct stat sb;
-    return stat(path, &sb) == 0;
+    return lstat(path, &sb) == 0; /* lstat: a broken or looping link is there too, and read_file says why */
 }

@@ -13,7 +13,8 @@
  * file than `limit` is NOPAD_ERR_FORMAT. */
 nopad_status read_file(const char *path, size_t limit, char **data, size_t *len);
 
-/* Whether `path` exists (as anything). */
+/* Whether `path` exists as anything, a broken or looping symbolic link included: callers that skip
+ * absent optional files must still read (and so reject with a reason) a file that is there but bad. */
 int file_exists(const char *path);
 
 #endif
