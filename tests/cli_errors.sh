@@ -95,6 +95,17 @@ expect_fail 1 "out of range" "$TMP/vocab.txt" -- embed --model "$MODEL" --ids
 expect_fail 1 "vocabulary has $VOCAB ids" "$TMP/vocab.txt" -- embed --model "$MODEL" --ids
 printf '1 99999999999999999999999999\n' >"$TMP/overflow.txt"
 expect_fail 1 "out of range" "$TMP/overflow.txt" -- embed --model "$MODEL" --ids
+# A NUL, another control byte or a byte that is not UTF-8 is named by its value and column (a NUL
+# used to read "'6' is not a number": printed as text, the message stopped at the NUL).
+printf '1 2\n3 4\n5 6\0007\n' >"$TMP/nul.txt"
+expect_fail 1 "line 3, token 2: byte 0x00 at column 4 is not part of a number" "$TMP/nul.txt" \
+    -- embed --model "$MODEL" --ids
+printf '1 2\x1b[31m\n' >"$TMP/escape.txt"
+expect_fail 1 "line 1, token 2: byte 0x1b at column 4 is not part of a number" "$TMP/escape.txt" \
+    -- embed --model "$MODEL" --ids
+printf '1 2\xff\n' >"$TMP/not_utf8_ids.txt"
+expect_fail 1 "line 1, token 2: byte 0xff at column 4 is not part of a number" "$TMP/not_utf8_ids.txt" \
+    -- embed --model "$MODEL" --ids
 printf '1 2\n\n3\n' >"$TMP/empty_line.txt"
 expect_fail 1 "line 2: empty line" "$TMP/empty_line.txt" -- embed --model "$MODEL" --ids
 printf '1 2\n \t \n' >"$TMP/blank_line.txt"

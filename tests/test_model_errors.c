@@ -89,6 +89,34 @@ static void test_bad_config(void **state) {
     free(cfg);
 }
 
+/* A field that is present with the wrong JSON type says so and names the type expected; only an
+ * absent field is "missing" (issue 19, item 5). */
+static void test_wrong_json_types(void **state) {
+    expect_load_error(copy_model("bert_a", "{\"model_type\": 5}"), NOPAD_ERR_FORMAT,
+                      "field \"model_type\" has the wrong JSON type: expected a string (bert, roberta, "
+                      "xlm-roberta, camembert, distilbert, albert), found a number");
+    expect_load_error(copy_model("bert_a", "{\"model_type\": [\"bert\"]}"), NOPAD_ERR_FORMAT,
+                      "albert), found an array");
+    expect_load_error(copy_model("bert_a", "{\"hidden_size\": 48}"), NOPAD_ERR_FORMAT,
+                      "required field \"model_type\" is missing");
+    static const struct {
+        const char *key, *value, *needle;
+    } cases[] = {
+        {"hidden_size", "\"48\"", "field \"hidden_size\" has the wrong JSON type: expected an integer in [1, 65536], found a string"},
+        {"vocab_size", "true", "field \"vocab_size\" has the wrong JSON type: expected an integer in [1, 16777216], found a boolean"},
+        {"num_hidden_layers", "{}", "field \"num_hidden_layers\" has the wrong JSON type: expected an integer in [1, 1024], found an object"},
+        {"hidden_size", "null", "required field \"hidden_size\" is null; expected an integer"},
+        {"hidden_size", "48.5", "field \"hidden_size\" must be an integer in [1, 65536], found 48.5"},
+        {"layer_norm_eps", "\"1e-12\"", "field \"layer_norm_eps\" has the wrong JSON type: expected a number in (0, 1], found a string"},
+        {"hidden_act", "7", "field \"hidden_act\" has the wrong JSON type: expected a string, found a number"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *cfg = bert_a_config_with(cases[i].key, cases[i].value);
+        expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, cases[i].needle);
+        free(cfg);
+    }
+}
+
 static void test_tensors_that_do_not_fit_the_config(void **state) {
     /* one more layer than the checkpoint has: the first tensor of that layer is missing */
     char *cfg = bert_a_config_with("num_hidden_layers", "3");
@@ -211,6 +239,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_folder_and_files),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_wrong_json_types),
         cmocka_unit_test(test_tensors_that_do_not_fit_the_config),
         cmocka_unit_test(test_truncated_weights),
         cmocka_unit_test(test_unsupported_params),

@@ -91,12 +91,47 @@ static void test_refused_pipelines(void **state) {
                        NOPAD_ERR_FORMAT, "max_seq_length");
 }
 
+/* Pooling values that are not booleans ("yes", 7) are named with the file and key, not counted
+ * as false (issue 19, item 5). */
+static void test_pooling_values_of_the_wrong_type(void **state) {
+    st_pipeline p;
+    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode_mean_tokens\": \"yes\"}", NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT,
+                       "1_Pooling/config.json: field \"pooling_mode_mean_tokens\" has the wrong JSON type: expected a boolean (true/false), found a string");
+    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode_cls_token\": 7}", NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT,
+                       "1_Pooling/config.json: field \"pooling_mode_cls_token\" has the wrong JSON type: expected a boolean (true/false), found a number");
+    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode_mean_tokens\": true, \"pooling_mode_lasttoken\": 1}", NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT, "field \"pooling_mode_lasttoken\" has the wrong JSON type: expected a boolean (true/false), found a number");
+    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode\": 7}", NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT, "field \"pooling_mode\" has the wrong JSON type: expected a string (cls, mean or max), found a number");
+    assert_nopad_error(st_pipeline_load(folder(MODULES, "[true]", NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT, "1_Pooling/config.json: expected a JSON object, found an array");
+    assert_nopad_error(st_pipeline_load(folder(NULL, NULL, "{\"max_seq_length\": \"128\"}", NULL), &p),
+                       NOPAD_ERR_FORMAT, "sentence_bert_config.json: field \"max_seq_length\" has the wrong JSON type: expected a positive integer, found a string");
+    assert_nopad_error(st_pipeline_load(folder(NULL, NULL, "[128]", NULL), &p),
+                       NOPAD_ERR_FORMAT, "sentence_bert_config.json: expected a JSON object, found an array");
+    assert_nopad_error(st_pipeline_load(folder(NULL, NULL, NULL, "\"x\""), &p),
+                       NOPAD_ERR_FORMAT, "tokenizer_config.json: expected a JSON object, found a string");
+    assert_nopad_error(st_pipeline_load(folder("[5]", NULL, NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT, "modules.json: module 0: expected a JSON object, found a number");
+    assert_nopad_error(st_pipeline_load(folder("[{\"type\": 5, \"path\": \"\"}]", NULL, NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT, "module 0: field \"type\" has the wrong JSON type: expected a string, found a number");
+    assert_nopad_error(st_pipeline_load(folder("[{\"type\": \"sentence_transformers.models.Transformer\"}]", NULL, NULL, NULL), &p),
+                       NOPAD_ERR_FORMAT, "module 0: required string field \"path\" is missing");
+    /* null, as older sentence-transformers write for unset flags, stays false */
+    assert_nopad_ok(st_pipeline_load(
+        folder(MODULES, "{\"pooling_mode_mean_tokens\": true, \"pooling_mode_lasttoken\": null}", NULL, NULL), &p));
+    assert_int_equal(p.pooling, NOPAD_POOLING_MEAN);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_folder_defaults_to_cls),
         cmocka_unit_test(test_classic_flags),
         cmocka_unit_test(test_v6_string_mode),
         cmocka_unit_test(test_refused_pipelines),
+        cmocka_unit_test(test_pooling_values_of_the_wrong_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

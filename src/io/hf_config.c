@@ -23,6 +23,25 @@ static const family_entry FAMILIES[] = {
 };
 #define SUPPORTED_TYPES "bert, roberta, xlm-roberta, camembert, distilbert, albert"
 
+/* "a string", "a number", ...: the JSON type of a value, for messages. */
+static const char *json_type_name(const cJSON *item) {
+    if (cJSON_IsString(item)) return "a string";
+    if (cJSON_IsNumber(item)) return "a number";
+    if (cJSON_IsBool(item)) return "a boolean";
+    if (cJSON_IsArray(item)) return "an array";
+    if (cJSON_IsObject(item)) return "an object";
+    if (cJSON_IsNull(item)) return "null";
+    return "an unknown value";
+}
+
+/* A field that is present with the wrong JSON type: distinct from a missing one. */
+static nopad_status wrong_type(const char *where, const char *key, const char *expected,
+                               const cJSON *item) {
+    return nopad_set_error(NOPAD_ERR_FORMAT,
+                           "%s: field \"%s\" has the wrong JSON type: expected %s, found %s", where,
+                           key, expected, json_type_name(item));
+}
+
 /* Reads an integer field. Absent: `fallback` if has_fallback, else an error naming the field. */
 static nopad_status get_int(const cJSON *root, const char *where, const char *key, int has_fallback,
                             int32_t fallback, int32_t lo, int32_t hi, int32_t *out) {
@@ -32,12 +51,23 @@ static nopad_status get_int(const cJSON *root, const char *where, const char *ke
             *out = fallback;
             return NOPAD_OK;
         }
+        if (item)
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: required field \"%s\" is null; expected an integer in "
+                                   "[%d, %d]",
+                                   where, key, lo, hi);
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: required field \"%s\" is missing", where, key);
     }
+    if (!cJSON_IsNumber(item)) {
+        char expected[64];
+        snprintf(expected, sizeof expected, "an integer in [%d, %d]", lo, hi);
+        return wrong_type(where, key, expected, item);
+    }
     double v = item->valuedouble;
-    if (!cJSON_IsNumber(item) || v != floor(v) || v < lo || v > hi)
+    if (v != floor(v) || v < lo || v > hi)
         return nopad_set_error(NOPAD_ERR_FORMAT,
-                               "%s: field \"%s\" must be an integer in [%d, %d]", where, key, lo, hi);
+                               "%s: field \"%s\" must be an integer in [%d, %d], found %.15g", where,
+                               key, lo, hi, v);
     *out = (int32_t)v;
     return NOPAD_OK;
 }
@@ -49,9 +79,10 @@ static nopad_status get_float(const cJSON *root, const char *where, const char *
         *out = fallback;
         return NOPAD_OK;
     }
-    if (!cJSON_IsNumber(item) || !(item->valuedouble > 0) || item->valuedouble > 1)
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a number in (0, 1]",
-                               where, key);
+    if (!cJSON_IsNumber(item)) return wrong_type(where, key, "a number in (0, 1]", item);
+    if (!(item->valuedouble > 0) || item->valuedouble > 1)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a number in (0, 1], found %g",
+                               where, key, item->valuedouble);
     *out = (float)item->valuedouble;
     return NOPAD_OK;
 }
@@ -61,8 +92,7 @@ static nopad_status parse_activation(const cJSON *root, const char *where, const
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
     const char *name = fallback;
     if (item && !cJSON_IsNull(item)) {
-        if (!cJSON_IsString(item))
-            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a string", where, key);
+        if (!cJSON_IsString(item)) return wrong_type(where, key, "a string", item);
         name = item->valuestring;
     }
     if (!strcmp(name, "gelu"))
@@ -106,10 +136,16 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: expected a JSON object", where);
     }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    if (!cJSON_IsString(type)) {
+    if (!type) {
         cJSON_Delete(root);
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: required string field \"model_type\" is missing",
-                               where);
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: required field \"model_type\" is missing; expected a string (%s)",
+                               where, SUPPORTED_TYPES);
+    }
+    if (!cJSON_IsString(type)) {
+        nopad_status st = wrong_type(where, "model_type", "a string (" SUPPORTED_TYPES ")", type);
+        cJSON_Delete(root);
+        return st;
     }
     int found = 0;
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++) {
@@ -155,11 +191,19 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
         TRY(parse_activation(root, where, "hidden_act",
                              out->family == FAMILY_ALBERT ? "gelu_new" : "gelu", out));
         const cJSON *pet = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");
-        if (pet && !cJSON_IsNull(pet) &&
-            (!cJSON_IsString(pet) || strcmp(pet->valuestring, "absolute") != 0)) {
+        if (pet && !cJSON_IsNull(pet) && !cJSON_IsString(pet)) {
+            nopad_status st = wrong_type(where, "position_embedding_type",
+                                         "the string \"absolute\"", pet);
             cJSON_Delete(root);
-            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                                   "%s: position_embedding_type must be \"absolute\"", where);
+            return st;
+        }
+        if (cJSON_IsString(pet) && strcmp(pet->valuestring, "absolute") != 0) {
+            nopad_status st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                              "%s: position_embedding_type \"%.64s\" is not "
+                                              "supported; expected \"absolute\"",
+                                              where, pet->valuestring);
+            cJSON_Delete(root);
+            return st;
         }
         out->embedding_size = out->hidden_size;
         if (out->family == FAMILY_ALBERT) {

@@ -27,28 +27,78 @@ static nopad_status load_json(const char *path, cJSON **out) {
     return NOPAD_OK;
 }
 
-static int flag(const cJSON *cfg, const char *key) {
-    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, key));
+/* "a string", "a number", ...: the JSON type of a value, for messages. */
+static const char *json_type_name(const cJSON *item) {
+    if (cJSON_IsString(item)) return "a string";
+    if (cJSON_IsNumber(item)) return "a number";
+    if (cJSON_IsBool(item)) return "a boolean";
+    if (cJSON_IsArray(item)) return "an array";
+    if (cJSON_IsObject(item)) return "an object";
+    if (cJSON_IsNull(item)) return "null";
+    return "an unknown value";
+}
+
+static nopad_status wrong_type(const char *path, const char *key, const char *expected,
+                               const cJSON *item) {
+    return nopad_set_error(NOPAD_ERR_FORMAT,
+                           "%s: field \"%s\" has the wrong JSON type: expected %s, found %s", path,
+                           key, expected, json_type_name(item));
+}
+
+/* A pooling flag: true or false; absent or null reads as false. Anything else ("yes", 7) is an
+ * error rather than a silent false. */
+static nopad_status flag(const char *path, const cJSON *cfg, const char *key, int *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    *out = 0;
+    if (!item || cJSON_IsNull(item)) return NOPAD_OK;
+    if (!cJSON_IsBool(item)) return wrong_type(path, key, "a boolean (true/false)", item);
+    *out = cJSON_IsTrue(item);
+    return NOPAD_OK;
+}
+
+/* load_json for files whose top level must be an object. */
+static nopad_status load_json_object(const char *path, cJSON **out) {
+    nopad_status st = load_json(path, out);
+    if (st != NOPAD_OK || cJSON_IsObject(*out)) return st;
+    st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: expected a JSON object, found %s", path,
+                         json_type_name(*out));
+    cJSON_Delete(*out);
+    *out = NULL;
+    return st;
 }
 
 static nopad_status load_pooling(const char *path, st_pipeline *out) {
     cJSON *cfg;
-    nopad_status st = load_json(path, &cfg);
+    nopad_status st = load_json_object(path, &cfg);
     if (st != NOPAD_OK) return st;
     static const char *const unsupported[] = {"pooling_mode_mean_sqrt_len_tokens",
                                               "pooling_mode_weightedmean_tokens",
                                               "pooling_mode_lasttoken"};
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
-        if (flag(cfg, unsupported[i])) {
+        int on;
+        st = flag(path, cfg, unsupported[i], &on);
+        if (st == NOPAD_OK && on)
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: %s is not supported (cls, mean, max are)",
+                                 path, unsupported[i]);
+        if (st != NOPAD_OK) {
             cJSON_Delete(cfg);
-            return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: %s is not supported (cls, mean, max are)",
-                                   path, unsupported[i]);
+            return st;
         }
     }
-    int cls = flag(cfg, "pooling_mode_cls_token"), mean = flag(cfg, "pooling_mode_mean_tokens"),
-        max = flag(cfg, "pooling_mode_max_tokens");
+    int cls, mean, max;
+    if ((st = flag(path, cfg, "pooling_mode_cls_token", &cls)) != NOPAD_OK ||
+        (st = flag(path, cfg, "pooling_mode_mean_tokens", &mean)) != NOPAD_OK ||
+        (st = flag(path, cfg, "pooling_mode_max_tokens", &max)) != NOPAD_OK) {
+        cJSON_Delete(cfg);
+        return st;
+    }
     /* sentence-transformers >= 6 writes one string instead of the flags. */
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(cfg, "pooling_mode");
+    if (mode && !cJSON_IsNull(mode) && !cJSON_IsString(mode)) {
+        st = wrong_type(path, "pooling_mode", "a string (cls, mean or max)", mode);
+        cJSON_Delete(cfg);
+        return st;
+    }
     if (cJSON_IsString(mode)) {
         const char *m = mode->valuestring;
         cls = !strcmp(m, "cls");
@@ -66,7 +116,7 @@ static nopad_status load_pooling(const char *path, st_pipeline *out) {
     if (cls + mean + max != 1)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: exactly one of pooling_mode_cls_token, pooling_mode_mean_tokens, "
-                               "pooling_mode_max_tokens must be true (found %d)",
+                               "pooling_mode_max_tokens must be true (%d are)",
                                path, cls + mean + max);
     out->pooling = cls ? NOPAD_POOLING_CLS : mean ? NOPAD_POOLING_MEAN : NOPAD_POOLING_MAX;
     return NOPAD_OK;
@@ -80,14 +130,23 @@ nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
     snprintf(path, sizeof path, "%s/sentence_bert_config.json", dir);
     if (file_exists(path)) {
         cJSON *cfg;
-        nopad_status st = load_json(path, &cfg);
+        nopad_status st = load_json_object(path, &cfg);
         if (st != NOPAD_OK) return st;
         const cJSON *msl = cJSON_GetObjectItemCaseSensitive(cfg, "max_seq_length");
         if (msl && !cJSON_IsNull(msl)) {
-            if (!cJSON_IsNumber(msl) || msl->valuedouble < 1 || msl->valuedouble > (1 << 24) ||
-                msl->valuedouble != (double)(int32_t)msl->valuedouble) {
+            if (!cJSON_IsNumber(msl)) {
+                st = wrong_type(path, "max_seq_length", "a positive integer", msl);
                 cJSON_Delete(cfg);
-                return nopad_set_error(NOPAD_ERR_FORMAT, "%s: max_seq_length must be a positive integer", path);
+                return st;
+            }
+            if (msl->valuedouble < 1 || msl->valuedouble > (1 << 24) ||
+                msl->valuedouble != (double)(int32_t)msl->valuedouble) {
+                st = nopad_set_error(NOPAD_ERR_FORMAT,
+                                     "%s: max_seq_length must be a positive integer up to %d, found "
+                                     "%.15g",
+                                     path, 1 << 24, msl->valuedouble);
+                cJSON_Delete(cfg);
+                return st;
             }
             out->max_seq_length = (int32_t)msl->valuedouble;
         }
@@ -100,7 +159,7 @@ nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     if (out->max_seq_length == 0 && file_exists(path)) {
         cJSON *cfg;
-        nopad_status st = load_json(path, &cfg);
+        nopad_status st = load_json_object(path, &cfg);
         if (st != NOPAD_OK) return st;
         const cJSON *mml = cJSON_GetObjectItemCaseSensitive(cfg, "model_max_length");
         if (cJSON_IsNumber(mml) && mml->valuedouble >= 1 && mml->valuedouble <= (1 << 24))
@@ -114,8 +173,10 @@ nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
     nopad_status st = load_json(path, &modules);
     if (st != NOPAD_OK) return st;
     if (!cJSON_IsArray(modules)) {
+        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: expected a JSON array of modules, found %s",
+                             path, json_type_name(modules));
         cJSON_Delete(modules);
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: expected a JSON array of modules", path);
+        return st;
     }
     out->has_pipeline = 1;
     const cJSON *module;
@@ -123,10 +184,24 @@ nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
     cJSON_ArrayForEach(module, modules) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(module, "type");
         const cJSON *mpath = cJSON_GetObjectItemCaseSensitive(module, "path");
-        if (!cJSON_IsString(type) || !cJSON_IsString(mpath)) {
+        if (!cJSON_IsObject(module)) {
+            st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: module %d: expected a JSON object, found %s",
+                                 path, index, json_type_name(module));
             cJSON_Delete(modules);
-            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: module %d needs string \"type\" and \"path\"",
-                                   path, index);
+            return st;
+        }
+        if (!cJSON_IsString(type) || !cJSON_IsString(mpath)) {
+            const char *key = !cJSON_IsString(type) ? "type" : "path";
+            const cJSON *bad = !cJSON_IsString(type) ? type : mpath;
+            st = bad ? nopad_set_error(NOPAD_ERR_FORMAT,
+                                       "%s: module %d: field \"%s\" has the wrong JSON type: "
+                                       "expected a string, found %s",
+                                       path, index, key, json_type_name(bad))
+                     : nopad_set_error(NOPAD_ERR_FORMAT,
+                                       "%s: module %d: required string field \"%s\" is missing",
+                                       path, index, key);
+            cJSON_Delete(modules);
+            return st;
         }
         const char *t = type->valuestring;
         const char *dot = strrchr(t, '.');

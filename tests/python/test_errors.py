@@ -1,7 +1,9 @@
 """Every bad input of the foundation issue raises a clear exception from Python (never a crash),
 carrying nopad's message and status; a failed call leaves the object usable."""
 import json
+import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -43,7 +45,7 @@ INVAL, TOO_LONG = nopad.Status.INVALID_ARGUMENT, nopad.Status.TOO_LONG
 # ---- loading -------------------------------------------------------------------------------------
 
 def test_missing_folder_and_files(tmp_path):
-    err = expect(nopad.FileError, IO, ["no such folder"], nopad.Encoder, tmp_path / "nope")
+    err = expect(nopad.FileError, IO, ["does not exist"], nopad.Encoder, tmp_path / "nope")
     assert isinstance(err, OSError)
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -51,6 +53,34 @@ def test_missing_folder_and_files(tmp_path):
     d = copy_model(tmp_path, files=("config.json",))
     expect(nopad.FileError, IO, ["model.safetensors"], nopad.Encoder, d)
     expect(nopad.NopadError, IO, [], nopad.Encoder, MODELS / "bert_a" / "config.json")
+
+
+def _cli_message(path):
+    """The CLI's message for model folder `path` (nopad info), or None without a CLI."""
+    cli = os.environ.get("NOPAD_CLI")
+    if not cli:
+        return None
+    r = subprocess.run([cli, "info", "--model", str(path)], capture_output=True, text=True)
+    assert r.returncode == 1, r
+    return r.stderr.strip().replace("nopad: error: ", "", 1)
+
+
+def test_folder_messages_match_the_cli(tmp_path):
+    """A missing path, a file and a symlink loop each say what is wrong, as the CLI does (the
+    package used to say "no such folder" for all three; issue 19, item 5)."""
+    missing = tmp_path / "nope"
+    a_file = tmp_path / "config.json"
+    a_file.write_text("{}")
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)
+    for path, words in [(missing, ["model folder '%s' does not exist" % missing]),
+                        (a_file, ["model folder '%s' is not a folder" % a_file]),
+                        (loop, ["model folder '%s'" % loop, "symbolic links"])]:
+        err = expect(nopad.FileError, IO, words, nopad.Encoder, path)
+        assert "no such folder" not in str(err)
+        cli = _cli_message(path)
+        if cli is not None:
+            assert str(err) == cli, (str(err), cli)
 
 
 @pytest.mark.parametrize("config, cls, status, word", [

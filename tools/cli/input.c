@@ -46,6 +46,31 @@ int tokenize_line(const nopad_tokenizer *tok, const char *text, size_t len, int6
 
 static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\v' || c == '\f'; }
 
+/* Offset of the first byte of s[0..len) that is a control byte or not part of valid UTF-8, or len
+ * when there is none: such a byte is named by value rather than printed. */
+static size_t first_unprintable(const unsigned char *s, size_t len) {
+    for (size_t k = 0; k < len;) {
+        const unsigned char c = s[k];
+        if (c < 0x20 || c == 0x7f) return k;
+        if (c < 0x80) {
+            k++;
+            continue;
+        }
+        size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        if (n == 0 || k + n > len) return k;
+        unsigned lo = 0x80, hi = 0xbf; /* the range of the second byte (no overlongs/surrogates) */
+        if (c == 0xe0) lo = 0xa0;
+        else if (c == 0xed) hi = 0x9f;
+        else if (c == 0xf0) lo = 0x90;
+        else if (c == 0xf4) hi = 0x8f;
+        if (s[k + 1] < lo || s[k + 1] > hi) return k;
+        for (size_t m = 2; m < n; m++)
+            if ((s[k + m] & 0xc0) != 0x80) return k;
+        k += n;
+    }
+    return len;
+}
+
 int parse_id_line(const char *line, size_t len, int64_t line_no, int32_t vocab_size,
                   int32_t max_length, int truncate, int32_t **ids, size_t *cap, int32_t *n_ids) {
     size_t n = 0;
@@ -56,13 +81,25 @@ int parse_id_line(const char *line, size_t len, int64_t line_no, int32_t vocab_s
         size_t start = i;
         while (i < len && !is_blank(line[i])) i++;
         const char *token = line + start;
-        const int width = (int)(i - start < 40 ? i - start : 40); /* shown in messages */
+        int width = (int)(i - start < 40 ? i - start : 40); /* shown in messages */
+        while (width > 0 && (size_t)width < i - start && ((unsigned char)token[width] & 0xc0) == 0x80)
+            width--; /* not in the middle of a UTF-8 character */
         const size_t column = start + 1;
         size_t j = token[0] == '-' ? 1 : 0;
         int all_digits = j < i - start;
         for (size_t k = j; k < i - start; k++)
             if (token[k] < '0' || token[k] > '9') all_digits = 0;
         if (!all_digits) {
+            /* A control byte (a NUL, ESC, a stray '\r') or one that is not UTF-8 is named by
+             * value and column: printed as text it would cut the message short or garble the
+             * terminal. */
+            const size_t bad = first_unprintable((const unsigned char *)token, i - start);
+            if (bad < i - start) {
+                print_error("line %" PRId64 ", token %zu: byte 0x%02x at column %zu is not part of "
+                            "a number (--ids expects decimal token ids separated by spaces or tabs)",
+                            line_no, n + 1, (unsigned)(unsigned char)token[bad], column + bad);
+                return -1;
+            }
             print_error("line %" PRId64 ", token %zu (column %zu): '%.*s' is not a number "
                         "(--ids expects decimal token ids)",
                         line_no, n + 1, column, width, token);
