@@ -34,5 +34,5 @@ expect_error 2 "go together" bench --model "$M" --batch 2
 expect_error 1 "at most" bench --model "$M" --batch 2 --max 100
 expect_error 2 "model is required" bench
 expect_error 2 "unknown option" bench --model "$M" --fast
-expect_error 1 "no such folder" bench --model /nonexistent --batch 1 --max 4
+expect_error 1 "does not exist" bench --model /nonexistent --batch 1 --max 4
 echo "cli_bench: ok"

@@ -240,12 +240,27 @@ static void test_deep_json(void **state) {
     }
 }
 
+/* The model folder itself: missing, a file, a symlink loop: the CLI's words from the library. */
+static void test_folder_itself(void **state) {
+    nopad_model *m = NULL;
+    assert_nopad_error(nopad_model_load("/nonexistent/nopad-model", NULL, &m), NOPAD_ERR_IO, "does not exist");
+    const char *dir = copy_folder(7, "bert_a", BERT_FILES, 2);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_nopad_error(nopad_model_load(path, NULL, &m), NOPAD_ERR_IO, "is not a folder");
+    snprintf(path, sizeof path, "%s/loop", dir);
+    assert_int_equal(symlink(path, path), 0);
+    assert_nopad_error(nopad_model_load(path, NULL, &m), NOPAD_ERR_IO, "symbolic links");
+    assert_null(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_config_contradicts_weights),
         cmocka_unit_test(test_non_finite_weights),
         cmocka_unit_test(test_deep_json),
+        cmocka_unit_test(test_folder_itself),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,7 +56,7 @@ static void expect_load_error(const char *dir, nopad_status want, const char *ne
 }
 
 static void test_missing_folder_and_files(void **state) {
-    expect_load_error("/nonexistent/nopad-model", NOPAD_ERR_IO, "no such folder");
+    expect_load_error("/nonexistent/nopad-model", NOPAD_ERR_IO, "does not exist");
     expect_load_error(test_make_temp_dir(1), NOPAD_ERR_IO, "config.json");
     /* config present, weights absent */
     const char *dir = copy_model("bert_a", NULL);

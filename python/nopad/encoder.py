@@ -31,7 +31,8 @@ _DTYPES = {"fp32": _native.DTYPE_F32, "float32": _native.DTYPE_F32, "f32": _nati
 def _check_model_folder(path: Union[str, bytes]) -> None:
     """Raises FileError unless `path` is a folder, in the CLI's words (tools/cli/common.c,
     open_model): "does not exist", "is not a folder", or the system's reason (a symlink loop:
-    "Too many levels of symbolic links"). The library alone says "no such folder" for all three."""
+    "Too many levels of symbolic links"), as the library says too; checked here first so that a path
+    ctypes cannot pass (an embedded NUL) gets a clear error as well."""
     shown = os.fsdecode(path)
     try:
         st = os.stat(path)

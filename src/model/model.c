@@ -1,5 +1,6 @@
 /* The public model object: loads a Hugging Face folder (config, weights on the chosen backend,
  * tokenizer, sentence-transformers pipeline) and describes it. Running batches is context.c's. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,11 +22,6 @@ nopad_model_params nopad_model_default_params(void) {
     return p;
 }
 
-static int is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 static const char *family_name(model_family f) {
     switch (f) {
     case FAMILY_BERT: return "BERT";
@@ -42,7 +38,12 @@ static const char *dtype_name(nopad_dtype d) {
 
 static nopad_status load_model(nopad_model *m, const char *dir) {
     char path[4096];
-    if (!is_dir(dir)) return nopad_set_error(NOPAD_ERR_IO, "%s: no such folder", dir);
+    /* the CLI's and the Python package's words for the three ways a folder is not there */
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return errno == ENOENT ? nopad_set_error(NOPAD_ERR_IO, "model folder '%s' does not exist", dir)
+                               : nopad_set_error(NOPAD_ERR_IO, "model folder '%s': %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return nopad_set_error(NOPAD_ERR_IO, "model folder '%s' is not a folder", dir);
 
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *json;
