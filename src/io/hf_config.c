@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "io/json.h"
 #include "util/error.h"
 
 typedef struct family_entry {
@@ -22,25 +23,6 @@ static const family_entry FAMILIES[] = {
     {"distilbert", FAMILY_DISTILBERT}, {"albert", FAMILY_ALBERT},
 };
 #define SUPPORTED_TYPES "bert, roberta, xlm-roberta, camembert, distilbert, albert"
-
-/* "a string", "a number", ...: the JSON type of a value, for messages. */
-static const char *json_type_name(const cJSON *item) {
-    if (cJSON_IsString(item)) return "a string";
-    if (cJSON_IsNumber(item)) return "a number";
-    if (cJSON_IsBool(item)) return "a boolean";
-    if (cJSON_IsArray(item)) return "an array";
-    if (cJSON_IsObject(item)) return "an object";
-    if (cJSON_IsNull(item)) return "null";
-    return "an unknown value";
-}
-
-/* A field that is present with the wrong JSON type: distinct from a missing one. */
-static nopad_status wrong_type(const char *where, const char *key, const char *expected,
-                               const cJSON *item) {
-    return nopad_set_error(NOPAD_ERR_FORMAT,
-                           "%s: field \"%s\" has the wrong JSON type: expected %s, found %s", where,
-                           key, expected, json_type_name(item));
-}
 
 /* Reads an integer field. Absent: `fallback` if has_fallback, else an error naming the field. */
 static nopad_status get_int(const cJSON *root, const char *where, const char *key, int has_fallback,
@@ -61,7 +43,7 @@ static nopad_status get_int(const cJSON *root, const char *where, const char *ke
     if (!cJSON_IsNumber(item)) {
         char expected[64];
         snprintf(expected, sizeof expected, "an integer in [%d, %d]", lo, hi);
-        return wrong_type(where, key, expected, item);
+        return json_wrong_type(where, key, expected, item);
     }
     double v = item->valuedouble;
     if (v != floor(v) || v < lo || v > hi)
@@ -79,7 +61,7 @@ static nopad_status get_float(const cJSON *root, const char *where, const char *
         *out = fallback;
         return NOPAD_OK;
     }
-    if (!cJSON_IsNumber(item)) return wrong_type(where, key, "a number in (0, 1]", item);
+    if (!cJSON_IsNumber(item)) return json_wrong_type(where, key, "a number in (0, 1]", item);
     if (!(item->valuedouble > 0) || item->valuedouble > 1)
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a number in (0, 1], found %g",
                                where, key, item->valuedouble);
@@ -92,7 +74,7 @@ static nopad_status parse_activation(const cJSON *root, const char *where, const
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
     const char *name = fallback;
     if (item && !cJSON_IsNull(item)) {
-        if (!cJSON_IsString(item)) return wrong_type(where, key, "a string", item);
+        if (!cJSON_IsString(item)) return json_wrong_type(where, key, "a string", item);
         name = item->valuestring;
     }
     if (!strcmp(name, "gelu"))
@@ -143,7 +125,7 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
                                where, SUPPORTED_TYPES);
     }
     if (!cJSON_IsString(type)) {
-        nopad_status st = wrong_type(where, "model_type", "a string (" SUPPORTED_TYPES ")", type);
+        nopad_status st = json_wrong_type(where, "model_type", "a string (" SUPPORTED_TYPES ")", type);
         cJSON_Delete(root);
         return st;
     }
@@ -192,7 +174,7 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
                              out->family == FAMILY_ALBERT ? "gelu_new" : "gelu", out));
         const cJSON *pet = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");
         if (pet && !cJSON_IsNull(pet) && !cJSON_IsString(pet)) {
-            nopad_status st = wrong_type(where, "position_embedding_type",
+            nopad_status st = json_wrong_type(where, "position_embedding_type",
                                          "the string \"absolute\"", pet);
             cJSON_Delete(root);
             return st;

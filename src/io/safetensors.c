@@ -19,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "io/json.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -46,16 +47,6 @@ size_t safetensors_dtype_size(safetensors_dtype dtype) {
 }
 
 /* ---- small helpers ------------------------------------------------------------------------ */
-
-static const char *json_type_name(const cJSON *item) {
-    if (cJSON_IsObject(item)) return "an object";
-    if (cJSON_IsArray(item)) return "an array";
-    if (cJSON_IsString(item)) return "a string";
-    if (cJSON_IsNumber(item)) return "a number";
-    if (cJSON_IsBool(item)) return "a boolean";
-    if (cJSON_IsNull(item)) return "null";
-    return "an invalid value";
-}
 
 /* A count or byte offset. cJSON stores numbers as doubles, so the value must be an exact integer
  * in [0, 2^53]: past 2^53 a double no longer holds every integer and the file's digits may have

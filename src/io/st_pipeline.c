@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "io/st_pipeline.h"
+#include "io/json.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -27,31 +28,13 @@ static nopad_status load_json(const char *path, cJSON **out) {
     return NOPAD_OK;
 }
 
-/* "a string", "a number", ...: the JSON type of a value, for messages. */
-static const char *json_type_name(const cJSON *item) {
-    if (cJSON_IsString(item)) return "a string";
-    if (cJSON_IsNumber(item)) return "a number";
-    if (cJSON_IsBool(item)) return "a boolean";
-    if (cJSON_IsArray(item)) return "an array";
-    if (cJSON_IsObject(item)) return "an object";
-    if (cJSON_IsNull(item)) return "null";
-    return "an unknown value";
-}
-
-static nopad_status wrong_type(const char *path, const char *key, const char *expected,
-                               const cJSON *item) {
-    return nopad_set_error(NOPAD_ERR_FORMAT,
-                           "%s: field \"%s\" has the wrong JSON type: expected %s, found %s", path,
-                           key, expected, json_type_name(item));
-}
-
 /* A pooling flag: true or false; absent or null reads as false. Anything else ("yes", 7) is an
  * error rather than a silent false. */
 static nopad_status flag(const char *path, const cJSON *cfg, const char *key, int *out) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(cfg, key);
     *out = 0;
     if (!item || cJSON_IsNull(item)) return NOPAD_OK;
-    if (!cJSON_IsBool(item)) return wrong_type(path, key, "a boolean (true/false)", item);
+    if (!cJSON_IsBool(item)) return json_wrong_type(path, key, "a boolean (true/false)", item);
     *out = cJSON_IsTrue(item);
     return NOPAD_OK;
 }
@@ -95,7 +78,7 @@ static nopad_status load_pooling(const char *path, st_pipeline *out) {
     /* sentence-transformers >= 6 writes one string instead of the flags. */
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(cfg, "pooling_mode");
     if (mode && !cJSON_IsNull(mode) && !cJSON_IsString(mode)) {
-        st = wrong_type(path, "pooling_mode", "a string (cls, mean or max)", mode);
+        st = json_wrong_type(path, "pooling_mode", "a string (cls, mean or max)", mode);
         cJSON_Delete(cfg);
         return st;
     }
@@ -135,7 +118,7 @@ nopad_status st_pipeline_load(const char *dir, st_pipeline *out) {
         const cJSON *msl = cJSON_GetObjectItemCaseSensitive(cfg, "max_seq_length");
         if (msl && !cJSON_IsNull(msl)) {
             if (!cJSON_IsNumber(msl)) {
-                st = wrong_type(path, "max_seq_length", "a positive integer", msl);
+                st = json_wrong_type(path, "max_seq_length", "a positive integer", msl);
                 cJSON_Delete(cfg);
                 return st;
             }
