@@ -94,31 +94,32 @@ static void test_refused_pipelines(void **state) {
 /* Pooling values that are not booleans ("yes", 7) are named with the file and key, not counted
  * as false (issue 19, item 5). */
 static void test_pooling_values_of_the_wrong_type(void **state) {
+    /* modules.json, 1_Pooling/config.json, sentence_bert_config.json, tokenizer_config.json (NULL:
+     * the default), and the whole message expected */
+    const struct { const char *files[4], *message; } cases[] = {
+        {{MODULES, "{\"pooling_mode_mean_tokens\": \"yes\"}"},
+         "1_Pooling/config.json: field \"pooling_mode_mean_tokens\" has the wrong JSON type: expected a boolean (true/false), found a string"},
+        {{MODULES, "{\"pooling_mode_cls_token\": 7}"},
+         "1_Pooling/config.json: field \"pooling_mode_cls_token\" has the wrong JSON type: expected a boolean (true/false), found a number"},
+        {{MODULES, "{\"pooling_mode_mean_tokens\": true, \"pooling_mode_lasttoken\": 1}"},
+         "field \"pooling_mode_lasttoken\" has the wrong JSON type: expected a boolean (true/false), found a number"},
+        {{MODULES, "{\"pooling_mode\": 7}"},
+         "field \"pooling_mode\" has the wrong JSON type: expected a string (cls, mean or max), found a number"},
+        {{MODULES, "[true]"}, "1_Pooling/config.json: expected a JSON object, found an array"},
+        {{NULL, NULL, "{\"max_seq_length\": \"128\"}"},
+         "sentence_bert_config.json: field \"max_seq_length\" has the wrong JSON type: expected a positive integer, found a string"},
+        {{NULL, NULL, "[128]"}, "sentence_bert_config.json: expected a JSON object, found an array"},
+        {{NULL, NULL, NULL, "\"x\""}, "tokenizer_config.json: expected a JSON object, found a string"},
+        {{"[5]"}, "modules.json: module 0: expected a JSON object, found a number"},
+        {{"[{\"type\": 5, \"path\": \"\"}]"},
+         "module 0: field \"type\" has the wrong JSON type: expected a string, found a number"},
+        {{"[{\"type\": \"sentence_transformers.models.Transformer\"}]"}, "module 0: required string field \"path\" is missing"},
+    };
     st_pipeline p;
-    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode_mean_tokens\": \"yes\"}", NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT,
-                       "1_Pooling/config.json: field \"pooling_mode_mean_tokens\" has the wrong JSON type: expected a boolean (true/false), found a string");
-    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode_cls_token\": 7}", NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT,
-                       "1_Pooling/config.json: field \"pooling_mode_cls_token\" has the wrong JSON type: expected a boolean (true/false), found a number");
-    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode_mean_tokens\": true, \"pooling_mode_lasttoken\": 1}", NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT, "field \"pooling_mode_lasttoken\" has the wrong JSON type: expected a boolean (true/false), found a number");
-    assert_nopad_error(st_pipeline_load(folder(MODULES, "{\"pooling_mode\": 7}", NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT, "field \"pooling_mode\" has the wrong JSON type: expected a string (cls, mean or max), found a number");
-    assert_nopad_error(st_pipeline_load(folder(MODULES, "[true]", NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT, "1_Pooling/config.json: expected a JSON object, found an array");
-    assert_nopad_error(st_pipeline_load(folder(NULL, NULL, "{\"max_seq_length\": \"128\"}", NULL), &p),
-                       NOPAD_ERR_FORMAT, "sentence_bert_config.json: field \"max_seq_length\" has the wrong JSON type: expected a positive integer, found a string");
-    assert_nopad_error(st_pipeline_load(folder(NULL, NULL, "[128]", NULL), &p),
-                       NOPAD_ERR_FORMAT, "sentence_bert_config.json: expected a JSON object, found an array");
-    assert_nopad_error(st_pipeline_load(folder(NULL, NULL, NULL, "\"x\""), &p),
-                       NOPAD_ERR_FORMAT, "tokenizer_config.json: expected a JSON object, found a string");
-    assert_nopad_error(st_pipeline_load(folder("[5]", NULL, NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT, "modules.json: module 0: expected a JSON object, found a number");
-    assert_nopad_error(st_pipeline_load(folder("[{\"type\": 5, \"path\": \"\"}]", NULL, NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT, "module 0: field \"type\" has the wrong JSON type: expected a string, found a number");
-    assert_nopad_error(st_pipeline_load(folder("[{\"type\": \"sentence_transformers.models.Transformer\"}]", NULL, NULL, NULL), &p),
-                       NOPAD_ERR_FORMAT, "module 0: required string field \"path\" is missing");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *const *f = cases[i].files;
+        assert_nopad_error(st_pipeline_load(folder(f[0], f[1], f[2], f[3]), &p), NOPAD_ERR_FORMAT, cases[i].message);
+    }
     /* null, as older sentence-transformers write for unset flags, stays false */
     assert_nopad_ok(st_pipeline_load(
         folder(MODULES, "{\"pooling_mode_mean_tokens\": true, \"pooling_mode_lasttoken\": null}", NULL, NULL), &p));

@@ -59,6 +59,19 @@ def _close_in_thread(obj):
     return t, errors
 
 
+def _joined(threads, what):
+    """Joins each thread (TIMEOUT each) and asserts it ended: `what` names them in the failure."""
+    for t in threads:
+        t.join(TIMEOUT)
+        assert not t.is_alive(), what
+
+
+def _closed_cleanly(closer, errors, what):
+    """The closer thread ended within TIMEOUT and its close() raised nothing."""
+    _joined([closer], what)
+    assert not errors, errors
+
+
 def _assert_closed_error(e):
     assert isinstance(e, nopad.InvalidArgumentError), repr(e)
     assert e.status == nopad.Status.INVALID_ARGUMENT
@@ -70,15 +83,10 @@ def test_close_returns_while_threads_keep_encoding(n_workers):
     enc = nopad.Encoder(MODEL)
     threads, stop, results, calls = _start_workers(enc, n_workers)
     try:
-        closer, errors = _close_in_thread(enc)
-        closer.join(TIMEOUT)
-        assert not closer.is_alive(), "Encoder.close() did not return within %gs while %d " \
-            "threads kept encoding" % (TIMEOUT, n_workers)
-        assert not errors, errors
+        _closed_cleanly(*_close_in_thread(enc), "Encoder.close() did not return within %gs while %d "
+                        "threads kept encoding" % (TIMEOUT, n_workers))
         assert enc.closed
-        for t in threads:
-            t.join(TIMEOUT)
-            assert not t.is_alive(), "a worker kept running after close()"
+        _joined(threads, "a worker kept running after close()")
     finally:
         stop.set()  # lets a hung close() (the old bug) finish, so the test run can end
     assert all(c >= 1 for c in calls), calls
@@ -94,14 +102,9 @@ def test_close_from_several_threads_at_once():
     tok = enc.tokenizer
     threads, stop, results, _ = _start_workers(enc, 4)
     try:
-        closers = [_close_in_thread(enc) for _ in range(3)]
-        for t, errors in closers:
-            t.join(TIMEOUT)
-            assert not t.is_alive(), "a concurrent close() did not return"
-            assert not errors, errors
-        for t in threads:
-            t.join(TIMEOUT)
-            assert not t.is_alive()
+        for closer, errors in [_close_in_thread(enc) for _ in range(3)]:
+            _closed_cleanly(closer, errors, "a concurrent close() did not return")
+        _joined(threads, "a worker kept running after close()")
     finally:
         stop.set()
     for e in results:
@@ -149,13 +152,8 @@ def test_closed_tokenizer_while_threads_tokenize():
     for t in threads:
         t.start()
     try:
-        closer, errors = _close_in_thread(tok)
-        closer.join(TIMEOUT)
-        assert not closer.is_alive(), "Tokenizer.close() did not return"
-        assert not errors, errors
-        for t in threads:
-            t.join(TIMEOUT)
-            assert not t.is_alive()
+        _closed_cleanly(*_close_in_thread(tok), "Tokenizer.close() did not return")
+        _joined(threads, "a worker kept running after close()")
     finally:
         stop.set()
     assert len(results) == 4
