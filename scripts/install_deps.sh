@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing nopad needs on Debian 12: compilers, CMake, the C libraries
-# (cJSON, utf8proc, OpenBLAS, cmocka), clang for the fuzzers, numpy + safetensors for the CLI
+# (cJSON, utf8proc, PCRE2, OpenBLAS, cmocka), clang for the fuzzers, numpy + safetensors for the CLI
 # tests (+ pytest for the Python package's tests), and CUTLASS's headers (pip nvidia-cutlass) for
 # the CUDA build. Safe to run again.
 set -euo pipefail
@@ -10,7 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev \
-    libcjson-dev libutf8proc-dev libopenblas-dev libcmocka-dev python3 python3-pip >/dev/null
+    libcjson-dev libutf8proc-dev libpcre2-dev libopenblas-dev libcmocka-dev python3 python3-pip >/dev/null
 # nvidia-cutlass: CUTLASS's headers for the CUDA build's fused-epilogue GEMMs (header-only; only
 # the headers are used, so none of the wheel's Python dependencies are needed: --no-deps).
 python3 -m pip install --quiet --disable-pip-version-check numpy safetensors pytest 2>/dev/null \

@@ -655,7 +655,7 @@ static void test_bad_json(void **state) {
     expect_json_error("{}", NOPAD_ERR_FORMAT, "model");
     expect_json_error("{\"model\": {\"vocab\": {}}}", NOPAD_ERR_FORMAT, "model.type");
     expect_json_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
-                      NOPAD_ERR_UNSUPPORTED, "\"BPE\"");
+                      NOPAD_ERR_UNSUPPORTED, "ByteLevel"); /* BPE needs its pre-tokenizer */
     expect_json_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", -1.0]]}}",
                       NOPAD_ERR_UNSUPPORTED, "\"Unigram\"");
     expect_json_error("{\"model\": {\"type\": \"WordPiece\"}}", NOPAD_ERR_FORMAT, "model.vocab");
@@ -691,7 +691,7 @@ static void test_bad_json(void **state) {
                       NOPAD_ERR_FORMAT, "normalizer.lowercase");
     expect_json_error("{" MODEL_OK ", \"normalizer\": 5}", NOPAD_ERR_FORMAT, "normalizer");
     expect_json_error("{" MODEL_OK ", \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-                      NOPAD_ERR_UNSUPPORTED, "\"ByteLevel\"");
+                      NOPAD_ERR_UNSUPPORTED, "ByteLevel");
     expect_json_error("{" MODEL_OK ", \"pre_tokenizer\": {}}", NOPAD_ERR_FORMAT,
                       "pre_tokenizer.type");
     expect_json_error("{" MODEL_OK ", \"post_processor\": {\"type\": \"ByteLevel\"}}",
@@ -732,7 +732,7 @@ static void test_bad_json(void **state) {
 
     /* a tokenizer.json in a folder wins over vocab.txt, and its errors name the file */
     const char *dir = test_make_temp_dir(2);
-    write_file(dir, "tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}");
+    write_file(dir, "tokenizer.json", "{\"model\": {\"type\": \"Unigram\"}}");
     write_file(dir, "vocab.txt", small_vocab_txt);
     assert_nopad_error(nopad_tokenizer_load(dir, &tok), NOPAD_ERR_UNSUPPORTED, "tokenizer.json");
 }

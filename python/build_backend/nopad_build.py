@@ -122,7 +122,7 @@ def _run(cmd: List[str]) -> None:
     if proc.returncode != 0:
         tail = "\n".join(out.splitlines()[-30:])
         raise RuntimeError("nopad build: command failed (exit %d): %s\n%s\nThe library needs "
-                           "CMake, a C compiler, cJSON, utf8proc and OpenBLAS (Debian: "
+                           "CMake, a C compiler, cJSON, utf8proc, PCRE2 and OpenBLAS (Debian: "
                            "scripts/install_deps.sh), or set NOPAD_LIBRARY to a built "
                            "libnopad.so." % (proc.returncode, " ".join(map(str, cmd)), tail))
 

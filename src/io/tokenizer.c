@@ -1,4 +1,5 @@
-/* Tokenization: text -> ids, as Hugging Face tokenizers does it for WordPiece models.
+/* Tokenization: text -> ids, as Hugging Face tokenizers does it for WordPiece models (BPE models
+ * share steps 1 and 5 and run tokenizer_bpe.c in between).
  *
  *   1. split the raw text on added tokens ([CLS], [MASK], ...), leftmost-longest;
  *   2. normalize each remaining piece (tokenizer_normalize.c);
@@ -41,6 +42,7 @@ typedef struct tok_run {
     size_t key_cap;
     char *text2;      /* UTF-8 of the normalized text (normalized added tokens only) */
     size_t text2_cap;
+    tok_bpe_work bpe; /* BPE models */
     uint32_t cps_storage[INLINE_CPS];
     char word_storage[INLINE_BYTES];
     char key_storage[INLINE_BYTES];
@@ -174,6 +176,7 @@ static nopad_status split_words(tok_run *r, const uint32_t *cps, size_t n) {
         uint32_t c = cps[i];
         switch (pre) {
         case TOK_PRE_NONE:
+        case TOK_PRE_BYTELEVEL: /* BPE only, which never comes here */
             st = append_char(r, c);
             break;
         case TOK_PRE_BERT:
@@ -279,10 +282,26 @@ static nopad_status normalized_piece(tok_run *r, const char *s, size_t n) {
     return split_words(r, r->cps2.data, r->cps2.len);
 }
 
+/* BPE: the ids of one word. Returns nonzero once truncation is reached. */
+static int bpe_emit(void *ctx, const int32_t *ids, size_t n) {
+    tok_run *r = ctx;
+    for (size_t i = 0; i < n && !run_full(r); i++) emit(r, ids[i]);
+    return run_full(r);
+}
+
+/* BPE: a piece of text between added tokens (the normalizer is null, so raw and normalized
+ * added tokens are matched on the same text). */
+static nopad_status bpe_piece(tok_run *r, const char *s, size_t n) {
+    return tok_bpe_encode_piece(r->tok, &r->bpe, s, n, bpe_emit, r);
+}
+
 /* A piece of raw text between raw added tokens. */
 static nopad_status raw_piece(tok_run *r, const char *s, size_t n) {
     const nopad_tokenizer *t = r->tok;
     nopad_status st = NOPAD_OK;
+    if (t->model == TOK_MODEL_BPE)
+        return t->norm_matcher.count == 0 ? bpe_piece(r, s, n)
+                                          : split_added(r, &t->norm_matcher, s, n, bpe_piece);
     if (t->norm_matcher.count == 0) {
         for (size_t p = 0; p < n && st == NOPAD_OK && !run_full(r);) {
             size_t q = n;
@@ -366,6 +385,7 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
     r->key_cap = INLINE_BYTES;
     r->text2 = NULL;
     r->text2_cap = 0;
+    memset(&r->bpe, 0, sizeof r->bpe);
 
     nopad_status st = split_added(r, &tok->raw_matcher, text, len, raw_piece);
 
@@ -375,6 +395,7 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
     if (r->key != r->key_storage) free(r->key);
     if (r->hash != r->hash_storage) free(r->hash);
     free(r->text2);
+    tok_bpe_work_free(&r->bpe);
     int64_t total = n_special + r->count;
     free(r);
     if (st != NOPAD_OK) return st;

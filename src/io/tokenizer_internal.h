@@ -18,9 +18,11 @@ nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercas
 
 /* ---- the tokenizer object, shared by src/io/tokenizer*.c -------------------------------------
  *
- * The pipeline is Hugging Face tokenizers' for WordPiece models:
+ * The pipeline is Hugging Face tokenizers':
  *   raw text -> split out added tokens ([CLS], ...) -> normalize (BertNormalizer)
- *            -> pre-tokenize (BertPreTokenizer) -> WordPiece -> template ([CLS] $A [SEP]).
+ *            -> pre-tokenize (BertPreTokenizer) -> WordPiece -> template ([CLS] $A [SEP]);
+ * for byte-level BPE (GPT-2, RoBERTa; tokenizer_bpe.c) the middle is instead
+ *            -> ByteLevel (GPT-2 split regex, bytes as characters) -> BPE merges.
  * The object is immutable after loading, so any number of threads may tokenize with it. */
 
 /* Open-addressing hash map from token bytes to id (tokenizer_vocab.c). Keys live back to back in
@@ -71,7 +73,31 @@ typedef enum tok_pre_tokenizer {
     TOK_PRE_BERT = 1,          /* split on whitespace, isolate each punctuation char */
     TOK_PRE_WHITESPACE_SPLIT,  /* split on whitespace only */
     TOK_PRE_WHITESPACE,        /* the regex \w+|[^\w\s]+ */
+    TOK_PRE_BYTELEVEL,         /* GPT-2's split regex, then bytes -> characters (BPE only) */
 } tok_pre_tokenizer;
+
+typedef enum tok_model_kind {
+    TOK_MODEL_WORDPIECE = 0,
+    TOK_MODEL_BPE = 1,
+} tok_model_kind;
+
+struct pcre2_real_code_8; /* pcre2_code of <pcre2.h>, kept out of this header */
+
+/* A BPE model (tokenizer_bpe.c): merges keyed by the ids of the pair, ranked by file order. */
+typedef struct tok_bpe {
+    tok_vocab merges;       /* 8 bytes (left id, right id) -> rank (the merge's index) */
+    int32_t *merge_result;  /* [n_merges] the id of the merged token */
+    int32_t n_merges;
+    int fuse_unk;           /* consecutive unknown characters give one unk */
+    int ignore_merges;      /* a word that is a vocab entry is that token, merges or not */
+    /* ByteLevel pre-tokenizer */
+    int add_prefix_space;   /* a piece not starting with ' ' gets one */
+    int use_regex;          /* split with GPT-2's regex (else the piece is one word) */
+    struct pcre2_real_code_8 *split_re;
+    char byte_char[256][2]; /* GPT-2's bytes_to_unicode, as UTF-8 (1 or 2 bytes) */
+    uint8_t byte_char_len[256];
+    int32_t byte_id[256];   /* vocab id of each byte's character, -1 if absent */
+} tok_bpe;
 
 /* An entry of tokenizer.json's added_tokens: matched in the text before the model runs. */
 typedef struct tok_added {
@@ -92,10 +118,12 @@ typedef struct tok_matcher {
 } tok_matcher;
 
 struct nopad_tokenizer {
+    tok_model_kind model;
+    tok_bpe bpe; /* model == TOK_MODEL_BPE */
     tok_vocab vocab;
     tok_normalizer norm;
     tok_pre_tokenizer pre;
-    int32_t unk_id;
+    int32_t unk_id;       /* -1: none (BPE drops unknown characters) */
     char *subword_prefix; /* "##" */
     size_t subword_prefix_len;
     int64_t max_chars_per_word; /* a longer word becomes unk */
@@ -156,5 +184,44 @@ void tok_cpbuf_free(tok_cpbuf *b);
 
 /* Appends the normalized code points of the valid UTF-8 s[0..len) to out. */
 nopad_status tok_normalize(const tok_normalizer *norm, const char *s, size_t len, tok_cpbuf *out);
+
+/* ---- JSON helpers of tokenizer_load.c, for the model files ---------------------------------- */
+
+struct cJSON;
+const struct cJSON *tok_json_field(const struct cJSON *obj, const char *key);
+/* A JSON number that is a whole id in [0, INT32_MAX). */
+int tok_json_as_id(const struct cJSON *item, int32_t *out);
+/* An optional boolean: absent or null gives `dflt`. */
+nopad_status tok_json_get_bool(const struct cJSON *obj, const char *key, int dflt,
+                               const char *path, const char *where, int *out);
+
+/* ---- BPE (tokenizer_bpe.c) ------------------------------------------------------------------ */
+
+/* Reads model.merges / unk_token / options of a "BPE" model; t->vocab is already loaded. */
+nopad_status tok_bpe_load_model(nopad_tokenizer *t, const struct cJSON *model, const char *where);
+/* Reads a "ByteLevel" pre_tokenizer (compiles the split regex). */
+nopad_status tok_bpe_load_byte_level(nopad_tokenizer *t, const struct cJSON *pre,
+                                     const char *where);
+void tok_bpe_free(tok_bpe *b);
+
+/* Per-call scratch space of BPE encoding. */
+typedef struct tok_bpe_work {
+    int32_t *sym;  /* the word's symbols (ids) */
+    int32_t *rank; /* rank[i]: rank of the merge of sym[i], sym[i+1], or INT32_MAX */
+    size_t cap;
+    char *text;    /* the piece with a prefix space */
+    size_t text_cap;
+    char *word;    /* the word as byte characters (ignore_merges) */
+    size_t word_cap;
+    void *match;   /* pcre2_match_data */
+} tok_bpe_work;
+void tok_bpe_work_free(tok_bpe_work *w);
+
+/* Receives the ids of one word; returns nonzero to stop (truncation reached). */
+typedef int (*tok_emit_fn)(void *ctx, const int32_t *ids, size_t n);
+/* Encodes a piece of text between added tokens: ByteLevel pre-tokenization, then BPE on each
+ * word, giving the ids to `emit` word by word. */
+nopad_status tok_bpe_encode_piece(const nopad_tokenizer *t, tok_bpe_work *w, const char *s,
+                                  size_t n, tok_emit_fn emit, void *ctx);
 
 #endif

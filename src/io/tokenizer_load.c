@@ -1,11 +1,13 @@
 /* Loading a tokenizer: tokenizer.json (Hugging Face tokenizers' format) or a legacy vocab.txt.
  *
- * Supported tokenizer.json parts, which cover BERT-family WordPiece tokenizers:
- *   model           WordPiece (BPE, Unigram, WordLevel: NOPAD_ERR_UNSUPPORTED)
+ * Supported tokenizer.json parts, which cover BERT-family WordPiece tokenizers and byte-level
+ * BPE ones (GPT-2, RoBERTa):
+ *   model           WordPiece, or BPE (tokenizer_bpe.c) with the ByteLevel pre-tokenizer and no
+ *                   normalizer (Unigram, WordLevel: NOPAD_ERR_UNSUPPORTED)
  *   normalizer      BertNormalizer or null
- *   pre_tokenizer   BertPreTokenizer, Whitespace, WhitespaceSplit or null
- *   post_processor  TemplateProcessing (its single template), BertProcessing, RobertaProcessing
- *                   or null
+ *   pre_tokenizer   BertPreTokenizer, Whitespace, WhitespaceSplit, ByteLevel or null
+ *   post_processor  TemplateProcessing (its single template), BertProcessing, RobertaProcessing,
+ *                   ByteLevel (ids unchanged) or null
  *   added_tokens    all flags (single_word, lstrip, rstrip, normalized)
  * "truncation" and "padding" are ignored: nopad_tokenize_params decide those per call. */
 #include <cjson/cJSON.h>
@@ -36,6 +38,7 @@ static nopad_status out_of_memory(const char *where) {
 void nopad_tokenizer_free(nopad_tokenizer *t) {
     if (!t) return;
     tok_vocab_free(&t->vocab);
+    tok_bpe_free(&t->bpe);
     free(t->subword_prefix);
     for (int32_t i = 0; i < t->n_added; i++) {
         if (t->added[i].pattern != t->added[i].content) free(t->added[i].pattern);
@@ -245,6 +248,15 @@ static nopad_status get_bool(const cJSON *obj, const char *key, int dflt, const 
     return NOPAD_OK;
 }
 
+const struct cJSON *tok_json_field(const struct cJSON *obj, const char *key) {
+    return field(obj, key);
+}
+int tok_json_as_id(const struct cJSON *item, int32_t *out) { return as_id(item, out); }
+nopad_status tok_json_get_bool(const struct cJSON *obj, const char *key, int dflt,
+                               const char *path, const char *where, int *out) {
+    return get_bool(obj, key, dflt, path, where, out);
+}
+
 static const char *type_of(const cJSON *obj) {
     const cJSON *type = field(obj, "type");
     return cJSON_IsString(type) && type->valuestring ? type->valuestring : NULL;
@@ -255,9 +267,10 @@ static nopad_status parse_model(nopad_tokenizer *t, const cJSON *model, const ch
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing \"model\" object", where);
     const char *type = type_of(model);
     if (!type) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.type", where);
-    if (strcmp(type, "WordPiece") != 0)
+    int bpe = strcmp(type, "BPE") == 0;
+    if (strcmp(type, "WordPiece") != 0 && !bpe)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: model type \"%s\" is not supported (only WordPiece)", where,
+                               "%s: model type \"%s\" is not supported (WordPiece, BPE)", where,
                                type);
     const cJSON *vocab = field(model, "vocab");
     if (!vocab) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.vocab", where);
@@ -275,6 +288,7 @@ static nopad_status parse_model(nopad_tokenizer *t, const cJSON *model, const ch
         st = tok_vocab_put(&t->vocab, entry->string, strlen(entry->string), id);
         if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", where);
     }
+    if (bpe) return tok_bpe_load_model(t, model, where);
 
     const char *unk, *prefix;
     st = get_string(model, "unk_token", "model.unk_token", where, &unk);
@@ -340,10 +354,13 @@ static nopad_status parse_pre_tokenizer(nopad_tokenizer *t, const cJSON *p, cons
     if (strcmp(type, "BertPreTokenizer") == 0) t->pre = TOK_PRE_BERT;
     else if (strcmp(type, "WhitespaceSplit") == 0) t->pre = TOK_PRE_WHITESPACE_SPLIT;
     else if (strcmp(type, "Whitespace") == 0) t->pre = TOK_PRE_WHITESPACE;
-    else
+    else if (strcmp(type, "ByteLevel") == 0) {
+        t->pre = TOK_PRE_BYTELEVEL;
+        return tok_bpe_load_byte_level(t, p, where);
+    } else
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: pre_tokenizer type \"%s\" is not supported (BertPreTokenizer, "
-                               "Whitespace, WhitespaceSplit)",
+                               "Whitespace, WhitespaceSplit, ByteLevel)",
                                where, type);
     return NOPAD_OK;
 }
@@ -405,10 +422,14 @@ static nopad_status parse_post_processor(nopad_tokenizer *t, const cJSON *p, con
         if (st != NOPAD_OK) return st;
         return set_template(t, prefix, 1, suffix, 1, where);
     }
+    /* ByteLevel's post-processing (trim_offsets) moves offsets only; the ids stay as they are */
+    if (strcmp(type, "ByteLevel") == 0 && t->model == TOK_MODEL_BPE)
+        return set_template(t, prefix, 0, suffix, 0, where);
     if (strcmp(type, "TemplateProcessing") != 0)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: post_processor type \"%s\" is not supported "
-                               "(TemplateProcessing, BertProcessing, RobertaProcessing)",
+                               "(TemplateProcessing, BertProcessing, RobertaProcessing, "
+                               "ByteLevel with BPE)",
                                where, type);
     const cJSON *single = field(p, "single");
     const cJSON *specials = field(p, "special_tokens");
@@ -501,6 +522,20 @@ static nopad_status parse_added_tokens(nopad_tokenizer *t, const cJSON *list, co
     return NOPAD_OK;
 }
 
+/* The combinations implemented: BPE runs on ByteLevel's words of the raw text. */
+static nopad_status check_bpe_pipeline(const nopad_tokenizer *t, const char *where) {
+    if (t->model != TOK_MODEL_BPE) return NOPAD_OK;
+    if (t->pre != TOK_PRE_BYTELEVEL)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: a BPE model is supported with the ByteLevel pre_tokenizer "
+                               "only (SentencePiece-style BPE is not supported yet)",
+                               where);
+    if (t->norm.enabled)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: a BPE model is supported with a null normalizer only", where);
+    return NOPAD_OK;
+}
+
 nopad_status tokenizer_from_json(const char *json, size_t len, const char *where,
                                  nopad_tokenizer **out) {
     if (!where) where = "tokenizer.json";
@@ -516,6 +551,7 @@ nopad_status tokenizer_from_json(const char *json, size_t len, const char *where
     if (st == NOPAD_OK) st = parse_model(t, field(root, "model"), where);
     if (st == NOPAD_OK) st = parse_normalizer(t, field(root, "normalizer"), where);
     if (st == NOPAD_OK) st = parse_pre_tokenizer(t, field(root, "pre_tokenizer"), where);
+    if (st == NOPAD_OK) st = check_bpe_pipeline(t, where);
     if (st == NOPAD_OK) st = parse_post_processor(t, field(root, "post_processor"), where);
     if (st == NOPAD_OK) st = parse_added_tokens(t, field(root, "added_tokens"), where);
     if (st == NOPAD_OK) st = finish(t, where);

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Writes the byte-level BPE tokenizer parity fixtures (tests/test_tokenizer_bpe.c reads them).
+
+    pip install tokenizers
+    python3 scripts/make_bpe_fixtures.py     # files in tests/data/tokenizer/
+
+Two byte-level BPE tokenizers are trained with Hugging Face `tokenizers` (the Rust library behind
+transformers' fast tokenizers) on the texts of tests/data/tokenizer/corpus.jsonl:
+    bpe_roberta.json  RoBERTa-style: <s> <pad> </s> <unk> <mask> (lstrip), ByteLevel with
+                      add_prefix_space=true, RobertaProcessing (<s> $A </s>)
+    bpe_gpt2.json     GPT-2-style: no special tokens, add_prefix_space=false, ByteLevel
+                      post-processor, merges written as ["a", "b"] pairs
+bpe_cases.jsonl has one JSON object per line:
+    line      the index of the text in corpus.jsonl, or -1 for an extra line given by `hex`
+    hex       (extra lines only) the UTF-8 bytes of the text
+    roberta   ids from bpe_roberta.json, special tokens added
+    nospecial ids from bpe_roberta.json without special tokens
+    gpt2      ids from bpe_gpt2.json
+The vocabularies are small (600 and 400) so that most words split into several merges.
+CI only reads the committed files; this script needs the `tokenizers` package.
+"""
+import json
+import os
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "tests", "data", "tokenizer")
+
+EXTRA = [
+    "  two  spaces\tand\ttabs\n\nnewlines \n  \n\t\t end   ",
+    "   leading and trailing   ",
+    "\n",
+    "I'm you're they've we'll she'd it's DON'T Can'T 'tis",
+    "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷 heart ❤️",
+    "漢字とかなカナ 中文测试 한국어",
+    "numbers 1234567 3.14159 1,000,000 ٣٤٥ ½ Ⅻ",
+    "mask <mask> here and<mask>there <s></s> <unk>",
+    "café cafe\u0301 naïve Ωmega",
+    "x\u0085y\u00a0z\u2028w\u3000v\u000bu\u000cend",
+    "a" * 300,
+    "https://example.com/path?q=1&r=2 user@example.org",
+    "def f(x):\n    return x**2  # comment",
+    "",
+    " ",
+    "مرحبا بالعالم العربي",
+    "नमस्ते दुनिया हिन्दी",
+    "e\u0301\u0302\u0323 combining marks \u0308alone",
+    "ctrl \x00\x01\x1b[31m\x7f\u200b\u200d\ufeff end",
+    "Supercalifragilisticexpialidocious" * 20,
+    "'s'S 'll'LL 're've'm'd 't ''quoted'' rock'n'roll",
+    "  \t  \n\n\n   x \u3000\u3000y\u00a0\u00a0 z",
+    "1,234.56 -7e10 0x1F 192.168.0.1 +33 6 12 34 56 78",
+    "MiXeD CaSe ÀÉÎÕÜ ß ǅ ﬁ",
+    "<s>nested</s><pad><unk><mask><mask>",
+    "tab\tsep\tvalues\t\t",
+    "🏳️‍🌈 🧑🏿‍💻 👍🏻👍🏼👍🏽👍🏾👍🏿",
+]
+
+
+def corpus_texts():
+    with open(os.path.join(DATA, "corpus.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def train(texts, vocab_size, special, add_prefix_space):
+    tok = Tokenizer(models.BPE(unk_token="<unk>" if special else None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def main():
+    texts = corpus_texts()
+    roberta = train(texts, 600, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], True)
+    roberta.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    # RoBERTa's <mask> swallows the space before it
+    from tokenizers import AddedToken
+
+    roberta.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
+    gpt2 = train(texts, 400, [], False)
+    gpt2.post_processor = processors.ByteLevel(trim_offsets=False)
+
+    roberta_path = os.path.join(DATA, "bpe_roberta.json")
+    gpt2_path = os.path.join(DATA, "bpe_gpt2.json")
+    roberta.save(roberta_path)
+    gpt2.save(gpt2_path)
+    # merges as "a b" strings in one file and as ["a", "b"] pairs in the other
+    for path, legacy in ((roberta_path, True), (gpt2_path, False)):
+        with open(path, encoding="utf-8") as f:
+            j = json.load(f)
+        merges = j["model"]["merges"]
+        if legacy:
+            j["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in merges]
+        else:
+            j["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in merges]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
+    # the files as saved are what the C side reads: reload them so the ids come from them
+    roberta = Tokenizer.from_file(roberta_path)
+    gpt2 = Tokenizer.from_file(gpt2_path)
+
+    lines = [(i, t) for i, t in enumerate(texts)] + [(-1, t) for t in EXTRA]
+    with open(os.path.join(DATA, "bpe_cases.jsonl"), "w", encoding="utf-8") as f:
+        for i, text in lines:
+            rec = {"line": i}
+            if i < 0:
+                rec["hex"] = text.encode("utf-8").hex()
+            rec["roberta"] = roberta.encode(text).ids
+            rec["nospecial"] = roberta.encode(text, add_special_tokens=False).ids
+            rec["gpt2"] = gpt2.encode(text).ids
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+if __name__ == "__main__":
+    main()

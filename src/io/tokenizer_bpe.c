@@ -1,0 +1,374 @@
+/* Byte-level BPE (GPT-2, RoBERTa), as Hugging Face tokenizers does it:
+ *
+ *   1. ByteLevel pre-tokenizer: a piece of text (between added tokens) gets a leading space when
+ *      add_prefix_space is set and it does not start with one, and is split by GPT-2's regex
+ *      (run by PCRE2 in UTF mode with Unicode properties);
+ *   2. each word's bytes become characters (GPT-2's bytes_to_unicode), each one a vocab symbol;
+ *   3. BPE: the adjacent pair with the lowest merge rank is merged, leftmost first, until no pair
+ *      has a merge (HF's priority queue pops in the same order).
+ *
+ * Supported: model.unk_token (or null: unknown characters are dropped), fuse_unk,
+ * ignore_merges, merges as "a b" strings or ["a", "b"] pairs. Refused: dropout,
+ * continuing_subword_prefix / end_of_word_suffix, byte_fallback (SentencePiece-style BPE). */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <cjson/cJSON.h>
+#include <pcre2.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/tokenizer_internal.h"
+#include "util/error.h"
+
+/* GPT-2's split regex with \s spelled out as the White_Space property, which is what Oniguruma
+ * (HF's regex engine) means by \s; PCRE2's \s differs (U+0085, for one). */
+#define WS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
+           "\\x{202F}\\x{205F}\\x{3000}"
+static const char gpt2_split[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
+                                 "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
+
+void tok_bpe_free(tok_bpe *b) {
+    tok_vocab_free(&b->merges);
+    free(b->merge_result);
+    pcre2_code_free((pcre2_code *)b->split_re);
+    memset(b, 0, sizeof *b);
+}
+
+void tok_bpe_work_free(tok_bpe_work *w) {
+    free(w->sym);
+    free(w->rank);
+    free(w->text);
+    free(w->word);
+    pcre2_match_data_free((pcre2_match_data *)w->match);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- loading -------------------------------------------------------------------------------- */
+
+static nopad_status out_of_memory(const char *where) {
+    return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory building the tokenizer",
+                           where);
+}
+
+/* A string option that nopad supports only as null (or empty). */
+static nopad_status need_null_string(const cJSON *model, const char *key, const char *where) {
+    const cJSON *item = tok_json_field(model, key);
+    if (!item || cJSON_IsNull(item)) return NOPAD_OK;
+    if (!cJSON_IsString(item))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.%s must be a string or null", where,
+                               key);
+    if (item->valuestring[0] == '\0') return NOPAD_OK;
+    return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                           "%s: BPE model.%s \"%.32s\" is not supported (only null)", where, key,
+                           item->valuestring);
+}
+
+static void pair_key(int32_t a, int32_t b, char key[8]) {
+    memcpy(key, &a, 4);
+    memcpy(key + 4, &b, 4);
+}
+
+/* One entry of model.merges: "a b" or ["a", "b"]. */
+static nopad_status merge_parts(const cJSON *m, int i, const char *where, const char **a,
+                                size_t *a_len, const char **b, size_t *b_len) {
+    if (cJSON_IsString(m) && m->valuestring) {
+        const char *s = m->valuestring, *sp = strchr(s, ' ');
+        if (!sp)
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: model.merges[%d] \"%.64s\" is not two tokens split by a "
+                                   "space",
+                                   where, i, s);
+        *a = s;
+        *a_len = (size_t)(sp - s);
+        *b = sp + 1;
+        *b_len = strlen(sp + 1);
+        return NOPAD_OK;
+    }
+    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 &&
+        cJSON_IsString(cJSON_GetArrayItem(m, 0)) && cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
+        *a = cJSON_GetArrayItem(m, 0)->valuestring;
+        *b = cJSON_GetArrayItem(m, 1)->valuestring;
+        *a_len = strlen(*a);
+        *b_len = strlen(*b);
+        return NOPAD_OK;
+    }
+    return nopad_set_error(NOPAD_ERR_FORMAT,
+                           "%s: model.merges[%d] must be \"a b\" or [\"a\", \"b\"]", where, i);
+}
+
+nopad_status tok_bpe_load_model(nopad_tokenizer *t, const cJSON *model, const char *where) {
+    tok_bpe *b = &t->bpe;
+    t->model = TOK_MODEL_BPE;
+    nopad_status st = need_null_string(model, "continuing_subword_prefix", where);
+    if (st == NOPAD_OK) st = need_null_string(model, "end_of_word_suffix", where);
+    if (st != NOPAD_OK) return st;
+    const cJSON *dropout = tok_json_field(model, "dropout");
+    if (dropout && !cJSON_IsNull(dropout) &&
+        !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0.0))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: BPE model.dropout is not supported (only null)", where);
+    int byte_fallback = 0;
+    st = tok_json_get_bool(model, "byte_fallback", 0, "model.byte_fallback", where,
+                           &byte_fallback);
+    if (st == NOPAD_OK && byte_fallback)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: BPE model.byte_fallback true is not supported yet", where);
+    if (st == NOPAD_OK)
+        st = tok_json_get_bool(model, "fuse_unk", 0, "model.fuse_unk", where, &b->fuse_unk);
+    if (st == NOPAD_OK)
+        st = tok_json_get_bool(model, "ignore_merges", 0, "model.ignore_merges", where,
+                               &b->ignore_merges);
+    if (st != NOPAD_OK) return st;
+
+    t->unk_id = -1;
+    const cJSON *unk = tok_json_field(model, "unk_token");
+    if (unk && !cJSON_IsNull(unk)) {
+        if (!cJSON_IsString(unk) || !unk->valuestring)
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.unk_token must be a string or null",
+                                   where);
+        t->unk_id = tok_vocab_get(&t->vocab, unk->valuestring, strlen(unk->valuestring));
+        if (t->unk_id < 0)
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: model.unk_token \"%.64s\" is not in model.vocab", where,
+                                   unk->valuestring);
+    }
+
+    const cJSON *merges = tok_json_field(model, "merges");
+    if (!merges) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.merges", where);
+    if (!cJSON_IsArray(merges))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.merges must be an array", where);
+    int n = cJSON_GetArraySize(merges);
+    st = tok_vocab_init(&b->merges, (size_t)n);
+    if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", where);
+    b->merge_result = malloc((size_t)(n ? n : 1) * sizeof *b->merge_result);
+    char *joined = NULL;
+    size_t joined_cap = 0;
+    if (!b->merge_result) return out_of_memory(where);
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, merges) {
+        const char *pa = NULL, *pb = NULL;
+        size_t la = 0, lb = 0;
+        st = merge_parts(m, i, where, &pa, &la, &pb, &lb);
+        if (st != NOPAD_OK) break;
+        int32_t ia = tok_vocab_get(&t->vocab, pa, la), ib = tok_vocab_get(&t->vocab, pb, lb);
+        if (ia < 0 || ib < 0) {
+            st = nopad_set_error(NOPAD_ERR_FORMAT,
+                                 "%s: model.merges[%d]: token \"%.*s\" is not in model.vocab",
+                                 where, i, (int)(ia < 0 ? (la > 64 ? 64 : la) : (lb > 64 ? 64 : lb)),
+                                 ia < 0 ? pa : pb);
+            break;
+        }
+        if (la + lb > joined_cap) {
+            char *j2 = realloc(joined, la + lb);
+            if (!j2) {
+                st = out_of_memory(where);
+                break;
+            }
+            joined = j2;
+            joined_cap = la + lb;
+        }
+        memcpy(joined, pa, la);
+        memcpy(joined + la, pb, lb);
+        int32_t result = tok_vocab_get(&t->vocab, joined, la + lb);
+        if (result < 0) {
+            st = nopad_set_error(NOPAD_ERR_FORMAT,
+                                 "%s: model.merges[%d]: the merged token \"%.*s\" is not in "
+                                 "model.vocab",
+                                 where, i, (int)(la + lb > 64 ? 64 : la + lb), joined);
+            break;
+        }
+        char key[8];
+        pair_key(ia, ib, key);
+        /* a repeated pair takes its later rank, as HF's HashMap built in file order does */
+        st = tok_vocab_put(&b->merges, key, 8, i);
+        if (st != NOPAD_OK) break;
+        b->merge_result[i] = result;
+        i++;
+    }
+    free(joined);
+    b->n_merges = i;
+    return st;
+}
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others (controls,
+ * space, ...) take the code points from U+0100 on, in byte order. */
+static void byte_chars(tok_bpe *b) {
+    int next = 256;
+    for (int c = 0; c < 256; c++) {
+        int printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE);
+        uint32_t cp = printable ? (uint32_t)c : (uint32_t)next++;
+        char buf[4];
+        int len = tok_utf8_put(cp, buf);
+        memcpy(b->byte_char[c], buf, (size_t)len);
+        b->byte_char_len[c] = (uint8_t)len;
+    }
+}
+
+nopad_status tok_bpe_load_byte_level(nopad_tokenizer *t, const cJSON *pre, const char *where) {
+    tok_bpe *b = &t->bpe;
+    if (t->model != TOK_MODEL_BPE)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: pre_tokenizer ByteLevel is supported with a BPE model only",
+                               where);
+    nopad_status st = tok_json_get_bool(pre, "add_prefix_space", 1,
+                                        "pre_tokenizer.add_prefix_space", where,
+                                        &b->add_prefix_space);
+    if (st == NOPAD_OK)
+        st = tok_json_get_bool(pre, "use_regex", 1, "pre_tokenizer.use_regex", where,
+                               &b->use_regex);
+    int trim = 0; /* trim_offsets changes offsets only, and nopad returns none */
+    if (st == NOPAD_OK)
+        st = tok_json_get_bool(pre, "trim_offsets", 1, "pre_tokenizer.trim_offsets", where, &trim);
+    if (st != NOPAD_OK) return st;
+    byte_chars(b);
+    for (int c = 0; c < 256; c++)
+        b->byte_id[c] = tok_vocab_get(&t->vocab, b->byte_char[c], b->byte_char_len[c]);
+    if (b->use_regex && !b->split_re) {
+        int err;
+        PCRE2_SIZE off;
+        b->split_re = (struct pcre2_real_code_8 *)pcre2_compile(
+            (PCRE2_SPTR)gpt2_split, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off,
+            NULL);
+        if (!b->split_re)
+            return nopad_set_error(NOPAD_ERR_INTERNAL,
+                                   "%s: PCRE2 cannot compile the ByteLevel regex (error %d)",
+                                   where, err);
+    }
+    return NOPAD_OK;
+}
+
+/* ---- encoding ------------------------------------------------------------------------------- */
+
+static nopad_status reserve(tok_bpe_work *w, size_t n) {
+    if (n <= w->cap) return NOPAD_OK;
+    size_t cap = w->cap * 2 > n ? w->cap * 2 : n;
+    int32_t *sym = realloc(w->sym, cap * sizeof *sym);
+    if (sym) w->sym = sym;
+    int32_t *rank = realloc(w->rank, cap * sizeof *rank);
+    if (rank) w->rank = rank;
+    if (!sym || !rank)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate a %zu-byte word",
+                               n);
+    w->cap = cap;
+    return NOPAD_OK;
+}
+
+static nopad_status reserve_bytes(char **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return NOPAD_OK;
+    size_t c = *cap * 2 > n ? *cap * 2 : n;
+    char *p = realloc(*buf, c);
+    if (!p) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate %zu bytes", c);
+    *buf = p;
+    *cap = c;
+    return NOPAD_OK;
+}
+
+static int32_t pair_rank(const tok_bpe *b, int32_t x, int32_t y) {
+    char key[8];
+    pair_key(x, y, key);
+    int32_t r = tok_vocab_get(&b->merges, key, 8);
+    return r < 0 ? INT32_MAX : r;
+}
+
+/* BPE on one word s[0..n) of raw bytes; its ids go to emit. */
+static nopad_status bpe_word(const nopad_tokenizer *t, tok_bpe_work *w, const char *s, size_t n,
+                             tok_emit_fn emit, void *ctx, int *stop) {
+    const tok_bpe *b = &t->bpe;
+    if (n == 0) return NOPAD_OK;
+    nopad_status st;
+    if (b->ignore_merges) { /* the whole word, if it is a token */
+        st = reserve_bytes(&w->word, &w->word_cap, 2 * n);
+        if (st != NOPAD_OK) return st;
+        size_t len = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint8_t c = (uint8_t)s[i];
+            memcpy(w->word + len, b->byte_char[c], b->byte_char_len[c]);
+            len += b->byte_char_len[c];
+        }
+        int32_t id = tok_vocab_get(&t->vocab, w->word, len);
+        if (id >= 0) {
+            *stop = emit(ctx, &id, 1);
+            return NOPAD_OK;
+        }
+    }
+    st = reserve(w, n);
+    if (st != NOPAD_OK) return st;
+    size_t m = 0;
+    int pending_unk = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = b->byte_id[(uint8_t)s[i]];
+        if (id >= 0) {
+            w->sym[m++] = id;
+            pending_unk = 0;
+        } else if (t->unk_id >= 0) { /* else HF drops the character */
+            if (!(b->fuse_unk && pending_unk)) w->sym[m++] = t->unk_id;
+            pending_unk = 1;
+        }
+    }
+    if (m == 0) return NOPAD_OK;
+    for (size_t i = 0; i + 1 < m; i++) w->rank[i] = pair_rank(b, w->sym[i], w->sym[i + 1]);
+    while (m > 1) {
+        size_t best = 0;
+        int32_t best_rank = INT32_MAX;
+        for (size_t i = 0; i + 1 < m; i++)
+            if (w->rank[i] < best_rank) {
+                best_rank = w->rank[i];
+                best = i;
+            }
+        if (best_rank == INT32_MAX) break;
+        w->sym[best] = b->merge_result[best_rank];
+        /* sym[best + 2 ..] moves down one; so do the ranks of the pairs after the merged one */
+        memmove(w->sym + best + 1, w->sym + best + 2, (m - best - 2) * sizeof *w->sym);
+        if (best + 3 < m)
+            memmove(w->rank + best + 1, w->rank + best + 2, (m - best - 3) * sizeof *w->rank);
+        m--;
+        if (best > 0) w->rank[best - 1] = pair_rank(b, w->sym[best - 1], w->sym[best]);
+        if (best + 1 < m) w->rank[best] = pair_rank(b, w->sym[best], w->sym[best + 1]);
+    }
+    *stop = emit(ctx, w->sym, m);
+    return NOPAD_OK;
+}
+
+nopad_status tok_bpe_encode_piece(const nopad_tokenizer *t, tok_bpe_work *w, const char *s,
+                                  size_t n, tok_emit_fn emit, void *ctx) {
+    const tok_bpe *b = &t->bpe;
+    nopad_status st;
+    if (b->add_prefix_space && (n == 0 || s[0] != ' ')) {
+        st = reserve_bytes(&w->text, &w->text_cap, n + 1);
+        if (st != NOPAD_OK) return st;
+        w->text[0] = ' ';
+        if (n) memcpy(w->text + 1, s, n);
+        s = w->text;
+        n++;
+    }
+    int stop = 0;
+    if (!b->split_re) return bpe_word(t, w, s, n, emit, ctx, &stop);
+    if (!w->match) {
+        w->match = pcre2_match_data_create_from_pattern((const pcre2_code *)b->split_re, NULL);
+        if (!w->match)
+            return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate a match");
+    }
+    size_t off = 0;
+    st = NOPAD_OK;
+    while (off < n && !stop && st == NOPAD_OK) {
+        int rc = pcre2_match((const pcre2_code *)b->split_re, (PCRE2_SPTR)s, n, off,
+                             PCRE2_NO_UTF_CHECK, (pcre2_match_data *)w->match, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) {
+            st = bpe_word(t, w, s + off, n - off, emit, ctx, &stop);
+            break;
+        }
+        if (rc < 0)
+            return nopad_set_error(NOPAD_ERR_INTERNAL,
+                                   "tokenizer: the ByteLevel regex failed (PCRE2 error %d)", rc);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer((pcre2_match_data *)w->match);
+        size_t ms = ov[0], me = ov[1];
+        if (me <= ms || ms < off) { /* the regex never matches empty; be safe anyway */
+            st = bpe_word(t, w, s + off, n - off, emit, ctx, &stop);
+            break;
+        }
+        if (ms > off) st = bpe_word(t, w, s + off, ms - off, emit, ctx, &stop);
+        if (st == NOPAD_OK && !stop) st = bpe_word(t, w, s + ms, me - ms, emit, ctx, &stop);
+        off = me;
+    }
+    return st;
+}
