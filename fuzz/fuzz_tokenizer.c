@@ -1,7 +1,8 @@
 /* libFuzzer target: the tokenizer loaders on arbitrary bytes, and tokenization of arbitrary text.
  *
- * The first byte picks what the rest is: (b % 3) 0 = a tokenizer.json, 1 = text for a fixed
- * tokenizer, 2 = a vocab.txt; b / 3 picks the tokenize params. Beyond "no crash, no leak" the
+ * The first byte picks what the rest is: (b % 4) 0 = a tokenizer.json, 1 = text for a fixed
+ * WordPiece tokenizer, 2 = a vocab.txt, 3 = text for a fixed byte-level BPE tokenizer; b / 4
+ * picks the tokenize params. Beyond "no crash, no leak" the
  * text mode checks the promises nopad_tokenize makes: invalid UTF-8 is always refused, every id
  * is in the vocab, the template is kept, truncation gives a prefix of the full answer, and a
  * capacity-0 call reports the size a real call then fills. */
@@ -43,6 +44,40 @@ static const char fixed_json[] =
     "\"##\xcc\x87\": 13, \"new\": 14, \"york\": 15, \",\": 16, \"!\": 17, \"ab\": 18, "
     "\"##ab\": 19}}}";
 
+/* A byte-level BPE tokenizer: printable ASCII and the space's character (U+0120) only, so other
+ * bytes take the unk path (fused), a few merges, <mask> with lstrip, <s> $A </s>. */
+static const char fixed_bpe_json[] =
+    "{\"added_tokens\": ["
+    "{\"id\": 0, \"content\": \"<s>\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 1, \"content\": \"</s>\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 2, \"content\": \"<unk>\", \"special\": true, \"normalized\": false},"
+    "{\"id\": 3, \"content\": \"<mask>\", \"special\": true, \"normalized\": false, "
+    "\"lstrip\": true},"
+    "{\"id\": 200, \"content\": \"xyz\", \"normalized\": true}],"
+    "\"normalizer\": null,"
+    "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+    "\"trim_offsets\": true, \"use_regex\": true},"
+    "\"post_processor\": {\"type\": \"RobertaProcessing\", \"sep\": [\"</s>\", 1], "
+    "\"cls\": [\"<s>\", 0], \"trim_offsets\": true, \"add_prefix_space\": true},"
+    "\"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", "
+    "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, \"fuse_unk\": true, "
+    "\"byte_fallback\": false, \"ignore_merges\": false, \"vocab\": {"
+    "\"<s>\": 0, \"</s>\": 1, \"<unk>\": 2, \"<mask>\": 3, \"\u0120\": 4, \"t\": 5, \"h\": 6, "
+    "\"e\": 7, \"a\": 8, \"b\": 9, \"\u0120t\": 10, \"he\": 11, \"\u0120the\": 12, "
+    "\"ab\": 13, \"abab\": 14, \"\u0120\u0120\": 15, \"'\": 16, \"s\": 17, \"'s\": 18, "
+    "\"1\": 19, \"2\": 20, \"12\": 21, \"!\": 22, \".\": 23, \"\u010a\": 24}, "
+    "\"merges\": [\"\u0120 t\", \"h e\", [\"\u0120t\", \"he\"], \"a b\", \"ab ab\", "
+    "\"\u0120 \u0120\", \"' s\", \"1 2\"]}}";
+
+static nopad_tokenizer *fixed_bpe_tokenizer(void) {
+    static nopad_tokenizer *tok;
+    if (!tok &&
+        tokenizer_from_json(fixed_bpe_json, sizeof fixed_bpe_json - 1, "fixed bpe", &tok) !=
+            NOPAD_OK)
+        __builtin_trap();
+    return tok;
+}
+
 static nopad_tokenizer *fixed_tokenizer(void) {
     static nopad_tokenizer *tok;
     if (!tok && tokenizer_from_json(fixed_json, sizeof fixed_json - 1, "fixed", &tok) != NOPAD_OK)
@@ -56,7 +91,7 @@ static void check_tokenize(const nopad_tokenizer *tok, const char *text, size_t 
     nopad_tokenize_params p = nopad_tokenize_default_params();
     p.add_special_tokens = flags & 1;
     p.truncate = (flags >> 1) & 1;
-    p.max_length = (int32_t)(flags >> 2); /* 0..20 */
+    p.max_length = (int32_t)(flags >> 2); /* 0..15 */
     int valid = tok_utf8_check(text, len) == len;
 
     int32_t need = -1;
@@ -116,12 +151,12 @@ static void check_tokenize(const nopad_tokenizer *tok, const char *text, size_t 
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    unsigned mode = data[0] % 3, flags = data[0] / 3 % 84;
+    unsigned mode = data[0] % 4, flags = data[0] / 4 % 64;
     const char *rest = (const char *)data + 1;
     size_t len = size - 1;
     nopad_tokenizer *tok = NULL;
-    if (mode == 1) {
-        check_tokenize(fixed_tokenizer(), rest, len, flags);
+    if (mode == 1 || mode == 3) {
+        check_tokenize(mode == 1 ? fixed_tokenizer() : fixed_bpe_tokenizer(), rest, len, flags);
         return 0;
     }
     nopad_status st = mode == 0 ? tokenizer_from_json(rest, len, "fuzz", &tok)
