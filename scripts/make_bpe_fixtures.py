@@ -58,6 +58,12 @@ EXTRA = [
 ]
 
 
+def long_word(texts):
+    """One 4000-byte word: the corpus's ASCII letters run together (many merges per word)."""
+    letters = "".join(c for t in texts for c in t if c.isascii() and c.isalpha())
+    return letters[:4000]
+
+
 def corpus_texts():
     with open(os.path.join(DATA, "corpus.jsonl"), encoding="utf-8") as f:
         return [json.loads(line)["text"] for line in f]
@@ -107,7 +113,7 @@ def main():
     roberta = Tokenizer.from_file(roberta_path)
     gpt2 = Tokenizer.from_file(gpt2_path)
 
-    lines = [(i, t) for i, t in enumerate(texts)] + [(-1, t) for t in EXTRA]
+    lines = [(i, t) for i, t in enumerate(texts)] + [(-1, t) for t in EXTRA + [long_word(texts)]]
     with open(os.path.join(DATA, "bpe_cases.jsonl"), "w", encoding="utf-8") as f:
         for i, text in lines:
             rec = {"line": i}

@@ -327,11 +327,38 @@ static void test_options(void **state) {
     nopad_tokenizer_free(tok);
 }
 
+/* A 1 MiB word: the heap keeps BPE O(n log n) (the quadratic scan took minutes), and truncation
+ * gives a prefix of the full answer. */
+static void test_long_word(void **state) {
+    (void)state;
+    nopad_tokenizer *tok = load_json_file("tokenizer/bpe_roberta.json");
+    enum { N = 1 << 20 };
+    static const char words[] = "thequickbrownfoxjumpsoverthelazydogpackedbatches";
+    char *text = malloc(N);
+    int32_t *ids = malloc((N + 2) * sizeof *ids);
+    assert_true(text && ids);
+    for (int i = 0; i < N; i++) text[i] = words[i % (sizeof words - 1)];
+    int32_t n = -1;
+    assert_nopad_ok(nopad_tokenize(tok, text, N, NULL, ids, N + 2, &n));
+    assert_int_equal(n, 786435); /* HF tokenizers gives as many */
+    nopad_tokenize_params p = nopad_tokenize_default_params();
+    p.truncate = 1;
+    p.max_length = 100;
+    int32_t head[100], m = -1;
+    assert_nopad_ok(nopad_tokenize(tok, text, N, &p, head, 100, &m));
+    assert_int_equal(m, 100);
+    assert_memory_equal(head, ids, 99 * sizeof *ids);
+    free(text);
+    free(ids);
+    nopad_tokenizer_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roberta_cases),  cmocka_unit_test(test_gpt2_cases),
         cmocka_unit_test(test_special_tokens), cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_refused_options), cmocka_unit_test(test_options),
+        cmocka_unit_test(test_long_word),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
  *      (run by PCRE2 in UTF mode with Unicode properties);
  *   2. each word's bytes become characters (GPT-2's bytes_to_unicode), each one a vocab symbol;
  *   3. BPE: the adjacent pair with the lowest merge rank is merged, leftmost first, until no pair
- *      has a merge (HF's priority queue pops in the same order).
+ *      has a merge. Like HF's word.rs, candidates wait in a binary heap and a popped one that no
+ *      longer applies is skipped, so a word of n bytes takes O(n log n), not O(n^2).
  *
  * Supported: model.unk_token (or null: unknown characters are dropped), fuse_unk,
  * ignore_merges, merges as "a b" strings or ["a", "b"] pairs. Refused: dropout,
@@ -35,7 +36,9 @@ void tok_bpe_free(tok_bpe *b) {
 
 void tok_bpe_work_free(tok_bpe_work *w) {
     free(w->sym);
-    free(w->rank);
+    free(w->prev);
+    free(w->next);
+    free(w->heap);
     free(w->text);
     free(w->word);
     pcre2_match_data_free((pcre2_match_data *)w->match);
@@ -244,13 +247,50 @@ static nopad_status reserve(tok_bpe_work *w, size_t n) {
     size_t cap = w->cap * 2 > n ? w->cap * 2 : n;
     int32_t *sym = realloc(w->sym, cap * sizeof *sym);
     if (sym) w->sym = sym;
-    int32_t *rank = realloc(w->rank, cap * sizeof *rank);
-    if (rank) w->rank = rank;
-    if (!sym || !rank)
+    int32_t *prev = realloc(w->prev, cap * sizeof *prev);
+    if (prev) w->prev = prev;
+    int32_t *next = realloc(w->next, cap * sizeof *next);
+    if (next) w->next = next;
+    /* n - 1 first candidates, then at most two per merge, and there are at most n - 1 merges */
+    tok_bpe_merge *heap = realloc(w->heap, 3 * cap * sizeof *heap);
+    if (heap) w->heap = heap;
+    if (!sym || !prev || !next || !heap)
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate a %zu-byte word",
                                n);
     w->cap = cap;
+    w->heap_cap = 3 * cap;
     return NOPAD_OK;
+}
+
+/* HF's Merge order: lower rank first, then lower position. */
+static int merge_before(const tok_bpe_merge *x, const tok_bpe_merge *y) {
+    return x->rank < y->rank || (x->rank == y->rank && x->pos < y->pos);
+}
+
+static void heap_push(tok_bpe_work *w, tok_bpe_merge m) {
+    size_t i = w->heap_len++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!merge_before(&m, &w->heap[parent])) break;
+        w->heap[i] = w->heap[parent];
+        i = parent;
+    }
+    w->heap[i] = m;
+}
+
+static tok_bpe_merge heap_pop(tok_bpe_work *w) {
+    tok_bpe_merge top = w->heap[0], last = w->heap[--w->heap_len];
+    size_t i = 0, n = w->heap_len;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && merge_before(&w->heap[c + 1], &w->heap[c])) c++;
+        if (!merge_before(&w->heap[c], &last)) break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (n) w->heap[i] = last;
+    return top;
 }
 
 static nopad_status reserve_bytes(char **buf, size_t *cap, size_t n) {
@@ -263,11 +303,17 @@ static nopad_status reserve_bytes(char **buf, size_t *cap, size_t n) {
     return NOPAD_OK;
 }
 
+/* The rank of the merge of x and y, or -1. */
 static int32_t pair_rank(const tok_bpe *b, int32_t x, int32_t y) {
     char key[8];
     pair_key(x, y, key);
-    int32_t r = tok_vocab_get(&b->merges, key, 8);
-    return r < 0 ? INT32_MAX : r;
+    return tok_vocab_get(&b->merges, key, 8);
+}
+
+/* Queues the merge of symbol pos with the one after it, if there is one. */
+static void push_pair(const tok_bpe *b, tok_bpe_work *w, int32_t pos) {
+    int32_t rank = pair_rank(b, w->sym[pos], w->sym[w->next[pos]]);
+    if (rank >= 0) heap_push(w, (tok_bpe_merge){rank, pos, b->merge_result[rank]});
 }
 
 /* BPE on one word s[0..n) of raw bytes; its ids go to emit. */
@@ -291,6 +337,8 @@ static nopad_status bpe_word(const nopad_tokenizer *t, tok_bpe_work *w, const ch
             return NOPAD_OK;
         }
     }
+    if (n >= INT32_MAX / 4)
+        return nopad_set_error(NOPAD_ERR_TOO_LONG, "tokenizer: a word of %zu bytes is too long", n);
     st = reserve(w, n);
     if (st != NOPAD_OK) return st;
     size_t m = 0;
@@ -306,25 +354,30 @@ static nopad_status bpe_word(const nopad_tokenizer *t, tok_bpe_work *w, const ch
         }
     }
     if (m == 0) return NOPAD_OK;
-    for (size_t i = 0; i + 1 < m; i++) w->rank[i] = pair_rank(b, w->sym[i], w->sym[i + 1]);
-    while (m > 1) {
-        size_t best = 0;
-        int32_t best_rank = INT32_MAX;
-        for (size_t i = 0; i + 1 < m; i++)
-            if (w->rank[i] < best_rank) {
-                best_rank = w->rank[i];
-                best = i;
-            }
-        if (best_rank == INT32_MAX) break;
-        w->sym[best] = b->merge_result[best_rank];
-        /* sym[best + 2 ..] moves down one; so do the ranks of the pairs after the merged one */
-        memmove(w->sym + best + 1, w->sym + best + 2, (m - best - 2) * sizeof *w->sym);
-        if (best + 3 < m)
-            memmove(w->rank + best + 1, w->rank + best + 2, (m - best - 3) * sizeof *w->rank);
-        m--;
-        if (best > 0) w->rank[best - 1] = pair_rank(b, w->sym[best - 1], w->sym[best]);
-        if (best + 1 < m) w->rank[best] = pair_rank(b, w->sym[best], w->sym[best + 1]);
+    for (size_t i = 0; i < m; i++) {
+        w->prev[i] = (int32_t)i - 1;
+        w->next[i] = i + 1 < m ? (int32_t)i + 1 : -1;
     }
+    w->heap_len = 0;
+    for (size_t i = 0; i + 1 < m; i++) push_pair(b, w, (int32_t)i);
+    while (w->heap_len > 0) {
+        tok_bpe_merge top = heap_pop(w);
+        int32_t pos = top.pos;
+        if (w->prev[pos] == -2 || w->next[pos] < 0) continue; /* merged away, or now last */
+        int32_t right = w->next[pos];
+        /* HF's test: does the pair there now still merge into the same token? */
+        int32_t rank = pair_rank(b, w->sym[pos], w->sym[right]);
+        if (rank < 0 || b->merge_result[rank] != top.result) continue;
+        w->sym[pos] = top.result;
+        w->next[pos] = w->next[right];
+        w->prev[right] = -2;
+        if (w->next[pos] >= 0) w->prev[w->next[pos]] = pos;
+        if (w->prev[pos] >= 0) push_pair(b, w, w->prev[pos]);
+        if (w->next[pos] >= 0) push_pair(b, w, pos);
+    }
+    size_t k = 0; /* the surviving symbols, in order, to the front of sym */
+    for (int32_t i = 0; i >= 0; i = w->next[i]) w->sym[k++] = w->sym[i];
+    m = k;
     *stop = emit(ctx, w->sym, m);
     return NOPAD_OK;
 }

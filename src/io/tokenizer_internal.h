@@ -205,10 +205,16 @@ nopad_status tok_bpe_load_byte_level(nopad_tokenizer *t, const struct cJSON *pre
 void tok_bpe_free(tok_bpe *b);
 
 /* Per-call scratch space of BPE encoding. */
+typedef struct tok_bpe_merge {
+    int32_t rank, pos, result; /* merge symbol pos with the next one into result */
+} tok_bpe_merge;
+
 typedef struct tok_bpe_work {
-    int32_t *sym;  /* the word's symbols (ids) */
-    int32_t *rank; /* rank[i]: rank of the merge of sym[i], sym[i+1], or INT32_MAX */
+    int32_t *sym;        /* the word's symbols (ids), a list linked by prev / next */
+    int32_t *prev, *next; /* -1 at the ends; prev[i] == -2 once symbol i is merged away */
     size_t cap;
+    tok_bpe_merge *heap; /* candidate merges, lowest rank then leftmost first */
+    size_t heap_len, heap_cap;
     char *text;    /* the piece with a prefix space */
     size_t text_cap;
     char *word;    /* the word as byte characters (ignore_merges) */
