@@ -3,6 +3,9 @@
 
     pip install tokenizers
     python3 scripts/make_bpe_fixtures.py     # files in tests/data/tokenizer/
+    python3 scripts/make_bpe_fixtures.py --random 100000 --library build/libnopad.so
+        # no files: compares a built libnopad.so with HF on N random strings of mixed scripts,
+        # whitespace, controls and apostrophes, for both fixture tokenizers
 
 Two byte-level BPE tokenizers are trained with Hugging Face `tokenizers` (the Rust library behind
 transformers' fast tokenizers) on the texts of tests/data/tokenizer/corpus.jsonl:
@@ -19,8 +22,13 @@ bpe_cases.jsonl has one JSON object per line:
 The vocabularies are small (600 and 400) so that most words split into several merges.
 CI only reads the committed files; this script needs the `tokenizers` package.
 """
+import argparse
+import ctypes
 import json
 import os
+import random
+import shutil
+import tempfile
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -83,7 +91,63 @@ def train(texts, vocab_size, special, add_prefix_space):
     return tok
 
 
+# ---- random strings: a built libnopad.so against HF ----------------------------------------------
+
+POOLS = [
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " \t\n\r\x0b\x0c",
+    "'sStTmMdDlLrRvVe", ".,;:!?-_()[]{}<>/\\@#$%^&*+=|~`\"", "éèêëàâäôöûüçñßÀÉÎÕÜ",
+    "\u0301\u0308\u0323\u200d\u200b\ufeff", "漢字中文测试かなカナ한국어", "مرحبا العربي",
+    "नमस्ते हिन्दी", "😀👍🏽👨‍👩‍👧🇫🇷❤️", "\x85\xa0\u2028\u2029\u3000\u1680\u2007\u202f\u205f",
+    "٣٤٥½Ⅻ²³¼", "\x00\x01\x1b\x7f", "ǅǈǋ\u0345\U0001d400\U00010400", "ʰʱˆ\u02b0\u3005\u16ee",
+]
+
+
+def random_check(n, library, seed):
+    lib = ctypes.CDLL(library)
+    lib.nopad_tokenizer_load.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.nopad_tokenize.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+                                   ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32),
+                                   ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]
+    lib.nopad_tokenizer_free.argtypes = [ctypes.c_void_p]
+    every = "".join(POOLS)
+    failed = 0
+    for name in ("bpe_roberta", "bpe_gpt2"):
+        rng = random.Random(seed)
+        with tempfile.TemporaryDirectory() as d:
+            shutil.copy(os.path.join(DATA, name + ".json"), os.path.join(d, "tokenizer.json"))
+            tok = ctypes.c_void_p()
+            if lib.nopad_tokenizer_load(d.encode(), ctypes.byref(tok)) != 0:
+                raise SystemExit("nopad cannot load %s" % name)
+            hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        ids, got = (ctypes.c_int32 * 4096)(), ctypes.c_int32()
+        bad = 0
+        for _ in range(n):
+            text = "".join(rng.choice(POOLS[rng.randrange(len(POOLS))]) if rng.random() < 0.7
+                           else rng.choice(every) for _ in range(rng.randint(0, 40)))
+            if rng.random() < 0.05:
+                text += " <mask>"
+            raw = text.encode("utf-8")
+            st = lib.nopad_tokenize(tok, raw, len(raw), None, ids, 4096, ctypes.byref(got))
+            want = hf.encode(text).ids
+            if st != 0 or list(ids[:got.value]) != want:
+                bad += 1
+                if bad <= 5:
+                    print("%s: %r: nopad %s (status %d), HF %s" % (name, text, list(ids[:got.value]), st, want))
+        lib.nopad_tokenizer_free(tok)
+        print("%s: %d random strings, %d differ from HF" % (name, n, bad))
+        failed += bad
+    return failed
+
+
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--random", type=int, default=0, metavar="N",
+                    help="compare libnopad.so with HF on N random strings (writes nothing)")
+    ap.add_argument("--library", default="build/libnopad.so")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    if args.random:
+        raise SystemExit(1 if random_check(args.random, args.library, args.seed) else 0)
     texts = corpus_texts()
     roberta = train(texts, 600, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], True)
     roberta.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
