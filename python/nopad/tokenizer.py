@@ -31,7 +31,7 @@ def as_utf8(text: Text, where: str = "text") -> bytes:
 
 
 class Tokenizer:
-    """A WordPiece tokenizer loaded from a model folder.
+    """A WordPiece or byte-level BPE tokenizer loaded from a model folder.
 
     Loads ``tokenizer.json`` from the folder, else ``vocab.txt`` (+ ``tokenizer_config.json`` for
     ``do_lower_case``); the ids equal Hugging Face ``tokenizers``' ids.
@@ -53,7 +53,8 @@ class Tokenizer:
         Raises:
             FileError: the folder, or both tokenizer.json and vocab.txt, are missing.
             FormatError: the tokenizer file is malformed.
-            UnsupportedError: the tokenizer is not a WordPiece one nopad supports.
+            UnsupportedError: the tokenizer is not a WordPiece or byte-level BPE one nopad
+                supports.
         """
         self._handle: Optional[Handle] = None
         self._borrowed: Optional[int] = None
