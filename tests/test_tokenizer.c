@@ -24,19 +24,6 @@ typedef struct fixture {
     int n;
 } fixture;
 
-static char *hex_decode(const char *hex, size_t *len) {
-    size_t n = strlen(hex) / 2;
-    char *out = malloc(n + 1);
-    assert_non_null(out);
-    for (size_t i = 0; i < n; i++) {
-        unsigned v;
-        assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
-        out[i] = (char)v;
-    }
-    out[n] = '\0';
-    *len = n;
-    return out;
-}
 
 static fixture load_fixture(const char *rel) {
     fixture f = {0};
@@ -51,7 +38,7 @@ static fixture load_fixture(const char *rel) {
         assert_non_null(f.lines);
         fixture_line *l = &f.lines[f.n++];
         l->json = j;
-        l->text = hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &l->len);
+        l->text = test_hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &l->len);
     }
     free(data);
     return f;

@@ -10,19 +10,6 @@
 
 #include "io/tokenizer_internal.h"
 
-static char *hex_decode(const char *hex, size_t *len) {
-    size_t n = strlen(hex) / 2;
-    char *out = malloc(n + 1);
-    assert_non_null(out);
-    for (size_t i = 0; i < n; i++) {
-        unsigned v;
-        assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
-        out[i] = (char)v;
-    }
-    out[n] = '\0';
-    *len = n;
-    return out;
-}
 
 static char *read_data(const char *rel, size_t *len) {
     char *data = test_read_file(test_data_path(rel), len);
@@ -56,7 +43,7 @@ static texts load_corpus(void) {
         c.text = realloc(c.text, (size_t)(c.n + 1) * sizeof *c.text);
         c.len = realloc(c.len, (size_t)(c.n + 1) * sizeof *c.len);
         assert_true(c.text && c.len);
-        c.text[c.n] = hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &c.len[c.n]);
+        c.text[c.n] = test_hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &c.len[c.n]);
         c.n++;
         cJSON_Delete(j);
     }
@@ -93,7 +80,7 @@ static int check_cases(const nopad_tokenizer *tok, const char *key,
             text = corpus.text[idx];
             len = corpus.len[idx];
         } else {
-            own = hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &len);
+            own = test_hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &len);
             text = own;
         }
         const cJSON *want = cJSON_GetObjectItem(j, key);
@@ -304,27 +291,17 @@ static void test_options(void **state) {
                        "\"vocab\": {\"<unk>\": 0, \"a\": 1, \"b\": 2, \"ab\": 3}, "
                        "\"merges\": [[\"a\", \"b\"]]}, \"pre_tokenizer\": {\"type\": "
                        "\"ByteLevel\", \"add_prefix_space\": false}}";
+    const struct { const char *unk, *fuse; int n; int32_t want[4]; } cases[] = {
+        {"null", "false", 2, {3, 3}}, {"\"<unk>\"", "false", 4, {3, 0, 0, 3}}, {"\"<unk>\"", "true", 3, {3, 0, 3}}};
     char json[512];
-    snprintf(json, sizeof json, base, "null", "false");
-    assert_nopad_ok(tokenizer_from_json(json, strlen(json), "unk.json", &tok));
-    tokenize_ok(tok, "abxyab", NULL, ids, 64, &n);
-    assert_int_equal(n, 2);
-    assert_int_equal(ids[0], 3);
-    assert_int_equal(ids[1], 3);
-    nopad_tokenizer_free(tok);
-    snprintf(json, sizeof json, base, "\"<unk>\"", "false");
-    assert_nopad_ok(tokenizer_from_json(json, strlen(json), "unk.json", &tok));
-    tokenize_ok(tok, "abxyab", NULL, ids, 64, &n);
-    assert_int_equal(n, 4); /* "abxyab" is one word: ab <unk> <unk> ab */
-    nopad_tokenizer_free(tok);
-    snprintf(json, sizeof json, base, "\"<unk>\"", "true");
-    assert_nopad_ok(tokenizer_from_json(json, strlen(json), "unk.json", &tok));
-    tokenize_ok(tok, "abxyab", NULL, ids, 64, &n);
-    assert_int_equal(n, 3);
-    assert_int_equal(ids[0], 3);
-    assert_int_equal(ids[1], 0);
-    assert_int_equal(ids[2], 3);
-    nopad_tokenizer_free(tok);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(json, sizeof json, base, cases[c].unk, cases[c].fuse);
+        assert_nopad_ok(tokenizer_from_json(json, strlen(json), "unk.json", &tok));
+        tokenize_ok(tok, "abxyab", NULL, ids, 64, &n); /* "abxyab" is one word */
+        assert_int_equal(n, cases[c].n);
+        for (int i = 0; i < n; i++) assert_int_equal(ids[i], cases[c].want[i]);
+        nopad_tokenizer_free(tok);
+    }
 }
 
 /* A 1 MiB word: the heap keeps BPE O(n log n) (the quadratic scan took minutes), and truncation

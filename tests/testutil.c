@@ -147,3 +147,17 @@ void *test_encode_job_run(void *arg) {
         job->st = nopad_encode(job->ctx, &job->batches[i % job->n_batches], &none, job->out[i % job->n_batches], NULL);
     return NULL;
 }
+
+char *test_hex_decode(const char *hex, size_t *len) {
+    const size_t n = strlen(hex) / 2;
+    char *out = malloc(n + 1);
+    assert_non_null(out);
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
+        out[i] = (char)v;
+    }
+    out[n] = '\0';
+    *len = n;
+    return out;
+}

@@ -24,6 +24,8 @@ const char *test_write_temp(int slot, const char *suffix, const void *data, size
 const char *test_make_temp_dir(int slot);
 /* max over rows of |a_r - b_r|_2 / max(|b_r|_2, 1e-6) for [rows, cols] matrices. */
 double test_max_row_rel_error(const float *a, const float *b, int64_t rows, int64_t cols);
+/* The bytes of a hex string ("6869" -> "hi"), NUL-terminated, in *len bytes. Caller frees. */
+char *test_hex_decode(const char *hex, size_t *len);
 /* Cosine similarity of two vectors of n floats, in double. */
 double test_cosine(const float *a, const float *b, int64_t n);
 /* Uniform floats in [lo, hi) from a fixed-seed xorshift generator. */
