@@ -69,21 +69,10 @@ static int check_fixture(const nopad_tokenizer *tok, const fixture *f, const cha
             fail_msg("[%s] line %d (%s): %s: %s", key, i + 1,
                      cJSON_GetObjectItem(l->json, "text")->valuestring, nopad_status_string(st),
                      nopad_last_error());
-        int n_want = cJSON_GetArraySize(want);
-        int k = 0;
-        while (k < n && k < n_want && ids[k] == cJSON_GetArrayItem(want, k)->valueint) k++;
-        if (k < n || k < n_want) {
-            char got[4096] = "", exp[4096] = "";
-            for (int j = 0; j < n && strlen(got) < sizeof got - 16; j++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%d ", ids[j]);
-            for (int j = 0; j < n_want && strlen(exp) < sizeof exp - 16; j++)
-                snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%d ",
-                         cJSON_GetArrayItem(want, j)->valueint);
-            fail_msg("[%s] line %d: \"%s\"\n  first difference at id %d\n  expected (%d): %s\n"
-                     "  got      (%d): %s",
-                     key, i + 1, cJSON_GetObjectItem(l->json, "text")->valuestring, k, n_want, exp,
-                     n, got);
-        }
+        char label[512];
+        snprintf(label, sizeof label, "[%s] line %d: \"%.300s\"", key, i + 1,
+                 cJSON_GetObjectItem(l->json, "text")->valuestring);
+        test_expect_ids(label, ids, n, want);
     }
     free(ids);
     return f->n;

@@ -90,20 +90,9 @@ static int check_cases(const nopad_tokenizer *tok, const char *key,
         if (st != NOPAD_OK)
             fail_msg("[%s] case %d (\"%.200s\"): %s: %s", key, n_lines + 1, text,
                      nopad_status_string(st), nopad_last_error());
-        int n_want = cJSON_GetArraySize(want);
-        int k = 0;
-        while (k < n && k < n_want && ids[k] == cJSON_GetArrayItem(want, k)->valueint) k++;
-        if (k < n || k < n_want) {
-            char got[2048] = "", exp[2048] = "";
-            for (int q = 0; q < n && strlen(got) < sizeof got - 16; q++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%d ", ids[q]);
-            for (int q = 0; q < n_want && strlen(exp) < sizeof exp - 16; q++)
-                snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%d ",
-                         cJSON_GetArrayItem(want, q)->valueint);
-            fail_msg("[%s] case %d: \"%.200s\"\n  first difference at id %d\n  expected (%d): "
-                     "%s\n  got      (%d): %s",
-                     key, n_lines + 1, text, k, n_want, exp, n, got);
-        }
+        char label[512];
+        snprintf(label, sizeof label, "[%s] case %d: \"%.200s\"", key, n_lines + 1, text);
+        test_expect_ids(label, ids, n, want);
         free(own);
         cJSON_Delete(j);
     }

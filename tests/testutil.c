@@ -1,6 +1,7 @@
 #define _XOPEN_SOURCE 700 /* nftw, mkdtemp */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
@@ -160,4 +161,18 @@ char *test_hex_decode(const char *hex, size_t *len) {
     out[n] = '\0';
     *len = n;
     return out;
+}
+
+void test_expect_ids(const char *label, const int32_t *got, int32_t n, const cJSON *want) {
+    const int n_want = cJSON_GetArraySize(want);
+    int k = 0;
+    while (k < n && k < n_want && got[k] == cJSON_GetArrayItem(want, k)->valueint) k++;
+    if (k == n && k == n_want) return;
+    char have[4096] = "", exp[4096] = "";
+    for (int j = 0; j < n && strlen(have) < sizeof have - 16; j++)
+        snprintf(have + strlen(have), sizeof have - strlen(have), "%d ", got[j]);
+    for (int j = 0; j < n_want && strlen(exp) < sizeof exp - 16; j++)
+        snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%d ", cJSON_GetArrayItem(want, j)->valueint);
+    fail_msg("%s\n  first difference at id %d\n  expected (%d): %s\n  got      (%d): %s", label, k, n_want, exp,
+             n, have);
 }

@@ -24,6 +24,10 @@ const char *test_write_temp(int slot, const char *suffix, const void *data, size
 const char *test_make_temp_dir(int slot);
 /* max over rows of |a_r - b_r|_2 / max(|b_r|_2, 1e-6) for [rows, cols] matrices. */
 double test_max_row_rel_error(const float *a, const float *b, int64_t rows, int64_t cols);
+/* Fails with both lists and the first difference unless got[n] equals the JSON array `want` of
+ * ids; `label` names the case (e.g. "[ids] line 12: \"text\""). */
+struct cJSON;
+void test_expect_ids(const char *label, const int32_t *got, int32_t n, const struct cJSON *want);
 /* The bytes of a hex string ("6869" -> "hi"), NUL-terminated, in *len bytes. Caller frees. */
 char *test_hex_decode(const char *hex, size_t *len);
 /* Cosine similarity of two vectors of n floats, in double. */
