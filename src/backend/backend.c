@@ -5,10 +5,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "util/error.h"
-
-static const char *dtype_name(nopad_dtype d) {
-    return d == NOPAD_DTYPE_F32 ? "F32" : d == NOPAD_DTYPE_F16 ? "F16" : "BF16";
-}
+#include "util/types.h"
 
 nopad_status nopad_backend_create(const nopad_backend_params *p, nopad_backend **out) {
     *out = NULL;
@@ -26,6 +23,6 @@ nopad_status nopad_backend_create(const nopad_backend_params *p, nopad_backend *
     if (p->dtype != NOPAD_DTYPE_F32)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "dtype %s: the CPU backend computes in F32 (F16 and BF16 need the "
-                               "CUDA backend)", dtype_name(p->dtype));
+                               "CUDA backend)", nopad_dtype_name(p->dtype));
     return nopad_backend_cpu_create(p->n_threads, out);
 }

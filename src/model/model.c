@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "model/encoder.h"
 #include "util/error.h"
+#include "util/types.h"
 #include "util/file.h"
 
 nopad_model_params nopad_model_default_params(void) {
@@ -30,10 +31,6 @@ static const char *family_name(model_family f) {
     case FAMILY_ALBERT: return "ALBERT";
     }
     return "?";
-}
-
-static const char *dtype_name(nopad_dtype d) {
-    return d == NOPAD_DTYPE_F32 ? "F32" : d == NOPAD_DTYPE_F16 ? "F16" : "BF16";
 }
 
 static nopad_status load_model(nopad_model *m, const char *dir) {
@@ -152,7 +149,7 @@ nopad_status nopad_model_get_info(const nopad_model *m, nopad_model_info *out) {
     out->family = family_name(c->family);
     out->activation = c->activation_name;
     out->weights_dtype = m->weights.weights_dtype;
-    out->compute_dtype = dtype_name(m->be->dtype);
+    out->compute_dtype = nopad_dtype_name(m->be->dtype);
     out->vocab_size = c->vocab_size;
     out->hidden_size = c->hidden_size;
     out->embedding_size = c->embedding_size;

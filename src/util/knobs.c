@@ -57,12 +57,7 @@ static const knob_def KNOBS[KNOB_COUNT] = {
                            "(log2 units, 0 to 8; 0 = at every new maximum)"},
 };
 
-typedef struct knob_value {
-    const char *raw; /* getenv's string (NULL: unset) */
-    double value;
-} knob_value;
-
-static knob_value values[KNOB_COUNT];
+static double values[KNOB_COUNT]; /* each knob's value, parsed as its kind says */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* The index of `word` among the '|'-separated `choices`, or -1. */
@@ -83,34 +78,30 @@ static void read_all(void) {
     for (int i = 0; i < KNOB_COUNT; i++) {
         const knob_def *k = &KNOBS[i];
         const char *env = getenv(k->name);
-        values[i].raw = env;
-        values[i].value = k->dflt;
+        values[i] = k->dflt;
         if (!env || !*env) continue;
         switch (k->kind) {
-        case KIND_INT: values[i].value = atoi(env); break;
-        case KIND_SWITCH: values[i].value = env[0] != '0'; break;
+        case KIND_INT: values[i] = atoi(env); break;
+        case KIND_SWITCH: values[i] = env[0] != '0'; break;
         case KIND_CHOICE: {
             const int c = choice_index(k->choices, env);
-            if (c >= 0) values[i].value = c;
+            if (c >= 0) values[i] = c;
             break;
         }
-        case KIND_FLOAT: values[i].value = atof(env); break;
+        case KIND_FLOAT: values[i] = atof(env); break;
         }
     }
 }
 
-static const knob_value *get(knob_id id) {
+static double get(knob_id id) {
     pthread_once(&once, read_all);
-    return &values[id];
+    return values[id];
 }
 
-long knob_int(knob_id id) { return (long)get(id)->value; }
-double knob_float(knob_id id) { return get(id)->value; }
-const char *knob_str(knob_id id) { return get(id)->raw; }
-const char *knob_name(knob_id id) { return KNOBS[id].name; }
-const char *knob_meaning(knob_id id) { return KNOBS[id].meaning; }
+long knob_int(knob_id id) { return (long)get(id); }
+double knob_float(knob_id id) { return get(id); }
 
 void knob_set_int(knob_id id, long value) {
     pthread_once(&once, read_all);
-    values[id].value = (double)value;
+    values[id] = (double)value;
 }

@@ -34,11 +34,6 @@ typedef enum knob_id {
  * word gives the default's), a float knob's value truncated. */
 long knob_int(knob_id id);
 double knob_float(knob_id id);
-/* The raw string from the environment, NULL when unset. */
-const char *knob_str(knob_id id);
-/* "NOPAD_..." and the one-line meaning, for messages and listings. */
-const char *knob_name(knob_id id);
-const char *knob_meaning(knob_id id);
 
 /* Overrides a knob's value from now on (the benchmark and the tests; cuda_gemm_set_mode,
  * cuda_gemm_skinny_set_max_tokens). Not meant to race with running work. */

@@ -15,5 +15,7 @@ typedef enum nopad_activation {
 
 /* Bytes of one element of `dtype`. */
 size_t nopad_dtype_size(nopad_dtype dtype);
+/* "F32", "F16" or "BF16", as safetensors and messages write it. */
+const char *nopad_dtype_name(nopad_dtype dtype);
 
 #endif
