@@ -12,6 +12,11 @@
 nopad_status tokenizer_from_json(const char *json, size_t len, const char *where,
                                  nopad_tokenizer **out);
 
+struct cJSON;
+/* The same from a parsed tokenizer.json tree (GGUF metadata is converted into one). */
+nopad_status tokenizer_from_cjson(const struct cJSON *root, const char *where,
+                                  nopad_tokenizer **out);
+
 /* Builds a WordPiece tokenizer from the bytes of a vocab.txt (one token per line, line = id). */
 nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercase,
                                       const char *where, nopad_tokenizer **out);

@@ -536,14 +536,10 @@ static nopad_status check_bpe_pipeline(const nopad_tokenizer *t, const char *whe
     return NOPAD_OK;
 }
 
-nopad_status tokenizer_from_json(const char *json, size_t len, const char *where,
-                                 nopad_tokenizer **out) {
+nopad_status tokenizer_from_cjson(const cJSON *root, const char *where, nopad_tokenizer **out) {
     if (!where) where = "tokenizer.json";
-    if (!out || (!json && len))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need json bytes and out", where);
+    if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need out", where);
     *out = NULL;
-    cJSON *root = cJSON_ParseWithLength(json ? json : "", len);
-    if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", where);
     nopad_tokenizer *t = NULL;
     nopad_status st = new_tokenizer(&t, where);
     if (st == NOPAD_OK && !cJSON_IsObject(root))
@@ -555,13 +551,25 @@ nopad_status tokenizer_from_json(const char *json, size_t len, const char *where
     if (st == NOPAD_OK) st = parse_post_processor(t, field(root, "post_processor"), where);
     if (st == NOPAD_OK) st = parse_added_tokens(t, field(root, "added_tokens"), where);
     if (st == NOPAD_OK) st = finish(t, where);
-    cJSON_Delete(root);
     if (st != NOPAD_OK) {
         nopad_tokenizer_free(t);
         return st;
     }
     *out = t;
     return NOPAD_OK;
+}
+
+nopad_status tokenizer_from_json(const char *json, size_t len, const char *where,
+                                 nopad_tokenizer **out) {
+    if (!where) where = "tokenizer.json";
+    if (!out || (!json && len))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need json bytes and out", where);
+    *out = NULL;
+    cJSON *root = cJSON_ParseWithLength(json ? json : "", len);
+    if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", where);
+    nopad_status st = tokenizer_from_cjson(root, where, out);
+    cJSON_Delete(root);
+    return st;
 }
 
 /* ---- vocab.txt ------------------------------------------------------------------------------ */
