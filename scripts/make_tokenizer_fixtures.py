@@ -8,7 +8,8 @@ small_tokenizer.json is a hand-written WordPiece tokenizer whose added tokens us
 (lstrip, rstrip, single_word, normalized), and small_cases.jsonl holds HF's ids for it
 (`ids` with special tokens, `nospecial` without).
 
-corpus.jsonl has one JSON object per line:
+corpus.jsonl has one JSON object per line (the first 194 lines are corpus_lines() below, the rest
+are scripts/make_tokenizer_corpus.py's extra_lines()):
     text       the input (for reading; the test uses `hex`, which also survives U+0000)
     hex        the UTF-8 bytes of text
     uncased    ids from all-MiniLM-L6-v2's tokenizer.json as is (BERT uncased), special tokens added
@@ -418,8 +419,10 @@ def make_tokenizers(d):
 
 
 def write_corpus():
+    from make_tokenizer_corpus import extra_lines  # lines 194 on, see that script
+
     uncased, cased, trunc, ws, lower, raw = make_tokenizers(minilm_dir())
-    lines = corpus_lines()
+    lines = corpus_lines() + extra_lines()
     with open(OUT, "w", encoding="utf-8") as f:
         for text in lines:
             rec = {
