@@ -630,10 +630,13 @@ static void test_bad_json(void **state) {
     expect_json_error("[1, 2]", NOPAD_ERR_FORMAT, "object");
     expect_json_error("{}", NOPAD_ERR_FORMAT, "model");
     expect_json_error("{\"model\": {\"vocab\": {}}}", NOPAD_ERR_FORMAT, "model.type");
-    expect_json_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
-                      NOPAD_ERR_UNSUPPORTED, "ByteLevel"); /* BPE needs its pre-tokenizer */
-    expect_json_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", -1.0]]}}",
-                      NOPAD_ERR_UNSUPPORTED, "\"Unigram\"");
+    expect_json_error("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {}}}",
+                      NOPAD_ERR_UNSUPPORTED, "\"WordLevel\"");
+    expect_json_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\"]]}}",
+                      NOPAD_ERR_FORMAT, "model.vocab[0]");
+    expect_json_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", -1.0]], "
+                      "\"unk_id\": 3}}",
+                      NOPAD_ERR_FORMAT, "model.unk_id");
     expect_json_error("{\"model\": {\"type\": \"WordPiece\"}}", NOPAD_ERR_FORMAT, "model.vocab");
     expect_json_error("{\"model\": {\"type\": \"WordPiece\", \"vocab\": []}}", NOPAD_ERR_FORMAT,
                       "model.vocab");
@@ -660,14 +663,32 @@ static void test_bad_json(void **state) {
                       "\"continuing_subword_prefix\": \"##\", \"max_input_chars_per_word\": 100, "
                       "\"vocab\": {\"[UNK]\": 0}}}",
                       NOPAD_ERR_FORMAT, "model.unk_token");
-    expect_json_error("{" MODEL_OK ", \"normalizer\": {\"type\": \"NFKC\"}}", NOPAD_ERR_UNSUPPORTED,
-                      "\"NFKC\"");
+    expect_json_error("{" MODEL_OK ", \"normalizer\": {\"type\": \"ByteLevel\"}}",
+                      NOPAD_ERR_UNSUPPORTED, "\"ByteLevel\"");
+    expect_json_error("{" MODEL_OK ", \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": "
+                      "[{\"type\": \"NFKC\"}, {\"type\": \"Replace\", \"content\": \"x\"}]}}",
+                      NOPAD_ERR_FORMAT, "normalizer.normalizers[1].pattern");
+    expect_json_error("{" MODEL_OK ", \"normalizer\": {\"type\": \"Replace\", \"content\": \"x\", "
+                      "\"pattern\": {\"Regex\": \"(\"}}}",
+                      NOPAD_ERR_UNSUPPORTED, "PCRE2");
+    expect_json_error("{" MODEL_OK ", \"normalizer\": {\"type\": \"Precompiled\", "
+                      "\"precompiled_charsmap\": \"AAAA\"}}",
+                      NOPAD_ERR_FORMAT, "trie size");
+    expect_json_error("{" MODEL_OK ", \"normalizer\": {\"type\": \"Precompiled\", "
+                      "\"precompiled_charsmap\": \"not base64!\"}}",
+                      NOPAD_ERR_FORMAT, "base64");
     expect_json_error("{" MODEL_OK ", \"normalizer\": {\"type\": \"BertNormalizer\", "
                       "\"lowercase\": 1}}",
                       NOPAD_ERR_FORMAT, "normalizer.lowercase");
     expect_json_error("{" MODEL_OK ", \"normalizer\": 5}", NOPAD_ERR_FORMAT, "normalizer");
-    expect_json_error("{" MODEL_OK ", \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-                      NOPAD_ERR_UNSUPPORTED, "ByteLevel");
+    expect_json_error("{" MODEL_OK ", \"pre_tokenizer\": {\"type\": \"UnicodeScripts\"}}",
+                      NOPAD_ERR_UNSUPPORTED, "UnicodeScripts");
+    expect_json_error("{" MODEL_OK ", \"pre_tokenizer\": {\"type\": \"Metaspace\", "
+                      "\"replacement\": \"ab\"}}",
+                      NOPAD_ERR_FORMAT, "one character");
+    expect_json_error("{" MODEL_OK ", \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": "
+                      "{\"String\": \" \"}, \"behavior\": \"Sideways\"}}",
+                      NOPAD_ERR_FORMAT, "behavior");
     expect_json_error("{" MODEL_OK ", \"pre_tokenizer\": {}}", NOPAD_ERR_FORMAT,
                       "pre_tokenizer.type");
     expect_json_error("{" MODEL_OK ", \"post_processor\": {\"type\": \"ByteLevel\"}}",
@@ -708,7 +729,7 @@ static void test_bad_json(void **state) {
 
     /* a tokenizer.json in a folder wins over vocab.txt, and its errors name the file */
     const char *dir = test_make_temp_dir(2);
-    write_file(dir, "tokenizer.json", "{\"model\": {\"type\": \"Unigram\"}}");
+    write_file(dir, "tokenizer.json", "{\"model\": {\"type\": \"WordLevel\"}}");
     write_file(dir, "vocab.txt", small_vocab_txt);
     assert_nopad_error(nopad_tokenizer_load(dir, &tok), NOPAD_ERR_UNSUPPORTED, "tokenizer.json");
 }

@@ -43,6 +43,8 @@ typedef struct tok_run {
     char *text2;      /* UTF-8 of the normalized text (normalized added tokens only) */
     size_t text2_cap;
     tok_bpe_work bpe; /* BPE models */
+    tok_pipe_work pipe; /* the general pipeline */
+    tok_str gen_text;   /* its normalized text */
     uint32_t cps_storage[INLINE_CPS];
     char word_storage[INLINE_BYTES];
     char key_storage[INLINE_BYTES];
@@ -210,7 +212,8 @@ static nopad_status split_words(tok_run *r, const uint32_t *cps, size_t n) {
 
 static int is_ascii_space(char b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
 
-typedef nopad_status (*piece_fn)(tok_run *r, const char *s, size_t n);
+/* A piece of text between added tokens; at_start: it begins the text (Metaspace "first"). */
+typedef nopad_status (*piece_fn)(tok_run *r, const char *s, size_t n, int at_start);
 
 static uint32_t char_before(const char *s, size_t pos, size_t *start) {
     size_t p = pos - 1;
@@ -224,7 +227,7 @@ static uint32_t char_before(const char *s, size_t pos, size_t *start) {
  * leftmost-longest matches, honouring single_word / lstrip / rstrip; text between matches goes
  * to `piece`, each match becomes its id. */
 static nopad_status split_added(tok_run *r, const tok_matcher *m, const char *s, size_t n,
-                                piece_fn piece) {
+                                int at_start, piece_fn piece) {
     const nopad_tokenizer *t = r->tok;
     size_t start_offset = 0, pos = 0;
     nopad_status st = NOPAD_OK;
@@ -264,17 +267,19 @@ static nopad_status split_added(tok_run *r, const tok_matcher *m, const char *s,
             }
             pos = stop;
         }
-        if (start_offset < start) st = piece(r, s + start_offset, start - start_offset);
+        if (start_offset < start)
+            st = piece(r, s + start_offset, start - start_offset, at_start && start_offset == 0);
         if (st != NOPAD_OK) return st;
         if (!run_full(r)) emit(r, a->id);
         start_offset = stop;
     }
-    if (start_offset < n && !run_full(r)) st = piece(r, s + start_offset, n - start_offset);
+    if (start_offset < n && !run_full(r))
+        st = piece(r, s + start_offset, n - start_offset, at_start && start_offset == 0);
     return st;
 }
 
 /* A piece of normalized text between normalized added tokens. */
-static nopad_status normalized_piece(tok_run *r, const char *s, size_t n) {
+static nopad_status normalized_piece(tok_run *r, const char *s, size_t n, int at_start) {
     r->cps2.len = 0;
     nopad_status st = tok_cpbuf_reserve(&r->cps2, n);
     if (st != NOPAD_OK) return st;
@@ -291,17 +296,65 @@ static int bpe_emit(void *ctx, const int32_t *ids, size_t n) {
 
 /* BPE: a piece of text between added tokens (the normalizer is null, so raw and normalized
  * added tokens are matched on the same text). */
-static nopad_status bpe_piece(tok_run *r, const char *s, size_t n) {
+static nopad_status bpe_piece(tok_run *r, const char *s, size_t n, int at_start) {
     return tok_bpe_encode_piece(r->tok, &r->bpe, s, n, bpe_emit, r);
 }
 
-/* A piece of raw text between raw added tokens. */
-static nopad_status raw_piece(tok_run *r, const char *s, size_t n) {
+/* ---- the general pipeline: normalizer steps, pre-tokenizer steps, any model ---------------- */
+
+/* One pre-tokenized word through the model. */
+static nopad_status general_word(void *ctx, const char *w, size_t n, int *stop) {
+    tok_run *r = ctx;
     const nopad_tokenizer *t = r->tok;
     nopad_status st = NOPAD_OK;
+    size_t n_ids = 0;
+    switch (t->model) {
+    case TOK_MODEL_WORDPIECE: {
+        int64_t chars = 0;
+        for (size_t i = 0; i < n; i++) chars += !is_continuation(w[i]);
+        st = wordpiece(r, w, n, chars);
+        *stop = run_full(r);
+        return st;
+    }
+    case TOK_MODEL_BPE:
+        st = tok_bpe_encode_word(t, &r->bpe, &r->pipe, w, n, &n_ids);
+        break;
+    case TOK_MODEL_UNIGRAM:
+        st = tok_unigram_encode_word(t, &r->pipe, w, n, &n_ids);
+        break;
+    }
+    for (size_t i = 0; i < n_ids && st == NOPAD_OK && !run_full(r); i++) emit(r, r->pipe.ids[i]);
+    *stop = run_full(r);
+    return st;
+}
+
+/* A piece of normalized text between normalized added tokens. */
+static nopad_status general_words(tok_run *r, const char *s, size_t n, int at_start) {
+    return tok_pipeline_pre_tokenize(r->tok, &r->pipe, s, n, at_start, general_word, r);
+}
+
+/* A piece of raw text between raw added tokens: normalize it whole, then split it on the
+ * normalized added tokens. */
+static nopad_status general_piece(tok_run *r, const char *s, size_t n, int at_start) {
+    const nopad_tokenizer *t = r->tok;
+    nopad_status st = tok_pipeline_normalize(t, &r->pipe, s, n, &r->gen_text);
+    if (st != NOPAD_OK) return st;
+    if (t->norm_matcher.count == 0)
+        return general_words(r, r->gen_text.data, r->gen_text.len, at_start);
+    /* split_added's pieces point into gen_text, which general_words leaves alone */
+    return split_added(r, &t->norm_matcher, r->gen_text.data, r->gen_text.len, at_start,
+                       general_words);
+}
+
+/* A piece of raw text between raw added tokens. */
+static nopad_status raw_piece(tok_run *r, const char *s, size_t n, int at_start) {
+    const nopad_tokenizer *t = r->tok;
+    nopad_status st = NOPAD_OK;
+    if (t->general) return general_piece(r, s, n, at_start);
     if (t->model == TOK_MODEL_BPE)
-        return t->norm_matcher.count == 0 ? bpe_piece(r, s, n)
-                                          : split_added(r, &t->norm_matcher, s, n, bpe_piece);
+        return t->norm_matcher.count == 0
+                   ? bpe_piece(r, s, n, at_start)
+                   : split_added(r, &t->norm_matcher, s, n, at_start, bpe_piece);
     if (t->norm_matcher.count == 0) {
         for (size_t p = 0; p < n && st == NOPAD_OK && !run_full(r);) {
             size_t q = n;
@@ -329,7 +382,7 @@ static nopad_status raw_piece(tok_run *r, const char *s, size_t n) {
     size_t len = 0;
     for (size_t i = 0; i < r->cps.len; i++)
         len += (size_t)tok_utf8_put(r->cps.data[i], r->text2 + len);
-    return split_added(r, &t->norm_matcher, r->text2, len, normalized_piece);
+    return split_added(r, &t->norm_matcher, r->text2, len, at_start, normalized_piece);
 }
 
 nopad_tokenize_params nopad_tokenize_default_params(void) {
@@ -386,8 +439,10 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
     r->text2 = NULL;
     r->text2_cap = 0;
     memset(&r->bpe, 0, sizeof r->bpe);
+    memset(&r->pipe, 0, sizeof r->pipe);
+    memset(&r->gen_text, 0, sizeof r->gen_text);
 
-    nopad_status st = split_added(r, &tok->raw_matcher, text, len, raw_piece);
+    nopad_status st = split_added(r, &tok->raw_matcher, text, len, 1, raw_piece);
 
     tok_cpbuf_free(&r->cps);
     tok_cpbuf_free(&r->cps2);
@@ -396,6 +451,8 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
     if (r->hash != r->hash_storage) free(r->hash);
     free(r->text2);
     tok_bpe_work_free(&r->bpe);
+    tok_pipe_work_free(&r->pipe);
+    tok_str_free(&r->gen_text);
     int64_t total = n_special + r->count;
     free(r);
     if (st != NOPAD_OK) return st;

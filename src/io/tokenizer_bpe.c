@@ -30,6 +30,8 @@ static const char gpt2_split[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?
 void tok_bpe_free(tok_bpe *b) {
     tok_vocab_free(&b->merges);
     free(b->merge_result);
+    free(b->prefix);
+    free(b->suffix);
     pcre2_code_free((pcre2_code *)b->split_re);
     memset(b, 0, sizeof *b);
 }
@@ -52,17 +54,25 @@ static nopad_status out_of_memory(const char *where) {
                            where);
 }
 
-/* A string option that nopad supports only as null (or empty). */
-static nopad_status need_null_string(const cJSON *model, const char *key, const char *where) {
+/* An optional string option: absent, null or "" give NULL. */
+static nopad_status optional_string(const cJSON *model, const char *key, const char *where,
+                                    char **out, size_t *out_len) {
     const cJSON *item = tok_json_field(model, key);
+    *out = NULL;
+    *out_len = 0;
     if (!item || cJSON_IsNull(item)) return NOPAD_OK;
-    if (!cJSON_IsString(item))
+    if (!cJSON_IsString(item) || !item->valuestring)
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.%s must be a string or null", where,
                                key);
-    if (item->valuestring[0] == '\0') return NOPAD_OK;
-    return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                           "%s: BPE model.%s \"%.32s\" is not supported (only null)", where, key,
-                           item->valuestring);
+    size_t len = strlen(item->valuestring);
+    if (len == 0) return NOPAD_OK;
+    if (tok_utf8_check(item->valuestring, len) != len)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: model.%s is not valid UTF-8", where, key);
+    *out = malloc(len + 1);
+    if (!*out) return out_of_memory(where);
+    memcpy(*out, item->valuestring, len + 1);
+    *out_len = len;
+    return NOPAD_OK;
 }
 
 static void pair_key(int32_t a, int32_t b, char key[8]) {
@@ -101,20 +111,18 @@ static nopad_status merge_parts(const cJSON *m, int i, const char *where, const 
 nopad_status tok_bpe_load_model(nopad_tokenizer *t, const cJSON *model, const char *where) {
     tok_bpe *b = &t->bpe;
     t->model = TOK_MODEL_BPE;
-    nopad_status st = need_null_string(model, "continuing_subword_prefix", where);
-    if (st == NOPAD_OK) st = need_null_string(model, "end_of_word_suffix", where);
+    nopad_status st = optional_string(model, "continuing_subword_prefix", where, &b->prefix,
+                                      &b->prefix_len);
+    if (st == NOPAD_OK)
+        st = optional_string(model, "end_of_word_suffix", where, &b->suffix, &b->suffix_len);
     if (st != NOPAD_OK) return st;
     const cJSON *dropout = tok_json_field(model, "dropout");
     if (dropout && !cJSON_IsNull(dropout) &&
         !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0.0))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: BPE model.dropout is not supported (only null)", where);
-    int byte_fallback = 0;
     st = tok_json_get_bool(model, "byte_fallback", 0, "model.byte_fallback", where,
-                           &byte_fallback);
-    if (st == NOPAD_OK && byte_fallback)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: BPE model.byte_fallback true is not supported yet", where);
+                           &b->byte_fallback);
     if (st == NOPAD_OK)
         st = tok_json_get_bool(model, "fuse_unk", 0, "model.fuse_unk", where, &b->fuse_unk);
     if (st == NOPAD_OK)
@@ -190,6 +198,7 @@ nopad_status tok_bpe_load_model(nopad_tokenizer *t, const cJSON *model, const ch
     }
     free(joined);
     b->n_merges = i;
+    tok_byte_fallback_ids(&t->vocab, b->fallback_id);
     return st;
 }
 
@@ -316,6 +325,35 @@ static void push_pair(const tok_bpe *b, tok_bpe_work *w, int32_t pos) {
     if (rank >= 0) heap_push(w, (tok_bpe_merge){rank, pos, b->merge_result[rank]});
 }
 
+/* Merges w->sym[0..m) by rank until no pair merges; returns the number of symbols left. */
+static size_t merge_symbols(const tok_bpe *b, tok_bpe_work *w, size_t m) {
+    if (m == 0) return 0;
+    for (size_t i = 0; i < m; i++) {
+        w->prev[i] = (int32_t)i - 1;
+        w->next[i] = i + 1 < m ? (int32_t)i + 1 : -1;
+    }
+    w->heap_len = 0;
+    for (size_t i = 0; i + 1 < m; i++) push_pair(b, w, (int32_t)i);
+    while (w->heap_len > 0) {
+        tok_bpe_merge top = heap_pop(w);
+        int32_t pos = top.pos;
+        if (w->prev[pos] == -2 || w->next[pos] < 0) continue; /* merged away, or now last */
+        int32_t right = w->next[pos];
+        /* HF's test: does the pair there now still merge into the same token? */
+        int32_t rank = pair_rank(b, w->sym[pos], w->sym[right]);
+        if (rank < 0 || b->merge_result[rank] != top.result) continue;
+        w->sym[pos] = top.result;
+        w->next[pos] = w->next[right];
+        w->prev[right] = -2;
+        if (w->next[pos] >= 0) w->prev[w->next[pos]] = pos;
+        if (w->prev[pos] >= 0) push_pair(b, w, w->prev[pos]);
+        if (w->next[pos] >= 0) push_pair(b, w, pos);
+    }
+    size_t k = 0; /* the surviving symbols, in order, to the front of sym */
+    for (int32_t i = 0; i >= 0; i = w->next[i]) w->sym[k++] = w->sym[i];
+    return k;
+}
+
 /* BPE on one word s[0..n) of raw bytes; its ids go to emit. */
 static nopad_status bpe_word(const nopad_tokenizer *t, tok_bpe_work *w, const char *s, size_t n,
                              tok_emit_fn emit, void *ctx, int *stop) {
@@ -353,31 +391,8 @@ static nopad_status bpe_word(const nopad_tokenizer *t, tok_bpe_work *w, const ch
             pending_unk = 1;
         }
     }
+    m = merge_symbols(b, w, m);
     if (m == 0) return NOPAD_OK;
-    for (size_t i = 0; i < m; i++) {
-        w->prev[i] = (int32_t)i - 1;
-        w->next[i] = i + 1 < m ? (int32_t)i + 1 : -1;
-    }
-    w->heap_len = 0;
-    for (size_t i = 0; i + 1 < m; i++) push_pair(b, w, (int32_t)i);
-    while (w->heap_len > 0) {
-        tok_bpe_merge top = heap_pop(w);
-        int32_t pos = top.pos;
-        if (w->prev[pos] == -2 || w->next[pos] < 0) continue; /* merged away, or now last */
-        int32_t right = w->next[pos];
-        /* HF's test: does the pair there now still merge into the same token? */
-        int32_t rank = pair_rank(b, w->sym[pos], w->sym[right]);
-        if (rank < 0 || b->merge_result[rank] != top.result) continue;
-        w->sym[pos] = top.result;
-        w->next[pos] = w->next[right];
-        w->prev[right] = -2;
-        if (w->next[pos] >= 0) w->prev[w->next[pos]] = pos;
-        if (w->prev[pos] >= 0) push_pair(b, w, w->prev[pos]);
-        if (w->next[pos] >= 0) push_pair(b, w, pos);
-    }
-    size_t k = 0; /* the surviving symbols, in order, to the front of sym */
-    for (int32_t i = 0; i >= 0; i = w->next[i]) w->sym[k++] = w->sym[i];
-    m = k;
     *stop = emit(ctx, w->sym, m);
     return NOPAD_OK;
 }
@@ -424,4 +439,84 @@ nopad_status tok_bpe_encode_piece(const nopad_tokenizer *t, tok_bpe_work *w, con
         off = me;
     }
     return st;
+}
+
+/* The general pipeline's BPE on one word (HF's BPE::merge_word): each character is a symbol
+ * (with continuing_subword_prefix after the first, end_of_word_suffix on the last); a character
+ * not in the vocab becomes its bytes' <0xNN> tokens with byte_fallback (when all exist), else the
+ * unknown token (consecutive ones fused with fuse_unk), else it is dropped. As in HF, a pending
+ * unknown token is only written when the next known character (or the end) comes. */
+nopad_status tok_bpe_encode_word(const nopad_tokenizer *t, tok_bpe_work *bw, tok_pipe_work *w,
+                                 const char *s, size_t n, size_t *n_ids) {
+    const tok_bpe *b = &t->bpe;
+    *n_ids = 0;
+    if (n == 0) return NOPAD_OK;
+    if (b->ignore_merges) {
+        int32_t id = tok_vocab_get(&t->vocab, s, n);
+        if (id >= 0) {
+            nopad_status st = tok_pipe_reserve_ids(w, 1);
+            if (st == NOPAD_OK) {
+                w->ids[0] = id;
+                *n_ids = 1;
+            }
+            return st;
+        }
+    }
+    if (n >= INT32_MAX / 4)
+        return nopad_set_error(NOPAD_ERR_TOO_LONG, "tokenizer: a word of %zu bytes is too long", n);
+    /* up to 4 byte-fallback symbols per byte-length character: at most n symbols */
+    nopad_status st = reserve(bw, n);
+    if (st == NOPAD_OK) st = reserve_bytes(&bw->word, &bw->word_cap, b->prefix_len + 4 + b->suffix_len);
+    if (st != NOPAD_OK) return st;
+    size_t m = 0;
+    int32_t unk = -1; /* pending unknown token */
+    for (size_t pos = 0; pos < n;) {
+        size_t p0 = pos;
+        tok_utf8_next(s, &pos);
+        size_t len = 0;
+        if (p0 > 0 && b->prefix_len) {
+            memcpy(bw->word, b->prefix, b->prefix_len);
+            len = b->prefix_len;
+        }
+        memcpy(bw->word + len, s + p0, pos - p0);
+        len += pos - p0;
+        if (pos == n && b->suffix_len) {
+            memcpy(bw->word + len, b->suffix, b->suffix_len);
+            len += b->suffix_len;
+        }
+        int32_t id = tok_vocab_get(&t->vocab, bw->word, len);
+        if (id >= 0) {
+            if (unk >= 0) bw->sym[m++] = unk;
+            unk = -1;
+            bw->sym[m++] = id;
+            continue;
+        }
+        if (b->byte_fallback) {
+            int all = 1;
+            for (size_t i = 0; i < len && all; i++) all = b->fallback_id[(uint8_t)bw->word[i]] >= 0;
+            if (all) {
+                if (m + len > bw->cap) {
+                    st = reserve(bw, m + len + (n - pos));
+                    if (st != NOPAD_OK) return st;
+                }
+                for (size_t i = 0; i < len; i++) bw->sym[m++] = b->fallback_id[(uint8_t)bw->word[i]];
+                continue;
+            }
+        }
+        if (t->unk_id >= 0) {
+            if (unk >= 0 && !b->fuse_unk) bw->sym[m++] = unk;
+            unk = t->unk_id;
+        }
+        if (m + 2 + (n - pos) > bw->cap) {
+            st = reserve(bw, m + 2 + (n - pos));
+            if (st != NOPAD_OK) return st;
+        }
+    }
+    if (unk >= 0) bw->sym[m++] = unk;
+    m = merge_symbols(b, bw, m);
+    st = tok_pipe_reserve_ids(w, m);
+    if (st != NOPAD_OK) return st;
+    memcpy(w->ids, bw->sym, m * sizeof *w->ids);
+    *n_ids = m;
+    return NOPAD_OK;
 }

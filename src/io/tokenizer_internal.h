@@ -84,6 +84,7 @@ typedef enum tok_pre_tokenizer {
 typedef enum tok_model_kind {
     TOK_MODEL_WORDPIECE = 0,
     TOK_MODEL_BPE = 1,
+    TOK_MODEL_UNIGRAM = 2,
 } tok_model_kind;
 
 struct pcre2_real_code_8; /* pcre2_code of <pcre2.h>, kept out of this header */
@@ -102,7 +103,69 @@ typedef struct tok_bpe {
     char byte_char[256][2]; /* GPT-2's bytes_to_unicode, as UTF-8 (1 or 2 bytes) */
     uint8_t byte_char_len[256];
     int32_t byte_id[256];   /* vocab id of each byte's character, -1 if absent */
+    /* the general pipeline's BPE (tok_bpe_encode_word): symbols are the word's characters */
+    int byte_fallback;      /* an unknown character becomes its bytes' <0xNN> tokens */
+    int32_t fallback_id[256]; /* id of "<0xNN>", -1 if absent */
+    char *prefix, *suffix;  /* continuing_subword_prefix / end_of_word_suffix, NULL when none */
+    size_t prefix_len, suffix_len;
 } tok_bpe;
+
+/* A Unigram model (tokenizer_unigram.c): pieces in nopad_tokenizer.vocab, scores by id. */
+typedef struct tok_unigram {
+    double *score;           /* [n] log-probability of each piece */
+    int32_t n;
+    double min_score;        /* unknown characters score min_score - 10, as in SentencePiece */
+    int byte_fallback;       /* an unknown piece becomes its bytes' <0xNN> tokens */
+    int32_t fallback_id[256];
+} tok_unigram;
+
+/* ---- the general pipeline (tokenizer_pipeline.c) --------------------------------------------
+ * Tokenizers that are not plain BERT WordPiece or plain byte-level BPE run a list of normalizer
+ * steps (Sequence flattened) and a list of pre-tokenizer steps over UTF-8 strings. */
+
+typedef enum tok_norm_kind {
+    TOK_NORM_BERT, TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_LOWERCASE,
+    TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS, TOK_NORM_REPLACE, TOK_NORM_PREPEND,
+    TOK_NORM_PRECOMPILED, TOK_NORM_NMT,
+} tok_norm_kind;
+
+struct tok_precompiled; /* SentencePiece's precompiled charsmap (tokenizer_precompiled.c) */
+
+typedef struct tok_norm_step {
+    tok_norm_kind kind;
+    tok_normalizer bert;           /* BERT */
+    int left, right;               /* STRIP */
+    char *pattern, *content;       /* REPLACE: the literal pattern (NULL with a regex) and content;
+                                      PREPEND: content */
+    size_t pattern_len, content_len;
+    struct pcre2_real_code_8 *re;  /* REPLACE with a Regex */
+    struct tok_precompiled *charsmap; /* PRECOMPILED; NULL: an empty charsmap, no change */
+} tok_norm_step;
+
+typedef enum tok_split_behavior {
+    TOK_SPLIT_REMOVED, TOK_SPLIT_ISOLATED, TOK_SPLIT_MERGED_WITH_PREVIOUS,
+    TOK_SPLIT_MERGED_WITH_NEXT, TOK_SPLIT_CONTIGUOUS,
+} tok_split_behavior;
+
+typedef enum tok_pre_kind {
+    TOK_PS_WHITESPACE_SPLIT, TOK_PS_WHITESPACE, TOK_PS_BERT, TOK_PS_PUNCTUATION, TOK_PS_DIGITS,
+    TOK_PS_SPLIT, TOK_PS_METASPACE, TOK_PS_BYTELEVEL, TOK_PS_CHAR_DELIMITER,
+} tok_pre_kind;
+
+typedef struct tok_pre_step {
+    tok_pre_kind kind;
+    tok_split_behavior behavior;   /* PUNCTUATION, SPLIT */
+    int invert;                    /* SPLIT */
+    int individual_digits;         /* DIGITS */
+    char *pattern;                 /* SPLIT with a String pattern (NULL with a regex) */
+    size_t pattern_len;
+    struct pcre2_real_code_8 *re;  /* SPLIT with a Regex; BYTELEVEL with use_regex */
+    char ch[4];                    /* METASPACE replacement, CHAR_DELIMITER delimiter (UTF-8) */
+    int ch_len;
+    int prepend_scheme;            /* METASPACE: 0 always, 1 first, 2 never */
+    int split;                     /* METASPACE */
+    int add_prefix_space;          /* BYTELEVEL */
+} tok_pre_step;
 
 /* An entry of tokenizer.json's added_tokens: matched in the text before the model runs. */
 typedef struct tok_added {
@@ -125,6 +188,12 @@ typedef struct tok_matcher {
 struct nopad_tokenizer {
     tok_model_kind model;
     tok_bpe bpe; /* model == TOK_MODEL_BPE */
+    tok_unigram unigram; /* model == TOK_MODEL_UNIGRAM */
+    int general; /* 1: the general pipeline below; 0: norm + pre (BERT WordPiece, byte-level BPE) */
+    tok_norm_step *norm_steps;
+    int32_t n_norm_steps;
+    tok_pre_step *pre_steps;
+    int32_t n_pre_steps;
     tok_vocab vocab;
     tok_normalizer norm;
     tok_pre_tokenizer pre;
@@ -234,5 +303,90 @@ typedef int (*tok_emit_fn)(void *ctx, const int32_t *ids, size_t n);
  * word, giving the ids to `emit` word by word. */
 nopad_status tok_bpe_encode_piece(const nopad_tokenizer *t, tok_bpe_work *w, const char *s,
                                   size_t n, tok_emit_fn emit, void *ctx);
+
+/* ---- the general pipeline (tokenizer_pipeline.c) ------------------------------------------ */
+
+/* GPT-2's split regex for PCRE2, and GPT-2's bytes_to_unicode as UTF-8 (1 or 2 bytes a byte). */
+extern const char tok_gpt2_split_regex[];
+void tok_byte_chars(char chars[256][2], uint8_t lens[256]);
+/* Compiles a regex of tokenizer.json (Oniguruma syntax) with PCRE2 in UTF mode with Unicode
+ * properties; \s and \S become the White_Space property, as Oniguruma means them. */
+nopad_status tok_regex_compile(const char *pattern, size_t len, const char *path, const char *where,
+                               struct pcre2_real_code_8 **out);
+
+/* Reads tokenizer.json's normalizer / pre_tokenizer into step lists (Sequence flattened). */
+nopad_status tok_pipeline_load_normalizer(nopad_tokenizer *t, const struct cJSON *n,
+                                          const char *where);
+nopad_status tok_pipeline_load_pre_tokenizer(nopad_tokenizer *t, const struct cJSON *p,
+                                             const char *where);
+void tok_pipeline_free(nopad_tokenizer *t);
+
+/* A growable byte string. */
+typedef struct tok_str {
+    char *data;
+    size_t len, cap;
+} tok_str;
+nopad_status tok_str_reserve(tok_str *s, size_t need);
+nopad_status tok_str_append(tok_str *s, const char *bytes, size_t n);
+void tok_str_free(tok_str *s);
+
+/* Words of a pre-tokenized piece: word i is buf[start[i] .. start[i] + len[i]); first[i] is set
+ * when it begins where the piece begins (Metaspace's prepend_scheme "first"). */
+typedef struct tok_words {
+    tok_str buf;
+    size_t *start, *len;
+    uint8_t *first;
+    size_t n, cap;
+} tok_words;
+
+/* Per-call scratch space of the general pipeline. */
+typedef struct tok_pipe_work {
+    tok_str norm[2];     /* normalization ping-pong */
+    tok_words words[2];  /* pre-tokenization ping-pong */
+    tok_cpbuf cps;       /* BertNormalizer steps */
+    size_t *spans;       /* (start, end, is_match) triples of one split */
+    size_t spans_cap;
+    void *match;         /* pcre2_match_data */
+    int32_t *ids;        /* the ids of one word (Unigram, general BPE) */
+    size_t ids_cap;
+    double *best;        /* Unigram's Viterbi: best score ending at each byte */
+    int32_t *best_start, *best_id;
+    size_t best_cap;
+} tok_pipe_work;
+void tok_pipe_work_free(tok_pipe_work *w);
+
+/* Runs the normalizer steps over s[0..n) into out (replacing its contents). */
+nopad_status tok_pipeline_normalize(const nopad_tokenizer *t, tok_pipe_work *w, const char *s,
+                                    size_t n, tok_str *out);
+/* Runs the pre-tokenizer steps over s[0..n) (at_start: the piece begins the text) and gives each
+ * word to fn; fn returns nonzero to stop (truncation reached). */
+typedef nopad_status (*tok_word_fn)(void *ctx, const char *word, size_t len, int *stop);
+nopad_status tok_pipeline_pre_tokenize(const nopad_tokenizer *t, tok_pipe_work *w, const char *s,
+                                       size_t n, int at_start, tok_word_fn fn, void *ctx);
+
+/* ---- SentencePiece's precompiled charsmap (tokenizer_precompiled.c) ------------------------ */
+
+/* Parses the base64 text of a Precompiled normalizer's precompiled_charsmap. */
+nopad_status tok_precompiled_load(const char *base64, const char *where,
+                                  struct tok_precompiled **out);
+void tok_precompiled_free(struct tok_precompiled *p);
+/* Appends the normalized form of the valid UTF-8 s[0..n) to out. */
+nopad_status tok_precompiled_normalize(const struct tok_precompiled *p, const char *s, size_t n,
+                                       tok_str *out);
+
+/* ---- Unigram (tokenizer_unigram.c) and the general BPE word (tokenizer_bpe.c) -------------- */
+
+/* Reads a "Unigram" model: vocab [[piece, score], ...], unk_id, byte_fallback. */
+nopad_status tok_unigram_load_model(nopad_tokenizer *t, const struct cJSON *model,
+                                    const char *where);
+void tok_unigram_free(tok_unigram *u);
+/* The ids of one word into w->ids; *n_ids receives their number. */
+nopad_status tok_unigram_encode_word(const nopad_tokenizer *t, tok_pipe_work *w, const char *s,
+                                     size_t n, size_t *n_ids);
+nopad_status tok_bpe_encode_word(const nopad_tokenizer *t, tok_bpe_work *bw, tok_pipe_work *w,
+                                 const char *s, size_t n, size_t *n_ids);
+/* Sets fallback[b] to the id of "<0xNN>" for every byte b (-1 when absent). */
+void tok_byte_fallback_ids(const tok_vocab *v, int32_t fallback[256]);
+nopad_status tok_pipe_reserve_ids(tok_pipe_work *w, size_t n);
 
 #endif

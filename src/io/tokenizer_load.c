@@ -1,13 +1,13 @@
 /* Loading a tokenizer: tokenizer.json (Hugging Face tokenizers' format) or a legacy vocab.txt.
  *
- * Supported tokenizer.json parts, which cover BERT-family WordPiece tokenizers and byte-level
- * BPE ones (GPT-2, RoBERTa):
- *   model           WordPiece, or BPE (tokenizer_bpe.c) with the ByteLevel pre-tokenizer and no
- *                   normalizer (Unigram, WordLevel: NOPAD_ERR_UNSUPPORTED)
- *   normalizer      BertNormalizer or null
- *   pre_tokenizer   BertPreTokenizer, Whitespace, WhitespaceSplit, ByteLevel or null
+ * Supported tokenizer.json parts:
+ *   model           WordPiece, BPE (tokenizer_bpe.c; byte-level or SentencePiece-style with
+ *                   byte_fallback), Unigram (tokenizer_unigram.c); WordLevel: NOPAD_ERR_UNSUPPORTED
+ *   normalizer,     BERT-style WordPiece and plain byte-level BPE take their fast paths here; any
+ *   pre_tokenizer   other combination runs the general pipeline (tokenizer_pipeline.c lists the
+ *                   steps it knows)
  *   post_processor  TemplateProcessing (its single template), BertProcessing, RobertaProcessing,
- *                   ByteLevel (ids unchanged) or null
+ *                   ByteLevel (ids unchanged), a Sequence of those, or null
  *   added_tokens    all flags (single_word, lstrip, rstrip, normalized)
  * "truncation" and "padding" are ignored: nopad_tokenize_params decide those per call. */
 #include <cjson/cJSON.h>
@@ -39,6 +39,8 @@ void nopad_tokenizer_free(nopad_tokenizer *t) {
     if (!t) return;
     tok_vocab_free(&t->vocab);
     tok_bpe_free(&t->bpe);
+    tok_unigram_free(&t->unigram);
+    tok_pipeline_free(t);
     free(t->subword_prefix);
     for (int32_t i = 0; i < t->n_added; i++) {
         if (t->added[i].pattern != t->added[i].content) free(t->added[i].pattern);
@@ -157,7 +159,22 @@ static nopad_status build_matcher(nopad_tokenizer *t, int normalized, tok_matche
 /* Normalizes the patterns of normalized added tokens, then indexes both kinds and computes the
  * vocab size. Called once everything else is loaded. */
 static nopad_status finish(nopad_tokenizer *t, const char *where) {
-    for (int32_t i = 0; i < t->n_added; i++) {
+    for (int32_t i = 0; i < t->n_added && t->general; i++) {
+        tok_added *a = &t->added[i];
+        if (!a->normalized || t->n_norm_steps == 0) continue;
+        tok_pipe_work w = {0};
+        tok_str out = {0};
+        nopad_status st = tok_pipeline_normalize(t, &w, a->content, a->len, &out);
+        tok_pipe_work_free(&w);
+        if (st != NOPAD_OK) {
+            tok_str_free(&out);
+            return st;
+        }
+        if (!out.data && (out.data = malloc(1)) == NULL) return out_of_memory(where);
+        a->pattern = out.data;
+        a->pattern_len = out.len;
+    }
+    for (int32_t i = 0; i < t->n_added && !t->general; i++) {
         tok_added *a = &t->added[i];
         if (!a->normalized || !t->norm.enabled) continue;
         tok_cpbuf cps;
@@ -262,16 +279,22 @@ static const char *type_of(const cJSON *obj) {
     return cJSON_IsString(type) && type->valuestring ? type->valuestring : NULL;
 }
 
+static int is_type(const cJSON *obj, const char *name) {
+    const char *type = cJSON_IsObject(obj) ? type_of(obj) : NULL;
+    return type && strcmp(type, name) == 0;
+}
+
 static nopad_status parse_model(nopad_tokenizer *t, const cJSON *model, const char *where) {
     if (!cJSON_IsObject(model))
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing \"model\" object", where);
     const char *type = type_of(model);
     if (!type) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.type", where);
+    if (strcmp(type, "Unigram") == 0) return tok_unigram_load_model(t, model, where);
     int bpe = strcmp(type, "BPE") == 0;
     if (strcmp(type, "WordPiece") != 0 && !bpe)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: model type \"%s\" is not supported (WordPiece, BPE)", where,
-                               type);
+                               "%s: model type \"%s\" is not supported (WordPiece, BPE, Unigram)",
+                               where, type);
     const cJSON *vocab = field(model, "vocab");
     if (!vocab) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: missing field model.vocab", where);
     if (!cJSON_IsObject(vocab))
@@ -425,6 +448,26 @@ static nopad_status parse_post_processor(nopad_tokenizer *t, const cJSON *p, con
     /* ByteLevel's post-processing (trim_offsets) moves offsets only; the ids stay as they are */
     if (strcmp(type, "ByteLevel") == 0 && t->model == TOK_MODEL_BPE)
         return set_template(t, prefix, 0, suffix, 0, where);
+    if (strcmp(type, "Sequence") == 0) { /* e.g. [ByteLevel, TemplateProcessing] (LLaMA-3) */
+        const cJSON *list = field(p, "processors");
+        if (!cJSON_IsArray(list))
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: post_processor.processors must be an array", where);
+        const cJSON *item, *chosen = NULL;
+        cJSON_ArrayForEach(item, list) {
+            if (is_type(item, "ByteLevel") && t->model == TOK_MODEL_BPE) continue;
+            if (chosen)
+                return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                       "%s: post_processor Sequence with more than one processor "
+                                       "that adds tokens is not supported",
+                                       where);
+            chosen = item;
+        }
+        if (chosen && is_type(chosen, "Sequence"))
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: post_processor: nested Sequence is not supported", where);
+        return parse_post_processor(t, chosen, where);
+    }
     if (strcmp(type, "TemplateProcessing") != 0)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: post_processor type \"%s\" is not supported "
@@ -522,18 +565,30 @@ static nopad_status parse_added_tokens(nopad_tokenizer *t, const cJSON *list, co
     return NOPAD_OK;
 }
 
-/* The combinations implemented: BPE runs on ByteLevel's words of the raw text. */
-static nopad_status check_bpe_pipeline(const nopad_tokenizer *t, const char *where) {
-    if (t->model != TOK_MODEL_BPE) return NOPAD_OK;
-    if (t->pre != TOK_PRE_BYTELEVEL)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: a BPE model is supported with the ByteLevel pre_tokenizer "
-                               "only (SentencePiece-style BPE is not supported yet)",
-                               where);
-    if (t->norm.enabled)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: a BPE model is supported with a null normalizer only", where);
-    return NOPAD_OK;
+/* The two shapes with a fast path of their own (tokenizer.c, tokenizer_bpe.c): BERT-style
+ * WordPiece and plain byte-level BPE. Everything else runs the general pipeline. */
+static int has_fast_path(const nopad_tokenizer *t, const cJSON *norm, const cJSON *pre) {
+    int no_norm = !norm || cJSON_IsNull(norm);
+    int no_pre = !pre || cJSON_IsNull(pre);
+    if (t->model == TOK_MODEL_WORDPIECE)
+        return (no_norm || is_type(norm, "BertNormalizer")) &&
+               (no_pre || is_type(pre, "BertPreTokenizer") || is_type(pre, "Whitespace") ||
+                is_type(pre, "WhitespaceSplit"));
+    if (t->model == TOK_MODEL_BPE)
+        return no_norm && is_type(pre, "ByteLevel") && !t->bpe.byte_fallback && !t->bpe.prefix &&
+               !t->bpe.suffix;
+    return 0;
+}
+
+static nopad_status parse_pipeline(nopad_tokenizer *t, const cJSON *norm, const cJSON *pre,
+                                   const char *where) {
+    if (has_fast_path(t, norm, pre)) {
+        nopad_status st = parse_normalizer(t, norm, where);
+        return st == NOPAD_OK ? parse_pre_tokenizer(t, pre, where) : st;
+    }
+    t->general = 1;
+    nopad_status st = tok_pipeline_load_normalizer(t, norm, where);
+    return st == NOPAD_OK ? tok_pipeline_load_pre_tokenizer(t, pre, where) : st;
 }
 
 nopad_status tokenizer_from_cjson(const cJSON *root, const char *where, nopad_tokenizer **out) {
@@ -545,9 +600,8 @@ nopad_status tokenizer_from_cjson(const cJSON *root, const char *where, nopad_to
     if (st == NOPAD_OK && !cJSON_IsObject(root))
         st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: top level must be a JSON object", where);
     if (st == NOPAD_OK) st = parse_model(t, field(root, "model"), where);
-    if (st == NOPAD_OK) st = parse_normalizer(t, field(root, "normalizer"), where);
-    if (st == NOPAD_OK) st = parse_pre_tokenizer(t, field(root, "pre_tokenizer"), where);
-    if (st == NOPAD_OK) st = check_bpe_pipeline(t, where);
+    if (st == NOPAD_OK)
+        st = parse_pipeline(t, field(root, "normalizer"), field(root, "pre_tokenizer"), where);
     if (st == NOPAD_OK) st = parse_post_processor(t, field(root, "post_processor"), where);
     if (st == NOPAD_OK) st = parse_added_tokens(t, field(root, "added_tokens"), where);
     if (st == NOPAD_OK) st = finish(t, where);
