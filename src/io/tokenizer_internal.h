@@ -21,6 +21,13 @@ nopad_status tokenizer_from_cjson(const struct cJSON *root, const char *where,
 nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercase,
                                       const char *where, nopad_tokenizer **out);
 
+/* Reads tokenizer.json's "decoder" (NULL or null: none, tokens joined by " ") into t->decoder and
+ * builds the id -> token table; call it once the vocab and added tokens are final. A decoder
+ * type nopad lacks is not an error here: nopad_detokenize refuses it (tokenizer_decode.c). */
+struct tok_decoder;
+nopad_status tok_decoder_load(nopad_tokenizer *t, const struct cJSON *decoder, const char *where);
+void tok_decoder_free(struct tok_decoder *d);
+
 /* ---- the tokenizer object, shared by src/io/tokenizer*.c -------------------------------------
  *
  * The pipeline is Hugging Face tokenizers':
@@ -212,6 +219,7 @@ struct nopad_tokenizer {
     int32_t *suffix_ids;
     int32_t n_suffix;
     int32_t vocab_size; /* largest id + 1, over the model vocab and the added tokens */
+    struct tok_decoder *decoder; /* ids -> text (tokenizer_decode.c) */
 };
 
 /* ---- Unicode, as Hugging Face's BERT components see it (tokenizer_unicode.c) ----------------- */
@@ -234,6 +242,13 @@ enum { TOK_MAX_DECOMP = 8 };
 int tok_strip_accents(uint32_t c, uint32_t out[TOK_MAX_DECOMP]);
 /* Canonical combining class, as HF's NFD orders marks. */
 int tok_combining_class(uint32_t c);
+/* HF's StripAccents test (unicode-normalization's is_combining_mark: a Mark known to its tables). */
+int tok_is_combining_mark(uint32_t c);
+/* The full canonical (compat: compatibility) decomposition of c as HF's tables know it. */
+enum { TOK_MAX_COMPAT_DECOMP = 32 };
+int tok_decompose(uint32_t c, int compat, uint32_t *out, int cap);
+/* The primary composite of a + b (1), or 0 when they do not compose for HF. */
+int tok_compose_pair(uint32_t a, uint32_t b, uint32_t *out);
 
 /* ---- UTF-8 and normalization (tokenizer_normalize.c) ------------------------------------- */
 

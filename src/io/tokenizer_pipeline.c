@@ -164,10 +164,6 @@ nopad_status tok_regex_compile(const char *pattern, size_t len, const char *path
 
 /* ---- normalizer steps ----------------------------------------------------------------------- */
 
-static int is_mark(uint32_t c) {
-    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
-    return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
-}
 
 /* SentencePiece's NMT normalization as HF's Nmt normalizer does it: some controls go, some
  * spaces become ' '. Returns 0 to drop c. */
@@ -181,6 +177,68 @@ static int nmt_map(uint32_t c, uint32_t *out) {
         c = ' ';
     *out = c;
     return 1;
+}
+
+static nopad_status put_cp(tok_str *out, uint32_t c) {
+    nopad_status st = tok_str_reserve(out, out->len + 4);
+    if (st == NOPAD_OK) out->len += (size_t)tok_utf8_put(c, out->data + out->len);
+    return st;
+}
+
+/* NFC, NFD, NFKC, NFKD as HF's unicode-normalization tables give them (tokenizer_unicode.c
+ * applies where they differ from utf8proc's newer data): full decomposition, canonical ordering
+ * of marks by combining class (stable), then for the composed forms the canonical composition
+ * algorithm (a mark composes with the last starter unless a mark of equal or higher class, or a
+ * starter, stands between them). */
+static nopad_status unicode_form(tok_norm_kind kind, tok_pipe_work *w, const char *s, size_t n,
+                                 tok_str *out) {
+    size_t ascii = 0;
+    while (ascii < n && (unsigned char)s[ascii] < 0x80) ascii++;
+    if (ascii == n) return tok_str_append(out, s, n); /* ASCII is in every normal form */
+    int compat = kind == TOK_NORM_NFKC || kind == TOK_NORM_NFKD;
+    int compose = kind == TOK_NORM_NFC || kind == TOK_NORM_NFKC;
+    tok_cpbuf *cp = &w->cps;
+    cp->len = 0;
+    nopad_status st = NOPAD_OK;
+    for (size_t pos = 0; pos < n && st == NOPAD_OK;) {
+        uint32_t dec[TOK_MAX_COMPAT_DECOMP];
+        int k = tok_decompose(tok_utf8_next(s, &pos), compat, dec, TOK_MAX_COMPAT_DECOMP);
+        st = tok_cpbuf_reserve(cp, (size_t)k);
+        for (int i = 0; i < k && st == NOPAD_OK; i++) {
+            /* canonical ordering: a mark moves before the marks of higher class just before it */
+            int ccc = tok_combining_class(dec[i]);
+            size_t j = cp->len++;
+            if (ccc)
+                for (; j > 0 && tok_combining_class(cp->data[j - 1]) > ccc; j--)
+                    cp->data[j] = cp->data[j - 1];
+            cp->data[j] = dec[i];
+        }
+    }
+    if (st != NOPAD_OK) return st;
+    size_t len = cp->len;
+    if (compose && len > 0) {
+        size_t starter = SIZE_MAX, k = 0;
+        int last_ccc = -1; /* class of the last character kept after the starter; -1: none */
+        for (size_t i = 0; i < len; i++) {
+            uint32_t c = cp->data[i], composite;
+            int ccc = tok_combining_class(c);
+            if (starter != SIZE_MAX && c >= 0x300 && (last_ccc == -1 || (last_ccc != 0 && last_ccc < ccc)) &&
+                tok_compose_pair(cp->data[starter], c, &composite)) {
+                cp->data[starter] = composite;
+                continue;
+            }
+            if (ccc == 0) {
+                starter = k;
+                last_ccc = -1;
+            } else {
+                last_ccc = ccc;
+            }
+            cp->data[k++] = c;
+        }
+        len = k;
+    }
+    for (size_t i = 0; i < len && st == NOPAD_OK; i++) st = put_cp(out, cp->data[i]);
+    return st;
 }
 
 /* Finds the next match of a literal or a regex in s[from..n): *ms, *me; 0 when none. */
@@ -244,12 +302,6 @@ static nopad_status norm_replace(const tok_norm_step *step, tok_pipe_work *w, co
     return st;
 }
 
-static nopad_status put_cp(tok_str *out, uint32_t c) {
-    nopad_status st = tok_str_reserve(out, out->len + 4);
-    if (st == NOPAD_OK) out->len += (size_t)tok_utf8_put(c, out->data + out->len);
-    return st;
-}
-
 static nopad_status norm_step(const tok_norm_step *step, tok_pipe_work *w, const char *s, size_t n,
                               tok_str *out) {
     nopad_status st = NOPAD_OK;
@@ -263,22 +315,8 @@ static nopad_status norm_step(const tok_norm_step *step, tok_pipe_work *w, const
     case TOK_NORM_NFC:
     case TOK_NORM_NFD:
     case TOK_NORM_NFKC:
-    case TOK_NORM_NFKD: {
-        if (n == 0) return NOPAD_OK;
-        int opts = UTF8PROC_STABLE;
-        opts |= (step->kind == TOK_NORM_NFC || step->kind == TOK_NORM_NFKC) ? UTF8PROC_COMPOSE
-                                                                           : UTF8PROC_DECOMPOSE;
-        if (step->kind == TOK_NORM_NFKC || step->kind == TOK_NORM_NFKD) opts |= UTF8PROC_COMPAT;
-        utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t len = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
-                                            (utf8proc_option_t)opts);
-        if (len < 0)
-            return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: Unicode normalization "
-                                   "failed (%s)", utf8proc_errmsg(len));
-        st = tok_str_append(out, (const char *)dst, (size_t)len);
-        free(dst);
-        return st;
-    }
+    case TOK_NORM_NFKD:
+        return unicode_form(step->kind, w, s, n, out);
     case TOK_NORM_LOWERCASE:
         for (size_t pos = 0; pos < n && st == NOPAD_OK;) {
             uint32_t lower[2];
@@ -305,7 +343,8 @@ static nopad_status norm_step(const tok_norm_step *step, tok_pipe_work *w, const
     case TOK_NORM_STRIP_ACCENTS:
         for (size_t pos = 0; pos < n && st == NOPAD_OK;) {
             size_t p0 = pos;
-            if (!is_mark(tok_utf8_next(s, &pos))) st = tok_str_append(out, s + p0, pos - p0);
+            if (!tok_is_combining_mark(tok_utf8_next(s, &pos)))
+                st = tok_str_append(out, s + p0, pos - p0);
         }
         return st;
     case TOK_NORM_REPLACE:
@@ -698,7 +737,7 @@ static nopad_status load_norm(nopad_tokenizer *t, const cJSON *n, const char *pa
         {"Lowercase", TOK_NORM_LOWERCASE}, {"StripAccents", TOK_NORM_STRIP_ACCENTS},
         {"Nmt", TOK_NORM_NMT},
     };
-    tok_norm_step *step;
+    tok_norm_step *step = NULL;
     for (size_t k = 0; k < sizeof simple / sizeof simple[0]; k++) {
         if (strcmp(type, simple[k].name) != 0) continue;
         st = add_norm(t, &step, where);
@@ -738,7 +777,7 @@ static nopad_status load_norm(nopad_tokenizer *t, const cJSON *n, const char *pa
     }
     if (strcmp(type, "Replace") == 0 || strcmp(type, "Prepend") == 0) {
         int replace = type[0] == 'R';
-        const char *content;
+        const char *content = NULL;
         st = get_str(n, replace ? "content" : "prepend", path, where, &content);
         if (st == NOPAD_OK) st = add_norm(t, &step, where);
         if (st != NOPAD_OK) return st;
@@ -804,7 +843,7 @@ static nopad_status get_behavior(const cJSON *p, const char *path, const char *w
 /* One character given as a string (Metaspace's replacement, CharDelimiterSplit's delimiter). */
 static nopad_status get_char(const cJSON *p, const char *key, const char *path, const char *where,
                              tok_pre_step *step) {
-    const char *s;
+    const char *s = NULL;
     nopad_status st = get_str(p, key, path, where, &s);
     if (st != NOPAD_OK) return st;
     size_t len = strlen(s), pos = 0;
@@ -841,7 +880,7 @@ static nopad_status load_pre(nopad_tokenizer *t, const cJSON *p, const char *pat
         }
         return NOPAD_OK;
     }
-    tok_pre_step *step;
+    tok_pre_step *step = NULL;
     static const struct { const char *name; tok_pre_kind kind; } simple[] = {
         {"WhitespaceSplit", TOK_PS_WHITESPACE_SPLIT},
         {"Whitespace", TOK_PS_WHITESPACE},
