@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Seed corpus of fuzz/fuzz_gguf.c: small GGUF files written with the `gguf` package (llama.cpp's
+gguf-py), some valid, some broken in one place each.
+
+    pip install gguf numpy
+    python3 scripts/make_gguf_seeds.py          # writes fuzz/corpus/gguf/*.gguf
+"""
+import os
+import struct
+
+import gguf
+import numpy as np
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "gguf")
+
+
+def build(path, endian=gguf.GGUFEndian.LITTLE, alignment=None, tensors=True):
+    w = gguf.GGUFWriter(path, "llama", endianess=endian)
+    if alignment:
+        w.add_custom_alignment(alignment)
+    w.add_name("seed")
+    w.add_uint8("t.u8", 7)
+    w.add_int8("t.i8", -7)
+    w.add_uint16("t.u16", 700)
+    w.add_int16("t.i16", -700)
+    w.add_uint32("t.u32", 70000)
+    w.add_int32("t.i32", -70000)
+    w.add_float32("t.f32", 0.5)
+    w.add_bool("t.bool", True)
+    w.add_uint64("t.u64", 1 << 40)
+    w.add_int64("t.i64", -(1 << 40))
+    w.add_float64("t.f64", 0.25)
+    w.add_array("t.nested", [["a", "bc"], [1, 2, 3]])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["<s>", "a", "b", "ab", "\u0120a"])
+    w.add_token_types([3, 1, 1, 1, 1])
+    w.add_token_scores([0.0, -1.0, -2.0, -3.0, -4.0])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(0)
+    if tensors:
+        w.add_tensor("w.f32", np.arange(6, dtype=np.float32).reshape(2, 3))
+        w.add_tensor("w.f16", np.ones(5, dtype=np.float16))
+        w.add_tensor("w.q80", np.zeros(34, dtype=np.uint8),
+                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor("w.q4k", np.zeros(144, dtype=np.uint8),
+                     raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        w.add_tensor("w.q5k", np.zeros(176, dtype=np.uint8),
+                     raw_dtype=gguf.GGMLQuantizationType.Q5_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    tmp = os.path.join(OUT, "tmp.gguf")
+    seeds = {}
+    v3 = build(tmp)
+    seeds["valid_v3"] = v3
+    seeds["valid_v2"] = v3[:4] + struct.pack("<I", 2) + v3[8:]
+    seeds["valid_align64"] = build(tmp, alignment=64)
+    seeds["valid_no_tensors"] = build(tmp, tensors=False)
+    seeds["big_endian"] = build(tmp, endian=gguf.GGUFEndian.BIG)
+    os.remove(tmp)
+    seeds["v1"] = b"GGUF" + struct.pack("<III", 1, 0, 0)
+    seeds["truncated_half"] = v3[: len(v3) // 2]
+    seeds["truncated_data"] = v3[:-7]
+    seeds["huge_kv_count"] = b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 60)
+    key = struct.pack("<Q", 1) + b"t"
+    seeds["huge_string_array"] = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + key
+                                  + struct.pack("<IIQ", 9, 8, 1 << 60) + struct.pack("<Q", 1) + b"a")
+    for name, data in seeds.items():
+        with open(os.path.join(OUT, name + ".gguf"), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds)} seeds to {os.path.normpath(OUT)}")
+
+
+if __name__ == "__main__":
+    main()
