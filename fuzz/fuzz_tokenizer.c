@@ -1,7 +1,10 @@
 /* libFuzzer target: the tokenizer loaders on arbitrary bytes, and tokenization of arbitrary text.
  *
- * The first byte picks what the rest is: (b % 4) 0 = a tokenizer.json, 1 = text for a fixed
- * WordPiece tokenizer, 2 = a vocab.txt, 3 = text for a fixed byte-level BPE tokenizer; b / 4
+ * The first byte picks what the rest is: (b % 8) 0 = a tokenizer.json, 1 = text for a fixed
+ * WordPiece tokenizer, 2 = a vocab.txt, 3 = text for a fixed byte-level BPE tokenizer, 4 = text
+ * for a fixed Unigram tokenizer (NFKC, Replace, Lowercase, Metaspace, byte fallback), 5 = text
+ * for a fixed SentencePiece-style BPE (Prepend, Replace, byte fallback), 6 = text for a fixed
+ * general byte-level BPE (Split regex, Digits, ByteLevel, NFC, Strip), 7 = a tokenizer.json; b / 8
  * picks the tokenize params. Beyond "no crash, no leak" the
  * text mode checks the promises nopad_tokenize makes: invalid UTF-8 is always refused, every id
  * is in the vocab, the template is kept, truncation gives a prefix of the full answer, and a
@@ -78,6 +81,74 @@ static nopad_tokenizer *fixed_bpe_tokenizer(void) {
     return tok;
 }
 
+/* Unigram with the general pipeline: NFKC, a regex Replace, Lowercase, Metaspace, byte fallback
+ * for what no piece covers, a fused unknown otherwise. */
+static const char fixed_unigram_json[] =
+    "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true, "
+    "\"normalized\": false}, {\"id\": 1, \"content\": \"<s>\", \"special\": true, "
+    "\"normalized\": false}, {\"id\": 30, \"content\": \"Ab\", \"normalized\": true}],"
+    "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFKC\"}, "
+    "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {2,}\"}, \"content\": \" \"}, "
+    "{\"type\": \"Lowercase\"}, {\"type\": \"StripAccents\"}]},"
+    "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\u2581\", "
+    "\"prepend_scheme\": \"first\", \"split\": true},"
+    "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+    "{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
+    "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+    "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [1], \"tokens\": [\"<s>\"]}}},"
+    "\"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"byte_fallback\": true, \"vocab\": ["
+    "[\"<unk>\", 0.0], [\"<s>\", 0.0], [\"\u2581\", -2.0], [\"a\", -3.0], [\"b\", -3.5], "
+    "[\"ab\", -4.0], [\"\u2581a\", -3.2], [\"\u2581ab\", -5.0], [\"e\", -3.0], "
+    "[\"\u00e9\", -4.5], [\"1\", -4.0], [\"12\", -5.5], [\"<0xC3>\", -9.0], [\"<0xA9>\", -9.0], "
+    "[\"<0xE4>\", -9.0], [\"<0xB8>\", -9.0], [\"<0x80>\", -9.0], [\"x\", -6.0], "
+    "[\"\u4e00\", -7.0], [\"ba\", -4.4]]}}";
+
+/* SentencePiece-style BPE (LLaMA-2): Prepend and Replace make the spaces, byte fallback. */
+static const char fixed_spbpe_json[] =
+    "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true, "
+    "\"normalized\": false}, {\"id\": 1, \"content\": \"<s>\", \"special\": true, "
+    "\"normalized\": false}],"
+    "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+    "\"prepend\": \"\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, "
+    "\"content\": \"\u2581\"}]}, \"pre_tokenizer\": null,"
+    "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+    "{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
+    "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+    "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [1], \"tokens\": [\"<s>\"]}}},"
+    "\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": true, "
+    "\"byte_fallback\": true, \"vocab\": {\"<unk>\": 0, \"<s>\": 1, \"<0x0A>\": 2, "
+    "\"<0xC3>\": 3, \"<0xA9>\": 4, \"<0xF0>\": 5, \"\u2581\": 6, \"a\": 7, \"b\": 8, "
+    "\"\u2581a\": 9, \"ab\": 10, \"\u2581ab\": 11, \"1\": 12, \"\u2581\u2581\": 13}, "
+    "\"merges\": [\"\u2581 a\", \"a b\", \"\u2581a b\", \"\u2581 \u2581\"]}}";
+
+/* Byte-level BPE on the general pipeline (LLaMA-3 / Qwen2 style): NFC and Strip, a Split regex,
+ * Digits, then ByteLevel without its own regex; ignore_merges. */
+static const char fixed_general_bpe_json[] =
+    "{\"added_tokens\": [{\"id\": 0, \"content\": \"<|x|>\", \"special\": true, "
+    "\"normalized\": false}],"
+    "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, "
+    "{\"type\": \"Strip\", \"strip_left\": false, \"strip_right\": true}]},"
+    "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+    "\"pattern\": {\"Regex\": \"(?i:'s|'t)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"}, "
+    "\"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"Digits\", "
+    "\"individual_digits\": true}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+    "\"use_regex\": false}]}, \"post_processor\": null,"
+    "\"model\": {\"type\": \"BPE\", \"ignore_merges\": true, \"vocab\": {\"<|x|>\": 0, "
+    "\"a\": 1, \"b\": 2, \"ab\": 3, \"\u0120\": 4, \"\u0120a\": 5, \"1\": 6, \"\u00c3\": 7, "
+    "\"\u00a9\": 8, \"\u00c3\u00a9\": 9, \"abab\": 10}, "
+    "\"merges\": [\"a b\", \"\u0120 a\", \"\u00c3 \u00a9\", \"ab ab\"]}}";
+
+static nopad_tokenizer *fixed_general(int which) {
+    static nopad_tokenizer *toks[3];
+    static const char *const json[3] = {fixed_unigram_json, fixed_spbpe_json,
+                                        fixed_general_bpe_json};
+    if (!toks[which] &&
+        tokenizer_from_json(json[which], strlen(json[which]), "fixed general", &toks[which]) !=
+            NOPAD_OK)
+        __builtin_trap();
+    return toks[which];
+}
+
 static nopad_tokenizer *fixed_tokenizer(void) {
     static nopad_tokenizer *tok;
     if (!tok && tokenizer_from_json(fixed_json, sizeof fixed_json - 1, "fixed", &tok) != NOPAD_OK)
@@ -91,7 +162,7 @@ static void check_tokenize(const nopad_tokenizer *tok, const char *text, size_t 
     nopad_tokenize_params p = nopad_tokenize_default_params();
     p.add_special_tokens = flags & 1;
     p.truncate = (flags >> 1) & 1;
-    p.max_length = (int32_t)(flags >> 2); /* 0..15 */
+    p.max_length = (int32_t)(flags >> 2); /* 0..7 */
     int valid = tok_utf8_check(text, len) == len;
 
     int32_t need = -1;
@@ -151,7 +222,7 @@ static void check_tokenize(const nopad_tokenizer *tok, const char *text, size_t 
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    unsigned mode = data[0] % 4, flags = data[0] / 4 % 64;
+    unsigned mode = data[0] % 8, flags = data[0] / 8 % 32;
     const char *rest = (const char *)data + 1;
     size_t len = size - 1;
     nopad_tokenizer *tok = NULL;
@@ -159,7 +230,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_tokenize(mode == 1 ? fixed_tokenizer() : fixed_bpe_tokenizer(), rest, len, flags);
         return 0;
     }
-    nopad_status st = mode == 0 ? tokenizer_from_json(rest, len, "fuzz", &tok)
+    if (mode >= 4 && mode <= 6) {
+        check_tokenize(fixed_general((int)mode - 4), rest, len, flags);
+        return 0;
+    }
+    nopad_status st = mode != 2 ? tokenizer_from_json(rest, len, "fuzz", &tok)
                                 : tokenizer_from_vocab_txt(rest, len, flags & 1, "fuzz", &tok);
     if (st != NOPAD_OK) {
         if (tok) __builtin_trap();
