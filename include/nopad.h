@@ -65,7 +65,8 @@ typedef enum nopad_pooling {
 
 typedef struct nopad_tokenizer nopad_tokenizer;
 
-/* Loads tokenizer.json from `dir`, else vocab.txt (+ tokenizer_config.json for do_lower_case). */
+/* Loads tokenizer.json from the folder `dir`, else vocab.txt (+ tokenizer_config.json for
+ * do_lower_case); given a GGUF file instead, the tokenizer its metadata describes. */
 nopad_status nopad_tokenizer_load(const char *dir, nopad_tokenizer **out);
 void nopad_tokenizer_free(nopad_tokenizer *tok);
 
@@ -86,6 +87,54 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
 int32_t nopad_tokenizer_vocab_size(const nopad_tokenizer *tok);
 /* Id of a token string such as "[CLS]", or -1 when absent. */
 int32_t nopad_tokenizer_token_to_id(const nopad_tokenizer *tok, const char *token);
+
+/* What a tokenizer is, by its model and pre-tokenizer. */
+typedef enum nopad_tokenizer_kind {
+    NOPAD_TOKENIZER_WORDPIECE = 0,         /* "wordpiece": BERT-family */
+    NOPAD_TOKENIZER_BPE_BYTE_LEVEL = 1,    /* "bpe-byte-level": GPT-2, RoBERTa, LLaMA-3, Qwen2 */
+    NOPAD_TOKENIZER_BPE_SENTENCEPIECE = 2, /* "bpe-sentencepiece": "▁" for spaces, <0xNN> byte
+                                              fallback (LLaMA-2, Mistral) */
+    NOPAD_TOKENIZER_UNIGRAM = 3,           /* "unigram": XLM-RoBERTa, ALBERT, DeBERTa-v3 */
+    NOPAD_TOKENIZER_BPE = 4,               /* "bpe": any other BPE */
+} nopad_tokenizer_kind;
+nopad_tokenizer_kind nopad_tokenizer_get_kind(const nopad_tokenizer *tok);
+/* The kind's stable name ("wordpiece", "bpe-byte-level", ...; see above). Never NULL. */
+const char *nopad_tokenizer_kind_name(nopad_tokenizer_kind kind);
+
+/* Ids back to text, exactly as Hugging Face tokenizers' decode: each id's token (added tokens
+ * first), then the tokenizer.json "decoder" (ByteLevel, Metaspace, ByteFallback, Fuse, Strip,
+ * Replace, WordPiece, BPEDecoder, CTC, Sequence; none: tokens joined by " "). Bytes that are not
+ * valid UTF-8 become U+FFFD, so the text is always valid UTF-8. skip_special_tokens = 1 drops the
+ * added tokens marked special ([CLS], <s>, ...).
+ * *text_len receives the text's length in bytes (without the NUL). text[capacity] receives the
+ * text and a NUL when capacity > *text_len; else NOPAD_ERR_BUFFER_TOO_SMALL (capacity 0 and text
+ * NULL measure). An id < 0 or >= nopad_tokenizer_vocab_size -> NOPAD_ERR_INVALID_ARGUMENT naming
+ * it; an id inside that range without a token is dropped, as HF drops it. A decoder type nopad
+ * lacks -> NOPAD_ERR_UNSUPPORTED naming it (the tokenizer still encodes). */
+nopad_status nopad_detokenize(const nopad_tokenizer *tok, const int32_t *ids, size_t n_ids,
+                              int skip_special_tokens, char *text, size_t capacity,
+                              size_t *text_len);
+
+/* Decoding one id at a time, as ids come from a generator: each step returns the text that id
+ * completes, spaced exactly as the whole decode spaces it (HF's DecodeStream). Text that a later
+ * id may still change is held back: the bytes of an unfinished UTF-8 character (a byte-level
+ * token holding part of an emoji) and a run of <0xNN> byte-fallback tokens, until the id that
+ * settles them (bytes that can no longer form a character come out as U+FFFD). Every chunk is
+ * valid UTF-8; the chunks plus the flush's equal nopad_detokenize of all the ids. One stream
+ * serves one sequence on one thread; the tokenizer must outlive it. */
+typedef struct nopad_decode_stream nopad_decode_stream;
+nopad_status nopad_decode_stream_create(const nopad_tokenizer *tok, int skip_special_tokens,
+                                        nopad_decode_stream **out);
+/* Adds one id. *text and *len receive the new text (often "" while a character is unfinished),
+ * NUL-terminated, owned by the stream and valid until its next call. A bad id is refused as by
+ * nopad_detokenize and leaves the stream as it was. */
+nopad_status nopad_decode_stream_step(nopad_decode_stream *stream, int32_t id, const char **text,
+                                      size_t *len);
+/* Ends the sequence: returns the text held back (U+FFFD for an unfinished character), and the
+ * stream starts afresh for the next sequence. */
+nopad_status nopad_decode_stream_flush(nopad_decode_stream *stream, const char **text,
+                                       size_t *len);
+void nopad_decode_stream_free(nopad_decode_stream *stream);
 
 /* ---- model -------------------------------------------------------------------------------- */
 

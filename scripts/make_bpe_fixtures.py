@@ -3,6 +3,8 @@
 
     pip install tokenizers
     python3 scripts/make_bpe_fixtures.py     # files in tests/data/tokenizer/
+    python3 scripts/make_bpe_fixtures.py --decode-only
+        # keeps both tokenizers and every id list; (re)writes the decode fields only
     python3 scripts/make_bpe_fixtures.py --random 100000 --library build/libnopad.so
         # no files: compares a built libnopad.so with HF on N random strings of mixed scripts,
         # whitespace, controls and apostrophes, for both fixture tokenizers
@@ -19,6 +21,10 @@ bpe_cases.jsonl has one JSON object per line:
     roberta   ids from bpe_roberta.json, special tokens added
     nospecial ids from bpe_roberta.json without special tokens
     gpt2      ids from bpe_gpt2.json
+    decode_roberta, decode_roberta_skip
+              HF's decode of the roberta ids (skip_special_tokens false / true), hex UTF-8
+    decode_gpt2
+              HF's decode of the gpt2 ids, hex UTF-8
 The vocabularies are small (600 and 400) so that most words split into several merges.
 CI only reads the committed files; this script needs the `tokenizers` package.
 """
@@ -139,13 +145,40 @@ def random_check(n, library, seed):
     return failed
 
 
+def add_decodes(rec, roberta, gpt2):
+    """The decode fields of one bpe_cases.jsonl record (its ids as they are)."""
+    def hexed(tok, ids, skip):
+        return tok.decode(ids, skip_special_tokens=skip).encode("utf-8").hex()
+    rec["decode_roberta"] = hexed(roberta, rec["roberta"], False)
+    rec["decode_roberta_skip"] = hexed(roberta, rec["roberta"], True)
+    rec["decode_gpt2"] = hexed(gpt2, rec["gpt2"], False)
+    return rec
+
+
+def decode_only():
+    """Adds the decode fields to the committed bpe_cases.jsonl, ids and tokenizers unchanged."""
+    roberta = Tokenizer.from_file(os.path.join(DATA, "bpe_roberta.json"))
+    gpt2 = Tokenizer.from_file(os.path.join(DATA, "bpe_gpt2.json"))
+    path = os.path.join(DATA, "bpe_cases.jsonl")
+    with open(path, encoding="utf-8") as f:
+        recs = [json.loads(line) for line in f]
+    with open(path, "w", encoding="utf-8") as f:
+        for rec in recs:
+            f.write(json.dumps(add_decodes(rec, roberta, gpt2), separators=(",", ":")) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--random", type=int, default=0, metavar="N",
                     help="compare libnopad.so with HF on N random strings (writes nothing)")
     ap.add_argument("--library", default="build/libnopad.so")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--decode-only", action="store_true",
+                    help="keep the tokenizers and ids; (re)write the decode fields")
     args = ap.parse_args()
+    if args.decode_only:
+        decode_only()
+        return
     if args.random:
         raise SystemExit(1 if random_check(args.random, args.library, args.seed) else 0)
     texts = corpus_texts()
@@ -186,6 +219,7 @@ def main():
             rec["roberta"] = roberta.encode(text).ids
             rec["nospecial"] = roberta.encode(text, add_special_tokens=False).ids
             rec["gpt2"] = gpt2.encode(text).ids
+            add_decodes(rec, roberta, gpt2)
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
 

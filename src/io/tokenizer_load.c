@@ -39,6 +39,7 @@ void nopad_tokenizer_free(nopad_tokenizer *t) {
     if (!t) return;
     tok_vocab_free(&t->vocab);
     tok_bpe_free(&t->bpe);
+    tok_decoder_free(t->decoder);
     tok_unigram_free(&t->unigram);
     tok_pipeline_free(t);
     free(t->subword_prefix);
@@ -605,6 +606,7 @@ nopad_status tokenizer_from_cjson(const cJSON *root, const char *where, nopad_to
     if (st == NOPAD_OK) st = parse_post_processor(t, field(root, "post_processor"), where);
     if (st == NOPAD_OK) st = parse_added_tokens(t, field(root, "added_tokens"), where);
     if (st == NOPAD_OK) st = finish(t, where);
+    if (st == NOPAD_OK) st = tok_decoder_load(t, field(root, "decoder"), where);
     if (st != NOPAD_OK) {
         nopad_tokenizer_free(t);
         return st;
@@ -680,6 +682,11 @@ nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercas
         if (tok_vocab_get(&t->vocab, specials[i], strlen(specials[i])) >= 0)
             st = add_token(t, specials[i], strlen(specials[i]), &flags, where);
     if (st == NOPAD_OK) st = finish(t, where);
+    if (st == NOPAD_OK) { /* transformers' BERT converter: WordPiece("##"), cleanup on */
+        cJSON *dec = cJSON_Parse("{\"type\": \"WordPiece\", \"prefix\": \"##\", \"cleanup\": true}");
+        st = dec ? tok_decoder_load(t, dec, where) : out_of_memory(where);
+        cJSON_Delete(dec);
+    }
     if (st != NOPAD_OK) {
         nopad_tokenizer_free(t);
         return st;
@@ -722,6 +729,7 @@ nopad_status nopad_tokenizer_load(const char *dir, nopad_tokenizer **out) {
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "nopad_tokenizer_load: need a folder and an output pointer");
     struct stat sb;
+    if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return tokenizer_from_gguf_file(dir, out);
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return nopad_set_error(NOPAD_ERR_IO, "%s: tokenizer folder does not exist", dir);
     size_t n = strlen(dir) + sizeof "/tokenizer_config.json";
