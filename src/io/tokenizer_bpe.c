@@ -20,13 +20,6 @@
 #include "io/tokenizer_internal.h"
 #include "util/error.h"
 
-/* GPT-2's split regex with \s spelled out as the White_Space property, which is what Oniguruma
- * (HF's regex engine) means by \s; PCRE2's \s differs (U+0085, for one). */
-#define WS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
-           "\\x{202F}\\x{205F}\\x{3000}"
-static const char gpt2_split[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
-                                 "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
-
 void tok_bpe_free(tok_bpe *b) {
     tok_vocab_free(&b->merges);
     free(b->merge_result);
@@ -202,20 +195,6 @@ nopad_status tok_bpe_load_model(nopad_tokenizer *t, const cJSON *model, const ch
     return st;
 }
 
-/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others (controls,
- * space, ...) take the code points from U+0100 on, in byte order. */
-static void byte_chars(tok_bpe *b) {
-    int next = 256;
-    for (int c = 0; c < 256; c++) {
-        int printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE);
-        uint32_t cp = printable ? (uint32_t)c : (uint32_t)next++;
-        char buf[4];
-        int len = tok_utf8_put(cp, buf);
-        memcpy(b->byte_char[c], buf, (size_t)len);
-        b->byte_char_len[c] = (uint8_t)len;
-    }
-}
-
 nopad_status tok_bpe_load_byte_level(nopad_tokenizer *t, const cJSON *pre, const char *where) {
     tok_bpe *b = &t->bpe;
     if (t->model != TOK_MODEL_BPE)
@@ -232,20 +211,12 @@ nopad_status tok_bpe_load_byte_level(nopad_tokenizer *t, const cJSON *pre, const
     if (st == NOPAD_OK)
         st = tok_json_get_bool(pre, "trim_offsets", 1, "pre_tokenizer.trim_offsets", where, &trim);
     if (st != NOPAD_OK) return st;
-    byte_chars(b);
+    tok_byte_chars(b->byte_char, b->byte_char_len);
     for (int c = 0; c < 256; c++)
         b->byte_id[c] = tok_vocab_get(&t->vocab, b->byte_char[c], b->byte_char_len[c]);
-    if (b->use_regex && !b->split_re) {
-        int err;
-        PCRE2_SIZE off;
-        b->split_re = (struct pcre2_real_code_8 *)pcre2_compile(
-            (PCRE2_SPTR)gpt2_split, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off,
-            NULL);
-        if (!b->split_re)
-            return nopad_set_error(NOPAD_ERR_INTERNAL,
-                                   "%s: PCRE2 cannot compile the ByteLevel regex (error %d)",
-                                   where, err);
-    }
+    if (b->use_regex && !b->split_re)
+        return tok_regex_compile(tok_gpt2_split_regex, strlen(tok_gpt2_split_regex),
+                                 "pre_tokenizer", where, &b->split_re);
     return NOPAD_OK;
 }
 

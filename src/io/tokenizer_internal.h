@@ -17,6 +17,13 @@ struct cJSON;
 nopad_status tokenizer_from_cjson(const struct cJSON *root, const char *where,
                                   nopad_tokenizer **out);
 
+/* A tokenizer from a GGUF file's metadata (tokenizer.ggml.*): the tokenizer.json tree that
+ * transformers builds from the same file, given to tokenizer_from_cjson (tokenizer_gguf.c). */
+nopad_status tokenizer_from_gguf_file(const char *path, nopad_tokenizer **out);
+struct gguf_file;
+/* That tree alone (tests compare it with transformers'); free it with cJSON_Delete. */
+nopad_status tokenizer_json_from_gguf(const struct gguf_file *f, struct cJSON **out);
+
 /* Builds a WordPiece tokenizer from the bytes of a vocab.txt (one token per line, line = id). */
 nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercase,
                                       const char *where, nopad_tokenizer **out);
@@ -172,6 +179,8 @@ typedef struct tok_pre_step {
     int prepend_scheme;            /* METASPACE: 0 always, 1 first, 2 never */
     int split;                     /* METASPACE */
     int add_prefix_space;          /* BYTELEVEL */
+    char byte_char[256][2];        /* BYTELEVEL: GPT-2's bytes_to_unicode, as UTF-8 */
+    uint8_t byte_char_len[256];
 } tok_pre_step;
 
 /* An entry of tokenizer.json's added_tokens: matched in the text before the model runs. */

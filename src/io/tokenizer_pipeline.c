@@ -32,6 +32,7 @@ const char tok_gpt2_split_regex[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+
 
 void tok_byte_chars(char chars[256][2], uint8_t lens[256]) {
     /* printable Latin-1 bytes stand for themselves, the others take U+0100 on, in byte order */
+    memset(chars, 0, 256 * 2);
     int next = 256;
     for (int c = 0; c < 256; c++) {
         int printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE);
@@ -158,6 +159,9 @@ nopad_status tok_regex_compile(const char *pattern, size_t len, const char *path
                                "%s: %s: regex \"%.80s\" is not supported by PCRE2 (%s)", where,
                                path, pattern, (const char *)msg);
     }
+    /* JIT-compiled matching is several times faster; where the platform has no JIT the
+     * interpreter runs the same pattern */
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
     *out = (struct pcre2_real_code_8 *)re;
     return NOPAD_OK;
 }
@@ -595,9 +599,6 @@ static nopad_status pre_step(const tok_pre_step *step, tok_pipe_work *w, const c
     }
     case TOK_PS_BYTELEVEL: {
         /* a leading space when asked, the GPT-2 split, then each byte as its character */
-        char chars[256][2];
-        uint8_t lens[256];
-        tok_byte_chars(chars, lens);
         tok_str *r = &w->norm[0];
         r->len = 0;
         if (step->add_prefix_space && (n == 0 || s[0] != ' ')) st = tok_str_append(r, " ", 1);
@@ -613,9 +614,12 @@ static nopad_status pre_step(const tok_pre_step *step, tok_pipe_work *w, const c
         tok_str *m = &w->norm[1];
         for (size_t i = 0; i < n_spans && st == NOPAD_OK; i++) {
             m->len = 0;
-            for (size_t k = w->spans[3 * i]; k < w->spans[3 * i + 1] && st == NOPAD_OK; k++) {
+            size_t a = w->spans[3 * i], e = w->spans[3 * i + 1];
+            st = tok_str_reserve(m, 2 * (e - a)); /* each byte is one or two bytes of UTF-8 */
+            for (size_t k = a; k < e && st == NOPAD_OK; k++) {
                 uint8_t b = (uint8_t)r->data[k];
-                st = tok_str_append(m, chars[b], lens[b]);
+                memcpy(m->data + m->len, step->byte_char[b], 2);
+                m->len += step->byte_char_len[b];
             }
             if (st == NOPAD_OK) st = push_word(out, m->data, m->len, first && w->spans[3 * i] == 0);
         }
@@ -953,6 +957,7 @@ static nopad_status load_pre(nopad_tokenizer *t, const cJSON *p, const char *pat
         st = add_pre(t, &step, where);
         if (st != NOPAD_OK) return st;
         step->kind = TOK_PS_BYTELEVEL;
+        tok_byte_chars(step->byte_char, step->byte_char_len);
         int use_regex = 1, trim = 0;
         snprintf(sub, sizeof sub, "%s.add_prefix_space", path);
         st = tok_json_get_bool(p, "add_prefix_space", 1, sub, where, &step->add_prefix_space);
