@@ -10,7 +10,8 @@ carrying the library's message and status.
 
 - :class:`Encoder`: ``encode`` (text -> embeddings), ``forward`` (packed ids + cu_seqlens ->
   hidden states), ``info``, ``tokenizer``.
-- :class:`Tokenizer`: ``encode``, ``encode_batch`` (-> ids, cu_seqlens).
+- :class:`Tokenizer`: ``encode``, ``encode_batch`` (-> ids, cu_seqlens), ``decode``,
+  ``decode_stream`` (a :class:`DecodeStream`), ``kind``.
 - :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
   tensors.
 
@@ -24,10 +25,10 @@ from .encoder import DEFAULT_BATCH_TOKENS, Encoder, ModelInfo
 from .errors import (BackendError, BufferTooSmallError, FileError, FormatError, InternalError,
                      InvalidArgumentError, LibraryNotFoundError, NopadError, OutOfMemoryError,
                      Status, TooLongError, UnsupportedError)
-from .tokenizer import Tokenizer
+from .tokenizer import DecodeStream, Tokenizer
 
 __all__ = [
-    "Encoder", "ModelInfo", "Tokenizer", "attention_varlen", "attention_varlen_packed",
+    "Encoder", "ModelInfo", "Tokenizer", "DecodeStream", "attention_varlen", "attention_varlen_packed",
     "library_version", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
     "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",

@@ -1,9 +1,10 @@
-"""nopad.Tokenizer: the model folder's WordPiece tokenizer (Hugging Face-exact ids)."""
+"""nopad.Tokenizer: the model folder's tokenizer (Hugging Face-exact ids and decodes)."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import threading
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -15,7 +16,7 @@ from .errors import InvalidArgumentError, Status, error_for
 Text = Union[str, bytes, bytearray, memoryview]
 PathLike = Union[str, "os.PathLike[str]"]
 
-__all__ = ["Tokenizer"]
+__all__ = ["Tokenizer", "DecodeStream"]
 
 
 def as_utf8(text: Text, where: str = "text") -> bytes:
@@ -31,15 +32,18 @@ def as_utf8(text: Text, where: str = "text") -> bytes:
 
 
 class Tokenizer:
-    """A WordPiece or byte-level BPE tokenizer loaded from a model folder.
+    """A tokenizer loaded from a model folder: WordPiece, BPE (byte-level or SentencePiece-style)
+    or Unigram (see :attr:`kind`).
 
     Loads ``tokenizer.json`` from the folder, else ``vocab.txt`` (+ ``tokenizer_config.json`` for
-    ``do_lower_case``); the ids equal Hugging Face ``tokenizers``' ids.
+    ``do_lower_case``); the ids and the decoded text equal Hugging Face ``tokenizers``'.
 
     >>> tok = nopad.Tokenizer("path/to/all-MiniLM-L6-v2")
     >>> tok.encode("Hello world")
     [101, 7592, 2088, 102]
     >>> ids, cu_seqlens = tok.encode_batch(["Hello world", "Hi"])   # ready for Encoder.forward
+    >>> tok.decode([101, 7592, 2088, 102], skip_special_tokens=True)
+    'hello world'
 
     Thread-safe: several threads may tokenize with one Tokenizer at once (the GIL is released
     during each call). Free the native memory with :meth:`close` or a ``with`` block; garbage
@@ -53,8 +57,8 @@ class Tokenizer:
         Raises:
             FileError: the folder, or both tokenizer.json and vocab.txt, are missing.
             FormatError: the tokenizer file is malformed.
-            UnsupportedError: the tokenizer is not a WordPiece or byte-level BPE one nopad
-                supports.
+            UnsupportedError: the tokenizer uses a part nopad does not implement (named in the
+                message).
         """
         self._handle: Optional[Handle] = None
         self._borrowed: Optional[int] = None
@@ -121,6 +125,15 @@ class Tokenizer:
 
     def __len__(self) -> int:
         return self._vocab_size
+
+    @property
+    def kind(self) -> str:
+        """What the tokenizer is: ``"wordpiece"``, ``"bpe-byte-level"`` (GPT-2, RoBERTa, LLaMA-3),
+        ``"bpe-sentencepiece"`` (LLaMA-2, Mistral), ``"unigram"`` (XLM-R, ALBERT) or ``"bpe"``."""
+        lib = _native.library()
+        with self._use() as ptr:
+            kind = lib.nopad_tokenizer_get_kind(ptr)
+        return lib.nopad_tokenizer_kind_name(kind).decode()
 
     def token_to_id(self, token: str) -> Optional[int]:
         """Id of a token string such as ``"[CLS]"`` or ``"##ing"``, or None when absent."""
@@ -232,3 +245,145 @@ class Tokenizer:
         params = self._params(add_special_tokens, truncate, max_length)
         datas = [as_utf8(t, "texts[%d]" % i) for i, t in enumerate(texts)]
         return self._tokenize_all(datas, params, "text")
+
+    # ---- decoding ----------------------------------------------------------------------------
+
+    def _ids(self, ids: Iterable[int]) -> np.ndarray:
+        """ids as a contiguous int32 array; values outside int32 are refused here, the others by
+        the library (which names the id and the vocabulary size)."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError("ids must be a sequence of ints, not %s" % type(ids).__name__)
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int32)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError("ids must be a flat sequence of ints (got %s of shape %s)"
+                            % (arr.dtype, arr.shape))
+        bad = (arr < -2**31) | (arr > 2**31 - 1)
+        if bad.any():
+            raise InvalidArgumentError("id %d at position %d is outside the vocabulary (%d ids, "
+                                       "0 to %d)" % (int(arr[bad][0]), int(np.argmax(bad)),
+                                                     self._vocab_size, self._vocab_size - 1))
+        return np.ascontiguousarray(arr, dtype=np.int32)
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """The text of token ids, exactly as Hugging Face ``tokenizers``' ``decode``: each id's
+        token, then the tokenizer's decoder (byte-level, Metaspace, byte fallback, WordPiece
+        ``##`` joins, ...). Bytes that are not valid UTF-8 come out as U+FFFD.
+
+        Args:
+            ids: a sequence (or 1-D numpy array) of ints.
+            skip_special_tokens: drop special tokens such as ``[CLS]`` or ``<s>``.
+
+        Raises:
+            InvalidArgumentError: an id outside the vocabulary (named, with its position).
+            UnsupportedError: the tokenizer's decoder is a type nopad does not implement.
+        """
+        arr = self._ids(ids)
+        lib = _native.library()
+        n = ctypes.c_size_t(0)
+        cap = 8 * len(arr) + 64
+        with self._use() as ptr:
+            while True:
+                buf = ctypes.create_string_buffer(cap)
+                st = lib.nopad_detokenize(ptr, arr.ctypes.data if len(arr) else None, len(arr),
+                                          1 if skip_special_tokens else 0, buf, cap,
+                                          ctypes.byref(n))
+                if st != Status.BUFFER_TOO_SMALL or n.value + 1 <= cap:
+                    break
+                cap = n.value + 1
+        _native.check(st)
+        return buf.raw[:n.value].decode("utf-8")
+
+    def decode_stream(self, skip_special_tokens: bool = False) -> "DecodeStream":
+        """A decoder for ids that arrive one at a time (generation): ``step(id)`` returns the
+        new text, ``flush()`` what is held back at the end.
+
+        >>> stream = tok.decode_stream()
+        >>> "".join(stream.step(i) for i in ids) + stream.flush() == tok.decode(ids)
+        True
+
+        Raises:
+            UnsupportedError: the decoder is a type nopad does not implement, or one whose text
+                for earlier ids depends on later ones (nopad names it).
+        """
+        return DecodeStream(self, skip_special_tokens)
+
+
+class DecodeStream:
+    """Decodes ids one at a time, as Hugging Face ``tokenizers``' ``DecodeStream``: each
+    :meth:`step` returns the text its id completes, spaced as the whole decode spaces it. Text a
+    later id may still change waits: the bytes of an unfinished UTF-8 character (an emoji split
+    over byte-level tokens) and a run of ``<0xNN>`` byte-fallback tokens; bytes that can no
+    longer form a character come out as U+FFFD. So every returned string is whole characters,
+    and the steps plus :meth:`flush` give exactly :meth:`Tokenizer.decode` of all the ids.
+
+    Made by :meth:`Tokenizer.decode_stream`. Calls are serialised (one stream is one sequence);
+    it needs its tokenizer open. Free it with :meth:`close` or a ``with`` block (garbage
+    collection frees it too).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self._tok = tokenizer  # keeps the tokenizer (and an encoder owning it) alive
+        self._lock = threading.Lock()
+        self._handle: Optional[Handle] = None
+        lib = _native.library()
+        out = ctypes.c_void_p()
+        with tokenizer._use() as ptr:
+            _native.check(lib.nopad_decode_stream_create(ptr, 1 if skip_special_tokens else 0,
+                                                         ctypes.byref(out)))
+        self._handle = Handle(out.value, lib.nopad_decode_stream_free, "DecodeStream")
+
+    def _call(self, fn, *args) -> str:
+        text, n = ctypes.c_void_p(), ctypes.c_size_t(0)
+        if self._handle is None:
+            raise InvalidArgumentError("DecodeStream is closed")
+        with self._lock, self._tok._use(), self._handle.use() as ptr:
+            st = fn(ptr, *args, ctypes.byref(text), ctypes.byref(n))
+            _native.check(st)
+            return ctypes.string_at(text.value, n.value).decode("utf-8") if n.value else ""
+
+    def step(self, id: int) -> str:
+        """Adds one id; returns the new text ("" while a character or byte run is unfinished).
+
+        Raises:
+            InvalidArgumentError: an id outside the vocabulary; the stream is left as it was.
+        """
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
+            raise TypeError("id must be an int, not %s" % type(id).__name__)
+        if not -2**31 <= int(id) <= 2**31 - 1:
+            raise InvalidArgumentError("id %d is outside the vocabulary (%d ids, 0 to %d)"
+                                       % (int(id), self._tok.vocab_size,
+                                          self._tok.vocab_size - 1))
+        return self._call(_native.library().nopad_decode_stream_step, int(id))
+
+    def flush(self) -> str:
+        """Ends the sequence: returns the text held back (U+FFFD for an unfinished character);
+        the stream then starts afresh."""
+        return self._call(_native.library().nopad_decode_stream_flush)
+
+    def close(self) -> None:
+        """Frees the native stream (later calls raise InvalidArgumentError). Idempotent."""
+        if self._handle is not None:
+            self._handle.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self) -> "DecodeStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            try:
+                handle.close_unlocked()
+            except Exception:  # interpreter shutdown: the library may be gone already
+                pass
+
+    def __repr__(self) -> str:
+        return "<nopad.DecodeStream %s>" % ("closed" if self.closed else "open")
