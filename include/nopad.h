@@ -87,6 +87,11 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
 int32_t nopad_tokenizer_vocab_size(const nopad_tokenizer *tok);
 /* Id of a token string such as "[CLS]", or -1 when absent. */
 int32_t nopad_tokenizer_token_to_id(const nopad_tokenizer *tok, const char *token);
+/* The token string of an id as Hugging Face's id_to_token gives it: as the vocabulary spells it
+ * ("Ġhello", "##ing", "▁the", "<0x0A>", "[CLS]"; an added token with normalized set in its
+ * normalized form). NUL-terminated and owned by the tokenizer; *len (may be NULL) receives its
+ * length in bytes. NULL for an id outside [0, vocab_size) or one without a token. */
+const char *nopad_tokenizer_id_to_token(const nopad_tokenizer *tok, int32_t id, size_t *len);
 
 /* What a tokenizer is, by its model and pre-tokenizer. */
 typedef enum nopad_tokenizer_kind {

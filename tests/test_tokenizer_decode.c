@@ -555,6 +555,27 @@ static void test_unsupported_and_malformed_decoders(void **state) {
     free(json);
 }
 
+/* id -> token as HF's id_to_token: the vocab's spelling, added tokens (normalized ones in their
+ * normalized form), NULL out of range. */
+static void test_id_to_token(void **state) {
+    nopad_tokenizer *tok = load_json_file("tokenizer/small_tokenizer.json");
+    static const char *const tokens[] = {"[CLS]", "##aff", "un", "<ent>", "[MASK]"};
+    for (size_t i = 0; i < 5; i++) {
+        size_t len = 0;
+        const char *s = nopad_tokenizer_id_to_token(tok, id_of(tok, tokens[i]), &len);
+        assert_non_null(s);
+        assert_string_equal(s, tokens[i]);
+        assert_int_equal(len, strlen(tokens[i]));
+    }
+    assert_string_equal(nopad_tokenizer_id_to_token(tok, id_of(tok, "New York"), NULL), "new york");
+    size_t len = 7;
+    assert_null(nopad_tokenizer_id_to_token(tok, -1, &len));
+    assert_int_equal(len, 0);
+    assert_null(nopad_tokenizer_id_to_token(tok, nopad_tokenizer_vocab_size(tok), NULL));
+    assert_null(nopad_tokenizer_id_to_token(NULL, 0, NULL));
+    nopad_tokenizer_free(tok);
+}
+
 static void test_kinds(void **state) {
     assert_string_equal(nopad_tokenizer_kind_name(NOPAD_TOKENIZER_WORDPIECE), "wordpiece");
     assert_string_equal(nopad_tokenizer_kind_name(NOPAD_TOKENIZER_BPE_BYTE_LEVEL), "bpe-byte-level");
@@ -603,6 +624,7 @@ int main(void) {
         cmocka_unit_test(test_long_stream),
         cmocka_unit_test(test_bad_ids_and_buffers),
         cmocka_unit_test(test_unsupported_and_malformed_decoders),
+        cmocka_unit_test(test_id_to_token),
         cmocka_unit_test(test_kinds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

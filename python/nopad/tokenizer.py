@@ -126,6 +126,18 @@ class Tokenizer:
     def __len__(self) -> int:
         return self._vocab_size
 
+    def id_to_token(self, id: int) -> Optional[str]:
+        """The token string of an id as Hugging Face's ``id_to_token`` gives it (``"Ġhello"``,
+        ``"##ing"``, ``"▁the"``), or None for an id without one."""
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
+            raise TypeError("id must be an int, not %s" % type(id).__name__)
+        if not 0 <= int(id) < self._vocab_size:
+            return None
+        n = ctypes.c_size_t(0)
+        with self._use() as ptr:
+            p = _native.library().nopad_tokenizer_id_to_token(ptr, int(id), ctypes.byref(n))
+            return None if not p else ctypes.string_at(p, n.value).decode("utf-8")
+
     @property
     def kind(self) -> str:
         """What the tokenizer is: ``"wordpiece"``, ``"bpe-byte-level"`` (GPT-2, RoBERTa, LLaMA-3),

@@ -61,7 +61,7 @@ typedef struct dec_step {
     int cleanup;    /* WordPiece, CTC */
 } dec_step;
 
-/* id -> token: the token of id i is pool[off .. off + len) when present. */
+/* id -> token: the token of id i is pool[off .. off + len) when present, NUL-terminated. */
 enum { ENTRY_PRESENT = 1, ENTRY_SPECIAL = 2, ENTRY_BYTE = 4 };
 typedef struct dec_entry {
     size_t off;
@@ -338,9 +338,10 @@ static nopad_status build_id_table(const nopad_tokenizer *t, struct tok_decoder 
     size_t total = 1;
     if (v->slots)
         for (size_t i = 0; i <= v->mask; i++)
-            if (v->slots[i].id >= 0) total += lossy_len(v->pool + v->slots[i].offset, v->slots[i].len);
+            if (v->slots[i].id >= 0)
+                total += lossy_len(v->pool + v->slots[i].offset, v->slots[i].len) + 1;
     for (int32_t i = 0; i < t->n_added; i++)
-        total += lossy_len(t->added[i].pattern, t->added[i].pattern_len);
+        total += lossy_len(t->added[i].pattern, t->added[i].pattern_len) + 1;
     d->pool = malloc(total);
     if (!d->pool) return out_of_memory(where);
     size_t used = 0;
@@ -353,6 +354,7 @@ static nopad_status build_id_table(const nopad_tokenizer *t, struct tok_decoder 
             e->len = (uint32_t)lossy_into(d->pool + used, v->pool + s->offset, s->len);
             e->flags = ENTRY_PRESENT;
             used += e->len;
+            d->pool[used++] = '\0';
         }
     }
     for (int32_t i = 0; i < t->n_added; i++) {
@@ -363,6 +365,7 @@ static nopad_status build_id_table(const nopad_tokenizer *t, struct tok_decoder 
         e->len = (uint32_t)lossy_into(d->pool + used, a->pattern, a->pattern_len);
         e->flags = ENTRY_PRESENT;
         used += e->len;
+        d->pool[used++] = '\0';
     }
     int any_special = 0;
     for (int32_t i = 0; i < t->n_added; i++) any_special |= t->added[i].special;
@@ -868,6 +871,15 @@ static void run_ctc(const dec_step *st, dec_work *w, const dec_list *in, dec_lis
 static const dec_entry *entry_of(const struct tok_decoder *d, int32_t id) {
     const dec_entry *e = &d->entries[id];
     return (e->flags & ENTRY_PRESENT) ? e : NULL;
+}
+
+const char *nopad_tokenizer_id_to_token(const nopad_tokenizer *tok, int32_t id, size_t *len) {
+    if (len) *len = 0;
+    if (!tok || !tok->decoder || id < 0 || id >= tok->decoder->n_entries) return NULL;
+    const dec_entry *e = entry_of(tok->decoder, id);
+    if (!e) return NULL;
+    if (len) *len = e->len;
+    return tok->decoder->pool + e->off;
 }
 
 /* `index` is the id's position in the caller's array, SIZE_MAX for the stream's one id. */

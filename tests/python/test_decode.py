@@ -163,3 +163,13 @@ def test_minilm_round_trip(minilm):
     assert tok.decode(ids, skip_special_tokens=True) == \
         "hello, world! padding - free inference isn ' t slow."
     assert "".join(streamed(tok, ids, skip=True)) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_id_to_token(tmp_path):
+    with nopad.Tokenizer(folder(tmp_path, os.path.join(DATA, "bpe_roberta.json"))) as tok:
+        for token in ("<s>", "<mask>", "Ġth", "a"):
+            assert tok.id_to_token(tok.token_to_id(token)) == token
+        assert tok.id_to_token(-1) is None
+        assert tok.id_to_token(tok.vocab_size) is None
+        with pytest.raises(TypeError):
+            tok.id_to_token("1")

@@ -24,6 +24,7 @@ enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2 };
 int cmd_embed(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 /* ---- messages ---------------------------------------------------------------------------- */
 

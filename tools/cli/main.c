@@ -21,6 +21,7 @@ static const command commands[] = {
     {"embed", "embed lines of text (or token ids), one embedding per line", cmd_embed},
     {"info", "describe a model folder", cmd_info},
     {"bench", "time the encoder on random batches (the ENC workload)", cmd_bench},
+    {"tokenize", "token ids (or token strings) of lines of text; --decode: text of ids", cmd_tokenize},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 
