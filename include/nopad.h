@@ -224,7 +224,8 @@ typedef struct nopad_model_info {
     nopad_pooling pooling;    /* default pooling of the folder (CLS when not configured) */
     int normalize;            /* 1 if the folder's pipeline L2-normalises */
     int has_tokenizer;
-    const char *tokenizer_kind; /* "tokenizer.json", "vocab.txt" or "none" */
+    const char *tokenizer_kind; /* "tokenizer.json", "vocab.txt", "none", or "unsupported" (see
+                                   nopad_model_tokenizer_error) */
 } nopad_model_info;
 nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *out);
 
@@ -251,8 +252,14 @@ typedef struct nopad_model_stats {
 nopad_status nopad_model_get_stats(const nopad_model *model, nopad_model_stats *out);
 nopad_status nopad_context_get_stats(const nopad_context *ctx, nopad_model_stats *out);
 
-/* The tokenizer loaded with the model, or NULL when its folder has none. Owned by the model. */
+/* The tokenizer loaded with the model, or NULL when its folder has none or one nopad does not
+ * support. Owned by the model. */
 const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *model);
+/* Why the folder's tokenizer did not load, when it is there but uses something nopad does not
+ * implement (the message of NOPAD_ERR_UNSUPPORTED, naming it; the model then loads without a
+ * tokenizer, prints it as a warning on stderr, and works on token ids). NULL otherwise. Owned by
+ * the model. A malformed tokenizer file fails nopad_model_load instead. */
+const char *nopad_model_tokenizer_error(const nopad_model *model);
 
 typedef struct nopad_encode_params {
     nopad_pooling pooling; /* default NOPAD_POOLING_MODEL */

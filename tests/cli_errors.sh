@@ -137,6 +137,25 @@ expect_ok "$TMP/edge_lines.txt" -- embed --model "$TEXT_MODEL" --output "$TMP/ed
 n_out="$(cat "$TMP/edge.jsonl" 2>/dev/null | wc -l)"
 [ "$n_out" -eq 3 ] || fail "empty and unterminated lines: $n_out outputs, expected 3"
 
+# ---- a tokenizer nopad does not support: a warning, ids work, text names why ---------------------
+UNSUP="$TMP/unsupported_tokenizer"
+mkdir -p "$UNSUP"
+cp "$MODEL/config.json" "$MODEL/model.safetensors" "$UNSUP/"
+printf '{"model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}}' \
+    >"$UNSUP/tokenizer.json"
+expect_ok "$TMP/ok_ids.txt" -- embed --model "$UNSUP" --ids --output "$TMP/unsup.jsonl"
+grep -q '^nopad: warning: .*WordLevel.*token ids work' "$TMP/err" ||
+    fail "no warning naming WordLevel on stderr: $(cat "$TMP/err")"
+[ "$(wc -l <"$TMP/unsup.jsonl")" -eq 1 ] || fail "--ids with an unsupported tokenizer: no output"
+printf 'some text\n' >"$TMP/some_text.txt"
+expect_fail 1 'model type "WordLevel" is not supported' "$TMP/some_text.txt" -- \
+    embed --model "$UNSUP"
+expect_fail 1 "use --ids" "$TMP/some_text.txt" -- embed --model "$UNSUP"
+"$NOPAD_CLI" info --model "$UNSUP" 2>/dev/null | grep -q '^tokenizer: *unsupported$' ||
+    fail "nopad info does not say the tokenizer is unsupported"
+printf '{"model": ' >"$UNSUP/tokenizer.json" # broken, not unsupported: the load fails
+expect_fail 1 "not valid JSON" "$TMP/ok_ids.txt" -- embed --model "$UNSUP" --ids
+
 # ---- success paths print nothing on stderr when it is not a terminal (no progress) --------------
 expect_ok "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids
 [ ! -s "$TMP/err" ] || fail "stderr not empty on success: $(cat "$TMP/err")"

@@ -163,6 +163,56 @@ static void test_unsupported_params(void **state) {
     assert_nopad_error(nopad_model_load(NULL, NULL, &m), NOPAD_ERR_INVALID_ARGUMENT, "folder");
 }
 
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+}
+
+/* A tokenizer.json nopad does not support leaves the model loadable for token ids (a warning on
+ * stderr and nopad_model_tokenizer_error say why); a malformed one still fails the load. */
+static void test_unsupported_tokenizer(void **state) {
+    const char *dir = copy_model("bert_a", NULL);
+    nopad_model *m = NULL;
+    assert_nopad_ok(nopad_model_load(dir, NULL, &m));
+    assert_null(nopad_model_tokenizer_error(m)); /* no tokenizer at all: no reason either */
+    nopad_model_free(m);
+
+    write_text(dir, "tokenizer.json",
+               "{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"[UNK]\": 0, \"a\": 1}, "
+               "\"unk_token\": \"[UNK]\"}}");
+    assert_nopad_ok(nopad_model_load(dir, NULL, &m));
+    assert_null(nopad_model_tokenizer(m));
+    const char *why = nopad_model_tokenizer_error(m);
+    assert_non_null(why);
+    if (!strstr(why, "WordLevel") || !strstr(why, "tokenizer.json"))
+        fail_msg("the reason does not name the file and the model type: %s", why);
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    assert_int_equal(info.has_tokenizer, 0);
+    assert_string_equal(info.tokenizer_kind, "unsupported");
+    const int32_t cu[] = {0, 3}, ids[] = {1, 2, 3};
+    float *pooled = malloc((size_t)info.hidden_size * sizeof *pooled);
+    assert_nopad_ok(nopad_encode_packed(m, 1, cu, ids, NULL, NULL, NULL, pooled));
+    free(pooled);
+    nopad_model_free(m);
+    assert_null(nopad_model_tokenizer_error(NULL));
+
+    /* broken files are still errors */
+    write_text(dir, "tokenizer.json", "{\"model\": ");
+    expect_load_error(dir, NOPAD_ERR_FORMAT, "not valid JSON");
+    write_text(dir, "tokenizer.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": 5}}");
+    expect_load_error(dir, NOPAD_ERR_FORMAT, "model.vocab");
+    write_text(dir, "tokenizer.json",
+               "{\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"a\", "
+               "\"continuing_subword_prefix\": \"##\", \"max_input_chars_per_word\": 9, "
+               "\"vocab\": {\"a\": 0}}, \"decoder\": 5}");
+    expect_load_error(dir, NOPAD_ERR_FORMAT, "decoder");
+}
+
 static void test_bad_batches(void **state) {
     nopad_model *m = NULL;
     assert_nopad_ok(nopad_model_load(test_data_path("models/bert_a"), NULL, &m));
@@ -243,6 +293,7 @@ int main(void) {
         cmocka_unit_test(test_tensors_that_do_not_fit_the_config),
         cmocka_unit_test(test_truncated_weights),
         cmocka_unit_test(test_unsupported_params),
+        cmocka_unit_test(test_unsupported_tokenizer),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_status_strings_and_version),
     };

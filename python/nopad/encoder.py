@@ -71,7 +71,7 @@ class ModelInfo:
     pooling: str             # the folder's default pooling: "cls", "mean", "max" (CLS if unset)
     normalize: bool          # whether the folder's pipeline L2-normalises
     has_tokenizer: bool
-    tokenizer_kind: str      # "tokenizer.json", "vocab.txt" or "none"
+    tokenizer_kind: str      # "tokenizer.json", "vocab.txt", "none" or "unsupported"
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,6 +237,8 @@ class Encoder:
             normalize=bool(info.normalize), has_tokenizer=bool(info.has_tokenizer),
             tokenizer_kind=_s(info.tokenizer_kind) or "none")
         self._tok_ptr: Optional[int] = lib.nopad_model_tokenizer(out.value) or None
+        why = lib.nopad_model_tokenizer_error(out.value)
+        self._tokenizer_error: Optional[str] = why.decode("utf-8", "replace") if why else None
 
     # ---- lifetime ----------------------------------------------------------------------------
 
@@ -276,9 +278,16 @@ class Encoder:
     # ---- properties --------------------------------------------------------------------------
 
     @property
+    def tokenizer_error(self) -> Optional[str]:
+        """Why the folder's tokenizer did not load, when it uses something nopad does not
+        implement (the model then works on token ids only: :meth:`forward`); else None."""
+        return self._tokenizer_error
+
+    @property
     def tokenizer(self) -> Optional[Tokenizer]:
-        """The folder's tokenizer, or None when the folder has none. It belongs to this encoder
-        (and keeps it alive): closing the encoder closes it."""
+        """The folder's tokenizer, or None when the folder has none or one nopad does not
+        support (see :attr:`tokenizer_error`). It belongs to this encoder (and keeps it alive):
+        closing the encoder closes it."""
         if self._tok_ptr is None:
             return None
         # A new view each time: the encoder holds no reference to it, so no cycle delays freeing.
@@ -336,6 +345,8 @@ class Encoder:
             TooLongError: a sentence is too long and truncate is False (the message names it).
             InvalidArgumentError: no sentences, invalid UTF-8, bad options.
             FileError: the folder has no tokenizer.
+            UnsupportedError: the folder's tokenizer uses something nopad does not implement
+                (the message says what; :meth:`forward` takes token ids).
         """
         single = isinstance(sentences, (str, bytes))
         items = [sentences] if single else list(sentences)  # type: ignore[list-item]
@@ -348,6 +359,10 @@ class Encoder:
         budget = DEFAULT_BATCH_TOKENS if batch_tokens is None else \
             _int_arg(batch_tokens, "batch_tokens", 1, 2**30)
         tok = self.tokenizer
+        if tok is None and self._tokenizer_error:
+            raise UnsupportedError("the tokenizer of model folder %s is not supported (%s); "
+                                   "encode() needs one (forward() takes token ids)"
+                                   % (self.path, self._tokenizer_error))
         if tok is None:
             raise FileError("model folder %s has no tokenizer.json or vocab.txt; encode() needs "
                             "one (forward() takes token ids)" % self.path)

@@ -85,6 +85,20 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     int has_vocab = file_exists(path);
     if (has_json || has_vocab) {
         st = nopad_tokenizer_load(dir, &m->tokenizer);
+        /* A tokenizer nopad does not implement (a model type, a normalizer, ...) leaves the model
+         * usable with token ids; a broken file (NOPAD_ERR_FORMAT, IO) still fails the load. */
+        if (st == NOPAD_ERR_UNSUPPORTED) {
+            m->tokenizer_error = strdup(nopad_last_error());
+            if (!m->tokenizer_error)
+                return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_model_load: out of memory");
+            fprintf(stderr,
+                    "nopad: warning: %s; the model loads without a tokenizer (token ids work, text "
+                    "does not)\n",
+                    m->tokenizer_error);
+            nopad_clear_error();
+            m->tokenizer_kind = "unsupported";
+            return NOPAD_OK;
+        }
         if (st != NOPAD_OK) return st;
         m->tokenizer_kind = has_json ? "tokenizer.json" : "vocab.txt";
     }
@@ -118,6 +132,7 @@ void nopad_model_free(nopad_model *m) {
         m->be->destroy(m->be);
     }
     nopad_tokenizer_free(m->tokenizer);
+    free(m->tokenizer_error);
     free(m->dir);
     free(m);
 }
@@ -138,6 +153,10 @@ nopad_context *nopad_model_context(nopad_model *m) { return m ? m->context : NUL
 
 const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *m) {
     return m ? m->tokenizer : NULL;
+}
+
+const char *nopad_model_tokenizer_error(const nopad_model *m) {
+    return m ? m->tokenizer_error : NULL;
 }
 
 nopad_status nopad_model_get_info(const nopad_model *m, nopad_model_info *out) {

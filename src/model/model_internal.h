@@ -23,6 +23,7 @@ struct nopad_model {
     encoder_weights weights;
     nopad_tokenizer *tokenizer;
     const char *tokenizer_kind;
+    char *tokenizer_error;    /* why the folder's tokenizer is unsupported, or NULL */
     nopad_context *context;   /* the default context */
 };
 

@@ -339,6 +339,12 @@ int cmd_embed(int argc, char **argv) {
         goto done;
     }
     r.tok = nopad_model_tokenizer(r.model);
+    if (!o.ids && !r.tok && nopad_model_tokenizer_error(r.model)) {
+        print_error("the tokenizer of model folder '%s' is not supported (%s), so text cannot be "
+                    "embedded; use --ids",
+                    o.model_dir, nopad_model_tokenizer_error(r.model));
+        goto done;
+    }
     if (!o.ids && !r.tok) {
         print_error("model folder '%s' has no tokenizer.json or vocab.txt; use --ids",
                     o.model_dir);

@@ -66,7 +66,8 @@ static void print_info_text(const nopad_model_info *m) {
     print_field("weights dtype", "%s", or_unknown(m->weights_dtype));
     print_field("compute dtype", "%s", or_unknown(m->compute_dtype));
     print_field("parameters", "%" PRId64 " (%.2fM)", m->n_params, (double)m->n_params / 1e6);
-    print_field("tokenizer", "%s", m->has_tokenizer ? or_unknown(m->tokenizer_kind) : "none");
+    /* "none", or "unsupported" for one nopad cannot load (the load's warning says why) */
+    print_field("tokenizer", "%s", or_unknown(m->tokenizer_kind));
     print_field("pooling", "%s", pooling_name(m->pooling));
     print_field("normalize", "%s", m->normalize ? "yes" : "no");
 }
@@ -94,8 +95,7 @@ static int print_info_json(const nopad_model_info *m) {
     cJSON_AddStringToObject(o, "compute_dtype", or_unknown(m->compute_dtype));
     cJSON_AddNumberToObject(o, "n_params", (double)m->n_params); /* exact below 2^53 */
     cJSON_AddBoolToObject(o, "has_tokenizer", m->has_tokenizer != 0);
-    cJSON_AddStringToObject(o, "tokenizer", m->has_tokenizer ? or_unknown(m->tokenizer_kind)
-                                                             : "none");
+    cJSON_AddStringToObject(o, "tokenizer", or_unknown(m->tokenizer_kind));
     cJSON_AddStringToObject(o, "pooling", pooling_name(m->pooling));
     cJSON_AddBoolToObject(o, "normalize", m->normalize != 0);
     char *text = cJSON_Print(o);
