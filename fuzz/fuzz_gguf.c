@@ -1,12 +1,17 @@
 /* libFuzzer target: the GGUF parser on arbitrary bytes.
  * Beyond "no crash, no leak", a successful parse must keep its promises: every string, array and
  * tensor lies inside the buffer, lookups find every key and tensor, the getters agree with the
- * types, and tensor data follows the alignment rules. */
+ * types, and tensor data follows the alignment rules. A parsed file's tokenizer metadata then
+ * goes through the converter (tokenizer_gguf.c) and, when it converts, the tokenizer is built
+ * and tokenizes a fixed text. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "io/gguf.h"
+#include "io/tokenizer_internal.h"
 
 static void check_inside(const uint8_t *data, size_t size, const void *p, uint64_t n) {
     const uint8_t *b = p;
@@ -100,6 +105,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (n != t->nbytes) __builtin_trap();
                 check_inside(data, size, p, n);
             }
+        }
+        cJSON *tree = NULL;
+        if (tokenizer_json_from_gguf(&f, &tree) == NOPAD_OK) {
+            nopad_tokenizer *tok = NULL;
+            if (tokenizer_from_cjson(tree, "fuzz", &tok) == NOPAD_OK) {
+                static const char text[] =
+                    "Hello, world! <s> ab\xe2\x96\x81x \xf0\x9f\x98\x80 12345";
+                int32_t ids[256], n = 0;
+                nopad_tokenize_params p = nopad_tokenize_default_params();
+                (void)nopad_tokenize(tok, text, sizeof text - 1, &p, ids, 256, &n);
+                nopad_tokenizer_free(tok);
+            }
+            cJSON_Delete(tree);
         }
     }
     gguf_close(&f);

@@ -54,6 +54,26 @@ def build(path, endian=gguf.GGUFEndian.LITTLE, alignment=None, tensors=True):
         return f.read()
 
 
+def build_llama_tokenizer(path):
+    """SentencePiece-style metadata: byte tokens, scores, no merges (they are derived)."""
+    w = gguf.GGUFWriter(path, "llama")
+    pieces = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    pieces += ["\u2581", "a", "b", "\u2581a", "ab", "\u2581ab", "<user>"]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(pieces)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * 6 + [4])
+    w.add_token_scores([0.0] * 259 + [-1.0, -2.0, -2.0, -3.0, -4.0, -5.0, 0.0])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_eos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     tmp = os.path.join(OUT, "tmp.gguf")
@@ -64,6 +84,7 @@ def main():
     seeds["valid_align64"] = build(tmp, alignment=64)
     seeds["valid_no_tensors"] = build(tmp, tensors=False)
     seeds["big_endian"] = build(tmp, endian=gguf.GGUFEndian.BIG)
+    seeds["tokenizer_llama"] = build_llama_tokenizer(tmp)
     os.remove(tmp)
     seeds["v1"] = b"GGUF" + struct.pack("<III", 1, 0, 0)
     seeds["truncated_half"] = v3[: len(v3) // 2]

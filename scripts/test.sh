@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the default model is fetched once, then
+# Builds and runs every test: the default model and decoder GGUF are fetched once, then
 #   1. release build + ctest (unit, golden, real-model, CLI tests) + the Python package's pytest,
 #   2. AddressSanitizer + UBSan build + ctest,
 #   3. libFuzzer targets, each for NOPAD_FUZZ_SECONDS (default 25 s; >= 60 s in all),
@@ -14,6 +14,8 @@ QUICK=0
 
 NOPAD_MINILM_DIR=$(scripts/fetch_default_model.sh)
 export NOPAD_MINILM_DIR
+NOPAD_SMOLLM2_GGUF=$(scripts/fetch_default_decoder.sh)
+export NOPAD_SMOLLM2_GGUF
 
 echo "== release build and tests"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
