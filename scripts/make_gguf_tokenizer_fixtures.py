@@ -23,11 +23,14 @@ Writes into tests/data/tokenizer/:
         tiny_gpt2_qwen2       the same with pre "qwen2" and add_eos_token true
     gguf/<name>.json    transformers' tokenizer.json for each (backend_tokenizer.to_str())
     gguf/bad_*.gguf     files the converter must refuse (tests check the message)
-    gguf_cases.jsonl    per corpus line: {"line", "hex", "<name>": ids, "<name>/nospecial": ids}
+    gguf_cases.jsonl    per corpus line: {"line", "hex", "<name>": ids, "<name>/nospecial": ids,
+                        "<name>/decode": decode(ids), "<name>/decode_skip": the same with
+                        skip_special_tokens=True}; decodes as the hex of their UTF-8 (a text may
+                        hold NUL)
     smollm2_gguf_cases.jsonl   (when the SmolLM2 GGUF is found: --smollm2, $NOPAD_SMOLLM2_GGUF or
                         scripts/fetch_default_decoder.sh's cache) per corpus line: {"line", "hex",
                         "ids", "nospecial", "decode": decode(ids), "decode_skip": decode(ids,
-                        skip_special_tokens=True)}
+                        skip_special_tokens=True)}, decodes in hex as above
 
 transformers' GGUF reader imports torch only for tensor dtypes; the tokenizer path never uses it,
 so a stand-in module is present while that reader is imported, and the metadata-only config path
@@ -250,8 +253,11 @@ def main():
         for i, (h, text) in enumerate(zip(hexes, texts)):
             row = {"line": i, "hex": h}
             for name, tok in toks.items():
-                row[name] = tok(text).input_ids
+                ids = row[name] = tok(text).input_ids
                 row[name + "/nospecial"] = tok(text, add_special_tokens=False).input_ids
+                row[name + "/decode"] = tok.decode(ids).encode("utf-8").hex()
+                row[name + "/decode_skip"] = tok.decode(ids, skip_special_tokens=True).encode(
+                    "utf-8").hex()
             f.write(json.dumps(row) + "\n")
     print(f"wrote {len(names)} tokenizers, {len(bad)} bad files, {len(texts)} lines of "
           f"gguf_cases.jsonl")
@@ -270,7 +276,8 @@ def main():
             f.write(json.dumps({
                 "line": i, "hex": h, "ids": ids,
                 "nospecial": tok(text, add_special_tokens=False).input_ids,
-                "decode": tok.decode(ids), "decode_skip": tok.decode(ids, skip_special_tokens=True),
+                "decode": tok.decode(ids).encode("utf-8").hex(),
+                "decode_skip": tok.decode(ids, skip_special_tokens=True).encode("utf-8").hex(),
             }) + "\n")
     print(f"wrote {len(texts)} lines of smollm2_gguf_cases.jsonl")
 

@@ -3,9 +3,9 @@
  *   - small GGUF files (two SentencePiece "llama" ones, three byte-level "gpt2" ones with the
  *     plain, llama-bpe and qwen2 pre-tokenizers): the converted tokenizer.json tree equals
  *     transformers' and the ids equal its ids on every corpus line, with and without special
- *     tokens;
+ *     tokens, and nopad_detokenize its decode (with and without skip_special_tokens);
  *   - the real SmolLM2-135M-Instruct GGUF (scripts/fetch_default_decoder.sh; its path in
- *     NOPAD_SMOLLM2_GGUF, skipped when absent): ids on every corpus line;
+ *     NOPAD_SMOLLM2_GGUF, skipped when absent): the same on every corpus line;
  *   - files the converter refuses, each with its message. */
 #include "testutil.h"
 
@@ -107,6 +107,28 @@ static void expect(const nopad_tokenizer *tok, const char *label, const char *te
     test_expect_ids(label, ids, n, want);
 }
 
+/* nopad_detokenize of the JSON id list `ids` equals transformers' decode (`want`: its hex). */
+static void expect_decode(const nopad_tokenizer *tok, const char *label, const cJSON *ids,
+                          int skip, const cJSON *want, int32_t *buf) {
+    int32_t n = 0;
+    const cJSON *id;
+    cJSON_ArrayForEach(id, ids) buf[n++] = id->valueint;
+    size_t len = 0;
+    nopad_status st = nopad_detokenize(tok, buf, (size_t)n, skip, NULL, 0, &len); /* measure */
+    if (st != NOPAD_ERR_BUFFER_TOO_SMALL) fail_msg("%s: decode: %s", label, nopad_last_error());
+    char *text = malloc(len + 1);
+    assert_non_null(text);
+    st = nopad_detokenize(tok, buf, (size_t)n, skip, text, len + 1, &len);
+    if (st != NOPAD_OK) fail_msg("%s: decode: %s", label, nopad_last_error());
+    size_t want_len;
+    char *expected = test_hex_decode(want->valuestring, &want_len);
+    if (len != want_len || memcmp(text, expected, len) != 0)
+        fail_msg("%s: decode%s gives \"%s\" (%zu bytes), transformers \"%s\" (%zu bytes)",
+                 label, skip ? " skipping special tokens" : "", text, len, expected, want_len);
+    free(expected);
+    free(text);
+}
+
 /* Every line of `cases` (a .jsonl under tests/data) through `check`; returns the line count. */
 static int for_each_case(const char *cases, void (*check)(const cJSON *row, const char *text,
                                                          size_t len, void *ctx),
@@ -143,6 +165,12 @@ static void check_tiny(const cJSON *row, const char *text, size_t len, void *ctx
         snprintf(key, sizeof key, "%s/nospecial", tiny[k]);
         snprintf(label, sizeof label, "%s without special tokens, line %d", tiny[k], line);
         expect(c->tok[k], label, text, len, 0, cJSON_GetObjectItem(row, key), c->ids);
+        const cJSON *ids = cJSON_GetObjectItem(row, tiny[k]);
+        snprintf(label, sizeof label, "%s, line %d", tiny[k], line);
+        snprintf(key, sizeof key, "%s/decode", tiny[k]);
+        expect_decode(c->tok[k], label, ids, 0, cJSON_GetObjectItem(row, key), c->ids);
+        snprintf(key, sizeof key, "%s/decode_skip", tiny[k]);
+        expect_decode(c->tok[k], label, ids, 1, cJSON_GetObjectItem(row, key), c->ids);
     }
 }
 
@@ -157,7 +185,8 @@ static void test_ids_equal_transformers(void **state) {
     }
     int n = for_each_case("tokenizer/gguf_cases.jsonl", check_tiny, &c);
     assert_true(n >= 386);
-    print_message("%d lines x %d tokenizers x 2: ids equal to transformers'\n", n, N_TINY);
+    print_message("%d lines x %d tokenizers: ids (with and without special tokens) and decodes "
+                  "(with and without them) equal to transformers'\n", n, N_TINY);
     for (int k = 0; k < N_TINY; k++) nopad_tokenizer_free(c.tok[k]);
     free(c.ids);
 }
@@ -255,6 +284,10 @@ static void check_smollm2(const cJSON *row, const char *text, size_t len, void *
     expect(c->tok, label, text, len, 1, cJSON_GetObjectItem(row, "ids"), c->ids);
     snprintf(label, sizeof label, "SmolLM2 without special tokens, line %d", line);
     expect(c->tok, label, text, len, 0, cJSON_GetObjectItem(row, "nospecial"), c->ids);
+    snprintf(label, sizeof label, "SmolLM2, line %d", line);
+    const cJSON *ids = cJSON_GetObjectItem(row, "ids");
+    expect_decode(c->tok, label, ids, 0, cJSON_GetObjectItem(row, "decode"), c->ids);
+    expect_decode(c->tok, label, ids, 1, cJSON_GetObjectItem(row, "decode_skip"), c->ids);
 }
 
 static void test_smollm2(void **state) {
@@ -273,7 +306,7 @@ static void test_smollm2(void **state) {
     assert_int_equal(nopad_tokenizer_token_to_id(c.tok, "<|im_start|>"), 1);
     int n = for_each_case("tokenizer/smollm2_gguf_cases.jsonl", check_smollm2, &c);
     assert_true(n >= 386);
-    print_message("SmolLM2: %d lines x 2: ids equal to transformers'\n", n);
+    print_message("SmolLM2: %d lines: ids and decodes equal to transformers'\n", n);
     nopad_tokenizer_free(c.tok);
     free(c.ids);
 }
