@@ -487,7 +487,7 @@ nopad_status tok_bpe_encode_word(const nopad_tokenizer *t, tok_bpe_work *bw, tok
     m = merge_symbols(b, bw, m);
     st = tok_pipe_reserve_ids(w, m);
     if (st != NOPAD_OK) return st;
-    memcpy(w->ids, bw->sym, m * sizeof *w->ids);
+    if (m) memcpy(w->ids, bw->sym, m * sizeof *w->ids); /* every character dropped: none */
     *n_ids = m;
     return NOPAD_OK;
 }
