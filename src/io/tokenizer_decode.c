@@ -545,7 +545,10 @@ static void list_put(dec_list *l, const char *s, size_t n) {
     l->tok[l->n - 1].len += n;
 }
 
-static const char *tok_text(const dec_list *l, size_t i) { return l->buf + l->tok[i].off; }
+/* (A list whose tokens are all empty may have no buffer yet.) */
+static const char *tok_text(const dec_list *l, size_t i) {
+    return l->buf ? l->buf + l->tok[i].off : "";
+}
 
 /* Appends s with every non-overlapping pat replaced by rep, as Rust's str::replace does (an
  * empty pattern matches at every character boundary, the two ends included). */
@@ -602,7 +605,8 @@ static int cleanup_into(dec_work *w, const char *s, size_t n, int *which) {
     int cur = 0;
     if (scratch_replace(w, cur, s, n, from[0], strlen(from[0]), to[0], strlen(to[0]))) return -1;
     for (int k = 1; k < 11; k++) {
-        if (!memchr(w->scratch[cur], ' ', w->scratch_len[cur])) break; /* every pattern has one */
+        if (!w->scratch_len[cur] || !memchr(w->scratch[cur], ' ', w->scratch_len[cur]))
+            break; /* every pattern has a space */
         if (scratch_replace(w, 1 - cur, w->scratch[cur], w->scratch_len[cur], from[k],
                             strlen(from[k]), to[k], strlen(to[k])))
             return -1;
@@ -850,7 +854,7 @@ static void run_ctc(const dec_step *st, dec_work *w, const dec_list *in, dec_lis
                 return;
             }
             size_t m = w->scratch_len[0];
-            memcpy(w->bytes, w->scratch[0], m);
+            if (m) memcpy(w->bytes, w->scratch[0], m);
             if (cleanup_into(w, (const char *)w->bytes, m, &which) ||
                 scratch_replace(w, 1 - which, w->scratch[which], w->scratch_len[which], st->b,
                                 st->b_len, " ", 1)) {
@@ -942,7 +946,7 @@ static nopad_status decode_ids(const nopad_tokenizer *t, dec_work *w, const int3
     size_t len = 0;
     for (size_t i = 0; i < in->n; i++) {
         if (d->none && i > 0) w->text[len++] = ' ';
-        memcpy(w->text + len, tok_text(in, i), in->tok[i].len);
+        if (in->tok[i].len) memcpy(w->text + len, tok_text(in, i), in->tok[i].len);
         len += in->tok[i].len;
     }
     w->text[len] = '\0';
@@ -1050,7 +1054,7 @@ static nopad_status take_chunk(nopad_decode_stream *s, const char *fn) {
     const char *text = s->w.text;
     size_t len = s->w.text_len;
     s->chunk_len = 0;
-    if (len < s->prefix_len || memcmp(text, s->prefix, s->prefix_len) != 0)
+    if (len < s->prefix_len || (s->prefix_len && memcmp(text, s->prefix, s->prefix_len) != 0))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: this tokenizer's decoder changed text it had already given "
                                "when id %d followed (its output is not a prefix of the longer "
