@@ -1136,23 +1136,32 @@ nopad_status nopad_decode_stream_flush(nopad_decode_stream *s, const char **text
 
 /* ---- the tokenizer's kind ------------------------------------------------------------------- */
 
+/* Whether the pre-tokenizer steps (the general pipeline) hold one of `kind`. */
+static int has_pre_step(const nopad_tokenizer *t, tok_pre_kind kind) {
+    for (int32_t i = 0; t->general && i < t->n_pre_steps; i++)
+        if (t->pre_steps[i].kind == kind) return 1;
+    return 0;
+}
+
 nopad_tokenizer_kind nopad_tokenizer_get_kind(const nopad_tokenizer *t) {
     if (!t) return NOPAD_TOKENIZER_WORDPIECE;
     const struct tok_decoder *d = t->decoder;
     switch (t->model) {
     case TOK_MODEL_WORDPIECE: return NOPAD_TOKENIZER_WORDPIECE;
+    case TOK_MODEL_UNIGRAM: return NOPAD_TOKENIZER_UNIGRAM;
     case TOK_MODEL_BPE:
-        /* byte-level: the ByteLevel pre-tokenizer, alone or (general pipeline) in a Sequence,
-         * which its decoder mirrors; SentencePiece-style: byte fallback or "▁" for spaces.
-         * Once tok_bpe has a byte_fallback flag: add `|| t->bpe.byte_fallback` below. */
-        if (t->pre == TOK_PRE_BYTELEVEL || (d && d->has_byte_level))
+        /* byte-level: the ByteLevel pre-tokenizer, alone or in a Sequence (LLaMA-3's Split then
+         * ByteLevel), which its decoder mirrors; SentencePiece-style: byte fallback, or "▁" for
+         * spaces (Metaspace, or a Replace normalizer and decoder) */
+        if (t->pre == TOK_PRE_BYTELEVEL || has_pre_step(t, TOK_PS_BYTELEVEL) ||
+            (d && d->has_byte_level))
             return NOPAD_TOKENIZER_BPE_BYTE_LEVEL;
-        if (d && (d->has_byte_fallback || d->has_metaspace || d->has_space_replace))
+        if (t->bpe.byte_fallback || has_pre_step(t, TOK_PS_METASPACE) ||
+            (d && (d->has_byte_fallback || d->has_metaspace || d->has_space_replace)))
             return NOPAD_TOKENIZER_BPE_SENTENCEPIECE;
         return NOPAD_TOKENIZER_BPE;
-    default: /* TOK_MODEL_UNIGRAM (the only other model): return NOPAD_TOKENIZER_UNIGRAM */
-        return NOPAD_TOKENIZER_UNIGRAM;
     }
+    return NOPAD_TOKENIZER_BPE; /* a model kind added to tok_model_kind and not here yet */
 }
 
 const char *nopad_tokenizer_kind_name(nopad_tokenizer_kind kind) {
