@@ -128,6 +128,41 @@ printf '[CLS] hello, world! [SEP]\n\nhello unaffable\n' >"$TMP/small_want"
 run "$TMP/small_got" tokenize --model "$TMP/small" --decode --input "$TMP/small_ids"
 same "WordPiece --decode (an empty line stays empty)" "$TMP/small_got" "$TMP/small_want"
 
+# ---- a GGUF file's tokenizer (scripts/make_gguf_tokenizer_fixtures.py): ids and decodes ----------
+for g in tiny_llama tiny_gpt2_qwen2; do
+    [ -f "$DATA/gguf/$g.gguf" ] || { echo "skip $g.gguf (not there)"; continue; }
+    python3 - "$DATA" "$TMP" "$g" <<'EOF'
+import json, os, sys
+data, tmp, g = sys.argv[1:]
+out = {k: open(os.path.join(tmp, "%s_%s" % (g, k)), "wb")
+       for k in ("text", "ids", "nospecial", "decode", "decode_skip")}
+n = 0
+for line in open(os.path.join(data, "gguf_cases.jsonl"), encoding="utf-8"):
+    r = json.loads(line)
+    text = bytes.fromhex(r["hex"])
+    dec = bytes.fromhex(r[g + "/decode"])
+    skip = bytes.fromhex(r[g + "/decode_skip"])
+    if any(b in x for x in (text, dec, skip) for b in (b"\n", b"\r")):
+        continue
+    out["text"].write(text + b"\n")
+    out["ids"].write(" ".join(map(str, r[g])).encode() + b"\n")
+    out["nospecial"].write(" ".join(map(str, r[g + "/nospecial"])).encode() + b"\n")
+    out["decode"].write(dec + b"\n")
+    out["decode_skip"].write(skip + b"\n")
+    n += 1
+assert n > 150, n
+EOF
+    G="$DATA/gguf/$g.gguf"
+    run "$TMP/got" tokenize --model "$G" --input "$TMP/${g}_text"
+    same "$g.gguf: ids equal HF's" "$TMP/got" "$TMP/${g}_ids"
+    run "$TMP/got" tokenize --model "$G" --no-special --input "$TMP/${g}_text"
+    same "$g.gguf: --no-special" "$TMP/got" "$TMP/${g}_nospecial"
+    run "$TMP/got" tokenize --model "$G" --decode --input "$TMP/${g}_ids"
+    same "$g.gguf: --decode" "$TMP/got" "$TMP/${g}_decode"
+    run "$TMP/got" tokenize --model "$G" --decode --no-special --input "$TMP/${g}_ids"
+    same "$g.gguf: --decode --no-special" "$TMP/got" "$TMP/${g}_decode_skip"
+done
+
 # ---- all-MiniLM-L6-v2 (vocab of bert-base-uncased) -----------------------------------------------
 if [ -n "${NOPAD_MINILM_DIR:-}" ] && [ -f "$NOPAD_MINILM_DIR/config.json" ]; then
     M="$NOPAD_MINILM_DIR"

@@ -232,6 +232,36 @@ static void test_parity_fixtures(void **state) {
     assert_true(lines_ok > 0);
 }
 
+/* The real SmolLM2-135M-Instruct GGUF (scripts/fetch_default_decoder.sh; NOPAD_SMOLLM2_GGUF):
+ * HF's decode of every corpus line (tokenizer/smollm2_gguf_cases.jsonl), whole and streamed. */
+static void test_smollm2_gguf(void **state) {
+    const char *path = getenv("NOPAD_SMOLLM2_GGUF");
+    size_t size;
+    char *data = test_read_file(test_data_path("tokenizer/smollm2_gguf_cases.jsonl"), &size);
+    nopad_tokenizer *tok = NULL;
+    if (!path || !data || nopad_tokenizer_load(path, &tok) != NOPAD_OK) {
+        free(data);
+        print_message("no SmolLM2 GGUF (NOPAD_SMOLLM2_GGUF; scripts/fetch_default_decoder.sh)\n");
+        skip();
+    }
+    assert_int_equal(nopad_tokenizer_get_kind(tok), NOPAD_TOKENIZER_BPE_BYTE_LEVEL);
+    int n = 0;
+    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        char label[64];
+        snprintf(label, sizeof label, "SmolLM2 line %d", n);
+        expect_decode(label, tok, cJSON_GetObjectItem(j, "nospecial"), 0,
+                      cJSON_GetObjectItem(j, "decode")->valuestring, NULL);
+        expect_decode(label, tok, cJSON_GetObjectItem(j, "ids"), 1,
+                      cJSON_GetObjectItem(j, "decode_skip")->valuestring, NULL);
+        cJSON_Delete(j);
+    }
+    assert_true(n > 300);
+    free(data);
+    nopad_tokenizer_free(tok);
+}
+
 /* ---- hand-made cases ------------------------------------------------------------------------ */
 
 static void expect_text(const nopad_tokenizer *tok, const int32_t *ids, size_t n, int skip,
@@ -617,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_decoders_match_hf),
         cmocka_unit_test(test_byte_level_bpe_matches_hf),
         cmocka_unit_test(test_parity_fixtures),
+        cmocka_unit_test(test_smollm2_gguf),
         cmocka_unit_test(test_wordpiece),
         cmocka_unit_test(test_stream_holds_back_partial_characters),
         cmocka_unit_test(test_lossy_bytes),
