@@ -145,8 +145,9 @@ def test_bad_tokenizer_files(tmp_path):
     (d / "tokenizer.json").write_text('{"model": {"type": "WordPiece", ')
     expect(nopad.FormatError, FORMAT, ["tokenizer.json"], nopad.Tokenizer, d)
     expect(nopad.FormatError, FORMAT, ["tokenizer.json"], nopad.Encoder, d)
-    (d / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {}, "merges": []}}')
-    expect(nopad.NopadError, UNSUP, ["BPE"], nopad.Tokenizer, d)
+    (d / "tokenizer.json").write_text('{"model": {"type": "WordLevel", "vocab": {"a": 0}, '
+                                      '"unk_token": "a"}}')
+    expect(nopad.NopadError, UNSUP, ["WordLevel"], nopad.Tokenizer, d)
 
 
 # ---- encoding ------------------------------------------------------------------------------------
