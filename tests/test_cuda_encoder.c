@@ -266,7 +266,33 @@ static void test_attention_through_backend(void **state) {
 
 static const char *const MODELS[] = {"bert_a", "bert_b", "roberta_a", "xlmr_b", "distilbert_a",
                                      "distilbert_b", "albert_a", "albert_b", "st_mean_norm",
-                                     "st_max", "st_cls_v6"};
+                                     "st_max", "st_cls_v6", "roberta_text", "xlmr_text",
+                                     "albert_text"};
+
+/* The *_text fixtures run from text: the model's tokenizer (BPE or Unigram) must give the golden
+ * ids, which are HF's, for each line of golden_texts.txt. */
+static void check_text_ids(const char *name, nopad_model *m, int32_t max_len, const int32_t *ids,
+                           const int32_t *cu, int B) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s/golden_texts.txt", name);
+    size_t size;
+    char *texts = test_read_file(test_data_path(rel), &size);
+    assert_non_null(texts);
+    nopad_tokenize_params tp = nopad_tokenize_default_params();
+    tp.truncate = 1;
+    tp.max_length = max_len;
+    int32_t got[4096];
+    int s = 0;
+    for (char *line = strtok(texts, "\n"); line; line = strtok(NULL, "\n"), s++) {
+        int32_t n = 0;
+        assert_true(s < B);
+        assert_nopad_ok(nopad_tokenize(nopad_model_tokenizer(m), line, strlen(line), &tp, got, 4096, &n));
+        assert_int_equal(n, cu[s + 1] - cu[s]);
+        for (int32_t k = 0; k < n; k++) assert_int_equal(got[k], ids[cu[s] + k]);
+    }
+    assert_int_equal(s, B);
+    free(texts);
+}
 
 /* The batch layouts of nopad_encode on a model's default context, one helper each. */
 static nopad_status encode_padded(nopad_model *m, int32_t B, int32_t S, const int32_t *ids, const int32_t *types,
@@ -318,6 +344,7 @@ static void test_golden_models(void **state) {
             int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
             float *want = golden_copy(&f, "last_hidden_state", ST_F32, NULL);
             const int B = (int)n_cu - 1, H = info.hidden_size;
+            if (strstr(MODELS[i], "_text")) check_text_ids(MODELS[i], m, info.max_seq_length, ids, cu, B);
             float *got = malloc(sizeof(float) * T * H);
             nopad_encode_params p = nopad_encode_default_params();
             p.pooling = NOPAD_POOLING_NONE;
