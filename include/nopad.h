@@ -343,6 +343,23 @@ nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void
                                     int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size,
                                     float scale, int causal, void *workspace, void *stream);
 
+/* ---- generation: sampling ------------------------------------------------------------------ */
+
+/* How the next token is chosen from a sequence's logits, in Hugging Face's order: repetition
+ * penalty, temperature, top-k, top-p, min-p, then a draw (or the argmax when temperature is 0).
+ * The draw is a function of (seed, the token's index in the sequence's output) only, so a request
+ * gives the same tokens alone or batched with others. */
+typedef struct nopad_sampling_params {
+    float temperature;        /* 0: greedy (the argmax, lowest id on ties); > 0: logits / t */
+    int32_t top_k;            /* keep the k most likely ids; 0: all */
+    float top_p;              /* keep the smallest set whose probability reaches p; 1: all */
+    float min_p;              /* drop ids below min_p x the top probability; 0: none */
+    float repetition_penalty; /* ids already in the prompt or output: logit / p when positive,
+                                 logit * p when negative (HF's CTRL rule); 1: none */
+    uint64_t seed;            /* the request's random stream */
+} nopad_sampling_params;
+nopad_sampling_params nopad_sampling_default_params(void); /* greedy, everything off */
+
 #ifdef __cplusplus
 }
 #endif
