@@ -1,0 +1,61 @@
+/* Sampling: the next token of one sequence from its logits on the host, in Hugging Face's order
+ * (transformers' generate with do_sample=True): repetition penalty, then temperature, top-k,
+ * top-p, min-p, then a draw from the softmax of what remains; temperature 0 is the argmax.
+ *
+ * Ties, where HF leaves the order to torch:
+ *   - top-k keeps every id whose logit equals the k-th largest, as HF's TopKLogitsWarper does
+ *     (it removes `scores < topk(scores, k)[..., -1]`, so all ties at the k-th value stay);
+ *   - top-p ranks equal logits by id, the lower id first (kept first), where HF's unstable
+ *     torch.sort leaves it open;
+ *   - greedy takes the lowest id among equal maxima.
+ * Probabilities are computed in double from the fp32 logits; HF works in fp32, so a set can differ
+ * only where a top-p or min-p boundary falls within fp32 rounding of a probability.
+ *
+ * The draw is a pure function of (seed, step): sampling_uniform below, the step-th output of
+ * SplitMix64 started from a mixed seed. The same request therefore gives the same tokens alone or
+ * batched with others, on any thread, in any order of calls. The uniform u picks, in id order
+ * over the kept ids, the first id whose cumulative weight exceeds u x the total (inverse CDF). */
+#ifndef NOPAD_MODEL_SAMPLING_H
+#define NOPAD_MODEL_SAMPLING_H
+
+#include <stdint.h>
+
+#include "nopad.h"
+
+/* Per-call buffers sized to the vocab, reused: after the first call at the largest vocab a call
+ * allocates nothing. One scratch serves one thread at a time; it holds no state between calls
+ * beyond its buffers. */
+typedef struct sampler_scratch {
+    float *logits;    // [capacity] the call's logits after the repetition penalty
+    double *weight;   // [capacity] exp((logit - max) / temperature) of the candidates, by id
+    int32_t *ids;     // [capacity] the candidate ids, in id order
+    uint64_t *keys;   // [capacity] top-p's sort keys: logit descending, then id ascending
+    float *heap;      // [capacity] top-k's min-heap of the k largest logits
+    uint8_t *seen;    // [capacity] repetition-penalty marks, all zero between calls
+    int32_t capacity; // ids the buffers hold
+    int32_t n_allocs; // times the buffers were allocated (tests check reuse)
+} sampler_scratch;
+
+void sampler_scratch_init(sampler_scratch *s);
+void sampler_scratch_free(sampler_scratch *s);
+
+/* NOPAD_ERR_INVALID_ARGUMENT naming the field and its allowed range for a temperature that is
+ * NaN, negative or infinite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1), or a
+ * repetition penalty that is not a finite number > 0. */
+nopad_status sampling_check(const nopad_sampling_params *p);
+
+/* A uniform double in [0, 1) with 53 random bits, a pure function of (seed, step). */
+double sampling_uniform(uint64_t seed, uint64_t step);
+
+/* Chooses the next id from `logits` [vocab] (fp32, host, not modified). `history` [n_history]
+ * holds the ids of the prompt and of everything generated so far (may be NULL when n_history is
+ * 0); the repetition penalty applies once to each distinct id in it. `step` is the index of the
+ * token in the sequence's output, the draw's counter. `out_logprob` (may be NULL) receives the
+ * log-probability of the chosen id under the final distribution; for greedy, under the penalised
+ * logits at temperature 1. NaN or +inf logits, logits all -inf, or history ids outside the vocab
+ * are NOPAD_ERR_INVALID_ARGUMENT. */
+nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab,
+                          const nopad_sampling_params *p, const int32_t *history,
+                          int32_t n_history, uint64_t step, int32_t *out_id, float *out_logprob);
+
+#endif
