@@ -155,11 +155,16 @@ typedef struct nopad_model_params {
     int32_t max_batch_tokens;
     void *cuda_stream;
     int32_t cuda_graph_max_tokens;
+    int32_t kv_cache_tokens;
+    int32_t kv_block_size;
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
 
 /* Loads a Hugging Face model folder (config.json + model.safetensors or a sharded index, an
- * optional tokenizer and optional sentence-transformers files).
+ * optional tokenizer and optional sentence-transformers files), or a decoder from a GGUF file
+ * (its config, weights — dequantised — and tokenizer all from the file). Encoders: bert,
+ * roberta, xlm-roberta, distilbert, albert; decoders: gpt2, llama, mistral, qwen2 (see
+ * nopad_model_info.is_decoder and the generation API below).
  *
  * Threads: a loaded model may be used from several threads at once. Its weights, config and
  * tokenizer are read-only. Calls that run the model go through a context: the one-call entry
@@ -191,6 +196,9 @@ typedef struct nopad_context_params {
                                  tokens); the extra rows are computed and discarded. Up to 48
                                  graphs are kept; dropping the least recently used one waits for
                                  the stream. 0: default (2048); < 0: never */
+    int32_t kv_cache_tokens;  /* decoders: the paged KV pool, in tokens over all sequences,
+                                 allocated at creation; <= 0: 8192 */
+    int32_t kv_block_size;    /* decoders: tokens per KV block; <= 0: 16 */
 } nopad_context_params;
 nopad_context_params nopad_context_default_params(void);
 
@@ -226,6 +234,10 @@ typedef struct nopad_model_info {
     int has_tokenizer;
     const char *tokenizer_kind; /* "tokenizer.json", "vocab.txt", "none", or "unsupported" (see
                                    nopad_model_tokenizer_error) */
+    int is_decoder;           /* 1: a decoder (generation API); 0: an encoder (nopad_encode) */
+    int32_t num_kv_heads;     /* decoders: key/value heads (grouped-query attention) */
+    int32_t bos_token_id;     /* decoders: -1 when none */
+    int32_t eos_token_id;     /* decoders: the first end-of-sequence id, -1 when none */
 } nopad_model_info;
 nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *out);
 
@@ -359,6 +371,48 @@ typedef struct nopad_sampling_params {
     uint64_t seed;            /* the request's random stream */
 } nopad_sampling_params;
 nopad_sampling_params nopad_sampling_default_params(void); /* greedy, everything off */
+
+/* ---- generation: sequences and steps (decoder models) ------------------------------------- */
+
+/* A sequence's place in a context's paged KV pool: its history, block by block. Blocks come from
+ * the pool as the sequence grows and go back when it is freed (nothing is copied). Use a sequence
+ * only with the context that made it, and one call at a time. */
+typedef struct nopad_sequence nopad_sequence;
+nopad_status nopad_sequence_create(nopad_context *ctx, nopad_sequence **out);
+void nopad_sequence_free(nopad_sequence *seq);
+/* Tokens in the sequence's history (positions filled so far). */
+int32_t nopad_sequence_length(const nopad_sequence *seq);
+
+/* One forward step over new tokens of n_seqs sequences, packed: sequence i brings
+ * tokens[cu_tokens[i] .. cu_tokens[i+1]) (a prompt, a chunk of one, or one generated token),
+ * appended to its history. logits (host, float32): [n_seqs, vocab] for each sequence's last new
+ * token, or [n_tokens, vocab] with all_logits. A sequence may appear once per step. Errors
+ * (nothing changes): an id outside the vocabulary, a sequence beyond the model's context, the KV
+ * pool exhausted (NOPAD_ERR_OUT_OF_MEMORY naming blocks needed and free), more tokens than the
+ * context's workspace. */
+nopad_status nopad_decode(nopad_context *ctx, int32_t n_seqs, nopad_sequence *const *seqs,
+                          const int32_t *cu_tokens, const int32_t *tokens, int all_logits,
+                          float *logits);
+
+typedef struct nopad_generate_params {
+    int32_t max_tokens;           /* new tokens per prompt at most; default 128 */
+    int ignore_eos;               /* 1: do not stop at the model's end-of-sequence ids */
+    nopad_sampling_params sampling;
+} nopad_generate_params;
+nopad_generate_params nopad_generate_default_params(void);
+
+/* Called with each new token of prompt `prompt` as it is chosen; return nonzero to stop that
+ * prompt there (the token is kept). */
+typedef int (*nopad_token_fn)(void *user, int32_t prompt, int32_t token);
+
+/* Generates for n_prompts prompts at once (packed: prompt i is prompt_tokens[cu_prompts[i] ..
+ * cu_prompts[i+1])): each step runs every unfinished prompt's next token together, and a prompt
+ * that finishes leaves the batch. out_tokens [n_prompts, max_tokens] receives the new ids,
+ * out_counts[n_prompts] how many (may be NULL: then only on_token sees them). */
+nopad_status nopad_generate(nopad_context *ctx, int32_t n_prompts, const int32_t *cu_prompts,
+                            const int32_t *prompt_tokens, const nopad_generate_params *params,
+                            int32_t *out_tokens, int32_t *out_counts, nopad_token_fn on_token,
+                            void *user);
 
 #ifdef __cplusplus
 }

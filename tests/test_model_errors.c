@@ -71,8 +71,11 @@ static void test_bad_config(void **state) {
                       "not valid JSON");
     expect_load_error(copy_model("bert_a", "[1, 2, 3]"), NOPAD_ERR_FORMAT, "JSON object");
     expect_load_error(copy_model("bert_a", "{\"hidden_size\": 48}"), NOPAD_ERR_FORMAT, "model_type");
-    expect_load_error(copy_model("bert_a", "{\"model_type\": \"gpt2\"}"), NOPAD_ERR_UNSUPPORTED,
-                      "gpt2");
+    expect_load_error(copy_model("bert_a", "{\"model_type\": \"t5\"}"), NOPAD_ERR_UNSUPPORTED,
+                      "\"t5\"");
+    /* a decoder family with its fields missing names the first one */
+    expect_load_error(copy_model("bert_a", "{\"model_type\": \"gpt2\"}"), NOPAD_ERR_FORMAT,
+                      "vocab_size");
     expect_load_error(copy_model("bert_a", "{\"model_type\": \"bert\", \"vocab_size\": 10}"),
                       NOPAD_ERR_FORMAT, "hidden_size");
     char *cfg = bert_a_config_with("hidden_size", "\"wide\"");
@@ -94,9 +97,10 @@ static void test_bad_config(void **state) {
 static void test_wrong_json_types(void **state) {
     expect_load_error(copy_model("bert_a", "{\"model_type\": 5}"), NOPAD_ERR_FORMAT,
                       "field \"model_type\" has the wrong JSON type: expected a string (bert, roberta, "
-                      "xlm-roberta, camembert, distilbert, albert), found a number");
+                      "xlm-roberta, camembert, distilbert, albert (encoders); gpt2, llama, mistral, "
+                      "qwen2 (decoders)), found a number");
     expect_load_error(copy_model("bert_a", "{\"model_type\": [\"bert\"]}"), NOPAD_ERR_FORMAT,
-                      "albert), found an array");
+                      "(decoders)), found an array");
     expect_load_error(copy_model("bert_a", "{\"hidden_size\": 48}"), NOPAD_ERR_FORMAT,
                       "required field \"model_type\" is missing");
     static const struct {

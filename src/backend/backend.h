@@ -49,7 +49,23 @@ typedef enum nopad_op {
     NOPAD_OP_ATTENTION,
     NOPAD_OP_POOL,     /* pool and l2_normalize */
     NOPAD_OP_GRAPH,    /* recording and replaying a sequence of ops (graph_run) */
+    NOPAD_OP_DECODER,  /* embed_tokens, norm, rope, kv_store, attention_paged, swiglu, gather_rows */
 } nopad_op;
+
+/* A decoder step's view of its sequences' KV history in the paged cache. The cache of one layer
+ * is K and V, each [n_blocks · block_size, n_kv_heads, head_size]; sequence b's key j lives in
+ * slot block_table[b · max_blocks + j / block_size] · block_size + j % block_size. The step adds
+ * cu_q[b+1] - cu_q[b] new tokens to sequence b, which then holds seqlen_k[b] keys: new token i
+ * sits at position seqlen_k[b] - n_new + i and attends to keys 0 .. that position (causal). */
+typedef struct nopad_kv_batch {
+    int32_t n_seqs;              /* B */
+    int32_t n_tokens;            /* T = cu_q[B], new tokens in the step */
+    int32_t max_q, max_k;        /* longest new span, longest history: size launches */
+    const int32_t *cu_q;         /* [B+1] */
+    const int32_t *seqlen_k;     /* [B] */
+    const int32_t *block_table;  /* [B, max_blocks] */
+    int32_t max_blocks, block_size;
+} nopad_kv_batch;
 
 /* What a capability query describes; each op reads the fields it needs. */
 typedef struct nopad_op_shape {
@@ -129,8 +145,8 @@ struct nopad_backend {
                           float eps, int32_t dim);
 
     /* ---- gemm ------------------------------------------------------------------------------ */
-    /* out[T, N] = epilogue(x[T, K] · w[N, K]ᵀ). bias [N] (unless NONE); residual [T, N] for
-     * BIAS_RESIDUAL (may alias out). */
+    /* out[T, N] = epilogue(x[T, K] · w[N, K]ᵀ). bias [N] (unless NONE; NULL reads as zeros on
+     * backends with decoder ops); residual [T, N] for BIAS_RESIDUAL (may alias out). */
     nopad_status (*gemm)(nopad_backend *be, void *out, const void *x, const void *w,
                          const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
                          int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
@@ -159,6 +175,42 @@ struct nopad_backend {
 
     /* x[rows, dim] /= max(‖row‖₂, 1e-12) in place (as torch.nn.functional.normalize). */
     nopad_status (*l2_normalize)(nopad_backend *be, void *x, int32_t rows, int32_t dim);
+
+    /* ---- decoder ops (NULL where the backend has none yet) ---------------------------------- */
+    /* out[T, dim] = word[tokens[t]] (+ pos[positions[t]] when pos is not NULL); ids outside
+     * [0, vocab_size) or positions outside [0, n_positions) give a NaN row. */
+    nopad_status (*embed_tokens)(nopad_backend *be, void *out, const int32_t *tokens,
+                                 const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
+                                 int32_t n_positions, const void *word, const void *pos,
+                                 int32_t dim);
+    /* out[T, dim] = LayerNorm(x)·w + b (b may be NULL) or, rms, x / sqrt(mean(x²) + eps)·w. */
+    nopad_status (*norm)(nopad_backend *be, void *out, const void *x, const void *w,
+                         const void *b, float eps, int32_t n_tokens, int32_t dim, int rms);
+    /* Rotary embeddings in place on the Q and K heads of qkv [T, n_heads + 2·n_kv_heads,
+     * head_size] (Q heads, then K, then V), HF's rotate_half convention: for i < head_size/2 the
+     * pair (x[i], x[i + head_size/2]) turns by positions[t]·inv_freq[i]. inv_freq [head_size/2]
+     * float32 in backend memory. */
+    nopad_status (*rope)(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
+                         int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
+                         const float *inv_freq);
+    /* Copies the K and V heads of qkv (layout as for rope) into k_cache / v_cache [slots,
+     * n_kv_heads, head_size] at slots[t]. */
+    nopad_status (*kv_store)(nopad_backend *be, void *k_cache, void *v_cache, const void *qkv,
+                             const int32_t *slots, int32_t n_tokens, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_size);
+    /* out[T, n_heads·head_size]: causal attention of the Q heads of qkv over each sequence's
+     * paged keys and values (nopad_kv_batch); query head h reads KV head h / (n_heads /
+     * n_kv_heads) (grouped-query attention). */
+    nopad_status (*attention_paged)(nopad_backend *be, void *out, const void *qkv,
+                                    const void *k_cache, const void *v_cache,
+                                    const nopad_kv_batch *kv, int32_t n_heads, int32_t n_kv_heads,
+                                    int32_t head_size, float scale);
+    /* out[T, F] = silu(gate_up[:, :F]) · gate_up[:, F:] (gate_up [T, 2F]). */
+    nopad_status (*swiglu)(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens,
+                           int32_t dim);
+    /* out[n, dim] = x[rows[i]] (the rows whose logits a step needs). */
+    nopad_status (*gather_rows)(nopad_backend *be, void *out, const void *x, const int32_t *rows,
+                                int32_t n, int32_t dim);
 };
 
 /* What a backend is created for: the device and its ordinal, the compute dtype, and the

@@ -22,10 +22,12 @@ static const family_entry FAMILIES[] = {
     {"xlm-roberta", FAMILY_ROBERTA}, {"camembert", FAMILY_ROBERTA},
     {"distilbert", FAMILY_DISTILBERT}, {"albert", FAMILY_ALBERT},
 };
-#define SUPPORTED_TYPES "bert, roberta, xlm-roberta, camembert, distilbert, albert"
+#define SUPPORTED_TYPES                                                                            \
+    "bert, roberta, xlm-roberta, camembert, distilbert, albert (encoders); gpt2, llama, mistral, " \
+    "qwen2 (decoders)"
 
 /* Reads an integer field. Absent: `fallback` if has_fallback, else an error naming the field. */
-static nopad_status get_int(const cJSON *root, const char *where, const char *key, int has_fallback,
+nopad_status hf_get_int(const cJSON *root, const char *where, const char *key, int has_fallback,
                             int32_t fallback, int32_t lo, int32_t hi, int32_t *out) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!item || cJSON_IsNull(item)) {
@@ -129,6 +131,11 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
         cJSON_Delete(root);
         return st;
     }
+    nopad_status dst;
+    if (hf_decoder_config(root, type->valuestring, where, out, &dst)) {
+        cJSON_Delete(root);
+        return dst;
+    }
     int found = 0;
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++) {
         if (!strcmp(type->valuestring, FAMILIES[i].model_type)) {
@@ -146,29 +153,29 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
     snprintf(out->model_type, sizeof out->model_type, "%s", type->valuestring);
 
     if (out->family == FAMILY_DISTILBERT) {
-        TRY(get_int(root, where, "vocab_size", 0, 0, 1, MAX_VOCAB, &out->vocab_size));
-        TRY(get_int(root, where, "dim", 0, 0, 1, MAX_DIM, &out->hidden_size));
-        TRY(get_int(root, where, "n_layers", 0, 0, 1, MAX_LAYERS, &out->num_layers));
-        TRY(get_int(root, where, "n_heads", 0, 0, 1, MAX_DIM, &out->num_heads));
-        TRY(get_int(root, where, "hidden_dim", 0, 0, 1, MAX_DIM * 16, &out->intermediate_size));
-        TRY(get_int(root, where, "max_position_embeddings", 0, 0, 1, MAX_POSITIONS,
+        TRY(hf_get_int(root, where, "vocab_size", 0, 0, 1, MAX_VOCAB, &out->vocab_size));
+        TRY(hf_get_int(root, where, "dim", 0, 0, 1, MAX_DIM, &out->hidden_size));
+        TRY(hf_get_int(root, where, "n_layers", 0, 0, 1, MAX_LAYERS, &out->num_layers));
+        TRY(hf_get_int(root, where, "n_heads", 0, 0, 1, MAX_DIM, &out->num_heads));
+        TRY(hf_get_int(root, where, "hidden_dim", 0, 0, 1, MAX_DIM * 16, &out->intermediate_size));
+        TRY(hf_get_int(root, where, "max_position_embeddings", 0, 0, 1, MAX_POSITIONS,
                     &out->max_position_embeddings));
-        TRY(get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
+        TRY(hf_get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
         TRY(parse_activation(root, where, "activation", "gelu", out));
         out->layer_norm_eps = 1e-12f; /* fixed in DistilBERT's modeling code */
         out->type_vocab_size = 0;
         out->embedding_size = out->hidden_size;
     } else {
-        TRY(get_int(root, where, "vocab_size", 0, 0, 1, MAX_VOCAB, &out->vocab_size));
-        TRY(get_int(root, where, "hidden_size", 0, 0, 1, MAX_DIM, &out->hidden_size));
-        TRY(get_int(root, where, "num_hidden_layers", 0, 0, 1, MAX_LAYERS, &out->num_layers));
-        TRY(get_int(root, where, "num_attention_heads", 0, 0, 1, MAX_DIM, &out->num_heads));
-        TRY(get_int(root, where, "intermediate_size", 0, 0, 1, MAX_DIM * 16,
+        TRY(hf_get_int(root, where, "vocab_size", 0, 0, 1, MAX_VOCAB, &out->vocab_size));
+        TRY(hf_get_int(root, where, "hidden_size", 0, 0, 1, MAX_DIM, &out->hidden_size));
+        TRY(hf_get_int(root, where, "num_hidden_layers", 0, 0, 1, MAX_LAYERS, &out->num_layers));
+        TRY(hf_get_int(root, where, "num_attention_heads", 0, 0, 1, MAX_DIM, &out->num_heads));
+        TRY(hf_get_int(root, where, "intermediate_size", 0, 0, 1, MAX_DIM * 16,
                     &out->intermediate_size));
-        TRY(get_int(root, where, "max_position_embeddings", 0, 0, 1, MAX_POSITIONS,
+        TRY(hf_get_int(root, where, "max_position_embeddings", 0, 0, 1, MAX_POSITIONS,
                     &out->max_position_embeddings));
-        TRY(get_int(root, where, "type_vocab_size", 1, 2, 0, MAX_VOCAB, &out->type_vocab_size));
-        TRY(get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
+        TRY(hf_get_int(root, where, "type_vocab_size", 1, 2, 0, MAX_VOCAB, &out->type_vocab_size));
+        TRY(hf_get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
         TRY(get_float(root, where, "layer_norm_eps", 1e-12f, &out->layer_norm_eps));
         TRY(parse_activation(root, where, "hidden_act",
                              out->family == FAMILY_ALBERT ? "gelu_new" : "gelu", out));
@@ -189,10 +196,10 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
         }
         out->embedding_size = out->hidden_size;
         if (out->family == FAMILY_ALBERT) {
-            TRY(get_int(root, where, "embedding_size", 0, 0, 1, MAX_DIM, &out->embedding_size));
-            TRY(get_int(root, where, "num_hidden_groups", 1, 1, 1, MAX_LAYERS,
+            TRY(hf_get_int(root, where, "embedding_size", 0, 0, 1, MAX_DIM, &out->embedding_size));
+            TRY(hf_get_int(root, where, "num_hidden_groups", 1, 1, 1, MAX_LAYERS,
                         &out->num_hidden_groups));
-            TRY(get_int(root, where, "inner_group_num", 1, 1, 1, MAX_LAYERS, &out->inner_group_num));
+            TRY(hf_get_int(root, where, "inner_group_num", 1, 1, 1, MAX_LAYERS, &out->inner_group_num));
             if (out->num_layers % out->num_hidden_groups != 0) {
                 cJSON_Delete(root);
                 return nopad_set_error(NOPAD_ERR_FORMAT,
@@ -217,6 +224,7 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
     out->positions = POSITIONS_LEARNED;
     out->rope_theta = 0.0f;
     out->norm = NORM_LAYERNORM;
+    out->bos_token_id = -1;
     if (out->position_offset >= out->max_position_embeddings)
         return nopad_set_error(NOPAD_ERR_FORMAT,
                                "%s: pad_token_id %d leaves no positions (max_position_embeddings %d)",

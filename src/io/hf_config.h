@@ -12,4 +12,15 @@
  * NOPAD_ERR_UNSUPPORTED; not JSON, missing or out-of-range fields -> NOPAD_ERR_FORMAT. */
 nopad_status hf_config_parse(const char *json, size_t len, const char *where, model_config *out);
 
+/* The decoder families (hf_decoder_config.c): gpt2, llama, mistral, qwen2. Returns 1 and fills
+ * *st when model_type is one of them. */
+struct cJSON;
+int hf_decoder_config(const struct cJSON *root, const char *model_type, const char *where,
+                      model_config *out, nopad_status *st);
+
+/* Shared field readers: an integer in [lo, hi] (absent: fallback when has_fallback, else an
+ * error naming the field). */
+nopad_status hf_get_int(const struct cJSON *root, const char *where, const char *key,
+                        int has_fallback, int32_t fallback, int32_t lo, int32_t hi, int32_t *out);
+
 #endif

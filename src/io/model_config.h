@@ -13,14 +13,30 @@ typedef enum model_family {
     FAMILY_ROBERTA,    /* also xlm-roberta, camembert: positions start at pad_token_id + 1 */
     FAMILY_DISTILBERT, /* own tensor names, no token types */
     FAMILY_ALBERT,     /* factorised embeddings, shared layer groups */
+    FAMILY_GPT2,       /* decoder: learned positions, LayerNorm, gelu_new, Conv1D weights, tied head */
+    FAMILY_LLAMA,      /* decoder: RMSNorm, RoPE, SwiGLU, grouped-query attention (also mistral,
+                          qwen2 with QKV biases, SmolLM2) */
 } model_family;
 
-/* How the model places tokens: the encoders' learned position table, or rotary embeddings
- * (decoders; not implemented yet, so no parser sets it). */
+/* How the model places tokens: a learned position table, or rotary embeddings. */
 typedef enum model_positions { POSITIONS_LEARNED = 0, POSITIONS_ROPE = 1 } model_positions;
 
-/* The norm the layers use (decoders' RMSNorm is not implemented yet; no parser sets it). */
+/* The norm the layers use. */
 typedef enum model_norm { NORM_LAYERNORM = 0, NORM_RMSNORM = 1 } model_norm;
+
+/* RoPE frequency scaling (config.json rope_scaling / rope_parameters). */
+typedef enum rope_scaling_kind {
+    ROPE_SCALING_NONE = 0,
+    ROPE_SCALING_LINEAR, /* positions / factor */
+    ROPE_SCALING_LLAMA3, /* Llama 3.1: low frequencies / factor, smooth band between */
+} rope_scaling_kind;
+
+typedef struct rope_scaling {
+    rope_scaling_kind kind;
+    float factor;
+    float low_freq_factor, high_freq_factor; /* LLAMA3 */
+    int32_t original_max_positions;          /* LLAMA3 */
+} rope_scaling;
 
 typedef struct model_config {
     char model_type[32];      /* config.json's model_type, as written */
@@ -46,6 +62,14 @@ typedef struct model_config {
     int32_t inner_group_num;  /* ALBERT */
     nopad_activation activation;
     char activation_name[32];
+    /* decoders */
+    int qkv_bias;             /* biases on the Q, K, V projections (Qwen2, attention_bias) */
+    int o_bias;               /* a bias on the output projection (attention_bias) */
+    int tie_word_embeddings;  /* the LM head is the token embedding matrix */
+    rope_scaling rope;        /* how rotary frequencies are scaled for long contexts */
+    int32_t bos_token_id;     /* -1: none */
+    int32_t eos_token_ids[8]; /* generation stops at any of these */
+    int32_t n_eos;
 } model_config;
 
 #endif

@@ -8,7 +8,8 @@
 #include "util/error.h"
 
 nopad_context_params nopad_context_default_params(void) {
-    nopad_context_params p = {.max_batch_tokens = 0, .cuda_stream = NULL, .cuda_graph_max_tokens = 0};
+    nopad_context_params p = {.max_batch_tokens = 0, .cuda_stream = NULL, .cuda_graph_max_tokens = 0,
+                              .kv_cache_tokens = 0, .kv_block_size = 0};
     return p;
 }
 
@@ -38,7 +39,15 @@ nopad_status context_create(nopad_model *model, const nopad_context_params *para
         st = context_create_backend(&model->params, c->params.cuda_stream, &c->be);
         c->owns_backend = 1;
     }
-    if (st == NOPAD_OK && c->params.max_batch_tokens > 0)
+    if (st == NOPAD_OK && model->cfg.causal) {
+        if (!c->be->attention_paged)
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                 "decoder models do not run on the %s backend yet (cpu only)",
+                                 c->be->name);
+        else
+            st = decoder_state_init(c->be, &model->cfg, c->params.max_batch_tokens,
+                                    c->params.kv_cache_tokens, c->params.kv_block_size, &c->dec);
+    } else if (st == NOPAD_OK && c->params.max_batch_tokens > 0)
         st = encoder_workspace_reserve(c->be, &model->cfg, &c->ws, c->params.max_batch_tokens,
                                        c->params.max_batch_tokens);
     if (st != NOPAD_OK) {
@@ -67,6 +76,7 @@ void context_destroy(nopad_context *c) {
     if (!c) return;
     if (c->be) {
         encoder_workspace_free(c->be, &c->ws);
+        decoder_state_free(c->be, &c->model->cfg, &c->dec);
         /* the default context's backend holds the weights: the model destroys it */
         if (c->owns_backend) c->be->destroy(c->be);
     }
@@ -87,7 +97,7 @@ nopad_status nopad_context_get_stats(const nopad_context *c, nopad_model_stats *
 
 nopad_status nopad_context_memory(const nopad_context *c, size_t *workspace_bytes, size_t *backend_bytes) {
     if (!c) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_context_memory: context is NULL");
-    if (workspace_bytes) *workspace_bytes = c->ws.bytes;
+    if (workspace_bytes) *workspace_bytes = c->ws.bytes + c->dec.bytes;
     if (backend_bytes) *backend_bytes = c->be->extra_bytes;
     return NOPAD_OK;
 }
@@ -434,6 +444,10 @@ nopad_status nopad_encode(nopad_context *c, const nopad_batch *b, const nopad_en
     if (b->layout != NOPAD_LAYOUT_PACKED && b->layout != NOPAD_LAYOUT_PADDED)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_encode: layout %d is not packed (0) or padded (1)",
                                (int)b->layout);
+    if (c->model->cfg.causal)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_encode: %s is a decoder; use nopad_decode / nopad_generate",
+                               c->model->cfg.model_type);
     nopad_pooling pooling = NOPAD_POOLING_NONE;
     int normalize = 0;
     nopad_status st = resolve_encode_params(c->model, params, hidden_out != NULL, pooled_out != NULL, "nopad_encode",

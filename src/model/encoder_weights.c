@@ -272,6 +272,9 @@ static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weight
         }
         break;
     }
+    case FAMILY_GPT2:
+    case FAMILY_LLAMA:
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "%s: not an encoder", ld->where);
     case FAMILY_ALBERT: {
         TRY(load(ld, "encoder.embedding_hidden_mapping_in.weight", H, E, &w->embed_proj_weight));
         TRY(load(ld, "encoder.embedding_hidden_mapping_in.bias", H, 0, &w->embed_proj_bias));

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 
 #include "model/model_internal.h"
+#include "io/gguf.h"
+#include "io/gguf_config.h"
 #include "io/hf_config.h"
 #include "io/st_pipeline.h"
 #include "io/safetensors.h"
@@ -15,11 +17,12 @@
 #include "util/error.h"
 #include "util/types.h"
 #include "util/file.h"
+#include "io/tokenizer_internal.h"
 
 nopad_model_params nopad_model_default_params(void) {
     nopad_model_params p = {.device = NOPAD_DEVICE_CPU, .device_index = 0, .dtype = NOPAD_DTYPE_F32, .n_threads = 0,
                             .max_batch_tokens = 0, .cuda_stream = NULL,
-                            .cuda_graph_max_tokens = 0};
+                            .cuda_graph_max_tokens = 0, .kv_cache_tokens = 0, .kv_block_size = 0};
     return p;
 }
 
@@ -29,8 +32,47 @@ static const char *family_name(model_family f) {
     case FAMILY_ROBERTA: return "RoBERTa";
     case FAMILY_DISTILBERT: return "DistilBERT";
     case FAMILY_ALBERT: return "ALBERT";
+    case FAMILY_GPT2: return "GPT-2";
+    case FAMILY_LLAMA: return "LLaMA";
     }
     return "?";
+}
+
+/* The default context runs on the weights' backend (its stream, one GEMM workspace). */
+static nopad_status create_default_context(nopad_model *m) {
+    const nopad_context_params cp = {.max_batch_tokens = m->params.max_batch_tokens,
+                                     .cuda_stream = m->params.cuda_stream,
+                                     .cuda_graph_max_tokens = m->params.cuda_graph_max_tokens,
+                                     .kv_cache_tokens = m->params.kv_cache_tokens,
+                                     .kv_block_size = m->params.kv_block_size};
+    return context_create(m, &cp, m->be, &m->context);
+}
+
+/* A decoder from one GGUF file: config, weights and tokenizer from its metadata and tensors. */
+static nopad_status load_gguf_model(nopad_model *m, const char *path) {
+    gguf_file f;
+    nopad_status st = gguf_open(path, &f);
+    if (st != NOPAD_OK) return st;
+    st = gguf_model_config(&f, &m->cfg);
+    if (st == NOPAD_OK) st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
+    if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &f, &m->dec);
+    gguf_close(&f);
+    if (st != NOPAD_OK) return st;
+    if (m->be->release_staging) m->be->release_staging(m->be);
+    m->max_seq_length = m->cfg.max_position_embeddings;
+    st = create_default_context(m);
+    if (st != NOPAD_OK) return st;
+    st = tokenizer_from_gguf_file(path, &m->tokenizer);
+    if (st == NOPAD_ERR_UNSUPPORTED) {
+        m->tokenizer_error = strdup(nopad_last_error());
+        fprintf(stderr, "nopad: warning: %s; the model loads without a tokenizer (token ids work)\n",
+                nopad_last_error());
+        nopad_clear_error();
+        m->tokenizer_kind = "unsupported";
+        return NOPAD_OK;
+    }
+    m->tokenizer_kind = "gguf";
+    return st;
 }
 
 static nopad_status load_model(nopad_model *m, const char *dir) {
@@ -40,6 +82,18 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     if (stat(dir, &sb) != 0)
         return errno == ENOENT ? nopad_set_error(NOPAD_ERR_IO, "model folder '%s' does not exist", dir)
                                : nopad_set_error(NOPAD_ERR_IO, "model folder '%s': %s", dir, strerror(errno));
+    if (S_ISREG(sb.st_mode)) {
+        /* a file is a model only as GGUF; say so before the GGUF reader's own words */
+        char magic[4] = {0};
+        FILE *f = fopen(dir, "rb");
+        size_t got = f ? fread(magic, 1, 4, f) : 0;
+        if (f) fclose(f);
+        if (got == 4 && memcmp(magic, "GGUF", 4) == 0) return load_gguf_model(m, dir);
+        return nopad_set_error(NOPAD_ERR_IO,
+                               "model folder '%s' is not a folder (nor a GGUF file: a model is a "
+                               "Hugging Face folder or a .gguf file)",
+                               dir);
+    }
     if (!S_ISDIR(sb.st_mode)) return nopad_set_error(NOPAD_ERR_IO, "model folder '%s' is not a folder", dir);
 
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -63,17 +117,14 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     safetensors_checkpoint ckpt;
     st = safetensors_checkpoint_open(dir, &ckpt);
     if (st != NOPAD_OK) return st;
-    st = encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights);
+    st = m->cfg.causal ? decoder_weights_load_st(m->be, &m->cfg, &ckpt, dir, &m->dec)
+                       : encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights);
     safetensors_checkpoint_close(&ckpt);
     if (st != NOPAD_OK) return st;
     /* the fp32 staging of the largest tensor (the word embeddings) is not needed any more */
     if (m->be->release_staging) m->be->release_staging(m->be);
 
-    /* the default context runs on the weights' backend (its stream, one GEMM workspace) */
-    const nopad_context_params cp = {.max_batch_tokens = m->params.max_batch_tokens,
-                                     .cuda_stream = m->params.cuda_stream,
-                                     .cuda_graph_max_tokens = m->params.cuda_graph_max_tokens};
-    st = context_create(m, &cp, m->be, &m->context);
+    st = create_default_context(m);
     if (st != NOPAD_OK) return st;
 
     m->tokenizer_kind = "none";
@@ -129,6 +180,7 @@ void nopad_model_free(nopad_model *m) {
     context_destroy(m->context);
     if (m->be) {
         encoder_weights_free(m->be, &m->weights);
+        decoder_weights_free(m->be, &m->dec);
         m->be->destroy(m->be);
     }
     nopad_tokenizer_free(m->tokenizer);
@@ -145,7 +197,7 @@ nopad_status nopad_model_get_stats(const nopad_model *m, nopad_model_stats *out)
 nopad_status nopad_model_memory(const nopad_model *m, size_t *weights_bytes,
                                 size_t *workspace_bytes, size_t *backend_bytes) {
     if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_memory: model is NULL");
-    if (weights_bytes) *weights_bytes = m->weights.bytes;
+    if (weights_bytes) *weights_bytes = m->weights.bytes + m->dec.bytes;
     return nopad_context_memory(m->context, workspace_bytes, backend_bytes);
 }
 
@@ -167,7 +219,7 @@ nopad_status nopad_model_get_info(const nopad_model *m, nopad_model_info *out) {
     out->model_type = c->model_type;
     out->family = family_name(c->family);
     out->activation = c->activation_name;
-    out->weights_dtype = m->weights.weights_dtype;
+    out->weights_dtype = c->causal ? m->dec.weights_dtype : m->weights.weights_dtype;
     out->compute_dtype = nopad_dtype_name(m->be->dtype);
     out->vocab_size = c->vocab_size;
     out->hidden_size = c->hidden_size;
@@ -180,7 +232,11 @@ nopad_status nopad_model_get_info(const nopad_model *m, nopad_model_info *out) {
     out->max_seq_length = m->max_seq_length;
     out->type_vocab_size = c->type_vocab_size;
     out->layer_norm_eps = c->layer_norm_eps;
-    out->n_params = m->weights.n_params;
+    out->n_params = c->causal ? m->dec.n_params : m->weights.n_params;
+    out->is_decoder = c->causal;
+    out->num_kv_heads = c->num_kv_heads;
+    out->bos_token_id = c->causal ? c->bos_token_id : -1;
+    out->eos_token_id = c->causal && c->n_eos > 0 ? c->eos_token_ids[0] : -1;
     out->pooling = m->pipeline.pooling;
     out->normalize = m->pipeline.normalize;
     out->has_tokenizer = m->tokenizer != NULL;

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "io/model_config.h"
 #include "io/st_pipeline.h"
+#include "model/decoder.h"
 #include "model/encoder.h"
 #include "nopad.h"
 
@@ -20,7 +21,8 @@ struct nopad_model {
     st_pipeline pipeline;
     int32_t max_seq_length;   /* longest sequence accepted (sentence-transformers or positions) */
     nopad_backend *be;        /* the backend the weights live in; the default context runs on it */
-    encoder_weights weights;
+    encoder_weights weights;  /* encoders */
+    decoder_weights dec;      /* decoders (cfg.causal) */
     nopad_tokenizer *tokenizer;
     const char *tokenizer_kind;
     char *tokenizer_error;    /* why the folder's tokenizer is unsupported, or NULL */
@@ -34,6 +36,7 @@ struct nopad_context {
     nopad_backend *be;
     int owns_backend;          /* 0 for the default context, which runs on the model's */
     encoder_workspace ws;
+    decoder_state dec;         /* decoders: the KV pool and the step workspace */
     pthread_mutex_t lock;      /* one call at a time: the workspace is this context's */
     uint32_t graph_generation; /* the workspace generation the backend's graphs were recorded on */
     int64_t forwards;

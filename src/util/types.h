@@ -11,6 +11,7 @@ typedef enum nopad_activation {
     NOPAD_ACT_GELU = 0,      /* exact: 0.5·x·(1 + erf(x/√2)) — HF "gelu" */
     NOPAD_ACT_GELU_TANH = 1, /* tanh approximation — HF "gelu_new", "gelu_pytorch_tanh" */
     NOPAD_ACT_RELU = 2,
+    NOPAD_ACT_SILU = 3,      /* x·sigmoid(x) — the gate of LLaMA's SwiGLU MLP */
 } nopad_activation;
 
 /* Bytes of one element of `dtype`. */

@@ -85,6 +85,13 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->attention = cpu_attention_varlen;
     be->pool = cpu_pool;
     be->l2_normalize = cpu_l2_normalize;
+    be->embed_tokens = cpu_embed_tokens;
+    be->norm = cpu_norm;
+    be->rope = cpu_rope;
+    be->kv_store = cpu_kv_store;
+    be->attention_paged = cpu_attention_paged;
+    be->swiglu = cpu_swiglu;
+    be->gather_rows = cpu_gather_rows;
     *out = be;
     return NOPAD_OK;
 }

@@ -34,6 +34,26 @@ nopad_status cpu_pool(nopad_backend *be, void *out, const void *x, const nopad_s
                       int32_t dim, nopad_pooling mode);
 nopad_status cpu_l2_normalize(nopad_backend *be, void *x, int32_t rows, int32_t dim);
 
+nopad_status cpu_embed_tokens(nopad_backend *be, void *out, const int32_t *tokens,
+                              const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
+                              int32_t n_positions, const void *word, const void *pos, int32_t dim);
+nopad_status cpu_norm(nopad_backend *be, void *out, const void *x, const void *w, const void *b,
+                      float eps, int32_t n_tokens, int32_t dim, int rms);
+nopad_status cpu_rope(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
+                      int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
+                      const float *inv_freq);
+nopad_status cpu_kv_store(nopad_backend *be, void *k_cache, void *v_cache, const void *qkv,
+                          const int32_t *slots, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_size);
+nopad_status cpu_attention_paged(nopad_backend *be, void *out, const void *qkv,
+                                 const void *k_cache, const void *v_cache,
+                                 const nopad_kv_batch *kv, int32_t n_heads, int32_t n_kv_heads,
+                                 int32_t head_size, float scale);
+nopad_status cpu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens,
+                        int32_t dim);
+nopad_status cpu_gather_rows(nopad_backend *be, void *out, const void *x, const int32_t *rows,
+                             int32_t n, int32_t dim);
+
 /* Row LayerNorm of x[dim] into y[dim] (may alias): (x - mean) / sqrt(var + eps) · w + b, with
  * the biased variance as torch computes it. */
 void cpu_layernorm_row(float *y, const float *x, const float *w, const float *b, float eps,

@@ -1,0 +1,173 @@
+/* CPU: the decoder ops of the op table (float32), the reference the CUDA ones are tested against:
+ * token embedding, LayerNorm / RMSNorm into a new buffer, rotary embeddings, the paged KV store
+ * and causal attention over it, SwiGLU, and the row gather for the LM head. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+
+nopad_status cpu_embed_tokens(nopad_backend *be, void *out_, const int32_t *tokens,
+                              const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
+                              int32_t n_positions, const void *word_, const void *pos_,
+                              int32_t dim) {
+    float *out = out_;              // [T, dim]
+    const float *word = word_;      // [V, dim]
+    const float *pos = pos_;        // [P, dim] or NULL
+#pragma omp parallel for num_threads(cpu_threads(be))
+    for (int32_t t = 0; t < n_tokens; t++) {
+        float *row = out + (size_t)t * dim;
+        int32_t id = tokens[t], p = positions ? positions[t] : 0;
+        if (id < 0 || id >= vocab_size || (pos && (p < 0 || p >= n_positions))) {
+            for (int32_t i = 0; i < dim; i++) row[i] = NAN;
+            continue;
+        }
+        const float *w = word + (size_t)id * dim;
+        if (pos) {
+            const float *pr = pos + (size_t)p * dim;
+            for (int32_t i = 0; i < dim; i++) row[i] = w[i] + pr[i];
+        } else {
+            memcpy(row, w, (size_t)dim * sizeof(float));
+        }
+    }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_norm(nopad_backend *be, void *out_, const void *x_, const void *w_, const void *b_,
+                      float eps, int32_t n_tokens, int32_t dim, int rms) {
+    float *out = out_;
+    const float *x = x_, *w = w_, *b = b_;
+#pragma omp parallel for num_threads(cpu_threads(be))
+    for (int32_t t = 0; t < n_tokens; t++) {
+        const float *xr = x + (size_t)t * dim;
+        float *yr = out + (size_t)t * dim;
+        if (!rms) {
+            cpu_layernorm_row(yr, xr, w, b, eps, dim);
+            continue;
+        }
+        /* as HF's LlamaRMSNorm: the mean of squares in float32, then x · rsqrt(ms + eps) · w */
+        double ss = 0.0;
+        for (int32_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+        for (int32_t i = 0; i < dim; i++) yr[i] = w[i] * (xr[i] * inv);
+    }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_rope(nopad_backend *be, void *qkv_, const int32_t *positions, int32_t n_tokens,
+                      int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
+                      const float *inv_freq) {
+    float *qkv = qkv_; // [T, H + 2·KVH, D]
+    const int32_t half = head_size / 2, rotated = n_heads + n_kv_heads;
+    const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
+#pragma omp parallel for num_threads(cpu_threads(be))
+    for (int32_t t = 0; t < n_tokens; t++) {
+        const float p = (float)positions[t];
+        for (int32_t i = 0; i < half; i++) {
+            /* HF: freqs = inv_freq · position in float32, then cos / sin in float32 */
+            const float angle = p * inv_freq[i];
+            const float c = cosf(angle), s = sinf(angle);
+            for (int32_t h = 0; h < rotated; h++) {
+                float *x = qkv + (size_t)t * row + (size_t)h * head_size;
+                const float a = x[i], b = x[i + half];
+                x[i] = a * c - b * s;
+                x[i + half] = b * c + a * s;
+            }
+        }
+    }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_kv_store(nopad_backend *be, void *k_cache_, void *v_cache_, const void *qkv_,
+                          const int32_t *slots, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_size) {
+    float *k_cache = k_cache_, *v_cache = v_cache_; // [slots, KVH, D]
+    const float *qkv = qkv_;                        // [T, H + 2·KVH, D]
+    const size_t kv = (size_t)n_kv_heads * head_size;
+    const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
+    for (int32_t t = 0; t < n_tokens; t++) {
+        const float *k = qkv + (size_t)t * row + (size_t)n_heads * head_size;
+        memcpy(k_cache + (size_t)slots[t] * kv, k, kv * sizeof(float));
+        memcpy(v_cache + (size_t)slots[t] * kv, k + kv, kv * sizeof(float));
+    }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_attention_paged(nopad_backend *be, void *out_, const void *qkv_,
+                                 const void *k_cache_, const void *v_cache_,
+                                 const nopad_kv_batch *kv, int32_t n_heads, int32_t n_kv_heads,
+                                 int32_t head_size, float scale) {
+    float *out = out_;                                      // [T, H·D]
+    const float *qkv = qkv_;                                // [T, H + 2·KVH, D]
+    const float *k_cache = k_cache_, *v_cache = v_cache_;   // [slots, KVH, D]
+    const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
+    const size_t kvrow = (size_t)n_kv_heads * head_size;
+    const int32_t group = n_heads / n_kv_heads, D = head_size;
+    /* one task per (new token, head); scores for up to max_k keys in a per-thread buffer */
+#pragma omp parallel num_threads(cpu_threads(be))
+    {
+        float *scores = malloc((size_t)(kv->max_k > 0 ? kv->max_k : 1) * sizeof(float));
+        float *acc = malloc((size_t)D * sizeof(float));
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t task = 0; task < (int64_t)kv->n_tokens * n_heads; task++) {
+            const int32_t t = (int32_t)(task / n_heads), h = (int32_t)(task % n_heads);
+            if (!scores || !acc) continue;
+            int32_t b = 0;
+            while (kv->cu_q[b + 1] <= t) b++;
+            const int32_t n_new = kv->cu_q[b + 1] - kv->cu_q[b];
+            const int32_t pos = kv->seqlen_k[b] - n_new + (t - kv->cu_q[b]);
+            const int32_t *blocks = kv->block_table + (size_t)b * kv->max_blocks;
+            const float *q = qkv + (size_t)t * row + (size_t)h * D;
+            const int32_t kvh = h / group;
+            float max = -INFINITY;
+            for (int32_t j = 0; j <= pos; j++) {
+                const size_t slot = (size_t)blocks[j / kv->block_size] * kv->block_size + j % kv->block_size;
+                const float *k = k_cache + slot * kvrow + (size_t)kvh * D;
+                float s = 0.0f;
+                for (int32_t d = 0; d < D; d++) s += q[d] * k[d];
+                scores[j] = s * scale;
+                if (scores[j] > max) max = scores[j];
+            }
+            float sum = 0.0f;
+            for (int32_t j = 0; j <= pos; j++) {
+                scores[j] = expf(scores[j] - max);
+                sum += scores[j];
+            }
+            for (int32_t d = 0; d < D; d++) acc[d] = 0.0f;
+            for (int32_t j = 0; j <= pos; j++) {
+                const size_t slot = (size_t)blocks[j / kv->block_size] * kv->block_size + j % kv->block_size;
+                const float *v = v_cache + slot * kvrow + (size_t)kvh * D;
+                const float p = scores[j];
+                for (int32_t d = 0; d < D; d++) acc[d] += p * v[d];
+            }
+            float *o = out + (size_t)t * n_heads * D + (size_t)h * D;
+            const float inv = 1.0f / sum;
+            for (int32_t d = 0; d < D; d++) o[d] = acc[d] * inv;
+        }
+        free(scores);
+        free(acc);
+    }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_swiglu(nopad_backend *be, void *out_, const void *gate_up_, int32_t n_tokens,
+                        int32_t dim) {
+    float *out = out_;               // [T, F]
+    const float *gate_up = gate_up_; // [T, 2F]: gate | up
+#pragma omp parallel for num_threads(cpu_threads(be))
+    for (int32_t t = 0; t < n_tokens; t++) {
+        const float *g = gate_up + (size_t)t * 2 * dim, *u = g + dim;
+        float *o = out + (size_t)t * dim;
+        for (int32_t i = 0; i < dim; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_gather_rows(nopad_backend *be, void *out_, const void *x_, const int32_t *rows,
+                             int32_t n, int32_t dim) {
+    float *out = out_;
+    const float *x = x_;
+    for (int32_t i = 0; i < n; i++)
+        memcpy(out + (size_t)i * dim, x + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
+    return NOPAD_OK;
+}

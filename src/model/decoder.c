@@ -1,0 +1,213 @@
+/* The decoder graph, one loop over layers on the op table:
+ *
+ *   h = embed(tokens) (+ learned positions, GPT-2)
+ *   per layer:  xn = norm1(h); qkv = xn·Wqkvᵀ (+b); rope(q, k) (LLaMA); kv_store(k, v)
+ *               attn = causal paged attention(q; the sequence's cached keys and values)
+ *               h = attn·Woᵀ (+b) + h
+ *               xn = norm2(h); h = down(act(up(xn))) + h      (LLaMA: silu(gate)·up)
+ *   logits = final_norm(h[rows])·lm_headᵀ, rows = each sequence's last new token (or all)
+ *
+ * A step is packed: T new tokens of B sequences, whatever each brings (a prompt chunk, one
+ * decode token). Positions come from each sequence's history length, so a prompt split into
+ * chunks gives the logits it gives whole. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/decoder.h"
+#include "util/error.h"
+
+void decoder_rope_inv_freq(const model_config *cfg, float *out) {
+    const int32_t half = cfg->head_size / 2;
+    for (int32_t i = 0; i < half; i++) {
+        /* HF: 1 / base^(2i / D), the exponent and the power in float32 */
+        float expo = (float)(2 * i) / (float)cfg->head_size;
+        float f = 1.0f / powf(cfg->rope_theta, expo);
+        const rope_scaling *r = &cfg->rope;
+        if (r->kind == ROPE_SCALING_LINEAR) {
+            f /= r->factor;
+        } else if (r->kind == ROPE_SCALING_LLAMA3) {
+            const float old = (float)r->original_max_positions;
+            const float low_wavelen = old / r->low_freq_factor;
+            const float high_wavelen = old / r->high_freq_factor;
+            const float wavelen = 2.0f * 3.14159265358979323846f / f;
+            float scaled = wavelen > low_wavelen ? f / r->factor : f;
+            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+                const float smooth = (old / wavelen - r->low_freq_factor) /
+                                     (r->high_freq_factor - r->low_freq_factor);
+                scaled = (1.0f - smooth) * scaled / r->factor + smooth * scaled;
+            }
+            f = scaled;
+        }
+        out[i] = f;
+    }
+}
+
+/* ---- state ---------------------------------------------------------------------------------- */
+
+static nopad_status alloc(nopad_backend *be, decoder_state *s, size_t bytes, void **out) {
+    nopad_status st = be->alloc(be, bytes ? bytes : 1, out);
+    if (st == NOPAD_OK) s->bytes += bytes;
+    return st;
+}
+
+nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int32_t max_tokens,
+                                int32_t kv_tokens, int32_t block_size, decoder_state *s) {
+    memset(s, 0, sizeof *s);
+    if (block_size <= 0) block_size = 16;
+    if (max_tokens <= 0) max_tokens = 2048;
+    if (kv_tokens <= 0) kv_tokens = 8192;
+    s->block_size = block_size;
+    s->n_blocks = (kv_tokens + block_size - 1) / block_size;
+    s->max_tokens = max_tokens;
+    const size_t es = nopad_dtype_size(be->dtype);
+    const size_t T = (size_t)max_tokens, H = (size_t)cfg->hidden_size;
+    const size_t D = (size_t)cfg->head_size, nh = (size_t)cfg->num_heads,
+                 kvh = (size_t)cfg->num_kv_heads, F = (size_t)cfg->intermediate_size;
+    const size_t slots = (size_t)s->n_blocks * block_size;
+    s->k_cache = calloc((size_t)cfg->num_layers, sizeof *s->k_cache);
+    s->v_cache = calloc((size_t)cfg->num_layers, sizeof *s->v_cache);
+    s->free_blocks = malloc((size_t)s->n_blocks * sizeof *s->free_blocks);
+    if (!s->k_cache || !s->v_cache || !s->free_blocks)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    nopad_status st = NOPAD_OK;
+    for (int32_t l = 0; l < cfg->num_layers && st == NOPAD_OK; l++) {
+        st = alloc(be, s, slots * kvh * D * es, &s->k_cache[l]);
+        if (st == NOPAD_OK) st = alloc(be, s, slots * kvh * D * es, &s->v_cache[l]);
+    }
+    if (st != NOPAD_OK)
+        return nopad_wrap_error(st, "decoder: the KV cache of %d tokens (%d layers x %zu KV heads x "
+                                    "%zu) does not fit; ask for fewer KV tokens",
+                                kv_tokens, cfg->num_layers, kvh, D);
+    /* blocks are handed out lowest first */
+    for (int32_t b = 0; b < s->n_blocks; b++) s->free_blocks[b] = s->n_blocks - 1 - b;
+    s->n_free = s->n_blocks;
+    const size_t mlp = cfg->family == FAMILY_LLAMA ? 2 * F : F;
+    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->h);
+    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->xn);
+    if (st == NOPAD_OK) st = alloc(be, s, T * (nh + 2 * kvh) * D * es, &s->qkv);
+    if (st == NOPAD_OK) st = alloc(be, s, T * nh * D * es, &s->attn);
+    if (st == NOPAD_OK) st = alloc(be, s, T * mlp * es, &s->mlp);
+    if (st == NOPAD_OK) st = alloc(be, s, T * F * es, &s->act);
+    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->last);
+    if (st == NOPAD_OK) st = alloc(be, s, T * (size_t)cfg->vocab_size * es, &s->logits);
+    /* tokens, positions, slots, rows [T each]; cu_q [T+1]; seqlen_k [T]; block table [T, max] */
+    const size_t max_blocks = ((size_t)cfg->max_position_embeddings + block_size - 1) / block_size;
+    s->i32_count = 6 * T + 1 + T * max_blocks;
+    if (st == NOPAD_OK) st = alloc(be, s, s->i32_count * sizeof(int32_t), (void **)&s->i32);
+    return st;
+}
+
+void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_state *s) {
+    if (!be) return;
+    for (int32_t l = 0; l < cfg->num_layers; l++) {
+        if (s->k_cache && s->k_cache[l]) be->free(be, s->k_cache[l]);
+        if (s->v_cache && s->v_cache[l]) be->free(be, s->v_cache[l]);
+    }
+    void *bufs[] = {s->h, s->xn, s->qkv, s->attn, s->mlp, s->act, s->last, s->logits, s->i32};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(be, bufs[i]);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->free_blocks);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- the step ------------------------------------------------------------------------------- */
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) return st_;                                                           \
+    } while (0)
+
+nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                          decoder_state *s, const decoder_batch *batch, float *logits) {
+    const int32_t B = batch->n_seqs, T = batch->cu_q[B];
+    const int32_t H = cfg->hidden_size, D = cfg->head_size, nh = cfg->num_heads,
+                  kvh = cfg->num_kv_heads, F = cfg->intermediate_size, V = cfg->vocab_size;
+    const int llama = cfg->family == FAMILY_LLAMA;
+    const float eps = cfg->layer_norm_eps;
+    if (T <= 0 || T > s->max_tokens)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "decoder step: %d new tokens, the workspace holds 1 to %d", T,
+                               s->max_tokens);
+    const size_t max_blocks_cap = (s->i32_count - 6 * (size_t)s->max_tokens - 1) / (size_t)s->max_tokens;
+    if ((size_t)batch->max_blocks > max_blocks_cap)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: block table too wide");
+
+    /* host-side index arrays: positions, cache slots, the rows that get logits */
+    int32_t *host = malloc(((size_t)4 * T + 1 + (size_t)B) * sizeof *host);
+    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder step: out of memory");
+    int32_t *positions = host, *slots = host + T, *rows = host + 2 * T;
+    int32_t max_q = 0, max_k = 0;
+    for (int32_t b = 0; b < B; b++) {
+        const int32_t n_new = batch->cu_q[b + 1] - batch->cu_q[b];
+        const int32_t first = batch->seqlen_k[b] - n_new;
+        const int32_t *blocks = batch->block_table + (size_t)b * batch->max_blocks;
+        for (int32_t i = 0; i < n_new; i++) {
+            const int32_t t = batch->cu_q[b] + i, p = first + i;
+            positions[t] = p;
+            slots[t] = blocks[p / s->block_size] * s->block_size + p % s->block_size;
+        }
+        rows[b] = batch->cu_q[b + 1] - 1;
+        if (n_new > max_q) max_q = n_new;
+        if (batch->seqlen_k[b] > max_k) max_k = batch->seqlen_k[b];
+    }
+    /* device copies: tokens | positions | slots | rows | cu_q | seqlen_k | block table */
+    int32_t *d_tokens = s->i32, *d_pos = d_tokens + s->max_tokens, *d_slots = d_pos + s->max_tokens,
+            *d_rows = d_slots + s->max_tokens, *d_cu = d_rows + s->max_tokens,
+            *d_seqlen = d_cu + s->max_tokens + 1, *d_table = d_seqlen + s->max_tokens;
+    nopad_status st = be->upload_i32(be, d_tokens, batch->tokens, (size_t)T);
+    if (st == NOPAD_OK) st = be->upload_i32(be, d_pos, positions, (size_t)T);
+    if (st == NOPAD_OK) st = be->upload_i32(be, d_slots, slots, (size_t)T);
+    if (st == NOPAD_OK) st = be->upload_i32(be, d_rows, rows, (size_t)B);
+    if (st == NOPAD_OK) st = be->upload_i32(be, d_cu, batch->cu_q, (size_t)B + 1);
+    if (st == NOPAD_OK) st = be->upload_i32(be, d_seqlen, batch->seqlen_k, (size_t)B);
+    if (st == NOPAD_OK)
+        st = be->upload_i32(be, d_table, batch->block_table, (size_t)B * batch->max_blocks);
+    free(host);
+    TRY(st);
+    const nopad_kv_batch kv = {.n_seqs = B, .n_tokens = T, .max_q = max_q, .max_k = max_k,
+                               .cu_q = d_cu, .seqlen_k = d_seqlen, .block_table = d_table,
+                               .max_blocks = batch->max_blocks, .block_size = s->block_size};
+
+    TRY(be->embed_tokens(be, s->h, d_tokens, llama ? NULL : d_pos, T, V,
+                         cfg->max_position_embeddings, w->tok_emb, w->pos_emb, H));
+    const int32_t qkv_dim = (nh + 2 * kvh) * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int rms = cfg->norm == NORM_RMSNORM;
+    for (int32_t l = 0; l < cfg->num_layers; l++) {
+        const decoder_layer *L = &w->layers[l];
+        TRY(be->norm(be, s->xn, s->h, L->norm1_w, L->norm1_b, eps, T, H, rms));
+        TRY(be->gemm(be, s->qkv, s->xn, L->qkv_w, L->qkv_b, NULL, T, H, qkv_dim,
+                     L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        if (llama) TRY(be->rope(be, s->qkv, d_pos, T, nh, kvh, D, w->inv_freq));
+        TRY(be->kv_store(be, s->k_cache[l], s->v_cache[l], s->qkv, d_slots, T, nh, kvh, D));
+        TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &kv, nh, kvh,
+                                D, scale));
+        TRY(be->gemm(be, s->h, s->attn, L->o_w, L->o_b, s->h, T, nh * D, H,
+                     NOPAD_EPILOGUE_BIAS_RESIDUAL, NOPAD_ACT_GELU));
+        TRY(be->norm(be, s->xn, s->h, L->norm2_w, L->norm2_b, eps, T, H, rms));
+        if (llama) {
+            TRY(be->gemm(be, s->mlp, s->xn, L->up_w, NULL, NULL, T, H, 2 * F, NOPAD_EPILOGUE_NONE,
+                         NOPAD_ACT_GELU));
+            TRY(be->swiglu(be, s->act, s->mlp, T, F));
+        } else {
+            TRY(be->gemm(be, s->act, s->xn, L->up_w, L->up_b, NULL, T, H, F,
+                         NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
+        }
+        TRY(be->gemm(be, s->h, s->act, L->down_w, L->down_b, s->h, T, F, H,
+                     NOPAD_EPILOGUE_BIAS_RESIDUAL, NOPAD_ACT_GELU));
+    }
+    const int32_t n_rows = batch->all_logits ? T : B;
+    const void *src = s->h;
+    if (!batch->all_logits) {
+        TRY(be->gather_rows(be, s->last, s->h, d_rows, B, H));
+        src = s->last;
+    }
+    TRY(be->norm(be, s->xn, src, w->final_norm_w, w->final_norm_b, eps, n_rows, H, rms));
+    TRY(be->gemm(be, s->logits, s->xn, w->lm_head, NULL, NULL, n_rows, H, V, NOPAD_EPILOGUE_NONE,
+                 NOPAD_ACT_GELU));
+    return be->download_f32(be, logits, s->logits, (size_t)n_rows * V);
+}

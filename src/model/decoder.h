@@ -1,0 +1,93 @@
+/* Decoder models (GPT-2, the LLaMA family): weights, the paged KV cache of a context, and one
+ * forward step over a packed batch of new tokens from any mix of sequences (prompt chunks and
+ * single decode tokens alike). Written once against the op table. */
+#ifndef NOPAD_MODEL_DECODER_H
+#define NOPAD_MODEL_DECODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "io/model_config.h"
+
+typedef struct decoder_layer {
+    void *norm1_w, *norm1_b;  // [hidden] (b: LayerNorm only)
+    void *qkv_w, *qkv_b;      // [(H + 2·KVH)·D, hidden], [(H + 2·KVH)·D] or NULL
+    void *o_w, *o_b;          // [hidden, H·D], [hidden] or NULL
+    void *norm2_w, *norm2_b;  // [hidden]
+    void *up_w, *up_b;        // LLaMA: [2F, hidden] gate | up, no bias; GPT-2: [F, hidden], [F]
+    void *down_w, *down_b;    // [hidden, F], [hidden] or NULL
+} decoder_layer;
+
+typedef struct decoder_weights {
+    void *tok_emb;            // [V, hidden]
+    void *pos_emb;            // [P, hidden] (GPT-2) or NULL
+    decoder_layer *layers;    // [num_layers]
+    void *final_norm_w, *final_norm_b;
+    void *lm_head;            // [V, hidden]; = tok_emb when tied
+    float *inv_freq;          // [D/2] rotary frequencies, scaled (backend memory, float32) or NULL
+    void **allocations;       // everything above, for freeing
+    int32_t n_allocations;
+    size_t bytes;
+    int64_t n_params;
+    const char *weights_dtype; /* of the checkpoint ("F32", "BF16", "Q4_1", ...) */
+} decoder_weights;
+
+/* From a Hugging Face folder's safetensors (names of GPT2LMHeadModel / LlamaForCausalLM /
+ * Qwen2ForCausalLM / MistralForCausalLM, with or without a task prefix). */
+struct safetensors_checkpoint;
+nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg,
+                                     const struct safetensors_checkpoint *ckpt, const char *where,
+                                     decoder_weights *out);
+/* From a GGUF file (llama.cpp's names), dequantised to float32 and converted to the backend's
+ * dtype; the Q and K rows llama.cpp's converter permuted for its rotary layout are put back. */
+struct gguf_file;
+nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg,
+                                       const struct gguf_file *f, decoder_weights *out);
+void decoder_weights_free(nopad_backend *be, decoder_weights *w);
+
+/* The inverse frequencies of rotary embeddings for cfg (HF's _compute_*_rope_parameters:
+ * default, linear, llama3), [head_size / 2]. */
+void decoder_rope_inv_freq(const model_config *cfg, float *out);
+
+/* A context's decoder state: the paged KV pool and the step workspace. */
+typedef struct decoder_state {
+    int32_t block_size, n_blocks;
+    void **k_cache, **v_cache;   // [num_layers] each [n_blocks · block_size, KVH, D]
+    int32_t *free_blocks;        // stack of free block ids
+    int32_t n_free;
+    int32_t max_tokens;          // the step workspace's token budget
+    /* workspace (backend memory) */
+    void *h;                     // [T, hidden] residual stream
+    void *xn;                    // [T, hidden] normed input of a sub-layer
+    void *qkv;                   // [T, (H + 2·KVH)·D]
+    void *attn;                  // [T, H·D]
+    void *mlp;                   // [T, 2F] (gate | up, or GPT-2's F)
+    void *act;                   // [T, F]
+    void *last;                  // [T, hidden] the rows whose logits are asked for
+    void *logits;                // [T, V]
+    int32_t *i32;                // tokens, positions, slots, rows, cu_q, seqlen_k, block table
+    size_t i32_count;
+    size_t bytes;
+} decoder_state;
+
+nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int32_t max_tokens,
+                                int32_t kv_tokens, int32_t block_size, decoder_state *s);
+void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_state *s);
+
+/* One step's input, on the host: B sequences, each bringing new tokens. */
+typedef struct decoder_batch {
+    int32_t n_seqs;
+    const int32_t *cu_q;         // [B+1] new tokens per sequence
+    const int32_t *tokens;       // [T]
+    const int32_t *seqlen_k;     // [B] keys after the step (history + new)
+    const int32_t *block_table;  // [B, max_blocks], blocks already reserved for seqlen_k keys
+    int32_t max_blocks;
+    int all_logits;              // 1: logits of every new token; 0: of each sequence's last
+} decoder_batch;
+
+/* Runs the step; logits [B or T, V] float32 on the host. */
+nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                          decoder_state *s, const decoder_batch *batch, float *logits);
+
+#endif
