@@ -56,7 +56,9 @@ class ModelParams(ctypes.Structure):
                 ("n_threads", ctypes.c_int),
                 ("max_batch_tokens", ctypes.c_int32),
                 ("cuda_stream", ctypes.c_void_p),
-                ("cuda_graph_max_tokens", ctypes.c_int32)]
+                ("cuda_graph_max_tokens", ctypes.c_int32),
+                ("kv_cache_tokens", ctypes.c_int32),
+                ("kv_block_size", ctypes.c_int32)]
 
 
 class ModelStats(ctypes.Structure):
@@ -87,7 +89,11 @@ class ModelInfo(ctypes.Structure):
                 ("pooling", _enum),
                 ("normalize", ctypes.c_int),
                 ("has_tokenizer", ctypes.c_int),
-                ("tokenizer_kind", ctypes.c_char_p)]
+                ("tokenizer_kind", ctypes.c_char_p),
+                ("is_decoder", ctypes.c_int),
+                ("num_kv_heads", ctypes.c_int32),
+                ("bos_token_id", ctypes.c_int32),
+                ("eos_token_id", ctypes.c_int32)]
 
 
 class EncodeParams(ctypes.Structure):
@@ -99,7 +105,28 @@ class EncodeParams(ctypes.Structure):
 class ContextParams(ctypes.Structure):
     _fields_ = [("max_batch_tokens", ctypes.c_int32),
                 ("cuda_stream", ctypes.c_void_p),
-                ("cuda_graph_max_tokens", ctypes.c_int32)]
+                ("cuda_graph_max_tokens", ctypes.c_int32),
+                ("kv_cache_tokens", ctypes.c_int32),
+                ("kv_block_size", ctypes.c_int32)]
+
+
+class SamplingParams(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_float),
+                ("top_k", ctypes.c_int32),
+                ("top_p", ctypes.c_float),
+                ("min_p", ctypes.c_float),
+                ("repetition_penalty", ctypes.c_float),
+                ("seed", ctypes.c_uint64)]
+
+
+class GenerateParams(ctypes.Structure):
+    _fields_ = [("max_tokens", ctypes.c_int32),
+                ("ignore_eos", ctypes.c_int),
+                ("sampling", SamplingParams)]
+
+
+# nopad_token_fn: int (*)(void *user, int32_t prompt, int32_t token)
+TokenFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
 
 
 LAYOUT_PACKED, LAYOUT_PADDED = 0, 1
@@ -173,6 +200,14 @@ _PROTOTYPES = {
     "nopad_attention_varlen": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, _p, _p, _p,
                                               ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                               ctypes.c_int32, ctypes.c_float, ctypes.c_int, _p, _p]),
+    "nopad_sampling_default_params": (SamplingParams, []),
+    "nopad_sequence_create": (ctypes.c_int, [_p, ctypes.POINTER(_p)]),
+    "nopad_sequence_free": (None, [_p]),
+    "nopad_sequence_length": (ctypes.c_int32, [_p]),
+    "nopad_decode": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, _p, ctypes.c_int, _p]),
+    "nopad_generate_default_params": (GenerateParams, []),
+    "nopad_generate": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, ctypes.POINTER(GenerateParams),
+                                      _p, _p, TokenFn, _p]),
 }
 
 # Entry points that a library may or may not have (declared when present): for functions newer

@@ -20,6 +20,8 @@ def test_struct_layouts_match_the_header(capi_helper):
                "nopad_model_stats": _native.ModelStats,
                "nopad_encode_params": _native.EncodeParams,
                "nopad_context_params": _native.ContextParams,
+               "nopad_sampling_params": _native.SamplingParams,
+               "nopad_generate_params": _native.GenerateParams,
                "nopad_batch": _native.Batch}
     seen = {name: [] for name in structs}
     for line in out.stdout.splitlines():
