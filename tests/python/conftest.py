@@ -30,7 +30,24 @@ except ImportError:
     sys.path.insert(0, str(REPO / "python"))
     import nopad  # noqa: F401,E402
 
-GOLDEN_MODELS = sorted(p.name for p in MODELS.iterdir() if (p / "golden.safetensors").is_file())
+
+
+def _golden_tensors(folder):
+    """Names of the tensors in folder/golden.safetensors (its JSON header), or () when absent."""
+    import json
+    import struct
+    path = folder / "golden.safetensors"
+    if not path.is_file():
+        return ()
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return tuple(k for k in json.loads(f.read(n)) if k != "__metadata__")
+
+
+# Encoder goldens hold last_hidden_state; decoder goldens (make_decoder_fixtures.py) logits.
+GOLDEN_MODELS = sorted(p.name for p in MODELS.iterdir()
+                       if "last_hidden_state" in _golden_tensors(p))
+DECODER_MODELS = sorted(p.name for p in MODELS.iterdir() if "logits" in _golden_tensors(p))
 ST_MODELS = [m for m in GOLDEN_MODELS if m.startswith("st_")]
 
 
