@@ -1,8 +1,13 @@
-"""nopad: padding-free inference for BERT-family encoders, from Python.
+"""nopad: padding-free inference for encoders (BERT family) and decoders (GPT-2, LLaMA family),
+from Python.
 
 >>> import nopad
 >>> with nopad.Encoder("path/to/all-MiniLM-L6-v2") as enc:
 ...     emb = enc.encode(["Hello world", "Padding-free inference"])   # numpy float32 [2, 384]
+>>> with nopad.Generator("path/to/SmolLM2-135M-Instruct.Q4_1.gguf") as gen:
+...     gen.generate("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+...                  "<|im_start|>assistant\n", max_tokens=16)
+['The capital of France is Paris.']
 
 A thin ctypes layer over libnopad (include/nopad.h): no compiler is needed to use it, the GIL is
 released while the library computes, and every failure raises a :class:`NopadError` subclass
@@ -10,6 +15,9 @@ carrying the library's message and status.
 
 - :class:`Encoder`: ``encode`` (text -> embeddings), ``forward`` (packed ids + cu_seqlens ->
   hidden states), ``info``, ``tokenizer``.
+- :class:`Generator`: ``generate`` (prompts -> text), ``generate_ids``, ``stream`` (the text of
+  one prompt as it comes), ``decode`` (one step over :class:`Sequence` objects -> logits),
+  ``info``, ``tokenizer``.
 - :class:`Tokenizer`: ``encode``, ``encode_batch`` (-> ids, cu_seqlens), ``decode``,
   ``decode_stream`` (a :class:`DecodeStream`), ``kind``.
 - :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
@@ -25,10 +33,11 @@ from .encoder import DEFAULT_BATCH_TOKENS, Encoder, ModelInfo
 from .errors import (BackendError, BufferTooSmallError, FileError, FormatError, InternalError,
                      InvalidArgumentError, LibraryNotFoundError, NopadError, OutOfMemoryError,
                      Status, TooLongError, UnsupportedError)
+from .generator import Generator, Sequence, TokenStream
 from .tokenizer import DecodeStream, Tokenizer
 
 __all__ = [
-    "Encoder", "ModelInfo", "Tokenizer", "DecodeStream", "attention_varlen", "attention_varlen_packed",
+    "Encoder", "Generator", "Sequence", "TokenStream", "ModelInfo", "Tokenizer", "DecodeStream", "attention_varlen", "attention_varlen_packed",
     "library_version", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
     "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",

@@ -48,7 +48,7 @@ def _check_model_folder(path: Union[str, bytes]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
-    """What a model folder holds (nopad_model_info)."""
+    """What a model folder or GGUF file holds (nopad_model_info)."""
 
     model_type: str          # config.json model_type: "bert", "roberta", ...
     family: str              # "BERT", "RoBERTa", "DistilBERT", "ALBERT"
@@ -71,7 +71,11 @@ class ModelInfo:
     pooling: str             # the folder's default pooling: "cls", "mean", "max" (CLS if unset)
     normalize: bool          # whether the folder's pipeline L2-normalises
     has_tokenizer: bool
-    tokenizer_kind: str      # "tokenizer.json", "vocab.txt", "none" or "unsupported"
+    tokenizer_kind: str      # "tokenizer.json", "vocab.txt", "gguf", "none" or "unsupported"
+    is_decoder: bool = False # a decoder (nopad.Generator) rather than an encoder
+    num_kv_heads: int = 0    # key/value heads (grouped-query attention in decoders)
+    bos_token_id: Optional[int] = None  # decoders: the beginning-of-sequence id, if any
+    eos_token_id: Optional[int] = None  # decoders: the first end-of-sequence id, if any
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,6 +83,40 @@ class ModelInfo:
 
 def _s(b: Optional[bytes]) -> str:
     return b.decode("utf-8", "replace") if b else ""
+
+
+def _model_info(info: "_native.ModelInfo", device: int) -> ModelInfo:
+    """The ModelInfo of a filled nopad_model_info."""
+    decoder = bool(info.is_decoder)
+    return ModelInfo(
+        model_type=_s(info.model_type), family=_s(info.family),
+        activation=_s(info.activation), weights_dtype=_s(info.weights_dtype),
+        compute_dtype=_s(info.compute_dtype),
+        device="cuda" if device == _native.DEVICE_CUDA else "cpu",
+        vocab_size=info.vocab_size, hidden_size=info.hidden_size,
+        embedding_size=info.embedding_size, num_layers=info.num_layers,
+        num_heads=info.num_heads, head_size=info.head_size,
+        intermediate_size=info.intermediate_size,
+        max_position_embeddings=info.max_position_embeddings,
+        max_seq_length=info.max_seq_length, type_vocab_size=info.type_vocab_size,
+        layer_norm_eps=float(info.layer_norm_eps), n_params=int(info.n_params),
+        pooling=_native.POOLING_NAMES.get(int(info.pooling), "cls"),
+        normalize=bool(info.normalize), has_tokenizer=bool(info.has_tokenizer),
+        tokenizer_kind=_s(info.tokenizer_kind) or "none", is_decoder=decoder,
+        num_kv_heads=int(info.num_kv_heads),
+        bos_token_id=int(info.bos_token_id) if decoder and info.bos_token_id >= 0 else None,
+        eos_token_id=int(info.eos_token_id) if decoder and info.eos_token_id >= 0 else None)
+
+
+def _is_gguf_file(path: Union[str, bytes]) -> bool:
+    """Whether `path` is a regular file starting with the GGUF magic."""
+    try:
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except (OSError, ValueError):
+        return False
 
 
 def _encode(model: Any, batch: "_native.Batch", params: "_native.EncodeParams", hidden: Any,
@@ -194,6 +232,8 @@ class Encoder:
             FormatError: malformed config.json, safetensors or tokenizer.
             UnsupportedError: unsupported model_type, dtype or device (for example "cuda" with a
                 library built without CUDA).
+            InvalidArgumentError: `path` holds a decoder, or is a GGUF file (use
+                :class:`nopad.Generator`).
         """
         self._handle: Optional[Handle] = None
         dev = _parse_device(device)
@@ -215,6 +255,10 @@ class Encoder:
             raise InvalidArgumentError("cuda_stream applies to device='cuda'")
         out = ctypes.c_void_p()
         self.path = os.fspath(path)
+        if _is_gguf_file(self.path):
+            raise InvalidArgumentError("'%s' is a GGUF file, which holds a decoder; nopad.Encoder "
+                                       "runs encoders: use nopad.Generator for it"
+                                       % os.fsdecode(self.path))
         _check_model_folder(self.path)
         _native.check(lib.nopad_model_load(os.fsencode(path), ctypes.byref(params),
                                            ctypes.byref(out)))
@@ -222,20 +266,12 @@ class Encoder:
         info = _native.ModelInfo()
         _native.check(lib.nopad_model_get_info(out.value, ctypes.byref(info)))
         self._pooling_code = int(info.pooling)
-        self.info = ModelInfo(
-            model_type=_s(info.model_type), family=_s(info.family),
-            activation=_s(info.activation), weights_dtype=_s(info.weights_dtype),
-            compute_dtype=_s(info.compute_dtype), device="cuda" if dev else "cpu",
-            vocab_size=info.vocab_size, hidden_size=info.hidden_size,
-            embedding_size=info.embedding_size, num_layers=info.num_layers,
-            num_heads=info.num_heads, head_size=info.head_size,
-            intermediate_size=info.intermediate_size,
-            max_position_embeddings=info.max_position_embeddings,
-            max_seq_length=info.max_seq_length, type_vocab_size=info.type_vocab_size,
-            layer_norm_eps=float(info.layer_norm_eps), n_params=int(info.n_params),
-            pooling=_native.POOLING_NAMES.get(int(info.pooling), "cls"),
-            normalize=bool(info.normalize), has_tokenizer=bool(info.has_tokenizer),
-            tokenizer_kind=_s(info.tokenizer_kind) or "none")
+        self.info = _model_info(info, dev)
+        if self.info.is_decoder:
+            self.close()
+            raise InvalidArgumentError(
+                "'%s' is a decoder (%s, %s); nopad.Encoder runs encoders: use nopad.Generator "
+                "for it" % (self.path, self.info.model_type, self.info.family))
         self._tok_ptr: Optional[int] = lib.nopad_model_tokenizer(out.value) or None
         why = lib.nopad_model_tokenizer_error(out.value)
         self._tokenizer_error: Optional[str] = why.decode("utf-8", "replace") if why else None
