@@ -42,7 +42,7 @@ nopad_status context_create(nopad_model *model, const nopad_context_params *para
     if (st == NOPAD_OK && model->cfg.causal) {
         if (!c->be->attention_paged)
             st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                                 "decoder models do not run on the %s backend yet (cpu only)",
+                                 "decoder models do not run on the %s backend",
                                  c->be->name);
         else
             st = decoder_state_init(c->be, &model->cfg, c->params.max_batch_tokens,

@@ -14,6 +14,7 @@
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm/gemm.h"
+#include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/state.h"
 #include "util/error.h"
@@ -74,6 +75,48 @@ static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void
     CUDA_ENTER(be, s);
     return cuda_attention(be->dtype, out, qkv, seqs->cu_seqlens, seqs->n_seqs, seqs->n_tokens, seqs->max_seqlen,
                           n_heads, head_size, scale, causal, s->attention_ws, s->stream);
+}
+
+/* ---- decoder ops (decoder.cu) ---- */
+static nopad_status cu_embed_tokens(nopad_backend *be, void *out, const int32_t *tokens,
+                                    const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
+                                    int32_t n_positions, const void *word, const void *pos, int32_t dim) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_embed_tokens(be->dtype, out, tokens, positions, n_tokens, vocab_size, n_positions, word, pos,
+                                 dim, s->stream);
+}
+static nopad_status cu_norm(nopad_backend *be, void *out, const void *x, const void *w, const void *b, float eps,
+                            int32_t n_tokens, int32_t dim, int rms) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_norm(be->dtype, out, x, w, b, eps, n_tokens, dim, rms, s->stream);
+}
+static nopad_status cu_rope(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t head_size, const float *inv_freq) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_rope(be->dtype, qkv, positions, n_tokens, n_heads, n_kv_heads, head_size, inv_freq, s->stream);
+}
+static nopad_status cu_kv_store(nopad_backend *be, void *k_cache, void *v_cache, const void *qkv,
+                                const int32_t *slots, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_size) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_kv_store(be->dtype, k_cache, v_cache, qkv, slots, n_tokens, n_heads, n_kv_heads, head_size,
+                             s->stream);
+}
+static nopad_status cu_attention_paged(nopad_backend *be, void *out, const void *qkv, const void *k_cache,
+                                       const void *v_cache, const nopad_kv_batch *kv, int32_t n_heads,
+                                       int32_t n_kv_heads, int32_t head_size, float scale) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_attention_paged(be->dtype, out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size,
+                                    scale, s->stream);
+}
+static nopad_status cu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens, int32_t dim) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_swiglu(be->dtype, out, gate_up, n_tokens, dim, s->stream);
+}
+static nopad_status cu_gather_rows(nopad_backend *be, void *out, const void *x, const int32_t *rows, int32_t n,
+                                   int32_t dim) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_gather_rows(be->dtype, out, x, rows, n, dim, s->stream);
 }
 
 /* Every op and shape, except attention heads over 128 (the generic kernel's limit). */
@@ -184,6 +227,13 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->attention = cu_attention_varlen;
     be->pool = cu_pool;
     be->l2_normalize = cu_l2_normalize;
+    be->embed_tokens = cu_embed_tokens;
+    be->norm = cu_norm;
+    be->rope = cu_rope;
+    be->kv_store = cu_kv_store;
+    be->attention_paged = cu_attention_paged;
+    be->swiglu = cu_swiglu;
+    be->gather_rows = cu_gather_rows;
     *out = be;
     return NOPAD_OK;
 }

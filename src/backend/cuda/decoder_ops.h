@@ -1,0 +1,40 @@
+/* C launchers of the CUDA decoder ops (decoder.cu); the op table's decoder entries of backend.h,
+ * with the dtype and stream made explicit. */
+#ifndef NOPAD_BACKEND_CUDA_DECODER_OPS_H
+#define NOPAD_BACKEND_CUDA_DECODER_OPS_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, void *out, const int32_t *tokens,
+                                   const int32_t *positions, int32_t n_tokens, int32_t vocab,
+                                   int32_t n_positions, const void *word, const void *pos,
+                                   int32_t dim, void *stream);
+nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, const void *x, const void *w,
+                           const void *b, float eps, int32_t n_tokens, int32_t dim, int rms,
+                           void *stream);
+nopad_status cuda_dec_rope(nopad_dtype dtype, void *qkv, const int32_t *positions,
+                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                           int32_t head_size, const float *inv_freq, void *stream);
+nopad_status cuda_dec_kv_store(nopad_dtype dtype, void *k_cache, void *v_cache, const void *qkv,
+                               const int32_t *slots, int32_t n_tokens, int32_t n_heads,
+                               int32_t n_kv_heads, int32_t head_size, void *stream);
+nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, const void *qkv,
+                                      const void *k_cache, const void *v_cache,
+                                      const nopad_kv_batch *kv, int32_t n_heads,
+                                      int32_t n_kv_heads, int32_t head_size, float scale,
+                                      void *stream);
+nopad_status cuda_dec_swiglu(nopad_dtype dtype, void *out, const void *gate_up, int32_t n_tokens,
+                             int32_t dim, void *stream);
+nopad_status cuda_dec_gather_rows(nopad_dtype dtype, void *out, const void *x,
+                                  const int32_t *rows, int32_t n, int32_t dim, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
