@@ -222,6 +222,12 @@ int cmd_bench(int argc, char **argv) {
     }
     nopad_model_info info;
     nopad_model_get_info(model, &info);
+    if (info.is_decoder) {
+        fprintf(stderr, "nopad bench: error: %s is a decoder (%s); bench times encoders\n",
+                model_dir, info.family);
+        nopad_model_free(model);
+        return 1;
+    }
     if (batch && max > info.max_seq_length) {
         fprintf(stderr, "nopad bench: error: --max %d: the model accepts at most %d tokens per sequence\n",
                 max, info.max_seq_length);

@@ -9,6 +9,7 @@
 
 #include <getopt.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "nopad.h"
 
@@ -25,6 +26,7 @@ int cmd_embed(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
@@ -76,6 +78,8 @@ void cli_print_opt_error(const cli_parser *p);
 
 /* Option values. Each parse_* prints why it fails and returns -1, else stores and returns 0. */
 int parse_int(const char *name, const char *s, long lo, long hi, long *out); /* whole decimal */
+int parse_float(const char *name, const char *s, double *out);  /* a finite decimal number */
+int parse_u64(const char *name, const char *s, uint64_t *out);  /* whole decimal, unsigned */
 int parse_pooling(const char *s, nopad_pooling *out); /* cls, mean, max, none */
 int parse_device(const char *s, nopad_device *out);   /* cpu, cuda */
 int parse_dtype(const char *s, nopad_dtype *out);     /* fp32, fp16, bf16 */
@@ -86,10 +90,14 @@ const char *pooling_name(nopad_pooling p);
 
 /* ---- shared helpers ---------------------------------------------------------------------- */
 
-/* Loads `dir`, or prints why not and returns NULL. Without dtype_given the CPU computes in fp32,
- * the GPU in fp16. */
+/* Loads `dir` (a model folder or a GGUF file), or prints why not and returns NULL. Without
+ * dtype_given the CPU computes in fp32, the GPU in fp16. */
 nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype, int dtype_given,
                         int n_threads);
+/* The same with every load parameter given. */
+nopad_model *open_model_with(const char *path, const nopad_model_params *params);
+/* Whether a loaded model is a decoder (nopad generate) rather than an encoder (nopad embed). */
+int model_is_decoder(const nopad_model *model);
 
 /* Makes room for `n` elements of `size` bytes in *buf (capacity *cap elements), or prints "out
  * of memory" and returns -1. */

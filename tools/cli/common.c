@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -117,6 +118,31 @@ int parse_int(const char *name, const char *s, long lo, long hi, long *out) {
     return 0;
 }
 
+int parse_float(const char *name, const char *s, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno == ERANGE && v != 0) errno = 0, v = HUGE_VAL; /* an overflow is caught as infinite */
+    if (errno || end == s || *end != '\0' || !isfinite(v)) {
+        print_error("%s expects a finite number, got '%s'", name, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int parse_u64(const char *name, const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = s[0] >= '0' && s[0] <= '9' ? strtoull(s, &end, 10) : 0;
+    if (errno || !end || *end != '\0') {
+        print_error("%s expects an integer in [0, 18446744073709551615], got '%s'", name, s);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
 const char *pooling_name(nopad_pooling p) {
     switch (p) {
     case NOPAD_POOLING_MODEL: return "model";
@@ -170,32 +196,51 @@ int parse_dtype(const char *s, nopad_dtype *out) {
 
 /* ---- model loading ----------------------------------------------------------------------- */
 
-/* The folder is checked here first so that a mistyped path reads as such rather than as a
- * missing config.json. */
-nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype, int dtype_given,
-                        int n_threads) {
+/* Whether `path` starts with the GGUF magic. */
+static int is_gguf_file(const char *path) {
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(magic, 1, sizeof magic, f) : 0;
+    if (f) fclose(f);
+    return got == sizeof magic && memcmp(magic, "GGUF", sizeof magic) == 0;
+}
+
+/* The path is checked here first so that a mistyped path reads as such rather than as a missing
+ * config.json. A file is a model only as GGUF; any other file keeps the folder message (the
+ * Python package says the same). */
+nopad_model *open_model_with(const char *path, const nopad_model_params *params) {
     struct stat st;
-    if (stat(dir, &st) != 0) {
-        if (errno == ENOENT) print_error("model folder '%s' does not exist", dir);
-        else print_error("model folder '%s': %s", dir, strerror(errno));
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) print_error("model folder '%s' does not exist", path);
+        else print_error("model folder '%s': %s", path, strerror(errno));
         return NULL;
     }
-    if (!S_ISDIR(st.st_mode)) {
-        print_error("model folder '%s' is not a folder", dir);
+    if (!S_ISDIR(st.st_mode) && !(S_ISREG(st.st_mode) && is_gguf_file(path))) {
+        print_error("model folder '%s' is not a folder", path);
         return NULL;
     }
-    nopad_model_params params = nopad_model_default_params();
-    params.device = device;
-    params.dtype = dtype_given ? dtype : device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32;
-    params.n_threads = n_threads;
     nopad_model *model = NULL;
-    nopad_status status = nopad_model_load(dir, &params, &model);
+    nopad_status status = nopad_model_load(path, params, &model);
     if (status != NOPAD_OK) {
-        print_error("cannot load model '%s': %s", dir, library_error(status));
+        print_error("cannot load model '%s': %s", path, library_error(status));
         nopad_model_free(model);
         return NULL;
     }
     return model;
+}
+
+nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype, int dtype_given,
+                        int n_threads) {
+    nopad_model_params params = nopad_model_default_params();
+    params.device = device;
+    params.dtype = dtype_given ? dtype : device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32;
+    params.n_threads = n_threads;
+    return open_model_with(dir, &params);
+}
+
+int model_is_decoder(const nopad_model *model) {
+    nopad_model_info info;
+    return nopad_model_get_info(model, &info) == NOPAD_OK && info.is_decoder;
 }
 
 /* ---- buffers and time -------------------------------------------------------------------- */

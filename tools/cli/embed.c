@@ -338,6 +338,12 @@ int cmd_embed(int argc, char **argv) {
         print_error("%s", library_error(status));
         goto done;
     }
+    if (r.info.is_decoder) {
+        print_error("model '%s' is a decoder (%s); nopad embed runs encoders: use nopad generate "
+                    "for it",
+                    o.model_dir, r.info.family);
+        goto done;
+    }
     r.tok = nopad_model_tokenizer(r.model);
     if (!o.ids && !r.tok && nopad_model_tokenizer_error(r.model)) {
         print_error("the tokenizer of model folder '%s' is not supported (%s), so text cannot be "

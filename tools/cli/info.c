@@ -1,4 +1,5 @@
-/* `nopad info`: what a model folder holds, as aligned 'key: value' lines or one JSON object. */
+/* `nopad info`: what a model folder or GGUF file holds, as aligned 'key: value' lines or one JSON
+ * object. */
 #include <cJSON.h>
 #include <errno.h>
 #include <getopt.h>
@@ -12,12 +13,14 @@
 #include "nopad.h"
 
 static const char info_help[] =
-    "usage: nopad info --model DIR [--json] [--device D] [--dtype T]\n"
+    "usage: nopad info --model M [--json] [--device D] [--dtype T]\n"
     "\n"
-    "Loads a model folder and prints its architecture, sizes, tokenizer and default pooling.\n"
+    "Loads a model and prints what it is: an encoder's architecture, sizes, tokenizer and\n"
+    "default pooling; a decoder's architecture, sizes, context length, tokenizer and its\n"
+    "beginning and end of sequence tokens.\n"
     "\n"
     "options:\n"
-    "  --model DIR     Hugging Face model folder [required]\n"
+    "  --model M       a Hugging Face model folder or a .gguf file [required]\n"
     "  --json          print one JSON object instead of aligned 'key: value' lines\n"
     "  --device D      cpu (default) or cuda\n"
     "  --dtype T       compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
@@ -45,9 +48,57 @@ static void print_field(const char *key, const char *fmt, ...) {
     putchar('\n');
 }
 
-static void print_info_text(const nopad_model_info *m) {
+/* The tokenizer's kind ("bpe-byte-level", ...) or NULL without one. */
+static const char *tokenizer_kind(const nopad_model *model) {
+    const nopad_tokenizer *tok = nopad_model_tokenizer(model);
+    return tok ? nopad_tokenizer_kind_name(nopad_tokenizer_get_kind(tok)) : NULL;
+}
+
+/* "2 (<|im_end|>)", or "none" for -1. */
+static void format_token(char *buf, size_t cap, const nopad_model *model, int32_t id) {
+    const nopad_tokenizer *tok = nopad_model_tokenizer(model);
+    const char *s = id >= 0 && tok ? nopad_tokenizer_id_to_token(tok, id, NULL) : NULL;
+    if (id < 0) snprintf(buf, cap, "none");
+    else if (s) snprintf(buf, cap, "%" PRId32 " (%s)", id, s);
+    else snprintf(buf, cap, "%" PRId32, id);
+}
+
+static void print_decoder_text(const nopad_model *model, const nopad_model_info *m) {
+    char eps[32], bos[160], eos[160];
+    format_float(eps, sizeof eps, m->layer_norm_eps);
+    format_token(bos, sizeof bos, model, m->bos_token_id);
+    format_token(eos, sizeof eos, model, m->eos_token_id);
+    const char *kind = tokenizer_kind(model);
+    print_field("kind", "decoder");
+    print_field("family", "%s", or_unknown(m->family));
+    print_field("model type", "%s", or_unknown(m->model_type));
+    print_field("vocab size", "%" PRId32, m->vocab_size);
+    print_field("hidden size", "%" PRId32, m->hidden_size);
+    print_field("layers", "%" PRId32, m->num_layers);
+    print_field("heads", "%" PRId32, m->num_heads);
+    print_field("kv heads", "%" PRId32, m->num_kv_heads);
+    print_field("head size", "%" PRId32, m->head_size);
+    print_field("intermediate size", "%" PRId32, m->intermediate_size);
+    print_field("context length", "%" PRId32, m->max_position_embeddings);
+    print_field("activation", "%s", or_unknown(m->activation));
+    print_field("norm eps", "%s", eps);
+    print_field("weights dtype", "%s", or_unknown(m->weights_dtype));
+    print_field("compute dtype", "%s", or_unknown(m->compute_dtype));
+    print_field("parameters", "%" PRId64 " (%.2fM)", m->n_params, (double)m->n_params / 1e6);
+    if (kind) print_field("tokenizer", "%s (%s)", kind, or_unknown(m->tokenizer_kind));
+    else print_field("tokenizer", "%s", or_unknown(m->tokenizer_kind));
+    print_field("bos token", "%s", bos);
+    print_field("eos token", "%s", eos);
+}
+
+static void print_info_text(const nopad_model *model, const nopad_model_info *m) {
+    if (m->is_decoder) {
+        print_decoder_text(model, m);
+        return;
+    }
     char eps[32];
     format_float(eps, sizeof eps, m->layer_norm_eps);
+    print_field("kind", "encoder");
     print_field("family", "%s", or_unknown(m->family));
     print_field("model type", "%s", or_unknown(m->model_type));
     print_field("vocab size", "%" PRId32, m->vocab_size);
@@ -72,11 +123,12 @@ static void print_info_text(const nopad_model_info *m) {
     print_field("normalize", "%s", m->normalize ? "yes" : "no");
 }
 
-static int print_info_json(const nopad_model_info *m) {
+static int print_info_json(const nopad_model *model, const nopad_model_info *m) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return -1;
     char eps[32];
     format_float(eps, sizeof eps, m->layer_norm_eps);
+    cJSON_AddStringToObject(o, "kind", m->is_decoder ? "decoder" : "encoder");
     cJSON_AddStringToObject(o, "family", or_unknown(m->family));
     cJSON_AddStringToObject(o, "model_type", or_unknown(m->model_type));
     cJSON_AddNumberToObject(o, "vocab_size", m->vocab_size);
@@ -96,8 +148,20 @@ static int print_info_json(const nopad_model_info *m) {
     cJSON_AddNumberToObject(o, "n_params", (double)m->n_params); /* exact below 2^53 */
     cJSON_AddBoolToObject(o, "has_tokenizer", m->has_tokenizer != 0);
     cJSON_AddStringToObject(o, "tokenizer", or_unknown(m->tokenizer_kind));
-    cJSON_AddStringToObject(o, "pooling", pooling_name(m->pooling));
-    cJSON_AddBoolToObject(o, "normalize", m->normalize != 0);
+    if (m->is_decoder) {
+        const char *kind = tokenizer_kind(model);
+        if (kind) cJSON_AddStringToObject(o, "tokenizer_kind", kind);
+        else cJSON_AddNullToObject(o, "tokenizer_kind");
+        cJSON_AddNumberToObject(o, "num_kv_heads", m->num_kv_heads);
+        cJSON_AddNumberToObject(o, "context_length", m->max_position_embeddings);
+        if (m->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", m->bos_token_id);
+        else cJSON_AddNullToObject(o, "bos_token_id");
+        if (m->eos_token_id >= 0) cJSON_AddNumberToObject(o, "eos_token_id", m->eos_token_id);
+        else cJSON_AddNullToObject(o, "eos_token_id");
+    } else {
+        cJSON_AddStringToObject(o, "pooling", pooling_name(m->pooling));
+        cJSON_AddBoolToObject(o, "normalize", m->normalize != 0);
+    }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return -1;
@@ -141,13 +205,13 @@ int cmd_info(int argc, char **argv) {
             bad = 1;
         }
         if (bad) {
-            fputs("usage: nopad info --model DIR [--json]   (nopad info --help)\n", stderr);
+            fputs("usage: nopad info --model M [--json]   (nopad info --help)\n", stderr);
             return EXIT_USAGE;
         }
     }
     if (!model_dir) {
-        print_error("missing --model DIR");
-        fputs("usage: nopad info --model DIR [--json]   (nopad info --help)\n", stderr);
+        print_error("missing --model M");
+        fputs("usage: nopad info --model M [--json]   (nopad info --help)\n", stderr);
         return EXIT_USAGE;
     }
     nopad_model *model = open_model(model_dir, device, dtype, dtype_given, 0);
@@ -159,12 +223,12 @@ int cmd_info(int argc, char **argv) {
         print_error("%s", library_error(status));
         rc = EXIT_ERROR;
     } else if (json) {
-        if (print_info_json(&info)) {
+        if (print_info_json(model, &info)) {
             print_error("out of memory");
             rc = EXIT_ERROR;
         }
     } else {
-        print_info_text(&info);
+        print_info_text(model, &info);
     }
     if (fflush(stdout) != 0 || ferror(stdout)) {
         print_error("cannot write stdout: %s", strerror(errno));

@@ -19,7 +19,8 @@ typedef struct command {
 
 static const command commands[] = {
     {"embed", "embed lines of text (or token ids), one embedding per line", cmd_embed},
-    {"info", "describe a model folder", cmd_info},
+    {"generate", "generate text with a decoder, streamed as it is produced", cmd_generate},
+    {"info", "describe a model (a folder or a .gguf file)", cmd_info},
     {"bench", "time the encoder on random batches (the ENC workload)", cmd_bench},
     {"tokenize", "token ids (or token strings) of lines of text; --decode: text of ids", cmd_tokenize},
 };
@@ -28,7 +29,8 @@ enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 static void print_main_help(FILE *f) {
     fputs("usage: nopad <command> [options]\n"
           "\n"
-          "Padding-free inference for BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT).\n"
+          "Padding-free inference for encoders (BERT, RoBERTa, DistilBERT, ALBERT: nopad embed)\n"
+          "and decoders (GPT-2, LLaMA, Mistral, Qwen2: nopad generate).\n"
           "\n"
           "commands:\n",
           f);

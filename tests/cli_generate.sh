@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# End-to-end tests of `nopad generate` (and `nopad info` on a decoder): the command line and its
+# errors on the tiny fixtures of tests/data/models, then, with the real default decoder
+# (SmolLM2-135M-Instruct Q4_1, NOPAD_SMOLLM2_GGUF from scripts/fetch_default_decoder.sh; skipped
+# when absent), the greedy answer, --input in groups equal to each prompt alone and in input
+# order, the \n escapes, seeded sampling, streaming, --max-tokens 0 and the per-line errors.
+set -euo pipefail
+
+: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
+: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+MODELS="$NOPAD_TEST_DATA/models"
+GGUF="${NOPAD_SMOLLM2_GGUF:-}"
+
+failures=0
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+# expect_fail WANT_RC WORD INPUT -- ARGS...: `nopad ARGS < INPUT` must exit WANT_RC with WORD on
+# stderr (case-insensitive), and print nothing on stdout.
+expect_fail() {
+    local want="$1" word="$2" input="$3" rc=0
+    shift 4
+    "$NOPAD_CLI" "$@" <"$input" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    if [ "$rc" -ne "$want" ]; then
+        fail "nopad $*: exit $rc, expected $want; stderr: $(head -c 2000 "$TMP/err")"
+    elif ! grep -qiF -- "$word" "$TMP/err"; then
+        fail "nopad $*: stderr lacks '$word': $(head -c 2000 "$TMP/err")"
+    elif [ "$want" -eq 1 ] && ! grep -q '^nopad: error: ' "$TMP/err"; then
+        fail "nopad $*: no 'nopad: error:' line: $(head -c 2000 "$TMP/err")"
+    elif [ "$want" -eq 2 ] && [ -s "$TMP/out" ]; then
+        fail "nopad $*: wrote to stdout on a usage error"
+    else
+        echo "ok   $word: $(head -n 1 "$TMP/err")"
+    fi
+}
+# run OUT ARGS...: `nopad ARGS > OUT`, which must succeed.
+run() {
+    local out="$1" rc=0
+    shift
+    "$NOPAD_CLI" "$@" >"$out" 2>"$TMP/err" </dev/null || rc=$?
+    [ "$rc" -eq 0 ] || fail "nopad $*: exit $rc: $(head -c 2000 "$TMP/err")"
+}
+# same NAME GOT WANT: the two files must be equal.
+same() {
+    if cmp -s "$2" "$3"; then
+        echo "ok   $1"
+    else
+        fail "$1: output differs (first difference below)"
+        diff "$2" "$3" | head -n 6 >&2 || true
+    fi
+}
+
+# ---- help and the command line (no model needed) -----------------------------------------------
+"$NOPAD_CLI" --help | grep -q '^  generate ' || fail "generate missing from nopad --help"
+"$NOPAD_CLI" --help | grep -q 'decoders' || fail "nopad --help does not mention decoders"
+"$NOPAD_CLI" generate --help >"$TMP/help" || fail "generate --help exits $?"
+for opt in --model --prompt --input --max-tokens --temperature --top-k --top-p --min-p \
+    --repetition-penalty --seed --ignore-eos --kv-tokens --device --dtype; do
+    grep -q -- "$opt" "$TMP/help" || fail "generate --help lacks $opt"
+done
+grep -q 'stand for a newline' "$TMP/help" || fail "generate --help does not document \\n"
+
+DEC="$MODELS/gpt2_dec"  # a tiny decoder without a tokenizer
+N=/dev/null
+expect_fail 2 "missing --model" $N -- generate --prompt hi
+expect_fail 2 "missing --prompt" $N -- generate --model "$DEC"
+expect_fail 2 "not both" $N -- generate --model "$DEC" --prompt hi --input "$TMP/x"
+expect_fail 2 "unknown option '--frobnicate'" $N -- generate --model "$DEC" --prompt hi --frobnicate
+expect_fail 2 "option --prompt needs a value" $N -- generate --model "$DEC" --prompt
+expect_fail 2 "--max-tokens expects an integer" $N -- generate --model "$DEC" --prompt hi --max-tokens -1
+expect_fail 2 "--max-tokens expects an integer" $N -- generate --model "$DEC" --prompt hi --max-tokens 1e3
+expect_fail 2 "--temperature expects a finite number" $N -- generate --model "$DEC" --prompt hi --temperature hot
+expect_fail 2 "--temperature expects a finite number" $N -- generate --model "$DEC" --prompt hi --temperature nan
+expect_fail 2 "--temperature must be 0 (greedy) or a number > 0" $N -- generate --model "$DEC" --prompt hi --temperature -0.5
+expect_fail 2 "--top-k expects an integer" $N -- generate --model "$DEC" --prompt hi --top-k -1
+expect_fail 2 "--top-p must be in (0, 1]" $N -- generate --model "$DEC" --prompt hi --top-p 0
+expect_fail 2 "--top-p must be in (0, 1]" $N -- generate --model "$DEC" --prompt hi --top-p 1.5
+expect_fail 2 "--min-p must be in [0, 1)" $N -- generate --model "$DEC" --prompt hi --min-p 1
+expect_fail 2 "--repetition-penalty must be a number > 0" $N -- generate --model "$DEC" --prompt hi --repetition-penalty 0
+expect_fail 2 "--seed expects an integer" $N -- generate --model "$DEC" --prompt hi --seed -3
+expect_fail 2 "--seed expects an integer" $N -- generate --model "$DEC" --prompt hi --seed 18446744073709551616
+expect_fail 2 "--kv-tokens expects an integer" $N -- generate --model "$DEC" --prompt hi --kv-tokens 0
+expect_fail 2 "--batch expects an integer" $N -- generate --model "$DEC" --prompt hi --batch 0
+expect_fail 2 "unknown device" $N -- generate --model "$DEC" --prompt hi --device tpu
+# models that cannot generate text
+expect_fail 1 "does not exist" $N -- generate --model "$TMP/nope.gguf" --prompt hi
+expect_fail 1 "is not a folder" $N -- generate --model "$MODELS/bert_a/config.json" --prompt hi
+expect_fail 1 "is an encoder (BERT); nopad generate runs decoders" $N -- generate --model "$MODELS/bert_a" --prompt hi
+expect_fail 1 "has no tokenizer" $N -- generate --model "$DEC" --prompt hi
+expect_fail 1 "cannot open input" $N -- generate --model "$DEC" --input "$TMP/no_such_file"
+# and the other way round
+echo hi >"$TMP/hi"
+expect_fail 1 "is a decoder (GPT-2); nopad embed runs encoders" "$TMP/hi" -- embed --model "$DEC" --ids
+# nopad info on a decoder folder
+run "$TMP/info" info --model "$DEC"
+grep -Eq '^kind: +decoder$' "$TMP/info" || fail "info: no 'kind: decoder' line"
+grep -Eq '^kv heads: +2$' "$TMP/info" || fail "info: no kv heads line"
+grep -Eq '^context length: +128$' "$TMP/info" || fail "info: no context length line"
+run "$TMP/info" info --model "$MODELS/bert_a"
+grep -Eq '^kind: +encoder$' "$TMP/info" || fail "info: no 'kind: encoder' line for bert_a"
+
+# ---- the real decoder -------------------------------------------------------------------------
+if [ -z "$GGUF" ] || [ ! -f "$GGUF" ]; then
+    echo "SKIP: SmolLM2 tests: NOPAD_SMOLLM2_GGUF='${GGUF}' is not a file (scripts/fetch_default_decoder.sh)"
+else
+    FRANCE=$'<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n'
+    COLOURS=$'<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n'
+    STORY='Once upon a time'
+    run "$TMP/got" generate --model "$GGUF" --prompt "$FRANCE"
+    printf 'The capital of France is Paris.\n' >"$TMP/want"
+    same "greedy: the capital of France" "$TMP/got" "$TMP/want"
+
+    run "$TMP/info" info --model "$GGUF"
+    for line in 'kind: +decoder' 'family: +LLaMA' 'heads: +9' 'kv heads: +3' \
+        'context length: +8192' 'vocab size: +49152' 'weights dtype: +Q4_1' \
+        'tokenizer: +bpe-byte-level \(gguf\)' 'eos token: +2 \(<\|im_end\|>\)'; do
+        grep -Eq "^$line\$" "$TMP/info" || fail "info on the GGUF lacks /$line/"
+    done
+    [ "$("$NOPAD_CLI" info --model "$GGUF" --json |
+        python3 -c 'import sys, json; j = json.load(sys.stdin); print(j["kind"], j["num_kv_heads"], j["eos_token_id"])')" = "decoder 3 2" ] ||
+        fail "info --json on the GGUF"
+
+    # --input: the longest answer first, so the later ones are held and written in order;
+    # the same bytes in groups of 3 and of 1, and as each prompt alone
+    esc() { printf '%s' "$1" | python3 -c 'import sys; sys.stdout.write(sys.stdin.read().replace("\\", "\\\\").replace("\n", "\\n") + "\n")'; }
+    { esc "$STORY"; esc "$FRANCE"; esc "$COLOURS"; esc 'Say \n literally'; } >"$TMP/prompts"
+    grep -c '' "$TMP/prompts" | grep -qx 4 || fail "the prompts file has not 4 lines"
+    : >"$TMP/alone"
+    for p in "$STORY" "$FRANCE" "$COLOURS" 'Say \n literally'; do
+        "$NOPAD_CLI" generate --model "$GGUF" --prompt "$p" --max-tokens 24 >>"$TMP/alone" ||
+            fail "generate --prompt '$p'"
+    done
+    run "$TMP/grouped" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --batch 3
+    same "--input in groups of 3 == each prompt alone, in order" "$TMP/grouped" "$TMP/alone"
+    run "$TMP/single" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --batch 1
+    same "--input one at a time == each prompt alone" "$TMP/single" "$TMP/alone"
+    # a KV pool of 64 tokens holds one prompt at a time here: groups of one
+    run "$TMP/small_kv" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --kv-tokens 64
+    same "--input with a small KV pool" "$TMP/small_kv" "$TMP/alone"
+    "$NOPAD_CLI" generate --model "$GGUF" --input - --max-tokens 24 <"$TMP/prompts" >"$TMP/stdin" ||
+        fail "generate --input -"
+    same "--input - reads stdin" "$TMP/stdin" "$TMP/alone"
+    grep -q 'Paris' "$TMP/alone" || fail "the France answer lacks Paris"
+
+    # seeded sampling: reproducible, and the same alone or beside other prompts
+    S=(--temperature 0.9 --top-p 0.95 --top-k 40 --seed 11 --max-tokens 16 --ignore-eos)
+    run "$TMP/s1" generate --model "$GGUF" --prompt "$STORY" "${S[@]}"
+    run "$TMP/s2" generate --model "$GGUF" --prompt "$STORY" "${S[@]}"
+    same "sampling with a seed is reproducible" "$TMP/s1" "$TMP/s2"
+    { esc "$FRANCE"; esc "$STORY"; } >"$TMP/two"
+    run "$TMP/s3" generate --model "$GGUF" --input "$TMP/two" "${S[@]}"
+    tail -n 1 "$TMP/s3" >"$TMP/s3_story"
+    same "a sampled answer beside another prompt" "$TMP/s3_story" "$TMP/s1"
+    run "$TMP/s4" generate --model "$GGUF" --prompt "$STORY" --temperature 0.9 --seed 12 \
+        --max-tokens 16 --ignore-eos
+    cmp -s "$TMP/s1" "$TMP/s4" && fail "seeds 11 and 12 gave the same 16 sampled tokens"
+
+    # --max-tokens 0 checks the prompts and prints nothing
+    run "$TMP/none" generate --model "$GGUF" --prompt "$FRANCE" --max-tokens 0
+    [ ! -s "$TMP/none" ] || fail "--max-tokens 0 printed something"
+    run "$TMP/none" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 0
+    [ ! -s "$TMP/none" ] || fail "--max-tokens 0 --input printed something"
+
+    # the text comes out while the model still runs (written and flushed per token)
+    python3 - "$NOPAD_CLI" "$GGUF" <<'EOF' || fail "generate does not stream"
+import os, subprocess, sys
+cli, gguf = sys.argv[1:3]
+p = subprocess.Popen([cli, "generate", "--model", gguf, "--prompt", "Once upon a time",
+                      "--max-tokens", "300", "--ignore-eos"], stdout=subprocess.PIPE)
+first = os.read(p.stdout.fileno(), 4096)
+running = p.poll() is None
+rest = p.stdout.read()
+p.wait()
+assert first and running, "the first text came only when the process ended"
+assert p.returncode == 0 and len(rest) > len(first)
+print("ok   streamed: first %d bytes while running, %d after" % (len(first), len(rest)))
+EOF
+
+    # errors naming the line; earlier answers are out
+    { esc "$FRANCE"; printf 'bad \xff utf-8\n'; } >"$TMP/bad_utf8"
+    expect_fail 1 "line 2" "$TMP/bad_utf8" -- generate --model "$GGUF" --input - --batch 1 --max-tokens 16
+    same "the answer before a bad line" "$TMP/out" "$TMP/want"
+    printf '%s\n\n' "$(esc "$STORY")" >"$TMP/empty_line"
+    expect_fail 1 "line 2 gives no tokens" "$TMP/empty_line" -- generate --model "$GGUF" --input - --max-tokens 4
+    expect_fail 1 "context of 8192" $N -- generate --model "$GGUF" --prompt "$FRANCE" --max-tokens 9000
+    expect_fail 1 "(--kv-tokens)" $N -- generate --model "$GGUF" --prompt "$FRANCE" --kv-tokens 16
+fi
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures failure(s)" >&2
+    exit 1
+fi
+echo "all passed"
