@@ -3,13 +3,13 @@
  * run as a mix of steps on both backends (the prompts' first halves together in one step, their
  * second halves in another) and the logits of every position compared.
  *
- * Bounds: the issue's targets are fp16 5e-3, bf16 2e-2 row-relative and top-1 >= 99%. The CUDA
- * decoder keeps the residual stream in the compute dtype (as HF half-precision inference does).
- * Measured on an H100 (2026-11-25): the 2-layer fixtures fp16 2.3e-3..3.4e-3, bf16 1.9e-2..3.5e-2,
- * top-1 >= 97.3%; SmolLM2's 30 layers fp16 1.4e-2 (top-1 98.5% on random ids, 100% on text), bf16
- * 1.4e-1 (91.5%, 97.8%). The test prints each number against the target and fails only beyond
- * what holds today (MEASURED, with margin), so it catches breakage; a float32 residual stream is
- * the planned fix for the targets. Exit code 77 (skipped) without a GPU. */
+ * Bounds: the issue's targets are fp16 5e-3, bf16 2e-2 row-relative and top-1 >= 99%. Measured
+ * on an H100 (2026-11-25), with the float32 residual stream: the 2-layer fixtures fp16
+ * 2.3e-3..3.0e-3, bf16 1.7e-2..3.0e-2 (top-1 >= 96.2%); SmolLM2 (30 layers) fp16 4.1e-3 on random
+ * ids and 9.4e-3 on text (top-1 98.3%, 100%), bf16 4.4e-2 and 8.2e-2 (90.9%, 97.8%). What is left
+ * is rounding each op's output to the compute dtype (the logits themselves leave the LM-head GEMM
+ * in bf16). The test prints every number against the target and fails only beyond what holds
+ * today (MEASURED, with margin), so it catches breakage. Exit code 77 (skipped) without a GPU. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,7 +24,7 @@ static const char *const DECODERS[] = {"gpt2_dec", "llama_gqa", "llama_mqa", "ll
 static const nopad_dtype DTYPES[2] = {NOPAD_DTYPE_F16, NOPAD_DTYPE_BF16};
 static const char *const DTYPE_NAMES[2] = {"f16", "bf16"};
 static const double TARGET[2] = {5e-3, 2e-2};  /* the issue's */
-static const double MEASURED[2] = {3e-2, 2e-1}; /* what holds today, with margin */
+static const double MEASURED[2] = {2e-2, 1.2e-1}; /* what holds today, with margin */
 static int failures;
 
 /* Logits of every token of the prompts (cu, ids) on model m: the prompts' first halves in one step,

@@ -83,13 +83,14 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int3
     for (int32_t b = 0; b < s->n_blocks; b++) s->free_blocks[b] = s->n_blocks - 1 - b;
     s->n_free = s->n_blocks;
     const size_t mlp = cfg->family == FAMILY_LLAMA ? 2 * F : F;
-    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->h);
+    if (st == NOPAD_OK) st = alloc(be, s, T * H * sizeof(float), (void **)&s->h);
+    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->tmp);
     if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->xn);
     if (st == NOPAD_OK) st = alloc(be, s, T * (nh + 2 * kvh) * D * es, &s->qkv);
     if (st == NOPAD_OK) st = alloc(be, s, T * nh * D * es, &s->attn);
     if (st == NOPAD_OK) st = alloc(be, s, T * mlp * es, &s->mlp);
     if (st == NOPAD_OK) st = alloc(be, s, T * F * es, &s->act);
-    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->last);
+    if (st == NOPAD_OK) st = alloc(be, s, T * H * sizeof(float), (void **)&s->last);
     if (st == NOPAD_OK) st = alloc(be, s, T * (size_t)cfg->vocab_size * es, &s->logits);
     /* tokens, positions, slots, rows [T each]; cu_q [T+1]; seqlen_k [T]; block table [T, max] */
     const size_t max_blocks = ((size_t)cfg->max_position_embeddings + block_size - 1) / block_size;
@@ -104,7 +105,7 @@ void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_stat
         if (s->k_cache && s->k_cache[l]) be->free(be, s->k_cache[l]);
         if (s->v_cache && s->v_cache[l]) be->free(be, s->v_cache[l]);
     }
-    void *bufs[] = {s->h, s->xn, s->qkv, s->attn, s->mlp, s->act, s->last, s->logits, s->i32};
+    void *bufs[] = {s->h, s->tmp, s->xn, s->qkv, s->attn, s->mlp, s->act, s->last, s->logits, s->i32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(s->k_cache);
@@ -186,8 +187,9 @@ nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const deco
         TRY(be->kv_store(be, s->k_cache[l], s->v_cache[l], s->qkv, d_slots, T, nh, kvh, D));
         TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &kv, nh, kvh,
                                 D, scale));
-        TRY(be->gemm(be, s->h, s->attn, L->o_w, L->o_b, s->h, T, nh * D, H,
-                     NOPAD_EPILOGUE_BIAS_RESIDUAL, NOPAD_ACT_GELU));
+        TRY(be->gemm(be, s->tmp, s->attn, L->o_w, L->o_b, NULL, T, nh * D, H,
+                     L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(be->residual_add(be, s->h, s->tmp, T, H));
         TRY(be->norm(be, s->xn, s->h, L->norm2_w, L->norm2_b, eps, T, H, rms));
         if (llama) {
             TRY(be->gemm(be, s->mlp, s->xn, L->up_w, NULL, NULL, T, H, 2 * F, NOPAD_EPILOGUE_NONE,
@@ -197,11 +199,12 @@ nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const deco
             TRY(be->gemm(be, s->act, s->xn, L->up_w, L->up_b, NULL, T, H, F,
                          NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
         }
-        TRY(be->gemm(be, s->h, s->act, L->down_w, L->down_b, s->h, T, F, H,
-                     NOPAD_EPILOGUE_BIAS_RESIDUAL, NOPAD_ACT_GELU));
+        TRY(be->gemm(be, s->tmp, s->act, L->down_w, L->down_b, NULL, T, F, H,
+                     L->down_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(be->residual_add(be, s->h, s->tmp, T, H));
     }
     const int32_t n_rows = batch->all_logits ? T : B;
-    const void *src = s->h;
+    const float *src = s->h;
     if (!batch->all_logits) {
         TRY(be->gather_rows(be, s->last, s->h, d_rows, B, H));
         src = s->last;

@@ -58,13 +58,14 @@ typedef struct decoder_state {
     int32_t n_free;
     int32_t max_tokens;          // the step workspace's token budget
     /* workspace (backend memory) */
-    void *h;                     // [T, hidden] residual stream
+    float *h;                    // [T, hidden] residual stream, float32 on every backend
+    void *tmp;                   // [T, hidden] a sub-layer's output before it joins h
     void *xn;                    // [T, hidden] normed input of a sub-layer
     void *qkv;                   // [T, (H + 2·KVH)·D]
     void *attn;                  // [T, H·D]
     void *mlp;                   // [T, 2F] (gate | up, or GPT-2's F)
     void *act;                   // [T, F]
-    void *last;                  // [T, hidden] the rows whose logits are asked for
+    float *last;                 // [T, hidden] float32 rows of h whose logits are asked for
     void *logits;                // [T, V]
     int32_t *i32;                // tokens, positions, slots, rows, cu_q, seqlen_k, block table
     size_t i32_count;

@@ -270,20 +270,6 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
         TRY(get(ld, NAME("mlp.down_proj.weight"), H, F, 0, &L->down_w));
 #undef NAME
     }
-    /* the residual GEMMs take a bias on every backend: zeros where the model has none */
-    {
-        float *zeros = calloc((size_t)H, sizeof *zeros);
-        if (!zeros) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", ld->src->where);
-        void *zb = NULL;
-        nopad_status zst = track_alloc(ld, (size_t)H, &zb);
-        if (zst == NOPAD_OK) zst = ld->be->upload_f32(ld->be, zb, zeros, (size_t)H);
-        free(zeros);
-        if (zst != NOPAD_OK) return zst;
-        for (int32_t l = 0; l < c->num_layers; l++) {
-            if (!w->layers[l].o_b) w->layers[l].o_b = zb;
-            w->layers[l].down_b = zb;
-        }
-    }
     TRY(get(ld, "model.norm.weight", H, 1, 0, &w->final_norm_w));
     /* an untied head; a tied one may still be stored (it equals the embeddings) */
     if (!c->tie_word_embeddings) {

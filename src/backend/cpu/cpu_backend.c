@@ -87,6 +87,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->l2_normalize = cpu_l2_normalize;
     be->embed_tokens = cpu_embed_tokens;
     be->norm = cpu_norm;
+    be->residual_add = cpu_residual_add;
     be->rope = cpu_rope;
     be->kv_store = cpu_kv_store;
     be->attention_paged = cpu_attention_paged;

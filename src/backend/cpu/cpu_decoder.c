@@ -7,7 +7,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 
-nopad_status cpu_embed_tokens(nopad_backend *be, void *out_, const int32_t *tokens,
+nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tokens,
                               const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
                               int32_t n_positions, const void *word_, const void *pos_,
                               int32_t dim) {
@@ -33,7 +33,7 @@ nopad_status cpu_embed_tokens(nopad_backend *be, void *out_, const int32_t *toke
     return NOPAD_OK;
 }
 
-nopad_status cpu_norm(nopad_backend *be, void *out_, const void *x_, const void *w_, const void *b_,
+nopad_status cpu_norm(nopad_backend *be, void *out_, const float *x_, const void *w_, const void *b_,
                       float eps, int32_t n_tokens, int32_t dim, int rms) {
     float *out = out_;
     const float *x = x_, *w = w_, *b = b_;
@@ -163,7 +163,16 @@ nopad_status cpu_swiglu(nopad_backend *be, void *out_, const void *gate_up_, int
     return NOPAD_OK;
 }
 
-nopad_status cpu_gather_rows(nopad_backend *be, void *out_, const void *x_, const int32_t *rows,
+nopad_status cpu_residual_add(nopad_backend *be, float *h, const void *x_, int32_t n_tokens,
+                              int32_t dim) {
+    const float *x = x_;
+    const size_t n = (size_t)n_tokens * dim;
+#pragma omp parallel for num_threads(cpu_threads(be))
+    for (size_t i = 0; i < n; i++) h[i] += x[i];
+    return NOPAD_OK;
+}
+
+nopad_status cpu_gather_rows(nopad_backend *be, float *out_, const float *x_, const int32_t *rows,
                              int32_t n, int32_t dim) {
     float *out = out_;
     const float *x = x_;

@@ -34,11 +34,13 @@ nopad_status cpu_pool(nopad_backend *be, void *out, const void *x, const nopad_s
                       int32_t dim, nopad_pooling mode);
 nopad_status cpu_l2_normalize(nopad_backend *be, void *x, int32_t rows, int32_t dim);
 
-nopad_status cpu_embed_tokens(nopad_backend *be, void *out, const int32_t *tokens,
+nopad_status cpu_embed_tokens(nopad_backend *be, float *out, const int32_t *tokens,
                               const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
                               int32_t n_positions, const void *word, const void *pos, int32_t dim);
-nopad_status cpu_norm(nopad_backend *be, void *out, const void *x, const void *w, const void *b,
+nopad_status cpu_norm(nopad_backend *be, void *out, const float *x, const void *w, const void *b,
                       float eps, int32_t n_tokens, int32_t dim, int rms);
+nopad_status cpu_residual_add(nopad_backend *be, float *h, const void *x, int32_t n_tokens,
+                              int32_t dim);
 nopad_status cpu_rope(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
                       int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
                       const float *inv_freq);
@@ -51,7 +53,7 @@ nopad_status cpu_attention_paged(nopad_backend *be, void *out, const void *qkv,
                                  int32_t head_size, float scale);
 nopad_status cpu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens,
                         int32_t dim);
-nopad_status cpu_gather_rows(nopad_backend *be, void *out, const void *x, const int32_t *rows,
+nopad_status cpu_gather_rows(nopad_backend *be, float *out, const float *x, const int32_t *rows,
                              int32_t n, int32_t dim);
 
 /* Row LayerNorm of x[dim] into y[dim] (may alias): (x - mean) / sqrt(var + eps) · w + b, with

@@ -78,17 +78,21 @@ static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void
 }
 
 /* ---- decoder ops (decoder.cu) ---- */
-static nopad_status cu_embed_tokens(nopad_backend *be, void *out, const int32_t *tokens,
+static nopad_status cu_embed_tokens(nopad_backend *be, float *out, const int32_t *tokens,
                                     const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
                                     int32_t n_positions, const void *word, const void *pos, int32_t dim) {
     CUDA_ENTER(be, s);
     return cuda_dec_embed_tokens(be->dtype, out, tokens, positions, n_tokens, vocab_size, n_positions, word, pos,
                                  dim, s->stream);
 }
-static nopad_status cu_norm(nopad_backend *be, void *out, const void *x, const void *w, const void *b, float eps,
+static nopad_status cu_norm(nopad_backend *be, void *out, const float *x, const void *w, const void *b, float eps,
                             int32_t n_tokens, int32_t dim, int rms) {
     CUDA_ENTER(be, s);
     return cuda_dec_norm(be->dtype, out, x, w, b, eps, n_tokens, dim, rms, s->stream);
+}
+static nopad_status cu_residual_add(nopad_backend *be, float *h, const void *x, int32_t n_tokens, int32_t dim) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_residual_add(be->dtype, h, x, n_tokens, dim, s->stream);
 }
 static nopad_status cu_rope(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_size, const float *inv_freq) {
@@ -113,10 +117,10 @@ static nopad_status cu_swiglu(nopad_backend *be, void *out, const void *gate_up,
     CUDA_ENTER(be, s);
     return cuda_dec_swiglu(be->dtype, out, gate_up, n_tokens, dim, s->stream);
 }
-static nopad_status cu_gather_rows(nopad_backend *be, void *out, const void *x, const int32_t *rows, int32_t n,
+static nopad_status cu_gather_rows(nopad_backend *be, float *out, const float *x, const int32_t *rows, int32_t n,
                                    int32_t dim) {
     CUDA_ENTER(be, s);
-    return cuda_dec_gather_rows(be->dtype, out, x, rows, n, dim, s->stream);
+    return cuda_dec_gather_rows(out, x, rows, n, dim, s->stream);
 }
 
 /* Every op and shape, except attention heads over 128 (the generic kernel's limit). */
@@ -229,6 +233,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->l2_normalize = cu_l2_normalize;
     be->embed_tokens = cu_embed_tokens;
     be->norm = cu_norm;
+    be->residual_add = cu_residual_add;
     be->rope = cu_rope;
     be->kv_store = cu_kv_store;
     be->attention_paged = cu_attention_paged;

@@ -8,7 +8,7 @@
 #include "backend/cuda/decoder_ops.h"
 
 template <typename T>
-__global__ void embed_tokens_kernel(T *out, const int32_t *tokens, const int32_t *positions,
+__global__ void embed_tokens_kernel(float *out, const int32_t *tokens, const int32_t *positions,
                                     int vocab, int n_positions, const T *word, const T *pos,
                                     int dim) {
     const int t = blockIdx.x;
@@ -17,18 +17,18 @@ __global__ void embed_tokens_kernel(T *out, const int32_t *tokens, const int32_t
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = bad ? NAN : to_f32(word[(size_t)id * dim + i]);
         if (!bad && pos) v += to_f32(pos[(size_t)p * dim + i]);
-        out[(size_t)t * dim + i] = from_f32<T>(v);
+        out[(size_t)t * dim + i] = v;
     }
 }
 
 template <typename T>
-__global__ void norm_kernel(T *out, const T *x, const T *w, const T *b, float eps, int dim,
+__global__ void norm_kernel(T *out, const float *x, const T *w, const T *b, float eps, int dim,
                             int rms) {
     __shared__ float red[2][32];
-    const T *row = x + (size_t)blockIdx.x * dim;
+    const float *row = x + (size_t)blockIdx.x * dim;
     float s = 0.0f, ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = to_f32(row[i]);
+        const float v = row[i];
         s += v;
         ss += v * v;
     }
@@ -55,7 +55,7 @@ __global__ void norm_kernel(T *out, const T *x, const T *w, const T *b, float ep
     const float inv = rms ? rsqrtf(red[1][0] / dim + eps)
                           : rsqrtf(fmaxf(red[1][0] / dim - mean * mean, 0.0f) + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = to_f32(row[i]);
+        const float v = row[i];
         float y = rms ? v * inv * to_f32(w[i]) : (v - mean) * inv * to_f32(w[i]);
         if (!rms && b) y += to_f32(b[i]);
         out[(size_t)blockIdx.x * dim + i] = from_f32<T>(y);
@@ -170,10 +170,16 @@ __global__ void swiglu_kernel(T *out, const T *gate_up, int dim, size_t n) {
     }
 }
 
-template <typename T>
-__global__ void gather_rows_kernel(T *out, const T *x, const int32_t *rows, int dim) {
-    const T *src = x + (size_t)rows[blockIdx.x] * dim;
+__global__ void gather_rows_kernel(float *out, const float *x, const int32_t *rows, int dim) {
+    const float *src = x + (size_t)rows[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = src[i];
+}
+
+template <typename T>
+__global__ void residual_add_kernel(float *h, const T *x, size_t n) {
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x)
+        h[k] += to_f32(x[k]);
 }
 
 /* ---- C launchers: a typed body each, dispatched on the dtype ---------------------------------- */
@@ -182,12 +188,12 @@ template <typename T>
 static nopad_status embed_t(void *out, const int32_t *tokens, const int32_t *positions, int n,
                             int vocab, int n_pos, const void *word, const void *pos, int dim,
                             cudaStream_t s) {
-    embed_tokens_kernel<T><<<n, 256, 0, s>>>((T *)out, tokens, positions, vocab, n_pos,
+    embed_tokens_kernel<T><<<n, 256, 0, s>>>((float *)out, tokens, positions, vocab, n_pos,
                                              (const T *)word, (const T *)pos, dim);
     return launch_status("embed_tokens");
 }
 
-extern "C" nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, void *out, const int32_t *tokens,
+extern "C" nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t *tokens,
                                               const int32_t *positions, int32_t n_tokens,
                                               int32_t vocab, int32_t n_positions, const void *word,
                                               const void *pos, int32_t dim, void *stream) {
@@ -198,13 +204,13 @@ extern "C" nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, void *out, cons
 }
 
 template <typename T>
-static nopad_status norm_t(void *out, const void *x, const void *w, const void *b, float eps,
+static nopad_status norm_t(void *out, const float *x, const void *w, const void *b, float eps,
                            int n, int dim, int rms, cudaStream_t s) {
-    norm_kernel<T><<<n, 256, 0, s>>>((T *)out, (const T *)x, (const T *)w, (const T *)b, eps, dim, rms);
+    norm_kernel<T><<<n, 256, 0, s>>>((T *)out, x, (const T *)w, (const T *)b, eps, dim, rms);
     return launch_status("norm");
 }
 
-extern "C" nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, const void *x, const void *w,
+extern "C" nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, const float *x, const void *w,
                                       const void *b, float eps, int32_t n_tokens, int32_t dim,
                                       int rms, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
@@ -291,18 +297,24 @@ extern "C" nopad_status cuda_dec_swiglu(nopad_dtype dtype, void *out, const void
                    swiglu_t<__nv_bfloat16>(out, gate_up, n_tokens, dim, s));
 }
 
-template <typename T>
-static nopad_status gather_t(void *out, const void *x, const int32_t *rows, int n, int dim,
-                             cudaStream_t s) {
-    gather_rows_kernel<T><<<n, 256, 0, s>>>((T *)out, (const T *)x, rows, dim);
+extern "C" nopad_status cuda_dec_gather_rows(float *out, const float *x, const int32_t *rows,
+                                             int32_t n, int32_t dim, void *stream) {
+    cudaStream_t s = (cudaStream_t)stream;
+    if (n == 0) return NOPAD_OK;
+    gather_rows_kernel<<<n, 256, 0, s>>>(out, x, rows, dim);
     return launch_status("gather_rows");
 }
 
-extern "C" nopad_status cuda_dec_gather_rows(nopad_dtype dtype, void *out, const void *x,
-                                             const int32_t *rows, int32_t n, int32_t dim,
-                                             void *stream) {
+template <typename T>
+static nopad_status residual_t(float *h, const void *x, size_t n, cudaStream_t s) {
+    residual_add_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(h, (const T *)x, n);
+    return launch_status("residual_add");
+}
+
+extern "C" nopad_status cuda_dec_residual_add(nopad_dtype dtype, float *h, const void *x,
+                                              int32_t n_tokens, int32_t dim, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
+    const size_t n = (size_t)n_tokens * dim;
     if (n == 0) return NOPAD_OK;
-    DISPATCH_DTYPE(dtype, gather_t<__half>(out, x, rows, n, dim, s),
-                   gather_t<__nv_bfloat16>(out, x, rows, n, dim, s));
+    DISPATCH_DTYPE(dtype, residual_t<__half>(h, x, n, s), residual_t<__nv_bfloat16>(h, x, n, s));
 }

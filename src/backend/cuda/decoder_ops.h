@@ -11,11 +11,11 @@
 extern "C" {
 #endif
 
-nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, void *out, const int32_t *tokens,
+nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t *tokens,
                                    const int32_t *positions, int32_t n_tokens, int32_t vocab,
                                    int32_t n_positions, const void *word, const void *pos,
                                    int32_t dim, void *stream);
-nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, const void *x, const void *w,
+nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, const float *x, const void *w,
                            const void *b, float eps, int32_t n_tokens, int32_t dim, int rms,
                            void *stream);
 nopad_status cuda_dec_rope(nopad_dtype dtype, void *qkv, const int32_t *positions,
@@ -31,8 +31,10 @@ nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, const void *
                                       void *stream);
 nopad_status cuda_dec_swiglu(nopad_dtype dtype, void *out, const void *gate_up, int32_t n_tokens,
                              int32_t dim, void *stream);
-nopad_status cuda_dec_gather_rows(nopad_dtype dtype, void *out, const void *x,
-                                  const int32_t *rows, int32_t n, int32_t dim, void *stream);
+nopad_status cuda_dec_gather_rows(float *out, const float *x, const int32_t *rows, int32_t n,
+                                  int32_t dim, void *stream);
+nopad_status cuda_dec_residual_add(nopad_dtype dtype, float *h, const void *x, int32_t n_tokens,
+                                   int32_t dim, void *stream);
 
 #ifdef __cplusplus
 }
