@@ -26,12 +26,15 @@
 #   fmha_ab       the attention alone from several libraries
 #   fmha_profile  ncu of one attention launch
 #   gemm          gemm_bench
+#   decode        the DEC benchmark (bench/decode_bench.py: decode grid, prefill, HF peers, SmolLM2);
+#                 ~8 minutes on an H100 (its --budget-s), so alone in a device call
 #   graphs, ab    nopad bench: graph replay on/off; A/B of runtime knobs
 #   profile       ncu per-kernel times of one forward
 # Logs and JSON go to $OUT (or ./gpu_check_out). Exit status 0 only if every step passed.
 #
 # Env knobs:
 #   bench         ENC_ARGS
+#   decode        DEC_ARGS, NOPAD_SMOLLM2_GGUF (the GGUF for its SmolLM2 part)
 #   fmha          FMHA_ARGS
 #   compare       BASE_LIB, BASE_BENCH (default: the staged baseline next to BUILD), COMPARE_WHAT
 #                 ("enc fmha"), COMPARE_ENC ("base:fp16 base:bf16 large:fp16"), COMPARE_REPS (2),
@@ -226,6 +229,14 @@ if want fmha; then
     python3 "$ROOT/bench/fmha_bench.py" --lib "$BUILD/libnopad.so" --out "$OUTDIR" ${FMHA_ARGS:-} \
         > "$OUTDIR/fmha_bench.log" 2>&1 || status=1
     tail -n 40 "$OUTDIR/fmha_bench.log"
+fi
+if want decode; then
+    # the DEC table (issue 21): LLaMA-1B-shaped random weights, decode step against the copy-bandwidth
+    # floor, prefill and HF peers, SmolLM2 generation; dec.json, the HF peers' logs beside it
+    PYTHONUNBUFFERED=1 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" --out "$OUTDIR/dec.json" \
+        ${NOPAD_SMOLLM2_GGUF:+--smollm2 "$NOPAD_SMOLLM2_GGUF"} ${DEC_ARGS:-} > "$OUTDIR/dec_bench.log" 2>&1 || status=1
+    if grep -q '^## DEC' "$OUTDIR/dec_bench.log"; then sed -n '/^## DEC/,$p' "$OUTDIR/dec_bench.log"
+    else tail -n 40 "$OUTDIR/dec_bench.log"; fi
 fi
 if want compare; then
     # Baseline against this build, on this GPU, in this call: the ENC points (enc_bench.py --quick,
