@@ -110,8 +110,21 @@ static nopad_status cu_attention_paged(nopad_backend *be, void *out, const void 
                                        const void *v_cache, const nopad_kv_batch *kv, int32_t n_heads,
                                        int32_t n_kv_heads, int32_t head_size, float scale) {
     CUDA_ENTER(be, s);
+    /* partial results of the key splits: [T, heads, splits, head_size + 2] float32 */
+    const size_t need = cuda_dec_attention_workspace(kv, n_heads, head_size);
+    if (need > s->split_ws_bytes) {
+        if (s->split_ws) {
+            cudaStreamSynchronize(s->stream);
+            cudaFree(s->split_ws);
+            s->split_ws = NULL;
+            s->split_ws_bytes = 0;
+        }
+        nopad_status st = cuda_check(cudaMalloc((void **)&s->split_ws, need), "attention workspace");
+        if (st != NOPAD_OK) return st;
+        s->split_ws_bytes = need;
+    }
     return cuda_dec_attention_paged(be->dtype, out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size,
-                                    scale, s->stream);
+                                    scale, s->split_ws, s->stream);
 }
 static nopad_status cu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens, int32_t dim) {
     CUDA_ENTER(be, s);
@@ -151,6 +164,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->scratch) cudaFree(s->scratch);
         if (s->pack_bad) cudaFree(s->pack_bad);
         if (s->attention_ws) cudaFree(s->attention_ws);
+        if (s->split_ws) cudaFree(s->split_ws);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);
     }

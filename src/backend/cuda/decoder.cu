@@ -1,9 +1,8 @@
 /* CUDA: the decoder ops (fp16 / bf16 storage, fp32 arithmetic). First, correct versions tested
  * against the CPU ops: token embedding, LayerNorm / RMSNorm into a new buffer, rotary embeddings,
- * the paged KV store, causal attention over paged keys and values (one block per query row and
- * head, four warps splitting the keys with an online softmax each, merged at the end), SwiGLU and
- * the row gather. The decode-speed kernels (flash-decoding splits, wgmma tiles for long query
- * spans) come next. */
+ * the paged KV store, causal attention over paged keys and values (flash-decoding: the keys of
+ * each query row split across CTAs of 64 keys, merged by a second kernel), SwiGLU and the row
+ * gather. Still to come: wgmma tiles for long query spans (prefill). */
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decoder_ops.h"
 
@@ -92,19 +91,32 @@ __global__ void kv_store_kernel(T *k_cache, T *v_cache, const T *qkv, const int3
     }
 }
 
-enum { ATT_WARPS = 4, MAX_D_PER_LANE = 8 }; /* head sizes up to 256 */
+enum { ATT_WARPS = 4, MAX_D_PER_LANE = 8, SPLIT_KEYS = 64 }; /* head sizes up to 256 */
 
+/* Flash-decoding: blockIdx.z takes keys [z·SPLIT_KEYS, (z+1)·SPLIT_KEYS) of the query row's
+ * history, its four warps one key each at a time with an online softmax, merged in shared memory;
+ * the split's (max, sum, weighted values) go to the workspace and attention_combine_kernel merges
+ * the splits. Few query rows over long histories thus still fill the GPU. */
 template <typename T>
-__global__ void attention_paged_kernel(T *out, const T *qkv, const T *k_cache, const T *v_cache,
+__global__ void attention_split_kernel(float *ws, const T *qkv, const T *k_cache, const T *v_cache,
                                        const int32_t *cu_q, const int32_t *seqlen_k,
                                        const int32_t *block_table, int n_seqs, int max_blocks,
                                        int block_size, int n_heads, int n_kv_heads, int head_size,
                                        float scale) {
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = sequence_of(cu_q, n_seqs, t);
     const int n_new = cu_q[b + 1] - cu_q[b];
     const int pos = seqlen_k[b] - n_new + (t - cu_q[b]);
+    const int first = split * SPLIT_KEYS, last = min(first + SPLIT_KEYS - 1, pos);
+    float *part = ws + (((size_t)t * n_heads + h) * n_splits + split) * (head_size + 2);
+    if (first > pos) { /* past this row's keys: an empty split */
+        if (threadIdx.x == 0) {
+            part[0] = -INFINITY;
+            part[1] = 0.0f;
+        }
+        return;
+    }
     const int32_t *blocks = block_table + (size_t)b * max_blocks;
     const int kvh = h / (n_heads / n_kv_heads);
     const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
@@ -117,25 +129,24 @@ __global__ void attention_paged_kernel(T *out, const T *qkv, const T *k_cache, c
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int key = warp; key <= pos; key += ATT_WARPS) {
+    for (int key = first + warp; key <= last; key += ATT_WARPS) {
         const size_t slot = (size_t)blocks[key / block_size] * block_size + key % block_size;
         const T *k = k_cache + slot * kvrow + (size_t)kvh * head_size;
-        float s = 0.0f;
-        for (int j = 0; j < per_lane; j++) {
+        const T *v = v_cache + slot * kvrow + (size_t)kvh * head_size;
+        float kk[MAX_D_PER_LANE], vv[MAX_D_PER_LANE];
+        for (int j = 0; j < per_lane; j++) { /* both loads in flight before the reduction */
             const int d = lane + 32 * j;
-            if (d < head_size) s += q[j] * to_f32(k[d]);
+            kk[j] = d < head_size ? to_f32(k[d]) : 0.0f;
+            vv[j] = d < head_size ? to_f32(v[d]) : 0.0f;
         }
+        float s = 0.0f;
+        for (int j = 0; j < per_lane; j++) s += q[j] * kk[j];
         s = warp_sum(s);
         const float m2 = fmaxf(m, s), corr = __expf(m - m2), p = __expf(s - m2);
-        const T *v = v_cache + slot * kvrow + (size_t)kvh * head_size;
-        for (int j = 0; j < per_lane; j++) {
-            const int d = lane + 32 * j;
-            acc[j] = acc[j] * corr + (d < head_size ? p * to_f32(v[d]) : 0.0f);
-        }
+        for (int j = 0; j < per_lane; j++) acc[j] = acc[j] * corr + p * vv[j];
         l = l * corr + p;
         m = m2;
     }
-    /* merge the warps' partial softmaxes */
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][32 * MAX_D_PER_LANE];
     if (lane == 0) {
@@ -155,8 +166,34 @@ __global__ void attention_paged_kernel(T *out, const T *qkv, const T *k_cache, c
             float o = 0.0f;
             for (int w = 0; w < ATT_WARPS; w++)
                 if (sm[w] != -INFINITY) o += sacc[w][d] * __expf(sm[w] - M);
-            out[(size_t)t * n_heads * head_size + (size_t)h * head_size + d] = from_f32<T>(o / L);
+            part[2 + d] = o; /* unnormalised: sum of p·v at max M */
         }
+        if (lane == 0) {
+            part[0] = M;
+            part[1] = L;
+        }
+    }
+}
+
+template <typename T>
+__global__ void attention_combine_kernel(T *out, const float *ws, int n_heads, int head_size,
+                                         int n_splits) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const float *parts = ws + ((size_t)t * n_heads + h) * n_splits * (head_size + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, parts[(size_t)s * (head_size + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        const float m = parts[(size_t)s * (head_size + 2)];
+        if (m != -INFINITY) L += parts[(size_t)s * (head_size + 2) + 1] * __expf(m - M);
+    }
+    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float m = parts[(size_t)s * (head_size + 2)];
+            if (m != -INFINITY) o += parts[(size_t)s * (head_size + 2) + 2 + d] * __expf(m - M);
+        }
+        out[(size_t)t * n_heads * head_size + (size_t)h * head_size + d] = from_f32<T>(o / L);
     }
 }
 
@@ -254,23 +291,38 @@ extern "C" nopad_status cuda_dec_kv_store(nopad_dtype dtype, void *k_cache, void
                    kv_store_t<__nv_bfloat16>(k_cache, v_cache, qkv, slots, n_tokens, n_heads, n_kv_heads, head_size, s));
 }
 
+static int attention_splits(const nopad_kv_batch *kv) {
+    return (kv->max_k + SPLIT_KEYS - 1) / SPLIT_KEYS > 0 ? (kv->max_k + SPLIT_KEYS - 1) / SPLIT_KEYS : 1;
+}
+
+extern "C" size_t cuda_dec_attention_workspace(const nopad_kv_batch *kv, int32_t n_heads,
+                                               int32_t head_size) {
+    return (size_t)kv->n_tokens * n_heads * attention_splits(kv) * (head_size + 2) * sizeof(float);
+}
+
 template <typename T>
 static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
                                 const void *v_cache, const nopad_kv_batch *kv, int n_heads,
-                                int n_kv_heads, int head_size, float scale, cudaStream_t s) {
-    dim3 grid((unsigned)kv->n_tokens, (unsigned)n_heads);
-    attention_paged_kernel<T><<<grid, 32 * ATT_WARPS, 0, s>>>(
-        (T *)out, (const T *)qkv, (const T *)k_cache, (const T *)v_cache, kv->cu_q, kv->seqlen_k,
+                                int n_kv_heads, int head_size, float scale, float *ws,
+                                cudaStream_t s) {
+    const int splits = attention_splits(kv);
+    dim3 grid((unsigned)kv->n_tokens, (unsigned)n_heads, (unsigned)splits);
+    attention_split_kernel<T><<<grid, 32 * ATT_WARPS, 0, s>>>(
+        ws, (const T *)qkv, (const T *)k_cache, (const T *)v_cache, kv->cu_q, kv->seqlen_k,
         kv->block_table, kv->n_seqs, kv->max_blocks, kv->block_size, n_heads, n_kv_heads,
         head_size, scale);
-    return launch_status("attention_paged");
+    nopad_status st = launch_status("attention_split");
+    if (st != NOPAD_OK) return st;
+    attention_combine_kernel<T><<<dim3((unsigned)kv->n_tokens, (unsigned)n_heads), 64, 0, s>>>(
+        (T *)out, ws, n_heads, head_size, splits);
+    return launch_status("attention_combine");
 }
 
 extern "C" nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, const void *qkv,
                                                  const void *k_cache, const void *v_cache,
                                                  const nopad_kv_batch *kv, int32_t n_heads,
                                                  int32_t n_kv_heads, int32_t head_size,
-                                                 float scale, void *stream) {
+                                                 float scale, float *workspace, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (kv->n_tokens == 0) return NOPAD_OK;
     if (head_size > 32 * MAX_D_PER_LANE || n_heads % n_kv_heads != 0)
@@ -278,8 +330,8 @@ extern "C" nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, c
                                "cuda attention_paged: head size %d (at most %d) or %d heads over %d "
                                "KV heads",
                                head_size, 32 * MAX_D_PER_LANE, n_heads, n_kv_heads);
-    DISPATCH_DTYPE(dtype, attention_t<__half>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, s),
-                   attention_t<__nv_bfloat16>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, s));
+    DISPATCH_DTYPE(dtype, attention_t<__half>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, workspace, s),
+                   attention_t<__nv_bfloat16>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, workspace, s));
 }
 
 template <typename T>

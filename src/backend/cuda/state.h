@@ -38,6 +38,8 @@ typedef struct cuda_state {
     int32_t *pack_bad; /* device flag of pack_padded: the lengths did not match what the host said */
     void *attention_ws; /* the attention kernels' work counter (NOPAD_ATTENTION_WORKSPACE_BYTES,
                            zeroed once; every use is ordered on `stream`) */
+    float *split_ws;   /* the decoder attention's partial results (grown on demand, stream-ordered) */
+    size_t split_ws_bytes;
     int cannot_record; /* a recording failed once (e.g. a caller's stream that cannot be captured):
                           run ops directly from then on */
 } cuda_state;
