@@ -151,7 +151,7 @@ typedef struct nopad_model_params {
     nopad_dtype dtype;        /* compute dtype: F32 on the CPU; F16 or BF16 on CUDA. default F32 */
     int n_threads;            /* CPU threads; <= 0: OpenMP's default */
     /* The model's default context (nopad_model_context), which the one-call entry points run on,
-     * is created at load with these three; see nopad_context_params for their meaning. */
+     * is created at load with these five; see nopad_context_params for their meaning. */
     int32_t max_batch_tokens;
     void *cuda_stream;
     int32_t cuda_graph_max_tokens;
@@ -376,7 +376,7 @@ nopad_sampling_params nopad_sampling_default_params(void); /* greedy, everything
 
 /* A sequence's place in a context's paged KV pool: its history, block by block. Blocks come from
  * the pool as the sequence grows and go back when it is freed (nothing is copied). Use a sequence
- * only with the context that made it, and one call at a time. */
+ * only with the context that made it, one call at a time, and free it before that context. */
 typedef struct nopad_sequence nopad_sequence;
 nopad_status nopad_sequence_create(nopad_context *ctx, nopad_sequence **out);
 void nopad_sequence_free(nopad_sequence *seq);

@@ -146,8 +146,8 @@ struct nopad_backend {
                           float eps, int32_t dim);
 
     /* ---- gemm ------------------------------------------------------------------------------ */
-    /* out[T, N] = epilogue(x[T, K] · w[N, K]ᵀ). bias [N] (unless NONE; NULL reads as zeros on
-     * backends with decoder ops); residual [T, N] for BIAS_RESIDUAL (may alias out). */
+    /* out[T, N] = epilogue(x[T, K] · w[N, K]ᵀ). bias [N] (unless NONE); residual [T, N] for
+     * BIAS_RESIDUAL (may alias out). */
     nopad_status (*gemm)(nopad_backend *be, void *out, const void *x, const void *w,
                          const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
                          int32_t n_out, nopad_epilogue epilogue, nopad_activation act);

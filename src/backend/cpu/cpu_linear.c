@@ -37,11 +37,11 @@ static void linear_block(float *out, const float *x, const float *w, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, n_in, 1.0f,
                 x + (size_t)r0 * n_in, n_in, w + (size_t)c0 * n_in, n_in, beta,
                 out + (size_t)r0 * n_out + c0, n_out);
-    if (epilogue == NOPAD_EPILOGUE_NONE || (!bias && epilogue != NOPAD_EPILOGUE_BIAS_ACT)) return;
+    if (epilogue == NOPAD_EPILOGUE_NONE) return;
     for (int32_t t = r0; t < r1; t++) {
         float *row = out + (size_t)t * n_out;
         if (epilogue == NOPAD_EPILOGUE_BIAS_ACT)
-            for (int32_t i = c0; i < c1; i++) row[i] = activate(row[i] + (bias ? bias[i] : 0.0f), act);
+            for (int32_t i = c0; i < c1; i++) row[i] = activate(row[i] + bias[i], act);
         else
             for (int32_t i = c0; i < c1; i++) row[i] += bias[i];
     }
