@@ -1,5 +1,9 @@
-/* Decoders on CUDA against the CPU (the reference, itself checked against HF in test_decoder):
- * the tiny HF fixtures and, when NOPAD_SMOLLM2_GGUF is set, SmolLM2 from its GGUF. Every prompt is
+/* Decoders on CUDA against the CPU (the reference, itself checked against HF in test_decoder).
+ * First each decoder op of the op table on random data: random lengths (1 and 40 new tokens,
+ * histories of 0 to 300), random block tables over a shuffled pool, blocks of 1 and 16, head sizes
+ * 64, 80 and 128, GQA 4:1, llama3-scaled RoPE; fp16 within 2e-3, bf16 within 1e-2 row-relative.
+ * Then whole models: the tiny HF fixtures and, when NOPAD_SMOLLM2_GGUF is set, SmolLM2 from its
+ * GGUF. Every prompt is
  * run as a mix of steps on both backends (the prompts' first halves together in one step, their
  * second halves in another) and the logits of every position compared.
  *
@@ -16,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "cuda_testutil.h"
 #include "golden.h"
+#include "model/decoder.h"
 
 static const char *const DECODERS[] = {"gpt2_dec", "llama_gqa", "llama_mqa", "llama_linear",
                                        "qwen2_bias"};
@@ -115,6 +121,214 @@ static void compare(const char *label, const char *path, int32_t B, const int32_
     free(want);
 }
 
+/* ---- each decoder op against the CPU op, random data and lengths ----------------------------- */
+
+static nopad_backend *cpu;
+static const double OP_BOUND[2] = {2e-3, 1e-2};
+
+static void *dev_dtype(nopad_backend *gpu, float *host, size_t n) {
+    /* uploads in the compute dtype and rounds the host copy the same way */
+    void *d;
+    assert_nopad_ok(gpu->alloc(gpu, n * 2 + 16, &d));
+    assert_nopad_ok(gpu->upload_f32(gpu, d, host, n));
+    assert_nopad_ok(gpu->download_f32(gpu, host, d, n));
+    return d;
+}
+
+static void *dev_raw32(nopad_backend *gpu, const void *host, size_t n) {
+    /* 32-bit words copied unchanged (float32 or int32 tensors) */
+    void *d;
+    assert_nopad_ok(gpu->alloc(gpu, n * 4 + 16, &d));
+    assert_nopad_ok(gpu->upload_i32(gpu, d, (const int32_t *)host, n));
+    return d;
+}
+
+static float *host_raw32(const void *dev, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    assert_int_equal(cudaMemcpy(h, dev, n * sizeof *h, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+}
+
+static float *host_dtype(nopad_backend *gpu, const void *dev, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    assert_nopad_ok(gpu->download_f32(gpu, h, dev, n));
+    return h;
+}
+
+static float *rnd(size_t n, float lo, float hi, uint64_t *rng) {
+    float *x = malloc(n * sizeof *x);
+    test_fill_uniform(x, (int64_t)n, lo, hi, rng);
+    return x;
+}
+
+static void close_or_fail(const char *what, int di, const float *got, const float *want,
+                          int64_t rows, int64_t cols) {
+    double err = test_max_row_rel_error(got, want, rows, cols);
+    printf("  %-5s %-34s rows %-5lld max row rel err %.2e\n", DTYPE_NAMES[di], what, (long long)rows, err);
+    if (!(err <= OP_BOUND[di])) fail_msg("%s %s: %.3e > %.0e", what, DTYPE_NAMES[di], err, OP_BOUND[di]);
+}
+
+static void test_decoder_ops(void **state) {
+    uint64_t rng = 2026;
+    static const int32_t head_sizes[] = {64, 80, 128};
+    for (int di = 0; di < 2; di++) {
+        nopad_backend *gpu;
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], 0, NULL, &gpu));
+        for (int hi = 0; hi < 3; hi++) {
+            const int32_t D = head_sizes[hi], NH = 8, KVH = 2, dim = 256, V = 97, P = 512;
+            const int32_t B = 6, BS = hi == 1 ? 1 : 16;
+            /* new tokens per sequence (1 and 40 among them) and histories (0 to 300) */
+            int32_t cu[B + 1], seqlen[B], hist[B];
+            cu[0] = 0;
+            int32_t max_k = 0, max_q = 0;
+            for (int b = 0; b < B; b++) {
+                const int32_t n_new = b == 0 ? 1 : b == 1 ? 40 : 1 + (int32_t)(test_rand_u32(&rng) % 20);
+                hist[b] = b == 2 ? 0 : b == 3 ? 300 : (int32_t)(test_rand_u32(&rng) % 200);
+                cu[b + 1] = cu[b] + n_new;
+                seqlen[b] = hist[b] + n_new;
+                if (seqlen[b] > max_k) max_k = seqlen[b];
+                if (n_new > max_q) max_q = n_new;
+            }
+            const int32_t T = cu[B], max_blocks = (max_k + BS - 1) / BS, n_blocks = B * max_blocks;
+            /* each sequence's blocks: a random permutation of the pool */
+            int32_t *perm = malloc((size_t)n_blocks * sizeof *perm), *table = calloc((size_t)n_blocks, sizeof *table);
+            for (int32_t i = 0; i < n_blocks; i++) perm[i] = i;
+            for (int32_t i = n_blocks - 1; i > 0; i--) {
+                int32_t j = (int32_t)(test_rand_u32(&rng) % (uint32_t)(i + 1)), x = perm[i];
+                perm[i] = perm[j];
+                perm[j] = x;
+            }
+            for (int32_t i = 0; i < n_blocks; i++) table[i] = perm[i];
+            int32_t *positions = malloc((size_t)T * sizeof *positions), *slots = malloc((size_t)T * sizeof *slots);
+            int32_t *tokens = malloc((size_t)T * sizeof *tokens), rows[B];
+            for (int b = 0; b < B; b++) {
+                for (int32_t i = 0; i < cu[b + 1] - cu[b]; i++) {
+                    const int32_t t = cu[b] + i, p = hist[b] + i;
+                    positions[t] = p;
+                    slots[t] = table[b * max_blocks + p / BS] * BS + p % BS;
+                    tokens[t] = (int32_t)(test_rand_u32(&rng) % V);
+                }
+                rows[b] = cu[b + 1] - 1;
+            }
+            int32_t *dpos = dev_raw32(gpu, positions, T), *dslots = dev_raw32(gpu, slots, T);
+            int32_t *dtok = dev_raw32(gpu, tokens, T), *drows = dev_raw32(gpu, rows, B);
+            int32_t *dcu = dev_raw32(gpu, cu, B + 1), *dseq = dev_raw32(gpu, seqlen, B);
+            int32_t *dtable = dev_raw32(gpu, table, (size_t)n_blocks);
+            char what[96];
+
+            /* embed_tokens (with and without learned positions) */
+            float *word = rnd((size_t)V * dim, -1, 1, &rng), *pos = rnd((size_t)P * dim, -1, 1, &rng);
+            void *dword = dev_dtype(gpu, word, (size_t)V * dim), *dposemb = dev_dtype(gpu, pos, (size_t)P * dim);
+            float *want = malloc((size_t)T * dim * sizeof *want);
+            void *dout32;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)T * dim * 4, &dout32));
+            for (int with_pos = 0; with_pos < 2; with_pos++) {
+                assert_nopad_ok(gpu->embed_tokens(gpu, dout32, dtok, with_pos ? dpos : NULL, T, V, P, dword,
+                                                  with_pos ? dposemb : NULL, dim));
+                assert_nopad_ok(cpu->embed_tokens(cpu, want, tokens, with_pos ? positions : NULL, T, V, P, word,
+                                                  with_pos ? pos : NULL, dim));
+                float *got = host_raw32(dout32, (size_t)T * dim);
+                snprintf(what, sizeof what, "embed_tokens%s", with_pos ? " + positions" : "");
+                close_or_fail(what, di, got, want, T, dim);
+                free(got);
+            }
+            /* norm (RMS and LayerNorm) from a float32 stream */
+            float *x32 = rnd((size_t)T * dim, -3, 3, &rng), *w = rnd(dim, 0.5f, 1.5f, &rng), *bb = rnd(dim, -0.5f, 0.5f, &rng);
+            void *dx32 = dev_raw32(gpu, x32, (size_t)T * dim), *dw = dev_dtype(gpu, w, dim), *db = dev_dtype(gpu, bb, dim);
+            void *dnorm;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)T * dim * 2, &dnorm));
+            for (int rms = 0; rms < 2; rms++) {
+                assert_nopad_ok(gpu->norm(gpu, dnorm, dx32, dw, rms ? NULL : db, 1e-5f, T, dim, rms));
+                assert_nopad_ok(cpu->norm(cpu, want, x32, w, rms ? NULL : bb, 1e-5f, T, dim, rms));
+                float *got = host_dtype(gpu, dnorm, (size_t)T * dim);
+                close_or_fail(rms ? "norm rms" : "norm layernorm", di, got, want, T, dim);
+                free(got);
+            }
+            /* residual_add into the float32 stream, then gather_rows of it */
+            float *xr = rnd((size_t)T * dim, -1, 1, &rng);
+            void *dxr = dev_dtype(gpu, xr, (size_t)T * dim);
+            assert_nopad_ok(gpu->residual_add(gpu, dx32, dxr, T, dim));
+            assert_nopad_ok(cpu->residual_add(cpu, x32, xr, T, dim));
+            float *got = host_raw32(dx32, (size_t)T * dim);
+            close_or_fail("residual_add", di, got, x32, T, dim);
+            free(got);
+            void *dlast;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)B * dim * 4, &dlast));
+            assert_nopad_ok(gpu->gather_rows(gpu, dlast, dx32, drows, B, dim));
+            assert_nopad_ok(cpu->gather_rows(cpu, want, x32, rows, B, dim));
+            got = host_raw32(dlast, (size_t)B * dim);
+            close_or_fail("gather_rows", di, got, want, B, dim);
+            free(got);
+            /* swiglu */
+            const int32_t F = 300;
+            float *gu = rnd((size_t)T * 2 * F, -4, 4, &rng);
+            void *dgu = dev_dtype(gpu, gu, (size_t)T * 2 * F), *dsw;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)T * F * 2, &dsw));
+            float *swant = malloc((size_t)T * F * sizeof *swant);
+            assert_nopad_ok(gpu->swiglu(gpu, dsw, dgu, T, F));
+            assert_nopad_ok(cpu->swiglu(cpu, swant, gu, T, F));
+            got = host_dtype(gpu, dsw, (size_t)T * F);
+            close_or_fail("swiglu", di, got, swant, T, F);
+            free(got);
+            /* rope on the Q and K heads */
+            const int32_t row = (NH + 2 * KVH) * D;
+            float *qkv = rnd((size_t)T * row, -2, 2, &rng);
+            model_config cfg = {0};
+            cfg.head_size = D;
+            cfg.rope_theta = 10000.0f;
+            cfg.rope.kind = hi == 2 ? ROPE_SCALING_LLAMA3 : ROPE_SCALING_NONE;
+            cfg.rope.factor = 8.0f;
+            cfg.rope.low_freq_factor = 1.0f;
+            cfg.rope.high_freq_factor = 4.0f;
+            cfg.rope.original_max_positions = 64;
+            float inv[64];
+            decoder_rope_inv_freq(&cfg, inv);
+            void *dinv = dev_raw32(gpu, inv, (size_t)D / 2), *dqkv = dev_dtype(gpu, qkv, (size_t)T * row);
+            assert_nopad_ok(gpu->rope(gpu, dqkv, dpos, T, NH, KVH, D, dinv));
+            assert_nopad_ok(cpu->rope(cpu, qkv, positions, T, NH, KVH, D, inv));
+            got = host_dtype(gpu, dqkv, (size_t)T * row);
+            snprintf(what, sizeof what, "rope D=%d%s", D, hi == 2 ? " llama3" : "");
+            close_or_fail(what, di, got, qkv, (int64_t)T * (NH + 2 * KVH), D);
+            memcpy(qkv, got, (size_t)T * row * sizeof *qkv); /* both continue from the GPU's values */
+            free(got);
+            /* random caches, then kv_store of the new tokens, then paged attention */
+            const size_t cache_n = (size_t)n_blocks * BS * KVH * D;
+            float *kc = rnd(cache_n, -2, 2, &rng), *vc = rnd(cache_n, -2, 2, &rng);
+            void *dkc = dev_dtype(gpu, kc, cache_n), *dvc = dev_dtype(gpu, vc, cache_n);
+            assert_nopad_ok(gpu->kv_store(gpu, dkc, dvc, dqkv, dslots, T, NH, KVH, D));
+            assert_nopad_ok(cpu->kv_store(cpu, kc, vc, qkv, slots, T, NH, KVH, D));
+            got = host_dtype(gpu, dkc, cache_n);
+            close_or_fail("kv_store (K cache)", di, got, kc, (int64_t)(cache_n / D), D);
+            free(got);
+            const nopad_kv_batch hkv = {.n_seqs = B, .n_tokens = T, .max_q = max_q, .max_k = max_k, .cu_q = cu,
+                                        .seqlen_k = seqlen, .block_table = table, .max_blocks = max_blocks,
+                                        .block_size = BS};
+            nopad_kv_batch dkv = hkv;
+            dkv.cu_q = dcu;
+            dkv.seqlen_k = dseq;
+            dkv.block_table = dtable;
+            void *datt;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)T * NH * D * 2, &datt));
+            float *awant = malloc((size_t)T * NH * D * sizeof *awant);
+            const float scale = 1.0f / sqrtf((float)D);
+            assert_nopad_ok(gpu->attention_paged(gpu, datt, dqkv, dkc, dvc, &dkv, NH, KVH, D, scale));
+            assert_nopad_ok(cpu->attention_paged(cpu, awant, qkv, kc, vc, &hkv, NH, KVH, D, scale));
+            got = host_dtype(gpu, datt, (size_t)T * NH * D);
+            snprintf(what, sizeof what, "attention_paged D=%d blocks of %d", D, BS);
+            close_or_fail(what, di, got, awant, (int64_t)T * NH, D);
+            free(got);
+
+            void *bufs[] = {dpos, dslots, dtok, drows, dcu, dseq, dtable, dword, dposemb, dout32, dx32, dw, db,
+                            dnorm, dxr, dlast, dgu, dsw, dinv, dqkv, dkc, dvc, datt};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu->free(gpu, bufs[i]);
+            free(perm); free(table); free(positions); free(slots); free(tokens); free(word); free(pos);
+            free(want); free(x32); free(w); free(bb); free(xr); free(gu); free(swant); free(qkv); free(kc);
+            free(vc); free(awant);
+        }
+        gpu->destroy(gpu);
+    }
+}
+
 static void test_fixtures(void **state) {
     for (size_t i = 0; i < sizeof DECODERS / sizeof DECODERS[0]; i++) {
         char rel[256];
@@ -182,7 +396,9 @@ static void test_smollm2(void **state) {
 
 int main(void) {
     if (test_skip_without_gpu()) return 77;
+    if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decoder_ops),
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_smollm2),
     };
