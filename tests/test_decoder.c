@@ -104,6 +104,38 @@ static void test_hf_logits_and_greedy(void **state) {
     }
 }
 
+/* Three copies of llama_gqa's prompts as 15 sequences in one step, every position's logits: more
+ * rows than the LM head computes at a time (256), so its row chunks must line up. */
+static void test_many_rows_in_one_step(void **state) {
+    dgolden g;
+    dgolden_load("llama_gqa", &g);
+    nopad_model_params p = nopad_model_default_params();
+    p.max_batch_tokens = 3 * g.n_tokens;
+    nopad_model *m = load_decoder("llama_gqa", &p);
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    const int32_t V = info.vocab_size, B = 3 * g.n_seqs, T = 3 * g.n_tokens;
+    nopad_context *c = nopad_model_context(m);
+    nopad_sequence **seqs = calloc((size_t)B, sizeof *seqs);
+    int32_t *cu = malloc(((size_t)B + 1) * sizeof *cu), *ids = malloc((size_t)T * sizeof *ids);
+    float *want = malloc((size_t)T * V * sizeof *want), *got = malloc((size_t)T * V * sizeof *got);
+    cu[0] = 0;
+    for (int32_t k = 0; k < 3; k++) {
+        memcpy(ids + k * g.n_tokens, g.ids, (size_t)g.n_tokens * sizeof *ids);
+        memcpy(want + (size_t)k * g.n_tokens * V, g.logits, (size_t)g.n_tokens * V * sizeof *want);
+        for (int32_t b = 0; b < g.n_seqs; b++) cu[k * g.n_seqs + b + 1] = k * g.n_tokens + g.cu[b + 1];
+    }
+    for (int32_t b = 0; b < B; b++) assert_nopad_ok(nopad_sequence_create(c, &seqs[b]));
+    assert_nopad_ok(nopad_decode(c, B, seqs, cu, ids, 1, got));
+    double err = test_max_row_rel_error(got, want, T, V);
+    printf("  %d sequences, %d rows of logits in one step: max row rel err %.2e\n", B, T, err);
+    assert_true(err <= LOGITS_BOUND);
+    for (int32_t b = 0; b < B; b++) nopad_sequence_free(seqs[b]);
+    free(seqs); free(cu); free(ids); free(want); free(got);
+    nopad_model_free(m);
+    dgolden_free(&g);
+}
+
 /* The longest prompt of llama_gqa: whole, in chunks of 1, 7 and 64, with block sizes 1, 3 and 16,
  * and sharing each step with other sequences (a second prompt and decode tokens): the logits of
  * every position agree to 1e-5 (fp32 sums in another order only). */
@@ -312,6 +344,7 @@ static void test_smollm2(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hf_logits_and_greedy),
+        cmocka_unit_test(test_many_rows_in_one_step),
         cmocka_unit_test(test_chunking_and_blocks),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_smollm2),

@@ -91,7 +91,10 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int3
     if (st == NOPAD_OK) st = alloc(be, s, T * mlp * es, &s->mlp);
     if (st == NOPAD_OK) st = alloc(be, s, T * F * es, &s->act);
     if (st == NOPAD_OK) st = alloc(be, s, T * H * sizeof(float), (void **)&s->last);
-    if (st == NOPAD_OK) st = alloc(be, s, T * (size_t)cfg->vocab_size * es, &s->logits);
+    /* the LM head runs in row chunks, so the logits buffer holds a chunk, not T rows */
+    s->logit_rows = max_tokens < 256 ? max_tokens : 256;
+    if (st == NOPAD_OK)
+        st = alloc(be, s, (size_t)s->logit_rows * (size_t)cfg->vocab_size * es, &s->logits);
     /* tokens, positions, slots, rows [T each]; cu_q [T+1]; seqlen_k [T]; block table [T, max] */
     const size_t max_blocks = ((size_t)cfg->max_position_embeddings + block_size - 1) / block_size;
     s->i32_count = 6 * T + 1 + T * max_blocks;
@@ -210,7 +213,12 @@ nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const deco
         src = s->last;
     }
     TRY(be->norm(be, s->xn, src, w->final_norm_w, w->final_norm_b, eps, n_rows, H, rms));
-    TRY(be->gemm(be, s->logits, s->xn, w->lm_head, NULL, NULL, n_rows, H, V, NOPAD_EPILOGUE_NONE,
-                 NOPAD_ACT_GELU));
-    return be->download_f32(be, logits, s->logits, (size_t)n_rows * V);
+    const size_t es = nopad_dtype_size(be->dtype);
+    for (int32_t r0 = 0; r0 < n_rows; r0 += s->logit_rows) {
+        const int32_t n = n_rows - r0 < s->logit_rows ? n_rows - r0 : s->logit_rows;
+        TRY(be->gemm(be, s->logits, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head, NULL,
+                     NULL, n, H, V, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(be->download_f32(be, logits + (size_t)r0 * V, s->logits, (size_t)n * V));
+    }
+    return NOPAD_OK;
 }

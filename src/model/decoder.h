@@ -66,7 +66,8 @@ typedef struct decoder_state {
     void *mlp;                   // [T, 2F] (gate | up, or GPT-2's F)
     void *act;                   // [T, F]
     float *last;                 // [T, hidden] float32 rows of h whose logits are asked for
-    void *logits;                // [T, V]
+    void *logits;                // [logit_rows, V] one chunk of the LM head's output
+    int32_t logit_rows;          // rows of logits computed at a time
     int32_t *i32;                // tokens, positions, slots, rows, cu_q, seqlen_k, block table
     size_t i32_count;
     size_t bytes;
