@@ -126,15 +126,6 @@ static void compare(const char *label, const char *path, int32_t B, const int32_
 static nopad_backend *cpu;
 static const double OP_BOUND[2] = {2e-3, 1e-2};
 
-static void *dev_dtype(nopad_backend *gpu, float *host, size_t n) {
-    /* uploads in the compute dtype and rounds the host copy the same way */
-    void *d;
-    assert_nopad_ok(gpu->alloc(gpu, n * 2 + 16, &d));
-    assert_nopad_ok(gpu->upload_f32(gpu, d, host, n));
-    assert_nopad_ok(gpu->download_f32(gpu, host, d, n));
-    return d;
-}
-
 static void *dev_raw32(nopad_backend *gpu, const void *host, size_t n) {
     /* 32-bit words copied unchanged (float32 or int32 tensors) */
     void *d;
@@ -218,7 +209,7 @@ static void test_decoder_ops(void **state) {
 
             /* embed_tokens (with and without learned positions) */
             float *word = rnd((size_t)V * dim, -1, 1, &rng), *pos = rnd((size_t)P * dim, -1, 1, &rng);
-            void *dword = dev_dtype(gpu, word, (size_t)V * dim), *dposemb = dev_dtype(gpu, pos, (size_t)P * dim);
+            void *dword = test_to_device(gpu, word, (size_t)V * dim), *dposemb = test_to_device(gpu, pos, (size_t)P * dim);
             float *want = malloc((size_t)T * dim * sizeof *want);
             void *dout32;
             assert_nopad_ok(gpu->alloc(gpu, (size_t)T * dim * 4, &dout32));
@@ -234,7 +225,7 @@ static void test_decoder_ops(void **state) {
             }
             /* norm (RMS and LayerNorm) from a float32 stream */
             float *x32 = rnd((size_t)T * dim, -3, 3, &rng), *w = rnd(dim, 0.5f, 1.5f, &rng), *bb = rnd(dim, -0.5f, 0.5f, &rng);
-            void *dx32 = dev_raw32(gpu, x32, (size_t)T * dim), *dw = dev_dtype(gpu, w, dim), *db = dev_dtype(gpu, bb, dim);
+            void *dx32 = dev_raw32(gpu, x32, (size_t)T * dim), *dw = test_to_device(gpu, w, dim), *db = test_to_device(gpu, bb, dim);
             void *dnorm;
             assert_nopad_ok(gpu->alloc(gpu, (size_t)T * dim * 2, &dnorm));
             for (int rms = 0; rms < 2; rms++) {
@@ -246,7 +237,7 @@ static void test_decoder_ops(void **state) {
             }
             /* residual_add into the float32 stream, then gather_rows of it */
             float *xr = rnd((size_t)T * dim, -1, 1, &rng);
-            void *dxr = dev_dtype(gpu, xr, (size_t)T * dim);
+            void *dxr = test_to_device(gpu, xr, (size_t)T * dim);
             assert_nopad_ok(gpu->residual_add(gpu, dx32, dxr, T, dim));
             assert_nopad_ok(cpu->residual_add(cpu, x32, xr, T, dim));
             float *got = host_raw32(dx32, (size_t)T * dim);
@@ -262,7 +253,7 @@ static void test_decoder_ops(void **state) {
             /* swiglu */
             const int32_t F = 300;
             float *gu = rnd((size_t)T * 2 * F, -4, 4, &rng);
-            void *dgu = dev_dtype(gpu, gu, (size_t)T * 2 * F), *dsw;
+            void *dgu = test_to_device(gpu, gu, (size_t)T * 2 * F), *dsw;
             assert_nopad_ok(gpu->alloc(gpu, (size_t)T * F * 2, &dsw));
             float *swant = malloc((size_t)T * F * sizeof *swant);
             assert_nopad_ok(gpu->swiglu(gpu, dsw, dgu, T, F));
@@ -283,7 +274,7 @@ static void test_decoder_ops(void **state) {
             cfg.rope.original_max_positions = 64;
             float inv[64];
             decoder_rope_inv_freq(&cfg, inv);
-            void *dinv = dev_raw32(gpu, inv, (size_t)D / 2), *dqkv = dev_dtype(gpu, qkv, (size_t)T * row);
+            void *dinv = dev_raw32(gpu, inv, (size_t)D / 2), *dqkv = test_to_device(gpu, qkv, (size_t)T * row);
             assert_nopad_ok(gpu->rope(gpu, dqkv, dpos, T, NH, KVH, D, dinv));
             assert_nopad_ok(cpu->rope(cpu, qkv, positions, T, NH, KVH, D, inv));
             got = host_dtype(gpu, dqkv, (size_t)T * row);
@@ -294,7 +285,7 @@ static void test_decoder_ops(void **state) {
             /* random caches, then kv_store of the new tokens, then paged attention */
             const size_t cache_n = (size_t)n_blocks * BS * KVH * D;
             float *kc = rnd(cache_n, -2, 2, &rng), *vc = rnd(cache_n, -2, 2, &rng);
-            void *dkc = dev_dtype(gpu, kc, cache_n), *dvc = dev_dtype(gpu, vc, cache_n);
+            void *dkc = test_to_device(gpu, kc, cache_n), *dvc = test_to_device(gpu, vc, cache_n);
             assert_nopad_ok(gpu->kv_store(gpu, dkc, dvc, dqkv, dslots, T, NH, KVH, D));
             assert_nopad_ok(cpu->kv_store(cpu, kc, vc, qkv, slots, T, NH, KVH, D));
             got = host_dtype(gpu, dkc, cache_n);

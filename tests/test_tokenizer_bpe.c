@@ -26,43 +26,12 @@ static nopad_tokenizer *load_json_file(const char *rel) {
     return tok;
 }
 
-/* The texts of corpus.jsonl, by line. */
-typedef struct texts {
-    char **text;
-    size_t *len;
-    int n;
-} texts;
-
-static texts load_corpus(void) {
-    texts c = {0};
-    size_t size;
-    char *data = read_data("tokenizer/corpus.jsonl", &size);
-    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        assert_non_null(j);
-        c.text = realloc(c.text, (size_t)(c.n + 1) * sizeof *c.text);
-        c.len = realloc(c.len, (size_t)(c.n + 1) * sizeof *c.len);
-        assert_true(c.text && c.len);
-        c.text[c.n] = test_hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &c.len[c.n]);
-        c.n++;
-        cJSON_Delete(j);
-    }
-    free(data);
-    return c;
-}
-
-static void free_texts(texts *c) {
-    for (int i = 0; i < c->n; i++) free(c->text[i]);
-    free(c->text);
-    free(c->len);
-}
-
 /* Tokenizes every case of bpe_cases.jsonl with `tok` and compares with the list `key`.
  * Returns the number of lines checked. */
 static int check_cases(const nopad_tokenizer *tok, const char *key,
                        const nopad_tokenize_params *params) {
     enum { CAP = 8192 };
-    texts corpus = load_corpus();
+    test_corpus corpus = test_corpus_load();
     int32_t *ids = malloc(CAP * sizeof *ids);
     assert_non_null(ids);
     size_t size;
@@ -98,7 +67,7 @@ static int check_cases(const nopad_tokenizer *tok, const char *key,
     }
     free(data);
     free(ids);
-    free_texts(&corpus);
+    test_corpus_free(&corpus);
     return n_lines;
 }
 

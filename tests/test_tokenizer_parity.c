@@ -32,36 +32,6 @@ static nopad_tokenizer *load_parity(const char *name) {
     return tok;
 }
 
-typedef struct corpus {
-    char **text;
-    size_t *len;
-    int n;
-} corpus;
-
-static corpus load_corpus(void) {
-    corpus c = {0};
-    size_t size;
-    char *data = read_data("tokenizer/corpus.jsonl", &size);
-    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        assert_non_null(j);
-        c.text = realloc(c.text, (size_t)(c.n + 1) * sizeof *c.text);
-        c.len = realloc(c.len, (size_t)(c.n + 1) * sizeof *c.len);
-        assert_true(c.text && c.len);
-        c.text[c.n] = test_hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &c.len[c.n]);
-        c.n++;
-        cJSON_Delete(j);
-    }
-    free(data);
-    return c;
-}
-
-static void free_corpus(corpus *c) {
-    for (int i = 0; i < c->n; i++) free(c->text[i]);
-    free(c->text);
-    free(c->len);
-}
-
 static int32_t *ids_of(const cJSON *list, int32_t *n) {
     *n = cJSON_GetArraySize(list);
     int32_t *ids = malloc(((size_t)*n + 1) * sizeof *ids);
@@ -81,7 +51,7 @@ static void expect_same(const char *tok, int line, const char *what, const int32
 
 static void test_every_family_on_the_corpus(void **state) {
     enum { CAP = 1 << 16 };
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load();
     int32_t *ids = malloc(CAP * sizeof *ids), *want_trunc = malloc(CAP * sizeof *want_trunc);
     assert_true(ids && want_trunc);
     size_t size;
@@ -140,7 +110,7 @@ static void test_every_family_on_the_corpus(void **state) {
     free(data);
     free(ids);
     free(want_trunc);
-    free_corpus(&c);
+    test_corpus_free(&c);
 }
 
 /* The kinds the parity files cover, by the public kind query. */
@@ -179,7 +149,7 @@ static void test_corrupt_charsmap(void **state) {
     assert_true(cJSON_IsString(map));
     const char *b64 = map->valuestring;
     size_t n64 = strlen(b64);
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load();
     int32_t *ids = malloc((1 << 16) * sizeof *ids);
     assert_non_null(ids);
     /* the trie's byte size is the first little-endian u32: mutate base64 digits inside the trie */
@@ -223,7 +193,7 @@ static void test_corrupt_charsmap(void **state) {
     printf("  40 corrupted charsmaps: %d loaded and tokenized the corpus, %d refused\n", loaded,
            refused);
     free(ids);
-    free_corpus(&c);
+    test_corpus_free(&c);
     cJSON_Delete(root);
 }
 

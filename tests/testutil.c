@@ -176,3 +176,29 @@ void test_expect_ids(const char *label, const int32_t *got, int32_t n, const cJS
     fail_msg("%s\n  first difference at id %d\n  expected (%d): %s\n  got      (%d): %s", label, k, n_want, exp,
              n, have);
 }
+
+test_corpus test_corpus_load(void) {
+    test_corpus c = {0};
+    size_t size;
+    const char *path = test_data_path("tokenizer/corpus.jsonl");
+    char *data = test_read_file(path, &size);
+    if (!data) fail_msg("cannot read %s", path);
+    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        c.text = realloc(c.text, (size_t)(c.n + 1) * sizeof *c.text);
+        c.len = realloc(c.len, (size_t)(c.n + 1) * sizeof *c.len);
+        assert_true(c.text && c.len);
+        c.text[c.n] = test_hex_decode(cJSON_GetObjectItem(j, "hex")->valuestring, &c.len[c.n]);
+        c.n++;
+        cJSON_Delete(j);
+    }
+    free(data);
+    return c;
+}
+
+void test_corpus_free(test_corpus *c) {
+    for (int i = 0; i < c->n; i++) free(c->text[i]);
+    free(c->text);
+    free(c->len);
+}

@@ -30,6 +30,15 @@ struct cJSON;
 void test_expect_ids(const char *label, const int32_t *got, int32_t n, const struct cJSON *want);
 /* The bytes of a hex string ("6869" -> "hi"), NUL-terminated, in *len bytes. Caller frees. */
 char *test_hex_decode(const char *hex, size_t *len);
+/* The texts of tests/data/tokenizer/corpus.jsonl (each line's "hex"), by line; free with
+ * test_corpus_free. */
+typedef struct test_corpus {
+    char **text;
+    size_t *len;
+    int n;
+} test_corpus;
+test_corpus test_corpus_load(void);
+void test_corpus_free(test_corpus *c);
 /* Cosine similarity of two vectors of n floats, in double. */
 double test_cosine(const float *a, const float *b, int64_t n);
 /* Uniform floats in [lo, hi) from a fixed-seed xorshift generator. */
