@@ -8,9 +8,9 @@ Sections, each in its own try/except (an error is printed, recorded and the run 
   model     a random LLaMA-1B-shaped folder in /tmp (config.json + fp16 model.safetensors written
             with numpy + safetensors; normal * 0.02, norms 1), reused when already there
   decode    per dtype (fp16, bf16): B sequences with C tokens of history each take one new token
-            per nopad_decode; ms per step = median wall time of N steps after W warm-up steps (a
-            step returns [B, vocab] fp32 logits to the host, so it includes the sync and that
-            copy). The sequences are prefilled to C - W - N/2 tokens in chunks, so the timed
+            per nopad_decode_sample (greedy); ms per step = median wall time of N steps after W
+            warm-up steps (a step returns the B chosen ids to the host, so it includes the one
+            sync and the host's side of the step). The sequences are prefilled to C - W - N/2 tokens in chunks, so the timed
             steps attend to C keys on average (the exact mean is in the JSON, kv_tokens_mean).
             floor = (weight bytes read + KV bytes read) / copy bandwidth, where the weights read
             are every layer matrix and norm, the final norm, the LM head and B embedding rows,
@@ -121,6 +121,7 @@ def load_lib(path):
         "nopad_sequence_free": (None, [_p]),
         "nopad_sequence_length": (_i32, [_p]),
         "nopad_decode": (ctypes.c_int, [_p, _i32, _p, _p, _p, ctypes.c_int, _p]),
+        "nopad_decode_sample": (ctypes.c_int, [_p, _i32, _p, _p, _p, _p, _p, _p, _p]),
         "nopad_generate_default_params": (GenerateParams, []),
         "nopad_generate": (ctypes.c_int, [_p, _i32, _p, _p, ctypes.POINTER(GenerateParams), _p, _p, TokenFn, _p]),
     }
@@ -183,6 +184,13 @@ class Model:
         arr = (ctypes.c_void_p * len(seqs))(*seqs)
         check(self.lib, self.lib.nopad_decode(self.ctx, len(seqs), arr, ptr(cu), ptr(tokens), 0, ptr(logits)),
               "decode")
+
+    def step_sample(self, seqs, cu, tokens, ids):
+        """One nopad_decode_sample over len(seqs) sequences, greedy: ids (int32 [len(seqs)]) receive
+        the next ids, chosen on the device."""
+        arr = (ctypes.c_void_p * len(seqs))(*seqs)
+        check(self.lib, self.lib.nopad_decode_sample(self.ctx, len(seqs), arr, ptr(cu), ptr(tokens), None, None,
+                                                     ptr(ids), None), "decode_sample")
 
     def feed(self, seqs, n_tokens, vocab, rng):
         """Gives every sequence of seqs n_tokens more tokens (random ids), in packed steps of at
@@ -497,21 +505,21 @@ def run_decode(args, lib, folder, shape, dtype, bw, out, deadline, reserve_s):
                     row["prefill_s"] = time.time() - tp
                     rate[C] = B * prefill / max(row["prefill_s"], 1e-6)  # tokens/s, for the next points
                     cu = np.arange(B + 1, dtype=np.int32)
-                    logits = np.empty((B, V), np.float32)
+                    ids = np.empty(B, np.int32)
                     times = []
                     s0 = m.stats()
                     for i in range(W + N):
                         toks = rng.integers(0, V, B, dtype=np.int32)
                         t1 = time.perf_counter()
-                        m.step(seqs, cu, toks, logits)
+                        m.step_sample(seqs, cu, toks, ids)
                         t2 = time.perf_counter()
                         if i >= W:
                             times.append(t2 - t1)
                     s1 = m.stats()
                     lens = {lib.nopad_sequence_length(s) for s in seqs}
                     assert lens == {seq_tokens}, f"sequence lengths {sorted(lens)}, expected {seq_tokens}"
-                    if not np.isfinite(logits).all():
-                        row["warning"] = "non-finite logits"
+                    if not ((ids >= 0) & (ids < V)).all():
+                        row["warning"] = "ids outside the vocabulary"
                 finally:
                     m.free_sequences(seqs)
                 ms = statistics.median(times) * 1e3
@@ -520,7 +528,7 @@ def run_decode(args, lib, folder, shape, dtype, bw, out, deadline, reserve_s):
                 floor_ms = (wb + kvb) / (bw["read_plus_write_GBps"] * 1e9) * 1e3
                 row.update(ms=ms, ms_min=min(times) * 1e3, ms_max=max(times) * 1e3, tokens_per_s=B / ms * 1e3,
                            kv_tokens_mean=kv_mean, weight_bytes=wb, kv_bytes=kvb, floor_ms=floor_ms,
-                           x_floor=ms / floor_ms, logits_bytes=B * V * 4, steps=N, warmup=W,
+                           x_floor=ms / floor_ms, ids_bytes=B * 4, steps=N, warmup=W,
                            graph_replays=s1["graph_replays"] - s0["graph_replays"])
                 print(f"# decode {dtype} {B} x {C}: {ms:.3f} ms/step, {row['tokens_per_s']:.0f} tok/s, "
                       f"floor {floor_ms:.3f} ms, x{row['x_floor']:.2f} (prefill {row['prefill_s']:.1f} s, "
@@ -832,17 +840,15 @@ def tables(out):
             continue
         lines += [f"\nDecode step, nopad {dtype} (median of {rows[0].get('steps', '?')} steps; floor = (weights + KV "
                   "read) / copy bandwidth; target <= 1.2x at batch <= 64):\n",
-                  "| batch × context | ms per step | tokens/s | floor ms | × floor | weights + KV GB | logits to host MB |"
-                  " graph replays |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| batch × context | ms per step | tokens/s | floor ms | × floor | weights + KV GB | graph replays |",
+                  "|---|---|---|---|---|---|---|"]
         for r in rows:
             if "ms" not in r:
-                lines.append(f"| {r['batch']} × {r['context']} | {r.get('skipped') or r.get('error')} |||||||")
+                lines.append(f"| {r['batch']} × {r['context']} | {r.get('skipped') or r.get('error')} ||||||")
                 continue
             lines.append(f"| {r['batch']} × {r['context']} | {r['ms']:.3f} | {r['tokens_per_s']:.0f} | "
                          f"{r['floor_ms']:.3f} | {r['x_floor']:.2f} | "
-                         f"{(r['weight_bytes'] + r['kv_bytes']) / 1e9:.2f} | {r['logits_bytes'] / 1e6:.1f} | "
-                         f"{r['graph_replays']} |")
+                         f"{(r['weight_bytes'] + r['kv_bytes']) / 1e9:.2f} | {r['graph_replays']} |")
     if out.get("prefill"):
         lines += ["\nPrefill, one step (ms; useful TFLOP/s; HF = LlamaForCausalLM sdpa, logits_to_keep=1):\n",
                   "| dtype | seqs × length | nopad ms | TFLOP/s | of GEMM rate | HF sdpa ms | HF TFLOP/s | nopad vs HF |"

@@ -394,6 +394,18 @@ nopad_status nopad_decode(nopad_context *ctx, int32_t n_seqs, nopad_sequence *co
                           const int32_t *cu_tokens, const int32_t *tokens, int all_logits,
                           float *logits);
 
+/* nopad_decode, then each sequence's next id chosen from its last new token's logits, on the
+ * device where the backend can (only the ids come back: one host synchronisation). params[n_seqs]
+ * each sequence's sampling (NULL: greedy for all), draws[n_seqs] each one's draw counter, the
+ * index of the token in its output (NULL: 0), out_ids[n_seqs], out_logprobs[n_seqs] or NULL (as
+ * sampling.h defines them). The repetition penalty reads each sequence's whole history: every
+ * id it was fed, this step's included. Errors as nopad_decode, plus invalid sampling parameters
+ * and logits that are NaN, +inf or all -inf; after any error the sequences are as before. */
+nopad_status nopad_decode_sample(nopad_context *ctx, int32_t n_seqs, nopad_sequence *const *seqs,
+                                 const int32_t *cu_tokens, const int32_t *tokens,
+                                 const nopad_sampling_params *params, const uint64_t *draws,
+                                 int32_t *out_ids, float *out_logprobs);
+
 typedef struct nopad_generate_params {
     int32_t max_tokens;           /* new tokens per prompt at most; default 128 */
     int ignore_eos;               /* 1: do not stop at the model's end-of-sequence ids */

@@ -24,6 +24,7 @@
 #include "cuda_testutil.h"
 #include "golden.h"
 #include "model/decoder.h"
+#include "model/sampling.h"
 
 static const char *const DECODERS[] = {"gpt2_dec", "llama_gqa", "llama_mqa", "llama_linear",
                                        "qwen2_bias"};
@@ -32,6 +33,8 @@ static const char *const DTYPE_NAMES[2] = {"f16", "bf16"};
 static const double TARGET[2] = {5e-3, 2e-2};  /* the issue's */
 static const double MEASURED[2] = {2e-2, 1.2e-1}; /* what holds today, with margin */
 static int failures;
+static void sample_on_device(const char *label, const char *path, nopad_dtype dtype, int32_t B,
+                             const int32_t *cu, const int32_t *ids);
 
 /* Logits of every token of the prompts (cu, ids) on model m: the prompts' first halves in one step,
  * their second halves in a second step, then `extra` single tokens each, one step per token. */
@@ -165,16 +168,26 @@ static void test_decoder_ops(void **state) {
     for (int di = 0; di < 2; di++) {
         nopad_backend *gpu;
         assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], 0, NULL, &gpu));
-        for (int hi = 0; hi < 3; hi++) {
-            const int32_t D = head_sizes[hi], NH = 8, KVH = 2, dim = 256, V = 97, P = 512;
+        for (int sc = 0; sc < 9; sc++) {
+            /* three head sizes x three kinds of step: a mix (1 and 40 new tokens, histories 0 to
+             * 300), decode (one new token each over histories of 0 to 3000: the keys split across
+             * CTAs) and prompts only (no history: the fused causal attention) */
+            const int hi = sc % 3, kind = sc / 3;
+            const int32_t D = head_sizes[hi], NH = 8, KVH = 2, dim = 256, V = 97, P = 4096;
             const int32_t B = 6, BS = hi == 1 ? 1 : 16;
-            /* new tokens per sequence (1 and 40 among them) and histories (0 to 300) */
             int32_t cu[B + 1], seqlen[B], hist[B];
             cu[0] = 0;
             int32_t max_k = 0, max_q = 0;
             for (int b = 0; b < B; b++) {
-                const int32_t n_new = b == 0 ? 1 : b == 1 ? 40 : 1 + (int32_t)(test_rand_u32(&rng) % 20);
+                int32_t n_new = b == 0 ? 1 : b == 1 ? 40 : 1 + (int32_t)(test_rand_u32(&rng) % 20);
                 hist[b] = b == 2 ? 0 : b == 3 ? 300 : (int32_t)(test_rand_u32(&rng) % 200);
+                if (kind == 1) {
+                    n_new = 1;
+                    hist[b] = b == 0 ? 0 : b == 1 ? 3000 : (int32_t)(test_rand_u32(&rng) % 3000);
+                } else if (kind == 2) {
+                    n_new = b == 0 ? 1 : b == 1 ? 200 : 1 + (int32_t)(test_rand_u32(&rng) % 90);
+                    hist[b] = 0;
+                }
                 cu[b + 1] = cu[b] + n_new;
                 seqlen[b] = hist[b] + n_new;
                 if (seqlen[b] > max_k) max_k = seqlen[b];
@@ -261,6 +274,23 @@ static void test_decoder_ops(void **state) {
             got = host_dtype(gpu, dsw, (size_t)T * F);
             close_or_fail("swiglu", di, got, swant, T, F);
             free(got);
+            /* gemm_f32: the LM head's float32 output */
+            float *gx = rnd((size_t)T * dim, -1, 1, &rng), *gw = rnd((size_t)V * dim, -1, 1, &rng);
+            void *dgx = test_to_device(gpu, gx, (size_t)T * dim), *dgw = test_to_device(gpu, gw, (size_t)V * dim);
+            float *gx_r = host_dtype(gpu, dgx, (size_t)T * dim), *gw_r = host_dtype(gpu, dgw, (size_t)V * dim);
+            void *dg32;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)T * V * 4, &dg32));
+            float *gwant = malloc((size_t)T * V * sizeof *gwant);
+            assert_nopad_ok(gpu->gemm_f32(gpu, dg32, dgx, dgw, T, dim, V));
+            assert_nopad_ok(cpu->gemm_f32(cpu, gwant, gx_r, gw_r, T, dim, V)); /* same rounded inputs */
+            got = host_raw32(dg32, (size_t)T * V);
+            double gerr = test_max_row_rel_error(got, gwant, T, V);
+            if (!(gerr <= 1e-5)) fail_msg("gemm_f32 %s: %.3e > 1e-5", DTYPE_NAMES[di], gerr);
+            free(got);
+            gpu->free(gpu, dgx);
+            gpu->free(gpu, dgw);
+            gpu->free(gpu, dg32);
+            free(gx); free(gw); free(gx_r); free(gw_r); free(gwant);
             /* rope on the Q and K heads */
             const int32_t row = (NH + 2 * KVH) * D;
             float *qkv = rnd((size_t)T * row, -2, 2, &rng);
@@ -291,9 +321,9 @@ static void test_decoder_ops(void **state) {
             got = host_dtype(gpu, dkc, cache_n);
             close_or_fail("kv_store (K cache)", di, got, kc, (int64_t)(cache_n / D), D);
             free(got);
-            const nopad_kv_batch hkv = {.n_seqs = B, .n_tokens = T, .max_q = max_q, .max_k = max_k, .cu_q = cu,
-                                        .seqlen_k = seqlen, .block_table = table, .max_blocks = max_blocks,
-                                        .block_size = BS};
+            const nopad_kv_batch hkv = {.n_seqs = B, .n_tokens = T, .max_q = max_q, .max_k = max_k,
+                                        .no_history = kind == 2, .cu_q = cu, .seqlen_k = seqlen,
+                                        .block_table = table, .max_blocks = max_blocks, .block_size = BS};
             nopad_kv_batch dkv = hkv;
             dkv.cu_q = dcu;
             dkv.seqlen_k = dseq;
@@ -305,7 +335,8 @@ static void test_decoder_ops(void **state) {
             assert_nopad_ok(gpu->attention_paged(gpu, datt, dqkv, dkc, dvc, &dkv, NH, KVH, D, scale));
             assert_nopad_ok(cpu->attention_paged(cpu, awant, qkv, kc, vc, &hkv, NH, KVH, D, scale));
             got = host_dtype(gpu, datt, (size_t)T * NH * D);
-            snprintf(what, sizeof what, "attention_paged D=%d blocks of %d", D, BS);
+            snprintf(what, sizeof what, "attention_paged D=%d blocks of %d, %s", D, BS,
+                     kind == 0 ? "mixed" : kind == 1 ? "decode" : "prompts only");
             close_or_fail(what, di, got, awant, (int64_t)T * NH, D);
             free(got);
 
@@ -382,7 +413,112 @@ static void test_smollm2(void **state) {
     }
     nopad_model_free(m);
     compare("SmolLM2 on text", path, 4, tcu, tids);
+    sample_on_device("SmolLM2 on text", path, NOPAD_DTYPE_F16, 4, tcu, tids);
     assert_int_equal(failures, 0);
+}
+
+/* Sampling on the device inside nopad_decode_sample against sample_token on the host, on the
+ * logits nopad_decode gives for the same steps (the same kernels: equal logits): greedy,
+ * temperature + top-k + top-p, and repetition penalty + min-p, each sequence with its seed; five
+ * steps, the later ones decode-only (replayed graphs). The ids must be equal, log-probs within
+ * 1e-5. */
+static void sample_on_device(const char *label, const char *path, nopad_dtype dtype, int32_t B,
+                             const int32_t *cu, const int32_t *ids) {
+    nopad_model_params mp = nopad_model_default_params();
+    mp.device = NOPAD_DEVICE_CUDA;
+    mp.dtype = dtype;
+    nopad_model *m = NULL;
+    assert_nopad_ok(nopad_model_load(path, &mp, &m));
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    const int32_t V = info.vocab_size, STEPS = 5;
+    nopad_context *c = nopad_model_context(m);
+    nopad_sampling_params sets[3];
+    for (int k = 0; k < 3; k++) sets[k] = nopad_sampling_default_params();
+    sets[1].temperature = 0.7f;
+    sets[1].top_k = 40;
+    sets[1].top_p = 0.9f;
+    sets[2].temperature = 1.2f;
+    sets[2].repetition_penalty = 1.3f;
+    sets[2].min_p = 0.05f;
+    sampler_scratch scratch;
+    sampler_scratch_init(&scratch);
+    int checked = 0;
+    for (int k = 0; k < 3; k++) {
+        nopad_sequence **a = calloc((size_t)B, sizeof *a), **b = calloc((size_t)B, sizeof *b);
+        nopad_sampling_params *p = malloc((size_t)B * sizeof *p);
+        uint64_t *draws = calloc((size_t)B, sizeof *draws);
+        int32_t *hist = malloc(((size_t)cu[B] + (size_t)STEPS * B) * sizeof *hist);
+        int32_t *hcu = malloc(((size_t)B + 1) * sizeof *hcu), *got = malloc((size_t)B * sizeof *got);
+        int32_t *cu1 = malloc(((size_t)B + 1) * sizeof *cu1), *next = malloc((size_t)B * sizeof *next);
+        int32_t *sampled = malloc((size_t)B * STEPS * sizeof *sampled);
+        float *logits = malloc((size_t)B * V * sizeof *logits), *lp = malloc((size_t)B * sizeof *lp);
+        for (int32_t i = 0; i < B; i++) {
+            assert_nopad_ok(nopad_sequence_create(c, &a[i]));
+            assert_nopad_ok(nopad_sequence_create(c, &b[i]));
+            p[i] = sets[k];
+            p[i].seed = 77 + (uint64_t)i;
+            cu1[i] = i;
+        }
+        cu1[B] = B;
+        const int32_t *scu = cu, *tokens = ids;
+        for (int step = 0; step < STEPS; step++) {
+            assert_nopad_ok(nopad_decode(c, B, a, scu, tokens, 0, logits));
+            assert_nopad_ok(nopad_decode_sample(c, B, b, scu, tokens, p, draws, got, lp));
+            int32_t at = 0;
+            for (int32_t i = 0; i < B; i++) {
+                hcu[i] = at;
+                memcpy(hist + at, ids + cu[i], (size_t)(cu[i + 1] - cu[i]) * sizeof *hist);
+                at += cu[i + 1] - cu[i];
+                for (int j = 0; j < step; j++) hist[at++] = sampled[i * STEPS + j];
+            }
+            hcu[B] = at;
+            for (int32_t i = 0; i < B; i++) {
+                int32_t want;
+                float want_lp;
+                assert_nopad_ok(sample_token(&scratch, logits + (size_t)i * V, V, &p[i], hist + hcu[i],
+                                             hcu[i + 1] - hcu[i], draws[i], &want, &want_lp));
+                if (got[i] != want)
+                    fail_msg("%s set %d step %d sequence %d: device sampling chose %d, the host %d", label, k,
+                             step, i, got[i], want);
+                if (!(fabsf(lp[i] - want_lp) <= 1e-5f))
+                    fail_msg("%s set %d step %d sequence %d: log-prob %.7f, the host %.7f", label, k, step, i,
+                             lp[i], want_lp);
+                next[i] = sampled[i * STEPS + step] = got[i];
+                draws[i]++;
+                checked++;
+            }
+            scu = cu1;
+            tokens = next;
+        }
+        for (int32_t i = 0; i < B; i++) {
+            nopad_sequence_free(a[i]);
+            nopad_sequence_free(b[i]);
+        }
+        free(a); free(b); free(p); free(draws); free(hist); free(hcu); free(got); free(cu1); free(next);
+        free(sampled); free(logits); free(lp);
+    }
+    printf("  %-5s %-18s device sampling: %d ids equal the host's (greedy, top-k/top-p, penalty/min-p)\n",
+           dtype == NOPAD_DTYPE_F16 ? "f16" : "bf16", label, checked);
+    sampler_scratch_free(&scratch);
+    nopad_model_free(m);
+}
+
+static void test_device_sampling(void **state) {
+    for (size_t i = 0; i < sizeof DECODERS / sizeof DECODERS[0]; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "models/%s/golden.safetensors", DECODERS[i]);
+        safetensors_file f;
+        assert_nopad_ok(safetensors_open(test_data_path(rel), &f));
+        int64_t n_tok, n_cu;
+        int32_t *ids = golden_copy(&f, "input_ids", ST_I32, &n_tok);
+        int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
+        snprintf(rel, sizeof rel, "models/%s", DECODERS[i]);
+        for (int di = 0; di < 2; di++) sample_on_device(DECODERS[i], test_data_path(rel), DTYPES[di], (int32_t)n_cu - 1, cu, ids);
+        free(ids);
+        free(cu);
+        safetensors_close(&f);
+    }
 }
 
 int main(void) {
@@ -391,6 +527,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_ops),
         cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_device_sampling),
         cmocka_unit_test(test_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -61,7 +61,10 @@ typedef enum nopad_op {
 typedef struct nopad_kv_batch {
     int32_t n_seqs;              /* B */
     int32_t n_tokens;            /* T = cu_q[B], new tokens in the step */
-    int32_t max_q, max_k;        /* longest new span, longest history: size launches */
+    int32_t max_q, max_k;        /* longest new span, longest history (or upper bounds): they
+                                    size launches */
+    int no_history;              /* every sequence starts the step empty (prompts only): a backend
+                                    may run plain causal attention over the new tokens */
     const int32_t *cu_q;         /* [B+1] */
     const int32_t *seqlen_k;     /* [B] */
     const int32_t *block_table;  /* [B, max_blocks] */
@@ -93,6 +96,8 @@ struct nopad_backend {
     nopad_status (*upload_f32)(nopad_backend *be, void *dst, const float *src, size_t n);
     /* Backend tensor of n elements -> host float32. */
     nopad_status (*download_f32)(nopad_backend *be, float *dst, const void *src, size_t n);
+    /* Backend memory -> host, `bytes` as they are (float32 tensors, ids); waits for the copy. */
+    nopad_status (*download)(nopad_backend *be, void *dst, const void *src, size_t bytes);
     /* Host int32 -> backend int32 buffer. */
     nopad_status (*upload_i32)(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n);
     /* Waits for all enqueued work (no-op on CPU). Never called inside a forward. */
@@ -217,6 +222,21 @@ struct nopad_backend {
     /* out32[n, dim] = x32[rows[i]] (the rows whose logits a step needs). */
     nopad_status (*gather_rows)(nopad_backend *be, float *out32, const float *x32,
                                 const int32_t *rows, int32_t n, int32_t dim);
+    /* out32[T, N] = x[T, K] · w[N, K]ᵀ with a float32 output (the LM head: logits are never
+     * rounded to the compute dtype). */
+    nopad_status (*gemm_f32)(nopad_backend *be, float *out32, const void *x, const void *w,
+                             int32_t n_tokens, int32_t n_in, int32_t n_out);
+    /* Sampling on the device (NULL: the caller samples on the host from downloaded logits).
+     * ids[n] (host) = the next id of each row of logits32 [n, vocab] (backend memory, float32,
+     * clobbered), chosen as sample_token (model/sampling.h) chooses it: params[n] and draws[n]
+     * (host) each row's parameters and draw counter, history (host) the ids of every row's
+     * prompt and output for the repetition penalty, row r's at [cu_history[r], cu_history[r+1]).
+     * logprobs[n] (host) or NULL. Waits for the ids: the step's one host synchronisation. A row
+     * of NaN / +inf / all -inf logits is NOPAD_ERR_INVALID_ARGUMENT naming the row. */
+    nopad_status (*sample)(nopad_backend *be, float *logits32, int32_t n, int32_t vocab,
+                           const nopad_sampling_params *params, const uint64_t *draws,
+                           const int32_t *history, const int32_t *cu_history, int32_t *ids,
+                           float *logprobs);
 };
 
 /* What a backend is created for: the device and its ordinal, the compute dtype, and the

@@ -94,11 +94,16 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int3
     /* the LM head runs in row chunks, so the logits buffer holds a chunk, not T rows */
     s->logit_rows = max_tokens < 256 ? max_tokens : 256;
     if (st == NOPAD_OK)
-        st = alloc(be, s, (size_t)s->logit_rows * (size_t)cfg->vocab_size * es, &s->logits);
-    /* tokens, positions, slots, rows [T each]; cu_q [T+1]; seqlen_k [T]; block table [T, max] */
+        st = alloc(be, s, (size_t)s->logit_rows * (size_t)cfg->vocab_size * sizeof(float),
+                   (void **)&s->logits);
+    /* tokens, positions, slots [T each]; rows [B], cu_q [B+1], seqlen_k [B]; table [B, max] */
     const size_t max_blocks = ((size_t)cfg->max_position_embeddings + block_size - 1) / block_size;
     s->i32_count = 6 * T + 1 + T * max_blocks;
     if (st == NOPAD_OK) st = alloc(be, s, s->i32_count * sizeof(int32_t), (void **)&s->i32);
+    s->host_i32 = malloc(s->i32_count * sizeof(int32_t));
+    if (st == NOPAD_OK && !s->host_i32)
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    sampler_scratch_init(&s->scratch);
     return st;
 }
 
@@ -114,6 +119,8 @@ void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_stat
     free(s->k_cache);
     free(s->v_cache);
     free(s->free_blocks);
+    free(s->host_i32);
+    sampler_scratch_free(&s->scratch);
     memset(s, 0, sizeof *s);
 }
 
@@ -125,71 +132,44 @@ void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_stat
         if (st_ != NOPAD_OK) return st_;                                                           \
     } while (0)
 
-nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
-                          decoder_state *s, const decoder_batch *batch, float *logits) {
-    const int32_t B = batch->n_seqs, T = batch->cu_q[B];
-    const int32_t H = cfg->hidden_size, D = cfg->head_size, nh = cfg->num_heads,
+/* A step's device-side view, what the recorded part of a step reads. */
+typedef struct step_call {
+    nopad_backend *be;
+    const model_config *cfg;
+    const decoder_weights *w;
+    decoder_state *s;
+    nopad_kv_batch kv;
+    const int32_t *d_tokens, *d_pos, *d_slots, *d_rows;
+    int32_t n_tokens, n_rows; /* n_rows: rows of h the LM head reads (B, or T for all logits) */
+    int gather;               /* the rows are each sequence's last token, gathered from h */
+    int32_t head_rows;        /* rows of logits computed inside (the first chunk; 0: none) */
+} step_call;
+
+/* embed .. layers .. final norm, and the first chunk of the LM head: only ops, on buffers that
+ * stay put, so that a decode step can be recorded once and replayed. */
+static nopad_status step_forward(void *ctx) {
+    const step_call *c = ctx;
+    nopad_backend *be = c->be;
+    const model_config *cfg = c->cfg;
+    const decoder_weights *w = c->w;
+    decoder_state *s = c->s;
+    const int32_t T = c->n_tokens, H = cfg->hidden_size, D = cfg->head_size, nh = cfg->num_heads,
                   kvh = cfg->num_kv_heads, F = cfg->intermediate_size, V = cfg->vocab_size;
-    const int llama = cfg->family == FAMILY_LLAMA;
+    const int llama = cfg->family == FAMILY_LLAMA, rms = cfg->norm == NORM_RMSNORM;
     const float eps = cfg->layer_norm_eps;
-    if (T <= 0 || T > s->max_tokens)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "decoder step: %d new tokens, the workspace holds 1 to %d", T,
-                               s->max_tokens);
-    const size_t max_blocks_cap = (s->i32_count - 6 * (size_t)s->max_tokens - 1) / (size_t)s->max_tokens;
-    if ((size_t)batch->max_blocks > max_blocks_cap)
-        return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: block table too wide");
-
-    /* host-side index arrays: positions, cache slots, the rows that get logits */
-    int32_t *host = malloc(((size_t)4 * T + 1 + (size_t)B) * sizeof *host);
-    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder step: out of memory");
-    int32_t *positions = host, *slots = host + T, *rows = host + 2 * T;
-    int32_t max_q = 0, max_k = 0;
-    for (int32_t b = 0; b < B; b++) {
-        const int32_t n_new = batch->cu_q[b + 1] - batch->cu_q[b];
-        const int32_t first = batch->seqlen_k[b] - n_new;
-        const int32_t *blocks = batch->block_table + (size_t)b * batch->max_blocks;
-        for (int32_t i = 0; i < n_new; i++) {
-            const int32_t t = batch->cu_q[b] + i, p = first + i;
-            positions[t] = p;
-            slots[t] = blocks[p / s->block_size] * s->block_size + p % s->block_size;
-        }
-        rows[b] = batch->cu_q[b + 1] - 1;
-        if (n_new > max_q) max_q = n_new;
-        if (batch->seqlen_k[b] > max_k) max_k = batch->seqlen_k[b];
-    }
-    /* device copies: tokens | positions | slots | rows | cu_q | seqlen_k | block table */
-    int32_t *d_tokens = s->i32, *d_pos = d_tokens + s->max_tokens, *d_slots = d_pos + s->max_tokens,
-            *d_rows = d_slots + s->max_tokens, *d_cu = d_rows + s->max_tokens,
-            *d_seqlen = d_cu + s->max_tokens + 1, *d_table = d_seqlen + s->max_tokens;
-    nopad_status st = be->upload_i32(be, d_tokens, batch->tokens, (size_t)T);
-    if (st == NOPAD_OK) st = be->upload_i32(be, d_pos, positions, (size_t)T);
-    if (st == NOPAD_OK) st = be->upload_i32(be, d_slots, slots, (size_t)T);
-    if (st == NOPAD_OK) st = be->upload_i32(be, d_rows, rows, (size_t)B);
-    if (st == NOPAD_OK) st = be->upload_i32(be, d_cu, batch->cu_q, (size_t)B + 1);
-    if (st == NOPAD_OK) st = be->upload_i32(be, d_seqlen, batch->seqlen_k, (size_t)B);
-    if (st == NOPAD_OK)
-        st = be->upload_i32(be, d_table, batch->block_table, (size_t)B * batch->max_blocks);
-    free(host);
-    TRY(st);
-    const nopad_kv_batch kv = {.n_seqs = B, .n_tokens = T, .max_q = max_q, .max_k = max_k,
-                               .cu_q = d_cu, .seqlen_k = d_seqlen, .block_table = d_table,
-                               .max_blocks = batch->max_blocks, .block_size = s->block_size};
-
-    TRY(be->embed_tokens(be, s->h, d_tokens, llama ? NULL : d_pos, T, V,
+    TRY(be->embed_tokens(be, s->h, c->d_tokens, llama ? NULL : c->d_pos, T, V,
                          cfg->max_position_embeddings, w->tok_emb, w->pos_emb, H));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
     const float scale = 1.0f / sqrtf((float)D);
-    const int rms = cfg->norm == NORM_RMSNORM;
     for (int32_t l = 0; l < cfg->num_layers; l++) {
         const decoder_layer *L = &w->layers[l];
         TRY(be->norm(be, s->xn, s->h, L->norm1_w, L->norm1_b, eps, T, H, rms));
         TRY(be->gemm(be, s->qkv, s->xn, L->qkv_w, L->qkv_b, NULL, T, H, qkv_dim,
                      L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        if (llama) TRY(be->rope(be, s->qkv, d_pos, T, nh, kvh, D, w->inv_freq));
-        TRY(be->kv_store(be, s->k_cache[l], s->v_cache[l], s->qkv, d_slots, T, nh, kvh, D));
-        TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &kv, nh, kvh,
-                                D, scale));
+        if (llama) TRY(be->rope(be, s->qkv, c->d_pos, T, nh, kvh, D, w->inv_freq));
+        TRY(be->kv_store(be, s->k_cache[l], s->v_cache[l], s->qkv, c->d_slots, T, nh, kvh, D));
+        TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
+                                kvh, D, scale));
         TRY(be->gemm(be, s->tmp, s->attn, L->o_w, L->o_b, NULL, T, nh * D, H,
                      L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         TRY(be->residual_add(be, s->h, s->tmp, T, H));
@@ -206,19 +186,137 @@ nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const deco
                      L->down_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         TRY(be->residual_add(be, s->h, s->tmp, T, H));
     }
-    const int32_t n_rows = batch->all_logits ? T : B;
+    if (c->n_rows == 0) return NOPAD_OK;
     const float *src = s->h;
-    if (!batch->all_logits) {
-        TRY(be->gather_rows(be, s->last, s->h, d_rows, B, H));
+    if (c->gather) {
+        TRY(be->gather_rows(be, s->last, s->h, c->d_rows, c->n_rows, H));
         src = s->last;
     }
-    TRY(be->norm(be, s->xn, src, w->final_norm_w, w->final_norm_b, eps, n_rows, H, rms));
+    TRY(be->norm(be, s->xn, src, w->final_norm_w, w->final_norm_b, eps, c->n_rows, H, rms));
+    if (c->head_rows > 0) TRY(be->gemm_f32(be, s->logits, s->xn, w->lm_head, c->head_rows, H, V));
+    return NOPAD_OK;
+}
+
+/* Rows [r0, r0 + n) of the step's output from the logits chunk in s->logits. */
+static nopad_status step_output(nopad_backend *be, const model_config *cfg, decoder_state *s,
+                                const decoder_output *out, int32_t r0, int32_t n) {
+    const int32_t V = cfg->vocab_size;
+    if (out->logits) return be->download(be, out->logits + (size_t)r0 * V, s->logits,
+                                         (size_t)n * V * sizeof(float));
+    const int32_t *cu_h = out->cu_history;
+    if (be->sample) {
+        /* the chunk's histories start at cu_h[r0]: hand the op offsets from there */
+        if (!cu_h || r0 == 0)
+            return be->sample(be, s->logits, n, V, out->params + r0, out->draws + r0,
+                              out->history, cu_h, out->ids + r0, out->logprobs ? out->logprobs + r0 : NULL);
+        int32_t *cu = malloc(((size_t)n + 1) * sizeof *cu);
+        if (!cu) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder step: out of memory");
+        for (int32_t r = 0; r <= n; r++) cu[r] = cu_h[r0 + r] - cu_h[r0];
+        nopad_status st = be->sample(be, s->logits, n, V, out->params + r0, out->draws + r0,
+                                     out->history + cu_h[r0], cu, out->ids + r0,
+                                     out->logprobs ? out->logprobs + r0 : NULL);
+        free(cu);
+        return st;
+    }
+    /* host sampling, on a backend without a sampling op */
+    float *host = malloc((size_t)n * V * sizeof *host);
+    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder step: out of memory");
+    nopad_status st = be->download(be, host, s->logits, (size_t)n * V * sizeof(float));
+    const float *rows = host;
+    for (int32_t r = 0; r < n && st == NOPAD_OK; r++) {
+        const int32_t b = r0 + r;
+        const int32_t *hist = cu_h ? out->history + cu_h[b] : NULL;
+        const int32_t n_hist = cu_h ? cu_h[b + 1] - cu_h[b] : 0;
+        st = sample_token(&s->scratch, rows + (size_t)r * V, V, &out->params[b], hist, n_hist,
+                          out->draws[b], &out->ids[b], out->logprobs ? &out->logprobs[b] : NULL);
+        if (st != NOPAD_OK) st = nopad_wrap_error(st, "sequence %d of the step", b);
+    }
+    free(host);
+    return st;
+}
+
+/* The smallest power of two >= n, at most cap. */
+static int32_t width_bucket(int32_t n, int32_t cap) {
+    int32_t w = 1;
+    while (w < n && w < cap) w *= 2;
+    return w < cap ? w : cap;
+}
+
+nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                          decoder_state *s, const decoder_batch *batch, const decoder_output *out) {
+    const int32_t B = batch->n_seqs, T = batch->cu_q[B];
+    if (T <= 0 || T > s->max_tokens)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "decoder step: %d new tokens, the workspace holds 1 to %d", T,
+                               s->max_tokens);
+    const int32_t max_blocks_cap =
+        (int32_t)((s->i32_count - 6 * (size_t)s->max_tokens - 1) / (size_t)s->max_tokens);
+    if (batch->max_blocks > max_blocks_cap)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: block table too wide");
+    const int decode_only = T == B && !batch->all_logits;
+    /* a decode step's table width is rounded up to a power of two, so that steps of one batch
+     * size share a few recorded graphs as histories grow; the launches size for the width */
+    const int32_t width = decode_only ? width_bucket(batch->max_blocks, max_blocks_cap)
+                                      : batch->max_blocks;
+
+    /* host index arrays, laid out as on the device:
+     * tokens [T] | positions [T] | slots [T] | rows [B] | cu_q [B+1] | seqlen_k [B] | table [B, width] */
+    int32_t *h = s->host_i32;
+    int32_t *positions = h + T, *slots = h + 2 * T, *rows = h + 3 * T, *cu = rows + B,
+            *seqlen = cu + B + 1, *table = seqlen + B;
+    const size_t n_i32 = (size_t)(table - h) + (size_t)B * width;
+    memcpy(h, batch->tokens, (size_t)T * sizeof *h);
+    memcpy(cu, batch->cu_q, ((size_t)B + 1) * sizeof *cu);
+    memcpy(seqlen, batch->seqlen_k, (size_t)B * sizeof *seqlen);
+    int32_t max_q = 0, max_k = 0;
+    int no_history = 1;
+    for (int32_t b = 0; b < B; b++) {
+        const int32_t n_new = batch->cu_q[b + 1] - batch->cu_q[b];
+        const int32_t first = batch->seqlen_k[b] - n_new;
+        const int32_t *blocks = batch->block_table + (size_t)b * batch->max_blocks;
+        for (int32_t i = 0; i < n_new; i++) {
+            const int32_t t = batch->cu_q[b] + i, p = first + i;
+            positions[t] = p;
+            slots[t] = blocks[p / s->block_size] * s->block_size + p % s->block_size;
+        }
+        memcpy(table + (size_t)b * width, blocks, (size_t)batch->max_blocks * sizeof *table);
+        for (int32_t j = batch->max_blocks; j < width; j++) table[(size_t)b * width + j] = 0;
+        rows[b] = batch->cu_q[b + 1] - 1;
+        if (n_new > max_q) max_q = n_new;
+        if (batch->seqlen_k[b] > max_k) max_k = batch->seqlen_k[b];
+        if (first > 0) no_history = 0;
+    }
+    TRY(be->upload_i32(be, s->i32, h, n_i32));
+    const int32_t *d = s->i32;
+    const int32_t *d_cu = d + 3 * T + B;
+    const int want_rows = out->logits || out->ids;
+    step_call call = {
+        .be = be, .cfg = cfg, .w = w, .s = s,
+        .kv = {.n_seqs = B, .n_tokens = T, .max_q = max_q,
+               .max_k = decode_only ? width * s->block_size : max_k,
+               .no_history = no_history, .cu_q = d_cu, .seqlen_k = d_cu + B + 1,
+               .block_table = d_cu + 2 * B + 1, .max_blocks = width, .block_size = s->block_size},
+        .d_tokens = d, .d_pos = d + T, .d_slots = d + 2 * T, .d_rows = d + 3 * T,
+        .n_tokens = T,
+        .n_rows = !want_rows ? 0 : batch->all_logits ? T : B,
+        .gather = !batch->all_logits,
+    };
+    call.head_rows = call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
+    if (decode_only && be->graph_run) {
+        /* tagged -1 / -2: the encoder's keys end in 0 */
+        const int64_t key[4] = {B, width, call.n_rows, -1 - no_history};
+        TRY(be->graph_run(be, key, step_forward, &call));
+    } else {
+        TRY(step_forward(&call));
+    }
     const size_t es = nopad_dtype_size(be->dtype);
-    for (int32_t r0 = 0; r0 < n_rows; r0 += s->logit_rows) {
-        const int32_t n = n_rows - r0 < s->logit_rows ? n_rows - r0 : s->logit_rows;
-        TRY(be->gemm(be, s->logits, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head, NULL,
-                     NULL, n, H, V, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        TRY(be->download_f32(be, logits + (size_t)r0 * V, s->logits, (size_t)n * V));
+    const int32_t H = cfg->hidden_size, V = cfg->vocab_size;
+    for (int32_t r0 = 0; r0 < call.n_rows; r0 += s->logit_rows) {
+        const int32_t n = call.n_rows - r0 < s->logit_rows ? call.n_rows - r0 : s->logit_rows;
+        if (r0 > 0)
+            TRY(be->gemm_f32(be, s->logits, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head,
+                             n, H, V));
+        TRY(step_output(be, cfg, s, out, r0, n));
     }
     return NOPAD_OK;
 }

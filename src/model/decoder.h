@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "io/model_config.h"
+#include "model/sampling.h"
 
 typedef struct decoder_layer {
     void *norm1_w, *norm1_b;  // [hidden] (b: LayerNorm only)
@@ -66,10 +67,12 @@ typedef struct decoder_state {
     void *mlp;                   // [T, 2F] (gate | up, or GPT-2's F)
     void *act;                   // [T, F]
     float *last;                 // [T, hidden] float32 rows of h whose logits are asked for
-    void *logits;                // [logit_rows, V] one chunk of the LM head's output
+    float *logits;               // [logit_rows, V] float32: one chunk of the LM head's output
     int32_t logit_rows;          // rows of logits computed at a time
-    int32_t *i32;                // tokens, positions, slots, rows, cu_q, seqlen_k, block table
+    int32_t *i32;                // a step's tokens, positions, slots, rows, cu_q, seqlen_k, table
+    int32_t *host_i32;           // their host copy, built each step and sent up in one copy
     size_t i32_count;
+    sampler_scratch scratch;     // host sampling, for backends without a sampling op
     size_t bytes;
 } decoder_state;
 
@@ -88,8 +91,21 @@ typedef struct decoder_batch {
     int all_logits;              // 1: logits of every new token; 0: of each sequence's last
 } decoder_batch;
 
-/* Runs the step; logits [B or T, V] float32 on the host. */
+/* What a step gives back: nothing (a prompt chunk whose logits nobody needs), logits [B or T, V]
+ * float32 on the host, or each sequence's next id chosen by `params` (sampling on the device
+ * where the backend has it, else on the host). */
+typedef struct decoder_output {
+    float *logits;                        // host [B or T, V], or NULL
+    int32_t *ids;                         // host [B]: sample (logits NULL), or NULL
+    float *logprobs;                      // host [B] or NULL
+    const nopad_sampling_params *params;  // [B]
+    const uint64_t *draws;                // [B] draw counters
+    const int32_t *history, *cu_history;  // host: ids for the repetition penalty, [B+1] (or NULL)
+} decoder_output;
+
+/* Runs the step. Decode-only steps (one new token per sequence) replay a recorded graph per
+ * (batch size, block-table width) where the backend records graphs. */
 nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
-                          decoder_state *s, const decoder_batch *batch, float *logits);
+                          decoder_state *s, const decoder_batch *batch, const decoder_output *out);
 
 #endif

@@ -14,6 +14,8 @@ struct nopad_sequence {
     int32_t length;   /* tokens in the history */
     int32_t *blocks;  /* [n_blocks] block ids, in order */
     int32_t n_blocks, cap;
+    int32_t *tokens;  /* [length] the ids of the history (the repetition penalty reads them) */
+    int32_t tokens_cap;
 };
 
 nopad_generate_params nopad_generate_default_params(void) {
@@ -51,6 +53,7 @@ void nopad_sequence_free(nopad_sequence *s) {
     for (int32_t i = s->n_blocks; i-- > 0;) c->dec.free_blocks[c->dec.n_free++] = s->blocks[i];
     pthread_mutex_unlock(&c->lock);
     free(s->blocks);
+    free(s->tokens);
     free(s);
 }
 
@@ -71,16 +74,51 @@ static nopad_status grow(decoder_state *d, nopad_sequence *s, int32_t length) {
     return NOPAD_OK;
 }
 
+/* Room for `length` ids in s->tokens. */
+static nopad_status reserve_tokens(nopad_sequence *s, int32_t length) {
+    if (length <= s->tokens_cap) return NOPAD_OK;
+    int32_t cap = length > 2 * s->tokens_cap ? length : 2 * s->tokens_cap;
+    int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
+    if (!t) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_decode: out of memory");
+    s->tokens = t;
+    s->tokens_cap = cap;
+    return NOPAD_OK;
+}
+
+/* Each sequence's history after the step, back to back, for the repetition penalty: the ids it
+ * already holds and the step's new ones. *history and *cu_history are malloc'ed. */
+static nopad_status step_histories(int32_t B, nopad_sequence *const *seqs, const int32_t *cu,
+                                   const int32_t *tokens, int32_t **history, int32_t **cu_history) {
+    size_t total = 0;
+    for (int32_t b = 0; b < B; b++) total += (size_t)seqs[b]->length + (size_t)(cu[b + 1] - cu[b]);
+    int32_t *h = malloc((total ? total : 1) * sizeof *h), *ch = malloc(((size_t)B + 1) * sizeof *ch);
+    if (!h || !ch) {
+        free(h);
+        free(ch);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_decode_sample: out of memory");
+    }
+    ch[0] = 0;
+    for (int32_t b = 0; b < B; b++) {
+        const int32_t n_old = seqs[b]->length, n_new = cu[b + 1] - cu[b];
+        if (n_old) memcpy(h + ch[b], seqs[b]->tokens, (size_t)n_old * sizeof *h);
+        memcpy(h + ch[b] + n_old, tokens + cu[b], (size_t)n_new * sizeof *h);
+        ch[b + 1] = ch[b] + n_old + n_new;
+    }
+    *history = h;
+    *cu_history = ch;
+    return NOPAD_OK;
+}
+
 static nopad_status decode_locked(nopad_context *c, int32_t B, nopad_sequence *const *seqs,
                                   const int32_t *cu, const int32_t *tokens, int all_logits,
-                                  float *logits) {
+                                  decoder_output *out) {
     const model_config *cfg = &c->model->cfg;
     decoder_state *d = &c->dec;
     /* every check first: a refused step changes nothing */
-    if (B <= 0 || !seqs || !cu || !tokens || !logits || cu[0] != 0)
+    if (B <= 0 || !seqs || !cu || !tokens || cu[0] != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_decode: need n_seqs >= 1, sequences, cu_tokens starting at 0, "
-                               "tokens and logits");
+                               "nopad_decode: need n_seqs >= 1, sequences, cu_tokens starting at 0 "
+                               "and tokens");
     int32_t need_blocks = 0;
     for (int32_t b = 0; b < B; b++) {
         const nopad_sequence *s = seqs[b];
@@ -130,29 +168,41 @@ static nopad_status decode_locked(nopad_context *c, int32_t B, nopad_sequence *c
     int32_t *seqlen = table + (size_t)B * max_blocks;
     /* keep what each sequence had, to give back blocks if the step fails */
     int32_t *had = malloc((size_t)B * sizeof *had);
+    int32_t *history = NULL, *cu_history = NULL;
     nopad_status st = had ? NOPAD_OK : nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "out of memory");
     for (int32_t b = 0; b < B && st == NOPAD_OK; b++) {
         nopad_sequence *s = seqs[b];
         had[b] = s->n_blocks;
         seqlen[b] = s->length + cu[b + 1] - cu[b];
-        st = grow(d, s, seqlen[b]);
+        st = reserve_tokens(s, seqlen[b]);
+        if (st == NOPAD_OK) st = grow(d, s, seqlen[b]);
         if (st == NOPAD_OK) memcpy(table + (size_t)b * max_blocks, s->blocks, (size_t)s->n_blocks * sizeof *table);
+    }
+    int penalty = 0;
+    for (int32_t b = 0; out->ids && b < B; b++) penalty |= out->params[b].repetition_penalty != 1.0f;
+    if (st == NOPAD_OK && penalty) {
+        st = step_histories(B, seqs, cu, tokens, &history, &cu_history);
+        out->history = history;
+        out->cu_history = cu_history;
     }
     if (st == NOPAD_OK) {
         const decoder_batch batch = {.n_seqs = B, .cu_q = cu, .tokens = tokens, .seqlen_k = seqlen,
                                      .block_table = table, .max_blocks = max_blocks,
                                      .all_logits = all_logits};
-        st = decoder_step(c->be, cfg, &c->model->dec, d, &batch, logits);
+        st = decoder_step(c->be, cfg, &c->model->dec, d, &batch, out);
     }
     for (int32_t b = 0; b < B && had; b++) {
         nopad_sequence *s = seqs[b];
         if (st == NOPAD_OK) {
+            memcpy(s->tokens + s->length, tokens + cu[b], (size_t)(cu[b + 1] - cu[b]) * sizeof *tokens);
             s->length = seqlen[b];
         } else { /* the sequence keeps only the blocks it had */
             while (s->n_blocks > had[b]) d->free_blocks[d->n_free++] = s->blocks[--s->n_blocks];
         }
     }
     if (st == NOPAD_OK) c->forwards++;
+    free(history);
+    free(cu_history);
     free(had);
     free(table);
     return st;
@@ -163,8 +213,51 @@ nopad_status nopad_decode(nopad_context *c, int32_t n_seqs, nopad_sequence *cons
                           float *logits) {
     nopad_status st = need_decoder(c, "nopad_decode");
     if (st != NOPAD_OK) return st;
+    if (!logits) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_decode: logits is NULL");
+    decoder_output out = {.logits = logits};
     pthread_mutex_lock(&c->lock);
-    st = decode_locked(c, n_seqs, seqs, cu_tokens, tokens, all_logits, logits);
+    st = decode_locked(c, n_seqs, seqs, cu_tokens, tokens, all_logits, &out);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+nopad_status nopad_decode_sample(nopad_context *c, int32_t n_seqs, nopad_sequence *const *seqs,
+                                 const int32_t *cu_tokens, const int32_t *tokens,
+                                 const nopad_sampling_params *params, const uint64_t *draws,
+                                 int32_t *out_ids, float *out_logprobs) {
+    nopad_status st = need_decoder(c, "nopad_decode_sample");
+    if (st != NOPAD_OK) return st;
+    if (!out_ids) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_decode_sample: out_ids is NULL");
+    if (n_seqs <= 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_decode_sample: n_seqs is %d (at least 1)",
+                               n_seqs);
+    nopad_sampling_params *p = malloc((size_t)n_seqs * sizeof *p);
+    uint64_t *dr = malloc((size_t)n_seqs * sizeof *dr);
+    if (!p || !dr) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_decode_sample: out of memory");
+    for (int32_t b = 0; b < n_seqs && st == NOPAD_OK; b++) {
+        p[b] = params ? params[b] : nopad_sampling_default_params();
+        dr[b] = draws ? draws[b] : 0;
+        st = sampling_check(&p[b]);
+        if (st != NOPAD_OK) st = nopad_wrap_error(st, "nopad_decode_sample: sequence %d", b);
+    }
+    if (st == NOPAD_OK) {
+        decoder_output out = {.ids = out_ids, .logprobs = out_logprobs, .params = p, .draws = dr};
+        pthread_mutex_lock(&c->lock);
+        st = decode_locked(c, n_seqs, seqs, cu_tokens, tokens, 0, &out);
+        pthread_mutex_unlock(&c->lock);
+    }
+    free(p);
+    free(dr);
+    return st;
+}
+
+/* A prompt chunk whose logits nobody reads: the step stops before the LM head. */
+static nopad_status feed_locked(nopad_context *c, nopad_sequence *seq, const int32_t *tokens,
+                                int32_t n) {
+    const int32_t cu[2] = {0, n};
+    decoder_output out = {0};
+    pthread_mutex_lock(&c->lock);
+    nopad_status st = decode_locked(c, 1, &seq, cu, tokens, 0, &out);
     pthread_mutex_unlock(&c->lock);
     return st;
 }
@@ -173,8 +266,7 @@ nopad_status nopad_decode(nopad_context *c, int32_t n_seqs, nopad_sequence *cons
 
 typedef struct gen_seq {
     nopad_sequence *seq;
-    int32_t *history;   /* prompt + output, for the repetition penalty */
-    int32_t n_history;
+    int32_t last;       /* the token the next step feeds */
     int32_t produced;
     int done;
 } gen_seq;
@@ -209,26 +301,16 @@ nopad_status nopad_generate(nopad_context *c, int32_t n, const int32_t *cu, cons
         for (int32_t i = 0; i < n; i++) out_counts[i] = 0;
     if (p.max_tokens == 0) return NOPAD_OK;
 
-    const int32_t V = cfg->vocab_size;
     gen_seq *g = calloc((size_t)n, sizeof *g);
     nopad_sequence **batch = malloc((size_t)n * sizeof *batch);
     int32_t *idx = malloc((size_t)n * sizeof *idx), *bcu = malloc(((size_t)n + 1) * sizeof *bcu);
     int32_t *btok = malloc((size_t)(cu[n] > n ? cu[n] : n) * sizeof *btok);
-    float *logits = malloc((size_t)n * V * sizeof *logits);
-    sampler_scratch scratch;
-    sampler_scratch_init(&scratch);
-    if (!g || !batch || !idx || !bcu || !btok || !logits)
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    nopad_sampling_params *bparams = malloc((size_t)n * sizeof *bparams);
+    uint64_t *draws = malloc((size_t)n * sizeof *draws);
+    if (!g || !batch || !idx || !bcu || !btok || !ids || !bparams || !draws)
         st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_generate: out of memory");
-    for (int32_t i = 0; i < n && st == NOPAD_OK; i++) {
-        st = nopad_sequence_create(c, &g[i].seq);
-        g[i].history = malloc(((size_t)(cu[i + 1] - cu[i]) + p.max_tokens) * sizeof(int32_t));
-        if (st == NOPAD_OK && !g[i].history)
-            st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_generate: out of memory");
-        if (st == NOPAD_OK) {
-            g[i].n_history = cu[i + 1] - cu[i];
-            memcpy(g[i].history, prompt + cu[i], (size_t)g[i].n_history * sizeof(int32_t));
-        }
-    }
+    for (int32_t i = 0; i < n && st == NOPAD_OK; i++) st = nopad_sequence_create(c, &g[i].seq);
     /* a sequence's first step feeds its prompt (a prompt longer than the workspace goes in chunks
      * on its own first), each later step its last token; prompts that do not fit in a step's
      * workspace wait for the next one */
@@ -238,19 +320,18 @@ nopad_status nopad_generate(nopad_context *c, int32_t n, const int32_t *cu, cons
         for (int32_t i = 0; i < n; i++) {
             if (g[i].done) continue;
             const int first = nopad_sequence_length(g[i].seq) == 0;
-            const int32_t *src = first ? prompt + cu[i] : &g[i].history[g[i].n_history - 1];
+            const int32_t *src = first ? prompt + cu[i] : &g[i].last;
             const int32_t len = first ? cu[i + 1] - cu[i] : 1;
             if (first && len > c->dec.max_tokens) { /* a long prompt alone, chunk by chunk */
                 for (int32_t off = 0; off < len - 1 && st == NOPAD_OK;) {
                     int32_t chunk = len - 1 - off < c->dec.max_tokens ? len - 1 - off : c->dec.max_tokens;
-                    const int32_t ccu[2] = {0, chunk};
-                    st = nopad_decode(c, 1, &g[i].seq, ccu, src + off, 0, logits);
+                    st = feed_locked(c, g[i].seq, src + off, chunk);
                     off += chunk;
                 }
                 src += len - 1;
                 if (st != NOPAD_OK) break;
                 if (T + 1 > c->dec.max_tokens) continue; /* its last token goes next step */
-                memcpy(btok + T, src, sizeof(int32_t));
+                btok[T] = *src;
                 T += 1;
             } else {
                 if (T + len > c->dec.max_tokens) continue; /* the next step takes it */
@@ -259,17 +340,16 @@ nopad_status nopad_generate(nopad_context *c, int32_t n, const int32_t *cu, cons
             }
             batch[B] = g[i].seq;
             idx[B] = i;
+            bparams[B] = p.sampling;
+            draws[B] = (uint64_t)g[i].produced;
             bcu[++B] = T;
         }
         if (st != NOPAD_OK || B == 0) break;
-        st = nopad_decode(c, B, batch, bcu, btok, 0, logits);
+        st = nopad_decode_sample(c, B, batch, bcu, btok, bparams, draws, ids, NULL);
         for (int32_t k = 0; k < B && st == NOPAD_OK; k++) {
             gen_seq *s = &g[idx[k]];
-            int32_t id;
-            st = sample_token(&scratch, logits + (size_t)k * V, V, &p.sampling, s->history,
-                              s->n_history, (uint64_t)s->produced, &id, NULL);
-            if (st != NOPAD_OK) break;
-            s->history[s->n_history++] = id;
+            const int32_t id = ids[k];
+            s->last = id;
             if (out_tokens) out_tokens[(size_t)idx[k] * p.max_tokens + s->produced] = id;
             s->produced++;
             if (out_counts) out_counts[idx[k]] = s->produced;
@@ -283,16 +363,14 @@ nopad_status nopad_generate(nopad_context *c, int32_t n, const int32_t *cu, cons
             }
         }
     }
-    for (int32_t i = 0; g && i < n; i++) {
-        nopad_sequence_free(g[i].seq);
-        free(g[i].history);
-    }
-    sampler_scratch_free(&scratch);
+    for (int32_t i = 0; g && i < n; i++) nopad_sequence_free(g[i].seq);
     free(g);
     free(batch);
     free(idx);
     free(bcu);
     free(btok);
-    free(logits);
+    free(ids);
+    free(bparams);
+    free(draws);
     return st;
 }

@@ -34,6 +34,12 @@ static nopad_status cpu_download_f32(nopad_backend *be, float *dst, const void *
     return NOPAD_OK;
 }
 
+static nopad_status cpu_download(nopad_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memmove(dst, src, bytes);
+    return NOPAD_OK;
+}
+
 static nopad_status cpu_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n) {
     memcpy(dst, src, n * sizeof(int32_t));
     return NOPAD_OK;
@@ -77,6 +83,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->upload_f32 = cpu_upload_f32;
     be->download_f32 = cpu_download_f32;
     be->upload_i32 = cpu_upload_i32;
+    be->download = cpu_download;
     be->synchronize = cpu_synchronize;
     be->copy = cpu_copy;
     be->embed = cpu_embed_layernorm;
@@ -93,6 +100,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->attention_paged = cpu_attention_paged;
     be->swiglu = cpu_swiglu;
     be->gather_rows = cpu_gather_rows;
+    be->gemm_f32 = cpu_gemm_f32;
     *out = be;
     return NOPAD_OK;
 }

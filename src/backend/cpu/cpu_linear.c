@@ -77,3 +77,9 @@ nopad_status cpu_linear(nopad_backend *be, void *out_, const void *x_, const voi
     }
     return NOPAD_OK;
 }
+
+nopad_status cpu_gemm_f32(nopad_backend *be, float *out, const void *x, const void *w,
+                          int32_t n_tokens, int32_t n_in, int32_t n_out) {
+    return cpu_linear(be, out, x, w, NULL, NULL, n_tokens, n_in, n_out, NOPAD_EPILOGUE_NONE,
+                      NOPAD_ACT_GELU);
+}

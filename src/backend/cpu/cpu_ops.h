@@ -23,6 +23,9 @@ nopad_status cpu_embed_layernorm(nopad_backend *be, void *out, const int32_t *to
 nopad_status cpu_linear(nopad_backend *be, void *out, const void *x, const void *w,
                         const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
                         int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
+/* The float32 backend's gemm_f32: cpu_linear without an epilogue. */
+nopad_status cpu_gemm_f32(nopad_backend *be, float *out, const void *x, const void *w,
+                          int32_t n_tokens, int32_t n_in, int32_t n_out);
 nopad_status cpu_bias_residual_layernorm(nopad_backend *be, void *x, const void *bias,
                                          const void *residual, const void *ln_weight,
                                          const void *ln_bias, float eps, int32_t n_tokens,

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/sampling_ops.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/state.h"
 #include "util/error.h"
@@ -106,25 +107,105 @@ static nopad_status cu_kv_store(nopad_backend *be, void *k_cache, void *v_cache,
     return cuda_dec_kv_store(be->dtype, k_cache, v_cache, qkv, slots, n_tokens, n_heads, n_kv_heads, head_size,
                              s->stream);
 }
+/* Grows *buf to `need` bytes. Graphs recorded earlier name the old buffer, so they are forgotten;
+ * while a graph is being recorded nothing may be allocated: the caller's shape must have run
+ * once outside (graph_run records a key the second time it comes). */
+static nopad_status grow_workspace(nopad_backend *be, cuda_state *s, void **buf, size_t *bytes, size_t need,
+                                   const char *what) {
+    if (need <= *bytes) return NOPAD_OK;
+    enum cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s->stream, &capturing) != cudaSuccess) cudaGetLastError();
+    if (capturing != cudaStreamCaptureStatusNone)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "cuda %s: the workspace must grow during a graph recording",
+                               what);
+    if (*buf) {
+        cuda_graph_clear(be); /* synchronises the stream */
+        cudaFree(*buf);
+        *buf = NULL;
+        *bytes = 0;
+    }
+    nopad_status st = cuda_check(cudaMalloc(buf, need), what);
+    if (st == NOPAD_OK) *bytes = need;
+    return st;
+}
+
 static nopad_status cu_attention_paged(nopad_backend *be, void *out, const void *qkv, const void *k_cache,
                                        const void *v_cache, const nopad_kv_batch *kv, int32_t n_heads,
                                        int32_t n_kv_heads, int32_t head_size, float scale) {
     CUDA_ENTER(be, s);
-    /* partial results of the key splits: [T, heads, splits, head_size + 2] float32 */
-    const size_t need = cuda_dec_attention_workspace(kv, n_heads, head_size);
-    if (need > s->split_ws_bytes) {
-        if (s->split_ws) {
-            cudaStreamSynchronize(s->stream);
-            cudaFree(s->split_ws);
-            s->split_ws = NULL;
-            s->split_ws_bytes = 0;
-        }
-        nopad_status st = cuda_check(cudaMalloc((void **)&s->split_ws, need), "attention workspace");
-        if (st != NOPAD_OK) return st;
-        s->split_ws_bytes = need;
-    }
+    size_t split_bytes, expand_bytes;
+    cuda_dec_attention_workspace(kv, be->dtype, n_heads, n_kv_heads, head_size, &split_bytes, &expand_bytes);
+    nopad_status st = grow_workspace(be, s, (void **)&s->split_ws, &s->split_ws_bytes, split_bytes,
+                                     "attention workspace");
+    if (st == NOPAD_OK)
+        st = grow_workspace(be, s, &s->expand_ws, &s->expand_ws_bytes, expand_bytes, "attention workspace");
+    if (st != NOPAD_OK) return st;
+    const cuda_dec_attention_ws ws = {.split = s->split_ws, .expand = s->expand_ws, .attention = s->attention_ws};
     return cuda_dec_attention_paged(be->dtype, out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size,
-                                    scale, s->split_ws, s->stream);
+                                    scale, &ws, s->stream);
+}
+static nopad_status cu_gemm_f32(nopad_backend *be, float *out, const void *x, const void *w, int32_t n_tokens,
+                                int32_t n_in, int32_t n_out) {
+    CUDA_ENTER(be, s);
+    if (n_tokens == 0) return NOPAD_OK;
+    return cuda_lt_matmul_f32(&s->lt, be->dtype, out, x, w, n_tokens, n_in, n_out, s->stream);
+}
+/* Sampling: the rows' parameters and histories go up in one copy, the ids (and log-probs) come
+ * back in one; the stream is waited for once. */
+static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
+                              const nopad_sampling_params *params, const uint64_t *draws, const int32_t *history,
+                              const int32_t *cu_history, int32_t *ids, float *logprobs) {
+    CUDA_ENTER(be, s);
+    if (n <= 0) return NOPAD_OK;
+    const int32_t n_hist = cu_history ? cu_history[n] : 0;
+    /* device and host layout: rows [n] | ids [n] | logprobs [n] | history [n_hist] */
+    const size_t rows_bytes = (size_t)n * sizeof(cuda_sample_row);
+    const size_t need = rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float)) + (size_t)n_hist * sizeof(int32_t);
+    nopad_status st = grow_workspace(be, s, &s->sample_dev, &s->sample_dev_bytes, need, "sampling buffer");
+    if (st != NOPAD_OK) return st;
+    if (need > s->sample_host_bytes) {
+        free(s->sample_host);
+        s->sample_host = malloc(need);
+        s->sample_host_bytes = s->sample_host ? need : 0;
+        if (!s->sample_host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cuda sampling: out of memory");
+    }
+    char *h = s->sample_host, *d = s->sample_dev;
+    cuda_sample_row *rows = (cuda_sample_row *)h;
+    for (int32_t r = 0; r < n; r++) {
+        const nopad_sampling_params *p = &params[r];
+        rows[r] = (cuda_sample_row){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
+                                    .repetition_penalty = p->repetition_penalty, .top_k = p->top_k,
+                                    .history_start = cu_history ? cu_history[r] : 0,
+                                    .history_len = cu_history ? cu_history[r + 1] - cu_history[r] : 0,
+                                    .seed = p->seed, .step = draws[r]};
+    }
+    const size_t hist_off = rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float));
+    if (n_hist) memcpy(h + hist_off, history, (size_t)n_hist * sizeof(int32_t));
+    st = cuda_check(cudaMemcpyAsync(d, h, rows_bytes, cudaMemcpyHostToDevice, s->stream), "sampling upload");
+    if (st == NOPAD_OK && n_hist)
+        st = cuda_check(cudaMemcpyAsync(d + hist_off, h + hist_off, (size_t)n_hist * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, s->stream),
+                        "sampling upload");
+    int32_t *d_ids = (int32_t *)(d + rows_bytes);
+    float *d_logprobs = (float *)(d + rows_bytes + (size_t)n * sizeof(int32_t));
+    if (st == NOPAD_OK)
+        st = cuda_sample_rows(logits, n, vocab, (const cuda_sample_row *)d, (const int32_t *)(d + hist_off), d_ids,
+                              logprobs ? d_logprobs : NULL, s->stream);
+    const size_t back = (size_t)n * (sizeof(int32_t) + (logprobs ? sizeof(float) : 0));
+    if (st == NOPAD_OK)
+        st = cuda_check(cudaMemcpyAsync(h + rows_bytes, d_ids, back, cudaMemcpyDeviceToHost, s->stream),
+                        "sampling download");
+    if (st == NOPAD_OK) st = cuda_check(cudaStreamSynchronize(s->stream), "sampling");
+    if (st != NOPAD_OK) return st;
+    memcpy(ids, h + rows_bytes, (size_t)n * sizeof(int32_t));
+    if (logprobs) memcpy(logprobs, h + rows_bytes + (size_t)n * sizeof(int32_t), (size_t)n * sizeof(float));
+    for (int32_t r = 0; r < n; r++)
+        if (ids[r] < 0)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "sampling: the logits of row %d hold NaN or +inf, or are all -inf; no id "
+                                   "can be chosen",
+                                   r);
+    return NOPAD_OK;
 }
 static nopad_status cu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens, int32_t dim) {
     CUDA_ENTER(be, s);
@@ -165,13 +246,16 @@ static void cu_destroy(nopad_backend *be) {
         if (s->pack_bad) cudaFree(s->pack_bad);
         if (s->attention_ws) cudaFree(s->attention_ws);
         if (s->split_ws) cudaFree(s->split_ws);
+        if (s->expand_ws) cudaFree(s->expand_ws);
+        if (s->sample_dev) cudaFree(s->sample_dev);
+        free(s->sample_host);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);
     }
     free(be);
 }
 
-cudaStream_t cuda_backend_stream(nopad_backend *be) { return state_of(be)->stream; }
+void *cuda_backend_stream(nopad_backend *be) { return state_of(be)->stream; }
 
 nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stream, nopad_backend **out) {
     *out = NULL;
@@ -231,6 +315,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->upload_f32 = cuda_mem_upload_f32;
     be->download_f32 = cuda_mem_download_f32;
     be->upload_i32 = cuda_mem_upload_i32;
+    be->download = cuda_mem_download;
     be->synchronize = cuda_mem_synchronize;
     be->release_staging = cuda_mem_release_staging;
     be->copy = cuda_mem_copy;
@@ -253,6 +338,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->attention_paged = cu_attention_paged;
     be->swiglu = cu_swiglu;
     be->gather_rows = cu_gather_rows;
+    be->gemm_f32 = cu_gemm_f32;
+    be->sample = cu_sample;
     *out = be;
     return NOPAD_OK;
 }

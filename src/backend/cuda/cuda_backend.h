@@ -11,4 +11,7 @@
  * NULL. */
 nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stream, nopad_backend **out);
 
+/* The backend's stream (a cudaStream_t), for callers that time or order work around its ops. */
+void *cuda_backend_stream(nopad_backend *be);
+
 #endif

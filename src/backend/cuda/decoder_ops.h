@@ -24,13 +24,21 @@ nopad_status cuda_dec_rope(nopad_dtype dtype, void *qkv, const int32_t *position
 nopad_status cuda_dec_kv_store(nopad_dtype dtype, void *k_cache, void *v_cache, const void *qkv,
                                const int32_t *slots, int32_t n_tokens, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_size, void *stream);
-/* Bytes of float32 workspace cuda_dec_attention_paged needs for kv (its key splits' partials). */
-size_t cuda_dec_attention_workspace(const nopad_kv_batch *kv, int32_t n_heads, int32_t head_size);
+/* The paged attention's device workspaces. */
+typedef struct cuda_dec_attention_ws {
+    float *split;    /* the key splits' partial results: [T, heads, splits, head_size + 2] */
+    void *expand;    /* prompts-only steps with grouped KV heads: qkv as [T, 3, heads, head_size] */
+    void *attention; /* the encoder attention's work counter (NOPAD_ATTENTION_WORKSPACE_BYTES) */
+} cuda_dec_attention_ws;
+/* Bytes of each workspace cuda_dec_attention_paged needs for kv (0: none). */
+void cuda_dec_attention_workspace(const nopad_kv_batch *kv, nopad_dtype dtype, int32_t n_heads,
+                                  int32_t n_kv_heads, int32_t head_size, size_t *split_bytes,
+                                  size_t *expand_bytes);
 nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, const void *qkv,
                                       const void *k_cache, const void *v_cache,
                                       const nopad_kv_batch *kv, int32_t n_heads,
                                       int32_t n_kv_heads, int32_t head_size, float scale,
-                                      float *workspace, void *stream);
+                                      const cuda_dec_attention_ws *workspace, void *stream);
 nopad_status cuda_dec_swiglu(nopad_dtype dtype, void *out, const void *gate_up, int32_t n_tokens,
                              int32_t dim, void *stream);
 nopad_status cuda_dec_gather_rows(float *out, const float *x, const int32_t *rows, int32_t n,

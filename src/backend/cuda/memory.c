@@ -71,6 +71,13 @@ nopad_status cuda_mem_download_f32(nopad_backend *be, float *dst, const void *sr
     return st;
 }
 
+nopad_status cuda_mem_download(nopad_backend *be, void *dst, const void *src, size_t bytes) {
+    CUDA_ENTER(be, s);
+    nopad_status st = cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream), "download");
+    if (st == NOPAD_OK) st = cuda_check(cudaStreamSynchronize(s->stream), "download");
+    return st;
+}
+
 nopad_status cuda_mem_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n) {
     CUDA_ENTER(be, s);
     return cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream), "upload");

@@ -40,6 +40,12 @@ typedef struct cuda_state {
                            zeroed once; every use is ordered on `stream`) */
     float *split_ws;   /* the decoder attention's partial results (grown on demand, stream-ordered) */
     size_t split_ws_bytes;
+    void *expand_ws;   /* prompts-only decoder steps: qkv with a K and V head per query head */
+    size_t expand_ws_bytes;
+    void *sample_dev;  /* sampling: rows, ids, log-probs, histories (grown on demand) */
+    size_t sample_dev_bytes;
+    void *sample_host; /* its host staging */
+    size_t sample_host_bytes;
     int cannot_record; /* a recording failed once (e.g. a caller's stream that cannot be captured):
                           run ops directly from then on */
 } cuda_state;
@@ -66,6 +72,7 @@ nopad_status cuda_mem_alloc(nopad_backend *be, size_t bytes, void **out);
 void cuda_mem_free(nopad_backend *be, void *ptr);
 nopad_status cuda_mem_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n);
 nopad_status cuda_mem_download_f32(nopad_backend *be, float *dst, const void *src, size_t n);
+nopad_status cuda_mem_download(nopad_backend *be, void *dst, const void *src, size_t bytes);
 nopad_status cuda_mem_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n);
 void cuda_mem_release_staging(nopad_backend *be);
 nopad_status cuda_mem_synchronize(nopad_backend *be);

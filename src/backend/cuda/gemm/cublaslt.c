@@ -46,8 +46,10 @@ void cuda_lt_destroy(cuda_lt *lt) {
  * yᵀ[N, T] = op(w)[N, K] · xᵀ[K, T] with w seen as a K x N column-major matrix (op = transpose)
  * and x as K x T (no transpose). The bias epilogue adds a vector along N, the rows of yᵀ. */
 static nopad_status plan_create(cuda_lt *lt, nopad_dtype dtype, int32_t T, int32_t K, int32_t N,
-                                cublasLtEpilogue_t epilogue, int accumulate, int rank, cuda_lt_plan *p) {
+                                cublasLtEpilogue_t epilogue, int accumulate, int rank, int out_f32,
+                                cuda_lt_plan *p) {
     memset(p, 0, sizeof *p);
+    p->out_f32 = out_f32;
     p->n_tokens = T;
     p->n_in = K;
     p->n_out = N;
@@ -65,7 +67,8 @@ static nopad_status plan_create(cuda_lt *lt, nopad_dtype dtype, int32_t T, int32
         st = lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "epilogue");
     if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&p->layout_w, type, K, N, K), "layout w");
     if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&p->layout_x, type, K, T, K), "layout x");
-    if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&p->layout_y, type, N, T, N), "layout y");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatrixLayoutCreate(&p->layout_y, out_f32 ? CUDA_R_32F : type, N, T, N), "layout y");
     if (st != NOPAD_OK) {
         plan_destroy(p);
         return st;
@@ -95,11 +98,12 @@ static nopad_status plan_create(cuda_lt *lt, nopad_dtype dtype, int32_t T, int32
 }
 
 static nopad_status find_plan(cuda_lt *lt, nopad_dtype dtype, int32_t T, int32_t K, int32_t N,
-                              cublasLtEpilogue_t epilogue, int accumulate, int rank, cuda_lt_plan **out) {
+                              cublasLtEpilogue_t epilogue, int accumulate, int rank, int out_f32,
+                              cuda_lt_plan **out) {
     for (int i = 0; i < lt->n_plans; i++) {
         cuda_lt_plan *p = &lt->plans[i];
         if (p->n_tokens == T && p->n_in == K && p->n_out == N && p->epilogue == (int)epilogue &&
-            p->accumulate == accumulate && p->lt_rank == rank) {
+            p->accumulate == accumulate && p->lt_rank == rank && p->out_f32 == out_f32) {
             *out = p;
             return NOPAD_OK;
         }
@@ -109,7 +113,7 @@ static nopad_status find_plan(cuda_lt *lt, nopad_dtype dtype, int32_t T, int32_t
         lt->n_plans = 0;
     }
     cuda_lt_plan *p = &lt->plans[lt->n_plans];
-    nopad_status st = plan_create(lt, dtype, T, K, N, epilogue, accumulate, rank, p);
+    nopad_status st = plan_create(lt, dtype, T, K, N, epilogue, accumulate, rank, out_f32, p);
     if (st != NOPAD_OK) return st;
     lt->n_plans++;
     *out = p;
@@ -121,7 +125,7 @@ nopad_status cuda_lt_matmul(cuda_lt *lt, nopad_dtype dtype, void *out, const voi
                             int32_t n_out, cublasLtEpilogue_t epilogue, int accumulate, int rank,
                             cudaStream_t stream) {
     cuda_lt_plan *p;
-    nopad_status st = find_plan(lt, dtype, n_tokens, n_in, n_out, epilogue, accumulate, rank, &p);
+    nopad_status st = find_plan(lt, dtype, n_tokens, n_in, n_out, epilogue, accumulate, rank, 0, &p);
     if (st != NOPAD_OK) return st;
     if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
         st = lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
@@ -134,6 +138,18 @@ nopad_status cuda_lt_matmul(cuda_lt *lt, nopad_dtype dtype, void *out, const voi
                                    p->layout_y, out, p->layout_y, &p->algo, lt->workspace,
                                    CUDA_LT_WORKSPACE_BYTES, stream),
                     "matmul");
+}
+
+nopad_status cuda_lt_matmul_f32(cuda_lt *lt, nopad_dtype dtype, float *out, const void *x, const void *w,
+                                int32_t n_tokens, int32_t n_in, int32_t n_out, cudaStream_t stream) {
+    cuda_lt_plan *p;
+    nopad_status st = find_plan(lt, dtype, n_tokens, n_in, n_out, CUBLASLT_EPILOGUE_DEFAULT, 0, 0, 1, &p);
+    if (st != NOPAD_OK) return st;
+    const float alpha = 1.0f, beta = 0.0f;
+    return lt_check(cublasLtMatmul(lt->handle, p->desc, &alpha, w, p->layout_w, x, p->layout_x, &beta, out,
+                                   p->layout_y, out, p->layout_y, &p->algo, lt->workspace,
+                                   CUDA_LT_WORKSPACE_BYTES, stream),
+                    "matmul (float32 out)");
 }
 
 #endif /* NOPAD_HAVE_CUDA */

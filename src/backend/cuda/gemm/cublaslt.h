@@ -22,6 +22,7 @@ typedef struct cuda_lt_plan {
     int epilogue;   /* cublasLtEpilogue_t */
     int accumulate; /* beta = 1 with C = residual */
     int lt_rank;    /* the heuristic's answer taken (cuda_gemm_set_lt_rank) */
+    int out_f32;    /* y in float32 (x and w in the compute dtype) */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t layout_w, layout_x, layout_y;
     cublasLtMatmulAlgo_t algo;
@@ -44,4 +45,7 @@ nopad_status cuda_lt_matmul(cuda_lt *lt, nopad_dtype dtype, void *out, const voi
                             const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
                             int32_t n_out, cublasLtEpilogue_t epilogue, int accumulate, int rank,
                             cudaStream_t stream);
+/* out[T, N] = x[T, K] · w[N, K]ᵀ in float32 (x and w in `dtype`), no epilogue. */
+nopad_status cuda_lt_matmul_f32(cuda_lt *lt, nopad_dtype dtype, float *out, const void *x, const void *w,
+                                int32_t n_tokens, int32_t n_in, int32_t n_out, cudaStream_t stream);
 #endif

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The GPU machine's check of the decoders, in one device call: the CUDA decoder and sampling tests,
+# PyTorch's own half-precision error on the same inputs, the paged attention alone against torch
+# SDPA, and the DEC benchmark. Smaller than gpu_check.sh's bundle (no MiniLM), so the SmolLM2 GGUF
+# can travel beside it in parts.
+#
+# Here:  scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
+#        writes .gpu_carry/dec/bundle.tar.xz (binaries + the Debian libraries they need) and, with
+#        GGUF, splits it into PARTS pieces .gpu_carry/gN/gguf.N (carry one a device call, as the
+#        carry limit allows; the pieces gather in /tmp/nopad_gguf there while the machine stays
+#        warm, and so does the unpacked bundle). GGUF_WHEEL: the `gguf` package for the `half`
+#        step's SmolLM2 part (transformers reads GGUF through it), carried with the last piece.
+# There: scripts/gpu_decoder.sh --run [steps]      (carry [".gpu_carry/dec"], then [".gpu_carry/gN"])
+#        steps: gguf (keep this call's GGUF piece), test, half (HF fp16/bf16 error), attn, decode;
+#        default "gguf test". Logs and JSON to $OUT.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CARRY="$ROOT/.gpu_carry/dec"
+
+if [ "${1:-}" = "--stage" ]; then
+    B=$(cd "${2:?usage: gpu_decoder.sh --stage BUILD [GGUF PARTS]}" && pwd)
+    stage=$(mktemp -d)
+    trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/build/tests" "$stage/build/deplibs" "$CARRY"
+    rm -f "$CARRY"/*
+    bins=("$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling)
+    for bin in "${bins[@]}"; do [ -f "$bin" ] || { echo "missing $bin" >&2; exit 1; }; done
+    for bin in "${bins[@]}"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
+        grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
+        while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
+    cp "$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$stage/build/"
+    cp "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$stage/build/tests/"
+    (cd "$stage" && tar cJf "$CARRY/bundle.tar.xz" build)
+    if [ -n "${3:-}" ]; then
+        parts=${4:-3}
+        rm -rf "$ROOT"/.gpu_carry/g[0-9]
+        split -n "$parts" -d -a 1 "$3" "$stage/gguf."
+        for ((i = 0; i < parts; i++)); do
+            mkdir -p "$ROOT/.gpu_carry/g$i"
+            mv "$stage/gguf.$i" "$ROOT/.gpu_carry/g$i/"
+            sha256sum "$3" | cut -d' ' -f1 > "$ROOT/.gpu_carry/g$i/gguf.sha256"
+            echo "$parts" > "$ROOT/.gpu_carry/g$i/gguf.parts"
+        done
+        [ -n "${5:-}" ] && cp "$5" "$ROOT/.gpu_carry/g$((parts - 1))/"
+    fi
+    ls -la "$CARRY" "$ROOT"/.gpu_carry/g[0-9] 2>/dev/null
+    exit 0
+fi
+
+[ "${1:-}" = "--run" ] || { echo "usage: gpu_decoder.sh --stage BUILD [GGUF PARTS] | --run [steps]" >&2; exit 2; }
+shift
+STEPS=${*:-gguf test}
+OUT=${OUT:-$ROOT/gpu_decoder_out}
+mkdir -p "$OUT" /tmp/nopad_dec /tmp/nopad_gguf
+if [ -f "$CARRY/bundle.tar.xz" ]; then
+    rm -rf /tmp/nopad_dec/build && tar xJf "$CARRY/bundle.tar.xz" -C /tmp/nopad_dec
+fi
+[ -d /tmp/nopad_dec/build ] || { echo "no bundle: carry .gpu_carry/dec first" >&2; exit 1; }
+BUILD=/tmp/nopad_dec/build
+export LD_LIBRARY_PATH=$BUILD/deplibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export NOPAD_TEST_DATA=$ROOT/tests/data
+GGUF=/tmp/nopad_gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+status=0
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null
+} | tee "$OUT/env.txt"
+
+for step in $STEPS; do
+    case $step in
+    gguf)
+        for d in "$ROOT"/.gpu_carry/g[0-9]; do
+            [ -d "$d" ] && cp "$d"/* /tmp/nopad_gguf/
+        done
+        ls /tmp/nopad_gguf
+        if [ ! -f "$GGUF" ] && [ -f /tmp/nopad_gguf/gguf.sha256 ] &&
+            [ "$(ls /tmp/nopad_gguf/gguf.[0-9] 2>/dev/null | wc -l)" -ge "$(cat /tmp/nopad_gguf/gguf.parts)" ]; then
+            cat /tmp/nopad_gguf/gguf.[0-9] > "$GGUF.part"
+            if [ "$(sha256sum "$GGUF.part" | cut -d' ' -f1)" = "$(cat /tmp/nopad_gguf/gguf.sha256)" ]; then
+                mv "$GGUF.part" "$GGUF"
+                echo "gguf: assembled $GGUF"
+            else
+                echo "gguf: checksum mismatch" && status=1
+            fi
+        fi
+        ;;
+    test)
+        [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
+        for t in test_cuda_sampling test_cuda_decoder; do
+            echo "== $t"
+            (cd "$ROOT" && timeout 300 "$BUILD/tests/$t") > "$OUT/$t.log" 2>&1
+            rc=$?
+            tail -5 "$OUT/$t.log"
+            echo "$t: exit $rc"
+            [ $rc -eq 0 ] || status=1
+        done
+        ;;
+    half)
+        args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")
+        if [ -f "$GGUF" ]; then
+            pip install --no-index --no-deps /tmp/nopad_gguf/gguf-*.whl >/dev/null 2>&1 || true
+            args+=(--gguf "$GGUF")
+        fi
+        timeout 300 python3 "$ROOT/scripts/hf_decoder_half_error.py" "${args[@]}" 2>&1 | grep -v Warning | tail -12 || status=1
+        ;;
+    attn)
+        timeout 300 python3 "$ROOT/bench/attn_decode_bench.py" --bench "$BUILD/attn_paged_bench" \
+            --out "$OUT/attn_decode.json" 2>&1 | tee "$OUT/attn_decode.log" || status=1
+        ;;
+    decode)
+        [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
+        timeout 590 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
+            --out "$OUT/dec.json" ${DEC_ARGS:-} 2>&1 | tee "$OUT/dec.log" || status=1
+        ;;
+    *) echo "unknown step $step" && status=1 ;;
+    esac
+done
+exit $status
