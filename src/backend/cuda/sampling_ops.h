@@ -1,0 +1,36 @@
+/* C launcher of the CUDA sampler (sampling.cu): sample_token of src/model/sampling.c for many
+ * rows of logits on the GPU, so that a decode step sends back only the chosen ids. */
+#ifndef NOPAD_BACKEND_CUDA_SAMPLING_OPS_H
+#define NOPAD_BACKEND_CUDA_SAMPLING_OPS_H
+
+#include <stdint.h>
+
+#include "nopad.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One row's sampling request, as the kernel reads it (device memory, uploaded by the caller). */
+typedef struct cuda_sample_row {
+    float temperature, top_p, min_p, repetition_penalty;
+    int32_t top_k;
+    int32_t history_start, history_len; /* the row's ids in `history` (repetition penalty) */
+    int32_t pad_;
+    uint64_t seed, step;                /* the draw: sampling_uniform(seed, step) */
+} cuda_sample_row;
+
+/* For each of n rows of logits [n, vocab] (device, float32; modified in place, used as scratch):
+ * ids[r] = the id sample_token (src/model/sampling.c) would choose for row r with these params,
+ * logprobs[r] (may be NULL) its log-probability exactly as sample_token defines out_logprob.
+ * rows[n] and history are device memory (history may be NULL when every history_len is 0). One
+ * CTA per row. A row with NaN / +inf logits, or all -inf, gets id -1 (the host then reports the
+ * error); so does a row whose params sampling_check refuses or whose history holds an id outside
+ * [0, vocab). No host synchronisation; enqueued on stream. Vocabs up to 1.1 million ids. */
+nopad_status cuda_sample_rows(float *logits, int32_t n, int32_t vocab, const cuda_sample_row *rows,
+                              const int32_t *history, int32_t *ids, float *logprobs, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

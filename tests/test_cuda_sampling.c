@@ -1,0 +1,375 @@
+/* The CUDA sampler (cuda_sample_rows) against the host's (sample_token, itself checked against
+ * HF's definitions in test_sampling): batches of 64 rows, each with its own params, logits and
+ * history, for vocabs of 1, 7, 1000, 32000, 49152, 151936 and 600000 ids. Params: greedy,
+ * temperature alone, top-k 1 / 5 / >= vocab, top-p 0.05 / 0.5 / 0.9 / 1, min-p 0.05 / 0.3,
+ * repetition penalty 1.3 and 0.7 over histories that repeat ids, all of them together, extreme
+ * temperatures (top-p's cut bin then holds most of the vocab, more ids than the kernel lists in
+ * shared memory) and random mixes. Logits: normal, exact ties from a few values (+0 and -0 among
+ * them), some -inf, a flat row, logits near FLT_MAX (the penalty clamps, weights underflow),
+ * logits over hundreds of nats, and the error rows (a NaN, a +inf, all -inf, a history id outside
+ * the vocab, params sampling_check refuses), where the GPU gives -1. Every id must equal the
+ * host's and every log-probability be within 1e-5 (relative beyond magnitude 1); a call without
+ * logprobs must give the same ids. Mismatches are counted and printed before the test fails.
+ * Exit code 77 (skipped) without a GPU. */
+#include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/sampling_ops.h"
+#include "cuda_testutil.h"
+#include "model/sampling.h"
+
+enum { ROWS = 64, BATCHES = 4, MAX_HISTORY = 3000 };
+
+/* 600000: the repetition penalty's bitmap outgrows the kernel's private histograms. */
+static const int32_t VOCABS[] = {1, 7, 1000, 32000, 49152, 151936, 600000};
+
+/* ---- random numbers (SplitMix64) ------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+
+static int32_t rng_below(uint64_t *s, int32_t n) { return (int32_t)(rng_unit(s) * n); }
+
+static double rng_normal(uint64_t *s) {
+    double u1 = 1.0 - rng_unit(s), u2 = rng_unit(s);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ---- rows --------------------------------------------------------------------------------- */
+
+/* top_k codes below 0: -1 = vocab, -2 = vocab + 3 (both: no filter). */
+typedef struct combo {
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p, repetition_penalty;
+} combo;
+
+static const combo COMBOS[] = {
+    {0.0f, 0, 1.0f, 0.0f, 1.0f},       // greedy
+    {0.0f, 0, 1.0f, 0.0f, 1.3f},       // greedy, penalty
+    {0.0f, 0, 1.0f, 0.0f, 0.7f},
+    {1.0f, 0, 1.0f, 0.0f, 1.0f},       // temperature alone
+    {0.5f, 0, 1.0f, 0.0f, 1.0f},
+    {1.7f, 0, 1.0f, 0.0f, 1.0f},
+    {1.0f, 1, 1.0f, 0.0f, 1.0f},       // top-k
+    {1.0f, 5, 1.0f, 0.0f, 1.0f},
+    {0.8f, -1, 1.0f, 0.0f, 1.0f},
+    {1.0f, -2, 1.0f, 0.0f, 1.0f},
+    {1.0f, 0, 0.05f, 0.0f, 1.0f},      // top-p
+    {1.0f, 0, 0.5f, 0.0f, 1.0f},
+    {0.7f, 0, 0.9f, 0.0f, 1.0f},
+    {1.3f, 0, 1.0f, 0.0f, 1.0f},
+    {1.0f, 0, 1.0f, 0.05f, 1.0f},      // min-p
+    {1.0f, 0, 1.0f, 0.3f, 1.0f},
+    {1.0f, 0, 1.0f, 0.0f, 1.3f},       // repetition penalty
+    {1.0f, 0, 1.0f, 0.0f, 0.7f},
+    {0.8f, 50, 0.9f, 0.05f, 1.3f},     // everything
+    {1.2f, 5, 0.5f, 0.3f, 0.7f},
+    {0.6f, 1000, 0.95f, 0.02f, 1.1f},
+    {2.0f, 0, 0.3f, 0.1f, 1.3f},
+    {1.0f, 40, 0.05f, 0.0f, 1.0f},
+    {0.3f, 0, 0.99f, 0.0f, 1.0f},
+    {1.0f, 3, 1.0f, 0.5f, 1.0f},
+    {5.0f, 0, 0.8f, 0.0f, 1.0f},       // high temperature: wide cut bins
+    {100.0f, 0, 0.5f, 0.0f, 1.3f},     // nearly every id in top-p's first bin
+    {1e-3f, 0, 0.9f, 0.0f, 1.0f},      // nearly greedy
+    {1.0f, 2, 0.9f, 0.0f, 1.0f},
+    {0.9f, 200, 0.7f, 0.0f, 0.7f},
+};
+enum { N_COMBOS = sizeof COMBOS / sizeof COMBOS[0] };
+
+typedef enum kind {
+    K_NORMAL, K_TIES, K_NEG_INF, K_FLAT, K_HUGE, K_WIDE, // sampled
+    K_NAN, K_POS_INF, K_ALL_NEG_INF, K_BAD_HISTORY, K_BAD_PARAMS, // errors: -1
+} kind;
+static const char *const KIND_NAMES[] = {"normal", "ties", "some -inf", "flat", "huge", "wide",
+                                         "NaN", "+inf", "all -inf", "bad history", "bad params"};
+
+/* The sampled kinds, in the order rows take them (normal most often). */
+static const kind KIND_CYCLE[] = {K_NORMAL, K_TIES, K_NEG_INF, K_NORMAL, K_FLAT,
+                                  K_HUGE,   K_TIES, K_WIDE,    K_NORMAL};
+enum { N_CYCLE = sizeof KIND_CYCLE / sizeof KIND_CYCLE[0] };
+
+static void fill_logits(float *x, int32_t V, kind k, uint64_t *s) {
+    static const float TIE_VALUES[] = {3.0f, 1.5f, 0.0f, -0.0f, -1.25f, -4.0f, 0.75f};
+    switch (k) {
+    case K_TIES: {
+        int n_values = 2 + rng_below(s, 6); // 2..7 distinct values (+0 and -0 count as one)
+        int first = rng_below(s, 7 - n_values + 1);
+        for (int32_t i = 0; i < V; i++) x[i] = TIE_VALUES[first + rng_below(s, n_values)];
+        break;
+    }
+    case K_FLAT:
+        for (int32_t i = 0; i < V; i++) x[i] = 0.5f;
+        break;
+    case K_HUGE: // a few ids near +-FLT_MAX among normal ones
+        for (int32_t i = 0; i < V; i++) {
+            double u = rng_unit(s);
+            x[i] = u < 0.05 ? 3.0e38f : u < 0.1 ? -3.0e38f : (float)(2.0 * rng_normal(s));
+        }
+        break;
+    case K_WIDE: // logits over hundreds of nats: most weights underflow
+        for (int32_t i = 0; i < V; i++) x[i] = (float)(300.0 * rng_normal(s));
+        break;
+    default: { // normal, with a few strong ids, as a language model's rows look
+        double sd = 1.0 + 3.0 * rng_unit(s);
+        for (int32_t i = 0; i < V; i++) x[i] = (float)(sd * rng_normal(s));
+        int peaks = rng_below(s, 6);
+        for (int j = 0; j < peaks; j++) x[rng_below(s, V)] += (float)(5.0 + 10.0 * rng_unit(s));
+        break;
+    }
+    }
+    if (k == K_NEG_INF) { // 40% of the ids, sometimes all but one
+        int all_but_one = rng_below(s, 4) == 0;
+        int32_t keep = rng_below(s, V);
+        for (int32_t i = 0; i < V; i++)
+            if (i != keep && (all_but_one || rng_unit(s) < 0.4)) x[i] = -INFINITY;
+    }
+    if (k == K_NAN) x[rng_below(s, V)] = NAN;
+    if (k == K_POS_INF) x[rng_below(s, V)] = INFINITY;
+    if (k == K_ALL_NEG_INF)
+        for (int32_t i = 0; i < V; i++) x[i] = -INFINITY;
+}
+
+static int32_t argmax(const float *x, int32_t V) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* A history that repeats ids: drawn from a pool a third of its length, often with the top id. */
+static int32_t fill_history(int32_t *h, const float *x, int32_t V, uint64_t *s) {
+    if (rng_below(s, 4) == 0) return 0;
+    int32_t n = 1 + rng_below(s, MAX_HISTORY);
+    int32_t pool[1024];
+    int32_t n_pool = 1 + rng_below(s, n / 3 + 1);
+    if (n_pool > 1024) n_pool = 1024;
+    for (int32_t j = 0; j < n_pool; j++) pool[j] = rng_below(s, V);
+    if (rng_below(s, 2)) pool[0] = argmax(x, V);
+    for (int32_t j = 0; j < n; j++) h[j] = pool[rng_below(s, n_pool)];
+    return n;
+}
+
+static void describe(char *buf, size_t cap, const nopad_sampling_params *p, kind k,
+                     int32_t n_hist) {
+    snprintf(buf, cap, "%s logits, t %g top_k %d top_p %g min_p %g penalty %g, %d history ids",
+             KIND_NAMES[k], (double)p->temperature, p->top_k, (double)p->top_p, (double)p->min_p,
+             (double)p->repetition_penalty, n_hist);
+}
+
+static int close_logprob(float got, float want) {
+    if (got == want) return 1; // -inf on both sides too
+    return fabsf(got - want) <= 1e-5f * fmaxf(1.0f, fabsf(want));
+}
+
+#define CUDA_OK(expr) assert_int_equal((expr), cudaSuccess)
+
+/* ---- a batch: rows, the host's choices, the GPU's ------------------------------------------ */
+
+typedef struct batch {
+    int32_t V;
+    float *logits;   /* [ROWS, V] host */
+    int32_t *hist;   /* [ROWS * MAX_HISTORY] host, the rows' histories one after another */
+    int32_t n_hist;
+    cuda_sample_row rows[ROWS];
+    nopad_sampling_params params[ROWS];
+    kind kinds[ROWS];
+    int32_t want_id[ROWS];
+    float want_lp[ROWS];
+} batch;
+
+/* Params for row r of batch b: the combos in turn, every fourth row a random mix. */
+static nopad_sampling_params row_params(int r, int b, int32_t V, uint64_t *rng) {
+    nopad_sampling_params p = nopad_sampling_default_params();
+    if (r % 4 == 3) {
+        p.temperature = rng_below(rng, 6) == 0 ? 0.0f : (float)(0.1 + 2.0 * rng_unit(rng));
+        p.top_k = rng_below(rng, 2) ? 0 : 1 + rng_below(rng, 100);
+        p.top_p = rng_below(rng, 2) ? 1.0f : (float)(0.02 + 0.98 * rng_unit(rng));
+        p.min_p = rng_below(rng, 2) ? 0.0f : (float)(0.4 * rng_unit(rng));
+        p.repetition_penalty = rng_below(rng, 2) ? 1.0f : (float)(0.5 + rng_unit(rng));
+    } else {
+        const combo *c = &COMBOS[(r + b * 11) % N_COMBOS];
+        p.temperature = c->temperature;
+        p.top_k = c->top_k == -1 ? V : c->top_k == -2 ? V + 3 : c->top_k;
+        p.top_p = c->top_p;
+        p.min_p = c->min_p;
+        p.repetition_penalty = c->repetition_penalty;
+    }
+    p.seed = rng_next(rng);
+    return p;
+}
+
+/* Fills batch b's rows (the last five are the error rows) and the host's choices; returns the
+ * number of rows the host refused. */
+static int make_batch(batch *bt, int b, sampler_scratch *scratch, uint64_t *rng) {
+    const int32_t V = bt->V;
+    int refused = 0;
+    bt->n_hist = 0;
+    for (int r = 0; r < ROWS; r++) {
+        float *x = bt->logits + (size_t)r * V;
+        const kind k = r == ROWS - 1 ? K_NAN : r == ROWS - 2 ? K_POS_INF
+                     : r == ROWS - 3 ? K_ALL_NEG_INF : r == ROWS - 4 ? K_BAD_HISTORY
+                     : r == ROWS - 5 ? K_BAD_PARAMS : KIND_CYCLE[(r * 5 + b) % N_CYCLE];
+        fill_logits(x, V, k, rng);
+        nopad_sampling_params p = row_params(r, b, V, rng);
+        if (k == K_BAD_PARAMS) p.top_p = 0.0f;
+        const uint64_t step = rng_next(rng) % 5000;
+        int32_t *h = bt->hist + bt->n_hist;
+        int32_t n_h = fill_history(h, x, V, rng);
+        if (k == K_BAD_HISTORY) {
+            if (n_h == 0) h[n_h++] = 0;
+            h[rng_below(rng, n_h)] = rng_below(rng, 2) ? V : -1;
+        }
+        bt->kinds[r] = k;
+        bt->params[r] = p;
+        bt->rows[r] = (cuda_sample_row){.temperature = p.temperature, .top_p = p.top_p,
+                                        .min_p = p.min_p,
+                                        .repetition_penalty = p.repetition_penalty,
+                                        .top_k = p.top_k, .history_start = bt->n_hist,
+                                        .history_len = n_h, .seed = p.seed, .step = step};
+        bt->n_hist += n_h;
+        if (sample_token(scratch, x, V, &p, h, n_h, step, &bt->want_id[r], &bt->want_lp[r]) !=
+            NOPAD_OK) {
+            bt->want_id[r] = -1;
+            refused++;
+        }
+    }
+    return refused;
+}
+
+typedef struct device_batch {
+    float *logits, *lp;
+    cuda_sample_row *rows;
+    int32_t *hist, *ids;
+} device_batch;
+
+/* One call on fresh logits; returns its time in ms (events around the launch). */
+static float run_gpu(const batch *bt, const device_batch *d, int with_logprobs, int32_t *ids,
+                     float *lp) {
+    const size_t n = (size_t)ROWS * bt->V;
+    CUDA_OK(cudaMemcpy(d->logits, bt->logits, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d->ids, 0x7f, ROWS * sizeof(int32_t)));
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventRecord(e0, 0));
+    assert_nopad_ok(cuda_sample_rows(d->logits, ROWS, bt->V, d->rows, d->hist, d->ids,
+                                     with_logprobs ? d->lp : NULL, NULL));
+    CUDA_OK(cudaEventRecord(e1, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    float ms = 0.0f;
+    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
+    CUDA_OK(cudaMemcpy(ids, d->ids, ROWS * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    if (with_logprobs)
+        CUDA_OK(cudaMemcpy(lp, d->lp, ROWS * sizeof(float), cudaMemcpyDeviceToHost));
+    return ms;
+}
+
+/* ---- the tests ------------------------------------------------------------------------------ */
+
+static void test_against_host(void **state) {
+    (void)state;
+    uint64_t rng = 20261201;
+    sampler_scratch scratch;
+    sampler_scratch_init(&scratch);
+    int64_t total = 0, mismatches = 0, refused = 0;
+    for (size_t vi = 0; vi < sizeof VOCABS / sizeof VOCABS[0]; vi++) {
+        batch *bt = calloc(1, sizeof *bt);
+        bt->V = VOCABS[vi];
+        const size_t n = (size_t)ROWS * bt->V;
+        bt->logits = malloc(n * sizeof *bt->logits);
+        bt->hist = malloc((size_t)ROWS * MAX_HISTORY * sizeof *bt->hist);
+        device_batch d;
+        CUDA_OK(cudaMalloc((void **)&d.logits, n * sizeof(float)));
+        CUDA_OK(cudaMalloc((void **)&d.lp, ROWS * sizeof(float)));
+        CUDA_OK(cudaMalloc((void **)&d.rows, sizeof bt->rows));
+        CUDA_OK(cudaMalloc((void **)&d.hist, (size_t)ROWS * MAX_HISTORY * sizeof(int32_t)));
+        CUDA_OK(cudaMalloc((void **)&d.ids, ROWS * sizeof(int32_t)));
+        float best_ms = 1e30f;
+        for (int b = 0; b < BATCHES; b++) {
+            refused += make_batch(bt, b, &scratch, &rng);
+            CUDA_OK(cudaMemcpy(d.rows, bt->rows, sizeof bt->rows, cudaMemcpyHostToDevice));
+            if (bt->n_hist > 0)
+                CUDA_OK(cudaMemcpy(d.hist, bt->hist, (size_t)bt->n_hist * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice));
+            // with logprobs twice (the second timed), then without: the ids must not change
+            int32_t got_id[ROWS], again_id[ROWS];
+            float got_lp[ROWS], ms;
+            run_gpu(bt, &d, 1, got_id, got_lp);
+            ms = run_gpu(bt, &d, 1, again_id, got_lp);
+            if (ms < best_ms) best_ms = ms;
+            run_gpu(bt, &d, 0, again_id, NULL);
+            for (int r = 0; r < ROWS; r++) {
+                total++;
+                const int ok_id = got_id[r] == bt->want_id[r] && again_id[r] == got_id[r];
+                const int ok_lp = bt->want_id[r] < 0 || close_logprob(got_lp[r], bt->want_lp[r]);
+                if (ok_id && ok_lp) continue;
+                mismatches++;
+                char what[256];
+                describe(what, sizeof what, &bt->params[r], bt->kinds[r], bt->rows[r].history_len);
+                printf("  MISMATCH vocab %d batch %d row %d (%s): host id %d logprob %.7g, GPU id "
+                       "%d logprob %.7g, without logprobs %d\n", bt->V, b, r, what,
+                       bt->want_id[r], (double)bt->want_lp[r], got_id[r], (double)got_lp[r],
+                       again_id[r]);
+            }
+        }
+        printf("  vocab %6d: %d batches of %d rows, %.3f ms a call\n", bt->V, BATCHES, ROWS,
+               (double)best_ms);
+        cudaFree(d.logits);
+        cudaFree(d.lp);
+        cudaFree(d.rows);
+        cudaFree(d.hist);
+        cudaFree(d.ids);
+        free(bt->logits);
+        free(bt->hist);
+        free(bt);
+    }
+    sampler_scratch_free(&scratch);
+    printf("  %lld rows (%lld the host refused), %lld mismatches\n", (long long)total,
+           (long long)refused, (long long)mismatches);
+    assert_true(refused >= 5 * BATCHES * (int64_t)(sizeof VOCABS / sizeof VOCABS[0]));
+    assert_int_equal(mismatches, 0);
+}
+
+/* The launcher's own checks, and a call of no rows. */
+static void test_arguments(void **state) {
+    (void)state;
+    assert_nopad_ok(cuda_sample_rows(NULL, 0, 10, NULL, NULL, NULL, NULL, NULL));
+    assert_nopad_error(cuda_sample_rows(NULL, 1, 10, NULL, NULL, NULL, NULL, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "NULL");
+    assert_nopad_error(cuda_sample_rows(NULL, 1, 0, NULL, NULL, NULL, NULL, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "vocab");
+    float *d;
+    int32_t *id;
+    cuda_sample_row *row;
+    CUDA_OK(cudaMalloc((void **)&d, 4));
+    CUDA_OK(cudaMalloc((void **)&id, 4));
+    CUDA_OK(cudaMalloc((void **)&row, sizeof *row));
+    assert_nopad_error(cuda_sample_rows(d, 1, 2000000, row, NULL, id, NULL, NULL),
+                       NOPAD_ERR_UNSUPPORTED, "vocab of 2000000");
+    cudaFree(d);
+    cudaFree(id);
+    cudaFree(row);
+}
+
+int main(void) {
+    if (test_skip_without_gpu()) return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_against_host),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
