@@ -11,7 +11,9 @@
 #        warm, and so does the unpacked bundle). GGUF_WHEEL: the `gguf` package for the `half`
 #        step's SmolLM2 part (transformers reads GGUF through it), carried with the last piece.
 # There: scripts/gpu_decoder.sh --run [steps]      (carry [".gpu_carry/dec"], then [".gpu_carry/gN"])
-#        steps: gguf (keep this call's GGUF piece), test, half (HF fp16/bf16 error), attn, decode;
+#        steps: gguf (keep this call's GGUF piece), test, half (HF fp16/bf16 error), attn, decode,
+#        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64";
+#        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
 #        default "gguf test". Logs and JSON to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -99,7 +101,7 @@ for step in $STEPS; do
     half)
         args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")
         if [ -f "$GGUF" ]; then
-            pip install --no-index --no-deps /tmp/nopad_gguf/gguf-*.whl >/dev/null 2>&1 || true
+            python3 -m pip install --no-index --no-deps /tmp/nopad_gguf/gguf-*.whl 2>&1 | tail -1
             args+=(--gguf "$GGUF")
         fi
         timeout 300 python3 "$ROOT/scripts/hf_decoder_half_error.py" "${args[@]}" 2>&1 | grep -v Warning | tail -12 || status=1
@@ -112,6 +114,26 @@ for step in $STEPS; do
         [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
         timeout 590 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
             --out "$OUT/dec.json" ${DEC_ARGS:-} 2>&1 | tee "$OUT/dec.log" || status=1
+        ;;
+    profile)
+        for bb in ${PROFILE_BATCHES:-1 64}; do
+            timeout 300 ncu --clock-control none --nvtx --nvtx-include "decode_step/" \
+                --metrics gpu__time_duration.sum --csv python3 "$ROOT/bench/decode_profile.py" \
+                --library "$BUILD/libnopad.so" --batch "$bb" --context 512 > "$OUT/profile_b$bb.csv" 2> "$OUT/profile_b$bb.err"
+            python3 - "$OUT/profile_b$bb.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+tot = collections.defaultdict(float); n = collections.Counter()
+for r in rows:
+    if r.get("Metric Name") != "gpu__time_duration.sum": continue
+    name = r["Kernel Name"].split("(")[0].split("<")[0][:60]
+    v = float(r["Metric Value"].replace(",", "")); unit = r["Metric Unit"]
+    tot[name] += v * {"nsecond": 1e-3, "ns": 1e-3, "msecond": 1e3, "ms": 1e3}.get(unit, 1.0)
+    n[name] += 1
+print(sys.argv[1], "kernels", sum(n.values()), "sum us %.1f" % sum(tot.values()))
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1]): print("  %8.1f us  %4d x  %s" % (v, n[k], k))
+PY
+        done
         ;;
     *) echo "unknown step $step" && status=1 ;;
     esac

@@ -28,7 +28,7 @@ TEXTS = [
 
 
 def logits_of(model, prompts, dtype):
-    m = model.to(dtype)
+    m = model.to(dtype)  # model.to, not .float(): transformers refuses .float() on a GGUF model
     out = []
     with torch.no_grad():
         for ids in prompts:
@@ -45,7 +45,6 @@ def measure(label, model, prompts):
         err = ((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)).max().item()
         top1 = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
         row[name] = {"max_row_rel_err": err, "top1": top1}
-    model.float()
     print(json.dumps(row), flush=True)
     return row
 

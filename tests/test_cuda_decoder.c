@@ -1,7 +1,9 @@
 /* Decoders on CUDA against the CPU (the reference, itself checked against HF in test_decoder).
  * First each decoder op of the op table on random data: random lengths (1 and 40 new tokens,
- * histories of 0 to 300), random block tables over a shuffled pool, blocks of 1 and 16, head sizes
- * 64, 80 and 128, GQA 4:1, llama3-scaled RoPE; fp16 within 2e-3, bf16 within 1e-2 row-relative.
+ * histories of 0 to 300), decode steps over histories up to 3000 (keys split across CTAs), prompts
+ * only (the fused causal path), random block tables over a shuffled pool, blocks of 1 and 16, head
+ * sizes 64, 80 and 128 with 4, 3 and 20 query heads per KV head, llama3-scaled RoPE; fp16 within
+ * 2e-3, bf16 within 1e-2 row-relative. The LM head's float32 GEMM within 1e-5.
  * Then whole models: the tiny HF fixtures and, when NOPAD_SMOLLM2_GGUF is set, SmolLM2 from its
  * GGUF. Every prompt is
  * run as a mix of steps on both backends (the prompts' first halves together in one step, their
@@ -173,7 +175,10 @@ static void test_decoder_ops(void **state) {
              * 300), decode (one new token each over histories of 0 to 3000: the keys split across
              * CTAs) and prompts only (no history: the fused causal attention) */
             const int hi = sc % 3, kind = sc / 3;
-            const int32_t D = head_sizes[hi], NH = 8, KVH = 2, dim = 256, V = 97, P = 4096;
+            /* query heads per KV head: 4; 3 (not a power of two); 20 (more than the 16 query
+             * vectors a CTA holds: two chunks of heads) */
+            const int32_t D = head_sizes[hi], NH = hi == 0 ? 8 : hi == 1 ? 9 : 20, KVH = hi == 0 ? 2 : hi == 1 ? 3 : 1;
+            const int32_t dim = 256, V = 97, P = 4096;
             const int32_t B = 6, BS = hi == 1 ? 1 : 16;
             int32_t cu[B + 1], seqlen[B], hist[B];
             cu[0] = 0;

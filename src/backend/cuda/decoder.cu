@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backend/cuda/attention/attention.h"
+#include "backend/cuda/attention/common.cuh"
 
 template <typename T>
 __global__ void embed_tokens_kernel(float *out, const int32_t *tokens, const int32_t *positions,
@@ -95,223 +96,216 @@ __global__ void kv_store_kernel(T *k_cache, T *v_cache, const T *qkv, const int3
 
 /* ---- causal attention over the paged cache ---------------------------------------------------
  *
- * One CTA takes a group of query rows of one sequence (R consecutive new tokens; 1 for a decode
- * step) and one KV head, with the G query heads that read it, so every key and value row is read
- * from memory once for all R·G query vectors. Keys come in tiles of PA_KEYS through shared
- * memory, the next tile's copy (cp.async) in flight while the current one is used:
- *   scores  s[q][k] = q·k·scale, masked past the row's position (causal) and the CTA's range;
- *   softmax a warp per query vector: the tile's max, the running (max, sum) and the rescale;
- *   values  acc[q][d] = acc·rescale + Σ_k p[q][k]·v[k][d], a thread per (q, 8 of d), threads
- *           left over splitting the keys and adding up at the end.
- * When few CTAs would face long histories (decode at small batch), blockIdx.z splits the keys
- * (flash-decoding): each split writes its (max, sum, unnormalised acc) to the workspace and
- * attention_combine_kernel merges them. Arithmetic is float32. */
-enum {
-    PA_THREADS = 128,
-    PA_KEYS = 32,         /* keys per tile (a warp's width: the softmax reads one key per lane) */
-    PA_PAD = 8,           /* elements of padding per shared K/V row: no bank conflicts */
-    PA_QD = 4096,         /* query vectors x head size a CTA aims at (R is chosen for it) */
-    PA_MAX_UNITS = 8,     /* (query vector, 8 of d) pairs a thread accumulates at most */
-};
+ * One CTA takes up to 16 query vectors that read the same KV head: R consecutive new tokens of one
+ * sequence (1 for a decode step) times the Gc query heads of that KV head it serves (grouped-query
+ * attention: every key and value row comes from memory once for all of them). The 16 vectors are
+ * one m16 tile of mma.sync, FlashAttention-2 style (mma.cu): S = Q·Kᵀ and O += P·V on tensor
+ * cores, the online softmax in fp32 registers. Its four warps split the CTA's keys: each walks
+ * every fourth 16-key tile, gathered from the paged cache through the block table with cp.async
+ * into its own double buffer (no CTA-wide barrier in the loop), and keeps its own (max, sum, O);
+ * the four are merged through shared memory at the end. When few CTAs would face long histories
+ * (decode at small batch), blockIdx.z also splits the keys across CTAs (flash-decoding): each
+ * split writes (max, sum, unnormalised O) to the workspace and attention_combine_kernel merges
+ * them. */
+enum { PA_WARPS = 4, PA_THREADS = 32 * PA_WARPS, PA_KEYS = 16, PA_QV = 16 };
 
-template <typename T>
 struct paged_args {
-    T *out;                  /* [T, n_heads·D] */
+    void *out;               /* [T, n_heads·D] */
     float *ws;               /* [T, n_heads, splits, D + 2] when splits > 1 */
-    const T *qkv, *k_cache, *v_cache;
+    const uint16_t *qkv, *k_cache, *v_cache;
     const int32_t *cu_q, *seqlen_k, *block_table;
-    int n_seqs, max_blocks, block_size, n_heads, n_kv_heads, head_size;
+    int n_seqs, max_blocks, block_size, n_heads, n_kv_heads;
     int rows;                /* R: query rows per CTA */
-    int tiles_per_split;
-    float scale;
+    int heads_per_cta;       /* Gc: query heads of one KV head per CTA (blockIdx.y: KV head x chunk) */
+    int keys_per_split;      /* a multiple of PA_KEYS */
+    float scale_log2;        /* scale · log2(e) */
 };
 
-/* a·b of 8 elements held as 16 bytes each */
-template <typename T>
-__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
-    const T *x = reinterpret_cast<const T *>(&a), *y = reinterpret_cast<const T *>(&b);
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) s += to_f32(x[j]) * to_f32(y[j]);
-    return s;
-}
+template <int D, bool BF16>
+__global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args a) {
+    constexpr int LDS = D + 8, DT = D / 8, KQ = D / 16, CH = D / 8;
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *sQ = smem;                                   /* [16][LDS] */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    uint16_t *sK = sQ + PA_QV * LDS + warp * 4 * PA_KEYS * LDS; /* this warp's [2][16][LDS] */
+    uint16_t *sV = sK + 2 * PA_KEYS * LDS;                 /* [2][16][LDS] */
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args<T> a) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int t0 = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int t0 = blockIdx.x, split = blockIdx.z, n_splits = gridDim.z;
+    const int G = a.n_heads / a.n_kv_heads, Gc = a.heads_per_cta;
+    const int chunks = (G + Gc - 1) / Gc;
+    const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * Gc, gc = min(Gc, G - g0);
     const int b = sequence_of(a.cu_q, a.n_seqs, t0);
     const int q0 = a.cu_q[b], n_new = a.cu_q[b + 1] - q0;
     if ((t0 - q0) % a.rows != 0) return; /* not the first row of a group: another CTA's */
-    const int G = a.n_heads / a.n_kv_heads, D = a.head_size, DV = D / 8, LD = D + PA_PAD;
-    const int QV = a.rows * G;                    /* query vectors the shared memory holds */
     const int n_rows = min(a.rows, q0 + n_new - t0);
-    const int nq = n_rows * G;                    /* query vectors of this CTA */
     const int pos0 = a.seqlen_k[b] - n_new + (t0 - q0); /* the first row's position */
-    const int key_begin = split * a.tiles_per_split * PA_KEYS;
-    const int key_end = min((split + 1) * a.tiles_per_split * PA_KEYS, pos0 + n_rows);
-
-    T *q_s = reinterpret_cast<T *>(smem);                      /* [QV][D] */
-    T *k_s = q_s + (size_t)QV * D;                             /* [2][PA_KEYS][LD] */
-    T *v_s = k_s + 2 * PA_KEYS * LD;                           /* [2][PA_KEYS][LD] */
-    float *s_s = reinterpret_cast<float *>(v_s + 2 * PA_KEYS * LD); /* [QV][PA_KEYS] */
-    float *m_s = s_s + QV * PA_KEYS, *l_s = m_s + QV, *c_s = l_s + QV; /* [QV] each */
-    float *red = c_s + QV;                                     /* [PA_THREADS][8] */
-
+    const int key_begin = split * a.keys_per_split;
+    const int key_end = min(key_begin + a.keys_per_split, pos0 + n_rows);
     const size_t row_stride = (size_t)(a.n_heads + 2 * a.n_kv_heads) * D;
+    /* query vector qi = r·Gc + g: row t0 + r, head kvh·G + g0 + g */
+    auto vector_ok = [&](int qi) { return qi / Gc < n_rows && qi % Gc < gc; };
+
     if (key_begin >= key_end) { /* this split lies past every row's keys: an empty partial */
-        for (int i = tid; i < nq; i += PA_THREADS) {
-            const int r = i / G, h = kvh * G + i % G;
-            float *part = a.ws + (((size_t)(t0 + r) * a.n_heads + h) * n_splits + split) * (D + 2);
+        if (tid < PA_QV && vector_ok(tid)) {
+            const int h = kvh * G + g0 + tid % Gc;
+            float *part = a.ws + (((size_t)(t0 + tid / Gc) * a.n_heads + h) * n_splits + split) * (D + 2);
             part[0] = -INFINITY;
             part[1] = 0.0f;
         }
         return;
     }
+    for (int i = tid; i < PA_QV * CH; i += PA_THREADS) {
+        const int qi = i / CH, c = i % CH;
+        const bool ok = vector_ok(qi);
+        const uint16_t *src = ok ? a.qkv + (size_t)(t0 + qi / Gc) * row_stride +
+                                       (size_t)(kvh * G + g0 + qi % Gc) * D + c * 8
+                                 : a.qkv;
+        cp_async16(sQ + qi * LDS + c * 8, src, ok);
+    }
     const int32_t *blocks = a.block_table + (size_t)b * a.max_blocks;
     const int bs = a.block_size;
-    auto load_tile = [&](int key0, int buf) {
-        T *kd = k_s + buf * PA_KEYS * LD, *vd = v_s + buf * PA_KEYS * LD;
-        for (int i = tid; i < PA_KEYS * DV; i += PA_THREADS) {
-            const int k = i / DV, c = i % DV, j = key0 + k;
-            const bool valid = j < key_end;
-            const size_t slot = valid ? (size_t)blocks[j / bs] * bs + j % bs : 0;
+    auto load_tile = [&](int key0, int buf) { /* this warp's 16 keys from key0, K and V */
+        for (int i = lane; i < PA_KEYS * CH; i += 32) {
+            const int k = i / CH, c = i % CH, j = key0 + k;
+            const bool ok = j < key_end;
+            const size_t slot = ok ? (size_t)blocks[j / bs] * bs + j % bs : 0;
             const size_t off = (slot * a.n_kv_heads + kvh) * D + c * 8;
-            cp_async16(kd + k * LD + c * 8, a.k_cache + off, valid);
-            cp_async16(vd + k * LD + c * 8, a.v_cache + off, valid);
+            cp_async16(sK + (buf * PA_KEYS + k) * LDS + c * 8, a.k_cache + off, ok);
+            cp_async16(sV + (buf * PA_KEYS + k) * LDS + c * 8, a.v_cache + off, ok);
         }
-        cp_async_commit();
     };
-    load_tile(key_begin, 0);
-    for (int i = tid; i < QV * DV; i += PA_THREADS) {
-        const int qi = i / DV, c = i % DV;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (qi < nq) {
-            const int r = qi / G, h = kvh * G + qi % G;
-            v = *reinterpret_cast<const uint4 *>(a.qkv + (size_t)(t0 + r) * row_stride + (size_t)h * D + c * 8);
-        }
-        *reinterpret_cast<uint4 *>(q_s + (size_t)qi * D + c * 8) = v;
-    }
-    for (int i = tid; i < QV; i += PA_THREADS) {
-        m_s[i] = -INFINITY;
-        l_s[i] = 0.0f;
-    }
-
-    /* the (query vector, 8 of d) units of the value phase: each thread a few, or, when there are
-     * fewer units than threads, n_ksub threads a unit, each summing every n_ksub-th key */
-    const int units = QV * DV;
-    const int n_ksub = units >= PA_THREADS ? 1 : PA_THREADS / units;
-    const int ksub = units >= PA_THREADS ? 0 : tid / units;
-    const bool active = tid < units * n_ksub;
-    float acc[PA_MAX_UNITS][8];
-#pragma unroll
-    for (int u = 0; u < PA_MAX_UNITS; u++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[u][e] = 0.0f;
-
     const int n_tiles = (key_end - key_begin + PA_KEYS - 1) / PA_KEYS;
-    for (int it = 0; it < n_tiles; it++) {
-        const int buf = it & 1, key0 = key_begin + it * PA_KEYS;
-        if (it + 1 < n_tiles) {
-            load_tile(key0 + PA_KEYS, buf ^ 1);
+    if (warp < n_tiles) load_tile(key_begin + warp * PA_KEYS, 0);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads(); /* Q visible to every warp */
+    uint32_t qf[KQ][4];
+#pragma unroll
+    for (int kk = 0; kk < KQ; kk++) ldmatrix_x4(qf[kk], sQ + (lane & 15) * LDS + kk * 16 + (lane >> 4) * 8);
+
+    float o[DT][4];
+#pragma unroll
+    for (int t = 0; t < DT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    /* this thread's two rows of S: query vectors lane/4 and lane/4 + 8 */
+    int row_pos[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int qi = lane / 4 + r * 8;
+        row_pos[r] = vector_ok(qi) ? pos0 + qi / Gc : -1; /* -1: a padding row, every key masked */
+    }
+    for (int it = 0, j = warp; j < n_tiles; it++, j += PA_WARPS) {
+        const int buf = it & 1;
+        if (j + PA_WARPS < n_tiles) {
+            load_tile(key_begin + (j + PA_WARPS) * PA_KEYS, buf ^ 1);
+            cp_async_commit();
             cp_async_wait_group<1>();
         } else {
             cp_async_wait_group<0>();
         }
-        __syncthreads();
-        const T *kb = k_s + buf * PA_KEYS * LD, *vb = v_s + buf * PA_KEYS * LD;
-        { /* scores: a key per thread, query vectors strided over the thread's group */
-            const int k = tid % PA_KEYS, j = key0 + k;
-            const T *kr = kb + k * LD;
-            for (int qi = tid / PA_KEYS; qi < QV; qi += PA_THREADS / PA_KEYS) {
-                float s = -INFINITY;
-                if (qi < nq && j < key_end && j <= pos0 + qi / G) {
-                    float d = 0.0f;
-                    for (int c = 0; c < DV; c++)
-                        d += dot8<T>(*reinterpret_cast<const uint4 *>(kr + c * 8),
-                                     *reinterpret_cast<const uint4 *>(q_s + (size_t)qi * D + c * 8));
-                    s = d * a.scale;
-                }
-                s_s[qi * PA_KEYS + k] = s;
+        __syncwarp();
+        const uint16_t *k_s = sK + buf * PA_KEYS * LDS, *v_s = sV + buf * PA_KEYS * LDS;
+        float s[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; t++) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KQ; kk++) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, k_s + ((lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+            mma16816<BF16>(s[0], qf[kk], bf[0], bf[1]);
+            mma16816<BF16>(s[1], qf[kk], bf[2], bf[3]);
+        }
+        const int key0 = key_begin + j * PA_KEYS;
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = key0 + t * 8 + (lane & 3) * 2 + (e & 1);
+                if (key >= key_end || key > row_pos[e >> 1]) s[t][e] = -INFINITY;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) { /* online softmax: the 4 threads of a quad share a row */
+            float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new * a.scale_log2;
+            const float alpha = fast_exp2(fmaf(m_run[r], a.scale_log2, -m_use));
+            m_run[r] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                s[t][2 * r] = fast_exp2(fmaf(s[t][2 * r], a.scale_log2, -m_use));
+                s[t][2 * r + 1] = fast_exp2(fmaf(s[t][2 * r + 1], a.scale_log2, -m_use));
+                sum += s[t][2 * r] + s[t][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+            for (int t = 0; t < DT; t++) {
+                o[t][2 * r] *= alpha;
+                o[t][2 * r + 1] *= alpha;
             }
         }
-        __syncthreads();
-        for (int qi = warp; qi < nq; qi += PA_THREADS / 32) { /* online softmax, a warp each */
-            const float s = s_s[qi * PA_KEYS + lane];
-            const float m_old = m_s[qi], m_new = fmaxf(m_old, warp_max(s));
-            const float p = m_new == -INFINITY ? 0.0f : __expf(s - m_new);
-            const float corr = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
-            s_s[qi * PA_KEYS + lane] = p;
-            const float sum = warp_sum(p);
-            if (lane == 0) {
-                m_s[qi] = m_new;
-                l_s[qi] = l_s[qi] * corr + sum;
-                c_s[qi] = corr;
-            }
-        }
-        __syncthreads();
-        if (active) {
-#pragma unroll
-            for (int u = 0; u < PA_MAX_UNITS; u++) {
-                const int unit = n_ksub > 1 ? tid % units : tid + u * PA_THREADS;
-                if ((n_ksub > 1 && u > 0) || unit >= units) break;
-                const int qi = unit / DV, c = unit % DV;
-                if (qi >= nq) continue;
-                const float corr = c_s[qi];
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[u][e] *= corr;
-                for (int k = ksub; k < PA_KEYS; k += n_ksub) {
-                    const float p = s_s[qi * PA_KEYS + k];
-                    if (p == 0.0f) continue;
-                    const uint4 raw = *reinterpret_cast<const uint4 *>(vb + k * LD + c * 8);
-                    const T *v = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[u][e] += p * to_f32(v[e]);
-                }
-            }
-        }
-        __syncthreads(); /* the next tile's copy goes into the buffer just read */
+        mma_pv_step<BF16, D>(o, s[0], s[1], v_s, LDS, lane);
+        __syncwarp(); /* every lane is done with this buffer before the next tile's copy into it */
     }
 
-    if (n_ksub > 1) { /* add up the key subsets of each unit */
-        if (active)
+    /* merge the four warps: (max, sum, O) of each into shared memory (the K/V buffers, free now) */
+    __syncthreads();
+    float *sm_m = reinterpret_cast<float *>(sQ + PA_QV * LDS); /* [warps][16] */
+    float *sm_l = sm_m + PA_WARPS * PA_QV;                     /* [warps][16] */
+    float *sm_o = sm_l + PA_WARPS * PA_QV;                     /* [warps][16][D] */
 #pragma unroll
-            for (int e = 0; e < 8; e++) red[tid * 8 + e] = acc[0][e];
-        __syncthreads();
-        if (tid < units)
-            for (int k = 1; k < n_ksub; k++)
+    for (int r = 0; r < 2; r++) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int qi = lane / 4 + r * 8;
+        if ((lane & 3) == 0) {
+            sm_m[warp * PA_QV + qi] = m_run[r];
+            sm_l[warp * PA_QV + qi] = l;
+        }
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[0][e] += red[(tid + k * units) * 8 + e];
+        for (int t = 0; t < DT; t++) {
+            const int col = t * 8 + (lane & 3) * 2;
+            sm_o[(warp * PA_QV + qi) * D + col] = o[t][2 * r];
+            sm_o[(warp * PA_QV + qi) * D + col + 1] = o[t][2 * r + 1];
+        }
     }
-    const int n_own = n_ksub > 1 ? (tid < units ? 1 : 0) : PA_MAX_UNITS;
+    __syncthreads();
+    for (int i = tid; i < PA_QV * CH; i += PA_THREADS) {
+        const int qi = i / CH, c = i % CH;
+        if (!vector_ok(qi)) continue;
+        float M = -INFINITY;
 #pragma unroll
-    for (int u = 0; u < PA_MAX_UNITS; u++) {
-        const int unit = n_ksub > 1 ? tid : tid + u * PA_THREADS;
-        if (u >= n_own || unit >= units) break;
-        const int qi = unit / DV, c = unit % DV;
-        if (qi >= nq) continue;
-        const int r = qi / G, h = kvh * G + qi % G;
-        const size_t t = (size_t)t0 + r;
+        for (int w = 0; w < PA_WARPS; w++) M = fmaxf(M, sm_m[w * PA_QV + qi]);
+        float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < PA_WARPS; w++) {
+                const float mw = sm_m[w * PA_QV + qi];
+                if (mw == -INFINITY) continue;
+                const float f = fast_exp2((mw - M) * a.scale_log2);
+                L += sm_l[w * PA_QV + qi] * f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] += sm_o[(w * PA_QV + qi) * D + c * 8 + e] * f;
+            }
+        }
+        const size_t t = (size_t)t0 + qi / Gc;
+        const int h = kvh * G + g0 + qi % Gc;
         if (n_splits == 1) {
-            const float inv = 1.0f / l_s[qi];
-            float o[8];
+            const float inv = row_sum_inverse(L);
 #pragma unroll
-            for (int e = 0; e < 8; e++) o[e] = acc[u][e] * inv;
-            store_vec<T, 8>(a.out + t * a.n_heads * D + (size_t)h * D + c * 8, o);
+            for (int e = 0; e < 8; e++) acc[e] *= inv;
+            *reinterpret_cast<uint4 *>(reinterpret_cast<uint16_t *>(a.out) + t * a.n_heads * D + (size_t)h * D +
+                                       c * 8) = pack8<BF16>(acc);
         } else {
             float *part = a.ws + ((t * a.n_heads + h) * n_splits + split) * (D + 2);
 #pragma unroll
-            for (int e = 0; e < 8; e++) part[2 + c * 8 + e] = acc[u][e];
-            if (c == 0) {
-                part[0] = m_s[qi];
-                part[1] = l_s[qi];
+            for (int e = 0; e < 8; e++) part[2 + c * 8 + e] = acc[e];
+            if (c == 0) { /* the max in natural-log units of the scaled scores, as the merge reads it */
+                part[0] = M == -INFINITY ? -INFINITY : M * a.scale_log2 * 0.6931471805599453f;
+                part[1] = L;
             }
         }
     }
@@ -433,35 +427,42 @@ extern "C" nopad_status cuda_dec_kv_store(nopad_dtype dtype, void *k_cache, void
                    kv_store_t<__nv_bfloat16>(k_cache, v_cache, qkv, slots, n_tokens, n_heads, n_kv_heads, head_size, s));
 }
 
-/* The launch shape of the paged attention for kv: rows per CTA, key splits, shared memory. */
+/* The launch shape of the paged attention for kv: query rows and heads per CTA, key splits. */
 typedef struct paged_plan {
-    int rows, splits, tiles_per_split;
+    int rows, heads_per_cta, chunks, splits, keys_per_split;
     size_t smem;
 } paged_plan;
 
-static paged_plan plan_paged(const nopad_kv_batch *kv, int n_heads, int n_kv_heads, int head_size,
-                             size_t elem) {
+static paged_plan plan_paged(const nopad_kv_batch *kv, int n_heads, int n_kv_heads, int head_size) {
     paged_plan p;
     const int G = n_heads / n_kv_heads;
-    p.rows = PA_QD / head_size / G;
+    p.heads_per_cta = G < PA_QV ? G : PA_QV;
+    p.chunks = (G + p.heads_per_cta - 1) / p.heads_per_cta;
+    p.rows = PA_QV / p.heads_per_cta;
     if (p.rows > kv->max_q) p.rows = kv->max_q;
     if (p.rows < 1) p.rows = 1;
-    const int qv = p.rows * G;
     /* CTAs that hold rows; the keys are split until there are about 4 a SM */
     const long groups = kv->max_q <= 1 ? kv->n_seqs
                                         : (long)kv->n_seqs * ((kv->max_q + p.rows - 1) / p.rows);
-    const long ctas = (groups < kv->n_tokens ? groups : kv->n_tokens) * (long)n_kv_heads;
+    const long ctas = (groups < kv->n_tokens ? groups : kv->n_tokens) * (long)n_kv_heads * p.chunks;
     const int n_tiles = kv->max_k > 0 ? (kv->max_k + PA_KEYS - 1) / PA_KEYS : 1;
     const long target = 4L * cuda_sm_count();
     long want = (target + ctas - 1) / ctas;
-    if (want > n_tiles) want = n_tiles;
+    /* at least one tile per warp in a split */
+    const long most = (n_tiles + PA_WARPS - 1) / PA_WARPS;
+    if (want > most) want = most;
     if (want < 1) want = 1;
-    p.tiles_per_split = (int)((n_tiles + want - 1) / want);
-    p.splits = (n_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
-    p.smem = (size_t)qv * head_size * elem + 4 * (size_t)PA_KEYS * (head_size + PA_PAD) * elem +
-             ((size_t)qv * PA_KEYS + 3 * (size_t)qv + PA_THREADS * 8) * sizeof(float);
+    const int tiles_per_split = (int)((n_tiles + want - 1) / want);
+    p.keys_per_split = tiles_per_split * PA_KEYS;
+    p.splits = (n_tiles + tiles_per_split - 1) / tiles_per_split;
+    const size_t lds = (size_t)head_size + 8;
+    const size_t kv_bytes = (size_t)PA_WARPS * 4 * PA_KEYS * lds * 2;
+    const size_t merge_bytes = (size_t)PA_WARPS * PA_QV * (2 + head_size) * sizeof(float);
+    p.smem = (size_t)PA_QV * lds * 2 + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
     return p;
 }
+
+static bool paged_head_size(int d) { return d == 32 || d == 48 || d == 64 || d == 80 || d == 96 || d == 128; }
 
 /* Whether the prompts-only path takes this step: the fused causal attention of the encoder over the
  * new tokens (tensor cores), for head sizes it has. */
@@ -480,7 +481,7 @@ extern "C" void cuda_dec_attention_workspace(const nopad_kv_batch *kv, nopad_dty
         if (n_heads != n_kv_heads) *expand_bytes = (size_t)kv->n_tokens * 3 * n_heads * head_size * elem;
         return;
     }
-    const paged_plan p = plan_paged(kv, n_heads, n_kv_heads, head_size, elem);
+    const paged_plan p = plan_paged(kv, n_heads, n_kv_heads, head_size);
     if (p.splits > 1)
         *split_bytes = (size_t)kv->n_tokens * n_heads * p.splits * (head_size + 2) * sizeof(float);
 }
@@ -518,19 +519,13 @@ static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
                               out, packed, kv->cu_q, kv->n_seqs, kv->n_tokens, kv->max_q, n_heads,
                               head_size, scale, 1, ws->attention, s);
     }
-    const paged_plan p = plan_paged(kv, n_heads, n_kv_heads, head_size, sizeof(T));
-    static bool big_smem_set = false; /* per instantiation: the opt-in beyond 48 KB, once */
-    if (!big_smem_set) {
-        cudaFuncSetAttribute(paged_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             160 * 1024);
-        big_smem_set = true;
-    }
-    paged_args<T> a;
-    a.out = (T *)out;
+    const paged_plan p = plan_paged(kv, n_heads, n_kv_heads, head_size);
+    paged_args a;
+    a.out = out;
     a.ws = ws->split;
-    a.qkv = (const T *)qkv;
-    a.k_cache = (const T *)k_cache;
-    a.v_cache = (const T *)v_cache;
+    a.qkv = (const uint16_t *)qkv;
+    a.k_cache = (const uint16_t *)k_cache;
+    a.v_cache = (const uint16_t *)v_cache;
     a.cu_q = kv->cu_q;
     a.seqlen_k = kv->seqlen_k;
     a.block_table = kv->block_table;
@@ -539,12 +534,32 @@ static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
     a.block_size = kv->block_size;
     a.n_heads = n_heads;
     a.n_kv_heads = n_kv_heads;
-    a.head_size = head_size;
     a.rows = p.rows;
-    a.tiles_per_split = p.tiles_per_split;
-    a.scale = scale;
-    dim3 grid((unsigned)kv->n_tokens, (unsigned)n_kv_heads, (unsigned)p.splits);
-    paged_attention_kernel<T><<<grid, PA_THREADS, p.smem, s>>>(a);
+    a.heads_per_cta = p.heads_per_cta;
+    a.keys_per_split = p.keys_per_split;
+    a.scale_log2 = scale * 1.4426950408889634f;
+    constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
+    void (*kernel)(paged_args) = nullptr;
+    switch (head_size) {
+    case 32: kernel = paged_attention_kernel<32, BF16>; break;
+    case 48: kernel = paged_attention_kernel<48, BF16>; break;
+    case 64: kernel = paged_attention_kernel<64, BF16>; break;
+    case 80: kernel = paged_attention_kernel<80, BF16>; break;
+    case 96: kernel = paged_attention_kernel<96, BF16>; break;
+    default: kernel = paged_attention_kernel<128, BF16>; break;
+    }
+    if (p.smem > 48 * 1024) {
+        /* above 48 KB a kernel opts in, once per head size (and so never inside a graph capture
+         * after the first call) */
+        static bool opted[6];
+        const int slot = head_size / 16 - 2 < 6 ? head_size / 16 - 2 : 5;
+        if (!opted[slot]) {
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
+            opted[slot] = true;
+        }
+    }
+    dim3 grid((unsigned)kv->n_tokens, (unsigned)(n_kv_heads * p.chunks), (unsigned)p.splits);
+    kernel<<<grid, PA_THREADS, p.smem, s>>>(a);
     nopad_status st = launch_status("attention_paged");
     if (st != NOPAD_OK || p.splits == 1) return st;
     attention_combine_kernel<T><<<dim3((unsigned)kv->n_tokens, (unsigned)n_heads), 64, 0, s>>>(
@@ -560,13 +575,11 @@ extern "C" nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, c
                                                  void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (kv->n_tokens == 0) return NOPAD_OK;
-    if (head_size % 8 != 0 || head_size > 256 || n_kv_heads < 1 || n_heads % n_kv_heads != 0 ||
-        (n_heads / n_kv_heads) * head_size > PA_MAX_UNITS * 8 * PA_THREADS)
+    if (!paged_head_size(head_size) || n_kv_heads < 1 || n_heads % n_kv_heads != 0)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "cuda attention_paged: head size %d (a multiple of 8, at most 256), "
-                               "%d heads over %d KV heads (query heads per KV head x head size at "
-                               "most %d)",
-                               head_size, n_heads, n_kv_heads, PA_MAX_UNITS * 8 * PA_THREADS);
+                               "cuda attention_paged: head size %d (32, 48, 64, 80, 96 or 128), %d "
+                               "heads over %d KV heads (a whole number of query heads each)",
+                               head_size, n_heads, n_kv_heads);
     DISPATCH_DTYPE(dtype, attention_t<__half>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, workspace, s),
                    attention_t<__nv_bfloat16>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, workspace, s));
 }

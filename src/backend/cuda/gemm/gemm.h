@@ -47,9 +47,11 @@ int32_t cuda_gemm_skinny_max_tokens(void);
 void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens);
 
 /* Whether the linear op takes the skinny GEMM for this shape: every supported shape within
- * cuda_gemm_skinny_max_tokens(). Alone it beats the library path only at K >= 2·N, yet taking it
- * for every GEMM of the forward is faster than taking it only where it wins alone (consecutive
- * skinny kernels fetch their weights while the one before finishes; docs/gemm.md). */
+ * cuda_gemm_skinny_max_tokens() whose smaller side (K or N) is at most 1024, the BERT-family
+ * layers. Alone it beats the library path only at K >= 2·N, yet taking it for every GEMM of an
+ * encoder forward is faster than taking it only where it wins alone (consecutive skinny kernels
+ * fetch their weights while the one before finishes); a decoder's wider layers (LLaMA-1B: K and
+ * N >= 2048) run faster on cuBLASLt (docs/gemm.md). */
 int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out);
 
 #ifdef __cplusplus
