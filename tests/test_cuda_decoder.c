@@ -255,7 +255,7 @@ static void test_decoder_ops(void **state) {
                 close_or_fail(rms ? "norm rms" : "norm layernorm", di, got, want, T, dim);
                 free(got);
             }
-            /* residual_add into the float32 stream, then gather_rows of it */
+            /* residual_add into the float32 stream; add_norm: another add, then the norm */
             float *xr = rnd((size_t)T * dim, -1, 1, &rng);
             void *dxr = test_to_device(gpu, xr, (size_t)T * dim);
             assert_nopad_ok(gpu->residual_add(gpu, dx32, dxr, T, dim));
@@ -263,6 +263,16 @@ static void test_decoder_ops(void **state) {
             float *got = host_raw32(dx32, (size_t)T * dim);
             close_or_fail("residual_add", di, got, x32, T, dim);
             free(got);
+            for (int rms = 0; rms < 2; rms++) {
+                assert_nopad_ok(gpu->add_norm(gpu, dnorm, dx32, dxr, dw, rms ? NULL : db, 1e-5f, T, dim, rms));
+                assert_nopad_ok(cpu->add_norm(cpu, want, x32, xr, w, rms ? NULL : bb, 1e-5f, T, dim, rms));
+                got = host_raw32(dx32, (size_t)T * dim);
+                close_or_fail(rms ? "add_norm rms (stream)" : "add_norm layernorm (stream)", di, got, x32, T, dim);
+                free(got);
+                got = host_dtype(gpu, dnorm, (size_t)T * dim);
+                close_or_fail(rms ? "add_norm rms (normed)" : "add_norm layernorm (normed)", di, got, want, T, dim);
+                free(got);
+            }
             void *dlast;
             assert_nopad_ok(gpu->alloc(gpu, (size_t)B * dim * 4, &dlast));
             assert_nopad_ok(gpu->gather_rows(gpu, dlast, dx32, drows, B, dim));
@@ -298,7 +308,8 @@ static void test_decoder_ops(void **state) {
             gpu->free(gpu, dgw);
             gpu->free(gpu, dg32);
             free(gx); free(gw); free(gx_r); free(gw_r); free(gwant);
-            /* rope on the Q and K heads */
+            /* rope_kv_store: rotary embeddings on the Q and K heads (llama3 scaling for head size
+             * 128; none, as GPT-2, for 64), then K and V into random caches */
             const int32_t row = (NH + 2 * KVH) * D;
             float *qkv = rnd((size_t)T * row, -2, 2, &rng);
             model_config cfg = {0};
@@ -311,22 +322,35 @@ static void test_decoder_ops(void **state) {
             cfg.rope.original_max_positions = 64;
             float inv[64];
             decoder_rope_inv_freq(&cfg, inv);
+            const int rotate = hi != 0;
             void *dinv = dev_raw32(gpu, inv, (size_t)D / 2), *dqkv = test_to_device(gpu, qkv, (size_t)T * row);
-            assert_nopad_ok(gpu->rope(gpu, dqkv, dpos, T, NH, KVH, D, dinv));
-            assert_nopad_ok(cpu->rope(cpu, qkv, positions, T, NH, KVH, D, inv));
-            got = host_dtype(gpu, dqkv, (size_t)T * row);
-            snprintf(what, sizeof what, "rope D=%d%s", D, hi == 2 ? " llama3" : "");
-            close_or_fail(what, di, got, qkv, (int64_t)T * (NH + 2 * KVH), D);
-            memcpy(qkv, got, (size_t)T * row * sizeof *qkv); /* both continue from the GPU's values */
-            free(got);
-            /* random caches, then kv_store of the new tokens, then paged attention */
+            float *qkv_r = host_dtype(gpu, dqkv, (size_t)T * row); /* the same rounded input on the CPU */
+            memcpy(qkv, qkv_r, (size_t)T * row * sizeof *qkv);
+            free(qkv_r);
             const size_t cache_n = (size_t)n_blocks * BS * KVH * D;
             float *kc = rnd(cache_n, -2, 2, &rng), *vc = rnd(cache_n, -2, 2, &rng);
             void *dkc = test_to_device(gpu, kc, cache_n), *dvc = test_to_device(gpu, vc, cache_n);
-            assert_nopad_ok(gpu->kv_store(gpu, dkc, dvc, dqkv, dslots, T, NH, KVH, D));
-            assert_nopad_ok(cpu->kv_store(cpu, kc, vc, qkv, slots, T, NH, KVH, D));
+            float *kc_r = host_dtype(gpu, dkc, cache_n), *vc_r = host_dtype(gpu, dvc, cache_n);
+            memcpy(kc, kc_r, cache_n * sizeof *kc);
+            memcpy(vc, vc_r, cache_n * sizeof *vc);
+            free(kc_r);
+            free(vc_r);
+            assert_nopad_ok(gpu->rope_kv_store(gpu, dqkv, dkc, dvc, dpos, dslots, T, NH, KVH, D, rotate ? dinv : NULL));
+            assert_nopad_ok(cpu->rope_kv_store(cpu, qkv, kc, vc, positions, slots, T, NH, KVH, D, rotate ? inv : NULL));
+            got = host_dtype(gpu, dqkv, (size_t)T * row);
+            snprintf(what, sizeof what, "rope_kv_store D=%d%s (qkv)", D, hi == 2 ? " llama3" : rotate ? "" : " no rope");
+            close_or_fail(what, di, got, qkv, (int64_t)T * (NH + 2 * KVH), D);
+            memcpy(qkv, got, (size_t)T * row * sizeof *qkv); /* both continue from the GPU's values */
+            free(got);
             got = host_dtype(gpu, dkc, cache_n);
-            close_or_fail("kv_store (K cache)", di, got, kc, (int64_t)(cache_n / D), D);
+            close_or_fail("rope_kv_store (K cache)", di, got, kc, (int64_t)(cache_n / D), D);
+            free(got);
+            got = host_dtype(gpu, dvc, cache_n);
+            close_or_fail("rope_kv_store (V cache)", di, got, vc, (int64_t)(cache_n / D), D);
+            memcpy(vc, got, cache_n * sizeof *vc);
+            free(got);
+            got = host_dtype(gpu, dkc, cache_n);
+            memcpy(kc, got, cache_n * sizeof *kc);
             free(got);
             const nopad_kv_batch hkv = {.n_seqs = B, .n_tokens = T, .max_q = max_q, .max_k = max_k,
                                         .no_history = kind == 2, .cu_q = cu, .seqlen_k = seqlen,

@@ -49,8 +49,8 @@ typedef enum nopad_op {
     NOPAD_OP_ATTENTION,
     NOPAD_OP_POOL,     /* pool and l2_normalize */
     NOPAD_OP_GRAPH,    /* recording and replaying a sequence of ops (graph_run) */
-    NOPAD_OP_DECODER,  /* embed_tokens, norm, residual_add, rope, kv_store, attention_paged, swiglu,
-                          gather_rows */
+    NOPAD_OP_DECODER,  /* embed_tokens, norm, residual_add, add_norm, rope_kv_store,
+                          attention_paged, swiglu, gather_rows, gemm_f32 */
 } nopad_op;
 
 /* A decoder step's view of its sequences' KV history in the paged cache. The cache of one layer
@@ -197,18 +197,20 @@ struct nopad_backend {
     /* h32[T, dim] += x[T, dim] (x in the backend's dtype). */
     nopad_status (*residual_add)(nopad_backend *be, float *h32, const void *x, int32_t n_tokens,
                                  int32_t dim);
-    /* Rotary embeddings in place on the Q and K heads of qkv [T, n_heads + 2·n_kv_heads,
-     * head_size] (Q heads, then K, then V), HF's rotate_half convention: for i < head_size/2 the
-     * pair (x[i], x[i + head_size/2]) turns by positions[t]·inv_freq[i]. inv_freq [head_size/2]
-     * float32 in backend memory. */
-    nopad_status (*rope)(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
-                         int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
-                         const float *inv_freq);
-    /* Copies the K and V heads of qkv (layout as for rope) into k_cache / v_cache [slots,
-     * n_kv_heads, head_size] at slots[t]. */
-    nopad_status (*kv_store)(nopad_backend *be, void *k_cache, void *v_cache, const void *qkv,
-                             const int32_t *slots, int32_t n_tokens, int32_t n_heads,
-                             int32_t n_kv_heads, int32_t head_size);
+    /* h32 += x, then out = norm(h32) as `norm` computes it: a sub-layer's output joins the
+     * residual stream and the next sub-layer's input is normed, in one pass. */
+    nopad_status (*add_norm)(nopad_backend *be, void *out, float *h32, const void *x,
+                             const void *w, const void *b, float eps, int32_t n_tokens,
+                             int32_t dim, int rms);
+    /* qkv [T, n_heads + 2·n_kv_heads, head_size] (Q heads, then K, then V): when inv_freq is not
+     * NULL, rotary embeddings in place on the Q and K heads, HF's rotate_half convention (for
+     * i < head_size/2 the pair (x[i], x[i + head_size/2]) turns by positions[t]·inv_freq[i];
+     * inv_freq [head_size/2] float32 in backend memory); then the K and V heads are copied into
+     * k_cache / v_cache [slots, n_kv_heads, head_size] at slots[t]. */
+    nopad_status (*rope_kv_store)(nopad_backend *be, void *qkv, void *k_cache, void *v_cache,
+                                  const int32_t *positions, const int32_t *slots,
+                                  int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                  int32_t head_size, const float *inv_freq);
     /* out[T, n_heads·head_size]: causal attention of the Q heads of qkv over each sequence's
      * paged keys and values (nopad_kv_batch); query head h reads KV head h / (n_heads /
      * n_kv_heads) (grouped-query attention). */

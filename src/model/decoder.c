@@ -1,10 +1,10 @@
 /* The decoder graph, one loop over layers on the op table:
  *
  *   h = embed(tokens) (+ learned positions, GPT-2)
- *   per layer:  xn = norm1(h); qkv = xn·Wqkvᵀ (+b); rope(q, k) (LLaMA); kv_store(k, v)
+ *   per layer:  xn = norm1(h); qkv = xn·Wqkvᵀ (+b); rope(q, k) (LLaMA) and store k, v
  *               attn = causal paged attention(q; the sequence's cached keys and values)
- *               h = attn·Woᵀ (+b) + h
- *               xn = norm2(h); h = down(act(up(xn))) + h      (LLaMA: silu(gate)·up)
+ *               h = attn·Woᵀ (+b) + h; xn = norm2(h)                  (one add_norm)
+ *               h = down(act(up(xn))) + h; xn = next layer's norm1(h)  (LLaMA: silu(gate)·up)
  *   logits = final_norm(h[rows])·lm_headᵀ, rows = each sequence's last new token (or all)
  *
  * A step is packed: T new tokens of B sequences, whatever each brings (a prompt chunk, one
@@ -161,19 +161,19 @@ static nopad_status step_forward(void *ctx) {
                          cfg->max_position_embeddings, w->tok_emb, w->pos_emb, H));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
     const float scale = 1.0f / sqrtf((float)D);
+    /* a sub-layer's output joins h32 in the same pass that norms the next sub-layer's input */
+    TRY(be->norm(be, s->xn, s->h, w->layers[0].norm1_w, w->layers[0].norm1_b, eps, T, H, rms));
     for (int32_t l = 0; l < cfg->num_layers; l++) {
         const decoder_layer *L = &w->layers[l];
-        TRY(be->norm(be, s->xn, s->h, L->norm1_w, L->norm1_b, eps, T, H, rms));
         TRY(be->gemm(be, s->qkv, s->xn, L->qkv_w, L->qkv_b, NULL, T, H, qkv_dim,
                      L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        if (llama) TRY(be->rope(be, s->qkv, c->d_pos, T, nh, kvh, D, w->inv_freq));
-        TRY(be->kv_store(be, s->k_cache[l], s->v_cache[l], s->qkv, c->d_slots, T, nh, kvh, D));
+        TRY(be->rope_kv_store(be, s->qkv, s->k_cache[l], s->v_cache[l], c->d_pos, c->d_slots, T, nh,
+                              kvh, D, llama ? w->inv_freq : NULL));
         TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
                                 kvh, D, scale));
         TRY(be->gemm(be, s->tmp, s->attn, L->o_w, L->o_b, NULL, T, nh * D, H,
                      L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        TRY(be->residual_add(be, s->h, s->tmp, T, H));
-        TRY(be->norm(be, s->xn, s->h, L->norm2_w, L->norm2_b, eps, T, H, rms));
+        TRY(be->add_norm(be, s->xn, s->h, s->tmp, L->norm2_w, L->norm2_b, eps, T, H, rms));
         if (llama) {
             TRY(be->gemm(be, s->mlp, s->xn, L->up_w, NULL, NULL, T, H, 2 * F, NOPAD_EPILOGUE_NONE,
                          NOPAD_ACT_GELU));
@@ -184,7 +184,12 @@ static nopad_status step_forward(void *ctx) {
         }
         TRY(be->gemm(be, s->tmp, s->act, L->down_w, L->down_b, NULL, T, F, H,
                      L->down_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        TRY(be->residual_add(be, s->h, s->tmp, T, H));
+        if (l + 1 < cfg->num_layers) {
+            const decoder_layer *next = &w->layers[l + 1];
+            TRY(be->add_norm(be, s->xn, s->h, s->tmp, next->norm1_w, next->norm1_b, eps, T, H, rms));
+        } else {
+            TRY(be->residual_add(be, s->h, s->tmp, T, H)); /* the final norm reads only the rows asked */
+        }
     }
     if (c->n_rows == 0) return NOPAD_OK;
     const float *src = s->h;

@@ -95,8 +95,8 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->embed_tokens = cpu_embed_tokens;
     be->norm = cpu_norm;
     be->residual_add = cpu_residual_add;
-    be->rope = cpu_rope;
-    be->kv_store = cpu_kv_store;
+    be->add_norm = cpu_add_norm;
+    be->rope_kv_store = cpu_rope_kv_store;
     be->attention_paged = cpu_attention_paged;
     be->swiglu = cpu_swiglu;
     be->gather_rows = cpu_gather_rows;

@@ -1,6 +1,7 @@
 /* CPU: the decoder ops of the op table (float32), the reference the CUDA ones are tested against:
- * token embedding, LayerNorm / RMSNorm into a new buffer, rotary embeddings, the paged KV store
- * and causal attention over it, SwiGLU, and the row gather for the LM head. */
+ * token embedding, LayerNorm / RMSNorm into a new buffer (alone or after a residual add), rotary
+ * embeddings with the paged KV store, causal attention over it, SwiGLU, and the row gather for the
+ * LM head. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,10 +55,10 @@ nopad_status cpu_norm(nopad_backend *be, void *out_, const float *x_, const void
     return NOPAD_OK;
 }
 
-nopad_status cpu_rope(nopad_backend *be, void *qkv_, const int32_t *positions, int32_t n_tokens,
-                      int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
-                      const float *inv_freq) {
-    float *qkv = qkv_; // [T, H + 2·KVH, D]
+/* Rotary embeddings in place on the Q and K heads (rope_kv_store's first half). */
+static void rope_in_place(nopad_backend *be, float *qkv /* [T, H + 2·KVH, D] */,
+                          const int32_t *positions, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_size, const float *inv_freq) {
     const int32_t half = head_size / 2, rotated = n_heads + n_kv_heads;
     const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
 #pragma omp parallel for num_threads(cpu_threads(be))
@@ -75,14 +76,15 @@ nopad_status cpu_rope(nopad_backend *be, void *qkv_, const int32_t *positions, i
             }
         }
     }
-    return NOPAD_OK;
 }
 
-nopad_status cpu_kv_store(nopad_backend *be, void *k_cache_, void *v_cache_, const void *qkv_,
-                          const int32_t *slots, int32_t n_tokens, int32_t n_heads,
-                          int32_t n_kv_heads, int32_t head_size) {
+nopad_status cpu_rope_kv_store(nopad_backend *be, void *qkv_, void *k_cache_, void *v_cache_,
+                               const int32_t *positions, const int32_t *slots, int32_t n_tokens,
+                               int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
+                               const float *inv_freq) {
     float *k_cache = k_cache_, *v_cache = v_cache_; // [slots, KVH, D]
-    const float *qkv = qkv_;                        // [T, H + 2·KVH, D]
+    float *qkv = qkv_;                              // [T, H + 2·KVH, D]
+    if (inv_freq) rope_in_place(be, qkv, positions, n_tokens, n_heads, n_kv_heads, head_size, inv_freq);
     const size_t kv = (size_t)n_kv_heads * head_size;
     const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
     for (int32_t t = 0; t < n_tokens; t++) {
@@ -170,6 +172,12 @@ nopad_status cpu_residual_add(nopad_backend *be, float *h, const void *x_, int32
 #pragma omp parallel for num_threads(cpu_threads(be))
     for (size_t i = 0; i < n; i++) h[i] += x[i];
     return NOPAD_OK;
+}
+
+nopad_status cpu_add_norm(nopad_backend *be, void *out, float *h, const void *x, const void *w,
+                          const void *b, float eps, int32_t n_tokens, int32_t dim, int rms) {
+    nopad_status st = cpu_residual_add(be, h, x, n_tokens, dim);
+    return st == NOPAD_OK ? cpu_norm(be, out, h, w, b, eps, n_tokens, dim, rms) : st;
 }
 
 nopad_status cpu_gather_rows(nopad_backend *be, float *out_, const float *x_, const int32_t *rows,

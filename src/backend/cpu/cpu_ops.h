@@ -44,12 +44,12 @@ nopad_status cpu_norm(nopad_backend *be, void *out, const float *x, const void *
                       float eps, int32_t n_tokens, int32_t dim, int rms);
 nopad_status cpu_residual_add(nopad_backend *be, float *h, const void *x, int32_t n_tokens,
                               int32_t dim);
-nopad_status cpu_rope(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
-                      int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
-                      const float *inv_freq);
-nopad_status cpu_kv_store(nopad_backend *be, void *k_cache, void *v_cache, const void *qkv,
-                          const int32_t *slots, int32_t n_tokens, int32_t n_heads,
-                          int32_t n_kv_heads, int32_t head_size);
+nopad_status cpu_rope_kv_store(nopad_backend *be, void *qkv, void *k_cache, void *v_cache,
+                               const int32_t *positions, const int32_t *slots, int32_t n_tokens,
+                               int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
+                               const float *inv_freq);
+nopad_status cpu_add_norm(nopad_backend *be, void *out, float *h, const void *x, const void *w,
+                          const void *b, float eps, int32_t n_tokens, int32_t dim, int rms);
 nopad_status cpu_attention_paged(nopad_backend *be, void *out, const void *qkv,
                                  const void *k_cache, const void *v_cache,
                                  const nopad_kv_batch *kv, int32_t n_heads, int32_t n_kv_heads,

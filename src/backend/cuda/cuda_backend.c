@@ -89,23 +89,24 @@ static nopad_status cu_embed_tokens(nopad_backend *be, float *out, const int32_t
 static nopad_status cu_norm(nopad_backend *be, void *out, const float *x, const void *w, const void *b, float eps,
                             int32_t n_tokens, int32_t dim, int rms) {
     CUDA_ENTER(be, s);
-    return cuda_dec_norm(be->dtype, out, x, w, b, eps, n_tokens, dim, rms, s->stream);
+    /* x is only read: the kernel writes the stream back only when it adds to it */
+    return cuda_dec_norm(be->dtype, out, (float *)x, NULL, w, b, eps, n_tokens, dim, rms, s->stream);
+}
+static nopad_status cu_add_norm(nopad_backend *be, void *out, float *h, const void *x, const void *w, const void *b,
+                                float eps, int32_t n_tokens, int32_t dim, int rms) {
+    CUDA_ENTER(be, s);
+    return cuda_dec_norm(be->dtype, out, h, x, w, b, eps, n_tokens, dim, rms, s->stream);
 }
 static nopad_status cu_residual_add(nopad_backend *be, float *h, const void *x, int32_t n_tokens, int32_t dim) {
     CUDA_ENTER(be, s);
     return cuda_dec_residual_add(be->dtype, h, x, n_tokens, dim, s->stream);
 }
-static nopad_status cu_rope(nopad_backend *be, void *qkv, const int32_t *positions, int32_t n_tokens,
-                            int32_t n_heads, int32_t n_kv_heads, int32_t head_size, const float *inv_freq) {
+static nopad_status cu_rope_kv_store(nopad_backend *be, void *qkv, void *k_cache, void *v_cache,
+                                     const int32_t *positions, const int32_t *slots, int32_t n_tokens,
+                                     int32_t n_heads, int32_t n_kv_heads, int32_t head_size, const float *inv_freq) {
     CUDA_ENTER(be, s);
-    return cuda_dec_rope(be->dtype, qkv, positions, n_tokens, n_heads, n_kv_heads, head_size, inv_freq, s->stream);
-}
-static nopad_status cu_kv_store(nopad_backend *be, void *k_cache, void *v_cache, const void *qkv,
-                                const int32_t *slots, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
-                                int32_t head_size) {
-    CUDA_ENTER(be, s);
-    return cuda_dec_kv_store(be->dtype, k_cache, v_cache, qkv, slots, n_tokens, n_heads, n_kv_heads, head_size,
-                             s->stream);
+    return cuda_dec_rope_kv_store(be->dtype, qkv, k_cache, v_cache, positions, slots, n_tokens, n_heads, n_kv_heads,
+                                  head_size, inv_freq, s->stream);
 }
 /* Grows *buf to `need` bytes. Graphs recorded earlier name the old buffer, so they are forgotten;
  * while a graph is being recorded nothing may be allocated: the caller's shape must have run
@@ -333,8 +334,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->embed_tokens = cu_embed_tokens;
     be->norm = cu_norm;
     be->residual_add = cu_residual_add;
-    be->rope = cu_rope;
-    be->kv_store = cu_kv_store;
+    be->add_norm = cu_add_norm;
+    be->rope_kv_store = cu_rope_kv_store;
     be->attention_paged = cu_attention_paged;
     be->swiglu = cu_swiglu;
     be->gather_rows = cu_gather_rows;

@@ -1,6 +1,7 @@
 /* CUDA: the decoder ops (fp16 / bf16 storage, fp32 arithmetic), each tested against the CPU op:
- * token embedding, LayerNorm / RMSNorm into a new buffer, rotary embeddings, the paged KV store,
- * causal attention over paged keys and values (below), SwiGLU and the row gather. */
+ * token embedding, LayerNorm / RMSNorm into a new buffer (after a residual add, or alone), rotary
+ * embeddings fused with the paged KV store, causal attention over paged keys and values (below),
+ * SwiGLU and the row gather. */
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decoder_ops.h"
 
@@ -23,14 +24,20 @@ __global__ void embed_tokens_kernel(float *out, const int32_t *tokens, const int
     }
 }
 
+/* out = norm(h) per row; with x, first h += x (the sub-layer's output joins the residual stream). */
 template <typename T>
-__global__ void norm_kernel(T *out, const float *x, const T *w, const T *b, float eps, int dim,
+__global__ void norm_kernel(T *out, float *h, const T *x, const T *w, const T *b, float eps, int dim,
                             int rms) {
     __shared__ float red[2][32];
-    const float *row = x + (size_t)blockIdx.x * dim;
+    float *row = h + (size_t)blockIdx.x * dim;
+    const T *xr = x ? x + (size_t)blockIdx.x * dim : NULL;
     float s = 0.0f, ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = row[i];
+        float v = row[i];
+        if (xr) {
+            v += to_f32(xr[i]);
+            row[i] = v; /* read back below by this same thread only */
+        }
         s += v;
         ss += v * v;
     }
@@ -64,34 +71,39 @@ __global__ void norm_kernel(T *out, const float *x, const T *w, const T *b, floa
     }
 }
 
+/* Per token: rotary embeddings on the Q and K heads of its qkv row (when inv_freq), the rotated K
+ * written both in place and into the cache slot, V copied into the cache. */
 template <typename T>
-__global__ void rope_kernel(T *qkv, const int32_t *positions, int n_rot_heads, int row_heads,
-                            int head_size, const float *inv_freq) {
+__global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32_t *positions,
+                                     const int32_t *slots, int n_heads, int n_kv_heads,
+                                     int head_size, const float *inv_freq) {
     const int t = blockIdx.x, half = head_size / 2;
-    const float p = (float)positions[t];
-    for (int k = threadIdx.x; k < n_rot_heads * half; k += blockDim.x) {
-        const int h = k / half, i = k % half;
-        float s, c;
-        sincosf(p * inv_freq[i], &s, &c);
-        T *x = qkv + ((size_t)t * row_heads + h) * head_size;
-        const float a = to_f32(x[i]), b = to_f32(x[i + half]);
-        x[i] = from_f32<T>(a * c - b * s);
-        x[i + half] = from_f32<T>(b * c + a * s);
-    }
-}
-
-template <typename T>
-__global__ void kv_store_kernel(T *k_cache, T *v_cache, const T *qkv, const int32_t *slots,
-                                int n_heads, int n_kv_heads, int head_size) {
-    const int t = blockIdx.x;
     const size_t kv = (size_t)n_kv_heads * head_size;
-    const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
-    const T *k = qkv + (size_t)t * row + (size_t)n_heads * head_size;
-    const size_t slot = (size_t)slots[t];
-    for (size_t i = threadIdx.x; i < kv; i += blockDim.x) {
-        k_cache[slot * kv + i] = k[i];
-        v_cache[slot * kv + i] = k[kv + i];
+    T *row = qkv + (size_t)t * (n_heads + 2 * n_kv_heads) * head_size;
+    T *k_dst = k_cache + (size_t)slots[t] * kv, *v_dst = v_cache + (size_t)slots[t] * kv;
+    if (inv_freq) {
+        const float p = (float)positions[t];
+        for (int k = threadIdx.x; k < (n_heads + n_kv_heads) * half; k += blockDim.x) {
+            const int h = k / half, i = k % half;
+            float sn, cs;
+            sincosf(p * inv_freq[i], &sn, &cs);
+            T *x = row + (size_t)h * head_size;
+            const float a = to_f32(x[i]), b = to_f32(x[i + half]);
+            const T ra = from_f32<T>(a * cs - b * sn), rb = from_f32<T>(b * cs + a * sn);
+            x[i] = ra;
+            x[i + half] = rb;
+            if (h >= n_heads) {
+                T *k = k_dst + (size_t)(h - n_heads) * head_size;
+                k[i] = ra;
+                k[i + half] = rb;
+            }
+        }
+    } else {
+        const T *k = row + (size_t)n_heads * head_size;
+        for (size_t i = threadIdx.x; i < kv; i += blockDim.x) k_dst[i] = k[i];
     }
+    const T *v = row + (size_t)(n_heads + n_kv_heads) * head_size;
+    for (size_t i = threadIdx.x; i < kv; i += blockDim.x) v_dst[i] = v[i];
 }
 
 /* ---- causal attention over the paged cache ---------------------------------------------------
@@ -377,54 +389,40 @@ extern "C" nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, con
 }
 
 template <typename T>
-static nopad_status norm_t(void *out, const float *x, const void *w, const void *b, float eps,
+static nopad_status norm_t(void *out, float *h, const void *x, const void *w, const void *b, float eps,
                            int n, int dim, int rms, cudaStream_t s) {
-    norm_kernel<T><<<n, 256, 0, s>>>((T *)out, x, (const T *)w, (const T *)b, eps, dim, rms);
+    norm_kernel<T><<<n, 256, 0, s>>>((T *)out, h, (const T *)x, (const T *)w, (const T *)b, eps, dim, rms);
     return launch_status("norm");
 }
 
-extern "C" nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, const float *x, const void *w,
-                                      const void *b, float eps, int32_t n_tokens, int32_t dim,
-                                      int rms, void *stream) {
+extern "C" nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, float *h, const void *x,
+                                      const void *w, const void *b, float eps, int32_t n_tokens,
+                                      int32_t dim, int rms, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (n_tokens == 0) return NOPAD_OK;
-    DISPATCH_DTYPE(dtype, norm_t<__half>(out, x, w, b, eps, n_tokens, dim, rms, s),
-                   norm_t<__nv_bfloat16>(out, x, w, b, eps, n_tokens, dim, rms, s));
+    DISPATCH_DTYPE(dtype, norm_t<__half>(out, h, x, w, b, eps, n_tokens, dim, rms, s),
+                   norm_t<__nv_bfloat16>(out, h, x, w, b, eps, n_tokens, dim, rms, s));
 }
 
 template <typename T>
-static nopad_status rope_t(void *qkv, const int32_t *positions, int n, int n_heads, int n_kv_heads,
-                           int head_size, const float *inv_freq, cudaStream_t s) {
-    rope_kernel<T><<<n, 256, 0, s>>>((T *)qkv, positions, n_heads + n_kv_heads,
-                                     n_heads + 2 * n_kv_heads, head_size, inv_freq);
-    return launch_status("rope");
+static nopad_status rope_kv_store_t(void *qkv, void *k_cache, void *v_cache, const int32_t *positions,
+                                    const int32_t *slots, int n, int n_heads, int n_kv_heads,
+                                    int head_size, const float *inv_freq, cudaStream_t s) {
+    rope_kv_store_kernel<T><<<n, 256, 0, s>>>((T *)qkv, (T *)k_cache, (T *)v_cache, positions, slots,
+                                              n_heads, n_kv_heads, head_size, inv_freq);
+    return launch_status("rope_kv_store");
 }
 
-extern "C" nopad_status cuda_dec_rope(nopad_dtype dtype, void *qkv, const int32_t *positions,
-                                      int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
-                                      int32_t head_size, const float *inv_freq, void *stream) {
+extern "C" nopad_status cuda_dec_rope_kv_store(nopad_dtype dtype, void *qkv, void *k_cache,
+                                               void *v_cache, const int32_t *positions,
+                                               const int32_t *slots, int32_t n_tokens,
+                                               int32_t n_heads, int32_t n_kv_heads,
+                                               int32_t head_size, const float *inv_freq,
+                                               void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (n_tokens == 0) return NOPAD_OK;
-    DISPATCH_DTYPE(dtype, rope_t<__half>(qkv, positions, n_tokens, n_heads, n_kv_heads, head_size, inv_freq, s),
-                   rope_t<__nv_bfloat16>(qkv, positions, n_tokens, n_heads, n_kv_heads, head_size, inv_freq, s));
-}
-
-template <typename T>
-static nopad_status kv_store_t(void *k_cache, void *v_cache, const void *qkv, const int32_t *slots,
-                               int n, int n_heads, int n_kv_heads, int head_size, cudaStream_t s) {
-    kv_store_kernel<T><<<n, 256, 0, s>>>((T *)k_cache, (T *)v_cache, (const T *)qkv, slots, n_heads,
-                                         n_kv_heads, head_size);
-    return launch_status("kv_store");
-}
-
-extern "C" nopad_status cuda_dec_kv_store(nopad_dtype dtype, void *k_cache, void *v_cache,
-                                          const void *qkv, const int32_t *slots, int32_t n_tokens,
-                                          int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
-                                          void *stream) {
-    cudaStream_t s = (cudaStream_t)stream;
-    if (n_tokens == 0) return NOPAD_OK;
-    DISPATCH_DTYPE(dtype, kv_store_t<__half>(k_cache, v_cache, qkv, slots, n_tokens, n_heads, n_kv_heads, head_size, s),
-                   kv_store_t<__nv_bfloat16>(k_cache, v_cache, qkv, slots, n_tokens, n_heads, n_kv_heads, head_size, s));
+    DISPATCH_DTYPE(dtype, rope_kv_store_t<__half>(qkv, k_cache, v_cache, positions, slots, n_tokens, n_heads, n_kv_heads, head_size, inv_freq, s),
+                   rope_kv_store_t<__nv_bfloat16>(qkv, k_cache, v_cache, positions, slots, n_tokens, n_heads, n_kv_heads, head_size, inv_freq, s));
 }
 
 /* The launch shape of the paged attention for kv: query rows and heads per CTA, key splits. */

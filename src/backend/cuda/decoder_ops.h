@@ -15,15 +15,14 @@ nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t 
                                    const int32_t *positions, int32_t n_tokens, int32_t vocab,
                                    int32_t n_positions, const void *word, const void *pos,
                                    int32_t dim, void *stream);
-nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, const float *x, const void *w,
+/* out = norm(h) per row; with x (not NULL), first h += x. */
+nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, float *h, const void *x, const void *w,
                            const void *b, float eps, int32_t n_tokens, int32_t dim, int rms,
                            void *stream);
-nopad_status cuda_dec_rope(nopad_dtype dtype, void *qkv, const int32_t *positions,
-                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
-                           int32_t head_size, const float *inv_freq, void *stream);
-nopad_status cuda_dec_kv_store(nopad_dtype dtype, void *k_cache, void *v_cache, const void *qkv,
-                               const int32_t *slots, int32_t n_tokens, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_size, void *stream);
+nopad_status cuda_dec_rope_kv_store(nopad_dtype dtype, void *qkv, void *k_cache, void *v_cache,
+                                    const int32_t *positions, const int32_t *slots,
+                                    int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                    int32_t head_size, const float *inv_freq, void *stream);
 /* The paged attention's device workspaces. */
 typedef struct cuda_dec_attention_ws {
     float *split;    /* the key splits' partial results: [T, heads, splits, head_size + 2] */
