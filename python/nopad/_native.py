@@ -205,6 +205,7 @@ _PROTOTYPES = {
     "nopad_sequence_free": (None, [_p]),
     "nopad_sequence_length": (ctypes.c_int32, [_p]),
     "nopad_decode": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, _p, ctypes.c_int, _p]),
+    "nopad_decode_sample": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, _p, _p, _p, _p, _p]),
     "nopad_generate_default_params": (GenerateParams, []),
     "nopad_generate": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, ctypes.POINTER(GenerateParams),
                                       _p, _p, TokenFn, _p]),
