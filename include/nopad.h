@@ -33,6 +33,7 @@ typedef enum nopad_status {
     NOPAD_ERR_TOO_LONG = 7,         /* a sequence exceeds the model maximum and truncation is off */
     NOPAD_ERR_BACKEND = 8,          /* the compute backend failed (e.g. a CUDA error) */
     NOPAD_ERR_INTERNAL = 9,
+    NOPAD_ERR_QUEUE_FULL = 10,      /* an engine's queue of waiting requests is full; retry later */
 } nopad_status;
 
 /* Short name of a status code ("invalid argument", ...). Never NULL. */
@@ -425,6 +426,175 @@ nopad_status nopad_generate(nopad_context *ctx, int32_t n_prompts, const int32_t
                             const int32_t *prompt_tokens, const nopad_generate_params *params,
                             int32_t *out_tokens, int32_t *out_counts, nopad_token_fn on_token,
                             void *user);
+
+/* ---- the engine: requests from any thread, fused into one packed step per iteration -------- */
+
+/* An engine runs a decoder on its own thread over requests that arrive at any time from any
+ * thread. Every iteration it fuses the next token of every running request and chunks of the
+ * prompts of new ones into one packed step, so a request starts without waiting for others to
+ * finish and leaves the moment it is done. It owns a context of its own (workspace and KV pool)
+ * on the model; the model must outlive it.
+ *
+ * Scheduling, every iteration: the running requests' next tokens first (in the order they were
+ * admitted), then prompt chunks, of running requests still reading their prompt and then of
+ * waiting ones (first come, first served), up to max_step_tokens; a long prompt is read in
+ * chunks across steps, so it never stalls the others. A waiting request is admitted while KV
+ * blocks and max_running allow. When the pool runs out mid-generation the latest-admitted
+ * request is preempted: its blocks are freed and it waits at the head of the queue to compute its
+ * prompt and output so far again, then goes on where it was (its tokens are the same; none is
+ * delivered twice).
+ *
+ * Prefix sharing: the KV blocks of prompts (and outputs) are content-hashed once computed; a new
+ * request whose prompt begins with the same full blocks reuses them instead of computing them
+ * again, so a common system prompt is computed once. Unused computed blocks stay cached until
+ * their room is needed (least recently used first).
+ *
+ * Determinism: a request's tokens depend only on its own prompt and parameters (sampling draws
+ * are a function of the seed and the token's index in the output), not on what shares its steps;
+ * on the CPU backend greedy output alone and among many others is the same. */
+typedef struct nopad_engine nopad_engine;
+
+typedef struct nopad_engine_params {
+    int32_t max_step_tokens; /* tokens in one step over all requests (next tokens + prompt
+                                chunks); the workspace of the engine's context. default 2048 */
+    int32_t max_running;     /* requests admitted at once, at most max_step_tokens; default 256 */
+    int32_t kv_cache_tokens; /* the KV pool in tokens over all requests; <= 0: 8192 */
+    int32_t kv_block_size;   /* tokens per KV block (the unit of sharing too); <= 0: 16 */
+    int32_t max_queue;       /* requests submitted and not yet admitted; one more is refused with
+                                NOPAD_ERR_QUEUE_FULL. default 1024 */
+    int prefix_sharing;      /* 1: share the KV blocks of equal prompt prefixes; default 1 */
+} nopad_engine_params;
+nopad_engine_params nopad_engine_default_params(void);
+
+/* Creates an engine on a decoder model (NULL params: the defaults) and starts its thread.
+ * NOPAD_ERR_INVALID_ARGUMENT for an encoder or inconsistent params, naming them. */
+nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *params,
+                                 nopad_engine **out);
+/* Cancels every request not yet finished (readers see NOPAD_FINISH_CANCELLED), stops and joins
+ * the engine's thread and frees its context. Request handles stay valid until
+ * nopad_request_free. Call it from a thread of yours, not from an on_token callback. */
+void nopad_engine_free(nopad_engine *engine);
+
+/* Why a request ended. */
+typedef enum nopad_finish_reason {
+    NOPAD_FINISH_NONE = 0,      /* still running */
+    NOPAD_FINISH_LENGTH = 1,    /* max_tokens generated */
+    NOPAD_FINISH_STOP = 2,      /* an end-of-sequence id (unless ignore_eos), a stop id or a stop
+                                   string */
+    NOPAD_FINISH_CANCELLED = 3, /* nopad_request_cancel, nopad_engine_cancel, nopad_request_free or
+                                   nopad_engine_free before the end */
+    NOPAD_FINISH_ERROR = 4,     /* the step failed (nopad_request_read returns its status) */
+} nopad_finish_reason;
+/* "none", "length", "stop", "cancelled", "error" (the names OpenAI-style servers use). Never NULL. */
+const char *nopad_finish_reason_name(nopad_finish_reason finish);
+
+/* Called on the engine's thread as a request's tokens come, in order: `token` the new id, `text`
+ * (NUL-terminated, valid during the call; "" without a tokenizer) the text it releases, as
+ * nopad_request_text grows. The last call has finish != NOPAD_FINISH_NONE; its token is -1 when
+ * the request ended without a new one (cancelled, error). Each call returns before
+ * nopad_request_read sees what it carries, so once a reader sees the end no call is left to come
+ * and `user` may go. The callback holds up every request while it runs: keep it short. It may
+ * submit, cancel and free requests, never the engine. */
+typedef void (*nopad_request_fn)(void *user, uint64_t request_id, int32_t token, const char *text,
+                                 nopad_finish_reason finish);
+
+typedef struct nopad_request_params {
+    const int32_t *prompt_ids;  /* the prompt as ids [n_prompt_ids], or NULL and prompt_text */
+    int32_t n_prompt_ids;
+    const char *prompt_text;    /* UTF-8, tokenized by the model's tokenizer as nopad_tokenize
+                                   does by default (special tokens added) */
+    int32_t max_tokens;         /* new tokens at most, >= 1; prompt + max_tokens must fit the
+                                   model's context and the engine's KV pool. default 128 */
+    int ignore_eos;             /* 1: do not stop at the model's end-of-sequence ids */
+    nopad_sampling_params sampling;
+    const int32_t *stop_ids;    /* [n_stop_ids] ids that end the request (the id is delivered) */
+    int32_t n_stop_ids;
+    const char *const *stop_strings; /* [n_stop_strings] texts that end the request: its text
+                                   stops before the first one that appears; the ids are delivered
+                                   up to and with the one completing it. Needs a tokenizer */
+    int32_t n_stop_strings;
+    nopad_request_fn on_token;  /* optional: each token as it comes (see above) */
+    void *user;                 /* on_token's first argument */
+} nopad_request_params;
+nopad_request_params nopad_request_default_params(void);
+
+/* A submitted request: the stream of its results, owned by the caller until nopad_request_free. */
+typedef struct nopad_request nopad_request;
+
+/* Submits a request (everything in params is copied). Safe from any thread. Errors, with nothing
+ * submitted: NOPAD_ERR_INVALID_ARGUMENT for an empty prompt, both or neither prompt form, ids
+ * outside the vocabulary, max_tokens < 1, bad sampling parameters, stop strings or text without
+ * a tokenizer; NOPAD_ERR_TOO_LONG when prompt + max_tokens exceeds the model's context or needs
+ * more KV blocks than the whole pool holds (it could never run); NOPAD_ERR_QUEUE_FULL when
+ * max_queue requests are waiting already (retry later: a server's HTTP 429). */
+nopad_status nopad_engine_submit(nopad_engine *engine, const nopad_request_params *params,
+                                 nopad_request **out);
+
+/* Reads the request's new token ids, in order, each once: waits until at least one is there or
+ * the request has ended, at most timeout_ms (< 0: no limit; 0: does not wait). ids[capacity]
+ * receives up to capacity of them and *n_ids their number (0 after a timeout or at the end).
+ * *finish receives NOPAD_FINISH_NONE while ids remain to be read, then why it ended. A request
+ * that ended in an error returns that error's status and message once its ids are read. Any
+ * thread; one reader at a time per request. */
+nopad_status nopad_request_read(nopad_request *r, int32_t *ids, int32_t capacity, int32_t *n_ids,
+                                nopad_finish_reason *finish, int32_t timeout_ms);
+
+/* The request's text so far: its ids through the model's tokenizer (special tokens skipped),
+ * spaced as the whole text is, without held-back bytes of an unfinished character or of what may
+ * begin a stop string, and ending before the stop string that ended it. Complete once the
+ * request has ended. *text_len receives its length; text[capacity] the text and a NUL when
+ * capacity > *text_len, else NOPAD_ERR_BUFFER_TOO_SMALL (capacity 0 and text NULL measure). ""
+ * for a model without a tokenizer. */
+nopad_status nopad_request_text(nopad_request *r, char *text, size_t capacity, size_t *text_len);
+
+/* The engine's id of the request (unique per engine, from 1), as on_token receives it. */
+uint64_t nopad_request_id(const nopad_request *r);
+
+/* Asks the request to stop: it ends with NOPAD_FINISH_CANCELLED at the engine's next iteration
+ * and its KV blocks are freed (ids delivered before stay readable). A request that has already
+ * ended is left as it is (NOPAD_OK). Safe from any thread, on_token included. */
+nopad_status nopad_request_cancel(nopad_request *r);
+/* The same by id, for callers that keep ids: NOPAD_ERR_INVALID_ARGUMENT when no request of this
+ * engine with that id is in flight (never submitted, or already ended and retired). */
+nopad_status nopad_engine_cancel(nopad_engine *engine, uint64_t request_id);
+
+/* Releases the handle; a request not yet ended is cancelled first. The engine keeps what it needs
+ * until it retires the request. */
+void nopad_request_free(nopad_request *r);
+
+/* One request's numbers. Times in milliseconds from its submission; -1 for what has not happened. */
+typedef struct nopad_request_stats {
+    int32_t prompt_tokens;        /* ids of its prompt */
+    int32_t prompt_tokens_shared; /* of them, read from shared KV blocks (prefix sharing) */
+    int32_t generated_tokens;     /* ids generated so far */
+    int32_t preemptions;          /* times it was preempted and computed again */
+    nopad_finish_reason finish;   /* NOPAD_FINISH_NONE while running */
+    double admitted_ms;           /* its first step began */
+    double first_token_ms;        /* its first id was delivered */
+    double finished_ms;           /* it ended */
+} nopad_request_stats;
+nopad_status nopad_request_get_stats(nopad_request *r, nopad_request_stats *out);
+
+/* The engine's counters: a snapshot, from any thread. */
+typedef struct nopad_engine_stats {
+    int32_t running;                /* requests admitted (holding KV blocks) */
+    int32_t waiting;                /* submitted, not running: new or preempted */
+    int32_t kv_blocks_total;
+    int32_t kv_blocks_used;         /* held by running requests */
+    int32_t kv_blocks_cached;       /* held by no request, keeping computed prefixes for reuse
+                                       (taken back first when free blocks run out) */
+    int32_t kv_block_size;
+    int64_t requests_finished;      /* ended for any reason */
+    int64_t steps;                  /* packed steps run */
+    int64_t tokens_generated;       /* ids delivered */
+    int64_t prompt_tokens_computed; /* prompt (and, after a preemption, output) tokens computed */
+    int64_t prompt_tokens_shared;   /* prompt tokens read from shared blocks instead */
+    int64_t preemptions;
+    double last_step_ms;            /* the last step, from its plan to its delivered ids */
+    double tokens_per_s;            /* ids delivered per second of wall time over the last 64
+                                       steps (0 after a second without a step) */
+} nopad_engine_stats;
+nopad_status nopad_engine_get_stats(nopad_engine *engine, nopad_engine_stats *out);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 Each file's layer is its folder; a file may include its own layer and the layers below it:
 
     tools/cli/         the public header only (nopad.h)
+    src/engine/        model/, backend/backend.h, io/, util/
     src/model/         backend/backend.h, io/, util/
     src/backend/       backend/ (a backend's own folder and the op table), util/
     src/io/            io/, util/
@@ -21,6 +22,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 # (folder prefix, includes allowed by prefix); the first matching folder decides
 RULES = [
     ("tools/cli/", ["nopad.h", "tools/cli/"]),
+    ("src/engine/", ["nopad.h", "engine/", "model/", "backend/backend.h", "io/", "util/"]),
     ("src/model/", ["nopad.h", "model/", "backend/backend.h", "io/", "util/"]),
     ("src/backend/cuda/", ["nopad.h", "backend/backend.h", "backend/cuda/", "util/"]),
     ("src/backend/cpu/", ["nopad.h", "backend/backend.h", "backend/cpu/", "util/"]),

@@ -43,6 +43,7 @@ const char *nopad_status_string(nopad_status status) {
     case NOPAD_ERR_TOO_LONG: return "sequence too long";
     case NOPAD_ERR_BACKEND: return "backend error";
     case NOPAD_ERR_INTERNAL: return "internal error";
+    case NOPAD_ERR_QUEUE_FULL: return "queue full";
     }
     return "unknown status";
 }

@@ -1,0 +1,537 @@
+/* The engine: its thread runs
+ *
+ *   loop { take new requests (sleeping while there is nothing to do), end cancelled ones,
+ *          plan the step (scheduler.h), pack it, run decoder_step with sampling,
+ *          append each sampled id to its request, deliver it, retire finished requests }
+ *
+ * over a context of its own, whose KV pool it manages through kv_blocks; and the public
+ * functions that create it, submit to it, cancel in it, read its counters and free it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kv_blocks.h"
+#include "engine/request_queue.h"
+#include "engine/scheduler.h"
+#include "model/model_internal.h"
+#include "model/sampling.h"
+#include "util/error.h"
+
+enum { RATE_STEPS = 64 }; /* steps remembered for tokens_per_s */
+
+struct nopad_engine {
+    nopad_model *model;
+    nopad_context *ctx;
+    nopad_engine_params params;
+    const nopad_tokenizer *tok;
+    kv_blocks kv;
+    request_queue queue;
+    scheduler sched;
+    pthread_t thread;
+    int thread_started;
+
+    /* one step's host arrays, for max_running requests and max_step_tokens tokens */
+    int32_t max_blocks;                 // blocks of one request at most (the model's context)
+    int32_t *cu_q, *tokens, *seqlen_k;  // [R + 1], [T], [R]
+    int32_t *table;                     // [R, max_blocks]
+    int32_t *ids;                       // [R] sampled
+    nopad_sampling_params *sampling;    // [R]
+    uint64_t *draws;                    // [R]
+    int32_t *history, *cu_history;      // repetition penalty: [sum of histories], [R + 1]
+    size_t history_cap;
+    char *text;                         // a token's released text
+    size_t text_len, text_cap;
+
+    /* counters, under stats_lock */
+    pthread_mutex_t stats_lock;
+    nopad_engine_stats stats;
+    double rate_start[RATE_STEPS], rate_end[RATE_STEPS]; // the last steps' times
+    int64_t rate_tokens[RATE_STEPS];                     // and ids delivered
+    int64_t n_rate;
+};
+
+nopad_engine_params nopad_engine_default_params(void) {
+    nopad_engine_params p = {.max_step_tokens = 2048, .max_running = 256, .kv_cache_tokens = 0,
+                             .kv_block_size = 0, .max_queue = 1024, .prefix_sharing = 1};
+    return p;
+}
+
+/* ---- the engine thread ---------------------------------------------------------------------- */
+
+/* The request leaves the engine: blocks back to the pool, out of the lists, the engine's
+ * reference dropped. */
+static void retire(nopad_engine *e, request *r) {
+    scheduler_remove(&e->sched, r);
+    request_queue_retire(&e->queue, r);
+    pthread_mutex_lock(&e->stats_lock);
+    e->stats.requests_finished++;
+    pthread_mutex_unlock(&e->stats_lock);
+    request_unref(r);
+}
+
+static void end_and_retire(nopad_engine *e, request *r, nopad_finish_reason finish,
+                           nopad_status error) {
+    request_end(r, finish, error);
+    retire(e, r);
+}
+
+/* Ends every request in the engine, new ones included. */
+static void end_all(nopad_engine *e, nopad_finish_reason finish, nopad_status error) {
+    scheduler *s = &e->sched;
+    while (s->running.n > 0) end_and_retire(e, s->running.items[s->running.n - 1], finish, error);
+    while (s->waiting.n > 0) end_and_retire(e, s->waiting.items[s->waiting.n - 1], finish, error);
+}
+
+static void end_cancelled(nopad_engine *e) {
+    request_list *lines[2] = {&e->sched.running, &e->sched.waiting};
+    for (int k = 0; k < 2; k++)
+        for (int32_t i = lines[k]->n; i-- > 0;)
+            if (atomic_load(&lines[k]->items[i]->cancel))
+                end_and_retire(e, lines[k]->items[i], NOPAD_FINISH_CANCELLED, NOPAD_OK);
+}
+
+static int append_text(nopad_engine *e, const char *text, size_t len) {
+    if (e->text_len + len + 1 > e->text_cap) {
+        size_t cap = e->text_cap ? e->text_cap : 256;
+        while (cap < e->text_len + len + 1) cap *= 2;
+        char *t = realloc(e->text, cap);
+        if (!t) return -1;
+        e->text = t;
+        e->text_cap = cap;
+    }
+    memcpy(e->text + e->text_len, text, len);
+    e->text_len += len;
+    e->text[e->text_len] = '\0';
+    return 0;
+}
+
+/* The newest id of r is in r->tokens: its text (e->text) and whether it ends the request
+ * (NOPAD_FINISH_ERROR with the thread's message when its text ran out of memory). */
+static nopad_finish_reason judge_token(nopad_engine *e, request *r) {
+    const model_config *cfg = &e->model->cfg;
+    const int32_t id = r->tokens[r->n_tokens - 1];
+    e->text_len = 0;
+    const char *piece = "", *out;
+    size_t len = 0, out_len;
+    /* ids past the tokenizer's vocabulary (a padded embedding) have no text */
+    if (r->detok && id < nopad_tokenizer_vocab_size(e->tok) &&
+        nopad_decode_stream_step(r->detok, id, &piece, &len) != NOPAD_OK) {
+        piece = "";
+        len = 0;
+    }
+    int hit = stop_text_add(&r->stop, piece, len, &out, &out_len);
+    if (hit >= 0 && append_text(e, out, out_len)) hit = -1;
+    nopad_finish_reason finish = NOPAD_FINISH_NONE;
+    if (hit == 1) finish = NOPAD_FINISH_STOP;
+    for (int32_t k = 0; k < r->n_stop_ids && finish == NOPAD_FINISH_NONE; k++)
+        if (id == r->stop_ids[k]) finish = NOPAD_FINISH_STOP;
+    for (int32_t k = 0; k < cfg->n_eos && !r->ignore_eos && finish == NOPAD_FINISH_NONE; k++)
+        if (id == cfg->eos_token_ids[k]) finish = NOPAD_FINISH_STOP;
+    if (finish == NOPAD_FINISH_NONE && r->n_tokens - r->n_prompt == r->max_tokens)
+        finish = NOPAD_FINISH_LENGTH;
+    if (finish != NOPAD_FINISH_NONE && hit == 0) {
+        /* the end: what the decode stream and the stop strings held back comes out */
+        if (r->detok && nopad_decode_stream_flush(r->detok, &piece, &len) == NOPAD_OK && len) {
+            hit = stop_text_add(&r->stop, piece, len, &out, &out_len);
+            if (hit >= 0 && append_text(e, out, out_len)) hit = -1;
+        }
+        if (hit == 0) {
+            hit = stop_text_flush(&r->stop, &out, &out_len);
+            if (hit >= 0 && append_text(e, out, out_len)) hit = -1;
+        }
+    }
+    if (hit < 0) {
+        nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "request %llu: out of memory for its text",
+                        (unsigned long long)r->id);
+        return NOPAD_FINISH_ERROR;
+    }
+    return finish;
+}
+
+/* The packed step of the plan: its arrays, the histories where a repetition penalty reads them. */
+static nopad_status pack_step(nopad_engine *e, decoder_batch *batch, decoder_output *out) {
+    const scheduler *s = &e->sched;
+    const int32_t B = s->n_step;
+    int32_t max_blocks = 1, T = 0;
+    size_t history = 0;
+    int penalty = 0;
+    e->cu_q[0] = 0;
+    for (int32_t b = 0; b < B; b++) {
+        const request *r = s->step[b].r;
+        const int32_t n = s->step[b].n_new;
+        memcpy(e->tokens + T, r->tokens + r->n_computed, (size_t)n * sizeof *e->tokens);
+        T += n;
+        e->cu_q[b + 1] = T;
+        e->seqlen_k[b] = r->n_computed + n;
+        if (r->n_blocks > max_blocks) max_blocks = r->n_blocks;
+        e->sampling[b] = r->sampling;
+        e->draws[b] = (uint64_t)(r->n_tokens - r->n_prompt); /* the index of the id it samples */
+        penalty |= r->sampling.repetition_penalty != 1.0f;
+        history += (size_t)e->seqlen_k[b];
+    }
+    for (int32_t b = 0; b < B; b++) {
+        const request *r = s->step[b].r;
+        int32_t *row = e->table + (size_t)b * max_blocks;
+        memcpy(row, r->blocks, (size_t)r->n_blocks * sizeof *row);
+        memset(row + r->n_blocks, 0, (size_t)(max_blocks - r->n_blocks) * sizeof *row);
+    }
+    *batch = (decoder_batch){.n_seqs = B, .cu_q = e->cu_q, .tokens = e->tokens,
+                             .seqlen_k = e->seqlen_k, .block_table = e->table,
+                             .max_blocks = max_blocks, .all_logits = 0};
+    *out = (decoder_output){.ids = e->ids, .params = e->sampling, .draws = e->draws};
+    if (!penalty) return NOPAD_OK;
+    if (history > e->history_cap) {
+        int32_t *h = realloc(e->history, history * sizeof *h);
+        if (!h) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
+                                       "engine step: out of memory for %zu history ids", history);
+        e->history = h;
+        e->history_cap = history;
+    }
+    /* each row's history: every id of its sequence up to and with this step's */
+    e->cu_history[0] = 0;
+    for (int32_t b = 0; b < B; b++) {
+        const request *r = s->step[b].r;
+        memcpy(e->history + e->cu_history[b], r->tokens, (size_t)e->seqlen_k[b] * sizeof(int32_t));
+        e->cu_history[b + 1] = e->cu_history[b] + e->seqlen_k[b];
+    }
+    out->history = e->history;
+    out->cu_history = e->cu_history;
+    return NOPAD_OK;
+}
+
+static void note_step(nopad_engine *e, double t0, double t1, int64_t generated, int64_t computed) {
+    pthread_mutex_lock(&e->stats_lock);
+    nopad_engine_stats *st = &e->stats;
+    st->steps++;
+    st->tokens_generated += generated;
+    st->prompt_tokens_computed += computed;
+    st->last_step_ms = 1e3 * (t1 - t0);
+    e->rate_start[e->n_rate % RATE_STEPS] = t0;
+    e->rate_end[e->n_rate % RATE_STEPS] = t1;
+    e->rate_tokens[e->n_rate % RATE_STEPS] = generated;
+    e->n_rate++;
+    pthread_mutex_unlock(&e->stats_lock);
+}
+
+static void run_step(nopad_engine *e) {
+    scheduler *s = &e->sched;
+    const double t0 = request_now();
+    decoder_batch batch;
+    decoder_output out;
+    nopad_status st = pack_step(e, &batch, &out);
+    if (st == NOPAD_OK) {
+        pthread_mutex_lock(&e->ctx->lock);
+        st = decoder_step(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &batch, &out);
+        if (st == NOPAD_OK) e->ctx->forwards++;
+        pthread_mutex_unlock(&e->ctx->lock);
+    }
+    if (st != NOPAD_OK) {
+        /* the requests of a failed step end with its error; the others go on */
+        nopad_wrap_error(st, "engine step of %d requests, %d tokens", s->n_step, s->n_step_tokens);
+        for (int32_t b = 0; b < s->n_step; b++) end_and_retire(e, s->step[b].r, NOPAD_FINISH_ERROR, st);
+        return;
+    }
+    int64_t computed = 0, generated = 0;
+    for (int32_t b = 0; b < s->n_step; b++) {
+        const request *r = s->step[b].r;
+        /* every token fed but a request's newest generated one is prompt (or recomputed) work */
+        const int ends = r->n_computed + s->step[b].n_new == r->n_tokens;
+        computed += s->step[b].n_new - (ends && r->n_tokens > r->n_prompt);
+    }
+    scheduler_commit(s);
+    /* the plan stays valid while requests retire: retiring touches only the lines */
+    for (int32_t b = 0; b < s->n_step; b++) {
+        request *r = s->step[b].r;
+        if (r->n_computed != r->n_tokens) continue; /* a prompt chunk short of the end */
+        r->tokens[r->n_tokens++] = e->ids[b];
+        generated++;
+        nopad_finish_reason finish = judge_token(e, r);
+        finish = request_deliver(r, e->text, e->text_len, finish, NOPAD_ERR_OUT_OF_MEMORY);
+        if (finish != NOPAD_FINISH_NONE) retire(e, r);
+    }
+    note_step(e, t0, request_now(), generated, computed);
+}
+
+static void note_lines(nopad_engine *e) {
+    pthread_mutex_lock(&e->stats_lock);
+    nopad_engine_stats *st = &e->stats;
+    st->running = e->sched.running.n;
+    st->waiting = e->sched.waiting.n;
+    st->kv_blocks_used = e->kv.n_used;
+    st->kv_blocks_cached = e->kv.n_cached;
+    st->prompt_tokens_shared = e->sched.tokens_shared;
+    st->preemptions = e->sched.preemptions;
+    pthread_mutex_unlock(&e->stats_lock);
+}
+
+static void *engine_main(void *arg) {
+    nopad_engine *e = arg;
+    scheduler *s = &e->sched;
+    request_list arrivals = {0};
+    for (;;) {
+        const int idle = s->running.n == 0 && s->waiting.n == 0;
+        const int closed = request_queue_take(&e->queue, &arrivals, idle);
+        for (int32_t i = 0; i < arrivals.n; i++)
+            if (scheduler_add(s, arrivals.items[i]) != NOPAD_OK) {
+                request_end(arrivals.items[i], NOPAD_FINISH_ERROR, NOPAD_ERR_OUT_OF_MEMORY);
+                request_queue_retire(&e->queue, arrivals.items[i]);
+                request_unref(arrivals.items[i]);
+            }
+        arrivals.n = 0;
+        if (closed) {
+            end_all(e, NOPAD_FINISH_CANCELLED, NOPAD_OK);
+            note_lines(e);
+            break;
+        }
+        end_cancelled(e);
+        scheduler_plan(s);
+        note_lines(e);
+        if (s->n_step > 0) run_step(e);
+        note_lines(e);
+    }
+    request_list_free(&arrivals);
+    return NULL;
+}
+
+/* ---- the public functions ------------------------------------------------------------------- */
+
+static void engine_destroy(nopad_engine *e) {
+    scheduler_free(&e->sched);
+    kv_blocks_free(&e->kv);
+    request_queue_destroy(&e->queue);
+    nopad_context_free(e->ctx);
+    pthread_mutex_destroy(&e->stats_lock);
+    free(e->cu_q);
+    free(e->tokens);
+    free(e->seqlen_k);
+    free(e->table);
+    free(e->ids);
+    free(e->sampling);
+    free(e->draws);
+    free(e->history);
+    free(e->cu_history);
+    free(e->text);
+    free(e);
+}
+
+nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *params,
+                                 nopad_engine **out) {
+    static const char fn[] = "nopad_engine_create";
+    if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!model) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: model is NULL", fn);
+    if (!model->cfg.causal)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: %s is an encoder; the engine runs decoders (gpt2, llama, "
+                               "mistral, qwen2)",
+                               fn, model->cfg.model_type);
+    nopad_engine_params p = params ? *params : nopad_engine_default_params();
+    if (p.max_step_tokens < 1 || p.max_running < 1 || p.max_queue < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: max_step_tokens %d, max_running %d and max_queue %d must each "
+                               "be >= 1",
+                               fn, p.max_step_tokens, p.max_running, p.max_queue);
+    /* every running request brings at least one token a step */
+    if (p.max_running > p.max_step_tokens) p.max_running = p.max_step_tokens;
+
+    nopad_engine *e = calloc(1, sizeof *e);
+    if (!e) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    e->model = model;
+    e->tok = nopad_model_tokenizer(model);
+    pthread_mutex_init(&e->stats_lock, NULL);
+    request_queue_init(&e->queue, p.max_queue);
+    nopad_context_params cp = nopad_context_default_params();
+    cp.max_batch_tokens = p.max_step_tokens;
+    cp.kv_cache_tokens = p.kv_cache_tokens;
+    cp.kv_block_size = p.kv_block_size;
+    nopad_status st = nopad_context_create(model, &cp, &e->ctx);
+    if (st == NOPAD_OK) {
+        decoder_state *d = &e->ctx->dec;
+        p.kv_cache_tokens = d->n_blocks * d->block_size;
+        p.kv_block_size = d->block_size;
+        /* the engine hands out the context's blocks itself: none is left on the context's stack */
+        d->n_free = 0;
+        st = kv_blocks_init(&e->kv, d->n_blocks, d->block_size);
+    }
+    e->params = p;
+    if (st == NOPAD_OK)
+        st = scheduler_init(&e->sched, &e->kv, &e->queue, p.max_step_tokens, p.max_running,
+                            p.prefix_sharing);
+    if (st == NOPAD_OK) {
+        const size_t R = (size_t)p.max_running;
+        e->max_blocks = (model->cfg.max_position_embeddings + p.kv_block_size - 1) / p.kv_block_size;
+        e->cu_q = malloc((R + 1) * sizeof *e->cu_q);
+        e->tokens = malloc((size_t)p.max_step_tokens * sizeof *e->tokens);
+        e->seqlen_k = malloc(R * sizeof *e->seqlen_k);
+        e->table = malloc(R * (size_t)e->max_blocks * sizeof *e->table);
+        e->ids = malloc(R * sizeof *e->ids);
+        e->sampling = malloc(R * sizeof *e->sampling);
+        e->draws = malloc(R * sizeof *e->draws);
+        e->cu_history = malloc((R + 1) * sizeof *e->cu_history);
+        if (!e->cu_q || !e->tokens || !e->seqlen_k || !e->table || !e->ids || !e->sampling ||
+            !e->draws || !e->cu_history)
+            st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    e->stats.kv_blocks_total = e->kv.n_blocks;
+    e->stats.kv_block_size = e->kv.block_size;
+    if (st == NOPAD_OK) {
+        if (pthread_create(&e->thread, NULL, engine_main, e) != 0)
+            st = nopad_set_error(NOPAD_ERR_INTERNAL, "%s: could not start the engine thread", fn);
+        else
+            e->thread_started = 1;
+    }
+    if (st != NOPAD_OK) {
+        engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return NOPAD_OK;
+}
+
+void nopad_engine_free(nopad_engine *e) {
+    if (!e) return;
+    request_queue_close(&e->queue);
+    if (e->thread_started) pthread_join(e->thread, NULL);
+    engine_destroy(e);
+}
+
+/* The prompt of p as ids in *ids (malloc'ed), checked against the model. */
+static nopad_status prompt_ids(const nopad_engine *e, const nopad_request_params *p, int32_t **ids,
+                               int32_t *n) {
+    static const char fn[] = "nopad_engine_submit";
+    *ids = NULL;
+    *n = 0;
+    const model_config *cfg = &e->model->cfg;
+    if ((p->prompt_ids != NULL) == (p->prompt_text != NULL))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: give the prompt as prompt_ids or as prompt_text (%s)", fn,
+                               p->prompt_ids ? "both are set" : "neither is set");
+    if (p->prompt_ids) {
+        if (p->n_prompt_ids < 1)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "%s: the prompt is empty (n_prompt_ids %d; at least 1 id)", fn,
+                                   p->n_prompt_ids);
+        for (int32_t i = 0; i < p->n_prompt_ids; i++)
+            if (p->prompt_ids[i] < 0 || p->prompt_ids[i] >= cfg->vocab_size)
+                return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                       "%s: prompt id %d is %d, outside the vocabulary [0, %d)",
+                                       fn, i, p->prompt_ids[i], cfg->vocab_size);
+        *ids = malloc((size_t)p->n_prompt_ids * sizeof **ids);
+        if (!*ids) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        memcpy(*ids, p->prompt_ids, (size_t)p->n_prompt_ids * sizeof **ids);
+        *n = p->n_prompt_ids;
+        return NOPAD_OK;
+    }
+    if (!e->tok)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: prompt_text needs a tokenizer and the model has none; give "
+                               "prompt_ids",
+                               fn);
+    const nopad_tokenize_params tp = nopad_tokenize_default_params();
+    const size_t len = strlen(p->prompt_text);
+    int32_t need = 0;
+    nopad_status st = nopad_tokenize(e->tok, p->prompt_text, len, &tp, NULL, 0, &need);
+    if (st != NOPAD_OK && st != NOPAD_ERR_BUFFER_TOO_SMALL) return nopad_wrap_error(st, "%s: prompt_text", fn);
+    if (need < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: the prompt is empty (prompt_text of %zu bytes gives no ids)",
+                               fn, len);
+    *ids = malloc((size_t)need * sizeof **ids);
+    if (!*ids) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    st = nopad_tokenize(e->tok, p->prompt_text, len, &tp, *ids, need, n);
+    if (st != NOPAD_OK) {
+        free(*ids);
+        *ids = NULL;
+        return nopad_wrap_error(st, "%s: prompt_text", fn);
+    }
+    return NOPAD_OK;
+}
+
+nopad_status nopad_engine_submit(nopad_engine *e, const nopad_request_params *p,
+                                 nopad_request **out) {
+    static const char fn[] = "nopad_engine_submit";
+    if (out) *out = NULL;
+    if (!e || !p || !out)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: engine, params and out must not be NULL", fn);
+    const model_config *cfg = &e->model->cfg;
+    if (p->max_tokens < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: max_tokens is %d (at least 1)", fn,
+                               p->max_tokens);
+    if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids) || p->n_stop_strings < 0 ||
+        (p->n_stop_strings > 0 && !p->stop_strings))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: %d stop ids at %p and %d stop strings at %p (counts >= 0, "
+                               "arrays for counts > 0)",
+                               fn, p->n_stop_ids, (const void *)p->stop_ids, p->n_stop_strings,
+                               (const void *)p->stop_strings);
+    if (p->n_stop_strings > 0 && !e->tok)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: stop strings need a tokenizer and the model has none; use "
+                               "stop_ids",
+                               fn);
+    nopad_status st = sampling_check(&p->sampling);
+    if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", fn);
+    int32_t *prompt, n_prompt;
+    st = prompt_ids(e, p, &prompt, &n_prompt);
+    if (st != NOPAD_OK) return st;
+    /* the last generated id is never fed back, so the KV holds one token less than the total */
+    const int64_t total = (int64_t)n_prompt + p->max_tokens;
+    const int64_t blocks = (total - 1 + e->kv.block_size - 1) / e->kv.block_size;
+    if (total > cfg->max_position_embeddings)
+        st = nopad_set_error(NOPAD_ERR_TOO_LONG,
+                             "%s: prompt of %d ids + max_tokens %d exceeds the model's context "
+                             "of %d",
+                             fn, n_prompt, p->max_tokens, cfg->max_position_embeddings);
+    else if (blocks > e->kv.n_blocks)
+        st = nopad_set_error(NOPAD_ERR_TOO_LONG,
+                             "%s: prompt of %d ids + max_tokens %d needs %lld KV blocks of %d "
+                             "tokens, the engine's whole pool holds %d (kv_cache_tokens %d); it "
+                             "could never run",
+                             fn, n_prompt, p->max_tokens, (long long)blocks, e->kv.block_size,
+                             e->kv.n_blocks, e->params.kv_cache_tokens);
+    request *r = NULL;
+    if (st == NOPAD_OK)
+        st = request_create(p, prompt, n_prompt, e->kv.block_size, e->tok,
+                            request_queue_next_id(&e->queue), &r);
+    free(prompt);
+    if (st == NOPAD_OK) {
+        st = request_queue_push(&e->queue, r);
+        if (st != NOPAD_OK) { /* never seen by the engine: both references go */
+            request_unref(r);
+            request_unref(r);
+            r = NULL;
+        }
+    }
+    *out = r;
+    return st;
+}
+
+nopad_status nopad_engine_cancel(nopad_engine *e, uint64_t request_id) {
+    if (!e) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_engine_cancel: engine is NULL");
+    if (!request_queue_cancel(&e->queue, request_id))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_engine_cancel: no request with id %llu is in flight (never "
+                               "submitted to this engine, or already ended)",
+                               (unsigned long long)request_id);
+    return NOPAD_OK;
+}
+
+nopad_status nopad_engine_get_stats(nopad_engine *e, nopad_engine_stats *out) {
+    if (!e || !out)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_engine_get_stats: engine or out is NULL");
+    const int32_t incoming = request_queue_incoming(&e->queue);
+    const double now = request_now();
+    pthread_mutex_lock(&e->stats_lock);
+    *out = e->stats;
+    out->waiting += incoming;
+    out->tokens_per_s = 0;
+    const int64_t n = e->n_rate < RATE_STEPS ? e->n_rate : RATE_STEPS;
+    const double t_end = n ? e->rate_end[(e->n_rate - 1) % RATE_STEPS] : 0;
+    if (n > 0 && now - t_end < 1.0) { /* over the remembered steps, idle gaps included */
+        const double t_start = e->rate_start[(e->n_rate - n) % RATE_STEPS];
+        int64_t tokens = 0;
+        for (int64_t i = 0; i < n; i++) tokens += e->rate_tokens[i];
+        if (t_end > t_start) out->tokens_per_s = (double)tokens / (t_end - t_start);
+    }
+    pthread_mutex_unlock(&e->stats_lock);
+    return NOPAD_OK;
+}
