@@ -58,9 +58,9 @@ static int grow(char **buf, size_t *cap, size_t need) {
 /* Moves held[0, n) to out and keeps the rest held. */
 static int release(stop_text *s, size_t n, const char **out, size_t *out_len) {
     if (grow(&s->out, &s->out_cap, n + 1)) return -1;
-    memcpy(s->out, s->held, n);
+    if (n) memcpy(s->out, s->held, n);
     s->out[n] = '\0';
-    memmove(s->held, s->held + n, s->held_len - n);
+    if (n && s->held_len > n) memmove(s->held, s->held + n, s->held_len - n);
     s->held_len -= n;
     *out = s->out;
     *out_len = n;
@@ -77,7 +77,7 @@ static int may_begin_stop(const stop_text *s, size_t p) {
 
 int stop_text_add(stop_text *s, const char *piece, size_t len, const char **out, size_t *out_len) {
     if (grow(&s->held, &s->held_cap, s->held_len + len)) return -1;
-    memcpy(s->held + s->held_len, piece, len);
+    if (len) memcpy(s->held + s->held_len, piece, len);
     s->held_len += len;
     /* the first stop string to appear, by where it begins */
     size_t first = s->held_len;
