@@ -450,8 +450,12 @@ nopad_status nopad_generate(nopad_context *ctx, int32_t n_prompts, const int32_t
  * their room is needed (least recently used first).
  *
  * Determinism: a request's tokens depend only on its own prompt and parameters (sampling draws
- * are a function of the seed and the token's index in the output), not on what shares its steps;
- * on the CPU backend greedy output alone and among many others is the same. */
+ * are a function of the seed and the token's index in the output), not on what shares its steps
+ * or on preemptions, up to rounding: the CPU backend's GEMM rounds a row differently with the
+ * number of rows in the step (OpenBLAS picks its kernels by it), so a request's logits alone and
+ * among others differ by about 1e-6 relative. Greedy outputs agree unless two logits are that
+ * close; a sampled output can part where its draw falls that close to a top-p cut or a step of
+ * the distribution. */
 typedef struct nopad_engine nopad_engine;
 
 typedef struct nopad_engine_params {
@@ -472,15 +476,16 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
                                  nopad_engine **out);
 /* Cancels every request not yet finished (readers see NOPAD_FINISH_CANCELLED), stops and joins
  * the engine's thread and frees its context. Request handles stay valid until
- * nopad_request_free. Call it from a thread of yours, not from an on_token callback. */
+ * nopad_request_free. No other call on the engine (submit, cancel, stats) may run or start
+ * meanwhile; call it from a thread of yours, not from an on_token callback. */
 void nopad_engine_free(nopad_engine *engine);
 
 /* Why a request ended. */
 typedef enum nopad_finish_reason {
     NOPAD_FINISH_NONE = 0,      /* still running */
     NOPAD_FINISH_LENGTH = 1,    /* max_tokens generated */
-    NOPAD_FINISH_STOP = 2,      /* an end-of-sequence id (unless ignore_eos), a stop id or a stop
-                                   string */
+    NOPAD_FINISH_STOP = 2,      /* an end-of-sequence id (unless ignore_eos) or a stop id, either
+                                   delivered, or a stop string */
     NOPAD_FINISH_CANCELLED = 3, /* nopad_request_cancel, nopad_engine_cancel, nopad_request_free or
                                    nopad_engine_free before the end */
     NOPAD_FINISH_ERROR = 4,     /* the step failed (nopad_request_read returns its status) */
@@ -569,7 +574,7 @@ typedef struct nopad_request_stats {
     int32_t generated_tokens;     /* ids generated so far */
     int32_t preemptions;          /* times it was preempted and computed again */
     nopad_finish_reason finish;   /* NOPAD_FINISH_NONE while running */
-    double admitted_ms;           /* its first step began */
+    double admitted_ms;           /* it was first admitted (its first step planned) */
     double first_token_ms;        /* its first id was delivered */
     double finished_ms;           /* it ended */
 } nopad_request_stats;
@@ -581,14 +586,15 @@ typedef struct nopad_engine_stats {
     int32_t waiting;                /* submitted, not running: new or preempted */
     int32_t kv_blocks_total;
     int32_t kv_blocks_used;         /* held by running requests */
-    int32_t kv_blocks_cached;       /* held by no request, keeping computed prefixes for reuse
-                                       (taken back first when free blocks run out) */
+    int32_t kv_blocks_cached;       /* held by no request, keeping computed prefixes for reuse;
+                                       taken for new content, least recently used first, once
+                                       no free block is left */
     int32_t kv_block_size;
     int64_t requests_finished;      /* ended for any reason */
     int64_t steps;                  /* packed steps run */
     int64_t tokens_generated;       /* ids delivered */
     int64_t prompt_tokens_computed; /* prompt (and, after a preemption, output) tokens computed */
-    int64_t prompt_tokens_shared;   /* prompt tokens read from shared blocks instead */
+    int64_t prompt_tokens_shared;   /* the same read from shared blocks instead */
     int64_t preemptions;
     double last_step_ms;            /* the last step, from its plan to its delivered ids */
     double tokens_per_s;            /* ids delivered per second of wall time over the last 64
