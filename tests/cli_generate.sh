@@ -3,7 +3,8 @@
 # errors on the tiny fixtures of tests/data/models, then, with the real default decoder
 # (SmolLM2-135M-Instruct Q4_1, NOPAD_SMOLLM2_GGUF from scripts/fetch_default_decoder.sh; skipped
 # when absent), the greedy answer, --input in groups equal to each prompt alone and in input
-# order, the \n escapes, seeded sampling, streaming, --max-tokens 0 and the per-line errors.
+# order, the \n escapes, seeded sampling, streaming, --max-tokens 0, the per-line errors and the
+# request-file mode (--input requests.jsonl --output results.jsonl, through the engine).
 set -euo pipefail
 
 : "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
@@ -187,6 +188,43 @@ EOF
     expect_fail 1 "line 2 gives no tokens" "$TMP/empty_line" -- generate --model "$GGUF" --input - --max-tokens 4
     expect_fail 1 "context of 8192" $N -- generate --model "$GGUF" --prompt "$FRANCE" --max-tokens 9000
     expect_fail 1 "(--kv-tokens)" $N -- generate --model "$GGUF" --prompt "$FRANCE" --kv-tokens 16
+
+    # request-file mode: JSON lines through the engine; every line answered once, a greedy answer
+    # equal to --prompt's, a stop string, a bad line reported in place (exit status 1)
+    run "$TMP/france12" generate --model "$GGUF" --prompt "$FRANCE" --max-tokens 12 --ignore-eos
+    python3 - "$TMP/requests.jsonl" "$FRANCE" "$STORY" <<'EOF'
+import json, sys
+path, france, story = sys.argv[1:4]
+lines = [{"id": "france", "prompt": france, "max_tokens": 12, "ignore_eos": True},
+         {"id": 2, "prompt": story, "max_tokens": 16, "temperature": 0.9, "seed": 11},
+         "this line is not JSON",
+         {"prompt": "Count: one, two, three,", "max_tokens": 30, "stop": " six"}]
+lines += [{"id": "more%d" % i, "prompt": story, "max_tokens": 4 + i} for i in range(6)]
+with open(path, "w") as f:
+    for l in lines:
+        f.write((l if isinstance(l, str) else json.dumps(l)) + "\n")
+EOF
+    rc=0
+    "$NOPAD_CLI" generate --model "$GGUF" --input "$TMP/requests.jsonl" --output "$TMP/results.jsonl" \
+        --max-running 4 2>"$TMP/err" || rc=$?
+    [ "$rc" -eq 1 ] || fail "request file with a bad line: exit $rc, expected 1"
+    python3 - "$TMP/results.jsonl" "$TMP/france12" <<'EOF' || fail "request-file results"
+import json, sys
+res = [json.loads(l) for l in open(sys.argv[1])]
+want = open(sys.argv[2]).read()[:-1]  # --prompt's answer without its newline
+by = {str(r["id"]): r for r in res}
+assert len(res) == 10 and len(by) == 10, "every line answered once: %r" % [r["id"] for r in res]
+assert by["france"]["text"] == want and by["france"]["tokens"] == 12, (by["france"], want)
+assert by["france"]["finish_reason"] == "length"
+assert "not a JSON object" in by["3"]["error"]
+stop = by["4"]
+assert stop["finish_reason"] == "stop" and " six" not in stop["text"], stop
+for i in range(6):
+    r = by["more%d" % i]
+    assert r["finish_reason"] in ("length", "stop") and 1 <= r["tokens"] <= 4 + i, r
+print("ok   request file: 10 lines answered, greedy == --prompt, stop string, bad line reported")
+EOF
+    expect_fail 2 "--output is the request-file mode" $N -- generate --model "$GGUF" --prompt "$FRANCE" --output -
 fi
 
 if [ "$failures" -ne 0 ]; then

@@ -18,6 +18,9 @@ carrying the library's message and status.
 - :class:`Generator`: ``generate`` (prompts -> text), ``generate_ids``, ``stream`` (the text of
   one prompt as it comes), ``decode`` (one step over :class:`Sequence` objects -> logits),
   ``info``, ``tokenizer``.
+- :class:`Engine`: ``submit`` from any thread (-> a :class:`Request`: iterate it for the text as
+  it comes, ``result``, ``cancel``, ``stats``), ``stats``; every running request fused into one
+  packed step per iteration.
 - :class:`Tokenizer`: ``encode``, ``encode_batch`` (-> ids, cu_seqlens), ``decode``,
   ``decode_stream`` (a :class:`DecodeStream`), ``kind``.
 - :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
@@ -32,16 +35,18 @@ from .attention import attention_varlen, attention_varlen_packed
 from .encoder import DEFAULT_BATCH_TOKENS, Encoder, ModelInfo
 from .errors import (BackendError, BufferTooSmallError, FileError, FormatError, InternalError,
                      InvalidArgumentError, LibraryNotFoundError, NopadError, OutOfMemoryError,
-                     Status, TooLongError, UnsupportedError)
+                     QueueFullError, Status, TooLongError, UnsupportedError)
+from .engine import Engine, Request
 from .generator import Generator, Sequence, TokenStream
 from .tokenizer import DecodeStream, Tokenizer
 
 __all__ = [
-    "Encoder", "Generator", "Sequence", "TokenStream", "ModelInfo", "Tokenizer", "DecodeStream", "attention_varlen", "attention_varlen_packed",
+    "Encoder", "Generator", "Sequence", "TokenStream", "Engine", "Request", "ModelInfo",
+    "Tokenizer", "DecodeStream", "attention_varlen", "attention_varlen_packed",
     "library_version", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
     "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",
-    "LibraryNotFoundError", "Status",
+    "QueueFullError", "LibraryNotFoundError", "Status",
 ]
 
 

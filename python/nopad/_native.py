@@ -129,6 +129,68 @@ class GenerateParams(ctypes.Structure):
 TokenFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
 
 
+# ---- the engine (nopad_engine_*, nopad_request_*) -------------------------------------------
+
+STATUS_BUFFER_TOO_SMALL = 6
+
+
+class EngineParams(ctypes.Structure):
+    _fields_ = [("max_step_tokens", ctypes.c_int32),
+                ("max_running", ctypes.c_int32),
+                ("kv_cache_tokens", ctypes.c_int32),
+                ("kv_block_size", ctypes.c_int32),
+                ("max_queue", ctypes.c_int32),
+                ("prefix_sharing", ctypes.c_int)]
+
+
+# nopad_request_fn: void (*)(void *user, uint64_t id, int32_t token, const char *text, int finish)
+RequestFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_char_p,
+                             ctypes.c_int)
+
+
+class RequestParams(ctypes.Structure):
+    _fields_ = [("prompt_ids", ctypes.c_void_p),
+                ("n_prompt_ids", ctypes.c_int32),
+                ("prompt_text", ctypes.c_char_p),
+                ("max_tokens", ctypes.c_int32),
+                ("ignore_eos", ctypes.c_int),
+                ("sampling", SamplingParams),
+                ("stop_ids", ctypes.c_void_p),
+                ("n_stop_ids", ctypes.c_int32),
+                ("stop_strings", ctypes.c_void_p),
+                ("n_stop_strings", ctypes.c_int32),
+                ("on_token", RequestFn),
+                ("user", ctypes.c_void_p)]
+
+
+class RequestStats(ctypes.Structure):
+    _fields_ = [("prompt_tokens", ctypes.c_int32),
+                ("prompt_tokens_shared", ctypes.c_int32),
+                ("generated_tokens", ctypes.c_int32),
+                ("preemptions", ctypes.c_int32),
+                ("finish", ctypes.c_int),
+                ("admitted_ms", ctypes.c_double),
+                ("first_token_ms", ctypes.c_double),
+                ("finished_ms", ctypes.c_double)]
+
+
+class EngineStats(ctypes.Structure):
+    _fields_ = [("running", ctypes.c_int32),
+                ("waiting", ctypes.c_int32),
+                ("kv_blocks_total", ctypes.c_int32),
+                ("kv_blocks_used", ctypes.c_int32),
+                ("kv_blocks_cached", ctypes.c_int32),
+                ("kv_block_size", ctypes.c_int32),
+                ("requests_finished", ctypes.c_int64),
+                ("steps", ctypes.c_int64),
+                ("tokens_generated", ctypes.c_int64),
+                ("prompt_tokens_computed", ctypes.c_int64),
+                ("prompt_tokens_shared", ctypes.c_int64),
+                ("preemptions", ctypes.c_int64),
+                ("last_step_ms", ctypes.c_double),
+                ("tokens_per_s", ctypes.c_double)]
+
+
 LAYOUT_PACKED, LAYOUT_PADDED = 0, 1
 
 
@@ -209,6 +271,22 @@ _PROTOTYPES = {
     "nopad_generate_default_params": (GenerateParams, []),
     "nopad_generate": (ctypes.c_int, [_p, ctypes.c_int32, _p, _p, ctypes.POINTER(GenerateParams),
                                       _p, _p, TokenFn, _p]),
+    "nopad_engine_default_params": (EngineParams, []),
+    "nopad_engine_create": (ctypes.c_int, [_p, ctypes.POINTER(EngineParams), ctypes.POINTER(_p)]),
+    "nopad_engine_free": (None, [_p]),
+    "nopad_engine_get_stats": (ctypes.c_int, [_p, ctypes.POINTER(EngineStats)]),
+    "nopad_request_default_params": (RequestParams, []),
+    "nopad_engine_submit": (ctypes.c_int, [_p, ctypes.POINTER(RequestParams), ctypes.POINTER(_p)]),
+    "nopad_request_read": (ctypes.c_int, [_p, _p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+                                          ctypes.POINTER(ctypes.c_int), ctypes.c_int32]),
+    "nopad_request_text": (ctypes.c_int, [_p, ctypes.c_char_p, ctypes.c_size_t,
+                                          ctypes.POINTER(ctypes.c_size_t)]),
+    "nopad_request_id": (ctypes.c_uint64, [_p]),
+    "nopad_request_cancel": (ctypes.c_int, [_p]),
+    "nopad_request_free": (None, [_p]),
+    "nopad_request_get_stats": (ctypes.c_int, [_p, ctypes.POINTER(RequestStats)]),
+    "nopad_engine_cancel": (ctypes.c_int, [_p, ctypes.c_uint64]),
+    "nopad_finish_reason_name": (ctypes.c_char_p, [ctypes.c_int]),
 }
 
 # Entry points that a library may or may not have (declared when present): for functions newer

@@ -16,6 +16,7 @@ NOPAD_ERR_BUFFER_TOO_SMALL  BufferTooSmallError   ValueError
 NOPAD_ERR_TOO_LONG          TooLongError          ValueError
 NOPAD_ERR_BACKEND           BackendError          RuntimeError
 NOPAD_ERR_INTERNAL          InternalError         RuntimeError
+NOPAD_ERR_QUEUE_FULL        QueueFullError        RuntimeError
 ==========================  ====================  ===================================
 
 Checks made in Python before a call (shapes, dtypes, closed objects) raise the same classes.
@@ -28,7 +29,7 @@ from typing import Dict, Optional, Type
 __all__ = [
     "Status", "NopadError", "InvalidArgumentError", "FileError", "FormatError",
     "UnsupportedError", "OutOfMemoryError", "BufferTooSmallError", "TooLongError",
-    "BackendError", "InternalError", "LibraryNotFoundError",
+    "BackendError", "InternalError", "QueueFullError", "LibraryNotFoundError",
 ]
 
 
@@ -45,6 +46,7 @@ class Status(enum.IntEnum):
     TOO_LONG = 7
     BACKEND = 8
     INTERNAL = 9
+    QUEUE_FULL = 10
 
 
 class NopadError(Exception):
@@ -117,6 +119,12 @@ class InternalError(NopadError, RuntimeError):
     status = Status.INTERNAL
 
 
+class QueueFullError(NopadError, RuntimeError):
+    """An engine's queue of waiting requests is full; retry later (a server's HTTP 429)."""
+
+    status = Status.QUEUE_FULL
+
+
 class LibraryNotFoundError(NopadError, ImportError):
     """libnopad.so could not be found or loaded."""
 
@@ -124,7 +132,7 @@ class LibraryNotFoundError(NopadError, ImportError):
 _BY_STATUS: Dict[int, Type[NopadError]] = {
     cls.status: cls
     for cls in (InvalidArgumentError, FileError, FormatError, UnsupportedError, OutOfMemoryError,
-                BufferTooSmallError, TooLongError, BackendError, InternalError)
+                BufferTooSmallError, TooLongError, BackendError, InternalError, QueueFullError)
 }
 
 

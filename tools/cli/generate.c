@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "nopad.h"
+#include "requests.h"
 
 enum { DEFAULT_KV_TOKENS = 8192, KV_BLOCK = 16, DEFAULT_BATCH = 16 };
 
@@ -53,6 +54,18 @@ static const char generate_help[] =
     "  --ignore-eos            do not stop at the model's end-of-sequence token\n"
     "  --batch N               --input: prompts generated together (default 16; 1 when the\n"
     "                          input is a terminal), as many as the KV pool holds\n"
+    "  --output FILE           request-file mode: --input holds one JSON request a line,\n"
+    "                          {\"id\", \"prompt\", \"max_tokens\", \"temperature\", \"top_k\",\n"
+    "                          \"top_p\", \"min_p\", \"repetition_penalty\", \"seed\",\n"
+    "                          \"ignore_eos\", \"stop\"} (only \"prompt\" required; the options\n"
+    "                          above give the defaults; \"id\" defaults to the line number), run\n"
+    "                          through the engine, which fuses every running request into one\n"
+    "                          step; FILE ('-': stdout) gets one JSON line per request as it\n"
+    "                          ends: {\"id\", \"text\", \"tokens\", \"prompt_tokens\",\n"
+    "                          \"finish_reason\"} (\"length\", \"stop\") or {\"id\", \"error\"};\n"
+    "                          progress on stderr when it is a terminal\n"
+    "  --max-running N         request-file mode: requests running at once (default 256)\n"
+    "  --step-tokens N         request-file mode: tokens in one step (default 2048)\n"
     "  --kv-tokens N           the KV pool in tokens, over the prompts running together (default\n"
     "                          8192); each prompt needs its length + --max-tokens\n"
     "  --device D              cpu (default) or cuda\n"
@@ -63,11 +76,12 @@ static const char generate_help[] =
     "errors:\n"
     "  A bad line (invalid UTF-8, no tokens, too long for the model's context or the KV pool)\n"
     "  stops the run with a message naming the line, exit status 1; answers of earlier lines\n"
-    "  are already written. A bad option value is exit status 2.\n";
+    "  are already written. In request-file mode a bad line gets its {\"id\", \"error\"} line\n"
+    "  and the others still run; the exit status is then 1. A bad option value is exit status 2.\n";
 
 typedef struct generate_options {
-    const char *model, *prompt, *input_path;
-    long max_tokens, top_k, kv_tokens, batch, threads;
+    const char *model, *prompt, *input_path, *output_path;
+    long max_tokens, top_k, kv_tokens, batch, threads, max_running, step_tokens;
     double temperature, top_p, min_p, repetition_penalty;
     uint64_t seed;
     int ignore_eos, batch_given;
@@ -93,6 +107,9 @@ enum {
     OPT_DEVICE,
     OPT_DTYPE,
     OPT_THREADS,
+    OPT_OUTPUT,
+    OPT_MAX_RUNNING,
+    OPT_STEP_TOKENS,
 };
 
 static const struct option long_options[] = {
@@ -112,6 +129,9 @@ static const struct option long_options[] = {
     {"device", required_argument, NULL, OPT_DEVICE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"threads", required_argument, NULL, OPT_THREADS},
+    {"output", required_argument, NULL, OPT_OUTPUT},
+    {"max-running", required_argument, NULL, OPT_MAX_RUNNING},
+    {"step-tokens", required_argument, NULL, OPT_STEP_TOKENS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -172,6 +192,9 @@ static int parse_generate_options(int argc, char **argv, generate_options *o) {
             o->dtype_given = 1;
             break;
         case OPT_THREADS: bad = parse_int("--threads", v, 0, 4096, &o->threads); break;
+        case OPT_OUTPUT: o->output_path = v; break;
+        case OPT_MAX_RUNNING: bad = parse_int("--max-running", v, 1, 65536, &o->max_running); break;
+        case OPT_STEP_TOKENS: bad = parse_int("--step-tokens", v, 1, 1 << 20, &o->step_tokens); break;
         default: cli_print_opt_error(&p); return -1;
         }
         if (bad) return -1;
@@ -185,7 +208,12 @@ static int parse_generate_options(int argc, char **argv, generate_options *o) {
                                     : "missing --prompt TEXT or --input FILE");
         return -1;
     }
+    if (o->output_path && !o->input_path) {
+        print_error("--output is the request-file mode: give the requests with --input FILE");
+        return -1;
+    }
     if (o->input_path && strcmp(o->input_path, "-") == 0) o->input_path = NULL; /* stdin */
+    if (o->output_path && strcmp(o->output_path, "-") == 0) o->output_path = ""; /* stdout */
     return 0;
 }
 
@@ -474,6 +502,20 @@ int cmd_generate(int argc, char **argv) {
               "(nopad generate --help lists them)\n",
               stderr);
         return EXIT_USAGE;
+    }
+    if (o.output_path) {
+        const requests_options ro = {
+            .model = o.model, .input_path = o.input_path,
+            .output_path = o.output_path[0] ? o.output_path : NULL,
+            .max_tokens = o.max_tokens > 0 ? o.max_tokens : 128, .top_k = o.top_k,
+            .temperature = o.temperature, .top_p = o.top_p, .min_p = o.min_p,
+            .repetition_penalty = o.repetition_penalty, .seed = o.seed, .ignore_eos = o.ignore_eos,
+            .kv_tokens = (int32_t)o.kv_tokens, .max_running = (int32_t)o.max_running,
+            .step_tokens = (int32_t)o.step_tokens, .device = o.device,
+            .dtype = o.dtype_given ? o.dtype
+                     : o.device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32,
+            .threads = (int)o.threads};
+        return generate_requests(&ro);
     }
     generate_run r = {0};
     int rc = EXIT_ERROR;

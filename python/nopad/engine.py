@@ -1,0 +1,276 @@
+"""nopad.Engine: requests from any thread, fused into one packed decoder step per iteration."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Iterator, List, Optional, Sequence as SequenceT, Union
+
+import numpy as np
+
+from . import _native
+from ._handle import Handle
+from .encoder import PathLike, _int_arg
+from .errors import InvalidArgumentError
+from .generator import Generator, _float_arg, _is_int
+
+__all__ = ["Engine", "Request"]
+
+_TEXT = (str, bytes, bytearray, memoryview)
+FINISH_NAMES = {0: None, 1: "length", 2: "stop", 3: "cancelled", 4: "error"}
+
+
+class Engine:
+    """The temporal-fusion engine on a decoder: requests submitted from any thread at any time
+    run together, every iteration one packed step over the next token of every running request
+    and chunks of new prompts; a request starts without waiting for others and leaves the moment
+    it is done. It runs on a thread of its own in the library.
+
+    >>> with nopad.Generator("SmolLM2-135M-Instruct.Q4_1.gguf") as gen, nopad.Engine(gen) as eng:
+    ...     reqs = [eng.submit(p, max_tokens=32) for p in prompts]   # from any threads
+    ...     answers = [r.result() for r in reqs]
+
+    Each :class:`Request` is a stream: iterate it for the text as it comes, or call
+    :meth:`Request.result` for the whole text. A request's tokens depend only on its prompt and
+    seed, never on what shares its steps. Prompts that share their first KV blocks share them
+    (a common system prompt is computed once).
+    """
+
+    def __init__(self, model: Union[Generator, PathLike], device: str = "cpu",
+                 dtype: Optional[str] = None, kv_cache_tokens: Optional[int] = None,
+                 max_step_tokens: Optional[int] = None, max_running: Optional[int] = None,
+                 max_queue: Optional[int] = None, kv_block_size: Optional[int] = None,
+                 prefix_sharing: bool = True, threads: int = 0):
+        """Starts an engine on `model`: a :class:`Generator` (whose loaded weights it shares;
+        it must stay open while the engine runs) or a GGUF file / model folder (loaded here,
+        with `device`, `dtype` and `threads`; closed with the engine).
+
+        Args:
+            kv_cache_tokens: the engine's own KV pool in tokens over all running requests
+                (None: the library's default, 8192).
+            max_step_tokens: tokens in one step (next tokens + prompt chunks; default 2048).
+            max_running: requests admitted at once (default 256).
+            max_queue: requests waiting at most; one more is refused with
+                :class:`QueueFullError` (default 1024).
+            kv_block_size: tokens per KV block, the unit of sharing (default 16).
+            prefix_sharing: share the KV blocks of equal prompt prefixes.
+        """
+        self._handle: Optional[Handle] = None
+        self._own_generator = not isinstance(model, Generator)
+        self.generator = (Generator(model, device=device, dtype=dtype, kv_cache_tokens=16,
+                                    max_batch_tokens=16, threads=threads)
+                          if self._own_generator else model)
+        lib = _native.library()
+        p = lib.nopad_engine_default_params()
+        if kv_cache_tokens is not None:
+            p.kv_cache_tokens = _int_arg(kv_cache_tokens, "kv_cache_tokens", 1)
+        if max_step_tokens is not None:
+            p.max_step_tokens = _int_arg(max_step_tokens, "max_step_tokens", 1)
+        if max_running is not None:
+            p.max_running = _int_arg(max_running, "max_running", 1)
+        if max_queue is not None:
+            p.max_queue = _int_arg(max_queue, "max_queue", 1)
+        if kv_block_size is not None:
+            p.kv_block_size = _int_arg(kv_block_size, "kv_block_size", 1)
+        p.prefix_sharing = 1 if prefix_sharing else 0
+        out = ctypes.c_void_p()
+        try:
+            with self.generator._use() as m:
+                _native.check(lib.nopad_engine_create(m, ctypes.byref(p), ctypes.byref(out)))
+        except BaseException:
+            if self._own_generator:
+                self.generator.close()
+            raise
+        self._handle = Handle(out.value, lib.nopad_engine_free, "Engine")
+
+    # ---- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancels what is still running and stops the engine (requests stay readable)."""
+        if self._handle is not None:
+            self._handle.close()
+        if self._own_generator:
+            self.generator.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def submit(self, prompt: Any, max_tokens: int = 128, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+               repetition_penalty: float = 1.0, seed: int = 0, ignore_eos: bool = False,
+               stop: Union[None, str, SequenceT[str]] = None,
+               stop_ids: Optional[SequenceT[int]] = None) -> "Request":
+        """Submits one request (safe from any thread) and returns its :class:`Request`.
+
+        Args:
+            prompt: a text (tokenized with the model's tokenizer, special tokens added) or a
+                list of token ids.
+            max_tokens: new tokens at most (>= 1).
+            temperature, top_k, top_p, min_p, repetition_penalty, seed, ignore_eos: as
+                :meth:`Generator.generate`.
+            stop: a string or strings that end the request (its text stops before them).
+            stop_ids: ids that end the request (the id is kept).
+
+        Raises:
+            InvalidArgumentError: an empty prompt, bad sampling settings, ids outside the
+                vocabulary, text or stop strings without a tokenizer.
+            TooLongError: prompt + max_tokens exceed the model's context or the KV pool.
+            QueueFullError: max_queue requests are waiting already (retry later).
+        """
+        lib = _native.library()
+        p = lib.nopad_request_default_params()
+        keep: List[Any] = []  # buffers the call reads
+        if isinstance(prompt, _TEXT):
+            raw = prompt.encode("utf-8") if isinstance(prompt, str) else bytes(prompt)
+            buf = ctypes.create_string_buffer(raw, len(raw) + 1)
+            keep.append(buf)
+            p.prompt_text = ctypes.cast(buf, ctypes.c_char_p)
+        else:
+            ids = np.ascontiguousarray(np.asarray(list(prompt) if not isinstance(prompt, np.ndarray)
+                                                  else prompt), dtype=np.int64)
+            if ids.ndim != 1:
+                raise InvalidArgumentError("prompt ids must be one list of ints")
+            if ids.size and (ids.min() < -2**31 or ids.max() > 2**31 - 1):
+                raise InvalidArgumentError("prompt ids must fit int32")
+            ids32 = np.ascontiguousarray(ids, dtype=np.int32)
+            keep.append(ids32)
+            p.prompt_ids = _native.ptr(ids32)
+            p.n_prompt_ids = int(ids32.size)
+        p.max_tokens = _int_arg(max_tokens, "max_tokens", -2**31)
+        p.ignore_eos = 1 if ignore_eos else 0
+        s = p.sampling
+        s.temperature = _float_arg(temperature, "temperature")
+        s.top_k = _int_arg(top_k, "top_k", -2**31)
+        s.top_p = _float_arg(top_p, "top_p")
+        s.min_p = _float_arg(min_p, "min_p")
+        s.repetition_penalty = _float_arg(repetition_penalty, "repetition_penalty")
+        if not _is_int(seed) or not 0 <= int(seed) <= 2**64 - 1:
+            raise InvalidArgumentError("seed must be an int in [0, 2^64)")
+        s.seed = int(seed)
+        p.sampling = s
+        if stop is not None:
+            stops = [stop] if isinstance(stop, str) else list(stop)
+            arr = (ctypes.c_char_p * max(len(stops), 1))(*[x.encode("utf-8") for x in stops])
+            keep.append(arr)
+            p.stop_strings = ctypes.cast(arr, ctypes.c_void_p)
+            p.n_stop_strings = len(stops)
+        if stop_ids is not None:
+            sid = np.ascontiguousarray(np.asarray(list(stop_ids), dtype=np.int64), dtype=np.int32)
+            keep.append(sid)
+            p.stop_ids = _native.ptr(sid)
+            p.n_stop_ids = int(sid.size)
+        out = ctypes.c_void_p()
+        with self._handle.use() as e:
+            _native.check(lib.nopad_engine_submit(e, ctypes.byref(p), ctypes.byref(out)))
+        return Request(self, out.value)
+
+    def stats(self) -> dict:
+        """The engine's counters (running, waiting, KV blocks, steps, tokens, preemptions, ...)."""
+        lib = _native.library()
+        st = _native.EngineStats()
+        with self._handle.use() as e:
+            _native.check(lib.nopad_engine_get_stats(e, ctypes.byref(st)))
+        return {name: getattr(st, name) for name, _ in _native.EngineStats._fields_}
+
+
+class Request:
+    """One submitted request: iterate it for its text as it comes (whole characters), or call
+    :meth:`result`. Thread-safe to cancel; one reader at a time."""
+
+    def __init__(self, engine: Engine, handle: int):
+        self.engine = engine
+        self._handle = Handle(handle, _native.library().nopad_request_free, "Request")
+        self.ids: List[int] = []
+        self.finish_reason: Optional[str] = None
+        self._text_seen = 0
+        self.id = int(_native.library().nopad_request_id(handle))
+
+    def close(self) -> None:
+        """Releases the request (cancels it if it is still running)."""
+        self._handle.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def cancel(self) -> None:
+        """Asks the request to stop; it ends as "cancelled" at the engine's next iteration."""
+        with self._handle.use() as r:
+            _native.check(_native.library().nopad_request_cancel(r))
+
+    def read(self, timeout: Optional[float] = None) -> List[int]:
+        """The next new ids (at least one unless the request has ended or `timeout` seconds
+        passed; None: wait). Sets :attr:`finish_reason` at the end."""
+        lib = _native.library()
+        buf = np.zeros(256, dtype=np.int32)
+        n = ctypes.c_int32()
+        fin = ctypes.c_int()
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        with self._handle.use() as r:
+            _native.check(lib.nopad_request_read(r, _native.ptr(buf), buf.size, ctypes.byref(n),
+                                                 ctypes.byref(fin), ms))
+        got = buf[:n.value].tolist()
+        self.ids += got
+        if fin.value != 0:
+            self.finish_reason = FINISH_NAMES.get(fin.value, "error")
+        return got
+
+    def text(self) -> str:
+        """The text so far (complete once the request has ended)."""
+        lib = _native.library()
+        size = ctypes.c_size_t()
+        with self._handle.use() as r:
+            st = lib.nopad_request_text(r, None, 0, ctypes.byref(size))
+            if st not in (0, int(_native.STATUS_BUFFER_TOO_SMALL)):
+                _native.check(st)
+            buf = ctypes.create_string_buffer(size.value + 1)
+            _native.check(lib.nopad_request_text(r, buf, size.value + 1, ctypes.byref(size)))
+        return buf.raw[:size.value].decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        while self.finish_reason is None:
+            self.read()
+            text = self.text()
+            if len(text) > self._text_seen:
+                piece, self._text_seen = text[self._text_seen:], len(text)
+                yield piece
+        text = self.text()
+        if len(text) > self._text_seen:
+            piece, self._text_seen = text[self._text_seen:], len(text)
+            yield piece
+
+    def result(self, timeout: Optional[float] = None) -> str:
+        """Waits for the end and returns the whole text (`timeout` seconds at most per read;
+        TimeoutError past it)."""
+        while self.finish_reason is None:
+            if not self.read(timeout) and self.finish_reason is None and timeout is not None:
+                raise TimeoutError("request %d: no token within %s s" % (self.id, timeout))
+        return self.text()
+
+    def stats(self) -> dict:
+        lib = _native.library()
+        st = _native.RequestStats()
+        with self._handle.use() as r:
+            _native.check(lib.nopad_request_get_stats(r, ctypes.byref(st)))
+        d = {name: getattr(st, name) for name, _ in _native.RequestStats._fields_}
+        d["finish"] = FINISH_NAMES.get(d["finish"], "error")
+        return d
+
+    def __repr__(self) -> str:
+        return "<nopad.Request %d: %d ids, %s>" % (self.id, len(self.ids),
+                                                   self.finish_reason or "running")

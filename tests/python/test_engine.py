@@ -1,0 +1,106 @@
+"""nopad.Engine: requests from several Python threads through the library's engine give what
+nopad.Generator gives for each prompt alone (greedy; sampled with a seed), stream their text,
+cancel, report stats and refuse bad input. The tiny llama_gqa fixture (ids) always; SmolLM2 (text,
+stop strings) when its GGUF is there."""
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nopad
+from conftest import MODELS
+
+
+def _prompts(n, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, int(rng.integers(1, 60))).tolist() for _ in range(n)]
+
+
+def test_engine_threads_equal_generator():
+    with nopad.Generator(MODELS / "llama_gqa") as gen, \
+            nopad.Engine(gen, kv_cache_tokens=4096, max_running=8, max_step_tokens=256) as eng:
+        prompts = _prompts(24, gen.info.vocab_size)
+        want = [gen.generate_ids([p], max_tokens=12, ignore_eos=True)[0] for p in prompts]
+        got = [None] * len(prompts)
+
+        def worker(k):
+            for i in range(k, len(prompts), 4):
+                r = eng.submit(prompts[i], max_tokens=12, ignore_eos=True)
+                r.result()
+                got[i] = r.ids
+                assert r.finish_reason == "length"
+                r.close()
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == want
+        # the engine's counters settle once its thread has retired the last request
+        for _ in range(200):
+            st = eng.stats()
+            if st["running"] == 0 and st["tokens_generated"] == 12 * len(prompts):
+                break
+            threading.Event().wait(0.01)
+        assert st["tokens_generated"] == 12 * len(prompts) and st["running"] == 0
+        assert st["kv_blocks_used"] == 0 and st["steps"] > 0
+
+
+def test_engine_sampling_cancel_and_errors():
+    with nopad.Generator(MODELS / "llama_gqa") as gen, \
+            nopad.Engine(gen, max_queue=2, max_running=1) as eng:
+        p = _prompts(1, gen.info.vocab_size, seed=3)[0]
+        want = gen.generate_ids([p], max_tokens=10, temperature=0.8, top_p=0.9, seed=7,
+                                ignore_eos=True)[0]
+        r = eng.submit(p, max_tokens=10, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+        r.result()
+        assert r.ids == want
+        # one request runs at a time: the second waits behind the first's 110 steps and is
+        # cancelled there (the context is 128)
+        first = eng.submit(p[:8], max_tokens=110, ignore_eos=True)
+        second = eng.submit(p[:8], max_tokens=110, ignore_eos=True)
+        second.cancel()
+        assert second.result() == "" and second.finish_reason == "cancelled" and second.ids == []
+        first.result()
+        assert first.finish_reason == "length" and len(first.ids) == 110
+        with pytest.raises(nopad.InvalidArgumentError):
+            eng.submit([], max_tokens=4)
+        with pytest.raises(nopad.InvalidArgumentError):
+            eng.submit(p, max_tokens=0)
+        with pytest.raises(nopad.InvalidArgumentError, match="tokenizer"):
+            eng.submit("text needs a tokenizer", max_tokens=4)
+        with pytest.raises(nopad.TooLongError):
+            eng.submit(p, max_tokens=10**6)
+        assert eng.stats()["kv_blocks_used"] == 0
+    with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+        eng.submit(p, max_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    path = os.environ.get("NOPAD_SMOLLM2_GGUF") or os.path.expanduser(
+        "~/.cache/nopad/SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not Path(path).is_file():
+        pytest.skip("SmolLM2 GGUF not found (scripts/fetch_default_decoder.sh)")
+    return path
+
+
+def test_engine_text_streams_and_stops(gguf):
+    chat = "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n"
+    prompts = [chat % q for q in ("What is the capital of France?", "Count from one to ten.",
+                                  "Name a colour.")]
+    with nopad.Generator(gguf) as gen, nopad.Engine(gen) as eng:
+        want = gen.generate(prompts, max_tokens=24)
+        reqs = [eng.submit(p, max_tokens=24) for p in prompts]
+        pieces = ["".join(reqs[0])]  # streamed
+        got = [pieces[0]] + [r.result() for r in reqs[1:]]
+        assert got == want
+        assert "Paris" in got[0]
+        r = eng.submit(prompts[1], max_tokens=40, stop=[" five", " 5"])
+        text = r.result()
+        assert r.finish_reason == "stop" and " five" not in text and " 5" not in text
+        s = r.stats()
+        assert s["finish"] == "stop" and s["generated_tokens"] >= 1
