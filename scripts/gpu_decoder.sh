@@ -12,6 +12,7 @@
 #        step's SmolLM2 part (transformers reads GGUF through it), carried with the last piece.
 # There: scripts/gpu_decoder.sh --run [steps]      (carry [".gpu_carry/dec"], then [".gpu_carry/gN"])
 #        steps: gguf (keep this call's GGUF piece), test, half (HF fp16/bf16 error), attn, decode,
+#        engine (bench/engine_bench.py: the engine's throughput workload),
 #        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64";
 #        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
 #        default "gguf test". Logs and JSON to $OUT.
@@ -114,6 +115,10 @@ for step in $STEPS; do
         [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
         timeout 590 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
             --out "$OUT/dec.json" ${DEC_ARGS:-} 2>&1 | tee "$OUT/dec.log" || status=1
+        ;;
+    engine)
+        timeout 300 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" \
+            --out "$OUT/engine.json" ${ENGINE_ARGS:-} 2>&1 | tee "$OUT/engine.log" || status=1
         ;;
     profile)
         for bb in ${PROFILE_BATCHES:-1 64}; do
