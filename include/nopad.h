@@ -496,10 +496,11 @@ const char *nopad_finish_reason_name(nopad_finish_reason finish);
 /* Called on the engine's thread as a request's tokens come, in order: `token` the new id, `text`
  * (NUL-terminated, valid during the call; "" without a tokenizer) the text it releases, as
  * nopad_request_text grows. The last call has finish != NOPAD_FINISH_NONE; its token is -1 when
- * the request ended without a new one (cancelled, error). Each call returns before
- * nopad_request_read sees what it carries, so once a reader sees the end no call is left to come
- * and `user` may go. The callback holds up every request while it runs: keep it short. It may
- * submit, cancel and free requests, never the engine. */
+ * the request ended without a new one (cancelled, error), and it is the last: `user` may go in
+ * or after it. Readers see each id (and the end) just before the call carrying it, so the last
+ * call finds the request ended (its stats and text complete); a reader that sees the end may
+ * still have that call running. The callback holds up every request while it runs: keep it
+ * short. It may submit, cancel and free requests, never the engine. */
 typedef void (*nopad_request_fn)(void *user, uint64_t request_id, int32_t token, const char *text,
                                  nopad_finish_reason finish);
 

@@ -7,6 +7,7 @@
  * random arrivals on a real model. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,9 +217,12 @@ typedef struct job {
     int32_t got[MAX_IDS], n_got;
     nopad_finish_reason finish;
     pthread_mutex_t cb_lock;              /* the callback's view */
+    pthread_cond_t cb_ended;
     int32_t cb_ids[MAX_IDS], n_cb;
     nopad_finish_reason cb_finish;
     int cb_after_end;                     /* calls after the one with a finish: must stay 0 */
+    int cb_unended;                       /* last calls before the request showed its end: 0 */
+    _Atomic(nopad_request *) handle;      /* r, for the callback */
 } job;
 
 static void on_token(void *user, uint64_t id, int32_t token, const char *text,
@@ -228,6 +232,13 @@ static void on_token(void *user, uint64_t id, int32_t token, const char *text,
     if (j->cb_finish != NOPAD_FINISH_NONE) j->cb_after_end++;
     if (token >= 0 && j->n_cb < MAX_IDS) j->cb_ids[j->n_cb++] = token;
     j->cb_finish = finish;
+    /* the last call finds the request ended (when its submitter has the handle already) */
+    nopad_request *r = atomic_load(&j->handle);
+    nopad_request_stats st;
+    if (finish != NOPAD_FINISH_NONE && r &&
+        (nopad_request_get_stats(r, &st) != NOPAD_OK || st.finish != finish))
+        j->cb_unended++;
+    pthread_cond_broadcast(&j->cb_ended);
     pthread_mutex_unlock(&j->cb_lock);
 }
 
@@ -243,6 +254,7 @@ static void submit_job(job *j) {
         p.user = j;
     }
     assert_nopad_ok(nopad_engine_submit(j->engine, &p, &j->r));
+    atomic_store(&j->handle, j->r);
     if (j->fate == CANCEL_AT_SUBMIT) assert_nopad_ok(nopad_request_cancel(j->r));
 }
 
@@ -374,9 +386,14 @@ static void check_job(const char *what, int k, const job *j, checker *c) {
         check_ids(what, k, j, c, j->finish == NOPAD_FINISH_LENGTH ? j->n_want : j->n_got);
     }
     if (j->use_callback) { /* the callback saw the same ids in order, and the end once */
+        pthread_mutex_lock((pthread_mutex_t *)&j->cb_lock); /* a reader may see the end first */
+        while (j->cb_finish == NOPAD_FINISH_NONE)
+            pthread_cond_wait((pthread_cond_t *)&j->cb_ended, (pthread_mutex_t *)&j->cb_lock);
+        pthread_mutex_unlock((pthread_mutex_t *)&j->cb_lock);
         expect_same_ids("callback", k, j->cb_ids, j->n_cb, j->got, j->n_got);
         assert_int_equal(j->cb_finish, j->finish);
         assert_int_equal(j->cb_after_end, 0);
+        assert_int_equal(j->cb_unended, 0);
     }
 }
 
@@ -406,6 +423,7 @@ static job *make_jobs(int n, nopad_engine *e, nopad_context *alone, int32_t voca
         job *j = &jobs[k];
         j->engine = e;
         pthread_mutex_init(&j->cb_lock, NULL);
+        pthread_cond_init(&j->cb_ended, NULL);
         j->n_prompt = 1 + (int32_t)(test_rand_u32(rng) % (uint32_t)max_prompt);
         for (int32_t i = 0; i < j->n_prompt; i++) j->prompt[i] = (int32_t)(test_rand_u32(rng) % (uint32_t)vocab);
         int32_t room = ctx_len - j->n_prompt;
@@ -435,6 +453,7 @@ static void free_jobs(job *jobs, int n) {
     for (int k = 0; k < n; k++) {
         nopad_request_free(jobs[k].r);
         pthread_mutex_destroy(&jobs[k].cb_lock);
+        pthread_cond_destroy(&jobs[k].cb_ended);
     }
     free(jobs);
 }
@@ -783,13 +802,18 @@ static void test_bad_input(void **state) {
 typedef struct text_log {
     char text[4096];
     nopad_finish_reason finish;
+    pthread_mutex_t lock;
+    pthread_cond_t ended;
 } text_log;
 
 static void log_text(void *user, uint64_t id, int32_t token, const char *text,
                      nopad_finish_reason finish) {
     text_log *l = user;
+    pthread_mutex_lock(&l->lock);
     strncat(l->text, text, sizeof l->text - strlen(l->text) - 1);
     l->finish = finish;
+    pthread_cond_broadcast(&l->ended);
+    pthread_mutex_unlock(&l->lock);
 }
 
 /* Runs prompt_text greedily; the text of nopad_request_text, which the callback's pieces add up to. */
@@ -799,6 +823,8 @@ static void run_text(nopad_engine *e, const char *prompt, const char *stop, int3
     p.prompt_text = prompt;
     p.max_tokens = 24;
     text_log log = {.text = ""};
+    pthread_mutex_init(&log.lock, NULL);
+    pthread_cond_init(&log.ended, NULL);
     p.on_token = log_text;
     p.user = &log;
     if (stop) {
@@ -810,8 +836,13 @@ static void run_text(nopad_engine *e, const char *prompt, const char *stop, int3
     *n_ids = read_all(r, ids, MAX_IDS, 64, finish);
     size_t len;
     assert_nopad_ok(nopad_request_text(r, text, 4096, &len));
+    pthread_mutex_lock(&log.lock); /* the reader may see the end before the last call is done */
+    while (log.finish == NOPAD_FINISH_NONE) pthread_cond_wait(&log.ended, &log.lock);
+    pthread_mutex_unlock(&log.lock);
     assert_string_equal(log.text, text);
     assert_int_equal(log.finish, *finish);
+    pthread_mutex_destroy(&log.lock);
+    pthread_cond_destroy(&log.ended);
     nopad_request_free(r);
 }
 

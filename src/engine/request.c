@@ -134,8 +134,8 @@ static void finish_locked(request *r, nopad_finish_reason finish) {
     r->detok = NULL;
 }
 
-/* on_token runs before readers see what it carries: once a reader sees the end, the callback is
- * done with `user`. */
+/* Readers see the id and the end before on_token runs: when the call with the end comes, the
+ * request's stats and text already show it. */
 nopad_finish_reason request_deliver(request *r, const char *text, size_t text_len,
                                     nopad_finish_reason finish, nopad_status error) {
     const int32_t token = r->tokens[r->n_tokens - 1];
@@ -147,7 +147,6 @@ nopad_finish_reason request_deliver(request *r, const char *text, size_t text_le
         text_len = 0;
     }
     if (finish == NOPAD_FINISH_ERROR) note_error(r, error);
-    if (r->on_token) r->on_token(r->user, r->id, token, text, finish);
     pthread_mutex_lock(&r->lock);
     r->n_delivered = r->n_tokens - r->n_prompt;
     if (r->first_token_ms < 0) r->first_token_ms = ms_since_submit(r);
@@ -157,16 +156,17 @@ nopad_finish_reason request_deliver(request *r, const char *text, size_t text_le
     if (finish != NOPAD_FINISH_NONE) finish_locked(r, finish);
     pthread_cond_broadcast(&r->changed);
     pthread_mutex_unlock(&r->lock);
+    if (r->on_token) r->on_token(r->user, r->id, token, text, finish);
     return finish;
 }
 
 void request_end(request *r, nopad_finish_reason finish, nopad_status error) {
     if (finish == NOPAD_FINISH_ERROR) note_error(r, error);
-    if (r->on_token) r->on_token(r->user, r->id, -1, "", finish);
     pthread_mutex_lock(&r->lock);
     finish_locked(r, finish);
     pthread_cond_broadcast(&r->changed);
     pthread_mutex_unlock(&r->lock);
+    if (r->on_token) r->on_token(r->user, r->id, -1, "", finish);
 }
 
 void request_note_admitted(request *r, int32_t prompt_shared) {
