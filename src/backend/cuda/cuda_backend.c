@@ -162,12 +162,25 @@ static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32
     /* device and host layout: rows [n] | ids [n] | logprobs [n] | history [n_hist] */
     const size_t rows_bytes = (size_t)n * sizeof(cuda_sample_row);
     const size_t need = rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float)) + (size_t)n_hist * sizeof(int32_t);
-    nopad_status st = grow_workspace(be, s, &s->sample_dev, &s->sample_dev_bytes, need, "sampling buffer");
-    if (st != NOPAD_OK) return st;
+    /* no graph names this buffer (sampling runs after the recorded part of a step), so growing
+     * it keeps the graphs; it grows by doubling, as the penalty's histories grow every step */
+    nopad_status st = NOPAD_OK;
+    if (need > s->sample_dev_bytes) {
+        if (s->sample_dev) {
+            cudaStreamSynchronize(s->stream);
+            cudaFree(s->sample_dev);
+            s->sample_dev = NULL;
+            s->sample_dev_bytes = 0;
+        }
+        const size_t bytes = need < 4096 ? 8192 : 2 * need;
+        st = cuda_check(cudaMalloc(&s->sample_dev, bytes), "sampling buffer");
+        if (st != NOPAD_OK) return st;
+        s->sample_dev_bytes = bytes;
+    }
     if (need > s->sample_host_bytes) {
         free(s->sample_host);
-        s->sample_host = malloc(need);
-        s->sample_host_bytes = s->sample_host ? need : 0;
+        s->sample_host = malloc(2 * need);
+        s->sample_host_bytes = s->sample_host ? 2 * need : 0;
         if (!s->sample_host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cuda sampling: out of memory");
     }
     char *h = s->sample_host, *d = s->sample_dev;
