@@ -28,7 +28,6 @@
 #include "cuda_testutil.h"
 #include "golden.h"
 #include "model/decoder.h"
-#include "model/sampling.h"
 
 static const char *const DECODERS[] = {"gpt2_dec", "llama_gqa", "llama_mqa", "llama_linear",
                                        "qwen2_bias"};
@@ -449,10 +448,8 @@ static void test_smollm2(void **state) {
 }
 
 /* Sampling on the device inside nopad_decode_sample against sample_token on the host, on the
- * logits nopad_decode gives for the same steps (the same kernels: equal logits): greedy,
- * temperature + top-k + top-p, and repetition penalty + min-p, each sequence with its seed; five
- * steps, the later ones decode-only (replayed graphs). The ids must be equal, log-probs within
- * 1e-5. */
+ * logits nopad_decode gives for the same steps (the same kernels: equal logits); five steps, the
+ * later ones decode-only (replayed graphs); testutil.c says what is checked. */
 static void sample_on_device(const char *label, const char *path, nopad_dtype dtype, int32_t B,
                              const int32_t *cu, const int32_t *ids) {
     nopad_model_params mp = nopad_model_default_params();
@@ -462,76 +459,10 @@ static void sample_on_device(const char *label, const char *path, nopad_dtype dt
     assert_nopad_ok(nopad_model_load(path, &mp, &m));
     nopad_model_info info;
     assert_nopad_ok(nopad_model_get_info(m, &info));
-    const int32_t V = info.vocab_size, STEPS = 5;
-    nopad_context *c = nopad_model_context(m);
-    nopad_sampling_params sets[3];
-    for (int k = 0; k < 3; k++) sets[k] = nopad_sampling_default_params();
-    sets[1].temperature = 0.7f;
-    sets[1].top_k = 40;
-    sets[1].top_p = 0.9f;
-    sets[2].temperature = 1.2f;
-    sets[2].repetition_penalty = 1.3f;
-    sets[2].min_p = 0.05f;
-    sampler_scratch scratch;
-    sampler_scratch_init(&scratch);
-    int checked = 0;
-    for (int k = 0; k < 3; k++) {
-        nopad_sequence **a = calloc((size_t)B, sizeof *a), **b = calloc((size_t)B, sizeof *b);
-        nopad_sampling_params *p = malloc((size_t)B * sizeof *p);
-        uint64_t *draws = calloc((size_t)B, sizeof *draws);
-        int32_t *hist = malloc(((size_t)cu[B] + (size_t)STEPS * B) * sizeof *hist);
-        int32_t *hcu = malloc(((size_t)B + 1) * sizeof *hcu), *got = malloc((size_t)B * sizeof *got);
-        int32_t *cu1 = malloc(((size_t)B + 1) * sizeof *cu1), *next = malloc((size_t)B * sizeof *next);
-        int32_t *sampled = malloc((size_t)B * STEPS * sizeof *sampled);
-        float *logits = malloc((size_t)B * V * sizeof *logits), *lp = malloc((size_t)B * sizeof *lp);
-        for (int32_t i = 0; i < B; i++) {
-            assert_nopad_ok(nopad_sequence_create(c, &a[i]));
-            assert_nopad_ok(nopad_sequence_create(c, &b[i]));
-            p[i] = sets[k];
-            p[i].seed = 77 + (uint64_t)i;
-            cu1[i] = i;
-        }
-        cu1[B] = B;
-        const int32_t *scu = cu, *tokens = ids;
-        for (int step = 0; step < STEPS; step++) {
-            assert_nopad_ok(nopad_decode(c, B, a, scu, tokens, 0, logits));
-            assert_nopad_ok(nopad_decode_sample(c, B, b, scu, tokens, p, draws, got, lp));
-            int32_t at = 0;
-            for (int32_t i = 0; i < B; i++) {
-                hcu[i] = at;
-                memcpy(hist + at, ids + cu[i], (size_t)(cu[i + 1] - cu[i]) * sizeof *hist);
-                at += cu[i + 1] - cu[i];
-                for (int j = 0; j < step; j++) hist[at++] = sampled[i * STEPS + j];
-            }
-            hcu[B] = at;
-            for (int32_t i = 0; i < B; i++) {
-                int32_t want;
-                float want_lp;
-                assert_nopad_ok(sample_token(&scratch, logits + (size_t)i * V, V, &p[i], hist + hcu[i],
-                                             hcu[i + 1] - hcu[i], draws[i], &want, &want_lp));
-                if (got[i] != want)
-                    fail_msg("%s set %d step %d sequence %d: device sampling chose %d, the host %d", label, k,
-                             step, i, got[i], want);
-                if (!(fabsf(lp[i] - want_lp) <= 1e-5f))
-                    fail_msg("%s set %d step %d sequence %d: log-prob %.7f, the host %.7f", label, k, step, i,
-                             lp[i], want_lp);
-                next[i] = sampled[i * STEPS + step] = got[i];
-                draws[i]++;
-                checked++;
-            }
-            scu = cu1;
-            tokens = next;
-        }
-        for (int32_t i = 0; i < B; i++) {
-            nopad_sequence_free(a[i]);
-            nopad_sequence_free(b[i]);
-        }
-        free(a); free(b); free(p); free(draws); free(hist); free(hcu); free(got); free(cu1); free(next);
-        free(sampled); free(logits); free(lp);
-    }
+    const int checked = test_decode_sample_matches_host(nopad_model_context(m), info.vocab_size, B, cu,
+                                                        ids, 5, label);
     printf("  %-5s %-18s device sampling: %d ids equal the host's (greedy, top-k/top-p, penalty/min-p)\n",
            dtype == NOPAD_DTYPE_F16 ? "f16" : "bf16", label, checked);
-    sampler_scratch_free(&scratch);
     nopad_model_free(m);
 }
 

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "golden.h"
-#include "model/sampling.h"
 
 static const char *const DECODERS[] = {"gpt2_dec", "llama_gqa", "llama_mqa", "llama_linear",
                                        "qwen2_bias"};
@@ -342,88 +341,17 @@ static void test_smollm2(void **state) {
     nopad_model_free(m);
 }
 
-/* nopad_decode_sample against sample_token on nopad_decode's logits, three steps of every prompt
- * of llama_gqa together: greedy, temperature with top-k / top-p and a seed per sequence, and the
- * repetition penalty with min-p (its history: the prompt and the ids sampled so far). The ids must
- * be equal; invalid parameters change nothing. */
+/* nopad_decode_sample against sample_token on nopad_decode's logits: three steps of every prompt
+ * of llama_gqa together, greedy, top-k / top-p and penalty / min-p (testutil.c). */
 static void test_decode_sample(void **state) {
     dgolden g;
     dgolden_load("llama_gqa", &g);
     nopad_model *m = load_decoder("llama_gqa", NULL);
     nopad_model_info info;
     assert_nopad_ok(nopad_model_get_info(m, &info));
-    const int32_t V = info.vocab_size, B = g.n_seqs;
-    nopad_context *c = nopad_model_context(m);
-    nopad_sampling_params sets[3];
-    for (int k = 0; k < 3; k++) sets[k] = nopad_sampling_default_params();
-    sets[1].temperature = 0.8f;
-    sets[1].top_k = 7;
-    sets[1].top_p = 0.9f;
-    sets[2].temperature = 1.3f;
-    sets[2].repetition_penalty = 1.4f;
-    sets[2].min_p = 0.02f;
-    sampler_scratch scratch;
-    sampler_scratch_init(&scratch);
-    for (int k = 0; k < 3; k++) {
-        nopad_sequence **a = calloc((size_t)B, sizeof *a), **b = calloc((size_t)B, sizeof *b);
-        nopad_sampling_params *p = malloc((size_t)B * sizeof *p);
-        uint64_t *draws = calloc((size_t)B, sizeof *draws);
-        int32_t *hist = malloc(((size_t)g.n_tokens + 3 * B) * sizeof *hist);
-        int32_t *hcu = malloc(((size_t)B + 1) * sizeof *hcu), *ids = malloc((size_t)B * sizeof *ids);
-        int32_t *cu1 = malloc(((size_t)B + 1) * sizeof *cu1), *next = malloc((size_t)B * sizeof *next);
-        float *logits = malloc((size_t)B * V * sizeof *logits), *lp = malloc((size_t)B * sizeof *lp);
-        int32_t *sampled = malloc((size_t)B * 3 * sizeof *sampled);
-        for (int32_t i = 0; i < B; i++) {
-            assert_nopad_ok(nopad_sequence_create(c, &a[i]));
-            assert_nopad_ok(nopad_sequence_create(c, &b[i]));
-            p[i] = sets[k];
-            p[i].seed = 1000 + (uint64_t)i;
-            cu1[i] = i;
-        }
-        cu1[B] = B;
-        const int32_t *cu = g.cu, *tokens = g.ids;
-        for (int step = 0; step < 3; step++) {
-            assert_nopad_ok(nopad_decode(c, B, a, cu, tokens, 0, logits));
-            assert_nopad_ok(nopad_decode_sample(c, B, b, cu, tokens, p, draws, ids, lp));
-            /* the history: the prompt, then the ids sampled before this step */
-            int32_t at = 0;
-            for (int32_t i = 0; i < B; i++) {
-                hcu[i] = at;
-                memcpy(hist + at, g.ids + g.cu[i], (size_t)(g.cu[i + 1] - g.cu[i]) * sizeof *hist);
-                at += g.cu[i + 1] - g.cu[i];
-                for (int j = 0; j < step; j++) hist[at++] = sampled[i * 3 + j];
-            }
-            hcu[B] = at;
-            for (int32_t i = 0; i < B; i++) {
-                int32_t want;
-                float want_lp;
-                assert_nopad_ok(sample_token(&scratch, logits + (size_t)i * V, V, &p[i], hist + hcu[i],
-                                             hcu[i + 1] - hcu[i], draws[i], &want, &want_lp));
-                if (ids[i] != want)
-                    fail_msg("set %d step %d sequence %d: nopad_decode_sample chose %d, sample_token %d",
-                             k, step, i, ids[i], want);
-                assert_true(fabsf(lp[i] - want_lp) <= 1e-5f);
-                next[i] = sampled[i * 3 + step] = ids[i];
-                draws[i]++;
-            }
-            cu = cu1;
-            tokens = next;
-        }
-        /* invalid parameters: an error, and the sequences keep their lengths */
-        const int32_t len0 = nopad_sequence_length(b[0]);
-        p[B - 1].top_p = 0.0f;
-        assert_int_equal(nopad_decode_sample(c, B, b, cu1, next, p, draws, ids, NULL),
-                         NOPAD_ERR_INVALID_ARGUMENT);
-        assert_int_equal(nopad_sequence_length(b[0]), len0);
-        for (int32_t i = 0; i < B; i++) {
-            nopad_sequence_free(a[i]);
-            nopad_sequence_free(b[i]);
-        }
-        free(a); free(b); free(p); free(draws); free(hist); free(hcu); free(ids); free(cu1);
-        free(next); free(logits); free(lp); free(sampled);
-    }
-    printf("  decode_sample: greedy, top-k/top-p, penalty/min-p: ids equal sample_token's\n");
-    sampler_scratch_free(&scratch);
+    const int n = test_decode_sample_matches_host(nopad_model_context(m), info.vocab_size, g.n_seqs,
+                                                  g.cu, g.ids, 3, "llama_gqa");
+    printf("  decode_sample: %d ids equal sample_token's (greedy, top-k/top-p, penalty/min-p)\n", n);
     nopad_model_free(m);
     dgolden_free(&g);
 }

@@ -1,6 +1,8 @@
 #define _XOPEN_SOURCE 700 /* nftw, mkdtemp */
 #include "testutil.h"
 
+#include "model/sampling.h"
+
 #include <cjson/cJSON.h>
 #include <ftw.h>
 #include <math.h>
@@ -201,4 +203,82 @@ void test_corpus_free(test_corpus *c) {
     for (int i = 0; i < c->n; i++) free(c->text[i]);
     free(c->text);
     free(c->len);
+}
+
+int test_decode_sample_matches_host(nopad_context *c, int32_t V, int32_t B, const int32_t *cu,
+                                    const int32_t *ids, int steps, const char *label) {
+    nopad_sampling_params sets[3];
+    for (int k = 0; k < 3; k++) sets[k] = nopad_sampling_default_params();
+    sets[1].temperature = 0.7f;
+    sets[1].top_k = 7;
+    sets[1].top_p = 0.9f;
+    sets[2].temperature = 1.2f;
+    sets[2].repetition_penalty = 1.3f;
+    sets[2].min_p = 0.02f;
+    sampler_scratch scratch;
+    sampler_scratch_init(&scratch);
+    int checked = 0;
+    for (int k = 0; k < 3; k++) {
+        nopad_sequence **a = calloc((size_t)B, sizeof *a), **b = calloc((size_t)B, sizeof *b);
+        nopad_sampling_params *p = malloc((size_t)B * sizeof *p);
+        uint64_t *draws = calloc((size_t)B, sizeof *draws);
+        int32_t *hist = malloc(((size_t)cu[B] + (size_t)steps * B) * sizeof *hist);
+        int32_t *hcu = malloc(((size_t)B + 1) * sizeof *hcu), *got = malloc((size_t)B * sizeof *got);
+        int32_t *cu1 = malloc(((size_t)B + 1) * sizeof *cu1), *next = malloc((size_t)B * sizeof *next);
+        int32_t *sampled = malloc((size_t)B * steps * sizeof *sampled);
+        float *logits = malloc((size_t)B * V * sizeof *logits), *lp = malloc((size_t)B * sizeof *lp);
+        for (int32_t i = 0; i < B; i++) {
+            assert_int_equal(nopad_sequence_create(c, &a[i]), NOPAD_OK);
+            assert_int_equal(nopad_sequence_create(c, &b[i]), NOPAD_OK);
+            p[i] = sets[k];
+            p[i].seed = 77 + (uint64_t)i;
+            cu1[i] = i;
+        }
+        cu1[B] = B;
+        const int32_t *scu = cu, *tokens = ids;
+        for (int step = 0; step < steps; step++) {
+            assert_int_equal(nopad_decode(c, B, a, scu, tokens, 0, logits), NOPAD_OK);
+            assert_int_equal(nopad_decode_sample(c, B, b, scu, tokens, p, draws, got, lp), NOPAD_OK);
+            int32_t at = 0; /* the history: the prompt, then the ids sampled before this step */
+            for (int32_t i = 0; i < B; i++) {
+                hcu[i] = at;
+                memcpy(hist + at, ids + cu[i], (size_t)(cu[i + 1] - cu[i]) * sizeof *hist);
+                at += cu[i + 1] - cu[i];
+                for (int j = 0; j < step; j++) hist[at++] = sampled[i * steps + j];
+            }
+            hcu[B] = at;
+            for (int32_t i = 0; i < B; i++) {
+                int32_t want;
+                float want_lp;
+                assert_int_equal(sample_token(&scratch, logits + (size_t)i * V, V, &p[i], hist + hcu[i],
+                                              hcu[i + 1] - hcu[i], draws[i], &want, &want_lp),
+                                 NOPAD_OK);
+                if (got[i] != want)
+                    fail_msg("%s set %d step %d sequence %d: nopad_decode_sample chose %d, the host %d",
+                             label, k, step, i, got[i], want);
+                if (!(fabsf(lp[i] - want_lp) <= 1e-5f))
+                    fail_msg("%s set %d step %d sequence %d: log-prob %.7f, the host %.7f", label, k, step,
+                             i, lp[i], want_lp);
+                next[i] = sampled[i * steps + step] = got[i];
+                draws[i]++;
+                checked++;
+            }
+            scu = cu1;
+            tokens = next;
+        }
+        /* invalid parameters: an error, and the sequences keep their lengths */
+        const int32_t len0 = nopad_sequence_length(b[0]);
+        p[B - 1].top_p = 0.0f;
+        assert_int_equal(nopad_decode_sample(c, B, b, cu1, next, p, draws, got, NULL),
+                         NOPAD_ERR_INVALID_ARGUMENT);
+        assert_int_equal(nopad_sequence_length(b[0]), len0);
+        for (int32_t i = 0; i < B; i++) {
+            nopad_sequence_free(a[i]);
+            nopad_sequence_free(b[i]);
+        }
+        free(a); free(b); free(p); free(draws); free(hist); free(hcu); free(got); free(cu1); free(next);
+        free(sampled); free(logits); free(lp);
+    }
+    sampler_scratch_free(&scratch);
+    return checked;
 }

@@ -28,6 +28,14 @@ double test_max_row_rel_error(const float *a, const float *b, int64_t rows, int6
  * ids; `label` names the case (e.g. "[ids] line 12: \"text\""). */
 struct cJSON;
 void test_expect_ids(const char *label, const int32_t *got, int32_t n, const struct cJSON *want);
+/* nopad_decode_sample against sample_token (model/sampling.h) on the logits nopad_decode gives
+ * for the same steps: the B prompts (cu, ids) run `steps` steps on context c, once through each
+ * call on separate sequences, each step's sampled ids fed to both, three parameter sets in turn
+ * (greedy; temperature + top-k + top-p; temperature + repetition penalty + min-p), each sequence
+ * with its own seed. Every id must equal the host's choice with the history the penalty reads
+ * (the prompt and the ids sampled before), the log-probs within 1e-5. Returns the ids checked. */
+int test_decode_sample_matches_host(nopad_context *c, int32_t vocab, int32_t B, const int32_t *cu,
+                                    const int32_t *ids, int steps, const char *label);
 /* The bytes of a hex string ("6869" -> "hi"), NUL-terminated, in *len bytes. Caller frees. */
 char *test_hex_decode(const char *hex, size_t *len);
 /* The texts of tests/data/tokenizer/corpus.jsonl (each line's "hex"), by line; free with
