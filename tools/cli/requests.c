@@ -10,6 +10,7 @@
  * pool streams through it. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,8 +221,8 @@ static const char *get_int(const cJSON *obj, const char *name, long lo, long hi,
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     if (!v || cJSON_IsNull(v)) return NULL;
     static __thread char why[160];
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble ||
-        v->valuedouble < (double)lo || v->valuedouble > (double)hi) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
+        v->valuedouble != floor(v->valuedouble)) {
         snprintf(why, sizeof why, "\"%s\" must be a whole number in [%ld, %ld]", name, lo, hi);
         return why;
     }
@@ -268,7 +269,8 @@ static const char *parse_line(requests_run *r, line_request *l, const char *text
     if (!bad) bad = get_float(obj, "top_p", &top_p);
     if (!bad) bad = get_float(obj, "min_p", &min_p);
     if (!bad) bad = get_float(obj, "repetition_penalty", &penalty);
-    if (!bad) bad = get_int(obj, "seed", 0, INT64_MAX, &seed_l);
+    /* a JSON number is a double: whole numbers are exact up to 2^53 */
+    if (!bad) bad = get_int(obj, "seed", 0, 1L << 53, &seed_l);
     if (bad) return bad;
     const cJSON *ie = cJSON_GetObjectItemCaseSensitive(obj, "ignore_eos");
     if (ie && !cJSON_IsNull(ie)) {
