@@ -381,20 +381,31 @@ static void test_decoder_ops(void **state) {
     }
 }
 
+/* The golden prompts of fixture `name` (ids, cu [n_seqs + 1]; the caller frees both) and its
+ * folder (a static buffer). */
+static const char *fixture_prompts(const char *name, int32_t **ids, int32_t **cu, int32_t *n_seqs) {
+    static char folder[256];
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s/golden.safetensors", name);
+    safetensors_file f;
+    assert_nopad_ok(safetensors_open(test_data_path(rel), &f));
+    int64_t n_tok, n_cu;
+    *ids = golden_copy(&f, "input_ids", ST_I32, &n_tok);
+    *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
+    *n_seqs = (int32_t)n_cu - 1;
+    safetensors_close(&f);
+    snprintf(rel, sizeof rel, "models/%s", name);
+    snprintf(folder, sizeof folder, "%s", test_data_path(rel));
+    return folder;
+}
+
 static void test_fixtures(void **state) {
     for (size_t i = 0; i < sizeof DECODERS / sizeof DECODERS[0]; i++) {
-        char rel[256];
-        snprintf(rel, sizeof rel, "models/%s/golden.safetensors", DECODERS[i]);
-        safetensors_file f;
-        assert_nopad_ok(safetensors_open(test_data_path(rel), &f));
-        int64_t n_tok, n_cu;
-        int32_t *ids = golden_copy(&f, "input_ids", ST_I32, &n_tok);
-        int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
-        snprintf(rel, sizeof rel, "models/%s", DECODERS[i]);
-        compare(DECODERS[i], test_data_path(rel), (int32_t)n_cu - 1, cu, ids);
+        int32_t *ids, *cu, n;
+        const char *folder = fixture_prompts(DECODERS[i], &ids, &cu, &n);
+        compare(DECODERS[i], folder, n, cu, ids);
         free(ids);
         free(cu);
-        safetensors_close(&f);
     }
     assert_int_equal(failures, 0);
 }
@@ -468,18 +479,11 @@ static void sample_on_device(const char *label, const char *path, nopad_dtype dt
 
 static void test_device_sampling(void **state) {
     for (size_t i = 0; i < sizeof DECODERS / sizeof DECODERS[0]; i++) {
-        char rel[256];
-        snprintf(rel, sizeof rel, "models/%s/golden.safetensors", DECODERS[i]);
-        safetensors_file f;
-        assert_nopad_ok(safetensors_open(test_data_path(rel), &f));
-        int64_t n_tok, n_cu;
-        int32_t *ids = golden_copy(&f, "input_ids", ST_I32, &n_tok);
-        int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
-        snprintf(rel, sizeof rel, "models/%s", DECODERS[i]);
-        for (int di = 0; di < 2; di++) sample_on_device(DECODERS[i], test_data_path(rel), DTYPES[di], (int32_t)n_cu - 1, cu, ids);
+        int32_t *ids, *cu, n;
+        const char *folder = fixture_prompts(DECODERS[i], &ids, &cu, &n);
+        for (int di = 0; di < 2; di++) sample_on_device(DECODERS[i], folder, DTYPES[di], n, cu, ids);
         free(ids);
         free(cu);
-        safetensors_close(&f);
     }
 }
 

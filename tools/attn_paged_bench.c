@@ -19,22 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 
-#define CHECK_CUDA(x)                                                                               \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
-#define CHECK_NOPAD(x)                                                                              \
-    do {                                                                                            \
-        nopad_status s_ = (x);                                                                      \
-        if (s_ != NOPAD_OK) {                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, nopad_last_error());       \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
+#include "bench_check.h"
 
 enum { BLOCK = 16, MAX_LIST = 16, MAX_REPS = 101 };
 static const size_t ROUND_BYTES = (size_t)256 << 20;

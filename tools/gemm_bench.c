@@ -28,22 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm/gemm.h"
 
-#define CHECK_CUDA(x)                                                                               \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
-#define CHECK_NOPAD(x)                                                                              \
-    do {                                                                                            \
-        nopad_status s_ = (x);                                                                      \
-        if (s_ != NOPAD_OK) {                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, nopad_last_error());       \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
+#include "bench_check.h"
 
 enum { POOL_ELEMS = 208 << 20, W_POOL_ELEMS = 64 << 20, MAX_SETS = 64, MAX_REPS = 400, MAX_VARIANTS = 16,
        MAX_EVENTS = MAX_REPS * MAX_VARIANTS + 1, MIN_LAUNCHES_PER_GRAPH = 20 };
