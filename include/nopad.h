@@ -273,6 +273,11 @@ const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *model);
  * tokenizer, prints it as a warning on stderr, and works on token ids). NULL otherwise. Owned by
  * the model. A malformed tokenizer file fails nopad_model_load instead. */
 const char *nopad_model_tokenizer_error(const nopad_model *model);
+/* The chat template a decoder ships, as Jinja text: a GGUF file's tokenizer.chat_template, or a
+ * folder's chat_template.jinja, else tokenizer_config.json's "chat_template" (its "default" entry
+ * when it is a list). NULL when there is none (and for encoders). Owned by the model. nopad does
+ * not run Jinja; front ends (nopad serve) recognise the template's family from its text. */
+const char *nopad_model_chat_template(const nopad_model *model);
 
 typedef struct nopad_encode_params {
     nopad_pooling pooling; /* default NOPAD_POOLING_MODEL */

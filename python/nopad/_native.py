@@ -244,6 +244,7 @@ _PROTOTYPES = {
     "nopad_model_get_info": (ctypes.c_int, [_p, ctypes.POINTER(ModelInfo)]),
     "nopad_model_tokenizer": (_p, [_p]),
     "nopad_model_tokenizer_error": (ctypes.c_char_p, [_p]),
+    "nopad_model_chat_template": (ctypes.c_char_p, [_p]),
     "nopad_model_memory": (ctypes.c_int, [_p, ctypes.POINTER(ctypes.c_size_t),
                                           ctypes.POINTER(ctypes.c_size_t),
                                           ctypes.POINTER(ctypes.c_size_t)]),

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "model/model_internal.h"
+#include "io/chat_template.h"
 #include "io/gguf.h"
 #include "io/gguf_config.h"
 #include "io/hf_config.h"
@@ -54,6 +55,7 @@ static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     nopad_status st = gguf_open(path, &f);
     if (st != NOPAD_OK) return st;
     st = gguf_model_config(&f, &m->cfg);
+    if (st == NOPAD_OK) st = chat_template_from_gguf(&f, &m->chat_template);
     if (st == NOPAD_OK) st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
     if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &f, &m->dec);
     gguf_close(&f);
@@ -106,6 +108,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     if (st != NOPAD_OK) return st;
 
     st = st_pipeline_load(dir, &m->pipeline);
+    if (st == NOPAD_OK && m->cfg.causal) st = chat_template_from_folder(dir, &m->chat_template);
     if (st != NOPAD_OK) return st;
     m->max_seq_length = m->cfg.max_position_embeddings - m->cfg.position_offset;
     if (m->pipeline.max_seq_length > 0 && m->pipeline.max_seq_length < m->max_seq_length)
@@ -185,6 +188,7 @@ void nopad_model_free(nopad_model *m) {
     }
     nopad_tokenizer_free(m->tokenizer);
     free(m->tokenizer_error);
+    free(m->chat_template);
     free(m->dir);
     free(m);
 }
@@ -210,6 +214,8 @@ const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *m) {
 const char *nopad_model_tokenizer_error(const nopad_model *m) {
     return m ? m->tokenizer_error : NULL;
 }
+
+const char *nopad_model_chat_template(const nopad_model *m) { return m ? m->chat_template : NULL; }
 
 nopad_status nopad_model_get_info(const nopad_model *m, nopad_model_info *out) {
     if (!m || !out)

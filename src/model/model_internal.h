@@ -26,6 +26,7 @@ struct nopad_model {
     nopad_tokenizer *tokenizer;
     const char *tokenizer_kind;
     char *tokenizer_error;    /* why the folder's tokenizer is unsupported, or NULL */
+    char *chat_template;      /* decoders: the chat template text the model ships, or NULL */
     nopad_context *context;   /* the default context */
 };
 
