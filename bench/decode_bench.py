@@ -65,6 +65,10 @@ SHAPES = {
     # a check of the script on the CPU
     "tiny": dict(vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+    # SmolLM2-135M shape (the default decoder; random weights; the LM head is the embedding matrix)
+    "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                    rope_theta=100000.0, tie_word_embeddings=True),
 }
 DTYPE_CODE = {"f32": 0, "fp16": 1, "bf16": 2}
 DTYPE_BYTES = {"f32": 4, "fp16": 2, "bf16": 2}
@@ -257,10 +261,13 @@ def prefill_flops(shape, lengths):
 
 
 def make_checkpoint(shape, folder):
-    """A random LLaMA folder: config.json and one fp16 model.safetensors (normal * 0.02, norms 1).
-    Reused when the folder holds the same config and a complete file."""
+    """A random LLaMA folder: config.json and one fp16 model.safetensors (normal * 0.02, norms 1;
+    no lm_head.weight when the shape ties it to the embeddings). Reused when the folder holds the
+    same config and a complete file."""
     from safetensors.numpy import save_file
     c = counts(shape)
+    tied = bool(shape.get("tie_word_embeddings"))
+    file_bytes = 2 * (c["params"] - (c["lm_head_params"] if tied else 0))
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "attention_bias": False, "mlp_bias": False, "head_dim": c["head_dim"],
            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
@@ -268,10 +275,10 @@ def make_checkpoint(shape, folder):
            "use_cache": True, **shape}
     path = os.path.join(folder, "model.safetensors")
     stamp = os.path.join(folder, "complete.json")
-    want = {"config": cfg, "seed": SEED, "bytes": 2 * c["params"]}
+    want = {"config": cfg, "seed": SEED, "bytes": file_bytes}
     try:
         with open(stamp) as fh:
-            if json.load(fh) == want and os.path.getsize(path) >= 2 * c["params"]:
+            if json.load(fh) == want and os.path.getsize(path) >= file_bytes:
                 return {"folder": folder, "reused": True, "seconds": 0.0}
     except (OSError, ValueError):
         pass
@@ -281,7 +288,9 @@ def make_checkpoint(shape, folder):
         os.remove(stamp)
     H, F, V = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
     nh, kvh, D = shape["num_attention_heads"], shape["num_key_value_heads"], c["head_dim"]
-    specs = {"model.embed_tokens.weight": (V, H), "lm_head.weight": (V, H), "model.norm.weight": (H,)}
+    specs = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+    if not tied:
+        specs["lm_head.weight"] = (V, H)
     for i in range(shape["num_hidden_layers"]):
         p = f"model.layers.{i}."
         specs.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
