@@ -105,7 +105,7 @@ class StatsSampler(threading.Thread):
         self.engines, self.t0, self.interval, self.keep_every = list(engines), t0, interval, keep_every
         self.rows = []
         self.polls = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def _snapshot(self):
         tot = [0, 0, 0, 0, 0]
@@ -123,7 +123,7 @@ class StatsSampler(threading.Thread):
 
     def run(self):
         prev_steps, prev_t = None, -1e9
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 row = self._snapshot()
             except Exception:  # noqa: BLE001 - an engine closed under us: the run is over
@@ -136,7 +136,7 @@ class StatsSampler(threading.Thread):
                 time.sleep(self.interval)
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
         return [dict(zip(self.FIELDS, r)) for r in self.rows]
 
