@@ -23,6 +23,7 @@ static const command commands[] = {
     {"info", "describe a model (a folder or a .gguf file)", cmd_info},
     {"bench", "time the encoder on random batches (the ENC workload)", cmd_bench},
     {"tokenize", "token ids (or token strings) of lines of text; --decode: text of ids", cmd_tokenize},
+    {"serve", "an OpenAI-compatible HTTP server (completions, chat, embeddings)", cmd_serve},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -1,0 +1,570 @@
+/* POST /v1/completions and /v1/chat/completions: one engine request per HTTP request.
+ *
+ * The engine's thread hands each token's text to the request's job (on_token); the job wakes the
+ * connection, which answers at the end (plain JSON) or sends the text as Server-Sent Events as it
+ * comes (stream: true; every wake-up sends what came since, then `data: [DONE]`). A client that
+ * leaves cancels its request (nopad_request_free), which frees its KV blocks at the engine's next
+ * iteration; a stream notices at its next write. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve.h"
+
+struct gen_job {
+    waiter w;                  /* w.lock guards everything below but the list links */
+    server *srv;
+    http_req *q;               /* NULL once the HTTP request has ended */
+    int refs;                  /* the HTTP request's and the engine's */
+    gen_kind kind;
+    int stream, include_usage;
+    char id[40];
+    long long created;
+    nopad_request *req;        /* the MHD thread's alone */
+    uint64_t engine_id;
+    double t0;
+    int32_t prompt_tokens, n_tokens;
+    /* min_tokens, done here: the engine runs with ignore_eos (and without the stop ids), and the
+     * first end id or stop id after min_tokens tokens ends the request (cancels it) */
+    int32_t min_tokens;
+    int32_t *end_ids;
+    int32_t n_end_ids;
+    int stopped;               /* ended that way */
+    char *text;                /* everything released so far */
+    size_t text_len, text_cap, streamed; /* bytes of text already sent as events */
+    int oom, done;
+    nopad_finish_reason finish;
+    /* the event stream */
+    char *out;
+    size_t out_len, out_cap, out_pos;
+    int role_sent, end_sent;
+    /* server->jobs (under srv->jobs_lock) */
+    gen_job *prev, *next;
+    int listed, ended;
+};
+
+static const char *finish_name(const gen_job *j) {
+    if (j->stopped) return "stop";
+    return nopad_finish_reason_name(j->finish);
+}
+
+static void job_release(gen_job *j) {
+    pthread_mutex_lock(&j->w.lock);
+    const int left = --j->refs;
+    pthread_mutex_unlock(&j->w.lock);
+    if (left) return;
+    pthread_mutex_destroy(&j->w.lock);
+    free(j->end_ids);
+    free(j->text);
+    free(j->out);
+    free(j);
+}
+
+static void unlist(server *s, gen_job *j) {
+    pthread_mutex_lock(&s->jobs_lock);
+    if (j->listed) {
+        if (j->prev) j->prev->next = j->next;
+        else s->jobs = j->next;
+        if (j->next) j->next->prev = j->prev;
+        j->listed = 0;
+    }
+    j->ended = 1;
+    pthread_mutex_unlock(&s->jobs_lock);
+}
+
+static int is_end_id(const gen_job *j, int32_t token) {
+    for (int32_t i = 0; i < j->n_end_ids; i++)
+        if (j->end_ids[i] == token) return 1;
+    return 0;
+}
+
+/* On the engine's thread: keep it short. */
+static void on_token(void *user, uint64_t request_id, int32_t token, const char *text,
+                     nopad_finish_reason finish) {
+    gen_job *j = user;
+    server *s = j->srv;
+    int cancel = 0;
+    pthread_mutex_lock(&j->w.lock);
+    if (!j->stopped && token >= 0) {
+        if (j->n_tokens++ == 0) metrics_ttft(&s->metrics, serve_now() - j->t0);
+        if (j->min_tokens > 0 && j->n_tokens > j->min_tokens && is_end_id(j, token))
+            j->stopped = cancel = 1;
+        const size_t n = text ? strlen(text) : 0;
+        if (n && j->text_len + n + 1 > j->text_cap) {
+            size_t cap = j->text_cap ? j->text_cap : 256;
+            while (cap < j->text_len + n + 1) cap *= 2;
+            char *t = realloc(j->text, cap);
+            if (t) {
+                j->text = t;
+                j->text_cap = cap;
+            } else {
+                j->oom = cancel = 1;
+            }
+        }
+        if (n && !j->oom) {
+            memcpy(j->text + j->text_len, text, n);
+            j->text_len += n;
+            j->text[j->text_len] = '\0';
+        }
+    }
+    const int last = finish != NOPAD_FINISH_NONE;
+    if (last) {
+        j->finish = finish;
+        j->done = 1;
+    }
+    waiter_wake(&j->w);
+    pthread_mutex_unlock(&j->w.lock);
+    if (cancel) nopad_engine_cancel(s->engine, request_id);
+    if (last) {
+        unlist(s, j);
+        job_release(j); /* the engine's reference: the last call */
+    }
+}
+
+/* ---- answers ------------------------------------------------------------------------------- */
+
+static cJSON *usage_json(const gen_job *j) {
+    cJSON *u = cJSON_CreateObject();
+    if (!u) return NULL;
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->n_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", j->prompt_tokens + j->n_tokens);
+    return u;
+}
+
+/* {"id", "object", "created", "model", "choices": [choice]} */
+static cJSON *envelope(const gen_job *j, const char *object, cJSON *choice) {
+    cJSON *root = cJSON_CreateObject(), *choices = cJSON_CreateArray();
+    if (!root || !choices || !choice) {
+        cJSON_Delete(root);
+        cJSON_Delete(choices);
+        cJSON_Delete(choice);
+        return NULL;
+    }
+    cJSON_AddStringToObject(root, "id", j->id);
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)j->created);
+    cJSON_AddStringToObject(root, "model", j->srv->decoder_name);
+    cJSON_AddItemToArray(choices, choice);
+    cJSON_AddItemToObject(root, "choices", choices);
+    return root;
+}
+
+/* A choice: completions {"index", "text", "logprobs", "finish_reason"}; chat {"index",
+ * "message"|"delta", "logprobs", "finish_reason"}. text NULL: no text field (a chat delta {}). */
+static cJSON *choice_json(const gen_job *j, const char *text, size_t len, int delta, int role,
+                          const char *finish) {
+    cJSON *c = cJSON_CreateObject();
+    if (!c) return NULL;
+    cJSON_AddNumberToObject(c, "index", 0);
+    char *t = NULL;
+    if (text) {
+        t = malloc(len + 1);
+        if (!t) {
+            cJSON_Delete(c);
+            return NULL;
+        }
+        memcpy(t, text, len);
+        t[len] = '\0';
+    }
+    if (j->kind == GEN_COMPLETION) {
+        cJSON_AddStringToObject(c, "text", t ? t : "");
+    } else {
+        cJSON *m = cJSON_CreateObject();
+        if (m) {
+            if (role) cJSON_AddStringToObject(m, "role", "assistant");
+            if (t) cJSON_AddStringToObject(m, "content", t);
+            cJSON_AddItemToObject(c, delta ? "delta" : "message", m);
+        }
+    }
+    free(t);
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    return c;
+}
+
+/* Why an ended request has no answer: the engine's error, or a cancellation (the shutdown). */
+static void failure(gen_job *j, api_error *e) {
+    if (j->oom) {
+        api_fail(e, 500, "server_error", NULL, NULL, "out of memory for the answer");
+    } else if (j->finish == NOPAD_FINISH_ERROR) {
+        /* the error's status and message come once the ids are read */
+        int32_t ids[256], n = 0;
+        nopad_finish_reason fin;
+        nopad_status st = NOPAD_OK;
+        do st = nopad_request_read(j->req, ids, 256, &n, &fin, 0);
+        while (st == NOPAD_OK && fin == NOPAD_FINISH_NONE && n > 0);
+        api_fail(e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                 st != NOPAD_OK ? nopad_last_error() : "unknown error");
+    } else {
+        api_fail(e, 503, "server_error", "cancelled", NULL,
+                 "the request was cancelled: the server is shutting down");
+    }
+}
+
+static int failed(const gen_job *j) {
+    return j->oom || j->finish == NOPAD_FINISH_ERROR || (j->finish == NOPAD_FINISH_CANCELLED && !j->stopped);
+}
+
+static enum MHD_Result answer_plain(http_req *q, gen_job *j) {
+    if (failed(j)) {
+        api_error e;
+        failure(j, &e);
+        return http_reply_error(q, &e);
+    }
+    cJSON *root = envelope(j, j->kind == GEN_CHAT ? "chat.completion" : "text_completion",
+                           choice_json(j, j->text ? j->text : "", j->text_len, 0, 1, finish_name(j)));
+    if (root) cJSON_AddItemToObject(root, "usage", usage_json(j));
+    metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
+    return http_reply_json(q, 200, root);
+}
+
+/* ---- the event stream ----------------------------------------------------------------------- */
+
+static int out_put(gen_job *j, const char *s, size_t n) {
+    if (j->out_len + n > j->out_cap) {
+        size_t cap = j->out_cap ? j->out_cap : 1024;
+        while (cap < j->out_len + n) cap *= 2;
+        char *o = realloc(j->out, cap);
+        if (!o) return -1;
+        j->out = o;
+        j->out_cap = cap;
+    }
+    memcpy(j->out + j->out_len, s, n);
+    j->out_len += n;
+    return 0;
+}
+
+/* "data: <json>\n\n"; deletes obj. */
+static int out_event(gen_job *j, cJSON *obj) {
+    char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+    cJSON_Delete(obj);
+    if (!s) return -1;
+    const int rc = out_put(j, "data: ", 6) || out_put(j, s, strlen(s)) || out_put(j, "\n\n", 2);
+    free(s);
+    return rc;
+}
+
+static const char *chunk_object(const gen_job *j) {
+    return j->kind == GEN_CHAT ? "chat.completion.chunk" : "text_completion";
+}
+
+/* With the job's lock: the events for what came since the last call. */
+static int fill_events(gen_job *j) {
+    if (j->kind == GEN_CHAT && !j->role_sent) {
+        if (out_event(j, envelope(j, chunk_object(j), choice_json(j, "", 0, 1, 1, NULL)))) return -1;
+        j->role_sent = 1;
+    }
+    if (j->text_len > j->streamed) {
+        if (out_event(j, envelope(j, chunk_object(j),
+                                  choice_json(j, j->text + j->streamed, j->text_len - j->streamed,
+                                              1, 0, NULL))))
+            return -1;
+        j->streamed = j->text_len;
+    }
+    if (j->done && !j->end_sent) {
+        if (failed(j)) {
+            api_error e;
+            failure(j, &e);
+            cJSON *root = cJSON_CreateObject(), *err = cJSON_CreateObject();
+            if (root && err) {
+                cJSON_AddItemToObject(root, "error", err);
+                cJSON_AddStringToObject(err, "message", e.message);
+                cJSON_AddStringToObject(err, "type", e.type);
+                cJSON_AddNullToObject(err, "param");
+                if (e.code) cJSON_AddStringToObject(err, "code", e.code);
+                else cJSON_AddNullToObject(err, "code");
+            } else {
+                cJSON_Delete(err);
+            }
+            if (out_event(j, root)) return -1;
+        } else {
+            if (out_event(j, envelope(j, chunk_object(j),
+                                      choice_json(j, j->kind == GEN_CHAT ? NULL : "", 0, 1, 0,
+                                                  finish_name(j)))))
+                return -1;
+            if (j->include_usage) {
+                cJSON *root = envelope(j, chunk_object(j), cJSON_CreateObject());
+                if (!root) return -1;
+                cJSON_DeleteItemFromObject(root, "choices");
+                cJSON_AddItemToObject(root, "choices", cJSON_CreateArray());
+                cJSON_AddItemToObject(root, "usage", usage_json(j));
+                if (out_event(j, root)) return -1;
+            }
+            metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
+        }
+        if (out_put(j, "data: [DONE]\n\n", 14)) return -1;
+        j->end_sent = 1;
+        if (j->q) http_count(j->q, 200);
+    }
+    return 0;
+}
+
+/* libmicrohttpd's content reader, on the connection's thread. */
+static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    gen_job *j = cls;
+    pthread_mutex_lock(&j->w.lock);
+    if (j->out_pos == j->out_len) {
+        j->out_pos = j->out_len = 0;
+        if (fill_events(j)) {
+            pthread_mutex_unlock(&j->w.lock);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+    if (j->out_pos < j->out_len) {
+        size_t n = j->out_len - j->out_pos;
+        if (n > max) n = max;
+        memcpy(buf, j->out + j->out_pos, n);
+        j->out_pos += n;
+        pthread_mutex_unlock(&j->w.lock);
+        return (ssize_t)n;
+    }
+    if (j->end_sent) {
+        pthread_mutex_unlock(&j->w.lock);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    waiter_sleep(&j->w); /* until the next token: on_token resumes the connection */
+    pthread_mutex_unlock(&j->w.lock);
+    return 0;
+}
+
+/* ---- starting a request -------------------------------------------------------------------- */
+
+static int tokenize(server *s, const char *text, int32_t **ids, int32_t *n, api_error *e) {
+    nopad_tokenize_params tp = nopad_tokenize_default_params();
+    int32_t cap = (int32_t)(strlen(text) < 1000000 ? strlen(text) + 16 : 1000016);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        *ids = malloc((size_t)cap * sizeof **ids);
+        if (!*ids) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        nopad_status st = nopad_tokenize(s->dec_tok, text, strlen(text), &tp, *ids, cap, n);
+        if (st == NOPAD_OK) return 0;
+        free(*ids);
+        *ids = NULL;
+        if (st == NOPAD_ERR_BUFFER_TOO_SMALL && attempt == 0) {
+            cap = *n;
+            continue;
+        }
+        return api_fail(e, st == NOPAD_ERR_INVALID_ARGUMENT ? 400 : 500,
+                        st == NOPAD_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error",
+                        NULL, NULL, "cannot tokenize the prompt: %s", nopad_last_error());
+    }
+    return api_fail(e, 500, "server_error", NULL, NULL, "cannot tokenize the prompt");
+}
+
+/* The prompt's ids: the text tokenized, the ids given, or the messages through the template. */
+static int prompt_ids(server *s, const gen_request *r, int32_t **ids, int32_t *n, api_error *e) {
+    if (r->kind == GEN_CHAT) {
+        if (!s->has_template)
+            return api_fail(e, 400, "invalid_request_error", "no_chat_template", "messages",
+                            "the model has no chat template: use /v1/completions, or start the "
+                            "server with --chat-template NAME");
+        size_t len;
+        char *text = chat_template_apply(&s->tmpl, r->messages, r->n_messages, &len);
+        if (!text) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        const int rc = tokenize(s, text, ids, n, e);
+        free(text);
+        return rc;
+    }
+    if (r->prompt) return tokenize(s, r->prompt, ids, n, e);
+    for (int32_t i = 0; i < r->n_prompt_ids; i++)
+        if (r->prompt_ids[i] >= s->dec_info.vocab_size)
+            return api_fail(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                            "'prompt' holds token id %d, outside the vocabulary [0, %d)",
+                            r->prompt_ids[i], s->dec_info.vocab_size);
+    *ids = malloc((size_t)r->n_prompt_ids * sizeof **ids);
+    if (!*ids) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    memcpy(*ids, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof **ids);
+    *n = r->n_prompt_ids;
+    return 0;
+}
+
+static uint64_t random_seed(server *s) {
+    uint64_t x = atomic_fetch_add(&s->next_id, 1) * 0x9E3779B97F4A7C15ull;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    x ^= (uint64_t)ts.tv_nsec * 0xBF58476D1CE4E5B9ull ^ (uint64_t)ts.tv_sec;
+    x ^= x >> 31;
+    return x;
+}
+
+/* Submits r; on success *out is the job (q holds one reference, the engine the other). */
+static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e) {
+    server *s = q->srv;
+    int32_t *ids = NULL, n = 0;
+    if (prompt_ids(s, r, &ids, &n, e)) return -1;
+    const int32_t ctx = s->context_tokens;
+    if (n >= ctx) {
+        free(ids);
+        return api_fail(e, 400, "invalid_request_error", "context_length_exceeded",
+                        r->kind == GEN_CHAT ? "messages" : "prompt",
+                        "This model's maximum context length is %d tokens. However, your prompt "
+                        "has %d tokens (no room for a completion).",
+                        ctx, n);
+    }
+    int32_t max_tokens = r->max_tokens;
+    if (max_tokens <= 0) max_tokens = r->kind == GEN_COMPLETION && ctx - n > 16 ? 16 : ctx - n;
+    if ((int64_t)n + max_tokens > ctx) {
+        free(ids);
+        return api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                        "This model's maximum context length is %d tokens. However, you requested "
+                        "%lld tokens (%d in the prompt, %d in the completion).",
+                        ctx, (long long)n + max_tokens, n, max_tokens);
+    }
+    gen_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(ids);
+        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    pthread_mutex_init(&j->w.lock, NULL);
+    j->w.conn = q->conn;
+    j->srv = s;
+    j->q = q;
+    j->refs = 2;
+    j->kind = r->kind;
+    j->stream = r->stream;
+    j->include_usage = r->include_usage;
+    j->created = (long long)time(NULL);
+    j->t0 = q->t0;
+    j->prompt_tokens = n;
+    snprintf(j->id, sizeof j->id, "%s-%llu", r->kind == GEN_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+
+    nopad_request_params p = nopad_request_default_params();
+    p.prompt_ids = ids;
+    p.n_prompt_ids = n;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = r->ignore_eos;
+    p.sampling.temperature = (float)r->temperature;
+    p.sampling.top_k = r->top_k;
+    p.sampling.top_p = (float)r->top_p;
+    p.sampling.min_p = (float)r->min_p;
+    p.sampling.repetition_penalty = (float)r->repetition_penalty;
+    p.sampling.seed = r->has_seed ? r->seed : random_seed(s);
+    p.stop_strings = (const char *const *)r->stops;
+    p.n_stop_strings = r->n_stops;
+    p.stop_ids = r->stop_ids;
+    p.n_stop_ids = r->n_stop_ids;
+    if (r->min_tokens > 0) {
+        /* the end ids the engine would stop at, and the stop ids, are watched here instead */
+        j->min_tokens = r->min_tokens;
+        j->end_ids = malloc(((size_t)r->n_stop_ids + 1) * sizeof *j->end_ids);
+        if (!j->end_ids) {
+            free(ids);
+            job_release(j);
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        if (r->n_stop_ids) memcpy(j->end_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *j->end_ids);
+        j->n_end_ids = r->n_stop_ids;
+        if (!r->ignore_eos && s->dec_info.eos_token_id >= 0) j->end_ids[j->n_end_ids++] = s->dec_info.eos_token_id;
+        p.ignore_eos = 1;
+        p.stop_ids = NULL;
+        p.n_stop_ids = 0;
+    }
+    p.on_token = on_token;
+    p.user = j;
+    nopad_status st = nopad_engine_submit(s->engine, &p, &j->req);
+    free(ids);
+    if (st != NOPAD_OK) {
+        const char *msg = nopad_last_error();
+        if (st == NOPAD_ERR_QUEUE_FULL)
+            api_fail(e, 429, "rate_limit_error", "queue_full", NULL,
+                     "the server is busy (%ld requests are waiting): retry later", s->o.max_queue);
+        else if (st == NOPAD_ERR_TOO_LONG)
+            api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", msg);
+        else if (st == NOPAD_ERR_INVALID_ARGUMENT)
+            api_fail(e, 400, "invalid_request_error", "invalid_value", NULL, "%s", msg);
+        else
+            api_fail(e, 500, "server_error", NULL, NULL, "%s", msg);
+        j->refs = 1; /* no call will come */
+        job_release(j);
+        return -1;
+    }
+    pthread_mutex_lock(&s->jobs_lock);
+    j->engine_id = nopad_request_id(j->req);
+    if (!j->ended) {
+        j->listed = 1;
+        j->prev = NULL;
+        j->next = s->jobs;
+        if (s->jobs) s->jobs->prev = j;
+        s->jobs = j;
+    }
+    pthread_mutex_unlock(&s->jobs_lock);
+    *out = j;
+    return 0;
+}
+
+enum MHD_Result gen_handle(http_req *q, gen_kind kind) {
+    server *s = q->srv;
+    gen_job *j = q->gen;
+    if (!j) {
+        api_error e;
+        if (!s->engine) {
+            api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
+                     "this server has no generation model (start it with --model FILE.gguf|DIR "
+                     "of a decoder)");
+            return http_reply_error(q, &e);
+        }
+        gen_request r;
+        if (openai_parse_generation(q->body ? q->body : "", q->len, kind, &r, &e))
+            return http_reply_error(q, &e);
+        if (r.model && strcmp(r.model, s->decoder_name) != 0) {
+            api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
+                     "The model '%.200s' does not exist: this server generates with '%s'", r.model,
+                     s->decoder_name);
+            gen_request_free(&r);
+            return http_reply_error(q, &e);
+        }
+        const int stream = r.stream;
+        const int rc = start(q, &r, &j, &e);
+        gen_request_free(&r);
+        if (rc) return http_reply_error(q, &e);
+        q->gen = j;
+        if (stream) {
+            struct MHD_Response *resp =
+                MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, read_events, j, NULL);
+            if (!resp) return MHD_NO;
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+            MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+            enum MHD_Result ok = MHD_queue_response(q->conn, 200, resp);
+            MHD_destroy_response(resp);
+            return ok;
+        }
+    }
+    pthread_mutex_lock(&j->w.lock);
+    const int done = j->done;
+    if (!done) waiter_sleep(&j->w); /* on_token resumes it at the end */
+    pthread_mutex_unlock(&j->w.lock);
+    return done ? answer_plain(q, j) : MHD_YES;
+}
+
+void gen_request_closed(http_req *q, int completed_ok) {
+    (void)completed_ok;
+    gen_job *j = q->gen;
+    q->gen = NULL;
+    pthread_mutex_lock(&j->w.lock);
+    j->w.conn = NULL;
+    j->q = NULL;
+    const int done = j->done;
+    pthread_mutex_unlock(&j->w.lock);
+    if (!done) metrics_cancelled(&q->srv->metrics);
+    nopad_request_free(j->req); /* cancels it if it still runs; its blocks go back */
+    j->req = NULL;
+    job_release(j);
+}
+
+void gen_cancel_all(server *s) {
+    pthread_mutex_lock(&s->jobs_lock);
+    size_t n = 0;
+    for (gen_job *j = s->jobs; j; j = j->next) n++;
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    n = 0;
+    if (ids)
+        for (gen_job *j = s->jobs; j; j = j->next) ids[n++] = j->engine_id;
+    pthread_mutex_unlock(&s->jobs_lock);
+    for (size_t i = 0; i < n; i++) nopad_engine_cancel(s->engine, ids[i]); /* ended ones: refused */
+    free(ids);
+}

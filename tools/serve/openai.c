@@ -1,0 +1,546 @@
+/* Parsing and checking the OpenAI-style request bodies (see openai.h). */
+#include "openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#define INVALID "invalid_request_error"
+
+int api_fail(api_error *e, int status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *type_name(const cJSON *v) {
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsArray(v)) return "an array";
+    if (cJSON_IsObject(v)) return "an object";
+    return "null";
+}
+
+static int wrong_type(api_error *e, const char *name, const char *want, const cJSON *v) {
+    return api_fail(e, 400, INVALID, "invalid_type", name, "'%s' must be %s, got %s", name, want,
+                    type_name(v));
+}
+
+/* JSON null counts as absent, as the OpenAI API treats it. */
+static const cJSON *field(const cJSON *obj, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int get_bool(const cJSON *obj, const char *name, int *out, api_error *e) {
+    const cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return wrong_type(e, name, "true or false", v);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A number in [lo, hi] (open ends where lo_open / hi_open). */
+static int get_number(const cJSON *obj, const char *name, double lo, int lo_open, double hi,
+                      int hi_open, const char *range, double *out, api_error *e) {
+    const cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v)) return wrong_type(e, name, "a number", v);
+    const double x = v->valuedouble;
+    if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || (hi_open ? !(x < hi) : !(x <= hi)))
+        return api_fail(e, 400, INVALID, "invalid_value", name, "'%s' must be %s, got %g", name,
+                        range, x);
+    *out = x;
+    return 0;
+}
+
+/* A whole number in [lo, hi]; a JSON number is a double, whole numbers exact up to 2^53. */
+static int get_whole(const cJSON *obj, const char *name, double lo, double hi, double *out,
+                     api_error *e) {
+    const cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v)) return wrong_type(e, name, "a whole number", v);
+    const double x = v->valuedouble;
+    if (!(x >= lo && x <= hi) || x != floor(x))
+        return api_fail(e, 400, INVALID, "invalid_value", name,
+                        "'%s' must be a whole number in [%.0f, %.0f], got %g", name, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_int32(const cJSON *obj, const char *name, double lo, int32_t *out, api_error *e) {
+    double x = *out;
+    if (get_whole(obj, name, lo, 2147483647.0, &x, e)) return -1;
+    *out = (int32_t)x;
+    return 0;
+}
+
+static int oom(api_error *e) {
+    return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* ---- which fields a route knows --------------------------------------------------------------- */
+
+/* Fields accepted only at their neutral value: set to anything else they would change the answer
+ * in a way nopad does not implement. */
+static int check_neutral(const cJSON *obj, api_error *e) {
+    const cJSON *v;
+    if ((v = field(obj, "n")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
+        return api_fail(e, 400, INVALID, "unsupported_value", "n",
+                        "'n' must be 1: nopad serve answers one choice per request (send n "
+                        "requests instead)");
+    if ((v = field(obj, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
+        return api_fail(e, 400, INVALID, "unsupported_value", "best_of", "'best_of' must be 1");
+    if ((v = field(obj, "logprobs")) &&
+        !(cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0)))
+        return api_fail(e, 400, INVALID, "unsupported_value", "logprobs",
+                        "'logprobs' is not supported by nopad serve (the engine does not report "
+                        "log-probabilities)");
+    if ((v = field(obj, "top_logprobs")) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+        return api_fail(e, 400, INVALID, "unsupported_value", "top_logprobs",
+                        "'top_logprobs' is not supported by nopad serve");
+    if ((v = field(obj, "echo")) && !cJSON_IsFalse(v))
+        return api_fail(e, 400, INVALID, "unsupported_value", "echo", "'echo' is not supported");
+    if ((v = field(obj, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
+        return api_fail(e, 400, INVALID, "unsupported_value", "suffix", "'suffix' is not supported");
+    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
+    for (int i = 0; i < 2; i++)
+        if ((v = field(obj, penalties[i])) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+            return api_fail(e, 400, INVALID, "unsupported_value", penalties[i],
+                            "'%s' is not supported by nopad serve (use repetition_penalty)",
+                            penalties[i]);
+    if ((v = field(obj, "logit_bias")) && !(cJSON_IsObject(v) && !v->child))
+        return api_fail(e, 400, INVALID, "unsupported_value", "logit_bias",
+                        "'logit_bias' is not supported by nopad serve");
+    if ((v = field(obj, "response_format"))) {
+        const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
+            return api_fail(e, 400, INVALID, "unsupported_value", "response_format",
+                            "'response_format' other than {\"type\": \"text\"} is not supported");
+    }
+    static const char *const lists[] = {"tools", "functions"};
+    for (int i = 0; i < 2; i++)
+        if ((v = field(obj, lists[i])) && !(cJSON_IsArray(v) && !v->child))
+            return api_fail(e, 400, INVALID, "unsupported_value", lists[i],
+                            "'%s' (tool calling) is not supported by nopad serve", lists[i]);
+    if ((v = field(obj, "tool_choice")) && !(cJSON_IsString(v) && strcmp(v->valuestring, "none") == 0))
+        return api_fail(e, 400, INVALID, "unsupported_value", "tool_choice",
+                        "'tool_choice' other than \"none\" is not supported");
+    if ((v = field(obj, "skip_special_tokens")) && !cJSON_IsTrue(v))
+        return api_fail(e, 400, INVALID, "unsupported_value", "skip_special_tokens",
+                        "'skip_special_tokens' must be true: special tokens are always left out "
+                        "of the text");
+    if ((v = field(obj, "add_generation_prompt")) && !cJSON_IsTrue(v))
+        return api_fail(e, 400, INVALID, "unsupported_value", "add_generation_prompt",
+                        "'add_generation_prompt' must be true");
+    return 0;
+}
+
+/* Every field of obj must be in `known` (NULL-terminated). */
+static int check_known(const cJSON *obj, const char *const *known, api_error *e) {
+    for (const cJSON *f = obj->child; f; f = f->next) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = strcmp(f->string, known[i]) == 0;
+        if (!ok)
+            return api_fail(e, 400, INVALID, "unknown_parameter", f->string,
+                            "Unrecognized request argument supplied: %s", f->string);
+    }
+    return 0;
+}
+
+/* Fields that change nothing here, accepted everywhere. */
+#define HARMLESS "model", "user", "metadata", "store", "service_tier", "parallel_tool_calls"
+
+static const char *const completion_fields[] = {
+    HARMLESS, "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "stream", "stream_options",
+    "ignore_eos", "min_tokens", "n", "best_of", "logprobs", "echo", "suffix", "presence_penalty",
+    "frequency_penalty", "logit_bias", "response_format", "skip_special_tokens", NULL};
+
+static const char *const chat_fields[] = {
+    HARMLESS, "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+    "min_p", "repetition_penalty", "seed", "stop", "stop_token_ids", "stream", "stream_options",
+    "ignore_eos", "min_tokens", "n", "logprobs", "top_logprobs", "presence_penalty",
+    "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice", "functions",
+    "skip_special_tokens", "add_generation_prompt", NULL};
+
+/* ---- pieces ------------------------------------------------------------------------------------ */
+
+/* An array of token ids (whole numbers in [0, 2^31)), or -1. */
+static int get_ids(const cJSON *arr, const char *name, int32_t **ids, int32_t *n, api_error *e) {
+    const int count = cJSON_GetArraySize(arr);
+    *ids = malloc((size_t)(count ? count : 1) * sizeof **ids);
+    if (!*ids) return oom(e);
+    *n = 0;
+    for (const cJSON *v = arr->child; v; v = v->next) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 2147483647.0) ||
+            v->valuedouble != floor(v->valuedouble))
+            return api_fail(e, 400, INVALID, "invalid_type", name,
+                            "'%s' must hold token ids (whole numbers >= 0)", name);
+        (*ids)[(*n)++] = (int32_t)v->valuedouble;
+    }
+    return 0;
+}
+
+static int get_stop(const cJSON *obj, gen_request *r, api_error *e) {
+    const cJSON *stop = field(obj, "stop");
+    if (stop) {
+        const int n = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
+        if (n < 0) return wrong_type(e, "stop", "a string or an array of strings", stop);
+        if (n > 16)
+            return api_fail(e, 400, INVALID, "invalid_value", "stop", "'stop' holds at most 16 strings");
+        r->stops = calloc((size_t)(n ? n : 1), sizeof *r->stops);
+        if (!r->stops) return oom(e);
+        const cJSON *s = cJSON_IsString(stop) ? stop : stop->child;
+        for (int i = 0; i < n; i++, s = s->next) {
+            if (!cJSON_IsString(s) || !s->valuestring[0])
+                return api_fail(e, 400, INVALID, "invalid_value", "stop",
+                                "'stop' must hold non-empty strings");
+            if (!(r->stops[i] = strdup(s->valuestring))) return oom(e);
+            r->n_stops++;
+        }
+    }
+    const cJSON *ids = field(obj, "stop_token_ids");
+    if (ids) {
+        if (!cJSON_IsArray(ids)) return wrong_type(e, "stop_token_ids", "an array of token ids", ids);
+        if (get_ids(ids, "stop_token_ids", &r->stop_ids, &r->n_stop_ids, e)) return -1;
+    }
+    return 0;
+}
+
+/* A chat message's content: a string, or an array of {"type": "text", "text"} parts, joined. */
+static int get_content(const cJSON *msg, int index, char **out, api_error *e) {
+    char name[64];
+    snprintf(name, sizeof name, "messages[%d].content", index);
+    const cJSON *c = field(msg, "content");
+    if (!c) return api_fail(e, 400, INVALID, "missing_field", name, "'%s' is required", name);
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return *out ? 0 : oom(e);
+    }
+    if (!cJSON_IsArray(c)) return wrong_type(e, name, "a string or an array of text parts", c);
+    size_t len = 0;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL;
+        const cJSON *text = cJSON_IsObject(p) ? field(p, "text") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text))
+            return api_fail(e, 400, INVALID, "unsupported_value", name,
+                            "'%s' parts must be {\"type\": \"text\", \"text\": ...} (nopad serve "
+                            "takes text only)",
+                            name);
+        len += strlen(text->valuestring);
+    }
+    *out = malloc(len + 1);
+    if (!*out) return oom(e);
+    len = 0;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const char *t = field(p, "text")->valuestring;
+        memcpy(*out + len, t, strlen(t));
+        len += strlen(t);
+    }
+    (*out)[len] = '\0';
+    return 0;
+}
+
+static int get_messages(const cJSON *obj, gen_request *r, api_error *e) {
+    const cJSON *msgs = field(obj, "messages");
+    if (!msgs) return api_fail(e, 400, INVALID, "missing_field", "messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs)) return wrong_type(e, "messages", "an array of messages", msgs);
+    const int n = cJSON_GetArraySize(msgs);
+    if (n == 0)
+        return api_fail(e, 400, INVALID, "invalid_value", "messages", "'messages' must not be empty");
+    r->messages = calloc((size_t)n, sizeof *r->messages);
+    if (!r->messages) return oom(e);
+    int i = 0;
+    for (const cJSON *m = msgs->child; m; m = m->next, i++) {
+        char name[64];
+        snprintf(name, sizeof name, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) return wrong_type(e, name, "an object", m);
+        snprintf(name, sizeof name, "messages[%d].role", i);
+        const cJSON *role = field(m, "role");
+        if (!role) return api_fail(e, 400, INVALID, "missing_field", name, "'%s' is required", name);
+        if (!cJSON_IsString(role)) return wrong_type(e, name, "a string", role);
+        const char *rn = role->valuestring;
+        /* OpenAI's "developer" is the newer name of "system" */
+        const char *canon = strcmp(rn, "system") == 0 || strcmp(rn, "developer") == 0 ? "system"
+                            : strcmp(rn, "user") == 0                                ? "user"
+                            : strcmp(rn, "assistant") == 0                           ? "assistant"
+                                                                                     : NULL;
+        if (!canon)
+            return api_fail(e, 400, INVALID, "invalid_value", name,
+                            "'%s' must be \"system\", \"developer\", \"user\" or \"assistant\", "
+                            "got \"%.64s\"",
+                            name, rn);
+        for (const cJSON *f = m->child; f; f = f->next)
+            if (strcmp(f->string, "role") && strcmp(f->string, "content") && strcmp(f->string, "name"))
+                return api_fail(e, 400, INVALID, "unknown_parameter", f->string,
+                                "Unrecognized field in messages[%d]: %s", i, f->string);
+        char *content = NULL;
+        if (get_content(m, i, &content, e)) return -1;
+        r->messages[i].role = canon; /* a static string */
+        r->messages[i].content = content;
+        r->n_messages = i + 1;
+    }
+    return 0;
+}
+
+static int get_prompt(const cJSON *obj, gen_request *r, api_error *e) {
+    const cJSON *p = field(obj, "prompt");
+    if (!p) return api_fail(e, 400, INVALID, "missing_field", "prompt", "'prompt' is required");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child))
+        p = p->child; /* ["text"] is one prompt */
+    if (cJSON_IsString(p)) {
+        if (!p->valuestring[0])
+            return api_fail(e, 400, INVALID, "invalid_value", "prompt", "'prompt' must not be empty");
+        r->prompt = strdup(p->valuestring);
+        return r->prompt ? 0 : oom(e);
+    }
+    if (cJSON_IsArray(p) && p->child && cJSON_IsNumber(p->child)) {
+        if (get_ids(p, "prompt", &r->prompt_ids, &r->n_prompt_ids, e)) return -1;
+        return 0;
+    }
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1)
+        return api_fail(e, 400, INVALID, "unsupported_value", "prompt",
+                        "'prompt' must be one prompt (a string or an array of token ids): send "
+                        "one request per prompt");
+    if (cJSON_IsArray(p) && !p->child)
+        return api_fail(e, 400, INVALID, "invalid_value", "prompt", "'prompt' must not be empty");
+    return wrong_type(e, "prompt", "a string or an array of token ids", p);
+}
+
+int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *r,
+                            api_error *e) {
+    *r = (gen_request){.kind = kind, .max_tokens = -1, .temperature = 1.0, .top_p = 1.0,
+                       .repetition_penalty = 1.0};
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    int rc = -1;
+    if (!root) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body is not valid JSON");
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body must be a JSON object");
+        goto done;
+    }
+    if (check_known(root, kind == GEN_CHAT ? chat_fields : completion_fields, e) ||
+        check_neutral(root, e))
+        goto done;
+    const cJSON *model = field(root, "model");
+    if (model && !cJSON_IsString(model)) {
+        wrong_type(e, "model", "a string", model);
+        goto done;
+    }
+    if (model && !(r->model = strdup(model->valuestring))) {
+        oom(e);
+        goto done;
+    }
+    if (kind == GEN_CHAT ? get_messages(root, r, e) : get_prompt(root, r, e)) goto done;
+    if (get_bool(root, "stream", &r->stream, e)) goto done;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) {
+            wrong_type(e, "stream_options", "an object", so);
+            goto done;
+        }
+        static const char *const so_fields[] = {"include_usage", "continuous_usage_stats", NULL};
+        if (check_known(so, so_fields, e) || get_bool(so, "include_usage", &r->include_usage, e))
+            goto done;
+        const cJSON *cu = field(so, "continuous_usage_stats");
+        if (cu && !cJSON_IsFalse(cu)) {
+            api_fail(e, 400, INVALID, "unsupported_value", "stream_options.continuous_usage_stats",
+                     "'continuous_usage_stats' is not supported");
+            goto done;
+        }
+        if (!r->stream) {
+            api_fail(e, 400, INVALID, "invalid_value", "stream_options",
+                     "'stream_options' is only allowed with 'stream': true");
+            goto done;
+        }
+    }
+    int32_t max_tokens = -1, max_completion = -1;
+    double seed = -1;
+    if (get_int32(root, "max_tokens", 1, &max_tokens, e) ||
+        (kind == GEN_CHAT && get_int32(root, "max_completion_tokens", 1, &max_completion, e)) ||
+        get_int32(root, "min_tokens", 0, &r->min_tokens, e) ||
+        get_int32(root, "top_k", -1, &r->top_k, e) ||
+        get_number(root, "temperature", 0, 0, 100, 0, "in [0, 100]", &r->temperature, e) ||
+        get_number(root, "top_p", 0, 1, 1, 0, "in (0, 1]", &r->top_p, e) ||
+        get_number(root, "min_p", 0, 0, 1, 1, "in [0, 1)", &r->min_p, e) ||
+        get_number(root, "repetition_penalty", 0, 1, 100, 0, "in (0, 100]", &r->repetition_penalty, e) ||
+        get_whole(root, "seed", -9007199254740992.0, 9007199254740992.0, &seed, e) ||
+        get_bool(root, "ignore_eos", &r->ignore_eos, e) || get_stop(root, r, e))
+        goto done;
+    if (r->top_k < 0) r->top_k = 0; /* vLLM's -1: all */
+    r->max_tokens = max_completion > 0 ? max_completion : max_tokens;
+    if (r->max_tokens > 0 && r->min_tokens > r->max_tokens) {
+        api_fail(e, 400, INVALID, "invalid_value", "min_tokens",
+                 "'min_tokens' (%d) must not exceed 'max_tokens' (%d)", r->min_tokens, r->max_tokens);
+        goto done;
+    }
+    if (field(root, "seed")) {
+        r->has_seed = 1;
+        r->seed = (uint64_t)(int64_t)seed; /* a negative seed is a stream of its own too */
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    if (rc) gen_request_free(r);
+    return rc;
+}
+
+void gen_request_free(gen_request *r) {
+    free(r->model);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_messages; i++) free((char *)r->messages[i].content);
+    free(r->messages);
+    for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->stops);
+    free(r->stop_ids);
+    *r = (gen_request){0};
+}
+
+/* ---- embeddings ---------------------------------------------------------------------------- */
+
+static const char *const embed_fields[] = {HARMLESS, "input", "encoding_format", "dimensions", NULL};
+static const char *const tei_fields[] = {"inputs", "normalize", "truncate", "truncation_direction",
+                                         "prompt_name", NULL};
+
+int openai_parse_embeddings(const char *body, size_t len, int tei, embed_request *r, api_error *e) {
+    *r = (embed_request){.tei = tei, .normalize = tei ? 1 : -1};
+    const char *in_name = tei ? "inputs" : "input";
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    int rc = -1;
+    if (!root) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body is not valid JSON");
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body must be a JSON object");
+        goto done;
+    }
+    if (check_known(root, tei ? tei_fields : embed_fields, e)) goto done;
+    if (tei) {
+        if (get_bool(root, "normalize", &r->normalize, e) || get_bool(root, "truncate", &r->truncate, e))
+            goto done;
+        const cJSON *dir = field(root, "truncation_direction");
+        if (dir && !(cJSON_IsString(dir) && (strcmp(dir->valuestring, "right") == 0 ||
+                                             strcmp(dir->valuestring, "Right") == 0))) {
+            api_fail(e, 400, INVALID, "unsupported_value", "truncation_direction",
+                     "'truncation_direction' must be \"right\" (nopad truncates on the right)");
+            goto done;
+        }
+        if (field(root, "prompt_name")) {
+            api_fail(e, 400, INVALID, "unsupported_value", "prompt_name", "'prompt_name' is not supported");
+            goto done;
+        }
+    } else {
+        const cJSON *model = field(root, "model");
+        if (model && !cJSON_IsString(model)) {
+            wrong_type(e, "model", "a string", model);
+            goto done;
+        }
+        if (model && !(r->model = strdup(model->valuestring))) {
+            oom(e);
+            goto done;
+        }
+        const cJSON *fmt = field(root, "encoding_format");
+        if (fmt) {
+            if (!cJSON_IsString(fmt) || (strcmp(fmt->valuestring, "float") != 0 &&
+                                         strcmp(fmt->valuestring, "base64") != 0)) {
+                api_fail(e, 400, INVALID, "invalid_value", "encoding_format",
+                         "'encoding_format' must be \"float\" or \"base64\"");
+                goto done;
+            }
+            r->base64 = strcmp(fmt->valuestring, "base64") == 0;
+        }
+        if (get_int32(root, "dimensions", 1, &r->dimensions, e)) goto done;
+    }
+    const cJSON *in = field(root, in_name);
+    if (!in) {
+        api_fail(e, 400, INVALID, "missing_field", in_name, "'%s' is required", in_name);
+        goto done;
+    }
+    /* a string, [strings], [ids] or [[ids]] */
+    const int one = cJSON_IsString(in) || (cJSON_IsArray(in) && cJSON_IsNumber(in->child));
+    if (!one && !cJSON_IsArray(in)) {
+        wrong_type(e, in_name, "a string, an array of strings or token ids", in);
+        goto done;
+    }
+    const int n = one ? 1 : cJSON_GetArraySize(in);
+    if (n == 0) {
+        api_fail(e, 400, INVALID, "invalid_value", in_name, "'%s' must not be empty", in_name);
+        goto done;
+    }
+    if (n > EMBED_MAX_INPUTS) {
+        api_fail(e, 413, INVALID, "too_many_inputs", in_name,
+                 "'%s' holds %d inputs; at most %d in one request", in_name, n, EMBED_MAX_INPUTS);
+        goto done;
+    }
+    const cJSON *first = one ? in : in->child;
+    const int texts = cJSON_IsString(first);
+    r->ids = calloc((size_t)n, sizeof *r->ids);
+    r->n_ids = calloc((size_t)n, sizeof *r->n_ids);
+    if (texts) r->texts = calloc((size_t)n, sizeof *r->texts);
+    if (!r->ids || !r->n_ids || (texts && !r->texts)) {
+        oom(e);
+        goto done;
+    }
+    r->n_inputs = n;
+    const cJSON *item = first;
+    for (int i = 0; i < n; i++, item = item->next) {
+        char name[64];
+        snprintf(name, sizeof name, "%s[%d]", in_name, i);
+        if (texts) {
+            if (!cJSON_IsString(item)) {
+                wrong_type(e, name, "a string (like the other inputs)", item);
+                goto done;
+            }
+            if (!item->valuestring[0]) {
+                api_fail(e, 400, INVALID, "invalid_value", name, "'%s' must not be empty", name);
+                goto done;
+            }
+            if (!(r->texts[i] = strdup(item->valuestring))) {
+                oom(e);
+                goto done;
+            }
+        } else {
+            const cJSON *arr = one ? in : item;
+            if (!cJSON_IsArray(arr) || !arr->child) {
+                api_fail(e, 400, INVALID, "invalid_type", name,
+                         "'%s' must be a non-empty array of token ids (like the other inputs)", name);
+                goto done;
+            }
+            if (get_ids(arr, name, &r->ids[i], &r->n_ids[i], e)) goto done;
+        }
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    if (rc) embed_request_free(r);
+    return rc;
+}
+
+void embed_request_free(embed_request *r) {
+    for (int i = 0; i < r->n_inputs; i++) {
+        if (r->texts) free(r->texts[i]);
+        if (r->ids) free(r->ids[i]);
+    }
+    free(r->texts);
+    free(r->ids);
+    free(r->n_ids);
+    free(r->model);
+    *r = (embed_request){0};
+}

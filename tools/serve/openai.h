@@ -1,0 +1,87 @@
+/* The OpenAI-style request bodies the server accepts, parsed and checked into plain structs, and
+ * the error object every failure answers with. Pure functions of the body's bytes (no model, no
+ * HTTP): fuzz/fuzz_serve_request.c drives them.
+ *
+ * Strict by design: a field of the wrong type, a value out of range, an `n` other than 1, a
+ * feature nopad does not implement (logprobs, penalties other than repetition_penalty, tools, a
+ * non-text response_format, ...) and any field the route does not know are a 400 naming the
+ * field, never silently ignored. Fields that change nothing (user, metadata, store, ...) are
+ * accepted. */
+#ifndef NOPAD_TOOLS_SERVE_OPENAI_H
+#define NOPAD_TOOLS_SERVE_OPENAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chat_template.h"
+
+/* An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with an HTTP status. */
+typedef struct api_error {
+    int status;         /* 400, 404, 413, 429, ... */
+    const char *type;   /* "invalid_request_error", ... */
+    const char *code;   /* NULL or a short code ("context_length_exceeded", ...) */
+    char param[64];     /* the field in question, or "" */
+    char message[512];
+} api_error;
+
+/* Fills e and returns -1 (for `return api_fail(...)`). */
+int api_fail(api_error *e, int status, const char *type, const char *code, const char *param,
+             const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 6, 7)))
+#endif
+    ;
+
+typedef enum gen_kind { GEN_COMPLETION, GEN_CHAT } gen_kind;
+
+/* A /v1/completions or /v1/chat/completions request. Strings are owned (gen_request_free). */
+typedef struct gen_request {
+    gen_kind kind;
+    char *model;            /* NULL when absent */
+    int stream, include_usage;
+    /* completions: the prompt as text, or as token ids */
+    char *prompt;
+    int32_t *prompt_ids;
+    int32_t n_prompt_ids;
+    /* chat */
+    chat_message *messages; /* roles and contents owned here */
+    int n_messages;
+    int32_t max_tokens;     /* -1: not given (completions: 16; chat: what the context leaves) */
+    int32_t min_tokens;     /* 0: none */
+    double temperature, top_p, min_p, repetition_penalty;
+    int32_t top_k;
+    int has_seed;
+    uint64_t seed;
+    char **stops;
+    int32_t n_stops;
+    int32_t *stop_ids;
+    int32_t n_stop_ids;
+    int ignore_eos;
+} gen_request;
+
+/* Parses a completions (kind GEN_COMPLETION) or chat body. 0, or -1 with e filled (400). */
+int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *out,
+                            api_error *e);
+void gen_request_free(gen_request *r);
+
+/* POST /v1/embeddings {input, model, encoding_format, dimensions, user} and TEI's POST /embed
+ * {inputs, normalize, truncate, truncation_direction}: inputs as texts or as token ids. */
+typedef struct embed_request {
+    int tei;                /* 1: /embed */
+    char *model;
+    int n_inputs;
+    char **texts;           /* [n_inputs] or NULL when the inputs are ids */
+    int32_t **ids;          /* [n_inputs] arrays, lengths in n_ids */
+    int32_t *n_ids;
+    int base64;             /* encoding_format "base64" */
+    int normalize;          /* 1: L2-normalise (TEI's default); -1: the model's default */
+    int truncate;
+    int32_t dimensions;     /* 0: the model's size */
+} embed_request;
+
+enum { EMBED_MAX_INPUTS = 2048 };
+
+int openai_parse_embeddings(const char *body, size_t len, int tei, embed_request *out, api_error *e);
+void embed_request_free(embed_request *r);
+
+#endif
