@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing nopad needs on Debian 12: compilers, CMake, the C libraries
-# (cJSON, utf8proc, PCRE2, OpenBLAS, cmocka), clang for the fuzzers, numpy + safetensors for the CLI
-# tests (+ pytest for the Python package's tests, tokenizers for the live tokenizer parity test), and CUTLASS's headers (pip nvidia-cutlass) for
+# (cJSON, utf8proc, PCRE2, OpenBLAS, cmocka, libmicrohttpd for nopad serve), clang for the fuzzers, numpy + safetensors for the CLI
+# tests (+ pytest for the Python package's tests, tokenizers for the live tokenizer parity test, the
+# openai client and jinja2 for nopad serve's tests), and CUTLASS's headers (pip nvidia-cutlass) for
 # the CUDA build. Safe to run again.
 set -euo pipefail
 SUDO=""
@@ -10,13 +11,14 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev \
-    libcjson-dev libutf8proc-dev libpcre2-dev libopenblas-dev libcmocka-dev python3 python3-pip >/dev/null
+    libcjson-dev libutf8proc-dev libpcre2-dev libopenblas-dev libcmocka-dev libmicrohttpd-dev \
+    curl python3 python3-pip >/dev/null
 # nvidia-cutlass: CUTLASS's headers for the CUDA build's fused-epilogue GEMMs (header-only; only
 # the headers are used, so none of the wheel's Python dependencies are needed: --no-deps).
 # tokenizers (Hugging Face's Rust library, pinned to the fixtures' version): the tokenizer parity
 # test on 100,000 random strings per tokenizer file compares nopad with it live
-python3 -m pip install --quiet --disable-pip-version-check numpy safetensors pytest tokenizers==0.23.3 2>/dev/null \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages numpy safetensors pytest tokenizers==0.23.3
+python3 -m pip install --quiet --disable-pip-version-check numpy safetensors pytest tokenizers==0.23.3 openai jinja2 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages numpy safetensors pytest tokenizers==0.23.3 openai jinja2
 python3 -m pip install --quiet --disable-pip-version-check --no-deps nvidia-cutlass==4.2.0.0 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --no-deps --break-system-packages nvidia-cutlass==4.2.0.0
 echo "nopad: dependencies installed" >&2

@@ -4,6 +4,7 @@
 Each file's layer is its folder; a file may include its own layer and the layers below it:
 
     tools/cli/         the public header only (nopad.h)
+    tools/serve/       the public header and the CLI's helpers (tools/cli/cli.h)
     src/engine/        model/, backend/backend.h, io/, util/
     src/model/         backend/backend.h, io/, util/
     src/backend/       backend/ (a backend's own folder and the op table), util/
@@ -22,6 +23,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 # (folder prefix, includes allowed by prefix); the first matching folder decides
 RULES = [
     ("tools/cli/", ["nopad.h", "tools/cli/"]),
+    ("tools/serve/", ["nopad.h", "tools/serve/", "tools/cli/cli.h"]),
     ("src/engine/", ["nopad.h", "engine/", "model/", "backend/backend.h", "io/", "util/"]),
     ("src/model/", ["nopad.h", "model/", "backend/backend.h", "io/", "util/"]),
     ("src/backend/cuda/", ["nopad.h", "backend/backend.h", "backend/cuda/", "util/"]),
@@ -49,6 +51,7 @@ def main() -> int:
     bad = []
     files = [p for p in ROOT.glob("src/**/*") if p.suffix in (".c", ".h", ".cu", ".cuh")]
     files += [p for p in ROOT.glob("tools/cli/*") if p.suffix in (".c", ".h")]
+    files += [p for p in ROOT.glob("tools/serve/*") if p.suffix in (".c", ".h")]
     for path in sorted(files):
         rel = path.relative_to(ROOT).as_posix()
         allowed = next(a for prefix, a in RULES if rel.startswith(prefix))
