@@ -160,7 +160,7 @@ def run_mode(mode, eng, serial, instances, arrivals, prompts, outs, args):
     run = Run(engines, t0)
     sampler = ec.StatsSampler(engines, t0, interval=args.sample_ms / 1e3, keep_every=0)
     sampler.start()
-    deadline = t0 + arrivals[-1] + args.mode_limit_s
+    deadline = t0 + arrivals[-1] + getattr(args, "limit_now", args.mode_limit_s)
     extra = {}
     ok = True
     if mode in ("engine", "serial", "instances"):
@@ -259,6 +259,13 @@ def flover(args, gen, out, save):
                      "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(outs), "modes": {}}
             out["points"].append(point)
             for mode in modes:
+                left = args.budget_s - (time.time() - args.t_start)
+                if left < arrivals[-1] + 20:
+                    point["modes"][mode] = {"mode": mode, "skipped": "time budget (%.0f s left, the arrivals "
+                                            "alone span %.0f s)" % (left, arrivals[-1])}
+                    print("# gap %g ms, %s: skipped (budget)" % (g, mode), flush=True)
+                    continue
+                args.limit_now = min(args.mode_limit_s, left - arrivals[-1] - 10)
                 r = run_mode(mode, eng, serial, instances, arrivals, prompts, outs, args)
                 point["modes"][mode] = r
                 print("# gap %g ms, %d requests, %s: total %s s, latency mean %s s p99 %s s, %s" % (
@@ -286,6 +293,9 @@ def flover_table(out):
     for p in out["points"]:
         e = p["modes"].get("engine", {})
         for m, r in p["modes"].items():
+            if "skipped" in r:
+                lines.append("| %g | %d | %s | skipped: %s ||||||||" % (p["gap_ms"], p["requests"], m, r["skipped"]))
+                continue
             rt = r["total_s"] / e["total_s"] if m != "engine" and r.get("total_s") and e.get("total_s") else None
             rl = (r["latency_mean_s"] / e["latency_mean_s"]
                   if m != "engine" and r.get("latency_mean_s") and e.get("latency_mean_s") else None)
@@ -325,6 +335,10 @@ def eviction(args, gen, out, save):
         out["warmup_s"] = time.perf_counter() - t
         print("# warmed up in %.1f s" % out["warmup_s"], flush=True)
         for L in Ls:
+            if time.time() - args.t_start > args.budget_s - 30:
+                out["points"].append({"L": L, "runs": {}, "skipped": "time budget"})
+                print("# L %d: skipped (budget)" % L, flush=True)
+                continue
             arrivals, prompts, outs = draw(n, args.gap_ms, args.seed + L, V, pr, (128, L), poisson=False)
             point = {"L": L, "requests": n, "output_tokens": sum(outs), "runs": {}}
             out["points"].append(point)
@@ -385,6 +399,9 @@ def eviction_table(out):
              "| L | total s | no-evict total s | no-evict × | steps | attributed | step ms at batch 1 / 8 / 16 / 32 |",
              "|---|---|---|---|---|---|---|"]
     for p in out["points"]:
+        if "skipped" in p:
+            lines.append("| %d | skipped: %s ||||||" % (p["L"], p["skipped"]))
+            continue
         e, ne = p["runs"].get("evict", {}), p["runs"].get("no_evict", {})
         by = {t["batch"]: t["ms_median"] for t in e.get("by_batch", [])}
         ratio = ne["total_s"] / e["total_s"] if ne.get("total_s") and e.get("total_s") else None
@@ -407,6 +424,9 @@ def main():
     ap.add_argument("--prompt-range", default="32,256")
     ap.add_argument("--out-range", default="128,512", help="flover: output lengths U[a, b]")
     ap.add_argument("--max-step-tokens", type=int, default=4096)
+    ap.add_argument("--budget-s", type=float, default=560,
+                    help="the whole run's time: a mode (flover) or an L (eviction) that would start too late is "
+                         "skipped and says so")
     ap.add_argument("--mode-limit-s", type=float, default=150,
                     help="seconds a mode may run after its last arrival before what is left is cancelled")
     # flover
@@ -430,7 +450,7 @@ def main():
     args.dtype = args.dtype or ec.DTYPES[args.device]
     os.environ["NOPAD_LIBRARY"] = os.path.abspath(args.library)
     import nopad
-    t_start = time.time()
+    t_start = args.t_start = time.time()
     out = {"experiment": args.experiment, "info": ec.env_info(args.device, args.library), "shape": args.shape,
            "dtype": args.dtype, "args": vars(args), "points": []}
     print(json.dumps(out["info"]), flush=True)
