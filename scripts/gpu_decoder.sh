@@ -12,7 +12,20 @@
 #        step's SmolLM2 part (transformers reads GGUF through it), carried with the last piece.
 # There: scripts/gpu_decoder.sh --run [steps]      (carry [".gpu_carry/dec"], then [".gpu_carry/gN"])
 #        steps: gguf (keep this call's GGUF piece), test, half (HF fp16/bf16 error), attn, decode,
-#        engine (bench/engine_bench.py: the engine's throughput workload),
+#        engine (bench/engine_bench.py, nopad alone: --peers none),
+#        issue 22's benchmarks, each within one 10-minute device call (the JSON is rewritten as it
+#        goes, so a cut run keeps what it measured):
+#          engine-peers      workload 1, 32 requests: nopad + the HF peers (static eager, static
+#                            + compile, generate_batch, its manager), each peer <= 120 s; ~4-9 min
+#          engine-peers-256  workload 1, 256 requests, the same; ~5-9 min
+#          engine-smol       workload 4, SmolLM2-135M shape, 64 requests, the same; ~3-8 min
+#          flover            workload 2 (Flover), gaps 5,20,50,200 ms x 64 requests, 4 modes;
+#                            ~5-9 min (each mode <= 100 s after its last arrival)
+#          flover-long       workload 2, gaps 1000 ms x 32 and 5000 ms x 12 requests (fewer than
+#                            64: 64 at 5 s would take 4 x 5.3 min); ~6-9 min
+#          eviction          workload 3, L = 256..1792, with and without early leaving; ~1-3 min
+#        (ENGINE_ARGS, FLOVER_ARGS, ... append to or override a stage's arguments; PNGs by
+#        bench/plot_flover.py beside the JSON when matplotlib is there, else plot here)
 #        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64";
 #        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
 #        default "gguf test". Logs and JSON to $OUT.
@@ -118,7 +131,34 @@ for step in $STEPS; do
         ;;
     engine)
         timeout 300 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" \
-            --out "$OUT/engine.json" ${ENGINE_ARGS:-} 2>&1 | tee "$OUT/engine.log" || status=1
+            --out "$OUT/engine.json" --peers none ${ENGINE_ARGS:-} 2>&1 | tee "$OUT/engine.log" || status=1
+        ;;
+    engine-peers | engine-peers-256 | engine-smol)
+        case $step in
+        engine-peers) a=(--shape 1b --requests 32) name=engine_peers_1b_32 ;;
+        engine-peers-256) a=(--shape 1b --requests 256) name=engine_peers_1b_256 ;;
+        engine-smol) a=(--shape smollm2 --requests 64) name=engine_peers_smollm2_64 ;;
+        esac
+        mkdir -p "$OUT/$name"
+        timeout 595 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" "${a[@]}" \
+            --budget-s 550 --out "$OUT/$name/$name.json" ${ENGINE_PEERS_ARGS:-} 2>&1 | grep -v Warning |
+            tee "$OUT/$name/$name.log" || status=1
+        rm -f "$OUT/$name"/workload_*.json # the lengths are drawn again from the seed in the JSON
+        ;;
+    flover | flover-long | eviction)
+        case $step in
+        flover) a=(flover --gaps 5,20,50,200 --requests 64 --mode-limit-s 100) name=flover ;;
+        flover-long) a=(flover --gaps 1000,5000 --requests-per-gap 1000:32,5000:12 --mode-limit-s 60) name=flover_long ;;
+        eviction) a=(eviction --requests 32) name=eviction ;;
+        esac
+        mkdir -p "$OUT/$name"
+        timeout 595 python3 "$ROOT/bench/engine_arrivals.py" "${a[@]}" --library "$BUILD/libnopad.so" \
+            --budget-s 560 --out "$OUT/$name/$name.json" ${FLOVER_ARGS:-} 2>&1 | tee "$OUT/$name/$name.log" || status=1
+        if python3 -c "import matplotlib" 2>/dev/null; then
+            python3 "$ROOT/bench/plot_flover.py" "$OUT/$name/$name.json" --outdir "$OUT/$name" || status=1
+        else
+            echo "no matplotlib here: python3 bench/plot_flover.py $name.json on the development machine"
+        fi
         ;;
     profile)
         for bb in ${PROFILE_BATCHES:-1 64}; do
