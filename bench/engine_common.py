@@ -49,9 +49,10 @@ def pct(xs, q):
 def env_info(device, library=None):
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device, "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "numpy": np.__version__, "seed": SEED}
-    for mod in ("torch", "transformers"):
+    from importlib import metadata
+    for mod in ("torch", "transformers"):  # versions without importing them (no second OpenMP runtime here)
         try:
-            info[mod] = __import__(mod).__version__
+            info[mod] = metadata.version(mod)
         except Exception as e:  # noqa: BLE001
             info[mod] = "missing (%s)" % type(e).__name__
     try:
