@@ -14,6 +14,10 @@
  * The skinny GEMM: T from 1 to its limit of 256 (one and several 64-token tiles), every epilogue
  * and activation, K not a multiple of 16 (a zero-filled slice tail), one and many K slices; it
  * must give identical bits twice. Same bounds.
+ * The gemv kernels (decode steps): T from 1 to 32 across their 8-, 16- and 32-token variants,
+ * decoder layer shapes and odd ones (K not a multiple of 32, N not of 16, N = 1), every epilogue,
+ * the float32 output against the fp32 reference within 1e-5 of each output's sum of |products|,
+ * the fused SwiGLU; identical bits twice.
  * No GPU: exit 77 (ctest: skipped); built without CUTLASS, the fused tests skip.
  * NOPAD_GPU_TEST_QUICK=1 leaves out T = 4352. */
 #include <math.h>
@@ -416,6 +420,162 @@ static void test_skinny_graph(void **state) {
     }
 }
 
+/* ---- the gemv kernels (decode steps) -------------------------------------------------------- */
+
+/* Decoder layer shapes (K, N): LLaMA-1B's qkv, attention out, FFN out, SmolLM2's qkv and FFN in;
+ * and odd ones: K not a multiple of 32 (a block half outside K), N not a multiple of 16 (a CTA's
+ * rows partly outside N), one output feature, K = 8. */
+static const int32_t GEMV_SHAPES[][2] = {{2048, 2560}, {2048, 2048}, {5632, 2048}, {576, 960}, {576, 3072},
+                                         {200, 100},   {776, 1},     {8, 48}};
+/* T: 1, the edges of the 8-, 16- and 32-token kernels */
+static const int32_t GEMV_TS[] = {1, 3, 8, 9, 16, 17, 31, 32};
+
+/* Runs the gemv (act, bias, residual as skinny_check) twice on a poisoned output: identical bits
+ * both times, the row error within BOUND against the reference. */
+static void gemv_check(problem *p, int d, int with_bias, int act, int with_residual, double *worst) {
+    nopad_backend *be = gpu[d];
+    const size_t n = (size_t)p->T * p->N;
+    float *y = malloc(n * sizeof(float)), *y2 = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    const void *dres = with_residual == 1 ? p->dres : with_residual == 2 ? p->dy : NULL;
+    for (int run = 0; run < 2; run++) {
+        if (with_residual == 2) assert_nopad_ok(be->upload_f32(be, p->dy, p->res, n));
+        else poison(be, p->dy, n);
+        assert_nopad_ok(cuda_gemv(DTYPES[d], p->dy, p->dx, p->dw, with_bias ? p->dbias : NULL, dres, p->T, p->K,
+                                  p->N, act, streams[d]));
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+        assert_nopad_ok(be->download_f32(be, run ? y2 : y, p->dy, n));
+    }
+    if (memcmp(y, y2, n * sizeof(float)) != 0)
+        fail_msg("%s gemv T %d K %d N %d: two runs differ", DTYPE_NAMES[d], p->T, p->K, p->N);
+    skinny_reference(ref, p->acc, with_bias ? p->bias : NULL, with_residual ? p->res : NULL, p->T, p->N, act);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(y[i]))
+            fail_msg("%s gemv T %d K %d N %d: y[%zu] = %g (unwritten?)", DTYPE_NAMES[d], p->T, p->K, p->N, i, y[i]);
+    const double err = test_max_row_rel_error(y, ref, p->T, p->N);
+    if (!(err <= BOUND[d]))
+        fail_msg("%s gemv T %d K %d N %d act %d bias %d residual %d: row rel err %.3g > %.3g", DTYPE_NAMES[d],
+                 p->T, p->K, p->N, act, with_bias, with_residual, err, BOUND[d]);
+    if (err > *worst) *worst = err;
+    free(y), free(y2), free(ref);
+}
+
+/* The float32 output (the LM head): no output rounding, so what is left is fp32 accumulation-order
+ * noise. Both sides add the same exactly representable products in fp32 in different orders, so
+ * each output is off by at most ~K·2^-24 of the sum of its products' magnitudes (|x|·|w|, not the
+ * output, which may cancel to near zero); measured against that scale, 1e-5 holds for every K
+ * here (K·2^-24 = 3.4e-4 is the worst case; random rounding errors add up to ~sqrt(K)·2^-24). */
+static void gemv_f32_check(problem *p, int d, double *worst) {
+    nopad_backend *be = gpu[d];
+    const size_t n = (size_t)p->T * p->N;
+    float *y = malloc(n * sizeof(float));
+    void *dy32 = NULL;
+    assert_nopad_ok(be->alloc(be, n * sizeof(float), &dy32));
+    float *nan = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    assert_int_equal(cudaMemcpy(dy32, nan, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    assert_nopad_ok(cuda_gemv_f32(DTYPES[d], dy32, p->dx, p->dw, p->T, p->K, p->N, streams[d]));
+    assert_int_equal(cudaStreamSynchronize(streams[d]), cudaSuccess);
+    assert_int_equal(cudaMemcpy(y, dy32, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    double err = 0.0;
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t o = 0; o < p->N; o++) {
+            const float v = y[t * p->N + o];
+            if (!isfinite(v)) fail_msg("%s gemv_f32 T %d K %d N %d: y[%d][%d] = %g", DTYPE_NAMES[d], p->T, p->K, p->N, (int)t, (int)o, v);
+            double scale = 0.0;
+            for (int64_t k = 0; k < p->K; k++) scale += fabs((double)p->x[t * p->K + k] * p->w[o * p->K + k]);
+            const double e = fabs((double)v - p->acc[t * p->N + o]) / (scale > 0.0 ? scale : 1.0);
+            if (e > err) err = e;
+        }
+    if (!(err <= 1e-5))
+        fail_msg("%s gemv_f32 T %d K %d N %d: error %.3g of the products' magnitude > 1e-5", DTYPE_NAMES[d], p->T,
+                 p->K, p->N, err);
+    if (err > *worst) *worst = err;
+    be->free(be, dy32);
+    free(y), free(nan);
+}
+
+/* SwiGLU fused: w [2F, K] as the problem's [N, K] with N = 2F; reference silu(acc[:, :F]) ·
+ * acc[:, F:] in double, one output rounding (BOUND). */
+static void gemv_swiglu_check(problem *p, int d, double *worst) {
+    nopad_backend *be = gpu[d];
+    const int32_t F = p->N / 2;
+    const size_t n = (size_t)p->T * F;
+    float *y = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    poison(be, p->dy, n);
+    assert_nopad_ok(cuda_gemv_swiglu(DTYPES[d], p->dy, p->dx, p->dw, p->T, p->K, F, streams[d]));
+    assert_nopad_ok(be->download_f32(be, y, p->dy, n));
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t i = 0; i < F; i++) {
+            const double g = p->acc[t * p->N + i], u = p->acc[t * p->N + F + i];
+            ref[t * F + i] = (float)(g / (1.0 + exp(-g)) * u);
+        }
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(y[i])) fail_msg("%s gemv_swiglu T %d K %d F %d: y[%zu] = %g", DTYPE_NAMES[d], p->T, p->K, F, i, y[i]);
+    const double err = test_max_row_rel_error(y, ref, p->T, F);
+    if (!(err <= BOUND[d]))
+        fail_msg("%s gemv_swiglu T %d K %d F %d: row rel err %.3g > %.3g", DTYPE_NAMES[d], p->T, p->K, F, err, BOUND[d]);
+    if (err > *worst) *worst = err;
+    free(y), free(ref);
+}
+
+static void test_gemv_shapes(void **state) {
+    uint64_t rng = 0x67656d76ULL;
+    const int n_shapes = (int)(sizeof GEMV_SHAPES / sizeof GEMV_SHAPES[0]);
+    for (int d = 0; d < 2; d++) {
+        double worst = 0.0, worst32 = 0.0, worst_glu = 0.0;
+        for (size_t ti = 0; ti < sizeof GEMV_TS / sizeof GEMV_TS[0]; ti++)
+            for (int si = 0; si < n_shapes; si++) {
+                const int32_t T = GEMV_TS[ti], K = GEMV_SHAPES[si][0], N = GEMV_SHAPES[si][1];
+                assert_true(cuda_gemv_supported(T, K, N));
+                problem p;
+                problem_make(&p, d, T, K, N, &rng);
+                gemv_check(&p, d, 0, -1, 0, &worst);            /* LLaMA: no bias */
+                gemv_check(&p, d, 1, -1, 0, &worst);            /* Qwen2's qkv, GPT-2 */
+                gemv_f32_check(&p, d, &worst32);                /* the LM head */
+                if (N % 2 == 0) gemv_swiglu_check(&p, d, &worst_glu);
+                problem_free(&p, d);
+            }
+        printf("%s gemv worst row rel err %.3g, f32 %.3g, swiglu %.3g\n", DTYPE_NAMES[d], worst, worst32, worst_glu);
+    }
+}
+
+/* Every activation (GPT-2's FFN in), a residual, a residual that is y itself. */
+static void test_gemv_epilogues(void **state) {
+    const int32_t cases[][3] = {{1, 768, 3072}, {5, 200, 100}, {32, 3072, 768}};
+    uint64_t rng = 0x67657069ULL;
+    double worst = 0.0;
+    for (int d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            problem p;
+            problem_make(&p, d, cases[c][0], cases[c][1], cases[c][2], &rng);
+            for (int act = -1; act <= NOPAD_ACT_RELU; act++) gemv_check(&p, d, 1, act, 0, &worst);
+            gemv_check(&p, d, 1, -1, 1, &worst);
+            gemv_check(&p, d, 1, -1, 2, &worst);
+            gemv_check(&p, d, 0, NOPAD_ACT_GELU, 1, &worst);
+            problem_free(&p, d);
+        }
+    printf("gemv epilogues worst row rel err %.3g\n", worst);
+}
+
+static void test_gemv_unsupported(void **state) {
+    uint64_t rng = 23;
+    problem p;
+    problem_make(&p, 0, 16, 64, 64, &rng);
+    cudaStream_t s = streams[0];
+    assert_false(cuda_gemv_supported(33, 2048, 2048));
+    assert_false(cuda_gemv_supported(0, 2048, 2048));
+    assert_false(cuda_gemv_supported(4, 60, 64));
+    assert_nopad_error(cuda_gemv(NOPAD_DTYPE_F16, p.dy, p.dx, p.dw, NULL, NULL, 33, 64, 64, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "T <= 32");
+    assert_nopad_error(cuda_gemv(NOPAD_DTYPE_F16, p.dy, (char *)p.dx + 2, p.dw, NULL, NULL, 8, 64, 64, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "aligned");
+    assert_nopad_error(cuda_gemv(NOPAD_DTYPE_F32, p.dy, p.dx, p.dw, NULL, NULL, 8, 64, 64, -1, s),
+                       NOPAD_ERR_UNSUPPORTED, "dtype");
+    assert_nopad_error(cuda_gemv_swiglu(NOPAD_DTYPE_BF16, p.dy, NULL, p.dw, 8, 64, 32, s),
+                       NOPAD_ERR_INVALID_ARGUMENT, "NULL");
+    problem_free(&p, 0);
+}
+
 int main(void) {
     if (test_skip_without_gpu()) return 77;
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
@@ -429,7 +589,8 @@ int main(void) {
         cmocka_unit_test(test_unsupported),   cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_backend_modes), cmocka_unit_test(test_skinny_shapes),
         cmocka_unit_test(test_skinny_epilogues), cmocka_unit_test(test_skinny_unsupported),
-        cmocka_unit_test(test_skinny_graph),
+        cmocka_unit_test(test_skinny_graph),     cmocka_unit_test(test_gemv_shapes),
+        cmocka_unit_test(test_gemv_epilogues),   cmocka_unit_test(test_gemv_unsupported),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int d = 0; d < 2; d++) {

@@ -221,6 +221,11 @@ struct nopad_backend {
     /* out[T, F] = silu(gate_up[:, :F]) · gate_up[:, F:] (gate_up [T, 2F]). */
     nopad_status (*swiglu)(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens,
                            int32_t dim);
+    /* out[T, F] = silu(x·w[0:F]ᵀ) ⊙ (x·w[F:2F]ᵀ) for x [T, K], w [2F, K] (LLaMA's gate and up
+     * projections stacked): gemm then swiglu, fused where the backend can; gate_up [T, 2F] is
+     * scratch it may use. NULL: the caller runs gemm and swiglu. */
+    nopad_status (*gemm_swiglu)(nopad_backend *be, void *out, void *gate_up, const void *x,
+                                const void *w, int32_t n_tokens, int32_t n_in, int32_t n_ffn);
     /* out32[n, dim] = x32[rows[i]] (the rows whose logits a step needs). */
     nopad_status (*gather_rows)(nopad_backend *be, float *out32, const float *x32,
                                 const int32_t *rows, int32_t n, int32_t dim);

@@ -175,9 +175,13 @@ static nopad_status step_forward(void *ctx) {
                      L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         TRY(be->add_norm(be, s->xn, s->h, s->tmp, L->norm2_w, L->norm2_b, eps, T, H, rms));
         if (llama) {
-            TRY(be->gemm(be, s->mlp, s->xn, L->up_w, NULL, NULL, T, H, 2 * F, NOPAD_EPILOGUE_NONE,
-                         NOPAD_ACT_GELU));
-            TRY(be->swiglu(be, s->act, s->mlp, T, F));
+            if (be->gemm_swiglu) {
+                TRY(be->gemm_swiglu(be, s->act, s->mlp, s->xn, L->up_w, T, H, F));
+            } else {
+                TRY(be->gemm(be, s->mlp, s->xn, L->up_w, NULL, NULL, T, H, 2 * F,
+                             NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+                TRY(be->swiglu(be, s->act, s->mlp, T, F));
+            }
         } else {
             TRY(be->gemm(be, s->act, s->xn, L->up_w, L->up_b, NULL, T, H, F,
                          NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));

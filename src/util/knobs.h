@@ -12,6 +12,7 @@ extern "C" {
 typedef enum knob_id {
     KNOB_GEMM,                /* choice: auto | cublaslt | cutlass (cuda_gemm_mode's order) */
     KNOB_SKINNY_MAX_TOKENS,   /* int */
+    KNOB_GEMV_MAX_TOKENS,     /* int */
     KNOB_PDL,                 /* switch */
     KNOB_PDL_TENSOR,          /* switch */
     KNOB_FMHA_FA3,            /* int: -1 per shape, 0 never, 1 always */

@@ -149,7 +149,24 @@ static nopad_status cu_gemm_f32(nopad_backend *be, float *out, const void *x, co
                                 int32_t n_in, int32_t n_out) {
     CUDA_ENTER(be, s);
     if (n_tokens == 0) return NOPAD_OK;
+    if (n_tokens <= cuda_gemv_max_tokens() && cuda_gemv_supported(n_tokens, n_in, n_out)) {
+        nopad_status st = cuda_gemv_f32(be->dtype, out, x, w, n_tokens, n_in, n_out, s->stream);
+        if (st != NOPAD_ERR_UNSUPPORTED) return st;
+    }
     return cuda_lt_matmul_f32(&s->lt, be->dtype, out, x, w, n_tokens, n_in, n_out, s->stream);
+}
+static nopad_status cu_gemm_swiglu(nopad_backend *be, void *out, void *gate_up, const void *x, const void *w,
+                                   int32_t n_tokens, int32_t n_in, int32_t n_ffn) {
+    CUDA_ENTER(be, s);
+    if (n_tokens == 0) return NOPAD_OK;
+    if (cuda_gemm_gemv_wins(n_tokens, n_in, 2 * n_ffn)) {
+        nopad_status st = cuda_gemv_swiglu(be->dtype, out, x, w, n_tokens, n_in, n_ffn, s->stream);
+        if (st != NOPAD_ERR_UNSUPPORTED) return st;
+    }
+    nopad_status st = cuda_gemm_linear(&s->lt, be->dtype, gate_up, x, w, NULL, NULL, n_tokens, n_in, 2 * n_ffn,
+                                       NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU, s->stream);
+    if (st != NOPAD_OK) return st;
+    return cuda_dec_swiglu(be->dtype, out, gate_up, n_tokens, n_ffn, s->stream);
 }
 /* Sampling: the rows' parameters and histories go up in one copy, the ids (and log-probs) come
  * back in one; the stream is waited for once. */
@@ -353,6 +370,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->swiglu = cu_swiglu;
     be->gather_rows = cu_gather_rows;
     be->gemm_f32 = cu_gemm_f32;
+    be->gemm_swiglu = cu_gemm_swiglu;
     be->sample = cu_sample;
     *out = be;
     return NOPAD_OK;

@@ -29,6 +29,8 @@ template <typename T>
 __global__ void norm_kernel(T *out, float *h, const T *x, const T *w, const T *b, float eps, int dim,
                             int rms) {
     __shared__ float red[2][32];
+    allow_dependent_launch(); /* the next GEMM may start streaming its weights */
+    wait_for_upstream_grid();
     float *row = h + (size_t)blockIdx.x * dim;
     const T *xr = x ? x + (size_t)blockIdx.x * dim : NULL;
     float s = 0.0f, ss = 0.0f;
@@ -79,6 +81,8 @@ __global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32
                                      int head_size, const float *inv_freq) {
     const int t = blockIdx.x, half = head_size / 2;
     const size_t kv = (size_t)n_kv_heads * head_size;
+    allow_dependent_launch();
+    wait_for_upstream_grid();
     T *row = qkv + (size_t)t * (n_heads + 2 * n_kv_heads) * head_size;
     T *k_dst = k_cache + (size_t)slots[t] * kv, *v_dst = v_cache + (size_t)slots[t] * kv;
     if (inv_freq) {
@@ -144,6 +148,8 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
 
     const int t0 = blockIdx.x, split = blockIdx.z, n_splits = gridDim.z;
     const int G = a.n_heads / a.n_kv_heads, Gc = a.heads_per_cta;
+    allow_dependent_launch();
+    wait_for_upstream_grid();
     const int chunks = (G + Gc - 1) / Gc;
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * Gc, gc = min(Gc, G - g0);
     const int b = sequence_of(a.cu_q, a.n_seqs, t0);
@@ -327,6 +333,8 @@ template <typename T>
 __global__ void attention_combine_kernel(T *out, const float *ws, int n_heads, int head_size,
                                          int n_splits) {
     const int t = blockIdx.x, h = blockIdx.y;
+    allow_dependent_launch();
+    wait_for_upstream_grid();
     const float *parts = ws + ((size_t)t * n_heads + h) * n_splits * (head_size + 2);
     float M = -INFINITY;
     for (int s = 0; s < n_splits; s++) M = fmaxf(M, parts[(size_t)s * (head_size + 2)]);
@@ -347,6 +355,8 @@ __global__ void attention_combine_kernel(T *out, const float *ws, int n_heads, i
 
 template <typename T>
 __global__ void swiglu_kernel(T *out, const T *gate_up, int dim, size_t n) {
+    allow_dependent_launch();
+    wait_for_upstream_grid();
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
          k += (size_t)gridDim.x * blockDim.x) {
         const size_t t = k / dim, i = k % dim;
@@ -356,12 +366,16 @@ __global__ void swiglu_kernel(T *out, const T *gate_up, int dim, size_t n) {
 }
 
 __global__ void gather_rows_kernel(float *out, const float *x, const int32_t *rows, int dim) {
+    allow_dependent_launch();
+    wait_for_upstream_grid();
     const float *src = x + (size_t)rows[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = src[i];
 }
 
 template <typename T>
 __global__ void residual_add_kernel(float *h, const T *x, size_t n) {
+    allow_dependent_launch();
+    wait_for_upstream_grid();
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
          k += (size_t)gridDim.x * blockDim.x)
         h[k] += to_f32(x[k]);
@@ -391,7 +405,8 @@ extern "C" nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, con
 template <typename T>
 static nopad_status norm_t(void *out, float *h, const void *x, const void *w, const void *b, float eps,
                            int n, int dim, int rms, cudaStream_t s) {
-    norm_kernel<T><<<n, 256, 0, s>>>((T *)out, h, (const T *)x, (const T *)w, (const T *)b, eps, dim, rms);
+    launch_row_kernel(norm_kernel<T>, dim3(n), dim3(256), s, (T *)out, h, (const T *)x, (const T *)w,
+                      (const T *)b, eps, dim, rms);
     return launch_status("norm");
 }
 
@@ -408,8 +423,8 @@ template <typename T>
 static nopad_status rope_kv_store_t(void *qkv, void *k_cache, void *v_cache, const int32_t *positions,
                                     const int32_t *slots, int n, int n_heads, int n_kv_heads,
                                     int head_size, const float *inv_freq, cudaStream_t s) {
-    rope_kv_store_kernel<T><<<n, 256, 0, s>>>((T *)qkv, (T *)k_cache, (T *)v_cache, positions, slots,
-                                              n_heads, n_kv_heads, head_size, inv_freq);
+    launch_row_kernel(rope_kv_store_kernel<T>, dim3(n), dim3(256), s, (T *)qkv, (T *)k_cache, (T *)v_cache,
+                      positions, slots, n_heads, n_kv_heads, head_size, inv_freq);
     return launch_status("rope_kv_store");
 }
 
@@ -557,11 +572,11 @@ static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
         }
     }
     dim3 grid((unsigned)kv->n_tokens, (unsigned)(n_kv_heads * p.chunks), (unsigned)p.splits);
-    kernel<<<grid, PA_THREADS, p.smem, s>>>(a);
+    launch_maybe_pdl(kernel, grid, dim3(PA_THREADS), p.smem, s, cuda_pdl_tensor_enabled() != 0, a);
     nopad_status st = launch_status("attention_paged");
     if (st != NOPAD_OK || p.splits == 1) return st;
-    attention_combine_kernel<T><<<dim3((unsigned)kv->n_tokens, (unsigned)n_heads), 64, 0, s>>>(
-        (T *)out, ws->split, n_heads, head_size, p.splits);
+    launch_row_kernel(attention_combine_kernel<T>, dim3((unsigned)kv->n_tokens, (unsigned)n_heads), dim3(64), s,
+                      (T *)out, (const float *)ws->split, n_heads, head_size, p.splits);
     return launch_status("attention_combine");
 }
 
@@ -585,7 +600,8 @@ extern "C" nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, c
 template <typename T>
 static nopad_status swiglu_t(void *out, const void *gate_up, int n, int dim, cudaStream_t s) {
     const size_t total = (size_t)n * dim;
-    swiglu_kernel<T><<<grid_for(total, 256), 256, 0, s>>>((T *)out, (const T *)gate_up, dim, total);
+    launch_row_kernel(swiglu_kernel<T>, dim3(grid_for(total, 256)), dim3(256), s, (T *)out, (const T *)gate_up,
+                      dim, total);
     return launch_status("swiglu");
 }
 
@@ -601,13 +617,13 @@ extern "C" nopad_status cuda_dec_gather_rows(float *out, const float *x, const i
                                              int32_t n, int32_t dim, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (n == 0) return NOPAD_OK;
-    gather_rows_kernel<<<n, 256, 0, s>>>(out, x, rows, dim);
+    launch_row_kernel(gather_rows_kernel, dim3(n), dim3(256), s, out, x, rows, dim);
     return launch_status("gather_rows");
 }
 
 template <typename T>
 static nopad_status residual_t(float *h, const void *x, size_t n, cudaStream_t s) {
-    residual_add_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(h, (const T *)x, n);
+    launch_row_kernel(residual_add_kernel<T>, dim3(grid_for(n, 256)), dim3(256), s, h, (const T *)x, n);
     return launch_status("residual_add");
 }
 

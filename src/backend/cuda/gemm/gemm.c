@@ -69,6 +69,11 @@ int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out) {
            cuda_gemm_skinny_supported(n_tokens, n_in, n_out);
 }
 
+int cuda_gemm_gemv_wins(int32_t n_tokens, int32_t n_in, int32_t n_out) {
+    return n_tokens <= cuda_gemv_max_tokens() && !cuda_gemm_skinny_wins(n_tokens, n_in, n_out) &&
+           cuda_gemv_supported(n_tokens, n_in, n_out);
+}
+
 /* ---- the linear op --------------------------------------------------------------------------- */
 
 nopad_status cuda_gemm_linear(cuda_lt *lt, nopad_dtype dtype, void *out, const void *x, const void *w,
@@ -76,6 +81,16 @@ nopad_status cuda_gemm_linear(cuda_lt *lt, nopad_dtype dtype, void *out, const v
                               int32_t n_out, nopad_epilogue epilogue, nopad_activation act,
                               cudaStream_t stream) {
     if (n_tokens == 0) return NOPAD_OK;
+    /* ---- a decode step's few tokens on a decoder's layers (gemv.h): the weights streamed at copy
+     * speed, every epilogue in the same kernel; the BERT-family shapes the skinny GEMM was
+     * measured on stay with it */
+    if (cuda_gemm_gemv_wins(n_tokens, n_in, n_out)) {
+        const void *gbias = epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias;
+        const void *gresidual = epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL;
+        const int gact = epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1;
+        nopad_status gst = cuda_gemv(dtype, out, x, w, gbias, gresidual, n_tokens, n_in, n_out, gact, stream);
+        if (gst != NOPAD_ERR_UNSUPPORTED) return gst;
+    }
     /* ---- a few tokens (skinny.h): one kernel with every epilogue, weights read by all SMs; bias
      * and residual NULL where the epilogue does not add them, the activation -1 where it applies
      * none; shapes it does not take come back UNSUPPORTED and go on below */

@@ -1,5 +1,6 @@
 /* The CUDA backend's linear op and where each GEMM goes: y[T, N] = epilogue(x[T, K] · w[N, K]ᵀ)
- * runs on the skinny GEMM for a few tokens (skinny.h), else on CUTLASS with the epilogue fused
+ * runs on the gemv kernels for a decode step's few tokens on a decoder's layers (gemv.h), on the
+ * skinny GEMM for a few tokens of the BERT-family shapes (skinny.h), else on CUTLASS with the epilogue fused
  * (cutlass.h) where the mode and the shape say so, else on cuBLASLt (cublaslt.h), each path
  * handing shapes it does not take to the next. Nothing synchronises: a call can be captured in a
  * CUDA graph. */
@@ -10,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/gemm/cutlass.h"
+#include "backend/cuda/gemm/gemv.h"
 #include "backend/cuda/gemm/skinny.h"
 
 #ifdef __cplusplus
@@ -53,6 +55,10 @@ void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens);
  * fetch their weights while the one before finishes); a decoder's wider layers (LLaMA-1B: K and
  * N >= 2048) run faster on cuBLASLt (docs/gemm.md). */
 int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out);
+
+/* Whether the linear op takes the gemv kernels for this shape: T <= cuda_gemv_max_tokens() on a
+ * shape the skinny GEMM does not take (a decoder's layers; docs/gemm.md has the measurements). */
+int cuda_gemm_gemv_wins(int32_t n_tokens, int32_t n_in, int32_t n_out);
 
 #ifdef __cplusplus
 }
