@@ -1,0 +1,70 @@
+/* libFuzzer target: nopad serve's request-body parser (tools/serve/openai.c) and the chat
+ * templates it feeds. The first byte picks the route (completions, chat, /v1/embeddings, /embed),
+ * the rest is the body. Any input parses or is refused with a 400-class error and a message; a
+ * parsed request holds what the server relies on. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+#include "openai.h"
+
+static void check_error(const api_error *e) {
+    if (e->status < 400 || e->status > 500 || !e->message[0] || !e->type) __builtin_trap();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    const int route = data[0] % 4;
+    const char *body = (const char *)data + 1;
+    const size_t len = size - 1;
+    api_error e;
+    if (route < 2) {
+        gen_request r;
+        if (openai_parse_generation(body, len, route == 0 ? GEN_COMPLETION : GEN_CHAT, &r, &e)) {
+            check_error(&e);
+            return 0;
+        }
+        if (r.max_tokens == 0 || r.max_tokens < -1 || r.min_tokens < 0 || r.top_k < 0) __builtin_trap();
+        if (!(r.temperature >= 0) || !(r.top_p > 0 && r.top_p <= 1) || !(r.min_p >= 0 && r.min_p < 1) ||
+            !(r.repetition_penalty > 0))
+            __builtin_trap();
+        for (int32_t i = 0; i < r.n_stops; i++)
+            if (!r.stops[i] || !r.stops[i][0]) __builtin_trap();
+        if (route == 0) {
+            if (!r.prompt == !r.prompt_ids) __builtin_trap();
+            if (r.prompt_ids && r.n_prompt_ids < 1) __builtin_trap();
+        } else {
+            if (r.n_messages < 1) __builtin_trap();
+            for (int f = 0; f < CHAT_N_FAMILIES; f++) {
+                chat_template t = {.family = (chat_family)f};
+                size_t n = 0;
+                char *prompt = chat_template_apply(&t, r.messages, r.n_messages, &n);
+                if (!prompt || strlen(prompt) != n) __builtin_trap();
+                free(prompt);
+            }
+        }
+        gen_request_free(&r);
+    } else {
+        embed_request r;
+        if (openai_parse_embeddings(body, len, route == 3, &r, &e)) {
+            check_error(&e);
+            return 0;
+        }
+        if (r.n_inputs < 1 || r.n_inputs > EMBED_MAX_INPUTS || r.dimensions < 0) __builtin_trap();
+        for (int i = 0; i < r.n_inputs; i++)
+            if (r.texts ? !r.texts[i] || !r.texts[i][0] : r.n_ids[i] < 1) __builtin_trap();
+        embed_request_free(&r);
+    }
+    /* template detection on arbitrary text never fails but by returning -1 */
+    char *text = malloc(len + 1);
+    if (text) {
+        memcpy(text, body, len);
+        text[len] = '\0';
+        chat_template t;
+        if (chat_template_detect(text, &t) == 0) chat_template_free(&t);
+        free(text);
+    }
+    return 0;
+}
