@@ -203,7 +203,8 @@ curl -s -N --max-time 2 "${auth[@]}" -H 'Content-Type: application/json' \
     "http://127.0.0.1:$PORT/v1/completions" >"$TMP/stream" || true
 grep -q '^data: {' "$TMP/stream" || fail "disconnect: no event before leaving"
 for _ in $(seq 1 100); do
-    [ "$(metric nopad_requests_running)" = 0 ] && [ "$(metric nopad_kv_blocks_used)" = 0 ] && break
+    [ "$(metric nopad_requests_running)" = 0 ] && [ "$(metric nopad_kv_blocks_used)" = 0 ] &&
+        [ "$(metric nopad_requests_cancelled_total)" = 1 ] && break
     sleep 0.1
 done
 [ "$(metric nopad_requests_running)" = 0 ] && [ "$(metric nopad_kv_blocks_used)" = 0 ] &&

@@ -280,9 +280,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     http_req *q = *req_cls;
     if (!q) return;
     *req_cls = NULL;
+    http_count(q, 499); /* no answer went out: the client left (or the server stopped) */
     if (q->gen) gen_request_closed(q, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     if (q->emb) embed_request_closed(q);
-    http_count(q, 499); /* no answer went out: the client left (or the server stopped) */
     free(q->body);
     free(q);
     atomic_fetch_sub(&s->inflight, 1);
