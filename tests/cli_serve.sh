@@ -211,8 +211,10 @@ done
     [ "$(metric nopad_requests_cancelled_total)" = 1 ] &&
     ok "client left mid-stream: cancelled, KV blocks freed" ||
     fail "client left mid-stream: running $(metric nopad_requests_running), blocks $(metric nopad_kv_blocks_used), cancelled $(metric nopad_requests_cancelled_total)"
-curl -s "http://127.0.0.1:$PORT/metrics" | grep -q 'nopad_requests_total{route="/v1/completions",status="499"} 1' ||
-    fail "metrics: the abandoned stream is not counted as 499"
+# (the text is read whole first: grep -q leaving early would break curl's pipe under pipefail)
+curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/metrics"
+grep -q 'nopad_requests_total{route="/v1/completions",status="499"} 1' "$TMP/metrics" ||
+    fail "metrics: the abandoned stream is not counted as 499: $(grep '^nopad_requests_total' "$TMP/metrics" | tr '\n' ' ')"
 stop
 
 # ---- a full queue: 429 with Retry-After ------------------------------------------------------------
