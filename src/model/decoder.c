@@ -64,7 +64,8 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int3
     const size_t T = (size_t)max_tokens, H = (size_t)cfg->hidden_size;
     const size_t D = (size_t)cfg->head_size, nh = (size_t)cfg->num_heads,
                  kvh = (size_t)cfg->num_kv_heads, F = (size_t)cfg->intermediate_size;
-    const size_t slots = (size_t)s->n_blocks * block_size;
+    s->pad_block = s->n_blocks;
+    const size_t slots = ((size_t)s->n_blocks + 1) * block_size;
     s->k_cache = calloc((size_t)cfg->num_layers, sizeof *s->k_cache);
     s->v_cache = calloc((size_t)cfg->num_layers, sizeof *s->v_cache);
     s->free_blocks = malloc((size_t)s->n_blocks * sizeof *s->free_blocks);
@@ -244,6 +245,23 @@ static nopad_status step_output(nopad_backend *be, const model_config *cfg, deco
     return st;
 }
 
+/* The batch size a decode step is recorded and replayed at: B rounded up to 1, 2, 4, 8, a multiple
+ * of 8 to 64, of 16 to 128, of 32 to 256, then of 64; at most cap. An engine's batch shrinks and
+ * grows one request at a time; without buckets every size would be recorded on its own (and 256
+ * sizes would not fit the backend's graph cache). The padding rows cost little: a decode step's
+ * time is the weights' read, which does not grow with a few more rows. */
+static int32_t batch_bucket(int32_t B, int32_t cap) {
+    int32_t b;
+    if (B <= 8) {
+        b = 1;
+        while (b < B) b *= 2;
+    } else {
+        const int32_t step = B <= 64 ? 8 : B <= 128 ? 16 : B <= 256 ? 32 : 64;
+        b = (B + step - 1) / step * step;
+    }
+    return b < cap ? b : cap;
+}
+
 /* The smallest power of two >= n, at most cap. */
 static int32_t width_bucket(int32_t n, int32_t cap) {
     int32_t w = 1;
@@ -263,20 +281,35 @@ nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const deco
     if (batch->max_blocks > max_blocks_cap)
         return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: block table too wide");
     const int decode_only = T == B && !batch->all_logits;
-    /* a decode step's table width is rounded up to a power of two, so that steps of one batch
-     * size share a few recorded graphs as histories grow; the launches size for the width */
+    const int recorded = decode_only && be->graph_run;
+    /* a decode step's table width is rounded up to a power of two and, when it is recorded, its
+     * batch up to a bucket (batch_bucket), so that steps share a few recorded graphs as histories
+     * grow and requests come and go; the launches size for the width. Padding rows are one token
+     * each at position 0 of a sequence that holds only the pad block. */
     const int32_t width = decode_only ? width_bucket(batch->max_blocks, max_blocks_cap)
                                       : batch->max_blocks;
+    const int32_t Bp = recorded ? batch_bucket(B, s->max_tokens) : B, Tp = recorded ? Bp : T;
 
     /* host index arrays, laid out as on the device:
-     * tokens [T] | positions [T] | slots [T] | rows [B] | cu_q [B+1] | seqlen_k [B] | table [B, width] */
+     * tokens [T] | positions [T] | slots [T] | rows [B] | cu_q [B+1] | seqlen_k [B] | table [B, width]
+     * (T and B padded: Tp, Bp) */
     int32_t *h = s->host_i32;
-    int32_t *positions = h + T, *slots = h + 2 * T, *rows = h + 3 * T, *cu = rows + B,
-            *seqlen = cu + B + 1, *table = seqlen + B;
-    const size_t n_i32 = (size_t)(table - h) + (size_t)B * width;
+    int32_t *positions = h + Tp, *slots = h + 2 * Tp, *rows = h + 3 * Tp, *cu = rows + Bp,
+            *seqlen = cu + Bp + 1, *table = seqlen + Bp;
+    const size_t n_i32 = (size_t)(table - h) + (size_t)Bp * width;
     memcpy(h, batch->tokens, (size_t)T * sizeof *h);
     memcpy(cu, batch->cu_q, ((size_t)B + 1) * sizeof *cu);
     memcpy(seqlen, batch->seqlen_k, (size_t)B * sizeof *seqlen);
+    for (int32_t b = B; b < Bp; b++) {
+        h[b] = 0;
+        positions[b] = 0;
+        slots[b] = s->pad_block * s->block_size;
+        rows[b] = b;
+        cu[b + 1] = b + 1;
+        seqlen[b] = 1;
+        table[(size_t)b * width] = s->pad_block;
+        for (int32_t j = 1; j < width; j++) table[(size_t)b * width + j] = 0;
+    }
     int32_t max_q = 0, max_k = 0;
     int no_history = 1;
     for (int32_t b = 0; b < B; b++) {
@@ -297,31 +330,32 @@ nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const deco
     }
     TRY(be->upload_i32(be, s->i32, h, n_i32));
     const int32_t *d = s->i32;
-    const int32_t *d_cu = d + 3 * T + B;
+    const int32_t *d_cu = d + 3 * Tp + Bp;
     const int want_rows = out->logits || out->ids;
     step_call call = {
         .be = be, .cfg = cfg, .w = w, .s = s,
-        .kv = {.n_seqs = B, .n_tokens = T, .max_q = max_q,
+        .kv = {.n_seqs = Bp, .n_tokens = Tp, .max_q = max_q,
                .max_k = decode_only ? width * s->block_size : max_k,
-               .no_history = no_history, .cu_q = d_cu, .seqlen_k = d_cu + B + 1,
-               .block_table = d_cu + 2 * B + 1, .max_blocks = width, .block_size = s->block_size},
-        .d_tokens = d, .d_pos = d + T, .d_slots = d + 2 * T, .d_rows = d + 3 * T,
-        .n_tokens = T,
-        .n_rows = !want_rows ? 0 : batch->all_logits ? T : B,
+               .no_history = no_history, .cu_q = d_cu, .seqlen_k = d_cu + Bp + 1,
+               .block_table = d_cu + 2 * Bp + 1, .max_blocks = width, .block_size = s->block_size},
+        .d_tokens = d, .d_pos = d + Tp, .d_slots = d + 2 * Tp, .d_rows = d + 3 * Tp,
+        .n_tokens = Tp,
+        .n_rows = !want_rows ? 0 : batch->all_logits ? T : Bp,
         .gather = !batch->all_logits,
     };
     call.head_rows = call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
-    if (decode_only && be->graph_run) {
+    if (recorded) {
         /* tagged -1 / -2: the encoder's keys end in 0 */
-        const int64_t key[4] = {B, width, call.n_rows, -1 - no_history};
+        const int64_t key[4] = {Bp, width, call.n_rows, -1 - no_history};
         TRY(be->graph_run(be, key, step_forward, &call));
     } else {
         TRY(step_forward(&call));
     }
     const size_t es = nopad_dtype_size(be->dtype);
     const int32_t H = cfg->hidden_size, V = cfg->vocab_size;
-    for (int32_t r0 = 0; r0 < call.n_rows; r0 += s->logit_rows) {
-        const int32_t n = call.n_rows - r0 < s->logit_rows ? call.n_rows - r0 : s->logit_rows;
+    const int32_t out_rows = !want_rows ? 0 : batch->all_logits ? T : B; /* the padding's left out */
+    for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
+        const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
         if (r0 > 0)
             TRY(be->gemm_f32(be, s->logits, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head,
                              n, H, V));

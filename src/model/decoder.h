@@ -54,7 +54,9 @@ void decoder_rope_inv_freq(const model_config *cfg, float *out);
 /* A context's decoder state: the paged KV pool and the step workspace. */
 typedef struct decoder_state {
     int32_t block_size, n_blocks;
-    void **k_cache, **v_cache;   // [num_layers] each [n_blocks · block_size, KVH, D]
+    void **k_cache, **v_cache;   // [num_layers] each [(n_blocks + 1) · block_size, KVH, D]
+    int32_t pad_block;           // = n_blocks: a block outside the pool, the only one that the
+                                 // padding rows of a bucketed decode step write and read
     int32_t *free_blocks;        // stack of free block ids
     int32_t n_free;
     int32_t max_tokens;          // the step workspace's token budget
