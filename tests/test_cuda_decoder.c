@@ -142,6 +142,8 @@ static void *dev_raw32(nopad_backend *gpu, const void *host, size_t n) {
 
 static float *host_raw32(const void *dev, size_t n) {
     float *h = malloc(n * sizeof *h);
+    /* the backend's stream does not synchronise with cudaMemcpy's legacy stream: wait for it */
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     assert_int_equal(cudaMemcpy(h, dev, n * sizeof *h, cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
 }

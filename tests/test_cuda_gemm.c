@@ -424,9 +424,10 @@ static void test_skinny_graph(void **state) {
 
 /* Decoder layer shapes (K, N): LLaMA-1B's qkv, attention out, FFN out, SmolLM2's qkv and FFN in;
  * and odd ones: K not a multiple of 32 (a block half outside K), N not a multiple of 16 (a CTA's
- * rows partly outside N), one output feature, K = 8. */
+ * rows partly outside N), one output feature, K = 8; and N = 9000, a grid of more than one wave
+ * (SwiGLU's too). */
 static const int32_t GEMV_SHAPES[][2] = {{2048, 2560}, {2048, 2048}, {5632, 2048}, {576, 960}, {576, 3072},
-                                         {200, 100},   {776, 1},     {8, 48}};
+                                         {200, 100},   {776, 1},     {8, 48},      {256, 9000}};
 /* T: 1, the edges of the 8-, 16- and 32-token kernels */
 static const int32_t GEMV_TS[] = {1, 3, 8, 9, 16, 17, 31, 32};
 
@@ -472,10 +473,12 @@ static void gemv_f32_check(problem *p, int d, double *worst) {
     assert_nopad_ok(be->alloc(be, n * sizeof(float), &dy32));
     float *nan = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) nan[i] = NAN;
-    assert_int_equal(cudaMemcpy(dy32, nan, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    /* on the GEMM's stream: a cudaMemcpy of pageable memory may still be landing when it returns,
+     * and the test's streams do not synchronise with the legacy stream */
+    assert_int_equal(cudaMemcpyAsync(dy32, nan, n * sizeof(float), cudaMemcpyHostToDevice, streams[d]), cudaSuccess);
     assert_nopad_ok(cuda_gemv_f32(DTYPES[d], dy32, p->dx, p->dw, p->T, p->K, p->N, streams[d]));
+    assert_int_equal(cudaMemcpyAsync(y, dy32, n * sizeof(float), cudaMemcpyDeviceToHost, streams[d]), cudaSuccess);
     assert_int_equal(cudaStreamSynchronize(streams[d]), cudaSuccess);
-    assert_int_equal(cudaMemcpy(y, dy32, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
     double err = 0.0;
     for (int64_t t = 0; t < p->T; t++)
         for (int64_t o = 0; o < p->N; o++) {
