@@ -91,6 +91,23 @@ def run_nopad(args, gen, n, prompts, outs):
     return res
 
 
+def _produced(r):
+    """Whether a result has numbers to show: a positive tokens/s (a peer whose requests all failed
+    ran and timed 0 tokens)."""
+    return isinstance(r.get("tokens_per_s"), (int, float)) and r["tokens_per_s"] > 0
+
+
+def _error(r):
+    """A result's error for the table: its own, else the first request error of its runs (results
+    written before run_peer collected those), else why it has no numbers."""
+    if r.get("error") or r.get("skipped"):
+        return r.get("error") or r.get("skipped")
+    errs = [e for rec in r.get("records", []) for e in (rec.get("errors") or [])]
+    if errs:
+        return "requests failed: %s" % errs[0]
+    return r.get("note") or ("no token generated" if "tokens_per_s" in r else "no result")
+
+
 def table(out):
     info = out["info"]
     lines = ["\n## ENGINE throughput — %s shape, %s (bench/engine_bench.py)" % (out["shape"], out["dtype"]),
@@ -103,16 +120,16 @@ def table(out):
             w["requests"], w["prompt_tokens"], w["output_tokens"], w["longest_output"]),
                   "| system | useful tokens/s | wall s | TTFT p50 ms | TTFT p99 ms | rows generated | nopad × | note |",
                   "|---|---|---|---|---|---|---|---|"]
-        nop = next((r for r in w["results"] if r["peer"] == "nopad" and "tokens_per_s" in r), None)
+        nop = next((r for r in w["results"] if r["peer"] == "nopad" and _produced(r)), None)
         for r in w["results"]:
             name = PEER_NAMES.get(r["peer"], r["peer"])
-            if "tokens_per_s" not in r:
-                lines.append("| %s | – | – | – | – | – | – | %s |" % (name, (r.get("error") or r.get("skipped")
-                                                                          or "?")[:160].replace("|", "/")))
+            if not _produced(r):  # skipped, failed, or ran without a token: its error instead of numbers
+                lines.append("| %s | – | – | – | – | – | – | %s |" % (
+                    name, _error(r)[:160].replace("|", "/")))
                 continue
             f = lambda v, fmt="%.1f": (fmt % v) if isinstance(v, (int, float)) else "–"  # noqa: E731
             ratio = nop["tokens_per_s"] / r["tokens_per_s"] if nop and r is not nop else None
-            note = []
+            note = ["error: %s" % _error(r)[:160].replace("|", "/")] if r.get("error") else []
             if r.get("partial"):
                 note.append("partial (time limit)")
             if r.get("first_run_s"):

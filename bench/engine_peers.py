@@ -162,19 +162,24 @@ def _generate_batch(spec, model, prompts, outs, deadline):
     M = max(outs)
     sig = inspect.signature(model.generate_batch).parameters
     extra = {k: v for k, v in (("record_timestamps", True), ("progress_bar", False)) if k in sig}
+    # Not under torch.inference_mode(): generate_batch runs under its own no_grad, and its warm-up
+    # creates the batch processor's static tensors in this thread; made under inference_mode they are
+    # inference tensors, which its generation thread (inference_mode is thread-local: outside it there)
+    # then zeroes in place -> "Inplace update to inference tensor outside InferenceMode" (transformers
+    # 5.17), and every request fails with no token.
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        warm = model.generate_batch(inputs=[p[:16] for p in prompts[:4]], generation_config=_gen_config(model, 8),
-                                    **extra)
-    _emit(spec, {"kind": "warmup", "wall_s": time.perf_counter() - t0, "results": len(warm)})
+    warm = model.generate_batch(inputs=[p[:16] for p in prompts[:4]], generation_config=_gen_config(model, 8),
+                                **extra)
+    warm_errors = [g.error for g in warm.values() if getattr(g, "error", None)]
+    _emit(spec, {"kind": "warmup", "wall_s": time.perf_counter() - t0, "results": len(warm),
+                 "errors": warm_errors[:3]})
     runs = []
     for r in range(spec["reps"]):
         if runs and time.perf_counter() + 1.2 * runs[-1]["wall_s"] > deadline:
             break
         sync()
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            res = model.generate_batch(inputs=prompts, generation_config=_gen_config(model, M), **extra)
+        res = model.generate_batch(inputs=prompts, generation_config=_gen_config(model, M), **extra)
         sync()
         wall = time.perf_counter() - t0
         got = list(res.values())
@@ -185,7 +190,8 @@ def _generate_batch(spec, model, prompts, outs, deadline):
         ttft = [t for t, _ in times if t is not None]
         starts = [g.lifespan[0] - t0 for g in got if getattr(g, "lifespan", None) and g.lifespan[0] > 0]
         ends = [e for _, e in times if e is not None]
-        rec = {"wall_s": wall, "results": len(got), "errors": errors[:3], "useful_tokens": useful,
+        rec = {"wall_s": wall, "results": len(got), "failed": len(errors), "errors": errors[:3],
+               "useful_tokens": useful,
                "generated_tokens": sum(lens), "requested_tokens": sum(outs), "tokens_per_s": useful / wall,
                "ttft_p50_ms": 1e3 * statistics.median(ttft) if ttft else None,
                "ttft_p99_ms": 1e3 * _pct(ttft, 99) if ttft else None,
@@ -242,7 +248,8 @@ def _cb_manager(spec, model, prompts, outs, deadline):
                 times = [_cb_output_times(v, t0) for v in done.values()]
                 ttft = [t for t, _ in times if t is not None]
                 errors = [v.error for v in done.values() if getattr(v, "error", None)]
-                rec = {"wall_s": wall, "results": len(done), "errors": errors[:3], "useful_tokens": useful,
+                rec = {"wall_s": wall, "results": len(done), "failed": len(errors), "errors": errors[:3],
+                       "useful_tokens": useful,
                        "generated_tokens": sum(lens.values()), "requested_tokens": sum(outs),
                        "tokens_per_s": useful / wall,
                        "ttft_p50_ms": 1e3 * statistics.median(ttft) if ttft else None,
@@ -317,6 +324,10 @@ def run_peer(peer, folder, device, dtype, workload_path, limit_s, reps, logdir):
     recs = [json.loads(line) for line in open(out)] if os.path.exists(out) else []
     runs = [r for r in recs if r["kind"] == "run"]
     errs = [r["error"] for r in recs if r["kind"] == "error"]
+    # the continuous peers' requests can fail inside a run that itself returns (each result carries
+    # its error): those count as the peer's error too
+    errs += ["%s of %d requests failed: %s" % (r.get("failed", "some"), r["results"], r["errors"][0])
+             for r in runs if r.get("errors")][:1]
     summary = {"peer": peer, "seconds": round(time.time() - t0, 1), "limit_s": limit_s, "records": recs}
     warm = [r for r in recs if r["kind"] == "warmup"]
     if peer == "static_compile" and warm:
@@ -340,6 +351,8 @@ def run_peer(peer, folder, device, dtype, workload_path, limit_s, reps, logdir):
         summary["note"] = note
     if not runs and "error" not in summary:
         summary["error"] = note or "no timed run"
+    if runs and "error" not in summary and not summary.get("useful_tokens"):
+        summary["error"] = "no token generated"
     tail = open(log).read()[-2000:] if os.path.exists(log) else ""
     if "error" in summary:
         summary["log_tail"] = tail[-800:]
