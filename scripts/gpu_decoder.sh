@@ -24,6 +24,10 @@
 #          flover-long       workload 2, gaps 1000 ms x 32 and 5000 ms x 12 requests (fewer than
 #                            64: 64 at 5 s would take 4 x 5.3 min); ~6-9 min
 #          eviction          workload 3, L = 256..1792, with and without early leaving; ~1-3 min
+#          serve             issue 23: bench/serve_bench.py, `nopad serve` ($BUILD/nopad) on the 1b
+#                            shape: workload 1 (32 requests) over HTTP (SSE and plain) against the
+#                            in-process engine, TTFT p50/p99 at 1, 16, 64 streams; JSON + logs in
+#                            $OUT/serve/; ~2-5 min (--budget-s 300; SERVE_ARGS appends)
 #        (ENGINE_ARGS, FLOVER_ARGS, ... append to or override a stage's arguments; PNGs by
 #        bench/plot_flover.py beside the JSON when matplotlib is there, else plot here)
 #        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64";
@@ -159,6 +163,12 @@ for step in $STEPS; do
         else
             echo "no matplotlib here: python3 bench/plot_flover.py $name.json on the development machine"
         fi
+        ;;
+    serve)
+        mkdir -p "$OUT/serve"
+        timeout 420 python3 "$ROOT/bench/serve_bench.py" --cli "$BUILD/nopad" --library "$BUILD/libnopad.so" \
+            --shape 1b --device cuda --budget-s 300 --out "$OUT/serve/serve.json" ${SERVE_ARGS:-} 2>&1 |
+            grep -v Warning | tee "$OUT/serve/serve.log" || status=1
         ;;
     profile)
         for bb in ${PROFILE_BATCHES:-1 64}; do
