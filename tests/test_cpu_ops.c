@@ -114,6 +114,7 @@ static double activation_ref(double x, nopad_activation act) {
     case NOPAD_ACT_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
     case NOPAD_ACT_RELU: return x > 0 ? x : 0;
     case NOPAD_ACT_SILU: return x / (1 + exp(-x));
+    case NOPAD_ACT_TANH: return tanh(x);
     }
     return x;
 }

@@ -80,6 +80,23 @@ typedef struct nopad_op_shape {
     nopad_activation act;          /* gemm with NOPAD_EPILOGUE_BIAS_ACT */
 } nopad_op_shape;
 
+/* One parameter tensor as the optimiser ops see it. The optimiser keeps float32 master weights
+ * and moments on every backend; grad is in the backend's dtype. */
+typedef struct nopad_opt_tensor {
+    float *param;        /* [n] master weights, updated in place */
+    const void *grad;    /* [n] */
+    float *m, *v;        /* [n] first and second moments, updated in place */
+    int64_t n;
+    float weight_decay;  /* 0 for biases and LayerNorm parameters */
+} nopad_opt_tensor;
+
+/* The hyperparameters of one optimiser step, shared by every tensor of the list. */
+typedef struct nopad_opt_step {
+    float lr, beta1, beta2, eps;
+    float max_grad_norm; /* LAMB: clip by the global gradient norm; <= 0: no clipping */
+    int64_t step;        /* 1 for the first step (bias correction) */
+} nopad_opt_step;
+
 struct nopad_backend {
     const char *name;  /* "cpu", "cuda" */
     nopad_dtype dtype; /* element type of every tensor the ops see */
@@ -181,6 +198,90 @@ struct nopad_backend {
 
     /* x[rows, dim] /= max(‖row‖₂, 1e-12) in place (as torch.nn.functional.normalize). */
     nopad_status (*l2_normalize)(nopad_backend *be, void *x, int32_t rows, int32_t dim);
+
+    /* ---- training: backward ops, losses, optimisers (NULL where the backend has none yet) ---- */
+    /* The backward of each forward op above, for padding-free training (src/train/). Gradients of
+     * parameters accumulate (+=), so a parameter used twice (the tied MLM decoder, ALBERT's shared
+     * layers) and micro-batches add up; gradients of activations are written (=) unless an op
+     * says otherwise. A gradient buffer may alias the upstream gradient where an op says so. Ids
+     * and labels are checked by the caller on the host before anything is enqueued. */
+    /* dst[0 .. bytes) = 0. */
+    nopad_status (*zero)(nopad_backend *be, void *dst, size_t bytes);
+    /* Backward of gemm's y[T, N] = x[T, K]·w[N, K]ᵀ (+ b) given dy [T, N]:
+     *   dx[T, K] = dy·w (+= when accumulate_dx; NULL: skipped)
+     *   dw[N, K] += dyᵀ·x (NULL: skipped)
+     *   db[N] += Σ_t dy (NULL: skipped) */
+    nopad_status (*gemm_backward)(nopad_backend *be, void *dx, void *dw, void *db, const void *dy,
+                                  const void *x, const void *w, int32_t n_tokens, int32_t n_in,
+                                  int32_t n_out, int accumulate_dx);
+    /* y[T, dim] = act(x) elementwise: training keeps the pre-activation x for the backward (the
+     * forward's fused bias+act epilogue does not). */
+    nopad_status (*activation)(nopad_backend *be, void *y, const void *x, int32_t n_tokens,
+                               int32_t dim, nopad_activation act);
+    /* dx[T, dim] = dy ⊙ act'(x) from the pre-activation x (dx may alias dy); db[dim] += Σ_t dx
+     * when db is not NULL (the gradient of the bias that x includes). */
+    nopad_status (*activation_backward)(nopad_backend *be, void *dx, void *db, const void *dy,
+                                        const void *x, int32_t n_tokens, int32_t dim,
+                                        nopad_activation act);
+    /* Backward of layernorm's fused form y = LN(s)·w + b with s = x + bias + residual, from the
+     * LayerNorm's input s [T, dim] (which training keeps; mean and variance are recomputed) and
+     * dy [T, dim]: ds[T, dim] = ∂L/∂s, which is also the gradient of x and of residual (ds may
+     * alias dy); dw[dim] += Σ_t dy ⊙ (s - mean)/std, db[dim] += Σ_t dy; dbias[dim] += Σ_t ds
+     * when dbias is not NULL. */
+    nopad_status (*layernorm_backward)(nopad_backend *be, void *ds, void *dw, void *db,
+                                       void *dbias, const void *dy, const void *s, const void *w,
+                                       float eps, int32_t n_tokens, int32_t dim);
+    /* Backward of embed (same ids, tables and sizes): the sum word + pos + type is recomputed
+     * from the tables, then dy [T, E] (clobbered: it ends holding the gradient of that sum) goes
+     * through the LayerNorm into d_ln_w, d_ln_b [E] and is scatter-added into d_word [V, E],
+     * d_pos [P, E] and d_type [TV, E] (NULL when type is NULL) at each token's rows. */
+    nopad_status (*embed_backward)(nopad_backend *be, void *d_word, void *d_pos, void *d_type,
+                                   void *d_ln_w, void *d_ln_b, void *dy, const int32_t *tokens,
+                                   const int32_t *types, const nopad_seqs *seqs,
+                                   int32_t position_offset, const void *word, const void *pos,
+                                   const void *type, const void *ln_weight, float eps,
+                                   int32_t dim);
+    /* attention, also writing lse32[T, n_heads] (float32) = log Σ_j exp(scale·q·k_j) of every
+     * query row and head, which the backward reuses instead of the probabilities. */
+    nopad_status (*attention_lse)(nopad_backend *be, void *out, float *lse32, const void *qkv,
+                                  const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                  float scale, int causal);
+    /* Backward of attention_lse, FlashAttention-2's way: dqkv [T, 3, n_heads, head_size] from
+     * dout [T, n_heads·head_size] and the forward's qkv, out and lse32, per sequence and head:
+     * P = exp(scale·q·kᵀ - lse), D_i = dout_i·out_i, dS = P ⊙ (dout·vᵀ - D),
+     * dq = scale·dS·k, dk = scale·dSᵀ·q, dv = Pᵀ·dout. */
+    nopad_status (*attention_backward)(nopad_backend *be, void *dqkv, const void *dout,
+                                       const void *qkv, const void *out, const float *lse32,
+                                       const nopad_seqs *seqs, int32_t n_heads,
+                                       int32_t head_size, float scale, int causal);
+    /* x[rows[i], :] += src[i, :] for i < n (x [*, dim], src [n, dim]); rows may repeat. The
+     * backward of gather_rows (the MLM head's masked rows) and of CLS pooling (rows =
+     * cu_seqlens). */
+    nopad_status (*scatter_add_rows)(nopad_backend *be, void *x, const int32_t *rows,
+                                     const void *src, int32_t n, int32_t dim);
+    /* Softmax cross-entropy of logits [n, classes] against labels[n] (in [0, classes)):
+     * losses32[n] (float32) = logsumexp(row) - row[label], and dlogits [n, classes] =
+     * (softmax(row) - onehot(label))·grad_scale (dlogits may alias logits). */
+    nopad_status (*cross_entropy)(nopad_backend *be, float *losses32, void *dlogits,
+                                  const void *logits, const int32_t *labels, int32_t n,
+                                  int32_t classes, float grad_scale);
+    /* Squared error of pred[n] against target32[n] (float32): losses32[n] = (pred - target)²,
+     * dpred[n] = 2·(pred - target)·grad_scale (dpred may alias pred). */
+    nopad_status (*squared_error)(nopad_backend *be, float *losses32, void *dpred,
+                                  const void *pred, const float *target32, int32_t n,
+                                  float grad_scale);
+    /* One AdamW step on every tensor of the list (torch.optim.AdamW: decoupled weight decay,
+     * bias correction): p -= lr·(wd·p + m̂ / (√v̂ + eps)). The list is host memory. */
+    nopad_status (*adamw)(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
+                          const nopad_opt_step *h);
+    /* One LAMB step (NVIDIA apex FusedLAMB as MLPerf BERT runs it: adam_w_mode, bias correction,
+     * grad averaging): the global norm of every gradient of the list; gradients divided by
+     * norm / max_grad_norm when it is larger; Adam moments; u = m̂ / (√v̂ + eps) + wd·p;
+     * p -= lr·r·u with the trust ratio r = ‖p‖ / ‖u‖ on tensors with weight decay (1 when a
+     * norm is 0, and on tensors without decay). grad_norm32 (float32 in backend memory, or
+     * NULL) receives the global norm before clipping. */
+    nopad_status (*lamb)(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
+                         const nopad_opt_step *h, float *grad_norm32);
 
     /* ---- decoder ops (NULL where the backend has none yet) ---------------------------------- */
     /* The residual stream of a decoder is float32 on every backend (h32, x32 below): rounding it

@@ -101,6 +101,19 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->swiglu = cpu_swiglu;
     be->gather_rows = cpu_gather_rows;
     be->gemm_f32 = cpu_gemm_f32;
+    be->zero = cpu_zero;
+    be->gemm_backward = cpu_gemm_backward;
+    be->activation = cpu_activation;
+    be->activation_backward = cpu_activation_backward;
+    be->layernorm_backward = cpu_layernorm_backward;
+    be->embed_backward = cpu_embed_backward;
+    be->attention_lse = cpu_attention_lse;
+    be->attention_backward = cpu_attention_backward;
+    be->scatter_add_rows = cpu_scatter_add_rows;
+    be->cross_entropy = cpu_cross_entropy;
+    be->squared_error = cpu_squared_error;
+    be->adamw = cpu_adamw;
+    be->lamb = cpu_lamb;
     *out = be;
     return NOPAD_OK;
 }

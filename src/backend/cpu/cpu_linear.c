@@ -6,19 +6,6 @@
 
 #include "backend/cpu/cpu_ops.h"
 
-static inline float activate(float x, nopad_activation act) {
-    switch (act) {
-    case NOPAD_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case NOPAD_ACT_GELU_TANH: {
-        const float k = 0.79788456080286536f; /* sqrt(2/pi) */
-        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-    }
-    case NOPAD_ACT_RELU: return x > 0.0f ? x : 0.0f;
-    case NOPAD_ACT_SILU: return x / (1.0f + expf(-x));
-    }
-    return x;
-}
-
 /* One thread's share: out[r0:r1, c0:c1] = epilogue(x[r0:r1] · w[c0:c1]ᵀ). */
 static void linear_block(float *out, const float *x, const float *w, const float *bias,
                          const float *residual, int32_t n_in, int32_t n_out, int32_t r0, int32_t r1,
@@ -41,7 +28,7 @@ static void linear_block(float *out, const float *x, const float *w, const float
     for (int32_t t = r0; t < r1; t++) {
         float *row = out + (size_t)t * n_out;
         if (epilogue == NOPAD_EPILOGUE_BIAS_ACT)
-            for (int32_t i = c0; i < c1; i++) row[i] = activate(row[i] + bias[i], act);
+            for (int32_t i = c0; i < c1; i++) row[i] = cpu_activate(row[i] + bias[i], act);
         else
             for (int32_t i = c0; i < c1; i++) row[i] += bias[i];
     }

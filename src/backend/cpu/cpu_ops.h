@@ -2,6 +2,7 @@
 #ifndef NOPAD_BACKEND_CPU_OPS_H
 #define NOPAD_BACKEND_CPU_OPS_H
 
+#include <math.h>
 #include <omp.h>
 
 #include "backend/backend.h"
@@ -58,6 +59,57 @@ nopad_status cpu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32
                         int32_t dim);
 nopad_status cpu_gather_rows(nopad_backend *be, float *out, const float *x, const int32_t *rows,
                              int32_t n, int32_t dim);
+
+/* Training (cpu_backward.c, cpu_attention_backward.c, cpu_optim.c). */
+nopad_status cpu_zero(nopad_backend *be, void *dst, size_t bytes);
+nopad_status cpu_gemm_backward(nopad_backend *be, void *dx, void *dw, void *db, const void *dy,
+                               const void *x, const void *w, int32_t n_tokens, int32_t n_in,
+                               int32_t n_out, int accumulate_dx);
+nopad_status cpu_activation(nopad_backend *be, void *y, const void *x, int32_t n_tokens,
+                            int32_t dim, nopad_activation act);
+nopad_status cpu_activation_backward(nopad_backend *be, void *dx, void *db, const void *dy,
+                                     const void *x, int32_t n_tokens, int32_t dim,
+                                     nopad_activation act);
+nopad_status cpu_layernorm_backward(nopad_backend *be, void *ds, void *dw, void *db, void *dbias,
+                                    const void *dy, const void *s, const void *w, float eps,
+                                    int32_t n_tokens, int32_t dim);
+nopad_status cpu_embed_backward(nopad_backend *be, void *d_word, void *d_pos, void *d_type,
+                                void *d_ln_w, void *d_ln_b, void *dy, const int32_t *tokens,
+                                const int32_t *types, const nopad_seqs *seqs,
+                                int32_t position_offset, const void *word, const void *pos,
+                                const void *type, const void *ln_weight, float eps, int32_t dim);
+nopad_status cpu_attention_lse(nopad_backend *be, void *out, float *lse, const void *qkv,
+                               const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                               float scale, int causal);
+nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv, const void *dout,
+                                    const void *qkv, const void *out, const float *lse,
+                                    const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                    float scale, int causal);
+nopad_status cpu_scatter_add_rows(nopad_backend *be, void *x, const int32_t *rows, const void *src,
+                                  int32_t n, int32_t dim);
+nopad_status cpu_cross_entropy(nopad_backend *be, float *losses, void *dlogits, const void *logits,
+                               const int32_t *labels, int32_t n, int32_t classes,
+                               float grad_scale);
+nopad_status cpu_squared_error(nopad_backend *be, float *losses, void *dpred, const void *pred,
+                               const float *target, int32_t n, float grad_scale);
+nopad_status cpu_adamw(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
+                       const nopad_opt_step *h);
+nopad_status cpu_lamb(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
+                      const nopad_opt_step *h, float *grad_norm);
+
+static inline float cpu_activate(float x, nopad_activation act) {
+    switch (act) {
+    case NOPAD_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case NOPAD_ACT_GELU_TANH: {
+        const float k = 0.79788456080286536f; /* sqrt(2/pi) */
+        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    }
+    case NOPAD_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case NOPAD_ACT_SILU: return x / (1.0f + expf(-x));
+    case NOPAD_ACT_TANH: return tanhf(x);
+    }
+    return x;
+}
 
 /* Row LayerNorm of x[dim] into y[dim] (may alias): (x - mean) / sqrt(var + eps) · w + b, with
  * the biased variance as torch computes it. */
