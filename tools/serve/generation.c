@@ -1,8 +1,8 @@
 /* POST /v1/completions and /v1/chat/completions: one engine request per HTTP request.
  *
- * The engine's thread hands each token's text to the request's job (on_token); the job wakes the
- * connection, which answers at the end (plain JSON) or sends the text as Server-Sent Events as it
- * comes (stream: true; every wake-up sends what came since, then `data: [DONE]`). A client that
+ * The engine's thread hands each token's text to the request's job (on_token) and has the waker
+ * thread resume the connection (serve.h), which answers at the end (plain JSON: woken only then)
+ * or sends the text as Server-Sent Events as it comes (stream: true; every wake-up sends what came since, then `data: [DONE]`). A client that
  * leaves cancels its request (nopad_request_free), which frees its KV blocks at the engine's next
  * iteration; a stream notices at its next write. */
 #include <stdio.h>
@@ -61,6 +61,8 @@ static void job_release(gen_job *j) {
     free(j);
 }
 
+static void release_job(void *arg) { job_release(arg); }
+
 static void unlist(server *s, gen_job *j) {
     pthread_mutex_lock(&s->jobs_lock);
     if (j->listed) {
@@ -113,8 +115,12 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
         j->finish = finish;
         j->done = 1;
     }
-    waiter_wake(&j->w);
+    /* a stream sends each token as it comes; a plain answer waits for the end. The resume itself
+     * goes to the waker thread (serve.h), which holds a reference until it is done. */
+    const int wake = j->stream || last;
+    if (wake) j->refs++;
     pthread_mutex_unlock(&j->w.lock);
+    if (wake) waker_post(s, &j->w, release_job, j);
     if (cancel) nopad_engine_cancel(s->engine, request_id);
     if (last) {
         unlist(s, j);

@@ -21,10 +21,83 @@ void waiter_sleep(waiter *w) {
 }
 
 void waiter_wake(waiter *w) {
-    if (w->suspended) {
+    if (w->suspended && w->conn) {
         w->suspended = 0;
         MHD_resume_connection(w->conn);
     }
+}
+
+static void wake_now(const wake_item *it) {
+    pthread_mutex_lock(&it->w->lock);
+    waiter_wake(it->w);
+    pthread_mutex_unlock(&it->w->lock);
+    if (it->release) it->release(it->arg);
+}
+
+static void *waker_main(void *arg) {
+    server *s = arg;
+    wake_item *spare = NULL; /* the other of two queues: swapped, so posting never waits long */
+    size_t spare_cap = 0;
+    pthread_mutex_lock(&s->wake_lock);
+    for (;;) {
+        while (s->wake_n == 0 && !s->wake_stop) pthread_cond_wait(&s->wake_cond, &s->wake_lock);
+        if (s->wake_n == 0) break; /* stopping, nothing queued */
+        wake_item *items = s->wake_items;
+        const size_t n = s->wake_n, cap = s->wake_cap;
+        s->wake_items = spare, s->wake_cap = spare_cap, s->wake_n = 0;
+        pthread_mutex_unlock(&s->wake_lock);
+        for (size_t i = 0; i < n; i++) wake_now(&items[i]);
+        spare = items, spare_cap = cap;
+        pthread_mutex_lock(&s->wake_lock);
+    }
+    pthread_mutex_unlock(&s->wake_lock);
+    free(spare);
+    return NULL;
+}
+
+int waker_start(server *s) {
+    pthread_mutex_init(&s->wake_lock, NULL);
+    pthread_cond_init(&s->wake_cond, NULL);
+    s->waker_started = pthread_create(&s->waker, NULL, waker_main, s) == 0;
+    return s->waker_started ? 0 : -1;
+}
+
+void waker_post(server *s, waiter *w, void (*release)(void *arg), void *arg) {
+    const wake_item it = {w, release, arg};
+    if (!s->waker_started) {
+        wake_now(&it);
+        return;
+    }
+    pthread_mutex_lock(&s->wake_lock);
+    if (s->wake_n == s->wake_cap) {
+        const size_t cap = s->wake_cap ? 2 * s->wake_cap : 64;
+        wake_item *grown = realloc(s->wake_items, cap * sizeof *grown);
+        if (!grown) { /* out of memory: resume here, as before the waker */
+            pthread_mutex_unlock(&s->wake_lock);
+            wake_now(&it);
+            return;
+        }
+        s->wake_items = grown, s->wake_cap = cap;
+    }
+    s->wake_items[s->wake_n++] = it;
+    const int first = s->wake_n == 1; /* otherwise the waker is signalled or busy already */
+    pthread_mutex_unlock(&s->wake_lock);
+    if (first) pthread_cond_signal(&s->wake_cond);
+}
+
+void waker_stop(server *s) {
+    if (!s->waker_started) return;
+    pthread_mutex_lock(&s->wake_lock);
+    s->wake_stop = 1;
+    pthread_mutex_unlock(&s->wake_lock);
+    pthread_cond_signal(&s->wake_cond);
+    pthread_join(s->waker, NULL);
+    s->waker_started = 0;
+    free(s->wake_items);
+    s->wake_items = NULL;
+    s->wake_n = s->wake_cap = 0;
+    pthread_cond_destroy(&s->wake_cond);
+    pthread_mutex_destroy(&s->wake_lock);
 }
 
 void http_count(http_req *q, int status) {

@@ -351,6 +351,7 @@ int cmd_serve(int argc, char **argv) {
     poller pl = {.s = s};
     int poller_started = 0;
     if (load_models(s)) goto done;
+    if (waker_start(s)) print_error("no waker thread: connections are resumed on the engine's thread");
     if (s->engine && pthread_create(&pl.thread, NULL, poll_main, &pl) == 0) poller_started = 1;
     char err[512];
     d = http_start(s, err, sizeof err);
@@ -391,7 +392,8 @@ done:
         pthread_join(pl.thread, NULL);
     }
     embed_batcher_stop(s->batcher);
-    nopad_engine_free(s->engine);
+    nopad_engine_free(s->engine); /* its last calls may still post resumes */
+    waker_stop(s);
     nopad_model_free(s->decoder);
     nopad_model_free(s->encoder);
     chat_template_free(&s->tmpl);
