@@ -6,6 +6,7 @@ Each file's layer is its folder; a file may include its own layer and the layers
     tools/cli/         the public header only (nopad.h)
     tools/serve/       the public header and the CLI's helpers (tools/cli/cli.h)
     src/engine/        model/, backend/backend.h, io/, util/
+    src/train/         model/, backend/backend.h, io/, util/
     src/model/         backend/backend.h, io/, util/
     src/backend/       backend/ (a backend's own folder and the op table), util/
     src/io/            io/, util/
@@ -25,6 +26,7 @@ RULES = [
     ("tools/cli/", ["nopad.h", "tools/cli/"]),
     ("tools/serve/", ["nopad.h", "tools/serve/", "tools/cli/cli.h"]),
     ("src/engine/", ["nopad.h", "engine/", "model/", "backend/backend.h", "io/", "util/"]),
+    ("src/train/", ["nopad.h", "train/", "model/", "backend/backend.h", "io/", "util/"]),
     ("src/model/", ["nopad.h", "model/", "backend/backend.h", "io/", "util/"]),
     ("src/backend/cuda/", ["nopad.h", "backend/backend.h", "backend/cuda/", "util/"]),
     ("src/backend/cpu/", ["nopad.h", "backend/backend.h", "backend/cpu/", "util/"]),

@@ -1,0 +1,171 @@
+/* Padding-free training of BERT-family encoders (issue 24): the parameters and their gradients,
+ * a training context (activations kept for the backward, sized by a token budget), one step's
+ * forward and backward through the masked-LM or sequence-classification head, and the AdamW and
+ * LAMB updates. Everything runs on the op table (backend.h), on the packed token stream:
+ * activations are [T, ...] with T the real tokens of the batch, and the MLM head and its loss see
+ * only the masked rows, so no FLOP is spent on padding in the forward or the backward.
+ *
+ * What is here: BERT (post-LayerNorm, token types, learned positions), float32 master weights
+ * which the CPU backend computes with directly, dropout off. See docs/training.md for what is
+ * left (CUDA ops, bf16 compute copies, dropout, data, checkpoints, the CLI). */
+#ifndef NOPAD_TRAIN_TRAIN_H
+#define NOPAD_TRAIN_TRAIN_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "io/model_config.h"
+
+typedef enum train_task {
+    TRAIN_TASK_MLM = 0,      /* BertForMaskedLM: transform + tied decoder, loss on masked rows */
+    TRAIN_TASK_CLASSIFY = 1, /* BertForSequenceClassification: pooler + classifier; 1 label =
+                                regression (squared error), more = softmax cross-entropy */
+} train_task;
+
+/* One encoder layer's parameters (or their gradients: the same layout over another buffer). */
+typedef struct train_layer {
+    float *qkv_w;      // [3H, H] query | key | value rows (HF's three tensors, contiguous)
+    float *qkv_b;      // [3H]
+    float *attn_out_w; // [H, H]
+    float *attn_out_b; // [H]
+    float *attn_ln_w;  // [H]
+    float *attn_ln_b;  // [H]
+    float *ffn_in_w;   // [I, H]
+    float *ffn_in_b;   // [I]
+    float *ffn_out_w;  // [H, I]
+    float *ffn_out_b;  // [H]
+    float *ffn_ln_w;   // [H]
+    float *ffn_ln_b;   // [H]
+} train_layer;
+
+/* Every parameter of a model with its head, as pointers into one flat buffer. */
+typedef struct train_view {
+    float *word;         // [V, H] also the MLM decoder's weight (tied)
+    float *pos;          // [P, H]
+    float *type;         // [TV, H]
+    float *embed_ln_w;   // [H]
+    float *embed_ln_b;   // [H]
+    train_layer *layers; // [L]
+    /* TRAIN_TASK_MLM */
+    float *mlm_dense_w;  // [H, H]
+    float *mlm_dense_b;  // [H]
+    float *mlm_ln_w;     // [H]
+    float *mlm_ln_b;     // [H]
+    float *mlm_bias;     // [V] the decoder's bias
+    /* TRAIN_TASK_CLASSIFY */
+    float *pool_w;       // [H, H]
+    float *pool_b;       // [H]
+    float *cls_w;        // [C, H]
+    float *cls_b;        // [C]
+} train_view;
+
+/* One named tensor of the flat buffers: HF's name, where it lives, whether it takes weight decay. */
+typedef struct train_tensor {
+    char name[96];
+    int64_t offset;     // elements into params / grads / moments
+    int64_t rows, cols; // [rows, cols]; cols = 1 for a vector
+    int decay;          // 0 for biases and LayerNorm parameters (BERT's recipe)
+} train_tensor;
+
+typedef struct train_model {
+    nopad_backend *be;
+    model_config cfg;
+    train_task task;
+    int32_t num_labels;   // TRAIN_TASK_CLASSIFY: the classifier's outputs
+    char prefix[16];      // "bert." for task checkpoints, "" for a bare encoder
+    train_tensor *tensors;
+    int32_t n_tensors;
+    int64_t n_params;
+    float *params;        // [n_params] float32 master weights, backend memory
+    float *grads;         // [n_params]
+    float *adam_m;        // [n_params] optimiser moments (zero until the first step)
+    float *adam_v;        // [n_params]
+    int64_t step;         // optimiser steps taken
+    train_view w, g;      // views of params and grads
+} train_model;
+
+/* Loads an HF folder (config.json + safetensors) for `task`: the encoder and the task's head,
+ * which must be in the checkpoint (BertForMaskedLM: cls.predictions.*; BertForSequenceClassification:
+ * bert.pooler.*, classifier.*; the label count is the classifier's). Only BERT (model_type
+ * "bert") for now: another family is NOPAD_ERR_UNSUPPORTED. The backend needs the training ops. */
+nopad_status train_model_load(nopad_backend *be, const char *dir, train_task task,
+                              train_model *out);
+void train_model_free(train_model *m);
+/* The tensor called `name` (HF's name), or NULL. */
+const train_tensor *train_model_find(const train_model *m, const char *name);
+
+/* One packed batch, in host memory. */
+typedef struct train_batch {
+    int32_t n_seqs;            // B >= 1
+    const int32_t *cu_seqlens; // [B+1], cu[0] = 0, every length in [1, max_position_embeddings]
+    const int32_t *tokens;     // [T]
+    const int32_t *types;      // [T] or NULL (all 0)
+    /* TRAIN_TASK_MLM: the masked rows (packed indices) and the ids to predict there */
+    int32_t n_masked;          // M >= 1
+    const int32_t *mlm_positions; // [M] in [0, T)
+    const int32_t *mlm_labels;    // [M] in [0, V)
+    /* TRAIN_TASK_CLASSIFY */
+    const int32_t *labels;     // [B] in [0, num_labels) when num_labels > 1
+    const float *targets;      // [B] when num_labels == 1 (regression)
+} train_batch;
+
+/* The mutable state of one stream of training steps: the activations of a forward kept for its
+ * backward, gradient scratch, and the batch's ids, all sized for a token budget. */
+typedef struct train_context {
+    train_model *model;
+    int32_t max_tokens, max_seqs;
+    /* [L+1, T, H] the input of each layer, the last entry the encoder's output */
+    float *hidden;
+    /* per layer, [L, T, ...] */
+    float *qkv;       // [L, T, 3H]
+    float *attn;      // [L, T, H] attention output (context)
+    float *lse;       // [L, T, heads]
+    float *attn_sum;  // [L, T, H] s1 = x + attn·Woᵀ + bo, the first LayerNorm's input
+    float *attn_norm; // [L, T, H] x1 = LN(s1)
+    float *ffn_pre;   // [L, T, I] x1·W1ᵀ + b1
+    float *ffn_act;   // [L, T, I] GELU of it
+    float *ffn_sum;   // [L, T, H] s2 = x1 + ffn·W2ᵀ + b2, the second LayerNorm's input
+    /* gradient scratch */
+    float *d_hidden;  // [T, H] the gradient flowing down the residual stream
+    float *d_attn;    // [T, H]
+    float *d_qkv;     // [T, 3H]
+    float *d_ffn;     // [T, I]
+    /* heads: rows are the masked tokens (MLM) or the sequences (classification), R <= T */
+    float *head_in;   // [R, H] gathered rows / CLS rows
+    float *head_pre;  // [R, H] dense output before the activation
+    float *head_act;  // [R, H] after it (MLM: the LayerNorm's input)
+    float *head_norm; // [R, H] MLM: after the LayerNorm
+    float *d_head_a;  // [R, H]
+    float *d_head_b;  // [R, H]
+    float *logits;    // [R, max(V, C)], then their gradient in place
+    float *losses;    // [R] float32
+    float *targets;   // [B] regression targets
+    int32_t *tokens, *types, *cu_seqlens, *rows, *labels; // [T], [T], [B+1], [T], [T]
+} train_context;
+
+/* A context for batches of at most max_tokens tokens and max_seqs sequences. */
+nopad_status train_context_init(train_model *m, int32_t max_tokens, int32_t max_seqs,
+                                train_context *out);
+void train_context_free(train_context *ctx);
+
+/* One step's forward and backward: checks the batch (ids, types, lengths, positions and labels
+ * in range; nothing empty), sets the model's gradients to those of the batch's mean loss, and
+ * writes that loss to *loss. The mean is over the masked tokens (MLM) or the sequences. */
+nopad_status train_forward_backward(train_context *ctx, const train_batch *batch, double *loss);
+
+/* The hyperparameters of an optimiser; train_optimizer_defaults gives BERT's (MLPerf's). */
+typedef struct train_optimizer {
+    float lr;            // 1e-4
+    float beta1, beta2;  // 0.9, 0.999
+    float eps;           // 1e-6
+    float weight_decay;  // 0.01, on tensors whose train_tensor.decay is set
+    float max_grad_norm; // 1.0 (LAMB; <= 0: no clipping)
+} train_optimizer;
+train_optimizer train_optimizer_defaults(void);
+
+/* One update of every parameter from the model's gradients, counting m->step. LAMB writes the
+ * global gradient norm before clipping to *grad_norm (NULL: not wanted). */
+nopad_status train_adamw_step(train_model *m, const train_optimizer *opt);
+nopad_status train_lamb_step(train_model *m, const train_optimizer *opt, float *grad_norm);
+
+#endif
