@@ -3,13 +3,15 @@
  * coordinate. The differences use h = 1e-6·max(1, |θ|) in double, so they are accurate to about
  * 1e-9 relative; the ops compute in float32 (with double accumulators), so their gradients agree
  * to about 1e-6. Bound: 1e-4 row-relative (test_max_row_rel_error), the bound the whole-model
- * test uses against PyTorch. Inputs are random normals, never zeros. */
+ * test uses against PyTorch. Inputs are random uniforms, never zeros. Dropout, which has no
+ * derivative to difference, is checked for its generator, its rate and its self-backward. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "testutil.h"
+#include "util/philox.h"
 
 static nopad_backend *be;
 static const double BOUND = 1e-4;
@@ -193,6 +195,73 @@ static void test_activation_backward(void **state) {
         expect_close("activation db", db, want_db, 1, D);
         free(x), free(dy), free(y), free(dx), free(db), free(want_db), free(want_y), free(theta), free(g);
     }
+}
+
+/* ---- dropout ------------------------------------------------------------------------------ */
+
+/* Random123's known-answer vectors for Philox4x32-10 (kat_vectors: zeros, all ones, pi's digits). */
+static void test_philox_known_answers(void **state) {
+    static const uint32_t cases[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff,
+         0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0,
+         0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1},
+    };
+    for (int c = 0; c < 3; c++) {
+        uint32_t out[4];
+        philox4x32_10(cases[c], cases[c] + 4, out);
+        for (int i = 0; i < 4; i++)
+            if (out[i] != cases[c][6 + i])
+                fail_msg("philox case %d word %d: %08x, want %08x", c, i, out[i], cases[c][6 + i]);
+    }
+    /* philox_bits reads block index / 4, lane index % 4, the seed as the key */
+    uint32_t out[4];
+    const uint32_t counter[4] = {5, 0, 0, 0}, key[2] = {0x89abcdefu, 0x01234567u};
+    philox4x32_10(counter, key, out);
+    for (int i = 0; i < 4; i++) assert_int_equal(philox_bits(0x0123456789abcdefull, 20 + i), out[i]);
+}
+
+static void test_dropout(void **state) {
+    uint64_t rng = 18;
+    const int64_t n = 100000;
+    const float p = 0.1f;
+    const uint64_t seed = 42, offset = 1000;
+    float *x = random_floats(n, 0.5f, 1.5f, &rng), *y = malloc(sizeof(float) * n);
+    float *dy = random_floats(n, 0.5f, 1.5f, &rng), *dx = malloc(sizeof(float) * n);
+    assert_nopad_ok(be->dropout(be, y, x, n, p, seed, offset));
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (y[i] == 0.0f) {
+            dropped++;
+        } else if (fabsf(y[i] - x[i] / (1 - p)) > 1e-6f * y[i]) {
+            fail_msg("dropout element %lld: %g, want %g", (long long)i, y[i], x[i] / (1 - p));
+        }
+        /* the mask is the generator's */
+        if ((y[i] == 0.0f) != (philox_bits(seed, offset + (uint64_t)i) < (uint32_t)(p * 4294967296.0)))
+            fail_msg("dropout element %lld: kept or dropped against its counter", (long long)i);
+    }
+    /* binomial(n, p): mean 10000, standard deviation 95; 5 standard deviations */
+    if (fabs((double)dropped - p * n) > 5 * sqrt(n * p * (1 - p)))
+        fail_msg("dropout p=%.2f dropped %lld of %lld", p, (long long)dropped, (long long)n);
+    /* the backward is the same call on the gradient: zeros exactly where the forward dropped */
+    assert_nopad_ok(be->dropout(be, dx, dy, n, p, seed, offset));
+    for (int64_t i = 0; i < n; i++)
+        if ((dx[i] == 0.0f) != (y[i] == 0.0f))
+            fail_msg("dropout backward element %lld: mask differs from the forward's", (long long)i);
+    /* another thread count gives the same bits; another offset another mask; p = 0 the identity */
+    nopad_backend *one = NULL;
+    assert_nopad_ok(nopad_backend_cpu_create(1, &one));
+    assert_nopad_ok(one->dropout(one, dx, x, n, p, seed, offset));
+    assert_memory_equal(dx, y, sizeof(float) * n);
+    assert_nopad_ok(one->dropout(one, dx, x, n, p, seed, offset + 1));
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; i++) same += (dx[i] == 0.0f) && (y[i] == 0.0f);
+    if (same > 2 * p * p * n) fail_msg("dropout: offsets 1000 and 1001 share %lld dropped elements", (long long)same);
+    assert_nopad_ok(one->dropout(one, dx, x, n, 0.0f, seed, offset));
+    assert_memory_equal(dx, x, sizeof(float) * n);
+    one->destroy(one);
+    free(x), free(y), free(dy), free(dx);
 }
 
 /* ---- LayerNorm ---------------------------------------------------------------------------- */
@@ -470,7 +539,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_backward),      cmocka_unit_test(test_activation_backward),
         cmocka_unit_test(test_layernorm_backward), cmocka_unit_test(test_embed_backward),
         cmocka_unit_test(test_attention_backward), cmocka_unit_test(test_scatter_add_rows),
-        cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_losses),             cmocka_unit_test(test_philox_known_answers),
+        cmocka_unit_test(test_dropout),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -234,6 +234,19 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
                               m->w.embed_ln_w, eps, H);
 }
 
+/* The mean of the n per-row losses the loss op wrote: the step's one read back to the host. */
+static nopad_status mean_loss(train_context *ctx, int32_t n, double *loss) {
+    nopad_backend *be = ctx->model->be;
+    float *losses = malloc((size_t)n * sizeof *losses);
+    if (!losses) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training loss: out of memory");
+    nopad_status st = be->download(be, losses, ctx->losses, (size_t)n * sizeof *losses);
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += losses[i];
+    free(losses);
+    *loss = sum / n;
+    return st;
+}
+
 /* BertForMaskedLM's head on the M masked rows only: t = LN(act(h·Wtᵀ + bt)), logits = t·wordᵀ +
  * bias (the decoder is the word embedding table); cross-entropy with mean over M. Leaves
  * ∂L/∂hidden in ctx->d_hidden. */
@@ -256,14 +269,7 @@ static nopad_status mlm_head(train_context *ctx, const nopad_seqs *seqs, int32_t
     TRY(be->gemm(be, ctx->logits, ctx->head_norm, m->w.word, m->w.mlm_bias, NULL, M, H, V,
                  NOPAD_EPILOGUE_BIAS, c->activation));
     TRY(be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, M, V, 1.0f / M));
-    float *losses = malloc((size_t)M * sizeof *losses);
-    if (!losses) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "MLM loss: out of memory");
-    nopad_status st = be->download(be, losses, ctx->losses, (size_t)M * sizeof *losses);
-    double sum = 0;
-    for (int32_t i = 0; i < M; i++) sum += losses[i];
-    free(losses);
-    TRY(st);
-    *loss = sum / M;
+    TRY(mean_loss(ctx, M, loss));
     // backward: the decoder (tied: its weight gradient adds onto the word table's)
     TRY(be->gemm_backward(be, ctx->d_head_a, m->g.word, m->g.mlm_bias, ctx->logits,
                           ctx->head_norm, m->w.word, M, H, V, 0));
@@ -298,14 +304,7 @@ static nopad_status classify_head(train_context *ctx, const nopad_seqs *seqs, do
         TRY(be->squared_error(be, ctx->losses, ctx->logits, ctx->logits, ctx->targets, B, 1.0f / B));
     else
         TRY(be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, B, C, 1.0f / B));
-    float *losses = malloc((size_t)B * sizeof *losses);
-    if (!losses) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "classification loss: out of memory");
-    nopad_status st = be->download(be, losses, ctx->losses, (size_t)B * sizeof *losses);
-    double sum = 0;
-    for (int32_t i = 0; i < B; i++) sum += losses[i];
-    free(losses);
-    TRY(st);
-    *loss = sum / B;
+    TRY(mean_loss(ctx, B, loss));
     TRY(be->gemm_backward(be, ctx->d_head_a, m->g.cls_w, m->g.cls_b, ctx->logits, ctx->head_act,
                           m->w.cls_w, B, H, C, 0));
     TRY(be->activation_backward(be, ctx->d_head_a, m->g.pool_b, ctx->d_head_a, ctx->head_pre, B,

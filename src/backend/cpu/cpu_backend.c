@@ -105,6 +105,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->gemm_backward = cpu_gemm_backward;
     be->activation = cpu_activation;
     be->activation_backward = cpu_activation_backward;
+    be->dropout = cpu_dropout;
     be->layernorm_backward = cpu_layernorm_backward;
     be->embed_backward = cpu_embed_backward;
     be->attention_lse = cpu_attention_lse;

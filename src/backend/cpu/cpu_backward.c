@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "util/error.h"
+#include "util/philox.h"
 
 /* [c0, c1): thread tid's share of n columns, in multiples of 16 (whole cache lines). */
 static void column_share(int32_t n, int tid, int nt, int32_t *c0, int32_t *c1) {
@@ -119,6 +120,19 @@ nopad_status cpu_activation_backward(nopad_backend *be, void *dx_, void *db_, co
             }
         }
     }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_dropout(nopad_backend *be, void *y_, const void *x_, int64_t n, float p,
+                         uint64_t seed, uint64_t offset) {
+    float *y = y_;         // [n], may alias x
+    const float *x = x_;   // [n]
+    /* keep when the 32 bits reach p·2³²: probability 1 - p up to 2⁻³² */
+    const uint32_t threshold = (uint32_t)((double)p * 4294967296.0);
+    const float scale = (float)(1.0 / (1.0 - p));
+#pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
+    for (int64_t i = 0; i < n; i++)
+        y[i] = philox_bits(seed, offset + (uint64_t)i) >= threshold ? x[i] * scale : 0.0f;
     return NOPAD_OK;
 }
 
