@@ -33,7 +33,7 @@ Optimisers (hyperparameters in OPT below, also in the file's metadata and in the
   those gradients times -2 (a second step exercises the moments' history and, with a different
   gradient norm, the clipping). Both start from fresh optimiser state.
 
-Usage: python3 scripts/make_train_fixtures.py [--out tests/data/train]   (about 3 s on CPU)
+Usage: python3 scripts/make_train_fixtures.py [--out tests/data/train]   (about 6 s on CPU)
 """
 
 from __future__ import annotations
