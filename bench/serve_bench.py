@@ -13,7 +13,7 @@ send the prompt as token ids (`prompt: [ids]`), so the tokenizer only detokenize
    random ids, outputs U[64, 512], the same draws as bench/engine_bench.py), N requests at once
    to /v1/completions (max_tokens = the drawn length, ignore_eos, temperature 0), streamed (SSE)
    and plain; useful tokens/s = the completion tokens the responses report / wall time from the
-   release of the N client threads (each already connected) to the last response's end. The same
+   release of the N client processes (each already connected) to the last response's end. The same
    requests run in this process on nopad.Engine with engine_bench.py's settings (max_running N,
    a KV pool that holds them all, 4096 tokens a step, prefix sharing off), with the server up and
    idle. The systems take turns: one warm-up run each, then --reps rounds; medians reported.
@@ -27,7 +27,7 @@ send the prompt as token ids (`prompt: [ids]`), so the tokenizer only detokenize
    rounds' walls, and the in-process engine's own TTFT (its counters, from submission) for the
    same rounds.
 
-The client is the standard library only (http.client, a thread per request). `transformers
+The client is the standard library only (http.client, a forked process per request). `transformers
 serve` is not run: its presence and dependencies are probed and written to the JSON.
 
     python3 bench/serve_bench.py --cli /tmp/nopad_dec/build/nopad --out serve.json      # GPU, 1b
@@ -42,6 +42,7 @@ import http.client
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import re
 import signal
@@ -49,7 +50,6 @@ import statistics
 import string
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -223,24 +223,43 @@ def _one(port, body, stream, start, rec):
             pass
 
 
+def _client(port, body, stream, start, results, index):
+    """A client process: one request, its record back through the queue."""
+    rec = {}
+    _one(port, body, stream, start, rec)
+    results.put((index, rec))
+
+
 def http_round(port, prompts, outs, stream):
-    """All requests at once (a thread each, connected first); their records and the wall time from
-    the release to the last end."""
-    start = threading.Event()
-    recs = [{} for _ in prompts]
-    threads = []
-    for p, o, rec in zip(prompts, outs, recs):
+    """All requests at once, each from its own process (connected first), and the wall time from
+    the release to the last end. Processes, not threads: a thread per stream parsing an SSE event
+    per token under one interpreter lock kept up with 12,000 events/s only just (perf_counter is
+    CLOCK_MONOTONIC, one clock for every process). Forked: the children never touch CUDA."""
+    ctx = multiprocessing.get_context("fork")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = []
+    for i, (p, o) in enumerate(zip(prompts, outs)):
         body = {"prompt": p, "max_tokens": o, "ignore_eos": True, "temperature": 0}
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
-        threads.append(threading.Thread(target=_one, args=(port, body, stream, start, rec), daemon=True))
-    for t in threads:
-        t.start()
-    time.sleep(0.05 + 0.002 * len(threads))  # every thread connected and waiting
+        procs.append(ctx.Process(target=_client, args=(port, body, stream, start, results, i), daemon=True))
+    for pr in procs:
+        pr.start()
+    time.sleep(0.2 + 0.005 * len(procs))  # every client connected and waiting
     t0 = time.perf_counter()
     start.set()
-    for t in threads:
-        t.join()
+    recs = [{} for _ in procs]
+    for _ in procs:
+        try:
+            i, rec = results.get(timeout=600)
+        except Exception:  # noqa: BLE001
+            break
+        recs[i] = rec
+    for pr in procs:
+        pr.join(timeout=10)
+    for i, rec in enumerate(recs):
+        if not rec:
+            rec["error"] = "client process %d gave no record" % i
     ends = [r["t_end"] for r in recs if "t_end" in r]
     wall = (max(ends) if ends else time.perf_counter()) - t0
     return recs, wall
