@@ -86,7 +86,7 @@ nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv_, const void *
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n_tasks; task++) {
-            if (failed) continue;
+            if (!dq_acc || !dk || !dv) continue; /* this thread's scratch failed: reported below */
             const int32_t s = (int32_t)(task / n_heads), h = (int32_t)(task % n_heads);
             const int32_t start = seqs->cu_seqlens[s], len = seqs->cu_seqlens[s + 1] - start;
             const size_t head = (size_t)h * head_size;
