@@ -526,6 +526,8 @@ typedef struct nopad_request_params {
     int32_t n_stop_strings;
     nopad_request_fn on_token;  /* optional: each token as it comes (see above) */
     void *user;                 /* on_token's first argument */
+    int logprobs;               /* 1: keep each generated id's log-probability, for
+                                   nopad_request_logprobs */
 } nopad_request_params;
 nopad_request_params nopad_request_default_params(void);
 
@@ -557,6 +559,14 @@ nopad_status nopad_request_read(nopad_request *r, int32_t *ids, int32_t capacity
  * capacity > *text_len, else NOPAD_ERR_BUFFER_TOO_SMALL (capacity 0 and text NULL measure). ""
  * for a model without a tokenizer. */
 nopad_status nopad_request_text(nopad_request *r, char *text, size_t capacity, size_t *text_len);
+
+/* The log-probabilities of the request's generated ids delivered so far, in order, as the
+ * sampler reports them (sampling.h: under the distribution the id was drawn from, after
+ * temperature, top-k, top-p and min-p; for greedy, the model's at temperature 1 after the
+ * repetition penalty): out[capacity] receives the first min(capacity, delivered) of them and *n
+ * the number delivered. A request submitted without logprobs is NOPAD_ERR_INVALID_ARGUMENT. Any
+ * thread, on_token included (an id's log-probability is there before the call carrying it). */
+nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capacity, int32_t *n);
 
 /* The engine's id of the request (unique per engine, from 1), as on_token receives it. */
 uint64_t nopad_request_id(const nopad_request *r);

@@ -160,7 +160,8 @@ class RequestParams(ctypes.Structure):
                 ("stop_strings", ctypes.c_void_p),
                 ("n_stop_strings", ctypes.c_int32),
                 ("on_token", RequestFn),
-                ("user", ctypes.c_void_p)]
+                ("user", ctypes.c_void_p),
+                ("logprobs", ctypes.c_int)]
 
 
 class RequestStats(ctypes.Structure):
@@ -283,6 +284,7 @@ _PROTOTYPES = {
     "nopad_request_text": (ctypes.c_int, [_p, ctypes.c_char_p, ctypes.c_size_t,
                                           ctypes.POINTER(ctypes.c_size_t)]),
     "nopad_request_id": (ctypes.c_uint64, [_p]),
+    "nopad_request_logprobs": (ctypes.c_int, [_p, _p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]),
     "nopad_request_cancel": (ctypes.c_int, [_p]),
     "nopad_request_free": (None, [_p]),
     "nopad_request_get_stats": (ctypes.c_int, [_p, ctypes.POINTER(RequestStats)]),

@@ -112,7 +112,7 @@ class Engine:
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                repetition_penalty: float = 1.0, seed: int = 0, ignore_eos: bool = False,
                stop: Union[None, str, SequenceT[str]] = None,
-               stop_ids: Optional[SequenceT[int]] = None) -> "Request":
+               stop_ids: Optional[SequenceT[int]] = None, logprobs: bool = False) -> "Request":
         """Submits one request (safe from any thread) and returns its :class:`Request`.
 
         Args:
@@ -123,6 +123,7 @@ class Engine:
                 :meth:`Generator.generate`.
             stop: a string or strings that end the request (its text stops before them).
             stop_ids: ids that end the request (the id is kept).
+            logprobs: keep each generated id's log-probability (:meth:`Request.logprobs`).
 
         Raises:
             InvalidArgumentError: an empty prompt, bad sampling settings, ids outside the
@@ -151,6 +152,7 @@ class Engine:
             p.n_prompt_ids = int(ids32.size)
         p.max_tokens = _int_arg(max_tokens, "max_tokens", -2**31)
         p.ignore_eos = 1 if ignore_eos else 0
+        p.logprobs = 1 if logprobs else 0
         s = p.sampling
         s.temperature = _float_arg(temperature, "temperature")
         s.top_k = _int_arg(top_k, "top_k", -2**31)
@@ -261,6 +263,17 @@ class Request:
             if not self.read(timeout) and self.finish_reason is None and timeout is not None:
                 raise TimeoutError("request %d: no token within %s s" % (self.id, timeout))
         return self.text()
+
+    def logprobs(self) -> List[float]:
+        """The log-probabilities of the ids delivered so far (submitted with logprobs=True): under
+        the distribution each id was drawn from; for greedy, the model's at temperature 1."""
+        lib = _native.library()
+        n = ctypes.c_int32()
+        with self._handle.use() as r:
+            _native.check(lib.nopad_request_logprobs(r, None, 0, ctypes.byref(n)))
+            buf = np.empty(max(n.value, 1), np.float32)
+            _native.check(lib.nopad_request_logprobs(r, _native.ptr(buf), buf.size, ctypes.byref(n)))
+        return buf[:min(n.value, buf.size)].tolist()
 
     def stats(self) -> dict:
         lib = _native.library()

@@ -34,6 +34,7 @@ struct nopad_engine {
     int32_t *cu_q, *tokens, *seqlen_k;  // [R + 1], [T], [R]
     int32_t *table;                     // [R, max_blocks]
     int32_t *ids;                       // [R] sampled
+    float *logprobs;                    // [R] their log-probabilities (steps with a row asking)
     nopad_sampling_params *sampling;    // [R]
     uint64_t *draws;                    // [R]
     int32_t *history, *cu_history;      // repetition penalty: [sum of histories], [R + 1]
@@ -153,7 +154,7 @@ static nopad_status pack_step(nopad_engine *e, decoder_batch *batch, decoder_out
     const int32_t B = s->n_step;
     int32_t max_blocks = 1, T = 0;
     size_t history = 0;
-    int penalty = 0;
+    int penalty = 0, want_logprobs = 0;
     e->cu_q[0] = 0;
     for (int32_t b = 0; b < B; b++) {
         const request *r = s->step[b].r;
@@ -166,6 +167,7 @@ static nopad_status pack_step(nopad_engine *e, decoder_batch *batch, decoder_out
         e->sampling[b] = r->sampling;
         e->draws[b] = (uint64_t)(r->n_tokens - r->n_prompt); /* the index of the id it samples */
         penalty |= r->sampling.repetition_penalty != 1.0f;
+        want_logprobs |= r->logprobs != NULL;
         history += (size_t)e->seqlen_k[b];
     }
     for (int32_t b = 0; b < B; b++) {
@@ -177,7 +179,8 @@ static nopad_status pack_step(nopad_engine *e, decoder_batch *batch, decoder_out
     *batch = (decoder_batch){.n_seqs = B, .cu_q = e->cu_q, .tokens = e->tokens,
                              .seqlen_k = e->seqlen_k, .block_table = e->table,
                              .max_blocks = max_blocks, .all_logits = 0};
-    *out = (decoder_output){.ids = e->ids, .params = e->sampling, .draws = e->draws};
+    *out = (decoder_output){.ids = e->ids, .params = e->sampling, .draws = e->draws,
+                            .logprobs = want_logprobs ? e->logprobs : NULL};
     if (!penalty) return NOPAD_OK;
     if (history > e->history_cap) {
         int32_t *h = realloc(e->history, history * sizeof *h);
@@ -242,6 +245,7 @@ static void run_step(nopad_engine *e) {
     for (int32_t b = 0; b < s->n_step; b++) {
         request *r = s->step[b].r;
         if (r->n_computed != r->n_tokens) continue; /* a prompt chunk short of the end */
+        if (r->logprobs) r->logprobs[r->n_tokens - r->n_prompt] = e->logprobs[b]; /* before its id */
         r->tokens[r->n_tokens++] = e->ids[b];
         generated++;
         nopad_finish_reason finish = judge_token(e, r);
@@ -305,6 +309,7 @@ static void engine_destroy(nopad_engine *e) {
     free(e->seqlen_k);
     free(e->table);
     free(e->ids);
+    free(e->logprobs);
     free(e->sampling);
     free(e->draws);
     free(e->history);
@@ -364,10 +369,11 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
         e->seqlen_k = malloc(R * sizeof *e->seqlen_k);
         e->table = malloc(R * (size_t)e->max_blocks * sizeof *e->table);
         e->ids = malloc(R * sizeof *e->ids);
+        e->logprobs = malloc(R * sizeof *e->logprobs);
         e->sampling = malloc(R * sizeof *e->sampling);
         e->draws = malloc(R * sizeof *e->draws);
         e->cu_history = malloc((R + 1) * sizeof *e->cu_history);
-        if (!e->cu_q || !e->tokens || !e->seqlen_k || !e->table || !e->ids || !e->sampling ||
+        if (!e->cu_q || !e->tokens || !e->seqlen_k || !e->table || !e->ids || !e->logprobs || !e->sampling ||
             !e->draws || !e->cu_history)
             st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }

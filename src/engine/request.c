@@ -36,6 +36,7 @@ const char *nopad_finish_reason_name(nopad_finish_reason finish) {
 static void request_destroy(request *r) {
     if (!r) return;
     free(r->tokens);
+    free(r->logprobs);
     free(r->blocks);
     free(r->block_hashes);
     free(r->stop_ids);
@@ -72,8 +73,9 @@ nopad_status request_create(const nopad_request_params *p, const int32_t *prompt
     r->blocks = malloc(max_blocks * sizeof *r->blocks);
     r->block_hashes = malloc(max_blocks * sizeof *r->block_hashes);
     r->stop_ids = malloc(((size_t)p->n_stop_ids + 1) * sizeof *r->stop_ids);
+    if (p->logprobs) r->logprobs = calloc((size_t)p->max_tokens, sizeof *r->logprobs);
     nopad_status st = NOPAD_OK;
-    if (!r->tokens || !r->blocks || !r->block_hashes || !r->stop_ids)
+    if (!r->tokens || !r->blocks || !r->block_hashes || !r->stop_ids || (p->logprobs && !r->logprobs))
         st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_engine_submit: out of memory");
     if (st == NOPAD_OK) {
         memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
@@ -249,6 +251,22 @@ nopad_status nopad_request_text(nopad_request *r, char *text, size_t capacity, s
     }
     pthread_mutex_unlock(&r->lock);
     return st;
+}
+
+nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capacity, int32_t *n) {
+    if (!r || !n || capacity < 0 || (capacity > 0 && !out))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_request_logprobs: need a request, out[capacity >= 0] and n");
+    if (!r->logprobs)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_request_logprobs: request %llu was submitted without logprobs",
+                               (unsigned long long)r->id);
+    pthread_mutex_lock(&r->lock);
+    const int32_t delivered = r->n_delivered;
+    memcpy(out, r->logprobs, (size_t)(delivered < capacity ? delivered : capacity) * sizeof *out);
+    pthread_mutex_unlock(&r->lock);
+    *n = delivered;
+    return NOPAD_OK;
 }
 
 uint64_t nopad_request_id(const nopad_request *r) { return r ? r->id : 0; }

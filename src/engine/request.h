@@ -28,6 +28,8 @@ struct nopad_request {
 
     /* the engine thread's: the sequence and its KV blocks */
     int32_t *tokens;               // [n_prompt + max_tokens] the prompt, then each generated id
+    float *logprobs;               // [max_tokens] each generated id's log-probability, or NULL
+                                   // (not asked); written before the id is delivered
     int32_t n_tokens;              // prompt + generated so far
     int32_t n_computed;            // leading tokens whose keys and values are in `blocks`
     int32_t *blocks, n_blocks;     // [blocks for n_prompt + max_tokens] in sequence order

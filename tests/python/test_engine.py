@@ -104,3 +104,35 @@ def test_engine_text_streams_and_stops(gguf):
         assert r.finish_reason == "stop" and " five" not in text and " 5" not in text
         s = r.stats()
         assert s["finish"] == "stop" and s["generated_tokens"] >= 1
+
+
+def test_engine_logprobs():
+    """A greedy request's logprobs are log-softmax of the model's logits at its ids (the same
+    model scored whole through Generator.decode); sampled ones are finite and <= 0; a request
+    without logprobs refuses to report them."""
+    with nopad.Generator(MODELS / "llama_gqa") as gen, \
+            nopad.Engine(gen, kv_cache_tokens=4096, max_running=4, max_step_tokens=256) as eng:
+        prompt = _prompts(1, gen.info.vocab_size, seed=7)[0]
+        r = eng.submit(prompt, max_tokens=10, ignore_eos=True, logprobs=True)
+        r.result()
+        got = r.logprobs()
+        assert len(got) == 10
+        with gen.sequence() as seq:
+            logits = gen.decode(seq, prompt + r.ids[:-1], all_logits=True).astype(np.float64)
+        rows = logits[len(prompt) - 1:]
+        lse = np.log(np.exp(rows - rows.max(axis=1, keepdims=True)).sum(axis=1)) + rows.max(axis=1)
+        want = rows[np.arange(10), r.ids] - lse
+        # CPU fp32 on both sides, different batch shapes: 1e-6 relative noise in the logits
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        r.close()
+        s = eng.submit(prompt, max_tokens=6, ignore_eos=True, logprobs=True, temperature=0.8,
+                       top_p=0.9, seed=3)
+        s.result()
+        lp = s.logprobs()
+        assert len(lp) == 6 and all(np.isfinite(lp)) and max(lp) <= 0.0
+        s.close()
+        plain = eng.submit(prompt, max_tokens=2, ignore_eos=True)
+        plain.result()
+        with pytest.raises(nopad.InvalidArgumentError, match="without logprobs"):
+            plain.logprobs()
+        plain.close()
