@@ -230,6 +230,38 @@ def test_sampling_extras(client, engine):
         assert a.choices[0].text == b.choices[0].text
 
 
+def test_logprobs_equal_engine(client, engine):
+    """Completions (logprobs=0) and chat (logprobs=true), plain and streamed: one log-probability
+    per generated token, equal to the in-process engine's for the same request (CPU, the same
+    steps: within 1e-5), each token's text given; top alternatives refused (400)."""
+    prompt = PROMPTS[1]
+    r = engine.submit(prompt, max_tokens=12, logprobs=True, ignore_eos=True)
+    r.result()
+    want = r.logprobs()
+    r.close()
+    c = client.completions.create(model=DEC_NAME, prompt=prompt, max_tokens=12, logprobs=0,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    lp = c.choices[0].logprobs
+    assert len(lp.token_logprobs) == c.usage.completion_tokens == 12
+    np.testing.assert_allclose(lp.token_logprobs, want, rtol=0, atol=1e-5)
+    assert "".join(lp.tokens).strip() and lp.text_offset[0] == 0
+    chunks = list(client.completions.create(model=DEC_NAME, prompt=prompt, max_tokens=12, logprobs=0,
+                                            temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    streamed = [v for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for v in ch.choices[0].logprobs.token_logprobs]
+    np.testing.assert_allclose(streamed, want, rtol=0, atol=1e-5)
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    chat = client.chat.completions.create(model=DEC_NAME, messages=msgs, max_tokens=8, logprobs=True)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(e.logprob <= 0.0 and e.top_logprobs == [] and bytes(e.bytes).decode("utf-8", "replace") == e.token
+               for e in content)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=DEC_NAME, messages=msgs, max_tokens=4, logprobs=True,
+                                       top_logprobs=3)
+    assert e.value.body["param"] == "top_logprobs"
+
+
 @pytest.mark.parametrize("extra,param", [
     (dict(n=2), "n"), (dict(logprobs=2), "logprobs"), (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(extra_body={"mirostat": 1}), "mirostat"), (dict(extra_body={"top_k": "x"}), "top_k"),

@@ -31,6 +31,11 @@ struct gen_job {
     int32_t *end_ids;
     int32_t n_end_ids;
     int stopped;               /* ended that way */
+    /* logprobs: every generated id (on_token), and how many the stream has reported */
+    int logprobs;
+    int32_t *ids;
+    int32_t ids_cap, lp_sent;
+    size_t lp_offset;          /* completions' text_offset of the next token */
     char *text;                /* everything released so far */
     size_t text_len, text_cap, streamed; /* bytes of text already sent as events */
     int oom, done;
@@ -56,6 +61,7 @@ static void job_release(gen_job *j) {
     if (left) return;
     pthread_mutex_destroy(&j->w.lock);
     free(j->end_ids);
+    free(j->ids);
     free(j->text);
     free(j->out);
     free(j);
@@ -89,6 +95,13 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
     int cancel = 0;
     pthread_mutex_lock(&j->w.lock);
     if (!j->stopped && token >= 0) {
+        if (j->logprobs && j->n_tokens == j->ids_cap) {
+            const int32_t cap = j->ids_cap ? 2 * j->ids_cap : 64;
+            int32_t *grown = realloc(j->ids, (size_t)cap * sizeof *grown);
+            if (grown) j->ids = grown, j->ids_cap = cap;
+            else j->oom = cancel = 1;
+        }
+        if (j->logprobs && j->n_tokens < j->ids_cap) j->ids[j->n_tokens] = token;
         if (j->n_tokens++ == 0) metrics_ttft(&s->metrics, serve_now() - j->t0);
         if (j->min_tokens > 0 && j->n_tokens > j->min_tokens && is_end_id(j, token))
             j->stopped = cancel = 1;
@@ -160,9 +173,12 @@ static cJSON *envelope(const gen_job *j, const char *object, cJSON *choice) {
 /* A choice: completions {"index", "text", "logprobs", "finish_reason"}; chat {"index",
  * "message"|"delta", "logprobs", "finish_reason"}. text NULL: no text field (a chat delta {}). */
 static cJSON *choice_json(const gen_job *j, const char *text, size_t len, int delta, int role,
-                          const char *finish) {
+                          const char *finish, cJSON *logprobs) {
     cJSON *c = cJSON_CreateObject();
-    if (!c) return NULL;
+    if (!c) {
+        cJSON_Delete(logprobs);
+        return NULL;
+    }
     cJSON_AddNumberToObject(c, "index", 0);
     char *t = NULL;
     if (text) {
@@ -185,10 +201,78 @@ static cJSON *choice_json(const gen_job *j, const char *text, size_t len, int de
         }
     }
     free(t);
-    cJSON_AddNullToObject(c, "logprobs");
+    if (logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs);
+    else cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     return c;
+}
+
+/* One token's text alone (special tokens as themselves), for the logprobs entries. */
+static char *token_text(const gen_job *j, int32_t id) {
+    size_t len = 0;
+    char small[128];
+    if (!j->srv->dec_tok) return strdup("");
+    nopad_status st = nopad_detokenize(j->srv->dec_tok, &id, 1, 0, small, sizeof small, &len);
+    if (st == NOPAD_OK) return strdup(small);
+    if (st != NOPAD_ERR_BUFFER_TOO_SMALL) return strdup("");
+    char *big = malloc(len + 1);
+    if (big && nopad_detokenize(j->srv->dec_tok, &id, 1, 0, big, len + 1, &len) != NOPAD_OK) big[0] = '\0';
+    return big;
+}
+
+/* With the job's lock: the logprobs of generated tokens [from, to) in the answer's format:
+ * completions {"tokens", "token_logprobs", "top_logprobs": null, "text_offset"}, chat
+ * {"content": [{"token", "logprob", "bytes", "top_logprobs": []}], "refusal": null}. The values
+ * are the engine's (the sampler's, nopad.h: nopad_request_logprobs). NULL when out of memory. */
+static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
+    float *lp = malloc((size_t)(to > 0 ? to : 1) * sizeof *lp);
+    int32_t n = 0;
+    if (!lp || !j->req || nopad_request_logprobs(j->req, lp, to, &n) != NOPAD_OK || n < to) {
+        free(lp);
+        return NULL;
+    }
+    cJSON *o = cJSON_CreateObject();
+    const int chat = j->kind == GEN_CHAT;
+    cJSON *content = chat ? cJSON_CreateArray() : NULL;
+    cJSON *tokens = chat ? NULL : cJSON_CreateArray(), *values = chat ? NULL : cJSON_CreateArray();
+    cJSON *offsets = chat ? NULL : cJSON_CreateArray();
+    if (!o || (chat ? !content : (!tokens || !values || !offsets))) {
+        cJSON_Delete(o), cJSON_Delete(content), cJSON_Delete(tokens), cJSON_Delete(values), cJSON_Delete(offsets);
+        free(lp);
+        return NULL;
+    }
+    for (int32_t i = from; i < to; i++) {
+        char *t = token_text(j, j->ids[i]);
+        const char *text = t ? t : "";
+        if (chat) {
+            cJSON *entry = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+            for (const unsigned char *b = (const unsigned char *)text; *b; b++)
+                cJSON_AddItemToArray(bytes, cJSON_CreateNumber(*b));
+            cJSON_AddStringToObject(entry, "token", text);
+            cJSON_AddNumberToObject(entry, "logprob", lp[i]);
+            cJSON_AddItemToObject(entry, "bytes", bytes);
+            cJSON_AddItemToObject(entry, "top_logprobs", cJSON_CreateArray());
+            cJSON_AddItemToArray(content, entry);
+        } else {
+            cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
+            cJSON_AddItemToArray(values, cJSON_CreateNumber(lp[i]));
+            cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)j->lp_offset));
+            j->lp_offset += strlen(text);
+        }
+        free(t);
+    }
+    if (chat) {
+        cJSON_AddItemToObject(o, "content", content);
+        cJSON_AddNullToObject(o, "refusal");
+    } else {
+        cJSON_AddItemToObject(o, "tokens", tokens);
+        cJSON_AddItemToObject(o, "token_logprobs", values);
+        cJSON_AddNullToObject(o, "top_logprobs");
+        cJSON_AddItemToObject(o, "text_offset", offsets);
+    }
+    free(lp);
+    return o;
 }
 
 /* Why an ended request has no answer: the engine's error, or a cancellation (the shutdown). */
@@ -220,8 +304,11 @@ static enum MHD_Result answer_plain(http_req *q, gen_job *j) {
         failure(j, &e);
         return http_reply_error(q, &e);
     }
+    pthread_mutex_lock(&j->w.lock);
+    cJSON *lp = j->logprobs ? logprobs_json(j, 0, j->n_tokens) : NULL;
+    pthread_mutex_unlock(&j->w.lock);
     cJSON *root = envelope(j, j->kind == GEN_CHAT ? "chat.completion" : "text_completion",
-                           choice_json(j, j->text ? j->text : "", j->text_len, 0, 1, finish_name(j)));
+                           choice_json(j, j->text ? j->text : "", j->text_len, 0, 1, finish_name(j), lp));
     if (root) cJSON_AddItemToObject(root, "usage", usage_json(j));
     metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
     return http_reply_json(q, 200, root);
@@ -260,13 +347,15 @@ static const char *chunk_object(const gen_job *j) {
 /* With the job's lock: the events for what came since the last call. */
 static int fill_events(gen_job *j) {
     if (j->kind == GEN_CHAT && !j->role_sent) {
-        if (out_event(j, envelope(j, chunk_object(j), choice_json(j, "", 0, 1, 1, NULL)))) return -1;
+        if (out_event(j, envelope(j, chunk_object(j), choice_json(j, "", 0, 1, 1, NULL, NULL)))) return -1;
         j->role_sent = 1;
     }
     if (j->text_len > j->streamed) {
+        cJSON *lp = j->logprobs && j->n_tokens > j->lp_sent ? logprobs_json(j, j->lp_sent, j->n_tokens) : NULL;
+        if (lp) j->lp_sent = j->n_tokens;
         if (out_event(j, envelope(j, chunk_object(j),
                                   choice_json(j, j->text + j->streamed, j->text_len - j->streamed,
-                                              1, 0, NULL))))
+                                              1, 0, NULL, lp))))
             return -1;
         j->streamed = j->text_len;
     }
@@ -289,7 +378,10 @@ static int fill_events(gen_job *j) {
         } else {
             if (out_event(j, envelope(j, chunk_object(j),
                                       choice_json(j, j->kind == GEN_CHAT ? NULL : "", 0, 1, 0,
-                                                  finish_name(j)))))
+                                                  finish_name(j),
+                                                  j->logprobs && j->n_tokens > j->lp_sent
+                                                      ? logprobs_json(j, j->lp_sent, j->n_tokens)
+                                                      : NULL))))
                 return -1;
             if (j->include_usage) {
                 cJSON *root = envelope(j, chunk_object(j), cJSON_CreateObject());
@@ -470,6 +562,8 @@ static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e)
         p.n_stop_ids = 0;
     }
     p.on_token = on_token;
+    p.logprobs = r->logprobs;
+    j->logprobs = r->logprobs;
     p.user = j;
     nopad_status st = nopad_engine_submit(s->engine, &p, &j->req);
     free(ids);

@@ -103,14 +103,10 @@ static int check_neutral(const cJSON *obj, api_error *e) {
                         "requests instead)");
     if ((v = field(obj, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
         return api_fail(e, 400, INVALID, "unsupported_value", "best_of", "'best_of' must be 1");
-    if ((v = field(obj, "logprobs")) &&
-        !(cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0)))
-        return api_fail(e, 400, INVALID, "unsupported_value", "logprobs",
-                        "'logprobs' is not supported by nopad serve (the engine does not report "
-                        "log-probabilities)");
-    if ((v = field(obj, "top_logprobs")) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+    if ((v = field(obj, "top_logprobs")) && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return api_fail(e, 400, INVALID, "unsupported_value", "top_logprobs",
-                        "'top_logprobs' is not supported by nopad serve");
+                        "'top_logprobs' must be 0: nopad serve reports the chosen tokens' "
+                        "log-probabilities, not the most likely alternatives");
     if ((v = field(obj, "echo")) && !cJSON_IsFalse(v))
         return api_fail(e, 400, INVALID, "unsupported_value", "echo", "'echo' is not supported");
     if ((v = field(obj, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
@@ -388,6 +384,23 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
         api_fail(e, 400, INVALID, "invalid_value", "min_tokens",
                  "'min_tokens' (%d) must not exceed 'max_tokens' (%d)", r->min_tokens, r->max_tokens);
         goto done;
+    }
+    const cJSON *lp = field(root, "logprobs");
+    if (lp && !cJSON_IsNull(lp)) {
+        if (kind == GEN_CHAT) { /* chat: a boolean */
+            if (get_bool(root, "logprobs", &r->logprobs, e)) goto done;
+        } else if (!cJSON_IsNumber(lp) || lp->valuedouble != 0) {
+            /* completions: the number of most likely alternatives to list at each position */
+            if (cJSON_IsNumber(lp) && lp->valuedouble > 0 && lp->valuedouble == floor(lp->valuedouble))
+                api_fail(e, 400, INVALID, "unsupported_value", "logprobs",
+                         "'logprobs' must be 0: nopad serve reports the chosen tokens' "
+                         "log-probabilities, not the %g most likely alternatives", lp->valuedouble);
+            else
+                wrong_type(e, "logprobs", "0", lp);
+            goto done;
+        } else {
+            r->logprobs = 1; /* 0: the chosen tokens' log-probabilities, no alternatives */
+        }
     }
     if (field(root, "seed")) {
         r->has_seed = 1;

@@ -57,6 +57,8 @@ typedef struct gen_request {
     int32_t *stop_ids;
     int32_t n_stop_ids;
     int ignore_eos;
+    int logprobs;           /* 1: each chosen token's log-probability (completions "logprobs": 0,
+                               chat "logprobs": true); the top alternatives are not reported */
 } gen_request;
 
 /* Parses a completions (kind GEN_COMPLETION) or chat body. 0, or -1 with e filled (400). */
