@@ -1,0 +1,391 @@
+/* Training checkpoints: config.json, model.safetensors, optimizer.safetensors, trainer_state.json. */
+#include "train/checkpoint.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "util/error.h"
+#include "util/file.h"
+
+static const char *const STATE_FORMAT = "nopad-train-1";
+static const char *const OPT_NAMES[] = {"adamw", "lamb"};
+static const char *const TASK_NAMES[] = {"mlm", "classify"};
+
+/* A float32 as the shortest decimal that reads back to it ("1e-12", not 9.99999996e-13). */
+static cJSON *float_json(float x) {
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) { // 9 significant digits always read back
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+        if ((float)strtod(buf, NULL) == x) break;
+    }
+    return cJSON_CreateNumber(strtod(buf, NULL));
+}
+
+/* ---- writing --------------------------------------------------------------------------------- */
+
+/* `bytes` bytes to dir/name through dir/name.tmp and a rename. */
+static nopad_status write_atomic(const char *dir, const char *name, const void *head, size_t head_len,
+                                 const void *body, size_t body_len) {
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    int ok = fwrite(head, 1, head_len, f) == head_len;
+    if (ok && body_len) ok = fwrite(body, 1, body_len, f) == body_len;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) {
+        remove(tmp);
+        return nopad_set_error(NOPAD_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        remove(tmp);
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    }
+    return NOPAD_OK;
+}
+
+static nopad_status write_json(const char *dir, const char *name, const cJSON *root) {
+    char *text = root ? cJSON_Print(root) : NULL;
+    if (!text) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s/%s: out of memory", dir, name);
+    const size_t len = strlen(text);
+    text[len] = '\n'; // cJSON_Print's buffer has the NUL there; the file gets a final newline
+    nopad_status st = write_atomic(dir, name, text, len + 1, NULL, 0);
+    free(text);
+    return st;
+}
+
+/* Every tensor of the model from `data` ([n_params] host floats) as float32 safetensors, its
+ * names prefixed with `prefix`: the header (JSON padded with spaces to 8 bytes, as the format
+ * wants for aligned data) then the tensors back to back in table order. */
+static nopad_status write_safetensors(const train_model *m, const float *data, const char *prefix,
+                                      const char *dir, const char *name) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+    cJSON_AddStringToObject(meta, "format", "pt");
+    int ok = root && meta;
+    size_t offset = 0;
+    for (int32_t i = 0; i < m->n_tensors && ok; i++) {
+        const train_tensor *t = &m->tensors[i];
+        char key[128];
+        snprintf(key, sizeof key, "%s%s", prefix, t->name);
+        cJSON *e = cJSON_AddObjectToObject(root, key);
+        const double shape[2] = {(double)t->rows, (double)t->cols};
+        const size_t bytes = (size_t)(t->rows * t->cols) * sizeof(float);
+        const double range[2] = {(double)offset, (double)(offset + bytes)};
+        ok = e && cJSON_AddStringToObject(e, "dtype", "F32") &&
+             cJSON_AddItemToObject(e, "shape", cJSON_CreateDoubleArray(shape, t->cols == 1 ? 1 : 2)) &&
+             cJSON_AddItemToObject(e, "data_offsets", cJSON_CreateDoubleArray(range, 2));
+        offset += bytes;
+    }
+    char *json = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!json) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s/%s: out of memory", dir, name);
+    const size_t json_len = strlen(json), padded = (json_len + 7) / 8 * 8;
+    uint8_t *head = malloc(8 + padded);
+    if (!head) {
+        free(json);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s/%s: out of memory", dir, name);
+    }
+    for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i)); // little-endian
+    memcpy(head + 8, json, json_len);
+    memset(head + 8 + json_len, ' ', padded - json_len);
+    free(json);
+    /* the table's tensors tile [0, n_params) in order, so the body is the buffer itself */
+    nopad_status st = write_atomic(dir, name, head, 8 + padded, data, offset);
+    free(head);
+    return st;
+}
+
+static cJSON *config_json(const train_model *m) {
+    const model_config *c = &m->cfg;
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON *arch = cJSON_AddArrayToObject(root, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(m->task == TRAIN_TASK_MLM
+                                                      ? "BertForMaskedLM"
+                                                      : "BertForSequenceClassification"));
+    cJSON_AddStringToObject(root, "model_type", "bert");
+    cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(root, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(root, "num_hidden_layers", c->num_layers);
+    cJSON_AddNumberToObject(root, "num_attention_heads", c->num_heads);
+    cJSON_AddNumberToObject(root, "intermediate_size", c->intermediate_size);
+    cJSON_AddStringToObject(root, "hidden_act", c->activation_name);
+    cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddNumberToObject(root, "type_vocab_size", c->type_vocab_size);
+    cJSON_AddItemToObject(root, "layer_norm_eps", float_json(c->layer_norm_eps));
+    cJSON_AddNumberToObject(root, "pad_token_id", c->pad_token_id);
+    cJSON_AddStringToObject(root, "position_embedding_type", "absolute");
+    cJSON_AddTrueToObject(root, "tie_word_embeddings");
+    cJSON_AddStringToObject(root, "dtype", "float32");
+    if (m->task == TRAIN_TASK_CLASSIFY) {
+        cJSON *id2label = cJSON_AddObjectToObject(root, "id2label");
+        cJSON *label2id = cJSON_AddObjectToObject(root, "label2id");
+        for (int32_t i = 0; i < m->num_labels; i++) {
+            char id[16], label[32];
+            snprintf(id, sizeof id, "%d", i);
+            snprintf(label, sizeof label, "LABEL_%d", i);
+            cJSON_AddStringToObject(id2label, id, label);
+            cJSON_AddNumberToObject(label2id, label, i);
+        }
+        if (m->num_labels == 1) cJSON_AddStringToObject(root, "problem_type", "regression");
+    }
+    return root;
+}
+
+static cJSON *state_json(const train_model *m, const train_state *s) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "format", STATE_FORMAT);
+    cJSON_AddStringToObject(root, "task", TASK_NAMES[m->task]);
+    cJSON_AddNumberToObject(root, "num_labels", m->num_labels);
+    cJSON_AddNumberToObject(root, "step", (double)m->step);
+    cJSON *o = cJSON_AddObjectToObject(root, "optimizer");
+    cJSON_AddStringToObject(o, "name", OPT_NAMES[s->kind]);
+    cJSON_AddItemToObject(o, "lr", float_json(s->opt.lr));
+    cJSON_AddItemToObject(o, "beta1", float_json(s->opt.beta1));
+    cJSON_AddItemToObject(o, "beta2", float_json(s->opt.beta2));
+    cJSON_AddItemToObject(o, "eps", float_json(s->opt.eps));
+    cJSON_AddItemToObject(o, "weight_decay", float_json(s->opt.weight_decay));
+    cJSON_AddItemToObject(o, "max_grad_norm", float_json(s->opt.max_grad_norm));
+    cJSON *d = cJSON_AddObjectToObject(root, "data");
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, s->data_seed); // a string: JSON numbers are doubles
+    cJSON_AddStringToObject(d, "seed", seed);
+    cJSON_AddNumberToObject(d, "epoch", s->epoch);
+    cJSON_AddNumberToObject(d, "cursor", s->cursor);
+    return root;
+}
+
+nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir) {
+    if (!m || !state || !dir || !m->params)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save: NULL argument");
+    if ((unsigned)state->kind > TRAIN_OPT_LAMB)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "train_checkpoint_save: unknown optimizer %d", (int)state->kind);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return nopad_set_error(NOPAD_ERR_IO, "%s: not a folder", dir);
+    const size_t n = (size_t)m->n_params;
+    float *host = malloc(n * sizeof *host);
+    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
+    nopad_status st = m->be->download_f32(m->be, host, m->params, n);
+    if (st == NOPAD_OK) st = write_safetensors(m, host, "", dir, "model.safetensors");
+    if (st == NOPAD_OK) st = m->be->download_f32(m->be, host, m->adam_m, n);
+    /* one file for both moments: write exp_avg, then append exp_avg_sq as a second table */
+    float *both = NULL;
+    if (st == NOPAD_OK) {
+        both = malloc(2 * n * sizeof *both);
+        if (!both) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
+    }
+    if (st == NOPAD_OK) {
+        memcpy(both, host, n * sizeof *both);
+        st = m->be->download_f32(m->be, both + n, m->adam_v, n);
+    }
+    if (st == NOPAD_OK) {
+        /* a model view over twice the tensors: exp_avg.<name> then exp_avg_sq.<name> */
+        train_model twice = *m;
+        twice.tensors = malloc(2 * (size_t)m->n_tensors * sizeof *twice.tensors);
+        if (!twice.tensors) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
+        for (int32_t i = 0; st == NOPAD_OK && i < m->n_tensors; i++) {
+            for (int k = 0; k < 2; k++) {
+                train_tensor *t = &twice.tensors[k * m->n_tensors + i];
+                *t = m->tensors[i];
+                snprintf(t->name, sizeof t->name, "%s.%.80s", k ? "exp_avg_sq" : "exp_avg",
+                         m->tensors[i].name);
+                t->offset += k * (int64_t)n;
+            }
+        }
+        twice.n_tensors = 2 * m->n_tensors;
+        if (st == NOPAD_OK) st = write_safetensors(&twice, both, "", dir, "optimizer.safetensors");
+        free(twice.tensors);
+    }
+    free(both);
+    free(host);
+    if (st == NOPAD_OK) {
+        cJSON *config = config_json(m);
+        st = write_json(dir, "config.json", config);
+        cJSON_Delete(config);
+    }
+    if (st == NOPAD_OK) {
+        cJSON *s = state_json(m, state);
+        st = write_json(dir, "trainer_state.json", s);
+        cJSON_Delete(s);
+    }
+    return st;
+}
+
+/* ---- reading --------------------------------------------------------------------------------- */
+
+static nopad_status get_number(const cJSON *obj, const char *key, const char *where, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: no \"%s\" field", where, key);
+    if (!cJSON_IsNumber(v)) return json_wrong_type(where, key, "a number", v);
+    if (!isfinite(v->valuedouble))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"%s\" is not finite", where, key);
+    *out = v->valuedouble;
+    return NOPAD_OK;
+}
+
+static nopad_status get_string(const cJSON *obj, const char *key, const char *where, const char **out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: no \"%s\" field", where, key);
+    if (!cJSON_IsString(v)) return json_wrong_type(where, key, "a string", v);
+    *out = v->valuestring;
+    return NOPAD_OK;
+}
+
+static nopad_status get_object(const cJSON *obj, const char *key, const char *where, const cJSON **out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: no \"%s\" field", where, key);
+    if (!cJSON_IsObject(v)) return json_wrong_type(where, key, "an object", v);
+    *out = v;
+    return NOPAD_OK;
+}
+
+/* An integer field in [lo, hi]. */
+static nopad_status get_int(const cJSON *obj, const char *key, const char *where, double lo,
+                            double hi, double *out) {
+    nopad_status st = get_number(obj, key, where, out);
+    if (st == NOPAD_OK && (*out != floor(*out) || *out < lo || *out > hi))
+        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"%s\" is %g, expected an integer in [%.0f, %.0f]",
+                             where, key, *out, lo, hi);
+    return st;
+}
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) return st_;                                                           \
+    } while (0)
+
+static nopad_status parse_state(const cJSON *root, const char *where, const train_model *m,
+                                train_state *s, int64_t *step) {
+    if (!cJSON_IsObject(root)) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not a JSON object", where);
+    const char *text = NULL;
+    double v = 0;
+    TRY(get_string(root, "format", where, &text));
+    if (strcmp(text, STATE_FORMAT) != 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: format \"%.64s\", expected \"%s\"",
+                               where, text, STATE_FORMAT);
+    TRY(get_string(root, "task", where, &text));
+    if (strcmp(text, TASK_NAMES[m->task]) != 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: the checkpoint is of task \"%.32s\", not \"%s\"", where, text,
+                               TASK_NAMES[m->task]);
+    TRY(get_int(root, "num_labels", where, 0, 1 << 20, &v));
+    if ((int32_t)v != m->num_labels)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: num_labels %g, but the classifier has %d",
+                               where, v, m->num_labels);
+    TRY(get_int(root, "step", where, 0, 9007199254740992.0, &v));
+    *step = (int64_t)v;
+    const cJSON *o = NULL, *d = NULL;
+    TRY(get_object(root, "optimizer", where, &o));
+    TRY(get_string(o, "name", where, &text));
+    if (!strcmp(text, "adamw")) s->kind = TRAIN_OPT_ADAMW;
+    else if (!strcmp(text, "lamb")) s->kind = TRAIN_OPT_LAMB;
+    else
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: optimizer \"%.32s\", expected adamw or lamb",
+                               where, text);
+    struct { const char *key; float *dst; } fields[] = {
+        {"lr", &s->opt.lr}, {"beta1", &s->opt.beta1}, {"beta2", &s->opt.beta2},
+        {"eps", &s->opt.eps}, {"weight_decay", &s->opt.weight_decay},
+        {"max_grad_norm", &s->opt.max_grad_norm},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        TRY(get_number(o, fields[i].key, where, &v));
+        *fields[i].dst = (float)v;
+    }
+    TRY(get_object(root, "data", where, &d));
+    TRY(get_string(d, "seed", where, &text));
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long seed = strtoull(text, &end, 10);
+    if (!*text || *end || errno || text[0] == '-')
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: data seed \"%.32s\" is not a 64-bit unsigned "
+                               "decimal", where, text);
+    s->data_seed = (uint64_t)seed;
+    TRY(get_int(d, "epoch", where, 0, 4294967295.0, &v));
+    s->epoch = (uint32_t)v;
+    TRY(get_int(d, "cursor", where, 0, 2147483647.0, &v));
+    s->cursor = (int32_t)v;
+    return NOPAD_OK;
+}
+
+/* The moments from optimizer.safetensors into adam_m and adam_v. */
+static nopad_status load_moments(train_model *m, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    safetensors_file f;
+    TRY(safetensors_open(path, &f));
+    float *host = NULL;
+    nopad_status st = NOPAD_OK;
+    for (int32_t i = 0; i < m->n_tensors && st == NOPAD_OK; i++) {
+        const train_tensor *t = &m->tensors[i];
+        for (int k = 0; k < 2 && st == NOPAD_OK; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", t->name);
+            const safetensors_tensor *src = safetensors_find(&f, name);
+            const int64_t n = t->rows * t->cols;
+            if (!src) {
+                st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
+                break;
+            }
+            if (src->dtype != ST_F32 || src->n_elements != n) {
+                st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' is %s of %lld elements, "
+                                     "expected F32 of %lld", path, name,
+                                     safetensors_dtype_name(src->dtype), (long long)src->n_elements,
+                                     (long long)n);
+                break;
+            }
+            float *grown = realloc(host, (size_t)n * sizeof *host);
+            if (!grown) {
+                st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+                break;
+            }
+            host = grown;
+            st = safetensors_to_f32(src, host);
+            if (st == NOPAD_OK)
+                st = m->be->upload_f32(m->be, (k ? m->adam_v : m->adam_m) + t->offset, host, (size_t)n);
+        }
+    }
+    free(host);
+    safetensors_close(&f);
+    return st;
+}
+
+nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_task task,
+                                   train_model *out, train_state *state) {
+    memset(state, 0, sizeof *state);
+    TRY(train_model_load(be, dir, task, out));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    char *text = NULL;
+    size_t len = 0;
+    nopad_status st = read_file(path, 1 << 20, &text, &len);
+    cJSON *root = NULL;
+    if (st == NOPAD_OK) {
+        root = cJSON_ParseWithLength(text, len);
+        if (!root) st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", path);
+    }
+    int64_t step = 0;
+    if (st == NOPAD_OK) st = parse_state(root, path, out, state, &step);
+    if (st == NOPAD_OK) st = load_moments(out, dir);
+    if (st == NOPAD_OK) out->step = step;
+    cJSON_Delete(root);
+    free(text);
+    if (st != NOPAD_OK) train_model_free(out);
+    return st;
+}

@@ -1,0 +1,319 @@
+/* Training checkpoints (src/train/checkpoint.c): resuming is exact, and the saved folder is an
+ * inference model. On the tiny BERTs of tests/data/train, with batches from the data loader over a
+ * corpus of the 64 ids they know (a WordPiece vocab.txt written here, as in test_train_data.c):
+ *   - 3 steps, save, load into a fresh model and context, 2 more steps: the parameters, both Adam
+ *     moments, the step count and the last two losses equal those of 5 uninterrupted steps bit for
+ *     bit (the CPU float32 step is deterministic; the data loader resumes from the saved seed,
+ *     epoch and cursor, and the steps cross an epoch boundary); for MLM with AdamW and with LAMB,
+ *     and for classification;
+ *   - nopad_model_load reads the saved folder, and its encoder's hidden states for a batch equal
+ *     the training forward's on the saved weights (within 1e-5 row-relative: two code paths of
+ *     float32, the same formulas);
+ *   - a checkpoint of another task, a missing state or moments file, a malformed state: errors
+ *     that name the file and field. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+
+enum { N_SPECIAL = 5, VOCAB = 64, N_WORDS = VOCAB - N_SPECIAL, MAX_TOKENS = 96, MAX_SEQS = 8 };
+
+static void word(int k, char out[3]) {
+    out[0] = (char)('a' + k / 26), out[1] = (char)('a' + k % 26), out[2] = 0;
+}
+
+static nopad_tokenizer *make_tokenizer(void) {
+    const char *dir = test_make_temp_dir(0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", f);
+    for (int k = 0; k < N_WORDS; k++) {
+        char w[3];
+        word(k, w);
+        fprintf(f, "%s\n", w);
+    }
+    fclose(f);
+    nopad_tokenizer *tok = NULL;
+    assert_nopad_ok(nopad_tokenizer_load(dir, &tok));
+    return tok;
+}
+
+/* 12 examples of 1-20 words: text lines, or JSONL with labels 0-2 (every third with a pair). */
+static void load_corpus(const nopad_tokenizer *tok, train_task task, train_dataset *d) {
+    char buf[4096];
+    size_t len = 0;
+    uint64_t s = 99;
+    for (int i = 0; i < 12; i++) {
+        char text[2][256];
+        for (int part = 0; part < 2; part++) {
+            size_t n = 0;
+            const int words = 1 + (int)(test_rand_u32(&s) % 20);
+            for (int w = 0; w < words; w++) {
+                char wd[3];
+                word((int)(test_rand_u32(&s) % N_WORDS), wd);
+                n += (size_t)sprintf(text[part] + n, "%s%s", w ? " " : "", wd);
+            }
+        }
+        if (task == TRAIN_TASK_MLM) len += (size_t)sprintf(buf + len, "%s\n", text[0]);
+        else if (i % 3 == 0)
+            len += (size_t)sprintf(buf + len, "{\"text\": \"%s\", \"text_pair\": \"%s\", \"label\": %d}\n",
+                                   text[0], text[1], i % 3);
+        else len += (size_t)sprintf(buf + len, "{\"text\": \"%s\", \"label\": %d}\n", text[0], i % 3);
+    }
+    const char *path = test_write_temp(1, ".txt", buf, len);
+    train_data_params p = train_data_default_params();
+    p.task = task;
+    p.format = task == TRAIN_TASK_MLM ? TRAIN_DATA_LINES : TRAIN_DATA_JSONL;
+    p.num_labels = 3;
+    p.max_length = 32;
+    p.vocab_size = VOCAB;
+    p.truncate = 1;
+    assert_nopad_ok(train_dataset_load(path, tok, &p, d));
+}
+
+typedef struct run {
+    train_model m;
+    train_context ctx;
+    train_loader loader;
+    train_state state;
+    double losses[8];
+} run;
+
+static const char *folder(train_task task) {
+    return test_data_path(task == TRAIN_TASK_MLM ? "train/bert_mlm" : "train/bert_cls");
+}
+
+static void run_start(nopad_backend *be, const train_dataset *d, train_task task,
+                      train_optimizer_kind kind, run *r) {
+    memset(r, 0, sizeof *r);
+    assert_nopad_ok(train_model_load(be, folder(task), task, &r->m));
+    r->state.kind = kind;
+    r->state.opt = train_optimizer_defaults();
+    r->state.opt.lr = 1e-3f;
+    r->state.data_seed = 0x0123456789ABCDEFull; // above 2^53: the seed must survive JSON
+    assert_nopad_ok(train_context_init(&r->m, MAX_TOKENS, MAX_SEQS, &r->ctx));
+    assert_nopad_ok(train_loader_init(d, MAX_TOKENS, MAX_SEQS, r->state.data_seed, &r->loader));
+}
+
+/* One step: the next batch (the next epoch's first at an epoch's end), forward, backward, update. */
+static void step(run *r) {
+    if (!train_loader_next(&r->loader)) {
+        assert_nopad_ok(train_loader_seek(&r->loader, r->loader.epoch + 1, 0));
+        assert_int_equal(train_loader_next(&r->loader), 1);
+    }
+    double loss = 0;
+    assert_nopad_ok(train_forward_backward(&r->ctx, &r->loader.batch, &loss));
+    r->losses[r->m.step] = loss;
+    if (r->state.kind == TRAIN_OPT_ADAMW) assert_nopad_ok(train_adamw_step(&r->m, &r->state.opt));
+    else assert_nopad_ok(train_lamb_step(&r->m, &r->state.opt, NULL));
+    r->state.epoch = r->loader.epoch;
+    r->state.cursor = r->loader.cursor;
+}
+
+static void run_free(run *r) {
+    train_loader_free(&r->loader);
+    train_context_free(&r->ctx);
+    train_model_free(&r->m);
+}
+
+static float *download(const train_model *m, const float *buf) {
+    float *host = malloc((size_t)m->n_params * sizeof *host);
+    assert_non_null(host);
+    assert_nopad_ok(m->be->download_f32(m->be, host, buf, (size_t)m->n_params));
+    return host;
+}
+
+static void assert_same_buffer(const train_model *a, const float *ba, const train_model *b,
+                               const float *bb, const char *what) {
+    float *x = download(a, ba), *y = download(b, bb);
+    if (memcmp(x, y, (size_t)a->n_params * sizeof *x) != 0) {
+        for (int32_t i = 0; i < a->n_tensors; i++) {
+            const train_tensor *t = &a->tensors[i];
+            if (memcmp(x + t->offset, y + t->offset, (size_t)(t->rows * t->cols) * sizeof *x))
+                fail_msg("%s of '%s' differ after resuming", what, t->name);
+        }
+    }
+    free(x), free(y);
+}
+
+/* The saved folder as an inference model: hidden states of the batch the resumed run is on. */
+static void check_inference(const char *dir, run *r) {
+    nopad_model *model = NULL;
+    nopad_model_params mp = nopad_model_default_params();
+    assert_nopad_ok(nopad_model_load(dir, &mp, &model));
+    const train_batch *b = &r->loader.batch;
+    const int32_t T = b->cu_seqlens[b->n_seqs], H = r->m.cfg.hidden_size, L = r->m.cfg.num_layers;
+    float *got = malloc((size_t)T * H * sizeof(float)), *want = malloc((size_t)T * H * sizeof(float));
+    nopad_encode_params ep = nopad_encode_default_params();
+    ep.pooling = NOPAD_POOLING_NONE;
+    assert_nopad_ok(nopad_encode_packed(model, b->n_seqs, b->cu_seqlens, b->tokens, b->types, &ep,
+                                        got, NULL));
+    // the training forward of this batch ran on the saved weights: its last hidden states
+    assert_nopad_ok(r->m.be->download_f32(r->m.be, want, r->ctx.hidden + (size_t)L * T * H,
+                                          (size_t)T * H));
+    const double err = test_max_row_rel_error(got, want, T, H);
+    print_message("saved folder as an inference model: hidden states within %.2e\n", err);
+    assert_true(err < 1e-5);
+    free(got), free(want);
+    nopad_model_free(model);
+}
+
+static void resume_case(train_task task, train_optimizer_kind kind) {
+    nopad_tokenizer *tok = make_tokenizer();
+    train_dataset d;
+    load_corpus(tok, task, &d);
+    nopad_backend *be = NULL;
+    assert_nopad_ok(nopad_backend_cpu_create(2, &be));
+
+    run full;
+    run_start(be, &d, task, kind, &full);
+    for (int i = 0; i < 5; i++) step(&full);
+    assert_true(full.loader.epoch >= 1); // the steps crossed an epoch boundary
+
+    run first;
+    run_start(be, &d, task, kind, &first);
+    for (int i = 0; i < 3; i++) step(&first);
+    const char *dir = test_make_temp_dir(2);
+    char sub[600];
+    snprintf(sub, sizeof sub, "%s/step3", dir); // created by the save
+    assert_nopad_ok(train_checkpoint_save(&first.m, &first.state, sub));
+    const train_state saved = first.state;
+    run_free(&first);
+
+    run resumed;
+    memset(&resumed, 0, sizeof resumed);
+    assert_nopad_ok(train_checkpoint_load(be, sub, task, &resumed.m, &resumed.state));
+    assert_int_equal(resumed.m.step, 3);
+    assert_int_equal(resumed.state.kind, kind);
+    assert_memory_equal(&resumed.state.opt, &saved.opt, sizeof saved.opt);
+    assert_true(resumed.state.data_seed == saved.data_seed);
+    assert_int_equal(resumed.state.epoch, saved.epoch);
+    assert_int_equal(resumed.state.cursor, saved.cursor);
+    assert_nopad_ok(train_context_init(&resumed.m, MAX_TOKENS, MAX_SEQS, &resumed.ctx));
+    assert_nopad_ok(train_loader_init(&d, MAX_TOKENS, MAX_SEQS, resumed.state.data_seed,
+                                      &resumed.loader));
+    assert_nopad_ok(train_loader_seek(&resumed.loader, resumed.state.epoch, resumed.state.cursor));
+    step(&resumed);
+    check_inference(sub, &resumed);
+    step(&resumed);
+
+    assert_int_equal(resumed.m.step, 5);
+    assert_true(resumed.losses[3] == full.losses[3] && resumed.losses[4] == full.losses[4]);
+    assert_same_buffer(&full.m, full.m.params, &resumed.m, resumed.m.params, "parameters");
+    assert_same_buffer(&full.m, full.m.adam_m, &resumed.m, resumed.m.adam_m, "first moments");
+    assert_same_buffer(&full.m, full.m.adam_v, &resumed.m, resumed.m.adam_v, "second moments");
+    run_free(&resumed);
+    run_free(&full);
+    be->destroy(be);
+    train_dataset_free(&d);
+    nopad_tokenizer_free(tok);
+}
+
+static void test_resume_mlm_adamw(void **state) {
+    (void)state;
+    resume_case(TRAIN_TASK_MLM, TRAIN_OPT_ADAMW);
+}
+static void test_resume_mlm_lamb(void **state) {
+    (void)state;
+    resume_case(TRAIN_TASK_MLM, TRAIN_OPT_LAMB);
+}
+static void test_resume_classify(void **state) {
+    (void)state;
+    resume_case(TRAIN_TASK_CLASSIFY, TRAIN_OPT_ADAMW);
+}
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    nopad_backend *be = NULL;
+    assert_nopad_ok(nopad_backend_cpu_create(2, &be));
+    train_model m;
+    assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_CLASSIFY), TRAIN_TASK_CLASSIFY, &m));
+    train_state s = {.kind = TRAIN_OPT_LAMB, .opt = train_optimizer_defaults(), .data_seed = 1};
+    const char *dir = test_make_temp_dir(3);
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
+    train_model_free(&m);
+    train_model out;
+    train_state got;
+    // a classification checkpoint is not an MLM one
+    assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_MLM, &out, &got), NOPAD_ERR_FORMAT,
+                       "cls.predictions");
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
+    assert_int_equal(out.num_labels, 3);
+    assert_int_equal(got.kind, TRAIN_OPT_LAMB);
+    train_model_free(&out);
+
+    const char *good = "{\"format\": \"nopad-train-1\", \"task\": \"classify\", \"num_labels\": 3, "
+                       "\"step\": 2, \"optimizer\": {\"name\": \"lamb\", \"lr\": 1, \"beta1\": 0.9, "
+                       "\"beta2\": 0.99, \"eps\": 1e-6, \"weight_decay\": 0, \"max_grad_norm\": 1}, "
+                       "\"data\": {\"seed\": \"18446744073709551615\", \"epoch\": 4, \"cursor\": 5}}";
+    write_text(dir, "trainer_state.json", good);
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
+    assert_int_equal(out.step, 2);
+    assert_true(got.data_seed == UINT64_MAX && got.epoch == 4 && got.cursor == 5);
+    train_model_free(&out);
+    static const struct { const char *from, *to; nopad_status st; const char *needle; } bad[] = {
+        {"\"step\": 2", "\"step\": \"2\"", NOPAD_ERR_FORMAT, "field \"step\" has the wrong JSON type"},
+        {"\"step\": 2", "\"step\": -1", NOPAD_ERR_FORMAT, "\"step\" is -1"},
+        {"\"step\": 2, ", "", NOPAD_ERR_FORMAT, "no \"step\" field"},
+        {"\"task\": \"classify\"", "\"task\": \"mlm\"", NOPAD_ERR_INVALID_ARGUMENT, "task \"mlm\""},
+        {"\"num_labels\": 3", "\"num_labels\": 2", NOPAD_ERR_FORMAT, "num_labels 2"},
+        {"\"lamb\"", "\"sgd\"", NOPAD_ERR_UNSUPPORTED, "optimizer \"sgd\""},
+        {"nopad-train-1", "nopad-train-9", NOPAD_ERR_UNSUPPORTED, "format \"nopad-train-9\""},
+        {"\"18446744073709551615\"", "\"-3\"", NOPAD_ERR_FORMAT, "data seed \"-3\""},
+        {"\"18446744073709551615\"", "\"18446744073709551616\"", NOPAD_ERR_FORMAT, "data seed"},
+        {"\"cursor\": 5", "\"cursor\": 0.5", NOPAD_ERR_FORMAT, "\"cursor\" is 0.5"},
+        {"\"eps\": 1e-6", "\"eps\": null", NOPAD_ERR_FORMAT, "\"eps\" has the wrong JSON type"},
+        {"{\"format\"", "[{\"format\"", NOPAD_ERR_FORMAT, "not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[1024];
+        const char *at = strstr(good, bad[i].from);
+        assert_non_null(at);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - good), good, bad[i].to,
+                 at + strlen(bad[i].from));
+        write_text(dir, "trainer_state.json", text);
+        assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got), bad[i].st,
+                           bad[i].needle);
+        assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got), bad[i].st,
+                           "trainer_state.json");
+    }
+    char path[700];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    assert_int_equal(unlink(path), 0);
+    assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got), NOPAD_ERR_IO,
+                       "trainer_state.json");
+    write_text(dir, "trainer_state.json", good);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    assert_int_equal(unlink(path), 0);
+    assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got), NOPAD_ERR_IO,
+                       "optimizer.safetensors");
+    // a save into a folder whose parent is missing
+    assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_CLASSIFY), TRAIN_TASK_CLASSIFY, &m));
+    assert_nopad_error(train_checkpoint_save(&m, &s, "/nonexistent/a/b"), NOPAD_ERR_IO, "/nonexistent/a/b");
+    train_model_free(&m);
+    be->destroy(be);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resume_mlm_adamw), cmocka_unit_test(test_resume_mlm_lamb),
+        cmocka_unit_test(test_resume_classify),  cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
