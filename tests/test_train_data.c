@@ -119,18 +119,28 @@ static int check_epoch(train_loader *l, uint32_t epoch) {
 static void test_load_text(void **state) {
     (void)state;
     nopad_tokenizer *tok = make_tokenizer();
-    const char *text = "aa ab\n\n  \r\nac [MASK] ad\r\nb\n";
+    const char *text = "aa ab\n\n  \r\nac [MASK] ad\r\nb [SEP]\nba\n";
     const char *path = test_write_temp(1, ".txt", text, strlen(text));
     train_data_params p = mlm_params(32);
     train_dataset d;
     assert_nopad_ok(train_dataset_load(path, tok, &p, &d));
-    // "b" is not in the vocabulary: [UNK], an example still
+    // "b" is not in the vocabulary: [UNK]: "b [SEP]" has nothing to mask, "ba" is an example
     assert_int_equal(d.n_examples, 3);
-    assert_int_equal(d.n_skipped, 2);
-    const int32_t want[] = {2, 5, 6, 3, 2, 7, 4, 8, 3, 2, 1, 3};
+    assert_int_equal(d.n_skipped, 3);
+    const int32_t want[] = {2, 5, 6, 3, 2, 7, 4, 8, 3, 2, 31, 3};
     assert_int_equal(d.n_tokens, 12);
     for (int i = 0; i < 12; i++) assert_int_equal(d.ids[i], want[i]);
     assert_int_equal(d.line[1], 4);
+    assert_int_equal(d.line[2], 6);
+    train_dataset_free(&d);
+    // classification keeps every example: [CLS] [UNK] [SEP] [SEP]
+    const char *jsonl = "{\"text\": \"b [SEP]\", \"label\": 1}\n";
+    path = test_write_temp(1, ".jsonl", jsonl, strlen(jsonl));
+    p.format = TRAIN_DATA_JSONL;
+    p.task = TRAIN_TASK_CLASSIFY;
+    assert_nopad_ok(train_dataset_load(path, tok, &p, &d));
+    assert_int_equal(d.n_tokens, 4);
+    p = mlm_params(32);
     assert_int_equal(d.mask_id, 4);
     for (int i = 0; i < N_SPECIAL; i++) assert_int_equal(d.special[i], 1);
     assert_int_equal(d.n_plain, N_WORDS);
@@ -374,7 +384,11 @@ static void test_errors(void **state) {
     nopad_tokenizer *tok = make_tokenizer();
     train_data_params p = mlm_params(32);
     expect_error(tok, &p, "", NOPAD_ERR_INVALID_ARGUMENT, "no training example");
-    expect_error(tok, &p, "\n  \n\r\n", NOPAD_ERR_INVALID_ARGUMENT, "no training example (3 blank");
+    expect_error(tok, &p, "\n  \n\r\n", NOPAD_ERR_INVALID_ARGUMENT, "no training example (3 lines");
+    // MLM: truncation leaves nothing to mask (the word is cut, the [UNK]s stay): skipped
+    train_data_params cut = mlm_params(5);
+    cut.truncate = 1;
+    expect_error(tok, &cut, "[UNK] b [MASK] aa\n", NOPAD_ERR_INVALID_ARGUMENT, "(1 lines skipped");
     expect_error(tok, &p, "aa \xff ab\n", NOPAD_ERR_INVALID_ARGUMENT, "line 1");
     train_data_params big = mlm_params(32);
     big.vocab_size = 20; // the tokenizer's ids above the model's vocabulary

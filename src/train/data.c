@@ -89,6 +89,10 @@ static nopad_status add_example(builder *b, const nopad_tokenizer *tok, const ch
     }
     const int32_t n_special = tok->n_prefix + tok->n_suffix * (pb ? 2 : 1);
     const int32_t budget = d->params.max_length - n_special;
+    if (budget < 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: the template alone has %d special tokens, more than the model "
+                               "maximum %d", where, n_special, d->params.max_length);
     if (la + lb > budget) {
         if (!d->params.truncate)
             return nopad_set_error(NOPAD_ERR_TOO_LONG,
@@ -103,6 +107,15 @@ static nopad_status add_example(builder *b, const nopad_tokenizer *tok, const ch
         }
         memmove(b->scratch + ka, b->scratch + la, (size_t)kb * sizeof(int32_t));
         la = ka, lb = kb;
+    }
+    if (d->params.task == TRAIN_TASK_MLM) { // nothing left to predict: only [UNK]s or specials
+        int32_t maskable = 0;
+        for (int32_t i = 0; i < la + lb && !maskable; i++)
+            maskable = b->scratch[i] >= 0 && b->scratch[i] < d->vocab_size && !d->special[b->scratch[i]];
+        if (!maskable) {
+            d->n_skipped++;
+            return NOPAD_OK;
+        }
     }
     const int32_t len = la + lb + n_special;
     int64_t cap = b->cap_tokens;
@@ -247,6 +260,20 @@ nopad_status train_dataset_load(const char *path, const nopad_tokenizer *tok,
     memset(out, 0, sizeof *out);
     if (!path || !tok || !params)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_load: NULL argument");
+    char *text = NULL;
+    size_t len = 0;
+    nopad_status st = read_file(path, 0, &text, &len);
+    if (st == NOPAD_OK) st = train_dataset_parse(text, len, path, tok, params, out);
+    free(text);
+    return st;
+}
+
+nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
+                                 const nopad_tokenizer *tok, const train_data_params *params,
+                                 train_dataset *out) {
+    memset(out, 0, sizeof *out);
+    if ((!text && len) || !path || !tok || !params)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_parse: NULL argument");
     const train_data_params *p = params;
     if (p->format != TRAIN_DATA_LINES && p->format != TRAIN_DATA_JSONL)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: unknown format %d",
@@ -267,10 +294,10 @@ nopad_status train_dataset_load(const char *path, const nopad_tokenizer *tok,
     out->vocab_size = p->vocab_size > 0 ? p->vocab_size : nopad_tokenizer_vocab_size(tok);
     out->mask_id = -1;
     nopad_status st = special_tokens(tok, out);
-    char *text = NULL;
-    size_t len = 0;
-    if (st == NOPAD_OK) st = read_file(path, 0, &text, &len);
-    builder b = {.d = out};
+    builder b = {.d = out, .cap_scratch = 256};
+    b.scratch = malloc((size_t)b.cap_scratch * sizeof(int32_t));
+    if (!b.scratch && st == NOPAD_OK)
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
     int line = 0;
     for (size_t at = 0; st == NOPAD_OK && at < len;) {
         const char *nl = memchr(text + at, '\n', len - at);
@@ -282,11 +309,10 @@ nopad_status train_dataset_load(const char *path, const nopad_tokenizer *tok,
         st = load_line(&b, tok, text + at, n, line, where);
         at = end + 1;
     }
-    free(text);
     free(b.scratch);
     if (st == NOPAD_OK && out->n_examples == 0)
-        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no training example (%d blank lines)",
-                             path, out->n_skipped);
+        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no training example (%d lines skipped: blank, or "
+                             "nothing to mask)", path, out->n_skipped);
     if (st == NOPAD_OK) {
         const int regression = p->task == TRAIN_TASK_CLASSIFY && p->num_labels == 1;
         if (p->task != TRAIN_TASK_CLASSIFY || regression) free(out->labels), out->labels = NULL;

@@ -5,7 +5,8 @@
  * does not depend on how examples are batched.
  *
  * Inputs:
- *   TRAIN_DATA_LINES  one example per line of plain text (blank lines are skipped);
+ *   TRAIN_DATA_LINES  one example per line of plain text (blank lines are skipped, and for MLM
+ *                     lines with no token that can be masked: only [UNK]s or special tokens);
  *   TRAIN_DATA_JSONL  one JSON object per line: "text" (a string), optional "text_pair" (a
  *                     string: the pair is [CLS] a [SEP] b [SEP], b and its [SEP] of token type 1),
  *                     and for classification "label": an integer in [0, num_labels), or any
@@ -14,6 +15,7 @@
 #ifndef NOPAD_TRAIN_DATA_H
 #define NOPAD_TRAIN_DATA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nopad.h"
@@ -48,7 +50,7 @@ typedef struct train_dataset {
     int32_t *labels;       // [n_examples] CLASSIFY with num_labels > 1, else NULL
     float *targets;        // [n_examples] CLASSIFY with num_labels == 1, else NULL
     int32_t n_truncated;   // examples cut to max_length
-    int32_t n_skipped;     // blank lines (TRAIN_DATA_LINES)
+    int32_t n_skipped;     // blank lines; MLM: lines with no token that can be masked
     /* masking */
     int32_t vocab_size;
     int32_t mask_id;       // the tokenizer's [MASK] (<mask>); -1 when it has none (CLASSIFY)
@@ -63,6 +65,10 @@ typedef struct train_dataset {
  * and a corpus with no example. MLM needs a [MASK] token in the tokenizer. */
 nopad_status train_dataset_load(const char *path, const nopad_tokenizer *tok,
                                 const train_data_params *params, train_dataset *out);
+/* The same on `len` bytes of text in memory (not NUL-terminated; `path` names it in messages). */
+nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
+                                 const nopad_tokenizer *tok, const train_data_params *params,
+                                 train_dataset *out);
 void train_dataset_free(train_dataset *d);
 
 /* The masked-LM corruption of example `example` in epoch `epoch`: each non-special token is
