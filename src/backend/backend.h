@@ -288,6 +288,13 @@ struct nopad_backend {
      * NULL) receives the global norm before clipping. */
     nopad_status (*lamb)(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
                          const nopad_opt_step *h, float *grad_norm32);
+    /* torch.nn.utils.clip_grad_norm_ over every gradient of the list (what HF's Trainer runs
+     * before AdamW): the global L2 norm, then, when max_norm > 0, every gradient times
+     * min(1, max_norm / (norm + 1e-6)). The gradients are updated in place (grad is the caller's
+     * gradient buffer). grad_norm32 (float32 in backend memory, or NULL) receives the norm
+     * before clipping. */
+    nopad_status (*clip_grad_norm)(nopad_backend *be, const nopad_opt_tensor *tensors,
+                                   int32_t n_tensors, float max_norm, float *grad_norm32);
 
     /* ---- decoder ops (NULL where the backend has none yet) ---------------------------------- */
     /* The residual stream of a decoder is float32 on every backend (h32, x32 below): rounding it

@@ -167,5 +167,10 @@ train_optimizer train_optimizer_defaults(void);
  * global gradient norm before clipping to *grad_norm (NULL: not wanted). */
 nopad_status train_adamw_step(train_model *m, const train_optimizer *opt);
 nopad_status train_lamb_step(train_model *m, const train_optimizer *opt, float *grad_norm);
+/* Gradient clipping before an AdamW step, as HF's Trainer does it (torch's clip_grad_norm_):
+ * every gradient times min(1, max_norm / (norm + 1e-6)), norm the global L2 norm of all of them,
+ * written to *grad_norm before clipping (NULL: not wanted). max_norm <= 0 only measures. LAMB
+ * clips by itself (train_optimizer.max_grad_norm). */
+nopad_status train_clip_grad_norm(train_model *m, float max_norm, float *grad_norm);
 
 #endif

@@ -275,3 +275,24 @@ nopad_status train_adamw_step(train_model *m, const train_optimizer *opt) {
 nopad_status train_lamb_step(train_model *m, const train_optimizer *opt, float *grad_norm) {
     return optimizer_step(m, opt, 1, grad_norm);
 }
+
+nopad_status train_clip_grad_norm(train_model *m, float max_norm, float *grad_norm) {
+    nopad_backend *be = m->be;
+    if (!be->clip_grad_norm)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "training: the %s backend has no "
+                               "clip_grad_norm op yet", be->name);
+    nopad_opt_tensor *list = malloc((size_t)m->n_tensors * sizeof *list);
+    if (!list) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "gradient clipping: out of memory");
+    for (int32_t i = 0; i < m->n_tensors; i++) {
+        const train_tensor *t = &m->tensors[i];
+        list[i] = (nopad_opt_tensor){m->params + t->offset, m->grads + t->offset, NULL, NULL,
+                                     t->rows * t->cols, 0.0f};
+    }
+    float *norm32 = NULL; /* backend memory for the norm, read back only when asked for */
+    nopad_status st = grad_norm ? be->alloc(be, sizeof(float), (void **)&norm32) : NOPAD_OK;
+    if (st == NOPAD_OK) st = be->clip_grad_norm(be, list, m->n_tensors, max_norm, norm32);
+    if (st == NOPAD_OK && grad_norm) st = be->download(be, grad_norm, norm32, sizeof(float));
+    if (norm32) be->free(be, norm32);
+    free(list);
+    return st;
+}

@@ -115,6 +115,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->squared_error = cpu_squared_error;
     be->adamw = cpu_adamw;
     be->lamb = cpu_lamb;
+    be->clip_grad_norm = cpu_clip_grad_norm;
     *out = be;
     return NOPAD_OK;
 }

@@ -98,6 +98,8 @@ nopad_status cpu_adamw(nopad_backend *be, const nopad_opt_tensor *tensors, int32
                        const nopad_opt_step *h);
 nopad_status cpu_lamb(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
                       const nopad_opt_step *h, float *grad_norm);
+nopad_status cpu_clip_grad_norm(nopad_backend *be, const nopad_opt_tensor *tensors,
+                                int32_t n_tensors, float max_norm, float *grad_norm);
 
 static inline float cpu_activate(float x, nopad_activation act) {
     switch (act) {

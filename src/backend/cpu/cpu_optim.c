@@ -105,3 +105,25 @@ nopad_status cpu_lamb(nopad_backend *be, const nopad_opt_tensor *tensors, int32_
     }
     return NOPAD_OK;
 }
+
+nopad_status cpu_clip_grad_norm(nopad_backend *be, const nopad_opt_tensor *tensors,
+                                int32_t n_tensors, float max_norm, float *grad_norm) {
+    const int n_threads = cpu_threads(be);
+    double sum_sq = 0;
+    for (int32_t k = 0; k < n_tensors; k++) {
+        const float *g = tensors[k].grad;
+#pragma omp parallel for schedule(static) reduction(+ : sum_sq) num_threads(n_threads)
+        for (int64_t i = 0; i < tensors[k].n; i++) sum_sq += (double)g[i] * g[i];
+    }
+    const double norm = sqrt(sum_sq);
+    if (grad_norm) *grad_norm = (float)norm;
+    /* torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1 */
+    const double coef = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;
+    if (coef >= 1.0) return NOPAD_OK;
+    for (int32_t k = 0; k < n_tensors; k++) {
+        float *g = (float *)tensors[k].grad; /* the gradient buffer the caller handed in */
+#pragma omp parallel for schedule(static) num_threads(n_threads)
+        for (int64_t i = 0; i < tensors[k].n; i++) g[i] = (float)(g[i] * coef);
+    }
+    return NOPAD_OK;
+}
