@@ -8,7 +8,8 @@
  *   TRAIN_DATA_LINES  one example per line of plain text (blank lines are skipped, and for MLM
  *                     lines with no token that can be masked: only [UNK]s or special tokens);
  *   TRAIN_DATA_JSONL  one JSON object per line: "text" (a string), optional "text_pair" (a
- *                     string: the pair is [CLS] a [SEP] b [SEP], b and its [SEP] of token type 1),
+ *                     string: the pair is [CLS] a [SEP] b [SEP], b and its [SEP] of token type 1,
+ *                     from the single template's prefix and suffix: BERT's pair template),
  *                     and for classification "label": an integer in [0, num_labels), or any
  *                     finite number for regression (num_labels == 1).
  * The whole corpus is held tokenized in memory (int32 ids); streaming is for later. */
