@@ -81,15 +81,26 @@ typedef struct train_model {
     float *adam_m;        // [n_params] optimiser moments (zero until the first step)
     float *adam_v;        // [n_params]
     int64_t step;         // optimiser steps taken
+    int new_head;         // 1: the head (or part of it) was not in the checkpoint and was created
     train_view w, g;      // views of params and grads
 } train_model;
 
 /* Loads an HF folder (config.json + safetensors) for `task`: the encoder and the task's head,
  * which must be in the checkpoint (BertForMaskedLM: cls.predictions.*; BertForSequenceClassification:
- * bert.pooler.*, classifier.*; the label count is the classifier's). Only BERT (model_type
+ * bert.pooler.*, classifier.*; the label count is the classifier's; train_model_load_new_head
+ * creates a missing head). Only BERT (model_type
  * "bert") for now: another family is NOPAD_ERR_UNSUPPORTED. The backend needs the training ops. */
 nopad_status train_model_load(nopad_backend *be, const char *dir, train_task task,
                               train_model *out);
+/* The same, creating a head the checkpoint lacks (fine-tuning starts from a bare BertModel, such
+ * as a sentence-transformers folder, or an MLM checkpoint): each missing head tensor is made as
+ * HF's _init_weights makes it — Linear weights normal(0, initializer_range of config.json, 0.02
+ * without), biases 0, LayerNorm weights 1 — from `seed`, and m->new_head is set. CLASSIFY: the
+ * classifier has num_labels outputs (a classifier in the checkpoint must have that many; 0 takes
+ * the checkpoint's, which must then have one); a missing pooler is created too. Encoder tensors
+ * must all be in the checkpoint. */
+nopad_status train_model_load_new_head(nopad_backend *be, const char *dir, train_task task,
+                                       int32_t num_labels, uint64_t seed, train_model *out);
 void train_model_free(train_model *m);
 /* The tensor called `name` (HF's name), or NULL. */
 const train_tensor *train_model_find(const train_model *m, const char *name);

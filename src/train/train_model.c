@@ -3,15 +3,19 @@
  * pointer per tensor) for the step code. The layout keeps each layer's query, key and value
  * tensors contiguous so they read as the fused [3H, H] QKV matrix the attention wants, while the
  * optimiser still sees three tensors (LAMB's trust ratio is per tensor, as in PyTorch). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "train/train.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/philox.h"
 
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
@@ -135,28 +139,50 @@ static nopad_status check_backend(const nopad_backend *be) {
     return NOPAD_OK;
 }
 
+/* Whether `name` belongs to the task's head rather than to the encoder. */
+static int is_head_tensor(const train_model *m, const char *name) {
+    char pooler[32];
+    snprintf(pooler, sizeof pooler, "%spooler.", m->prefix);
+    return !strncmp(name, "cls.", 4) || !strncmp(name, "classifier.", 11) ||
+           !strncmp(name, pooler, strlen(pooler));
+}
+
+/* A head tensor as HF's BertPreTrainedModel._init_weights makes it: a Linear's weight
+ * normal(0, initializer_range), LayerNorm weights 1, biases 0. The normal draws are Box-Muller
+ * on Philox4x32-10 keyed by the seed, with the tensor's index in the table as the stream. */
+static void init_head_tensor(const train_model *m, int32_t index, uint64_t seed, float std,
+                             float *out) {
+    const train_tensor *t = &m->tensors[index];
+    const int64_t n = t->rows * t->cols;
+    const size_t len = strlen(t->name);
+    if (t->cols == 1) {
+        const float v = len >= 16 && !strcmp(t->name + len - 16, "LayerNorm.weight") ? 1.0f : 0.0f;
+        for (int64_t i = 0; i < n; i++) out[i] = v;
+        return;
+    }
+    const double two_pi = 6.283185307179586;
+    const uint64_t stream = seed ^ ((uint64_t)(index + 1) * 0x9E3779B97F4A7C15ull);
+    for (int64_t i = 0; i < n; i++) {
+        const double u1 = ((double)philox_bits(stream, 2 * (uint64_t)i) + 1.0) / 4294967296.0;
+        const double u2 = (double)philox_bits(stream, 2 * (uint64_t)i + 1) / 4294967296.0;
+        out[i] = (float)(std * sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+    }
+}
+
 static nopad_status load_tensors(train_model *m, const safetensors_checkpoint *ckpt,
-                                 const char *dir) {
+                                 const char *dir, int new_head, uint64_t seed, float std) {
     float *host = NULL;
     size_t cap = 0;
     nopad_status st = NOPAD_OK;
     for (int32_t i = 0; i < m->n_tensors && st == NOPAD_OK; i++) {
         const train_tensor *t = &m->tensors[i];
         const safetensors_tensor *src = safetensors_checkpoint_find(ckpt, t->name);
-        if (!src) {
+        const char *arch = m->task == TRAIN_TASK_MLM ? "BertForMaskedLM" : "BertForSequenceClassification";
+        if (!src && !(new_head && is_head_tensor(m, t->name))) {
             st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' is missing (training a %s "
-                                 "needs it; starting a new head is not done yet)", dir, t->name,
-                                 m->task == TRAIN_TASK_MLM ? "BertForMaskedLM" :
-                                                             "BertForSequenceClassification");
-            break;
-        }
-        const int ndim = t->cols == 1 ? 1 : 2;
-        if (src->ndim != ndim || src->shape[0] != t->rows || (ndim == 2 && src->shape[1] != t->cols)) {
-            st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has %d dims [%lld, ...], "
-                                 "expected [%lld%s%lld] for this config.json", dir, t->name,
-                                 src->ndim, (long long)(src->ndim ? src->shape[0] : 0),
-                                 (long long)t->rows, ndim == 2 ? ", " : "",
-                                 ndim == 2 ? (long long)t->cols : 0LL);
+                                 "needs it%s)", dir, t->name, arch,
+                                 is_head_tensor(m, t->name) ? "; a new head is created only when "
+                                 "asked for: --num-labels N with nopad train" : "");
             break;
         }
         const size_t n = (size_t)(t->rows * t->cols);
@@ -169,6 +195,21 @@ static nopad_status load_tensors(train_model *m, const safetensors_checkpoint *c
             host = grown;
             cap = n;
         }
+        if (!src) {
+            init_head_tensor(m, i, seed, std, host);
+            m->new_head = 1;
+            st = m->be->upload_f32(m->be, m->params + t->offset, host, n);
+            continue;
+        }
+        const int ndim = t->cols == 1 ? 1 : 2;
+        if (src->ndim != ndim || src->shape[0] != t->rows || (ndim == 2 && src->shape[1] != t->cols)) {
+            st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has %d dims [%lld, ...], "
+                                 "expected [%lld%s%lld] for this config.json", dir, t->name,
+                                 src->ndim, (long long)(src->ndim ? src->shape[0] : 0),
+                                 (long long)t->rows, ndim == 2 ? ", " : "",
+                                 ndim == 2 ? (long long)t->cols : 0LL);
+            break;
+        }
         st = safetensors_to_f32(src, host);
         if (st == NOPAD_OK) st = m->be->upload_f32(m->be, m->params + t->offset, host, n);
     }
@@ -176,8 +217,35 @@ static nopad_status load_tensors(train_model *m, const safetensors_checkpoint *c
     return st;
 }
 
+/* config.json's initializer_range (HF's default 0.02 when absent). */
+static float initializer_range(const char *json, size_t len) {
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "initializer_range");
+    const float r = cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1 ?
+                        (float)v->valuedouble : 0.02f;
+    cJSON_Delete(root);
+    return r;
+}
+
+static nopad_status load(nopad_backend *be, const char *dir, train_task task, int new_head,
+                         int32_t num_labels, uint64_t seed, train_model *out);
+
 nopad_status train_model_load(nopad_backend *be, const char *dir, train_task task,
                               train_model *out) {
+    return load(be, dir, task, 0, 0, 0, out);
+}
+
+nopad_status train_model_load_new_head(nopad_backend *be, const char *dir, train_task task,
+                                       int32_t num_labels, uint64_t seed, train_model *out) {
+    memset(out, 0, sizeof *out);
+    if (num_labels < 0 || num_labels > 1 << 20)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train: num_labels %d is outside "
+                               "[1, %d]", (int)num_labels, 1 << 20);
+    return load(be, dir, task, 1, num_labels, seed, out);
+}
+
+static nopad_status load(nopad_backend *be, const char *dir, train_task task, int new_head,
+                         int32_t num_labels, uint64_t seed, train_model *out) {
     memset(out, 0, sizeof *out);
     TRY(check_backend(be));
     out->be = be;
@@ -188,6 +256,7 @@ nopad_status train_model_load(nopad_backend *be, const char *dir, train_task tas
     size_t len = 0;
     TRY(read_file(path, 1 << 20, &json, &len));
     nopad_status st = hf_config_parse(json, len, path, &out->cfg);
+    const float init_std = initializer_range(json, len);
     free(json);
     if (st != NOPAD_OK) return st;
     if (out->cfg.family != FAMILY_BERT || out->cfg.type_vocab_size < 1)
@@ -201,13 +270,25 @@ nopad_status train_model_load(nopad_backend *be, const char *dir, train_task tas
              safetensors_checkpoint_find(&ckpt, "bert.embeddings.word_embeddings.weight") ? "bert." : "");
     if (task == TRAIN_TASK_CLASSIFY) {
         const safetensors_tensor *cls = safetensors_checkpoint_find(&ckpt, "classifier.weight");
-        if (!cls || cls->ndim != 2 || cls->shape[0] < 1 || cls->shape[0] > 1 << 20) {
+        if (cls && (cls->ndim != 2 || cls->shape[0] < 1 || cls->shape[0] > 1 << 20)) {
             safetensors_checkpoint_close(&ckpt);
-            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: no classifier.weight [num_labels, hidden] "
-                                   "(a BertForSequenceClassification checkpoint is needed; starting "
-                                   "a new head is not done yet)", dir);
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: classifier.weight is not [num_labels, "
+                                   "hidden]", dir);
         }
-        out->num_labels = (int32_t)cls->shape[0];
+        if (!cls && !(new_head && num_labels > 0)) {
+            safetensors_checkpoint_close(&ckpt);
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: no classifier.weight (not a "
+                                   "BertForSequenceClassification checkpoint): give the number of "
+                                   "labels (nopad train --num-labels N) to start a new pooler and "
+                                   "classifier", dir);
+        }
+        if (cls && num_labels > 0 && cls->shape[0] != num_labels) {
+            safetensors_checkpoint_close(&ckpt);
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: the checkpoint's classifier has "
+                                   "%lld labels, not the %d asked for", dir,
+                                   (long long)cls->shape[0], (int)num_labels);
+        }
+        out->num_labels = cls ? (int32_t)cls->shape[0] : num_labels;
     }
     out->w.layers = calloc((size_t)out->cfg.num_layers, sizeof(train_layer));
     out->g.layers = calloc((size_t)out->cfg.num_layers, sizeof(train_layer));
@@ -219,7 +300,7 @@ nopad_status train_model_load(nopad_backend *be, const char *dir, train_task tas
     for (int i = 0; i < 4 && st == NOPAD_OK; i++) st = be->alloc(be, bytes, (void **)buffers[i]);
     for (int i = 1; i < 4 && st == NOPAD_OK; i++) st = be->zero(be, *buffers[i], bytes);
     if (st == NOPAD_OK) st = layout(out, 1);
-    if (st == NOPAD_OK) st = load_tensors(out, &ckpt, dir);
+    if (st == NOPAD_OK) st = load_tensors(out, &ckpt, dir, new_head, seed, init_std);
     safetensors_checkpoint_close(&ckpt);
     if (st != NOPAD_OK) train_model_free(out);
     return st;
