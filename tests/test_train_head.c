@@ -8,7 +8,8 @@
  *     5·0.02/√(2·1024)), the biases 0;
  *   - the same seed gives the same head, another seed another;
  *   - a fresh 3-label head's first loss is near ln 3 (logits of ~0.06: |W| ~ 0.02 over 32 inputs
- *     in (-1, 1)), and a step runs;
+ *     in (-1, 1)), train_predict's logits give that loss (cross-entropy in double, 1e-6), and a
+ *     step runs;
  *   - without a label count, or with one that the checkpoint's classifier contradicts, an error
  *     that says what is missing or what differs; a missing encoder tensor is still an error. */
 #include <math.h>
@@ -91,6 +92,16 @@ static void test_new_classifier(void **state) {
     double loss = 0;
     assert_nopad_ok(train_forward_backward(&ctx, &batch, &loss));
     assert_true(fabs(loss - log(3.0)) < 0.1);
+    // train_predict's logits give the step's loss: mean of logsumexp - logit[label]
+    float logits[9];
+    assert_nopad_ok(train_predict(&ctx, &batch, logits));
+    double ce = 0;
+    for (int s = 0; s < 3; s++) {
+        double z = 0;
+        for (int k = 0; k < 3; k++) z += exp(logits[3 * s + k]);
+        ce += (log(z) - logits[3 * s + labels[s]]) / 3;
+    }
+    assert_true(fabs(ce - loss) < 1e-6);
     train_optimizer opt = train_optimizer_defaults();
     assert_nopad_ok(train_adamw_step(&a, &opt));
     train_context_free(&ctx);

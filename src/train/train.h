@@ -164,6 +164,10 @@ void train_context_free(train_context *ctx);
  * writes that loss to *loss. The mean is over the masked tokens (MLM) or the sequences. */
 nopad_status train_forward_backward(train_context *ctx, const train_batch *batch, double *loss);
 
+/* TRAIN_TASK_CLASSIFY: the forward alone, writing the batch's logits [B, num_labels] to host
+ * memory (evaluation). The batch is checked as for a step (labels in range). */
+nopad_status train_predict(train_context *ctx, const train_batch *batch, float *logits);
+
 /* The hyperparameters of an optimiser; train_optimizer_defaults gives BERT's (MLPerf's). */
 typedef struct train_optimizer {
     float lr;            // 1e-4

@@ -316,10 +316,9 @@ static nopad_status classify_head(train_context *ctx, const nopad_seqs *seqs, do
     return be->scatter_add_rows(be, ctx->d_hidden, ctx->cu_seqlens, ctx->d_head_b, B, H);
 }
 
-nopad_status train_forward_backward(train_context *ctx, const train_batch *b, double *loss) {
-    train_model *m = ctx->model;
-    nopad_backend *be = m->be;
-    TRY(check_batch(ctx, b));
+/* The batch's ids, types and cu_seqlens into the context; the sequences' description. */
+static nopad_status upload_inputs(train_context *ctx, const train_batch *b, nopad_seqs *seqs) {
+    nopad_backend *be = ctx->model->be;
     const int32_t B = b->n_seqs, T = b->cu_seqlens[B];
     int32_t max_len = 0;
     for (int32_t s = 0; s < B; s++)
@@ -328,6 +327,40 @@ nopad_status train_forward_backward(train_context *ctx, const train_batch *b, do
     if (b->types) TRY(be->upload_i32(be, ctx->types, b->types, (size_t)T));
     else TRY(be->zero(be, ctx->types, (size_t)T * sizeof(int32_t)));
     TRY(be->upload_i32(be, ctx->cu_seqlens, b->cu_seqlens, (size_t)B + 1));
+    *seqs = (nopad_seqs){B, T, max_len, ctx->cu_seqlens};
+    return NOPAD_OK;
+}
+
+nopad_status train_predict(train_context *ctx, const train_batch *b, float *logits) {
+    train_model *m = ctx->model;
+    nopad_backend *be = m->be;
+    if (m->task != TRAIN_TASK_CLASSIFY)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_predict: the model has no "
+                               "classification head");
+    TRY(check_batch(ctx, b));
+    nopad_seqs seqs;
+    TRY(upload_inputs(ctx, b, &seqs));
+    TRY(encoder_forward_train(ctx, &seqs));
+    const model_config *c = &m->cfg;
+    const int32_t H = c->hidden_size, B = seqs.n_seqs, C = m->num_labels;
+    const float *h = ctx->hidden + (size_t)c->num_layers * seqs.n_tokens * H; // [T, H]
+    // as classify_head's forward: logits[B, C] = tanh(h[CLS]·Wpᵀ + bp)·Wcᵀ + bc
+    TRY(be->pool(be, ctx->head_in, h, &seqs, H, NOPAD_POOLING_CLS));
+    TRY(be->gemm(be, ctx->head_pre, ctx->head_in, m->w.pool_w, m->w.pool_b, NULL, B, H, H,
+                 NOPAD_EPILOGUE_BIAS, c->activation));
+    TRY(be->activation(be, ctx->head_act, ctx->head_pre, B, H, NOPAD_ACT_TANH));
+    TRY(be->gemm(be, ctx->logits, ctx->head_act, m->w.cls_w, m->w.cls_b, NULL, B, H, C,
+                 NOPAD_EPILOGUE_BIAS, c->activation));
+    return be->download_f32(be, logits, ctx->logits, (size_t)B * C);
+}
+
+nopad_status train_forward_backward(train_context *ctx, const train_batch *b, double *loss) {
+    train_model *m = ctx->model;
+    nopad_backend *be = m->be;
+    TRY(check_batch(ctx, b));
+    const int32_t B = b->n_seqs;
+    nopad_seqs seqs;
+    TRY(upload_inputs(ctx, b, &seqs));
     if (m->task == TRAIN_TASK_MLM) {
         TRY(be->upload_i32(be, ctx->rows, b->mlm_positions, (size_t)b->n_masked));
         TRY(be->upload_i32(be, ctx->labels, b->mlm_labels, (size_t)b->n_masked));
@@ -336,7 +369,6 @@ nopad_status train_forward_backward(train_context *ctx, const train_batch *b, do
     } else {
         TRY(be->upload_i32(be, ctx->labels, b->labels, (size_t)B));
     }
-    const nopad_seqs seqs = {B, T, max_len, ctx->cu_seqlens};
     TRY(be->zero(be, m->grads, (size_t)m->n_params * sizeof(float)));
     TRY(encoder_forward_train(ctx, &seqs));
     if (m->task == TRAIN_TASK_MLM) TRY(mlm_head(ctx, &seqs, b->n_masked, loss));
