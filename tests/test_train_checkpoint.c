@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 
@@ -310,10 +311,59 @@ static void test_errors(void **state) {
     be->destroy(be);
 }
 
+/* A model trained from a bare encoder (its table's names without "bert.", as train_model_load
+ * gives them for a BertModel folder) is saved under HF's task-model names, moments included, and
+ * loads back. */
+static void test_bare_encoder_names(void **state) {
+    (void)state;
+    nopad_backend *be = NULL;
+    assert_nopad_ok(nopad_backend_cpu_create(2, &be));
+    train_model m;
+    assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_MLM), TRAIN_TASK_MLM, &m));
+    assert_string_equal(m.prefix, "bert.");
+    for (int32_t i = 0; i < m.n_tensors; i++) {
+        char *name = m.tensors[i].name;
+        if (!strncmp(name, "bert.", 5)) memmove(name, name + 5, strlen(name + 5) + 1);
+    }
+    m.prefix[0] = 0;
+    train_state s = {.kind = TRAIN_OPT_ADAMW, .opt = train_optimizer_defaults(), .data_seed = 3};
+    const char *dir = test_make_temp_dir(4);
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
+    char path[700];
+    static const char *const want[] = {"bert.embeddings.word_embeddings.weight",
+                                       "bert.encoder.layer.1.output.LayerNorm.bias",
+                                       "cls.predictions.bias"};
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    static const char *const kinds[] = {"", "exp_avg.", "exp_avg_sq."};
+    for (int f = 0; f < 2; f++) {
+        safetensors_file st;
+        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+        assert_nopad_ok(safetensors_open(path, &st));
+        assert_int_equal(st.n_tensors, (f + 1) * m.n_tensors);
+        for (int k = f ? 1 : 0; k < (f ? 3 : 1); k++)
+            for (int i = 0; i < 3; i++) {
+                char name[160];
+                snprintf(name, sizeof name, "%s%s", kinds[k], want[i]);
+                if (!safetensors_find(&st, name)) fail_msg("%s has no '%s'", path, name);
+            }
+        assert_null(safetensors_find(&st, "embeddings.word_embeddings.weight"));
+        safetensors_close(&st);
+    }
+    train_model back;
+    train_state got;
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_MLM, &back, &got));
+    assert_string_equal(back.prefix, "bert.");
+    assert_same_buffer(&m, m.params, &back, back.params, "parameters");
+    train_model_free(&back);
+    train_model_free(&m);
+    be->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_mlm_adamw), cmocka_unit_test(test_resume_mlm_lamb),
         cmocka_unit_test(test_resume_classify),  cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_bare_encoder_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* Training checkpoints: config.json, model.safetensors, optimizer.safetensors, trainer_state.json. */
 #include "train/checkpoint.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -64,20 +65,36 @@ static nopad_status write_json(const char *dir, const char *name, const cJSON *r
     return st;
 }
 
-/* Every tensor of the model from `data` ([n_params] host floats) as float32 safetensors, its
- * names prefixed with `prefix`: the header (JSON padded with spaces to 8 bytes, as the format
- * wants for aligned data) then the tensors back to back in table order. */
-static nopad_status write_safetensors(const train_model *m, const float *data, const char *prefix,
-                                      const char *dir, const char *name) {
+/* The name a tensor is saved under: HF's task models keep the encoder under "bert.", so a model
+ * loaded from a bare encoder (no prefix) and given a head is saved as BertForMaskedLM /
+ * BertForSequenceClassification name it; the head's own tensors ("cls.*", "classifier.*") have
+ * no prefix. */
+static void saved_name(const train_model *m, const char *name, char out[128]) {
+    if (!strncmp(name, "cls.", 4) || !strncmp(name, "classifier.", 11)) {
+        snprintf(out, 128, "%s", name);
+        return;
+    }
+    const size_t n = strlen(m->prefix);
+    snprintf(out, 128, "bert.%s", strncmp(name, m->prefix, n) ? name : name + n);
+}
+
+/* Every tensor of the model, n_kinds times over, as float32 safetensors: copy k of tensor i is
+ * named kinds[k] + its saved name and holds data[k · n_params + offset_i ...]. The header (JSON
+ * padded with spaces to 8 bytes, as the format wants for aligned data), then the tensors back to
+ * back in that order. */
+static nopad_status write_safetensors(const train_model *m, const float *data,
+                                      const char *const *kinds, int n_kinds, const char *dir,
+                                      const char *name) {
     cJSON *root = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
     cJSON_AddStringToObject(meta, "format", "pt");
     int ok = root && meta;
     size_t offset = 0;
-    for (int32_t i = 0; i < m->n_tensors && ok; i++) {
-        const train_tensor *t = &m->tensors[i];
-        char key[128];
-        snprintf(key, sizeof key, "%s%s", prefix, t->name);
+    for (int32_t j = 0; j < n_kinds * m->n_tensors && ok; j++) {
+        const train_tensor *t = &m->tensors[j % m->n_tensors];
+        char saved[128], key[160];
+        saved_name(m, t->name, saved);
+        snprintf(key, sizeof key, "%s%s", kinds[j / m->n_tensors], saved);
         cJSON *e = cJSON_AddObjectToObject(root, key);
         const double shape[2] = {(double)t->rows, (double)t->cols};
         const size_t bytes = (size_t)(t->rows * t->cols) * sizeof(float);
@@ -101,6 +118,7 @@ static nopad_status write_safetensors(const train_model *m, const float *data, c
     memset(head + 8 + json_len, ' ', padded - json_len);
     free(json);
     /* the table's tensors tile [0, n_params) in order, so the body is the buffer itself */
+    assert(offset == (size_t)n_kinds * (size_t)m->n_params * sizeof(float));
     nopad_status st = write_atomic(dir, name, head, 8 + padded, data, offset);
     free(head);
     return st;
@@ -167,6 +185,19 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     return root;
 }
 
+/* optimizer.safetensors: "exp_avg.<name>" for every tensor, then "exp_avg_sq.<name>". */
+static nopad_status write_moments(const train_model *m, const char *dir) {
+    static const char *const kinds[2] = {"exp_avg.", "exp_avg_sq."};
+    const size_t n = (size_t)m->n_params;
+    float *both = malloc(2 * n * sizeof *both);
+    if (!both) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
+    nopad_status st = m->be->download_f32(m->be, both, m->adam_m, n);
+    if (st == NOPAD_OK) st = m->be->download_f32(m->be, both + n, m->adam_v, n);
+    if (st == NOPAD_OK) st = write_safetensors(m, both, kinds, 2, dir, "optimizer.safetensors");
+    free(both);
+    return st;
+}
+
 nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir) {
     if (!m || !state || !dir || !m->params)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save: NULL argument");
@@ -182,37 +213,9 @@ nopad_status train_checkpoint_save(const train_model *m, const train_state *stat
     float *host = malloc(n * sizeof *host);
     if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
     nopad_status st = m->be->download_f32(m->be, host, m->params, n);
-    if (st == NOPAD_OK) st = write_safetensors(m, host, "", dir, "model.safetensors");
-    if (st == NOPAD_OK) st = m->be->download_f32(m->be, host, m->adam_m, n);
-    /* one file for both moments: write exp_avg, then append exp_avg_sq as a second table */
-    float *both = NULL;
-    if (st == NOPAD_OK) {
-        both = malloc(2 * n * sizeof *both);
-        if (!both) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
-    }
-    if (st == NOPAD_OK) {
-        memcpy(both, host, n * sizeof *both);
-        st = m->be->download_f32(m->be, both + n, m->adam_v, n);
-    }
-    if (st == NOPAD_OK) {
-        /* a model view over twice the tensors: exp_avg.<name> then exp_avg_sq.<name> */
-        train_model twice = *m;
-        twice.tensors = malloc(2 * (size_t)m->n_tensors * sizeof *twice.tensors);
-        if (!twice.tensors) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
-        for (int32_t i = 0; st == NOPAD_OK && i < m->n_tensors; i++) {
-            for (int k = 0; k < 2; k++) {
-                train_tensor *t = &twice.tensors[k * m->n_tensors + i];
-                *t = m->tensors[i];
-                snprintf(t->name, sizeof t->name, "%s.%.80s", k ? "exp_avg_sq" : "exp_avg",
-                         m->tensors[i].name);
-                t->offset += k * (int64_t)n;
-            }
-        }
-        twice.n_tensors = 2 * m->n_tensors;
-        if (st == NOPAD_OK) st = write_safetensors(&twice, both, "", dir, "optimizer.safetensors");
-        free(twice.tensors);
-    }
-    free(both);
+    static const char *const plain[1] = {""};
+    if (st == NOPAD_OK) st = write_safetensors(m, host, plain, 1, dir, "model.safetensors");
+    if (st == NOPAD_OK) st = write_moments(m, dir);
     free(host);
     if (st == NOPAD_OK) {
         cJSON *config = config_json(m);
@@ -335,8 +338,9 @@ static nopad_status load_moments(train_model *m, const char *dir) {
     for (int32_t i = 0; i < m->n_tensors && st == NOPAD_OK; i++) {
         const train_tensor *t = &m->tensors[i];
         for (int k = 0; k < 2 && st == NOPAD_OK; k++) {
-            char name[128];
-            snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", t->name);
+            char saved[128], name[160];
+            saved_name(m, t->name, saved);
+            snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", saved);
             const safetensors_tensor *src = safetensors_find(&f, name);
             const int64_t n = t->rows * t->cols;
             if (!src) {
