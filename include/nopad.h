@@ -618,6 +618,77 @@ typedef struct nopad_engine_stats {
 } nopad_engine_stats;
 nopad_status nopad_engine_get_stats(nopad_engine *engine, nopad_engine_stats *out);
 
+/* ---- training (issue 24; CPU, float32; docs/training.md) ---------------------------------- */
+
+typedef enum nopad_train_task {
+    NOPAD_TRAIN_MLM = 0,      /* masked-LM on text lines (or JSONL "text") */
+    NOPAD_TRAIN_CLASSIFY = 1, /* sequence classification on JSONL {"text", "label"[, "text_pair"]};
+                                 one label = regression */
+} nopad_train_task;
+
+typedef enum nopad_train_optimizer {
+    NOPAD_TRAIN_ADAMW = 0, /* with global-norm gradient clipping first, as HF's Trainer */
+    NOPAD_TRAIN_LAMB = 1,  /* clips by itself */
+} nopad_train_optimizer;
+
+/* Where a run stands, after each optimiser step. */
+typedef struct nopad_train_progress {
+    int64_t step, total_steps;  /* steps taken (>= 1), and of the whole run */
+    int32_t epoch, epochs;      /* 0-based epoch of this step, and of the run */
+    double loss;                /* this step's mean loss */
+    double lr;                  /* the learning rate this step used */
+    double grad_norm;           /* the global gradient norm before clipping */
+    int64_t tokens;             /* real tokens trained on so far */
+    double elapsed_s;           /* since the first step began */
+} nopad_train_progress;
+/* Called after every step; returning non-zero stops the run (the checkpoint is still saved). */
+typedef int (*nopad_train_fn)(void *user, const nopad_train_progress *p);
+
+typedef struct nopad_train_params {
+    const char *model_dir;        /* an HF BERT folder with its tokenizer (required) */
+    const char *data_path;        /* training data (required): JSONL when it ends in .jsonl or
+                                     for classification, else one text example a line */
+    const char *eval_path;        /* evaluation data or NULL (same format) */
+    const char *output_dir;       /* the checkpoint folder (required; its parent must exist) */
+    nopad_train_task task;        /* NOPAD_TRAIN_MLM */
+    int32_t num_labels;           /* classification: 0 = the checkpoint's classifier; N creates a
+                                     new pooler and classifier when the checkpoint has none */
+    int32_t epochs;               /* 3 */
+    double lr;                    /* 5e-5 (peak, after the warmup) */
+    double warmup_ratio;          /* 0.1: ceil(ratio·steps) warmup steps, then linear decay to 0 */
+    int64_t warmup_steps;         /* -1: from warmup_ratio */
+    int32_t batch_tokens;         /* 4096: a batch's token budget (real tokens, no padding) */
+    int32_t batch_seqs;           /* 32: at most this many sequences a batch */
+    uint64_t seed;                /* 42: data order, masking, a new head's weights */
+    nopad_train_optimizer optimizer; /* NOPAD_TRAIN_ADAMW */
+    double weight_decay;          /* 0.01 (not on biases and LayerNorm parameters) */
+    double max_grad_norm;         /* 1.0; <= 0: no clipping */
+    int64_t save_every;           /* 0; N > 0: also save the checkpoint every N steps */
+    int truncate;                 /* 0: an example longer than the model maximum is an error
+                                     naming its line; 1: cut it */
+    int n_threads;                /* CPU threads; <= 0: OpenMP's default */
+    nopad_train_fn on_step;       /* or NULL */
+    void *user;
+} nopad_train_params;
+nopad_train_params nopad_train_default_params(void);
+
+typedef struct nopad_train_result {
+    int64_t steps;
+    double first_loss, last_loss;   /* of the first and the last step */
+    int32_t num_labels;             /* classification: the head's */
+    int new_head;                   /* 1: the head was created (not in the checkpoint) */
+    int32_t n_examples, n_truncated; /* of the training data */
+    int32_t eval_examples;          /* 0 without eval_path */
+    double eval_accuracy;           /* classification with eval_path (num_labels > 1), else -1 */
+    double eval_loss;               /* the mean loss over eval_path, else -1 */
+} nopad_train_result;
+
+/* Fine-tunes (or pretrains with MLM) model_dir on data_path on the CPU and saves output_dir: an
+ * HF model folder (config.json, model.safetensors, the source's tokenizer files) that nopad and
+ * transformers load, plus the optimiser state. Errors name the file, line or step: a bad flag
+ * value, a missing file, bad data, a non-finite loss. */
+nopad_status nopad_train(const nopad_train_params *params, nopad_train_result *out);
+
 #ifdef __cplusplus
 }
 #endif

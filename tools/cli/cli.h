@@ -28,6 +28,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* tools/serve/serve.c */
+int cmd_train(int argc, char **argv);
 
 /* ---- messages ---------------------------------------------------------------------------- */
 

@@ -24,6 +24,7 @@ static const command commands[] = {
     {"bench", "time the encoder on random batches (the ENC workload)", cmd_bench},
     {"tokenize", "token ids (or token strings) of lines of text; --decode: text of ids", cmd_tokenize},
     {"serve", "an OpenAI-compatible HTTP server (completions, chat, embeddings)", cmd_serve},
+    {"train", "fine-tune or train a BERT model on the CPU (classification, masked LM)", cmd_train},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# `nopad train` end to end on the tiny BERT of tests/data/train (hidden 32, 2 layers) with the
+# 64-id vocab.txt and the two-label task of scripts/make_train_cli_data.py:
+#   - a plain BertModel folder (the MLM checkpoint with its head and "bert." prefix stripped, as a
+#     sentence-transformers folder is) fine-tuned for classification with --num-labels 2: a new
+#     head is made, the loss falls (last step below half the first), 'eval accuracy: X' is
+#     printed with X >= 0.9 on the held-out file (observed 1.0: the labels follow the word sets),
+#     and the output folder is a model that `nopad embed` runs;
+#   - masked-LM training with LAMB on text lines, with an eval loss;
+#   - bad flags and files: exit 2 (command line) or 1 (error) with a message naming the problem.
+set -euo pipefail
+
+: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
+: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+D="$NOPAD_TEST_DATA/train"
+
+failures=0
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+
+# The MLM checkpoint with its tokenizer, and a bare BertModel made from it.
+mkdir "$TMP/mlm" "$TMP/bare"
+cp "$D/bert_mlm/config.json" "$D/bert_mlm/model.safetensors" "$D/vocab.txt" "$TMP/mlm/"
+cp "$D/vocab.txt" "$TMP/bare/"
+python3 - "$D/bert_mlm" "$TMP/bare" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+blob = open(src + "/model.safetensors", "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+header = json.loads(blob[8:8 + n])
+data = blob[8 + n:]
+out, parts, offset = {}, [], 0
+for name, t in header.items():
+    if name == "__metadata__" or not name.startswith("bert."):
+        continue  # cls.predictions.* dropped
+    a, b = t["data_offsets"]
+    out[name[len("bert."):]] = dict(t, data_offsets=[offset, offset + b - a])
+    parts.append(data[a:b])
+    offset += b - a
+h = json.dumps(out).encode()
+h += b" " * (-len(h) % 8)
+open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(parts))
+cfg = json.load(open(src + "/config.json"))
+cfg["architectures"] = ["BertModel"]
+json.dump(cfg, open(dst + "/config.json", "w"))
+PY
+
+"$NOPAD_CLI" train --help | grep -q -- '--num-labels' || fail "train --help"
+
+# ---- classification with a new head -------------------------------------------------------------
+OUT="$TMP/out_cls"
+if "$NOPAD_CLI" train --model "$TMP/bare" --task classify --num-labels 2 --data "$D/cls_train.jsonl" \
+    --eval "$D/cls_eval.jsonl" --output "$OUT" --lr 3e-3 --epochs 8 --batch-tokens 64 \
+    --batch-seqs 8 --save-every 20 --threads 2 >"$TMP/stdout" 2>"$TMP/stderr"; then
+    cat "$TMP/stderr"
+    grep -q '^step 10/' "$TMP/stderr" || fail "classify: no progress line"
+    grep -q 'new classification head' "$TMP/stderr" || fail "classify: the new head is not reported"
+    acc=$(sed -n 's/^eval accuracy: //p' "$TMP/stdout")
+    [ -n "$acc" ] || fail "classify: no 'eval accuracy:' line: $(cat "$TMP/stdout")"
+    [ -n "$acc" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" ||
+        fail "classify: eval accuracy '$acc' below 0.9"
+    losses=$(sed -n 's/.*: loss \([0-9.]*\) -> \([0-9.]*\);.*/\1 \2/p' "$TMP/stderr")
+    python3 -c "import sys; a, b = map(float, '$losses'.split()); sys.exit(0 if b < a / 2 else 1)" ||
+        fail "classify: the loss did not fall by half: $losses"
+    for f in config.json model.safetensors optimizer.safetensors trainer_state.json vocab.txt; do
+        [ -f "$OUT/$f" ] || fail "classify: $OUT/$f missing"
+    done
+    grep -q BertForSequenceClassification "$OUT/config.json" || fail "classify: config.json architecture"
+    # the saved folder is a model nopad embed runs
+    if echo "aa ab ac cd" | "$NOPAD_CLI" embed --model "$OUT" >"$TMP/emb" 2>"$TMP/emb_err"; then
+        python3 -c "import json; v = json.load(open('$TMP/emb')); assert len(v) == 32, len(v)" ||
+            fail "embed of the trained folder: not one array of 32 floats"
+    else
+        fail "embed of the trained folder: $(cat "$TMP/emb_err")"
+    fi
+else
+    fail "classify: exit $?: $(cat "$TMP/stderr")"
+fi
+
+# ---- masked LM, LAMB, on text lines ---------------------------------------------------------------
+python3 -c "
+import json
+for name in ('cls_train', 'cls_eval'):
+    with open('$TMP/' + name + '.txt', 'w') as f:
+        for line in open('$D/' + name + '.jsonl'):
+            f.write(json.loads(line)['text'] + '\n')"
+if "$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" \
+    --eval "$TMP/cls_eval.txt" --output "$TMP/out_mlm" --optimizer lamb --lr 1e-3 --epochs 2 \
+    --batch-tokens 64 --quiet >"$TMP/stdout" 2>"$TMP/stderr"; then
+    grep -q '^eval loss: [0-9]' "$TMP/stdout" || fail "mlm: no eval loss: $(cat "$TMP/stdout")"
+    grep -q BertForMaskedLM "$TMP/out_mlm/config.json" || fail "mlm: config.json architecture"
+    [ -s "$TMP/stderr" ] && fail "mlm --quiet wrote to stderr: $(cat "$TMP/stderr")"
+else
+    fail "mlm: exit $?: $(cat "$TMP/stderr")"
+fi
+
+# ---- bad input ------------------------------------------------------------------------------------
+# expect_fail WANT_RC WORD ARGS...: `nopad train ARGS` exits WANT_RC with WORD on stderr.
+expect_fail() {
+    local want="$1" word="$2"
+    shift 2
+    local rc=0
+    "$NOPAD_CLI" train "$@" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    if [ "$rc" -ne "$want" ]; then
+        fail "nopad train $*: exit $rc, expected $want; stderr: $(head -c 2000 "$TMP/err")"
+    elif ! grep -qiF -- "$word" "$TMP/err"; then
+        fail "nopad train $*: stderr lacks '$word': $(head -c 2000 "$TMP/err")"
+    else
+        echo "ok   $word: $(head -n 1 "$TMP/err")"
+    fi
+}
+printf '{"text": "aa ab", "label": 0}\n{"text": "ba bb", "label": 5}\n' >"$TMP/bad_label.jsonl"
+printf '{"text": "aa ab", "label": 0}\nnot json\n' >"$TMP/bad_json.jsonl"
+: >"$TMP/empty.jsonl"
+C=(--model "$TMP/bare" --task classify --num-labels 2 --output "$TMP/o")
+expect_fail 2 "missing --task" --model "$TMP/bare" --data "$D/cls_train.jsonl" --output "$TMP/o"
+expect_fail 2 "missing --data" --model "$TMP/bare" --task mlm --output "$TMP/o"
+expect_fail 2 "unknown task 'ner'" --model "$TMP/bare" --task ner --data "$D/cls_train.jsonl" --output "$TMP/o"
+expect_fail 2 "--num-labels is for --task classify" --model "$TMP/mlm" --task mlm --num-labels 2 \
+    --data "$TMP/cls_train.txt" --output "$TMP/o"
+expect_fail 2 "--lr" "${C[@]}" --data "$D/cls_train.jsonl" --lr 0
+expect_fail 2 "--warmup" "${C[@]}" --data "$D/cls_train.jsonl" --warmup 1.5
+expect_fail 2 "--epochs" "${C[@]}" --data "$D/cls_train.jsonl" --epochs 0
+expect_fail 2 "unknown optimizer 'sgd'" "${C[@]}" --data "$D/cls_train.jsonl" --optimizer sgd
+expect_fail 2 "--bogus" "${C[@]}" --data "$D/cls_train.jsonl" --bogus
+expect_fail 1 "$TMP/missing.jsonl" "${C[@]}" --data "$TMP/missing.jsonl"
+expect_fail 1 "--eval" "${C[@]}" --data "$D/cls_train.jsonl" --eval "$TMP/missing.jsonl"
+expect_fail 1 "--num-labels" --model "$TMP/bare" --task classify --data "$D/cls_train.jsonl" --output "$TMP/o"
+expect_fail 1 "line 2" "${C[@]}" --data "$TMP/bad_label.jsonl"
+expect_fail 1 "line 2" "${C[@]}" --data "$TMP/bad_json.jsonl"
+expect_fail 1 "$TMP/empty.jsonl" "${C[@]}" --data "$TMP/empty.jsonl"
+expect_fail 1 "$TMP/nope" --model "$TMP/nope" --task mlm --data "$TMP/cls_train.txt" --output "$TMP/o"
+expect_fail 1 "/nonexistent/a/b" --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" \
+    --output /nonexistent/a/b --epochs 1 --quiet
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures failure(s)" >&2
+    exit 1
+fi
+echo "cli_train: all passed"

@@ -1,0 +1,286 @@
+/* `nopad train`: fine-tune (classification) or train with masked LM a BERT model on the CPU, with
+ * a progress line on stderr, and save an HF model folder (nopad_train in include/nopad.h). */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "nopad.h"
+
+static const char train_help[] =
+    "usage: nopad train --model DIR --task mlm|classify --data FILE --output DIR [options]\n"
+    "\n"
+    "Trains a BERT model on the CPU (float32) on packed batches with no padding, and saves an HF\n"
+    "model folder (config.json, model.safetensors, the tokenizer files) plus the optimiser state\n"
+    "to --output. The defaults fine-tune a small model such as all-MiniLM-L6-v2 without tuning:\n"
+    "AdamW, learning rate 5e-5 with a linear warmup over 10% of the steps and a linear decay to 0,\n"
+    "gradients clipped to norm 1, 3 epochs, batches of at most 4096 tokens and 32 sequences.\n"
+    "\n"
+    "data:\n"
+    "  classify   JSONL, one object a line: {\"text\": ..., \"label\": 0..N-1} (and \"text_pair\"\n"
+    "             for pairs); with --num-labels 1 the label is any number (regression)\n"
+    "  mlm        one text example a line (or JSONL {\"text\": ...} when FILE ends in .jsonl);\n"
+    "             15% of the tokens masked afresh each epoch\n"
+    "\n"
+    "options:\n"
+    "  --model DIR         HF BERT folder with its tokenizer [required]\n"
+    "  --task T            mlm or classify [required]\n"
+    "  --data FILE         training data [required]\n"
+    "  --output DIR        where to save the checkpoint (created; its parent must exist) [required]\n"
+    "  --num-labels N      classify: the number of labels; when the model has no classifier (a\n"
+    "                      plain BertModel or sentence-transformers folder) a new pooler and\n"
+    "                      classifier are created (HF's initialisation, from --seed)\n"
+    "  --eval FILE         data to evaluate after training: prints 'eval accuracy: X' (classify)\n"
+    "                      or 'eval loss: X' (mlm, regression) on stdout\n"
+    "  --epochs N          passes over the data (default 3)\n"
+    "  --lr X              peak learning rate (default 5e-5)\n"
+    "  --warmup X          warmup: a fraction of the steps when below 1 (default 0.1), else a\n"
+    "                      number of steps\n"
+    "  --batch-tokens N    token budget of a batch (default 4096; at least the model maximum)\n"
+    "  --batch-seqs N      at most N sequences a batch (default 32)\n"
+    "  --optimizer O       adamw (default) or lamb\n"
+    "  --weight-decay X    default 0.01 (not on biases and LayerNorm parameters)\n"
+    "  --max-grad-norm X   gradient clipping by global norm (default 1; 0: none)\n"
+    "  --seed N            data order, masking and a new head's weights (default 42)\n"
+    "  --save-every N      also save the checkpoint to --output every N steps\n"
+    "  --truncate          cut examples longer than the model maximum; without it such a line\n"
+    "                      is an error naming it\n"
+    "  --threads N         CPU threads (default: OpenMP's default)\n"
+    "  --quiet             no progress line\n"
+    "  -h, --help          show this help\n"
+    "\n"
+    "Training runs on the CPU only for now (the CUDA training ops are not written yet).\n";
+
+enum {
+    OPT_MODEL = 256, OPT_TASK, OPT_DATA, OPT_OUTPUT, OPT_NUM_LABELS, OPT_EVAL, OPT_EPOCHS, OPT_LR,
+    OPT_WARMUP, OPT_BATCH_TOKENS, OPT_BATCH_SEQS, OPT_OPTIMIZER, OPT_WEIGHT_DECAY,
+    OPT_MAX_GRAD_NORM, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
+};
+
+static const struct option long_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"task", required_argument, NULL, OPT_TASK},
+    {"data", required_argument, NULL, OPT_DATA},
+    {"output", required_argument, NULL, OPT_OUTPUT},
+    {"num-labels", required_argument, NULL, OPT_NUM_LABELS},
+    {"eval", required_argument, NULL, OPT_EVAL},
+    {"epochs", required_argument, NULL, OPT_EPOCHS},
+    {"lr", required_argument, NULL, OPT_LR},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"batch-tokens", required_argument, NULL, OPT_BATCH_TOKENS},
+    {"batch-seqs", required_argument, NULL, OPT_BATCH_SEQS},
+    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+    {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
+    {"max-grad-norm", required_argument, NULL, OPT_MAX_GRAD_NORM},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"save-every", required_argument, NULL, OPT_SAVE_EVERY},
+    {"truncate", no_argument, NULL, OPT_TRUNCATE},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"quiet", no_argument, NULL, OPT_QUIET},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Returns 0 to run, 1 when help was printed, -1 on a usage error (already reported). */
+static int parse_train_options(int argc, char **argv, nopad_train_params *o, int *quiet) {
+    *o = nopad_train_default_params();
+    int task_given = 0;
+    cli_parser p = cli_parser_start(argc, argv, long_options);
+    int c;
+    while ((c = cli_getopt(&p)) != -1) {
+        long v = 0;
+        double x = 0;
+        switch (c) {
+        case 'h': fputs(train_help, stdout); return 1;
+        case OPT_MODEL: o->model_dir = optarg; break;
+        case OPT_DATA: o->data_path = optarg; break;
+        case OPT_OUTPUT: o->output_dir = optarg; break;
+        case OPT_EVAL: o->eval_path = optarg; break;
+        case OPT_TRUNCATE: o->truncate = 1; break;
+        case OPT_QUIET: *quiet = 1; break;
+        case OPT_TASK:
+            if (strcmp(optarg, "mlm") == 0) o->task = NOPAD_TRAIN_MLM;
+            else if (strcmp(optarg, "classify") == 0) o->task = NOPAD_TRAIN_CLASSIFY;
+            else {
+                print_error("unknown task '%s' (expected mlm or classify)", optarg);
+                return -1;
+            }
+            task_given = 1;
+            break;
+        case OPT_OPTIMIZER:
+            if (strcmp(optarg, "adamw") == 0) o->optimizer = NOPAD_TRAIN_ADAMW;
+            else if (strcmp(optarg, "lamb") == 0) o->optimizer = NOPAD_TRAIN_LAMB;
+            else {
+                print_error("unknown optimizer '%s' (expected adamw or lamb)", optarg);
+                return -1;
+            }
+            break;
+        case OPT_NUM_LABELS:
+            if (parse_int("--num-labels", optarg, 1, 1 << 20, &v)) return -1;
+            o->num_labels = (int32_t)v;
+            break;
+        case OPT_EPOCHS:
+            if (parse_int("--epochs", optarg, 1, 1000000, &v)) return -1;
+            o->epochs = (int32_t)v;
+            break;
+        case OPT_BATCH_TOKENS:
+            if (parse_int("--batch-tokens", optarg, 1, INT32_MAX / 2, &v)) return -1;
+            o->batch_tokens = (int32_t)v;
+            break;
+        case OPT_BATCH_SEQS:
+            if (parse_int("--batch-seqs", optarg, 1, 1 << 20, &v)) return -1;
+            o->batch_seqs = (int32_t)v;
+            break;
+        case OPT_SAVE_EVERY:
+            if (parse_int("--save-every", optarg, 1, INT32_MAX, &v)) return -1;
+            o->save_every = v;
+            break;
+        case OPT_THREADS:
+            if (parse_int("--threads", optarg, 0, 4096, &v)) return -1;
+            o->n_threads = (int)v;
+            break;
+        case OPT_SEED:
+            if (parse_u64("--seed", optarg, &o->seed)) return -1;
+            break;
+        case OPT_LR:
+            if (parse_float("--lr", optarg, &x)) return -1;
+            if (!(x > 0 && x < 1)) {
+                print_error("--lr %s: expected a learning rate in (0, 1)", optarg);
+                return -1;
+            }
+            o->lr = x;
+            break;
+        case OPT_WARMUP:
+            if (parse_float("--warmup", optarg, &x)) return -1;
+            if (x < 0 || (x >= 1 && x != (double)(int64_t)x) || x > 1e12) {
+                print_error("--warmup %s: expected a fraction of the steps in [0, 1) or a whole "
+                            "number of steps", optarg);
+                return -1;
+            }
+            if (x < 1) o->warmup_ratio = x, o->warmup_steps = -1;
+            else o->warmup_steps = (int64_t)x;
+            break;
+        case OPT_WEIGHT_DECAY:
+            if (parse_float("--weight-decay", optarg, &x)) return -1;
+            if (!(x >= 0 && x < 1)) {
+                print_error("--weight-decay %s: expected a value in [0, 1)", optarg);
+                return -1;
+            }
+            o->weight_decay = x;
+            break;
+        case OPT_MAX_GRAD_NORM:
+            if (parse_float("--max-grad-norm", optarg, &x)) return -1;
+            if (x < 0) {
+                print_error("--max-grad-norm %s: expected a norm >= 0 (0: no clipping)", optarg);
+                return -1;
+            }
+            o->max_grad_norm = x;
+            break;
+        default: cli_print_opt_error(&p); return -1;
+        }
+    }
+    const char *missing = !o->model_dir ? "--model DIR" : !task_given ? "--task mlm|classify"
+                        : !o->data_path ? "--data FILE" : !o->output_dir ? "--output DIR" : NULL;
+    if (missing) {
+        print_error("missing %s", missing);
+        return -1;
+    }
+    if (o->task == NOPAD_TRAIN_MLM && o->num_labels) {
+        print_error("--num-labels is for --task classify");
+        return -1;
+    }
+    return 0;
+}
+
+/* "H:MM:SS" or "MM:SS". */
+static void format_duration(double s, char *out, size_t size) {
+    if (!(s >= 0) || s > 1e8) {
+        snprintf(out, size, "?");
+        return;
+    }
+    const long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(out, size, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(out, size, "%02ld:%02ld", t / 60, t % 60);
+}
+
+typedef struct progress_state {
+    int enabled;   /* a terminal: "\r" updates; else one line every `every` steps */
+    int64_t every;
+    double last;
+} progress_state;
+
+static int on_step(void *user, const nopad_train_progress *p) {
+    progress_state *ps = user;
+    const int last = p->step == p->total_steps;
+    const double t = now_seconds();
+    if (ps->enabled) {
+        if (!last && t - ps->last < 0.25) return 0;
+    } else if (!last && p->step % ps->every != 0) {
+        return 0;
+    }
+    ps->last = t;
+    const double per_step = p->elapsed_s / (double)p->step;
+    char eta[32];
+    format_duration(per_step * (double)(p->total_steps - p->step), eta, sizeof eta);
+    fprintf(stderr, "%sstep %" PRId64 "/%" PRId64 "  epoch %d/%d  loss %.4f  lr %.3g  %.0f tokens/s"
+                    "  ETA %s%s",
+            ps->enabled ? "\r" : "", p->step, p->total_steps, p->epoch + 1, p->epochs, p->loss,
+            p->lr, p->elapsed_s > 0 ? (double)p->tokens / p->elapsed_s : 0.0, eta,
+            ps->enabled ? "   " : "\n");
+    if (ps->enabled && last) fputc('\n', stderr);
+    fflush(stderr);
+    progress_line_open = ps->enabled && !last;
+    return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    nopad_train_params o;
+    int quiet = 0;
+    const int parsed = parse_train_options(argc, argv, &o, &quiet);
+    if (parsed > 0) return EXIT_OK;
+    if (parsed < 0) {
+        fputs("usage: nopad train --model DIR --task mlm|classify --data FILE --output DIR "
+              "[options]   (nopad train --help lists them)\n",
+              stderr);
+        return EXIT_USAGE;
+    }
+    /* Files first: a missing one fails before the model load. */
+    const char *files[] = {o.data_path, o.eval_path};
+    for (int i = 0; i < 2; i++)
+        if (files[i] && access(files[i], R_OK) != 0) {
+            print_error("cannot read %s '%s'", i ? "--eval" : "--data", files[i]);
+            return EXIT_ERROR;
+        }
+    progress_state ps = {.enabled = isatty(STDERR_FILENO), .every = 10};
+    if (!quiet) {
+        o.on_step = on_step;
+        o.user = &ps;
+    }
+    const double start = now_seconds();
+    nopad_train_result res;
+    const nopad_status st = nopad_train(&o, &res);
+    if (st != NOPAD_OK) {
+        print_error("%s", library_error(st));
+        return EXIT_ERROR;
+    }
+    if (!quiet) {
+        if (res.new_head)
+            fprintf(stderr, "new %s head initialised (seed %" PRIu64 ")\n",
+                    o.task == NOPAD_TRAIN_CLASSIFY ? "classification" : "masked-LM", o.seed);
+        char took[32];
+        format_duration(now_seconds() - start, took, sizeof took);
+        fprintf(stderr, "trained %" PRId64 " steps on %d examples (%d truncated) in %s: loss "
+                        "%.4f -> %.4f; saved %s\n",
+                res.steps, res.n_examples, res.n_truncated, took, res.first_loss, res.last_loss,
+                o.output_dir);
+    }
+    if (o.eval_path) {
+        if (res.eval_accuracy >= 0) printf("eval accuracy: %.4f\n", res.eval_accuracy);
+        if (res.eval_loss >= 0) printf("eval loss: %.4f\n", res.eval_loss);
+    }
+    return EXIT_OK;
+}
