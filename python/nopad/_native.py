@@ -192,6 +192,58 @@ class EngineStats(ctypes.Structure):
                 ("tokens_per_s", ctypes.c_double)]
 
 
+class TrainProgress(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64),
+                ("total_steps", ctypes.c_int64),
+                ("epoch", ctypes.c_int32),
+                ("epochs", ctypes.c_int32),
+                ("loss", ctypes.c_double),
+                ("lr", ctypes.c_double),
+                ("grad_norm", ctypes.c_double),
+                ("tokens", ctypes.c_int64),
+                ("elapsed_s", ctypes.c_double)]
+
+
+TrainFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(TrainProgress))
+
+
+class TrainParams(ctypes.Structure):
+    _fields_ = [("model_dir", ctypes.c_char_p),
+                ("data_path", ctypes.c_char_p),
+                ("eval_path", ctypes.c_char_p),
+                ("output_dir", ctypes.c_char_p),
+                ("task", _enum),
+                ("num_labels", ctypes.c_int32),
+                ("epochs", ctypes.c_int32),
+                ("lr", ctypes.c_double),
+                ("warmup_ratio", ctypes.c_double),
+                ("warmup_steps", ctypes.c_int64),
+                ("batch_tokens", ctypes.c_int32),
+                ("batch_seqs", ctypes.c_int32),
+                ("seed", ctypes.c_uint64),
+                ("optimizer", _enum),
+                ("weight_decay", ctypes.c_double),
+                ("max_grad_norm", ctypes.c_double),
+                ("save_every", ctypes.c_int64),
+                ("truncate", ctypes.c_int),
+                ("n_threads", ctypes.c_int),
+                ("on_step", TrainFn),
+                ("user", ctypes.c_void_p)]
+
+
+class TrainResult(ctypes.Structure):
+    _fields_ = [("steps", ctypes.c_int64),
+                ("first_loss", ctypes.c_double),
+                ("last_loss", ctypes.c_double),
+                ("num_labels", ctypes.c_int32),
+                ("new_head", ctypes.c_int),
+                ("n_examples", ctypes.c_int32),
+                ("n_truncated", ctypes.c_int32),
+                ("eval_examples", ctypes.c_int32),
+                ("eval_accuracy", ctypes.c_double),
+                ("eval_loss", ctypes.c_double)]
+
+
 LAYOUT_PACKED, LAYOUT_PADDED = 0, 1
 
 
@@ -290,6 +342,8 @@ _PROTOTYPES = {
     "nopad_request_get_stats": (ctypes.c_int, [_p, ctypes.POINTER(RequestStats)]),
     "nopad_engine_cancel": (ctypes.c_int, [_p, ctypes.c_uint64]),
     "nopad_finish_reason_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "nopad_train_default_params": (TrainParams, []),
+    "nopad_train": (ctypes.c_int, [ctypes.POINTER(TrainParams), ctypes.POINTER(TrainResult)]),
 }
 
 # Entry points that a library may or may not have (declared when present): for functions newer
