@@ -4,6 +4,7 @@ cancel, report stats and refuse bad input. The tiny llama_gqa fixture (ids) alwa
 stop strings) when its GGUF is there."""
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,11 @@ def test_engine_sampling_cancel_and_errors():
             eng.submit("text needs a tokenizer", max_tokens=4)
         with pytest.raises(nopad.TooLongError):
             eng.submit(p, max_tokens=10**6)
+        # a reader sees the end before the engine's thread retires the request and counts its
+        # blocks free (stats are a snapshot taken after each iteration): wait for that iteration
+        deadline = time.monotonic() + 5.0
+        while eng.stats()["kv_blocks_used"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
         assert eng.stats()["kv_blocks_used"] == 0
     with pytest.raises(nopad.InvalidArgumentError, match="closed"):
         eng.submit(p, max_tokens=4)
