@@ -283,10 +283,10 @@ static nopad_status load(nopad_backend *be, const char *dir, train_task task, in
                                    "classifier", dir);
         }
         if (cls && num_labels > 0 && cls->shape[0] != num_labels) {
+            const long long have = (long long)cls->shape[0]; /* read before the close frees it */
             safetensors_checkpoint_close(&ckpt);
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: the checkpoint's classifier has "
-                                   "%lld labels, not the %d asked for", dir,
-                                   (long long)cls->shape[0], (int)num_labels);
+                                   "%lld labels, not the %d asked for", dir, have, (int)num_labels);
         }
         out->num_labels = cls ? (int32_t)cls->shape[0] : num_labels;
     }
