@@ -24,25 +24,8 @@
 
 enum { N_SPECIAL = 5, VOCAB = 64, N_WORDS = VOCAB - N_SPECIAL, MAX_TOKENS = 96, MAX_SEQS = 8 };
 
-static void word(int k, char out[3]) {
-    out[0] = (char)('a' + k / 26), out[1] = (char)('a' + k % 26), out[2] = 0;
-}
-
 static nopad_tokenizer *make_tokenizer(void) {
-    const char *dir = test_make_temp_dir(0);
-    char path[600];
-    snprintf(path, sizeof path, "%s/vocab.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", f);
-    for (int k = 0; k < N_WORDS; k++) {
-        char w[3];
-        word(k, w);
-        fprintf(f, "%s\n", w);
-    }
-    fclose(f);
-    nopad_tokenizer *tok = NULL;
-    assert_nopad_ok(nopad_tokenizer_load(dir, &tok));
+    nopad_tokenizer *tok = test_word_tokenizer(N_WORDS);
     return tok;
 }
 
@@ -58,7 +41,7 @@ static void load_corpus(const nopad_tokenizer *tok, train_task task, train_datas
             const int words = 1 + (int)(test_rand_u32(&s) % 20);
             for (int w = 0; w < words; w++) {
                 char wd[3];
-                word((int)(test_rand_u32(&s) % N_WORDS), wd);
+                test_word((int)(test_rand_u32(&s) % N_WORDS), wd);
                 n += (size_t)sprintf(text[part] + n, "%s%s", w ? " " : "", wd);
             }
         }

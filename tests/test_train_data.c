@@ -12,25 +12,8 @@
 
 enum { N_SPECIAL = 5, VOCAB = 64, N_WORDS = VOCAB - N_SPECIAL };
 
-static void word(int k, char out[3]) {
-    out[0] = (char)('a' + k / 26), out[1] = (char)('a' + k % 26), out[2] = 0;
-}
-
 static nopad_tokenizer *make_tokenizer(void) {
-    const char *dir = test_make_temp_dir(0);
-    char path[600];
-    snprintf(path, sizeof path, "%s/vocab.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", f);
-    for (int k = 0; k < N_WORDS; k++) {
-        char w[3];
-        word(k, w);
-        fprintf(f, "%s\n", w);
-    }
-    fclose(f);
-    nopad_tokenizer *tok = NULL;
-    assert_nopad_ok(nopad_tokenizer_load(dir, &tok));
+    nopad_tokenizer *tok = test_word_tokenizer(N_WORDS);
     assert_int_equal(nopad_tokenizer_vocab_size(tok), VOCAB);
     return tok;
 }
@@ -49,7 +32,7 @@ static const char *write_corpus(int n, int lo, int hi, uint64_t seed) {
             if (r % 97 == 0) len += (size_t)sprintf(buf + len, "%s", r & 128 ? "[MASK]" : "[UNK]");
             else {
                 char wd[3];
-                word((int)(r % N_WORDS), wd);
+                test_word((int)(r % N_WORDS), wd);
                 len += (size_t)sprintf(buf + len, "%s", wd);
             }
             buf[len++] = w + 1 < words ? ' ' : '\n';

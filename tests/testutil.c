@@ -282,3 +282,25 @@ int test_decode_sample_matches_host(nopad_context *c, int32_t V, int32_t B, cons
     sampler_scratch_free(&scratch);
     return checked;
 }
+
+void test_word(int k, char out[3]) {
+    out[0] = (char)('a' + k / 26), out[1] = (char)('a' + k % 26), out[2] = 0;
+}
+
+nopad_tokenizer *test_word_tokenizer(int n_words) {
+    const char *dir = test_make_temp_dir(0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", f);
+    for (int k = 0; k < n_words; k++) {
+        char w[3];
+        test_word(k, w);
+        fprintf(f, "%s\n", w);
+    }
+    fclose(f);
+    nopad_tokenizer *tok = NULL;
+    assert_nopad_ok(nopad_tokenizer_load(dir, &tok));
+    return tok;
+}

@@ -36,6 +36,11 @@ void test_expect_ids(const char *label, const int32_t *got, int32_t n, const str
  * (the prompt and the ids sampled before), the log-probs within 1e-5. Returns the ids checked. */
 int test_decode_sample_matches_host(nopad_context *c, int32_t vocab, int32_t B, const int32_t *cu,
                                     const int32_t *ids, int steps, const char *label);
+/* The training tests' word-level vocabulary: ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK], id 5 + k
+ * the two-letter word test_word(k) ("aa", "ab", ...). A WordPiece tokenizer of it, from a
+ * vocab.txt in a fresh temporary folder. */
+void test_word(int k, char out[3]);
+nopad_tokenizer *test_word_tokenizer(int n_words);
 /* The bytes of a hex string ("6869" -> "hi"), NUL-terminated, in *len bytes. Caller frees. */
 char *test_hex_decode(const char *hex, size_t *len);
 /* The texts of tests/data/tokenizer/corpus.jsonl (each line's "hex"), by line; free with
