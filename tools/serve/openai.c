@@ -316,20 +316,28 @@ static int get_prompt(const cJSON *obj, gen_request *r, api_error *e) {
     return wrong_type(e, "prompt", "a string or an array of token ids", p);
 }
 
+/* The body as a JSON object, or NULL with e filled (400). */
+static cJSON *parse_object(const char *body, size_t len, api_error *e) {
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body is not valid JSON");
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body must be a JSON object");
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
+}
+
 int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *r,
                             api_error *e) {
     *r = (gen_request){.kind = kind, .max_tokens = -1, .temperature = 1.0, .top_p = 1.0,
                        .repetition_penalty = 1.0};
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = parse_object(body, len, e);
     int rc = -1;
-    if (!root) {
-        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body is not valid JSON");
-        goto done;
-    }
-    if (!cJSON_IsObject(root)) {
-        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body must be a JSON object");
-        goto done;
-    }
+    if (!root) goto done;
     if (check_known(root, kind == GEN_CHAT ? chat_fields : completion_fields, e) ||
         check_neutral(root, e))
         goto done;
@@ -434,16 +442,9 @@ static const char *const tei_fields[] = {"inputs", "normalize", "truncate", "tru
 int openai_parse_embeddings(const char *body, size_t len, int tei, embed_request *r, api_error *e) {
     *r = (embed_request){.tei = tei, .normalize = tei ? 1 : -1};
     const char *in_name = tei ? "inputs" : "input";
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = parse_object(body, len, e);
     int rc = -1;
-    if (!root) {
-        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body is not valid JSON");
-        goto done;
-    }
-    if (!cJSON_IsObject(root)) {
-        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body must be a JSON object");
-        goto done;
-    }
+    if (!root) goto done;
     if (check_known(root, tei ? tei_fields : embed_fields, e)) goto done;
     if (tei) {
         if (get_bool(root, "normalize", &r->normalize, e) || get_bool(root, "truncate", &r->truncate, e))
