@@ -58,16 +58,21 @@ nopad_status cpu_adamw(nopad_backend *be, const nopad_opt_tensor *tensors, int32
     return NOPAD_OK;
 }
 
-nopad_status cpu_lamb(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
-                      const nopad_opt_step *h, float *grad_norm) {
-    const int n_threads = cpu_threads(be);
+/* ‖(g_1, …, g_n)‖₂ over every tensor's gradient, summed in double. */
+static double global_grad_norm(const nopad_opt_tensor *tensors, int32_t n_tensors, int n_threads) {
     double sum_sq = 0;
     for (int32_t k = 0; k < n_tensors; k++) {
         const float *g = tensors[k].grad;
 #pragma omp parallel for schedule(static) reduction(+ : sum_sq) num_threads(n_threads)
         for (int64_t i = 0; i < tensors[k].n; i++) sum_sq += (double)g[i] * g[i];
     }
-    const double norm = sqrt(sum_sq);
+    return sqrt(sum_sq);
+}
+
+nopad_status cpu_lamb(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
+                      const nopad_opt_step *h, float *grad_norm) {
+    const int n_threads = cpu_threads(be);
+    const double norm = global_grad_norm(tensors, n_tensors, n_threads);
     if (grad_norm) *grad_norm = (float)norm;
     /* apex divides the gradients by norm / max_grad_norm when the norm exceeds the bound */
     const double clip = h->max_grad_norm > 0 && norm > h->max_grad_norm ? norm / h->max_grad_norm : 1.0;
@@ -109,13 +114,7 @@ nopad_status cpu_lamb(nopad_backend *be, const nopad_opt_tensor *tensors, int32_
 nopad_status cpu_clip_grad_norm(nopad_backend *be, const nopad_opt_tensor *tensors,
                                 int32_t n_tensors, float max_norm, float *grad_norm) {
     const int n_threads = cpu_threads(be);
-    double sum_sq = 0;
-    for (int32_t k = 0; k < n_tensors; k++) {
-        const float *g = tensors[k].grad;
-#pragma omp parallel for schedule(static) reduction(+ : sum_sq) num_threads(n_threads)
-        for (int64_t i = 0; i < tensors[k].n; i++) sum_sq += (double)g[i] * g[i];
-    }
-    const double norm = sqrt(sum_sq);
+    const double norm = global_grad_norm(tensors, n_tensors, n_threads);
     if (grad_norm) *grad_norm = (float)norm;
     /* torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1 */
     const double coef = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;
