@@ -140,7 +140,7 @@ static void check_inference(const char *dir, run *r) {
     assert_nopad_ok(nopad_encode_packed(model, b->n_seqs, b->cu_seqlens, b->tokens, b->types, &ep,
                                         got, NULL));
     // the training forward of this batch ran on the saved weights: its last hidden states
-    assert_nopad_ok(r->m.be->download_f32(r->m.be, want, r->ctx.hidden + (size_t)L * T * H,
+    assert_nopad_ok(r->m.be->download_f32(r->m.be, want, (const float *)r->ctx.hidden + (size_t)L * T * H,
                                           (size_t)T * H));
     const double err = test_max_row_rel_error(got, want, T, H);
     print_message("saved folder as an inference model: hidden states within %.2e\n", err);

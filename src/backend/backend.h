@@ -80,12 +80,15 @@ typedef struct nopad_op_shape {
     nopad_activation act;          /* gemm with NOPAD_EPILOGUE_BIAS_ACT */
 } nopad_op_shape;
 
-/* One parameter tensor as the optimiser ops see it. The optimiser keeps float32 master weights
- * and moments on every backend; grad is in the backend's dtype. */
+/* One parameter tensor as the optimiser ops see it. Training keeps float32 master weights, their
+ * float32 gradients and the moments on every backend; the ops of a step compute with a copy of
+ * the weights in the backend's dtype (bf16 / fp16 on CUDA), which the optimiser refreshes. */
 typedef struct nopad_opt_tensor {
     float *param;        /* [n] master weights, updated in place */
-    const void *grad;    /* [n] */
+    const float *grad;   /* [n] float32 (clip_grad_norm scales it in place) */
     float *m, *v;        /* [n] first and second moments, updated in place */
+    void *param_compute; /* [n] in the backend's dtype: written with the updated weights; NULL
+                            when the backend computes on the master weights (CPU, float32) */
     int64_t n;
     float weight_decay;  /* 0 for biases and LayerNorm parameters */
 } nopad_opt_tensor;
@@ -113,6 +116,8 @@ struct nopad_backend {
     nopad_status (*upload_f32)(nopad_backend *be, void *dst, const float *src, size_t n);
     /* Backend tensor of n elements -> host float32. */
     nopad_status (*download_f32)(nopad_backend *be, float *dst, const void *src, size_t n);
+    /* Host -> backend memory, `bytes` as they are (float32 master weights, ids). */
+    nopad_status (*upload)(nopad_backend *be, void *dst, const void *src, size_t bytes);
     /* Backend memory -> host, `bytes` as they are (float32 tensors, ids); waits for the copy. */
     nopad_status (*download)(nopad_backend *be, void *dst, const void *src, size_t bytes);
     /* Host int32 -> backend int32 buffer. */
@@ -200,27 +205,30 @@ struct nopad_backend {
     nopad_status (*l2_normalize)(nopad_backend *be, void *x, int32_t rows, int32_t dim);
 
     /* ---- training: backward ops, losses, optimisers (NULL where the backend has none yet) ---- */
-    /* The backward of each forward op above, for padding-free training (src/train/). Gradients of
-     * parameters accumulate (+=), so a parameter used twice (the tied MLM decoder, ALBERT's shared
-     * layers) and micro-batches add up; gradients of activations are written (=) unless an op
-     * says otherwise. A gradient buffer may alias the upstream gradient where an op says so. Ids
-     * and labels are checked by the caller on the host before anything is enqueued. */
+    /* The backward of each forward op above, for padding-free training (src/train/). Mixed
+     * precision: activations, weights and the gradients of activations are in the backend's
+     * dtype (`void *`); gradients of parameters are float32 on every backend (`float *`, the
+     * names ending in 32), summed over tokens in float32 at least. Gradients of parameters
+     * accumulate (+=), so a parameter used twice (the tied MLM decoder, ALBERT's shared layers)
+     * and micro-batches add up; gradients of activations are written (=) unless an op says
+     * otherwise. A gradient buffer may alias the upstream gradient where an op says so. Ids and
+     * labels are checked by the caller on the host before anything is enqueued. */
     /* dst[0 .. bytes) = 0. */
     nopad_status (*zero)(nopad_backend *be, void *dst, size_t bytes);
     /* Backward of gemm's y[T, N] = x[T, K]·w[N, K]ᵀ (+ b) given dy [T, N]:
      *   dx[T, K] = dy·w (+= when accumulate_dx; NULL: skipped)
-     *   dw[N, K] += dyᵀ·x (NULL: skipped)
-     *   db[N] += Σ_t dy (NULL: skipped) */
-    nopad_status (*gemm_backward)(nopad_backend *be, void *dx, void *dw, void *db, const void *dy,
+     *   dw32[N, K] += dyᵀ·x (NULL: skipped)
+     *   db32[N] += Σ_t dy (NULL: skipped) */
+    nopad_status (*gemm_backward)(nopad_backend *be, void *dx, float *dw32, float *db32, const void *dy,
                                   const void *x, const void *w, int32_t n_tokens, int32_t n_in,
                                   int32_t n_out, int accumulate_dx);
     /* y[T, dim] = act(x) elementwise: training keeps the pre-activation x for the backward (the
      * forward's fused bias+act epilogue does not). */
     nopad_status (*activation)(nopad_backend *be, void *y, const void *x, int32_t n_tokens,
                                int32_t dim, nopad_activation act);
-    /* dx[T, dim] = dy ⊙ act'(x) from the pre-activation x (dx may alias dy); db[dim] += Σ_t dx
-     * when db is not NULL (the gradient of the bias that x includes). */
-    nopad_status (*activation_backward)(nopad_backend *be, void *dx, void *db, const void *dy,
+    /* dx[T, dim] = dy ⊙ act'(x) from the pre-activation x (dx may alias dy); db32[dim] += Σ_t dx
+     * when db32 is not NULL (the gradient of the bias that x includes). */
+    nopad_status (*activation_backward)(nopad_backend *be, void *dx, float *db32, const void *dy,
                                         const void *x, int32_t n_tokens, int32_t dim,
                                         nopad_activation act);
     /* Dropout with a counter-based generator: y[i] = x[i] / (1 - p) when
@@ -232,18 +240,18 @@ struct nopad_backend {
     /* Backward of layernorm's fused form y = LN(s)·w + b with s = x + bias + residual, from the
      * LayerNorm's input s [T, dim] (which training keeps; mean and variance are recomputed) and
      * dy [T, dim]: ds[T, dim] = ∂L/∂s, which is also the gradient of x and of residual (ds may
-     * alias dy); dw[dim] += Σ_t dy ⊙ (s - mean)/std, db[dim] += Σ_t dy; dbias[dim] += Σ_t ds
-     * when dbias is not NULL. */
-    nopad_status (*layernorm_backward)(nopad_backend *be, void *ds, void *dw, void *db,
-                                       void *dbias, const void *dy, const void *s, const void *w,
+     * alias dy); dw32[dim] += Σ_t dy ⊙ (s - mean)/std, db32[dim] += Σ_t dy; dbias32[dim] +=
+     * Σ_t ds when dbias32 is not NULL. */
+    nopad_status (*layernorm_backward)(nopad_backend *be, void *ds, float *dw32, float *db32,
+                                       float *dbias32, const void *dy, const void *s, const void *w,
                                        float eps, int32_t n_tokens, int32_t dim);
     /* Backward of embed (same ids, tables and sizes): the sum word + pos + type is recomputed
      * from the tables, then dy [T, E] (clobbered: it ends holding the gradient of that sum) goes
-     * through the LayerNorm into d_ln_w, d_ln_b [E] and is scatter-added into d_word [V, E],
-     * d_pos [P, E] and d_type [TV, E] (NULL when type is NULL) at each token's rows. */
-    nopad_status (*embed_backward)(nopad_backend *be, void *d_word, void *d_pos, void *d_type,
-                                   void *d_ln_w, void *d_ln_b, void *dy, const int32_t *tokens,
-                                   const int32_t *types, const nopad_seqs *seqs,
+     * through the LayerNorm into d_ln_w32, d_ln_b32 [E] and is scatter-added into d_word32 [V, E],
+     * d_pos32 [P, E] and d_type32 [TV, E] (NULL when type is NULL) at each token's rows. */
+    nopad_status (*embed_backward)(nopad_backend *be, float *d_word32, float *d_pos32,
+                                   float *d_type32, float *d_ln_w32, float *d_ln_b32, void *dy,
+                                   const int32_t *tokens, const int32_t *types, const nopad_seqs *seqs,
                                    int32_t position_offset, const void *word, const void *pos,
                                    const void *type, const void *ln_weight, float eps,
                                    int32_t dim);
@@ -265,6 +273,10 @@ struct nopad_backend {
      * cu_seqlens). */
     nopad_status (*scatter_add_rows)(nopad_backend *be, void *x, const int32_t *rows,
                                      const void *src, int32_t n, int32_t dim);
+    /* out[n, dim] = x[rows[i], :] in the backend's dtype (the MLM head's masked rows; the
+     * decoder's gather_rows is its float32 twin). */
+    nopad_status (*select_rows)(nopad_backend *be, void *out, const void *x, const int32_t *rows,
+                                int32_t n, int32_t dim);
     /* Softmax cross-entropy of logits [n, classes] against labels[n] (in [0, classes)):
      * losses32[n] (float32) = logsumexp(row) - row[label], and dlogits [n, classes] =
      * (softmax(row) - onehot(label))·grad_scale (dlogits may alias logits). */

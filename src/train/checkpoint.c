@@ -191,8 +191,8 @@ static nopad_status write_moments(const train_model *m, const char *dir) {
     const size_t n = (size_t)m->n_params;
     float *both = malloc(2 * n * sizeof *both);
     if (!both) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
-    nopad_status st = m->be->download_f32(m->be, both, m->adam_m, n);
-    if (st == NOPAD_OK) st = m->be->download_f32(m->be, both + n, m->adam_v, n);
+    nopad_status st = m->be->download(m->be, both, m->adam_m, n * sizeof(float));
+    if (st == NOPAD_OK) st = m->be->download(m->be, both + n, m->adam_v, n * sizeof(float));
     if (st == NOPAD_OK) st = write_safetensors(m, both, kinds, 2, dir, "optimizer.safetensors");
     free(both);
     return st;
@@ -212,7 +212,7 @@ nopad_status train_checkpoint_save(const train_model *m, const train_state *stat
     const size_t n = (size_t)m->n_params;
     float *host = malloc(n * sizeof *host);
     if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
-    nopad_status st = m->be->download_f32(m->be, host, m->params, n);
+    nopad_status st = m->be->download(m->be, host, m->params, n * sizeof(float));
     static const char *const plain[1] = {""};
     if (st == NOPAD_OK) st = write_safetensors(m, host, plain, 1, dir, "model.safetensors");
     if (st == NOPAD_OK) st = write_moments(m, dir);
@@ -362,7 +362,8 @@ static nopad_status load_moments(train_model *m, const char *dir) {
             host = grown;
             st = safetensors_to_f32(src, host);
             if (st == NOPAD_OK)
-                st = m->be->upload_f32(m->be, (k ? m->adam_v : m->adam_m) + t->offset, host, (size_t)n);
+                st = m->be->upload(m->be, (k ? m->adam_v : m->adam_m) + t->offset, host,
+                                   (size_t)n * sizeof(float));
         }
     }
     free(host);

@@ -5,8 +5,9 @@
  * activations are [T, ...] with T the real tokens of the batch, and the MLM head and its loss see
  * only the masked rows, so no FLOP is spent on padding in the forward or the backward.
  *
- * What is here: BERT (post-LayerNorm, token types, learned positions), float32 master weights
- * which the CPU backend computes with directly, dropout off. See docs/training.md for what is
+ * What is here: BERT (post-LayerNorm, token types, learned positions), float32 master weights,
+ * gradients and moments, and a copy of the weights in the backend's dtype for the ops (the CPU
+ * backend computes on the float32 weights themselves; CUDA on a bf16 / fp16 copy), dropout off. See docs/training.md for what is
  * left (CUDA ops, bf16 compute copies, dropout, data, checkpoints, the CLI). */
 #ifndef NOPAD_TRAIN_TRAIN_H
 #define NOPAD_TRAIN_TRAIN_H
@@ -22,41 +23,42 @@ typedef enum train_task {
                                 regression (squared error), more = softmax cross-entropy */
 } train_task;
 
-/* One encoder layer's parameters (or their gradients: the same layout over another buffer). */
+/* One encoder layer's parameters: in the compute dtype (train_model.weights) for the ops, or their
+ * float32 gradients (train_model.grads): the same layout over either buffer. */
 typedef struct train_layer {
-    float *qkv_w;      // [3H, H] query | key | value rows (HF's three tensors, contiguous)
-    float *qkv_b;      // [3H]
-    float *attn_out_w; // [H, H]
-    float *attn_out_b; // [H]
-    float *attn_ln_w;  // [H]
-    float *attn_ln_b;  // [H]
-    float *ffn_in_w;   // [I, H]
-    float *ffn_in_b;   // [I]
-    float *ffn_out_w;  // [H, I]
-    float *ffn_out_b;  // [H]
-    float *ffn_ln_w;   // [H]
-    float *ffn_ln_b;   // [H]
+    void *qkv_w;      // [3H, H] query | key | value rows (HF's three tensors, contiguous)
+    void *qkv_b;      // [3H]
+    void *attn_out_w; // [H, H]
+    void *attn_out_b; // [H]
+    void *attn_ln_w;  // [H]
+    void *attn_ln_b;  // [H]
+    void *ffn_in_w;   // [I, H]
+    void *ffn_in_b;   // [I]
+    void *ffn_out_w;  // [H, I]
+    void *ffn_out_b;  // [H]
+    void *ffn_ln_w;   // [H]
+    void *ffn_ln_b;   // [H]
 } train_layer;
 
 /* Every parameter of a model with its head, as pointers into one flat buffer. */
 typedef struct train_view {
-    float *word;         // [V, H] also the MLM decoder's weight (tied)
-    float *pos;          // [P, H]
-    float *type;         // [TV, H]
-    float *embed_ln_w;   // [H]
-    float *embed_ln_b;   // [H]
+    void *word;         // [V, H] also the MLM decoder's weight (tied)
+    void *pos;          // [P, H]
+    void *type;         // [TV, H]
+    void *embed_ln_w;   // [H]
+    void *embed_ln_b;   // [H]
     train_layer *layers; // [L]
     /* TRAIN_TASK_MLM */
-    float *mlm_dense_w;  // [H, H]
-    float *mlm_dense_b;  // [H]
-    float *mlm_ln_w;     // [H]
-    float *mlm_ln_b;     // [H]
-    float *mlm_bias;     // [V] the decoder's bias
+    void *mlm_dense_w;  // [H, H]
+    void *mlm_dense_b;  // [H]
+    void *mlm_ln_w;     // [H]
+    void *mlm_ln_b;     // [H]
+    void *mlm_bias;     // [V] the decoder's bias
     /* TRAIN_TASK_CLASSIFY */
-    float *pool_w;       // [H, H]
-    float *pool_b;       // [H]
-    float *cls_w;        // [C, H]
-    float *cls_b;        // [C]
+    void *pool_w;       // [H, H]
+    void *pool_b;       // [H]
+    void *cls_w;        // [C, H]
+    void *cls_b;        // [C]
 } train_view;
 
 /* One named tensor of the flat buffers: HF's name, where it lives, whether it takes weight decay. */
@@ -77,12 +79,15 @@ typedef struct train_model {
     int32_t n_tensors;
     int64_t n_params;
     float *params;        // [n_params] float32 master weights, backend memory
-    float *grads;         // [n_params]
+    void *weights;        // [n_params] the copy in the backend's dtype that the ops compute with,
+                          // refreshed by each optimiser step (== params on a float32 backend)
+    size_t elem_size;     // bytes of one element of the backend's dtype (activations, weights)
+    float *grads;         // [n_params] float32
     float *adam_m;        // [n_params] optimiser moments (zero until the first step)
     float *adam_v;        // [n_params]
     int64_t step;         // optimiser steps taken
     int new_head;         // 1: the head (or part of it) was not in the checkpoint and was created
-    train_view w, g;      // views of params and grads
+    train_view w, g;      // views of weights (compute dtype) and grads (float32)
 } train_model;
 
 /* Loads an HF folder (config.json + safetensors) for `task`: the encoder and the task's head,
@@ -102,6 +107,9 @@ nopad_status train_model_load(nopad_backend *be, const char *dir, train_task tas
 nopad_status train_model_load_new_head(nopad_backend *be, const char *dir, train_task task,
                                        int32_t num_labels, uint64_t seed, train_model *out);
 void train_model_free(train_model *m);
+/* Sets n parameters from element `offset` of the flat buffer (host float32): the master weights
+ * and the compute copy. */
+nopad_status train_model_set_params(train_model *m, int64_t offset, const float *host, int64_t n);
 /* The tensor called `name` (HF's name), or NULL. */
 const train_tensor *train_model_find(const train_model *m, const char *name);
 
@@ -125,30 +133,32 @@ typedef struct train_batch {
 typedef struct train_context {
     train_model *model;
     int32_t max_tokens, max_seqs;
+    /* Activations and their gradients are in the backend's dtype (model->elem_size bytes an
+     * element); log-sum-exps, losses and targets in float32. */
     /* [L+1, T, H] the input of each layer, the last entry the encoder's output */
-    float *hidden;
+    void *hidden;
     /* per layer, [L, T, ...] */
-    float *qkv;       // [L, T, 3H]
-    float *attn;      // [L, T, H] attention output (context)
-    float *lse;       // [L, T, heads]
-    float *attn_sum;  // [L, T, H] s1 = x + attn·Woᵀ + bo, the first LayerNorm's input
-    float *attn_norm; // [L, T, H] x1 = LN(s1)
-    float *ffn_pre;   // [L, T, I] x1·W1ᵀ + b1
-    float *ffn_act;   // [L, T, I] GELU of it
-    float *ffn_sum;   // [L, T, H] s2 = x1 + ffn·W2ᵀ + b2, the second LayerNorm's input
+    void *qkv;       // [L, T, 3H]
+    void *attn;      // [L, T, H] attention output (context)
+    float *lse;      // [L, T, heads] float32
+    void *attn_sum;  // [L, T, H] s1 = x + attn·Woᵀ + bo, the first LayerNorm's input
+    void *attn_norm; // [L, T, H] x1 = LN(s1)
+    void *ffn_pre;   // [L, T, I] x1·W1ᵀ + b1
+    void *ffn_act;   // [L, T, I] GELU of it
+    void *ffn_sum;   // [L, T, H] s2 = x1 + ffn·W2ᵀ + b2, the second LayerNorm's input
     /* gradient scratch */
-    float *d_hidden;  // [T, H] the gradient flowing down the residual stream
-    float *d_attn;    // [T, H]
-    float *d_qkv;     // [T, 3H]
-    float *d_ffn;     // [T, I]
+    void *d_hidden;  // [T, H] the gradient flowing down the residual stream
+    void *d_attn;    // [T, H]
+    void *d_qkv;     // [T, 3H]
+    void *d_ffn;     // [T, I]
     /* heads: rows are the masked tokens (MLM) or the sequences (classification), R <= T */
-    float *head_in;   // [R, H] gathered rows / CLS rows
-    float *head_pre;  // [R, H] dense output before the activation
-    float *head_act;  // [R, H] after it (MLM: the LayerNorm's input)
-    float *head_norm; // [R, H] MLM: after the LayerNorm
-    float *d_head_a;  // [R, H]
-    float *d_head_b;  // [R, H]
-    float *logits;    // [R, max(V, C)], then their gradient in place
+    void *head_in;   // [R, H] gathered rows / CLS rows
+    void *head_pre;  // [R, H] dense output before the activation
+    void *head_act;  // [R, H] after it (MLM: the LayerNorm's input)
+    void *head_norm; // [R, H] MLM: after the LayerNorm
+    void *d_head_a;  // [R, H]
+    void *d_head_b;  // [R, H]
+    void *logits;    // [R, max(V, C)], then their gradient in place
     float *losses;    // [R] float32
     float *targets;   // [B] regression targets
     int32_t *tokens, *types, *cu_seqlens, *rows, *labels; // [T], [T], [B+1], [T], [T]

@@ -16,6 +16,7 @@
 #include "util/error.h"
 #include "util/file.h"
 #include "util/philox.h"
+#include "util/types.h"
 
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
@@ -25,7 +26,7 @@
 
 /* Pass 0 records the tensor and its offset; pass 1 (buffers allocated) points the views at it. */
 static nopad_status place(train_model *m, int pass, const char *name, int64_t rows, int64_t cols,
-                          int decay, float **w, float **g) {
+                          int decay, void **w, void **g) {
     if (pass == 0) {
         train_tensor *grown = realloc(m->tensors, (size_t)(m->n_tensors + 1) * sizeof *grown);
         if (!grown) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "train: out of memory");
@@ -39,7 +40,7 @@ static nopad_status place(train_model *m, int pass, const char *name, int64_t ro
         m->n_params += rows * cols;
     } else if (w) {
         const train_tensor *t = train_model_find(m, name);
-        *w = m->params + t->offset;
+        *w = (char *)m->weights + (size_t)t->offset * m->elem_size;
         *g = m->grads + t->offset;
     }
     return NOPAD_OK;
@@ -121,7 +122,9 @@ static nopad_status check_backend(const nopad_backend *be) {
         {(const void *)be->attention_lse, "attention_lse"},
         {(const void *)be->attention_backward, "attention_backward"},
         {(const void *)be->scatter_add_rows, "scatter_add_rows"},
-        {(const void *)be->gather_rows, "gather_rows"},
+        {(const void *)be->select_rows, "select_rows"},
+        {(const void *)be->pool, "pool"},
+        {(const void *)be->upload, "upload"},
         {(const void *)be->cross_entropy, "cross_entropy"},
         {(const void *)be->squared_error, "squared_error"},
         {(const void *)be->adamw, "adamw"},
@@ -132,10 +135,6 @@ static nopad_status check_backend(const nopad_backend *be) {
             return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                    "training: the %s backend has no %s op yet (training runs on "
                                    "the CPU backend)", be->name, ops[i].name);
-    if (be->dtype != NOPAD_DTYPE_F32)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "training: compute in %s is not done yet (float32 only)",
-                               nopad_dtype_name(be->dtype));
     return NOPAD_OK;
 }
 
@@ -198,7 +197,7 @@ static nopad_status load_tensors(train_model *m, const safetensors_checkpoint *c
         if (!src) {
             init_head_tensor(m, i, seed, std, host);
             m->new_head = 1;
-            st = m->be->upload_f32(m->be, m->params + t->offset, host, n);
+            st = train_model_set_params(m, t->offset, host, (int64_t)n);
             continue;
         }
         const int ndim = t->cols == 1 ? 1 : 2;
@@ -211,7 +210,7 @@ static nopad_status load_tensors(train_model *m, const safetensors_checkpoint *c
             break;
         }
         st = safetensors_to_f32(src, host);
-        if (st == NOPAD_OK) st = m->be->upload_f32(m->be, m->params + t->offset, host, n);
+        if (st == NOPAD_OK) st = train_model_set_params(m, t->offset, host, (int64_t)n);
     }
     free(host);
     return st;
@@ -299,6 +298,10 @@ static nopad_status load(nopad_backend *be, const char *dir, train_task task, in
     float **buffers[4] = {&out->params, &out->grads, &out->adam_m, &out->adam_v};
     for (int i = 0; i < 4 && st == NOPAD_OK; i++) st = be->alloc(be, bytes, (void **)buffers[i]);
     for (int i = 1; i < 4 && st == NOPAD_OK; i++) st = be->zero(be, *buffers[i], bytes);
+    /* the ops' copy of the weights: the master weights themselves on a float32 backend */
+    out->elem_size = nopad_dtype_size(be->dtype);
+    if (st == NOPAD_OK && be->dtype == NOPAD_DTYPE_F32) out->weights = out->params;
+    else if (st == NOPAD_OK) st = be->alloc(be, (size_t)out->n_params * out->elem_size, &out->weights);
     if (st == NOPAD_OK) st = layout(out, 1);
     if (st == NOPAD_OK) st = load_tensors(out, &ckpt, dir, new_head, seed, init_std);
     safetensors_checkpoint_close(&ckpt);
@@ -307,6 +310,7 @@ static nopad_status load(nopad_backend *be, const char *dir, train_task task, in
 }
 
 void train_model_free(train_model *m) {
+    if (m->weights && m->weights != (void *)m->params) m->be->free(m->be, m->weights);
     float *buffers[4] = {m->params, m->grads, m->adam_m, m->adam_v};
     for (int i = 0; i < 4; i++)
         if (buffers[i]) m->be->free(m->be, buffers[i]);
@@ -321,6 +325,18 @@ train_optimizer train_optimizer_defaults(void) {
                              .weight_decay = 0.01f, .max_grad_norm = 1.0f};
 }
 
+nopad_status train_model_set_params(train_model *m, int64_t offset, const float *host, int64_t n) {
+    nopad_backend *be = m->be;
+    if (offset < 0 || n < 0 || offset + n > m->n_params)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_model_set_params: elements "
+                               "[%lld, %lld) outside the model's %lld", (long long)offset,
+                               (long long)(offset + n), (long long)m->n_params);
+    nopad_status st = be->upload(be, m->params + offset, host, (size_t)n * sizeof(float));
+    if (st == NOPAD_OK && m->weights != (void *)m->params)
+        st = be->upload_f32(be, (char *)m->weights + (size_t)offset * m->elem_size, host, (size_t)n);
+    return st;
+}
+
 /* The tensor list of the optimiser ops: every tensor of the table over the four buffers. */
 static nopad_status optimizer_step(train_model *m, const train_optimizer *opt, int lamb,
                                    float *grad_norm) {
@@ -328,8 +344,10 @@ static nopad_status optimizer_step(train_model *m, const train_optimizer *opt, i
     if (!list) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "optimiser: out of memory");
     for (int32_t i = 0; i < m->n_tensors; i++) {
         const train_tensor *t = &m->tensors[i];
+        void *compute = m->weights == (void *)m->params ? NULL :
+                        (char *)m->weights + (size_t)t->offset * m->elem_size;
         list[i] = (nopad_opt_tensor){m->params + t->offset, m->grads + t->offset,
-                                     m->adam_m + t->offset, m->adam_v + t->offset,
+                                     m->adam_m + t->offset, m->adam_v + t->offset, compute,
                                      t->rows * t->cols, t->decay ? opt->weight_decay : 0.0f};
     }
     const nopad_opt_step h = {opt->lr, opt->beta1, opt->beta2, opt->eps, opt->max_grad_norm,
@@ -367,7 +385,7 @@ nopad_status train_clip_grad_norm(train_model *m, float max_norm, float *grad_no
     for (int32_t i = 0; i < m->n_tensors; i++) {
         const train_tensor *t = &m->tensors[i];
         list[i] = (nopad_opt_tensor){m->params + t->offset, m->grads + t->offset, NULL, NULL,
-                                     t->rows * t->cols, 0.0f};
+                                     NULL, t->rows * t->cols, 0.0f};
     }
     float *norm32 = NULL; /* backend memory for the norm, read back only when asked for */
     nopad_status st = grad_norm ? be->alloc(be, sizeof(float), (void **)&norm32) : NOPAD_OK;

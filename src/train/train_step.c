@@ -19,6 +19,12 @@
         if (st_ != NOPAD_OK) return st_;                                                           \
     } while (0)
 
+/* base + `elements` elements of the backend's dtype (activations are [.., T, ..] slices of a
+ * buffer sized for the budget). */
+static void *at(const train_context *ctx, const void *base, size_t elements) {
+    return (char *)base + elements * ctx->model->elem_size;
+}
+
 void train_context_free(train_context *ctx) {
     nopad_backend *be = ctx->model ? ctx->model->be : NULL;
     void *bufs[] = {ctx->hidden,    ctx->qkv,      ctx->attn,     ctx->lse,       ctx->attn_sum,
@@ -46,7 +52,7 @@ nopad_status train_context_init(train_model *m, int32_t max_tokens, int32_t max_
     const model_config *c = &m->cfg;
     const size_t T = (size_t)max_tokens, B = (size_t)max_seqs, L = (size_t)c->num_layers;
     const size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
-    const size_t heads = (size_t)c->num_heads, f = sizeof(float);
+    const size_t heads = (size_t)c->num_heads, f = m->elem_size, f32 = sizeof(float);
     const size_t classes = m->task == TRAIN_TASK_MLM ? (size_t)c->vocab_size : (size_t)m->num_labels;
     nopad_status st = NOPAD_OK;
 #define ALLOC(field, bytes)                                                                        \
@@ -54,7 +60,7 @@ nopad_status train_context_init(train_model *m, int32_t max_tokens, int32_t max_
     ALLOC(hidden, (L + 1) * T * H * f);
     ALLOC(qkv, L * T * 3 * H * f);
     ALLOC(attn, L * T * H * f);
-    ALLOC(lse, L * T * heads * f);
+    ALLOC(lse, L * T * heads * f32);
     ALLOC(attn_sum, L * T * H * f);
     ALLOC(attn_norm, L * T * H * f);
     ALLOC(ffn_pre, L * T * I * f);
@@ -71,8 +77,8 @@ nopad_status train_context_init(train_model *m, int32_t max_tokens, int32_t max_
     ALLOC(d_head_a, T * H * f);
     ALLOC(d_head_b, T * H * f);
     ALLOC(logits, T * classes * f);
-    ALLOC(losses, T * f);
-    ALLOC(targets, B * f);
+    ALLOC(losses, T * f32);
+    ALLOC(targets, B * f32);
     ALLOC(tokens, T * sizeof(int32_t));
     ALLOC(types, T * sizeof(int32_t));
     ALLOC(cu_seqlens, (B + 1) * sizeof(int32_t));
@@ -167,18 +173,19 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
                   w->type, w->embed_ln_w, w->embed_ln_b, eps, H));
     for (int l = 0; l < c->num_layers; l++) {
         const train_layer *L = &w->layers[l];
-        float *x = ctx->hidden + l * TH, *x_next = ctx->hidden + (l + 1) * TH;
-        float *qkv = ctx->qkv + l * 3 * TH, *attn = ctx->attn + l * TH;
+        void *x = at(ctx, ctx->hidden, l * TH), *x_next = at(ctx, ctx->hidden, (l + 1) * TH);
+        void *qkv = at(ctx, ctx->qkv, l * 3 * TH), *attn = at(ctx, ctx->attn, l * TH);
         float *lse = ctx->lse + (size_t)l * T * c->num_heads;
-        float *s1 = ctx->attn_sum + l * TH, *x1 = ctx->attn_norm + l * TH;
-        float *u = ctx->ffn_pre + l * TI, *a = ctx->ffn_act + l * TI, *s2 = ctx->ffn_sum + l * TH;
+        void *s1 = at(ctx, ctx->attn_sum, l * TH), *x1 = at(ctx, ctx->attn_norm, l * TH);
+        void *u = at(ctx, ctx->ffn_pre, l * TI), *a = at(ctx, ctx->ffn_act, l * TI);
+        void *s2 = at(ctx, ctx->ffn_sum, l * TH);
         // qkv[T, 3H] = x·Wqkvᵀ + bqkv;  attn[T, H] = softmax(q·kᵀ·scale)·v, lse[T, heads]
         TRY(be->gemm(be, qkv, x, L->qkv_w, L->qkv_b, NULL, T, H, 3 * H, NOPAD_EPILOGUE_BIAS, c->activation));
         TRY(be->attention_lse(be, attn, lse, qkv, seqs, c->num_heads, c->head_size, scale, 0));
         // s1[T, H] = x + attn·Woᵀ + bo;  x1 = LN(s1)
         TRY(be->gemm(be, s1, attn, L->attn_out_w, L->attn_out_b, x, T, H, H,
                      NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
-        TRY(be->copy(be, x1, s1, TH * sizeof(float)));
+        TRY(be->copy(be, x1, s1, TH * m->elem_size));
         TRY(be->layernorm(be, x1, NULL, NULL, L->attn_ln_w, L->attn_ln_b, eps, T, H));
         // u[T, I] = x1·W1ᵀ + b1;  a = act(u)
         TRY(be->gemm(be, u, x1, L->ffn_in_w, L->ffn_in_b, NULL, T, H, I, NOPAD_EPILOGUE_BIAS, c->activation));
@@ -186,7 +193,7 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
         // s2[T, H] = x1 + a·W2ᵀ + b2;  x' = LN(s2)
         TRY(be->gemm(be, s2, a, L->ffn_out_w, L->ffn_out_b, x1, T, I, H,
                      NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
-        TRY(be->copy(be, x_next, s2, TH * sizeof(float)));
+        TRY(be->copy(be, x_next, s2, TH * m->elem_size));
         TRY(be->layernorm(be, x_next, NULL, NULL, L->ffn_ln_w, L->ffn_ln_b, eps, T, H));
     }
     return NOPAD_OK;
@@ -201,14 +208,15 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
     const int32_t T = seqs->n_tokens, H = c->hidden_size, I = c->intermediate_size;
     const size_t TH = (size_t)T * H, TI = (size_t)T * I;
     const float eps = c->layer_norm_eps, scale = 1.0f / sqrtf((float)c->head_size);
-    float *d = ctx->d_hidden; // [T, H]
+    void *d = ctx->d_hidden; // [T, H]
     for (int l = c->num_layers - 1; l >= 0; l--) {
         const train_layer *L = &m->w.layers[l], *G = &m->g.layers[l];
-        const float *x = ctx->hidden + l * TH;
-        const float *qkv = ctx->qkv + l * 3 * TH, *attn = ctx->attn + l * TH;
+        const void *x = at(ctx, ctx->hidden, l * TH);
+        const void *qkv = at(ctx, ctx->qkv, l * 3 * TH), *attn = at(ctx, ctx->attn, l * TH);
         const float *lse = ctx->lse + (size_t)l * T * c->num_heads;
-        const float *s1 = ctx->attn_sum + l * TH, *x1 = ctx->attn_norm + l * TH;
-        const float *u = ctx->ffn_pre + l * TI, *a = ctx->ffn_act + l * TI, *s2 = ctx->ffn_sum + l * TH;
+        const void *s1 = at(ctx, ctx->attn_sum, l * TH), *x1 = at(ctx, ctx->attn_norm, l * TH);
+        const void *u = at(ctx, ctx->ffn_pre, l * TI), *a = at(ctx, ctx->ffn_act, l * TI);
+        const void *s2 = at(ctx, ctx->ffn_sum, l * TH);
         // d = ∂L/∂s2 (in place), the gradient of x1 through the residual and of a·W2ᵀ; db2 = Σ d
         TRY(be->layernorm_backward(be, d, G->ffn_ln_w, G->ffn_ln_b, G->ffn_out_b, d, s2,
                                    L->ffn_ln_w, eps, T, H));
@@ -255,14 +263,14 @@ static nopad_status mlm_head(train_context *ctx, const nopad_seqs *seqs, int32_t
     nopad_backend *be = m->be;
     const model_config *c = &m->cfg;
     const int32_t H = c->hidden_size, V = c->vocab_size;
-    const float *h = ctx->hidden + (size_t)c->num_layers * seqs->n_tokens * H; // [T, H]
+    const void *h = at(ctx, ctx->hidden, (size_t)c->num_layers * seqs->n_tokens * H); // [T, H]
     // head_in[M, H] = h[positions]
-    TRY(be->gather_rows(be, ctx->head_in, h, ctx->rows, M, H));
+    TRY(be->select_rows(be, ctx->head_in, h, ctx->rows, M, H));
     // head_pre = head_in·Wtᵀ + bt;  head_act = act(head_pre);  head_norm = LN(head_act)
     TRY(be->gemm(be, ctx->head_pre, ctx->head_in, m->w.mlm_dense_w, m->w.mlm_dense_b, NULL, M, H,
                  H, NOPAD_EPILOGUE_BIAS, c->activation));
     TRY(be->activation(be, ctx->head_act, ctx->head_pre, M, H, c->activation));
-    TRY(be->copy(be, ctx->head_norm, ctx->head_act, (size_t)M * H * sizeof(float)));
+    TRY(be->copy(be, ctx->head_norm, ctx->head_act, (size_t)M * H * m->elem_size));
     TRY(be->layernorm(be, ctx->head_norm, NULL, NULL, m->w.mlm_ln_w, m->w.mlm_ln_b,
                       c->layer_norm_eps, M, H));
     // logits[M, V] = head_norm·wordᵀ + bias; then their gradient in place, scaled by 1/M
@@ -280,7 +288,7 @@ static nopad_status mlm_head(train_context *ctx, const nopad_seqs *seqs, int32_t
     TRY(be->gemm_backward(be, ctx->d_head_b, m->g.mlm_dense_w, NULL, ctx->d_head_a, ctx->head_in,
                           m->w.mlm_dense_w, M, H, H, 0));
     // ∂L/∂hidden: zero but on the masked rows
-    TRY(be->zero(be, ctx->d_hidden, (size_t)seqs->n_tokens * H * sizeof(float)));
+    TRY(be->zero(be, ctx->d_hidden, (size_t)seqs->n_tokens * H * m->elem_size));
     return be->scatter_add_rows(be, ctx->d_hidden, ctx->rows, ctx->d_head_b, M, H);
 }
 
@@ -291,7 +299,7 @@ static nopad_status classify_head(train_context *ctx, const nopad_seqs *seqs, do
     nopad_backend *be = m->be;
     const model_config *c = &m->cfg;
     const int32_t H = c->hidden_size, B = seqs->n_seqs, C = m->num_labels;
-    const float *h = ctx->hidden + (size_t)c->num_layers * seqs->n_tokens * H; // [T, H]
+    const void *h = at(ctx, ctx->hidden, (size_t)c->num_layers * seqs->n_tokens * H); // [T, H]
     // head_in[B, H] = h[first token of each sequence]
     TRY(be->pool(be, ctx->head_in, h, seqs, H, NOPAD_POOLING_CLS));
     TRY(be->gemm(be, ctx->head_pre, ctx->head_in, m->w.pool_w, m->w.pool_b, NULL, B, H, H,
@@ -312,7 +320,7 @@ static nopad_status classify_head(train_context *ctx, const nopad_seqs *seqs, do
     TRY(be->gemm_backward(be, ctx->d_head_b, m->g.pool_w, NULL, ctx->d_head_a, ctx->head_in,
                           m->w.pool_w, B, H, H, 0));
     // ∂L/∂hidden: zero but on each sequence's first row (cu_seqlens[0 .. B-1])
-    TRY(be->zero(be, ctx->d_hidden, (size_t)seqs->n_tokens * H * sizeof(float)));
+    TRY(be->zero(be, ctx->d_hidden, (size_t)seqs->n_tokens * H * m->elem_size));
     return be->scatter_add_rows(be, ctx->d_hidden, ctx->cu_seqlens, ctx->d_head_b, B, H);
 }
 
@@ -343,7 +351,7 @@ nopad_status train_predict(train_context *ctx, const train_batch *b, float *logi
     TRY(encoder_forward_train(ctx, &seqs));
     const model_config *c = &m->cfg;
     const int32_t H = c->hidden_size, B = seqs.n_seqs, C = m->num_labels;
-    const float *h = ctx->hidden + (size_t)c->num_layers * seqs.n_tokens * H; // [T, H]
+    const void *h = at(ctx, ctx->hidden, (size_t)c->num_layers * seqs.n_tokens * H); // [T, H]
     // as classify_head's forward: logits[B, C] = tanh(h[CLS]·Wpᵀ + bp)·Wcᵀ + bc
     TRY(be->pool(be, ctx->head_in, h, &seqs, H, NOPAD_POOLING_CLS));
     TRY(be->gemm(be, ctx->head_pre, ctx->head_in, m->w.pool_w, m->w.pool_b, NULL, B, H, H,

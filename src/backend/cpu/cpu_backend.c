@@ -40,6 +40,12 @@ static nopad_status cpu_download(nopad_backend *be, void *dst, const void *src, 
     return NOPAD_OK;
 }
 
+static nopad_status cpu_upload(nopad_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(dst, src, bytes);
+    return NOPAD_OK;
+}
+
 static nopad_status cpu_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n) {
     memcpy(dst, src, n * sizeof(int32_t));
     return NOPAD_OK;
@@ -83,6 +89,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->upload_f32 = cpu_upload_f32;
     be->download_f32 = cpu_download_f32;
     be->upload_i32 = cpu_upload_i32;
+    be->upload = cpu_upload;
     be->download = cpu_download;
     be->synchronize = cpu_synchronize;
     be->copy = cpu_copy;
@@ -111,6 +118,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->attention_lse = cpu_attention_lse;
     be->attention_backward = cpu_attention_backward;
     be->scatter_add_rows = cpu_scatter_add_rows;
+    be->select_rows = cpu_select_rows;
     be->cross_entropy = cpu_cross_entropy;
     be->squared_error = cpu_squared_error;
     be->adamw = cpu_adamw;

@@ -25,12 +25,11 @@ nopad_status cpu_zero(nopad_backend *be, void *dst, size_t bytes) {
     return NOPAD_OK;
 }
 
-nopad_status cpu_gemm_backward(nopad_backend *be, void *dx_, void *dw_, void *db_, const void *dy_,
+nopad_status cpu_gemm_backward(nopad_backend *be, void *dx_, float *dw, float *db, const void *dy_,
                                const void *x_, const void *w_, int32_t n_tokens, int32_t n_in,
                                int32_t n_out, int accumulate_dx) {
     float *dx = dx_;         // [T, K] or NULL
-    float *dw = dw_;         // [N, K] or NULL
-    float *db = db_;         // [N] or NULL
+    /* dw [N, K] or NULL, db [N] or NULL */
     const float *dy = dy_;   // [T, N]
     const float *x = x_;     // [T, K]
     const float *w = w_;     // [N, K]
@@ -97,11 +96,11 @@ static double activation_derivative(double x, nopad_activation act) {
     return 1.0;
 }
 
-nopad_status cpu_activation_backward(nopad_backend *be, void *dx_, void *db_, const void *dy_,
+nopad_status cpu_activation_backward(nopad_backend *be, void *dx_, float *db, const void *dy_,
                                      const void *x_, int32_t n_tokens, int32_t dim,
                                      nopad_activation act) {
     float *dx = dx_;         // [T, dim], may alias dy
-    float *db = db_;         // [dim] or NULL
+    /* db [dim] or NULL */
     const float *dy = dy_;   // [T, dim]
     const float *x = x_;     // [T, dim] pre-activation
     const int64_t n = (int64_t)n_tokens * dim;
@@ -206,7 +205,7 @@ static void layernorm_backward_rows(nopad_backend *be, float *ds, float *dw, flo
     }
 }
 
-nopad_status cpu_layernorm_backward(nopad_backend *be, void *ds, void *dw, void *db, void *dbias,
+nopad_status cpu_layernorm_backward(nopad_backend *be, void *ds, float *dw, float *db, float *dbias,
                                     const void *dy, const void *s, const void *w, float eps,
                                     int32_t n_tokens, int32_t dim) {
     if (n_tokens == 0) return NOPAD_OK;
@@ -218,13 +217,13 @@ nopad_status cpu_layernorm_backward(nopad_backend *be, void *ds, void *dw, void 
     return NOPAD_OK;
 }
 
-nopad_status cpu_embed_backward(nopad_backend *be, void *d_word_, void *d_pos_, void *d_type_,
-                                void *d_ln_w, void *d_ln_b, void *dy_, const int32_t *tokens,
+nopad_status cpu_embed_backward(nopad_backend *be, float *d_word, float *d_pos, float *d_type,
+                                float *d_ln_w, float *d_ln_b, void *dy_, const int32_t *tokens,
                                 const int32_t *types, const nopad_seqs *seqs,
                                 int32_t position_offset, const void *word_, const void *pos_,
                                 const void *type_, const void *ln_weight, float eps,
                                 int32_t dim) {
-    float *d_word = d_word_, *d_pos = d_pos_, *d_type = d_type_; // [V, E], [P, E], [TV, E]
+    /* d_word [V, E], d_pos [P, E], d_type [TV, E] or NULL */
     float *dy = dy_;                                               // [T, E], becomes ds
     const float *word = word_, *pos = pos_, *type = type_;
     const int32_t n_tokens = seqs->n_tokens;
@@ -283,5 +282,15 @@ nopad_status cpu_scatter_add_rows(nopad_backend *be, void *x_, const int32_t *ro
         for (int32_t i = 0; i < n; i++)
             for (int32_t c = c0; c < c1; c++) x[(size_t)rows[i] * dim + c] += src[(size_t)i * dim + c];
     }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_select_rows(nopad_backend *be, void *out_, const void *x_, const int32_t *rows,
+                             int32_t n, int32_t dim) {
+    float *out = out_;       // [n, dim]
+    const float *x = x_;     // [*, dim]
+#pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
+    for (int32_t i = 0; i < n; i++)
+        memcpy(out + (size_t)i * dim, x + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
     return NOPAD_OK;
 }

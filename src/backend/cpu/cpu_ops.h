@@ -62,21 +62,21 @@ nopad_status cpu_gather_rows(nopad_backend *be, float *out, const float *x, cons
 
 /* Training (cpu_backward.c, cpu_attention_backward.c, cpu_optim.c). */
 nopad_status cpu_zero(nopad_backend *be, void *dst, size_t bytes);
-nopad_status cpu_gemm_backward(nopad_backend *be, void *dx, void *dw, void *db, const void *dy,
+nopad_status cpu_gemm_backward(nopad_backend *be, void *dx, float *dw, float *db, const void *dy,
                                const void *x, const void *w, int32_t n_tokens, int32_t n_in,
                                int32_t n_out, int accumulate_dx);
 nopad_status cpu_activation(nopad_backend *be, void *y, const void *x, int32_t n_tokens,
                             int32_t dim, nopad_activation act);
-nopad_status cpu_activation_backward(nopad_backend *be, void *dx, void *db, const void *dy,
+nopad_status cpu_activation_backward(nopad_backend *be, void *dx, float *db, const void *dy,
                                      const void *x, int32_t n_tokens, int32_t dim,
                                      nopad_activation act);
 nopad_status cpu_dropout(nopad_backend *be, void *y, const void *x, int64_t n, float p,
                          uint64_t seed, uint64_t offset);
-nopad_status cpu_layernorm_backward(nopad_backend *be, void *ds, void *dw, void *db, void *dbias,
+nopad_status cpu_layernorm_backward(nopad_backend *be, void *ds, float *dw, float *db, float *dbias,
                                     const void *dy, const void *s, const void *w, float eps,
                                     int32_t n_tokens, int32_t dim);
-nopad_status cpu_embed_backward(nopad_backend *be, void *d_word, void *d_pos, void *d_type,
-                                void *d_ln_w, void *d_ln_b, void *dy, const int32_t *tokens,
+nopad_status cpu_embed_backward(nopad_backend *be, float *d_word, float *d_pos, float *d_type,
+                                float *d_ln_w, float *d_ln_b, void *dy, const int32_t *tokens,
                                 const int32_t *types, const nopad_seqs *seqs,
                                 int32_t position_offset, const void *word, const void *pos,
                                 const void *type, const void *ln_weight, float eps, int32_t dim);
@@ -89,6 +89,8 @@ nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv, const void *d
                                     float scale, int causal);
 nopad_status cpu_scatter_add_rows(nopad_backend *be, void *x, const int32_t *rows, const void *src,
                                   int32_t n, int32_t dim);
+nopad_status cpu_select_rows(nopad_backend *be, void *out, const void *x, const int32_t *rows,
+                             int32_t n, int32_t dim);
 nopad_status cpu_cross_entropy(nopad_backend *be, float *losses, void *dlogits, const void *logits,
                                const int32_t *labels, int32_t n, int32_t classes,
                                float grad_scale);

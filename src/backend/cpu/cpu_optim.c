@@ -2,6 +2,7 @@
  * master weights. Per-element arithmetic runs in double: these are the reference for the fused
  * CUDA kernels, and one step of either optimiser is compared with PyTorch to 1e-5. */
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
 
@@ -37,6 +38,12 @@ nopad_status cpu_squared_error(nopad_backend *be, float *losses, void *dpred_, c
     return NOPAD_OK;
 }
 
+/* The CPU computes in float32: a compute copy, when a caller keeps one, is the weights as they are. */
+static void copy_to_compute(const nopad_opt_tensor *t) {
+    if (t->param_compute && t->param_compute != (void *)t->param)
+        memcpy(t->param_compute, t->param, (size_t)t->n * sizeof(float));
+}
+
 nopad_status cpu_adamw(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
                        const nopad_opt_step *h) {
     const double b1 = h->beta1, b2 = h->beta2, lr = h->lr, eps = h->eps;
@@ -54,6 +61,7 @@ nopad_status cpu_adamw(nopad_backend *be, const nopad_opt_tensor *tensors, int32
             /* torch.optim.AdamW: p·(1 - lr·wd), then - lr·m̂ / (√v̂ + eps) */
             t->param[i] = (float)(t->param[i] * decay - lr * (m / bc1) / (sqrt(v / bc2) + eps));
         }
+        copy_to_compute(t);
     }
     return NOPAD_OK;
 }
@@ -107,6 +115,7 @@ nopad_status cpu_lamb(nopad_backend *be, const nopad_opt_tensor *tensors, int32_
                              wd * t->param[i];
             t->param[i] = (float)(t->param[i] - step * u);
         }
+        copy_to_compute(t);
     }
     return NOPAD_OK;
 }

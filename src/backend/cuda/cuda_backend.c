@@ -18,6 +18,7 @@
 #include "backend/cuda/sampling_ops.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/state.h"
+#include "backend/cuda/train/train_ops.h"
 #include "util/error.h"
 
 /* ---- the ops ---------------------------------------------------------------------------------- */
@@ -346,6 +347,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->upload_f32 = cuda_mem_upload_f32;
     be->download_f32 = cuda_mem_download_f32;
     be->upload_i32 = cuda_mem_upload_i32;
+    be->upload = cuda_mem_upload;
     be->download = cuda_mem_download;
     be->synchronize = cuda_mem_synchronize;
     be->release_staging = cuda_mem_release_staging;
@@ -372,6 +374,10 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->gemm_f32 = cu_gemm_f32;
     be->gemm_swiglu = cu_gemm_swiglu;
     be->sample = cu_sample;
+    /* training (train/): each op family fills its entries */
+    cuda_train_install_ops(be);
+    cuda_train_install_gemm_optim(be);
+    cuda_train_install_attention(be);
     *out = be;
     return NOPAD_OK;
 }

@@ -78,6 +78,11 @@ nopad_status cuda_mem_download(nopad_backend *be, void *dst, const void *src, si
     return st;
 }
 
+nopad_status cuda_mem_upload(nopad_backend *be, void *dst, const void *src, size_t bytes) {
+    CUDA_ENTER(be, s);
+    return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream), "upload");
+}
+
 nopad_status cuda_mem_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n) {
     CUDA_ENTER(be, s);
     return cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream), "upload");

@@ -73,6 +73,7 @@ void cuda_mem_free(nopad_backend *be, void *ptr);
 nopad_status cuda_mem_upload_f32(nopad_backend *be, void *dst, const float *src, size_t n);
 nopad_status cuda_mem_download_f32(nopad_backend *be, float *dst, const void *src, size_t n);
 nopad_status cuda_mem_download(nopad_backend *be, void *dst, const void *src, size_t bytes);
+nopad_status cuda_mem_upload(nopad_backend *be, void *dst, const void *src, size_t bytes);
 nopad_status cuda_mem_upload_i32(nopad_backend *be, int32_t *dst, const int32_t *src, size_t n);
 void cuda_mem_release_staging(nopad_backend *be);
 nopad_status cuda_mem_synchronize(nopad_backend *be);

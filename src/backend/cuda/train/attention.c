@@ -1,0 +1,8 @@
+/* CUDA training ops: see train_ops.h for which. */
+#ifdef NOPAD_HAVE_CUDA
+
+#include "backend/cuda/train/train_ops.h"
+
+void cuda_train_install_attention(nopad_backend *be) { (void)be; }
+
+#endif /* NOPAD_HAVE_CUDA */
