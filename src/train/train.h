@@ -162,6 +162,9 @@ typedef struct train_context {
     float *losses;    // [R] float32
     float *targets;   // [B] regression targets
     int32_t *tokens, *types, *cu_seqlens, *rows, *labels; // [T], [T], [B+1], [T], [T]
+    /* the batch of the last train_forward, for train_backward and train_read_loss */
+    nopad_seqs seqs;
+    int32_t forward_rows; // the rows its loss is the mean of (masked tokens or sequences); 0: none
 } train_context;
 
 /* A context for batches of at most max_tokens tokens and max_seqs sequences. */
@@ -171,8 +174,17 @@ void train_context_free(train_context *ctx);
 
 /* One step's forward and backward: checks the batch (ids, types, lengths, positions and labels
  * in range; nothing empty), sets the model's gradients to those of the batch's mean loss, and
- * writes that loss to *loss. The mean is over the masked tokens (MLM) or the sequences. */
+ * writes that loss to *loss. The mean is over the masked tokens (MLM) or the sequences. A loss
+ * that is not finite is NOPAD_ERR_INVALID_ARGUMENT (the gradients are then not to be used). The
+ * loss read back after the backward is enqueued is the step's one host synchronisation. */
 nopad_status train_forward_backward(train_context *ctx, const train_batch *batch, double *loss);
+/* The same in three parts, for timing and for callers that read the loss later: train_forward
+ * checks and uploads the batch and enqueues the forward, the head and its loss (whose op also
+ * leaves the logits' gradient); train_backward zeroes the gradients and enqueues the backward
+ * of the last forward; train_read_loss waits for the loss and writes its mean. */
+nopad_status train_forward(train_context *ctx, const train_batch *batch);
+nopad_status train_backward(train_context *ctx);
+nopad_status train_read_loss(train_context *ctx, double *loss);
 
 /* TRAIN_TASK_CLASSIFY: the forward alone, writing the batch's logits [B, num_labels] to host
  * memory (evaluation). The batch is checked as for a step (labels in range). */

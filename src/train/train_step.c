@@ -256,9 +256,9 @@ static nopad_status mean_loss(train_context *ctx, int32_t n, double *loss) {
 }
 
 /* BertForMaskedLM's head on the M masked rows only: t = LN(act(h·Wtᵀ + bt)), logits = t·wordᵀ +
- * bias (the decoder is the word embedding table); cross-entropy with mean over M. Leaves
- * ∂L/∂hidden in ctx->d_hidden. */
-static nopad_status mlm_head(train_context *ctx, const nopad_seqs *seqs, int32_t M, double *loss) {
+ * bias (the decoder is the word embedding table); cross-entropy with mean over M, whose op also
+ * leaves the logits' gradient in place. */
+static nopad_status mlm_head_forward(train_context *ctx, const nopad_seqs *seqs, int32_t M) {
     const train_model *m = ctx->model;
     nopad_backend *be = m->be;
     const model_config *c = &m->cfg;
@@ -276,9 +276,16 @@ static nopad_status mlm_head(train_context *ctx, const nopad_seqs *seqs, int32_t
     // logits[M, V] = head_norm·wordᵀ + bias; then their gradient in place, scaled by 1/M
     TRY(be->gemm(be, ctx->logits, ctx->head_norm, m->w.word, m->w.mlm_bias, NULL, M, H, V,
                  NOPAD_EPILOGUE_BIAS, c->activation));
-    TRY(be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, M, V, 1.0f / M));
-    TRY(mean_loss(ctx, M, loss));
-    // backward: the decoder (tied: its weight gradient adds onto the word table's)
+    return be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, M, V, 1.0f / M);
+}
+
+/* Its backward from the logits' gradient; leaves ∂L/∂hidden in ctx->d_hidden. */
+static nopad_status mlm_head_backward(train_context *ctx, const nopad_seqs *seqs, int32_t M) {
+    const train_model *m = ctx->model;
+    nopad_backend *be = m->be;
+    const model_config *c = &m->cfg;
+    const int32_t H = c->hidden_size, V = c->vocab_size;
+    // the decoder (tied: its weight gradient adds onto the word table's)
     TRY(be->gemm_backward(be, ctx->d_head_a, m->g.word, m->g.mlm_bias, ctx->logits,
                           ctx->head_norm, m->w.word, M, H, V, 0));
     TRY(be->layernorm_backward(be, ctx->d_head_a, m->g.mlm_ln_w, m->g.mlm_ln_b, NULL,
@@ -293,8 +300,9 @@ static nopad_status mlm_head(train_context *ctx, const nopad_seqs *seqs, int32_t
 }
 
 /* BertForSequenceClassification's head on the B first tokens: p = tanh(h[CLS]·Wpᵀ + bp),
- * logits = p·Wcᵀ + bc; cross-entropy (or squared error for one label) with mean over B. */
-static nopad_status classify_head(train_context *ctx, const nopad_seqs *seqs, double *loss) {
+ * logits = p·Wcᵀ + bc; cross-entropy (or squared error for one label) with mean over B, the
+ * logits' gradient left in place. */
+static nopad_status classify_head_forward(train_context *ctx, const nopad_seqs *seqs, int with_loss) {
     const train_model *m = ctx->model;
     nopad_backend *be = m->be;
     const model_config *c = &m->cfg;
@@ -305,14 +313,18 @@ static nopad_status classify_head(train_context *ctx, const nopad_seqs *seqs, do
     TRY(be->gemm(be, ctx->head_pre, ctx->head_in, m->w.pool_w, m->w.pool_b, NULL, B, H, H,
                  NOPAD_EPILOGUE_BIAS, c->activation));
     TRY(be->activation(be, ctx->head_act, ctx->head_pre, B, H, NOPAD_ACT_TANH));
-    // logits[B, C], then their gradient in place
+    // logits[B, C]
     TRY(be->gemm(be, ctx->logits, ctx->head_act, m->w.cls_w, m->w.cls_b, NULL, B, H, C,
                  NOPAD_EPILOGUE_BIAS, c->activation));
-    if (C == 1)
-        TRY(be->squared_error(be, ctx->losses, ctx->logits, ctx->logits, ctx->targets, B, 1.0f / B));
-    else
-        TRY(be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, B, C, 1.0f / B));
-    TRY(mean_loss(ctx, B, loss));
+    if (!with_loss) return NOPAD_OK;
+    if (C == 1) return be->squared_error(be, ctx->losses, ctx->logits, ctx->logits, ctx->targets, B, 1.0f / B);
+    return be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, B, C, 1.0f / B);
+}
+
+static nopad_status classify_head_backward(train_context *ctx, const nopad_seqs *seqs) {
+    const train_model *m = ctx->model;
+    nopad_backend *be = m->be;
+    const int32_t H = m->cfg.hidden_size, B = seqs->n_seqs, C = m->num_labels;
     TRY(be->gemm_backward(be, ctx->d_head_a, m->g.cls_w, m->g.cls_b, ctx->logits, ctx->head_act,
                           m->w.cls_w, B, H, C, 0));
     TRY(be->activation_backward(be, ctx->d_head_a, m->g.pool_b, ctx->d_head_a, ctx->head_pre, B,
@@ -348,40 +360,57 @@ nopad_status train_predict(train_context *ctx, const train_batch *b, float *logi
     TRY(check_batch(ctx, b));
     nopad_seqs seqs;
     TRY(upload_inputs(ctx, b, &seqs));
+    ctx->forward_rows = 0; /* no loss: nothing for train_backward */
     TRY(encoder_forward_train(ctx, &seqs));
-    const model_config *c = &m->cfg;
-    const int32_t H = c->hidden_size, B = seqs.n_seqs, C = m->num_labels;
-    const void *h = at(ctx, ctx->hidden, (size_t)c->num_layers * seqs.n_tokens * H); // [T, H]
-    // as classify_head's forward: logits[B, C] = tanh(h[CLS]·Wpᵀ + bp)·Wcᵀ + bc
-    TRY(be->pool(be, ctx->head_in, h, &seqs, H, NOPAD_POOLING_CLS));
-    TRY(be->gemm(be, ctx->head_pre, ctx->head_in, m->w.pool_w, m->w.pool_b, NULL, B, H, H,
-                 NOPAD_EPILOGUE_BIAS, c->activation));
-    TRY(be->activation(be, ctx->head_act, ctx->head_pre, B, H, NOPAD_ACT_TANH));
-    TRY(be->gemm(be, ctx->logits, ctx->head_act, m->w.cls_w, m->w.cls_b, NULL, B, H, C,
-                 NOPAD_EPILOGUE_BIAS, c->activation));
-    return be->download_f32(be, logits, ctx->logits, (size_t)B * C);
+    TRY(classify_head_forward(ctx, &seqs, 0));
+    return be->download_f32(be, logits, ctx->logits, (size_t)seqs.n_seqs * m->num_labels);
 }
 
-nopad_status train_forward_backward(train_context *ctx, const train_batch *b, double *loss) {
+nopad_status train_forward(train_context *ctx, const train_batch *b) {
     train_model *m = ctx->model;
     nopad_backend *be = m->be;
+    ctx->forward_rows = 0;
     TRY(check_batch(ctx, b));
     const int32_t B = b->n_seqs;
-    nopad_seqs seqs;
-    TRY(upload_inputs(ctx, b, &seqs));
+    TRY(upload_inputs(ctx, b, &ctx->seqs));
     if (m->task == TRAIN_TASK_MLM) {
         TRY(be->upload_i32(be, ctx->rows, b->mlm_positions, (size_t)b->n_masked));
         TRY(be->upload_i32(be, ctx->labels, b->mlm_labels, (size_t)b->n_masked));
     } else if (m->num_labels == 1) {
-        TRY(be->upload_f32(be, ctx->targets, b->targets, (size_t)B));
+        TRY(be->upload(be, ctx->targets, b->targets, (size_t)B * sizeof(float)));
     } else {
         TRY(be->upload_i32(be, ctx->labels, b->labels, (size_t)B));
     }
+    TRY(encoder_forward_train(ctx, &ctx->seqs));
+    if (m->task == TRAIN_TASK_MLM) TRY(mlm_head_forward(ctx, &ctx->seqs, b->n_masked));
+    else TRY(classify_head_forward(ctx, &ctx->seqs, 1));
+    ctx->forward_rows = m->task == TRAIN_TASK_MLM ? b->n_masked : B;
+    return NOPAD_OK;
+}
+
+nopad_status train_backward(train_context *ctx) {
+    train_model *m = ctx->model;
+    nopad_backend *be = m->be;
+    if (ctx->forward_rows < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_backward: no forward to go "
+                               "back through (call train_forward first)");
     TRY(be->zero(be, m->grads, (size_t)m->n_params * sizeof(float)));
-    TRY(encoder_forward_train(ctx, &seqs));
-    if (m->task == TRAIN_TASK_MLM) TRY(mlm_head(ctx, &seqs, b->n_masked, loss));
-    else TRY(classify_head(ctx, &seqs, loss));
+    if (m->task == TRAIN_TASK_MLM) TRY(mlm_head_backward(ctx, &ctx->seqs, ctx->forward_rows));
+    else TRY(classify_head_backward(ctx, &ctx->seqs));
+    return encoder_backward(ctx, &ctx->seqs);
+}
+
+nopad_status train_read_loss(train_context *ctx, double *loss) {
+    if (ctx->forward_rows < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_read_loss: no forward ran");
+    return mean_loss(ctx, ctx->forward_rows, loss);
+}
+
+nopad_status train_forward_backward(train_context *ctx, const train_batch *b, double *loss) {
+    TRY(train_forward(ctx, b));
+    TRY(train_backward(ctx));
+    TRY(train_read_loss(ctx, loss));
     if (!isfinite(*loss))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training step: the loss is %g", *loss);
-    return encoder_backward(ctx, &seqs);
+    return NOPAD_OK;
 }
