@@ -135,6 +135,12 @@ static nopad_status check_backend(const nopad_backend *be) {
             return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                    "training: the %s backend has no %s op yet (training runs on "
                                    "the CPU backend)", be->name, ops[i].name);
+    /* fp16's 5 exponent bits flush small gradients (the loss is a mean over thousands of rows)
+     * to zero without dynamic loss scaling; bf16 has float32's range */
+    if (be->dtype == NOPAD_DTYPE_F16)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "training: the %s backend computes in "
+                               "bf16 for training (fp16 would need dynamic loss scaling, not done "
+                               "yet): use dtype bf16", be->name);
     return NOPAD_OK;
 }
 
