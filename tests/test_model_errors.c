@@ -84,8 +84,8 @@ static void test_bad_config(void **state) {
     cfg = bert_a_config_with("num_attention_heads", "5"); /* 48 % 5 != 0 */
     expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, "divisible");
     free(cfg);
-    cfg = bert_a_config_with("hidden_act", "\"swish\"");
-    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_UNSUPPORTED, "swish");
+    cfg = bert_a_config_with("hidden_act", "\"mish\"");
+    expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_UNSUPPORTED, "mish");
     free(cfg);
     cfg = bert_a_config_with("num_hidden_layers", "-2");
     expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, "num_hidden_layers");
@@ -97,8 +97,8 @@ static void test_bad_config(void **state) {
 static void test_wrong_json_types(void **state) {
     expect_load_error(copy_model("bert_a", "{\"model_type\": 5}"), NOPAD_ERR_FORMAT,
                       "field \"model_type\" has the wrong JSON type: expected a string (bert, roberta, "
-                      "xlm-roberta, camembert, distilbert, albert (encoders); gpt2, llama, mistral, "
-                      "qwen2 (decoders)), found a number");
+                      "xlm-roberta, camembert, distilbert, albert, deberta-v2 (encoders); gpt2, "
+                      "llama, mistral, qwen2 (decoders)), found a number");
     expect_load_error(copy_model("bert_a", "{\"model_type\": [\"bert\"]}"), NOPAD_ERR_FORMAT,
                       "(decoders)), found an array");
     expect_load_error(copy_model("bert_a", "{\"hidden_size\": 48}"), NOPAD_ERR_FORMAT,

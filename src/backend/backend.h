@@ -17,6 +17,7 @@
 #ifndef NOPAD_BACKEND_H
 #define NOPAD_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,30 @@ typedef struct nopad_seqs {
     int32_t max_seqlen;        /* max_i (cu_seqlens[i+1] - cu_seqlens[i]) */
     const int32_t *cu_seqlens; /* [B+1] in backend memory */
 } nopad_seqs;
+
+/* DeBERTa's relative positions, as attention_rel reads them. */
+typedef struct nopad_rel_positions {
+    int32_t att_span;               /* k: the position tables have 2k rows */
+    int32_t position_buckets;       /* > 0: relative distances log-bucketed; <= 0: i - j as is */
+    int32_t max_relative_positions; /* the distance the log buckets reach */
+} nopad_rel_positions;
+
+/* The bucket of the relative distance rel = i - j (HF make_log_bucket_position), one definition
+ * for every backend's attention_rel. Distances within ±buckets/2 stay as they are; beyond, they
+ * grow logarithmically so that max_relative_positions - 1 lands on bucket buckets - 1. Computed
+ * in float32 as torch does it (int64 true division gives float32), so the ceil lands on the same
+ * integer (tests/test_deberta.c checks ±2047 against torch). */
+static inline int32_t nopad_rel_bucket(int32_t rel, const nopad_rel_positions *p) {
+    if (p->position_buckets <= 0) return rel;
+    const int32_t mid = p->position_buckets / 2;
+    const int32_t abs_rel = rel < 0 ? -rel : rel;
+    if (abs_rel <= mid) return rel;
+    const float log_pos =
+        ceilf(logf((float)abs_rel / (float)mid) /
+              logf((float)((double)(p->max_relative_positions - 1) / (double)mid)) * (float)(mid - 1)) +
+        (float)mid;
+    return rel < 0 ? -(int32_t)log_pos : (int32_t)log_pos;
+}
 
 /* The op families, for the capability query. */
 typedef enum nopad_op {
@@ -161,7 +186,8 @@ struct nopad_backend {
 
     /* ---- embedding ------------------------------------------------------------------------- */
     /* out[T, E] = LayerNorm(word[tokens] + pos[position_offset + t - start(seq)] + type[types])
-     * word [V, E], pos [P, E], type [TV, E] or NULL (no token types); types[T] or NULL (= 0).
+     * word [V, E], pos [P, E] or NULL (no absolute positions: DeBERTa-v3; CPU only for now),
+     * type [TV, E] or NULL (no token types); types[T] or NULL (= 0).
      * V, P, TV bound the ids: backends that cannot check them before the launch (device-side
      * input) must poison the row rather than read out of bounds. */
     nopad_status (*embed)(nopad_backend *be, void *out, const int32_t *tokens,
@@ -195,6 +221,18 @@ struct nopad_backend {
     nopad_status (*attention)(nopad_backend *be, void *out, const void *qkv,
                               const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
                               float scale, int causal);
+    /* DeBERTa-v2/v3's disentangled attention: `attention` (not causal) whose scores carry the
+     * relative-position terms, computed per sequence from the packed stream (no [B, S, S] bias):
+     *   s_ij = scale · (q_i·k_j + q_i·pos_key[r_ij] + k_j·pos_query[r_ij]),
+     *   r_ij = clamp(nopad_rel_bucket(i - j, rel) + k, 0, 2k - 1), k = rel->att_span,
+     * i, j positions inside the sequence, head h reading columns h·head_size of each table.
+     * pos_key, pos_query [2k, n_heads·head_size] (the relative embeddings projected by the
+     * layer's key and query weights), either NULL for a term the model does not have (c2p, p2c).
+     * NULL where the backend has none yet. */
+    nopad_status (*attention_rel)(nopad_backend *be, void *out, const void *qkv,
+                                  const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                                  float scale, const void *pos_key, const void *pos_query,
+                                  const nopad_rel_positions *rel);
 
     /* ---- pooling --------------------------------------------------------------------------- */
     /* out[B, dim] = pooling of x[T, dim] over each sequence (CLS: first token; MEAN; MAX). */

@@ -21,10 +21,11 @@ static const family_entry FAMILIES[] = {
     {"bert", FAMILY_BERT},           {"roberta", FAMILY_ROBERTA},
     {"xlm-roberta", FAMILY_ROBERTA}, {"camembert", FAMILY_ROBERTA},
     {"distilbert", FAMILY_DISTILBERT}, {"albert", FAMILY_ALBERT},
+    {"deberta-v2", FAMILY_DEBERTA_V2},
 };
 #define SUPPORTED_TYPES                                                                            \
-    "bert, roberta, xlm-roberta, camembert, distilbert, albert (encoders); gpt2, llama, mistral, " \
-    "qwen2 (decoders)"
+    "bert, roberta, xlm-roberta, camembert, distilbert, albert, deberta-v2 (encoders); gpt2, "     \
+    "llama, mistral, qwen2 (decoders)"
 
 /* Reads an integer field. Absent: `fallback` if has_fallback, else an error naming the field. */
 nopad_status hf_get_int(const cJSON *root, const char *where, const char *key, int has_fallback,
@@ -86,12 +87,148 @@ static nopad_status parse_activation(const cJSON *root, const char *where, const
         cfg->activation = NOPAD_ACT_GELU_TANH;
     else if (!strcmp(name, "relu"))
         cfg->activation = NOPAD_ACT_RELU;
+    else if (!strcmp(name, "silu") || !strcmp(name, "swish"))
+        cfg->activation = NOPAD_ACT_SILU;
     else
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: activation \"%s\" (field \"%s\") is not supported; expected "
-                               "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast or relu",
+                               "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu or swish",
                                where, name, key);
     snprintf(cfg->activation_name, sizeof cfg->activation_name, "%s", name);
+    return NOPAD_OK;
+}
+
+enum { MAX_DIM = 1 << 16, MAX_LAYERS = 1024, MAX_VOCAB = 1 << 24, MAX_POSITIONS = 1 << 20 };
+
+/* An optional boolean field: absent or null gives `fallback`. */
+static nopad_status get_bool(const cJSON *root, const char *where, const char *key, int fallback,
+                             int *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!item || cJSON_IsNull(item)) {
+        *out = fallback;
+        return NOPAD_OK;
+    }
+    if (!cJSON_IsBool(item)) return json_wrong_type(where, key, "true or false", item);
+    *out = cJSON_IsTrue(item);
+    return NOPAD_OK;
+}
+
+/* One term of DeBERTa's pos_att_type ("c2p", "p2c"; HF lowercases and strips them). */
+static nopad_status deberta_term(const char *where, const char *term, size_t len,
+                                 relative_attention *rel) {
+    while (len && (*term == ' ' || *term == '\t')) term++, len--;
+    while (len && (term[len - 1] == ' ' || term[len - 1] == '\t')) len--;
+    char t[8] = {0};
+    if (len < sizeof t)
+        for (size_t i = 0; i < len; i++) t[i] = (char)(term[i] >= 'A' && term[i] <= 'Z' ? term[i] + 32 : term[i]);
+    if (len < sizeof t && !strcmp(t, "c2p"))
+        rel->c2p = 1;
+    else if (len < sizeof t && !strcmp(t, "p2c"))
+        rel->p2c = 1;
+    else
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: pos_att_type term \"%.*s\" is not supported; expected \"c2p\" "
+                               "and/or \"p2c\" (as a list, or joined by '|')",
+                               where, (int)(len > 32 ? 32 : len), term);
+    return NOPAD_OK;
+}
+
+/* DeBERTa-v2/v3's fields beyond BERT's, as DebertaV2Config and the modeling code read them
+ * (several through getattr with a default: position_buckets, share_att_key, norm_rel_ebd). */
+static nopad_status parse_deberta(const cJSON *root, const char *where, model_config *out) {
+    relative_attention *rel = &out->rel;
+    nopad_status st = get_bool(root, where, "relative_attention", 0, &rel->enabled);
+    if (st == NOPAD_OK) st = get_bool(root, where, "position_biased_input", 1, &out->absolute_positions);
+    if (st == NOPAD_OK) st = get_bool(root, where, "share_att_key", 0, &rel->share_att_key);
+    if (st == NOPAD_OK)
+        st = hf_get_int(root, where, "position_buckets", 1, -1, INT32_MIN, MAX_POSITIONS, &rel->position_buckets);
+    if (st == NOPAD_OK)
+        st = hf_get_int(root, where, "max_relative_positions", 1, -1, INT32_MIN, MAX_POSITIONS,
+                        &rel->max_relative_positions);
+    if (st != NOPAD_OK) return st;
+
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(root, "pos_att_type");
+    if (cJSON_IsString(pat)) {
+        for (const char *p = pat->valuestring; st == NOPAD_OK;) {
+            const char *bar = strchr(p, '|');
+            const size_t n = bar ? (size_t)(bar - p) : strlen(p);
+            st = deberta_term(where, p, n, rel);
+            if (!bar) break;
+            p = bar + 1;
+        }
+    } else if (cJSON_IsArray(pat)) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, pat) {
+            if (!cJSON_IsString(item))
+                return json_wrong_type(where, "pos_att_type", "a list of \"c2p\" / \"p2c\"", item);
+            if ((st = deberta_term(where, item->valuestring, strlen(item->valuestring), rel)) != NOPAD_OK)
+                return st;
+        }
+    } else if (pat && !cJSON_IsNull(pat)) {
+        return json_wrong_type(where, "pos_att_type", "a list or a '|'-joined string of c2p, p2c", pat);
+    }
+    if (st != NOPAD_OK) return st;
+
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "norm_rel_ebd");
+    if (norm && !cJSON_IsNull(norm)) {
+        if (!cJSON_IsString(norm)) return json_wrong_type(where, "norm_rel_ebd", "\"layer_norm\" or \"none\"", norm);
+        if (!strcmp(norm->valuestring, "layer_norm"))
+            rel->norm_rel_ebd = 1;
+        else if (strcmp(norm->valuestring, "none") != 0)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: norm_rel_ebd \"%.64s\" is not supported; expected "
+                                   "\"layer_norm\" or \"none\"",
+                                   where, norm->valuestring);
+    }
+    int32_t v = 0;
+    if ((st = hf_get_int(root, where, "conv_kernel_size", 1, 0, 0, MAX_DIM, &v)) != NOPAD_OK) return st;
+    if (v > 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: conv_kernel_size %d asks for DeBERTa-v2's convolution after the "
+                               "first layer (deberta-v2-xlarge), which is not supported; expected 0 "
+                               "or absent",
+                               where, v);
+    if ((st = hf_get_int(root, where, "embedding_size", 1, out->hidden_size, 1, MAX_DIM, &v)) != NOPAD_OK)
+        return st;
+    if (v != out->hidden_size)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: embedding_size %d differs from hidden_size %d (DeBERTa's embed_proj), "
+                               "which is not supported",
+                               where, v, out->hidden_size);
+    if ((st = hf_get_int(root, where, "attention_head_size", 1, out->hidden_size / out->num_heads, 1,
+                         MAX_DIM, &v)) != NOPAD_OK)
+        return st;
+    if (v * out->num_heads != out->hidden_size)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: attention_head_size %d times %d heads is not hidden_size %d, which "
+                               "is not supported",
+                               where, v, out->num_heads, out->hidden_size);
+
+    /* HF counts the terms in the scale even when relative_attention is off */
+    out->attention_scale_factor = 1 + rel->c2p + rel->p2c;
+    if (!rel->enabled) {
+        if (!out->absolute_positions)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: relative_attention is false and position_biased_input is "
+                                   "false: the model would see no positions at all; expected one "
+                                   "of them true",
+                                   where);
+        rel->c2p = rel->p2c = 0;
+        return NOPAD_OK;
+    }
+    if (rel->max_relative_positions < 1) rel->max_relative_positions = out->max_position_embeddings;
+    rel->att_span = rel->max_relative_positions;
+    if (rel->position_buckets > 0) {
+        rel->att_span = rel->position_buckets;
+        /* make_log_bucket_position divides by log((max_relative_positions - 1) / (buckets / 2)) */
+        const int32_t mid = rel->position_buckets / 2;
+        if (mid < 1 || rel->max_relative_positions - 1 <= mid)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: position_buckets %d with max_relative_positions %d: log "
+                                   "buckets need position_buckets >= 2 and max_relative_positions > "
+                                   "position_buckets / 2 + 1",
+                                   where, rel->position_buckets, rel->max_relative_positions);
+    }
     return NOPAD_OK;
 }
 
@@ -103,8 +240,6 @@ static nopad_status parse_activation(const cJSON *root, const char *where, const
             return st_;                                                                            \
         }                                                                                          \
     } while (0)
-
-enum { MAX_DIM = 1 << 16, MAX_LAYERS = 1024, MAX_VOCAB = 1 << 24, MAX_POSITIONS = 1 << 20 };
 
 nopad_status hf_config_parse(const char *json, size_t len, const char *where, model_config *out) {
     memset(out, 0, sizeof *out);
@@ -163,6 +298,8 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
         TRY(hf_get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
         TRY(parse_activation(root, where, "activation", "gelu", out));
         out->layer_norm_eps = 1e-12f; /* fixed in DistilBERT's modeling code */
+        out->absolute_positions = 1;
+        out->attention_scale_factor = 1;
         out->type_vocab_size = 0;
         out->embedding_size = out->hidden_size;
     } else {
@@ -174,9 +311,11 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
                     &out->intermediate_size));
         TRY(hf_get_int(root, where, "max_position_embeddings", 0, 0, 1, MAX_POSITIONS,
                     &out->max_position_embeddings));
-        TRY(hf_get_int(root, where, "type_vocab_size", 1, 2, 0, MAX_VOCAB, &out->type_vocab_size));
+        const int deberta = out->family == FAMILY_DEBERTA_V2; /* DebertaV2Config's defaults */
+        TRY(hf_get_int(root, where, "type_vocab_size", 1, deberta ? 0 : 2, 0, MAX_VOCAB,
+                       &out->type_vocab_size));
         TRY(hf_get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
-        TRY(get_float(root, where, "layer_norm_eps", 1e-12f, &out->layer_norm_eps));
+        TRY(get_float(root, where, "layer_norm_eps", deberta ? 1e-7f : 1e-12f, &out->layer_norm_eps));
         TRY(parse_activation(root, where, "hidden_act",
                              out->family == FAMILY_ALBERT ? "gelu_new" : "gelu", out));
         const cJSON *pet = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");
@@ -209,6 +348,9 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
             }
         }
         if (out->family == FAMILY_ROBERTA) out->position_offset = out->pad_token_id + 1;
+        out->absolute_positions = 1;
+        out->attention_scale_factor = 1;
+        if (deberta && out->hidden_size % out->num_heads == 0) TRY(parse_deberta(root, where, out));
     }
     cJSON_Delete(root);
 

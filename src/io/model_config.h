@@ -13,6 +13,8 @@ typedef enum model_family {
     FAMILY_ROBERTA,    /* also xlm-roberta, camembert: positions start at pad_token_id + 1 */
     FAMILY_DISTILBERT, /* own tensor names, no token types */
     FAMILY_ALBERT,     /* factorised embeddings, shared layer groups */
+    FAMILY_DEBERTA_V2, /* deberta-v2 (and v3): disentangled relative attention, usually no
+                          absolute positions */
     FAMILY_GPT2,       /* decoder: learned positions, LayerNorm, gelu_new, Conv1D weights, tied head */
     FAMILY_LLAMA,      /* decoder: RMSNorm, RoPE, SwiGLU, grouped-query attention (also mistral,
                           qwen2 with QKV biases, SmolLM2) */
@@ -38,6 +40,20 @@ typedef struct rope_scaling {
     int32_t original_max_positions;          /* LLAMA3 */
 } rope_scaling;
 
+/* DeBERTa-v2/v3's disentangled attention (HF DisentangledSelfAttention): each score gets a
+ * content-to-position term q_i·pos_key[r] and a position-to-content term k_j·pos_query[r], where
+ * r = clamp(bucket(i - j) + att_span, 0, 2·att_span - 1) indexes the relative embeddings. */
+typedef struct relative_attention {
+    int enabled;                    /* config.json relative_attention */
+    int c2p, p2c;                   /* pos_att_type holds "c2p" / "p2c" */
+    int share_att_key;              /* positions projected by the layer's own query/key weights */
+    int norm_rel_ebd;               /* norm_rel_ebd "layer_norm": LayerNorm on rel_embeddings */
+    int32_t position_buckets;       /* <= 0: no log buckets */
+    int32_t max_relative_positions; /* as HF resolves it: max_position_embeddings when < 1 */
+    int32_t att_span;               /* k: position_buckets if > 0, else max_relative_positions;
+                                       rel_embeddings has 2k rows */
+} relative_attention;
+
 typedef struct model_config {
     char model_type[32];      /* config.json's model_type, as written */
     model_family family;
@@ -54,6 +70,11 @@ typedef struct model_config {
     int32_t type_vocab_size;  /* 0: no token-type embeddings (DistilBERT) */
     int32_t pad_token_id;
     int32_t position_offset;  /* first position id: pad_token_id + 1 for RoBERTa, else 0 */
+    int absolute_positions;   /* 1: learned position embeddings are added at the input (0:
+                                 DeBERTa with position_biased_input false) */
+    relative_attention rel;   /* DeBERTa-v2/v3 */
+    int32_t attention_scale_factor; /* scores scaled by 1/sqrt(head_size · this): 1, or DeBERTa's
+                                       1 + |pos_att_type| */
     model_positions positions;
     float rope_theta;         /* POSITIONS_ROPE only */
     model_norm norm;

@@ -79,7 +79,12 @@ nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const en
     const int32_t T = n_rows, H = cfg->hidden_size, I = cfg->intermediate_size;
     const int32_t E = cfg->embedding_size;
     const float eps = cfg->layer_norm_eps;
-    const float scale = 1.0f / sqrtf((float)cfg->head_size);
+    // DeBERTa scales by 1/sqrt(d · (1 + its number of relative terms)), every other family 1/sqrt(d)
+    const int32_t scale_factor = cfg->attention_scale_factor > 0 ? cfg->attention_scale_factor : 1;
+    const float scale = 1.0f / sqrtf((float)cfg->head_size * (float)scale_factor);
+    const nopad_rel_positions rel = {.att_span = cfg->rel.att_span,
+                                     .position_buckets = cfg->rel.position_buckets,
+                                     .max_relative_positions = cfg->rel.max_relative_positions};
 
     // ALBERT: x[T, H] = embed[T, E] · Wprojᵀ + b
     if (w->embed_proj_weight)
@@ -91,9 +96,14 @@ nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const en
         // qkv[T, 3H] = x · Wqkvᵀ + bqkv
         TRY(be->gemm(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
                        NOPAD_EPILOGUE_BIAS, cfg->activation));
-        // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head
-        TRY(be->attention(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
-                                 scale, 0));
+        // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head; DeBERTa adds its
+        // relative terms q·pos_keyᵀ and k·pos_queryᵀ to the scores
+        if (L->rel_pos_key || L->rel_pos_query)
+            TRY(be->attention_rel(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
+                                  scale, L->rel_pos_key, L->rel_pos_query, &rel));
+        else
+            TRY(be->attention(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
+                              scale, 0));
         // x1[T, H] = LN(x + context · Woᵀ + bo)
         void *x1 = ws->attn;
         TRY(be->gemm(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, H, H,

@@ -1,6 +1,7 @@
-/* The BERT-family encoder, written once against the op table. All four families reduce to the
- * same post-LayerNorm layer; they differ only in tensor names, token types, position offset and
- * (ALBERT) a factorised embedding with shared layers, which the loader resolves. */
+/* The BERT-family encoder, written once against the op table. All five families reduce to the
+ * same post-LayerNorm layer; they differ only in tensor names, token types, position offset,
+ * (ALBERT) a factorised embedding with shared layers, which the loader resolves, and (DeBERTa)
+ * relative-position terms in the attention scores instead of absolute positions. */
 #ifndef NOPAD_MODEL_ENCODER_H
 #define NOPAD_MODEL_ENCODER_H
 
@@ -22,11 +23,15 @@ typedef struct encoder_layer {
     void *ffn_out_bias;     // [H]
     void *ffn_ln_weight;    // [H]
     void *ffn_ln_bias;      // [H]
+    /* DeBERTa: the relative embeddings projected by this layer's key and query weights, derived
+     * once at load (they depend on weights only); NULL for a term the model lacks */
+    void *rel_pos_key;      // [2k, H] content -> position (c2p)
+    void *rel_pos_query;    // [2k, H] position -> content (p2c)
 } encoder_layer;
 
 typedef struct encoder_weights {
     void *word_embeddings;     // [V, E]
-    void *position_embeddings; // [P, E]
+    void *position_embeddings; // [P, E], NULL without absolute positions (DeBERTa-v3)
     void *type_embeddings;     // [TV, E], NULL when the family has no token types
     void *embed_ln_weight;     // [E]
     void *embed_ln_bias;       // [E]

@@ -141,6 +141,15 @@ static const layer_names ALBERT_LAYER = {
     "attention.LayerNorm.bias", "ffn.weight", "ffn.bias", "ffn_output.weight", "ffn_output.bias",
     "full_layer_layer_norm.weight", "full_layer_layer_norm.bias"};
 
+static const layer_names DEBERTA_LAYER = {
+    "attention.self.query_proj.weight", "attention.self.query_proj.bias",
+    "attention.self.key_proj.weight",   "attention.self.key_proj.bias",
+    "attention.self.value_proj.weight", "attention.self.value_proj.bias",
+    "attention.output.dense.weight",    "attention.output.dense.bias",
+    "attention.output.LayerNorm.weight", "attention.output.LayerNorm.bias",
+    "intermediate.dense.weight",        "intermediate.dense.bias", "output.dense.weight",
+    "output.dense.bias",                "output.LayerNorm.weight", "output.LayerNorm.bias"};
+
 static nopad_status load_layer(loader *ld, const model_config *cfg, const char *layer_prefix,
                                const layer_names *n, encoder_layer *L) {
     const int64_t H = cfg->hidden_size, I = cfg->intermediate_size;
@@ -166,6 +175,49 @@ static nopad_status load_layer(loader *ld, const model_config *cfg, const char *
     TRY(load(ld, NAME(ln2_b), H, 0, &L->ffn_ln_bias));
 #undef NAME
     return NOPAD_OK;
+}
+
+/* DeBERTa: each layer's relative-position tables, pos_key = rel·Wkᵀ + bk and pos_query =
+ * rel·Wqᵀ + bq [2k, H], with rel = LayerNorm(rel_embeddings) when norm_rel_ebd asks, and W the
+ * layer's own key/query weights (share_att_key) or its pos_key_proj / pos_query_proj. They depend
+ * on weights only, so they are computed here once with the backend's ops, not in every forward. */
+static nopad_status load_relative_tables(loader *ld, const model_config *cfg, encoder_weights *w) {
+    const relative_attention *rel = &cfg->rel;
+    const int64_t H = cfg->hidden_size, R = 2 * (int64_t)rel->att_span;
+    const size_t es = nopad_dtype_size(ld->be->dtype);
+    void *table, *ln_w, *ln_b;
+    TRY(load(ld, "encoder.rel_embeddings.weight", R, H, &table)); // [2k, H]
+    if (rel->norm_rel_ebd) {
+        TRY(load(ld, "encoder.LayerNorm.weight", H, 0, &ln_w));
+        TRY(load(ld, "encoder.LayerNorm.bias", H, 0, &ln_b));
+        TRY(ld->be->layernorm(ld->be, table, NULL, NULL, ln_w, ln_b, cfg->layer_norm_eps, (int32_t)R,
+                              (int32_t)H));
+    }
+    char name[192];
+    for (int l = 0; l < w->n_layer_weights; l++) {
+        encoder_layer *L = &w->layers[l];
+        for (int term = 0; term < 2; term++) { // 0: c2p (keys), 1: p2c (queries)
+            if (!(term == 0 ? rel->c2p : rel->p2c)) continue;
+            const void *weight, *bias;
+            if (rel->share_att_key) { // the rows of the fused [3H, H] QKV: query 0, key 1
+                weight = (const char *)L->qkv_weight + (size_t)(term == 0 ? H * H : 0) * es;
+                bias = (const char *)L->qkv_bias + (size_t)(term == 0 ? H : 0) * es;
+            } else {
+                void *pw, *pb;
+                const char *proj = term == 0 ? "pos_key_proj" : "pos_query_proj";
+                snprintf(name, sizeof name, "encoder.layer.%d.attention.self.%s.weight", l, proj);
+                TRY(load(ld, name, H, H, &pw));
+                snprintf(name, sizeof name, "encoder.layer.%d.attention.self.%s.bias", l, proj);
+                TRY(load(ld, name, H, 0, &pb));
+                weight = pw, bias = pb;
+            }
+            void **out = term == 0 ? &L->rel_pos_key : &L->rel_pos_query;
+            TRY(alloc_tensor(ld, (size_t)(R * H), out));
+            TRY(ld->be->gemm(ld->be, *out, table, weight, bias, NULL, (int32_t)R, (int32_t)H,
+                             (int32_t)H, NOPAD_EPILOGUE_BIAS, cfg->activation));
+        }
+    }
+    return ld->be->synchronize(ld->be);
 }
 
 /* Checkpoints saved from task models (BertForSequenceClassification, ...) put the encoder under
@@ -243,8 +295,9 @@ static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weight
     TRY(find_prefix(ld));
     TRY(check_config_against_weights(ld, cfg));
     TRY(load(ld, "embeddings.word_embeddings.weight", cfg->vocab_size, E, &w->word_embeddings));
-    TRY(load(ld, "embeddings.position_embeddings.weight", cfg->max_position_embeddings, E,
-             &w->position_embeddings));
+    if (cfg->absolute_positions)
+        TRY(load(ld, "embeddings.position_embeddings.weight", cfg->max_position_embeddings, E,
+                 &w->position_embeddings));
     if (cfg->type_vocab_size > 0)
         TRY(load(ld, "embeddings.token_type_embeddings.weight", cfg->type_vocab_size, E,
                  &w->type_embeddings));
@@ -255,6 +308,7 @@ static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weight
     switch (cfg->family) {
     case FAMILY_BERT:
     case FAMILY_ROBERTA:
+    case FAMILY_DEBERTA_V2:
     case FAMILY_DISTILBERT: {
         w->n_layer_weights = cfg->num_layers;
         w->layers = calloc((size_t)cfg->num_layers, sizeof *w->layers);
@@ -266,10 +320,13 @@ static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weight
         for (int l = 0; l < cfg->num_layers; l++) {
             snprintf(layer_prefix, sizeof layer_prefix,
                      distil ? "transformer.layer.%d." : "encoder.layer.%d.", l);
-            TRY(load_layer(ld, cfg, layer_prefix, distil ? &DISTILBERT_LAYER : &BERT_LAYER,
-                           &w->layers[l]));
+            const layer_names *names = distil                                ? &DISTILBERT_LAYER
+                                       : cfg->family == FAMILY_DEBERTA_V2 ? &DEBERTA_LAYER
+                                                                          : &BERT_LAYER;
+            TRY(load_layer(ld, cfg, layer_prefix, names, &w->layers[l]));
             w->schedule[l] = &w->layers[l];
         }
+        if (cfg->rel.enabled && (cfg->rel.c2p || cfg->rel.p2c)) TRY(load_relative_tables(ld, cfg, w));
         break;
     }
     case FAMILY_GPT2:

@@ -33,6 +33,7 @@ static const char *family_name(model_family f) {
     case FAMILY_ROBERTA: return "RoBERTa";
     case FAMILY_DISTILBERT: return "DistilBERT";
     case FAMILY_ALBERT: return "ALBERT";
+    case FAMILY_DEBERTA_V2: return "DeBERTa-v2";
     case FAMILY_GPT2: return "GPT-2";
     case FAMILY_LLAMA: return "LLaMA";
     }
@@ -116,6 +117,12 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
 
     st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
     if (st != NOPAD_OK) return st;
+
+    if (m->cfg.rel.enabled && !m->be->attention_rel)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: DeBERTa's relative attention runs on the CPU backend only for "
+                               "now (this model was asked to load on %s)",
+                               dir, m->be->name);
 
     safetensors_checkpoint ckpt;
     st = safetensors_checkpoint_open(dir, &ckpt);

@@ -97,6 +97,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->gemm = cpu_linear;
     be->layernorm = cpu_bias_residual_layernorm;
     be->attention = cpu_attention_varlen;
+    be->attention_rel = cpu_attention_rel;
     be->pool = cpu_pool;
     be->l2_normalize = cpu_l2_normalize;
     be->embed_tokens = cpu_embed_tokens;

@@ -28,15 +28,18 @@ nopad_status cpu_embed_layernorm(nopad_backend *be, void *out_, const int32_t *t
                                  float eps, int32_t dim) {
     float *out = out_;              // [T, dim]
     const float *word = word_;      // [V, dim]
-    const float *pos = pos_;        // [P, dim]
+    const float *pos = pos_;        // [P, dim] or NULL (no absolute positions)
     const float *type = type_;      // [TV, dim] or NULL
 #pragma omp parallel for schedule(dynamic, 1) num_threads(cpu_threads(be))
     for (int32_t s = 0; s < seqs->n_seqs; s++) {
         for (int32_t t = seqs->cu_seqlens[s]; t < seqs->cu_seqlens[s + 1]; t++) {
             float *row = out + (size_t)t * dim;
             const float *w = word + (size_t)tokens[t] * dim;
-            const float *p = pos + (size_t)(position_offset + t - seqs->cu_seqlens[s]) * dim;
-            for (int32_t i = 0; i < dim; i++) row[i] = w[i] + p[i];
+            for (int32_t i = 0; i < dim; i++) row[i] = w[i];
+            if (pos) {
+                const float *p = pos + (size_t)(position_offset + t - seqs->cu_seqlens[s]) * dim;
+                for (int32_t i = 0; i < dim; i++) row[i] += p[i];
+            }
             if (type) {
                 const float *ty = type + (size_t)(types ? types[t] : 0) * dim;
                 for (int32_t i = 0; i < dim; i++) row[i] += ty[i];

@@ -34,6 +34,10 @@ nopad_status cpu_bias_residual_layernorm(nopad_backend *be, void *x, const void 
 nopad_status cpu_attention_varlen(nopad_backend *be, void *out, const void *qkv,
                                   const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
                                   float scale, int causal);
+nopad_status cpu_attention_rel(nopad_backend *be, void *out, const void *qkv,
+                               const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
+                               float scale, const void *pos_key, const void *pos_query,
+                               const nopad_rel_positions *rel);
 nopad_status cpu_pool(nopad_backend *be, void *out, const void *x, const nopad_seqs *seqs,
                       int32_t dim, nopad_pooling mode);
 nopad_status cpu_l2_normalize(nopad_backend *be, void *x, int32_t rows, int32_t dim);
