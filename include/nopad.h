@@ -85,6 +85,14 @@ nopad_tokenize_params nopad_tokenize_default_params(void);
 nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t len,
                             const nopad_tokenize_params *params, int32_t *ids, int32_t capacity,
                             int32_t *n_ids);
+/* Two texts as one sequence in the tokenizer's pair template, as HF tokenizers' encode(a, b):
+ * [CLS] a [SEP] b [SEP] (BERT, DeBERTa), <s> a </s></s> b </s> (RoBERTa, XLM-R), with the
+ * template's token type ids into types[capacity] (may be NULL): a cross-encoder's query and
+ * document, an NLI premise and hypothesis. Truncation to max_length cuts the longer text first
+ * (HF's longest_first); the rest as nopad_tokenize. */
+nopad_status nopad_tokenize_pair(const nopad_tokenizer *tok, const char *a, size_t a_len,
+                                 const char *b, size_t b_len, const nopad_tokenize_params *params,
+                                 int32_t *ids, int32_t *types, int32_t capacity, int32_t *n_ids);
 int32_t nopad_tokenizer_vocab_size(const nopad_tokenizer *tok);
 /* Id of a token string such as "[CLS]", or -1 when absent. */
 int32_t nopad_tokenizer_token_to_id(const nopad_tokenizer *tok, const char *token);
@@ -331,6 +339,28 @@ nopad_status nopad_encode_packed(nopad_model *model, int32_t n_seqs, const int32
                                  const int32_t *tokens, const int32_t *token_type_ids,
                                  const nopad_encode_params *params, float *hidden_out,
                                  float *pooled_out);
+
+/* ---- classification and reranking (encoders with a *ForSequenceClassification head) ------- */
+
+/* The number of labels of the model's sequence-classification head (config.json's id2label), or
+ * 0 when the folder has none (architectures[0] is not a *ForSequenceClassification). */
+int32_t nopad_model_num_labels(const nopad_model *model);
+/* Label `id`'s name from id2label ("positive", "LABEL_0", ...), or NULL outside
+ * [0, nopad_model_num_labels). Owned by the model. */
+const char *nopad_model_label(const nopad_model *model, int32_t id);
+
+/* Runs the encoder and its head (BertForSequenceClassification's pooler + classifier,
+ * RoBERTa's / XLM-R's classifier.dense + out_proj, DeBERTa's ContextPooler + classifier, each on
+ * the sequence's first token): logits[B, num_labels] float32 on the host, raw (no softmax or
+ * sigmoid). A cross-encoder reranker is a one-label head on a (query, document) pair, tokenized
+ * with nopad_tokenize_pair. A host batch, packed or padded, in forwards of at most batch_tokens
+ * tokens (<= 0: one). NOPAD_ERR_INVALID_ARGUMENT for a model without a head. */
+nopad_status nopad_classify(nopad_context *ctx, const nopad_batch *batch, int32_t batch_tokens,
+                            float *logits);
+/* The same for a host packed batch on the model's default context. */
+nopad_status nopad_classify_packed(nopad_model *model, int32_t n_seqs, const int32_t *cu_seqlens,
+                                   const int32_t *tokens, const int32_t *token_type_ids,
+                                   float *logits);
 
 /* ---- ops on their own ---------------------------------------------------------------------- */
 
@@ -618,7 +648,7 @@ typedef struct nopad_engine_stats {
 } nopad_engine_stats;
 nopad_status nopad_engine_get_stats(nopad_engine *engine, nopad_engine_stats *out);
 
-/* ---- training (issue 24; CPU, float32; docs/training.md) ---------------------------------- */
+/* ---- training (issue 24; CPU float32, CUDA as its training ops land; docs/training.md) ------ */
 
 typedef enum nopad_train_task {
     NOPAD_TRAIN_MLM = 0,      /* masked-LM on text lines (or JSONL "text") */
@@ -669,12 +699,27 @@ typedef struct nopad_train_params {
     int n_threads;                /* CPU threads; <= 0: OpenMP's default */
     nopad_train_fn on_step;       /* or NULL */
     void *user;
+    const char *resume_dir;       /* NULL, or a checkpoint folder (save_every / the end save) to
+                                     continue: its weights, moments, step, schedule and data
+                                     position; the run's settings (task, optimizer, epochs, lr,
+                                     warmup, batch budgets, seed, ...) must be the saved run's,
+                                     else an error naming both values. It may be output_dir. */
+    nopad_device device;          /* NOPAD_DEVICE_CPU */
+    int32_t device_index;         /* CUDA device ordinal; 0 */
+    nopad_dtype dtype;            /* compute dtype: F32 (CPU); BF16 or F16 on CUDA (float32 master
+                                     weights either way) */
+    const char *log_path;         /* NULL, or a JSONL file (truncated) with a line a step: step,
+                                     epoch, loss (%.17g), lr, grad_norm, tokens */
+    int log_batches;              /* 1: each log line also holds the batch trained on (cu_seqlens,
+                                     input_ids, token_type_ids, and mlm_positions + mlm_labels or
+                                     labels), to replay the run elsewhere */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 
 typedef struct nopad_train_result {
-    int64_t steps;
-    double first_loss, last_loss;   /* of the first and the last step */
+    int64_t steps;                  /* the model's step count at the end (resumed ones included) */
+    int64_t resumed_step;           /* the checkpoint's step count with resume_dir, else 0 */
+    double first_loss, last_loss;   /* of the first and the last step of this call */
     int32_t num_labels;             /* classification: the head's */
     int new_head;                   /* 1: the head was created (not in the checkpoint) */
     int32_t n_examples, n_truncated; /* of the training data */
@@ -683,7 +728,7 @@ typedef struct nopad_train_result {
     double eval_loss;               /* the mean loss over eval_path, else -1 */
 } nopad_train_result;
 
-/* Fine-tunes (or pretrains with MLM) model_dir on data_path on the CPU and saves output_dir: an
+/* Fine-tunes (or pretrains with MLM) model_dir on data_path and saves output_dir: an
  * HF model folder (config.json, model.safetensors, the source's tokenizer files) that nopad and
  * transformers load, plus the optimiser state. Errors name the file, line or step: a bad flag
  * value, a missing file, bad data, a non-finite loss. */

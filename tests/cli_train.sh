@@ -7,6 +7,12 @@
 #     printed with X >= 0.9 on the held-out file (observed 1.0: the labels follow the word sets),
 #     and the output folder is a model that `nopad embed` runs;
 #   - masked-LM training with LAMB on text lines, with an eval loss;
+#   - --resume: a run stopped after step k (--stop-after) and resumed from its checkpoint logs the
+#     same per-step losses and learning rates, bit for bit, as one that did not stop, and ends
+#     with the same weights; a resume with another optimiser, learning rate, epoch count, seed,
+#     task or label count is an error naming both values;
+#   - --log-batches: each step's batch in the log, well-formed;
+#   - --device cuda: runs where the build has CUDA training, else exit 1 with a clear error;
 #   - bad flags and files: exit 2 (command line) or 1 (error) with a message naming the problem.
 set -euo pipefail
 
@@ -98,6 +104,93 @@ else
     fail "mlm: exit $?: $(cat "$TMP/stderr")"
 fi
 
+# ---- resume: k steps + --resume give the per-step losses of a run that did not stop -------------
+# Classification from the bare model (a new head, from the seed), AdamW with its warmup and decay,
+# 3 epochs of 8 batches: stopped after step 7 (mid-epoch) or 8 (an epoch's end), then resumed from
+# the checkpoint for the rest (crossing epoch boundaries); every step's loss (%.17g in --log) and
+# learning rate equal bit for bit, and the end weights too.
+B=(--model "$TMP/bare" --task classify --num-labels 2 --data "$D/cls_train.jsonl" --batch-tokens 64
+   --batch-seqs 8 --threads 2 --quiet)
+R=("${B[@]}" --lr 3e-3 --epochs 3)
+"$NOPAD_CLI" train "${R[@]}" --output "$TMP/straight" --log "$TMP/straight.jsonl" 2>"$TMP/err" ||
+    fail "resume: the straight run: $(cat "$TMP/err")"
+for k in 7 8; do
+    "$NOPAD_CLI" train "${R[@]}" --output "$TMP/part$k" --stop-after $k --log "$TMP/part${k}a.jsonl" \
+        2>"$TMP/err" || fail "resume: the first $k steps: $(cat "$TMP/err")"
+    grep -q "\"step\":[[:space:]]*$k," "$TMP/part$k/trainer_state.json" ||
+        fail "resume: the checkpoint is not at step $k: $(cat "$TMP/part$k/trainer_state.json")"
+    "$NOPAD_CLI" train "${R[@]}" --output "$TMP/part$k" --resume "$TMP/part$k" \
+        --log "$TMP/part${k}b.jsonl" 2>"$TMP/err" || fail "resume: after step $k: $(cat "$TMP/err")"
+    python3 - "$TMP" $k <<'PY' || fail "resume after step $k: the curves differ"
+import json, sys
+tmp, k = sys.argv[1], int(sys.argv[2])
+def steps(*names):
+    return [(r["step"], repr(r["loss"]), r["lr"]) for n in names
+            for r in map(json.loads, open(f"{tmp}/{n}.jsonl"))]
+straight, first, parts = steps("straight"), steps(f"part{k}a"), steps(f"part{k}a", f"part{k}b")
+assert [s for s, _, _ in straight] == list(range(1, len(straight) + 1)) and len(straight) > k + 8
+assert len(first) == k, first
+assert len(parts) == len(straight), (len(parts), len(straight))
+for a, b in zip(straight, parts):
+    assert a == b, f"step {a[0]}: straight {a}, resumed {b}"
+weights = [open(f"{tmp}/{d}/model.safetensors", "rb").read() for d in ("straight", f"part{k}")]
+assert weights[0] == weights[1], "the end weights differ"
+print(f"ok   resume after step {k}: {len(straight)} steps, losses equal bit for bit "
+      f"({straight[0][1]} -> {straight[-1][1]})")
+PY
+done
+# the same flags but for the optimiser, the learning rate, the epochs: errors naming both values
+expect_resume_fail() {
+    local word="$1"
+    shift
+    local rc=0
+    "$NOPAD_CLI" train "$@" --output "$TMP/o2" --resume "$TMP/part7" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    if [ "$rc" -ne 1 ] || ! grep -qF -- "$word" "$TMP/err"; then
+        fail "resume with $*: exit $rc, expected 1 and '$word'; stderr: $(cat "$TMP/err")"
+    else
+        echo "ok   $word: $(head -n 1 "$TMP/err")"
+    fi
+}
+expect_resume_fail "optimizer lamb, but the checkpoint was trained with adamw" "${R[@]}" --optimizer lamb
+expect_resume_fail "learning rate 0.001, but the checkpoint's is 0.003" \
+    "${B[@]}" --lr 1e-3 --epochs 3
+expect_resume_fail "epochs 4, but the checkpoint's is 3" "${B[@]}" --lr 3e-3 --epochs 4
+expect_resume_fail "seed 7, but the checkpoint's is 42" "${R[@]}" --seed 7
+expect_resume_fail 'of task "classify", not "mlm"' --model "$TMP/bare" --task mlm \
+    --data "$TMP/cls_train.txt" --quiet
+expect_resume_fail "num_labels 3, but the checkpoint's classifier has 2" --model "$TMP/bare" \
+    --task classify --num-labels 3 --data "$D/cls_train.jsonl" --quiet
+# a model folder that is not a checkpoint
+rc=0
+"$NOPAD_CLI" train "${R[@]}" --output "$TMP/o3" --resume "$TMP/bare" 2>"$TMP/err" || rc=$?
+{ [ "$rc" -eq 1 ] && grep -q "resuming from $TMP/bare" "$TMP/err" && grep -q trainer_state.json "$TMP/err"; } ||
+    fail "resume from a plain model folder: exit $rc: $(cat "$TMP/err")"
+
+# ---- --log-batches: each step's batch, as the HF replay (scripts/train_curve_hf.py) reads it ----
+"$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" --output "$TMP/o4" \
+    --epochs 1 --batch-tokens 64 --quiet --log "$TMP/batches.jsonl" --log-batches 2>"$TMP/err" ||
+    fail "--log-batches: $(cat "$TMP/err")"
+python3 - "$TMP/batches.jsonl" <<'PY' || fail "--log-batches: malformed lines"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows and all(r["step"] == i + 1 for i, r in enumerate(rows))
+for r in rows:
+    cu, ids = r["cu_seqlens"], r["input_ids"]
+    assert cu[0] == 0 and cu[-1] == len(ids) == r["tokens"] and len(r["token_type_ids"]) == len(ids)
+    assert len(r["mlm_positions"]) == len(r["mlm_labels"]) >= 1
+    assert all(0 <= p < len(ids) for p in r["mlm_positions"])
+print(f"--log-batches: {len(rows)} steps, {sum(r['tokens'] for r in rows)} tokens")
+PY
+
+# ---- --device cuda: runs where the build has CUDA training, else a clear error ------------------
+rc=0
+"$NOPAD_CLI" train "${R[@]}" --output "$TMP/o5" --device cuda --epochs 1 2>"$TMP/err" || rc=$?
+if [ "$rc" -ne 0 ]; then
+    { [ "$rc" -eq 1 ] && grep -qE "no CUDA backend|the cuda backend has no [a-z_0-9]+ op" "$TMP/err"; } ||
+        fail "--device cuda: exit $rc without a clear error: $(cat "$TMP/err")"
+    echo "ok   --device cuda: $(head -n 1 "$TMP/err")"
+fi
+
 # ---- bad input ------------------------------------------------------------------------------------
 # expect_fail WANT_RC WORD ARGS...: `nopad train ARGS` exits WANT_RC with WORD on stderr.
 expect_fail() {
@@ -136,6 +229,11 @@ expect_fail 1 "$TMP/empty.jsonl" "${C[@]}" --data "$TMP/empty.jsonl"
 expect_fail 1 "$TMP/nope" --model "$TMP/nope" --task mlm --data "$TMP/cls_train.txt" --output "$TMP/o"
 expect_fail 1 "/nonexistent/a/b" --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" \
     --output /nonexistent/a/b --epochs 1 --quiet
+expect_fail 2 "unknown device 'tpu'" "${C[@]}" --data "$D/cls_train.jsonl" --device tpu
+expect_fail 2 "--dtype bf16: the CPU trains in fp32" "${C[@]}" --data "$D/cls_train.jsonl" --dtype bf16
+expect_fail 2 "--log-batches needs --log" "${C[@]}" --data "$D/cls_train.jsonl" --log-batches
+expect_fail 2 "--stop-after" "${C[@]}" --data "$D/cls_train.jsonl" --stop-after 0
+expect_fail 1 "$TMP/nodir/log.jsonl" "${C[@]}" --data "$D/cls_train.jsonl" --log "$TMP/nodir/log.jsonl"
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures failure(s)" >&2

@@ -4,8 +4,8 @@
  *   - 3 steps, save, load into a fresh model and context, 2 more steps: the parameters, both Adam
  *     moments, the step count and the last two losses equal those of 5 uninterrupted steps bit for
  *     bit (the CPU float32 step is deterministic; the data loader resumes from the saved seed,
- *     epoch and cursor, and the steps cross an epoch boundary); for MLM with AdamW and with LAMB,
- *     and for classification;
+ *     epoch and cursor, the learning rate from the saved schedule, and the steps cross an epoch
+ *     boundary); for MLM with AdamW and with LAMB, and for classification;
  *   - nopad_model_load reads the saved folder, and its encoder's hidden states for a batch equal
  *     the training forward's on the saved weights (within 1e-5 row-relative: two code paths of
  *     float32, the same formulas);
@@ -82,6 +82,15 @@ static void run_start(nopad_backend *be, const train_dataset *d, train_task task
     r->state.opt = train_optimizer_defaults();
     r->state.opt.lr = 1e-3f;
     r->state.data_seed = 0x0123456789ABCDEFull; // above 2^53: the seed must survive JSON
+    r->state.schedule = train_schedule_defaults();
+    r->state.schedule.kind = TRAIN_SCHEDULE_POLYNOMIAL;
+    r->state.schedule.lr = 1e-3 / 3; // not a float: the schedule's doubles must survive JSON
+    r->state.schedule.warmup_steps = 2;
+    r->state.schedule.total_steps = 5;
+    r->state.schedule.power = 0.5;
+    r->state.epochs = 2;
+    r->state.batch_tokens = MAX_TOKENS;
+    r->state.batch_seqs = MAX_SEQS;
     assert_nopad_ok(train_context_init(&r->m, MAX_TOKENS, MAX_SEQS, &r->ctx));
     assert_nopad_ok(train_loader_init(d, MAX_TOKENS, MAX_SEQS, r->state.data_seed, &r->loader));
 }
@@ -95,6 +104,7 @@ static void step(run *r) {
     double loss = 0;
     assert_nopad_ok(train_forward_backward(&r->ctx, &r->loader.batch, &loss));
     r->losses[r->m.step] = loss;
+    r->state.opt.lr = (float)train_schedule_lr(&r->state.schedule, r->m.step); // as nopad_train
     if (r->state.kind == TRAIN_OPT_ADAMW) assert_nopad_ok(train_adamw_step(&r->m, &r->state.opt));
     else assert_nopad_ok(train_lamb_step(&r->m, &r->state.opt, NULL));
     r->state.epoch = r->loader.epoch;
@@ -177,6 +187,12 @@ static void resume_case(train_task task, train_optimizer_kind kind) {
     assert_int_equal(resumed.m.step, 3);
     assert_int_equal(resumed.state.kind, kind);
     assert_memory_equal(&resumed.state.opt, &saved.opt, sizeof saved.opt);
+    const train_schedule *a = &resumed.state.schedule, *b = &saved.schedule; // (padding differs)
+    assert_true(a->kind == b->kind && a->lr == b->lr && a->warmup_steps == b->warmup_steps &&
+                a->total_steps == b->total_steps && a->lr_end == b->lr_end && a->power == b->power);
+    assert_int_equal(resumed.state.epochs, saved.epochs);
+    assert_int_equal(resumed.state.batch_tokens, saved.batch_tokens);
+    assert_int_equal(resumed.state.batch_seqs, saved.batch_seqs);
     assert_true(resumed.state.data_seed == saved.data_seed);
     assert_int_equal(resumed.state.epoch, saved.epoch);
     assert_int_equal(resumed.state.cursor, saved.cursor);
@@ -228,28 +244,36 @@ static void test_errors(void **state) {
     assert_nopad_ok(nopad_backend_cpu_create(2, &be));
     train_model m;
     assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_CLASSIFY), TRAIN_TASK_CLASSIFY, &m));
-    train_state s = {.kind = TRAIN_OPT_LAMB, .opt = train_optimizer_defaults(), .data_seed = 1};
+    train_state s = {.kind = TRAIN_OPT_LAMB, .opt = train_optimizer_defaults(),
+                     .schedule = train_schedule_defaults(), .data_seed = 1};
     const char *dir = test_make_temp_dir(3);
     assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
     train_model_free(&m);
     train_model out;
     train_state got;
-    // a classification checkpoint is not an MLM one
-    assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_MLM, &out, &got), NOPAD_ERR_FORMAT,
-                       "cls.predictions");
+    // a classification checkpoint is not an MLM one: said so before the weights are read
+    assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_MLM, &out, &got),
+                       NOPAD_ERR_INVALID_ARGUMENT, "of task \"classify\", not \"mlm\"");
     assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
     assert_int_equal(out.num_labels, 3);
     assert_int_equal(got.kind, TRAIN_OPT_LAMB);
     train_model_free(&out);
 
-    const char *good = "{\"format\": \"nopad-train-1\", \"task\": \"classify\", \"num_labels\": 3, "
+    const char *good = "{\"format\": \"nopad-train-2\", \"task\": \"classify\", \"num_labels\": 3, "
                        "\"step\": 2, \"optimizer\": {\"name\": \"lamb\", \"lr\": 1, \"beta1\": 0.9, "
                        "\"beta2\": 0.99, \"eps\": 1e-6, \"weight_decay\": 0, \"max_grad_norm\": 1}, "
-                       "\"data\": {\"seed\": \"18446744073709551615\", \"epoch\": 4, \"cursor\": 5}}";
+                       "\"schedule\": {\"kind\": \"linear\", \"lr\": 5e-5, \"warmup_steps\": 3, "
+                       "\"total_steps\": 30, \"lr_end\": 1e-7, \"power\": 1}, "
+                       "\"data\": {\"seed\": \"18446744073709551615\", \"epoch\": 4, \"cursor\": 5, "
+                       "\"epochs\": 6, \"batch_tokens\": 96, \"batch_seqs\": 8}}";
     write_text(dir, "trainer_state.json", good);
     assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
     assert_int_equal(out.step, 2);
     assert_true(got.data_seed == UINT64_MAX && got.epoch == 4 && got.cursor == 5);
+    assert_true(got.epochs == 6 && got.batch_tokens == 96 && got.batch_seqs == 8);
+    assert_true(got.schedule.kind == TRAIN_SCHEDULE_LINEAR && got.schedule.lr == 5e-5 &&
+                got.schedule.warmup_steps == 3 && got.schedule.total_steps == 30 &&
+                got.schedule.lr_end == 1e-7 && got.schedule.power == 1);
     train_model_free(&out);
     static const struct { const char *from, *to; nopad_status st; const char *needle; } bad[] = {
         {"\"step\": 2", "\"step\": \"2\"", NOPAD_ERR_FORMAT, "field \"step\" has the wrong JSON type"},
@@ -258,7 +282,13 @@ static void test_errors(void **state) {
         {"\"task\": \"classify\"", "\"task\": \"mlm\"", NOPAD_ERR_INVALID_ARGUMENT, "task \"mlm\""},
         {"\"num_labels\": 3", "\"num_labels\": 2", NOPAD_ERR_FORMAT, "num_labels 2"},
         {"\"lamb\"", "\"sgd\"", NOPAD_ERR_UNSUPPORTED, "optimizer \"sgd\""},
-        {"nopad-train-1", "nopad-train-9", NOPAD_ERR_UNSUPPORTED, "format \"nopad-train-9\""},
+        {"nopad-train-2", "nopad-train-1", NOPAD_ERR_UNSUPPORTED, "format \"nopad-train-1\""},
+        {"\"linear\"", "\"cosine\"", NOPAD_ERR_UNSUPPORTED, "schedule \"cosine\""},
+        {"\"total_steps\": 30, ", "", NOPAD_ERR_FORMAT, "no \"total_steps\" field"},
+        {"\"warmup_steps\": 3", "\"warmup_steps\": 2.5", NOPAD_ERR_FORMAT, "\"warmup_steps\" is 2.5"},
+        {"\"lr\": 5e-5", "\"lr\": -5e-5", NOPAD_ERR_FORMAT, "schedule learning rates"},
+        {"\"batch_seqs\": 8", "\"batch_seqs\": \"8\"", NOPAD_ERR_FORMAT, "\"batch_seqs\" has the wrong"},
+        {"\"schedule\": {", "\"schedule_\": {", NOPAD_ERR_FORMAT, "no \"schedule\" field"},
         {"\"18446744073709551615\"", "\"-3\"", NOPAD_ERR_FORMAT, "data seed \"-3\""},
         {"\"18446744073709551615\"", "\"18446744073709551616\"", NOPAD_ERR_FORMAT, "data seed"},
         {"\"cursor\": 5", "\"cursor\": 0.5", NOPAD_ERR_FORMAT, "\"cursor\" is 0.5"},
@@ -309,7 +339,8 @@ static void test_bare_encoder_names(void **state) {
         if (!strncmp(name, "bert.", 5)) memmove(name, name + 5, strlen(name + 5) + 1);
     }
     m.prefix[0] = 0;
-    train_state s = {.kind = TRAIN_OPT_ADAMW, .opt = train_optimizer_defaults(), .data_seed = 3};
+    train_state s = {.kind = TRAIN_OPT_ADAMW, .opt = train_optimizer_defaults(),
+                     .schedule = train_schedule_defaults(), .data_seed = 3};
     const char *dir = test_make_temp_dir(4);
     assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
     char path[700];

@@ -228,11 +228,18 @@ class TrainParams(ctypes.Structure):
                 ("truncate", ctypes.c_int),
                 ("n_threads", ctypes.c_int),
                 ("on_step", TrainFn),
-                ("user", ctypes.c_void_p)]
+                ("user", ctypes.c_void_p),
+                ("resume_dir", ctypes.c_char_p),
+                ("device", _enum),
+                ("device_index", ctypes.c_int32),
+                ("dtype", _enum),
+                ("log_path", ctypes.c_char_p),
+                ("log_batches", ctypes.c_int)]
 
 
 class TrainResult(ctypes.Structure):
     _fields_ = [("steps", ctypes.c_int64),
+                ("resumed_step", ctypes.c_int64),
                 ("first_loss", ctypes.c_double),
                 ("last_loss", ctypes.c_double),
                 ("num_labels", ctypes.c_int32),

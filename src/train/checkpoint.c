@@ -17,9 +17,14 @@
 #include "util/error.h"
 #include "util/file.h"
 
-static const char *const STATE_FORMAT = "nopad-train-1";
+/* -2: the schedule and the run's shape (epochs, batch budgets) joined the state */
+static const char *const STATE_FORMAT = "nopad-train-2";
 static const char *const OPT_NAMES[] = {"adamw", "lamb"};
 static const char *const TASK_NAMES[] = {"mlm", "classify"};
+
+const char *train_optimizer_kind_name(train_optimizer_kind kind) {
+    return (unsigned)kind <= TRAIN_OPT_LAMB ? OPT_NAMES[kind] : "unknown";
+}
 
 /* A float32 as the shortest decimal that reads back to it ("1e-12", not 9.99999996e-13). */
 static cJSON *float_json(float x) {
@@ -176,12 +181,23 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddItemToObject(o, "eps", float_json(s->opt.eps));
     cJSON_AddItemToObject(o, "weight_decay", float_json(s->opt.weight_decay));
     cJSON_AddItemToObject(o, "max_grad_norm", float_json(s->opt.max_grad_norm));
+    /* doubles: cJSON prints the digits that read back to the same double */
+    cJSON *sc = cJSON_AddObjectToObject(root, "schedule");
+    cJSON_AddStringToObject(sc, "kind", train_schedule_kind_name(s->schedule.kind));
+    cJSON_AddNumberToObject(sc, "lr", s->schedule.lr);
+    cJSON_AddNumberToObject(sc, "warmup_steps", (double)s->schedule.warmup_steps);
+    cJSON_AddNumberToObject(sc, "total_steps", (double)s->schedule.total_steps);
+    cJSON_AddNumberToObject(sc, "lr_end", s->schedule.lr_end);
+    cJSON_AddNumberToObject(sc, "power", s->schedule.power);
     cJSON *d = cJSON_AddObjectToObject(root, "data");
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, s->data_seed); // a string: JSON numbers are doubles
     cJSON_AddStringToObject(d, "seed", seed);
     cJSON_AddNumberToObject(d, "epoch", s->epoch);
     cJSON_AddNumberToObject(d, "cursor", s->cursor);
+    cJSON_AddNumberToObject(d, "epochs", s->epochs);
+    cJSON_AddNumberToObject(d, "batch_tokens", s->batch_tokens);
+    cJSON_AddNumberToObject(d, "batch_seqs", s->batch_seqs);
     return root;
 }
 
@@ -204,6 +220,9 @@ nopad_status train_checkpoint_save(const train_model *m, const train_state *stat
     if ((unsigned)state->kind > TRAIN_OPT_LAMB)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "train_checkpoint_save: unknown optimizer %d", (int)state->kind);
+    if ((unsigned)state->schedule.kind > TRAIN_SCHEDULE_CONSTANT)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save: unknown "
+                               "schedule %d", (int)state->schedule.kind);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
     struct stat sb;
@@ -274,20 +293,50 @@ static nopad_status get_int(const cJSON *obj, const char *key, const char *where
         if (st_ != NOPAD_OK) return st_;                                                           \
     } while (0)
 
-static nopad_status parse_state(const cJSON *root, const char *where, const train_model *m,
-                                train_state *s, int64_t *step) {
+/* The format and the task, read before the weights: another task's folder is named as such, not
+ * as a head tensor the load misses. */
+static nopad_status check_state_header(const cJSON *root, const char *where, train_task task) {
     if (!cJSON_IsObject(root)) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not a JSON object", where);
     const char *text = NULL;
-    double v = 0;
     TRY(get_string(root, "format", where, &text));
     if (strcmp(text, STATE_FORMAT) != 0)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: format \"%.64s\", expected \"%s\"",
                                where, text, STATE_FORMAT);
     TRY(get_string(root, "task", where, &text));
-    if (strcmp(text, TASK_NAMES[m->task]) != 0)
+    if (strcmp(text, TASK_NAMES[task]) != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "%s: the checkpoint is of task \"%.32s\", not \"%s\"", where, text,
-                               TASK_NAMES[m->task]);
+                               TASK_NAMES[task]);
+    return NOPAD_OK;
+}
+
+static nopad_status parse_schedule(const cJSON *root, const char *where, train_schedule *out) {
+    const cJSON *sc = NULL;
+    const char *text = NULL;
+    double v = 0;
+    TRY(get_object(root, "schedule", where, &sc));
+    TRY(get_string(sc, "kind", where, &text));
+    if (train_schedule_kind_from_name(text, &out->kind) != 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: schedule \"%.32s\", expected linear, "
+                               "polynomial or constant", where, text);
+    TRY(get_number(sc, "lr", where, &out->lr));
+    TRY(get_int(sc, "warmup_steps", where, 0, 9007199254740992.0, &v));
+    out->warmup_steps = (int64_t)v;
+    TRY(get_int(sc, "total_steps", where, 0, 9007199254740992.0, &v));
+    out->total_steps = (int64_t)v;
+    TRY(get_number(sc, "lr_end", where, &out->lr_end));
+    TRY(get_number(sc, "power", where, &out->power));
+    if (out->lr < 0 || out->lr_end < 0)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: schedule learning rates %g and %g, expected "
+                               ">= 0", where, out->lr, out->lr_end);
+    return NOPAD_OK;
+}
+
+static nopad_status parse_state(const cJSON *root, const char *where, const train_model *m,
+                                train_state *s, int64_t *step) {
+    const char *text = NULL;
+    double v = 0;
+    TRY(check_state_header(root, where, m->task));
     TRY(get_int(root, "num_labels", where, 0, 1 << 20, &v));
     if ((int32_t)v != m->num_labels)
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: num_labels %g, but the classifier has %d",
@@ -324,7 +373,14 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
     s->epoch = (uint32_t)v;
     TRY(get_int(d, "cursor", where, 0, 2147483647.0, &v));
     s->cursor = (int32_t)v;
-    return NOPAD_OK;
+    struct { const char *key; int32_t *dst; } shape[] = {
+        {"epochs", &s->epochs}, {"batch_tokens", &s->batch_tokens}, {"batch_seqs", &s->batch_seqs},
+    };
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) {
+        TRY(get_int(d, shape[i].key, where, 0, 2147483647.0, &v));
+        *shape[i].dst = (int32_t)v;
+    }
+    return parse_schedule(root, where, &s->schedule);
 }
 
 /* The moments from optimizer.safetensors into adam_m and adam_v. */
@@ -374,23 +430,26 @@ static nopad_status load_moments(train_model *m, const char *dir) {
 nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_task task,
                                    train_model *out, train_state *state) {
     memset(state, 0, sizeof *state);
-    TRY(train_model_load(be, dir, task, out));
+    memset(out, 0, sizeof *out);
     char path[4096];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     char *text = NULL;
     size_t len = 0;
-    nopad_status st = read_file(path, 1 << 20, &text, &len);
-    cJSON *root = NULL;
+    TRY(read_file(path, 1 << 20, &text, &len));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", path);
+    nopad_status st = check_state_header(root, path, task);
+    int loaded = 0;
     if (st == NOPAD_OK) {
-        root = cJSON_ParseWithLength(text, len);
-        if (!root) st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", path);
+        st = train_model_load(be, dir, task, out);
+        loaded = st == NOPAD_OK;
     }
     int64_t step = 0;
     if (st == NOPAD_OK) st = parse_state(root, path, out, state, &step);
     if (st == NOPAD_OK) st = load_moments(out, dir);
     if (st == NOPAD_OK) out->step = step;
     cJSON_Delete(root);
-    free(text);
-    if (st != NOPAD_OK) train_model_free(out);
+    if (st != NOPAD_OK && loaded) train_model_free(out);
     return st;
 }

@@ -8,9 +8,12 @@
  *                          the word embeddings, as HF saves it); nopad_model_load and HF's
  *                          from_pretrained read the folder as it is
  *   optimizer.safetensors  the Adam moments, "exp_avg.<name>" and "exp_avg_sq.<name>"
- *   trainer_state.json     the step count, the optimiser and its hyperparameters, and where the
- *                          data loader stands (seed, epoch, cursor): the data's generator is
- *                          counter-based, so that is its whole state
+ *   trainer_state.json     the step count, the optimiser and its hyperparameters (the clipping
+ *                          bound included), the learning-rate schedule (a function of the step
+ *                          count, so its parameters are its whole state), the run's shape
+ *                          (epochs, batch budgets) and where the data loader stands (seed,
+ *                          epoch, cursor): the data's generator is counter-based, so that is
+ *                          its whole state
  *
  * Each file is written under a temporary name and renamed, so an interrupted save leaves the
  * previous file whole. */
@@ -19,6 +22,7 @@
 
 #include <stdint.h>
 
+#include "train/schedule.h"
 #include "train/train.h"
 
 typedef enum train_optimizer_kind {
@@ -26,14 +30,21 @@ typedef enum train_optimizer_kind {
     TRAIN_OPT_LAMB = 1,
 } train_optimizer_kind;
 
-/* What a checkpoint holds besides the tensors. */
+/* What a checkpoint holds besides the tensors: everything a resumed run needs to take the same
+ * steps as one that did not stop. */
 typedef struct train_state {
     train_optimizer_kind kind;
-    train_optimizer opt;
-    uint64_t data_seed; // train_loader: seed, epoch and the cursor within the epoch
+    train_optimizer opt;      // opt.lr: the last step's; the schedule gives the next
+    train_schedule schedule;
+    uint64_t data_seed;       // train_loader: seed, epoch and the cursor within the epoch
     uint32_t epoch;
     int32_t cursor;
+    int32_t epochs;           // the run's shape: passes over the data and the batch budgets
+    int32_t batch_tokens;     // (nopad_train_params', checked on resume)
+    int32_t batch_seqs;
 } train_state;
+
+const char *train_optimizer_kind_name(train_optimizer_kind kind); // "adamw", "lamb"
 
 /* Writes the four files into `dir` (created when missing; its parent must exist). The step count
  * is the model's. */
@@ -41,7 +52,8 @@ nopad_status train_checkpoint_save(const train_model *m, const train_state *stat
 
 /* Loads a folder saved by train_checkpoint_save for `task`: the weights (train_model_load), the
  * moments and the step count into *out, the rest into *state. A folder without
- * optimizer.safetensors or trainer_state.json, or saved for another task, is an error. */
+ * optimizer.safetensors or trainer_state.json, or saved for another task (checked before the
+ * weights are read, and named: NOPAD_ERR_INVALID_ARGUMENT), is an error. */
 nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_task task,
                                    train_model *out, train_state *state);
 

@@ -2,6 +2,9 @@
 #include "train/schedule.h"
 
 #include <math.h>
+#include <string.h>
+
+static const char *const KIND_NAMES[] = {"linear", "polynomial", "constant"};
 
 train_schedule train_schedule_defaults(void) {
     return (train_schedule){.kind = TRAIN_SCHEDULE_LINEAR, .lr = 5e-5, .warmup_steps = 0,
@@ -31,4 +34,17 @@ double train_schedule_lr(const train_schedule *s, int64_t step) {
 int64_t train_schedule_warmup_steps(double ratio, int64_t total_steps) {
     if (!(ratio > 0)) return 0;
     return (int64_t)ceil(ratio * (double)total_steps);
+}
+
+const char *train_schedule_kind_name(train_schedule_kind kind) {
+    return (unsigned)kind <= TRAIN_SCHEDULE_CONSTANT ? KIND_NAMES[kind] : "unknown";
+}
+
+int train_schedule_kind_from_name(const char *name, train_schedule_kind *out) {
+    for (int k = 0; k <= TRAIN_SCHEDULE_CONSTANT; k++)
+        if (!strcmp(name, KIND_NAMES[k])) {
+            *out = (train_schedule_kind)k;
+            return 0;
+        }
+    return -1;
 }

@@ -38,6 +38,11 @@ train_schedule train_schedule_defaults(void);
 /* The learning rate of the update that follows `step` updates already taken. */
 double train_schedule_lr(const train_schedule *s, int64_t step);
 
+/* "linear", "polynomial", "constant" (trainer_state.json), and back: 0 on success, -1 for an
+ * unknown name. */
+const char *train_schedule_kind_name(train_schedule_kind kind);
+int train_schedule_kind_from_name(const char *name, train_schedule_kind *out);
+
 /* The warmup of a fraction of the steps, as HF's warmup_ratio: ceil(ratio·total_steps). */
 int64_t train_schedule_warmup_steps(double ratio, int64_t total_steps);
 

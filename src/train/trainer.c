@@ -1,10 +1,12 @@
 /* The training loop behind nopad_train (include/nopad.h): load the model (a new head when asked
- * for), read the data, run epochs of token-budget batches with a warmup + linear-decay learning
- * rate, clip and step the optimiser, save the checkpoint with the source's tokenizer files, and
- * evaluate. Everything below it is src/train: train_model_load_new_head, train_dataset_load,
- * train_loader, train_forward_backward, train_clip_grad_norm, train_*_step, train_predict,
+ * for, or a checkpoint to resume), read the data, run epochs of token-budget batches with a
+ * warmup + linear-decay learning rate, clip and step the optimiser, log each step, save the
+ * checkpoint with the source's tokenizer files, and evaluate. Everything below it is src/train:
+ * train_model_load_new_head, train_checkpoint_load, train_dataset_load, train_loader,
+ * train_forward_backward, train_clip_grad_norm, train_*_step, train_predict,
  * train_checkpoint_save. */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,13 +20,16 @@
 #include "train/train.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/types.h"
 
 nopad_train_params nopad_train_default_params(void) {
     return (nopad_train_params){
         .task = NOPAD_TRAIN_MLM, .num_labels = 0, .epochs = 3, .lr = 5e-5, .warmup_ratio = 0.1,
         .warmup_steps = -1, .batch_tokens = 4096, .batch_seqs = 32, .seed = 42,
         .optimizer = NOPAD_TRAIN_ADAMW, .weight_decay = 0.01, .max_grad_norm = 1.0,
-        .save_every = 0, .truncate = 0, .n_threads = 0, .on_step = NULL, .user = NULL};
+        .save_every = 0, .truncate = 0, .n_threads = 0, .on_step = NULL, .user = NULL,
+        .resume_dir = NULL, .device = NOPAD_DEVICE_CPU, .device_index = 0, .dtype = NOPAD_DTYPE_F32,
+        .log_path = NULL, .log_batches = 0};
 }
 
 static double seconds(void) {
@@ -63,6 +68,9 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (p->task == NOPAD_TRAIN_MLM && p->num_labels != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: num_labels is for "
                                "classification, not MLM");
+    if (p->device != NOPAD_DEVICE_CPU && p->device != NOPAD_DEVICE_CUDA)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: device %d is not cpu or cuda",
+                               (int)p->device);
     if (p->save_every < 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: save_every %lld, expected >= 0",
                                (long long)p->save_every);
@@ -102,10 +110,12 @@ typedef struct run {
     train_dataset data, eval;
     train_loader loader, eval_loader;
     train_context ctx;
+    FILE *log;
     int have_model, have_data, have_eval, have_loader, have_eval_loader, have_ctx;
 } run;
 
 static void run_free(run *r) {
+    if (r->log) fclose(r->log);
     if (r->have_ctx) train_context_free(&r->ctx);
     if (r->have_eval_loader) train_loader_free(&r->eval_loader);
     if (r->have_loader) train_loader_free(&r->loader);
@@ -180,6 +190,106 @@ static nopad_status evaluate(run *r, nopad_train_result *out) {
     return NOPAD_OK;
 }
 
+/* `x` in the fewest digits that read back to it (0.003, not 0.0030000000000000001). */
+static const char *shortest(double x, char buf[32]) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, 32, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    return buf;
+}
+
+/* A resumed run must be the saved one continued: the same optimiser, schedule, data order and
+ * batches, or its steps would not be those of a run that did not stop. Each mismatch is named
+ * with both values. */
+static nopad_status check_resume(const nopad_train_params *p, const train_state *want,
+                                 const train_state *saved, const train_model *m) {
+    const char *dir = p->resume_dir;
+    static const char hint[] = "a resumed run keeps the settings it was started with (to train on "
+                               "with others, start a new run from the folder as the model)";
+    if (want->kind != saved->kind)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: optimizer %s, but the "
+                               "checkpoint was trained with %s; %s", dir,
+                               train_optimizer_kind_name(want->kind),
+                               train_optimizer_kind_name(saved->kind), hint);
+    if (p->num_labels != 0 && p->num_labels != m->num_labels)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: num_labels %d, but the "
+                               "checkpoint's classifier has %d; %s", dir, p->num_labels,
+                               m->num_labels, hint);
+    if (want->data_seed != saved->data_seed)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: seed %" PRIu64 ", but the "
+                               "checkpoint's is %" PRIu64 "; %s", dir, want->data_seed,
+                               saved->data_seed, hint);
+    const struct { const char *what; double given, saved; } numbers[] = {
+        {"epochs", want->epochs, saved->epochs},
+        {"batch_tokens", want->batch_tokens, saved->batch_tokens},
+        {"batch_seqs", want->batch_seqs, saved->batch_seqs},
+        {"learning rate", want->schedule.lr, saved->schedule.lr},
+        {"warmup steps", (double)want->schedule.warmup_steps, (double)saved->schedule.warmup_steps},
+        {"weight decay", want->opt.weight_decay, saved->opt.weight_decay},
+        {"max_grad_norm", want->opt.max_grad_norm, saved->opt.max_grad_norm},
+        {"eps", want->opt.eps, saved->opt.eps},
+    };
+    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++)
+        if (numbers[i].given != numbers[i].saved) {
+            char a[32], b[32];
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: %s %s, but the "
+                                   "checkpoint's is %s; %s", dir, numbers[i].what,
+                                   shortest(numbers[i].given, a), shortest(numbers[i].saved, b), hint);
+        }
+    if (want->schedule.kind != saved->schedule.kind)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: schedule %s, but the "
+                               "checkpoint's is %s; %s", dir,
+                               train_schedule_kind_name(want->schedule.kind),
+                               train_schedule_kind_name(saved->schedule.kind), hint);
+    if (want->schedule.total_steps != saved->schedule.total_steps)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: the data gives %lld steps "
+                               "over %d epochs, but the checkpoint's run had %lld (another data "
+                               "file?)", dir, (long long)want->schedule.total_steps, want->epochs,
+                               (long long)saved->schedule.total_steps);
+    if (m->step > saved->schedule.total_steps)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "resuming %s: step %lld is past the run's %lld "
+                               "steps", dir, (long long)m->step,
+                               (long long)saved->schedule.total_steps);
+    return NOPAD_OK;
+}
+
+/* One JSON array of int32 to the log. */
+static void log_ints(FILE *f, const char *key, const int32_t *v, int32_t n) {
+    fprintf(f, ", \"%s\": [", key);
+    for (int32_t i = 0; i < n; i++) fprintf(f, i ? ",%d" : "%d", v[i]);
+    fputc(']', f);
+}
+
+/* The step's line of the JSONL log: what it computed, and with log_batches the batch itself. */
+static nopad_status log_step(run *r, const nopad_train_params *p, const nopad_train_progress *pr,
+                             const train_batch *b) {
+    FILE *f = r->log;
+    fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.17g, \"lr\": %.9g, "
+               "\"grad_norm\": %.9g, \"tokens\": %d", (long long)pr->step, (int)pr->epoch,
+            pr->loss, pr->lr, pr->grad_norm, b->cu_seqlens[b->n_seqs]);
+    if (p->log_batches) {
+        const int32_t T = b->cu_seqlens[b->n_seqs];
+        log_ints(f, "cu_seqlens", b->cu_seqlens, b->n_seqs + 1);
+        log_ints(f, "input_ids", b->tokens, T);
+        if (b->types) log_ints(f, "token_type_ids", b->types, T);
+        if (r->model.task == TRAIN_TASK_MLM) {
+            log_ints(f, "mlm_positions", b->mlm_positions, b->n_masked);
+            log_ints(f, "mlm_labels", b->mlm_labels, b->n_masked);
+        } else if (b->labels && r->model.num_labels > 1) {
+            log_ints(f, "labels", b->labels, b->n_seqs);
+        } else if (b->targets) {
+            fputs(", \"targets\": [", f);
+            for (int32_t s = 0; s < b->n_seqs; s++) fprintf(f, s ? ",%.9g" : "%.9g", (double)b->targets[s]);
+            fputc(']', f);
+        }
+    }
+    fputs("}\n", f);
+    if (ferror(f))
+        return nopad_set_error(NOPAD_ERR_IO, "%s: write failed: %s", p->log_path, strerror(errno));
+    return NOPAD_OK;
+}
+
 static nopad_status save(run *r, const nopad_train_params *p, const train_state *state) {
     nopad_status st = train_checkpoint_save(&r->model, state, p->output_dir);
     if (st == NOPAD_OK) st = copy_tokenizer_files(p->model_dir, p->output_dir);
@@ -199,8 +309,21 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
         st = (expr);                                                                               \
         if (st != NOPAD_OK) goto done;                                                             \
     } while (0)
-    CHECK(nopad_backend_cpu_create(p->n_threads, &r.be));
-    CHECK(train_model_load_new_head(r.be, p->model_dir, task, p->num_labels, p->seed, &r.model));
+    /* the device's backend; train_model_load refuses one without the training ops, naming one */
+    const nopad_backend_params bp = {.device = p->device, .device_index = p->device_index,
+                                     .dtype = p->dtype, .n_threads = p->n_threads};
+    CHECK(nopad_backend_create(&bp, &r.be));
+    train_state saved = {0};
+    if (p->resume_dir) {
+        st = train_checkpoint_load(r.be, p->resume_dir, task, &r.model, &saved);
+        if (st != NOPAD_OK) {
+            st = nopad_wrap_error(st, "resuming from %s", p->resume_dir);
+            goto done;
+        }
+        out->resumed_step = r.model.step;
+    } else {
+        CHECK(train_model_load_new_head(r.be, p->model_dir, task, p->num_labels, p->seed, &r.model));
+    }
     r.have_model = 1;
     CHECK(nopad_tokenizer_load(p->model_dir, &r.tok));
     out->num_labels = r.model.num_labels;
@@ -227,32 +350,45 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
 
     int64_t total = 0;
     CHECK(count_steps(&r.loader, p->epochs, &total));
-    train_schedule sched = train_schedule_defaults();
-    sched.lr = p->lr;
-    sched.total_steps = total;
-    sched.warmup_steps = p->warmup_steps >= 0 ? p->warmup_steps
-                                              : train_schedule_warmup_steps(p->warmup_ratio, total);
     train_state state = {.kind = p->optimizer == NOPAD_TRAIN_LAMB ? TRAIN_OPT_LAMB : TRAIN_OPT_ADAMW,
-                         .opt = train_optimizer_defaults(), .data_seed = p->seed};
+                         .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
+                         .data_seed = p->seed, .epochs = p->epochs,
+                         .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs};
+    state.schedule.lr = p->lr;
+    state.schedule.total_steps = total;
+    state.schedule.warmup_steps = p->warmup_steps >= 0
+                                      ? p->warmup_steps
+                                      : train_schedule_warmup_steps(p->warmup_ratio, total);
     state.opt.weight_decay = (float)p->weight_decay;
     state.opt.max_grad_norm = (float)p->max_grad_norm;
     if (p->optimizer == NOPAD_TRAIN_ADAMW) state.opt.eps = 1e-8f; /* torch's AdamW, HF's default */
+    if (p->resume_dir) {
+        CHECK(check_resume(p, &state, &saved, &r.model));
+        state.epoch = saved.epoch;
+        state.cursor = saved.cursor;
+    }
+    if (p->log_path && !(r.log = fopen(p->log_path, "w"))) {
+        st = nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the log: %s", p->log_path, strerror(errno));
+        goto done;
+    }
 
     const double start = seconds();
+    const int64_t first_step = r.model.step;
     int64_t tokens = 0;
     int stop = 0;
-    for (int32_t e = 0; e < p->epochs && !stop; e++) {
-        CHECK(train_loader_seek(&r.loader, (uint32_t)e, 0));
+    /* a resumed run starts where the checkpoint's loader stood (an epoch's end moves on) */
+    for (uint32_t e = state.epoch; e < (uint32_t)p->epochs && !stop; e++) {
+        CHECK(train_loader_seek(&r.loader, e, e == state.epoch ? state.cursor : 0));
         while (!stop && train_loader_next(&r.loader)) {
             const train_batch *b = &r.loader.batch;
             const int64_t step = r.model.step; /* updates already taken */
             double loss = 0;
             st = train_forward_backward(&r.ctx, b, &loss);
             if (st != NOPAD_OK) {
-                st = nopad_wrap_error(st, "step %lld (epoch %d)", (long long)step + 1, (int)e + 1);
+                st = nopad_wrap_error(st, "step %lld (epoch %u)", (long long)step + 1, e + 1);
                 goto done;
             }
-            state.opt.lr = (float)train_schedule_lr(&sched, step);
+            state.opt.lr = (float)train_schedule_lr(&state.schedule, step);
             float norm = 0;
             if (state.kind == TRAIN_OPT_LAMB) {
                 CHECK(train_lamb_step(&r.model, &state.opt, &norm));
@@ -261,21 +397,20 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                 CHECK(train_adamw_step(&r.model, &state.opt));
             }
             tokens += b->cu_seqlens[b->n_seqs];
-            if (step == 0) out->first_loss = loss;
+            if (step == first_step) out->first_loss = loss;
             out->last_loss = loss;
-            out->steps = r.model.step;
             state.epoch = r.loader.epoch;
             state.cursor = r.loader.cursor;
+            const nopad_train_progress pr = {
+                .step = r.model.step, .total_steps = total, .epoch = (int32_t)e,
+                .epochs = p->epochs, .loss = loss, .lr = state.opt.lr, .grad_norm = norm,
+                .tokens = tokens, .elapsed_s = seconds() - start};
+            if (r.log) CHECK(log_step(&r, p, &pr, b));
             if (p->save_every > 0 && r.model.step % p->save_every == 0) CHECK(save(&r, p, &state));
-            if (p->on_step) {
-                const nopad_train_progress pr = {
-                    .step = r.model.step, .total_steps = total, .epoch = e, .epochs = p->epochs,
-                    .loss = loss, .lr = state.opt.lr, .grad_norm = norm, .tokens = tokens,
-                    .elapsed_s = seconds() - start};
-                stop = p->on_step(p->user, &pr) != 0;
-            }
+            if (p->on_step) stop = p->on_step(p->user, &pr) != 0;
         }
     }
+    out->steps = r.model.step;
     CHECK(save(&r, p, &state));
     if (r.have_eval) CHECK(evaluate(&r, out));
 #undef CHECK

@@ -1,5 +1,6 @@
-/* `nopad train`: fine-tune (classification) or train with masked LM a BERT model on the CPU, with
- * a progress line on stderr, and save an HF model folder (nopad_train in include/nopad.h). */
+/* `nopad train`: fine-tune (classification) or train with masked LM a BERT model, with a progress
+ * line on stderr, and save an HF model folder (nopad_train in include/nopad.h); --resume
+ * continues a saved run. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -14,7 +15,7 @@
 static const char train_help[] =
     "usage: nopad train --model DIR --task mlm|classify --data FILE --output DIR [options]\n"
     "\n"
-    "Trains a BERT model on the CPU (float32) on packed batches with no padding, and saves an HF\n"
+    "Trains a BERT model (CPU: float32) on packed batches with no padding, and saves an HF\n"
     "model folder (config.json, model.safetensors, the tokenizer files) plus the optimiser state\n"
     "to --output. The defaults fine-tune a small model such as all-MiniLM-L6-v2 without tuning:\n"
     "AdamW, learning rate 5e-5 with a linear warmup over 10% of the steps and a linear decay to 0,\n"
@@ -47,18 +48,31 @@ static const char train_help[] =
     "  --max-grad-norm X   gradient clipping by global norm (default 1; 0: none)\n"
     "  --seed N            data order, masking and a new head's weights (default 42)\n"
     "  --save-every N      also save the checkpoint to --output every N steps\n"
+    "  --resume DIR        continue the run saved in DIR (by --save-every or at the end): its\n"
+    "                      weights, optimiser moments, step, schedule and place in the data; give\n"
+    "                      the flags the run was started with (another --optimizer, --lr, --epochs,\n"
+    "                      batch budget or --seed is an error naming both values); DIR may be\n"
+    "                      --output\n"
+    "  --stop-after N      stop after step N (the schedule still spans the whole run), saving the\n"
+    "                      checkpoint; --resume continues it\n"
+    "  --log FILE          one JSON line a step: step, epoch, loss, lr, grad_norm, tokens\n"
+    "  --device D          cpu (default) or cuda\n"
+    "  --dtype T           cuda: bf16 (default) or fp16 compute, float32 master weights; the CPU\n"
+    "                      trains in fp32\n"
     "  --truncate          cut examples longer than the model maximum; without it such a line\n"
     "                      is an error naming it\n"
     "  --threads N         CPU threads (default: OpenMP's default)\n"
     "  --quiet             no progress line\n"
     "  -h, --help          show this help\n"
     "\n"
-    "Training runs on the CPU only for now (the CUDA training ops are not written yet).\n";
+    "On --device cuda, training needs the CUDA backend's training ops; until a build has them the\n"
+    "run stops at once with an error naming the first one missing.\n";
 
 enum {
     OPT_MODEL = 256, OPT_TASK, OPT_DATA, OPT_OUTPUT, OPT_NUM_LABELS, OPT_EVAL, OPT_EPOCHS, OPT_LR,
     OPT_WARMUP, OPT_BATCH_TOKENS, OPT_BATCH_SEQS, OPT_OPTIMIZER, OPT_WEIGHT_DECAY,
     OPT_MAX_GRAD_NORM, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
+    OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE,
 };
 
 static const struct option long_options[] = {
@@ -81,12 +95,26 @@ static const struct option long_options[] = {
     {"truncate", no_argument, NULL, OPT_TRUNCATE},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"quiet", no_argument, NULL, OPT_QUIET},
+    {"resume", required_argument, NULL, OPT_RESUME},
+    {"stop-after", required_argument, NULL, OPT_STOP_AFTER},
+    {"log", required_argument, NULL, OPT_LOG},
+    /* not in --help: each log line also holds its batch (scripts/train_curve_hf.py replays them) */
+    {"log-batches", no_argument, NULL, OPT_LOG_BATCHES},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
+/* What the command line sets beside nopad_train_params. */
+typedef struct train_cli {
+    int quiet;
+    int64_t stop_after; /* 0: run to the end */
+    int dtype_given;
+} train_cli;
+
 /* Returns 0 to run, 1 when help was printed, -1 on a usage error (already reported). */
-static int parse_train_options(int argc, char **argv, nopad_train_params *o, int *quiet) {
+static int parse_train_options(int argc, char **argv, nopad_train_params *o, train_cli *cl) {
     *o = nopad_train_default_params();
     int task_given = 0;
     cli_parser p = cli_parser_start(argc, argv, long_options);
@@ -101,7 +129,21 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, int
         case OPT_OUTPUT: o->output_dir = optarg; break;
         case OPT_EVAL: o->eval_path = optarg; break;
         case OPT_TRUNCATE: o->truncate = 1; break;
-        case OPT_QUIET: *quiet = 1; break;
+        case OPT_QUIET: cl->quiet = 1; break;
+        case OPT_RESUME: o->resume_dir = optarg; break;
+        case OPT_LOG: o->log_path = optarg; break;
+        case OPT_LOG_BATCHES: o->log_batches = 1; break;
+        case OPT_DEVICE:
+            if (parse_device(optarg, &o->device)) return -1;
+            break;
+        case OPT_DTYPE:
+            if (parse_dtype(optarg, &o->dtype)) return -1;
+            cl->dtype_given = 1;
+            break;
+        case OPT_STOP_AFTER:
+            if (parse_int("--stop-after", optarg, 1, INT32_MAX, &v)) return -1;
+            cl->stop_after = v;
+            break;
         case OPT_TASK:
             if (strcmp(optarg, "mlm") == 0) o->task = NOPAD_TRAIN_MLM;
             else if (strcmp(optarg, "classify") == 0) o->task = NOPAD_TRAIN_CLASSIFY;
@@ -193,6 +235,21 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, int
         print_error("--num-labels is for --task classify");
         return -1;
     }
+    if (o->log_batches && !o->log_path) {
+        print_error("--log-batches needs --log FILE");
+        return -1;
+    }
+    /* CUDA computes in bf16 unless told otherwise; the CPU only in fp32 */
+    if (!cl->dtype_given) o->dtype = o->device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_BF16 : NOPAD_DTYPE_F32;
+    if (o->device == NOPAD_DEVICE_CPU && o->dtype != NOPAD_DTYPE_F32) {
+        print_error("--dtype %s: the CPU trains in fp32 (bf16 and fp16 are for --device cuda)",
+                    o->dtype == NOPAD_DTYPE_BF16 ? "bf16" : "fp16");
+        return -1;
+    }
+    if (o->device == NOPAD_DEVICE_CUDA && o->dtype == NOPAD_DTYPE_F32) {
+        print_error("--dtype fp32: CUDA training computes in bf16 or fp16 (with float32 master weights)");
+        return -1;
+    }
     return 0;
 }
 
@@ -208,22 +265,29 @@ static void format_duration(double s, char *out, size_t size) {
 }
 
 typedef struct progress_state {
+    int quiet;
     int enabled;   /* a terminal: "\r" updates; else one line every `every` steps */
     int64_t every;
     double last;
+    int64_t first_step; /* the step before this run's first (a resumed run's checkpoint), or -1 */
+    int64_t stop_after; /* 0: never */
 } progress_state;
 
+/* Progress on stderr, and the stop of --stop-after. */
 static int on_step(void *user, const nopad_train_progress *p) {
     progress_state *ps = user;
-    const int last = p->step == p->total_steps;
+    if (ps->first_step < 0) ps->first_step = p->step - 1;
+    const int stop = ps->stop_after > 0 && p->step >= ps->stop_after;
+    if (ps->quiet) return stop;
+    const int last = p->step == p->total_steps || stop;
     const double t = now_seconds();
     if (ps->enabled) {
-        if (!last && t - ps->last < 0.25) return 0;
+        if (!last && t - ps->last < 0.25) return stop;
     } else if (!last && p->step % ps->every != 0) {
-        return 0;
+        return stop;
     }
     ps->last = t;
-    const double per_step = p->elapsed_s / (double)p->step;
+    const double per_step = p->elapsed_s / (double)(p->step - ps->first_step);
     char eta[32];
     format_duration(per_step * (double)(p->total_steps - p->step), eta, sizeof eta);
     fprintf(stderr, "%sstep %" PRId64 "/%" PRId64 "  epoch %d/%d  loss %.4f  lr %.3g  %.0f tokens/s"
@@ -234,13 +298,13 @@ static int on_step(void *user, const nopad_train_progress *p) {
     if (ps->enabled && last) fputc('\n', stderr);
     fflush(stderr);
     progress_line_open = ps->enabled && !last;
-    return 0;
+    return stop;
 }
 
 int cmd_train(int argc, char **argv) {
     nopad_train_params o;
-    int quiet = 0;
-    const int parsed = parse_train_options(argc, argv, &o, &quiet);
+    train_cli cl = {0};
+    const int parsed = parse_train_options(argc, argv, &o, &cl);
     if (parsed > 0) return EXIT_OK;
     if (parsed < 0) {
         fputs("usage: nopad train --model DIR --task mlm|classify --data FILE --output DIR "
@@ -255,11 +319,10 @@ int cmd_train(int argc, char **argv) {
             print_error("cannot read %s '%s'", i ? "--eval" : "--data", files[i]);
             return EXIT_ERROR;
         }
-    progress_state ps = {.enabled = isatty(STDERR_FILENO), .every = 10};
-    if (!quiet) {
-        o.on_step = on_step;
-        o.user = &ps;
-    }
+    progress_state ps = {.quiet = cl.quiet, .enabled = isatty(STDERR_FILENO), .every = 10,
+                         .first_step = -1, .stop_after = cl.stop_after};
+    o.on_step = on_step;
+    o.user = &ps;
     const double start = now_seconds();
     nopad_train_result res;
     const nopad_status st = nopad_train(&o, &res);
@@ -267,7 +330,9 @@ int cmd_train(int argc, char **argv) {
         print_error("%s", library_error(st));
         return EXIT_ERROR;
     }
-    if (!quiet) {
+    if (!cl.quiet) {
+        if (res.resumed_step)
+            fprintf(stderr, "resumed from %s at step %" PRId64 "\n", o.resume_dir, res.resumed_step);
         if (res.new_head)
             fprintf(stderr, "new %s head initialised (seed %" PRIu64 ")\n",
                     o.task == NOPAD_TRAIN_CLASSIFY ? "classification" : "masked-LM", o.seed);
@@ -275,8 +340,8 @@ int cmd_train(int argc, char **argv) {
         format_duration(now_seconds() - start, took, sizeof took);
         fprintf(stderr, "trained %" PRId64 " steps on %d examples (%d truncated) in %s: loss "
                         "%.4f -> %.4f; saved %s\n",
-                res.steps, res.n_examples, res.n_truncated, took, res.first_loss, res.last_loss,
-                o.output_dir);
+                res.steps - res.resumed_step, res.n_examples, res.n_truncated, took, res.first_loss,
+                res.last_loss, o.output_dir);
     }
     if (o.eval_path) {
         if (res.eval_accuracy >= 0) printf("eval accuracy: %.4f\n", res.eval_accuracy);
