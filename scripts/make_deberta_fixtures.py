@@ -8,7 +8,7 @@ Writes tests/data/models/<name>/ (config.json + model.safetensors by save_pretra
 golden.safetensors) for
 
     deberta_v3_a   DebertaV2ForSequenceClassification (2 labels), v3-style: share_att_key,
-                   pos_att_type "p2c|c2p", log buckets (8) over max_relative_positions -1 (= 64),
+                   pos_att_type "p2c|c2p", log buckets (8) over max_relative_positions -1 (= 96),
                    norm_rel_ebd layer_norm, no absolute positions, no token types; vocabulary of
                    tests/data/tokenizer/parity/unigram_debertav3.json
     deberta_v2_b   DebertaV2ForSequenceClassification (3 labels), v2-style: separate
@@ -33,7 +33,8 @@ tensors named "buckets_<b>_<max>", so the float32 ceil of every backend's bucket
 checked against torch's where the goldens' short sequences never reach.
 
 The classifiers also get golden_text.json: texts, a query, and HF's logits for each text alone
-and for (query, text) pairs, tokenized by `tokenizers` from the parity tokenizer.json (the
+and for (query, text) pairs (also truncated to 12 ids), tokenized by `tokenizers` from the
+parity tokenizer.json (the
 folders hold no tokenizer: tests/cli_classify.sh copies the parity file next to the weights, so
 the 340 KB Unigram files are not duplicated).
 """
@@ -65,7 +66,7 @@ SPECS = {
     "deberta_v3_a": dict(
         cls="DebertaV2ForSequenceClassification", seed=71, tok="unigram_debertav3",
         labels=["negative", "positive"],
-        config=dict(model_type="deberta-v2", vocab_size=801, max_position_embeddings=64,
+        config=dict(model_type="deberta-v2", vocab_size=801, max_position_embeddings=96,
                     relative_attention=True, position_buckets=8, max_relative_positions=-1,
                     pos_att_type="p2c|c2p", share_att_key=True, norm_rel_ebd="layer_norm",
                     position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7,
@@ -113,6 +114,7 @@ SPECS = {
 TEXTS = ["the cat sat on the mat", "Stocks fell sharply today.", "a", "Über naïve café prices",
          "Quantum entanglement links distant particles in surprising ways", "hello world"]
 QUERY = "where did the cat sit?"
+TRUNCATE = 12  # max_length of the truncated pairs: cuts the query, the text or both
 
 
 def config_for(spec):
@@ -228,6 +230,9 @@ def make(name):
                 if pair:
                     out["pair_types"].append(enc.type_ids)
                 out["pair_logits" if pair else "logits"].append([float(x) for x in lg])
+        tok.enable_truncation(TRUNCATE)  # longest_first, HF's default strategy
+        out["truncate"] = TRUNCATE
+        out["pair_ids_truncated"] = [tok.encode(QUERY, t).ids for t in TEXTS]
         with open(os.path.join(path, "golden_text.json"), "w") as f:
             json.dump(out, f, indent=1)
             f.write("\n")

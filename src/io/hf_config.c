@@ -375,3 +375,100 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
 }
 #undef TRY
 
+
+void hf_labels_free(char **labels, int32_t n) {
+    if (!labels) return;
+    for (int32_t i = 0; i < n; i++) free(labels[i]);
+    free(labels);
+}
+
+/* ACT2FN's names nopad computes, for the heads' poolers (which may also ask for tanh). */
+static int pooler_activation(const char *name, nopad_activation *out) {
+    static const struct { const char *name; nopad_activation act; } NAMES[] = {
+        {"tanh", NOPAD_ACT_TANH},        {"gelu", NOPAD_ACT_GELU},
+        {"gelu_new", NOPAD_ACT_GELU_TANH}, {"gelu_pytorch_tanh", NOPAD_ACT_GELU_TANH},
+        {"gelu_fast", NOPAD_ACT_GELU_TANH}, {"relu", NOPAD_ACT_RELU},
+        {"silu", NOPAD_ACT_SILU},        {"swish", NOPAD_ACT_SILU},
+    };
+    for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++)
+        if (!strcmp(name, NAMES[i].name)) return *out = NAMES[i].act, 1;
+    return 0;
+}
+
+nopad_status hf_config_head(const char *json, size_t len, const char *where, model_config *cfg,
+                            char ***labels) {
+    memset(&cfg->head, 0, sizeof cfg->head);
+    *labels = NULL;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", where);
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *arch = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    const char *suffix = "ForSequenceClassification";
+    const size_t n_suffix = strlen(suffix);
+    if (!cJSON_IsString(arch) || strlen(arch->valuestring) < n_suffix ||
+        strcmp(arch->valuestring + strlen(arch->valuestring) - n_suffix, suffix) != 0) {
+        cJSON_Delete(root);
+        return NOPAD_OK;
+    }
+    classifier_head *h = &cfg->head;
+    snprintf(h->architecture, sizeof h->architecture, "%s", arch->valuestring);
+    h->act = cfg->family == FAMILY_DISTILBERT ? NOPAD_ACT_RELU : NOPAD_ACT_TANH;
+    nopad_status st = NOPAD_OK;
+    if (cfg->family == FAMILY_DEBERTA_V2) {
+        const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "pooler_hidden_act");
+        const char *name = cJSON_IsString(act) ? act->valuestring : "gelu";
+        int32_t pooler_size = 0;
+        if (act && !cJSON_IsNull(act) && !cJSON_IsString(act))
+            st = json_wrong_type(where, "pooler_hidden_act", "a string", act);
+        else if (!pooler_activation(name, &h->act))
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                 "%s: pooler_hidden_act \"%.32s\" is not supported; expected tanh, "
+                                 "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu or swish",
+                                 where, name);
+        else if ((st = hf_get_int(root, where, "pooler_hidden_size", 1, cfg->hidden_size, 1, MAX_DIM,
+                                  &pooler_size)) == NOPAD_OK &&
+                 pooler_size != cfg->hidden_size)
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                 "%s: pooler_hidden_size %d differs from hidden_size %d, which is "
+                                 "not supported",
+                                 where, pooler_size, cfg->hidden_size);
+    }
+    /* HF derives num_labels from id2label ({"0": "LABEL_0", "1": "LABEL_1"} by default) */
+    const cJSON *id2label = cJSON_GetObjectItemCaseSensitive(root, "id2label");
+    int32_t n = 2;
+    if (st == NOPAD_OK && id2label && !cJSON_IsNull(id2label)) {
+        if (!cJSON_IsObject(id2label))
+            st = json_wrong_type(where, "id2label", "an object {\"0\": label, ...}", id2label);
+        else
+            n = cJSON_GetArraySize(id2label);
+        if (st == NOPAD_OK && n < 1)
+            st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: id2label is empty; a classifier needs >= 1 label",
+                                 where);
+    }
+    char **names = st == NOPAD_OK ? calloc((size_t)n, sizeof *names) : NULL;
+    if (st == NOPAD_OK && !names) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", where);
+    for (int32_t i = 0; st == NOPAD_OK && i < n; i++) {
+        char key[16], fallback[32];
+        snprintf(key, sizeof key, "%d", i);
+        snprintf(fallback, sizeof fallback, "LABEL_%d", i);
+        const cJSON *label = id2label && cJSON_IsObject(id2label)
+                                 ? cJSON_GetObjectItemCaseSensitive(id2label, key) : NULL;
+        if (id2label && cJSON_IsObject(id2label) && !cJSON_IsString(label))
+            st = nopad_set_error(NOPAD_ERR_FORMAT,
+                                 "%s: id2label has %d entries but no string label for id \"%s\"; "
+                                 "expected the ids 0 .. %d",
+                                 where, n, key, n - 1);
+        else if (!(names[i] = strdup(label ? label->valuestring : fallback)))
+            st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", where);
+    }
+    cJSON_Delete(root);
+    if (st != NOPAD_OK) {
+        hf_labels_free(names, n);
+        memset(h, 0, sizeof *h);
+        return st;
+    }
+    h->present = 1;
+    h->num_labels = n;
+    *labels = names;
+    return NOPAD_OK;
+}

@@ -54,6 +54,16 @@ typedef struct relative_attention {
                                        rel_embeddings has 2k rows */
 } relative_attention;
 
+/* A sequence-classification head on each sequence's first token, as every family's
+ * *ForSequenceClassification has it: logits = act(h[0]·W1ᵀ + b1)·W2ᵀ + b2 (BERT's pooler +
+ * classifier, RoBERTa's classifier.dense + out_proj, DeBERTa's ContextPooler + classifier). */
+typedef struct classifier_head {
+    int present;          /* config.json's architectures[0] is a *ForSequenceClassification */
+    int32_t num_labels;   /* id2label's size, as HF derives num_labels */
+    nopad_activation act; /* tanh; relu (DistilBERT); pooler_hidden_act (DeBERTa) */
+    char architecture[64];
+} classifier_head;
+
 typedef struct model_config {
     char model_type[32];      /* config.json's model_type, as written */
     model_family family;
@@ -73,6 +83,7 @@ typedef struct model_config {
     int absolute_positions;   /* 1: learned position embeddings are added at the input (0:
                                  DeBERTa with position_biased_input false) */
     relative_attention rel;   /* DeBERTa-v2/v3 */
+    classifier_head head;     /* encoders: filled by hf_config_head */
     int32_t attention_scale_factor; /* scores scaled by 1/sqrt(head_size · this): 1, or DeBERTa's
                                        1 + |pos_att_type| */
     model_positions positions;

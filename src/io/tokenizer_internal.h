@@ -201,6 +201,8 @@ typedef struct tok_matcher {
     int32_t count;
 } tok_matcher;
 
+enum { TOK_PAIR_A = -1, TOK_PAIR_B = -2 };
+
 struct nopad_tokenizer {
     tok_model_kind model;
     tok_bpe bpe; /* model == TOK_MODEL_BPE */
@@ -227,6 +229,9 @@ struct nopad_tokenizer {
     int32_t n_prefix;
     int32_t *suffix_ids;
     int32_t n_suffix;
+    int32_t *pair_template;   /* [n_pair_template, 2]: (id, type id) of each piece of the pair
+                                 template, id TOK_PAIR_A / TOK_PAIR_B standing for $A / $B */
+    int32_t n_pair_template;  /* 0: none given, so $A:0 $B:1 (HF without a post-processor) */
     int32_t vocab_size; /* largest id + 1, over the model vocab and the added tokens */
     struct tok_decoder *decoder; /* ids -> text (tokenizer_decode.c) */
 };

@@ -53,6 +53,7 @@ void nopad_tokenizer_free(nopad_tokenizer *t) {
     free(t->norm_matcher.order);
     free(t->prefix_ids);
     free(t->suffix_ids);
+    free(t->pair_template);
     free(t);
 }
 
@@ -204,6 +205,8 @@ static nopad_status finish(nopad_tokenizer *t, const char *where) {
         if (t->prefix_ids[i] > max_id) max_id = t->prefix_ids[i];
     for (int32_t i = 0; i < t->n_suffix; i++)
         if (t->suffix_ids[i] > max_id) max_id = t->suffix_ids[i];
+    for (int32_t i = 0; i < t->n_pair_template; i++)
+        if (t->pair_template[2 * i] > max_id) max_id = t->pair_template[2 * i];
     if (max_id >= INT32_MAX)
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: token id %lld is too large", where,
                                (long long)max_id);
@@ -221,6 +224,26 @@ static nopad_status set_template(nopad_tokenizer *t, const int32_t *prefix, int3
     t->n_prefix = n_prefix;
     t->n_suffix = n_suffix;
     return NOPAD_OK;
+}
+
+/* The pair template as (id, type id) pieces; see nopad_tokenizer.pair_template. */
+static nopad_status set_pair_template(nopad_tokenizer *t, const int32_t *pieces, int32_t n,
+                                      const char *where) {
+    free(t->pair_template);
+    t->pair_template = malloc((size_t)(n ? 2 * n : 1) * sizeof(int32_t));
+    if (!t->pair_template) return out_of_memory(where);
+    for (int32_t i = 0; i < 2 * n; i++) t->pair_template[i] = pieces[i];
+    t->n_pair_template = n;
+    return NOPAD_OK;
+}
+
+/* BERT's pair: [CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1. RoBERTa's: <s> $A </s> </s> $B </s>, all type
+ * 0 (as tokenizers' RobertaProcessing gives them). */
+static nopad_status set_bert_pair(nopad_tokenizer *t, int32_t cls, int32_t sep, int roberta,
+                                  const char *where) {
+    const int32_t bert[] = {cls, 0, TOK_PAIR_A, 0, sep, 0, TOK_PAIR_B, 1, sep, 1};
+    const int32_t rob[] = {cls, 0, TOK_PAIR_A, 0, sep, 0, sep, 0, TOK_PAIR_B, 0, sep, 0};
+    return roberta ? set_pair_template(t, rob, 6, where) : set_pair_template(t, bert, 5, where);
 }
 
 /* ---- tokenizer.json ------------------------------------------------------------------------- */
@@ -429,6 +452,55 @@ static nopad_status pair_id(const cJSON *p, const char *key, int32_t *id, const 
     return NOPAD_OK;
 }
 
+/* TemplateProcessing's "pair" (absent: none, see nopad_tokenizer.pair_template): each piece
+ * {"Sequence": {"id": "A"|"B", "type_id": n}} or {"SpecialToken": {"id": name, "type_id": n}}. */
+static nopad_status parse_pair_template(nopad_tokenizer *t, const cJSON *pair,
+                                        const cJSON *specials, const char *where) {
+    enum { MAX_PIECES = 64 };
+    int32_t pieces[2 * MAX_PIECES], n = 0, ids[MAX_PIECES], seen_a = 0, seen_b = 0;
+    if (!pair || cJSON_IsNull(pair)) return NOPAD_OK;
+    if (!cJSON_IsArray(pair))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: post_processor.pair must be an array", where);
+    const cJSON *piece;
+    cJSON_ArrayForEach(piece, pair) {
+        const cJSON *seq = field(piece, "Sequence"), *sp = field(piece, "SpecialToken");
+        const cJSON *body = cJSON_IsObject(seq) ? seq : sp;
+        const cJSON *id = field(body, "id"), *type = field(body, "type_id");
+        int32_t type_id = 0;
+        if (!cJSON_IsObject(body) || !cJSON_IsString(id) || (type && !as_id(type, &type_id)))
+            return nopad_set_error(NOPAD_ERR_FORMAT,
+                                   "%s: post_processor.pair: each piece must be {\"Sequence\": {\"id\", "
+                                   "\"type_id\"}} or {\"SpecialToken\": {\"id\", \"type_id\"}}",
+                                   where);
+        int32_t n_ids = 0;
+        if (body == seq) {
+            const int a = !strcmp(id->valuestring, "A"), b = !strcmp(id->valuestring, "B");
+            if (!a && !b)
+                return nopad_set_error(NOPAD_ERR_FORMAT,
+                                       "%s: post_processor.pair: sequence \"%.16s\" is neither A nor B",
+                                       where, id->valuestring);
+            seen_a += a, seen_b += b;
+            ids[n_ids++] = a ? TOK_PAIR_A : TOK_PAIR_B;
+        } else {
+            nopad_status st = template_ids(specials, id->valuestring, ids, &n_ids, MAX_PIECES, where);
+            if (st != NOPAD_OK) return st;
+        }
+        for (int32_t k = 0; k < n_ids; k++) {
+            if (n >= MAX_PIECES)
+                return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                       "%s: post_processor.pair: more than %d pieces", where, MAX_PIECES);
+            pieces[2 * n] = ids[k];
+            pieces[2 * n + 1] = type_id;
+            n++;
+        }
+    }
+    if (seen_a != 1 || seen_b != 1)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: post_processor.pair must hold $A and $B once each (found %d, %d)",
+                               where, seen_a, seen_b);
+    return set_pair_template(t, pieces, n, where);
+}
+
 static nopad_status parse_post_processor(nopad_tokenizer *t, const cJSON *p, const char *where) {
     enum { MAX_SPECIAL = 64 };
     int32_t prefix[MAX_SPECIAL], suffix[MAX_SPECIAL], n_prefix = 0, n_suffix = 0;
@@ -443,6 +515,8 @@ static nopad_status parse_post_processor(nopad_tokenizer *t, const cJSON *p, con
     if (strcmp(type, "BertProcessing") == 0 || strcmp(type, "RobertaProcessing") == 0) {
         st = pair_id(p, "cls", &prefix[0], where);
         if (st == NOPAD_OK) st = pair_id(p, "sep", &suffix[0], where);
+        if (st == NOPAD_OK)
+            st = set_bert_pair(t, prefix[0], suffix[0], strcmp(type, "RobertaProcessing") == 0, where);
         if (st != NOPAD_OK) return st;
         return set_template(t, prefix, 1, suffix, 1, where);
     }
@@ -517,6 +591,8 @@ static nopad_status parse_post_processor(nopad_tokenizer *t, const cJSON *p, con
         return nopad_set_error(NOPAD_ERR_FORMAT,
                                "%s: post_processor.single must hold $A exactly once (found %d)",
                                where, n_sequences);
+    st = parse_pair_template(t, field(p, "pair"), specials, where);
+    if (st != NOPAD_OK) return st;
     return set_template(t, prefix, n_prefix, suffix, n_suffix, where);
 }
 
@@ -675,6 +751,7 @@ nopad_status tokenizer_from_vocab_txt(const char *text, size_t len, int lowercas
         st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: no %s line (needed for [CLS] text [SEP])",
                              where, cls < 0 ? "[CLS]" : "[SEP]");
     if (st == NOPAD_OK) st = set_template(t, &cls, 1, &sep, 1, where);
+    if (st == NOPAD_OK) st = set_bert_pair(t, cls, sep, 0, where);
     /* BERT's special tokens are never split or normalized */
     static const char *const specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
     tok_added flags = {.special = 1};

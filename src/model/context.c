@@ -257,7 +257,8 @@ static nopad_status pool_rows(nopad_context *c, void *pooled, const void *hidden
 /* One forward of a checked host packed batch (the context locked). */
 static nopad_status forward_host(nopad_context *c, int32_t n_seqs, const int32_t *cu_seqlens,
                                  const int32_t *tokens, const int32_t *types, int32_t max_seqlen,
-                                 nopad_pooling pooling, int normalize, float *hidden_out, float *pooled_out) {
+                                 nopad_pooling pooling, int normalize, float *hidden_out, float *pooled_out,
+                                 float *logits_out) {
     nopad_backend *be = c->be;
     const int32_t T = cu_seqlens[n_seqs], H = c->model->cfg.hidden_size;
     if (c->params.max_batch_tokens > 0 && T > c->params.max_batch_tokens)
@@ -280,6 +281,12 @@ static nopad_status forward_host(nopad_context *c, int32_t n_seqs, const int32_t
         if (st == NOPAD_OK) st = be->download_f32(be, pooled_out, ws->pooled, (size_t)n_seqs * H);
         if (st != NOPAD_OK) return st;
     }
+    if (logits_out) { // [B, L] the classification head's
+        st = encoder_classify(be, &c->model->cfg, &c->model->weights, ws, &seqs, ws->hidden);
+        if (st == NOPAD_OK)
+            st = be->download_f32(be, logits_out, ws->logits, (size_t)n_seqs * c->model->cfg.head.num_labels);
+        if (st != NOPAD_OK) return st;
+    }
     if (hidden_out) st = be->download_f32(be, hidden_out, ws->hidden, (size_t)T * H);
     if (st == NOPAD_OK) st = be->synchronize(be);
     return st;
@@ -289,13 +296,14 @@ static nopad_status forward_host(nopad_context *c, int32_t n_seqs, const int32_t
 static nopad_status encode_host_packed(nopad_context *c, int32_t n_seqs, const int32_t *cu,
                                        const int32_t *tokens, const int32_t *types, int32_t budget,
                                        nopad_pooling pooling, int normalize, float *hidden_out,
-                                       float *pooled_out) {
+                                       float *pooled_out, float *logits_out) {
     int32_t max_seqlen = 0;
     nopad_status st = validate_host_packed(c->model, n_seqs, cu, tokens, types, &max_seqlen);
     if (st != NOPAD_OK) return st;
     if (budget <= 0 || cu[n_seqs] <= budget) {
         pthread_mutex_lock(&c->lock);
-        st = forward_host(c, n_seqs, cu, tokens, types, max_seqlen, pooling, normalize, hidden_out, pooled_out);
+        st = forward_host(c, n_seqs, cu, tokens, types, max_seqlen, pooling, normalize, hidden_out, pooled_out,
+                          logits_out);
         pthread_mutex_unlock(&c->lock);
         return st;
     }
@@ -312,7 +320,8 @@ static nopad_status encode_host_packed(nopad_context *c, int32_t n_seqs, const i
         for (int32_t s = start; s <= end; s++) part[s - start] = cu[s] - cu[start];
         st = forward_host(c, end - start, part, tokens + cu[start], types ? types + cu[start] : NULL, longest,
                           pooling, normalize, hidden_out ? hidden_out + (size_t)cu[start] * H : NULL,
-                          pooled_out ? pooled_out + (size_t)start * H : NULL);
+                          pooled_out ? pooled_out + (size_t)start * H : NULL,
+                          logits_out ? logits_out + (size_t)start * c->model->cfg.head.num_labels : NULL);
         if (st != NOPAD_OK)
             st = nopad_wrap_error(st, "sequences %d-%d (a forward of at most %d tokens)", start, end - 1, budget);
         start = end;
@@ -325,7 +334,7 @@ static nopad_status encode_host_packed(nopad_context *c, int32_t n_seqs, const i
 /* A host padded batch: packed on the host, run as a packed one, unpacked into hidden_out. */
 static nopad_status encode_host_padded(nopad_context *c, const nopad_batch *b, int32_t budget,
                                        nopad_pooling pooling, int normalize, float *hidden_out,
-                                       float *pooled_out) {
+                                       float *pooled_out, float *logits_out) {
     const int32_t n_seqs = b->n_seqs, max_len = b->max_len;
     if (n_seqs <= 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "empty batch: n_seqs is %d, need >= 1", n_seqs);
@@ -360,7 +369,8 @@ static nopad_status encode_host_padded(nopad_context *c, const nopad_batch *b, i
         if (types)
             memcpy(types + cu[s], b->token_type_ids + (size_t)s * max_len, (size_t)b->lengths[s] * sizeof(int32_t));
     }
-    st = encode_host_packed(c, n_seqs, cu, tokens, types, budget, pooling, normalize, hidden, pooled_out);
+    st = encode_host_packed(c, n_seqs, cu, tokens, types, budget, pooling, normalize, hidden, pooled_out,
+                            logits_out);
     if (st == NOPAD_OK && hidden_out) {
         for (int32_t s = 0; s < n_seqs; s++) {
             float *dst = hidden_out + (size_t)s * max_len * H;
@@ -464,9 +474,41 @@ nopad_status nopad_encode(nopad_context *c, const nopad_batch *b, const nopad_en
     }
     const int32_t budget = params ? params->batch_tokens : 0;
     if (b->layout == NOPAD_LAYOUT_PADDED)
-        return encode_host_padded(c, b, budget, pooling, normalize, hidden_out, pooled_out);
+        return encode_host_padded(c, b, budget, pooling, normalize, hidden_out, pooled_out, NULL);
     return encode_host_packed(c, b->n_seqs, b->cu_seqlens, b->tokens, b->token_type_ids, budget, pooling,
-                              normalize, hidden_out, pooled_out);
+                              normalize, hidden_out, pooled_out, NULL);
+}
+
+nopad_status nopad_classify(nopad_context *c, const nopad_batch *b, int32_t batch_tokens, float *logits) {
+    if (!c || !b || !logits)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_classify: context, batch or logits is NULL");
+    const nopad_model *m = c->model;
+    if (m->cfg.causal || !m->cfg.head.present)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_classify: the model in '%s' has no sequence-classification head "
+                               "(config.json's architectures[0] is not a *ForSequenceClassification)",
+                               m->dir);
+    /* the heads' tanh is a gemm epilogue only the CPU backend has so far */
+    if (m->params.device != NOPAD_DEVICE_CPU)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "nopad_classify: classification heads run on the CPU backend only for now");
+    if (b->on_device)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "nopad_classify: takes host batches (on_device = 0) for now");
+    if (b->layout == NOPAD_LAYOUT_PADDED)
+        return encode_host_padded(c, b, batch_tokens, NOPAD_POOLING_NONE, 0, NULL, NULL, logits);
+    if (b->layout != NOPAD_LAYOUT_PACKED)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_classify: layout %d is not packed (0) or padded (1)",
+                               (int)b->layout);
+    return encode_host_packed(c, b->n_seqs, b->cu_seqlens, b->tokens, b->token_type_ids, batch_tokens,
+                              NOPAD_POOLING_NONE, 0, NULL, NULL, logits);
+}
+
+nopad_status nopad_classify_packed(nopad_model *m, int32_t n_seqs, const int32_t *cu_seqlens,
+                                   const int32_t *tokens, const int32_t *token_type_ids, float *logits) {
+    if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_classify_packed: model is NULL");
+    const nopad_batch b = {.layout = NOPAD_LAYOUT_PACKED, .n_seqs = n_seqs, .tokens = tokens,
+                           .token_type_ids = token_type_ids, .cu_seqlens = cu_seqlens};
+    return nopad_classify(m->context, &b, 0, logits);
 }
 
 nopad_status nopad_encode_packed(nopad_model *m, int32_t n_seqs, const int32_t *cu_seqlens,

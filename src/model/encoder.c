@@ -15,7 +15,8 @@
 
 void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws) {
     void *bufs[] = {ws->hidden, ws->embed,  ws->qkv,    ws->context, ws->attn,
-                    ws->ffn,    ws->pooled, ws->tokens, ws->types,   ws->cu_seqlens};
+                    ws->ffn,    ws->pooled, ws->tokens, ws->types,   ws->cu_seqlens,
+                    ws->head,   ws->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     const uint32_t generation = ws->generation + 1; /* the buffers are gone: graphs naming them too */
@@ -48,6 +49,10 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cf
     ALLOC(attn, T * H * es);
     ALLOC(ffn, T * I * es);
     ALLOC(pooled, B * H * es);
+    if (cfg->head.present) {
+        ALLOC(head, B * H * es);
+        ALLOC(logits, B * (size_t)cfg->head.num_labels * es);
+    }
     ALLOC(tokens, T * sizeof(int32_t));
     ALLOC(types, T * sizeof(int32_t));
     ALLOC(cu_seqlens, (B + 1) * sizeof(int32_t));
@@ -127,6 +132,19 @@ nopad_status encoder_forward(nopad_backend *be, const model_config *cfg, const e
                              const int32_t *types, void *hidden) {
     TRY(encoder_embed(be, cfg, w, ws, seqs, tokens, types, hidden));
     return encoder_layers(be, cfg, w, ws, seqs, seqs->n_tokens, hidden);
+}
+
+nopad_status encoder_classify(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
+                              encoder_workspace *ws, const nopad_seqs *seqs, const void *hidden) {
+    const int32_t B = seqs->n_seqs, H = cfg->hidden_size, L = cfg->head.num_labels;
+    // pooled[B, H] = the first token of each sequence ([CLS], <s>)
+    TRY(be->pool(be, ws->pooled, hidden, seqs, H, NOPAD_POOLING_CLS));
+    // head[B, H] = act(pooled · W1ᵀ + b1)
+    TRY(be->gemm(be, ws->head, ws->pooled, w->head_dense_weight, w->head_dense_bias, NULL, B, H, H,
+                 NOPAD_EPILOGUE_BIAS_ACT, cfg->head.act));
+    // logits[B, L] = head · W2ᵀ + b2
+    return be->gemm(be, ws->logits, ws->head, w->head_out_weight, w->head_out_bias, NULL, B, H, L,
+                    NOPAD_EPILOGUE_BIAS, cfg->head.act);
 }
 
 int32_t encoder_token_bucket(int32_t n_tokens) {

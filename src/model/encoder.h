@@ -37,6 +37,10 @@ typedef struct encoder_weights {
     void *embed_ln_bias;       // [E]
     void *embed_proj_weight;   // [H, E] ALBERT only, else NULL
     void *embed_proj_bias;     // [H]
+    void *head_dense_weight;   // [H, H] the classification head's pooler (cfg->head), or NULL
+    void *head_dense_bias;     // [H]
+    void *head_out_weight;     // [L, H] its classifier, L = cfg->head.num_labels
+    void *head_out_bias;       // [L]
     encoder_layer *layers;     // [n_layer_weights] distinct weight sets
     int n_layer_weights;
     const encoder_layer **schedule; // [n_steps] the weights applied at each step (ALBERT shares)
@@ -66,6 +70,8 @@ typedef struct encoder_workspace {
     void *attn;        // [T, H] x1; or the sums s1, s2 before a fused LayerNorm (encoder.c)
     void *ffn;         // [T, I]
     void *pooled;      // [B, H]
+    void *head;        // [B, H] the classification head's pooled rows (models with a head)
+    void *logits;      // [B, L]
     int32_t *tokens;   // [T]
     int32_t *types;    // [T]
     int32_t *cu_seqlens; // [B+1]
@@ -94,6 +100,11 @@ nopad_status encoder_embed(nopad_backend *be, const model_config *cfg, const enc
 nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                             encoder_workspace *ws, const nopad_seqs *seqs, int32_t n_rows,
                             void *hidden);
+
+/* The classification head on hidden[T, H] (cfg->head): logits[B, L] = act(hidden[first token of
+ * each sequence]·W1ᵀ + b1)·W2ᵀ + b2, into ws->logits. */
+nopad_status encoder_classify(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
+                              encoder_workspace *ws, const nopad_seqs *seqs, const void *hidden);
 
 /* The token-count bucket of a batch whose layers replay a recorded graph: n_tokens rounded up to
  * a multiple of 1/16 of the power of two at or below it, at least 16. The slack is under 1/16 of

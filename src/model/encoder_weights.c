@@ -290,6 +290,45 @@ static nopad_status check_config_against_weights(const loader *ld, const model_c
     return NOPAD_OK;
 }
 
+/* The classification head's tensors, at the checkpoint's top level (not under the encoder's
+ * prefix, except BERT's and ALBERT's poolers, which live inside the encoder). */
+static nopad_status load_head(loader *ld, const model_config *cfg, encoder_weights *w) {
+    const int64_t H = cfg->hidden_size, L = cfg->head.num_labels;
+    const char *dense = NULL, *out = "classifier";
+    int in_encoder = 0;
+    switch (cfg->family) {
+    case FAMILY_BERT: dense = "pooler.dense", in_encoder = 1; break;
+    case FAMILY_ALBERT: dense = "pooler", in_encoder = 1; break;
+    case FAMILY_ROBERTA: dense = "classifier.dense", out = "classifier.out_proj"; break;
+    case FAMILY_DISTILBERT: dense = "pre_classifier"; break;
+    case FAMILY_DEBERTA_V2: dense = "pooler.dense"; break;
+    case FAMILY_GPT2:
+    case FAMILY_LLAMA: return nopad_set_error(NOPAD_ERR_INTERNAL, "%s: not an encoder", ld->where);
+    }
+    char name[160], prefix[sizeof ld->prefix];
+    memcpy(prefix, ld->prefix, sizeof prefix);
+    snprintf(name, sizeof name, "%s.weight", out);
+    ld->prefix[0] = '\0';
+    const safetensors_tensor *t = safetensors_checkpoint_find(ld->ckpt, name);
+    nopad_status st = NOPAD_OK;
+    if (t && t->ndim == 2 && t->shape[0] != L)
+        st = nopad_set_error(NOPAD_ERR_FORMAT,
+                             "%s: config.json's id2label names %lld labels, but the classifier "
+                             "'%s' has %lld rows (shape [%lld, %lld]); the two files disagree",
+                             ld->where, (long long)L, name, (long long)t->shape[0],
+                             (long long)t->shape[0], (long long)t->shape[1]);
+    if (st == NOPAD_OK) st = load(ld, name, L, H, &w->head_out_weight);
+    snprintf(name, sizeof name, "%s.bias", out);
+    if (st == NOPAD_OK) st = load(ld, name, L, 0, &w->head_out_bias);
+    if (in_encoder) memcpy(ld->prefix, prefix, sizeof prefix);
+    snprintf(name, sizeof name, "%s.weight", dense);
+    if (st == NOPAD_OK) st = load(ld, name, H, H, &w->head_dense_weight);
+    snprintf(name, sizeof name, "%s.bias", dense);
+    if (st == NOPAD_OK) st = load(ld, name, H, 0, &w->head_dense_bias);
+    memcpy(ld->prefix, prefix, sizeof prefix);
+    return st;
+}
+
 static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weights *w) {
     const int64_t E = cfg->embedding_size, H = cfg->hidden_size;
     TRY(find_prefix(ld));
@@ -358,6 +397,7 @@ static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weight
         break;
     }
     }
+    if (cfg->head.present) TRY(load_head(ld, cfg, w));
     return NOPAD_OK;
 }
 #undef TRY

@@ -105,6 +105,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     nopad_status st = read_file(path, 0, &json, &len);
     if (st != NOPAD_OK) return st;
     st = hf_config_parse(json, len, path, &m->cfg);
+    if (st == NOPAD_OK && !m->cfg.causal) st = hf_config_head(json, len, path, &m->cfg, &m->labels);
     free(json);
     if (st != NOPAD_OK) return st;
 
@@ -196,6 +197,7 @@ void nopad_model_free(nopad_model *m) {
     nopad_tokenizer_free(m->tokenizer);
     free(m->tokenizer_error);
     free(m->chat_template);
+    hf_labels_free(m->labels, m->cfg.head.num_labels);
     free(m->dir);
     free(m);
 }
@@ -213,6 +215,15 @@ nopad_status nopad_model_memory(const nopad_model *m, size_t *weights_bytes,
 }
 
 nopad_context *nopad_model_context(nopad_model *m) { return m ? m->context : NULL; }
+
+int32_t nopad_model_num_labels(const nopad_model *m) {
+    return m && m->cfg.head.present ? m->cfg.head.num_labels : 0;
+}
+
+const char *nopad_model_label(const nopad_model *m, int32_t id) {
+    if (!m || !m->labels || id < 0 || id >= m->cfg.head.num_labels) return NULL;
+    return m->labels[id];
+}
 
 const nopad_tokenizer *nopad_model_tokenizer(const nopad_model *m) {
     return m ? m->tokenizer : NULL;

@@ -27,6 +27,7 @@ struct nopad_model {
     const char *tokenizer_kind;
     char *tokenizer_error;    /* why the folder's tokenizer is unsupported, or NULL */
     char *chat_template;      /* decoders: the chat template text the model ships, or NULL */
+    char **labels;            /* [cfg.head.num_labels] the classifier's id2label, or NULL */
     nopad_context *context;   /* the default context */
 };
 

@@ -12,8 +12,8 @@ typedef enum nopad_activation {
     NOPAD_ACT_GELU_TANH = 1, /* tanh approximation — HF "gelu_new", "gelu_pytorch_tanh" */
     NOPAD_ACT_RELU = 2,
     NOPAD_ACT_SILU = 3,      /* x·sigmoid(x) — the gate of LLaMA's SwiGLU MLP */
-    NOPAD_ACT_TANH = 4,      /* BERT's pooler; only the training ops (activation, its backward)
-                                take it, never a gemm epilogue */
+    NOPAD_ACT_TANH = 4,      /* BERT's pooler: the training ops (activation, its backward) and
+                                the CPU backend's gemm epilogue (classification heads) take it */
 } nopad_activation;
 
 /* Bytes of one element of `dtype`. */
