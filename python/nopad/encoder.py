@@ -1,4 +1,5 @@
-"""nopad.Encoder: a BERT-family encoder (BERT, RoBERTa / XLM-R, DistilBERT, ALBERT)."""
+"""nopad.Encoder: a BERT-family encoder (BERT, RoBERTa / XLM-R, DistilBERT, ALBERT, DeBERTa-v2/v3),
+with its classification or cross-encoder head when the folder has one."""
 from __future__ import annotations
 
 import ctypes
@@ -421,6 +422,124 @@ class Encoder:
             rows = [hidden[cu[b]:cu[b + 1]] for b in range(B)]
             return rows[0] if single else rows
         return pooled[0] if single else pooled
+
+    # ---- classification and reranking ---------------------------------------------------------
+
+    @property
+    def labels(self) -> List[str]:
+        """The sequence-classification head's labels in id order (config.json's id2label), or
+        [] when the folder has no head (architectures[0] is not a *ForSequenceClassification)."""
+        lib = _native.library()
+        with self._handle.use() as model:  # type: ignore[union-attr]
+            n = lib.nopad_model_num_labels(model)
+            return [lib.nopad_model_label(model, i).decode("utf-8", "replace") for i in range(n)]
+
+    def _text_tokenizer(self, what: str) -> Tokenizer:
+        tok = self.tokenizer
+        if tok is None and self._tokenizer_error:
+            raise UnsupportedError("the tokenizer of model folder %s is not supported (%s); %s() "
+                                   "needs one" % (self.path, self._tokenizer_error, what))
+        if tok is None:
+            raise FileError("model folder %s has no tokenizer.json or vocab.txt; %s() needs one"
+                            % (self.path, what))
+        return tok
+
+    def _classify_packed(self, ids: np.ndarray, types: Optional[np.ndarray], cu: np.ndarray,
+                         budget: int) -> np.ndarray:
+        """logits float32 [B, num_labels] of a packed host batch (nopad_classify)."""
+        lib = _native.library()
+        with self._handle.use() as model:  # type: ignore[union-attr]
+            n_labels = lib.nopad_model_num_labels(model)
+            if n_labels == 0:
+                raise InvalidArgumentError(
+                    "model folder %s has no sequence-classification head (config.json's "
+                    "architectures is not a *ForSequenceClassification)" % self.path)
+            logits = np.empty((cu.size - 1, n_labels), dtype=np.float32)
+            b = _native.Batch(layout=_native.LAYOUT_PACKED, on_device=0, n_seqs=cu.size - 1,
+                              tokens=ids.ctypes.data,
+                              token_type_ids=types.ctypes.data if types is not None else None,
+                              cu_seqlens=cu.ctypes.data)
+            st = lib.nopad_classify(lib.nopad_model_context(model), ctypes.byref(b), budget,
+                                    logits.ctypes.data)
+            _native.check(st)
+        return logits
+
+    def classify(self, texts: Union[Text, Iterable[Text]], batch_tokens: Optional[int] = None,
+                 truncate: bool = False) -> np.ndarray:
+        """Logits of the folder's sequence-classification head (BertForSequenceClassification,
+        XLMRobertaForSequenceClassification, DebertaV2ForSequenceClassification, ...), raw: apply
+        softmax (or sigmoid for one label) yourself; :attr:`labels` names the columns.
+
+        Args:
+            texts: a list of str (or UTF-8 bytes), or one str.
+            batch_tokens: token budget per forward; default 16384.
+            truncate: cut texts longer than ``info.max_seq_length``; by default they raise
+                TooLongError.
+
+        Returns:
+            float32 array [B, num_labels] (``[num_labels]`` for a single str).
+
+        Raises:
+            InvalidArgumentError: the folder has no classification head, no texts, bad options.
+            TooLongError, FileError, UnsupportedError: as :meth:`encode`.
+        """
+        single = isinstance(texts, (str, bytes))
+        items = [texts] if single else list(texts)  # type: ignore[list-item]
+        if not items:
+            raise InvalidArgumentError("empty batch: classify() needs at least one text")
+        budget = DEFAULT_BATCH_TOKENS if batch_tokens is None else \
+            _int_arg(batch_tokens, "batch_tokens", 1, 2**30)
+        tok = self._text_tokenizer("classify")
+        max_len = self.info.max_seq_length
+        params = Tokenizer._params(True, bool(truncate), max_len if max_len > 0 else None)
+        datas = [as_utf8(t, "texts[%d]" % i) for i, t in enumerate(items)]
+        ids, cu = tok._tokenize_all(datas, params, "text", "the model's maximum sequence length")
+        logits = self._classify_packed(ids, None, cu, budget)
+        return logits[0] if single else logits
+
+    def rerank(self, query: Text, documents: Iterable[Text], batch_tokens: Optional[int] = None,
+               truncate: bool = False, raw_scores: bool = False) -> np.ndarray:
+        """Scores of `query` against each document with a cross-encoder (a one-label
+        sequence-classification head), as sentence-transformers' ``CrossEncoder.predict`` and
+        TEI's ``/rerank``: each (query, document) pair goes through the tokenizer's pair template.
+
+        Args:
+            query: str (or UTF-8 bytes).
+            documents: a list of str (or UTF-8 bytes).
+            batch_tokens: token budget per forward; default 16384.
+            truncate: cut pairs longer than ``info.max_seq_length``, the longer text first.
+            raw_scores: return the logits instead of sigmoid(logit).
+
+        Returns:
+            float32 array [N], in the documents' order (``np.argsort(-scores)`` ranks them).
+
+        Raises:
+            InvalidArgumentError: the head has more than one label (use :meth:`classify`), no
+                documents, bad options; as :meth:`classify` otherwise.
+        """
+        if isinstance(documents, (str, bytes)):
+            raise TypeError("rerank takes a list of documents")
+        docs = list(documents)
+        if not docs:
+            raise InvalidArgumentError("empty batch: rerank() needs at least one document")
+        n_labels = len(self.labels)
+        if n_labels != 1:
+            raise InvalidArgumentError(
+                "model folder %s has %d labels; rerank() needs a one-label head (a cross-encoder); "
+                "use classify()" % (self.path, n_labels))
+        budget = DEFAULT_BATCH_TOKENS if batch_tokens is None else \
+            _int_arg(batch_tokens, "batch_tokens", 1, 2**30)
+        tok = self._text_tokenizer("rerank")
+        max_len = self.info.max_seq_length
+        params = Tokenizer._params(True, bool(truncate), max_len if max_len > 0 else None)
+        q = as_utf8(query, "query")
+        pairs = [(q, as_utf8(d, "documents[%d]" % i)) for i, d in enumerate(docs)]
+        ids, types, cu = tok._pairs(pairs, params, "document", "the model's maximum sequence length")
+        use_types = types if self.info.type_vocab_size > 1 else None
+        logits = self._classify_packed(ids, use_types, cu, budget)[:, 0]
+        if raw_scores:
+            return logits
+        return (1.0 / (1.0 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
 
     # ---- ids in, hidden states out -----------------------------------------------------------
 

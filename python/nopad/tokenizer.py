@@ -240,6 +240,53 @@ class Tokenizer:
         ids, _ = self._tokenize_all([as_utf8(text)], params, "")
         return ids.tolist()
 
+    def encode_pair(self, text: Text, text_pair: Text, add_special_tokens: bool = True,
+                    truncate: bool = False, max_length: Optional[int] = None
+                    ) -> Tuple[List[int], List[int]]:
+        """Ids and token type ids of two texts as one sequence in the tokenizer's pair template,
+        as HF tokenizers' ``encode(text, text_pair)``: ``[CLS] a [SEP] b [SEP]`` (BERT,
+        DeBERTa), ``<s> a </s></s> b </s>`` (RoBERTa, XLM-R). Truncation to `max_length` cuts
+        the longer text first (HF's longest_first).
+
+        Raises:
+            as :meth:`encode`.
+        """
+        ids, types = self._pairs([(as_utf8(text, "text"), as_utf8(text_pair, "text_pair"))],
+                                 self._params(add_special_tokens, truncate, max_length), "")[:2]
+        return ids.tolist(), types.tolist()
+
+    def _pairs(self, pairs: Sequence[Tuple[bytes, bytes]], params: _native.TokenizeParams,
+               label: str, limit_name: str = "max_length"
+               ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Packs the pair template of every (a, b): (ids int32 [T], types int32 [T], cu_seqlens
+        int32 [B+1]); errors as _tokenize_all's."""
+        lib = _native.library()
+        ids_all, types_all, cu = [], [], np.zeros(len(pairs) + 1, dtype=np.int32)
+        with self._use() as ptr:
+            for i, (a, b) in enumerate(pairs):
+                cap = len(a) + len(b) + 16
+                while True:
+                    ids = np.empty(cap, dtype=np.int32)
+                    types = np.empty(cap, dtype=np.int32)
+                    n = ctypes.c_int32(0)
+                    st = lib.nopad_tokenize_pair(ptr, a, len(a), b, len(b), ctypes.byref(params),
+                                                 ids.ctypes.data, types.ctypes.data, cap,
+                                                 ctypes.byref(n))
+                    if st != Status.BUFFER_TOO_SMALL:
+                        break
+                    cap = n.value + 16
+                if st != Status.OK:
+                    msg = _native.last_error() or lib.nopad_status_string(st).decode()
+                    if st == Status.TOO_LONG and params.max_length > 0:
+                        msg = ("the pair gives %d tokens, more than %s %d (truncate=True cuts it)"
+                               % (n.value, limit_name, params.max_length))
+                    raise error_for(st, ("%s %d: " % (label, i) if label else "") + msg)
+                ids_all.append(ids[:n.value])
+                types_all.append(types[:n.value])
+                cu[i + 1] = cu[i] + n.value
+        return (np.concatenate(ids_all).astype(np.int32), np.concatenate(types_all).astype(np.int32),
+                cu)
+
     def encode_batch(self, texts: Iterable[Text], add_special_tokens: bool = True,
                      truncate: bool = False, max_length: Optional[int] = None
                      ) -> Tuple[np.ndarray, np.ndarray]:

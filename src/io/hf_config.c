@@ -433,9 +433,12 @@ nopad_status hf_config_head(const char *json, size_t len, const char *where, mod
                                  "not supported",
                                  where, pooler_size, cfg->hidden_size);
     }
-    /* HF derives num_labels from id2label ({"0": "LABEL_0", "1": "LABEL_1"} by default) */
+    /* HF derives num_labels from id2label ({"0": "LABEL_0", "1": "LABEL_1"} by default; a config
+     * written by hand may give num_labels alone) */
     const cJSON *id2label = cJSON_GetObjectItemCaseSensitive(root, "id2label");
     int32_t n = 2;
+    if (st == NOPAD_OK && (!id2label || cJSON_IsNull(id2label)))
+        st = hf_get_int(root, where, "num_labels", 1, 2, 1, 1 << 20, &n);
     if (st == NOPAD_OK && id2label && !cJSON_IsNull(id2label)) {
         if (!cJSON_IsObject(id2label))
             st = json_wrong_type(where, "id2label", "an object {\"0\": label, ...}", id2label);

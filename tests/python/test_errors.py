@@ -92,7 +92,7 @@ def test_folder_messages_match_the_cli(tmp_path):
     ({"model_type": "bert", "vocab_size": 10}, nopad.FormatError, FORMAT, "hidden_size"),
     (bert_a_config(hidden_size="wide"), nopad.FormatError, FORMAT, "hidden_size"),
     (bert_a_config(num_attention_heads=5), nopad.FormatError, FORMAT, "divisible"),
-    (bert_a_config(hidden_act="swish"), nopad.UnsupportedError, UNSUP, "swish"),
+    (bert_a_config(hidden_act="mish"), nopad.UnsupportedError, UNSUP, "mish"),
     (bert_a_config(num_hidden_layers=-2), nopad.FormatError, FORMAT, "num_hidden_layers"),
     (bert_a_config(num_hidden_layers=3), nopad.FormatError, FORMAT, "is missing"),
     (bert_a_config(intermediate_size=99), nopad.FormatError, FORMAT, "has shape"),

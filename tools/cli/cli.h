@@ -29,6 +29,8 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* tools/serve/serve.c */
 int cmd_train(int argc, char **argv);
+int cmd_classify(int argc, char **argv); /* classify.c */
+int cmd_rerank(int argc, char **argv);   /* classify.c */
 
 /* ---- messages ---------------------------------------------------------------------------- */
 

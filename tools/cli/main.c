@@ -19,6 +19,8 @@ typedef struct command {
 
 static const command commands[] = {
     {"embed", "embed lines of text (or token ids), one embedding per line", cmd_embed},
+    {"classify", "label lines of text with the model's classification head", cmd_classify},
+    {"rerank", "score a query against lines of text with a cross-encoder", cmd_rerank},
     {"generate", "generate text with a decoder, streamed as it is produced", cmd_generate},
     {"info", "describe a model (a folder or a .gguf file)", cmd_info},
     {"bench", "time the encoder on random batches (the ENC workload)", cmd_bench},
@@ -31,7 +33,8 @@ enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 static void print_main_help(FILE *f) {
     fputs("usage: nopad <command> [options]\n"
           "\n"
-          "Padding-free inference for encoders (BERT, RoBERTa, DistilBERT, ALBERT: nopad embed)\n"
+          "Padding-free inference for encoders (BERT, RoBERTa, DistilBERT, ALBERT, DeBERTa-v2/v3:\n"
+          "nopad embed, classify, rerank)\n"
           "and decoders (GPT-2, LLaMA, Mistral, Qwen2: nopad generate).\n"
           "\n"
           "commands:\n",
