@@ -20,6 +20,8 @@ golden.safetensors) for
     bert_cls       BertForSequenceClassification (3 labels); vocabulary of parity/wordpiece_bert.json
     xlmr_rerank    XLMRobertaForSequenceClassification (1 label: a cross-encoder reranker);
                    vocabulary of parity/unigram_xlmr.json
+    distilbert_cls DistilBertForSequenceClassification (2 labels: pre_classifier + ReLU)
+    albert_cls     AlbertForSequenceClassification (3 labels: albert.pooler + tanh)
 
 golden.safetensors (HF one sequence at a time, fp32, eager, eval; packed order):
     input_ids int32 [T], token_type_ids int32 [T] (zeros without token types), cu_seqlens int32
@@ -109,6 +111,16 @@ SPECS = {
         config=dict(model_type="xlm-roberta", vocab_size=802, max_position_embeddings=98,
                     type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1,
                     bos_token_id=0, eos_token_id=2, classifier_dropout=0.0, **TINY)),
+    "distilbert_cls": dict(
+        cls="DistilBertForSequenceClassification", seed=77, tok=None, labels=["no", "yes"],
+        config=dict(model_type="distilbert", vocab_size=91, dim=32, n_layers=2, n_heads=4,
+                    hidden_dim=64, max_position_embeddings=24, dropout=0.0, attention_dropout=0.0,
+                    seq_classif_dropout=0.0, activation="gelu", pad_token_id=0)),
+    "albert_cls": dict(
+        cls="AlbertForSequenceClassification", seed=78, tok=None, labels=["a", "b", "c"],
+        config=dict(model_type="albert", vocab_size=91, embedding_size=16, max_position_embeddings=24,
+                    type_vocab_size=2, num_hidden_groups=1, inner_group_num=1, layer_norm_eps=1e-12,
+                    hidden_act="gelu_new", classifier_dropout_prob=0.0, pad_token_id=0, **TINY)),
 }
 
 TEXTS = ["the cat sat on the mat", "Stocks fell sharply today.", "a", "Über naïve café prices",
@@ -168,7 +180,7 @@ def make(name):
     rng = np.random.default_rng(spec["seed"])
     offset = cfg.pad_token_id + 1 if cfg.model_type == "xlm-roberta" else 0
     max_len = cfg.max_position_embeddings - offset
-    types_vocab = cfg.type_vocab_size
+    types_vocab = getattr(cfg, "type_vocab_size", 0)
     ids, types, cu, hidden, logits = [], [], [0], [], []
     for n in lengths(max_len, rng):
         s_ids = [int(x) for x in rng.integers(0, cfg.vocab_size, n)]

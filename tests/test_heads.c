@@ -1,6 +1,7 @@
 /* Sequence classification and cross-encoder reranking heads on the CPU against Hugging Face
  * (scripts/make_deberta_fixtures.py): BertForSequenceClassification, XLMRobertaForSequence-
- * Classification (a one-label reranker) and DebertaV2ForSequenceClassification (v2 and v3 style).
+ * Classification (a one-label reranker), DebertaV2ForSequenceClassification (v2 and v3 style),
+ * DistilBertForSequenceClassification and AlbertForSequenceClassification.
  * Random ids give the head's logits; text and (query, text) pairs go through the parity
  * tokenizers, whose pair template and longest-first truncation must give HF's ids and types. */
 #include <math.h>
@@ -33,6 +34,8 @@ static const struct {
     {"xlmr_rerank", {"LABEL_0"}},
     {"deberta_v3_a", {"negative", "positive"}},
     {"deberta_v2_b", {"contradiction", "neutral", "entailment"}},
+    {"distilbert_cls", {"no", "yes"}},
+    {"albert_cls", {"a", "b", "c"}},
 };
 
 static void test_logits_match_hf(void **state) {
