@@ -43,13 +43,15 @@ if [ "${1:-}" = "--stage" ]; then
     trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/build/tests" "$stage/build/deplibs" "$CARRY"
     rm -f "$CARRY"/*
-    bins=("$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm)
+    bins=("$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm
+          "$B"/tests/test_cuda_attention_backward)
     for bin in "${bins[@]}"; do [ -f "$bin" ] || { echo "missing $bin" >&2; exit 1; }; done
     for bin in "${bins[@]}"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
         grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
         while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
     cp "$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$stage/build/"
-    cp "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm "$stage/build/tests/"
+    cp "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm \
+        "$B"/tests/test_cuda_attention_backward "$stage/build/tests/"
     (cd "$stage" && tar cJf "$CARRY/bundle.tar.xz" build)
     if [ -n "${3:-}" ]; then
         parts=${4:-3}
@@ -115,6 +117,23 @@ for step in $STEPS; do
             echo "$t: exit $rc"
             [ $rc -eq 0 ] || status=1
         done
+        # training's attention: the C test against the CPU ops, dumping cases for the torch
+        # autograd check (padded SDPA, float32) that follows
+        echo "== test_cuda_attention_backward"
+        rm -rf /tmp/nopad_attn_bwd
+        (cd "$ROOT" && NOPAD_ATTN_BWD_DUMP=/tmp/nopad_attn_bwd timeout 300 "$BUILD/tests/test_cuda_attention_backward") \
+            > "$OUT/test_cuda_attention_backward.log" 2>&1
+        rc=$?
+        tail -5 "$OUT/test_cuda_attention_backward.log"
+        echo "test_cuda_attention_backward: exit $rc"
+        [ $rc -eq 0 ] || status=1
+        echo "== torch_attention_backward_check"
+        timeout 300 python3 "$ROOT/scripts/torch_attention_backward_check.py" /tmp/nopad_attn_bwd \
+            > "$OUT/torch_attention_backward_check.log" 2>&1
+        rc=$?
+        tail -30 "$OUT/torch_attention_backward_check.log"
+        echo "torch_attention_backward_check: exit $rc"
+        [ $rc -eq 0 ] || status=1
         ;;
     half)
         args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")

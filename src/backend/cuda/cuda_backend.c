@@ -273,6 +273,7 @@ static void cu_destroy(nopad_backend *be) {
         cuda_use_device(s);
         if (s->stream) cudaStreamSynchronize(s->stream);
         cuda_graph_destroy_all(s);
+        cuda_train_gemm_optim_release(s);
         cuda_lt_destroy(&s->lt);
         if (s->scratch) cudaFree(s->scratch);
         if (s->pack_bad) cudaFree(s->pack_bad);
@@ -280,6 +281,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->split_ws) cudaFree(s->split_ws);
         if (s->expand_ws) cudaFree(s->expand_ws);
         if (s->sample_dev) cudaFree(s->sample_dev);
+        if (s->attn_bwd_ws) cudaFree(s->attn_bwd_ws);
         free(s->sample_host);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);

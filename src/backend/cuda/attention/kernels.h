@@ -32,10 +32,11 @@ cudaError_t cuda_attention_wgmma(int32_t head_size, int block_m, int block_n, bo
                                  cudaStream_t stream);
 
 /* mma.cu: the mma.sync kernels, head sizes 32, 64 and 128: block_m query rows (64 | 128: four or
- * eight warps) and block_n keys (64 | 128) a tile. */
+ * eight warps) and block_n keys (64 | 128) a tile. lse: NULL (inference), or float32 [T, n_heads]
+ * that also receives each query row's log-sum-exp of its scaled scores (training's forward). */
 cudaError_t cuda_attention_mma(int32_t head_size, int block_m, int block_n, bool bf16, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, int causal, bool pdl, cudaStream_t stream);
+                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse = nullptr);
 
 /* generic.cu: any head size <= 128 (one warp per query row and head, fp32 online softmax, no
  * tensor cores): the correctness path for head sizes the fused kernels do not cover. */

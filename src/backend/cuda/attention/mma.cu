@@ -13,7 +13,12 @@
  * registers for the whole CTA), mask the ragged tail (and the causal triangle), rescale the
  * running max/sum, then O += P V with P repacked from the S accumulators into A fragments without
  * touching shared memory. K/V tiles are double-buffered in shared memory with cp.async so the next
- * tile's load overlaps this tile's math. */
+ * tile's load overlaps this tile's math.
+ *
+ * Training (train/attention_backward.cu) runs this kernel with `lse` set: the epilogue then also
+ * writes each query row's log-sum-exp, lse[T, heads] = scale·m + ln l from the running max m and
+ * sum l the online softmax already holds (float32, before any rounding). Inference passes NULL and
+ * pays one uniform branch after the loop; nothing inside the loop changes. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -57,7 +62,8 @@ __global__ void __launch_bounds__(NWARPS * 32, (D <= 64 && BLOCK_N == 64 ? 2 : 1
 attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
                         const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
                         const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
-                        float scale_log2, int causal) {
+                        float scale_log2, int causal,
+                        float *__restrict__ lse) {         // [T, heads] or NULL
     constexpr int BLOCK_M = 16 * NWARPS;
     constexpr int THREADS = NWARPS * 32;
     constexpr int LDS = D + 8;
@@ -189,6 +195,17 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
      * inside the sequence with 16-byte writes */
     float inv[2];
     quad_row_inverse(l_run, inv);
+    if (lse != nullptr) { /* training: lse = ln Σ_j exp(scale·s_j) = (m·scale_log2 + log2 l)·ln 2 */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = l_run[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = row_a + r * 8;
+            if ((lane & 3) == 0 && row < len)
+                lse[(size_t)(start + row) * n_heads + head] = (m_run[r] * scale_log2 + log2f(l)) * 0.6931471805599453f;
+        }
+    }
     uint16_t *sO = sQ + warp * 16 * LDS;
     __syncwarp();  // every lane's ldmatrix of these Q rows is done before any lane overwrites them
 #pragma unroll
@@ -214,7 +231,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
 template <int D, int NWARPS, int BLOCK_N, bool BF16>
 static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                           int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, float *lse) {
     constexpr int BLOCK_M = 16 * NWARPS;
     const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t);
     auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16>;
@@ -235,7 +252,7 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
         dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
         cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWARPS * 32), smem, stream, pdl,
                                          (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
-                                         causal);
+                                         causal, lse);
         if (e == cudaSuccess) e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -245,32 +262,32 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
 template <int D, bool BF16>
 static cudaError_t launch_tile(int block_m, int block_n, void *out, const void *qkv, const int32_t *cu_seqlens,
                                int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, float *lse) {
     if (block_m == 64 && block_n == 64)
-        return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+        return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
     if (block_m == 64)
-        return launch<D, 4, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+        return launch<D, 4, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
     if (block_n == 64)
-        return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
-    return launch<D, 8, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+        return launch<D, 8, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
+    return launch<D, 8, 128, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
 }
 
 template <bool BF16>
 static cudaError_t launch_head(int32_t head_size, int block_m, int block_n, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, int causal, bool pdl, cudaStream_t stream) {
+                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse) {
     switch (head_size) {
-    case 32: return launch_tile<32, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
-    case 64: return launch_tile<64, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
-    default: return launch_tile<128, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream);
+    case 32: return launch_tile<32, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
+    case 64: return launch_tile<64, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
+    default: return launch_tile<128, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
     }
 }
 
 cudaError_t cuda_attention_mma(int32_t head_size, int block_m, int block_n, bool bf16, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, int causal, bool pdl, cudaStream_t stream) {
+                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse) {
     return bf16 ? launch_head<true>(head_size, block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads,
-                                    scale, causal, pdl, stream)
+                                    scale, causal, pdl, stream, lse)
                 : launch_head<false>(head_size, block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads,
-                                     scale, causal, pdl, stream);
+                                     scale, causal, pdl, stream, lse);
 }
