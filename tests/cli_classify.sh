@@ -99,6 +99,10 @@ expect_error 2 "missing --model DIR" classify
 rc=0
 "$NOPAD_CLI" classify --model "$TMP/bert_cls" --input "$TMP/empty.txt" 2>"$TMP/err" || rc=$?
 [ "$rc" = 1 ] && grep -q "no input lines" "$TMP/err" || fail "empty input: exit $rc, $(cat "$TMP/err")"
+"$NOPAD_CLI" info --model "$NOPAD_TEST_DATA/models/deberta_v2_b" | grep -q '^labels: *3 (contradiction, neutral, entailment)$' ||
+    fail "info labels"
+[ "$("$NOPAD_CLI" info --json --model "$TMP/bert_cls" | python3 -c 'import json,sys; print(json.load(sys.stdin)["labels"])')" = \
+    "['sports', 'politics', 'science']" ] || fail "info --json labels"
 "$NOPAD_CLI" classify --help | grep -q -- '--batch-tokens' || fail "classify --help"
 "$NOPAD_CLI" rerank --help | grep -q -- '--query' || fail "rerank --help"
 

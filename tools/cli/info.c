@@ -121,6 +121,14 @@ static void print_info_text(const nopad_model *model, const nopad_model_info *m)
     print_field("tokenizer", "%s", or_unknown(m->tokenizer_kind));
     print_field("pooling", "%s", pooling_name(m->pooling));
     print_field("normalize", "%s", m->normalize ? "yes" : "no");
+    const int32_t n_labels = nopad_model_num_labels(model);
+    if (n_labels > 0) { /* a *ForSequenceClassification head: nopad classify / rerank */
+        char names[512] = "";
+        size_t n = 0;
+        for (int32_t i = 0; i < n_labels && n < sizeof names; i++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", nopad_model_label(model, i));
+        print_field("labels", "%" PRId32 " (%s%s)", n_labels, names, n >= sizeof names ? "..." : "");
+    }
 }
 
 static int print_info_json(const nopad_model *model, const nopad_model_info *m) {
@@ -148,6 +156,11 @@ static int print_info_json(const nopad_model *model, const nopad_model_info *m) 
     cJSON_AddNumberToObject(o, "n_params", (double)m->n_params); /* exact below 2^53 */
     cJSON_AddBoolToObject(o, "has_tokenizer", m->has_tokenizer != 0);
     cJSON_AddStringToObject(o, "tokenizer", or_unknown(m->tokenizer_kind));
+    if (!m->is_decoder) { /* the classification head's id2label, [] without one */
+        cJSON *labels = cJSON_AddArrayToObject(o, "labels");
+        for (int32_t i = 0; labels && i < nopad_model_num_labels(model); i++)
+            cJSON_AddItemToArray(labels, cJSON_CreateString(nopad_model_label(model, i)));
+    }
     if (m->is_decoder) {
         const char *kind = tokenizer_kind(model);
         if (kind) cJSON_AddStringToObject(o, "tokenizer_kind", kind);
