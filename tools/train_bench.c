@@ -203,7 +203,7 @@ int main(int argc, char **argv) {
                 st = median(step, steps);
     const double mem_gb = (double)(free_before - free_after) / 1e9;
     const double tok_s = mean_tokens / (st * 1e-3);
-    cudaDeviceProp prop;
+    struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     char json[2048];
     snprintf(json, sizeof json,
