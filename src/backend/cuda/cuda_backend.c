@@ -281,6 +281,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->split_ws) cudaFree(s->split_ws);
         if (s->expand_ws) cudaFree(s->expand_ws);
         if (s->sample_dev) cudaFree(s->sample_dev);
+        if (s->attn_bwd_ws) cudaFree(s->attn_bwd_ws);
         free(s->sample_host);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);

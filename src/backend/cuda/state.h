@@ -42,7 +42,9 @@ typedef struct cuda_state {
     int32_t *pack_bad; /* device flag of pack_padded: the lengths did not match what the host said */
     void *attention_ws; /* the attention kernels' work counter (NOPAD_ATTENTION_WORKSPACE_BYTES,
                            zeroed once; every use is ordered on `stream`) */
-    float *split_ws;   /* the decoder attention's partial results (grown on demand, stream-ordered) */
+    float *split_ws;   /* float32 scratch of results that end within one op: the decoder attention's
+                          partial results, the training ops' column partial sums (train/ops.c);
+                          grown on demand, stream-ordered */
     size_t split_ws_bytes;
     void *expand_ws;   /* prompts-only decoder steps: qkv with a K and V head per query head */
     size_t expand_ws_bytes;
@@ -50,6 +52,8 @@ typedef struct cuda_state {
     size_t sample_dev_bytes;
     void *sample_host; /* its host staging */
     size_t sample_host_bytes;
+    float *attn_bwd_ws; /* attention_backward: dq32 and dsum (grown on demand, stream-ordered) */
+    size_t attn_bwd_ws_bytes;
     int cannot_record; /* a recording failed once (e.g. a caller's stream that cannot be captured):
                           run ops directly from then on */
 } cuda_state;
