@@ -21,6 +21,8 @@ carrying the library's message and status.
 - :class:`Engine`: ``submit`` from any thread (-> a :class:`Request`: iterate it for the text as
   it comes, ``result``, ``cancel``, ``stats``), ``stats``; every running request fused into one
   packed step per iteration.
+- :class:`Trainer`: ``train`` (fine-tuning or masked-LM training of a BERT model on packed
+  batches, with a per-step callback and ``resume`` from a checkpoint) -> :class:`TrainMetrics`.
 - :class:`Tokenizer`: ``encode``, ``encode_batch`` (-> ids, cu_seqlens), ``decode``,
   ``decode_stream`` (a :class:`DecodeStream`), ``kind``.
 - :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
@@ -39,10 +41,11 @@ from .errors import (BackendError, BufferTooSmallError, FileError, FormatError, 
 from .engine import Engine, Request
 from .generator import Generator, Sequence, TokenStream
 from .tokenizer import DecodeStream, Tokenizer
+from .trainer import Trainer, TrainMetrics, TrainProgress
 
 __all__ = [
     "Encoder", "Generator", "Sequence", "TokenStream", "Engine", "Request", "ModelInfo",
-    "Tokenizer", "DecodeStream", "attention_varlen", "attention_varlen_packed",
+    "Tokenizer", "DecodeStream", "Trainer", "TrainMetrics", "TrainProgress", "attention_varlen", "attention_varlen_packed",
     "library_version", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
     "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",
