@@ -13,9 +13,15 @@ key-padding mask (and the causal triangle), backpropagates the padded dout (zero
 rows, so padding adds nothing to any gradient), and compares on the real tokens only:
   out, dq, dk, dv: max over (token, head) rows of ||nopad - torch|| / max(||torch||, floor),
                    floor = 5% of the tensor's RMS row norm (rows whose exact gradient is ~0, such
-                   as dq of a length-1 sequence); bounds fp16 2e-3, bf16 2e-2 (the C test's, which
-                   says why);
+                   as dq of a length-1 sequence);
   lse:             max |nopad - torch|, bound 2e-5 (torch's logsumexp of the masked scores).
+Bound of out, dq, dk, dv: fp16 2e-3, bf16 2e-2 (the C test's, which says why), or twice the error
+of torch's own SDPA forward + backward in the case's dtype on the same inputs against the same
+float32 reference, whichever is larger. The second term is there because the backward computes
+D = rowsum(dout ⊙ out) from `out` as stored in the dtype (as FlashAttention and torch's fused
+kernels do): the output's rounding (2^-11 / 2^-8) enters dS = P ⊙ (dP - D) and reaches dq and dk
+rows whose own norm is small (early causal queries) as errors of ~1e-2 row-relative in fp16; the
+float32 reference has no such rounding. FlashAttention's tests use the same 2x rule.
 Prints one line per case; exits 1 if a case is over a bound or no case is found.
 
 Usage: torch_attention_backward_check.py DIR [--device cuda|cpu]
@@ -96,23 +102,34 @@ def check_case(meta_path, device):
     out.backward(do)
     scores = (q.detach() @ k.detach().transpose(-1, -2)) * scale
     lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)  # [B, H, S]
-
     want_out = unpad(out.detach().transpose(1, 2), cu).cpu()  # [T, H, D]
     want_lse = unpad(lse.transpose(1, 2), cu).cpu()  # [T, H]
     want = [unpad(t.grad.transpose(1, 2), cu).cpu() for t in (q, k, v)]
 
+    # torch's own SDPA in the dtype (its fused kernel where it takes the mask), same inputs
+    lp = {"f16": torch.float16, "bf16": torch.bfloat16}[meta["dtype"]]
+    ql, kl, vl = (t.detach().to(lp).requires_grad_(True) for t in (q, k, v))
+    out_lp = torch.nn.functional.scaled_dot_product_attention(ql, kl, vl, attn_mask=mask, scale=scale)
+    out_lp.backward(do.to(lp))
+    lp_out = unpad(out_lp.detach().float().transpose(1, 2), cu).cpu()
+    lp_grads = [unpad(t.grad.float().transpose(1, 2), cu).cpu() for t in (ql, kl, vl)]
+
     errs = {"out": row_rel_error(got_out.reshape(-1, D), want_out.reshape(-1, D))}
+    torch_errs = {"out": row_rel_error(lp_out.reshape(-1, D), want_out.reshape(-1, D))}
     for i, name in enumerate(("dq", "dk", "dv")):
         errs[name] = row_rel_error(got_dqkv[:, i].reshape(-1, D), want[i].reshape(-1, D))
+        torch_errs[name] = row_rel_error(lp_grads[i].reshape(-1, D), want[i].reshape(-1, D))
     lse_err = (got_lse.double() - want_lse.double()).abs().max().item()
-    bound = BOUNDS[meta["dtype"]]
-    ok = all(e <= bound for e in errs.values()) and lse_err <= LSE_BOUND
+    bounds = {n: max(BOUNDS[meta["dtype"]], 2 * torch_errs[n]) for n in errs}
+    over = [n for n in errs if not errs[n] <= bounds[n]] + (["lse"] if not lse_err <= LSE_BOUND else [])
     print(
         f"{os.path.basename(stem)} {meta['dtype']:4s} d={D:3d} heads={H} B={B} T={T} max={S} causal={int(causal)}: "
-        + "  ".join(f"{n} {e:.2e}" for n, e in errs.items())
-        + f"  lse {lse_err:.2e}  {'ok' if ok else 'FAIL (bound %.0e, lse %.0e)' % (bound, LSE_BOUND)}"
+        + "  ".join(f"{n} {e:.2e} (torch {torch_errs[n]:.2e})" for n, e in errs.items())
+        + f"  lse {lse_err:.2e}  "
+        + ("ok" if not over else "FAIL: " + ", ".join(
+            f"{n} over {bounds[n]:.1e}" if n != "lse" else f"lse over {LSE_BOUND:.0e}" for n in over))
     )
-    return ok
+    return not over
 
 
 def main():
