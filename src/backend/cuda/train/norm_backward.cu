@@ -208,13 +208,15 @@ norm_backward_kernel(norm_backward_args<T> a) {
 /* Blocks of the grid (rows are strided over them): a couple a SM; the partials scale with it. */
 static int norm_max_blocks(void) { return cuda_sm_count() * NB_BLOCKS_PER_SM; }
 
-extern "C" size_t cuda_train_layernorm_backward_scratch_floats(int32_t dim) {
-    return (size_t)norm_max_blocks() * 3 * (size_t)dim;
+/* 0 for a width the kernels refuse: the launcher then says why, with nothing allocated */
+static size_t norm_scratch_floats(int32_t dim, int n_vec) {
+    if (dim < 1 || dim > CUDA_TRAIN_NORM_MAX_DIM) return 0;
+    return (size_t)norm_max_blocks() * n_vec * (size_t)dim;
 }
 
-extern "C" size_t cuda_train_embed_backward_scratch_floats(int32_t dim) {
-    return (size_t)norm_max_blocks() * 2 * (size_t)dim;
-}
+extern "C" size_t cuda_train_layernorm_backward_scratch_floats(int32_t dim) { return norm_scratch_floats(dim, 3); }
+
+extern "C" size_t cuda_train_embed_backward_scratch_floats(int32_t dim) { return norm_scratch_floats(dim, 2); }
 
 /* Launches the kernel with the register layout for dim: 8-element vectors when dim % 8 == 0 and
  * every row is 16-byte aligned, else one element a lane. Returns the grid size in *blocks. */
