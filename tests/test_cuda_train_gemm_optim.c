@@ -20,7 +20,7 @@
  * them at offsets that are not multiples of 4 elements, so both the float4 and the scalar path
  * run); two steps with fresh gradients, weight decay on every other tensor; LAMB with and without
  * clipping; clip_grad_norm clipping and not; a list of 150 small tensors (more than one launch's
- * table of tensors); and, unless NOPAD_GPU_TEST_QUICK, a list of 280M elements (more than one
+ * table of tensors); and, unless NOPAD_GPU_TEST_QUICK, a list of 328M elements (more than one
  * launch's table of chunks: tensors split across launches), which also prints the time of a step.
  * Float32 on both sides (the CPU in double): every element of p, m, v (and g for clipping) within
  * 1e-6 · (|before| + |after - before|) of the CPU — the magnitude of the terms of its update —
@@ -489,12 +489,12 @@ static void test_optimisers_many_tensors(void **state) {
     for (int d = 0; d < 2; d++) run_list(d, sizes, 150, "150 tensors", 2, &rng);
 }
 
-/* 280M elements (BERT-large has ~340M): more chunks than one launch's table of 4096, so tensors
+/* 328M elements (BERT-large has ~340M): more chunks than one launch's table of 4096, so tensors
  * are split between launches; then the time of a step at this size. */
 static void test_optimisers_large(void **state) {
     (void)state;
     if (quick()) {
-        printf("NOPAD_GPU_TEST_QUICK: the 280M-element list is left out\n");
+        printf("NOPAD_GPU_TEST_QUICK: the 328M-element list is left out\n");
         return;
     }
     uint64_t rng = 0x6c61726765ULL;

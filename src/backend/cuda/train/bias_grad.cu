@@ -83,10 +83,12 @@ static nopad_status bias_grad_launch(float *db32, const T *dy, int32_t n_tokens,
     return launch_status("bias gradient");
 }
 
+/* Room for the most slices whenever there are several: T changes from step to step (a batch is a
+ * token budget), and a workspace sized by N alone stops growing after a step's widest layer, so a
+ * later step can be recorded into a CUDA graph (nothing may be allocated during a recording). */
 extern "C" size_t cuda_bias_grad_workspace_bytes(int32_t n_tokens, int32_t n_out) {
     if (n_tokens <= 0 || n_out <= 0) return 0;
-    const int32_t slices = slices_of(n_tokens);
-    return slices > 1 ? (size_t)slices * (size_t)n_out * sizeof(float) : 0;
+    return slices_of(n_tokens) > 1 ? (size_t)COLSUM_MAX_SLICES * (size_t)n_out * sizeof(float) : 0;
 }
 
 extern "C" nopad_status cuda_bias_grad(nopad_dtype dtype, float *db32, const void *dy, int32_t n_tokens,
