@@ -64,6 +64,7 @@ for step in $STEPS; do
             models="${models:+$models:}$M/$1"
         done
         export NOPAD_TRAIN_GPU_MODELS=$models
+        mkdir -p "$OUT/attn_bwd_dump"
         for t in "${TESTS[@]}"; do
             echo "== $t"
             (cd "$ROOT" && NOPAD_ATTN_BWD_DUMP=$OUT/attn_bwd_dump timeout 400 "$BUILD/tests/$t") > "$OUT/$t.log" 2>&1
