@@ -4,7 +4,8 @@
  *   zero, activation and activation_backward (every activation; the bias gradient with and
  *   without, dx aliasing dy), dropout (the mask equal to the CPU's bit for bit, at offsets inside
  *   a Philox block, misaligned views), layernorm_backward (dbias with and without, ds aliasing dy,
- *   two runs bit-identical), embed_backward (random sequence lengths, position offset 0 and 2,
+ *   two runs bit-identical; rows up to 1024 a warp each, wider ones up to 4096 a block each),
+ *   embed_backward (random sequence lengths, position offset 0 and 2,
  *   token types 2 and 3 and none, ids repeating), select_rows, scatter_add_rows (repeated rows),
  *   cross_entropy (2 .. 50257 classes, odd row lengths, dlogits aliasing logits), squared_error,
  *   and a CUDA-graph capture of four ops replaying to the same bits.
@@ -335,8 +336,9 @@ static float *layernorm_input(int32_t T, int32_t dim, uint64_t *rng) {
 
 static void test_layernorm_backward(void **state) {
     const int32_t TB = big_T();
-    const int32_t shapes[][2] = {{1, 768}, {1, 1024}, {37, 100}, {257, 999}, {64, 8}, {300, 520},
-                                 {TB, 768}, {TB, 1024}, {129, 256}, {5, 1}};
+    const int32_t shapes[][2] = {{1, 768}, {1, 1024}, {37, 100}, {257, 999}, {64, 8},  {300, 520},
+                                 {TB, 768}, {TB, 1024}, {129, 256}, {5, 1}, {1, 4096}, {300, 3072},
+                                 {TB, 4096}, {17, 2001}, {3, 4095}};
     const int n_shapes = sizeof shapes / sizeof shapes[0];
     const float eps = 1e-12f;
     uint64_t rng = 0x6c6e6277ULL;
@@ -404,8 +406,8 @@ static void test_layernorm_backward(void **state) {
         printf("%s layernorm_backward worst: ds %.3g (bound %.3g), parameter gradients %.3g (bound %.3g); "
                "bit-identical reruns\n", DTYPE_NAMES[d], worst_ds, BOUND[d], worst_grad, GRAD32_BOUND);
     }
-    /* wider than a warp's registers: a clear refusal */
-    assert_nopad_error(gpu[0]->layernorm_backward(gpu[0], NULL, NULL, NULL, NULL, NULL, NULL, NULL, eps, 4, 2048),
+    /* wider than a block's registers: a clear refusal */
+    assert_nopad_error(gpu[0]->layernorm_backward(gpu[0], NULL, NULL, NULL, NULL, NULL, NULL, NULL, eps, 4, 4100),
                        NOPAD_ERR_UNSUPPORTED, "width");
 }
 
@@ -418,7 +420,8 @@ typedef struct embed_case {
 static void test_embed_backward(void **state) {
     const int32_t TB = big_T();
     const embed_case cases[] = {{1, 768, 0, 2},   {300, 768, 0, 2},  {TB, 1024, 0, 2}, {TB, 768, 2, 1},
-                                {517, 100, 0, 3}, {200, 1024, 2, 0}, {64, 999, 0, 2}};
+                                {517, 100, 0, 3}, {200, 1024, 2, 0}, {64, 999, 0, 2}, {300, 2048, 0, 3},
+                                {1, 4096, 2, 2}};
     const int32_t V = 1000, P = 514, max_len = 512;
     const float eps = 1e-12f;
     uint64_t rng = 0x656d6264ULL;

@@ -9,7 +9,8 @@
  * warps' sums are added in warp order into the block's float32 partials, and a second kernel
  * (cuda_train_column_finish) adds the blocks' partials in block order: the parameter gradients do
  * not depend on scheduling. Blocks take rows in a fixed stride (row = warp + k·warps of the grid),
- * and the grid is capped at a few blocks a SM, so the partials stay a few MB.
+ * and the grid is capped at a few blocks a SM, so the partials stay a few MB. Rows wider than a
+ * warp's registers hold (above 1024, up to 4096) take a block each, the same way.
  *
  * The embedding's backward recomputes s from the tables, writes ds over dy and scatter-adds the
  * float32 ds (before rounding) into the float32 tables with atomics; the rows of token types 0 and
@@ -19,6 +20,8 @@
 #include "backend/cuda/train/train_kernels.h"
 
 enum { NB_WARPS = 4, NB_BLOCKS_PER_SM = 2 };
+/* The widest row a warp holds in registers: 32 columns a lane. */
+enum { NARROW_MAX_DIM = 1024 };
 /* token types summed in shared memory before their atomics (BERT has 2) */
 enum { SHARED_TYPES = 2 };
 
@@ -205,6 +208,120 @@ norm_backward_kernel(norm_backward_args<T> a) {
         }
 }
 
+/* ---- rows wider than a warp's registers hold (dim > 1024): a block a row -------------------------- */
+
+enum { WIDE_THREADS = 256, WIDE_WARPS = WIDE_THREADS / 32 };
+
+/* v[0 .. K) := their sums over the block, in every thread (the warps' sums added in warp order). */
+template <int K>
+static __device__ __forceinline__ void block_sums(float v[K], float (*red)[WIDE_WARPS]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = warp_sum(v[k]);
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; k++) red[k][warp] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WIDE_WARPS; w++) total += red[k][w];
+        v[k] = total;
+    }
+    __syncthreads(); /* red is reused by the next call */
+}
+
+/* The same backward with a block a row: thread i holds columns i + k·WIDE_THREADS (k < ITEMS) of
+ * each row and sums its columns' gradients over the block's rows, so the block's partials need no
+ * combining. Two block-wide reductions a row: Σ s, then Σ (s - mean)², Σ g, Σ g·(s - mean).
+ * The embedding's tables all take float32 atomics here. */
+template <typename T, int ITEMS, bool EMBED>
+__global__ void __launch_bounds__(WIDE_THREADS)
+norm_backward_wide_kernel(norm_backward_args<T> a) {
+    __shared__ float red[3][WIDE_WARPS];
+    const int dim = a.dim;
+    float wv[ITEMS], acc_w[ITEMS], acc_b[ITEMS], acc_bias[EMBED ? 1 : ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int e = threadIdx.x + i * WIDE_THREADS;
+        wv[i] = e < dim ? to_f32(a.w[e]) : 0.0f;
+        acc_w[i] = acc_b[i] = acc_bias[EMBED ? 0 : i] = 0.0f;
+    }
+    for (int t = blockIdx.x; t < a.n_tokens; t += gridDim.x) { /* uniform over the block */
+        const T *word_row = NULL, *pos_row = NULL, *type_row = NULL;
+        int p = 0, ty = 0;
+        if (EMBED) {
+            const int seq = sequence_of(a.cu_seqlens, a.n_seqs, t);
+            p = a.position_offset + t - a.cu_seqlens[seq];
+            ty = a.types ? a.types[t] : 0;
+            word_row = a.word + (size_t)a.tokens[t] * dim;
+            pos_row = a.pos ? a.pos + (size_t)p * dim : NULL;
+            type_row = a.type ? a.type + (size_t)ty * dim : NULL;
+        }
+        float sv[ITEMS], gv[ITEMS]; /* s, then s - mean; dy */
+        float r1[1] = {0.0f};
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            const int e = threadIdx.x + i * WIDE_THREADS;
+            sv[i] = gv[i] = 0.0f;
+            if (e < dim) {
+                gv[i] = to_f32(a.dy[(size_t)t * dim + e]);
+                if (EMBED) {
+                    sv[i] = to_f32(word_row[e]);
+                    if (pos_row) sv[i] += to_f32(pos_row[e]);
+                    if (type_row) sv[i] += to_f32(type_row[e]);
+                } else {
+                    sv[i] = to_f32(a.s[(size_t)t * dim + e]);
+                }
+            }
+            r1[0] += sv[i];
+        }
+        block_sums<1>(r1, red);
+        const float mean = r1[0] / (float)dim;
+        float r3[3] = {0.0f, 0.0f, 0.0f}; /* Σ d², Σ g, Σ g·d with d = s - mean, g = dy·w */
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (threadIdx.x + i * WIDE_THREADS >= dim) continue;
+            const float d = sv[i] - mean, g = gv[i] * wv[i];
+            sv[i] = d;
+            r3[0] += d * d;
+            r3[1] += g;
+            r3[2] += g * d;
+        }
+        block_sums<3>(r3, red);
+        const float rstd = rsqrtf(r3[0] / (float)dim + a.eps);
+        const float mean_g = r3[1] / (float)dim, mean_gx = r3[2] * rstd / (float)dim;
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            const int e = threadIdx.x + i * WIDE_THREADS;
+            if (e >= dim) continue;
+            const float xhat = sv[i] * rstd;
+            const float ds = rstd * (gv[i] * wv[i] - mean_g - xhat * mean_gx);
+            acc_w[i] += gv[i] * xhat;
+            acc_b[i] += gv[i];
+            a.ds[(size_t)t * dim + e] = from_f32<T>(ds);
+            if (!EMBED) {
+                acc_bias[i] += ds;
+            } else {
+                atomicAdd(a.d_word32 + (size_t)a.tokens[t] * dim + e, ds);
+                if (pos_row && a.d_pos32) atomicAdd(a.d_pos32 + (size_t)p * dim + e, ds);
+                if (type_row && a.d_type32) atomicAdd(a.d_type32 + (size_t)ty * dim + e, ds);
+            }
+        }
+    }
+    const int n_vec = EMBED ? 2 : (a.with_dbias ? 3 : 2);
+    float *part = a.partial32 + (size_t)blockIdx.x * n_vec * dim;
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int e = threadIdx.x + i * WIDE_THREADS;
+        if (e >= dim) continue;
+        part[e] = acc_w[i];
+        part[dim + e] = acc_b[i];
+        if (n_vec == 3) part[2 * dim + e] = acc_bias[EMBED ? 0 : i];
+    }
+}
+
 /* Blocks of the grid (rows are strided over them): a couple a SM; the partials scale with it. */
 static int norm_max_blocks(void) { return cuda_sm_count() * NB_BLOCKS_PER_SM; }
 
@@ -222,8 +339,16 @@ extern "C" size_t cuda_train_embed_backward_scratch_floats(int32_t dim) { return
  * every row is 16-byte aligned, else one element a lane. Returns the grid size in *blocks. */
 template <typename T, bool EMBED>
 static nopad_status norm_backward_launch(const norm_backward_args<T> &a, bool vec8, int *blocks, cudaStream_t stream) {
-    const int dim = a.dim;
-    const int by_rows = (a.n_tokens + NB_WARPS - 1) / NB_WARPS, most = norm_max_blocks();
+    const int dim = a.dim, most = norm_max_blocks();
+    if (dim > NARROW_MAX_DIM) { /* a block a row */
+        const int grid = a.n_tokens < most ? a.n_tokens : most;
+        *blocks = grid;
+        const int items = (dim + WIDE_THREADS - 1) / WIDE_THREADS;
+        if (items <= 8) norm_backward_wide_kernel<T, 8, EMBED><<<grid, WIDE_THREADS, 0, stream>>>(a);
+        else norm_backward_wide_kernel<T, 16, EMBED><<<grid, WIDE_THREADS, 0, stream>>>(a);
+        return launch_status(EMBED ? "train embed_backward" : "train layernorm_backward");
+    }
+    const int by_rows = (a.n_tokens + NB_WARPS - 1) / NB_WARPS;
     const int grid = by_rows < most ? by_rows : most;
     *blocks = grid;
     const int threads = NB_WARPS * 32;

@@ -22,8 +22,9 @@
 extern "C" {
 #endif
 
-/* The widest row layernorm_backward and embed_backward take (a warp holds a row in registers). */
-enum { CUDA_TRAIN_NORM_MAX_DIM = 1024 };
+/* The widest row layernorm_backward and embed_backward take: a warp holds a row of up to 1024 in
+ * registers; wider rows go to a block each (256 threads, up to 16 columns a thread). */
+enum { CUDA_TRAIN_NORM_MAX_DIM = 4096 };
 
 /* ---- elementwise.cu ---- */
 
