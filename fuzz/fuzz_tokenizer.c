@@ -8,7 +8,8 @@
  * picks the tokenize params. Beyond "no crash, no leak" the
  * text mode checks the promises nopad_tokenize makes: invalid UTF-8 is always refused, every id
  * is in the vocab, the template is kept, truncation gives a prefix of the full answer, and a
- * capacity-0 call reports the size a real call then fills. */
+ * capacity-0 call reports the size a real call then fills; the same text split in two goes
+ * through the pair template (check_pair). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -220,6 +221,37 @@ static void check_tokenize(const nopad_tokenizer *tok, const char *text, size_t 
     free(ids);
 }
 
+/* The text split in two as a pair: the promises of nopad_tokenize_pair (invalid UTF-8 refused,
+ * ids in the vocab, a measuring call's size filled exactly, truncation within max_length). */
+static void check_pair(const nopad_tokenizer *tok, const char *text, size_t len, unsigned flags) {
+    nopad_tokenize_params p = nopad_tokenize_default_params();
+    p.add_special_tokens = flags & 1;
+    p.truncate = (flags >> 1) & 1;
+    p.max_length = (int32_t)(flags >> 2) * 3; /* 0..21 */
+    const size_t cut = len / 2;
+    const int valid = tok_utf8_check(text, cut) == cut && tok_utf8_check(text + cut, len - cut) == len - cut;
+    int32_t need = -1;
+    nopad_status st = nopad_tokenize_pair(tok, text, cut, text + cut, len - cut, &p, NULL, NULL, 0, &need);
+    if (!valid) {
+        if (st != NOPAD_ERR_INVALID_ARGUMENT) __builtin_trap();
+        return;
+    }
+    if (st == NOPAD_ERR_INVALID_ARGUMENT || st == NOPAD_ERR_TOO_LONG) return;
+    if (st != NOPAD_OK && st != NOPAD_ERR_BUFFER_TOO_SMALL) __builtin_trap();
+    if (p.truncate && p.max_length > 0 && need > p.max_length) __builtin_trap();
+    int32_t *ids = malloc(((size_t)need + 1) * sizeof *ids), *types = malloc(((size_t)need + 1) * sizeof *types);
+    int32_t n = -1;
+    if (ids && types) {
+        if (nopad_tokenize_pair(tok, text, cut, text + cut, len - cut, &p, ids, types, need, &n) != NOPAD_OK ||
+            n != need)
+            __builtin_trap();
+        for (int32_t i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= nopad_tokenizer_vocab_size(tok)) __builtin_trap();
+    }
+    free(ids);
+    free(types);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
     unsigned mode = data[0] % 8, flags = data[0] / 8 % 32;
@@ -228,10 +260,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     nopad_tokenizer *tok = NULL;
     if (mode == 1 || mode == 3) {
         check_tokenize(mode == 1 ? fixed_tokenizer() : fixed_bpe_tokenizer(), rest, len, flags);
+        check_pair(mode == 1 ? fixed_tokenizer() : fixed_bpe_tokenizer(), rest, len, flags);
         return 0;
     }
     if (mode >= 4 && mode <= 6) {
         check_tokenize(fixed_general((int)mode - 4), rest, len, flags);
+        check_pair(fixed_general((int)mode - 4), rest, len, flags);
         return 0;
     }
     nopad_status st = mode != 2 ? tokenizer_from_json(rest, len, "fuzz", &tok)
@@ -245,6 +279,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                               "New York <ent> [CLS]x\xc4\xb0\t\xf0\x9f\x98\x80 ##a aaaaaaaaaaaa";
     check_tokenize(tok, mix, sizeof mix - 1, flags);
     check_tokenize(tok, rest, len < 4096 ? len : 4096, flags);
+    check_pair(tok, mix, sizeof mix - 1, flags);
+    check_pair(tok, rest, len < 4096 ? len : 4096, flags);
     nopad_tokenizer_token_to_id(tok, "[CLS]");
     nopad_tokenizer_free(tok);
     return 0;

@@ -473,7 +473,7 @@ nopad_status nopad_tokenize(const nopad_tokenizer *tok, const char *text, size_t
         return nopad_set_error(NOPAD_ERR_BUFFER_TOO_SMALL,
                                "nopad_tokenize: %lld ids do not fit in capacity %d",
                                (long long)total, (int)capacity);
-    if (p.add_special_tokens) {
+    if (p.add_special_tokens && total > 0) { /* total 0: ids may be NULL (a measuring call) */
         for (int32_t i = 0; i < tok->n_prefix; i++) ids[i] = tok->prefix_ids[i];
         int32_t *suffix = ids + (total - tok->n_suffix);
         for (int32_t i = 0; i < tok->n_suffix; i++) suffix[i] = tok->suffix_ids[i];

@@ -50,7 +50,7 @@ nopad_status nopad_tokenize_pair(const nopad_tokenizer *tok, const char *a, size
         }
         const int32_t budget = p.max_length - n_special;
         if (budget < 0) {
-            st = nopad_set_error(NOPAD_ERR_TOO_LONG,
+            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                  "nopad_tokenize_pair: the pair template alone has %d special ids, "
                                  "more than max_length %d",
                                  n_special, (int)p.max_length);
