@@ -1,8 +1,13 @@
 /* CPU: DeBERTa's disentangled attention on packed QKV (the reference for every backend). Each
- * (sequence, head) is one task, as in cpu_attention.c; the relative terms are added to the
- * scores row by row from the position tables, so no bias matrix is ever stored. */
+ * (sequence, head) is one task, as in cpu_attention.c. The relative terms come from two small
+ * GEMMs per task against the rows of the position tables the sequence can reach,
+ * c2p[i, r] = q_i·pos_key[r] and p2c[j, r] = k_j·pos_query[r] ([len, n_r], n_r <= min(2·len - 1,
+ * 2k)), gathered into each score as it is computed: no [len, len] bias is stored. (Three dot
+ * products per score instead made DeBERTa-v3-base's forward 1.8x BERT-base's on 2 threads.) */
 #include <math.h>
 #include <stdlib.h>
+
+#include <cblas.h>
 
 #include "backend/cpu/cpu_ops.h"
 #include "util/error.h"
@@ -27,19 +32,25 @@ nopad_status cpu_attention_rel(nopad_backend *be, void *out_, const void *qkv_,
     const int64_t n_tasks = (int64_t)seqs->n_seqs * n_heads;
     if (span < 1)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "attention_rel: att_span %d, need >= 1", span);
+    /* the most table rows one sequence reaches: one per distance, at most the whole table */
+    const int32_t max_rows = 2 * max_len - 1 < 2 * span ? 2 * max_len - 1 : 2 * span;
     int failed = 0;
 
 #pragma omp parallel num_threads(cpu_threads(be))
     {
         /* scores[max_len] for one query row; row_of[2·max_len - 1]: the table row of each
-         * relative distance i - j in [-(max_len - 1), max_len - 1] */
+         * relative distance i - j in [-(max_len - 1), max_len - 1] (non-decreasing in it, as the
+         * bucket is); c2p, p2c [max_len, max_rows] */
         float *scores = malloc((size_t)max_len * sizeof(float));
         int32_t *row_of = malloc((size_t)(2 * max_len - 1) * sizeof(int32_t));
-        if (!scores || !row_of) {
+        float *c2p = malloc((size_t)max_len * max_rows * sizeof(float));
+        float *p2c = malloc((size_t)max_len * max_rows * sizeof(float));
+        const int ok = scores && row_of && c2p && p2c;
+        if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
-        if (scores && row_of) {
+        if (ok) {
             for (int32_t d = -(max_len - 1); d <= max_len - 1; d++) {
                 int32_t r = nopad_rel_bucket(d, rel) + span;
                 row_of[d + max_len - 1] = r < 0 ? 0 : r > 2 * span - 1 ? 2 * span - 1 : r;
@@ -47,24 +58,33 @@ nopad_status cpu_attention_rel(nopad_backend *be, void *out_, const void *qkv_,
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n_tasks; task++) {
-            if (!scores || !row_of) continue;
+            if (!ok) continue;
             const int32_t s = (int32_t)(task / n_heads), h = (int32_t)(task % n_heads);
             const int32_t start = seqs->cu_seqlens[s];
             const int32_t len = seqs->cu_seqlens[s + 1] - start;
             const float *q_base = qkv + (size_t)start * row_stride + (size_t)h * head_size;
             const float *k_base = q_base + hidden;
             const float *v_base = q_base + 2 * hidden;
-            const float *pk = pos_key ? pos_key + (size_t)h * head_size : NULL;
-            const float *pq = pos_query ? pos_query + (size_t)h * head_size : NULL;
+            // the table rows this sequence reaches: r_lo .. r_lo + n_r - 1
+            const int32_t r_lo = row_of[max_len - len], n_r = row_of[max_len + len - 2] - r_lo + 1;
+            // c2p[i, r] = q_i · pos_key[r_lo + r], p2c[j, r] = k_j · pos_query[r_lo + r]  [len, n_r]
+            if (pos_key)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, len, n_r, head_size, 1.0f, q_base,
+                            (int)row_stride, pos_key + (size_t)r_lo * hidden + (size_t)h * head_size, hidden,
+                            0.0f, c2p, n_r);
+            if (pos_query)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, len, n_r, head_size, 1.0f, k_base,
+                            (int)row_stride, pos_query + (size_t)r_lo * hidden + (size_t)h * head_size, hidden,
+                            0.0f, p2c, n_r);
             for (int32_t i = 0; i < len; i++) {
                 const float *q = q_base + (size_t)i * row_stride;
                 float max_score = -INFINITY;
                 for (int32_t j = 0; j < len; j++) {
                     const float *k = k_base + (size_t)j * row_stride;
-                    const size_t r = (size_t)row_of[i - j + max_len - 1];
+                    const size_t r = (size_t)(row_of[i - j + max_len - 1] - r_lo);
                     float score = dot(q, k, head_size);
-                    if (pk) score += dot(q, pk + r * hidden, head_size);  // content -> position
-                    if (pq) score += dot(k, pq + r * hidden, head_size);  // position -> content
+                    if (pos_key) score += c2p[(size_t)i * n_r + r];   // content -> position
+                    if (pos_query) score += p2c[(size_t)j * n_r + r]; // position -> content
                     scores[j] = score * scale;
                     if (scores[j] > max_score) max_score = scores[j];
                 }
@@ -85,6 +105,8 @@ nopad_status cpu_attention_rel(nopad_backend *be, void *out_, const void *qkv_,
         }
         free(scores);
         free(row_of);
+        free(c2p);
+        free(p2c);
     }
     if (failed) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu attention_rel: no scratch memory");
     return NOPAD_OK;
