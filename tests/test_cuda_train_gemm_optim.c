@@ -28,6 +28,9 @@
  * to device memory) within 1e-6 relative; param_compute equal to the GPU's master weights rounded
  * to the dtype, every element (it is NaN-poisoned first). Between the two steps the CPU takes the
  * GPU's state, so each step's error is measured alone.
+ * Determinism and graphs: clip_grad_norm + LAMB + AdamW, and gemm_backward (db32 over several row
+ * slices), run twice from the same state give the same bits, and so do their recordings in a
+ * CUDA graph, replayed (a host synchronisation or an allocation inside would break the capture).
  * No GPU: exit 77 (ctest: skipped). */
 #include <math.h>
 #include <stdio.h>
@@ -297,7 +300,9 @@ static void list_make(opt_list *l, int d, const int64_t *sizes, int32_t n, uint6
     }
     l->total = cursor;
     const size_t bytes = (size_t)l->total * sizeof(float);
-    l->p = malloc(bytes), l->g = malloc(bytes), l->m = calloc((size_t)l->total, sizeof(float));
+    /* zeros in the gaps between tensors, which no op touches */
+    l->p = calloc((size_t)l->total, sizeof(float)), l->g = calloc((size_t)l->total, sizeof(float));
+    l->m = calloc((size_t)l->total, sizeof(float));
     l->v = calloc((size_t)l->total, sizeof(float));
     /* weights of several magnitudes per tensor, as trained layers have */
     for (int32_t k = 0; k < n; k++) {
@@ -578,6 +583,141 @@ static void test_optimisers_large(void **state) {
     }
 }
 
+/* ---- determinism and graph capture --------------------------------------------------------------- */
+
+/* The list's device state back to p_init, zero moments and gradients g_init. */
+static void list_reset(opt_list *l, const float *p_init, const float *g_init) {
+    nopad_backend *be = gpu[l->d];
+    const size_t bytes = (size_t)l->total * sizeof(float);
+    float *zeros = calloc((size_t)l->total, sizeof(float));
+    assert_nopad_ok(be->upload(be, l->dp, p_init, bytes));
+    assert_nopad_ok(be->upload(be, l->dg, g_init, bytes));
+    assert_nopad_ok(be->upload(be, l->dm, zeros, bytes));
+    assert_nopad_ok(be->upload(be, l->dv, zeros, bytes));
+    assert_nopad_ok(be->synchronize(be));
+    free(zeros);
+}
+
+/* clip_grad_norm, then LAMB, then AdamW on the list; the two norms into d_norms[2]. */
+static nopad_status optimiser_sequence(opt_list *l, float *d_norms) {
+    nopad_backend *be = gpu[l->d];
+    const nopad_opt_step lamb_h = {.lr = 4e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .max_grad_norm = 1.0f,
+                                   .step = 1};
+    const nopad_opt_step adamw_h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 2};
+    nopad_status st = be->clip_grad_norm(be, l->dev_list, l->n, 5.0f, d_norms);
+    if (st == NOPAD_OK) st = be->lamb(be, l->dev_list, l->n, &lamb_h, d_norms + 1);
+    if (st == NOPAD_OK) st = be->adamw(be, l->dev_list, l->n, &adamw_h);
+    return st;
+}
+
+/* The device state of the list and the norms, as bytes: p, m, v, g, param_compute, norms. */
+static unsigned char *list_bytes(opt_list *l, const float *d_norms, size_t *n_bytes) {
+    nopad_backend *be = gpu[l->d];
+    const size_t f = (size_t)l->total * sizeof(float), c = (size_t)l->total * 2;
+    unsigned char *out = malloc(4 * f + c + 2 * sizeof(float));
+    assert_nopad_ok(be->download(be, out, l->dp, f));
+    assert_nopad_ok(be->download(be, out + f, l->dm, f));
+    assert_nopad_ok(be->download(be, out + 2 * f, l->dv, f));
+    assert_nopad_ok(be->download(be, out + 3 * f, l->dg, f));
+    assert_nopad_ok(be->download(be, out + 4 * f, l->dpc, c));
+    assert_nopad_ok(be->download(be, out + 4 * f + c, d_norms, 2 * sizeof(float)));
+    *n_bytes = 4 * f + c + 2 * sizeof(float);
+    return out;
+}
+
+/* The same sequence twice from the same state gives the same bits (every reduction has a fixed
+ * order), and so does its recording in a CUDA graph, replayed: nothing in it waits for the host
+ * or allocates once the scratch has grown. */
+static void test_optimisers_deterministic_and_graph(void **state) {
+    (void)state;
+    uint64_t rng = 0x64657465726dULL;
+    for (int d = 0; d < 2; d++) {
+        nopad_backend *be = gpu[d];
+        opt_list l;
+        list_make(&l, d, SIZES, 20, &rng);
+        list_new_gradients(&l, &rng);
+        float *p_init = copy_floats(l.p, (size_t)l.total), *g_init = copy_floats(l.g, (size_t)l.total);
+        float *d_norms;
+        assert_nopad_ok(be->alloc(be, 2 * sizeof(float), (void **)&d_norms));
+        size_t n1, n2, n3;
+        list_reset(&l, p_init, g_init);
+        assert_nopad_ok(optimiser_sequence(&l, d_norms));
+        unsigned char *first = list_bytes(&l, d_norms, &n1);
+        list_reset(&l, p_init, g_init);
+        assert_nopad_ok(optimiser_sequence(&l, d_norms));
+        unsigned char *second = list_bytes(&l, d_norms, &n2);
+        if (n1 != n2 || memcmp(first, second, n1) != 0)
+            fail_msg("%s: clip_grad_norm + lamb + adamw twice from the same state: different bits", DTYPE_NAMES[d]);
+        /* recorded, then replayed */
+        list_reset(&l, p_init, g_init);
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        const nopad_status st = optimiser_sequence(&l, d_norms);
+        assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
+        assert_nopad_ok(st);
+        assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
+        assert_int_equal(cudaStreamSynchronize(streams[d]), cudaSuccess);
+        unsigned char *replayed = list_bytes(&l, d_norms, &n3);
+        if (n1 != n3 || memcmp(first, replayed, n1) != 0)
+            fail_msg("%s: the sequence replayed from a CUDA graph differs from its direct run", DTYPE_NAMES[d]);
+        printf("%s: clip_grad_norm + lamb + adamw on 20 tensors: the same bits twice and from a CUDA graph\n",
+               DTYPE_NAMES[d]);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        free(first), free(second), free(replayed), free(p_init), free(g_init);
+        be->free(be, d_norms);
+        list_free(&l);
+    }
+}
+
+/* gemm_backward twice (dw32 and db32 from the same start, db32 over several row slices) gives
+ * the same bits, and so does its recording in a CUDA graph. */
+static void test_gemm_backward_deterministic_and_graph(void **state) {
+    (void)state;
+    uint64_t rng = 0x67726170686dULL;
+    for (int d = 0; d < 2; d++) {
+        nopad_backend *be = gpu[d];
+        grad_problem p;
+        problem_make(&p, d, 3000, 256, 1000, 0, &rng);
+        const size_t TK = (size_t)p.T * p.K, NK = (size_t)p.N * p.K, N = (size_t)p.N;
+        unsigned char *runs[3];
+        for (int run = 0; run < 3; run++) {
+            assert_nopad_ok(be->copy(be, p.d_dx, p.d_dx0, TK * 2));
+            assert_nopad_ok(be->copy(be, p.d_dw, p.d_dw0, NK * sizeof(float)));
+            assert_nopad_ok(be->upload(be, p.d_db, p.db0, N * sizeof(float)));
+            assert_nopad_ok(be->synchronize(be));
+            cudaGraph_t graph = NULL;
+            cudaGraphExec_t exec = NULL;
+            if (run == 2) assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+            const nopad_status st = be->gemm_backward(be, p.d_dx, p.d_dw, p.d_db, p.d_dy, p.d_x, p.d_w, p.T, p.K, p.N, 1);
+            if (run == 2) {
+                assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
+                assert_nopad_ok(st);
+                assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+                assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
+            }
+            assert_nopad_ok(st);
+            assert_nopad_ok(be->synchronize(be));
+            runs[run] = malloc(TK * 2 + (NK + N) * sizeof(float));
+            assert_nopad_ok(be->download(be, runs[run], p.d_dx, TK * 2));
+            assert_nopad_ok(be->download(be, runs[run] + TK * 2, p.d_dw, NK * sizeof(float)));
+            assert_nopad_ok(be->download(be, runs[run] + TK * 2 + NK * sizeof(float), p.d_db, N * sizeof(float)));
+            if (exec) cudaGraphExecDestroy(exec);
+            if (graph) cudaGraphDestroy(graph);
+        }
+        const size_t bytes = TK * 2 + (NK + N) * sizeof(float);
+        if (memcmp(runs[0], runs[1], bytes) != 0) fail_msg("%s: gemm_backward twice: different bits", DTYPE_NAMES[d]);
+        if (memcmp(runs[0], runs[2], bytes) != 0)
+            fail_msg("%s: gemm_backward replayed from a CUDA graph differs from its direct run", DTYPE_NAMES[d]);
+        printf("%s: gemm_backward T %d K %d N %d: the same bits twice and from a CUDA graph\n", DTYPE_NAMES[d], p.T,
+               p.K, p.N);
+        for (int run = 0; run < 3; run++) free(runs[run]);
+        problem_free(&p);
+    }
+}
+
 /* An empty list: the norm is 0; a list of empty tensors: nothing to do; a NULL gradient: an error. */
 static void test_optimisers_edges(void **state) {
     (void)state;
@@ -616,7 +756,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_backward_shapes), cmocka_unit_test(test_gemm_backward_decoder),
         cmocka_unit_test(test_gemm_backward_odd),    cmocka_unit_test(test_optimisers),
         cmocka_unit_test(test_optimisers_many_tensors), cmocka_unit_test(test_optimisers_large),
-        cmocka_unit_test(test_optimisers_edges),
+        cmocka_unit_test(test_optimisers_edges), cmocka_unit_test(test_optimisers_deterministic_and_graph),
+        cmocka_unit_test(test_gemm_backward_deterministic_and_graph),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int d = 0; d < 2; d++) {
