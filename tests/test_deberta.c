@@ -2,6 +2,7 @@
  * function against torch's, hidden states of tiny random models covering both attention terms
  * alone and together, shared and separate position projections, log buckets of several sizes and
  * none, absolute positions or none; packed equals padded; bad configs are clear errors. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +33,90 @@ static void test_bucket_function_matches_torch(void **state) {
     }
     assert_true(checked >= 5);
     safetensors_close(&f);
+}
+
+/* HF's disentangled attention written out literally, in double, for one head of one sequence:
+ * c2p gathers pos_key at clamp(bucket(i - j) + k), p2c gathers pos_query at
+ * clamp(-bucket(j - i) + k) (HF builds p2c over (key, query) and transposes it). */
+static void reference_head(double *out, const float *qkv, int32_t len, int32_t n_heads, int32_t d, int32_t h,
+                           float scale, const float *pk, const float *pq, const nopad_rel_positions *rel) {
+    const int32_t H = n_heads * d, k = rel->att_span;
+    double *p = malloc((size_t)len * sizeof *p);
+    assert_non_null(p);
+    for (int32_t i = 0; i < len; i++) {
+        const float *q = qkv + (size_t)i * 3 * H + (size_t)h * d;
+        double mx = -INFINITY, sum = 0;
+        for (int32_t j = 0; j < len; j++) {
+            const float *kj = qkv + (size_t)j * 3 * H + H + (size_t)h * d;
+            int32_t rc = nopad_rel_bucket(i - j, rel) + k, rp = -nopad_rel_bucket(j - i, rel) + k;
+            rc = rc < 0 ? 0 : rc > 2 * k - 1 ? 2 * k - 1 : rc;
+            rp = rp < 0 ? 0 : rp > 2 * k - 1 ? 2 * k - 1 : rp;
+            double s = 0;
+            for (int32_t e = 0; e < d; e++) {
+                s += (double)q[e] * kj[e];
+                if (pk) s += (double)q[e] * pk[(size_t)rc * H + (size_t)h * d + e];
+                if (pq) s += (double)kj[e] * pq[(size_t)rp * H + (size_t)h * d + e];
+            }
+            p[j] = s * scale;
+            if (p[j] > mx) mx = p[j];
+        }
+        for (int32_t j = 0; j < len; j++) sum += p[j] = exp(p[j] - mx);
+        for (int32_t e = 0; e < d; e++) {
+            double o = 0;
+            for (int32_t j = 0; j < len; j++) o += p[j] / sum * qkv[(size_t)j * 3 * H + 2 * H + (size_t)h * d + e];
+            out[(size_t)i * H + (size_t)h * d + e] = o;
+        }
+    }
+    free(p);
+}
+
+/* The CPU op against the literal reference on random inputs: random lengths (1 to 300, far past
+ * small tables so the clamp at both ends is hit), both terms, each alone, buckets and none. The
+ * bound, 1e-5 of the output's scale, is float32 accumulation over <= 300 keys. */
+static void test_attention_rel_op_against_reference(void **state) {
+    nopad_backend *be = NULL;
+    assert_nopad_ok(nopad_backend_cpu_create(2, &be));
+    const struct { int32_t buckets, max_rel, span, c2p, p2c; } CASES[] = {
+        {8, 64, 8, 1, 1}, {-1, 5, 5, 1, 1}, {256, 512, 256, 1, 1}, {16, 40, 16, 1, 0}, {32, 256, 32, 0, 1}, {4, 7, 4, 1, 1},
+    };
+    uint64_t rng = 25;
+    for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+        const int32_t n_heads = 3, d = 8, H = n_heads * d, B = 4, k = CASES[c].span;
+        const nopad_rel_positions rel = {.att_span = k, .position_buckets = CASES[c].buckets,
+                                         .max_relative_positions = CASES[c].max_rel};
+        int32_t cu[5] = {0}, max_len = 0;
+        for (int32_t b = 0; b < B; b++) {
+            const int32_t len = b == 0 ? 1 : b == 1 ? 300 : 1 + (int32_t)(test_rand_u32(&rng) % 120);
+            cu[b + 1] = cu[b] + len;
+            if (len > max_len) max_len = len;
+        }
+        const int32_t T = cu[B];
+        float *qkv = malloc((size_t)T * 3 * H * sizeof *qkv), *pk = malloc((size_t)2 * k * H * sizeof *pk);
+        float *pq = malloc((size_t)2 * k * H * sizeof *pq), *out = malloc((size_t)T * H * sizeof *out);
+        double *want = malloc((size_t)T * H * sizeof *want);
+        assert_true(qkv && pk && pq && out && want);
+        test_fill_uniform(qkv, (int64_t)T * 3 * H, -1.0f, 1.0f, &rng);
+        test_fill_uniform(pk, (int64_t)2 * k * H, -1.0f, 1.0f, &rng);
+        test_fill_uniform(pq, (int64_t)2 * k * H, -1.0f, 1.0f, &rng);
+        const float scale = 1.0f / sqrtf((float)d * 3.0f);
+        const nopad_seqs seqs = {.n_seqs = B, .n_tokens = T, .max_seqlen = max_len, .cu_seqlens = cu};
+        assert_nopad_ok(be->attention_rel(be, out, qkv, &seqs, n_heads, d, scale, CASES[c].c2p ? pk : NULL,
+                                          CASES[c].p2c ? pq : NULL, &rel));
+        for (int32_t b = 0; b < B; b++)
+            for (int32_t h = 0; h < n_heads; h++)
+                reference_head(want + (size_t)cu[b] * H, qkv + (size_t)cu[b] * 3 * H, cu[b + 1] - cu[b], n_heads, d,
+                               h, scale, CASES[c].c2p ? pk : NULL, CASES[c].p2c ? pq : NULL, &rel);
+        double err = 0;
+        for (int64_t i = 0; i < (int64_t)T * H; i++) {
+            const double e = fabs(out[i] - want[i]);
+            if (!(e <= err)) err = e;
+        }
+        printf("  buckets %4d max_rel %4d k %3d c2p %d p2c %d: max |out - reference| %.2e\n", CASES[c].buckets,
+               CASES[c].max_rel, k, CASES[c].c2p, CASES[c].p2c, err);
+        if (!(err <= 1e-5)) fail_msg("case %zu: error %.3e > 1e-5", c, err);
+        free(qkv), free(pk), free(pq), free(out), free(want);
+    }
+    be->destroy(be);
 }
 
 static const char *const MODELS[] = {"deberta_v3_a", "deberta_v2_b", "deberta_c2p", "deberta_p2c"};
@@ -162,6 +247,7 @@ static void test_bad_configs_are_clear_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucket_function_matches_torch),
+        cmocka_unit_test(test_attention_rel_op_against_reference),
         cmocka_unit_test(test_hidden_states_match_hf),
         cmocka_unit_test(test_bad_configs_are_clear_errors),
     };
