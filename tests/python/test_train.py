@@ -8,16 +8,22 @@
 - an exception in the callback stops the run and is raised by train();
 - masked LM with LAMB and a per-step log;
 - errors: bad options, a resume with another optimiser (both named), a missing file, CUDA on a
-  build without CUDA training.
+  build without CUDA training;
+- the ctypes structs of training (nopad_train_params, _result, _progress) against the header's
+  offsets and sizes, by a C program compiled here.
 """
+import ctypes
 import json
+import os
 import shutil
+import subprocess
 
 import pytest
 
 import nopad
+from nopad import _native
 
-from conftest import DATA
+from conftest import DATA, REPO
 
 TRAIN = DATA / "train"
 
@@ -144,3 +150,31 @@ def test_errors(cls_model, mlm_model, tmp_path):
                       epochs=1).train()
     except nopad.NopadError as e:
         assert "cuda" in str(e).lower(), e
+
+
+def test_struct_layouts_match_the_header(tmp_path):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    structs = {"nopad_train_params": _native.TrainParams, "nopad_train_result": _native.TrainResult,
+               "nopad_train_progress": _native.TrainProgress}
+    src = ["#include <stddef.h>", "#include <stdio.h>", "#include \"nopad.h\"", "int main(void) {"]
+    for name, cls in structs.items():
+        for field, _ in cls._fields_:
+            src.append('    printf("%s %s %%zu %%zu\\n", offsetof(%s, %s), sizeof(((%s *)0)->%s));'
+                       % (name, field, name, field, name, field))
+        src.append('    printf("%s - %%zu -\\n", sizeof(%s));' % (name, name))
+    src += ["    return 0;", "}"]
+    (tmp_path / "abi.c").write_text("\n".join(src) + "\n")
+    proc = subprocess.run([cc, "-std=c11", "-I", str(REPO / "include"), str(tmp_path / "abi.c"),
+                           "-o", str(tmp_path / "abi")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr  # a field the header lacks fails here
+    out = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True)
+    for line in out.stdout.splitlines():
+        struct, field, offset, size = line.split()
+        cls = structs[struct]
+        if field == "-":  # a field ctypes lacks shows as a size difference
+            assert ctypes.sizeof(cls) == int(offset), struct
+            continue
+        desc = getattr(cls, field)
+        assert (desc.offset, desc.size) == (int(offset), int(size)), (struct, field)
