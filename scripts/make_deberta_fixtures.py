@@ -25,7 +25,8 @@ golden.safetensors) for
 
 golden.safetensors (HF one sequence at a time, fp32, eager, eval; packed order):
     input_ids int32 [T], token_type_ids int32 [T] (zeros without token types), cu_seqlens int32
-    [B+1], last_hidden_state float32 [T, H], logits float32 [B, num_labels] (classifiers only)
+    [B+1], last_hidden_state float32 [T, H], class_logits float32 [B, num_labels] (classifiers only; not "logits", which
+    marks a decoder's golden to the test suites)
 Checks (fails loudly): the reloaded model equals the in-memory one; a right-padded batch with an
 attention mask gives the same per-token outputs (atol 1e-4).
 
@@ -223,7 +224,7 @@ def make(name):
               "cu_seqlens": np.array(cu, np.int32),
               "last_hidden_state": np.concatenate(hidden).astype(np.float32)}
     if logits:
-        golden["logits"] = np.stack(logits).astype(np.float32)
+        golden["class_logits"] = np.stack(logits).astype(np.float32)
     save_file(golden, os.path.join(path, "golden.safetensors"),
               metadata={"generator": "scripts/make_deberta_fixtures.py", "model": name})
 

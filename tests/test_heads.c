@@ -61,7 +61,7 @@ static void test_logits_match_hf(void **state) {
         int32_t *ids = golden_copy(&f, "input_ids", ST_I32, &T);
         int32_t *types = golden_copy(&f, "token_type_ids", ST_I32, NULL);
         int32_t *cu = golden_copy(&f, "cu_seqlens", ST_I32, &n_cu);
-        float *want = golden_copy(&f, "logits", ST_F32, &n_logits);
+        float *want = golden_copy(&f, "class_logits", ST_F32, &n_logits);
         const int32_t B = (int32_t)n_cu - 1;
         assert_int_equal(n_logits, (int64_t)B * L);
         float *got = malloc((size_t)n_logits * sizeof *got);
