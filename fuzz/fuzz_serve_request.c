@@ -1,6 +1,6 @@
 /* libFuzzer target: nopad serve's request-body parser (tools/serve/openai.c) and the chat
- * templates it feeds. The first byte picks the route (completions, chat, /v1/embeddings, /embed),
- * the rest is the body. Any input parses or is refused with a 400-class error and a message; a
+ * templates it feeds. The first byte picks the route (below 0xf0: % 4 gives completions, chat,
+ * /v1/embeddings, /embed; 0xf0 and up: /predict or /rerank by its low bit), the rest is the body. Any input parses or is refused with a 400-class error and a message; a
  * parsed request holds what the server relies on. */
 #include <stddef.h>
 #include <stdint.h>
@@ -16,7 +16,7 @@ static void check_error(const api_error *e) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    const int route = data[0] % 4;
+    const int route = data[0] < 0xf0 ? data[0] % 4 : 4 + (data[0] & 1);
     const char *body = (const char *)data + 1;
     const size_t len = size - 1;
     api_error e;
@@ -46,6 +46,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         }
         gen_request_free(&r);
+    } else if (route >= 4) {
+        classify_request r;
+        if (openai_parse_classify(body, len, route == 5, &r, &e)) {
+            check_error(&e);
+            return 0;
+        }
+        if (r.n_inputs < 1 || r.n_inputs > EMBED_MAX_INPUTS) __builtin_trap();
+        for (int i = 0; i < r.n_inputs; i++)
+            if (!r.a[i] || !r.a[i][0] || (r.b[i] && !r.b[i][0]) || (r.rerank && !r.b[i])) __builtin_trap();
+        classify_request_free(&r);
     } else {
         embed_request r;
         if (openai_parse_embeddings(body, len, route == 3, &r, &e)) {

@@ -225,6 +225,8 @@ static const route routes[] = {
     {"/v1/chat/completions", "POST", ROUTE_CHAT, 1},
     {"/v1/embeddings", "POST", ROUTE_EMBEDDINGS, 1},
     {"/embed", "POST", ROUTE_EMBED, 1},
+    {"/predict", "POST", ROUTE_PREDICT, 1},
+    {"/rerank", "POST", ROUTE_RERANK, 1},
     {"/v1/models", "GET", ROUTE_MODELS, 1},
     {"/health", "GET", ROUTE_HEALTH, 0},
     {"/metrics", "GET", ROUTE_METRICS, 0},
@@ -289,6 +291,8 @@ static enum MHD_Result dispatch(http_req *q) {
     case ROUTE_CHAT: return gen_handle(q, GEN_CHAT);
     case ROUTE_EMBEDDINGS: return embed_handle(q, 0);
     case ROUTE_EMBED: return embed_handle(q, 1);
+    case ROUTE_PREDICT: return classify_handle(q, 0);
+    case ROUTE_RERANK: return classify_handle(q, 1);
     case ROUTE_MODELS: return handle_models(q);
     case ROUTE_HEALTH: return handle_health(q);
     case ROUTE_METRICS: return handle_metrics(q);

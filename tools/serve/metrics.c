@@ -14,6 +14,7 @@ static const double step_bounds[] = {0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 
 static const char *const route_names[N_ROUTES] = {
     [ROUTE_COMPLETIONS] = "/v1/completions", [ROUTE_CHAT] = "/v1/chat/completions",
     [ROUTE_EMBEDDINGS] = "/v1/embeddings",   [ROUTE_EMBED] = "/embed",
+    [ROUTE_PREDICT] = "/predict",            [ROUTE_RERANK] = "/rerank",
     [ROUTE_MODELS] = "/v1/models",           [ROUTE_HEALTH] = "/health",
     [ROUTE_METRICS] = "/metrics",            [ROUTE_OTHER] = "other",
 };
@@ -52,7 +53,7 @@ void metrics_request(metrics *m, metrics_route route, int status, double seconds
     while (s < m->n_statuses && m->statuses[s] != status) s++;
     if (s == m->n_statuses && s < METRICS_MAX_STATUSES) m->statuses[m->n_statuses++] = status;
     if (s < METRICS_MAX_STATUSES) m->requests[route][s]++;
-    if (route <= ROUTE_EMBED && status == 200) hist_observe(&m->latency, seconds);
+    if (route <= ROUTE_RERANK && status == 200) hist_observe(&m->latency, seconds);
     pthread_mutex_unlock(&m->lock);
 }
 

@@ -16,6 +16,8 @@ typedef enum metrics_route {
     ROUTE_CHAT,
     ROUTE_EMBEDDINGS,
     ROUTE_EMBED, /* TEI */
+    ROUTE_PREDICT, /* TEI */
+    ROUTE_RERANK,  /* TEI */
     ROUTE_MODELS,
     ROUTE_HEALTH,
     ROUTE_METRICS,

@@ -558,3 +558,106 @@ void embed_request_free(embed_request *r) {
     free(r->model);
     *r = (embed_request){0};
 }
+
+/* ---- TEI's /predict and /rerank ---------------------------------------------------------------- */
+
+static const char *const predict_fields[] = {"inputs", "raw_scores", "truncate", "truncation_direction", NULL};
+static const char *const rerank_fields[] = {"query", "texts", "raw_scores", "return_text", "truncate",
+                                            "truncation_direction", NULL};
+
+/* A non-empty string field value, copied. */
+static int copy_text(const cJSON *v, const char *name, char **out, api_error *e) {
+    if (!cJSON_IsString(v)) return wrong_type(e, name, "a string", v);
+    if (!v->valuestring[0]) return api_fail(e, 400, INVALID, "invalid_value", name, "'%s' must not be empty", name);
+    if (!(*out = strdup(v->valuestring))) return oom(e);
+    return 0;
+}
+
+int openai_parse_classify(const char *body, size_t len, int rerank, classify_request *r, api_error *e) {
+    *r = (classify_request){.rerank = rerank};
+    cJSON *root = parse_object(body, len, e);
+    int rc = -1;
+    if (!root) goto done;
+    if (check_known(root, rerank ? rerank_fields : predict_fields, e)) goto done;
+    if (get_bool(root, "raw_scores", &r->raw_scores, e) || get_bool(root, "truncate", &r->truncate, e) ||
+        (rerank && get_bool(root, "return_text", &r->return_text, e)))
+        goto done;
+    const cJSON *dir = field(root, "truncation_direction");
+    if (dir && !(cJSON_IsString(dir) && (strcmp(dir->valuestring, "right") == 0 ||
+                                         strcmp(dir->valuestring, "Right") == 0))) {
+        api_fail(e, 400, INVALID, "unsupported_value", "truncation_direction",
+                 "'truncation_direction' must be \"right\" (nopad truncates on the right)");
+        goto done;
+    }
+    const char *in_name = rerank ? "texts" : "inputs";
+    const cJSON *in = field(root, in_name);
+    if (!in) {
+        api_fail(e, 400, INVALID, "missing_field", in_name, "'%s' is required", in_name);
+        goto done;
+    }
+    const cJSON *query = rerank ? field(root, "query") : NULL;
+    if (rerank && !query) {
+        api_fail(e, 400, INVALID, "missing_field", "query", "'query' is required");
+        goto done;
+    }
+    /* /predict: a string or [a, b] is one input; anything else a list of them */
+    const int pair_alone = !rerank && cJSON_IsArray(in) && cJSON_GetArraySize(in) == 2 &&
+                           cJSON_IsString(in->child) && cJSON_IsString(in->child->next);
+    const int one = !rerank && (cJSON_IsString(in) || pair_alone);
+    if (!one && !cJSON_IsArray(in)) {
+        wrong_type(e, in_name, rerank ? "an array of strings" : "a string, [text, text] or an array of them", in);
+        goto done;
+    }
+    const int n = one ? 1 : cJSON_GetArraySize(in);
+    if (n == 0) {
+        api_fail(e, 400, INVALID, "invalid_value", in_name, "'%s' must not be empty", in_name);
+        goto done;
+    }
+    if (n > EMBED_MAX_INPUTS) {
+        api_fail(e, 413, INVALID, "too_many_inputs", in_name, "'%s' holds %d inputs; at most %d in one request",
+                 in_name, n, EMBED_MAX_INPUTS);
+        goto done;
+    }
+    r->batch = !one;
+    r->a = calloc((size_t)n, sizeof *r->a);
+    r->b = calloc((size_t)n, sizeof *r->b);
+    if (!r->a || !r->b) {
+        oom(e);
+        goto done;
+    }
+    r->n_inputs = n;
+    const cJSON *item = one ? in : in->child;
+    for (int i = 0; i < n; i++, item = item->next) {
+        char name[64];
+        snprintf(name, sizeof name, one ? "%s" : "%s[%d]", in_name, i);
+        if (rerank) {
+            if (copy_text(query, "query", &r->a[i], e) || copy_text(item, name, &r->b[i], e)) goto done;
+        } else if (cJSON_IsString(item)) {
+            if (copy_text(item, name, &r->a[i], e)) goto done;
+        } else {
+            const int k = cJSON_IsArray(item) ? cJSON_GetArraySize(item) : 0;
+            if (k != 1 && k != 2) {
+                api_fail(e, 400, INVALID, "invalid_type", name, "'%s' must be a text or an array of 1 or 2 texts",
+                         name);
+                goto done;
+            }
+            if (copy_text(item->child, name, &r->a[i], e) || (k == 2 && copy_text(item->child->next, name, &r->b[i], e)))
+                goto done;
+        }
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    if (rc) classify_request_free(r);
+    return rc;
+}
+
+void classify_request_free(classify_request *r) {
+    for (int i = 0; i < r->n_inputs; i++) {
+        if (r->a) free(r->a[i]);
+        if (r->b) free(r->b[i]);
+    }
+    free(r->a);
+    free(r->b);
+    *r = (classify_request){0};
+}

@@ -86,4 +86,22 @@ enum { EMBED_MAX_INPUTS = 2048 };
 int openai_parse_embeddings(const char *body, size_t len, int tei, embed_request *out, api_error *e);
 void embed_request_free(embed_request *r);
 
+/* TEI's POST /predict {inputs, raw_scores, truncate, truncation_direction} and POST /rerank
+ * {query, texts, raw_scores, return_text, truncate, truncation_direction}, for an encoder with a
+ * sequence-classification head. /predict's inputs as TEI reads them: a string, or [a, b] (one
+ * pair), else a list whose items are strings or [a] / [a, b] arrays (a batch). */
+typedef struct classify_request {
+    int rerank;             /* 1: /rerank: the query paired with each text */
+    int batch;              /* /predict: a list of inputs, answered with a list per input */
+    int n_inputs;
+    char **a;               /* [n_inputs] the text, or a pair's first text (/rerank: the query) */
+    char **b;               /* [n_inputs] a pair's second text, NULL entries for single texts */
+    int raw_scores;         /* 1: logits; 0: softmax (sigmoid for one label) */
+    int return_text;        /* /rerank: each result carries its text */
+    int truncate;
+} classify_request;
+
+int openai_parse_classify(const char *body, size_t len, int rerank, classify_request *out, api_error *e);
+void classify_request_free(classify_request *r);
+
 #endif

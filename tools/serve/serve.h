@@ -2,7 +2,8 @@
  *   serve.c          the command: options, loading the models, start, SIGTERM, shutdown
  *   http.c           libmicrohttpd glue: routing, bodies, API key, replies, suspend / resume
  *   generation.c     /v1/completions and /v1/chat/completions on the engine, plain and SSE
- *   embeddings.c     /v1/embeddings and TEI's /embed, batched across requests by one thread
+ *   embeddings.c     /v1/embeddings and TEI's /embed, /predict and /rerank, batched across
+ *                    requests by one thread
  *   openai.c         the request bodies, parsed and checked; the error object
  *   chat_template.c  messages -> prompt, by template family
  *   metrics.c        Prometheus counters and histograms
@@ -111,7 +112,7 @@ typedef struct http_req {
     int too_large;           /* the body passed --max-body-bytes: it is dropped, 413 follows */
     int counted;             /* its status went into the metrics */
     gen_job *gen;            /* the generation it started, if any */
-    struct embed_job *emb;   /* the embedding it waits for, if any */
+    struct embed_job *emb;   /* the embedding (or classification) it waits for, if any */
 } http_req;
 
 struct MHD_Daemon *http_start(server *s, char *err, size_t err_len);
@@ -141,6 +142,9 @@ nopad_status embed_batcher_start(server *s, embed_batcher **out);
 void embed_batcher_stop(embed_batcher *b);
 int32_t embed_batcher_queue(embed_batcher *b);
 enum MHD_Result embed_handle(http_req *q, int tei);
+/* TEI's /predict (rerank 0) and /rerank (1) on the encoder's classification head, through the
+ * same batcher (a batch holds one kind of work). */
+enum MHD_Result classify_handle(http_req *q, int rerank);
 void embed_request_closed(http_req *q);
 
 /* ---- serve.c -------------------------------------------------------------------------------- */
