@@ -172,8 +172,9 @@ nopad_model_params nopad_model_default_params(void);
 /* Loads a Hugging Face model folder (config.json + model.safetensors or a sharded index, an
  * optional tokenizer and optional sentence-transformers files), or a decoder from a GGUF file
  * (its config, weights — dequantised — and tokenizer all from the file). Encoders: bert,
- * roberta, xlm-roberta, distilbert, albert; decoders: gpt2, llama, mistral, qwen2 (see
- * nopad_model_info.is_decoder and the generation API below).
+ * roberta, xlm-roberta, distilbert, albert, deberta-v2 (v2 and v3; the CPU only for now), with
+ * their *ForSequenceClassification head when the folder has one (nopad_classify); decoders: gpt2,
+ * llama, mistral, qwen2 (see nopad_model_info.is_decoder and the generation API below).
  *
  * Threads: a loaded model may be used from several threads at once. Its weights, config and
  * tokenizer are read-only. Calls that run the model go through a context: the one-call entry
@@ -222,7 +223,7 @@ nopad_context *nopad_model_context(nopad_model *model);
 
 typedef struct nopad_model_info {
     const char *model_type;   /* config.json model_type: "bert", "roberta", ... */
-    const char *family;       /* "BERT", "RoBERTa", "DistilBERT", "ALBERT" */
+    const char *family;       /* "BERT", "RoBERTa", "DistilBERT", "ALBERT", "DeBERTa-v2" */
     const char *activation;   /* "gelu", "gelu_new", "relu" */
     const char *weights_dtype;/* dtype of the tensors in the file: "F32", "F16", "BF16" (or "mixed") */
     const char *compute_dtype;/* "F32", "F16", "BF16" */

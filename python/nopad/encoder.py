@@ -52,7 +52,7 @@ class ModelInfo:
     """What a model folder or GGUF file holds (nopad_model_info)."""
 
     model_type: str          # config.json model_type: "bert", "roberta", ...
-    family: str              # "BERT", "RoBERTa", "DistilBERT", "ALBERT"
+    family: str              # "BERT", "RoBERTa", "DistilBERT", "ALBERT", "DeBERTa-v2"
     activation: str          # "gelu", "gelu_new", "relu", ...
     weights_dtype: str       # dtype of the tensors in the file: "F32", "F16", "BF16" or "mixed"
     compute_dtype: str       # "F32", "F16", "BF16"
