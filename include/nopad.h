@@ -714,6 +714,10 @@ typedef struct nopad_train_params {
     int log_batches;              /* 1: each log line also holds the batch trained on (cu_seqlens,
                                      input_ids, token_type_ids, and mlm_positions + mlm_labels or
                                      labels), to replay the run elsewhere */
+    double dropout;               /* -1: config.json's hidden_dropout_prob (BERT's 0.1), as HF's
+                                     Trainer runs; else a rate in [0, 1), 0 = off. Dropout after
+                                     the embeddings and each sub-layer; the attention's
+                                     probabilities are not dropped. Evaluation runs without. */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

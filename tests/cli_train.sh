@@ -217,6 +217,7 @@ expect_fail 2 "--num-labels is for --task classify" --model "$TMP/mlm" --task ml
     --data "$TMP/cls_train.txt" --output "$TMP/o"
 expect_fail 2 "--lr" "${C[@]}" --data "$D/cls_train.jsonl" --lr 0
 expect_fail 2 "--warmup" "${C[@]}" --data "$D/cls_train.jsonl" --warmup 1.5
+expect_fail 2 "--dropout 1: expected a rate in [0, 1)" "${C[@]}" --data "$D/cls_train.jsonl" --dropout 1
 expect_fail 2 "--epochs" "${C[@]}" --data "$D/cls_train.jsonl" --epochs 0
 expect_fail 2 "unknown optimizer 'sgd'" "${C[@]}" --data "$D/cls_train.jsonl" --optimizer sgd
 expect_fail 2 "--bogus" "${C[@]}" --data "$D/cls_train.jsonl" --bogus

@@ -274,10 +274,10 @@ static void test_dropout(void **state) {
                     char what[160];
                     /* aligned, then a view one element in (no 16-byte vectors) */
                     for (int shift = 0; shift < 2; shift++) {
-                        assert_nopad_ok(cpu->dropout(cpu, ref, x + shift, n, p, seed, offsets[oi]));
+                        assert_nopad_ok(cpu->dropout(cpu, ref, x + shift, NULL, n, p, seed, offsets[oi]));
                         poison(d, y_dev, (size_t)n + 1);
                         void *xs = (char *)x_dev + 2 * shift, *ys = (char *)y_dev + 2 * shift;
-                        assert_nopad_ok(gpu[d]->dropout(gpu[d], ys, xs, n, p, seed, offsets[oi]));
+                        assert_nopad_ok(gpu[d]->dropout(gpu[d], ys, xs, NULL, n, p, seed, offsets[oi]));
                         float *all = get_dtype(d, y_dev, (size_t)n + 1);
                         snprintf(what, sizeof what, "%s dropout n %lld offset %llu p %.1f%s", DTYPE_NAMES[d],
                                  (long long)n, (unsigned long long)offsets[oi], p, shift ? " (misaligned)" : "");
@@ -293,8 +293,8 @@ static void test_dropout(void **state) {
                         free(all);
                     }
                     /* in place (y = x), its own backward: the same mask again */
-                    assert_nopad_ok(cpu->dropout(cpu, ref, x, n, p, seed, offsets[oi]));
-                    assert_nopad_ok(gpu[d]->dropout(gpu[d], x_dev, x_dev, n, p, seed, offsets[oi]));
+                    assert_nopad_ok(cpu->dropout(cpu, ref, x, NULL, n, p, seed, offsets[oi]));
+                    assert_nopad_ok(gpu[d]->dropout(gpu[d], x_dev, x_dev, NULL, n, p, seed, offsets[oi]));
                     float *got = get_dtype(d, x_dev, (size_t)n);
                     snprintf(what, sizeof what, "%s dropout n %lld offset %llu p %.1f in place", DTYPE_NAMES[d],
                              (long long)n, (unsigned long long)offsets[oi], p);
@@ -308,15 +308,32 @@ static void test_dropout(void **state) {
         float *x = random_floats(1000, 0.1f, 1.0f, &rng);
         void *x_dev = to_dtype(d, x, 1000), *y_dev = alloc_dtype(d, 1000);
         poison(d, y_dev, 1000);
-        assert_nopad_ok(gpu[d]->dropout(gpu[d], y_dev, x_dev, 1000, 0.0f, seed, 5));
+        assert_nopad_ok(gpu[d]->dropout(gpu[d], y_dev, x_dev, NULL, 1000, 0.0f, seed, 5));
         float *got = get_dtype(d, y_dev, 1000);
         for (int i = 0; i < 1000; i++)
             if (got[i] != x[i]) fail_msg("%s dropout p = 0: element %d %g != %g", DTYPE_NAMES[d], i, got[i], x[i]);
         free(got), free(x);
         release(d, x_dev), release(d, y_dev);
     }
+    /* with a residual (a sub-layer's dropped output joining the residual stream), in place over x:
+     * residual + the CPU's dropped values within one rounding of the sum; both terms positive */
+    for (int d = 0; d < 2; d++) {
+        const int64_t n = 100003;
+        float *x = random_floats((size_t)n, 0.5f, 1.5f, &rng), *r = random_floats((size_t)n, 0.5f, 1.5f, &rng);
+        float *ref = malloc(sizeof(float) * (size_t)n);
+        void *x_dev = to_dtype(d, x, (size_t)n), *r_dev = to_dtype(d, r, (size_t)n);
+        assert_nopad_ok(cpu->dropout(cpu, ref, x, r, n, 0.1f, seed, 77));
+        assert_nopad_ok(gpu[d]->dropout(gpu[d], x_dev, x_dev, r_dev, n, 0.1f, seed, 77));
+        float *got = get_dtype(d, x_dev, (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            if (!(fabs((double)got[i] - ref[i]) <= ELEMENT_BOUND[d] * fabs(ref[i])))
+                fail_msg("%s dropout with residual: element %lld: %g, the CPU %g", DTYPE_NAMES[d], (long long)i,
+                         got[i], ref[i]);
+        free(got), free(x), free(r), free(ref);
+        release(d, x_dev), release(d, r_dev);
+    }
     printf("dropout: masks equal to the CPU's (2 dtypes x 5 sizes x 4 offsets x 2 rates, aligned, misaligned, "
-           "in place), values within %.3g / %.3g\n", ELEMENT_BOUND[0], ELEMENT_BOUND[1]);
+           "in place, with a residual), values within %.3g / %.3g\n", ELEMENT_BOUND[0], ELEMENT_BOUND[1]);
 }
 
 /* ---- LayerNorm backward ---------------------------------------------------------------------------- */
@@ -659,7 +676,7 @@ static nopad_status graph_ops(int d, graph_case *g) {
     if (st == NOPAD_OK)
         st = be->layernorm_backward(be, g->ds, g->g32[1], g->g32[2], g->g32[3], g->dy_ln, g->s, g->w, 1e-12f, g->T,
                                     g->H);
-    if (st == NOPAD_OK) st = be->dropout(be, g->drop, g->ds, (int64_t)g->T * g->H, 0.1f, 42, 1000);
+    if (st == NOPAD_OK) st = be->dropout(be, g->drop, g->ds, NULL, (int64_t)g->T * g->H, 0.1f, 42, 1000);
     if (st == NOPAD_OK)
         st = be->cross_entropy(be, g->losses, g->dlogits, g->logits, g->labels, g->n, g->classes, 1.0f / g->n);
     return st;

@@ -229,7 +229,7 @@ static void test_dropout(void **state) {
     const uint64_t seed = 42, offset = 1000;
     float *x = random_floats(n, 0.5f, 1.5f, &rng), *y = malloc(sizeof(float) * n);
     float *dy = random_floats(n, 0.5f, 1.5f, &rng), *dx = malloc(sizeof(float) * n);
-    assert_nopad_ok(be->dropout(be, y, x, n, p, seed, offset));
+    assert_nopad_ok(be->dropout(be, y, x, NULL, n, p, seed, offset));
     int64_t dropped = 0;
     for (int64_t i = 0; i < n; i++) {
         if (y[i] == 0.0f) {
@@ -244,21 +244,28 @@ static void test_dropout(void **state) {
     /* binomial(n, p): mean 10000, standard deviation 95; 5 standard deviations */
     if (fabs((double)dropped - p * n) > 5 * sqrt(n * p * (1 - p)))
         fail_msg("dropout p=%.2f dropped %lld of %lld", p, (long long)dropped, (long long)n);
+    /* with a residual: residual + the same dropped values, in one pass */
+    float *with_res = malloc(sizeof(float) * n);
+    assert_nopad_ok(be->dropout(be, with_res, x, dy, n, p, seed, offset));
+    for (int64_t i = 0; i < n; i++)
+        if (with_res[i] != dy[i] + y[i])
+            fail_msg("dropout with residual, element %lld: %g, want %g", (long long)i, with_res[i], dy[i] + y[i]);
+    free(with_res);
     /* the backward is the same call on the gradient: zeros exactly where the forward dropped */
-    assert_nopad_ok(be->dropout(be, dx, dy, n, p, seed, offset));
+    assert_nopad_ok(be->dropout(be, dx, dy, NULL, n, p, seed, offset));
     for (int64_t i = 0; i < n; i++)
         if ((dx[i] == 0.0f) != (y[i] == 0.0f))
             fail_msg("dropout backward element %lld: mask differs from the forward's", (long long)i);
     /* another thread count gives the same bits; another offset another mask; p = 0 the identity */
     nopad_backend *one = NULL;
     assert_nopad_ok(nopad_backend_cpu_create(1, &one));
-    assert_nopad_ok(one->dropout(one, dx, x, n, p, seed, offset));
+    assert_nopad_ok(one->dropout(one, dx, x, NULL, n, p, seed, offset));
     assert_memory_equal(dx, y, sizeof(float) * n);
-    assert_nopad_ok(one->dropout(one, dx, x, n, p, seed, offset + 1));
+    assert_nopad_ok(one->dropout(one, dx, x, NULL, n, p, seed, offset + 1));
     int64_t same = 0;
     for (int64_t i = 0; i < n; i++) same += (dx[i] == 0.0f) && (y[i] == 0.0f);
     if (same > 2 * p * p * n) fail_msg("dropout: offsets 1000 and 1001 share %lld dropped elements", (long long)same);
-    assert_nopad_ok(one->dropout(one, dx, x, n, 0.0f, seed, offset));
+    assert_nopad_ok(one->dropout(one, dx, x, NULL, n, 0.0f, seed, offset));
     assert_memory_equal(dx, x, sizeof(float) * n);
     one->destroy(one);
     free(x), free(y), free(dy), free(dx);

@@ -234,7 +234,8 @@ class TrainParams(ctypes.Structure):
                 ("device_index", ctypes.c_int32),
                 ("dtype", _enum),
                 ("log_path", ctypes.c_char_p),
-                ("log_batches", ctypes.c_int)]
+                ("log_batches", ctypes.c_int),
+                ("dropout", ctypes.c_double)]
 
 
 class TrainResult(ctypes.Structure):

@@ -98,6 +98,8 @@ class Trainer:
     settings it was started with (others are an error naming both values); it may be ``output``.
     device "cpu" or "cuda"; dtype "fp32" (the CPU's), "bf16" (CUDA's default) or "fp16".
     log: a JSONL file with a line a step (step, epoch, loss, lr, grad_norm, tokens).
+    dropout: the rate after the embeddings and each sub-layer; None: config.json's
+    hidden_dropout_prob (BERT's 0.1), as HF's Trainer runs; 0: off.
     """
 
     def __init__(self, model: PathLike, data: PathLike, output: PathLike, *, task: str = "mlm",
@@ -107,7 +109,7 @@ class Trainer:
                  weight_decay: float = 0.01, max_grad_norm: float = 1.0, save_every: int = 0,
                  resume: Optional[PathLike] = None, truncate: bool = False, threads: int = 0,
                  device: str = "cpu", dtype: Optional[str] = None,
-                 log: Optional[PathLike] = None) -> None:
+                 log: Optional[PathLike] = None, dropout: Optional[float] = None) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -134,6 +136,10 @@ class Trainer:
             raise InvalidArgumentError("seed %r: expected an integer in [0, 2^64)" % (seed,))
         p.seed = int(seed)
         p.weight_decay, p.max_grad_norm = float(weight_decay), float(max_grad_norm)
+        if dropout is not None:
+            if not 0 <= float(dropout) < 1:
+                raise InvalidArgumentError("dropout %r: expected a rate in [0, 1)" % (dropout,))
+            p.dropout = float(dropout)
         p.save_every = int(save_every)
         p.truncate = int(bool(truncate))
         p.n_threads = int(threads)

@@ -270,11 +270,13 @@ struct nopad_backend {
                                         const void *x, int32_t n_tokens, int32_t dim,
                                         nopad_activation act);
     /* Dropout with a counter-based generator: y[i] = x[i] / (1 - p) when
-     * philox_bits(seed, offset + i) >= p·2³² (util/philox.h), else 0; 0 <= p < 1, y may alias x.
-     * It is its own backward: the same call on dy regenerates the mask from the counters, so no
-     * mask is stored. A step gives each dropout site its own range of offsets. */
-    nopad_status (*dropout)(nopad_backend *be, void *y, const void *x, int64_t n, float p,
-                            uint64_t seed, uint64_t offset);
+     * philox_bits(seed, offset + i) >= p·2³² (util/philox.h), else 0, plus residual[i] when
+     * residual is not NULL (a sub-layer's dropped output joining the residual stream in one
+     * pass); 0 <= p < 1, y may alias x. It is its own backward: the same call (residual NULL) on
+     * dy regenerates the mask from the counters, so no mask is stored. A step gives each dropout
+     * site its own range of offsets. */
+    nopad_status (*dropout)(nopad_backend *be, void *y, const void *x, const void *residual,
+                            int64_t n, float p, uint64_t seed, uint64_t offset);
     /* Backward of layernorm's fused form y = LN(s)·w + b with s = x + bias + residual, from the
      * LayerNorm's input s [T, dim] (which training keeps; mean and variance are recomputed) and
      * dy [T, dim]: ds[T, dim] = ∂L/∂s, which is also the gradient of x and of residual (ds may

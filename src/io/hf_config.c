@@ -72,6 +72,22 @@ static nopad_status get_float(const cJSON *root, const char *where, const char *
     return NOPAD_OK;
 }
 
+/* A probability in [0, 1) (a dropout rate), or `fallback` when the field is absent or null. */
+static nopad_status get_probability(const cJSON *root, const char *where, const char *key,
+                                    float fallback, float *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!item || cJSON_IsNull(item)) {
+        *out = fallback;
+        return NOPAD_OK;
+    }
+    if (!cJSON_IsNumber(item)) return json_wrong_type(where, key, "a number in [0, 1)", item);
+    if (!(item->valuedouble >= 0) || item->valuedouble >= 1)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a number in [0, 1), found %g",
+                               where, key, item->valuedouble);
+    *out = (float)item->valuedouble;
+    return NOPAD_OK;
+}
+
 static nopad_status parse_activation(const cJSON *root, const char *where, const char *key,
                                      const char *fallback, model_config *cfg) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -316,6 +332,7 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
                        &out->type_vocab_size));
         TRY(hf_get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
         TRY(get_float(root, where, "layer_norm_eps", deberta ? 1e-7f : 1e-12f, &out->layer_norm_eps));
+        TRY(get_probability(root, where, "hidden_dropout_prob", 0.1f, &out->hidden_dropout_prob));
         TRY(parse_activation(root, where, "hidden_act",
                              out->family == FAMILY_ALBERT ? "gelu_new" : "gelu", out));
         const cJSON *pet = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");

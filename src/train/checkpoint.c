@@ -147,6 +147,7 @@ static cJSON *config_json(const train_model *m) {
     cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_position_embeddings);
     cJSON_AddNumberToObject(root, "type_vocab_size", c->type_vocab_size);
     cJSON_AddItemToObject(root, "layer_norm_eps", float_json(c->layer_norm_eps));
+    cJSON_AddItemToObject(root, "hidden_dropout_prob", float_json(c->hidden_dropout_prob));
     cJSON_AddNumberToObject(root, "pad_token_id", c->pad_token_id);
     cJSON_AddStringToObject(root, "position_embedding_type", "absolute");
     cJSON_AddTrueToObject(root, "tie_word_embeddings");
@@ -181,6 +182,7 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddItemToObject(o, "eps", float_json(s->opt.eps));
     cJSON_AddItemToObject(o, "weight_decay", float_json(s->opt.weight_decay));
     cJSON_AddItemToObject(o, "max_grad_norm", float_json(s->opt.max_grad_norm));
+    cJSON_AddItemToObject(root, "dropout", float_json(s->dropout));
     /* doubles: cJSON prints the digits that read back to the same double */
     cJSON *sc = cJSON_AddObjectToObject(root, "schedule");
     cJSON_AddStringToObject(sc, "kind", train_schedule_kind_name(s->schedule.kind));
@@ -359,6 +361,14 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         TRY(get_number(o, fields[i].key, where, &v));
         *fields[i].dst = (float)v;
+    }
+    /* the dropout rate: 0 in states saved before it was recorded (they trained without) */
+    s->dropout = 0;
+    if (cJSON_GetObjectItemCaseSensitive(root, "dropout")) {
+        TRY(get_number(root, "dropout", where, &v));
+        if (!(v >= 0 && v < 1))
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"dropout\" %g is outside [0, 1)", where, v);
+        s->dropout = (float)v;
     }
     TRY(get_object(root, "data", where, &d));
     TRY(get_string(d, "seed", where, &text));

@@ -42,6 +42,7 @@ typedef struct train_state {
     int32_t epochs;           // the run's shape: passes over the data and the batch budgets
     int32_t batch_tokens;     // (nopad_train_params', checked on resume)
     int32_t batch_seqs;
+    float dropout;            // the step's dropout rate (masks follow from the seed and step)
 } train_state;
 
 const char *train_optimizer_kind_name(train_optimizer_kind kind); // "adamw", "lamb"

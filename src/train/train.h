@@ -162,6 +162,14 @@ typedef struct train_context {
     float *losses;    // [R] float32
     float *targets;   // [B] regression targets
     int32_t *tokens, *types, *cu_seqlens, *rows, *labels; // [T], [T], [B+1], [T], [T]
+    void *d_drop;     // [T, H] the gradient of a dropped sub-layer output
+    /* Dropout after the embeddings and after each sub-layer's output projection, before the
+     * residual add (BERT's hidden_dropout_prob); 0 (the default of a new context) turns it off.
+     * The attention probabilities are not dropped (docs/training.md). Masks come from Philox
+     * counters keyed by dropout_seed and the model's step count, one range of counters per
+     * site, so the backward regenerates them and a resumed run draws the same ones. */
+    float dropout;
+    uint64_t dropout_seed;
     /* the batch of the last train_forward, for train_backward and train_read_loss */
     nopad_seqs seqs;
     int32_t forward_rows; // the rows its loss is the mean of (masked tokens or sequences); 0: none

@@ -25,6 +25,25 @@ static void *at(const train_context *ctx, const void *base, size_t elements) {
     return (char *)base + elements * ctx->model->elem_size;
 }
 
+/* Dropout sites of a step: 0 after the embeddings, 1 + 2l after layer l's attention output
+ * projection, 2 + 2l after its FFN output. Each site's counters start at site·2³² (a site has
+ * T·H < 2³² elements); each step has its own key. */
+enum { DROP_EMBED = 0 };
+static int drop_attn(int l) { return 1 + 2 * l; }
+static int drop_ffn(int l) { return 2 + 2 * l; }
+
+static uint64_t dropout_key(const train_context *ctx) {
+    return ctx->dropout_seed + (uint64_t)ctx->model->step * 0x9E3779B97F4A7C15ull;
+}
+
+/* y[n] = dropout(x) (+ residual): the site's mask; the backward is the same call on a gradient. */
+static nopad_status drop(const train_context *ctx, int site, void *y, const void *x,
+                         const void *residual, size_t n) {
+    nopad_backend *be = ctx->model->be;
+    return be->dropout(be, y, x, residual, (int64_t)n, ctx->dropout, dropout_key(ctx),
+                       (uint64_t)site << 32);
+}
+
 void train_context_free(train_context *ctx) {
     nopad_backend *be = ctx->model ? ctx->model->be : NULL;
     void *bufs[] = {ctx->hidden,    ctx->qkv,      ctx->attn,     ctx->lse,       ctx->attn_sum,
@@ -32,7 +51,7 @@ void train_context_free(train_context *ctx) {
                     ctx->d_attn,    ctx->d_qkv,    ctx->d_ffn,    ctx->head_in,   ctx->head_pre,
                     ctx->head_act,  ctx->head_norm, ctx->d_head_a, ctx->d_head_b, ctx->logits,
                     ctx->losses,    ctx->targets,  ctx->tokens,   ctx->types,     ctx->cu_seqlens,
-                    ctx->rows,      ctx->labels};
+                    ctx->rows,      ctx->labels,   ctx->d_drop};
     for (size_t i = 0; be && i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     memset(ctx, 0, sizeof *ctx);
@@ -70,6 +89,7 @@ nopad_status train_context_init(train_model *m, int32_t max_tokens, int32_t max_
     ALLOC(d_attn, T * H * f);
     ALLOC(d_qkv, T * 3 * H * f);
     ALLOC(d_ffn, T * I * f);
+    ALLOC(d_drop, T * H * f);
     ALLOC(head_in, T * H * f); /* R <= T rows: masked tokens, or sequences */
     ALLOC(head_pre, T * H * f);
     ALLOC(head_act, T * H * f);
@@ -171,6 +191,8 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
     TRY(be->embed(be, ctx->hidden, ctx->tokens, ctx->types, seqs, c->position_offset,
                   c->vocab_size, c->max_position_embeddings, c->type_vocab_size, w->word, w->pos,
                   w->type, w->embed_ln_w, w->embed_ln_b, eps, H));
+    const int dropout = ctx->dropout > 0;
+    if (dropout) TRY(drop(ctx, DROP_EMBED, ctx->hidden, ctx->hidden, NULL, TH));
     for (int l = 0; l < c->num_layers; l++) {
         const train_layer *L = &w->layers[l];
         void *x = at(ctx, ctx->hidden, l * TH), *x_next = at(ctx, ctx->hidden, (l + 1) * TH);
@@ -183,16 +205,28 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
         TRY(be->gemm(be, qkv, x, L->qkv_w, L->qkv_b, NULL, T, H, 3 * H, NOPAD_EPILOGUE_BIAS, c->activation));
         TRY(be->attention_lse(be, attn, lse, qkv, seqs, c->num_heads, c->head_size, scale, 0));
         // s1[T, H] = x + attn·Woᵀ + bo;  x1 = LN(s1)
-        TRY(be->gemm(be, s1, attn, L->attn_out_w, L->attn_out_b, x, T, H, H,
-                     NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
+        if (dropout) { // s1 = x + dropout(attn·Woᵀ + bo)
+            TRY(be->gemm(be, s1, attn, L->attn_out_w, L->attn_out_b, NULL, T, H, H,
+                         NOPAD_EPILOGUE_BIAS, c->activation));
+            TRY(drop(ctx, drop_attn(l), s1, s1, x, TH));
+        } else {
+            TRY(be->gemm(be, s1, attn, L->attn_out_w, L->attn_out_b, x, T, H, H,
+                         NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
+        }
         TRY(be->copy(be, x1, s1, TH * m->elem_size));
         TRY(be->layernorm(be, x1, NULL, NULL, L->attn_ln_w, L->attn_ln_b, eps, T, H));
         // u[T, I] = x1·W1ᵀ + b1;  a = act(u)
         TRY(be->gemm(be, u, x1, L->ffn_in_w, L->ffn_in_b, NULL, T, H, I, NOPAD_EPILOGUE_BIAS, c->activation));
         TRY(be->activation(be, a, u, T, I, c->activation));
         // s2[T, H] = x1 + a·W2ᵀ + b2;  x' = LN(s2)
-        TRY(be->gemm(be, s2, a, L->ffn_out_w, L->ffn_out_b, x1, T, I, H,
-                     NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
+        if (dropout) { // s2 = x1 + dropout(a·W2ᵀ + b2)
+            TRY(be->gemm(be, s2, a, L->ffn_out_w, L->ffn_out_b, NULL, T, I, H, NOPAD_EPILOGUE_BIAS,
+                         c->activation));
+            TRY(drop(ctx, drop_ffn(l), s2, s2, x1, TH));
+        } else {
+            TRY(be->gemm(be, s2, a, L->ffn_out_w, L->ffn_out_b, x1, T, I, H,
+                         NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
+        }
         TRY(be->copy(be, x_next, s2, TH * m->elem_size));
         TRY(be->layernorm(be, x_next, NULL, NULL, L->ffn_ln_w, L->ffn_ln_b, eps, T, H));
     }
@@ -209,6 +243,7 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
     const size_t TH = (size_t)T * H, TI = (size_t)T * I;
     const float eps = c->layer_norm_eps, scale = 1.0f / sqrtf((float)c->head_size);
     void *d = ctx->d_hidden; // [T, H]
+    const int dropout = ctx->dropout > 0;
     for (int l = c->num_layers - 1; l >= 0; l--) {
         const train_layer *L = &m->w.layers[l], *G = &m->g.layers[l];
         const void *x = at(ctx, ctx->hidden, l * TH);
@@ -218,24 +253,39 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
         const void *u = at(ctx, ctx->ffn_pre, l * TI), *a = at(ctx, ctx->ffn_act, l * TI);
         const void *s2 = at(ctx, ctx->ffn_sum, l * TH);
         // d = ∂L/∂s2 (in place), the gradient of x1 through the residual and of a·W2ᵀ; db2 = Σ d
-        TRY(be->layernorm_backward(be, d, G->ffn_ln_w, G->ffn_ln_b, G->ffn_out_b, d, s2,
-                                   L->ffn_ln_w, eps, T, H));
+        // (with dropout the branch's gradient is dropout(d), and db2 its sum)
+        TRY(be->layernorm_backward(be, d, G->ffn_ln_w, G->ffn_ln_b, dropout ? NULL : G->ffn_out_b,
+                                   d, s2, L->ffn_ln_w, eps, T, H));
+        const void *d_branch = d;
+        if (dropout) {
+            TRY(drop(ctx, drop_ffn(l), ctx->d_drop, d, NULL, TH));
+            d_branch = ctx->d_drop;
+        }
         // d_ffn[T, I] = d·W2, dW2 += dᵀ·a;  then through the activation: ∂L/∂u, db1
-        TRY(be->gemm_backward(be, ctx->d_ffn, G->ffn_out_w, NULL, d, a, L->ffn_out_w, T, I, H, 0));
+        TRY(be->gemm_backward(be, ctx->d_ffn, G->ffn_out_w, dropout ? G->ffn_out_b : NULL,
+                              d_branch, a, L->ffn_out_w, T, I, H, 0));
         TRY(be->activation_backward(be, ctx->d_ffn, G->ffn_in_b, ctx->d_ffn, u, T, I, c->activation));
         // d += d_ffn·W1 (d is now ∂L/∂x1), dW1 += d_ffnᵀ·x1
         TRY(be->gemm_backward(be, d, G->ffn_in_w, NULL, ctx->d_ffn, x1, L->ffn_in_w, T, H, I, 1));
-        // d = ∂L/∂s1 (in place), the gradient of x through the residual; dbo = Σ d
-        TRY(be->layernorm_backward(be, d, G->attn_ln_w, G->attn_ln_b, G->attn_out_b, d, s1,
-                                   L->attn_ln_w, eps, T, H));
+        // d = ∂L/∂s1 (in place), the gradient of x through the residual; dbo = Σ d (or of the
+        // dropped branch's gradient)
+        TRY(be->layernorm_backward(be, d, G->attn_ln_w, G->attn_ln_b, dropout ? NULL : G->attn_out_b,
+                                   d, s1, L->attn_ln_w, eps, T, H));
+        d_branch = d;
+        if (dropout) {
+            TRY(drop(ctx, drop_attn(l), ctx->d_drop, d, NULL, TH));
+            d_branch = ctx->d_drop;
+        }
         // d_attn[T, H] = d·Wo, dWo += dᵀ·attn
-        TRY(be->gemm_backward(be, ctx->d_attn, G->attn_out_w, NULL, d, attn, L->attn_out_w, T, H, H, 0));
+        TRY(be->gemm_backward(be, ctx->d_attn, G->attn_out_w, dropout ? G->attn_out_b : NULL,
+                              d_branch, attn, L->attn_out_w, T, H, H, 0));
         // d_qkv[T, 3H] from the attention backward (probabilities recomputed from lse)
         TRY(be->attention_backward(be, ctx->d_qkv, ctx->d_attn, qkv, attn, lse, seqs,
                                    c->num_heads, c->head_size, scale, 0));
         // d += d_qkv·Wqkv (d is now ∂L/∂x), dWqkv += d_qkvᵀ·x, dbqkv += Σ d_qkv
         TRY(be->gemm_backward(be, d, G->qkv_w, G->qkv_b, ctx->d_qkv, x, L->qkv_w, T, H, 3 * H, 1));
     }
+    if (dropout) TRY(drop(ctx, DROP_EMBED, d, d, NULL, TH));
     return be->embed_backward(be, m->g.word, m->g.pos, m->g.type, m->g.embed_ln_w,
                               m->g.embed_ln_b, d, ctx->tokens, ctx->types, seqs,
                               c->position_offset, m->w.word, m->w.pos, m->w.type,

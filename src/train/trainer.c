@@ -29,7 +29,7 @@ nopad_train_params nopad_train_default_params(void) {
         .optimizer = NOPAD_TRAIN_ADAMW, .weight_decay = 0.01, .max_grad_norm = 1.0,
         .save_every = 0, .truncate = 0, .n_threads = 0, .on_step = NULL, .user = NULL,
         .resume_dir = NULL, .device = NOPAD_DEVICE_CPU, .device_index = 0, .dtype = NOPAD_DTYPE_F32,
-        .log_path = NULL, .log_batches = 0};
+        .log_path = NULL, .log_batches = 0, .dropout = -1};
 }
 
 static double seconds(void) {
@@ -62,6 +62,9 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (p->batch_tokens < 1 || p->batch_seqs < 1)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: batch of %d tokens and %d "
                                "sequences, expected >= 1 of each", p->batch_tokens, p->batch_seqs);
+    if (!(p->dropout == -1 || (p->dropout >= 0 && p->dropout < 1)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: dropout %g is outside "
+                               "[0, 1) (-1: the config's hidden_dropout_prob)", p->dropout);
     if (!(p->weight_decay >= 0 && p->weight_decay < 1))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: weight decay %g, expected in [0, 1)",
                                p->weight_decay);
@@ -161,12 +164,15 @@ static nopad_status evaluate(run *r, nopad_train_result *out) {
     }
     double loss_sum = 0;
     int64_t rows = 0, correct = 0, seqs = 0;
+    /* the forward alone, without dropout (HF's model.eval()) */
+    const float dropout = r->ctx.dropout;
+    r->ctx.dropout = 0;
     nopad_status st = train_loader_seek(l, 0, 0);
     while (st == NOPAD_OK && train_loader_next(l)) {
         const train_batch *b = &l->batch;
         double loss = 0;
-        /* a step's forward and backward for the loss (the gradients are not applied) */
-        st = train_forward_backward(&r->ctx, b, &loss);
+        st = train_forward(&r->ctx, b);
+        if (st == NOPAD_OK) st = train_read_loss(&r->ctx, &loss);
         if (st != NOPAD_OK) break;
         const int64_t n = r->model.task == TRAIN_TASK_MLM ? b->n_masked : b->n_seqs;
         loss_sum += loss * (double)n;
@@ -182,6 +188,7 @@ static nopad_status evaluate(run *r, nopad_train_result *out) {
         }
     }
     free(logits);
+    r->ctx.dropout = dropout;
     if (st != NOPAD_OK) return nopad_wrap_error(st, "evaluation");
     out->eval_examples = (int32_t)seqs;
     out->eval_loss = rows ? loss_sum / (double)rows : -1;
@@ -229,6 +236,7 @@ static nopad_status check_resume(const nopad_train_params *p, const train_state 
         {"weight decay", want->opt.weight_decay, saved->opt.weight_decay},
         {"max_grad_norm", want->opt.max_grad_norm, saved->opt.max_grad_norm},
         {"eps", want->opt.eps, saved->opt.eps},
+        {"dropout", want->dropout, saved->dropout},
     };
     for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++)
         if (numbers[i].given != numbers[i].saved) {
@@ -347,13 +355,16 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     }
     CHECK(train_context_init(&r.model, budget, p->batch_seqs, &r.ctx));
     r.have_ctx = 1;
+    r.ctx.dropout = p->dropout < 0 ? r.model.cfg.hidden_dropout_prob : (float)p->dropout;
+    r.ctx.dropout_seed = p->seed ^ 0xD1B54A32D192ED03ull; /* not the data's stream */
 
     int64_t total = 0;
     CHECK(count_steps(&r.loader, p->epochs, &total));
     train_state state = {.kind = p->optimizer == NOPAD_TRAIN_LAMB ? TRAIN_OPT_LAMB : TRAIN_OPT_ADAMW,
                          .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
                          .data_seed = p->seed, .epochs = p->epochs,
-                         .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs};
+                         .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
+                         .dropout = r.ctx.dropout};
     state.schedule.lr = p->lr;
     state.schedule.total_steps = total;
     state.schedule.warmup_steps = p->warmup_steps >= 0

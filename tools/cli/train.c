@@ -46,6 +46,8 @@ static const char train_help[] =
     "  --optimizer O       adamw (default) or lamb\n"
     "  --weight-decay X    default 0.01 (not on biases and LayerNorm parameters)\n"
     "  --max-grad-norm X   gradient clipping by global norm (default 1; 0: none)\n"
+    "  --dropout P         dropout after the embeddings and each sub-layer, in [0, 1) (default:\n"
+    "                      config.json's hidden_dropout_prob, BERT's 0.1; 0: off)\n"
     "  --seed N            data order, masking and a new head's weights (default 42)\n"
     "  --save-every N      also save the checkpoint to --output every N steps\n"
     "  --resume DIR        continue the run saved in DIR (by --save-every or at the end): its\n"
@@ -71,7 +73,7 @@ static const char train_help[] =
 enum {
     OPT_MODEL = 256, OPT_TASK, OPT_DATA, OPT_OUTPUT, OPT_NUM_LABELS, OPT_EVAL, OPT_EPOCHS, OPT_LR,
     OPT_WARMUP, OPT_BATCH_TOKENS, OPT_BATCH_SEQS, OPT_OPTIMIZER, OPT_WEIGHT_DECAY,
-    OPT_MAX_GRAD_NORM, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
+    OPT_MAX_GRAD_NORM, OPT_DROPOUT, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE,
 };
 
@@ -90,6 +92,7 @@ static const struct option long_options[] = {
     {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
     {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
     {"max-grad-norm", required_argument, NULL, OPT_MAX_GRAD_NORM},
+    {"dropout", required_argument, NULL, OPT_DROPOUT},
     {"seed", required_argument, NULL, OPT_SEED},
     {"save-every", required_argument, NULL, OPT_SAVE_EVERY},
     {"truncate", no_argument, NULL, OPT_TRUNCATE},
@@ -221,6 +224,14 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
                 return -1;
             }
             o->max_grad_norm = x;
+            break;
+        case OPT_DROPOUT:
+            if (parse_float("--dropout", optarg, &x)) return -1;
+            if (!(x >= 0 && x < 1)) {
+                print_error("--dropout %s: expected a rate in [0, 1) (0: off)", optarg);
+                return -1;
+            }
+            o->dropout = x;
             break;
         default: cli_print_opt_error(&p); return -1;
         }

@@ -122,16 +122,19 @@ nopad_status cpu_activation_backward(nopad_backend *be, void *dx_, float *db, co
     return NOPAD_OK;
 }
 
-nopad_status cpu_dropout(nopad_backend *be, void *y_, const void *x_, int64_t n, float p,
-                         uint64_t seed, uint64_t offset) {
-    float *y = y_;         // [n], may alias x
-    const float *x = x_;   // [n]
+nopad_status cpu_dropout(nopad_backend *be, void *y_, const void *x_, const void *residual_,
+                         int64_t n, float p, uint64_t seed, uint64_t offset) {
+    float *y = y_;                 // [n], may alias x
+    const float *x = x_;           // [n]
+    const float *res = residual_;  // [n] or NULL
     /* keep when the 32 bits reach p·2³²: probability 1 - p up to 2⁻³² */
     const uint32_t threshold = (uint32_t)((double)p * 4294967296.0);
     const float scale = (float)(1.0 / (1.0 - p));
 #pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
-    for (int64_t i = 0; i < n; i++)
-        y[i] = philox_bits(seed, offset + (uint64_t)i) >= threshold ? x[i] * scale : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float kept = philox_bits(seed, offset + (uint64_t)i) >= threshold ? x[i] * scale : 0.0f;
+        y[i] = res ? res[i] + kept : kept;
+    }
     return NOPAD_OK;
 }
 

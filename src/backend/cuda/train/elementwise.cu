@@ -257,10 +257,11 @@ static __device__ __forceinline__ void dropout_group(float v[GROUP], const uint3
     for (int j = 0; j < GROUP; j++) v[j] = bits[SH + j] >= threshold ? v[j] * scale : 0.0f;
 }
 
-/* y[i] = x[i]·scale where philox_bits(seed, offset + i) >= threshold, else 0 (y may alias x). */
+/* y[i] = x[i]·scale where philox_bits(seed, offset + i) >= threshold, else 0, plus residual[i]
+ * when residual is not NULL (y may alias x). */
 template <typename T, bool VEC8>
-__global__ void dropout_kernel(T *y, const T *x, size_t n, uint32_t threshold, float scale, uint64_t seed,
-                               uint64_t offset) {
+__global__ void dropout_kernel(T *y, const T *x, const T *residual, size_t n, uint32_t threshold, float scale,
+                               uint64_t seed, uint64_t offset) {
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     const size_t n_groups = (n + GROUP - 1) / GROUP;
     for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < n_groups; g += (size_t)gridDim.x * blockDim.x) {
@@ -294,6 +295,17 @@ __global__ void dropout_kernel(T *y, const T *x, size_t n, uint32_t threshold, f
         case 2: dropout_group<T, 2>(v, bits, threshold, scale); break;
         default: dropout_group<T, 3>(v, bits, threshold, scale); break;
         }
+        if (residual) {
+            float r[GROUP];
+            if (VEC8 && whole) {
+                load_vec<T, GROUP>(r, residual + i);
+            } else {
+#pragma unroll
+                for (int j = 0; j < GROUP; j++) r[j] = i + j < n ? to_f32(residual[i + j]) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < GROUP; j++) v[j] += r[j];
+        }
         if (VEC8 && whole) {
             store_vec<T, GROUP>(y + i, v);
         } else {
@@ -305,29 +317,29 @@ __global__ void dropout_kernel(T *y, const T *x, size_t n, uint32_t threshold, f
 }
 
 template <typename T>
-static nopad_status dropout_t(void *y, const void *x, int64_t n, float p, uint64_t seed, uint64_t offset,
-                              cudaStream_t stream) {
+static nopad_status dropout_t(void *y, const void *x, const void *residual, int64_t n, float p, uint64_t seed,
+                              uint64_t offset, cudaStream_t stream) {
     /* the CPU's threshold and scale, computed the same way on the host */
     const uint32_t threshold = (uint32_t)((double)p * 4294967296.0);
     const float scale = (float)(1.0 / (1.0 - p));
     const size_t groups = ((size_t)n + GROUP - 1) / GROUP;
-    if (aligned16(y) && aligned16(x))
+    if (aligned16(y) && aligned16(x) && (!residual || aligned16(residual)))
         dropout_kernel<T, true><<<grid_for(groups, EW_THREADS), EW_THREADS, 0, stream>>>(
-            (T *)y, (const T *)x, (size_t)n, threshold, scale, seed, offset);
+            (T *)y, (const T *)x, (const T *)residual, (size_t)n, threshold, scale, seed, offset);
     else
         dropout_kernel<T, false><<<grid_for(groups, EW_THREADS), EW_THREADS, 0, stream>>>(
-            (T *)y, (const T *)x, (size_t)n, threshold, scale, seed, offset);
+            (T *)y, (const T *)x, (const T *)residual, (size_t)n, threshold, scale, seed, offset);
     return launch_status("train dropout");
 }
 
-extern "C" nopad_status cuda_train_dropout(nopad_dtype dtype, void *y, const void *x, int64_t n, float p,
-                                           uint64_t seed, uint64_t offset, void *stream) {
+extern "C" nopad_status cuda_train_dropout(nopad_dtype dtype, void *y, const void *x, const void *residual,
+                                           int64_t n, float p, uint64_t seed, uint64_t offset, void *stream) {
     if (n <= 0) return NOPAD_OK;
     if (!(p >= 0.0f && p < 1.0f))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda dropout: p = %g is outside [0, 1)", (double)p);
     cudaStream_t s = (cudaStream_t)stream;
-    DISPATCH_DTYPE(dtype, dropout_t<__half>(y, x, n, p, seed, offset, s),
-                   dropout_t<__nv_bfloat16>(y, x, n, p, seed, offset, s));
+    DISPATCH_DTYPE(dtype, dropout_t<__half>(y, x, residual, n, p, seed, offset, s),
+                   dropout_t<__nv_bfloat16>(y, x, residual, n, p, seed, offset, s));
 }
 
 /* ---- row gather and scatter-add --------------------------------------------------------------------- */
