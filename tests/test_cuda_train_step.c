@@ -16,7 +16,8 @@
  *     produce is rounding noise), is checked to be below 1e-3 of the value bias's norm instead;
  *   - five AdamW steps on five batches: each step's loss within 2e-2 relative of the CPU's (the
  *     curves agree; the first steps of Adam move every weight by about lr, so bf16 and float32
- *     runs stay close).
+ *     runs stay close);
+ *   - masked LM again with dropout 0.1 (the masks are Philox counters, equal on both backends).
  * bf16 only: the CUDA backend refuses fp16 training (no loss scaling), checked here too.
  * No GPU: exit 77 (ctest: skipped). */
 #include <math.h>
@@ -79,7 +80,7 @@ static double norm_of(const float *x, int64_t n) {
     return sqrt(s);
 }
 
-static void check_model(const char *dir, train_task task) {
+static void check_model(const char *dir, train_task task, float dropout) {
     nopad_backend *cpu = NULL, *gpu = NULL;
     assert_nopad_ok(nopad_backend_cpu_create(0, &cpu));
     nopad_backend_params bp = {.device = NOPAD_DEVICE_CUDA, .dtype = NOPAD_DTYPE_BF16};
@@ -93,6 +94,8 @@ static void check_model(const char *dir, train_task task) {
     train_context cc, cg;
     assert_nopad_ok(train_context_init(&mc, n_seqs * max_len, n_seqs, &cc));
     assert_nopad_ok(train_context_init(&mg, n_seqs * max_len, n_seqs, &cg));
+    cc.dropout = cg.dropout = dropout; /* the same Philox masks on both backends */
+    cc.dropout_seed = cg.dropout_seed = 99;
     uint64_t rng = 0x5eed0001;
     batch_data *d = malloc(sizeof *d);
     make_batch(d, n_seqs, max_len, mc.cfg.vocab_size, &rng);
@@ -100,8 +103,8 @@ static void check_model(const char *dir, train_task task) {
     assert_nopad_ok(train_forward_backward(&cc, &d->b, &loss_c));
     assert_nopad_ok(train_forward_backward(&cg, &d->b, &loss_g));
     const char *task_name = task == TRAIN_TASK_MLM ? "mlm" : "classify";
-    print_message("%s %s: %d tokens, loss cpu %.6f cuda %.6f (rel %.2e)\n", dir, task_name,
-                  d->cu[n_seqs], loss_c, loss_g, fabs(loss_g - loss_c) / fabs(loss_c));
+    print_message("%s %s, dropout %.1f: %d tokens, loss cpu %.6f cuda %.6f (rel %.2e)\n", dir,
+                  task_name, dropout, d->cu[n_seqs], loss_c, loss_g, fabs(loss_g - loss_c) / fabs(loss_c));
     assert_true(fabs(loss_g - loss_c) <= 1e-2 * fabs(loss_c));
     float *gc = grads_of(&mc), *gg = grads_of(&mg);
     double worst = 1.0;
@@ -152,8 +155,9 @@ static int n_models;
 static void test_whole_step(void **state) {
     (void)state;
     for (int i = 0; i < n_models; i++) {
-        check_model(models[i], TRAIN_TASK_MLM);
-        check_model(models[i], TRAIN_TASK_CLASSIFY);
+        check_model(models[i], TRAIN_TASK_MLM, 0.0f);
+        check_model(models[i], TRAIN_TASK_CLASSIFY, 0.0f);
+        check_model(models[i], TRAIN_TASK_MLM, 0.1f);
     }
 }
 
