@@ -204,7 +204,11 @@ def main():
         w = {"shape": shape, "layers": layers, "hidden": hidden, "batch": batch,
              "ideal_tok_s": round(ideal_tok_s(shape, batches, rate)), "runs": []}
         results["workloads"].append(w)
-        cmd = [args.train_bench, "--model", folder, "--batch", str(batch), "--steps", str(args.steps),
+        lengths_path = os.path.join(args.out, f"{shape}_lengths.txt")
+        with open(lengths_path, "w") as fh:  # the same batches for nopad and the peers
+            for lens, _ in batches:
+                fh.write(" ".join(map(str, lens)) + "\n")
+        cmd = [args.train_bench, "--model", folder, "--lengths", lengths_path, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--dtype", "bf16", "--optimizer", "adamw"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [l for l in p.stdout.splitlines() if l.startswith("{")]

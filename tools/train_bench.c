@@ -15,6 +15,10 @@
  * Usage: train_bench --model DIR [--batch 32] [--min-len 102] [--max-len 512] [--mask 0.15]
  *                    [--steps 20] [--warmup 5] [--batches 8] [--dtype bf16|f16]
  *                    [--optimizer adamw|lamb] [--lr 1e-4] [--seed 1] [--json FILE]
+ *                    [--lengths FILE]
+ * --lengths: the batches' sequence lengths, a line a batch (whitespace-separated), instead of
+ * drawing them — so a peer can run the very same batches (bench/train_bench.py writes it); the
+ * line count is the number of batches and each line's count the batch size.
  * The checkpoint needs the encoder; a missing MLM head is created (HF's initialisation). */
 #include <math.h>
 #include <stdio.h>
@@ -56,12 +60,14 @@ typedef struct drawn_batch {
 static uint64_t draw_counter;
 static uint32_t draw(uint64_t seed) { return philox_bits(seed, draw_counter++); }
 
-static void draw_batch(drawn_batch *d, int32_t B, int32_t min_len, int32_t max_len, double mask,
-                       int32_t vocab, uint64_t seed) {
+/* lengths: B given lengths, or NULL to draw them in [min_len, max_len]. */
+static void draw_batch(drawn_batch *d, int32_t B, const int32_t *lengths, int32_t min_len,
+                       int32_t max_len, double mask, int32_t vocab, uint64_t seed) {
     d->cu = malloc((size_t)(B + 1) * sizeof(int32_t));
     d->cu[0] = 0;
     for (int32_t s = 0; s < B; s++)
-        d->cu[s + 1] = d->cu[s] + min_len + (int32_t)(draw(seed) % (uint32_t)(max_len - min_len + 1));
+        d->cu[s + 1] = d->cu[s] + (lengths ? lengths[s] :
+                                   min_len + (int32_t)(draw(seed) % (uint32_t)(max_len - min_len + 1)));
     const int32_t T = d->cu[B];
     d->tokens = malloc((size_t)T * sizeof(int32_t));
     d->positions = malloc((size_t)T * sizeof(int32_t));
@@ -98,6 +104,7 @@ static float median(float *v, int n) {
 
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *json_path = NULL, *dtype_name = "bf16", *optimizer = "adamw";
+    const char *lengths_path = NULL;
     int32_t B = 32, min_len = 102, max_len = 512, steps = 20, warmup = 5, n_batches = 8;
     double mask = 0.15, lr = 1e-4;
     uint64_t seed = 1;
@@ -106,6 +113,7 @@ int main(int argc, char **argv) {
         if (!v) { fprintf(stderr, "train_bench: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--model")) model_dir = v;
         else if (!strcmp(a, "--json")) json_path = v;
+        else if (!strcmp(a, "--lengths")) lengths_path = v;
         else if (!strcmp(a, "--dtype")) dtype_name = v;
         else if (!strcmp(a, "--optimizer")) optimizer = v;
         else if (!strcmp(a, "--batch")) B = atoi(v);
@@ -149,11 +157,41 @@ int main(int argc, char **argv) {
                 c->max_position_embeddings);
         return 2;
     }
+    /* the given lengths: a line a batch */
+    static int32_t given[MAX_BATCHES][4096];
+    if (lengths_path) {
+        FILE *f = fopen(lengths_path, "r");
+        if (!f) { fprintf(stderr, "train_bench: cannot read %s\n", lengths_path); return 2; }
+        char line[65536];
+        n_batches = 0;
+        while (fgets(line, sizeof line, f) && n_batches < MAX_BATCHES) {
+            int32_t n = 0;
+            for (char *tok = strtok(line, " \t\n"); tok && n < 4096; tok = strtok(NULL, " \t\n")) {
+                const int32_t len = atoi(tok);
+                if (len < 1 || len > c->max_position_embeddings) {
+                    fprintf(stderr, "train_bench: %s: length %d outside [1, %d]\n", lengths_path, len,
+                            c->max_position_embeddings);
+                    return 2;
+                }
+                given[n_batches][n++] = len;
+            }
+            if (n == 0) continue;
+            if (n_batches > 0 && n != B) {
+                fprintf(stderr, "train_bench: %s: batches of different sizes (%d, %d)\n", lengths_path, B, n);
+                return 2;
+            }
+            B = n;
+            n_batches++;
+        }
+        fclose(f);
+        if (n_batches == 0) { fprintf(stderr, "train_bench: %s: no batch\n", lengths_path); return 2; }
+    }
     drawn_batch batches[MAX_BATCHES];
     int32_t max_tokens = 0;
     double mean_tokens = 0, mean_masked = 0;
     for (int i = 0; i < n_batches; i++) {
-        draw_batch(&batches[i], B, min_len, max_len, mask, c->vocab_size, seed + 1000 + (uint64_t)i);
+        draw_batch(&batches[i], B, lengths_path ? given[i] : NULL, min_len, max_len, mask,
+                   c->vocab_size, seed + 1000 + (uint64_t)i);
         const int32_t T = batches[i].cu[B];
         if (T > max_tokens) max_tokens = T;
         mean_tokens += (double)T / n_batches;
