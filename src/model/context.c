@@ -488,10 +488,6 @@ nopad_status nopad_classify(nopad_context *c, const nopad_batch *b, int32_t batc
                                "nopad_classify: the model in '%s' has no sequence-classification head "
                                "(config.json's architectures[0] is not a *ForSequenceClassification)",
                                m->dir);
-    /* the heads' tanh is a gemm epilogue only the CPU backend has so far */
-    if (m->params.device != NOPAD_DEVICE_CPU)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "nopad_classify: classification heads run on the CPU backend only for now");
     if (b->on_device)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "nopad_classify: takes host batches (on_device = 0) for now");
     if (b->layout == NOPAD_LAYOUT_PADDED)

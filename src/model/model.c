@@ -121,8 +121,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
 
     if (m->cfg.rel.enabled && !m->be->attention_rel)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: DeBERTa's relative attention runs on the CPU backend only for "
-                               "now (this model was asked to load on %s)",
+                               "%s: DeBERTa's relative attention has no kernel on the %s backend",
                                dir, m->be->name);
 
     safetensors_checkpoint ckpt;

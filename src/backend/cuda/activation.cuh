@@ -13,6 +13,7 @@ static __device__ __forceinline__ float apply_activation(float v, int act) {
         return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     case NOPAD_ACT_RELU: return v > 0.0f ? v : 0.0f;
     case NOPAD_ACT_SILU: return v / (1.0f + __expf(-v));
+    case NOPAD_ACT_TANH: return tanhf(v); /* the classification heads' pooler */
     default: return v;
     }
 }

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/deberta/attention_rel.h"
 #include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/sampling_ops.h"
@@ -146,6 +147,79 @@ static nopad_status cu_attention_paged(nopad_backend *be, void *out, const void 
     return cuda_dec_attention_paged(be->dtype, out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size,
                                     scale, &ws, s->stream);
 }
+/* ---- DeBERTa's relative attention (deberta/attention_rel.cu) ---- */
+/* The table row of distance d: clamp(bucket(d) + k, 0, 2k - 1), the CPU's exact function. */
+static int32_t rel_row(int32_t d, const nopad_rel_positions *rel) {
+    const int32_t r = nopad_rel_bucket(d, rel) + rel->att_span;
+    return r < 0 ? 0 : r > 2 * rel->att_span - 1 ? 2 * rel->att_span - 1 : r;
+}
+
+/* The device table of rows by distance for `rel`, built on the host (the bucket's float32 ceil must
+ * land where the CPU's does) and uploaded when the setting changes: once per model, outside any
+ * graph recording (a graph's first run is direct). The rows are monotone in the distance and
+ * saturate at 0 and 2k - 1; the table stops where both ends have. */
+static nopad_status rel_rows_table(nopad_backend *be, cuda_state *s, const nopad_rel_positions *rel) {
+    if (s->rel_rows && s->rel_key[0] == rel->att_span && s->rel_key[1] == rel->position_buckets &&
+        s->rel_key[2] == rel->max_relative_positions)
+        return NOPAD_OK;
+    enum { MAX_SAT = 1 << 20 };
+    int32_t sat = 0;
+    while (sat < MAX_SAT && (rel_row(sat, rel) != 2 * rel->att_span - 1 || rel_row(-sat, rel) != 0)) sat++;
+    if (sat >= MAX_SAT)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_rel: the buckets (k %d, buckets %d, max %d) do "
+                               "not saturate within %d", rel->att_span, rel->position_buckets,
+                               rel->max_relative_positions, MAX_SAT);
+    int32_t *host = malloc((size_t)(2 * sat + 1) * sizeof *host);
+    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cuda attention_rel: bucket table");
+    for (int32_t d = -sat; d <= sat; d++) host[d + sat] = rel_row(d, rel);
+    size_t bytes = 0;
+    void *buf = s->rel_rows;
+    /* a new buffer each time (grow_workspace clears the graphs that name the old one) */
+    nopad_status st = grow_workspace(be, s, &buf, &bytes, (size_t)(2 * sat + 1) * sizeof *host, "attention_rel table");
+    s->rel_rows = buf; /* on failure: the old table (a recording refused the change) or NULL */
+    if (st != NOPAD_OK) {
+        free(host);
+        return st;
+    }
+    st = cuda_check(cudaMemcpy(s->rel_rows, host, (size_t)(2 * sat + 1) * sizeof *host, cudaMemcpyHostToDevice),
+                    "attention_rel table");
+    free(host);
+    if (st != NOPAD_OK) {
+        cudaFree(s->rel_rows);
+        s->rel_rows = NULL;
+        return st;
+    }
+    s->rel_key[0] = rel->att_span, s->rel_key[1] = rel->position_buckets, s->rel_key[2] = rel->max_relative_positions;
+    s->rel_sat = sat;
+    return NOPAD_OK;
+}
+
+static nopad_status cu_attention_rel(nopad_backend *be, void *out, const void *qkv, const nopad_seqs *seqs,
+                                     int32_t n_heads, int32_t head_size, float scale, const void *pos_key,
+                                     const void *pos_query, const nopad_rel_positions *rel) {
+    CUDA_ENTER(be, s);
+    if (seqs->n_tokens == 0) return NOPAD_OK;
+    if (rel->att_span < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "attention_rel: att_span %d, need >= 1", rel->att_span);
+    nopad_status st = rel_rows_table(be, s, rel);
+    if (st != NOPAD_OK) return st;
+    /* the table rows the longest sequence reaches; shorter ones reach a sub-range */
+    const int32_t max_len = seqs->max_seqlen > 0 ? seqs->max_seqlen : 1;
+    const int32_t r_lo = rel_row(-(max_len - 1), rel), W = rel_row(max_len - 1, rel) - r_lo + 1;
+    /* c2p | p2c [T, heads, W] float32 */
+    const size_t each = (size_t)seqs->n_tokens * n_heads * W;
+    const int terms = (pos_key != NULL) + (pos_query != NULL);
+    st = grow_workspace(be, s, (void **)&s->rel_ws, &s->rel_ws_bytes, (size_t)terms * each * sizeof(float),
+                        "attention_rel workspace");
+    if (st != NOPAD_OK) return st;
+    const cuda_attention_rel_args a = {
+        .out = out, .qkv = qkv, .cu_seqlens = seqs->cu_seqlens, .n_seqs = seqs->n_seqs, .n_tokens = seqs->n_tokens,
+        .max_seqlen = max_len, .n_heads = n_heads, .head_size = head_size, .scale = scale, .pos_key = pos_key,
+        .pos_query = pos_query, .rows = s->rel_rows, .sat = s->rel_sat, .r_lo = r_lo, .W = W,
+        .c2p = pos_key ? s->rel_ws : NULL, .p2c = pos_query ? s->rel_ws + (pos_key ? each : 0) : NULL};
+    return cuda_attention_rel(be->dtype, &a, s->stream);
+}
+
 static nopad_status cu_gemm_f32(nopad_backend *be, float *out, const void *x, const void *w, int32_t n_tokens,
                                 int32_t n_in, int32_t n_out) {
     CUDA_ENTER(be, s);
@@ -282,6 +356,8 @@ static void cu_destroy(nopad_backend *be) {
         if (s->expand_ws) cudaFree(s->expand_ws);
         if (s->sample_dev) cudaFree(s->sample_dev);
         if (s->attn_bwd_ws) cudaFree(s->attn_bwd_ws);
+        if (s->rel_ws) cudaFree(s->rel_ws);
+        if (s->rel_rows) cudaFree(s->rel_rows);
         free(s->sample_host);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);
@@ -363,6 +439,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->gemm = cu_linear;
     be->layernorm = cu_bias_residual_layernorm;
     be->attention = cu_attention_varlen;
+    be->attention_rel = cu_attention_rel;
     be->pool = cu_pool;
     be->l2_normalize = cu_l2_normalize;
     be->embed_tokens = cu_embed_tokens;

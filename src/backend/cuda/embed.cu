@@ -1,5 +1,6 @@
 /* CUDA: embedding gather (word + position + token type) and LayerNorm in one pass, on the packed
- * token stream: positions come from cu_seqlens on the device. */
+ * token stream: positions come from cu_seqlens on the device. pos and type may be NULL (DeBERTa
+ * without position_biased_input has no position embeddings). */
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/ops.h"
 
@@ -23,13 +24,13 @@ embed_layernorm_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
     const int p = position_offset + t - cu_seqlens[s];
     const int ty = types ? types[t] : 0;
     T *orow = out + (size_t)t * dim;
-    if (id < 0 || id >= vocab || p >= n_positions || (type && (ty < 0 || ty >= type_vocab))) {
+    if (id < 0 || id >= vocab || (pos && p >= n_positions) || (type && (ty < 0 || ty >= type_vocab))) {
         /* invalid input that could not be checked on the host: poison the row, never read out
          * of bounds */
         for (int e = lane; e < dim; e += 32) orow[e] = from_f32<T>(NAN);
         return;
     }
-    const T *wr = word + (size_t)id * dim, *pr = pos + (size_t)p * dim;
+    const T *wr = word + (size_t)id * dim, *pr = pos ? pos + (size_t)p * dim : NULL;
     const T *tr = type ? type + (size_t)ty * dim : NULL;
     float v[ITERS * VEC];
 #pragma unroll
@@ -38,11 +39,11 @@ embed_layernorm_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
         float a[VEC], c[VEC], d[VEC];
         if (e0 < dim) {
             load_vec<T, VEC>(a, wr + e0);
-            load_vec<T, VEC>(c, pr + e0);
+            if (pr) load_vec<T, VEC>(c, pr + e0);
             if (tr) load_vec<T, VEC>(d, tr + e0);
         }
 #pragma unroll
-        for (int j = 0; j < VEC; j++) v[it * VEC + j] = e0 < dim ? a[j] + c[j] + (tr ? d[j] : 0.0f) : 0.0f;
+        for (int j = 0; j < VEC; j++) v[it * VEC + j] = e0 < dim ? a[j] + (pr ? c[j] : 0.0f) + (tr ? d[j] : 0.0f) : 0.0f;
     }
     layernorm_store<T, VEC, ITERS>(v, orow, wv, bv, eps, dim, lane);
 }

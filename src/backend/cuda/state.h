@@ -54,6 +54,11 @@ typedef struct cuda_state {
     size_t sample_host_bytes;
     float *attn_bwd_ws; /* attention_backward: dq32 and dsum (grown on demand, stream-ordered) */
     size_t attn_bwd_ws_bytes;
+    float *rel_ws;      /* attention_rel: the c2p / p2c projections (grown on demand, stream-ordered) */
+    size_t rel_ws_bytes;
+    int32_t *rel_rows;  /* attention_rel: the table row of each distance, for rel_key's setting */
+    int32_t rel_key[3]; /* att_span, position_buckets, max_relative_positions of rel_rows */
+    int32_t rel_sat;    /* rel_rows holds distances -rel_sat .. rel_sat */
     int cannot_record; /* a recording failed once (e.g. a caller's stream that cannot be captured):
                           run ops directly from then on */
 } cuda_state;

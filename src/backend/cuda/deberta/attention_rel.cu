@@ -1,0 +1,396 @@
+/* CUDA: DeBERTa's disentangled attention on the packed stream (the backend's attention_rel op; the
+ * reference is src/backend/cpu/cpu_attention_rel.c). Two steps, as the CPU op does it:
+ *
+ * 1. Projections (rel_proj_kernel): for every token t and head h, the content-to-position and
+ *    position-to-content rows against the table rows the batch can reach,
+ *      c2p[t, h, r] = q_t · pos_key[r_lo + r]    p2c[t, h, r] = k_t · pos_query[r_lo + r]
+ *    float32 scratch [T, heads, W], W = r_hi - r_lo + 1 <= min(2·max_seqlen - 1, 2k) (the bucket is
+ *    monotone in the distance, so one sequence of max_seqlen tokens reaches rows r_lo .. r_hi and
+ *    every shorter one a sub-range). A tiled float32 FMA kernel: 2·T·heads·W·D FLOPs per term.
+ * 2. Attention: the varlen flash attention of attention/mma.cu (head sizes 32/64/128, mma.sync,
+ *    online softmax in fp32), or of attention/generic.cu (other head sizes), where each raw score
+ *    q_i·k_j gets c2p[i, r_ij] + p2c[j, r_ij] added as it leaves the MMA, r_ij the table row of the
+ *    distance i - j read from `rows` (below). No [S, S] bias exists: the only per-pair state is the
+ *    two float32 gathers, from rows the tile's queries and keys own.
+ *
+ * rows[d + sat] (int32, d in [-sat, sat]) = clamp(bucket(d) + k, 0, 2k - 1), the table row of
+ * distance d, built on the host with nopad_rel_bucket (the CPU's exact float32 ceil) and uploaded
+ * once per bucket setting by the backend (cuda_backend.c); past ±sat the row is saturated at 0 or
+ * 2k - 1, so distances are clamped to ±sat before the lookup. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/attention/common.cuh"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/deberta/attention_rel.h"
+
+/* What the attention kernels need to add the relative terms to a score. */
+struct rel_bias {
+    const float *c2p, *p2c;  // [T, heads, W] or NULL (term absent)
+    const int32_t *rows;     // [2·sat + 1]
+    int sat, r_lo, W;
+};
+
+/* c2p[i, r_ij] + p2c[j, r_ij] for query token ti and key token tj (packed indices) of head h,
+ * i - j = dist their distance inside the sequence. */
+static __device__ __forceinline__ float rel_term(const rel_bias &rb, int heads, int h, int ti, int tj, int dist) {
+    dist = max(-rb.sat, min(rb.sat, dist));
+    int r = __ldg(rb.rows + dist + rb.sat) - rb.r_lo;
+    r = max(0, min(rb.W - 1, r));  // in range by construction (monotone buckets); never read outside
+    float b = 0.0f;
+    if (rb.c2p) b += __ldg(rb.c2p + ((size_t)ti * heads + h) * rb.W + r);
+    if (rb.p2c) b += __ldg(rb.p2c + ((size_t)tj * heads + h) * rb.W + r);
+    return b;
+}
+
+/* ---- 1. the projections ---------------------------------------------------------------------- */
+
+/* One CTA: 32 tokens × 32 table rows of one head and one term (blockIdx.z = head·2 + term, term 0
+ * c2p from Q and pos_key, 1 p2c from K and pos_query). Both operands staged as float32 in shared
+ * memory, [32][D + 1] (the +1 makes the column reads of B conflict-free: thread x reads row x).
+ * Thread (x, y) computes rows 4y .. 4y+3 of the tokens at table row x; a warp's 32 stores are one
+ * contiguous 128-byte run of a scratch row. */
+enum { PROJ_TILE = 32, PROJ_MAX_D = 128 };
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+rel_proj_kernel(float *__restrict__ c2p, float *__restrict__ p2c, const T *__restrict__ qkv,
+                const T *__restrict__ pos_key, const T *__restrict__ pos_query, int n_tokens, int heads, int d,
+                int r_lo, int W) {
+    __shared__ float sa[PROJ_TILE][PROJ_MAX_D + 1];  // tokens' q or k [32][d]
+    __shared__ float sb[PROJ_TILE][PROJ_MAX_D + 1];  // table rows [32][d]
+    const int h = blockIdx.z / 2, term = blockIdx.z % 2;
+    const T *table = term == 0 ? pos_key : pos_query;
+    float *dst = term == 0 ? c2p : p2c;
+    wait_for_upstream_grid();
+    if (!table) return;  // uniform over the CTA
+    const int H = heads * d;
+    const int t0 = blockIdx.y * PROJ_TILE, r0 = blockIdx.x * PROJ_TILE;
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    /* q is column block 0 of a qkv row, k block 1 */
+    const T *a = qkv + (size_t)term * H + (size_t)h * d;
+    const T *b = table + (size_t)r_lo * H + (size_t)h * d;
+    for (int i = tid; i < PROJ_TILE * d; i += 256) {
+        const int row = i / d, e = i % d;
+        sa[row][e] = t0 + row < n_tokens ? to_f32(a[(size_t)(t0 + row) * 3 * H + e]) : 0.0f;
+        sb[row][e] = r0 + row < W ? to_f32(b[(size_t)(r0 + row) * H + e]) : 0.0f;
+    }
+    __syncthreads();
+    const int x = threadIdx.x, y = threadIdx.y;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int e = 0; e < d; e++) {
+        const float bv = sb[x][e];
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc[u] = fmaf(sa[4 * y + u][e], bv, acc[u]);
+    }
+    if (r0 + x >= W) return;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int t = t0 + 4 * y + u;
+        if (t < n_tokens) dst[((size_t)t * heads + h) * W + r0 + x] = acc[u];
+    }
+}
+
+/* ---- 2a. tensor-core attention (head sizes 32, 64, 128) --------------------------------------- */
+
+/* Rows [row0, row0+ROWS) of one head's Q, K or V into a shared tile [ROWS][D+8], rows at or past
+ * `len` zero-filled (attention/mma.cu's load_tile; the pad spreads ldmatrix's rows over the banks). */
+template <int ROWS, int D, int THREADS>
+static __device__ __forceinline__ void rel_load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride,
+                                                     int row0, int len, int tid) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+    constexpr int LDS = D + 8;
+    constexpr int ROW_STEP = THREADS / CHUNKS;
+    static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "whole rows per pass");
+    const uint16_t *tile = src + (size_t)row0 * row_stride;
+    const int last = len - row0 - 1;  // >= 0
+    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
+#pragma unroll
+    for (int i = 0; i < ROWS / ROW_STEP; i++) {
+        const int r = r0 + i * ROW_STEP;
+        cp_async16(dst + r * LDS + ch * 8, tile + (min(r, last) * (int)row_stride + ch * 8), r <= last);
+    }
+}
+
+/* attention/mma.cu's kernel without the causal mask and the lse output, plus the relative terms.
+ * One CTA per (64-query tile of one sequence, head), 4 warps of 16 query rows, 64-key tiles
+ * double-buffered with cp.async.
+ *
+ * Fragment layout of the m16n8k16 accumulator (PTX ISA, "mma.m16n8k16 ... f32"): a warp's S tile
+ * t (keys n0 + 8t .. n0 + 8t + 7) is float s[t][4] in every lane, element e at
+ *   row = lane / 4 + 8 · (e / 2)      (of the warp's 16 query rows)
+ *   col = 2 · (lane % 4) + (e % 2)    (of the tile's 8 keys)
+ * — the layout mma.cu's mask and online softmax already use. The relative terms are added there,
+ * to the raw score, before the max is taken: s_ij = q_i·k_j + c2p[i, r_ij] + p2c[j, r_ij], and the
+ * softmax scales by `scale` in the exponent as for plain attention. */
+template <int D, bool BF16>
+__global__ void __launch_bounds__(128, (D <= 64 ? 2 : 1))
+attention_rel_mma_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
+                         const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
+                         const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads, float scale_log2,
+                         rel_bias rb) {
+    constexpr int NWARPS = 4, BLOCK_N = 64;
+    constexpr int BLOCK_M = 16 * NWARPS;
+    constexpr int THREADS = NWARPS * 32;
+    constexpr int LDS = D + 8;
+    constexpr int NT = BLOCK_N / 8;  // n8 tiles of S per warp
+    constexpr int DT = D / 8;        // n8 tiles of O per warp
+    constexpr int KQ = D / 16;       // k16 steps of Q K^T
+
+    wait_for_upstream_grid();  // qkv and the projections come from the kernels just ahead
+    allow_dependent_launch();
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *sQ = smem;                    // [BLOCK_M][LDS]
+    uint16_t *sK = sQ + BLOCK_M * LDS;      // [2][BLOCK_N][LDS]
+    uint16_t *sV = sK + 2 * BLOCK_N * LDS;  // [2][BLOCK_N][LDS]
+
+    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
+    const int start = cu_seqlens[seq];
+    const int len = cu_seqlens[seq + 1] - start;
+    const int m0 = blockIdx.x * BLOCK_M;
+    if (m0 >= len) return;
+
+    const attention_head hd = attention_head_of<D>(qkv, start, head, n_heads);
+    const int hidden = hd.hidden;
+    const size_t row_stride = hd.row_stride;
+    const uint16_t *q_g = hd.q, *k_g = hd.k, *v_g = hd.v;
+    const int n_tiles = (len + BLOCK_N - 1) / BLOCK_N;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    rel_load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
+    rel_load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
+    rel_load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    cp_async_commit();
+
+    float o[DT][4];
+#pragma unroll
+    for (int t = 0; t < DT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    /* rows (lane/4) and (lane/4 + 8) of this warp's 16; m = raw running max, l a per-thread partial */
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    uint32_t qf[KQ][4];
+    const int row_a = m0 + warp * 16 + lane / 4;  // query position in the sequence (row_b = +8)
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait_all();
+        __syncthreads();  // tile j visible to all; every warp is done with buffer (j+1)&1
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KQ; kk++)
+                ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+        }
+        if (j + 1 < n_tiles) {
+            const int nb = (j + 1) & 1;
+            rel_load_tile<BLOCK_N, D, THREADS>(sK + nb * BLOCK_N * LDS, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            rel_load_tile<BLOCK_N, D, THREADS>(sV + nb * BLOCK_N * LDS, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            cp_async_commit();
+        }
+        const uint16_t *k_s = sK + (j & 1) * BLOCK_N * LDS;
+        const uint16_t *v_s = sV + (j & 1) * BLOCK_N * LDS;
+
+        /* S = Q K^T: [16 x BLOCK_N] per warp. K rows in shared memory are B in column-major. */
+        float s[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KQ; kk++) {
+#pragma unroll
+            for (int nn = 0; nn < NT / 2; nn++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_s + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma16816<BF16>(s[2 * nn], qf[kk], b[0], b[1]);
+                mma16816<BF16>(s[2 * nn + 1], qf[kk], b[2], b[3]);
+            }
+        }
+
+        /* the relative terms on every score inside the sequence; keys past its end masked. Query
+         * rows past the end (row >= len) keep their finite raw scores: they are never stored. */
+        const int n0 = j * BLOCK_N;
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1);
+                const int row = row_a + (e >> 1) * 8;
+                if (col >= len) s[t][e] = -INFINITY;
+                else if (row < len) s[t][e] += rel_term(rb, n_heads, head, start + row, start + col, row - col);
+            }
+
+        /* online softmax: the 4 threads of a quad share a row (every row has key 0, so m is finite
+         * after the first tile) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx);
+            const float m_use = m_new * scale_log2;
+            const float alpha = fast_exp2(fmaf(m_run[r], scale_log2, -m_use));  // exp2(-inf) = 0 at j = 0
+            m_run[r] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                s[t][2 * r] = fast_exp2(fmaf(s[t][2 * r], scale_log2, -m_use));
+                s[t][2 * r + 1] = fast_exp2(fmaf(s[t][2 * r + 1], scale_log2, -m_use));
+                sum += s[t][2 * r] + s[t][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+            for (int t = 0; t < DT; t++) {
+                o[t][2 * r] *= alpha;
+                o[t][2 * r + 1] *= alpha;
+            }
+        }
+
+        /* O += P V: the S accumulators of n-tiles 2k, 2k+1 are the A fragment of k-step k */
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; kk++)
+            mma_pv_step<BF16, D>(o, s[2 * kk], s[2 * kk + 1], v_s + kk * 16 * LDS, LDS, lane);
+    }
+
+    /* normalise, stage this warp's 16 rows in its own (already consumed) Q rows, then store rows
+     * inside the sequence with 16-byte writes */
+    float inv[2];
+    quad_row_inverse(l_run, inv);
+    uint16_t *sO = sQ + warp * 16 * LDS;
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < DT; t++) {
+        const int col = t * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t *>(sO + (lane / 4) * LDS + col) = pack2<BF16>(o[t][0] * inv[0], o[t][1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(sO + (lane / 4 + 8) * LDS + col) = pack2<BF16>(o[t][2] * inv[1], o[t][3] * inv[1]);
+    }
+    __syncwarp();
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int c = lane; c < 16 * CHUNKS; c += 32) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        const int row = m0 + warp * 16 + r;
+        if (row < len)
+            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
+                *reinterpret_cast<const uint4 *>(sO + r * LDS + ch * 8);
+    }
+}
+
+template <int D, bool BF16>
+static cudaError_t launch_mma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                              int32_t max_seqlen, int32_t n_heads, float scale, const rel_bias &rb,
+                              cudaStream_t stream) {
+    constexpr int BLOCK_M = 64, BLOCK_N = 64;
+    const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t);
+    auto kernel = attention_rel_mma_kernel<D, BF16>;
+    /* above 48 KB a kernel must opt in; once per instantiation and device (before any capture) */
+    static int attr_set[CUDA_MAX_DEVICES];
+    const int dev = cuda_current_device();
+    if (dev < 0 || !cuda_cache_load(&attr_set[dev])) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        if (dev >= 0) cuda_cache_store(&attr_set[dev], 1);
+    }
+    const float scale_log2 = scale * 1.4426950408889634f;
+    const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
+    for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {  // gridDim.z <= 65535
+        const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
+        kernel<<<dim3(m_blocks, (unsigned)n_heads, (unsigned)ns), 128, smem, stream>>>(
+            (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2, rb);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+/* ---- 2b. any head size <= 128: one warp per (query token, head), as attention/generic.cu ---- */
+
+template <typename T>
+__global__ void attention_rel_generic_kernel(T *__restrict__ out, const T *__restrict__ qkv,
+                                             const int32_t *__restrict__ cu_seqlens, int n_seqs, int n_tokens,
+                                             int heads, int d, float scale, rel_bias rb) {
+    const int warp = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    const int t = warp / heads, h = warp % heads;
+    wait_for_upstream_grid();
+    /* rows past the last sequence (a recorded graph's slack) have no distances: skip them */
+    if (t >= n_tokens || t >= cu_seqlens[n_seqs]) return;
+    const int s = sequence_of(cu_seqlens, n_seqs, t);
+    const int start = cu_seqlens[s], end = cu_seqlens[s + 1];
+    const size_t H = (size_t)heads * d, stride = 3 * H;
+    float q[4], acc[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int c = lane + 32 * k;
+        q[k] = c < d ? to_f32(qkv[t * stride + (size_t)h * d + c]) : 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j = start; j < end; j++) {
+        const T *kr = qkv + j * stride + H + (size_t)h * d, *vr = kr + H;
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int c = lane + 32 * k;
+            if (c < d) dot += q[k] * to_f32(kr[c]);
+        }
+        dot = (warp_sum(dot) + rel_term(rb, heads, h, t, j, t - j)) * scale;
+        const float m_new = fmaxf(m, dot), correction = __expf(m - m_new), p = __expf(dot - m_new);
+        l = l * correction + p;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int c = lane + 32 * k;
+            acc[k] = acc[k] * correction + (c < d ? p * to_f32(vr[c]) : 0.0f);
+        }
+        m = m_new;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int c = lane + 32 * k;
+        if (c < d) out[t * H + (size_t)h * d + c] = from_f32<T>(acc[k] / l);
+    }
+}
+
+/* ---- the launcher ----------------------------------------------------------------------------- */
+
+template <typename T, bool BF16>
+static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream_t s) {
+    const rel_bias rb = {a->c2p, a->p2c, a->rows, a->sat, a->r_lo, a->W};
+    /* 1. c2p / p2c [T, heads, W] */
+    const dim3 pgrid((unsigned)((a->W + PROJ_TILE - 1) / PROJ_TILE), (unsigned)((a->n_tokens + PROJ_TILE - 1) / PROJ_TILE),
+                     (unsigned)(2 * a->n_heads));
+    rel_proj_kernel<T><<<pgrid, dim3(32, 8), 0, s>>>(a->c2p, a->p2c, (const T *)a->qkv, (const T *)a->pos_key,
+                                                     (const T *)a->pos_query, a->n_tokens, a->n_heads, a->head_size,
+                                                     a->r_lo, a->W);
+    const nopad_status st = launch_status("attention_rel projections");
+    if (st != NOPAD_OK) return st;
+    /* 2. attention with the terms gathered */
+    const int D = a->head_size;
+    if (D == 32 || D == 64 || D == 128) {
+        cudaError_t e = D == 32 ? launch_mma<32, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
+                      : D == 64 ? launch_mma<64, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
+                                : launch_mma<128, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s);
+        if (e != cudaSuccess)
+            return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_rel: launch failed: %s (%s)",
+                                   cudaGetErrorString(e), cudaGetErrorName(e));
+        return NOPAD_OK;
+    }
+    const size_t warps = (size_t)a->n_tokens * a->n_heads;
+    const int blocks = (int)((warps * 32 + 255) / 256);
+    attention_rel_generic_kernel<T><<<blocks, 256, 0, s>>>((T *)a->out, (const T *)a->qkv, a->cu_seqlens, a->n_seqs,
+                                                           a->n_tokens, a->n_heads, D, a->scale, rb);
+    return launch_status("attention_rel");
+}
+
+extern "C" nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attention_rel_args *a, void *stream) {
+    if (a->n_tokens == 0) return NOPAD_OK;
+    if (a->head_size < 1 || a->head_size > PROJ_MAX_D)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_rel: head size %d is not in [1, %d]",
+                               a->head_size, PROJ_MAX_D);
+    if (a->n_seqs < 1 || a->max_seqlen < 1 || a->n_heads < 1 || a->n_heads > 32767 || a->W < 1 ||
+        (a->n_tokens + PROJ_TILE - 1) / PROJ_TILE > 65535)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_rel: need n_seqs, max_seqlen, W >= 1, 1 <= n_heads <= 32767 and "
+                               "n_tokens <= %d (got %d, %d, %d, %d, %d)",
+                               65535 * PROJ_TILE, a->n_seqs, a->max_seqlen, a->W, a->n_heads, a->n_tokens);
+    if (((uintptr_t)a->out | (uintptr_t)a->qkv) % 16)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda attention_rel: qkv and out must be 16-byte aligned");
+    cudaStream_t s = (cudaStream_t)stream;
+    DISPATCH_DTYPE(dtype, (attention_rel_t<__half, false>(a, s)), (attention_rel_t<__nv_bfloat16, true>(a, s)));
+}

@@ -1,0 +1,35 @@
+/* C entry point of the CUDA attention_rel op (deberta/attention_rel.cu): DeBERTa's disentangled
+ * attention on packed QKV. The backend (cuda_backend.c) owns the scratch and the bucket table. */
+#ifndef NOPAD_BACKEND_CUDA_DEBERTA_ATTENTION_REL_H
+#define NOPAD_BACKEND_CUDA_DEBERTA_ATTENTION_REL_H
+
+#include <stdint.h>
+
+#include "nopad.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_attention_rel_args {
+    void *out;                  /* [T, heads·D] */
+    const void *qkv;            /* [T, 3, heads, D] */
+    const int32_t *cu_seqlens;  /* [n_seqs + 1], device */
+    int32_t n_seqs, n_tokens, max_seqlen, n_heads, head_size;
+    float scale;
+    const void *pos_key;        /* [2k, heads·D] or NULL (no c2p) */
+    const void *pos_query;      /* [2k, heads·D] or NULL (no p2c) */
+    const int32_t *rows;        /* [2·sat + 1], device: table row of distance d at rows[d + sat] */
+    int32_t sat;                /* rows are constant past ±sat */
+    int32_t r_lo, W;            /* table rows r_lo .. r_lo + W - 1 are the ones max_seqlen reaches */
+    float *c2p, *p2c;           /* scratch [T, heads, W] float32 each; NULL with their table */
+} cuda_attention_rel_args;
+
+/* Enqueues the projections and the attention on `stream`. Head sizes 1..128 (32/64/128 on tensor
+ * cores); NOPAD_ERR_UNSUPPORTED otherwise. No host synchronisation. */
+nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attention_rel_args *args, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
