@@ -44,7 +44,8 @@ if [ "${1:-}" = "--stage" ]; then
     mkdir -p "$stage/build/tests" "$stage/build/deplibs" "$CARRY"
     rm -f "$CARRY"/*
     bins=("$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm
-          "$B"/tests/test_cuda_attention_backward "$B"/tests/test_cuda_train_gemm_optim "$B"/tests/test_cuda_train_ops)
+          "$B"/tests/test_cuda_attention_backward "$B"/tests/test_cuda_train_gemm_optim "$B"/tests/test_cuda_train_ops
+          "$B"/tests/test_cuda_deberta)
     for bin in "${bins[@]}"; do [ -f "$bin" ] || { echo "missing $bin" >&2; exit 1; }; done
     for bin in "${bins[@]}"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
         grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
@@ -52,7 +53,7 @@ if [ "${1:-}" = "--stage" ]; then
     cp "$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$stage/build/"
     cp "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm \
         "$B"/tests/test_cuda_attention_backward "$B"/tests/test_cuda_train_gemm_optim "$B"/tests/test_cuda_train_ops \
-        "$stage/build/tests/"
+        "$B"/tests/test_cuda_deberta "$stage/build/tests/"
     (cd "$stage" && tar cJf "$CARRY/bundle.tar.xz" build)
     if [ -n "${3:-}" ]; then
         parts=${4:-3}
@@ -110,7 +111,8 @@ for step in $STEPS; do
         ;;
     test)
         [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
-        for t in test_cuda_gemm test_cuda_sampling test_cuda_decoder test_cuda_train_gemm_optim test_cuda_train_ops; do
+        for t in test_cuda_gemm test_cuda_sampling test_cuda_decoder test_cuda_train_gemm_optim test_cuda_train_ops \
+            test_cuda_deberta; do
             echo "== $t"
             (cd "$ROOT" && timeout 300 "$BUILD/tests/$t") > "$OUT/$t.log" 2>&1
             rc=$?
