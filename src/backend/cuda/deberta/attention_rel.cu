@@ -6,7 +6,8 @@
  *      c2p[t, h, r] = q_t · pos_key[r_lo + r]    p2c[t, h, r] = k_t · pos_query[r_lo + r]
  *    float32 scratch [T, heads, W], W = r_hi - r_lo + 1 <= min(2·max_seqlen - 1, 2k) (the bucket is
  *    monotone in the distance, so one sequence of max_seqlen tokens reaches rows r_lo .. r_hi and
- *    every shorter one a sub-range). A tiled float32 FMA kernel: 2·T·heads·W·D FLOPs per term.
+ *    every shorter one a sub-range). 2·T·heads·W·D FLOPs per term: on tensor cores (mma.sync,
+ *    float32 accumulation) for head sizes 32/64/128, as float32 FMAs for the others.
  * 2. Attention: the varlen flash attention of attention/mma.cu (head sizes 32/64/128, mma.sync,
  *    online softmax in fp32), or of attention/generic.cu (other head sizes), where each raw score
  *    q_i·k_j gets c2p[i, r_ij] + p2c[j, r_ij] added as it leaves the MMA, r_ij the table row of the
@@ -92,8 +93,6 @@ rel_proj_kernel(float *__restrict__ c2p, float *__restrict__ p2c, const T *__res
     }
 }
 
-/* ---- 2a. tensor-core attention (head sizes 32, 64, 128) --------------------------------------- */
-
 /* Rows [row0, row0+ROWS) of one head's Q, K or V into a shared tile [ROWS][D+8], rows at or past
  * `len` zero-filled (attention/mma.cu's load_tile; the pad spreads ldmatrix's rows over the banks). */
 template <int ROWS, int D, int THREADS>
@@ -112,6 +111,60 @@ static __device__ __forceinline__ void rel_load_tile(uint16_t *dst, const uint16
         cp_async16(dst + r * LDS + ch * 8, tile + (min(r, last) * (int)row_stride + ch * 8), r <= last);
     }
 }
+
+/* The projections on tensor cores (head sizes 32/64/128): one CTA = 64 tokens × 64 table rows of
+ * one head and one term (blockIdx.z = head·2 + term), 4 warps of 16 tokens. The S = Q·Kᵀ step of
+ * the attention kernel below with the table rows in K's place: A = the tokens' q (or k) rows, B =
+ * the table rows, both [64][D+8] in shared memory; products of fp16/bf16 values are exact in
+ * float32 and summed in float32, as the scalar kernel does. Accumulator element e of n-tile t in a
+ * lane is token lane/4 + 8·(e/2) of the warp's 16 and table row 8t + 2·(lane%4) + e%2 of the 64. */
+template <int D, bool BF16>
+__global__ void __launch_bounds__(128)
+rel_proj_mma_kernel(float *__restrict__ c2p, float *__restrict__ p2c, const uint16_t *__restrict__ qkv,
+                    const uint16_t *__restrict__ pos_key, const uint16_t *__restrict__ pos_query, int n_tokens,
+                    int heads, int r_lo, int W) {
+    constexpr int ROWS = 64, LDS = D + 8, KQ = D / 16, NT = ROWS / 8;
+    __shared__ __align__(16) uint16_t sA[ROWS * LDS];  // tokens [64][D+8]
+    __shared__ __align__(16) uint16_t sB[ROWS * LDS];  // table rows [64][D+8]
+    const int h = blockIdx.z / 2, term = blockIdx.z % 2;
+    const uint16_t *table = term == 0 ? pos_key : pos_query;
+    float *dst = term == 0 ? c2p : p2c;
+    wait_for_upstream_grid();
+    if (!table) return;  // uniform over the CTA
+    const int H = heads * D;
+    const int t0 = blockIdx.y * ROWS, r0 = blockIdx.x * ROWS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    rel_load_tile<ROWS, D, 128>(sA, qkv + (size_t)term * H + (size_t)h * D, (size_t)3 * H, t0, n_tokens, tid);
+    rel_load_tile<ROWS, D, 128>(sB, table + (size_t)r_lo * H + (size_t)h * D, (size_t)H, r0, W, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KQ; kk++) {
+        uint32_t a[4];
+        ldmatrix_x4(a, sA + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nn = 0; nn < NT / 2; nn++) {
+            uint32_t b[4];
+            ldmatrix_x4(b, sB + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+            mma16816<BF16>(acc[2 * nn], a, b[0], b[1]);
+            mma16816<BF16>(acc[2 * nn + 1], a, b[2], b[3]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = t0 + warp * 16 + lane / 4 + (e >> 1) * 8;
+            const int r = r0 + t * 8 + (lane & 3) * 2 + (e & 1);
+            if (tok < n_tokens && r < W) dst[((size_t)tok * heads + h) * W + r] = acc[t][e];
+        }
+}
+
+/* ---- 2a. tensor-core attention (head sizes 32, 64, 128) --------------------------------------- */
 
 /* attention/mma.cu's kernel without the causal mask and the lse output, plus the relative terms.
  * One CTA per (64-query tile of one sequence, head), 4 warps of 16 query rows, 64-key tiles
@@ -353,16 +406,26 @@ template <typename T, bool BF16>
 static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream_t s) {
     const rel_bias rb = {a->c2p, a->p2c, a->rows, a->sat, a->r_lo, a->W};
     /* 1. c2p / p2c [T, heads, W] */
-    const dim3 pgrid((unsigned)((a->W + PROJ_TILE - 1) / PROJ_TILE), (unsigned)((a->n_tokens + PROJ_TILE - 1) / PROJ_TILE),
-                     (unsigned)(2 * a->n_heads));
-    rel_proj_kernel<T><<<pgrid, dim3(32, 8), 0, s>>>(a->c2p, a->p2c, (const T *)a->qkv, (const T *)a->pos_key,
-                                                     (const T *)a->pos_query, a->n_tokens, a->n_heads, a->head_size,
-                                                     a->r_lo, a->W);
+    const int D = a->head_size;
+    const bool tensor_cores = D == 32 || D == 64 || D == 128;
+    if (tensor_cores) {
+        const dim3 pgrid((unsigned)((a->W + 63) / 64), (unsigned)((a->n_tokens + 63) / 64), (unsigned)(2 * a->n_heads));
+        const uint16_t *q = (const uint16_t *)a->qkv, *pk = (const uint16_t *)a->pos_key,
+                       *pq = (const uint16_t *)a->pos_query;
+        if (D == 32) rel_proj_mma_kernel<32, BF16><<<pgrid, 128, 0, s>>>(a->c2p, a->p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W);
+        else if (D == 64) rel_proj_mma_kernel<64, BF16><<<pgrid, 128, 0, s>>>(a->c2p, a->p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W);
+        else rel_proj_mma_kernel<128, BF16><<<pgrid, 128, 0, s>>>(a->c2p, a->p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W);
+    } else {
+        const dim3 pgrid((unsigned)((a->W + PROJ_TILE - 1) / PROJ_TILE),
+                         (unsigned)((a->n_tokens + PROJ_TILE - 1) / PROJ_TILE), (unsigned)(2 * a->n_heads));
+        rel_proj_kernel<T><<<pgrid, dim3(32, 8), 0, s>>>(a->c2p, a->p2c, (const T *)a->qkv, (const T *)a->pos_key,
+                                                         (const T *)a->pos_query, a->n_tokens, a->n_heads, D, a->r_lo,
+                                                         a->W);
+    }
     const nopad_status st = launch_status("attention_rel projections");
     if (st != NOPAD_OK) return st;
     /* 2. attention with the terms gathered */
-    const int D = a->head_size;
-    if (D == 32 || D == 64 || D == 128) {
+    if (tensor_cores) {
         cudaError_t e = D == 32 ? launch_mma<32, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
                       : D == 64 ? launch_mma<64, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
                                 : launch_mma<128, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s);
