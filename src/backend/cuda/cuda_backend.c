@@ -181,8 +181,12 @@ static nopad_status rel_rows_table(nopad_backend *be, cuda_state *s, const nopad
         free(host);
         return st;
     }
-    st = cuda_check(cudaMemcpy(s->rel_rows, host, (size_t)(2 * sat + 1) * sizeof *host, cudaMemcpyHostToDevice),
+    /* on the backend's stream (a non-blocking one does not wait for the legacy stream's copies),
+     * then waited for, so `host` can go; no recording is under way here (grow_workspace says so) */
+    st = cuda_check(cudaMemcpyAsync(s->rel_rows, host, (size_t)(2 * sat + 1) * sizeof *host, cudaMemcpyHostToDevice,
+                                    s->stream),
                     "attention_rel table");
+    if (st == NOPAD_OK) st = cuda_check(cudaStreamSynchronize(s->stream), "attention_rel table");
     free(host);
     if (st != NOPAD_OK) {
         cudaFree(s->rel_rows);
