@@ -42,6 +42,17 @@
  * scripts/torch_attention_backward_check.py compares against torch autograd on padded SDPA
  * (float32), bounding the chain's error by the C bounds or twice torch's own in the dtype.
  *
+ * Both variants of the temporary NOPAD_TRAIN_ATTN A/B run every case (the knob set in turn):
+ * new (the wgmma forward with lse at d = 64/128, the 128-key backward of attention_backward_wide.cu)
+ * and old (the mma.sync forward, the 64-key backward). EDGE128_LENGTHS sit on and next to the
+ * 128-key blocks and the new kernel's 16-key warps.
+ *
+ * NOPAD_ATTN_BWD_BENCH=1: instead of the tests, times attention_lse and attention_backward (the whole
+ * op: dsum, the main kernel, dq) for both variants on the TRAIN workload's shapes, bf16, d = 64,
+ * lengths U[102, 512]: BERT-large (32 sequences, 16 heads) and BERT-base (64 sequences, 12 heads);
+ * the median of 20 CUDA-event timings after 3 warm-up runs, in ms and TFLOP/s (forward 4·Σlen²·d
+ * per head, backward 10·Σlen²·d: the five GEMMs' useful work, as FlashAttention counts).
+ *
  * No GPU: exit 77 (ctest: skipped). NOPAD_GPU_TEST_D=32|64|128 runs one head size. */
 #include <errno.h>
 #include <math.h>
@@ -57,6 +68,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "testutil.h"
+#include "util/knobs.h"
 
 static nopad_backend *cpu;
 static nopad_backend *gpu[2];
@@ -73,11 +85,16 @@ typedef struct {
 } bwd_case;
 
 static const int32_t EDGE_LENGTHS[] = {64, 65, 63, 128, 129, 33, 32, 2};
+static const int32_t EDGE128_LENGTHS[] = {127, 128, 129, 255, 256, 257, 16, 17, 143, 112};
 static const bwd_case CASES[] = {
-    {5, 512, 3, NULL, 1},         /* 512 (eight 64-key blocks), 1, three random in [1, 512] */
-    {24, 100, 2, NULL, 0},        /* many short sequences: most blocks cross a sequence's end */
-    {8, 129, 2, EDGE_LENGTHS, 1}, /* on and next to the block edges */
+    {5, 512, 3, NULL, 1},             /* 512 (eight 64-key blocks), 1, three random in [1, 512] */
+    {24, 100, 2, NULL, 0},            /* many short sequences: most blocks cross a sequence's end */
+    {8, 129, 2, EDGE_LENGTHS, 1},     /* on and next to the block edges */
+    {10, 257, 2, EDGE128_LENGTHS, 0}, /* 128-key blocks, 16-key warps past the end */
 };
+
+/* the NOPAD_TRAIN_ATTN choices, in the knob's order */
+static const char *const VARIANTS[2] = {"new", "old"};
 
 static int32_t *make_cu_seqlens(const bwd_case *c, uint64_t *rng) {
     int32_t *cu = malloc((size_t)(c->n_seqs + 1) * sizeof *cu);
@@ -235,8 +252,8 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
                   n_lse = (int64_t)T * heads;
     const float scale = 1.0f / sqrtf((float)d);
     char label[160];
-    snprintf(label, sizeof label, "%s d=%d heads=%d case %d (B=%d T=%d max=%d) causal=%d", DTYPE_NAMES[dt], d,
-             heads, case_index, B, T, max_len, causal);
+    snprintf(label, sizeof label, "[%s] %s d=%d heads=%d case %d (B=%d T=%d max=%d) causal=%d",
+             VARIANTS[knob_int(KNOB_TRAIN_ATTN)], DTYPE_NAMES[dt], d, heads, case_index, B, T, max_len, causal);
     printf("  %s\n", label);
 
     /* inputs, rounded to the dtype (the host copies rewritten with the rounded values) */
@@ -325,9 +342,107 @@ static void run_grid(int32_t d, int dt, uint64_t seed) {
         printf("  d=%d skipped (NOPAD_GPU_TEST_D)\n", d);
         return;
     }
+    for (int v = 0; v < 2; v++) { /* the same data for both variants */
+        knob_set_int(KNOB_TRAIN_ATTN, v);
+        uint64_t rng = seed;
+        for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
+            for (int causal = 0; causal < 2; causal++) run_case(&CASES[i], i, d, dt, causal, &rng);
+    }
+    knob_set_int(KNOB_TRAIN_ATTN, 0);
+}
+
+/* ---- NOPAD_ATTN_BWD_BENCH ------------------------------------------------------------------------ */
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* median ms of `runs` CUDA-event timings of fn on g's stream, after `warmup` untimed runs */
+typedef void (*bench_fn)(void *ctx);
+static float time_op(nopad_backend *g, bench_fn fn, void *ctx, int warmup, int runs) {
+    cudaStream_t st = (cudaStream_t)cuda_backend_stream(g);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    for (int i = 0; i < warmup; i++) fn(ctx);
+    assert_nopad_ok(g->synchronize(g));
+    float ms[64];
+    for (int i = 0; i < runs; i++) {
+        cudaEventRecord(e0, st);
+        fn(ctx);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms[i], e0, e1);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    qsort(ms, (size_t)runs, sizeof ms[0], cmp_float);
+    return ms[runs / 2];
+}
+
+typedef struct {
+    nopad_backend *g;
+    void *qkv, *dout, *out, *dqkv;
+    float *lse;
+    nopad_seqs seqs;
+    int32_t heads, d;
+    float scale;
+} bench_ctx;
+
+static void run_fwd(void *p) {
+    bench_ctx *c = p;
+    assert_nopad_ok(c->g->attention_lse(c->g, c->out, c->lse, c->qkv, &c->seqs, c->heads, c->d, c->scale, 0));
+}
+
+static void run_bwd(void *p) {
+    bench_ctx *c = p;
+    assert_nopad_ok(c->g->attention_backward(c->g, c->dqkv, c->dout, c->qkv, c->out, c->lse, &c->seqs, c->heads, c->d,
+                                             c->scale, 0));
+}
+
+static void bench_shape(const char *name, int32_t B, int32_t heads, uint64_t seed) {
+    nopad_backend *g = gpu[1]; /* bf16 */
+    const int32_t d = 64;
     uint64_t rng = seed;
-    for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
-        for (int causal = 0; causal < 2; causal++) run_case(&CASES[i], i, d, dt, causal, &rng);
+    int32_t *cu = malloc((size_t)(B + 1) * sizeof *cu);
+    cu[0] = 0;
+    int32_t max_len = 0;
+    double sum_sq = 0;
+    for (int32_t s = 0; s < B; s++) {
+        const int32_t len = 102 + (int32_t)(test_rand_u32(&rng) % 411u); /* U[102, 512] */
+        cu[s + 1] = cu[s] + len;
+        max_len = len > max_len ? len : max_len;
+        sum_sq += (double)len * len;
+    }
+    const int32_t T = cu[B];
+    const int64_t H = (int64_t)heads * d;
+    float *qkv = malloc((size_t)T * 3 * H * sizeof(float)), *dout = malloc((size_t)T * H * sizeof(float));
+    test_fill_uniform(qkv, T * 3 * H, -2.0f, 2.0f, &rng);
+    test_fill_uniform(dout, T * H, -1.0f, 1.0f, &rng);
+    bench_ctx c = {g, test_to_device(g, qkv, (size_t)(T * 3 * H)), test_to_device(g, dout, (size_t)(T * H)),
+                   dev_alloc(g, (size_t)(T * H) * 2), dev_alloc(g, (size_t)(T * 3 * H) * 2),
+                   dev_alloc(g, (size_t)T * heads * sizeof(float)), {B, T, max_len, NULL}, heads, d,
+                   1.0f / sqrtf((float)d)};
+    int32_t *d_cu = dev_alloc(g, (size_t)(B + 1) * sizeof(int32_t));
+    assert_nopad_ok(g->upload_i32(g, d_cu, cu, (size_t)B + 1));
+    c.seqs.cu_seqlens = d_cu;
+    const double fwd_flop = 4.0 * sum_sq * heads * d, bwd_flop = 2.5 * fwd_flop;
+    printf("%s: B=%d T=%d max=%d heads=%d d=%d bf16; forward %.2f GFLOP, backward %.2f GFLOP\n", name, B, T, max_len,
+           heads, d, fwd_flop * 1e-9, bwd_flop * 1e-9);
+    for (int v = 0; v < 2; v++) {
+        knob_set_int(KNOB_TRAIN_ATTN, v);
+        const float f = time_op(g, run_fwd, &c, 3, 20), b = time_op(g, run_bwd, &c, 3, 20);
+        printf("  %-3s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
+               fwd_flop / (f * 1e-3) * 1e-12, b, bwd_flop / (b * 1e-3) * 1e-12);
+    }
+    knob_set_int(KNOB_TRAIN_ATTN, 0);
+    g->free(g, c.qkv), g->free(g, c.dout), g->free(g, c.out), g->free(g, c.dqkv), g->free(g, c.lse);
+    g->free(g, d_cu);
+    free(qkv), free(dout), free(cu);
+}
+
+static int bench_requested(void) {
+    const char *e = getenv("NOPAD_ATTN_BWD_BENCH");
+    return e && *e && *e != '0';
 }
 
 static void test_f16_d32(void **state) { (void)state, run_grid(32, 0, 0x1234567ull); }
@@ -364,6 +479,13 @@ int main(void) {
             printf("cannot create the CUDA backend: %s\n", nopad_last_error());
             return 1;
         }
+    if (bench_requested()) { /* timings only */
+        bench_shape("BERT-large", 32, 16, 0xBE27ull);
+        bench_shape("BERT-base", 64, 12, 0xBA5Eull);
+        for (int dt = 0; dt < 2; dt++) gpu[dt]->destroy(gpu[dt]);
+        cpu->destroy(cpu);
+        return 0;
+    }
     if (dump_dir()) printf("dumping cases for the torch check into %s\n", dump_dir());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unsupported), cmocka_unit_test(test_f16_d64),  cmocka_unit_test(test_f16_d32),

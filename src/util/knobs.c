@@ -58,6 +58,9 @@ static const knob_def KNOBS[KNOB_COUNT] = {
     [KNOB_FMHA_RESCALE] = {"NOPAD_FMHA_RESCALE", KIND_FLOAT, 8, NULL,
                            "online softmax: rescale only when the running maximum grows by more than this "
                            "(log2 units, 0 to 8; 0 = at every new maximum)"},
+    [KNOB_TRAIN_ATTN] = {"NOPAD_TRAIN_ATTN", KIND_CHOICE, 0, "new|old",
+                         "training attention (temporary A/B): new = the wgmma forward with lse and the 128-key "
+                         "backward, old = the mma.sync forward and the 64-key backward"},
 };
 
 static double values[KNOB_COUNT]; /* each knob's value, parsed as its kind says */

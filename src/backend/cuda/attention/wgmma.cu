@@ -83,12 +83,32 @@ static __device__ __forceinline__ void dead_warpgroup_loads(uint16_t *sK, uint16
 
 /* ---- the kernel (head size 64 or 128) --------------------------------------------------------------- */
 
+/* Training's forward (train/attention_backward.cu, cuda_attention_lse) passes lse: each query row's
+ * log-sum-exp of its scaled scores, lse[T, heads] = ln Σ_j exp(scale·s_j), written after the loop
+ * from the running max m (the kept one under lazy rescaling: l and O were summed against it) and
+ * the row sum l, whose four quad partials are added here: lse = (m·scale_log2 + log2 l)·ln 2, as
+ * attention/mma.cu's epilogue. Inference passes NULL; nothing inside the main loop changes. */
+static __device__ __forceinline__ void write_lse(float *lse, const float m_run[2], const float l_run[2],
+                                                 float scale_log2, int row_a, int len, int start, int head,
+                                                 int n_heads, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = row_a + r * 8;
+        if ((lane & 3) == 0 && row < len)
+            lse[(size_t)(start + row) * n_heads + head] = (m_run[r] * scale_log2 + log2f(l)) * 0.6931471805599453f;
+    }
+}
+
 template <int D, int NWG, int BLOCK_N, bool BF16>
 __global__ void __launch_bounds__(NWG * 128, (D == 64 && BLOCK_N == 64 ? (NWG == 1 ? 5 : 2) : 1))
 attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                               const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                               const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
-                              float scale_log2, float rescale_thresh, int causal) {
+                              float scale_log2, float rescale_thresh, int causal,
+                              float *__restrict__ lse) {  // [T, heads] or NULL: see write_lse
     constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
@@ -237,6 +257,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
 
     float inv[2];
     quad_row_inverse(l_run, inv);
+    if (lse != nullptr) write_lse(lse, m_run, l_run, scale_log2, row_a, len, start, head, n_heads, lane);
     /* stage O in this warpgroup's Q rows (swizzled, conflict-free), once all its wgmma reads are done */
     if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
     else asm volatile("bar.sync 2, 128;\n" ::: "memory");
@@ -273,7 +294,8 @@ __global__ void __launch_bounds__(NWG * 128, (D == 64 && NWG == 2 && BLOCK_N == 
 attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                                    const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                                    const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
-                                   float scale_log2, float rescale_thresh, int causal) {
+                                   float scale_log2, float rescale_thresh, int causal,
+                                   float *__restrict__ lse) {  // [T, heads] or NULL: see write_lse
     constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
@@ -448,6 +470,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
 
     float inv[2];
     quad_row_inverse(l_run, inv);
+    if (lse != nullptr) write_lse(lse, m_run, l_run, scale_log2, row_a, len, start, head, n_heads, lane);
     if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
     else asm volatile("bar.sync 2, 128;\n" ::: "memory");
     uint16_t *sO = sQ + wg * 64 * 64;  // slab ds of these rows at + ds * BLOCK_M * 64
@@ -476,7 +499,7 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
 template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
-                                bool pdl, cudaStream_t stream) {
+                                bool pdl, cudaStream_t stream, float *lse) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V stages (2 plain, 4 pipelined) + alignment slack */
     const size_t smem = (size_t)(BLOCK_M + (PIPE ? 8 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
@@ -514,7 +537,7 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
                                  : dim3(m_blocks, (unsigned)n_heads, (unsigned)ns);
         cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWG * 128), launch_smem, stream, pdl,
                                          (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
-                                         rescale_thresh, causal);
+                                         rescale_thresh, causal, lse);
         if (e == cudaSuccess) e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -524,23 +547,23 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
 template <int D, bool BF16>
 static cudaError_t launch_tile(int block_m, int block_n, bool pipe, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, float rt, int causal, bool pdl, cudaStream_t st) {
+                               float scale, float rt, int causal, bool pdl, cudaStream_t st, float *lse) {
     if (pipe)
-        return block_m == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st)
-                             : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
-    if (block_m == 64 && block_n == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
-    if (block_m == 64) return launch_wgmma<D, 1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
-    if (block_n == 64) return launch_wgmma<D, 2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
-    return launch_wgmma<D, 2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st);
+        return block_m == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse)
+                             : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse);
+    if (block_m == 64 && block_n == 64) return launch_wgmma<D, 1, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse);
+    if (block_m == 64) return launch_wgmma<D, 1, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse);
+    if (block_n == 64) return launch_wgmma<D, 2, 64, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse);
+    return launch_wgmma<D, 2, 128, BF16, false>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse);
 }
 
 cudaError_t cuda_attention_wgmma(int32_t head_size, int block_m, int block_n, bool pipe, bool bf16, void *out,
                                  const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
                                  int32_t n_heads, float scale, float rescale_thresh, int causal, bool pdl,
-                                 cudaStream_t st) {
+                                 cudaStream_t st, float *lse) {
     if (head_size == 128)
-        return bf16 ? launch_tile<128, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st)
-                    : launch_tile<128, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st);
-    return bf16 ? launch_tile<64, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st)
-                : launch_tile<64, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st);
+        return bf16 ? launch_tile<128, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse)
+                    : launch_tile<128, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse);
+    return bf16 ? launch_tile<64, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse)
+                : launch_tile<64, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse);
 }

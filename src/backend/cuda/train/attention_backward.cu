@@ -1,11 +1,14 @@
 /* CUDA: varlen attention for training on the packed QKV, head sizes 32, 64 and 128.
  *
- * Forward with lse (cuda_attention_lse): the mma.sync kernels of attention/mma.cu, which write each
- * query row's log-sum-exp when given an lse pointer. Extending that kernel (its epilogue only)
- * rather than writing a second forward keeps one tested FA2 forward; inference passes NULL and is
- * unchanged. It is not the fastest inference kernel at d = 64/128 (wgmma/FA3 are), but the forward
- * is about a third of attention's training time; lse in the wgmma kernels is the next step if the
- * profile asks for it.
+ * Forward with lse (cuda_attention_lse): the inference kernels, which write each query row's
+ * log-sum-exp from their epilogue when given an lse pointer (inference passes NULL; their main
+ * loops are unchanged): at d = 64 and 128 the wgmma kernels of attention/wgmma.cu with the
+ * dispatcher's tile rule (the mma.sync kernel measured 165 TFLOP/s on BERT-large's forward, the
+ * wgmma one is the faster inference path there), at d = 32 the mma.sync kernels of attention/mma.cu.
+ *
+ * NOPAD_TRAIN_ATTN=new|old (temporary, for one GPU A/B; the loser goes): new = the wgmma forward
+ * and the 128-key backward main kernel of attention_backward_wide.cu (its header says what it
+ * changes); old = the mma.sync forward and the 64-key main kernel below.
  *
  * Backward (cuda_attention_backward), FlashAttention-2's algorithm, three kernels on the stream:
  *   1. dsum [T, heads] = rowsum(dout ⊙ out) in float32 (D_i of the paper), and dq32 zeroed;
@@ -50,6 +53,7 @@
 #include "backend/cuda/train/attention_backward.h"
 extern "C" {
 #include "util/error.h"
+#include "util/knobs.h"
 }
 
 enum { BWD_WARPS = 4, BWD_THREADS = BWD_WARPS * 32, BWD_BLOCK_N = 16 * BWD_WARPS };
@@ -377,10 +381,14 @@ static cudaError_t launch_bwd(void *dqkv, float *dq32, const void *qkv, const vo
     return cudaSuccess;
 }
 
+/* NOPAD_TRAIN_ATTN=new (the default): the wgmma forward with lse and the 128-key backward; old: the
+ * mma.sync forward and the 64-key backward above. A temporary switch: the A/B's loser goes. */
+static bool train_attention_new(void) { return knob_int(KNOB_TRAIN_ATTN) == 0; }
+
 template <int D, bool BF16>
 static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
-                                int32_t n_heads, float scale, int causal, float *dq32, float *dsum,
+                                int32_t n_heads, float scale, int causal, float *dq32, float *dsum, int32_t *order,
                                 cudaStream_t stream) {
     const int64_t rows = (int64_t)n_tokens * n_heads;
     cudaError_t e = cudaMemsetAsync(dq32, 0, (size_t)rows * D * sizeof(float), stream);
@@ -389,9 +397,13 @@ static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, c
     attention_bwd_dsum_kernel<D, BF16><<<(unsigned)((dsum_threads + 255) / 256), 256, 0, stream>>>(
         dsum, (const uint16_t *)dout, (const uint16_t *)out, rows);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    /* NOPAD_TRAIN_ATTN (temporary A/B): new = the 128-key kernel of attention_backward_wide.cu */
+    if (train_attention_new())
+        e = (cudaError_t)cuda_attention_bwd_wide_main(D, BF16, dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order,
+                                                      n_seqs, max_seqlen, n_heads, scale, causal, stream);
     /* d = 128: 32 query rows a block keeps dK, dV, S and dP in registers and two CTAs a SM */
-    e = launch_bwd<D, D == 128 ? 32 : 64, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs, max_seqlen,
-                                                n_heads, scale, causal, stream);
+    else e = launch_bwd<D, D == 128 ? 32 : 64, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs,
+                                                     max_seqlen, n_heads, scale, causal, stream);
     if (e != cudaSuccess) return e;
     const int64_t chunks = rows * D / 8;
     attention_bwd_dq_kernel<BF16><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(
@@ -419,8 +431,9 @@ static nopad_status check_args(const char *op, const void *a, const void *b, con
 }
 
 extern "C" size_t cuda_attention_backward_ws_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size) {
-    /* dq32 [T, heads, D] then dsum [T, heads]; dq32's size is a multiple of 16 bytes (D >= 4) */
-    return (size_t)n_tokens * n_heads * ((size_t)head_size + 1) * sizeof(float);
+    /* dq32 [T, heads, D] then dsum [T, heads]; dq32's size is a multiple of 16 bytes (D >= 4); then
+     * the wide kernel's order [T] int32 */
+    return (size_t)n_tokens * n_heads * ((size_t)head_size + 1) * sizeof(float) + (size_t)n_tokens * sizeof(int32_t);
 }
 
 extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, const void *qkv,
@@ -430,11 +443,27 @@ extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, co
     nopad_status st = check_args("attention_lse", out, qkv, qkv, n_seqs, n_tokens, max_seqlen, n_heads, head_size,
                                  scale);
     if (st != NOPAD_OK) return st;
-    /* the tile rule of the inference dispatcher's mma.sync path (dispatch.cu, run_mma) */
-    const int bm = max_seqlen <= (head_size == 128 ? 512 : 256) ? 64 : 128;
-    const int bn = head_size == 128 && bm == 128 ? 128 : 64;
-    const cudaError_t e = cuda_attention_mma(head_size, bm, bn, bf16 != 0, out, qkv, cu_seqlens, n_seqs, max_seqlen,
-                                             n_heads, scale, causal, false, (cudaStream_t)stream, lse32);
+    cudaError_t e;
+    if (head_size >= 64 && knob_int(KNOB_FMHA_WGMMA) != 0 && train_attention_new()) {
+        /* d = 64, 128: the wgmma kernels inference runs (on Hopper; the FA3 kernel, which dispatch.cu
+         * prefers for some d = 64 batches above 512 tokens, has no lse), with the tile rule of
+         * dispatch.cu's run_wgmma (its per-shape defaults; the tile knobs are for inference) */
+        const int bm = max_seqlen <= (head_size == 64 ? (causal ? 1024 : 512) : 256) ? 64 : 128;
+        const bool one_key_tile = head_size == 64 && bm == 64 && max_seqlen > 64 && max_seqlen <= 128 &&
+                                  (int64_t)2 * n_heads * n_seqs < (int64_t)4 * cuda_sm_count();
+        const int bn = (head_size == 128 && bm == 128) || one_key_tile ? 128 : 64;
+        const bool pipelined = head_size == 64 && bm == 128 && bn == 64;
+        const float thresh = (float)knob_float(KNOB_FMHA_RESCALE);
+        e = cuda_attention_wgmma(head_size, bm, bn, pipelined, bf16 != 0, out, qkv, cu_seqlens, n_seqs, max_seqlen,
+                                 n_heads, scale, thresh >= 0.0f && thresh <= 8.0f ? thresh : 8.0f, causal, false,
+                                 (cudaStream_t)stream, lse32);
+    } else {
+        /* the tile rule of the inference dispatcher's mma.sync path (dispatch.cu, run_mma) */
+        const int bm = max_seqlen <= (head_size == 128 ? 512 : 256) ? 64 : 128;
+        const int bn = head_size == 128 && bm == 128 ? 128 : 64;
+        e = cuda_attention_mma(head_size, bm, bn, bf16 != 0, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
+                               causal, false, (cudaStream_t)stream, lse32);
+    }
     if (e != cudaSuccess)
         return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_lse: launch failed: %s (%s)", cudaGetErrorString(e),
                                cudaGetErrorName(e));
@@ -454,10 +483,11 @@ extern "C" nopad_status cuda_attention_backward(int bf16, void *dqkv, const void
                                "cuda attention_backward: out and the workspace must be 16-byte aligned");
     float *dq32 = (float *)ws;                                      // [T, heads, D]
     float *dsum = dq32 + (size_t)n_tokens * n_heads * head_size;    // [T, heads]
+    int32_t *order = (int32_t *)(dsum + (size_t)n_tokens * n_heads); // [n_seqs]
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
 #define RUN(D, B) run_backward<D, B>(dqkv, dout, qkv, out, lse32, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, \
-                                     scale, causal, dq32, dsum, s)
+                                     scale, causal, dq32, dsum, order, s)
     if (bf16) e = head_size == 32 ? RUN(32, true) : head_size == 64 ? RUN(64, true) : RUN(128, true);
     else e = head_size == 32 ? RUN(32, false) : head_size == 64 ? RUN(64, false) : RUN(128, false);
 #undef RUN

@@ -15,7 +15,8 @@
 extern "C" {
 #endif
 
-/* The backward's scratch for a batch: dq32 [T, n_heads, D] and dsum [T, n_heads], float32. */
+/* The backward's scratch for a batch: dq32 [T, n_heads, D] and dsum [T, n_heads], float32, then
+ * order [T] int32 (the 128-key kernel's sequences longest first; n_seqs <= T of it used). */
 size_t cuda_attention_backward_ws_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size);
 
 /* The forward that also writes lse32 (the mma.sync kernels of attention/mma.cu). */
@@ -29,6 +30,14 @@ nopad_status cuda_attention_backward(int bf16, void *dqkv, const void *dout, con
                                      const float *lse32, const int32_t *cu_seqlens, int32_t n_seqs,
                                      int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size,
                                      float scale, int causal, void *ws, void *stream);
+
+/* The 128-key main kernel (attention_backward_wide.cu), the candidate of the NOPAD_TRAIN_ATTN A/B:
+ * dqkv's K and V thirds and dq32 [T, n_heads, D] (zeroed by the caller) += dS·K, from dsum
+ * [T, n_heads]; order: n_seqs int32 of scratch. Returns a cudaError_t. */
+int cuda_attention_bwd_wide_main(int head_size, int bf16, void *dqkv, float *dq32, const void *qkv, const void *dout,
+                                 const float *lse, const float *dsum, const int32_t *cu_seqlens, int32_t *order,
+                                 int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale, int causal,
+                                 void *stream);
 
 #ifdef __cplusplus
 }
