@@ -47,7 +47,8 @@ static __device__ __forceinline__ float rel_term(const rel_bias &rb, int heads, 
 
 /* ---- 1. the projections ---------------------------------------------------------------------- */
 
-/* One CTA: 32 tokens × 32 table rows of one head and one term (blockIdx.z = head·2 + term, term 0
+/* The projections as float32 FMAs, for head sizes without the tensor-core kernel below (the tiny
+ * fixtures' 8, any other <= 128). One CTA: 32 tokens × 32 table rows of one head and one term (blockIdx.z = head·2 + term, term 0
  * c2p from Q and pos_key, 1 p2c from K and pos_query). Both operands staged as float32 in shared
  * memory, [32][D + 1] (the +1 makes the column reads of B conflict-free: thread x reads row x).
  * Thread (x, y) computes rows 4y .. 4y+3 of the tokens at table row x; a warp's 32 stores are one
