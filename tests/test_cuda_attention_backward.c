@@ -42,13 +42,13 @@
  * scripts/torch_attention_backward_check.py compares against torch autograd on padded SDPA
  * (float32), bounding the chain's error by the C bounds or twice torch's own in the dtype.
  *
- * Both variants of the temporary NOPAD_TRAIN_ATTN A/B run every case (the knob set in turn):
- * new (the wgmma forward with lse at d = 64/128, the 128-key backward of attention_backward_wide.cu)
- * and old (the mma.sync forward, the 64-key backward). EDGE128_LENGTHS sit on and next to the
+ * Every variant of the temporary NOPAD_TRAIN_ATTN A/B runs every case (the knob set in turn):
+ * new (the wgmma forward with lse at d = 64/128, the 128-key backward of attention_backward_wide.cu),
+ * old (the mma.sync forward, the 64-key backward) and new64 (new, its backward at 4 warps / 64 keys). EDGE128_LENGTHS sit on and next to the
  * 128-key blocks and the new kernel's 16-key warps.
  *
  * NOPAD_ATTN_BWD_BENCH=1: instead of the tests, times attention_lse and attention_backward (the whole
- * op: dsum, the main kernel, dq) for both variants on the TRAIN workload's shapes, bf16, d = 64,
+ * op: dsum, the main kernel, dq) for every variant on the TRAIN workload's shapes, bf16, d = 64,
  * lengths U[102, 512]: BERT-large (32 sequences, 16 heads) and BERT-base (64 sequences, 12 heads);
  * the median of 20 CUDA-event timings after 3 warm-up runs, in ms and TFLOP/s (forward 4·Σlen²·d
  * per head, backward 10·Σlen²·d: the five GEMMs' useful work, as FlashAttention counts).
@@ -94,7 +94,8 @@ static const bwd_case CASES[] = {
 };
 
 /* the NOPAD_TRAIN_ATTN choices, in the knob's order */
-static const char *const VARIANTS[2] = {"new", "old"};
+enum { N_VARIANTS = 3 };
+static const char *const VARIANTS[N_VARIANTS] = {"new", "old", "new64"};
 
 static int32_t *make_cu_seqlens(const bwd_case *c, uint64_t *rng) {
     int32_t *cu = malloc((size_t)(c->n_seqs + 1) * sizeof *cu);
@@ -342,7 +343,7 @@ static void run_grid(int32_t d, int dt, uint64_t seed) {
         printf("  d=%d skipped (NOPAD_GPU_TEST_D)\n", d);
         return;
     }
-    for (int v = 0; v < 2; v++) { /* the same data for both variants */
+    for (int v = 0; v < N_VARIANTS; v++) { /* the same data for every variant */
         knob_set_int(KNOB_TRAIN_ATTN, v);
         uint64_t rng = seed;
         for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
@@ -428,10 +429,10 @@ static void bench_shape(const char *name, int32_t B, int32_t heads, uint64_t see
     const double fwd_flop = 4.0 * sum_sq * heads * d, bwd_flop = 2.5 * fwd_flop;
     printf("%s: B=%d T=%d max=%d heads=%d d=%d bf16; forward %.2f GFLOP, backward %.2f GFLOP\n", name, B, T, max_len,
            heads, d, fwd_flop * 1e-9, bwd_flop * 1e-9);
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < N_VARIANTS; v++) {
         knob_set_int(KNOB_TRAIN_ATTN, v);
         const float f = time_op(g, run_fwd, &c, 3, 20), b = time_op(g, run_bwd, &c, 3, 20);
-        printf("  %-3s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
+        printf("  %-5s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
                fwd_flop / (f * 1e-3) * 1e-12, b, bwd_flop / (b * 1e-3) * 1e-12);
     }
     knob_set_int(KNOB_TRAIN_ATTN, 0);

@@ -381,9 +381,10 @@ static cudaError_t launch_bwd(void *dqkv, float *dq32, const void *qkv, const vo
     return cudaSuccess;
 }
 
-/* NOPAD_TRAIN_ATTN=new (the default): the wgmma forward with lse and the 128-key backward; old: the
- * mma.sync forward and the 64-key backward above. A temporary switch: the A/B's loser goes. */
-static bool train_attention_new(void) { return knob_int(KNOB_TRAIN_ATTN) == 0; }
+/* NOPAD_TRAIN_ATTN=new (the default): the wgmma forward with lse and the 128-key backward; new64: the
+ * same with the new kernel at 4 warps / 64 keys; old: the mma.sync forward and the 64-key backward
+ * above. A temporary switch: the A/B's losers go. */
+static bool train_attention_new(void) { return knob_int(KNOB_TRAIN_ATTN) != 1; }
 
 template <int D, bool BF16>
 static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
@@ -399,7 +400,7 @@ static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, c
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     /* NOPAD_TRAIN_ATTN (temporary A/B): new = the 128-key kernel of attention_backward_wide.cu */
     if (train_attention_new())
-        e = (cudaError_t)cuda_attention_bwd_wide_main(D, BF16, dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order,
+        e = (cudaError_t)cuda_attention_bwd_wide_main(knob_int(KNOB_TRAIN_ATTN) == 2 ? 4 : 8, D, BF16, dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order,
                                                       n_seqs, max_seqlen, n_heads, scale, causal, stream);
     /* d = 128: 32 query rows a block keeps dK, dV, S and dP in registers and two CTAs a SM */
     else e = launch_bwd<D, D == 128 ? 32 : 64, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs,

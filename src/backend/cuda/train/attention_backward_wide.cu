@@ -38,17 +38,19 @@
 #include "backend/cuda/ptx_helpers.cuh"
 #include "backend/cuda/train/attention_backward.h"
 
-enum { WIDE_WARPS = 8, WIDE_THREADS = WIDE_WARPS * 32, WIDE_BLOCK_N = 16 * WIDE_WARPS };
+/* WARPS = 8 (128 keys a CTA) is the candidate; WARPS = 4 (64 keys, two CTAs a SM as the old kernel)
+ * keeps the other changes and is timed beside it (NOPAD_TRAIN_ATTN=new64), in case one CTA a SM
+ * loses more to unhidden prologues (K, V loads) and barriers than the halved reductions gain. */
 
 /* Rows [row0, row0 + ROWS) of one head's Q, K, V or dO (src: the sequence's row 0, rows row_stride
  * elements apart, row0 < len) into a shared tile [ROWS][D + 8], rows at or past len zero-filled (the
  * source clamped to the last row so it stays mapped). The 8-element pad spreads ldmatrix's eight
  * 16-byte row reads over all 32 banks. */
-template <int ROWS, int D>
+template <int ROWS, int D, int THREADS>
 static __device__ __forceinline__ void wide_load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride, int row0,
                                                       int len, int tid) {
-    constexpr int CHUNKS = D / 8, LDS = D + 8, ROW_STEP = WIDE_THREADS / CHUNKS;
-    static_assert(WIDE_THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "whole rows per pass");
+    constexpr int CHUNKS = D / 8, LDS = D + 8, ROW_STEP = THREADS / CHUNKS;
+    static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "whole rows per pass");
     const uint16_t *tile = src + (size_t)row0 * row_stride;
     const int last = len - row0 - 1;  // >= 0
     const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
@@ -64,8 +66,8 @@ static __device__ __forceinline__ void wide_cp_async4(void *dst, const void *src
                  "r"(valid ? 4 : 0));
 }
 
-template <int D, int BLOCK_M, bool BF16>
-__global__ void __launch_bounds__(WIDE_THREADS)
+template <int D, int BLOCK_M, int WARPS, bool BF16>
+__global__ void __launch_bounds__(WARPS * 32)
 attention_bwd_wide_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D]: the K and V thirds
                           float *__restrict__ dq32,                // [T, heads, D], zeroed: += dS·K
                           const uint16_t *__restrict__ qkv,        // [T, 3, heads, D]
@@ -75,16 +77,17 @@ attention_bwd_wide_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, hea
                           const int32_t *__restrict__ cu_seqlens,  // [B+1]
                           const int32_t *__restrict__ order,       // [B] sequences longest first, or NULL
                           int seq_offset, int n_heads, float scale, int causal) {
-    constexpr int BLOCK_N = WIDE_BLOCK_N;  // 128 keys
+    constexpr int THREADS = WARPS * 32;
+    constexpr int BLOCK_N = 16 * WARPS;    // 128 keys (64 with 4 warps)
     constexpr int LDS = D + 8;             // row pitch of the Q, dO, K, V tiles
     constexpr int LDS_S = BLOCK_M + 8;     // row pitch of dSᵀ [BLOCK_N][BLOCK_M]
     constexpr int MT = BLOCK_M / 8;        // n8 tiles of Sᵀ per warp (query columns)
     constexpr int DT = D / 8;              // n8 tiles of dK, dV per warp
     /* the dQ step: BLOCK_M / 16 row groups of 16 queries, the warps left over split D */
     constexpr int QG = BLOCK_M / 16;
-    constexpr int DSPLIT = WIDE_WARPS / QG;
+    constexpr int DSPLIT = WARPS / QG;
     constexpr int DW = D / DSPLIT;
-    static_assert(WIDE_WARPS % QG == 0 && DW % 16 == 0, "the dQ step's warp split");
+    static_assert(WARPS % QG == 0 && DW % 16 == 0, "the dQ step's warp split");
     constexpr float LOG2E = 1.4426950408889634f;
 
     extern __shared__ __align__(16) uint16_t smem[];
@@ -120,8 +123,8 @@ attention_bwd_wide_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, hea
     const bool warp_live = key_w < len;
 
     auto load_query_block = [&](int m0, int b) {
-        wide_load_tile<BLOCK_M, D>(sQ + b * BLOCK_M * LDS, q_g, row_stride, m0, len, tid);
-        wide_load_tile<BLOCK_M, D>(sdO + b * BLOCK_M * LDS, do_g, (size_t)hidden, m0, len, tid);
+        wide_load_tile<BLOCK_M, D, THREADS>(sQ + b * BLOCK_M * LDS, q_g, row_stride, m0, len, tid);
+        wide_load_tile<BLOCK_M, D, THREADS>(sdO + b * BLOCK_M * LDS, do_g, (size_t)hidden, m0, len, tid);
         if (tid < BLOCK_M) {
             const int q = min(m0 + tid, len - 1);
             wide_cp_async4(sL + b * BLOCK_M + tid, lse_g + (size_t)q * n_heads, m0 + tid < len);
@@ -178,8 +181,8 @@ attention_bwd_wide_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, hea
         }
     };
 
-    wide_load_tile<BLOCK_N, D>(sK, k_g, row_stride, n0, len, tid);
-    wide_load_tile<BLOCK_N, D>(sV, v_g, row_stride, n0, len, tid);
+    wide_load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, n0, len, tid);
+    wide_load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, n0, len, tid);
     load_query_block(m_begin, 0);
     cp_async_commit();
 
@@ -323,15 +326,16 @@ __global__ void __launch_bounds__(1024) attention_bwd_order_kernel(int32_t *__re
     }
 }
 
-template <int D, int BLOCK_M, bool BF16>
+template <int D, int BLOCK_M, int WARPS, bool BF16>
 static cudaError_t launch_wide(void *dqkv, float *dq32, const void *qkv, const void *dout, const float *lse,
                                const float *dsum, const int32_t *cu_seqlens, int32_t *order, int32_t n_seqs,
                                int32_t max_seqlen, int32_t n_heads, float scale, int causal, cudaStream_t stream) {
     /* K, V; Q, dO double-buffered; dSᵀ double-buffered; lse, dsum double-buffered:
      * d = 64: 36 + 36 + 36 KB + 1 KB; d = 128 (BLOCK_M 32): 68 + 34 + 20 KB */
-    const size_t smem = (size_t)(2 * WIDE_BLOCK_N + 4 * BLOCK_M) * (D + 8) * sizeof(uint16_t) +
-                        (size_t)2 * WIDE_BLOCK_N * (BLOCK_M + 8) * sizeof(uint16_t) + 4 * BLOCK_M * sizeof(float);
-    auto kernel = attention_bwd_wide_kernel<D, BLOCK_M, BF16>;
+    constexpr int BLOCK_N = 16 * WARPS;
+    const size_t smem = (size_t)(2 * BLOCK_N + 4 * BLOCK_M) * (D + 8) * sizeof(uint16_t) +
+                        (size_t)2 * BLOCK_N * (BLOCK_M + 8) * sizeof(uint16_t) + 4 * BLOCK_M * sizeof(float);
+    auto kernel = attention_bwd_wide_kernel<D, BLOCK_M, WARPS, BF16>;
     static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
     if (dev < 0 || !cuda_cache_load(&attr_set[dev])) {
@@ -339,7 +343,7 @@ static cudaError_t launch_wide(void *dqkv, float *dq32, const void *qkv, const v
         if (e != cudaSuccess) return e;
         if (dev >= 0) cuda_cache_store(&attr_set[dev], 1);
     }
-    const unsigned n_blocks = (unsigned)((max_seqlen + WIDE_BLOCK_N - 1) / WIDE_BLOCK_N);
+    const unsigned n_blocks = (unsigned)((max_seqlen + BLOCK_N - 1) / BLOCK_N);
     if (n_seqs > 1 && n_seqs <= WIDE_ORDER_MAX) {
         attention_bwd_order_kernel<<<1, 1024, 0, stream>>>(order, cu_seqlens, n_seqs);
         const cudaError_t e = cudaGetLastError();
@@ -349,7 +353,7 @@ static cudaError_t launch_wide(void *dqkv, float *dq32, const void *qkv, const v
     }
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {  // gridDim.z <= 65535
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
-        kernel<<<dim3(n_blocks, (unsigned)n_heads, (unsigned)ns), WIDE_THREADS, smem, stream>>>(
+        kernel<<<dim3(n_blocks, (unsigned)n_heads, (unsigned)ns), WARPS * 32, smem, stream>>>(
             (uint16_t *)dqkv, dq32, (const uint16_t *)qkv, (const uint16_t *)dout, lse, dsum, cu_seqlens, order, s0, n_heads,
             scale, causal);
         const cudaError_t e = cudaGetLastError();
@@ -359,15 +363,30 @@ static cudaError_t launch_wide(void *dqkv, float *dq32, const void *qkv, const v
 }
 
 /* d = 128: 32 query rows a block (S, dP of 32 queries beside dK, dV of 16 x 128 in registers) */
-extern "C" int cuda_attention_bwd_wide_main(int head_size, int bf16, void *dqkv, float *dq32, const void *qkv,
-                                            const void *dout, const float *lse, const float *dsum,
+template <int WARPS, bool BF16>
+static cudaError_t launch_head(int head_size, void *dqkv, float *dq32, const void *qkv, const void *dout,
+                               const float *lse, const float *dsum, const int32_t *cu_seqlens, int32_t *order,
+                               int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale, int causal,
+                               cudaStream_t s) {
+    if (head_size == 32)
+        return launch_wide<32, 64, WARPS, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order, n_seqs,
+                                                max_seqlen, n_heads, scale, causal, s);
+    if (head_size == 64)
+        return launch_wide<64, 64, WARPS, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order, n_seqs,
+                                                max_seqlen, n_heads, scale, causal, s);
+    return launch_wide<128, 32, WARPS, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order, n_seqs, max_seqlen,
+                                             n_heads, scale, causal, s);
+}
+
+extern "C" int cuda_attention_bwd_wide_main(int warps, int head_size, int bf16, void *dqkv, float *dq32,
+                                            const void *qkv, const void *dout, const float *lse, const float *dsum,
                                             const int32_t *cu_seqlens, int32_t *order, int32_t n_seqs,
                                             int32_t max_seqlen, int32_t n_heads, float scale, int causal,
                                             void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
-#define WIDE(D, BM, B) launch_wide<D, BM, B>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order, n_seqs, max_seqlen, n_heads, \
-                                             scale, causal, s)
-    if (bf16) return head_size == 32 ? WIDE(32, 64, true) : head_size == 64 ? WIDE(64, 64, true) : WIDE(128, 32, true);
-    return head_size == 32 ? WIDE(32, 64, false) : head_size == 64 ? WIDE(64, 64, false) : WIDE(128, 32, false);
-#undef WIDE
+#define HEAD(W, B) launch_head<W, B>(head_size, dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order, n_seqs, \
+                                     max_seqlen, n_heads, scale, causal, s)
+    if (warps == 4) return bf16 ? HEAD(4, true) : HEAD(4, false);
+    return bf16 ? HEAD(8, true) : HEAD(8, false);
+#undef HEAD
 }
