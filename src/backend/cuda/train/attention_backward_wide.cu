@@ -241,7 +241,8 @@ attention_bwd_wide_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, hea
             /* Pᵀ = exp2(scale_log2·S - lse·log2 e) in s, dSᵀ = Pᵀ ⊙ (dPᵀ - dsum) in dp. Element e of
              * n-tile t: key key_w + g + 8·(e/2), query m0 + 8t + 2c + e%2. Masked (0): keys past the
              * sequence (their zero K rows would otherwise give exp(-lse)), queries past it, and keys
-             * after the query under causal; only blocks crossing one of those edges test. */
+             * after the query under causal; only blocks crossing one of those edges test (tested per
+             * CTA, not per warp: the per-warp test cost 13 registers and spilled at d = 128). */
             const bool edge = m0 + BLOCK_M > len || n0 + BLOCK_N > len || (causal && n0 + BLOCK_N - 1 > m0);
 #pragma unroll
             for (int t = 0; t < MT; t++) {
