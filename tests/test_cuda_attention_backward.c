@@ -48,9 +48,9 @@
  * 128-key blocks and the new kernel's 16-key warps.
  *
  * NOPAD_ATTN_BWD_BENCH=1: instead of the tests, times attention_lse and attention_backward (the whole
- * op: dsum, the main kernel, dq) for every variant on the TRAIN workload's shapes, bf16, d = 64,
- * lengths U[102, 512]: BERT-large (32 sequences, 16 heads) and BERT-base (64 sequences, 12 heads);
- * the median of 20 CUDA-event timings after 3 warm-up runs, in ms and TFLOP/s (forward 4·Σlen²·d
+ * op: dsum, the main kernel, dq) for every variant on the TRAIN workload's shapes, bf16, lengths
+ * U[102, 512]: BERT-large (32 sequences, 16 heads x 64) and BERT-base (64 sequences, 12 x 64), then
+ * BERT-large's batch at d = 128 (8 heads) and d = 32 (32 heads); the median of 20 CUDA-event timings after 3 warm-up runs, in ms and TFLOP/s (forward 4·Σlen²·d
  * per head, backward 10·Σlen²·d: the five GEMMs' useful work, as FlashAttention counts).
  *
  * No GPU: exit 77 (ctest: skipped). NOPAD_GPU_TEST_D=32|64|128 runs one head size. */
@@ -400,9 +400,8 @@ static void run_bwd(void *p) {
                                              c->scale, 0));
 }
 
-static void bench_shape(const char *name, int32_t B, int32_t heads, uint64_t seed) {
+static void bench_shape(const char *name, int32_t B, int32_t heads, int32_t d, uint64_t seed) {
     nopad_backend *g = gpu[1]; /* bf16 */
-    const int32_t d = 64;
     uint64_t rng = seed;
     int32_t *cu = malloc((size_t)(B + 1) * sizeof *cu);
     cu[0] = 0;
@@ -481,8 +480,11 @@ int main(void) {
             return 1;
         }
     if (bench_requested()) { /* timings only */
-        bench_shape("BERT-large", 32, 16, 0xBE27ull);
-        bench_shape("BERT-base", 64, 12, 0xBA5Eull);
+        bench_shape("BERT-large", 32, 16, 64, 0xBE27ull);
+        bench_shape("BERT-base", 64, 12, 64, 0xBA5Eull);
+        /* the other head sizes the knob switches, on BERT-large's batch */
+        bench_shape("d=128", 32, 8, 128, 0xBE27ull);
+        bench_shape("d=32", 32, 32, 32, 0xBE27ull);
         for (int dt = 0; dt < 2; dt++) gpu[dt]->destroy(gpu[dt]);
         cpu->destroy(cpu);
         return 0;
