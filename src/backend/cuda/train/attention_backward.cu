@@ -6,9 +6,10 @@
  * dispatcher's tile rule (the mma.sync kernel measured 165 TFLOP/s on BERT-large's forward, the
  * wgmma one is the faster inference path there), at d = 32 the mma.sync kernels of attention/mma.cu.
  *
- * NOPAD_TRAIN_ATTN=new|old (temporary, for one GPU A/B; the loser goes): new = the wgmma forward
- * and the 128-key backward main kernel of attention_backward_wide.cu (its header says what it
- * changes); old = the mma.sync forward and the 64-key main kernel below.
+ * NOPAD_TRAIN_ATTN=new|old|new64 (temporary, for one GPU A/B; the losers go): new = the wgmma
+ * forward and the 128-key backward main kernel of attention_backward_wide.cu (its header says what
+ * it changes); new64 = the same with that kernel at 4 warps / 64 keys; old = the mma.sync forward
+ * and the 64-key main kernel below.
  *
  * Backward (cuda_attention_backward), FlashAttention-2's algorithm, three kernels on the stream:
  *   1. dsum [T, heads] = rowsum(dout ⊙ out) in float32 (D_i of the paper), and dq32 zeroed;
@@ -398,10 +399,13 @@ static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, c
     attention_bwd_dsum_kernel<D, BF16><<<(unsigned)((dsum_threads + 255) / 256), 256, 0, stream>>>(
         dsum, (const uint16_t *)dout, (const uint16_t *)out, rows);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    /* NOPAD_TRAIN_ATTN (temporary A/B): new = the 128-key kernel of attention_backward_wide.cu */
-    if (train_attention_new())
-        e = (cudaError_t)cuda_attention_bwd_wide_main(knob_int(KNOB_TRAIN_ATTN) == 2 ? 4 : 8, D, BF16, dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, order,
-                                                      n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    /* NOPAD_TRAIN_ATTN (temporary A/B): new = the kernel of attention_backward_wide.cu, 8 warps (new)
+     * or 4 (new64) */
+    if (train_attention_new()) {
+        const int warps = knob_int(KNOB_TRAIN_ATTN) == 2 ? 4 : 8;
+        e = (cudaError_t)cuda_attention_bwd_wide_main(warps, D, BF16, dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens,
+                                                      order, n_seqs, max_seqlen, n_heads, scale, causal, stream);
+    }
     /* d = 128: 32 query rows a block keeps dK, dV, S and dP in registers and two CTAs a SM */
     else e = launch_bwd<D, D == 128 ? 32 : 64, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs,
                                                      max_seqlen, n_heads, scale, causal, stream);
@@ -434,7 +438,8 @@ static nopad_status check_args(const char *op, const void *a, const void *b, con
 extern "C" size_t cuda_attention_backward_ws_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size) {
     /* dq32 [T, heads, D] then dsum [T, heads]; dq32's size is a multiple of 16 bytes (D >= 4); then
      * the wide kernel's order [T] int32 */
-    return (size_t)n_tokens * n_heads * ((size_t)head_size + 1) * sizeof(float) + (size_t)n_tokens * sizeof(int32_t);
+    return (size_t)n_tokens * n_heads * ((size_t)head_size + 1) * sizeof(float) +
+           (size_t)n_tokens * sizeof(int32_t);
 }
 
 extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, const void *qkv,
