@@ -1,28 +1,30 @@
 /* CUDA: the "wide" attention backward main kernel, the candidate against attention_backward.cu's
- * attention_bwd_kernel (NOPAD_TRAIN_ATTN=new|old picks; the loser of the A/B is deleted). Same
+ * attention_bwd_kernel (NOPAD_TRAIN_ATTN=new|old|new64 picks; the losers of the A/B go). Same
  * algorithm (FlashAttention-2's, from the saved lse and dsum = rowsum(dout ⊙ out)), same inputs and
  * outputs, the same preprocess (dsum, dq32 zeroed) and postprocess (dq = scale·dq32) kernels. What
  * differs, and why:
  *
  *   - 128 keys a CTA (8 warps of 16 keys) instead of 64 (4 warps). Each key block's CTA walks all
  *     the query blocks that see it, re-reading Q_i, dO_i, lse_i, dsum_i and adding its dQ_i share by
- *     atomics; twice the keys per CTA halves both per key. At the BERT-large shape the dQ
- *     reductions were ~32M float2 REDs a layer (~125 G/s at 6 ms / 24 layers), near what L2's atomic
- *     units sustain, so they are a likely limiter of the 64-key kernel.
+ *     atomics; twice the keys per CTA halves both per key. At the BERT-large shape the 64-key
+ *     kernel issues ~32M float2 REDs a layer (~125 G/s at 6 ms / 24 layers), which may be near what
+ *     L2's atomic units sustain (not measured): a likely limiter.
  *   - dQ by float4 reductions (red.global.add.v4.f32, sm_90): lanes c and c^1 of a quad trade half
  *     their C fragment by one shuffle so each holds four consecutive columns of one row. Half the
  *     RED operations again: a quarter of the old kernel's in all.
  *   - One __syncthreads per query block instead of two: dSᵀ is double-buffered and the dQ step of
- *     block i runs in iteration i+1, after the barrier that also publishes block i+1's cp.async
- *     data (dQ reads only dSᵀ and K, never the Q/dO buffer the prefetch then overwrites). A warp
- *     reaching the dQ step no longer waits for the slowest warp's dSᵀ of the same block.
+ *     block i runs at the end of iteration i+1, after the barrier that also publishes block i+1's
+ *     cp.async data (dQ reads only dSᵀ and K, never the Q/dO buffer the prefetch then overwrites).
+ *     A warp no longer waits for the slowest warp's dSᵀ before its dQ MMAs.
  *   - A warp whose 16 keys all lie past the sequence's end skips its S, dP, dV and dK work, and the
  *     dQ step sums over the live keys only (a 128-key block ends mid-way half the time).
  *   - Sequences longest first: a CTA's work grows with its sequence's length (it walks all its query
  *     blocks), and with ~11 waves of one CTA a SM at the BERT-large shape, long CTAs started last
  *     leave SMs idle at the end; a one-block kernel ranks the sequences by length first.
- * Registers (dK, dV of 16 keys, S and dP of BLOCK_M queries) are as in the 64-key kernel, so a SM
- * holds one 8-warp CTA where it held two 4-warp ones: the same 8 warps.
+ * Registers: dK, dV of 16 keys and S, dP of BLOCK_M queries a thread, as in the 64-key kernel
+ * (218 at d = 64 against its 181; 242 at d = 128, 148 at d = 32; no spills), so a SM holds one
+ * 8-warp CTA where it held two 4-warp ones: the same 8 warps. The 4-warp build (185 at d = 64)
+ * keeps two CTAs a SM.
  *
  * mma.m16n8k16 fragment layouts (lane = thread % 32, g = lane / 4, c = lane % 4):
  *   A (16x16, row-major)  a[0] = (row g, cols 2c, 2c+1), a[1] = row g+8, a[2] = cols +8, a[3] = both
