@@ -8,7 +8,8 @@
 #        writes .gpu_carry/train/bundle.tar.xz (test binaries, train_bench, the Debian libraries)
 # There: scripts/gpu_train.sh --run [steps]      (carry [".gpu_carry/train"])
 #        steps: test (every CUDA training test + the torch check), bench (TRAIN workload;
-#        TRAIN_ARGS appends, e.g. "--shapes large"); default "test". Logs and JSON to $OUT.
+#        TRAIN_ARGS appends, e.g. "--shapes large"), profile (per-kernel times of BERT-large
+#        steps, nsys or ncu); default "test". Logs and JSON to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY="$ROOT/.gpu_carry/train"
@@ -91,6 +92,44 @@ for step in $STEPS; do
         mkdir -p "$OUT/train"
         timeout 590 python3 "$ROOT/bench/train_bench.py" --train-bench "$BUILD/train_bench" \
             --out "$OUT/train" ${TRAIN_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/train/train.log" || status=1
+        ;;
+    profile)
+        # per-kernel GPU time of TRAIN steps of the BERT-large shape (PROFILE_SHAPE="layers hidden
+        # heads batch" to change it): nsys when the machine has it (real overlap), else ncu
+        set -- ${PROFILE_SHAPE:-24 1024 16 32}
+        M=/tmp/nopad_train/models/prof_$1_$2
+        python3 "$ROOT/scripts/make_random_bert.py" "$M" --layers "$1" --hidden "$2" --heads "$3" > /dev/null || status=1
+        cmd=("$BUILD/train_bench" --model "$M" --batch "$4" --steps 3 --warmup 2)
+        if command -v nsys > /dev/null; then
+            timeout 400 nsys profile -o "$OUT/train_prof" --force-overwrite true "${cmd[@]}" > "$OUT/profile.log" 2>&1
+            nsys stats --report cuda_gpu_kern_sum --format csv "$OUT/train_prof.nsys-rep" > "$OUT/profile_kernels.csv" 2>> "$OUT/profile.log"
+            python3 - "$OUT/profile_kernels.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(l for l in open(sys.argv[1]) if l.count(",") > 3))
+tot = sum(float(r["Total Time (ns)"]) for r in rows)
+print("kernels: %d names, total %.1f ms over 5 steps" % (len(rows), tot / 1e6))
+for r in sorted(rows, key=lambda r: -float(r["Total Time (ns)"]))[:40]:
+    print("  %7.2f ms/step %5.1f%%  %6d x  %s" % (float(r["Total Time (ns)"]) / 5e6, 100 * float(r["Total Time (ns)"]) / tot,
+          int(r["Instances"]) // 5, r["Name"][:110]))
+PY
+            rm -f "$OUT/train_prof.sqlite"
+        else
+            timeout 500 ncu --clock-control none --metrics gpu__time_duration.sum --csv "${cmd[@]}" > "$OUT/profile_b.csv" 2> "$OUT/profile.log"
+            python3 - "$OUT/profile_b.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+tot = collections.defaultdict(float); n = collections.Counter()
+for r in rows:
+    if r.get("Metric Name") != "gpu__time_duration.sum": continue
+    name = r["Kernel Name"][:110]
+    v = float(r["Metric Value"].replace(",", "")); unit = r["Metric Unit"]
+    tot[name] += v * {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}.get(unit, 1e-3)
+    n[name] += 1
+s = sum(tot.values())
+print("kernels %d, total %.1f ms over 5 steps" % (sum(n.values()), s))
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:40]: print("  %7.2f ms/step %5.1f%%  %5d x  %s" % (v / 5, 100 * v / s, n[k] // 5, k))
+PY
+        fi
         ;;
     *) echo "unknown step $step" && status=1 ;;
     esac
