@@ -13,7 +13,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY="$ROOT/.gpu_carry/train"
-TESTS=(test_cuda_train_ops test_cuda_train_gemm_optim test_cuda_attention_backward test_cuda_train_step)
+TESTS=(test_cuda_train_ops test_cuda_train_gemm_optim test_cuda_attention_backward test_cuda_train_step
+       test_cuda_attention test_cuda_encoder test_cuda_deberta) # the last three: inference attention (its wgmma kernels gained an lse output) and DeBERTa
 
 if [ "${1:-}" = "--stage" ]; then
     B=$(cd "${2:?usage: gpu_train.sh --stage BUILD}" && pwd)
