@@ -28,6 +28,11 @@
 #                            shape: workload 1 (32 requests) over HTTP (SSE and plain) against the
 #                            in-process engine, TTFT p50/p99 at 1, 16, 64 streams; JSON + logs in
 #                            $OUT/serve/; ~2-5 min (--budget-s 300; SERVE_ARGS appends)
+#          deberta           issue 25: bench/deberta_bench.py, DeBERTa-v3-base and BERT-base shapes at
+#                            16x512, 128x512, 128xU[128,512], fp16: nopad (plain and graph) against HF
+#                            (sdpa, or eager where DeBERTa refuses sdpa) and HF + torch.compile, each
+#                            in a child process; JSON + log in $OUT/deberta/; ~6-9 min (--budget-s
+#                            560; DEBERTA_ARGS appends)
 #        (ENGINE_ARGS, FLOVER_ARGS, ... append to or override a stage's arguments; PNGs by
 #        bench/plot_flover.py beside the JSON when matplotlib is there, else plot here)
 #        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64";
@@ -191,6 +196,12 @@ for step in $STEPS; do
         timeout 420 python3 "$ROOT/bench/serve_bench.py" --cli "$BUILD/nopad" --library "$BUILD/libnopad.so" \
             --shape 1b --device cuda --budget-s 300 --out "$OUT/serve/serve.json" ${SERVE_ARGS:-} 2>&1 |
             grep -v Warning | tee "$OUT/serve/serve.log" || status=1
+        ;;
+    deberta)
+        mkdir -p "$OUT/deberta"
+        timeout 595 python3 "$ROOT/bench/deberta_bench.py" --library "$BUILD/libnopad.so" --budget-s 560 \
+            --out "$OUT/deberta/deberta.json" ${DEBERTA_ARGS:-} 2>&1 | grep -v Warning |
+            tee "$OUT/deberta/deberta.log" || status=1
         ;;
     profile)
         for bb in ${PROFILE_BATCHES:-1 64}; do
