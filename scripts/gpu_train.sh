@@ -82,8 +82,8 @@ for step in $STEPS; do
             [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
             rm -rf "$OUT/attn_bwd_dump"
         fi
-        # training attention timings, both variants of the NOPAD_TRAIN_ATTN A/B (forward with lse and
-        # backward; BERT-large and BERT-base shapes)
+        # training attention timings: the forward with lse (mma.sync and wgmma) and the backward, on
+        # the BERT-large and BERT-base shapes
         echo "== attention forward/backward timings"
         NOPAD_ATTN_BWD_BENCH=1 timeout 120 "$BUILD/tests/test_cuda_attention_backward" 2>&1 |
             tee "$OUT/attn_bwd_bench.log" | grep -v "^device"

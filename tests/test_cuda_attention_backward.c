@@ -42,13 +42,13 @@
  * scripts/torch_attention_backward_check.py compares against torch autograd on padded SDPA
  * (float32), bounding the chain's error by the C bounds or twice torch's own in the dtype.
  *
- * Every variant of the temporary NOPAD_TRAIN_ATTN A/B runs every case (the knob set in turn):
- * new (the wgmma forward with lse at d = 64/128, the 128-key backward of attention_backward_wide.cu),
- * old (the mma.sync forward, the 64-key backward) and new64 (new, its backward at 4 warps / 64 keys). EDGE128_LENGTHS sit on and next to the
- * 128-key blocks and the new kernel's 16-key warps.
+ * Both forwards with lse run every case (NOPAD_FMHA_WGMMA set in turn): wgmma (the inference
+ * kernels of attention/wgmma.cu, which attention_lse takes at d = 64 and 128 on Hopper) and mma
+ * (attention/mma.cu's mma.sync kernels, d = 32 and the fallback). EDGE128_LENGTHS sit on and next
+ * to 128-key tiles.
  *
- * NOPAD_ATTN_BWD_BENCH=1: instead of the tests, times attention_lse and attention_backward (the whole
- * op: dsum, the main kernel, dq) for every variant on the TRAIN workload's shapes, bf16, lengths
+ * NOPAD_ATTN_BWD_BENCH=1: instead of the tests, times attention_lse (both forwards) and
+ * attention_backward (the whole op: dsum, the main kernel, dq) on the TRAIN workload's shapes, bf16, lengths
  * U[102, 512]: BERT-large (32 sequences, 16 heads x 64) and BERT-base (64 sequences, 12 x 64), then
  * BERT-large's batch at d = 128 (8 heads) and d = 32 (32 heads); the median of 20 CUDA-event timings after 3 warm-up runs, in ms and TFLOP/s (forward 4·Σlen²·d
  * per head, backward 10·Σlen²·d: the five GEMMs' useful work, as FlashAttention counts).
@@ -93,9 +93,9 @@ static const bwd_case CASES[] = {
     {10, 257, 2, EDGE128_LENGTHS, 0}, /* 128-key blocks, 16-key warps past the end */
 };
 
-/* the NOPAD_TRAIN_ATTN choices, in the knob's order */
-enum { N_VARIANTS = 3 };
-static const char *const VARIANTS[N_VARIANTS] = {"new", "old", "new64"};
+/* the forwards with lse: NOPAD_FMHA_WGMMA's value for each */
+enum { N_VARIANTS = 2 };
+static const char *const VARIANTS[N_VARIANTS] = {"mma", "wgmma"};
 
 static int32_t *make_cu_seqlens(const bwd_case *c, uint64_t *rng) {
     int32_t *cu = malloc((size_t)(c->n_seqs + 1) * sizeof *cu);
@@ -254,7 +254,7 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
     const float scale = 1.0f / sqrtf((float)d);
     char label[160];
     snprintf(label, sizeof label, "[%s] %s d=%d heads=%d case %d (B=%d T=%d max=%d) causal=%d",
-             VARIANTS[knob_int(KNOB_TRAIN_ATTN)], DTYPE_NAMES[dt], d, heads, case_index, B, T, max_len, causal);
+             VARIANTS[knob_int(KNOB_FMHA_WGMMA) != 0], DTYPE_NAMES[dt], d, heads, case_index, B, T, max_len, causal);
     printf("  %s\n", label);
 
     /* inputs, rounded to the dtype (the host copies rewritten with the rounded values) */
@@ -343,13 +343,13 @@ static void run_grid(int32_t d, int dt, uint64_t seed) {
         printf("  d=%d skipped (NOPAD_GPU_TEST_D)\n", d);
         return;
     }
-    for (int v = 0; v < N_VARIANTS; v++) { /* the same data for every variant */
-        knob_set_int(KNOB_TRAIN_ATTN, v);
+    for (int v = 0; v < N_VARIANTS; v++) { /* the same data for both forwards */
+        knob_set_int(KNOB_FMHA_WGMMA, v);
         uint64_t rng = seed;
         for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
             for (int causal = 0; causal < 2; causal++) run_case(&CASES[i], i, d, dt, causal, &rng);
     }
-    knob_set_int(KNOB_TRAIN_ATTN, 0);
+    knob_set_int(KNOB_FMHA_WGMMA, 1);
 }
 
 /* ---- NOPAD_ATTN_BWD_BENCH ------------------------------------------------------------------------ */
@@ -429,12 +429,12 @@ static void bench_shape(const char *name, int32_t B, int32_t heads, int32_t d, u
     printf("%s: B=%d T=%d max=%d heads=%d d=%d bf16; forward %.2f GFLOP, backward %.2f GFLOP\n", name, B, T, max_len,
            heads, d, fwd_flop * 1e-9, bwd_flop * 1e-9);
     for (int v = 0; v < N_VARIANTS; v++) {
-        knob_set_int(KNOB_TRAIN_ATTN, v);
+        knob_set_int(KNOB_FMHA_WGMMA, v);
         const float f = time_op(g, run_fwd, &c, 3, 20), b = time_op(g, run_bwd, &c, 3, 20);
         printf("  %-5s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
                fwd_flop / (f * 1e-3) * 1e-12, b, bwd_flop / (b * 1e-3) * 1e-12);
     }
-    knob_set_int(KNOB_TRAIN_ATTN, 0);
+    knob_set_int(KNOB_FMHA_WGMMA, 1);
     g->free(g, c.qkv), g->free(g, c.dout), g->free(g, c.out), g->free(g, c.dqkv), g->free(g, c.lse);
     g->free(g, d_cu);
     free(qkv), free(dout), free(cu);

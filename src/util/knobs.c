@@ -58,10 +58,6 @@ static const knob_def KNOBS[KNOB_COUNT] = {
     [KNOB_FMHA_RESCALE] = {"NOPAD_FMHA_RESCALE", KIND_FLOAT, 8, NULL,
                            "online softmax: rescale only when the running maximum grows by more than this "
                            "(log2 units, 0 to 8; 0 = at every new maximum)"},
-    [KNOB_TRAIN_ATTN] = {"NOPAD_TRAIN_ATTN", KIND_CHOICE, 0, "new|old|new64",
-                         "training attention (temporary A/B): new = the wgmma forward with lse and the 128-key "
-                         "backward, old = the mma.sync forward and the 64-key backward, new64 = new with its "
-                         "backward at 4 warps / 64 keys"},
 };
 
 static double values[KNOB_COUNT]; /* each knob's value, parsed as its kind says */

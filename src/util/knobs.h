@@ -28,7 +28,6 @@ typedef enum knob_id {
     KNOB_FMHA_BLOCK_M,        /* int */
     KNOB_FMHA_BLOCK_N,        /* int */
     KNOB_FMHA_RESCALE,        /* float */
-    KNOB_TRAIN_ATTN,          /* choice: new | old | new64 (temporary A/B of training's attention) */
     KNOB_COUNT
 } knob_id;
 

@@ -6,10 +6,9 @@
  * dispatcher's tile rule (the mma.sync kernel measured 165 TFLOP/s on BERT-large's forward, the
  * wgmma one is the faster inference path there), at d = 32 the mma.sync kernels of attention/mma.cu.
  *
- * NOPAD_TRAIN_ATTN=new|old|new64 (temporary, for one GPU A/B; the losers go): new = the wgmma
- * forward and the 128-key backward main kernel of attention_backward_wide.cu (its header says what
- * it changes); new64 = the same with that kernel at 4 warps / 64 keys; old = the mma.sync forward
- * and the 64-key main kernel below.
+ * A backward of 128 keys a CTA (8 warps, float4 dQ atomics, one barrier a query block, longest
+ * sequences first) lost to this one on an H200 (BERT-large's attention, 24 layers: 0.300 against
+ * 0.291 ms a layer; docs/training.md): the kernel is latency-bound, not atomic-bound.
  *
  * Backward (cuda_attention_backward), FlashAttention-2's algorithm, three kernels on the stream:
  *   1. dsum [T, heads] = rowsum(dout ⊙ out) in float32 (D_i of the paper), and dq32 zeroed;
@@ -382,15 +381,10 @@ static cudaError_t launch_bwd(void *dqkv, float *dq32, const void *qkv, const vo
     return cudaSuccess;
 }
 
-/* NOPAD_TRAIN_ATTN=new (the default): the wgmma forward with lse and the 128-key backward; new64: the
- * same with the new kernel at 4 warps / 64 keys; old: the mma.sync forward and the 64-key backward
- * above. A temporary switch: the A/B's losers go. */
-static bool train_attention_new(void) { return knob_int(KNOB_TRAIN_ATTN) != 1; }
-
 template <int D, bool BF16>
 static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
-                                int32_t n_heads, float scale, int causal, float *dq32, float *dsum, int32_t *order,
+                                int32_t n_heads, float scale, int causal, float *dq32, float *dsum,
                                 cudaStream_t stream) {
     const int64_t rows = (int64_t)n_tokens * n_heads;
     cudaError_t e = cudaMemsetAsync(dq32, 0, (size_t)rows * D * sizeof(float), stream);
@@ -399,16 +393,9 @@ static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, c
     attention_bwd_dsum_kernel<D, BF16><<<(unsigned)((dsum_threads + 255) / 256), 256, 0, stream>>>(
         dsum, (const uint16_t *)dout, (const uint16_t *)out, rows);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    /* NOPAD_TRAIN_ATTN (temporary A/B): new = the kernel of attention_backward_wide.cu, 8 warps (new)
-     * or 4 (new64) */
-    if (train_attention_new()) {
-        const int warps = knob_int(KNOB_TRAIN_ATTN) == 2 ? 4 : 8;
-        e = (cudaError_t)cuda_attention_bwd_wide_main(warps, D, BF16, dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens,
-                                                      order, n_seqs, max_seqlen, n_heads, scale, causal, stream);
-    }
     /* d = 128: 32 query rows a block keeps dK, dV, S and dP in registers and two CTAs a SM */
-    else e = launch_bwd<D, D == 128 ? 32 : 64, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs,
-                                                     max_seqlen, n_heads, scale, causal, stream);
+    e = launch_bwd<D, D == 128 ? 32 : 64, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs, max_seqlen,
+                                                n_heads, scale, causal, stream);
     if (e != cudaSuccess) return e;
     const int64_t chunks = rows * D / 8;
     attention_bwd_dq_kernel<BF16><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(
@@ -436,10 +423,8 @@ static nopad_status check_args(const char *op, const void *a, const void *b, con
 }
 
 extern "C" size_t cuda_attention_backward_ws_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size) {
-    /* dq32 [T, heads, D] then dsum [T, heads]; dq32's size is a multiple of 16 bytes (D >= 4); then
-     * the wide kernel's order [T] int32 */
-    return (size_t)n_tokens * n_heads * ((size_t)head_size + 1) * sizeof(float) +
-           (size_t)n_tokens * sizeof(int32_t);
+    /* dq32 [T, heads, D] then dsum [T, heads]; dq32's size is a multiple of 16 bytes (D >= 4) */
+    return (size_t)n_tokens * n_heads * ((size_t)head_size + 1) * sizeof(float);
 }
 
 extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, const void *qkv,
@@ -450,7 +435,7 @@ extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, co
                                  scale);
     if (st != NOPAD_OK) return st;
     cudaError_t e;
-    if (head_size >= 64 && knob_int(KNOB_FMHA_WGMMA) != 0 && train_attention_new()) {
+    if (head_size >= 64 && knob_int(KNOB_FMHA_WGMMA) != 0) {
         /* d = 64, 128: the wgmma kernels inference runs (on Hopper; the FA3 kernel, which dispatch.cu
          * prefers for some d = 64 batches above 512 tokens, has no lse), with the tile rule of
          * dispatch.cu's run_wgmma (its per-shape defaults; the tile knobs are for inference) */
@@ -489,11 +474,10 @@ extern "C" nopad_status cuda_attention_backward(int bf16, void *dqkv, const void
                                "cuda attention_backward: out and the workspace must be 16-byte aligned");
     float *dq32 = (float *)ws;                                      // [T, heads, D]
     float *dsum = dq32 + (size_t)n_tokens * n_heads * head_size;    // [T, heads]
-    int32_t *order = (int32_t *)(dsum + (size_t)n_tokens * n_heads); // [n_seqs]
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
 #define RUN(D, B) run_backward<D, B>(dqkv, dout, qkv, out, lse32, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, \
-                                     scale, causal, dq32, dsum, order, s)
+                                     scale, causal, dq32, dsum, s)
     if (bf16) e = head_size == 32 ? RUN(32, true) : head_size == 64 ? RUN(64, true) : RUN(128, true);
     else e = head_size == 32 ? RUN(32, false) : head_size == 64 ? RUN(64, false) : RUN(128, false);
 #undef RUN

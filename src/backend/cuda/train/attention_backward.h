@@ -31,14 +31,6 @@ nopad_status cuda_attention_backward(int bf16, void *dqkv, const void *dout, con
                                      int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size,
                                      float scale, int causal, void *ws, void *stream);
 
-/* The main kernel of attention_backward_wide.cu, the candidate of the NOPAD_TRAIN_ATTN A/B: warps 8
- * (128 keys a CTA) or 4 (64 keys); dqkv's K and V thirds and dq32 [T, n_heads, D] (zeroed by the
- * caller) += dS·K, from dsum [T, n_heads]; order: n_seqs int32 of scratch. Returns a cudaError_t. */
-int cuda_attention_bwd_wide_main(int warps, int head_size, int bf16, void *dqkv, float *dq32, const void *qkv, const void *dout,
-                                 const float *lse, const float *dsum, const int32_t *cu_seqlens, int32_t *order,
-                                 int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale, int causal,
-                                 void *stream);
-
 #ifdef __cplusplus
 }
 #endif
