@@ -20,6 +20,7 @@
  * No GPU: exit 77 (ctest: skipped). */
 #include <math.h>
 #include <stdio.h>
+#include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +28,9 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/deberta/attention_rel.h"
 #include "golden.h"
+#include "util/knobs.h"
 
 static const nopad_dtype DTYPES[2] = {NOPAD_DTYPE_F16, NOPAD_DTYPE_BF16};
 static const char *const DTYPE_NAMES[2] = {"f16", "bf16"};
@@ -57,7 +60,13 @@ static void test_attention_rel_against_cpu(void **state) {
         {4, 7, 4, 1, 1, 1, 32, 0},        /* the smallest buckets that reach */
         {8, 64, 8, 1, 1, 0, 8, 0},        /* the generic kernel (the fixtures' head size) */
         {-1, 24, 24, 1, 0, 0, 40, 1},     /* the generic kernel, no buckets, a graph's shape */
+        {256, 140, 256, 1, 1, 0, 64, 0},  /* log buckets steeper than a row a distance: the new path's
+                                             tiles near |i - j| = 128 gather from global memory */
     };
+    /* both settings of the temporary A/B knob (NOPAD_DEBERTA_ATTN: 0 new, 1 old) */
+    for (int ab = 0; ab < 2; ab++) {
+    knob_set_int(KNOB_DEBERTA_ATTN, ab);
+    printf("  NOPAD_DEBERTA_ATTN=%s\n", ab == 0 ? "new" : "old");
     uint64_t rng = 2525;
     for (int di = 0; di < 2; di++) {
         nopad_backend *gpu = NULL;
@@ -125,6 +134,8 @@ static void test_attention_rel_against_cpu(void **state) {
         }
         gpu->destroy(gpu);
     }
+    }
+    knob_set_int(KNOB_DEBERTA_ATTN, 0);
     cpu->destroy(cpu);
 }
 
@@ -249,8 +260,113 @@ static void test_heads_logits_match_hf(void **state) {
     }
 }
 
+/* ---- NOPAD_DEBERTA_BENCH=1: timings instead of the tests --------------------------------------- */
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    nopad_backend *g;
+    void *out, *qkv, *pk, *pq;
+    nopad_seqs seqs;
+    nopad_rel_positions rel;
+    int32_t heads, d;
+    float scale;
+    cuda_attention_rel_args proj; /* step 1 alone */
+} rel_bench;
+
+static void run_op(rel_bench *c) {
+    assert_nopad_ok(c->g->attention_rel(c->g, c->out, c->qkv, &c->seqs, c->heads, c->d, c->scale, c->pk, c->pq, &c->rel));
+}
+
+static void run_proj(rel_bench *c) {
+    assert_nopad_ok(cuda_attention_rel_projections(NOPAD_DTYPE_F16, &c->proj, cuda_backend_stream(c->g)));
+}
+
+/* median ms of 20 CUDA-event timings after 5 untimed runs */
+static float time_it(rel_bench *c, void (*fn)(rel_bench *)) {
+    cudaStream_t st = (cudaStream_t)cuda_backend_stream(c->g);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    for (int i = 0; i < 5; i++) fn(c);
+    assert_nopad_ok(c->g->synchronize(c->g));
+    float ms[20];
+    for (int i = 0; i < 20; i++) {
+        cudaEventRecord(e0, st);
+        fn(c);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms[i], e0, e1);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    qsort(ms, 20, sizeof ms[0], cmp_float);
+    return ms[10];
+}
+
+/* One DeBERTa-v3-base layer's attention_rel (12 heads x 64, 256 buckets over 512, c2p + p2c with
+ * two tables) on B sequences of 512 tokens, fp16: the whole op and its projection step alone, for
+ * both settings of NOPAD_DEBERTA_ATTN. */
+static void bench_deberta(int32_t B) {
+    const int32_t heads = 12, d = 64, H = heads * d, L = 512, k = 256, T = B * L;
+    nopad_backend *g = NULL;
+    assert_nopad_ok(nopad_backend_cuda_create(NOPAD_DTYPE_F16, 0, NULL, &g));
+    uint64_t rng = 77;
+    int32_t *cu = malloc((size_t)(B + 1) * sizeof *cu);
+    assert_non_null(cu);
+    for (int32_t b = 0; b <= B; b++) cu[b] = b * L;
+    float *qkv = random_floats((size_t)T * 3 * H, -1.0f, 1.0f, &rng);
+    float *pk = random_floats((size_t)2 * k * H, -1.0f, 1.0f, &rng);
+    float *pq = random_floats((size_t)2 * k * H, -1.0f, 1.0f, &rng);
+    rel_bench c = {.g = g, .heads = heads, .d = d, .scale = 1.0f / sqrtf(64.0f * 3.0f)};
+    c.qkv = test_to_device(g, qkv, (size_t)T * 3 * H);
+    c.pk = test_to_device(g, pk, (size_t)2 * k * H);
+    c.pq = test_to_device(g, pq, (size_t)2 * k * H);
+    void *dcu;
+    assert_nopad_ok(g->alloc(g, (size_t)(B + 1) * sizeof *cu, &dcu));
+    assert_nopad_ok(g->upload_i32(g, dcu, cu, (size_t)B + 1));
+    assert_nopad_ok(g->alloc(g, (size_t)T * H * 2, &c.out));
+    c.seqs = (nopad_seqs){.n_seqs = B, .n_tokens = T, .max_seqlen = L, .cu_seqlens = dcu};
+    c.rel = (nopad_rel_positions){.att_span = k, .position_buckets = 256, .max_relative_positions = 512};
+    /* the projection step alone: every row of the table (W = 2k), its own scratch */
+    const int32_t W = 2 * k;
+    const double proj_flop = 2.0 * 2.0 * T * heads * (double)W * d;
+    for (int ab = 0; ab < 2; ab++) {
+        knob_set_int(KNOB_DEBERTA_ATTN, ab);
+        const size_t each = cuda_attention_rel_term_bytes(T, heads, d, W);
+        void *scratch;
+        assert_nopad_ok(g->alloc(g, 2 * each, &scratch));
+        c.proj = (cuda_attention_rel_args){.out = c.out, .qkv = c.qkv, .cu_seqlens = dcu, .n_seqs = B, .n_tokens = T,
+                                           .max_seqlen = L, .n_heads = heads, .head_size = d, .scale = c.scale,
+                                           .pos_key = c.pk, .pos_query = c.pq, .rows = NULL, .sat = 0, .r_lo = 0,
+                                           .W = W, .c2p = scratch, .p2c = (float *)((char *)scratch + each)};
+        const float op_ms = time_it(&c, run_op), proj_ms = time_it(&c, run_proj);
+        printf("deberta-v3-base layer %3dx%d f16 NOPAD_DEBERTA_ATTN=%s: attention_rel %.3f ms, projections "
+               "%.3f ms (%.0f TFLOP/s, scratch %.2f GB)\n",
+               B, L, ab == 0 ? "new" : "old", op_ms, proj_ms, proj_flop / proj_ms * 1e-9, 2.0 * each * 1e-9);
+        fflush(stdout);
+        assert_nopad_ok(g->synchronize(g));
+        g->free(g, scratch);
+    }
+    knob_set_int(KNOB_DEBERTA_ATTN, 0);
+    g->free(g, c.qkv), g->free(g, c.pk), g->free(g, c.pq), g->free(g, dcu), g->free(g, c.out);
+    free(qkv), free(pk), free(pq), free(cu);
+    g->destroy(g);
+}
+
+static void test_bench(void **state) {
+    bench_deberta(16);
+    bench_deberta(128);
+}
+
 int main(void) {
     if (test_skip_without_gpu()) return 77;
+    const char *bench = getenv("NOPAD_DEBERTA_BENCH");
+    if (bench && bench[0] == '1') {
+        const struct CMUnitTest b[] = {cmocka_unit_test(test_bench)};
+        return cmocka_run_group_tests(b, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_rel_against_cpu),
         cmocka_unit_test(test_deberta_hidden_states_match_hf),

@@ -210,17 +210,17 @@ static nopad_status cu_attention_rel(nopad_backend *be, void *out, const void *q
     /* the table rows the longest sequence reaches; shorter ones reach a sub-range */
     const int32_t max_len = seqs->max_seqlen > 0 ? seqs->max_seqlen : 1;
     const int32_t r_lo = rel_row(-(max_len - 1), rel), W = rel_row(max_len - 1, rel) - r_lo + 1;
-    /* c2p | p2c [T, heads, W] float32 */
-    const size_t each = (size_t)seqs->n_tokens * n_heads * W;
+    /* c2p | p2c, each [T, heads, W] float32 or [T, heads, Wp] fp16 (the op says which) */
+    const size_t each = cuda_attention_rel_term_bytes(seqs->n_tokens, n_heads, head_size, W);
     const int terms = (pos_key != NULL) + (pos_query != NULL);
-    st = grow_workspace(be, s, (void **)&s->rel_ws, &s->rel_ws_bytes, (size_t)terms * each * sizeof(float),
+    st = grow_workspace(be, s, (void **)&s->rel_ws, &s->rel_ws_bytes, (size_t)terms * each,
                         "attention_rel workspace");
     if (st != NOPAD_OK) return st;
     const cuda_attention_rel_args a = {
         .out = out, .qkv = qkv, .cu_seqlens = seqs->cu_seqlens, .n_seqs = seqs->n_seqs, .n_tokens = seqs->n_tokens,
         .max_seqlen = max_len, .n_heads = n_heads, .head_size = head_size, .scale = scale, .pos_key = pos_key,
         .pos_query = pos_query, .rows = s->rel_rows, .sat = s->rel_sat, .r_lo = r_lo, .W = W,
-        .c2p = pos_key ? s->rel_ws : NULL, .p2c = pos_query ? s->rel_ws + (pos_key ? each : 0) : NULL};
+        .c2p = pos_key ? s->rel_ws : NULL, .p2c = pos_query ? (float *)((char *)s->rel_ws + (pos_key ? each : 0)) : NULL};
     return cuda_attention_rel(be->dtype, &a, s->stream);
 }
 

@@ -25,6 +25,7 @@
 #include "backend/cuda/attention/common.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/deberta/attention_rel.h"
+#include "util/knobs.h"
 
 /* What the attention kernels need to add the relative terms to a score. */
 struct rel_bias {
@@ -401,10 +402,373 @@ __global__ void attention_rel_generic_kernel(T *__restrict__ out, const T *__res
     }
 }
 
+/* ---- 3. the "new" path (NOPAD_DEBERTA_ATTN=new, the default; temporary A/B against the above) -----
+ *
+ * The same two steps with the scratch in fp16 and read tile by tile:
+ *  - rel_proj_half_kernel: rel_proj_mma_kernel's tile, its float32 accumulators rounded to fp16
+ *    (saturated at ±65504; for bf16 inputs too: fp16 keeps 3 more mantissa bits and attention
+ *    logits never come near the range) and stored through shared memory as 16-byte rows of
+ *    [T, heads, Wp] half, Wp = W rounded up to 8 (rows 16-byte aligned; the pad rows are
+ *    products with zero-filled table rows, 0).
+ *  - attention_rel_band_kernel: attention_rel_mma_kernel where the per-score global gathers are
+ *    replaced by a band staged in shared memory once per (query tile, key tile): the distances of
+ *    the tile's pairs are the 127 values m0 - n0 - 63 .. m0 - n0 + 63, the row index is monotone in
+ *    the distance, so the tile reads scratch columns blo .. bhi only (bhi - blo <= 126 whenever a
+ *    step of one distance moves at most one row: DeBERTa's buckets). sC[q][b] = c2p[m0 + q,
+ *    base + b], sP[k][b] = p2c[n0 + k, base + b] (base = blo rounded down to 8, at most 17 chunks
+ *    of 8), and sR[dd] = the column of distance m0 - n0 - 63 + dd, less base. The band of tile
+ *    j + 1 is loaded with cp.async after every warp has used band j (one extra barrier a tile),
+ *    under the softmax and P·V of tile j. A tile whose band is wider than 136 columns (buckets whose
+ *    log part grows faster than one row a distance) gathers from global memory as before, in
+ *    fp16. */
+
+enum { BAND_CH = 17, BAND_COLS = BAND_CH * 8, BAND_LDB = BAND_COLS + 8 };
+
+struct rel_band {
+    const uint16_t *c2p, *p2c;  // [T, heads, Wp] fp16 bits, or NULL (term absent)
+    const int32_t *rows;        // [2·sat + 1]
+    int sat, r_lo, W, Wp;
+};
+
+static __device__ __forceinline__ int band_col(const rel_band &rb, int dist) {
+    dist = max(-rb.sat, min(rb.sat, dist));
+    const int r = __ldg(rb.rows + dist + rb.sat) - rb.r_lo;
+    return max(0, min(rb.W - 1, r));
+}
+
+static __device__ __forceinline__ float half_bits_to_f32(uint16_t x) { return __half2float(__ushort_as_half(x)); }
+
+static __device__ __forceinline__ uint32_t pack_half2_sat(float a, float b) {
+    a = fminf(fmaxf(a, -65504.0f), 65504.0f);
+    b = fminf(fmaxf(b, -65504.0f), 65504.0f);
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+template <int D, bool BF16>
+__global__ void __launch_bounds__(128)
+rel_proj_half_kernel(uint16_t *__restrict__ c2p, uint16_t *__restrict__ p2c, const uint16_t *__restrict__ qkv,
+                     const uint16_t *__restrict__ pos_key, const uint16_t *__restrict__ pos_query, int n_tokens,
+                     int heads, int r_lo, int W, int Wp) {
+    constexpr int ROWS = 64, LDS = D + 8, KQ = D / 16, NT = ROWS / 8, LDO = ROWS + 8;
+    static_assert(2 * ROWS * LDS >= ROWS * LDO, "the output tile fits in the operands' space");
+    __shared__ __align__(16) uint16_t smem[2 * ROWS * LDS];
+    uint16_t *sA = smem, *sB = smem + ROWS * LDS;  // tokens [64][D+8], table rows [64][D+8]
+    const int h = blockIdx.z / 2, term = blockIdx.z % 2;
+    const uint16_t *table = term == 0 ? pos_key : pos_query;
+    uint16_t *dst = term == 0 ? c2p : p2c;
+    wait_for_upstream_grid();
+    if (!table) return;  // uniform over the CTA
+    const int H = heads * D;
+    const int t0 = blockIdx.y * ROWS, r0 = blockIdx.x * ROWS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    rel_load_tile<ROWS, D, 128>(sA, qkv + (size_t)term * H + (size_t)h * D, (size_t)3 * H, t0, n_tokens, tid);
+    rel_load_tile<ROWS, D, 128>(sB, table + (size_t)r_lo * H + (size_t)h * D, (size_t)H, r0, W, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KQ; kk++) {
+        uint32_t a[4];
+        ldmatrix_x4(a, sA + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nn = 0; nn < NT / 2; nn++) {
+            uint32_t b[4];
+            ldmatrix_x4(b, sB + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+            mma16816<BF16>(acc[2 * nn], a, b[0], b[1]);
+            mma16816<BF16>(acc[2 * nn + 1], a, b[2], b[3]);
+        }
+    }
+    __syncthreads();  // every warp is done with sA / sB: the output tile [64 tokens][64 rows] goes there
+    uint16_t *sO = smem;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const int tok = warp * 16 + lane / 4, col = t * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t *>(sO + tok * LDO + col) = pack_half2_sat(acc[t][0], acc[t][1]);
+        *reinterpret_cast<uint32_t *>(sO + (tok + 8) * LDO + col) = pack_half2_sat(acc[t][2], acc[t][3]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < ROWS * 8 / 128; i++) {
+        const int c = tid + i * 128, row = c / 8, ch = c % 8;
+        const int tok = t0 + row, r = r0 + ch * 8;
+        if (tok < n_tokens && r < Wp)
+            *reinterpret_cast<uint4 *>(dst + ((size_t)tok * heads + h) * Wp + r) =
+                *reinterpret_cast<const uint4 *>(sO + row * LDO + ch * 8);
+    }
+}
+
+/* Issues the cp.async loads of key tile n0's band (query tile m0) and writes its column table sR;
+ * returns whether the band fits (uniform over the CTA). */
+static __device__ __forceinline__ bool band_load(uint16_t *sC, uint16_t *sP, int *sR, const rel_band &rb, int start,
+                                                 int len, int head, int heads, int m0, int n0, int tid) {
+    const int dlo = m0 - n0 - 63;
+    const int blo = band_col(rb, dlo), bhi = band_col(rb, m0 - n0 + 63);
+    const int base = blo & ~7;
+    if (bhi - base >= BAND_COLS) return false;
+    const int nch = (bhi - base) / 8 + 1;
+    if (tid < 127) sR[tid] = band_col(rb, dlo + tid) - base;
+    for (int i = tid; i < 64 * BAND_CH; i += 128) {
+        const int row = i / BAND_CH, ch = i % BAND_CH;
+        if (ch >= nch) continue;
+        if (rb.c2p) {
+            const bool ok = m0 + row < len;
+            const int tok = start + (ok ? m0 + row : m0);
+            cp_async16(sC + row * BAND_LDB + ch * 8, rb.c2p + ((size_t)tok * heads + head) * rb.Wp + base + ch * 8, ok);
+        }
+        if (rb.p2c) {
+            const bool ok = n0 + row < len;
+            const int tok = start + (ok ? n0 + row : n0);
+            cp_async16(sP + row * BAND_LDB + ch * 8, rb.p2c + ((size_t)tok * heads + head) * rb.Wp + base + ch * 8, ok);
+        }
+    }
+    return true;
+}
+
+template <int D, bool BF16>
+__global__ void __launch_bounds__(128, (D <= 64 ? 2 : 1))
+attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
+                          const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
+                          const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads, float scale_log2,
+                          rel_band rb) {
+    constexpr int NWARPS = 4, BLOCK_N = 64;
+    constexpr int BLOCK_M = 16 * NWARPS;
+    constexpr int THREADS = NWARPS * 32;
+    constexpr int LDS = D + 8;
+    constexpr int NT = BLOCK_N / 8;
+    constexpr int DT = D / 8;
+    constexpr int KQ = D / 16;
+
+    wait_for_upstream_grid();
+    allow_dependent_launch();
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *sQ = smem;                    // [BLOCK_M][LDS]
+    uint16_t *sK = sQ + BLOCK_M * LDS;      // [2][BLOCK_N][LDS]
+    uint16_t *sV = sK + 2 * BLOCK_N * LDS;  // [2][BLOCK_N][LDS]
+    uint16_t *sC = sV + 2 * BLOCK_N * LDS;  // [BLOCK_M][BAND_LDB]
+    uint16_t *sP = sC + BLOCK_M * BAND_LDB; // [BLOCK_N][BAND_LDB]
+    int *sR = reinterpret_cast<int *>(sP + BLOCK_N * BAND_LDB);  // [128]
+
+    const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
+    const int start = cu_seqlens[seq];
+    const int len = cu_seqlens[seq + 1] - start;
+    const int m0 = blockIdx.x * BLOCK_M;
+    if (m0 >= len) return;
+
+    const attention_head hd = attention_head_of<D>(qkv, start, head, n_heads);
+    const int hidden = hd.hidden;
+    const size_t row_stride = hd.row_stride;
+    const uint16_t *q_g = hd.q, *k_g = hd.k, *v_g = hd.v;
+    const int n_tiles = (len + BLOCK_N - 1) / BLOCK_N;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    rel_load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
+    rel_load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
+    rel_load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    bool band = band_load(sC, sP, sR, rb, start, len, head, n_heads, m0, 0, tid);
+    cp_async_commit();
+
+    float o[DT][4];
+#pragma unroll
+    for (int t = 0; t < DT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    uint32_t qf[KQ][4];
+    const int qw = warp * 16 + lane / 4;  // this lane's first query row in the tile (the second + 8)
+    const int row_a = m0 + qw;
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait_all();
+        __syncthreads();  // tile j and its band visible to all; every warp is done with buffer (j+1)&1
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KQ; kk++)
+                ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+        }
+        if (j + 1 < n_tiles) {
+            const int nb = (j + 1) & 1;
+            rel_load_tile<BLOCK_N, D, THREADS>(sK + nb * BLOCK_N * LDS, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            rel_load_tile<BLOCK_N, D, THREADS>(sV + nb * BLOCK_N * LDS, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            cp_async_commit();
+        }
+        const uint16_t *k_s = sK + (j & 1) * BLOCK_N * LDS;
+        const uint16_t *v_s = sV + (j & 1) * BLOCK_N * LDS;
+
+        float s[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KQ; kk++) {
+#pragma unroll
+            for (int nn = 0; nn < NT / 2; nn++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_s + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma16816<BF16>(s[2 * nn], qf[kk], b[0], b[1]);
+                mma16816<BF16>(s[2 * nn + 1], qf[kk], b[2], b[3]);
+            }
+        }
+
+        /* the relative terms: from the band in shared memory (or, for a band too wide, from global) */
+        const int n0 = j * BLOCK_N;
+        if (band) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int kc = t * 8 + (lane & 3) * 2 + (e & 1), qr = qw + (e >> 1) * 8;
+                    const int col = n0 + kc, row = m0 + qr;
+                    if (col >= len) s[t][e] = -INFINITY;
+                    else if (row < len) {
+                        const int b = sR[qr - kc + 63];
+                        float add = 0.0f;
+                        if (rb.c2p) add += half_bits_to_f32(sC[qr * BAND_LDB + b]);
+                        if (rb.p2c) add += half_bits_to_f32(sP[kc * BAND_LDB + b]);
+                        s[t][e] += add;
+                    }
+                }
+        } else {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1), row = row_a + (e >> 1) * 8;
+                    if (col >= len) s[t][e] = -INFINITY;
+                    else if (row < len) {
+                        const int b = band_col(rb, row - col);
+                        float add = 0.0f;
+                        if (rb.c2p) add += half_bits_to_f32(__ldg(rb.c2p + ((size_t)(start + row) * n_heads + head) * rb.Wp + b));
+                        if (rb.p2c) add += half_bits_to_f32(__ldg(rb.p2c + ((size_t)(start + col) * n_heads + head) * rb.Wp + b));
+                        s[t][e] += add;
+                    }
+                }
+        }
+        if (j + 1 < n_tiles) {
+            __syncthreads();  // every warp is done with band j
+            band = band_load(sC, sP, sR, rb, start, len, head, n_heads, m0, n0 + BLOCK_N, tid);
+            cp_async_commit();
+        }
+
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx);
+            const float m_use = m_new * scale_log2;
+            const float alpha = fast_exp2(fmaf(m_run[r], scale_log2, -m_use));
+            m_run[r] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                s[t][2 * r] = fast_exp2(fmaf(s[t][2 * r], scale_log2, -m_use));
+                s[t][2 * r + 1] = fast_exp2(fmaf(s[t][2 * r + 1], scale_log2, -m_use));
+                sum += s[t][2 * r] + s[t][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+            for (int t = 0; t < DT; t++) {
+                o[t][2 * r] *= alpha;
+                o[t][2 * r + 1] *= alpha;
+            }
+        }
+
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; kk++)
+            mma_pv_step<BF16, D>(o, s[2 * kk], s[2 * kk + 1], v_s + kk * 16 * LDS, LDS, lane);
+    }
+
+    float inv[2];
+    quad_row_inverse(l_run, inv);
+    uint16_t *sO = sQ + warp * 16 * LDS;
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < DT; t++) {
+        const int col = t * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t *>(sO + (lane / 4) * LDS + col) = pack2<BF16>(o[t][0] * inv[0], o[t][1] * inv[0]);
+        *reinterpret_cast<uint32_t *>(sO + (lane / 4 + 8) * LDS + col) = pack2<BF16>(o[t][2] * inv[1], o[t][3] * inv[1]);
+    }
+    __syncwarp();
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int c = lane; c < 16 * CHUNKS; c += 32) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        const int row = m0 + warp * 16 + r;
+        if (row < len)
+            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
+                *reinterpret_cast<const uint4 *>(sO + r * LDS + ch * 8);
+    }
+}
+
+template <int D, bool BF16>
+static cudaError_t launch_band(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                               int32_t max_seqlen, int32_t n_heads, float scale, const rel_band &rb,
+                               cudaStream_t stream) {
+    constexpr int BLOCK_M = 64, BLOCK_N = 64;
+    const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t) +
+                        (size_t)(BLOCK_M + BLOCK_N) * BAND_LDB * sizeof(uint16_t) + 128 * sizeof(int);
+    auto kernel = attention_rel_band_kernel<D, BF16>;
+    static int attr_set[CUDA_MAX_DEVICES];
+    const int dev = cuda_current_device();
+    if (dev < 0 || !cuda_cache_load(&attr_set[dev])) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        if (dev >= 0) cuda_cache_store(&attr_set[dev], 1);
+    }
+    const float scale_log2 = scale * 1.4426950408889634f;
+    const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
+    for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
+        const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
+        kernel<<<dim3(m_blocks, (unsigned)n_heads, (unsigned)ns), 128, smem, stream>>>(
+            (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2, rb);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+static int band_wp(int W) { return (W + 7) / 8 * 8; }
+
+/* Whether this call runs the new path: the knob, and a tensor-core head size. */
+static bool use_band(int head_size) {
+    return knob_int(KNOB_DEBERTA_ATTN) == 0 && (head_size == 32 || head_size == 64 || head_size == 128);
+}
+
+template <bool BF16>
+static nopad_status attention_rel_band(const cuda_attention_rel_args *a, cudaStream_t s, bool proj_only) {
+    const int Wp = band_wp(a->W);
+    uint16_t *c2p = (uint16_t *)a->c2p, *p2c = (uint16_t *)a->p2c;
+    const rel_band rb = {c2p, p2c, a->rows, a->sat, a->r_lo, a->W, Wp};
+    const int D = a->head_size;
+    const dim3 pgrid((unsigned)((Wp + 63) / 64), (unsigned)((a->n_tokens + 63) / 64), (unsigned)(2 * a->n_heads));
+    const uint16_t *q = (const uint16_t *)a->qkv, *pk = (const uint16_t *)a->pos_key, *pq = (const uint16_t *)a->pos_query;
+    if (D == 32) rel_proj_half_kernel<32, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W, Wp);
+    else if (D == 64) rel_proj_half_kernel<64, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W, Wp);
+    else rel_proj_half_kernel<128, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W, Wp);
+    const nopad_status st = launch_status("attention_rel projections");
+    if (st != NOPAD_OK || proj_only) return st;
+    cudaError_t e = D == 32 ? launch_band<32, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
+                  : D == 64 ? launch_band<64, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
+                            : launch_band<128, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s);
+    if (e != cudaSuccess)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_rel: launch failed: %s (%s)", cudaGetErrorString(e),
+                               cudaGetErrorName(e));
+    return NOPAD_OK;
+}
+
+extern "C" size_t cuda_attention_rel_term_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size, int32_t W) {
+    const size_t per_row = use_band(head_size) ? (size_t)band_wp(W) * 2 : (size_t)W * 4;
+    return ((size_t)n_tokens * n_heads * per_row + 15) / 16 * 16;
+}
+
 /* ---- the launcher ----------------------------------------------------------------------------- */
 
 template <typename T, bool BF16>
-static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream_t s) {
+static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream_t s, bool proj_only) {
+    if (use_band(a->head_size)) return attention_rel_band<BF16>(a, s, proj_only);
     const rel_bias rb = {a->c2p, a->p2c, a->rows, a->sat, a->r_lo, a->W};
     /* 1. c2p / p2c [T, heads, W] */
     const int D = a->head_size;
@@ -424,7 +788,7 @@ static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream
                                                          a->W);
     }
     const nopad_status st = launch_status("attention_rel projections");
-    if (st != NOPAD_OK) return st;
+    if (st != NOPAD_OK || proj_only) return st;
     /* 2. attention with the terms gathered */
     if (tensor_cores) {
         cudaError_t e = D == 32 ? launch_mma<32, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
@@ -442,7 +806,8 @@ static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream
     return launch_status("attention_rel");
 }
 
-extern "C" nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attention_rel_args *a, void *stream) {
+static nopad_status attention_rel_entry(nopad_dtype dtype, const cuda_attention_rel_args *a, void *stream,
+                                        bool proj_only) {
     if (a->n_tokens == 0) return NOPAD_OK;
     if (a->head_size < 1 || a->head_size > PROJ_MAX_D)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_rel: head size %d is not in [1, %d]",
@@ -456,5 +821,15 @@ extern "C" nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attenti
     if (((uintptr_t)a->out | (uintptr_t)a->qkv) % 16)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda attention_rel: qkv and out must be 16-byte aligned");
     cudaStream_t s = (cudaStream_t)stream;
-    DISPATCH_DTYPE(dtype, (attention_rel_t<__half, false>(a, s)), (attention_rel_t<__nv_bfloat16, true>(a, s)));
+    DISPATCH_DTYPE(dtype, (attention_rel_t<__half, false>(a, s, proj_only)),
+                   (attention_rel_t<__nv_bfloat16, true>(a, s, proj_only)));
+}
+
+extern "C" nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attention_rel_args *a, void *stream) {
+    return attention_rel_entry(dtype, a, stream, false);
+}
+
+extern "C" nopad_status cuda_attention_rel_projections(nopad_dtype dtype, const cuda_attention_rel_args *a,
+                                                       void *stream) {
+    return attention_rel_entry(dtype, a, stream, true);
 }
