@@ -6,7 +6,9 @@ arithmetic without a GPU (docs/deberta.md):
    at the kernel's (token, table row), against A·Bᵀ (head sizes 32/64/128);
 3. attention_rel_mma_kernel: the S accumulator element -> (query row, key), the bias gather from
    the [T, heads, W] scratch, the online softmax over 64-key tiles with quad reductions, against
-   HF's formula written out (lengths 1 to 130, a graph's slack rows and rounded max_seqlen).
+   HF's formula written out (lengths 1 to 130, a graph's slack rows and rounded max_seqlen);
+4. the new path (NOPAD_DEBERTA_ATTN=new): the per-tile band of attention_rel_band_kernel and
+   rel_proj_half_kernel's output staging (check_band).
 Run: python3 scripts/emulate_attention_rel.py (prints the largest differences, ~1e-14)."""
 import numpy as np
 
@@ -159,7 +161,72 @@ def run(lens,heads,D,k,b,m,c2p_on,p2c_on,extra_rows=0,round_max=False):
     n=cu[-1]
     return np.abs(out[:n]-ref[:n]).max()
 
+def check_band():
+    """The new path (NOPAD_DEBERTA_ATTN=new): fp16 scratch [T, heads, Wp] read through
+    attention_rel_band_kernel's per-tile band (band_load: blo, bhi, base, 17 chunks of 8, sR) against
+    the direct lookup scratch[token, row(i - j) - r_lo], for every in-sequence pair of every
+    (64-query tile, 64-key tile); pad columns and unloaded chunks are NaN so a stray read shows.
+    Also rel_proj_half_kernel's output staging: accumulator (lane, n-tile, e) -> sO[token][col] ->
+    16-byte chunk (row, ch) of the scratch."""
+    BAND_CH, BAND_COLS = 17, 136
+    for (b,m,k) in [(256,512,256),(8,64,8),(-1,5,5),(16,40,16),(32,256,32),(4,7,4),(-1,24,24),(256,140,256)]:
+        sat=0
+        while row(sat,k,b,m)!=2*k-1 or row(-sat,k,b,m)!=0: sat+=1
+        tab=[row(d,k,b,m) for d in range(-sat,sat+1)]
+        for max_len in [1,37,64,300,512,576]:
+            rlo=row(-(max_len-1),k,b,m); W=row(max_len-1,k,b,m)-rlo+1; Wp=(W+7)//8*8
+            def col(d): return max(0,min(W-1,tab[max(-sat,min(sat,d))+sat]-rlo))
+            for L in sorted({1,max_len//2+1,max_len}):
+                S=np.full((L,Wp),np.nan); S[:,:W]=np.arange(L*W).reshape(L,W)  # c2p (p2c is alike)
+                fallback=tiles=0
+                for m0 in range(0,L,64):
+                    for n0 in range(0,L,64):
+                        tiles+=1
+                        dlo=m0-n0-63; blo=col(dlo); bhi=col(m0-n0+63); base=blo&~7
+                        if bhi-base>=BAND_COLS:
+                            fallback+=1; continue
+                        nch=(bhi-base)//8+1
+                        assert base+nch*8<=Wp
+                        sC=np.full((64,BAND_COLS),np.nan); sP=np.full((64,BAND_COLS),np.nan)
+                        for r in range(64):
+                            for ch in range(nch):
+                                if m0+r<L: sC[r,ch*8:ch*8+8]=S[m0+r,base+ch*8:base+ch*8+8]
+                                if n0+r<L: sP[r,ch*8:ch*8+8]=S[n0+r,base+ch*8:base+ch*8+8]
+                        sR=[col(dlo+t)-base for t in range(127)]
+                        for lane in range(32):
+                            for w in range(4):
+                                for t in range(8):
+                                    for e in range(4):
+                                        kc=t*8+(lane&3)*2+(e&1); qr=w*16+lane//4+(e>>1)*8
+                                        i=m0+qr; j=n0+kc
+                                        if i>=L or j>=L: continue
+                                        bb=sR[qr-kc+63]; assert 0<=bb<BAND_COLS
+                                        assert sC[qr,bb]==S[i,col(i-j)], (b,m,k,L,m0,n0,qr,kc)
+                                        assert sP[kc,bb]==S[j,col(i-j)], (b,m,k,L,m0,n0,qr,kc)
+                if max_len==512 and L==512:
+                    print('band buckets %4d max_rel %3d k %3d L %d: W %d, %d of %d tiles from the band, the rest '
+                          'gathered' % (b,m,k,L,W,tiles-fallback,tiles))
+    # the projection's output staging (one 64 x 64 tile)
+    acc=np.zeros((64,64)); sO=np.full((64,72),np.nan)
+    for w in range(4):
+        for lane in range(32):
+            for t in range(8):
+                for e in range(4):
+                    tok=w*16+lane//4+(e>>1)*8; r=t*8+(lane&3)*2+(e&1)
+                    acc[tok,r]=tok*1000+r
+                    # the kernel writes (e0, e1) at [tok][col], (e2, e3) at [tok + 8][col]
+                    tk=w*16+lane//4+(8 if e>=2 else 0); cl=t*8+(lane&3)*2+(e&1)
+                    sO[tk,cl]=acc[tok,r]
+    out=np.full((64,64),np.nan)
+    for tid in range(128):
+        for i in range(4):
+            c=tid+i*128; rr=c//8; ch=c%8
+            out[rr,ch*8:ch*8+8]=sO[rr,ch*8:ch*8+8]
+    assert np.array_equal(out,acc)
+    print('band: every lookup equal to the direct one; projection staging exact')
+
 if __name__ == '__main__':
+    check_band()
     check_table()
     check_projection()
     for args, kw in [(([1,70,130],2,16,8,8,64,1,1), {}), (([3,65],1,8,5,-1,5,1,0), dict(extra_rows=5, round_max=True)),
