@@ -7,12 +7,15 @@
 # Here:  scripts/gpu_train.sh --stage BUILD      (a CUDA build: cmake -DNOPAD_CUDA=ON)
 #        writes .gpu_carry/train/bundle.tar.xz (test binaries, train_bench, the Debian libraries)
 # There: scripts/gpu_train.sh --run [steps]      (carry [".gpu_carry/train"])
-#        steps: test (every CUDA training test + the torch check), bench (TRAIN workload;
+#        steps: test (every CUDA training test + the torch check), cli (nopad train --device cuda
+#        against the CPU's run of the same command), bench (TRAIN workload;
 #        TRAIN_ARGS appends, e.g. "--shapes large"), profile (per-kernel times of BERT-large
 #        steps, nsys or ncu); default "test". Logs and JSON to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-CARRY="$ROOT/.gpu_carry/train"
+# CARRY_NAME=trcli with CLI_ONLY=1: a small bundle for the `cli` step alone (the whole one and
+# the tree can pass the carry limit together)
+CARRY="$ROOT/.gpu_carry/${CARRY_NAME:-train}"
 TESTS=(test_cuda_train_ops test_cuda_train_gemm_optim test_cuda_attention_backward test_cuda_train_step
        test_cuda_attention test_cuda_encoder test_cuda_deberta) # the last three: inference attention (its wgmma kernels gained an lse output) and DeBERTa
 
@@ -23,13 +26,22 @@ if [ "${1:-}" = "--stage" ]; then
     mkdir -p "$stage/build/tests" "$stage/build/deplibs" "$CARRY"
     rm -f "$CARRY"/*
     bins=("$B/train_bench")
+    [ -n "${CLI_ONLY:-}" ] && TESTS=() && bins=()
+    bins+=("$B/nopad")
     for t in "${TESTS[@]}"; do bins+=("$B/tests/$t"); done
     for bin in "${bins[@]}"; do [ -f "$bin" ] || { echo "missing $bin" >&2; exit 1; }; done
     for bin in "${bins[@]}"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
         grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
         while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
-    cp "$B/train_bench" "$stage/build/"
+    [ -z "${CLI_ONLY:-}" ] && cp "$B/train_bench" "$stage/build/"
+    cp "$B/nopad" "$stage/build/"
     for t in "${TESTS[@]}"; do cp "$B/tests/$t" "$stage/build/tests/"; done
+    # the `cli` step's tokenizer: all-MiniLM-L6-v2's (BERT's uncased WordPiece, 30522 ids)
+    TOK=${NOPAD_MINILM_DIR:-$HOME/.cache/nopad/all-MiniLM-L6-v2}
+    mkdir -p "$stage/build/tokenizer"
+    for f in tokenizer.json vocab.txt tokenizer_config.json special_tokens_map.json; do
+        [ -f "$TOK/$f" ] && cp "$TOK/$f" "$stage/build/tokenizer/"
+    done
     (cd "$stage" && tar cJf "$CARRY/bundle.tar.xz" build)
     ls -la "$CARRY"
     exit 0
@@ -93,6 +105,33 @@ for step in $STEPS; do
         (cd "$ROOT" && NOPAD_DEBERTA_BENCH=1 timeout 180 "$BUILD/tests/test_cuda_deberta") 2>&1 |
             tee "$OUT/deberta_bench.log" | grep -v "^device"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        ;;
+    cli)
+        # `nopad train --device cuda` end to end (the CLI, the trainer, checkpoints) beside the same
+        # run on the CPU: a random BERT (4 x 64 heads, 2 layers) with MiniLM's tokenizer, a new
+        # 2-label head, the README's review data; per-step losses compared, then the CUDA-trained
+        # folder classified by `nopad classify` on the CPU
+        M=/tmp/nopad_train/models/cli_h64
+        python3 "$ROOT/scripts/make_random_bert.py" "$M" --hidden 256 --heads 4 --layers 2 > /dev/null || status=1
+        cp "$BUILD"/tokenizer/* "$M/"
+        D="$ROOT/tests/data/train"
+        for dev in cuda cpu; do
+            rm -rf "/tmp/nopad_train/tuned_$dev"
+            "$BUILD/nopad" train --device "$dev" --model "$M" --task classify --num-labels 2 --epochs 5 \
+                --data "$D/reviews_train.jsonl" --eval "$D/reviews_test.jsonl" --output "/tmp/nopad_train/tuned_$dev" \
+                --log "$OUT/cli_$dev.jsonl" --quiet > "$OUT/cli_$dev.log" 2>&1 || status=1
+            echo "== nopad train --device $dev"; tail -4 "$OUT/cli_$dev.log"
+        done
+        python3 - "$OUT/cli_cuda.jsonl" "$OUT/cli_cpu.jsonl" <<'PY' || status=1
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+rel = [abs(x - y) / abs(y) for x, y in zip(a, b)]
+print("per-step loss, cuda (bf16) against cpu (fp32): %d steps, max relative difference %.2e, last %.4f / %.4f"
+      % (len(rel), max(rel), a[-1], b[-1]))
+sys.exit(0 if len(a) == len(b) and max(rel) <= 2e-2 else 1)
+PY
+        head -3 "$D/reviews_test.jsonl" | python3 -c "import json,sys; [print(json.loads(l)['text']) for l in sys.stdin]" |
+            "$BUILD/nopad" classify --model /tmp/nopad_train/tuned_cuda 2>&1 | tee "$OUT/cli_classify.log" || status=1
         ;;
     bench)
         mkdir -p "$OUT/train"
