@@ -7,7 +7,7 @@ arithmetic without a GPU (docs/deberta.md):
 3. attention_rel_mma_kernel: the S accumulator element -> (query row, key), the bias gather from
    the [T, heads, W] scratch, the online softmax over 64-key tiles with quad reductions, against
    HF's formula written out (lengths 1 to 130, a graph's slack rows and rounded max_seqlen);
-4. the new path (NOPAD_DEBERTA_ATTN=new): the per-tile band of attention_rel_band_kernel and
+4. the new path (NOPAD_DEBERTA_ATTN=new): the per-row windows of attention_rel_band_kernel and
    rel_proj_half_kernel's output staging (check_band).
 Run: python3 scripts/emulate_attention_rel.py (prints the largest differences, ~1e-14)."""
 import numpy as np
@@ -163,12 +163,12 @@ def run(lens,heads,D,k,b,m,c2p_on,p2c_on,extra_rows=0,round_max=False):
 
 def check_band():
     """The new path (NOPAD_DEBERTA_ATTN=new): fp16 scratch [T, heads, Wp] read through
-    attention_rel_band_kernel's per-tile band (band_load: blo, bhi, base, 17 chunks of 8, sR) against
+    attention_rel_band_kernel's per-row windows (band_load: sR, sB, at most 9 chunks of 8 a row) against
     the direct lookup scratch[token, row(i - j) - r_lo], for every in-sequence pair of every
     (64-query tile, 64-key tile); pad columns and unloaded chunks are NaN so a stray read shows.
     Also rel_proj_half_kernel's output staging: accumulator (lane, n-tile, e) -> sO[token][col] ->
     16-byte chunk (row, ch) of the scratch."""
-    BAND_CH, BAND_COLS = 17, 136
+    WIN_CH, WIN_COLS = 9, 72
     for (b,m,k) in [(256,512,256),(8,64,8),(-1,5,5),(16,40,16),(32,256,32),(4,7,4),(-1,24,24),(256,140,256)]:
         sat=0
         while row(sat,k,b,m)!=2*k-1 or row(-sat,k,b,m)!=0: sat+=1
@@ -182,27 +182,36 @@ def check_band():
                 for m0 in range(0,L,64):
                     for n0 in range(0,L,64):
                         tiles+=1
-                        dlo=m0-n0-63; blo=col(dlo); bhi=col(m0-n0+63); base=blo&~7
-                        if bhi-base>=BAND_COLS:
+                        dlo=m0-n0-63
+                        sR=[col(dlo+t) for t in range(127)]
+                        sB=[0]*128; sN=[0]*128; wide=False
+                        for tid in range(128):
+                            lo_d=dlo+tid if tid<64 else m0-n0-(tid-64)
+                            lo=col(lo_d); hi=col(lo_d+63); base=lo&~7
+                            sB[tid]=base; sN[tid]=(hi-base)//8+1
+                            wide|=hi-base>=WIN_COLS
+                        if wide:
                             fallback+=1; continue
-                        nch=(bhi-base)//8+1
-                        assert base+nch*8<=Wp
-                        sC=np.full((64,BAND_COLS),np.nan); sP=np.full((64,BAND_COLS),np.nan)
-                        for r in range(64):
-                            for ch in range(nch):
-                                if m0+r<L: sC[r,ch*8:ch*8+8]=S[m0+r,base+ch*8:base+ch*8+8]
-                                if n0+r<L: sP[r,ch*8:ch*8+8]=S[n0+r,base+ch*8:base+ch*8+8]
-                        sR=[col(dlo+t)-base for t in range(127)]
+                        sC=np.full((64,WIN_COLS),np.nan); sP=np.full((64,WIN_COLS),np.nan)
+                        for i in range(2*64*WIN_CH):
+                            which=i//(64*WIN_CH); rem=i%(64*WIN_CH); r=rem//WIN_CH; ch=rem%WIN_CH
+                            if ch>=sN[which*64+r]: continue
+                            r0=n0 if which else m0; c0=sB[which*64+r]+ch*8
+                            assert c0+8<=Wp
+                            if r0+r<L: (sP if which else sC)[r,ch*8:ch*8+8]=S[r0+r,c0:c0+8]
                         for lane in range(32):
                             for w in range(4):
+                                qw=w*16+lane//4; bq=[sB[qw],sB[qw+8]]
                                 for t in range(8):
+                                    kc0=t*8+(lane&3)*2; bk=[sB[64+kc0],sB[65+kc0]]
                                     for e in range(4):
-                                        kc=t*8+(lane&3)*2+(e&1); qr=w*16+lane//4+(e>>1)*8
+                                        kc=kc0+(e&1); qr=qw+(e>>1)*8
                                         i=m0+qr; j=n0+kc
                                         if i>=L or j>=L: continue
-                                        bb=sR[qr-kc+63]; assert 0<=bb<BAND_COLS
-                                        assert sC[qr,bb]==S[i,col(i-j)], (b,m,k,L,m0,n0,qr,kc)
-                                        assert sP[kc,bb]==S[j,col(i-j)], (b,m,k,L,m0,n0,qr,kc)
+                                        bb=sR[qr-kc+63]
+                                        assert 0<=bb-bq[e>>1]<WIN_COLS and 0<=bb-bk[e&1]<WIN_COLS
+                                        assert sC[qr,bb-bq[e>>1]]==S[i,col(i-j)], (b,m,k,L,m0,n0,qr,kc)
+                                        assert sP[kc,bb-bk[e&1]]==S[j,col(i-j)], (b,m,k,L,m0,n0,qr,kc)
                 if max_len==512 and L==512:
                     print('band buckets %4d max_rel %3d k %3d L %d: W %d, %d of %d tiles from the band, the rest '
                           'gathered' % (b,m,k,L,W,tiles-fallback,tiles))

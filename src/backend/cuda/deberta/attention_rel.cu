@@ -411,18 +411,18 @@ __global__ void attention_rel_generic_kernel(T *__restrict__ out, const T *__res
  *    [T, heads, Wp] half, Wp = W rounded up to 8 (rows 16-byte aligned; the pad rows are
  *    products with zero-filled table rows, 0).
  *  - attention_rel_band_kernel: attention_rel_mma_kernel where the per-score global gathers are
- *    replaced by a band staged in shared memory once per (query tile, key tile): the distances of
- *    the tile's pairs are the 127 values m0 - n0 - 63 .. m0 - n0 + 63, the row index is monotone in
- *    the distance, so the tile reads scratch columns blo .. bhi only (bhi - blo <= 126 whenever a
- *    step of one distance moves at most one row: DeBERTa's buckets). sC[q][b] = c2p[m0 + q,
- *    base + b], sP[k][b] = p2c[n0 + k, base + b] (base = blo rounded down to 8, at most 17 chunks
- *    of 8), and sR[dd] = the column of distance m0 - n0 - 63 + dd, less base. The band of tile
- *    j + 1 is loaded with cp.async after every warp has used band j (one extra barrier a tile),
- *    under the softmax and P·V of tile j. A tile whose band is wider than 136 columns (buckets whose
- *    log part grows faster than one row a distance) gathers from global memory as before, in
- *    fp16. */
+ *    replaced by windows staged in shared memory once per (query tile, key tile): query row i
+ *    meets keys n0 .. n0 + 63, distances i - n0 - 63 .. i - n0, and the column is monotone in the
+ *    distance, so it reads one run of at most 64 scratch columns (when a step of one distance
+ *    moves at most one column: DeBERTa's buckets); key row j likewise over the tile's queries.
+ *    sC[q][c] = c2p[m0 + q, sB[q] + c], sP[k][c] = p2c[n0 + k, sB[64 + k] + c] (sB the run's
+ *    start rounded down to 8, so at most 9 chunks of 8), and sR[dd] the column of distance
+ *    m0 - n0 - 63 + dd. The windows of tile j + 1 are loaded with cp.async after every warp has
+ *    used those of tile j (one extra barrier a tile, two with the fit check), under the softmax
+ *    and P·V of tile j. A tile with a run wider than 72 columns (buckets whose log part grows
+ *    faster than one row a distance) gathers from global memory, in fp16. */
 
-enum { BAND_CH = 17, BAND_COLS = BAND_CH * 8, BAND_LDB = BAND_COLS + 8 };
+enum { WIN_CH = 9, WIN_COLS = WIN_CH * 8, WIN_LDB = WIN_COLS + 8 };
 
 struct rel_band {
     const uint16_t *c2p, *p2c;  // [T, heads, Wp] fp16 bits, or NULL (term absent)
@@ -501,35 +501,35 @@ rel_proj_half_kernel(uint16_t *__restrict__ c2p, uint16_t *__restrict__ p2c, con
     }
 }
 
-/* Issues the cp.async loads of key tile n0's band (query tile m0) and writes its column table sR;
- * returns whether the band fits (uniform over the CTA). */
-static __device__ __forceinline__ bool band_load(uint16_t *sC, uint16_t *sP, int *sR, const rel_band &rb, int start,
-                                                 int len, int head, int heads, int m0, int n0, int tid) {
+/* Issues the cp.async loads of key tile n0's windows (query tile m0) and writes sR (the column of
+ * each of the tile's 127 distances) and sB (each row's first loaded column); returns whether every
+ * window fits WIN_COLS columns (uniform over the CTA: the barrier inside decides it). Query row q
+ * (i = m0 + q) reaches distances i - n0 - 63 .. i - n0, key row c (j = n0 + c) m0 - j .. m0 + 63 - j:
+ * 64 consecutive distances each, so at most 64 columns, 8-aligned 72. */
+static __device__ __forceinline__ bool band_load(uint16_t *sC, uint16_t *sP, int *sR, int *sB, const rel_band &rb,
+                                                 int start, int len, int head, int heads, int m0, int n0, int tid) {
     const int dlo = m0 - n0 - 63;
-    const int blo = band_col(rb, dlo), bhi = band_col(rb, m0 - n0 + 63);
-    const int base = blo & ~7;
-    if (bhi - base >= BAND_COLS) return false;
-    const int nch = (bhi - base) / 8 + 1;
-    if (tid < 127) sR[tid] = band_col(rb, dlo + tid) - base;
-    for (int i = tid; i < 64 * BAND_CH; i += 128) {
-        const int row = i / BAND_CH, ch = i % BAND_CH;
-        if (ch >= nch) continue;
-        if (rb.c2p) {
-            const bool ok = m0 + row < len;
-            const int tok = start + (ok ? m0 + row : m0);
-            cp_async16(sC + row * BAND_LDB + ch * 8, rb.c2p + ((size_t)tok * heads + head) * rb.Wp + base + ch * 8, ok);
-        }
-        if (rb.p2c) {
-            const bool ok = n0 + row < len;
-            const int tok = start + (ok ? n0 + row : n0);
-            cp_async16(sP + row * BAND_LDB + ch * 8, rb.p2c + ((size_t)tok * heads + head) * rb.Wp + base + ch * 8, ok);
-        }
+    if (tid < 127) sR[tid] = band_col(rb, dlo + tid);
+    const int lo_d = tid < 64 ? dlo + tid : m0 - n0 - (tid - 64);
+    const int lo = band_col(rb, lo_d), hi = band_col(rb, lo_d + 63);
+    const int base = lo & ~7;
+    sB[tid] = base;
+    sB[128 + tid] = (hi - base) / 8 + 1;  // chunks this row needs
+    if (__syncthreads_or(hi - base >= WIN_COLS)) return false;
+    for (int i = tid; i < 2 * 64 * WIN_CH; i += 128) {
+        const int which = i / (64 * WIN_CH), rem = i % (64 * WIN_CH), row = rem / WIN_CH, ch = rem % WIN_CH;
+        const uint16_t *src = which ? rb.p2c : rb.c2p;
+        if (!src || ch >= sB[128 + which * 64 + row]) continue;
+        const int r0 = which ? n0 : m0, col = sB[which * 64 + row] + ch * 8;
+        const bool ok = r0 + row < len;
+        const int tok = start + (ok ? r0 + row : r0);
+        cp_async16((which ? sP : sC) + row * WIN_LDB + ch * 8, src + ((size_t)tok * heads + head) * rb.Wp + col, ok);
     }
     return true;
 }
 
 template <int D, bool BF16>
-__global__ void __launch_bounds__(128, (D <= 64 ? 2 : 1))
+__global__ void __launch_bounds__(128, (D <= 64 ? 3 : 1))
 attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
                           const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
                           const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads, float scale_log2,
@@ -548,9 +548,10 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     uint16_t *sQ = smem;                    // [BLOCK_M][LDS]
     uint16_t *sK = sQ + BLOCK_M * LDS;      // [2][BLOCK_N][LDS]
     uint16_t *sV = sK + 2 * BLOCK_N * LDS;  // [2][BLOCK_N][LDS]
-    uint16_t *sC = sV + 2 * BLOCK_N * LDS;  // [BLOCK_M][BAND_LDB]
-    uint16_t *sP = sC + BLOCK_M * BAND_LDB; // [BLOCK_N][BAND_LDB]
-    int *sR = reinterpret_cast<int *>(sP + BLOCK_N * BAND_LDB);  // [128]
+    uint16_t *sC = sV + 2 * BLOCK_N * LDS;  // [BLOCK_M][WIN_LDB]
+    uint16_t *sP = sC + BLOCK_M * WIN_LDB;  // [BLOCK_N][WIN_LDB]
+    int *sR = reinterpret_cast<int *>(sP + BLOCK_N * WIN_LDB);  // [128]
+    int *sB = sR + 128;                                         // [256]
 
     const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
     const int start = cu_seqlens[seq];
@@ -568,7 +569,7 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     rel_load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
     rel_load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
     rel_load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
-    bool band = band_load(sC, sP, sR, rb, start, len, head, n_heads, m0, 0, tid);
+    bool band = band_load(sC, sP, sR, sB, rb, start, len, head, n_heads, m0, 0, tid);
     cp_async_commit();
 
     float o[DT][4];
@@ -613,21 +614,25 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         /* the relative terms: from the band in shared memory (or, for a band too wide, from global) */
         const int n0 = j * BLOCK_N;
         if (band) {
+            const int bq[2] = {sB[qw], sB[qw + 8]};
 #pragma unroll
-            for (int t = 0; t < NT; t++)
+            for (int t = 0; t < NT; t++) {
+                const int kc0 = t * 8 + (lane & 3) * 2;
+                const int bk[2] = {sB[64 + kc0], sB[65 + kc0]};
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int kc = t * 8 + (lane & 3) * 2 + (e & 1), qr = qw + (e >> 1) * 8;
+                    const int kc = kc0 + (e & 1), qr = qw + (e >> 1) * 8;
                     const int col = n0 + kc, row = m0 + qr;
                     if (col >= len) s[t][e] = -INFINITY;
                     else if (row < len) {
                         const int b = sR[qr - kc + 63];
                         float add = 0.0f;
-                        if (rb.c2p) add += half_bits_to_f32(sC[qr * BAND_LDB + b]);
-                        if (rb.p2c) add += half_bits_to_f32(sP[kc * BAND_LDB + b]);
+                        if (rb.c2p) add += half_bits_to_f32(sC[qr * WIN_LDB + b - bq[e >> 1]]);
+                        if (rb.p2c) add += half_bits_to_f32(sP[kc * WIN_LDB + b - bk[e & 1]]);
                         s[t][e] += add;
                     }
                 }
+            }
         } else {
 #pragma unroll
             for (int t = 0; t < NT; t++)
@@ -646,7 +651,7 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         }
         if (j + 1 < n_tiles) {
             __syncthreads();  // every warp is done with band j
-            band = band_load(sC, sP, sR, rb, start, len, head, n_heads, m0, n0 + BLOCK_N, tid);
+            band = band_load(sC, sP, sR, sB, rb, start, len, head, n_heads, m0, n0 + BLOCK_N, tid);
             cp_async_commit();
         }
 
@@ -709,7 +714,7 @@ static cudaError_t launch_band(void *out, const void *qkv, const int32_t *cu_seq
                                cudaStream_t stream) {
     constexpr int BLOCK_M = 64, BLOCK_N = 64;
     const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t) +
-                        (size_t)(BLOCK_M + BLOCK_N) * BAND_LDB * sizeof(uint16_t) + 128 * sizeof(int);
+                        (size_t)(BLOCK_M + BLOCK_N) * WIN_LDB * sizeof(uint16_t) + 384 * sizeof(int);
     auto kernel = attention_rel_band_kernel<D, BF16>;
     static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
