@@ -166,7 +166,8 @@ def check_band():
     attention_rel_band_kernel's per-row windows (band_load: sR, sB, at most 9 chunks of 8 a row) against
     the direct lookup scratch[token, row(i - j) - r_lo], for every in-sequence pair of every
     (64-query tile, 64-key tile); pad columns and unloaded chunks are NaN so a stray read shows.
-    Also rel_proj_half_kernel's output staging: accumulator (lane, n-tile, e) -> sO[token][col] ->
+    The scratch is written only in the projection tiles some token reads (proj_tile_needed, a
+    packed stream of two sequences). Also rel_proj_half_kernel's output staging: accumulator (lane, n-tile, e) -> sO[token][col] ->
     16-byte chunk (row, ch) of the scratch."""
     WIN_CH, WIN_COLS = 9, 72
     for (b,m,k) in [(256,512,256),(8,64,8),(-1,5,5),(16,40,16),(32,256,32),(4,7,4),(-1,24,24),(256,140,256)]:
@@ -177,7 +178,24 @@ def check_band():
             rlo=row(-(max_len-1),k,b,m); W=row(max_len-1,k,b,m)-rlo+1; Wp=(W+7)//8*8
             def col(d): return max(0,min(W-1,tab[max(-sat,min(sat,d))+sat]-rlo))
             for L in sorted({1,max_len//2+1,max_len}):
-                S=np.full((L,Wp),np.nan); S[:,:W]=np.arange(L*W).reshape(L,W)  # c2p (p2c is alike)
+                # a packed stream: a sequence of 37 tokens, then this one (start 37); rel_proj_half_kernel
+                # writes only the (64-token, 64-column) tiles a token reads (proj_tile_needed), the rest
+                # of the scratch stays NaN
+                pre=37; seqs=[(0,pre),(pre,L)]; T=pre+L
+                full=np.arange(T*W,dtype=float).reshape(T,W)
+                Sc=np.full((T,Wp),np.nan); Sp=np.full((T,Wp),np.nan)
+                for term,Sx in ((0,Sc),(1,Sp)):
+                    for t0 in range(0,T,64):
+                        for r0 in range(0,Wp,64):
+                            hit=False
+                            for t in range(t0,min(t0+64,T)):
+                                st,ln=[q for q in seqs if q[0]<=t<q[0]+q[1]][0]; pp=t-st
+                                lo=col(pp-(ln-1) if term==0 else -pp); hi=col(pp if term==0 else ln-1-pp)
+                                hit|=lo<r0+64 and hi>=r0
+                            if hit:
+                                Sx[t0:t0+64,r0:min(r0+64,W)]=full[t0:t0+64,r0:min(r0+64,W)]
+                                Sx[t0:t0+64,W:Wp]=0
+                Sc=Sc[pre:]; Sp=Sp[pre:]; S=full[pre:]
                 fallback=tiles=0
                 for m0 in range(0,L,64):
                     for n0 in range(0,L,64):
@@ -198,7 +216,7 @@ def check_band():
                             if ch>=sN[which*64+r]: continue
                             r0=n0 if which else m0; c0=sB[which*64+r]+ch*8
                             assert c0+8<=Wp
-                            if r0+r<L: (sP if which else sC)[r,ch*8:ch*8+8]=S[r0+r,c0:c0+8]
+                            if r0+r<L: (sP if which else sC)[r,ch*8:ch*8+8]=(Sp if which else Sc)[r0+r,c0:c0+8]
                         for lane in range(32):
                             for w in range(4):
                                 qw=w*16+lane//4; bq=[sB[qw],sB[qw+8]]

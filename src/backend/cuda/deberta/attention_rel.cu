@@ -405,7 +405,8 @@ __global__ void attention_rel_generic_kernel(T *__restrict__ out, const T *__res
 /* ---- 3. the "new" path (NOPAD_DEBERTA_ATTN=new, the default; temporary A/B against the above) -----
  *
  * The same two steps with the scratch in fp16 and read tile by tile:
- *  - rel_proj_half_kernel: rel_proj_mma_kernel's tile, its float32 accumulators rounded to fp16
+ *  - rel_proj_half_kernel: rel_proj_mma_kernel's tile (skipped when none of its 64 tokens reads
+ *    any of its 64 columns: proj_tile_needed), its float32 accumulators rounded to fp16
  *    (saturated at ±65504; for bf16 inputs too: fp16 keeps 3 more mantissa bits and attention
  *    logits never come near the range) and stored through shared memory as 16-byte rows of
  *    [T, heads, Wp] half, Wp = W rounded up to 8 (rows 16-byte aligned; the pad rows are
@@ -445,11 +446,30 @@ static __device__ __forceinline__ uint32_t pack_half2_sat(float a, float b) {
     return *reinterpret_cast<const uint32_t *>(&h);
 }
 
+/* Whether a token of [t0, t0 + 64) reads a column of [r0, r0 + 64) of this term: token t at
+ * position p of a sequence of L tokens reads c2p at distances p - (L - 1) .. p (it is the query)
+ * and p2c at -p .. L - 1 - p (it is the key); rows past the last sequence read nothing. Called by
+ * the whole CTA (a barrier decides). The attention kernel's windows may load columns a token
+ * does not read (to 8-alignment, and for pairs past the sequence's end), but never uses them. */
+static __device__ __forceinline__ bool proj_tile_needed(const rel_band &rb, const int32_t *cu_seqlens, int n_seqs,
+                                                        int n_tokens, int term, int t0, int r0, int tid) {
+    bool hit = false;
+    const int t = t0 + tid;
+    if (tid < 64 && t < n_tokens && t < cu_seqlens[n_seqs]) {
+        const int sq = sequence_of(cu_seqlens, n_seqs, t);
+        const int p = t - cu_seqlens[sq], L = cu_seqlens[sq + 1] - cu_seqlens[sq];
+        const int lo = band_col(rb, term == 0 ? p - (L - 1) : -p), hi = band_col(rb, term == 0 ? p : L - 1 - p);
+        hit = lo < r0 + 64 && hi >= r0;
+    }
+    return __syncthreads_or(hit) != 0;
+}
+
 template <int D, bool BF16>
 __global__ void __launch_bounds__(128)
 rel_proj_half_kernel(uint16_t *__restrict__ c2p, uint16_t *__restrict__ p2c, const uint16_t *__restrict__ qkv,
                      const uint16_t *__restrict__ pos_key, const uint16_t *__restrict__ pos_query, int n_tokens,
-                     int heads, int r_lo, int W, int Wp) {
+                     int heads, rel_band rb, const int32_t *__restrict__ cu_seqlens, int n_seqs) {
+    const int r_lo = rb.r_lo, W = rb.W, Wp = rb.Wp;
     constexpr int ROWS = 64, LDS = D + 8, KQ = D / 16, NT = ROWS / 8, LDO = ROWS + 8;
     static_assert(2 * ROWS * LDS >= ROWS * LDO, "the output tile fits in the operands' space");
     __shared__ __align__(16) uint16_t smem[2 * ROWS * LDS];
@@ -462,6 +482,7 @@ rel_proj_half_kernel(uint16_t *__restrict__ c2p, uint16_t *__restrict__ p2c, con
     const int H = heads * D;
     const int t0 = blockIdx.y * ROWS, r0 = blockIdx.x * ROWS;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    if (!proj_tile_needed(rb, cu_seqlens, n_seqs, n_tokens, term, t0, r0, tid)) return;
     rel_load_tile<ROWS, D, 128>(sA, qkv + (size_t)term * H + (size_t)h * D, (size_t)3 * H, t0, n_tokens, tid);
     rel_load_tile<ROWS, D, 128>(sB, table + (size_t)r_lo * H + (size_t)h * D, (size_t)H, r0, W, tid);
     cp_async_commit();
@@ -750,9 +771,9 @@ static nopad_status attention_rel_band(const cuda_attention_rel_args *a, cudaStr
     const int D = a->head_size;
     const dim3 pgrid((unsigned)((Wp + 63) / 64), (unsigned)((a->n_tokens + 63) / 64), (unsigned)(2 * a->n_heads));
     const uint16_t *q = (const uint16_t *)a->qkv, *pk = (const uint16_t *)a->pos_key, *pq = (const uint16_t *)a->pos_query;
-    if (D == 32) rel_proj_half_kernel<32, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W, Wp);
-    else if (D == 64) rel_proj_half_kernel<64, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W, Wp);
-    else rel_proj_half_kernel<128, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, a->r_lo, a->W, Wp);
+    if (D == 32) rel_proj_half_kernel<32, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, rb, a->cu_seqlens, a->n_seqs);
+    else if (D == 64) rel_proj_half_kernel<64, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, rb, a->cu_seqlens, a->n_seqs);
+    else rel_proj_half_kernel<128, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, rb, a->cu_seqlens, a->n_seqs);
     const nopad_status st = launch_status("attention_rel projections");
     if (st != NOPAD_OK || proj_only) return st;
     cudaError_t e = D == 32 ? launch_band<32, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
