@@ -47,9 +47,11 @@ static const char common_help[] =
     "                      text first); without it a longer sequence is an error\n"
     "  --batch-tokens N    tokens per forward pass (default 16384)\n"
     "  --threads N         CPU threads (default: OpenMP's default)\n"
+    "  --device D          cpu (default) or cuda\n"
+    "  --dtype T           fp32 (the CPU's), fp16 (CUDA's default) or bf16\n"
     "  -h, --help          show this help\n"
     "\n"
-    "Runs on the CPU (fp32). A bad line stops the run with a message naming it, exit status 1.\n";
+    "A bad line stops the run with a message naming it, exit status 1.\n";
 
 typedef struct run {
     int rerank;
@@ -154,7 +156,8 @@ static int tokenize(run *r, const char *query, const char *text, size_t len, int
     }
 }
 
-enum { OPT_MODEL = 256, OPT_QUERY, OPT_INPUT, OPT_OUTPUT, OPT_TRUNCATE, OPT_BATCH_TOKENS, OPT_THREADS };
+enum { OPT_MODEL = 256, OPT_QUERY, OPT_INPUT, OPT_OUTPUT, OPT_TRUNCATE, OPT_BATCH_TOKENS, OPT_THREADS,
+       OPT_DEVICE, OPT_DTYPE };
 
 static const struct option long_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -164,6 +167,8 @@ static const struct option long_options[] = {
     {"truncate", no_argument, NULL, OPT_TRUNCATE},
     {"batch-tokens", required_argument, NULL, OPT_BATCH_TOKENS},
     {"threads", required_argument, NULL, OPT_THREADS},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -171,7 +176,9 @@ static const struct option long_options[] = {
 static int run_command(int argc, char **argv, int rerank) {
     const char *name = rerank ? "rerank" : "classify";
     const char *model_dir = NULL, *query = NULL, *input = NULL, *output = NULL;
-    int truncate = 0, threads = 0;
+    int truncate = 0, threads = 0, dtype_given = 0;
+    nopad_device device = NOPAD_DEVICE_CPU;
+    nopad_dtype dtype = NOPAD_DTYPE_F32;
     int32_t batch_tokens = DEFAULT_BATCH_TOKENS;
     cli_parser p = cli_parser_start(argc, argv, long_options);
     int c;
@@ -194,6 +201,13 @@ static int run_command(int argc, char **argv, int rerank) {
         case OPT_THREADS:
             if (parse_int("--threads", optarg, 0, 4096, &v)) goto usage;
             threads = (int)v;
+            break;
+        case OPT_DEVICE:
+            if (parse_device(optarg, &device)) goto usage;
+            break;
+        case OPT_DTYPE:
+            if (parse_dtype(optarg, &dtype)) goto usage;
+            dtype_given = 1;
             break;
         default: cli_print_opt_error(&p); goto usage;
         }
@@ -221,7 +235,7 @@ static int run_command(int argc, char **argv, int rerank) {
         goto done;
     }
     if (input) r.in_name = input;
-    if (!(r.model = open_model(model_dir, NOPAD_DEVICE_CPU, NOPAD_DTYPE_F32, 0, threads))) goto done;
+    if (!(r.model = open_model(model_dir, device, dtype, dtype_given, threads))) goto done;
     nopad_status st = nopad_model_get_info(r.model, &r.info);
     if (st != NOPAD_OK) {
         print_error("%s", library_error(st));
