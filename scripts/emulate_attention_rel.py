@@ -7,7 +7,7 @@ arithmetic without a GPU (docs/deberta.md):
 3. attention_rel_mma_kernel: the S accumulator element -> (query row, key), the bias gather from
    the [T, heads, W] scratch, the online softmax over 64-key tiles with quad reductions, against
    HF's formula written out (lengths 1 to 130, a graph's slack rows and rounded max_seqlen);
-4. the new path (NOPAD_DEBERTA_ATTN=new): the per-row windows of attention_rel_band_kernel and
+4. the tensor-core path (head sizes 32/64/128): the per-row windows of attention_rel_band_kernel and
    rel_proj_half_kernel's output staging (check_band).
 Run: python3 scripts/emulate_attention_rel.py (prints the largest differences, ~1e-14)."""
 import numpy as np
@@ -162,7 +162,7 @@ def run(lens,heads,D,k,b,m,c2p_on,p2c_on,extra_rows=0,round_max=False):
     return np.abs(out[:n]-ref[:n]).max()
 
 def check_band():
-    """The new path (NOPAD_DEBERTA_ATTN=new): fp16 scratch [T, heads, Wp] read through
+    """The tensor-core path (head sizes 32/64/128): fp16 scratch [T, heads, Wp] read through
     attention_rel_band_kernel's per-row windows (band_load: sR, sB, at most 9 chunks of 8 a row) against
     the direct lookup scratch[token, row(i - j) - r_lo], for every in-sequence pair of every
     (64-query tile, 64-key tile); pad columns and unloaded chunks are NaN so a stray read shows.

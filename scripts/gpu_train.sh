@@ -100,7 +100,7 @@ for step in $STEPS; do
         NOPAD_ATTN_BWD_BENCH=1 timeout 120 "$BUILD/tests/test_cuda_attention_backward" 2>&1 |
             tee "$OUT/attn_bwd_bench.log" | grep -v "^device"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-        # DeBERTa's attention_rel, both settings of the temporary NOPAD_DEBERTA_ATTN A/B
+        # DeBERTa's attention_rel at the DeBERTa-v3-base layer shape
         echo "== DeBERTa attention_rel timings"
         (cd "$ROOT" && NOPAD_DEBERTA_BENCH=1 timeout 180 "$BUILD/tests/test_cuda_deberta") 2>&1 |
             tee "$OUT/deberta_bench.log" | grep -v "^device"

@@ -30,7 +30,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/deberta/attention_rel.h"
 #include "golden.h"
-#include "util/knobs.h"
 
 static const nopad_dtype DTYPES[2] = {NOPAD_DTYPE_F16, NOPAD_DTYPE_BF16};
 static const char *const DTYPE_NAMES[2] = {"f16", "bf16"};
@@ -60,13 +59,9 @@ static void test_attention_rel_against_cpu(void **state) {
         {4, 7, 4, 1, 1, 1, 32, 0},        /* the smallest buckets that reach */
         {8, 64, 8, 1, 1, 0, 8, 0},        /* the generic kernel (the fixtures' head size) */
         {-1, 24, 24, 1, 0, 0, 40, 1},     /* the generic kernel, no buckets, a graph's shape */
-        {256, 140, 256, 1, 1, 0, 64, 0},  /* log buckets steeper than a row a distance: the new path's
+        {256, 140, 256, 1, 1, 0, 64, 0},  /* log buckets steeper than a row a distance: the
                                              tiles near |i - j| = 128 gather from global memory */
     };
-    /* both settings of the temporary A/B knob (NOPAD_DEBERTA_ATTN: 0 new, 1 old) */
-    for (int ab = 0; ab < 2; ab++) {
-    knob_set_int(KNOB_DEBERTA_ATTN, ab);
-    printf("  NOPAD_DEBERTA_ATTN=%s\n", ab == 0 ? "new" : "old");
     uint64_t rng = 2525;
     for (int di = 0; di < 2; di++) {
         nopad_backend *gpu = NULL;
@@ -134,8 +129,6 @@ static void test_attention_rel_against_cpu(void **state) {
         }
         gpu->destroy(gpu);
     }
-    }
-    knob_set_int(KNOB_DEBERTA_ATTN, 0);
     cpu->destroy(cpu);
 }
 
@@ -312,8 +305,7 @@ static int32_t rel_row(int32_t d, const nopad_rel_positions *rel) {
 }
 
 /* One DeBERTa-v3-base layer's attention_rel (12 heads x 64, 256 buckets over 512, c2p + p2c with
- * two tables) on B sequences of 512 tokens, fp16: the whole op and its projection step alone, for
- * both settings of NOPAD_DEBERTA_ATTN. */
+ * two tables) on B sequences of 512 tokens, fp16: the whole op and its projection step alone. */
 static void bench_deberta(int32_t B) {
     const int32_t heads = 12, d = 64, H = heads * d, L = 512, k = 256, T = B * L;
     nopad_backend *g = NULL;
@@ -347,10 +339,9 @@ static void bench_deberta(int32_t B) {
     assert_nopad_ok(g->upload_i32(g, drows, rows, (size_t)(2 * sat + 1)));
     const int32_t r_lo = rows[sat - (L - 1)], W = rows[sat + L - 1] - r_lo + 1;
     free(rows);
-    /* dense-equivalent: the new path skips the tiles no token reads */
+    /* dense-equivalent: the projection skips the tiles no token reads */
     const double proj_flop = 2.0 * 2.0 * T * heads * (double)W * d;
-    for (int ab = 0; ab < 2; ab++) {
-        knob_set_int(KNOB_DEBERTA_ATTN, ab);
+    {
         const size_t each = cuda_attention_rel_term_bytes(T, heads, d, W);
         void *scratch;
         assert_nopad_ok(g->alloc(g, 2 * each, &scratch));
@@ -359,14 +350,13 @@ static void bench_deberta(int32_t B) {
                                            .pos_key = c.pk, .pos_query = c.pq, .rows = drows, .sat = sat, .r_lo = r_lo,
                                            .W = W, .c2p = scratch, .p2c = (float *)((char *)scratch + each)};
         const float op_ms = time_it(&c, run_op), proj_ms = time_it(&c, run_proj);
-        printf("deberta-v3-base layer %3dx%d f16 NOPAD_DEBERTA_ATTN=%s: attention_rel %.3f ms, projections "
-               "%.3f ms (%.0f TFLOP/s dense-equivalent, scratch %.2f GB)\n",
-               B, L, ab == 0 ? "new" : "old", op_ms, proj_ms, proj_flop / proj_ms * 1e-9, 2.0 * each * 1e-9);
+        printf("deberta-v3-base layer %3dx%d f16: attention_rel %.3f ms, projections %.3f ms (%.0f TFLOP/s "
+               "dense-equivalent, scratch %.2f GB)\n",
+               B, L, op_ms, proj_ms, proj_flop / proj_ms * 1e-9, 2.0 * each * 1e-9);
         fflush(stdout);
         assert_nopad_ok(g->synchronize(g));
         g->free(g, scratch);
     }
-    knob_set_int(KNOB_DEBERTA_ATTN, 0);
     g->free(g, c.qkv), g->free(g, c.pk), g->free(g, c.pq), g->free(g, dcu), g->free(g, c.out), g->free(g, drows);
     free(qkv), free(pk), free(pq), free(cu);
     g->destroy(g);

@@ -58,9 +58,6 @@ static const knob_def KNOBS[KNOB_COUNT] = {
     [KNOB_FMHA_RESCALE] = {"NOPAD_FMHA_RESCALE", KIND_FLOAT, 8, NULL,
                            "online softmax: rescale only when the running maximum grows by more than this "
                            "(log2 units, 0 to 8; 0 = at every new maximum)"},
-    [KNOB_DEBERTA_ATTN] = {"NOPAD_DEBERTA_ATTN", KIND_CHOICE, 0, "new|old",
-                           "DeBERTa attention on CUDA (temporary A/B): new = fp16 c2p/p2c scratch staged per tile "
-                           "in shared memory, old = float32 scratch gathered per score"},
 };
 
 static double values[KNOB_COUNT]; /* each knob's value, parsed as its kind says */

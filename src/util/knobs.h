@@ -28,7 +28,6 @@ typedef enum knob_id {
     KNOB_FMHA_BLOCK_M,        /* int */
     KNOB_FMHA_BLOCK_N,        /* int */
     KNOB_FMHA_RESCALE,        /* float */
-    KNOB_DEBERTA_ATTN,        /* choice: new | old (temporary A/B of attention_rel on CUDA) */
     KNOB_COUNT
 } knob_id;
 

@@ -24,13 +24,11 @@ typedef struct cuda_attention_rel_args {
     int32_t sat;                /* rows are constant past ±sat */
     int32_t r_lo, W;            /* table rows r_lo .. r_lo + W - 1 are the ones max_seqlen reaches */
     float *c2p, *p2c;           /* scratch, cuda_attention_rel_term_bytes each (16-byte aligned); NULL
-                                 * with their table. Old path: [T, heads, W] float32; new path
-                                 * (NOPAD_DEBERTA_ATTN=new, head sizes 32/64/128): [T, heads, Wp]
-                                 * fp16, Wp = W rounded up to 8 */
+                                 * with their table. Head sizes 32/64/128: [T, heads, Wp] fp16,
+                                 * Wp = W rounded up to 8; others [T, heads, W] float32 */
 } cuda_attention_rel_args;
 
-/* The bytes of one term's scratch (c2p or p2c) for this shape under the current NOPAD_DEBERTA_ATTN
- * setting, a multiple of 16. */
+/* The bytes of one term's scratch (c2p or p2c) for this shape, a multiple of 16. */
 size_t cuda_attention_rel_term_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size, int32_t W);
 
 /* Enqueues the projections and the attention on `stream`. Head sizes 1..128 (32/64/128 on tensor
