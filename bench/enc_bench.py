@@ -23,21 +23,11 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class ModelParams(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_int), ("device_index", ctypes.c_int32), ("dtype", ctypes.c_int),
-                ("n_threads", ctypes.c_int), ("max_batch_tokens", ctypes.c_int32),
-                ("cuda_stream", ctypes.c_void_p), ("cuda_graph_max_tokens", ctypes.c_int32)]
 
 
-class EncodeParams(ctypes.Structure):
-    _fields_ = [("pooling", ctypes.c_int), ("normalize", ctypes.c_int), ("batch_tokens", ctypes.c_int32)]
-
-
-class Batch(ctypes.Structure):  # nopad_batch
-    _fields_ = [("layout", ctypes.c_int), ("on_device", ctypes.c_int), ("n_seqs", ctypes.c_int32),
-                ("tokens", ctypes.c_void_p), ("token_type_ids", ctypes.c_void_p),
-                ("cu_seqlens", ctypes.c_void_p), ("lengths", ctypes.c_void_p), ("max_len", ctypes.c_int32),
-                ("n_tokens", ctypes.c_int32), ("max_seqlen", ctypes.c_int32)]
+# the C API's structs, as the Python package declares them (one definition to keep in step with nopad.h)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from nopad._native import Batch, EncodeParams, ModelParams  # noqa: E402
 
 
 def load_lib(path):
