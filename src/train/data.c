@@ -14,8 +14,9 @@
 #include "util/file.h"
 #include "util/philox.h"
 
-/* Counter word 3 separates the generator's uses, so no two draw the same block. */
-enum { STREAM_MASK = 0, STREAM_SHUFFLE = 1 };
+/* Counter word 3 separates the generator's uses, so no two draw the same block (its bits above
+ * the second carry the high half of a 64-bit example index). */
+enum { STREAM_MASK = 0, STREAM_SHUFFLE = TRAIN_SHUFFLE_EXAMPLES, STREAM_BLOCKS = TRAIN_SHUFFLE_BLOCKS };
 /* Counter word 0 of the draw that picks the one masked token of an example none was chosen in
  * (positions are below 2^31, so it meets no per-token draw). */
 static const uint32_t FALLBACK_POS = 0xFFFFFFFFu;
@@ -40,11 +41,10 @@ static uint32_t uniform_index(uint32_t bits, uint32_t n) {
 
 /* ---- loading --------------------------------------------------------------------------------- */
 
+/* One call of train_dataset_add_lines: the dataset and the tokenizer's output scratch. */
 typedef struct builder {
     train_dataset *d;
-    int64_t cap_tokens;
-    int32_t cap_examples;
-    int32_t *scratch; // tokenizer output
+    int32_t *scratch;
     int32_t cap_scratch;
 } builder;
 
@@ -56,6 +56,27 @@ static nopad_status grow(void **p, size_t elem, int64_t need, int64_t *cap) {
     if (!q) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
     *p = q;
     *cap = n;
+    return NOPAD_OK;
+}
+
+/* Room for one more example in every per-example array (offsets has one entry more). */
+static nopad_status grow_examples(train_dataset *d) {
+    if (d->n_examples + 2 <= d->cap_examples) return NOPAD_OK;
+    const int32_t n = d->cap_examples ? 2 * d->cap_examples : 1024;
+    int64_t *off = realloc(d->offsets, (size_t)(n + 1) * sizeof *off);
+    if (off) d->offsets = off;
+    int32_t *t0 = off ? realloc(d->type0_len, (size_t)n * sizeof *t0) : NULL;
+    if (t0) d->type0_len = t0;
+    int64_t *ln = t0 ? realloc(d->line, (size_t)n * sizeof *ln) : NULL;
+    if (ln) d->line = ln;
+    int64_t *ix = ln ? realloc(d->index, (size_t)n * sizeof *ix) : NULL;
+    if (ix) d->index = ix;
+    int32_t *lab = ix ? realloc(d->labels, (size_t)n * sizeof *lab) : NULL;
+    if (lab) d->labels = lab;
+    float *tg = lab ? realloc(d->targets, (size_t)n * sizeof *tg) : NULL;
+    if (tg) d->targets = tg;
+    if (!tg) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
+    d->cap_examples = n;
     return NOPAD_OK;
 }
 
@@ -77,7 +98,7 @@ static nopad_status tokenize(builder *b, const nopad_tokenizer *tok, const char 
 
 static nopad_status add_example(builder *b, const nopad_tokenizer *tok, const char *a, size_t la_bytes,
                                 const char *pb, size_t lb_bytes, int32_t label, float target,
-                                int line, const char *where) {
+                                int64_t line, int64_t index, const char *where) {
     train_dataset *d = b->d;
     int32_t la = 0, lb = 0;
     nopad_status st = tokenize(b, tok, a, la_bytes, 0, &la, where);
@@ -118,25 +139,9 @@ static nopad_status add_example(builder *b, const nopad_tokenizer *tok, const ch
         }
     }
     const int32_t len = la + lb + n_special;
-    int64_t cap = b->cap_tokens;
-    st = grow((void **)&d->ids, sizeof(int32_t), d->n_tokens + len, &cap);
+    st = grow((void **)&d->ids, sizeof(int32_t), d->n_tokens + len, &d->cap_tokens);
+    if (st == NOPAD_OK) st = grow_examples(d);
     if (st != NOPAD_OK) return st;
-    b->cap_tokens = cap;
-    if (d->n_examples + 2 > b->cap_examples) {
-        const int32_t n = b->cap_examples ? 2 * b->cap_examples : 1024;
-        int64_t *off = realloc(d->offsets, (size_t)(n + 1) * sizeof *off);
-        if (off) d->offsets = off;
-        int32_t *t0 = off ? realloc(d->type0_len, (size_t)n * sizeof *t0) : NULL;
-        if (t0) d->type0_len = t0;
-        int32_t *ln = t0 ? realloc(d->line, (size_t)n * sizeof *ln) : NULL;
-        if (ln) d->line = ln;
-        int32_t *lab = ln ? realloc(d->labels, (size_t)n * sizeof *lab) : NULL;
-        if (lab) d->labels = lab;
-        float *tg = lab ? realloc(d->targets, (size_t)n * sizeof *tg) : NULL;
-        if (tg) d->targets = tg;
-        if (!tg) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
-        b->cap_examples = n;
-    }
     int32_t *out = d->ids + d->n_tokens;
     int32_t k = 0;
     for (int32_t i = 0; i < tok->n_prefix; i++) out[k++] = tok->prefix_ids[i];
@@ -158,6 +163,7 @@ static nopad_status add_example(builder *b, const nopad_tokenizer *tok, const ch
     d->offsets[e + 1] = d->n_tokens;
     d->type0_len[e] = type0;
     d->line[e] = line;
+    d->index[e] = index;
     d->labels[e] = label;
     d->targets[e] = target;
     return NOPAD_OK;
@@ -193,14 +199,14 @@ static int blank(const char *s, size_t n) {
 }
 
 static nopad_status load_line(builder *b, const nopad_tokenizer *tok, const char *s, size_t n,
-                              int line, const char *where) {
+                              int64_t line, int64_t index, const char *where) {
     train_dataset *d = b->d;
     if (blank(s, n)) {
         d->n_skipped++;
         return NOPAD_OK;
     }
     if (d->params.format == TRAIN_DATA_LINES)
-        return add_example(b, tok, s, n, NULL, 0, 0, 0.0f, line, where);
+        return add_example(b, tok, s, n, NULL, 0, 0, 0.0f, line, index, where);
     cJSON *obj = cJSON_ParseWithLength(s, n);
     nopad_status st = NOPAD_OK;
     if (!obj || !cJSON_IsObject(obj)) {
@@ -223,7 +229,8 @@ static nopad_status load_line(builder *b, const nopad_tokenizer *tok, const char
         const int has_pair = pair && cJSON_IsString(pair);
         st = add_example(b, tok, text->valuestring, strlen(text->valuestring),
                          has_pair ? pair->valuestring : NULL,
-                         has_pair ? strlen(pair->valuestring) : 0, label, target, line, where);
+                         has_pair ? strlen(pair->valuestring) : 0, label, target, line, index,
+                         where);
     }
     cJSON_Delete(obj);
     return st;
@@ -268,12 +275,11 @@ nopad_status train_dataset_load(const char *path, const nopad_tokenizer *tok,
     return st;
 }
 
-nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
-                                 const nopad_tokenizer *tok, const train_data_params *params,
-                                 train_dataset *out) {
+nopad_status train_dataset_init(const nopad_tokenizer *tok, const train_data_params *params,
+                                train_dataset *out) {
     memset(out, 0, sizeof *out);
-    if ((!text && len) || !path || !tok || !params)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_parse: NULL argument");
+    if (!tok || !params)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_init: NULL argument");
     const train_data_params *p = params;
     if (p->format != TRAIN_DATA_LINES && p->format != TRAIN_DATA_JSONL)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: unknown format %d",
@@ -294,26 +300,61 @@ nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
     out->vocab_size = p->vocab_size > 0 ? p->vocab_size : nopad_tokenizer_vocab_size(tok);
     out->mask_id = -1;
     nopad_status st = special_tokens(tok, out);
-    builder b = {.d = out, .cap_scratch = 256};
+    if (st != NOPAD_OK) train_dataset_free(out);
+    return st;
+}
+
+nopad_status train_dataset_add_lines(train_dataset *d, const nopad_tokenizer *tok, const char *text,
+                                     size_t len, size_t owned, const char *path,
+                                     int64_t first_line, int64_t first_index) {
+    builder b = {.d = d, .cap_scratch = 256};
     b.scratch = malloc((size_t)b.cap_scratch * sizeof(int32_t));
-    if (!b.scratch && st == NOPAD_OK)
-        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
-    int line = 0;
-    for (size_t at = 0; st == NOPAD_OK && at < len;) {
+    if (!b.scratch) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
+    nopad_status st = NOPAD_OK;
+    int64_t line = first_line, index = first_index;
+    for (size_t at = 0; st == NOPAD_OK && at < owned; line++) {
         const char *nl = memchr(text + at, '\n', len - at);
         const size_t end = nl ? (size_t)(nl - text) : len;
         size_t n = end - at;
         if (n && text[at + n - 1] == '\r') n--;
         char where[64 + 512];
-        snprintf(where, sizeof where, "%.512s: line %d", path, ++line);
-        st = load_line(&b, tok, text + at, n, line, where);
+        snprintf(where, sizeof where, "%.512s: line %lld", path, (long long)line);
+        const int32_t before = d->n_examples;
+        st = load_line(&b, tok, text + at, n, line, index, where);
+        index += d->n_examples - before;
         at = end + 1;
     }
     free(b.scratch);
+    return st;
+}
+
+void train_dataset_clear(train_dataset *d) {
+    d->n_examples = 0;
+    d->n_tokens = 0;
+    d->n_truncated = d->n_skipped = 0;
+}
+
+size_t train_dataset_bytes(const train_dataset *d) {
+    return (size_t)d->cap_tokens * sizeof(int32_t) +
+           (size_t)d->cap_examples * (sizeof *d->offsets + sizeof *d->type0_len + sizeof *d->line +
+                                      sizeof *d->index + sizeof *d->labels + sizeof *d->targets) +
+           (d->special ? (size_t)d->vocab_size * (1 + sizeof(int32_t)) : 0);
+}
+
+nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
+                                 const nopad_tokenizer *tok, const train_data_params *params,
+                                 train_dataset *out) {
+    memset(out, 0, sizeof *out);
+    if ((!text && len) || !path || !tok || !params)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_parse: NULL argument");
+    nopad_status st = train_dataset_init(tok, params, out);
+    if (st != NOPAD_OK) return st;
+    st = train_dataset_add_lines(out, tok, text, len, len, path, 1, 0);
     if (st == NOPAD_OK && out->n_examples == 0)
         st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no training example (%d lines skipped: blank, or "
                              "nothing to mask)", path, out->n_skipped);
     if (st == NOPAD_OK) {
+        const train_data_params *p = params;
         const int regression = p->task == TRAIN_TASK_CLASSIFY && p->num_labels == 1;
         if (p->task != TRAIN_TASK_CLASSIFY || regression) free(out->labels), out->labels = NULL;
         if (!regression) free(out->targets), out->targets = NULL;
@@ -324,7 +365,8 @@ nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
 
 void train_dataset_free(train_dataset *d) {
     if (!d) return;
-    free(d->ids), free(d->offsets), free(d->type0_len), free(d->line), free(d->labels);
+    free(d->ids), free(d->offsets), free(d->type0_len), free(d->line), free(d->index);
+    free(d->labels);
     free(d->targets), free(d->special), free(d->plain_ids);
     memset(d, 0, sizeof *d);
 }
@@ -341,6 +383,8 @@ static int32_t corrupt(const train_dataset *d, int32_t id, const uint32_t r[4]) 
 
 int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch, int32_t example,
                            int32_t *tokens, int32_t *positions, int32_t *labels) {
+    const uint64_t key = (uint64_t)d->index[example];
+    const uint32_t key_lo = (uint32_t)key, stream = STREAM_MASK | (uint32_t)(key >> 32) << 2;
     const int32_t *ids = d->ids + d->offsets[example];
     const int32_t len = (int32_t)(d->offsets[example + 1] - d->offsets[example]);
     const uint32_t below = (uint32_t)fmin((double)d->params.mask_prob * 4294967296.0, 4294967295.0);
@@ -350,7 +394,7 @@ int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch
         if (d->special[ids[p]]) continue;
         maskable++;
         uint32_t r[4];
-        draw(seed, (uint32_t)p, (uint32_t)example, epoch, STREAM_MASK, r);
+        draw(seed, (uint32_t)p, key_lo, epoch, stream, r);
         if (r[0] >= below) continue;
         tokens[p] = corrupt(d, ids[p], r);
         positions[n] = p;
@@ -358,7 +402,7 @@ int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch
     }
     if (n == 0 && maskable > 0) {
         uint32_t r[4];
-        draw(seed, FALLBACK_POS, (uint32_t)example, epoch, STREAM_MASK, r);
+        draw(seed, FALLBACK_POS, key_lo, epoch, stream, r);
         uint32_t k = uniform_index(r[0], (uint32_t)maskable);
         for (int32_t p = 0; p < len; p++) {
             if (d->special[ids[p]] || k--) continue;
@@ -373,6 +417,19 @@ int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch
 
 /* ---- batches --------------------------------------------------------------------------------- */
 
+void train_shuffle(int32_t *order, int32_t n, uint64_t seed, uint32_t epoch, uint32_t window,
+                   train_shuffle_kind kind) {
+    for (int32_t i = 0; i < n; i++) order[i] = i;
+    for (int32_t i = n - 1; i > 0; i--) { // Fisher-Yates
+        uint32_t r[4];
+        draw(seed, (uint32_t)i, window, epoch, (uint32_t)kind, r);
+        const int32_t j = (int32_t)uniform_index(r[0], (uint32_t)i + 1);
+        const int32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
 nopad_status train_loader_init(const train_dataset *d, int32_t max_tokens, int32_t max_seqs,
                                uint64_t seed, train_loader *out) {
     memset(out, 0, sizeof *out);
@@ -385,9 +442,9 @@ nopad_status train_loader_init(const train_dataset *d, int32_t max_tokens, int32
         const int64_t len = d->offsets[e + 1] - d->offsets[e];
         if (len > max_tokens)
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                                   "training data: the example of line %d has %lld tokens, more "
-                                   "than the batch budget of %d",
-                                   d->line[e], (long long)len, max_tokens);
+                                   "training data: the example of line %lld has %lld tokens, "
+                                   "more than the batch budget of %d",
+                                   (long long)d->line[e], (long long)len, max_tokens);
     }
     out->data = d;
     out->max_tokens = max_tokens;
@@ -416,15 +473,7 @@ nopad_status train_loader_seek(train_loader *l, uint32_t epoch, int32_t cursor) 
     if (cursor < 0 || cursor > n)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "train_loader_seek: cursor %d outside [0, %d]", cursor, n);
-    for (int32_t i = 0; i < n; i++) l->order[i] = i;
-    for (int32_t i = n - 1; i > 0; i--) { // Fisher-Yates
-        uint32_t r[4];
-        draw(l->seed, (uint32_t)i, 0, epoch, STREAM_SHUFFLE, r);
-        const int32_t j = (int32_t)uniform_index(r[0], (uint32_t)i + 1);
-        const int32_t t = l->order[i];
-        l->order[i] = l->order[j];
-        l->order[j] = t;
-    }
+    train_shuffle(l->order, n, l->seed, epoch, l->window, TRAIN_SHUFFLE_EXAMPLES);
     l->epoch = epoch;
     l->cursor = cursor;
     return NOPAD_OK;
@@ -434,6 +483,7 @@ int train_loader_next(train_loader *l) {
     const train_dataset *d = l->data;
     if (l->cursor >= d->n_examples) return 0;
     const int mlm = d->params.task == TRAIN_TASK_MLM;
+    const int regression = !mlm && d->params.num_labels == 1;
     int32_t T = 0, B = 0, M = 0;
     l->cu_seqlens[0] = 0;
     while (l->cursor < d->n_examples && B < l->max_seqs) {
@@ -447,8 +497,8 @@ int train_loader_next(train_loader *l) {
             M += m;
         } else {
             memcpy(l->tokens + T, d->ids + d->offsets[e], (size_t)len * sizeof(int32_t));
-            if (d->labels) l->labels[B] = d->labels[e];
-            if (d->targets) l->targets[B] = d->targets[e];
+            if (regression) l->targets[B] = d->targets[e];
+            else l->labels[B] = d->labels[e];
         }
         for (int32_t i = 0; i < len; i++) l->types[T + i] = i < d->type0_len[e] ? 0 : 1;
         l->examples[B++] = e;
@@ -463,8 +513,8 @@ int train_loader_next(train_loader *l) {
         b.mlm_positions = l->mlm_positions;
         b.mlm_labels = l->mlm_labels;
     } else {
-        b.labels = d->labels ? l->labels : NULL;
-        b.targets = d->targets ? l->targets : NULL;
+        b.labels = regression ? NULL : l->labels;
+        b.targets = regression ? l->targets : NULL;
     }
     l->batch = b;
     return 1;

@@ -12,7 +12,9 @@
  *                     from the single template's prefix and suffix: BERT's pair template),
  *                     and for classification "label": an integer in [0, num_labels), or any
  *                     finite number for regression (num_labels == 1).
- * The whole corpus is held tokenized in memory (int32 ids); streaming is for later. */
+ * train_dataset_load holds the whole corpus tokenized in memory (int32 ids); src/train/stream.h
+ * reads a corpus too large for that a window of blocks at a time, building its windows with
+ * train_dataset_init / train_dataset_add_lines. */
 #ifndef NOPAD_TRAIN_DATA_H
 #define NOPAD_TRAIN_DATA_H
 
@@ -38,8 +40,8 @@ typedef struct train_data_params {
 } train_data_params;
 train_data_params train_data_default_params(void);
 
-/* The tokenized corpus: example i is ids[offsets[i] .. offsets[i+1]), its first type0_len[i]
- * tokens of token type 0 and the rest of type 1. */
+/* The tokenized corpus (or a streamed window of it): example i is ids[offsets[i] .. offsets[i+1]),
+ * its first type0_len[i] tokens of token type 0 and the rest of type 1. */
 typedef struct train_dataset {
     train_data_params params;
     int32_t n_examples;
@@ -47,7 +49,10 @@ typedef struct train_dataset {
     int32_t *ids;          // [n_tokens]
     int64_t *offsets;      // [n_examples + 1]
     int32_t *type0_len;    // [n_examples]
-    int32_t *line;         // [n_examples] 1-based line of the file, for messages
+    int64_t *line;         // [n_examples] 1-based line of the file, for messages
+    int64_t *index;        // [n_examples] the example's place among the corpus's examples (in
+                           // memory: i; a streamed window: where its lines are), which keys its
+                           // masking, so the masks do not depend on how the corpus is read
     int32_t *labels;       // [n_examples] CLASSIFY with num_labels > 1, else NULL
     float *targets;        // [n_examples] CLASSIFY with num_labels == 1, else NULL
     int32_t n_truncated;   // examples cut to max_length
@@ -58,6 +63,8 @@ typedef struct train_dataset {
     uint8_t *special;      // [vocab_size] 1: never masked nor drawn as a random replacement
     int32_t *plain_ids;    // the ids that are not special: the random replacements
     int32_t n_plain;
+    int64_t cap_tokens;    // allocated lengths of ids and of the per-example arrays (appending)
+    int32_t cap_examples;
 } train_dataset;
 
 /* Reads and tokenizes `path`. Errors name the file and line: a line that is not a JSON object,
@@ -72,23 +79,50 @@ nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
                                  train_dataset *out);
 void train_dataset_free(train_dataset *d);
 
-/* The masked-LM corruption of example `example` in epoch `epoch`: each non-special token is
- * chosen with probability mask_prob (an example where none is chosen gets one chosen uniformly,
- * as BERT's max(1, ...), so every batch has a masked token); of the chosen, 80% become [MASK],
+/* The parts of train_dataset_parse, for a reader that builds the dataset piece by piece:
+ * init checks the parameters and reads the tokenizer's special tokens into an empty dataset;
+ * add_lines appends the examples of the lines that start in text[0, owned) (text[0] starts a
+ * line; each runs to its '\n' or to text[len]), the first being line `first_line` of `path` and
+ * example `first_index` of the corpus; clear empties it, keeping its memory. A dataset built so
+ * keeps labels and targets arrays whatever the task, and may have no example. */
+nopad_status train_dataset_init(const nopad_tokenizer *tok, const train_data_params *params,
+                                train_dataset *out);
+nopad_status train_dataset_add_lines(train_dataset *d, const nopad_tokenizer *tok, const char *text,
+                                     size_t len, size_t owned, const char *path,
+                                     int64_t first_line, int64_t first_index);
+void train_dataset_clear(train_dataset *d);
+/* The bytes the dataset has allocated. */
+size_t train_dataset_bytes(const train_dataset *d);
+
+/* The masked-LM corruption of example `example` in epoch `epoch`, drawn from (seed, epoch,
+ * index[example]): each non-special token is chosen with probability mask_prob (an example where
+ * none is chosen gets one chosen uniformly, as BERT's max(1, ...), so every batch has a masked
+ * token); of the chosen, 80% become [MASK],
  * 10% a uniformly drawn non-special id, 10% stay. Writes the example's ids, corrupted, to
  * tokens[len], the chosen positions (0-based within the example, increasing) to positions and
  * the original ids to labels (each up to len entries), and returns how many were chosen. */
 int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch, int32_t example,
                            int32_t *tokens, int32_t *positions, int32_t *labels);
 
+/* order[0, n) = 0 .. n-1 shuffled from (seed, epoch, window): the examples of a loader's epoch
+ * (TRAIN_SHUFFLE_EXAMPLES), or a streamed epoch's blocks (TRAIN_SHUFFLE_BLOCKS, drawn apart). */
+typedef enum train_shuffle_kind {
+    TRAIN_SHUFFLE_EXAMPLES = 1,
+    TRAIN_SHUFFLE_BLOCKS = 2,
+} train_shuffle_kind;
+void train_shuffle(int32_t *order, int32_t n, uint64_t seed, uint32_t epoch, uint32_t window,
+                   train_shuffle_kind kind);
+
 /* Batches over a dataset: each epoch visits every example once, in an order shuffled from
- * (seed, epoch), packing consecutive examples of that order into a batch until the next one would
- * exceed max_tokens tokens or max_seqs sequences. */
+ * (seed, epoch, window), packing consecutive examples of that order into a batch until the next
+ * one would exceed max_tokens tokens or max_seqs sequences. `window` is 0 for a dataset in
+ * memory; a streamed window sets it to its number, so each window of an epoch shuffles apart. */
 typedef struct train_loader {
     const train_dataset *data;
     int32_t max_tokens, max_seqs;
     uint64_t seed;
     uint32_t epoch;
+    uint32_t window;
     int32_t cursor;        // examples of this epoch's order already batched
     int32_t *order;        // [n_examples] this epoch's order
     /* the current batch; batch's pointers point here */
