@@ -718,6 +718,10 @@ typedef struct nopad_train_params {
                                      Trainer runs; else a rate in [0, 1), 0 = off. Dropout after
                                      the embeddings and each sub-layer; the attention's
                                      probabilities are not dropped. Evaluation runs without. */
+    int stream;                   /* 0: the training data is tokenized whole into memory (4 bytes a
+                                     token); 1: streamed a window at a time, memory bounded by
+                                     stream_buffer whatever the corpus size (docs/training.md) */
+    int64_t stream_buffer;        /* 64 MiB: the text a streamed window holds (>= 1024 bytes) */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

@@ -11,6 +11,9 @@
 #     same per-step losses and learning rates, bit for bit, as one that did not stop, and ends
 #     with the same weights; a resume with another optimiser, learning rate, epoch count, seed,
 #     task or label count is an error naming both values;
+#   - --stream: trains reading the data a window at a time; a streamed run stopped and resumed
+#     equals one that did not stop, bit for bit; resuming it in memory or with another buffer is
+#     an error naming both values;
 #   - --log-batches: each step's batch in the log, well-formed;
 #   - --device cuda: runs where the build has CUDA training, else exit 1 with a clear error;
 #   - bad flags and files: exit 2 (command line) or 1 (error) with a message naming the problem.
@@ -55,7 +58,8 @@ cfg["architectures"] = ["BertModel"]
 json.dump(cfg, open(dst + "/config.json", "w"))
 PY
 
-"$NOPAD_CLI" train --help | grep -q -- '--num-labels' || fail "train --help"
+"$NOPAD_CLI" train --help >"$TMP/help" && grep -q -- '--num-labels' "$TMP/help" && grep -q -- '--stream-buffer' "$TMP/help" ||
+    fail "train --help"
 
 # ---- classification with a new head -------------------------------------------------------------
 OUT="$TMP/out_cls"
@@ -166,6 +170,58 @@ rc=0
 { [ "$rc" -eq 1 ] && grep -q "resuming from $TMP/bare" "$TMP/err" && grep -q trainer_state.json "$TMP/err"; } ||
     fail "resume from a plain model folder: exit $rc: $(cat "$TMP/err")"
 
+# ---- --stream: the data read a window at a time, resumed as a run that did not stop ------------
+# cls_train.jsonl (2.6 KB) in windows of 1 KiB (16 blocks of 64 bytes, cut mid-line): 3 windows
+# an epoch; stopped after step 5 (inside a window) and 12, resumed, every step equal bit for bit.
+S=("${R[@]}" --stream --stream-buffer 1k)
+"$NOPAD_CLI" train "${S[@]}" --output "$TMP/sstraight" --log "$TMP/sstraight.jsonl" 2>"$TMP/err" ||
+    fail "--stream: the straight run: $(cat "$TMP/err")"
+grep -q '"stream_buffer":[[:space:]]*1024' "$TMP/sstraight/trainer_state.json" ||
+    fail "--stream: the checkpoint does not record the stream buffer"
+for k in 5 12; do
+    "$NOPAD_CLI" train "${S[@]}" --output "$TMP/spart$k" --stop-after $k --log "$TMP/spart${k}a.jsonl" \
+        2>"$TMP/err" || fail "--stream: the first $k steps: $(cat "$TMP/err")"
+    "$NOPAD_CLI" train "${S[@]}" --output "$TMP/spart$k" --resume "$TMP/spart$k" \
+        --log "$TMP/spart${k}b.jsonl" 2>"$TMP/err" || fail "--stream: resumed after step $k: $(cat "$TMP/err")"
+    python3 - "$TMP" $k <<'PY' || fail "--stream: resumed after step $k: the curves differ"
+import json, sys
+tmp, k = sys.argv[1], int(sys.argv[2])
+def steps(*names):
+    return [(r["step"], repr(r["loss"]), r["lr"], r["tokens"]) for n in names
+            for r in map(json.loads, open(f"{tmp}/{n}.jsonl"))]
+straight, parts = steps("sstraight"), steps(f"spart{k}a", f"spart{k}b")
+plain = steps("straight")
+assert len(straight) > k + 8 and [s[0] for s in straight] == list(range(1, len(straight) + 1))
+assert parts == straight, f"resumed {parts[k:k + 2]}, straight {straight[k:k + 2]}"
+# the same examples in another order: the tokens of the run equal the in-memory run's
+assert sum(s[3] for s in straight) == sum(s[3] for s in plain), "the streamed epochs miss tokens"
+weights = [open(f"{tmp}/{d}/model.safetensors", "rb").read() for d in ("sstraight", f"spart{k}")]
+assert weights[0] == weights[1], "the end weights differ"
+print(f"ok   --stream resume after step {k}: {len(straight)} steps equal bit for bit")
+PY
+done
+# a streamed checkpoint resumed in memory, or with another buffer: errors naming both values
+expect_stream_resume_fail() {
+    local word="$1"
+    shift
+    local rc=0
+    "$NOPAD_CLI" train "$@" --output "$TMP/o6" --resume "$TMP/spart5" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    if [ "$rc" -ne 1 ] || ! grep -qF -- "$word" "$TMP/err"; then
+        fail "resume with $*: exit $rc, expected 1 and '$word'; stderr: $(cat "$TMP/err")"
+    else
+        echo "ok   $word: $(head -n 1 "$TMP/err")"
+    fi
+}
+expect_stream_resume_fail "stream buffer (0: the data held in memory) 0, but the checkpoint's is 1024" "${R[@]}"
+expect_stream_resume_fail "stream buffer (0: the data held in memory) 2048, but the checkpoint's is 1024" \
+    "${R[@]}" --stream --stream-buffer 2k
+# MLM streamed, with an eval file held in memory
+"$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" --eval "$TMP/cls_eval.txt" \
+    --output "$TMP/o7" --epochs 2 --batch-tokens 64 --stream --stream-buffer 1k >"$TMP/stdout" \
+    2>"$TMP/err" || fail "--stream mlm: $(cat "$TMP/err")"
+grep -q '^eval loss: [0-9]' "$TMP/stdout" || fail "--stream mlm: no eval loss: $(cat "$TMP/stdout")"
+grep -q 'on 64 examples (0 truncated, streamed)' "$TMP/err" || fail "--stream mlm: $(tail -n 1 "$TMP/err")"
+
 # ---- --log-batches: each step's batch, as the HF replay (scripts/train_curve_hf.py) reads it ----
 "$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" --output "$TMP/o4" \
     --epochs 1 --batch-tokens 64 --quiet --log "$TMP/batches.jsonl" --log-batches 2>"$TMP/err" ||
@@ -234,6 +290,11 @@ expect_fail 2 "unknown device 'tpu'" "${C[@]}" --data "$D/cls_train.jsonl" --dev
 expect_fail 2 "--dtype bf16: the CPU trains in fp32" "${C[@]}" --data "$D/cls_train.jsonl" --dtype bf16
 expect_fail 2 "--log-batches needs --log" "${C[@]}" --data "$D/cls_train.jsonl" --log-batches
 expect_fail 2 "--stop-after" "${C[@]}" --data "$D/cls_train.jsonl" --stop-after 0
+expect_fail 2 "--stream-buffer 100: expected a size of at least 1024" "${C[@]}" --data "$D/cls_train.jsonl" \
+    --stream --stream-buffer 100
+expect_fail 2 "--stream-buffer 4X" "${C[@]}" --data "$D/cls_train.jsonl" --stream-buffer 4X
+expect_fail 1 "bad_label.jsonl: line 2: label 5 out of range" "${C[@]}" --data "$TMP/bad_label.jsonl" --stream
+expect_fail 1 "empty.jsonl: no training example" "${C[@]}" --data "$TMP/empty.jsonl" --stream
 expect_fail 1 "$TMP/nodir/log.jsonl" "${C[@]}" --data "$D/cls_train.jsonl" --log "$TMP/nodir/log.jsonl"
 
 if [ "$failures" -ne 0 ]; then

@@ -17,8 +17,10 @@
 #include "util/error.h"
 #include "util/file.h"
 
-/* -2: the schedule and the run's shape (epochs, batch budgets) joined the state */
-static const char *const STATE_FORMAT = "nopad-train-2";
+/* -2: the schedule and the run's shape (epochs, batch budgets) joined the state; -3: streamed
+ * data (the window and the buffer; a -2 state held its data in memory) */
+static const char *const STATE_FORMAT = "nopad-train-3";
+static const char *const STATE_FORMAT_2 = "nopad-train-2";
 static const char *const OPT_NAMES[] = {"adamw", "lamb"};
 static const char *const TASK_NAMES[] = {"mlm", "classify"};
 
@@ -196,7 +198,9 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     snprintf(seed, sizeof seed, "%" PRIu64, s->data_seed); // a string: JSON numbers are doubles
     cJSON_AddStringToObject(d, "seed", seed);
     cJSON_AddNumberToObject(d, "epoch", s->epoch);
+    cJSON_AddNumberToObject(d, "window", s->window);
     cJSON_AddNumberToObject(d, "cursor", s->cursor);
+    cJSON_AddNumberToObject(d, "stream_buffer", (double)s->stream_buffer);
     cJSON_AddNumberToObject(d, "epochs", s->epochs);
     cJSON_AddNumberToObject(d, "batch_tokens", s->batch_tokens);
     cJSON_AddNumberToObject(d, "batch_seqs", s->batch_seqs);
@@ -301,9 +305,9 @@ static nopad_status check_state_header(const cJSON *root, const char *where, tra
     if (!cJSON_IsObject(root)) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not a JSON object", where);
     const char *text = NULL;
     TRY(get_string(root, "format", where, &text));
-    if (strcmp(text, STATE_FORMAT) != 0)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: format \"%.64s\", expected \"%s\"",
-                               where, text, STATE_FORMAT);
+    if (strcmp(text, STATE_FORMAT) != 0 && strcmp(text, STATE_FORMAT_2) != 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: format \"%.64s\", expected \"%s\" "
+                               "(or \"%s\")", where, text, STATE_FORMAT, STATE_FORMAT_2);
     TRY(get_string(root, "task", where, &text));
     if (strcmp(text, TASK_NAMES[task]) != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -383,6 +387,14 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
     s->epoch = (uint32_t)v;
     TRY(get_int(d, "cursor", where, 0, 2147483647.0, &v));
     s->cursor = (int32_t)v;
+    s->window = 0;
+    s->stream_buffer = 0;
+    if (cJSON_GetObjectItemCaseSensitive(d, "stream_buffer")) { // absent from -2 states
+        TRY(get_int(d, "window", where, 0, 2147483647.0, &v));
+        s->window = (int32_t)v;
+        TRY(get_int(d, "stream_buffer", where, 0, 9007199254740992.0, &v));
+        s->stream_buffer = (int64_t)v;
+    }
     struct { const char *key; int32_t *dst; } shape[] = {
         {"epochs", &s->epochs}, {"batch_tokens", &s->batch_tokens}, {"batch_seqs", &s->batch_seqs},
     };

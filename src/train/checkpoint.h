@@ -12,8 +12,8 @@
  *                          bound included), the learning-rate schedule (a function of the step
  *                          count, so its parameters are its whole state), the run's shape
  *                          (epochs, batch budgets) and where the data loader stands (seed,
- *                          epoch, cursor): the data's generator is counter-based, so that is
- *                          its whole state
+ *                          epoch, streamed window, cursor): the data's generator is
+ *                          counter-based, so that is its whole state
  *
  * Each file is written under a temporary name and renamed, so an interrupted save leaves the
  * previous file whole. */
@@ -36,9 +36,11 @@ typedef struct train_state {
     train_optimizer_kind kind;
     train_optimizer opt;      // opt.lr: the last step's; the schedule gives the next
     train_schedule schedule;
-    uint64_t data_seed;       // train_loader: seed, epoch and the cursor within the epoch
-    uint32_t epoch;
+    uint64_t data_seed;       // the loader: seed, epoch, the window of a streamed epoch (0 in
+    uint32_t epoch;           // memory) and the cursor within the epoch or window
+    int32_t window;
     int32_t cursor;
+    int64_t stream_buffer;    // the text of a streamed window; 0: the data was held in memory
     int32_t epochs;           // the run's shape: passes over the data and the batch budgets
     int32_t batch_tokens;     // (nopad_train_params', checked on resume)
     int32_t batch_seqs;

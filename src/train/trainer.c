@@ -2,7 +2,8 @@
  * for, or a checkpoint to resume), read the data, run epochs of token-budget batches with a
  * warmup + linear-decay learning rate, clip and step the optimiser, log each step, save the
  * checkpoint with the source's tokenizer files, and evaluate. Everything below it is src/train:
- * train_model_load_new_head, train_checkpoint_load, train_dataset_load, train_loader,
+ * train_model_load_new_head, train_checkpoint_load, train_dataset_load and train_loader (or
+ * train_stream for data streamed a window at a time),
  * train_forward_backward, train_clip_grad_norm, train_*_step, train_predict,
  * train_checkpoint_save. */
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/schedule.h"
+#include "train/stream.h"
 #include "train/train.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -29,7 +31,8 @@ nopad_train_params nopad_train_default_params(void) {
         .optimizer = NOPAD_TRAIN_ADAMW, .weight_decay = 0.01, .max_grad_norm = 1.0,
         .save_every = 0, .truncate = 0, .n_threads = 0, .on_step = NULL, .user = NULL,
         .resume_dir = NULL, .device = NOPAD_DEVICE_CPU, .device_index = 0, .dtype = NOPAD_DTYPE_F32,
-        .log_path = NULL, .log_batches = 0, .dropout = -1};
+        .log_path = NULL, .log_batches = 0, .dropout = -1, .stream = 0,
+        .stream_buffer = (int64_t)64 << 20};
 }
 
 static double seconds(void) {
@@ -74,6 +77,9 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (p->device != NOPAD_DEVICE_CPU && p->device != NOPAD_DEVICE_CUDA)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: device %d is not cpu or cuda",
                                (int)p->device);
+    if (p->stream && p->stream_buffer < 1024)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: stream buffer of %lld "
+                               "bytes, expected >= 1024", (long long)p->stream_buffer);
     if (p->save_every < 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: save_every %lld, expected >= 0",
                                (long long)p->save_every);
@@ -112,9 +118,10 @@ typedef struct run {
     train_model model;
     train_dataset data, eval;
     train_loader loader, eval_loader;
+    train_stream stream;    // the training data when streamed (then data and loader are unused)
     train_context ctx;
     FILE *log;
-    int have_model, have_data, have_eval, have_loader, have_eval_loader, have_ctx;
+    int have_model, have_data, have_eval, have_loader, have_eval_loader, have_ctx, streaming;
 } run;
 
 static void run_free(run *r) {
@@ -122,6 +129,7 @@ static void run_free(run *r) {
     if (r->have_ctx) train_context_free(&r->ctx);
     if (r->have_eval_loader) train_loader_free(&r->eval_loader);
     if (r->have_loader) train_loader_free(&r->loader);
+    if (r->streaming) train_stream_close(&r->stream);
     if (r->have_eval) train_dataset_free(&r->eval);
     if (r->have_data) train_dataset_free(&r->data);
     if (r->have_model) train_model_free(&r->model);
@@ -129,7 +137,7 @@ static void run_free(run *r) {
     if (r->be) r->be->destroy(r->be);
 }
 
-static nopad_status load_data(run *r, const nopad_train_params *p, const char *path, train_dataset *out) {
+static train_data_params data_params(const run *r, const nopad_train_params *p, const char *path) {
     train_data_params dp = train_data_default_params();
     dp.format = p->task == NOPAD_TRAIN_CLASSIFY || ends_with(path, ".jsonl") ? TRAIN_DATA_JSONL
                                                                             : TRAIN_DATA_LINES;
@@ -138,18 +146,55 @@ static nopad_status load_data(run *r, const nopad_train_params *p, const char *p
     dp.max_length = r->model.cfg.max_position_embeddings;
     dp.vocab_size = r->model.cfg.vocab_size;
     dp.truncate = p->truncate;
+    return dp;
+}
+
+static nopad_status load_data(run *r, const nopad_train_params *p, const char *path, train_dataset *out) {
+    const train_data_params dp = data_params(r, p, path);
     return train_dataset_load(path, r->tok, &dp, out);
 }
 
-/* Every batch of every epoch, counted ahead (the packing of a shuffled order varies by epoch). */
-static nopad_status count_steps(train_loader *l, int32_t epochs, int64_t *total) {
+/* The training data's position: an epoch, the window of a streamed one (0 in memory) and the
+ * examples of the epoch's (or window's) order already batched. */
+static nopad_status data_seek(run *r, uint32_t epoch, int32_t window, int32_t cursor) {
+    if (r->streaming) return train_stream_seek(&r->stream, epoch, window, cursor);
+    if (window != 0)
+        return nopad_set_error(NOPAD_ERR_FORMAT, "window %d of an epoch whose data is held in "
+                               "memory (it has one)", window);
+    return train_loader_seek(&r->loader, epoch, cursor);
+}
+
+/* The next batch of the epoch, or NULL at its end. */
+static nopad_status data_next(run *r, const train_batch **batch) {
+    int got = 0;
+    if (r->streaming) {
+        nopad_status st = train_stream_next(&r->stream, &got);
+        if (st != NOPAD_OK) return st;
+    } else {
+        got = train_loader_next(&r->loader);
+    }
+    const train_loader *l = r->streaming ? &r->stream.loader : &r->loader;
+    *batch = got ? &l->batch : NULL;
+    return NOPAD_OK;
+}
+
+/* Every batch of every epoch, counted ahead (the packing of a shuffled order varies by epoch;
+ * streamed data is read once an epoch for it, without training). */
+static nopad_status count_steps(run *r, int32_t epochs, int64_t *total) {
     *total = 0;
     for (int32_t e = 0; e < epochs; e++) {
-        nopad_status st = train_loader_seek(l, (uint32_t)e, 0);
+        if (r->streaming) {
+            int64_t n = 0;
+            nopad_status st = train_stream_count_batches(&r->stream, (uint32_t)e, &n);
+            if (st != NOPAD_OK) return st;
+            *total += n;
+            continue;
+        }
+        nopad_status st = train_loader_seek(&r->loader, (uint32_t)e, 0);
         if (st != NOPAD_OK) return st;
-        while (train_loader_next(l)) (*total)++;
+        while (train_loader_next(&r->loader)) (*total)++;
     }
-    return train_loader_seek(l, 0, 0);
+    return NOPAD_OK;
 }
 
 /* The eval data's mean loss (over batches, weighted by their rows) and, for classification with
@@ -237,6 +282,8 @@ static nopad_status check_resume(const nopad_train_params *p, const train_state 
         {"max_grad_norm", want->opt.max_grad_norm, saved->opt.max_grad_norm},
         {"eps", want->opt.eps, saved->opt.eps},
         {"dropout", want->dropout, saved->dropout},
+        {"stream buffer (0: the data held in memory)", (double)want->stream_buffer,
+         (double)saved->stream_buffer},
     };
     for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++)
         if (numbers[i].given != numbers[i].saved) {
@@ -336,19 +383,29 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     CHECK(nopad_tokenizer_load(p->model_dir, &r.tok));
     out->num_labels = r.model.num_labels;
     out->new_head = r.model.new_head;
-    CHECK(load_data(&r, p, p->data_path, &r.data));
-    r.have_data = 1;
-    out->n_examples = r.data.n_examples;
-    out->n_truncated = r.data.n_truncated;
-    if (p->eval_path) {
-        CHECK(load_data(&r, p, p->eval_path, &r.eval));
-        r.have_eval = 1;
-    }
     /* a batch holds at least one example of the longest */
     const int32_t max_len = r.model.cfg.max_position_embeddings;
     const int32_t budget = p->batch_tokens > max_len ? p->batch_tokens : max_len;
-    CHECK(train_loader_init(&r.data, budget, p->batch_seqs, p->seed, &r.loader));
-    r.have_loader = 1;
+    if (p->stream) {
+        const train_data_params dp = data_params(&r, p, p->data_path);
+        const train_stream_params sp = train_stream_params_for_buffer(p->stream_buffer);
+        CHECK(train_stream_open(p->data_path, r.tok, &dp, &sp, budget, p->batch_seqs, p->seed,
+                                &r.stream));
+        r.streaming = 1;
+        out->n_examples = r.stream.n_examples < INT32_MAX ? (int32_t)r.stream.n_examples : INT32_MAX;
+        out->n_truncated = r.stream.n_truncated < INT32_MAX ? (int32_t)r.stream.n_truncated : INT32_MAX;
+    } else {
+        CHECK(load_data(&r, p, p->data_path, &r.data));
+        r.have_data = 1;
+        out->n_examples = r.data.n_examples;
+        out->n_truncated = r.data.n_truncated;
+        CHECK(train_loader_init(&r.data, budget, p->batch_seqs, p->seed, &r.loader));
+        r.have_loader = 1;
+    }
+    if (p->eval_path) { /* evaluation data is held in memory */
+        CHECK(load_data(&r, p, p->eval_path, &r.eval));
+        r.have_eval = 1;
+    }
     if (r.have_eval) {
         CHECK(train_loader_init(&r.eval, budget, p->batch_seqs, p->seed, &r.eval_loader));
         r.have_eval_loader = 1;
@@ -359,12 +416,12 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     r.ctx.dropout_seed = p->seed ^ 0xD1B54A32D192ED03ull; /* not the data's stream */
 
     int64_t total = 0;
-    CHECK(count_steps(&r.loader, p->epochs, &total));
+    CHECK(count_steps(&r, p->epochs, &total));
     train_state state = {.kind = p->optimizer == NOPAD_TRAIN_LAMB ? TRAIN_OPT_LAMB : TRAIN_OPT_ADAMW,
                          .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
                          .data_seed = p->seed, .epochs = p->epochs,
                          .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
-                         .dropout = r.ctx.dropout};
+                         .dropout = r.ctx.dropout, .stream_buffer = p->stream ? p->stream_buffer : 0};
     state.schedule.lr = p->lr;
     state.schedule.total_steps = total;
     state.schedule.warmup_steps = p->warmup_steps >= 0
@@ -376,6 +433,7 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     if (p->resume_dir) {
         CHECK(check_resume(p, &state, &saved, &r.model));
         state.epoch = saved.epoch;
+        state.window = saved.window;
         state.cursor = saved.cursor;
     }
     if (p->log_path && !(r.log = fopen(p->log_path, "w"))) {
@@ -389,9 +447,12 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     int stop = 0;
     /* a resumed run starts where the checkpoint's loader stood (an epoch's end moves on) */
     for (uint32_t e = state.epoch; e < (uint32_t)p->epochs && !stop; e++) {
-        CHECK(train_loader_seek(&r.loader, e, e == state.epoch ? state.cursor : 0));
-        while (!stop && train_loader_next(&r.loader)) {
-            const train_batch *b = &r.loader.batch;
+        const int resumed = e == state.epoch;
+        CHECK(data_seek(&r, e, resumed ? state.window : 0, resumed ? state.cursor : 0));
+        while (!stop) {
+            const train_batch *b = NULL;
+            CHECK(data_next(&r, &b));
+            if (!b) break;
             const int64_t step = r.model.step; /* updates already taken */
             double loss = 0;
             st = train_forward_backward(&r.ctx, b, &loss);
@@ -410,8 +471,9 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
             tokens += b->cu_seqlens[b->n_seqs];
             if (step == first_step) out->first_loss = loss;
             out->last_loss = loss;
-            state.epoch = r.loader.epoch;
-            state.cursor = r.loader.cursor;
+            state.epoch = e;
+            state.window = r.streaming ? r.stream.window : 0;
+            state.cursor = r.streaming ? r.stream.loader.cursor : r.loader.cursor;
             const nopad_train_progress pr = {
                 .step = r.model.step, .total_steps = total, .epoch = (int32_t)e,
                 .epochs = p->epochs, .loss = loss, .lr = state.opt.lr, .grad_norm = norm,

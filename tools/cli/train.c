@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -63,6 +64,14 @@ static const char train_help[] =
     "                      trains in fp32\n"
     "  --truncate          cut examples longer than the model maximum; without it such a line\n"
     "                      is an error naming it\n"
+    "  --stream            read the training data a window at a time instead of tokenizing it\n"
+    "                      whole into memory (4 bytes a token): memory bounded by the window\n"
+    "                      whatever the corpus size; blocks of the file shuffled per epoch, the\n"
+    "                      examples of a window shuffled together. The default for data over\n"
+    "                      1 GiB (said on stderr); --no-stream holds such data in memory\n"
+    "  --stream-buffer S   the text a streamed window holds (default 64M; k, M, G suffixes;\n"
+    "                      at least 1k): more mixes the data better, costs about 1.5x S of\n"
+    "                      memory for English WordPiece\n"
     "  --threads N         CPU threads (default: OpenMP's default)\n"
     "  --quiet             no progress line\n"
     "  -h, --help          show this help\n"
@@ -74,7 +83,8 @@ enum {
     OPT_MODEL = 256, OPT_TASK, OPT_DATA, OPT_OUTPUT, OPT_NUM_LABELS, OPT_EVAL, OPT_EPOCHS, OPT_LR,
     OPT_WARMUP, OPT_BATCH_TOKENS, OPT_BATCH_SEQS, OPT_OPTIMIZER, OPT_WEIGHT_DECAY,
     OPT_MAX_GRAD_NORM, OPT_DROPOUT, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
-    OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE,
+    OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
+    OPT_NO_STREAM, OPT_STREAM_BUFFER,
 };
 
 static const struct option long_options[] = {
@@ -105,6 +115,9 @@ static const struct option long_options[] = {
     {"log-batches", no_argument, NULL, OPT_LOG_BATCHES},
     {"device", required_argument, NULL, OPT_DEVICE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"stream", no_argument, NULL, OPT_STREAM},
+    {"no-stream", no_argument, NULL, OPT_NO_STREAM},
+    {"stream-buffer", required_argument, NULL, OPT_STREAM_BUFFER},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -114,7 +127,28 @@ typedef struct train_cli {
     int quiet;
     int64_t stop_after; /* 0: run to the end */
     int dtype_given;
+    int stream_given;   /* --stream or --no-stream: no choice by the data's size */
 } train_cli;
+
+/* Data over this size is streamed unless --no-stream says otherwise. */
+static const int64_t AUTO_STREAM_BYTES = (int64_t)1 << 30;
+
+/* A byte count with an optional binary k, M or G suffix ("64M"). */
+static int parse_size(const char *name, const char *s, int64_t lo, int64_t *out) {
+    char *end = NULL;
+    const long long v = strtoll(s, &end, 10);
+    int shift = 0;
+    if (end && (*end == 'k' || *end == 'K')) shift = 10, end++;
+    else if (end && *end == 'M') shift = 20, end++;
+    else if (end && *end == 'G') shift = 30, end++;
+    if (end == s || *end || v < 0 || v > (INT64_MAX >> shift) || ((int64_t)v << shift) < lo) {
+        print_error("%s %s: expected a size of at least %lld bytes, such as 64M, 512k or 4096", name,
+                    s, (long long)lo);
+        return -1;
+    }
+    *out = (int64_t)v << shift;
+    return 0;
+}
 
 /* Returns 0 to run, 1 when help was printed, -1 on a usage error (already reported). */
 static int parse_train_options(int argc, char **argv, nopad_train_params *o, train_cli *cl) {
@@ -136,6 +170,11 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         case OPT_RESUME: o->resume_dir = optarg; break;
         case OPT_LOG: o->log_path = optarg; break;
         case OPT_LOG_BATCHES: o->log_batches = 1; break;
+        case OPT_STREAM: o->stream = 1, cl->stream_given = 1; break;
+        case OPT_NO_STREAM: o->stream = 0, cl->stream_given = 1; break;
+        case OPT_STREAM_BUFFER:
+            if (parse_size("--stream-buffer", optarg, 1024, &o->stream_buffer)) return -1;
+            break;
         case OPT_DEVICE:
             if (parse_device(optarg, &o->device)) return -1;
             break;
@@ -330,6 +369,16 @@ int cmd_train(int argc, char **argv) {
             print_error("cannot read %s '%s'", i ? "--eval" : "--data", files[i]);
             return EXIT_ERROR;
         }
+    /* data too large to hold tokenized is streamed, and the run says so */
+    struct stat info;
+    if (!cl.stream_given && stat(o.data_path, &info) == 0 && (int64_t)info.st_size > AUTO_STREAM_BYTES) {
+        o.stream = 1;
+        if (!cl.quiet)
+            fprintf(stderr, "%s is %.1f GiB: streaming it in windows of %.0f MiB (--no-stream "
+                            "holds it in memory)\n", o.data_path,
+                    (double)info.st_size / (double)AUTO_STREAM_BYTES,
+                    (double)o.stream_buffer / (1 << 20));
+    }
     progress_state ps = {.quiet = cl.quiet, .enabled = isatty(STDERR_FILENO), .every = 10,
                          .first_step = -1, .stop_after = cl.stop_after};
     o.on_step = on_step;
@@ -349,10 +398,10 @@ int cmd_train(int argc, char **argv) {
                     o.task == NOPAD_TRAIN_CLASSIFY ? "classification" : "masked-LM", o.seed);
         char took[32];
         format_duration(now_seconds() - start, took, sizeof took);
-        fprintf(stderr, "trained %" PRId64 " steps on %d examples (%d truncated) in %s: loss "
+        fprintf(stderr, "trained %" PRId64 " steps on %d examples (%d truncated%s) in %s: loss "
                         "%.4f -> %.4f; saved %s\n",
-                res.steps - res.resumed_step, res.n_examples, res.n_truncated, took, res.first_loss,
-                res.last_loss, o.output_dir);
+                res.steps - res.resumed_step, res.n_examples, res.n_truncated,
+                o.stream ? ", streamed" : "", took, res.first_loss, res.last_loss, o.output_dir);
     }
     if (o.eval_path) {
         if (res.eval_accuracy >= 0) printf("eval accuracy: %.4f\n", res.eval_accuracy);
