@@ -235,7 +235,9 @@ class TrainParams(ctypes.Structure):
                 ("dtype", _enum),
                 ("log_path", ctypes.c_char_p),
                 ("log_batches", ctypes.c_int),
-                ("dropout", ctypes.c_double)]
+                ("dropout", ctypes.c_double),
+                ("stream", ctypes.c_int),
+                ("stream_buffer", ctypes.c_int64)]
 
 
 class TrainResult(ctypes.Structure):

@@ -100,6 +100,10 @@ class Trainer:
     log: a JSONL file with a line a step (step, epoch, loss, lr, grad_norm, tokens).
     dropout: the rate after the embeddings and each sub-layer; None: config.json's
     hidden_dropout_prob (BERT's 0.1), as HF's Trainer runs; 0: off.
+    stream: read the training data a window of ``stream_buffer`` bytes of text at a time instead
+    of tokenizing it whole into memory (memory bounded whatever the corpus size; the blocks of the
+    file shuffled per epoch, the examples of a window together; docs/training.md). ``nopad
+    train`` streams data over 1 GiB by default; here it is asked for.
     """
 
     def __init__(self, model: PathLike, data: PathLike, output: PathLike, *, task: str = "mlm",
@@ -109,7 +113,8 @@ class Trainer:
                  weight_decay: float = 0.01, max_grad_norm: float = 1.0, save_every: int = 0,
                  resume: Optional[PathLike] = None, truncate: bool = False, threads: int = 0,
                  device: str = "cpu", dtype: Optional[str] = None,
-                 log: Optional[PathLike] = None, dropout: Optional[float] = None) -> None:
+                 log: Optional[PathLike] = None, dropout: Optional[float] = None,
+                 stream: bool = False, stream_buffer: int = 64 << 20) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -140,6 +145,11 @@ class Trainer:
             if not 0 <= float(dropout) < 1:
                 raise InvalidArgumentError("dropout %r: expected a rate in [0, 1)" % (dropout,))
             p.dropout = float(dropout)
+        p.stream = int(bool(stream))
+        if int(stream_buffer) < 1024:
+            raise InvalidArgumentError("stream_buffer %r: expected at least 1024 bytes"
+                                       % (stream_buffer,))
+        p.stream_buffer = int(stream_buffer)
         p.save_every = int(save_every)
         p.truncate = int(bool(truncate))
         p.n_threads = int(threads)

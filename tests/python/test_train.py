@@ -98,6 +98,27 @@ def test_stop_and_resume_equal_a_straight_run(cls_model, tmp_path):
                       optimizer="lamb", **opts).train()
 
 
+def test_stream_stop_and_resume_equal_a_straight_run(cls_model, tmp_path):
+    # the data read in windows of 1 KiB (3 an epoch), stopped inside the second window
+    opts = fast(epochs=2, stream=True, stream_buffer=1024)
+    straight = []
+    m = nopad.Trainer(cls_model, TRAIN / "cls_train.jsonl", tmp_path / "a", **opts).train(
+        on_step=lambda p: straight.append(p.loss))
+    assert m.n_examples == 64 and len(straight) > 8
+    first, rest = [], []
+    nopad.Trainer(cls_model, TRAIN / "cls_train.jsonl", tmp_path / "b", **opts).train(
+        on_step=lambda p: first.append(p.loss) or p.step == 6)
+    nopad.Trainer(cls_model, TRAIN / "cls_train.jsonl", tmp_path / "b", resume=tmp_path / "b",
+                  **opts).train(on_step=lambda p: rest.append(p.loss))
+    assert first + rest == straight  # bit for bit
+    with pytest.raises(nopad.InvalidArgumentError, match="stream buffer"):
+        nopad.Trainer(cls_model, TRAIN / "cls_train.jsonl", tmp_path / "c", resume=tmp_path / "b",
+                      **fast(epochs=2)).train()
+    with pytest.raises(nopad.InvalidArgumentError, match="stream_buffer 100"):
+        nopad.Trainer(cls_model, TRAIN / "cls_train.jsonl", tmp_path / "d", stream=True,
+                      stream_buffer=100)
+
+
 def test_callback_exception_stops_and_is_raised(cls_model, tmp_path):
     steps = []
 
