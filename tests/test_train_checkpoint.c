@@ -271,6 +271,25 @@ static void test_errors(void **state) {
     assert_int_equal(out.step, 2);
     assert_true(got.data_seed == UINT64_MAX && got.epoch == 4 && got.cursor == 5);
     assert_true(got.epochs == 6 && got.batch_tokens == 96 && got.batch_seqs == 8);
+    assert_true(got.window == 0 && got.stream_buffer == 0); // a -2 state held its data in memory
+    train_model_free(&out);
+    { // -3: a streamed run's window and buffer
+        char text[1024];
+        const char *at = strstr(good, "\"cursor\": 5");
+        snprintf(text, sizeof text, "%.*s\"window\": 7, \"stream_buffer\": 65536, %s",
+                 (int)(at - good), good, at);
+        memcpy(strstr(text, "nopad-train-2"), "nopad-train-3", 13);
+        write_text(dir, "trainer_state.json", text);
+        assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
+        assert_true(got.window == 7 && got.stream_buffer == 65536 && got.cursor == 5);
+        train_model_free(&out);
+        memcpy(strstr(text, "65536"), "-6553", 5);
+        write_text(dir, "trainer_state.json", text);
+        assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got),
+                           NOPAD_ERR_FORMAT, "\"stream_buffer\" is -6553");
+        write_text(dir, "trainer_state.json", good);
+        assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
+    }
     assert_true(got.schedule.kind == TRAIN_SCHEDULE_LINEAR && got.schedule.lr == 5e-5 &&
                 got.schedule.warmup_steps == 3 && got.schedule.total_steps == 30 &&
                 got.schedule.lr_end == 1e-7 && got.schedule.power == 1);
