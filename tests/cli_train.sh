@@ -13,7 +13,7 @@
 #     task or label count is an error naming both values;
 #   - --stream: trains reading the data a window at a time; a streamed run stopped and resumed
 #     equals one that did not stop, bit for bit; resuming it in memory or with another buffer is
-#     an error naming both values;
+#     an error naming both values; data over 1 GiB streams unasked, saying so;
 #   - --log-batches: each step's batch in the log, well-formed;
 #   - --device cuda: runs where the build has CUDA training, else exit 1 with a clear error;
 #   - bad flags and files: exit 2 (command line) or 1 (error) with a message naming the problem.
@@ -221,6 +221,17 @@ expect_stream_resume_fail "stream buffer (0: the data held in memory) 2048, but 
     2>"$TMP/err" || fail "--stream mlm: $(cat "$TMP/err")"
 grep -q '^eval loss: [0-9]' "$TMP/stdout" || fail "--stream mlm: no eval loss: $(cat "$TMP/stdout")"
 grep -q 'on 64 examples (0 truncated, streamed)' "$TMP/err" || fail "--stream mlm: $(tail -n 1 "$TMP/err")"
+
+# data over 1 GiB streams by default and says so: a sparse file of 1.1 GiB of NUL bytes, one line
+# longer than the 64 MiB window, refused after reading 65 MiB of it
+truncate -s 1100M "$TMP/huge.txt"
+rc=0
+"$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/huge.txt" --output "$TMP/o8" \
+    2>"$TMP/err" || rc=$?
+{ [ "$rc" -eq 1 ] && grep -q "huge.txt is 1.1 GiB: streaming it in windows of 64 MiB" "$TMP/err" &&
+    grep -q "line 1 is longer than the stream's window of 67108864 bytes" "$TMP/err"; } ||
+    fail "data over 1 GiB: exit $rc: $(cat "$TMP/err")"
+rm -f "$TMP/huge.txt"
 
 # ---- --log-batches: each step's batch, as the HF replay (scripts/train_curve_hf.py) reads it ----
 "$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" --output "$TMP/o4" \
