@@ -1,19 +1,17 @@
 /* CUDA: DeBERTa's disentangled attention on the packed stream (the backend's attention_rel op; the
- * reference is src/backend/cpu/cpu_attention_rel.c). Two steps, as the CPU op does it:
+ * reference is src/backend/cpu/cpu_attention_rel.c). Each raw score q_i·k_j gets
+ *   c2p_ij + p2c_ij = q_i · pos_key[r_ij] + k_j · pos_query[r_ij]
+ * added before the running maximum of a varlen flash attention, r_ij the table row of the distance
+ * i - j read from `rows` (below). No [S, S] bias exists.
  *
- * 1. Projections: for every token t and head h, the content-to-position and position-to-content
- *    rows against the table rows the batch can reach,
- *      c2p[t, h, r] = q_t · pos_key[r_lo + r]    p2c[t, h, r] = k_t · pos_query[r_lo + r]
- *    scratch [T, heads, W], W = r_hi - r_lo + 1 <= min(2·max_seqlen - 1, 2k) (the bucket is
- *    monotone in the distance, so one sequence of max_seqlen tokens reaches rows r_lo .. r_hi and
- *    every shorter one a sub-range). Head sizes 32/64/128 (section 3): mma.sync with float32
- *    accumulation into fp16 scratch; other head sizes (1, 2b): float32 FMAs, float32 scratch.
- * 2. Attention: a varlen flash attention where each raw score q_i·k_j gets c2p[i, r_ij] +
- *    p2c[j, r_ij] added before the running maximum, r_ij the table row of the distance i - j read
- *    from `rows` (below): for 32/64/128 attention/mma.cu's tile with the terms staged in shared
- *    memory a tile at a time (section 3), else attention/generic.cu's warp a row gathering them.
- *    No [S, S] bias exists: the only per-pair state is the scratch rows the tile's queries and
- *    keys own.
+ * - Head sizes 32, 64, 128 (section 3): one kernel; each (query tile, key tile) computes the two
+ *   terms for the table rows its distances reach on tensor cores, in shared memory.
+ * - Other head sizes (sections 1 and 2b; the tiny fixtures' 8, any other <= 128): two steps as the
+ *   CPU op, float32 FMAs into scratch [T, heads, W] per term,
+ *     c2p[t, h, r] = q_t · pos_key[r_lo + r]    p2c[t, h, r] = k_t · pos_query[r_lo + r]
+ *   W = r_hi - r_lo + 1 <= min(2·max_seqlen - 1, 2k) (the bucket is monotone in the distance, so
+ *   one sequence of max_seqlen tokens reaches rows r_lo .. r_hi and every shorter one a
+ *   sub-range), then attention/generic.cu's warp a query row gathering them.
  *
  * rows[d + sat] (int32, d in [-sat, sat]) = clamp(bucket(d) + k, 0, 2k - 1), the table row of
  * distance d, built on the host with nopad_rel_bucket (the CPU's exact float32 ceil) and uploaded
@@ -160,163 +158,125 @@ __global__ void attention_rel_generic_kernel(T *__restrict__ out, const T *__res
     }
 }
 
-/* ---- 3. head sizes 32, 64, 128: tensor cores, fp16 scratch read tile by tile -------------------
+/* ---- 3. head sizes 32, 64, 128: one fused tensor-core kernel -----------------------------------
  *
- * The same two steps on tensor cores with the scratch in fp16. A first version kept float32
- * scratch [T, heads, W] and gathered each score's two terms from global memory: 9.7 ms a
- * DeBERTa-v3-base layer at 128 x 512 against 2.5 ms for this one (H200; docs/deberta.md).
- *  - rel_proj_half_kernel: one CTA = 64 tokens x 64 table rows of one head and term, mma.sync
- *    with float32 accumulation (skipped when none of its 64 tokens reads any of its 64 columns:
- *    proj_tile_needed), its accumulators rounded to fp16
- *    (saturated at ±65504; for bf16 inputs too: fp16 keeps 3 more mantissa bits and attention
- *    logits never come near the range) and stored through shared memory as 16-byte rows of
- *    [T, heads, Wp] half, Wp = W rounded up to 8 (rows 16-byte aligned; the pad rows are
- *    products with zero-filled table rows, 0).
- *  - attention_rel_band_kernel: the varlen flash attention of attention/mma.cu (64 queries x 64
- *    keys, 4 warps, online softmax in float32) where each raw score gets its two terms from
- *    windows staged in shared memory once per (query tile, key tile): query row i
- *    meets keys n0 .. n0 + 63, distances i - n0 - 63 .. i - n0, and the column is monotone in the
- *    distance, so it reads one run of at most 64 scratch columns (when a step of one distance
- *    moves at most one column: DeBERTa's buckets); key row j likewise over the tile's queries.
- *    sC[q][c] = c2p[m0 + q, sB[q] + c], sP[k][c] = p2c[n0 + k, sB[64 + k] + c] (sB the run's
- *    start rounded down to 8, so at most 9 chunks of 8), and sR[dd] the column of distance
- *    m0 - n0 - 63 + dd. The windows of tile j + 1 are loaded with cp.async after every warp has
- *    used those of tile j (one extra barrier a tile, two with the fit check), under the softmax
- *    and P·V of tile j. A tile with a run wider than 72 columns (buckets whose log part grows
- *    faster than one row a distance) gathers from global memory, in fp16. */
+ * attention/mma.cu's FlashAttention-2 tile (64 queries x 64 keys, 4 warps, cp.async double
+ * buffering of K and V, online softmax in float32) with the relative terms computed inside the
+ * tile: no scratch, nothing written but the output.
+ *
+ * Query tile m0 against key tile n0 meets the 127 distances delta - 63 + dd, dd = 0 .. 126
+ * (delta = m0 - n0; query row qr and key row kc of the tile are dd = qr - kc + 63 apart). The
+ * tile loads the window of pos_key and pos_query rows by distance, win[dd] = table[row(delta - 63
+ * + dd)] (rows repeat where buckets merge distances; any bucket function works), and computes on
+ * tensor cores, float32 accumulation:
+ *   C[qr][dd] = q_(m0+qr) · pos_key-window[dd]     (the warp's own 16 query rows, Q in registers)
+ *   P[kc][dd] = k_(n0+kc) · pos_query-window[dd]   (16 key rows a warp)
+ * A score needs C only at dd = qr - kc + 63, i.e. dd in qr .. qr + 63 (80 window columns a warp,
+ * not 128), and P likewise; each is stored skewed so that the score's term sits at its (qr, kc):
+ *   sCs[qr][63 - kc] = C[qr][qr - kc + 63]      sPt[qr][kc] = P[kc][qr - kc + 63]
+ * rounded to fp16 (saturated at ±65504; for bf16 inputs too: fp16 keeps 3 more mantissa bits and
+ * attention logits never come near the range). A thread's two scores (qr, kc) and (qr, kc + 1)
+ * then read one 32-bit word of each. That is 2.5 more 64 x 64 x D products a tile pair than plain
+ * attention, all on operands in shared memory or registers, against the earlier design's
+ * projections into an fp16 scratch [T, heads, W] per term (1.6 GB written and read back a
+ * DeBERTa-v3-base layer at 128 x 512) whose windows the tile gathered: docs/deberta.md.
+ *
+ * Per key tile j: wait for K_j, V_j and window j; issue K_(j+1), V_(j+1); C and P; a barrier
+ * (sPt's rows come from every warp); issue window j + 1 (single-buffered: the barrier freed it);
+ * S = Q·Kᵀ plus the terms; softmax; P·V. Q's tile is staged where sCs goes: read into registers
+ * once, before the first C is written. */
 
-enum { WIN_CH = 9, WIN_COLS = WIN_CH * 8, WIN_LDB = WIN_COLS + 8 };
+enum { WIN_ROWS = 128, WIN_COLS_WARP = 80, TERM_LD = 64 + 8 };
 
-struct rel_band {
-    const uint16_t *c2p, *p2c;  // [T, heads, Wp] fp16 bits, or NULL (term absent)
-    const int32_t *rows;        // [2·sat + 1]
-    int sat, r_lo, W, Wp;
+struct rel_tables {
+    const uint16_t *pos_key, *pos_query;  // [2k, heads·D] or NULL (term absent)
+    const int32_t *rows;                  // [2·sat + 1]
+    int sat;
 };
 
-static __device__ __forceinline__ int band_col(const rel_band &rb, int dist) {
-    dist = max(-rb.sat, min(rb.sat, dist));
-    const int r = __ldg(rb.rows + dist + rb.sat) - rb.r_lo;
-    return max(0, min(rb.W - 1, r));
+static __device__ __forceinline__ int table_row(const rel_tables &rt, int dist) {
+    dist = max(-rt.sat, min(rt.sat, dist));
+    return __ldg(rt.rows + dist + rt.sat);
 }
 
-static __device__ __forceinline__ float half_bits_to_f32(uint16_t x) { return __half2float(__ushort_as_half(x)); }
-
-static __device__ __forceinline__ uint32_t pack_half2_sat(float a, float b) {
-    a = fminf(fmaxf(a, -65504.0f), 65504.0f);
-    b = fminf(fmaxf(b, -65504.0f), 65504.0f);
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
+static __device__ __forceinline__ uint16_t half_bits_sat(float x) {
+    return __half_as_ushort(__float2half_rn(fminf(fmaxf(x, -65504.0f), 65504.0f)));
 }
 
-/* Whether a token of [t0, t0 + 64) reads a column of [r0, r0 + 64) of this term: token t at
- * position p of a sequence of L tokens reads c2p at distances p - (L - 1) .. p (it is the query)
- * and p2c at -p .. L - 1 - p (it is the key); rows past the last sequence read nothing. Called by
- * the whole CTA (a barrier decides). The attention kernel's windows may load columns a token
- * does not read (to 8-alignment, and for pairs past the sequence's end), but never uses them. */
-static __device__ __forceinline__ bool proj_tile_needed(const rel_band &rb, const int32_t *cu_seqlens, int n_seqs,
-                                                        int n_tokens, int term, int t0, int r0, int tid) {
-    bool hit = false;
-    const int t = t0 + tid;
-    if (tid < 64 && t < n_tokens && t < cu_seqlens[n_seqs]) {
-        const int sq = sequence_of(cu_seqlens, n_seqs, t);
-        const int p = t - cu_seqlens[sq], L = cu_seqlens[sq + 1] - cu_seqlens[sq];
-        const int lo = band_col(rb, term == 0 ? p - (L - 1) : -p), hi = band_col(rb, term == 0 ? p : L - 1 - p);
-        hit = lo < r0 + 64 && hi >= r0;
+/* Issues the cp.async loads of the windows of the tile pair at offset delta: row dd < 127 of each
+ * is the table row of distance delta - 63 + dd, row 127 zero (computed, never stored). */
+template <int D>
+static __device__ __forceinline__ void window_load(uint16_t *sWk, uint16_t *sWq, const rel_tables &rt, int head,
+                                                   int hidden, int delta, int tid) {
+    constexpr int CHUNKS = D / 8, LDS = D + 8, ROW_STEP = 128 / CHUNKS;
+    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
+#pragma unroll
+    for (int i = 0; i < WIN_ROWS / ROW_STEP; i++) {
+        const int dd = r0 + i * ROW_STEP;
+        const size_t src = (size_t)table_row(rt, delta - 63 + dd) * hidden + (size_t)head * D + ch * 8;
+        if (rt.pos_key) cp_async16(sWk + dd * LDS + ch * 8, rt.pos_key + src, dd < 127);
+        if (rt.pos_query) cp_async16(sWq + dd * LDS + ch * 8, rt.pos_query + src, dd < 127);
     }
-    return __syncthreads_or(hit) != 0;
 }
 
-template <int D, bool BF16>
-__global__ void __launch_bounds__(128)
-rel_proj_half_kernel(uint16_t *__restrict__ c2p, uint16_t *__restrict__ p2c, const uint16_t *__restrict__ qkv,
-                     const uint16_t *__restrict__ pos_key, const uint16_t *__restrict__ pos_query, int n_tokens,
-                     int heads, rel_band rb, const int32_t *__restrict__ cu_seqlens, int n_seqs) {
-    const int r_lo = rb.r_lo, W = rb.W, Wp = rb.Wp;
-    constexpr int ROWS = 64, LDS = D + 8, KQ = D / 16, NT = ROWS / 8, LDO = ROWS + 8;
-    static_assert(2 * ROWS * LDS >= ROWS * LDO, "the output tile fits in the operands' space");
-    __shared__ __align__(16) uint16_t smem[2 * ROWS * LDS];
-    uint16_t *sA = smem, *sB = smem + ROWS * LDS;  // tokens [64][D+8], table rows [64][D+8]
-    const int h = blockIdx.z / 2, term = blockIdx.z % 2;
-    const uint16_t *table = term == 0 ? pos_key : pos_query;
-    uint16_t *dst = term == 0 ? c2p : p2c;
-    wait_for_upstream_grid();
-    if (!table) return;  // uniform over the CTA
-    const int H = heads * D;
-    const int t0 = blockIdx.y * ROWS, r0 = blockIdx.x * ROWS;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    if (!proj_tile_needed(rb, cu_seqlens, n_seqs, n_tokens, term, t0, r0, tid)) return;
-    rel_load_tile<ROWS, D, 128>(sA, qkv + (size_t)term * H + (size_t)h * D, (size_t)3 * H, t0, n_tokens, tid);
-    rel_load_tile<ROWS, D, 128>(sB, table + (size_t)r_lo * H + (size_t)h * D, (size_t)H, r0, W, tid);
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
-    float acc[NT][4];
+/* The warp's 16 rows (its query rows for C, key rows for P) times window columns c0 .. c0 + 79,
+ * each product handed to store(row, dd, value) with row 0..15 inside the warp's slab. */
+template <int D, bool BF16, typename Store>
+static __device__ __forceinline__ void window_product(const uint32_t (*a)[4], const uint16_t *win, int c0, int lane,
+                                                      Store store) {
+    constexpr int LDS = D + 8, KQ = D / 16;
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    for (int nn = 0; nn < WIN_COLS_WARP / 16; nn++) {
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        const uint16_t *b_rows = win + (c0 + nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + ((lane >> 3) & 1) * 8;
 #pragma unroll
-    for (int kk = 0; kk < KQ; kk++) {
-        uint32_t a[4];
-        ldmatrix_x4(a, sA + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int nn = 0; nn < NT / 2; nn++) {
+        for (int kk = 0; kk < KQ; kk++) {
             uint32_t b[4];
-            ldmatrix_x4(b, sB + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
-            mma16816<BF16>(acc[2 * nn], a, b[0], b[1]);
-            mma16816<BF16>(acc[2 * nn + 1], a, b[2], b[3]);
+            ldmatrix_x4(b, b_rows + kk * 16);
+            mma16816<BF16>(acc[0], a[kk], b[0], b[1]);
+            mma16816<BF16>(acc[1], a[kk], b[2], b[3]);
+        }
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int row = lane / 4, dd = c0 + nn * 16 + t * 8 + (lane & 3) * 2;
+            store(row, dd, acc[t][0]);
+            store(row, dd + 1, acc[t][1]);
+            store(row + 8, dd, acc[t][2]);
+            store(row + 8, dd + 1, acc[t][3]);
         }
     }
-    __syncthreads();  // every warp is done with sA / sB: the output tile [64 tokens][64 rows] goes there
-    uint16_t *sO = smem;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const int tok = warp * 16 + lane / 4, col = t * 8 + (lane & 3) * 2;
-        *reinterpret_cast<uint32_t *>(sO + tok * LDO + col) = pack_half2_sat(acc[t][0], acc[t][1]);
-        *reinterpret_cast<uint32_t *>(sO + (tok + 8) * LDO + col) = pack_half2_sat(acc[t][2], acc[t][3]);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < ROWS * 8 / 128; i++) {
-        const int c = tid + i * 128, row = c / 8, ch = c % 8;
-        const int tok = t0 + row, r = r0 + ch * 8;
-        if (tok < n_tokens && r < Wp)
-            *reinterpret_cast<uint4 *>(dst + ((size_t)tok * heads + h) * Wp + r) =
-                *reinterpret_cast<const uint4 *>(sO + row * LDO + ch * 8);
-    }
 }
 
-/* Issues the cp.async loads of key tile n0's windows (query tile m0) and writes sR (the column of
- * each of the tile's 127 distances) and sB (each row's first loaded column); returns whether every
- * window fits WIN_COLS columns (uniform over the CTA: the barrier inside decides it). Query row q
- * (i = m0 + q) reaches distances i - n0 - 63 .. i - n0, key row c (j = n0 + c) m0 - j .. m0 + 63 - j:
- * 64 consecutive distances each, so at most 64 columns, 8-aligned 72. */
-static __device__ __forceinline__ bool band_load(uint16_t *sC, uint16_t *sP, int *sR, int *sB, const rel_band &rb,
-                                                 int start, int len, int head, int heads, int m0, int n0, int tid) {
-    const int dlo = m0 - n0 - 63;
-    if (tid < 127) sR[tid] = band_col(rb, dlo + tid);
-    const int lo_d = tid < 64 ? dlo + tid : m0 - n0 - (tid - 64);
-    const int lo = band_col(rb, lo_d), hi = band_col(rb, lo_d + 63);
-    const int base = lo & ~7;
-    sB[tid] = base;
-    sB[128 + tid] = (hi - base) / 8 + 1;  // chunks this row needs
-    if (__syncthreads_or(hi - base >= WIN_COLS)) return false;
-    for (int i = tid; i < 2 * 64 * WIN_CH; i += 128) {
-        const int which = i / (64 * WIN_CH), rem = i % (64 * WIN_CH), row = rem / WIN_CH, ch = rem % WIN_CH;
-        const uint16_t *src = which ? rb.p2c : rb.c2p;
-        if (!src || ch >= sB[128 + which * 64 + row]) continue;
-        const int r0 = which ? n0 : m0, col = sB[which * 64 + row] + ch * 8;
-        const bool ok = r0 + row < len;
-        const int tok = start + (ok ? r0 + row : r0);
-        cp_async16((which ? sP : sC) + row * WIN_LDB + ch * 8, src + ((size_t)tok * heads + head) * rb.Wp + col, ok);
-    }
-    return true;
+/* s[t][e] += C + P of each of the warp's 16 x 64 scores, from the skewed tiles; FULL: every key
+ * of the tile is inside the sequence (else the ones past it get -inf). */
+template <bool FULL, int NT>
+static __device__ __forceinline__ void add_rel_terms(float (*s)[4], const uint16_t *sCs, const uint16_t *sPt,
+                                                     bool c2p, bool p2c, int qw, int lane, int n0, int len) {
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int kc = t * 8 + (lane & 3) * 2, qr = qw + h * 8;  // scores (qr, kc), (qr, kc + 1)
+            float2 add = make_float2(0.0f, 0.0f);
+            if (c2p) {  // halves 62 - kc (for kc + 1) and 63 - kc (for kc)
+                const float2 c = __half22float2(*reinterpret_cast<const __half2 *>(sCs + qr * TERM_LD + 62 - kc));
+                add.x += c.y, add.y += c.x;
+            }
+            if (p2c) {
+                const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(sPt + qr * TERM_LD + kc));
+                add.x += p.x, add.y += p.y;
+            }
+            s[t][2 * h] = !FULL && n0 + kc >= len ? -INFINITY : s[t][2 * h] + add.x;
+            s[t][2 * h + 1] = !FULL && n0 + kc + 1 >= len ? -INFINITY : s[t][2 * h + 1] + add.y;
+        }
 }
 
 template <int D, bool BF16>
-__global__ void __launch_bounds__(128, (D <= 64 ? 3 : 1))
-attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
-                          const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
-                          const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads, float scale_log2,
-                          rel_band rb) {
+__global__ void __launch_bounds__(128, (D <= 64 ? 2 : 1))
+attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
+                           const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
+                           const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads, float scale_log2,
+                           rel_tables rt) {
     constexpr int NWARPS = 4, BLOCK_N = 64;
     constexpr int BLOCK_M = 16 * NWARPS;
     constexpr int THREADS = NWARPS * 32;
@@ -328,13 +288,12 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     wait_for_upstream_grid();
     allow_dependent_launch();
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t *sQ = smem;                    // [BLOCK_M][LDS]
-    uint16_t *sK = sQ + BLOCK_M * LDS;      // [2][BLOCK_N][LDS]
-    uint16_t *sV = sK + 2 * BLOCK_N * LDS;  // [2][BLOCK_N][LDS]
-    uint16_t *sC = sV + 2 * BLOCK_N * LDS;  // [BLOCK_M][WIN_LDB]
-    uint16_t *sP = sC + BLOCK_M * WIN_LDB;  // [BLOCK_N][WIN_LDB]
-    int *sR = reinterpret_cast<int *>(sP + BLOCK_N * WIN_LDB);  // [128]
-    int *sB = sR + 128;                                         // [256]
+    uint16_t *sK = smem;                        // [2][BLOCK_N][LDS]
+    uint16_t *sV = sK + 2 * BLOCK_N * LDS;      // [2][BLOCK_N][LDS]
+    uint16_t *sWk = sV + 2 * BLOCK_N * LDS;     // [WIN_ROWS][LDS] pos_key's window
+    uint16_t *sWq = sWk + WIN_ROWS * LDS;       // [WIN_ROWS][LDS] pos_query's window
+    uint16_t *sCs = sWq + WIN_ROWS * LDS;       // [BLOCK_M][TERM_LD]; Q's tile [BLOCK_M][LDS] before
+    uint16_t *sPt = sCs + BLOCK_M * (TERM_LD > LDS ? TERM_LD : LDS);  // [BLOCK_M][TERM_LD]
 
     const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
     const int start = cu_seqlens[seq];
@@ -348,29 +307,28 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     const uint16_t *q_g = hd.q, *k_g = hd.k, *v_g = hd.v;
     const int n_tiles = (len + BLOCK_N - 1) / BLOCK_N;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const bool c2p = rt.pos_key != NULL, p2c = rt.pos_query != NULL;
 
-    rel_load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
+    rel_load_tile<BLOCK_M, D, THREADS>(sCs, q_g, row_stride, m0, len, tid);
     rel_load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
     rel_load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
-    bool band = band_load(sC, sP, sR, sB, rb, start, len, head, n_heads, m0, 0, tid);
+    window_load<D>(sWk, sWq, rt, head, hidden, m0, tid);
     cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    uint32_t qf[KQ][4];
+#pragma unroll
+    for (int kk = 0; kk < KQ; kk++) ldmatrix_x4(qf[kk], sCs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
 
     float o[DT][4];
 #pragma unroll
     for (int t = 0; t < DT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    uint32_t qf[KQ][4];
     const int qw = warp * 16 + lane / 4;  // this lane's first query row in the tile (the second + 8)
-    const int row_a = m0 + qw;
 
     for (int j = 0; j < n_tiles; j++) {
         cp_async_wait_all();
-        __syncthreads();  // tile j and its band visible to all; every warp is done with buffer (j+1)&1
-        if (j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < KQ; kk++)
-                ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
-        }
+        __syncthreads();  // tile j and its windows visible; every warp done with tile j - 1 (and Q's tile)
         if (j + 1 < n_tiles) {
             const int nb = (j + 1) & 1;
             rel_load_tile<BLOCK_N, D, THREADS>(sK + nb * BLOCK_N * LDS, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
@@ -379,6 +337,32 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         }
         const uint16_t *k_s = sK + (j & 1) * BLOCK_N * LDS;
         const uint16_t *v_s = sV + (j & 1) * BLOCK_N * LDS;
+        const int n0 = j * BLOCK_N;
+
+        /* C and P of this tile pair, skewed into sCs / sPt */
+        if (c2p) {
+            const int q_base = warp * 16;  // C[qr][dd] is needed for dd - qr in 0 .. 63
+            window_product<D, BF16>(qf, sWk, q_base, lane, [&](int row, int dd, float v) {
+                const int qr = q_base + row, x = dd - qr;
+                if (x >= 0 && x < 64) sCs[qr * TERM_LD + x] = half_bits_sat(v);
+            });
+        }
+        if (p2c) {
+            uint32_t kf[KQ][4];
+#pragma unroll
+            for (int kk = 0; kk < KQ; kk++)
+                ldmatrix_x4(kf[kk], k_s + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+            const int k_base = warp * 16;  // P[kc][dd] is needed for qr = dd + kc - 63 in 0 .. 63
+            window_product<D, BF16>(kf, sWq, 48 - k_base, lane, [&](int row, int dd, float v) {
+                const int kc = k_base + row, qr = dd + kc - 63;
+                if (qr >= 0 && qr < 64) sPt[qr * TERM_LD + kc] = half_bits_sat(v);
+            });
+        }
+        __syncthreads();  // sPt complete; the windows are free
+        if (j + 1 < n_tiles) {
+            window_load<D>(sWk, sWq, rt, head, hidden, m0 - n0 - BLOCK_N, tid);
+            cp_async_commit();
+        }
 
         float s[NT][4];
 #pragma unroll
@@ -393,50 +377,8 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
                 mma16816<BF16>(s[2 * nn + 1], qf[kk], b[2], b[3]);
             }
         }
-
-        /* the relative terms: from the band in shared memory (or, for a band too wide, from global) */
-        const int n0 = j * BLOCK_N;
-        if (band) {
-            const int bq[2] = {sB[qw], sB[qw + 8]};
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const int kc0 = t * 8 + (lane & 3) * 2;
-                const int bk[2] = {sB[64 + kc0], sB[65 + kc0]};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int kc = kc0 + (e & 1), qr = qw + (e >> 1) * 8;
-                    const int col = n0 + kc, row = m0 + qr;
-                    if (col >= len) s[t][e] = -INFINITY;
-                    else if (row < len) {
-                        const int b = sR[qr - kc + 63];
-                        float add = 0.0f;
-                        if (rb.c2p) add += half_bits_to_f32(sC[qr * WIN_LDB + b - bq[e >> 1]]);
-                        if (rb.p2c) add += half_bits_to_f32(sP[kc * WIN_LDB + b - bk[e & 1]]);
-                        s[t][e] += add;
-                    }
-                }
-            }
-        } else {
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int col = n0 + t * 8 + (lane & 3) * 2 + (e & 1), row = row_a + (e >> 1) * 8;
-                    if (col >= len) s[t][e] = -INFINITY;
-                    else if (row < len) {
-                        const int b = band_col(rb, row - col);
-                        float add = 0.0f;
-                        if (rb.c2p) add += half_bits_to_f32(__ldg(rb.c2p + ((size_t)(start + row) * n_heads + head) * rb.Wp + b));
-                        if (rb.p2c) add += half_bits_to_f32(__ldg(rb.p2c + ((size_t)(start + col) * n_heads + head) * rb.Wp + b));
-                        s[t][e] += add;
-                    }
-                }
-        }
-        if (j + 1 < n_tiles) {
-            __syncthreads();  // every warp is done with band j
-            band = band_load(sC, sP, sR, sB, rb, start, len, head, n_heads, m0, n0 + BLOCK_N, tid);
-            cp_async_commit();
-        }
+        if (n0 + BLOCK_N <= len) add_rel_terms<true, NT>(s, sCs, sPt, c2p, p2c, qw, lane, n0, len);
+        else add_rel_terms<false, NT>(s, sCs, sPt, c2p, p2c, qw, lane, n0, len);
 
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -471,8 +413,8 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
 
     float inv[2];
     quad_row_inverse(l_run, inv);
-    uint16_t *sO = sQ + warp * 16 * LDS;
-    __syncwarp();
+    __syncthreads();  // every warp is done with sCs: its space stages the output
+    uint16_t *sO = sCs + warp * 16 * LDS;
 #pragma unroll
     for (int t = 0; t < DT; t++) {
         const int col = t * 8 + (lane & 3) * 2;
@@ -492,13 +434,13 @@ attention_rel_band_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
 }
 
 template <int D, bool BF16>
-static cudaError_t launch_band(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
-                               int32_t max_seqlen, int32_t n_heads, float scale, const rel_band &rb,
-                               cudaStream_t stream) {
+static cudaError_t launch_fused(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
+                                int32_t max_seqlen, int32_t n_heads, float scale, const rel_tables &rt,
+                                cudaStream_t stream) {
     constexpr int BLOCK_M = 64, BLOCK_N = 64;
-    const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t) +
-                        (size_t)(BLOCK_M + BLOCK_N) * WIN_LDB * sizeof(uint16_t) + 384 * sizeof(int);
-    auto kernel = attention_rel_band_kernel<D, BF16>;
+    const size_t smem = (size_t)(4 * BLOCK_N + 2 * WIN_ROWS) * (D + 8) * sizeof(uint16_t) +
+                        (size_t)BLOCK_M * ((TERM_LD > D + 8 ? TERM_LD : D + 8) + TERM_LD) * sizeof(uint16_t);
+    auto kernel = attention_rel_fused_kernel<D, BF16>;
     static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
     if (dev < 0 || !cuda_cache_load(&attr_set[dev])) {
@@ -511,34 +453,24 @@ static cudaError_t launch_band(void *out, const void *qkv, const int32_t *cu_seq
     for (int32_t s0 = 0; s0 < n_seqs; s0 += 65535) {
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         kernel<<<dim3(m_blocks, (unsigned)n_heads, (unsigned)ns), 128, smem, stream>>>(
-            (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2, rb);
+            (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2, rt);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
 }
 
-static int band_wp(int W) { return (W + 7) / 8 * 8; }
-
-/* Whether this head size runs the tensor-core path (else the generic kernels). */
-static bool use_band(int head_size) { return head_size == 32 || head_size == 64 || head_size == 128; }
+/* Whether this head size runs the fused tensor-core kernel (else the generic kernels and their
+ * float32 scratch). */
+static bool use_fused(int head_size) { return head_size == 32 || head_size == 64 || head_size == 128; }
 
 template <bool BF16>
-static nopad_status attention_rel_band(const cuda_attention_rel_args *a, cudaStream_t s, bool proj_only) {
-    const int Wp = band_wp(a->W);
-    uint16_t *c2p = (uint16_t *)a->c2p, *p2c = (uint16_t *)a->p2c;
-    const rel_band rb = {c2p, p2c, a->rows, a->sat, a->r_lo, a->W, Wp};
+static nopad_status attention_rel_fused(const cuda_attention_rel_args *a, cudaStream_t s) {
+    const rel_tables rt = {(const uint16_t *)a->pos_key, (const uint16_t *)a->pos_query, a->rows, a->sat};
     const int D = a->head_size;
-    const dim3 pgrid((unsigned)((Wp + 63) / 64), (unsigned)((a->n_tokens + 63) / 64), (unsigned)(2 * a->n_heads));
-    const uint16_t *q = (const uint16_t *)a->qkv, *pk = (const uint16_t *)a->pos_key, *pq = (const uint16_t *)a->pos_query;
-    if (D == 32) rel_proj_half_kernel<32, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, rb, a->cu_seqlens, a->n_seqs);
-    else if (D == 64) rel_proj_half_kernel<64, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, rb, a->cu_seqlens, a->n_seqs);
-    else rel_proj_half_kernel<128, BF16><<<pgrid, 128, 0, s>>>(c2p, p2c, q, pk, pq, a->n_tokens, a->n_heads, rb, a->cu_seqlens, a->n_seqs);
-    const nopad_status st = launch_status("attention_rel projections");
-    if (st != NOPAD_OK || proj_only) return st;
-    cudaError_t e = D == 32 ? launch_band<32, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
-                  : D == 64 ? launch_band<64, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s)
-                            : launch_band<128, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rb, s);
+    cudaError_t e = D == 32 ? launch_fused<32, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rt, s)
+                  : D == 64 ? launch_fused<64, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rt, s)
+                            : launch_fused<128, BF16>(a->out, a->qkv, a->cu_seqlens, a->n_seqs, a->max_seqlen, a->n_heads, a->scale, rt, s);
     if (e != cudaSuccess)
         return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_rel: launch failed: %s (%s)", cudaGetErrorString(e),
                                cudaGetErrorName(e));
@@ -546,16 +478,20 @@ static nopad_status attention_rel_band(const cuda_attention_rel_args *a, cudaStr
 }
 
 extern "C" size_t cuda_attention_rel_term_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size, int32_t W) {
-    const size_t per_row = use_band(head_size) ? (size_t)band_wp(W) * 2 : (size_t)W * 4;
-    return ((size_t)n_tokens * n_heads * per_row + 15) / 16 * 16;
+    if (use_fused(head_size)) return 0;
+    return ((size_t)n_tokens * n_heads * W * sizeof(float) + 15) / 16 * 16;
 }
 
 /* ---- the launcher ----------------------------------------------------------------------------- */
 
 template <typename T, bool BF16>
-static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream_t s, bool proj_only) {
-    if (use_band(a->head_size)) return attention_rel_band<BF16>(a, s, proj_only);
+static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream_t s) {
+    if (use_fused(a->head_size)) return attention_rel_fused<BF16>(a, s);
     /* other head sizes: float32 scratch [T, heads, W] from FMAs, one warp per (query token, head) */
+    if ((a->n_tokens + PROJ_TILE - 1) / PROJ_TILE > 65535 || a->W < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_rel: head size %d needs W >= 1 and n_tokens <= %d (got %d, %d)",
+                               a->head_size, 65535 * PROJ_TILE, a->W, a->n_tokens);
     const rel_bias rb = {a->c2p, a->p2c, a->rows, a->sat, a->r_lo, a->W};
     const int D = a->head_size;
     const dim3 pgrid((unsigned)((a->W + PROJ_TILE - 1) / PROJ_TILE),
@@ -564,7 +500,7 @@ static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream
                                                      (const T *)a->pos_query, a->n_tokens, a->n_heads, D, a->r_lo,
                                                      a->W);
     const nopad_status st = launch_status("attention_rel projections");
-    if (st != NOPAD_OK || proj_only) return st;
+    if (st != NOPAD_OK) return st;
     const size_t warps = (size_t)a->n_tokens * a->n_heads;
     const int blocks = (int)((warps * 32 + 255) / 256);
     attention_rel_generic_kernel<T><<<blocks, 256, 0, s>>>((T *)a->out, (const T *)a->qkv, a->cu_seqlens, a->n_seqs,
@@ -572,30 +508,18 @@ static nopad_status attention_rel_t(const cuda_attention_rel_args *a, cudaStream
     return launch_status("attention_rel");
 }
 
-static nopad_status attention_rel_entry(nopad_dtype dtype, const cuda_attention_rel_args *a, void *stream,
-                                        bool proj_only) {
+extern "C" nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attention_rel_args *a, void *stream) {
     if (a->n_tokens == 0) return NOPAD_OK;
     if (a->head_size < 1 || a->head_size > PROJ_MAX_D)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda attention_rel: head size %d is not in [1, %d]",
                                a->head_size, PROJ_MAX_D);
-    if (a->n_seqs < 1 || a->max_seqlen < 1 || a->n_heads < 1 || a->n_heads > 32767 || a->W < 1 ||
-        (a->n_tokens + PROJ_TILE - 1) / PROJ_TILE > 65535)
+    if (a->n_seqs < 1 || a->max_seqlen < 1 || a->n_heads < 1 || a->n_heads > 32767)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cuda attention_rel: need n_seqs, max_seqlen, W >= 1, 1 <= n_heads <= 32767 and "
-                               "n_tokens <= %d (got %d, %d, %d, %d, %d)",
-                               65535 * PROJ_TILE, a->n_seqs, a->max_seqlen, a->W, a->n_heads, a->n_tokens);
-    if (((uintptr_t)a->out | (uintptr_t)a->qkv) % 16)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda attention_rel: qkv and out must be 16-byte aligned");
+                               "cuda attention_rel: need n_seqs, max_seqlen >= 1 and 1 <= n_heads <= 32767 (got %d, "
+                               "%d, %d)", a->n_seqs, a->max_seqlen, a->n_heads);
+    if (((uintptr_t)a->out | (uintptr_t)a->qkv | (uintptr_t)a->pos_key | (uintptr_t)a->pos_query) % 16)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda attention_rel: qkv, out and the position tables must be 16-byte aligned");
     cudaStream_t s = (cudaStream_t)stream;
-    DISPATCH_DTYPE(dtype, (attention_rel_t<__half, false>(a, s, proj_only)),
-                   (attention_rel_t<__nv_bfloat16, true>(a, s, proj_only)));
-}
-
-extern "C" nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attention_rel_args *a, void *stream) {
-    return attention_rel_entry(dtype, a, stream, false);
-}
-
-extern "C" nopad_status cuda_attention_rel_projections(nopad_dtype dtype, const cuda_attention_rel_args *a,
-                                                       void *stream) {
-    return attention_rel_entry(dtype, a, stream, true);
+    DISPATCH_DTYPE(dtype, (attention_rel_t<__half, false>(a, s)), (attention_rel_t<__nv_bfloat16, true>(a, s)));
 }

@@ -23,20 +23,19 @@ typedef struct cuda_attention_rel_args {
     const int32_t *rows;        /* [2·sat + 1], device: table row of distance d at rows[d + sat] */
     int32_t sat;                /* rows are constant past ±sat */
     int32_t r_lo, W;            /* table rows r_lo .. r_lo + W - 1 are the ones max_seqlen reaches */
-    float *c2p, *p2c;           /* scratch, cuda_attention_rel_term_bytes each (16-byte aligned); NULL
-                                 * with their table. Head sizes 32/64/128: [T, heads, Wp] fp16,
-                                 * Wp = W rounded up to 8; others [T, heads, W] float32 */
+    float *c2p, *p2c;           /* scratch, cuda_attention_rel_term_bytes each (16-byte aligned), NULL
+                                 * with their table: [T, heads, W] float32 for the generic head sizes;
+                                 * unused (0 bytes) for 32/64/128, whose kernel computes the terms
+                                 * inside its tiles */
 } cuda_attention_rel_args;
 
-/* The bytes of one term's scratch (c2p or p2c) for this shape, a multiple of 16. */
+/* The bytes of one term's scratch (c2p or p2c) for this shape, a multiple of 16 (0: none needed). */
 size_t cuda_attention_rel_term_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size, int32_t W);
 
-/* Enqueues the projections and the attention on `stream`. Head sizes 1..128 (32/64/128 on tensor
- * cores); NOPAD_ERR_UNSUPPORTED otherwise. No host synchronisation. */
+/* Enqueues the attention on `stream`. Head sizes 1..128 (32/64/128: one fused tensor-core kernel;
+ * others: the projections into the scratch, then a warp per query row); NOPAD_ERR_UNSUPPORTED
+ * otherwise. qkv, out and the tables 16-byte aligned. No host synchronisation. */
 nopad_status cuda_attention_rel(nopad_dtype dtype, const cuda_attention_rel_args *args, void *stream);
-
-/* Step 1 alone (the projections into c2p / p2c), for the timing mode of test_cuda_deberta. */
-nopad_status cuda_attention_rel_projections(nopad_dtype dtype, const cuda_attention_rel_args *args, void *stream);
 
 #ifdef __cplusplus
 }
