@@ -174,9 +174,9 @@ __global__ void attention_rel_generic_kernel(T *__restrict__ out, const T *__res
  * A score needs C only at dd = qr - kc + 63, i.e. dd in qr .. qr + 63 (80 window columns a warp,
  * not 128), and P likewise; each is stored skewed so that the score's term sits at its (qr, kc):
  *   sCs[qr][63 - kc] = C[qr][qr - kc + 63]      sPt[qr][kc] = P[kc][qr - kc + 63]
- * rounded to fp16 (saturated at ±65504; for bf16 inputs too: fp16 keeps 3 more mantissa bits and
- * attention logits never come near the range). A thread's two scores (qr, kc) and (qr, kc + 1)
- * then read one 32-bit word of each. That is 2.5 more 64 x 64 x D products a tile pair than plain
+ * in float32, so the terms add no rounding of their own (an fp16 tile, half the shared memory, ran
+ * 14% slower: conversions and saturation). A thread's two scores (qr, kc) and (qr, kc + 1) then
+ * read one 64-bit word of each. That is 2.5 more 64 x 64 x D products a tile pair than plain
  * attention, all on operands in shared memory or registers, against the earlier design's
  * projections into an fp16 scratch [T, heads, W] per term (1.6 GB written and read back a
  * DeBERTa-v3-base layer at 128 x 512) whose windows the tile gathered: docs/deberta.md.
@@ -197,10 +197,6 @@ struct rel_tables {
 static __device__ __forceinline__ int table_row(const rel_tables &rt, int dist) {
     dist = max(-rt.sat, min(rt.sat, dist));
     return __ldg(rt.rows + dist + rt.sat);
-}
-
-static __device__ __forceinline__ uint16_t half_bits_sat(float x) {
-    return __half_as_ushort(__float2half_rn(fminf(fmaxf(x, -65504.0f), 65504.0f)));
 }
 
 /* Issues the cp.async loads of the windows of the tile pair at offset delta: row dd < 127 of each
@@ -224,50 +220,52 @@ static __device__ __forceinline__ void window_load(uint16_t *sWk, uint16_t *sWq,
 template <int D, bool BF16, typename Store>
 static __device__ __forceinline__ void window_product(const uint32_t (*a)[4], const uint16_t *win, int c0, int lane,
                                                       Store store) {
-    constexpr int LDS = D + 8, KQ = D / 16;
+    constexpr int LDS = D + 8, KQ = D / 16, NN = WIN_COLS_WARP / 16;
+    float acc[2 * NN][4];
 #pragma unroll
-    for (int nn = 0; nn < WIN_COLS_WARP / 16; nn++) {
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-        const uint16_t *b_rows = win + (c0 + nn * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + ((lane >> 3) & 1) * 8;
+    for (int t = 0; t < 2 * NN; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    const uint16_t *b_rows = win + (c0 + (lane & 7) + (lane >> 4) * 8) * LDS + ((lane >> 3) & 1) * 8;
+    /* k outermost: 2·NN independent accumulator chains between two uses of one */
 #pragma unroll
-        for (int kk = 0; kk < KQ; kk++) {
+    for (int kk = 0; kk < KQ; kk++)
+#pragma unroll
+        for (int nn = 0; nn < NN; nn++) {
             uint32_t b[4];
-            ldmatrix_x4(b, b_rows + kk * 16);
-            mma16816<BF16>(acc[0], a[kk], b[0], b[1]);
-            mma16816<BF16>(acc[1], a[kk], b[2], b[3]);
+            ldmatrix_x4(b, b_rows + nn * 16 * LDS + kk * 16);
+            mma16816<BF16>(acc[2 * nn], a[kk], b[0], b[1]);
+            mma16816<BF16>(acc[2 * nn + 1], a[kk], b[2], b[3]);
         }
 #pragma unroll
-        for (int t = 0; t < 2; t++) {
-            const int row = lane / 4, dd = c0 + nn * 16 + t * 8 + (lane & 3) * 2;
-            store(row, dd, acc[t][0]);
-            store(row, dd + 1, acc[t][1]);
-            store(row + 8, dd, acc[t][2]);
-            store(row + 8, dd + 1, acc[t][3]);
-        }
+    for (int t = 0; t < 2 * NN; t++) {
+        const int row = lane / 4, dd = c0 + t * 8 + (lane & 3) * 2;
+        store(row, dd, acc[t][0]);
+        store(row, dd + 1, acc[t][1]);
+        store(row + 8, dd, acc[t][2]);
+        store(row + 8, dd + 1, acc[t][3]);
     }
 }
 
 /* s[t][e] += C + P of each of the warp's 16 x 64 scores, from the skewed tiles; FULL: every key
  * of the tile is inside the sequence (else the ones past it get -inf). */
 template <bool FULL, int NT>
-static __device__ __forceinline__ void add_rel_terms(float (*s)[4], const uint16_t *sCs, const uint16_t *sPt,
+static __device__ __forceinline__ void add_rel_terms(float (*s)[4], const float *sCs, const float *sPt,
                                                      bool c2p, bool p2c, int qw, int lane, int n0, int len) {
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int kc = t * 8 + (lane & 3) * 2, qr = qw + h * 8;  // scores (qr, kc), (qr, kc + 1)
-            float2 add = make_float2(0.0f, 0.0f);
-            if (c2p) {  // halves 62 - kc (for kc + 1) and 63 - kc (for kc)
-                const float2 c = __half22float2(*reinterpret_cast<const __half2 *>(sCs + qr * TERM_LD + 62 - kc));
-                add.x += c.y, add.y += c.x;
+            float a0 = s[t][2 * h], a1 = s[t][2 * h + 1];
+            if (c2p) {  // columns 62 - kc (for kc + 1) and 63 - kc (for kc)
+                const float2 c = *reinterpret_cast<const float2 *>(sCs + qr * TERM_LD + 62 - kc);
+                a0 += c.y, a1 += c.x;
             }
             if (p2c) {
-                const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(sPt + qr * TERM_LD + kc));
-                add.x += p.x, add.y += p.y;
+                const float2 p = *reinterpret_cast<const float2 *>(sPt + qr * TERM_LD + kc);
+                a0 += p.x, a1 += p.y;
             }
-            s[t][2 * h] = !FULL && n0 + kc >= len ? -INFINITY : s[t][2 * h] + add.x;
-            s[t][2 * h + 1] = !FULL && n0 + kc + 1 >= len ? -INFINITY : s[t][2 * h + 1] + add.y;
+            s[t][2 * h] = !FULL && n0 + kc >= len ? -INFINITY : a0;
+            s[t][2 * h + 1] = !FULL && n0 + kc + 1 >= len ? -INFINITY : a1;
         }
 }
 
@@ -292,8 +290,11 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     uint16_t *sV = sK + 2 * BLOCK_N * LDS;      // [2][BLOCK_N][LDS]
     uint16_t *sWk = sV + 2 * BLOCK_N * LDS;     // [WIN_ROWS][LDS] pos_key's window
     uint16_t *sWq = sWk + WIN_ROWS * LDS;       // [WIN_ROWS][LDS] pos_query's window
-    uint16_t *sCs = sWq + WIN_ROWS * LDS;       // [BLOCK_M][TERM_LD]; Q's tile [BLOCK_M][LDS] before
-    uint16_t *sPt = sCs + BLOCK_M * (TERM_LD > LDS ? TERM_LD : LDS);  // [BLOCK_M][TERM_LD]
+    /* [BLOCK_M][TERM_LD] float32 each; Q's tile [BLOCK_M][LDS] and the output's are staged in sCs */
+    float *sCs = reinterpret_cast<float *>(sWq + WIN_ROWS * LDS);
+    float *sPt = sCs + BLOCK_M * TERM_LD;
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(sCs);
+    static_assert(2 * TERM_LD >= LDS, "Q's tile fits where sCs goes");
 
     const int seq = seq_offset + blockIdx.z, head = blockIdx.y;
     const int start = cu_seqlens[seq];
@@ -309,7 +310,7 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const bool c2p = rt.pos_key != NULL, p2c = rt.pos_query != NULL;
 
-    rel_load_tile<BLOCK_M, D, THREADS>(sCs, q_g, row_stride, m0, len, tid);
+    rel_load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
     rel_load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
     rel_load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
     window_load<D>(sWk, sWq, rt, head, hidden, m0, tid);
@@ -318,7 +319,7 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     __syncthreads();
     uint32_t qf[KQ][4];
 #pragma unroll
-    for (int kk = 0; kk < KQ; kk++) ldmatrix_x4(qf[kk], sCs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+    for (int kk = 0; kk < KQ; kk++) ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
 
     float o[DT][4];
 #pragma unroll
@@ -344,7 +345,7 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
             const int q_base = warp * 16;  // C[qr][dd] is needed for dd - qr in 0 .. 63
             window_product<D, BF16>(qf, sWk, q_base, lane, [&](int row, int dd, float v) {
                 const int qr = q_base + row, x = dd - qr;
-                if (x >= 0 && x < 64) sCs[qr * TERM_LD + x] = half_bits_sat(v);
+                if (x >= 0 && x < 64) sCs[qr * TERM_LD + x] = v;
             });
         }
         if (p2c) {
@@ -355,7 +356,7 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
             const int k_base = warp * 16;  // P[kc][dd] is needed for qr = dd + kc - 63 in 0 .. 63
             window_product<D, BF16>(kf, sWq, 48 - k_base, lane, [&](int row, int dd, float v) {
                 const int kc = k_base + row, qr = dd + kc - 63;
-                if (qr >= 0 && qr < 64) sPt[qr * TERM_LD + kc] = half_bits_sat(v);
+                if (qr >= 0 && qr < 64) sPt[qr * TERM_LD + kc] = v;
             });
         }
         __syncthreads();  // sPt complete; the windows are free
@@ -414,7 +415,7 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     float inv[2];
     quad_row_inverse(l_run, inv);
     __syncthreads();  // every warp is done with sCs: its space stages the output
-    uint16_t *sO = sCs + warp * 16 * LDS;
+    uint16_t *sO = sQ + warp * 16 * LDS;
 #pragma unroll
     for (int t = 0; t < DT; t++) {
         const int col = t * 8 + (lane & 3) * 2;
@@ -439,7 +440,7 @@ static cudaError_t launch_fused(void *out, const void *qkv, const int32_t *cu_se
                                 cudaStream_t stream) {
     constexpr int BLOCK_M = 64, BLOCK_N = 64;
     const size_t smem = (size_t)(4 * BLOCK_N + 2 * WIN_ROWS) * (D + 8) * sizeof(uint16_t) +
-                        (size_t)BLOCK_M * ((TERM_LD > D + 8 ? TERM_LD : D + 8) + TERM_LD) * sizeof(uint16_t);
+                        (size_t)2 * BLOCK_M * TERM_LD * sizeof(float);
     auto kernel = attention_rel_fused_kernel<D, BF16>;
     static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
