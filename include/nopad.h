@@ -675,6 +675,32 @@ typedef struct nopad_train_progress {
 /* Called after every step; returning non-zero stops the run (the checkpoint is still saved). */
 typedef int (*nopad_train_fn)(void *user, const nopad_train_progress *p);
 
+/* What picks a run's best evaluation (a tie keeps the earlier step). */
+typedef enum nopad_train_metric {
+    NOPAD_TRAIN_METRIC_AUTO = 0,     /* accuracy for classification with >= 2 labels, else loss */
+    NOPAD_TRAIN_METRIC_LOSS = 1,     /* the mean eval loss, lower is better */
+    NOPAD_TRAIN_METRIC_ACCURACY = 2, /* the eval accuracy, higher is better (classification with
+                                        >= 2 labels) */
+} nopad_train_metric;
+
+/* One evaluation during a run (eval_every, eval_every_epoch), after the step it follows. */
+typedef struct nopad_train_eval {
+    int64_t step;               /* steps taken when it ran */
+    int32_t epoch;              /* 0-based epoch of that step */
+    int32_t examples;           /* of the eval data */
+    double loss;                /* the mean eval loss */
+    double accuracy;            /* classification with >= 2 labels, else -1 */
+    nopad_train_metric metric;  /* LOSS or ACCURACY: what "best" is by */
+    int is_best;                /* 1: better than every evaluation before it (saved to
+                                   output_dir/best with save_best) */
+    int64_t best_step;          /* the best evaluation so far (this one when is_best) */
+    double best_value;          /* its metric */
+    int32_t since_best;         /* evaluations since the best (0 when is_best) */
+    int32_t evaluations;        /* of the run so far, this one and a resumed run's included */
+} nopad_train_eval;
+/* Called after every evaluation; returning non-zero stops the run (the checkpoint is saved). */
+typedef int (*nopad_train_eval_fn)(void *user, const nopad_train_eval *e);
+
 typedef struct nopad_train_params {
     const char *model_dir;        /* an HF BERT folder with its tokenizer (required) */
     const char *data_path;        /* training data (required): JSONL when it ends in .jsonl or
@@ -722,6 +748,18 @@ typedef struct nopad_train_params {
                                      token); 1: streamed a window at a time, memory bounded by
                                      stream_buffer whatever the corpus size (docs/training.md) */
     int64_t stream_buffer;        /* 64 MiB: the text a streamed window holds (>= 1024 bytes) */
+    /* Evaluation during training (needs eval_path). Without either of these, eval_path is
+     * evaluated once at the end, into the result. With them, every evaluation (and the one of
+     * the run's last step) is recorded: on_eval, a log line, trainer_state.json's history. */
+    int64_t eval_every;           /* 0; N > 0: evaluate after every N steps */
+    int eval_every_epoch;         /* 0; 1: evaluate at the end of each epoch */
+    int save_best;                /* 1: the weights of the best evaluation (best_metric) to
+                                     output_dir/best (config.json, model.safetensors, the tokenizer
+                                     files, eval_results.json naming the step) */
+    nopad_train_metric best_metric; /* AUTO; a resumed run keeps its checkpoint's */
+    int32_t early_stop;           /* 0; K > 0: stop after K evaluations in a row without
+                                     improving on the best */
+    nopad_train_eval_fn on_eval;  /* or NULL; gets `user` */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 
@@ -735,6 +773,12 @@ typedef struct nopad_train_result {
     int32_t eval_examples;          /* 0 without eval_path */
     double eval_accuracy;           /* classification with eval_path (num_labels > 1), else -1 */
     double eval_loss;               /* the mean loss over eval_path, else -1 */
+    int32_t evaluations;            /* recorded during the run (eval_every, eval_every_epoch),
+                                       a resumed run's earlier ones included */
+    nopad_train_metric best_metric; /* LOSS or ACCURACY with evaluations, else AUTO */
+    int64_t best_step;              /* the best of them (the earliest of equals), 0 without */
+    double best_value;              /* its metric, -1 without */
+    int early_stopped;              /* 1: early_stop ended the run */
 } nopad_train_result;
 
 /* Fine-tunes (or pretrains with MLM) model_dir on data_path and saves output_dir: an

@@ -18,14 +18,58 @@
 #include "util/file.h"
 
 /* -2: the schedule and the run's shape (epochs, batch budgets) joined the state; -3: streamed
- * data (the window and the buffer; a -2 state held its data in memory) */
-static const char *const STATE_FORMAT = "nopad-train-3";
-static const char *const STATE_FORMAT_2 = "nopad-train-2";
+ * data (the window and the buffer; a -2 state held its data in memory); -4: the evaluations
+ * and their metric (a -2 or -3 state recorded none) */
+static const char *const STATE_FORMAT = "nopad-train-4";
+static const char *const OLDER_FORMATS[] = {"nopad-train-3", "nopad-train-2"};
 static const char *const OPT_NAMES[] = {"adamw", "lamb"};
 static const char *const TASK_NAMES[] = {"mlm", "classify"};
+static const char *const METRIC_NAMES[] = {"none", "loss", "accuracy"};
 
 const char *train_optimizer_kind_name(train_optimizer_kind kind) {
     return (unsigned)kind <= TRAIN_OPT_LAMB ? OPT_NAMES[kind] : "unknown";
+}
+
+const char *train_metric_name(train_metric metric) {
+    return (unsigned)metric <= TRAIN_METRIC_ACCURACY ? METRIC_NAMES[metric] : "unknown";
+}
+
+/* ---- the history of evaluations -------------------------------------------------------------- */
+
+nopad_status train_state_add_eval(train_state *s, const train_eval *e) {
+    if (s->n_evals > 0 && e->step <= s->evals[s->n_evals - 1].step)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "an evaluation at step %lld after one "
+                               "at step %lld", (long long)e->step,
+                               (long long)s->evals[s->n_evals - 1].step);
+    if (s->n_evals == INT32_MAX)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "too many evaluations");
+    /* grown by doubling: the capacity is the next power of two */
+    const int32_t n = s->n_evals;
+    if ((n & (n - 1)) == 0) {
+        const size_t cap = n ? 2 * (size_t)n : 4;
+        train_eval *grown = realloc(s->evals, cap * sizeof *grown);
+        if (!grown) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "evaluations: out of memory");
+        s->evals = grown;
+    }
+    s->evals[s->n_evals++] = *e;
+    return NOPAD_OK;
+}
+
+int train_metric_better(train_metric metric, const train_eval *a, const train_eval *b) {
+    return metric == TRAIN_METRIC_ACCURACY ? a->accuracy > b->accuracy : a->loss < b->loss;
+}
+
+int32_t train_state_best(const train_state *s) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < s->n_evals; i++)
+        if (best < 0 || train_metric_better(s->metric, &s->evals[i], &s->evals[best])) best = i;
+    return best;
+}
+
+void train_state_free(train_state *s) {
+    free(s->evals);
+    s->evals = NULL;
+    s->n_evals = 0;
 }
 
 /* A float32 as the shortest decimal that reads back to it ("1e-12", not 9.99999996e-13). */
@@ -204,6 +248,32 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddNumberToObject(d, "epochs", s->epochs);
     cJSON_AddNumberToObject(d, "batch_tokens", s->batch_tokens);
     cJSON_AddNumberToObject(d, "batch_seqs", s->batch_seqs);
+    if (s->metric != TRAIN_METRIC_NONE) {
+        /* doubles again, read back exactly; "best" is derived from them, for readers */
+        cJSON_AddStringToObject(root, "eval_metric", METRIC_NAMES[s->metric]);
+        cJSON *list = cJSON_AddArrayToObject(root, "evaluations");
+        for (int32_t i = 0; i < s->n_evals && list; i++) {
+            const train_eval *e = &s->evals[i];
+            cJSON *item = cJSON_CreateObject();
+            if (!item || !cJSON_AddItemToArray(list, item)) {
+                cJSON_Delete(item);
+                break;
+            }
+            cJSON_AddNumberToObject(item, "step", (double)e->step);
+            cJSON_AddNumberToObject(item, "epoch", e->epoch);
+            cJSON_AddNumberToObject(item, "eval_loss", e->loss);
+            if (e->accuracy >= 0) cJSON_AddNumberToObject(item, "eval_accuracy", e->accuracy);
+            cJSON_AddNumberToObject(item, "eval_examples", e->examples);
+        }
+        const int32_t b = train_state_best(s);
+        if (b >= 0) {
+            cJSON *best = cJSON_AddObjectToObject(root, "best");
+            cJSON_AddStringToObject(best, "metric", METRIC_NAMES[s->metric]);
+            cJSON_AddNumberToObject(best, "step", (double)s->evals[b].step);
+            cJSON_AddNumberToObject(best, "value", s->metric == TRAIN_METRIC_ACCURACY
+                                                       ? s->evals[b].accuracy : s->evals[b].loss);
+        }
+    }
     return root;
 }
 
@@ -305,9 +375,11 @@ static nopad_status check_state_header(const cJSON *root, const char *where, tra
     if (!cJSON_IsObject(root)) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not a JSON object", where);
     const char *text = NULL;
     TRY(get_string(root, "format", where, &text));
-    if (strcmp(text, STATE_FORMAT) != 0 && strcmp(text, STATE_FORMAT_2) != 0)
+    if (strcmp(text, STATE_FORMAT) != 0 && strcmp(text, OLDER_FORMATS[0]) != 0 &&
+        strcmp(text, OLDER_FORMATS[1]) != 0)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: format \"%.64s\", expected \"%s\" "
-                               "(or \"%s\")", where, text, STATE_FORMAT, STATE_FORMAT_2);
+                               "(or \"%s\", \"%s\")", where, text, STATE_FORMAT, OLDER_FORMATS[0],
+                               OLDER_FORMATS[1]);
     TRY(get_string(root, "task", where, &text));
     if (strcmp(text, TASK_NAMES[task]) != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -335,6 +407,53 @@ static nopad_status parse_schedule(const cJSON *root, const char *where, train_s
     if (out->lr < 0 || out->lr_end < 0)
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: schedule learning rates %g and %g, expected "
                                ">= 0", where, out->lr, out->lr_end);
+    return NOPAD_OK;
+}
+
+/* "eval_metric" and "evaluations" (absent: none recorded); into s->evals, which the caller frees. */
+static nopad_status parse_evals(const cJSON *root, const char *where, train_state *s) {
+    s->metric = TRAIN_METRIC_NONE;
+    if (!cJSON_GetObjectItemCaseSensitive(root, "eval_metric")) return NOPAD_OK;
+    const char *text = NULL;
+    TRY(get_string(root, "eval_metric", where, &text));
+    if (!strcmp(text, "loss")) s->metric = TRAIN_METRIC_LOSS;
+    else if (!strcmp(text, "accuracy")) s->metric = TRAIN_METRIC_ACCURACY;
+    else
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: eval_metric \"%.32s\", expected loss or "
+                               "accuracy", where, text);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "evaluations");
+    if (!list) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: no \"evaluations\" field", where);
+    if (!cJSON_IsArray(list)) return json_wrong_type(where, "evaluations", "an array", list);
+    const cJSON *item = NULL;
+    cJSON_ArrayForEach(item, list) {
+        char at[64];
+        snprintf(at, sizeof at, "evaluation %d", s->n_evals + 1);
+        if (!cJSON_IsObject(item))
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s is not an object", where, at);
+        train_eval e = {.accuracy = -1};
+        double v = 0;
+        TRY(get_int(item, "step", where, 1, 9007199254740992.0, &v));
+        e.step = (int64_t)v;
+        TRY(get_int(item, "epoch", where, 0, 2147483647.0, &v));
+        e.epoch = (int32_t)v;
+        TRY(get_int(item, "eval_examples", where, 0, 2147483647.0, &v));
+        e.examples = (int32_t)v;
+        TRY(get_number(item, "eval_loss", where, &e.loss));
+        if (cJSON_GetObjectItemCaseSensitive(item, "eval_accuracy")) {
+            TRY(get_number(item, "eval_accuracy", where, &e.accuracy));
+            if (!(e.accuracy >= 0 && e.accuracy <= 1))
+                return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s: eval_accuracy %g is outside "
+                                       "[0, 1]", where, at, e.accuracy);
+        } else if (s->metric == TRAIN_METRIC_ACCURACY) {
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s has no \"eval_accuracy\", but the "
+                                   "metric is accuracy", where, at);
+        }
+        if (e.loss < 0)
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s: eval_loss %g is negative", where, at,
+                                   e.loss);
+        nopad_status st = train_state_add_eval(s, &e);
+        if (st != NOPAD_OK) return nopad_wrap_error(st, "%s: %s", where, at);
+    }
     return NOPAD_OK;
 }
 
@@ -402,6 +521,7 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
         TRY(get_int(d, shape[i].key, where, 0, 2147483647.0, &v));
         *shape[i].dst = (int32_t)v;
     }
+    TRY(parse_evals(root, where, s));
     return parse_schedule(root, where, &s->schedule);
 }
 
@@ -457,7 +577,7 @@ nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_tas
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     char *text = NULL;
     size_t len = 0;
-    TRY(read_file(path, 1 << 20, &text, &len));
+    TRY(read_file(path, 1 << 26, &text, &len)); // a history of evaluations is ~100 bytes each
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", path);
@@ -470,8 +590,72 @@ nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_tas
     int64_t step = 0;
     if (st == NOPAD_OK) st = parse_state(root, path, out, state, &step);
     if (st == NOPAD_OK) st = load_moments(out, dir);
+    if (st == NOPAD_OK && state->n_evals > 0 && state->evals[state->n_evals - 1].step > step)
+        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: an evaluation at step %lld, past the "
+                             "checkpoint's step %lld", path,
+                             (long long)state->evals[state->n_evals - 1].step, (long long)step);
     if (st == NOPAD_OK) out->step = step;
     cJSON_Delete(root);
+    if (st != NOPAD_OK) train_state_free(state);
     if (st != NOPAD_OK && loaded) train_model_free(out);
+    return st;
+}
+
+/* ---- the weights alone (a run's best evaluation) --------------------------------------------- */
+
+nopad_status train_checkpoint_save_weights(const train_model *m, const train_eval *e,
+                                           train_metric metric, const char *dir) {
+    if (!m || !e || !dir || !m->params)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save_weights: NULL argument");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/eval_results.json", dir);
+    if (remove(path) != 0 && errno != ENOENT)
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    const size_t n = (size_t)m->n_params;
+    float *host = malloc(n * sizeof *host);
+    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
+    nopad_status st = m->be->download(m->be, host, m->params, n * sizeof(float));
+    static const char *const plain[1] = {""};
+    if (st == NOPAD_OK) st = write_safetensors(m, host, plain, 1, dir, "model.safetensors");
+    free(host);
+    if (st == NOPAD_OK) {
+        cJSON *config = config_json(m);
+        st = write_json(dir, "config.json", config);
+        cJSON_Delete(config);
+    }
+    if (st == NOPAD_OK) {
+        cJSON *r = cJSON_CreateObject();
+        if (r) {
+            cJSON_AddNumberToObject(r, "step", (double)e->step);
+            cJSON_AddNumberToObject(r, "epoch", e->epoch);
+            cJSON_AddNumberToObject(r, "eval_loss", e->loss);
+            if (e->accuracy >= 0) cJSON_AddNumberToObject(r, "eval_accuracy", e->accuracy);
+            cJSON_AddNumberToObject(r, "eval_examples", e->examples);
+            cJSON_AddStringToObject(r, "metric", train_metric_name(metric));
+        }
+        st = write_json(dir, "eval_results.json", r);
+        cJSON_Delete(r);
+    }
+    return st;
+}
+
+nopad_status train_checkpoint_weights_step(const char *dir, int64_t *step) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/eval_results.json", dir);
+    char *text = NULL;
+    size_t len = 0;
+    TRY(read_file(path, 1 << 20, &text, &len));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    double v = 0;
+    nopad_status st = get_int(root, "step", path, 0, 9007199254740992.0, &v);
+    cJSON_Delete(root);
+    if (st == NOPAD_OK) *step = (int64_t)v;
     return st;
 }

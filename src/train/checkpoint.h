@@ -13,7 +13,9 @@
  *                          count, so its parameters are its whole state), the run's shape
  *                          (epochs, batch budgets) and where the data loader stands (seed,
  *                          epoch, streamed window, cursor): the data's generator is
- *                          counter-based, so that is its whole state
+ *                          counter-based, so that is its whole state; and the evaluations run
+ *                          during training (step, epoch, eval loss and accuracy) with the metric
+ *                          that picks the best of them
  *
  * Each file is written under a temporary name and renamed, so an interrupted save leaves the
  * previous file whole. */
@@ -32,6 +34,23 @@ typedef enum train_optimizer_kind {
 
 /* What a checkpoint holds besides the tensors: everything a resumed run needs to take the same
  * steps as one that did not stop. */
+/* What picks the best evaluation of a run: the lower eval loss, or the higher accuracy; a tie
+ * keeps the earlier step. NONE: the run evaluates only at its end (nothing is recorded). */
+typedef enum train_metric {
+    TRAIN_METRIC_NONE = 0,
+    TRAIN_METRIC_LOSS = 1,
+    TRAIN_METRIC_ACCURACY = 2,
+} train_metric;
+
+/* One evaluation during training. */
+typedef struct train_eval {
+    int64_t step;     // steps taken when it ran
+    int32_t epoch;    // 0-based epoch of that step
+    int32_t examples; // of the eval data
+    double loss;      // the mean eval loss
+    double accuracy;  // classification with >= 2 labels, else -1
+} train_eval;
+
 typedef struct train_state {
     train_optimizer_kind kind;
     train_optimizer opt;      // opt.lr: the last step's; the schedule gives the next
@@ -45,16 +64,39 @@ typedef struct train_state {
     int32_t batch_tokens;     // (nopad_train_params', checked on resume)
     int32_t batch_seqs;
     float dropout;            // the step's dropout rate (masks follow from the seed and step)
+    train_metric metric;      // what the best evaluation is by; NONE: none are recorded
+    train_eval *evals;        // [n_evals] the run's evaluations in step order (train_state_free)
+    int32_t n_evals;
 } train_state;
 
 const char *train_optimizer_kind_name(train_optimizer_kind kind); // "adamw", "lamb"
+const char *train_metric_name(train_metric metric);               // "none", "loss", "accuracy"
+
+/* Appends an evaluation to the state's history (its step after the last one's). */
+nopad_status train_state_add_eval(train_state *s, const train_eval *e);
+/* The index of the best evaluation by s->metric (the earliest of equals), or -1 without any. */
+int32_t train_state_best(const train_state *s);
+/* Whether `a` improves on `b` under `metric` (strictly: lower loss, higher accuracy). */
+int train_metric_better(train_metric metric, const train_eval *a, const train_eval *b);
+/* Frees the history and clears it. */
+void train_state_free(train_state *s);
 
 /* Writes the four files into `dir` (created when missing; its parent must exist). The step count
  * is the model's. */
 nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir);
 
+/* Writes the weights alone to `dir` (created when missing): model.safetensors and config.json
+ * as train_checkpoint_save writes them, then eval_results.json ({"step", "epoch", "eval_loss",
+ * "eval_accuracy" when there is one, "eval_examples", "metric"}), which is removed first: when it
+ * is there, the weights beside it are that evaluation's. For a run's best evaluation. */
+nopad_status train_checkpoint_save_weights(const train_model *m, const train_eval *e,
+                                           train_metric metric, const char *dir);
+/* The step of dir/eval_results.json (written by train_checkpoint_save_weights). */
+nopad_status train_checkpoint_weights_step(const char *dir, int64_t *step);
+
 /* Loads a folder saved by train_checkpoint_save for `task`: the weights (train_model_load), the
- * moments and the step count into *out, the rest into *state. A folder without
+ * moments and the step count into *out, the rest into *state (its history allocated: free it
+ * with train_state_free). A folder without
  * optimizer.safetensors or trainer_state.json, or saved for another task (checked before the
  * weights are read, and named: NOPAD_ERR_INVALID_ARGUMENT), is an error. */
 nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_task task,

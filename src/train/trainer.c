@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "nopad.h"
@@ -32,7 +33,8 @@ nopad_train_params nopad_train_default_params(void) {
         .save_every = 0, .truncate = 0, .n_threads = 0, .on_step = NULL, .user = NULL,
         .resume_dir = NULL, .device = NOPAD_DEVICE_CPU, .device_index = 0, .dtype = NOPAD_DTYPE_F32,
         .log_path = NULL, .log_batches = 0, .dropout = -1, .stream = 0,
-        .stream_buffer = (int64_t)64 << 20};
+        .stream_buffer = (int64_t)64 << 20, .eval_every = 0, .eval_every_epoch = 0,
+        .save_best = 0, .best_metric = NOPAD_TRAIN_METRIC_AUTO, .early_stop = 0, .on_eval = NULL};
 }
 
 static double seconds(void) {
@@ -83,16 +85,37 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (p->save_every < 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: save_every %lld, expected >= 0",
                                (long long)p->save_every);
+    if (p->eval_every < 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: eval_every %lld, expected "
+                               ">= 0 (0: evaluate only at the end)", (long long)p->eval_every);
+    if (p->early_stop < 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: early_stop %d, expected "
+                               ">= 0 (0: off)", p->early_stop);
+    if ((unsigned)p->best_metric > NOPAD_TRAIN_METRIC_ACCURACY)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: unknown best_metric %d",
+                               (int)p->best_metric);
+    const int periodic = p->eval_every > 0 || p->eval_every_epoch;
+    const char *needs = periodic ? (p->eval_every > 0 ? "eval_every" : "eval_every_epoch")
+                      : p->save_best ? "save_best" : p->early_stop ? "early_stop" : NULL;
+    if (needs && !p->eval_path)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: %s needs eval_path (the "
+                               "data to evaluate on)", needs);
+    if (needs && !periodic)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: %s needs eval_every or "
+                               "eval_every_epoch (the evaluations it picks from)", needs);
+    if (p->task == NOPAD_TRAIN_MLM && p->best_metric == NOPAD_TRAIN_METRIC_ACCURACY)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: best_metric accuracy is "
+                               "for classification (MLM has an eval loss)");
     return NOPAD_OK;
 }
 
-/* Copies the tokenizer files of the source folder that exist into the checkpoint folder, so the
- * checkpoint is a whole model folder (nopad embed, from_pretrained with its tokenizer). */
-static nopad_status copy_tokenizer_files(const char *from, const char *to) {
-    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json",
-                                        "special_tokens_map.json", "vocab.txt", "vocab.json",
-                                        "merges.txt", "added_tokens.json"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json",
+                                              "special_tokens_map.json", "vocab.txt", "vocab.json",
+                                              "merges.txt", "added_tokens.json"};
+
+/* Copies the files of `names` that exist in `from` into `to`. */
+static nopad_status copy_files(const char *from, const char *to, const char *const *names, size_t n) {
+    for (size_t i = 0; i < n; i++) {
         char src[4096], dst[4096];
         snprintf(src, sizeof src, "%s/%s", from, names[i]);
         snprintf(dst, sizeof dst, "%s/%s", to, names[i]);
@@ -109,6 +132,12 @@ static nopad_status copy_tokenizer_files(const char *from, const char *to) {
             return nopad_set_error(NOPAD_ERR_IO, "%s: cannot write: %s", dst, strerror(errno));
     }
     return NOPAD_OK;
+}
+
+/* Copies the tokenizer files of the source folder that exist into the checkpoint folder, so the
+ * checkpoint is a whole model folder (nopad embed, from_pretrained with its tokenizer). */
+static nopad_status copy_tokenizer_files(const char *from, const char *to) {
+    return copy_files(from, to, TOKENIZER_FILES, sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]);
 }
 
 /* Everything one run holds, freed by run_free. */
@@ -351,10 +380,131 @@ static nopad_status save(run *r, const nopad_train_params *p, const train_state 
     return st;
 }
 
+/* output_dir/best, the best evaluation's weights. */
+static void best_dir(const nopad_train_params *p, const char *root, char out[4096]) {
+    snprintf(out, 4096, "%s/best", root ? root : p->output_dir);
+}
+
+/* The weights of evaluation `e` to output_dir/best, with the tokenizer files. */
+static nopad_status save_best(run *r, const nopad_train_params *p, const train_eval *e,
+                              train_metric metric) {
+    if (mkdir(p->output_dir, 0755) != 0 && errno != EEXIST)
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", p->output_dir,
+                               strerror(errno));
+    char dir[4096];
+    best_dir(p, NULL, dir);
+    nopad_status st = train_checkpoint_save_weights(&r->model, e, metric, dir);
+    if (st == NOPAD_OK) st = copy_tokenizer_files(p->model_dir, dir);
+    return st == NOPAD_OK ? NOPAD_OK : nopad_wrap_error(st, "saving the best weights (step %lld)",
+                                                        (long long)e->step);
+}
+
+/* The evaluation's line of the JSONL log. */
+static nopad_status log_eval(run *r, const nopad_train_params *p, const nopad_train_eval *e) {
+    FILE *f = r->log;
+    fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"eval_loss\": %.17g", (long long)e->step,
+            (int)e->epoch, e->loss);
+    if (e->accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.17g", e->accuracy);
+    fprintf(f, ", \"eval_examples\": %d, \"is_best\": %s}\n", e->examples,
+            e->is_best ? "true" : "false");
+    if (fflush(f) != 0 || ferror(f))
+        return nopad_set_error(NOPAD_ERR_IO, "%s: write failed: %s", p->log_path, strerror(errno));
+    return NOPAD_OK;
+}
+
+/* The best evaluation so far and how many came after it, into the public form. */
+static void describe_eval(const train_state *state, int32_t i, nopad_train_eval *out) {
+    const train_eval *e = &state->evals[i];
+    const int32_t best = train_state_best(state);
+    const train_eval *b = &state->evals[best];
+    *out = (nopad_train_eval){
+        .step = e->step, .epoch = e->epoch, .examples = e->examples, .loss = e->loss,
+        .accuracy = e->accuracy,
+        .metric = state->metric == TRAIN_METRIC_ACCURACY ? NOPAD_TRAIN_METRIC_ACCURACY
+                                                         : NOPAD_TRAIN_METRIC_LOSS,
+        .is_best = best == i, .best_step = b->step,
+        .best_value = state->metric == TRAIN_METRIC_ACCURACY ? b->accuracy : b->loss,
+        .since_best = i - best, .evaluations = i + 1};
+}
+
+/* Whether the history's last evaluation is of step `step`. */
+static int evaluated_at(const train_state *state, int64_t step) {
+    return state->n_evals > 0 && state->evals[state->n_evals - 1].step == step;
+}
+
+/* One evaluation of the run's history, after the step just taken: evaluates, records it in the
+ * state (saved with the next checkpoint), saves the weights when it is the best and save_best
+ * asks, logs it and tells on_eval. *stop is set when on_eval asks or early_stop says so. */
+static nopad_status record_eval(run *r, const nopad_train_params *p, train_state *state,
+                                int32_t epoch, nopad_train_result *out, int *stop) {
+    nopad_train_result res;
+    nopad_status st = evaluate(r, &res);
+    if (st != NOPAD_OK) return nopad_wrap_error(st, "at step %lld", (long long)r->model.step);
+    const train_eval e = {.step = r->model.step, .epoch = epoch, .examples = res.eval_examples,
+                          .loss = res.eval_loss, .accuracy = res.eval_accuracy};
+    st = train_state_add_eval(state, &e);
+    if (st != NOPAD_OK) return st;
+    nopad_train_eval ev;
+    describe_eval(state, state->n_evals - 1, &ev);
+    if (ev.is_best && p->save_best) {
+        st = save_best(r, p, &e, state->metric);
+        if (st != NOPAD_OK) return st;
+    }
+    if (r->log) {
+        st = log_eval(r, p, &ev);
+        if (st != NOPAD_OK) return st;
+    }
+    if (p->on_eval && p->on_eval(p->user, &ev) != 0) *stop = 1;
+    if (p->early_stop > 0 && ev.since_best >= p->early_stop) *stop = out->early_stopped = 1;
+    return NOPAD_OK;
+}
+
+/* Resuming with save_best: the checkpoint's best evaluation must have its weights in
+ * resume_dir/best (a later one of the same run is retaken, so it may be ahead when that is
+ * output_dir/best too); from another folder they are copied into output_dir/best. */
+static nopad_status resume_best(const nopad_train_params *p, const train_state *state) {
+    const int32_t b = train_state_best(state);
+    if (!p->save_best || b < 0) return NOPAD_OK;
+    const int64_t want = state->evals[b].step;
+    char from[4096], to[4096];
+    best_dir(p, p->resume_dir, from);
+    best_dir(p, NULL, to);
+    int64_t have = -1;
+    char why[512] = "another step's are there";
+    nopad_status st = train_checkpoint_weights_step(from, &have);
+    if (st != NOPAD_OK) snprintf(why, sizeof why, "%s", nopad_last_error());
+    struct stat sf, so;
+    const int same = stat(p->resume_dir, &sf) == 0 && stat(p->output_dir, &so) == 0 &&
+                     sf.st_dev == so.st_dev && sf.st_ino == so.st_ino;
+    if (st != NOPAD_OK || have < want || (have > want && !same))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s with save_best: its best "
+                               "evaluation (step %lld) has no weights in %s (%s); resume from the "
+                               "folder the run saved to, or without save_best", p->resume_dir,
+                               (long long)want, from, why);
+    if (same) return NOPAD_OK;
+    if (mkdir(p->output_dir, 0755) != 0 && errno != EEXIST)
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", p->output_dir,
+                               strerror(errno));
+    if (mkdir(to, 0755) != 0 && errno != EEXIST)
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", to, strerror(errno));
+    /* eval_results.json last: the weights before the file that names their step */
+    static const char *const weights[] = {"model.safetensors", "config.json"};
+    static const char *const results[] = {"eval_results.json"};
+    char old[4200];
+    snprintf(old, sizeof old, "%s/eval_results.json", to);
+    if (remove(old) != 0 && errno != ENOENT)
+        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot remove: %s", old, strerror(errno));
+    st = copy_files(from, to, weights, 2);
+    if (st == NOPAD_OK) st = copy_files(from, to, TOKENIZER_FILES,
+                                        sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]);
+    if (st == NOPAD_OK) st = copy_files(from, to, results, 1);
+    return st;
+}
+
 nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     if (!p || !out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: NULL argument");
     memset(out, 0, sizeof *out);
-    out->eval_accuracy = out->eval_loss = -1;
+    out->eval_accuracy = out->eval_loss = out->best_value = -1;
     nopad_status st = check_params(p);
     if (st != NOPAD_OK) return st;
     run r = {0};
@@ -367,8 +517,8 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     /* the device's backend; train_model_load refuses one without the training ops, naming one */
     const nopad_backend_params bp = {.device = p->device, .device_index = p->device_index,
                                      .dtype = p->dtype, .n_threads = p->n_threads};
+    train_state saved = {0}, state = {0}; /* their histories freed at the end */
     CHECK(nopad_backend_create(&bp, &r.be));
-    train_state saved = {0};
     if (p->resume_dir) {
         st = train_checkpoint_load(r.be, p->resume_dir, task, &r.model, &saved);
         if (st != NOPAD_OK) {
@@ -383,6 +533,18 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     CHECK(nopad_tokenizer_load(p->model_dir, &r.tok));
     out->num_labels = r.model.num_labels;
     out->new_head = r.model.new_head;
+    /* what the best evaluation is by: accuracy where there is one, unless asked otherwise */
+    const int periodic = p->eval_every > 0 || p->eval_every_epoch;
+    const int has_accuracy = r.model.task == TRAIN_TASK_CLASSIFY && r.model.num_labels > 1;
+    if (p->best_metric == NOPAD_TRAIN_METRIC_ACCURACY && !has_accuracy) {
+        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: best_metric accuracy, but "
+                             "a one-label head (regression) has only an eval loss");
+        goto done;
+    }
+    const train_metric metric = !periodic ? TRAIN_METRIC_NONE
+                              : p->best_metric == NOPAD_TRAIN_METRIC_LOSS ? TRAIN_METRIC_LOSS
+                              : p->best_metric == NOPAD_TRAIN_METRIC_ACCURACY || has_accuracy
+                                  ? TRAIN_METRIC_ACCURACY : TRAIN_METRIC_LOSS;
     /* a batch holds at least one example of the longest */
     const int32_t max_len = r.model.cfg.max_position_embeddings;
     const int32_t budget = p->batch_tokens > max_len ? p->batch_tokens : max_len;
@@ -417,11 +579,12 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
 
     int64_t total = 0;
     CHECK(count_steps(&r, p->epochs, &total));
-    train_state state = {.kind = p->optimizer == NOPAD_TRAIN_LAMB ? TRAIN_OPT_LAMB : TRAIN_OPT_ADAMW,
-                         .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
-                         .data_seed = p->seed, .epochs = p->epochs,
-                         .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
-                         .dropout = r.ctx.dropout, .stream_buffer = p->stream ? p->stream_buffer : 0};
+    state = (train_state){.kind = p->optimizer == NOPAD_TRAIN_LAMB ? TRAIN_OPT_LAMB : TRAIN_OPT_ADAMW,
+                          .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
+                          .data_seed = p->seed, .epochs = p->epochs,
+                          .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
+                          .dropout = r.ctx.dropout, .stream_buffer = p->stream ? p->stream_buffer : 0,
+                          .metric = metric};
     state.schedule.lr = p->lr;
     state.schedule.total_steps = total;
     state.schedule.warmup_steps = p->warmup_steps >= 0
@@ -435,6 +598,20 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
         state.epoch = saved.epoch;
         state.window = saved.window;
         state.cursor = saved.cursor;
+        /* the evaluations so far, and with them the best: kept by a run that evaluates no more */
+        if (saved.metric != TRAIN_METRIC_NONE) {
+            if (metric != TRAIN_METRIC_NONE && metric != saved.metric) {
+                st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: best metric %s, but "
+                                     "the checkpoint's is %s (its best evaluation would not be "
+                                     "this run's)", p->resume_dir, train_metric_name(metric),
+                                     train_metric_name(saved.metric));
+                goto done;
+            }
+            state.metric = saved.metric;
+            state.evals = saved.evals, state.n_evals = saved.n_evals;
+            saved.evals = NULL, saved.n_evals = 0;
+        }
+        CHECK(resume_best(p, &state));
     }
     if (p->log_path && !(r.log = fopen(p->log_path, "w"))) {
         st = nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the log: %s", p->log_path, strerror(errno));
@@ -445,6 +622,10 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     const int64_t first_step = r.model.step;
     int64_t tokens = 0;
     int stop = 0;
+    /* a run that stopped early stays stopped (unless resumed with more patience) */
+    if (periodic && p->early_stop > 0 && state.n_evals > 0 &&
+        state.n_evals - 1 - train_state_best(&state) >= p->early_stop)
+        stop = out->early_stopped = 1;
     /* a resumed run starts where the checkpoint's loader stood (an epoch's end moves on) */
     for (uint32_t e = state.epoch; e < (uint32_t)p->epochs && !stop; e++) {
         const int resumed = e == state.epoch;
@@ -479,15 +660,42 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                 .epochs = p->epochs, .loss = loss, .lr = state.opt.lr, .grad_norm = norm,
                 .tokens = tokens, .elapsed_s = seconds() - start};
             if (r.log) CHECK(log_step(&r, p, &pr, b));
+            /* evaluated before the save, so a checkpoint holds the evaluations of its steps */
+            if (p->eval_every > 0 && r.model.step % p->eval_every == 0)
+                CHECK(record_eval(&r, p, &state, (int32_t)e, out, &stop));
             if (p->save_every > 0 && r.model.step % p->save_every == 0) CHECK(save(&r, p, &state));
-            if (p->on_step) stop = p->on_step(p->user, &pr) != 0;
+            if (p->on_step && p->on_step(p->user, &pr) != 0) stop = 1;
         }
+        /* the epoch's end (a run stopped on its last step evaluates it when resumed) */
+        if (!stop && p->eval_every_epoch && !evaluated_at(&state, r.model.step))
+            CHECK(record_eval(&r, p, &state, (int32_t)e, out, &stop));
     }
     out->steps = r.model.step;
+    /* the run's last step is evaluated too when evaluations are recorded */
+    if (periodic && r.model.step == total && !evaluated_at(&state, r.model.step))
+        CHECK(record_eval(&r, p, &state, (int32_t)state.epoch, out, &stop));
     CHECK(save(&r, p, &state));
-    if (r.have_eval) CHECK(evaluate(&r, out));
+    if (r.have_eval && evaluated_at(&state, r.model.step)) {
+        const train_eval *last = &state.evals[state.n_evals - 1];
+        out->eval_examples = last->examples;
+        out->eval_loss = last->loss;
+        out->eval_accuracy = last->accuracy;
+    } else if (r.have_eval) {
+        CHECK(evaluate(&r, out));
+    }
+    out->evaluations = state.n_evals;
+    const int32_t best = train_state_best(&state);
+    if (best >= 0) {
+        out->best_metric = state.metric == TRAIN_METRIC_ACCURACY ? NOPAD_TRAIN_METRIC_ACCURACY
+                                                                 : NOPAD_TRAIN_METRIC_LOSS;
+        out->best_step = state.evals[best].step;
+        out->best_value = state.metric == TRAIN_METRIC_ACCURACY ? state.evals[best].accuracy
+                                                                : state.evals[best].loss;
+    }
 #undef CHECK
 done:
     run_free(&r);
+    train_state_free(&state);
+    train_state_free(&saved);
     return st;
 }

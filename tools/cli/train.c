@@ -1,6 +1,7 @@
 /* `nopad train`: fine-tune (classification) or train with masked LM a BERT model, with a progress
  * line on stderr, and save an HF model folder (nopad_train in include/nopad.h); --resume
  * continues a saved run. */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -38,6 +39,14 @@ static const char train_help[] =
     "                      classifier are created (HF's initialisation, from --seed)\n"
     "  --eval FILE         data to evaluate after training: prints 'eval accuracy: X' (classify)\n"
     "                      or 'eval loss: X' (mlm, regression) on stdout\n"
+    "  --eval-every N      also evaluate --eval after every N steps (or 'epoch': at the end of\n"
+    "                      each epoch), and at the last step: a line each on stdout, a line in\n"
+    "                      --log, the history in trainer_state.json\n"
+    "  --save-best         keep the weights of the best evaluation in OUTPUT/best (a model folder\n"
+    "                      like OUTPUT; eval_results.json names its step); OUTPUT gets the last\n"
+    "  --best-metric M     what 'best' is: accuracy (higher; the default for classify) or loss\n"
+    "                      (lower; the default for mlm and regression); a tie keeps the earlier\n"
+    "  --early-stop K      stop after K evaluations in a row without improving on the best\n"
     "  --epochs N          passes over the data (default 3)\n"
     "  --lr X              peak learning rate (default 5e-5)\n"
     "  --warmup X          warmup: a fraction of the steps when below 1 (default 0.1), else a\n"
@@ -84,7 +93,8 @@ enum {
     OPT_WARMUP, OPT_BATCH_TOKENS, OPT_BATCH_SEQS, OPT_OPTIMIZER, OPT_WEIGHT_DECAY,
     OPT_MAX_GRAD_NORM, OPT_DROPOUT, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
-    OPT_NO_STREAM, OPT_STREAM_BUFFER,
+    OPT_NO_STREAM, OPT_STREAM_BUFFER, OPT_EVAL_EVERY, OPT_SAVE_BEST, OPT_BEST_METRIC,
+    OPT_EARLY_STOP,
 };
 
 static const struct option long_options[] = {
@@ -94,6 +104,10 @@ static const struct option long_options[] = {
     {"output", required_argument, NULL, OPT_OUTPUT},
     {"num-labels", required_argument, NULL, OPT_NUM_LABELS},
     {"eval", required_argument, NULL, OPT_EVAL},
+    {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+    {"save-best", no_argument, NULL, OPT_SAVE_BEST},
+    {"best-metric", required_argument, NULL, OPT_BEST_METRIC},
+    {"early-stop", required_argument, NULL, OPT_EARLY_STOP},
     {"epochs", required_argument, NULL, OPT_EPOCHS},
     {"lr", required_argument, NULL, OPT_LR},
     {"warmup", required_argument, NULL, OPT_WARMUP},
@@ -172,6 +186,35 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         case OPT_LOG_BATCHES: o->log_batches = 1; break;
         case OPT_STREAM: o->stream = 1, cl->stream_given = 1; break;
         case OPT_NO_STREAM: o->stream = 0, cl->stream_given = 1; break;
+        case OPT_EVAL_EVERY:
+            if (strcmp(optarg, "epoch") == 0) {
+                o->eval_every_epoch = 1;
+                break;
+            }
+            {
+                char *end = NULL;
+                errno = 0;
+                const long long n = strtoll(optarg, &end, 10);
+                if (errno || end == optarg || *end || n < 1 || n > INT32_MAX) {
+                    print_error("--eval-every %s: expected a number of steps >= 1, or 'epoch'", optarg);
+                    return -1;
+                }
+                o->eval_every = n;
+            }
+            break;
+        case OPT_SAVE_BEST: o->save_best = 1; break;
+        case OPT_BEST_METRIC:
+            if (strcmp(optarg, "loss") == 0) o->best_metric = NOPAD_TRAIN_METRIC_LOSS;
+            else if (strcmp(optarg, "accuracy") == 0) o->best_metric = NOPAD_TRAIN_METRIC_ACCURACY;
+            else {
+                print_error("unknown --best-metric '%s' (expected loss or accuracy)", optarg);
+                return -1;
+            }
+            break;
+        case OPT_EARLY_STOP:
+            if (parse_int("--early-stop", optarg, 1, INT32_MAX, &v)) return -1;
+            o->early_stop = (int32_t)v;
+            break;
         case OPT_STREAM_BUFFER:
             if (parse_size("--stream-buffer", optarg, 1024, &o->stream_buffer)) return -1;
             break;
@@ -285,6 +328,22 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         print_error("--num-labels is for --task classify");
         return -1;
     }
+    const int periodic = o->eval_every > 0 || o->eval_every_epoch;
+    const char *needs_eval = periodic ? "--eval-every" : o->save_best ? "--save-best"
+                           : o->early_stop ? "--early-stop"
+                           : o->best_metric != NOPAD_TRAIN_METRIC_AUTO ? "--best-metric" : NULL;
+    if (needs_eval && !o->eval_path) {
+        print_error("%s needs --eval FILE (the data to evaluate on)", needs_eval);
+        return -1;
+    }
+    if (needs_eval && !periodic) {
+        print_error("%s needs --eval-every N|epoch (the evaluations it picks from)", needs_eval);
+        return -1;
+    }
+    if (o->task == NOPAD_TRAIN_MLM && o->best_metric == NOPAD_TRAIN_METRIC_ACCURACY) {
+        print_error("--best-metric accuracy is for --task classify (mlm has an eval loss)");
+        return -1;
+    }
     if (o->log_batches && !o->log_path) {
         print_error("--log-batches needs --log FILE");
         return -1;
@@ -351,6 +410,30 @@ static int on_step(void *user, const nopad_train_progress *p) {
     return stop;
 }
 
+/* The metric's value as the lines print it. */
+static void print_metric(nopad_train_metric metric, double value) {
+    if (metric == NOPAD_TRAIN_METRIC_ACCURACY) printf("eval accuracy %.4f", value);
+    else printf("eval loss %.6f", value);
+}
+
+/* A line on stdout for each evaluation during the run. */
+static int on_eval(void *user, const nopad_train_eval *e) {
+    (void)user;
+    if (progress_line_open) fputc('\n', stderr);
+    progress_line_open = 0;
+    printf("eval at step %" PRId64 " (epoch %d): loss %.6f", e->step, e->epoch + 1, e->loss);
+    if (e->accuracy >= 0) printf("  accuracy %.4f", e->accuracy);
+    if (e->is_best) {
+        fputs("  best\n", stdout);
+    } else {
+        printf("  (best: step %" PRId64 ", ", e->best_step);
+        print_metric(e->metric, e->best_value);
+        fputs(")\n", stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
 int cmd_train(int argc, char **argv) {
     nopad_train_params o;
     train_cli cl = {0};
@@ -382,6 +465,7 @@ int cmd_train(int argc, char **argv) {
     progress_state ps = {.quiet = cl.quiet, .enabled = isatty(STDERR_FILENO), .every = 10,
                          .first_step = -1, .stop_after = cl.stop_after};
     o.on_step = on_step;
+    o.on_eval = on_eval;
     o.user = &ps;
     const double start = now_seconds();
     nopad_train_result res;
@@ -406,6 +490,15 @@ int cmd_train(int argc, char **argv) {
     if (o.eval_path) {
         if (res.eval_accuracy >= 0) printf("eval accuracy: %.4f\n", res.eval_accuracy);
         if (res.eval_loss >= 0) printf("eval loss: %.4f\n", res.eval_loss);
+    }
+    if (res.early_stopped)
+        printf("stopped early at step %" PRId64 ": %d evaluations without improving on step %"
+               PRId64 "'s\n", res.steps, o.early_stop, res.best_step);
+    if (res.best_step > 0) {
+        printf("best: step %" PRId64 " of %d evaluations, ", res.best_step, res.evaluations);
+        print_metric(res.best_metric, res.best_value);
+        if (o.save_best) printf(" (its weights in %s/best)", o.output_dir);
+        fputc('\n', stdout);
     }
     return EXIT_OK;
 }
