@@ -14,6 +14,11 @@
 #   - --stream: trains reading the data a window at a time; a streamed run stopped and resumed
 #     equals one that did not stop, bit for bit; resuming it in memory or with another buffer is
 #     an error naming both values; data over 1 GiB streams unasked, saying so;
+#   - --eval-every N|epoch, --save-best, --early-stop: the evaluation lines at the right steps, the
+#     same in --log and trainer_state.json, the training unchanged by them; OUTPUT/best holds the
+#     weights of the best step (ties to the earlier; the bytes of a run stopped there, classified
+#     or evaluated to the metric printed); a resume before or after the best keeps it; early
+#     stopping where the history says, and it stays stopped when resumed;
 #   - --log-batches: each step's batch in the log, well-formed;
 #   - --device cuda: runs where the build has CUDA training, else exit 1 with a clear error;
 #   - bad flags and files: exit 2 (command line) or 1 (error) with a message naming the problem.
@@ -170,6 +175,196 @@ rc=0
 { [ "$rc" -eq 1 ] && grep -q "resuming from $TMP/bare" "$TMP/err" && grep -q trainer_state.json "$TMP/err"; } ||
     fail "resume from a plain model folder: exit $rc: $(cat "$TMP/err")"
 
+# ---- evaluation during training: --eval-every, --save-best, --early-stop -------------------------
+# Classification from the bare model, 8 epochs of 8 batches (65 steps), evaluated every 6 steps and
+# at the last: lines on stdout and in --log at steps 6, 12, ..., 60 and 65, the same history in
+# trainer_state.json; the accuracy reaches 1.0 on the way and stays there, so the best is the
+# first step at 1.0 (ties keep the earlier step), not the last. OUTPUT/best holds that step's
+# weights: the same bytes as a run stopped there, and `nopad classify` on it gives the accuracy
+# printed. The evaluations do not change the training: every step's loss equals a run without.
+E=("${B[@]}" --lr 3e-3 --epochs 8 --eval "$D/cls_eval.jsonl")
+"$NOPAD_CLI" train "${E[@]}" --output "$TMP/ev" --eval-every 6 --save-best --log "$TMP/ev.jsonl" \
+    >"$TMP/ev.out" 2>"$TMP/err" || fail "--eval-every: $(cat "$TMP/err")"
+"$NOPAD_CLI" train "${B[@]}" --lr 3e-3 --epochs 8 --output "$TMP/ev_none" --log "$TMP/ev_none.jsonl" \
+    2>"$TMP/err" || fail "--eval-every: the run without: $(cat "$TMP/err")"
+best=$(python3 - "$TMP" <<'PY'
+import json, re, sys
+tmp = sys.argv[1]
+out = open(f"{tmp}/ev.out").read().splitlines()
+lines = [l for l in out if l.startswith("eval at step")]
+steps = [int(re.match(r"eval at step (\d+) ", l).group(1)) for l in lines]
+assert steps == list(range(6, 61, 6)) + [65], steps
+log = [json.loads(l) for l in open(f"{tmp}/ev.jsonl")]
+evals = [r for r in log if "eval_loss" in r]
+assert [r["step"] for r in evals] == steps
+# an evaluation's line follows its step's line
+for r in evals:
+    i = log.index(r)
+    assert log[i - 1]["step"] == r["step"] and "loss" in log[i - 1], (log[i - 1], r)
+for l, r in zip(lines, evals):
+    m = re.match(r"eval at step \d+ \(epoch (\d+)\): loss ([0-9.]+)  accuracy ([0-9.]+)", l)
+    assert int(m.group(1)) == r["epoch"] + 1 and r["eval_examples"] == 32, (l, r)
+    assert abs(float(m.group(2)) - r["eval_loss"]) < 1e-6 and float(m.group(3)) == round(r["eval_accuracy"], 4), (l, r)
+accs = [r["eval_accuracy"] for r in evals]
+want = steps[accs.index(max(accs))]
+assert max(accs) == 1.0 and want < 65 and accs.count(1.0) >= 3, accs
+assert [r["is_best"] for r in evals] == [a > max(accs[:i], default=-1) for i, a in enumerate(accs)]
+assert f"best: step {want} of 11 evaluations, eval accuracy 1.0000 (its weights in {tmp}/ev/best)" in out, out[-3:]
+assert "eval accuracy: 1.0000" in out  # the last step's, as without --eval-every
+state = json.load(open(f"{tmp}/ev/trainer_state.json"))
+assert state["format"] == "nopad-train-4" and state["eval_metric"] == "accuracy"
+assert state["evaluations"] == [{k: v for k, v in r.items() if k != "is_best"} for r in evals]
+assert state["best"] == {"metric": "accuracy", "step": want, "value": 1}, state["best"]
+res = json.load(open(f"{tmp}/ev/best/eval_results.json"))
+assert res["step"] == want and res["eval_accuracy"] == 1 and res["metric"] == "accuracy", res
+# the training is the same with evaluations as without
+plain = [(r["step"], repr(r["loss"])) for r in map(json.loads, open(f"{tmp}/ev_none.jsonl"))]
+assert [(r["step"], repr(r["loss"])) for r in log if "loss" in r] == plain
+print(want)
+PY
+) || fail "--eval-every: the evaluations: $(tail -n 3 "$TMP/ev.out")"
+if [ -n "$best" ]; then
+    echo "ok   --eval-every 6: 11 evaluations, the best at step $best"
+    for f in config.json model.safetensors vocab.txt eval_results.json; do
+        [ -f "$TMP/ev/best/$f" ] || fail "--save-best: $TMP/ev/best/$f missing"
+    done
+    [ -f "$TMP/ev/best/optimizer.safetensors" ] && fail "--save-best: best/ holds the optimiser state"
+    "$NOPAD_CLI" train "${B[@]}" --lr 3e-3 --epochs 8 --output "$TMP/ev_at_best" --stop-after "$best" \
+        2>"$TMP/err" || fail "--save-best: the run stopped at $best: $(cat "$TMP/err")"
+    cmp -s "$TMP/ev/best/model.safetensors" "$TMP/ev_at_best/model.safetensors" ||
+        fail "--save-best: best/ does not hold step $best's weights"
+    cmp -s "$TMP/ev/best/model.safetensors" "$TMP/ev/model.safetensors" &&
+        fail "--save-best: best/ holds the last step's weights, not step $best's"
+    # the folder classifies the eval data with the accuracy printed
+    python3 -c "import json; [print(json.loads(l)['text']) for l in open('$D/cls_eval.jsonl')]" |
+        "$NOPAD_CLI" classify --model "$TMP/ev/best" >"$TMP/best_cls" 2>"$TMP/err" ||
+        fail "classify with best/: $(cat "$TMP/err")"
+    python3 - "$TMP/best_cls" "$D/cls_eval.jsonl" <<'PY' || fail "classify with best/: not the accuracy printed"
+import json, sys
+got = [json.loads(l)["label"] for l in open(sys.argv[1])]
+want = ["LABEL_%d" % json.loads(l)["label"] for l in open(sys.argv[2])]
+assert len(got) == len(want) == 32 and got == want, (got, want)
+print("ok   nopad classify of best/: accuracy 1.0, as printed")
+PY
+fi
+
+# --resume keeps the best: stopped before the best (step 20) or after it (40), resumed into the same
+# folder, the log (steps and evaluations), the history, best/ and the end weights equal the run
+# that did not stop; resumed into another folder, best/ is brought along.
+for k in 20 40; do
+    "$NOPAD_CLI" train "${E[@]}" --output "$TMP/evp$k" --eval-every 6 --save-best --stop-after $k \
+        --log "$TMP/evp${k}a.jsonl" >/dev/null 2>"$TMP/err" || fail "resume --save-best: the first $k steps: $(cat "$TMP/err")"
+    "$NOPAD_CLI" train "${E[@]}" --output "$TMP/evp$k" --eval-every 6 --save-best --resume "$TMP/evp$k" \
+        --log "$TMP/evp${k}b.jsonl" >"$TMP/evp$k.out" 2>"$TMP/err" || fail "resume --save-best after $k: $(cat "$TMP/err")"
+    python3 - "$TMP" $k "$best" <<'PY' || fail "resume --save-best after step $k: not the run that did not stop"
+import json, sys
+tmp, k, best = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+straight = open(f"{tmp}/ev.jsonl").read()
+assert open(f"{tmp}/evp{k}a.jsonl").read() + open(f"{tmp}/evp{k}b.jsonl").read() == straight
+a, b = (json.load(open(f"{tmp}/{d}/trainer_state.json")) for d in ("ev", f"evp{k}"))
+assert a["evaluations"] == b["evaluations"] and a["best"] == b["best"]
+for f in ("best/model.safetensors", "best/eval_results.json", "model.safetensors"):
+    assert open(f"{tmp}/ev/{f}", "rb").read() == open(f"{tmp}/evp{k}/{f}", "rb").read(), f
+out = open(f"{tmp}/evp{k}.out").read()
+assert f"best: step {best} of 11 evaluations" in out, out
+print(f"ok   resume after step {k} keeps the best (step {best}): log, history and best/ equal")
+PY
+done
+"$NOPAD_CLI" train "${E[@]}" --output "$TMP/evp40c" --eval-every 6 --save-best --resume "$TMP/evp40" \
+    >"$TMP/out" 2>"$TMP/err" || fail "resume --save-best into another folder: $(cat "$TMP/err")"
+cmp -s "$TMP/ev/best/model.safetensors" "$TMP/evp40c/best/model.safetensors" ||
+    fail "resume --save-best into another folder: best/ is not the best's"
+# a checkpoint whose run kept no best/ cannot give one; another metric is another best
+"$NOPAD_CLI" train "${E[@]}" --output "$TMP/evq" --eval-every 6 --stop-after 40 >/dev/null 2>"$TMP/err" ||
+    fail "--eval-every without --save-best: $(cat "$TMP/err")"
+expect_best_resume_fail() {
+    local word="$1" from="$2"
+    shift 2
+    local rc=0
+    "$NOPAD_CLI" train "$@" --resume "$from" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    if [ "$rc" -ne 1 ] || ! grep -qF -- "$word" "$TMP/err"; then
+        fail "resume with $*: exit $rc, expected 1 and '$word'; stderr: $(cat "$TMP/err")"
+    else
+        echo "ok   $word: $(head -n 1 "$TMP/err")"
+    fi
+}
+expect_best_resume_fail "best evaluation (step $best) has no weights in $TMP/evq/best" "$TMP/evq" \
+    "${E[@]}" --output "$TMP/evq2" --eval-every 6 --save-best
+expect_best_resume_fail "best metric loss, but the checkpoint's is accuracy" "$TMP/evq" \
+    "${E[@]}" --output "$TMP/evq3" --eval-every 6 --best-metric loss
+
+# --eval-every epoch: at steps 8, 16 and 24; a run stopped on an epoch's last step (8) evaluates
+# that epoch's end when resumed, so its log equals the run that did not stop.
+"$NOPAD_CLI" train "${R[@]}" --eval "$D/cls_eval.jsonl" --output "$TMP/evep" --eval-every epoch \
+    --log "$TMP/evep.jsonl" >/dev/null 2>"$TMP/err" || fail "--eval-every epoch: $(cat "$TMP/err")"
+"$NOPAD_CLI" train "${R[@]}" --eval "$D/cls_eval.jsonl" --output "$TMP/evep8" --eval-every epoch \
+    --stop-after 8 --log "$TMP/evep8a.jsonl" >/dev/null 2>"$TMP/err" || fail "--eval-every epoch: $(cat "$TMP/err")"
+"$NOPAD_CLI" train "${R[@]}" --eval "$D/cls_eval.jsonl" --output "$TMP/evep8" --eval-every epoch \
+    --resume "$TMP/evep8" --log "$TMP/evep8b.jsonl" >/dev/null 2>"$TMP/err" ||
+    fail "--eval-every epoch resumed: $(cat "$TMP/err")"
+python3 - "$TMP" <<'PY' || fail "--eval-every epoch: not at the epochs' ends, or the resumed run differs"
+import json, sys
+tmp = sys.argv[1]
+log = [json.loads(l) for l in open(f"{tmp}/evep.jsonl")]
+assert [(r["step"], r["epoch"]) for r in log if "eval_loss" in r] == [(8, 0), (16, 1), (24, 2)]
+assert open(f"{tmp}/evep8a.jsonl").read() + open(f"{tmp}/evep8b.jsonl").read() == \
+    open(f"{tmp}/evep.jsonl").read()
+print("ok   --eval-every epoch: steps 8, 16, 24; stopped at 8 and resumed, the same log")
+PY
+
+# Masked LM by the eval loss (lower is better), at a learning rate high enough that it rises
+# again: evaluations every 5 steps and at the last (64); the best is neither the first nor the
+# last, best/ holds its weights (a run stopped there prints the same eval loss); --early-stop 3
+# stops at the third evaluation in a row without a new best, saying so, and a resume of that
+# checkpoint stays stopped.
+M=(--model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" --eval "$TMP/cls_eval.txt" --epochs 8
+   --batch-tokens 64 --lr 2e-2 --warmup 0 --threads 2 --quiet)
+"$NOPAD_CLI" train "${M[@]}" --output "$TMP/evm" --eval-every 5 --save-best >"$TMP/evm.out" \
+    2>"$TMP/err" || fail "mlm --eval-every: $(cat "$TMP/err")"
+mbest=$(python3 - "$TMP/evm.out" <<'PY'
+import re, sys
+out = open(sys.argv[1]).read().splitlines()
+evals = [(int(m.group(1)), float(m.group(2))) for m in
+         (re.match(r"eval at step (\d+) \(epoch \d+\): loss ([0-9.]+)", l) for l in out) if m]
+assert [s for s, _ in evals] == list(range(5, 61, 5)) + [64], evals
+losses = [x for _, x in evals]
+i = losses.index(min(losses))
+assert 0 < i < len(evals) - 1, evals  # neither the first nor the last
+assert any(losses[j] > losses[j - 1] for j in range(1, i)), evals  # it rose on the way
+assert f"best: step {evals[i][0]} of 13 evaluations, eval loss {losses[i]:.6f}" in out[-1], out[-1]
+# where --early-stop 3 stops: the third evaluation in a row not below the best before it
+run = 0
+for j in range(1, len(losses)):
+    run = 0 if losses[j] < min(losses[:j]) else run + 1
+    if run == 3:
+        break
+assert run == 3, losses
+print(evals[i][0], "%.4f" % losses[i], evals[j][0], evals[losses[:j].index(min(losses[:j]))][0])
+PY
+) || fail "mlm --eval-every: $(cat "$TMP/evm.out")"
+if [ -n "$mbest" ]; then
+    read -r mstep mloss stopped sbest <<<"$mbest"
+    echo "ok   mlm --eval-every 5: the best eval loss $mloss at step $mstep"
+    "$NOPAD_CLI" train "${M[@]}" --output "$TMP/evm_at" --stop-after "$mstep" >"$TMP/out" 2>"$TMP/err" ||
+        fail "mlm: the run stopped at $mstep: $(cat "$TMP/err")"
+    grep -qx "eval loss: $mloss" "$TMP/out" || fail "mlm: stopped at $mstep: $(cat "$TMP/out"), expected $mloss"
+    cmp -s "$TMP/evm/best/model.safetensors" "$TMP/evm_at/model.safetensors" ||
+        fail "mlm --save-best: best/ does not hold step $mstep's weights"
+    grep -q BertForMaskedLM "$TMP/evm/best/config.json" || fail "mlm --save-best: best/config.json"
+    "$NOPAD_CLI" train "${M[@]}" --output "$TMP/eve" --eval-every 5 --early-stop 3 >"$TMP/eve.out" \
+        2>"$TMP/err" || fail "--early-stop: $(cat "$TMP/err")"
+    grep -qx "stopped early at step $stopped: 3 evaluations without improving on step $sbest's" \
+        "$TMP/eve.out" || fail "--early-stop 3: $(cat "$TMP/eve.out"), expected a stop at $stopped"
+    grep -q "\"step\":[[:space:]]*$stopped," "$TMP/eve/trainer_state.json" ||
+        fail "--early-stop: the checkpoint is not at step $stopped"
+    "$NOPAD_CLI" train "${M[@]}" --output "$TMP/eve" --resume "$TMP/eve" --eval-every 5 --early-stop 3 \
+        >"$TMP/eve2.out" 2>"$TMP/err" || fail "--early-stop resumed: $(cat "$TMP/err")"
+    { grep -q "stopped early at step $stopped" "$TMP/eve2.out" &&
+        grep -q "\"step\":[[:space:]]*$stopped," "$TMP/eve/trainer_state.json"; } ||
+        fail "--early-stop resumed: it trained on: $(cat "$TMP/eve2.out")"
+    echo "ok   --early-stop 3: stopped at step $stopped, 3 evaluations after the best (step $sbest)"
+fi
+
 # ---- --stream: the data read a window at a time, resumed as a run that did not stop ------------
 # cls_train.jsonl (2.6 KB) in windows of 1 KiB (16 blocks of 64 bytes, cut mid-line): 3 windows
 # an epoch; stopped after step 5 (inside a window) and 12, resumed, every step equal bit for bit.
@@ -306,6 +501,20 @@ expect_fail 2 "--stream-buffer 100: expected a size of at least 1024" "${C[@]}" 
 expect_fail 2 "--stream-buffer 4X" "${C[@]}" --data "$D/cls_train.jsonl" --stream-buffer 4X
 expect_fail 1 "bad_label.jsonl: line 2: label 5 out of range" "${C[@]}" --data "$TMP/bad_label.jsonl" --stream
 expect_fail 1 "empty.jsonl: no training example" "${C[@]}" --data "$TMP/empty.jsonl" --stream
+EV=("${C[@]}" --data "$D/cls_train.jsonl" --eval "$D/cls_eval.jsonl")
+expect_fail 2 "--eval-every 0: expected a number of steps >= 1, or 'epoch'" "${EV[@]}" --eval-every 0
+expect_fail 2 "--eval-every 2x: expected a number of steps" "${EV[@]}" --eval-every 2x
+expect_fail 2 "--eval-every needs --eval FILE" "${C[@]}" --data "$D/cls_train.jsonl" --eval-every 5
+expect_fail 2 "--save-best needs --eval FILE" "${C[@]}" --data "$D/cls_train.jsonl" --save-best
+expect_fail 2 "--save-best needs --eval-every N|epoch" "${EV[@]}" --save-best
+expect_fail 2 "--early-stop needs --eval-every N|epoch" "${EV[@]}" --early-stop 2
+expect_fail 2 "--early-stop expects an integer in [1," "${EV[@]}" --eval-every 5 --early-stop 0
+expect_fail 2 "unknown --best-metric 'f1' (expected loss or accuracy)" "${EV[@]}" --eval-every 5 --best-metric f1
+expect_fail 2 "--best-metric accuracy is for --task classify" --model "$TMP/mlm" --task mlm \
+    --data "$TMP/cls_train.txt" --eval "$TMP/cls_eval.txt" --output "$TMP/o" --eval-every 5 --best-metric accuracy
+expect_fail 1 "best_metric accuracy, but a one-label head (regression) has only an eval loss" \
+    --model "$TMP/bare" --task classify --num-labels 1 --data "$D/cls_train.jsonl" \
+    --eval "$D/cls_eval.jsonl" --output "$TMP/o" --eval-every 5 --best-metric accuracy
 expect_fail 1 "$TMP/nodir/log.jsonl" "${C[@]}" --data "$D/cls_train.jsonl" --log "$TMP/nodir/log.jsonl"
 
 if [ "$failures" -ne 0 ]; then
