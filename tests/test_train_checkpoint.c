@@ -10,7 +10,9 @@
  *     the training forward's on the saved weights (within 1e-5 row-relative: two code paths of
  *     float32, the same formulas);
  *   - a checkpoint of another task, a missing state or moments file, a malformed state: errors
- *     that name the file and field. */
+ *     that name the file and field;
+ *   - the evaluations of a run (history, metric, best) read back exactly, and the weights alone
+ *     (a run's best) with the step they are of. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -392,11 +394,144 @@ static void test_bare_encoder_names(void **state) {
     be->destroy(be);
 }
 
+/* A text file's contents (the test's own files: small). */
+static char *slurp(const char *dir, const char *name) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+/* The evaluations of a run: the history and its metric read back exactly, the best by each
+ * metric (a tie keeps the earlier step), the weights alone with eval_results.json naming their
+ * step, a -3 state (no history), and each malformed history an error naming the field. */
+static void test_evaluations(void **state) {
+    (void)state;
+    nopad_backend *be = NULL;
+    assert_nopad_ok(nopad_backend_cpu_create(2, &be));
+    train_model m;
+    assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_CLASSIFY), TRAIN_TASK_CLASSIFY, &m));
+    m.step = 12;
+    train_state s = {.kind = TRAIN_OPT_ADAMW, .opt = train_optimizer_defaults(),
+                     .schedule = train_schedule_defaults(), .data_seed = 5,
+                     .metric = TRAIN_METRIC_ACCURACY};
+    s.schedule.lr = 0.1 + 0.2; // 17 digits: the schedule's doubles read back exactly too
+    assert_int_equal(train_state_best(&s), -1);
+    /* doubles that need 17 digits; accuracy ties at steps 6 and 9, the lowest loss last */
+    const train_eval evals[] = {
+        {.step = 3, .epoch = 0, .examples = 8, .loss = 1.0 / 3.0, .accuracy = 0.5},
+        {.step = 6, .epoch = 1, .examples = 8, .loss = 0.1 + 0.2, .accuracy = 0.75},
+        {.step = 9, .epoch = 2, .examples = 8, .loss = 0.3, .accuracy = 0.75},
+        {.step = 12, .epoch = 3, .examples = 8, .loss = 2.0 / 7.0, .accuracy = 0.625},
+    };
+    for (int i = 0; i < 4; i++) assert_nopad_ok(train_state_add_eval(&s, &evals[i]));
+    assert_nopad_error(train_state_add_eval(&s, &evals[3]), NOPAD_ERR_INVALID_ARGUMENT,
+                       "at step 12 after one at step 12");
+    assert_int_equal(train_state_best(&s), 1);
+    s.metric = TRAIN_METRIC_LOSS;
+    assert_int_equal(train_state_best(&s), 3);
+    s.metric = TRAIN_METRIC_ACCURACY;
+    const char *dir = test_make_temp_dir(5);
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
+    train_model back;
+    train_state got;
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
+    train_model_free(&back);
+    assert_int_equal(got.metric, TRAIN_METRIC_ACCURACY);
+    assert_int_equal(got.n_evals, 4);
+    for (int i = 0; i < 4; i++) {
+        const train_eval *a = &evals[i], *b = &got.evals[i];
+        assert_true(a->step == b->step && a->epoch == b->epoch && a->examples == b->examples);
+        assert_true(a->loss == b->loss && a->accuracy == b->accuracy); // bit for bit
+    }
+    assert_int_equal(train_state_best(&got), 1);
+    assert_true(got.schedule.lr == 0.1 + 0.2);
+    train_state_free(&got);
+    assert_null(got.evals);
+    const char *text = slurp(dir, "trainer_state.json");
+    assert_non_null(strstr(text, "\"format\":\t\"nopad-train-4\""));
+    assert_non_null(strstr(text, "\"best\":\t{\n\t\t\"metric\":\t\"accuracy\",\n\t\t\"step\":\t6,"));
+
+    /* the weights alone: the checkpoint's model.safetensors, and the step beside them */
+    char best[700];
+    snprintf(best, sizeof best, "%s/best", dir);
+    assert_nopad_ok(train_checkpoint_save_weights(&m, &evals[1], TRAIN_METRIC_ACCURACY, best));
+    int64_t step = 0;
+    assert_nopad_ok(train_checkpoint_weights_step(best, &step));
+    assert_int_equal(step, 6);
+    {
+        char a[1400], b[1400];
+        snprintf(a, sizeof a, "%s/model.safetensors", dir);
+        snprintf(b, sizeof b, "%s/model.safetensors", best);
+        FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+        assert_true(fa && fb);
+        int ca, cb;
+        size_t n = 0;
+        do {
+            ca = fgetc(fa), cb = fgetc(fb), n++;
+        } while (ca == cb && ca != EOF);
+        fclose(fa), fclose(fb);
+        assert_int_equal(ca, cb);
+        assert_true(n > 1000);
+        snprintf(a, sizeof a, "%s/optimizer.safetensors", best);
+        assert_int_equal(access(a, F_OK), -1);
+    }
+    assert_non_null(strstr(slurp(best, "eval_results.json"), "\"metric\":\t\"accuracy\""));
+    assert_nopad_ok(train_model_load(be, best, TRAIN_TASK_CLASSIFY, &back)); // a model folder
+    train_model_free(&back);
+    assert_nopad_error(train_checkpoint_weights_step(dir, &step), NOPAD_ERR_IO, "eval_results.json");
+
+    /* a -3 state has no history */
+    char good[1 << 16];
+    snprintf(good, sizeof good, "%s", slurp(dir, "trainer_state.json"));
+    {
+        char old[1 << 16];
+        const char *at = strstr(good, ",\n\t\"eval_metric\"");
+        assert_non_null(at);
+        snprintf(old, sizeof old, "%.*s\n}\n", (int)(at - good), good);
+        memcpy(strstr(old, "nopad-train-4"), "nopad-train-3", 13);
+        write_text(dir, "trainer_state.json", old);
+        assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
+        train_model_free(&back);
+        assert_int_equal(got.metric, TRAIN_METRIC_NONE);
+        assert_int_equal(got.n_evals, 0);
+    }
+    static const struct { const char *from, *to; const char *needle; } bad[] = {
+        {"\"eval_metric\":\t\"accuracy\"", "\"eval_metric\":\t\"f1\"", "eval_metric \"f1\""},
+        {"\"evaluations\":\t[", "\"evaluations_\":\t[", "no \"evaluations\" field"},
+        {"\"step\":\t3,", "\"step\":\t7,", "an evaluation at step 6 after one at step 7"},
+        {"\"step\":\t12,\n\t\t\t\"epoch\"", "\"step\":\t13,\n\t\t\t\"epoch\"",
+         "an evaluation at step 13, past the checkpoint's step 12"},
+        {"\"eval_accuracy\":\t0.5,", "\"eval_accuracy\":\t1.5,", "eval_accuracy 1.5 is outside"},
+        {"\"eval_accuracy\":\t0.5,", "", "evaluation 1 has no \"eval_accuracy\""},
+        {"\"eval_loss\":\t0.3,", "\"eval_loss\":\t-0.3,", "eval_loss -0.3 is negative"},
+        {"\"step\":\t3,", "\"step\":\t0,", "\"step\" is 0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char edited[1 << 16];
+        const char *at = strstr(good, bad[i].from);
+        if (!at) fail_msg("no '%s' in %s", bad[i].from, good);
+        snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - good), good, bad[i].to,
+                 at + strlen(bad[i].from));
+        write_text(dir, "trainer_state.json", edited);
+        assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got),
+                           NOPAD_ERR_FORMAT, bad[i].needle);
+    }
+    train_state_free(&s);
+    train_model_free(&m);
+    be->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_mlm_adamw), cmocka_unit_test(test_resume_mlm_lamb),
         cmocka_unit_test(test_resume_classify),  cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_bare_encoder_names),
+        cmocka_unit_test(test_bare_encoder_names), cmocka_unit_test(test_evaluations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

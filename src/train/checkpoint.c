@@ -82,6 +82,18 @@ static cJSON *float_json(float x) {
     return cJSON_CreateNumber(strtod(buf, NULL));
 }
 
+/* A double as the shortest decimal that reads back to it, as raw JSON text: cJSON prints 15
+ * digits when they read back to within a relative epsilon, not exactly (0.30000000000000004
+ * would come back as 0.3). */
+static cJSON *double_json(double x) {
+    char buf[32];
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    return cJSON_CreateRaw(buf);
+}
+
 /* ---- writing --------------------------------------------------------------------------------- */
 
 /* `bytes` bytes to dir/name through dir/name.tmp and a rename. */
@@ -229,14 +241,14 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddItemToObject(o, "weight_decay", float_json(s->opt.weight_decay));
     cJSON_AddItemToObject(o, "max_grad_norm", float_json(s->opt.max_grad_norm));
     cJSON_AddItemToObject(root, "dropout", float_json(s->dropout));
-    /* doubles: cJSON prints the digits that read back to the same double */
+    /* doubles as the shortest decimals that read back to the same double */
     cJSON *sc = cJSON_AddObjectToObject(root, "schedule");
     cJSON_AddStringToObject(sc, "kind", train_schedule_kind_name(s->schedule.kind));
-    cJSON_AddNumberToObject(sc, "lr", s->schedule.lr);
+    cJSON_AddItemToObject(sc, "lr", double_json(s->schedule.lr));
     cJSON_AddNumberToObject(sc, "warmup_steps", (double)s->schedule.warmup_steps);
     cJSON_AddNumberToObject(sc, "total_steps", (double)s->schedule.total_steps);
-    cJSON_AddNumberToObject(sc, "lr_end", s->schedule.lr_end);
-    cJSON_AddNumberToObject(sc, "power", s->schedule.power);
+    cJSON_AddItemToObject(sc, "lr_end", double_json(s->schedule.lr_end));
+    cJSON_AddItemToObject(sc, "power", double_json(s->schedule.power));
     cJSON *d = cJSON_AddObjectToObject(root, "data");
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, s->data_seed); // a string: JSON numbers are doubles
@@ -249,7 +261,8 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddNumberToObject(d, "batch_tokens", s->batch_tokens);
     cJSON_AddNumberToObject(d, "batch_seqs", s->batch_seqs);
     if (s->metric != TRAIN_METRIC_NONE) {
-        /* doubles again, read back exactly; "best" is derived from them, for readers */
+        /* the metrics read back exactly, so a resumed run picks the best as one that did not
+         * stop; "best" is derived from them, for readers */
         cJSON_AddStringToObject(root, "eval_metric", METRIC_NAMES[s->metric]);
         cJSON *list = cJSON_AddArrayToObject(root, "evaluations");
         for (int32_t i = 0; i < s->n_evals && list; i++) {
@@ -261,8 +274,8 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
             }
             cJSON_AddNumberToObject(item, "step", (double)e->step);
             cJSON_AddNumberToObject(item, "epoch", e->epoch);
-            cJSON_AddNumberToObject(item, "eval_loss", e->loss);
-            if (e->accuracy >= 0) cJSON_AddNumberToObject(item, "eval_accuracy", e->accuracy);
+            cJSON_AddItemToObject(item, "eval_loss", double_json(e->loss));
+            if (e->accuracy >= 0) cJSON_AddItemToObject(item, "eval_accuracy", double_json(e->accuracy));
             cJSON_AddNumberToObject(item, "eval_examples", e->examples);
         }
         const int32_t b = train_state_best(s);
@@ -270,8 +283,9 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
             cJSON *best = cJSON_AddObjectToObject(root, "best");
             cJSON_AddStringToObject(best, "metric", METRIC_NAMES[s->metric]);
             cJSON_AddNumberToObject(best, "step", (double)s->evals[b].step);
-            cJSON_AddNumberToObject(best, "value", s->metric == TRAIN_METRIC_ACCURACY
-                                                       ? s->evals[b].accuracy : s->evals[b].loss);
+            cJSON_AddItemToObject(best, "value", double_json(s->metric == TRAIN_METRIC_ACCURACY
+                                                                 ? s->evals[b].accuracy
+                                                                 : s->evals[b].loss));
         }
     }
     return root;
@@ -451,8 +465,11 @@ static nopad_status parse_evals(const cJSON *root, const char *where, train_stat
         if (e.loss < 0)
             return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s: eval_loss %g is negative", where, at,
                                    e.loss);
-        nopad_status st = train_state_add_eval(s, &e);
-        if (st != NOPAD_OK) return nopad_wrap_error(st, "%s: %s", where, at);
+        if (s->n_evals > 0 && e.step <= s->evals[s->n_evals - 1].step)
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: %s: an evaluation at step %lld after one "
+                                   "at step %lld", where, at, (long long)e.step,
+                                   (long long)s->evals[s->n_evals - 1].step);
+        TRY(train_state_add_eval(s, &e));
     }
     return NOPAD_OK;
 }
@@ -630,8 +647,8 @@ nopad_status train_checkpoint_save_weights(const train_model *m, const train_eva
         if (r) {
             cJSON_AddNumberToObject(r, "step", (double)e->step);
             cJSON_AddNumberToObject(r, "epoch", e->epoch);
-            cJSON_AddNumberToObject(r, "eval_loss", e->loss);
-            if (e->accuracy >= 0) cJSON_AddNumberToObject(r, "eval_accuracy", e->accuracy);
+            cJSON_AddItemToObject(r, "eval_loss", double_json(e->loss));
+            if (e->accuracy >= 0) cJSON_AddItemToObject(r, "eval_accuracy", double_json(e->accuracy));
             cJSON_AddNumberToObject(r, "eval_examples", e->examples);
             cJSON_AddStringToObject(r, "metric", train_metric_name(metric));
         }

@@ -495,7 +495,8 @@ int cmd_train(int argc, char **argv) {
         printf("stopped early at step %" PRId64 ": %d evaluations without improving on step %"
                PRId64 "'s\n", res.steps, o.early_stop, res.best_step);
     if (res.best_step > 0) {
-        printf("best: step %" PRId64 " of %d evaluations, ", res.best_step, res.evaluations);
+        printf("best: step %" PRId64 " of %d evaluation%s, ", res.best_step, res.evaluations,
+               res.evaluations == 1 ? "" : "s");
         print_metric(res.best_metric, res.best_value);
         if (o.save_best) printf(" (its weights in %s/best)", o.output_dir);
         fputc('\n', stdout);
