@@ -22,7 +22,8 @@ carrying the library's message and status.
   it comes, ``result``, ``cancel``, ``stats``), ``stats``; every running request fused into one
   packed step per iteration.
 - :class:`Trainer`: ``train`` (fine-tuning or masked-LM training of a BERT model on packed
-  batches, with a per-step callback and ``resume`` from a checkpoint) -> :class:`TrainMetrics`.
+  batches, with a per-step callback, evaluations during the run keeping the best
+  (:class:`TrainEval`) and ``resume`` from a checkpoint) -> :class:`TrainMetrics`.
 - :class:`Tokenizer`: ``encode``, ``encode_batch`` (-> ids, cu_seqlens), ``decode``,
   ``decode_stream`` (a :class:`DecodeStream`), ``kind``.
 - :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
@@ -41,11 +42,11 @@ from .errors import (BackendError, BufferTooSmallError, FileError, FormatError, 
 from .engine import Engine, Request
 from .generator import Generator, Sequence, TokenStream
 from .tokenizer import DecodeStream, Tokenizer
-from .trainer import Trainer, TrainMetrics, TrainProgress
+from .trainer import Trainer, TrainEval, TrainMetrics, TrainProgress
 
 __all__ = [
     "Encoder", "Generator", "Sequence", "TokenStream", "Engine", "Request", "ModelInfo",
-    "Tokenizer", "DecodeStream", "Trainer", "TrainMetrics", "TrainProgress", "attention_varlen", "attention_varlen_packed",
+    "Tokenizer", "DecodeStream", "Trainer", "TrainEval", "TrainMetrics", "TrainProgress", "attention_varlen", "attention_varlen_packed",
     "library_version", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
     "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",

@@ -206,6 +206,25 @@ class TrainProgress(ctypes.Structure):
 
 TrainFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(TrainProgress))
 
+TRAIN_METRIC_AUTO, TRAIN_METRIC_LOSS, TRAIN_METRIC_ACCURACY = 0, 1, 2
+
+
+class TrainEval(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64),
+                ("epoch", ctypes.c_int32),
+                ("examples", ctypes.c_int32),
+                ("loss", ctypes.c_double),
+                ("accuracy", ctypes.c_double),
+                ("metric", _enum),
+                ("is_best", ctypes.c_int),
+                ("best_step", ctypes.c_int64),
+                ("best_value", ctypes.c_double),
+                ("since_best", ctypes.c_int32),
+                ("evaluations", ctypes.c_int32)]
+
+
+TrainEvalFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(TrainEval))
+
 
 class TrainParams(ctypes.Structure):
     _fields_ = [("model_dir", ctypes.c_char_p),
@@ -237,7 +256,13 @@ class TrainParams(ctypes.Structure):
                 ("log_batches", ctypes.c_int),
                 ("dropout", ctypes.c_double),
                 ("stream", ctypes.c_int),
-                ("stream_buffer", ctypes.c_int64)]
+                ("stream_buffer", ctypes.c_int64),
+                ("eval_every", ctypes.c_int64),
+                ("eval_every_epoch", ctypes.c_int),
+                ("save_best", ctypes.c_int),
+                ("best_metric", _enum),
+                ("early_stop", ctypes.c_int32),
+                ("on_eval", TrainEvalFn)]
 
 
 class TrainResult(ctypes.Structure):
@@ -251,7 +276,12 @@ class TrainResult(ctypes.Structure):
                 ("n_truncated", ctypes.c_int32),
                 ("eval_examples", ctypes.c_int32),
                 ("eval_accuracy", ctypes.c_double),
-                ("eval_loss", ctypes.c_double)]
+                ("eval_loss", ctypes.c_double),
+                ("evaluations", ctypes.c_int32),
+                ("best_metric", _enum),
+                ("best_step", ctypes.c_int64),
+                ("best_value", ctypes.c_double),
+                ("early_stopped", ctypes.c_int)]
 
 
 LAYOUT_PACKED, LAYOUT_PADDED = 0, 1

@@ -7,6 +7,10 @@ packed batches with no padding, over the C library's nopad_train (what ``nopad t
 >>> metrics.eval_accuracy
 0.9
 
+With ``eval_every=N`` (or ``"epoch"``) the eval data is evaluated during the run too, each
+evaluation passed to ``train(on_eval=...)``; ``save_best=True`` keeps the best one's weights in
+``output/best``, ``early_stop=K`` stops after K evaluations without a new best.
+
 The output folder is an HF model folder (config.json, model.safetensors, the tokenizer files) that
 nopad and transformers load, plus the optimiser state that ``resume=`` continues from.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _native
 from .encoder import _parse_device, _parse_dtype
@@ -23,10 +27,12 @@ from .errors import InvalidArgumentError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-__all__ = ["Trainer", "TrainProgress", "TrainMetrics"]
+__all__ = ["Trainer", "TrainProgress", "TrainEval", "TrainMetrics"]
 
 _TASKS = {"mlm": 0, "classify": 1}
 _OPTIMIZERS = {"adamw": 0, "lamb": 1}
+_METRICS = {"loss": _native.TRAIN_METRIC_LOSS, "accuracy": _native.TRAIN_METRIC_ACCURACY}
+_METRIC_NAMES = {code: name for name, code in _METRICS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +51,23 @@ class TrainProgress:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainEval:
+    """One evaluation during a run (nopad_train_eval), after the step it follows."""
+
+    step: int                  # steps taken when it ran
+    epoch: int                 # 0-based epoch of that step
+    examples: int              # of the eval data
+    loss: float                # the mean eval loss
+    accuracy: Optional[float]  # classification with >= 2 labels
+    metric: str                # "loss" (lower is better) or "accuracy" (higher): what best is by
+    is_best: bool              # better than every evaluation before it (saved with save_best)
+    best_step: int             # the best evaluation so far (this one when is_best)
+    best_value: float          # its metric
+    since_best: int            # evaluations since the best (0 when is_best)
+    evaluations: int           # of the run so far, a resumed run's earlier ones included
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainMetrics:
     """What a run ends with (nopad_train_result)."""
 
@@ -59,6 +82,12 @@ class TrainMetrics:
     eval_examples: int             # 0 without eval_data
     eval_accuracy: Optional[float]  # classification with eval_data and >= 2 labels
     eval_loss: Optional[float]      # with eval_data
+    evaluations: int = 0            # recorded during the run (eval_every), resumed ones included
+    best_step: Optional[int] = None     # the best of them (the earliest of equals)
+    best_metric: Optional[str] = None   # "loss" or "accuracy"
+    best_value: Optional[float] = None
+    early_stopped: bool = False     # early_stop ended the run
+    evals: Tuple[TrainEval, ...] = ()  # the evaluations of this call, in order
 
 
 def _path(value: Optional[PathLike], name: str, required: bool = False) -> Optional[bytes]:
@@ -104,6 +133,13 @@ class Trainer:
     of tokenizing it whole into memory (memory bounded whatever the corpus size; the blocks of the
     file shuffled per epoch, the examples of a window together; docs/training.md). ``nopad
     train`` streams data over 1 GiB by default; here it is asked for.
+    eval_every: evaluate ``eval_data`` after every N steps, or ``"epoch"`` at each epoch's end,
+    and at the last step (0: only at the end, into the metrics); each evaluation goes to
+    ``train(on_eval=...)``, a line of ``log`` and trainer_state.json's history. save_best: keep the
+    best evaluation's weights in ``output/best`` (a model folder; eval_results.json names the
+    step); best_metric: ``"accuracy"`` (the default for classification) or ``"loss"`` (for MLM and
+    regression); a tie keeps the earlier step; a resumed run keeps its checkpoint's best.
+    early_stop: stop after K evaluations in a row without a new best.
     """
 
     def __init__(self, model: PathLike, data: PathLike, output: PathLike, *, task: str = "mlm",
@@ -114,7 +150,9 @@ class Trainer:
                  resume: Optional[PathLike] = None, truncate: bool = False, threads: int = 0,
                  device: str = "cpu", dtype: Optional[str] = None,
                  log: Optional[PathLike] = None, dropout: Optional[float] = None,
-                 stream: bool = False, stream_buffer: int = 64 << 20) -> None:
+                 stream: bool = False, stream_buffer: int = 64 << 20,
+                 eval_every: Union[int, str] = 0, save_best: bool = False,
+                 best_metric: Optional[str] = None, early_stop: int = 0) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -150,6 +188,33 @@ class Trainer:
             raise InvalidArgumentError("stream_buffer %r: expected at least 1024 bytes"
                                        % (stream_buffer,))
         p.stream_buffer = int(stream_buffer)
+        if isinstance(eval_every, str):
+            if eval_every != "epoch":
+                raise InvalidArgumentError("eval_every %r: expected a number of steps or 'epoch'"
+                                           % (eval_every,))
+            p.eval_every_epoch = 1
+        elif int(eval_every) < 0:
+            raise InvalidArgumentError("eval_every %r: expected a number of steps >= 1, or 'epoch' "
+                                       "(0: evaluate only at the end)" % (eval_every,))
+        else:
+            p.eval_every = int(eval_every)
+        periodic = p.eval_every > 0 or p.eval_every_epoch
+        if best_metric is not None:
+            p.best_metric = _choice(best_metric, _METRICS, "best_metric")
+            if p.task == _TASKS["mlm"] and p.best_metric == _native.TRAIN_METRIC_ACCURACY:
+                raise InvalidArgumentError("best_metric 'accuracy' is for task='classify' (MLM has "
+                                           "an eval loss)")
+        if int(early_stop) < 0:
+            raise InvalidArgumentError("early_stop %r: expected >= 1 (0: off)" % (early_stop,))
+        p.early_stop = int(early_stop)
+        p.save_best = int(bool(save_best))
+        needs = ("eval_every" if periodic else "save_best" if save_best else
+                 "early_stop" if early_stop else "best_metric" if best_metric is not None else None)
+        if needs and eval_data is None:
+            raise InvalidArgumentError("%s needs eval_data (the data to evaluate on)" % needs)
+        if needs and not periodic:
+            raise InvalidArgumentError("%s needs eval_every=N or 'epoch' (the evaluations it picks "
+                                       "from)" % needs)
         p.save_every = int(save_every)
         p.truncate = int(bool(truncate))
         p.n_threads = int(threads)
@@ -160,13 +225,29 @@ class Trainer:
             p.dtype = _parse_dtype(dtype)
         self._params = p
 
-    def train(self, on_step: Optional[Callable[[TrainProgress], Any]] = None) -> TrainMetrics:
+    def train(self, on_step: Optional[Callable[[TrainProgress], Any]] = None,
+              on_eval: Optional[Callable[[TrainEval], Any]] = None) -> TrainMetrics:
         """Runs the training and returns its metrics. ``on_step(progress)`` is called after every
-        optimiser step; a true return value stops the run (the checkpoint is still saved, and
-        ``resume`` continues it). An exception raised by it stops the run and is raised here."""
+        optimiser step, ``on_eval(evaluation)`` after every evaluation (``eval_every``); a true
+        return value from either stops the run (the checkpoint is still saved, and ``resume``
+        continues it). An exception raised by them stops the run and is raised here."""
         lib = _native.library()
         p = self._params
         raised = []
+        evals = []
+
+        def eval_callback(_user, eval_ptr) -> int:
+            try:
+                e = eval_ptr.contents
+                ev = TrainEval(e.step, e.epoch, e.examples, e.loss,
+                               e.accuracy if e.accuracy >= 0 else None,
+                               _METRIC_NAMES.get(e.metric, "loss"), bool(e.is_best), e.best_step,
+                               e.best_value, e.since_best, e.evaluations)
+                evals.append(ev)
+                return 1 if on_eval is not None and on_eval(ev) else 0
+            except BaseException as exc:  # noqa: B902 (re-raised below, as on_step's)
+                raised.append(exc)
+                return 1
 
         def callback(_user, progress_ptr) -> int:
             try:
@@ -179,12 +260,13 @@ class Trainer:
                 return 1
 
         c_callback = _native.TrainFn(callback) if on_step is not None else _native.TrainFn()
-        p.on_step = c_callback
+        c_eval = _native.TrainEvalFn(eval_callback)
+        p.on_step, p.on_eval = c_callback, c_eval
         out = _native.TrainResult()
         try:
             status = lib.nopad_train(ctypes.byref(p), ctypes.byref(out))
         finally:
-            p.on_step = _native.TrainFn()
+            p.on_step, p.on_eval = _native.TrainFn(), _native.TrainEvalFn()
         if raised:
             raise raised[0]
         _native.check(status)
@@ -194,4 +276,9 @@ class Trainer:
             n_examples=out.n_examples, n_truncated=out.n_truncated,
             eval_examples=out.eval_examples,
             eval_accuracy=out.eval_accuracy if out.eval_accuracy >= 0 else None,
-            eval_loss=out.eval_loss if out.eval_loss >= 0 else None)
+            eval_loss=out.eval_loss if out.eval_loss >= 0 else None,
+            evaluations=out.evaluations,
+            best_step=out.best_step if out.best_step > 0 else None,
+            best_metric=_METRIC_NAMES.get(out.best_metric) if out.best_step > 0 else None,
+            best_value=out.best_value if out.best_step > 0 else None,
+            early_stopped=bool(out.early_stopped), evals=tuple(evals))

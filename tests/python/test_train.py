@@ -7,9 +7,13 @@
   run that did not stop, bit for bit, and the same final weights;
 - an exception in the callback stops the run and is raised by train();
 - masked LM with LAMB and a per-step log;
+- evaluations during the run (eval_every, "epoch"): on_eval sees each, as the log has them; the
+  best (by accuracy, or by loss) kept in out/best with the weights of a run stopped there; a run
+  stopped before or after evaluations and resumed keeps the history and best; on_eval stopping
+  the run; early_stop; the option errors;
 - errors: bad options, a resume with another optimiser (both named), a missing file, CUDA on a
   build without CUDA training;
-- the ctypes structs of training (nopad_train_params, _result, _progress) against the header's
+- the ctypes structs of training (nopad_train_params, _result, _progress, _eval) against the header's
   offsets and sizes, by a C program compiled here.
 """
 import ctypes
@@ -178,7 +182,7 @@ def test_struct_layouts_match_the_header(tmp_path):
     if not cc:
         pytest.skip("no C compiler")
     structs = {"nopad_train_params": _native.TrainParams, "nopad_train_result": _native.TrainResult,
-               "nopad_train_progress": _native.TrainProgress}
+               "nopad_train_progress": _native.TrainProgress, "nopad_train_eval": _native.TrainEval}
     src = ["#include <stddef.h>", "#include <stdio.h>", "#include \"nopad.h\"", "int main(void) {"]
     for name, cls in structs.items():
         for field, _ in cls._fields_:
@@ -199,3 +203,93 @@ def test_struct_layouts_match_the_header(tmp_path):
             continue
         desc = getattr(cls, field)
         assert (desc.offset, desc.size) == (int(offset), int(size)), (struct, field)
+
+
+def test_eval_every_save_best_and_resume(cls_model, tmp_path):
+    # evaluations every 5 steps and at the last (24): on_eval sees each, in order, the same as the
+    # log; the best by accuracy (the default for classification; ties to the earlier step) has its
+    # weights in out/best: the bytes of a run stopped there; stopped before it and resumed, the
+    # run keeps the same history and best
+    data, ev = TRAIN / "cls_train.jsonl", TRAIN / "cls_eval.jsonl"
+    opts = fast(epochs=3, eval_data=ev, eval_every=5, save_best=True)
+    seen = []
+    m = nopad.Trainer(cls_model, data, tmp_path / "a", log=tmp_path / "a.jsonl", **opts).train(
+        on_eval=seen.append)
+    assert [e.step for e in seen] == [5, 10, 15, 20, 24] and m.evals == tuple(seen)
+    assert all(e.metric == "accuracy" and e.examples == 32 and e.evaluations == i + 1
+               for i, e in enumerate(seen))
+    accs = [e.accuracy for e in seen]
+    best = seen[accs.index(max(accs))]
+    assert m.best_step == best.step and m.best_value == best.accuracy and m.best_metric == "accuracy"
+    assert m.evaluations == 5 and not m.early_stopped
+    assert [e.is_best for e in seen] == [a > max(accs[:i], default=-1) for i, a in enumerate(accs)]
+    assert seen[-1].best_step == best.step and seen[-1].since_best == 4 - accs.index(max(accs))
+    logged = [json.loads(l) for l in open(tmp_path / "a.jsonl")]
+    assert [(r["step"], r["eval_loss"], r["eval_accuracy"]) for r in logged if "eval_loss" in r] == \
+        [(e.step, e.loss, e.accuracy) for e in seen]
+    assert m.eval_loss == seen[-1].loss and m.eval_accuracy == seen[-1].accuracy
+    results = json.loads((tmp_path / "a" / "best" / "eval_results.json").read_text())
+    assert results["step"] == best.step and results["eval_loss"] == best.loss
+    nopad.Trainer(cls_model, data, tmp_path / "at", **fast(epochs=3)).train(
+        on_step=lambda p: p.step == best.step)
+    assert (tmp_path / "a" / "best" / "model.safetensors").read_bytes() == \
+        (tmp_path / "at" / "model.safetensors").read_bytes()
+    # stopped at step 3 (before every evaluation) or 12 (after two), resumed
+    for k in (3, 12):
+        first = nopad.Trainer(cls_model, data, tmp_path / f"b{k}", **opts).train(
+            on_step=lambda p: p.step == k)
+        rest = nopad.Trainer(cls_model, data, tmp_path / f"b{k}", resume=tmp_path / f"b{k}",
+                             **opts).train()
+        assert first.evals + rest.evals == m.evals and rest.evaluations == 5
+        assert rest.best_step == m.best_step and rest.best_value == m.best_value
+        assert (tmp_path / "a" / "best" / "model.safetensors").read_bytes() == \
+            (tmp_path / f"b{k}" / "best" / "model.safetensors").read_bytes()
+    # the metric by loss instead: lower is better
+    m2 = nopad.Trainer(cls_model, data, tmp_path / "c", **fast(epochs=2, eval_data=ev,
+                                                               eval_every="epoch",
+                                                               best_metric="loss")).train()
+    assert [e.step for e in m2.evals] == [8, 16] and m2.best_metric == "loss"
+    assert m2.best_value == min(e.loss for e in m2.evals)
+
+
+def test_on_eval_stops_and_early_stop(mlm_model, tmp_path):
+    lines = tmp_path / "train.txt"
+    lines.write_text("".join(json.loads(l)["text"] + "\n"
+                             for l in open(TRAIN / "cls_train.jsonl")))
+    opts = dict(task="mlm", lr=2e-2, warmup=0, epochs=8, batch_tokens=64, threads=2,
+                eval_data=lines, eval_every=5)
+    # on_eval returning true stops the run after that evaluation's step
+    m = nopad.Trainer(mlm_model, lines, tmp_path / "a", **opts).train(
+        on_eval=lambda e: e.step == 10)
+    assert m.steps == 10 and [e.step for e in m.evals] == [5, 10] and not m.early_stopped
+    assert m.best_metric == "loss"
+    # early_stop: the third evaluation in a row without a new best ends it
+    m = nopad.Trainer(mlm_model, lines, tmp_path / "b", early_stop=3, **opts).train()
+    assert m.early_stopped and m.evals[-1].since_best == 3 and m.steps == m.evals[-1].step
+    assert all(e.since_best < 3 for e in m.evals[:-1]) and m.steps < 64
+
+
+def test_eval_errors(cls_model, mlm_model, tmp_path):
+    data, ev = TRAIN / "cls_train.jsonl", TRAIN / "cls_eval.jsonl"
+    with pytest.raises(nopad.InvalidArgumentError, match="eval_every needs eval_data"):
+        nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_every=5)
+    with pytest.raises(nopad.InvalidArgumentError, match="save_best needs eval_every"):
+        nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_data=ev,
+                      save_best=True)
+    with pytest.raises(nopad.InvalidArgumentError, match="save_best needs eval_data"):
+        nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", save_best=True)
+    with pytest.raises(nopad.InvalidArgumentError, match="eval_every -1"):
+        nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_data=ev,
+                      eval_every=-1)
+    with pytest.raises(nopad.InvalidArgumentError, match="eval_every 'step'"):
+        nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_data=ev,
+                      eval_every="step")
+    with pytest.raises(nopad.InvalidArgumentError, match="best_metric 'f1'"):
+        nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_data=ev,
+                      eval_every=5, best_metric="f1")
+    with pytest.raises(nopad.InvalidArgumentError, match="best_metric 'accuracy' is for"):
+        nopad.Trainer(mlm_model, data, tmp_path / "o", task="mlm", eval_data=ev, eval_every=5,
+                      best_metric="accuracy")
+    with pytest.raises(nopad.InvalidArgumentError, match="early_stop -2"):
+        nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_data=ev,
+                      eval_every=5, early_stop=-2)
