@@ -292,6 +292,13 @@ expect_best_resume_fail "best evaluation (step $best) has no weights in $TMP/evq
     "${E[@]}" --output "$TMP/evq2" --eval-every 6 --save-best
 expect_best_resume_fail "best metric loss, but the checkpoint's is accuracy" "$TMP/evq" \
     "${E[@]}" --output "$TMP/evq3" --eval-every 6 --best-metric loss
+# resumed without --best-metric, a run by the loss stays by the loss
+"$NOPAD_CLI" train "${E[@]}" --output "$TMP/evl" --eval-every 6 --best-metric loss --stop-after 40 \
+    >/dev/null 2>"$TMP/err" || fail "--best-metric loss: $(cat "$TMP/err")"
+"$NOPAD_CLI" train "${E[@]}" --output "$TMP/evl" --eval-every 6 --resume "$TMP/evl" >"$TMP/out" \
+    2>"$TMP/err" || fail "--best-metric loss resumed: $(cat "$TMP/err")"
+grep -q "^best: step 65 of 11 evaluations, eval loss " "$TMP/out" ||
+    fail "--best-metric loss resumed without it: $(tail -n 1 "$TMP/out")"
 
 # --eval-every epoch: at steps 8, 16 and 24; a run stopped on an epoch's last step (8) evaluates
 # that epoch's end when resumed, so its log equals the run that did not stop.

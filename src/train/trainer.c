@@ -598,9 +598,11 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
         state.epoch = saved.epoch;
         state.window = saved.window;
         state.cursor = saved.cursor;
-        /* the evaluations so far, and with them the best: kept by a run that evaluates no more */
+        /* the evaluations so far, and with them the best: kept by a run that evaluates no more,
+         * and by the default metric (one asked for must be the checkpoint's) */
         if (saved.metric != TRAIN_METRIC_NONE) {
-            if (metric != TRAIN_METRIC_NONE && metric != saved.metric) {
+            if (p->best_metric != NOPAD_TRAIN_METRIC_AUTO && metric != TRAIN_METRIC_NONE &&
+                metric != saved.metric) {
                 st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "resuming %s: best metric %s, but "
                                      "the checkpoint's is %s (its best evaluation would not be "
                                      "this run's)", p->resume_dir, train_metric_name(metric),
