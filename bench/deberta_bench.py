@@ -398,11 +398,13 @@ def environment(args):
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()) + " UTC", "device": args.device,
             "dtype": args.dtype if args.device == "cuda" else "fp32", "torch": torch.__version__,
             "transformers": transformers.__version__, "python": sys.version.split()[0], "seed": SEED}
+    # the build measured: the id the library was built with (the tree's git log may have moved on)
     try:
-        info["nopad_commit"] = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%h %s"],
-                                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001
-        pass
+        lib = ctypes.CDLL(os.path.abspath(args.library))
+        lib.nopad_build_id.restype = ctypes.c_char_p
+        info["nopad_build"] = lib.nopad_build_id().decode()
+    except Exception as e:  # noqa: BLE001
+        info["nopad_build"] = "? (%s)" % e
     if args.device == "cuda":
         p = torch.cuda.get_device_properties(0)
         info.update(gpu=p.name, sms=p.multi_processor_count, gpu_memory_bytes=p.total_memory,

@@ -409,15 +409,11 @@ def env_info(args, lib):
         info["nopad"] = lib.nopad_version().decode()
     except Exception as e:  # noqa: BLE001
         info["nopad"] = f"? ({e})"
-    commit = os.path.join(os.path.dirname(os.path.abspath(args.library)), "COMMIT")
-    if os.path.exists(commit):  # a build staged by scripts/gpu_check.sh --stage
-        info["build"] = open(commit).read().strip().replace("\n", " ")
-    else:
-        try:
-            info["build"] = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%h %s"], capture_output=True,
-                                           text=True, timeout=10).stdout.strip()[:120]
-        except Exception:  # noqa: BLE001
-            info["build"] = "?"
+    try:  # the build measured, from the library itself
+        lib.nopad_build_id.restype = ctypes.c_char_p
+        info["build"] = lib.nopad_build_id().decode()
+    except Exception as e:  # noqa: BLE001
+        info["build"] = "? (%s)" % e
     for mod in ("torch", "transformers", "safetensors"):
         try:
             info[mod] = __import__(mod).__version__

@@ -58,18 +58,11 @@ def env_info(device, library=None):
     try:
         import nopad
         info["nopad"] = nopad.library_version()
+        info["build"] = nopad.library_build_id()  # the build measured, from the library itself
     except Exception as e:  # noqa: BLE001
         info["nopad"] = "? (%s)" % e
     if library:
         info["library"] = os.path.abspath(library)
-        commit = os.path.join(os.path.dirname(os.path.abspath(library)), "COMMIT")
-        if os.path.exists(commit):
-            info["build"] = open(commit).read().strip().replace("\n", " ")
-    try:
-        info["git"] = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%h %s"], capture_output=True,
-                                     text=True, timeout=10).stdout.strip()[:120]
-    except Exception:  # noqa: BLE001
-        info["git"] = "?"
     if device == "cuda":
         try:
             q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",

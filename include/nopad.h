@@ -43,6 +43,10 @@ const char *nopad_status_string(nopad_status status);
 const char *nopad_last_error(void);
 /* "MAJOR.MINOR.PATCH" */
 const char *nopad_version(void);
+/* The source this library was built from: `git describe --always --dirty` of its checkout at
+ * build time (e.g. "05498cb", "05498cb-dirty"), or "unknown" outside a git checkout. Benchmark
+ * records take it from the library they ran. */
+const char *nopad_build_id(void);
 /* The kernel family OpenBLAS picked for this CPU ("Haswell", "SkylakeX", ...). OpenBLAS falls back
  * to "Prescott" (SSE3, about half the speed) on CPUs it does not recognise, e.g. some virtual
  * machines; OPENBLAS_CORETYPE set before the program starts overrides the choice. */

@@ -32,7 +32,7 @@ run() {
 check() { "${CHECK[@]}" "$@" || fail "check $1 $2"; }
 
 # ---- version and help ------------------------------------------------------------------------
-"$NOPAD_CLI" --version | grep -q '^nopad [0-9]*\.[0-9]*\.[0-9]*$' || fail "--version"
+"$NOPAD_CLI" --version | grep -Eq '^nopad [0-9]+\.[0-9]+\.[0-9]+ \(build [0-9a-z-]+\)$' || fail "--version"
 "$NOPAD_CLI" --help | grep -q 'usage: nopad' || fail "--help"
 "$NOPAD_CLI" embed --help | grep -q -- '--batch-tokens' || fail "embed --help"
 "$NOPAD_CLI" info --help | grep -q -- '--json' || fail "info --help"

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime.h>
 
@@ -50,6 +51,14 @@
     } while (0)
 
 enum { MAX_STEPS = 1000, MAX_BATCHES = 64 };
+
+/* The host's clock, for the time a step takes to enqueue (host_enqueue_ms: near step_ms means
+ * the GPU waits for the host). */
+static double host_now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
 
 /* One drawn batch and the arrays it points at. */
 typedef struct drawn_batch {
@@ -206,17 +215,20 @@ int main(int argc, char **argv) {
     for (int s = 0; s < steps; s++)
         for (int k = 0; k < 4; k++) CUDA_CHECK(cudaEventCreate(&ev[s][k]));
     double first_loss = 0, last_loss = 0;
+    float host_ms[MAX_STEPS];
     for (int s = 0; s < warmup + steps; s++) {
         const train_batch *b = &batches[s % n_batches].b;
         const int timed = s >= warmup;
         cudaEvent_t *e = timed ? ev[s - warmup] : NULL;
         if (timed) CUDA_CHECK(cudaEventRecord(e[0], stream));
+        const double h0 = host_now_ms();
         CHECK(train_forward(&ctx, b));
         if (timed) CUDA_CHECK(cudaEventRecord(e[1], stream));
         CHECK(train_backward(&ctx));
         if (timed) CUDA_CHECK(cudaEventRecord(e[2], stream));
         CHECK(lamb ? train_lamb_step(&m, &opt, NULL) : train_adamw_step(&m, &opt));
         if (timed) CUDA_CHECK(cudaEventRecord(e[3], stream));
+        if (timed) host_ms[s - warmup] = (float)(host_now_ms() - h0);
         double loss;
         CHECK(train_read_loss(&ctx, &loss));
         if (!isfinite(loss)) {
@@ -238,22 +250,22 @@ int main(int argc, char **argv) {
         CUDA_CHECK(cudaEventElapsedTime(&step[s], ev[s][0], ev[s][3]));
     }
     const float f = median(fwd, steps), bk = median(bwd, steps), o = median(opt_ms, steps),
-                st = median(step, steps);
+                st = median(step, steps), host = median(host_ms, steps);
     const double mem_gb = (double)(free_before - free_after) / 1e9;
     const double tok_s = mean_tokens / (st * 1e-3);
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     char json[2048];
     snprintf(json, sizeof json,
-             "{\"engine\": \"nopad\", \"gpu\": \"%s\", \"dtype\": \"%s\", \"optimizer\": \"%s\", "
+             "{\"engine\": \"nopad\", \"build\": \"%s\", \"gpu\": \"%s\", \"dtype\": \"%s\", \"optimizer\": \"%s\", "
              "\"layers\": %d, \"hidden\": %d, \"batch\": %d, \"min_len\": %d, \"max_len\": %d, "
              "\"mean_tokens\": %.1f, \"mean_masked\": %.1f, \"steps\": %d, \"warmup\": %d, "
              "\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optimizer_ms\": %.3f, "
-             "\"step_ms\": %.3f, \"useful_tok_s\": %.0f, \"memory_gb\": %.3f, "
+             "\"step_ms\": %.3f, \"host_enqueue_ms\": %.3f, \"useful_tok_s\": %.0f, \"memory_gb\": %.3f, "
              "\"params\": %lld, \"first_loss\": %.4f, \"last_loss\": %.4f}\n",
-             prop.name, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", lamb ? "lamb" : "adamw",
+             nopad_build_id(), prop.name, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", lamb ? "lamb" : "adamw",
              c->num_layers, c->hidden_size, B, min_len, max_len, mean_tokens, mean_masked, steps,
-             warmup, f, bk, o, st, tok_s, mem_gb, (long long)m.n_params, first_loss, last_loss);
+             warmup, f, bk, o, st, host, tok_s, mem_gb, (long long)m.n_params, first_loss, last_loss);
     fputs(json, stdout);
     if (json_path) {
         FILE *out = fopen(json_path, "w");

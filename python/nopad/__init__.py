@@ -47,7 +47,7 @@ from .trainer import Trainer, TrainEval, TrainMetrics, TrainProgress
 __all__ = [
     "Encoder", "Generator", "Sequence", "TokenStream", "Engine", "Request", "ModelInfo",
     "Tokenizer", "DecodeStream", "Trainer", "TrainEval", "TrainMetrics", "TrainProgress", "attention_varlen", "attention_varlen_packed",
-    "library_version", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
+    "library_version", "library_build_id", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
     "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",
     "QueueFullError", "LibraryNotFoundError", "Status",
@@ -59,3 +59,11 @@ def library_version() -> str:
     from ._native import library
 
     return library().nopad_version().decode()
+
+
+def library_build_id() -> str:
+    """nopad_build_id() of the loaded library: the checkout it was built from (git describe at
+    build time, e.g. "05498cb" or "05498cb-dirty"), "unknown" outside a git checkout."""
+    from ._native import library
+
+    return library().nopad_build_id().decode()

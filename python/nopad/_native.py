@@ -310,6 +310,7 @@ _PROTOTYPES = {
     "nopad_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "nopad_last_error": (ctypes.c_char_p, []),
     "nopad_version": (ctypes.c_char_p, []),
+    "nopad_build_id": (ctypes.c_char_p, []),
     "nopad_cpu_blas_kernels": (ctypes.c_char_p, []),
     "nopad_tokenizer_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_p)]),
     "nopad_tokenizer_free": (None, [_p]),

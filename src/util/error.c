@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "nopad_build_id.h" /* generated at build time: cmake/build_id.cmake */
+
 enum { ERROR_CAPACITY = 2048 };
 static _Thread_local char last_error[ERROR_CAPACITY];
 
@@ -54,3 +56,5 @@ const char *nopad_version(void) {
     return NOPAD_STR(NOPAD_VERSION_MAJOR) "." NOPAD_STR(NOPAD_VERSION_MINOR) "." NOPAD_STR(
         NOPAD_VERSION_PATCH);
 }
+
+const char *nopad_build_id(void) { return NOPAD_BUILD_ID; }

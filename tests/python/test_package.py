@@ -1,6 +1,7 @@
 """The package itself: ABI against include/nopad.h, versions, error classes, the wheel build."""
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -55,6 +56,9 @@ def test_versions_agree():
              for k in ("MAJOR", "MINOR", "PATCH")]
     assert nopad.library_version() == ".".join(parts)
     assert nopad.__version__ == nopad.library_version()
+    # the checkout the library was built from (git describe at build time) or "unknown"
+    build = nopad.library_build_id()
+    assert build == "unknown" or re.fullmatch(r"[0-9a-z.-]+", build), build
 
 
 def test_loaded_with_cdll_so_the_gil_is_released():

@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
         return EXIT_OK;
     }
     if (strcmp(name, "-V") == 0 || strcmp(name, "--version") == 0) {
-        printf("nopad %s\n", nopad_version());
+        printf("nopad %s (build %s)\n", nopad_version(), nopad_build_id());
         return EXIT_OK;
     }
     for (int i = 0; i < N_COMMANDS; i++)
