@@ -1,5 +1,6 @@
-/* The CUDA backend's gemm_backward and optimisers (adamw, lamb, clip_grad_norm) against the CPU
- * backend's ops (the float32 reference).
+/* The CUDA backend's gemm_backward, the GELU-fused FFN GEMMs (gemm_act_aux, gemm_dx_act: their
+ * own comment below) and optimisers (adamw, lamb, clip_grad_norm) against the CPU backend's ops
+ * (the float32 reference).
  *
  * gemm_backward, fp16 and bf16: random data (never zeros), T in {1, 7, 1000, 4096} on BERT-base
  * and BERT-large layer shapes, the MLM decoder (K 1024, N 30522) on T = 300 masked rows, odd
@@ -244,6 +245,81 @@ static void test_gemm_backward_shapes(void **state) {
     for (int d = 0; d < 2; d++)
         for (int ti = 0; ti < n_T; ti++)
             for (int si = 0; si < 6; si++) grad_case(d, Ts[ti], SHAPES[si][0], SHAPES[si][1], 0, &rng);
+}
+
+/* ---- the FFN's GELU fused into its GEMMs (gemm_act_aux, gemm_dx_act) ----------------------------------- */
+
+/* gemm_act_aux against the CPU's gemm + activation and gemm_dx_act against its gemm_backward +
+ * activation_backward, bf16 (the only dtype they fuse), on random inputs rounded to bf16 first:
+ * T of 1, 7, 1000 and 4096 rows, BERT-base's and -large's FFN shapes. The pre-activation aux is
+ * one bf16 rounding of a float32 sum, gelu(aux) and dx one rounding of float32 arithmetic each:
+ * the dx bound of gemm_backward (1.5e-2 row-relative, bf16's 3.9e-3 per element with margin)
+ * holds all three; the exact-erf GELU and its derivative in the epilogue are ~5e-7 absolute off
+ * erf, far below. Outputs are NaN-poisoned first. Then what they refuse: fp16, an activation
+ * other than the exact GELU (the caller runs the unfused ops). */
+static void act_fusion_case(int32_t T, int32_t K, int32_t N, uint64_t *rng) {
+    nopad_backend *be = gpu[1];
+    const size_t TK = (size_t)T * K, TN = (size_t)T * N, NK = (size_t)N * K;
+    float *x = random_floats(TK, -1.0f, 1.0f, rng), *w = random_floats(NK, -0.05f, 0.05f, rng);
+    float *b = random_floats((size_t)N, -0.5f, 0.5f, rng), *dy = random_floats(TN, -1.0f, 1.0f, rng);
+    float *aux_in = random_floats(TK, -3.0f, 3.0f, rng); /* the backward's pre-activation: GELU's curved range */
+    void *d_x = test_to_device(be, x, TK), *d_w = test_to_device(be, w, NK), *d_b = test_to_device(be, b, (size_t)N);
+    void *d_dy = test_to_device(be, dy, TN), *d_aux_in = test_to_device(be, aux_in, TK);
+    void *d_y, *d_aux, *d_dx;
+    assert_nopad_ok(be->alloc(be, TN * 2, &d_y));
+    assert_nopad_ok(be->alloc(be, TN * 2, &d_aux));
+    assert_nopad_ok(be->alloc(be, TK * 2, &d_dx));
+    poison(be, d_y, TN), poison(be, d_aux, TN), poison(be, d_dx, TK);
+    /* forward: u = x·wᵀ + b, y = gelu(u) */
+    assert_nopad_ok(be->gemm_act_aux(be, d_y, d_aux, d_x, d_w, d_b, T, K, N, NOPAD_ACT_GELU));
+    float *ref_u = malloc(TN * sizeof(float)), *ref_y = malloc(TN * sizeof(float));
+    assert_nopad_ok(cpu->gemm(cpu, ref_u, x, w, b, NULL, T, K, N, NOPAD_EPILOGUE_BIAS, NOPAD_ACT_GELU));
+    assert_nopad_ok(cpu->activation(cpu, ref_y, ref_u, T, N, NOPAD_ACT_GELU));
+    float *got = malloc((TN > TK ? TN : TK) * sizeof(float));
+    assert_nopad_ok(be->download_f32(be, got, d_aux, TN));
+    const double err_u = test_max_row_rel_error(got, ref_u, T, N);
+    assert_nopad_ok(be->download_f32(be, got, d_y, TN));
+    const double err_y = test_max_row_rel_error(got, ref_y, T, N);
+    /* backward: dx = (dy·w) ⊙ gelu'(aux_in) */
+    assert_nopad_ok(be->gemm_dx_act(be, d_dx, d_dy, d_w, d_aux_in, T, K, N, NOPAD_ACT_GELU));
+    float *ref_dx = malloc(TK * sizeof(float));
+    assert_nopad_ok(cpu->gemm_backward(cpu, ref_dx, NULL, NULL, dy, NULL, w, T, K, N, 0));
+    assert_nopad_ok(cpu->activation_backward(cpu, ref_dx, NULL, ref_dx, aux_in, T, K, NOPAD_ACT_GELU));
+    assert_nopad_ok(be->download_f32(be, got, d_dx, TK));
+    const double err_dx = test_max_row_rel_error(got, ref_dx, T, K);
+    printf("bf16 T %4d K %4d N %4d: gemm_act_aux pre-activation %.3g, gelu %.3g; gemm_dx_act %.3g (bound %.3g)\n", T,
+           K, N, err_u, err_y, err_dx, DX_BOUND[1]);
+    if (!(err_u <= DX_BOUND[1] && err_y <= DX_BOUND[1] && err_dx <= DX_BOUND[1]))
+        fail_msg("T %d K %d N %d: fused GELU GEMMs beyond %.3g", T, K, N, DX_BOUND[1]);
+    be->free(be, d_x), be->free(be, d_w), be->free(be, d_b), be->free(be, d_dy), be->free(be, d_aux_in);
+    be->free(be, d_y), be->free(be, d_aux), be->free(be, d_dx);
+    free(x), free(w), free(b), free(dy), free(aux_in), free(ref_u), free(ref_y), free(ref_dx), free(got);
+}
+
+static void test_gemm_act_fusions(void **state) {
+    (void)state;
+    uint64_t rng = 0x67656c7566757365ULL;
+    const int32_t Ts[] = {1, 7, 1000, 4096};
+    const int32_t shapes[][2] = {{768, 3072}, {1024, 4096}}; /* the FFN in: K = hidden, N = intermediate */
+    for (int ti = 0; ti < 4; ti++)
+        for (int si = 0; si < 2; si++) {
+            /* forward: K = hidden, N = intermediate; backward of the FFN out: dx over the
+             * intermediate (K here), dy over the hidden (N) */
+            act_fusion_case(Ts[ti], shapes[si][0], shapes[si][1], &rng);
+            act_fusion_case(Ts[ti], shapes[si][1], shapes[si][0], &rng);
+        }
+    /* refused, not wrong: fp16, another activation, a K that is not a multiple of 8 */
+    void *buf;
+    assert_nopad_ok(gpu[1]->alloc(gpu[1], 64 * 64 * 2, &buf));
+    assert_int_equal(gpu[0]->gemm_act_aux(gpu[0], buf, buf, buf, buf, NULL, 8, 64, 64, NOPAD_ACT_GELU),
+                     NOPAD_ERR_UNSUPPORTED);
+    assert_int_equal(gpu[1]->gemm_act_aux(gpu[1], buf, buf, buf, buf, NULL, 8, 64, 64, NOPAD_ACT_RELU),
+                     NOPAD_ERR_UNSUPPORTED);
+    assert_int_equal(gpu[1]->gemm_dx_act(gpu[1], buf, buf, buf, buf, 8, 60, 64, NOPAD_ACT_GELU),
+                     NOPAD_ERR_UNSUPPORTED);
+    assert_int_equal(gpu[1]->gemm_dx_act(gpu[1], buf, buf, buf, buf, 8, 64, 64, NOPAD_ACT_GELU_TANH),
+                     NOPAD_ERR_UNSUPPORTED);
+    gpu[1]->free(gpu[1], buf);
 }
 
 /* The MLM decoder: the masked rows (~15% of a batch) against the 30522-word vocabulary. */
@@ -754,7 +830,8 @@ int main(void) {
     if (getenv("NOPAD_TEST_FILTER")) cmocka_set_test_filter(getenv("NOPAD_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_backward_shapes), cmocka_unit_test(test_gemm_backward_decoder),
-        cmocka_unit_test(test_gemm_backward_odd),    cmocka_unit_test(test_optimisers),
+        cmocka_unit_test(test_gemm_backward_odd),    cmocka_unit_test(test_gemm_act_fusions),
+        cmocka_unit_test(test_optimisers),
         cmocka_unit_test(test_optimisers_many_tensors), cmocka_unit_test(test_optimisers_large),
         cmocka_unit_test(test_optimisers_edges), cmocka_unit_test(test_optimisers_deterministic_and_graph),
         cmocka_unit_test(test_gemm_backward_deterministic_and_graph),

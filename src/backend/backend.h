@@ -269,6 +269,20 @@ struct nopad_backend {
     nopad_status (*activation_backward)(nopad_backend *be, void *dx, float *db32, const void *dy,
                                         const void *x, int32_t n_tokens, int32_t dim,
                                         nopad_activation act);
+    /* Optional fusions of an activation into the GEMMs around it (the FFN's), NULL where a
+     * backend has none; either may return NOPAD_ERR_UNSUPPORTED for a dtype, activation or shape
+     * it does not fuse, and the caller then runs gemm + activation / gemm_backward +
+     * activation_backward, which compute the same:
+     *   gemm_act_aux: y[T, N] = act(x[T, K]·w[N, K]ᵀ + b), aux[T, N] = x·wᵀ + b (the pre-activation
+     *                 the backward needs)
+     *   gemm_dx_act:  dx[T, K] = (dy[T, N]·w) ⊙ act'(aux[T, K]): gemm_backward's dx (not
+     *                 accumulated) through the activation whose pre-activation is aux; the bias
+     *                 gradient Σ_t dx is left to the caller */
+    nopad_status (*gemm_act_aux)(nopad_backend *be, void *y, void *aux, const void *x, const void *w,
+                                 const void *b, int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                 nopad_activation act);
+    nopad_status (*gemm_dx_act)(nopad_backend *be, void *dx, const void *dy, const void *w, const void *aux,
+                                int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_activation act);
     /* Dropout with a counter-based generator: y[i] = x[i] / (1 - p) when
      * philox_bits(seed, offset + i) >= p·2³² (util/philox.h), else 0, plus residual[i] when
      * residual is not NULL (a sub-layer's dropped output joining the residual stream in one

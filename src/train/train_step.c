@@ -215,9 +215,16 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
         }
         TRY(be->copy(be, x1, s1, TH * m->elem_size));
         TRY(be->layernorm(be, x1, NULL, NULL, L->attn_ln_w, L->attn_ln_b, eps, T, H));
-        // u[T, I] = x1·W1ᵀ + b1;  a = act(u)
-        TRY(be->gemm(be, u, x1, L->ffn_in_w, L->ffn_in_b, NULL, T, H, I, NOPAD_EPILOGUE_BIAS, c->activation));
-        TRY(be->activation(be, a, u, T, I, c->activation));
+        // u[T, I] = x1·W1ᵀ + b1;  a = act(u): one kernel where the backend fuses them
+        const nopad_status fused = be->gemm_act_aux ? be->gemm_act_aux(be, a, u, x1, L->ffn_in_w, L->ffn_in_b,
+                                                                        T, H, I, c->activation)
+                                                    : NOPAD_ERR_UNSUPPORTED;
+        if (fused == NOPAD_ERR_UNSUPPORTED) {
+            TRY(be->gemm(be, u, x1, L->ffn_in_w, L->ffn_in_b, NULL, T, H, I, NOPAD_EPILOGUE_BIAS, c->activation));
+            TRY(be->activation(be, a, u, T, I, c->activation));
+        } else {
+            TRY(fused);
+        }
         // s2[T, H] = x1 + a·W2ᵀ + b2;  x' = LN(s2)
         if (dropout) { // s2 = x1 + dropout(a·W2ᵀ + b2)
             TRY(be->gemm(be, s2, a, L->ffn_out_w, L->ffn_out_b, NULL, T, I, H, NOPAD_EPILOGUE_BIAS,
@@ -261,12 +268,17 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
             TRY(drop(ctx, drop_ffn(l), ctx->d_drop, d, NULL, TH));
             d_branch = ctx->d_drop;
         }
-        // d_ffn[T, I] = d·W2, dW2 += dᵀ·a;  then through the activation: ∂L/∂u, db1
-        TRY(be->gemm_backward(be, ctx->d_ffn, G->ffn_out_w, dropout ? G->ffn_out_b : NULL,
-                              d_branch, a, L->ffn_out_w, T, I, H, 0));
-        TRY(be->activation_backward(be, ctx->d_ffn, G->ffn_in_b, ctx->d_ffn, u, T, I, c->activation));
-        // d += d_ffn·W1 (d is now ∂L/∂x1), dW1 += d_ffnᵀ·x1
-        TRY(be->gemm_backward(be, d, G->ffn_in_w, NULL, ctx->d_ffn, x1, L->ffn_in_w, T, H, I, 1));
+        // d_ffn[T, I] = ∂L/∂u = (d·W2) ⊙ act'(u) (one kernel where the backend fuses it), dW2 += dᵀ·a
+        const nopad_status fused_dx = be->gemm_dx_act ? be->gemm_dx_act(be, ctx->d_ffn, d_branch, L->ffn_out_w, u,
+                                                                        T, I, H, c->activation)
+                                                      : NOPAD_ERR_UNSUPPORTED;
+        if (fused_dx != NOPAD_ERR_UNSUPPORTED) TRY(fused_dx);
+        TRY(be->gemm_backward(be, fused_dx == NOPAD_OK ? NULL : ctx->d_ffn, G->ffn_out_w,
+                              dropout ? G->ffn_out_b : NULL, d_branch, a, L->ffn_out_w, T, I, H, 0));
+        if (fused_dx != NOPAD_OK)
+            TRY(be->activation_backward(be, ctx->d_ffn, NULL, ctx->d_ffn, u, T, I, c->activation));
+        // d += d_ffn·W1 (d is now ∂L/∂x1), dW1 += d_ffnᵀ·x1, db1 += Σ d_ffn
+        TRY(be->gemm_backward(be, d, G->ffn_in_w, G->ffn_in_b, ctx->d_ffn, x1, L->ffn_in_w, T, H, I, 1));
         // d = ∂L/∂s1 (in place), the gradient of x through the residual; dbo = Σ d (or of the
         // dropped branch's gradient)
         TRY(be->layernorm_backward(be, d, G->attn_ln_w, G->attn_ln_b, dropout ? NULL : G->attn_out_b,

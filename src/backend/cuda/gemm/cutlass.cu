@@ -26,6 +26,45 @@ nopad_status nopad_gemm_cutlass_bf16(int cfg, int gelu, void *y, const void *x, 
                                      const void *bias, const void *residual, int M, int K, int N,
                                      cudaStream_t stream);
 
+nopad_status nopad_gemm_cutlass_gelu_aux_bf16(void *y, void *aux, const void *x, const void *w, const void *bias,
+                                              int M, int K, int N, cudaStream_t stream);
+nopad_status nopad_gemm_cutlass_dgelu_bf16(void *dx, const void *dy, const void *w, const void *aux, int M, int K,
+                                           int N, cudaStream_t stream);
+
+/* The TMA's rules for the training kernels: bf16, rows of K and N whole 16-byte multiples,
+ * 16-byte aligned pointers. */
+static nopad_status train_shape_ok(const char *what, nopad_dtype dtype, int32_t T, int32_t K, int32_t N,
+                                   uintptr_t pointers) {
+    if (T <= 0 || K <= 0 || N <= 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cutlass %s: T %d, K %d, N %d", what, T, K, N);
+    if (dtype != NOPAD_DTYPE_BF16)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cutlass %s: bf16 only", what);
+    if (K % 8 || N % 8 || (pointers & 15u))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cutlass %s: K (%d) and N (%d) must be multiples of 8 and "
+                               "pointers 16-byte aligned", what, K, N);
+    return NOPAD_OK;
+}
+
+extern "C" nopad_status cuda_gemm_gelu_aux(nopad_dtype dtype, void *y, void *aux, const void *x, const void *w,
+                                           const void *bias, int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                           cudaStream_t stream) {
+    if (!y || !aux || !x || !w) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cutlass gemm gelu+aux: NULL");
+    nopad_status st = train_shape_ok("gemm gelu+aux", dtype, n_tokens, n_in, n_out,
+                                     (uintptr_t)y | (uintptr_t)aux | (uintptr_t)x | (uintptr_t)w | (uintptr_t)bias);
+    if (st != NOPAD_OK) return st;
+    return nopad_gemm_cutlass_gelu_aux_bf16(y, aux, x, w, bias, n_tokens, n_in, n_out, stream);
+}
+
+extern "C" nopad_status cuda_gemm_dgelu(nopad_dtype dtype, void *dx, const void *dy, const void *w, const void *aux,
+                                        int32_t n_tokens, int32_t n_in, int32_t n_out, cudaStream_t stream) {
+    if (!dx || !dy || !w || !aux) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cutlass gemm dgelu: NULL");
+    nopad_status st = train_shape_ok("gemm dgelu", dtype, n_tokens, n_out, n_in,
+                                     (uintptr_t)dx | (uintptr_t)dy | (uintptr_t)w | (uintptr_t)aux);
+    if (st != NOPAD_OK) return st;
+    /* in CUTLASS's terms M = T, K = the forward's n_out, N = its n_in */
+    return nopad_gemm_cutlass_dgelu_bf16(dx, dy, w, aux, n_tokens, n_out, n_in, stream);
+}
+
 static const char *const CONFIG_NAMES[] = {
     "pingpong 128x128x64",
     "pingpong 64x128x64",
@@ -92,6 +131,15 @@ extern "C" nopad_status cuda_gemm_fused_config(nopad_dtype dtype, void *y, const
                                                int32_t n_in, int32_t n_out, cuda_gemm_epilogue ep,
                                                int config, cudaStream_t stream) {
     return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cutlass gemm: built without CUTLASS");
+}
+extern "C" nopad_status cuda_gemm_gelu_aux(nopad_dtype dtype, void *y, void *aux, const void *x, const void *w,
+                                           const void *bias, int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                           cudaStream_t stream) {
+    return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cutlass gemm gelu+aux: built without CUTLASS");
+}
+extern "C" nopad_status cuda_gemm_dgelu(nopad_dtype dtype, void *dx, const void *dy, const void *w, const void *aux,
+                                        int32_t n_tokens, int32_t n_in, int32_t n_out, cudaStream_t stream) {
+    return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cutlass gemm dgelu: built without CUTLASS");
 }
 #endif
 

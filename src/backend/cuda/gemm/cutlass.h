@@ -42,6 +42,17 @@ nopad_status cuda_gemm_fused_config(nopad_dtype dtype, void *y, const void *x, c
                                     int32_t n_in, int32_t n_out, cuda_gemm_epilogue ep,
                                     int config, cudaStream_t stream);
 
+/* Training's FFN with its exact-erf GELU fused (cutlass_train.cu), bf16 only; other dtypes,
+ * K or N not multiples of 8, unaligned pointers and builds without CUTLASS return
+ * NOPAD_ERR_UNSUPPORTED so the caller runs the unfused ops:
+ *   cuda_gemm_gelu_aux:  y[T, n_out] = gelu(x[T, n_in]·w[n_out, n_in]ᵀ + bias), aux = the argument
+ *   cuda_gemm_dgelu:     dx[T, n_in] = (dy[T, n_out]·w[n_out, n_in]) ⊙ gelu'(aux[T, n_in]) */
+nopad_status cuda_gemm_gelu_aux(nopad_dtype dtype, void *y, void *aux, const void *x, const void *w,
+                                const void *bias, int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                cudaStream_t stream);
+nopad_status cuda_gemm_dgelu(nopad_dtype dtype, void *dx, const void *dy, const void *w, const void *aux,
+                             int32_t n_tokens, int32_t n_in, int32_t n_out, cudaStream_t stream);
+
 /* 1 when the library was built with CUTLASS (the fused path exists), else 0. */
 int cuda_gemm_fused_available(void);
 int cuda_gemm_fused_n_configs(void);

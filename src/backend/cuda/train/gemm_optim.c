@@ -1,11 +1,13 @@
 /* CUDA training ops: gemm_backward (cuBLASLt for dx and dw32, a column sum for db32:
- * gemm_backward.{h,c}, bias_grad.cu) and the optimisers adamw, lamb, clip_grad_norm (multi-tensor
+ * gemm_backward.{h,c}, bias_grad.cu), the FFN's GELU fused into its GEMMs (gemm_act_aux,
+ * gemm_dx_act: gemm/cutlass_train.cu) and the optimisers adamw, lamb, clip_grad_norm (multi-tensor
  * kernels: optim.{h,cu}). Each op makes the backend's device current and enqueues on its stream;
  * none waits for the host. */
 #ifdef NOPAD_HAVE_CUDA
 
 #include <stdlib.h>
 
+#include "backend/cuda/gemm/cutlass.h"
 #include "backend/cuda/state.h"
 #include "backend/cuda/train/gemm_backward.h"
 #include "backend/cuda/train/optim.h"
@@ -73,6 +75,27 @@ static nopad_status cu_gemm_backward(nopad_backend *be, void *dx, float *dw32, f
     return st;
 }
 
+/* The FFN's exact GELU fused into its GEMMs (gemm/cutlass_train.cu); other activations and dtypes
+ * come back unsupported, and the step runs the unfused ops. */
+static nopad_status cu_gemm_act_aux(nopad_backend *be, void *y, void *aux, const void *x, const void *w,
+                                    const void *b, int32_t n_tokens, int32_t n_in, int32_t n_out,
+                                    nopad_activation act) {
+    CUDA_ENTER(be, s);
+    if (act != NOPAD_ACT_GELU)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda gemm_act_aux: fused for the exact GELU only");
+    if (n_tokens == 0) return NOPAD_OK;
+    return cuda_gemm_gelu_aux(be->dtype, y, aux, x, w, b, n_tokens, n_in, n_out, s->stream);
+}
+
+static nopad_status cu_gemm_dx_act(nopad_backend *be, void *dx, const void *dy, const void *w, const void *aux,
+                                   int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_activation act) {
+    CUDA_ENTER(be, s);
+    if (act != NOPAD_ACT_GELU)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda gemm_dx_act: fused for the exact GELU only");
+    if (n_tokens == 0) return NOPAD_OK;
+    return cuda_gemm_dgelu(be->dtype, dx, dy, w, aux, n_tokens, n_in, n_out, s->stream);
+}
+
 static nopad_status cu_adamw(nopad_backend *be, const nopad_opt_tensor *tensors, int32_t n_tensors,
                              const nopad_opt_step *h) {
     CUDA_ENTER(be, s);
@@ -97,6 +120,8 @@ static nopad_status cu_clip_grad_norm(nopad_backend *be, const nopad_opt_tensor 
 
 void cuda_train_install_gemm_optim(nopad_backend *be) {
     be->gemm_backward = cu_gemm_backward;
+    be->gemm_act_aux = cu_gemm_act_aux;
+    be->gemm_dx_act = cu_gemm_dx_act;
     be->adamw = cu_adamw;
     be->lamb = cu_lamb;
     be->clip_grad_norm = cu_clip_grad_norm;
