@@ -74,6 +74,7 @@ if "$NOPAD_CLI" train --model "$TMP/bare" --task classify --num-labels 2 --data 
     cat "$TMP/stderr"
     grep -q '^step 10/' "$TMP/stderr" || fail "classify: no progress line"
     grep -q 'new classification head' "$TMP/stderr" || fail "classify: the new head is not reported"
+    grep -q 'attention_probs_dropout_prob' "$TMP/stderr" && fail "classify: an attention dropout note without one in config.json"
     acc=$(sed -n 's/^eval accuracy: //p' "$TMP/stdout")
     [ -n "$acc" ] || fail "classify: no 'eval accuracy:' line: $(cat "$TMP/stdout")"
     [ -n "$acc" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" ||
@@ -95,6 +96,24 @@ if "$NOPAD_CLI" train --model "$TMP/bare" --task classify --num-labels 2 --data 
 else
     fail "classify: exit $?: $(cat "$TMP/stderr")"
 fi
+
+# ---- the recipe's attention-probability dropout is not applied yet: the run says so ------------
+mkdir "$TMP/bare_drop"
+cp "$TMP/bare/"* "$TMP/bare_drop/"
+python3 -c "import json; p='$TMP/bare_drop/config.json'; c=json.load(open(p)); c.update(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.1); json.dump(c, open(p, 'w'))"
+for dropout in config 0; do
+    extra=()
+    [ "$dropout" = 0 ] && extra=(--dropout 0)
+    "$NOPAD_CLI" train --model "$TMP/bare_drop" --task classify --num-labels 2 --data "$D/cls_train.jsonl" \
+        --output "$TMP/out_drop" --epochs 1 --batch-tokens 64 --stop-after 2 --threads 2 "${extra[@]}" \
+        >/dev/null 2>"$TMP/err_drop" || fail "attention dropout note ($dropout): $(cat "$TMP/err_drop")"
+    if [ "$dropout" = config ]; then
+        grep -q '^note: attention_probs_dropout_prob 0.1 (config.json) is not applied' "$TMP/err_drop" ||
+            fail "no note on the attention dropout it does not apply: $(cat "$TMP/err_drop")"
+    else
+        grep -q 'attention_probs_dropout_prob' "$TMP/err_drop" && fail "an attention dropout note with --dropout 0"
+    fi
+done
 
 # ---- masked LM, LAMB, on text lines ---------------------------------------------------------------
 python3 -c "

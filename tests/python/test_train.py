@@ -293,3 +293,21 @@ def test_eval_errors(cls_model, mlm_model, tmp_path):
     with pytest.raises(nopad.InvalidArgumentError, match="early_stop -2"):
         nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_data=ev,
                       eval_every=5, early_stop=-2)
+
+def test_attention_dropout_not_applied_is_warned(cls_model, tmp_path):
+    """BERT's attention_probs_dropout_prob is not applied yet: a run with dropout warns, one
+    without (dropout=0, or none in config.json) does not."""
+    import json
+    import warnings
+    d = tmp_path / "model"
+    shutil.copytree(cls_model, d)
+    config = json.loads((d / "config.json").read_text())
+    config.update(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.1)
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match=r"attention_probs_dropout_prob 0.1 .* not applied"):
+        nopad.Trainer(d, TRAIN / "cls_train.jsonl", tmp_path / "a", **fast(epochs=1)).train(on_step=lambda p: True)
+    for model, dropout in ((d, 0.0), (cls_model, None)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            nopad.Trainer(model, TRAIN / "cls_train.jsonl", tmp_path / ("b%s" % dropout),
+                          **fast(epochs=1, dropout=dropout)).train(on_step=lambda p: True)
