@@ -304,6 +304,23 @@ static nopad_status write_moments(const train_model *m, const char *dir) {
     return st;
 }
 
+/* model.safetensors (the float32 master weights) and config.json: what nopad and HF load. */
+static nopad_status write_weights(const train_model *m, const char *dir) {
+    const size_t n = (size_t)m->n_params;
+    float *host = malloc(n * sizeof *host);
+    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
+    nopad_status st = m->be->download(m->be, host, m->params, n * sizeof(float));
+    static const char *const plain[1] = {""};
+    if (st == NOPAD_OK) st = write_safetensors(m, host, plain, 1, dir, "model.safetensors");
+    free(host);
+    if (st == NOPAD_OK) {
+        cJSON *config = config_json(m);
+        st = write_json(dir, "config.json", config);
+        cJSON_Delete(config);
+    }
+    return st;
+}
+
 nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir) {
     if (!m || !state || !dir || !m->params)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save: NULL argument");
@@ -318,19 +335,8 @@ nopad_status train_checkpoint_save(const train_model *m, const train_state *stat
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return nopad_set_error(NOPAD_ERR_IO, "%s: not a folder", dir);
-    const size_t n = (size_t)m->n_params;
-    float *host = malloc(n * sizeof *host);
-    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
-    nopad_status st = m->be->download(m->be, host, m->params, n * sizeof(float));
-    static const char *const plain[1] = {""};
-    if (st == NOPAD_OK) st = write_safetensors(m, host, plain, 1, dir, "model.safetensors");
+    nopad_status st = write_weights(m, dir);
     if (st == NOPAD_OK) st = write_moments(m, dir);
-    free(host);
-    if (st == NOPAD_OK) {
-        cJSON *config = config_json(m);
-        st = write_json(dir, "config.json", config);
-        cJSON_Delete(config);
-    }
     if (st == NOPAD_OK) {
         cJSON *s = state_json(m, state);
         st = write_json(dir, "trainer_state.json", s);
@@ -630,18 +636,7 @@ nopad_status train_checkpoint_save_weights(const train_model *m, const train_eva
     snprintf(path, sizeof path, "%s/eval_results.json", dir);
     if (remove(path) != 0 && errno != ENOENT)
         return nopad_set_error(NOPAD_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
-    const size_t n = (size_t)m->n_params;
-    float *host = malloc(n * sizeof *host);
-    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
-    nopad_status st = m->be->download(m->be, host, m->params, n * sizeof(float));
-    static const char *const plain[1] = {""};
-    if (st == NOPAD_OK) st = write_safetensors(m, host, plain, 1, dir, "model.safetensors");
-    free(host);
-    if (st == NOPAD_OK) {
-        cJSON *config = config_json(m);
-        st = write_json(dir, "config.json", config);
-        cJSON_Delete(config);
-    }
+    nopad_status st = write_weights(m, dir);
     if (st == NOPAD_OK) {
         cJSON *r = cJSON_CreateObject();
         if (r) {
