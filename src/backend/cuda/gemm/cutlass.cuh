@@ -77,12 +77,14 @@ struct Cfg1 {
  * is below fp32 anyway): the IEEE and denormal-safe forms (1/d, __fdividef, __expf) add compare
  * and rescale instructions that cost the kernel 20-25% on an H200. Absolute error <= 5e-7·max(1,
  * |x|) against double-precision erf: 3 orders of magnitude under an fp16 or bf16 output's
- * rounding, and as exact as PyTorch's fp32 erf GELU to within that. ~15 instructions, 2 MUFU. */
-CUTLASS_HOST_DEVICE float gelu_erf(float x) {
+ * rounding, and as exact as PyTorch's fp32 erf GELU to within that. ~15 instructions, 2 MUFU.
+ * half_erfc_abs returns ½erfc(|x|/√2) and exp(-x²/2) in e (GELU's derivative uses both:
+ * cutlass_train.cu). */
+CUTLASS_HOST_DEVICE float half_erfc_abs(float x, float &e) {
     /* 1/√2 folded into p (0.3275911/√2) and -log2(e) into the exponent; ½ into P's coefficients */
     const float d = fmaf(0.23164188826636045f, fabsf(x), 1.0f);
     const float q = x * x * -0.72134752044448170f; /* -z²·log2(e), z = |x|/√2 */
-    float t, e;
+    float t;
 #ifdef __CUDA_ARCH__
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(d));
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(q));
@@ -94,7 +96,12 @@ CUTLASS_HOST_DEVICE float gelu_erf(float x) {
     p = fmaf(p, t, 0.7107068705f);
     p = fmaf(p, t, -0.142248368f);
     p = fmaf(p, t, 0.127414796f);
-    const float half_erfc = p * t * e;
+    return p * t * e;
+}
+
+CUTLASS_HOST_DEVICE float gelu_erf(float x) {
+    float e; /* exp(-x²/2), unused here */
+    const float half_erfc = half_erfc_abs(x, e);
     return x * (x >= 0.0f ? 1.0f - half_erfc : half_erfc);
 }
 

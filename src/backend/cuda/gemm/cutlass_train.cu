@@ -26,21 +26,8 @@ namespace nopad_gemm {
 
 /* gelu'(x) = Φ(x) + x·φ(x), φ(x) = exp(-x²/2)/√(2π), from gelu_erf's terms (same error bound). */
 CUTLASS_HOST_DEVICE float gelu_erf_grad(float x) {
-    const float d = fmaf(0.23164188826636045f, fabsf(x), 1.0f);
-    const float q = x * x * -0.72134752044448170f; /* -x²/2·log2(e) */
-    float t, e;
-#ifdef __CUDA_ARCH__
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(d));
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(q));
-#else
-    t = 1.0f / d;
-    e = exp2f(q);
-#endif
-    float p = fmaf(0.5307027145f, t, -0.7265760135f);
-    p = fmaf(p, t, 0.7107068705f);
-    p = fmaf(p, t, -0.142248368f);
-    p = fmaf(p, t, 0.127414796f);
-    const float half_erfc = p * t * e;
+    float e; /* exp(-x²/2) */
+    const float half_erfc = half_erfc_abs(x, e);
     const float cdf = x >= 0.0f ? 1.0f - half_erfc : half_erfc;
     return fmaf(x * 0.3989422804014327f, e, cdf);
 }
