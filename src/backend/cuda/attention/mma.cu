@@ -31,30 +31,6 @@
 #include "backend/cuda/common.h"
 #include "backend/cuda/ptx_helpers.cuh"
 
-/* Copies rows [row0, row0+ROWS) of one head's Q, K or V (src points at row 0 of the sequence;
- * row0 < len) into a shared tile [ROWS][D+8]; rows at or past `len` are zero-filled, their source
- * address clamped to the last row so that it stays mapped. The 8-element pad per row spreads
- * ldmatrix's eight 16-byte row reads over all 32 banks. Thread t copies chunk t % CHUNKS of rows
- * t / CHUNKS + i * THREADS / CHUNKS: per-thread constant offsets and one 64-bit base per tile, as in
- * wgmma.cu's load_tile_sw (a 64-bit multiply and a bounds check per chunk cost the wgmma kernels
- * 10-20%; docs/attention.md). */
-template <int ROWS, int D, int THREADS>
-static __device__ __forceinline__ void load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride,
-                                                 int row0, int len, int tid) {
-    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-    constexpr int LDS = D + 8;
-    constexpr int ROW_STEP = THREADS / CHUNKS;  // rows between a thread's chunks
-    static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "whole rows per pass");
-    const uint16_t *tile = src + (size_t)row0 * row_stride;
-    const int last = len - row0 - 1;  // >= 0
-    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
-#pragma unroll
-    for (int i = 0; i < ROWS / ROW_STEP; i++) {
-        const int r = r0 + i * ROW_STEP;
-        cp_async16(dst + r * LDS + ch * 8, tile + (min(r, last) * (int)row_stride + ch * 8), r <= last);
-    }
-}
-
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
 template <int D, int NWARPS, int BLOCK_N, bool BF16>
@@ -156,33 +132,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
                 }
         }
 
-        /* online softmax: the 4 threads of a quad share a row */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[r], mx);
-            /* a row with no visible key yet (causal) keeps -inf; subtract 0 so exp2 gives 0, not NaN */
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-            const float alpha = fast_exp2(fmaf(m_run[r], scale_log2, -m_use));
-            m_run[r] = m_new;
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < NT; t++) {  /* one FFMA + one MUFU per score */
-                s[t][2 * r] = fast_exp2(fmaf(s[t][2 * r], scale_log2, -m_use));
-                s[t][2 * r + 1] = fast_exp2(fmaf(s[t][2 * r + 1], scale_log2, -m_use));
-                sum += s[t][2 * r] + s[t][2 * r + 1];
-            }
-            l_run[r] = l_run[r] * alpha + sum;
-#pragma unroll
-            for (int t = 0; t < DT; t++) {
-                o[t][2 * r] *= alpha;
-                o[t][2 * r + 1] *= alpha;
-            }
-        }
+        online_softmax_tile<NT, DT>(s, o, m_run, l_run, scale_log2);
 
         /* O += P V. The S accumulators of n-tiles 2k, 2k+1 are exactly the A fragment of k-step k.
          * V rows in shared memory are B in row-major: ldmatrix.trans. */
@@ -206,24 +156,8 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
                 lse[(size_t)(start + row) * n_heads + head] = (m_run[r] * scale_log2 + log2f(l)) * 0.6931471805599453f;
         }
     }
-    uint16_t *sO = sQ + warp * 16 * LDS;
     __syncwarp();  // every lane's ldmatrix of these Q rows is done before any lane overwrites them
-#pragma unroll
-    for (int t = 0; t < DT; t++) {
-        const int col = t * 8 + (lane & 3) * 2;
-        *reinterpret_cast<uint32_t *>(sO + (lane / 4) * LDS + col) = pack2<BF16>(o[t][0] * inv[0], o[t][1] * inv[0]);
-        *reinterpret_cast<uint32_t *>(sO + (lane / 4 + 8) * LDS + col) = pack2<BF16>(o[t][2] * inv[1], o[t][3] * inv[1]);
-    }
-    __syncwarp();
-    constexpr int CHUNKS = D / 8;
-#pragma unroll
-    for (int c = lane; c < 16 * CHUNKS; c += 32) {
-        const int r = c / CHUNKS, ch = c % CHUNKS;
-        const int row = m0 + warp * 16 + r;
-        if (row < len)
-            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * LDS + ch * 8);
-    }
+    store_warp_rows<BF16, D>(out, sQ + warp * 16 * LDS, o, inv, lane, m0 + warp * 16, len, start, hidden, head);
 }
 
 /* ---- launcher ----------------------------------------------------------------------------------- */

@@ -93,25 +93,6 @@ rel_proj_kernel(float *__restrict__ c2p, float *__restrict__ p2c, const T *__res
     }
 }
 
-/* Rows [row0, row0+ROWS) of one head's Q, K or V into a shared tile [ROWS][D+8], rows at or past
- * `len` zero-filled (attention/mma.cu's load_tile; the pad spreads ldmatrix's rows over the banks). */
-template <int ROWS, int D, int THREADS>
-static __device__ __forceinline__ void rel_load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride,
-                                                     int row0, int len, int tid) {
-    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-    constexpr int LDS = D + 8;
-    constexpr int ROW_STEP = THREADS / CHUNKS;
-    static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "whole rows per pass");
-    const uint16_t *tile = src + (size_t)row0 * row_stride;
-    const int last = len - row0 - 1;  // >= 0
-    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
-#pragma unroll
-    for (int i = 0; i < ROWS / ROW_STEP; i++) {
-        const int r = r0 + i * ROW_STEP;
-        cp_async16(dst + r * LDS + ch * 8, tile + (min(r, last) * (int)row_stride + ch * 8), r <= last);
-    }
-}
-
 /* ---- 2b. any head size <= 128: one warp per (query token, head), as attention/generic.cu ---- */
 
 template <typename T>
@@ -311,9 +292,9 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const bool c2p = rt.pos_key != NULL, p2c = rt.pos_query != NULL;
 
-    rel_load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
-    rel_load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
-    rel_load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
+    load_tile<BLOCK_M, D, THREADS>(sQ, q_g, row_stride, m0, len, tid);
+    load_tile<BLOCK_N, D, THREADS>(sK, k_g, row_stride, 0, len, tid);
+    load_tile<BLOCK_N, D, THREADS>(sV, v_g, row_stride, 0, len, tid);
     window_load<D>(sWk, sWq, rt, head, hidden, m0, tid);
     cp_async_commit();
     cp_async_wait_all();
@@ -333,8 +314,8 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         __syncthreads();  // tile j and its windows visible; every warp done with tile j - 1 (and Q's tile)
         if (j + 1 < n_tiles) {
             const int nb = (j + 1) & 1;
-            rel_load_tile<BLOCK_N, D, THREADS>(sK + nb * BLOCK_N * LDS, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
-            rel_load_tile<BLOCK_N, D, THREADS>(sV + nb * BLOCK_N * LDS, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile<BLOCK_N, D, THREADS>(sK + nb * BLOCK_N * LDS, k_g, row_stride, (j + 1) * BLOCK_N, len, tid);
+            load_tile<BLOCK_N, D, THREADS>(sV + nb * BLOCK_N * LDS, v_g, row_stride, (j + 1) * BLOCK_N, len, tid);
             cp_async_commit();
         }
         const uint16_t *k_s = sK + (j & 1) * BLOCK_N * LDS;
@@ -382,31 +363,7 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         if (n0 + BLOCK_N <= len) add_rel_terms<true, NT>(s, sCs, sPt, c2p, p2c, qw, lane, n0, len);
         else add_rel_terms<false, NT>(s, sCs, sPt, c2p, p2c, qw, lane, n0, len);
 
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int t = 0; t < NT; t++) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[r], mx);
-            const float m_use = m_new * scale_log2;
-            const float alpha = fast_exp2(fmaf(m_run[r], scale_log2, -m_use));
-            m_run[r] = m_new;
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                s[t][2 * r] = fast_exp2(fmaf(s[t][2 * r], scale_log2, -m_use));
-                s[t][2 * r + 1] = fast_exp2(fmaf(s[t][2 * r + 1], scale_log2, -m_use));
-                sum += s[t][2 * r] + s[t][2 * r + 1];
-            }
-            l_run[r] = l_run[r] * alpha + sum;
-#pragma unroll
-            for (int t = 0; t < DT; t++) {
-                o[t][2 * r] *= alpha;
-                o[t][2 * r + 1] *= alpha;
-            }
-        }
+        online_softmax_tile<NT, DT>(s, o, m_run, l_run, scale_log2);
 
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; kk++)
@@ -416,23 +373,7 @@ attention_rel_fused_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     float inv[2];
     quad_row_inverse(l_run, inv);
     __syncthreads();  // every warp is done with sCs: its space stages the output
-    uint16_t *sO = sQ + warp * 16 * LDS;
-#pragma unroll
-    for (int t = 0; t < DT; t++) {
-        const int col = t * 8 + (lane & 3) * 2;
-        *reinterpret_cast<uint32_t *>(sO + (lane / 4) * LDS + col) = pack2<BF16>(o[t][0] * inv[0], o[t][1] * inv[0]);
-        *reinterpret_cast<uint32_t *>(sO + (lane / 4 + 8) * LDS + col) = pack2<BF16>(o[t][2] * inv[1], o[t][3] * inv[1]);
-    }
-    __syncwarp();
-    constexpr int CHUNKS = D / 8;
-#pragma unroll
-    for (int c = lane; c < 16 * CHUNKS; c += 32) {
-        const int r = c / CHUNKS, ch = c % CHUNKS;
-        const int row = m0 + warp * 16 + r;
-        if (row < len)
-            *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sO + r * LDS + ch * 8);
-    }
+    store_warp_rows<BF16, D>(out, sQ + warp * 16 * LDS, o, inv, lane, m0 + warp * 16, len, start, hidden, head);
 }
 
 template <int D, bool BF16>

@@ -47,6 +47,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "backend/cuda/attention/common.cuh"
 #include "backend/cuda/attention/kernels.h"
 #include "backend/cuda/common.h"
 #include "backend/cuda/ptx_helpers.cuh"
@@ -59,27 +60,6 @@ extern "C" {
 enum { BWD_WARPS = 4, BWD_THREADS = BWD_WARPS * 32, BWD_BLOCK_N = 16 * BWD_WARPS };
 
 /* ---- shared-memory staging ----------------------------------------------------------------------- */
-
-/* Copies rows [row0, row0 + ROWS) of one head's Q, K, V or dO (src: the sequence's row 0; rows
- * row_stride elements apart; row0 < len) into a shared tile [ROWS][D + 8]; rows at or past len are
- * zero-filled (their source clamped to the last row, so it stays mapped). The 8-element pad spreads
- * ldmatrix's eight 16-byte row reads over all 32 banks. As attention/mma.cu's load_tile. */
-template <int ROWS, int D>
-static __device__ __forceinline__ void bwd_load_tile(uint16_t *dst, const uint16_t *src, size_t row_stride, int row0,
-                                                     int len, int tid) {
-    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-    constexpr int LDS = D + 8;
-    constexpr int ROW_STEP = BWD_THREADS / CHUNKS;
-    static_assert(BWD_THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "whole rows per pass");
-    const uint16_t *tile = src + (size_t)row0 * row_stride;
-    const int last = len - row0 - 1;  // >= 0
-    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
-#pragma unroll
-    for (int i = 0; i < ROWS / ROW_STEP; i++) {
-        const int r = r0 + i * ROW_STEP;
-        cp_async16(dst + r * LDS + ch * 8, tile + (min(r, last) * (int)row_stride + ch * 8), r <= last);
-    }
-}
 
 /* 4-byte async copy global -> shared, zero-filled when !valid. */
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
@@ -195,16 +175,16 @@ attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D
     /* query block m0's Q, dO, lse and dsum into buffer b; rows past len zero-filled (their lse of 0
      * is harmless: those scores are masked) */
     auto load_query_block = [&](int m0, int b) {
-        bwd_load_tile<BLOCK_M, D>(sQ + b * BLOCK_M * LDS, q_g, row_stride, m0, len, tid);
-        bwd_load_tile<BLOCK_M, D>(sdO + b * BLOCK_M * LDS, do_g, (size_t)hidden, m0, len, tid);
+        load_tile<BLOCK_M, D, BWD_THREADS>(sQ + b * BLOCK_M * LDS, q_g, row_stride, m0, len, tid);
+        load_tile<BLOCK_M, D, BWD_THREADS>(sdO + b * BLOCK_M * LDS, do_g, (size_t)hidden, m0, len, tid);
         if (tid < BLOCK_M) {
             const int q = min(m0 + tid, len - 1);
             cp_async4(sL + b * BLOCK_M + tid, lse_g + (size_t)q * n_heads, m0 + tid < len);
             cp_async4(sDs + b * BLOCK_M + tid, dsum_g + (size_t)q * n_heads, m0 + tid < len);
         }
     };
-    bwd_load_tile<BLOCK_N, D>(sK, k_g, row_stride, n0, len, tid);
-    bwd_load_tile<BLOCK_N, D>(sV, v_g, row_stride, n0, len, tid);
+    load_tile<BLOCK_N, D, BWD_THREADS>(sK, k_g, row_stride, n0, len, tid);
+    load_tile<BLOCK_N, D, BWD_THREADS>(sV, v_g, row_stride, n0, len, tid);
     load_query_block(m_begin, 0);
     cp_async_commit();
 
