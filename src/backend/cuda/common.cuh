@@ -32,8 +32,8 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
     return __float2bfloat16_rn(x);
 }
 
-/* Loads VEC consecutive elements as floats (VEC == 8: one 16-byte load; the caller guarantees the
- * alignment, which holds when dim % 8 == 0). */
+/* Loads VEC consecutive elements as floats (VEC == 8: one 16-byte load, VEC == 4: one 8-byte load;
+ * the caller guarantees the alignment, which holds when dim % VEC == 0). */
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(float *dst, const T *src) {
     if (VEC == 8) {
@@ -41,6 +41,11 @@ __device__ __forceinline__ void load_vec(float *dst, const T *src) {
         const T *p = reinterpret_cast<const T *>(&raw);
 #pragma unroll
         for (int j = 0; j < 8; j++) dst[j] = to_f32(p[j]);
+    } else if (VEC == 4) {
+        uint2 raw = *reinterpret_cast<const uint2 *>(src);
+        const T *p = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < 4; j++) dst[j] = to_f32(p[j]);
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; j++) dst[j] = to_f32(src[j]);
@@ -55,6 +60,12 @@ __device__ __forceinline__ void store_vec(T *dst, const float *src) {
 #pragma unroll
         for (int j = 0; j < 8; j++) p[j] = from_f32<T>(src[j]);
         *reinterpret_cast<uint4 *>(dst) = raw;
+    } else if (VEC == 4) {
+        uint2 raw;
+        T *p = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < 4; j++) p[j] = from_f32<T>(src[j]);
+        *reinterpret_cast<uint2 *>(dst) = raw;
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; j++) dst[j] = from_f32<T>(src[j]);

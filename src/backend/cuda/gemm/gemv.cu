@@ -1,26 +1,33 @@
 /* Linear layers of a decode step (gemv.h): y[T, N] = epilogue(x[T, K] · w[N, K]ᵀ), T <= 32.
  *
  * Work split. A CTA (8 warps) owns 16 output features (16 rows of w; for SwiGLU also the 16 rows
- * F further down that hold their up projection) and all of K: its warps split K into 8 ranges of
- * 32-element blocks. grid = ceil(N / 16) CTAs: 128 for a 2048-wide layer, 2000 for a 32000-word LM
- * head. The partial sums of the 8 warps meet in shared memory and are added in warp order.
+ * F further down that hold their up projection) and all of K, cut into chunks of KC elements (128;
+ * 64 for SwiGLU's two row sets): chunk c belongs to warp c % 8. grid = ceil(N / 16) CTAs: 128 for
+ * a 2048-wide layer, 2000 for a 32000-word LM head. The partial sums of the 8 warps meet in shared
+ * memory and are added in warp order.
  *
- * No shared memory for the operands. One m16n8k16 MMA takes w as A (16 features x 16 k) and x as
- * B (16 k x 8 tokens). The order of k inside a block does not change a dot product, so a lane
- * (g = lane / 4, q = lane % 4) loads 8 consecutive elements, k = 8q .. 8q+7 of a 32-element
- * block, of weight rows g and g + 8 (two 16-byte loads) and of token row g (one 16-byte load), and
- * the block becomes two MMAs: the first reads elements 8q .. 8q+3 where the fragment layout asks
- * for columns 2q, 2q+1, 2q+8, 2q+9, the second 8q+4 .. 8q+7; A and B agree on that permutation,
- * so the products are those of the true k order. Every weight byte is loaded once, by one lane,
- * with a 16-byte load that bypasses L1 (it is never read again in the step), straight into the
- * registers the MMA reads.
+ * Weights through shared memory by bulk copies. Each warp has two slots of one chunk; its lanes
+ * each issue one row's bulk copy (cp.async.bulk, completing on the slot's mbarrier), so a chunk
+ * costs one instruction a row. The warp's first two chunks are requested before
+ * griddepcontrol.wait (programmatic dependent launch): the weights do not depend on the kernel
+ * ahead, so they stream in while it finishes, and a 2048-wide layer's CTA has all of its 64 KB
+ * requested before the wait. Each later chunk is requested as soon as its slot is read. x, the
+ * residual and y are touched only after the wait; x is read through L2 (.cg): the kernel ahead
+ * has just written it.
  *
- * Latency. Each warp keeps two chunks of 4 blocks (2 with SwiGLU's two row sets) in flight: the
- * next chunk's weights are requested before the current chunk's MMAs, 8 KB a warp, 64 KB a CTA.
- * The first chunk is requested before griddepcontrol.wait (programmatic dependent launch): the
- * weights do not depend on the kernel ahead, so a layer's weights stream in while the norm before
- * it finishes; x, the residual and y are touched only after the wait. x is read through L2 (.cg):
- * the kernel ahead has just written it. */
+ * Against the first version of this kernel, which loaded the weights straight into registers with
+ * two chunks of 4 KB a warp in flight and only the first chunk requested before the wait, the
+ * linear layers of a LLaMA-1B step at 1 token took 550 µs instead of 625 (H200; qkv 84 -> 61 µs, o
+ * 80 -> 53, down 170 -> 143, gate|up 254 -> 264), and the decode step 1 x 512 0.805 ms instead of
+ * 0.855 (docs/gemm.md).
+ *
+ * One m16n8k16 MMA takes w as A (16 features x 16 k) and x as B (16 k x 8 tokens). The order of k
+ * inside a 32-element block does not change a dot product, so a lane (g = lane / 4, q = lane % 4)
+ * reads 8 consecutive elements, k = 8q .. 8q+7 of the block, of weight rows g and g + 8 (two
+ * 16-byte shared loads) and of token row g (one 16-byte load), and the block becomes two MMAs: the
+ * first reads elements 8q .. 8q+3 where the fragment layout asks for columns 2q, 2q+1, 2q+8,
+ * 2q+9, the second 8q+4 .. 8q+7; A and B agree on that permutation, so the products are those of
+ * the true k order. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,15 +54,6 @@ struct gemv_params {
     int act;     /* OUT_DTYPE: a nopad_activation, < 0 none */
 };
 
-/* 16 bytes of weights: read once, never again in the step (no L1 allocation); volatile keeps them
- * ahead of griddepcontrol.wait */
-__device__ __forceinline__ uint4 load_weights(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 /* 16 bytes of activations through L2: written by the kernel just ahead */
 __device__ __forceinline__ uint4 load_activations(const void *p) {
     uint4 v;
@@ -75,89 +73,16 @@ template <bool BF16> __device__ __forceinline__ uint16_t from_float(float v) {
     return __half_as_ushort(__float2half_rn(v));
 }
 
+/* The warps' partial sums (acc[s][j][r]: feature g + 8·(r / 2), token 8j + 2q + r % 2) meet in
+ * `partial` [WARPS][ACC][32] and are added in warp order; then the epilogue and the store. */
 template <bool BF16, int NT, int OUT>
-__global__ void __launch_bounds__(THREADS) gemv_kernel(const gemv_params p) {
-    constexpr int SETS = OUT == OUT_SWIGLU ? 2 : 1; /* row sets: gate (and up) */
-    constexpr int UNROLL = 4 / SETS;                /* 32-element blocks per chunk */
-    constexpr int ACC = SETS * NT * 4;              /* accumulators a lane holds */
-    __shared__ float partial[WARPS][ACC][32];
-
-    allow_dependent_launch();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+__device__ __forceinline__ void finish(const gemv_params &p, const float (&acc)[OUT == OUT_SWIGLU ? 2 : 1][NT][4],
+                                       float *partial_flat) {
+    constexpr int SETS = OUT == OUT_SWIGLU ? 2 : 1;
+    constexpr int ACC = SETS * NT * 4;
+    float(*partial)[ACC][32] = reinterpret_cast<float(*)[ACC][32]>(partial_flat);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int n0 = blockIdx.x * FEATS;
-    const int n_blocks = (p.K + KBLOCK - 1) / KBLOCK;
-    const int kb_begin = warp * n_blocks / WARPS, kb_end = (warp + 1) * n_blocks / WARPS;
-
-    const uint16_t *w = static_cast<const uint16_t *>(p.w), *x = static_cast<const uint16_t *>(p.x);
-    const uint16_t *w_row[SETS][2];
-    bool w_ok[SETS][2];
-#pragma unroll
-    for (int s = 0; s < SETS; s++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int n = n0 + g + 8 * h;
-            w_ok[s][h] = n < p.N;
-            w_row[s][h] = w + ((size_t)s * p.N + (w_ok[s][h] ? n : 0)) * p.K + 8 * q;
-        }
-    const uint16_t *x_row[NT];
-    bool x_ok[NT];
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int t = 8 * j + g;
-        x_ok[j] = t < p.T;
-        x_row[j] = x + (size_t)(x_ok[j] ? t : 0) * p.K + 8 * q;
-    }
-
-    float acc[SETS][NT][4];
-#pragma unroll
-    for (int s = 0; s < SETS; s++)
-#pragma unroll
-        for (int j = 0; j < NT; j++) acc[s][j][0] = acc[s][j][1] = acc[s][j][2] = acc[s][j][3] = 0.0f;
-
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    uint4 wa[UNROLL][SETS][2], wb[UNROLL][SETS][2];
-    /* the lane's 8 elements of block kb lie inside K (K % 8 == 0) */
-#define BLOCK_OK(kb) ((kb) < kb_end && (kb) * KBLOCK + 8 * q < p.K)
-#define LOAD_W(dst, kb0)                                                                           \
-    _Pragma("unroll") for (int u = 0; u < UNROLL; u++) {                                           \
-        const int kb = (kb0) + u;                                                                  \
-        _Pragma("unroll") for (int s = 0; s < SETS; s++) _Pragma("unroll") for (int h = 0; h < 2; h++) \
-            dst[u][s][h] = BLOCK_OK(kb) && w_ok[s][h] ? load_weights(w_row[s][h] + (size_t)kb * KBLOCK) : zero; \
-    }
-    LOAD_W(wa, kb_begin);
-    wait_for_upstream_grid();
-    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += UNROLL) {
-        uint4 xa[UNROLL][NT];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                xa[u][j] = BLOCK_OK(kb0 + u) && x_ok[j] ? load_activations(x_row[j] + (size_t)(kb0 + u) * KBLOCK) : zero;
-        const bool more = kb0 + UNROLL < kb_end;
-        if (more) LOAD_W(wb, kb0 + UNROLL);
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++)
-#pragma unroll
-            for (int s = 0; s < SETS; s++) {
-                const uint4 r0 = wa[u][s][0], r1 = wa[u][s][1];
-                const uint32_t a_lo[4] = {r0.x, r1.x, r0.y, r1.y}, a_hi[4] = {r0.z, r1.z, r0.w, r1.w};
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    mma16816<BF16>(acc[s][j], a_lo, xa[u][j].x, xa[u][j].y);
-                    mma16816<BF16>(acc[s][j], a_hi, xa[u][j].z, xa[u][j].w);
-                }
-            }
-        if (more) {
-#pragma unroll
-            for (int u = 0; u < UNROLL; u++)
-#pragma unroll
-                for (int s = 0; s < SETS; s++) wa[u][s][0] = wb[u][s][0], wa[u][s][1] = wb[u][s][1];
-        }
-    }
-#undef LOAD_W
-#undef BLOCK_OK
-
-    /* acc[s][j][r]: feature g + 8·(r / 2), token 8j + 2q + r % 2 */
 #pragma unroll
     for (int s = 0; s < SETS; s++)
 #pragma unroll
@@ -189,10 +114,130 @@ __global__ void __launch_bounds__(THREADS) gemv_kernel(const gemv_params p) {
     }
 }
 
-template <bool BF16, int OUT> void (*pick(int T))(gemv_params) {
-    if (T <= 8) return gemv_kernel<BF16, 1, OUT>;
-    if (T <= 16) return gemv_kernel<BF16, 2, OUT>;
-    return gemv_kernel<BF16, 4, OUT>;
+/* The shared memory of a CTA: each warp's two slots of one chunk (16 rows, both row sets for
+ * SwiGLU, of KC elements of k), later the partial sums, and each warp's two barriers. A row of a
+ * slot is KC·2 + 64 bytes (≡ 64 mod 128): the 16-byte loads of rows g and g + 1 fall in opposite
+ * bank halves. */
+template <bool BF16, int NT, int OUT> struct smem_layout {
+    static constexpr int SETS = OUT == OUT_SWIGLU ? 2 : 1;
+    static constexpr int KC = 128 / SETS;
+    static constexpr int ROW = KC * 2 + 64;
+    static constexpr int SLOT = SETS * FEATS * ROW;
+    static constexpr int ACC = SETS * NT * 4;
+    static constexpr int SLOTS_BYTES = WARPS * 2 * SLOT;
+    static constexpr int PARTIAL_BYTES = WARPS * ACC * 32 * 4;
+    static constexpr int SMEM = (SLOTS_BYTES > PARTIAL_BYTES ? SLOTS_BYTES : PARTIAL_BYTES) + WARPS * 2 * 8;
+};
+
+template <bool BF16, int NT, int OUT>
+__global__ void __launch_bounds__(THREADS) gemv_kernel(const gemv_params p) {
+    using S = smem_layout<BF16, NT, OUT>;
+    constexpr int SETS = S::SETS, KC = S::KC, ROW = S::ROW, SLOT = S::SLOT;
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *slots = smem; /* [WARPS][2][SLOT]; the partial sums after the last chunk */
+    uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (S::SLOTS_BYTES > S::PARTIAL_BYTES ? S::SLOTS_BYTES
+                                                                                           : S::PARTIAL_BYTES));
+
+    allow_dependent_launch();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const int n0 = blockIdx.x * FEATS;
+    const int n_chunks = (p.K + KC - 1) / KC;
+    const int my_chunks = warp < n_chunks ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
+    uint64_t *bar = bars + 2 * warp;
+    unsigned char *my_slots = slots + (size_t)warp * 2 * SLOT;
+    const char *w = static_cast<const char *>(p.w);
+    const int n_rows = min(FEATS, p.N - n0);
+
+    if (lane == 0) {
+        mbar_init(&bar[0], 1);
+        mbar_init(&bar[1], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    /* chunk i of this warp into slot i % 2: one bulk copy a row, a lane each */
+    auto request = [&](int i) {
+        const int k0 = (warp + WARPS * i) * KC;
+        const uint32_t row_bytes = (uint32_t)min(KC, p.K - k0) * 2;
+        if (lane == 0) mbar_arrive_expect_tx(&bar[i & 1], row_bytes * n_rows * SETS);
+        __syncwarp();
+        if (lane < SETS * FEATS && lane % FEATS < n_rows) {
+            const int set = lane / FEATS, r = lane % FEATS;
+            bulk_copy_g2s(my_slots + (i & 1) * SLOT + (set * FEATS + r) * ROW,
+                          w + (((size_t)set * p.N + n0 + r) * p.K + k0) * 2, row_bytes, &bar[i & 1]);
+        }
+    };
+    if (my_chunks > 0) request(0);
+    if (my_chunks > 1) request(1);
+    wait_for_upstream_grid();
+
+    const uint16_t *x = static_cast<const uint16_t *>(p.x);
+    const uint16_t *x_row[NT];
+    bool x_ok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int t = 8 * j + g;
+        x_ok[j] = t < p.T;
+        x_row[j] = x + (size_t)(x_ok[j] ? t : 0) * p.K + 8 * q;
+    }
+    float acc[SETS][NT][4];
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[s][j][0] = acc[s][j][1] = acc[s][j][2] = acc[s][j][3] = 0.0f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    constexpr int BLOCKS = KC / KBLOCK;
+    for (int i = 0; i < my_chunks; i++) {
+        const int k0 = (warp + WARPS * i) * KC;
+        uint4 xa[BLOCKS][NT];
+#pragma unroll
+        for (int b = 0; b < BLOCKS; b++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int k = k0 + b * KBLOCK + 8 * q;
+                xa[b][j] = k < p.K && x_ok[j] ? load_activations(x_row[j] + k0 + b * KBLOCK) : zero;
+            }
+        mbar_wait(&bar[i & 1], (i >> 1) & 1);
+        const unsigned char *slot = my_slots + (i & 1) * SLOT;
+#pragma unroll
+        for (int b = 0; b < BLOCKS; b++) {
+            const bool ok = k0 + b * KBLOCK + 8 * q < p.K;
+#pragma unroll
+            for (int s = 0; s < SETS; s++) {
+                const unsigned char *a_base = slot + (s * FEATS + g) * ROW + (b * KBLOCK + 8 * q) * 2;
+                const uint4 r0 = ok ? *reinterpret_cast<const uint4 *>(a_base) : zero;
+                const uint4 r1 = ok ? *reinterpret_cast<const uint4 *>(a_base + 8 * ROW) : zero;
+                const uint32_t a_lo[4] = {r0.x, r1.x, r0.y, r1.y}, a_hi[4] = {r0.z, r1.z, r0.w, r1.w};
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    mma16816<BF16>(acc[s][j], a_lo, xa[b][j].x, xa[b][j].y);
+                    mma16816<BF16>(acc[s][j], a_hi, xa[b][j].z, xa[b][j].w);
+                }
+            }
+        }
+        __syncwarp(); /* every lane has read the slot before it is refilled */
+        if (i + 2 < my_chunks) request(i + 2);
+    }
+    __syncthreads(); /* the slots become the partial sums */
+    finish<BF16, NT, OUT>(p, acc, reinterpret_cast<float *>(slots));
+}
+
+template <bool BF16, int NT, int OUT> cudaError_t launch_nt(const gemv_params &p, cudaStream_t stream) {
+    constexpr int smem = smem_layout<BF16, NT, OUT>::SMEM;
+    static bool configured = false; /* racing first calls set the same attribute */
+    if (!configured) {
+        const cudaError_t e = cudaFuncSetAttribute(gemv_kernel<BF16, NT, OUT>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) return e;
+        configured = true;
+    }
+    return launch_maybe_pdl(gemv_kernel<BF16, NT, OUT>, dim3((unsigned)((p.N + FEATS - 1) / FEATS)),
+                            dim3(THREADS), smem, stream, cuda_pdl_enabled() != 0, p);
+}
+/* NT groups of 8 tokens: the kernel for T <= 8, 16 or 32 */
+template <bool BF16, int OUT> cudaError_t launch_t(const gemv_params &p, cudaStream_t stream) {
+    if (p.T <= 8) return launch_nt<BF16, 1, OUT>(p, stream);
+    if (p.T <= 16) return launch_nt<BF16, 2, OUT>(p, stream);
+    return launch_nt<BF16, 4, OUT>(p, stream);
 }
 
 nopad_status launch(const char *what, nopad_dtype dtype, int out, const gemv_params &p, void *stream) {
@@ -205,12 +250,11 @@ nopad_status launch(const char *what, nopad_dtype dtype, int out, const gemv_par
     if (((uintptr_t)p.x | (uintptr_t)p.w) & 15u)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: x and w must be 16-byte aligned", what);
     const bool bf16 = dtype == NOPAD_DTYPE_BF16;
-    void (*kernel)(gemv_params) =
-        out == OUT_F32      ? (bf16 ? pick<true, OUT_F32>(p.T) : pick<false, OUT_F32>(p.T))
-        : out == OUT_SWIGLU ? (bf16 ? pick<true, OUT_SWIGLU>(p.T) : pick<false, OUT_SWIGLU>(p.T))
-                            : (bf16 ? pick<true, OUT_DTYPE>(p.T) : pick<false, OUT_DTYPE>(p.T));
-    const cudaError_t err = launch_maybe_pdl(kernel, dim3((unsigned)((p.N + FEATS - 1) / FEATS)), dim3(THREADS), 0,
-                                             static_cast<cudaStream_t>(stream), cuda_pdl_enabled() != 0, p);
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const cudaError_t err =
+        out == OUT_F32      ? (bf16 ? launch_t<true, OUT_F32>(p, st) : launch_t<false, OUT_F32>(p, st))
+        : out == OUT_SWIGLU ? (bf16 ? launch_t<true, OUT_SWIGLU>(p, st) : launch_t<false, OUT_SWIGLU>(p, st))
+                            : (bf16 ? launch_t<true, OUT_DTYPE>(p, st) : launch_t<false, OUT_DTYPE>(p, st));
     if (err != cudaSuccess) {
         cudaGetLastError();
         return nopad_set_error(NOPAD_ERR_BACKEND, "%s: launch: %s", what, cudaGetErrorString(err));

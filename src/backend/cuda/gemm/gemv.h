@@ -1,10 +1,11 @@
 /* Linear layers of a decode step: y[T, N] = epilogue(x[T, K] · w[N, K]ᵀ) for T <= CUDA_GEMV_MAX_T,
- * streaming the weights straight from memory into tensor-core fragments (gemv.cu says how).
+ * streaming the weights through shared memory into tensor-core fragments (gemv.cu says how).
  *
  * A decode step at batch <= 32 reads every weight once and does almost no arithmetic with it: the
  * step's floor is its weight bytes over the copy bandwidth. cuBLASLt runs such shapes at about half
- * the copy rate on LLaMA-1B's layers (docs/decoder.md); this kernel keeps ~64 KB of weights in
- * flight per SM and starts fetching them before the kernel ahead of it has finished.
+ * the copy rate on LLaMA-1B's layers (docs/decoder.md); this kernel stages the weights in shared
+ * memory by bulk copies, two chunks a warp in flight, and requests the first ones before the kernel
+ * ahead of it has finished.
  *
  * Three outputs:
  * - cuda_gemv: y in the compute dtype, with + bias[N] (NULL: none), the activation (act >= 0: a
