@@ -393,7 +393,9 @@ struct nopad_backend {
                                   int32_t head_size, const float *inv_freq);
     /* out[T, n_heads·head_size]: causal attention of the Q heads of qkv over each sequence's
      * paged keys and values (nopad_kv_batch); query head h reads KV head h / (n_heads /
-     * n_kv_heads) (grouped-query attention). */
+     * n_kv_heads) (grouped-query attention). A backend may read kv's index arrays and the cache
+     * rows of positions before each sequence's new tokens while the ops before it still run:
+     * those must be in place before the step's first op (host uploads and earlier steps are). */
     nopad_status (*attention_paged)(nopad_backend *be, void *out, const void *qkv,
                                     const void *k_cache, const void *v_cache,
                                     const nopad_kv_batch *kv, int32_t n_heads, int32_t n_kv_heads,

@@ -228,14 +228,16 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
     const int t0 = blockIdx.x, split = blockIdx.z, n_splits = gridDim.z;
     const int G = a.n_heads / a.n_kv_heads, Gc = a.heads_per_cta;
     allow_dependent_launch();
-    wait_for_upstream_grid();
+    /* Before griddepcontrol.wait: only what the kernels ahead in this step do not write — the
+     * step's index arrays (uploaded before it) and the keys and values of earlier steps. */
     const int chunks = (G + Gc - 1) / Gc;
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * Gc, gc = min(Gc, G - g0);
     const int b = sequence_of(a.cu_q, a.n_seqs, t0);
     const int q0 = a.cu_q[b], n_new = a.cu_q[b + 1] - q0;
     if ((t0 - q0) % a.rows != 0) return; /* not the first row of a group: another CTA's */
     const int n_rows = min(a.rows, q0 + n_new - t0);
-    const int pos0 = a.seqlen_k[b] - n_new + (t0 - q0); /* the first row's position */
+    const int history = a.seqlen_k[b] - n_new;         /* keys stored before this step */
+    const int pos0 = history + (t0 - q0);              /* the first row's position */
     const int key_begin = split * a.keys_per_split;
     const int key_end = min(key_begin + a.keys_per_split, pos0 + n_rows);
     const size_t row_stride = (size_t)(a.n_heads + 2 * a.n_kv_heads) * D;
@@ -243,6 +245,7 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
     auto vector_ok = [&](int qi) { return qi / Gc < n_rows && qi % Gc < gc; };
 
     if (key_begin >= key_end) { /* this split lies past every row's keys: an empty partial */
+        wait_for_upstream_grid(); /* the workspace may still be read by the previous merge */
         if (tid < PA_QV && vector_ok(tid)) {
             const int h = kvh * G + g0 + tid % Gc;
             float *part = a.ws + (((size_t)(t0 + tid / Gc) * a.n_heads + h) * n_splits + split) * (D + 2);
@@ -250,14 +253,6 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
             part[1] = 0.0f;
         }
         return;
-    }
-    for (int i = tid; i < PA_QV * CH; i += PA_THREADS) {
-        const int qi = i / CH, c = i % CH;
-        const bool ok = vector_ok(qi);
-        const uint16_t *src = ok ? a.qkv + (size_t)(t0 + qi / Gc) * row_stride +
-                                       (size_t)(kvh * G + g0 + qi % Gc) * D + c * 8
-                                 : a.qkv;
-        cp_async16(sQ + qi * LDS + c * 8, src, ok);
     }
     const int32_t *blocks = a.block_table + (size_t)b * a.max_blocks;
     const int bs = a.block_size;
@@ -272,7 +267,21 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
         }
     };
     const int n_tiles = (key_end - key_begin + PA_KEYS - 1) / PA_KEYS;
-    if (warp < n_tiles) load_tile(key_begin + warp * PA_KEYS, 0);
+    /* the warp's first tile: before the wait when it holds only earlier steps' keys (a decode
+     * step's every tile but the last), so its gather overlaps the kernels ahead */
+    const int first_key = key_begin + warp * PA_KEYS;
+    const bool first_early = warp < n_tiles && first_key + PA_KEYS <= history;
+    if (first_early) load_tile(first_key, 0);
+    wait_for_upstream_grid();
+    if (warp < n_tiles && !first_early) load_tile(first_key, 0);
+    for (int i = tid; i < PA_QV * CH; i += PA_THREADS) {
+        const int qi = i / CH, c = i % CH;
+        const bool ok = vector_ok(qi);
+        const uint16_t *src = ok ? a.qkv + (size_t)(t0 + qi / Gc) * row_stride +
+                                       (size_t)(kvh * G + g0 + qi % Gc) * D + c * 8
+                                 : a.qkv;
+        cp_async16(sQ + qi * LDS + c * 8, src, ok);
+    }
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads(); /* Q visible to every warp */
