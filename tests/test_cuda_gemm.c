@@ -422,12 +422,14 @@ static void test_skinny_graph(void **state) {
 
 /* ---- the gemv kernels (decode steps) -------------------------------------------------------- */
 
-/* Decoder layer shapes (K, N): LLaMA-1B's qkv, attention out, FFN out, SmolLM2's qkv and FFN in;
- * and odd ones: K not a multiple of 32 (a block half outside K), N not a multiple of 16 (a CTA's
- * rows partly outside N), one output feature, K = 8; and N = 9000, a grid of more than one wave
- * (SwiGLU's too). */
+/* Decoder layer shapes (K, N): LLaMA-1B's qkv, attention out, FFN out (four slots a warp), SmolLM2's
+ * qkv and FFN in; and odd ones: K not a multiple of 32 (a block half outside K), N not a multiple
+ * of 16 (a CTA's rows partly outside N), one output feature, K = 8; N = 9000, a grid of more than
+ * one wave (SwiGLU's too); four slots a warp with 33 chunks (warps of 5 and 4, the last chunk 8
+ * elements) and with 24. */
 static const int32_t GEMV_SHAPES[][2] = {{2048, 2560}, {2048, 2048}, {5632, 2048}, {576, 960}, {576, 3072},
-                                         {200, 100},   {776, 1},     {8, 48},      {256, 9000}};
+                                         {200, 100},   {776, 1},     {8, 48},      {256, 9000}, {4104, 16},
+                                         {3000, 40}};
 /* T: 1, the edges of the 8-, 16- and 32-token kernels */
 static const int32_t GEMV_TS[] = {1, 3, 8, 9, 16, 17, 31, 32};
 
