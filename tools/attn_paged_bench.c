@@ -35,17 +35,6 @@ static int parse_list(const char *s, int *out) {
     return n;
 }
 
-static uint64_t rng_state = 12345;
-static float uniform(void) {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng_state >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
-}
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv) {
     nopad_dtype dtype = NOPAD_DTYPE_F16;
     int H = 32, KVH = 4, D = 64, reps = 21;
@@ -89,16 +78,16 @@ int main(int argc, char **argv) {
             float *host = malloc(chunk * sizeof *host);
             for (size_t off = 0; off < cache_elems; off += chunk) {
                 const size_t n = cache_elems - off < chunk ? cache_elems - off : chunk;
-                for (size_t i = 0; i < n; i++) host[i] = uniform();
+                for (size_t i = 0; i < n; i++) host[i] = bench_uniform();
                 CHECK_NOPAD(be->upload_f32(be, (char *)k_cache + off * es, host, n));
-                for (size_t i = 0; i < n; i++) host[i] = uniform();
+                for (size_t i = 0; i < n; i++) host[i] = bench_uniform();
                 CHECK_NOPAD(be->upload_f32(be, (char *)v_cache + off * es, host, n));
             }
             free(host);
             /* queries: [B, H + 2·KVH, D] rows as the decoder's qkv */
             const size_t qkv_elems = (size_t)B * (H + 2 * KVH) * D;
             float *q = malloc(qkv_elems * sizeof *q);
-            for (size_t i = 0; i < qkv_elems; i++) q[i] = uniform();
+            for (size_t i = 0; i < qkv_elems; i++) q[i] = bench_uniform();
             void *qkv, *out;
             CHECK_NOPAD(be->alloc(be, qkv_elems * es, &qkv));
             CHECK_NOPAD(be->alloc(be, (size_t)B * H * D * es, &out));
@@ -108,8 +97,7 @@ int main(int argc, char **argv) {
             int32_t *perm = malloc((size_t)n_blocks * sizeof *perm);
             for (int i = 0; i < n_blocks; i++) perm[i] = i;
             for (int i = n_blocks - 1; i > 0; i--) {
-                rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-                int j = (int)((rng_state >> 33) % (uint64_t)(i + 1)), x = perm[i];
+                int j = (int)((bench_rand_u64() >> 33) % (uint64_t)(i + 1)), x = perm[i];
                 perm[i] = perm[j];
                 perm[j] = x;
             }
@@ -149,7 +137,7 @@ int main(int argc, char **argv) {
                 CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
                 us[r] = ms * 1000.0f / launches;
             }
-            qsort(us, (size_t)reps, sizeof us[0], cmp_float);
+            qsort(us, (size_t)reps, sizeof us[0], bench_cmp_float);
             const float med = us[reps / 2];
             printf("{\"impl\": \"nopad\", \"dtype\": \"%s\", \"batch\": %d, \"context\": %d, \"heads\": %d, "
                    "\"kv_heads\": %d, \"head_size\": %d, \"us\": %.3f, \"kv_bytes\": %zu, \"GBps\": %.1f, "

@@ -85,11 +85,6 @@ static void launch(const variant *v, nopad_dtype dtype, int set, int32_t T, int3
     }
 }
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Median milliseconds of one launch of each variant. Each variant's launches are captured in a
  * CUDA graph of max(20, sets) back-to-back launches (one per buffer set at least), as the
  * backend records a forward: the GPU time is measured, not the host's launch rate, which bounds
@@ -129,7 +124,7 @@ static void time_variants(const variant *vs, int nv, nopad_dtype dtype, int32_t 
         float ms[MAX_REPS];
         for (int r = 0; r < reps; r++)
             CHECK_CUDA(cudaEventElapsedTime(&ms[r], ev[r * nv + v], ev[r * nv + v + 1]));
-        qsort(ms, (size_t)reps, sizeof ms[0], cmp_float);
+        qsort(ms, (size_t)reps, sizeof ms[0], bench_cmp_float);
         ms_out[v] = (reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2])) / launches;
         CHECK_CUDA(cudaGraphExecDestroy(exec[v]));
     }

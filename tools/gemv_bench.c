@@ -30,24 +30,13 @@
 enum { MAX_LIST = 16, MAX_REPS = 101, LAYERS = 16, HIDDEN = 2048, FFN = 5632, QKV = (32 + 2 * 4) * 64,
        VOCAB = 32000, HEAD_COPIES = 4 };
 
-static uint64_t rng_state = 12345;
-static float uniform(void) {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng_state >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
-}
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* Random values in [-scale, scale] into n elements of backend memory, uploaded in chunks. */
 static void fill(nopad_backend *be, void *dst, size_t n, float scale) {
     const size_t chunk = (size_t)1 << 22;
     float *host = malloc(chunk * sizeof *host);
     for (size_t off = 0; off < n; off += chunk) {
         const size_t m = n - off < chunk ? n - off : chunk;
-        for (size_t i = 0; i < m; i++) host[i] = scale * uniform();
+        for (size_t i = 0; i < m; i++) host[i] = scale * bench_uniform();
         CHECK_NOPAD(be->upload_f32(be, (char *)dst + off * 2, host, m));
     }
     free(host);
@@ -142,7 +131,7 @@ int main(int argc, char **argv) {
             CHECK_CUDA(cudaEventSynchronize(e1));
             if (r > 0) CHECK_CUDA(cudaEventElapsedTime(&ms[r - 1], e0, e1));
         }
-        qsort(ms, 5, sizeof *ms, cmp_float);
+        qsort(ms, 5, sizeof *ms, bench_cmp_float);
         printf("{\"copy_gbps\": %.1f}\n", 2.0 * n / (ms[2] * 1e-3) / 1e9);
         CHECK_CUDA(cudaFree(a));
         CHECK_CUDA(cudaFree(b));
@@ -189,7 +178,7 @@ int main(int argc, char **argv) {
                 CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
                 if (r >= 3) us[r - 3] = ms * 1000.0f;
             }
-            qsort(us, (size_t)reps, sizeof *us, cmp_float);
+            qsort(us, (size_t)reps, sizeof *us, bench_cmp_float);
             const float med = us[reps / 2];
             printf("{\"mode\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"us\": %.1f, \"min_us\": %.1f, "
                    "\"weight_bytes\": %zu, \"gbps\": %.1f}\n",

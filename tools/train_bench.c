@@ -33,6 +33,8 @@
 #include "util/error.h"
 #include "util/philox.h"
 
+#include "bench_check.h"
+
 #define CHECK(expr)                                                                                \
     do {                                                                                           \
         nopad_status st_ = (expr);                                                                 \
@@ -101,13 +103,8 @@ static void draw_batch(drawn_batch *d, int32_t B, const int32_t *lengths, int32_
                          .n_masked = M, .mlm_positions = d->positions, .mlm_labels = d->labels};
 }
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static float median(float *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_float);
     return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
