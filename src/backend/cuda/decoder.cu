@@ -564,10 +564,13 @@ static paged_plan plan_paged(const nopad_kv_batch *kv, int n_heads, int n_kv_hea
                                         : (long)kv->n_seqs * ((kv->max_q + p.rows - 1) / p.rows);
     const long ctas = (groups < kv->n_tokens ? groups : kv->n_tokens) * (long)n_kv_heads * p.chunks;
     const int n_tiles = kv->max_k > 0 ? (kv->max_k + PA_KEYS - 1) / PA_KEYS : 1;
-    const long target = 4L * cuda_sm_count();
+    /* about 2 CTAs a SM, at least two 16-key tiles per warp in a split. Against 4 CTAs and one
+     * tile (H200, a LLaMA-1B decode step, one run each): 1 x 512 0.648 against 0.653 ms, 8 x 512
+     * 0.753 against 0.770-0.779, 1 x 2048 0.702 against 0.746-0.752, 8 x 2048 0.888 against
+     * 0.894-0.918; fewer splits, fewer partial results to merge. */
+    const long target = 2L * cuda_sm_count();
     long want = (target + ctas - 1) / ctas;
-    /* at least one tile per warp in a split */
-    const long most = (n_tiles + PA_WARPS - 1) / PA_WARPS;
+    const long most = (n_tiles + 2 * PA_WARPS - 1) / (2 * PA_WARPS);
     if (want > most) want = most;
     if (want < 1) want = 1;
     const int tiles_per_split = (int)((n_tiles + want - 1) / want);
@@ -667,13 +670,14 @@ static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
     default: kernel = paged_attention_kernel<128, BF16>; break;
     }
     if (p.smem > 48 * 1024) {
-        /* above 48 KB a kernel opts in, once per head size (and so never inside a graph capture
-         * after the first call) */
-        static bool opted[6];
-        const int slot = head_size / 16 - 2 < 6 ? head_size / 16 - 2 : 5;
-        if (!opted[slot]) {
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
-            opted[slot] = true;
+        /* above 48 KB a kernel opts in, once per head size and device (and so never inside a graph
+         * capture after the first call) */
+        static int opted[6][CUDA_MAX_DEVICES];
+        const int slot = head_size / 16 - 2 < 6 ? head_size / 16 - 2 : 5, dev = cuda_current_device();
+        if (dev < 0 || !cuda_cache_load(&opted[slot][dev])) {
+            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
+            if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_paged: %s", cudaGetErrorString(e));
+            if (dev >= 0) cuda_cache_store(&opted[slot][dev], 1);
         }
     }
     dim3 grid((unsigned)kv->n_tokens, (unsigned)(n_kv_heads * p.chunks), (unsigned)p.splits);
