@@ -6,21 +6,16 @@
  * a 2048-wide layer, 2000 for a 32000-word LM head. The partial sums of the 8 warps meet in shared
  * memory and are added in warp order.
  *
- * Weights through shared memory by bulk copies. Each warp has two slots of one chunk (four where
- * the grid is one CTA a SM and K is long, launch_nt); its lanes
- * each issue one row's bulk copy (cp.async.bulk, completing on the slot's mbarrier), so a chunk
- * costs one instruction a row. The warp's first two chunks are requested before
- * griddepcontrol.wait (programmatic dependent launch): the weights do not depend on the kernel
- * ahead, so they stream in while it finishes, and a 2048-wide layer's CTA has all of its 64 KB
- * requested before the wait. Each later chunk is requested as soon as its slot is read. x, the
- * residual and y are touched only after the wait; x is read through L2 (.cg): the kernel ahead
- * has just written it.
- *
- * Against the first version of this kernel, which loaded the weights straight into registers with
- * two chunks of 4 KB a warp in flight and only the first chunk requested before the wait, the
- * linear layers of a LLaMA-1B step at 1 token took 550 µs instead of 625 (H200; qkv 84 -> 61 µs, o
- * 80 -> 53, down 170 -> 143, gate|up 254 -> 264), and the decode step 1 x 512 0.805 ms instead of
- * 0.855 (docs/gemm.md).
+ * Weights through shared memory by bulk copies. Each warp has NS slots of one chunk (2; 4 where
+ * the grid is at most one CTA a SM and K is long, launch_nt); its lanes each issue one row's bulk
+ * copy (cp.async.bulk, completing on the slot's mbarrier), so a chunk costs one instruction a row.
+ * The warp's first NS chunks are requested before griddepcontrol.wait (programmatic dependent
+ * launch): the weights do not depend on the kernel ahead, so they stream in while it finishes,
+ * and a 2048-wide layer's CTA has all of its 64 KB requested before the wait. Each later chunk is
+ * requested as soon as its slot is read. x, the residual and y are touched only after the wait; x
+ * is read through L2 (.cg): the kernel ahead has just written it. docs/gemm.md has the
+ * measurements against the first version of this kernel, which loaded the weights straight into
+ * registers and requested only its first chunk before the wait.
  *
  * One m16n8k16 MMA takes w as A (16 features x 16 k) and x as B (16 k x 8 tokens). The order of k
  * inside a 32-element block does not change a dot product, so a lane (g = lane / 4, q = lane % 4)
@@ -117,10 +112,10 @@ __device__ __forceinline__ void finish(const gemv_params &p, const float (&acc)[
 
 /* The shared memory of a CTA: each warp's NS slots of one chunk (16 rows, both row sets for
  * SwiGLU, of KC elements of k), later the partial sums, and each warp's NS barriers: 64 KB with
- * two slots, so that three CTAs fit a SM. Rows are not padded: the 16-byte loads of rows g and g + 1 (one
- * quarter-warp) share banks, a 2-way conflict; padding them apart (64 bytes a row, 82 KB a CTA,
- * two CTAs a SM) made a LLaMA-1B step slower (1 x 512 0.78 against 0.73 ms on an H200: its gate|up
- * projection's 352 CTAs then take 1.3 waves). */
+ * two slots, so that three CTAs fit a SM. Rows are not padded: the 16-byte loads of rows g and
+ * g + 1 (one quarter-warp) share banks, a 2-way conflict; padding them apart (64 bytes a row,
+ * 82 KB a CTA, two CTAs a SM) made a LLaMA-1B step slower (1 x 512 0.78 against 0.73 ms on an
+ * H200: its gate|up projection's 352 CTAs then take 1.3 waves). */
 template <bool BF16, int NT, int OUT, int NS> struct smem_layout {
     static constexpr int SETS = OUT == OUT_SWIGLU ? 2 : 1;
     static constexpr int KC = 128 / SETS;
@@ -137,7 +132,7 @@ __global__ void __launch_bounds__(THREADS) gemv_kernel(const gemv_params p) {
     using S = smem_layout<BF16, NT, OUT, NS>;
     constexpr int SETS = S::SETS, KC = S::KC, ROW = S::ROW, SLOT = S::SLOT;
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char *slots = smem; /* [WARPS][2][SLOT]; the partial sums after the last chunk */
+    unsigned char *slots = smem; /* [WARPS][NS][SLOT]; the partial sums after the last chunk */
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (S::SLOTS_BYTES > S::PARTIAL_BYTES ? S::SLOTS_BYTES
                                                                                            : S::PARTIAL_BYTES));
 
@@ -157,7 +152,7 @@ __global__ void __launch_bounds__(THREADS) gemv_kernel(const gemv_params p) {
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncwarp();
-    /* chunk i of this warp into slot i % 2: one bulk copy a row, a lane each */
+    /* chunk i of this warp into slot i % NS: one bulk copy a row, a lane each */
     auto request = [&](int i) {
         const int k0 = (warp + WARPS * i) * KC;
         const uint32_t row_bytes = (uint32_t)min(KC, p.K - k0) * 2;
@@ -244,8 +239,8 @@ template <bool BF16, int NT, int OUT, int NS> cudaError_t launch_ns(const gemv_p
  * at 1 token its 16 layers took 134 µs instead of 157 on an H200, the decode step 1 x 512 0.65
  * instead of 0.70 ms. */
 template <bool BF16, int NT, int OUT> cudaError_t launch_nt(const gemv_params &p, cudaStream_t stream) {
-    const int ctas = (p.N + FEATS - 1) / FEATS;
-    const int chunks_per_warp = (p.K + smem_layout<BF16, NT, OUT, 2>::KC - 1) / smem_layout<BF16, NT, OUT, 2>::KC / WARPS;
+    constexpr int KC = smem_layout<BF16, NT, OUT, 2>::KC;
+    const int ctas = (p.N + FEATS - 1) / FEATS, chunks_per_warp = (p.K + KC - 1) / KC / WARPS;
     if (ctas <= cuda_sm_count() && chunks_per_warp > 2) return launch_ns<BF16, NT, OUT, 4>(p, stream);
     return launch_ns<BF16, NT, OUT, 2>(p, stream);
 }
