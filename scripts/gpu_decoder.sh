@@ -4,15 +4,17 @@
 # SDPA, and the DEC benchmark. Smaller than gpu_check.sh's bundle (no MiniLM), so the SmolLM2 GGUF
 # can travel beside it in parts.
 #
-# Here:  scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
+# Here:  [TESTS="..."] [BASE=OTHER_BUILD] [CLI=1] scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
 #        writes .gpu_carry/dec/bundle.tar.xz (binaries + the Debian libraries they need) and, with
 #        GGUF, splits it into PARTS pieces .gpu_carry/gN/gguf.N (carry one a device call, as the
 #        carry limit allows; the pieces gather in /tmp/nopad_gguf there while the machine stays
 #        warm, and so does the unpacked bundle). GGUF_WHEEL: the `gguf` package for the `half`
 #        step's SmolLM2 part (transformers reads GGUF through it), carried with the last piece.
 # There: scripts/gpu_decoder.sh --run [steps]      (carry [".gpu_carry/dec"], then [".gpu_carry/gN"])
-#        steps: gguf (keep this call's GGUF piece), test, half (HF fp16/bf16 error), attn, decode,
-#        engine (bench/engine_bench.py, nopad alone: --peers none),
+#        steps: gguf (keep this call's GGUF piece), test (every staged test), half (HF fp16/bf16
+#        error), attn, gemv (tools/gemv_bench: the linear layers alone), decode, ab (the decode
+#        grid of base/ and this build alternated, BASE= at staging), engine (bench/engine_bench.py,
+#        nopad alone: --peers none),
 #        issue 22's benchmarks, each within one 10-minute device call (the JSON is rewritten as it
 #        goes, so a cut run keeps what it measured):
 #          engine-peers      workload 1, 32 requests: nopad + the HF peers (static eager, static
@@ -24,7 +26,7 @@
 #          flover-long       workload 2, gaps 1000 ms x 32 and 5000 ms x 12 requests (fewer than
 #                            64: 64 at 5 s would take 4 x 5.3 min); ~6-9 min
 #          eviction          workload 3, L = 256..1792, with and without early leaving; ~1-3 min
-#          serve             issue 23: bench/serve_bench.py, `nopad serve` ($BUILD/nopad) on the 1b
+#          serve             issue 23: bench/serve_bench.py, `nopad serve` ($BUILD/nopad: CLI=1) on the 1b
 #                            shape: workload 1 (32 requests) over HTTP (SSE and plain) against the
 #                            in-process engine, TTFT p50/p99 at 1, 16, 64 streams; JSON + logs in
 #                            $OUT/serve/; ~2-5 min (--budget-s 300; SERVE_ARGS appends)
@@ -48,17 +50,26 @@ if [ "${1:-}" = "--stage" ]; then
     trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/build/tests" "$stage/build/deplibs" "$CARRY"
     rm -f "$CARRY"/*
-    bins=("$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm
-          "$B"/tests/test_cuda_attention_backward "$B"/tests/test_cuda_train_gemm_optim "$B"/tests/test_cuda_train_ops
-          "$B"/tests/test_cuda_deberta)
+    # the decoder's tests by default; TESTS="..." names others (e.g. test_cuda_train_ops
+    # test_cuda_deberta test_cuda_attention_backward): every test binary is ~15 MB, and the carry
+    # limit (64 MB with the tracked files) leaves room for about three
+    tests=(${TESTS:-test_cuda_decoder test_cuda_sampling test_cuda_gemm})
+    # the CLI only for the serve step (CLI=1): each binary costs ~3-4 MB of the carry compressed
+    extra=()
+    [ "${CLI:-0}" = 1 ] && extra+=("$B/nopad")
+    bins=("$B/libnopad.so" "$B/attn_paged_bench" "$B/gemv_bench" "${extra[@]}")
+    for t in "${tests[@]}"; do bins+=("$B/tests/$t"); done
     for bin in "${bins[@]}"; do [ -f "$bin" ] || { echo "missing $bin" >&2; exit 1; }; done
     for bin in "${bins[@]}"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
         grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
         while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
-    cp "$B/libnopad.so" "$B/nopad" "$B/attn_paged_bench" "$stage/build/"
-    cp "$B"/tests/test_cuda_decoder "$B"/tests/test_cuda_sampling "$B"/tests/test_cuda_gemm \
-        "$B"/tests/test_cuda_attention_backward "$B"/tests/test_cuda_train_gemm_optim "$B"/tests/test_cuda_train_ops \
-        "$B"/tests/test_cuda_deberta "$stage/build/tests/"
+    cp "$B/libnopad.so" "$B/attn_paged_bench" "$B/gemv_bench" "${extra[@]}" "$stage/build/"
+    for t in "${tests[@]}"; do cp "$B/tests/$t" "$stage/build/tests/"; done
+    # BASE=OTHER_BUILD: that build's libnopad.so as base/ for the `ab` step
+    if [ -n "${BASE:-}" ]; then
+        mkdir -p "$stage/build/base"
+        cp "$BASE/libnopad.so" "$stage/build/base/"
+    fi
     (cd "$stage" && tar cJf "$CARRY/bundle.tar.xz" build)
     if [ -n "${3:-}" ]; then
         parts=${4:-3}
@@ -116,8 +127,8 @@ for step in $STEPS; do
         ;;
     test)
         [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
-        for t in test_cuda_gemm test_cuda_sampling test_cuda_decoder test_cuda_train_gemm_optim test_cuda_train_ops \
-            test_cuda_deberta; do
+        for t in $(ls "$BUILD/tests"); do
+            [ "$t" = test_cuda_attention_backward ] && continue
             echo "== $t"
             (cd "$ROOT" && timeout 300 "$BUILD/tests/$t") > "$OUT/$t.log" 2>&1
             rc=$?
@@ -125,8 +136,9 @@ for step in $STEPS; do
             echo "$t: exit $rc"
             [ $rc -eq 0 ] || status=1
         done
-        # training's attention: the C test against the CPU ops, dumping cases for the torch
-        # autograd check (padded SDPA, float32) that follows
+        # training's attention (when staged): the C test against the CPU ops, dumping cases for
+        # the torch autograd check (padded SDPA, float32) that follows
+        [ -f "$BUILD/tests/test_cuda_attention_backward" ] || continue
         echo "== test_cuda_attention_backward"
         rm -rf /tmp/nopad_attn_bwd
         (cd "$ROOT" && NOPAD_ATTN_BWD_DUMP=/tmp/nopad_attn_bwd timeout 300 "$BUILD/tests/test_cuda_attention_backward") \
@@ -154,6 +166,24 @@ for step in $STEPS; do
     attn)
         timeout 300 python3 "$ROOT/bench/attn_decode_bench.py" --bench "$BUILD/attn_paged_bench" \
             --out "$OUT/attn_decode.json" 2>&1 | tee "$OUT/attn_decode.log" || status=1
+        ;;
+    gemv)
+        "$BUILD/gemv_bench" ${GEMV_ARGS:-} | tee "$OUT/gemv.jsonl" || status=1
+        ;;
+    ab)
+        # the decode-step grid (fp16, decode only), base/ and this build alternated twice
+        [ -f "$BUILD/base/libnopad.so" ] || { echo "ab: no base/ (stage with BASE=OTHER_BUILD)"; status=1; continue; }
+        for round in 1 2; do
+            for lib in base new; do
+                l=$BUILD/libnopad.so
+                [ $lib = base ] && l=$BUILD/base/libnopad.so
+                timeout 120 python3 "$ROOT/bench/decode_bench.py" --library "$l" --sections decode --dtypes fp16 \
+                    --batches ${AB_BATCHES:-1,8,16,32,64} --contexts 512,2048 --prefill 1x64 --prefill-reps 1 \
+                    --prefill-warmup 0 --out "$OUT/ab_${lib}_$round.json" > "$OUT/ab_${lib}_$round.log" 2>&1 || status=1
+                echo "== $lib round $round"
+                grep '^| [0-9]' "$OUT/ab_${lib}_$round.log" | awk -F'|' '{printf "%s:%s ", $2, $3} END {print ""}'
+            done
+        done
         ;;
     decode)
         [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
