@@ -2,12 +2,13 @@
  * epoch over what it accepted.
  *
  * The first byte picks the reading: bit 0 JSONL (else text lines), bit 1 classification (else
- * MLM; classification forces JSONL), bit 2 truncation, bit 3 regression (one label, else three),
- * bits 4-7 the model maximum (3 + b/16 · 4 tokens). The tokenizer is a fixed WordPiece vocab.txt
+ * MLM; classification forces JSONL), bit 2 truncation, bit 3 regression (one label, else three)
+ * or, for MLM, whole-word masking, bits 4-7 the model maximum (3 + b/16 · 4 tokens). The tokenizer is a fixed WordPiece vocab.txt
  * of 32 ids. Beyond "no crash, no leak", an accepted corpus keeps the reader's promises: every
  * example within the maximum, starting with [CLS] and ending with [SEP], its ids in the
  * vocabulary, its labels in range or its targets finite; and an epoch of the loader visits every
- * example once, no batch over its budget, masked positions never on a special token. */
+ * example once, no batch over its budget, masked positions never on a special token, and with
+ * whole-word masking no word (a piece and its "##" pieces) partly masked. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -33,6 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.truncate = (mode >> 2) & 1;
     p.num_labels = mode & 8 ? 1 : 3;
     p.max_length = 3 + (mode >> 4) * 4;
+    p.whole_word = p.task == TRAIN_TASK_MLM && (mode & 8);
     train_dataset d;
     if (train_dataset_parse((const char *)data + 1, size - 1, "fuzz", tok, &p, &d) != NOPAD_OK)
         return 0;
@@ -58,11 +60,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (p.task == TRAIN_TASK_MLM && b->n_masked < 1) __builtin_trap();
         for (int32_t s = 0; s < b->n_seqs; s++)
             if (seen[l.examples[s]]++) __builtin_trap();
+        const int32_t T = b->cu_seqlens[b->n_seqs];
+        uint8_t *masked = calloc((size_t)T + 1, 1);
+        int32_t *orig = malloc(((size_t)T + 1) * sizeof *orig);
+        if (!masked || !orig) __builtin_trap();
+        memcpy(orig, b->tokens, (size_t)T * sizeof *orig);
         for (int32_t m = 0; m < b->n_masked; m++) {
             const int32_t at = b->mlm_positions[m];
-            if (at < 0 || at >= b->cu_seqlens[b->n_seqs] || d.special[b->mlm_labels[m]])
-                __builtin_trap();
+            if (at < 0 || at >= T || d.special[b->mlm_labels[m]]) __builtin_trap();
+            masked[at] = 1;
+            orig[at] = b->mlm_labels[m];
         }
+        /* whole words: a "##" piece is masked exactly when the piece before it is */
+        for (int32_t s = 0; p.whole_word && s < b->n_seqs; s++)
+            for (int32_t i = b->cu_seqlens[s] + 1; i < b->cu_seqlens[s + 1]; i++)
+                if (!d.special[orig[i]] && !d.special[orig[i - 1]] && d.continues[orig[i]] &&
+                    masked[i] != masked[i - 1])
+                    __builtin_trap();
+        free(masked);
+        free(orig);
     }
     for (int32_t e = 0; e < d.n_examples; e++)
         if (seen[e] != 1) __builtin_trap();

@@ -764,6 +764,10 @@ typedef struct nopad_train_params {
     int32_t early_stop;           /* 0; K > 0: stop after K evaluations in a row without
                                      improving on the best */
     nopad_train_eval_fn on_eval;  /* or NULL; gets `user` */
+    int whole_word_mask;          /* 0; 1 (masked-LM, WordPiece tokenizers): mask whole words, a
+                                     piece and the "##" pieces after it together, each word with
+                                     probability 0.15 (BERT's whole-word masking); the 80/10/10
+                                     replacement stays per piece */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

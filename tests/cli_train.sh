@@ -6,7 +6,7 @@
 #     head is made, the loss falls (last step below half the first), 'eval accuracy: X' is
 #     printed with X >= 0.9 on the held-out file (observed 1.0: the labels follow the word sets),
 #     and the output folder is a model that `nopad embed` runs;
-#   - masked-LM training with LAMB on text lines, with an eval loss;
+#   - masked-LM training with LAMB on text lines, with an eval loss; with --whole-word-mask;
 #   - --resume: a run stopped after step k (--stop-after) and resumed from its checkpoint logs the
 #     same per-step losses and learning rates, bit for bit, as one that did not stop, and ends
 #     with the same weights; a resume with another optimiser, learning rate, epoch count, seed,
@@ -130,6 +130,14 @@ if "$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" 
     [ -s "$TMP/stderr" ] && fail "mlm --quiet wrote to stderr: $(cat "$TMP/stderr")"
 else
     fail "mlm: exit $?: $(cat "$TMP/stderr")"
+fi
+# whole-word masking: trains, and trainer_state.json records it (the resume check reads it)
+if "$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" --output "$TMP/out_wwm" \
+    --whole-word-mask --epochs 1 --batch-tokens 64 --quiet >"$TMP/stdout" 2>"$TMP/stderr"; then
+    grep -q '"whole_word_mask":\s*true' "$TMP/out_wwm/trainer_state.json" ||
+        fail "mlm --whole-word-mask: not in trainer_state.json"
+else
+    fail "mlm --whole-word-mask: exit $?: $(cat "$TMP/stderr")"
 fi
 
 # ---- resume: k steps + --resume give the per-step losses of a run that did not stop -------------
@@ -498,6 +506,8 @@ printf '{"text": "aa ab", "label": 0}\n{"text": "ba bb", "label": 5}\n' >"$TMP/b
 printf '{"text": "aa ab", "label": 0}\nnot json\n' >"$TMP/bad_json.jsonl"
 : >"$TMP/empty.jsonl"
 C=(--model "$TMP/bare" --task classify --num-labels 2 --output "$TMP/o")
+expect_fail 1 "whole_word_mask 1; it is 0 or 1, and 1 is for masked-LM" "${C[@]}" --data "$D/cls_train.jsonl" \
+    --whole-word-mask
 expect_fail 2 "missing --task" --model "$TMP/bare" --data "$D/cls_train.jsonl" --output "$TMP/o"
 expect_fail 2 "missing --data" --model "$TMP/bare" --task mlm --output "$TMP/o"
 expect_fail 2 "unknown task 'ner'" --model "$TMP/bare" --task ner --data "$D/cls_train.jsonl" --output "$TMP/o"

@@ -294,6 +294,117 @@ static void test_mask_proportions(void **state) {
     nopad_tokenizer_free(tok);
 }
 
+/* Whole-word masking on a WordPiece vocabulary of 20 two-letter words and their "##" forms, text
+ * words of 1-4 pieces: a word's pieces are chosen all together or not at all, about mask_prob of
+ * the words are chosen, each example gets at least one word, and the same draws give the same
+ * masks. A BPE tokenizer (RoBERTa's, no "##" pieces) is refused with a message saying why. */
+static void test_whole_word_mask(void **state) {
+    (void)state;
+    enum { W = 20 };
+    const char *dir = test_make_temp_dir(0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", f);
+    for (int k = 0; k < W; k++) {
+        char w[3];
+        test_word(k, w);
+        fprintf(f, "%s\n##%s\n", w, w);
+    }
+    fclose(f);
+    nopad_tokenizer *tok = NULL;
+    assert_nopad_ok(nopad_tokenizer_load(dir, &tok));
+    /* a corpus of words made of 1-4 pieces */
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    uint64_t rs = 77;
+    for (int line = 0; line < 2000; line++) {
+        const int words = 1 + (int)(test_rand_u32(&rs) % 30);
+        for (int w = 0; w < words; w++) {
+            const int pieces = 1 + (int)(test_rand_u32(&rs) % 4);
+            for (int k = 0; k < pieces; k++) {
+                char wd[3];
+                test_word((int)(test_rand_u32(&rs) % W), wd);
+                len += (size_t)sprintf(buf + len, "%s", wd);
+            }
+            buf[len++] = w + 1 < words ? ' ' : '\n';
+        }
+    }
+    const char *corpus = test_write_temp(1, ".txt", buf, len);
+    free(buf);
+    train_data_params p = train_data_default_params();
+    p.max_length = 256;
+    p.whole_word = 1;
+    train_dataset d;
+    assert_nopad_ok(train_dataset_load(corpus, tok, &p, &d));
+    assert_non_null(d.continues);
+    int32_t *tokens = malloc(256 * 4), *pos = malloc(256 * 4), *labels = malloc(256 * 4);
+    int32_t *tokens2 = malloc(256 * 4), *pos2 = malloc(256 * 4), *labels2 = malloc(256 * 4);
+    char *picked = malloc(256);
+    const double pm = 644245094.0 / 4294967296.0;
+    double expect = 0, var = 0;
+    long chosen_words = 0, multi_piece = 0;
+    for (uint32_t epoch = 0; epoch < 3; epoch++) {
+        for (int32_t e = 0; e < d.n_examples; e++) {
+            const int32_t n_ids = (int32_t)(d.offsets[e + 1] - d.offsets[e]);
+            const int32_t *ids = d.ids + d.offsets[e];
+            const int32_t m = train_mask_example(&d, 99, epoch, e, tokens, pos, labels);
+            assert_int_equal(train_mask_example(&d, 99, epoch, e, tokens2, pos2, labels2), m);
+            assert_memory_equal(tokens, tokens2, (size_t)n_ids * 4);
+            assert_memory_equal(pos, pos2, (size_t)m * 4);
+            assert_true(m >= 1);
+            memset(picked, 0, (size_t)n_ids);
+            for (int32_t k = 0; k < m; k++) {
+                assert_true(k == 0 || pos[k] > pos[k - 1]);
+                assert_false(d.special[ids[pos[k]]]);
+                assert_int_equal(labels[k], ids[pos[k]]);
+                picked[pos[k]] = 1;
+            }
+            /* words: a piece not starting with ## and the ## pieces after it */
+            int32_t words = 0, words_chosen = 0;
+            for (int32_t i = 0; i < n_ids;) {
+                if (d.special[ids[i]]) {
+                    assert_false(picked[i]);
+                    i++;
+                    continue;
+                }
+                int32_t j = i + 1;
+                while (j < n_ids && !d.special[ids[j]] && d.continues[ids[j]]) j++;
+                for (int32_t q = i; q < j; q++)
+                    if (picked[q] != picked[i])
+                        fail_msg("example %d epoch %u: the word at %d..%d is partly chosen", e, epoch, i, j - 1);
+                words++;
+                if (picked[i]) words_chosen++, multi_piece += j - i > 1;
+                i = j;
+            }
+            expect += pm * words + pow(1 - pm, words);
+            var += words * pm * (1 - pm);
+            chosen_words += words_chosen;
+        }
+    }
+    print_message("whole words chosen %ld (expected %.0f ± %.0f), %ld of them of several pieces\n",
+                  chosen_words, expect, sqrt(var), multi_piece);
+    assert_true(chosen_words > 10000 && multi_piece > 1000);
+    assert_true(fabs((double)chosen_words - expect) < 5 * sqrt(var));
+    free(tokens), free(pos), free(labels), free(tokens2), free(pos2), free(labels2), free(picked);
+    train_dataset_free(&d);
+    nopad_tokenizer_free(tok);
+
+    /* no "##" pieces to find words by: refused */
+    nopad_tokenizer *bpe = NULL;
+    assert_nopad_ok(nopad_tokenizer_load(test_data_path("models/roberta_text"), &bpe));
+    train_data_params pb = train_data_default_params();
+    pb.max_length = 64;
+    pb.whole_word = 1;
+    const char *text = "hello world\n";
+    assert_int_equal(train_dataset_load(test_write_temp(1, ".txt", text, strlen(text)), bpe, &pb, &d),
+                     NOPAD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(nopad_last_error(), "whole-word masking needs a WordPiece tokenizer"));
+    nopad_tokenizer_free(bpe);
+}
+
 static void test_classification(void **state) {
     (void)state;
     nopad_tokenizer *tok = make_tokenizer();
@@ -458,7 +569,8 @@ static void test_batches_train(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_text),        cmocka_unit_test(test_determinism_and_batches),
-        cmocka_unit_test(test_mask_proportions), cmocka_unit_test(test_classification),
+        cmocka_unit_test(test_mask_proportions), cmocka_unit_test(test_whole_word_mask),
+        cmocka_unit_test(test_classification),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_batches_train),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -262,7 +262,8 @@ class TrainParams(ctypes.Structure):
                 ("save_best", ctypes.c_int),
                 ("best_metric", _enum),
                 ("early_stop", ctypes.c_int32),
-                ("on_eval", TrainEvalFn)]
+                ("on_eval", TrainEvalFn),
+                ("whole_word_mask", ctypes.c_int)]
 
 
 class TrainResult(ctypes.Structure):

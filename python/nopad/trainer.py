@@ -142,6 +142,8 @@ class Trainer:
     step); best_metric: ``"accuracy"`` (the default for classification) or ``"loss"`` (for MLM and
     regression); a tie keeps the earlier step; a resumed run keeps its checkpoint's best.
     early_stop: stop after K evaluations in a row without a new best.
+    whole_word_mask: MLM with a WordPiece tokenizer: mask whole words (a piece and the ``##``
+    pieces after it together), each word with probability 0.15, instead of single pieces.
     """
 
     def __init__(self, model: PathLike, data: PathLike, output: PathLike, *, task: str = "mlm",
@@ -154,7 +156,8 @@ class Trainer:
                  log: Optional[PathLike] = None, dropout: Optional[float] = None,
                  stream: bool = False, stream_buffer: int = 64 << 20,
                  eval_every: Union[int, str] = 0, save_best: bool = False,
-                 best_metric: Optional[str] = None, early_stop: int = 0) -> None:
+                 best_metric: Optional[str] = None, early_stop: int = 0,
+                 whole_word_mask: bool = False) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -219,6 +222,9 @@ class Trainer:
                                        "from)" % needs)
         p.save_every = int(save_every)
         p.truncate = int(bool(truncate))
+        if whole_word_mask and p.task != _TASKS["mlm"]:
+            raise InvalidArgumentError("whole_word_mask is for task='mlm'")
+        p.whole_word_mask = int(bool(whole_word_mask))
         p.n_threads = int(threads)
         p.device = _parse_device(device)
         if dtype is None:

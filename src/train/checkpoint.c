@@ -260,6 +260,7 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddNumberToObject(d, "epochs", s->epochs);
     cJSON_AddNumberToObject(d, "batch_tokens", s->batch_tokens);
     cJSON_AddNumberToObject(d, "batch_seqs", s->batch_seqs);
+    cJSON_AddBoolToObject(d, "whole_word_mask", s->whole_word != 0);
     if (s->metric != TRAIN_METRIC_NONE) {
         /* the metrics read back exactly, so a resumed run picks the best as one that did not
          * stop; "best" is derived from them, for readers */
@@ -544,6 +545,11 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
         TRY(get_int(d, shape[i].key, where, 0, 2147483647.0, &v));
         *shape[i].dst = (int32_t)v;
     }
+    /* absent from states saved before whole-word masking existed: they masked pieces */
+    const cJSON *ww = cJSON_GetObjectItemCaseSensitive(d, "whole_word_mask");
+    if (ww && !cJSON_IsBool(ww))
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"whole_word_mask\" is not true or false", where);
+    s->whole_word = ww && cJSON_IsTrue(ww);
     TRY(parse_evals(root, where, s));
     return parse_schedule(root, where, &s->schedule);
 }

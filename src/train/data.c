@@ -236,6 +236,34 @@ static nopad_status load_line(builder *b, const nopad_tokenizer *tok, const char
     return st;
 }
 
+/* continues[id] for whole-word masking: the pieces that start with the WordPiece continuation
+ * prefix ("##"). Words are only known that way for WordPiece (as in HF's whole-word collator);
+ * a BPE or Unigram vocabulary marks word starts instead, with pieces such as punctuation that
+ * belong to neither. */
+static nopad_status word_pieces(const nopad_tokenizer *tok, train_dataset *d) {
+    const char *prefix = tok->model == TOK_MODEL_WORDPIECE ? tok->subword_prefix
+                         : tok->model == TOK_MODEL_BPE     ? tok->bpe.prefix
+                                                           : NULL;
+    const size_t prefix_len = tok->model == TOK_MODEL_WORDPIECE ? tok->subword_prefix_len
+                              : tok->model == TOK_MODEL_BPE     ? tok->bpe.prefix_len
+                                                                : 0;
+    if (!prefix || prefix_len == 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "training data: whole-word masking needs a WordPiece tokenizer (words "
+                               "continued by \"##\" pieces); this tokenizer is %s without a "
+                               "continuing-subword prefix",
+                               tok->model == TOK_MODEL_BPE ? "BPE" : tok->model == TOK_MODEL_UNIGRAM
+                                                                         ? "Unigram" : "WordPiece");
+    d->continues = calloc((size_t)d->vocab_size, 1);
+    if (!d->continues) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
+    for (int32_t id = 0; id < d->vocab_size; id++) {
+        size_t len = 0;
+        const char *piece = d->special[id] ? NULL : nopad_tokenizer_id_to_token(tok, id, &len);
+        d->continues[id] = piece && len > prefix_len && memcmp(piece, prefix, prefix_len) == 0;
+    }
+    return NOPAD_OK;
+}
+
 static nopad_status special_tokens(const nopad_tokenizer *tok, train_dataset *d) {
     const int32_t V = d->vocab_size;
     d->special = calloc((size_t)V, 1);
@@ -259,7 +287,7 @@ static nopad_status special_tokens(const nopad_tokenizer *tok, train_dataset *d)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "training data: masked-LM needs a [MASK] (or <mask>) token in the "
                                "tokenizer and model vocabulary, and ids that are not special");
-    return NOPAD_OK;
+    return d->params.whole_word ? word_pieces(tok, d) : NOPAD_OK;
 }
 
 nopad_status train_dataset_load(const char *path, const nopad_tokenizer *tok,
@@ -367,7 +395,7 @@ void train_dataset_free(train_dataset *d) {
     if (!d) return;
     free(d->ids), free(d->offsets), free(d->type0_len), free(d->line), free(d->index);
     free(d->labels);
-    free(d->targets), free(d->special), free(d->plain_ids);
+    free(d->targets), free(d->special), free(d->plain_ids), free(d->continues);
     memset(d, 0, sizeof *d);
 }
 
@@ -381,6 +409,19 @@ static int32_t corrupt(const train_dataset *d, int32_t id, const uint32_t r[4]) 
     return id;
 }
 
+/* The piece at p (not special) starts a word: a whole-word draw is taken there. */
+static int starts_word(const train_dataset *d, const int32_t *ids, int32_t p) {
+    return p == 0 || d->special[ids[p - 1]] || !d->continues[ids[p]];
+}
+
+/* Chooses the piece at p: corrupted by the draw r (its own), recorded. */
+static void choose(const train_dataset *d, const int32_t *ids, int32_t p, const uint32_t r[4],
+                   int32_t *tokens, int32_t *positions, int32_t *labels, int32_t *n) {
+    tokens[p] = corrupt(d, ids[p], r);
+    positions[*n] = p;
+    labels[(*n)++] = ids[p];
+}
+
 int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch, int32_t example,
                            int32_t *tokens, int32_t *positions, int32_t *labels) {
     const uint64_t key = (uint64_t)d->index[example];
@@ -388,28 +429,33 @@ int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch
     const int32_t *ids = d->ids + d->offsets[example];
     const int32_t len = (int32_t)(d->offsets[example + 1] - d->offsets[example]);
     const uint32_t below = (uint32_t)fmin((double)d->params.mask_prob * 4294967296.0, 4294967295.0);
-    int32_t n = 0, maskable = 0;
+    const int whole = d->continues != NULL;
+    int32_t n = 0, units = 0; /* units: the pieces (words with whole_word) that can be chosen */
+    int chosen = 0;           /* whole_word: the current word is chosen */
     for (int32_t p = 0; p < len; p++) {
         tokens[p] = ids[p];
         if (d->special[ids[p]]) continue;
-        maskable++;
         uint32_t r[4];
         draw(seed, (uint32_t)p, key_lo, epoch, stream, r);
-        if (r[0] >= below) continue;
-        tokens[p] = corrupt(d, ids[p], r);
-        positions[n] = p;
-        labels[n++] = ids[p];
+        if (!whole || starts_word(d, ids, p)) {
+            units++;
+            chosen = r[0] < below;
+        }
+        if (chosen) choose(d, ids, p, r, tokens, positions, labels, &n);
     }
-    if (n == 0 && maskable > 0) {
+    if (n == 0 && units > 0) {
         uint32_t r[4];
         draw(seed, FALLBACK_POS, key_lo, epoch, stream, r);
-        uint32_t k = uniform_index(r[0], (uint32_t)maskable);
-        for (int32_t p = 0; p < len; p++) {
-            if (d->special[ids[p]] || k--) continue;
-            tokens[p] = corrupt(d, ids[p], r);
-            positions[n] = p;
-            labels[n++] = ids[p];
-            break;
+        uint32_t k = uniform_index(r[0], (uint32_t)units);
+        int32_t p = 0;
+        for (; p < len; p++) /* the k-th unit's first piece */
+            if (!d->special[ids[p]] && (!whole || starts_word(d, ids, p)) && k-- == 0) break;
+        for (int32_t q = p; q < len && !d->special[ids[q]] && (q == p || !starts_word(d, ids, q)); q++) {
+            uint32_t rq[4];
+            draw(seed, (uint32_t)q, key_lo, epoch, stream, rq);
+            if (q == p) rq[1] = r[1], rq[2] = r[2]; /* the fallback piece: corrupted as before */
+            choose(d, ids, q, rq, tokens, positions, labels, &n);
+            if (!whole) break;
         }
     }
     return n;

@@ -37,6 +37,8 @@ typedef struct train_data_params {
     int32_t vocab_size;       // the model's: every id must be below it (0: the tokenizer's)
     int truncate;             // 1: cut longer examples (a pair: the longer side first); 0: error
     float mask_prob;          // MLM: share of non-special tokens chosen; default 0.15
+    int whole_word;           // MLM: choose whole words (a WordPiece word: a piece and the "##"
+                              // pieces after it), each with probability mask_prob; default 0
 } train_data_params;
 train_data_params train_data_default_params(void);
 
@@ -63,6 +65,8 @@ typedef struct train_dataset {
     uint8_t *special;      // [vocab_size] 1: never masked nor drawn as a random replacement
     int32_t *plain_ids;    // the ids that are not special: the random replacements
     int32_t n_plain;
+    uint8_t *continues;    // [vocab_size] 1: a piece that continues the word before it (WordPiece's
+                           // "##" pieces); NULL unless whole_word
     int64_t cap_tokens;    // allocated lengths of ids and of the per-example arrays (appending)
     int32_t cap_examples;
 } train_dataset;
@@ -97,10 +101,12 @@ size_t train_dataset_bytes(const train_dataset *d);
 /* The masked-LM corruption of example `example` in epoch `epoch`, drawn from (seed, epoch,
  * index[example]): each non-special token is chosen with probability mask_prob (an example where
  * none is chosen gets one chosen uniformly, as BERT's max(1, ...), so every batch has a masked
- * token); of the chosen, 80% become [MASK],
- * 10% a uniformly drawn non-special id, 10% stay. Writes the example's ids, corrupted, to
- * tokens[len], the chosen positions (0-based within the example, increasing) to positions and
- * the original ids to labels (each up to len entries), and returns how many were chosen. */
+ * token); with whole_word, each word instead, all of its pieces together (the draw at its first
+ * piece; none chosen: one word chosen uniformly). Of the chosen pieces, 80% become [MASK], 10% a
+ * uniformly drawn non-special id, 10% stay, each piece drawn on its own. Writes the example's
+ * ids, corrupted, to tokens[len], the chosen positions (0-based within the example, increasing)
+ * to positions and the original ids to labels (each up to len entries), and returns how many were
+ * chosen. */
 int32_t train_mask_example(const train_dataset *d, uint64_t seed, uint32_t epoch, int32_t example,
                            int32_t *tokens, int32_t *positions, int32_t *labels);
 

@@ -34,7 +34,8 @@ nopad_train_params nopad_train_default_params(void) {
         .resume_dir = NULL, .device = NOPAD_DEVICE_CPU, .device_index = 0, .dtype = NOPAD_DTYPE_F32,
         .log_path = NULL, .log_batches = 0, .dropout = -1, .stream = 0,
         .stream_buffer = (int64_t)64 << 20, .eval_every = 0, .eval_every_epoch = 0,
-        .save_best = 0, .best_metric = NOPAD_TRAIN_METRIC_AUTO, .early_stop = 0, .on_eval = NULL};
+        .save_best = 0, .best_metric = NOPAD_TRAIN_METRIC_AUTO, .early_stop = 0, .on_eval = NULL,
+        .whole_word_mask = 0};
 }
 
 static double seconds(void) {
@@ -76,6 +77,9 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (p->task == NOPAD_TRAIN_MLM && p->num_labels != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: num_labels is for "
                                "classification, not MLM");
+    if (p->whole_word_mask != 0 && (p->whole_word_mask != 1 || p->task != NOPAD_TRAIN_MLM))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: whole_word_mask %d; it is 0 "
+                               "or 1, and 1 is for masked-LM", p->whole_word_mask);
     if (p->device != NOPAD_DEVICE_CPU && p->device != NOPAD_DEVICE_CUDA)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: device %d is not cpu or cuda",
                                (int)p->device);
@@ -175,6 +179,7 @@ static train_data_params data_params(const run *r, const nopad_train_params *p, 
     dp.max_length = r->model.cfg.max_position_embeddings;
     dp.vocab_size = r->model.cfg.vocab_size;
     dp.truncate = p->truncate;
+    dp.whole_word = p->task == NOPAD_TRAIN_MLM && p->whole_word_mask;
     return dp;
 }
 
@@ -311,6 +316,7 @@ static nopad_status check_resume(const nopad_train_params *p, const train_state 
         {"max_grad_norm", want->opt.max_grad_norm, saved->opt.max_grad_norm},
         {"eps", want->opt.eps, saved->opt.eps},
         {"dropout", want->dropout, saved->dropout},
+        {"whole_word_mask", want->whole_word, saved->whole_word},
         {"stream buffer (0: the data held in memory)", (double)want->stream_buffer,
          (double)saved->stream_buffer},
     };
@@ -584,7 +590,7 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                           .data_seed = p->seed, .epochs = p->epochs,
                           .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
                           .dropout = r.ctx.dropout, .stream_buffer = p->stream ? p->stream_buffer : 0,
-                          .metric = metric};
+                          .metric = metric, .whole_word = p->whole_word_mask};
     state.schedule.lr = p->lr;
     state.schedule.total_steps = total;
     state.schedule.warmup_steps = p->warmup_steps >= 0

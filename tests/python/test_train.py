@@ -6,7 +6,7 @@
 - a run stopped from the callback and resumed from its checkpoint gives every step's loss of a
   run that did not stop, bit for bit, and the same final weights;
 - an exception in the callback stops the run and is raised by train();
-- masked LM with LAMB and a per-step log;
+- masked LM with LAMB and a per-step log; with whole-word masking, recorded and kept on resume;
 - evaluations during the run (eval_every, "epoch"): on_eval sees each, as the log has them; the
   best (by accuracy, or by loss) kept in out/best with the weights of a run stopped there; a run
   stopped before or after evaluations and resumed keeps the history and best; on_eval stopping
@@ -149,6 +149,23 @@ def test_mlm_lamb_with_log(mlm_model, tmp_path):
     assert [r["step"] for r in rows] == list(range(1, m.steps + 1))
     assert rows[-1]["loss"] == m.last_loss
     assert m.eval_accuracy is None and m.eval_loss > 0 and m.num_labels == 0
+
+
+def test_mlm_whole_word_mask(mlm_model, tmp_path):
+    """Whole-word masking trains, is recorded in the checkpoint, and a resume must keep it."""
+    lines = tmp_path / "train.txt"
+    lines.write_text("".join(json.loads(l)["text"] + "\n"
+                             for l in open(TRAIN / "cls_train.jsonl")))
+    opts = dict(task="mlm", lr=1e-3, epochs=2, batch_tokens=64, threads=2, whole_word_mask=True)
+    m = nopad.Trainer(mlm_model, lines, tmp_path / "out", **opts).train(on_step=lambda p: p.step == 3)
+    assert m.steps == 3 and m.last_loss > 0
+    state = json.load(open(tmp_path / "out" / "trainer_state.json"))
+    assert state["data"]["whole_word_mask"] is True
+    opts["whole_word_mask"] = False
+    with pytest.raises(nopad.InvalidArgumentError, match="whole_word_mask 0, but the checkpoint's is 1"):
+        nopad.Trainer(mlm_model, lines, tmp_path / "out", resume=tmp_path / "out", **opts).train()
+    with pytest.raises(nopad.InvalidArgumentError, match="whole_word_mask is for task='mlm'"):
+        nopad.Trainer(mlm_model, lines, tmp_path / "o", task="classify", whole_word_mask=True)
 
 
 def test_errors(cls_model, mlm_model, tmp_path):

@@ -29,7 +29,7 @@ static const char train_help[] =
     "  classify   JSONL, one object a line: {\"text\": ..., \"label\": 0..N-1} (and \"text_pair\"\n"
     "             for pairs); with --num-labels 1 the label is any number (regression)\n"
     "  mlm        one text example a line (or JSONL {\"text\": ...} when FILE ends in .jsonl);\n"
-    "             15% of the tokens masked afresh each epoch\n"
+    "             15% of the tokens masked afresh each epoch (--whole-word-mask: of the words)\n"
     "\n"
     "options:\n"
     "  --model DIR         HF BERT folder with its tokenizer [required]\n"
@@ -75,6 +75,8 @@ static const char train_help[] =
     "                      trains in fp32\n"
     "  --truncate          cut examples longer than the model maximum; without it such a line\n"
     "                      is an error naming it\n"
+    "  --whole-word-mask   mlm: mask whole words (a WordPiece piece and the '##' pieces after\n"
+    "                      it) instead of single pieces\n"
     "  --stream            read the training data a window at a time instead of tokenizing it\n"
     "                      whole into memory (4 bytes a token): memory bounded by the window\n"
     "                      whatever the corpus size; blocks of the file shuffled per epoch, the\n"
@@ -96,7 +98,7 @@ enum {
     OPT_MAX_GRAD_NORM, OPT_DROPOUT, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
     OPT_NO_STREAM, OPT_STREAM_BUFFER, OPT_EVAL_EVERY, OPT_SAVE_BEST, OPT_BEST_METRIC,
-    OPT_EARLY_STOP,
+    OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK,
 };
 
 static const struct option long_options[] = {
@@ -122,6 +124,7 @@ static const struct option long_options[] = {
     {"seed", required_argument, NULL, OPT_SEED},
     {"save-every", required_argument, NULL, OPT_SAVE_EVERY},
     {"truncate", no_argument, NULL, OPT_TRUNCATE},
+    {"whole-word-mask", no_argument, NULL, OPT_WHOLE_WORD_MASK},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"resume", required_argument, NULL, OPT_RESUME},
@@ -182,6 +185,7 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         case OPT_OUTPUT: o->output_dir = optarg; break;
         case OPT_EVAL: o->eval_path = optarg; break;
         case OPT_TRUNCATE: o->truncate = 1; break;
+        case OPT_WHOLE_WORD_MASK: o->whole_word_mask = 1; break;
         case OPT_QUIET: cl->quiet = 1; break;
         case OPT_RESUME: o->resume_dir = optarg; break;
         case OPT_LOG: o->log_path = optarg; break;
