@@ -2,11 +2,13 @@
  * epoch over what it accepted.
  *
  * The first byte picks the reading: bit 0 JSONL (else text lines), bit 1 classification (else
- * MLM; classification forces JSONL), bit 2 truncation, bit 3 regression (one label, else three)
- * or, for MLM, whole-word masking, bits 4-7 the model maximum (3 + b/16 · 4 tokens). The tokenizer is a fixed WordPiece vocab.txt
+ * MLM; classification forces JSONL), bit 2 truncation (for MLM on text lines: packed lines
+ * instead), bit 3 regression (one label, else three) or, for MLM, whole-word masking, bits 4-7
+ * the model maximum (3 + b/16 · 4 tokens). The tokenizer is a fixed WordPiece vocab.txt
  * of 32 ids. Beyond "no crash, no leak", an accepted corpus keeps the reader's promises: every
  * example within the maximum, starting with [CLS] and ending with [SEP], its ids in the
- * vocabulary, its labels in range or its targets finite; and an epoch of the loader visits every
+ * vocabulary (packed: a piece within the maximum, with a token to mask, keyed by its number),
+ * its labels in range or its targets finite; and an epoch of the loader visits every
  * example once, no batch over its budget, masked positions never on a special token, and with
  * whole-word masking no word (a piece and its "##" pieces) partly masked. */
 #include <math.h>
@@ -35,6 +37,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.num_labels = mode & 8 ? 1 : 3;
     p.max_length = 3 + (mode >> 4) * 4;
     p.whole_word = p.task == TRAIN_TASK_MLM && (mode & 8);
+    p.pack = p.task == TRAIN_TASK_MLM && p.format == TRAIN_DATA_LINES && p.truncate;
+    if (p.pack) p.truncate = 0;
     train_dataset d;
     if (train_dataset_parse((const char *)data + 1, size - 1, "fuzz", tok, &p, &d) != NOPAD_OK)
         return 0;
@@ -43,8 +47,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int32_t e = 0; e < d.n_examples; e++) {
         const int64_t len = d.offsets[e + 1] - d.offsets[e];
         const int32_t *ids = d.ids + d.offsets[e];
-        if (len < 2 || len > p.max_length || ids[0] != 2 || ids[len - 1] != 3) __builtin_trap();
-        if (d.type0_len[e] < 2 || d.type0_len[e] > len) __builtin_trap();
+        if (p.pack) { /* pieces: end to end from the start, full but the last, none without a word */
+            if (len < 1 || len > p.max_length || d.offsets[e] < 0 || d.index[e] != e) __builtin_trap();
+            if (d.type0_len[e] != len) __builtin_trap();
+            int maskable = 0;
+            for (int64_t i = 0; i < len; i++) maskable |= !d.special[ids[i]];
+            if (!maskable) __builtin_trap();
+        } else {
+            if (len < 2 || len > p.max_length || ids[0] != 2 || ids[len - 1] != 3) __builtin_trap();
+            if (d.type0_len[e] < 2 || d.type0_len[e] > len) __builtin_trap();
+        }
         for (int64_t i = 0; i < len; i++)
             if (ids[i] < 0 || ids[i] >= V) __builtin_trap();
         if (d.labels && (d.labels[e] < 0 || d.labels[e] >= p.num_labels)) __builtin_trap();

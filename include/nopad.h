@@ -768,6 +768,11 @@ typedef struct nopad_train_params {
                                      piece and the "##" pieces after it together, each word with
                                      probability 0.15 (BERT's whole-word masking); the 80/10/10
                                      replacement stays per piece */
+    int pack_lines;               /* 0; 1 (masked-LM, data in memory): the lines, each with its
+                                     [CLS] ... [SEP], concatenated in file order and cut into
+                                     examples of the model maximum (HF run_mlm.py's grouping
+                                     without --line_by_line), so the model sees full-length
+                                     sequences; 0 trains on each line alone */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

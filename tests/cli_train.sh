@@ -6,7 +6,8 @@
 #     head is made, the loss falls (last step below half the first), 'eval accuracy: X' is
 #     printed with X >= 0.9 on the held-out file (observed 1.0: the labels follow the word sets),
 #     and the output folder is a model that `nopad embed` runs;
-#   - masked-LM training with LAMB on text lines, with an eval loss; with --whole-word-mask;
+#   - masked-LM training with LAMB on text lines, with an eval loss; with --whole-word-mask; with
+#     --pack-lines (and its refusal to stream);
 #   - --resume: a run stopped after step k (--stop-after) and resumed from its checkpoint logs the
 #     same per-step losses and learning rates, bit for bit, as one that did not stop, and ends
 #     with the same weights; a resume with another optimiser, learning rate, epoch count, seed,
@@ -138,6 +139,14 @@ if "$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" 
         fail "mlm --whole-word-mask: not in trainer_state.json"
 else
     fail "mlm --whole-word-mask: exit $?: $(cat "$TMP/stderr")"
+fi
+# packed lines: trains on full-length pieces, recorded; it does not stream
+if "$NOPAD_CLI" train --model "$TMP/mlm" --task mlm --data "$TMP/cls_train.txt" --output "$TMP/out_pack" \
+    --pack-lines --epochs 1 --batch-tokens 512 --quiet >"$TMP/stdout" 2>"$TMP/stderr"; then
+    grep -q '"pack_lines":\s*true' "$TMP/out_pack/trainer_state.json" ||
+        fail "mlm --pack-lines: not in trainer_state.json"
+else
+    fail "mlm --pack-lines: exit $?: $(cat "$TMP/stderr")"
 fi
 
 # ---- resume: k steps + --resume give the per-step losses of a run that did not stop -------------
@@ -508,6 +517,8 @@ printf '{"text": "aa ab", "label": 0}\nnot json\n' >"$TMP/bad_json.jsonl"
 C=(--model "$TMP/bare" --task classify --num-labels 2 --output "$TMP/o")
 expect_fail 1 "whole_word_mask 1; it is 0 or 1, and 1 is for masked-LM" "${C[@]}" --data "$D/cls_train.jsonl" \
     --whole-word-mask
+expect_fail 1 "pack_lines packs the data held in memory; it does not stream yet" --model "$TMP/mlm" --task mlm \
+    --data "$TMP/cls_train.txt" --output "$TMP/o" --pack-lines --stream
 expect_fail 2 "missing --task" --model "$TMP/bare" --data "$D/cls_train.jsonl" --output "$TMP/o"
 expect_fail 2 "missing --data" --model "$TMP/bare" --task mlm --output "$TMP/o"
 expect_fail 2 "unknown task 'ner'" --model "$TMP/bare" --task ner --data "$D/cls_train.jsonl" --output "$TMP/o"

@@ -405,6 +405,40 @@ static void test_whole_word_mask(void **state) {
     nopad_tokenizer_free(bpe);
 }
 
+/* Packed lines: the pieces, laid end to end, are the line-by-line examples laid end to end (none
+ * dropped here: every 32-token window holds a word; lines longer than 32 tokens are cut, not
+ * refused), each of max_length tokens but the last,
+ * keyed by their number, with the line of their first token; every piece gets a masked token. */
+static void test_pack_lines(void **state) {
+    (void)state;
+    nopad_tokenizer *tok = make_tokenizer();
+    const char *path = write_corpus(300, 1, 40, 5);
+    train_data_params p = mlm_params(512); /* line by line: lines of up to 42 tokens fit */
+    train_dataset lines, packed;
+    assert_nopad_ok(train_dataset_load(path, tok, &p, &lines));
+    p = mlm_params(32); /* packed: longer lines are cut too, not refused */
+    p.pack = 1;
+    assert_nopad_ok(train_dataset_load(path, tok, &p, &packed));
+    assert_int_equal(packed.n_tokens, lines.n_tokens);
+    assert_memory_equal(packed.ids, lines.ids, (size_t)lines.n_tokens * sizeof(int32_t));
+    assert_int_equal(packed.n_examples, (int32_t)((lines.n_tokens + 31) / 32));
+    int32_t *tokens = malloc(32 * 4), *pos = malloc(32 * 4), *labels = malloc(32 * 4);
+    for (int32_t e = 0, src = 0; e < packed.n_examples; e++) {
+        const int64_t at = packed.offsets[e], len = packed.offsets[e + 1] - at;
+        assert_int_equal(at, (int64_t)e * 32);
+        assert_true(len == 32 || (e + 1 == packed.n_examples && len >= 1 && len <= 32));
+        assert_int_equal(packed.index[e], e);
+        assert_int_equal(packed.type0_len[e], len);
+        while (lines.offsets[src + 1] <= at) src++;
+        assert_int_equal(packed.line[e], lines.line[src]);
+        assert_true(train_mask_example(&packed, 3, 0, e, tokens, pos, labels) >= 1);
+    }
+    free(tokens), free(pos), free(labels);
+    train_dataset_free(&lines);
+    train_dataset_free(&packed);
+    nopad_tokenizer_free(tok);
+}
+
 static void test_classification(void **state) {
     (void)state;
     nopad_tokenizer *tok = make_tokenizer();
@@ -570,6 +604,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_text),        cmocka_unit_test(test_determinism_and_batches),
         cmocka_unit_test(test_mask_proportions), cmocka_unit_test(test_whole_word_mask),
+        cmocka_unit_test(test_pack_lines),
         cmocka_unit_test(test_classification),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_batches_train),
     };

@@ -263,7 +263,8 @@ class TrainParams(ctypes.Structure):
                 ("best_metric", _enum),
                 ("early_stop", ctypes.c_int32),
                 ("on_eval", TrainEvalFn),
-                ("whole_word_mask", ctypes.c_int)]
+                ("whole_word_mask", ctypes.c_int),
+                ("pack_lines", ctypes.c_int)]
 
 
 class TrainResult(ctypes.Structure):

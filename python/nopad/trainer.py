@@ -144,6 +144,8 @@ class Trainer:
     early_stop: stop after K evaluations in a row without a new best.
     whole_word_mask: MLM with a WordPiece tokenizer: mask whole words (a piece and the ``##``
     pieces after it together), each word with probability 0.15, instead of single pieces.
+    pack_lines: MLM: concatenate the lines (each with its [CLS] ... [SEP]) and cut them into
+    examples of the model maximum (HF's run_mlm.py without ``--line_by_line``); not with stream.
     """
 
     def __init__(self, model: PathLike, data: PathLike, output: PathLike, *, task: str = "mlm",
@@ -157,7 +159,7 @@ class Trainer:
                  stream: bool = False, stream_buffer: int = 64 << 20,
                  eval_every: Union[int, str] = 0, save_best: bool = False,
                  best_metric: Optional[str] = None, early_stop: int = 0,
-                 whole_word_mask: bool = False) -> None:
+                 whole_word_mask: bool = False, pack_lines: bool = False) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -225,6 +227,12 @@ class Trainer:
         if whole_word_mask and p.task != _TASKS["mlm"]:
             raise InvalidArgumentError("whole_word_mask is for task='mlm'")
         p.whole_word_mask = int(bool(whole_word_mask))
+        if pack_lines and p.task != _TASKS["mlm"]:
+            raise InvalidArgumentError("pack_lines is for task='mlm'")
+        if pack_lines and stream:
+            raise InvalidArgumentError("pack_lines packs the data held in memory; it does not "
+                                       "stream yet (stream=False)")
+        p.pack_lines = int(bool(pack_lines))
         p.n_threads = int(threads)
         p.device = _parse_device(device)
         if dtype is None:

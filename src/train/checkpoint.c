@@ -261,6 +261,7 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddNumberToObject(d, "batch_tokens", s->batch_tokens);
     cJSON_AddNumberToObject(d, "batch_seqs", s->batch_seqs);
     cJSON_AddBoolToObject(d, "whole_word_mask", s->whole_word != 0);
+    cJSON_AddBoolToObject(d, "pack_lines", s->pack_lines != 0);
     if (s->metric != TRAIN_METRIC_NONE) {
         /* the metrics read back exactly, so a resumed run picks the best as one that did not
          * stop; "best" is derived from them, for readers */
@@ -545,11 +546,16 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
         TRY(get_int(d, shape[i].key, where, 0, 2147483647.0, &v));
         *shape[i].dst = (int32_t)v;
     }
-    /* absent from states saved before whole-word masking existed: they masked pieces */
-    const cJSON *ww = cJSON_GetObjectItemCaseSensitive(d, "whole_word_mask");
-    if (ww && !cJSON_IsBool(ww))
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"whole_word_mask\" is not true or false", where);
-    s->whole_word = ww && cJSON_IsTrue(ww);
+    /* absent from states saved before these options existed: they were off */
+    struct { const char *key; int *dst; } flags[] = {
+        {"whole_word_mask", &s->whole_word}, {"pack_lines", &s->pack_lines},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(d, flags[i].key);
+        if (f && !cJSON_IsBool(f))
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"%s\" is not true or false", where, flags[i].key);
+        *flags[i].dst = f && cJSON_IsTrue(f);
+    }
     TRY(parse_evals(root, where, s));
     return parse_schedule(root, where, &s->schedule);
 }

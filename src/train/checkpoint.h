@@ -65,6 +65,7 @@ typedef struct train_state {
     int32_t batch_seqs;
     float dropout;            // the step's dropout rate (masks follow from the seed and step)
     int whole_word;           // MLM masks chose whole words (nopad_train_params.whole_word_mask)
+    int pack_lines;           // MLM examples were packed lines (nopad_train_params.pack_lines)
     train_metric metric;      // what the best evaluation is by; NONE: none are recorded
     train_eval *evals;        // [n_evals] the run's evaluations in step order (train_state_free)
     int32_t n_evals;

@@ -114,7 +114,8 @@ static nopad_status add_example(builder *b, const nopad_tokenizer *tok, const ch
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "%s: the template alone has %d special tokens, more than the model "
                                "maximum %d", where, n_special, d->params.max_length);
-    if (la + lb > budget) {
+    const int packed = d->params.pack && d->params.task == TRAIN_TASK_MLM; /* lines cut anew later */
+    if (la + lb > budget && !packed) {
         if (!d->params.truncate)
             return nopad_set_error(NOPAD_ERR_TOO_LONG,
                                    "%s: %d tokens with the special ones, more than the model "
@@ -369,6 +370,63 @@ size_t train_dataset_bytes(const train_dataset *d) {
            (d->special ? (size_t)d->vocab_size * (1 + sizeof(int32_t)) : 0);
 }
 
+/* params.pack: the examples already lie one after another in ids, so packing only cuts the stream
+ * anew, into pieces of max_length tokens (HF's run_mlm.py without --line_by_line: its group_texts
+ * keeps the remainder only when it fills a block; here it is a shorter last example). A piece is
+ * keyed by its place (index = its number), so its masking is its own; a piece with no token that
+ * can be masked (only specials) is dropped and counted in n_skipped. */
+static nopad_status pack_examples(train_dataset *d) {
+    const int64_t L = d->params.max_length, n_tokens = d->n_tokens;
+    const int64_t *old_off = d->offsets;
+    const int64_t *old_line = d->line;
+    const int32_t n_old = d->n_examples;
+    int64_t *off = malloc((size_t)(n_tokens / L + 2) * sizeof *off);
+    int64_t *line = malloc((size_t)(n_tokens / L + 1) * sizeof *line);
+    if (!off || !line) {
+        free(off), free(line);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
+    }
+    int32_t n = 0, e = 0; /* e: the old example holding the piece's first token */
+    int64_t kept = 0;     /* tokens of the kept pieces, written to ids from the start */
+    for (int64_t at = 0; at < n_tokens; at += L) {
+        const int64_t end = at + L < n_tokens ? at + L : n_tokens;
+        while (e + 1 < n_old && old_off[e + 1] <= at) e++;
+        int maskable = 0;
+        for (int64_t i = at; i < end && !maskable; i++) maskable = !d->special[d->ids[i]];
+        if (!maskable) {
+            d->n_skipped++;
+            continue;
+        }
+        memmove(d->ids + kept, d->ids + at, (size_t)(end - at) * sizeof *d->ids);
+        off[n] = kept;
+        line[n] = old_line[e];
+        kept += end - at;
+        n++;
+    }
+    off[n] = kept;
+    if (n > d->cap_examples) { /* more pieces than examples: the per-example arrays grow */
+        int32_t *t0 = realloc(d->type0_len, (size_t)n * sizeof *t0);
+        if (t0) d->type0_len = t0;
+        int64_t *ix = t0 ? realloc(d->index, (size_t)n * sizeof *ix) : NULL;
+        if (ix) d->index = ix;
+        if (!t0 || !ix) {
+            free(off), free(line);
+            return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
+        }
+        d->cap_examples = n;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        d->type0_len[i] = (int32_t)(off[i + 1] - off[i]);
+        d->index[i] = i;
+    }
+    free(d->offsets), free(d->line);
+    d->offsets = off;
+    d->line = line;
+    d->n_examples = n;
+    d->n_tokens = kept;
+    return NOPAD_OK;
+}
+
 nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
                                  const nopad_tokenizer *tok, const train_data_params *params,
                                  train_dataset *out) {
@@ -378,6 +436,8 @@ nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
     nopad_status st = train_dataset_init(tok, params, out);
     if (st != NOPAD_OK) return st;
     st = train_dataset_add_lines(out, tok, text, len, len, path, 1, 0);
+    if (st == NOPAD_OK && params->pack && params->task == TRAIN_TASK_MLM && out->n_examples > 0)
+        st = pack_examples(out);
     if (st == NOPAD_OK && out->n_examples == 0)
         st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no training example (%d lines skipped: blank, or "
                              "nothing to mask)", path, out->n_skipped);

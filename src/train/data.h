@@ -39,6 +39,10 @@ typedef struct train_data_params {
     float mask_prob;          // MLM: share of non-special tokens chosen; default 0.15
     int whole_word;           // MLM: choose whole words (a WordPiece word: a piece and the "##"
                               // pieces after it), each with probability mask_prob; default 0
+    int pack;                 // MLM, train_dataset_parse / _load: the lines (each with its
+                              // [CLS] ... [SEP], of any length: no truncation, no error) concatenated
+                              // in file order and cut into examples of max_length tokens, the last
+                              // one shorter; default 0
 } train_data_params;
 train_data_params train_data_default_params(void);
 

@@ -35,7 +35,7 @@ nopad_train_params nopad_train_default_params(void) {
         .log_path = NULL, .log_batches = 0, .dropout = -1, .stream = 0,
         .stream_buffer = (int64_t)64 << 20, .eval_every = 0, .eval_every_epoch = 0,
         .save_best = 0, .best_metric = NOPAD_TRAIN_METRIC_AUTO, .early_stop = 0, .on_eval = NULL,
-        .whole_word_mask = 0};
+        .whole_word_mask = 0, .pack_lines = 0};
 }
 
 static double seconds(void) {
@@ -80,6 +80,12 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (p->whole_word_mask != 0 && (p->whole_word_mask != 1 || p->task != NOPAD_TRAIN_MLM))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: whole_word_mask %d; it is 0 "
                                "or 1, and 1 is for masked-LM", p->whole_word_mask);
+    if (p->pack_lines != 0 && (p->pack_lines != 1 || p->task != NOPAD_TRAIN_MLM))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: pack_lines %d; it is 0 or 1, "
+                               "and 1 is for masked-LM", p->pack_lines);
+    if (p->pack_lines && p->stream)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "nopad_train: pack_lines packs the data held in "
+                               "memory; it does not stream yet (stream = 0, `nopad train --no-stream`)");
     if (p->device != NOPAD_DEVICE_CPU && p->device != NOPAD_DEVICE_CUDA)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: device %d is not cpu or cuda",
                                (int)p->device);
@@ -180,6 +186,7 @@ static train_data_params data_params(const run *r, const nopad_train_params *p, 
     dp.vocab_size = r->model.cfg.vocab_size;
     dp.truncate = p->truncate;
     dp.whole_word = p->task == NOPAD_TRAIN_MLM && p->whole_word_mask;
+    dp.pack = p->task == NOPAD_TRAIN_MLM && p->pack_lines;
     return dp;
 }
 
@@ -317,6 +324,7 @@ static nopad_status check_resume(const nopad_train_params *p, const train_state 
         {"eps", want->opt.eps, saved->opt.eps},
         {"dropout", want->dropout, saved->dropout},
         {"whole_word_mask", want->whole_word, saved->whole_word},
+        {"pack_lines", want->pack_lines, saved->pack_lines},
         {"stream buffer (0: the data held in memory)", (double)want->stream_buffer,
          (double)saved->stream_buffer},
     };
@@ -590,7 +598,8 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                           .data_seed = p->seed, .epochs = p->epochs,
                           .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
                           .dropout = r.ctx.dropout, .stream_buffer = p->stream ? p->stream_buffer : 0,
-                          .metric = metric, .whole_word = p->whole_word_mask};
+                          .metric = metric, .whole_word = p->whole_word_mask,
+                          .pack_lines = p->pack_lines};
     state.schedule.lr = p->lr;
     state.schedule.total_steps = total;
     state.schedule.warmup_steps = p->warmup_steps >= 0

@@ -6,7 +6,8 @@
 - a run stopped from the callback and resumed from its checkpoint gives every step's loss of a
   run that did not stop, bit for bit, and the same final weights;
 - an exception in the callback stops the run and is raised by train();
-- masked LM with LAMB and a per-step log; with whole-word masking, recorded and kept on resume;
+- masked LM with LAMB and a per-step log; with whole-word masking and with packed lines, each
+  recorded and kept on resume;
 - evaluations during the run (eval_every, "epoch"): on_eval sees each, as the log has them; the
   best (by accuracy, or by loss) kept in out/best with the weights of a run stopped there; a run
   stopped before or after evaluations and resumed keeps the history and best; on_eval stopping
@@ -166,6 +167,25 @@ def test_mlm_whole_word_mask(mlm_model, tmp_path):
         nopad.Trainer(mlm_model, lines, tmp_path / "out", resume=tmp_path / "out", **opts).train()
     with pytest.raises(nopad.InvalidArgumentError, match="whole_word_mask is for task='mlm'"):
         nopad.Trainer(mlm_model, lines, tmp_path / "o", task="classify", whole_word_mask=True)
+
+
+def test_mlm_pack_lines(mlm_model, tmp_path):
+    """Packed lines: fewer, full-length examples; recorded, and a resume must keep it."""
+    lines = tmp_path / "train.txt"
+    lines.write_text("".join(json.loads(l)["text"] + "\n"
+                             for l in open(TRAIN / "cls_train.jsonl")))
+    opts = dict(task="mlm", lr=1e-3, epochs=1, batch_tokens=512, threads=2)
+    plain = nopad.Trainer(mlm_model, lines, tmp_path / "a", **opts).train()
+    m = nopad.Trainer(mlm_model, lines, tmp_path / "b", pack_lines=True, **opts).train(
+        on_step=lambda p: p.step == 1)
+    assert m.n_examples < plain.n_examples and m.steps == 1
+    assert json.load(open(tmp_path / "b" / "trainer_state.json"))["data"]["pack_lines"] is True
+    with pytest.raises(nopad.InvalidArgumentError, match="pack_lines 0, but the checkpoint's is 1"):
+        nopad.Trainer(mlm_model, lines, tmp_path / "b", resume=tmp_path / "b", **opts).train()
+    with pytest.raises(nopad.InvalidArgumentError, match="pack_lines is for task='mlm'"):
+        nopad.Trainer(mlm_model, lines, tmp_path / "o", task="classify", pack_lines=True)
+    with pytest.raises(nopad.InvalidArgumentError, match="does not stream yet"):
+        nopad.Trainer(mlm_model, lines, tmp_path / "o", task="mlm", pack_lines=True, stream=True)
 
 
 def test_errors(cls_model, mlm_model, tmp_path):

@@ -77,6 +77,9 @@ static const char train_help[] =
     "                      is an error naming it\n"
     "  --whole-word-mask   mlm: mask whole words (a WordPiece piece and the '##' pieces after\n"
     "                      it) instead of single pieces\n"
+    "  --pack-lines        mlm: concatenate the lines (each with its [CLS] ... [SEP]) and cut\n"
+    "                      them into examples of the model maximum, as HF's run_mlm.py without\n"
+    "                      --line_by_line; the data is held in memory\n"
     "  --stream            read the training data a window at a time instead of tokenizing it\n"
     "                      whole into memory (4 bytes a token): memory bounded by the window\n"
     "                      whatever the corpus size; blocks of the file shuffled per epoch, the\n"
@@ -98,7 +101,7 @@ enum {
     OPT_MAX_GRAD_NORM, OPT_DROPOUT, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
     OPT_NO_STREAM, OPT_STREAM_BUFFER, OPT_EVAL_EVERY, OPT_SAVE_BEST, OPT_BEST_METRIC,
-    OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK,
+    OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK, OPT_PACK_LINES,
 };
 
 static const struct option long_options[] = {
@@ -125,6 +128,7 @@ static const struct option long_options[] = {
     {"save-every", required_argument, NULL, OPT_SAVE_EVERY},
     {"truncate", no_argument, NULL, OPT_TRUNCATE},
     {"whole-word-mask", no_argument, NULL, OPT_WHOLE_WORD_MASK},
+    {"pack-lines", no_argument, NULL, OPT_PACK_LINES},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"resume", required_argument, NULL, OPT_RESUME},
@@ -186,6 +190,7 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         case OPT_EVAL: o->eval_path = optarg; break;
         case OPT_TRUNCATE: o->truncate = 1; break;
         case OPT_WHOLE_WORD_MASK: o->whole_word_mask = 1; break;
+        case OPT_PACK_LINES: o->pack_lines = 1; break;
         case OPT_QUIET: cl->quiet = 1; break;
         case OPT_RESUME: o->resume_dir = optarg; break;
         case OPT_LOG: o->log_path = optarg; break;
@@ -491,7 +496,8 @@ int cmd_train(int argc, char **argv) {
         }
     /* data too large to hold tokenized is streamed, and the run says so */
     struct stat info;
-    if (!cl.stream_given && stat(o.data_path, &info) == 0 && (int64_t)info.st_size > AUTO_STREAM_BYTES) {
+    if (!cl.stream_given && !o.pack_lines && stat(o.data_path, &info) == 0 &&
+        (int64_t)info.st_size > AUTO_STREAM_BYTES) {
         o.stream = 1;
         if (!cl.quiet)
             fprintf(stderr, "%s is %.1f GiB: streaming it in windows of %.0f MiB (--no-stream "
