@@ -773,6 +773,10 @@ typedef struct nopad_train_params {
                                      examples of the model maximum (HF run_mlm.py's grouping
                                      without --line_by_line), so the model sees full-length
                                      sequences; 0 trains on each line alone */
+    double early_stop_min_delta;  /* 0; > 0: early_stop counts the evaluations since one beat the
+                                     best before it by more than this (a loss lower, an accuracy
+                                     higher by that much; Keras' min_delta); save_best and
+                                     is_best still take any improvement */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

@@ -556,6 +556,9 @@ expect_fail 2 "--save-best needs --eval FILE" "${C[@]}" --data "$D/cls_train.jso
 expect_fail 2 "--save-best needs --eval-every N|epoch" "${EV[@]}" --save-best
 expect_fail 2 "--early-stop needs --eval-every N|epoch" "${EV[@]}" --early-stop 2
 expect_fail 2 "--early-stop expects an integer in [1," "${EV[@]}" --eval-every 5 --early-stop 0
+expect_fail 2 "--early-stop-min-delta needs --early-stop K" "${EV[@]}" --eval-every 5 --early-stop-min-delta 0.1
+expect_fail 2 "--early-stop-min-delta -1: expected a number >= 0" "${EV[@]}" --eval-every 5 --early-stop 2 \
+    --early-stop-min-delta -1
 expect_fail 2 "unknown --best-metric 'f1' (expected loss or accuracy)" "${EV[@]}" --eval-every 5 --best-metric f1
 expect_fail 2 "--best-metric accuracy is for --task classify" --model "$TMP/mlm" --task mlm \
     --data "$TMP/cls_train.txt" --eval "$TMP/cls_eval.txt" --output "$TMP/o" --eval-every 5 --best-metric accuracy

@@ -433,8 +433,19 @@ static void test_evaluations(void **state) {
     assert_nopad_error(train_state_add_eval(&s, &evals[3]), NOPAD_ERR_INVALID_ARGUMENT,
                        "at step 12 after one at step 12");
     assert_int_equal(train_state_best(&s), 1);
+    /* early stopping's count: since the best (accuracy 0.75 at 6, tied at 9), or since the last
+     * improvement by more than 0.2 (none after the first), or 0.25 - 1e-9 (6 counts) */
+    assert_int_equal(train_state_stale(&s, 0), 2);
+    assert_int_equal(train_state_stale(&s, 0.2), 2);
+    assert_int_equal(train_state_stale(&s, 0.25), 3);
+    assert_int_equal(train_state_stale(&s, 0.25 - 1e-9), 2);
     s.metric = TRAIN_METRIC_LOSS;
     assert_int_equal(train_state_best(&s), 3);
+    /* losses 0.3333, 0.30000000000000004, 0.3, 0.2857: each one an improvement; by more than
+     * 0.04 only the last against the first (0.0476); by more than 0.05 none */
+    assert_int_equal(train_state_stale(&s, 0), 0);
+    assert_int_equal(train_state_stale(&s, 0.04), 0);
+    assert_int_equal(train_state_stale(&s, 0.05), 3);
     s.metric = TRAIN_METRIC_ACCURACY;
     const char *dir = test_make_temp_dir(5);
     assert_nopad_ok(train_checkpoint_save(&m, &s, dir));

@@ -264,7 +264,8 @@ class TrainParams(ctypes.Structure):
                 ("early_stop", ctypes.c_int32),
                 ("on_eval", TrainEvalFn),
                 ("whole_word_mask", ctypes.c_int),
-                ("pack_lines", ctypes.c_int)]
+                ("pack_lines", ctypes.c_int),
+                ("early_stop_min_delta", ctypes.c_double)]
 
 
 class TrainResult(ctypes.Structure):

@@ -141,7 +141,8 @@ class Trainer:
     best evaluation's weights in ``output/best`` (a model folder; eval_results.json names the
     step); best_metric: ``"accuracy"`` (the default for classification) or ``"loss"`` (for MLM and
     regression); a tie keeps the earlier step; a resumed run keeps its checkpoint's best.
-    early_stop: stop after K evaluations in a row without a new best.
+    early_stop: stop after K evaluations in a row without a new best. early_stop_min_delta: only
+    an improvement by more than this counts for early_stop (Keras' min_delta; default 0).
     whole_word_mask: MLM with a WordPiece tokenizer: mask whole words (a piece and the ``##``
     pieces after it together), each word with probability 0.15, instead of single pieces.
     pack_lines: MLM: concatenate the lines (each with its [CLS] ... [SEP]) and cut them into
@@ -159,7 +160,8 @@ class Trainer:
                  stream: bool = False, stream_buffer: int = 64 << 20,
                  eval_every: Union[int, str] = 0, save_best: bool = False,
                  best_metric: Optional[str] = None, early_stop: int = 0,
-                 whole_word_mask: bool = False, pack_lines: bool = False) -> None:
+                 whole_word_mask: bool = False, pack_lines: bool = False,
+                 early_stop_min_delta: float = 0.0) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -214,6 +216,12 @@ class Trainer:
         if int(early_stop) < 0:
             raise InvalidArgumentError("early_stop %r: expected >= 1 (0: off)" % (early_stop,))
         p.early_stop = int(early_stop)
+        if not float(early_stop_min_delta) >= 0:
+            raise InvalidArgumentError("early_stop_min_delta %r: expected a number >= 0"
+                                       % (early_stop_min_delta,))
+        if early_stop_min_delta and not early_stop:
+            raise InvalidArgumentError("early_stop_min_delta needs early_stop")
+        p.early_stop_min_delta = float(early_stop_min_delta)
         p.save_best = int(bool(save_best))
         needs = ("eval_every" if periodic else "save_best" if save_best else
                  "early_stop" if early_stop else "best_metric" if best_metric is not None else None)

@@ -66,6 +66,18 @@ int32_t train_state_best(const train_state *s) {
     return best;
 }
 
+int32_t train_state_stale(const train_state *s, double min_delta) {
+    int32_t ref = 0, stale = 0;
+    for (int32_t i = 1; i < s->n_evals; i++) {
+        const train_eval *e = &s->evals[i], *r = &s->evals[ref];
+        const int improved = s->metric == TRAIN_METRIC_ACCURACY ? e->accuracy - r->accuracy > min_delta
+                                                                 : r->loss - e->loss > min_delta;
+        if (improved) ref = i, stale = 0;
+        else stale++;
+    }
+    return stale;
+}
+
 void train_state_free(train_state *s) {
     free(s->evals);
     s->evals = NULL;

@@ -80,6 +80,11 @@ nopad_status train_state_add_eval(train_state *s, const train_eval *e);
 int32_t train_state_best(const train_state *s);
 /* Whether `a` improves on `b` under `metric` (strictly: lower loss, higher accuracy). */
 int train_metric_better(train_metric metric, const train_eval *a, const train_eval *b);
+/* Early stopping's count: the evaluations since the last one that improved by more than
+ * min_delta on the reference, which starts at the first evaluation and moves to each such
+ * improvement (Keras' EarlyStopping); with min_delta 0, the evaluations since the best. 0
+ * without evaluations. */
+int32_t train_state_stale(const train_state *s, double min_delta);
 /* Frees the history and clears it. */
 void train_state_free(train_state *s);
 

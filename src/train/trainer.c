@@ -35,7 +35,7 @@ nopad_train_params nopad_train_default_params(void) {
         .log_path = NULL, .log_batches = 0, .dropout = -1, .stream = 0,
         .stream_buffer = (int64_t)64 << 20, .eval_every = 0, .eval_every_epoch = 0,
         .save_best = 0, .best_metric = NOPAD_TRAIN_METRIC_AUTO, .early_stop = 0, .on_eval = NULL,
-        .whole_word_mask = 0, .pack_lines = 0};
+        .whole_word_mask = 0, .pack_lines = 0, .early_stop_min_delta = 0};
 }
 
 static double seconds(void) {
@@ -101,6 +101,13 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (p->early_stop < 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: early_stop %d, expected "
                                ">= 0 (0: off)", p->early_stop);
+    if (!(p->early_stop_min_delta >= 0 && isfinite(p->early_stop_min_delta)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: early_stop_min_delta %g, "
+                               "expected a finite number >= 0", p->early_stop_min_delta);
+    if (p->early_stop_min_delta > 0 && p->early_stop == 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: early_stop_min_delta needs "
+                               "early_stop (the evaluations without such an improvement that stop "
+                               "the run)");
     if ((unsigned)p->best_metric > NOPAD_TRAIN_METRIC_ACCURACY)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: unknown best_metric %d",
                                (int)p->best_metric);
@@ -469,7 +476,8 @@ static nopad_status record_eval(run *r, const nopad_train_params *p, train_state
         if (st != NOPAD_OK) return st;
     }
     if (p->on_eval && p->on_eval(p->user, &ev) != 0) *stop = 1;
-    if (p->early_stop > 0 && ev.since_best >= p->early_stop) *stop = out->early_stopped = 1;
+    if (p->early_stop > 0 && train_state_stale(state, p->early_stop_min_delta) >= p->early_stop)
+        *stop = out->early_stopped = 1;
     return NOPAD_OK;
 }
 
@@ -641,7 +649,7 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     int stop = 0;
     /* a run that stopped early stays stopped (unless resumed with more patience) */
     if (periodic && p->early_stop > 0 && state.n_evals > 0 &&
-        state.n_evals - 1 - train_state_best(&state) >= p->early_stop)
+        train_state_stale(&state, p->early_stop_min_delta) >= p->early_stop)
         stop = out->early_stopped = 1;
     /* a resumed run starts where the checkpoint's loader stood (an epoch's end moves on) */
     for (uint32_t e = state.epoch; e < (uint32_t)p->epochs && !stop; e++) {

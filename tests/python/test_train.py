@@ -11,7 +11,7 @@
 - evaluations during the run (eval_every, "epoch"): on_eval sees each, as the log has them; the
   best (by accuracy, or by loss) kept in out/best with the weights of a run stopped there; a run
   stopped before or after evaluations and resumed keeps the history and best; on_eval stopping
-  the run; early_stop; the option errors;
+  the run; early_stop, with and without a min_delta; the option errors;
 - errors: bad options, a resume with another optimiser (both named), a missing file, CUDA on a
   build without CUDA training;
 - the ctypes structs of training (nopad_train_params, _result, _progress, _eval) against the header's
@@ -304,6 +304,15 @@ def test_on_eval_stops_and_early_stop(mlm_model, tmp_path):
     m = nopad.Trainer(mlm_model, lines, tmp_path / "b", early_stop=3, **opts).train()
     assert m.early_stopped and m.evals[-1].since_best == 3 and m.steps == m.evals[-1].step
     assert all(e.since_best < 3 for e in m.evals[:-1]) and m.steps < 64
+    # early_stop_min_delta: no improvement is that large, so the run stops two evaluations after
+    # its first, whatever the losses do
+    m = nopad.Trainer(mlm_model, lines, tmp_path / "c", early_stop=2, early_stop_min_delta=1e9,
+                      **opts).train()
+    assert m.early_stopped and [e.step for e in m.evals] == [5, 10, 15] and m.steps == 15
+    with pytest.raises(nopad.InvalidArgumentError, match="early_stop_min_delta needs early_stop"):
+        nopad.Trainer(mlm_model, lines, tmp_path / "d", early_stop_min_delta=0.1, **opts)
+    with pytest.raises(nopad.InvalidArgumentError, match="early_stop_min_delta -1"):
+        nopad.Trainer(mlm_model, lines, tmp_path / "d", early_stop=2, early_stop_min_delta=-1, **opts)
 
 
 def test_eval_errors(cls_model, mlm_model, tmp_path):

@@ -49,6 +49,9 @@ static const char train_help[] =
     "  --best-metric M     what 'best' is: accuracy (higher; the default for classify) or loss\n"
     "                      (lower; the default for mlm and regression); a tie keeps the earlier\n"
     "  --early-stop K      stop after K evaluations in a row without improving on the best\n"
+    "  --early-stop-min-delta X\n"
+    "                      an improvement counts for --early-stop only when the metric beats\n"
+    "                      the last counted one by more than X (default 0)\n"
     "  --epochs N          passes over the data (default 3)\n"
     "  --lr X              peak learning rate (default 5e-5)\n"
     "  --warmup X          warmup: a fraction of the steps when below 1 (default 0.1), else a\n"
@@ -101,7 +104,7 @@ enum {
     OPT_MAX_GRAD_NORM, OPT_DROPOUT, OPT_SEED, OPT_SAVE_EVERY, OPT_TRUNCATE, OPT_THREADS, OPT_QUIET,
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
     OPT_NO_STREAM, OPT_STREAM_BUFFER, OPT_EVAL_EVERY, OPT_SAVE_BEST, OPT_BEST_METRIC,
-    OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK, OPT_PACK_LINES,
+    OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK, OPT_PACK_LINES, OPT_EARLY_STOP_MIN_DELTA,
 };
 
 static const struct option long_options[] = {
@@ -115,6 +118,7 @@ static const struct option long_options[] = {
     {"save-best", no_argument, NULL, OPT_SAVE_BEST},
     {"best-metric", required_argument, NULL, OPT_BEST_METRIC},
     {"early-stop", required_argument, NULL, OPT_EARLY_STOP},
+    {"early-stop-min-delta", required_argument, NULL, OPT_EARLY_STOP_MIN_DELTA},
     {"epochs", required_argument, NULL, OPT_EPOCHS},
     {"lr", required_argument, NULL, OPT_LR},
     {"warmup", required_argument, NULL, OPT_WARMUP},
@@ -229,6 +233,14 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         case OPT_STREAM_BUFFER:
             if (parse_size("--stream-buffer", optarg, 1024, &o->stream_buffer)) return -1;
             break;
+        case OPT_EARLY_STOP_MIN_DELTA:
+            if (parse_float("--early-stop-min-delta", optarg, &x)) return -1;
+            if (!(x >= 0 && x < 1e300)) {
+                print_error("--early-stop-min-delta %s: expected a number >= 0", optarg);
+                return -1;
+            }
+            o->early_stop_min_delta = x;
+            break;
         case OPT_DEVICE:
             if (parse_device(optarg, &o->device)) return -1;
             break;
@@ -337,6 +349,10 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
     }
     if (o->task == NOPAD_TRAIN_MLM && o->num_labels) {
         print_error("--num-labels is for --task classify");
+        return -1;
+    }
+    if (o->early_stop_min_delta > 0 && !o->early_stop) {
+        print_error("--early-stop-min-delta needs --early-stop K");
         return -1;
     }
     const int periodic = o->eval_every > 0 || o->eval_every_epoch;
@@ -535,7 +551,10 @@ int cmd_train(int argc, char **argv) {
         if (res.eval_accuracy >= 0) printf("eval accuracy: %.4f\n", res.eval_accuracy);
         if (res.eval_loss >= 0) printf("eval loss: %.4f\n", res.eval_loss);
     }
-    if (res.early_stopped)
+    if (res.early_stopped && o.early_stop_min_delta > 0)
+        printf("stopped early at step %" PRId64 ": %d evaluations without improving by more than "
+               "%g\n", res.steps, o.early_stop, o.early_stop_min_delta);
+    else if (res.early_stopped)
         printf("stopped early at step %" PRId64 ": %d evaluations without improving on step %"
                PRId64 "'s\n", res.steps, o.early_stop, res.best_step);
     if (res.best_step > 0) {
