@@ -301,20 +301,7 @@ static void test_mask_proportions(void **state) {
 static void test_whole_word_mask(void **state) {
     (void)state;
     enum { W = 20 };
-    const char *dir = test_make_temp_dir(0);
-    char path[600];
-    snprintf(path, sizeof path, "%s/vocab.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", f);
-    for (int k = 0; k < W; k++) {
-        char w[3];
-        test_word(k, w);
-        fprintf(f, "%s\n##%s\n", w, w);
-    }
-    fclose(f);
-    nopad_tokenizer *tok = NULL;
-    assert_nopad_ok(nopad_tokenizer_load(dir, &tok));
+    nopad_tokenizer *tok = test_wordpiece_tokenizer(W, 1);
     /* a corpus of words made of 1-4 pieces */
     size_t cap = 1 << 20, len = 0;
     char *buf = malloc(cap);

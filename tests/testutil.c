@@ -287,7 +287,9 @@ void test_word(int k, char out[3]) {
     out[0] = (char)('a' + k / 26), out[1] = (char)('a' + k % 26), out[2] = 0;
 }
 
-nopad_tokenizer *test_word_tokenizer(int n_words) {
+nopad_tokenizer *test_word_tokenizer(int n_words) { return test_wordpiece_tokenizer(n_words, 0); }
+
+nopad_tokenizer *test_wordpiece_tokenizer(int n_words, int with_pieces) {
     const char *dir = test_make_temp_dir(0);
     char path[600];
     snprintf(path, sizeof path, "%s/vocab.txt", dir);
@@ -297,7 +299,7 @@ nopad_tokenizer *test_word_tokenizer(int n_words) {
     for (int k = 0; k < n_words; k++) {
         char w[3];
         test_word(k, w);
-        fprintf(f, "%s\n", w);
+        fprintf(f, with_pieces ? "%s\n##%s\n" : "%s\n", w, w);
     }
     fclose(f);
     nopad_tokenizer *tok = NULL;

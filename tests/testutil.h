@@ -41,6 +41,9 @@ int test_decode_sample_matches_host(nopad_context *c, int32_t vocab, int32_t B, 
  * vocab.txt in a fresh temporary folder. */
 void test_word(int k, char out[3]);
 nopad_tokenizer *test_word_tokenizer(int n_words);
+/* with_pieces: each word followed by its "##" continuation piece (id 5 + 2k, 6 + 2k), so that
+ * longer words split into WordPiece pieces */
+nopad_tokenizer *test_wordpiece_tokenizer(int n_words, int with_pieces);
 /* The bytes of a hex string ("6869" -> "hi"), NUL-terminated, in *len bytes. Caller frees. */
 char *test_hex_decode(const char *hex, size_t *len);
 /* The texts of tests/data/tokenizer/corpus.jsonl (each line's "hex"), by line; free with
