@@ -44,8 +44,9 @@
  *
  * Both forwards with lse run every case (NOPAD_FMHA_WGMMA set in turn): wgmma (the inference
  * kernels of attention/wgmma.cu, which attention_lse takes at d = 64 and 128 on Hopper) and mma
- * (attention/mma.cu's mma.sync kernels, d = 32 and the fallback). EDGE128_LENGTHS sit on and next
- * to 128-key tiles.
+ * (attention/mma.cu's mma.sync kernels, d = 32 and the fallback); then every case again with the
+ * attention's dropout (p = 0.15) on both sides, the same bounds (the masks are equal bit for bit,
+ * so what differs is the arithmetic above). EDGE128_LENGTHS sit on and next to 128-key tiles.
  *
  * NOPAD_ATTN_BWD_BENCH=1: instead of the tests, times attention_lse (both forwards) and
  * attention_backward (the whole op: dsum, the main kernel, dq) on the TRAIN workload's shapes, bf16, lengths
@@ -93,9 +94,14 @@ static const bwd_case CASES[] = {
     {10, 257, 2, EDGE128_LENGTHS, 0}, /* 128-key blocks, 16-key warps past the end */
 };
 
-/* the forwards with lse: NOPAD_FMHA_WGMMA's value for each */
-enum { N_VARIANTS = 2 };
-static const char *const VARIANTS[N_VARIANTS] = {"mma", "wgmma"};
+/* the forwards with lse: NOPAD_FMHA_WGMMA's value for the first two; the third runs with the
+ * attention's dropout (p = 0.15: the mma.sync forward's and the backward's DROPOUT kernels), the
+ * CPU ops applying the same mask */
+enum { N_VARIANTS = 3, VARIANT_DROPOUT = 2 };
+static const char *const VARIANTS[N_VARIANTS] = {"mma", "wgmma", "dropout"};
+static const nopad_attention_dropout DROPOUT = {0.15f, 0x0123456789ABCDEFull, 7};
+static const nopad_attention_dropout *drop; /* the variant's: NULL or &DROPOUT */
+static int variant;
 
 static int32_t *make_cu_seqlens(const bwd_case *c, uint64_t *rng) {
     int32_t *cu = malloc((size_t)(c->n_seqs + 1) * sizeof *cu);
@@ -254,7 +260,7 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
     const float scale = 1.0f / sqrtf((float)d);
     char label[160];
     snprintf(label, sizeof label, "[%s] %s d=%d heads=%d case %d (B=%d T=%d max=%d) causal=%d",
-             VARIANTS[knob_int(KNOB_FMHA_WGMMA) != 0], DTYPE_NAMES[dt], d, heads, case_index, B, T, max_len, causal);
+             VARIANTS[variant], DTYPE_NAMES[dt], d, heads, case_index, B, T, max_len, causal);
     printf("  %s\n", label);
 
     /* inputs, rounded to the dtype (the host copies rewritten with the rounded values) */
@@ -269,14 +275,14 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
 
     /* CPU forward: out_ref [T, H] float32, lse_ref [T, heads] */
     float *out_ref = malloc((size_t)n_out * sizeof(float)), *lse_ref = malloc((size_t)n_lse * sizeof(float));
-    assert_nopad_ok(cpu->attention_lse(cpu, out_ref, lse_ref, qkv, &seqs_cpu, heads, d, scale, causal));
+    assert_nopad_ok(cpu->attention_lse(cpu, out_ref, lse_ref, qkv, &seqs_cpu, heads, d, scale, causal, drop));
 
     /* GPU forward into poisoned out / lse with guard rows */
     void *d_out = dev_alloc(g, (size_t)(n_out + GUARD_ROWS * H) * 2);
     float *d_lse = dev_alloc(g, (size_t)(n_lse + GUARD_ROWS * heads) * sizeof(float));
     poison(g, d_out, (size_t)(n_out + GUARD_ROWS * H));
     poison32(g, d_lse, (size_t)(n_lse + GUARD_ROWS * heads));
-    assert_nopad_ok(g->attention_lse(g, d_out, d_lse, d_qkv, &seqs_gpu, heads, d, scale, causal));
+    assert_nopad_ok(g->attention_lse(g, d_out, d_lse, d_qkv, &seqs_gpu, heads, d, scale, causal, drop));
     float *out_gpu = download(g, d_out, (size_t)(n_out + GUARD_ROWS * H));
     float *lse_gpu = download32(g, d_lse, (size_t)(n_lse + GUARD_ROWS * heads));
     check_written("forward out", out_gpu, n_out, GUARD_ROWS * H, label);
@@ -298,30 +304,30 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
     void *d_dqkv = dev_alloc(g, (size_t)(n_qkv + GUARD_ROWS * 3 * H) * 2);
     poison(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     assert_nopad_ok(g->attention_backward(g, d_dqkv, d_dout, d_qkv, d_out_r, d_lse_ref, &seqs_gpu, heads, d, scale,
-                                          causal));
+                                          causal, drop));
     float *dqkv_gpu = download(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     check_written("backward dqkv", dqkv_gpu, n_qkv, GUARD_ROWS * 3 * H, label);
     float *dqkv_ref = malloc((size_t)n_qkv * sizeof(float));
     assert_nopad_ok(cpu->attention_backward(cpu, dqkv_ref, dout, qkv, out_r, lse_ref, &seqs_cpu, heads, d, scale,
-                                            causal));
+                                            causal, drop));
     compare_dqkv(label, "backward", dqkv_gpu, dqkv_ref, T, heads, d, BOUND[dt]);
 
     /* the chain: GPU forward then GPU backward, against the CPU backward on the GPU forward's
      * outputs (bounded), and against the float32 CPU chain (printed) */
     poison(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     assert_nopad_ok(g->attention_backward(g, d_dqkv, d_dout, d_qkv, d_out, d_lse, &seqs_gpu, heads, d, scale,
-                                          causal));
+                                          causal, drop));
     free(dqkv_gpu);
     dqkv_gpu = download(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     check_written("chain dqkv", dqkv_gpu, n_qkv, GUARD_ROWS * 3 * H, label);
     assert_nopad_ok(cpu->attention_backward(cpu, dqkv_ref, dout, qkv, out_gpu, lse_gpu, &seqs_cpu, heads, d, scale,
-                                            causal));
+                                            causal, drop));
     compare_dqkv(label, "chain", dqkv_gpu, dqkv_ref, T, heads, d, BOUND[dt]);
     assert_nopad_ok(cpu->attention_backward(cpu, dqkv_ref, dout, qkv, out_ref, lse_ref, &seqs_cpu, heads, d, scale,
-                                            causal));
+                                            causal, drop));
     compare_dqkv(label, "vs fp32", dqkv_gpu, dqkv_ref, T, heads, d, 0);
 
-    if (c->dump && dump_dir()) {
+    if (c->dump && dump_dir() && !drop) { /* the torch check has no dropout */
         dump_case(dump_id, dt, d, heads, causal, scale, cu, B, qkv, dout, out_gpu, lse_gpu, dqkv_gpu);
         printf("    dumped as case_%02d\n", dump_id);
         dump_id++;
@@ -343,13 +349,15 @@ static void run_grid(int32_t d, int dt, uint64_t seed) {
         printf("  d=%d skipped (NOPAD_GPU_TEST_D)\n", d);
         return;
     }
-    for (int v = 0; v < N_VARIANTS; v++) { /* the same data for both forwards */
-        knob_set_int(KNOB_FMHA_WGMMA, v);
+    for (variant = 0; variant < N_VARIANTS; variant++) { /* the same data for every variant */
+        knob_set_int(KNOB_FMHA_WGMMA, variant == 1);
+        drop = variant == VARIANT_DROPOUT ? &DROPOUT : NULL;
         uint64_t rng = seed;
         for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
             for (int causal = 0; causal < 2; causal++) run_case(&CASES[i], i, d, dt, causal, &rng);
     }
     knob_set_int(KNOB_FMHA_WGMMA, 1);
+    drop = NULL;
 }
 
 /* ---- NOPAD_ATTN_BWD_BENCH ------------------------------------------------------------------------ */
@@ -391,13 +399,13 @@ typedef struct {
 
 static void run_fwd(void *p) {
     bench_ctx *c = p;
-    assert_nopad_ok(c->g->attention_lse(c->g, c->out, c->lse, c->qkv, &c->seqs, c->heads, c->d, c->scale, 0));
+    assert_nopad_ok(c->g->attention_lse(c->g, c->out, c->lse, c->qkv, &c->seqs, c->heads, c->d, c->scale, 0, drop));
 }
 
 static void run_bwd(void *p) {
     bench_ctx *c = p;
     assert_nopad_ok(c->g->attention_backward(c->g, c->dqkv, c->dout, c->qkv, c->out, c->lse, &c->seqs, c->heads, c->d,
-                                             c->scale, 0));
+                                             c->scale, 0, drop));
 }
 
 static void bench_shape(const char *name, int32_t B, int32_t heads, int32_t d, uint64_t seed) {
@@ -429,12 +437,14 @@ static void bench_shape(const char *name, int32_t B, int32_t heads, int32_t d, u
     printf("%s: B=%d T=%d max=%d heads=%d d=%d bf16; forward %.2f GFLOP, backward %.2f GFLOP\n", name, B, T, max_len,
            heads, d, fwd_flop * 1e-9, bwd_flop * 1e-9);
     for (int v = 0; v < N_VARIANTS; v++) {
-        knob_set_int(KNOB_FMHA_WGMMA, v);
+        knob_set_int(KNOB_FMHA_WGMMA, v == 1);
+        drop = v == VARIANT_DROPOUT ? &DROPOUT : NULL;
         const float f = time_op(g, run_fwd, &c, 3, 20), b = time_op(g, run_bwd, &c, 3, 20);
-        printf("  %-5s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
+        printf("  %-7s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
                fwd_flop / (f * 1e-3) * 1e-12, b, bwd_flop / (b * 1e-3) * 1e-12);
     }
     knob_set_int(KNOB_FMHA_WGMMA, 1);
+    drop = NULL;
     g->free(g, c.qkv), g->free(g, c.dout), g->free(g, c.out), g->free(g, c.dqkv), g->free(g, c.lse);
     g->free(g, d_cu);
     free(qkv), free(dout), free(cu);
@@ -461,9 +471,15 @@ static void test_unsupported(void **state) {
     int32_t *d_cu = dev_alloc(g, sizeof cu);
     assert_nopad_ok(g->upload_i32(g, d_cu, cu, 2));
     const nopad_seqs seqs = {1, 4, 4, d_cu};
-    assert_nopad_error(g->attention_lse(g, p, p, p, &seqs, 2, 48, 1.0f, 0), NOPAD_ERR_UNSUPPORTED, "head size 48");
-    assert_nopad_error(g->attention_backward(g, p, p, p, p, p, &seqs, 2, 96, 1.0f, 1), NOPAD_ERR_UNSUPPORTED,
+    assert_nopad_error(g->attention_lse(g, p, p, p, &seqs, 2, 48, 1.0f, 0, NULL), NOPAD_ERR_UNSUPPORTED,
+                       "head size 48");
+    assert_nopad_error(g->attention_backward(g, p, p, p, p, p, &seqs, 2, 96, 1.0f, 1, NULL), NOPAD_ERR_UNSUPPORTED,
                        "head size 96");
+    const nopad_attention_dropout bad_p = {1.0f, 1, 0}, bad_site = {0.1f, 1, 40000};
+    assert_nopad_error(g->attention_lse(g, p, p, p, &seqs, 2, 64, 1.0f, 0, &bad_p), NOPAD_ERR_INVALID_ARGUMENT,
+                       "dropout rate 1");
+    assert_nopad_error(g->attention_backward(g, p, p, p, p, p, &seqs, 2, 64, 1.0f, 0, &bad_site),
+                       NOPAD_ERR_INVALID_ARGUMENT, "dropout site 40000");
     assert_nopad_ok(g->synchronize(g));
     g->free(g, p), g->free(g, d_cu);
 }

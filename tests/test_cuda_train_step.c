@@ -17,7 +17,8 @@
  *   - five AdamW steps on five batches: each step's loss within 2e-2 relative of the CPU's (the
  *     curves agree; the first steps of Adam move every weight by about lr, so bf16 and float32
  *     runs stay close);
- *   - masked LM again with dropout 0.1 (the masks are Philox counters, equal on both backends).
+ *   - masked LM again with dropout 0.1, hidden and attention (the masks are Philox counters, equal
+ *     on both backends).
  * bf16 only: the CUDA backend refuses fp16 training (no loss scaling), checked here too.
  * No GPU: exit 77 (ctest: skipped). */
 #include <math.h>
@@ -95,6 +96,7 @@ static void check_model(const char *dir, train_task task, float dropout) {
     assert_nopad_ok(train_context_init(&mc, n_seqs * max_len, n_seqs, &cc));
     assert_nopad_ok(train_context_init(&mg, n_seqs * max_len, n_seqs, &cg));
     cc.dropout = cg.dropout = dropout; /* the same Philox masks on both backends */
+    cc.attention_dropout = cg.attention_dropout = dropout;
     cc.dropout_seed = cg.dropout_seed = 99;
     uint64_t rng = 0x5eed0001;
     batch_data *d = malloc(sizeof *d);
@@ -103,7 +105,7 @@ static void check_model(const char *dir, train_task task, float dropout) {
     assert_nopad_ok(train_forward_backward(&cc, &d->b, &loss_c));
     assert_nopad_ok(train_forward_backward(&cg, &d->b, &loss_g));
     const char *task_name = task == TRAIN_TASK_MLM ? "mlm" : "classify";
-    print_message("%s %s, dropout %.1f: %d tokens, loss cpu %.6f cuda %.6f (rel %.2e)\n", dir,
+    print_message("%s %s, dropout %.1f (hidden and attention): %d tokens, loss cpu %.6f cuda %.6f (rel %.2e)\n", dir,
                   task_name, dropout, d->cu[n_seqs], loss_c, loss_g, fabs(loss_g - loss_c) / fabs(loss_c));
     assert_true(fabs(loss_g - loss_c) <= 1e-2 * fabs(loss_c));
     float *gc = grads_of(&mc), *gg = grads_of(&mg);

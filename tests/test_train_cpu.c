@@ -309,14 +309,15 @@ static double loss_at(train_context *ctx, const train_batch *b) {
     return loss;
 }
 
-/* Dropout in the step (p = 0.1 after the embeddings and each sub-layer): the masks are a function
- * of (seed, step, site), so with the step fixed the loss is a smooth function of the weights and
- * the backward's gradient is its derivative. Checked as a directional derivative along the
- * gradient, by central differences in float32 (h = 1e-2 along the unit direction: the curvature
- * term is O(h²) ~1e-4 relative, the rounding term ~1e-7 / h · |loss| ~ 1e-5): within 1e-2.
- * Also: the same step gives the same loss twice, another step or seed other masks, p = 0 the
- * plain step bit for bit. */
-static void test_dropout_step(void **state) {
+/* Dropout in the step: hidden dropout (after the embeddings and each sub-layer), attention
+ * dropout (the attention probabilities) and both, p = 0.1 each. The masks are a function of (seed,
+ * step, site), so with the step fixed the loss is a smooth function of the weights and the
+ * backward's gradient is its derivative. Checked as a directional derivative along the gradient,
+ * by central differences in float32 (h = 1e-2 along the unit direction: the curvature term is
+ * O(h²) ~1e-4 relative, the rounding term ~1e-7 / h · |loss| ~ 1e-5): within 1e-2. Also: the same
+ * step gives the same loss twice, another step or seed other masks, p = 0 the plain step bit for
+ * bit. */
+static void dropout_case(float hidden, float attention) {
     nopad_backend *be = cpu();
     train_model m;
     load(be, "bert_mlm", TRAIN_TASK_MLM, &m);
@@ -326,7 +327,8 @@ static void test_dropout_step(void **state) {
     assert_nopad_ok(train_context_init(&m, 64, 8, &ctx));
     const train_batch b = fixture_batch(&f);
     const double plain = loss_at(&ctx, &b);
-    ctx.dropout = 0.1f;
+    ctx.dropout = hidden;
+    ctx.attention_dropout = attention;
     ctx.dropout_seed = 1234;
     double loss = NAN;
     assert_nopad_ok(train_forward_backward(&ctx, &b, &loss));
@@ -349,8 +351,8 @@ static void test_dropout_step(void **state) {
         side[k] = loss_at(&ctx, &b);
     }
     const double fd = (side[0] - side[1]) / (2 * h);
-    print_message("dropout step: loss %.6f (without %.6f), |g| %.6f, central difference %.6f\n", loss,
-                  plain, gnorm, fd);
+    print_message("dropout %.1f, attention dropout %.1f: loss %.6f (without %.6f), |g| %.6f, central "
+                  "difference %.6f\n", hidden, attention, loss, plain, gnorm, fd);
     assert_true(fabs(fd - gnorm) <= 1e-2 * gnorm);
     assert_nopad_ok(train_model_set_params(&m, 0, p0, n));
     /* another step, another seed: other masks */
@@ -361,12 +363,20 @@ static void test_dropout_step(void **state) {
     assert_true(loss_at(&ctx, &b) != loss);
     /* p = 0 is the plain step */
     ctx.dropout = 0.0f;
+    ctx.attention_dropout = 0.0f;
     assert_true(loss_at(&ctx, &b) == plain);
     free(p0), free(p1), free(g);
     train_context_free(&ctx);
     fixture_free(&f);
     train_model_free(&m);
     be->destroy(be);
+}
+
+static void test_dropout_step(void **state) {
+    (void)state;
+    dropout_case(0.1f, 0.0f);
+    dropout_case(0.0f, 0.1f);
+    dropout_case(0.1f, 0.1f);
 }
 
 /* Loading refuses what it cannot train, naming the reason. */

@@ -53,10 +53,10 @@ static double *to_double(const float *x, int64_t n) {
 }
 
 /* Fails unless got[rows, cols] (float) matches want (double) row by row: |got_r - want_r| <=
- * BOUND·max(|want_r|, 1e-3·mean row norm). The floor keeps rows whose exact gradient is zero
+ * BOUND·max(|want_r|, floor·mean row norm). The floor keeps rows whose exact gradient is zero
  * (a key of a one-token sequence) from comparing finite-difference noise (~1e-9) with itself. */
-static void expect_close(const char *what, const float *got, const double *want, int64_t rows,
-                         int64_t cols) {
+static void expect_close_floor(const char *what, const float *got, const double *want, int64_t rows,
+                               int64_t cols, double floor) {
     double mean_norm = 0, worst = 0;
     for (int64_t r = 0; r < rows; r++) {
         double n = 0;
@@ -70,10 +70,15 @@ static void expect_close(const char *what, const float *got, const double *want,
             diff += d * d;
             n += want[r * cols + c] * want[r * cols + c];
         }
-        const double err = sqrt(diff) / fmax(sqrt(n), fmax(1e-3 * mean_norm, 1e-30));
+        const double err = sqrt(diff) / fmax(sqrt(n), fmax(floor * mean_norm, 1e-30));
         if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
     }
     if (!(worst <= BOUND)) fail_msg("%s: row-relative error %.3e > %.0e", what, worst, BOUND);
+}
+
+static void expect_close(const char *what, const float *got, const double *want, int64_t rows,
+                         int64_t cols) {
+    expect_close_floor(what, got, want, rows, cols, 1e-3);
 }
 
 static double dot_r(const double *y, const float *r, int64_t n) {
@@ -407,6 +412,7 @@ typedef struct attn_ctx {
     int32_t n_seqs, T, heads, d, causal;
     double scale;
     const float *r; /* [T, heads·d] */
+    const nopad_attention_dropout *drop; /* NULL: none */
 } attn_ctx;
 
 /* out[T, heads·d] and lse[T, heads] of packed qkv, in double. */
@@ -429,6 +435,14 @@ static void attention_ref(double *out, double *lse, const double *qkv, const att
                 }
                 for (int32_t j = 0; j < n_keys; j++) sum += (p[j] = exp(p[j] - mx));
                 if (lse) lse[(size_t)(start + i) * c->heads + h] = mx + log(sum);
+                if (c->drop) { /* backend.h's definition: the bits of (i, j) against p·2³² */
+                    const uint32_t threshold = (uint32_t)((double)c->drop->p * 4294967296.0);
+                    for (int32_t j = 0; j < n_keys; j++)
+                        p[j] *= attention_dropout_bits(c->drop->key, c->drop->site, (uint32_t)h,
+                                                       (uint32_t)start, (uint32_t)i, (uint32_t)j) >= threshold
+                                    ? 1.0 / (1.0 - (double)c->drop->p)
+                                    : 0.0;
+                }
                 for (int32_t e = 0; e < c->d; e++) {
                     double acc = 0;
                     for (int32_t j = 0; j < n_keys; j++)
@@ -449,32 +463,69 @@ static double attn_objective(void *ctx_, const double *qkv) {
     return v;
 }
 
+/* Without dropout (sequences of 4, 1 and 6 tokens), then with attention dropout 0.3 (4, 1 and
+ * 18 tokens, so that positions with bit 3 set pick the other words of their Philox blocks): the
+ * forward against the double reference, which applies backend.h's mask itself, and the backward
+ * against central differences of the reference with the mask fixed. */
 static void test_attention_backward(void **state) {
     uint64_t rng = 15;
-    const int32_t cu[] = {0, 4, 5, 11}, T = 11, heads = 2, d = 4, H = heads * d;
-    for (int causal = 0; causal <= 1; causal++) {
-        attn_ctx c = {cu, 3, T, heads, d, causal, 1.0 / sqrt((double)d), NULL};
+    const nopad_attention_dropout drop = {0.3f, 0x5EEDull, 5};
+    for (int variant = 0; variant < 4; variant++) {
+        const int causal = variant & 1, dropped = variant >> 1;
+        const int32_t cu[] = {0, 4, 5, dropped ? 23 : 11}, T = cu[3], heads = 2, d = 4, H = heads * d;
+        attn_ctx c = {cu, 3, T, heads, d, causal, 1.0 / sqrt((double)d), NULL, dropped ? &drop : NULL};
         float *qkv = random_floats(T * 3 * H, -1.5f, 1.5f, &rng), *dout = random_floats(T * H, -1, 1, &rng);
         c.r = dout;
         float *out = malloc(sizeof(float) * T * H), *lse = malloc(sizeof(float) * T * heads);
         float *dqkv = malloc(sizeof(float) * T * 3 * H);
-        nopad_seqs seqs = {3, T, 6, cu};
-        assert_nopad_ok(be->attention_lse(be, out, lse, qkv, &seqs, heads, d, (float)c.scale, causal));
+        nopad_seqs seqs = {3, T, T - 5 > 4 ? T - 5 : 4, cu};
+        assert_nopad_ok(be->attention_lse(be, out, lse, qkv, &seqs, heads, d, (float)c.scale, causal, c.drop));
         double *theta = to_double(qkv, T * 3 * H), *want_out = malloc(sizeof(double) * T * H);
         double *want_lse = malloc(sizeof(double) * T * heads);
         attention_ref(want_out, want_lse, theta, &c);
         expect_close("attention_lse out", out, want_out, T, H);
         expect_close("attention_lse lse", lse, want_lse, T, heads);
         assert_nopad_ok(be->attention_backward(be, dqkv, dout, qkv, out, lse, &seqs, heads, d,
-                                               (float)c.scale, causal));
+                                               (float)c.scale, causal, c.drop));
         double *g = malloc(sizeof(double) * T * 3 * H);
         finite_differences(attn_objective, &c, theta, T * 3 * H, g);
         /* rows of [T, 3, heads, d]: per token, the Q, K and V blocks; the one-token sequence's
          * query and key get no gradient (softmax over one key is 1), see expect_close's floor */
-        expect_close(causal ? "attention dqkv (causal)" : "attention dqkv", dqkv, g, T * 3, H);
+        /* with dropout the floor is 1e-2: out, rescaled by 1/(1 - p), is float32, so D = dout·out
+         * carries ~1e-7 of rounding where the exact gradient is 0 (the one-token sequence) */
+        expect_close_floor(variant == 0 ? "attention dqkv" : variant == 1 ? "attention dqkv (causal)"
+                           : variant == 2 ? "attention dqkv (dropout)" : "attention dqkv (causal, dropout)",
+                           dqkv, g, T * 3, H, dropped ? 1e-2 : 1e-3);
         free(qkv), free(dout), free(out), free(lse), free(dqkv), free(theta), free(want_out);
         free(want_lse), free(g);
     }
+}
+
+/* The attention's dropout mask: about p of the probabilities dropped, different sites, heads,
+ * sequences and keys drawing different masks, and the four scores of a Philox block different
+ * words of it. */
+static void test_attention_dropout_bits(void **state) {
+    (void)state;
+    const uint32_t threshold = (uint32_t)(0.1 * 4294967296.0);
+    int64_t dropped = 0, n = 0, same_site = 0, same_head = 0, same_start = 0;
+    for (uint32_t i = 0; i < 64; i++)
+        for (uint32_t j = 0; j < 64; j++) {
+            const uint32_t b = attention_dropout_bits(42, 3, 1, 100, i, j);
+            dropped += b < threshold, n++;
+            same_site += b == attention_dropout_bits(42, 4, 1, 100, i, j);
+            same_head += b == attention_dropout_bits(42, 3, 2, 100, i, j);
+            same_start += b == attention_dropout_bits(42, 3, 1, 101, i, j);
+        }
+    print_message("attention dropout p 0.1: %.4f of %lld dropped\n", (double)dropped / n, (long long)n);
+    assert_true(fabs((double)dropped / n - 0.1) < 0.02); /* 4.7 standard deviations of 4096 draws */
+    assert_true(same_site == 0 && same_head == 0 && same_start == 0);
+    uint32_t block[4];
+    attention_dropout_block(42, 3, 1, 100, 16, 32, block);
+    assert_int_equal(attention_dropout_bits(42, 3, 1, 100, 16, 32), block[0]);
+    assert_int_equal(attention_dropout_bits(42, 3, 1, 100, 16, 40), block[1]);
+    assert_int_equal(attention_dropout_bits(42, 3, 1, 100, 24, 32), block[2]);
+    assert_int_equal(attention_dropout_bits(42, 3, 1, 100, 24, 40), block[3]);
+    assert_int_equal(attention_dropout_bits(42, 3, 1, 100, 17, 32) == block[0], 0);
 }
 
 /* ---- rows, losses ------------------------------------------------------------------------- */
@@ -545,7 +596,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_backward),      cmocka_unit_test(test_activation_backward),
         cmocka_unit_test(test_layernorm_backward), cmocka_unit_test(test_embed_backward),
-        cmocka_unit_test(test_attention_backward), cmocka_unit_test(test_scatter_add_rows),
+        cmocka_unit_test(test_attention_backward), cmocka_unit_test(test_attention_dropout_bits),
+        cmocka_unit_test(test_scatter_add_rows),
         cmocka_unit_test(test_losses),             cmocka_unit_test(test_philox_known_answers),
         cmocka_unit_test(test_dropout),
     };

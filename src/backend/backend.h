@@ -41,6 +41,18 @@ typedef struct nopad_seqs {
     const int32_t *cu_seqlens; /* [B+1] in backend memory */
 } nopad_seqs;
 
+/* Dropout of the attention probabilities (training; BERT's attention_probs_dropout_prob): the
+ * probability P_ij of query i and key j (positions inside their sequence) of head h, in the
+ * sequence starting at packed row `start`, is kept and scaled by 1/(1 - p) when
+ * attention_dropout_bits(key, site, h, start, i, j) >= p·2³² (util/philox.h), else it is 0.
+ * The softmax's normaliser is that of the undropped scores, as in torch's dropout(softmax(S)).
+ * A counter per score: the backward regenerates the mask instead of storing it. */
+typedef struct nopad_attention_dropout {
+    float p;       /* in [0, 1); 0: off */
+    uint64_t key;  /* the step's key */
+    uint32_t site; /* the layer, < 2^15 */
+} nopad_attention_dropout;
+
 /* DeBERTa's relative positions, as attention_rel reads them. */
 typedef struct nopad_rel_positions {
     int32_t att_span;               /* k: the position tables have 2k rows */
@@ -310,18 +322,22 @@ struct nopad_backend {
                                    const void *type, const void *ln_weight, float eps,
                                    int32_t dim);
     /* attention, also writing lse32[T, n_heads] (float32) = log Σ_j exp(scale·q·k_j) of every
-     * query row and head, which the backward reuses instead of the probabilities. */
+     * query row and head, which the backward reuses instead of the probabilities. With drop
+     * (not NULL, p > 0) the probabilities are dropped before they weight V: out = (P ⊙ Z)·v,
+     * Z = the mask of nopad_attention_dropout; lse stays that of the undropped P. */
     nopad_status (*attention_lse)(nopad_backend *be, void *out, float *lse32, const void *qkv,
                                   const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                  float scale, int causal);
+                                  float scale, int causal, const nopad_attention_dropout *drop);
     /* Backward of attention_lse, FlashAttention-2's way: dqkv [T, 3, n_heads, head_size] from
      * dout [T, n_heads·head_size] and the forward's qkv, out and lse32, per sequence and head:
-     * P = exp(scale·q·kᵀ - lse), D_i = dout_i·out_i, dS = P ⊙ (dout·vᵀ - D),
-     * dq = scale·dS·k, dk = scale·dSᵀ·q, dv = Pᵀ·dout. */
+     * P = exp(scale·q·kᵀ - lse), D_i = dout_i·out_i, dS = P ⊙ (Z ⊙ dout·vᵀ - D),
+     * dq = scale·dS·k, dk = scale·dSᵀ·q, dv = (P ⊙ Z)ᵀ·dout, with the forward's drop (Z = 1
+     * without; D_i = Σ_j P_ij·Z_ij·(dout_i·v_j) either way, since out holds the dropped P). */
     nopad_status (*attention_backward)(nopad_backend *be, void *dqkv, const void *dout,
                                        const void *qkv, const void *out, const float *lse32,
                                        const nopad_seqs *seqs, int32_t n_heads,
-                                       int32_t head_size, float scale, int causal);
+                                       int32_t head_size, float scale, int causal,
+                                       const nopad_attention_dropout *drop);
     /* x[rows[i], :] += src[i, :] for i < n (x [*, dim], src [n, dim]); rows may repeat. The
      * backward of gather_rows (the MLM head's masked rows) and of CLS pooling (rows =
      * cu_seqlens). */

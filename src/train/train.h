@@ -165,10 +165,12 @@ typedef struct train_context {
     void *d_drop;     // [T, H] the gradient of a dropped sub-layer output
     /* Dropout after the embeddings and after each sub-layer's output projection, before the
      * residual add (BERT's hidden_dropout_prob); 0 (the default of a new context) turns it off.
-     * The attention probabilities are not dropped (docs/training.md). Masks come from Philox
-     * counters keyed by dropout_seed and the model's step count, one range of counters per
-     * site, so the backward regenerates them and a resumed run draws the same ones. */
+     * attention_dropout drops the attention probabilities (BERT's
+     * attention_probs_dropout_prob; 0 turns it off). Masks come from Philox counters keyed by
+     * dropout_seed and the model's step count, one range of counters per site, so the backward
+     * regenerates them and a resumed run draws the same ones. */
     float dropout;
+    float attention_dropout;
     uint64_t dropout_seed;
     /* the batch of the last train_forward, for train_backward and train_read_loss */
     nopad_seqs seqs;

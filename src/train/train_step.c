@@ -27,13 +27,23 @@ static void *at(const train_context *ctx, const void *base, size_t elements) {
 
 /* Dropout sites of a step: 0 after the embeddings, 1 + 2l after layer l's attention output
  * projection, 2 + 2l after its FFN output. Each site's counters start at site·2³² (a site has
- * T·H < 2³² elements); each step has its own key. */
+ * T·H < 2³² elements); each step has its own key. Layer l's attention probabilities draw
+ * from attention_dropout_bits with site l (counters of their own, util/philox.h). */
 enum { DROP_EMBED = 0 };
 static int drop_attn(int l) { return 1 + 2 * l; }
 static int drop_ffn(int l) { return 2 + 2 * l; }
 
 static uint64_t dropout_key(const train_context *ctx) {
     return ctx->dropout_seed + (uint64_t)ctx->model->step * 0x9E3779B97F4A7C15ull;
+}
+
+/* Layer l's attention-probability dropout, NULL when off: the step's key, the layer as its site
+ * (its counters are apart from the hidden dropout's; util/philox.h). */
+static const nopad_attention_dropout *attention_drop(const train_context *ctx, int l,
+                                                     nopad_attention_dropout *buf) {
+    if (!(ctx->attention_dropout > 0)) return NULL;
+    *buf = (nopad_attention_dropout){ctx->attention_dropout, dropout_key(ctx), (uint32_t)l};
+    return buf;
 }
 
 /* y[n] = dropout(x) (+ residual): the site's mask; the backward is the same call on a gradient. */
@@ -203,7 +213,9 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
         void *s2 = at(ctx, ctx->ffn_sum, l * TH);
         // qkv[T, 3H] = x·Wqkvᵀ + bqkv;  attn[T, H] = softmax(q·kᵀ·scale)·v, lse[T, heads]
         TRY(be->gemm(be, qkv, x, L->qkv_w, L->qkv_b, NULL, T, H, 3 * H, NOPAD_EPILOGUE_BIAS, c->activation));
-        TRY(be->attention_lse(be, attn, lse, qkv, seqs, c->num_heads, c->head_size, scale, 0));
+        nopad_attention_dropout ad;
+        TRY(be->attention_lse(be, attn, lse, qkv, seqs, c->num_heads, c->head_size, scale, 0,
+                              attention_drop(ctx, l, &ad)));
         // s1[T, H] = x + attn·Woᵀ + bo;  x1 = LN(s1)
         if (dropout) { // s1 = x + dropout(attn·Woᵀ + bo)
             TRY(be->gemm(be, s1, attn, L->attn_out_w, L->attn_out_b, NULL, T, H, H,
@@ -292,8 +304,9 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
         TRY(be->gemm_backward(be, ctx->d_attn, G->attn_out_w, dropout ? G->attn_out_b : NULL,
                               d_branch, attn, L->attn_out_w, T, H, H, 0));
         // d_qkv[T, 3H] from the attention backward (probabilities recomputed from lse)
+        nopad_attention_dropout ad;
         TRY(be->attention_backward(be, ctx->d_qkv, ctx->d_attn, qkv, attn, lse, seqs,
-                                   c->num_heads, c->head_size, scale, 0));
+                                   c->num_heads, c->head_size, scale, 0, attention_drop(ctx, l, &ad)));
         // d += d_qkv·Wqkv (d is now ∂L/∂x), dWqkv += d_qkvᵀ·x, dbqkv += Σ d_qkv
         TRY(be->gemm_backward(be, d, G->qkv_w, G->qkv_b, ctx->d_qkv, x, L->qkv_w, T, H, 3 * H, 1));
     }

@@ -44,4 +44,26 @@ NOPAD_PHILOX_FN uint32_t philox_bits(uint64_t seed, uint64_t index) {
     return out[index & 3];
 }
 
+/* Attention-probability dropout: the bits of score (query i, key j) — positions inside their
+ * sequence — of head `head` at dropout site `site` (the layer), in the sequence starting at packed
+ * row `start`. One Philox block serves the 2 x 2 scores {i, i+8} x {j, j+8} with bit 3 of i and j
+ * clear: exactly the four scores a thread of an mma.m16n8k16 kernel holds in two neighbouring n8
+ * tiles, whichever of queries or keys are its rows (the forward's S, the backward's Sᵀ), so each
+ * block is drawn once and no bit is wasted. counter[3]'s top bit keeps these blocks apart from
+ * philox_bits' (whose counter[2..3] are 0) under the same key. */
+NOPAD_PHILOX_FN void attention_dropout_block(uint64_t seed, uint32_t site, uint32_t head, uint32_t start,
+                                             uint32_t i, uint32_t j, uint32_t out[4]) {
+    const uint32_t counter[4] = {i & ~8u, j & ~8u, start, 0x80000000u | (site << 16) | (head & 0xFFFFu)};
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    philox4x32_10(counter, key, out);
+}
+
+/* The 32 bits of score (i, j): word ((i >> 3) & 1)·2 + ((j >> 3) & 1) of its block. */
+NOPAD_PHILOX_FN uint32_t attention_dropout_bits(uint64_t seed, uint32_t site, uint32_t head, uint32_t start,
+                                                uint32_t i, uint32_t j) {
+    uint32_t out[4];
+    attention_dropout_block(seed, site, head, start, i, j, out);
+    return out[((i >> 3) & 1) * 2 + ((j >> 3) & 1)];
+}
+
 #endif

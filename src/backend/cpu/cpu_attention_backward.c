@@ -2,23 +2,58 @@
  * log-sum-exp, and the backward that recomputes the probabilities from it (FlashAttention-2's
  * scheme, without the tiling: one task per (sequence, head), one query row at a time). A task
  * owns the dK and dV rows of its sequence and head, so tasks never write the same element and
- * nothing is padded. */
+ * nothing is padded. With dropout (nopad_attention_dropout) each probability's mask comes from
+ * its own Philox counter, in the forward and again in the backward. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
 #include "util/error.h"
+#include "util/philox.h"
+
+/* The attention's dropout (backend.h, nopad_attention_dropout) as the loops apply it. */
+typedef struct {
+    int on;
+    uint32_t threshold; /* keep when the bits reach p·2³² */
+    double scale;       /* 1 / (1 - p) */
+    uint64_t key;
+    uint32_t site;
+} dropout_rule;
+
+static dropout_rule dropout_rule_of(const nopad_attention_dropout *drop) {
+    dropout_rule r = {0, 0, 1.0, 0, 0};
+    if (drop && drop->p > 0) {
+        r.on = 1;
+        r.threshold = (uint32_t)((double)drop->p * 4294967296.0);
+        r.scale = 1.0 / (1.0 - (double)drop->p);
+        r.key = drop->key;
+        r.site = drop->site;
+    }
+    return r;
+}
+
+/* Z_ij: 1/(1 - p) for a kept probability, 0 for a dropped one. */
+static double dropout_factor(const dropout_rule *r, int32_t head, int32_t start, int32_t i, int32_t j) {
+    return attention_dropout_bits(r->key, r->site, (uint32_t)head, (uint32_t)start, (uint32_t)i, (uint32_t)j) >=
+                   r->threshold
+               ? r->scale
+               : 0.0;
+}
 
 nopad_status cpu_attention_lse(nopad_backend *be, void *out_, float *lse, const void *qkv_,
                                const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                               float scale, int causal) {
+                               float scale, int causal, const nopad_attention_dropout *drop) {
     float *out = out_;        // [T, n_heads * head_size]
     const float *qkv = qkv_;  // [T, 3, n_heads, head_size]
     // lse [T, n_heads]
     const int32_t hidden = n_heads * head_size;
     const size_t row_stride = (size_t)3 * hidden;
     const int64_t n_tasks = (int64_t)seqs->n_seqs * n_heads;
+    if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cpu attention: dropout rate %g is outside [0, 1)",
+                               (double)drop->p);
+    const dropout_rule dr = dropout_rule_of(drop);
     int failed = 0;
 #pragma omp parallel num_threads(cpu_threads(be))
     {
@@ -47,6 +82,8 @@ nopad_status cpu_attention_lse(nopad_backend *be, void *out_, float *lse, const 
                 }
                 for (int32_t j = 0; j < n_keys; j++) sum += (p[j] = exp(p[j] - max_score));
                 lse[(size_t)(start + i) * n_heads + h] = (float)(max_score + log(sum));
+                if (dr.on) /* the normaliser stays the undropped one */
+                    for (int32_t j = 0; j < n_keys; j++) p[j] *= dropout_factor(&dr, h, start, i, j);
                 float *o = out + (size_t)(start + i) * hidden + (size_t)h * head_size;
                 for (int32_t d = 0; d < head_size; d++) {
                     double acc = 0;
@@ -64,7 +101,7 @@ nopad_status cpu_attention_lse(nopad_backend *be, void *out_, float *lse, const 
 nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv_, const void *dout_,
                                     const void *qkv_, const void *out_, const float *lse,
                                     const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                    float scale, int causal) {
+                                    float scale, int causal, const nopad_attention_dropout *drop) {
     float *dqkv = dqkv_;        // [T, 3, n_heads, head_size]
     const float *dout = dout_;  // [T, n_heads * head_size]
     const float *qkv = qkv_;    // [T, 3, n_heads, head_size]
@@ -73,6 +110,10 @@ nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv_, const void *
     const int32_t hidden = n_heads * head_size;
     const size_t row_stride = (size_t)3 * hidden;
     const int64_t n_tasks = (int64_t)seqs->n_seqs * n_heads;
+    if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cpu attention: dropout rate %g is outside [0, 1)",
+                               (double)drop->p);
+    const dropout_rule dr = dropout_rule_of(drop);
     int failed = 0;
 #pragma omp parallel num_threads(cpu_threads(be))
     {
@@ -113,11 +154,12 @@ nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv_, const void *
                         dp += (double)do_i[d] * v[d];
                     }
                     const double p = exp(dot * scale - row_lse); /* P_ij */
-                    const double ds = p * (dp - D) * scale;      /* dS_ij, with dq's and dk's scale */
+                    const double z = dr.on ? dropout_factor(&dr, h, start, i, j) : 1.0; /* Z_ij */
+                    const double ds = p * (dp * z - D) * scale;  /* dS_ij, with dq's and dk's scale */
                     for (int32_t d = 0; d < head_size; d++) {
                         dq_acc[d] += ds * k[d];
                         dk[(size_t)j * head_size + d] += ds * q[d];
-                        dv[(size_t)j * head_size + d] += p * do_i[d];
+                        dv[(size_t)j * head_size + d] += p * z * do_i[d];
                     }
                 }
                 for (int32_t d = 0; d < head_size; d++) dq[d] = (float)dq_acc[d];

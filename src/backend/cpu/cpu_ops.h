@@ -86,11 +86,11 @@ nopad_status cpu_embed_backward(nopad_backend *be, float *d_word, float *d_pos, 
                                 const void *type, const void *ln_weight, float eps, int32_t dim);
 nopad_status cpu_attention_lse(nopad_backend *be, void *out, float *lse, const void *qkv,
                                const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                               float scale, int causal);
+                               float scale, int causal, const nopad_attention_dropout *drop);
 nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv, const void *dout,
                                     const void *qkv, const void *out, const float *lse,
                                     const nopad_seqs *seqs, int32_t n_heads, int32_t head_size,
-                                    float scale, int causal);
+                                    float scale, int causal, const nopad_attention_dropout *drop);
 nopad_status cpu_scatter_add_rows(nopad_backend *be, void *x, const int32_t *rows, const void *src,
                                   int32_t n, int32_t dim);
 nopad_status cpu_select_rows(nopad_backend *be, void *out, const void *x, const int32_t *rows,

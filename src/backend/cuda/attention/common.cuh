@@ -9,7 +9,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "backend/cuda/attention/kernels.h"
 #include "backend/cuda/ptx_helpers.cuh"
+#include "util/philox.h"
 
 /* One head of one sequence in the packed qkv: q, k and v point at the sequence's row 0 of the
  * head's Q, K and V columns; consecutive rows are row_stride elements apart. */
@@ -127,6 +129,30 @@ static __device__ __forceinline__ void store_warp_rows(uint16_t *out, uint16_t *
         if (row < len)
             *reinterpret_cast<uint4 *>(out + (size_t)(start + row) * hidden + (size_t)head * D + ch * 8) =
                 *reinterpret_cast<const uint4 *>(sO + r * LDS + ch * 8);
+    }
+}
+
+/* Training's attention dropout on the m16 accumulator layout: the mask factors (d.scale or 0) of
+ * the eight scores a thread holds in two neighbouring n8 tiles, z[dt][e] for tile dt (0, 1) and
+ * element e: row r0 + 8·(e >> 1), column c0 + 8·dt + (e & 1). r0 is the thread's first row of
+ * its 16 (bit 3 clear: the 16-row groups start on multiples of 16), c0 the pair's first column
+ * + 2·(lane & 3) (the pair starts on a multiple of 16). QROWS: rows are queries (the forward's
+ * S), else keys (the backward's Sᵀ). The four scores {i, i+8} x {j, j+8} of a column pair share
+ * one Philox block (util/philox.h), so two blocks cover the eight. */
+template <bool QROWS>
+static __device__ __forceinline__ void attention_dropout_pair(float z[2][4], const attention_dropout_params &d,
+                                                              int head, int start, int r0, int c0) {
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+        const uint32_t row = (uint32_t)r0, col = (uint32_t)(c0 + b);
+        uint32_t w[4];
+        attention_dropout_block(d.key, d.site, (uint32_t)head, (uint32_t)start, QROWS ? row : col, QROWS ? col : row,
+                                w);
+#pragma unroll
+        for (int dt = 0; dt < 2; dt++)
+#pragma unroll
+            for (int rh = 0; rh < 2; rh++) /* word ((i >> 3) & 1)·2 + ((j >> 3) & 1) */
+                z[dt][rh * 2 + b] = w[QROWS ? rh * 2 + dt : dt * 2 + rh] >= d.threshold ? d.scale : 0.0f;
     }
 }
 

@@ -32,12 +32,25 @@ cudaError_t cuda_attention_wgmma(int32_t head_size, int block_m, int block_n, bo
                                  int32_t n_heads, float scale, float rescale_thresh, int causal, bool pdl,
                                  cudaStream_t stream, float *lse = nullptr);
 
+/* Training's attention-probability dropout (backend.h, nopad_attention_dropout) as the mma.sync
+ * kernels take it: keep a probability, times scale = 1/(1 - p), when its bits reach threshold =
+ * p·2³²; threshold 0: off. */
+struct attention_dropout_params {
+    uint32_t threshold;
+    float scale;
+    uint64_t key;
+    uint32_t site;
+};
+
 /* mma.cu: the mma.sync kernels, head sizes 32, 64 and 128: block_m query rows (64 | 128: four or
  * eight warps) and block_n keys (64 | 128) a tile. lse: NULL (inference), or float32 [T, n_heads]
- * that also receives each query row's log-sum-exp of its scaled scores (training's forward). */
+ * that also receives each query row's log-sum-exp of its scaled scores (training's forward). drop
+ * (training, with lse): the probabilities are dropped before they weight V; a dropout run takes
+ * the 64 x 64 tile whatever block_m and block_n say. */
 cudaError_t cuda_attention_mma(int32_t head_size, int block_m, int block_n, bool bf16, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse = nullptr);
+                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse = nullptr,
+                               const attention_dropout_params *drop = nullptr);
 
 /* generic.cu: any head size <= 128 (one warp per query row and head, fp32 online softmax, no
  * tensor cores): the correctness path for head sizes the fused kernels do not cover. */

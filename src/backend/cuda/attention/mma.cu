@@ -18,7 +18,9 @@
  * Training (train/attention_backward.cu) runs this kernel with `lse` set: the epilogue then also
  * writes each query row's log-sum-exp, lse[T, heads] = scale·m + ln l from the running max m and
  * sum l the online softmax already holds (float32, before any rounding). Inference passes NULL and
- * pays one uniform branch after the loop; nothing inside the loop changes. */
+ * pays one uniform branch after the loop; nothing inside the loop changes. With the attention's
+ * dropout (a separate instantiation, DROPOUT) each key tile's probabilities are multiplied by their
+ * mask factors after the softmax has summed them and before they weight V. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -33,13 +35,14 @@
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
-template <int D, int NWARPS, int BLOCK_N, bool BF16>
+template <int D, int NWARPS, int BLOCK_N, bool BF16, bool DROPOUT>
 __global__ void __launch_bounds__(NWARPS * 32, (D <= 64 && BLOCK_N == 64 ? 2 : 1))
 attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
                         const uint16_t *__restrict__ qkv,  // [T, 3, heads, D]
                         const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
                         float scale_log2, int causal,
-                        float *__restrict__ lse) {         // [T, heads] or NULL
+                        float *__restrict__ lse,           // [T, heads] or NULL
+                        attention_dropout_params drop) {   // used when DROPOUT
     constexpr int BLOCK_M = 16 * NWARPS;
     constexpr int THREADS = NWARPS * 32;
     constexpr int LDS = D + 8;
@@ -133,6 +136,17 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         }
 
         online_softmax_tile<NT, DT>(s, o, m_run, l_run, scale_log2);
+        if constexpr (DROPOUT) { /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
+#pragma unroll
+            for (int tp = 0; tp < NT / 2; tp++) {
+                float z[2][4];
+                attention_dropout_pair<true>(z, drop, head, start, row_a, n0 + tp * 16 + (lane & 3) * 2);
+#pragma unroll
+                for (int dt = 0; dt < 2; dt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[2 * tp + dt][e] *= z[dt][e];
+            }
+        }
 
         /* O += P V. The S accumulators of n-tiles 2k, 2k+1 are exactly the A fragment of k-step k.
          * V rows in shared memory are B in row-major: ldmatrix.trans. */
@@ -162,13 +176,14 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
 
 /* ---- launcher ----------------------------------------------------------------------------------- */
 
-template <int D, int NWARPS, int BLOCK_N, bool BF16>
+template <int D, int NWARPS, int BLOCK_N, bool BF16, bool DROPOUT = false>
 static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                           int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
-                          cudaStream_t stream, float *lse) {
+                          cudaStream_t stream, float *lse, const attention_dropout_params *drop = nullptr) {
     constexpr int BLOCK_M = 16 * NWARPS;
     const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t);
-    auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16>;
+    auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16, DROPOUT>;
+    const attention_dropout_params no_drop = {0, 1.0f, 0, 0};
     /* above 48 KB a kernel must opt in; done once per instantiation and device (also keeps it out
      * of graph capture after the first call) */
     static int attr_set[CUDA_MAX_DEVICES];
@@ -186,7 +201,7 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
         dim3 grid(m_blocks, (unsigned)n_heads, (unsigned)ns);
         cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWARPS * 32), smem, stream, pdl,
                                          (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
-                                         causal, lse);
+                                         causal, lse, drop ? *drop : no_drop);
         if (e == cudaSuccess) e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -196,7 +211,10 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
 template <int D, bool BF16>
 static cudaError_t launch_tile(int block_m, int block_n, void *out, const void *qkv, const int32_t *cu_seqlens,
                                int32_t n_seqs, int32_t max_seqlen, int32_t n_heads, float scale, int causal, bool pdl,
-                               cudaStream_t stream, float *lse) {
+                               cudaStream_t stream, float *lse, const attention_dropout_params *drop) {
+    if (drop && drop->threshold > 0) /* one tile shape for training's dropout: fewer instantiations */
+        return launch<D, 4, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl,
+                                            stream, lse, drop);
     if (block_m == 64 && block_n == 64)
         return launch<D, 4, 64, BF16>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
     if (block_m == 64)
@@ -209,19 +227,21 @@ static cudaError_t launch_tile(int block_m, int block_n, void *out, const void *
 template <bool BF16>
 static cudaError_t launch_head(int32_t head_size, int block_m, int block_n, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse) {
+                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse,
+                               const attention_dropout_params *drop) {
     switch (head_size) {
-    case 32: return launch_tile<32, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
-    case 64: return launch_tile<64, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
-    default: return launch_tile<128, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse);
+    case 32: return launch_tile<32, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse, drop);
+    case 64: return launch_tile<64, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse, drop);
+    default: return launch_tile<128, BF16>(block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, causal, pdl, stream, lse, drop);
     }
 }
 
 cudaError_t cuda_attention_mma(int32_t head_size, int block_m, int block_n, bool bf16, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse) {
+                               float scale, int causal, bool pdl, cudaStream_t stream, float *lse,
+                               const attention_dropout_params *drop) {
     return bf16 ? launch_head<true>(head_size, block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads,
-                                    scale, causal, pdl, stream, lse)
+                                    scale, causal, pdl, stream, lse, drop)
                 : launch_head<false>(head_size, block_m, block_n, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads,
-                                     scale, causal, pdl, stream, lse);
+                                     scale, causal, pdl, stream, lse, drop);
 }

@@ -12,10 +12,10 @@
 
 static nopad_status cu_attention_lse(nopad_backend *be, void *out, float *lse32, const void *qkv,
                                      const nopad_seqs *seqs, int32_t n_heads, int32_t head_size, float scale,
-                                     int causal) {
+                                     int causal, const nopad_attention_dropout *drop) {
     CUDA_ENTER(be, s);
     return cuda_attention_lse(be->dtype == NOPAD_DTYPE_BF16, out, lse32, qkv, seqs->cu_seqlens, seqs->n_seqs,
-                              seqs->n_tokens, seqs->max_seqlen, n_heads, head_size, scale, causal, s->stream);
+                              seqs->n_tokens, seqs->max_seqlen, n_heads, head_size, scale, causal, drop, s->stream);
 }
 
 /* The scratch grows to `need` bytes: the old buffer may still be read by work on the stream, and
@@ -42,7 +42,8 @@ static nopad_status grow_scratch(nopad_backend *be, cuda_state *s, size_t need) 
 
 static nopad_status cu_attention_backward(nopad_backend *be, void *dqkv, const void *dout, const void *qkv,
                                           const void *out, const float *lse32, const nopad_seqs *seqs,
-                                          int32_t n_heads, int32_t head_size, float scale, int causal) {
+                                          int32_t n_heads, int32_t head_size, float scale, int causal,
+                                          const nopad_attention_dropout *drop) {
     CUDA_ENTER(be, s);
     if (head_size != 32 && head_size != 64 && head_size != 128)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
@@ -55,7 +56,7 @@ static nopad_status cu_attention_backward(nopad_backend *be, void *dqkv, const v
     if (st != NOPAD_OK) return st;
     return cuda_attention_backward(be->dtype == NOPAD_DTYPE_BF16, dqkv, dout, qkv, out, lse32, seqs->cu_seqlens,
                                    seqs->n_seqs, seqs->n_tokens, seqs->max_seqlen, n_heads, head_size, scale,
-                                   causal, s->attn_bwd_ws, s->stream);
+                                   causal, drop, s->attn_bwd_ws, s->stream);
 }
 
 void cuda_train_install_attention(nopad_backend *be) {

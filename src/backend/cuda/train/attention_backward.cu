@@ -30,6 +30,14 @@
  * does the same). The price: dQ's float32 sum order varies between runs (differences of a few
  * float32 ulps before rounding to the dtype), so the backward is not bitwise deterministic.
  *
+ * Attention dropout (backend.h, nopad_attention_dropout): the forward runs attention/mma.cu's
+ * 64 x 64 kernel with its DROPOUT instantiation (the wgmma kernels have none), which multiplies
+ * each key tile's probabilities by their mask factors after the softmax has summed them; the
+ * backward's DROPOUT instantiation regenerates the factors Zᵀ from the same Philox counters (two
+ * n-tiles of Sᵀ, eight scores, per two Philox blocks: attention_dropout_pair in common.cuh), dV
+ * takes Pᵀ ⊙ Zᵀ and dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ - dsum); dsum = rowsum(dout ⊙ out) needs no change, out
+ * being the dropped output.
+ *
  * Causal (top-left = bottom-right here, query and key lengths being equal): a key block only
  * visits query blocks from the one holding its first key (earlier queries see none of its keys),
  * and masks scores only in blocks that cross the diagonal or a sequence's end. Nothing is padded:
@@ -122,7 +130,7 @@ __global__ void __launch_bounds__(256) attention_bwd_dq_kernel(uint16_t *__restr
 
 /* ---- 2. the main kernel ------------------------------------------------------------------------------- */
 
-template <int D, int BLOCK_M, bool BF16>
+template <int D, int BLOCK_M, bool BF16, bool DROPOUT>
 __global__ void __launch_bounds__(BWD_THREADS)
 attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D]: the K and V thirds
                      float *__restrict__ dq32,                // [T, heads, D], zeroed: += dS·K
@@ -131,7 +139,8 @@ attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D
                      const float *__restrict__ lse,           // [T, heads]
                      const float *__restrict__ dsum,          // [T, heads]
                      const int32_t *__restrict__ cu_seqlens,  // [B+1]
-                     int seq_offset, int n_heads, float scale, int causal) {
+                     int seq_offset, int n_heads, float scale, int causal,
+                     attention_dropout_params drop) {          // used when DROPOUT
     constexpr int BLOCK_N = BWD_BLOCK_N;
     constexpr int LDS = D + 8;         // row pitch of the Q, dO, K, V tiles
     constexpr int LDS_S = BLOCK_M + 8; // row pitch of dSᵀ [BLOCK_N][BLOCK_M]
@@ -239,13 +248,19 @@ attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D
         /* Pᵀ = exp2(scale_log2·S - lse·log2 e) in s, dSᵀ = Pᵀ ⊙ (dPᵀ - dsum) in dp. Element e of
          * n-tile t: key key_w + g + 8·(e/2), query m0 + 8t + 2c + e%2. Masked (0): keys past the
          * sequence (their zero K rows would otherwise give exp(-lse)), queries past it, and keys
-         * after the query under causal; only blocks crossing one of those edges test. */
+         * after the query under causal; only blocks crossing one of those edges test. With dropout,
+         * s = Pᵀ ⊙ Zᵀ (what weighted V) and dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ - dsum), the forward's Z
+         * regenerated from the counters two n-tiles at a time. */
         const bool edge = m0 + BLOCK_M > len || n0 + BLOCK_N > len || (causal && n0 + BLOCK_N - 1 > m0);
+        float z[2][4]; // the mask factors of n-tiles t & ~1 and t | 1 (DROPOUT)
 #pragma unroll
         for (int t = 0; t < MT; t++) {
             const int qc = t * 8 + (lane & 3) * 2;  // query column of e = 0 within the block
             const float2 l2 = *reinterpret_cast<const float2 *>(l_s + qc);
             const float2 d2 = *reinterpret_cast<const float2 *>(ds_s + qc);
+            if constexpr (DROPOUT) {
+                if ((t & 1) == 0) attention_dropout_pair<false>(z, drop, head, start, key_w + lane / 4, m0 + qc);
+            }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float lq = (e & 1) ? l2.y : l2.x, dq = (e & 1) ? d2.y : d2.x;
@@ -254,8 +269,14 @@ attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D
                     const int key = key_w + lane / 4 + (e >> 1) * 8, q = m0 + qc + (e & 1);
                     if (key >= len || q >= len || (causal && key > q)) p = 0.0f;
                 }
-                s[t][e] = p;
-                dp[t][e] = p * (dp[t][e] - dq);
+                if constexpr (DROPOUT) {
+                    const float zz = z[t & 1][e];
+                    s[t][e] = p * zz;
+                    dp[t][e] = p * (dp[t][e] * zz - dq);
+                } else {
+                    s[t][e] = p;
+                    dp[t][e] = p * (dp[t][e] - dq);
+                }
             }
         }
 
@@ -333,13 +354,14 @@ attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D
 
 /* ---- launchers ------------------------------------------------------------------------------------------- */
 
-template <int D, int BLOCK_M, bool BF16>
+template <int D, int BLOCK_M, bool BF16, bool DROPOUT>
 static cudaError_t launch_bwd(void *dqkv, float *dq32, const void *qkv, const void *dout, const float *lse,
                               const float *dsum, const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
-                              int32_t n_heads, float scale, int causal, cudaStream_t stream) {
+                              int32_t n_heads, float scale, int causal, const attention_dropout_params &drop,
+                              cudaStream_t stream) {
     const size_t smem = (size_t)(2 * BWD_BLOCK_N + 4 * BLOCK_M) * (D + 8) * sizeof(uint16_t) +
                         (size_t)BWD_BLOCK_N * (BLOCK_M + 8) * sizeof(uint16_t) + 4 * BLOCK_M * sizeof(float);
-    auto kernel = attention_bwd_kernel<D, BLOCK_M, BF16>;
+    auto kernel = attention_bwd_kernel<D, BLOCK_M, BF16, DROPOUT>;
     /* above 48 KB a kernel must opt in: once per instantiation and device */
     static int attr_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
@@ -354,7 +376,7 @@ static cudaError_t launch_bwd(void *dqkv, float *dq32, const void *qkv, const vo
         const int32_t ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
         kernel<<<dim3(n_blocks, (unsigned)n_heads, (unsigned)ns), BWD_THREADS, smem, stream>>>(
             (uint16_t *)dqkv, dq32, (const uint16_t *)qkv, (const uint16_t *)dout, lse, dsum, cu_seqlens, s0, n_heads,
-            scale, causal);
+            scale, causal, drop);
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -364,8 +386,8 @@ static cudaError_t launch_bwd(void *dqkv, float *dq32, const void *qkv, const vo
 template <int D, bool BF16>
 static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                                 const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
-                                int32_t n_heads, float scale, int causal, float *dq32, float *dsum,
-                                cudaStream_t stream) {
+                                int32_t n_heads, float scale, int causal, const attention_dropout_params &drop,
+                                float *dq32, float *dsum, cudaStream_t stream) {
     const int64_t rows = (int64_t)n_tokens * n_heads;
     cudaError_t e = cudaMemsetAsync(dq32, 0, (size_t)rows * D * sizeof(float), stream);
     if (e != cudaSuccess) return e;
@@ -374,8 +396,12 @@ static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, c
         dsum, (const uint16_t *)dout, (const uint16_t *)out, rows);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     /* d = 128: 32 query rows a block keeps dK, dV, S and dP in registers and two CTAs a SM */
-    e = launch_bwd<D, D == 128 ? 32 : 64, BF16>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs, max_seqlen,
-                                                n_heads, scale, causal, stream);
+    constexpr int BLOCK_M = D == 128 ? 32 : 64;
+    e = drop.threshold > 0
+            ? launch_bwd<D, BLOCK_M, BF16, true>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs, max_seqlen,
+                                                 n_heads, scale, causal, drop, stream)
+            : launch_bwd<D, BLOCK_M, BF16, false>(dqkv, dq32, qkv, dout, lse, dsum, cu_seqlens, n_seqs, max_seqlen,
+                                                  n_heads, scale, causal, drop, stream);
     if (e != cudaSuccess) return e;
     const int64_t chunks = rows * D / 8;
     attention_bwd_dq_kernel<BF16><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(
@@ -386,7 +412,13 @@ static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, c
 /* ---- C entry points ------------------------------------------------------------------------------------- */
 
 static nopad_status check_args(const char *op, const void *a, const void *b, const void *c, int32_t n_seqs,
-                               int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size, float scale) {
+                               int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size, float scale,
+                               const nopad_attention_dropout *drop) {
+    if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda %s: dropout rate %g is outside [0, 1)", op,
+                               (double)drop->p);
+    if (drop && drop->p > 0.0f && drop->site >= 32768u)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda %s: dropout site %u is past 32767", op, drop->site);
     if (head_size != 32 && head_size != 64 && head_size != 128)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda %s: head size %d has no kernel (32, 64, 128)", op,
                                head_size);
@@ -402,6 +434,18 @@ static nopad_status check_args(const char *op, const void *a, const void *b, con
     return NOPAD_OK;
 }
 
+/* The kernels' form of a dropout (threshold 0: none). */
+static attention_dropout_params dropout_params_of(const nopad_attention_dropout *drop) {
+    attention_dropout_params d = {0, 1.0f, 0, 0};
+    if (drop && drop->p > 0.0f) {
+        d.threshold = (uint32_t)((double)drop->p * 4294967296.0);
+        d.scale = (float)(1.0 / (1.0 - (double)drop->p));
+        d.key = drop->key;
+        d.site = drop->site;
+    }
+    return d;
+}
+
 extern "C" size_t cuda_attention_backward_ws_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size) {
     /* dq32 [T, heads, D] then dsum [T, heads]; dq32's size is a multiple of 16 bytes (D >= 4) */
     return (size_t)n_tokens * n_heads * ((size_t)head_size + 1) * sizeof(float);
@@ -410,12 +454,17 @@ extern "C" size_t cuda_attention_backward_ws_bytes(int32_t n_tokens, int32_t n_h
 extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, const void *qkv,
                                            const int32_t *cu_seqlens, int32_t n_seqs, int32_t n_tokens,
                                            int32_t max_seqlen, int32_t n_heads, int32_t head_size, float scale,
-                                           int causal, void *stream) {
+                                           int causal, const nopad_attention_dropout *drop, void *stream) {
     nopad_status st = check_args("attention_lse", out, qkv, qkv, n_seqs, n_tokens, max_seqlen, n_heads, head_size,
-                                 scale);
+                                 scale, drop);
     if (st != NOPAD_OK) return st;
+    const attention_dropout_params dp = dropout_params_of(drop);
     cudaError_t e;
-    if (head_size >= 64 && knob_int(KNOB_FMHA_WGMMA) != 0) {
+    if (dp.threshold > 0) {
+        /* the attention's dropout lives in the mma.sync kernel only (its 64 x 64 tile) */
+        e = cuda_attention_mma(head_size, 64, 64, bf16 != 0, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
+                               causal, false, (cudaStream_t)stream, lse32, &dp);
+    } else if (head_size >= 64 && knob_int(KNOB_FMHA_WGMMA) != 0) {
         /* d = 64, 128: the wgmma kernels inference runs (on Hopper; the FA3 kernel, which dispatch.cu
          * prefers for some d = 64 batches above 512 tokens, has no lse), with the tile rule of
          * dispatch.cu's run_wgmma (its per-shape defaults; the tile knobs are for inference) */
@@ -444,10 +493,10 @@ extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, co
 extern "C" nopad_status cuda_attention_backward(int bf16, void *dqkv, const void *dout, const void *qkv,
                                                 const void *out, const float *lse32, const int32_t *cu_seqlens,
                                                 int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen,
-                                                int32_t n_heads, int32_t head_size, float scale, int causal, void *ws,
-                                                void *stream) {
+                                                int32_t n_heads, int32_t head_size, float scale, int causal,
+                                                const nopad_attention_dropout *drop, void *ws, void *stream) {
     nopad_status st = check_args("attention_backward", dqkv, dout, qkv, n_seqs, n_tokens, max_seqlen, n_heads,
-                                 head_size, scale);
+                                 head_size, scale, drop);
     if (st != NOPAD_OK) return st;
     if (((uintptr_t)out | (uintptr_t)ws) % 16)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -455,9 +504,10 @@ extern "C" nopad_status cuda_attention_backward(int bf16, void *dqkv, const void
     float *dq32 = (float *)ws;                                      // [T, heads, D]
     float *dsum = dq32 + (size_t)n_tokens * n_heads * head_size;    // [T, heads]
     cudaStream_t s = (cudaStream_t)stream;
+    const attention_dropout_params dp = dropout_params_of(drop);
     cudaError_t e;
 #define RUN(D, B) run_backward<D, B>(dqkv, dout, qkv, out, lse32, cu_seqlens, n_seqs, n_tokens, max_seqlen, n_heads, \
-                                     scale, causal, dq32, dsum, s)
+                                     scale, causal, dp, dq32, dsum, s)
     if (bf16) e = head_size == 32 ? RUN(32, true) : head_size == 64 ? RUN(64, true) : RUN(128, true);
     else e = head_size == 32 ? RUN(32, false) : head_size == 64 ? RUN(64, false) : RUN(128, false);
 #undef RUN
