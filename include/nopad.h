@@ -746,8 +746,8 @@ typedef struct nopad_train_params {
                                      labels), to replay the run elsewhere */
     double dropout;               /* -1: config.json's hidden_dropout_prob (BERT's 0.1), as HF's
                                      Trainer runs; else a rate in [0, 1), 0 = off. Dropout after
-                                     the embeddings and each sub-layer; the attention's
-                                     probabilities are not dropped. Evaluation runs without. */
+                                     the embeddings and each sub-layer (the attention's
+                                     probabilities: attention_dropout). Evaluation runs without. */
     int stream;                   /* 0: the training data is tokenized whole into memory (4 bytes a
                                      token); 1: streamed a window at a time, memory bounded by
                                      stream_buffer whatever the corpus size (docs/training.md) */
@@ -777,6 +777,10 @@ typedef struct nopad_train_params {
                                      best before it by more than this (a loss lower, an accuracy
                                      higher by that much; Keras' min_delta); save_best and
                                      is_best still take any improvement */
+    double attention_dropout;     /* -1: follows dropout when that is set (>= 0), else config.json's
+                                     attention_probs_dropout_prob (BERT's 0.1); else a rate in
+                                     [0, 1), 0 = off. Dropout of the attention probabilities
+                                     (after the softmax). Evaluation runs without. */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

@@ -6,12 +6,15 @@
 #     head is made, the loss falls (last step below half the first), 'eval accuracy: X' is
 #     printed with X >= 0.9 on the held-out file (observed 1.0: the labels follow the word sets),
 #     and the output folder is a model that `nopad embed` runs;
+#   - the dropout rates (config.json's hidden_dropout_prob and attention_probs_dropout_prob,
+#     --dropout, --attention-dropout, the attention's following --dropout when unset) recorded in
+#     trainer_state.json; a resume with another rate is an error naming both values;
 #   - masked-LM training with LAMB on text lines, with an eval loss; with --whole-word-mask; with
 #     --pack-lines (and its refusal to stream);
 #   - --resume: a run stopped after step k (--stop-after) and resumed from its checkpoint logs the
 #     same per-step losses and learning rates, bit for bit, as one that did not stop, and ends
 #     with the same weights; a resume with another optimiser, learning rate, epoch count, seed,
-#     task or label count is an error naming both values;
+#     dropout rate, task or label count is an error naming both values;
 #   - --stream: trains reading the data a window at a time; a streamed run stopped and resumed
 #     equals one that did not stop, bit for bit; resuming it in memory or with another buffer is
 #     an error naming both values; data over 1 GiB streams unasked, saying so;
@@ -64,7 +67,8 @@ cfg["architectures"] = ["BertModel"]
 json.dump(cfg, open(dst + "/config.json", "w"))
 PY
 
-"$NOPAD_CLI" train --help >"$TMP/help" && grep -q -- '--num-labels' "$TMP/help" && grep -q -- '--stream-buffer' "$TMP/help" ||
+"$NOPAD_CLI" train --help >"$TMP/help" && grep -q -- '--num-labels' "$TMP/help" && grep -q -- '--stream-buffer' "$TMP/help" &&
+    grep -q -- '--attention-dropout P' "$TMP/help" ||
     fail "train --help"
 
 # ---- classification with a new head -------------------------------------------------------------
@@ -75,7 +79,8 @@ if "$NOPAD_CLI" train --model "$TMP/bare" --task classify --num-labels 2 --data 
     cat "$TMP/stderr"
     grep -q '^step 10/' "$TMP/stderr" || fail "classify: no progress line"
     grep -q 'new classification head' "$TMP/stderr" || fail "classify: the new head is not reported"
-    grep -q 'attention_probs_dropout_prob' "$TMP/stderr" && fail "classify: an attention dropout note without one in config.json"
+    python3 -c "import json, sys; s = json.load(open('$OUT/trainer_state.json')); sys.exit(0 if (s['dropout'], s['attention_dropout']) == (0, 0) else 1)" ||
+        fail "classify: the dropout rates recorded are not config.json's 0 and 0: $(cat "$OUT/trainer_state.json")"
     acc=$(sed -n 's/^eval accuracy: //p' "$TMP/stdout")
     [ -n "$acc" ] || fail "classify: no 'eval accuracy:' line: $(cat "$TMP/stdout")"
     [ -n "$acc" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" ||
@@ -98,23 +103,56 @@ else
     fail "classify: exit $?: $(cat "$TMP/stderr")"
 fi
 
-# ---- the recipe's attention-probability dropout is not applied yet: the run says so ------------
+# ---- dropout rates: config.json's, --dropout, --attention-dropout -------------------------------
+# The rates a run trains with are recorded in trainer_state.json ("dropout", "attention_dropout")
+# and its config.json keeps the model's: unset, the attention's follows --dropout when given, else
+# config.json's attention_probs_dropout_prob (here 0.1, the hidden one 0.05, so a mix-up shows).
 mkdir "$TMP/bare_drop"
 cp "$TMP/bare/"* "$TMP/bare_drop/"
-python3 -c "import json; p='$TMP/bare_drop/config.json'; c=json.load(open(p)); c.update(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.1); json.dump(c, open(p, 'w'))"
-for dropout in config 0; do
-    extra=()
-    [ "$dropout" = 0 ] && extra=(--dropout 0)
-    "$NOPAD_CLI" train --model "$TMP/bare_drop" --task classify --num-labels 2 --data "$D/cls_train.jsonl" \
-        --output "$TMP/out_drop" --epochs 1 --batch-tokens 64 --stop-after 2 --threads 2 "${extra[@]}" \
-        >/dev/null 2>"$TMP/err_drop" || fail "attention dropout note ($dropout): $(cat "$TMP/err_drop")"
-    if [ "$dropout" = config ]; then
-        grep -q '^note: attention_probs_dropout_prob 0.1 (config.json) is not applied' "$TMP/err_drop" ||
-            fail "no note on the attention dropout it does not apply: $(cat "$TMP/err_drop")"
+python3 -c "import json; p='$TMP/bare_drop/config.json'; c=json.load(open(p)); c.update(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.05); json.dump(c, open(p, 'w'))"
+DROP=(--model "$TMP/bare_drop" --task classify --num-labels 2 --data "$D/cls_train.jsonl" --epochs 1
+      --batch-tokens 64 --batch-seqs 8 --threads 2)
+# flags | dropout, attention_dropout recorded
+while IFS='|' read -r flags want; do
+    read -r -a extra <<<"$flags"
+    out="$TMP/out_drop"
+    rm -rf "$out"
+    if "$NOPAD_CLI" train "${DROP[@]}" --output "$out" --stop-after 2 "${extra[@]}" </dev/null >/dev/null \
+        2>"$TMP/err_drop"; then
+        grep -q 'not applied' "$TMP/err_drop" && fail "dropout ($flags): a note that it is not applied: $(cat "$TMP/err_drop")"
+        python3 - "$out" "$want" <<'PY' || fail "dropout rates with flags '$flags'"
+import json, sys
+out, want = sys.argv[1], tuple(map(float, sys.argv[2].split()))
+s = json.load(open(out + "/trainer_state.json"))
+got = (s["dropout"], s["attention_dropout"])
+assert got == want, f"recorded dropout, attention_dropout {got}, want {want}"
+c = json.load(open(out + "/config.json"))
+assert (c["hidden_dropout_prob"], c["attention_probs_dropout_prob"]) == (0.05, 0.1), c
+print(f"ok   dropout rates {want}: recorded in trainer_state.json")
+PY
     else
-        grep -q 'attention_probs_dropout_prob' "$TMP/err_drop" && fail "an attention dropout note with --dropout 0"
+        fail "dropout ($flags): $(cat "$TMP/err_drop")"
     fi
-done
+done <<'CASES'
+|0.05 0.1
+--dropout 0|0 0
+--dropout 0.2|0.2 0.2
+--dropout 0 --attention-dropout 0.2|0 0.2
+--attention-dropout 0|0.05 0
+--attention-dropout 0.3|0.05 0.3
+CASES
+# a run with attention dropout resumes with the same rate, and not with another
+"$NOPAD_CLI" train "${DROP[@]}" --output "$TMP/out_adrop" --stop-after 2 --dropout 0 --attention-dropout 0.2 \
+    --quiet 2>"$TMP/err_drop" || fail "attention dropout, the first steps: $(cat "$TMP/err_drop")"
+rc=0
+"$NOPAD_CLI" train "${DROP[@]}" --output "$TMP/out_adrop2" --resume "$TMP/out_adrop" --dropout 0 \
+    --quiet 2>"$TMP/err_drop" || rc=$?
+{ [ "$rc" -eq 1 ] && grep -qF "attention_dropout 0, but the checkpoint's is 0.2;" "$TMP/err_drop"; } ||
+    fail "resume with another attention dropout: exit $rc: $(cat "$TMP/err_drop")"
+"$NOPAD_CLI" train "${DROP[@]}" --output "$TMP/out_adrop" --resume "$TMP/out_adrop" --dropout 0 \
+    --attention-dropout 0.2 --quiet 2>"$TMP/err_drop" || fail "resume with the same attention dropout: $(cat "$TMP/err_drop")"
+grep -q '"step":[[:space:]]*8,' "$TMP/out_adrop/trainer_state.json" ||
+    fail "resume with the same attention dropout: not at the epoch's end: $(cat "$TMP/out_adrop/trainer_state.json")"
 
 # ---- masked LM, LAMB, on text lines ---------------------------------------------------------------
 python3 -c "
@@ -201,6 +239,8 @@ expect_resume_fail "learning rate 0.001, but the checkpoint's is 0.003" \
     "${B[@]}" --lr 1e-3 --epochs 3
 expect_resume_fail "epochs 4, but the checkpoint's is 3" "${B[@]}" --lr 3e-3 --epochs 4
 expect_resume_fail "seed 7, but the checkpoint's is 42" "${R[@]}" --seed 7
+expect_resume_fail ": dropout 0.1, but the checkpoint's is 0;" "${R[@]}" --dropout 0.1
+expect_resume_fail "attention_dropout 0.1, but the checkpoint's is 0;" "${R[@]}" --attention-dropout 0.1
 expect_resume_fail 'of task "classify", not "mlm"' --model "$TMP/bare" --task mlm \
     --data "$TMP/cls_train.txt" --quiet
 expect_resume_fail "num_labels 3, but the checkpoint's classifier has 2" --model "$TMP/bare" \
@@ -527,6 +567,10 @@ expect_fail 2 "--num-labels is for --task classify" --model "$TMP/mlm" --task ml
 expect_fail 2 "--lr" "${C[@]}" --data "$D/cls_train.jsonl" --lr 0
 expect_fail 2 "--warmup" "${C[@]}" --data "$D/cls_train.jsonl" --warmup 1.5
 expect_fail 2 "--dropout 1: expected a rate in [0, 1)" "${C[@]}" --data "$D/cls_train.jsonl" --dropout 1
+expect_fail 2 "--attention-dropout 1: expected a rate in [0, 1) (0: off)" "${C[@]}" --data "$D/cls_train.jsonl" \
+    --attention-dropout 1
+expect_fail 2 "--attention-dropout -0.1: expected a rate in [0, 1)" "${C[@]}" --data "$D/cls_train.jsonl" \
+    --attention-dropout -0.1
 expect_fail 2 "--epochs" "${C[@]}" --data "$D/cls_train.jsonl" --epochs 0
 expect_fail 2 "unknown optimizer 'sgd'" "${C[@]}" --data "$D/cls_train.jsonl" --optimizer sgd
 expect_fail 2 "--bogus" "${C[@]}" --data "$D/cls_train.jsonl" --bogus

@@ -10,7 +10,8 @@
  *     the training forward's on the saved weights (within 1e-5 row-relative: two code paths of
  *     float32, the same formulas);
  *   - a checkpoint of another task, a missing state or moments file, a malformed state: errors
- *     that name the file and field;
+ *     that name the file and field; the dropout rates read back (0 when a state lacks them), each
+ *     in [0, 1);
  *   - the evaluations of a run (history, metric, best) read back exactly, and the weights alone
  *     (a run's best) with the step they are of. */
 #include <math.h>
@@ -247,7 +248,8 @@ static void test_errors(void **state) {
     train_model m;
     assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_CLASSIFY), TRAIN_TASK_CLASSIFY, &m));
     train_state s = {.kind = TRAIN_OPT_LAMB, .opt = train_optimizer_defaults(),
-                     .schedule = train_schedule_defaults(), .data_seed = 1};
+                     .schedule = train_schedule_defaults(), .data_seed = 1, .dropout = 0.1f,
+                     .attention_dropout = 0.2f};
     const char *dir = test_make_temp_dir(3);
     assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
     train_model_free(&m);
@@ -259,6 +261,7 @@ static void test_errors(void **state) {
     assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
     assert_int_equal(out.num_labels, 3);
     assert_int_equal(got.kind, TRAIN_OPT_LAMB);
+    assert_true(got.dropout == 0.1f && got.attention_dropout == 0.2f); // the rates read back
     train_model_free(&out);
 
     const char *good = "{\"format\": \"nopad-train-2\", \"task\": \"classify\", \"num_labels\": 3, "
@@ -274,7 +277,31 @@ static void test_errors(void **state) {
     assert_true(got.data_seed == UINT64_MAX && got.epoch == 4 && got.cursor == 5);
     assert_true(got.epochs == 6 && got.batch_tokens == 96 && got.batch_seqs == 8);
     assert_true(got.window == 0 && got.stream_buffer == 0); // a -2 state held its data in memory
+    assert_true(got.dropout == 0 && got.attention_dropout == 0); // older states: trained without
     train_model_free(&out);
+    { // the dropout rates: read back, each in [0, 1)
+        static const struct { const char *rates, *needle; } cases[] = {
+            {"\"dropout\": 0.1, \"attention_dropout\": 0.25, ", NULL},
+            {"\"attention_dropout\": 1, ", "\"attention_dropout\" 1 is outside [0, 1)"},
+            {"\"attention_dropout\": -0.5, ", "\"attention_dropout\" -0.5 is outside [0, 1)"},
+            {"\"attention_dropout\": \"0.1\", ", "\"attention_dropout\" has the wrong JSON type"},
+            {"\"dropout\": 1, ", "\"dropout\" 1 is outside [0, 1)"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            char text[1024];
+            const char *at = strstr(good, "\"schedule\"");
+            snprintf(text, sizeof text, "%.*s%s%s", (int)(at - good), good, cases[i].rates, at);
+            write_text(dir, "trainer_state.json", text);
+            if (!cases[i].needle) {
+                assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got));
+                assert_true(got.dropout == 0.1f && got.attention_dropout == 0.25f);
+                train_model_free(&out);
+            } else {
+                assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &out, &got),
+                                   NOPAD_ERR_FORMAT, cases[i].needle);
+            }
+        }
+    }
     { // -3: a streamed run's window and buffer
         char text[1024];
         const char *at = strstr(good, "\"cursor\": 5");

@@ -265,7 +265,8 @@ class TrainParams(ctypes.Structure):
                 ("on_eval", TrainEvalFn),
                 ("whole_word_mask", ctypes.c_int),
                 ("pack_lines", ctypes.c_int),
-                ("early_stop_min_delta", ctypes.c_double)]
+                ("early_stop_min_delta", ctypes.c_double),
+                ("attention_dropout", ctypes.c_double)]
 
 
 class TrainResult(ctypes.Structure):

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import os
-import warnings
 from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _native
@@ -131,6 +129,8 @@ class Trainer:
     log: a JSONL file with a line a step (step, epoch, loss, lr, grad_norm, tokens).
     dropout: the rate after the embeddings and each sub-layer; None: config.json's
     hidden_dropout_prob (BERT's 0.1), as HF's Trainer runs; 0: off.
+    attention_dropout: the rate of the attention probabilities; None: ``dropout`` when that is
+    given, else config.json's attention_probs_dropout_prob (BERT's 0.1); 0: off.
     stream: read the training data a window of ``stream_buffer`` bytes of text at a time instead
     of tokenizing it whole into memory (memory bounded whatever the corpus size; the blocks of the
     file shuffled per epoch, the examples of a window together; docs/training.md). ``nopad
@@ -161,7 +161,8 @@ class Trainer:
                  eval_every: Union[int, str] = 0, save_best: bool = False,
                  best_metric: Optional[str] = None, early_stop: int = 0,
                  whole_word_mask: bool = False, pack_lines: bool = False,
-                 early_stop_min_delta: float = 0.0) -> None:
+                 early_stop_min_delta: float = 0.0,
+                 attention_dropout: Optional[float] = None) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -192,6 +193,11 @@ class Trainer:
             if not 0 <= float(dropout) < 1:
                 raise InvalidArgumentError("dropout %r: expected a rate in [0, 1)" % (dropout,))
             p.dropout = float(dropout)
+        if attention_dropout is not None:
+            if not 0 <= float(attention_dropout) < 1:
+                raise InvalidArgumentError("attention_dropout %r: expected a rate in [0, 1)"
+                                           % (attention_dropout,))
+            p.attention_dropout = float(attention_dropout)
         p.stream = int(bool(stream))
         if int(stream_buffer) < 1024:
             raise InvalidArgumentError("stream_buffer %r: expected at least 1024 bytes"
@@ -257,7 +263,6 @@ class Trainer:
         continues it). An exception raised by them stops the run and is raised here."""
         lib = _native.library()
         p = self._params
-        _warn_attention_dropout(os.fsdecode(self._strings[0]), p.dropout)
         raised = []
         evals = []
 
@@ -307,19 +312,3 @@ class Trainer:
             best_metric=_METRIC_NAMES.get(out.best_metric) if out.best_step > 0 else None,
             best_value=out.best_value if out.best_step > 0 else None,
             early_stopped=bool(out.early_stopped), evals=tuple(evals))
-
-
-def _warn_attention_dropout(model_dir: str, dropout: float) -> None:
-    """BERT's recipe also drops attention probabilities; nopad does not yet (docs/training.md):
-    a warning rather than a silent difference, when the run uses dropout at all."""
-    try:
-        with open(os.path.join(model_dir, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return  # the library reports an unreadable config itself
-    attn = config.get("attention_probs_dropout_prob", 0) or 0
-    hidden = dropout if dropout >= 0 else (config.get("hidden_dropout_prob", 0.1) or 0)
-    if isinstance(attn, (int, float)) and attn > 0 and hidden > 0:
-        warnings.warn("attention_probs_dropout_prob %g (config.json) is not applied: nopad trains without "
-                      "attention-probability dropout for now (hidden dropout %g is applied)" % (attn, hidden),
-                      stacklevel=3)

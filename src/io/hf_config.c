@@ -333,6 +333,8 @@ nopad_status hf_config_parse(const char *json, size_t len, const char *where, mo
         TRY(hf_get_int(root, where, "pad_token_id", 1, 0, 0, MAX_VOCAB, &out->pad_token_id));
         TRY(get_float(root, where, "layer_norm_eps", deberta ? 1e-7f : 1e-12f, &out->layer_norm_eps));
         TRY(get_probability(root, where, "hidden_dropout_prob", 0.1f, &out->hidden_dropout_prob));
+        TRY(get_probability(root, where, "attention_probs_dropout_prob", 0.1f,
+                            &out->attention_probs_dropout_prob));
         TRY(parse_activation(root, where, "hidden_act",
                              out->family == FAMILY_ALBERT ? "gelu_new" : "gelu", out));
         const cJSON *pet = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");

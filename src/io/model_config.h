@@ -92,6 +92,8 @@ typedef struct model_config {
     float layer_norm_eps;
     float hidden_dropout_prob;/* encoders, training only: dropout after the embeddings and after
                                  each sub-layer (BertConfig's default 0.1) */
+    float attention_probs_dropout_prob; /* encoders, training only: dropout of the attention
+                                 probabilities (BertConfig's default 0.1) */
     int32_t num_hidden_groups;/* ALBERT */
     int32_t inner_group_num;  /* ALBERT */
     nopad_activation activation;

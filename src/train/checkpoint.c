@@ -218,6 +218,8 @@ static cJSON *config_json(const train_model *m) {
     cJSON_AddNumberToObject(root, "type_vocab_size", c->type_vocab_size);
     cJSON_AddItemToObject(root, "layer_norm_eps", float_json(c->layer_norm_eps));
     cJSON_AddItemToObject(root, "hidden_dropout_prob", float_json(c->hidden_dropout_prob));
+    cJSON_AddItemToObject(root, "attention_probs_dropout_prob",
+                          float_json(c->attention_probs_dropout_prob));
     cJSON_AddNumberToObject(root, "pad_token_id", c->pad_token_id);
     cJSON_AddStringToObject(root, "position_embedding_type", "absolute");
     cJSON_AddTrueToObject(root, "tie_word_embeddings");
@@ -253,6 +255,7 @@ static cJSON *state_json(const train_model *m, const train_state *s) {
     cJSON_AddItemToObject(o, "weight_decay", float_json(s->opt.weight_decay));
     cJSON_AddItemToObject(o, "max_grad_norm", float_json(s->opt.max_grad_norm));
     cJSON_AddItemToObject(root, "dropout", float_json(s->dropout));
+    cJSON_AddItemToObject(root, "attention_dropout", float_json(s->attention_dropout));
     /* doubles as the shortest decimals that read back to the same double */
     cJSON *sc = cJSON_AddObjectToObject(root, "schedule");
     cJSON_AddStringToObject(sc, "kind", train_schedule_kind_name(s->schedule.kind));
@@ -522,13 +525,18 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
         TRY(get_number(o, fields[i].key, where, &v));
         *fields[i].dst = (float)v;
     }
-    /* the dropout rate: 0 in states saved before it was recorded (they trained without) */
-    s->dropout = 0;
-    if (cJSON_GetObjectItemCaseSensitive(root, "dropout")) {
-        TRY(get_number(root, "dropout", where, &v));
+    /* the dropout rates: 0 in states saved before they were recorded (they trained without) */
+    struct { const char *key; float *dst; } rates[] = {
+        {"dropout", &s->dropout}, {"attention_dropout", &s->attention_dropout},
+    };
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        *rates[i].dst = 0;
+        if (!cJSON_GetObjectItemCaseSensitive(root, rates[i].key)) continue;
+        TRY(get_number(root, rates[i].key, where, &v));
         if (!(v >= 0 && v < 1))
-            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"dropout\" %g is outside [0, 1)", where, v);
-        s->dropout = (float)v;
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: \"%s\" %g is outside [0, 1)", where,
+                                   rates[i].key, v);
+        *rates[i].dst = (float)v;
     }
     TRY(get_object(root, "data", where, &d));
     TRY(get_string(d, "seed", where, &text));

@@ -64,6 +64,7 @@ typedef struct train_state {
     int32_t batch_tokens;     // (nopad_train_params', checked on resume)
     int32_t batch_seqs;
     float dropout;            // the step's dropout rate (masks follow from the seed and step)
+    float attention_dropout;  // the attention probabilities' dropout rate
     int whole_word;           // MLM masks chose whole words (nopad_train_params.whole_word_mask)
     int pack_lines;           // MLM examples were packed lines (nopad_train_params.pack_lines)
     train_metric metric;      // what the best evaluation is by; NONE: none are recorded

@@ -35,7 +35,7 @@ nopad_train_params nopad_train_default_params(void) {
         .log_path = NULL, .log_batches = 0, .dropout = -1, .stream = 0,
         .stream_buffer = (int64_t)64 << 20, .eval_every = 0, .eval_every_epoch = 0,
         .save_best = 0, .best_metric = NOPAD_TRAIN_METRIC_AUTO, .early_stop = 0, .on_eval = NULL,
-        .whole_word_mask = 0, .pack_lines = 0, .early_stop_min_delta = 0};
+        .whole_word_mask = 0, .pack_lines = 0, .early_stop_min_delta = 0, .attention_dropout = -1};
 }
 
 static double seconds(void) {
@@ -71,6 +71,10 @@ static nopad_status check_params(const nopad_train_params *p) {
     if (!(p->dropout == -1 || (p->dropout >= 0 && p->dropout < 1)))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: dropout %g is outside "
                                "[0, 1) (-1: the config's hidden_dropout_prob)", p->dropout);
+    if (!(p->attention_dropout == -1 || (p->attention_dropout >= 0 && p->attention_dropout < 1)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: attention_dropout %g is "
+                               "outside [0, 1) (-1: dropout when set, else the config's "
+                               "attention_probs_dropout_prob)", p->attention_dropout);
     if (!(p->weight_decay >= 0 && p->weight_decay < 1))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: weight decay %g, expected in [0, 1)",
                                p->weight_decay);
@@ -258,8 +262,9 @@ static nopad_status evaluate(run *r, nopad_train_result *out) {
     double loss_sum = 0;
     int64_t rows = 0, correct = 0, seqs = 0;
     /* the forward alone, without dropout (HF's model.eval()) */
-    const float dropout = r->ctx.dropout;
+    const float dropout = r->ctx.dropout, attention_dropout = r->ctx.attention_dropout;
     r->ctx.dropout = 0;
+    r->ctx.attention_dropout = 0;
     nopad_status st = train_loader_seek(l, 0, 0);
     while (st == NOPAD_OK && train_loader_next(l)) {
         const train_batch *b = &l->batch;
@@ -282,6 +287,7 @@ static nopad_status evaluate(run *r, nopad_train_result *out) {
     }
     free(logits);
     r->ctx.dropout = dropout;
+    r->ctx.attention_dropout = attention_dropout;
     if (st != NOPAD_OK) return nopad_wrap_error(st, "evaluation");
     out->eval_examples = (int32_t)seqs;
     out->eval_loss = rows ? loss_sum / (double)rows : -1;
@@ -297,6 +303,17 @@ static const char *shortest(double x, char buf[32]) {
         if (strtod(buf, NULL) == x) break;
     }
     return buf;
+}
+
+/* A float as the double of its shortest decimal (0.1f as 0.1, not 0.100000001): how a float
+ * setting is named; distinct floats stay distinct. */
+static double float_decimal(float x) {
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+        if ((float)strtod(buf, NULL) == x) break;
+    }
+    return strtod(buf, NULL);
 }
 
 /* A resumed run must be the saved one continued: the same optimiser, schedule, data order and
@@ -326,10 +343,12 @@ static nopad_status check_resume(const nopad_train_params *p, const train_state 
         {"batch_seqs", want->batch_seqs, saved->batch_seqs},
         {"learning rate", want->schedule.lr, saved->schedule.lr},
         {"warmup steps", (double)want->schedule.warmup_steps, (double)saved->schedule.warmup_steps},
-        {"weight decay", want->opt.weight_decay, saved->opt.weight_decay},
-        {"max_grad_norm", want->opt.max_grad_norm, saved->opt.max_grad_norm},
-        {"eps", want->opt.eps, saved->opt.eps},
-        {"dropout", want->dropout, saved->dropout},
+        {"weight decay", float_decimal(want->opt.weight_decay), float_decimal(saved->opt.weight_decay)},
+        {"max_grad_norm", float_decimal(want->opt.max_grad_norm), float_decimal(saved->opt.max_grad_norm)},
+        {"eps", float_decimal(want->opt.eps), float_decimal(saved->opt.eps)},
+        {"dropout", float_decimal(want->dropout), float_decimal(saved->dropout)},
+        {"attention_dropout", float_decimal(want->attention_dropout),
+         float_decimal(saved->attention_dropout)},
         {"whole_word_mask", want->whole_word, saved->whole_word},
         {"pack_lines", want->pack_lines, saved->pack_lines},
         {"stream buffer (0: the data held in memory)", (double)want->stream_buffer,
@@ -597,6 +616,10 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     CHECK(train_context_init(&r.model, budget, p->batch_seqs, &r.ctx));
     r.have_ctx = 1;
     r.ctx.dropout = p->dropout < 0 ? r.model.cfg.hidden_dropout_prob : (float)p->dropout;
+    /* unset, it follows an explicit dropout (one knob turns both off), else the config's */
+    r.ctx.attention_dropout = p->attention_dropout >= 0 ? (float)p->attention_dropout
+                            : p->dropout >= 0           ? (float)p->dropout
+                                                        : r.model.cfg.attention_probs_dropout_prob;
     r.ctx.dropout_seed = p->seed ^ 0xD1B54A32D192ED03ull; /* not the data's stream */
 
     int64_t total = 0;
@@ -605,7 +628,8 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                           .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
                           .data_seed = p->seed, .epochs = p->epochs,
                           .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
-                          .dropout = r.ctx.dropout, .stream_buffer = p->stream ? p->stream_buffer : 0,
+                          .dropout = r.ctx.dropout, .attention_dropout = r.ctx.attention_dropout,
+                          .stream_buffer = p->stream ? p->stream_buffer : 0,
                           .metric = metric, .whole_word = p->whole_word_mask,
                           .pack_lines = p->pack_lines};
     state.schedule.lr = p->lr;

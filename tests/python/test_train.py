@@ -12,6 +12,9 @@
   best (by accuracy, or by loss) kept in out/best with the weights of a run stopped there; a run
   stopped before or after evaluations and resumed keeps the history and best; on_eval stopping
   the run; early_stop, with and without a min_delta; the option errors;
+- the dropout rates (config.json's, dropout=, attention_dropout=, the attention's following
+  dropout= when unset) recorded in trainer_state.json; bad rates and a resume with another rate
+  refused;
 - errors: bad options, a resume with another optimiser (both named), a missing file, CUDA on a
   build without CUDA training;
 - the ctypes structs of training (nopad_train_params, _result, _progress, _eval) against the header's
@@ -340,20 +343,44 @@ def test_eval_errors(cls_model, mlm_model, tmp_path):
         nopad.Trainer(cls_model, data, tmp_path / "o", task="classify", eval_data=ev,
                       eval_every=5, early_stop=-2)
 
-def test_attention_dropout_not_applied_is_warned(cls_model, tmp_path):
-    """BERT's attention_probs_dropout_prob is not applied yet: a run with dropout warns, one
-    without (dropout=0, or none in config.json) does not."""
-    import json
+
+def test_dropout_rates(cls_model, tmp_path):
+    """The rates a run trains with, recorded in trainer_state.json: config.json's by default
+    (hidden 0.05 and attention 0.1 here, so a mix-up shows), dropout= for both when
+    attention_dropout= is unset, attention_dropout= alone; no warning either way. Bad rates are
+    errors (from Python and from the library), and a resume with another rate is refused."""
     import warnings
     d = tmp_path / "model"
     shutil.copytree(cls_model, d)
     config = json.loads((d / "config.json").read_text())
-    config.update(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.1)
+    config.update(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.05)
     (d / "config.json").write_text(json.dumps(config))
-    with pytest.warns(UserWarning, match=r"attention_probs_dropout_prob 0.1 .* not applied"):
-        nopad.Trainer(d, TRAIN / "cls_train.jsonl", tmp_path / "a", **fast(epochs=1)).train(on_step=lambda p: True)
-    for model, dropout in ((d, 0.0), (cls_model, None)):
+    data = TRAIN / "cls_train.jsonl"
+    assert nopad.Trainer(d, data, tmp_path / "o")._params.attention_dropout == -1  # the default
+    cases = [({}, (0.05, 0.1)), ({"dropout": 0}, (0, 0)), ({"dropout": 0.2}, (0.2, 0.2)),
+             ({"dropout": 0, "attention_dropout": 0.2}, (0, 0.2)),
+             ({"attention_dropout": 0}, (0.05, 0)), ({"attention_dropout": 0.3}, (0.05, 0.3))]
+    for i, (kw, want) in enumerate(cases):
+        out = tmp_path / ("r%d" % i)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            nopad.Trainer(model, TRAIN / "cls_train.jsonl", tmp_path / ("b%s" % dropout),
-                          **fast(epochs=1, dropout=dropout)).train(on_step=lambda p: True)
+            nopad.Trainer(d, data, out, **fast(epochs=1, **kw)).train(on_step=lambda p: True)
+        state = json.loads((out / "trainer_state.json").read_text())
+        assert (state["dropout"], state["attention_dropout"]) == want, (kw, state)
+        saved = json.loads((out / "config.json").read_text())
+        assert saved["attention_probs_dropout_prob"] == 0.1 and saved["hidden_dropout_prob"] == 0.05
+    for bad in (1, -0.5, 1.5):
+        with pytest.raises(nopad.InvalidArgumentError, match="attention_dropout %r" % (bad,)):
+            nopad.Trainer(d, data, tmp_path / "o", attention_dropout=bad)
+    t = nopad.Trainer(d, data, tmp_path / "o", **fast(epochs=1))
+    t._params.attention_dropout = 2  # past the Python check: the library's own
+    with pytest.raises(nopad.InvalidArgumentError, match=r"attention_dropout 2 is outside \[0, 1\)"):
+        t.train()
+    # r3 trained with attention dropout 0.2: resumed with it, or refused with another rate
+    with pytest.raises(nopad.InvalidArgumentError,
+                       match="attention_dropout 0, but the checkpoint's is 0.2;"):
+        nopad.Trainer(d, data, tmp_path / "r3b", resume=tmp_path / "r3",
+                      **fast(epochs=1, dropout=0)).train()
+    m = nopad.Trainer(d, data, tmp_path / "r3", resume=tmp_path / "r3",
+                      **fast(epochs=1, dropout=0, attention_dropout=0.2)).train()
+    assert m.resumed_step == 1 and m.steps > 1

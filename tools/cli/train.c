@@ -11,8 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cJSON.h>
-
 #include "cli.h"
 #include "nopad.h"
 
@@ -63,6 +61,10 @@ static const char train_help[] =
     "  --max-grad-norm X   gradient clipping by global norm (default 1; 0: none)\n"
     "  --dropout P         dropout after the embeddings and each sub-layer, in [0, 1) (default:\n"
     "                      config.json's hidden_dropout_prob, BERT's 0.1; 0: off)\n"
+    "  --attention-dropout P\n"
+    "                      dropout of the attention probabilities (default: --dropout when\n"
+    "                      given, else config.json's attention_probs_dropout_prob, BERT's 0.1;\n"
+    "                      0: off)\n"
     "  --seed N            data order, masking and a new head's weights (default 42)\n"
     "  --save-every N      also save the checkpoint to --output every N steps\n"
     "  --resume DIR        continue the run saved in DIR (by --save-every or at the end): its\n"
@@ -105,6 +107,7 @@ enum {
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
     OPT_NO_STREAM, OPT_STREAM_BUFFER, OPT_EVAL_EVERY, OPT_SAVE_BEST, OPT_BEST_METRIC,
     OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK, OPT_PACK_LINES, OPT_EARLY_STOP_MIN_DELTA,
+    OPT_ATTENTION_DROPOUT,
 };
 
 static const struct option long_options[] = {
@@ -128,6 +131,7 @@ static const struct option long_options[] = {
     {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
     {"max-grad-norm", required_argument, NULL, OPT_MAX_GRAD_NORM},
     {"dropout", required_argument, NULL, OPT_DROPOUT},
+    {"attention-dropout", required_argument, NULL, OPT_ATTENTION_DROPOUT},
     {"seed", required_argument, NULL, OPT_SEED},
     {"save-every", required_argument, NULL, OPT_SAVE_EVERY},
     {"truncate", no_argument, NULL, OPT_TRUNCATE},
@@ -338,6 +342,14 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
             }
             o->dropout = x;
             break;
+        case OPT_ATTENTION_DROPOUT:
+            if (parse_float("--attention-dropout", optarg, &x)) return -1;
+            if (!(x >= 0 && x < 1)) {
+                print_error("--attention-dropout %s: expected a rate in [0, 1) (0: off)", optarg);
+                return -1;
+            }
+            o->attention_dropout = x;
+            break;
         default: cli_print_opt_error(&p); return -1;
         }
     }
@@ -461,37 +473,6 @@ static int on_eval(void *user, const nopad_train_eval *e) {
     return 0;
 }
 
-/* config.json's number `key` (fallback when absent or not a number). */
-static double config_number(const char *model_dir, const char *key, double fallback) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return fallback;
-    char *text = malloc(1 << 20);
-    const size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    double v = fallback;
-    if (text) {
-        cJSON *root = cJSON_ParseWithLength(text, n);
-        const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
-        if (cJSON_IsNumber(item)) v = item->valuedouble;
-        cJSON_Delete(root);
-        free(text);
-    }
-    return v;
-}
-
-/* The one dropout of BERT's recipe nopad does not apply yet: say so rather than train without it
- * silently (docs/training.md, what is left). */
-static void note_attention_dropout(const nopad_train_params *o) {
-    const double attn = config_number(o->model_dir, "attention_probs_dropout_prob", 0.0);
-    const double hidden = o->dropout >= 0 ? o->dropout : config_number(o->model_dir, "hidden_dropout_prob", 0.1);
-    if (attn > 0 && hidden > 0)
-        fprintf(stderr, "note: attention_probs_dropout_prob %g (config.json) is not applied: nopad trains "
-                        "without attention-probability dropout for now (hidden dropout %g is applied)\n",
-                attn, hidden);
-}
-
 int cmd_train(int argc, char **argv) {
     nopad_train_params o;
     train_cli cl = {0};
@@ -521,7 +502,6 @@ int cmd_train(int argc, char **argv) {
                     (double)info.st_size / (double)AUTO_STREAM_BYTES,
                     (double)o.stream_buffer / (1 << 20));
     }
-    if (!cl.quiet) note_attention_dropout(&o);
     progress_state ps = {.quiet = cl.quiet, .enabled = isatty(STDERR_FILENO), .every = 10,
                          .first_step = -1, .stop_after = cl.stop_after};
     o.on_step = on_step;
