@@ -15,7 +15,9 @@
  * Usage: train_bench --model DIR [--batch 32] [--min-len 102] [--max-len 512] [--mask 0.15]
  *                    [--steps 20] [--warmup 5] [--batches 8] [--dtype bf16|f16]
  *                    [--optimizer adamw|lamb] [--lr 1e-4] [--seed 1] [--json FILE]
- *                    [--lengths FILE]
+ *                    [--lengths FILE] [--dropout 0]
+ * --dropout P: hidden and attention dropout at rate P (the TRAIN workload runs without, as its HF
+ * peer does; this measures what the dropouts cost).
  * --lengths: the batches' sequence lengths, a line a batch (whitespace-separated), instead of
  * drawing them — so a peer can run the very same batches (bench/train_bench.py writes it); the
  * line count is the number of batches and each line's count the batch size.
@@ -112,7 +114,7 @@ int main(int argc, char **argv) {
     const char *model_dir = NULL, *json_path = NULL, *dtype_name = "bf16", *optimizer = "adamw";
     const char *lengths_path = NULL;
     int32_t B = 32, min_len = 102, max_len = 512, steps = 20, warmup = 5, n_batches = 8;
-    double mask = 0.15, lr = 1e-4;
+    double mask = 0.15, lr = 1e-4, dropout = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -130,16 +132,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batches")) n_batches = atoi(v);
         else if (!strcmp(a, "--mask")) mask = atof(v);
         else if (!strcmp(a, "--lr")) lr = atof(v);
+        else if (!strcmp(a, "--dropout")) dropout = atof(v);
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
         else { fprintf(stderr, "train_bench: unknown option %s\n", a); return 2; }
         i++;
     }
     if (!model_dir || B < 1 || min_len < 1 || max_len < min_len || steps < 1 || steps > MAX_STEPS ||
-        warmup < 0 || n_batches < 1 || n_batches > MAX_BATCHES || !(mask > 0 && mask < 1)) {
+        warmup < 0 || n_batches < 1 || n_batches > MAX_BATCHES || !(mask > 0 && mask < 1) ||
+        !(dropout >= 0 && dropout < 1)) {
         fprintf(stderr, "usage: train_bench --model DIR [--batch B] [--min-len L] [--max-len L] "
                         "[--mask P in (0,1)] [--steps 1..%d] [--warmup N] [--batches 1..%d] "
                         "[--dtype bf16|f16] [--optimizer adamw|lamb] [--lr X] [--seed S] "
-                        "[--json FILE]\n", MAX_STEPS, MAX_BATCHES);
+                        "[--json FILE] [--lengths FILE] [--dropout P in [0,1)]\n", MAX_STEPS, MAX_BATCHES);
         return 2;
     }
     const nopad_dtype dtype = !strcmp(dtype_name, "f16") || !strcmp(dtype_name, "fp16") ?
@@ -205,6 +209,8 @@ int main(int argc, char **argv) {
     }
     train_context ctx;
     CHECK(train_context_init(&m, max_tokens, B, &ctx));
+    ctx.dropout = ctx.attention_dropout = (float)dropout;
+    ctx.dropout_seed = seed;
     train_optimizer opt = train_optimizer_defaults();
     opt.lr = (float)lr;
 
@@ -255,12 +261,12 @@ int main(int argc, char **argv) {
     char json[2048];
     snprintf(json, sizeof json,
              "{\"engine\": \"nopad\", \"build\": \"%s\", \"gpu\": \"%s\", \"dtype\": \"%s\", \"optimizer\": \"%s\", "
-             "\"layers\": %d, \"hidden\": %d, \"batch\": %d, \"min_len\": %d, \"max_len\": %d, "
+             "\"dropout\": %g, \"layers\": %d, \"hidden\": %d, \"batch\": %d, \"min_len\": %d, \"max_len\": %d, "
              "\"mean_tokens\": %.1f, \"mean_masked\": %.1f, \"steps\": %d, \"warmup\": %d, "
              "\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optimizer_ms\": %.3f, "
              "\"step_ms\": %.3f, \"host_enqueue_ms\": %.3f, \"useful_tok_s\": %.0f, \"memory_gb\": %.3f, "
              "\"params\": %lld, \"first_loss\": %.4f, \"last_loss\": %.4f}\n",
-             nopad_build_id(), prop.name, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", lamb ? "lamb" : "adamw",
+             nopad_build_id(), prop.name, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", lamb ? "lamb" : "adamw", dropout,
              c->num_layers, c->hidden_size, B, min_len, max_len, mean_tokens, mean_masked, steps,
              warmup, f, bk, o, st, host, tok_s, mem_gb, (long long)m.n_params, first_loss, last_loss);
     fputs(json, stdout);
