@@ -12,10 +12,12 @@
  * 60 MB L2, so small problems are not timed out of the cache. TFLOP/s = 2·T·K·N / time.
  *
  * Usage: gemm_bench [--json FILE] [--reps ROUNDS] [--dtype f16|bf16|both] [--quick] [--only TEXT]
- *                   [--tokens T1,T2,...] [--lt-ranks N]
+ *                   [--tokens T1,T2,...] [--lt-ranks N] [--llama]
  * (--only "base ffn_in+gelu 39798": the GEMMs whose "model gemm T" contains TEXT; --tokens: these
  * token counts instead of the default list; --lt-ranks N: also cuBLASLt's heuristic answers 2..N+1,
- * each timed as the cuBLASLt path takes its first; a rank past its last answer repeats the last) */
+ * each timed as the cuBLASLt path takes its first; a rank past its last answer repeats the last;
+ * --llama: LLaMA-1B's decoder layers instead, qkv 2048 -> 2560, o 2048 -> 2048, gate|up 2048 ->
+ * 11264, down 5632 -> 2048, no bias, as a decode step runs them when cuBLASLt takes them) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +46,7 @@ typedef struct variant {
 
 typedef struct layer_gemm {
     const char *name;
-    int K_is_I, N_is;     /* K = H or I; N = 3H, H or I */
+    int K_is_I, N_is;     /* K = H or I; N = 3H, H or I; (--llama) H + 512 or 2I */
     nopad_epilogue op_ep; /* cu_linear's epilogue */
 } layer_gemm;
 
@@ -148,7 +150,7 @@ static void fill_random(nopad_dtype dtype, void *dst, size_t n, float lo, float 
 
 int main(int argc, char **argv) {
     const char *json_path = NULL;
-    int dtype_mask = 3, quick = 0;
+    int dtype_mask = 3, quick = 0, llama = 0;
     const char *only = NULL; /* run only the GEMMs whose "model gemm T" contains this */
     const char *tokens_arg = NULL; /* "16,32": token counts to run instead of the default list */
     for (int i = 1; i < argc; i++) {
@@ -161,6 +163,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_arg = argv[++i];
         else if (!strcmp(argv[i], "--lt-ranks") && i + 1 < argc) lt_ranks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--llama")) llama = 1;
         else {
             fprintf(stderr, "usage: gemm_bench [--json FILE] [--reps ROUNDS] [--dtype f16|bf16|both] [--quick] [--only TEXT] "
                             "[--tokens T1,T2,...] [--lt-ranks N (1..%d)]\n", CUDA_GEMM_LT_MAX_RANK);
@@ -214,8 +217,9 @@ int main(int argc, char **argv) {
         }
     }
     skinny_default = cuda_gemm_skinny_max_tokens();
-    const struct { const char *name; int32_t H, I; } models[2] = {{"base", 768, 3072}, {"large", 1024, 4096}};
-    const layer_gemm gemms[] = {
+    const struct { const char *name; int32_t H, I; } bert_models[2] = {{"base", 768, 3072}, {"large", 1024, 4096}},
+                                                     llama_models[1] = {{"llama1b", 2048, 5632}};
+    const layer_gemm bert_gemms[] = {
         {"qkv", 0, 3, NOPAD_EPILOGUE_BIAS},                /* [T,H]·[3H,H]ᵀ + b */
         {"attn_out", 0, 1, NOPAD_EPILOGUE_NONE},           /* as the encoder calls it today */
         {"attn_out+res", 0, 1, NOPAD_EPILOGUE_BIAS_RESIDUAL},
@@ -223,7 +227,15 @@ int main(int argc, char **argv) {
         {"ffn_out", 1, 1, NOPAD_EPILOGUE_NONE},
         {"ffn_out+res", 1, 1, NOPAD_EPILOGUE_BIAS_RESIDUAL},
     };
-    const int n_gemms = sizeof gemms / sizeof gemms[0];
+    const layer_gemm llama_gemms[] = {
+        {"qkv", 0, 5, NOPAD_EPILOGUE_NONE},     /* 32 query heads + 2 x 4 KV heads of 64 */
+        {"o", 0, 1, NOPAD_EPILOGUE_NONE},
+        {"gate_up", 0, 6, NOPAD_EPILOGUE_NONE}, /* the SwiGLU's two projections, one GEMM */
+        {"down", 1, 1, NOPAD_EPILOGUE_NONE},
+    };
+    const int n_models = llama ? 1 : 2;
+    const layer_gemm *gemms = llama ? llama_gemms : bert_gemms;
+    const int n_gemms = llama ? 4 : (int)(sizeof bert_gemms / sizeof bert_gemms[0]);
 
     for (int d = 0; d < 2; d++) {
         if (!(dtype_mask & (1 << d))) continue;
@@ -245,19 +257,25 @@ int main(int argc, char **argv) {
 
         printf("\n%-4s %-5s %-13s %6s %5s %5s | %-28s %8s %6s | %s\n", "dt", "model", "gemm", "T", "K", "N",
                "path (* = config auto picks)", "ms", "TFLOPs", "vs cublaslt path");
-        for (int mi = 0; mi < 2; mi++)
+        for (int mi = 0; mi < n_models; mi++)
             for (int ti = 0; ti < n_T; ti++)
                 for (int g = 0; g < n_gemms; g++) {
-                    const int32_t H = models[mi].H, I = models[mi].I, T = Ts[ti];
+                    const int32_t H = llama ? llama_models[mi].H : bert_models[mi].H;
+                    const int32_t I = llama ? llama_models[mi].I : bert_models[mi].I, T = Ts[ti];
                     const int32_t K = gemms[g].K_is_I ? I : H;
-                    const int32_t N = gemms[g].N_is == 3 ? 3 * H : gemms[g].N_is == 4 ? I : H;
+                    const int32_t N = gemms[g].N_is == 3   ? 3 * H
+                                      : gemms[g].N_is == 4 ? I
+                                      : gemms[g].N_is == 5 ? H + 512
+                                      : gemms[g].N_is == 6 ? 2 * I
+                                                           : H;
                     const size_t set_bytes = ((size_t)T * K + (size_t)N * K + 2 * (size_t)T * N) * 2;
                     int sets = (int)((WORKING_SET_BYTES + set_bytes - 1) / set_bytes);
                     if (sets > MAX_SETS) sets = MAX_SETS;
                     while (sets > 1 && (size_t)sets * T * (K > N ? K : N) > (size_t)POOL_ELEMS) sets--;
                     while (sets > 1 && (size_t)sets * N * K > (size_t)W_POOL_ELEMS) sets--;
                     char what[96];
-                    snprintf(what, sizeof what, "%s %s %d", models[mi].name, gemms[g].name, T);
+                    const char *model_name = llama ? llama_models[mi].name : bert_models[mi].name;
+                    snprintf(what, sizeof what, "%s %s %d", model_name, gemms[g].name, T);
                     if (only && !strstr(what, only)) continue;
                     const nopad_epilogue op_ep = gemms[g].op_ep;
                     const cuda_gemm_epilogue fep = op_ep == NOPAD_EPILOGUE_BIAS_ACT ? CUDA_GEMM_BIAS_GELU_ERF
@@ -307,13 +325,13 @@ int main(int argc, char **argv) {
                             snprintf(label, sizeof label, "%s",
                                      op_ep == NOPAD_EPILOGUE_BIAS_ACT ? "cublaslt + gelu pass" : "cublaslt");
                         printf("%-4s %-5s %-13s %6d %5d %5d | %-28s %8.4f %6.1f | %5.2fx\n", dname,
-                               models[mi].name, gemms[g].name, T, K, N, label, ms[vi], flops / ms[vi] * 1e-9,
+                               model_name, gemms[g].name, T, K, N, label, ms[vi], flops / ms[vi] * 1e-9,
                                ms[0] / ms[vi]);
                         if (json) {
                             fprintf(json, "%s  {\"dtype\": \"%s\", \"model\": \"%s\", \"gemm\": \"%s\", \"T\": %d, "
                                           "\"K\": %d, \"N\": %d, \"path\": \"%s\", \"config\": \"%s\", "
                                           "\"picked\": %s, \"sets\": %d, \"ms\": %.5f, \"tflops\": %.2f}",
-                                    first_row ? "" : ",\n", dname, models[mi].name, gemms[g].name, T, K, N,
+                                    first_row ? "" : ",\n", dname, model_name, gemms[g].name, T, K, N,
                                     vs[vi].path, config,
                                     !strcmp(vs[vi].path, "cutlass") && vs[vi].config == picked ? "true" : "false",
                                     sets, ms[vi], flops / ms[vi] * 1e-9);
