@@ -329,29 +329,7 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
                 const int key = key0 + t * 8 + (lane & 3) * 2 + (e & 1);
                 if (key >= key_end || key > row_pos[e >> 1]) s[t][e] = -INFINITY;
             }
-#pragma unroll
-        for (int r = 0; r < 2; r++) { /* online softmax: the 4 threads of a quad share a row */
-            float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[r], mx);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new * a.scale_log2;
-            const float alpha = fast_exp2(fmaf(m_run[r], a.scale_log2, -m_use));
-            m_run[r] = m_new;
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < 2; t++) {
-                s[t][2 * r] = fast_exp2(fmaf(s[t][2 * r], a.scale_log2, -m_use));
-                s[t][2 * r + 1] = fast_exp2(fmaf(s[t][2 * r + 1], a.scale_log2, -m_use));
-                sum += s[t][2 * r] + s[t][2 * r + 1];
-            }
-            l_run[r] = l_run[r] * alpha + sum;
-#pragma unroll
-            for (int t = 0; t < DT; t++) {
-                o[t][2 * r] *= alpha;
-                o[t][2 * r + 1] *= alpha;
-            }
-        }
+        online_softmax_tile<2, DT>(s, o, m_run, l_run, a.scale_log2); /* attention/common.cuh */
         mma_pv_step<BF16, D>(o, s[0], s[1], v_s, LDS, lane);
         __syncwarp(); /* every lane is done with this buffer before the next tile's copy into it */
     }
