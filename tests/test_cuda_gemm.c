@@ -14,7 +14,7 @@
  * The skinny GEMM: T from 1 to its limit of 256 (one and several 64-token tiles), every epilogue
  * and activation, K not a multiple of 16 (a zero-filled slice tail), one and many K slices; it
  * must give identical bits twice. Same bounds.
- * The gemv kernels (decode steps): T from 1 to 32 across their 8-, 16- and 32-token variants,
+ * The gemv kernels (decode steps): T from 1 to 32 across their 8-, 16-, 24- and 32-token variants,
  * decoder layer shapes and odd ones (K not a multiple of 32, N not of 16, N = 1), every epilogue,
  * the float32 output against the fp32 reference within 1e-5 of each output's sum of |products|,
  * the fused SwiGLU; identical bits twice.
@@ -430,8 +430,8 @@ static void test_skinny_graph(void **state) {
 static const int32_t GEMV_SHAPES[][2] = {{2048, 2560}, {2048, 2048}, {5632, 2048}, {576, 960}, {576, 3072},
                                          {200, 100},   {776, 1},     {8, 48},      {256, 9000}, {4104, 16},
                                          {3000, 40}};
-/* T: 1, the edges of the 8-, 16- and 32-token kernels */
-static const int32_t GEMV_TS[] = {1, 3, 8, 9, 16, 17, 31, 32};
+/* T: 1, the edges of the 8-, 16-, 24- and 32-token kernels */
+static const int32_t GEMV_TS[] = {1, 3, 8, 9, 16, 17, 24, 25, 31, 32};
 
 /* Runs the gemv (act, bias, residual as skinny_check) twice on a poisoned output: identical bits
  * both times, the row error within BOUND against the reference. */

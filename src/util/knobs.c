@@ -26,7 +26,7 @@ static const knob_def KNOBS[KNOB_COUNT] = {
                    "linear layers: cublaslt only, cutlass (epilogues fused) wherever it applies, or auto per shape"},
     [KNOB_SKINNY_MAX_TOKENS] = {"NOPAD_SKINNY_MAX_TOKENS", KIND_INT, 32, NULL,
                                 "linear layers of at most this many tokens run the skinny GEMM (0 = off, at most 256)"},
-    [KNOB_GEMV_MAX_TOKENS] = {"NOPAD_GEMV_MAX_TOKENS", KIND_INT, 16, NULL,
+    [KNOB_GEMV_MAX_TOKENS] = {"NOPAD_GEMV_MAX_TOKENS", KIND_INT, 24, NULL,
                               "linear layers of at most this many tokens (decode steps) stream their weights "
                               "through the gemv kernels (0 = off, at most 32)"},
     [KNOB_PDL] = {"NOPAD_PDL", KIND_SWITCH, 1, NULL,

@@ -245,10 +245,11 @@ template <bool BF16, int NT, int OUT> cudaError_t launch_nt(const gemv_params &p
     return launch_ns<BF16, NT, OUT, 2>(p, stream);
 }
 
-/* NT groups of 8 tokens: the kernel for T <= 8, 16 or 32 */
+/* NT groups of 8 tokens: the kernel for T <= 8, 16, 24 or 32 */
 template <bool BF16, int OUT> cudaError_t launch_t(const gemv_params &p, cudaStream_t stream) {
     if (p.T <= 8) return launch_nt<BF16, 1, OUT>(p, stream);
     if (p.T <= 16) return launch_nt<BF16, 2, OUT>(p, stream);
+    if (p.T <= 24) return launch_nt<BF16, 3, OUT>(p, stream);
     return launch_nt<BF16, 4, OUT>(p, stream);
 }
 
