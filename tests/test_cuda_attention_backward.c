@@ -44,8 +44,8 @@
  *
  * Both forwards with lse run every case (NOPAD_FMHA_WGMMA set in turn): wgmma (the inference
  * kernels of attention/wgmma.cu, which attention_lse takes at d = 64 and 128 on Hopper) and mma
- * (attention/mma.cu's mma.sync kernels, d = 32 and the fallback); then every case again with the
- * attention's dropout (p = 0.15) on both sides, the same bounds (the masks are equal bit for bit,
+ * (attention/mma.cu's mma.sync kernels, d = 32 and the fallback); then every case again, both
+ * forwards, with the attention's dropout (p = 0.15) on both sides, the same bounds (the masks are equal bit for bit,
  * so what differs is the arithmetic above). EDGE128_LENGTHS sit on and next to 128-key tiles.
  *
  * NOPAD_ATTN_BWD_BENCH=1: instead of the tests, times attention_lse (both forwards) and
@@ -94,11 +94,10 @@ static const bwd_case CASES[] = {
     {10, 257, 2, EDGE128_LENGTHS, 0}, /* 128-key blocks, 16-key warps past the end */
 };
 
-/* the forwards with lse: NOPAD_FMHA_WGMMA's value for the first two; the third runs with the
- * attention's dropout (p = 0.15: the mma.sync forward's and the backward's DROPOUT kernels), the
- * CPU ops applying the same mask */
-enum { N_VARIANTS = 3, VARIANT_DROPOUT = 2 };
-static const char *const VARIANTS[N_VARIANTS] = {"mma", "wgmma", "dropout"};
+/* the forwards with lse: NOPAD_FMHA_WGMMA 0 and 1; then both again with the attention's dropout
+ * (p = 0.15: the forwards' and the backward's DROPOUT kernels), the CPU ops applying the same mask */
+enum { N_VARIANTS = 4, VARIANT_DROPOUT = 2 };
+static const char *const VARIANTS[N_VARIANTS] = {"mma", "wgmma", "dropout-mma", "dropout-wgmma"};
 static const nopad_attention_dropout DROPOUT = {0.15f, 0x0123456789ABCDEFull, 7};
 static const nopad_attention_dropout *drop; /* the variant's: NULL or &DROPOUT */
 static int variant;
@@ -350,8 +349,8 @@ static void run_grid(int32_t d, int dt, uint64_t seed) {
         return;
     }
     for (variant = 0; variant < N_VARIANTS; variant++) { /* the same data for every variant */
-        knob_set_int(KNOB_FMHA_WGMMA, variant == 1);
-        drop = variant == VARIANT_DROPOUT ? &DROPOUT : NULL;
+        knob_set_int(KNOB_FMHA_WGMMA, variant & 1);
+        drop = variant >= VARIANT_DROPOUT ? &DROPOUT : NULL;
         uint64_t rng = seed;
         for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
             for (int causal = 0; causal < 2; causal++) run_case(&CASES[i], i, d, dt, causal, &rng);
@@ -437,10 +436,10 @@ static void bench_shape(const char *name, int32_t B, int32_t heads, int32_t d, u
     printf("%s: B=%d T=%d max=%d heads=%d d=%d bf16; forward %.2f GFLOP, backward %.2f GFLOP\n", name, B, T, max_len,
            heads, d, fwd_flop * 1e-9, bwd_flop * 1e-9);
     for (int v = 0; v < N_VARIANTS; v++) {
-        knob_set_int(KNOB_FMHA_WGMMA, v == 1);
-        drop = v == VARIANT_DROPOUT ? &DROPOUT : NULL;
+        knob_set_int(KNOB_FMHA_WGMMA, v & 1);
+        drop = v >= VARIANT_DROPOUT ? &DROPOUT : NULL;
         const float f = time_op(g, run_fwd, &c, 3, 20), b = time_op(g, run_bwd, &c, 3, 20);
-        printf("  %-7s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
+        printf("  %-13s  forward+lse %7.3f ms %6.1f TFLOP/s   backward %7.3f ms %6.1f TFLOP/s\n", VARIANTS[v], f,
                fwd_flop / (f * 1e-3) * 1e-12, b, bwd_flop / (b * 1e-3) * 1e-12);
     }
     knob_set_int(KNOB_FMHA_WGMMA, 1);

@@ -23,14 +23,6 @@ cudaError_t cuda_attention_fa3(int bf16, void *out, const void *qkv, const int32
                                int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
                                int pdl, void *workspace, void *stream);
 
-/* wgmma.cu: the wgmma kernels, head sizes 64 and 128: block_m query rows (64 | 128: one or two
- * warpgroups) and block_n keys (64 | 128) a tile; pipe: the pipelined variant (64-key tiles,
- * block_n ignored). lse: NULL (inference), or float32 [T, n_heads] that also receives each query
- * row's log-sum-exp of its scaled scores (training's forward, as cuda_attention_mma's). */
-cudaError_t cuda_attention_wgmma(int32_t head_size, int block_m, int block_n, bool pipe, bool bf16, void *out,
-                                 const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
-                                 int32_t n_heads, float scale, float rescale_thresh, int causal, bool pdl,
-                                 cudaStream_t stream, float *lse = nullptr);
 
 /* Training's attention-probability dropout (backend.h, nopad_attention_dropout) as the mma.sync
  * kernels take it: keep a probability, times scale = 1/(1 - p), when its bits reach threshold =
@@ -41,6 +33,18 @@ struct attention_dropout_params {
     uint64_t key;
     uint32_t site;
 };
+
+/* wgmma.cu: the wgmma kernels, head sizes 64 and 128: block_m query rows (64 | 128: one or two
+ * warpgroups) and block_n keys (64 | 128) a tile; pipe: the pipelined variant (64-key tiles,
+ * block_n ignored). lse: NULL (inference), or float32 [T, n_heads] that also receives each query
+ * row's log-sum-exp of its scaled scores (training's forward, as cuda_attention_mma's). drop
+ * (training, with lse): as cuda_attention_mma's; a dropout run takes one warpgroup and 64-key
+ * tiles whatever block_m, block_n and pipe say. */
+cudaError_t cuda_attention_wgmma(int32_t head_size, int block_m, int block_n, bool pipe, bool bf16, void *out,
+                                 const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
+                                 int32_t n_heads, float scale, float rescale_thresh, int causal, bool pdl,
+                                 cudaStream_t stream, float *lse = nullptr,
+                                 const attention_dropout_params *drop = nullptr);
 
 /* mma.cu: the mma.sync kernels, head sizes 32, 64 and 128: block_m query rows (64 | 128: four or
  * eight warps) and block_n keys (64 | 128) a tile. lse: NULL (inference), or float32 [T, n_heads]

@@ -83,7 +83,10 @@ static __device__ __forceinline__ void dead_warpgroup_loads(uint16_t *sK, uint16
 
 /* ---- the kernel (head size 64 or 128) --------------------------------------------------------------- */
 
-/* Training's forward (train/attention_backward.cu, cuda_attention_lse) passes lse: each query row's
+/* Training's forward (train/attention_backward.cu, cuda_attention_lse) passes lse (and, with the
+ * attention's dropout, runs the DROPOUT instantiation of the one-warpgroup 64-key kernel, which
+ * multiplies each key tile's probabilities by their mask factors after the softmax has summed
+ * them, as attention/mma.cu's): each query row's
  * log-sum-exp of its scaled scores, lse[T, heads] = ln Σ_j exp(scale·s_j), written after the loop
  * from the running max m (the kept one under lazy rescaling: l and O were summed against it) and
  * the row sum l, whose four quad partials are added here: lse = (m·scale_log2 + log2 l)·ln 2, as
@@ -102,13 +105,14 @@ static __device__ __forceinline__ void write_lse(float *lse, const float m_run[2
     }
 }
 
-template <int D, int NWG, int BLOCK_N, bool BF16>
-__global__ void __launch_bounds__(NWG * 128, (D == 64 && BLOCK_N == 64 ? (NWG == 1 ? 5 : 2) : 1))
+template <int D, int NWG, int BLOCK_N, bool BF16, bool DROPOUT = false>
+__global__ void __launch_bounds__(NWG * 128, (D == 64 && BLOCK_N == 64 ? (NWG == 1 ? (DROPOUT ? 4 : 5) : 2) : 1))
 attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64]
                               const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                               const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
                               float scale_log2, float rescale_thresh, int causal,
-                              float *__restrict__ lse) {  // [T, heads] or NULL: see write_lse
+                              float *__restrict__ lse,           // [T, heads] or NULL: see write_lse
+                              attention_dropout_params drop) {   // training, when DROPOUT
     constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
@@ -236,6 +240,18 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
             }
         }
 
+        if constexpr (DROPOUT) { /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
+#pragma unroll
+            for (int tp = 0; tp < WT / 2; tp++) {
+                float z[2][4];
+                attention_dropout_pair<true>(z, drop, head, start, row_a, n0 + tp * 16 + (lane & 3) * 2);
+#pragma unroll
+                for (int dt = 0; dt < 2; dt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[4 * (2 * tp + dt) + e] *= z[dt][e];
+            }
+        }
+
         /* O += P V: P from registers (S groups 2k, 2k+1 form the A fragment of k-step k), V through the
          * transposing descriptor, 16 keys = 2048 bytes per k-step */
         uint32_t pa[W / 16][4];
@@ -295,7 +311,8 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
                                    const uint16_t *__restrict__ qkv,  // [T, 3, heads, 64]
                                    const int32_t *__restrict__ cu_seqlens, int seq_offset, int n_heads,
                                    float scale_log2, float rescale_thresh, int causal,
-                                   float *__restrict__ lse) {  // [T, heads] or NULL: see write_lse
+                                   float *__restrict__ lse,  // [T, heads] or NULL: see write_lse
+                                   attention_dropout_params) { // none here: the plain kernel's signature
     constexpr int DS = D / 64;  // 64-column slabs
     constexpr int BLOCK_M = 64 * NWG;
     constexpr int THREADS = NWG * 128;
@@ -496,22 +513,24 @@ attention_varlen_wgmma_pipe_kernel(uint16_t *__restrict__ out,        // [T, hea
 
 /* ---- launcher ----------------------------------------------------------------------------------- */
 
-template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE>
+template <int D, int NWG, int BLOCK_N, bool BF16, bool PIPE, bool DROPOUT = false>
 static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs,
                                 int32_t max_seqlen, int32_t n_heads, float scale, float rescale_thresh, int causal,
-                                bool pdl, cudaStream_t stream, float *lse) {
+                                bool pdl, cudaStream_t stream, float *lse,
+                                const attention_dropout_params *drop = nullptr) {
     constexpr int BLOCK_M = 64 * NWG;
     /* Q + K/V stages (2 plain, 4 pipelined) + alignment slack */
     const size_t smem = (size_t)(BLOCK_M + (PIPE ? 8 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
     auto kernel = PIPE ? attention_varlen_wgmma_pipe_kernel<D, NWG, BLOCK_N, BF16>
-                       : attention_varlen_wgmma_kernel<D, NWG, BLOCK_N, BF16>;
+                       : attention_varlen_wgmma_kernel<D, NWG, BLOCK_N, BF16, DROPOUT>;
+    const attention_dropout_params no_drop = {0, 1.0f, 0, 0};
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     /* The one-warpgroup d = 64 kernel with 64-key tiles fits five CTAs a SM (<= 96 registers, 42 KB
      * of shared memory); asking for FOUR_CTA_SMEM bytes of shared memory holds it to four. Five win
      * 4-7% on grids of >= 2.5 waves of four and lose up to 13% on smaller grids of longer tiles: the
      * fifth CTA slows the others, which pays only when it also shortens the wave count.
      * NOPAD_FMHA_V5_CTAS=4|5 overrides. */
-    constexpr bool FIVE_A_SM = !PIPE && D == 64 && NWG == 1 && BLOCK_N == 64;
+    constexpr bool FIVE_A_SM = !PIPE && !DROPOUT && D == 64 && NWG == 1 && BLOCK_N == 64;
     constexpr size_t FOUR_CTA_SMEM = 46 * 1024;
     const long ctas_env = knob_int(KNOB_FMHA_V5_CTAS);
     const uint64_t grid_ctas = (uint64_t)m_blocks * (uint64_t)n_heads * (uint64_t)n_seqs;
@@ -537,7 +556,7 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
                                  : dim3(m_blocks, (unsigned)n_heads, (unsigned)ns);
         cudaError_t e = launch_maybe_pdl(kernel, grid, dim3(NWG * 128), launch_smem, stream, pdl,
                                          (uint16_t *)out, (const uint16_t *)qkv, cu_seqlens, s0, n_heads, scale_log2,
-                                         rescale_thresh, causal, lse);
+                                         rescale_thresh, causal, lse, drop ? *drop : no_drop);
         if (e == cudaSuccess) e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -547,7 +566,11 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
 template <int D, bool BF16>
 static cudaError_t launch_tile(int block_m, int block_n, bool pipe, void *out, const void *qkv,
                                const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen, int32_t n_heads,
-                               float scale, float rt, int causal, bool pdl, cudaStream_t st, float *lse) {
+                               float scale, float rt, int causal, bool pdl, cudaStream_t st, float *lse,
+                               const attention_dropout_params *drop) {
+    if (drop && drop->threshold > 0) /* training's dropout: one tile shape, fewer instantiations */
+        return launch_wgmma<D, 1, 64, BF16, false, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt,
+                                                         causal, pdl, st, lse, drop);
     if (pipe)
         return block_m == 64 ? launch_wgmma<D, 1, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse)
                              : launch_wgmma<D, 2, 64, BF16, true>(out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rt, causal, pdl, st, lse);
@@ -560,10 +583,10 @@ static cudaError_t launch_tile(int block_m, int block_n, bool pipe, void *out, c
 cudaError_t cuda_attention_wgmma(int32_t head_size, int block_m, int block_n, bool pipe, bool bf16, void *out,
                                  const void *qkv, const int32_t *cu_seqlens, int32_t n_seqs, int32_t max_seqlen,
                                  int32_t n_heads, float scale, float rescale_thresh, int causal, bool pdl,
-                                 cudaStream_t st, float *lse) {
+                                 cudaStream_t st, float *lse, const attention_dropout_params *drop) {
     if (head_size == 128)
-        return bf16 ? launch_tile<128, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse)
-                    : launch_tile<128, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse);
-    return bf16 ? launch_tile<64, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse)
-                : launch_tile<64, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse);
+        return bf16 ? launch_tile<128, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse, drop)
+                    : launch_tile<128, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse, drop);
+    return bf16 ? launch_tile<64, true>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse, drop)
+                : launch_tile<64, false>(block_m, block_n, pipe, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale, rescale_thresh, causal, pdl, st, lse, drop);
 }

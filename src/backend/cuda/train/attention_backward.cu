@@ -30,9 +30,10 @@
  * does the same). The price: dQ's float32 sum order varies between runs (differences of a few
  * float32 ulps before rounding to the dtype), so the backward is not bitwise deterministic.
  *
- * Attention dropout (backend.h, nopad_attention_dropout): the forward runs attention/mma.cu's
- * 64 x 64 kernel with its DROPOUT instantiation (the wgmma kernels have none), which multiplies
- * each key tile's probabilities by their mask factors after the softmax has summed them; the
+ * Attention dropout (backend.h, nopad_attention_dropout): the forward runs the DROPOUT
+ * instantiation of attention/wgmma.cu's one-warpgroup 64-key kernel (d = 64, 128; attention/mma.cu's
+ * 64 x 64 kernel at d = 32 or with NOPAD_FMHA_WGMMA=0), which multiplies each key tile's
+ * probabilities by their mask factors after the softmax has summed them; the
  * backward's DROPOUT instantiation regenerates the factors Zᵀ from the same Philox counters (two
  * n-tiles of Sᵀ, eight scores, per two Philox blocks: attention_dropout_pair in common.cuh), dV
  * takes Pᵀ ⊙ Zᵀ and dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ - dsum); dsum = rowsum(dout ⊙ out) needs no change, out
@@ -460,8 +461,14 @@ extern "C" nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, co
     if (st != NOPAD_OK) return st;
     const attention_dropout_params dp = dropout_params_of(drop);
     cudaError_t e;
-    if (dp.threshold > 0) {
-        /* the attention's dropout lives in the mma.sync kernel only (its 64 x 64 tile) */
+    if (dp.threshold > 0 && head_size >= 64 && knob_int(KNOB_FMHA_WGMMA) != 0) {
+        /* the attention's dropout: the one-warpgroup, 64-key wgmma kernel */
+        const float thresh = (float)knob_float(KNOB_FMHA_RESCALE);
+        e = cuda_attention_wgmma(head_size, 64, 64, false, bf16 != 0, out, qkv, cu_seqlens, n_seqs, max_seqlen,
+                                 n_heads, scale, thresh >= 0.0f && thresh <= 8.0f ? thresh : 8.0f, causal, false,
+                                 (cudaStream_t)stream, lse32, &dp);
+    } else if (dp.threshold > 0) {
+        /* d = 32, or wgmma off: the mma.sync kernel's 64 x 64 tile */
         e = cuda_attention_mma(head_size, 64, 64, bf16 != 0, out, qkv, cu_seqlens, n_seqs, max_seqlen, n_heads, scale,
                                causal, false, (cudaStream_t)stream, lse32, &dp);
     } else if (head_size >= 64 && knob_int(KNOB_FMHA_WGMMA) != 0) {

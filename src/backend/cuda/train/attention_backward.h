@@ -20,8 +20,8 @@ extern "C" {
 size_t cuda_attention_backward_ws_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_size);
 
 /* The forward that also writes lse32 (the wgmma kernels of attention/wgmma.cu at d = 64 and 128,
- * the mma.sync ones of attention/mma.cu at d = 32 and whenever drop is on). drop: NULL or the
- * attention's dropout (backend.h). */
+ * the mma.sync ones of attention/mma.cu at d = 32). drop: NULL or the attention's dropout
+ * (backend.h). */
 nopad_status cuda_attention_lse(int bf16, void *out, float *lse32, const void *qkv, const int32_t *cu_seqlens,
                                 int32_t n_seqs, int32_t n_tokens, int32_t max_seqlen, int32_t n_heads,
                                 int32_t head_size, float scale, int causal, const nopad_attention_dropout *drop,
