@@ -49,27 +49,30 @@ def measure(label, model, prompts):
     return row
 
 
+def cases(data, gguf=None):
+    """(label, fp32 model on the CPU, prompts) of every input test_cuda_decoder uses: each fixture
+    under data/models with its golden prompts, then SmolLM2 from gguf (when given) on TEXTS."""
+    for name in FIXTURES:
+        folder = os.path.join(data, "models", name)
+        g = load_file(os.path.join(folder, "golden.safetensors"))
+        ids, cu = g["input_ids"].tolist(), g["cu_seqlens"].tolist()
+        prompts = [ids[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
+        yield name, AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval(), prompts
+    if gguf:
+        folder, file = os.path.split(os.path.abspath(gguf))
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, torch_dtype=torch.float32).eval()
+        yield ("SmolLM2-135M Q4_1 on text", model,
+               [tok(t, add_special_tokens=True)["input_ids"] for t in TEXTS])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
     ap.add_argument("--gguf")
     ap.add_argument("--out")
     args = ap.parse_args()
-    rows = []
-    for name in FIXTURES:
-        folder = os.path.join(args.data, "models", name)
-        g = load_file(os.path.join(folder, "golden.safetensors"))
-        ids, cu = g["input_ids"].tolist(), g["cu_seqlens"].tolist()
-        prompts = [ids[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
-        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).cuda().eval()
-        rows.append(measure(name, model, prompts))
-    if args.gguf:
-        folder, file = os.path.split(os.path.abspath(args.gguf))
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, torch_dtype=torch.float32)
-        model = model.cuda().eval()
-        prompts = [tok(t, add_special_tokens=True)["input_ids"] for t in TEXTS]
-        rows.append(measure("SmolLM2-135M Q4_1 on text", model, prompts))
+    rows = [measure(label, model.cuda(), prompts) for label, model, prompts in cases(args.data, args.gguf)]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)

@@ -13,11 +13,9 @@ import os
 import sys
 
 import torch
-from safetensors.numpy import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_decoder_half_error import FIXTURES, TEXTS  # noqa: E402
+from hf_decoder_half_error import cases  # noqa: E402
 
 
 def logits(model, prompts):
@@ -48,19 +46,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    rows = []
-    for name in FIXTURES:
-        folder = os.path.join(args.data, "models", name)
-        g = load_file(os.path.join(folder, "golden.safetensors"))
-        ids, cu = g["input_ids"].tolist(), g["cu_seqlens"].tolist()
-        prompts = [ids[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
-        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
-        rows.append(measure(name, model, prompts))
-    if args.gguf:
-        folder, file = os.path.split(os.path.abspath(args.gguf))
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, torch_dtype=torch.float32).eval()
-        rows.append(measure("SmolLM2-135M Q4_1 on text", model, [tok(t)["input_ids"] for t in TEXTS]))
+    rows = [measure(label, model, prompts) for label, model, prompts in cases(args.data, args.gguf)]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -156,4 +156,21 @@ static __device__ __forceinline__ void attention_dropout_pair(float z[2][4], con
     }
 }
 
+/* The forward's dropout on a key tile of probabilities in the m16 accumulator layout: s holds NT
+ * n8 tiles of 4 (s[4t + e]: row row_a + 8·(e >> 1), key n0 + 8t + 2·(lane & 3) + (e & 1); row_a
+ * with bit 3 clear, n0 a multiple of 16), each multiplied by its mask factor. */
+template <int NT>
+static __device__ __forceinline__ void attention_dropout_tile(float *s, const attention_dropout_params &d, int head,
+                                                              int start, int row_a, int n0, int lane) {
+#pragma unroll
+    for (int tp = 0; tp < NT / 2; tp++) {
+        float z[2][4];
+        attention_dropout_pair<true>(z, d, head, start, row_a, n0 + tp * 16 + (lane & 3) * 2);
+#pragma unroll
+        for (int dt = 0; dt < 2; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[4 * (2 * tp + dt) + e] *= z[dt][e];
+    }
+}
+
 #endif

@@ -136,17 +136,8 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
         }
 
         online_softmax_tile<NT, DT>(s, o, m_run, l_run, scale_log2);
-        if constexpr (DROPOUT) { /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
-#pragma unroll
-            for (int tp = 0; tp < NT / 2; tp++) {
-                float z[2][4];
-                attention_dropout_pair<true>(z, drop, head, start, row_a, n0 + tp * 16 + (lane & 3) * 2);
-#pragma unroll
-                for (int dt = 0; dt < 2; dt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[2 * tp + dt][e] *= z[dt][e];
-            }
-        }
+        if constexpr (DROPOUT) /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
+            attention_dropout_tile<NT>(&s[0][0], drop, head, start, row_a, n0, lane);
 
         /* O += P V. The S accumulators of n-tiles 2k, 2k+1 are exactly the A fragment of k-step k.
          * V rows in shared memory are B in row-major: ldmatrix.trans. */

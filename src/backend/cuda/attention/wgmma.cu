@@ -240,17 +240,8 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
             }
         }
 
-        if constexpr (DROPOUT) { /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
-#pragma unroll
-            for (int tp = 0; tp < WT / 2; tp++) {
-                float z[2][4];
-                attention_dropout_pair<true>(z, drop, head, start, row_a, n0 + tp * 16 + (lane & 3) * 2);
-#pragma unroll
-                for (int dt = 0; dt < 2; dt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[4 * (2 * tp + dt) + e] *= z[dt][e];
-            }
-        }
+        if constexpr (DROPOUT) /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
+            attention_dropout_tile<WT>(s, drop, head, start, row_a, n0, lane);
 
         /* O += P V: P from registers (S groups 2k, 2k+1 form the A fragment of k-step k), V through the
          * transposing descriptor, 16 keys = 2048 bytes per k-step */
