@@ -780,7 +780,8 @@ typedef struct nopad_train_params {
     double attention_dropout;     /* -1: follows dropout when that is set (>= 0), else config.json's
                                      attention_probs_dropout_prob (BERT's 0.1); else a rate in
                                      [0, 1), 0 = off. Dropout of the attention probabilities
-                                     (after the softmax). Evaluation runs without. */
+                                     (after the softmax). Evaluation runs without. Resuming, an
+                                     unset rate (this one, or dropout) is the checkpoint's. */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

@@ -149,6 +149,11 @@ rc=0
     --quiet 2>"$TMP/err_drop" || rc=$?
 { [ "$rc" -eq 1 ] && grep -qF "attention_dropout 0, but the checkpoint's is 0.2;" "$TMP/err_drop"; } ||
     fail "resume with another attention dropout: exit $rc: $(cat "$TMP/err_drop")"
+# without a rate, a resumed run keeps its own (not config.json's 0.05 and 0.1)
+"$NOPAD_CLI" train "${DROP[@]}" --output "$TMP/out_adrop3" --resume "$TMP/out_adrop" --stop-after 3 \
+    --quiet 2>"$TMP/err_drop" || fail "resume without rates: $(cat "$TMP/err_drop")"
+python3 -c "import json, sys; s = json.load(open('$TMP/out_adrop3/trainer_state.json')); sys.exit(0 if (s['dropout'], s['attention_dropout'], s['step']) == (0, 0.2, 3) else 1)" ||
+    fail "resume without rates: not the run's own: $(cat "$TMP/out_adrop3/trainer_state.json")"
 "$NOPAD_CLI" train "${DROP[@]}" --output "$TMP/out_adrop" --resume "$TMP/out_adrop" --dropout 0 \
     --attention-dropout 0.2 --quiet 2>"$TMP/err_drop" || fail "resume with the same attention dropout: $(cat "$TMP/err_drop")"
 grep -q '"step":[[:space:]]*8,' "$TMP/out_adrop/trainer_state.json" ||

@@ -130,7 +130,8 @@ class Trainer:
     dropout: the rate after the embeddings and each sub-layer; None: config.json's
     hidden_dropout_prob (BERT's 0.1), as HF's Trainer runs; 0: off.
     attention_dropout: the rate of the attention probabilities; None: ``dropout`` when that is
-    given, else config.json's attention_probs_dropout_prob (BERT's 0.1); 0: off.
+    given, else config.json's attention_probs_dropout_prob (BERT's 0.1); 0: off. Resuming, a rate
+    left None (either) is the checkpoint's.
     stream: read the training data a window of ``stream_buffer`` bytes of text at a time instead
     of tokenizing it whole into memory (memory bounded whatever the corpus size; the blocks of the
     file shuffled per epoch, the examples of a window together; docs/training.md). ``nopad

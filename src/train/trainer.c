@@ -620,6 +620,12 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     r.ctx.attention_dropout = p->attention_dropout >= 0 ? (float)p->attention_dropout
                             : p->dropout >= 0           ? (float)p->dropout
                                                         : r.model.cfg.attention_probs_dropout_prob;
+    if (p->resume_dir) { /* resumed, an unset rate is the one the run trained with (a checkpoint
+                          * saved before attention dropout existed recorded 0, and its config.json
+                          * has no attention_probs_dropout_prob, which defaults to 0.1) */
+        if (p->dropout < 0) r.ctx.dropout = saved.dropout;
+        if (p->dropout < 0 && p->attention_dropout < 0) r.ctx.attention_dropout = saved.attention_dropout;
+    }
     r.ctx.dropout_seed = p->seed ^ 0xD1B54A32D192ED03ull; /* not the data's stream */
 
     int64_t total = 0;

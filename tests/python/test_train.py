@@ -381,6 +381,10 @@ def test_dropout_rates(cls_model, tmp_path):
                        match="attention_dropout 0, but the checkpoint's is 0.2;"):
         nopad.Trainer(d, data, tmp_path / "r3b", resume=tmp_path / "r3",
                       **fast(epochs=1, dropout=0)).train()
+    # without rates it keeps its own (0 and 0.2, not config.json's 0.05 and 0.1)
+    nopad.Trainer(d, data, tmp_path / "r3c", resume=tmp_path / "r3", **fast(epochs=1)).train()
+    s = json.loads((tmp_path / "r3c" / "trainer_state.json").read_text())
+    assert (s["dropout"], s["attention_dropout"]) == (0, 0.2)
     m = nopad.Trainer(d, data, tmp_path / "r3", resume=tmp_path / "r3",
                       **fast(epochs=1, dropout=0, attention_dropout=0.2)).train()
     assert m.resumed_step == 1 and m.steps > 1

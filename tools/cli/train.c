@@ -64,7 +64,7 @@ static const char train_help[] =
     "  --attention-dropout P\n"
     "                      dropout of the attention probabilities (default: --dropout when\n"
     "                      given, else config.json's attention_probs_dropout_prob, BERT's 0.1;\n"
-    "                      0: off)\n"
+    "                      0: off; with --resume, unset rates are the checkpoint's)\n"
     "  --seed N            data order, masking and a new head's weights (default 42)\n"
     "  --save-every N      also save the checkpoint to --output every N steps\n"
     "  --resume DIR        continue the run saved in DIR (by --save-every or at the end): its\n"
