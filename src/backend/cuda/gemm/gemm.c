@@ -60,13 +60,22 @@ void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens) {
     knob_set_int(KNOB_SKINNY_MAX_TOKENS, clamp_skinny_tokens(max_tokens));
 }
 
+/* Up to this many tokens the gemv kernels beat the skinny GEMM on its own layers too: the
+ * forward of one 8- or 16-token sequence, H100, MiniLM's shape 0.17-0.18 -> 0.13 ms and
+ * BERT-base's 0.365 -> 0.29; at 24 tokens they tie (0.17-0.19 / 0.41-0.42 ms either way), and
+ * SmolLM2's engine workload (64 requests) gains 8-11% (docs/gemm.md). */
+enum { GEMV_BEFORE_SKINNY = 16 };
+
 int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out) {
     /* measured where it pays: BERT-family layers (one side <= 1024). On LLaMA-1B's layers (both
      * sides >= 2048) cuBLASLt is faster: a decode step at batch 1 takes 1.33 ms against 1.68 ms
      * with the skinny GEMM (docs/gemm.md) */
     const int32_t narrow = n_in < n_out ? n_in : n_out;
-    return n_tokens <= cuda_gemm_skinny_max_tokens() && narrow <= 1024 &&
-           cuda_gemm_skinny_supported(n_tokens, n_in, n_out);
+    if (!(n_tokens <= cuda_gemm_skinny_max_tokens() && narrow <= 1024 &&
+          cuda_gemm_skinny_supported(n_tokens, n_in, n_out)))
+        return 0;
+    return !(n_tokens <= GEMV_BEFORE_SKINNY && n_tokens <= cuda_gemv_max_tokens() &&
+             cuda_gemv_supported(n_tokens, n_in, n_out));
 }
 
 int cuda_gemm_gemv_wins(int32_t n_tokens, int32_t n_in, int32_t n_out) {
