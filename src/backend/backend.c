@@ -7,6 +7,16 @@
 #include "util/error.h"
 #include "util/types.h"
 
+nopad_status nopad_attention_dropout_check(const char *op, const nopad_attention_dropout *drop) {
+    if (!drop) return NOPAD_OK;
+    if (!(drop->p >= 0.0f && drop->p < 1.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: dropout rate %g is outside [0, 1)", op,
+                               (double)drop->p);
+    if (drop->p > 0.0f && drop->site >= 32768u)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: dropout site %u is past 32767", op, drop->site);
+    return NOPAD_OK;
+}
+
 nopad_status nopad_backend_create(const nopad_backend_params *p, nopad_backend **out) {
     *out = NULL;
     if (p->device == NOPAD_DEVICE_CUDA) {

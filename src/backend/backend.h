@@ -24,6 +24,10 @@
 #include "nopad.h"
 #include "util/types.h"
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA sources include this header; its functions are C */
+#endif
+
 typedef enum nopad_epilogue {
     NOPAD_EPILOGUE_NONE = 0,          /* y = x·Wᵀ */
     NOPAD_EPILOGUE_BIAS = 1,          /* y = x·Wᵀ + b */
@@ -458,7 +462,15 @@ typedef struct nopad_backend_params {
  * build lacks, or a dtype the device does not compute in, is a clear NOPAD_ERR_UNSUPPORTED. */
 nopad_status nopad_backend_create(const nopad_backend_params *p, nopad_backend **out);
 
+/* NOPAD_OK for drop NULL, or p in [0, 1) with a site below 2^15 (its counters' room); else an
+ * INVALID_ARGUMENT naming `op` and the value. Every backend's attention_lse and
+ * attention_backward check their drop with it. */
+nopad_status nopad_attention_dropout_check(const char *op, const nopad_attention_dropout *drop);
+
 /* The constructors behind it. CPU: float32, OpenBLAS + OpenMP. */
 nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

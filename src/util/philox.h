@@ -32,6 +32,9 @@ NOPAD_PHILOX_FN void philox4x32_10(const uint32_t counter[4], const uint32_t key
     out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
+/* Dropout keeps an element when its 32 bits reach this: probability 1 - p up to 2⁻³². */
+NOPAD_PHILOX_FN uint32_t dropout_threshold(float p) { return (uint32_t)((double)p * 4294967296.0); }
+
 /* The 32 random bits of element `index` of the stream `seed`: four consecutive elements share
  * one Philox block (counter = index / 4), so a kernel thread that handles four gets them in one
  * call. */

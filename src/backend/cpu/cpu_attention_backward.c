@@ -25,7 +25,7 @@ static dropout_rule dropout_rule_of(const nopad_attention_dropout *drop) {
     dropout_rule r = {0, 0, 1.0, 0, 0};
     if (drop && drop->p > 0) {
         r.on = 1;
-        r.threshold = (uint32_t)((double)drop->p * 4294967296.0);
+        r.threshold = dropout_threshold(drop->p);
         r.scale = 1.0 / (1.0 - (double)drop->p);
         r.key = drop->key;
         r.site = drop->site;
@@ -50,9 +50,8 @@ nopad_status cpu_attention_lse(nopad_backend *be, void *out_, float *lse, const 
     const int32_t hidden = n_heads * head_size;
     const size_t row_stride = (size_t)3 * hidden;
     const int64_t n_tasks = (int64_t)seqs->n_seqs * n_heads;
-    if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cpu attention: dropout rate %g is outside [0, 1)",
-                               (double)drop->p);
+    nopad_status st = nopad_attention_dropout_check("cpu attention", drop);
+    if (st != NOPAD_OK) return st;
     const dropout_rule dr = dropout_rule_of(drop);
     int failed = 0;
 #pragma omp parallel num_threads(cpu_threads(be))
@@ -110,9 +109,8 @@ nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv_, const void *
     const int32_t hidden = n_heads * head_size;
     const size_t row_stride = (size_t)3 * hidden;
     const int64_t n_tasks = (int64_t)seqs->n_seqs * n_heads;
-    if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cpu attention: dropout rate %g is outside [0, 1)",
-                               (double)drop->p);
+    nopad_status st = nopad_attention_dropout_check("cpu attention", drop);
+    if (st != NOPAD_OK) return st;
     const dropout_rule dr = dropout_rule_of(drop);
     int failed = 0;
 #pragma omp parallel num_threads(cpu_threads(be))

@@ -128,7 +128,7 @@ nopad_status cpu_dropout(nopad_backend *be, void *y_, const void *x_, const void
     const float *x = x_;           // [n]
     const float *res = residual_;  // [n] or NULL
     /* keep when the 32 bits reach p·2³²: probability 1 - p up to 2⁻³² */
-    const uint32_t threshold = (uint32_t)((double)p * 4294967296.0);
+    const uint32_t threshold = dropout_threshold(p);
     const float scale = (float)(1.0 / (1.0 - p));
 #pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
     for (int64_t i = 0; i < n; i++) {

@@ -55,6 +55,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backend/cuda/attention/common.cuh"
 #include "backend/cuda/attention/kernels.h"
@@ -415,11 +416,10 @@ static cudaError_t run_backward(void *dqkv, const void *dout, const void *qkv, c
 static nopad_status check_args(const char *op, const void *a, const void *b, const void *c, int32_t n_seqs,
                                int32_t n_tokens, int32_t max_seqlen, int32_t n_heads, int32_t head_size, float scale,
                                const nopad_attention_dropout *drop) {
-    if (drop && !(drop->p >= 0.0f && drop->p < 1.0f))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda %s: dropout rate %g is outside [0, 1)", op,
-                               (double)drop->p);
-    if (drop && drop->p > 0.0f && drop->site >= 32768u)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda %s: dropout site %u is past 32767", op, drop->site);
+    char what[64];
+    snprintf(what, sizeof what, "cuda %s", op);
+    const nopad_status st = nopad_attention_dropout_check(what, drop);
+    if (st != NOPAD_OK) return st;
     if (head_size != 32 && head_size != 64 && head_size != 128)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cuda %s: head size %d has no kernel (32, 64, 128)", op,
                                head_size);
@@ -439,7 +439,7 @@ static nopad_status check_args(const char *op, const void *a, const void *b, con
 static attention_dropout_params dropout_params_of(const nopad_attention_dropout *drop) {
     attention_dropout_params d = {0, 1.0f, 0, 0};
     if (drop && drop->p > 0.0f) {
-        d.threshold = (uint32_t)((double)drop->p * 4294967296.0);
+        d.threshold = dropout_threshold(drop->p);
         d.scale = (float)(1.0 / (1.0 - (double)drop->p));
         d.key = drop->key;
         d.site = drop->site;

@@ -320,7 +320,7 @@ template <typename T>
 static nopad_status dropout_t(void *y, const void *x, const void *residual, int64_t n, float p, uint64_t seed,
                               uint64_t offset, cudaStream_t stream) {
     /* the CPU's threshold and scale, computed the same way on the host */
-    const uint32_t threshold = (uint32_t)((double)p * 4294967296.0);
+    const uint32_t threshold = dropout_threshold(p);
     const float scale = (float)(1.0 / (1.0 - p));
     const size_t groups = ((size_t)n + GROUP - 1) / GROUP;
     if (aligned16(y) && aligned16(x) && (!residual || aligned16(residual)))
