@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Per-kernel GPU time of one decode step of the DEC benchmark's LLaMA-1B-shaped model, for the
-note that explains the distance to the floor. Run under Nsight Compute, which times only the
+note that explains the distance to the floor (or of the SmolLM2-135M shape: --shape smollm2). Run under Nsight Compute, which times only the
 kernels inside the NVTX range "decode_step" (the last of a few steps, replayed from its graph):
 
     ncu --clock-control none --nvtx --nvtx-include "decode_step/" --metrics gpu__time_duration.sum \
@@ -23,9 +23,10 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--shape", default="1b", choices=sorted(db.SHAPES))
     args = ap.parse_args()
-    shape = db.SHAPES["1b"]
-    folder = "/tmp/nopad_dec_1b"
+    shape = db.SHAPES[args.shape]
+    folder = "/tmp/nopad_dec_" + args.shape
     if not os.path.exists(os.path.join(folder, "config.json")):
         db.make_checkpoint(shape, folder)
     lib = db.load_lib(args.library)

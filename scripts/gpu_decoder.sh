@@ -14,7 +14,8 @@
 #        steps: gguf (keep this call's GGUF piece), test (every staged test), half (HF fp16/bf16
 #        error), attn, gemv (tools/gemv_bench: the linear layers alone), decode, ab (the decode
 #        grid of base/ and this build alternated, BASE= at staging), engine (bench/engine_bench.py,
-#        nopad alone: --peers none),
+#        nopad alone: --peers none), ab-engine (workloads 4 and 1 through the engine, base/ and this
+#        build alternated; AB_ENGINE="smollm2:64 1b:32"),
 #        issue 22's benchmarks, each within one 10-minute device call (the JSON is rewritten as it
 #        goes, so a cut run keeps what it measured):
 #          engine-peers      workload 1, 32 requests: nopad + the HF peers (static eager, static
@@ -37,7 +38,8 @@
 #                            560; DEBERTA_ARGS appends)
 #        (ENGINE_ARGS, FLOVER_ARGS, ... append to or override a stage's arguments; PNGs by
 #        bench/plot_flover.py beside the JSON when matplotlib is there, else plot here)
-#        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64";
+#        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64", of
+#        the PROFILE_SHAPE, default 1b (or smollm2);
 #        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
 #        default "gguf test". Logs and JSON to $OUT.
 set -uo pipefail
@@ -179,9 +181,26 @@ for step in $STEPS; do
                 [ $lib = base ] && l=$BUILD/base/libnopad.so
                 timeout 120 python3 "$ROOT/bench/decode_bench.py" --library "$l" --sections decode --dtypes fp16 \
                     --batches ${AB_BATCHES:-1,8,16,32,64} --contexts 512,2048 --prefill 1x64 --prefill-reps 1 \
-                    --prefill-warmup 0 --out "$OUT/ab_${lib}_$round.json" > "$OUT/ab_${lib}_$round.log" 2>&1 || status=1
+                    --prefill-warmup 0 --out "$OUT/ab_${lib}_$round.json" ${AB_ARGS:-} > "$OUT/ab_${lib}_$round.log" 2>&1 || status=1
                 echo "== $lib round $round"
                 grep '^| [0-9]' "$OUT/ab_${lib}_$round.log" | awk -F'|' '{printf "%s:%s ", $2, $3} END {print ""}'
+            done
+        done
+        ;;
+    ab-engine)
+        # issue 22's throughput workloads through nopad.Engine alone, base/ and this build alternated
+        # twice; AB_ENGINE: SHAPE:REQUESTS pairs (default workload 4, then 1)
+        [ -f "$BUILD/base/libnopad.so" ] || { echo "ab-engine: no base/ (stage with BASE=OTHER_BUILD)"; status=1; continue; }
+        for w in ${AB_ENGINE:-smollm2:64 1b:32}; do
+            for round in 1 2; do
+                for lib in base new; do
+                    l=$BUILD/libnopad.so
+                    [ $lib = base ] && l=$BUILD/base/libnopad.so
+                    f="$OUT/ab_engine_${w%%:*}_${lib}_$round"
+                    timeout 150 python3 "$ROOT/bench/engine_bench.py" --library "$l" --shape "${w%%:*}" \
+                        --requests "${w##*:}" --peers none --reps 2 --out "$f.json" > "$f.log" 2>&1 || status=1
+                    echo "== $w $lib round $round: $(grep -E '^# nopad .* rep ' "$f.log" | sed 's/^# nopad //' | tr '\n' ' ')"
+                done
             done
         done
         ;;
@@ -237,7 +256,8 @@ for step in $STEPS; do
         for bb in ${PROFILE_BATCHES:-1 64}; do
             timeout 300 ncu --clock-control none --nvtx --nvtx-include "decode_step/" \
                 --metrics gpu__time_duration.sum --csv python3 "$ROOT/bench/decode_profile.py" \
-                --library "$BUILD/libnopad.so" --batch "$bb" --context 512 > "$OUT/profile_b$bb.csv" 2> "$OUT/profile_b$bb.err"
+                --library "$BUILD/libnopad.so" --batch "$bb" --context 512 --shape "${PROFILE_SHAPE:-1b}" \
+                > "$OUT/profile_b$bb.csv" 2> "$OUT/profile_b$bb.err"
             python3 - "$OUT/profile_b$bb.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]

@@ -154,6 +154,14 @@ static float *host_dtype(nopad_backend *gpu, const void *dev, size_t n) {
     return h;
 }
 
+/* n half-precision values of dev set to NaN (all bits set, in fp16 and bf16 alike): an op that
+ * leaves an output unwritten fails the comparison after it. */
+static void poison_half(const void *dev, size_t n) {
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemset((void *)dev, 0xff, n * 2), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 static float *rnd(size_t n, float lo, float hi, uint64_t *rng) {
     float *x = malloc(n * sizeof *x);
     test_fill_uniform(x, (int64_t)n, lo, hi, rng);
@@ -338,6 +346,16 @@ static void test_decoder_ops(void **state) {
             memcpy(vc, vc_r, cache_n * sizeof *vc);
             free(kc_r);
             free(vc_r);
+            /* decode: the inputs as they are now, for the fused form below */
+            float *qkv0 = NULL, *kc0 = NULL, *vc0 = NULL;
+            if (kind == 1) {
+                qkv0 = malloc((size_t)T * row * sizeof *qkv0);
+                kc0 = malloc(cache_n * sizeof *kc0);
+                vc0 = malloc(cache_n * sizeof *vc0);
+                memcpy(qkv0, qkv, (size_t)T * row * sizeof *qkv0);
+                memcpy(kc0, kc, cache_n * sizeof *kc0);
+                memcpy(vc0, vc, cache_n * sizeof *vc0);
+            }
             assert_nopad_ok(gpu->rope_kv_store(gpu, dqkv, dkc, dvc, dpos, dslots, T, NH, KVH, D, rotate ? dinv : NULL));
             assert_nopad_ok(cpu->rope_kv_store(cpu, qkv, kc, vc, positions, slots, T, NH, KVH, D, rotate ? inv : NULL));
             got = host_dtype(gpu, dqkv, (size_t)T * row);
@@ -373,6 +391,50 @@ static void test_decoder_ops(void **state) {
                      kind == 0 ? "mixed" : kind == 1 ? "decode" : "prompts only");
             close_or_fail(what, di, got, awant, (int64_t)T * NH, D);
             free(got);
+            if (kind == 1) {
+                /* a recorded decode step plans for a longer history than any sequence has (its
+                 * block-table width rounded up): the splits share each sequence's own keys, and
+                 * their counters, left at zero by the run above, serve again */
+                for (int32_t widen = 2; widen <= 8; widen *= 4) {
+                    dkv.max_k = max_k * widen;
+                    poison_half(datt, (size_t)T * NH * D);
+                    assert_nopad_ok(gpu->attention_paged(gpu, datt, dqkv, dkc, dvc, &dkv, NH, KVH, D, scale));
+                    got = host_dtype(gpu, datt, (size_t)T * NH * D);
+                    snprintf(what, sizeof what, "attention_paged D=%d decode, planned for %dx the keys", D, widen);
+                    close_or_fail(what, di, got, awant, (int64_t)T * NH, D);
+                    free(got);
+                }
+                /* rope_kv_store and attention_paged fused: from the same inputs, the same output
+                 * and caches, and qkv untouched */
+                void *fqkv = test_to_device(gpu, qkv0, (size_t)T * row), *fkc = test_to_device(gpu, kc0, cache_n),
+                     *fvc = test_to_device(gpu, vc0, cache_n);
+                for (int32_t widen = 1; widen <= 4; widen *= 4) {
+                    dkv.max_k = max_k * widen;
+                    poison_half(datt, (size_t)T * NH * D);
+                    assert_nopad_ok(gpu->attention_paged_rope(gpu, datt, fqkv, fkc, fvc, &dkv, NH, KVH, D, scale,
+                                                              rotate ? dinv : NULL));
+                    got = host_dtype(gpu, datt, (size_t)T * NH * D);
+                    snprintf(what, sizeof what, "attention_paged_rope D=%d%s x%d", D, rotate ? "" : " no rope", widen);
+                    close_or_fail(what, di, got, awant, (int64_t)T * NH, D);
+                    free(got);
+                }
+                got = host_dtype(gpu, fkc, cache_n);
+                close_or_fail("attention_paged_rope (K cache)", di, got, kc, (int64_t)(cache_n / D), D);
+                free(got);
+                got = host_dtype(gpu, fvc, cache_n);
+                close_or_fail("attention_paged_rope (V cache)", di, got, vc, (int64_t)(cache_n / D), D);
+                free(got);
+                got = host_dtype(gpu, fqkv, (size_t)T * row);
+                for (size_t i = 0; i < (size_t)T * row; i++)
+                    if (got[i] != qkv0[i]) fail_msg("attention_paged_rope changed qkv[%zu]", i);
+                free(got);
+                gpu->free(gpu, fqkv);
+                gpu->free(gpu, fkc);
+                gpu->free(gpu, fvc);
+                free(qkv0);
+                free(kc0);
+                free(vc0);
+            }
 
             void *bufs[] = {dpos, dslots, dtok, drows, dcu, dseq, dtable, dword, dposemb, dout32, dx32, dw, db,
                             dnorm, dxr, dlast, dgu, dsw, dinv, dqkv, dkc, dvc, datt};

@@ -420,6 +420,14 @@ struct nopad_backend {
                                     const void *k_cache, const void *v_cache,
                                     const nopad_kv_batch *kv, int32_t n_heads, int32_t n_kv_heads,
                                     int32_t head_size, float scale);
+    /* rope_kv_store (positions: each sequence's new token at seqlen_k - 1; slots: through the
+     * block table) then attention_paged, fused where the backend can, for steps of one new token
+     * per sequence (kv->max_q == 1, n_tokens == n_seqs: decode). qkv is left as it came. NULL: the
+     * caller runs the two ops. */
+    nopad_status (*attention_paged_rope)(nopad_backend *be, void *out, const void *qkv, void *k_cache,
+                                         void *v_cache, const nopad_kv_batch *kv, int32_t n_heads,
+                                         int32_t n_kv_heads, int32_t head_size, float scale,
+                                         const float *inv_freq);
     /* out[T, F] = silu(gate_up[:, :F]) · gate_up[:, F:] (gate_up [T, 2F]). */
     nopad_status (*swiglu)(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens,
                            int32_t dim);

@@ -161,6 +161,9 @@ static nopad_status step_forward(void *ctx) {
     TRY(be->embed_tokens(be, s->h, c->d_tokens, llama ? NULL : c->d_pos, T, V,
                          cfg->max_position_embeddings, w->tok_emb, w->pos_emb, H));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
+    /* decode (one new token a sequence): RoPE and the KV store inside the attention, where the
+     * backend fuses them */
+    const int decode_fused = be->attention_paged_rope && c->kv.max_q == 1 && c->kv.n_tokens == c->kv.n_seqs;
     const float scale = 1.0f / sqrtf((float)D);
     /* a sub-layer's output joins h32 in the same pass that norms the next sub-layer's input */
     TRY(be->norm(be, s->xn, s->h, w->layers[0].norm1_w, w->layers[0].norm1_b, eps, T, H, rms));
@@ -168,10 +171,15 @@ static nopad_status step_forward(void *ctx) {
         const decoder_layer *L = &w->layers[l];
         TRY(be->gemm(be, s->qkv, s->xn, L->qkv_w, L->qkv_b, NULL, T, H, qkv_dim,
                      L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        TRY(be->rope_kv_store(be, s->qkv, s->k_cache[l], s->v_cache[l], c->d_pos, c->d_slots, T, nh,
-                              kvh, D, llama ? w->inv_freq : NULL));
-        TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
-                                kvh, D, scale));
+        if (decode_fused) {
+            TRY(be->attention_paged_rope(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
+                                         kvh, D, scale, llama ? w->inv_freq : NULL));
+        } else {
+            TRY(be->rope_kv_store(be, s->qkv, s->k_cache[l], s->v_cache[l], c->d_pos, c->d_slots, T, nh,
+                                  kvh, D, llama ? w->inv_freq : NULL));
+            TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
+                                    kvh, D, scale));
+        }
         TRY(be->gemm(be, s->tmp, s->attn, L->o_w, L->o_b, NULL, T, nh * D, H,
                      L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         TRY(be->add_norm(be, s->xn, s->h, s->tmp, L->norm2_w, L->norm2_b, eps, T, H, rms));

@@ -132,20 +132,48 @@ static nopad_status grow_workspace(nopad_backend *be, cuda_state *s, void **buf,
     return st;
 }
 
+/* The paged attention's workspaces for kv, grown as needed. */
+static nopad_status paged_workspace(nopad_backend *be, cuda_state *s, const nopad_kv_batch *kv, int32_t n_heads,
+                                    int32_t n_kv_heads, int32_t head_size, cuda_dec_attention_ws *ws) {
+    size_t split_bytes, arrival_bytes, expand_bytes;
+    cuda_dec_attention_workspace(kv, be->dtype, n_heads, n_kv_heads, head_size, &split_bytes, &arrival_bytes,
+                                 &expand_bytes);
+    nopad_status st = grow_workspace(be, s, (void **)&s->split_ws, &s->split_ws_bytes, split_bytes,
+                                     "attention workspace");
+    if (st == NOPAD_OK && arrival_bytes > s->split_arrivals_bytes) {
+        st = grow_workspace(be, s, (void **)&s->split_arrivals, &s->split_arrivals_bytes, arrival_bytes,
+                            "attention workspace");
+        if (st == NOPAD_OK)
+            st = cuda_check(cudaMemsetAsync(s->split_arrivals, 0, arrival_bytes, s->stream), "attention workspace");
+    }
+    if (st == NOPAD_OK)
+        st = grow_workspace(be, s, &s->expand_ws, &s->expand_ws_bytes, expand_bytes, "attention workspace");
+    *ws = (cuda_dec_attention_ws){.split = s->split_ws, .arrivals = s->split_arrivals, .expand = s->expand_ws,
+                                  .attention = s->attention_ws};
+    return st;
+}
+
 static nopad_status cu_attention_paged(nopad_backend *be, void *out, const void *qkv, const void *k_cache,
                                        const void *v_cache, const nopad_kv_batch *kv, int32_t n_heads,
                                        int32_t n_kv_heads, int32_t head_size, float scale) {
     CUDA_ENTER(be, s);
-    size_t split_bytes, expand_bytes;
-    cuda_dec_attention_workspace(kv, be->dtype, n_heads, n_kv_heads, head_size, &split_bytes, &expand_bytes);
-    nopad_status st = grow_workspace(be, s, (void **)&s->split_ws, &s->split_ws_bytes, split_bytes,
-                                     "attention workspace");
-    if (st == NOPAD_OK)
-        st = grow_workspace(be, s, &s->expand_ws, &s->expand_ws_bytes, expand_bytes, "attention workspace");
+    cuda_dec_attention_ws ws;
+    nopad_status st = paged_workspace(be, s, kv, n_heads, n_kv_heads, head_size, &ws);
     if (st != NOPAD_OK) return st;
-    const cuda_dec_attention_ws ws = {.split = s->split_ws, .expand = s->expand_ws, .attention = s->attention_ws};
     return cuda_dec_attention_paged(be->dtype, out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size,
                                     scale, &ws, s->stream);
+}
+
+static nopad_status cu_attention_paged_rope(nopad_backend *be, void *out, const void *qkv, void *k_cache,
+                                            void *v_cache, const nopad_kv_batch *kv, int32_t n_heads,
+                                            int32_t n_kv_heads, int32_t head_size, float scale,
+                                            const float *inv_freq) {
+    CUDA_ENTER(be, s);
+    cuda_dec_attention_ws ws;
+    nopad_status st = paged_workspace(be, s, kv, n_heads, n_kv_heads, head_size, &ws);
+    if (st != NOPAD_OK) return st;
+    return cuda_dec_attention_paged_rope(be->dtype, out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads,
+                                         head_size, scale, inv_freq, &ws, s->stream);
 }
 /* ---- DeBERTa's relative attention (deberta/attention_rel.cu) ---- */
 /* The table row of distance d: clamp(bucket(d) + k, 0, 2k - 1), the CPU's exact function. */
@@ -357,6 +385,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->pack_bad) cudaFree(s->pack_bad);
         if (s->attention_ws) cudaFree(s->attention_ws);
         if (s->split_ws) cudaFree(s->split_ws);
+        if (s->split_arrivals) cudaFree(s->split_arrivals);
         if (s->expand_ws) cudaFree(s->expand_ws);
         if (s->sample_dev) cudaFree(s->sample_dev);
         if (s->attn_bwd_ws) cudaFree(s->attn_bwd_ws);
@@ -452,6 +481,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->add_norm = cu_add_norm;
     be->rope_kv_store = cu_rope_kv_store;
     be->attention_paged = cu_attention_paged;
+    be->attention_paged_rope = cu_attention_paged_rope;
     be->swiglu = cu_swiglu;
     be->gather_rows = cu_gather_rows;
     be->gemm_f32 = cu_gemm_f32;

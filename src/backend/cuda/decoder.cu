@@ -200,25 +200,88 @@ __global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32
  * into its own double buffer (no CTA-wide barrier in the loop), and keeps its own (max, sum, O);
  * the four are merged through shared memory at the end. When few CTAs would face long histories
  * (decode at small batch), blockIdx.z also splits the keys across CTAs (flash-decoding): each
- * split writes (max, sum, unnormalised O) to the workspace and attention_combine_kernel merges
- * them. */
+ * split writes (max, sum, unnormalised O) to the workspace, and the CTA that finishes last among
+ * the splits of its query vectors (a counter per CTA group, which it sets back to 0) merges them.
+ * A split's keys are a share of its own sequence's keys, not of the step's longest: a recorded
+ * decode step sizes for a history up to twice the real one (a power-of-two block-table width),
+ * and fixed shares of that would leave half the splits empty and the other half twice as long.
+ *
+ * ROPE_STORE (decode steps: one new token per sequence) folds rope_kv_store in: each CTA turns its
+ * query vectors in shared memory, and the split that holds the new token's position turns its K
+ * head and writes K and V into the cache before its warps gather that tile — one launch a layer
+ * fewer, and qkv is left as it came. */
 enum { PA_WARPS = 4, PA_THREADS = 32 * PA_WARPS, PA_KEYS = 16, PA_QV = 16 };
 
 struct paged_args {
     void *out;               /* [T, n_heads·D] */
     float *ws;               /* [T, n_heads, splits, D + 2] when splits > 1 */
+    int *arrivals;           /* [T, gridDim.y] when splits > 1: splits done per CTA group, 0 between steps */
     const uint16_t *qkv, *k_cache, *v_cache;
+    uint16_t *k_store, *v_store; /* ROPE_STORE: the caches again, written */
+    const float *inv_freq;       /* ROPE_STORE: [D/2] rotary frequencies; NULL: no rotation (GPT-2) */
     const int32_t *cu_q, *seqlen_k, *block_table;
     int n_seqs, max_blocks, block_size, n_heads, n_kv_heads;
     int rows;                /* R: query rows per CTA */
     int heads_per_cta;       /* Gc: query heads of one KV head per CTA (blockIdx.y: KV head x chunk) */
-    int keys_per_split;      /* a multiple of PA_KEYS */
     float scale_log2;        /* scale · log2(e) */
 };
 
-template <int D, bool BF16>
+/* A split CTA's end: its partial results are in the workspace (every thread's stores before the
+ * call). The last of the gridDim.z splits of this CTA group to arrive merges them all into the
+ * output, as the max-rescaled sum of FlashDecoding, and sets the group's counter back to 0 for the
+ * next step; the others return. `vector_ok(qi)`, `row_of(qi)`, `head_of(qi)`: the CTA's query
+ * vectors. */
+template <int D, bool BF16, typename Ok, typename Row, typename Head>
+static __device__ void merge_if_last(const paged_args &a, int *flag, Ok vector_ok, Row row_of, Head head_of) {
+    constexpr int CH = D / 8;
+    const int n_splits = gridDim.z, tid = threadIdx.x;
+    __threadfence(); /* this CTA's partials visible device-wide before it counts itself */
+    __syncthreads();
+    if (tid == 0) {
+        int *counter = a.arrivals + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+        const int before = atomicAdd(counter, 1);
+        *flag = before == n_splits - 1;
+        if (*flag) *counter = 0; /* every split has counted: no one touches it again this step */
+    }
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence(); /* the other splits' partials, counted before us, are read after */
+    for (int i = tid; i < PA_QV * CH; i += PA_THREADS) {
+        const int qi = i / CH, c = i % CH;
+        if (!vector_ok(qi)) continue;
+        int n_splits_seen = n_splits;
+        const size_t t = (size_t)row_of(qi);
+        const int h = head_of(qi);
+        const float *parts = a.ws + (t * a.n_heads + h) * n_splits * (D + 2);
+        /* unrolled, so that several splits' loads are in flight at once: this CTA's merge is the
+         * tail of the step's critical path */
+        float M = -INFINITY;
+#pragma unroll 8
+        for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, __ldcg(parts + (size_t)sp * (D + 2)));
+        float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (M == -INFINITY) n_splits_seen = 0;
+#pragma unroll 4
+        for (int sp = 0; sp < n_splits_seen; sp++) {
+            const float *part = parts + (size_t)sp * (D + 2);
+            const float m = __ldcg(part);
+            if (m == -INFINITY) continue;
+            const float f = __expf(m - M);
+            L += __ldcg(part + 1) * f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[e] += __ldcg(part + 2 + c * 8 + e) * f; /* rows of D + 2: 8-byte aligned */
+        }
+        const float inv = row_sum_inverse(L);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] *= inv;
+        *reinterpret_cast<uint4 *>(reinterpret_cast<uint16_t *>(a.out) + t * a.n_heads * D + (size_t)h * D + c * 8) =
+            pack8<BF16>(acc);
+    }
+}
+
+template <int D, bool BF16, bool ROPE_STORE>
 __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args a) {
-    constexpr int LDS = D + 8, DT = D / 8, KQ = D / 16, CH = D / 8;
+    using E = typename std::conditional<BF16, __nv_bfloat16, __half>::type;
+    constexpr int LDS = D + 8, DT = D / 8, KQ = D / 16, CH = D / 8, HALF = D / 2;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem;                                   /* [16][LDS] */
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -238,20 +301,26 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
     const int n_rows = min(a.rows, q0 + n_new - t0);
     const int history = a.seqlen_k[b] - n_new;         /* keys stored before this step */
     const int pos0 = history + (t0 - q0);              /* the first row's position */
-    const int key_begin = split * a.keys_per_split;
-    const int key_end = min(key_begin + a.keys_per_split, pos0 + n_rows);
+    /* this split's share of the keys the group's last row sees, in whole tiles */
+    const int n_keys = pos0 + n_rows;
+    const int keys_per_split = ((n_keys + PA_KEYS - 1) / PA_KEYS + n_splits - 1) / n_splits * PA_KEYS;
+    const int key_begin = split * keys_per_split;
+    const int key_end = min(key_begin + keys_per_split, n_keys);
     const size_t row_stride = (size_t)(a.n_heads + 2 * a.n_kv_heads) * D;
     /* query vector qi = r·Gc + g: row t0 + r, head kvh·G + g0 + g */
     auto vector_ok = [&](int qi) { return qi / Gc < n_rows && qi % Gc < gc; };
+    auto row_of = [&](int qi) { return t0 + qi / Gc; };
+    auto head_of = [&](int qi) { return kvh * G + g0 + qi % Gc; };
+    __shared__ int last_flag;
 
     if (key_begin >= key_end) { /* this split lies past every row's keys: an empty partial */
         wait_for_upstream_grid(); /* the workspace may still be read by the previous merge */
         if (tid < PA_QV && vector_ok(tid)) {
-            const int h = kvh * G + g0 + tid % Gc;
-            float *part = a.ws + (((size_t)(t0 + tid / Gc) * a.n_heads + h) * n_splits + split) * (D + 2);
+            float *part = a.ws + (((size_t)row_of(tid) * a.n_heads + head_of(tid)) * n_splits + split) * (D + 2);
             part[0] = -INFINITY;
             part[1] = 0.0f;
         }
+        merge_if_last<D, BF16>(a, &last_flag, vector_ok, row_of, head_of);
         return;
     }
     const int32_t *blocks = a.block_table + (size_t)b * a.max_blocks;
@@ -273,6 +342,30 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
     const bool first_early = warp < n_tiles && first_key + PA_KEYS <= history;
     if (first_early) load_tile(first_key, 0);
     wait_for_upstream_grid();
+    if constexpr (ROPE_STORE) {
+        /* the group's one new token, at pos0, into the cache: by the split whose keys hold it
+         * (every head chunk of that split writes the same values), before any warp gathers it */
+        if (pos0 >= key_begin && pos0 < key_end) {
+            const E *k_src = reinterpret_cast<const E *>(a.qkv) + (size_t)t0 * row_stride + (size_t)(a.n_heads + kvh) * D;
+            const E *v_src = k_src + (size_t)a.n_kv_heads * D;
+            const size_t slot = (size_t)blocks[pos0 / bs] * bs + pos0 % bs;
+            E *k_dst = reinterpret_cast<E *>(a.k_store) + (slot * a.n_kv_heads + kvh) * D;
+            E *v_dst = reinterpret_cast<E *>(a.v_store) + (slot * a.n_kv_heads + kvh) * D;
+            for (int i = tid; i < D; i += PA_THREADS) v_dst[i] = v_src[i];
+            for (int i = tid; i < HALF; i += PA_THREADS) {
+                float x = to_f32(k_src[i]), y = to_f32(k_src[i + HALF]);
+                if (a.inv_freq) { /* rope_kv_store_kernel's arithmetic, so the same rounded K */
+                    float sn, cs;
+                    sincosf((float)pos0 * a.inv_freq[i], &sn, &cs);
+                    const float rx = x * cs - y * sn, ry = y * cs + x * sn;
+                    x = rx, y = ry;
+                }
+                k_dst[i] = from_f32<E>(x);
+                k_dst[i + HALF] = from_f32<E>(y);
+            }
+        }
+        __syncthreads(); /* the stores before this CTA's gathers of them */
+    }
     if (warp < n_tiles && !first_early) load_tile(first_key, 0);
     for (int i = tid; i < PA_QV * CH; i += PA_THREADS) {
         const int qi = i / CH, c = i % CH;
@@ -285,6 +378,21 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads(); /* Q visible to every warp */
+    if constexpr (ROPE_STORE) {
+        if (a.inv_freq) { /* the query vectors turned in place, as rope_kv_store_kernel turns them */
+            E *q = reinterpret_cast<E *>(sQ);
+            for (int i = tid; i < PA_QV * HALF; i += PA_THREADS) {
+                const int qi = i / HALF, j = i % HALF;
+                if (!vector_ok(qi)) continue;
+                float sn, cs;
+                sincosf((float)(pos0 + qi / Gc) * a.inv_freq[j], &sn, &cs);
+                const float x = to_f32(q[qi * LDS + j]), y = to_f32(q[qi * LDS + j + HALF]);
+                q[qi * LDS + j] = from_f32<E>(x * cs - y * sn);
+                q[qi * LDS + j + HALF] = from_f32<E>(y * cs + x * sn);
+            }
+            __syncthreads();
+        }
+    }
     uint32_t qf[KQ][4];
 #pragma unroll
     for (int kk = 0; kk < KQ; kk++) ldmatrix_x4(qf[kk], sQ + (lane & 15) * LDS + kk * 16 + (lane >> 4) * 8);
@@ -375,8 +483,8 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
                 for (int e = 0; e < 8; e++) acc[e] += sm_o[(w * PA_QV + qi) * D + c * 8 + e] * f;
             }
         }
-        const size_t t = (size_t)t0 + qi / Gc;
-        const int h = kvh * G + g0 + qi % Gc;
+        const size_t t = (size_t)row_of(qi);
+        const int h = head_of(qi);
         if (n_splits == 1) {
             const float inv = row_sum_inverse(L);
 #pragma unroll
@@ -393,30 +501,7 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
             }
         }
     }
-}
-
-template <typename T>
-__global__ void attention_combine_kernel(T *out, const float *ws, int n_heads, int head_size,
-                                         int n_splits) {
-    const int t = blockIdx.x, h = blockIdx.y;
-    allow_dependent_launch();
-    wait_for_upstream_grid();
-    const float *parts = ws + ((size_t)t * n_heads + h) * n_splits * (head_size + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, parts[(size_t)s * (head_size + 2)]);
-    float L = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        const float m = parts[(size_t)s * (head_size + 2)];
-        if (m != -INFINITY) L += parts[(size_t)s * (head_size + 2) + 1] * __expf(m - M);
-    }
-    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            const float m = parts[(size_t)s * (head_size + 2)];
-            if (m != -INFINITY) o += parts[(size_t)s * (head_size + 2) + 2 + d] * __expf(m - M);
-        }
-        out[(size_t)t * n_heads * head_size + (size_t)h * head_size + d] = from_f32<T>(o / L);
-    }
+    if (n_splits > 1) merge_if_last<D, BF16>(a, &last_flag, vector_ok, row_of, head_of);
 }
 
 template <typename T>
@@ -525,7 +610,7 @@ extern "C" nopad_status cuda_dec_rope_kv_store(nopad_dtype dtype, void *qkv, voi
 
 /* The launch shape of the paged attention for kv: query rows and heads per CTA, key splits. */
 typedef struct paged_plan {
-    int rows, heads_per_cta, chunks, splits, keys_per_split;
+    int rows, heads_per_cta, chunks, splits;
     size_t smem;
 } paged_plan;
 
@@ -551,9 +636,7 @@ static paged_plan plan_paged(const nopad_kv_batch *kv, int n_heads, int n_kv_hea
     const long most = (n_tiles + 2 * PA_WARPS - 1) / (2 * PA_WARPS);
     if (want > most) want = most;
     if (want < 1) want = 1;
-    const int tiles_per_split = (int)((n_tiles + want - 1) / want);
-    p.keys_per_split = tiles_per_split * PA_KEYS;
-    p.splits = (n_tiles + tiles_per_split - 1) / tiles_per_split;
+    p.splits = (int)want; /* the kernel shares each sequence's own keys among them */
     const size_t lds = (size_t)head_size + 8;
     const size_t kv_bytes = (size_t)PA_WARPS * 4 * PA_KEYS * lds * 2;
     const size_t merge_bytes = (size_t)PA_WARPS * PA_QV * (2 + head_size) * sizeof(float);
@@ -571,9 +654,11 @@ static bool use_prefill_path(const nopad_kv_batch *kv, int head_size) {
 
 extern "C" void cuda_dec_attention_workspace(const nopad_kv_batch *kv, nopad_dtype dtype,
                                              int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
-                                             size_t *split_bytes, size_t *expand_bytes) {
+                                             size_t *split_bytes, size_t *arrival_bytes,
+                                             size_t *expand_bytes) {
     const size_t elem = dtype == NOPAD_DTYPE_F32 ? 4 : 2;
     *split_bytes = 0;
+    *arrival_bytes = 0;
     *expand_bytes = 0;
     if (kv->n_tokens <= 0) return;
     if (use_prefill_path(kv, head_size)) {
@@ -581,8 +666,10 @@ extern "C" void cuda_dec_attention_workspace(const nopad_kv_batch *kv, nopad_dty
         return;
     }
     const paged_plan p = plan_paged(kv, n_heads, n_kv_heads, head_size);
-    if (p.splits > 1)
+    if (p.splits > 1) {
         *split_bytes = (size_t)kv->n_tokens * n_heads * p.splits * (head_size + 2) * sizeof(float);
+        *arrival_bytes = (size_t)kv->n_tokens * n_kv_heads * p.chunks * sizeof(int);
+    }
 }
 
 /* [T, H + 2·KVH, D] -> [T, 3, H, D]: each query head gets its own copy of its K and V head, the
@@ -600,12 +687,13 @@ __global__ void expand_kv_heads_kernel(T *out, const T *qkv, int n_heads, int n_
     }
 }
 
+/* rope_store: the decode form with rope_kv_store folded in (inv_freq NULL: K stored unturned). */
 template <typename T>
-static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
-                                const void *v_cache, const nopad_kv_batch *kv, int n_heads,
-                                int n_kv_heads, int head_size, float scale,
+static nopad_status attention_t(void *out, const void *qkv, void *k_cache, void *v_cache,
+                                const nopad_kv_batch *kv, int n_heads, int n_kv_heads, int head_size,
+                                float scale, bool rope_store, const float *inv_freq,
                                 const cuda_dec_attention_ws *ws, cudaStream_t s) {
-    if (use_prefill_path(kv, head_size)) {
+    if (!rope_store && use_prefill_path(kv, head_size)) {
         const void *packed = qkv;
         if (n_heads != n_kv_heads) {
             expand_kv_heads_kernel<T><<<kv->n_tokens, 128, 0, s>>>((T *)ws->expand, (const T *)qkv,
@@ -625,6 +713,9 @@ static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
     a.qkv = (const uint16_t *)qkv;
     a.k_cache = (const uint16_t *)k_cache;
     a.v_cache = (const uint16_t *)v_cache;
+    a.k_store = (uint16_t *)k_cache;
+    a.v_store = (uint16_t *)v_cache;
+    a.inv_freq = inv_freq;
     a.cu_q = kv->cu_q;
     a.seqlen_k = kv->seqlen_k;
     a.block_table = kv->block_table;
@@ -635,36 +726,34 @@ static nopad_status attention_t(void *out, const void *qkv, const void *k_cache,
     a.n_kv_heads = n_kv_heads;
     a.rows = p.rows;
     a.heads_per_cta = p.heads_per_cta;
-    a.keys_per_split = p.keys_per_split;
+    a.arrivals = ws->arrivals;
     a.scale_log2 = scale * 1.4426950408889634f;
     constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
     void (*kernel)(paged_args) = nullptr;
+#define PAGED_KERNEL(D) (rope_store ? paged_attention_kernel<D, BF16, true> : paged_attention_kernel<D, BF16, false>)
     switch (head_size) {
-    case 32: kernel = paged_attention_kernel<32, BF16>; break;
-    case 48: kernel = paged_attention_kernel<48, BF16>; break;
-    case 64: kernel = paged_attention_kernel<64, BF16>; break;
-    case 80: kernel = paged_attention_kernel<80, BF16>; break;
-    case 96: kernel = paged_attention_kernel<96, BF16>; break;
-    default: kernel = paged_attention_kernel<128, BF16>; break;
+    case 32: kernel = PAGED_KERNEL(32); break;
+    case 48: kernel = PAGED_KERNEL(48); break;
+    case 64: kernel = PAGED_KERNEL(64); break;
+    case 80: kernel = PAGED_KERNEL(80); break;
+    case 96: kernel = PAGED_KERNEL(96); break;
+    default: kernel = PAGED_KERNEL(128); break;
     }
+#undef PAGED_KERNEL
     if (p.smem > 48 * 1024) {
-        /* above 48 KB a kernel opts in, once per head size and device (and so never inside a graph
+        /* above 48 KB a kernel opts in, once per kernel and device (and so never inside a graph
          * capture after the first call) */
-        static int opted[6][CUDA_MAX_DEVICES];
+        static int opted[2][6][CUDA_MAX_DEVICES];
         const int slot = head_size / 16 - 2 < 6 ? head_size / 16 - 2 : 5, dev = cuda_current_device();
-        if (dev < 0 || !cuda_cache_load(&opted[slot][dev])) {
+        if (dev < 0 || !cuda_cache_load(&opted[rope_store][slot][dev])) {
             const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
             if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_paged: %s", cudaGetErrorString(e));
-            if (dev >= 0) cuda_cache_store(&opted[slot][dev], 1);
+            if (dev >= 0) cuda_cache_store(&opted[rope_store][slot][dev], 1);
         }
     }
     dim3 grid((unsigned)kv->n_tokens, (unsigned)(n_kv_heads * p.chunks), (unsigned)p.splits);
     launch_maybe_pdl(kernel, grid, dim3(PA_THREADS), p.smem, s, cuda_pdl_tensor_enabled() != 0, a);
-    nopad_status st = launch_status("attention_paged");
-    if (st != NOPAD_OK || p.splits == 1) return st;
-    launch_row_kernel(attention_combine_kernel<T>, dim3((unsigned)kv->n_tokens, (unsigned)n_heads), dim3(64), s,
-                      (T *)out, (const float *)ws->split, n_heads, head_size, p.splits);
-    return launch_status("attention_combine");
+    return launch_status("attention_paged");
 }
 
 extern "C" nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, const void *qkv,
@@ -680,8 +769,28 @@ extern "C" nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, c
                                "cuda attention_paged: head size %d (32, 48, 64, 80, 96 or 128), %d "
                                "heads over %d KV heads (a whole number of query heads each)",
                                head_size, n_heads, n_kv_heads);
-    DISPATCH_DTYPE(dtype, attention_t<__half>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, workspace, s),
-                   attention_t<__nv_bfloat16>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, workspace, s));
+    DISPATCH_DTYPE(dtype, attention_t<__half>(out, qkv, (void *)k_cache, (void *)v_cache, kv, n_heads, n_kv_heads, head_size, scale, false, nullptr, workspace, s),
+                   attention_t<__nv_bfloat16>(out, qkv, (void *)k_cache, (void *)v_cache, kv, n_heads, n_kv_heads, head_size, scale, false, nullptr, workspace, s));
+}
+
+extern "C" nopad_status cuda_dec_attention_paged_rope(nopad_dtype dtype, void *out, const void *qkv,
+                                                      void *k_cache, void *v_cache,
+                                                      const nopad_kv_batch *kv, int32_t n_heads,
+                                                      int32_t n_kv_heads, int32_t head_size, float scale,
+                                                      const float *inv_freq,
+                                                      const cuda_dec_attention_ws *workspace, void *stream) {
+    cudaStream_t s = (cudaStream_t)stream;
+    if (kv->n_tokens == 0) return NOPAD_OK;
+    if (kv->max_q != 1 || kv->n_tokens != kv->n_seqs)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "cuda attention_paged_rope: %d tokens of %d sequences, at most "
+                               "%d a sequence; it takes one new token each", kv->n_tokens, kv->n_seqs, kv->max_q);
+    if (!paged_head_size(head_size) || n_kv_heads < 1 || n_heads % n_kv_heads != 0)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "cuda attention_paged: head size %d (32, 48, 64, 80, 96 or 128), %d "
+                               "heads over %d KV heads (a whole number of query heads each)",
+                               head_size, n_heads, n_kv_heads);
+    DISPATCH_DTYPE(dtype, attention_t<__half>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, true, inv_freq, workspace, s),
+                   attention_t<__nv_bfloat16>(out, qkv, k_cache, v_cache, kv, n_heads, n_kv_heads, head_size, scale, true, inv_freq, workspace, s));
 }
 
 template <typename T>
