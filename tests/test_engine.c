@@ -880,6 +880,13 @@ static void test_smollm2(void **state) {
     assert_memory_equal(stop_text_out, text, cut);
     assert_true(n_stop <= n);
     assert_memory_equal(stop_ids, ids, (size_t)n_stop * sizeof *ids);
+    /* and its ids end with the one that completed the stop string: the engine launches the next
+     * step before it sees the text, and that step's id for the request must not come */
+    static char upto[4096];
+    assert_nopad_ok(nopad_detokenize(tok, stop_ids, (size_t)n_stop, 1, upto, sizeof upto, &len));
+    assert_non_null(strstr(upto, stop));
+    assert_nopad_ok(nopad_detokenize(tok, stop_ids, (size_t)n_stop - 1, 1, upto, sizeof upto, &len));
+    assert_null(strstr(upto, stop));
     printf("  stop string \"%s\": %d ids, text \"%s\"\n", stop, n_stop, stop_text_out);
 
     /* random arrivals: 16 requests, prompts of 1 to 200 ids, up to 6 new tokens, against each alone */

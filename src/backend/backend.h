@@ -454,6 +454,14 @@ struct nopad_backend {
                            const nopad_sampling_params *params, const uint64_t *draws,
                            const int32_t *history, const int32_t *cu_history, int32_t *ids,
                            float *logprobs);
+    /* sample in two halves, where the backend can leave the work running: sample_begin queues it
+     * (the inputs are read before it returns) and returns; sample_wait(n) waits for its n ids
+     * (and their log-probabilities when sample_begin was asked for them) and checks them as sample
+     * does. Nothing else may run on the backend in between. NULL: only sample. */
+    nopad_status (*sample_begin)(nopad_backend *be, float *logits32, int32_t n, int32_t vocab,
+                                 const nopad_sampling_params *params, const uint64_t *draws,
+                                 const int32_t *history, const int32_t *cu_history, int want_logprobs);
+    nopad_status (*sample_wait)(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n);
 };
 
 /* What a backend is created for: the device and its ordinal, the compute dtype, and the

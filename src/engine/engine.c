@@ -1,8 +1,14 @@
 /* The engine: its thread runs
  *
  *   loop { take new requests (sleeping while there is nothing to do), end cancelled ones,
- *          plan the step (scheduler.h), pack it, run decoder_step with sampling,
- *          append each sampled id to its request, deliver it, retire finished requests }
+ *          plan the step (scheduler.h), pack it, launch it (decoder_step_launch, sampling included),
+ *          deliver the ids of the step before while the device runs this one (text, stop strings,
+ *          callbacks; retire finished requests), wait for this step's ids and append each to its
+ *          request: the next plan needs them, their delivery waits for the next launch }
+ *
+ * An id's own ends (a stop id, EOS, max_tokens) are judged when it arrives, so a request they end
+ * is never planned again; a stop string is seen only in the delivery, by then the request may be
+ * in the running step, and that step's id for it is dropped.
  *
  * over a context of its own, whose KV pool it manages through kv_blocks; and the public
  * functions that create it, submit to it, cancel in it, read its counters and free it. */
@@ -41,6 +47,8 @@ struct nopad_engine {
     size_t history_cap;
     char *text;                         // a token's released text
     size_t text_len, text_cap;
+    request **pending;                  // [R] requests whose newest id awaits delivery (a reference each)
+    int32_t n_pending;
 
     /* counters, under stats_lock */
     pthread_mutex_t stats_lock;
@@ -62,6 +70,8 @@ nopad_engine_params nopad_engine_default_params(void) {
  * reference dropped. */
 static void retire(nopad_engine *e, request *r) {
     scheduler_remove(&e->sched, r);
+    if (r->retired) return;
+    r->retired = 1;
     request_queue_retire(&e->queue, r);
     pthread_mutex_lock(&e->stats_lock);
     e->stats.requests_finished++;
@@ -71,7 +81,7 @@ static void retire(nopad_engine *e, request *r) {
 
 static void end_and_retire(nopad_engine *e, request *r, nopad_finish_reason finish,
                            nopad_status error) {
-    request_end(r, finish, error);
+    if (!r->ended) request_end(r, finish, error); /* not twice: an ended one has its end */
     retire(e, r);
 }
 
@@ -105,10 +115,22 @@ static int append_text(nopad_engine *e, const char *text, size_t len) {
     return 0;
 }
 
-/* The newest id of r is in r->tokens: its text (e->text) and whether it ends the request
- * (NOPAD_FINISH_ERROR with the thread's message when its text ran out of memory). */
-static nopad_finish_reason judge_token(nopad_engine *e, request *r) {
+/* Whether r's newest id ends it by itself: a stop id, EOS (unless ignored), max_tokens reached. */
+static nopad_finish_reason id_finish(const nopad_engine *e, const request *r) {
     const model_config *cfg = &e->model->cfg;
+    const int32_t id = r->tokens[r->n_tokens - 1];
+    for (int32_t k = 0; k < r->n_stop_ids; k++)
+        if (id == r->stop_ids[k]) return NOPAD_FINISH_STOP;
+    for (int32_t k = 0; k < cfg->n_eos && !r->ignore_eos; k++)
+        if (id == cfg->eos_token_ids[k]) return NOPAD_FINISH_STOP;
+    if (r->n_tokens - r->n_prompt == r->max_tokens) return NOPAD_FINISH_LENGTH;
+    return NOPAD_FINISH_NONE;
+}
+
+/* The newest id of r is in r->tokens and `finish` is id_finish's judgement of it: its text
+ * (e->text) and whether it ends the request, a stop string included (NOPAD_FINISH_ERROR with the
+ * thread's message when its text ran out of memory). */
+static nopad_finish_reason judge_token(nopad_engine *e, request *r, nopad_finish_reason finish) {
     const int32_t id = r->tokens[r->n_tokens - 1];
     e->text_len = 0;
     const char *piece = "", *out;
@@ -121,14 +143,7 @@ static nopad_finish_reason judge_token(nopad_engine *e, request *r) {
     }
     int hit = stop_text_add(&r->stop, piece, len, &out, &out_len);
     if (hit >= 0 && append_text(e, out, out_len)) hit = -1;
-    nopad_finish_reason finish = NOPAD_FINISH_NONE;
     if (hit == 1) finish = NOPAD_FINISH_STOP;
-    for (int32_t k = 0; k < r->n_stop_ids && finish == NOPAD_FINISH_NONE; k++)
-        if (id == r->stop_ids[k]) finish = NOPAD_FINISH_STOP;
-    for (int32_t k = 0; k < cfg->n_eos && !r->ignore_eos && finish == NOPAD_FINISH_NONE; k++)
-        if (id == cfg->eos_token_ids[k]) finish = NOPAD_FINISH_STOP;
-    if (finish == NOPAD_FINISH_NONE && r->n_tokens - r->n_prompt == r->max_tokens)
-        finish = NOPAD_FINISH_LENGTH;
     if (finish != NOPAD_FINISH_NONE && hit == 0) {
         /* the end: what the decode stream and the stop strings held back comes out */
         if (r->detok && nopad_decode_stream_flush(r->detok, &piece, &len) == NOPAD_OK && len) {
@@ -215,25 +230,78 @@ static void note_step(nopad_engine *e, double t0, double t1, int64_t generated, 
     pthread_mutex_unlock(&e->stats_lock);
 }
 
+/* Delivers the ids waiting in e->pending: text, stop strings, the reader's stream. A request that
+ * ends here leaves at once, unless it is in the running step: then it leaves when the step ends,
+ * and that step's id for it is dropped. */
+static void deliver_pending(nopad_engine *e) {
+    for (int32_t i = 0; i < e->n_pending; i++) {
+        request *r = e->pending[i];
+        if (!r->retired) { /* else cancelled, or its step failed, since its id came */
+            nopad_finish_reason finish = judge_token(e, r, r->ending);
+            finish = request_deliver(r, e->text, e->text_len, finish, NOPAD_ERR_OUT_OF_MEMORY);
+            if (finish != NOPAD_FINISH_NONE) {
+                if (r->in_step)
+                    r->ended = 1;
+                else
+                    retire(e, r);
+            }
+        }
+        request_unref(r);
+    }
+    e->n_pending = 0;
+}
+
+/* The step's ids, once it has run: every request whose row ends its known tokens gets its id
+ * (appended; the delivery comes after the next launch) and leaves the scheduler if the id ends it. */
+static int64_t take_ids(nopad_engine *e) {
+    scheduler *s = &e->sched;
+    int64_t generated = 0;
+    /* the plan stays valid while requests retire: retiring touches only the lines */
+    for (int32_t b = 0; b < s->n_step; b++) {
+        request *r = s->step[b].r;
+        r->in_step = 0;
+        if (r->ended) { /* its delivery ended it while this step ran: the id is dropped */
+            retire(e, r);
+            continue;
+        }
+        if (r->n_computed != r->n_tokens) continue; /* a prompt chunk short of the end */
+        if (r->logprobs) r->logprobs[r->n_tokens - r->n_prompt] = e->logprobs[b]; /* before its id */
+        r->tokens[r->n_tokens++] = e->ids[b];
+        generated++;
+        r->ending = id_finish(e, r);
+        if (r->ending != NOPAD_FINISH_NONE) scheduler_remove(s, r); /* its blocks back before the next plan */
+        request_ref(r);
+        e->pending[e->n_pending++] = r;
+    }
+    return generated;
+}
+
 static void run_step(nopad_engine *e) {
     scheduler *s = &e->sched;
     const double t0 = request_now();
     decoder_batch batch;
     decoder_output out;
     nopad_status st = pack_step(e, &batch, &out);
-    if (st == NOPAD_OK) {
-        pthread_mutex_lock(&e->ctx->lock);
-        st = decoder_step(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &batch, &out);
-        if (st == NOPAD_OK) e->ctx->forwards++;
-        pthread_mutex_unlock(&e->ctx->lock);
-    }
+    for (int32_t b = 0; b < s->n_step; b++) s->step[b].r->in_step = 1;
+    pthread_mutex_lock(&e->ctx->lock);
+    if (st == NOPAD_OK)
+        st = decoder_step_launch(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &batch, &out);
+    /* the host's share of the step before, while the device runs this one */
+    deliver_pending(e);
+    nopad_status waited = decoder_step_wait(e->ctx->be, &e->ctx->dec, &out);
+    if (st == NOPAD_OK) st = waited;
+    if (st == NOPAD_OK) e->ctx->forwards++;
+    pthread_mutex_unlock(&e->ctx->lock);
     if (st != NOPAD_OK) {
         /* the requests of a failed step end with its error; the others go on */
         nopad_wrap_error(st, "engine step of %d requests, %d tokens", s->n_step, s->n_step_tokens);
-        for (int32_t b = 0; b < s->n_step; b++) end_and_retire(e, s->step[b].r, NOPAD_FINISH_ERROR, st);
+        for (int32_t b = 0; b < s->n_step; b++) {
+            s->step[b].r->in_step = 0;
+            end_and_retire(e, s->step[b].r, NOPAD_FINISH_ERROR, st);
+        }
         return;
     }
-    int64_t computed = 0, generated = 0;
+    int64_t computed = 0;
     for (int32_t b = 0; b < s->n_step; b++) {
         const request *r = s->step[b].r;
         /* every token fed but a request's newest generated one is prompt (or recomputed) work */
@@ -241,17 +309,7 @@ static void run_step(nopad_engine *e) {
         computed += s->step[b].n_new - (ends && r->n_tokens > r->n_prompt);
     }
     scheduler_commit(s);
-    /* the plan stays valid while requests retire: retiring touches only the lines */
-    for (int32_t b = 0; b < s->n_step; b++) {
-        request *r = s->step[b].r;
-        if (r->n_computed != r->n_tokens) continue; /* a prompt chunk short of the end */
-        if (r->logprobs) r->logprobs[r->n_tokens - r->n_prompt] = e->logprobs[b]; /* before its id */
-        r->tokens[r->n_tokens++] = e->ids[b];
-        generated++;
-        nopad_finish_reason finish = judge_token(e, r);
-        finish = request_deliver(r, e->text, e->text_len, finish, NOPAD_ERR_OUT_OF_MEMORY);
-        if (finish != NOPAD_FINISH_NONE) retire(e, r);
-    }
+    const int64_t generated = take_ids(e);
     note_step(e, t0, request_now(), generated, computed);
 }
 
@@ -272,7 +330,7 @@ static void *engine_main(void *arg) {
     scheduler *s = &e->sched;
     request_list arrivals = {0};
     for (;;) {
-        const int idle = s->running.n == 0 && s->waiting.n == 0;
+        const int idle = s->running.n == 0 && s->waiting.n == 0 && e->n_pending == 0;
         const int closed = request_queue_take(&e->queue, &arrivals, idle);
         for (int32_t i = 0; i < arrivals.n; i++)
             if (scheduler_add(s, arrivals.items[i]) != NOPAD_OK) {
@@ -282,6 +340,7 @@ static void *engine_main(void *arg) {
             }
         arrivals.n = 0;
         if (closed) {
+            deliver_pending(e);
             end_all(e, NOPAD_FINISH_CANCELLED, NOPAD_OK);
             note_lines(e);
             break;
@@ -289,7 +348,10 @@ static void *engine_main(void *arg) {
         end_cancelled(e);
         scheduler_plan(s);
         note_lines(e);
-        if (s->n_step > 0) run_step(e);
+        if (s->n_step > 0)
+            run_step(e);
+        else
+            deliver_pending(e);
         note_lines(e);
     }
     request_list_free(&arrivals);
@@ -315,6 +377,7 @@ static void engine_destroy(nopad_engine *e) {
     free(e->history);
     free(e->cu_history);
     free(e->text);
+    free(e->pending);
     free(e);
 }
 
@@ -373,8 +436,9 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
         e->sampling = malloc(R * sizeof *e->sampling);
         e->draws = malloc(R * sizeof *e->draws);
         e->cu_history = malloc((R + 1) * sizeof *e->cu_history);
+        e->pending = malloc(R * sizeof *e->pending);
         if (!e->cu_q || !e->tokens || !e->seqlen_k || !e->table || !e->ids || !e->logprobs || !e->sampling ||
-            !e->draws || !e->cu_history)
+            !e->draws || !e->cu_history || !e->pending)
             st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     e->stats.kv_blocks_total = e->kv.n_blocks;

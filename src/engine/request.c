@@ -94,6 +94,12 @@ nopad_status request_create(const nopad_request_params *p, const int32_t *prompt
     return NOPAD_OK;
 }
 
+void request_ref(request *r) {
+    pthread_mutex_lock(&r->lock);
+    r->refs++;
+    pthread_mutex_unlock(&r->lock);
+}
+
 void request_unref(request *r) {
     pthread_mutex_lock(&r->lock);
     const int last = --r->refs == 0;

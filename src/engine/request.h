@@ -39,6 +39,12 @@ struct nopad_request {
     int started;                   // admitted once (no longer counted against max_queue)
     nopad_decode_stream *detok;    // the model's tokenizer, or NULL without one
     stop_text stop;                // the text, held back where a stop string may begin
+    /* the engine thread's: where the request stands between a step and its delivery */
+    nopad_finish_reason ending;    // its newest id ends it (stop id, EOS, max_tokens): out of the
+                                   // scheduler already, its delivery to come
+    int in_step;                   // planned into the step now running
+    int ended;                     // its delivery ended it while it was in the running step
+    int retired;                   // left the engine (request_queue_retire done)
 
     /* the results, under `lock` */
     pthread_mutex_t lock;
@@ -64,7 +70,8 @@ nopad_status request_create(const nopad_request_params *params, const int32_t *p
                             int32_t n_prompt, int32_t block_size, const nopad_tokenizer *tok,
                             uint64_t id, request **out);
 
-/* Drops one reference; the last frees the request. */
+/* Takes / drops one reference; the last frees the request. */
+void request_ref(request *r);
 void request_unref(request *r);
 
 /* The engine thread's side. Appends the newest generated id (tokens[n_tokens - 1]) and `text` to

@@ -215,13 +215,20 @@ static nopad_status step_forward(void *ctx) {
     return NOPAD_OK;
 }
 
-/* Rows [r0, r0 + n) of the step's output from the logits chunk in s->logits. */
+/* Rows [r0, r0 + n) of the step's output from the logits chunk in s->logits. With `queue` (the
+ * step's only chunk) the device sampling is left running where the backend can: s->ids_pending. */
 static nopad_status step_output(nopad_backend *be, const model_config *cfg, decoder_state *s,
-                                const decoder_output *out, int32_t r0, int32_t n) {
+                                const decoder_output *out, int32_t r0, int32_t n, int queue) {
     const int32_t V = cfg->vocab_size;
     if (out->logits) return be->download(be, out->logits + (size_t)r0 * V, s->logits,
                                          (size_t)n * V * sizeof(float));
     const int32_t *cu_h = out->cu_history;
+    if (queue && r0 == 0 && be->sample_begin && be->sample_wait) {
+        nopad_status st = be->sample_begin(be, s->logits, n, V, out->params, out->draws, out->history, cu_h,
+                                           out->logprobs != NULL);
+        if (st == NOPAD_OK) s->ids_pending = n;
+        return st;
+    }
     if (be->sample) {
         /* the chunk's histories start at cu_h[r0]: hand the op offsets from there */
         if (!cu_h || r0 == 0)
@@ -279,6 +286,22 @@ static int32_t width_bucket(int32_t n, int32_t cap) {
 
 nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
                           decoder_state *s, const decoder_batch *batch, const decoder_output *out) {
+    nopad_status st = decoder_step_launch(be, cfg, w, s, batch, out);
+    nopad_status waited = decoder_step_wait(be, s, out);
+    return st != NOPAD_OK ? st : waited;
+}
+
+nopad_status decoder_step_wait(nopad_backend *be, decoder_state *s, const decoder_output *out) {
+    const int32_t n = s->ids_pending;
+    if (n == 0) return NOPAD_OK;
+    s->ids_pending = 0;
+    return be->sample_wait(be, out->ids, out->logprobs, n);
+}
+
+nopad_status decoder_step_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                 decoder_state *s, const decoder_batch *batch, const decoder_output *out) {
+    if (s->ids_pending)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: the step before still runs (wait for it first)");
     const int32_t B = batch->n_seqs, T = batch->cu_q[B];
     if (T <= 0 || T > s->max_tokens)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -367,7 +390,7 @@ nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const deco
         if (r0 > 0)
             TRY(be->gemm_f32(be, s->logits, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head,
                              n, H, V));
-        TRY(step_output(be, cfg, s, out, r0, n));
+        TRY(step_output(be, cfg, s, out, r0, n, out_rows <= s->logit_rows));
     }
     return NOPAD_OK;
 }

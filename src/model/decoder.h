@@ -75,6 +75,7 @@ typedef struct decoder_state {
     int32_t *host_i32;           // their host copy, built each step and sent up in one copy
     size_t i32_count;
     sampler_scratch scratch;     // host sampling, for backends without a sampling op
+    int32_t ids_pending;         // ids of a launched step still coming (decoder_step_wait)
     size_t bytes;
 } decoder_state;
 
@@ -109,5 +110,14 @@ typedef struct decoder_output {
  * (batch size, block-table width) where the backend records graphs. */
 nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
                           decoder_state *s, const decoder_batch *batch, const decoder_output *out);
+/* decoder_step in two halves, so that the host can work while the device runs the step: the launch
+ * returns with the step still running where the backend samples on its own (sample_begin, and
+ * the step's logits in one chunk), else after the whole step; the wait returns once out->ids
+ * (and out->logprobs) hold the step's ids. Every launch is waited for, with the same `out`
+ * (its arrays stay put until then), before the state serves anything else; the batch's arrays
+ * are read before the launch returns. */
+nopad_status decoder_step_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                 decoder_state *s, const decoder_batch *batch, const decoder_output *out);
+nopad_status decoder_step_wait(nopad_backend *be, decoder_state *s, const decoder_output *out);
 
 #endif

@@ -277,10 +277,13 @@ static nopad_status cu_gemm_swiglu(nopad_backend *be, void *out, void *gate_up, 
 }
 /* Sampling: the rows' parameters and histories go up in one copy, the ids (and log-probs) come
  * back in one; the stream is waited for once. */
-static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
-                              const nopad_sampling_params *params, const uint64_t *draws, const int32_t *history,
-                              const int32_t *cu_history, int32_t *ids, float *logprobs) {
+/* Sampling in two halves: sample_begin queues the parameters' upload, the kernel and the ids'
+ * download into pinned staging (the call returns at once); sample_wait waits for them. */
+static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
+                                    const nopad_sampling_params *params, const uint64_t *draws,
+                                    const int32_t *history, const int32_t *cu_history, int want_logprobs) {
     CUDA_ENTER(be, s);
+    s->sample_pending = 0;
     if (n <= 0) return NOPAD_OK;
     const int32_t n_hist = cu_history ? cu_history[n] : 0;
     /* device and host layout: rows [n] | ids [n] | logprobs [n] | history [n_hist] */
@@ -302,10 +305,14 @@ static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32
         s->sample_dev_bytes = bytes;
     }
     if (need > s->sample_host_bytes) {
-        free(s->sample_host);
-        s->sample_host = malloc(2 * need);
-        s->sample_host_bytes = s->sample_host ? 2 * need : 0;
-        if (!s->sample_host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cuda sampling: out of memory");
+        /* pinned, so that the ids' download runs without the host: a pageable one would hold the
+         * caller until the step before it had run */
+        if (s->sample_host) cudaFreeHost(s->sample_host);
+        s->sample_host = NULL;
+        s->sample_host_bytes = 0;
+        st = cuda_check(cudaMallocHost(&s->sample_host, 2 * need), "sampling staging");
+        if (st != NOPAD_OK) return st;
+        s->sample_host_bytes = 2 * need;
     }
     char *h = s->sample_host, *d = s->sample_dev;
     cuda_sample_row *rows = (cuda_sample_row *)h;
@@ -328,15 +335,27 @@ static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32
     float *d_logprobs = (float *)(d + rows_bytes + (size_t)n * sizeof(int32_t));
     if (st == NOPAD_OK)
         st = cuda_sample_rows(logits, n, vocab, (const cuda_sample_row *)d, (const int32_t *)(d + hist_off), d_ids,
-                              logprobs ? d_logprobs : NULL, s->stream);
-    const size_t back = (size_t)n * (sizeof(int32_t) + (logprobs ? sizeof(float) : 0));
+                              want_logprobs ? d_logprobs : NULL, s->stream);
+    const size_t back = (size_t)n * (sizeof(int32_t) + (want_logprobs ? sizeof(float) : 0));
     if (st == NOPAD_OK)
         st = cuda_check(cudaMemcpyAsync(h + rows_bytes, d_ids, back, cudaMemcpyDeviceToHost, s->stream),
                         "sampling download");
-    if (st == NOPAD_OK) st = cuda_check(cudaStreamSynchronize(s->stream), "sampling");
+    if (st == NOPAD_OK) s->sample_pending = n;
+    return st;
+}
+
+static nopad_status cu_sample_wait(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n) {
+    CUDA_ENTER(be, s);
+    if (n <= 0) return NOPAD_OK;
+    if (s->sample_pending != n)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "cuda sampling: waiting for %d ids, %d were asked for", n,
+                               s->sample_pending);
+    s->sample_pending = 0;
+    nopad_status st = cuda_check(cudaStreamSynchronize(s->stream), "sampling");
     if (st != NOPAD_OK) return st;
-    memcpy(ids, h + rows_bytes, (size_t)n * sizeof(int32_t));
-    if (logprobs) memcpy(logprobs, h + rows_bytes + (size_t)n * sizeof(int32_t), (size_t)n * sizeof(float));
+    const char *h = (const char *)s->sample_host + (size_t)n * sizeof(cuda_sample_row);
+    memcpy(ids, h, (size_t)n * sizeof(int32_t));
+    if (logprobs) memcpy(logprobs, h + (size_t)n * sizeof(int32_t), (size_t)n * sizeof(float));
     for (int32_t r = 0; r < n; r++)
         if (ids[r] < 0)
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -344,6 +363,13 @@ static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32
                                    "can be chosen",
                                    r);
     return NOPAD_OK;
+}
+
+static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
+                              const nopad_sampling_params *params, const uint64_t *draws, const int32_t *history,
+                              const int32_t *cu_history, int32_t *ids, float *logprobs) {
+    nopad_status st = cu_sample_begin(be, logits, n, vocab, params, draws, history, cu_history, logprobs != NULL);
+    return st == NOPAD_OK ? cu_sample_wait(be, ids, logprobs, n) : st;
 }
 static nopad_status cu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens, int32_t dim) {
     CUDA_ENTER(be, s);
@@ -391,7 +417,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->attn_bwd_ws) cudaFree(s->attn_bwd_ws);
         if (s->rel_ws) cudaFree(s->rel_ws);
         if (s->rel_rows) cudaFree(s->rel_rows);
-        free(s->sample_host);
+        if (s->sample_host) cudaFreeHost(s->sample_host);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);
     }
@@ -487,6 +513,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->gemm_f32 = cu_gemm_f32;
     be->gemm_swiglu = cu_gemm_swiglu;
     be->sample = cu_sample;
+    be->sample_begin = cu_sample_begin;
+    be->sample_wait = cu_sample_wait;
     /* training (train/): each op family fills its entries */
     cuda_train_install_ops(be);
     cuda_train_install_gemm_optim(be);

@@ -55,6 +55,7 @@ typedef struct cuda_state {
     size_t sample_dev_bytes;
     void *sample_host; /* its host staging */
     size_t sample_host_bytes;
+    int32_t sample_pending; /* rows of ids sample_begin queued, not yet waited for */
     float *attn_bwd_ws; /* attention_backward: dq32 and dsum (grown on demand, stream-ordered) */
     size_t attn_bwd_ws_bytes;
     float *rel_ws;      /* attention_rel: the c2p / p2c projections (grown on demand, stream-ordered) */
