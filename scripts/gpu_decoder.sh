@@ -94,7 +94,7 @@ shift
 STEPS=${*:-gguf test}
 OUT=${OUT:-$ROOT/gpu_decoder_out}
 mkdir -p "$OUT" /tmp/nopad_dec /tmp/nopad_gguf
-if [ -f "$CARRY/bundle.tar.xz" ]; then
+if [ -f "$CARRY/bundle.tar.xz" ] && [ -z "${KEEP_UNPACKED:-}" ]; then # KEEP_UNPACKED=1: the last call's, as it is
     rm -rf /tmp/nopad_dec/build && tar xJf "$CARRY/bundle.tar.xz" -C /tmp/nopad_dec
 fi
 [ -d /tmp/nopad_dec/build ] || { echo "no bundle: carry .gpu_carry/dec first" >&2; exit 1; }

@@ -393,8 +393,7 @@ static void test_decoder_ops(void **state) {
             free(got);
             if (kind == 1) {
                 /* a recorded decode step plans for a longer history than any sequence has (its
-                 * block-table width rounded up): the splits share each sequence's own keys, and
-                 * their counters, left at zero by the run above, serve again */
+                 * block-table width rounded up): the splits share each sequence's own keys */
                 for (int32_t widen = 2; widen <= 8; widen *= 4) {
                     dkv.max_k = max_k * widen;
                     poison_half(datt, (size_t)T * NH * D);

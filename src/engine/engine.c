@@ -49,6 +49,7 @@ struct nopad_engine {
     size_t text_len, text_cap;
     request **pending;                  // [R] requests whose newest id awaits delivery (a reference each)
     int32_t n_pending;
+    int last_decode_only;               // the last step was one new token per request (a graph replay)
 
     /* counters, under stats_lock */
     pthread_mutex_t stats_lock;
@@ -308,6 +309,7 @@ static void run_step(nopad_engine *e) {
         const int ends = r->n_computed + s->step[b].n_new == r->n_tokens;
         computed += s->step[b].n_new - (ends && r->n_tokens > r->n_prompt);
     }
+    e->last_decode_only = s->n_step_tokens == s->n_step;
     scheduler_commit(s);
     const int64_t generated = take_ids(e);
     note_step(e, t0, request_now(), generated, computed);
@@ -346,6 +348,10 @@ static void *engine_main(void *arg) {
             break;
         }
         end_cancelled(e);
+        /* the delivery waits for the next launch only where that launch is quick: a decode-only
+         * step replays a recorded graph, while a step with prompt chunks launches op by op (a
+         * millisecond or more of host time, which the waiting first tokens would pay) */
+        if (s->waiting.n > 0 || !e->last_decode_only) deliver_pending(e);
         scheduler_plan(s);
         note_lines(e);
         if (s->n_step > 0)

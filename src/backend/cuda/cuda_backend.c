@@ -135,21 +135,13 @@ static nopad_status grow_workspace(nopad_backend *be, cuda_state *s, void **buf,
 /* The paged attention's workspaces for kv, grown as needed. */
 static nopad_status paged_workspace(nopad_backend *be, cuda_state *s, const nopad_kv_batch *kv, int32_t n_heads,
                                     int32_t n_kv_heads, int32_t head_size, cuda_dec_attention_ws *ws) {
-    size_t split_bytes, arrival_bytes, expand_bytes;
-    cuda_dec_attention_workspace(kv, be->dtype, n_heads, n_kv_heads, head_size, &split_bytes, &arrival_bytes,
-                                 &expand_bytes);
+    size_t split_bytes, expand_bytes;
+    cuda_dec_attention_workspace(kv, be->dtype, n_heads, n_kv_heads, head_size, &split_bytes, &expand_bytes);
     nopad_status st = grow_workspace(be, s, (void **)&s->split_ws, &s->split_ws_bytes, split_bytes,
                                      "attention workspace");
-    if (st == NOPAD_OK && arrival_bytes > s->split_arrivals_bytes) {
-        st = grow_workspace(be, s, (void **)&s->split_arrivals, &s->split_arrivals_bytes, arrival_bytes,
-                            "attention workspace");
-        if (st == NOPAD_OK)
-            st = cuda_check(cudaMemsetAsync(s->split_arrivals, 0, arrival_bytes, s->stream), "attention workspace");
-    }
     if (st == NOPAD_OK)
         st = grow_workspace(be, s, &s->expand_ws, &s->expand_ws_bytes, expand_bytes, "attention workspace");
-    *ws = (cuda_dec_attention_ws){.split = s->split_ws, .arrivals = s->split_arrivals, .expand = s->expand_ws,
-                                  .attention = s->attention_ws};
+    *ws = (cuda_dec_attention_ws){.split = s->split_ws, .expand = s->expand_ws, .attention = s->attention_ws};
     return st;
 }
 
@@ -411,7 +403,6 @@ static void cu_destroy(nopad_backend *be) {
         if (s->pack_bad) cudaFree(s->pack_bad);
         if (s->attention_ws) cudaFree(s->attention_ws);
         if (s->split_ws) cudaFree(s->split_ws);
-        if (s->split_arrivals) cudaFree(s->split_arrivals);
         if (s->expand_ws) cudaFree(s->expand_ws);
         if (s->sample_dev) cudaFree(s->sample_dev);
         if (s->attn_bwd_ws) cudaFree(s->attn_bwd_ws);

@@ -200,9 +200,8 @@ __global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32
  * into its own double buffer (no CTA-wide barrier in the loop), and keeps its own (max, sum, O);
  * the four are merged through shared memory at the end. When few CTAs would face long histories
  * (decode at small batch), blockIdx.z also splits the keys across CTAs (flash-decoding): each
- * split writes (max, sum, unnormalised O) to the workspace, and the CTA that finishes last among
- * the splits of its query vectors (a counter per CTA group, which it sets back to 0) merges them.
- * A split's keys are a share of its own sequence's keys, not of the step's longest: a recorded
+ * split writes (max, sum, unnormalised O) to the workspace and attention_combine_kernel merges
+ * them. A split's keys are a share of its own sequence's keys, not of the step's longest: a recorded
  * decode step sizes for a history up to twice the real one (a power-of-two block-table width),
  * and fixed shares of that would leave half the splits empty and the other half twice as long.
  *
@@ -215,7 +214,6 @@ enum { PA_WARPS = 4, PA_THREADS = 32 * PA_WARPS, PA_KEYS = 16, PA_QV = 16 };
 struct paged_args {
     void *out;               /* [T, n_heads·D] */
     float *ws;               /* [T, n_heads, splits, D + 2] when splits > 1 */
-    int *arrivals;           /* [T, gridDim.y] when splits > 1: splits done per CTA group, 0 between steps */
     const uint16_t *qkv, *k_cache, *v_cache;
     uint16_t *k_store, *v_store; /* ROPE_STORE: the caches again, written */
     const float *inv_freq;       /* ROPE_STORE: [D/2] rotary frequencies; NULL: no rotation (GPT-2) */
@@ -225,58 +223,6 @@ struct paged_args {
     int heads_per_cta;       /* Gc: query heads of one KV head per CTA (blockIdx.y: KV head x chunk) */
     float scale_log2;        /* scale · log2(e) */
 };
-
-/* A split CTA's end: its partial results are in the workspace (every thread's stores before the
- * call). The last of the gridDim.z splits of this CTA group to arrive merges them all into the
- * output, as the max-rescaled sum of FlashDecoding, and sets the group's counter back to 0 for the
- * next step; the others return. `vector_ok(qi)`, `row_of(qi)`, `head_of(qi)`: the CTA's query
- * vectors. */
-template <int D, bool BF16, typename Ok, typename Row, typename Head>
-static __device__ void merge_if_last(const paged_args &a, int *flag, Ok vector_ok, Row row_of, Head head_of) {
-    constexpr int CH = D / 8;
-    const int n_splits = gridDim.z, tid = threadIdx.x;
-    __threadfence(); /* this CTA's partials visible device-wide before it counts itself */
-    __syncthreads();
-    if (tid == 0) {
-        int *counter = a.arrivals + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
-        const int before = atomicAdd(counter, 1);
-        *flag = before == n_splits - 1;
-        if (*flag) *counter = 0; /* every split has counted: no one touches it again this step */
-    }
-    __syncthreads();
-    if (!*flag) return;
-    __threadfence(); /* the other splits' partials, counted before us, are read after */
-    for (int i = tid; i < PA_QV * CH; i += PA_THREADS) {
-        const int qi = i / CH, c = i % CH;
-        if (!vector_ok(qi)) continue;
-        int n_splits_seen = n_splits;
-        const size_t t = (size_t)row_of(qi);
-        const int h = head_of(qi);
-        const float *parts = a.ws + (t * a.n_heads + h) * n_splits * (D + 2);
-        /* unrolled, so that several splits' loads are in flight at once: this CTA's merge is the
-         * tail of the step's critical path */
-        float M = -INFINITY;
-#pragma unroll 8
-        for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, __ldcg(parts + (size_t)sp * (D + 2)));
-        float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (M == -INFINITY) n_splits_seen = 0;
-#pragma unroll 4
-        for (int sp = 0; sp < n_splits_seen; sp++) {
-            const float *part = parts + (size_t)sp * (D + 2);
-            const float m = __ldcg(part);
-            if (m == -INFINITY) continue;
-            const float f = __expf(m - M);
-            L += __ldcg(part + 1) * f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[e] += __ldcg(part + 2 + c * 8 + e) * f; /* rows of D + 2: 8-byte aligned */
-        }
-        const float inv = row_sum_inverse(L);
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[e] *= inv;
-        *reinterpret_cast<uint4 *>(reinterpret_cast<uint16_t *>(a.out) + t * a.n_heads * D + (size_t)h * D + c * 8) =
-            pack8<BF16>(acc);
-    }
-}
 
 template <int D, bool BF16, bool ROPE_STORE>
 __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args a) {
@@ -311,7 +257,6 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
     auto vector_ok = [&](int qi) { return qi / Gc < n_rows && qi % Gc < gc; };
     auto row_of = [&](int qi) { return t0 + qi / Gc; };
     auto head_of = [&](int qi) { return kvh * G + g0 + qi % Gc; };
-    __shared__ int last_flag;
 
     if (key_begin >= key_end) { /* this split lies past every row's keys: an empty partial */
         wait_for_upstream_grid(); /* the workspace may still be read by the previous merge */
@@ -320,7 +265,6 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
             part[0] = -INFINITY;
             part[1] = 0.0f;
         }
-        merge_if_last<D, BF16>(a, &last_flag, vector_ok, row_of, head_of);
         return;
     }
     const int32_t *blocks = a.block_table + (size_t)b * a.max_blocks;
@@ -501,8 +445,32 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
             }
         }
     }
-    if (n_splits > 1) merge_if_last<D, BF16>(a, &last_flag, vector_ok, row_of, head_of);
 }
+
+template <typename T>
+__global__ void attention_combine_kernel(T *out, const float *ws, int n_heads, int head_size,
+                                         int n_splits) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    allow_dependent_launch();
+    wait_for_upstream_grid();
+    const float *parts = ws + ((size_t)t * n_heads + h) * n_splits * (head_size + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, parts[(size_t)s * (head_size + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        const float m = parts[(size_t)s * (head_size + 2)];
+        if (m != -INFINITY) L += parts[(size_t)s * (head_size + 2) + 1] * __expf(m - M);
+    }
+    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float m = parts[(size_t)s * (head_size + 2)];
+            if (m != -INFINITY) o += parts[(size_t)s * (head_size + 2) + 2 + d] * __expf(m - M);
+        }
+        out[(size_t)t * n_heads * head_size + (size_t)h * head_size + d] = from_f32<T>(o / L);
+    }
+}
+
 
 template <typename T>
 __global__ void swiglu_kernel(T *out, const T *gate_up, int dim, size_t n) {
@@ -654,11 +622,9 @@ static bool use_prefill_path(const nopad_kv_batch *kv, int head_size) {
 
 extern "C" void cuda_dec_attention_workspace(const nopad_kv_batch *kv, nopad_dtype dtype,
                                              int32_t n_heads, int32_t n_kv_heads, int32_t head_size,
-                                             size_t *split_bytes, size_t *arrival_bytes,
-                                             size_t *expand_bytes) {
+                                             size_t *split_bytes, size_t *expand_bytes) {
     const size_t elem = dtype == NOPAD_DTYPE_F32 ? 4 : 2;
     *split_bytes = 0;
-    *arrival_bytes = 0;
     *expand_bytes = 0;
     if (kv->n_tokens <= 0) return;
     if (use_prefill_path(kv, head_size)) {
@@ -666,10 +632,8 @@ extern "C" void cuda_dec_attention_workspace(const nopad_kv_batch *kv, nopad_dty
         return;
     }
     const paged_plan p = plan_paged(kv, n_heads, n_kv_heads, head_size);
-    if (p.splits > 1) {
+    if (p.splits > 1)
         *split_bytes = (size_t)kv->n_tokens * n_heads * p.splits * (head_size + 2) * sizeof(float);
-        *arrival_bytes = (size_t)kv->n_tokens * n_kv_heads * p.chunks * sizeof(int);
-    }
 }
 
 /* [T, H + 2·KVH, D] -> [T, 3, H, D]: each query head gets its own copy of its K and V head, the
@@ -726,7 +690,6 @@ static nopad_status attention_t(void *out, const void *qkv, void *k_cache, void 
     a.n_kv_heads = n_kv_heads;
     a.rows = p.rows;
     a.heads_per_cta = p.heads_per_cta;
-    a.arrivals = ws->arrivals;
     a.scale_log2 = scale * 1.4426950408889634f;
     constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
     void (*kernel)(paged_args) = nullptr;
@@ -753,7 +716,11 @@ static nopad_status attention_t(void *out, const void *qkv, void *k_cache, void 
     }
     dim3 grid((unsigned)kv->n_tokens, (unsigned)(n_kv_heads * p.chunks), (unsigned)p.splits);
     launch_maybe_pdl(kernel, grid, dim3(PA_THREADS), p.smem, s, cuda_pdl_tensor_enabled() != 0, a);
-    return launch_status("attention_paged");
+    nopad_status st = launch_status("attention_paged");
+    if (st != NOPAD_OK || p.splits == 1) return st;
+    launch_row_kernel(attention_combine_kernel<T>, dim3((unsigned)kv->n_tokens, (unsigned)n_heads), dim3(64), s,
+                      (T *)out, (const float *)ws->split, n_heads, head_size, p.splits);
+    return launch_status("attention_combine");
 }
 
 extern "C" nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, const void *qkv,

@@ -26,15 +26,13 @@ nopad_status cuda_dec_rope_kv_store(nopad_dtype dtype, void *qkv, void *k_cache,
 /* The paged attention's device workspaces. */
 typedef struct cuda_dec_attention_ws {
     float *split;    /* the key splits' partial results: [T, heads, splits, head_size + 2] */
-    int *arrivals;   /* splits done per CTA group [T, KV heads x head chunks]: zero when allocated,
-                        and the merging CTA sets its counter back to zero */
     void *expand;    /* prompts-only steps with grouped KV heads: qkv as [T, 3, heads, head_size] */
     void *attention; /* the encoder attention's work counter (NOPAD_ATTENTION_WORKSPACE_BYTES) */
 } cuda_dec_attention_ws;
 /* Bytes of each workspace cuda_dec_attention_paged needs for kv (0: none). */
 void cuda_dec_attention_workspace(const nopad_kv_batch *kv, nopad_dtype dtype, int32_t n_heads,
                                   int32_t n_kv_heads, int32_t head_size, size_t *split_bytes,
-                                  size_t *arrival_bytes, size_t *expand_bytes);
+                                  size_t *expand_bytes);
 nopad_status cuda_dec_attention_paged(nopad_dtype dtype, void *out, const void *qkv,
                                       const void *k_cache, const void *v_cache,
                                       const nopad_kv_batch *kv, int32_t n_heads,

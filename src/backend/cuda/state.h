@@ -46,9 +46,6 @@ typedef struct cuda_state {
                           partial results, the training ops' column partial sums (train/ops.c);
                           grown on demand, stream-ordered */
     size_t split_ws_bytes;
-    int *split_arrivals; /* the decoder attention's per-group counters of splits done: zeroed when
-                            grown, each step leaves them at zero (decoder.cu) */
-    size_t split_arrivals_bytes;
     void *expand_ws;   /* prompts-only decoder steps: qkv with a K and V head per query head */
     size_t expand_ws_bytes;
     void *sample_dev;  /* sampling: rows, ids, log-probs, histories (grown on demand) */
