@@ -267,10 +267,9 @@ static nopad_status cu_gemm_swiglu(nopad_backend *be, void *out, void *gate_up, 
     if (st != NOPAD_OK) return st;
     return cuda_dec_swiglu(be->dtype, out, gate_up, n_tokens, n_ffn, s->stream);
 }
-/* Sampling: the rows' parameters and histories go up in one copy, the ids (and log-probs) come
- * back in one; the stream is waited for once. */
-/* Sampling in two halves: sample_begin queues the parameters' upload, the kernel and the ids'
- * download into pinned staging (the call returns at once); sample_wait waits for them. */
+/* Sampling in two halves: sample_begin queues the parameters' upload (rows and histories in one
+ * copy), the kernel and the ids' download into pinned staging (the call returns at once);
+ * sample_wait waits for them, the step's one synchronisation. */
 static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
                                     const nopad_sampling_params *params, const uint64_t *draws,
                                     const int32_t *history, const int32_t *cu_history, int want_logprobs) {
