@@ -60,11 +60,11 @@ void cuda_gemm_skinny_set_max_tokens(int32_t max_tokens) {
     knob_set_int(KNOB_SKINNY_MAX_TOKENS, clamp_skinny_tokens(max_tokens));
 }
 
-/* Up to this many tokens the gemv kernels beat the skinny GEMM on its own layers too: the
- * forward of one 8- or 16-token sequence, H100, MiniLM's shape 0.17-0.18 -> 0.13 ms and
- * BERT-base's 0.365 -> 0.29; at 24 tokens they tie (0.17-0.19 / 0.41-0.42 ms either way), and
- * SmolLM2's engine workload (64 requests) gains 8-11% (docs/gemm.md). */
-enum { GEMV_BEFORE_SKINNY = 16 };
+/* Up to this many tokens the gemv kernels take the skinny GEMM's layers too (H100, docs/gemm.md):
+ * the forward of one 8- or 16-token sequence of MiniLM's shape 0.17-0.18 -> 0.13 ms and of
+ * BERT-base's 0.365 -> 0.29; at 24 tokens MiniLM's 0.19 -> 0.17-0.18 and BERT-base's 0.41 -> 0.42;
+ * a decode step of SmolLM2's shape at 20-24 sequences 1.08-1.13 -> 0.80-0.81 ms. */
+enum { GEMV_BEFORE_SKINNY = 24 };
 
 int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out) {
     /* measured where it pays: BERT-family layers (one side <= 1024). On LLaMA-1B's layers (both
