@@ -471,7 +471,6 @@ __global__ void attention_combine_kernel(T *out, const float *ws, int n_heads, i
     }
 }
 
-
 template <typename T>
 __global__ void swiglu_kernel(T *out, const T *gate_up, int dim, size_t n) {
     allow_dependent_launch();
