@@ -446,6 +446,93 @@ static void test_decoder_ops(void **state) {
     }
 }
 
+/* A decode step of many sequences (more CTAs than 2.5 a SM: the paged attention's two-buffer
+ * kernel; test_decoder_ops's six sequences take the three-buffer one), plain and with RoPE and
+ * the KV store fused, against the CPU's rope_kv_store + attention_paged. */
+static void test_paged_attention_many(void **state) {
+    (void)state;
+    uint64_t rng = 77;
+    enum { B = 300, BS = 16 };
+    for (int di = 0; di < 2; di++) {
+        nopad_backend *gpu;
+        assert_nopad_ok(nopad_backend_cuda_create(DTYPES[di], 0, NULL, &gpu));
+        for (int hi = 0; hi < 2; hi++) {
+            const int32_t D = hi == 0 ? 64 : 80, NH = hi == 0 ? 8 : 9, KVH = hi == 0 ? 2 : 3, row = (NH + 2 * KVH) * D;
+            int32_t cu[B + 1], seqlen[B], max_k = 0;
+            cu[0] = 0;
+            for (int b = 0; b < B; b++) {
+                cu[b + 1] = b + 1;
+                seqlen[b] = 1 + (int32_t)(test_rand_u32(&rng) % 400);
+                if (seqlen[b] > max_k) max_k = seqlen[b];
+            }
+            const int32_t max_blocks = (max_k + BS - 1) / BS, n_blocks = B * max_blocks;
+            int32_t *table = malloc((size_t)n_blocks * sizeof *table), *pos = malloc(B * sizeof *pos),
+                    *slots = malloc(B * sizeof *slots);
+            for (int32_t i = 0; i < n_blocks; i++) table[i] = i; /* then shuffled */
+            for (int32_t i = n_blocks - 1; i > 0; i--) {
+                int32_t j = (int32_t)(test_rand_u32(&rng) % (uint32_t)(i + 1)), x = table[i];
+                table[i] = table[j];
+                table[j] = x;
+            }
+            for (int b = 0; b < B; b++) {
+                pos[b] = seqlen[b] - 1;
+                slots[b] = table[b * max_blocks + pos[b] / BS] * BS + pos[b] % BS;
+            }
+            const size_t cache_n = (size_t)n_blocks * BS * KVH * D;
+            float *qkv = rnd((size_t)B * row, -2, 2, &rng), *kc = rnd(cache_n, -2, 2, &rng), *vc = rnd(cache_n, -2, 2, &rng);
+            void *dqkv = test_to_device(gpu, qkv, (size_t)B * row), *dkc = test_to_device(gpu, kc, cache_n),
+                 *dvc = test_to_device(gpu, vc, cache_n);
+            float *r;
+            r = host_dtype(gpu, dqkv, (size_t)B * row), memcpy(qkv, r, (size_t)B * row * sizeof *r), free(r);
+            r = host_dtype(gpu, dkc, cache_n), memcpy(kc, r, cache_n * sizeof *r), free(r);
+            r = host_dtype(gpu, dvc, cache_n), memcpy(vc, r, cache_n * sizeof *r), free(r);
+            model_config cfg = {0};
+            cfg.head_size = D;
+            cfg.rope_theta = 10000.0f;
+            float inv[64];
+            decoder_rope_inv_freq(&cfg, inv);
+            void *dinv = dev_raw32(gpu, inv, (size_t)D / 2), *dcu = dev_raw32(gpu, cu, B + 1),
+                 *dseq = dev_raw32(gpu, seqlen, B), *dtable = dev_raw32(gpu, table, (size_t)n_blocks);
+            /* the GPU's fused op first, from the untouched inputs; then the two ops on both sides */
+            void *datt, *datt2;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)B * NH * D * 2, &datt));
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)B * NH * D * 2, &datt2));
+            const nopad_kv_batch hkv = {.n_seqs = B, .n_tokens = B, .max_q = 1, .max_k = max_blocks * BS,
+                                        .no_history = 0, .cu_q = cu, .seqlen_k = seqlen, .block_table = table,
+                                        .max_blocks = max_blocks, .block_size = BS};
+            nopad_kv_batch dkv = hkv;
+            dkv.cu_q = dcu;
+            dkv.seqlen_k = dseq;
+            dkv.block_table = dtable;
+            void *fqkv = test_to_device(gpu, qkv, (size_t)B * row), *fkc = test_to_device(gpu, kc, cache_n),
+                 *fvc = test_to_device(gpu, vc, cache_n);
+            const float scale = 1.0f / sqrtf((float)D);
+            poison_half(datt2, (size_t)B * NH * D);
+            assert_nopad_ok(gpu->attention_paged_rope(gpu, datt2, fqkv, fkc, fvc, &dkv, NH, KVH, D, scale, dinv));
+            void *dpos = dev_raw32(gpu, pos, B), *dslots = dev_raw32(gpu, slots, B);
+            assert_nopad_ok(gpu->rope_kv_store(gpu, dqkv, dkc, dvc, dpos, dslots, B, NH, KVH, D, dinv));
+            poison_half(datt, (size_t)B * NH * D);
+            assert_nopad_ok(gpu->attention_paged(gpu, datt, dqkv, dkc, dvc, &dkv, NH, KVH, D, scale));
+            assert_nopad_ok(cpu->rope_kv_store(cpu, qkv, kc, vc, pos, slots, B, NH, KVH, D, inv));
+            float *want = malloc((size_t)B * NH * D * sizeof *want);
+            assert_nopad_ok(cpu->attention_paged(cpu, want, qkv, kc, vc, &hkv, NH, KVH, D, scale));
+            char what[96];
+            float *got = host_dtype(gpu, datt, (size_t)B * NH * D);
+            snprintf(what, sizeof what, "attention_paged D=%d, %d sequences", D, B);
+            close_or_fail(what, di, got, want, (int64_t)B * NH, D);
+            free(got);
+            got = host_dtype(gpu, datt2, (size_t)B * NH * D);
+            snprintf(what, sizeof what, "attention_paged_rope D=%d, %d sequences", D, B);
+            close_or_fail(what, di, got, want, (int64_t)B * NH, D);
+            free(got);
+            void *bufs[] = {dqkv, dkc, dvc, dinv, dcu, dseq, dtable, datt, datt2, fqkv, fkc, fvc, dpos, dslots};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu->free(gpu, bufs[i]);
+            free(table); free(pos); free(slots); free(qkv); free(kc); free(vc); free(want);
+        }
+        gpu->destroy(gpu);
+    }
+}
+
 /* The golden prompts of fixture `name` (ids, cu [n_seqs + 1]; the caller frees both) and its
  * folder (a static buffer). */
 static const char *fixture_prompts(const char *name, int32_t **ids, int32_t **cu, int32_t *n_seqs) {
@@ -557,6 +644,7 @@ int main(void) {
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_ops),
+        cmocka_unit_test(test_paged_attention_many),
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_device_sampling),
         cmocka_unit_test(test_smollm2),

@@ -197,7 +197,7 @@ __global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32
  * one m16 tile of mma.sync, FlashAttention-2 style (mma.cu): S = Q·Kᵀ and O += P·V on tensor
  * cores, the online softmax in fp32 registers. Its four warps split the CTA's keys: each walks
  * every fourth 16-key tile, gathered from the paged cache through the block table with cp.async
- * into its own double buffer (no CTA-wide barrier in the loop), and keeps its own (max, sum, O);
+ * into its own two or three buffers (no CTA-wide barrier in the loop), and keeps its own (max, sum, O);
  * the four are merged through shared memory at the end. When few CTAs would face long histories
  * (decode at small batch), blockIdx.z also splits the keys across CTAs (flash-decoding): each
  * split writes (max, sum, unnormalised O) to the workspace and attention_combine_kernel merges
@@ -210,6 +210,12 @@ __global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32
  * head and writes K and V into the cache before its warps gather that tile — one launch a layer
  * fewer, and qkv is left as it came. */
 enum { PA_WARPS = 4, PA_THREADS = 32 * PA_WARPS, PA_KEYS = 16, PA_QV = 16 };
+/* A warp's K/V tile buffers: two, or three (two tiles in flight while it computes on one) where the
+ * grid is small enough that each CTA's own depth sets the bandwidth: at most 2.5 CTAs a SM, up to
+ * head size 96 (128 would take 108 KB a CTA). H100, a LLaMA-1B decode step, against two buffers:
+ * 8 x 2048 (2.2 CTAs a SM) 0.96-1.01 -> 0.93-0.98 ms, the SmolLM2 shape 16 x 256 (1.5) 0.79 ->
+ * 0.72-0.74; but 32 x 2048 (2.9) 1.59-1.60 -> 1.64-1.67 and 64 x 2048 (3.9) 2.06 -> 2.28. */
+static bool pa_three_stages(long ctas, int head_size) { return head_size <= 96 && 2 * ctas <= 5L * cuda_sm_count(); }
 
 struct paged_args {
     void *out;               /* [T, n_heads·D] */
@@ -224,15 +230,15 @@ struct paged_args {
     float scale_log2;        /* scale · log2(e) */
 };
 
-template <int D, bool BF16, bool ROPE_STORE>
+template <int D, bool BF16, bool ROPE_STORE, int STAGES>
 __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args a) {
     using E = typename std::conditional<BF16, __nv_bfloat16, __half>::type;
     constexpr int LDS = D + 8, DT = D / 8, KQ = D / 16, CH = D / 8, HALF = D / 2;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem;                                   /* [16][LDS] */
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    uint16_t *sK = sQ + PA_QV * LDS + warp * 4 * PA_KEYS * LDS; /* this warp's [2][16][LDS] */
-    uint16_t *sV = sK + 2 * PA_KEYS * LDS;                 /* [2][16][LDS] */
+    uint16_t *sK = sQ + PA_QV * LDS + warp * 2 * STAGES * PA_KEYS * LDS; /* this warp's [STAGES][16][LDS] */
+    uint16_t *sV = sK + STAGES * PA_KEYS * LDS;                          /* [STAGES][16][LDS] */
 
     const int t0 = blockIdx.x, split = blockIdx.z, n_splits = gridDim.z;
     const int G = a.n_heads / a.n_kv_heads, Gc = a.heads_per_cta;
@@ -352,15 +358,19 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
         const int qi = lane / 4 + r * 8;
         row_pos[r] = vector_ok(qi) ? pos0 + qi / Gc : -1; /* -1: a padding row, every key masked */
     }
+    /* the warp's tiles stream through its STAGES buffers: tile it + STAGES - 1 is requested as tile
+     * it is computed on (one commit group a tile, empty past the last, so the counts stay even) */
+#pragma unroll
+    for (int i = 1; i < STAGES - 1; i++) {
+        if (warp + i * PA_WARPS < n_tiles) load_tile(key_begin + (warp + i * PA_WARPS) * PA_KEYS, i);
+        cp_async_commit();
+    }
     for (int it = 0, j = warp; j < n_tiles; it++, j += PA_WARPS) {
-        const int buf = it & 1;
-        if (j + PA_WARPS < n_tiles) {
-            load_tile(key_begin + (j + PA_WARPS) * PA_KEYS, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait_group<1>();
-        } else {
-            cp_async_wait_group<0>();
-        }
+        const int buf = it % STAGES;
+        const int ahead = j + (STAGES - 1) * PA_WARPS;
+        if (ahead < n_tiles) load_tile(key_begin + ahead * PA_KEYS, (it + STAGES - 1) % STAGES);
+        cp_async_commit();
+        cp_async_wait_group<STAGES - 1>(); /* tile it has landed */
         __syncwarp();
         const uint16_t *k_s = sK + buf * PA_KEYS * LDS, *v_s = sV + buf * PA_KEYS * LDS;
         float s[2][4];
@@ -577,7 +587,7 @@ extern "C" nopad_status cuda_dec_rope_kv_store(nopad_dtype dtype, void *qkv, voi
 
 /* The launch shape of the paged attention for kv: query rows and heads per CTA, key splits. */
 typedef struct paged_plan {
-    int rows, heads_per_cta, chunks, splits;
+    int rows, heads_per_cta, chunks, splits, stages;
     size_t smem;
 } paged_plan;
 
@@ -604,8 +614,9 @@ static paged_plan plan_paged(const nopad_kv_batch *kv, int n_heads, int n_kv_hea
     if (want > most) want = most;
     if (want < 1) want = 1;
     p.splits = (int)want; /* the kernel shares each sequence's own keys among them */
+    p.stages = pa_three_stages(ctas * p.splits, head_size) ? 3 : 2;
     const size_t lds = (size_t)head_size + 8;
-    const size_t kv_bytes = (size_t)PA_WARPS * 4 * PA_KEYS * lds * 2;
+    const size_t kv_bytes = (size_t)PA_WARPS * 2 * p.stages * PA_KEYS * lds * 2;
     const size_t merge_bytes = (size_t)PA_WARPS * PA_QV * (2 + head_size) * sizeof(float);
     p.smem = (size_t)PA_QV * lds * 2 + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
     return p;
@@ -692,25 +703,28 @@ static nopad_status attention_t(void *out, const void *qkv, void *k_cache, void 
     a.scale_log2 = scale * 1.4426950408889634f;
     constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
     void (*kernel)(paged_args) = nullptr;
-#define PAGED_KERNEL(D) (rope_store ? paged_attention_kernel<D, BF16, true> : paged_attention_kernel<D, BF16, false>)
+#define PAGED_KERNEL(D, S) (rope_store ? paged_attention_kernel<D, BF16, true, S> : paged_attention_kernel<D, BF16, false, S>)
+#define PAGED_KERNELS(D) (p.stages == 3 ? PAGED_KERNEL(D, 3) : PAGED_KERNEL(D, 2))
     switch (head_size) {
-    case 32: kernel = PAGED_KERNEL(32); break;
-    case 48: kernel = PAGED_KERNEL(48); break;
-    case 64: kernel = PAGED_KERNEL(64); break;
-    case 80: kernel = PAGED_KERNEL(80); break;
-    case 96: kernel = PAGED_KERNEL(96); break;
-    default: kernel = PAGED_KERNEL(128); break;
+    case 32: kernel = PAGED_KERNELS(32); break;
+    case 48: kernel = PAGED_KERNELS(48); break;
+    case 64: kernel = PAGED_KERNELS(64); break;
+    case 80: kernel = PAGED_KERNELS(80); break;
+    case 96: kernel = PAGED_KERNELS(96); break;
+    default: kernel = PAGED_KERNEL(128, 2); break;
     }
+#undef PAGED_KERNELS
 #undef PAGED_KERNEL
     if (p.smem > 48 * 1024) {
         /* above 48 KB a kernel opts in, once per kernel and device (and so never inside a graph
          * capture after the first call) */
-        static int opted[2][6][CUDA_MAX_DEVICES];
+        static int opted[2][2][6][CUDA_MAX_DEVICES];
         const int slot = head_size / 16 - 2 < 6 ? head_size / 16 - 2 : 5, dev = cuda_current_device();
-        if (dev < 0 || !cuda_cache_load(&opted[rope_store][slot][dev])) {
+        int *once = &opted[rope_store][p.stages == 3][slot][dev < 0 ? 0 : dev];
+        if (dev < 0 || !cuda_cache_load(once)) {
             const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
             if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "cuda attention_paged: %s", cudaGetErrorString(e));
-            if (dev >= 0) cuda_cache_store(&opted[rope_store][slot][dev], 1);
+            if (dev >= 0) cuda_cache_store(once, 1);
         }
     }
     dim3 grid((unsigned)kv->n_tokens, (unsigned)(n_kv_heads * p.chunks), (unsigned)p.splits);
