@@ -197,8 +197,8 @@ __global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32
  * one m16 tile of mma.sync, FlashAttention-2 style (mma.cu): S = Q·Kᵀ and O += P·V on tensor
  * cores, the online softmax in fp32 registers. Its four warps split the CTA's keys: each walks
  * every fourth 16-key tile, gathered from the paged cache through the block table with cp.async
- * into its own two or three buffers (no CTA-wide barrier in the loop), and keeps its own (max, sum, O);
- * the four are merged through shared memory at the end. When few CTAs would face long histories
+ * into its own two or three buffers (no CTA-wide barrier in the loop), and keeps its own (max,
+ * sum, O); the four are merged through shared memory at the end. When few CTAs would face long histories
  * (decode at small batch), blockIdx.z also splits the keys across CTAs (flash-decoding): each
  * split writes (max, sum, unnormalised O) to the workspace and attention_combine_kernel merges
  * them. A split's keys are a share of its own sequence's keys, not of the step's longest: a recorded
