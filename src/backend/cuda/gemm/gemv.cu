@@ -127,8 +127,17 @@ template <bool BF16, int NT, int OUT, int NS> struct smem_layout {
     static constexpr int SMEM = (SLOTS_BYTES > PARTIAL_BYTES ? SLOTS_BYTES : PARTIAL_BYTES) + WARPS * NS * 8;
 };
 
+/* CTAs a SM the compiler must leave registers for. The two-slot kernels' 64 KB of shared memory
+ * let three CTAs share a SM, but SwiGLU's 24-token kernel took 98 registers a thread, room for two:
+ * LLaMA-1B's gate|up projection, 352 CTAs, then ran in 1.33 waves. Held to 80 registers (no
+ * spills), three fit, and its 16 layers at 17-24 tokens take 301-306 µs instead of 349-358 (H100,
+ * tools/gemv_bench). The other kernels stay as they are: at 17-24 tokens, three a SM made the qkv
+ * and o projections (128-160 CTAs) slower, 89 -> 119 and 86 -> 114 µs, and the LM head, which
+ * spills at 80 registers, 217 -> 240. Below 17 tokens SwiGLU takes fewer than 80 anyway. */
+template <int NT, int OUT, int NS> constexpr int gemv_min_ctas() { return OUT == OUT_SWIGLU && NS == 2 && NT == 3 ? 3 : 1; }
+
 template <bool BF16, int NT, int OUT, int NS>
-__global__ void __launch_bounds__(THREADS) gemv_kernel(const gemv_params p) {
+__global__ void __launch_bounds__(THREADS, gemv_min_ctas<NT, OUT, NS>()) gemv_kernel(const gemv_params p) {
     using S = smem_layout<BF16, NT, OUT, NS>;
     constexpr int SETS = S::SETS, KC = S::KC, ROW = S::ROW, SLOT = S::SLOT;
     extern __shared__ __align__(128) unsigned char smem[];
