@@ -206,9 +206,11 @@ __global__ void rope_kv_store_kernel(T *qkv, T *k_cache, T *v_cache, const int32
  * and fixed shares of that would leave half the splits empty and the other half twice as long.
  *
  * ROPE_STORE (decode steps: one new token per sequence) folds rope_kv_store in: each CTA turns its
- * query vectors in shared memory, and the split that holds the new token's position turns its K
- * head and writes K and V into the cache before its warps gather that tile — one launch a layer
- * fewer, and qkv is left as it came. */
+ * query vectors in shared memory; the split that holds the new token's position loads that
+ * token's K and V rows with Q, turns K in shared memory, writes both into the cache and copies
+ * them into the tile buffer that holds the position, so no warp gathers them back from the cache
+ * and every tile of earlier keys can be requested before the wait. One launch a layer fewer, and
+ * qkv is left as it came. */
 enum { PA_WARPS = 4, PA_THREADS = 32 * PA_WARPS, PA_KEYS = 16, PA_QV = 16 };
 /* A warp's K/V tile buffers: two, or three (two tiles in flight while it computes on one) where the
  * grid is small enough that each CTA's own depth sets the bandwidth: at most 2.5 CTAs a SM, up to
