@@ -251,8 +251,11 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
      * step's index arrays (uploaded before it) and the keys and values of earlier steps. */
     const int chunks = (G + Gc - 1) / Gc;
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * Gc, gc = min(Gc, G - g0);
-    const int b = sequence_of(a.cu_q, a.n_seqs, t0);
-    const int q0 = a.cu_q[b], n_new = a.cu_q[b + 1] - q0;
+    /* a decode step (ROPE_STORE) holds one token a sequence, so token t0 is sequence t0: no search
+     * through cu_q, whose dependent loads are on the critical path where the kernel ahead
+     * (cuBLASLt's, from 25 tokens) does not launch it early */
+    const int b = ROPE_STORE ? t0 : sequence_of(a.cu_q, a.n_seqs, t0);
+    const int q0 = ROPE_STORE ? t0 : a.cu_q[b], n_new = ROPE_STORE ? 1 : a.cu_q[b + 1] - q0;
     if ((t0 - q0) % a.rows != 0) return; /* not the first row of a group: another CTA's */
     const int n_rows = min(a.rows, q0 + n_new - t0);
     const int history = a.seqlen_k[b] - n_new;         /* keys stored before this step */
