@@ -258,7 +258,7 @@ static nopad_status cu_gemm_swiglu(nopad_backend *be, void *out, void *gate_up, 
                                    int32_t n_tokens, int32_t n_in, int32_t n_ffn) {
     CUDA_ENTER(be, s);
     if (n_tokens == 0) return NOPAD_OK;
-    if (cuda_gemm_gemv_wins(n_tokens, n_in, 2 * n_ffn)) {
+    if (cuda_gemm_gemv_swiglu_wins(n_tokens, n_in, n_ffn)) {
         nopad_status st = cuda_gemv_swiglu(be->dtype, out, x, w, n_tokens, n_in, n_ffn, s->stream);
         if (st != NOPAD_ERR_UNSUPPORTED) return st;
     }

@@ -83,6 +83,12 @@ int cuda_gemm_gemv_wins(int32_t n_tokens, int32_t n_in, int32_t n_out) {
            cuda_gemv_supported(n_tokens, n_in, n_out);
 }
 
+int cuda_gemm_gemv_swiglu_wins(int32_t n_tokens, int32_t n_in, int32_t n_ffn) {
+    if (cuda_gemm_gemv_wins(n_tokens, n_in, 2 * n_ffn)) return 1;
+    return cuda_gemv_max_tokens() > 0 && cuda_gemm_skinny_wins(n_tokens, n_in, 2 * n_ffn) &&
+           cuda_gemv_supported(n_tokens, n_in, 2 * n_ffn);
+}
+
 /* ---- the linear op --------------------------------------------------------------------------- */
 
 nopad_status cuda_gemm_linear(cuda_lt *lt, nopad_dtype dtype, void *out, const void *x, const void *w,

@@ -60,6 +60,12 @@ int cuda_gemm_skinny_wins(int32_t n_tokens, int32_t n_in, int32_t n_out);
  * shape the skinny GEMM does not take (a decoder's layers; docs/gemm.md has the measurements). */
 int cuda_gemm_gemv_wins(int32_t n_tokens, int32_t n_in, int32_t n_out);
 
+/* The same for LLaMA's gate and up projection with SwiGLU ([T, 2F] from w [2F, K]): also up to
+ * CUDA_GEMV_MAX_T tokens where the skinny GEMM would take the layer, because the gemv kernel
+ * applies SwiGLU in its epilogue and the skinny GEMM would need the [T, 2F] product stored and a
+ * SwiGLU kernel after it (SmolLM2's shape at 28-32 tokens 8% faster a step, docs/gemm.md). */
+int cuda_gemm_gemv_swiglu_wins(int32_t n_tokens, int32_t n_in, int32_t n_ffn);
+
 #ifdef __cplusplus
 }
 #endif
