@@ -373,8 +373,9 @@ __global__ void __launch_bounds__(PA_THREADS) paged_attention_kernel(paged_args 
         }
         if (holds_new) {
             /* into the cache (every head chunk of the split writes the same values; nothing in
-             * this kernel reads them back) and into the tile buffer that holds pos0 if it is this
-             * warp's first, gathered before the wait; later tiles fill it as they are loaded */
+             * this kernel reads them back) and into the tile buffer that holds pos0 if it is one
+             * of this warp's first STAGES tiles, requested above; later tiles fill it as they are
+             * loaded */
             const size_t slot = (size_t)blocks[pos0 / bs] * bs + pos0 % bs;
             for (int i = tid; i < 2 * CH; i += PA_THREADS) {
                 const int v = i / CH, c = i % CH;
