@@ -66,6 +66,7 @@ sys.path.insert(0, HERE)
 import engine_common as ec  # noqa: E402
 
 MODES = ("engine", "serial", "instances", "window")
+OVERLAP = {"auto": None, "on": True, "off": False}  # nopad.Engine's overlap_steps
 
 
 def draw(n, gap_ms, seed, vocab, prompt_range, out_range, poisson=True):
@@ -228,12 +229,12 @@ def flover(args, gen, out, save):
     modes = args.modes.split(",")
     t = time.perf_counter()
     eng = nopad.Engine(gen, kv_cache_tokens=n_max * kv_one, max_running=n_max, max_queue=n_max,
-                       max_step_tokens=args.max_step_tokens, prefix_sharing=False)
+                       max_step_tokens=args.max_step_tokens, prefix_sharing=False, overlap_steps=OVERLAP[args.overlap])
     serial = (nopad.Engine(gen, kv_cache_tokens=kv_one, max_running=1, max_queue=n_max,
-                           max_step_tokens=args.max_step_tokens, prefix_sharing=False)
+                           max_step_tokens=args.max_step_tokens, prefix_sharing=False, overlap_steps=OVERLAP[args.overlap])
               if "serial" in modes else None)
     instances = ([nopad.Engine(gen, kv_cache_tokens=kv_one, max_running=1, max_queue=2,
-                               max_step_tokens=args.instance_step_tokens, prefix_sharing=False)
+                               max_step_tokens=args.instance_step_tokens, prefix_sharing=False, overlap_steps=OVERLAP[args.overlap])
                   for _ in range(n_max)] if "instances" in modes else [])
     out["setup_s"] = {"engines_created": time.perf_counter() - t}
     rng = np.random.default_rng(args.seed)
@@ -328,7 +329,7 @@ def eviction(args, gen, out, save):
     pr = args.prompt_range
     kv = n * (pr[1] + max(Ls) + 32)
     with nopad.Engine(gen, kv_cache_tokens=kv, max_running=n, max_queue=n, max_step_tokens=args.max_step_tokens,
-                      prefix_sharing=False) as eng:
+                      prefix_sharing=False, overlap_steps=OVERLAP[args.overlap]) as eng:
         _, wp, _ = draw(n, args.gap_ms, args.seed, V, pr, (128, max(Ls)), poisson=False)
         t = time.perf_counter()
         warm(eng, [(p, max(Ls) - 8 * i) for i, p in enumerate(wp)])  # every batch size, every width
@@ -434,6 +435,8 @@ def main():
     ap.add_argument("--requests", type=int, default=None, help="flover: 64; eviction: 32")
     ap.add_argument("--requests-per-gap", help='e.g. "1000:32,5000:16": fewer requests at those gaps')
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--overlap", default="auto", choices=sorted(OVERLAP),
+                    help="every engine: step n+1 planned and queued before step n's ids are back (auto: on CUDA)")
     ap.add_argument("--window-s", type=float, default=2.0)
     ap.add_argument("--instance-step-tokens", type=int, default=512,
                     help="max_step_tokens (workspace) of each independent instance")

@@ -52,8 +52,9 @@ def run_nopad(args, gen, n, prompts, outs):
     import nopad
     kv = sum(len(p) + o for p, o in zip(prompts, outs)) + 16 * n
     runs = []
+    overlap = {"auto": None, "on": True, "off": False}[args.overlap]
     with nopad.Engine(gen, kv_cache_tokens=kv, max_running=n, max_queue=n, max_step_tokens=4096,
-                      prefix_sharing=False) as eng:
+                      prefix_sharing=False, overlap_steps=overlap) as eng:
         for rep in range(args.reps + 1):
             s0 = eng.stats()
             t0 = time.perf_counter()
@@ -162,6 +163,8 @@ def main():
     ap.add_argument("--peer-reps", type=int, default=2, help="timed runs of a peer at most")
     ap.add_argument("--budget-s", type=float, default=570, help="the whole run's time budget")
     ap.add_argument("--folder", help="the checkpoint folder (default /tmp/nopad_dec_<shape>)")
+    ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"],
+                    help="nopad: step n+1 planned and queued before step n's ids are back (auto: on CUDA)")
     args = ap.parse_args()
     t_start = time.time()
     os.environ["NOPAD_LIBRARY"] = os.path.abspath(args.library)

@@ -507,6 +507,10 @@ typedef struct nopad_engine_params {
     int32_t max_queue;       /* requests submitted and not yet admitted; one more is refused with
                                 NOPAD_ERR_QUEUE_FULL. default 1024 */
     int prefix_sharing;      /* 1: share the KV blocks of equal prompt prefixes; default 1 */
+    int overlap_steps;       /* 1: plan and queue step n+1 before step n's ids are back, so the
+                                device never waits for the host between steps; 0: take them
+                                first; < 0 (default): 1 where the device samples (CUDA), 0 where
+                                the host does (CPU: there it would only hold each id back a step) */
 } nopad_engine_params;
 nopad_engine_params nopad_engine_default_params(void);
 

@@ -38,6 +38,9 @@
 #                            560; DEBERTA_ARGS appends)
 #        (ENGINE_ARGS, FLOVER_ARGS, ... append to or override a stage's arguments; PNGs by
 #        bench/plot_flover.py beside the JSON when matplotlib is there, else plot here)
+#        ab-overlap (workloads 4 and 1 with the engine's step overlap off and on, one library,
+#        alternated twice), profile-engine (bench/engine_profile.py: device spans and host gaps of a
+#        throughput run, overlap off and on),
 #        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64", of
 #        the PROFILE_SHAPE, default 1b (or smollm2);
 #        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
@@ -208,6 +211,50 @@ for step in $STEPS; do
         [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
         timeout 590 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
             --out "$OUT/dec.json" ${DEC_ARGS:-} 2>&1 | tee "$OUT/dec.log" || status=1
+        ;;
+    ab-overlap)
+        # issue 22's throughput workloads with the engine's step overlap off and on (one library),
+        # alternated twice; AB_ENGINE: SHAPE:REQUESTS pairs (default workload 4, then 1)
+        for w in ${AB_ENGINE:-smollm2:64 1b:32}; do
+            for round in 1 2; do
+                for mode in off on; do
+                    f="$OUT/ab_overlap_${w%%:*}_${mode}_$round"
+                    timeout 150 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" --shape "${w%%:*}" \
+                        --requests "${w##*:}" --peers none --reps 2 --overlap $mode --out "$f.json" > "$f.log" 2>&1 || status=1
+                    echo "== $w overlap $mode round $round: $(grep -E '^# nopad .* rep ' "$f.log" | sed 's/^# nopad //' | tr '\n' ' ')"
+                done
+            done
+        done
+        ;;
+    ab-flover)
+        # workload 2's engine alone at gaps 5, 20, 50 ms, the step overlap off and on, alternated twice
+        for round in 1 2; do
+            for mode in off on; do
+                f="$OUT/ab_flover_${mode}_$round"
+                timeout 200 python3 "$ROOT/bench/engine_arrivals.py" flover --gaps 5,20,50 --requests 64 --modes engine \
+                    --overlap $mode --library "$BUILD/libnopad.so" --budget-s 180 --out "$f.json" > "$f.log" 2>&1 || status=1
+                echo "== flover overlap $mode round $round:"; grep -E '^# gap' "$f.log" | sed 's/^/   /'
+            done
+        done
+        ;;
+    profile-engine)
+        # where a throughput run's wall time goes on the device (bench/engine_profile.py), overlap
+        # off and on; PROFILE_ENGINE: SHAPE:REQUESTS pairs
+        for w in ${PROFILE_ENGINE:-1b:32 smollm2:64}; do
+            for mode in off on; do
+                f="$OUT/engine_profile_${w%%:*}_${w##*:}_$mode"
+                timeout 200 python3 "$ROOT/bench/engine_profile.py" --library "$BUILD/libnopad.so" --shape "${w%%:*}" \
+                    --requests "${w##*:}" --overlap $mode --out "$f.json" > "$f.log" 2>&1 || status=1
+                python3 - "$f.json" <<'PY' || tail -5 "$f.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("== %s x%d overlap %s: plain %s s, profiled %.3f s; device spans %.3f s + gaps %.3f s over %d steps" % (
+    r["shape"], r["requests"], r["overlap"], r["wall_s_plain"], r["wall_s_profiled"], r["span_s_sum"], r["gap_s_sum"], r["steps"]))
+for g in r["groups"]:
+    print("   %5d tokens: %4d steps, span %7.1f us, gap %6.1f us (median)" % (g["tokens"], g["steps"], g["span_us_median"], g["gap_us_median"] or -1))
+PY
+            done
+        done
         ;;
     engine)
         timeout 300 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" \

@@ -245,9 +245,9 @@ static void test_decoder_ops(void **state) {
             void *dout32;
             assert_nopad_ok(gpu->alloc(gpu, (size_t)T * dim * 4, &dout32));
             for (int with_pos = 0; with_pos < 2; with_pos++) {
-                assert_nopad_ok(gpu->embed_tokens(gpu, dout32, dtok, with_pos ? dpos : NULL, T, V, P, dword,
+                assert_nopad_ok(gpu->embed_tokens(gpu, dout32, dtok, NULL, with_pos ? dpos : NULL, T, V, P, dword,
                                                   with_pos ? dposemb : NULL, dim));
-                assert_nopad_ok(cpu->embed_tokens(cpu, want, tokens, with_pos ? positions : NULL, T, V, P, word,
+                assert_nopad_ok(cpu->embed_tokens(cpu, want, tokens, NULL, with_pos ? positions : NULL, T, V, P, word,
                                                   with_pos ? pos : NULL, dim));
                 float *got = host_raw32(dout32, (size_t)T * dim);
                 snprintf(what, sizeof what, "embed_tokens%s", with_pos ? " + positions" : "");

@@ -1,8 +1,11 @@
 /* The engine (src/engine/) on the CPU backend: requests arriving from many threads at random
  * times give, greedy and seeded, the same tokens as each alone (nopad_generate on a context of its
- * own); cancellations, pool exhaustion (preemption and recomputation) and prefix sharing change
- * nothing in any output; the pool comes back whole; bad input is refused at submit with a clear
- * status. The block manager and the stop-string filter are tested on their own first. With
+ * own); stop ids end them where the alone output has them; cancellations, pool exhaustion
+ * (preemption and recomputation) and prefix sharing change nothing in any output; the pool comes
+ * back whole; bad input is refused at submit with a clear status. The load tests run twice: with
+ * the CPU's default of taking each step's ids before planning the next, and with the overlap the
+ * CUDA backend uses (step n+1 planned and launched before step n's ids are back: placeholders
+ * filled in from step n's sampling, rows of requests that step n ends dropped). The block manager and the stop-string filter are tested on their own first. With
  * NOPAD_SMOLLM2_GGUF (skipped without it): text prompts, streamed text, stop strings, and
  * random arrivals on a real model. */
 #include <math.h>
@@ -20,6 +23,15 @@
 #include "testutil.h"
 
 enum { MAX_IDS = 512 };
+
+/* A test's engine parameters: the defaults, with the overlap its cmocka state names (NULL: the
+ * backend's default, which on the CPU takes each step's ids before planning the next). */
+static int OVERLAP_ON = 1;
+static nopad_engine_params test_params(void **state) {
+    nopad_engine_params ep = nopad_engine_default_params();
+    if (state && *state) ep.overlap_steps = *(const int *)*state;
+    return ep;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -210,6 +222,7 @@ typedef struct job {
     nopad_sampling_params sampling;
     fate fate;
     int32_t cancel_after;                 /* CANCEL_WHILE_READING / BY_ID: ids read first */
+    int32_t stop_id;                      /* >= 0: a stop id (greedy KEEP jobs), from the alone output */
     int use_callback;
     uint32_t delay_us;                    /* before its submission */
     nopad_request *r;
@@ -249,6 +262,10 @@ static void submit_job(job *j) {
     p.max_tokens = j->max_tokens;
     p.ignore_eos = 1;
     p.sampling = j->sampling;
+    if (j->stop_id >= 0) {
+        p.stop_ids = &j->stop_id;
+        p.n_stop_ids = 1;
+    }
     if (j->use_callback) {
         p.on_token = on_token;
         p.user = j;
@@ -379,7 +396,7 @@ static void check_ids(const char *what, int k, const job *j, checker *c, int32_t
 static void check_job(const char *what, int k, const job *j, checker *c) {
     if (j->fate == FREE_UNREAD) return;
     if (j->fate == KEEP) {
-        assert_int_equal(j->finish, NOPAD_FINISH_LENGTH);
+        assert_int_equal(j->finish, j->stop_id >= 0 ? NOPAD_FINISH_STOP : NOPAD_FINISH_LENGTH);
         check_ids(what, k, j, c, j->n_want);
     } else { /* what came before the cancellation is the same; it may have finished first */
         assert_true(j->finish == NOPAD_FINISH_CANCELLED || j->finish == NOPAD_FINISH_LENGTH);
@@ -445,6 +462,14 @@ static job *make_jobs(int n, nopad_engine *e, nopad_context *alone, int32_t voca
             j->cancel_after = 1 + (int32_t)(test_rand_u32(rng) % 3);
         }
         j->n_want = generate_alone(alone, j->prompt, j->n_prompt, j->max_tokens, &j->sampling, j->want);
+        j->stop_id = -1;
+        if (k % 7 == 4 && j->fate == KEEP && j->sampling.temperature == 0 && j->n_want >= 2) {
+            /* it ends at the first time its alone output has that id, the id delivered */
+            j->stop_id = j->want[j->n_want / 2];
+            int32_t first = 0;
+            while (j->want[first] != j->stop_id) first++;
+            j->n_want = first + 1;
+        }
     }
     return jobs;
 }
@@ -470,7 +495,7 @@ static void test_random_arrivals(void **state) {
     assert_nopad_ok(nopad_model_get_info(m, &info));
     nopad_context *alone;
     assert_nopad_ok(nopad_context_create(m, NULL, &alone));
-    nopad_engine_params ep = nopad_engine_default_params();
+    nopad_engine_params ep = test_params(state);
     ep.max_step_tokens = 64; /* prompts up to 100 ids come in chunks */
     ep.max_running = 24;
     nopad_engine *e;
@@ -487,11 +512,18 @@ static void test_random_arrivals(void **state) {
                           count_fate(jobs, N_JOBS, CANCEL_BY_ID, NOPAD_FINISH_CANCELLED);
     assert_true(count_fate(jobs, N_JOBS, CANCEL_AT_SUBMIT, NOPAD_FINISH_CANCELLED) > 0);
     int64_t tokens = 0;
-    for (int k = 0; k < N_JOBS; k++) tokens += jobs[k].n_got;
-    printf("  llama_gqa, %d requests from %d threads: %lld tokens in %.2f s over %lld steps, %d "
-           "cancelled in flight (+%d freed unread), %lld preemptions, %lld prompt tokens shared, "
-           "%d sampled outputs parted at a boundary draw; pool after: %d used, %d cached of %d\n",
-           N_JOBS, N_THREADS, (long long)tokens, seconds, (long long)st.steps, cancelled,
+    int stopped = 0;
+    for (int k = 0; k < N_JOBS; k++) {
+        tokens += jobs[k].n_got;
+        stopped += jobs[k].stop_id >= 0;
+    }
+    assert_true(stopped > 0);
+    printf("  llama_gqa, %d requests from %d threads%s: %lld tokens in %.2f s over %lld steps, %d "
+           "ended by a stop id, %d cancelled in flight (+%d freed unread), %lld preemptions, %lld "
+           "prompt tokens shared, %d sampled outputs parted at a boundary draw; pool after: %d "
+           "used, %d cached of %d\n",
+           N_JOBS, N_THREADS, ep.overlap_steps > 0 ? ", steps overlapped" : "", (long long)tokens,
+           seconds, (long long)st.steps, stopped, cancelled,
            count_fate(jobs, N_JOBS, FREE_UNREAD, NOPAD_FINISH_CANCELLED), (long long)st.preemptions,
            (long long)st.prompt_tokens_shared, c.near_boundary, st.kv_blocks_used,
            st.kv_blocks_cached, st.kv_blocks_total);
@@ -509,7 +541,7 @@ static void test_pool_exhaustion(void **state) {
     assert_nopad_ok(nopad_model_get_info(m, &info));
     nopad_context *alone;
     assert_nopad_ok(nopad_context_create(m, NULL, &alone));
-    nopad_engine_params ep = nopad_engine_default_params();
+    nopad_engine_params ep = test_params(state);
     ep.max_step_tokens = 48;
     ep.kv_cache_tokens = 160; /* 20 blocks of 8: a request holds up to 16 */
     ep.kv_block_size = 8;
@@ -539,10 +571,10 @@ enum { PREFIX = 70, N_SHARERS = 12 };
 
 /* Runs one request first (its prompt blocks get published), then the others at once; returns the
  * engine's counters. out[k] receives request k's ids. */
-static nopad_engine_stats run_sharers(nopad_model *m, int sharing, int32_t prompts[][PREFIX + 20],
-                                      const int32_t *lengths, int32_t out[][32],
-                                      int32_t *shared_per_request) {
-    nopad_engine_params ep = nopad_engine_default_params();
+static nopad_engine_stats run_sharers(void **state, nopad_model *m, int sharing,
+                                      int32_t prompts[][PREFIX + 20], const int32_t *lengths,
+                                      int32_t out[][32], int32_t *shared_per_request) {
+    nopad_engine_params ep = test_params(state);
     ep.prefix_sharing = sharing;
     ep.max_step_tokens = 128;
     nopad_engine *e;
@@ -598,8 +630,8 @@ static void test_prefix_sharing(void **state) {
         for (int i = PREFIX; i < lengths[k]; i++)
             prompts[k][i] = k == 1 ? prompts[0][i] : (int32_t)(test_rand_u32(&rng) % (uint32_t)info.vocab_size);
     }
-    const nopad_engine_stats s_on = run_sharers(m, 1, prompts, lengths, on, shared_on);
-    const nopad_engine_stats s_off = run_sharers(m, 0, prompts, lengths, off, shared_off);
+    const nopad_engine_stats s_on = run_sharers(state, m, 1, prompts, lengths, on, shared_on);
+    const nopad_engine_stats s_off = run_sharers(state, m, 0, prompts, lengths, off, shared_off);
     const nopad_sampling_params greedy = nopad_sampling_default_params();
     for (int k = 0; k < N_SHARERS; k++) {
         int32_t want[32];
@@ -852,7 +884,7 @@ static void test_smollm2(void **state) {
     const nopad_tokenizer *tok = nopad_model_tokenizer(m);
     nopad_model_info info;
     assert_nopad_ok(nopad_model_get_info(m, &info));
-    nopad_engine_params ep = nopad_engine_default_params();
+    nopad_engine_params ep = test_params(state);
     ep.max_step_tokens = 256;
     ep.kv_cache_tokens = 4096;
     nopad_engine *e;
@@ -918,10 +950,14 @@ int main(void) {
         cmocka_unit_test(test_kv_blocks),
         cmocka_unit_test(test_stop_text),
         cmocka_unit_test(test_random_arrivals),
+        cmocka_unit_test_prestate(test_random_arrivals, &OVERLAP_ON),
         cmocka_unit_test(test_pool_exhaustion),
+        cmocka_unit_test_prestate(test_pool_exhaustion, &OVERLAP_ON),
         cmocka_unit_test(test_prefix_sharing),
+        cmocka_unit_test_prestate(test_prefix_sharing, &OVERLAP_ON),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_smollm2),
+        cmocka_unit_test_prestate(test_smollm2, &OVERLAP_ON),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -140,7 +140,8 @@ class EngineParams(ctypes.Structure):
                 ("kv_cache_tokens", ctypes.c_int32),
                 ("kv_block_size", ctypes.c_int32),
                 ("max_queue", ctypes.c_int32),
-                ("prefix_sharing", ctypes.c_int)]
+                ("prefix_sharing", ctypes.c_int),
+                ("overlap_steps", ctypes.c_int)]
 
 
 # nopad_request_fn: void (*)(void *user, uint64_t id, int32_t token, const char *text, int finish)

@@ -38,7 +38,8 @@ class Engine:
                  dtype: Optional[str] = None, kv_cache_tokens: Optional[int] = None,
                  max_step_tokens: Optional[int] = None, max_running: Optional[int] = None,
                  max_queue: Optional[int] = None, kv_block_size: Optional[int] = None,
-                 prefix_sharing: bool = True, threads: int = 0):
+                 prefix_sharing: bool = True, threads: int = 0,
+                 overlap_steps: Optional[bool] = None):
         """Starts an engine on `model`: a :class:`Generator` (whose loaded weights it shares;
         it must stay open while the engine runs) or a GGUF file / model folder (loaded here,
         with `device`, `dtype` and `threads`; closed with the engine).
@@ -52,6 +53,8 @@ class Engine:
                 :class:`QueueFullError` (default 1024).
             kv_block_size: tokens per KV block, the unit of sharing (default 16).
             prefix_sharing: share the KV blocks of equal prompt prefixes.
+            overlap_steps: plan and queue step n+1 before step n's ids are back (None: where
+                the device samples, i.e. on CUDA; on the CPU it only holds each id back a step).
         """
         self._handle: Optional[Handle] = None
         self._own_generator = not isinstance(model, Generator)
@@ -71,6 +74,8 @@ class Engine:
         if kv_block_size is not None:
             p.kv_block_size = _int_arg(kv_block_size, "kv_block_size", 1)
         p.prefix_sharing = 1 if prefix_sharing else 0
+        if overlap_steps is not None:
+            p.overlap_steps = 1 if overlap_steps else 0
         out = ctypes.c_void_p()
         try:
             with self.generator._use() as m:

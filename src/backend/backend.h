@@ -385,10 +385,13 @@ struct nopad_backend {
     /* ---- decoder ops (NULL where the backend has none yet) ---------------------------------- */
     /* The residual stream of a decoder is float32 on every backend (h32, x32 below): rounding it
      * to half precision after every layer costs about 1e-2 relative error over 30 layers. */
-    /* out32[T, dim] = word[tokens[t]] (+ pos[positions[t]] when pos is not NULL); ids outside
-     * [0, vocab_size) or positions outside [0, n_positions) give a NaN row. */
+    /* out32[T, dim] = word[tokens[t]] (+ pos[positions[t]] when pos is not NULL); a token
+     * t < 0 stands for feed[-1 - t] (the ids the step before sampled, still on the device: the
+     * next step is launched before they come back; feed may be NULL when no token is negative);
+     * ids outside [0, vocab_size) or positions outside [0, n_positions) give a NaN row. */
     nopad_status (*embed_tokens)(nopad_backend *be, float *out32, const int32_t *tokens,
-                                 const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
+                                 const int32_t *feed, const int32_t *positions, int32_t n_tokens,
+                                 int32_t vocab_size,
                                  int32_t n_positions, const void *word, const void *pos,
                                  int32_t dim);
     /* out[T, dim] = LayerNorm(x32)·w + b (b may be NULL) or, rms, x32 / sqrt(mean(x32²) + eps)·w. */
@@ -457,10 +460,13 @@ struct nopad_backend {
     /* sample in two halves, where the backend can leave the work running: sample_begin queues it
      * (the inputs are read before it returns) and returns; sample_wait(n) waits for its n ids
      * (and their log-probabilities when sample_begin was asked for them) and checks them as sample
-     * does. Nothing else may run on the backend in between. NULL: only sample. */
+     * does. In between, only work queued behind the sampling may run on the backend (the next
+     * step's forward). The ids also land in ids_out[n] on the device (the next step's feed; NULL:
+     * not kept). NULL: only sample. */
     nopad_status (*sample_begin)(nopad_backend *be, float *logits32, int32_t n, int32_t vocab,
                                  const nopad_sampling_params *params, const uint64_t *draws,
-                                 const int32_t *history, const int32_t *cu_history, int want_logprobs);
+                                 const int32_t *history, const int32_t *cu_history, int want_logprobs,
+                                 int32_t *ids_out);
     nopad_status (*sample_wait)(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n);
 };
 

@@ -1,14 +1,22 @@
 /* The engine: its thread runs
  *
  *   loop { take new requests (sleeping while there is nothing to do), end cancelled ones,
- *          plan the step (scheduler.h), pack it, launch it (decoder_step_launch, sampling included),
- *          deliver the ids of the step before while the device runs this one (text, stop strings,
- *          callbacks; retire finished requests), wait for this step's ids and append each to its
- *          request: the next plan needs them, their delivery waits for the next launch }
+ *          plan step n+1 (scheduler.h), pack it and queue its forward (decoder_forward_launch)
+ *          while step n still runs; wait for step n's ids and append each to its request; queue
+ *          step n+1's sampling; deliver step n's ids while the device runs step n+1 (text, stop
+ *          strings, callbacks; retire finished requests) }
+ *
+ * Step n+1 is planned before step n's ids are back: a request whose id is on its way brings it
+ * as a placeholder that the device fills in from step n's sampling (decoder.h), so the device
+ * need not wait for the host between steps. Only a decode-only step n+1 (a graph replay) is
+ * queued before step n's ids are taken; one with prompt chunks takes them first (see
+ * engine_main). Where the backend samples on the host (the CPU), the overlap gains nothing and by
+ * default step n's ids are taken before step n+1 is planned (nopad_engine_params.overlap_steps).
  *
  * An id's own ends (a stop id, EOS, max_tokens) are judged when it arrives, so a request they end
- * is never planned again; a stop string is seen only in the delivery, by then the request may be
- * in the running step, and that step's id for it is dropped.
+ * is not planned again (a request whose coming id reaches max_tokens is not planned either); a
+ * stop id, EOS or stop string may end a request that a launched step holds already, and that
+ * step's id for it is dropped.
  *
  * over a context of its own, whose KV pool it manages through kv_blocks; and the public
  * functions that create it, submit to it, cancel in it, read its counters and free it. */
@@ -24,6 +32,18 @@
 
 enum { RATE_STEPS = 64 }; /* steps remembered for tokens_per_s */
 
+/* A launched step until its ids are taken: the plan it runs and the arrays its output fills. */
+typedef struct launched_step {
+    sched_item *items;               // [R] the plan
+    int32_t n, n_tokens;             // rows and tokens
+    int32_t *ids;                    // [R] sampled
+    float *logprobs;                 // [R] their log-probabilities (steps with a row asking)
+    nopad_sampling_params *sampling; // [R]
+    uint64_t *draws;                 // [R]
+    decoder_output out;
+    double t_launch;                 // seconds (request_now)
+} launched_step;
+
 struct nopad_engine {
     nopad_model *model;
     nopad_context *ctx;
@@ -35,21 +55,23 @@ struct nopad_engine {
     pthread_t thread;
     int thread_started;
 
-    /* one step's host arrays, for max_running requests and max_step_tokens tokens */
+    /* a step's packed arrays, for max_running requests and max_step_tokens tokens (read before
+     * its launch returns) */
     int32_t max_blocks;                 // blocks of one request at most (the model's context)
     int32_t *cu_q, *tokens, *seqlen_k;  // [R + 1], [T], [R]
     int32_t *table;                     // [R, max_blocks]
-    int32_t *ids;                       // [R] sampled
-    float *logprobs;                    // [R] their log-probabilities (steps with a row asking)
-    nopad_sampling_params *sampling;    // [R]
-    uint64_t *draws;                    // [R]
     int32_t *history, *cu_history;      // repetition penalty: [sum of histories], [R + 1]
     size_t history_cap;
+    /* two launched steps at most: one whose ids are coming, one queued behind it */
+    launched_step steps[2];
+    int next_slot;                      // the one the next launch uses
+    launched_step *in_flight;           // the step whose ids are coming, or NULL
+    int overlap;                        // step n+1 is launched before step n's ids are taken
+    double last_taken;                  // when the last step's ids were taken (step times)
     char *text;                         // a token's released text
     size_t text_len, text_cap;
     request **pending;                  // [R] requests whose newest id awaits delivery (a reference each)
     int32_t n_pending;
-    int last_decode_only;               // the last step was one new token per request (a graph replay)
 
     /* counters, under stats_lock */
     pthread_mutex_t stats_lock;
@@ -61,16 +83,23 @@ struct nopad_engine {
 
 nopad_engine_params nopad_engine_default_params(void) {
     nopad_engine_params p = {.max_step_tokens = 2048, .max_running = 256, .kv_cache_tokens = 0,
-                             .kv_block_size = 0, .max_queue = 1024, .prefix_sharing = 1};
+                             .kv_block_size = 0, .max_queue = 1024, .prefix_sharing = 1,
+                             .overlap_steps = -1};
     return p;
 }
 
 /* ---- the engine thread ---------------------------------------------------------------------- */
 
 /* The request leaves the engine: blocks back to the pool, out of the lists, the engine's
- * reference dropped. */
+ * reference dropped; while a launched step holds it, only the first two, the rest when that
+ * step's ids are taken. (Its blocks may go to a request of a later step at once: the device runs
+ * steps in order.) */
 static void retire(nopad_engine *e, request *r) {
     scheduler_remove(&e->sched, r);
+    if (r->in_step > 0) {
+        r->ended = 1;
+        return;
+    }
     if (r->retired) return;
     r->retired = 1;
     request_queue_retire(&e->queue, r);
@@ -164,27 +193,24 @@ static nopad_finish_reason judge_token(nopad_engine *e, request *r, nopad_finish
     return finish;
 }
 
-/* The packed step of the plan: its arrays, the histories where a repetition penalty reads them. */
-static nopad_status pack_step(nopad_engine *e, decoder_batch *batch, decoder_output *out) {
+/* Packs the planned step (s->step) into the step arrays: each request's new tokens, the id still
+ * on its way from the step before as its placeholder (-1 - its row there). */
+static decoder_batch pack_step(nopad_engine *e) {
     const scheduler *s = &e->sched;
     const int32_t B = s->n_step;
     int32_t max_blocks = 1, T = 0;
-    size_t history = 0;
-    int penalty = 0, want_logprobs = 0;
     e->cu_q[0] = 0;
     for (int32_t b = 0; b < B; b++) {
         const request *r = s->step[b].r;
         const int32_t n = s->step[b].n_new;
-        memcpy(e->tokens + T, r->tokens + r->n_computed, (size_t)n * sizeof *e->tokens);
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t p = r->n_computed + i;
+            e->tokens[T + i] = p < r->n_tokens ? r->tokens[p] : -1 - r->inflight_row;
+        }
         T += n;
         e->cu_q[b + 1] = T;
         e->seqlen_k[b] = r->n_computed + n;
         if (r->n_blocks > max_blocks) max_blocks = r->n_blocks;
-        e->sampling[b] = r->sampling;
-        e->draws[b] = (uint64_t)(r->n_tokens - r->n_prompt); /* the index of the id it samples */
-        penalty |= r->sampling.repetition_penalty != 1.0f;
-        want_logprobs |= r->logprobs != NULL;
-        history += (size_t)e->seqlen_k[b];
     }
     for (int32_t b = 0; b < B; b++) {
         const request *r = s->step[b].r;
@@ -192,11 +218,26 @@ static nopad_status pack_step(nopad_engine *e, decoder_batch *batch, decoder_out
         memcpy(row, r->blocks, (size_t)r->n_blocks * sizeof *row);
         memset(row + r->n_blocks, 0, (size_t)(max_blocks - r->n_blocks) * sizeof *row);
     }
-    *batch = (decoder_batch){.n_seqs = B, .cu_q = e->cu_q, .tokens = e->tokens,
-                             .seqlen_k = e->seqlen_k, .block_table = e->table,
-                             .max_blocks = max_blocks, .all_logits = 0};
-    *out = (decoder_output){.ids = e->ids, .params = e->sampling, .draws = e->draws,
-                            .logprobs = want_logprobs ? e->logprobs : NULL};
+    return (decoder_batch){.n_seqs = B, .cu_q = e->cu_q, .tokens = e->tokens, .seqlen_k = e->seqlen_k,
+                           .block_table = e->table, .max_blocks = max_blocks, .all_logits = 0};
+}
+
+/* What the sampling of launched step `l` reads, built once the step before's ids are in (they
+ * set each row's draw index and its history): parameters, draw counters, histories where a
+ * repetition penalty reads them. */
+static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
+    size_t history = 0;
+    int penalty = 0, want_logprobs = 0;
+    for (int32_t b = 0; b < l->n; b++) {
+        const request *r = l->items[b].r;
+        l->sampling[b] = r->sampling;
+        l->draws[b] = (uint64_t)(r->n_tokens - r->n_prompt); /* the index of the id it samples */
+        penalty |= r->sampling.repetition_penalty != 1.0f;
+        want_logprobs |= r->logprobs != NULL;
+        history += (size_t)l->items[b].computed_after;
+    }
+    l->out = (decoder_output){.ids = l->ids, .params = l->sampling, .draws = l->draws,
+                              .logprobs = want_logprobs ? l->logprobs : NULL};
     if (!penalty) return NOPAD_OK;
     if (history > e->history_cap) {
         int32_t *h = realloc(e->history, history * sizeof *h);
@@ -205,15 +246,18 @@ static nopad_status pack_step(nopad_engine *e, decoder_batch *batch, decoder_out
         e->history = h;
         e->history_cap = history;
     }
-    /* each row's history: every id of its sequence up to and with this step's */
+    /* each row's history: every id of its sequence up to and with this step's (all known now but
+     * for a request that ended meanwhile, whose row is dropped) */
     e->cu_history[0] = 0;
-    for (int32_t b = 0; b < B; b++) {
-        const request *r = s->step[b].r;
-        memcpy(e->history + e->cu_history[b], r->tokens, (size_t)e->seqlen_k[b] * sizeof(int32_t));
-        e->cu_history[b + 1] = e->cu_history[b] + e->seqlen_k[b];
+    for (int32_t b = 0; b < l->n; b++) {
+        const request *r = l->items[b].r;
+        int32_t n = l->items[b].computed_after;
+        if (n > r->n_tokens) n = r->n_tokens;
+        memcpy(e->history + e->cu_history[b], r->tokens, (size_t)n * sizeof(int32_t));
+        e->cu_history[b + 1] = e->cu_history[b] + n;
     }
-    out->history = e->history;
-    out->cu_history = e->cu_history;
+    l->out.history = e->history;
+    l->out.cu_history = e->cu_history;
     return NOPAD_OK;
 }
 
@@ -232,87 +276,118 @@ static void note_step(nopad_engine *e, double t0, double t1, int64_t generated, 
 }
 
 /* Delivers the ids waiting in e->pending: text, stop strings, the reader's stream. A request that
- * ends here leaves at once, unless it is in the running step: then it leaves when the step ends,
- * and that step's id for it is dropped. */
+ * ends here leaves (retire: at once, or when the launched step that holds it is taken, its id
+ * there dropped). */
 static void deliver_pending(nopad_engine *e) {
     for (int32_t i = 0; i < e->n_pending; i++) {
         request *r = e->pending[i];
-        if (!r->retired) { /* else cancelled, or its step failed, since its id came */
+        if (!r->retired && !r->ended) { /* else cancelled, or its step failed, since its id came */
             nopad_finish_reason finish = judge_token(e, r, r->ending);
             finish = request_deliver(r, e->text, e->text_len, finish, NOPAD_ERR_OUT_OF_MEMORY);
-            if (finish != NOPAD_FINISH_NONE) {
-                if (r->in_step)
-                    r->ended = 1;
-                else
-                    retire(e, r);
-            }
+            if (finish != NOPAD_FINISH_NONE) retire(e, r);
         }
         request_unref(r);
     }
     e->n_pending = 0;
 }
 
-/* The step's ids, once it has run: every request whose row ends its known tokens gets its id
- * (appended; the delivery comes after the next launch) and leaves the scheduler if the id ends it. */
-static int64_t take_ids(nopad_engine *e) {
+/* The requests of launched step `l` end with its error (st); the others go on. */
+static void fail_step(nopad_engine *e, launched_step *l, nopad_status st) {
+    nopad_wrap_error(st, "engine step of %d requests, %d tokens", l->n, l->n_tokens);
+    for (int32_t b = 0; b < l->n; b++) {
+        request *r = l->items[b].r;
+        r->in_step--;
+        if (l->items[b].generates) r->n_inflight--;
+    }
+    for (int32_t b = 0; b < l->n; b++) end_and_retire(e, l->items[b].r, NOPAD_FINISH_ERROR, st);
+}
+
+/* Packs the planned step and queues its forward behind the step in flight; NULL when there is
+ * nothing to launch or the launch failed (its requests end with the error). */
+static launched_step *launch_forward(nopad_engine *e) {
     scheduler *s = &e->sched;
-    int64_t generated = 0;
-    /* the plan stays valid while requests retire: retiring touches only the lines */
-    for (int32_t b = 0; b < s->n_step; b++) {
-        request *r = s->step[b].r;
-        r->in_step = 0;
-        if (r->ended) { /* its delivery ended it while this step ran: the id is dropped */
-            retire(e, r);
+    if (s->n_step == 0) return NULL;
+    launched_step *l = &e->steps[e->next_slot];
+    const decoder_batch batch = pack_step(e);
+    pthread_mutex_lock(&e->ctx->lock);
+    nopad_status st = decoder_forward_launch(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &batch, 1);
+    pthread_mutex_unlock(&e->ctx->lock);
+    if (st != NOPAD_OK) {
+        /* nothing of it runs: the plan's blocks go back with the requests */
+        nopad_wrap_error(st, "engine step of %d requests, %d tokens", s->n_step, s->n_step_tokens);
+        for (int32_t b = 0; b < s->n_step; b++) end_and_retire(e, s->step[b].r, NOPAD_FINISH_ERROR, st);
+        return NULL;
+    }
+    scheduler_launched(s);
+    memcpy(l->items, s->step, (size_t)s->n_step * sizeof *l->items);
+    l->n = s->n_step;
+    l->n_tokens = s->n_step_tokens;
+    l->t_launch = request_now();
+    for (int32_t b = 0; b < l->n; b++) l->items[b].r->in_step++;
+    e->next_slot ^= 1;
+    return l;
+}
+
+/* Queues the sampling of launched step `l` (its forward queued, the step before taken); on
+ * failure its requests end with the error and it is not in flight. */
+static void launch_output(nopad_engine *e, launched_step *l) {
+    nopad_status st = sampling_inputs(e, l);
+    pthread_mutex_lock(&e->ctx->lock);
+    if (st == NOPAD_OK)
+        st = decoder_output_launch(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &l->out);
+    pthread_mutex_unlock(&e->ctx->lock);
+    if (st != NOPAD_OK) {
+        fail_step(e, l, st);
+        return;
+    }
+    e->in_flight = l;
+}
+
+/* Waits for the step in flight and takes its ids: every request whose row generates gets its id
+ * (appended; delivered by deliver_pending) and leaves the scheduler if the id ends it; rows of
+ * requests that ended meanwhile are dropped. */
+static void take_step(nopad_engine *e) {
+    launched_step *l = e->in_flight;
+    scheduler *s = &e->sched;
+    e->in_flight = NULL;
+    pthread_mutex_lock(&e->ctx->lock);
+    nopad_status st = decoder_step_wait(e->ctx->be, &e->ctx->dec, &l->out);
+    if (st == NOPAD_OK) e->ctx->forwards++;
+    pthread_mutex_unlock(&e->ctx->lock);
+    if (st != NOPAD_OK) {
+        fail_step(e, l, st);
+        return;
+    }
+    const double now = request_now();
+    /* a step's time: from its launch, or from the step before's end where it queued behind it */
+    const double t0 = l->t_launch > e->last_taken ? l->t_launch : e->last_taken;
+    e->last_taken = now;
+    int64_t generated = 0, computed = 0;
+    for (int32_t b = 0; b < l->n; b++) {
+        const sched_item *it = &l->items[b];
+        /* every token fed but a request's newest generated one is prompt (or recomputed) work */
+        computed += it->n_new - (it->generates && it->computed_after > it->r->n_prompt);
+    }
+    scheduler_ran(s, l->items, l->n);
+    for (int32_t b = 0; b < l->n; b++) {
+        const sched_item *it = &l->items[b];
+        request *r = it->r;
+        r->in_step--;
+        if (it->generates) r->n_inflight--;
+        if (r->ended) { /* it ended while this step ran: the id is dropped */
+            if (r->in_step == 0) retire(e, r);
             continue;
         }
-        if (r->n_computed != r->n_tokens) continue; /* a prompt chunk short of the end */
-        if (r->logprobs) r->logprobs[r->n_tokens - r->n_prompt] = e->logprobs[b]; /* before its id */
-        r->tokens[r->n_tokens++] = e->ids[b];
+        if (!it->generates) continue; /* a prompt chunk short of the end */
+        if (r->logprobs) r->logprobs[r->n_tokens - r->n_prompt] = l->logprobs[b]; /* before its id */
+        r->tokens[r->n_tokens++] = l->ids[b];
         generated++;
         r->ending = id_finish(e, r);
         if (r->ending != NOPAD_FINISH_NONE) scheduler_remove(s, r); /* its blocks back before the next plan */
         request_ref(r);
         e->pending[e->n_pending++] = r;
     }
-    return generated;
-}
-
-static void run_step(nopad_engine *e) {
-    scheduler *s = &e->sched;
-    const double t0 = request_now();
-    decoder_batch batch;
-    decoder_output out;
-    nopad_status st = pack_step(e, &batch, &out);
-    for (int32_t b = 0; b < s->n_step; b++) s->step[b].r->in_step = 1;
-    pthread_mutex_lock(&e->ctx->lock);
-    if (st == NOPAD_OK)
-        st = decoder_step_launch(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &batch, &out);
-    /* the host's share of the step before, while the device runs this one */
-    deliver_pending(e);
-    nopad_status waited = decoder_step_wait(e->ctx->be, &e->ctx->dec, &out);
-    if (st == NOPAD_OK) st = waited;
-    if (st == NOPAD_OK) e->ctx->forwards++;
-    pthread_mutex_unlock(&e->ctx->lock);
-    if (st != NOPAD_OK) {
-        /* the requests of a failed step end with its error; the others go on */
-        nopad_wrap_error(st, "engine step of %d requests, %d tokens", s->n_step, s->n_step_tokens);
-        for (int32_t b = 0; b < s->n_step; b++) {
-            s->step[b].r->in_step = 0;
-            end_and_retire(e, s->step[b].r, NOPAD_FINISH_ERROR, st);
-        }
-        return;
-    }
-    int64_t computed = 0;
-    for (int32_t b = 0; b < s->n_step; b++) {
-        const request *r = s->step[b].r;
-        /* every token fed but a request's newest generated one is prompt (or recomputed) work */
-        const int ends = r->n_computed + s->step[b].n_new == r->n_tokens;
-        computed += s->step[b].n_new - (ends && r->n_tokens > r->n_prompt);
-    }
-    e->last_decode_only = s->n_step_tokens == s->n_step;
-    scheduler_commit(s);
-    const int64_t generated = take_ids(e);
-    note_step(e, t0, request_now(), generated, computed);
+    note_step(e, t0, now, generated, computed);
 }
 
 static void note_lines(nopad_engine *e) {
@@ -332,7 +407,7 @@ static void *engine_main(void *arg) {
     scheduler *s = &e->sched;
     request_list arrivals = {0};
     for (;;) {
-        const int idle = s->running.n == 0 && s->waiting.n == 0 && e->n_pending == 0;
+        const int idle = s->running.n == 0 && s->waiting.n == 0 && e->n_pending == 0 && !e->in_flight;
         const int closed = request_queue_take(&e->queue, &arrivals, idle);
         for (int32_t i = 0; i < arrivals.n; i++)
             if (scheduler_add(s, arrivals.items[i]) != NOPAD_OK) {
@@ -342,22 +417,31 @@ static void *engine_main(void *arg) {
             }
         arrivals.n = 0;
         if (closed) {
+            if (e->in_flight) take_step(e);
             deliver_pending(e);
             end_all(e, NOPAD_FINISH_CANCELLED, NOPAD_OK);
             note_lines(e);
             break;
         }
         end_cancelled(e);
-        /* the delivery waits for the next launch only where that launch is quick: a decode-only
-         * step replays a recorded graph, while a step with prompt chunks launches op by op (a
-         * millisecond or more of host time, which the waiting first tokens would pay) */
-        if (s->waiting.n > 0 || !e->last_decode_only) deliver_pending(e);
+        if (e->in_flight && !e->overlap) {
+            take_step(e);
+            deliver_pending(e);
+        }
         scheduler_plan(s);
         note_lines(e);
-        if (s->n_step > 0)
-            run_step(e);
-        else
+        /* a step with prompt chunks is launched op by op, a millisecond or more of host time
+         * (a decode-only step replays its graph in microseconds): the ids of the step before,
+         * first tokens among them, are not held back for that */
+        if (e->in_flight && s->n_step_tokens > s->n_step) {
+            take_step(e);
             deliver_pending(e);
+            scheduler_prune(s); /* the requests those ids ended */
+        }
+        launched_step *next = launch_forward(e);
+        if (e->in_flight) take_step(e); /* step n's ids, while step n+1 queues behind it */
+        if (next) launch_output(e, next);
+        deliver_pending(e); /* while the device runs step n+1 */
         note_lines(e);
     }
     request_list_free(&arrivals);
@@ -376,10 +460,13 @@ static void engine_destroy(nopad_engine *e) {
     free(e->tokens);
     free(e->seqlen_k);
     free(e->table);
-    free(e->ids);
-    free(e->logprobs);
-    free(e->sampling);
-    free(e->draws);
+    for (int k = 0; k < 2; k++) {
+        free(e->steps[k].items);
+        free(e->steps[k].ids);
+        free(e->steps[k].logprobs);
+        free(e->steps[k].sampling);
+        free(e->steps[k].draws);
+    }
     free(e->history);
     free(e->cu_history);
     free(e->text);
@@ -437,15 +524,22 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
         e->tokens = malloc((size_t)p.max_step_tokens * sizeof *e->tokens);
         e->seqlen_k = malloc(R * sizeof *e->seqlen_k);
         e->table = malloc(R * (size_t)e->max_blocks * sizeof *e->table);
-        e->ids = malloc(R * sizeof *e->ids);
-        e->logprobs = malloc(R * sizeof *e->logprobs);
-        e->sampling = malloc(R * sizeof *e->sampling);
-        e->draws = malloc(R * sizeof *e->draws);
         e->cu_history = malloc((R + 1) * sizeof *e->cu_history);
         e->pending = malloc(R * sizeof *e->pending);
-        if (!e->cu_q || !e->tokens || !e->seqlen_k || !e->table || !e->ids || !e->logprobs || !e->sampling ||
-            !e->draws || !e->cu_history || !e->pending)
-            st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        int ok = e->cu_q && e->tokens && e->seqlen_k && e->table && e->cu_history && e->pending;
+        for (int k = 0; k < 2; k++) {
+            launched_step *l = &e->steps[k];
+            l->items = malloc(R * sizeof *l->items);
+            l->ids = malloc(R * sizeof *l->ids);
+            l->logprobs = malloc(R * sizeof *l->logprobs);
+            l->sampling = malloc(R * sizeof *l->sampling);
+            l->draws = malloc(R * sizeof *l->draws);
+            ok = ok && l->items && l->ids && l->logprobs && l->sampling && l->draws;
+        }
+        if (!ok) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        /* the overlap pays where the device samples while the host goes on; on a backend that
+         * samples on the host it would only hold each id back by a step */
+        e->overlap = p.overlap_steps < 0 ? e->ctx->be->sample_begin != NULL : p.overlap_steps != 0;
     }
     e->stats.kv_blocks_total = e->kv.n_blocks;
     e->stats.kv_block_size = e->kv.block_size;

@@ -31,7 +31,10 @@ struct nopad_request {
     float *logprobs;               // [max_tokens] each generated id's log-probability, or NULL
                                    // (not asked); written before the id is delivered
     int32_t n_tokens;              // prompt + generated so far
-    int32_t n_computed;            // leading tokens whose keys and values are in `blocks`
+    int32_t n_computed;            // leading tokens whose keys and values are in `blocks` (or
+                                   // being written there by a launched step)
+    int32_t n_inflight;            // ids still coming from launched steps (tokens[n_tokens ..])
+    int32_t inflight_row;          // the newest one's row in its step (the next step's placeholder)
     int32_t *blocks, n_blocks;     // [blocks for n_prompt + max_tokens] in sequence order
     uint64_t *block_hashes;        // [same] content hash of each published full block
     int32_t n_hashed;              // leading blocks whose hash is known
@@ -42,8 +45,9 @@ struct nopad_request {
     /* the engine thread's: where the request stands between a step and its delivery */
     nopad_finish_reason ending;    // its newest id ends it (stop id, EOS, max_tokens): out of the
                                    // scheduler already, its delivery to come
-    int in_step;                   // planned into the step now running
-    int ended;                     // its delivery ended it while it was in the running step
+    int in_step;                   // launched steps that hold it and whose ids are not taken yet
+    int ended;                     // it ended while in a launched step: it leaves once that step's
+                                   // ids are taken, and their ids for it are dropped
     int retired;                   // left the engine (request_queue_retire done)
 
     /* the results, under `lock` */

@@ -116,8 +116,10 @@ static int32_t chunk_that_fits(const scheduler *s, const request *r, int32_t wan
 static void plan_decodes(scheduler *s) {
     for (int32_t i = 0; i < s->running.n; i++) {
         request *r = s->running.items[i];
-        if (r->n_tokens - r->n_computed != 1) continue;
-        const int32_t need = blocks_for(s, r->n_tokens) - r->n_blocks;
+        const int32_t known = r->n_tokens + r->n_inflight; /* with the ids on their way */
+        if (known - r->n_computed != 1) continue;
+        if (r->n_inflight > 0 && known - r->n_prompt >= r->max_tokens) continue; /* that id is its last */
+        const int32_t need = blocks_for(s, known) - r->n_blocks;
         int self_preempted = 0;
         while (need > kv_blocks_available(s->kv) && !self_preempted) {
             /* the latest admitted comes last in the running line: not planned yet */
@@ -132,7 +134,7 @@ static void plan_decodes(scheduler *s) {
 static void plan_prompt_chunks(scheduler *s) {
     for (int32_t i = 0; i < s->running.n; i++) {
         request *r = s->running.items[i];
-        const int32_t remaining = r->n_tokens - r->n_computed;
+        const int32_t remaining = r->n_tokens + r->n_inflight - r->n_computed;
         if (remaining <= 1) continue; /* a decode, planned already */
         const int32_t n = chunk_that_fits(s, r, remaining);
         if (n > 0) plan_item(s, r, n);
@@ -144,6 +146,7 @@ static void plan_admissions(scheduler *s) {
     while (s->waiting.n > 0 && s->running.n < s->max_running &&
            s->n_step_tokens < s->max_step_tokens) {
         request *r = s->waiting.items[0];
+        if (r->n_inflight > 0) return; /* preempted with an id on its way: it comes back after it */
         const int32_t shared = share_prefix(s, r);
         const int32_t n = chunk_that_fits(s, r, r->n_tokens - r->n_computed);
         if (n == 0) { /* no block for it: it waits, first in line */
@@ -171,19 +174,39 @@ void scheduler_plan(scheduler *s) {
         plan_prompt_chunks(s);
         plan_admissions(s);
         if (s->n_step > 0 || s->running.n == 0) return;
+        /* nothing to plan before a launched step's ids are in: no deadlock */
+        for (int32_t i = 0; i < s->running.n; i++)
+            if (s->running.items[i]->n_inflight > 0) return;
         /* 4. running requests hold blocks that each other need and none can go on */
         preempt(s, s->running.n - 1);
     }
 }
 
-void scheduler_commit(scheduler *s) {
-    const int32_t bs = s->block_size;
+void scheduler_launched(scheduler *s) {
     for (int32_t i = 0; i < s->n_step; i++) {
-        request *r = s->step[i].r;
-        r->n_computed += s->step[i].n_new;
-        if (!s->prefix_sharing) continue;
+        sched_item *it = &s->step[i];
+        request *r = it->r;
+        r->n_computed += it->n_new;
+        it->computed_after = r->n_computed;
+        it->generates = r->n_computed == r->n_tokens + r->n_inflight;
+        if (it->generates) {
+            r->n_inflight++;
+            r->inflight_row = i;
+        }
+    }
+}
+
+void scheduler_ran(scheduler *s, const sched_item *items, int32_t n) {
+    if (!s->prefix_sharing) return;
+    const int32_t bs = s->block_size;
+    for (int32_t i = 0; i < n; i++) {
+        request *r = items[i].r;
+        /* preempted or ended since (its blocks gone), or its tokens not all known: nothing to publish */
+        if (!r->admitted || r->ended || items[i].computed_after > r->n_computed ||
+            items[i].computed_after > r->n_tokens)
+            continue;
         /* full blocks become findable only now that their keys and values are written */
-        for (int32_t j = r->n_hashed; j < r->n_computed / bs; j++) {
+        for (int32_t j = r->n_hashed; j < items[i].computed_after / bs; j++) {
             const uint64_t parent = j > 0 ? r->block_hashes[j - 1] : 0;
             const int32_t *tokens = r->tokens + (size_t)j * bs;
             r->block_hashes[j] = kv_blocks_hash(parent, tokens, bs);
@@ -193,8 +216,20 @@ void scheduler_commit(scheduler *s) {
     }
 }
 
+void scheduler_prune(scheduler *s) {
+    int32_t k = 0;
+    s->n_step_tokens = 0;
+    for (int32_t i = 0; i < s->n_step; i++)
+        if (s->step[i].r->admitted) {
+            s->step[k++] = s->step[i];
+            s->n_step_tokens += s->step[i].n_new;
+        }
+    s->n_step = k;
+}
+
 void scheduler_remove(scheduler *s, request *r) {
     release_blocks(s, r);
+    r->admitted = 0;
     for (int32_t i = 0; i < s->running.n; i++)
         if (s->running.items[i] == r) {
             request_list_remove(&s->running, i);

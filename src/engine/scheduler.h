@@ -12,6 +12,10 @@
  *   4. a step with nothing in it while requests run (each holds blocks the others need) preempts
  *      the latest-admitted and plans again: the earliest one alone always fits, since submit
  *      refuses a request the whole pool cannot hold.
+ * A request's id may still be on its way from a launched step (n_inflight): the step after is
+ * planned as if it were there (the decode brings it as a placeholder the device fills in), except
+ * that a request whose coming id is its last (max_tokens) is not planned, and a preempted one is
+ * not admitted again until its id is in.
  * The engine thread alone uses it. */
 #ifndef NOPAD_ENGINE_SCHEDULER_H
 #define NOPAD_ENGINE_SCHEDULER_H
@@ -25,6 +29,9 @@
 typedef struct sched_item {
     request *r;
     int32_t n_new;
+    /* set by scheduler_launched: */
+    int32_t computed_after;   // the request's n_computed once the step has run
+    int generates;            // the step's id for it is its next token (the row ends its tokens)
 } sched_item;
 
 typedef struct scheduler {
@@ -51,9 +58,16 @@ nopad_status scheduler_add(scheduler *s, request *r);
  * KV blocks it needs. */
 void scheduler_plan(scheduler *s);
 
-/* After the step ran: each request's new tokens are computed, and the blocks they filled are
- * published for sharing. */
-void scheduler_commit(scheduler *s);
+/* The planned step is launched: each request's new tokens count as computed, and a row whose id
+ * will be its request's next token marks that id as coming (n_inflight, inflight_row = the row). */
+void scheduler_launched(scheduler *s);
+
+/* A launched step of n items has run: the full blocks it filled are published for sharing (of the
+ * requests still holding them). */
+void scheduler_ran(scheduler *s, const sched_item *items, int32_t n);
+
+/* The planned step loses the requests removed since it was planned (their blocks are back). */
+void scheduler_prune(scheduler *s);
 
 /* The request leaves (ended): its blocks are released at once. */
 void scheduler_remove(scheduler *s, request *r);

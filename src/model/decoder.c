@@ -101,6 +101,7 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int3
     const size_t max_blocks = ((size_t)cfg->max_position_embeddings + block_size - 1) / block_size;
     s->i32_count = 6 * T + 1 + T * max_blocks;
     if (st == NOPAD_OK) st = alloc(be, s, s->i32_count * sizeof(int32_t), (void **)&s->i32);
+    if (st == NOPAD_OK) st = alloc(be, s, T * sizeof(int32_t), (void **)&s->feed);
     s->host_i32 = malloc(s->i32_count * sizeof(int32_t));
     if (st == NOPAD_OK && !s->host_i32)
         st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder: out of memory");
@@ -114,7 +115,7 @@ void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_stat
         if (s->k_cache && s->k_cache[l]) be->free(be, s->k_cache[l]);
         if (s->v_cache && s->v_cache[l]) be->free(be, s->v_cache[l]);
     }
-    void *bufs[] = {s->h, s->tmp, s->xn, s->qkv, s->attn, s->mlp, s->act, s->last, s->logits, s->i32};
+    void *bufs[] = {s->h, s->tmp, s->xn, s->qkv, s->attn, s->mlp, s->act, s->last, s->logits, s->i32, s->feed};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(s->k_cache);
@@ -158,7 +159,7 @@ static nopad_status step_forward(void *ctx) {
                   kvh = cfg->num_kv_heads, F = cfg->intermediate_size, V = cfg->vocab_size;
     const int llama = cfg->family == FAMILY_LLAMA, rms = cfg->norm == NORM_RMSNORM;
     const float eps = cfg->layer_norm_eps;
-    TRY(be->embed_tokens(be, s->h, c->d_tokens, llama ? NULL : c->d_pos, T, V,
+    TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V,
                          cfg->max_position_embeddings, w->tok_emb, w->pos_emb, H));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
     /* decode (one new token a sequence): RoPE and the KV store inside the attention, where the
@@ -215,8 +216,12 @@ static nopad_status step_forward(void *ctx) {
     return NOPAD_OK;
 }
 
+static nopad_status sample_on_host(nopad_backend *be, const model_config *cfg, decoder_state *s,
+                                   const decoder_output *out, int32_t r0, int32_t n);
+
 /* Rows [r0, r0 + n) of the step's output from the logits chunk in s->logits. With `queue` (the
- * step's only chunk) the device sampling is left running where the backend can: s->ids_pending. */
+ * step's only chunk) the device sampling is left running where the backend can: s->ids_pending.
+ * Sampled ids also land in s->feed, where the next step's tokens may name them. */
 static nopad_status step_output(nopad_backend *be, const model_config *cfg, decoder_state *s,
                                 const decoder_output *out, int32_t r0, int32_t n, int queue) {
     const int32_t V = cfg->vocab_size;
@@ -225,10 +230,22 @@ static nopad_status step_output(nopad_backend *be, const model_config *cfg, deco
     const int32_t *cu_h = out->cu_history;
     if (queue && r0 == 0 && be->sample_begin && be->sample_wait) {
         nopad_status st = be->sample_begin(be, s->logits, n, V, out->params, out->draws, out->history, cu_h,
-                                           out->logprobs != NULL);
+                                           out->logprobs != NULL, s->feed);
         if (st == NOPAD_OK) s->ids_pending = n;
         return st;
     }
+    nopad_status st = sample_on_host(be, cfg, s, out, r0, n);
+    /* the next step may name these ids before its launch (tokens < 0): they go up like the
+     * device sampling's */
+    return st == NOPAD_OK ? be->upload_i32(be, s->feed + r0, out->ids + r0, (size_t)n) : st;
+}
+
+/* step_output's sampling that returns with the ids on the host: the backend's sampling op, else
+ * the host sampler on downloaded logits. */
+static nopad_status sample_on_host(nopad_backend *be, const model_config *cfg, decoder_state *s,
+                                   const decoder_output *out, int32_t r0, int32_t n) {
+    const int32_t V = cfg->vocab_size;
+    const int32_t *cu_h = out->cu_history;
     if (be->sample) {
         /* the chunk's histories start at cu_h[r0]: hand the op offsets from there */
         if (!cu_h || r0 == 0)
@@ -286,7 +303,8 @@ static int32_t width_bucket(int32_t n, int32_t cap) {
 
 nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
                           decoder_state *s, const decoder_batch *batch, const decoder_output *out) {
-    nopad_status st = decoder_step_launch(be, cfg, w, s, batch, out);
+    nopad_status st = decoder_forward_launch(be, cfg, w, s, batch, out->logits || out->ids);
+    if (st == NOPAD_OK) st = decoder_output_launch(be, cfg, w, s, out);
     nopad_status waited = decoder_step_wait(be, s, out);
     return st != NOPAD_OK ? st : waited;
 }
@@ -298,15 +316,23 @@ nopad_status decoder_step_wait(nopad_backend *be, decoder_state *s, const decode
     return be->sample_wait(be, out->ids, out->logprobs, n);
 }
 
-nopad_status decoder_step_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
-                                 decoder_state *s, const decoder_batch *batch, const decoder_output *out) {
-    if (s->ids_pending)
-        return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: the step before still runs (wait for it first)");
+nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                    decoder_state *s, const decoder_batch *batch, int want_rows) {
+    s->out_rows = 0;
+    s->out_pending = 0; /* a forward whose output was never launched is dropped */
     const int32_t B = batch->n_seqs, T = batch->cu_q[B];
     if (T <= 0 || T > s->max_tokens)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "decoder step: %d new tokens, the workspace holds 1 to %d", T,
                                s->max_tokens);
+    /* a token < 0 names a row of the step before, whose sampled id is still on its way */
+    for (int32_t t = 0; t < T; t++)
+        if (batch->tokens[t] < 0 && -1 - (int64_t)batch->tokens[t] >= s->feed_rows)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "decoder step: token %d stands for the id of row %lld of the step "
+                                   "before, which sampled %d ids",
+                                   t, (long long)(-1 - (int64_t)batch->tokens[t]), s->feed_rows);
+    s->feed_rows = 0; /* this step's output replaces the feed */
     const int32_t max_blocks_cap =
         (int32_t)((s->i32_count - 6 * (size_t)s->max_tokens - 1) / (size_t)s->max_tokens);
     if (batch->max_blocks > max_blocks_cap)
@@ -362,7 +388,6 @@ nopad_status decoder_step_launch(nopad_backend *be, const model_config *cfg, con
     TRY(be->upload_i32(be, s->i32, h, n_i32));
     const int32_t *d = s->i32;
     const int32_t *d_cu = d + 3 * Tp + Bp;
-    const int want_rows = out->logits || out->ids;
     step_call call = {
         .be = be, .cfg = cfg, .w = w, .s = s,
         .kv = {.n_seqs = Bp, .n_tokens = Tp, .max_q = max_q,
@@ -382,9 +407,25 @@ nopad_status decoder_step_launch(nopad_backend *be, const model_config *cfg, con
     } else {
         TRY(step_forward(&call));
     }
+    s->out_rows = !want_rows ? 0 : batch->all_logits ? T : B; /* the padding's left out */
+    s->out_pending = 1;
+    return NOPAD_OK;
+}
+
+nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                   decoder_state *s, const decoder_output *out) {
+    if (!s->out_pending)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: no forward launched for this output");
+    if (s->ids_pending)
+        return nopad_set_error(NOPAD_ERR_INTERNAL,
+                               "decoder step: the ids of the step before are not taken yet (decoder_step_wait)");
+    s->out_pending = 0;
+    const int32_t out_rows = s->out_rows;
+    if (out_rows > 0 && !out->logits && !out->ids)
+        return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: the forward kept %d rows that nobody takes",
+                               out_rows);
     const size_t es = nopad_dtype_size(be->dtype);
     const int32_t H = cfg->hidden_size, V = cfg->vocab_size;
-    const int32_t out_rows = !want_rows ? 0 : batch->all_logits ? T : B; /* the padding's left out */
     for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
         const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
         if (r0 > 0)
@@ -392,5 +433,6 @@ nopad_status decoder_step_launch(nopad_backend *be, const model_config *cfg, con
                              n, H, V));
         TRY(step_output(be, cfg, s, out, r0, n, out_rows <= s->logit_rows));
     }
+    if (out->ids) s->feed_rows = out_rows;
     return NOPAD_OK;
 }

@@ -76,6 +76,11 @@ typedef struct decoder_state {
     size_t i32_count;
     sampler_scratch scratch;     // host sampling, for backends without a sampling op
     int32_t ids_pending;         // ids of a launched step still coming (decoder_step_wait)
+    int32_t *feed;               // [max_tokens] backend memory: the ids the last step sampled,
+                                 // which the next step's tokens may name (token -1 - row)
+    int32_t feed_rows;           // rows of feed that hold them (0: none)
+    int32_t out_rows;            // rows of output the launched forward left to decoder_output_launch
+    int out_pending;             // a forward is launched, its output not yet
     size_t bytes;
 } decoder_state;
 
@@ -87,7 +92,7 @@ void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_stat
 typedef struct decoder_batch {
     int32_t n_seqs;
     const int32_t *cu_q;         // [B+1] new tokens per sequence
-    const int32_t *tokens;       // [T]
+    const int32_t *tokens;       // [T] ids; -1 - r: the id the step before samples for its row r
     const int32_t *seqlen_k;     // [B] keys after the step (history + new)
     const int32_t *block_table;  // [B, max_blocks], blocks already reserved for seqlen_k keys
     int32_t max_blocks;
@@ -110,14 +115,23 @@ typedef struct decoder_output {
  * (batch size, block-table width) where the backend records graphs. */
 nopad_status decoder_step(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
                           decoder_state *s, const decoder_batch *batch, const decoder_output *out);
-/* decoder_step in two halves, so that the host can work while the device runs the step: the launch
- * returns with the step still running where the backend samples on its own (sample_begin, and
- * the step's logits in one chunk), else after the whole step; the wait returns once out->ids
- * (and out->logprobs) hold the step's ids. Every launch is waited for, with the same `out`
- * (its arrays stay put until then), before the state serves anything else; the batch's arrays
- * are read before the launch returns. */
-nopad_status decoder_step_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
-                                 decoder_state *s, const decoder_batch *batch, const decoder_output *out);
+/* decoder_step in three parts, so that the host works while the device runs steps, and the next
+ * step is queued before the ids of this one are back:
+ *
+ *   forward_launch(n) · output_launch(n) · forward_launch(n+1) · wait(n) · output_launch(n+1) · ...
+ *
+ * decoder_forward_launch queues the step's forward (want_rows: it has an output); the batch's
+ * arrays are read before it returns. A token t < 0 of the batch stands for the id that the step
+ * before sampled for its row -1 - t (feed), so a decode step can be queued before its tokens are
+ * known. decoder_output_launch queues the output: logits downloaded, or ids sampled (on the device
+ * where the backend samples on its own, the logits in one chunk, it returns with them still
+ * coming, else after the sampling). decoder_step_wait returns once out->ids (and out->logprobs)
+ * hold them; `out`'s arrays stay put until then. A step's output is launched and waited for
+ * before the next step's output is launched. */
+nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                    decoder_state *s, const decoder_batch *batch, int want_rows);
+nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                   decoder_state *s, const decoder_output *out);
 nopad_status decoder_step_wait(nopad_backend *be, decoder_state *s, const decoder_output *out);
 
 #endif

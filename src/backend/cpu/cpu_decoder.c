@@ -8,7 +8,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 
-nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tokens,
+nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tokens, const int32_t *feed,
                               const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
                               int32_t n_positions, const void *word_, const void *pos_,
                               int32_t dim) {
@@ -19,6 +19,7 @@ nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tok
     for (int32_t t = 0; t < n_tokens; t++) {
         float *row = out + (size_t)t * dim;
         int32_t id = tokens[t], p = positions ? positions[t] : 0;
+        if (id < 0 && feed) id = feed[-1 - id]; /* the step before's id, sampled after this was packed */
         if (id < 0 || id >= vocab_size || (pos && (p < 0 || p >= n_positions))) {
             for (int32_t i = 0; i < dim; i++) row[i] = NAN;
             continue;

@@ -81,11 +81,11 @@ static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void
 }
 
 /* ---- decoder ops (decoder.cu) ---- */
-static nopad_status cu_embed_tokens(nopad_backend *be, float *out, const int32_t *tokens,
+static nopad_status cu_embed_tokens(nopad_backend *be, float *out, const int32_t *tokens, const int32_t *feed,
                                     const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
                                     int32_t n_positions, const void *word, const void *pos, int32_t dim) {
     CUDA_ENTER(be, s);
-    return cuda_dec_embed_tokens(be->dtype, out, tokens, positions, n_tokens, vocab_size, n_positions, word, pos,
+    return cuda_dec_embed_tokens(be->dtype, out, tokens, feed, positions, n_tokens, vocab_size, n_positions, word, pos,
                                  dim, s->stream);
 }
 static nopad_status cu_norm(nopad_backend *be, void *out, const float *x, const void *w, const void *b, float eps,
@@ -269,10 +269,12 @@ static nopad_status cu_gemm_swiglu(nopad_backend *be, void *out, void *gate_up, 
 }
 /* Sampling in two halves: sample_begin queues the parameters' upload (rows and histories in one
  * copy), the kernel and the ids' download into pinned staging (the call returns at once);
- * sample_wait waits for them, the step's one synchronisation. */
+ * sample_wait waits for them, the step's one synchronisation. The next step's forward may be
+ * queued in between (it reads the ids from ids_out); its sampling is not: the staging is one. */
 static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
                                     const nopad_sampling_params *params, const uint64_t *draws,
-                                    const int32_t *history, const int32_t *cu_history, int want_logprobs) {
+                                    const int32_t *history, const int32_t *cu_history, int want_logprobs,
+                                    int32_t *ids_out) {
     CUDA_ENTER(be, s);
     s->sample_pending = 0;
     if (n <= 0) return NOPAD_OK;
@@ -322,14 +324,21 @@ static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n,
         st = cuda_check(cudaMemcpyAsync(d + hist_off, h + hist_off, (size_t)n_hist * sizeof(int32_t),
                                         cudaMemcpyHostToDevice, s->stream),
                         "sampling upload");
-    int32_t *d_ids = (int32_t *)(d + rows_bytes);
+    int32_t *d_ids = ids_out ? ids_out : (int32_t *)(d + rows_bytes);
     float *d_logprobs = (float *)(d + rows_bytes + (size_t)n * sizeof(int32_t));
     if (st == NOPAD_OK)
         st = cuda_sample_rows(logits, n, vocab, (const cuda_sample_row *)d, (const int32_t *)(d + hist_off), d_ids,
                               want_logprobs ? d_logprobs : NULL, s->stream);
-    const size_t back = (size_t)n * (sizeof(int32_t) + (want_logprobs ? sizeof(float) : 0));
+    /* ids and log-probabilities sit side by side in the staging: one copy back unless the ids
+     * went to ids_out */
+    const size_t id_bytes = (size_t)n * sizeof(int32_t);
+    const size_t back = id_bytes + (want_logprobs && !ids_out ? (size_t)n * sizeof(float) : 0);
     if (st == NOPAD_OK)
         st = cuda_check(cudaMemcpyAsync(h + rows_bytes, d_ids, back, cudaMemcpyDeviceToHost, s->stream),
+                        "sampling download");
+    if (st == NOPAD_OK && want_logprobs && ids_out)
+        st = cuda_check(cudaMemcpyAsync(h + rows_bytes + id_bytes, d_logprobs, (size_t)n * sizeof(float),
+                                        cudaMemcpyDeviceToHost, s->stream),
                         "sampling download");
     if (st == NOPAD_OK) s->sample_pending = n;
     return st;
@@ -359,7 +368,7 @@ static nopad_status cu_sample_wait(nopad_backend *be, int32_t *ids, float *logpr
 static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
                               const nopad_sampling_params *params, const uint64_t *draws, const int32_t *history,
                               const int32_t *cu_history, int32_t *ids, float *logprobs) {
-    nopad_status st = cu_sample_begin(be, logits, n, vocab, params, draws, history, cu_history, logprobs != NULL);
+    nopad_status st = cu_sample_begin(be, logits, n, vocab, params, draws, history, cu_history, logprobs != NULL, NULL);
     return st == NOPAD_OK ? cu_sample_wait(be, ids, logprobs, n) : st;
 }
 static nopad_status cu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens, int32_t dim) {

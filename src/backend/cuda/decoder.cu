@@ -11,11 +11,13 @@
 #include "backend/cuda/attention/common.cuh"
 
 template <typename T>
-__global__ void embed_tokens_kernel(float *out, const int32_t *tokens, const int32_t *positions,
-                                    int vocab, int n_positions, const T *word, const T *pos,
-                                    int dim) {
+__global__ void embed_tokens_kernel(float *out, const int32_t *tokens, const int32_t *feed,
+                                    const int32_t *positions, int vocab, int n_positions,
+                                    const T *word, const T *pos, int dim) {
     const int t = blockIdx.x;
-    const int id = tokens[t], p = positions ? positions[t] : 0;
+    int id = tokens[t];
+    if (id < 0 && feed) id = feed[-1 - id]; /* the step before's id, sampled after this was packed */
+    const int p = positions ? positions[t] : 0;
     const bool bad = id < 0 || id >= vocab || (pos && (p < 0 || p >= n_positions));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = bad ? NAN : to_f32(word[(size_t)id * dim + i]);
@@ -579,22 +581,22 @@ __global__ void residual_add_kernel(float *h, const T *x, size_t n) {
 /* ---- C launchers: a typed body each, dispatched on the dtype ---------------------------------- */
 
 template <typename T>
-static nopad_status embed_t(void *out, const int32_t *tokens, const int32_t *positions, int n,
-                            int vocab, int n_pos, const void *word, const void *pos, int dim,
-                            cudaStream_t s) {
-    embed_tokens_kernel<T><<<n, 256, 0, s>>>((float *)out, tokens, positions, vocab, n_pos,
+static nopad_status embed_t(void *out, const int32_t *tokens, const int32_t *feed,
+                            const int32_t *positions, int n, int vocab, int n_pos, const void *word,
+                            const void *pos, int dim, cudaStream_t s) {
+    embed_tokens_kernel<T><<<n, 256, 0, s>>>((float *)out, tokens, feed, positions, vocab, n_pos,
                                              (const T *)word, (const T *)pos, dim);
     return launch_status("embed_tokens");
 }
 
 extern "C" nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t *tokens,
-                                              const int32_t *positions, int32_t n_tokens,
+                                              const int32_t *feed, const int32_t *positions, int32_t n_tokens,
                                               int32_t vocab, int32_t n_positions, const void *word,
                                               const void *pos, int32_t dim, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (n_tokens == 0) return NOPAD_OK;
-    DISPATCH_DTYPE(dtype, embed_t<__half>(out, tokens, positions, n_tokens, vocab, n_positions, word, pos, dim, s),
-                   embed_t<__nv_bfloat16>(out, tokens, positions, n_tokens, vocab, n_positions, word, pos, dim, s));
+    DISPATCH_DTYPE(dtype, embed_t<__half>(out, tokens, feed, positions, n_tokens, vocab, n_positions, word, pos, dim, s),
+                   embed_t<__nv_bfloat16>(out, tokens, feed, positions, n_tokens, vocab, n_positions, word, pos, dim, s));
 }
 
 template <typename T>

@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t *tokens,
+nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t *tokens, const int32_t *feed,
                                    const int32_t *positions, int32_t n_tokens, int32_t vocab,
                                    int32_t n_positions, const void *word, const void *pos,
                                    int32_t dim, void *stream);
