@@ -8,6 +8,8 @@
  * GGUF. Every prompt is
  * run as a mix of steps on both backends (the prompts' first halves together in one step, their
  * second halves in another) and the logits of every position compared.
+ * Last, the engine's overlapped steps on CUDA (decode steps queued before the ids of the step
+ * before are back): the same ids with and without the overlap (test_engine_overlap).
  *
  * Bounds: the issue's targets are fp16 5e-3, bf16 2e-2 row-relative and top-1 >= 99%. Measured
  * on an H100 (2026-11-25, tensor-core attention, float32 residual stream and logits): the 2-layer
@@ -639,6 +641,121 @@ static void test_device_sampling(void **state) {
     }
 }
 
+/* ---- the engine's overlapped steps ---------------------------------------------------------- */
+
+enum { ENG_N = 18, ENG_PROMPT = 40, ENG_OUT = 48 };
+
+typedef struct engine_run {
+    int32_t ids[ENG_N][ENG_OUT + 1], n[ENG_N];
+    nopad_finish_reason finish[ENG_N];
+} engine_run;
+
+/* The requests through an engine on m: prompts[k][n_prompt[k]], greedy, EOS ignored, max_tokens[k]
+ * and stop[k] (>= 0: a stop id), all submitted at once. */
+static void run_engine(nopad_model *m, int overlap, int max_running, const int32_t prompts[][ENG_PROMPT],
+                       const int32_t *n_prompt, const int32_t *max_tokens, const int32_t *stop,
+                       engine_run *out) {
+    nopad_engine_params ep = nopad_engine_default_params();
+    ep.overlap_steps = overlap;
+    ep.max_running = max_running;
+    ep.max_step_tokens = 64; /* prompts in chunks, and steps of both kinds */
+    nopad_engine *e;
+    assert_nopad_ok(nopad_engine_create(m, &ep, &e));
+    nopad_request *r[ENG_N];
+    for (int k = 0; k < ENG_N; k++) {
+        nopad_request_params p = nopad_request_default_params();
+        p.prompt_ids = prompts[k];
+        p.n_prompt_ids = n_prompt[k];
+        p.max_tokens = max_tokens[k];
+        p.ignore_eos = 1;
+        if (stop[k] >= 0) {
+            p.stop_ids = &stop[k];
+            p.n_stop_ids = 1;
+        }
+        assert_nopad_ok(nopad_engine_submit(e, &p, &r[k]));
+    }
+    for (int k = 0; k < ENG_N; k++) {
+        out->n[k] = 0;
+        out->finish[k] = NOPAD_FINISH_NONE;
+        while (out->finish[k] == NOPAD_FINISH_NONE) {
+            int32_t got = 0;
+            assert_nopad_ok(nopad_request_read(r[k], out->ids[k] + out->n[k], ENG_OUT + 1 - out->n[k], &got,
+                                               &out->finish[k], -1));
+            out->n[k] += got;
+        }
+        nopad_request_free(r[k]);
+    }
+    nopad_engine_stats st;
+    assert_nopad_ok(nopad_engine_get_stats(e, &st));
+    assert_int_equal(st.kv_blocks_used, 0);
+    nopad_engine_free(e);
+}
+
+/* On CUDA the engine queues a decode step before the ids of the step before are back: its decode
+ * rows carry placeholders that the embedding fills in from that step's sampling on the device,
+ * and a request that the step before ends (a stop id) has its queued row dropped. With one
+ * request running at a time every step holds the same rows with and without the overlap, so the
+ * ids must be the same, bit for bit; a stop id ends its request at the id's first place in the
+ * output without one. Then all at once (8 running): every request has its own length. */
+static void test_engine_overlap(void **state) {
+    int32_t *fixture_ids, *fixture_cu, n_fixture;
+    const char *folder = fixture_prompts("llama_gqa", &fixture_ids, &fixture_cu, &n_fixture);
+    free(fixture_ids);
+    free(fixture_cu);
+    nopad_model_params mp = nopad_model_default_params();
+    mp.device = NOPAD_DEVICE_CUDA;
+    mp.dtype = NOPAD_DTYPE_F16;
+    nopad_model *m = NULL;
+    assert_nopad_ok(nopad_model_load(folder, &mp, &m));
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(m, &info));
+    static int32_t prompts[ENG_N][ENG_PROMPT];
+    int32_t n_prompt[ENG_N], max_tokens[ENG_N], stop[ENG_N];
+    uint64_t rng = 2026;
+    for (int k = 0; k < ENG_N; k++) {
+        n_prompt[k] = 1 + (int32_t)(test_rand_u32(&rng) % ENG_PROMPT);
+        for (int32_t i = 0; i < n_prompt[k]; i++) prompts[k][i] = (int32_t)(test_rand_u32(&rng) % (uint32_t)info.vocab_size);
+        max_tokens[k] = 1 + (int32_t)(test_rand_u32(&rng) % ENG_OUT);
+        stop[k] = -1;
+    }
+    static engine_run plain, off, on, many;
+    run_engine(m, 0, 1, prompts, n_prompt, max_tokens, stop, &plain);
+    int stopped = 0;
+    for (int k = 0; k < ENG_N; k++) {
+        assert_int_equal(plain.finish[k], NOPAD_FINISH_LENGTH);
+        assert_int_equal(plain.n[k], max_tokens[k]);
+        if (k % 3 == 1 && plain.n[k] >= 2) { /* a stop id from its own output */
+            stop[k] = plain.ids[k][plain.n[k] / 2];
+            stopped++;
+        }
+    }
+    run_engine(m, 0, 1, prompts, n_prompt, max_tokens, stop, &off);
+    run_engine(m, 1, 1, prompts, n_prompt, max_tokens, stop, &on);
+    for (int k = 0; k < ENG_N; k++) {
+        int32_t want = plain.n[k];
+        if (stop[k] >= 0) {
+            want = 0;
+            while (plain.ids[k][want] != stop[k]) want++;
+            want++;
+        }
+        assert_int_equal(off.n[k], want);
+        assert_int_equal(on.n[k], want);
+        assert_int_equal(on.finish[k], stop[k] >= 0 ? NOPAD_FINISH_STOP : NOPAD_FINISH_LENGTH);
+        assert_memory_equal(on.ids[k], off.ids[k], (size_t)want * sizeof(int32_t));
+        assert_memory_equal(on.ids[k], plain.ids[k], (size_t)want * sizeof(int32_t));
+    }
+    for (int k = 0; k < ENG_N; k++) stop[k] = -1;
+    run_engine(m, 1, 8, prompts, n_prompt, max_tokens, stop, &many);
+    for (int k = 0; k < ENG_N; k++) {
+        assert_int_equal(many.finish[k], NOPAD_FINISH_LENGTH);
+        assert_int_equal(many.n[k], max_tokens[k]);
+    }
+    printf("  llama_gqa f16, %d requests one at a time: the same ids with the step overlap and without, "
+           "%d of them ended by a stop id; 8 at a time: every length as asked\n",
+           ENG_N, stopped);
+    nopad_model_free(m);
+}
+
 int main(void) {
     if (test_skip_without_gpu()) return 77;
     if (nopad_backend_cpu_create(0, &cpu) != NOPAD_OK) return 1;
@@ -648,6 +765,7 @@ int main(void) {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_device_sampling),
         cmocka_unit_test(test_smollm2),
+        cmocka_unit_test(test_engine_overlap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
