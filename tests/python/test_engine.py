@@ -19,9 +19,12 @@ def _prompts(n, vocab, seed=0):
     return [rng.integers(0, vocab, int(rng.integers(1, 60))).tolist() for _ in range(n)]
 
 
-def test_engine_threads_equal_generator():
+@pytest.mark.parametrize("overlap", [None, True])
+def test_engine_threads_equal_generator(overlap):
+    # overlap_steps=True: the CUDA default (step n+1 queued before step n's ids are back), on the CPU
     with nopad.Generator(MODELS / "llama_gqa") as gen, \
-            nopad.Engine(gen, kv_cache_tokens=4096, max_running=8, max_step_tokens=256) as eng:
+            nopad.Engine(gen, kv_cache_tokens=4096, max_running=8, max_step_tokens=256,
+                         overlap_steps=overlap) as eng:
         prompts = _prompts(24, gen.info.vocab_size)
         want = [gen.generate_ids([p], max_tokens=12, ignore_eos=True)[0] for p in prompts]
         got = [None] * len(prompts)
