@@ -651,7 +651,8 @@ typedef struct nopad_engine_stats {
     int64_t prompt_tokens_computed; /* prompt (and, after a preemption, output) tokens computed */
     int64_t prompt_tokens_shared;   /* the same read from shared blocks instead */
     int64_t preemptions;
-    double last_step_ms;            /* the last step, from its plan to its delivered ids */
+    double last_step_ms;            /* the last step, from its launch (or the step before's end, where
+                                       it was queued behind it) to its ids taken */
     double tokens_per_s;            /* ids delivered per second of wall time over the last 64
                                        steps (0 after a second without a step) */
 } nopad_engine_stats;
