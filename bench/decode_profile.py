@@ -39,6 +39,17 @@ def kernel_kind(name, grid):
     return f"{base}[{'x'.join(str(g) for g in grid)}]"
 
 
+def trace_events(prof):
+    """The chrome-trace events a torch.profiler run recorded (kernels, copies, ...)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    os.unlink(path)
+    return events
+
+
 def timeline(m, seqs, cu, ids, rng, vocab, n_steps):
     """Records n_steps greedy decode steps; returns per-kind marginals (see the module's doc)."""
     from torch.profiler import ProfilerActivity, profile
@@ -48,12 +59,7 @@ def timeline(m, seqs, cu, ids, rng, vocab, n_steps):
         for _ in range(n_steps):
             m.step_sample(seqs, cu, rng.integers(0, vocab, len(seqs), dtype=np.int32), ids)
         torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    os.unlink(path)
+    events = trace_events(prof)
     kernels = sorted((e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda e: e["ts"])
     if not kernels:
         return {"error": "no kernels recorded (CUPTI unavailable?)"}

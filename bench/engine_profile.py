@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -101,6 +100,7 @@ def main():
     os.environ["NOPAD_LIBRARY"] = os.path.abspath(args.library)
     import torch
     from torch.profiler import ProfilerActivity, profile
+    import decode_profile  # its trace reader
     import nopad
 
     folder, _ = ec.checkpoint(args.shape)
@@ -119,12 +119,7 @@ def main():
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             wall, tokens = run_once(eng, prompts, outs)
             torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    os.unlink(path)
+    events = decode_profile.trace_events(prof)
     steps = steps_of(events)
     rows, groups = analyse(steps)
     device_s = (max(e["ts"] + e["dur"] for s in steps for e in s) - steps[0][0]["ts"]) / 1e6 if steps else 0
