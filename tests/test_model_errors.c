@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "testutil.h"
 
@@ -64,6 +65,33 @@ static void test_missing_folder_and_files(void **state) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     assert_int_equal(remove(path), 0);
     expect_load_error(dir, NOPAD_ERR_IO, "model.safetensors");
+}
+
+/* A model path that is not a model says what it is and what was expected; a path ending in
+ * .gguf is spoken of as a GGUF file, not as a folder. */
+static void test_model_path_messages(void **state) {
+    expect_load_error("/nonexistent/nopad.gguf", NOPAD_ERR_IO,
+                      "GGUF file '/nonexistent/nopad.gguf' does not exist");
+    expect_load_error("/nonexistent/nopad.GGUF", NOPAD_ERR_IO, "GGUF file");
+    expect_load_error("/nonexistent/nopad-model", NOPAD_ERR_IO,
+                      "model folder '/nonexistent/nopad-model' does not exist");
+    const char *zip = test_write_temp(0, ".gguf", "PK\x03\x04rest", 8);
+    char want[768];
+    snprintf(want, sizeof want,
+             "'%s' is not a GGUF file (magic \"PK\\x03\\x04\", expected \"GGUF\"); a model is a "
+             "folder with config.json or a .gguf file", zip);
+    expect_load_error(zip, NOPAD_ERR_FORMAT, want);
+    const char *empty = test_write_temp(1, ".gguf", "", 0);
+    expect_load_error(empty, NOPAD_ERR_FORMAT, "is not a GGUF file (0 bytes, shorter than the magic");
+    const char *text = test_write_temp(2, ".txt", "{}\n", 3);
+    snprintf(want, sizeof want, "model folder '%s' is not a folder, nor a GGUF file (3 bytes", text);
+    expect_load_error(text, NOPAD_ERR_IO, want);
+    expect_load_error(text, NOPAD_ERR_IO, "a model is a folder with config.json or a .gguf file");
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/pipe.gguf", test_make_temp_dir(1));
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(want, sizeof want, "GGUF file '%s' is not a regular file", fifo);
+    expect_load_error(fifo, NOPAD_ERR_IO, want);
 }
 
 static void test_bad_config(void **state) {
@@ -292,6 +320,7 @@ static void test_status_strings_and_version(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_folder_and_files),
+        cmocka_unit_test(test_model_path_messages),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_wrong_json_types),
         cmocka_unit_test(test_tensors_that_do_not_fit_the_config),

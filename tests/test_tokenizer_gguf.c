@@ -267,6 +267,11 @@ static void test_refused(void **state) {
                        "not a GGUF file");
     assert_nopad_error(nopad_tokenizer_load(test_make_temp_dir(0), &t), NOPAD_ERR_IO,
                        "no tokenizer.json or vocab.txt");
+    /* a missing .gguf is a missing file, not a missing folder */
+    assert_nopad_error(nopad_tokenizer_load("/nonexistent/tok.gguf", &t), NOPAD_ERR_IO,
+                       "GGUF file '/nonexistent/tok.gguf' does not exist");
+    assert_nopad_error(nopad_tokenizer_load("/nonexistent/tok", &t), NOPAD_ERR_IO,
+                       "tokenizer folder does not exist");
 }
 
 /* ---- the real file -------------------------------------------------------------------------- */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "io/tokenizer_internal.h"
@@ -807,6 +808,10 @@ nopad_status nopad_tokenizer_load(const char *dir, nopad_tokenizer **out) {
                                "nopad_tokenizer_load: need a folder and an output pointer");
     struct stat sb;
     if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return tokenizer_from_gguf_file(dir, out);
+    /* a missing "x.gguf" was meant as a GGUF file, not a folder */
+    const size_t dir_len = strlen(dir);
+    if (stat(dir, &sb) != 0 && dir_len >= 5 && strcasecmp(dir + dir_len - 5, ".gguf") == 0)
+        return nopad_set_error(NOPAD_ERR_IO, "GGUF file '%s' does not exist", dir);
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return nopad_set_error(NOPAD_ERR_IO, "%s: tokenizer folder does not exist", dir);
     size_t n = strlen(dir) + sizeof "/tokenizer_config.json";

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "model/model_internal.h"
@@ -78,26 +79,62 @@ static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     return st;
 }
 
+/* ".gguf" at the end of `path`, in any case: the user meant a GGUF file, not a folder. */
+static int has_gguf_suffix(const char *path) {
+    size_t n = strlen(path);
+    return n >= 5 && strcasecmp(path + n - 5, ".gguf") == 0;
+}
+
+/* The first bytes of a file that is no GGUF, for the message: printable ASCII as is, others as
+ * \xNN. */
+static void describe_magic(const unsigned char *magic, size_t got, char *out, size_t cap) {
+    size_t k = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < got && k + 5 < cap; i++) {
+        const int plain =
+            magic[i] >= 0x20 && magic[i] < 0x7f && magic[i] != '"' && magic[i] != '\\';
+        k += (size_t)snprintf(out + k, cap - k, plain ? "%c" : "\\x%02x", magic[i]);
+    }
+}
+
+#define MODEL_IS "a model is a folder with config.json or a .gguf file"
+
 static nopad_status load_model(nopad_model *m, const char *dir) {
     char path[4096];
-    /* the CLI's and the Python package's words for the three ways a folder is not there */
+    /* the CLI's and the Python package's words for the ways a model path is not a model: what
+     * it is, and what was expected */
+    const int gguf_name = has_gguf_suffix(dir);
+    const char *what = gguf_name ? "GGUF file" : "model folder";
     struct stat sb;
     if (stat(dir, &sb) != 0)
-        return errno == ENOENT ? nopad_set_error(NOPAD_ERR_IO, "model folder '%s' does not exist", dir)
-                               : nopad_set_error(NOPAD_ERR_IO, "model folder '%s': %s", dir, strerror(errno));
+        return errno == ENOENT ? nopad_set_error(NOPAD_ERR_IO, "%s '%s' does not exist", what, dir)
+                               : nopad_set_error(NOPAD_ERR_IO, "%s '%s': %s", what, dir,
+                                                 strerror(errno));
     if (S_ISREG(sb.st_mode)) {
         /* a file is a model only as GGUF; say so before the GGUF reader's own words */
-        char magic[4] = {0};
+        unsigned char magic[4] = {0};
         FILE *f = fopen(dir, "rb");
-        size_t got = f ? fread(magic, 1, 4, f) : 0;
-        if (f) fclose(f);
+        if (!f)
+            return nopad_set_error(NOPAD_ERR_IO, "%s '%s': cannot open: %s", what, dir,
+                                   strerror(errno));
+        size_t got = fread(magic, 1, 4, f);
+        fclose(f);
         if (got == 4 && memcmp(magic, "GGUF", 4) == 0) return load_gguf_model(m, dir);
+        char seen[32];
+        describe_magic(magic, got, seen, sizeof seen);
+        char why[96];
+        if (got < 4) snprintf(why, sizeof why, "%zu bytes, shorter than the magic \"GGUF\"", got);
+        else snprintf(why, sizeof why, "magic \"%s\", expected \"GGUF\"", seen);
+        if (gguf_name)
+            return nopad_set_error(NOPAD_ERR_FORMAT, "'%s' is not a GGUF file (%s); " MODEL_IS,
+                                   dir, why);
         return nopad_set_error(NOPAD_ERR_IO,
-                               "model folder '%s' is not a folder (nor a GGUF file: a model is a "
-                               "Hugging Face folder or a .gguf file)",
-                               dir);
+                               "model folder '%s' is not a folder, nor a GGUF file (%s); " MODEL_IS,
+                               dir, why);
     }
-    if (!S_ISDIR(sb.st_mode)) return nopad_set_error(NOPAD_ERR_IO, "model folder '%s' is not a folder", dir);
+    if (!S_ISDIR(sb.st_mode))
+        return nopad_set_error(NOPAD_ERR_IO, "%s '%s' is not a %s; " MODEL_IS, what, dir,
+                               gguf_name ? "regular file" : "folder");
 
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *json;
