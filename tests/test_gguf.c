@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "io/gguf.h"
+#include "io/gguf_config.h"
 
 /* ---- building files ------------------------------------------------------------------------- */
 
@@ -406,6 +407,99 @@ static void test_block_sizes(void **state) {
     free(b.p);
 }
 
+/* ---- a decoder's config from metadata (gguf_config.c) ---------------------------------------- */
+
+/* The metadata of a small `arch` decoder with no tensors: embedding length `embd` over `heads`
+ * heads, linear RoPE scaling, a two-token vocabulary; the float key `bad_key`, when given, holds
+ * `bad_value` instead of its usual value. */
+static void make_decoder_meta(buf *b, const char *arch, uint32_t embd, uint32_t heads,
+                              const char *bad_key, float bad_value) {
+    static const struct { const char *key; float value; } floats[] = {
+        {"attention.layer_norm_rms_epsilon", 1e-5f}, {"rope.freq_base", 10000.0f},
+        {"rope.scaling.factor", 2.0f}};
+    header(b, 3, 0, 11);
+    kv_str(b, "general.architecture", arch);
+    char key[128];
+    const struct { const char *key; uint32_t value; } counts[] = {
+        {"context_length", 64}, {"embedding_length", embd}, {"block_count", 1},
+        {"feed_forward_length", 16}, {"attention.head_count", heads}};
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, counts[i].key);
+        kv_u32(b, key, counts[i].value);
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, floats[i].key);
+        kv(b, key, GGUF_TYPE_FLOAT32);
+        put_f32(b, bad_key && strcmp(bad_key, floats[i].key) == 0 ? bad_value : floats[i].value);
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    kv_str(b, key, "linear");
+    kv(b, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
+    arr(b, GGUF_TYPE_STRING, 2);
+    put_str(b, "a");
+    put_str(b, "b");
+}
+
+static nopad_status decoder_config(const buf *b, model_config *cfg) {
+    gguf_file f;
+    nopad_status st = gguf_parse(b->p, b->len, "t.gguf", &f);
+    if (st == NOPAD_OK) st = gguf_model_config(&f, cfg);
+    gguf_close(&f);
+    return st;
+}
+
+static void test_decoder_config(void **state) {
+    (void)state;
+    buf b = {0};
+    model_config cfg;
+    make_decoder_meta(&b, "llama", 32, 4, NULL, 0);
+    assert_nopad_ok(decoder_config(&b, &cfg));
+    assert_int_equal(cfg.head_size, 8);
+    assert_int_equal(cfg.vocab_size, 2);
+    assert_true(cfg.layer_norm_eps == 1e-5f && cfg.rope_theta == 10000.0f);
+    assert_true(cfg.rope.kind == ROPE_SCALING_LINEAR && cfg.rope.factor == 2.0f);
+    /* an odd head size (1 included) cannot come from llama.cpp's converter, which permutes Q and
+     * K by halves of a head: refused, never loaded with rows of each head left unset */
+    static const struct { const char *arch; uint32_t embd, heads; const char *message; } odd[] = {
+        {"llama", 12, 4,
+         "t.gguf: head size 3 (embedding length 12 / 4 heads) is odd, expected an even head size"},
+        {"llama", 4, 4, "head size 1 (embedding length 4 / 4 heads) is odd"},
+        {"llama", 45, 3, "head size 15 (embedding length 45 / 3 heads) is odd"},
+        {"qwen2", 12, 4, "head size 3 (embedding length 12 / 4 heads) is odd"},
+    };
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        b.len = 0;
+        make_decoder_meta(&b, odd[i].arch, odd[i].embd, odd[i].heads, NULL, 0);
+        assert_nopad_error(decoder_config(&b, &cfg), NOPAD_ERR_FORMAT, odd[i].message);
+    }
+    /* the whole load says the same */
+    b.len = 0;
+    make_decoder_meta(&b, "llama", 12, 4, NULL, 0);
+    const char *path = test_write_temp(0, ".gguf", b.p, b.len);
+    nopad_model *m = (nopad_model *)0x1;
+    assert_nopad_error(nopad_model_load(path, NULL, &m), NOPAD_ERR_FORMAT, "head size 3");
+    assert_null(m);
+    /* epsilons, RoPE bases and scaling factors that are infinite, NaN, zero or negative */
+    static const struct { const char *key; float value; const char *message; } bad[] = {
+        {"attention.layer_norm_rms_epsilon", INFINITY,
+         "t.gguf: metadata key llama.attention.layer_norm_rms_epsilon is inf, expected a positive "
+         "finite number"},
+        {"attention.layer_norm_rms_epsilon", NAN, "layer_norm_rms_epsilon is nan"},
+        {"attention.layer_norm_rms_epsilon", 0.0f, "layer_norm_rms_epsilon is 0, expected"},
+        {"rope.freq_base", INFINITY, "metadata key llama.rope.freq_base is inf, expected"},
+        {"rope.freq_base", -INFINITY, "llama.rope.freq_base is -inf"},
+        {"rope.freq_base", -1.0f, "llama.rope.freq_base is -1"},
+        {"rope.scaling.factor", INFINITY, "llama.rope.scaling.factor is inf"},
+        {"rope.scaling.factor", NAN, "llama.rope.scaling.factor is nan"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        b.len = 0;
+        make_decoder_meta(&b, "llama", 32, 4, bad[i].key, bad[i].value);
+        assert_nopad_error(decoder_config(&b, &cfg), NOPAD_ERR_FORMAT, bad[i].message);
+    }
+    free(b.p);
+}
+
 /* ---- malformed files ------------------------------------------------------------------------ */
 
 /* Every proper prefix of a valid file fails, with a message that says where it ends. */
@@ -764,6 +858,7 @@ int main(void) {
         cmocka_unit_test(test_v2_default_alignment),
         cmocka_unit_test(test_no_tensors_and_names),
         cmocka_unit_test(test_block_sizes),
+        cmocka_unit_test(test_decoder_config),
         cmocka_unit_test(test_truncated_everywhere),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_open_errors),

@@ -33,10 +33,13 @@ static const char *copy_model(const char *name, const char *config) {
     return dir;
 }
 
-/* bert_a's config.json with one "key": value replaced (value given as JSON text). */
-static char *bert_a_config_with(const char *key, const char *value) {
+/* tests/data/models/<name>'s config.json with the first "key": value replaced (value given as
+ * JSON text). */
+static char *config_with(const char *name, const char *key, const char *value) {
     size_t len;
-    char *cfg = test_read_file(test_data_path("models/bert_a/config.json"), &len);
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s/config.json", name);
+    char *cfg = test_read_file(test_data_path(rel), &len);
     assert_non_null(cfg);
     char needle[128];
     snprintf(needle, sizeof needle, "\"%s\":", key);
@@ -48,6 +51,10 @@ static char *bert_a_config_with(const char *key, const char *value) {
     sprintf(out, "%.*s %s%s", (int)(val - cfg), cfg, value, end);
     free(cfg);
     return out;
+}
+
+static char *bert_a_config_with(const char *key, const char *value) {
+    return config_with("bert_a", key, value);
 }
 
 static void expect_load_error(const char *dir, nopad_status want, const char *needle) {
@@ -118,6 +125,41 @@ static void test_bad_config(void **state) {
     cfg = bert_a_config_with("num_hidden_layers", "-2");
     expect_load_error(copy_model("bert_a", cfg), NOPAD_ERR_FORMAT, "num_hidden_layers");
     free(cfg);
+}
+
+/* An epsilon, a RoPE base or a RoPE scaling factor that is infinite (1e999 in JSON, or 1e300,
+ * finite as a double but not as the float it becomes), zero or negative is refused with the key
+ * and the value, never loaded. */
+static void test_non_finite_config_floats(void **state) {
+    static const struct {
+        const char *model, *key, *value, *message;
+    } cases[] = {
+        {"llama_gqa", "rms_norm_eps", "1e999",
+         "field \"rms_norm_eps\" is inf, expected a positive finite number"},
+        {"llama_gqa", "rms_norm_eps", "1e300", "field \"rms_norm_eps\" is 1e+300, expected"},
+        {"llama_gqa", "rms_norm_eps", "1e-300", "field \"rms_norm_eps\" is 1e-300, expected"},
+        {"llama_gqa", "rms_norm_eps", "0", "field \"rms_norm_eps\" is 0, expected"},
+        {"llama_gqa", "rms_norm_eps", "-1e-5", "field \"rms_norm_eps\" is -1e-05, expected"},
+        {"llama_gqa", "rope_theta", "1e999", "field \"rope_theta\" is inf, expected"},
+        {"llama_gqa", "rope_theta", "-1e999", "field \"rope_theta\" is -inf, expected"},
+        {"llama_gqa", "rope_theta", "3.5e38", "field \"rope_theta\" is 3.5e+38, expected"},
+        {"llama_linear", "factor", "1e999", "field \"factor\" is inf, expected"},
+        {"llama_linear", "rope_theta", "0", "field \"rope_theta\" is 0, expected"},
+        {"gpt2_dec", "layer_norm_epsilon", "1e999", "field \"layer_norm_epsilon\" is inf"},
+        {"bert_a", "layer_norm_eps", "1e999", "\"layer_norm_eps\" must be a number in (0, 1]"},
+        {"bert_a", "layer_norm_eps", "1e-300", "\"layer_norm_eps\" must be a number in (0, 1]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *cfg = config_with(cases[i].model, cases[i].key, cases[i].value);
+        nopad_model *m = NULL;
+        nopad_status st = nopad_model_load(copy_model(cases[i].model, cfg), NULL, &m);
+        if (st != NOPAD_ERR_FORMAT || !strstr(nopad_last_error(), cases[i].message))
+            fail_msg("%s %s %s: %s \"%s\", expected FORMAT and \"%s\"", cases[i].model,
+                     cases[i].key, cases[i].value, nopad_status_string(st), nopad_last_error(),
+                     cases[i].message);
+        assert_null(m);
+        free(cfg);
+    }
 }
 
 /* A field that is present with the wrong JSON type says so and names the type expected; only an
@@ -322,6 +364,7 @@ int main(void) {
         cmocka_unit_test(test_missing_folder_and_files),
         cmocka_unit_test(test_model_path_messages),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_non_finite_config_floats),
         cmocka_unit_test(test_wrong_json_types),
         cmocka_unit_test(test_tensors_that_do_not_fit_the_config),
         cmocka_unit_test(test_truncated_weights),

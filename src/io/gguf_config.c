@@ -1,6 +1,7 @@
 /* A decoder's model_config from GGUF metadata (llama.cpp's keys: "<arch>.embedding_length",
  * ...), for the architectures whose graph nopad has: llama (SmolLM2, LLaMA, Mistral without a
  * window) and qwen2. Ids of special tokens come from tokenizer.ggml.*. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,9 +47,12 @@ static nopad_status arch_float(const gguf_file *f, const char *arch, const char 
         return NOPAD_OK;
     }
     nopad_status st = gguf_get_f32(f, full, out);
-    if (st == NOPAD_OK && !(*out > 0))
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: metadata key %s must be positive", f->path,
-                               full);
+    /* an epsilon, a RoPE base or a scaling factor: zero, negative, infinite or NaN means nothing
+     * (an infinite epsilon zeroes every norm, an infinite base leaves positions unrotated) */
+    if (st == NOPAD_OK && !(*out > 0 && isfinite(*out)))
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: metadata key %s is %g, expected a positive finite number",
+                               f->path, full, (double)*out);
     return st;
 }
 
@@ -86,6 +90,13 @@ nopad_status gguf_model_config(const gguf_file *f, model_config *out) {
                                "%s: %d heads, %d KV heads and embedding length %d do not divide",
                                f->path, out->num_heads, out->num_kv_heads, out->hidden_size);
     out->head_size = out->hidden_size / out->num_heads;
+    /* RoPE turns pairs of dimensions, and llama.cpp's converter permutes Q and K by halves of a
+     * head (reshape(n_head, 2, head_dim // 2, ...)): no odd head size can come from it */
+    if (out->head_size % 2 != 0)
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: head size %d (embedding length %d / %d heads) is odd, expected "
+                               "an even head size (rotary embeddings turn pairs of dimensions)",
+                               f->path, out->head_size, out->hidden_size, out->num_heads);
     int32_t rot = 0;
     st = arch_int(f, arch, "rope.dimension_count", 1, out->head_size, &rot);
     if (st != NOPAD_OK) return st;

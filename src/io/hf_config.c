@@ -65,7 +65,8 @@ static nopad_status get_float(const cJSON *root, const char *where, const char *
         return NOPAD_OK;
     }
     if (!cJSON_IsNumber(item)) return json_wrong_type(where, key, "a number in (0, 1]", item);
-    if (!(item->valuedouble > 0) || item->valuedouble > 1)
+    /* (as the float it becomes: 1e-300 would be an epsilon of 0) */
+    if (!((float)item->valuedouble > 0) || item->valuedouble > 1)
         return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a number in (0, 1], found %g",
                                where, key, item->valuedouble);
     *out = (float)item->valuedouble;

@@ -17,7 +17,8 @@ static const cJSON *field(const cJSON *obj, const char *key) {
     return cJSON_GetObjectItemCaseSensitive(obj, key);
 }
 
-/* A positive float field; absent or null: fallback. */
+/* A positive float field; absent or null: fallback. Checked as the float it becomes: 1e300 is a
+ * finite double but an infinite float, 1e-300 a float zero. */
 static nopad_status get_pos_float(const cJSON *obj, const char *where, const char *key,
                                   double fallback, float *out) {
     const cJSON *item = field(obj, key);
@@ -26,10 +27,12 @@ static nopad_status get_pos_float(const cJSON *obj, const char *where, const cha
         return NOPAD_OK;
     }
     if (!cJSON_IsNumber(item)) return json_wrong_type(where, key, "a positive number", item);
-    if (!(item->valuedouble > 0) || !isfinite(item->valuedouble))
-        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: field \"%s\" must be a positive number, found %g",
+    const float v = (float)item->valuedouble;
+    if (!(v > 0) || !isfinite(v))
+        return nopad_set_error(NOPAD_ERR_FORMAT,
+                               "%s: field \"%s\" is %g, expected a positive finite number (float32)",
                                where, key, item->valuedouble);
-    *out = (float)item->valuedouble;
+    *out = v;
     return NOPAD_OK;
 }
 

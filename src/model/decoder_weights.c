@@ -128,6 +128,9 @@ static nopad_status gguf_fetch(source *src, const char *name, float **data, int6
     /* the rotary interleave of llama.cpp's llama architecture (its qwen2 keeps HF's order) */
     if (permute_heads > 0 && src->cfg->family == FAMILY_LLAMA && strcmp(src->cfg->model_type, "qwen2") != 0) {
         const int64_t D = src->cfg->head_size;
+        if (D % 2 != 0) /* the halves would skip a row of each head */
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s': head size %lld is odd",
+                                   src->where, gname, (long long)D);
         if (*rows != permute_heads * D)
             return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has %lld rows, expected %lld",
                                    src->where, gname, (long long)*rows, (long long)(permute_heads * D));
