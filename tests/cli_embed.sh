@@ -6,6 +6,11 @@
 # The CLI passes no token type ids (all zero), so hidden-state goldens are compared on the
 # sequences whose golden token types are all zero; the other sequences still run (pooling
 # consistency, shapes, batching).
+#
+# A Python start (numpy's import) costs about 1 s on a busy machine, and there are over 400
+# checks: the checks are queued while the CLI runs and run in one Python process at the end
+# (run_checks), and the fixtures' ids and facts are read in one process before (prepare).
+# Each model prints a line with the elapsed time, so a long run shows where it is.
 set -euo pipefail
 
 : "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
@@ -29,7 +34,44 @@ run() {
         return 1
     fi
 }
-check() { "${CHECK[@]}" "$@" || fail "check $1 $2"; }
+CHECKS="$TMP/checks"
+: >"$CHECKS"
+# check ARGS...: queues `cli_check.py ARGS` (one shell-quoted line), run by run_checks.
+check() {
+    printf '%q ' "$@" >>"$CHECKS"
+    printf '\n' >>"$CHECKS"
+}
+# note TEXT: a line run_checks prints before the checks queued after it.
+note() { printf '# %s\n' "$*" >>"$CHECKS"; }
+# Runs every queued check in one Python process; a failed one prints FAIL and its arguments.
+run_checks() {
+    echo "== running $(grep -vc '^#' "$CHECKS") queued checks"
+    python3 - "$HERE" "$CHECKS" <<'EOF' || fail "queued checks"
+import shlex, sys
+sys.path.insert(0, sys.argv[1])
+import cli_check
+failed = 0
+for line in open(sys.argv[2], encoding="utf-8"):
+    if line.startswith("# "):
+        print(line[2:], end="", flush=True)
+        continue
+    args = shlex.split(line)
+    try:
+        cli_check.COMMANDS[args[0]](*args[1:])
+        continue
+    except SystemExit as e:
+        if not e.code:
+            continue
+    except Exception as e:  # a missing or malformed output file
+        print(f"FAIL: {type(e).__name__}: {e}", file=sys.stderr)
+    failed += 1
+    print(f"FAIL: check {shlex.join(args)}", file=sys.stderr)
+print(f"{failed} queued check(s) failed" if failed else "every queued check passed")
+sys.exit(1 if failed else 0)
+EOF
+}
+START=$SECONDS
+elapsed() { echo "$((SECONDS - START)) s"; }
 
 # ---- version and help ------------------------------------------------------------------------
 "$NOPAD_CLI" --version | grep -Eq '^nopad [0-9]+\.[0-9]+\.[0-9]+ \(build [0-9a-z-]+\)$' || fail "--version"
@@ -38,32 +80,56 @@ check() { "${CHECK[@]}" "$@" || fail "check $1 $2"; }
 "$NOPAD_CLI" info --help | grep -q -- '--json' || fail "info --help"
 
 # ---- every fixture model -----------------------------------------------------------------------
-n_models=0
+models=()
 for dir in "$NOPAD_TEST_DATA"/models/*/; do
     dir="${dir%/}"
     name="$(basename "$dir")"
-    golden="$dir/golden.safetensors"
-    [ -f "$dir/config.json" ] && [ -f "$golden" ] || continue
-    n_models=$((n_models + 1))
-    echo "== $name"
-    W="$TMP/$name"
-    mkdir -p "$W"
-
+    [ -f "$dir/config.json" ] && [ -f "$dir/golden.safetensors" ] || continue
+    mkdir -p "$TMP/$name"
     # info: text and JSON
-    if run info --model "$dir" >"$W/info.txt"; then
-        grep -Eq '^family: +[A-Za-z]+' "$W/info.txt" || fail "$name: info has no family line"
+    if run info --model "$dir" >"$TMP/$name/info.txt"; then
+        grep -Eq '^family: +[A-Za-z]+' "$TMP/$name/info.txt" || fail "$name: info has no family line"
     fi
-    run info --model "$dir" --json >"$W/info.json" || continue
-    if [ "$("${CHECK[@]}" json-get "$W/info.json" kind)" = decoder ]; then
+    run info --model "$dir" --json >"$TMP/$name/info.json" && models+=("$dir")
+done
+[ "${#models[@]}" -gt 0 ] || fail "no fixture models under $NOPAD_TEST_DATA/models"
+
+# prepare: per model, meta (kind, hidden size, family, whether the golden has pooled outputs) and,
+# for an encoder, the golden ids as --ids lines (ids.txt) with KEEP, the sequences whose token
+# types are all zero (keep.json).
+python3 - "$HERE" "$TMP" "${models[@]}" <<'EOF'
+import contextlib, json, os, sys
+sys.path.insert(0, sys.argv[1])
+import cli_check
+tmp = sys.argv[2]
+for d in sys.argv[3:]:
+    w = os.path.join(tmp, os.path.basename(d))
+    info = json.load(open(os.path.join(w, "info.json")))
+    golden = os.path.join(d, "golden.safetensors")
+    pooled = 0
+    if info["kind"] != "decoder":  # decoders: cli_generate.sh tests them
+        with open(os.path.join(w, "ids_note.txt"), "w") as f, contextlib.redirect_stdout(f):
+            cli_check.cmd_golden_ids(golden, os.path.join(w, "ids.txt"), os.path.join(w, "keep.json"))
+        pooled = int("pooled" in cli_check.load_safetensors(golden))
+    with open(os.path.join(w, "meta.txt"), "w") as f:
+        f.write(f"{info['kind']} {info.get('hidden_size', 0)} {info.get('family', '?')} {pooled}\n")
+EOF
+
+n=0
+for dir in "${models[@]}"; do
+    name="$(basename "$dir")"
+    golden="$dir/golden.safetensors"
+    W="$TMP/$name"
+    n=$((n + 1))
+    read -r kind H family pooled <"$W/meta.txt"
+    echo "== $name ($n of ${#models[@]}, $(elapsed))"
+    note "== $name"
+    if [ "$kind" = decoder ]; then
         echo "   a decoder: cli_generate.sh tests it"  # the goldens of make_decoder_fixtures.py
         continue
     fi
-    H="$("${CHECK[@]}" json-get "$W/info.json" hidden_size)"
-    family="$("${CHECK[@]}" json-get "$W/info.json" family)"
     echo "   family $family, hidden $H"
-
-    # Golden ids as --ids lines; KEEP lists the sequences with all-zero token types.
-    "${CHECK[@]}" golden-ids "$golden" "$W/ids.txt" "$W/keep.json" | sed 's/^/   ids: /'
+    sed 's/^/   ids: /' "$W/ids_note.txt"
     B="$(wc -l <"$W/ids.txt")"
 
     # Last hidden states, npy and jsonl, against the golden.
@@ -103,7 +169,7 @@ for dir in "$NOPAD_TEST_DATA"/models/*/; do
     done
 
     # sentence-transformers folders: the folder's own pooling and normalisation by default.
-    if "${CHECK[@]}" has "$golden" pooled; then
+    if [ "$pooled" = 1 ]; then
         if run embed --model "$dir" --ids --input "$W/ids.txt" --output "$W/default.npy"; then
             check cosine "$W/default.npy" "$golden" pooled 0.9999 "$W/keep.json"
         fi
@@ -111,16 +177,15 @@ for dir in "$NOPAD_TEST_DATA"/models/*/; do
         if [ -f "$dir/golden_texts.txt" ]; then
             grep -vn '^<ids only' "$dir/golden_texts.txt" >"$W/texts_numbered.txt" || true
             cut -d: -f2- "$W/texts_numbered.txt" >"$W/texts.txt"
-            cut -d: -f1 "$W/texts_numbered.txt" |
-                python3 -c 'import sys, json; print(json.dumps([int(l) - 1 for l in sys.stdin]))' \
-                    >"$W/text_keep.json"
+            # the 0-based indices of the lines kept, as a JSON list
+            cut -d: -f1 "$W/texts_numbered.txt" | awk '{ printf "%s%d", (NR > 1 ? ", " : "["), $1 - 1 }
+                END { print NR ? "]" : "[]" }' >"$W/text_keep.json"
             if run embed --model "$dir" --input "$W/texts.txt" --output "$W/text.npy"; then
                 check cosine "$W/text.npy" "$golden" pooled 0.9999 "$W/text_keep.json"
             fi
         fi
     fi
 done
-[ "$n_models" -gt 0 ] || fail "no fixture models under $NOPAD_TEST_DATA/models"
 
 # ---- all-MiniLM-L6-v2 --------------------------------------------------------------------------
 MINILM="${NOPAD_MINILM_DIR:-}"
@@ -131,7 +196,8 @@ if [ -z "$MINILM" ] || [ ! -f "$MINILM/config.json" ]; then
     echo "      (scripts/fetch_default_model.sh downloads it)"
     echo "******************************************************************************"
 else
-    echo "== all-MiniLM-L6-v2 ($MINILM)"
+    echo "== all-MiniLM-L6-v2 ($MINILM, $(elapsed))"
+    note "== all-MiniLM-L6-v2"
     W="$TMP/minilm"
     mkdir -p "$W"
     sentences="$NOPAD_TEST_DATA/minilm/sentences.txt"
@@ -169,6 +235,8 @@ else
     fi
 fi
 
+run_checks
+echo "done in $(elapsed)"
 if [ "$failures" -ne 0 ]; then
     echo "$failures failure(s)" >&2
     exit 1
