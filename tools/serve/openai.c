@@ -52,17 +52,27 @@ static int get_bool(const cJSON *obj, const char *name, int *out, api_error *e) 
     return 0;
 }
 
-/* A number in [lo, hi] (open ends where lo_open / hi_open). */
+static int in_range(double x, double lo, int lo_open, double hi, int hi_open) {
+    return isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+}
+
+/* A sampling number in [lo, hi] (open ends where lo_open / hi_open), checked as the engine will
+ * use it: a 32-bit float (top_p 1e-300 is 0 there, min_p 0.9999999999 is 1). */
 static int get_number(const cJSON *obj, const char *name, double lo, int lo_open, double hi,
                       int hi_open, const char *range, double *out, api_error *e) {
     const cJSON *v = field(obj, name);
     if (!v) return 0;
     if (!cJSON_IsNumber(v)) return wrong_type(e, name, "a number", v);
     const double x = v->valuedouble;
-    if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || (hi_open ? !(x < hi) : !(x <= hi)))
+    if (!in_range(x, lo, lo_open, hi, hi_open))
         return api_fail(e, 400, INVALID, "invalid_value", name, "'%s' must be %s, got %g", name,
                         range, x);
-    *out = x;
+    const double f = (float)x;
+    if (!in_range(f, lo, lo_open, hi, hi_open))
+        return api_fail(e, 400, INVALID, "invalid_value", name,
+                        "'%s' must be %s as a 32-bit float (the precision nopad samples with), "
+                        "got %.12g, which is %g there", name, range, x, f);
+    *out = f;
     return 0;
 }
 
@@ -316,15 +326,182 @@ static int get_prompt(const cJSON *obj, gen_request *r, api_error *e) {
     return wrong_type(e, "prompt", "a string or an array of token ids", p);
 }
 
-/* The body as a JSON object, or NULL with e filled (400). */
+/* ---- the body ---------------------------------------------------------------------------------- */
+
+/* cJSON ends its strings at the first NUL ("Par\u0000xyz" reads as "Par") and copies their bytes
+ * as they come (invalid UTF-8 passes). So the body's own bytes are walked once cJSON has accepted
+ * them: every string (names too) must hold no NUL, escaped or raw, and be UTF-8 as the tokenizers
+ * require it, and only JSON white space may stand between the tokens (cJSON skips any byte up to
+ * 0x20). A failure names the string's place as the other errors do (prompt, stop[0],
+ * messages[1].content, input[3]) and its byte offset in the decoded string, the text the server
+ * passes on. */
+typedef struct body_walk {
+    const unsigned char *s;
+    size_t n, pos;
+    char path[sizeof(((api_error *)0)->param)];
+    api_error *e;
+} body_walk;
+
+static int is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Skips white space; -1 (invalid JSON) at a control byte, which cJSON would have skipped too. */
+static int skip_space(body_walk *w) {
+    while (w->pos < w->n && is_space(w->s[w->pos])) w->pos++;
+    if (w->pos < w->n && w->s[w->pos] < 0x20)
+        return api_fail(w->e, 400, INVALID, "invalid_json", NULL,
+                        "invalid JSON at byte %zu of the body: a control byte (0x%02x) outside a "
+                        "string", w->pos, w->s[w->pos]);
+    return 0;
+}
+
+/* The length of the valid UTF-8 sequence at s[0..n) (n >= 1, s[0] >= 0x80), or 0: the rules of
+ * the tokenizers' check (no overlong forms, no surrogates, nothing above U+10FFFF). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF) need = 1;
+    else if (s[0] == 0xE0) need = 2, lo = 0xA0;
+    else if (s[0] >= 0xE1 && s[0] <= 0xEC) need = 2;
+    else if (s[0] == 0xED) need = 2, hi = 0x9F;
+    else if (s[0] >= 0xEE && s[0] <= 0xEF) need = 2;
+    else if (s[0] == 0xF0) need = 3, lo = 0x90;
+    else if (s[0] >= 0xF1 && s[0] <= 0xF3) need = 3;
+    else if (s[0] == 0xF4) need = 3, hi = 0x8F;
+    else return 0;
+    if (n <= need || s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 2; k <= need; k++)
+        if ((s[k] & 0xC0) != 0x80) return 0;
+    return need + 1;
+}
+
+static unsigned hex4(const unsigned char *s) {
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++)
+        v = v * 16 + (unsigned)(s[k] <= '9' ? s[k] - '0' : (s[k] | 0x20) - 'a' + 10);
+    return v;
+}
+
+/* The string at w->pos (its opening quote), up to its closing quote. The escapes are well formed
+ * (cJSON accepted them, surrogates in pairs), so only \u0000 and raw bytes can be wrong. */
+static int walk_string(body_walk *w, int is_name) {
+    const char *what = is_name ? "the field name " : "";
+    const unsigned char *s = w->s;
+    size_t out = 0; /* bytes of the decoded string so far */
+    for (w->pos++; w->pos < w->n && s[w->pos] != '"';) {
+        const unsigned char c = s[w->pos];
+        if (c == '\\' && w->pos + 1 < w->n && s[w->pos + 1] == 'u' && w->pos + 6 <= w->n) {
+            const unsigned cp = hex4(s + w->pos + 2);
+            if (cp == 0) break;
+            const int pair = cp >= 0xD800 && cp <= 0xDBFF;
+            out += cp < 0x80 ? 1 : cp < 0x800 ? 2 : pair ? 4 : 3;
+            w->pos += pair ? 12 : 6;
+        } else if (c == '\\') {
+            out++;
+            w->pos += 2;
+        } else if (c == 0) {
+            break;
+        } else if (c < 0x80) {
+            out++;
+            w->pos++;
+        } else {
+            const size_t k = utf8_seq(s + w->pos, w->n - w->pos);
+            if (!k)
+                return api_fail(w->e, 400, INVALID, "invalid_value", w->path,
+                                "%s'%s' is not valid UTF-8 at byte %zu", what, w->path, out);
+            out += k;
+            w->pos += k;
+        }
+    }
+    if (w->pos < w->n && s[w->pos] != '"')
+        return api_fail(w->e, 400, INVALID, "invalid_value", w->path,
+                        "%s'%s' holds a NUL character at byte %zu: nopad takes text without NULs",
+                        what, w->path, out);
+    w->pos++;
+    return 0;
+}
+
+/* Appends ".name" (the name's bytes from the body, up to its closing quote, as printable ASCII) or
+ * "[index]" to w->path, cut to fit. */
+static void path_push(body_walk *w, size_t key_at, long index) {
+    size_t len = strlen(w->path);
+    const size_t cap = sizeof w->path;
+    if (key_at == (size_t)-1) {
+        snprintf(w->path + len, cap - len, "[%ld]", index);
+        return;
+    }
+    if (len && len + 1 < cap) w->path[len++] = '.';
+    for (size_t i = key_at + 1; i < w->n && w->s[i] != '"' && len + 1 < cap; i++)
+        w->path[len++] = w->s[i] >= 0x20 && w->s[i] < 0x7f ? (char)w->s[i] : '?';
+    w->path[len] = '\0';
+}
+
+/* The value at w->pos. cJSON accepted the body, so its structure is sound; a surprise ends the
+ * walk early rather than loop. */
+static int walk_value(body_walk *w) {
+    if (skip_space(w)) return -1;
+    if (w->pos >= w->n) return 0;
+    const unsigned char open = w->s[w->pos];
+    if (open == '"') return walk_string(w, 0);
+    if (open != '{' && open != '[') { /* a number, true, false or null */
+        while (w->pos < w->n && w->s[w->pos] > 0x20 && !strchr(",]}", w->s[w->pos])) w->pos++;
+        return 0;
+    }
+    const unsigned char close = open == '{' ? '}' : ']';
+    const size_t path_len = strlen(w->path);
+    w->pos++;
+    for (long i = 0;; i++) {
+        if (skip_space(w)) return -1;
+        if (w->pos >= w->n || w->s[w->pos] == close) break;
+        const size_t at = w->pos;
+        if (open == '{') {
+            if (w->s[at] != '"') return 0;
+            path_push(w, at, 0);
+            if (walk_string(w, 1) || skip_space(w)) return -1;
+            if (w->pos >= w->n || w->s[w->pos] != ':') return 0;
+            w->pos++;
+        } else {
+            path_push(w, (size_t)-1, i);
+        }
+        if (walk_value(w) || skip_space(w)) return -1;
+        w->path[path_len] = '\0';
+        if (w->pos < w->n && w->s[w->pos] == ',') w->pos++;
+        else if (w->pos < w->n && w->s[w->pos] != close) return 0;
+        if (w->pos == at) return 0;
+    }
+    w->pos++;
+    return 0;
+}
+
+/* The body as a JSON object, or NULL with e filled (400). The body need not end with a NUL. */
 static cJSON *parse_object(const char *body, size_t len, api_error *e) {
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root && !len) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body is empty: a JSON object is expected");
+        return NULL;
+    }
     if (!root) {
-        api_fail(e, 400, INVALID, "invalid_json", NULL, "the body is not valid JSON");
+        api_fail(e, 400, INVALID, "invalid_json", NULL, "invalid JSON at byte %zu of the body",
+                 end && end >= body ? (size_t)(end - body) : (size_t)0);
         return NULL;
     }
     if (!cJSON_IsObject(root)) {
         api_fail(e, 400, INVALID, "invalid_json", NULL, "the body must be a JSON object");
+        cJSON_Delete(root);
+        return NULL;
+    }
+    size_t at = (size_t)(end - body);
+    while (at < len && is_space((unsigned char)body[at])) at++;
+    if (at < len) {
+        api_fail(e, 400, INVALID, "invalid_json", NULL,
+                 "invalid JSON at byte %zu of the body: more follows the object (one JSON object "
+                 "per request)", at);
+        cJSON_Delete(root);
+        return NULL;
+    }
+    body_walk w = {.s = (const unsigned char *)body, .n = len, .e = e};
+    if (len >= 3 && memcmp(body, "\xEF\xBB\xBF", 3) == 0) w.pos = 3; /* cJSON skips a BOM too */
+    if (walk_value(&w)) {
         cJSON_Delete(root);
         return NULL;
     }
