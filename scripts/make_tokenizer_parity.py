@@ -7,7 +7,9 @@ reads and Hugging Face `tokenizers`' ids and decodes for every line of the corpu
     python3 scripts/make_tokenizer_parity.py --summary             # only print each pipeline
     python3 scripts/make_tokenizer_parity.py --random 10000 --library build/libnopad.so
         # no files: compares a built libnopad.so with HF on N random strings per tokenizer and
-        # prints, per tokenizer, how many differ (or why nopad cannot load it) and the first few
+        # prints, per tokenizer as it finishes, how many differ (or why nopad cannot load it) and
+        # the first few; NOPAD_RANDOM_STRINGS, when set, replaces N (scripts/test.sh --long sets
+        # 100000). The strings depend on --seed only, so a smaller N checks a prefix of a larger.
 
 The tokenizers are trained on the texts of tests/data/tokenizer/corpus.jsonl (no model hub): the
 byte-level BPE and WordPiece ones with `tokenizers`' trainers, the SentencePiece ones with
@@ -48,6 +50,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 
 from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
@@ -587,12 +590,13 @@ def random_check(n, library, seed, only):
     nospecial = nopad.lib.nopad_tokenize_default_params()
     nospecial.add_special_tokens = 0
     total_bad = 0
-    report = []
+    start = time.monotonic()
+    # one line per tokenizer as it finishes (flushed: a long run shows it is moving)
     for name in only or NAMES:
         path = os.path.join(PARITY, name + ".json")
         tok, err = nopad.load(path)
         if tok is None:
-            report.append("%-28s unsupported: %s" % (name, err.splitlines()[0] if err else "?"))
+            print("%-28s unsupported: %s" % (name, err.splitlines()[0] if err else "?"), flush=True)
             continue
         hf = Tokenizer.from_file(path)
         rng = random.Random(seed)
@@ -617,23 +621,25 @@ def random_check(n, library, seed, only):
                     print("%s%s: %r\n    nopad %s (status %d)\n    HF    %s" % (
                         name, " (no specials)" if nospec else "", text, mine, st, want))
         nopad.lib.nopad_tokenizer_free(tok)
-        report.append("%-28s %d random strings, %d differ from HF" % (name, n, bad))
+        print("%-28s %d random strings, %d differ from HF (%.0f s)" % (
+            name, n, bad, time.monotonic() - start), flush=True)
         total_bad += bad
-    print("\n".join(report))
     return total_bad
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--random", type=int, default=0, metavar="N",
-                    help="compare libnopad.so with HF on N random strings per tokenizer")
+                    help="compare libnopad.so with HF on N random strings per tokenizer "
+                         "($NOPAD_RANDOM_STRINGS, when set, replaces N)")
     ap.add_argument("--library", default="build/libnopad.so")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", nargs="*", help="tokenizer names (default: all)")
     ap.add_argument("--summary", action="store_true", help="build and print, write nothing")
     args = ap.parse_args()
     if args.random:
-        raise SystemExit(1 if random_check(args.random, args.library, args.seed, args.only) else 0)
+        n = int(os.environ.get("NOPAD_RANDOM_STRINGS") or args.random)
+        raise SystemExit(1 if random_check(n, args.library, args.seed, args.only) else 0)
     texts = corpus_texts()
     toks, _ = build_all(texts)
     for name in NAMES:
