@@ -285,6 +285,42 @@ static void test_small_added_token_flags(void **state) {
     nopad_tokenizer_free(tok);
 }
 
+/* Replace normalizers and Split pre-tokenizers whose pattern can match the empty string (""
+ * as a String or a Regex, "a*"), against HF (tests/data/tokenizer/patterns/, by
+ * scripts/make_tokenizer_pattern_fixtures.py): "" matches at every character boundary, never in
+ * an empty input, and an empty match right after a match is skipped. */
+static void test_empty_patterns(void **state) {
+    (void)state;
+    fixture f = load_fixture("tokenizer/patterns/cases.jsonl");
+    nopad_tokenize_params p = nopad_tokenize_default_params();
+    p.add_special_tokens = 0;
+    nopad_tokenizer *tok = NULL;
+    char loaded[64] = "";
+    int32_t ids[512];
+    for (int i = 0; i < f.n; i++) {
+        const char *name = cJSON_GetObjectItem(f.lines[i].json, "tok")->valuestring;
+        if (strcmp(name, loaded) != 0) {
+            nopad_tokenizer_free(tok);
+            char rel[128];
+            snprintf(rel, sizeof rel, "tokenizer/patterns/%s.json", name);
+            size_t len;
+            char *data = test_read_file(test_data_path(rel), &len);
+            if (!data) fail_msg("cannot read %s", test_data_path(rel));
+            assert_nopad_ok(tokenizer_from_json(data, len, rel, &tok));
+            free(data);
+            snprintf(loaded, sizeof loaded, "%s", name);
+        }
+        int32_t n = 0;
+        assert_nopad_ok(nopad_tokenize(tok, f.lines[i].text, f.lines[i].len, &p, ids, 512, &n));
+        char label[160];
+        snprintf(label, sizeof label, "%s: \"%.*s\"", name, (int)f.lines[i].len, f.lines[i].text);
+        test_expect_ids(label, ids, n, cJSON_GetObjectItem(f.lines[i].json, "ids"));
+    }
+    assert_int_equal(f.n, 143);
+    nopad_tokenizer_free(tok);
+    free_fixture(&f);
+}
+
 static nopad_status tokenize_str(const nopad_tokenizer *tok, const char *text,
                                  const nopad_tokenize_params *p, int32_t *ids, int32_t cap,
                                  int32_t *n) {
@@ -737,6 +773,7 @@ static void test_bad_json(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_added_token_flags),
+        cmocka_unit_test(test_empty_patterns),
         cmocka_unit_test(test_empty_and_specials),
         cmocka_unit_test(test_max_chars_per_word),
         cmocka_unit_test(test_truncation),

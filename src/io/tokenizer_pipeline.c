@@ -245,12 +245,24 @@ static nopad_status unicode_form(tok_norm_kind kind, tok_pipe_work *w, const cha
     return st;
 }
 
-/* Finds the next match of a literal or a regex in s[from..n): *ms, *me; 0 when none. */
+static size_t utf8_len_at(const char *s, size_t pos) {
+    unsigned char b = (unsigned char)s[pos];
+    return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
+/* Finds the next match of a literal or a regex in s[from..n): *ms, *me; 0 when none. As HF's
+ * patterns (a String is an escaped regex, run by Oniguruma's find_iter): an empty literal matches
+ * at every character boundary, the two ends included; an empty input has no match at all; and an
+ * empty match where the previous match ended (last_end; SIZE_MAX: none yet) is skipped. */
 static int find_next(const char *lit, size_t lit_len, const pcre2_code *re, tok_pipe_work *w,
-                     const char *s, size_t n, size_t from, size_t *ms, size_t *me,
-                     nopad_status *st) {
-    if (re) {
-        if (from > n) return 0;
+                     const char *s, size_t n, size_t from, size_t last_end, size_t *ms,
+                     size_t *me, nopad_status *st) {
+    if (n == 0 || from > n) return 0;
+    if (!re && lit_len == 0) {
+        *ms = *me = from;
+        return 1;
+    }
+    while (re) {
         int rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK,
                              (pcre2_match_data *)w->match, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) return 0;
@@ -260,11 +272,16 @@ static int find_next(const char *lit, size_t lit_len, const pcre2_code *re, tok_
             return 0;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer((pcre2_match_data *)w->match);
+        if (ov[0] == ov[1] && ov[1] == last_end) { /* try again one character further */
+            if (ov[1] >= n) return 0;
+            from = ov[1] + utf8_len_at(s, ov[1]);
+            continue;
+        }
         *ms = ov[0];
         *me = ov[1];
         return 1;
     }
-    if (lit_len == 0 || from >= n || n - from < lit_len) return 0;
+    if (from >= n || n - from < lit_len) return 0;
     const char *p = memmem(s + from, n - from, lit, lit_len);
     if (!p) return 0;
     *ms = (size_t)(p - s);
@@ -280,22 +297,17 @@ static nopad_status ensure_match_data(tok_pipe_work *w) {
                     : nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
 }
 
-static size_t utf8_len_at(const char *s, size_t pos) {
-    unsigned char b = (unsigned char)s[pos];
-    return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-}
-
 /* Replace: every non-overlapping match, left to right, becomes content. */
 static nopad_status norm_replace(const tok_norm_step *step, tok_pipe_work *w, const char *s,
                                  size_t n, tok_str *out) {
     nopad_status st = step->re ? ensure_match_data(w) : NOPAD_OK;
-    size_t pos = 0, from = 0, ms, me;
+    size_t pos = 0, from = 0, last_end = SIZE_MAX, ms, me;
     while (st == NOPAD_OK && find_next(step->pattern, step->pattern_len,
-                                       (const pcre2_code *)step->re, w, s, n, from, &ms, &me,
-                                       &st)) {
+                                       (const pcre2_code *)step->re, w, s, n, from, last_end, &ms,
+                                       &me, &st)) {
         st = tok_str_append(out, s + pos, ms - pos);
         if (st == NOPAD_OK) st = tok_str_append(out, step->content, step->content_len);
-        pos = me;
+        pos = last_end = me;
         from = me > ms ? me : (me < n ? me + utf8_len_at(s, me) : n + 1);
         if (me == ms && me < n) { /* an empty match: keep the character it stood before */
             st = st == NOPAD_OK ? tok_str_append(out, s + me, utf8_len_at(s, me)) : st;
@@ -436,12 +448,12 @@ static nopad_status find_spans(const tok_pre_step *step, char_pred pred, const c
         return st;
     }
     if (re && (st = ensure_match_data(w)) != NOPAD_OK) return st;
-    size_t prev = 0, from = 0, ms, me;
-    while (find_next(lit, lit_len, re, w, s, n, from, &ms, &me, &st)) {
+    size_t prev = 0, from = 0, last_end = SIZE_MAX, ms, me;
+    while (find_next(lit, lit_len, re, w, s, n, from, last_end, &ms, &me, &st)) {
         if (prev != ms) st = push_span(w, n_spans, prev, ms, 0);
         if (st == NOPAD_OK) st = push_span(w, n_spans, ms, me, 1);
         if (st != NOPAD_OK) return st;
-        prev = me;
+        prev = last_end = me;
         from = me > ms ? me : (me < n ? me + utf8_len_at(s, me) : n + 1);
     }
     if (st == NOPAD_OK && prev != n) st = push_span(w, n_spans, prev, n, 0);
