@@ -38,10 +38,22 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
         raise InvalidArgumentError("%s is not an array: %s" % (name, e)) from None
 
 
+def refuse_bools_in_list(x: Any, a: np.ndarray, name: str) -> None:
+    """np.asarray([1, True]) is int64 [1, 1]: a bool among ints in a Python list would pass as
+    an id, so lists are checked element by element."""
+    if isinstance(x, np.ndarray) or is_torch(x) or a.dtype.kind not in "iu":
+        return
+    for k, v in enumerate(np.asarray(x, dtype=object).flat):
+        if isinstance(v, (bool, np.bool_)):
+            raise InvalidArgumentError("%s[%d] is %r, a bool; expected an int" % (name, k, v))
+
+
 def as_int32_vector(x: Any, name: str) -> np.ndarray:
     """1-D C-contiguous int32 array; no copy when `x` already is one (or a CPU torch int32
-    tensor). Other integer dtypes are converted after a range check."""
+    tensor). Other integer dtypes are converted after a range check; bools and floats are
+    refused (never truncated)."""
     a = to_numpy(x, name)
+    refuse_bools_in_list(x, a, name)
     if a.ndim != 1:
         raise InvalidArgumentError("%s must be 1-D, got shape %s" % (name, tuple(a.shape)))
     if a.dtype == np.int32:
@@ -55,6 +67,63 @@ def as_int32_vector(x: Any, name: str) -> np.ndarray:
         if lo < INT32_MIN or hi > INT32_MAX:
             bad = lo if lo < INT32_MIN else hi
             raise InvalidArgumentError("%s holds %d, outside the int32 range" % (name, bad))
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+class IdTypeError(InvalidArgumentError, TypeError):
+    """A token id that is not an int (a float, a bool, a str, ...): an InvalidArgumentError
+    that ``except TypeError`` catches as well, as it did before ids were checked this closely."""
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _outside(name: str, value: int, pos: Optional[int], vocab_size: int) -> InvalidArgumentError:
+    at = "" if pos is None else " at position %d" % pos
+    return InvalidArgumentError("%s: id %d%s is outside the vocabulary (%d ids, 0 to %d)"
+                                % (name, value, at, vocab_size, vocab_size - 1))
+
+
+def token_id(x: Any, name: str, vocab_size: int) -> int:
+    """One token id: an int (not a bool, not a float) in [0, vocab_size)."""
+    if not _is_id(x):
+        raise IdTypeError("%s is %r (a %s), not an int token id" % (name, x, type(x).__name__))
+    if not 0 <= int(x) < vocab_size:
+        raise _outside(name, int(x), None, vocab_size)
+    return int(x)
+
+
+def token_ids(x: Any, name: str, vocab_size: int) -> np.ndarray:
+    """Token ids as a C-contiguous int32 vector: a list (or tuple) of ints, or a 1-D integer
+    numpy array or CPU torch tensor. Floats (never truncated), bools, values outside
+    [0, vocab_size) and nested lists are refused with InvalidArgumentError naming `name`, the
+    position and the value."""
+    if isinstance(x, (str, bytes, bytearray, memoryview)) or _is_id(x):
+        raise IdTypeError("%s must be a sequence of int token ids, not %s"
+                          % (name, type(x).__name__))
+    if isinstance(x, np.ndarray) or is_torch(x):
+        a = to_numpy(x, name)
+        if a.ndim != 1:
+            raise InvalidArgumentError("%s must be 1-D, got shape %s" % (name, tuple(a.shape)))
+        if a.dtype.kind not in "iu" and a.size:
+            raise IdTypeError("%s must hold int token ids, got dtype %s" % (name, a.dtype))
+    else:
+        try:
+            items = list(x)
+        except TypeError:
+            raise IdTypeError("%s must be a sequence of int token ids, not %s"
+                              % (name, type(x).__name__)) from None
+        for k, v in enumerate(items):
+            if not _is_id(v):
+                raise IdTypeError("%s: position %d holds %r (a %s), not an int token id"
+                                  % (name, k, v, type(v).__name__))
+        a = np.array(items, dtype=object if items else np.int64)
+    if a.size:
+        bad = (a < 0) | (a >= vocab_size)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise _outside(name, int(a[k]), k, vocab_size)
     return np.ascontiguousarray(a, dtype=np.int32)
 
 

@@ -403,7 +403,8 @@ class Encoder:
         if tok is None:
             raise FileError("model folder %s has no tokenizer.json or vocab.txt; encode() needs "
                             "one (forward() takes token ids)" % self.path)
-        datas = [as_utf8(s, "sentences[%d]" % i) for i, s in enumerate(items)]
+        datas = [as_utf8(s, "sentences" if single else "sentences[%d]" % i)
+                 for i, s in enumerate(items)]
         max_len = self.info.max_seq_length
         params = Tokenizer._params(True, bool(truncate), max_len if max_len > 0 else None)
         ids, cu = tok._tokenize_all(datas, params, "sentence",
@@ -492,7 +493,7 @@ class Encoder:
         tok = self._text_tokenizer("classify")
         max_len = self.info.max_seq_length
         params = Tokenizer._params(True, bool(truncate), max_len if max_len > 0 else None)
-        datas = [as_utf8(t, "texts[%d]" % i) for i, t in enumerate(items)]
+        datas = [as_utf8(t, "texts" if single else "texts[%d]" % i) for i, t in enumerate(items)]
         ids, cu = tok._tokenize_all(datas, params, "text", "the model's maximum sequence length")
         logits = self._classify_packed(ids, None, cu, budget)
         return logits[0] if single else logits
@@ -645,6 +646,7 @@ class Encoder:
         B, S = (int(n) for n in ids.shape)
         if B == 0 or S == 0:
             raise InvalidArgumentError("empty batch: input_ids has shape %s" % ((B, S),))
+        _arrays.refuse_bools_in_list(input_ids, ids, "input_ids")
         ids = _arrays.as_int32_vector(ids.reshape(-1), "input_ids")
         if lengths is not None and attention_mask is not None:
             raise InvalidArgumentError("give attention_mask or lengths, not both")
@@ -673,6 +675,7 @@ class Encoder:
             if tuple(t.shape) != (B, S):
                 raise InvalidArgumentError("token_type_ids has shape %s, input_ids %s"
                                            % (tuple(t.shape), (B, S)))
+            _arrays.refuse_bools_in_list(token_type_ids, t, "token_type_ids")
             types = _arrays.as_int32_vector(t.reshape(-1), "token_type_ids")
         pool = _parse_pooling(pooling, self._pooling_code)
         if pool == _native.POOLING_NONE and normalize:

@@ -6,11 +6,12 @@ from typing import Any, Iterator, List, Optional, Sequence as SequenceT, Union
 
 import numpy as np
 
-from . import _native
+from . import _arrays, _native
 from ._handle import Handle
 from .encoder import PathLike, _int_arg
 from .errors import InvalidArgumentError
 from .generator import Generator, _float_arg, _is_int
+from .tokenizer import prompt_utf8
 
 __all__ = ["Engine", "Request"]
 
@@ -80,11 +81,14 @@ class Engine:
         try:
             with self.generator._use() as m:
                 _native.check(lib.nopad_engine_create(m, ctypes.byref(p), ctypes.byref(out)))
+                # registered while the model is in use: Generator.close(), which waits for
+                # that, then closes this engine (joining its thread) before freeing the weights
+                self._handle = Handle(out.value, lib.nopad_engine_free, "Engine")
+                self.generator._engine_handles.add(self._handle)
         except BaseException:
             if self._own_generator:
                 self.generator.close()
             raise
-        self._handle = Handle(out.value, lib.nopad_engine_free, "Engine")
 
     # ---- lifetime ----------------------------------------------------------------------------
 
@@ -92,6 +96,7 @@ class Engine:
         """Cancels what is still running and stops the engine (requests stay readable)."""
         if self._handle is not None:
             self._handle.close()
+            self.generator._engine_handles.discard(self._handle)
         if self._own_generator:
             self.generator.close()
 
@@ -139,19 +144,14 @@ class Engine:
         lib = _native.library()
         p = lib.nopad_request_default_params()
         keep: List[Any] = []  # buffers the call reads
+        vocab = self.generator.info.vocab_size
         if isinstance(prompt, _TEXT):
-            raw = prompt.encode("utf-8") if isinstance(prompt, str) else bytes(prompt)
+            raw = prompt_utf8(prompt, "prompt")  # the library reads it as a C string: no NUL
             buf = ctypes.create_string_buffer(raw, len(raw) + 1)
             keep.append(buf)
             p.prompt_text = ctypes.cast(buf, ctypes.c_char_p)
         else:
-            ids = np.ascontiguousarray(np.asarray(list(prompt) if not isinstance(prompt, np.ndarray)
-                                                  else prompt), dtype=np.int64)
-            if ids.ndim != 1:
-                raise InvalidArgumentError("prompt ids must be one list of ints")
-            if ids.size and (ids.min() < -2**31 or ids.max() > 2**31 - 1):
-                raise InvalidArgumentError("prompt ids must fit int32")
-            ids32 = np.ascontiguousarray(ids, dtype=np.int32)
+            ids32 = _arrays.token_ids(prompt, "prompt", vocab)
             keep.append(ids32)
             p.prompt_ids = _native.ptr(ids32)
             p.n_prompt_ids = int(ids32.size)
@@ -169,13 +169,21 @@ class Engine:
         s.seed = int(seed)
         p.sampling = s
         if stop is not None:
-            stops = [stop] if isinstance(stop, str) else list(stop)
-            arr = (ctypes.c_char_p * max(len(stops), 1))(*[x.encode("utf-8") for x in stops])
+            if isinstance(stop, _TEXT):
+                stops = [prompt_utf8(stop, "stop")]
+            else:
+                try:
+                    items = list(stop)
+                except TypeError:
+                    raise TypeError("stop must be a str or a list of str, not %s"
+                                    % type(stop).__name__) from None
+                stops = [prompt_utf8(x, "stop[%d]" % i) for i, x in enumerate(items)]
+            arr = (ctypes.c_char_p * max(len(stops), 1))(*stops)
             keep.append(arr)
             p.stop_strings = ctypes.cast(arr, ctypes.c_void_p)
             p.n_stop_strings = len(stops)
         if stop_ids is not None:
-            sid = np.ascontiguousarray(np.asarray(list(stop_ids), dtype=np.int64), dtype=np.int32)
+            sid = _arrays.token_ids(stop_ids, "stop_ids", vocab)
             keep.append(sid)
             p.stop_ids = _native.ptr(sid)
             p.n_stop_ids = int(sid.size)

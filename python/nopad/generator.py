@@ -11,11 +11,11 @@ from typing import Any, Iterator, List, Optional, Sequence as SequenceT, Tuple, 
 
 import numpy as np
 
-from . import _native
+from . import _arrays, _native
 from ._handle import Handle
 from .encoder import (ModelInfo, PathLike, _int_arg, _model_info, _parse_device, _parse_dtype)
 from .errors import InvalidArgumentError, error_for
-from .tokenizer import DecodeStream, Tokenizer, as_utf8
+from .tokenizer import DecodeStream, Tokenizer, prompt_utf8
 
 __all__ = ["Generator", "Sequence", "TokenStream"]
 
@@ -25,7 +25,13 @@ Prompt = Union[str, bytes, SequenceT[int], np.ndarray]
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_scalar(x: Any) -> bool:
+    """A number (bools and floats included): a list of them is one prompt of ids, whose bad
+    entries are then refused by position."""
+    return isinstance(x, (int, float, complex, np.generic)) and not isinstance(x, _TEXT)
 
 
 def _float_arg(value: Any, name: str) -> float:
@@ -77,10 +83,12 @@ class Generator:
         """
         self._handle: Optional[Handle] = None
         self._streams: "weakref.WeakSet[_StreamState]" = weakref.WeakSet()
-        # the handles of this generator's live sequences, freed before the model (held here
-        # rather than the Sequence objects, so they go first in whatever order the collector
-        # finalises the objects)
+        # the handles of this generator's live sequences and engines, freed before the model
+        # (held here rather than the Sequence and Engine objects, so they go first in whatever
+        # order the collector finalises the objects). An engine's thread reads the weights
+        # without a call in flight here, so the model's free closes (stops and joins) them first.
         self._seq_handles: "set[Handle]" = set()
+        self._engine_handles: "set[Handle]" = set()
         dev = _parse_device(device)
         if dtype is None:
             dt = _native.DTYPE_F16 if dev == _native.DEVICE_CUDA else _native.DTYPE_F32
@@ -101,7 +109,8 @@ class Generator:
             raise InvalidArgumentError("model %r: embedded null byte" % os.fsdecode(self.path))
         out = ctypes.c_void_p()
         _native.check(lib.nopad_model_load(raw, ctypes.byref(params), ctypes.byref(out)))
-        self._handle = Handle(out.value, lib.nopad_model_free, "Generator")
+        self._handle = Handle(out.value, _model_free(self._engine_handles, self._seq_handles),
+                              "Generator")
         info = _native.ModelInfo()
         _native.check(lib.nopad_model_get_info(out.value, ctypes.byref(info)))
         self.info: ModelInfo = _model_info(info, dev)
@@ -118,16 +127,14 @@ class Generator:
     # ---- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops running streams at their next token, frees the sequences made on this
-        generator, then the model (after the calls running in other threads end). Later calls
-        raise InvalidArgumentError ("closed"). Closing twice is fine."""
+        """Stops running streams at their next token; once the calls running in other threads
+        end, closes the engines running on this generator (their requests end as "cancelled"
+        and stay readable), frees its sequences, then the model. Later calls, also on those
+        engines and sequences, raise InvalidArgumentError ("closed"). Closing twice is fine."""
         if self._handle is None:
             return
         for state in list(self._streams):
             state.stop = True
-        for h in list(self._seq_handles):
-            h.close()
-        self._seq_handles.clear()
         self._handle.close()
 
     @property
@@ -144,7 +151,8 @@ class Generator:
         handle = getattr(self, "_handle", None)
         if handle is not None:
             try:
-                for h in list(getattr(self, "_seq_handles", ())):
+                for h in list(getattr(self, "_engine_handles", ())) + \
+                        list(getattr(self, "_seq_handles", ())):
                     h.close_unlocked()
                 handle.close_unlocked()
             except Exception:  # interpreter shutdown: the library may be gone already
@@ -202,43 +210,38 @@ class Generator:
         return tok
 
     def _ids(self, ids: Any, where: str) -> np.ndarray:
-        arr = np.asarray(ids)
+        arr = _arrays.token_ids(ids, where, self.info.vocab_size)
         if arr.size == 0:
             raise InvalidArgumentError("%s is empty (at least one token)" % where)
-        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError("%s must be a flat sequence of ints (got %s of shape %s)"
-                            % (where, arr.dtype, arr.shape))
-        V = self.info.vocab_size
-        bad = (arr < 0) | (arr >= V)
-        if bad.any():
-            k = int(np.argmax(bad))
-            raise InvalidArgumentError("%s: id %d at position %d is outside the vocabulary (%d "
-                                       "ids, 0 to %d)" % (where, int(arr[k]), k, V, V - 1))
-        return np.ascontiguousarray(arr, dtype=np.int32)
+        return arr
 
     def _pack(self, prompts: Any) -> Tuple[np.ndarray, np.ndarray]:
         """(ids int32 [T], cu int32 [n+1]) of prompts given as one text, one id list, or a list
         of texts and id lists. Texts go through the model's tokenizer, special tokens added as
         Hugging Face adds them (the BOS of LLaMA-2-style tokenizers, nothing for most chat
         models)."""
+        single = True  # errors name "prompt" rather than "prompts[i]"
         if isinstance(prompts, _TEXT):
             items: List[Any] = [prompts]
-        elif isinstance(prompts, np.ndarray):
-            items = [prompts] if prompts.ndim == 1 else list(prompts)
+        elif isinstance(prompts, np.ndarray) and prompts.ndim == 1:
+            items = [prompts]
         else:
             try:
                 items = list(prompts)
             except TypeError:
                 raise TypeError("prompts must be a str, a list of ids, or a list of those; not %s"
                                 % type(prompts).__name__) from None
-            if items and all(_is_int(x) for x in items):
+            if items and all(_is_scalar(x) for x in items):
                 items = [items]  # one prompt of ids
+            else:
+                single = False
         parts: List[np.ndarray] = []
         tok: Optional[Tokenizer] = None
         for i, p in enumerate(items):
+            name = "prompt" if single else "prompts[%d]" % i
             if isinstance(p, _TEXT):
+                data = prompt_utf8(p, name)
                 tok = tok or self._need_tokenizer()
-                data = as_utf8(p, "prompts[%d]" % i)
                 params = Tokenizer._params(True, False, None)
                 ids, _ = tok._tokenize_all([data], params, "prompt %d" % i if len(items) > 1
                                            else "prompt")
@@ -246,10 +249,10 @@ class Generator:
                     raise InvalidArgumentError("prompt %d is empty (no tokens)" % i)
                 parts.append(ids)
             else:
-                if isinstance(p, (int, np.integer)):
-                    raise TypeError("prompts[%d] is an int: give one prompt of ids as a list, "
+                if _is_scalar(p):
+                    raise TypeError("prompts[%d] is a number: give one prompt of ids as a list, "
                                     "several as a list of lists" % i)
-                parts.append(self._ids(p, "prompt %d" % i))
+                parts.append(self._ids(p, name))
         cu = np.zeros(len(parts) + 1, dtype=np.int64)
         np.cumsum([len(p) for p in parts], out=cu[1:])
         if cu[-1] > 2**31 - 1:
@@ -355,7 +358,7 @@ class Generator:
             except TypeError:
                 raise TypeError("prompt must be a str or a list of ids, not %s"
                                 % type(prompt).__name__) from None
-            if not all(_is_int(x) for x in items):
+            if not all(_is_scalar(x) for x in items):
                 raise TypeError("stream takes one prompt (a str or a list of ids); use "
                                 "generate for several")
             prompt = items
@@ -456,8 +459,10 @@ class Sequence:
         with generator._use() as model:
             _native.check(lib.nopad_sequence_create(lib.nopad_model_context(model),
                                                     ctypes.byref(out)))
-        self._handle = Handle(out.value, lib.nopad_sequence_free, "Sequence")
-        generator._seq_handles.add(self._handle)
+            # registered while the model is in use, so that a close() in another thread,
+            # which waits for that, frees the sequence before the model
+            self._handle = Handle(out.value, lib.nopad_sequence_free, "Sequence")
+            generator._seq_handles.add(self._handle)
 
     @contextlib.contextmanager
     def _use(self) -> Iterator[int]:
@@ -502,6 +507,22 @@ class Sequence:
 
     def __repr__(self) -> str:
         return "<nopad.Sequence %s>" % ("closed" if self.closed else "of %d tokens" % self.length)
+
+
+def _model_free(engines: "set[Handle]", seqs: "set[Handle]"):
+    """The model's free function: closes the engines running on it (which stops and joins their
+    threads) and frees its sequences first. It holds the sets, not the Generator, so the handle
+    makes no reference cycle."""
+    lib = _native.library()
+
+    def free(ptr: int) -> None:
+        for h in list(engines) + list(seqs):
+            h.close()
+        engines.clear()
+        seqs.clear()
+        lib.nopad_model_free(ptr)
+
+    return free
 
 
 class _StreamState:

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _native
+from . import _arrays, _native
 from ._handle import Handle
 from .errors import InvalidArgumentError, Status, error_for
 
@@ -21,7 +21,9 @@ __all__ = ["Tokenizer", "DecodeStream"]
 
 def as_utf8(text: Text, where: str = "text") -> bytes:
     """UTF-8 bytes of `text`. str is encoded (lone surrogates pass through and are then rejected
-    by the library as invalid UTF-8); bytes-like objects are used as they are."""
+    by the library as invalid UTF-8); bytes-like objects are used as they are. The tokenizer
+    takes them with their length, so a NUL character is a character like any other (tokenized
+    as Hugging Face does)."""
     if isinstance(text, str):
         return text.encode("utf-8", "surrogatepass")
     if isinstance(text, bytes):
@@ -29,6 +31,18 @@ def as_utf8(text: Text, where: str = "text") -> bytes:
     if isinstance(text, (bytearray, memoryview)):
         return bytes(text)
     raise TypeError("%s must be str or bytes, not %s" % (where, type(text).__name__))
+
+
+def prompt_utf8(text: Text, where: str) -> bytes:
+    """as_utf8 for prompts and stop strings, refusing a NUL character: the engine reads them as
+    C strings, where a NUL would silently cut the text, and the server refuses it too; so every
+    prompt path (Generator, Engine, server) refuses it alike."""
+    data = as_utf8(text, where)
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise InvalidArgumentError("%s holds a NUL character (U+0000) at byte %d; prompts and "
+                                   "stop strings cannot contain NUL" % (where, nul))
+    return data
 
 
 class Tokenizer:
@@ -65,7 +79,10 @@ class Tokenizer:
         self._owner = None
         lib = _native.library()
         out = ctypes.c_void_p()
-        _native.check(lib.nopad_tokenizer_load(os.fsencode(path), ctypes.byref(out)))
+        raw = os.fsencode(path)
+        if b"\0" in raw:  # ctypes would pass the path cut at the NUL
+            raise InvalidArgumentError("tokenizer folder %r holds a NUL character" % (path,))
+        _native.check(lib.nopad_tokenizer_load(raw, ctypes.byref(out)))
         self._handle = Handle(out.value, lib.nopad_tokenizer_free, "Tokenizer")
         self._vocab_size = int(lib.nopad_tokenizer_vocab_size(out.value))
 
@@ -75,7 +92,9 @@ class Tokenizer:
         self._handle = model_handle  # the model's handle: usable while the model is open
         self._borrowed = tok_ptr
         self._owner = owner  # keeps the Encoder alive
-        self._vocab_size = int(_native.library().nopad_tokenizer_vocab_size(tok_ptr))
+        # inside the model's protection: a close() in another thread frees tok_ptr with the model
+        with model_handle.use():
+            self._vocab_size = int(_native.library().nopad_tokenizer_vocab_size(tok_ptr))
         return self
 
     # ---- lifetime ----------------------------------------------------------------------------
@@ -237,7 +256,7 @@ class Tokenizer:
             InvalidArgumentError: invalid UTF-8, truncate without max_length, a closed tokenizer.
         """
         params = self._params(add_special_tokens, truncate, max_length)
-        ids, _ = self._tokenize_all([as_utf8(text)], params, "")
+        ids, _ = self._tokenize_all([as_utf8(text, "text")], params, "")
         return ids.tolist()
 
     def encode_pair(self, text: Text, text_pair: Text, add_special_tokens: bool = True,
@@ -307,24 +326,6 @@ class Tokenizer:
 
     # ---- decoding ----------------------------------------------------------------------------
 
-    def _ids(self, ids: Iterable[int]) -> np.ndarray:
-        """ids as a contiguous int32 array; values outside int32 are refused here, the others by
-        the library (which names the id and the vocabulary size)."""
-        if isinstance(ids, (str, bytes)):
-            raise TypeError("ids must be a sequence of ints, not %s" % type(ids).__name__)
-        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
-        if arr.size == 0:
-            return np.zeros(0, dtype=np.int32)
-        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError("ids must be a flat sequence of ints (got %s of shape %s)"
-                            % (arr.dtype, arr.shape))
-        bad = (arr < -2**31) | (arr > 2**31 - 1)
-        if bad.any():
-            raise InvalidArgumentError("id %d at position %d is outside the vocabulary (%d ids, "
-                                       "0 to %d)" % (int(arr[bad][0]), int(np.argmax(bad)),
-                                                     self._vocab_size, self._vocab_size - 1))
-        return np.ascontiguousarray(arr, dtype=np.int32)
-
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text of token ids, exactly as Hugging Face ``tokenizers``' ``decode``: each id's
         token, then the tokenizer's decoder (byte-level, Metaspace, byte fallback, WordPiece
@@ -338,7 +339,7 @@ class Tokenizer:
             InvalidArgumentError: an id outside the vocabulary (named, with its position).
             UnsupportedError: the tokenizer's decoder is a type nopad does not implement.
         """
-        arr = self._ids(ids)
+        arr = _arrays.token_ids(ids, "ids", self._vocab_size)
         lib = _native.library()
         n = ctypes.c_size_t(0)
         cap = 8 * len(arr) + 64
@@ -408,13 +409,8 @@ class DecodeStream:
         Raises:
             InvalidArgumentError: an id outside the vocabulary; the stream is left as it was.
         """
-        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
-            raise TypeError("id must be an int, not %s" % type(id).__name__)
-        if not -2**31 <= int(id) <= 2**31 - 1:
-            raise InvalidArgumentError("id %d is outside the vocabulary (%d ids, 0 to %d)"
-                                       % (int(id), self._tok.vocab_size,
-                                          self._tok.vocab_size - 1))
-        return self._call(_native.library().nopad_decode_stream_step, int(id))
+        token = _arrays.token_id(id, "id", self._tok.vocab_size)
+        return self._call(_native.library().nopad_decode_stream_step, token)
 
     def flush(self) -> str:
         """Ends the sequence: returns the text held back (U+FFFD for an unfinished character);

@@ -88,6 +88,68 @@ def test_engine_sampling_cancel_and_errors():
         eng.submit(p, max_tokens=4)
 
 
+def test_generator_close_closes_its_running_engines():
+    """Generator.close() while an Engine on it runs (issue 38, item 7.2): the engine is closed
+    first (its thread joined, its requests ended and still readable), then the weights are
+    freed. Before, close() returned at once and the engine's thread read the freed weights."""
+    gen = nopad.Generator(MODELS / "llama_gqa")
+    eng = nopad.Engine(gen, kv_cache_tokens=4096, max_running=8, max_step_tokens=256)
+    prompts = _prompts(8, gen.info.vocab_size, seed=5)
+    reqs = [eng.submit(p[:8], max_tokens=110, ignore_eos=True) for p in prompts]
+    assert reqs[-1].read()  # the engine's thread is stepping
+    gen.close()
+    assert gen.closed and eng.closed
+    for r in reqs:
+        r.result(timeout=10)  # each ended: the engine's thread is gone
+        assert r.finish_reason in ("cancelled", "length")
+        assert len(r.ids) <= 110
+    with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+        eng.submit(prompts[0], max_tokens=4)
+    with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+        eng.stats()
+    eng.close()  # closing it again is fine
+
+
+def test_generator_close_while_threads_submit():
+    """Generator.close() from one thread while others submit to their engines on it: close()
+    returns with every engine closed (before, they went on stepping over freed weights), the
+    submitting threads get the "closed" error, and a new engine on it is refused."""
+    gen = nopad.Generator(MODELS / "llama_gqa")
+    prompt = _prompts(1, gen.info.vocab_size, seed=9)[0][:8]
+    engines = [nopad.Engine(gen, kv_cache_tokens=512, max_step_tokens=64) for _ in range(3)]
+    started = threading.Barrier(len(engines) + 1)
+    errors = [None] * len(engines)
+
+    def work(k):
+        first = True
+        try:
+            while True:
+                engines[k].submit(prompt, max_tokens=40, ignore_eos=True)
+                if first:
+                    first = False
+                    started.wait(10)
+        except BaseException as e:  # noqa: BLE001 (checked below)
+            errors[k] = e
+            if first:
+                started.abort()
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(3)]
+    for t in threads:
+        t.start()
+    started.wait(10)
+    gen.close()
+    assert [e.closed for e in engines] == [True] * len(engines)
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    for e in errors:
+        assert isinstance(e, nopad.InvalidArgumentError) and "closed" in str(e), repr(e)
+    with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+        nopad.Engine(gen)
+    for e in engines:
+        e.close()
+
+
 @pytest.fixture(scope="module")
 def gguf():
     path = os.environ.get("NOPAD_SMOLLM2_GGUF") or os.path.expanduser(

@@ -171,3 +171,68 @@ def test_garbage_collection_after_threads():
     assert results == [None, None]
     del enc, threads
     gc.collect()  # __del__ frees without waiting on anything
+
+
+def test_model_tokenizer_after_close_is_refused():
+    """A model's tokenizer is read inside the model's protection (issue 38, item 7.3): once
+    close() has begun, enc.tokenizer raises the "closed" error; before, it read the vocabulary
+    size of the freed tokenizer (a use-after-free that ASan reports) and returned a view."""
+    enc = nopad.Encoder(MODEL)
+    assert enc.tokenizer.vocab_size > 0
+    enc.close()
+    with pytest.raises(nopad.InvalidArgumentError, match="closed") as info:
+        enc.tokenizer
+    _assert_closed_error(info.value)
+    with pytest.raises(nopad.InvalidArgumentError, match="closed"):
+        enc.encode(SENTENCES)  # the path through the tokenizer
+
+
+def _gguf():
+    import os
+    from pathlib import Path
+
+    path = os.environ.get("NOPAD_SMOLLM2_GGUF") or os.path.expanduser(
+        "~/.cache/nopad/SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not Path(path).is_file():
+        pytest.skip("SmolLM2 GGUF not found (scripts/fetch_default_decoder.sh)")
+    return path
+
+
+def test_close_while_threads_generate_from_text():
+    """close() from another thread while others generate from text prompts (issue 38, item
+    7.3): every path through the tokenizer (prompts, the decode of the output) is inside the
+    model's protection, so the workers end with the "closed" error and nothing reads freed
+    memory (ASan checks that)."""
+    gen = nopad.Generator(_gguf())
+    tok = gen.tokenizer
+    stop = threading.Event()
+    started = threading.Barrier(3)
+    results = [None, None]
+
+    def work(k):
+        first = True
+        try:
+            while not stop.is_set():
+                if k == 0:
+                    assert len(gen.generate("Hello", max_tokens=2)) == 1
+                else:
+                    assert gen.tokenizer.encode("Hello world") and tok.decode([1, 2])
+                if first:
+                    first = False
+                    started.wait(TIMEOUT)
+        except BaseException as e:  # noqa: BLE001 (recorded, checked below)
+            results[k] = e
+            if first:
+                started.abort()
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        started.wait(TIMEOUT)
+        _closed_cleanly(*_close_in_thread(gen), "Generator.close() did not return")
+        _joined(threads, "a worker kept running after close()")
+    finally:
+        stop.set()
+    for e in results:
+        _assert_closed_error(e)
