@@ -829,6 +829,21 @@ static void test_bad_input(void **state) {
     nopad_model_free(m);
 }
 
+/* An engine closed without ever taking a request (a server stopped before its first request, a
+ * request file with no lines): the engine thread's last look at the empty queue copies nothing,
+ * which UBSan checks (memcpy from the empty queue's NULL list), and nothing leaks. */
+static void test_idle_engine(void **state) {
+    (void)state;
+    nopad_model *m = load_fixture("llama_gqa");
+    nopad_engine *e = NULL;
+    assert_nopad_ok(nopad_engine_create(m, NULL, &e));
+    sleep_us(2000); /* the engine thread is waiting on the empty queue */
+    nopad_engine_free(e);
+    assert_nopad_ok(nopad_engine_create(m, NULL, &e)); /* and freed at once */
+    nopad_engine_free(e);
+    nopad_model_free(m);
+}
+
 /* ---- SmolLM2: text, stop strings, random arrivals on a real model --------------------------- */
 
 typedef struct text_log {
@@ -956,6 +971,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_sharing),
         cmocka_unit_test_prestate(test_prefix_sharing, &OVERLAP_ON),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_idle_engine),
         cmocka_unit_test(test_smollm2),
         cmocka_unit_test_prestate(test_smollm2, &OVERLAP_ON),
     };

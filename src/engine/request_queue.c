@@ -80,8 +80,9 @@ nopad_status request_queue_push(request_queue *q, request *r) {
 int request_queue_take(request_queue *q, request_list *to, int wait) {
     pthread_mutex_lock(&q->lock);
     while (wait && q->incoming.n == 0 && !q->closed) pthread_cond_wait(&q->wake, &q->lock);
-    /* room first, so a failure leaves the requests in the queue for the next try */
-    if (request_list_reserve(to, to->n + q->incoming.n) == NOPAD_OK) {
+    /* room first, so a failure leaves the requests in the queue for the next try; an empty queue
+     * may have no list at all (memcpy from NULL is undefined, even of 0 bytes) */
+    if (q->incoming.n > 0 && request_list_reserve(to, to->n + q->incoming.n) == NOPAD_OK) {
         memcpy(to->items + to->n, q->incoming.items, (size_t)q->incoming.n * sizeof *to->items);
         to->n += q->incoming.n;
         q->incoming.n = 0;
