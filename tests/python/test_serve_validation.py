@@ -61,9 +61,12 @@ def test_nul_is_refused_naming_the_field(server, path, body, param):
     assert "NUL" in e["message"], e
 
 
-def test_raw_nul_byte_and_field_name_with_nul(server):
+def test_raw_nul_bad_escape_and_field_name_with_nul(server):
     e = _error(server, "/v1/completions", b'{"prompt": "Par\x00xyz", "max_tokens": 1}')
     assert e["param"] == "prompt" and "NUL character at byte 3" in e["message"], e
+    # cJSON reads a \u escape with a non-hex digit as a NUL
+    e = _error(server, "/v1/completions", b'{"prompt": "Hi", "stop": ["Par\\uZZZZ"], "max_tokens": 1}')
+    assert e["param"] == "stop[0]" and "invalid \\u escape at byte 3" in e["message"], e
     # "prompt\u0000x" would read as "prompt"
     e = _error(server, "/v1/completions", b'{"prompt\\u0000x": "Hi", "max_tokens": 1}')
     assert e["code"] == "invalid_value" and "field name" in e["message"], e

@@ -374,15 +374,22 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
     return need + 1;
 }
 
-static unsigned hex4(const unsigned char *s) {
-    unsigned v = 0;
-    for (int k = 0; k < 4; k++)
-        v = v * 16 + (unsigned)(s[k] <= '9' ? s[k] - '0' : (s[k] | 0x20) - 'a' + 10);
+/* The code unit of \uXXXX's four digits, or -1 where one is not a hex digit (cJSON reads such an
+ * escape as a NUL). */
+static long hex4(const unsigned char *s) {
+    long v = 0;
+    for (int k = 0; k < 4; k++) {
+        const int c = s[k] | 0x20;
+        if (s[k] >= '0' && s[k] <= '9') v = v * 16 + (s[k] - '0');
+        else if (c >= 'a' && c <= 'f') v = v * 16 + (c - 'a' + 10);
+        else return -1;
+    }
     return v;
 }
 
-/* The string at w->pos (its opening quote), up to its closing quote. The escapes are well formed
- * (cJSON accepted them, surrogates in pairs), so only \u0000 and raw bytes can be wrong. */
+/* The string at w->pos (its opening quote), up to its closing quote. cJSON accepted its escapes
+ * (surrogates in pairs), but also takes a \u with a non-hex digit as a NUL: those, \u0000 and raw
+ * bytes can be wrong. */
 static int walk_string(body_walk *w, int is_name) {
     const char *what = is_name ? "the field name " : "";
     const unsigned char *s = w->s;
@@ -390,7 +397,10 @@ static int walk_string(body_walk *w, int is_name) {
     for (w->pos++; w->pos < w->n && s[w->pos] != '"';) {
         const unsigned char c = s[w->pos];
         if (c == '\\' && w->pos + 1 < w->n && s[w->pos + 1] == 'u' && w->pos + 6 <= w->n) {
-            const unsigned cp = hex4(s + w->pos + 2);
+            const long cp = hex4(s + w->pos + 2);
+            if (cp < 0)
+                return api_fail(w->e, 400, INVALID, "invalid_value", w->path,
+                                "%s'%s' holds an invalid \\u escape at byte %zu", what, w->path, out);
             if (cp == 0) break;
             const int pair = cp >= 0xD800 && cp <= 0xDBFF;
             out += cp < 0x80 ? 1 : cp < 0x800 ? 2 : pair ? 4 : 3;
