@@ -2,10 +2,12 @@
  * its sequence-classification head (the same queue and thread: a batch holds jobs of one kind,
  * and a classification batch goes through nopad_classify_packed).
  *
- * Requests are tokenized on their connection's thread and queued; one batcher thread takes every
- * queued request (up to --embed-batch-tokens tokens; a larger request runs alone) and runs them
- * as one packed batch through the encoder (nopad_encode_packed: no padding, each input its own
- * sequence), then wakes each request's connection with its rows. Pooled rows come back
+ * Requests are tokenized on their connection's thread and queued; one batcher thread takes the
+ * queued requests' inputs in turn, up to --embed-batch-tokens tokens, and runs them as one packed
+ * batch through the encoder (nopad_encode_packed: no padding, each input its own sequence); a
+ * request whose inputs are all done gets its connection woken with its rows. A larger request
+ * thus runs in chunks between other requests, and is dropped between chunks once its client has
+ * left. Pooled rows come back
  * unnormalised; each request's normalisation (and Matryoshka `dimensions`) is applied to its own
  * rows, so requests with different settings still share a batch. */
 #include <math.h>
@@ -17,27 +19,35 @@
 #include "serve.h"
 
 typedef struct embed_job {
-    waiter w;                 /* w.lock guards done, st, refs */
-    int refs;                 /* the HTTP request's and the batcher's (while queued) */
+    waiter w;                 /* w.lock guards done, status, st, error, refs */
+    int refs;                 /* the HTTP request's and the batcher's (until it drops the job) */
     int32_t n;                /* inputs */
     int32_t *cu;              /* [n + 1] */
     int32_t *ids;             /* [cu[n]] */
     int classify;             /* 1: the head's logits (/predict, /rerank); 0: pooled rows */
     int32_t *types;           /* [cu[n]] token types of pairs, or NULL (all 0) */
-    float *out;               /* [n, hidden] pooled, unnormalised; or [n, num_labels] logits */
+    int32_t width;            /* of a row of out: the hidden size, or the head's labels */
+    float *out;               /* [n, width] pooled, unnormalised, or logits; filled chunk by chunk */
+    int32_t taken;            /* inputs handed to batches so far (the batcher's alone) */
     int done;
-    nopad_status st;
+    int status;               /* once done: 200, 499 (the client left), 503 (shutdown), 500 */
     char error[512];
     struct embed_job *next;
 } embed_job;
 
+/* The batcher's queue holds the jobs with inputs left, in turn: a batch takes inputs from the
+ * head on, up to --embed-batch-tokens, and a job with inputs left after it goes back to the tail.
+ * A large request thus runs in chunks of the budget, and a request that came during one chunk
+ * shares the next batch: it waits for about one chunk, not for the whole large request. */
 struct embed_batcher {
     server *srv;
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     embed_job *head, *tail;
-    int32_t queued;
+    embed_job **running;      /* [n_running] the jobs in the batch being computed */
+    int n_running;
+    int32_t held;             /* jobs accepted and not yet answered: queued or running */
     int stop;
 };
 
@@ -54,110 +64,201 @@ static void job_release(embed_job *j) {
     free(j);
 }
 
-static void finish_job(embed_job *j, nopad_status st, const char *error) {
-    pthread_mutex_lock(&j->w.lock);
-    j->st = st;
-    if (error) snprintf(j->error, sizeof j->error, "%s", error);
+/* With j->w.lock held: the job's answer is decided (the first decision stands); its connection
+ * is woken to send it. */
+static void end_job(embed_job *j, int status, const char *error) {
+    if (j->done) return;
     j->done = 1;
+    j->status = status;
+    if (error) snprintf(j->error, sizeof j->error, "%s", error);
     waiter_wake(&j->w);
-    pthread_mutex_unlock(&j->w.lock);
-    job_release(j);
 }
 
-/* Runs jobs[0..n) as one packed batch. */
-static void run_batch(embed_batcher *b, embed_job **jobs, int n) {
+static void finish_job(embed_job *j, int status, const char *error) {
+    pthread_mutex_lock(&j->w.lock);
+    end_job(j, status, error);
+    pthread_mutex_unlock(&j->w.lock);
+}
+
+/* With b->lock held: whether the job can be dropped from the queue: answered already (the
+ * shutdown), or its client left (libmicrohttpd does not watch a suspended connection, so the
+ * socket is looked at here); such a job is ended with 499 and counted as cancelled. */
+static int job_abandoned(embed_batcher *b, embed_job *j) {
+    pthread_mutex_lock(&j->w.lock);
+    const int gone = !j->done && (!j->w.conn || waiter_client_gone(&j->w));
+    if (gone) end_job(j, 499, "the client left");
+    const int drop = j->done;
+    pthread_mutex_unlock(&j->w.lock);
+    if (gone) metrics_cancelled(&b->srv->metrics);
+    return drop;
+}
+
+typedef struct slice {
+    embed_job *job;
+    int32_t from, to;         /* inputs [from, to) of the job */
+} slice;
+
+/* Runs the slices as one packed batch, writing each input's row into its job's out. Returns the
+ * status and fills error[512] when it fails. */
+static nopad_status run_batch(embed_batcher *b, const slice *sl, int n, char *error) {
     server *s = b->srv;
     int32_t seqs = 0, tokens = 0;
     for (int i = 0; i < n; i++) {
-        seqs += jobs[i]->n;
-        tokens += jobs[i]->cu[jobs[i]->n];
+        const embed_job *j = sl[i].job;
+        seqs += sl[i].to - sl[i].from;
+        tokens += j->cu[sl[i].to] - j->cu[sl[i].from];
     }
-    const int classify = jobs[0]->classify;
+    const int classify = sl[0].job->classify;
+    const int32_t H = sl[0].job->width;
     int with_types = 0;
-    for (int i = 0; i < n; i++) with_types |= jobs[i]->types != NULL;
-    /* the row width: the hidden size, or the head's labels */
-    const int32_t H = classify ? nopad_model_num_labels(s->encoder) : s->enc_info.hidden_size;
+    for (int i = 0; i < n; i++) with_types |= sl[i].job->types != NULL;
     int32_t *cu = malloc(((size_t)seqs + 1) * sizeof *cu);
     int32_t *ids = malloc((size_t)tokens * sizeof *ids);
     int32_t *types = with_types ? calloc((size_t)tokens, sizeof *types) : NULL;
     float *pooled = malloc((size_t)seqs * (size_t)H * sizeof *pooled);
     nopad_status st = NOPAD_ERR_OUT_OF_MEMORY;
-    char error[512] = "out of memory";
+    snprintf(error, 512, "out of memory");
     if (cu && ids && pooled && (types || !with_types)) {
         int32_t k = 0, t = 0;
         cu[0] = 0;
         for (int i = 0; i < n; i++) {
-            const embed_job *j = jobs[i];
-            memcpy(ids + t, j->ids, (size_t)j->cu[j->n] * sizeof *ids);
-            if (j->types) memcpy(types + t, j->types, (size_t)j->cu[j->n] * sizeof *types);
-            for (int32_t q = 0; q < j->n; q++) cu[k + q + 1] = t + j->cu[q + 1];
-            k += j->n;
-            t += j->cu[j->n];
+            const embed_job *j = sl[i].job;
+            const int32_t first = j->cu[sl[i].from], len = j->cu[sl[i].to] - first;
+            memcpy(ids + t, j->ids + first, (size_t)len * sizeof *ids);
+            if (j->types) memcpy(types + t, j->types + first, (size_t)len * sizeof *types);
+            for (int32_t q = sl[i].from; q < sl[i].to; q++) cu[++k] = t + j->cu[q + 1] - first;
+            t += len;
         }
         nopad_encode_params ep = nopad_encode_default_params();
         ep.normalize = 0;
         ep.batch_tokens = (int32_t)s->o.embed_batch_tokens;
         st = classify ? nopad_classify_packed(s->encoder, seqs, cu, ids, types, pooled)
                       : nopad_encode_packed(s->encoder, seqs, cu, ids, NULL, &ep, NULL, pooled);
-        if (st != NOPAD_OK) snprintf(error, sizeof error, "%s", nopad_last_error());
+        if (st != NOPAD_OK) snprintf(error, 512, "%s", nopad_last_error());
     }
-    if (st == NOPAD_OK) metrics_embed_batch(&s->metrics, seqs, tokens);
-    int32_t row = 0;
-    for (int i = 0; i < n; i++) {
-        embed_job *j = jobs[i];
-        if (st == NOPAD_OK) {
-            j->out = malloc((size_t)j->n * (size_t)H * sizeof *j->out);
-            if (j->out) memcpy(j->out, pooled + (size_t)row * H, (size_t)j->n * (size_t)H * sizeof *j->out);
+    if (st == NOPAD_OK) {
+        metrics_embed_batch(&s->metrics, seqs, tokens);
+        int32_t row = 0;
+        for (int i = 0; i < n; i++) {
+            const int32_t rows = sl[i].to - sl[i].from;
+            memcpy(sl[i].job->out + (size_t)sl[i].from * H, pooled + (size_t)row * H,
+                   (size_t)rows * (size_t)H * sizeof *pooled);
+            row += rows;
         }
-        row += j->n;
-        finish_job(j, st == NOPAD_OK && !j->out ? NOPAD_ERR_OUT_OF_MEMORY : st,
-                   st == NOPAD_OK && j->out ? NULL : error);
     }
     free(cu);
     free(ids);
     free(types);
     free(pooled);
+    return st;
 }
+
+/* With b->lock held: unlinks the queue's head. */
+static embed_job *pop_head(embed_batcher *b) {
+    embed_job *j = b->head;
+    b->head = j->next;
+    if (!b->head) b->tail = NULL;
+    j->next = NULL;
+    return j;
+}
+
+static void push_tail(embed_batcher *b, embed_job *j) {
+    j->next = NULL;
+    if (b->tail) b->tail->next = j;
+    else b->head = j;
+    b->tail = j;
+}
+
 
 static void *batcher_main(void *arg) {
     embed_batcher *b = arg;
     const int64_t budget = b->srv->o.embed_batch_tokens;
-    embed_job **batch = NULL;
+    slice *batch = NULL;
     size_t cap = 0;
+    char error[512];
     pthread_mutex_lock(&b->lock);
     for (;;) {
         while (!b->head && !b->stop) pthread_cond_wait(&b->cond, &b->lock);
-        if (!b->head) break; /* stopping, nothing left */
+        if (b->stop) { /* the server has stopped: no connection is left to answer */
+            while (b->head) {
+                embed_job *j = pop_head(b);
+                b->held--;
+                finish_job(j, 503, "the server is shutting down");
+                job_release(j);
+            }
+            break;
+        }
+        /* the batch: inputs from the head on, up to the budget (at least one input) */
         int n = 0;
         int64_t tokens = 0;
-        while (b->head && (n == 0 || (tokens + b->head->cu[b->head->n] <= budget &&
-                                      b->head->classify == batch[0]->classify))) {
+        while (b->head && b->head->taken == b->head->n) { /* no input at all: nothing to compute */
+            embed_job *j = pop_head(b);
+            b->held--;
+            finish_job(j, 200, NULL);
+            job_release(j);
+        }
+        while (b->head && (n == 0 || (tokens < budget && b->head->classify == batch[0].job->classify))) {
+            embed_job *j = b->head;
+            if (job_abandoned(b, j)) {
+                pop_head(b);
+                b->held--;
+                job_release(j);
+                continue;
+            }
             if ((size_t)n == cap) {
                 size_t c = cap ? 2 * cap : 64;
-                embed_job **p = realloc(batch, c * sizeof *p);
+                slice *p = realloc(batch, c * sizeof *p);
                 if (!p) break;
                 batch = p;
                 cap = c;
             }
-            embed_job *j = b->head;
-            b->head = j->next;
-            if (!b->head) b->tail = NULL;
-            b->queued--;
-            tokens += j->cu[j->n];
-            batch[n++] = j;
+            int32_t to = j->taken;
+            int64_t t = tokens;
+            while (to < j->n) {
+                const int32_t len = j->cu[to + 1] - j->cu[to];
+                if (t + len > budget && !(n == 0 && to == j->taken)) break; /* one input at least */
+                t += len;
+                to++;
+            }
+            if (to == j->taken) break; /* its next input does not fit: the next batch */
+            batch[n++] = (slice){j, j->taken, to};
+            tokens = t;
+            j->taken = to;
+            pop_head(b);
+            if (to < j->n) break; /* the budget is spent; the rest of j waits its turn */
+        }
+        if (n == 0) {
+            if (b->head && cap == 0) { /* out of memory for the list: fail the head rather than spin */
+                embed_job *j = pop_head(b);
+                b->held--;
+                finish_job(j, 500, "out of memory");
+                job_release(j);
+            }
+            continue;
+        }
+        embed_job **running = realloc(b->running, (size_t)n * sizeof *running);
+        if (running) { /* for embed_cancel_all; without it the shutdown waits for this batch */
+            b->running = running;
+            for (int i = 0; i < n; i++) b->running[b->n_running++] = batch[i].job;
         }
         pthread_mutex_unlock(&b->lock);
-        if (n) run_batch(b, batch, n);
-        else { /* out of memory for the list: fail the first job rather than spin */
-            pthread_mutex_lock(&b->lock);
-            embed_job *j = b->head;
-            b->head = j->next;
-            if (!b->head) b->tail = NULL;
-            b->queued--;
-            pthread_mutex_unlock(&b->lock);
-            finish_job(j, NOPAD_ERR_OUT_OF_MEMORY, "out of memory");
-        }
+        const nopad_status st = run_batch(b, batch, n, error);
         pthread_mutex_lock(&b->lock);
+        b->n_running = 0;
+        for (int i = 0; i < n; i++) {
+            embed_job *j = batch[i].job;
+            if (st != NOPAD_OK) finish_job(j, 500, error);
+            else if (j->taken == j->n) finish_job(j, 200, NULL);
+            pthread_mutex_lock(&j->w.lock);
+            const int done = j->done;
+            pthread_mutex_unlock(&j->w.lock);
+            if (done) {
+                b->held--;
+                job_release(j);
+            } else {
+                push_tail(b, j); /* behind what came meanwhile */
+            }
+        }
     }
     pthread_mutex_unlock(&b->lock);
     free(batch);
@@ -180,7 +281,18 @@ nopad_status embed_batcher_start(server *s, embed_batcher **out) {
     return NOPAD_OK;
 }
 
-/* Finishes what is queued, then stops the thread. */
+void embed_cancel_all(embed_batcher *b) {
+    if (!b) return;
+    pthread_mutex_lock(&b->lock);
+    for (embed_job *j = b->head; j; j = j->next)
+        finish_job(j, 503, "the server is shutting down");
+    for (int i = 0; i < b->n_running; i++)
+        finish_job(b->running[i], 503, "the server is shutting down");
+    pthread_cond_signal(&b->cond); /* the queued ones are dropped at the next batch */
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* Ends the thread after its batch; what is left is dropped (no connection is left to answer). */
 void embed_batcher_stop(embed_batcher *b) {
     if (!b) return;
     pthread_mutex_lock(&b->lock);
@@ -190,12 +302,13 @@ void embed_batcher_stop(embed_batcher *b) {
     pthread_join(b->thread, NULL);
     pthread_mutex_destroy(&b->lock);
     pthread_cond_destroy(&b->cond);
+    free(b->running);
     free(b);
 }
 
 int32_t embed_batcher_queue(embed_batcher *b) {
     pthread_mutex_lock(&b->lock);
-    const int32_t n = b->queued;
+    const int32_t n = b->held;
     pthread_mutex_unlock(&b->lock);
     return n;
 }
@@ -304,13 +417,24 @@ static char *row_text(const float *x, int32_t d, int base64) {
     return s;
 }
 
+/* A job that ended without rows: its error reply; MHD_NO (closes the connection) when the client
+ * left, counted as 499. */
+static enum MHD_Result answer_failed(http_req *q, const embed_job *j, const char *what) {
+    api_error e;
+    if (j->status == 499) {
+        http_count(q, 499);
+        return MHD_NO;
+    }
+    if (j->status == 503)
+        api_fail(&e, 503, "server_error", "cancelled", NULL, "the request was cancelled: %s", j->error);
+    else
+        api_fail(&e, 500, "server_error", NULL, NULL, "%s failed: %s", what, j->error);
+    return http_reply_error(q, &e);
+}
+
 static enum MHD_Result answer(http_req *q, const embed_request *r, embed_job *j) {
     server *s = q->srv;
-    if (j->st != NOPAD_OK) {
-        api_error e;
-        api_fail(&e, 500, "server_error", NULL, NULL, "embedding failed: %s", j->error);
-        return http_reply_error(q, &e);
-    }
+    if (j->status != 200) return answer_failed(q, j, "embedding");
     const int32_t H = s->enc_info.hidden_size, d = r->dimensions > 0 ? r->dimensions : H;
     const int normalize = r->normalize < 0 ? s->enc_info.normalize : r->normalize;
     cJSON *root = r->tei ? cJSON_CreateArray() : cJSON_CreateObject();
@@ -365,19 +489,23 @@ static enum MHD_Result answer(http_req *q, const embed_request *r, embed_job *j)
 }
 
 /* Queues a packed job for the batcher (q->emb = j), or fills e with a 429 when the queue is full
- * (the job released) and returns -1. */
+ * (or a 500 without memory for its rows; the job released) and returns -1. */
 static int enqueue(http_req *q, embed_job *j, api_error *e) {
     server *s = q->srv;
     embed_batcher *b = s->batcher;
     j->w.conn = q->conn;
+    j->width = j->classify ? nopad_model_num_labels(s->encoder) : s->enc_info.hidden_size;
+    j->out = malloc(((size_t)j->n * (size_t)j->width + 1) * sizeof *j->out);
+    if (!j->out) {
+        job_release(j);
+        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     pthread_mutex_lock(&b->lock);
-    const int full = b->queued >= s->o.max_queue;
+    const int full = b->held >= s->o.max_queue;
     if (!full) {
         j->refs = 2;
-        if (b->tail) b->tail->next = j;
-        else b->head = j;
-        b->tail = j;
-        b->queued++;
+        push_tail(b, j);
+        b->held++;
         pthread_cond_signal(&b->cond);
     }
     pthread_mutex_unlock(&b->lock);
@@ -550,11 +678,7 @@ done:
 
 static enum MHD_Result answer_classify(http_req *q, const classify_request *r, embed_job *j) {
     server *s = q->srv;
-    if (j->st != NOPAD_OK) {
-        api_error e;
-        api_fail(&e, 500, "server_error", NULL, NULL, "classification failed: %s", j->error);
-        return http_reply_error(q, &e);
-    }
+    if (j->status != 200) return answer_failed(q, j, "classification");
     const int32_t L = nopad_model_num_labels(s->encoder);
     cJSON *root = NULL;
     if (r->rerank) { /* [{"index", "score"(, "text")}], best first */

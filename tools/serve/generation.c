@@ -39,6 +39,7 @@ struct gen_job {
     char *text;                /* everything released so far */
     size_t text_len, text_cap, streamed; /* bytes of text already sent as events */
     int oom, done;
+    int shutdown;              /* ended by the shutdown's deadline before the engine ended it */
     nopad_finish_reason finish;
     /* the event stream */
     char *out;
@@ -81,6 +82,19 @@ static void unlist(server *s, gen_job *j) {
     pthread_mutex_unlock(&s->jobs_lock);
 }
 
+/* With s->jobs_lock held, j listed: answers j now (503, or a stream's error event) without
+ * waiting for the engine, which acts on a cancel only between steps (a long prompt's step takes
+ * seconds on the CPU) while libmicrohttpd must not be stopped with a connection suspended. */
+static void end_by_shutdown(gen_job *j) {
+    pthread_mutex_lock(&j->w.lock);
+    if (!j->done) {
+        j->shutdown = j->done = 1;
+        j->finish = NOPAD_FINISH_CANCELLED;
+        waiter_wake(&j->w);
+    }
+    pthread_mutex_unlock(&j->w.lock);
+}
+
 static int is_end_id(const gen_job *j, int32_t token) {
     for (int32_t i = 0; i < j->n_end_ids; i++)
         if (j->end_ids[i] == token) return 1;
@@ -93,7 +107,16 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
     gen_job *j = user;
     server *s = j->srv;
     int cancel = 0;
+    const int last = finish != NOPAD_FINISH_NONE;
     pthread_mutex_lock(&j->w.lock);
+    if (j->shutdown) { /* answered already (gen_cancel_all): only the engine's reference is left */
+        pthread_mutex_unlock(&j->w.lock);
+        if (last) {
+            unlist(s, j);
+            job_release(j);
+        }
+        return;
+    }
     if (!j->stopped && token >= 0) {
         if (j->logprobs && j->n_tokens == j->ids_cap) {
             const int32_t cap = j->ids_cap ? 2 * j->ids_cap : 64;
@@ -123,7 +146,6 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
             j->text[j->text_len] = '\0';
         }
     }
-    const int last = finish != NOPAD_FINISH_NONE;
     if (last) {
         j->finish = finish;
         j->done = 1;
@@ -590,6 +612,7 @@ static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e)
         j->next = s->jobs;
         if (s->jobs) s->jobs->prev = j;
         s->jobs = j;
+        if (s->cancelling) end_by_shutdown(j);
     }
     pthread_mutex_unlock(&s->jobs_lock);
     *out = j;
@@ -658,12 +681,15 @@ void gen_request_closed(http_req *q, int completed_ok) {
 
 void gen_cancel_all(server *s) {
     pthread_mutex_lock(&s->jobs_lock);
+    s->cancelling = 1; /* a job listed from now on is ended by start() */
     size_t n = 0;
     for (gen_job *j = s->jobs; j; j = j->next) n++;
     uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
     n = 0;
-    if (ids)
-        for (gen_job *j = s->jobs; j; j = j->next) ids[n++] = j->engine_id;
+    for (gen_job *j = s->jobs; j; j = j->next) {
+        end_by_shutdown(j);
+        if (ids) ids[n++] = j->engine_id;
+    }
     pthread_mutex_unlock(&s->jobs_lock);
     for (size_t i = 0; i < n; i++) nopad_engine_cancel(s->engine, ids[i]); /* ended ones: refused */
     free(ids);

@@ -4,6 +4,7 @@
  * generation. Bodies are collected up to --max-body-bytes; the API key is checked before the body
  * is read. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -25,6 +26,16 @@ void waiter_wake(waiter *w) {
         w->suspended = 0;
         MHD_resume_connection(w->conn);
     }
+}
+
+int waiter_client_gone(waiter *w) {
+    if (!w->conn) return 1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(w->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char c;
+    const ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    /* 0: the client's end of stream; a pipelined next request (n > 0) or no data yet: still there */
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 static void wake_now(const wake_item *it) {
@@ -125,6 +136,7 @@ enum MHD_Result http_reply(http_req *q, int status, const char *content_type, ch
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     if (status == 429) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, q->allow);
     if (atomic_load(&q->srv->draining)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     http_count(q, status);
     enum MHD_Result ok = MHD_queue_response(q->conn, (unsigned)status, r);
@@ -247,22 +259,25 @@ static enum MHD_Result first_call(http_req *q, const char *url, const char *meth
     server *s = q->srv;
     *done = 1;
     const route *rt = NULL;
-    int path_known = 0;
+    char *allow = q->allow; /* the path's methods */
+    /* HEAD is GET without the body, which libmicrohttpd leaves out of a HEAD's answer */
+    const char *as = strcmp(method, "HEAD") == 0 ? "GET" : method;
     for (int i = 0; i < N_ROUTE_ENTRIES; i++)
         if (strcmp(url, routes[i].path) == 0) {
-            path_known = 1;
-            if (strcmp(method, routes[i].method) == 0) rt = &routes[i];
+            const int get = strcmp(routes[i].method, "GET") == 0;
+            snprintf(allow + strlen(allow), sizeof q->allow - strlen(allow), "%s%s%s", allow[0] ? ", " : "",
+                     routes[i].method, get ? ", HEAD" : "");
+            if (strcmp(as, routes[i].method) == 0) rt = &routes[i];
         }
     q->route = rt ? rt->id : ROUTE_OTHER;
-    if (!path_known) {
+    if (!allow[0]) {
         char msg[300];
         snprintf(msg, sizeof msg, "no route %.200s", url);
         return reply_fail(q, 404, "invalid_request_error", "not_found", msg);
     }
     if (!rt) {
         char msg[300];
-        snprintf(msg, sizeof msg, "%.200s takes %s, not %.20s", url,
-                 strcmp(method, "GET") == 0 ? "POST" : "GET", method);
+        snprintf(msg, sizeof msg, "%.200s takes %s, not %.20s", url, allow, method);
         return reply_fail(q, 405, "invalid_request_error", "method_not_allowed", msg);
     }
     if (atomic_load(&s->draining) && rt->id != ROUTE_HEALTH && rt->id != ROUTE_METRICS)

@@ -322,6 +322,23 @@ static void *poll_main(void *arg) {
     return NULL;
 }
 
+/* What a request that sets none of the sampling fields gets, as the request parser fills it in
+ * (OpenAI's temperature 1 samples: a small model answers better at a lower one). */
+static void log_generation_defaults(void) {
+    static const char body[] = "{\"prompt\": \"x\"}";
+    gen_request r;
+    api_error e;
+    if (openai_parse_generation(body, sizeof body - 1, GEN_COMPLETION, &r, &e)) return;
+    char top_k[16] = "off", max_tokens[16] = "16";
+    if (r.top_k > 0) snprintf(top_k, sizeof top_k, "%d", r.top_k);
+    if (r.max_tokens > 0) snprintf(max_tokens, sizeof max_tokens, "%d", r.max_tokens);
+    fprintf(stderr,
+            "nopad serve: generation defaults: temperature %g top_p %g top_k %s min_p %g "
+            "repetition_penalty %g max_tokens %s (chat: what the context leaves) seed random\n",
+            r.temperature, r.top_p, top_k, r.min_p, r.repetition_penalty, max_tokens);
+    gen_request_free(&r);
+}
+
 /* ---- the command ----------------------------------------------------------------------------- */
 
 static void sleep_ms(long ms) {
@@ -368,6 +385,7 @@ int cmd_serve(int argc, char **argv) {
                 s->has_template ? chat_family_name(s->tmpl.family) : "none", s->context_tokens);
     if (s->batcher) fprintf(stderr, " embeddings: %s", s->encoder_name);
     fputc('\n', stderr);
+    if (s->engine) log_generation_defaults();
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {
@@ -381,9 +399,13 @@ int cmd_serve(int argc, char **argv) {
     const double deadline = now_seconds() + (double)s->o.shutdown_timeout;
     while (atomic_load(&s->inflight) > 0 && now_seconds() < deadline) sleep_ms(20);
     if (atomic_load(&s->inflight) > 0) {
+        /* each request still waiting is answered now (503, or a stream's error event), not when
+         * the engine's step or the encoder's batch ends: MHD_stop_daemon aborts the process while
+         * a connection is suspended */
         fprintf(stderr, "nopad serve: cancelling %d requests still in flight\n", atomic_load(&s->inflight));
         if (s->engine) gen_cancel_all(s);
-        const double grace = now_seconds() + 5.0;
+        embed_cancel_all(s->batcher);
+        const double grace = now_seconds() + 5.0; /* for the answers to go out */
         while (atomic_load(&s->inflight) > 0 && now_seconds() < grace) sleep_ms(20);
     }
     exit_code = EXIT_OK;

@@ -69,6 +69,7 @@ typedef struct server {
     long long created;        /* Unix time of the start, for /v1/models */
     pthread_mutex_t jobs_lock; /* the generation requests not yet ended, for the shutdown */
     gen_job *jobs;
+    int cancelling;           /* under jobs_lock: the shutdown's deadline passed (gen_cancel_all) */
     /* the waker thread (http.c): resumes posted from the engine's thread */
     pthread_mutex_t wake_lock;
     pthread_cond_t wake_cond;
@@ -91,6 +92,9 @@ struct waiter {
 void waiter_sleep(waiter *w);
 /* With w->lock held, from any thread: resumes the connection if it sleeps. */
 void waiter_wake(waiter *w);
+/* With w->lock held, from any thread: 1 when the client has closed (or reset) the connection.
+ * libmicrohttpd does not watch a suspended connection, so a long job asks this between chunks. */
+int waiter_client_gone(waiter *w);
 
 /* The engine's thread hands its resumes to the waker thread: MHD_resume_connection writes to
  * libmicrohttpd's wake-up pipe, a system call that, made for every token of every stream on the
@@ -111,6 +115,7 @@ typedef struct http_req {
     size_t len, cap;
     int too_large;           /* the body passed --max-body-bytes: it is dropped, 413 follows */
     int counted;             /* its status went into the metrics */
+    char allow[40];          /* the path's methods: a 405's Allow header */
     gen_job *gen;            /* the generation it started, if any */
     struct embed_job *emb;   /* the embedding (or classification) it waits for, if any */
 } http_req;
@@ -133,13 +138,18 @@ void http_count(http_req *q, int status);
 enum MHD_Result gen_handle(http_req *q, gen_kind kind);
 /* The request ended (answered, or its client left): cancels what still runs. */
 void gen_request_closed(http_req *q, int completed_ok);
-/* Cancels every generation request not yet ended (the shutdown's deadline passed). */
+/* Cancels every generation request not yet ended (the shutdown's deadline passed), and answers
+ * each at once (503, or a stream's error event) without waiting for the engine's step to end, and
+ * every request started afterwards: no connection stays suspended for MHD_stop_daemon. */
 void gen_cancel_all(server *s);
 
 /* ---- embeddings.c --------------------------------------------------------------------------- */
 
 nopad_status embed_batcher_start(server *s, embed_batcher **out);
 void embed_batcher_stop(embed_batcher *b);
+/* Answers every embedding request not yet answered with 503 at once (the shutdown's deadline
+ * passed), the one being computed included: no connection stays suspended for MHD_stop_daemon. */
+void embed_cancel_all(embed_batcher *b);
 int32_t embed_batcher_queue(embed_batcher *b);
 enum MHD_Result embed_handle(http_req *q, int tei);
 /* TEI's /predict (rerank 0) and /rerank (1) on the encoder's classification head, through the
