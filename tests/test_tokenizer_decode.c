@@ -306,6 +306,24 @@ static void test_wordpiece(void **state) {
     nopad_tokenizer_free(tok);
 }
 
+/* CTC with cleanup on ids that begin with the pad token: the first token is left empty before
+ * any scratch buffer exists (an offset on a null pointer under clang's UBSan, the seed
+ * fuzz/corpus/decode/ctc). The texts are HF tokenizers 0.23's decode of the same file. */
+static void test_ctc_pad_first(void **state) {
+    nopad_tokenizer *tok = load_json_text(
+        "{\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", "
+        "\"continuing_subword_prefix\": \"##\", \"max_input_chars_per_word\": 100, "
+        "\"vocab\": {\"[UNK]\": 0, \"a\": 1, \"<pad>\": 2, \"|\": 3, \" .\": 4, \"b\": 5}}, "
+        "\"decoder\": {\"type\": \"CTC\", \"pad_token\": \"<pad>\", \"word_delimiter_token\": \"|\", "
+        "\"cleanup\": true}}");
+    int32_t seed[] = {2, 1, 1, 2, 1, 3, 4, 2}, pad[] = {2}, pads[] = {2, 2, 5}, space[] = {2, 3, 1};
+    expect_text(tok, seed, 8, 0, "aa .");
+    expect_text(tok, pad, 1, 0, "");
+    expect_text(tok, pads, 3, 0, "b");
+    expect_text(tok, space, 3, 0, " a");
+    nopad_tokenizer_free(tok);
+}
+
 /* A 4-byte emoji split over four byte-level tokens comes out whole, once; an unfinished one is
  * U+FFFD at the flush; bytes that can no longer form a character come out at once. */
 static void test_stream_holds_back_partial_characters(void **state) {
@@ -649,6 +667,7 @@ int main(void) {
         cmocka_unit_test(test_parity_fixtures),
         cmocka_unit_test(test_smollm2_gguf),
         cmocka_unit_test(test_wordpiece),
+        cmocka_unit_test(test_ctc_pad_first),
         cmocka_unit_test(test_stream_holds_back_partial_characters),
         cmocka_unit_test(test_lossy_bytes),
         cmocka_unit_test(test_byte_fallback),

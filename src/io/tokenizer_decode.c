@@ -576,7 +576,7 @@ static void put_replaced(dec_list *out, const char *s, size_t n, const char *pat
             i++;
         }
     }
-    list_put(out, s + from, n - from);
+    if (from < n) list_put(out, s + from, n - from); /* (s may be NULL when n is 0) */
 }
 
 /* The same into a scratch buffer (for chains of replacements). */
