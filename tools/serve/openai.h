@@ -6,7 +6,9 @@
  * feature nopad does not implement (logprobs, penalties other than repetition_penalty, tools, a
  * non-text response_format, ...) and any field the route does not know are a 400 naming the
  * field, never silently ignored. Fields that change nothing (user, metadata, store, ...) are
- * accepted. */
+ * accepted. The body is one JSON object and nothing after it; its strings hold no NUL (cJSON
+ * would cut them there) and are UTF-8, else a 400 naming the string (messages[1].content,
+ * stop[0], input[3]) with the byte offset inside it. */
 #ifndef NOPAD_TOOLS_SERVE_OPENAI_H
 #define NOPAD_TOOLS_SERVE_OPENAI_H
 
