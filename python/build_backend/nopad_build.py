@@ -1,4 +1,5 @@
-"""In-tree PEP 517 build backend of the nopad Python package (no build dependencies, no network).
+"""In-tree PEP 517 build backend of the nopad Python package (no build dependencies; the build
+itself uses no network, while pip fetches the runtime dependency numpy from PyPI when missing).
 
 build_wheel builds libnopad.so with CMake from the repository this folder sits in (target
 nopad_shared, in <repo>/build-python/ unless $NOPAD_BUILD_DIR says otherwise; options from
@@ -6,7 +7,8 @@ $NOPAD_CMAKE_ARGS), or takes $NOPAD_LIBRARY as it is, and writes a wheel holding
 package with the library at nopad/_lib/libnopad.so. build_editable (pip install -e ./python) puts
 the library in python/nopad/_lib/ and a .pth file pointing at python/.
 
-Metadata comes from pyproject.toml's [project] table.
+Metadata comes from pyproject.toml's [project] table. Progress ([1/3] configuring, [2/3]
+compiling, [3/3] bundling) goes to stderr, and to the terminal too when pip hides stderr.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -33,8 +36,32 @@ __all__ = ["build_wheel", "build_editable", "build_sdist", "get_requires_for_bui
            "prepare_metadata_for_build_wheel", "prepare_metadata_for_build_editable"]
 
 
+def _terminal():
+    """The controlling terminal when stderr is not one, else None. pip captures a backend's
+    output and shows it only with -v or after a failure: progress written there alone would
+    leave `pip install ./python` silent for the minute CMake takes. NOPAD_BUILD_QUIET=1 (or no
+    terminal, as in CI) keeps it to stderr."""
+    if os.environ.get("NOPAD_BUILD_QUIET") or sys.stderr.isatty():
+        return None
+    try:
+        return open("/dev/tty", "w")
+    except OSError:
+        return None
+
+
+_TTY = _terminal()
+
+
 def _log(msg: str) -> None:
-    print("nopad build: " + msg, file=sys.stderr, flush=True)
+    """A progress line: on stderr (pip -v shows it), and on the terminal when pip hides it."""
+    line = "nopad build: " + msg
+    print(line, file=sys.stderr, flush=True)
+    if _TTY is not None:
+        try:
+            _TTY.write("\n" + line)
+            _TTY.flush()
+        except OSError:
+            pass
 
 
 # ---- pyproject.toml --------------------------------------------------------------------------
@@ -114,17 +141,25 @@ def _dist_info_files(name: str, version: str, metadata: str) -> Dict[str, bytes]
 
 
 def _run(cmd: List[str]) -> None:
-    _log("$ " + " ".join(shlex.quote(str(c)) for c in cmd))
-    proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)
-    out = proc.stdout.decode("utf-8", "replace")
-    sys.stderr.write(out)
+    """Runs cmd, passing its output on line by line as it comes (pip -v shows the compile
+    progressing); a failure raises with the output's last lines."""
+    print("nopad build: $ " + " ".join(shlex.quote(str(c)) for c in cmd), file=sys.stderr,
+          flush=True)
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    tail: List[str] = []
+    for raw in proc.stdout:
+        line = raw.decode("utf-8", "replace")
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        tail = (tail + [line.rstrip("\n")])[-30:]
+    proc.wait()
     if proc.returncode != 0:
-        tail = "\n".join(out.splitlines()[-30:])
         raise RuntimeError("nopad build: command failed (exit %d): %s\n%s\nThe library needs "
                            "CMake, a C compiler, cJSON, utf8proc, PCRE2 and OpenBLAS (Debian: "
                            "scripts/install_deps.sh), or set NOPAD_LIBRARY to a built "
-                           "libnopad.so." % (proc.returncode, " ".join(map(str, cmd)), tail))
+                           "libnopad.so." % (proc.returncode, " ".join(map(str, cmd)),
+                                             "\n".join(tail)))
 
 
 def _library() -> Path:
@@ -134,7 +169,7 @@ def _library() -> Path:
         path = Path(env).resolve()
         if not path.is_file():
             raise RuntimeError("nopad build: NOPAD_LIBRARY=%s: no such file" % env)
-        _log("bundling %s (NOPAD_LIBRARY)" % path)
+        _log("taking %s from NOPAD_LIBRARY (no CMake build)" % path)
         return path
     if not (REPO / "CMakeLists.txt").is_file() or not (REPO / "include" / "nopad.h").is_file():
         raise RuntimeError(
@@ -149,11 +184,17 @@ def _library() -> Path:
     args = ["-DCMAKE_BUILD_TYPE=Release", "-DNOPAD_BUILD_TESTS=OFF", "-DNOPAD_SANITIZE=OFF",
             "-DNOPAD_FUZZ=OFF", "-DNOPAD_CUDA=OFF"]
     args += shlex.split(os.environ.get("NOPAD_CMAKE_ARGS", ""))
+    jobs = os.cpu_count() or 2
+    started = time.monotonic()
+    _log("[1/3] configuring libnopad.so with CMake in %s" % build)
     _run([cmake, "-S", REPO, "-B", build] + args)
-    _run([cmake, "--build", build, "--target", "nopad_shared", "-j", str(os.cpu_count() or 2)])
+    _log("[2/3] compiling libnopad.so with %d jobs (about a minute on 2 cores the first time; "
+         "pip install -v shows the compiler's progress)" % jobs)
+    _run([cmake, "--build", build, "--target", "nopad_shared", "-j", str(jobs)])
     lib = build / LIB_NAME
     if not lib.is_file():
         raise RuntimeError("nopad build: CMake finished but %s is missing" % lib)
+    _log("libnopad.so built in %.0f s" % (time.monotonic() - started))
     return lib
 
 
@@ -191,13 +232,14 @@ def _write_wheel(directory: str, entries: List[Tuple[str, bytes, int]]) -> str:
             info.external_attr = (0o100000 | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
-    _log("wrote %s" % filename)
+    _log("wrote %s; pip installs it next (and numpy from PyPI when it is missing)" % filename)
     return filename
 
 
 def build_wheel(wheel_directory: str, config_settings: Optional[dict] = None,
                 metadata_directory: Optional[str] = None) -> str:
     lib = _library()
+    _log("[3/3] bundling %s and the nopad package into a wheel" % lib)
     entries = [(n, p.read_bytes(), 0o644) for n, p in _package_files()]
     entries.append(("nopad/_lib/" + LIB_NAME, lib.read_bytes(), 0o755))
     return _write_wheel(wheel_directory, entries)
@@ -207,6 +249,7 @@ def build_editable(wheel_directory: str, config_settings: Optional[dict] = None,
                    metadata_directory: Optional[str] = None) -> str:
     lib = _library()
     dest = PKG_ROOT / "nopad" / "_lib" / LIB_NAME
+    _log("[3/3] copying %s to %s (editable install)" % (lib, dest))
     dest.parent.mkdir(exist_ok=True)
     tmp = dest.with_suffix(".tmp")
     shutil.copyfile(lib, tmp)

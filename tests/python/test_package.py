@@ -112,6 +112,19 @@ def test_wheel_build_bundles_the_library(tmp_path):
         assert not any("__pycache__" in n for n in names)
 
 
+def test_wheel_build_reports_progress(tmp_path):
+    """pip hides a backend's output unless -v: the backend says what it does, step by step, on
+    stderr (and the terminal), so `pip install ./python` is not a silent minute (issue 38)."""
+    env = dict(os.environ, NOPAD_LIBRARY=str(nopad.library_path()), NOPAD_BUILD_QUIET="1")
+    code = ("import sys; sys.path.insert(0, %r); import nopad_build as b; "
+            "print(b.build_wheel(%r))" % (str(REPO / "python" / "build_backend"), str(tmp_path)))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=str(REPO / "python"))
+    assert proc.returncode == 0, proc.stderr
+    assert "nopad build: [3/3] bundling %s" % nopad.library_path().resolve() in proc.stderr
+    assert "numpy from PyPI when it is missing" in proc.stderr
+
+
 def test_toml_fallback_reads_our_pyproject():
     sys.path.insert(0, str(REPO / "python" / "build_backend"))
     try:
