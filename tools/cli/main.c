@@ -50,20 +50,39 @@ static void print_main_help(FILE *f) {
           f);
 }
 
+/* OpenMP's idle workers spin for about 3 ms (libgomp's default, 300,000 turns) before they sleep,
+ * waiting for the next parallel region. On cores of their own that saves a wake-up per region; on
+ * shared cores (a laptop, a CI runner, a busy server) the spinning worker holds a core that the
+ * thread with the work is waiting for, and each of the hundreds of regions of a decode step can
+ * wait for a time slice: 48 SmolLM2 tokens took 1-3 minutes instead of 8-10 s on 2 cores shared
+ * with compilers (bench/RESULTS.md, CPU section; docs/cpu.md). Passive waits (sleep at once) cost
+ * a few microseconds a region on an idle machine. libgomp reads the policy when it is loaded,
+ * before main: the CLI sets it and restarts itself, unless the user chose one. */
+static int pick_omp_wait_policy(void) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return 0;
+    return setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0;
+}
+
 /* OpenBLAS picks its kernels when the program starts. On CPUs it does not recognise (some virtual
  * machines) it falls back to its SSE3 ("Prescott") kernels, about half as fast as the AVX2 /
- * AVX-512 ones. Restart once with the family this CPU supports, unless the user chose one. */
-static void pick_blas_kernels(char **argv) {
-    if (getenv("OPENBLAS_CORETYPE") || strcmp(nopad_cpu_blas_kernels(), "Prescott") != 0) return;
+ * AVX-512 ones: the CLI picks the family this CPU supports, unless the user chose one. */
+static int pick_blas_kernels(void) {
+    if (getenv("OPENBLAS_CORETYPE") || strcmp(nopad_cpu_blas_kernels(), "Prescott") != 0) return 0;
     const char *core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
                        : __builtin_cpu_supports("avx2")  ? "Haswell"
                                                          : NULL;
-    if (!core || setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
-    execv("/proc/self/exe", argv); /* returns only on failure: carry on with the slow kernels */
+    return core && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
+}
+
+/* Both settings are read by libraries loaded before main: one restart applies them. */
+static void restart_with_cpu_settings(char **argv) {
+    int changed = pick_blas_kernels();
+    changed |= pick_omp_wait_policy();
+    if (changed) execv("/proc/self/exe", argv); /* returns only on failure: carry on as we are */
 }
 
 int main(int argc, char **argv) {
-    pick_blas_kernels(argv);
+    restart_with_cpu_settings(argv);
     if (argc < 2) {
         print_main_help(stderr);
         return EXIT_USAGE;

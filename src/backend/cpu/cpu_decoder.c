@@ -15,7 +15,7 @@ nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tok
     float *out = out_;              // [T, dim]
     const float *word = word_;      // [V, dim]
     const float *pos = pos_;        // [P, dim] or NULL
-#pragma omp parallel for num_threads(cpu_threads(be))
+#pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
         float *row = out + (size_t)t * dim;
         int32_t id = tokens[t], p = positions ? positions[t] : 0;
@@ -39,7 +39,7 @@ nopad_status cpu_norm(nopad_backend *be, void *out_, const float *x_, const void
                       float eps, int32_t n_tokens, int32_t dim, int rms) {
     float *out = out_;
     const float *x = x_, *w = w_, *b = b_;
-#pragma omp parallel for num_threads(cpu_threads(be))
+#pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
         const float *xr = x + (size_t)t * dim;
         float *yr = out + (size_t)t * dim;
@@ -62,7 +62,7 @@ static void rope_in_place(nopad_backend *be, float *qkv /* [T, H + 2·KVH, D] */
                           int32_t n_kv_heads, int32_t head_size, const float *inv_freq) {
     const int32_t half = head_size / 2, rotated = n_heads + n_kv_heads;
     const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
-#pragma omp parallel for num_threads(cpu_threads(be))
+#pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
         const float p = (float)positions[t];
         for (int32_t i = 0; i < half; i++) {
@@ -157,7 +157,7 @@ nopad_status cpu_swiglu(nopad_backend *be, void *out_, const void *gate_up_, int
                         int32_t dim) {
     float *out = out_;               // [T, F]
     const float *gate_up = gate_up_; // [T, 2F]: gate | up
-#pragma omp parallel for num_threads(cpu_threads(be))
+#pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
         const float *g = gate_up + (size_t)t * 2 * dim, *u = g + dim;
         float *o = out + (size_t)t * dim;
@@ -170,7 +170,7 @@ nopad_status cpu_residual_add(nopad_backend *be, float *h, const void *x_, int32
                               int32_t dim) {
     const float *x = x_;
     const size_t n = (size_t)n_tokens * dim;
-#pragma omp parallel for num_threads(cpu_threads(be))
+#pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (size_t i = 0; i < n; i++) h[i] += x[i];
     return NOPAD_OK;
 }

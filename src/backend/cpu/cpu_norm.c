@@ -30,7 +30,7 @@ nopad_status cpu_embed_layernorm(nopad_backend *be, void *out_, const int32_t *t
     const float *word = word_;      // [V, dim]
     const float *pos = pos_;        // [P, dim] or NULL (no absolute positions)
     const float *type = type_;      // [TV, dim] or NULL
-#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu_threads(be))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu_threads_for(be, seqs->n_seqs))
     for (int32_t s = 0; s < seqs->n_seqs; s++) {
         for (int32_t t = seqs->cu_seqlens[s]; t < seqs->cu_seqlens[s + 1]; t++) {
             float *row = out + (size_t)t * dim;
@@ -57,7 +57,7 @@ nopad_status cpu_bias_residual_layernorm(nopad_backend *be, void *x_, const void
     float *x = x_;                      // [T, dim]
     const float *bias = bias_;          // [dim] or NULL
     const float *residual = residual_;  // [T, dim] or NULL
-#pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
+#pragma omp parallel for schedule(static) num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
         float *row = x + (size_t)t * dim;
         const float *res = residual ? residual + (size_t)t * dim : NULL;

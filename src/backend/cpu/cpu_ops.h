@@ -15,6 +15,16 @@ static inline int cpu_threads(const nopad_backend *be) {
     return ((const cpu_state *)be->impl)->n_threads;
 }
 
+/* Threads for a loop over n_items independent items (rows, sequences): never more than the items.
+ * A decode step's row ops (one token: norm, rotary, SwiGLU, residual add) then run on the calling
+ * thread alone instead of waking a worker that has nothing to do and waiting for it: half of a
+ * step's parallel regions, each a wake-up with passive waits or a stall when the cores are
+ * shared (docs/cpu.md). */
+static inline int cpu_threads_for(const nopad_backend *be, int64_t n_items) {
+    const int n = cpu_threads(be);
+    return n_items >= n ? n : n_items > 1 ? (int)n_items : 1;
+}
+
 nopad_status cpu_embed_layernorm(nopad_backend *be, void *out, const int32_t *tokens,
                                  const int32_t *types, const nopad_seqs *seqs,
                                  int32_t position_offset, int32_t vocab_size, int32_t n_positions,

@@ -12,7 +12,7 @@ nopad_status cpu_pool(nopad_backend *be, void *out_, const void *x_, const nopad
     if (mode != NOPAD_POOLING_CLS && mode != NOPAD_POOLING_MEAN && mode != NOPAD_POOLING_MAX)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "pool: mode %d is not cls, mean or max",
                                (int)mode);
-#pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
+#pragma omp parallel for schedule(static) num_threads(cpu_threads_for(be, seqs->n_seqs))
     for (int32_t s = 0; s < seqs->n_seqs; s++) {
         const int32_t start = seqs->cu_seqlens[s], end = seqs->cu_seqlens[s + 1];
         float *o = out + (size_t)s * dim;
@@ -35,7 +35,7 @@ nopad_status cpu_pool(nopad_backend *be, void *out_, const void *x_, const nopad
 
 nopad_status cpu_l2_normalize(nopad_backend *be, void *x_, int32_t rows, int32_t dim) {
     float *x = x_;  // [rows, dim]
-#pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
+#pragma omp parallel for schedule(static) num_threads(cpu_threads_for(be, rows))
     for (int32_t r = 0; r < rows; r++) {
         float *row = x + (size_t)r * dim;
         double ss = 0;

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The CLI's OpenMP wait policy: passive by default (idle workers sleep at once instead of spinning
+# for libgomp's 300,000 turns, which stalls every parallel region when other processes want the
+# cores; docs/cpu.md), a policy the user chose is kept, and the restart that applies it keeps the
+# command's arguments and exit status. libgomp prints the policy it runs with under
+# OMP_DISPLAY_ENV=verbose, once per process start: the last block is the one the command ran with.
+set -euo pipefail
+
+: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+failures=0
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+# spincount ENV...: the GOMP_SPINCOUNT libgomp ran `nopad --version` with, under ENV (the
+# test environment's OMP_WAIT_POLICY and GOMP_SPINCOUNT removed first).
+spincount() {
+    env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$@" OMP_DISPLAY_ENV=verbose "$NOPAD_CLI" --version \
+        >"$TMP/out" 2>"$TMP/err"
+    grep -o "GOMP_SPINCOUNT = '[0-9]*'" "$TMP/err" | tail -n 1 | tr -dc '0-9'
+}
+# expect NAME GOT WANT
+expect() {
+    if [[ "$2" == "$3" ]]; then echo "ok   $1"; else fail "$1: got '$2', expected '$3'"; fi
+}
+
+expect "default: passive waits (spin count 0)" "$(spincount)" 0
+grep -q '^nopad ' "$TMP/out" || fail "default: --version printed nothing after the restart"
+expect "OMP_WAIT_POLICY=active is kept" "$(spincount OMP_WAIT_POLICY=active)" 30000000000
+expect "OMP_WAIT_POLICY=passive is kept" "$(spincount OMP_WAIT_POLICY=passive)" 0
+expect "GOMP_SPINCOUNT=5000 is kept" "$(spincount GOMP_SPINCOUNT=5000)" 5000
+
+# The restart keeps the arguments and the exit status (2: bad command line).
+rc=0
+env -u OMP_WAIT_POLICY "$NOPAD_CLI" no-such-command >"$TMP/out" 2>"$TMP/err" || rc=$?
+expect "restart keeps the exit status" "$rc" 2
+grep -q "unknown command 'no-such-command'" "$TMP/err" || fail "restart lost the arguments: $(head -c 200 "$TMP/err")"
+
+if [[ $failures -gt 0 ]]; then
+    echo "$failures failure(s)" >&2
+    exit 1
+fi
+echo "all passed"
