@@ -19,7 +19,7 @@ Engines, per model:
                  it for the family, else "eager" (detected; the JSON says which);
   hf_compile     the same model under torch.compile (default mode, static shapes: each point
                  gets its own compilation, whose first-call time is reported, not timed).
-Timing (shared/BENCHMARKS.md): warm-up (>= 5 forwards), then the median of >= 20 timed runs,
+Timing (docs/design.md, "Measuring speed"): warm-up (>= 5 forwards), then the median of >= 20 timed runs,
 each N back-to-back forwards between two CUDA events (N so that a run takes >= ~2 ms). Every
 engine reads the same lengths and ids from one file. Each (model, engine) runs in a child
 process with a time limit, so an OOM, a CUDA fault, a compile failure or a timeout is recorded

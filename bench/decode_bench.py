@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DEC benchmark (shared/BENCHMARKS.md "DEC", issue 21): the decoder step, prefill and generation,
+"""DEC benchmark (docs/design.md "DEC", issue 21): the decoder step, prefill and generation,
 nopad against Hugging Face transformers, in one run on one GPU.
 
 Sections, each in its own try/except (an error is printed, recorded and the run goes on):

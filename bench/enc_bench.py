@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ENC benchmark (shared/BENCHMARKS.md): the whole encoder forward, nopad vs PyTorch peers.
+"""ENC benchmark (docs/design.md "ENC"): the whole encoder forward, nopad vs PyTorch peers.
 
 Random BERT-shaped weights are written once as a Hugging Face folder; nopad loads that folder and
 the peers use the same weights. Per point: lengths uniform in [0.2·max, max], the same token ids for

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FMHA benchmark (shared/BENCHMARKS.md, "FMHA"): nopad's fused varlen attention against
+"""FMHA benchmark (docs/design.md, "FMHA"): nopad's fused varlen attention against
 torch.nn.attention.varlen.varlen_attn and padded scaled_dot_product_attention (default backend and
 cuDNN), all on the same packed data, in one process, on one GPU.
 

@@ -1,4 +1,4 @@
-/* `nopad bench`: times the encoder forward on the ENC workload of shared/BENCHMARKS.md — for each
+/* `nopad bench`: times the encoder forward on the ENC workload of docs/design.md — for each
  * batch × max point, sequence lengths uniform in [ceil(0.2·max), max] and random token ids — on
  * nopad alone. Each forward is one synchronous nopad_encode_packed call (ids in, CLS rows out, so
  * the transfers are a few KB); the median of --iters calls after --warmup is reported with
