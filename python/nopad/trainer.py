@@ -21,6 +21,8 @@ import dataclasses
 import os
 from typing import Any, Callable, Optional, Tuple, Union
 
+import numpy as np
+
 from . import _native
 from .encoder import _parse_device, _parse_dtype
 from .errors import InvalidArgumentError
@@ -104,6 +106,25 @@ def _path(value: Optional[PathLike], name: str, required: bool = False) -> Optio
     return encoded
 
 
+def _whole(value: Any, name: str, bits: int = 32) -> int:
+    """An int for a C integer field of `bits` bits: a float is refused rather than truncated, a
+    bool rather than taken as 0 or 1, a value the field cannot hold rather than wrapped (the
+    ranges that make sense are the library's to check, in its words)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError("%s must be an int, not %s" % (name, type(value).__name__))
+    lo, hi = -2**(bits - 1), 2**(bits - 1) - 1
+    if not lo <= value <= hi:
+        raise InvalidArgumentError("%s %d: outside the int%d range" % (name, value, bits))
+    return int(value)
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise TypeError("%s must be a number, not %s" % (name, type(value).__name__))
+    return float(value)
+
+
 def _choice(value: str, table: dict, name: str) -> int:
     code = table.get(str(value).lower())
     if code is None:
@@ -174,10 +195,10 @@ class Trainer:
         p.optimizer = _choice(optimizer, _OPTIMIZERS, "optimizer")
         if p.task == _TASKS["mlm"] and num_labels:
             raise InvalidArgumentError("num_labels is for task='classify'")
-        p.num_labels = int(num_labels)
-        p.epochs = int(epochs)
-        p.lr = float(lr)
-        warmup = float(warmup)
+        p.num_labels = _whole(num_labels, "num_labels")
+        p.epochs = _whole(epochs, "epochs")
+        p.lr = _number(lr, "lr")
+        warmup = _number(warmup, "warmup")
         if warmup < 0 or (warmup >= 1 and warmup != int(warmup)):
             raise InvalidArgumentError("warmup %r: expected a fraction of the steps in [0, 1) or a "
                                        "whole number of steps" % (warmup,))
@@ -185,11 +206,15 @@ class Trainer:
             p.warmup_ratio, p.warmup_steps = warmup, -1
         else:
             p.warmup_steps = int(warmup)
-        p.batch_tokens, p.batch_seqs = int(batch_tokens), int(batch_seqs)
+        p.batch_tokens = _whole(batch_tokens, "batch_tokens")
+        p.batch_seqs = _whole(batch_seqs, "batch_seqs")
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+            raise TypeError("seed must be an int, not %s" % type(seed).__name__)
         if not 0 <= int(seed) < 2**64:
             raise InvalidArgumentError("seed %r: expected an integer in [0, 2^64)" % (seed,))
         p.seed = int(seed)
-        p.weight_decay, p.max_grad_norm = float(weight_decay), float(max_grad_norm)
+        p.weight_decay = _number(weight_decay, "weight_decay")
+        p.max_grad_norm = _number(max_grad_norm, "max_grad_norm")
         if dropout is not None:
             if not 0 <= float(dropout) < 1:
                 raise InvalidArgumentError("dropout %r: expected a rate in [0, 1)" % (dropout,))
@@ -200,7 +225,7 @@ class Trainer:
                                            % (attention_dropout,))
             p.attention_dropout = float(attention_dropout)
         p.stream = int(bool(stream))
-        if int(stream_buffer) < 1024:
+        if _whole(stream_buffer, "stream_buffer", 64) < 1024:
             raise InvalidArgumentError("stream_buffer %r: expected at least 1024 bytes"
                                        % (stream_buffer,))
         p.stream_buffer = int(stream_buffer)
@@ -209,7 +234,7 @@ class Trainer:
                 raise InvalidArgumentError("eval_every %r: expected a number of steps or 'epoch'"
                                            % (eval_every,))
             p.eval_every_epoch = 1
-        elif int(eval_every) < 0:
+        elif _whole(eval_every, "eval_every", 64) < 0:
             raise InvalidArgumentError("eval_every %r: expected a number of steps >= 1, or 'epoch' "
                                        "(0: evaluate only at the end)" % (eval_every,))
         else:
@@ -220,7 +245,7 @@ class Trainer:
             if p.task == _TASKS["mlm"] and p.best_metric == _native.TRAIN_METRIC_ACCURACY:
                 raise InvalidArgumentError("best_metric 'accuracy' is for task='classify' (MLM has "
                                            "an eval loss)")
-        if int(early_stop) < 0:
+        if _whole(early_stop, "early_stop") < 0:
             raise InvalidArgumentError("early_stop %r: expected >= 1 (0: off)" % (early_stop,))
         p.early_stop = int(early_stop)
         if not float(early_stop_min_delta) >= 0:
@@ -237,7 +262,7 @@ class Trainer:
         if needs and not periodic:
             raise InvalidArgumentError("%s needs eval_every=N or 'epoch' (the evaluations it picks "
                                        "from)" % needs)
-        p.save_every = int(save_every)
+        p.save_every = _whole(save_every, "save_every", 64)
         p.truncate = int(bool(truncate))
         if whole_word_mask and p.task != _TASKS["mlm"]:
             raise InvalidArgumentError("whole_word_mask is for task='mlm'")
@@ -248,7 +273,7 @@ class Trainer:
             raise InvalidArgumentError("pack_lines packs the data held in memory; it does not "
                                        "stream yet (stream=False)")
         p.pack_lines = int(bool(pack_lines))
-        p.n_threads = int(threads)
+        p.n_threads = _whole(threads, "threads")
         p.device = _parse_device(device)
         if dtype is None:
             p.dtype = _native.DTYPE_BF16 if p.device == _native.DEVICE_CUDA else _native.DTYPE_F32

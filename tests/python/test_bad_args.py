@@ -140,3 +140,25 @@ def test_encoder_refuses_bool_ids():
         _refused(["input_ids[0]", "bool"], enc.forward_padded, [[True, 101]])
         _refused(["token_type_ids[1]", "bool"], enc.forward_padded, [[101, 102]],
                  token_type_ids=[[0, True]])
+
+
+@pytest.mark.parametrize("kw", [dict(epochs=2.5), dict(epochs=True), dict(num_labels=2.0),
+                                dict(batch_tokens=4096.0), dict(batch_seqs=False),
+                                dict(seed=True), dict(save_every=1.5), dict(threads=2.0),
+                                dict(eval_every=1.0), dict(early_stop=True),
+                                dict(stream_buffer=65536.0), dict(lr=True), dict(warmup=True)])
+def test_trainer_refuses_floats_and_bools_for_its_numbers(tmp_path, kw):
+    # int(2.5) was 2, int(True) 1: the run went on with a number nobody gave
+    name = next(iter(kw))
+    with pytest.raises(TypeError, match=name):
+        nopad.Trainer(MODELS / "bert_cls", tmp_path / "d.jsonl", tmp_path / "o", task="classify",
+                      **kw)
+
+
+@pytest.mark.parametrize("name", ["epochs", "batch_tokens", "batch_seqs", "num_labels"])
+def test_trainer_refuses_numbers_its_fields_cannot_hold(tmp_path, name):
+    # a C int32 field took 2^32 + 3 as 3
+    words = "%s %d: outside the int32" % (name, 2**32 + 3)
+    with pytest.raises(nopad.InvalidArgumentError, match=words):
+        nopad.Trainer(MODELS / "bert_cls", tmp_path / "d.jsonl", tmp_path / "o", task="classify",
+                      **{name: 2**32 + 3})
