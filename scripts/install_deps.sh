@@ -16,7 +16,8 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 # nvidia-cutlass: CUTLASS's headers for the CUDA build's fused-epilogue GEMMs (header-only; only
 # the headers are used, so none of the wheel's Python dependencies are needed: --no-deps).
 # tokenizers (Hugging Face's Rust library, pinned to the fixtures' version): the tokenizer parity
-# test on 100,000 random strings per tokenizer file compares nopad with it live
+# test on random strings (tokenizer_random_parity: 10,000 per tokenizer file, 100,000 with
+# scripts/test.sh --long) compares nopad with it live
 python3 -m pip install --quiet --disable-pip-version-check numpy safetensors pytest tokenizers==0.23.3 openai jinja2 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages numpy safetensors pytest tokenizers==0.23.3 openai jinja2
 python3 -m pip install --quiet --disable-pip-version-check --no-deps nvidia-cutlass==4.2.0.0 2>/dev/null \
