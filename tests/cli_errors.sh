@@ -83,6 +83,28 @@ expect_fail 1 "use --ids" "$TMP/ok_ids.txt" -- embed --model "$MODEL"
 expect_fail 1 "cuda" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --device cuda
 expect_fail 1 "cannot open input" /dev/null -- embed --model "$MODEL" --ids --input "$TMP/no_such_file"
 expect_fail 1 "cannot open output" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --output "$TMP/no/such/dir.npy"
+# An output file is written whole or not at all: a run that fails on line 2 leaves an existing
+# --output as it was (it used to hold line 1's embedding), with no temporary beside it; an
+# --output that is the --input file (the same inode, whatever the name) is refused before
+# anything is written; an empty --output is named.
+printf '1 2 3\n4 five 6\n' >"$TMP/bad_line2.txt"
+for f in jsonl npy; do
+    echo "an earlier result" >"$TMP/kept.$f"
+    expect_fail 1 "line 2" "$TMP/bad_line2.txt" -- embed --model "$MODEL" --ids --output "$TMP/kept.$f"
+    [ "$(cat "$TMP/kept.$f")" = "an earlier result" ] || fail "embed --output $f: a failed run changed the file"
+done
+expect_ok "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --output "$TMP/kept.jsonl"
+[ "$(wc -l <"$TMP/kept.jsonl")" -eq 1 ] && grep -q '^\[' "$TMP/kept.jsonl" || fail "embed --output: not replaced by a good run"
+[ -z "$(find "$TMP" -name '*.nopad-*.tmp')" ] || fail "embed --output: a temporary file was left behind"
+cp "$TMP/ok_ids.txt" "$TMP/in_out.txt"
+ln "$TMP/in_out.txt" "$TMP/in_out_link.txt"
+expect_fail 2 "is the input file" /dev/null -- embed --model "$MODEL" --ids --input "$TMP/in_out.txt" --output "$TMP/in_out.txt"
+expect_fail 2 "is the input file" /dev/null -- embed --model "$MODEL" --ids --input "$TMP/in_out.txt" --output "$TMP/in_out_link.txt"
+expect_fail 2 "is the input file" "$TMP/in_out.txt" -- embed --model "$MODEL" --ids --output "$TMP/in_out.txt"
+expect_fail 2 "is the input file" /dev/null -- classify --model "$MODEL" --input "$TMP/in_out.txt" --output "$TMP/in_out_link.txt"
+cmp -s "$TMP/in_out.txt" "$TMP/ok_ids.txt" || fail "an --output naming the --input changed the input"
+expect_fail 2 "--output '': expected a file name" /dev/null -- embed --model "$MODEL" --ids --output ''
+expect_fail 2 "--output '': expected a file name" /dev/null -- classify --model "$MODEL" --output ''
 
 # ---- --ids lines ---------------------------------------------------------------------------------
 printf '1 2 3\n4 five 6\n' >"$TMP/nonnumeric.txt"

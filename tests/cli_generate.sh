@@ -92,6 +92,22 @@ expect_fail 1 "is not a folder" $N -- generate --model "$MODELS/bert_a/config.js
 expect_fail 1 "is an encoder (BERT); nopad generate runs decoders" $N -- generate --model "$MODELS/bert_a" --prompt hi
 expect_fail 1 "has no tokenizer" $N -- generate --model "$DEC" --prompt hi
 expect_fail 1 "cannot open input" $N -- generate --model "$DEC" --input "$TMP/no_such_file"
+# request-file mode writes nothing before the model is loaded, never over its own input, and
+# always whole: an existing output survives a bad model path; an output that is the input (by
+# device and inode, so a hard link too) is refused with the input intact
+printf '{"prompt": "hi"}\n' >"$TMP/req.jsonl"
+echo "an earlier result" >"$TMP/kept.jsonl"
+cp "$TMP/kept.jsonl" "$TMP/kept.want"
+expect_fail 1 "does not exist" $N -- generate --model "$TMP/nope.gguf" --input "$TMP/req.jsonl" --output "$TMP/kept.jsonl"
+same "an existing --output survives a bad model path" "$TMP/kept.jsonl" "$TMP/kept.want"
+cp "$TMP/req.jsonl" "$TMP/req.want"
+ln "$TMP/req.jsonl" "$TMP/req_link.jsonl"
+expect_fail 2 "is the input file" $N -- generate --model "$DEC" --input "$TMP/req.jsonl" --output "$TMP/req.jsonl"
+expect_fail 2 "is the input file" $N -- generate --model "$DEC" --input "$TMP/req.jsonl" --output "$TMP/req_link.jsonl"
+expect_fail 2 "is the input file" "$TMP/req.jsonl" -- generate --model "$DEC" --input - --output "$TMP/req.jsonl"
+same "--output naming the --input leaves the input whole" "$TMP/req.jsonl" "$TMP/req.want"
+expect_fail 2 "--output '': expected a file name" $N -- generate --model "$DEC" --input "$TMP/req.jsonl" --output ''
+[ -z "$(find "$TMP" -name '*.nopad-*.tmp')" ] || fail "a temporary output file was left behind"
 # and the other way round
 echo hi >"$TMP/hi"
 expect_fail 1 "is a decoder (GPT-2); nopad embed runs encoders" "$TMP/hi" -- embed --model "$DEC" --ids
@@ -224,6 +240,18 @@ for i in range(6):
     assert r["finish_reason"] in ("length", "stop") and 1 <= r["tokens"] <= 4 + i, r
 print("ok   request file: 10 lines answered, greedy == --prompt, stop string, bad line reported")
 EOF
+    # the results replace an existing file whole (a new file: a hard link to the old one keeps
+    # the old text) and no temporary is left; an empty request file gives an empty result file
+    echo "old results" >"$TMP/results.jsonl"
+    ln -f "$TMP/results.jsonl" "$TMP/results_old.jsonl"
+    "$NOPAD_CLI" generate --model "$GGUF" --input "$TMP/requests.jsonl" --output "$TMP/results.jsonl" \
+        --max-running 4 2>"$TMP/err" || true
+    [ "$(wc -l <"$TMP/results.jsonl")" -eq 10 ] && [ "$(cat "$TMP/results_old.jsonl")" = "old results" ] ||
+        fail "request file: the results did not replace the old file as a new file"
+    [ -z "$(find "$TMP" -name '*.nopad-*.tmp')" ] || fail "request file: a temporary was left behind"
+    : >"$TMP/no_requests.jsonl"
+    run "$TMP/out" generate --model "$GGUF" --input "$TMP/no_requests.jsonl" --output "$TMP/no_results.jsonl"
+    [ -f "$TMP/no_results.jsonl" ] && [ ! -s "$TMP/no_results.jsonl" ] || fail "an empty request file: no empty result file"
     expect_fail 2 "--output is the request-file mode" $N -- generate --model "$GGUF" --prompt "$FRANCE" --output -
 fi
 

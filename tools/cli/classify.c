@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "nopad.h"
+#include "output.h"
 
 enum { DEFAULT_BATCH_TOKENS = 16384 };
 
@@ -51,7 +52,8 @@ static const char common_help[] =
     "  --dtype T           fp32 (the CPU's), fp16 (CUDA's default) or bf16\n"
     "  -h, --help          show this help\n"
     "\n"
-    "A bad line stops the run with a message naming it, exit status 1.\n";
+    "A bad line stops the run with a message naming it, exit status 1; an --output file is then\n"
+    "left as it was (it is written to a temporary file beside it and renamed at the end).\n";
 
 typedef struct run {
     int rerank;
@@ -60,6 +62,7 @@ typedef struct run {
     nopad_model_info info;
     int32_t num_labels;
     FILE *in, *out;
+    output_file file;             /* out, written whole at the end */
     const char *in_name, *out_name;
     int32_t *tokens, *types, *cu; /* the pending batch: [T], [T], [B+1] */
     size_t tokens_cap, types_cap, cu_cap;
@@ -224,6 +227,7 @@ static int run_command(int argc, char **argv, int rerank) {
         print_error("--query belongs to nopad rerank; nopad classify scores each line alone");
         goto usage;
     }
+    if (output_check(output, input)) goto usage;
 
     run r = {.rerank = rerank, .in = stdin, .out = stdout, .in_name = "stdin", .out_name = "stdout", .first_line = 1};
     char *line = NULL;
@@ -260,11 +264,9 @@ static int run_command(int argc, char **argv, int rerank) {
                     why ? "an unsupported tokenizer" : "no tokenizer.json or vocab.txt");
         goto done;
     }
-    if (output && !(r.out = fopen(output, "wb"))) {
-        print_error("cannot open output '%s': %s", output, strerror(errno));
-        goto done;
-    }
-    if (output) r.out_name = output;
+    if (output_open(&r.file, output)) goto done;
+    r.out = r.file.f;
+    r.out_name = r.file.name;
     int64_t line_no = 0;
     for (;;) {
         errno = 0;
@@ -299,13 +301,10 @@ static int run_command(int argc, char **argv, int rerank) {
         print_error("no input lines in %s (give at least one line)", r.in_name);
         goto done;
     }
-    if (flush(&r) == 0 && fflush(r.out) == 0) rc = EXIT_OK;
+    if (flush(&r) == 0 && output_commit(&r.file) == 0) rc = EXIT_OK;
 done:
     if (r.in && r.in != stdin) fclose(r.in);
-    if (r.out && r.out != stdout && fclose(r.out) != 0 && rc == EXIT_OK) {
-        print_error("cannot write %s: %s", r.out_name, strerror(errno));
-        rc = EXIT_ERROR;
-    }
+    output_discard(&r.file);
     free(line), free(ids), free(types), free(r.tokens), free(r.types), free(r.cu), free(r.logits);
     nopad_model_free(r.model);
     return rc;

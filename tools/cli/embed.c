@@ -64,8 +64,10 @@ static const char embed_help[] =
     "errors:\n"
     "  A bad line (invalid UTF-8, a bad token id, an empty --ids line, a sequence too long without\n"
     "  --truncate) or a non-finite result stops the run with a message naming the line, exit\n"
-    "  status 1. Embeddings of earlier lines may already have been written; an .npy output is\n"
-    "  then incomplete. Progress goes to stderr when it is a terminal and the run takes over 1 s.\n";
+    "  status 1. An --output file is then left as it was (it is written to a temporary file\n"
+    "  beside it and renamed at the end); stdout has the embeddings of earlier lines. An\n"
+    "  --output that is the --input file is refused. Progress goes to stderr when it is a\n"
+    "  terminal and the run takes over 1 s.\n";
 
 /* ---- batches --------------------------------------------------------------------------------- */
 
@@ -111,6 +113,7 @@ typedef struct embed_run {
     FILE *in;
     const char *in_name;
     writer out;
+    output_file file; /* out.f, written whole at the end */
     batch b;
     progress prog;
     char *line;
@@ -259,11 +262,11 @@ static int parse_embed_options(int argc, char **argv, embed_options *o) {
     if (o->input_path && strcmp(o->input_path, "-") == 0) o->input_path = NULL;
     if (o->output_path && strcmp(o->output_path, "-") == 0) o->output_path = NULL;
     if (o->format < 0) o->format = o->output_path && ends_with(o->output_path, ".npy");
-    return 0;
+    return output_check(o->output_path, o->input_path);
 }
 static void embed_run_free(embed_run *r) {
     if (r->in && r->in != stdin) fclose(r->in);
-    if (r->out.f && r->out.f != stdout) fclose(r->out.f);
+    output_discard(&r->file);
     writer_free(&r->out);
     free(r->b.tokens);
     free(r->b.cu_seqlens);
@@ -364,23 +367,16 @@ int cmd_embed(int argc, char **argv) {
     if (r.per_token) r.encode.normalize = 0;
 
     /* Output last, so that a failed load leaves an existing file alone. */
-    r.out.f = stdout;
-    r.out.name = "stdout";
-    if (o.output_path) {
-        r.out.name = o.output_path;
-        r.out.f = fopen(o.output_path, "wb");
-        if (!r.out.f) {
-            print_error("cannot open output '%s': %s", o.output_path, strerror(errno));
-            goto done;
-        }
-    }
+    if (output_open(&r.file, o.output_path)) goto done;
+    r.out.f = r.file.f;
+    r.out.name = r.file.name;
     r.out.format = (out_format)o.format;
     r.out.per_token = r.per_token;
     r.out.hidden = r.info.hidden_size;
     if (writer_begin(&r.out)) goto done;
     r.prog.enabled = isatty(STDERR_FILENO);
     r.prog.start = r.prog.last = now_seconds();
-    if (embed_stream(&r, &o) == 0) rc = EXIT_OK;
+    if (embed_stream(&r, &o) == 0 && output_commit(&r.file) == 0) rc = EXIT_OK;
 done:
     embed_run_free(&r);
     return rc;

@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "nopad.h"
+#include "output.h"
 #include "requests.h"
 
 enum { DEFAULT_KV_TOKENS = 8192, KV_BLOCK = 16, DEFAULT_BATCH = 16 };
@@ -213,6 +214,9 @@ static int parse_generate_options(int argc, char **argv, generate_options *o) {
         return -1;
     }
     if (o->input_path && strcmp(o->input_path, "-") == 0) o->input_path = NULL; /* stdin */
+    if (o->output_path && strcmp(o->output_path, "-") != 0 &&
+        output_check(o->output_path, o->input_path))
+        return -1;
     if (o->output_path && strcmp(o->output_path, "-") == 0) o->output_path = ""; /* stdout */
     return 0;
 }

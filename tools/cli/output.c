@@ -1,12 +1,16 @@
 /* The writers of output.h. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "output.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -123,6 +127,128 @@ void writer_free(writer *w) {
     free(w->held);
     w->held = NULL;
     w->held_cap = 0;
+}
+
+/* ---- output files written whole --------------------------------------------------------- */
+
+/* The temporary a signal removes: one output at a time per process. */
+static char signal_tmp[PATH_MAX + 64];
+static struct sigaction old_actions[3];
+static const int CLEANUP_SIGNALS[3] = {SIGINT, SIGTERM, SIGHUP};
+
+static void remove_tmp_on_signal(int sig) {
+    if (signal_tmp[0]) unlink(signal_tmp); /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void watch_signals(const char *tmp) {
+    snprintf(signal_tmp, sizeof signal_tmp, "%s", tmp);
+    struct sigaction sa = {.sa_handler = remove_tmp_on_signal};
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++) sigaction(CLEANUP_SIGNALS[i], &sa, &old_actions[i]);
+}
+
+static void unwatch_signals(void) {
+    for (int i = 0; i < 3; i++) sigaction(CLEANUP_SIGNALS[i], &old_actions[i], NULL);
+    signal_tmp[0] = 0;
+}
+
+int output_check(const char *output, const char *input) {
+    if (output && !output[0]) {
+        print_error("--output '': expected a file name ('-': stdout)");
+        return -1;
+    }
+    struct stat in, out;
+    if (!output || stat(output, &out) != 0) return 0; /* a new file cannot be the input */
+    const int have_in = input ? stat(input, &in) == 0 : fstat(STDIN_FILENO, &in) == 0;
+    if (have_in && in.st_dev == out.st_dev && in.st_ino == out.st_ino && S_ISREG(out.st_mode)) {
+        print_error("--output '%s' is the input file%s%s%s: writing it would destroy the input; "
+                    "give another output file", output, input ? " '" : " (stdin)",
+                    input ? input : "", input ? "'" : "");
+        return -1;
+    }
+    return 0;
+}
+
+int output_open(output_file *of, const char *path) {
+    *of = (output_file){.f = stdout, .name = "stdout"};
+    if (!path) return 0;
+    of->name = path;
+    struct stat sb;
+    const int exists = stat(path, &sb) == 0;
+    char *target = NULL;
+    if (exists && S_ISREG(sb.st_mode)) target = realpath(path, NULL); /* through any link */
+    else if (!exists && lstat(path, &sb) != 0) target = strdup(path); /* a dangling link: in place */
+    if (!target) {
+        of->f = fopen(path, "wb");
+        if (!of->f) print_error("cannot open output '%s': %s", path, strerror(errno));
+        return of->f ? 0 : -1;
+    }
+    const char *slash = strrchr(target, '/');
+    const int dir_len = slash ? (int)(slash - target) + 1 : 0;
+    const size_t cap = strlen(target) + 64;
+    of->tmp = malloc(cap);
+    if (!of->tmp) {
+        free(target);
+        print_error("out of memory");
+        return -1;
+    }
+    snprintf(of->tmp, cap, "%.*s.%s.nopad-%ld.tmp", dir_len, target, target + dir_len,
+             (long)getpid());
+    of->path = target;
+    const int fd = open(of->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd >= 0 && exists) (void)fchmod(fd, sb.st_mode & 07777); /* the replaced file's mode */
+    of->f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!of->f) {
+        print_error("cannot open output '%s': %s (writing its temporary %s)", path,
+                    strerror(errno), of->tmp);
+        if (fd >= 0) close(fd), unlink(of->tmp);
+        free(of->tmp), free(of->path);
+        of->tmp = of->path = NULL;
+        return -1;
+    }
+    watch_signals(of->tmp);
+    return 0;
+}
+
+/* fsync of the folder holding path, so that the rename itself is durable. */
+static void sync_parent(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) fsync(fd), close(fd);
+}
+
+int output_commit(output_file *of) {
+    if (!of->f) return -1;
+    errno = 0;
+    int bad = fflush(of->f) != 0 || ferror(of->f);
+    if (!bad && of->tmp && fsync(fileno(of->f)) != 0 && errno != EINVAL) bad = 1;
+    int err = errno;
+    if (of->f != stdout && fclose(of->f) != 0 && !bad) bad = 1, err = errno;
+    of->f = NULL;
+    if (!bad && of->tmp && rename(of->tmp, of->path) != 0) bad = 1, err = errno;
+    if (bad) {
+        print_error("cannot write %s: %s", of->name, err ? strerror(err) : "write error");
+        output_discard(of);
+        return -1;
+    }
+    if (of->tmp) sync_parent(of->path);
+    output_discard(of);
+    return 0;
+}
+
+void output_discard(output_file *of) {
+    if (of->f && of->f != stdout) fclose(of->f);
+    of->f = NULL;
+    if (of->tmp) {
+        unlink(of->tmp); /* after a commit it is gone already */
+        unwatch_signals();
+    }
+    free(of->tmp), free(of->path);
+    of->tmp = of->path = NULL;
 }
 
 /* ---- progress ---------------------------------------------------------------------------- */

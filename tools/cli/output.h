@@ -33,6 +33,31 @@ int writer_batch(writer *w, int32_t n_seqs, const int32_t *cu_seqlens, const flo
 int writer_end(writer *w);
 void writer_free(writer *w); /* frees the held rows, not f */
 
+/* An output file that appears whole or not at all: written to a temporary file beside it
+ * (".NAME.nopad-PID.tmp", same folder, so the rename cannot cross file systems), fsynced and
+ * renamed over NAME at the end, so that a failed or interrupted run leaves an existing file as it
+ * was. A path that is not a regular file (stdout, a pipe, /dev/null) is written in place; a link
+ * to a regular file has its target replaced. SIGINT, SIGTERM and SIGHUP remove the temporary
+ * before the process ends. */
+typedef struct output_file {
+    FILE *f;
+    const char *name; /* for messages: the path given, or "stdout" */
+    char *path;       /* the file the temporary replaces; NULL: written in place */
+    char *tmp;
+} output_file;
+
+/* Before anything is read or written: refuses (prints why, -1) an empty --output and an output
+ * that is the same file as the input (the same device and inode, whatever the names; input NULL:
+ * stdin), which writing the output would destroy. */
+int output_check(const char *output, const char *input);
+/* Opens path (NULL: stdout) for writing; prints why and returns -1 when it cannot. */
+int output_open(output_file *of, const char *path);
+/* Flushes, fsyncs and closes, then renames the temporary into place; prints why and returns -1
+ * (the temporary removed) when a write failed. */
+int output_commit(output_file *of);
+/* Closes and removes the temporary (the old file, if any, stays); a no-op after output_commit. */
+void output_discard(output_file *of);
+
 /* A "\r embedded ..." line on stderr, only when enabled (stderr is a terminal) and the run has
  * taken over a second (a quick run or a log file stays clean), at most 4 times a second. */
 typedef struct progress {

@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "output.h"
 #include "requests.h"
 
 /* One line of the input. */
@@ -48,6 +49,7 @@ typedef struct requests_run {
     nopad_model *model;
     nopad_engine *engine;
     FILE *in, *out;
+    output_file output;       /* out, written whole at the end */
     line_request *lines;
     size_t n_lines, lines_cap;
     finished_list done;
@@ -411,14 +413,8 @@ int generate_requests(const requests_options *o) {
             goto done;
         }
     }
-    r.out = stdout;
-    if (o->output_path) {
-        r.out = fopen(o->output_path, "wb");
-        if (!r.out) {
-            print_error("cannot open output '%s': %s", o->output_path, strerror(errno));
-            goto done;
-        }
-    }
+    /* nothing is written before the input is read and the model loaded (an output that is the
+     * input was refused with the options): a bad model path leaves every file as it was */
     if (read_lines(&r, &texts)) goto done;
     nopad_model_params mp = nopad_model_default_params();
     mp.device = o->device;
@@ -445,6 +441,8 @@ int generate_requests(const requests_options *o) {
         print_error("%s", library_error(st));
         goto done;
     }
+    if (output_open(&r.output, o->output_path)) goto done;
+    r.out = r.output.f;
     r.progress = isatty(fileno(stderr));
     r.start = r.last_progress = now_seconds();
     int failed = 0;
@@ -454,7 +452,8 @@ int generate_requests(const requests_options *o) {
     }
     while (!failed && r.answered < (int64_t)r.n_lines) failed = collect(&r, 200);
     show_progress(&r, 1);
-    if (failed) goto done;
+    /* lines that failed have their error lines: the file is whole, so it replaces the old one */
+    if (failed || output_commit(&r.output)) goto done;
     const double elapsed = now_seconds() - r.start;
     fprintf(stderr, "nopad: %zu requests (%" PRId64 " failed), %" PRId64 " tokens in %.2f s, "
             "%.0f tokens/s\n",
@@ -478,9 +477,6 @@ done:
     pthread_cond_destroy(&r.done.cond);
     nopad_model_free(r.model);
     if (r.in && r.in != stdin) fclose(r.in);
-    if (r.out && r.out != stdout && fclose(r.out) != 0 && rc == EXIT_OK) {
-        print_error("cannot write '%s': %s", o->output_path, strerror(errno));
-        rc = EXIT_ERROR;
-    }
+    output_discard(&r.output);
     return rc;
 }
