@@ -114,11 +114,15 @@ def token_ids(x: Any, name: str, vocab_size: int) -> np.ndarray:
         except TypeError:
             raise IdTypeError("%s must be a sequence of int token ids, not %s"
                               % (name, type(x).__name__)) from None
-        for k, v in enumerate(items):
+        kinds = set(map(type, items))  # fast: nearly always just int
+        for k, v in enumerate(items if kinds - {int} else ()):
             if not _is_id(v):
                 raise IdTypeError("%s: position %d holds %r (a %s), not an int token id"
                                   % (name, k, v, type(v).__name__))
-        a = np.array(items, dtype=object if items else np.int64)
+        try:
+            a = np.array(items, dtype=np.int64)
+        except OverflowError:  # beyond int64: compared exactly as Python ints
+            a = np.array(items, dtype=object)
     if a.size:
         bad = (a < 0) | (a >= vocab_size)
         if bad.any():
