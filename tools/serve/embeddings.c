@@ -3,7 +3,7 @@
  * and a classification batch goes through nopad_classify_packed).
  *
  * Requests are tokenized on their connection's thread and queued; one batcher thread takes the
- * queued requests' inputs in turn, up to --embed-batch-tokens tokens, and runs them as one packed
+ * queued requests in turn, up to --embed-batch-tokens tokens, and runs them as one packed
  * batch through the encoder (nopad_encode_packed: no padding, each input its own sequence); a
  * request whose inputs are all done gets its connection woken with its rows. A larger request
  * thus runs in chunks between other requests, and is dropped between chunks once its client has
@@ -35,10 +35,10 @@ typedef struct embed_job {
     struct embed_job *next;
 } embed_job;
 
-/* The batcher's queue holds the jobs with inputs left, in turn: a batch takes inputs from the
- * head on, up to --embed-batch-tokens, and a job with inputs left after it goes back to the tail.
- * A large request thus runs in chunks of the budget, and a request that came during one chunk
- * shares the next batch: it waits for about one chunk, not for the whole large request. */
+/* The batcher's queue holds the jobs with inputs left, in turn: a batch takes whole jobs from the
+ * head on, up to --embed-batch-tokens; a job larger than that runs alone, a chunk of the budget a
+ * batch, and goes back to the tail after each. A request that came during a large one's chunk
+ * runs in the next batch: it waits for about one chunk, not for the whole large request. */
 struct embed_batcher {
     server *srv;
     pthread_t thread;
@@ -212,20 +212,16 @@ static void *batcher_main(void *arg) {
                 batch = p;
                 cap = c;
             }
+            /* whole requests while they fit; one larger than the room left waits for a batch of
+             * its own, where it runs as far as the budget goes (one input at least) */
+            if (n > 0 && tokens + j->cu[j->n] - j->cu[j->taken] > budget) break;
             int32_t to = j->taken;
-            int64_t t = tokens;
-            while (to < j->n) {
-                const int32_t len = j->cu[to + 1] - j->cu[to];
-                if (t + len > budget && !(n == 0 && to == j->taken)) break; /* one input at least */
-                t += len;
-                to++;
-            }
-            if (to == j->taken) break; /* its next input does not fit: the next batch */
+            while (to < j->n && (to == j->taken || tokens + j->cu[to + 1] - j->cu[j->taken] <= budget)) to++;
             batch[n++] = (slice){j, j->taken, to};
-            tokens = t;
+            tokens += j->cu[to] - j->cu[j->taken];
             j->taken = to;
             pop_head(b);
-            if (to < j->n) break; /* the budget is spent; the rest of j waits its turn */
+            if (to < j->n) break; /* alone, and the budget is spent: the rest waits its turn */
         }
         if (n == 0) {
             if (b->head && cap == 0) { /* out of memory for the list: fail the head rather than spin */

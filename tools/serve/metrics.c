@@ -160,7 +160,7 @@ char *metrics_render(metrics *m, const metrics_gauges *g, size_t *len) {
              "tokens generated for answered generation requests (their usage.completion_tokens)",
              (double)m->completion_tokens);
     emit_one(&o, "nopad_requests_cancelled_total", "counter",
-             "generation requests cancelled because their client left", (double)m->cancelled);
+             "requests (generation, embeddings) cancelled because their client left", (double)m->cancelled);
     emit_one(&o, "nopad_embedding_inputs_total", "counter", "inputs embedded", (double)m->embed_inputs);
     emit_one(&o, "nopad_embedding_tokens_total", "counter", "tokens through the encoder",
              (double)m->embed_tokens);
@@ -199,7 +199,7 @@ char *metrics_render(metrics *m, const metrics_gauges *g, size_t *len) {
                  "tokens per second over the last 64 steps", e->tokens_per_s);
     }
     if (g->have_embed)
-        emit_one(&o, "nopad_embedding_queue", "gauge", "embedding requests waiting for a batch",
+        emit_one(&o, "nopad_embedding_queue", "gauge", "embedding requests waiting or running",
                  g->embed_queue);
     emit_one(&o, "nopad_http_inflight", "gauge", "requests being answered", g->http_inflight);
     emit_one(&o, "nopad_draining", "gauge", "1 once SIGTERM asked the server to stop", g->draining);

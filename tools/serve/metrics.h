@@ -41,7 +41,7 @@ typedef struct metrics {
     int statuses[METRICS_MAX_STATUSES];                /* the status codes seen, in order */
     int n_statuses;
     uint64_t prompt_tokens, completion_tokens;         /* of answered generation requests */
-    uint64_t cancelled;                                /* generation ended by a client leaving */
+    uint64_t cancelled;                                /* requests ended by their client leaving */
     uint64_t embed_inputs, embed_tokens, embed_batches;
     histogram ttft, latency, step;
     int64_t steps_seen;                                /* engine steps already observed */
@@ -65,7 +65,7 @@ typedef struct metrics_gauges {
     int have_engine;
     nopad_engine_stats engine;
     int have_embed;
-    int32_t embed_queue;    /* embedding requests waiting for a batch */
+    int32_t embed_queue;    /* embedding requests waiting or running */
     int32_t http_inflight;  /* requests being answered */
     int draining;
 } metrics_gauges;
