@@ -7,6 +7,8 @@ pre-tokenizers whose pattern is "" (String or Regex) or a regex such as "a*", an
     python3 scripts/make_tokenizer_pattern_fixtures.py     # files in tests/data/tokenizer/patterns/
     python3 scripts/make_tokenizer_pattern_fixtures.py --library build/libnopad.so
         # no files: compares a built libnopad.so with HF and prints every difference
+    python3 scripts/make_tokenizer_pattern_fixtures.py --fuzz-seeds
+        # also writes three of them as seeds of fuzz/fuzz_tokenizer.c (fuzz/corpus/tokenizer/)
 
 HF compiles a String pattern as an escaped regex, so "" matches at every character boundary, the
 two ends included: Replace "" -> "X" turns "ab" into "XaXbX". An empty input has no match at all
@@ -137,9 +139,20 @@ def compare(library):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--library", help="compare this libnopad.so with HF instead of writing files")
+    ap.add_argument("--fuzz-seeds", action="store_true",
+                    help="also write seeds for fuzz/fuzz_tokenizer.c")
     args = ap.parse_args()
     if args.library:
         sys.exit(1 if compare(args.library) else 0)
+    if args.fuzz_seeds:
+        seeds = os.path.join(ROOT, "fuzz", "corpus", "tokenizer")
+        for name, (normalizer, pre) in PIPELINES.items():
+            if name in ("strip_then_replace_empty", "replace_regex_a_star",
+                        "split_empty_string_isolated"):
+                # first byte 0: the rest is a tokenizer.json (fuzz_tokenizer.c)
+                with open(os.path.join(seeds, "json_pattern_" + name), "wb") as f:
+                    f.write(b"\0" + json.dumps(tokenizer_json(normalizer, pre),
+                                               ensure_ascii=False).encode())
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "cases.jsonl"), "w", encoding="utf-8") as cases_file:
         for name, text, cases in hf_cases():
