@@ -227,6 +227,43 @@ print(f"ok   resume after step {k}: {len(straight)} steps, losses equal bit for 
       f"({straight[0][1]} -> {straight[-1][1]})")
 PY
 done
+# ---- an interrupted save: the run above, saving every step, killed (SIGKILL) at times that land
+# in saves as often as not, then resumed from what is there, again and again. A checkpoint is
+# written whole (a staging folder renamed into place), so each resume starts from the files of
+# one step, the run resumed to its end equals the straight one bit for bit, and no temporary is
+# left. (Files rewritten one by one in place left a mix of steps 2 of 10 times; runs resumed from
+# it diverged.) A mix assembled by hand is refused, naming both steps.
+K="$TMP/killed"
+for delay in 0.3 0.5 0.2 0.7 0.4 0.6; do
+    resume=()
+    [ -f "$K/trainer_state.json" ] && resume=(--resume "$K")
+    "$NOPAD_CLI" train "${R[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err_killed" &
+    pid=$!
+    sleep "$delay"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    grep -q "error" "$TMP/err_killed" && fail "interrupted saves: a resume failed: $(cat "$TMP/err_killed")"
+done
+resume=()
+[ -f "$K/trainer_state.json" ] && resume=(--resume "$K")
+if "$NOPAD_CLI" train "${R[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err"; then
+    cmp -s "$TMP/straight/model.safetensors" "$K/model.safetensors" &&
+        cmp -s "$TMP/straight/optimizer.safetensors" "$K/optimizer.safetensors" &&
+        echo "ok   killed during saves and resumed (${#resume[@]} args): the end weights and moments equal the straight run's" ||
+        fail "interrupted saves: the resumed run's end weights differ from the straight run's"
+else
+    fail "interrupted saves: the last resume: $(cat "$TMP/err")"
+fi
+left="$(find "$TMP" -maxdepth 2 -name '*nopad-partial*' -o -maxdepth 2 -name '*nopad-old*' -o -maxdepth 2 -name '*.tmp')"
+[ -z "$left" ] || fail "interrupted saves: temporaries left behind: $left"
+"$NOPAD_CLI" train "${R[@]}" --output "$TMP/mixed" --stop-after 3 2>"$TMP/err" || fail "3 steps: $(cat "$TMP/err")"
+cp "$TMP/straight/model.safetensors" "$TMP/mixed/"
+rc=0
+"$NOPAD_CLI" train "${R[@]}" --output "$TMP/mixed_out" --resume "$TMP/mixed" 2>"$TMP/err" || rc=$?
+[ "$rc" -eq 1 ] && grep -q "a mix of saves: trainer_state.json is of step 3, model.safetensors of step" "$TMP/err" &&
+    echo "ok   a checkpoint of mixed steps is refused: $(cat "$TMP/err")" ||
+    fail "a checkpoint of mixed steps: exit $rc: $(cat "$TMP/err")"
+
 # the same flags but for the optimiser, the learning rate, the epochs: errors naming both values
 expect_resume_fail() {
     local word="$1"
@@ -293,7 +330,7 @@ assert [r["is_best"] for r in evals] == [a > max(accs[:i], default=-1) for i, a 
 assert f"best: step {want} of 11 evaluations, eval accuracy 1.0000 (its weights in {tmp}/ev/best)" in out, out[-3:]
 assert "eval accuracy: 1.0000" in out  # the last step's, as without --eval-every
 state = json.load(open(f"{tmp}/ev/trainer_state.json"))
-assert state["format"] == "nopad-train-4" and state["eval_metric"] == "accuracy"
+assert state["format"] == "nopad-train-5" and state["eval_metric"] == "accuracy"
 assert state["evaluations"] == [{k: v for k, v in r.items() if k != "is_best"} for r in evals]
 assert state["best"] == {"metric": "accuracy", "step": want, "value": 1}, state["best"]
 res = json.load(open(f"{tmp}/ev/best/eval_results.json"))
@@ -615,6 +652,11 @@ expect_fail 1 "best_metric accuracy, but a one-label head (regression) has only 
     --model "$TMP/bare" --task classify --num-labels 1 --data "$D/cls_train.jsonl" \
     --eval "$D/cls_eval.jsonl" --output "$TMP/o" --eval-every 5 --best-metric accuracy
 expect_fail 1 "$TMP/nodir/log.jsonl" "${C[@]}" --data "$D/cls_train.jsonl" --log "$TMP/nodir/log.jsonl"
+expect_fail 2 "--output '': expected a folder's path" --model "$TMP/bare" --task mlm --data "$TMP/cls_train.txt" --output ''
+expect_fail 2 "--resume '': expected a folder's path" "${C[@]}" --data "$D/cls_train.jsonl" --resume ''
+cp "$D/cls_train.jsonl" "$TMP/data_copy.jsonl"
+expect_fail 2 "is the --data file" "${C[@]}" --data "$TMP/data_copy.jsonl" --log "$TMP/data_copy.jsonl"
+cmp -s "$TMP/data_copy.jsonl" "$D/cls_train.jsonl" || fail "--log naming --data changed the data"
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures failure(s)" >&2

@@ -18,12 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "testutil.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "util/file.h"
 
 enum { N_SPECIAL = 5, VOCAB = 64, N_WORDS = VOCAB - N_SPECIAL, MAX_TOKENS = 96, MAX_SEQS = 8 };
 
@@ -180,7 +182,7 @@ static void resume_case(train_task task, train_optimizer_kind kind) {
     const char *dir = test_make_temp_dir(2);
     char sub[600];
     snprintf(sub, sizeof sub, "%s/step3", dir); // created by the save
-    assert_nopad_ok(train_checkpoint_save(&first.m, &first.state, sub));
+    assert_nopad_ok(train_checkpoint_save(&first.m, &first.state, sub, NULL));
     const train_state saved = first.state;
     run_free(&first);
 
@@ -233,7 +235,7 @@ static void test_resume_classify(void **state) {
 }
 
 static void write_text(const char *dir, const char *name, const char *text) {
-    char path[700];
+    char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -250,8 +252,9 @@ static void test_errors(void **state) {
     train_state s = {.kind = TRAIN_OPT_LAMB, .opt = train_optimizer_defaults(),
                      .schedule = train_schedule_defaults(), .data_seed = 1, .dropout = 0.1f,
                      .attention_dropout = 0.2f};
+    m.step = 2; // the step the states written below give: the weights and moments record it too
     const char *dir = test_make_temp_dir(3);
-    assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir, NULL));
     train_model_free(&m);
     train_model out;
     train_state got;
@@ -367,7 +370,7 @@ static void test_errors(void **state) {
                        "optimizer.safetensors");
     // a save into a folder whose parent is missing
     assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_CLASSIFY), TRAIN_TASK_CLASSIFY, &m));
-    assert_nopad_error(train_checkpoint_save(&m, &s, "/nonexistent/a/b"), NOPAD_ERR_IO, "/nonexistent/a/b");
+    assert_nopad_error(train_checkpoint_save(&m, &s, "/nonexistent/a/b", NULL), NOPAD_ERR_IO, "/nonexistent/a/b");
     train_model_free(&m);
     be->destroy(be);
 }
@@ -390,7 +393,7 @@ static void test_bare_encoder_names(void **state) {
     train_state s = {.kind = TRAIN_OPT_ADAMW, .opt = train_optimizer_defaults(),
                      .schedule = train_schedule_defaults(), .data_seed = 3};
     const char *dir = test_make_temp_dir(4);
-    assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir, NULL));
     char path[700];
     static const char *const want[] = {"bert.embeddings.word_embeddings.weight",
                                        "bert.encoder.layer.1.output.LayerNorm.bias",
@@ -475,7 +478,7 @@ static void test_evaluations(void **state) {
     assert_int_equal(train_state_stale(&s, 0.05), 3);
     s.metric = TRAIN_METRIC_ACCURACY;
     const char *dir = test_make_temp_dir(5);
-    assert_nopad_ok(train_checkpoint_save(&m, &s, dir));
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir, NULL));
     train_model back;
     train_state got;
     assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
@@ -492,13 +495,13 @@ static void test_evaluations(void **state) {
     train_state_free(&got);
     assert_null(got.evals);
     const char *text = slurp(dir, "trainer_state.json");
-    assert_non_null(strstr(text, "\"format\":\t\"nopad-train-4\""));
+    assert_non_null(strstr(text, "\"format\":\t\"nopad-train-5\""));
     assert_non_null(strstr(text, "\"best\":\t{\n\t\t\"metric\":\t\"accuracy\",\n\t\t\"step\":\t6,"));
 
     /* the weights alone: the checkpoint's model.safetensors, and the step beside them */
     char best[700];
     snprintf(best, sizeof best, "%s/best", dir);
-    assert_nopad_ok(train_checkpoint_save_weights(&m, &evals[1], TRAIN_METRIC_ACCURACY, best));
+    assert_nopad_ok(train_checkpoint_save_weights(&m, &evals[1], TRAIN_METRIC_ACCURACY, best, NULL));
     int64_t step = 0;
     assert_nopad_ok(train_checkpoint_weights_step(best, &step));
     assert_int_equal(step, 6);
@@ -532,7 +535,7 @@ static void test_evaluations(void **state) {
         const char *at = strstr(good, ",\n\t\"eval_metric\"");
         assert_non_null(at);
         snprintf(old, sizeof old, "%.*s\n}\n", (int)(at - good), good);
-        memcpy(strstr(old, "nopad-train-4"), "nopad-train-3", 13);
+        memcpy(strstr(old, "nopad-train-5"), "nopad-train-3", 13);
         write_text(dir, "trainer_state.json", old);
         assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
         train_model_free(&back);
@@ -565,11 +568,111 @@ static void test_evaluations(void **state) {
     be->destroy(be);
 }
 
+
+/* A save is written whole (util/file.h's staging folder): a save that fails between files, or
+ * one cut short (a kill leaves the staging folder), leaves the previous checkpoint as it was and
+ * loadable; the next save removes the leftover, keeps what else the folder holds (best/, the
+ * user's files) and writes the new step; two renames cut between (file systems without
+ * RENAME_EXCHANGE) are completed; and a folder of files from two saves (each file records its
+ * step) is refused, naming both steps. */
+static void test_interrupted_save(void **state) {
+    (void)state;
+    nopad_backend *be = NULL;
+    assert_nopad_ok(nopad_backend_cpu_create(2, &be));
+    train_model m;
+    assert_nopad_ok(train_model_load(be, folder(TRAIN_TASK_CLASSIFY), TRAIN_TASK_CLASSIFY, &m));
+    train_state s = {.kind = TRAIN_OPT_ADAMW, .opt = train_optimizer_defaults(),
+                     .schedule = train_schedule_defaults(), .data_seed = 7};
+    const char *root = test_make_temp_dir(6);
+    char dir[700], stage[800], path[2048], other[700], bad_tok[700];
+    snprintf(dir, sizeof dir, "%s/ckpt", root);
+    snprintf(stage, sizeof stage, "%s/.ckpt.nopad-partial", root);
+    m.step = 3;
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir, NULL));
+    write_text(dir, "notes.txt", "the user's");
+    snprintf(path, sizeof path, "%s/best", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    write_text(path, "eval_results.json", "{\"step\": 3}");
+
+    /* a save failing after the weights, moments and state are written: tokenizer_from holds a
+     * folder where vocab.txt should be */
+    snprintf(bad_tok, sizeof bad_tok, "%s/bad_tok", root);
+    assert_int_equal(mkdir(bad_tok, 0755), 0);
+    snprintf(path, sizeof path, "%s/vocab.txt", bad_tok);
+    assert_int_equal(mkdir(path, 0755), 0);
+    m.step = 4;
+    assert_nopad_error(train_checkpoint_save(&m, &s, dir, bad_tok), NOPAD_ERR_IO, "vocab.txt");
+    assert_int_equal(access(stage, F_OK), -1); // the failed save's staging folder is gone
+    train_model back;
+    train_state got;
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
+    assert_int_equal(back.step, 3);
+    train_model_free(&back);
+    train_state_free(&got);
+
+    /* a save cut short by a kill: its staging folder holds some files of step 4 */
+    assert_int_equal(mkdir(stage, 0755), 0);
+    snprintf(other, sizeof other, "%s/step4", root);
+    assert_nopad_ok(train_checkpoint_save(&m, &s, other, NULL));
+    snprintf(path, sizeof path, "cp %s/model.safetensors %s/", other, stage);
+    assert_int_equal(system(path), 0);
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
+    assert_int_equal(back.step, 3);
+    train_model_free(&back);
+    train_state_free(&got);
+    /* the next save: the leftover gone, the folder's other files kept, step 5 whole */
+    m.step = 5;
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir, NULL));
+    assert_int_equal(access(stage, F_OK), -1);
+    assert_string_equal(slurp(dir, "notes.txt"), "the user's");
+    assert_string_equal(slurp(dir, "best/eval_results.json"), "{\"step\": 3}");
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
+    assert_int_equal(back.step, 5);
+    train_model_free(&back);
+    train_state_free(&got);
+
+    /* cut between the two renames of a swap without RENAME_EXCHANGE: the folder moved aside,
+     * the whole new one still staged; and cut before the staging folder was complete */
+    char old[800];
+    snprintf(old, sizeof old, "%s/.ckpt.nopad-old", root);
+    assert_int_equal(rename(dir, old), 0);
+    snprintf(path, sizeof path, "cp -r %s %s", other, stage);
+    assert_int_equal(system(path), 0);
+    assert_nopad_ok(folder_stage_recover(dir));
+    assert_int_equal(access(stage, F_OK), -1);
+    assert_int_equal(access(old, F_OK), -1);
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
+    assert_int_equal(back.step, 4);
+    train_model_free(&back);
+    train_state_free(&got);
+    assert_int_equal(rename(dir, old), 0);
+    assert_nopad_ok(folder_stage_recover(dir));
+    assert_nopad_ok(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got));
+    assert_int_equal(back.step, 4);
+    train_model_free(&back);
+    train_state_free(&got);
+
+    /* files of two saves in one folder: step 4's state beside step 5's weights, or moments */
+    m.step = 5;
+    assert_nopad_ok(train_checkpoint_save(&m, &s, dir, NULL));
+    snprintf(path, sizeof path, "cp %s/trainer_state.json %s/", other, dir);
+    assert_int_equal(system(path), 0);
+    assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got), NOPAD_ERR_FORMAT,
+                       "a mix of saves: trainer_state.json is of step 4, model.safetensors of step 5");
+    snprintf(path, sizeof path, "cp %s/model.safetensors %s/", other, dir);
+    assert_int_equal(system(path), 0);
+    assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got), NOPAD_ERR_FORMAT,
+                       "trainer_state.json is of step 4, optimizer.safetensors of step 5");
+    train_model_free(&m);
+    be->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_mlm_adamw), cmocka_unit_test(test_resume_mlm_lamb),
         cmocka_unit_test(test_resume_classify),  cmocka_unit_test(test_errors),
         cmocka_unit_test(test_bare_encoder_names), cmocka_unit_test(test_evaluations),
+        cmocka_unit_test(test_interrupted_save),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,9 +19,16 @@
 
 /* -2: the schedule and the run's shape (epochs, batch budgets) joined the state; -3: streamed
  * data (the window and the buffer; a -2 state held its data in memory); -4: the evaluations
- * and their metric (a -2 or -3 state recorded none) */
-static const char *const STATE_FORMAT = "nopad-train-4";
-static const char *const OLDER_FORMATS[] = {"nopad-train-3", "nopad-train-2"};
+ * and their metric (a -2 or -3 state recorded none); -5: the folder is written whole, and both
+ * safetensors files record their step (older ones may not) */
+static const char *const STATE_FORMAT = "nopad-train-5";
+static const char *const OLDER_FORMATS[] = {"nopad-train-4", "nopad-train-3", "nopad-train-2"};
+enum { N_OLDER_FORMATS = sizeof OLDER_FORMATS / sizeof OLDER_FORMATS[0] };
+
+const char *const TRAIN_TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json",
+                                             "special_tokens_map.json", "vocab.txt", "vocab.json",
+                                             "merges.txt", "added_tokens.json"};
+const size_t TRAIN_N_TOKENIZER_FILES = sizeof TRAIN_TOKENIZER_FILES / sizeof TRAIN_TOKENIZER_FILES[0];
 static const char *const OPT_NAMES[] = {"adamw", "lamb"};
 static const char *const TASK_NAMES[] = {"mlm", "classify"};
 static const char *const METRIC_NAMES[] = {"none", "loss", "accuracy"};
@@ -108,26 +115,12 @@ static cJSON *double_json(double x) {
 
 /* ---- writing --------------------------------------------------------------------------------- */
 
-/* `bytes` bytes to dir/name through dir/name.tmp and a rename. */
-static nopad_status write_atomic(const char *dir, const char *name, const void *head, size_t head_len,
-                                 const void *body, size_t body_len) {
-    char path[4096], tmp[4200];
+/* dir/name, fsynced: dir is the staging folder of a save, which is renamed into place whole. */
+static nopad_status write_file(const char *dir, const char *name, const void *head, size_t head_len,
+                               const void *body, size_t body_len) {
+    char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    int ok = fwrite(head, 1, head_len, f) == head_len;
-    if (ok && body_len) ok = fwrite(body, 1, body_len, f) == body_len;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) {
-        remove(tmp);
-        return nopad_set_error(NOPAD_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
-        remove(tmp);
-        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-    }
-    return NOPAD_OK;
+    return write_file_synced(path, head, head_len, body, body_len);
 }
 
 static nopad_status write_json(const char *dir, const char *name, const cJSON *root) {
@@ -135,7 +128,7 @@ static nopad_status write_json(const char *dir, const char *name, const cJSON *r
     if (!text) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s/%s: out of memory", dir, name);
     const size_t len = strlen(text);
     text[len] = '\n'; // cJSON_Print's buffer has the NUL there; the file gets a final newline
-    nopad_status st = write_atomic(dir, name, text, len + 1, NULL, 0);
+    nopad_status st = write_file(dir, name, text, len + 1, NULL, 0);
     free(text);
     return st;
 }
@@ -163,6 +156,11 @@ static nopad_status write_safetensors(const train_model *m, const float *data,
     cJSON *root = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
     cJSON_AddStringToObject(meta, "format", "pt");
+    /* the step of the weights or moments (metadata values are strings): a resume refuses a
+     * folder whose files are of different steps */
+    char step[32];
+    snprintf(step, sizeof step, "%lld", (long long)m->step);
+    cJSON_AddStringToObject(meta, "step", step);
     int ok = root && meta;
     size_t offset = 0;
     for (int32_t j = 0; j < n_kinds * m->n_tensors && ok; j++) {
@@ -194,7 +192,7 @@ static nopad_status write_safetensors(const train_model *m, const float *data,
     free(json);
     /* the table's tensors tile [0, n_params) in order, so the body is the buffer itself */
     assert(offset == (size_t)n_kinds * (size_t)m->n_params * sizeof(float));
-    nopad_status st = write_atomic(dir, name, head, 8 + padded, data, offset);
+    nopad_status st = write_file(dir, name, head, 8 + padded, data, offset);
     free(head);
     return st;
 }
@@ -338,7 +336,8 @@ static nopad_status write_weights(const train_model *m, const char *dir) {
     return st;
 }
 
-nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir) {
+nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir,
+                                   const char *tokenizer_from) {
     if (!m || !state || !dir || !m->params)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save: NULL argument");
     if ((unsigned)state->kind > TRAIN_OPT_LAMB)
@@ -347,18 +346,23 @@ nopad_status train_checkpoint_save(const train_model *m, const train_state *stat
     if ((unsigned)state->schedule.kind > TRAIN_SCHEDULE_CONSTANT)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save: unknown "
                                "schedule %d", (int)state->schedule.kind);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
     struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return nopad_set_error(NOPAD_ERR_IO, "%s: not a folder", dir);
-    nopad_status st = write_weights(m, dir);
-    if (st == NOPAD_OK) st = write_moments(m, dir);
+    char stage[4096];
+    nopad_status st = folder_stage_begin(dir, stage, sizeof stage);
+    if (st != NOPAD_OK) return st;
+    st = write_weights(m, stage);
+    if (st == NOPAD_OK) st = write_moments(m, stage);
     if (st == NOPAD_OK) {
         cJSON *s = state_json(m, state);
-        st = write_json(dir, "trainer_state.json", s);
+        st = write_json(stage, "trainer_state.json", s);
         cJSON_Delete(s);
     }
+    if (st == NOPAD_OK && tokenizer_from)
+        st = copy_files(tokenizer_from, stage, TRAIN_TOKENIZER_FILES, TRAIN_N_TOKENIZER_FILES);
+    if (st == NOPAD_OK) return folder_stage_commit(dir, stage);
+    folder_stage_abort(stage);
     return st;
 }
 
@@ -412,11 +416,12 @@ static nopad_status check_state_header(const cJSON *root, const char *where, tra
     if (!cJSON_IsObject(root)) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not a JSON object", where);
     const char *text = NULL;
     TRY(get_string(root, "format", where, &text));
-    if (strcmp(text, STATE_FORMAT) != 0 && strcmp(text, OLDER_FORMATS[0]) != 0 &&
-        strcmp(text, OLDER_FORMATS[1]) != 0)
+    int known = !strcmp(text, STATE_FORMAT);
+    for (int i = 0; i < N_OLDER_FORMATS; i++) known |= !strcmp(text, OLDER_FORMATS[i]);
+    if (!known)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: format \"%.64s\", expected \"%s\" "
-                               "(or \"%s\", \"%s\")", where, text, STATE_FORMAT, OLDER_FORMATS[0],
-                               OLDER_FORMATS[1]);
+                               "(or \"%s\", \"%s\", \"%s\")", where, text, STATE_FORMAT,
+                               OLDER_FORMATS[0], OLDER_FORMATS[1], OLDER_FORMATS[2]);
     TRY(get_string(root, "task", where, &text));
     if (strcmp(text, TASK_NAMES[task]) != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -580,6 +585,70 @@ static nopad_status parse_state(const cJSON *root, const char *where, const trai
     return parse_schedule(root, where, &s->schedule);
 }
 
+/* The step a safetensors file of a checkpoint records in its metadata; *present 0 when it
+ * records none (files saved before nopad-train-5, or not by nopad). */
+static nopad_status safetensors_step(const char *path, int64_t *step, int *present) {
+    *present = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return nopad_set_error(NOPAD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    uint8_t len8[8];
+    uint64_t len = 0;
+    char *header = NULL;
+    nopad_status st = NOPAD_OK;
+    if (fread(len8, 1, 8, f) != 8) st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: shorter than 8 bytes", path);
+    for (int i = 0; i < 8 && st == NOPAD_OK; i++) len |= (uint64_t)len8[i] << (8 * i);
+    if (st == NOPAD_OK && len > ((uint64_t)1 << 27))
+        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: a %llu-byte header", path, (unsigned long long)len);
+    if (st == NOPAD_OK && !(header = malloc((size_t)len + 1)))
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+    if (st == NOPAD_OK && fread(header, 1, (size_t)len, f) != (size_t)len)
+        st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: the header is cut short", path);
+    fclose(f);
+    cJSON *root = st == NOPAD_OK ? cJSON_ParseWithLength(header, (size_t)len) : NULL;
+    free(header);
+    if (st == NOPAD_OK && !root) st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: the header is not JSON", path);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, "step");
+    if (st == NOPAD_OK && v) {
+        char *end = NULL;
+        const long long n = cJSON_IsString(v) ? strtoll(v->valuestring, &end, 10) : -1;
+        if (n < 0 || !end || end == v->valuestring || *end)
+            st = nopad_set_error(NOPAD_ERR_FORMAT, "%s: the metadata's step is not a whole number",
+                                 path);
+        *step = n;
+        *present = 1;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+/* Every file of the folder must be of trainer_state.json's step: a folder mixing two saves
+ * (files copied together, or saved in place by nopad before nopad-train-5 and interrupted)
+ * would resume weights of one step with the optimiser or data position of another. */
+static nopad_status check_steps(const char *dir, const cJSON *root, const char *where) {
+    double v = 0;
+    TRY(get_int(root, "step", where, 0, 9007199254740992.0, &v));
+    const char *format = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "format"));
+    const int recorded = format && !strcmp(format, STATE_FORMAT); /* older files may lack it */
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        int64_t step = 0;
+        int present = 0;
+        TRY(safetensors_step(path, &step, &present));
+        if (!present && recorded)
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: records no step in its metadata, which "
+                                   "a %s checkpoint has: the folder was not written by one save",
+                                   path, STATE_FORMAT);
+        if (present && step != (int64_t)v)
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: a mix of saves: trainer_state.json is of "
+                                   "step %.0f, %s of step %lld; resume from a checkpoint folder "
+                                   "written whole", dir, v, files[i], (long long)step);
+    }
+    return NOPAD_OK;
+}
+
 /* The moments from optimizer.safetensors into adam_m and adam_v. */
 static nopad_status load_moments(train_model *m, const char *dir) {
     char path[4096];
@@ -637,6 +706,7 @@ nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_tas
     free(text);
     if (!root) return nopad_set_error(NOPAD_ERR_FORMAT, "%s: not valid JSON", path);
     nopad_status st = check_state_header(root, path, task);
+    if (st == NOPAD_OK) st = check_steps(dir, root, path);
     int loaded = 0;
     if (st == NOPAD_OK) {
         st = train_model_load(be, dir, task, out);
@@ -659,16 +729,14 @@ nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_tas
 /* ---- the weights alone (a run's best evaluation) --------------------------------------------- */
 
 nopad_status train_checkpoint_save_weights(const train_model *m, const train_eval *e,
-                                           train_metric metric, const char *dir) {
+                                           train_metric metric, const char *dir,
+                                           const char *tokenizer_from) {
     if (!m || !e || !dir || !m->params)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_checkpoint_save_weights: NULL argument");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
-    char path[4096];
-    snprintf(path, sizeof path, "%s/eval_results.json", dir);
-    if (remove(path) != 0 && errno != ENOENT)
-        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
-    nopad_status st = write_weights(m, dir);
+    char stage[4096];
+    nopad_status st = folder_stage_begin(dir, stage, sizeof stage);
+    if (st != NOPAD_OK) return st;
+    st = write_weights(m, stage);
     if (st == NOPAD_OK) {
         cJSON *r = cJSON_CreateObject();
         if (r) {
@@ -679,9 +747,13 @@ nopad_status train_checkpoint_save_weights(const train_model *m, const train_eva
             cJSON_AddNumberToObject(r, "eval_examples", e->examples);
             cJSON_AddStringToObject(r, "metric", train_metric_name(metric));
         }
-        st = write_json(dir, "eval_results.json", r);
+        st = write_json(stage, "eval_results.json", r);
         cJSON_Delete(r);
     }
+    if (st == NOPAD_OK && tokenizer_from)
+        st = copy_files(tokenizer_from, stage, TRAIN_TOKENIZER_FILES, TRAIN_N_TOKENIZER_FILES);
+    if (st == NOPAD_OK) return folder_stage_commit(dir, stage);
+    folder_stage_abort(stage);
     return st;
 }
 

@@ -17,8 +17,11 @@
  *                          during training (step, epoch, eval loss and accuracy) with the metric
  *                          that picks the best of them
  *
- * Each file is written under a temporary name and renamed, so an interrupted save leaves the
- * previous file whole. */
+ * A save writes the folder whole: every file into a staging folder beside it, fsynced, which
+ * then takes the folder's place in one rename (util/file.h), so that an interrupted save leaves
+ * the previous checkpoint whole and no temporary behind once the next save or resume has run.
+ * Each file records the step (trainer_state.json's "step", the safetensors files' metadata
+ * "step"); a load refuses a folder whose files disagree. */
 #ifndef NOPAD_TRAIN_CHECKPOINT_H
 #define NOPAD_TRAIN_CHECKPOINT_H
 
@@ -89,16 +92,25 @@ int32_t train_state_stale(const train_state *s, double min_delta);
 /* Frees the history and clears it. */
 void train_state_free(train_state *s);
 
-/* Writes the four files into `dir` (created when missing; its parent must exist). The step count
- * is the model's. */
-nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir);
+/* The tokenizer files a checkpoint copies from its source folder (those that exist), so that it
+ * is a whole model folder (nopad embed, from_pretrained with its tokenizer). */
+extern const char *const TRAIN_TOKENIZER_FILES[];
+extern const size_t TRAIN_N_TOKENIZER_FILES;
 
-/* Writes the weights alone to `dir` (created when missing): model.safetensors and config.json
- * as train_checkpoint_save writes them, then eval_results.json ({"step", "epoch", "eval_loss",
- * "eval_accuracy" when there is one, "eval_examples", "metric"}), which is removed first: when it
- * is there, the weights beside it are that evaluation's. For a run's best evaluation. */
+/* Writes the four files, and the tokenizer files of `tokenizer_from` (NULL: none), as the folder
+ * `dir` whole (folder_stage_* in util/file.h: written and fsynced beside it, then renamed into its
+ * place; the parent must exist; what an old `dir` holds besides is kept). The step count is the
+ * model's, recorded in each file. */
+nopad_status train_checkpoint_save(const train_model *m, const train_state *state, const char *dir,
+                                   const char *tokenizer_from);
+
+/* Writes the weights alone as the folder `dir`, whole as train_checkpoint_save writes its:
+ * model.safetensors and config.json, eval_results.json ({"step", "epoch", "eval_loss",
+ * "eval_accuracy" when there is one, "eval_examples", "metric"}) and the tokenizer files of
+ * tokenizer_from (NULL: none). For a run's best evaluation. */
 nopad_status train_checkpoint_save_weights(const train_model *m, const train_eval *e,
-                                           train_metric metric, const char *dir);
+                                           train_metric metric, const char *dir,
+                                           const char *tokenizer_from);
 /* The step of dir/eval_results.json (written by train_checkpoint_save_weights). */
 nopad_status train_checkpoint_weights_step(const char *dir, int64_t *step);
 
@@ -106,7 +118,8 @@ nopad_status train_checkpoint_weights_step(const char *dir, int64_t *step);
  * moments and the step count into *out, the rest into *state (its history allocated: free it
  * with train_state_free). A folder without
  * optimizer.safetensors or trainer_state.json, or saved for another task (checked before the
- * weights are read, and named: NOPAD_ERR_INVALID_ARGUMENT), is an error. */
+ * weights are read, and named: NOPAD_ERR_INVALID_ARGUMENT), is an error; so is one whose files
+ * record different steps (NOPAD_ERR_FORMAT, naming both). */
 nopad_status train_checkpoint_load(nopad_backend *be, const char *dir, train_task task,
                                    train_model *out, train_state *state);
 

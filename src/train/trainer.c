@@ -53,6 +53,9 @@ static nopad_status check_params(const nopad_train_params *p) {
     const char *missing = !p->model_dir ? "model_dir" : !p->data_path ? "data_path"
                         : !p->output_dir ? "output_dir" : NULL;
     if (missing) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: %s is required", missing);
+    if (!p->output_dir[0] || (p->resume_dir && !p->resume_dir[0]))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: %s is empty, expected a "
+                               "folder's path", !p->output_dir[0] ? "output_dir" : "resume_dir");
     if (p->task != NOPAD_TRAIN_MLM && p->task != NOPAD_TRAIN_CLASSIFY)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: unknown task %d", (int)p->task);
     if (p->optimizer != NOPAD_TRAIN_ADAMW && p->optimizer != NOPAD_TRAIN_LAMB)
@@ -128,37 +131,6 @@ static nopad_status check_params(const nopad_train_params *p) {
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: best_metric accuracy is "
                                "for classification (MLM has an eval loss)");
     return NOPAD_OK;
-}
-
-static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json",
-                                              "special_tokens_map.json", "vocab.txt", "vocab.json",
-                                              "merges.txt", "added_tokens.json"};
-
-/* Copies the files of `names` that exist in `from` into `to`. */
-static nopad_status copy_files(const char *from, const char *to, const char *const *names, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        char src[4096], dst[4096];
-        snprintf(src, sizeof src, "%s/%s", from, names[i]);
-        snprintf(dst, sizeof dst, "%s/%s", to, names[i]);
-        if (!file_exists(src)) continue;
-        char *data = NULL;
-        size_t len = 0;
-        nopad_status st = read_file(src, (size_t)1 << 28, &data, &len);
-        if (st != NOPAD_OK) return st;
-        FILE *f = fopen(dst, "wb");
-        const int ok = f && fwrite(data, 1, len, f) == len;
-        const int closed = f && fclose(f) == 0;
-        free(data);
-        if (!ok || !closed)
-            return nopad_set_error(NOPAD_ERR_IO, "%s: cannot write: %s", dst, strerror(errno));
-    }
-    return NOPAD_OK;
-}
-
-/* Copies the tokenizer files of the source folder that exist into the checkpoint folder, so the
- * checkpoint is a whole model folder (nopad embed, from_pretrained with its tokenizer). */
-static nopad_status copy_tokenizer_files(const char *from, const char *to) {
-    return copy_files(from, to, TOKENIZER_FILES, sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]);
 }
 
 /* Everything one run holds, freed by run_free. */
@@ -415,9 +387,7 @@ static nopad_status log_step(run *r, const nopad_train_params *p, const nopad_tr
 }
 
 static nopad_status save(run *r, const nopad_train_params *p, const train_state *state) {
-    nopad_status st = train_checkpoint_save(&r->model, state, p->output_dir);
-    if (st == NOPAD_OK) st = copy_tokenizer_files(p->model_dir, p->output_dir);
-    return st;
+    return train_checkpoint_save(&r->model, state, p->output_dir, p->model_dir);
 }
 
 /* output_dir/best, the best evaluation's weights. */
@@ -433,8 +403,7 @@ static nopad_status save_best(run *r, const nopad_train_params *p, const train_e
                                strerror(errno));
     char dir[4096];
     best_dir(p, NULL, dir);
-    nopad_status st = train_checkpoint_save_weights(&r->model, e, metric, dir);
-    if (st == NOPAD_OK) st = copy_tokenizer_files(p->model_dir, dir);
+    nopad_status st = train_checkpoint_save_weights(&r->model, e, metric, dir, p->model_dir);
     return st == NOPAD_OK ? NOPAD_OK : nopad_wrap_error(st, "saving the best weights (step %lld)",
                                                         (long long)e->step);
 }
@@ -526,19 +495,15 @@ static nopad_status resume_best(const nopad_train_params *p, const train_state *
     if (mkdir(p->output_dir, 0755) != 0 && errno != EEXIST)
         return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", p->output_dir,
                                strerror(errno));
-    if (mkdir(to, 0755) != 0 && errno != EEXIST)
-        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder: %s", to, strerror(errno));
-    /* eval_results.json last: the weights before the file that names their step */
-    static const char *const weights[] = {"model.safetensors", "config.json"};
-    static const char *const results[] = {"eval_results.json"};
-    char old[4200];
-    snprintf(old, sizeof old, "%s/eval_results.json", to);
-    if (remove(old) != 0 && errno != ENOENT)
-        return nopad_set_error(NOPAD_ERR_IO, "%s: cannot remove: %s", old, strerror(errno));
-    st = copy_files(from, to, weights, 2);
-    if (st == NOPAD_OK) st = copy_files(from, to, TOKENIZER_FILES,
-                                        sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]);
-    if (st == NOPAD_OK) st = copy_files(from, to, results, 1);
+    /* written whole, as a save writes it */
+    static const char *const weights[] = {"model.safetensors", "config.json", "eval_results.json"};
+    char stage[4096];
+    st = folder_stage_begin(to, stage, sizeof stage);
+    if (st != NOPAD_OK) return st;
+    st = copy_files(from, stage, weights, 3);
+    if (st == NOPAD_OK) st = copy_files(from, stage, TRAIN_TOKENIZER_FILES, TRAIN_N_TOKENIZER_FILES);
+    if (st == NOPAD_OK) return folder_stage_commit(to, stage);
+    folder_stage_abort(stage);
     return st;
 }
 
@@ -559,6 +524,12 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     const nopad_backend_params bp = {.device = p->device, .device_index = p->device_index,
                                      .dtype = p->dtype, .n_threads = p->n_threads};
     train_state saved = {0}, state = {0}; /* their histories freed at the end */
+    /* what an interrupted save left (util/file.h): the folders whole again, no temporaries */
+    char best_out[4096];
+    best_dir(p, NULL, best_out);
+    CHECK(folder_stage_recover(p->output_dir));
+    CHECK(folder_stage_recover(best_out));
+    if (p->resume_dir) CHECK(folder_stage_recover(p->resume_dir));
     CHECK(nopad_backend_create(&bp, &r.be));
     if (p->resume_dir) {
         st = train_checkpoint_load(r.be, p->resume_dir, task, &r.model, &saved);

@@ -359,6 +359,22 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         print_error("missing %s", missing);
         return -1;
     }
+    const char *empty = !o->output_dir[0] ? "--output" : o->resume_dir && !o->resume_dir[0] ? "--resume"
+                      : o->log_path && !o->log_path[0] ? "--log" : NULL;
+    if (empty) {
+        print_error("%s '': expected a %s path", empty, strcmp(empty, "--log") ? "folder's" : "file's");
+        return -1;
+    }
+    /* the log is written from its start: it must not be the data it is about */
+    struct stat log_info, data_info;
+    const char *inputs[] = {o->data_path, o->eval_path};
+    for (int i = 0; i < 2 && o->log_path && stat(o->log_path, &log_info) == 0; i++)
+        if (inputs[i] && stat(inputs[i], &data_info) == 0 && data_info.st_dev == log_info.st_dev &&
+            data_info.st_ino == log_info.st_ino) {
+            print_error("--log '%s' is the %s file: writing the log would destroy it", o->log_path,
+                        i ? "--eval" : "--data");
+            return -1;
+        }
     if (o->task == NOPAD_TRAIN_MLM && o->num_labels) {
         print_error("--num-labels is for --task classify");
         return -1;
