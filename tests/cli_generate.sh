@@ -108,6 +108,21 @@ expect_fail 2 "is the input file" "$TMP/req.jsonl" -- generate --model "$DEC" --
 same "--output naming the --input leaves the input whole" "$TMP/req.jsonl" "$TMP/req.want"
 expect_fail 2 "--output '': expected a file name" $N -- generate --model "$DEC" --input "$TMP/req.jsonl" --output ''
 [ -z "$(find "$TMP" -name '*.nopad-*.tmp')" ] || fail "a temporary output file was left behind"
+# a NUL in a request line, escaped (\u0000, which would cut a prompt or stop string there) or raw,
+# is refused on that line, naming the field; an escaped backslash before u0000 is plain text
+printf '%s\n' '{"prompt": "Par\u0000xyz"}' '{"prompt": "a", "stop": ["b", "Par\u0000xyz"]}' \
+    '{"prompt": "a", "id": "x\\u0000"}' >"$TMP/nul.jsonl"
+printf '{"prompt": "a\000b"}\n' >>"$TMP/nul.jsonl"
+"$NOPAD_CLI" generate --model "$DEC" --input "$TMP/nul.jsonl" --output "$TMP/nul_out.jsonl" 2>"$TMP/err" || true
+python3 - "$TMP/nul_out.jsonl" <<'EOF' || fail "NUL characters in request lines"
+import json, sys
+by = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
+assert by[1]["error"].startswith('line 1: "prompt" holds a NUL character'), by[1]
+assert by[2]["error"].startswith('line 2: "stop" holds a NUL character'), by[2]
+assert "NUL" not in by["x\\u0000"]["error"], by["x\\u0000"]  # refused later: no tokenizer
+assert by[4]["error"].startswith("line 4: a NUL byte at column 14"), by[4]
+print("ok   NUL characters in request lines refused, naming the line and field")
+EOF
 # and the other way round
 echo hi >"$TMP/hi"
 expect_fail 1 "is a decoder (GPT-2); nopad embed runs encoders" "$TMP/hi" -- embed --model "$DEC" --ids

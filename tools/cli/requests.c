@@ -28,6 +28,7 @@
 /* One line of the input. */
 typedef struct line_request {
     int64_t line_no;
+    int64_t nul_column;       /* 1-based column of a NUL byte in the line; 0: none */
     char *id_json;            /* the "id" as JSON text (a string or a number), or the line number */
     nopad_request *req;       /* NULL once answered */
     char **stops;             /* "stop" strings */
@@ -244,11 +245,57 @@ static const char *get_float(const cJSON *obj, const char *name, double *out) {
     return NULL;
 }
 
+/* Whether a string of the JSON object `text` holds the escape \u0000, which cJSON decodes to a
+ * NUL byte that would end the C string there, silently cutting a prompt or stop string short.
+ * The top-level field it is in (its name, as written) goes to field[cap]. */
+static int find_nul_escape(const char *text, char *field, size_t cap) {
+    int depth = 0, expect_key = 0;
+    const char *key = "";
+    size_t key_len = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p == '{' || *p == '[') {
+            expect_key = ++depth == 1 && *p == '{';
+        } else if (*p == '}' || *p == ']') {
+            depth--;
+        } else if (*p == ',' && depth == 1) {
+            expect_key = 1;
+        } else if (*p == '"') {
+            const char *start = ++p;
+            int nul = 0;
+            for (; *p && *p != '"'; p++)
+                if (*p == '\\') {
+                    nul |= p[1] == 'u' && !strncmp(p + 2, "0000", 4);
+                    if (p[1]) p++;
+                }
+            if (depth == 1 && expect_key) key = start, key_len = (size_t)(p - start), expect_key = 0;
+            if (nul) {
+                snprintf(field, cap, "%.*s", (int)(key_len < 64 ? key_len : 64), key);
+                return 1;
+            }
+            if (!*p) break;
+        }
+    }
+    return 0;
+}
+
 /* Parses line l's JSON into params (strings kept in l) or says why it cannot run. */
 static const char *parse_line(requests_run *r, line_request *l, const char *text, cJSON **root,
                               nopad_request_params *p) {
+    if (l->nul_column) {
+        static __thread char why[160];
+        snprintf(why, sizeof why, "a NUL byte at column %" PRId64 " (JSON text has none; a string "
+                 "may not hold one either)", l->nul_column);
+        return why;
+    }
     *root = cJSON_Parse(text);
     if (!*root || !cJSON_IsObject(*root)) return "not a JSON object";
+    char field[72];
+    if (strstr(text, "\\u0000") && find_nul_escape(text, field, sizeof field)) {
+        static __thread char why[160];
+        snprintf(why, sizeof why, "\"%s\" holds a NUL character (\\u0000), which nopad would cut "
+                 "the text at; remove it", field);
+        return why;
+    }
     const cJSON *obj = *root;
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(obj, "id");
     if (id && !cJSON_IsNull(id)) {
@@ -386,7 +433,9 @@ static int read_lines(requests_run *r, char ***texts) {
             free(line);
             return -1;
         }
-        r->lines[r->n_lines] = (line_request){.line_no = line_no};
+        const char *nul = memchr(line, 0, len);
+        r->lines[r->n_lines] = (line_request){.line_no = line_no,
+                                              .nul_column = nul ? nul - line + 1 : 0};
         (*texts)[r->n_lines] = strdup(line);
         if (!(*texts)[r->n_lines]) {
             free(line);
