@@ -18,6 +18,7 @@ usage: scripts/test.sh [--quick] [--cuda] [--long] [--verbose]
              build
   --cuda     compile the CUDA build even where no GPU is present (needs nvcc; CI passes it);
              without it the CUDA build is compiled only where `nvidia-smi -L` lists a GPU
+             and nvcc is installed
   --long     long fuzzing: the tokenizer parity on 100,000 random strings a tokenizer instead of
              10,000, and each fuzzer for 300 s instead of 25 s
   --verbose  ctest -V: every test's output as it runs (the default shows a test's output only
@@ -52,13 +53,13 @@ CTEST_OUTPUT=(--output-on-failure)
 NVCC=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; } || true)
 HAVE_GPU=0
 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && HAVE_GPU=1
+if [ "$CUDA" = 1 ] && [ -z "$NVCC" ]; then
+    echo "scripts/test.sh: --cuda: the CUDA build needs nvcc, which is neither on PATH nor in" \
+        "/usr/local/cuda/bin" >&2
+    exit 2
+fi
 BUILD_CUDA=0
-if [ "$QUICK" = 0 ] && { [ "$CUDA" = 1 ] || [ "$HAVE_GPU" = 1 ]; }; then
-    if [ -z "$NVCC" ]; then
-        echo "scripts/test.sh: the CUDA build needs nvcc, which is neither on PATH nor in" \
-            "/usr/local/cuda/bin" >&2
-        exit 2
-    fi
+if [ "$QUICK" = 0 ] && { [ "$CUDA" = 1 ] || { [ "$HAVE_GPU" = 1 ] && [ -n "$NVCC" ]; }; }; then
     BUILD_CUDA=1
 fi
 STAGES=4
@@ -146,6 +147,9 @@ if [ "$BUILD_CUDA" = 1 ]; then
     cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNOPAD_CUDA=ON >/dev/null
     cmake --build build-cuda -j "$JOBS"
     run_ctest build-cuda -L gpu  # one at a time: they share the GPU
+elif [ "$HAVE_GPU" = 1 ]; then
+    echo
+    echo "== CUDA build skipped: a GPU but no nvcc (neither on PATH nor in /usr/local/cuda/bin)"
 else
     echo
     echo "== CUDA build skipped: no GPU (nvidia-smi -L lists none); --cuda compiles it anyway"
