@@ -224,7 +224,7 @@ nopad_status nopad_request_read(nopad_request *r, int32_t *ids, int32_t capacity
     }
     int32_t n = r->n_delivered - r->n_read;
     if (n > capacity) n = capacity;
-    memcpy(ids, r->tokens + r->n_prompt + r->n_read, (size_t)n * sizeof *ids);
+    if (n > 0) memcpy(ids, r->tokens + r->n_prompt + r->n_read, (size_t)n * sizeof *ids);
     r->n_read += n;
     *n_ids = n;
     nopad_status st = NOPAD_OK;
@@ -269,7 +269,9 @@ nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capaci
                                (unsigned long long)r->id);
     pthread_mutex_lock(&r->lock);
     const int32_t delivered = r->n_delivered;
-    memcpy(out, r->logprobs, (size_t)(delivered < capacity ? delivered : capacity) * sizeof *out);
+    /* out may be NULL with capacity 0 (a caller asking for the count only): memcpy must not see it */
+    const int32_t n_copy = delivered < capacity ? delivered : capacity;
+    if (n_copy > 0) memcpy(out, r->logprobs, (size_t)n_copy * sizeof *out);
     pthread_mutex_unlock(&r->lock);
     *n = delivered;
     return NOPAD_OK;
