@@ -59,7 +59,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 SHAPES = {
-    # LLaMA-1B shape of BENCHMARKS.md
+    # LLaMA-1B shape of the DEC workload (docs/design.md)
     "1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
                num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096),
     # a check of the script on the CPU
