@@ -3,7 +3,9 @@
  * tensor lies inside the buffer, lookups find every key and tensor, the getters agree with the
  * types, and tensor data follows the alignment rules. A parsed file's tokenizer metadata then
  * goes through the converter (tokenizer_gguf.c) and, when it converts, the tokenizer is built
- * and tokenizes a fixed text. */
+ * and tokenizes a fixed text; a decoder config read from the metadata must be one the graph can
+ * run. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "io/gguf.h"
+#include "io/gguf_config.h"
 #include "io/tokenizer_internal.h"
 
 static void check_inside(const uint8_t *data, size_t size, const void *p, uint64_t n) {
@@ -118,6 +121,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 nopad_tokenizer_free(tok);
             }
             cJSON_Delete(tree);
+        }
+        /* a decoder's config from the metadata: what it accepts, the graph can run (an even
+         * head size for RoPE and the Q/K un-permutation, finite positive epsilon and RoPE
+         * values) */
+        model_config cfg;
+        if (gguf_model_config(&f, &cfg) == NOPAD_OK) {
+            if (cfg.head_size < 2 || cfg.head_size % 2 != 0 ||
+                cfg.head_size * cfg.num_heads != cfg.hidden_size || cfg.num_kv_heads < 1 ||
+                cfg.num_heads % cfg.num_kv_heads != 0 ||
+                !(cfg.layer_norm_eps > 0 && isfinite(cfg.layer_norm_eps)) ||
+                !(cfg.rope_theta > 0 && isfinite(cfg.rope_theta)) ||
+                !(cfg.rope.factor > 0 && isfinite(cfg.rope.factor)))
+                __builtin_trap();
         }
     }
     gguf_close(&f);

@@ -4,17 +4,19 @@ gguf-py), some valid, some broken in one place each.
 
     pip install gguf numpy
     python3 scripts/make_gguf_seeds.py          # writes fuzz/corpus/gguf/*.gguf
+    python3 scripts/make_gguf_seeds.py --decoder-config   # only the decoder-config seeds
 """
 import os
 import struct
-
-import gguf
-import numpy as np
+import sys
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "gguf")
 
 
-def build(path, endian=gguf.GGUFEndian.LITTLE, alignment=None, tensors=True):
+def build(path, big_endian=False, alignment=None, tensors=True):
+    import gguf
+    import numpy as np
+    endian = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
     w = gguf.GGUFWriter(path, "llama", endianess=endian)
     if alignment:
         w.add_custom_alignment(alignment)
@@ -56,6 +58,7 @@ def build(path, endian=gguf.GGUFEndian.LITTLE, alignment=None, tensors=True):
 
 def build_llama_tokenizer(path):
     """SentencePiece-style metadata: byte tokens, scores, no merges (they are derived)."""
+    import gguf
     w = gguf.GGUFWriter(path, "llama")
     pieces = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
     pieces += ["\u2581", "a", "b", "\u2581a", "ab", "\u2581ab", "<user>"]
@@ -74,16 +77,50 @@ def build_llama_tokenizer(path):
         return f.read()
 
 
+def decoder_config_seeds():
+    """Metadata-only llama decoders for gguf_model_config, written byte by byte (no `gguf`
+    package): a valid one, and head sizes 3 and 1, an infinite epsilon, a NaN RoPE base."""
+    def s(text):
+        b = text.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    def meta(embd, heads, eps, base):
+        kvs = [s("general.architecture") + struct.pack("<I", 8) + s("llama")]
+        for key, v in [("context_length", 64), ("embedding_length", embd), ("block_count", 1),
+                       ("feed_forward_length", 16), ("attention.head_count", heads)]:
+            kvs.append(s("llama." + key) + struct.pack("<II", 4, v))
+        for key, v in [("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", base)]:
+            kvs.append(s("llama." + key) + struct.pack("<If", 6, v))
+        kvs.append(s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + s("a") + s("b"))
+        return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+
+    return {"decoder_config": meta(32, 4, 1e-5, 10000.0),
+            "decoder_head_size_3": meta(12, 4, 1e-5, 10000.0),
+            "decoder_head_size_1": meta(4, 4, 1e-5, 10000.0),
+            "decoder_eps_inf": meta(32, 4, float("inf"), 10000.0),
+            "decoder_base_nan": meta(32, 4, 1e-5, float("nan"))}
+
+
+def write(seeds):
+    for name, data in seeds.items():
+        with open(os.path.join(OUT, name + ".gguf"), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds)} seeds to {os.path.normpath(OUT)}")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
+    if sys.argv[1:] == ["--decoder-config"]:  # only these: no `gguf` package needed
+        write(decoder_config_seeds())
+        return
     tmp = os.path.join(OUT, "tmp.gguf")
-    seeds = {}
+    seeds = decoder_config_seeds()
     v3 = build(tmp)
     seeds["valid_v3"] = v3
     seeds["valid_v2"] = v3[:4] + struct.pack("<I", 2) + v3[8:]
     seeds["valid_align64"] = build(tmp, alignment=64)
     seeds["valid_no_tensors"] = build(tmp, tensors=False)
-    seeds["big_endian"] = build(tmp, endian=gguf.GGUFEndian.BIG)
+    seeds["big_endian"] = build(tmp, big_endian=True)
     seeds["tokenizer_llama"] = build_llama_tokenizer(tmp)
     os.remove(tmp)
     seeds["v1"] = b"GGUF" + struct.pack("<III", 1, 0, 0)
@@ -93,10 +130,7 @@ def main():
     key = struct.pack("<Q", 1) + b"t"
     seeds["huge_string_array"] = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + key
                                   + struct.pack("<IIQ", 9, 8, 1 << 60) + struct.pack("<Q", 1) + b"a")
-    for name, data in seeds.items():
-        with open(os.path.join(OUT, name + ".gguf"), "wb") as f:
-            f.write(data)
-    print(f"wrote {len(seeds)} seeds to {os.path.normpath(OUT)}")
+    write(seeds)
 
 
 if __name__ == "__main__":
