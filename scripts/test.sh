@@ -78,16 +78,21 @@ stage() {
 HEARTBEAT=
 trap '[ -n "$HEARTBEAT" ] && kill "$HEARTBEAT" 2>/dev/null; true' EXIT
 # run_ctest DIR ARGS...: ctest on DIR; meanwhile a line a minute names the tests still running
-# (those with a "Start" line and no result line yet in ctest's output).
+# (those with a "Start" line and no result line yet in ctest's output) and for how many minutes.
 run_ctest() {
     local dir="$1" log rc=0
     shift
     log=$(mktemp)
     (
+        declare -A seen  # test -> $SECONDS at the first line that found it running
         while sleep 60 </dev/null >/dev/null 2>&1; do  # sleep holds no pipe open past the end
-            running=$(awk '$1 == "Start" { run[$3] = 1 } $2 == "Test" { delete run[$4] }
-                           END { for (t in run) printf " %s", t }' "$log")
-            [ -n "$running" ] && echo "   ... $(clock) still running:$running"
+            line=
+            for t in $(awk '$1 == "Start" { run[$3] = 1 } $2 == "Test" { delete run[$4] }
+                            END { for (t in run) print t }' "$log"); do
+                seen[$t]=${seen[$t]:-$SECONDS}
+                line+=" $t (<$(((SECONDS - seen[$t]) / 60 + 1)) min)"  # it began before the first sight
+            done
+            [ -n "$line" ] && echo "   ... $(clock) still running:$line"
         done
     ) &
     HEARTBEAT=$!
