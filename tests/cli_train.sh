@@ -227,29 +227,44 @@ print(f"ok   resume after step {k}: {len(straight)} steps, losses equal bit for 
       f"({straight[0][1]} -> {straight[-1][1]})")
 PY
 done
-# ---- an interrupted save: the run above, saving every step, killed (SIGKILL) at times that land
-# in saves as often as not, then resumed from what is there, again and again. A checkpoint is
-# written whole (a staging folder renamed into place), so each resume starts from the files of
-# one step, the run resumed to its end equals the straight one bit for bit, and no temporary is
-# left. (Files rewritten one by one in place left a mix of steps 2 of 10 times; runs resumed from
-# it diverged.) A mix assembled by hand is refused, naming both steps.
+# ---- an interrupted save: the run above over 16 epochs (128 steps), saving every step, killed
+# (SIGKILL) at times that land in saves as often as not (a save's fsyncs take most of a step),
+# then resumed from what is there, again and again. A checkpoint is written whole (a staging
+# folder renamed into place), so each resume starts from the files of one step, the run resumed
+# to its end equals the straight one bit for bit, and no temporary is left. (Files rewritten one
+# by one in place left a mix of steps 2 of 10 times; runs resumed from it diverged.) SIGINT
+# instead stops the run after its step with the checkpoint saved: exit 130 and a message. A mix
+# assembled by hand is refused, naming both steps.
 K="$TMP/killed"
-for delay in 0.3 0.5 0.2 0.7 0.4 0.6; do
+steps=""
+KR=("${B[@]}" --lr 3e-3 --epochs 16)
+"$NOPAD_CLI" train "${KR[@]}" --output "$TMP/kstraight" 2>"$TMP/err" || fail "16 epochs: $(cat "$TMP/err")"
+for delay in 0.3 0.5 0.2 0.7 0.4 0.6 0.3; do
     resume=()
-    [ -f "$K/trainer_state.json" ] && resume=(--resume "$K")
-    "$NOPAD_CLI" train "${R[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err_killed" &
+    [ -f "$K/trainer_state.json" ] && resume=(--resume "$K") &&
+        steps="$steps $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' "$K/trainer_state.json")"
+    sig=KILL
+    [ "$delay" = 0.5 ] && sig=INT
+    "$NOPAD_CLI" train "${KR[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err_killed" &
     pid=$!
     sleep "$delay"
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    kill -s "$sig" "$pid" 2>/dev/null || true
+    rc=0
+    wait "$pid" 2>/dev/null || rc=$?
     grep -q "error" "$TMP/err_killed" && fail "interrupted saves: a resume failed: $(cat "$TMP/err_killed")"
+    if [ "$sig" = INT ] && [ "$rc" -ne 0 ]; then
+        [ "$rc" -eq 130 ] && grep -q "interrupted (SIGINT) at step [0-9]*: the checkpoint is saved" "$TMP/err_killed" &&
+            echo "ok   SIGINT: $(tail -n 1 "$TMP/err_killed")" ||
+            fail "SIGINT: exit $rc: $(cat "$TMP/err_killed")"
+    fi
 done
 resume=()
-[ -f "$K/trainer_state.json" ] && resume=(--resume "$K")
-if "$NOPAD_CLI" train "${R[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err"; then
-    cmp -s "$TMP/straight/model.safetensors" "$K/model.safetensors" &&
-        cmp -s "$TMP/straight/optimizer.safetensors" "$K/optimizer.safetensors" &&
-        echo "ok   killed during saves and resumed (${#resume[@]} args): the end weights and moments equal the straight run's" ||
+[ -f "$K/trainer_state.json" ] && resume=(--resume "$K") &&
+    steps="$steps $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' "$K/trainer_state.json")"
+if "$NOPAD_CLI" train "${KR[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err"; then
+    cmp -s "$TMP/kstraight/model.safetensors" "$K/model.safetensors" &&
+        cmp -s "$TMP/kstraight/optimizer.safetensors" "$K/optimizer.safetensors" &&
+        echo "ok   killed during saves 6 times, interrupted once, resumed each time (at steps$steps): the end weights and moments equal the straight run's" ||
         fail "interrupted saves: the resumed run's end weights differ from the straight run's"
 else
     fail "interrupted saves: the last resume: $(cat "$TMP/err")"

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,12 @@ static const char train_help[] =
     "  --threads N         CPU threads (default: OpenMP's default)\n"
     "  --quiet             no progress line\n"
     "  -h, --help          show this help\n"
+    "\n"
+    "A checkpoint is written whole: into OUTPUT's staging folder .NAME.nopad-partial beside it,\n"
+    "then renamed into place, so an interrupted save leaves the previous one (the next run removes\n"
+    "the leftover); what else OUTPUT holds is kept. SIGINT (Ctrl-C) or SIGTERM stops the run after\n"
+    "its current step and saves the checkpoint (exit status 130 or 143); a second one stops it at\n"
+    "once.\n"
     "\n"
     "On --device cuda, training needs the CUDA backend's training ops; until a build has them the\n"
     "run stops at once with an error naming the first one missing.\n";
@@ -437,11 +444,24 @@ typedef struct progress_state {
     int64_t stop_after; /* 0: never */
 } progress_state;
 
-/* Progress on stderr, and the stop of --stop-after. */
+/* SIGINT or SIGTERM: the run stops after the step it is in and saves its checkpoint, whole, as
+ * --stop-after does, rather than dying inside a save; a second signal ends it at once (the next
+ * run removes the unfinished save). */
+static volatile sig_atomic_t interrupted;
+
+static void on_interrupt(int sig) {
+    static const char note[] = "\nnopad: stopping after this step to save the checkpoint (again: "
+                               "stop at once)\n";
+    interrupted = sig;
+    signal(sig, SIG_DFL);
+    if (write(STDERR_FILENO, note, sizeof note - 1) < 0) {} /* async-signal-safe */
+}
+
+/* Progress on stderr, and the stop of --stop-after or a signal. */
 static int on_step(void *user, const nopad_train_progress *p) {
     progress_state *ps = user;
     if (ps->first_step < 0) ps->first_step = p->step - 1;
-    const int stop = ps->stop_after > 0 && p->step >= ps->stop_after;
+    const int stop = (ps->stop_after > 0 && p->step >= ps->stop_after) || interrupted;
     if (ps->quiet) return stop;
     const int last = p->step == p->total_steps || stop;
     const double t = now_seconds();
@@ -525,10 +545,24 @@ int cmd_train(int argc, char **argv) {
     o.user = &ps;
     const double start = now_seconds();
     nopad_train_result res;
+    struct sigaction sa = {.sa_handler = on_interrupt}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
     const nopad_status st = nopad_train(&o, &res);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     if (st != NOPAD_OK) {
         print_error("%s", library_error(st));
         return EXIT_ERROR;
+    }
+    if (interrupted) {
+        if (progress_line_open) fputc('\n', stderr);
+        progress_line_open = 0;
+        fprintf(stderr, "nopad: interrupted (%s) at step %" PRId64 ": the checkpoint is saved in "
+                        "%s; --resume %s continues the run\n",
+                interrupted == SIGINT ? "SIGINT" : "SIGTERM", res.steps, o.output_dir, o.output_dir);
+        return 128 + interrupted;
     }
     if (!cl.quiet) {
         if (res.resumed_step)
