@@ -188,7 +188,7 @@ static void *batcher_main(void *arg) {
             }
             break;
         }
-        /* the batch: inputs from the head on, up to the budget (at least one input) */
+        /* the batch: whole jobs from the head on, up to the budget, or a chunk of a larger one */
         int n = 0;
         int64_t tokens = 0;
         while (b->head && b->head->taken == b->head->n) { /* no input at all: nothing to compute */
