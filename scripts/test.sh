@@ -90,7 +90,7 @@ run_ctest() {
             for t in $(awk '$1 == "Start" { run[$3] = 1 } $2 == "Test" { delete run[$4] }
                             END { for (t in run) print t }' "$log"); do
                 seen[$t]=${seen[$t]:-$SECONDS}
-                line+=" $t (<$(((SECONDS - seen[$t]) / 60 + 1)) min)"  # it began before the first sight
+                line+=" $t (<$(((SECONDS - seen[$t]) / 60 + 1)) min)"  # it started in the minute before it was first seen
             done
             [ -n "$line" ] && echo "   ... $(clock) still running:$line"
         done
