@@ -89,8 +89,9 @@ run_ctest() {
             line=
             for t in $(awk '$1 == "Start" { run[$3] = 1 } $2 == "Test" { delete run[$4] }
                             END { for (t in run) print t }' "$log"); do
+                # a test started in the minute before the line that first found it running
                 seen[$t]=${seen[$t]:-$SECONDS}
-                line+=" $t (<$(((SECONDS - seen[$t]) / 60 + 1)) min)"  # it started in the minute before it was first seen
+                line+=" $t (<$(((SECONDS - seen[$t]) / 60 + 1)) min)"
             done
             [ -n "$line" ] && echo "   ... $(clock) still running:$line"
         done
