@@ -417,6 +417,10 @@ done:
         pthread_join(pl.thread, NULL);
     }
     embed_batcher_stop(s->batcher);
+    nopad_engine_stats es;
+    if (s->engine && nopad_engine_get_stats(s->engine, &es) == NOPAD_OK && es.running > 0)
+        fprintf(stderr, "nopad serve: waiting for the engine's step in progress to end (up to "
+                        "--step-tokens tokens)\n");
     nopad_engine_free(s->engine); /* its last calls may still post resumes */
     waker_stop(s);
     nopad_model_free(s->decoder);
