@@ -228,26 +228,29 @@ print(f"ok   resume after step {k}: {len(straight)} steps, losses equal bit for 
 PY
 done
 # ---- an interrupted save: the run above over 16 epochs (128 steps), saving every step, killed
-# (SIGKILL) at times that land in saves as often as not (a save's fsyncs take most of a step),
-# then resumed from what is there, again and again. A checkpoint is written whole (a staging
-# folder renamed into place), so each resume starts from the files of one step, the run resumed
-# to its end equals the straight one bit for bit, and no temporary is left. (Files rewritten one
-# by one in place left a mix of steps 2 of 10 times; runs resumed from it diverged.) SIGINT
-# instead stops the run after its step with the checkpoint saved: exit 130 and a message. A mix
-# assembled by hand is refused, naming both steps.
+# (SIGKILL) a few steps after each save it is seen to make, then resumed from what is there, 6
+# times: the kills land in saves as often as not. A checkpoint is written whole (a staging folder
+# renamed into place), so each resume starts from the files of one step, the run resumed to its
+# end equals the straight one bit for bit, and no temporary is left. (Files renamed into place
+# one by one left a mix of steps; runs resumed from it diverged.) SIGINT instead stops the run
+# after its step with the checkpoint saved: exit 130 and a message. A mix assembled by hand is
+# refused, naming both steps.
 K="$TMP/killed"
 steps=""
 KR=("${B[@]}" --lr 3e-3 --epochs 16)
 "$NOPAD_CLI" train "${KR[@]}" --output "$TMP/kstraight" 2>"$TMP/err" || fail "16 epochs: $(cat "$TMP/err")"
-for delay in 0.3 0.5 0.2 0.7 0.4 0.6 0.3; do
+ckpt_step() {
+    { grep -o '"step":[[:space:]]*[0-9]*' "$K/trainer_state.json" 2>/dev/null || echo 0; } | head -n 1 | grep -o '[0-9]*$'
+}
+for k in 1 2 3 4 5 6 7; do
     resume=()
-    [ -f "$K/trainer_state.json" ] && resume=(--resume "$K") &&
-        steps="$steps $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' "$K/trainer_state.json")"
+    from=$(ckpt_step)
+    [ "$from" -gt 0 ] && resume=(--resume "$K") && steps="$steps $from"
     sig=KILL
-    [ "$delay" = 0.5 ] && sig=INT
+    [ "$k" -eq 4 ] && sig=INT
     "$NOPAD_CLI" train "${KR[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err_killed" &
     pid=$!
-    sleep "$delay"
+    while kill -0 "$pid" 2>/dev/null && [ "$(ckpt_step)" -lt $((from + 2 + k * 3)) ]; do sleep 0.002; done
     kill -s "$sig" "$pid" 2>/dev/null || true
     rc=0
     wait "$pid" 2>/dev/null || rc=$?
@@ -259,8 +262,8 @@ for delay in 0.3 0.5 0.2 0.7 0.4 0.6 0.3; do
     fi
 done
 resume=()
-[ -f "$K/trainer_state.json" ] && resume=(--resume "$K") &&
-    steps="$steps $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' "$K/trainer_state.json")"
+from=$(ckpt_step)
+[ "$from" -gt 0 ] && resume=(--resume "$K") && steps="$steps $from"
 if "$NOPAD_CLI" train "${KR[@]}" --output "$K" --save-every 1 "${resume[@]}" 2>"$TMP/err"; then
     cmp -s "$TMP/kstraight/model.safetensors" "$K/model.safetensors" &&
         cmp -s "$TMP/kstraight/optimizer.safetensors" "$K/optimizer.safetensors" &&
