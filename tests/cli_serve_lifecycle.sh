@@ -159,7 +159,7 @@ rng = random.Random(8)
 big = [[rng.randrange(1000, 29000) for _ in range(60)] for _ in range(2048)]
 json.dump({"input": big, "encoding_format": "base64"}, open(sys.argv[1] + "/minilm.json", "w"))
 EOF
-    start leave --model "$MINILM" --threads 1 --embed-batch-tokens 256
+    start leave --model "$MINILM" --threads 1 --embed-batch-tokens 256 --shutdown-timeout 0
     curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$PORT/v1/embeddings" \
         -H 'Content-Type: application/json' --data-binary @"$TMP/minilm.json" || true
     sleep 1
@@ -173,7 +173,24 @@ EOF
     else
         fail "the abandoned request: tokens $tokens1 -> $tokens2 of $((2048 * 60)), cancelled $cancelled, 499 seen $gone"
     fi
-    stop leave
+    # SIGTERM while it computes: the request gets its 503 at once (before, the encoder's batch ran
+    # on and libmicrohttpd aborted the process at the end of the shutdown)
+    curl -s -o "$TMP/emb_term.out" -w '%{http_code}' "http://127.0.0.1:$PORT/v1/embeddings" \
+        -H 'Content-Type: application/json' --data-binary @"$TMP/minilm.json" >"$TMP/emb_term.code" &
+    emb=$!
+    for _ in $(seq 1 300); do
+        [ "$(metric nopad_embedding_tokens_total)" -gt "$tokens2" ] && break
+        sleep 0.05
+    done
+    kill -TERM "$PID"
+    wait "$emb" || true
+    rc=0
+    wait "$PID" || rc=$?
+    if [ "$rc" = 0 ] && [ "$(cat "$TMP/emb_term.code")" = 503 ] && grep -q '"code":"cancelled"' "$TMP/emb_term.out"; then
+        ok "SIGTERM during an embedding request: 503 cancelled, exit 0"
+    else
+        fail "SIGTERM during an embedding request: $(cat "$TMP/emb_term.code") $(cat "$TMP/emb_term.out"), exit $rc: $(tail -2 "$TMP/leave.log")"
+    fi
 else
     echo "SKIP: the abandoned embedding request needs NOPAD_MINILM_DIR"
 fi
