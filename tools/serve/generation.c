@@ -109,7 +109,7 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
     int cancel = 0;
     const int last = finish != NOPAD_FINISH_NONE;
     pthread_mutex_lock(&j->w.lock);
-    if (j->shutdown) { /* answered already (gen_cancel_all): only the engine's reference is left */
+    if (j->shutdown) { /* answered already (gen_cancel_all): its reference goes with the last call */
         pthread_mutex_unlock(&j->w.lock);
         if (last) {
             unlist(s, j);
