@@ -663,6 +663,19 @@ static void test_interrupted_save(void **state) {
     assert_int_equal(system(path), 0);
     assert_nopad_error(train_checkpoint_load(be, dir, TRAIN_TASK_CLASSIFY, &back, &got), NOPAD_ERR_FORMAT,
                        "trainer_state.json is of step 4, optimizer.safetensors of step 5");
+    /* a folder given through a symbolic link: the link stays, the folder it leads to is saved */
+    char link_path[800];
+    snprintf(link_path, sizeof link_path, "%s/link", root);
+    assert_int_equal(symlink(other, link_path), 0);
+    m.step = 6;
+    assert_nopad_ok(train_checkpoint_save(&m, &s, link_path, NULL));
+    struct stat sb;
+    assert_int_equal(lstat(link_path, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    assert_nopad_ok(train_checkpoint_load(be, other, TRAIN_TASK_CLASSIFY, &back, &got));
+    assert_int_equal(back.step, 6);
+    train_model_free(&back);
+    train_state_free(&got);
     train_model_free(&m);
     be->destroy(be);
 }

@@ -197,8 +197,17 @@ static nopad_status link_missing(const char *from, const char *to) {
     return st;
 }
 
+/* dir, or the folder it leads to when it is a symbolic link: the link stays, its folder is the
+ * one replaced (staged beside it, on its file system). */
+static const char *through_link(const char *dir, char *buf) {
+    struct stat sb;
+    if (lstat(dir, &sb) == 0 && S_ISLNK(sb.st_mode) && realpath(dir, buf)) return buf;
+    return dir;
+}
+
 nopad_status folder_stage_recover(const char *dir) {
-    char stage[PATH_MAX], old[PATH_MAX];
+    char stage[PATH_MAX], old[PATH_MAX], real[PATH_MAX];
+    dir = through_link(dir, real);
     nopad_status st = sibling(dir, "partial", stage, sizeof stage, NULL);
     if (st == NOPAD_OK) st = sibling(dir, "old", old, sizeof old, NULL);
     if (st != NOPAD_OK) return st;
@@ -213,6 +222,8 @@ nopad_status folder_stage_recover(const char *dir) {
 }
 
 nopad_status folder_stage_begin(const char *dir, char *stage, size_t cap) {
+    char real[PATH_MAX];
+    dir = through_link(dir, real);
     nopad_status st = folder_stage_recover(dir);
     if (st == NOPAD_OK) st = sibling(dir, "partial", stage, cap, NULL);
     if (st == NOPAD_OK && mkdir(stage, 0755) != 0)
@@ -249,7 +260,8 @@ static nopad_status swap_in(const char *dir, const char *stage) {
 }
 
 nopad_status folder_stage_commit(const char *dir, const char *stage) {
-    char parent[PATH_MAX], unused[PATH_MAX];
+    char parent[PATH_MAX], unused[PATH_MAX], real[PATH_MAX];
+    dir = through_link(dir, real);
     nopad_status st = sibling(dir, "partial", unused, sizeof unused, parent);
     struct stat sb;
     const int exists = st == NOPAD_OK && lstat(dir, &sb) == 0;

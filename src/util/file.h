@@ -37,7 +37,8 @@ nopad_status copy_files(const char *from, const char *to, const char *const *nam
  *                        with `dir` (renameat2 RENAME_EXCHANGE; a plain rename when `dir` is
  *                        absent or empty), fsyncs the parent and removes the old folder;
  *   folder_stage_abort   removes the staging folder after a failed write.
- * The parent of `dir` must exist. */
+ * The parent of `dir` must exist. A `dir` that is a symbolic link keeps it: the folder it leads
+ * to is the one replaced. */
 nopad_status folder_stage_begin(const char *dir, char *stage, size_t cap);
 nopad_status folder_stage_commit(const char *dir, const char *stage);
 void folder_stage_abort(const char *stage);
