@@ -672,6 +672,8 @@ expect_fail 1 "best_metric accuracy, but a one-label head (regression) has only 
 expect_fail 1 "$TMP/nodir/log.jsonl" "${C[@]}" --data "$D/cls_train.jsonl" --log "$TMP/nodir/log.jsonl"
 expect_fail 2 "--output '': expected a folder's path" --model "$TMP/bare" --task mlm --data "$TMP/cls_train.txt" --output ''
 expect_fail 2 "--resume '': expected a folder's path" "${C[@]}" --data "$D/cls_train.jsonl" --resume ''
+expect_fail 1 "output_dir $D/cls_train.jsonl is a file, not a folder" --model "$TMP/bare" --task classify \
+    --num-labels 2 --data "$D/cls_train.jsonl" --output "$D/cls_train.jsonl"
 cp "$D/cls_train.jsonl" "$TMP/data_copy.jsonl"
 expect_fail 2 "is the --data file" "${C[@]}" --data "$TMP/data_copy.jsonl" --log "$TMP/data_copy.jsonl"
 cmp -s "$TMP/data_copy.jsonl" "$D/cls_train.jsonl" || fail "--log naming --data changed the data"

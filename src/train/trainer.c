@@ -527,6 +527,12 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     /* what an interrupted save left (util/file.h): the folders whole again, no temporaries */
     char best_out[4096];
     best_dir(p, NULL, best_out);
+    struct stat out_info; /* refused now rather than at the first save, after the steps */
+    if (stat(p->output_dir, &out_info) == 0 && !S_ISDIR(out_info.st_mode)) {
+        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "output_dir %s is a file, not a folder",
+                             p->output_dir);
+        goto done;
+    }
     CHECK(folder_stage_recover(p->output_dir));
     CHECK(folder_stage_recover(best_out));
     if (p->resume_dir) CHECK(folder_stage_recover(p->resume_dir));
