@@ -674,6 +674,10 @@ expect_fail 2 "--output '': expected a folder's path" --model "$TMP/bare" --task
 expect_fail 2 "--resume '': expected a folder's path" "${C[@]}" --data "$D/cls_train.jsonl" --resume ''
 expect_fail 1 "output_dir $D/cls_train.jsonl is a file, not a folder" --model "$TMP/bare" --task classify \
     --num-labels 2 --data "$D/cls_train.jsonl" --output "$D/cls_train.jsonl"
+cd "$TMP"  # an --output the run stands in would be removed from under it by the first save
+expect_fail 1 "holds the current folder" "${C[@]}" --data "$D/cls_train.jsonl" --output "$TMP"
+expect_fail 1 "'.': expected a folder's name" "${C[@]}" --data "$D/cls_train.jsonl" --output .
+cd - >/dev/null
 cp "$D/cls_train.jsonl" "$TMP/data_copy.jsonl"
 expect_fail 2 "is the --data file" "${C[@]}" --data "$TMP/data_copy.jsonl" --log "$TMP/data_copy.jsonl"
 cmp -s "$TMP/data_copy.jsonl" "$D/cls_train.jsonl" || fail "--log naming --data changed the data"

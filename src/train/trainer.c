@@ -533,6 +533,7 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                              p->output_dir);
         goto done;
     }
+    CHECK(folder_stage_check(p->output_dir));
     CHECK(folder_stage_recover(p->output_dir));
     CHECK(folder_stage_recover(best_out));
     if (p->resume_dir) CHECK(folder_stage_recover(p->resume_dir));

@@ -221,10 +221,30 @@ nopad_status folder_stage_recover(const char *dir) {
     return NOPAD_OK;
 }
 
+nopad_status folder_stage_check(const char *dir) {
+    char name[PATH_MAX], real[PATH_MAX], up[PATH_MAX] = ".";
+    dir = through_link(dir, real);
+    nopad_status st = sibling(dir, "partial", name, sizeof name, NULL);
+    struct stat d, at, parent;
+    if (st != NOPAD_OK || stat(dir, &d) != 0) return st;
+    /* the swap would leave the process in the removed old folder, where relative paths fail */
+    for (int depth = 0; depth < 256 && stat(up, &at) == 0; depth++) {
+        if (at.st_dev == d.st_dev && at.st_ino == d.st_ino)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s holds the current folder, which "
+                                   "replacing it would remove: give another folder", dir);
+        snprintf(name, sizeof name, "%s/..", up);
+        if (stat(name, &parent) != 0 || (parent.st_dev == at.st_dev && parent.st_ino == at.st_ino))
+            break; /* the root */
+        snprintf(up, sizeof up, "%s", name);
+    }
+    return NOPAD_OK;
+}
+
 nopad_status folder_stage_begin(const char *dir, char *stage, size_t cap) {
     char real[PATH_MAX];
     dir = through_link(dir, real);
-    nopad_status st = folder_stage_recover(dir);
+    nopad_status st = folder_stage_check(dir);
+    if (st == NOPAD_OK) st = folder_stage_recover(dir);
     if (st == NOPAD_OK) st = sibling(dir, "partial", stage, cap, NULL);
     if (st == NOPAD_OK && mkdir(stage, 0755) != 0)
         st = nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the folder (staging it in %s): %s",

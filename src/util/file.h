@@ -40,6 +40,9 @@ nopad_status copy_files(const char *from, const char *to, const char *const *nam
  * The parent of `dir` must exist. A `dir` that is a symbolic link keeps it: the folder it leads
  * to is the one replaced. */
 nopad_status folder_stage_begin(const char *dir, char *stage, size_t cap);
+/* What folder_stage_begin checks first, for a caller to refuse a folder before long work: a name
+ * ('', '.', '..', '/' are none) and not the current folder or one holding it (NOPAD_ERR_INVALID_ARGUMENT). */
+nopad_status folder_stage_check(const char *dir);
 nopad_status folder_stage_commit(const char *dir, const char *stage);
 void folder_stage_abort(const char *stage);
 /* Finishes or undoes what an interrupted folder_stage_commit left beside `dir`: `dir` is whole
