@@ -222,7 +222,7 @@ nopad_status folder_stage_recover(const char *dir) {
 }
 
 nopad_status folder_stage_check(const char *dir) {
-    char name[PATH_MAX], real[PATH_MAX], up[PATH_MAX] = ".";
+    char name[PATH_MAX + 8], real[PATH_MAX], up[PATH_MAX + 8] = ".";
     dir = through_link(dir, real);
     nopad_status st = sibling(dir, "partial", name, sizeof name, NULL);
     struct stat d, at, parent;
