@@ -222,7 +222,7 @@ nopad_status folder_stage_recover(const char *dir) {
 }
 
 nopad_status folder_stage_check(const char *dir) {
-    char name[PATH_MAX + 8], real[PATH_MAX], up[PATH_MAX + 8] = ".";
+    char name[PATH_MAX], real[PATH_MAX], up[PATH_MAX] = ".";
     dir = through_link(dir, real);
     nopad_status st = sibling(dir, "partial", name, sizeof name, NULL);
     struct stat d, at, parent;
@@ -232,10 +232,11 @@ nopad_status folder_stage_check(const char *dir) {
         if (at.st_dev == d.st_dev && at.st_ino == d.st_ino)
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s holds the current folder, which "
                                    "replacing it would remove: give another folder", dir);
-        snprintf(name, sizeof name, "%s/..", up);
-        if (stat(name, &parent) != 0 || (parent.st_dev == at.st_dev && parent.st_ino == at.st_ino))
+        const size_t n = strlen(up);
+        if (n + 4 > sizeof up) break;
+        memcpy(up + n, "/..", 4);
+        if (stat(up, &parent) != 0 || (parent.st_dev == at.st_dev && parent.st_ino == at.st_ino))
             break; /* the root */
-        snprintf(up, sizeof up, "%s", name);
     }
     return NOPAD_OK;
 }
