@@ -844,6 +844,37 @@ static void test_idle_engine(void **state) {
     nopad_model_free(m);
 }
 
+/* A caller may ask for counts only: nopad_request_logprobs and nopad_request_read with a NULL
+ * buffer of capacity 0 (memcpy from or to NULL is undefined even for 0 bytes; the ASan/UBSan job
+ * runs this). */
+static void test_count_only_reads(void **state) {
+    (void)state;
+    nopad_model *m = load_fixture("llama_gqa");
+    nopad_engine *e = NULL;
+    assert_nopad_ok(nopad_engine_create(m, NULL, &e));
+    const int32_t prompt[] = {5, 17, 3, 42};
+    nopad_request_params p = nopad_request_default_params();
+    p.prompt_ids = prompt;
+    p.n_prompt_ids = 4;
+    p.max_tokens = 6;
+    p.ignore_eos = 1;
+    p.logprobs = 1;
+    nopad_request *r;
+    assert_nopad_ok(nopad_engine_submit(e, &p, &r));
+    int32_t ids[MAX_IDS], n = -1;
+    nopad_finish_reason finish;
+    assert_int_equal(read_all(r, ids, MAX_IDS, 64, &finish), 6);
+    assert_nopad_ok(nopad_request_logprobs(r, NULL, 0, &n));
+    assert_int_equal(n, 6);
+    n = -1;
+    assert_nopad_ok(nopad_request_read(r, NULL, 0, &n, &finish, 0));
+    assert_int_equal(n, 0);
+    assert_int_equal(finish, NOPAD_FINISH_LENGTH);
+    nopad_request_free(r);
+    nopad_engine_free(e);
+    nopad_model_free(m);
+}
+
 /* ---- SmolLM2: text, stop strings, random arrivals on a real model --------------------------- */
 
 typedef struct text_log {
@@ -972,6 +1003,7 @@ int main(void) {
         cmocka_unit_test_prestate(test_prefix_sharing, &OVERLAP_ON),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_idle_engine),
+        cmocka_unit_test(test_count_only_reads),
         cmocka_unit_test(test_smollm2),
         cmocka_unit_test_prestate(test_smollm2, &OVERLAP_ON),
     };
