@@ -51,16 +51,19 @@ static void print_main_help(FILE *f) {
 }
 
 /* OpenMP's idle workers spin for about 3 ms (libgomp's default, 300,000 turns) before they sleep,
- * waiting for the next parallel region. On cores of their own that saves a wake-up per region; on
- * shared cores (a laptop, a CI runner, a busy server) the spinning worker holds a core that the
- * thread with the work is waiting for, and each of the hundreds of regions of a decode step can
- * wait for a time slice: 48 SmolLM2 tokens took 1-3 minutes instead of 8-10 s on 2 cores shared
- * with compilers (bench/RESULTS.md, CPU section; docs/cpu.md). Passive waits (sleep at once) cost
- * a few microseconds a region on an idle machine. libgomp reads the policy when it is loaded,
- * before main: the CLI sets it and restarts itself, unless the user chose one. */
+ * waiting for the next parallel region. On shared cores (a laptop, a CI runner, a busy server)
+ * the spinning worker holds a core that the thread with the work is waiting for, and each of the
+ * ~150 regions of a decode step can wait for a time slice: 48 SmolLM2 tokens took 1-3 minutes
+ * instead of 8 s on 2 cores shared with compilers. Sleeping at once (OMP_WAIT_POLICY=passive)
+ * costs a wake-up a region, 13% on a quiet machine; 1,000 turns (about 10 us) cover the gap
+ * between two regions of a step and cost 3% there, and under load they match passive waits
+ * (bench/RESULTS.md, CPU section; docs/cpu.md). libgomp reads the setting when it is loaded,
+ * before main: the CLI sets it and restarts itself, unless the user chose a policy. */
+#define OMP_SPIN_TURNS "1000"
+
 static int pick_omp_wait_policy(void) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return 0;
-    return setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0;
+    return setenv("GOMP_SPINCOUNT", OMP_SPIN_TURNS, 1) == 0;
 }
 
 /* OpenBLAS picks its kernels when the program starts. On CPUs it does not recognise (some virtual
