@@ -116,11 +116,8 @@ import json, os, platform, statistics, subprocess, sys, time
 raw, out, a, b, busy = sys.argv[1:]
 runs = [json.loads(line) for line in open(raw)]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-def commit(build):
-    src = subprocess.run(["sh", "-c", f"grep -m1 '^CMAKE_HOME_DIRECTORY' {build}/CMakeCache.txt | cut -d= -f2"],
-                         capture_output=True, text=True).stdout.strip()
-    return subprocess.run(["git", "-C", src or ".", "describe", "--always", "--dirty"],
-                          capture_output=True, text=True).stdout.strip()
+def build_id(build):  # the checkout the binary was built from, as `nopad --version` prints it
+    return subprocess.run([f"{build}/nopad", "--version"], capture_output=True, text=True).stdout.strip()
 summary = []
 for cond in dict.fromkeys(r["condition"] for r in runs):
     for work in dict.fromkeys(r["workload"] for r in runs if r["condition"] == cond):
@@ -133,7 +130,7 @@ for cond in dict.fromkeys(r["condition"] for r in runs):
                         "median_ratio_B_over_A": round(statistics.median(ratios), 3)})
 doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
        "busy_loops_when_contended": int(busy), "load_average_at_end": os.getloadavg(),
-       "A": {"build": a, "commit": commit(a)}, "B": {"build": b, "commit": commit(b)},
+       "A": {"build": a, "version": build_id(a)}, "B": {"build": b, "version": build_id(b)},
        "summary": summary, "runs": runs}
 tmp = out + ".tmp"
 with open(tmp, "w") as f:
