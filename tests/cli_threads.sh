@@ -39,6 +39,23 @@ env -u OMP_WAIT_POLICY "$NOPAD_CLI" no-such-command >"$TMP/out" 2>"$TMP/err" || 
 expect "restart keeps the exit status" "$rc" 2
 grep -q "unknown command 'no-such-command'" "$TMP/err" || fail "restart lost the arguments: $(head -c 200 "$TMP/err")"
 
+# The restart keeps the process's name in ps and top ("nopad", not "exe"): a tokenize waiting
+# for its stdin (a FIFO this test holds open) is looked at once its environment shows the restart.
+: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
+mkfifo "$TMP/stdin"
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$NOPAD_CLI" tokenize --model "$NOPAD_TEST_DATA/models/st_max" \
+    <"$TMP/stdin" >"$TMP/tok" 2>&1 &
+pid=$!
+exec 3>"$TMP/stdin"
+for _ in $(seq 100); do # up to 20 s on a busy machine
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'GOMP_SPINCOUNT=1000' && break
+    sleep 0.2
+done
+expect "restart keeps the process name" "$(cat "/proc/$pid/comm" 2>/dev/null)" nopad
+echo "hello" >&3
+exec 3>&-
+wait "$pid" || fail "tokenize after the restart failed: $(head -c 200 "$TMP/tok")"
+
 if [[ $failures -gt 0 ]]; then
     echo "$failures failure(s)" >&2
     exit 1

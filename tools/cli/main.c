@@ -77,11 +77,17 @@ static int pick_blas_kernels(void) {
     return core && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
 }
 
-/* Both settings are read by libraries loaded before main: one restart applies them. */
+/* Both settings are read by libraries loaded before main: one restart applies them. It execs the
+ * binary's own path, not /proc/self/exe, which would name the process "exe" in ps and top. */
 static void restart_with_cpu_settings(char **argv) {
     int changed = pick_blas_kernels();
     changed |= pick_omp_wait_policy();
-    if (changed) execv("/proc/self/exe", argv); /* returns only on failure: carry on as we are */
+    if (!changed) return;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || n == (ssize_t)sizeof self - 1) return; /* carry on as we are */
+    self[n] = '\0';
+    execv(self, argv); /* returns only on failure: carry on as we are */
 }
 
 int main(int argc, char **argv) {
