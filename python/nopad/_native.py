@@ -474,7 +474,8 @@ def _load(path: Path) -> ctypes.CDLL:
     machines) it falls back to SSE3 ("Prescott") kernels, about half as fast. The CLI restarts
     itself with OPENBLAS_CORETYPE set; here a child process loads the library once to ask, and
     OPENBLAS_CORETYPE is set for the time of the load only. Set OPENBLAS_CORETYPE yourself to
-    choose, or NOPAD_BLAS_PROBE=0 to skip the check.
+    choose, or NOPAD_BLAS_PROBE=0 to skip the check. GOMP_SPINCOUNT=1000 is set the same way,
+    unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.
     """
     core = None
     if ("OPENBLAS_CORETYPE" not in os.environ and os.environ.get("NOPAD_BLAS_PROBE", "1") != "0"
@@ -488,13 +489,22 @@ def _load(path: Path) -> ctypes.CDLL:
                     core = None
             except (OSError, subprocess.SubprocessError):
                 core = None
-    if core is None:
-        return ctypes.CDLL(str(path))
-    os.environ["OPENBLAS_CORETYPE"] = core
+    # OpenMP's idle threads spin 1,000 turns, then sleep, as the CLI sets it (docs/cpu.md):
+    # libgomp's default 300,000 turns hold the cores other processes want. libgomp reads it once,
+    # when it is loaded with the library (unless the process has it already).
+    added = {}
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        added["GOMP_SPINCOUNT"] = "1000"
+    if core is not None:
+        added["OPENBLAS_CORETYPE"] = core
+    os.environ.update(added)
     try:
         lib = ctypes.CDLL(str(path))
     finally:
-        del os.environ["OPENBLAS_CORETYPE"]
+        for name in added:
+            del os.environ[name]
+    if core is None:
+        return lib
     if _corename(lib) == "Prescott":  # OpenBLAS was in the process already: too late
         warnings.warn("nopad: OpenBLAS uses its slow SSE3 kernels on this CPU; start Python with "
                       "OPENBLAS_CORETYPE=%s for about twice the CPU speed" % core,

@@ -67,6 +67,34 @@ def test_loaded_with_cdll_so_the_gil_is_released():
     assert not (lib._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI)
 
 
+def _env_seen_by_load(monkeypatch, path):
+    """The environment libgomp would read: the one ctypes.CDLL runs in (docs/cpu.md)."""
+    seen = {}
+
+    def fake_cdll(name, *args, **kwargs):
+        seen.update(os.environ)
+        return object()
+
+    monkeypatch.setenv("NOPAD_BLAS_PROBE", "0")  # no OpenBLAS probe: only the OpenMP setting
+    monkeypatch.setattr(_native.ctypes, "CDLL", fake_cdll)
+    _native._load(path)
+    return seen
+
+
+def test_library_load_bounds_openmp_spinning(monkeypatch, tmp_path):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    seen = _env_seen_by_load(monkeypatch, tmp_path / "libnopad.so")
+    assert seen.get("GOMP_SPINCOUNT") == "1000"
+    assert "GOMP_SPINCOUNT" not in os.environ  # set for the load only
+    # a user's choice is kept, either variable
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    assert "GOMP_SPINCOUNT" not in _env_seen_by_load(monkeypatch, tmp_path / "libnopad.so")
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    assert _env_seen_by_load(monkeypatch, tmp_path / "libnopad.so")["GOMP_SPINCOUNT"] == "300000"
+
+
 def test_error_classes():
     for status in nopad.Status:
         if status == nopad.Status.OK:
