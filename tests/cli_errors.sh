@@ -79,6 +79,10 @@ expect_fail 1 "does not exist" /dev/null -- info --model "$TMP/no_such_folder"
 expect_fail 1 "config.json" "$TMP/ok_ids.txt" -- embed --model "$TMP/empty_model" --ids
 expect_fail 1 "config.json" /dev/null -- info --model "$TMP/empty_model"
 expect_fail 1 "not a folder" /dev/null -- info --model "$MODEL/config.json"
+# a .gguf path is a GGUF file, missing or with a bad magic, never a "model folder"
+expect_fail 1 "GGUF file '$TMP/no_such.gguf' does not exist" /dev/null -- info --model "$TMP/no_such.gguf"
+printf 'PK\003\004 not a gguf' >"$TMP/zip.gguf"
+expect_fail 1 "is not a GGUF file (magic \"PK\\x03\\x04\", expected \"GGUF\")" /dev/null -- info --model "$TMP/zip.gguf"
 expect_fail 1 "use --ids" "$TMP/ok_ids.txt" -- embed --model "$MODEL"
 expect_fail 1 "cuda" "$TMP/ok_ids.txt" -- embed --model "$MODEL" --ids --device cuda
 expect_fail 1 "cannot open input" /dev/null -- embed --model "$MODEL" --ids --input "$TMP/no_such_file"

@@ -35,15 +35,21 @@ def _check_model_folder(path: Union[str, bytes]) -> None:
     "Too many levels of symbolic links"), as the library says too; checked here first so that a path
     ctypes cannot pass (an embedded NUL) gets a clear error as well."""
     shown = os.fsdecode(path)
+    # a path named .gguf is a GGUF file: missing, it says so; a file, the library says what its
+    # first bytes are
+    gguf_name = shown.lower().endswith(".gguf")
+    what = "GGUF file" if gguf_name else "model folder"
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise FileError("model folder '%s' does not exist" % shown) from None
+        raise FileError("%s '%s' does not exist" % (what, shown)) from None
     except OSError as e:
-        raise FileError("model folder '%s': %s" % (shown, os.strerror(e.errno) if e.errno
-                                                   else e)) from None
+        raise FileError("%s '%s': %s" % (what, shown, os.strerror(e.errno) if e.errno
+                                         else e)) from None
     except ValueError as e:  # an embedded NUL
-        raise InvalidArgumentError("model folder %r: %s" % (shown, e)) from None
+        raise InvalidArgumentError("%s %r: %s" % (what, shown, e)) from None
+    if gguf_name and stat.S_ISREG(st.st_mode):
+        return
     if not stat.S_ISDIR(st.st_mode):
         raise FileError("model folder '%s' is not a folder" % shown)
 

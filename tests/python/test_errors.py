@@ -65,6 +65,23 @@ def _cli_message(path):
     return r.stderr.strip().replace("nopad: error: ", "", 1)
 
 
+def test_gguf_path_messages_match_the_cli(tmp_path):
+    """A .gguf path is a GGUF file, never a "model folder": missing, or with another magic."""
+    missing = tmp_path / "nope.gguf"
+    zipped = tmp_path / "model.gguf"
+    zipped.write_bytes(b"PK\x03\x04 not a gguf")
+    err = expect(nopad.FileError, IO, ["GGUF file '%s' does not exist" % missing], nopad.Encoder,
+                 missing)
+    cli = _cli_message(missing)
+    if cli is not None:
+        assert str(err) == cli, (str(err), cli)
+    err = expect(nopad.FormatError, FORMAT, ['is not a GGUF file (magic "PK\\x03\\x04"'],
+                 nopad.Encoder, zipped)
+    cli = _cli_message(zipped)
+    if cli is not None:
+        assert str(err) in cli, (str(err), cli)
+
+
 def test_folder_messages_match_the_cli(tmp_path):
     """A missing path, a file and a symlink loop each say what is wrong, as the CLI does (the
     package used to say "no such folder" for all three; issue 19, item 5)."""

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -205,17 +206,25 @@ static int is_gguf_file(const char *path) {
     return got == sizeof magic && memcmp(magic, "GGUF", sizeof magic) == 0;
 }
 
+/* ".gguf" at the end, in any case: the user meant a GGUF file, not a folder. */
+static int has_gguf_suffix(const char *path) {
+    const size_t n = strlen(path);
+    return n >= 5 && strcasecmp(path + n - 5, ".gguf") == 0;
+}
+
 /* The path is checked here first so that a mistyped path reads as such rather than as a missing
- * config.json. A file is a model only as GGUF; any other file keeps the folder message (the
- * Python package says the same). */
+ * config.json. A file is a model only as GGUF; a file named .gguf goes to the library, which says
+ * what its first bytes are; any other file keeps the folder message (the Python package says the
+ * same). */
 nopad_model *open_model_with(const char *path, const nopad_model_params *params) {
     struct stat st;
+    const char *what = has_gguf_suffix(path) ? "GGUF file" : "model folder";
     if (stat(path, &st) != 0) {
-        if (errno == ENOENT) print_error("model folder '%s' does not exist", path);
-        else print_error("model folder '%s': %s", path, strerror(errno));
+        if (errno == ENOENT) print_error("%s '%s' does not exist", what, path);
+        else print_error("%s '%s': %s", what, path, strerror(errno));
         return NULL;
     }
-    if (!S_ISDIR(st.st_mode) && !(S_ISREG(st.st_mode) && is_gguf_file(path))) {
+    if (!S_ISDIR(st.st_mode) && !(S_ISREG(st.st_mode) && (is_gguf_file(path) || has_gguf_suffix(path)))) {
         print_error("model folder '%s' is not a folder", path);
         return NULL;
     }
