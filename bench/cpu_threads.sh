@@ -53,13 +53,20 @@ g = nopad.Generator("$NOPAD_SMOLLM2_GGUF")
 g.generate("$PROMPT", max_tokens=48, ignore_eos=True)
 EOF
 
+# The source tree build folder $1 was configured from: its Python package goes with its library.
+source_of() {
+    local src
+    src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$1/CMakeCache.txt" 2>/dev/null)
+    echo "${src:-$REPO}"
+}
+
 # Prints the command line of a workload for build folder $1.
 workload() {
     local b=$1
     case $2 in
         generate_prompt) echo "$b/nopad generate --model $NOPAD_SMOLLM2_GGUF --prompt '$PROMPT' --max-tokens 48 --ignore-eos" ;;
         generate_engine) echo "$b/nopad generate --model $NOPAD_SMOLLM2_GGUF --input $WORK/requests.jsonl --output $WORK/results.jsonl" ;;
-        python_generate) echo "NOPAD_LIBRARY=$b/libnopad.so PYTHONPATH=$REPO/python python3 $WORK/generate.py" ;;
+        python_generate) echo "NOPAD_LIBRARY=$b/libnopad.so PYTHONPATH=$(source_of "$b")/python python3 $WORK/generate.py" ;;
         embed) echo "$b/nopad embed --model $NOPAD_MINILM_DIR --input $WORK/lines.txt --output $WORK/embeddings.jsonl" ;;
         train) echo "$b/nopad train --model $NOPAD_MINILM_DIR --task classify --num-labels 2 --epochs 2 --data $REPO/tests/data/train/reviews_train.jsonl --eval $REPO/tests/data/train/reviews_test.jsonl --output $WORK/tuned" ;;
         *) echo "unknown workload '$2' (expected generate_prompt, generate_engine, python_generate, embed, train)" >&2; return 2 ;;
