@@ -85,17 +85,22 @@ nopad_status write_file_synced(const char *path, const void *head, size_t head_l
     return st;
 }
 
+static nopad_status copy_one(const char *src, const char *dst) {
+    char *data = NULL;
+    size_t len = 0;
+    nopad_status st = read_file(src, 0, &data, &len);
+    if (st == NOPAD_OK) st = write_file_synced(dst, data, len, NULL, 0);
+    free(data);
+    return st;
+}
+
 nopad_status copy_files(const char *from, const char *to, const char *const *names, size_t n) {
     for (size_t i = 0; i < n; i++) {
         char src[PATH_MAX], dst[PATH_MAX];
         snprintf(src, sizeof src, "%s/%s", from, names[i]);
         snprintf(dst, sizeof dst, "%s/%s", to, names[i]);
         if (!file_exists(src)) continue;
-        char *data = NULL;
-        size_t len = 0;
-        nopad_status st = read_file(src, (size_t)1 << 28, &data, &len);
-        if (st == NOPAD_OK) st = write_file_synced(dst, data, len, NULL, 0);
-        free(data);
+        nopad_status st = copy_one(src, dst);
         if (st != NOPAD_OK) return st;
     }
     return NOPAD_OK;
@@ -140,15 +145,6 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 static void remove_tree(const char *path) {
     struct stat sb;
     if (lstat(path, &sb) == 0) nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static nopad_status copy_one(const char *src, const char *dst) {
-    char *data = NULL;
-    size_t len = 0;
-    nopad_status st = read_file(src, 0, &data, &len);
-    if (st == NOPAD_OK) st = write_file_synced(dst, data, len, NULL, 0);
-    free(data);
-    return st;
 }
 
 /* Hard-links (a copy where links are refused) into `to` every entry of `from` that `to` lacks,
