@@ -10,54 +10,13 @@
 # them only the startup errors run.
 set -euo pipefail
 
-: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
-: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
-TMP="$(mktemp -d)"
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/serve_lib.sh"
+SERVE_ARGS=(--threads 2)
 GGUF="${NOPAD_SMOLLM2_GGUF:-}"
 MINILM="${NOPAD_MINILM_DIR:-}"
 KEY=sk-test-key
-failures=0
-fail() {
-    echo "FAIL: $*" >&2
-    failures=$((failures + 1))
-}
-ok() { echo "ok   $*"; }
 
-if ! "$NOPAD_CLI" serve --help >/dev/null 2>"$TMP/err"; then
-    echo "SKIP: nopad was built without libmicrohttpd: $(cat "$TMP/err")"
-    exit 0
-fi
-
-# start NAME ARGS...: nopad serve --port 0 ARGS in the background; sets PID and PORT.
-start() {
-    local name="$1"
-    shift
-    "$NOPAD_CLI" serve --port 0 --threads 2 "$@" 2>"$TMP/$name.log" &
-    PID=$!
-    PIDS+=("$PID")
-    PORT=""
-    for _ in $(seq 1 600); do
-        PORT=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$TMP/$name.log")
-        [ -n "$PORT" ] && return 0
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    fail "$name: the server did not start: $(cat "$TMP/$name.log")"
-    exit 1
-}
-# stop: SIGTERM, which must end the server with exit status 0.
-stop() {
-    local rc=0
-    kill -TERM "$PID"
-    wait "$PID" || rc=$?
-    [ "$rc" -eq 0 ] && ok "SIGTERM: exit 0" || fail "SIGTERM: exit $rc"
-}
 # req METHOD PATH BODY [curl args...]: prints the status; the body goes to $TMP/body, headers to $TMP/headers.
 req() {
     local method="$1" path="$2" body="$3"

@@ -15,56 +15,14 @@
 # encoder tests/data/models/st_mean_norm, so a "large" request is cheap.
 set -euo pipefail
 
-: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
-: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
-TMP="$(mktemp -d)"
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/serve_lib.sh"
 GGUF="${NOPAD_SMOLLM2_GGUF:-}"
 TINY="$NOPAD_TEST_DATA/models/st_mean_norm"
-failures=0
-fail() {
-    echo "FAIL: $*" >&2
-    failures=$((failures + 1))
-}
-ok() { echo "ok   $*"; }
 now() { date +%s.%N; }
 # less A B: A < B for decimal numbers
 less() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
 
-if ! "$NOPAD_CLI" serve --help >/dev/null 2>"$TMP/err"; then
-    echo "SKIP: nopad was built without libmicrohttpd: $(cat "$TMP/err")"
-    exit 0
-fi
-
-# start NAME ARGS...: nopad serve --port 0 ARGS in the background; sets PID and PORT.
-start() {
-    local name="$1"
-    shift
-    "$NOPAD_CLI" serve --port 0 "$@" 2>"$TMP/$name.log" &
-    PID=$!
-    PIDS+=("$PID")
-    PORT=""
-    for _ in $(seq 1 600); do
-        PORT=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$TMP/$name.log")
-        [ -n "$PORT" ] && return 0
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    fail "$name: the server did not start: $(cat "$TMP/$name.log")"
-    exit 1
-}
-# stop NAME: SIGTERM, which must end the server with exit status 0.
-stop() {
-    local rc=0
-    kill -TERM "$PID"
-    wait "$PID" || rc=$?
-    [ "$rc" -eq 0 ] && ok "$1: SIGTERM: exit 0" || fail "$1: SIGTERM: exit $rc: $(tail -3 "$TMP/$1.log")"
-}
 # metric NAME: the value of an unlabelled metric.
 metric() { curl -s "http://127.0.0.1:$PORT/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
 
