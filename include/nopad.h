@@ -170,6 +170,12 @@ typedef struct nopad_model_params {
     int32_t cuda_graph_max_tokens;
     int32_t kv_cache_tokens;
     int32_t kv_block_size;
+    /* Tensor parallelism: the model is split over tp_size ranks (<= 1: one process, the default).
+     * Every rank of the launcher's world (mpirun / srun, whose size must be tp_size) loads only
+     * its shard. Rank 0 calls nopad_model_load and uses the model as with one process; every other
+     * rank calls nopad_tp_follow, which runs the steps rank 0 sends (docs/parallel.md). A build
+     * without MPI (CPU) or NCCL (CUDA) refuses tp_size > 1. */
+    int32_t tp_size;
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
 
@@ -188,6 +194,18 @@ nopad_model_params nopad_model_default_params(void);
  * contexts, then the model, when no call is running. */
 nopad_status nopad_model_load(const char *dir, const nopad_model_params *params, nopad_model **out);
 void nopad_model_free(nopad_model *model);
+
+/* ---- tensor parallelism across processes (docs/parallel.md) ------------------------------- */
+
+/* This process's rank in its launcher's world (Open MPI, MPICH / PMI or Slurm environment
+ * variables; 0 without a launcher) and the world's size (1 without one). Neither starts MPI. */
+int32_t nopad_world_rank(void);
+int32_t nopad_world_size(void);
+/* On a rank other than 0 of a tensor-parallel world: loads this rank's shard of the model at
+ * `dir` with `params` (the same as rank 0's, tp_size included) and runs the steps rank 0 sends,
+ * until rank 0 frees its model (NOPAD_OK) or fails (an error naming rank 0's failure). Returns
+ * NOPAD_ERR_INVALID_ARGUMENT on rank 0 or with tp_size <= 1. */
+nopad_status nopad_tp_follow(const char *dir, const nopad_model_params *params);
 
 /* ---- contexts ----------------------------------------------------------------------------- */
 
@@ -252,6 +270,7 @@ typedef struct nopad_model_info {
     int32_t num_kv_heads;     /* decoders: key/value heads (grouped-query attention) */
     int32_t bos_token_id;     /* decoders: -1 when none */
     int32_t eos_token_id;     /* decoders: the first end-of-sequence id, -1 when none */
+    int32_t tp_size;          /* ranks the model is split over (1: not split) */
 } nopad_model_info;
 nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *out);
 

@@ -7,7 +7,8 @@ Each file's layer is its folder; a file may include its own layer and the layers
     tools/serve/       the public header and the CLI's helpers (tools/cli/cli.h)
     src/engine/        model/, backend/backend.h, io/, util/
     src/train/         model/, backend/backend.h, io/, util/
-    src/model/         backend/backend.h, io/, util/
+    src/model/         parallel/, backend/backend.h, io/, util/
+    src/parallel/      backend/backend.h, util/
     src/backend/       backend/ (a backend's own folder and the op table), util/
     src/io/            io/, util/
     src/util/          util/
@@ -25,9 +26,10 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 RULES = [
     ("tools/cli/", ["nopad.h", "tools/cli/"]),
     ("tools/serve/", ["nopad.h", "tools/serve/", "tools/cli/cli.h"]),
-    ("src/engine/", ["nopad.h", "engine/", "model/", "backend/backend.h", "io/", "util/"]),
+    ("src/engine/", ["nopad.h", "engine/", "model/", "parallel/", "backend/backend.h", "io/", "util/"]),
     ("src/train/", ["nopad.h", "train/", "model/", "backend/backend.h", "io/", "util/"]),
-    ("src/model/", ["nopad.h", "model/", "backend/backend.h", "io/", "util/"]),
+    ("src/model/", ["nopad.h", "model/", "parallel/", "backend/backend.h", "io/", "util/"]),
+    ("src/parallel/", ["nopad.h", "parallel/", "backend/backend.h", "util/"]),
     ("src/backend/cuda/", ["nopad.h", "backend/backend.h", "backend/cuda/", "util/"]),
     ("src/backend/cpu/", ["nopad.h", "backend/backend.h", "backend/cpu/", "util/"]),
     ("src/backend/", ["nopad.h", "backend/", "util/"]),

@@ -35,7 +35,7 @@ static void decoder_row_ops(nopad_backend *be, int32_t n_tokens) {
     static float gate_up[MAX_TOKENS * 2 * FF], act[MAX_TOKENS * FF];
     int32_t tokens[MAX_TOKENS], positions[MAX_TOKENS];
     for (int32_t t = 0; t < n_tokens; t++) tokens[t] = positions[t] = t;
-    assert_int_equal(be->embed_tokens(be, h, tokens, NULL, NULL, n_tokens, VOCAB, 0, word, NULL, DIM), NOPAD_OK);
+    assert_int_equal(be->embed_tokens(be, h, tokens, NULL, NULL, n_tokens, VOCAB, 0, VOCAB, 0, word, NULL, DIM), NOPAD_OK);
     assert_int_equal(be->norm(be, out, h, w, NULL, 1e-5f, n_tokens, DIM, 1), NOPAD_OK);
     assert_int_equal(be->residual_add(be, h, x, n_tokens, DIM), NOPAD_OK);
     assert_int_equal(be->add_norm(be, out, h, x, w, NULL, 1e-5f, n_tokens, DIM, 1), NOPAD_OK);

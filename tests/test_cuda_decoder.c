@@ -246,13 +246,18 @@ static void test_decoder_ops(void **state) {
             float *want = malloc((size_t)T * dim * sizeof *want);
             void *dout32;
             assert_nopad_ok(gpu->alloc(gpu, (size_t)T * dim * 4, &dout32));
+            /* whole, and a tensor-parallel rank's share (ids [V/3, 2V/3): zero rows for the rest) */
+            for (int sharded = 0; sharded < 2; sharded++)
             for (int with_pos = 0; with_pos < 2; with_pos++) {
-                assert_nopad_ok(gpu->embed_tokens(gpu, dout32, dtok, NULL, with_pos ? dpos : NULL, T, V, P, dword,
-                                                  with_pos ? dposemb : NULL, dim));
-                assert_nopad_ok(cpu->embed_tokens(cpu, want, tokens, NULL, with_pos ? positions : NULL, T, V, P, word,
-                                                  with_pos ? pos : NULL, dim));
+                const int32_t v0 = sharded ? V / 3 : 0, rows_held = sharded ? V / 3 : V;
+                const void *dword_held = (const char *)dword + (size_t)v0 * dim * nopad_dtype_size(gpu->dtype);
+                assert_nopad_ok(gpu->embed_tokens(gpu, dout32, dtok, NULL, with_pos ? dpos : NULL, T, V, v0, rows_held,
+                                                  P, dword_held, with_pos ? dposemb : NULL, dim));
+                assert_nopad_ok(cpu->embed_tokens(cpu, want, tokens, NULL, with_pos ? positions : NULL, T, V, v0,
+                                                  rows_held, P, word + (size_t)v0 * dim, with_pos ? pos : NULL, dim));
                 float *got = host_raw32(dout32, (size_t)T * dim);
-                snprintf(what, sizeof what, "embed_tokens%s", with_pos ? " + positions" : "");
+                snprintf(what, sizeof what, "embed_tokens%s%s", with_pos ? " + positions" : "",
+                         sharded ? " (a third of the vocabulary)" : "");
                 close_or_fail(what, di, got, want, T, dim);
                 free(got);
             }

@@ -58,7 +58,8 @@ class ModelParams(ctypes.Structure):
                 ("cuda_stream", ctypes.c_void_p),
                 ("cuda_graph_max_tokens", ctypes.c_int32),
                 ("kv_cache_tokens", ctypes.c_int32),
-                ("kv_block_size", ctypes.c_int32)]
+                ("kv_block_size", ctypes.c_int32),
+                ("tp_size", ctypes.c_int32)]
 
 
 class ModelStats(ctypes.Structure):
@@ -93,7 +94,8 @@ class ModelInfo(ctypes.Structure):
                 ("is_decoder", ctypes.c_int),
                 ("num_kv_heads", ctypes.c_int32),
                 ("bos_token_id", ctypes.c_int32),
-                ("eos_token_id", ctypes.c_int32)]
+                ("eos_token_id", ctypes.c_int32),
+                ("tp_size", ctypes.c_int32)]
 
 
 class EncodeParams(ctypes.Structure):

@@ -147,6 +147,11 @@ struct nopad_backend {
     void *impl;        /* backend-private state */
     size_t extra_bytes; /* memory the backend holds beyond tensors it was asked for (GEMM
                            workspace, staging), for reporting */
+    /* The device this backend works on and its native stream (a cudaStream_t), for the
+     * communicator (parallel/), which enqueues NCCL's collectives on that stream; -1 and NULL on
+     * the CPU. */
+    int32_t device;
+    void *native_stream;
 
     void (*destroy)(nopad_backend *be);
 
@@ -169,6 +174,10 @@ struct nopad_backend {
     void (*release_staging)(nopad_backend *be);
     /* dst = src, bytes of backend memory (enqueued like an op). */
     nopad_status (*copy)(nopad_backend *be, void *dst, const void *src, size_t bytes);
+    /* rows × width bytes of backend memory: row i from src + i·src_pitch to dst + i·dst_pitch
+     * (enqueued like an op; the tensor-parallel LM head puts each rank's logit columns in place). */
+    nopad_status (*copy_2d)(nopad_backend *be, void *dst, size_t dst_pitch, const void *src,
+                            size_t src_pitch, size_t width, size_t rows);
 
     /* ---- recorded graphs (NULL where the backend has none; the CPU runs ops directly) ------- */
     /* Replays the graph recorded under `key`, or records one by calling record(ctx) — which
@@ -388,10 +397,13 @@ struct nopad_backend {
     /* out32[T, dim] = word[tokens[t]] (+ pos[positions[t]] when pos is not NULL); a token
      * t < 0 stands for feed[-1 - t] (the ids the step before sampled, still on the device: the
      * next step is launched before they come back; feed may be NULL when no token is negative);
-     * ids outside [0, vocab_size) or positions outside [0, n_positions) give a NaN row. */
+     * ids outside [0, vocab_size) or positions outside [0, n_positions) give a NaN row.
+     * word holds the rows of ids [vocab0, vocab0 + vocab_rows) (a tensor-parallel rank's share of
+     * the vocabulary; 0 and vocab_size: all of it); a valid id outside them gives a zero row (plus
+     * its position's, when pos is not NULL). */
     nopad_status (*embed_tokens)(nopad_backend *be, float *out32, const int32_t *tokens,
                                  const int32_t *feed, const int32_t *positions, int32_t n_tokens,
-                                 int32_t vocab_size,
+                                 int32_t vocab_size, int32_t vocab0, int32_t vocab_rows,
                                  int32_t n_positions, const void *word, const void *pos,
                                  int32_t dim);
     /* out[T, dim] = LayerNorm(x32)·w + b (b may be NULL) or, rms, x32 / sqrt(mean(x32²) + eps)·w. */

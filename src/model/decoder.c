@@ -159,7 +159,7 @@ static nopad_status step_forward(void *ctx) {
                   kvh = cfg->num_kv_heads, F = cfg->intermediate_size, V = cfg->vocab_size;
     const int llama = cfg->family == FAMILY_LLAMA, rms = cfg->norm == NORM_RMSNORM;
     const float eps = cfg->layer_norm_eps;
-    TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V,
+    TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, 0, V,
                          cfg->max_position_embeddings, w->tok_emb, w->pos_emb, H));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
     /* decode (one new token a sequence): RoPE and the KV store inside the attention, where the

@@ -297,6 +297,7 @@ nopad_status nopad_model_get_info(const nopad_model *m, nopad_model_info *out) {
     out->num_kv_heads = c->num_kv_heads;
     out->bos_token_id = c->causal ? c->bos_token_id : -1;
     out->eos_token_id = c->causal && c->n_eos > 0 ? c->eos_token_ids[0] : -1;
+    out->tp_size = m->params.tp_size > 1 ? m->params.tp_size : 1;
     out->pooling = m->pipeline.pooling;
     out->normalize = m->pipeline.normalize;
     out->has_tokenizer = m->tokenizer != NULL;

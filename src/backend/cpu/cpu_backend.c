@@ -58,6 +58,13 @@ static nopad_status cpu_copy(nopad_backend *be, void *dst, const void *src, size
     return NOPAD_OK;
 }
 
+static nopad_status cpu_copy_2d(nopad_backend *be, void *dst, size_t dst_pitch, const void *src,
+                                size_t src_pitch, size_t width, size_t rows) {
+    for (size_t i = 0; i < rows; i++)
+        memmove((char *)dst + i * dst_pitch, (const char *)src + i * src_pitch, width);
+    return NOPAD_OK;
+}
+
 /* Every op on every shape, but no device-side packing and no recorded graphs: the CPU runs ops
  * as they come, and its buffers are host memory the caller packs. */
 static int cpu_supports(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
@@ -81,6 +88,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
 
     be->supports = cpu_supports;
     be->name = "cpu";
+    be->device = -1;
     be->dtype = NOPAD_DTYPE_F32;
     be->impl = state;
     be->destroy = cpu_destroy;
@@ -93,6 +101,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->download = cpu_download;
     be->synchronize = cpu_synchronize;
     be->copy = cpu_copy;
+    be->copy_2d = cpu_copy_2d;
     be->embed = cpu_embed_layernorm;
     be->gemm = cpu_linear;
     be->layernorm = cpu_bias_residual_layernorm;

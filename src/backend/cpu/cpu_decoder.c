@@ -10,10 +10,10 @@
 
 nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tokens, const int32_t *feed,
                               const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
-                              int32_t n_positions, const void *word_, const void *pos_,
-                              int32_t dim) {
+                              int32_t vocab0, int32_t vocab_rows, int32_t n_positions,
+                              const void *word_, const void *pos_, int32_t dim) {
     float *out = out_;              // [T, dim]
-    const float *word = word_;      // [V, dim]
+    const float *word = word_;      // [vocab_rows, dim]: ids vocab0 ..
     const float *pos = pos_;        // [P, dim] or NULL
 #pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
@@ -24,7 +24,11 @@ nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tok
             for (int32_t i = 0; i < dim; i++) row[i] = NAN;
             continue;
         }
-        const float *w = word + (size_t)id * dim;
+        if (id < vocab0 || id >= vocab0 + vocab_rows) { /* another rank's id */
+            for (int32_t i = 0; i < dim; i++) row[i] = pos ? pos[(size_t)p * dim + i] : 0.0f;
+            continue;
+        }
+        const float *w = word + (size_t)(id - vocab0) * dim;
         if (pos) {
             const float *pr = pos + (size_t)p * dim;
             for (int32_t i = 0; i < dim; i++) row[i] = w[i] + pr[i];

@@ -54,7 +54,8 @@ nopad_status cpu_l2_normalize(nopad_backend *be, void *x, int32_t rows, int32_t 
 
 nopad_status cpu_embed_tokens(nopad_backend *be, float *out, const int32_t *tokens, const int32_t *feed,
                               const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
-                              int32_t n_positions, const void *word, const void *pos, int32_t dim);
+                              int32_t vocab0, int32_t vocab_rows, int32_t n_positions,
+                              const void *word, const void *pos, int32_t dim);
 nopad_status cpu_norm(nopad_backend *be, void *out, const float *x, const void *w, const void *b,
                       float eps, int32_t n_tokens, int32_t dim, int rms);
 nopad_status cpu_residual_add(nopad_backend *be, float *h, const void *x, int32_t n_tokens,

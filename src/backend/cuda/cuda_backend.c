@@ -83,10 +83,11 @@ static nopad_status cu_attention_varlen(nopad_backend *be, void *out, const void
 /* ---- decoder ops (decoder.cu) ---- */
 static nopad_status cu_embed_tokens(nopad_backend *be, float *out, const int32_t *tokens, const int32_t *feed,
                                     const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
-                                    int32_t n_positions, const void *word, const void *pos, int32_t dim) {
+                                    int32_t vocab0, int32_t vocab_rows, int32_t n_positions, const void *word,
+                                    const void *pos, int32_t dim) {
     CUDA_ENTER(be, s);
-    return cuda_dec_embed_tokens(be->dtype, out, tokens, feed, positions, n_tokens, vocab_size, n_positions, word, pos,
-                                 dim, s->stream);
+    return cuda_dec_embed_tokens(be->dtype, out, tokens, feed, positions, n_tokens, vocab_size, vocab0, vocab_rows,
+                                 n_positions, word, pos, dim, s->stream);
 }
 static nopad_status cu_norm(nopad_backend *be, void *out, const float *x, const void *w, const void *b, float eps,
                             int32_t n_tokens, int32_t dim, int rms) {
@@ -476,6 +477,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
         return st;
     }
     be->name = "cuda";
+    be->device = device;
+    be->native_stream = s->stream;
     be->dtype = dtype;
     be->extra_bytes = FIXED_EXTRA_BYTES;
     be->alloc = cuda_mem_alloc;
@@ -488,6 +491,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->synchronize = cuda_mem_synchronize;
     be->release_staging = cuda_mem_release_staging;
     be->copy = cuda_mem_copy;
+    be->copy_2d = cuda_mem_copy_2d;
     be->graph_run = cuda_graph_run;
     be->graph_clear = cuda_graph_clear;
     be->supports = cu_supports;

@@ -12,15 +12,16 @@
 
 template <typename T>
 __global__ void embed_tokens_kernel(float *out, const int32_t *tokens, const int32_t *feed,
-                                    const int32_t *positions, int vocab, int n_positions,
-                                    const T *word, const T *pos, int dim) {
+                                    const int32_t *positions, int vocab, int vocab0, int vocab_rows,
+                                    int n_positions, const T *word, const T *pos, int dim) {
     const int t = blockIdx.x;
     int id = tokens[t];
     if (id < 0 && feed) id = feed[-1 - id]; /* the step before's id, sampled after this was packed */
     const int p = positions ? positions[t] : 0;
     const bool bad = id < 0 || id >= vocab || (pos && (p < 0 || p >= n_positions));
+    const bool held = id >= vocab0 && id - vocab0 < vocab_rows; /* else another rank's id: 0 */
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = bad ? NAN : to_f32(word[(size_t)id * dim + i]);
+        float v = bad ? NAN : held ? to_f32(word[(size_t)(id - vocab0) * dim + i]) : 0.0f;
         if (!bad && pos) v += to_f32(pos[(size_t)p * dim + i]);
         out[(size_t)t * dim + i] = v;
     }
@@ -582,21 +583,25 @@ __global__ void residual_add_kernel(float *h, const T *x, size_t n) {
 
 template <typename T>
 static nopad_status embed_t(void *out, const int32_t *tokens, const int32_t *feed,
-                            const int32_t *positions, int n, int vocab, int n_pos, const void *word,
-                            const void *pos, int dim, cudaStream_t s) {
-    embed_tokens_kernel<T><<<n, 256, 0, s>>>((float *)out, tokens, feed, positions, vocab, n_pos,
-                                             (const T *)word, (const T *)pos, dim);
+                            const int32_t *positions, int n, int vocab, int vocab0, int vocab_rows,
+                            int n_pos, const void *word, const void *pos, int dim, cudaStream_t s) {
+    embed_tokens_kernel<T><<<n, 256, 0, s>>>((float *)out, tokens, feed, positions, vocab, vocab0,
+                                             vocab_rows, n_pos, (const T *)word, (const T *)pos, dim);
     return launch_status("embed_tokens");
 }
 
 extern "C" nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t *tokens,
                                               const int32_t *feed, const int32_t *positions, int32_t n_tokens,
-                                              int32_t vocab, int32_t n_positions, const void *word,
-                                              const void *pos, int32_t dim, void *stream) {
+                                              int32_t vocab, int32_t vocab0, int32_t vocab_rows,
+                                              int32_t n_positions, const void *word, const void *pos,
+                                              int32_t dim, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (n_tokens == 0) return NOPAD_OK;
-    DISPATCH_DTYPE(dtype, embed_t<__half>(out, tokens, feed, positions, n_tokens, vocab, n_positions, word, pos, dim, s),
-                   embed_t<__nv_bfloat16>(out, tokens, feed, positions, n_tokens, vocab, n_positions, word, pos, dim, s));
+    DISPATCH_DTYPE(dtype,
+                   embed_t<__half>(out, tokens, feed, positions, n_tokens, vocab, vocab0, vocab_rows, n_positions,
+                                   word, pos, dim, s),
+                   embed_t<__nv_bfloat16>(out, tokens, feed, positions, n_tokens, vocab, vocab0, vocab_rows,
+                                          n_positions, word, pos, dim, s));
 }
 
 template <typename T>

@@ -13,8 +13,8 @@ extern "C" {
 
 nopad_status cuda_dec_embed_tokens(nopad_dtype dtype, float *out, const int32_t *tokens, const int32_t *feed,
                                    const int32_t *positions, int32_t n_tokens, int32_t vocab,
-                                   int32_t n_positions, const void *word, const void *pos,
-                                   int32_t dim, void *stream);
+                                   int32_t vocab0, int32_t vocab_rows, int32_t n_positions,
+                                   const void *word, const void *pos, int32_t dim, void *stream);
 /* out = norm(h) per row; with x (not NULL), first h += x. */
 nopad_status cuda_dec_norm(nopad_dtype dtype, void *out, float *h, const void *x, const void *w,
                            const void *b, float eps, int32_t n_tokens, int32_t dim, int rms,

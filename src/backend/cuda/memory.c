@@ -109,4 +109,13 @@ nopad_status cuda_mem_copy(nopad_backend *be, void *dst, const void *src, size_t
     return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream), "copy");
 }
 
+nopad_status cuda_mem_copy_2d(nopad_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                              size_t width, size_t rows) {
+    if (!width || !rows) return NOPAD_OK;
+    CUDA_ENTER(be, s);
+    return cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
+                                        s->stream),
+                      "copy_2d");
+}
+
 #endif /* NOPAD_HAVE_CUDA */

@@ -92,6 +92,8 @@ nopad_status cuda_mem_upload_i32(nopad_backend *be, int32_t *dst, const int32_t 
 void cuda_mem_release_staging(nopad_backend *be);
 nopad_status cuda_mem_synchronize(nopad_backend *be);
 nopad_status cuda_mem_copy(nopad_backend *be, void *dst, const void *src, size_t bytes);
+nopad_status cuda_mem_copy_2d(nopad_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                              size_t width, size_t rows);
 
 /* graphs.c */
 nopad_status cuda_graph_run(nopad_backend *be, const int64_t key[4], nopad_status (*record)(void *ctx),

@@ -1,0 +1,90 @@
+/* The communicator: collectives between the ranks of a tensor-parallel (or, later, data-parallel)
+ * group, on engines that exist — never a transport of our own:
+ *   - a CPU backend's tensors (host memory) go through MPI (Open MPI);
+ *   - a CUDA backend's tensors (device memory) go through NCCL, enqueued on that backend's stream
+ *     with no host sync, so a step that calls them can be recorded in a CUDA graph. NCCL's unique
+ *     id goes out over MPI, so ranks may sit on several machines.
+ * A world of one rank (no launcher, or a build without MPI) costs nothing: every collective is a
+ * copy at most, and no MPI or NCCL call is made.
+ *
+ * The process's world comes from its launcher (mpirun, srun: MPI's environment); nopad never
+ * starts MPI when tp is 1. Every MPI or NCCL failure is a nopad_status with a message naming the
+ * operation, the rank and the library's own words. A rank that dies makes the others fail within
+ * a bounded time (the launcher ends the job; NCCL's pending work is aborted by a watchdog after
+ * NOPAD_COMM_TIMEOUT seconds, see util/knobs.c), never a hang.
+ *
+ * Buffers: `be` is the backend whose memory the buffer lives in. NULL or a CPU backend: host
+ * memory, MPI. A CUDA backend: its device memory, NCCL on its stream. Counts are elements. */
+#ifndef NOPAD_PARALLEL_COMM_H
+#define NOPAD_PARALLEL_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "nopad.h"
+
+typedef struct nopad_comm nopad_comm;
+
+typedef enum comm_type {
+    COMM_F32 = 0,
+    COMM_F16 = 1,
+    COMM_BF16 = 2,
+    COMM_I32 = 3,
+    COMM_I64 = 4,
+    COMM_BYTE = 5, /* broadcast, all-gather and all-to-all(v) only */
+} comm_type;
+
+typedef enum comm_reduce { COMM_SUM = 0, COMM_MAX = 1, COMM_MIN = 2 } comm_reduce;
+
+/* The comm_type of a backend's tensor elements. */
+comm_type comm_type_of(nopad_dtype dtype);
+
+/* The world this process was launched in, as a communicator (a new handle each call; free it).
+ * `want` is the size asked for (tp_size; <= 1: one rank, never touching MPI). Under a launcher
+ * whose world has `want` ranks, MPI is initialised (thread level MPI_THREAD_MULTIPLE) if it is not
+ * already; a world of another size, no launcher, or a build without MPI is a clear
+ * NOPAD_ERR_INVALID_ARGUMENT / NOPAD_ERR_UNSUPPORTED naming what to run instead. */
+nopad_status comm_world(int32_t want, nopad_comm **out);
+/* A sub-group: ranks of equal `color` form one communicator, ordered by `key` (MPI_Comm_split). */
+nopad_status comm_split(nopad_comm *c, int32_t color, int32_t key, nopad_comm **out);
+void comm_free(nopad_comm *c);
+
+int32_t comm_rank(const nopad_comm *c);
+int32_t comm_size(const nopad_comm *c);
+/* Ranks on this rank's machine, and this rank's index among them (the CUDA device it takes). */
+int32_t comm_local_rank(const nopad_comm *c);
+int32_t comm_local_size(const nopad_comm *c);
+
+/* Prepares collectives on `be`'s memory: for a CUDA backend, the NCCL communicator on its device
+ * (once per communicator; later calls with a backend of the same device return at once). Checks
+ * what must agree across ranks and refuses clearly: more ranks on a machine than GPUs, GPUs of
+ * different kinds. Collective: every rank calls it. */
+nopad_status comm_attach(nopad_comm *c, nopad_backend *be);
+
+/* ---- collectives: every rank calls them in the same order, with the same counts ------------- */
+/* buf[count] = reduce over ranks of buf[count], in place. */
+nopad_status comm_all_reduce(nopad_comm *c, nopad_backend *be, void *buf, size_t count, comm_type t,
+                             comm_reduce op);
+/* recv[size · count] = rank 0's send[count] | rank 1's | ...; send may be recv + rank · count. */
+nopad_status comm_all_gather(nopad_comm *c, nopad_backend *be, void *recv, const void *send, size_t count,
+                             comm_type t);
+/* recv[count] = reduce over ranks of their send[rank · count .. (rank + 1) · count). */
+nopad_status comm_reduce_scatter(nopad_comm *c, nopad_backend *be, void *recv, const void *send,
+                                 size_t count, comm_type t, comm_reduce op);
+/* buf[count] = root's buf[count]. */
+nopad_status comm_broadcast(nopad_comm *c, nopad_backend *be, void *buf, size_t count, comm_type t,
+                            int32_t root);
+/* Rank r sends send[send_offsets[p] .. + send_counts[p]) to each rank p and receives rank p's part
+ * into recv[recv_offsets[p] .. + recv_counts[p]); counts and offsets [size], in elements. */
+nopad_status comm_all_to_allv(nopad_comm *c, nopad_backend *be, void *recv, const size_t *recv_counts,
+                              const size_t *recv_offsets, const void *send, const size_t *send_counts,
+                              const size_t *send_offsets, comm_type t);
+/* Returns once every rank has called it (for a CUDA backend: once its stream's work before it is
+ * done on every rank). */
+nopad_status comm_barrier(nopad_comm *c, nopad_backend *be);
+
+/* ---- host control messages (a step's plan from rank 0): MPI on host memory, whatever backend -- */
+nopad_status comm_host_broadcast(nopad_comm *c, void *buf, size_t bytes, int32_t root);
+
+#endif
