@@ -310,7 +310,7 @@ static launched_step *launch_forward(nopad_engine *e) {
     launched_step *l = &e->steps[e->next_slot];
     const decoder_batch batch = pack_step(e);
     pthread_mutex_lock(&e->ctx->lock);
-    nopad_status st = decoder_forward_launch(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &batch, 1);
+    nopad_status st = tp_decoder_forward(e->ctx, &batch, 1); /* on every rank of a split model */
     pthread_mutex_unlock(&e->ctx->lock);
     if (st != NOPAD_OK) {
         /* nothing of it runs: the plan's blocks go back with the requests */
@@ -334,7 +334,7 @@ static void launch_output(nopad_engine *e, launched_step *l) {
     nopad_status st = sampling_inputs(e, l);
     pthread_mutex_lock(&e->ctx->lock);
     if (st == NOPAD_OK)
-        st = decoder_output_launch(e->ctx->be, &e->model->cfg, &e->model->dec, &e->ctx->dec, &l->out);
+        st = tp_decoder_output(e->ctx, &l->out);
     pthread_mutex_unlock(&e->ctx->lock);
     if (st != NOPAD_OK) {
         fail_step(e, l, st);
@@ -351,7 +351,7 @@ static void take_step(nopad_engine *e) {
     scheduler *s = &e->sched;
     e->in_flight = NULL;
     pthread_mutex_lock(&e->ctx->lock);
-    nopad_status st = decoder_step_wait(e->ctx->be, &e->ctx->dec, &l->out);
+    nopad_status st = tp_decoder_wait(e->ctx, &l->out);
     if (st == NOPAD_OK) e->ctx->forwards++;
     pthread_mutex_unlock(&e->ctx->lock);
     if (st != NOPAD_OK) {

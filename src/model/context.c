@@ -45,11 +45,13 @@ nopad_status context_create(nopad_model *model, const nopad_context_params *para
                                  "decoder models do not run on the %s backend",
                                  c->be->name);
         else
-            st = decoder_state_init(c->be, &model->cfg, c->params.max_batch_tokens,
+            st = decoder_state_init(c->be, &model->cfg, &model->dec, c->params.max_batch_tokens,
                                     c->params.kv_cache_tokens, c->params.kv_block_size, &c->dec);
     } else if (st == NOPAD_OK && c->params.max_batch_tokens > 0)
         st = encoder_workspace_reserve(c->be, &model->cfg, &c->ws, c->params.max_batch_tokens,
                                        c->params.max_batch_tokens);
+    /* the other ranks of a split model make the same context */
+    if (st == NOPAD_OK) st = tp_context_created(c);
     if (st != NOPAD_OK) {
         context_destroy(c);
         return st;
@@ -74,6 +76,7 @@ void nopad_context_free(nopad_context *c) {
 
 void context_destroy(nopad_context *c) {
     if (!c) return;
+    tp_context_freed(c);
     if (c->be) {
         encoder_workspace_free(c->be, &c->ws);
         decoder_state_free(c->be, &c->model->cfg, &c->dec);
@@ -214,8 +217,8 @@ static nopad_status record_layers(void *arg) {
 /* Runs the encoder on a checked batch whose ids and cu_seqlens are in backend memory, with the
  * workspace already reserved for `rows` (graph_rows) or T tokens. The last hidden states end in
  * `hidden` [T, H]: ws->hidden, or a caller's device buffer. */
-static nopad_status run_encoder(nopad_context *c, const nopad_seqs *seqs, int32_t rows,
-                                const int32_t *tokens, const int32_t *types, void *hidden) {
+nopad_status context_run_encoder(nopad_context *c, const nopad_seqs *seqs, int32_t rows,
+                                 const int32_t *tokens, const int32_t *types, void *hidden) {
     nopad_backend *be = c->be;
     const nopad_model *m = c->model;
     encoder_workspace *ws = &c->ws;
@@ -274,7 +277,7 @@ static nopad_status forward_host(nopad_context *c, int32_t n_seqs, const int32_t
     if (st == NOPAD_OK) st = be->upload_i32(be, ws->cu_seqlens, cu_seqlens, (size_t)n_seqs + 1);
     if (st != NOPAD_OK) return st;
     nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = T, .max_seqlen = max_seqlen, .cu_seqlens = ws->cu_seqlens};
-    st = run_encoder(c, &seqs, rows, ws->tokens, types ? ws->types : NULL, ws->hidden);
+    st = tp_encoder_forward(c, &seqs, rows, ws->tokens, types ? ws->types : NULL, ws->hidden);
     if (st != NOPAD_OK) return st;
     if (pooled_out) {
         st = pool_rows(c, ws->pooled, ws->hidden, &seqs, pooling, normalize);
@@ -404,7 +407,7 @@ static nopad_status encode_device_packed(nopad_context *c, const nopad_batch *b,
         /* without a graph the caller's buffer carries the residual stream (no copy at the end);
          * a graph names the workspace's, and the rows are copied out after it */
         void *hidden = hidden_out ? hidden_out : c->ws.hidden;
-        st = run_encoder(c, &seqs, rows, b->tokens, b->token_type_ids, hidden);
+        st = tp_encoder_forward(c, &seqs, rows, b->tokens, b->token_type_ids, hidden);
         if (st == NOPAD_OK && pooled_out) st = pool_rows(c, pooled_out, hidden, &seqs, pooling, normalize);
     }
     pthread_mutex_unlock(&c->lock);
@@ -440,7 +443,7 @@ static nopad_status encode_device_padded(nopad_context *c, const nopad_batch *b,
                       ws->tokens, types ? ws->types : NULL);
     nopad_seqs seqs = {.n_seqs = n_seqs, .n_tokens = n_tokens, .max_seqlen = b->max_seqlen,
                        .cu_seqlens = ws->cu_seqlens};
-    if (st == NOPAD_OK) st = run_encoder(c, &seqs, rows, ws->tokens, types ? ws->types : NULL, ws->hidden);
+    if (st == NOPAD_OK) st = tp_encoder_forward(c, &seqs, rows, ws->tokens, types ? ws->types : NULL, ws->hidden);
     if (st == NOPAD_OK && hidden_out)
         st = be->unpack(be, hidden_out, ws->hidden, ws->cu_seqlens, n_seqs, max_len, c->model->cfg.hidden_size);
     if (st == NOPAD_OK && pooled_out) st = pool_rows(c, pooled_out, ws->hidden, &seqs, pooling, normalize);

@@ -51,8 +51,8 @@ static nopad_status alloc(nopad_backend *be, decoder_state *s, size_t bytes, voi
     return st;
 }
 
-nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int32_t max_tokens,
-                                int32_t kv_tokens, int32_t block_size, decoder_state *s) {
+nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                int32_t max_tokens, int32_t kv_tokens, int32_t block_size, decoder_state *s) {
     memset(s, 0, sizeof *s);
     if (block_size <= 0) block_size = 16;
     if (max_tokens <= 0) max_tokens = 2048;
@@ -62,8 +62,10 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int3
     s->max_tokens = max_tokens;
     const size_t es = nopad_dtype_size(be->dtype);
     const size_t T = (size_t)max_tokens, H = (size_t)cfg->hidden_size;
-    const size_t D = (size_t)cfg->head_size, nh = (size_t)cfg->num_heads,
-                 kvh = (size_t)cfg->num_kv_heads, F = (size_t)cfg->intermediate_size;
+    /* this rank's heads and intermediate columns (all of them with tp 1) */
+    const tp_shard *tp = &w->tp;
+    const size_t D = (size_t)cfg->head_size, nh = (size_t)tp->heads, kvh = (size_t)tp->kv_heads,
+                 F = (size_t)tp->ffn;
     s->pad_block = s->n_blocks;
     const size_t slots = ((size_t)s->n_blocks + 1) * block_size;
     s->k_cache = calloc((size_t)cfg->num_layers, sizeof *s->k_cache);
@@ -97,6 +99,9 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int3
     if (st == NOPAD_OK)
         st = alloc(be, s, (size_t)s->logit_rows * (size_t)cfg->vocab_size * sizeof(float),
                    (void **)&s->logits);
+    if (st == NOPAD_OK && tp->comm)
+        st = alloc(be, s, (size_t)tp->size * s->logit_rows * (size_t)tp->vocab_stride * sizeof(float),
+                   (void **)&s->logits_parts);
     /* tokens, positions, slots [T each]; rows [B], cu_q [B+1], seqlen_k [B]; table [B, max] */
     const size_t max_blocks = ((size_t)cfg->max_position_embeddings + block_size - 1) / block_size;
     s->i32_count = 6 * T + 1 + T * max_blocks;
@@ -115,7 +120,8 @@ void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_stat
         if (s->k_cache && s->k_cache[l]) be->free(be, s->k_cache[l]);
         if (s->v_cache && s->v_cache[l]) be->free(be, s->v_cache[l]);
     }
-    void *bufs[] = {s->h, s->tmp, s->xn, s->qkv, s->attn, s->mlp, s->act, s->last, s->logits, s->i32, s->feed};
+    void *bufs[] = {s->h,    s->tmp,    s->xn,          s->qkv, s->attn, s->mlp,
+                    s->act,  s->last,   s->logits,      s->i32, s->feed, s->logits_parts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(s->k_cache);
@@ -147,20 +153,56 @@ typedef struct step_call {
     int32_t head_rows;        /* rows of logits computed inside (the first chunk; 0: none) */
 } step_call;
 
+/* With tensor parallelism, the partial sums of the ranks' [T, hidden] sub-layer outputs (or
+ * embedding rows) made whole; nothing with tp 1. */
+static nopad_status tp_sum(nopad_backend *be, const tp_shard *tp, void *x, size_t n, comm_type t) {
+    return tp->comm ? comm_all_reduce(tp->comm, be, x, n, t, COMM_SUM) : NOPAD_OK;
+}
+
+/* logits[n, V] float32 = xn[n, hidden] · lm_headᵀ. With tensor parallelism each rank computes the
+ * columns of its vocabulary rows into its slot of logits_parts, the all-gather brings every
+ * rank's, and each rank's block is put in place: every rank then holds the same logits, and
+ * samples the same ids as one process would. */
+static nopad_status lm_head(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                            decoder_state *s, const void *xn, int32_t n) {
+    const tp_shard *tp = &w->tp;
+    const int32_t H = cfg->hidden_size, V = cfg->vocab_size;
+    if (!tp->comm) return be->gemm_f32(be, s->logits, xn, w->lm_head, n, H, V);
+    const size_t part = (size_t)n * tp->vocab_stride; /* a rank's block: [n, vocab_rows] packed */
+    float *mine = s->logits_parts + (size_t)tp->rank * part;
+    if (tp->vocab_rows > 0) TRY(be->gemm_f32(be, mine, xn, w->lm_head, n, H, tp->vocab_rows));
+    TRY(comm_all_gather(tp->comm, be, s->logits_parts, mine, part, COMM_F32));
+    for (int32_t r = 0; r < tp->size; r++) {
+        const int32_t v0 = r * tp->vocab_stride;
+        const int32_t rows = V - v0 < tp->vocab_stride ? (V - v0 > 0 ? V - v0 : 0) : tp->vocab_stride;
+        if (rows > 0)
+            TRY(be->copy_2d(be, s->logits + v0, (size_t)V * sizeof(float), s->logits_parts + (size_t)r * part,
+                            (size_t)rows * sizeof(float), (size_t)rows * sizeof(float), (size_t)n));
+    }
+    return NOPAD_OK;
+}
+
 /* embed .. layers .. final norm, and the first chunk of the LM head: only ops, on buffers that
- * stay put, so that a decode step can be recorded once and replayed. */
+ * stay put, so that a decode step can be recorded once and replayed. With tensor parallelism the
+ * heads, intermediate columns and vocabulary rows are this rank's (model/tp.h), and three sums
+ * make the residual stream whole on every rank: after the embedding, and after each layer's O
+ * and down projections. */
 static nopad_status step_forward(void *ctx) {
     const step_call *c = ctx;
     nopad_backend *be = c->be;
     const model_config *cfg = c->cfg;
     const decoder_weights *w = c->w;
+    const tp_shard *tp = &w->tp;
     decoder_state *s = c->s;
-    const int32_t T = c->n_tokens, H = cfg->hidden_size, D = cfg->head_size, nh = cfg->num_heads,
-                  kvh = cfg->num_kv_heads, F = cfg->intermediate_size, V = cfg->vocab_size;
+    const int32_t T = c->n_tokens, H = cfg->hidden_size, D = cfg->head_size, nh = tp->heads,
+                  kvh = tp->kv_heads, F = tp->ffn, V = cfg->vocab_size;
     const int llama = cfg->family == FAMILY_LLAMA, rms = cfg->norm == NORM_RMSNORM;
     const float eps = cfg->layer_norm_eps;
-    TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, 0, V,
-                         cfg->max_position_embeddings, w->tok_emb, w->pos_emb, H));
+    const comm_type dt = comm_type_of(be->dtype);
+    /* GPT-2's learned positions join the sum once: rank 0 adds them */
+    TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, tp->vocab0, tp->vocab_rows,
+                         cfg->max_position_embeddings, w->tok_emb, tp->rank == 0 ? w->pos_emb : NULL, H));
+    TRY(tp_sum(be, tp, s->h, (size_t)T * H, COMM_F32));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
     /* decode (one new token a sequence): RoPE and the KV store inside the attention, where the
      * backend fuses them */
@@ -183,6 +225,7 @@ static nopad_status step_forward(void *ctx) {
         }
         TRY(be->gemm(be, s->tmp, s->attn, L->o_w, L->o_b, NULL, T, nh * D, H,
                      L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(tp_sum(be, tp, s->tmp, (size_t)T * H, dt));
         TRY(be->add_norm(be, s->xn, s->h, s->tmp, L->norm2_w, L->norm2_b, eps, T, H, rms));
         if (llama) {
             if (be->gemm_swiglu) {
@@ -198,6 +241,7 @@ static nopad_status step_forward(void *ctx) {
         }
         TRY(be->gemm(be, s->tmp, s->act, L->down_w, L->down_b, NULL, T, F, H,
                      L->down_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(tp_sum(be, tp, s->tmp, (size_t)T * H, dt));
         if (l + 1 < cfg->num_layers) {
             const decoder_layer *next = &w->layers[l + 1];
             TRY(be->add_norm(be, s->xn, s->h, s->tmp, next->norm1_w, next->norm1_b, eps, T, H, rms));
@@ -212,7 +256,7 @@ static nopad_status step_forward(void *ctx) {
         src = s->last;
     }
     TRY(be->norm(be, s->xn, src, w->final_norm_w, w->final_norm_b, eps, c->n_rows, H, rms));
-    if (c->head_rows > 0) TRY(be->gemm_f32(be, s->logits, s->xn, w->lm_head, c->head_rows, H, V));
+    if (c->head_rows > 0) TRY(lm_head(be, cfg, w, s, s->xn, c->head_rows));
     return NOPAD_OK;
 }
 
@@ -425,12 +469,10 @@ nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, c
         return nopad_set_error(NOPAD_ERR_INTERNAL, "decoder step: the forward kept %d rows that nobody takes",
                                out_rows);
     const size_t es = nopad_dtype_size(be->dtype);
-    const int32_t H = cfg->hidden_size, V = cfg->vocab_size;
+    const int32_t H = cfg->hidden_size;
     for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
         const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
-        if (r0 > 0)
-            TRY(be->gemm_f32(be, s->logits, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head,
-                             n, H, V));
+        if (r0 > 0) TRY(lm_head(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n));
         TRY(step_output(be, cfg, s, out, r0, n, out_rows <= s->logit_rows));
     }
     if (out->ids) s->feed_rows = out_rows;

@@ -10,7 +10,12 @@
 #include "backend/backend.h"
 #include "io/model_config.h"
 #include "model/sampling.h"
+#include "model/tp.h"
 
+/* Shapes with tensor parallelism (model/tp.h): H, KVH and F are this rank's query heads, key/value
+ * heads and intermediate columns (tp.heads, tp.kv_heads, tp.ffn); V is its vocabulary rows
+ * (tp.vocab_rows). O's and down's biases are held by rank 0 only: they join the partial sums
+ * once. With tp 1 they are the model's sizes. */
 typedef struct decoder_layer {
     void *norm1_w, *norm1_b;  // [hidden] (b: LayerNorm only)
     void *qkv_w, *qkv_b;      // [(H + 2·KVH)·D, hidden], [(H + 2·KVH)·D] or NULL
@@ -32,18 +37,21 @@ typedef struct decoder_weights {
     size_t bytes;
     int64_t n_params;
     const char *weights_dtype; /* of the checkpoint ("F32", "BF16", "Q4_1", ...) */
+    tp_shard tp;              /* the part of the model these weights are (tp.size 1: all of it) */
 } decoder_weights;
 
 /* From a Hugging Face folder's safetensors (names of GPT2LMHeadModel / LlamaForCausalLM /
  * Qwen2ForCausalLM / MistralForCausalLM, with or without a task prefix). */
 struct safetensors_checkpoint;
-nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg,
+/* tp: the rank's shard (tp_shard_plan), NULL: the whole model. Only the shard reaches the backend;
+ * the host holds one tensor at a time. */
+nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                      const struct safetensors_checkpoint *ckpt, const char *where,
                                      decoder_weights *out);
 /* From a GGUF file (llama.cpp's names), dequantised to float32 and converted to the backend's
  * dtype; the Q and K rows llama.cpp's converter permuted for its rotary layout are put back. */
 struct gguf_file;
-nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg,
+nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                        const struct gguf_file *f, decoder_weights *out);
 void decoder_weights_free(nopad_backend *be, decoder_weights *w);
 
@@ -70,6 +78,9 @@ typedef struct decoder_state {
     void *act;                   // [T, F]
     float *last;                 // [T, hidden] float32 rows of h whose logits are asked for
     float *logits;               // [logit_rows, V] float32: one chunk of the LM head's output
+                                 // (V: the whole vocabulary, every rank's columns in place)
+    float *logits_parts;         // tp > 1: [tp, logit_rows, vocab_stride] every rank's columns
+                                 // of the chunk, as the all-gather leaves them; else NULL
     int32_t logit_rows;          // rows of logits computed at a time
     int32_t *i32;                // a step's tokens, positions, slots, rows, cu_q, seqlen_k, table
     int32_t *host_i32;           // their host copy, built each step and sent up in one copy
@@ -84,8 +95,9 @@ typedef struct decoder_state {
     size_t bytes;
 } decoder_state;
 
-nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, int32_t max_tokens,
-                                int32_t kv_tokens, int32_t block_size, decoder_state *s);
+/* Sized for the part of the model `w` holds (its tensor-parallel shard). */
+nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                int32_t max_tokens, int32_t kv_tokens, int32_t block_size, decoder_state *s);
 void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_state *s);
 
 /* One step's input, on the host: B sequences, each bringing new tokens. */

@@ -163,9 +163,12 @@ static nopad_status track_alloc(loader *ld, size_t n, void **out) {
 }
 
 /* Fetches `name`, checks it is [rows, cols] (or, transposed, [cols, rows] stored: GPT-2's
- * Conv1D) and uploads it at dst + offset elements. Missing and optional: *found = 0. */
-static nopad_status put(loader *ld, const char *name, int64_t rows, int64_t cols, int transposed,
-                        void *dst, size_t offset, int optional, int *found_out) {
+ * Conv1D) and uploads rows [r0, r0 + nr) × columns [c0, c0 + nc) of it (a tensor-parallel rank's
+ * part; the whole tensor: 0, rows, 0, cols) at dst + offset elements. Missing and optional:
+ * *found = 0. */
+static nopad_status put_part(loader *ld, const char *name, int64_t rows, int64_t cols, int transposed,
+                             int64_t r0, int64_t nr, int64_t c0, int64_t nc, void *dst, size_t offset,
+                             int optional, int *found_out) {
     float *data;
     int64_t r, c;
     int found;
@@ -196,15 +199,33 @@ static nopad_status put(loader *ld, const char *name, int64_t rows, int64_t cols
             for (int64_t j = 0; j < cols; j++) ld->src->scratch2[i * cols + j] = data[j * rows + i];
         data = ld->src->scratch2;
     }
-    ld->w->n_params += (int64_t)n;
+    ld->w->n_params += (int64_t)n; /* the whole model's count, on every rank */
+    if (r0 != 0 || nr != rows || c0 != 0 || nc != cols) {
+        /* compact the part in place: row i of it is read from at or after where it is written */
+        for (int64_t i = 0; i < nr; i++)
+            memmove(data + i * nc, data + (r0 + i) * cols + c0, (size_t)nc * sizeof(float));
+    }
     char *base = (char *)dst + offset * nopad_dtype_size(ld->be->dtype);
-    return ld->be->upload_f32(ld->be, base, data, n);
+    return ld->be->upload_f32(ld->be, base, data, (size_t)(nr * nc));
+}
+
+static nopad_status put(loader *ld, const char *name, int64_t rows, int64_t cols, int transposed,
+                        void *dst, size_t offset, int optional, int *found_out) {
+    return put_part(ld, name, rows, cols, transposed, 0, rows, 0, cols, dst, offset, optional, found_out);
 }
 
 static nopad_status get(loader *ld, const char *name, int64_t rows, int64_t cols, int transposed,
                         void **out) {
     nopad_status st = track_alloc(ld, (size_t)(rows * cols), out);
     return st == NOPAD_OK ? put(ld, name, rows, cols, transposed, *out, 0, 0, NULL) : st;
+}
+
+/* A tensor-parallel part held whole in a buffer of its own: rows [r0, r0 + nr), columns
+ * [c0, c0 + nc) of the [rows, cols] tensor. */
+static nopad_status get_part(loader *ld, const char *name, int64_t rows, int64_t cols, int transposed,
+                             int64_t r0, int64_t nr, int64_t c0, int64_t nc, void **out) {
+    nopad_status st = track_alloc(ld, (size_t)(nr * nc), out);
+    return st == NOPAD_OK ? put_part(ld, name, rows, cols, transposed, r0, nr, c0, nc, *out, 0, 0, NULL) : st;
 }
 
 #define TRY(expr)                                                                                  \
@@ -215,28 +236,35 @@ static nopad_status get(loader *ld, const char *name, int64_t rows, int64_t cols
 
 static nopad_status load_gpt2(loader *ld, const model_config *c) {
     decoder_weights *w = ld->w;
-    const int64_t H = c->hidden_size, F = c->intermediate_size;
-    TRY(get(ld, "transformer.wte.weight", c->vocab_size, H, 0, &w->tok_emb));
+    const tp_shard *tp = &w->tp;
+    const int64_t H = c->hidden_size, F = c->intermediate_size, D = c->head_size;
+    const int64_t hd = (int64_t)tp->heads * D, h0 = (int64_t)tp->head0 * D; /* GPT-2: KV heads = heads */
+    TRY(get_part(ld, "transformer.wte.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H, &w->tok_emb));
     TRY(get(ld, "transformer.wpe.weight", c->max_position_embeddings, H, 0, &w->pos_emb));
     char n[128];
     for (int32_t l = 0; l < c->num_layers; l++) {
         decoder_layer *L = &w->layers[l];
-#define GPT2(field, suffix, rows, cols, tr)                                                        \
-    snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix);                                       \
-    TRY(get(ld, n, rows, cols, tr, &L->field))
-        GPT2(norm1_w, "ln_1.weight", H, 1, 0);
-        GPT2(norm1_b, "ln_1.bias", H, 1, 0);
-        GPT2(qkv_w, "attn.c_attn.weight", 3 * H, H, 1);
-        GPT2(qkv_b, "attn.c_attn.bias", 3 * H, 1, 0);
-        GPT2(o_w, "attn.c_proj.weight", H, H, 1);
-        GPT2(o_b, "attn.c_proj.bias", H, 1, 0);
-        GPT2(norm2_w, "ln_2.weight", H, 1, 0);
-        GPT2(norm2_b, "ln_2.bias", H, 1, 0);
-        GPT2(up_w, "mlp.c_fc.weight", F, H, 1);
-        GPT2(up_b, "mlp.c_fc.bias", F, 1, 0);
-        GPT2(down_w, "mlp.c_proj.weight", H, F, 1);
-        GPT2(down_b, "mlp.c_proj.bias", H, 1, 0);
-#undef GPT2
+#define NAME(suffix) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, suffix), n)
+        TRY(get(ld, NAME("ln_1.weight"), H, 1, 0, &L->norm1_w));
+        TRY(get(ld, NAME("ln_1.bias"), H, 1, 0, &L->norm1_b));
+        /* c_attn is q | k | v rows (after the transpose): this rank's heads of each */
+        TRY(track_alloc(ld, (size_t)(3 * hd * H), &L->qkv_w));
+        TRY(track_alloc(ld, (size_t)(3 * hd), &L->qkv_b));
+        for (int64_t part = 0; part < 3; part++) {
+            TRY(put_part(ld, NAME("attn.c_attn.weight"), 3 * H, H, 1, part * H + h0, hd, 0, H, L->qkv_w,
+                         (size_t)(part * hd * H), 0, NULL));
+            TRY(put_part(ld, NAME("attn.c_attn.bias"), 3 * H, 1, 0, part * H + h0, hd, 0, 1, L->qkv_b,
+                         (size_t)(part * hd), 0, NULL));
+        }
+        TRY(get_part(ld, NAME("attn.c_proj.weight"), H, H, 1, 0, H, h0, hd, &L->o_w));
+        if (tp->rank == 0) TRY(get(ld, NAME("attn.c_proj.bias"), H, 1, 0, &L->o_b)); /* added once */
+        TRY(get(ld, NAME("ln_2.weight"), H, 1, 0, &L->norm2_w));
+        TRY(get(ld, NAME("ln_2.bias"), H, 1, 0, &L->norm2_b));
+        TRY(get_part(ld, NAME("mlp.c_fc.weight"), F, H, 1, tp->ffn0, tp->ffn, 0, H, &L->up_w));
+        TRY(get_part(ld, NAME("mlp.c_fc.bias"), F, 1, 0, tp->ffn0, tp->ffn, 0, 1, &L->up_b));
+        TRY(get_part(ld, NAME("mlp.c_proj.weight"), H, F, 1, 0, H, tp->ffn0, tp->ffn, &L->down_w));
+        if (tp->rank == 0) TRY(get(ld, NAME("mlp.c_proj.bias"), H, 1, 0, &L->down_b));
+#undef NAME
     }
     TRY(get(ld, "transformer.ln_f.weight", H, 1, 0, &w->final_norm_w));
     TRY(get(ld, "transformer.ln_f.bias", H, 1, 0, &w->final_norm_b));
@@ -246,37 +274,46 @@ static nopad_status load_gpt2(loader *ld, const model_config *c) {
 
 static nopad_status load_llama(loader *ld, const model_config *c) {
     decoder_weights *w = ld->w;
+    const tp_shard *tp = &w->tp;
     const int64_t H = c->hidden_size, F = c->intermediate_size, D = c->head_size;
     const int64_t qd = (int64_t)c->num_heads * D, kd = (int64_t)c->num_kv_heads * D;
-    TRY(get(ld, "model.embed_tokens.weight", c->vocab_size, H, 0, &w->tok_emb));
+    /* this rank's rows of Q (its query heads), of K and V (its key/value heads), of gate and up
+     * (its intermediate columns); whole when tp is 1 */
+    const int64_t q0 = (int64_t)tp->head0 * D, qn = (int64_t)tp->heads * D;
+    const int64_t k0 = (int64_t)tp->kv_head0 * D, kn = (int64_t)tp->kv_heads * D;
+    const int64_t f0 = tp->ffn0, fn = tp->ffn;
+    TRY(get_part(ld, "model.embed_tokens.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H,
+                 &w->tok_emb));
     char n[128];
     for (int32_t l = 0; l < c->num_layers; l++) {
         decoder_layer *L = &w->layers[l];
 #define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), n)
         TRY(get(ld, NAME("input_layernorm.weight"), H, 1, 0, &L->norm1_w));
-        TRY(track_alloc(ld, (size_t)((qd + 2 * kd) * H), &L->qkv_w));
-        TRY(put(ld, NAME("self_attn.q_proj.weight"), qd, H, 0, L->qkv_w, 0, 0, NULL));
-        TRY(put(ld, NAME("self_attn.k_proj.weight"), kd, H, 0, L->qkv_w, (size_t)(qd * H), 0, NULL));
-        TRY(put(ld, NAME("self_attn.v_proj.weight"), kd, H, 0, L->qkv_w, (size_t)((qd + kd) * H), 0, NULL));
+        TRY(track_alloc(ld, (size_t)((qn + 2 * kn) * H), &L->qkv_w));
+        TRY(put_part(ld, NAME("self_attn.q_proj.weight"), qd, H, 0, q0, qn, 0, H, L->qkv_w, 0, 0, NULL));
+        TRY(put_part(ld, NAME("self_attn.k_proj.weight"), kd, H, 0, k0, kn, 0, H, L->qkv_w, (size_t)(qn * H), 0, NULL));
+        TRY(put_part(ld, NAME("self_attn.v_proj.weight"), kd, H, 0, k0, kn, 0, H, L->qkv_w,
+                     (size_t)((qn + kn) * H), 0, NULL));
         if (c->qkv_bias) {
-            TRY(track_alloc(ld, (size_t)(qd + 2 * kd), &L->qkv_b));
-            TRY(put(ld, NAME("self_attn.q_proj.bias"), qd, 1, 0, L->qkv_b, 0, 0, NULL));
-            TRY(put(ld, NAME("self_attn.k_proj.bias"), kd, 1, 0, L->qkv_b, (size_t)qd, 0, NULL));
-            TRY(put(ld, NAME("self_attn.v_proj.bias"), kd, 1, 0, L->qkv_b, (size_t)(qd + kd), 0, NULL));
+            TRY(track_alloc(ld, (size_t)(qn + 2 * kn), &L->qkv_b));
+            TRY(put_part(ld, NAME("self_attn.q_proj.bias"), qd, 1, 0, q0, qn, 0, 1, L->qkv_b, 0, 0, NULL));
+            TRY(put_part(ld, NAME("self_attn.k_proj.bias"), kd, 1, 0, k0, kn, 0, 1, L->qkv_b, (size_t)qn, 0, NULL));
+            TRY(put_part(ld, NAME("self_attn.v_proj.bias"), kd, 1, 0, k0, kn, 0, 1, L->qkv_b, (size_t)(qn + kn), 0,
+                         NULL));
         }
-        TRY(get(ld, NAME("self_attn.o_proj.weight"), H, qd, 0, &L->o_w));
-        if (c->o_bias) TRY(get(ld, NAME("self_attn.o_proj.bias"), H, 1, 0, &L->o_b));
+        TRY(get_part(ld, NAME("self_attn.o_proj.weight"), H, qd, 0, 0, H, q0, qn, &L->o_w));
+        if (c->o_bias && tp->rank == 0) TRY(get(ld, NAME("self_attn.o_proj.bias"), H, 1, 0, &L->o_b)); /* added once */
         TRY(get(ld, NAME("post_attention_layernorm.weight"), H, 1, 0, &L->norm2_w));
-        TRY(track_alloc(ld, (size_t)(2 * F * H), &L->up_w));
-        TRY(put(ld, NAME("mlp.gate_proj.weight"), F, H, 0, L->up_w, 0, 0, NULL));
-        TRY(put(ld, NAME("mlp.up_proj.weight"), F, H, 0, L->up_w, (size_t)(F * H), 0, NULL));
-        TRY(get(ld, NAME("mlp.down_proj.weight"), H, F, 0, &L->down_w));
+        TRY(track_alloc(ld, (size_t)(2 * fn * H), &L->up_w));
+        TRY(put_part(ld, NAME("mlp.gate_proj.weight"), F, H, 0, f0, fn, 0, H, L->up_w, 0, 0, NULL));
+        TRY(put_part(ld, NAME("mlp.up_proj.weight"), F, H, 0, f0, fn, 0, H, L->up_w, (size_t)(fn * H), 0, NULL));
+        TRY(get_part(ld, NAME("mlp.down_proj.weight"), H, F, 0, 0, H, f0, fn, &L->down_w));
 #undef NAME
     }
     TRY(get(ld, "model.norm.weight", H, 1, 0, &w->final_norm_w));
     /* an untied head; a tied one may still be stored (it equals the embeddings) */
     if (!c->tie_word_embeddings) {
-        TRY(get(ld, "lm_head.weight", c->vocab_size, H, 0, &w->lm_head));
+        TRY(get_part(ld, "lm_head.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H, &w->lm_head));
     } else {
         w->lm_head = w->tok_emb;
     }
@@ -303,9 +340,12 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
     return st;
 }
 
-static nopad_status load(nopad_backend *be, const model_config *cfg, source *src,
+static nopad_status load(nopad_backend *be, const model_config *cfg, const tp_shard *tp, source *src,
                          decoder_weights *out) {
     memset(out, 0, sizeof *out);
+    nopad_status planned = tp ? NOPAD_OK : tp_shard_plan(cfg, NULL, 0, 1, &out->tp);
+    if (tp) out->tp = *tp;
+    if (planned != NOPAD_OK) return planned;
     out->layers = calloc((size_t)cfg->num_layers, sizeof *out->layers);
     if (!out->layers) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
     loader ld = {.be = be, .src = src, .w = out};
@@ -317,17 +357,17 @@ static nopad_status load(nopad_backend *be, const model_config *cfg, source *src
     return st;
 }
 
-nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg,
+nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                      const safetensors_checkpoint *ckpt, const char *where,
                                      decoder_weights *out) {
     source src = {.where = where, .fetch = st_fetch, .ckpt = ckpt, .cfg = cfg};
-    return load(be, cfg, &src, out);
+    return load(be, cfg, tp, &src, out);
 }
 
-nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg,
+nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                        const gguf_file *f, decoder_weights *out) {
     source src = {.where = f->path ? f->path : "gguf", .fetch = gguf_fetch, .gguf = f, .cfg = cfg};
-    return load(be, cfg, &src, out);
+    return load(be, cfg, tp, &src, out);
 }
 
 void decoder_weights_free(nopad_backend *be, decoder_weights *w) {

@@ -189,7 +189,7 @@ static nopad_status decode_locked(nopad_context *c, int32_t B, nopad_sequence *c
         const decoder_batch batch = {.n_seqs = B, .cu_q = cu, .tokens = tokens, .seqlen_k = seqlen,
                                      .block_table = table, .max_blocks = max_blocks,
                                      .all_logits = all_logits};
-        st = decoder_step(c->be, cfg, &c->model->dec, d, &batch, out);
+        st = tp_decoder_step(c, &batch, out);
     }
     for (int32_t b = 0; b < B && had; b++) {
         nopad_sequence *s = seqs[b];

@@ -51,6 +51,31 @@ static nopad_status create_default_context(nopad_model *m) {
     return context_create(m, &cp, m->be, &m->context);
 }
 
+/* The model's backend and, with tensor parallelism, its group and shard: once the config is
+ * known, before any weight is read. A split model's rank r works on GPU r of its machine (its
+ * local rank), and collectives on the backend's memory are prepared (comm_attach: every rank). */
+static nopad_status create_backend(nopad_model *m) {
+    nopad_status st = NOPAD_OK;
+    const int32_t tp = m->params.tp_size > 1 ? m->params.tp_size : 1;
+    if (tp > 1) {
+        if (!m->following && nopad_world_rank() != 0)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "nopad_model_load: this is rank %d of a tensor-parallel world of %d; rank 0 "
+                                   "loads the model and leads, every other rank calls nopad_tp_follow",
+                                   nopad_world_rank(), tp);
+        st = comm_world(tp, &m->comm);
+        if (st == NOPAD_OK && m->params.device == NOPAD_DEVICE_CUDA)
+            m->params.device_index = comm_local_rank(m->comm);
+    }
+    if (st == NOPAD_OK)
+        st = tp_shard_plan(&m->cfg, m->comm, m->comm ? comm_rank(m->comm) : 0, tp, &m->tp);
+    if (st == NOPAD_OK && tp > 1 && !m->cfg.causal)
+        st = nopad_set_error(NOPAD_ERR_UNSUPPORTED, "tensor parallelism: encoders are not split yet (tp %d)", tp);
+    if (st == NOPAD_OK) st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
+    if (st == NOPAD_OK && m->comm) st = comm_attach(m->comm, m->be);
+    return st;
+}
+
 /* A decoder from one GGUF file: config, weights and tokenizer from its metadata and tensors. */
 static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     gguf_file f;
@@ -58,8 +83,8 @@ static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     if (st != NOPAD_OK) return st;
     st = gguf_model_config(&f, &m->cfg);
     if (st == NOPAD_OK) st = chat_template_from_gguf(&f, &m->chat_template);
-    if (st == NOPAD_OK) st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
-    if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &f, &m->dec);
+    if (st == NOPAD_OK) st = create_backend(m);
+    if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &m->tp, &f, &m->dec);
     gguf_close(&f);
     if (st != NOPAD_OK) return st;
     if (m->be->release_staging) m->be->release_staging(m->be);
@@ -153,7 +178,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     if (m->pipeline.max_seq_length > 0 && m->pipeline.max_seq_length < m->max_seq_length)
         m->max_seq_length = m->pipeline.max_seq_length;
 
-    st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
+    st = create_backend(m);
     if (st != NOPAD_OK) return st;
 
     if (m->cfg.rel.enabled && !m->be->attention_rel)
@@ -164,7 +189,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     safetensors_checkpoint ckpt;
     st = safetensors_checkpoint_open(dir, &ckpt);
     if (st != NOPAD_OK) return st;
-    st = m->cfg.causal ? decoder_weights_load_st(m->be, &m->cfg, &ckpt, dir, &m->dec)
+    st = m->cfg.causal ? decoder_weights_load_st(m->be, &m->cfg, &m->tp, &ckpt, dir, &m->dec)
                        : encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights);
     safetensors_checkpoint_close(&ckpt);
     if (st != NOPAD_OK) return st;
@@ -203,13 +228,16 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     return NOPAD_OK;
 }
 
-nopad_status nopad_model_load(const char *dir, const nopad_model_params *params, nopad_model **out) {
+static nopad_status model_load(const char *dir, const nopad_model_params *params, int following,
+                               nopad_model **out) {
     if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_load: out is NULL");
     *out = NULL;
     if (!dir || !*dir)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_load: no folder given");
     nopad_model *m = calloc(1, sizeof *m);
     if (!m) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_model_load: out of memory");
+    pthread_mutex_init(&m->tp_lock, NULL);
+    m->following = following;
     m->params = params ? *params : nopad_model_default_params();
     m->dir = strdup(dir);
     nopad_status st = m->dir ? load_model(m, dir)
@@ -222,9 +250,18 @@ nopad_status nopad_model_load(const char *dir, const nopad_model_params *params,
     return NOPAD_OK;
 }
 
+nopad_status nopad_model_load(const char *dir, const nopad_model_params *params, nopad_model **out) {
+    return model_load(dir, params, 0, out);
+}
+
+nopad_status model_load_follower(const char *dir, const nopad_model_params *params, nopad_model **out) {
+    return model_load(dir, params, 1, out);
+}
+
 void nopad_model_free(nopad_model *m) {
     if (!m) return;
     context_destroy(m->context);
+    tp_model_freed(m); /* the other ranks of a split model stop following */
     if (m->be) {
         encoder_weights_free(m->be, &m->weights);
         decoder_weights_free(m->be, &m->dec);
@@ -234,6 +271,8 @@ void nopad_model_free(nopad_model *m) {
     free(m->tokenizer_error);
     free(m->chat_template);
     hf_labels_free(m->labels, m->cfg.head.num_labels);
+    comm_free(m->comm);
+    pthread_mutex_destroy(&m->tp_lock);
     free(m->dir);
     free(m);
 }
