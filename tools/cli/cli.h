@@ -94,14 +94,44 @@ const char *pooling_name(nopad_pooling p);
 
 /* ---- shared helpers ---------------------------------------------------------------------- */
 
-/* Loads `dir` (a model folder or a GGUF file), or prints why not and returns NULL. Without
- * dtype_given the CPU computes in fp32, the GPU in fp16. */
+/* The load parameters of the commands' --device, --dtype and --threads. Without dtype_given the
+ * CPU computes in fp32, the GPU in fp16. */
+nopad_model_params model_params(nopad_device device, nopad_dtype dtype, int dtype_given, int n_threads);
+/* Loads `dir` (a model folder or a GGUF file) with model_params(...), or prints why not and
+ * returns NULL. */
 nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype, int dtype_given,
                         int n_threads);
 /* The same with every load parameter given. */
 nopad_model *open_model_with(const char *path, const nopad_model_params *params);
 /* Whether a loaded model is a decoder (nopad generate) rather than an encoder (nopad embed). */
 int model_is_decoder(const nopad_model *model);
+
+/* ---- tensor parallelism (--tp N, docs/parallel.md) ---------------------------------------- */
+
+/* The process's own command line, as main() got it (main.c sets it): --tp restarts it under
+ * mpirun. */
+extern char **cli_argv;
+
+/* The help line of --tp, the same in every command that takes it. */
+#define TP_HELP                                                                                    \
+    "  --tp N                  split the model over N processes (tensor parallelism; one per GPU\n" \
+    "                          with --device cuda); without a launcher nopad starts them under\n" \
+    "                          mpirun itself (docs/parallel.md). Default 1\n"
+enum { TP_MAX = 1024 };
+
+/* Where this process stands in a --tp N run. Returns its rank in the launcher's world: 0 loads the
+ * model with tp_size N and runs the command (alone when N is 1); > 0 calls tp_follow. Without a
+ * launcher and N > 1 it does not return: it execs `mpirun -np N ... <this binary> <cli_argv>`.
+ * -1 after an error (printed): no mpirun, a world of another size. */
+int tp_begin(long tp, nopad_device device);
+
+/* A rank > 0: loads its shard of the model at `path` with `params` (exactly those rank 0 loads
+ * with) and runs the steps rank 0 sends until rank 0 frees the model. Prints nothing unless it
+ * fails; returns the exit status. */
+int tp_follow(const char *path, const nopad_model_params *params);
+
+/* Where the process's own binary is (/proc/self/exe resolved), or -1. */
+int self_path(char *out, size_t cap);
 
 /* Makes room for `n` elements of `size` bytes in *buf (capacity *cap elements), or prints "out
  * of memory" and returns -1. */

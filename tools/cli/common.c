@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,20 +13,25 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
 int progress_line_open;
 
 void print_error(const char *fmt, ...) {
+    /* One write of the whole line: under a launcher every rank's stderr goes to one terminal,
+     * where pieces of two messages would interleave. A rank other than 0 says whose it is. */
+    char line[8192];
+    int n = snprintf(line, sizeof line, "%snopad: error: ", progress_line_open ? "\n" : "");
+    if (nopad_world_size() > 1 && nopad_world_rank() > 0)
+        n += snprintf(line + n, sizeof line - (size_t)n, "rank %d: ", (int)nopad_world_rank());
     va_list ap;
     va_start(ap, fmt);
-    if (progress_line_open) fputc('\n', stderr);
-    progress_line_open = 0;
-    fputs("nopad: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
+    progress_line_open = 0;
+    fprintf(stderr, "%s\n", line);
 }
 
 const char *library_error(nopad_status status) {
@@ -238,18 +244,153 @@ nopad_model *open_model_with(const char *path, const nopad_model_params *params)
     return model;
 }
 
-nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype, int dtype_given,
-                        int n_threads) {
+nopad_model_params model_params(nopad_device device, nopad_dtype dtype, int dtype_given, int n_threads) {
     nopad_model_params params = nopad_model_default_params();
     params.device = device;
     params.dtype = dtype_given ? dtype : device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32;
     params.n_threads = n_threads;
+    return params;
+}
+
+nopad_model *open_model(const char *dir, nopad_device device, nopad_dtype dtype, int dtype_given,
+                        int n_threads) {
+    const nopad_model_params params = model_params(device, dtype, dtype_given, n_threads);
     return open_model_with(dir, &params);
 }
 
 int model_is_decoder(const nopad_model *model) {
     nopad_model_info info;
     return nopad_model_get_info(model, &info) == NOPAD_OK && info.is_decoder;
+}
+
+/* ---- tensor parallelism ------------------------------------------------------------------ */
+
+char **cli_argv;
+
+/* Set in the environment of the mpirun that --tp starts: a process that finds it and yet no
+ * launcher's world would otherwise start mpirun again, and again. */
+#define TP_STARTED_ENV "NOPAD_TP_STARTED"
+
+int self_path(char *out, size_t cap) {
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+    if (n <= 0 || (size_t)n >= cap - 1) return -1;
+    out[n] = '\0';
+    return 0;
+}
+
+static int is_executable_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* $NOPAD_MPIRUN when set, else the first mpirun on PATH; -1 (and why, in `why`) when none. */
+static int find_mpirun(char *out, size_t cap, char *why, size_t why_cap) {
+    const char *forced = getenv("NOPAD_MPIRUN");
+    if (forced && forced[0]) {
+        if (is_executable_file(forced) && strlen(forced) < cap) {
+            snprintf(out, cap, "%s", forced);
+            return 0;
+        }
+        snprintf(why, why_cap, "NOPAD_MPIRUN=%s is not an executable file", forced);
+        return -1;
+    }
+    const char *path = getenv("PATH");
+    for (const char *dir = path; dir && *dir;) {
+        const char *end = strchr(dir, ':');
+        const size_t len = end ? (size_t)(end - dir) : strlen(dir);
+        if (len > 0 && (size_t)snprintf(out, cap, "%.*s/mpirun", (int)len, dir) < cap &&
+            is_executable_file(out))
+            return 0;
+        dir = end ? end + 1 : NULL;
+    }
+    snprintf(why, why_cap, "no mpirun on PATH");
+    return -1;
+}
+
+/* Execs `mpirun -np tp --bind-to none [--oversubscribe] [--allow-run-as-root] <self> <cli_argv
+ * after argv[0]>`; returns only after a failure, printed. */
+static void start_under_mpirun(long tp, nopad_device device) {
+    const char *cmd = cli_argv && cli_argv[1] ? cli_argv[1] : "...";
+    if (getenv(TP_STARTED_ENV)) {
+        print_error("--tp %ld: nopad was started under mpirun, yet it sees no launcher's world "
+                    "(none of OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS is set): run it under "
+                    "your own launcher, e.g. mpirun -np %ld nopad %s ...",
+                    tp, tp, cmd);
+        return;
+    }
+    char mpirun[4096], why[4200], self[4096];
+    if (find_mpirun(mpirun, sizeof mpirun, why, sizeof why)) {
+        print_error("--tp %ld needs Open MPI's mpirun (%s; apt-get install openmpi-bin), or run the "
+                    "command under your own launcher: mpirun -np %ld nopad %s ...",
+                    tp, why, tp, cmd);
+        return;
+    }
+    if (self_path(self, sizeof self)) {
+        print_error("--tp %ld: cannot find this program's own file (/proc/self/exe) to start it "
+                    "under mpirun; run it under your own launcher: mpirun -np %ld nopad %s ...",
+                    tp, tp, cmd);
+        return;
+    }
+    int argc = 0;
+    while (cli_argv[argc]) argc++;
+    char np[24];
+    snprintf(np, sizeof np, "%ld", tp);
+    /* mpirun, --quiet, -np N, --bind-to none, two optional flags, self, the arguments, NULL */
+    char **args = calloc((size_t)argc + 9, sizeof *args);
+    if (!args) {
+        print_error("out of memory");
+        return;
+    }
+    int n = 0;
+    args[n++] = mpirun;
+    args[n++] = "--quiet"; /* the ranks' own messages say what failed, without mpirun's banners */
+    args[n++] = "-np";
+    args[n++] = np;
+    /* each rank's OpenMP threads go where the kernel puts them (Open MPI would pin every rank to
+     * one core) */
+    args[n++] = "--bind-to";
+    args[n++] = "none";
+    /* on the CPU N ranks may outnumber the cores, which Open MPI refuses by default; on CUDA a
+     * rank is a GPU, and the library refuses more ranks than GPUs itself */
+    if (device == NOPAD_DEVICE_CPU) args[n++] = "--oversubscribe";
+    if (geteuid() == 0) args[n++] = "--allow-run-as-root";
+    args[n++] = self;
+    for (int i = 1; i < argc; i++) args[n++] = cli_argv[i];
+    args[n] = NULL;
+    if (setenv(TP_STARTED_ENV, np, 1) == 0) execv(mpirun, args);
+    print_error("--tp %ld: cannot start %s: %s", tp, mpirun, strerror(errno));
+    free(args);
+}
+
+int tp_begin(long tp, nopad_device device) {
+    const int32_t world = nopad_world_size();
+    if (tp <= 1) return 0;
+    if (world == 1) {
+        start_under_mpirun(tp, device);
+        return -1;
+    }
+    if (world != tp) {
+        if (nopad_world_rank() == 0) /* the others see the same, and stop without repeating it */
+            print_error("--tp %ld needs a world of %ld processes, and the launcher started %d: run "
+                    "mpirun -np %ld (or srun -n %ld) with --tp %ld, or --tp %d in this world",
+                    tp, tp, (int)world, tp, tp, tp, (int)world);
+        return -1;
+    }
+    return nopad_world_rank();
+}
+
+int tp_follow(const char *path, const nopad_model_params *params) {
+    /* A terminal's Ctrl-C reaches every rank, and srun passes SIGTERM to every task: rank 0 alone
+     * acts on them, and its nopad_model_free ends this rank through the library's protocol (a
+     * follower that died first would leave rank 0's last collective without a peer). */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    nopad_status status = nopad_tp_follow(path, params);
+    if (status != NOPAD_OK) {
+        print_error("model '%s': %s", path, library_error(status));
+        return EXIT_ERROR;
+    }
+    return EXIT_OK;
 }
 
 /* ---- buffers and time -------------------------------------------------------------------- */

@@ -50,6 +50,7 @@ static const char embed_help[] =
     "  --dtype T           compute dtype: fp32 (CPU default; the CPU runs fp32 only), fp16 (CUDA\n"
     "                      default) or bf16\n"
     "  --threads N         CPU threads (default: OpenMP's default)\n"
+    TP_HELP
     "  -h, --help          show this help\n"
     "\n"
     "output:\n"
@@ -175,6 +176,7 @@ typedef struct embed_options {
     nopad_dtype dtype;
     int dtype_given; /* 0: fp32 on the CPU, fp16 on CUDA */
     int threads;
+    int32_t tp;
 } embed_options;
 
 static int ends_with(const char *s, const char *suffix) {
@@ -184,7 +186,7 @@ static int ends_with(const char *s, const char *suffix) {
 
 enum {
     OPT_MODEL = 256, OPT_INPUT, OPT_OUTPUT, OPT_IDS, OPT_POOLING, OPT_NORMALIZE, OPT_NO_NORMALIZE,
-    OPT_FORMAT, OPT_TRUNCATE, OPT_BATCH_TOKENS, OPT_DEVICE, OPT_DTYPE, OPT_THREADS
+    OPT_FORMAT, OPT_TRUNCATE, OPT_BATCH_TOKENS, OPT_DEVICE, OPT_DTYPE, OPT_THREADS, OPT_TP
 };
 
 static const struct option long_options[] = {
@@ -201,6 +203,7 @@ static const struct option long_options[] = {
     {"device", required_argument, NULL, OPT_DEVICE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"threads", required_argument, NULL, OPT_THREADS},
+    {"tp", required_argument, NULL, OPT_TP},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -208,7 +211,7 @@ static const struct option long_options[] = {
 /* Returns 0 to run, 1 when help was printed, -1 on a usage error (already reported). */
 static int parse_embed_options(int argc, char **argv, embed_options *o) {
     *o = (embed_options){.pooling = NOPAD_POOLING_MODEL, .normalize = -1, .format = -1,
-                         .batch_tokens = DEFAULT_BATCH_TOKENS};
+                         .batch_tokens = DEFAULT_BATCH_TOKENS, .tp = 1};
     cli_parser p = cli_parser_start(argc, argv, long_options);
     int c;
     while ((c = cli_getopt(&p)) != -1) {
@@ -243,6 +246,10 @@ static int parse_embed_options(int argc, char **argv, embed_options *o) {
         case OPT_THREADS:
             if (parse_int("--threads", optarg, 0, 4096, &v)) return -1;
             o->threads = (int)v;
+            break;
+        case OPT_TP:
+            if (parse_int("--tp", optarg, 1, TP_MAX, &v)) return -1;
+            o->tp = (int32_t)v;
             break;
         case OPT_BATCH_TOKENS:
             if (parse_int("--batch-tokens", optarg, 1, INT32_MAX / 2, &v)) return -1;
@@ -320,6 +327,11 @@ int cmd_embed(int argc, char **argv) {
               stderr);
         return EXIT_USAGE;
     }
+    nopad_model_params mp = model_params(o.device, o.dtype, o.dtype_given, o.threads);
+    mp.tp_size = o.tp;
+    const int rank = tp_begin(o.tp, o.device);
+    if (rank < 0) return EXIT_ERROR;
+    if (rank > 0) return tp_follow(o.model_dir, &mp);
     embed_run r = {0};
     nopad_status status;
     int rc = EXIT_ERROR;
@@ -334,7 +346,7 @@ int cmd_embed(int argc, char **argv) {
             goto done;
         }
     }
-    r.model = open_model(o.model_dir, o.device, o.dtype, o.dtype_given, o.threads);
+    r.model = open_model_with(o.model_dir, &mp);
     if (!r.model) goto done;
     status = nopad_model_get_info(r.model, &r.info);
     if (status != NOPAD_OK) {

@@ -74,6 +74,7 @@ static const char generate_help[] =
     "  --device D              cpu (default) or cuda\n"
     "  --dtype T               compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
     "  --threads N             CPU threads (default: OpenMP's default)\n"
+    TP_HELP
     "  -h, --help              show this help\n"
     "\n"
     "errors:\n"
@@ -84,7 +85,7 @@ static const char generate_help[] =
 
 typedef struct generate_options {
     const char *model, *prompt, *input_path, *output_path;
-    long max_tokens, top_k, kv_tokens, batch, threads, max_running, step_tokens;
+    long max_tokens, top_k, kv_tokens, batch, threads, max_running, step_tokens, tp;
     double temperature, top_p, min_p, repetition_penalty;
     uint64_t seed;
     int ignore_eos, batch_given;
@@ -113,6 +114,7 @@ enum {
     OPT_OUTPUT,
     OPT_MAX_RUNNING,
     OPT_STEP_TOKENS,
+    OPT_TP,
 };
 
 static const struct option long_options[] = {
@@ -135,6 +137,7 @@ static const struct option long_options[] = {
     {"output", required_argument, NULL, OPT_OUTPUT},
     {"max-running", required_argument, NULL, OPT_MAX_RUNNING},
     {"step-tokens", required_argument, NULL, OPT_STEP_TOKENS},
+    {"tp", required_argument, NULL, OPT_TP},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -151,7 +154,7 @@ static int in_range(const char *name, const char *s, double v, double lo, int lo
 /* Returns 0 to run, 1 when help was printed, -1 on a usage error (already reported). */
 static int parse_generate_options(int argc, char **argv, generate_options *o) {
     *o = (generate_options){.max_tokens = 128, .top_p = 1.0, .repetition_penalty = 1.0,
-                            .kv_tokens = DEFAULT_KV_TOKENS, .batch = DEFAULT_BATCH};
+                            .kv_tokens = DEFAULT_KV_TOKENS, .batch = DEFAULT_BATCH, .tp = 1};
     cli_parser p = cli_parser_start(argc, argv, long_options);
     int c;
     while ((c = cli_getopt(&p)) != -1) {
@@ -198,6 +201,7 @@ static int parse_generate_options(int argc, char **argv, generate_options *o) {
         case OPT_OUTPUT: o->output_path = v; break;
         case OPT_MAX_RUNNING: bad = parse_int("--max-running", v, 1, 65536, &o->max_running); break;
         case OPT_STEP_TOKENS: bad = parse_int("--step-tokens", v, 1, 1 << 20, &o->step_tokens); break;
+        case OPT_TP: bad = parse_int("--tp", v, 1, TP_MAX, &o->tp); break;
         default: cli_print_opt_error(&p); return -1;
         }
         if (bad) return -1;
@@ -499,6 +503,15 @@ static void generate_run_free(generate_run *r) {
     free(r->cu);
 }
 
+/* What the model is loaded with, on rank 0 and (--tp) every other rank alike. */
+static nopad_model_params generate_model_params(const generate_options *o) {
+    nopad_model_params mp = model_params(o->device, o->dtype, o->dtype_given, (int)o->threads);
+    mp.kv_cache_tokens = (int32_t)o->kv_tokens;
+    mp.kv_block_size = KV_BLOCK;
+    mp.tp_size = (int32_t)o->tp;
+    return mp;
+}
+
 int cmd_generate(int argc, char **argv) {
     generate_options o;
     int parsed = parse_generate_options(argc, argv, &o);
@@ -509,6 +522,8 @@ int cmd_generate(int argc, char **argv) {
               stderr);
         return EXIT_USAGE;
     }
+    const int rank = tp_begin(o.tp, o.device);
+    if (rank < 0) return EXIT_ERROR;
     if (o.output_path) {
         const requests_options ro = {
             .model = o.model, .input_path = o.input_path,
@@ -520,9 +535,15 @@ int cmd_generate(int argc, char **argv) {
             .step_tokens = (int32_t)o.step_tokens, .device = o.device,
             .dtype = o.dtype_given ? o.dtype
                      : o.device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32,
-            .threads = (int)o.threads};
+            .threads = (int)o.threads, .tp = (int32_t)o.tp};
+        if (rank > 0) {
+            const nopad_model_params mp = requests_model_params(&ro);
+            return tp_follow(o.model, &mp);
+        }
         return generate_requests(&ro);
     }
+    const nopad_model_params mp = generate_model_params(&o);
+    if (rank > 0) return tp_follow(o.model, &mp);
     generate_run r = {0};
     int rc = EXIT_ERROR;
     /* Input first: a missing file fails before the (slow) model load. */
@@ -538,13 +559,6 @@ int cmd_generate(int argc, char **argv) {
             }
         }
     }
-    nopad_model_params mp = nopad_model_default_params();
-    mp.device = o.device;
-    mp.dtype = o.dtype_given ? o.dtype : o.device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16
-                                                                        : NOPAD_DTYPE_F32;
-    mp.n_threads = (int)o.threads;
-    mp.kv_cache_tokens = (int32_t)o.kv_tokens;
-    mp.kv_block_size = KV_BLOCK;
     r.model = open_model_with(o.model, &mp);
     if (!r.model) goto done;
     nopad_status st = nopad_model_get_info(r.model, &r.info);

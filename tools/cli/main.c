@@ -84,14 +84,13 @@ static void restart_with_cpu_settings(char **argv) {
     changed |= pick_omp_wait_policy();
     if (!changed) return;
     char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0 || n == (ssize_t)sizeof self - 1) return; /* carry on as we are */
-    self[n] = '\0';
+    if (self_path(self, sizeof self)) return; /* carry on as we are */
     execv(self, argv); /* returns only on failure: carry on as we are */
 }
 
 int main(int argc, char **argv) {
     restart_with_cpu_settings(argv);
+    cli_argv = argv;
     if (argc < 2) {
         print_main_help(stderr);
         return EXIT_USAGE;

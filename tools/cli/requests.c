@@ -448,6 +448,18 @@ static int read_lines(requests_run *r, char ***texts) {
     return 0;
 }
 
+nopad_model_params requests_model_params(const requests_options *o) {
+    nopad_model_params mp = nopad_model_default_params();
+    mp.device = o->device;
+    mp.dtype = o->dtype;
+    mp.n_threads = o->threads;
+    /* the engine has a context (and KV pool) of its own: the model's default one stays small */
+    mp.kv_cache_tokens = 16;
+    mp.max_batch_tokens = 16;
+    mp.tp_size = o->tp;
+    return mp;
+}
+
 int generate_requests(const requests_options *o) {
     requests_run r = {.o = o};
     pthread_mutex_init(&r.done.lock, NULL);
@@ -465,13 +477,7 @@ int generate_requests(const requests_options *o) {
     /* nothing is written before the input is read and the model loaded (an output that is the
      * input was refused with the options): a bad model path leaves every file as it was */
     if (read_lines(&r, &texts)) goto done;
-    nopad_model_params mp = nopad_model_default_params();
-    mp.device = o->device;
-    mp.dtype = o->dtype;
-    mp.n_threads = o->threads;
-    /* the engine has a context (and KV pool) of its own: the model's default one stays small */
-    mp.kv_cache_tokens = 16;
-    mp.max_batch_tokens = 16;
+    const nopad_model_params mp = requests_model_params(o);
     r.model = open_model_with(o->model, &mp);
     if (!r.model) goto done;
     if (!model_is_decoder(r.model)) {

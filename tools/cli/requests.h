@@ -21,7 +21,11 @@ typedef struct requests_options {
     nopad_device device;
     nopad_dtype dtype;        /* resolved: fp32 on the CPU, fp16 on CUDA unless given */
     int threads;
+    int32_t tp;               /* --tp: ranks the model is split over */
 } requests_options;
+
+/* What the model is loaded with, on rank 0 and (--tp) every other rank alike. */
+nopad_model_params requests_model_params(const requests_options *o);
 
 /* Runs the file; the process exit status (1 when a line failed or a write failed). */
 int generate_requests(const requests_options *o);

@@ -52,6 +52,9 @@ static const char serve_help[] =
     "  --device D              cpu (default) or cuda\n"
     "  --dtype T               compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
     "  --threads N             CPU threads (default: OpenMP's default)\n"
+    TP_HELP
+    "                          It splits --model (else --embedding-model); the other model\n"
+    "                          runs whole on rank 0, which alone serves HTTP\n"
     "  -h, --help              show this help\n"
     "\n"
     "exit status: 0 after a shutdown by signal, 1 when the server cannot start (message on\n"
@@ -75,6 +78,7 @@ enum {
     OPT_DEVICE,
     OPT_DTYPE,
     OPT_THREADS,
+    OPT_TP,
 };
 
 static const struct option long_options[] = {
@@ -95,6 +99,7 @@ static const struct option long_options[] = {
     {"device", required_argument, NULL, OPT_DEVICE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"threads", required_argument, NULL, OPT_THREADS},
+    {"tp", required_argument, NULL, OPT_TP},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -106,7 +111,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
     *o = (serve_options){.host = "127.0.0.1", .port = 8080, .max_queue = 1024,
                          .max_body_bytes = 2000000, .http_threads = 4, .kv_tokens = 8192,
                          .max_running = 256, .step_tokens = 2048, .embed_batch_tokens = 16384,
-                         .shutdown_timeout = 10};
+                         .shutdown_timeout = 10, .tp = 1};
     cli_parser p = cli_parser_start(argc, argv, long_options);
     int c;
     while ((c = cli_getopt(&p)) != -1) {
@@ -142,6 +147,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
             o->dtype_given = 1;
             break;
         case OPT_THREADS: bad = parse_int("--threads", v, 0, 4096, &o->threads); break;
+        case OPT_TP: bad = parse_int("--tp", v, 1, TP_MAX, &o->tp); break;
         default: cli_print_opt_error(&p); return -1;
         }
         if (bad) return -1;
@@ -179,11 +185,15 @@ static const char *default_path(const char *name, char *buf, size_t cap) {
     return buf;
 }
 
-static nopad_model *load(const serve_options *o, const char *path) {
-    nopad_model_params mp = nopad_model_default_params();
-    mp.device = o->device;
-    mp.dtype = o->dtype_given ? o->dtype : o->device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32;
-    mp.n_threads = (int)o->threads;
+/* What a model is loaded with, split over `tp` ranks (every rank builds the same). */
+static nopad_model_params load_params(const serve_options *o, long tp) {
+    nopad_model_params mp = model_params(o->device, o->dtype, o->dtype_given, (int)o->threads);
+    mp.tp_size = (int32_t)tp;
+    return mp;
+}
+
+static nopad_model *load(const serve_options *o, const char *path, long tp) {
+    const nopad_model_params mp = load_params(o, tp);
     return open_model_with(path, &mp);
 }
 
@@ -252,13 +262,23 @@ static int setup_encoder(server *s, nopad_model *m, const char *path) {
     return 0;
 }
 
+#define DEFAULT_DECODER "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* The model --tp splits: --model, else --embedding-model, else the default decoder. One model
+ * only, because a rank follows one model (nopad_tp_follow); the other runs whole on rank 0. */
+static const char *split_model(const serve_options *o, char *buf, size_t cap) {
+    if (o->model) return o->model;
+    if (o->embedding_model) return o->embedding_model;
+    return default_path(DEFAULT_DECODER, buf, cap);
+}
+
 /* Loads what the options name, or the default models. */
 static int load_models(server *s) {
     const serve_options *o = &s->o;
     char dec_buf[4096], enc_buf[4096];
     const char *model = o->model, *emb = o->embedding_model;
     if (!model && !emb) {
-        model = default_path("SmolLM2-135M-Instruct.Q4_1.gguf", dec_buf, sizeof dec_buf);
+        model = default_path(DEFAULT_DECODER, dec_buf, sizeof dec_buf);
         emb = default_path("all-MiniLM-L6-v2", enc_buf, sizeof enc_buf);
         struct stat sb;
         if (stat(model, &sb) != 0) {
@@ -273,7 +293,7 @@ static int load_models(server *s) {
         }
     }
     if (model) {
-        nopad_model *m = load(o, model);
+        nopad_model *m = load(o, model, o->tp);
         if (!m) return -1;
         if (model_is_decoder(m)) {
             if (setup_decoder(s, m, model)) return -1;
@@ -287,7 +307,7 @@ static int load_models(server *s) {
         }
     }
     if (emb) {
-        nopad_model *m = load(o, emb);
+        nopad_model *m = load(o, emb, model ? 1 : o->tp);
         if (!m) return -1;
         if (model_is_decoder(m)) {
             nopad_model_free(m);
@@ -353,6 +373,13 @@ int cmd_serve(int argc, char **argv) {
     memset(s, 0, sizeof *s);
     int rc = parse_options(argc, argv, &s->o);
     if (rc) return rc > 0 ? EXIT_OK : EXIT_USAGE;
+    const int rank = tp_begin(s->o.tp, s->o.device);
+    if (rank < 0) return EXIT_ERROR;
+    if (rank > 0) { /* HTTP is rank 0's: this one runs its share of the split model's steps */
+        char buf[4096];
+        const nopad_model_params mp = load_params(&s->o, s->o.tp);
+        return tp_follow(split_model(&s->o, buf, sizeof buf), &mp);
+    }
     /* SIGTERM / SIGINT are taken by sigwait below, so every thread started from here blocks
      * them; a broken client socket must not kill the server */
     sigset_t sigs;

@@ -27,6 +27,7 @@ typedef struct serve_options {
     const char *model, *embedding_model, *host, *api_key, *chat_template;
     long port, max_queue, max_body_bytes, http_threads, kv_tokens, max_running, step_tokens;
     long embed_batch_tokens, threads, shutdown_timeout;
+    long tp;                  /* --tp: ranks the generation model (else the embedding one) is split over */
     nopad_device device;
     nopad_dtype dtype;
     int dtype_given;
