@@ -28,6 +28,8 @@ carrying the library's message and status.
   ``decode_stream`` (a :class:`DecodeStream`), ``kind``.
 - :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
   tensors.
+- :func:`tp_follow`, :func:`world_rank`, :func:`world_size`: a model split over the processes of
+  ``mpirun -np N`` (``tp_size=N``; rank 0 uses the object, the others call ``tp_follow``).
 
 The library is found through ``$NOPAD_LIBRARY``, else the copy installed with the package, else
 ``build/`` of the repository (see :func:`library_path`).
@@ -41,12 +43,13 @@ from .errors import (BackendError, BufferTooSmallError, FileError, FormatError, 
                      QueueFullError, Status, TooLongError, UnsupportedError)
 from .engine import Engine, Request
 from .generator import Generator, Sequence, TokenStream
+from .parallel import tp_follow, world_rank, world_size
 from .tokenizer import DecodeStream, Tokenizer
 from .trainer import Trainer, TrainEval, TrainMetrics, TrainProgress
 
 __all__ = [
     "Encoder", "Generator", "Sequence", "TokenStream", "Engine", "Request", "ModelInfo",
-    "Tokenizer", "DecodeStream", "Trainer", "TrainEval", "TrainMetrics", "TrainProgress", "attention_varlen", "attention_varlen_packed",
+    "Tokenizer", "DecodeStream", "tp_follow", "world_rank", "world_size", "Trainer", "TrainEval", "TrainMetrics", "TrainProgress", "attention_varlen", "attention_varlen_packed",
     "library_version", "library_build_id", "library_path", "find_library", "DEFAULT_BATCH_TOKENS", "__version__",
     "NopadError", "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "BufferTooSmallError", "TooLongError", "BackendError", "InternalError",

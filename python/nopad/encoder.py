@@ -172,6 +172,21 @@ def _int_arg(value: Any, name: str, lo: int, hi: int = 2**31 - 1) -> int:
     return int(value)
 
 
+def _tp_size_arg(tp_size: Any) -> int:
+    """tp_size checked against the launcher's world: a split needs exactly that many processes,
+    which Python cannot start by itself (the CLI's --tp can: it runs mpirun)."""
+    tp = _int_arg(tp_size, "tp_size", 1, 1024)
+    world = int(_native.library().nopad_world_size())
+    if tp > 1 and world != tp:
+        started = ("no launcher started this process" if world == 1
+                   else "the launcher started %d processes" % world)
+        raise InvalidArgumentError(
+            "tp_size=%d splits the model over %d processes and %s: run the script under "
+            "mpirun -np %d python ... (or srun -n %d); rank 0 uses the model, the others call "
+            "nopad.tp_follow (docs/parallel.md)" % (tp, tp, started, tp, tp))
+    return tp
+
+
 def _model_stream(cuda_stream: Any):
     """(stream object to keep, cudaStream_t for nopad_model_params, CUDA device index or None)."""
     torch = _arrays.torch_module()
@@ -214,7 +229,7 @@ class Encoder:
 
     def __init__(self, path: PathLike, device: str = "cpu", dtype: str = "fp32",
                  max_batch_tokens: int = 0, threads: int = 0, cuda_stream: Any = None,
-                 cuda_graph_max_tokens: int = 0):
+                 cuda_graph_max_tokens: int = 0, tp_size: int = 1):
         """Loads the model folder `path`.
 
         Args:
@@ -233,6 +248,9 @@ class Encoder:
             cuda_graph_max_tokens: CUDA only: batches of at most this many tokens replay the
                 layers as a CUDA graph recorded per token-count bucket (T rounded up by at most
                 1/16); 0: the library default (2048); -1: never.
+            tp_size: split the model over this many processes (tensor parallelism): run the
+                script under ``mpirun -np tp_size``; this object lives on rank 0, and every
+                other rank calls :func:`nopad.tp_follow` with the same path and keywords.
 
         Raises:
             FileError: missing folder, config.json or weights.
@@ -240,7 +258,7 @@ class Encoder:
             UnsupportedError: unsupported model_type, dtype or device (for example "cuda" with a
                 library built without CUDA).
             InvalidArgumentError: `path` holds a decoder, or is a GGUF file (use
-                :class:`nopad.Generator`).
+                :class:`nopad.Generator`); tp_size > 1 is not the launcher's world size.
         """
         self._handle: Optional[Handle] = None
         dev = _parse_device(device)
@@ -254,6 +272,7 @@ class Encoder:
         params.n_threads = threads
         params.max_batch_tokens = max_batch_tokens
         params.cuda_graph_max_tokens = _int_arg(cuda_graph_max_tokens, "cuda_graph_max_tokens", -1)
+        params.tp_size = _tp_size_arg(tp_size)
         self._stream: Any = None  # torch stream, raw cudaStream_t (int) or None
         self._cuda_index: Optional[int] = None
         if dev == _native.DEVICE_CUDA:

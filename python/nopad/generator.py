@@ -13,7 +13,8 @@ import numpy as np
 
 from . import _arrays, _native
 from ._handle import Handle
-from .encoder import (ModelInfo, PathLike, _int_arg, _model_info, _parse_device, _parse_dtype)
+from .encoder import (ModelInfo, PathLike, _int_arg, _model_info, _parse_device, _parse_dtype,
+                      _tp_size_arg)
 from .errors import InvalidArgumentError, error_for
 from .tokenizer import DecodeStream, Tokenizer, prompt_utf8
 
@@ -61,7 +62,7 @@ class Generator:
 
     def __init__(self, model: PathLike, device: str = "cpu", dtype: Optional[str] = None,
                  kv_cache_tokens: Optional[int] = None, max_batch_tokens: Optional[int] = None,
-                 threads: int = 0):
+                 threads: int = 0, tp_size: int = 1):
         """Loads the decoder `model`: a ``.gguf`` file (config, weights — dequantised — and
         tokenizer all from the file) or a Hugging Face folder.
 
@@ -74,12 +75,17 @@ class Generator:
             max_batch_tokens: most tokens in one forward step (longer prompts are fed in
                 chunks); None: the library's default (2048).
             threads: CPU threads; 0: OpenMP's default.
+            tp_size: split the model over this many processes (tensor parallelism): run the
+                script under ``mpirun -np tp_size``; this object (and an :class:`Engine` on
+                it) lives on rank 0, and every other rank calls :func:`nopad.tp_follow` with
+                the same model and keywords.
 
         Raises:
             FileError: a missing file or folder.
             FormatError: a malformed file.
             UnsupportedError: an unsupported model_type, tensor type or device.
-            InvalidArgumentError: `model` is an encoder (use :class:`nopad.Encoder`).
+            InvalidArgumentError: `model` is an encoder (use :class:`nopad.Encoder`);
+                tp_size > 1 is not the launcher's world size.
         """
         self._handle: Optional[Handle] = None
         self._streams: "weakref.WeakSet[_StreamState]" = weakref.WeakSet()
@@ -103,6 +109,7 @@ class Generator:
             params.kv_cache_tokens = _int_arg(kv_cache_tokens, "kv_cache_tokens", 1)
         if max_batch_tokens is not None:
             params.max_batch_tokens = _int_arg(max_batch_tokens, "max_batch_tokens", 1)
+        params.tp_size = _tp_size_arg(tp_size)
         self.path = os.fspath(model)
         raw = os.fsencode(self.path)
         if b"\0" in raw:

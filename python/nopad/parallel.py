@@ -1,0 +1,73 @@
+"""Tensor parallelism across processes (docs/parallel.md): a model split over the ranks of an MPI
+world that a launcher started (``mpirun -np N python script.py``, ``srun``).
+
+Rank 0 loads the model with ``tp_size=N`` (:class:`Encoder`, :class:`Generator`) and uses it as
+usual; every other rank calls :func:`tp_follow` with the same path and keywords, which runs the
+steps rank 0 sends until rank 0 closes its model:
+
+>>> if nopad.world_rank() == 0:
+...     with nopad.Generator(path, tp_size=nopad.world_size()) as gen:
+...         print(gen.generate(prompt, max_tokens=32))
+... else:
+...     nopad.tp_follow(path, tp_size=nopad.world_size())
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+from . import _native
+from .encoder import PathLike, _int_arg, _parse_device, _parse_dtype, _tp_size_arg
+from .errors import InvalidArgumentError
+
+
+def world_rank() -> int:
+    """This process's rank in its launcher's world (mpirun, srun); 0 without a launcher. Reads
+    the launcher's environment: MPI is not started."""
+    return int(_native.library().nopad_world_rank())
+
+
+def world_size() -> int:
+    """The number of processes the launcher started (1 without one). MPI is not started."""
+    return int(_native.library().nopad_world_size())
+
+
+def tp_follow(path: PathLike, tp_size: int, device: str = "cpu", dtype: Optional[str] = None,
+              threads: int = 0, kv_cache_tokens: Optional[int] = None,
+              max_batch_tokens: Optional[int] = None, cuda_graph_max_tokens: int = 0) -> None:
+    """On a rank other than 0: loads this rank's shard of the model at `path` and runs the steps
+    rank 0 sends, until rank 0 closes its model; then returns. Run under mpirun / srun.
+
+    Pass the path and keywords rank 0 passes to :class:`Generator` or :class:`Encoder` (the
+    shards must be cut alike). `dtype` None is fp32 on the CPU and fp16 on CUDA, as for a
+    Generator; an Encoder on CUDA defaults to fp32, so name its dtype on every rank. An
+    :class:`Engine` is split through the Generator it is given.
+
+    Raises:
+        InvalidArgumentError: on rank 0, or a tp_size that is not the launcher's world size.
+        NopadError: the shard did not load, or rank 0 failed or vanished (its message).
+    """
+    dev = _parse_device(device)
+    if dtype is None:
+        dt = _native.DTYPE_F16 if dev == _native.DEVICE_CUDA else _native.DTYPE_F32
+    else:
+        dt = _parse_dtype(dtype)
+    lib = _native.library()
+    params = lib.nopad_model_default_params()
+    params.device = dev
+    params.dtype = dt
+    params.n_threads = _int_arg(threads, "threads", 0, 4096)
+    if kv_cache_tokens is not None:
+        params.kv_cache_tokens = _int_arg(kv_cache_tokens, "kv_cache_tokens", 1)
+    if max_batch_tokens is not None:
+        params.max_batch_tokens = _int_arg(max_batch_tokens, "max_batch_tokens", 1)
+    params.cuda_graph_max_tokens = _int_arg(cuda_graph_max_tokens, "cuda_graph_max_tokens", -1)
+    params.tp_size = _tp_size_arg(tp_size)
+    if params.tp_size == 1:
+        raise InvalidArgumentError("tp_follow needs tp_size > 1 (with 1 there is nothing to "
+                                   "follow: load the model on this process)")
+    raw = os.fsencode(os.fspath(path))
+    if b"\0" in raw:
+        raise InvalidArgumentError("model %r: embedded null byte" % os.fsdecode(raw))
+    _native.check(lib.nopad_tp_follow(raw, ctypes.byref(params)))
