@@ -48,8 +48,8 @@ nopad_status context_create(nopad_model *model, const nopad_context_params *para
             st = decoder_state_init(c->be, &model->cfg, &model->dec, c->params.max_batch_tokens,
                                     c->params.kv_cache_tokens, c->params.kv_block_size, &c->dec);
     } else if (st == NOPAD_OK && c->params.max_batch_tokens > 0)
-        st = encoder_workspace_reserve(c->be, &model->cfg, &c->ws, c->params.max_batch_tokens,
-                                       c->params.max_batch_tokens);
+        st = encoder_workspace_reserve(c->be, &model->cfg, &model->weights.tp, &c->ws,
+                                       c->params.max_batch_tokens, c->params.max_batch_tokens);
     /* the other ranks of a split model make the same context */
     if (st == NOPAD_OK) st = tp_context_created(c);
     if (st != NOPAD_OK) {
@@ -269,7 +269,8 @@ static nopad_status forward_host(nopad_context *c, int32_t n_seqs, const int32_t
                                "batch has %d tokens, more than max_batch_tokens = %d; split it",
                                T, c->params.max_batch_tokens);
     const int32_t rows = graph_rows(c, T);
-    nopad_status st = encoder_workspace_reserve(be, &c->model->cfg, &c->ws, rows ? rows : T, n_seqs);
+    nopad_status st = encoder_workspace_reserve(be, &c->model->cfg, &c->model->weights.tp, &c->ws,
+                                                rows ? rows : T, n_seqs);
     if (st != NOPAD_OK) return st;
     encoder_workspace *ws = &c->ws;
     st = be->upload_i32(be, ws->tokens, tokens, (size_t)T);
@@ -400,7 +401,8 @@ static nopad_status encode_device_packed(nopad_context *c, const nopad_batch *b,
     if (st != NOPAD_OK) return st;
     pthread_mutex_lock(&c->lock);
     const int32_t rows = graph_rows(c, b->n_tokens);
-    st = encoder_workspace_reserve(c->be, &c->model->cfg, &c->ws, rows ? rows : b->n_tokens, b->n_seqs);
+    st = encoder_workspace_reserve(c->be, &c->model->cfg, &c->model->weights.tp, &c->ws,
+                                   rows ? rows : b->n_tokens, b->n_seqs);
     if (st == NOPAD_OK) {
         nopad_seqs seqs = {.n_seqs = b->n_seqs, .n_tokens = b->n_tokens, .max_seqlen = b->max_seqlen,
                            .cu_seqlens = b->cu_seqlens};
@@ -435,7 +437,8 @@ static nopad_status encode_device_padded(nopad_context *c, const nopad_batch *b,
     if (st != NOPAD_OK) return st;
     pthread_mutex_lock(&c->lock);
     const int32_t rows = graph_rows(c, n_tokens);
-    st = encoder_workspace_reserve(be, &c->model->cfg, &c->ws, rows ? rows : n_tokens, n_seqs);
+    st = encoder_workspace_reserve(be, &c->model->cfg, &c->model->weights.tp, &c->ws,
+                                   rows ? rows : n_tokens, n_seqs);
     encoder_workspace *ws = &c->ws;
     const int32_t *types = b->token_type_ids;
     if (st == NOPAD_OK)

@@ -1,10 +1,14 @@
 /* The encoder forward: embeddings, then one loop over layers. Post-LayerNorm (BERT):
  *   x1 = LN(x + attn(x)·Woᵀ + bo),   x = LN(x1 + act(x1·W1ᵀ + b1)·W2ᵀ + b2)
- * Every tensor is packed [T, ...]; only the attention op looks at sequence boundaries. */
+ * Every tensor is packed [T, ...]; only the attention op looks at sequence boundaries.
+ * Under tensor parallelism a rank runs its heads and intermediate columns (Hl, Il: encoder.h);
+ * the two products over them, attn·Woᵀ and ffn·W2ᵀ, are partial sums that one all-reduce each
+ * makes whole before the LayerNorm. */
 #include <math.h>
 #include <string.h>
 
 #include "model/encoder.h"
+#include "parallel/comm.h"
 #include "util/error.h"
 
 #define TRY(expr)                                                                                  \
@@ -24,7 +28,7 @@ void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws) {
     ws->generation = generation;
 }
 
-nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cfg,
+nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                        encoder_workspace *ws, int32_t n_tokens, int32_t n_seqs) {
     if (n_tokens <= ws->capacity_tokens && n_seqs <= ws->capacity_seqs) return NOPAD_OK;
     /* Grow geometrically so a stream of slightly larger batches does not reallocate each time. */
@@ -36,6 +40,9 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cf
     const size_t T = (size_t)tokens, B = (size_t)seqs, es = nopad_dtype_size(be->dtype);
     const size_t H = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size;
     const size_t E = (size_t)cfg->embedding_size;
+    const int sharded = tp && tp->size > 1;
+    const size_t Hl = sharded ? (size_t)tp->heads * (size_t)cfg->head_size : H;
+    const size_t Il = sharded ? (size_t)tp->ffn : I;
     nopad_status st = NOPAD_OK;
 #define ALLOC(field, n_bytes)                                                                      \
     if (st == NOPAD_OK) {                                                                          \
@@ -44,10 +51,10 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cf
     }
     ALLOC(hidden, T * H * es);
     if (E != H) ALLOC(embed, T * E * es);
-    ALLOC(qkv, T * 3 * H * es);
-    ALLOC(context, T * H * es);
+    ALLOC(qkv, T * 3 * Hl * es);
+    ALLOC(context, T * Hl * es);
     ALLOC(attn, T * H * es);
-    ALLOC(ffn, T * I * es);
+    ALLOC(ffn, T * Il * es);
     ALLOC(pooled, B * H * es);
     if (cfg->head.present) {
         ALLOC(head, B * H * es);
@@ -81,8 +88,10 @@ nopad_status encoder_embed(nopad_backend *be, const model_config *cfg, const enc
 nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const encoder_weights *w,
                             encoder_workspace *ws, const nopad_seqs *seqs, int32_t n_rows,
                             void *hidden) {
-    const int32_t T = n_rows, H = cfg->hidden_size, I = cfg->intermediate_size;
-    const int32_t E = cfg->embedding_size;
+    const int32_t T = n_rows, H = cfg->hidden_size, E = cfg->embedding_size;
+    // this rank's heads and intermediate columns (all of them at tp 1)
+    const int32_t heads = w->tp.heads, Hl = heads * cfg->head_size, Il = w->tp.ffn;
+    const comm_type elem = comm_type_of(be->dtype);
     const float eps = cfg->layer_norm_eps;
     // DeBERTa scales by 1/sqrt(d · (1 + its number of relative terms)), every other family 1/sqrt(d)
     const int32_t scale_factor = cfg->attention_scale_factor > 0 ? cfg->attention_scale_factor : 1;
@@ -98,29 +107,31 @@ nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const en
 
     for (int step = 0; step < w->n_steps; step++) {
         const encoder_layer *L = w->schedule[step];
-        // qkv[T, 3H] = x · Wqkvᵀ + bqkv
-        TRY(be->gemm(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * H,
+        // qkv[T, 3Hl] = x · Wqkvᵀ + bqkv
+        TRY(be->gemm(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * Hl,
                        NOPAD_EPILOGUE_BIAS, cfg->activation));
-        // context[T, H] = softmax(q·kᵀ·scale)·v per sequence and head; DeBERTa adds its
+        // context[T, Hl] = softmax(q·kᵀ·scale)·v per sequence and head; DeBERTa adds its
         // relative terms q·pos_keyᵀ and k·pos_queryᵀ to the scores
         if (L->rel_pos_key || L->rel_pos_query)
-            TRY(be->attention_rel(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
+            TRY(be->attention_rel(be, ws->context, ws->qkv, seqs, heads, cfg->head_size,
                                   scale, L->rel_pos_key, L->rel_pos_query, &rel));
         else
-            TRY(be->attention(be, ws->context, ws->qkv, seqs, cfg->num_heads, cfg->head_size,
+            TRY(be->attention(be, ws->context, ws->qkv, seqs, heads, cfg->head_size,
                               scale, 0));
-        // x1[T, H] = LN(x + context · Woᵀ + bo)
+        // x1[T, H] = LN(x + context · Woᵀ + bo), the product summed over the ranks' heads
         void *x1 = ws->attn;
-        TRY(be->gemm(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, H, H,
+        TRY(be->gemm(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, Hl, H,
                        NOPAD_EPILOGUE_NONE, cfg->activation));
+        if (w->tp.comm) TRY(comm_all_reduce(w->tp.comm, be, x1, (size_t)T * H, elem, COMM_SUM));
         TRY(be->layernorm(be, x1, L->attn_out_bias, hidden, L->attn_ln_weight,
                                         L->attn_ln_bias, eps, T, H));
-        // ffn[T, I] = act(x1 · W1ᵀ + b1)
-        TRY(be->gemm(be, ws->ffn, x1, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, I,
+        // ffn[T, Il] = act(x1 · W1ᵀ + b1)
+        TRY(be->gemm(be, ws->ffn, x1, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, Il,
                        NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
-        // x[T, H] = LN(x1 + ffn · W2ᵀ + b2)
-        TRY(be->gemm(be, hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, I, H,
+        // x[T, H] = LN(x1 + ffn · W2ᵀ + b2), the product summed over the ranks' columns
+        TRY(be->gemm(be, hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, Il, H,
                        NOPAD_EPILOGUE_NONE, cfg->activation));
+        if (w->tp.comm) TRY(comm_all_reduce(w->tp.comm, be, hidden, (size_t)T * H, elem, COMM_SUM));
         TRY(be->layernorm(be, hidden, L->ffn_out_bias, x1, L->ffn_ln_weight,
                                         L->ffn_ln_bias, eps, T, H));
     }

@@ -1,32 +1,39 @@
 /* The BERT-family encoder, written once against the op table. All five families reduce to the
  * same post-LayerNorm layer; they differ only in tensor names, token types, position offset,
  * (ALBERT) a factorised embedding with shared layers, which the loader resolves, and (DeBERTa)
- * relative-position terms in the attention scores instead of absolute positions. */
+ * relative-position terms in the attention scores instead of absolute positions.
+ *
+ * Tensor parallelism (model/tp.h, Megatron's layout): a rank holds the QKV rows and FFN-in rows
+ * of its heads / intermediate columns, and the matching input columns of the attention-output
+ * and FFN-out GEMMs; their products are partial sums made whole by one all-reduce each, before
+ * the LayerNorm adds the (whole) bias and the residual. Everything else is whole on every rank.
+ * Below, Hl = tp.heads · head_size and Il = tp.ffn are a rank's local sizes (H and I at tp 1). */
 #ifndef NOPAD_MODEL_ENCODER_H
 #define NOPAD_MODEL_ENCODER_H
 
 #include "backend/backend.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "model/tp.h"
 
 /* The weights of one post-LayerNorm encoder layer (the BERT family's), in the backend's memory. */
 typedef struct encoder_layer {
-    void *qkv_weight;       // [3H, H] query | key | value rows, fused at load
-    void *qkv_bias;         // [3H]
-    void *attn_out_weight;  // [H, H]
-    void *attn_out_bias;    // [H]
+    void *qkv_weight;       // [3Hl, H] query | key | value rows (of this rank's heads), fused at load
+    void *qkv_bias;         // [3Hl]
+    void *attn_out_weight;  // [H, Hl] the input columns of this rank's heads
+    void *attn_out_bias;    // [H] whole: added once, after the all-reduce
     void *attn_ln_weight;   // [H]
     void *attn_ln_bias;     // [H]
-    void *ffn_in_weight;    // [I, H]
-    void *ffn_in_bias;      // [I]
-    void *ffn_out_weight;   // [H, I]
-    void *ffn_out_bias;     // [H]
+    void *ffn_in_weight;    // [Il, H]
+    void *ffn_in_bias;      // [Il]
+    void *ffn_out_weight;   // [H, Il]
+    void *ffn_out_bias;     // [H] whole: added once, after the all-reduce
     void *ffn_ln_weight;    // [H]
     void *ffn_ln_bias;      // [H]
     /* DeBERTa: the relative embeddings projected by this layer's key and query weights, derived
      * once at load (they depend on weights only); NULL for a term the model lacks */
-    void *rel_pos_key;      // [2k, H] content -> position (c2p)
-    void *rel_pos_query;    // [2k, H] position -> content (p2c)
+    void *rel_pos_key;      // [2k, Hl] content -> position (c2p), this rank's heads' columns
+    void *rel_pos_query;    // [2k, Hl] position -> content (p2c)
 } encoder_layer;
 
 typedef struct encoder_weights {
@@ -45,18 +52,22 @@ typedef struct encoder_weights {
     int n_layer_weights;
     const encoder_layer **schedule; // [n_steps] the weights applied at each step (ALBERT shares)
     int n_steps;
-    int64_t n_params;          // parameters used by the encoder (shared ones counted once)
+    int64_t n_params;          // parameters of the whole model (shared ones counted once), the same
+                               // on every rank
+    tp_shard tp;               // the part this rank holds (size 1: everything)
     char weights_dtype[8];     // "F32", "F16", "BF16" or "mixed"
     void **allocations;        // every backend buffer, for freeing
     int n_allocations;
-    size_t bytes;              // backend memory of all weight tensors
+    size_t bytes;              // backend memory of all weight tensors (this rank's)
 } encoder_weights;
 
 /* Loads and checks every tensor the config needs from the checkpoint, converts to the backend's
- * dtype and uploads. `where` (the folder) prefixes messages. */
+ * dtype and uploads. `where` (the folder) prefixes messages. `tp` (from tp_shard_plan; NULL or
+ * size 1: the whole model) is the part this rank loads: backend memory holds only the shard, host
+ * memory one whole tensor at a time. */
 nopad_status encoder_weights_load(nopad_backend *be, const model_config *cfg,
                                   const safetensors_checkpoint *ckpt, const char *where,
-                                  encoder_weights *out);
+                                  encoder_weights *out, const tp_shard *tp);
 void encoder_weights_free(nopad_backend *be, encoder_weights *w);
 
 /* Activations of one forward, sized for `capacity_tokens` tokens and `capacity_seqs` sequences. */
@@ -65,10 +76,10 @@ typedef struct encoder_workspace {
     int32_t capacity_seqs;
     void *hidden;      // [T, H] the residual stream; the output of the last layer
     void *embed;       // [T, E] ALBERT only
-    void *qkv;         // [T, 3H]
-    void *context;     // [T, H] attention output; x1 = LN(s1) where LayerNorms are fused
-    void *attn;        // [T, H] x1; or the sums s1, s2 before a fused LayerNorm (encoder.c)
-    void *ffn;         // [T, I]
+    void *qkv;         // [T, 3Hl]
+    void *context;     // [T, Hl] attention output of this rank's heads
+    void *attn;        // [T, H] x1 (encoder.c)
+    void *ffn;         // [T, Il]
     void *pooled;      // [B, H]
     void *head;        // [B, H] the classification head's pooled rows (models with a head)
     void *logits;      // [B, L]
@@ -79,7 +90,8 @@ typedef struct encoder_workspace {
     uint32_t generation; // bumped whenever the buffers move (recorded graphs name them)
 } encoder_workspace;
 
-nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cfg,
+/* tp: the weights' shard (NULL: the whole model), which sizes the per-head and FFN buffers. */
+nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                        encoder_workspace *ws, int32_t n_tokens, int32_t n_seqs);
 void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws);
 

@@ -1,5 +1,7 @@
 /* Loading encoder weights: resolve the family's tensor names, check every shape against the
- * config, convert to float32 then to the backend's dtype, fuse Q/K/V into one [3H, H] matrix. */
+ * config, convert to float32 then to the backend's dtype, fuse Q/K/V into one [3H, H] matrix.
+ * Under tensor parallelism each tensor is read whole, checked whole, and only the rank's part
+ * (rows or columns, encoder.h) goes to the backend. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,10 +48,18 @@ static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) 
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* Finds `name` (under the prefix), checks its shape is [d0] or [d0, d1] and uploads it to
- * dst + dst_offset elements. */
-static nopad_status load_into(loader *ld, const char *name, int64_t d0, int64_t d1, void *dst,
-                              size_t dst_offset) {
+/* The part of a [d0, d1] (or [d0]) tensor a rank holds: rows [row0, row0 + rows) and columns
+ * [col0, col0 + cols); rows or cols 0 means all of them. */
+typedef struct part {
+    int64_t row0, rows, col0, cols;
+} part;
+
+static const part WHOLE = {0, 0, 0, 0};
+
+/* Finds `name` (under the prefix), checks its shape is [d0] or [d0, d1] and uploads `p` of it,
+ * packed [rows, cols], to dst + dst_offset elements. */
+static nopad_status load_part_into(loader *ld, const char *name, int64_t d0, int64_t d1, part p,
+                                   void *dst, size_t dst_offset) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", ld->prefix, name);
     const safetensors_tensor *t = safetensors_checkpoint_find(ld->ckpt, full);
@@ -96,15 +106,32 @@ static nopad_status load_into(loader *ld, const char *name, int64_t d0, int64_t 
                                (long long)((int64_t)i / cols), (long long)((int64_t)i % cols));
     }
     ld->dtype_mask |= 1u << t->dtype;
-    ld->w->n_params += (int64_t)n;
+    ld->w->n_params += (int64_t)n; /* the whole tensor's, so every rank reports the whole model */
+    /* the part, packed in place: row r's columns move to r · cols, never past a row still to be
+     * read */
+    const int64_t cols_all = want_ndim == 2 ? d1 : 1;
+    const int64_t rows = p.rows ? p.rows : d0, cols = p.cols ? p.cols : cols_all;
+    const float *first = ld->scratch + p.row0 * cols_all + p.col0;
+    if (cols != cols_all) {
+        for (int64_t r = 0; r < rows; r++)
+            memmove(ld->scratch + r * cols, first + r * cols_all, (size_t)cols * sizeof(float));
+        first = ld->scratch;
+    }
     char *base = (char *)dst + dst_offset * nopad_dtype_size(ld->be->dtype);
-    return ld->be->upload_f32(ld->be, base, ld->scratch, n);
+    return ld->be->upload_f32(ld->be, base, first, (size_t)(rows * cols));
+}
+
+/* Allocates `p` of tensor `name` [d0, d1] and loads it. */
+static nopad_status load_part(loader *ld, const char *name, int64_t d0, int64_t d1, part p,
+                              void **out) {
+    const int64_t rows = p.rows ? p.rows : d0, cols = p.cols ? p.cols : (d1 > 0 ? d1 : 1);
+    nopad_status st = alloc_tensor(ld, (size_t)(rows * cols), out);
+    if (st != NOPAD_OK) return st;
+    return load_part_into(ld, name, d0, d1, p, *out, 0);
 }
 
 static nopad_status load(loader *ld, const char *name, int64_t d0, int64_t d1, void **out) {
-    nopad_status st = alloc_tensor(ld, (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1), out);
-    if (st != NOPAD_OK) return st;
-    return load_into(ld, name, d0, d1, *out, 0);
+    return load_part(ld, name, d0, d1, WHOLE, out);
 }
 
 #define TRY(expr)                                                                                  \
@@ -150,26 +177,39 @@ static const layer_names DEBERTA_LAYER = {
     "intermediate.dense.weight",        "intermediate.dense.bias", "output.dense.weight",
     "output.dense.bias",                "output.LayerNorm.weight", "output.LayerNorm.bias"};
 
+/* The rows of a Q, K or V projection that make this rank's heads (the columns of its attention
+ * output), and the intermediate columns it holds (rows of FFN-in, columns of FFN-out). */
+static part head_rows(const model_config *cfg, const tp_shard *tp) {
+    return (part){.row0 = (int64_t)tp->head0 * cfg->head_size, .rows = (int64_t)tp->heads * cfg->head_size};
+}
+static part head_cols(const model_config *cfg, const tp_shard *tp) {
+    return (part){.col0 = (int64_t)tp->head0 * cfg->head_size, .cols = (int64_t)tp->heads * cfg->head_size};
+}
+
 static nopad_status load_layer(loader *ld, const model_config *cfg, const char *layer_prefix,
                                const layer_names *n, encoder_layer *L) {
     const int64_t H = cfg->hidden_size, I = cfg->intermediate_size;
+    const tp_shard *tp = &ld->w->tp;
+    const int64_t Hl = (int64_t)tp->heads * cfg->head_size; // H at tp 1
+    const part heads = head_rows(cfg, tp), ffn_rows = {.row0 = tp->ffn0, .rows = tp->ffn};
+    const part ffn_cols = {.col0 = tp->ffn0, .cols = tp->ffn};
     char name[256];
 #define NAME(field) (snprintf(name, sizeof name, "%s%s", layer_prefix, n->field), name)
-    TRY(alloc_tensor(ld, (size_t)(3 * H * H), &L->qkv_weight));
-    TRY(alloc_tensor(ld, (size_t)(3 * H), &L->qkv_bias));
-    TRY(load_into(ld, NAME(q_w), H, H, L->qkv_weight, 0));
-    TRY(load_into(ld, NAME(k_w), H, H, L->qkv_weight, (size_t)(H * H)));
-    TRY(load_into(ld, NAME(v_w), H, H, L->qkv_weight, (size_t)(2 * H * H)));
-    TRY(load_into(ld, NAME(q_b), H, 0, L->qkv_bias, 0));
-    TRY(load_into(ld, NAME(k_b), H, 0, L->qkv_bias, (size_t)H));
-    TRY(load_into(ld, NAME(v_b), H, 0, L->qkv_bias, (size_t)(2 * H)));
-    TRY(load(ld, NAME(o_w), H, H, &L->attn_out_weight));
+    TRY(alloc_tensor(ld, (size_t)(3 * Hl * H), &L->qkv_weight));
+    TRY(alloc_tensor(ld, (size_t)(3 * Hl), &L->qkv_bias));
+    TRY(load_part_into(ld, NAME(q_w), H, H, heads, L->qkv_weight, 0));
+    TRY(load_part_into(ld, NAME(k_w), H, H, heads, L->qkv_weight, (size_t)(Hl * H)));
+    TRY(load_part_into(ld, NAME(v_w), H, H, heads, L->qkv_weight, (size_t)(2 * Hl * H)));
+    TRY(load_part_into(ld, NAME(q_b), H, 0, heads, L->qkv_bias, 0));
+    TRY(load_part_into(ld, NAME(k_b), H, 0, heads, L->qkv_bias, (size_t)Hl));
+    TRY(load_part_into(ld, NAME(v_b), H, 0, heads, L->qkv_bias, (size_t)(2 * Hl)));
+    TRY(load_part(ld, NAME(o_w), H, H, head_cols(cfg, tp), &L->attn_out_weight));
     TRY(load(ld, NAME(o_b), H, 0, &L->attn_out_bias));
     TRY(load(ld, NAME(ln1_w), H, 0, &L->attn_ln_weight));
     TRY(load(ld, NAME(ln1_b), H, 0, &L->attn_ln_bias));
-    TRY(load(ld, NAME(in_w), I, H, &L->ffn_in_weight));
-    TRY(load(ld, NAME(in_b), I, 0, &L->ffn_in_bias));
-    TRY(load(ld, NAME(out_w), H, I, &L->ffn_out_weight));
+    TRY(load_part(ld, NAME(in_w), I, H, ffn_rows, &L->ffn_in_weight));
+    TRY(load_part(ld, NAME(in_b), I, 0, ffn_rows, &L->ffn_in_bias));
+    TRY(load_part(ld, NAME(out_w), H, I, ffn_cols, &L->ffn_out_weight));
     TRY(load(ld, NAME(out_b), H, 0, &L->ffn_out_bias));
     TRY(load(ld, NAME(ln2_w), H, 0, &L->ffn_ln_weight));
     TRY(load(ld, NAME(ln2_b), H, 0, &L->ffn_ln_bias));
@@ -180,10 +220,13 @@ static nopad_status load_layer(loader *ld, const model_config *cfg, const char *
 /* DeBERTa: each layer's relative-position tables, pos_key = rel·Wkᵀ + bk and pos_query =
  * rel·Wqᵀ + bq [2k, H], with rel = LayerNorm(rel_embeddings) when norm_rel_ebd asks, and W the
  * layer's own key/query weights (share_att_key) or its pos_key_proj / pos_query_proj. They depend
- * on weights only, so they are computed here once with the backend's ops, not in every forward. */
+ * on weights only, so they are computed here once with the backend's ops, not in every forward.
+ * Each head reads only its own columns of them, so a rank projects with its heads' rows of W and
+ * gets its [2k, Hl] columns. */
 static nopad_status load_relative_tables(loader *ld, const model_config *cfg, encoder_weights *w) {
     const relative_attention *rel = &cfg->rel;
     const int64_t H = cfg->hidden_size, R = 2 * (int64_t)rel->att_span;
+    const int64_t Hl = (int64_t)w->tp.heads * cfg->head_size;
     const size_t es = nopad_dtype_size(ld->be->dtype);
     void *table, *ln_w, *ln_b;
     TRY(load(ld, "encoder.rel_embeddings.weight", R, H, &table)); // [2k, H]
@@ -199,22 +242,22 @@ static nopad_status load_relative_tables(loader *ld, const model_config *cfg, en
         for (int term = 0; term < 2; term++) { // 0: c2p (keys), 1: p2c (queries)
             if (!(term == 0 ? rel->c2p : rel->p2c)) continue;
             const void *weight, *bias;
-            if (rel->share_att_key) { // the rows of the fused [3H, H] QKV: query 0, key 1
-                weight = (const char *)L->qkv_weight + (size_t)(term == 0 ? H * H : 0) * es;
-                bias = (const char *)L->qkv_bias + (size_t)(term == 0 ? H : 0) * es;
+            if (rel->share_att_key) { // the rows of the fused [3Hl, H] QKV: query 0, key 1
+                weight = (const char *)L->qkv_weight + (size_t)(term == 0 ? Hl * H : 0) * es;
+                bias = (const char *)L->qkv_bias + (size_t)(term == 0 ? Hl : 0) * es;
             } else {
                 void *pw, *pb;
                 const char *proj = term == 0 ? "pos_key_proj" : "pos_query_proj";
                 snprintf(name, sizeof name, "encoder.layer.%d.attention.self.%s.weight", l, proj);
-                TRY(load(ld, name, H, H, &pw));
+                TRY(load_part(ld, name, H, H, head_rows(cfg, &w->tp), &pw));
                 snprintf(name, sizeof name, "encoder.layer.%d.attention.self.%s.bias", l, proj);
-                TRY(load(ld, name, H, 0, &pb));
+                TRY(load_part(ld, name, H, 0, head_rows(cfg, &w->tp), &pb));
                 weight = pw, bias = pb;
             }
             void **out = term == 0 ? &L->rel_pos_key : &L->rel_pos_query;
-            TRY(alloc_tensor(ld, (size_t)(R * H), out));
+            TRY(alloc_tensor(ld, (size_t)(R * Hl), out));
             TRY(ld->be->gemm(ld->be, *out, table, weight, bias, NULL, (int32_t)R, (int32_t)H,
-                             (int32_t)H, NOPAD_EPILOGUE_BIAS, cfg->activation));
+                             (int32_t)Hl, NOPAD_EPILOGUE_BIAS, cfg->activation));
         }
     }
     return ld->be->synchronize(ld->be);
@@ -404,10 +447,24 @@ static nopad_status load_all(loader *ld, const model_config *cfg, encoder_weight
 
 nopad_status encoder_weights_load(nopad_backend *be, const model_config *cfg,
                                   const safetensors_checkpoint *ckpt, const char *where,
-                                  encoder_weights *out) {
+                                  encoder_weights *out, const tp_shard *tp) {
     memset(out, 0, sizeof *out);
+    nopad_status st;
+    if (tp && tp->size > 1) {
+        /* a shard planned for another config would read past tensors or leave heads out */
+        if (tp->heads * tp->size != cfg->num_heads || tp->ffn * tp->size != cfg->intermediate_size)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "%s: tensor-parallel shard of %d heads and %d intermediate columns "
+                                   "on each of %d ranks does not match the config's %d heads and "
+                                   "intermediate size %d (plan it with tp_shard_plan for this config)",
+                                   where, tp->heads, tp->ffn, tp->size, cfg->num_heads,
+                                   cfg->intermediate_size);
+        out->tp = *tp;
+    } else if ((st = tp_shard_plan(cfg, NULL, 0, 1, &out->tp)) != NOPAD_OK) {
+        return nopad_wrap_error(st, "%s", where);
+    }
     loader ld = {.be = be, .ckpt = ckpt, .where = where, .w = out};
-    nopad_status st = load_all(&ld, cfg, out);
+    st = load_all(&ld, cfg, out);
     free(ld.scratch);
     if (st != NOPAD_OK) {
         encoder_weights_free(be, out);
