@@ -230,9 +230,9 @@ static void check_model(const char *path) {
     nopad_model_info tinfo;
     CHECK(nopad_model_get_info(tp, &tinfo));
     assert_int_equal(tinfo.tp_size, world);
-    size_t w1 = 0, w2 = 0, other;
-    CHECK(nopad_model_memory(one, &w1, &other));
-    CHECK(nopad_model_memory(tp, &w2, &other));
+    size_t w1 = 0, w2 = 0, ws, other;
+    CHECK(nopad_model_memory(one, &w1, &ws, &other));
+    CHECK(nopad_model_memory(tp, &w2, &ws, &other));
     if (!(w2 < w1)) fail_msg("%s: rank 0 holds %zu bytes of weights split over %d, %zu whole", path, w2, world, w1);
     uint64_t rng = 0x5eed0000ull + (uint64_t)world;
     compare_logits(one, tp, info.vocab_size, &rng);

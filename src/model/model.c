@@ -69,8 +69,6 @@ static nopad_status create_backend(nopad_model *m) {
     }
     if (st == NOPAD_OK)
         st = tp_shard_plan(&m->cfg, m->comm, m->comm ? comm_rank(m->comm) : 0, tp, &m->tp);
-    if (st == NOPAD_OK && tp > 1 && !m->cfg.causal)
-        st = nopad_set_error(NOPAD_ERR_UNSUPPORTED, "tensor parallelism: encoders are not split yet (tp %d)", tp);
     if (st == NOPAD_OK) st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
     if (st == NOPAD_OK && m->comm) st = comm_attach(m->comm, m->be);
     return st;
@@ -190,7 +188,7 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     st = safetensors_checkpoint_open(dir, &ckpt);
     if (st != NOPAD_OK) return st;
     st = m->cfg.causal ? decoder_weights_load_st(m->be, &m->cfg, &m->tp, &ckpt, dir, &m->dec)
-                       : encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights);
+                       : encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights, &m->tp);
     safetensors_checkpoint_close(&ckpt);
     if (st != NOPAD_OK) return st;
     /* the fp32 staging of the largest tensor (the word embeddings) is not needed any more */
@@ -246,6 +244,7 @@ static nopad_status model_load(const char *dir, const nopad_model_params *params
         nopad_model_free(m);
         return st;
     }
+    m->loaded = 1; /* a split model's followers run its messages from here on */
     *out = m;
     return NOPAD_OK;
 }
@@ -261,7 +260,7 @@ nopad_status model_load_follower(const char *dir, const nopad_model_params *para
 void nopad_model_free(nopad_model *m) {
     if (!m) return;
     context_destroy(m->context);
-    tp_model_freed(m); /* the other ranks of a split model stop following */
+    if (m->loaded) tp_model_freed(m); /* the other ranks of a split model stop following */
     if (m->be) {
         encoder_weights_free(m->be, &m->weights);
         decoder_weights_free(m->be, &m->dec);

@@ -36,6 +36,8 @@ struct nopad_model {
     nopad_comm *comm;         /* NULL with tp 1 */
     tp_shard tp;
     int following;            /* this rank runs the leader's messages */
+    int loaded;               /* the load succeeded (every rank's did, or none's: same files, same
+                                 checks): the leader's messages have listeners */
     pthread_mutex_t tp_lock;  /* the leader: one message and the work it announces at a time */
     int32_t tp_contexts;      /* the leader: contexts announced so far (their ids) */
 };

@@ -318,7 +318,7 @@ static nopad_status follow_encoder(follower *f, nopad_context *c, const tp_messa
     const int has_types = (int)msg->n[4];
     nopad_backend *be = c->be;
     encoder_workspace *ws = &c->ws;
-    nopad_status st = encoder_workspace_reserve(be, &f->m->cfg, ws, rows ? rows : T, B);
+    nopad_status st = encoder_workspace_reserve(be, &f->m->cfg, &f->m->weights.tp, ws, rows ? rows : T, B);
     /* a failed reserve here while the leader's succeeded cannot be hidden: the broadcasts below
      * must still meet the leader's, so they run into the workspace only when it exists */
     if (st != NOPAD_OK) return st;

@@ -31,6 +31,7 @@ static void abi(void) {
     FIELD(nopad_model_params, cuda_graph_max_tokens);
     FIELD(nopad_model_params, kv_cache_tokens);
     FIELD(nopad_model_params, kv_block_size);
+    FIELD(nopad_model_params, tp_size);
     SIZE(nopad_model_params);
     FIELD(nopad_model_info, model_type);
     FIELD(nopad_model_info, family);
@@ -57,6 +58,7 @@ static void abi(void) {
     FIELD(nopad_model_info, num_kv_heads);
     FIELD(nopad_model_info, bos_token_id);
     FIELD(nopad_model_info, eos_token_id);
+    FIELD(nopad_model_info, tp_size);
     SIZE(nopad_model_info);
     FIELD(nopad_model_stats, forwards);
     FIELD(nopad_model_stats, graph_replays);
