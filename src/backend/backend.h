@@ -458,6 +458,14 @@ struct nopad_backend {
      * rounded to the compute dtype). */
     nopad_status (*gemm_f32)(nopad_backend *be, float *out32, const void *x, const void *w,
                              int32_t n_tokens, int32_t n_in, int32_t n_out);
+    /* A greedy choice over a share of the vocabulary (a tensor-parallel rank's logit columns),
+     * to be merged across ranks without gathering the logits: for each row r of x32[rows, ld]
+     * (float32, its first cols columns), best[r] = {the largest value, id0 + the lowest column
+     * holding it, Σ_j exp(x_j - max) in float32} as three floats (ids are exact below 2^24).
+     * A row holding NaN or +inf gives {NaN, -1, 0}; a row of -inf only (or cols 0) gives
+     * {-inf, -1, 0}. */
+    nopad_status (*row_argmax)(nopad_backend *be, float *best, const float *x32, int32_t rows,
+                               int32_t cols, int32_t ld, int32_t id0);
     /* Sampling on the device (NULL: the caller samples on the host from downloaded logits).
      * ids[n] (host) = the next id of each row of logits32 [n, vocab] (backend memory, float32,
      * clobbered), chosen as sample_token (model/sampling.h) chooses it: params[n] and draws[n]

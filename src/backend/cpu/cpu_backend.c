@@ -118,6 +118,7 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->swiglu = cpu_swiglu;
     be->gather_rows = cpu_gather_rows;
     be->gemm_f32 = cpu_gemm_f32;
+    be->row_argmax = cpu_row_argmax;
     be->zero = cpu_zero;
     be->gemm_backward = cpu_gemm_backward;
     be->activation = cpu_activation;

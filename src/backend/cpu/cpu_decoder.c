@@ -193,3 +193,30 @@ nopad_status cpu_gather_rows(nopad_backend *be, float *out_, const float *x_, co
         memcpy(out + (size_t)i * dim, x + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
     return NOPAD_OK;
 }
+
+nopad_status cpu_row_argmax(nopad_backend *be, float *best, const float *x, int32_t rows, int32_t cols,
+                            int32_t ld, int32_t id0) {
+#pragma omp parallel for num_threads(cpu_threads_for(be, rows))
+    for (int32_t r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * ld; // [cols]
+        float *out = best + (size_t)r * 3;
+        float top = -INFINITY;
+        int32_t at = -1, bad = 0;
+        for (int32_t j = 0; j < cols; j++) {
+            const float v = row[j];
+            bad |= (v != v) | (v == INFINITY);
+            if (v > top) top = v, at = j;
+        }
+        if (bad) {
+            out[0] = NAN, out[1] = -1.0f, out[2] = 0.0f;
+            continue;
+        }
+        float z = 0.0f;
+        if (at >= 0)
+            for (int32_t j = 0; j < cols; j++) z += expf(row[j] - top);
+        out[0] = top;
+        out[1] = at >= 0 ? (float)(id0 + at) : -1.0f;
+        out[2] = z;
+    }
+    return NOPAD_OK;
+}

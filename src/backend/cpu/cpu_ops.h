@@ -35,6 +35,8 @@ nopad_status cpu_linear(nopad_backend *be, void *out, const void *x, const void 
                         const void *bias, const void *residual, int32_t n_tokens, int32_t n_in,
                         int32_t n_out, nopad_epilogue epilogue, nopad_activation act);
 /* The float32 backend's gemm_f32: cpu_linear without an epilogue. */
+nopad_status cpu_row_argmax(nopad_backend *be, float *best, const float *x, int32_t rows, int32_t cols,
+                            int32_t ld, int32_t id0);
 nopad_status cpu_gemm_f32(nopad_backend *be, float *out, const void *x, const void *w,
                           int32_t n_tokens, int32_t n_in, int32_t n_out);
 nopad_status cpu_bias_residual_layernorm(nopad_backend *be, void *x, const void *bias,
