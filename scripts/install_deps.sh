@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing nopad needs on Debian 12: compilers, CMake, the C libraries
-# (cJSON, utf8proc, PCRE2, OpenBLAS, cmocka, libmicrohttpd for nopad serve), clang for the fuzzers, numpy + safetensors for the CLI
+# (cJSON, utf8proc, PCRE2, OpenBLAS, cmocka, libmicrohttpd for nopad serve, Open MPI for tensor parallelism on the CPU), clang for the fuzzers, numpy + safetensors for the CLI
 # tests (+ pytest for the Python package's tests, tokenizers for the live tokenizer parity test, the
 # openai client and jinja2 for nopad serve's tests), and CUTLASS's headers (pip nvidia-cutlass) for
 # the CUDA build. Safe to run again.
@@ -12,6 +12,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev \
     libcjson-dev libutf8proc-dev libpcre2-dev libopenblas-dev libcmocka-dev libmicrohttpd-dev \
+    libopenmpi-dev openmpi-bin \
     curl python3 python3-pip >/dev/null
 # nvidia-cutlass: CUTLASS's headers for the CUDA build's fused-epilogue GEMMs (header-only; only
 # the headers are used, so none of the wheel's Python dependencies are needed: --no-deps).

@@ -84,6 +84,12 @@ nopad_status comm_all_to_allv(nopad_comm *c, nopad_backend *be, void *recv, cons
  * done on every rank). */
 nopad_status comm_barrier(nopad_comm *c, nopad_backend *be);
 
+/* For the NCCL watchdog: marks the current end of be's stream, which holds collectives enqueued
+ * outside the calls above (a replayed CUDA graph that recorded them). When that point is not
+ * reached within NOPAD_COMM_TIMEOUT seconds, the communicator is aborted and the next call fails.
+ * A no-op without NCCL. */
+nopad_status comm_watch(nopad_comm *c, nopad_backend *be);
+
 /* ---- host control messages (a step's plan from rank 0): MPI on host memory, whatever backend -- */
 nopad_status comm_host_broadcast(nopad_comm *c, void *buf, size_t bytes, int32_t root);
 

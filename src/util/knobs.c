@@ -58,6 +58,15 @@ static const knob_def KNOBS[KNOB_COUNT] = {
     [KNOB_FMHA_RESCALE] = {"NOPAD_FMHA_RESCALE", KIND_FLOAT, 8, NULL,
                            "online softmax: rescale only when the running maximum grows by more than this "
                            "(log2 units, 0 to 8; 0 = at every new maximum)"},
+    [KNOB_COMM_FORCE] = {"NOPAD_COMM_FORCE", KIND_INT, 0, NULL,
+                         "1 = a world of one rank still runs its collectives through MPI (when built with it) "
+                         "and NCCL (tests that path, measures its overhead on one GPU)"},
+    /* 30 s: a healthy collective waits at most for its peers' share of one step (milliseconds to
+     * seconds), while the issue's bound on a dead peer is 60 s for the whole job: half of it to
+     * notice, the rest for the abort and the exit. */
+    [KNOB_COMM_TIMEOUT] = {"NOPAD_COMM_TIMEOUT", KIND_FLOAT, 30, NULL,
+                           "seconds an NCCL collective may stay incomplete before the watchdog aborts the "
+                           "communicator (a dead or stuck peer)"},
 };
 
 static double values[KNOB_COUNT]; /* each knob's value, parsed as its kind says */

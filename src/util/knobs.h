@@ -28,6 +28,8 @@ typedef enum knob_id {
     KNOB_FMHA_BLOCK_M,        /* int */
     KNOB_FMHA_BLOCK_N,        /* int */
     KNOB_FMHA_RESCALE,        /* float */
+    KNOB_COMM_FORCE,          /* int: 1 = a world of one still goes through MPI and NCCL */
+    KNOB_COMM_TIMEOUT,        /* float: seconds before the NCCL watchdog aborts a collective */
     KNOB_COUNT
 } knob_id;
 
