@@ -1,7 +1,9 @@
 /* The CPU backend's ops against direct double-precision formulas on random data and random
  * lengths (1 and the maximum included). The CPU ops are the reference every CUDA op is tested
  * against, so they get their own check here. Bound: 1e-5 relative (fp32 vs fp64 evaluation). */
+#include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,11 +214,145 @@ static void test_layernorms_and_embedding(void **state) {
     free(out); free(res); free(want);
 }
 
+/* ---- row_argmax: a rank's greedy choice over its share of the vocabulary ----------------------- */
+
+/* What a row holds: logits as a language model's look (a few strong ids over a normal spread),
+ * ties among a few values (+0 and -0 among them), some -inf, one finite value among -inf, a
+ * spread over hundreds of nats (most terms underflow), then the rows without a choice. */
+typedef enum argmax_row {
+    ARGMAX_LOGITS, ARGMAX_TIES, ARGMAX_SOME_NEG_INF, ARGMAX_ONE_FINITE, ARGMAX_WIDE,
+    ARGMAX_ALL_NEG_INF, ARGMAX_NAN, ARGMAX_POS_INF, ARGMAX_NAN_AND_INF, ARGMAX_ROW_KINDS
+} argmax_row;
+
+static float rand_normal(uint64_t *rng) {
+    const double u1 = ((test_rand_u32(rng) >> 8) + 1) / 16777217.0, u2 = (test_rand_u32(rng) >> 8) / 16777216.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int32_t rand_below(uint64_t *rng, int32_t n) { return (int32_t)(test_rand_u32(rng) % (uint32_t)n); }
+
+static void fill_argmax_row(float *x, int32_t cols, argmax_row kind, uint64_t *rng) {
+    static const float TIE_VALUES[] = {2.5f, 0.0f, -0.0f, -1.0f, 2.5f, 0.5f};
+    const float sd = kind == ARGMAX_WIDE ? 300.0f : 1.0f + 3.0f * (test_rand_u32(rng) >> 8) / 16777216.0f;
+    for (int32_t j = 0; j < cols; j++)
+        x[j] = kind == ARGMAX_TIES ? TIE_VALUES[rand_below(rng, 6)] : sd * rand_normal(rng);
+    if (cols == 0) return;
+    if (kind == ARGMAX_LOGITS)
+        for (int32_t p = rand_below(rng, 6); p > 0; p--) x[rand_below(rng, cols)] += 5.0f + 10.0f * rand_normal(rng) * rand_normal(rng);
+    const int32_t keep = rand_below(rng, cols);
+    for (int32_t j = 0; j < cols; j++) {
+        const int drop = kind == ARGMAX_ALL_NEG_INF || (kind == ARGMAX_ONE_FINITE && j != keep) ||
+                         ((kind == ARGMAX_SOME_NEG_INF || kind >= ARGMAX_NAN) && rand_below(rng, 10) < 4);
+        if (drop) x[j] = -INFINITY;
+    }
+    if (kind == ARGMAX_NAN || kind == ARGMAX_NAN_AND_INF) x[rand_below(rng, cols)] = NAN;
+    if (kind == ARGMAX_POS_INF || kind == ARGMAX_NAN_AND_INF) x[rand_below(rng, cols)] = INFINITY;
+}
+
+/* One row in double: the max and its lowest column (-1: none), NaN / +inf, the exact sum
+ * z = Σ e^(x_j - max) and spread = Σ e^(x_j - max)·|x_j - max| / z (what rounding x_j - max to
+ * float costs, below). */
+typedef struct argmax_ref {
+    float top;
+    int32_t at;
+    int bad;
+    double z, spread;
+} argmax_ref;
+
+static argmax_ref reference_row_argmax(const float *x, int32_t cols) {
+    argmax_ref r = {.top = -INFINITY, .at = -1};
+    for (int32_t j = 0; j < cols; j++) {
+        r.bad |= isnan(x[j]) || x[j] == INFINITY;
+        if (x[j] > r.top) r.top = x[j], r.at = j;
+    }
+    if (r.bad || r.at < 0) return r;
+    double spread = 0.0;
+    for (int32_t j = 0; j < cols; j++) {
+        if (x[j] == -INFINITY) continue; /* adds 0 (and 0·inf to the spread) */
+        const double d = (double)x[j] - r.top, t = exp(d);
+        r.z += t;
+        spread += t * fabs(d);
+    }
+    r.spread = spread / r.z;
+    return r;
+}
+
+/* A bound of |z_op - z| / z for Σ_j expf(x_j - max) summed left to right in float32 (u = 2^-24;
+ * z >= 1, the max's own term being 1):
+ *   - x_j - max is rounded to float once: the term becomes e^(d(1+δ)), |δ| <= u, off by |d|·u of
+ *     itself: spread·u of z in all;
+ *   - expf is within 2 ulp (4u) of e^x (glibc's within 1);
+ *   - a running float sum of n nonnegative terms is within (n - 1)·u of the exact one (Higham,
+ *     Accuracy and Stability of Numerical Algorithms, 4.2); terms that underflow lose under 2^-148
+ *     each, nothing beside z >= 1 (the 1% covers it and the second-order products).
+ * The last dominates: 3e-4 at 5000 columns. Rounding errors that wander at random leave about
+ * 2e-5 on these rows of 5000 (printed), so the 1e-5 of the other ops is not met by a float32
+ * running sum here; a double accumulator would meet 1e-6. */
+static double expsum_bound_float_sum(int32_t cols, double spread) {
+    const double u = 0x1p-24;
+    return 1.01 * ((cols - 1) * u + 4 * u + spread * u);
+}
+
+/* cpu_row_argmax against reference_row_argmax: rows 1, 7, 300 x cols 1, 13, 5000 (and 0), each
+ * row in a leading dimension wider than cols whose extra columns (FLT_MAX or NaN) must be ignored,
+ * ids from id0 != 0. Max and id exact (bits: -0 and +0 differ), the exp-sum within the bound above;
+ * rows without a choice exactly {NaN, -1, 0} (NaN, +inf) or {-inf, -1, 0} (-inf only, no columns). */
+static void test_row_argmax(void **state) {
+    uint64_t rng = 0x5DEECE66Dull;
+    static const int32_t ROWS[] = {1, 7, 300}, COLS[] = {0, 1, 13, 5000};
+    double worst = 0.0, worst_of_bound = 0.0;
+    int64_t checked = 0, no_choice = 0;
+    for (int ri = 0; ri < 3; ri++)
+        for (int ci = 0; ci < 4; ci++) {
+            const int32_t rows = ROWS[ri], cols = COLS[ci], ld = cols + 1 + rand_below(&rng, 9);
+            const int32_t id0 = 1 + rand_below(&rng, 100000);
+            const float pad = (ri + ci) % 2 ? FLT_MAX : NAN;
+            float *x = malloc((size_t)rows * ld * sizeof *x);          /* [rows, ld] */
+            float *best = malloc((size_t)rows * 3 * sizeof *best);     /* [rows, 3] */
+            for (int32_t r = 0; r < rows; r++) {
+                /* one row holds only logits; more rows go through every kind */
+                const argmax_row kind = rows == 1 ? ARGMAX_LOGITS : (argmax_row)(r % ARGMAX_ROW_KINDS);
+                fill_argmax_row(x + (size_t)r * ld, cols, kind, &rng);
+                for (int32_t j = cols; j < ld; j++) x[(size_t)r * ld + j] = pad;
+            }
+            for (int32_t k = 0; k < rows * 3; k++) best[k] = 12345.0f; /* poison */
+            assert_nopad_ok(be->row_argmax(be, best, x, rows, cols, ld, id0));
+            for (int32_t r = 0; r < rows; r++) {
+                const argmax_ref want = reference_row_argmax(x + (size_t)r * ld, cols);
+                const float *got = best + (size_t)r * 3;
+                char where[96];
+                snprintf(where, sizeof where, "row_argmax rows %d cols %d ld %d id0 %d, row %d", rows, cols, ld,
+                         id0, r);
+                checked++;
+                if (want.bad || want.at < 0) {
+                    no_choice++;
+                    const int ok = want.bad ? isnan(got[0]) : got[0] == -INFINITY;
+                    if (!ok || got[1] != -1.0f || got[2] != 0.0f)
+                        fail_msg("%s: {%g, %g, %g}, want {%s, -1, 0}", where, got[0], got[1], got[2],
+                                 want.bad ? "NaN" : "-inf");
+                    continue;
+                }
+                if (memcmp(&got[0], &want.top, sizeof want.top) != 0 || got[1] != (float)(id0 + want.at))
+                    fail_msg("%s: max %.9g at id %.0f, want %.9g at id %d", where, got[0], got[1], want.top,
+                             id0 + want.at);
+                const double err = fabs(got[2] - want.z) / want.z, bound = expsum_bound_float_sum(cols, want.spread);
+                if (!(err <= bound)) fail_msg("%s: exp-sum %.9g, want %.17g: error %.3e over %.3e", where, got[2], want.z, err, bound);
+                worst = fmax(worst, err);
+                worst_of_bound = fmax(worst_of_bound, err / bound);
+            }
+            free(x);
+            free(best);
+        }
+    printf("  row_argmax: %lld rows (%lld without a choice), exp-sum error at most %.2e (%.2f of its bound)\n",
+           (long long)checked, (long long)no_choice, worst, worst_of_bound);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_varlen),
         cmocka_unit_test(test_linear_epilogues),
         cmocka_unit_test(test_layernorms_and_embedding),
+        cmocka_unit_test(test_row_argmax),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
