@@ -40,6 +40,6 @@ run_fault() {
 
 # Open MPI: "mpirun noticed that process rank 1 with PID ... exited on signal 9 (Killed)."
 run_fault "rank 1 killed (SIGKILL)" NOPAD_TEST_KILL_RANK "process rank 1 .*signal 9"
-# Open MPI: "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD with errorcode 3"
-run_fault "rank 1 exits with status 3" NOPAD_TEST_EXIT_RANK "MPI_ABORT was invoked on rank 1 .*errorcode 3"
+# the library, at the failing exit: "nopad: rank 1 of 3 exits with status 3: aborting the MPI job"
+run_fault "rank 1 exits with status 3" NOPAD_TEST_EXIT_RANK "rank 1 of 3 exits with status 3"
 exit $fail

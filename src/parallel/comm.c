@@ -32,7 +32,7 @@ struct nopad_comm {
 #endif
 };
 
-static size_t type_size(comm_type t) {
+size_t comm_type_size(comm_type t) {
     switch (t) {
     case COMM_F32: return 4;
     case COMM_F16: return 2;
@@ -58,7 +58,7 @@ static int on_device(const nopad_backend *be) { return be && be->device >= 0; }
 
 static nopad_status check_args(const nopad_comm *c, const char *op, comm_type t, int reduces, comm_reduce red) {
     if (!c) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: communicator is NULL", op);
-    if (type_size(t) == 0)
+    if (comm_type_size(t) == 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: element type %d is not a comm_type", op, (int)t);
     if (reduces && t == COMM_BYTE)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: BYTE elements cannot be reduced (F32, F16, BF16, I32 or I64)", op);
@@ -153,7 +153,15 @@ static void mpi_end_at_exit(int status, void *unused) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    if (status != 0) MPI_Abort(MPI_COMM_WORLD, status);
+    if (status != 0) {
+        /* said here: Open MPI's own notice of the abort does not always reach the launcher */
+        int rank = 0, size = 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        fprintf(stderr, "nopad: rank %d of %d exits with status %d: aborting the MPI job\n", rank, size, status);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, status);
+    }
     MPI_Finalize();
 }
 
@@ -437,7 +445,7 @@ nopad_status comm_all_reduce(nopad_comm *c, nopad_backend *be, void *buf, size_t
         /* in INT_MAX pieces: element-wise, so pieces change nothing */
         for (size_t done = 0; done < count;) {
             const size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
-            const int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + done * type_size(t), (int)n, mpi_type(t),
+            const int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + done * comm_type_size(t), (int)n, mpi_type(t),
                                          mpi_op(t, op), c->mpi);
             if (rc != MPI_SUCCESS) return mpi_error(rc, "comm_all_reduce: MPI_Allreduce", c);
             done += n;
@@ -456,7 +464,7 @@ nopad_status comm_all_gather(nopad_comm *c, nopad_backend *be, void *recv, const
     route r = ROUTE_COPY;
     if (st == NOPAD_OK) st = route_of(c, be, name, &r);
     if (st != NOPAD_OK || count == 0) return st;
-    const size_t part = count * type_size(t);
+    const size_t part = count * comm_type_size(t);
     switch (r) {
     case ROUTE_COPY: return copy_bytes(be, recv, send, part);
 #ifdef NOPAD_HAVE_CUDA
@@ -484,7 +492,7 @@ nopad_status comm_reduce_scatter(nopad_comm *c, nopad_backend *be, void *recv, c
     if (st == NOPAD_OK) st = route_of(c, be, name, &r);
     if (st != NOPAD_OK || count == 0) return st;
     switch (r) {
-    case ROUTE_COPY: return copy_bytes(be, recv, send, count * type_size(t));
+    case ROUTE_COPY: return copy_bytes(be, recv, send, count * comm_type_size(t));
 #ifdef NOPAD_HAVE_CUDA
     case ROUTE_NCCL: return comm_nccl_reduce_scatter(c->nccl, be, recv, send, count, t, op);
 #endif
@@ -536,7 +544,7 @@ nopad_status comm_broadcast(nopad_comm *c, nopad_backend *be, void *buf, size_t 
 #endif
 #ifdef NOPAD_HAVE_MPI
     case ROUTE_MPI:
-        return mpi_broadcast(c, buf, count, type_size(t), mpi_type(t), root, "comm_broadcast: MPI_Bcast");
+        return mpi_broadcast(c, buf, count, comm_type_size(t), mpi_type(t), root, "comm_broadcast: MPI_Bcast");
 #endif
     default: break;
     }
@@ -584,8 +592,8 @@ nopad_status comm_all_to_allv(nopad_comm *c, nopad_backend *be, void *recv, cons
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                    "%s: one rank sends itself %zu elements but expects %zu", name, send_counts[0],
                                    recv_counts[0]);
-        return copy_bytes(be, (char *)recv + recv_offsets[0] * type_size(t),
-                          (const char *)send + send_offsets[0] * type_size(t), send_counts[0] * type_size(t));
+        return copy_bytes(be, (char *)recv + recv_offsets[0] * comm_type_size(t),
+                          (const char *)send + send_offsets[0] * comm_type_size(t), send_counts[0] * comm_type_size(t));
 #ifdef NOPAD_HAVE_CUDA
     case ROUTE_NCCL:
         return comm_nccl_all_to_allv(c->nccl, be, recv, recv_counts, recv_offsets, send, send_counts, send_offsets, t);

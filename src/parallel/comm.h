@@ -39,6 +39,8 @@ typedef enum comm_reduce { COMM_SUM = 0, COMM_MAX = 1, COMM_MIN = 2 } comm_reduc
 
 /* The comm_type of a backend's tensor elements. */
 comm_type comm_type_of(nopad_dtype dtype);
+/* Bytes of one element of `t` (0 for a value that is not a comm_type). */
+size_t comm_type_size(comm_type t);
 
 /* The world this process was launched in, as a communicator (a new handle each call; free it).
  * `want` is the size asked for (tp_size; <= 1: one rank, never touching MPI). Under a launcher
