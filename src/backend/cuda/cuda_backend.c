@@ -381,6 +381,11 @@ static nopad_status cu_gather_rows(nopad_backend *be, float *out, const float *x
     CUDA_ENTER(be, s);
     return cuda_dec_gather_rows(out, x, rows, n, dim, s->stream);
 }
+static nopad_status cu_row_argmax(nopad_backend *be, float *best, const float *x, int32_t rows, int32_t cols,
+                                  int32_t ld, int32_t id0) {
+    CUDA_ENTER(be, s);
+    return cuda_row_argmax(best, x, rows, cols, ld, id0, s->stream);
+}
 
 /* Every op and shape, except attention heads over 128 (the generic kernel's limit). */
 static int cu_supports(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
@@ -514,6 +519,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->swiglu = cu_swiglu;
     be->gather_rows = cu_gather_rows;
     be->gemm_f32 = cu_gemm_f32;
+    be->row_argmax = cu_row_argmax;
     be->gemm_swiglu = cu_gemm_swiglu;
     be->sample = cu_sample;
     be->sample_begin = cu_sample_begin;

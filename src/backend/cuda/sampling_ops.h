@@ -1,5 +1,6 @@
-/* C launcher of the CUDA sampler (sampling.cu): sample_token of src/model/sampling.c for many
- * rows of logits on the GPU, so that a decode step sends back only the chosen ids. */
+/* C launchers of the CUDA sampler (sampling.cu): sample_token of src/model/sampling.c for many
+ * rows of logits on the GPU, so that a decode step sends back only the chosen ids; and of the
+ * greedy choice over a share of the vocabulary that tensor-parallel ranks merge (row_argmax.cu). */
 #ifndef NOPAD_BACKEND_CUDA_SAMPLING_OPS_H
 #define NOPAD_BACKEND_CUDA_SAMPLING_OPS_H
 
@@ -29,6 +30,14 @@ typedef struct cuda_sample_row {
  * [0, vocab). No host synchronisation; enqueued on stream. Vocabs up to 1.1 million ids. */
 nopad_status cuda_sample_rows(float *logits, int32_t n, int32_t vocab, const cuda_sample_row *rows,
                               const int32_t *history, int32_t *ids, float *logprobs, void *stream);
+
+/* row_argmax of backend.h: best[rows, 3] (device) = {max, id0 + its lowest column, Σ expf(x - max)}
+ * of each row of x[rows, ld] (device, float32, its first cols columns); a row holding NaN or +inf
+ * gives {NaN, -1, 0}, one of -inf only (or cols 0) {-inf, -1, 0}. The sum is taken in double and
+ * rounded once. One CTA per row; no host synchronisation, no allocation (a graph may record it);
+ * enqueued on stream. */
+nopad_status cuda_row_argmax(float *best, const float *x, int32_t rows, int32_t cols, int32_t ld,
+                             int32_t id0, void *stream);
 
 #ifdef __cplusplus
 }
