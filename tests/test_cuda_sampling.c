@@ -10,7 +10,9 @@
  * the vocab, params sampling_check refuses), where the GPU gives -1. Every id must equal the
  * host's and every log-probability be within 1e-5 (relative beyond magnitude 1); a call without
  * logprobs must give the same ids. Mismatches are counted and printed before the test fails.
- * Exit code 77 (skipped) without a GPU. */
+ * Then the backend's row_argmax (a tensor-parallel rank's greedy choice over its share of the
+ * vocabulary) against the CPU op and a double-precision sum, directly and replayed from a CUDA
+ * graph. Exit code 77 (skipped) without a GPU. */
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math.h>
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/sampling_ops.h"
 #include "cuda_testutil.h"
 #include "model/sampling.h"
@@ -365,11 +368,212 @@ static void test_arguments(void **state) {
     cudaFree(row);
 }
 
+/* ---- row_argmax ------------------------------------------------------------------------------ */
+
+/* The row kinds row_argmax sees: the sampled kinds, then those without a choice. */
+static const kind ARGMAX_KINDS[] = {K_NORMAL, K_TIES, K_NEG_INF, K_FLAT, K_HUGE, K_WIDE, K_NAN, K_POS_INF, K_ALL_NEG_INF};
+enum { N_ARGMAX_KINDS = sizeof ARGMAX_KINDS / sizeof ARGMAX_KINDS[0] };
+
+/* One row in double: its max and lowest column (-1: none), NaN / +inf, the exact sum
+ * z = Σ e^(x_j - max) and spread = Σ e^(x_j - max)·|x_j - max| / z (what rounding x_j - max to
+ * float costs, below). */
+typedef struct argmax_ref {
+    float top;
+    int32_t at;
+    int bad;
+    double z, spread;
+} argmax_ref;
+
+static argmax_ref reference_row_argmax(const float *x, int32_t cols) {
+    argmax_ref r = {.top = -INFINITY, .at = -1};
+    for (int32_t j = 0; j < cols; j++) {
+        r.bad |= isnan(x[j]) || x[j] == INFINITY;
+        if (x[j] > r.top) r.top = x[j], r.at = j;
+    }
+    if (r.bad || r.at < 0) return r;
+    double spread = 0.0;
+    for (int32_t j = 0; j < cols; j++) {
+        if (x[j] == -INFINITY) continue; /* adds 0 (and 0·inf to the spread) */
+        const double d = (double)x[j] - r.top, t = exp(d);
+        r.z += t;
+        spread += t * fabs(d);
+    }
+    r.spread = spread / r.z;
+    return r;
+}
+
+/* Bounds of |z_op - z| / z for Σ_j expf(x_j - max) (u = 2^-24; z >= 1, the max's own term being 1).
+ * Each term: x_j - max is rounded to float once, so the term is e^(d(1+δ)), |δ| <= u, off by |d|·u
+ * of itself (spread·u of z in all); expf is within 2 ulp (4u: CUDA's documented bound, glibc's is
+ * 1). The sum: the CPU's running float32 sum of n nonnegative terms is within (n - 1)·u (Higham,
+ * Accuracy and Stability of Numerical Algorithms, 4.2), 9e-3 at 151936 columns (it drifts 3e-4
+ * there in practice); the GPU's double sum within n·2^-53, then one rounding to float (u). Terms
+ * that underflow lose under 2^-148 each, nothing beside z >= 1; the 1% covers that and the
+ * second-order products. */
+static double expsum_bound(int32_t cols, double spread, int float_sum) {
+    const double u = 0x1p-24, sum = float_sum ? (cols - 1) * u : cols * 0x1p-53 + u;
+    return 1.01 * (sum + 4 * u + spread * u);
+}
+
+/* x [rows, ld] (host) with rows of every kind, ld > cols, the extra columns FLT_MAX or NaN. */
+static float *make_argmax_rows(int32_t rows, int32_t cols, int32_t ld, uint64_t *rng) {
+    float *x = malloc((size_t)rows * ld * sizeof *x);
+    const float pad = rng_below(rng, 2) ? FLT_MAX : NAN;
+    for (int32_t r = 0; r < rows; r++) {
+        float *row = x + (size_t)r * ld;
+        if (cols > 0) fill_logits(row, cols, rows == 1 ? K_NORMAL : ARGMAX_KINDS[r % N_ARGMAX_KINDS], rng);
+        for (int32_t j = cols; j < ld; j++) row[j] = pad;
+    }
+    return x;
+}
+
+/* The CUDA op against the CPU op on the same rows (rows 1, 7, 256 x cols 0, 1, 13, 5000, 49152,
+ * 151936; ids from id0 != 0): max and id exact (bits), the rows without a choice exactly {NaN, -1, 0}
+ * or {-inf, -1, 0}; the GPU's exp-sum within its bound of the exact sum, and of the CPU's within
+ * both ops' bounds (the summation orders differ). */
+static void test_row_argmax_against_cpu(void **state) {
+    (void)state;
+    static const int32_t ROWS_[] = {1, 7, 256}, COLS[] = {0, 1, 13, 5000, 49152, 151936};
+    nopad_backend *cpu, *gpu;
+    assert_nopad_ok(nopad_backend_cpu_create(0, &cpu));
+    assert_nopad_ok(nopad_backend_cuda_create(NOPAD_DTYPE_BF16, 0, NULL, &gpu));
+    assert_non_null(gpu->row_argmax);
+    uint64_t rng = 20261206;
+    double worst_exact = 0.0, worst_cpu = 0.0;
+    int64_t checked = 0, no_choice = 0;
+    for (size_t ri = 0; ri < sizeof ROWS_ / sizeof ROWS_[0]; ri++)
+        for (size_t ci = 0; ci < sizeof COLS / sizeof COLS[0]; ci++) {
+            const int32_t rows = ROWS_[ri], cols = COLS[ci], ld = cols + 1 + rng_below(&rng, 8);
+            const int32_t id0 = 1 + rng_below(&rng, 1000000);
+            float *x = make_argmax_rows(rows, cols, ld, &rng);                    /* [rows, ld] */
+            float *want = malloc((size_t)rows * 3 * sizeof *want), *got = malloc((size_t)rows * 3 * sizeof *got);
+            float *d_x, *d_best;
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)rows * ld * sizeof(float), (void **)&d_x));
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)rows * 3 * sizeof(float), (void **)&d_best));
+            assert_nopad_ok(gpu->upload(gpu, d_x, x, (size_t)rows * ld * sizeof(float)));
+            CUDA_OK(cudaMemsetAsync(d_best, 0x7f, (size_t)rows * 3 * sizeof(float), gpu->native_stream)); /* poison */
+            assert_nopad_ok(gpu->row_argmax(gpu, d_best, d_x, rows, cols, ld, id0));
+            assert_nopad_ok(gpu->download(gpu, got, d_best, (size_t)rows * 3 * sizeof(float)));
+            assert_nopad_ok(cpu->row_argmax(cpu, want, x, rows, cols, ld, id0));
+            for (int32_t r = 0; r < rows; r++) {
+                const argmax_ref ref = reference_row_argmax(x + (size_t)r * ld, cols);
+                const float *g = got + (size_t)r * 3, *c = want + (size_t)r * 3;
+                char where[128];
+                snprintf(where, sizeof where, "row_argmax rows %d cols %d ld %d id0 %d, row %d (%s)", rows, cols,
+                         ld, id0, r, KIND_NAMES[rows == 1 ? K_NORMAL : ARGMAX_KINDS[r % N_ARGMAX_KINDS]]);
+                checked++;
+                const int same_max = (isnan(g[0]) && isnan(c[0])) || memcmp(&g[0], &c[0], sizeof g[0]) == 0;
+                if (!same_max || g[1] != c[1])
+                    fail_msg("%s: GPU max %.9g at id %.0f, CPU %.9g at id %.0f", where, g[0], g[1], c[0], c[1]);
+                if (ref.bad || ref.at < 0) {
+                    no_choice++;
+                    const int ok = ref.bad ? isnan(g[0]) : g[0] == -INFINITY;
+                    if (!ok || g[1] != -1.0f || g[2] != 0.0f || c[2] != 0.0f)
+                        fail_msg("%s: GPU {%g, %g, %g}, CPU exp-sum %g, want {%s, -1, 0}", where, g[0], g[1], g[2],
+                                 c[2], ref.bad ? "NaN" : "-inf");
+                    continue;
+                }
+                if (g[1] != (float)(id0 + ref.at)) fail_msg("%s: id %.0f, want %d", where, g[1], id0 + ref.at);
+                const double bound_gpu = expsum_bound(cols, ref.spread, 0);
+                const double bound_both = bound_gpu + expsum_bound(cols, ref.spread, 1);
+                const double err_exact = fabs(g[2] - ref.z) / ref.z, err_cpu = fabs((double)g[2] - c[2]) / ref.z;
+                if (!(err_exact <= bound_gpu))
+                    fail_msg("%s: exp-sum %.9g, exact %.17g: error %.3e over %.3e", where, g[2], ref.z, err_exact,
+                             bound_gpu);
+                if (!(err_cpu <= bound_both))
+                    fail_msg("%s: exp-sum %.9g, CPU %.9g: %.3e apart, over %.3e", where, g[2], c[2], err_cpu,
+                             bound_both);
+                worst_exact = fmax(worst_exact, err_exact);
+                worst_cpu = fmax(worst_cpu, err_cpu);
+            }
+            gpu->free(gpu, d_x);
+            gpu->free(gpu, d_best);
+            free(x);
+            free(want);
+            free(got);
+        }
+    printf("  row_argmax: %lld rows (%lld without a choice); exp-sum at most %.2e from the exact sum, %.2e from "
+           "the CPU's\n", (long long)checked, (long long)no_choice, worst_exact, worst_cpu);
+    gpu->destroy(gpu);
+    cpu->destroy(cpu);
+}
+
+typedef struct argmax_call {
+    nopad_backend *be;
+    float *best;
+    const float *x;
+    int32_t rows, cols, ld, id0;
+} argmax_call;
+
+static nopad_status record_row_argmax(void *ctx) {
+    const argmax_call *a = ctx;
+    return a->be->row_argmax(a->be, a->best, a->x, a->rows, a->cols, a->ld, a->id0);
+}
+
+/* The op inside a recorded graph (graph_run runs a key directly, records it the second time and
+ * replays it after): on fresh rows each time, the result equals the CPU op's bit for bit in max
+ * and id, and the exp-sum within both bounds; the graph was recorded once and replayed. */
+static void test_row_argmax_graph(void **state) {
+    (void)state;
+    nopad_backend *cpu, *gpu;
+    assert_nopad_ok(nopad_backend_cpu_create(0, &cpu));
+    assert_nopad_ok(nopad_backend_cuda_create(NOPAD_DTYPE_F16, 0, NULL, &gpu));
+    enum { ROWS_G = 33, COLS_G = 49152, LD_G = COLS_G + 5, ID0_G = 49152 };
+    uint64_t rng = 77;
+    float *d_x, *d_best;
+    assert_nopad_ok(gpu->alloc(gpu, (size_t)ROWS_G * LD_G * sizeof(float), (void **)&d_x));
+    assert_nopad_ok(gpu->alloc(gpu, (size_t)ROWS_G * 3 * sizeof(float), (void **)&d_best));
+    argmax_call call = {.be = gpu, .best = d_best, .x = d_x, .rows = ROWS_G, .cols = COLS_G, .ld = LD_G, .id0 = ID0_G};
+    const int64_t key[4] = {ROWS_G, COLS_G, LD_G, 0x6172676d6178}; /* "argmax" */
+    const int64_t recorded = gpu->graphs_recorded, replays = gpu->graph_replays;
+    float got[ROWS_G * 3], want[ROWS_G * 3];
+    for (int run = 0; run < 4; run++) {
+        float *x = make_argmax_rows(ROWS_G, COLS_G, LD_G, &rng);
+        assert_nopad_ok(gpu->upload(gpu, d_x, x, (size_t)ROWS_G * LD_G * sizeof(float)));
+        CUDA_OK(cudaMemsetAsync(d_best, 0x7f, sizeof got, gpu->native_stream));
+        assert_nopad_ok(gpu->graph_run(gpu, key, record_row_argmax, &call));
+        assert_nopad_ok(gpu->download(gpu, got, d_best, sizeof got));
+        assert_nopad_ok(cpu->row_argmax(cpu, want, x, ROWS_G, COLS_G, LD_G, ID0_G));
+        for (int32_t r = 0; r < ROWS_G; r++) {
+            const float *g = got + r * 3, *c = want + r * 3;
+            const argmax_ref ref = reference_row_argmax(x + (size_t)r * LD_G, COLS_G);
+            const int same_max = (isnan(g[0]) && isnan(c[0])) || memcmp(&g[0], &c[0], sizeof g[0]) == 0;
+            const double bound = ref.z > 0 ? expsum_bound(COLS_G, ref.spread, 0) + expsum_bound(COLS_G, ref.spread, 1) : 0;
+            const double apart = ref.z > 0 ? fabs((double)g[2] - c[2]) / ref.z : fabs((double)g[2] - c[2]);
+            if (!same_max || g[1] != c[1] || !(apart <= bound))
+                fail_msg("row_argmax in a graph, run %d row %d: GPU {%.9g, %.0f, %.9g}, CPU {%.9g, %.0f, %.9g}", run,
+                         r, g[0], g[1], g[2], c[0], c[1], c[2]);
+        }
+        free(x);
+    }
+    assert_int_equal(gpu->graphs_recorded - recorded, 1);
+    assert_int_equal(gpu->graph_replays - replays, 3);
+    gpu->free(gpu, d_x);
+    gpu->free(gpu, d_best);
+    gpu->destroy(gpu);
+    cpu->destroy(cpu);
+}
+
+/* Shapes the op refuses, and a call of no rows. */
+static void test_row_argmax_arguments(void **state) {
+    (void)state;
+    nopad_backend *gpu;
+    assert_nopad_ok(nopad_backend_cuda_create(NOPAD_DTYPE_BF16, 0, NULL, &gpu));
+    assert_nopad_ok(gpu->row_argmax(gpu, NULL, NULL, 0, 10, 10, 0));
+    assert_nopad_error(gpu->row_argmax(gpu, NULL, NULL, -1, 10, 10, 0), NOPAD_ERR_INVALID_ARGUMENT, "rows >= 0");
+    assert_nopad_error(gpu->row_argmax(gpu, NULL, NULL, 2, 10, 9, 0), NOPAD_ERR_INVALID_ARGUMENT, "ld >= cols");
+    assert_nopad_error(gpu->row_argmax(gpu, NULL, NULL, 2, -1, 9, 0), NOPAD_ERR_INVALID_ARGUMENT, "cols >= 0");
+    gpu->destroy(gpu);
+}
+
 int main(void) {
     if (test_skip_without_gpu()) return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arguments),
         cmocka_unit_test(test_against_host),
+        cmocka_unit_test(test_row_argmax_arguments),
+        cmocka_unit_test(test_row_argmax_against_cpu),
+        cmocka_unit_test(test_row_argmax_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
