@@ -13,6 +13,7 @@
  *   - the engine with requests arriving at random times from three threads: every request's ids
  *     equal to the same request's on the one-process engine (greedy; the engine's own rounding
  *     note in nopad.h applies alike to both). */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include "testutil.h"
 
 static int32_t world, rank;
+static const char *model_path; /* the model being compared, for the messages */
 
 #define CHECK(st)                                                                                      \
     do {                                                                                           \
@@ -78,6 +80,52 @@ static void compare_logits(nopad_model *one, nopad_model *tp, int32_t V, uint64_
         nopad_sequence_free(s2[b]);
     }
     free(ids), free(l1), free(l2);
+}
+
+/* nopad_decode_sample with log-probabilities, greedy (each rank's best id merged, no logits
+ * gathered) and seeded sampling (logits gathered): the same ids, log-probabilities within 1e-4.
+ * Why 1e-4: a log-probability moves by at most twice the largest change of a logit of its row, and
+ * the logits themselves differ between tp and one process by up to ~5e-6 of the row's norm
+ * (compare_logits: SmolLM2's 30 layers at tp 3), about 5e-5 absolute on its rows; the merge of the
+ * ranks' float32 exp-sums adds ~1e-6. */
+static void compare_decode_sample(nopad_model *one, nopad_model *tp, int32_t V, uint64_t *rng, int seeded) {
+    enum { B = 3 };
+    nopad_sequence *s1[B], *s2[B];
+    for (int b = 0; b < B; b++) {
+        CHECK(nopad_sequence_create(nopad_model_context(one), &s1[b]));
+        CHECK(nopad_sequence_create(nopad_model_context(tp), &s2[b]));
+    }
+    int32_t cu[B + 1] = {0, 1, 9, 30}, ids[30];
+    for (int32_t t = 0; t < cu[B]; t++) ids[t] = (int32_t)(next_u32(rng) % (uint32_t)V);
+    nopad_sampling_params p[B];
+    uint64_t draws[B];
+    for (int b = 0; b < B; b++) {
+        p[b] = nopad_sampling_default_params();
+        if (seeded) p[b].temperature = 0.7f, p[b].top_k = 20, p[b].seed = 77 + (uint64_t)b;
+    }
+    int32_t id1[B], id2[B], cu1[B + 1] = {0, 1, 2, 3};
+    float lp1[B], lp2[B];
+    for (int step = 0; step < 5; step++) {
+        for (int b = 0; b < B; b++) draws[b] = (uint64_t)step;
+        int32_t fed[B]; /* the ids step - 1 chose, fed to both (id1 is overwritten below) */
+        memcpy(fed, id1, sizeof fed);
+        const int32_t *c = step == 0 ? cu : cu1, *in = step == 0 ? ids : fed;
+        CHECK(nopad_decode_sample(nopad_model_context(one), B, s1, c, in, p, draws, id1, lp1));
+        CHECK(nopad_decode_sample(nopad_model_context(tp), B, s2, c, in, p, draws, id2, lp2));
+        for (int b = 0; b < B; b++) {
+            if (id1[b] != id2[b])
+                fail_msg("%s decode_sample step %d row %d: tp %d chose %d, one process %d",
+                         seeded ? "seeded" : "greedy", step, b, world, id2[b], id1[b]);
+            const double tol = 1e-4 * (fabs(lp1[b]) > 1 ? fabs(lp1[b]) : 1);
+            if (!(fabs(lp1[b] - lp2[b]) <= tol))
+                fail_msg("%s: %s decode_sample step %d row %d: log-probability %.8g at tp %d, %.8g in one process",
+                         model_path, seeded ? "seeded" : "greedy", step, b, lp2[b], world, lp1[b]);
+        }
+    }
+    for (int b = 0; b < B; b++) {
+        nopad_sequence_free(s1[b]);
+        nopad_sequence_free(s2[b]);
+    }
 }
 
 static void compare_generate(nopad_model *one, nopad_model *tp, int32_t V, uint64_t *rng, int seeded) {
@@ -201,6 +249,7 @@ static void compare_engine(nopad_model *one, nopad_model *tp, int32_t V, uint64_
 /* ---- per model -------------------------------------------------------------------------------- */
 
 static void check_model(const char *path) {
+    model_path = path;
     nopad_model_params p = params_for(world);
     if (rank != 0) {
         const nopad_status st = nopad_tp_follow(path, &p);
@@ -236,6 +285,8 @@ static void check_model(const char *path) {
     if (!(w2 < w1)) fail_msg("%s: rank 0 holds %zu bytes of weights split over %d, %zu whole", path, w2, world, w1);
     uint64_t rng = 0x5eed0000ull + (uint64_t)world;
     compare_logits(one, tp, info.vocab_size, &rng);
+    compare_decode_sample(one, tp, info.vocab_size, &rng, 0);
+    compare_decode_sample(one, tp, info.vocab_size, &rng, 1);
     compare_generate(one, tp, info.vocab_size, &rng, 0);
     compare_generate(one, tp, info.vocab_size, &rng, 1);
     compare_engine(one, tp, info.vocab_size, &rng);

@@ -102,6 +102,12 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, cons
     if (st == NOPAD_OK && tp->comm)
         st = alloc(be, s, (size_t)tp->size * s->logit_rows * (size_t)tp->vocab_stride * sizeof(float),
                    (void **)&s->logits_parts);
+    if (st == NOPAD_OK && tp->comm)
+        st = alloc(be, s, (size_t)tp->size * s->logit_rows * 3 * sizeof(float), (void **)&s->best_parts);
+    if (st == NOPAD_OK && tp->comm) {
+        s->host_best = malloc((size_t)tp->size * s->logit_rows * 3 * sizeof(float));
+        if (!s->host_best) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    }
     /* tokens, positions, slots [T each]; rows [B], cu_q [B+1], seqlen_k [B]; table [B, max] */
     const size_t max_blocks = ((size_t)cfg->max_position_embeddings + block_size - 1) / block_size;
     s->i32_count = 6 * T + 1 + T * max_blocks;
@@ -121,13 +127,15 @@ void decoder_state_free(nopad_backend *be, const model_config *cfg, decoder_stat
         if (s->v_cache && s->v_cache[l]) be->free(be, s->v_cache[l]);
     }
     void *bufs[] = {s->h,    s->tmp,    s->xn,          s->qkv, s->attn, s->mlp,
-                    s->act,  s->last,   s->logits,      s->i32, s->feed, s->logits_parts};
+                    s->act,  s->last,   s->logits,      s->i32, s->feed, s->logits_parts,
+                    s->best_parts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     free(s->k_cache);
     free(s->v_cache);
     free(s->free_blocks);
     free(s->host_i32);
+    free(s->host_best);
     sampler_scratch_free(&s->scratch);
     memset(s, 0, sizeof *s);
 }
@@ -443,7 +451,9 @@ nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, 
         .n_rows = !want_rows ? 0 : batch->all_logits ? T : Bp,
         .gather = !batch->all_logits,
     };
-    call.head_rows = call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
+    /* with tensor parallelism the LM head waits for the output's parameters: greedy rows merge
+     * each rank's best id instead of gathering the logits (decoder_output_launch) */
+    call.head_rows = w->tp.comm ? 0 : call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
     if (recorded) {
         /* tagged -1 / -2: the encoder's keys end in 0 */
         const int64_t key[4] = {Bp, width, call.n_rows, -1 - no_history};
@@ -454,6 +464,61 @@ nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, 
     s->out_rows = !want_rows ? 0 : batch->all_logits ? T : B; /* the padding's left out */
     s->out_pending = 1;
     return NOPAD_OK;
+}
+
+/* Every row's choice is the arg-max of its logits (greedy, no repetition penalty). */
+static int all_greedy(const decoder_output *out, int32_t rows) {
+    for (int32_t r = 0; r < rows; r++)
+        if (out->params[r].temperature != 0.0f || (out->params[r].repetition_penalty != 1.0f && out->cu_history))
+            return 0;
+    return 1;
+}
+
+/* Greedy rows of a split model, without gathering the logits: each rank finds the best id of its
+ * vocabulary rows (row_argmax: max, id, exp-sum), the ranks all-gather these triples [tp, n, 3],
+ * and each rank merges them the same way: the largest max wins, the lowest rank on ties (ranks
+ * hold ids in order, so the lowest id wins, as in sample_token), and the log-probability is
+ * -log Σ_r sum_r · exp(max_r - max). The ids go up to the feed like the host sampler's. */
+static nopad_status tp_greedy(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                              decoder_state *s, const decoder_output *out, int32_t out_rows) {
+    const tp_shard *tp = &w->tp;
+    const int32_t H = cfg->hidden_size;
+    const size_t es = nopad_dtype_size(be->dtype);
+    for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
+        const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
+        float *mine = s->logits_parts + (size_t)tp->rank * n * tp->vocab_stride; /* [n, vocab_rows] */
+        float *best = s->best_parts + (size_t)tp->rank * n * 3;                  /* [n, 3] */
+        if (tp->vocab_rows > 0)
+            TRY(be->gemm_f32(be, mine, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head, n, H,
+                             tp->vocab_rows));
+        TRY(be->row_argmax(be, best, mine, n, tp->vocab_rows, tp->vocab_rows, tp->vocab0));
+        TRY(comm_all_gather(tp->comm, be, s->best_parts, best, (size_t)n * 3, COMM_F32));
+        TRY(be->download(be, s->host_best, s->best_parts, (size_t)tp->size * n * 3 * sizeof(float)));
+        for (int32_t r = 0; r < n; r++) {
+            float top = -INFINITY, id = -1.0f;
+            for (int32_t k = 0; k < tp->size; k++) {
+                const float *t = s->host_best + ((size_t)k * n + r) * 3;
+                if (t[0] != t[0])
+                    return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                           "sampling: logits of row %d hold NaN or +inf (ids from %d); a "
+                                           "logit must be finite or -inf", r0 + r, k * tp->vocab_stride);
+                if (t[0] > top) top = t[0], id = t[1];
+            }
+            if (top == -INFINITY)
+                return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                       "sampling: logits are all -inf (%d ids); no id can be chosen",
+                                       cfg->vocab_size);
+            double z = 0;
+            for (int32_t k = 0; k < tp->size; k++) {
+                const float *t = s->host_best + ((size_t)k * n + r) * 3;
+                if (t[0] > -INFINITY) z += (double)t[2] * exp((double)t[0] - top);
+            }
+            out->ids[r0 + r] = (int32_t)id;
+            if (out->logprobs) out->logprobs[r0 + r] = (float)-log(z);
+        }
+    }
+    /* the next step may name these ids before its launch (tokens < 0) */
+    return be->upload_i32(be, s->feed, out->ids, (size_t)out_rows);
 }
 
 nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
@@ -470,9 +535,14 @@ nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, c
                                out_rows);
     const size_t es = nopad_dtype_size(be->dtype);
     const int32_t H = cfg->hidden_size;
+    if (w->tp.comm && out->ids && all_greedy(out, out_rows)) {
+        TRY(tp_greedy(be, cfg, w, s, out, out_rows));
+        s->feed_rows = out_rows;
+        return NOPAD_OK;
+    }
     for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
         const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
-        if (r0 > 0) TRY(lm_head(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n));
+        if (r0 > 0 || w->tp.comm) TRY(lm_head(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n));
         TRY(step_output(be, cfg, s, out, r0, n, out_rows <= s->logit_rows));
     }
     if (out->ids) s->feed_rows = out_rows;

@@ -211,12 +211,12 @@ nopad_status cpu_row_argmax(nopad_backend *be, float *best, const float *x, int3
             out[0] = NAN, out[1] = -1.0f, out[2] = 0.0f;
             continue;
         }
-        float z = 0.0f;
+        double z = 0.0; /* in double as sample_token sums it: a float32 sum drifts ~1e-4 at 150k ids */
         if (at >= 0)
-            for (int32_t j = 0; j < cols; j++) z += expf(row[j] - top);
+            for (int32_t j = 0; j < cols; j++) z += exp((double)row[j] - top);
         out[0] = top;
         out[1] = at >= 0 ? (float)(id0 + at) : -1.0f;
-        out[2] = z;
+        out[2] = (float)z;
     }
     return NOPAD_OK;
 }
