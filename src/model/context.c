@@ -243,6 +243,7 @@ nopad_status context_run_encoder(nopad_context *c, const nopad_seqs *seqs, int32
                                  .cu_seqlens = ws->cu_seqlens}};
     const int64_t key[4] = {rows, B, call.seqs.max_seqlen, 0};
     st = be->graph_run(be, key, record_layers, &call);
+    if (st == NOPAD_OK && m->weights.tp.comm) st = comm_watch(m->weights.tp.comm, be); /* the replay's collectives */
     if (st == NOPAD_OK && hidden != ws->hidden)
         st = be->copy(be, hidden, ws->hidden, (size_t)T * m->cfg.hidden_size * nopad_dtype_size(be->dtype));
     return st;

@@ -458,6 +458,8 @@ nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, 
         /* tagged -1 / -2: the encoder's keys end in 0 */
         const int64_t key[4] = {Bp, width, call.n_rows, -1 - no_history};
         TRY(be->graph_run(be, key, step_forward, &call));
+        /* the replay's collectives are NCCL's: the watchdog times them from here */
+        if (w->tp.comm) TRY(comm_watch(w->tp.comm, be));
     } else {
         TRY(step_forward(&call));
     }

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/encoder.h"
 #include "util/error.h"
+#include "util/knobs.h"
 #include "util/types.h"
 #include "util/file.h"
 #include "io/tokenizer_internal.h"
@@ -57,14 +58,16 @@ static nopad_status create_default_context(nopad_model *m) {
 static nopad_status create_backend(nopad_model *m) {
     nopad_status st = NOPAD_OK;
     const int32_t tp = m->params.tp_size > 1 ? m->params.tp_size : 1;
-    if (tp > 1) {
-        if (!m->following && nopad_world_rank() != 0)
+    /* NOPAD_COMM_FORCE: a model of one rank still runs its collectives (through NCCL on CUDA), to
+     * test that path and measure what it costs on one GPU */
+    if (tp > 1 || knob_int(KNOB_COMM_FORCE)) {
+        if (tp > 1 && !m->following && nopad_world_rank() != 0)
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                    "nopad_model_load: this is rank %d of a tensor-parallel world of %d; rank 0 "
                                    "loads the model and leads, every other rank calls nopad_tp_follow",
                                    nopad_world_rank(), tp);
         st = comm_world(tp, &m->comm);
-        if (st == NOPAD_OK && m->params.device == NOPAD_DEVICE_CUDA)
+        if (st == NOPAD_OK && tp > 1 && m->params.device == NOPAD_DEVICE_CUDA)
             m->params.device_index = comm_local_rank(m->comm);
     }
     if (st == NOPAD_OK)

@@ -31,7 +31,7 @@ nopad_status tp_shard_plan(const model_config *cfg, nopad_comm *comm, int32_t ra
                                "heads); tp that work: %s",
                                size, nh, kvh, cfg->intermediate_size, ok);
     }
-    out->comm = size > 1 ? comm : NULL;
+    out->comm = comm;
     out->rank = rank;
     out->size = size;
     out->heads = nh / size;

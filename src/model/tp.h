@@ -22,7 +22,8 @@
 #include "parallel/comm.h"
 
 typedef struct tp_shard {
-    nopad_comm *comm;          /* the group; NULL when size is 1 (nothing is split) */
+    nopad_comm *comm;          /* the group; NULL when nothing is split (size 1; NOPAD_COMM_FORCE
+                                  keeps a group of one, whose collectives still run) */
     int32_t rank, size;
     int32_t heads, head0;      /* query heads held, the first one's global index */
     int32_t kv_heads, kv_head0;/* key/value heads held, the first one's global index */
