@@ -44,6 +44,9 @@
 #        profile (ncu per-kernel times of one decode step at PROFILE_BATCHES, default "1 64", of
 #        the PROFILE_SHAPE, default 1b (or smollm2);
 #        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
+#        test-comm (issue 39: every staged test again with NOPAD_COMM_FORCE=1, the tensor-parallel
+#        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
+#        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated),
 #        default "gguf test". Logs and JSON to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -104,6 +107,13 @@ fi
 BUILD=/tmp/nopad_dec/build
 export LD_LIBRARY_PATH=$BUILD/deplibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NOPAD_TEST_DATA=$ROOT/tests/data
+# NCCL lives only in the Python environment's nvidia.nccl here; the communicator opens it at run
+# time ($NOPAD_NCCL_LIBRARY): test_cuda_comm and the world-of-one steps (test-comm, ab-comm) need it
+if [ -z "${NOPAD_NCCL_LIBRARY:-}" ]; then
+    nccl_dir=$(python3 -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(list(s.submodule_search_locations)[0])' 2>/dev/null)
+    [ -f "$nccl_dir/lib/libnccl.so.2" ] && export NOPAD_NCCL_LIBRARY=$nccl_dir/lib/libnccl.so.2
+fi
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the shared machines
 GGUF=/tmp/nopad_gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 status=0
 {
@@ -159,6 +169,47 @@ for step in $STEPS; do
         tail -30 "$OUT/torch_attention_backward_check.log"
         echo "torch_attention_backward_check: exit $rc"
         [ $rc -eq 0 ] || status=1
+        ;;
+    test-comm)
+        # issue 39: the tensor-parallel path at world size one: every staged test again with
+        # NOPAD_COMM_FORCE=1, so models keep a group of one and their collectives (NCCL all-reduces,
+        # the LM head's merge of greedy choices) run inside every step
+        echo "NCCL: ${NOPAD_NCCL_LIBRARY:-not found}"
+        [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
+        for t in $(ls "$BUILD/tests"); do
+            [ "$t" = test_cuda_attention_backward ] && continue
+            echo "== $t (NOPAD_COMM_FORCE=1)"
+            (cd "$ROOT" && NOPAD_COMM_FORCE=1 timeout 300 "$BUILD/tests/$t") > "$OUT/${t}_comm.log" 2>&1
+            rc=$?
+            tail -5 "$OUT/${t}_comm.log"
+            echo "$t (NOPAD_COMM_FORCE=1): exit $rc"
+            [ $rc -eq 0 ] || status=1
+        done
+        ;;
+    ab-comm)
+        # issue 39's cost of the tensor-parallel path at world size one: the engine's throughput
+        # workloads and the decode-step grid with NOPAD_COMM_FORCE off and on, one library,
+        # alternated (AB_ENGINE: SHAPE:REQUESTS pairs, default workload 4, then 1)
+        echo "NCCL: ${NOPAD_NCCL_LIBRARY:-not found}"
+        for round in 1 2 3; do
+            for force in 0 1; do
+                f="$OUT/ab_comm_decode_force${force}_$round"
+                NOPAD_COMM_FORCE=$force timeout 150 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
+                    --sections decode --dtypes fp16 --batches ${AB_BATCHES:-1,8,64} --contexts 512 --prefill 1x64 \
+                    --prefill-reps 1 --prefill-warmup 0 --out "$f.json" > "$f.log" 2>&1 || status=1
+                echo "== decode force $force round $round: $(grep '^| [0-9]' "$f.log" | awk -F'|' '{printf "%s:%s ", $2, $3}')"
+            done
+        done
+        for w in ${AB_ENGINE:-smollm2:64 1b:32}; do
+            for round in 1 2; do
+                for force in 0 1; do
+                    f="$OUT/ab_comm_${w%%:*}_force${force}_$round"
+                    NOPAD_COMM_FORCE=$force timeout 150 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" \
+                        --shape "${w%%:*}" --requests "${w##*:}" --peers none --reps 2 --out "$f.json" > "$f.log" 2>&1 || status=1
+                    echo "== $w force $force round $round: $(grep -E '^# nopad .* rep ' "$f.log" | sed 's/^# nopad //' | tr '\n' ' ')"
+                done
+            done
+        done
         ;;
     half)
         args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")
