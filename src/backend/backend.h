@@ -461,7 +461,8 @@ struct nopad_backend {
     /* A greedy choice over a share of the vocabulary (a tensor-parallel rank's logit columns),
      * to be merged across ranks without gathering the logits: for each row r of x32[rows, ld]
      * (float32, its first cols columns), best[r] = {the largest value, id0 + the lowest column
-     * holding it, Σ_j exp(x_j - max) in float32} as three floats (ids are exact below 2^24).
+     * holding it, Σ_j exp(x_j - max) summed in double and rounded once} as three floats (ids are
+     * exact below 2^24; a float32 running sum would drift ~1e-4 relative at 150k ids).
      * A row holding NaN or +inf gives {NaN, -1, 0}; a row of -inf only (or cols 0) gives
      * {-inf, -1, 0}. */
     nopad_status (*row_argmax)(nopad_backend *be, float *best, const float *x32, int32_t rows,
