@@ -249,54 +249,11 @@ static void fill_argmax_row(float *x, int32_t cols, argmax_row kind, uint64_t *r
     if (kind == ARGMAX_POS_INF || kind == ARGMAX_NAN_AND_INF) x[rand_below(rng, cols)] = INFINITY;
 }
 
-/* One row in double: the max and its lowest column (-1: none), NaN / +inf, the exact sum
- * z = Σ e^(x_j - max) and spread = Σ e^(x_j - max)·|x_j - max| / z (what rounding x_j - max to
- * float costs, below). */
-typedef struct argmax_ref {
-    float top;
-    int32_t at;
-    int bad;
-    double z, spread;
-} argmax_ref;
-
-static argmax_ref reference_row_argmax(const float *x, int32_t cols) {
-    argmax_ref r = {.top = -INFINITY, .at = -1};
-    for (int32_t j = 0; j < cols; j++) {
-        r.bad |= isnan(x[j]) || x[j] == INFINITY;
-        if (x[j] > r.top) r.top = x[j], r.at = j;
-    }
-    if (r.bad || r.at < 0) return r;
-    double spread = 0.0;
-    for (int32_t j = 0; j < cols; j++) {
-        if (x[j] == -INFINITY) continue; /* adds 0 (and 0·inf to the spread) */
-        const double d = (double)x[j] - r.top, t = exp(d);
-        r.z += t;
-        spread += t * fabs(d);
-    }
-    r.spread = spread / r.z;
-    return r;
-}
-
-/* A bound of |z_op - z| / z for Σ_j expf(x_j - max) summed left to right in float32 (u = 2^-24;
- * z >= 1, the max's own term being 1):
- *   - x_j - max is rounded to float once: the term becomes e^(d(1+δ)), |δ| <= u, off by |d|·u of
- *     itself: spread·u of z in all;
- *   - expf is within 2 ulp (4u) of e^x (glibc's within 1);
- *   - a running float sum of n nonnegative terms is within (n - 1)·u of the exact one (Higham,
- *     Accuracy and Stability of Numerical Algorithms, 4.2); terms that underflow lose under 2^-148
- *     each, nothing beside z >= 1 (the 1% covers it and the second-order products).
- * The last dominates: 3e-4 at 5000 columns. Rounding errors that wander at random leave about
- * 2e-5 on these rows of 5000 (printed), so the 1e-5 of the other ops is not met by a float32
- * running sum here; a double accumulator would meet 1e-6. */
-static double expsum_bound_float_sum(int32_t cols, double spread) {
-    const double u = 0x1p-24;
-    return 1.01 * ((cols - 1) * u + 4 * u + spread * u);
-}
-
-/* cpu_row_argmax against reference_row_argmax: rows 1, 7, 300 x cols 1, 13, 5000 (and 0), each
- * row in a leading dimension wider than cols whose extra columns (FLT_MAX or NaN) must be ignored,
- * ids from id0 != 0. Max and id exact (bits: -0 and +0 differ), the exp-sum within the bound above;
- * rows without a choice exactly {NaN, -1, 0} (NaN, +inf) or {-inf, -1, 0} (-inf only, no columns). */
+/* cpu_row_argmax against test_reference_row_argmax: rows 1, 7, 300 x cols 1, 13, 5000 (and 0),
+ * each row in a leading dimension wider than cols whose extra columns (FLT_MAX or NaN) must be
+ * ignored, ids from id0 != 0. Max and id exact (bits: -0 and +0 differ), the exp-sum within
+ * test_expsum_bound of a float32 running sum; rows without a choice exactly {NaN, -1, 0} (NaN,
+ * +inf) or {-inf, -1, 0} (-inf only, no columns). */
 static void test_row_argmax(void **state) {
     uint64_t rng = 0x5DEECE66Dull;
     static const int32_t ROWS[] = {1, 7, 300}, COLS[] = {0, 1, 13, 5000};
@@ -318,7 +275,7 @@ static void test_row_argmax(void **state) {
             for (int32_t k = 0; k < rows * 3; k++) best[k] = 12345.0f; /* poison */
             assert_nopad_ok(be->row_argmax(be, best, x, rows, cols, ld, id0));
             for (int32_t r = 0; r < rows; r++) {
-                const argmax_ref want = reference_row_argmax(x + (size_t)r * ld, cols);
+                const test_argmax_ref want = test_reference_row_argmax(x + (size_t)r * ld, cols);
                 const float *got = best + (size_t)r * 3;
                 char where[96];
                 snprintf(where, sizeof where, "row_argmax rows %d cols %d ld %d id0 %d, row %d", rows, cols, ld,
@@ -335,7 +292,7 @@ static void test_row_argmax(void **state) {
                 if (memcmp(&got[0], &want.top, sizeof want.top) != 0 || got[1] != (float)(id0 + want.at))
                     fail_msg("%s: max %.9g at id %.0f, want %.9g at id %d", where, got[0], got[1], want.top,
                              id0 + want.at);
-                const double err = fabs(got[2] - want.z) / want.z, bound = expsum_bound_float_sum(cols, want.spread);
+                const double err = fabs(got[2] - want.z) / want.z, bound = test_expsum_bound(cols, want.spread, 1);
                 if (!(err <= bound)) fail_msg("%s: exp-sum %.9g, want %.17g: error %.3e over %.3e", where, got[2], want.z, err, bound);
                 worst = fmax(worst, err);
                 worst_of_bound = fmax(worst_of_bound, err / bound);

@@ -374,47 +374,6 @@ static void test_arguments(void **state) {
 static const kind ARGMAX_KINDS[] = {K_NORMAL, K_TIES, K_NEG_INF, K_FLAT, K_HUGE, K_WIDE, K_NAN, K_POS_INF, K_ALL_NEG_INF};
 enum { N_ARGMAX_KINDS = sizeof ARGMAX_KINDS / sizeof ARGMAX_KINDS[0] };
 
-/* One row in double: its max and lowest column (-1: none), NaN / +inf, the exact sum
- * z = Σ e^(x_j - max) and spread = Σ e^(x_j - max)·|x_j - max| / z (what rounding x_j - max to
- * float costs, below). */
-typedef struct argmax_ref {
-    float top;
-    int32_t at;
-    int bad;
-    double z, spread;
-} argmax_ref;
-
-static argmax_ref reference_row_argmax(const float *x, int32_t cols) {
-    argmax_ref r = {.top = -INFINITY, .at = -1};
-    for (int32_t j = 0; j < cols; j++) {
-        r.bad |= isnan(x[j]) || x[j] == INFINITY;
-        if (x[j] > r.top) r.top = x[j], r.at = j;
-    }
-    if (r.bad || r.at < 0) return r;
-    double spread = 0.0;
-    for (int32_t j = 0; j < cols; j++) {
-        if (x[j] == -INFINITY) continue; /* adds 0 (and 0·inf to the spread) */
-        const double d = (double)x[j] - r.top, t = exp(d);
-        r.z += t;
-        spread += t * fabs(d);
-    }
-    r.spread = spread / r.z;
-    return r;
-}
-
-/* Bounds of |z_op - z| / z for Σ_j expf(x_j - max) (u = 2^-24; z >= 1, the max's own term being 1).
- * Each term: x_j - max is rounded to float once, so the term is e^(d(1+δ)), |δ| <= u, off by |d|·u
- * of itself (spread·u of z in all); expf is within 2 ulp (4u: CUDA's documented bound, glibc's is
- * 1). The sum: the CPU's running float32 sum of n nonnegative terms is within (n - 1)·u (Higham,
- * Accuracy and Stability of Numerical Algorithms, 4.2), 9e-3 at 151936 columns (it drifts 3e-4
- * there in practice); the GPU's double sum within n·2^-53, then one rounding to float (u). Terms
- * that underflow lose under 2^-148 each, nothing beside z >= 1; the 1% covers that and the
- * second-order products. */
-static double expsum_bound(int32_t cols, double spread, int float_sum) {
-    const double u = 0x1p-24, sum = float_sum ? (cols - 1) * u : cols * 0x1p-53 + u;
-    return 1.01 * (sum + 4 * u + spread * u);
-}
-
 /* x [rows, ld] (host) with rows of every kind, ld > cols, the extra columns FLT_MAX or NaN. */
 static float *make_argmax_rows(int32_t rows, int32_t cols, int32_t ld, uint64_t *rng) {
     float *x = malloc((size_t)rows * ld * sizeof *x);
@@ -429,8 +388,8 @@ static float *make_argmax_rows(int32_t rows, int32_t cols, int32_t ld, uint64_t 
 
 /* The CUDA op against the CPU op on the same rows (rows 1, 7, 256 x cols 0, 1, 13, 5000, 49152,
  * 151936; ids from id0 != 0): max and id exact (bits), the rows without a choice exactly {NaN, -1, 0}
- * or {-inf, -1, 0}; the GPU's exp-sum within its bound of the exact sum, and of the CPU's within
- * both ops' bounds (the summation orders differ). */
+ * or {-inf, -1, 0}; the GPU's exp-sum within its bound (test_expsum_bound of a double sum) of the
+ * exact sum, and of the CPU's within both ops' bounds (the summation orders differ). */
 static void test_row_argmax_against_cpu(void **state) {
     (void)state;
     static const int32_t ROWS_[] = {1, 7, 256}, COLS[] = {0, 1, 13, 5000, 49152, 151936};
@@ -456,7 +415,7 @@ static void test_row_argmax_against_cpu(void **state) {
             assert_nopad_ok(gpu->download(gpu, got, d_best, (size_t)rows * 3 * sizeof(float)));
             assert_nopad_ok(cpu->row_argmax(cpu, want, x, rows, cols, ld, id0));
             for (int32_t r = 0; r < rows; r++) {
-                const argmax_ref ref = reference_row_argmax(x + (size_t)r * ld, cols);
+                const test_argmax_ref ref = test_reference_row_argmax(x + (size_t)r * ld, cols);
                 const float *g = got + (size_t)r * 3, *c = want + (size_t)r * 3;
                 char where[128];
                 snprintf(where, sizeof where, "row_argmax rows %d cols %d ld %d id0 %d, row %d (%s)", rows, cols,
@@ -474,8 +433,8 @@ static void test_row_argmax_against_cpu(void **state) {
                     continue;
                 }
                 if (g[1] != (float)(id0 + ref.at)) fail_msg("%s: id %.0f, want %d", where, g[1], id0 + ref.at);
-                const double bound_gpu = expsum_bound(cols, ref.spread, 0);
-                const double bound_both = bound_gpu + expsum_bound(cols, ref.spread, 1);
+                const double bound_gpu = test_expsum_bound(cols, ref.spread, 0);
+                const double bound_both = bound_gpu + test_expsum_bound(cols, ref.spread, 1);
                 const double err_exact = fabs(g[2] - ref.z) / ref.z, err_cpu = fabs((double)g[2] - c[2]) / ref.z;
                 if (!(err_exact <= bound_gpu))
                     fail_msg("%s: exp-sum %.9g, exact %.17g: error %.3e over %.3e", where, g[2], ref.z, err_exact,
@@ -536,9 +495,10 @@ static void test_row_argmax_graph(void **state) {
         assert_nopad_ok(cpu->row_argmax(cpu, want, x, ROWS_G, COLS_G, LD_G, ID0_G));
         for (int32_t r = 0; r < ROWS_G; r++) {
             const float *g = got + r * 3, *c = want + r * 3;
-            const argmax_ref ref = reference_row_argmax(x + (size_t)r * LD_G, COLS_G);
+            const test_argmax_ref ref = test_reference_row_argmax(x + (size_t)r * LD_G, COLS_G);
             const int same_max = (isnan(g[0]) && isnan(c[0])) || memcmp(&g[0], &c[0], sizeof g[0]) == 0;
-            const double bound = ref.z > 0 ? expsum_bound(COLS_G, ref.spread, 0) + expsum_bound(COLS_G, ref.spread, 1) : 0;
+            const double bound =
+                ref.z > 0 ? test_expsum_bound(COLS_G, ref.spread, 0) + test_expsum_bound(COLS_G, ref.spread, 1) : 0;
             const double apart = ref.z > 0 ? fabs((double)g[2] - c[2]) / ref.z : fabs((double)g[2] - c[2]);
             if (!same_max || g[1] != c[1] || !(apart <= bound))
                 fail_msg("row_argmax in a graph, run %d row %d: GPU {%.9g, %.0f, %.9g}, CPU {%.9g, %.0f, %.9g}", run,

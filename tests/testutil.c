@@ -131,6 +131,29 @@ void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state)
         x[i] = lo + (hi - lo) * (float)(test_rand_u32(state) >> 8) / 16777216.0f;
 }
 
+test_argmax_ref test_reference_row_argmax(const float *x, int32_t cols) {
+    test_argmax_ref r = {.top = -INFINITY, .at = -1};
+    for (int32_t j = 0; j < cols; j++) {
+        r.bad |= isnan(x[j]) || x[j] == INFINITY;
+        if (x[j] > r.top) r.top = x[j], r.at = j;
+    }
+    if (r.bad || r.at < 0) return r;
+    double spread = 0.0;
+    for (int32_t j = 0; j < cols; j++) {
+        if (x[j] == -INFINITY) continue; /* adds 0 (and 0·inf to the spread) */
+        const double d = (double)x[j] - r.top, t = exp(d);
+        r.z += t;
+        spread += t * fabs(d);
+    }
+    r.spread = spread / r.z;
+    return r;
+}
+
+double test_expsum_bound(int32_t cols, double spread, int float_sum) {
+    const double u = 0x1p-24, sum = float_sum ? (cols - 1) * u : cols * 0x1p-53 + u;
+    return 1.01 * (sum + 4 * u + spread * u);
+}
+
 double test_cosine(const float *a, const float *b, int64_t n) {
     double ab = 0, aa = 0, bb = 0;
     for (int64_t i = 0; i < n; i++) {

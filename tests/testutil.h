@@ -57,6 +57,26 @@ test_corpus test_corpus_load(void);
 void test_corpus_free(test_corpus *c);
 /* Cosine similarity of two vectors of n floats, in double. */
 double test_cosine(const float *a, const float *b, int64_t n);
+/* row_argmax's reference (backend.h), one row of cols floats in double: the max and its lowest
+ * column (at -1: none), whether the row holds NaN or +inf (bad), the exact sum
+ * z = Σ e^(x_j - max) and spread = Σ e^(x_j - max)·|x_j - max| / z (what rounding x_j - max to
+ * float costs, see test_expsum_bound). z and spread are 0 for a bad row or one without a max. */
+typedef struct test_argmax_ref {
+    float top;
+    int32_t at;
+    int bad;
+    double z, spread;
+} test_argmax_ref;
+test_argmax_ref test_reference_row_argmax(const float *x, int32_t cols);
+/* A bound of |z_op - z| / z for an op's Σ_j expf(x_j - max) over cols columns (u = 2^-24; z >= 1,
+ * the max's own term being 1). Each term: x_j - max is rounded to float once, so the term is
+ * e^(d(1+δ)), |δ| <= u, off by |d|·u of itself (spread·u of z in all); expf is within 2 ulp (4u:
+ * CUDA's documented bound, glibc's is 1). The sum: a running float32 sum of n nonnegative terms
+ * (float_sum) is within (n - 1)·u (Higham, Accuracy and Stability of Numerical Algorithms, 4.2),
+ * 3e-4 at 5000 columns and 9e-3 at 151936, where it drifts 2e-5 and 3e-4 in practice; a double sum
+ * within n·2^-53, then one rounding to float (u). Terms that underflow lose under 2^-148 each,
+ * nothing beside z >= 1; the 1% covers that and the second-order products. */
+double test_expsum_bound(int32_t cols, double spread, int float_sum);
 /* Uniform floats in [lo, hi) from a fixed-seed xorshift generator. */
 void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state);
 uint32_t test_rand_u32(uint64_t *state);
