@@ -42,6 +42,39 @@ def _float_arg(value: Any, name: str) -> float:
     return float(value)
 
 
+def _decoder_params(device: str, dtype: Optional[str], threads: int,
+                    kv_cache_tokens: Optional[int], max_batch_tokens: Optional[int], tp_size: int,
+                    cuda_graph_max_tokens: int = 0) -> Tuple[int, Any]:
+    """(device code, nopad_model_params) for loading a decoder, every argument checked: a
+    Generator's, and those of tp_follow's ranks, which must cut their shards as rank 0's
+    Generator does. `dtype` None: fp16 on CUDA, fp32 on the CPU."""
+    dev = _parse_device(device)
+    if dtype is None:
+        dt = _native.DTYPE_F16 if dev == _native.DEVICE_CUDA else _native.DTYPE_F32
+    else:
+        dt = _parse_dtype(dtype)
+    params = _native.library().nopad_model_default_params()
+    params.device = dev
+    params.dtype = dt
+    params.n_threads = _int_arg(threads, "threads", 0, 4096)
+    if kv_cache_tokens is not None:
+        params.kv_cache_tokens = _int_arg(kv_cache_tokens, "kv_cache_tokens", 1)
+    if max_batch_tokens is not None:
+        params.max_batch_tokens = _int_arg(max_batch_tokens, "max_batch_tokens", 1)
+    params.cuda_graph_max_tokens = _int_arg(cuda_graph_max_tokens, "cuda_graph_max_tokens", -1)
+    params.tp_size = _tp_size_arg(tp_size)
+    return dev, params
+
+
+def _model_path_bytes(path: PathLike) -> bytes:
+    """The model's path as the library takes it; refused with an embedded null byte, which C
+    would silently cut it at."""
+    raw = os.fsencode(os.fspath(path))
+    if b"\0" in raw:
+        raise InvalidArgumentError("model %r: embedded null byte" % os.fsdecode(raw))
+    return raw
+
+
 class Generator:
     """A decoder loaded from a GGUF file or a Hugging Face model folder (gpt2, llama, mistral,
     qwen2), generating text for several prompts at once.
@@ -95,25 +128,11 @@ class Generator:
         # without a call in flight here, so the model's free closes (stops and joins) them first.
         self._seq_handles: "set[Handle]" = set()
         self._engine_handles: "set[Handle]" = set()
-        dev = _parse_device(device)
-        if dtype is None:
-            dt = _native.DTYPE_F16 if dev == _native.DEVICE_CUDA else _native.DTYPE_F32
-        else:
-            dt = _parse_dtype(dtype)
-        lib = _native.library()
-        params = lib.nopad_model_default_params()
-        params.device = dev
-        params.dtype = dt
-        params.n_threads = _int_arg(threads, "threads", 0, 4096)
-        if kv_cache_tokens is not None:
-            params.kv_cache_tokens = _int_arg(kv_cache_tokens, "kv_cache_tokens", 1)
-        if max_batch_tokens is not None:
-            params.max_batch_tokens = _int_arg(max_batch_tokens, "max_batch_tokens", 1)
-        params.tp_size = _tp_size_arg(tp_size)
+        dev, params = _decoder_params(device, dtype, threads, kv_cache_tokens, max_batch_tokens,
+                                      tp_size)
         self.path = os.fspath(model)
-        raw = os.fsencode(self.path)
-        if b"\0" in raw:
-            raise InvalidArgumentError("model %r: embedded null byte" % os.fsdecode(self.path))
+        raw = _model_path_bytes(self.path)
+        lib = _native.library()
         out = ctypes.c_void_p()
         _native.check(lib.nopad_model_load(raw, ctypes.byref(params), ctypes.byref(out)))
         self._handle = Handle(out.value, _model_free(self._engine_handles, self._seq_handles),

@@ -14,12 +14,12 @@ steps rank 0 sends until rank 0 closes its model:
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Optional
 
 from . import _native
-from .encoder import PathLike, _int_arg, _parse_device, _parse_dtype, _tp_size_arg
+from .encoder import PathLike
 from .errors import InvalidArgumentError
+from .generator import _decoder_params, _model_path_bytes
 
 
 def world_rank() -> int:
@@ -48,26 +48,11 @@ def tp_follow(path: PathLike, tp_size: int, device: str = "cpu", dtype: Optional
         InvalidArgumentError: on rank 0, or a tp_size that is not the launcher's world size.
         NopadError: the shard did not load, or rank 0 failed or vanished (its message).
     """
-    dev = _parse_device(device)
-    if dtype is None:
-        dt = _native.DTYPE_F16 if dev == _native.DEVICE_CUDA else _native.DTYPE_F32
-    else:
-        dt = _parse_dtype(dtype)
-    lib = _native.library()
-    params = lib.nopad_model_default_params()
-    params.device = dev
-    params.dtype = dt
-    params.n_threads = _int_arg(threads, "threads", 0, 4096)
-    if kv_cache_tokens is not None:
-        params.kv_cache_tokens = _int_arg(kv_cache_tokens, "kv_cache_tokens", 1)
-    if max_batch_tokens is not None:
-        params.max_batch_tokens = _int_arg(max_batch_tokens, "max_batch_tokens", 1)
-    params.cuda_graph_max_tokens = _int_arg(cuda_graph_max_tokens, "cuda_graph_max_tokens", -1)
-    params.tp_size = _tp_size_arg(tp_size)
+    _, params = _decoder_params(device, dtype, threads, kv_cache_tokens, max_batch_tokens, tp_size,
+                                cuda_graph_max_tokens)
     if params.tp_size == 1:
         raise InvalidArgumentError("tp_follow needs tp_size > 1 (with 1 there is nothing to "
                                    "follow: load the model on this process)")
-    raw = os.fsencode(os.fspath(path))
-    if b"\0" in raw:
-        raise InvalidArgumentError("model %r: embedded null byte" % os.fsdecode(raw))
+    raw = _model_path_bytes(path)
+    lib = _native.library()
     _native.check(lib.nopad_tp_follow(raw, ctypes.byref(params)))
