@@ -13,12 +13,7 @@ set -euo pipefail
 : "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TMP="$(mktemp -d)"
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+trap 'rm -rf "$TMP"' EXIT
 MODELS="$NOPAD_TEST_DATA/models"
 GGUF="${NOPAD_SMOLLM2_GGUF:-}"
 # Two threads per rank on CI's two cores would put four busy threads on them.
@@ -175,25 +170,12 @@ else
 fi
 
 # ---- serve --tp 2: HTTP on rank 0, greedy answers equal to one process ------------------------------
-if "$NOPAD_CLI" serve --help >/dev/null 2>&1; then
-    # start NAME ARGS...: nopad serve in the background, log in $TMP/NAME.log; sets PID, PORT
-    start() {
-        local name="$1"
-        shift
-        "$NOPAD_CLI" serve --port 0 --model "$DEC" --chat-template chatml "${THREADS[@]}" "$@" \
-            2>"$TMP/$name.log" &
-        PID=$!
-        PIDS+=("$PID")
-        PORT=""
-        for _ in $(seq 1 600); do
-            PORT=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$TMP/$name.log")
-            [ -n "$PORT" ] && return 0
-            kill -0 "$PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        fail "$name: the server did not start: $(cat "$TMP/$name.log")"
-        exit 1
-    }
+# In a subshell that sources serve_lib.sh for its start and stop: the subshell's own temporary
+# folder, servers killed at its exit, failure count, and SKIP without libmicrohttpd end this part
+# only; its failures are listed as they happen and counted here as one.
+(
+    source "$HERE/serve_lib.sh"
+    SERVE_ARGS=(--model "$DEC" --chat-template chatml "${THREADS[@]}")
     # complete OUT: the text of a greedy completion of a text prompt and of an ids prompt
     complete() {
         : >"$1"
@@ -206,8 +188,7 @@ if "$NOPAD_CLI" serve --help >/dev/null 2>&1; then
     }
     start one
     complete "$TMP/serve_one.txt"
-    kill -TERM "$PID"
-    wait "$PID" || fail "serve (one process): SIGTERM: exit $?"
+    stop one
     start tp2 --tp 2
     complete "$TMP/serve_tp2.txt"
     same "serve --tp 2: greedy /v1/completions = one process" "$TMP/serve_tp2.txt" "$TMP/serve_one.txt"
@@ -230,9 +211,8 @@ if "$NOPAD_CLI" serve --help >/dev/null 2>&1; then
             fail "serve --tp 2: SIGTERM to rank 0: exit $rc: $(tail -5 "$TMP/tp2.log")"
         fi
     fi
-else
-    echo "SKIP: the serve part needs nopad built with libmicrohttpd"
-fi
+    [ "$failures" -eq 0 ]
+) || fail "serve --tp 2: the failures above"
 
 [ "$failures" -eq 0 ] || {
     echo "$failures failure(s)" >&2
