@@ -25,6 +25,18 @@ static __device__ __forceinline__ void keep_better(float &m, int &at, float v, i
     if (v > m || (v == m && j < at)) m = v, at = j;
 }
 
+/* Thread tid's ARGMAX_UNROLL columns of the chunk of the row starting at `base` (the thread's
+ * columns ascending), -inf past cols (it never wins and adds 0). All are loaded before any is
+ * used, so the loads are in flight together. */
+static __device__ __forceinline__ void load_columns(float (&v)[ARGMAX_UNROLL], const float *row, int base, int cols,
+                                                    int tid) {
+#pragma unroll
+    for (int u = 0; u < ARGMAX_UNROLL; u++) {
+        const int j = base + u * ARGMAX_THREADS + tid;
+        v[u] = j < cols ? row[j] : -INFINITY;
+    }
+}
+
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 row_argmax_kernel(float *best, const float *x, int cols, int ld, int id0) {
     __shared__ float s_max[ARGMAX_WARPS];
@@ -42,11 +54,7 @@ row_argmax_kernel(float *best, const float *x, int cols, int ld, int id0) {
     int at = INT_MAX, bad = 0;
     for (int base = 0; base < cols; base += ARGMAX_THREADS * ARGMAX_UNROLL) {
         float v[ARGMAX_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ARGMAX_UNROLL; u++) {
-            const int j = base + u * ARGMAX_THREADS + tid;
-            v[u] = j < cols ? row[j] : -INFINITY;
-        }
+        load_columns(v, row, base, cols, tid);
 #pragma unroll
         for (int u = 0; u < ARGMAX_UNROLL; u++) {
             bad |= (v[u] != v[u]) | (v[u] == INFINITY);
@@ -74,11 +82,7 @@ row_argmax_kernel(float *best, const float *x, int cols, int ld, int id0) {
     double z = 0.0;
     for (int base = 0; base < cols; base += ARGMAX_THREADS * ARGMAX_UNROLL) {
         float v[ARGMAX_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ARGMAX_UNROLL; u++) {
-            const int j = base + u * ARGMAX_THREADS + tid;
-            v[u] = j < cols ? row[j] : -INFINITY;
-        }
+        load_columns(v, row, base, cols, tid);
 #pragma unroll
         for (int u = 0; u < ARGMAX_UNROLL; u++) z += (double)expf(v[u] - top);
     }
