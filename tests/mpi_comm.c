@@ -21,20 +21,8 @@ enum { N_COUNTS = sizeof COUNTS / sizeof COUNTS[0] };
 
 /* ---- reference values ---------------------------------------------------------------------- */
 
-/* bf16 by hand, rounded to nearest even (no NaN here: the data is finite); F16 through the
- * compiler's _Float16, which rounds the same way: a conversion independent of the library's. */
-static uint16_t to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-static float from_bf16(uint16_t h) {
-    const uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
+/* bf16 by hand (test_f32_to_bf16, rounded to nearest even); F16 through the compiler's _Float16,
+ * which rounds the same way: conversions independent of the library's. */
 static uint16_t to_f16(float f) {
     const _Float16 h = (_Float16)f;
     uint16_t bits;
@@ -53,7 +41,7 @@ static double element(comm_type t, uint64_t seed, int32_t rank, uint64_t i) {
     switch (t) {
     case COMM_F32: return mpi_draw_float(seed, rank, i);
     case COMM_F16: return from_f16(to_f16(mpi_draw_float(seed, rank, i)));
-    case COMM_BF16: return from_bf16(to_bf16(mpi_draw_float(seed, rank, i)));
+    case COMM_BF16: return test_bf16_to_f32(test_f32_to_bf16(mpi_draw_float(seed, rank, i)));
     case COMM_I32: return (double)((int64_t)(d % 2000001) - 1000000);
     case COMM_I64: return (double)((int64_t)(d >> 20) - ((int64_t)1 << 43)); /* past int32, exact in double */
     case COMM_BYTE: return (double)(d & 0xff);
@@ -66,7 +54,7 @@ static void store(comm_type t, void *buf, size_t i, double v) {
     switch (t) {
     case COMM_F32: ((float *)buf)[i] = (float)v; break;
     case COMM_F16: ((uint16_t *)buf)[i] = to_f16((float)v); break;
-    case COMM_BF16: ((uint16_t *)buf)[i] = to_bf16((float)v); break;
+    case COMM_BF16: ((uint16_t *)buf)[i] = test_f32_to_bf16((float)v); break;
     case COMM_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case COMM_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
     case COMM_BYTE: ((uint8_t *)buf)[i] = (uint8_t)v; break;
@@ -77,7 +65,7 @@ static double load(comm_type t, const void *buf, size_t i) {
     switch (t) {
     case COMM_F32: return ((const float *)buf)[i];
     case COMM_F16: return from_f16(((const uint16_t *)buf)[i]);
-    case COMM_BF16: return from_bf16(((const uint16_t *)buf)[i]);
+    case COMM_BF16: return test_bf16_to_f32(((const uint16_t *)buf)[i]);
     case COMM_I32: return ((const int32_t *)buf)[i];
     case COMM_I64: return (double)((const int64_t *)buf)[i];
     case COMM_BYTE: return ((const uint8_t *)buf)[i];

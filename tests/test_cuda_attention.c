@@ -71,21 +71,6 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
-static uint16_t f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7F800000u) == 0x7F800000u && (x & 0x7FFFFFu)) return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7FFFu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
-static float bf16_to_f32(uint16_t b) {
-    const uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
 /* ---- one case ----------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -132,8 +117,8 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
     uint16_t *qkv16 = malloc((size_t)n_qkv * sizeof(uint16_t));
     test_fill_uniform(qkv, n_qkv, -2.0f, 2.0f, rng);
     for (int64_t i = 0; i < n_qkv; i++) {
-        qkv16[i] = dtype == NOPAD_DTYPE_F16 ? f32_to_f16(qkv[i]) : f32_to_bf16(qkv[i]);
-        qkv[i] = dtype == NOPAD_DTYPE_F16 ? f16_to_f32(qkv16[i]) : bf16_to_f32(qkv16[i]);
+        qkv16[i] = dtype == NOPAD_DTYPE_F16 ? f32_to_f16(qkv[i]) : test_f32_to_bf16(qkv[i]);
+        qkv[i] = dtype == NOPAD_DTYPE_F16 ? f16_to_f32(qkv16[i]) : test_bf16_to_f32(qkv16[i]);
     }
     const float scale = 1.0f / sqrtf((float)d);
 
@@ -158,7 +143,7 @@ static void run_case(const attn_case *c, int32_t d, nopad_dtype dtype, int causa
     float *got = malloc((size_t)n_out * sizeof(float));
     CUDA_OK(cudaMemcpy(got16, d_out, (size_t)(n_out + n_guard) * 2, cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < n_out; i++)
-        got[i] = dtype == NOPAD_DTYPE_F16 ? f16_to_f32(got16[i]) : bf16_to_f32(got16[i]);
+        got[i] = dtype == NOPAD_DTYPE_F16 ? f16_to_f32(got16[i]) : test_bf16_to_f32(got16[i]);
     for (int64_t i = n_out; i < n_out + n_guard; i++)
         if (got16[i] != 0xFFFFu)
             fail_msg("d=%d B=%d max=%d causal=%d: element %lld past the output was written", d, B,

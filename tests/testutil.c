@@ -154,6 +154,21 @@ double test_expsum_bound(int32_t cols, double spread, int float_sum) {
     return 1.01 * (sum + 4 * u + spread * u);
 }
 
+uint16_t test_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7F800000u) == 0x7F800000u && (x & 0x7FFFFFu)) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7FFFu + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+float test_bf16_to_f32(uint16_t h) {
+    const uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
 double test_cosine(const float *a, const float *b, int64_t n) {
     double ab = 0, aa = 0, bb = 0;
     for (int64_t i = 0; i < n; i++) {

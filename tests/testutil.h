@@ -77,6 +77,10 @@ test_argmax_ref test_reference_row_argmax(const float *x, int32_t cols);
  * within n·2^-53, then one rounding to float (u). Terms that underflow lose under 2^-148 each,
  * nothing beside z >= 1; the 1% covers that and the second-order products. */
 double test_expsum_bound(int32_t cols, double spread, int float_sum);
+/* The bfloat16 bits of f rounded to nearest even (a NaN stays a NaN), and a bfloat16's value:
+ * written here by hand, apart from the library's conversions that the tests check. */
+uint16_t test_f32_to_bf16(float f);
+float test_bf16_to_f32(uint16_t h);
 /* Uniform floats in [lo, hi) from a fixed-seed xorshift generator. */
 void test_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t *state);
 uint32_t test_rand_u32(uint64_t *state);
