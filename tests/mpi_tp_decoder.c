@@ -87,7 +87,7 @@ static void compare_logits(nopad_model *one, nopad_model *tp, int32_t V, uint64_
  * Why 1e-4: a log-probability moves by at most twice the largest change of a logit of its row, and
  * the logits themselves differ between tp and one process by up to ~5e-6 of the row's norm
  * (compare_logits: SmolLM2's 30 layers at tp 3), about 5e-5 absolute on its rows; the merge of the
- * ranks' float32 exp-sums adds ~1e-6. */
+ * ranks' exp-sums (each summed in double, rounded to float) adds ~1e-7. */
 static void compare_decode_sample(nopad_model *one, nopad_model *tp, int32_t V, uint64_t *rng, int seeded) {
     enum { B = 3 };
     nopad_sequence *s1[B], *s2[B];
