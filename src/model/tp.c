@@ -110,7 +110,9 @@ static nopad_status send_message(nopad_model *m, tp_message *msg) {
 
 nopad_status tp_context_created(nopad_context *c) {
     nopad_model *m = c->model;
-    if (!leads(m) || c == m->context) return NOPAD_OK;
+    /* the default context (on the weights' backend; made during the load, before m->context is
+     * set) is context 0 on every rank: no message */
+    if (!leads(m) || c->be == m->be) return NOPAD_OK;
     pthread_mutex_lock(&m->tp_lock);
     c->tp_id = ++m->tp_contexts;
     tp_message msg = {.op = TP_CONTEXT_CREATE, .context = c->tp_id,
