@@ -172,6 +172,17 @@ typedef struct train_context {
     float dropout;
     float attention_dropout;
     uint64_t dropout_seed;
+    /* Data-parallel ranks (train/dp.h) set these for a step and clear them after; 0 / NULL is one
+     * process's step. loss_rows: the rows the loss's gradient is a mean over (0: the batch's
+     * own), the global batch's on every rank, so the ranks' gradients sum to the global mean's.
+     * accumulate: train_backward adds onto the gradients instead of zeroing them first (a rank's
+     * later micro-batches). grads_ready: called with each gradient bucket's number
+     * (train_grad_bucket) as soon as the backward has written that bucket for the last time,
+     * the head's first and the embeddings' last; its error ends the backward. */
+    int32_t loss_rows;
+    int accumulate;
+    nopad_status (*grads_ready)(void *user, int32_t bucket);
+    void *grads_user;
     /* the batch of the last train_forward, for train_backward and train_read_loss */
     nopad_seqs seqs;
     int32_t forward_rows; // the rows its loss is the mean of (masked tokens or sequences); 0: none
@@ -195,6 +206,8 @@ nopad_status train_forward_backward(train_context *ctx, const train_batch *batch
 nopad_status train_forward(train_context *ctx, const train_batch *batch);
 nopad_status train_backward(train_context *ctx);
 nopad_status train_read_loss(train_context *ctx, double *loss);
+/* The same as the sum of the rows' losses (data-parallel ranks add theirs up). */
+nopad_status train_read_loss_sum(train_context *ctx, double *sum);
 
 /* TRAIN_TASK_CLASSIFY: the forward alone, writing the batch's logits [B, num_labels] to host
  * memory (evaluation). The batch is checked as for a step (labels in range). */

@@ -252,6 +252,11 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
     return NOPAD_OK;
 }
 
+/* Tells a data-parallel rank that gradient bucket `bucket` is written (train_context.grads_ready). */
+static nopad_status grads_ready(const train_context *ctx, int32_t bucket) {
+    return ctx->grads_ready ? ctx->grads_ready(ctx->grads_user, bucket) : NOPAD_OK;
+}
+
 /* The encoder backward from ctx->d_hidden [T, H] (the gradient of the last layer's output) down
  * to the embedding tables. */
 static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs) {
@@ -309,16 +314,18 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
                                    c->num_heads, c->head_size, scale, 0, attention_drop(ctx, l, &ad)));
         // d += d_qkv·Wqkv (d is now ∂L/∂x), dWqkv += d_qkvᵀ·x, dbqkv += Σ d_qkv
         TRY(be->gemm_backward(be, d, G->qkv_w, G->qkv_b, ctx->d_qkv, x, L->qkv_w, T, H, 3 * H, 1));
+        TRY(grads_ready(ctx, c->num_layers - l)); /* layer l's gradients are whole */
     }
     if (dropout) TRY(drop(ctx, DROP_EMBED, d, d, NULL, TH));
-    return be->embed_backward(be, m->g.word, m->g.pos, m->g.type, m->g.embed_ln_w,
-                              m->g.embed_ln_b, d, ctx->tokens, ctx->types, seqs,
-                              c->position_offset, m->w.word, m->w.pos, m->w.type,
-                              m->w.embed_ln_w, eps, H);
+    TRY(be->embed_backward(be, m->g.word, m->g.pos, m->g.type, m->g.embed_ln_w,
+                           m->g.embed_ln_b, d, ctx->tokens, ctx->types, seqs,
+                           c->position_offset, m->w.word, m->w.pos, m->w.type,
+                           m->w.embed_ln_w, eps, H));
+    return grads_ready(ctx, c->num_layers + 1);
 }
 
-/* The mean of the n per-row losses the loss op wrote: the step's one read back to the host. */
-static nopad_status mean_loss(train_context *ctx, int32_t n, double *loss) {
+/* The sum of the n per-row losses the loss op wrote: the step's one read back to the host. */
+static nopad_status sum_loss(train_context *ctx, int32_t n, double *loss) {
     nopad_backend *be = ctx->model->be;
     float *losses = malloc((size_t)n * sizeof *losses);
     if (!losses) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training loss: out of memory");
@@ -326,9 +333,15 @@ static nopad_status mean_loss(train_context *ctx, int32_t n, double *loss) {
     double sum = 0;
     for (int32_t i = 0; i < n; i++) sum += losses[i];
     free(losses);
-    *loss = sum / n;
+    *loss = sum;
     return st;
 }
+
+/* What the loss's gradient is divided by: the batch's rows, or the global batch's. */
+static float grad_scale(const train_context *ctx, int32_t rows) {
+    return 1.0f / (float)(ctx->loss_rows > 0 ? ctx->loss_rows : rows);
+}
+
 
 /* BertForMaskedLM's head on the M masked rows only: t = LN(act(h·Wtᵀ + bt)), logits = t·wordᵀ +
  * bias (the decoder is the word embedding table); cross-entropy with mean over M, whose op also
@@ -351,7 +364,8 @@ static nopad_status mlm_head_forward(train_context *ctx, const nopad_seqs *seqs,
     // logits[M, V] = head_norm·wordᵀ + bias; then their gradient in place, scaled by 1/M
     TRY(be->gemm(be, ctx->logits, ctx->head_norm, m->w.word, m->w.mlm_bias, NULL, M, H, V,
                  NOPAD_EPILOGUE_BIAS, c->activation));
-    return be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, M, V, 1.0f / M);
+    return be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, M, V,
+                             grad_scale(ctx, M));
 }
 
 /* Its backward from the logits' gradient; leaves ∂L/∂hidden in ctx->d_hidden. */
@@ -392,8 +406,11 @@ static nopad_status classify_head_forward(train_context *ctx, const nopad_seqs *
     TRY(be->gemm(be, ctx->logits, ctx->head_act, m->w.cls_w, m->w.cls_b, NULL, B, H, C,
                  NOPAD_EPILOGUE_BIAS, c->activation));
     if (!with_loss) return NOPAD_OK;
-    if (C == 1) return be->squared_error(be, ctx->losses, ctx->logits, ctx->logits, ctx->targets, B, 1.0f / B);
-    return be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, B, C, 1.0f / B);
+    if (C == 1)
+        return be->squared_error(be, ctx->losses, ctx->logits, ctx->logits, ctx->targets, B,
+                                 grad_scale(ctx, B));
+    return be->cross_entropy(be, ctx->losses, ctx->logits, ctx->logits, ctx->labels, B, C,
+                             grad_scale(ctx, B));
 }
 
 static nopad_status classify_head_backward(train_context *ctx, const nopad_seqs *seqs) {
@@ -469,16 +486,23 @@ nopad_status train_backward(train_context *ctx) {
     if (ctx->forward_rows < 1)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_backward: no forward to go "
                                "back through (call train_forward first)");
-    TRY(be->zero(be, m->grads, (size_t)m->n_params * sizeof(float)));
+    if (!ctx->accumulate) TRY(be->zero(be, m->grads, (size_t)m->n_params * sizeof(float)));
     if (m->task == TRAIN_TASK_MLM) TRY(mlm_head_backward(ctx, &ctx->seqs, ctx->forward_rows));
     else TRY(classify_head_backward(ctx, &ctx->seqs));
+    TRY(grads_ready(ctx, 0)); /* the head's (the tied word table's come with the embeddings) */
     return encoder_backward(ctx, &ctx->seqs);
 }
 
-nopad_status train_read_loss(train_context *ctx, double *loss) {
+nopad_status train_read_loss_sum(train_context *ctx, double *sum) {
     if (ctx->forward_rows < 1)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_read_loss: no forward ran");
-    return mean_loss(ctx, ctx->forward_rows, loss);
+    return sum_loss(ctx, ctx->forward_rows, sum);
+}
+
+nopad_status train_read_loss(train_context *ctx, double *loss) {
+    TRY(train_read_loss_sum(ctx, loss));
+    *loss /= ctx->forward_rows;
+    return NOPAD_OK;
 }
 
 nopad_status train_forward_backward(train_context *ctx, const train_batch *b, double *loss) {

@@ -1,0 +1,536 @@
+/* Data-parallel training: the balance plan, the sharded data, the global loader, the exchange
+ * and the step with its bucketed gradient all-reduce (dp.h says how they fit). */
+#include "train/dp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "util/file.h"
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) return st_;                                                           \
+    } while (0)
+
+/* ---- the balance plan ------------------------------------------------------------------------ */
+
+/* A rank's load: the larger of its tokens and its Σ L² over the means of all ranks (1 = the
+ * mean in both). */
+static double load_score(int64_t tokens, int64_t squares, double mean_tokens, double mean_squares) {
+    const double t = (double)tokens / mean_tokens, s = (double)squares / mean_squares;
+    return t > s ? t : s;
+}
+
+int32_t train_balance_plan(const int32_t *lengths, const int32_t *owner, int32_t n, int32_t ranks,
+                           int32_t *dest) {
+    for (int32_t i = 0; i < n; i++) dest[i] = owner[i];
+    int64_t *tokens = calloc(2 * (size_t)(ranks > 0 ? ranks : 1), sizeof *tokens);
+    if (!tokens || ranks < 2 || n < 1) { /* unbalanced is still right: only slower */
+        free(tokens);
+        return 0;
+    }
+    int64_t *squares = tokens + ranks, total_t = 0, total_s = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t L = lengths[i];
+        tokens[owner[i]] += L, squares[owner[i]] += L * L;
+        total_t += L, total_s += L * L;
+    }
+    const double mean_t = (double)total_t / ranks, mean_s = (double)total_s / ranks;
+    /* each move lowers the larger score of the two ranks it touches; 2n + ranks bounds it anyway */
+    for (int32_t iter = 0; iter < 2 * n + ranks; iter++) {
+        int32_t h = 0;
+        double sh = load_score(tokens[0], squares[0], mean_t, mean_s);
+        for (int32_t r = 1; r < ranks; r++) {
+            const double sr = load_score(tokens[r], squares[r], mean_t, mean_s);
+            if (sr > sh) h = r, sh = sr;
+        }
+        if (sh <= 1.02) break; /* within 2% of the mean: more moves would buy little */
+        /* the move off h (a sequence, a rank) that leaves the larger of the two loads lowest */
+        int32_t best = -1, l = -1;
+        double best_score = sh;
+        for (int32_t i = 0; i < n; i++) {
+            if (dest[i] != h) continue;
+            const int64_t L = lengths[i];
+            const double a = load_score(tokens[h] - L, squares[h] - L * L, mean_t, mean_s);
+            if (a >= best_score) continue;
+            for (int32_t r = 0; r < ranks; r++) {
+                if (r == h) continue;
+                const double b = load_score(tokens[r] + L, squares[r] + L * L, mean_t, mean_s);
+                const double worse = a > b ? a : b;
+                if (worse < best_score) best = i, l = r, best_score = worse;
+            }
+        }
+        /* else the swap of one of h's sequences with a shorter one of another rank */
+        int32_t back = -1;
+        for (int32_t i = 0; best < 0 && i < n; i++) {
+            if (dest[i] != h) continue;
+            for (int32_t j = 0; j < n; j++) {
+                if (dest[j] == h || lengths[j] >= lengths[i]) continue;
+                const int64_t dt = (int64_t)lengths[i] - lengths[j];
+                const int64_t ds = (int64_t)lengths[i] * lengths[i] - (int64_t)lengths[j] * lengths[j];
+                const int32_t r = dest[j];
+                const double a = load_score(tokens[h] - dt, squares[h] - ds, mean_t, mean_s);
+                const double b = load_score(tokens[r] + dt, squares[r] + ds, mean_t, mean_s);
+                const double worse = a > b ? a : b;
+                if (worse < best_score) best = i, back = j, l = r, best_score = worse;
+            }
+        }
+        if (best < 0) break; /* no move or swap lowers the most loaded rank */
+        const int64_t L = lengths[best];
+        dest[best] = l;
+        tokens[h] -= L, squares[h] -= L * L;
+        tokens[l] += L, squares[l] += L * L;
+        if (back >= 0) {
+            const int64_t J = lengths[back];
+            dest[back] = h;
+            tokens[l] -= J, squares[l] -= J * J;
+            tokens[h] += J, squares[h] += J * J;
+        }
+    }
+    free(tokens);
+    int32_t moved = 0;
+    for (int32_t i = 0; i < n; i++) moved += dest[i] != owner[i];
+    return moved;
+}
+
+/* ---- data ------------------------------------------------------------------------------------ */
+
+/* The first line start at or after byte size·r/ranks (a line starts at 0 or after a '\n'). */
+static size_t share_start(const char *text, size_t len, int32_t r, int32_t ranks) {
+    if (r <= 0) return 0;
+    if (r >= ranks) return len;
+    size_t p = (size_t)((unsigned long long)len * (unsigned long long)r / (unsigned long long)ranks);
+    while (p < len && p > 0 && text[p - 1] != '\n') p++;
+    return p;
+}
+
+nopad_status train_dataset_load_shard(const char *path, const nopad_tokenizer *tok,
+                                      const train_data_params *params, int32_t rank, int32_t ranks,
+                                      train_dataset *out) {
+    memset(out, 0, sizeof *out);
+    if (!path || !tok || !params || ranks < 1 || rank < 0 || rank >= ranks)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_load_shard: bad argument "
+                               "(rank %d of %d)", rank, ranks);
+    if (params->pack)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "training data: packed lines are cut across "
+                               "the file, not in each rank's share: data-parallel training takes "
+                               "each line as an example (no --pack-lines)");
+    char *text = NULL;
+    size_t len = 0;
+    TRY(read_file(path, 0, &text, &len));
+    const size_t lo = share_start(text, len, rank, ranks), hi = share_start(text, len, rank + 1, ranks);
+    int64_t line = 1;
+    for (const char *p = text; (p = memchr(p, '\n', (size_t)(text + lo - p))) != NULL; p++) line++;
+    nopad_status st = train_dataset_init(tok, params, out);
+    if (st == NOPAD_OK) st = train_dataset_add_lines(out, tok, text + lo, len - lo, hi - lo, path, line, 0);
+    free(text);
+    if (st != NOPAD_OK) train_dataset_free(out);
+    return st;
+}
+
+/* ---- gradient buckets ------------------------------------------------------------------------ */
+
+int32_t train_grad_buckets(const train_model *m) { return m->cfg.num_layers + 2; }
+
+void train_grad_bucket(const train_model *m, int32_t bucket, int64_t *offset, int64_t *count) {
+    const int32_t L = m->cfg.num_layers;
+    /* the flat layout: the embeddings, layer 0 .. L-1, the head (train_model.c) */
+    const int64_t head = (float *)(m->task == TRAIN_TASK_MLM ? m->g.mlm_dense_w : m->g.pool_w) - m->grads;
+    if (bucket == 0) {
+        *offset = head;
+        *count = m->n_params - head;
+    } else if (bucket <= L) {
+        const int32_t l = L - bucket;
+        *offset = (float *)m->g.layers[l].qkv_w - m->grads;
+        *count = (l + 1 < L ? (float *)m->g.layers[l + 1].qkv_w - m->grads : head) - *offset;
+    } else {
+        *offset = 0;
+        *count = (L > 0 ? (float *)m->g.layers[0].qkv_w - m->grads : head);
+    }
+}
+
+/* ---- agreement ------------------------------------------------------------------------------- */
+
+nopad_status train_dp_agree(nopad_comm *comm, nopad_status st, const char *what) {
+    const int32_t size = comm_size(comm), rank = comm_rank(comm);
+    if (size < 2) return st;
+    int32_t failed = st != NOPAD_OK ? rank : size; /* the lowest failing rank speaks */
+    TRY(comm_all_reduce(comm, NULL, &failed, 1, COMM_I32, COMM_MIN));
+    if (failed == size) return NOPAD_OK;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", failed == rank ? nopad_last_error() : "");
+    TRY(comm_host_broadcast(comm, msg, sizeof msg, failed));
+    if (failed == rank) return st;
+    return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: rank %d failed: %s", what, failed, msg);
+}
+
+nopad_status train_dp_any(train_dp *dp, int *flag) {
+    int32_t v = *flag != 0;
+    TRY(comm_all_reduce(dp->comm, NULL, &v, 1, COMM_I32, COMM_MAX));
+    *flag = v;
+    return NOPAD_OK;
+}
+
+/* ---- the run --------------------------------------------------------------------------------- */
+
+/* Int32 words of a sequence's record: length, type-0 length, masked count, label (or the bits
+ * of a regression target), then ids[len] and, for MLM, masked positions[len] and labels[len]. */
+enum { RECORD_HEAD = 4 };
+static int64_t record_size(const train_dp *dp, int32_t len) {
+    return RECORD_HEAD + (int64_t)(dp->model->task == TRAIN_TASK_MLM ? 3 : 1) * len;
+}
+
+void train_dp_free(train_dp *dp) {
+    if (!dp) return;
+    free(dp->lengths), free(dp->first), free(dp->order), free(dp->batch), free(dp->owner);
+    free(dp->dest), free(dp->blen), free(dp->records), free(dp->send), free(dp->recv);
+    free(dp->counts), free(dp->cu_seqlens), free(dp->tokens), free(dp->types);
+    free(dp->mlm_positions), free(dp->mlm_labels), free(dp->labels), free(dp->targets);
+    free(dp->loss_sums);
+    memset(dp, 0, sizeof *dp);
+}
+
+nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train_dataset *local,
+                           int32_t local_tokens, int32_t local_seqs, int32_t global_tokens,
+                           int32_t global_seqs, uint64_t seed, train_dp *out) {
+    memset(out, 0, sizeof *out);
+    train_dp *dp = out;
+    dp->comm = comm;
+    dp->rank = comm_rank(comm);
+    dp->size = comm_size(comm);
+    dp->exchange = exchange;
+    dp->model = m;
+    dp->local = local;
+    dp->local_tokens = local_tokens, dp->local_seqs = local_seqs;
+    dp->global_tokens = global_tokens, dp->global_seqs = global_seqs;
+    dp->seed = seed;
+    const int32_t P = dp->size;
+    nopad_status st = comm_attach(comm, m->be);
+    /* every rank's example count, then every example's length */
+    int32_t *counts = calloc((size_t)P, sizeof *counts);
+    dp->first = calloc((size_t)P + 1, sizeof *dp->first);
+    dp->counts = calloc(4 * (size_t)P, sizeof *dp->counts);
+    dp->loss_sums = calloc((size_t)P, sizeof *dp->loss_sums);
+    if (st == NOPAD_OK && (!counts || !dp->first || !dp->counts || !dp->loss_sums))
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
+    const int32_t mine = local->n_examples;
+    if (st == NOPAD_OK) st = comm_all_gather(comm, NULL, counts, &mine, 1, COMM_I32);
+    int64_t n = 0;
+    for (int32_t r = 0; st == NOPAD_OK && r < P; r++) {
+        dp->first[r] = (int32_t)n;
+        n += counts[r];
+        if (n > INT32_MAX)
+            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: %lld examples, more "
+                                 "than %d", (long long)n, INT32_MAX);
+    }
+    if (st == NOPAD_OK && n == 0)
+        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: no training example in "
+                             "any rank's share (blank, or nothing to mask)");
+    if (st != NOPAD_OK) {
+        free(counts);
+        train_dp_free(dp);
+        return st;
+    }
+    dp->first[P] = (int32_t)n;
+    dp->n_examples = (int32_t)n;
+    for (int32_t j = 0; j < mine; j++) local->index[j] += dp->first[dp->rank];
+    int32_t *my_lengths = malloc(((size_t)mine + 1) * sizeof *my_lengths);
+    dp->lengths = malloc((size_t)n * sizeof *dp->lengths);
+    dp->order = malloc((size_t)n * sizeof *dp->order);
+    const size_t B = (size_t)global_seqs;
+    dp->batch = malloc(B * sizeof(int32_t));
+    dp->owner = malloc(B * sizeof(int32_t));
+    dp->dest = malloc(B * sizeof(int32_t));
+    dp->blen = malloc(B * sizeof(int32_t));
+    /* a rank's sequences of a step fit the global budget */
+    dp->records_cap = RECORD_HEAD * (int64_t)global_seqs + 3 * (int64_t)global_tokens;
+    dp->records = malloc((size_t)dp->records_cap * sizeof(int32_t));
+    dp->send_cap = dp->recv_cap = dp->records_cap;
+    dp->send = malloc((size_t)dp->send_cap * sizeof(int32_t));
+    dp->recv = malloc((size_t)dp->recv_cap * sizeof(int32_t));
+    const size_t T = (size_t)local_tokens, S = (size_t)local_seqs;
+    dp->cu_seqlens = malloc((S + 1) * sizeof(int32_t));
+    dp->tokens = malloc(T * sizeof(int32_t));
+    dp->types = malloc(T * sizeof(int32_t));
+    dp->mlm_positions = malloc(T * sizeof(int32_t));
+    dp->mlm_labels = malloc(T * sizeof(int32_t));
+    dp->labels = malloc(S * sizeof(int32_t));
+    dp->targets = malloc(S * sizeof(float));
+    if (!my_lengths || !dp->lengths || !dp->order || !dp->batch || !dp->owner || !dp->dest ||
+        !dp->blen || !dp->records || !dp->send || !dp->recv || !dp->cu_seqlens || !dp->tokens ||
+        !dp->types || !dp->mlm_positions || !dp->mlm_labels || !dp->labels || !dp->targets) {
+        free(counts), free(my_lengths);
+        train_dp_free(dp);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
+    }
+    for (int32_t j = 0; j < mine; j++)
+        my_lengths[j] = (int32_t)(local->offsets[j + 1] - local->offsets[j]);
+    size_t *scount = dp->counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
+    for (int32_t r = 0; r < P; r++) {
+        scount[r] = (size_t)mine, soff[r] = 0;
+        rcount[r] = (size_t)counts[r], roff[r] = (size_t)dp->first[r];
+    }
+    st = comm_all_to_allv(comm, NULL, dp->lengths, rcount, roff, my_lengths, scount, soff, COMM_I32);
+    free(counts), free(my_lengths);
+    if (st == NOPAD_OK) {
+        for (int32_t e = 0; e < dp->n_examples && st == NOPAD_OK; e++)
+            if (dp->lengths[e] > local_tokens) /* every rank sees it; the one that read it names it */
+                st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: example %d has %d "
+                                     "tokens, more than the batch budget of %d", e,
+                                     dp->lengths[e], local_tokens);
+    }
+    if (st == NOPAD_OK) st = train_dp_seek(dp, 0, 0);
+    if (st != NOPAD_OK) train_dp_free(dp);
+    return st;
+}
+
+nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t cursor) {
+    if (cursor < 0 || cursor > dp->n_examples)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dp_seek: cursor %d outside [0, %d]",
+                               cursor, dp->n_examples);
+    train_shuffle(dp->order, dp->n_examples, dp->seed, epoch, 0, TRAIN_SHUFFLE_EXAMPLES);
+    dp->epoch = epoch;
+    dp->cursor = cursor;
+    return NOPAD_OK;
+}
+
+/* The next global batch's examples from the cursor, as train_loader_next packs them. */
+static int32_t pack_next(train_dp *dp) {
+    int32_t B = 0, T = 0;
+    while (dp->cursor < dp->n_examples && B < dp->global_seqs) {
+        const int32_t e = dp->order[dp->cursor], len = dp->lengths[e];
+        if (T + len > dp->global_tokens) break;
+        dp->batch[B] = e;
+        dp->blen[B++] = len;
+        T += len;
+        dp->cursor++;
+    }
+    dp->n_batch = B;
+    dp->batch_tokens = T;
+    return B;
+}
+
+int64_t train_dp_count_batches(train_dp *dp, uint32_t epoch) {
+    const uint32_t e0 = dp->epoch;
+    const int32_t c0 = dp->cursor;
+    int64_t n = 0;
+    train_dp_seek(dp, epoch, 0);
+    while (pack_next(dp) > 0) n++;
+    train_dp_seek(dp, e0, c0);
+    return n;
+}
+
+/* The rank that read example e. */
+static int32_t reader_of(const train_dp *dp, int32_t e) {
+    int32_t lo = 0, hi = dp->size - 1; /* the last r with first[r] <= e */
+    while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) / 2;
+        if (dp->first[mid] <= e) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The record of this rank's example e (the corpus's number) at rec: masked as one process masks
+ * it in this epoch. */
+static void build_record(const train_dp *dp, int32_t e, int32_t *rec) {
+    const train_dataset *d = dp->local;
+    const int32_t j = e - dp->first[dp->rank];
+    const int32_t len = (int32_t)(d->offsets[j + 1] - d->offsets[j]);
+    rec[0] = len;
+    rec[1] = d->type0_len[j];
+    rec[2] = rec[3] = 0;
+    if (dp->model->task == TRAIN_TASK_MLM) {
+        rec[2] = train_mask_example(d, dp->seed, dp->epoch, j, rec + RECORD_HEAD,
+                                    rec + RECORD_HEAD + len, rec + RECORD_HEAD + 2 * len);
+        return;
+    }
+    memcpy(rec + RECORD_HEAD, d->ids + d->offsets[j], (size_t)len * sizeof(int32_t));
+    if (dp->model->num_labels == 1) memcpy(&rec[3], &d->targets[j], sizeof(float));
+    else rec[3] = d->labels[j];
+}
+
+static void add_balance(train_dp_balance *to, const train_dp_balance *b) {
+    to->steps += b->steps;
+    to->max_before += b->max_before, to->max_after += b->max_after, to->total += b->total;
+    to->moved_seqs += b->moved_seqs, to->moved_tokens += b->moved_tokens;
+}
+
+nopad_status train_dp_next(train_dp *dp, int *got) {
+    *got = pack_next(dp) > 0;
+    if (!*got) return NOPAD_OK;
+    const int32_t P = dp->size, B = dp->n_batch, me = dp->rank;
+    for (int32_t i = 0; i < B; i++) dp->owner[i] = reader_of(dp, dp->batch[i]);
+    int32_t moved = 0;
+    if (dp->exchange)
+        moved = train_balance_plan(dp->blen, dp->owner, B, P, dp->dest);
+    else
+        memcpy(dp->dest, dp->owner, (size_t)B * sizeof(int32_t));
+    /* the balance, in tokens */
+    int64_t *before = calloc(2 * (size_t)P, sizeof *before), *after = before ? before + P : NULL;
+    if (!before) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel step: out of memory");
+    train_dp_balance b = {.steps = 1, .total = dp->batch_tokens, .moved_seqs = moved};
+    for (int32_t i = 0; i < B; i++) {
+        before[dp->owner[i]] += dp->blen[i];
+        after[dp->dest[i]] += dp->blen[i];
+        if (dp->dest[i] != dp->owner[i]) b.moved_tokens += dp->blen[i];
+    }
+    for (int32_t r = 0; r < P; r++) {
+        if (before[r] > b.max_before) b.max_before = before[r];
+        if (after[r] > b.max_after) b.max_after = after[r];
+    }
+    free(before);
+    dp->step_balance = b;
+    add_balance(&dp->run_balance, &b);
+    /* what leaves and what arrives, in batch order per rank: counts from the lengths alone */
+    size_t *scount = dp->counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
+    memset(dp->counts, 0, 4 * (size_t)P * sizeof *dp->counts);
+    for (int32_t i = 0; i < B; i++) {
+        if (dp->owner[i] == dp->dest[i]) continue;
+        if (dp->owner[i] == me) scount[dp->dest[i]] += (size_t)record_size(dp, dp->blen[i]);
+        if (dp->dest[i] == me) rcount[dp->owner[i]] += (size_t)record_size(dp, dp->blen[i]);
+    }
+    for (int32_t r = 1; r < P; r++) {
+        soff[r] = soff[r - 1] + scount[r - 1];
+        roff[r] = roff[r - 1] + rcount[r - 1];
+    }
+    if (moved > 0) {
+        size_t *at = calloc((size_t)P, sizeof *at);
+        if (!at) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel step: out of memory");
+        for (int32_t i = 0; i < B; i++) {
+            const int32_t to = dp->dest[i];
+            if (dp->owner[i] != me || to == me) continue;
+            build_record(dp, dp->batch[i], dp->send + soff[to] + at[to]);
+            at[to] += (size_t)record_size(dp, dp->blen[i]);
+        }
+        free(at);
+        TRY(comm_all_to_allv(dp->comm, NULL, dp->recv, rcount, roff, dp->send, scount, soff, COMM_I32));
+    }
+    /* this rank's sequences in the batch's order: its own built here, the others' as received */
+    int64_t w = 0;
+    memset(rcount, 0, (size_t)P * sizeof *rcount); /* now: what was read of each rank's part */
+    dp->n_mine = 0;
+    for (int32_t i = 0; i < B; i++) {
+        if (dp->dest[i] != me) continue;
+        const int64_t size = record_size(dp, dp->blen[i]);
+        if (dp->owner[i] == me) {
+            build_record(dp, dp->batch[i], dp->records + w);
+        } else {
+            const int32_t from = dp->owner[i];
+            memcpy(dp->records + w, dp->recv + roff[from] + rcount[from], (size_t)size * sizeof(int32_t));
+            rcount[from] += (size_t)size;
+        }
+        w += size;
+        dp->n_mine++;
+    }
+    return NOPAD_OK;
+}
+
+/* A bucket's gradients summed across the ranks, as soon as the backward has finished them. */
+static nopad_status reduce_bucket(void *user, int32_t bucket) {
+    train_dp *dp = user;
+    const train_model *m = dp->model;
+    int64_t offset, count;
+    train_grad_bucket(m, bucket, &offset, &count);
+    nopad_status st = comm_all_reduce(dp->comm, m->be, m->grads + offset, (size_t)count, COMM_F32, COMM_SUM);
+    if (st != NOPAD_OK && dp->bucket_status == NOPAD_OK) dp->bucket_status = st;
+    return st;
+}
+
+/* The records from `*next` that fit one forward, as a batch; *next moves past them. */
+static void micro_batch(train_dp *dp, int32_t *next, int64_t *at) {
+    const int mlm = dp->model->task == TRAIN_TASK_MLM;
+    const int regression = !mlm && dp->model->num_labels == 1;
+    int32_t B = 0, T = 0, M = 0;
+    dp->cu_seqlens[0] = 0;
+    while (*next < dp->n_mine && B < dp->local_seqs) {
+        const int32_t *rec = dp->records + *at;
+        const int32_t len = rec[0];
+        if (T + len > dp->local_tokens) break;
+        memcpy(dp->tokens + T, rec + RECORD_HEAD, (size_t)len * sizeof(int32_t));
+        for (int32_t i = 0; i < len; i++) dp->types[T + i] = i < rec[1] ? 0 : 1;
+        if (mlm) {
+            for (int32_t i = 0; i < rec[2]; i++) {
+                dp->mlm_positions[M + i] = T + rec[RECORD_HEAD + len + i];
+                dp->mlm_labels[M + i] = rec[RECORD_HEAD + 2 * len + i];
+            }
+            M += rec[2];
+        } else if (regression) {
+            memcpy(&dp->targets[B], &rec[3], sizeof(float));
+        } else {
+            dp->labels[B] = rec[3];
+        }
+        T += len;
+        dp->cu_seqlens[++B] = T;
+        *at += record_size(dp, len);
+        (*next)++;
+    }
+    dp->micro = (train_batch){.n_seqs = B, .cu_seqlens = dp->cu_seqlens, .tokens = dp->tokens,
+                              .types = dp->types};
+    if (mlm) {
+        dp->micro.n_masked = M;
+        dp->micro.mlm_positions = dp->mlm_positions;
+        dp->micro.mlm_labels = dp->mlm_labels;
+    } else {
+        dp->micro.labels = regression ? NULL : dp->labels;
+        dp->micro.targets = regression ? dp->targets : NULL;
+    }
+}
+
+nopad_status train_dp_forward_backward(train_dp *dp, train_context *ctx, double *loss) {
+    train_model *m = dp->model;
+    const int mlm = m->task == TRAIN_TASK_MLM;
+    /* the global batch's rows: its sequences, or the masked tokens every rank holds */
+    int32_t rows = dp->n_batch;
+    if (mlm) {
+        int64_t at = 0;
+        rows = 0;
+        for (int32_t s = 0; s < dp->n_mine; s++) {
+            rows += dp->records[at + 2];
+            at += record_size(dp, dp->records[at]);
+        }
+        TRY(comm_all_reduce(dp->comm, NULL, &rows, 1, COMM_I32, COMM_SUM));
+    }
+    double sum = 0;
+    nopad_status st = NOPAD_OK;
+    dp->bucket_status = NOPAD_OK;
+    ctx->loss_rows = rows;
+    int32_t next = 0;
+    int64_t at = 0;
+    for (int first = 1; st == NOPAD_OK && next < dp->n_mine; first = 0) {
+        micro_batch(dp, &next, &at);
+        const int last = next == dp->n_mine;
+        ctx->accumulate = !first;
+        ctx->grads_ready = last ? reduce_bucket : NULL; /* the buckets are whole after the last */
+        ctx->grads_user = dp;
+        double part = 0;
+        st = train_forward(ctx, &dp->micro);
+        if (st == NOPAD_OK) st = train_backward(ctx);
+        if (st == NOPAD_OK) st = train_read_loss_sum(ctx, &part);
+        sum += part;
+    }
+    if (st == NOPAD_OK && dp->n_mine == 0) { /* nothing to compute here: a zero share of the sums */
+        st = m->be->zero(m->be, m->grads, (size_t)m->n_params * sizeof(float));
+        for (int32_t b = 0; st == NOPAD_OK && b < train_grad_buckets(m); b++) st = reduce_bucket(dp, b);
+    }
+    ctx->loss_rows = 0;
+    ctx->accumulate = 0;
+    ctx->grads_ready = NULL;
+    ctx->grads_user = NULL;
+    if (st == NOPAD_OK) st = dp->bucket_status;
+    if (st != NOPAD_OK) return st;
+    /* the loss: each rank's sum, added in rank order on every rank (the same double everywhere) */
+    dp->loss_sums[dp->rank] = sum;
+    TRY(comm_all_gather(dp->comm, NULL, dp->loss_sums, &dp->loss_sums[dp->rank], sizeof(double),
+                        COMM_BYTE));
+    double total = 0;
+    for (int32_t r = 0; r < dp->size; r++) total += dp->loss_sums[r];
+    *loss = total / rows;
+    if (!isfinite(*loss))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training step: the loss is %g", *loss);
+    return NOPAD_OK;
+}

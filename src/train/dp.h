@@ -1,0 +1,144 @@
+/* Data-parallel padding-free training (issue 41): every rank of a communicator holds the whole
+ * model and trains on its part of each global batch; the gradients are summed across ranks, so a
+ * step equals one process's step on the whole global batch.
+ *
+ * - Data: each rank tokenizes the lines that start in its share of the file's bytes
+ *   (train_dataset_load_shard); the ranks then exchange the examples' lengths (4 bytes an
+ *   example), so each knows every example's length and which rank read it. The global batches
+ *   are those one process makes with the global budget (train_loader's shuffle and packing over
+ *   all examples, from the same seed), and an example's masking is keyed by its number in the
+ *   corpus, so a run's steps do not depend on the world size.
+ * - The exchange: the sequences of a global batch start on the ranks that read them, which is
+ *   unbalanced (one rank may hold twice another's tokens, and every all-reduce waits for the
+ *   slowest). train_balance_plan reassigns them from the lengths alone, balancing each rank's
+ *   work (tokens and Σ L²) and moving as few sequences as it can; only those move (one
+ *   comm_all_to_allv of their ids, types, masked positions and labels). Which rank computes a
+ *   sequence changes only the order of float sums, never what is summed.
+ * - The step: a rank's sequences go through the forward and backward in micro-batches of the
+ *   context's budget, their loss's gradient divided by the global batch's rows (masked tokens or
+ *   sequences), so the sum of every rank's gradients is the gradient of the global mean loss. The
+ *   gradients are summed in buckets (the head, each layer, the embeddings, in the order the
+ *   backward finishes them), each all-reduce issued as soon as the backward has written its
+ *   bucket for the last time. Then every rank takes the same optimiser step on the same
+ *   gradients (LAMB's and clipping's norms are of the summed gradients: global by construction).
+ */
+#ifndef NOPAD_TRAIN_DP_H
+#define NOPAD_TRAIN_DP_H
+
+#include <stdint.h>
+
+#include "parallel/comm.h"
+#include "train/data.h"
+#include "train/train.h"
+
+/* ---- the balance plan (a pure function of the lengths) ---------------------------------------- */
+
+/* The ranks the n sequences of a global batch go to: sequence i, of lengths[i] tokens, is on rank
+ * owner[i] (in [0, ranks)) and goes to dest[i]. A rank's load is the larger of its tokens (the
+ * GEMMs' work) and its Σ L² (attention's) over their means across ranks. Starting from dest =
+ * owner, the most loaded rank's sequence whose move to another rank leaves the larger of the two
+ * loads lowest moves there (where no move helps: the swap with a shorter sequence that does),
+ * until the most loaded is within 2% of the mean or no move lowers it
+ * (the step waits for the most loaded rank, so nothing else is worth a move); a balanced batch
+ * moves nothing and an unbalanced one few sequences.
+ * Deterministic (ties to the lowest index and rank): every rank computes the same plan. Returns
+ * the number of sequences moved. */
+int32_t train_balance_plan(const int32_t *lengths, const int32_t *owner, int32_t n, int32_t ranks,
+                           int32_t *dest);
+
+/* ---- data ------------------------------------------------------------------------------------ */
+
+/* Rank `rank` of `ranks`'s share of the file at `path`: the examples of the lines that start in
+ * bytes [rank·size/ranks, (rank+1)·size/ranks), tokenized as train_dataset_load tokenizes them,
+ * with their file line numbers; index[] counts from 0 on this rank (train_dp_init adds the
+ * examples of the ranks before it, making them the corpus's numbers). A rank may get no example.
+ * params->pack is refused (pieces cut across shares). */
+nopad_status train_dataset_load_shard(const char *path, const nopad_tokenizer *tok,
+                                      const train_data_params *params, int32_t rank, int32_t ranks,
+                                      train_dataset *out);
+
+/* ---- gradient buckets -------------------------------------------------------------------------- */
+
+/* The gradients in the order the backward finishes them: bucket 0 the head's, bucket 1 + k layer
+ * L-1-k's, bucket L + 1 the embeddings' (the word table last: the tied MLM decoder adds to it
+ * first). train_context.grads_ready is called with these numbers. */
+int32_t train_grad_buckets(const train_model *m);
+void train_grad_bucket(const train_model *m, int32_t bucket, int64_t *offset, int64_t *count);
+
+/* ---- the data-parallel run ------------------------------------------------------------------- */
+
+/* The balance of one step or a run: tokens per rank, the largest rank's before and after the
+ * exchange, and the mean (summed over steps for a run). */
+typedef struct train_dp_balance {
+    int64_t steps;
+    int64_t max_before, max_after; // tokens of the most loaded rank, summed over steps
+    int64_t total;                 // tokens of the global batches (mean = total / ranks)
+    int64_t moved_seqs, moved_tokens;
+} train_dp_balance;
+
+typedef struct train_dp {
+    nopad_comm *comm;
+    int32_t rank, size;
+    int exchange;                 // 1: balance each global batch across the ranks
+    train_model *model;
+    train_dataset *local;         // this rank's share; index[] the corpus's example numbers
+    /* the corpus */
+    int32_t n_examples;           // every rank's together
+    int32_t *lengths;             // [n_examples] tokens of each
+    int32_t *first;               // [size + 1] rank r read examples first[r] .. first[r+1]-1
+    /* the global loader: train_loader's order and packing over every example */
+    int32_t global_tokens, global_seqs;
+    int32_t local_tokens, local_seqs; // one forward's budget (the context's)
+    uint64_t seed;
+    uint32_t epoch;
+    int32_t cursor;
+    int32_t *order;               // [n_examples]
+    /* the global batch of this step */
+    int32_t n_batch, batch_tokens; // sequences and tokens
+    int32_t *batch;               // [global_seqs] example numbers, in the loader's order
+    int32_t *owner, *dest, *blen; // [global_seqs] who read it, who computes it, its length
+    /* this rank's sequences, as records (train_dp.c: length, type-0 length, masked count,
+     * label or target bits, then ids, masked positions and their labels, each `length` long) */
+    int32_t *records;             // [n_mine · record capacity]
+    int64_t records_cap;
+    int32_t n_mine;
+    int32_t *send, *recv;         // exchange buffers
+    int64_t send_cap, recv_cap;
+    size_t *counts;               // [4 · size] send counts and offsets, receive counts and offsets
+    /* one micro-batch */
+    train_batch micro;
+    int32_t *cu_seqlens, *tokens, *types, *mlm_positions, *mlm_labels, *labels;
+    float *targets;
+    double *loss_sums;            // [size] each rank's loss sum of the step
+    train_dp_balance step_balance, run_balance;
+    nopad_status bucket_status;   // the first failed bucket all-reduce of a backward
+} train_dp;
+
+/* Collective. Every rank gives its share (train_dataset_load_shard), whose indices become the
+ * corpus's; the global batch budgets are the ranks' budgets times the ranks, one forward's those
+ * of the context the step runs on. An example longer than local_tokens is an error naming its
+ * line (on the rank that read it; the others report that a rank failed). */
+nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train_dataset *local,
+                           int32_t local_tokens, int32_t local_seqs, int32_t global_tokens,
+                           int32_t global_seqs, uint64_t seed, train_dp *out);
+void train_dp_free(train_dp *dp);
+
+/* The loader's position: example `cursor` of epoch `epoch`'s order (what a checkpoint saves,
+ * the same numbers as one process's train_loader). */
+nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t cursor);
+/* The global batches of an epoch (from the lengths alone). */
+int64_t train_dp_count_batches(train_dp *dp, uint32_t epoch);
+/* Collective. The next global batch: planned (the same on every rank), exchanged, and this
+ * rank's sequences built; *got = 0 at the epoch's end. */
+nopad_status train_dp_next(train_dp *dp, int *got);
+/* Collective. The step's forward and backward on this rank's sequences and the gradients summed
+ * across ranks; *loss is the global batch's mean loss, the same on every rank. */
+nopad_status train_dp_forward_backward(train_dp *dp, train_context *ctx, double *loss);
+
+/* Collective: the largest of every rank's flag (a stop asked for on any rank stops them all). */
+nopad_status train_dp_any(train_dp *dp, int *flag);
+/* Collective: fails on every rank when `st` failed on one, naming the rank (the others' message
+ * says which rank failed; the failing rank keeps its own). */
+nopad_status train_dp_agree(nopad_comm *comm, nopad_status st, const char *what);
+
+#endif

@@ -1,0 +1,199 @@
+/* Data-parallel training's pure parts (src/train/dp.c), in one process: the balance plan from the
+ * lengths alone, each rank's share of a data file against the file read whole, and the gradient
+ * buckets. The multi-process runs are tests/mpi_train_dp.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "train/dp.h"
+
+enum { N_SPECIAL = 5, VOCAB = 64, N_WORDS = VOCAB - N_SPECIAL };
+
+/* Tokens and Σ L² per rank under `where`, and their max/mean ratios. */
+static void balance(const int32_t *len, const int32_t *where, int32_t n, int32_t ranks,
+                    double *token_ratio, double *square_ratio) {
+    double tokens[64] = {0}, squares[64] = {0}, t = 0, s = 0;
+    for (int32_t i = 0; i < n; i++) {
+        tokens[where[i]] += len[i];
+        squares[where[i]] += (double)len[i] * len[i];
+        t += len[i];
+        s += (double)len[i] * len[i];
+    }
+    double tmax = 0, smax = 0;
+    for (int32_t r = 0; r < ranks; r++) {
+        if (tokens[r] > tmax) tmax = tokens[r];
+        if (squares[r] > smax) smax = squares[r];
+    }
+    *token_ratio = tmax / (t / ranks);
+    *square_ratio = smax / (s / ranks);
+}
+
+/* The issue's case: lengths U[102, 512] (BERT-large's pretraining), and one rank reading every
+ * long sequence (the longest n/ranks of the batch), the others the rest round robin. After the
+ * plan the largest rank holds at most 1.1x the mean of tokens and of Σ L²; it moves fewer than half the
+ * sequences; it is a function of its inputs (the same twice); every sequence goes to a rank. */
+static void test_balance_skewed(void **state) {
+    (void)state;
+    const int32_t ranks_list[] = {2, 3, 4, 8};
+    uint64_t rng = 41;
+    for (size_t k = 0; k < sizeof ranks_list / sizeof ranks_list[0]; k++) {
+        const int32_t ranks = ranks_list[k];
+        for (int trial = 0; trial < 20; trial++) {
+            const int32_t n = 8 * ranks + (int32_t)(test_rand_u32(&rng) % (uint32_t)(8 * ranks));
+            int32_t len[256], owner[256], dest[256], again[256], sorted[256];
+            for (int32_t i = 0; i < n; i++) len[i] = 102 + (int32_t)(test_rand_u32(&rng) % 411);
+            /* rank 0 reads the n/ranks longest: the threshold is the (n/ranks)-th largest length */
+            memcpy(sorted, len, (size_t)n * sizeof *len);
+            for (int32_t i = 1; i < n; i++)
+                for (int32_t j = i; j > 0 && sorted[j - 1] < sorted[j]; j--) {
+                    const int32_t x = sorted[j];
+                    sorted[j] = sorted[j - 1], sorted[j - 1] = x;
+                }
+            const int32_t share = n / ranks;
+            int32_t given = 0, next = 1;
+            for (int32_t i = 0; i < n; i++) {
+                if (len[i] > sorted[share] && given < share) owner[i] = 0, given++;
+                else owner[i] = next, next = next + 1 < ranks ? next + 1 : 1;
+            }
+            double before_t, before_s, after_t, after_s;
+            balance(len, owner, n, ranks, &before_t, &before_s);
+            const int32_t moved = train_balance_plan(len, owner, n, ranks, dest);
+            assert_int_equal(train_balance_plan(len, owner, n, ranks, again), moved);
+            assert_memory_equal(dest, again, (size_t)n * sizeof *dest);
+            int32_t differ = 0;
+            for (int32_t i = 0; i < n; i++) {
+                assert_true(dest[i] >= 0 && dest[i] < ranks);
+                differ += dest[i] != owner[i];
+            }
+            assert_int_equal(differ, moved);
+            balance(len, dest, n, ranks, &after_t, &after_s);
+            if (trial == 0 || after_t > 1.1 || after_s > 1.1)
+                printf("ranks %d, %d sequences: tokens max/mean %.3f -> %.3f, sum L^2 %.3f -> %.3f, "
+                       "%d moved\n", ranks, n, before_t, after_t, before_s, after_s, moved);
+            assert_true(before_t > 1.15); /* the case is skewed */
+            assert_true(after_t <= 1.1);
+            assert_true(after_s <= 1.1);
+            assert_true(moved <= n / 2);
+        }
+    }
+}
+
+/* A batch already balanced moves nothing; fewer sequences than ranks, one sequence, and one rank
+ * are planned without harm. */
+static void test_balance_edges(void **state) {
+    (void)state;
+    int32_t len[8] = {100, 100, 100, 100, 100, 100, 100, 100}, owner[8], dest[8];
+    for (int32_t i = 0; i < 8; i++) owner[i] = i % 4;
+    assert_int_equal(train_balance_plan(len, owner, 8, 4, dest), 0);
+    assert_memory_equal(dest, owner, sizeof owner);
+    /* 3 sequences on rank 0 of 4: the longest leaves; then the rank holding it is the most
+     * loaded whatever else moves, so nothing else does */
+    int32_t three[3] = {300, 200, 100}, zero[3] = {0, 0, 0};
+    assert_int_equal(train_balance_plan(three, zero, 3, 4, dest), 1);
+    assert_true(dest[0] != 0 && dest[1] == 0 && dest[2] == 0);
+    /* one sequence cannot be split: it stays */
+    assert_int_equal(train_balance_plan(three, zero, 1, 4, dest), 0);
+    assert_int_equal(train_balance_plan(three, zero, 3, 1, dest), 0);
+    assert_int_equal(train_balance_plan(three, zero, 0, 4, dest), 0);
+}
+
+/* Each rank's share of a corpus, its indices shifted by the examples of the ranks before it, is
+ * the corpus read whole cut in order: the same ids, token types, lines and masking (keyed by the
+ * corpus's example number), for 1 to 5 ranks, lines of text and JSONL pairs. */
+static void test_shards_are_the_file(void **state) {
+    (void)state;
+    nopad_tokenizer *tok = test_word_tokenizer(N_WORDS);
+    char text[1 << 15];
+    size_t len = 0;
+    uint64_t rng = 7;
+    for (int i = 0; i < 120; i++) {
+        const int words = 1 + (int)(test_rand_u32(&rng) % 20);
+        for (int w = 0; w < words; w++) {
+            char wd[3];
+            test_word((int)(test_rand_u32(&rng) % N_WORDS), wd);
+            len += (size_t)sprintf(text + len, "%s%c", wd, w + 1 < words ? ' ' : '\n');
+        }
+        if (i % 9 == 4) text[len++] = '\n'; /* blank lines are skipped, not counted */
+    }
+    const char *path = test_write_temp(1, ".txt", text, len);
+    train_data_params p = train_data_default_params();
+    p.max_length = 32;
+    p.vocab_size = VOCAB;
+    p.truncate = 1;
+    train_dataset whole;
+    assert_nopad_ok(train_dataset_load(path, tok, &p, &whole));
+    for (int32_t ranks = 1; ranks <= 5; ranks++) {
+        int32_t e = 0;
+        for (int32_t r = 0; r < ranks; r++) {
+            train_dataset part;
+            assert_nopad_ok(train_dataset_load_shard(path, tok, &p, r, ranks, &part));
+            for (int32_t j = 0; j < part.n_examples; j++, e++) {
+                assert_true(e < whole.n_examples);
+                part.index[j] += e - j; /* what train_dp_init adds: the examples before */
+                const int64_t n = part.offsets[j + 1] - part.offsets[j];
+                assert_int_equal(n, whole.offsets[e + 1] - whole.offsets[e]);
+                assert_memory_equal(part.ids + part.offsets[j], whole.ids + whole.offsets[e],
+                                    (size_t)n * sizeof(int32_t));
+                assert_int_equal(part.type0_len[j], whole.type0_len[e]);
+                assert_int_equal(part.line[j], whole.line[e]);
+                int32_t t1[32], p1[32], l1[32], t2[32], p2[32], l2[32];
+                const int32_t m1 = train_mask_example(&part, 42, 3, j, t1, p1, l1);
+                const int32_t m2 = train_mask_example(&whole, 42, 3, e, t2, p2, l2);
+                assert_int_equal(m1, m2);
+                assert_memory_equal(t1, t2, (size_t)n * sizeof(int32_t));
+                assert_memory_equal(p1, p2, (size_t)m1 * sizeof(int32_t));
+                assert_memory_equal(l1, l2, (size_t)m1 * sizeof(int32_t));
+            }
+            train_dataset_free(&part);
+        }
+        assert_int_equal(e, whole.n_examples);
+    }
+    /* packed lines are cut across the whole file: refused */
+    p.pack = 1;
+    train_dataset part;
+    assert_int_equal(train_dataset_load_shard(path, tok, &p, 0, 2, &part), NOPAD_ERR_UNSUPPORTED);
+    train_dataset_free(&whole);
+    nopad_tokenizer_free(tok);
+}
+
+/* The buckets cover every gradient exactly once, in the order the backward finishes them: the
+ * head at the end of the flat buffer, then the layers from the last, then the embeddings at 0. */
+static void test_grad_buckets(void **state) {
+    (void)state;
+    nopad_backend *be = NULL;
+    nopad_backend_params bp = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = 1};
+    assert_nopad_ok(nopad_backend_create(&bp, &be));
+    const char *dirs[] = {"train/bert_mlm", "train/bert_cls"};
+    const train_task tasks[] = {TRAIN_TASK_MLM, TRAIN_TASK_CLASSIFY};
+    for (int k = 0; k < 2; k++) {
+        train_model m;
+        assert_nopad_ok(train_model_load(be, test_data_path(dirs[k]), tasks[k], &m));
+        const int32_t n = train_grad_buckets(&m);
+        assert_int_equal(n, m.cfg.num_layers + 2);
+        int64_t end = m.n_params;
+        for (int32_t b = 0; b < n; b++) { /* from the buffer's end back to 0, no gap */
+            int64_t offset, count;
+            train_grad_bucket(&m, b, &offset, &count);
+            assert_true(count > 0);
+            assert_int_equal(offset + count, end);
+            end = offset;
+        }
+        assert_int_equal(end, 0);
+        int64_t offset, count;
+        train_grad_bucket(&m, 1, &offset, &count); /* the last layer */
+        assert_int_equal(offset, (float *)m.g.layers[m.cfg.num_layers - 1].qkv_w - m.grads);
+        train_model_free(&m);
+    }
+    be->destroy(be);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_balance_skewed),
+        cmocka_unit_test(test_balance_edges),
+        cmocka_unit_test(test_shards_are_the_file),
+        cmocka_unit_test(test_grad_buckets),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
