@@ -1,0 +1,539 @@
+/* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter.
+ *
+ * A CTA of 8 warps owns a 128 x BN output tile: cp.async loads of x and w tiles (K slices of 64,
+ * rows of 128 bytes XOR-swizzled by row so ldmatrix reads them without bank conflicts) into a ring
+ * of STAGES slices, ldmatrix.x4 fragments, mma.sync m16n8k16 with fp32 accumulators (each warp a
+ * 64 x BN/4 piece). One CTA a tile, tiles in the order the communication delivers them (the
+ * block scheduler hands out blocks in index order, so a CTA waiting on a late chunk never keeps
+ * the tiles before it from running): a chunk's tiles together, in groups of 8 tile rows swept
+ * column by column so a group's x rows and w columns are reused from L2.
+ *
+ * Waits: one thread (AllGather: the chunk's signal; ReduceScatter: one thread per source) spins
+ * on ld.acquire.sys until the word equals the epoch, with __nanosleep between reads, and gives up
+ * past the timeout (globaltimer) or as soon as another CTA has reported one; the barrier after it
+ * orders the CTA's loads after the acquire. Signals are set after a __syncthreads (every thread's
+ * stores done) by one thread: fence.sc.sys then st.release.sys, so a peer that sees the word sees
+ * the tile. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.h"
+#include "backend/cuda/flux/flux.h"
+#include "backend/cuda/ptx_helpers.cuh"
+extern "C" {
+#include "util/error.h"
+}
+
+namespace {
+
+constexpr int BM = 128, BK = 64, THREADS = 256;
+constexpr int GROUP_M = 8; /* tile rows swept together, column by column */
+
+/* The error word: FLUX_ERR_TIMEOUT | kind << 8 | the rank waited for. */
+constexpr uint32_t FLUX_ERR_TIMEOUT = 0x80000000u;
+constexpr uint32_t KIND_AG = 1, KIND_RS = 2;
+
+struct Params {
+    const void *x; /* AllGather: the gathered buffer [M, K]; ReduceScatter: this rank's x [M, K] */
+    const void *w; /* [N, K] */
+    void *y;       /* AllGather: [M, N]; ReduceScatter: [rows[rank], N] */
+    int32_t K, N, world, rank;
+    int32_t row0[CUDA_FLUX_MAX_WORLD + 1];  /* chunk d: rows [row0[d], row0[d + 1]) */
+    int32_t tile0[CUDA_FLUX_MAX_WORLD + 1]; /* position p's tiles: blocks [tile0[p], tile0[p + 1]) */
+    int32_t tiles_n;
+    void *inbox[CUDA_FLUX_MAX_WORLD];
+    uint32_t *signals[CUDA_FLUX_MAX_WORLD];
+    uint32_t *error;
+    uint64_t timeout_ns;
+    uint32_t epoch;
+};
+
+template <class T>
+struct Pack;
+template <>
+struct Pack<__half> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t v) {
+        return __half22float2(*reinterpret_cast<__half2 *>(&v));
+    }
+};
+template <>
+struct Pack<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t v) {
+        return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
+    }
+};
+
+__device__ __forceinline__ uint64_t globaltimer(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void store_release_sys(uint32_t *p, uint32_t v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* Spins until *word == epoch; false on timeout (reported in *error) or when another CTA has
+ * already reported one. */
+__device__ bool wait_signal(const uint32_t *word, uint32_t epoch, uint32_t *error, uint64_t timeout_ns,
+                            uint32_t code) {
+    if (load_acquire_sys(word) == epoch) return true;
+    const uint64_t start = globaltimer();
+    for (;;) {
+        __nanosleep(128);
+        if (load_acquire_sys(word) == epoch) return true;
+        if (*(volatile uint32_t *)error != 0) return false;
+        if (globaltimer() - start > timeout_ns) {
+            atomicCAS(error, 0u, code);
+            return false;
+        }
+    }
+}
+
+/* Which chunk position p of the tile order holds: AllGather the local chunk first, then the ones
+ * pushed to it in order (rank - 1, rank - 2, ...); ReduceScatter rank + 1, rank + 2, ... and its
+ * own chunk last, whose tiles wait for the others' partials. */
+__device__ __forceinline__ int chunk_at(int p, int rank, int world, bool rs) {
+    return rs ? (rank + 1 + p) % world : (rank - p + world) % world;
+}
+
+template <class T, int BN, int STAGES, bool RS>
+__global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm(const Params p) {
+    constexpr int WN = BN / 4;         /* a warp's columns; its rows: 64 */
+    constexpr int MI = 4, NI = WN / 8; /* m16 and n8 fragments a warp */
+    constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T *As = reinterpret_cast<T *>(smem_raw);
+    T *Bs = As + STAGES * A_STAGE;
+    __shared__ int ok_shared;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+
+    /* the tile: chunk position, then the tile inside the chunk (groups of GROUP_M tile rows) */
+    const int b = blockIdx.x;
+    int pos = 0;
+    while (pos + 1 < p.world && b >= p.tile0[pos + 1]) pos++;
+    const int chunk = chunk_at(pos, p.rank, p.world, RS);
+    const int c_row0 = p.row0[chunk], c_rows = p.row0[chunk + 1] - c_row0;
+    const int tiles_m = (c_rows + BM - 1) / BM;
+    const int local = b - p.tile0[pos];
+    const int group = local / (GROUP_M * p.tiles_n);
+    const int group_m = min(GROUP_M, tiles_m - group * GROUP_M);
+    const int in_group = local - group * GROUP_M * p.tiles_n;
+    const int tile_m = group * GROUP_M + in_group % group_m, tile_n = in_group / group_m;
+    const int m_begin = c_row0 + tile_m * BM, m_end = min(m_begin + BM, c_row0 + c_rows);
+    const int n0 = tile_n * BN;
+    const int K = p.K, N = p.N, KT = K / BK;
+
+    const T *x = static_cast<const T *>(p.x);
+    const T *w = static_cast<const T *>(p.w);
+
+    /* 16-byte pieces: a row of a slice is 8 of them, piece c of row r sits at c ^ (r & 7) */
+    auto load_a = [&](int stage, int kt) {
+        T *dst = As + stage * A_STAGE;
+#pragma unroll
+        for (int i = 0; i < BM * 8 / THREADS; i++) {
+            const int id = tid + i * THREADS, r = id >> 3, c = id & 7;
+            const bool valid = m_begin + r < m_end;
+            const T *src = x + (int64_t)(valid ? m_begin + r : m_begin) * K + kt * BK + c * 8;
+            cp_async16(dst + r * BK + ((c ^ (r & 7)) << 3), src, valid);
+        }
+    };
+    auto load_b = [&](int stage, int kt) {
+        T *dst = Bs + stage * B_STAGE;
+#pragma unroll
+        for (int i = 0; i < BN * 8 / THREADS; i++) {
+            const int id = tid + i * THREADS, r = id >> 3, c = id & 7;
+            const bool valid = n0 + r < N;
+            const T *src = w + (int64_t)(valid ? n0 + r : 0) * K + kt * BK + c * 8;
+            cp_async16(dst + r * BK + ((c ^ (r & 7)) << 3), src, valid);
+        }
+    };
+
+    /* The weights do not wait for anything: the first stages' are requested before the wait. */
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < KT) load_b(s, s);
+    if (!RS && chunk != p.rank) {
+        if (tid == 0)
+            ok_shared = wait_signal(p.signals[p.rank] + chunk, p.epoch, p.error, p.timeout_ns,
+                                    FLUX_ERR_TIMEOUT | KIND_AG << 8 | (uint32_t)chunk);
+        __syncthreads();
+        if (!ok_shared) {
+            cp_async_wait_all();
+            return;
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < KT) load_a(s, s);
+        cp_async_commit();
+    }
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait_group<STAGES - 2>();
+        __syncthreads();
+        const int next = kt + STAGES - 1;
+        if (next < KT) {
+            load_a(next % STAGES, next);
+            load_b(next % STAGES, next);
+        }
+        cp_async_commit();
+        const T *a_s = As + (kt % STAGES) * A_STAGE;
+        const T *b_s = Bs + (kt % STAGES) * B_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                const int r = wm * 64 + mi * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
+                ldmatrix_x4(af[mi], a_s + r * BK + ((c ^ (r & 7)) << 3));
+            }
+#pragma unroll
+            for (int nj = 0; nj < NI / 2; nj++) {
+                const int r = wn * WN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                const int c = kk * 2 + ((lane >> 3) & 1);
+                uint32_t q[4];
+                ldmatrix_x4(q, b_s + r * BK + ((c ^ (r & 7)) << 3));
+                bf[2 * nj][0] = q[0], bf[2 * nj][1] = q[1], bf[2 * nj + 1][0] = q[2], bf[2 * nj + 1][1] = q[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++)
+                    mma16816<std::is_same<T, __nv_bfloat16>::value>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+        }
+    }
+    cp_async_wait_all();
+
+    /* Epilogue, from the fragments: thread (g = lane / 4, q = lane % 4) holds rows g and g + 8 of
+     * each m16 fragment, columns 2q and 2q + 1 of each n8 one. */
+    const int g = lane >> 2, q2 = (lane & 3) * 2;
+    auto for_each_pair = [&](auto &&f) {
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = m_begin + wm * 64 + mi * 16 + g + h * 8;
+                if (row >= m_end) continue;
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    const int col = n0 + wn * WN + ni * 8 + q2;
+                    if (col < N) f(row, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                }
+            }
+    };
+
+    if (!RS) {
+        uint32_t *y = static_cast<uint32_t *>(p.y);
+        for_each_pair([&](int row, int col, float v0, float v1) {
+            y[((int64_t)row * N + col) >> 1] = Pack<T>::pack(v0, v1);
+        });
+        return;
+    }
+
+    const int owner_rows = c_rows;
+    if (chunk != p.rank) {
+        /* a partial tile for rank `chunk`: into its inbox, slot p.rank, then its signal word */
+        uint32_t *slot = static_cast<uint32_t *>(p.inbox[chunk]);
+        const int64_t slot0 = (int64_t)p.rank * owner_rows;
+        for_each_pair([&](int row, int col, float v0, float v1) {
+            slot[((slot0 + row - c_row0) * N + col) >> 1] = Pack<T>::pack(v0, v1);
+        });
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence_system();
+            store_release_sys(p.signals[chunk] + ((int64_t)p.rank * tiles_m + tile_m) * p.tiles_n + tile_n, p.epoch);
+        }
+        return;
+    }
+
+    /* the local chunk: the other ranks' partials of this tile, then one sum in rank order */
+    bool ok = true;
+    if (tid < p.world && tid != p.rank)
+        ok = wait_signal(p.signals[p.rank] + ((int64_t)tid * tiles_m + tile_m) * p.tiles_n + tile_n, p.epoch,
+                         p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)tid);
+    if (!__syncthreads_and(ok)) return;
+    const uint32_t *inbox = static_cast<const uint32_t *>(p.inbox[p.rank]);
+    uint32_t *y = static_cast<uint32_t *>(p.y);
+    for_each_pair([&](int row, int col, float v0, float v1) {
+        const int64_t at = (int64_t)(row - c_row0) * N + col;
+        for (int s = 0; s < p.world; s++) {
+            if (s == p.rank) continue;
+            const float2 o = Pack<T>::unpack(__ldcg(inbox + (((int64_t)s * owner_rows * N + at) >> 1)));
+            v0 += o.x, v1 += o.y;
+        }
+        y[at >> 1] = Pack<T>::pack(v0, v1);
+    });
+}
+
+__global__ void signal_kernel(uint32_t *words, int64_t n, uint32_t value) {
+    __threadfence_system();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        store_release_sys(words + i, value);
+}
+
+__global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *items, int32_t n) {
+    const uint64_t start = globaltimer();
+    for (int i = 0; i < n; i++) {
+        const cuda_flux_arrival it = items[i];
+        if (threadIdx.x == 0)
+            while (globaltimer() - start < it.at_ns) __nanosleep(256);
+        __syncthreads();
+        const uint4 *src = static_cast<const uint4 *>(it.src);
+        uint4 *dst = static_cast<uint4 *>(it.dst);
+        for (uint64_t j = threadIdx.x; j < it.bytes / 16; j += blockDim.x) dst[j] = __ldcg(src + j);
+        __syncthreads();
+        __threadfence_system();
+        for (uint32_t j = threadIdx.x; j < it.n_signals; j += blockDim.x) store_release_sys(it.signals + j, it.value);
+        __syncthreads();
+    }
+}
+
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128};
+const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"mma.sync 128x256x64 4 stages", "mma.sync 128x128x64 3 stages"};
+
+template <class T, int BN, int STAGES, bool RS>
+nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
+    constexpr size_t smem = (size_t)STAGES * (BM + BN) * BK * sizeof(T);
+    auto kernel = flux_gemm<T, BN, STAGES, RS>;
+    /* once per device (the attribute is per device and context) */
+    static int attribute_set[CUDA_MAX_DEVICES];
+    const int dev = cuda_current_device();
+    if (dev < 0 || !cuda_cache_load(&attribute_set[dev])) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: %zu bytes of shared memory: %s", smem,
+                                   cudaGetErrorString(e));
+        if (dev >= 0) cuda_cache_store(&attribute_set[dev], 1);
+    }
+    kernel<<<blocks, THREADS, smem, stream>>>(p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: launch of %d blocks: %s", blocks, cudaGetErrorString(e));
+    return NOPAD_OK;
+}
+
+template <class T, bool RS>
+nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
+    return config == 0 ? launch<T, 256, 4, RS>(p, blocks, stream) : launch<T, 128, 3, RS>(p, blocks, stream);
+}
+
+int64_t tiles_of(int32_t rows, int32_t n_out, int bn) {
+    return ((int64_t)rows + BM - 1) / BM * (((int64_t)n_out + bn - 1) / bn);
+}
+
+/* Arguments shared by both kernels; fills the chunk offsets and the tile prefix of p. */
+nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_flux_peers *peers,
+                     const int32_t *rows, int32_t n_in, int32_t n_out, uint32_t epoch, int *config,
+                     bool rs, int *blocks) {
+    if (!peers || !rows || n_in <= 0 || n_out <= 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: NULL peers or rows, or K %d / N %d not positive", what,
+                               n_in, n_out);
+    const int W = peers->world;
+    if (W < 1 || W > CUDA_FLUX_MAX_WORLD || peers->rank < 0 || peers->rank >= W)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: rank %d of world %d (world 1..%d)", what,
+                               peers->rank, W, CUDA_FLUX_MAX_WORLD);
+    if (dtype != NOPAD_DTYPE_F16 && dtype != NOPAD_DTYPE_BF16)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: dtype must be F16 or BF16", what);
+    if (n_in % BK || n_out % 8)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: K (%d) must be a multiple of %d and N (%d) of 8", what,
+                               n_in, BK, n_out);
+    if (!peers->error) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no error word", what);
+    if (*config == CUDA_FLUX_CONFIG_AUTO) *config = cuda_flux_pick(rows, W, n_out);
+    if (*config < 0 || *config >= CUDA_FLUX_N_CONFIGS)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no config %d", what, *config);
+    const int bn = BN_OF[*config];
+    *p = Params{};
+    p->K = n_in, p->N = n_out, p->world = W, p->rank = peers->rank;
+    p->tiles_n = (n_out + bn - 1) / bn;
+    p->error = peers->error;
+    p->timeout_ns = peers->timeout_ns ? peers->timeout_ns : CUDA_FLUX_DEFAULT_TIMEOUT_NS;
+    p->epoch = epoch;
+    int64_t m = 0;
+    for (int d = 0; d < W; d++) {
+        if (rows[d] < 0) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: rows[%d] = %d", what, d, rows[d]);
+        p->row0[d] = (int32_t)m;
+        m += rows[d];
+        if (!peers->buffers[d] || !peers->signals[d])
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: rank %d's buffer or signals are NULL", what, d);
+        if ((uintptr_t)peers->buffers[d] & 15u)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: rank %d's buffer not 16-byte aligned", what, d);
+        p->inbox[d] = peers->buffers[d];
+        p->signals[d] = peers->signals[d];
+    }
+    if (m > INT32_MAX) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: %lld rows", what, (long long)m);
+    p->row0[W] = (int32_t)m;
+    int64_t t = 0;
+    for (int pos = 0; pos < W; pos++) {
+        const int chunk = rs ? (peers->rank + 1 + pos) % W : (peers->rank - pos + W) % W;
+        p->tile0[pos] = (int32_t)t;
+        t += tiles_of(rows[chunk], n_out, bn);
+    }
+    p->tile0[W] = (int32_t)t;
+    if (t > INT32_MAX) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: %lld tiles", what, (long long)t);
+    *blocks = (int)t;
+    return NOPAD_OK;
+}
+
+} // namespace
+
+extern "C" int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_out) {
+    int64_t tiles = 0;
+    for (int d = 0; d < world; d++) tiles += tiles_of(rows[d], n_out, 256);
+    /* 128 x 256 tiles run one CTA a SM: below a full wave of them the 128 x 128 tiles (two a SM,
+     * twice as many tiles) keep more SMs busy */
+    return tiles >= cuda_sm_count() ? 0 : 1;
+}
+
+extern "C" const char *cuda_flux_config_name(int config) {
+    return config >= 0 && config < CUDA_FLUX_N_CONFIGS ? CONFIG_NAMES[config] : "?";
+}
+
+extern "C" nopad_status cuda_flux_ag_gemm(nopad_dtype dtype, void *y, const void *w, const cuda_flux_peers *peers,
+                                          const int32_t *rows, int32_t n_in, int32_t n_out, uint32_t epoch,
+                                          int config, cudaStream_t stream) {
+    Params p;
+    int blocks = 0;
+    nopad_status st = prepare("flux all-gather+gemm", &p, dtype, peers, rows, n_in, n_out, epoch, &config, false,
+                              &blocks);
+    if (st != NOPAD_OK) return st;
+    if (!y || !w || (((uintptr_t)y | (uintptr_t)w) & 15u))
+        return nopad_set_error(!y || !w ? NOPAD_ERR_INVALID_ARGUMENT : NOPAD_ERR_UNSUPPORTED,
+                               "flux all-gather+gemm: y or w NULL or not 16-byte aligned");
+    p.x = peers->buffers[peers->rank], p.w = w, p.y = y;
+    if (blocks == 0) return NOPAD_OK;
+    return dtype == NOPAD_DTYPE_F16 ? launch_config<__half, false>(config, p, blocks, stream)
+                                    : launch_config<__nv_bfloat16, false>(config, p, blocks, stream);
+}
+
+extern "C" nopad_status cuda_flux_gemm_rs(nopad_dtype dtype, void *y, const void *x, const void *w,
+                                          const cuda_flux_peers *peers, const int32_t *rows, int32_t n_in,
+                                          int32_t n_out, uint32_t epoch, int config, cudaStream_t stream) {
+    Params p;
+    int blocks = 0;
+    nopad_status st = prepare("flux gemm+reduce-scatter", &p, dtype, peers, rows, n_in, n_out, epoch, &config,
+                              true, &blocks);
+    if (st != NOPAD_OK) return st;
+    if (!y || !x || !w || (((uintptr_t)y | (uintptr_t)x | (uintptr_t)w) & 15u))
+        return nopad_set_error(!y || !x || !w ? NOPAD_ERR_INVALID_ARGUMENT : NOPAD_ERR_UNSUPPORTED,
+                               "flux gemm+reduce-scatter: y, x or w NULL or not 16-byte aligned");
+    p.x = x, p.w = w, p.y = y;
+    if (blocks == 0) return NOPAD_OK;
+    return dtype == NOPAD_DTYPE_F16 ? launch_config<__half, true>(config, p, blocks, stream)
+                                    : launch_config<__nv_bfloat16, true>(config, p, blocks, stream);
+}
+
+extern "C" nopad_status cuda_flux_ag_push(nopad_dtype dtype, const cuda_flux_peers *peers, const int32_t *rows,
+                                          int32_t n_in, uint32_t epoch, cudaStream_t stream) {
+    if (!peers || !rows || peers->world < 1 || peers->world > CUDA_FLUX_MAX_WORLD || peers->rank < 0 ||
+        peers->rank >= peers->world || n_in <= 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "flux all-gather push: bad peers, rows or K %d", n_in);
+    const size_t es = dtype == NOPAD_DTYPE_F32 ? 4 : 2;
+    int64_t row0 = 0;
+    for (int d = 0; d < peers->rank; d++) row0 += rows[d];
+    const size_t offset = (size_t)row0 * n_in * es, bytes = (size_t)rows[peers->rank] * n_in * es;
+    const char *src = static_cast<const char *>(peers->buffers[peers->rank]) + offset;
+    for (int i = 1; i < peers->world; i++) {
+        const int to = (peers->rank + i) % peers->world;
+        if (bytes) {
+            const cudaError_t e = cudaMemcpyAsync(static_cast<char *>(peers->buffers[to]) + offset, src, bytes,
+                                                  cudaMemcpyDefault, stream);
+            if (e != cudaSuccess)
+                return nopad_set_error(NOPAD_ERR_BACKEND, "flux all-gather push: copy to rank %d: %s", to,
+                                       cudaGetErrorString(e));
+        }
+        nopad_status st = cuda_flux_signal(peers->signals[to] + peers->rank, 1, epoch, stream);
+        if (st != NOPAD_OK) return st;
+    }
+    return NOPAD_OK;
+}
+
+extern "C" size_t cuda_flux_rs_inbox_bytes(nopad_dtype dtype, int32_t owner_rows, int32_t n_out, int32_t world) {
+    return (size_t)world * owner_rows * n_out * (dtype == NOPAD_DTYPE_F32 ? 4 : 2);
+}
+
+extern "C" size_t cuda_flux_rs_signal_words(int32_t owner_rows, int32_t n_out, int32_t world) {
+    return (size_t)world * tiles_of(owner_rows, n_out, 128);
+}
+
+extern "C" void cuda_flux_rs_tiles(int config, int32_t owner_rows, int32_t n_out, int32_t *tiles_m,
+                                   int32_t *tiles_n) {
+    const int bn = BN_OF[config >= 0 && config < CUDA_FLUX_N_CONFIGS ? config : 0];
+    *tiles_m = (owner_rows + BM - 1) / BM;
+    *tiles_n = (n_out + bn - 1) / bn;
+}
+
+extern "C" int64_t cuda_flux_rs_signal_index(int config, int32_t owner_rows, int32_t n_out, int32_t world,
+                                             int32_t src, int32_t tile_m, int32_t tile_n) {
+    (void)world;
+    int32_t tm, tn;
+    cuda_flux_rs_tiles(config, owner_rows, n_out, &tm, &tn);
+    return ((int64_t)src * tm + tile_m) * tn + tile_n;
+}
+
+extern "C" nopad_status cuda_flux_check(const cuda_flux_peers *peers, cudaStream_t stream) {
+    cudaError_t e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "flux: stream: %s", cudaGetErrorString(e));
+    uint32_t word = 0;
+    e = cudaMemcpy(&word, peers->error, sizeof word, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "flux: error word: %s", cudaGetErrorString(e));
+    if (word == 0) return NOPAD_OK;
+    const uint32_t zero = 0;
+    cudaMemcpy(peers->error, &zero, sizeof zero, cudaMemcpyHostToDevice);
+    const double ms = (peers->timeout_ns ? peers->timeout_ns : CUDA_FLUX_DEFAULT_TIMEOUT_NS) / 1e6;
+    const unsigned kind = (word >> 8) & 0xff, who = word & 0xff;
+    if (kind == KIND_AG)
+        return nopad_set_error(NOPAD_ERR_BACKEND,
+                               "flux all-gather+gemm on rank %d: the chunk of rank %u did not arrive within %.1f ms "
+                               "(its signal never equalled the epoch); the output is undefined",
+                               peers->rank, who, ms);
+    return nopad_set_error(NOPAD_ERR_BACKEND,
+                           "flux gemm+reduce-scatter on rank %d: the partial tiles of rank %u did not arrive within "
+                           "%.1f ms (their signals never equalled the epoch); the output is undefined",
+                           peers->rank, who, ms);
+}
+
+extern "C" nopad_status cuda_flux_signal(uint32_t *words, int64_t n, uint32_t value, cudaStream_t stream) {
+    if (n <= 0) return NOPAD_OK;
+    const int blocks = (int)((n + 255) / 256 < 64 ? (n + 255) / 256 : 64);
+    signal_kernel<<<blocks, 256, 0, stream>>>(words, n, value);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "flux signal: %s", cudaGetErrorString(e));
+    return NOPAD_OK;
+}
+
+extern "C" nopad_status cuda_flux_emulate_arrivals(const cuda_flux_arrival *items, int32_t n, cudaStream_t stream) {
+    if (n <= 0) return NOPAD_OK;
+    arrivals_kernel<<<1, 128, 0, stream>>>(items, n);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "flux arrivals: %s", cudaGetErrorString(e));
+    return NOPAD_OK;
+}
