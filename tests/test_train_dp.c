@@ -68,7 +68,7 @@ static void test_balance_skewed(void **state) {
             }
             assert_int_equal(differ, moved);
             balance(len, dest, n, ranks, &after_t, &after_s);
-            if (trial == 0 || after_t > 1.1 || after_s > 1.1)
+            if (trial == 0 || after_t > 1.1 || after_s > 1.1 || moved > n / 2)
                 printf("ranks %d, %d sequences: tokens max/mean %.3f -> %.3f, sum L^2 %.3f -> %.3f, "
                        "%d moved\n", ranks, n, before_t, after_t, before_s, after_s, moved);
             assert_true(before_t > 1.15); /* the case is skewed */
@@ -87,11 +87,10 @@ static void test_balance_edges(void **state) {
     for (int32_t i = 0; i < 8; i++) owner[i] = i % 4;
     assert_int_equal(train_balance_plan(len, owner, 8, 4, dest), 0);
     assert_memory_equal(dest, owner, sizeof owner);
-    /* 3 sequences on rank 0 of 4: the longest leaves; then the rank holding it is the most
-     * loaded whatever else moves, so nothing else does */
+    /* 3 sequences on rank 0 of 4: two leave it, for two empty ranks */
     int32_t three[3] = {300, 200, 100}, zero[3] = {0, 0, 0};
-    assert_int_equal(train_balance_plan(three, zero, 3, 4, dest), 1);
-    assert_true(dest[0] != 0 && dest[1] == 0 && dest[2] == 0);
+    assert_int_equal(train_balance_plan(three, zero, 3, 4, dest), 2);
+    assert_true(dest[0] != dest[1] && dest[1] != dest[2] && dest[0] != dest[2]);
     /* one sequence cannot be split: it stays */
     assert_int_equal(train_balance_plan(three, zero, 1, 4, dest), 0);
     assert_int_equal(train_balance_plan(three, zero, 3, 1, dest), 0);

@@ -18,80 +18,88 @@
 
 /* ---- the balance plan ------------------------------------------------------------------------ */
 
-/* A rank's load: the larger of its tokens and its Σ L² over the means of all ranks (1 = the
- * mean in both). */
-static double load_score(int64_t tokens, int64_t squares, double mean_tokens, double mean_squares) {
-    const double t = (double)tokens / mean_tokens, s = (double)squares / mean_squares;
-    return t > s ? t : s;
+/* The balance of the ranks' loads: Σ over ranks of the squared deviations of their tokens and of
+ * their Σ L² from the means, each over its mean. */
+typedef struct loads {
+    int64_t *tokens, *squares; // [ranks]
+    double mean_tokens, mean_squares;
+} loads;
+
+static double deviation(const loads *w, int64_t tokens, int64_t squares) {
+    const double t = (double)tokens / w->mean_tokens - 1, s = (double)squares / w->mean_squares - 1;
+    return t * t + s * s;
+}
+
+/* How much moving dt tokens and ds squares from rank a to rank b lowers the sum of deviations. */
+static double gain(const loads *w, int32_t a, int32_t b, int64_t dt, int64_t ds) {
+    return deviation(w, w->tokens[a], w->squares[a]) + deviation(w, w->tokens[b], w->squares[b]) -
+           deviation(w, w->tokens[a] - dt, w->squares[a] - ds) -
+           deviation(w, w->tokens[b] + dt, w->squares[b] + ds);
+}
+
+static void move_load(loads *w, int32_t a, int32_t b, int64_t dt, int64_t ds) {
+    w->tokens[a] -= dt, w->squares[a] -= ds;
+    w->tokens[b] += dt, w->squares[b] += ds;
 }
 
 int32_t train_balance_plan(const int32_t *lengths, const int32_t *owner, int32_t n, int32_t ranks,
                            int32_t *dest) {
     for (int32_t i = 0; i < n; i++) dest[i] = owner[i];
-    int64_t *tokens = calloc(2 * (size_t)(ranks > 0 ? ranks : 1), sizeof *tokens);
-    if (!tokens || ranks < 2 || n < 1) { /* unbalanced is still right: only slower */
-        free(tokens);
+    loads w = {.tokens = calloc(2 * (size_t)(ranks > 0 ? ranks : 1), sizeof(int64_t))};
+    if (!w.tokens || ranks < 2 || n < 1) { /* unbalanced is still right: only slower */
+        free(w.tokens);
         return 0;
     }
-    int64_t *squares = tokens + ranks, total_t = 0, total_s = 0;
+    w.squares = w.tokens + ranks;
+    int64_t total_t = 0, total_s = 0;
     for (int32_t i = 0; i < n; i++) {
         const int64_t L = lengths[i];
-        tokens[owner[i]] += L, squares[owner[i]] += L * L;
+        w.tokens[owner[i]] += L, w.squares[owner[i]] += L * L;
         total_t += L, total_s += L * L;
     }
-    const double mean_t = (double)total_t / ranks, mean_s = (double)total_s / ranks;
-    /* each move lowers the larger score of the two ranks it touches; 2n + ranks bounds it anyway */
-    for (int32_t iter = 0; iter < 2 * n + ranks; iter++) {
-        int32_t h = 0;
-        double sh = load_score(tokens[0], squares[0], mean_t, mean_s);
-        for (int32_t r = 1; r < ranks; r++) {
-            const double sr = load_score(tokens[r], squares[r], mean_t, mean_s);
-            if (sr > sh) h = r, sh = sr;
+    w.mean_tokens = (double)total_t / ranks, w.mean_squares = (double)total_s / ranks;
+    /* each step lowers the sum of deviations; 4n + ranks bounds the steps anyway */
+    for (int32_t iter = 0; iter < 4 * n + ranks; iter++) {
+        double worst = 0;
+        for (int32_t r = 0; r < ranks; r++) {
+            const double t = (double)w.tokens[r] / w.mean_tokens, s = (double)w.squares[r] / w.mean_squares;
+            if (t > worst) worst = t;
+            if (s > worst) worst = s;
         }
-        if (sh <= 1.02) break; /* within 2% of the mean: more moves would buy little */
-        /* the move off h (a sequence, a rank) that leaves the larger of the two loads lowest */
-        int32_t best = -1, l = -1;
-        double best_score = sh;
+        if (worst <= 1.05) break; /* within 5% of the means: more moves would buy little */
+        /* the move of one sequence that lowers the deviations most */
+        int32_t best = -1, to = -1, back = -1;
+        double best_gain = 1e-12;
         for (int32_t i = 0; i < n; i++) {
-            if (dest[i] != h) continue;
             const int64_t L = lengths[i];
-            const double a = load_score(tokens[h] - L, squares[h] - L * L, mean_t, mean_s);
-            if (a >= best_score) continue;
             for (int32_t r = 0; r < ranks; r++) {
-                if (r == h) continue;
-                const double b = load_score(tokens[r] + L, squares[r] + L * L, mean_t, mean_s);
-                const double worse = a > b ? a : b;
-                if (worse < best_score) best = i, l = r, best_score = worse;
+                if (r == dest[i]) continue;
+                const double g = gain(&w, dest[i], r, L, L * L);
+                if (g > best_gain) best = i, to = r, best_gain = g;
             }
         }
-        /* else the swap of one of h's sequences with a shorter one of another rank */
-        int32_t back = -1;
-        for (int32_t i = 0; best < 0 && i < n; i++) {
-            if (dest[i] != h) continue;
+        /* where none helps, the swap of two sequences that does (a longer one for a shorter) */
+        for (int32_t i = 0; to < 0 && i < n; i++) {
             for (int32_t j = 0; j < n; j++) {
-                if (dest[j] == h || lengths[j] >= lengths[i]) continue;
-                const int64_t dt = (int64_t)lengths[i] - lengths[j];
-                const int64_t ds = (int64_t)lengths[i] * lengths[i] - (int64_t)lengths[j] * lengths[j];
-                const int32_t r = dest[j];
-                const double a = load_score(tokens[h] - dt, squares[h] - ds, mean_t, mean_s);
-                const double b = load_score(tokens[r] + dt, squares[r] + ds, mean_t, mean_s);
-                const double worse = a > b ? a : b;
-                if (worse < best_score) best = i, back = j, l = r, best_score = worse;
+                if (dest[j] == dest[i] || lengths[j] >= lengths[i]) continue;
+                const int64_t Li = lengths[i], Lj = lengths[j];
+                const double g = gain(&w, dest[i], dest[j], Li - Lj, Li * Li - Lj * Lj);
+                if (g > best_gain) best = i, back = j, best_gain = g;
             }
         }
-        if (best < 0) break; /* no move or swap lowers the most loaded rank */
+        if (back >= 0) to = dest[back];
+        if (best < 0) break; /* no move or swap lowers the deviations */
+        const int32_t from = dest[best];
         const int64_t L = lengths[best];
-        dest[best] = l;
-        tokens[h] -= L, squares[h] -= L * L;
-        tokens[l] += L, squares[l] += L * L;
+        move_load(&w, from, to, L, L * L);
+        dest[best] = to;
         if (back >= 0) {
             const int64_t J = lengths[back];
-            dest[back] = h;
-            tokens[l] -= J, squares[l] -= J * J;
-            tokens[h] += J, squares[h] += J * J;
+            move_load(&w, to, from, J, J * J);
+            dest[back] = from;
         }
     }
-    free(tokens);
+    free(w.tokens);
     int32_t moved = 0;
     for (int32_t i = 0; i < n; i++) moved += dest[i] != owner[i];
     return moved;

@@ -18,6 +18,7 @@
 #include "nopad.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/dp.h"
 #include "train/schedule.h"
 #include "train/stream.h"
 #include "train/train.h"
@@ -142,13 +143,16 @@ typedef struct run {
     train_loader loader, eval_loader;
     train_stream stream;    // the training data when streamed (then data and loader are unused)
     train_context ctx;
+    train_dp dp;            // data-parallel over several ranks (then loader is unused)
+    int32_t rank;           // in the run's communicator; rank 0 alone writes files
     FILE *log;
-    int have_model, have_data, have_eval, have_loader, have_eval_loader, have_ctx, streaming;
+    int have_model, have_data, have_eval, have_loader, have_eval_loader, have_ctx, streaming, have_dp;
 } run;
 
 static void run_free(run *r) {
     if (r->log) fclose(r->log);
     if (r->have_ctx) train_context_free(&r->ctx);
+    if (r->have_dp) train_dp_free(&r->dp);
     if (r->have_eval_loader) train_loader_free(&r->eval_loader);
     if (r->have_loader) train_loader_free(&r->loader);
     if (r->streaming) train_stream_close(&r->stream);
@@ -185,6 +189,7 @@ static nopad_status data_seek(run *r, uint32_t epoch, int32_t window, int32_t cu
     if (window != 0)
         return nopad_set_error(NOPAD_ERR_FORMAT, "window %d of an epoch whose data is held in "
                                "memory (it has one)", window);
+    if (r->have_dp) return train_dp_seek(&r->dp, epoch, cursor);
     return train_loader_seek(&r->loader, epoch, cursor);
 }
 
@@ -207,6 +212,10 @@ static nopad_status data_next(run *r, const train_batch **batch) {
 static nopad_status count_steps(run *r, int32_t epochs, int64_t *total) {
     *total = 0;
     for (int32_t e = 0; e < epochs; e++) {
+        if (r->have_dp) {
+            *total += train_dp_count_batches(&r->dp, (uint32_t)e);
+            continue;
+        }
         if (r->streaming) {
             int64_t n = 0;
             nopad_status st = train_stream_count_batches(&r->stream, (uint32_t)e, &n);
@@ -359,12 +368,18 @@ static void log_ints(FILE *f, const char *key, const int32_t *v, int32_t n) {
 
 /* The step's line of the JSONL log: what it computed, and with log_batches the batch itself. */
 static nopad_status log_step(run *r, const nopad_train_params *p, const nopad_train_progress *pr,
-                             const train_batch *b) {
+                             const train_batch *b, int32_t batch_tokens) {
     FILE *f = r->log;
     fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.17g, \"lr\": %.9g, "
                "\"grad_norm\": %.9g, \"tokens\": %d", (long long)pr->step, (int)pr->epoch,
-            pr->loss, pr->lr, pr->grad_norm, b->cu_seqlens[b->n_seqs]);
-    if (p->log_batches) {
+            pr->loss, pr->lr, pr->grad_norm, batch_tokens);
+    if (r->have_dp) { /* the tokens each rank held: the most loaded before and after the exchange */
+        const train_dp_balance *bal = &r->dp.step_balance;
+        fprintf(f, ", \"ranks\": %d, \"rank_tokens_max_before\": %lld, \"rank_tokens_max\": %lld, "
+                   "\"moved_sequences\": %lld", (int)r->dp.size, (long long)bal->max_before,
+                (long long)bal->max_after, (long long)bal->moved_seqs);
+    }
+    if (p->log_batches && b) {
         const int32_t T = b->cu_seqlens[b->n_seqs];
         log_ints(f, "cu_seqlens", b->cu_seqlens, b->n_seqs + 1);
         log_ints(f, "input_ids", b->tokens, T);
@@ -386,7 +401,9 @@ static nopad_status log_step(run *r, const nopad_train_params *p, const nopad_tr
     return NOPAD_OK;
 }
 
+/* Rank 0 writes the checkpoint (every rank holds the same weights and moments). */
 static nopad_status save(run *r, const nopad_train_params *p, const train_state *state) {
+    if (r->rank != 0) return NOPAD_OK;
     return train_checkpoint_save(&r->model, state, p->output_dir, p->model_dir);
 }
 
@@ -455,7 +472,7 @@ static nopad_status record_eval(run *r, const nopad_train_params *p, train_state
     if (st != NOPAD_OK) return st;
     nopad_train_eval ev;
     describe_eval(state, state->n_evals - 1, &ev);
-    if (ev.is_best && p->save_best) {
+    if (ev.is_best && p->save_best && r->rank == 0) {
         st = save_best(r, p, &e, state->metric);
         if (st != NOPAD_OK) return st;
     }
@@ -507,13 +524,47 @@ static nopad_status resume_best(const nopad_train_params *p, const train_state *
     return st;
 }
 
+/* What data-parallel training does not take yet, refused on every rank alike. */
+static nopad_status check_dp_params(const nopad_train_params *p) {
+    if (p->stream)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "data-parallel training reads each rank's "
+                               "share of the data into memory; streaming is for one process "
+                               "(stream = 0, `nopad train --no-stream`)");
+    if (p->log_batches)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "data-parallel training: log_batches logs "
+                               "one process's batches; a global batch is spread over the ranks");
+    if (p->pack_lines)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "data-parallel training: pack_lines cuts the "
+                               "whole file into pieces, not each rank's share (pack_lines = 0)");
+    return NOPAD_OK;
+}
+
 nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
+    if (!p || !out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: NULL argument");
+    /* under a launcher, its world trains data-parallel */
+    const int32_t world = nopad_world_size();
+    nopad_comm *comm = NULL;
+    if (world > 1) {
+        nopad_status st = comm_world(world, &comm);
+        if (st != NOPAD_OK) return nopad_wrap_error(st, "nopad_train over the launcher's %d processes",
+                                                    (int)world);
+    }
+    nopad_status st = train_run(p, comm, 1, out);
+    comm_free(comm);
+    return st;
+}
+
+nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchange,
+                       nopad_train_result *out) {
     if (!p || !out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: NULL argument");
     memset(out, 0, sizeof *out);
     out->eval_accuracy = out->eval_loss = out->best_value = -1;
-    nopad_status st = check_params(p);
-    if (st != NOPAD_OK) return st;
+    const int32_t ranks = comm ? comm_size(comm) : 1;
     run r = {0};
+    r.rank = comm ? comm_rank(comm) : 0;
+    nopad_status st = check_params(p);
+    if (st == NOPAD_OK && ranks > 1) st = check_dp_params(p);
+    if (st != NOPAD_OK) return st;
     const train_task task = p->task == NOPAD_TRAIN_CLASSIFY ? TRAIN_TASK_CLASSIFY : TRAIN_TASK_MLM;
 #define CHECK(expr)                                                                                \
     do {                                                                                           \
@@ -521,22 +572,27 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
         if (st != NOPAD_OK) goto done;                                                             \
     } while (0)
     /* the device's backend; train_model_load refuses one without the training ops, naming one */
-    const nopad_backend_params bp = {.device = p->device, .device_index = p->device_index,
+    /* with several ranks on CUDA, each takes a GPU of its machine: device_index + its local rank */
+    const int32_t device_index = p->device_index + (ranks > 1 && p->device == NOPAD_DEVICE_CUDA
+                                                        ? comm_local_rank(comm) : 0);
+    const nopad_backend_params bp = {.device = p->device, .device_index = device_index,
                                      .dtype = p->dtype, .n_threads = p->n_threads};
     train_state saved = {0}, state = {0}; /* their histories freed at the end */
     /* what an interrupted save left (util/file.h): the folders whole again, no temporaries */
     char best_out[4096];
     best_dir(p, NULL, best_out);
     struct stat out_info; /* refused now rather than at the first save, after the steps */
-    if (stat(p->output_dir, &out_info) == 0 && !S_ISDIR(out_info.st_mode)) {
-        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "output_dir %s is a file, not a folder",
-                             p->output_dir);
-        goto done;
+    if (r.rank == 0) { /* the folders rank 0 writes; the others read resume_dir once it is whole */
+        if (stat(p->output_dir, &out_info) == 0 && !S_ISDIR(out_info.st_mode))
+            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "output_dir %s is a file, not a folder",
+                                 p->output_dir);
+        if (st == NOPAD_OK) st = folder_stage_check(p->output_dir);
+        if (st == NOPAD_OK) st = folder_stage_recover(p->output_dir);
+        if (st == NOPAD_OK) st = folder_stage_recover(best_out);
+        if (st == NOPAD_OK && p->resume_dir) st = folder_stage_recover(p->resume_dir);
     }
-    CHECK(folder_stage_check(p->output_dir));
-    CHECK(folder_stage_recover(p->output_dir));
-    CHECK(folder_stage_recover(best_out));
-    if (p->resume_dir) CHECK(folder_stage_recover(p->resume_dir));
+    if (ranks > 1) st = train_dp_agree(comm, st, "nopad_train: the output and resume folders");
+    if (st != NOPAD_OK) goto done;
     CHECK(nopad_backend_create(&bp, &r.be));
     if (p->resume_dir) {
         st = train_checkpoint_load(r.be, p->resume_dir, task, &r.model, &saved);
@@ -564,10 +620,32 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                               : p->best_metric == NOPAD_TRAIN_METRIC_LOSS ? TRAIN_METRIC_LOSS
                               : p->best_metric == NOPAD_TRAIN_METRIC_ACCURACY || has_accuracy
                                   ? TRAIN_METRIC_ACCURACY : TRAIN_METRIC_LOSS;
-    /* a batch holds at least one example of the longest */
+    /* a batch holds at least one example of the longest; with several ranks the global batch is
+     * theirs together, each rank's forward the budget given */
     const int32_t max_len = r.model.cfg.max_position_embeddings;
     const int32_t budget = p->batch_tokens > max_len ? p->batch_tokens : max_len;
-    if (p->stream) {
+    const int64_t global_tokens64 = (int64_t)ranks * p->batch_tokens;
+    const int64_t global_seqs64 = (int64_t)ranks * p->batch_seqs;
+    if (global_tokens64 > INT32_MAX || global_seqs64 > INT32_MAX) {
+        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: %d ranks of %d tokens and %d "
+                             "sequences: a global batch over %d", (int)ranks, p->batch_tokens,
+                             p->batch_seqs, INT32_MAX);
+        goto done;
+    }
+    const int32_t global_tokens = global_tokens64 > max_len ? (int32_t)global_tokens64 : max_len;
+    if (ranks > 1) {
+        const train_data_params dp = data_params(&r, p, p->data_path);
+        st = train_dataset_load_shard(p->data_path, r.tok, &dp, r.rank, ranks, &r.data);
+        r.have_data = st == NOPAD_OK;
+        CHECK(train_dp_agree(comm, st, "reading the training data"));
+        CHECK(train_dp_init(comm, exchange, &r.model, &r.data, budget, p->batch_seqs, global_tokens,
+                            (int32_t)global_seqs64, p->seed, &r.dp));
+        r.have_dp = 1;
+        int32_t truncated = r.data.n_truncated;
+        CHECK(comm_all_reduce(comm, NULL, &truncated, 1, COMM_I32, COMM_SUM));
+        out->n_examples = r.dp.n_examples;
+        out->n_truncated = truncated;
+    } else if (p->stream) {
         const train_data_params dp = data_params(&r, p, p->data_path);
         const train_stream_params sp = train_stream_params_for_buffer(p->stream_buffer);
         CHECK(train_stream_open(p->data_path, r.tok, &dp, &sp, budget, p->batch_seqs, p->seed,
@@ -611,7 +689,8 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     state = (train_state){.kind = p->optimizer == NOPAD_TRAIN_LAMB ? TRAIN_OPT_LAMB : TRAIN_OPT_ADAMW,
                           .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
                           .data_seed = p->seed, .epochs = p->epochs,
-                          .batch_tokens = p->batch_tokens, .batch_seqs = p->batch_seqs,
+                          .batch_tokens = ranks > 1 ? (int32_t)global_tokens64 : p->batch_tokens,
+                          .batch_seqs = (int32_t)global_seqs64,
                           .dropout = r.ctx.dropout, .attention_dropout = r.ctx.attention_dropout,
                           .stream_buffer = p->stream ? p->stream_buffer : 0,
                           .metric = metric, .whole_word = p->whole_word_mask,
@@ -644,9 +723,11 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
             state.evals = saved.evals, state.n_evals = saved.n_evals;
             saved.evals = NULL, saved.n_evals = 0;
         }
-        CHECK(resume_best(p, &state));
+        if (r.rank == 0) st = resume_best(p, &state);
+        if (ranks > 1) st = train_dp_agree(comm, st, "resuming the best weights");
+        if (st != NOPAD_OK) goto done;
     }
-    if (p->log_path && !(r.log = fopen(p->log_path, "w"))) {
+    if (r.rank == 0 && p->log_path && !(r.log = fopen(p->log_path, "w"))) {
         st = nopad_set_error(NOPAD_ERR_IO, "%s: cannot create the log: %s", p->log_path, strerror(errno));
         goto done;
     }
@@ -665,11 +746,21 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
         CHECK(data_seek(&r, e, resumed ? state.window : 0, resumed ? state.cursor : 0));
         while (!stop) {
             const train_batch *b = NULL;
-            CHECK(data_next(&r, &b));
-            if (!b) break;
+            int32_t batch_tokens = 0;
             const int64_t step = r.model.step; /* updates already taken */
             double loss = 0;
-            st = train_forward_backward(&r.ctx, b, &loss);
+            if (r.have_dp) {
+                int got = 0;
+                CHECK(train_dp_next(&r.dp, &got));
+                if (!got) break;
+                batch_tokens = r.dp.batch_tokens;
+                st = train_dp_forward_backward(&r.dp, &r.ctx, &loss);
+            } else {
+                CHECK(data_next(&r, &b));
+                if (!b) break;
+                batch_tokens = b->cu_seqlens[b->n_seqs];
+                st = train_forward_backward(&r.ctx, b, &loss);
+            }
             if (st != NOPAD_OK) {
                 st = nopad_wrap_error(st, "step %lld (epoch %u)", (long long)step + 1, e + 1);
                 goto done;
@@ -682,26 +773,43 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
                 CHECK(train_clip_grad_norm(&r.model, state.opt.max_grad_norm, &norm));
                 CHECK(train_adamw_step(&r.model, &state.opt));
             }
-            tokens += b->cu_seqlens[b->n_seqs];
+            tokens += batch_tokens;
             if (step == first_step) out->first_loss = loss;
             out->last_loss = loss;
             state.epoch = e;
             state.window = r.streaming ? r.stream.window : 0;
-            state.cursor = r.streaming ? r.stream.loader.cursor : r.loader.cursor;
+            state.cursor = r.have_dp ? r.dp.cursor : r.streaming ? r.stream.loader.cursor : r.loader.cursor;
             const nopad_train_progress pr = {
                 .step = r.model.step, .total_steps = total, .epoch = (int32_t)e,
                 .epochs = p->epochs, .loss = loss, .lr = state.opt.lr, .grad_norm = norm,
                 .tokens = tokens, .elapsed_s = seconds() - start};
-            if (r.log) CHECK(log_step(&r, p, &pr, b));
+            if (r.log) CHECK(log_step(&r, p, &pr, b, batch_tokens));
             /* evaluated before the save, so a checkpoint holds the evaluations of its steps */
             if (p->eval_every > 0 && r.model.step % p->eval_every == 0)
                 CHECK(record_eval(&r, p, &state, (int32_t)e, out, &stop));
             if (p->save_every > 0 && r.model.step % p->save_every == 0) CHECK(save(&r, p, &state));
             if (p->on_step && p->on_step(p->user, &pr) != 0) stop = 1;
+            if (r.have_dp) CHECK(train_dp_any(&r.dp, &stop)); /* a stop on any rank stops all */
         }
         /* the epoch's end (a run stopped on its last step evaluates it when resumed) */
-        if (!stop && p->eval_every_epoch && !evaluated_at(&state, r.model.step))
+        if (!stop && p->eval_every_epoch && !evaluated_at(&state, r.model.step)) {
             CHECK(record_eval(&r, p, &state, (int32_t)e, out, &stop));
+            if (r.have_dp) CHECK(train_dp_any(&r.dp, &stop));
+        }
+    }
+    if (r.have_dp && r.rank == 0) { /* the exchange's effect, in tokens per rank and step */
+        const train_dp_balance *b = &r.dp.run_balance;
+        if (b->steps > 0)
+            fprintf(stderr, "nopad: data-parallel over %d ranks, %lld steps: tokens per rank and "
+                    "step %.1f on average; the most loaded rank %.1f (%.3fx) as read, %.1f "
+                    "(%.3fx) %s; %lld sequences (%lld tokens) moved\n", (int)ranks,
+                    (long long)b->steps, (double)b->total / (double)(b->steps * ranks),
+                    (double)b->max_before / (double)b->steps,
+                    (double)b->max_before * ranks / (double)b->total,
+                    (double)b->max_after / (double)b->steps,
+                    (double)b->max_after * ranks / (double)b->total,
+                    exchange ? "after the exchange" : "(no exchange)",
+                    (long long)b->moved_seqs, (long long)b->moved_tokens);
     }
     out->steps = r.model.step;
     /* the run's last step is evaluated too when evaluations are recorded */
