@@ -125,6 +125,11 @@ enum { TP_MAX = 1024 };
  * -1 after an error (printed): no mpirun, a world of another size. */
 int tp_begin(long tp, nopad_device device);
 
+/* Execs `mpirun -np n --bind-to none [--oversubscribe on the CPU] [--allow-run-as-root] <this
+ * binary> <cli_argv after argv[0]>` (mpirun is $NOPAD_MPIRUN, else the first on PATH); returns only
+ * after a failure, printed with `flag` (the option asking for n processes: --tp, --nproc). */
+void start_under_mpirun(const char *flag, long n, nopad_device device);
+
 /* A rank > 0: loads its shard of the model at `path` with `params` (exactly those rank 0 loads
  * with) and runs the steps rank 0 sends until rank 0 frees the model. Prints nothing unless it
  * fails; returns the exit status. */

@@ -267,8 +267,8 @@ int model_is_decoder(const nopad_model *model) {
 
 char **cli_argv;
 
-/* Set in the environment of the mpirun that --tp starts: a process that finds it and yet no
- * launcher's world would otherwise start mpirun again, and again. */
+/* Set in the environment of the mpirun that --tp (or train's --nproc) starts: a process that finds
+ * it and yet no launcher's world would otherwise start mpirun again, and again. */
 #define TP_STARTED_ENV "NOPAD_TP_STARTED"
 
 int self_path(char *out, size_t cap) {
@@ -307,28 +307,26 @@ static int find_mpirun(char *out, size_t cap, char *why, size_t why_cap) {
     return -1;
 }
 
-/* Execs `mpirun -np tp --bind-to none [--oversubscribe] [--allow-run-as-root] <self> <cli_argv
- * after argv[0]>`; returns only after a failure, printed. */
-static void start_under_mpirun(long tp, nopad_device device) {
+void start_under_mpirun(const char *flag, long tp, nopad_device device) {
     const char *cmd = cli_argv && cli_argv[1] ? cli_argv[1] : "...";
     if (getenv(TP_STARTED_ENV)) {
-        print_error("--tp %ld: nopad was started under mpirun, yet it sees no launcher's world "
+        print_error("%s %ld: nopad was started under mpirun, yet it sees no launcher's world "
                     "(none of OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS is set): run it under "
                     "your own launcher, e.g. mpirun -np %ld nopad %s ...",
-                    tp, tp, cmd);
+                    flag, tp, tp, cmd);
         return;
     }
     char mpirun[4096], why[4200], self[4096];
     if (find_mpirun(mpirun, sizeof mpirun, why, sizeof why)) {
-        print_error("--tp %ld needs Open MPI's mpirun (%s; apt-get install openmpi-bin), or run the "
+        print_error("%s %ld needs Open MPI's mpirun (%s; apt-get install openmpi-bin), or run the "
                     "command under your own launcher: mpirun -np %ld nopad %s ...",
-                    tp, why, tp, cmd);
+                    flag, tp, why, tp, cmd);
         return;
     }
     if (self_path(self, sizeof self)) {
-        print_error("--tp %ld: cannot find this program's own file (/proc/self/exe) to start it "
+        print_error("%s %ld: cannot find this program's own file (/proc/self/exe) to start it "
                     "under mpirun; run it under your own launcher: mpirun -np %ld nopad %s ...",
-                    tp, tp, cmd);
+                    flag, tp, tp, cmd);
         return;
     }
     int argc = 0;
@@ -358,7 +356,7 @@ static void start_under_mpirun(long tp, nopad_device device) {
     for (int i = 1; i < argc; i++) args[n++] = cli_argv[i];
     args[n] = NULL;
     if (setenv(TP_STARTED_ENV, np, 1) == 0) execv(mpirun, args);
-    print_error("--tp %ld: cannot start %s: %s", tp, mpirun, strerror(errno));
+    print_error("%s %ld: cannot start %s: %s", flag, tp, mpirun, strerror(errno));
     free(args);
 }
 
@@ -366,7 +364,7 @@ int tp_begin(long tp, nopad_device device) {
     const int32_t world = nopad_world_size();
     if (tp <= 1) return 0;
     if (world == 1) {
-        start_under_mpirun(tp, device);
+        start_under_mpirun("--tp", tp, device);
         return -1;
     }
     if (world != tp) {

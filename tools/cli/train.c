@@ -94,6 +94,14 @@ static const char train_help[] =
     "  --stream-buffer S   the text a streamed window holds (default 64M; k, M, G suffixes;\n"
     "                      at least 1k): more mixes the data better; the loader holds about\n"
     "                      2.5x S (English text, WordPiece)\n"
+    "  --nproc N           train data-parallel over N processes of this machine (one per GPU with\n"
+    "                      --device cuda), started under mpirun: each reads 1/N of --data and\n"
+    "                      computes a batch of --batch-tokens and --batch-seqs, so a step's batch\n"
+    "                      is N times that (the run of one process given N times the budgets,\n"
+    "                      whose checkpoints it reads and writes); each step's sequences are\n"
+    "                      exchanged so that the processes hold equal work. Under a launcher\n"
+    "                      (mpirun -np N nopad train ...) its processes train together without it.\n"
+    "                      Only the first process prints and writes files (docs/training.md)\n"
     "  --threads N         CPU threads (default: OpenMP's default)\n"
     "  --quiet             no progress line\n"
     "  -h, --help          show this help\n"
@@ -114,7 +122,7 @@ enum {
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
     OPT_NO_STREAM, OPT_STREAM_BUFFER, OPT_EVAL_EVERY, OPT_SAVE_BEST, OPT_BEST_METRIC,
     OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK, OPT_PACK_LINES, OPT_EARLY_STOP_MIN_DELTA,
-    OPT_ATTENTION_DROPOUT,
+    OPT_ATTENTION_DROPOUT, OPT_NPROC,
 };
 
 static const struct option long_options[] = {
@@ -145,6 +153,7 @@ static const struct option long_options[] = {
     {"whole-word-mask", no_argument, NULL, OPT_WHOLE_WORD_MASK},
     {"pack-lines", no_argument, NULL, OPT_PACK_LINES},
     {"threads", required_argument, NULL, OPT_THREADS},
+    {"nproc", required_argument, NULL, OPT_NPROC},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"stop-after", required_argument, NULL, OPT_STOP_AFTER},
@@ -166,6 +175,7 @@ typedef struct train_cli {
     int64_t stop_after; /* 0: run to the end */
     int dtype_given;
     int stream_given;   /* --stream or --no-stream: no choice by the data's size */
+    long nproc;         /* 0: the launcher's world (1 without one) */
 } train_cli;
 
 /* Data over this size is streamed unless --no-stream says otherwise. */
@@ -299,6 +309,9 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         case OPT_SAVE_EVERY:
             if (parse_int("--save-every", optarg, 1, INT32_MAX, &v)) return -1;
             o->save_every = v;
+            break;
+        case OPT_NPROC:
+            if (parse_int("--nproc", optarg, 1, TP_MAX, &cl->nproc)) return -1;
             break;
         case OPT_THREADS:
             if (parse_int("--threads", optarg, 0, 4096, &v)) return -1;
@@ -442,6 +455,7 @@ typedef struct progress_state {
     double last;
     int64_t first_step; /* the step before this run's first (a resumed run's checkpoint), or -1 */
     int64_t stop_after; /* 0: never */
+    int silent;         /* a data-parallel process other than the first: prints nothing */
 } progress_state;
 
 /* SIGINT or SIGTERM: the run stops after the step it is in and saves its checkpoint, whole, as
@@ -491,9 +505,10 @@ static void print_metric(nopad_train_metric metric, double value) {
     else printf("eval loss %.6f", value);
 }
 
-/* A line on stdout for each evaluation during the run. */
+/* A line on stdout for each evaluation during the run (by the first process of several). */
 static int on_eval(void *user, const nopad_train_eval *e) {
-    (void)user;
+    const progress_state *ps = user;
+    if (ps->silent) return 0;
     if (progress_line_open) fputc('\n', stderr);
     progress_line_open = 0;
     printf("eval at step %" PRId64 " (epoch %d): loss %.6f", e->step, e->epoch + 1, e->loss);
@@ -520,6 +535,20 @@ int cmd_train(int argc, char **argv) {
               stderr);
         return EXIT_USAGE;
     }
+    /* --nproc N: N processes under mpirun (this one execs it); under a launcher, its world */
+    const int32_t world = nopad_world_size(), rank = nopad_world_rank();
+    if (cl.nproc > 1 && world == 1) {
+        start_under_mpirun("--nproc", cl.nproc, o.device);
+        return EXIT_ERROR;
+    }
+    if (cl.nproc > 0 && world != cl.nproc) {
+        if (rank == 0) /* the others see the same, and stop without repeating it */
+            print_error("--nproc %ld needs a world of %ld processes, and the launcher started %d: "
+                        "run mpirun -np %ld (or srun -n %ld), or give no --nproc under a launcher",
+                        cl.nproc, cl.nproc, (int)world, cl.nproc, cl.nproc);
+        return EXIT_ERROR;
+    }
+    if (rank > 0) cl.quiet = 1;
     /* Files first: a missing one fails before the model load. */
     const char *files[] = {o.data_path, o.eval_path};
     for (int i = 0; i < 2; i++)
@@ -529,7 +558,7 @@ int cmd_train(int argc, char **argv) {
         }
     /* data too large to hold tokenized is streamed, and the run says so */
     struct stat info;
-    if (!cl.stream_given && !o.pack_lines && stat(o.data_path, &info) == 0 &&
+    if (!cl.stream_given && !o.pack_lines && world == 1 && stat(o.data_path, &info) == 0 &&
         (int64_t)info.st_size > AUTO_STREAM_BYTES) {
         o.stream = 1;
         if (!cl.quiet)
@@ -539,7 +568,7 @@ int cmd_train(int argc, char **argv) {
                     (double)o.stream_buffer / (1 << 20));
     }
     progress_state ps = {.quiet = cl.quiet, .enabled = isatty(STDERR_FILENO), .every = 10,
-                         .first_step = -1, .stop_after = cl.stop_after};
+                         .first_step = -1, .stop_after = cl.stop_after, .silent = rank > 0};
     o.on_step = on_step;
     o.on_eval = on_eval;
     o.user = &ps;
@@ -553,9 +582,11 @@ int cmd_train(int argc, char **argv) {
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (st != NOPAD_OK) {
-        print_error("%s", library_error(st));
+        if (rank > 0) print_error("rank %d: %s", (int)rank, library_error(st));
+        else print_error("%s", library_error(st));
         return EXIT_ERROR;
     }
+    if (rank > 0) return interrupted ? 128 + interrupted : EXIT_OK; /* the first process reports */
     if (interrupted) {
         if (progress_line_open) fputc('\n', stderr);
         progress_line_open = 0;
