@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# `nopad train` data-parallel (docs/training.md, "Several processes"), on the tiny BERT of
+# tests/data/train stripped to a bare BertModel and fine-tuned with --num-labels 2 on
+# cls_train.jsonl (64 lines), as cli_train.sh does in one process:
+#   - --nproc 2 with batches of 64 tokens and 8 sequences against one process of 128 and 16: every
+#     step's loss within 1e-5 relative (the same sums in another order: float32 rounding, ~1e-7
+#     observed), the same learning rates, the same eval accuracy and loss printed once, the folder
+#     a model `nopad classify` runs; the balance line names both ranks' most loaded share;
+#   - the same under `mpirun -np 2` directly: the losses of --nproc 2 bit for bit;
+#   - a checkpoint written by 2 processes at step 10 (--stop-after), resumed by one process with
+#     the global budgets: steps 11-32 within 1e-5 of the one-process run that did not stop;
+#   - refusals: --nproc 3 in a world of 2, --stream, --log-batches, and a resume at another
+#     global budget, each exit 1 naming the problem.
+# Skipped without mpirun.
+set -uo pipefail
+: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
+: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
+MPIRUN="${NOPAD_MPIRUN:-$(command -v mpirun || true)}"
+if [ -z "$MPIRUN" ]; then
+    echo "SKIP: no mpirun"
+    exit 0
+fi
+# Open MPI keeps allocations until exit in components it unloads (tests/CMakeLists.txt, the MPI
+# tests): no leaks of ours; the sanitizer's other checks stay on
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+export OMP_NUM_THREADS=1
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+D="$NOPAD_TEST_DATA/train"
+failures=0
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+MPI=("$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none)
+
+# A bare BertModel from the MLM checkpoint (its head dropped, "bert." stripped).
+mkdir "$TMP/bare"
+cp "$D/vocab.txt" "$TMP/bare/"
+python3 - "$D/bert_mlm" "$TMP/bare" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+blob = open(src + "/model.safetensors", "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+header = json.loads(blob[8:8 + n])
+data = blob[8 + n:]
+out, parts, offset = {}, [], 0
+for name, t in header.items():
+    if name == "__metadata__" or not name.startswith("bert."):
+        continue
+    a, b = t["data_offsets"]
+    out[name[len("bert."):]] = dict(t, data_offsets=[offset, offset + b - a])
+    parts.append(data[a:b])
+    offset += b - a
+h = json.dumps(out).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(parts))
+cfg = json.load(open(src + "/config.json"))
+cfg["architectures"] = ["BertModel"]
+json.dump(cfg, open(dst + "/config.json", "w"))
+PY
+
+RUN=(train --model "$TMP/bare" --task classify --num-labels 2 --data "$D/cls_train.jsonl"
+     --eval "$D/cls_eval.jsonl" --epochs 8 --lr 3e-3 --threads 1)
+ONE=(--batch-tokens 128 --batch-seqs 16)
+TWO=(--batch-tokens 64 --batch-seqs 8)
+
+# compare A B FIRST: B's steps from FIRST on against A's: losses within 1e-5 relative, lrs equal
+compare() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+def steps(path):
+    return {j["step"]: j for j in map(json.loads, open(path)) if "loss" in j}
+a, b, first = steps(sys.argv[1]), steps(sys.argv[2]), int(sys.argv[3])
+keys = [k for k in sorted(b) if k >= first]
+assert keys and all(k in a for k in keys), "steps %s against %s" % (keys, sorted(a))
+worst = max(abs(b[k]["loss"] - a[k]["loss"]) / a[k]["loss"] for k in keys)
+lr = max(abs(b[k]["lr"] - a[k]["lr"]) for k in keys)
+print("steps %d-%d: losses within %.2e relative, learning rates within %g" % (keys[0], keys[-1], worst, lr))
+sys.exit(0 if worst <= 1e-5 and lr == 0 else 1)
+PY
+}
+
+"$NOPAD_CLI" "${RUN[@]}" "${ONE[@]}" --output "$TMP/one" --log "$TMP/one.log" --quiet \
+    >"$TMP/one.out" 2>"$TMP/one.err" || fail "one process: $(cat "$TMP/one.err")"
+if timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --nproc 2 --output "$TMP/two" --log "$TMP/two.log" \
+    >"$TMP/two.out" 2>"$TMP/two.err"; then
+    compare "$TMP/one.log" "$TMP/two.log" 1 || fail "--nproc 2 against one process"
+    cmp -s "$TMP/one.out" "$TMP/two.out" ||
+        fail "--nproc 2 printed $(cat "$TMP/two.out"), one process $(cat "$TMP/one.out")"
+    [ "$(grep -c '^eval accuracy: ' "$TMP/two.out")" = 1 ] || fail "eval accuracy not printed once"
+    grep -q "^eval accuracy: 0.9" "$TMP/two.out" || fail "--nproc 2: $(cat "$TMP/two.out")"
+    grep -q "data-parallel over 2 ranks, 32 steps: .* after the exchange" "$TMP/two.err" ||
+        fail "no balance line: $(cat "$TMP/two.err")"
+    [ "$(grep -c '^trained 32 steps' "$TMP/two.err")" = 1 ] || fail "summary not printed once"
+    echo "aa ab ac cd" | "$NOPAD_CLI" classify --model "$TMP/two" >/dev/null 2>"$TMP/err" ||
+        fail "nopad classify on the --nproc 2 folder: $(cat "$TMP/err")"
+    grep "data-parallel" "$TMP/two.err"
+else
+    fail "--nproc 2 exit $?: $(cat "$TMP/two.err")"
+fi
+
+if timeout 120 "${MPI[@]}" -np 2 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --output "$TMP/mpi" \
+    --log "$TMP/mpi.log" --quiet >"$TMP/mpi.out" 2>"$TMP/mpi.err"; then
+    cmp -s <(grep -v '"eval' "$TMP/two.log") <(grep -v '"eval' "$TMP/mpi.log") ||
+        fail "mpirun -np 2 logged other steps than --nproc 2"
+else
+    fail "mpirun -np 2 nopad train: exit $?: $(cat "$TMP/mpi.err")"
+fi
+
+# 2 processes stop at step 10; one process resumes with the global budgets
+timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --nproc 2 --output "$TMP/stopped" --stop-after 10 \
+    --quiet >/dev/null 2>"$TMP/err" || fail "--nproc 2 --stop-after 10: $(cat "$TMP/err")"
+if "$NOPAD_CLI" "${RUN[@]}" "${ONE[@]}" --resume "$TMP/stopped" --output "$TMP/resumed" \
+    --log "$TMP/resumed.log" --quiet >"$TMP/resumed.out" 2>"$TMP/err"; then
+    compare "$TMP/one.log" "$TMP/resumed.log" 11 || fail "resumed at one process"
+    cmp -s "$TMP/one.out" "$TMP/resumed.out" || fail "resumed: $(cat "$TMP/resumed.out")"
+else
+    fail "resuming 2 processes' checkpoint in one: $(cat "$TMP/err")"
+fi
+# at another global budget (one process of 64 tokens) it is another run
+if "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --resume "$TMP/stopped" --output "$TMP/x" --quiet \
+    >/dev/null 2>"$TMP/err"; then
+    fail "a resume at another global budget was accepted"
+else
+    grep -q "batch_tokens 64, but the checkpoint's is 128" "$TMP/err" || fail "budget: $(cat "$TMP/err")"
+fi
+
+# refusals
+expect_error() { # WHAT PATTERN COMMAND...
+    local what="$1" pattern="$2"
+    shift 2
+    if timeout 120 "$@" >/dev/null 2>"$TMP/err"; then
+        fail "$what was accepted"
+    elif ! grep -q -- "$pattern" "$TMP/err"; then
+        fail "$what: $(cat "$TMP/err")"
+    fi
+}
+expect_error "--nproc 3 in a world of 2" "--nproc 3 needs a world of 3 processes, and the launcher started 2" \
+    "${MPI[@]}" -np 2 "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 3
+expect_error "--nproc 2 --stream" "streaming is for one process" \
+    "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 2 --stream
+expect_error "--nproc 2 --log-batches" "log_batches logs one process's batches" \
+    "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 2 --log "$TMP/x.log" --log-batches
+expect_error "--nproc 0" "--nproc" "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 0
+
+if [ "$failures" -ne 0 ]; then
+    echo "cli_train_dp: $failures failure(s)"
+    exit 1
+fi
+echo "cli_train_dp: all passed"
