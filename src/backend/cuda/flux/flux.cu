@@ -1,12 +1,13 @@
 /* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter.
  *
  * A CTA of 8 warps owns a 128 x BN output tile: cp.async loads of x and w tiles (K slices of 64,
- * rows of 128 bytes XOR-swizzled by row so ldmatrix reads them without bank conflicts) into a ring
- * of STAGES slices, ldmatrix.x4 fragments, mma.sync m16n8k16 with fp32 accumulators (each warp a
- * 64 x BN/4 piece). One CTA a tile, tiles in the order the communication delivers them (the
- * block scheduler hands out blocks in index order, so a CTA waiting on a late chunk never keeps
- * the tiles before it from running): a chunk's tiles together, in groups of 8 tile rows swept
- * column by column so a group's x rows and w columns are reused from L2.
+ * rows of 128 bytes XOR-swizzled by row: wgmma's 128-byte swizzle, and conflict-free for ldmatrix)
+ * into a ring of STAGES slices, then either wgmma (two warpgroups of 64 x BN, operands straight
+ * from shared memory) or mma.sync m16n8k16 on ldmatrix.x4 fragments (each warp 64 x BN/4), fp32
+ * accumulators. One CTA a tile, tiles in the order the communication delivers them (the block
+ * scheduler hands out blocks in index order, so a CTA waiting on a late chunk never keeps the
+ * tiles before it from running): a chunk's tiles together, in groups of 8 tile rows swept column
+ * by column so a group's x rows and w columns are reused from L2.
  *
  * Waits: one thread (AllGather: the chunk's signal; ReduceScatter: one thread per source) spins
  * on ld.acquire.sys until the word equals the epoch, with __nanosleep between reads, and gives up
@@ -115,77 +116,134 @@ __device__ __forceinline__ int chunk_at(int p, int rank, int world, bool rs) {
     return rs ? (rank + 1 + p) % world : (rank - p + world) % world;
 }
 
+/* Where block b's tile lies: its chunk, the chunk's rows, the tile's place in the chunk (groups of
+ * GROUP_M tile rows swept column by column) and its rows and first column. */
+struct TileCoord {
+    int chunk, c_row0, c_rows, tiles_m, tile_m, tile_n, m_begin, m_end, n0;
+};
+template <int BN, bool RS>
+__device__ __forceinline__ TileCoord locate(const Params &p) {
+    TileCoord t;
+    const int b = blockIdx.x;
+    int pos = 0;
+    while (pos + 1 < p.world && b >= p.tile0[pos + 1]) pos++;
+    t.chunk = chunk_at(pos, p.rank, p.world, RS);
+    t.c_row0 = p.row0[t.chunk], t.c_rows = p.row0[t.chunk + 1] - t.c_row0;
+    t.tiles_m = (t.c_rows + BM - 1) / BM;
+    const int local = b - p.tile0[pos];
+    const int group = local / (GROUP_M * p.tiles_n);
+    const int group_m = min(GROUP_M, t.tiles_m - group * GROUP_M);
+    const int in_group = local - group * GROUP_M * p.tiles_n;
+    t.tile_m = group * GROUP_M + in_group % group_m, t.tile_n = in_group / group_m;
+    t.m_begin = t.c_row0 + t.tile_m * BM, t.m_end = min(t.m_begin + BM, t.c_row0 + t.c_rows);
+    t.n0 = t.tile_n * BN;
+    return t;
+}
+
+/* One K slice (64 wide) of the x tile (128 rows) or the w tile (BN rows) into shared memory by
+ * cp.async, 16-byte pieces: piece c of row r at c ^ (r & 7) in a row of 128 bytes, which is both
+ * what ldmatrix reads without bank conflicts and wgmma's 128-byte swizzle (the stage 1024-byte
+ * aligned). Rows past the tile's end (the chunk's, or N) are zero-filled. */
+template <class T, int ROWS>
+__device__ __forceinline__ void load_slice(T *dst, const T *src, int row0, int row_end, int K, int kt) {
+#pragma unroll
+    for (int i = 0; i < ROWS * 8 / THREADS; i++) {
+        const int id = threadIdx.x + i * THREADS, r = id >> 3, c = id & 7;
+        const bool valid = row0 + r < row_end;
+        const T *from = src + (int64_t)(valid ? row0 + r : 0) * K + kt * BK + c * 8;
+        cp_async16(dst + r * BK + ((c ^ (r & 7)) << 3), from, valid);
+    }
+}
+
+/* The AllGather's wait for the tile's chunk (the local one needs none); false: the kernel gives up
+ * on this tile (timeout, reported). */
+template <bool RS>
+__device__ __forceinline__ bool wait_chunk(const Params &p, const TileCoord &t, int *ok_shared) {
+    if (RS || t.chunk == p.rank) return true;
+    if (threadIdx.x == 0)
+        *ok_shared = wait_signal(p.signals[p.rank] + t.chunk, p.epoch, p.error, p.timeout_ns,
+                                 FLUX_ERR_TIMEOUT | KIND_AG << 8 | (uint32_t)t.chunk);
+    __syncthreads();
+    return *ok_shared != 0;
+}
+
+/* The epilogue from the accumulators, which for_each_pair hands out as (row, column, two adjacent
+ * values): AllGather stores y; ReduceScatter stores a remote chunk's partial tile into its owner's
+ * inbox and signals it, or sums the local chunk's tile with the other ranks' partials. */
+template <class T, bool RS, class ForEachPair>
+__device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, ForEachPair &&for_each_pair) {
+    const int N = p.N;
+    if (!RS) {
+        uint32_t *y = static_cast<uint32_t *>(p.y);
+        for_each_pair([&](int row, int col, float v0, float v1) {
+            y[((int64_t)row * N + col) >> 1] = Pack<T>::pack(v0, v1);
+        });
+        return;
+    }
+    if (t.chunk != p.rank) {
+        /* a partial tile for rank t.chunk: into its inbox, slot p.rank, then its signal word */
+        uint32_t *slot = static_cast<uint32_t *>(p.inbox[t.chunk]);
+        const int64_t slot0 = (int64_t)p.rank * t.c_rows;
+        for_each_pair([&](int row, int col, float v0, float v1) {
+            slot[((slot0 + row - t.c_row0) * N + col) >> 1] = Pack<T>::pack(v0, v1);
+        });
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            store_release_sys(p.signals[t.chunk] + ((int64_t)p.rank * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
+                              p.epoch);
+        }
+        return;
+    }
+    /* the local chunk: the other ranks' partials of this tile, then one sum in rank order */
+    bool ok = true;
+    const int src = threadIdx.x;
+    if (src < p.world && src != p.rank)
+        ok = wait_signal(p.signals[p.rank] + ((int64_t)src * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n, p.epoch,
+                         p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)src);
+    if (!__syncthreads_and(ok)) return;
+    const uint32_t *inbox = static_cast<const uint32_t *>(p.inbox[p.rank]);
+    uint32_t *y = static_cast<uint32_t *>(p.y);
+    for_each_pair([&](int row, int col, float v0, float v1) {
+        const int64_t at = (int64_t)(row - t.c_row0) * N + col;
+        for (int s = 0; s < p.world; s++) {
+            if (s == p.rank) continue;
+            const float2 o = Pack<T>::unpack(__ldcg(inbox + (((int64_t)s * t.c_rows * N + at) >> 1)));
+            v0 += o.x, v1 += o.y;
+        }
+        y[at >> 1] = Pack<T>::pack(v0, v1);
+    });
+}
+
+/* The mma.sync tile loop: 8 warps of 64 x BN/4, ldmatrix.x4 fragments, STAGES slices in flight. */
 template <class T, int BN, int STAGES, bool RS>
-__global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm(const Params p) {
+__global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm_mma(const __grid_constant__ Params p) {
     constexpr int WN = BN / 4;         /* a warp's columns; its rows: 64 */
     constexpr int MI = 4, NI = WN / 8; /* m16 and n8 fragments a warp */
     constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    T *As = reinterpret_cast<T *>(smem_raw);
+    extern __shared__ unsigned char smem_raw[];
+    T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     T *Bs = As + STAGES * A_STAGE;
     __shared__ int ok_shared;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
-
-    /* the tile: chunk position, then the tile inside the chunk (groups of GROUP_M tile rows) */
-    const int b = blockIdx.x;
-    int pos = 0;
-    while (pos + 1 < p.world && b >= p.tile0[pos + 1]) pos++;
-    const int chunk = chunk_at(pos, p.rank, p.world, RS);
-    const int c_row0 = p.row0[chunk], c_rows = p.row0[chunk + 1] - c_row0;
-    const int tiles_m = (c_rows + BM - 1) / BM;
-    const int local = b - p.tile0[pos];
-    const int group = local / (GROUP_M * p.tiles_n);
-    const int group_m = min(GROUP_M, tiles_m - group * GROUP_M);
-    const int in_group = local - group * GROUP_M * p.tiles_n;
-    const int tile_m = group * GROUP_M + in_group % group_m, tile_n = in_group / group_m;
-    const int m_begin = c_row0 + tile_m * BM, m_end = min(m_begin + BM, c_row0 + c_rows);
-    const int n0 = tile_n * BN;
+    const TileCoord t = locate<BN, RS>(p);
     const int K = p.K, N = p.N, KT = K / BK;
-
     const T *x = static_cast<const T *>(p.x);
     const T *w = static_cast<const T *>(p.w);
-
-    /* 16-byte pieces: a row of a slice is 8 of them, piece c of row r sits at c ^ (r & 7) */
-    auto load_a = [&](int stage, int kt) {
-        T *dst = As + stage * A_STAGE;
-#pragma unroll
-        for (int i = 0; i < BM * 8 / THREADS; i++) {
-            const int id = tid + i * THREADS, r = id >> 3, c = id & 7;
-            const bool valid = m_begin + r < m_end;
-            const T *src = x + (int64_t)(valid ? m_begin + r : m_begin) * K + kt * BK + c * 8;
-            cp_async16(dst + r * BK + ((c ^ (r & 7)) << 3), src, valid);
-        }
-    };
-    auto load_b = [&](int stage, int kt) {
-        T *dst = Bs + stage * B_STAGE;
-#pragma unroll
-        for (int i = 0; i < BN * 8 / THREADS; i++) {
-            const int id = tid + i * THREADS, r = id >> 3, c = id & 7;
-            const bool valid = n0 + r < N;
-            const T *src = w + (int64_t)(valid ? n0 + r : 0) * K + kt * BK + c * 8;
-            cp_async16(dst + r * BK + ((c ^ (r & 7)) << 3), src, valid);
-        }
-    };
 
     /* The weights do not wait for anything: the first stages' are requested before the wait. */
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
-        if (s < KT) load_b(s, s);
-    if (!RS && chunk != p.rank) {
-        if (tid == 0)
-            ok_shared = wait_signal(p.signals[p.rank] + chunk, p.epoch, p.error, p.timeout_ns,
-                                    FLUX_ERR_TIMEOUT | KIND_AG << 8 | (uint32_t)chunk);
-        __syncthreads();
-        if (!ok_shared) {
-            cp_async_wait_all();
-            return;
-        }
+        if (s < KT) load_slice<T, BN>(Bs + s * B_STAGE, w, t.n0, N, K, s);
+    if (!wait_chunk<RS>(p, t, &ok_shared)) {
+        cp_async_wait_all();
+        return;
     }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < KT) load_a(s, s);
+        if (s < KT) load_slice<T, BM>(As + s * A_STAGE, x, t.m_begin, t.m_end, K, s);
         cp_async_commit();
     }
 
@@ -202,8 +260,8 @@ __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm(const Pa
         __syncthreads();
         const int next = kt + STAGES - 1;
         if (next < KT) {
-            load_a(next % STAGES, next);
-            load_b(next % STAGES, next);
+            load_slice<T, BM>(As + (next % STAGES) * A_STAGE, x, t.m_begin, t.m_end, K, next);
+            load_slice<T, BN>(Bs + (next % STAGES) * B_STAGE, w, t.n0, N, K, next);
         }
         cp_async_commit();
         const T *a_s = As + (kt % STAGES) * A_STAGE;
@@ -233,64 +291,154 @@ __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm(const Pa
     }
     cp_async_wait_all();
 
-    /* Epilogue, from the fragments: thread (g = lane / 4, q = lane % 4) holds rows g and g + 8 of
-     * each m16 fragment, columns 2q and 2q + 1 of each n8 one. */
+    /* thread (g = lane / 4, q = lane % 4) holds rows g and g + 8 of each m16 fragment, columns 2q
+     * and 2q + 1 of each n8 one */
     const int g = lane >> 2, q2 = (lane & 3) * 2;
-    auto for_each_pair = [&](auto &&f) {
+    epilogue<T, RS>(p, t, [&](auto &&f) {
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int row = m_begin + wm * 64 + mi * 16 + g + h * 8;
-                if (row >= m_end) continue;
+                const int row = t.m_begin + wm * 64 + mi * 16 + g + h * 8;
+                if (row >= t.m_end) continue;
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
-                    const int col = n0 + wn * WN + ni * 8 + q2;
+                    const int col = t.n0 + wn * WN + ni * 8 + q2;
                     if (col < N) f(row, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
                 }
             }
-    };
+    });
+}
 
-    if (!RS) {
-        uint32_t *y = static_cast<uint32_t *>(p.y);
-        for_each_pair([&](int row, int col, float v0, float v1) {
-            y[((int64_t)row * N + col) >> 1] = Pack<T>::pack(v0, v1);
-        });
+/* wgmma (sm_90a): the shared-memory matrix descriptor of a K-major tile of 128-byte rows in the
+ * 128-byte swizzle (8-row groups 1024 bytes apart; the leading offset is unused for it). */
+__device__ __forceinline__ uint64_t smem_desc(const void *p) {
+    const uint64_t addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+__device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* cp.async's writes (the generic proxy) made visible to wgmma's reads (the async proxy) */
+__device__ __forceinline__ void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* d[64 x N] += a (64 x 16, K-major in shared memory) · b (N x 16, K-major), fp32, one warpgroup */
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_async(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b);
+template <>
+__device__ __forceinline__ void wgmma_async<256, false>(float (&d)[128], uint64_t desc_a,
+                                                          uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+                 "%128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_async<256, true>(float (&d)[128], uint64_t desc_a,
+                                                          uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+                 "%128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_async<128, false>(float (&d)[64], uint64_t desc_a,
+                                                          uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_async<128, true>(float (&d)[64], uint64_t desc_a,
+                                                          uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+/* The wgmma tile loop: 2 warpgroups, each 64 rows x BN with m64nBNk16, STAGES slices in the ring
+ * and STAGES - 2 in flight ahead of the one computed (the slice before it may still be read by
+ * its wgmma group, waited for one slice later). */
+template <class T, int BN, int STAGES, bool RS>
+__global__ void __launch_bounds__(THREADS, 1) flux_gemm_wgmma(const __grid_constant__ Params p) {
+    constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
+    extern __shared__ unsigned char smem_raw[];
+    T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    T *Bs = As + STAGES * A_STAGE;
+    __shared__ int ok_shared;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+    const TileCoord t = locate<BN, RS>(p);
+    const int K = p.K, N = p.N, KT = K / BK;
+    const T *x = static_cast<const T *>(p.x);
+    const T *w = static_cast<const T *>(p.w);
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; s++)
+        if (s < KT) load_slice<T, BN>(Bs + s * B_STAGE, w, t.n0, N, K, s);
+    if (!wait_chunk<RS>(p, t, &ok_shared)) {
+        cp_async_wait_all();
         return;
     }
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; s++) {
+        if (s < KT) load_slice<T, BM>(As + s * A_STAGE, x, t.m_begin, t.m_end, K, s);
+        cp_async_commit();
+    }
 
-    const int owner_rows = c_rows;
-    if (chunk != p.rank) {
-        /* a partial tile for rank `chunk`: into its inbox, slot p.rank, then its signal word */
-        uint32_t *slot = static_cast<uint32_t *>(p.inbox[chunk]);
-        const int64_t slot0 = (int64_t)p.rank * owner_rows;
-        for_each_pair([&](int row, int col, float v0, float v1) {
-            slot[((slot0 + row - c_row0) * N + col) >> 1] = Pack<T>::pack(v0, v1);
-        });
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait_group<STAGES - 3>();
+        fence_proxy_async();
         __syncthreads();
-        if (tid == 0) {
-            __threadfence_system();
-            store_release_sys(p.signals[chunk] + ((int64_t)p.rank * tiles_m + tile_m) * p.tiles_n + tile_n, p.epoch);
+        const int next = kt + STAGES - 2;
+        if (next < KT) {
+            load_slice<T, BM>(As + (next % STAGES) * A_STAGE, x, t.m_begin, t.m_end, K, next);
+            load_slice<T, BN>(Bs + (next % STAGES) * B_STAGE, w, t.n0, N, K, next);
         }
-        return;
+        cp_async_commit();
+        const T *a_s = As + (kt % STAGES) * A_STAGE + wg * 64 * BK;
+        const T *b_s = Bs + (kt % STAGES) * B_STAGE;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            wgmma_async<BN, std::is_same<T, __nv_bfloat16>::value>(d, smem_desc(a_s + kk * 16), smem_desc(b_s + kk * 16));
+        wgmma_commit();
+        wgmma_wait<1>();
     }
+    wgmma_wait<0>();
+    cp_async_wait_all();
 
-    /* the local chunk: the other ranks' partials of this tile, then one sum in rank order */
-    bool ok = true;
-    if (tid < p.world && tid != p.rank)
-        ok = wait_signal(p.signals[p.rank] + ((int64_t)tid * tiles_m + tile_m) * p.tiles_n + tile_n, p.epoch,
-                         p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)tid);
-    if (!__syncthreads_and(ok)) return;
-    const uint32_t *inbox = static_cast<const uint32_t *>(p.inbox[p.rank]);
-    uint32_t *y = static_cast<uint32_t *>(p.y);
-    for_each_pair([&](int row, int col, float v0, float v1) {
-        const int64_t at = (int64_t)(row - c_row0) * N + col;
-        for (int s = 0; s < p.world; s++) {
-            if (s == p.rank) continue;
-            const float2 o = Pack<T>::unpack(__ldcg(inbox + (((int64_t)s * owner_rows * N + at) >> 1)));
-            v0 += o.x, v1 += o.y;
+    /* warp w of the warpgroup holds rows 16w + g and 16w + g + 8 (g = lane / 4), columns 8j + 2q
+     * and 8j + 2q + 1 (q = lane % 4) in d[4j .. 4j + 3] */
+    const int g = lane >> 2, q2 = (lane & 3) * 2;
+    epilogue<T, RS>(p, t, [&](auto &&f) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = t.m_begin + wg * 64 + (warp & 3) * 16 + g + h * 8;
+            if (row >= t.m_end) continue;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                const int col = t.n0 + j * 8 + q2;
+                if (col < N) f(row, col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+            }
         }
-        y[at >> 1] = Pack<T>::pack(v0, v1);
     });
 }
 
@@ -317,13 +465,20 @@ __global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *
     }
 }
 
-constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128};
-const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"mma.sync 128x256x64 4 stages", "mma.sync 128x128x64 3 stages"};
+/* The tile configurations (flux.h): the mainloop, the tile's columns, the ring's slices. */
+enum MainLoop { WGMMA, MMA_SYNC };
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 256, 128};
+const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {
+    "wgmma 128x256x64 4 stages", "wgmma 128x128x64 6 stages", "mma.sync 128x256x64 4 stages",
+    "mma.sync 128x128x64 3 stages"};
 
-template <class T, int BN, int STAGES, bool RS>
+template <class T, MainLoop LOOP, int BN, int STAGES, bool RS>
 nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
-    constexpr size_t smem = (size_t)STAGES * (BM + BN) * BK * sizeof(T);
-    auto kernel = flux_gemm<T, BN, STAGES, RS>;
+    /* + 1024: the kernel aligns the ring to 1024 bytes (wgmma's swizzle atom) */
+    constexpr size_t smem = (size_t)STAGES * (BM + BN) * BK * sizeof(T) + 1024;
+    void (*kernel)(const Params) = nullptr;
+    if constexpr (LOOP == WGMMA) kernel = flux_gemm_wgmma<T, BN, STAGES, RS>;
+    else kernel = flux_gemm_mma<T, BN, STAGES, RS>;
     /* once per device (the attribute is per device and context) */
     static int attribute_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
@@ -343,7 +498,12 @@ nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
 
 template <class T, bool RS>
 nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
-    return config == 0 ? launch<T, 256, 4, RS>(p, blocks, stream) : launch<T, 128, 3, RS>(p, blocks, stream);
+    switch (config) {
+    case 0: return launch<T, WGMMA, 256, 4, RS>(p, blocks, stream);
+    case 1: return launch<T, WGMMA, 128, 6, RS>(p, blocks, stream);
+    case 2: return launch<T, MMA_SYNC, 256, 4, RS>(p, blocks, stream);
+    default: return launch<T, MMA_SYNC, 128, 3, RS>(p, blocks, stream);
+    }
 }
 
 int64_t tiles_of(int32_t rows, int32_t n_out, int bn) {
