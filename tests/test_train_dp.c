@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "testutil.h"
 #include "train/dp.h"
@@ -13,7 +14,7 @@ enum { N_SPECIAL = 5, VOCAB = 64, N_WORDS = VOCAB - N_SPECIAL };
 /* Tokens and Σ L² per rank under `where`, and their max/mean ratios. */
 static void balance(const int32_t *len, const int32_t *where, int32_t n, int32_t ranks,
                     double *token_ratio, double *square_ratio) {
-    double tokens[64] = {0}, squares[64] = {0}, t = 0, s = 0;
+    double tokens[256] = {0}, squares[256] = {0}, t = 0, s = 0;
     for (int32_t i = 0; i < n; i++) {
         tokens[where[i]] += len[i];
         squares[where[i]] += (double)len[i] * len[i];
@@ -77,6 +78,59 @@ static void test_balance_skewed(void **state) {
             assert_true(moved <= n / 2);
         }
     }
+}
+
+/* The issue's workload as the loader makes it: a corpus of lengths U[102, 512] read in N equal
+ * shares (rank r the r-th), shuffled, packed into global batches of N·32 sequences (BERT-large's
+ * 32 a GPU; a batch is never token-bound at 512 a sequence). The ranks' shares of a batch are
+ * then binomial: the most loaded rank holds more than the mean by chance alone. Over 200 batches
+ * the plan brings the most loaded rank's tokens and Σ L² within 5% of the mean on average (the
+ * bound asserted; docs/training.md records the printed numbers), moving a few sequences each. */
+static void test_balance_loader_batches(void **state) {
+    (void)state;
+    enum { N_EXAMPLES = 200 * 8 * 32, SEQS = 32, BATCHES = 200 };
+    int32_t *len = malloc(N_EXAMPLES * sizeof *len), *order = malloc(N_EXAMPLES * sizeof *order);
+    assert_non_null(len);
+    assert_non_null(order);
+    uint64_t rng = 102512;
+    for (int32_t e = 0; e < N_EXAMPLES; e++) len[e] = 102 + (int32_t)(test_rand_u32(&rng) % 411);
+    const int32_t ranks_list[] = {2, 4, 8};
+    for (size_t k = 0; k < 3; k++) {
+        const int32_t ranks = ranks_list[k], B = ranks * SEQS;
+        train_shuffle(order, N_EXAMPLES, 42, 0, 0, TRAIN_SHUFFLE_EXAMPLES);
+        double sum[4] = {0}, moved = 0, moved_tokens = 0, total = 0;
+        struct timespec t0, t1;
+        double plan_s = 0;
+        for (int32_t b = 0; b < BATCHES; b++) {
+            int32_t blen[256], owner[256], dest[256];
+            for (int32_t i = 0; i < B; i++) {
+                const int32_t e = order[b * B + i];
+                blen[i] = len[e];
+                owner[i] = (int32_t)((int64_t)e * ranks / N_EXAMPLES); /* contiguous shares */
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            moved += train_balance_plan(blen, owner, B, ranks, dest);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            plan_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            double bt, bs, at, as;
+            balance(blen, owner, B, ranks, &bt, &bs);
+            balance(blen, dest, B, ranks, &at, &as);
+            sum[0] += bt, sum[1] += bs, sum[2] += at, sum[3] += as;
+            for (int32_t i = 0; i < B; i++) {
+                total += blen[i];
+                if (dest[i] != owner[i]) moved_tokens += blen[i];
+            }
+        }
+        printf("U[102,512], %d ranks x %d sequences, %d batches: max/mean tokens %.3f -> %.3f, "
+               "sum L^2 %.3f -> %.3f; %.1f of %d sequences moved a batch (%.1f%% of the tokens); "
+               "%.0f us a plan\n", ranks, SEQS, BATCHES, sum[0] / BATCHES, sum[2] / BATCHES,
+               sum[1] / BATCHES, sum[3] / BATCHES, moved / BATCHES, B, 100 * moved_tokens / total,
+               1e6 * plan_s / BATCHES);
+        assert_true(sum[0] / BATCHES > 1.05); /* chance alone unbalances them */
+        assert_true(sum[2] / BATCHES <= 1.05 && sum[3] / BATCHES <= 1.05);
+    }
+    free(len);
+    free(order);
 }
 
 /* A batch already balanced moves nothing; fewer sequences than ranks, one sequence, and one rank
@@ -190,6 +244,7 @@ static void test_grad_buckets(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_balance_skewed),
+        cmocka_unit_test(test_balance_loader_batches),
         cmocka_unit_test(test_balance_edges),
         cmocka_unit_test(test_shards_are_the_file),
         cmocka_unit_test(test_grad_buckets),
