@@ -23,16 +23,33 @@
  * Timing: CUDA events around each launch (both streams joined for delayed), 5 warm-up runs, the
  * median of --reps (default 20) timed runs per variant. Random data (fixed seed, never zeros).
  *
+ * With --devices N (N GPUs of one host, peer access between them; bench/flux_multi.sh), the real
+ * thing instead, all ranks in this process (one stream pair per GPU), tp = N, host wall-clock around
+ * the launches on every GPU until all are done (median of --reps after the warm-up):
+ *   gemm     every rank's cuBLASLt GEMM alone;
+ *   comm     the NCCL collective alone (ncclAllGather of the chunks / ncclReduceScatter of the
+ *            partials; libnccl opened at run time, $NOPAD_NCCL_LIBRARY or libnccl.so.2);
+ *   unfused  the collective, then cuBLASLt (AllGather) or cuBLASLt, then the collective;
+ *   fused    AllGather: each rank pushes its chunk to the others by the copy engine
+ *            (cuda_flux_ag_push, a stream of its own) while its fused kernel runs; ReduceScatter:
+ *            the fused kernel, storing into the peers' inboxes over NVLink;
+ *   hidden   (unfused - fused) / comm; and the fused output against the unfused one (max row
+ *            relative error over rank 0's output, a check that the peers' data arrived).
+ * NVLink multicast is never used; keep NCCL_NVLS_ENABLE=0 in the environment.
+ *
  * Usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens 1024,4096,16384]
- *                   [--tp 2,4,8] [--models 8b,70b] [--rate-gbs 400] */
+ *                   [--tp 2,4,8] [--models 8b,70b] [--rate-gbs 400] [--devices N] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <dlfcn.h>
+
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -80,7 +97,7 @@ static void shape_of(const model_shape *m, const layer_op *op, int32_t tp, int32
     else *K = (op->name[0] == 'o' ? m->hidden : m->ffn) / tp, *N = m->hidden;
 }
 
-/* Fills n elements with copies of a random pattern (the pattern uploaded once, by the backend). */
+/* Fills n elements with copies of a random pattern (uploaded once, to the first backend's GPU). */
 static void fill_random(nopad_backend *be, void *dst, size_t n) {
     static void *pattern;
     if (!pattern) {
@@ -95,7 +112,7 @@ static void fill_random(nopad_backend *be, void *dst, size_t n) {
     }
     for (size_t at = 0; at < n; at += PATTERN_ELEMS) {
         const size_t k = n - at < PATTERN_ELEMS ? n - at : PATTERN_ELEMS;
-        CHECK_CUDA(cudaMemcpy((char *)dst + at * 2, pattern, k * 2, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaMemcpy((char *)dst + at * 2, pattern, k * 2, cudaMemcpyDefault)); /* any GPU's */
     }
 }
 
@@ -153,10 +170,288 @@ static float median_ms(point *p, run_kind kind, int config) {
     return ms[reps / 2];
 }
 
+/* ---- several GPUs of one host (--devices N) ---- */
+
+typedef struct nccl_api {
+    ncclResult_t (*get_version)(int *);
+    ncclResult_t (*comm_init_all)(ncclComm_t *, int, const int *);
+    ncclResult_t (*comm_destroy)(ncclComm_t);
+    ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*reduce_scatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                   cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
+    const char *(*error_string)(ncclResult_t);
+} nccl_api;
+static nccl_api nccl;
+
+#define CHECK_NCCL(x)                                                                               \
+    do {                                                                                            \
+        ncclResult_t r_ = (x);                                                                      \
+        if (r_ != ncclSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, nccl.error_string(r_));     \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+/* libnccl at run time, as the communicator opens it (the build machine has only the header). */
+static void nccl_open(void) {
+    const char *path = getenv("NOPAD_NCCL_LIBRARY") ? getenv("NOPAD_NCCL_LIBRARY") : "libnccl.so.2";
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        fprintf(stderr, "flux_bench: cannot open %s: %s (set NOPAD_NCCL_LIBRARY)\n", path, dlerror());
+        exit(1);
+    }
+    const struct {
+        const char *name;
+        void *slot;
+    } symbols[] = {{"ncclGetVersion", &nccl.get_version},       {"ncclCommInitAll", &nccl.comm_init_all},
+                   {"ncclCommDestroy", &nccl.comm_destroy},     {"ncclAllGather", &nccl.all_gather},
+                   {"ncclReduceScatter", &nccl.reduce_scatter}, {"ncclGroupStart", &nccl.group_start},
+                   {"ncclGroupEnd", &nccl.group_end},           {"ncclGetErrorString", &nccl.error_string}};
+    for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
+        void *f = dlsym(lib, symbols[i].name);
+        if (!f) {
+            fprintf(stderr, "flux_bench: %s has no %s\n", path, symbols[i].name);
+            exit(1);
+        }
+        memcpy(symbols[i].slot, &f, sizeof f);
+    }
+}
+
+/* One rank: its GPU's streams, cuBLASLt, backend (for the check's downloads) and buffers.
+ *   AllGather:     x = the gathered [T, K] (its own chunk at its rows), y / y_ref [T, N];
+ *   ReduceScatter: x [T, K], partial [T, N], y / y_ref [T / W, N], inbox [W][T / W][N]. */
+typedef struct rank_state {
+    cudaStream_t stream, comm;
+    cuda_lt *lt;
+    nopad_backend *be;
+    ncclComm_t nccl_comm;
+    void *x, *w, *y, *y_ref, *partial, *inbox;
+    uint32_t *signals, *error;
+    cuda_flux_peers peers;
+} rank_state;
+
+typedef enum { MULTI_GEMM, MULTI_COMM, MULTI_UNFUSED, MULTI_FUSED } multi_mode;
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* Every rank's part of one run, launched GPU by GPU, timed on the host until all GPUs are done. */
+static double multi_once(rank_state *rs, int W, const point *p, multi_mode mode) {
+    const int ag = p->op->all_gather;
+    const ncclDataType_t nt = dtype == NOPAD_DTYPE_BF16 ? ncclBfloat16 : ncclFloat16;
+    const size_t rows = (size_t)p->rows[0];
+    for (int d = 0; d < W; d++) {
+        CHECK_CUDA(cudaSetDevice(d));
+        CHECK_CUDA(cudaDeviceSynchronize());
+    }
+    epoch++;
+    const double t0 = now_ms();
+    if (!ag && (mode == MULTI_GEMM || mode == MULTI_UNFUSED))
+        for (int d = 0; d < W; d++) {
+            CHECK_CUDA(cudaSetDevice(d));
+            CHECK_NOPAD(cuda_lt_matmul(rs[d].lt, dtype, rs[d].partial, rs[d].x, rs[d].w, NULL, NULL, p->T, p->K, p->N,
+                                       CUBLASLT_EPILOGUE_DEFAULT, 0, 0, rs[d].stream));
+        }
+    if (mode == MULTI_COMM || mode == MULTI_UNFUSED) {
+        CHECK_NCCL(nccl.group_start());
+        for (int d = 0; d < W; d++) {
+            if (ag)
+                CHECK_NCCL(nccl.all_gather((char *)rs[d].x + d * rows * p->K * 2, rs[d].x, rows * p->K, nt,
+                                           rs[d].nccl_comm, rs[d].stream));
+            else
+                CHECK_NCCL(nccl.reduce_scatter(rs[d].partial, rs[d].y_ref, rows * p->N, nt, ncclSum, rs[d].nccl_comm,
+                                               rs[d].stream));
+        }
+        CHECK_NCCL(nccl.group_end());
+    }
+    if (ag && (mode == MULTI_GEMM || mode == MULTI_UNFUSED))
+        for (int d = 0; d < W; d++) {
+            CHECK_CUDA(cudaSetDevice(d));
+            CHECK_NOPAD(cuda_lt_matmul(rs[d].lt, dtype, rs[d].y_ref, rs[d].x, rs[d].w, NULL, NULL, p->T, p->K, p->N,
+                                       CUBLASLT_EPILOGUE_DEFAULT, 0, 0, rs[d].stream));
+        }
+    if (mode == MULTI_FUSED)
+        for (int d = 0; d < W; d++) {
+            CHECK_CUDA(cudaSetDevice(d));
+            if (ag) {
+                CHECK_NOPAD(cuda_flux_ag_push(dtype, &rs[d].peers, p->rows, p->K, epoch, rs[d].comm));
+                CHECK_NOPAD(cuda_flux_ag_gemm(dtype, rs[d].y, rs[d].w, &rs[d].peers, p->rows, p->K, p->N, epoch,
+                                              CUDA_FLUX_CONFIG_AUTO, rs[d].stream));
+            } else {
+                CHECK_NOPAD(cuda_flux_gemm_rs(dtype, rs[d].y, rs[d].x, rs[d].w, &rs[d].peers, p->rows, p->K, p->N,
+                                              epoch, CUDA_FLUX_CONFIG_AUTO, rs[d].stream));
+            }
+        }
+    for (int d = 0; d < W; d++) {
+        CHECK_CUDA(cudaSetDevice(d));
+        CHECK_CUDA(cudaDeviceSynchronize());
+    }
+    const double ms = now_ms() - t0;
+    if (mode == MULTI_FUSED)
+        for (int d = 0; d < W; d++) {
+            CHECK_CUDA(cudaSetDevice(d));
+            CHECK_NOPAD(cuda_flux_check(&rs[d].peers, rs[d].stream));
+        }
+    return ms;
+}
+
+static double multi_median(rank_state *rs, int W, const point *p, multi_mode mode) {
+    double ms[MAX_REPS];
+    for (int i = 0; i < WARMUP; i++) multi_once(rs, W, p, mode);
+    for (int i = 0; i < reps; i++) ms[i] = multi_once(rs, W, p, mode);
+    for (int i = 1; i < reps; i++) /* insertion sort: a few dozen values */
+        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+            const double t = ms[j];
+            ms[j] = ms[j - 1], ms[j - 1] = t;
+        }
+    return ms[reps / 2];
+}
+
+/* Rank 0's fused output against the unfused one: max row relative error. */
+static double multi_check(rank_state *rs, const point *p) {
+    const size_t rows = p->op->all_gather ? (size_t)p->T : (size_t)p->rows[0], n = rows * p->N;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    CHECK_CUDA(cudaSetDevice(0));
+    CHECK_NOPAD(rs[0].be->download_f32(rs[0].be, a, rs[0].y, n));
+    CHECK_NOPAD(rs[0].be->download_f32(rs[0].be, b, rs[0].y_ref, n));
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double e2 = 0, r2 = 0;
+        for (size_t c = 0; c < (size_t)p->N; c++) {
+            const double dv = (double)a[r * p->N + c] - b[r * p->N + c];
+            e2 += dv * dv, r2 += (double)b[r * p->N + c] * b[r * p->N + c];
+        }
+        const double e = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+        if (!(e <= worst)) worst = e; /* NaN wins */
+    }
+    free(a), free(b);
+    return worst;
+}
+
+static int run_devices(int W, const int32_t *tokens, int n_tokens, const int *use_model, FILE *json, const char *gpu,
+                       int driver, int runtime) {
+    int n_dev = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&n_dev));
+    if (W < 2 || W > CUDA_FLUX_MAX_WORLD || W > n_dev) {
+        fprintf(stderr, "flux_bench: --devices %d: this host has %d GPUs (2..%d)\n", W, n_dev, CUDA_FLUX_MAX_WORLD);
+        return 2;
+    }
+    nccl_open();
+    int nccl_version = 0;
+    CHECK_NCCL(nccl.get_version(&nccl_version));
+    printf("flux_bench: %d GPUs in one process, NCCL %d, peer access between all\n", W, nccl_version);
+    rank_state rs[CUDA_FLUX_MAX_WORLD];
+    memset(rs, 0, sizeof rs);
+    int devs[CUDA_FLUX_MAX_WORLD];
+    ncclComm_t comms[CUDA_FLUX_MAX_WORLD];
+    for (int d = 0; d < W; d++) {
+        devs[d] = d;
+        CHECK_CUDA(cudaSetDevice(d));
+        for (int e = 0; e < W; e++) {
+            int can = 0;
+            CHECK_CUDA(cudaDeviceCanAccessPeer(&can, d, e));
+            if (e != d && !can) {
+                fprintf(stderr, "flux_bench: GPU %d cannot reach GPU %d's memory\n", d, e);
+                return 1;
+            }
+            if (e != d) CHECK_CUDA(cudaDeviceEnablePeerAccess(e, 0));
+        }
+        CHECK_CUDA(cudaStreamCreateWithFlags(&rs[d].stream, cudaStreamNonBlocking));
+        CHECK_CUDA(cudaStreamCreateWithFlags(&rs[d].comm, cudaStreamNonBlocking));
+        rs[d].lt = calloc(1, sizeof *rs[d].lt);
+        CHECK_NOPAD(cuda_lt_init(rs[d].lt));
+        CHECK_NOPAD(nopad_backend_cuda_create(dtype, d, rs[d].stream, &rs[d].be));
+    }
+    CHECK_NCCL(nccl.comm_init_all(comms, W, devs));
+    for (int d = 0; d < W; d++) rs[d].nccl_comm = comms[d];
+    if (json)
+        fprintf(json, "{\"gpu\": \"%s\", \"devices\": %d, \"driver\": %d, \"runtime\": %d, \"nccl\": %d, \"dtype\": \"%s\", "
+                      "\"build\": \"%s\", \"reps\": %d, \"statistic\": \"median of host wall-clock ms, launch to all GPUs done\", "
+                      "\"rows\": [\n",
+                gpu, W, driver, runtime, nccl_version, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", nopad_build_id(), reps);
+    printf("%-4s %-8s %6s %3s %6s %6s  %9s %9s %9s %9s %9s %7s %9s\n", "model", "gemm", "T", "tp", "K", "N", "gemm ms",
+           "comm ms", "unfus ms", "fused ms", "fus/gemm", "hidden", "check");
+    int first = 1;
+    for (int mi = 0; mi < 2; mi++)
+        for (int oi = 0; oi < 4; oi++)
+            for (int ki = 0; ki < n_tokens; ki++) {
+                if (!use_model[mi]) continue;
+                point p = {.m = &MODELS[mi], .op = &OPS[oi], .T = tokens[ki], .tp = W};
+                shape_of(p.m, p.op, W, &p.K, &p.N);
+                if (p.T % W) continue;
+                for (int d = 0; d < W; d++) p.rows[d] = p.T / W;
+                const int ag = p.op->all_gather;
+                const size_t rows = (size_t)p.rows[0], T = (size_t)p.T;
+                for (int d = 0; d < W; d++) {
+                    CHECK_CUDA(cudaSetDevice(d));
+                    rank_state *r = &rs[d];
+                    CHECK_CUDA(cudaMalloc(&r->x, T * p.K * 2));
+                    CHECK_CUDA(cudaMalloc(&r->w, (size_t)p.N * p.K * 2));
+                    CHECK_CUDA(cudaMalloc(&r->y, (ag ? T : rows) * p.N * 2));
+                    CHECK_CUDA(cudaMalloc(&r->y_ref, (ag ? T : rows) * p.N * 2));
+                    CHECK_CUDA(cudaMalloc(&r->partial, ag ? 16 : T * p.N * 2));
+                    CHECK_CUDA(cudaMalloc(&r->inbox, ag ? 16 : cuda_flux_rs_inbox_bytes(dtype, p.rows[d], p.N, W)));
+                    const size_t words = ag ? (size_t)W : cuda_flux_rs_signal_words(p.rows[d], p.N, W);
+                    CHECK_CUDA(cudaMalloc((void **)&r->signals, words * 4));
+                    CHECK_CUDA(cudaMalloc((void **)&r->error, 4));
+                    CHECK_CUDA(cudaMemset(r->signals, 0, words * 4));
+                    CHECK_CUDA(cudaMemset(r->error, 0, 4));
+                    fill_random(r->be, r->x, T * p.K);
+                    fill_random(r->be, r->w, (size_t)p.N * p.K);
+                }
+                for (int d = 0; d < W; d++) {
+                    rs[d].peers = (cuda_flux_peers){.world = W, .rank = d, .error = rs[d].error,
+                                                    .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS};
+                    for (int e = 0; e < W; e++) {
+                        rs[d].peers.buffers[e] = ag ? rs[e].x : rs[e].inbox;
+                        rs[d].peers.signals[e] = rs[e].signals;
+                    }
+                }
+                const double gemm = multi_median(rs, W, &p, MULTI_GEMM);
+                const double comm = multi_median(rs, W, &p, MULTI_COMM);
+                const double unfused = multi_median(rs, W, &p, MULTI_UNFUSED);
+                const double fused = multi_median(rs, W, &p, MULTI_FUSED);
+                const double check = multi_check(rs, &p);
+                const double hidden = (unfused - fused) / comm;
+                printf("%-4s %-8s %6d %3d %6d %6d  %9.4f %9.4f %9.4f %9.4f %9.3f %6.1f%% %9.2e\n", p.m->name, p.op->name,
+                       p.T, W, p.K, p.N, gemm, comm, unfused, fused, fused / gemm, 100 * hidden, check);
+                fflush(stdout);
+                if (json) {
+                    fprintf(json, "%s  {\"model\": \"%s\", \"gemm\": \"%s\", \"tokens\": %d, \"tp\": %d, \"K\": %d, "
+                                  "\"N\": %d, \"gemm_ms\": %.5f, \"comm_ms\": %.5f, \"unfused_ms\": %.5f, \"fused_ms\": "
+                                  "%.5f, \"hidden\": %.4f, \"check_row_rel_err\": %.3g}",
+                            first ? "" : ",\n", p.m->name, p.op->name, p.T, W, p.K, p.N, gemm, comm, unfused, fused,
+                            hidden, check);
+                    fflush(json);
+                }
+                first = 0;
+                for (int d = 0; d < W; d++) {
+                    CHECK_CUDA(cudaSetDevice(d));
+                    rank_state *r = &rs[d];
+                    cudaFree(r->x), cudaFree(r->w), cudaFree(r->y), cudaFree(r->y_ref), cudaFree(r->partial);
+                    cudaFree(r->inbox), cudaFree(r->signals), cudaFree(r->error);
+                }
+            }
+    if (json) fprintf(json, "\n]}\n");
+    for (int d = 0; d < W; d++) {
+        CHECK_CUDA(cudaSetDevice(d));
+        nccl.comm_destroy(rs[d].nccl_comm);
+        cuda_lt_destroy(rs[d].lt);
+        free(rs[d].lt);
+        rs[d].be->destroy(rs[d].be);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *json_path = NULL;
     int32_t tokens[MAX_LIST] = {1024, 4096, 16384}, tps[MAX_LIST] = {2, 4, 8};
-    int n_tokens = 3, n_tps = 3, use_model[2] = {1, 1};
+    int n_tokens = 3, n_tps = 3, use_model[2] = {1, 1}, devices = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
@@ -170,9 +465,10 @@ int main(int argc, char **argv) {
             use_model[0] = strstr(s, "8b") != NULL;
             use_model[1] = strstr(s, "70b") ? 1 : 0;
         } else if (!strcmp(argv[i], "--rate-gbs") && i + 1 < argc) rate_gbs = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--devices") && i + 1 < argc) devices = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens a,b] [--tp a,b] "
-                            "[--models 8b,70b] [--rate-gbs R]\n");
+                            "[--models 8b,70b] [--rate-gbs R] [--devices N]\n");
             return 2;
         }
     }
@@ -200,6 +496,12 @@ int main(int argc, char **argv) {
            prop.name, prop.multiProcessorCount, driver, runtime, lt_version, nopad_build_id(), date, dname, reps,
            WARMUP, rate_gbs);
 
+    if (devices) {
+        FILE *json = json_path ? fopen(json_path, "w") : NULL;
+        const int rc = run_devices(devices, tokens, n_tokens, use_model, json, prop.name, driver, runtime);
+        if (json) fclose(json);
+        return rc;
+    }
     int lowest, highest;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
