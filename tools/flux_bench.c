@@ -555,11 +555,17 @@ int main(int argc, char **argv) {
         fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"driver\": %d, \"runtime\": %d, \"cublaslt\": %zu, "
                       "\"build\": \"%s\", \"date\": \"%s\", \"dtype\": \"%s\", \"reps\": %d, \"warmup\": %d, "
                       "\"rate_gbs\": %.1f, \"rank\": 0, \"statistic\": \"median of CUDA-event times of single launches\", "
-                      "\"configs\": [\"%s\", \"%s\"], \"rows\": [\n",
+                      "\"configs\": [",
                 prop.name, prop.multiProcessorCount, driver, runtime, lt_version, nopad_build_id(), date, dname, reps,
-                WARMUP, rate_gbs, cuda_flux_config_name(0), cuda_flux_config_name(1));
-    printf("%-4s %-8s %6s %3s %6s %6s  %9s %9s %9s %6s %8s  %8s %9s %7s\n", "model", "gemm", "T", "tp", "K", "N",
-           "plain ms", "cfg0 ms", "cfg1 ms", "pick", "fused/pl", "comm ms", "delay ms", "hidden");
+                WARMUP, rate_gbs);
+    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) {
+        printf("config %d: %s\n", c, cuda_flux_config_name(c));
+        if (json) fprintf(json, "%s\"%s\"", c ? ", " : "", cuda_flux_config_name(c));
+    }
+    if (json) fprintf(json, "], \"rows\": [\n");
+    printf("%-4s %-8s %6s %3s %6s %6s  %8s", "model", "gemm", "T", "tp", "K", "N", "plain ms");
+    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) printf("  cfg%d ms", c);
+    printf(" %4s %4s %8s %8s  %8s %9s %7s\n", "pick", "best", "pick/pl", "best/pl", "comm ms", "delay ms", "hidden");
     int first = 1;
     for (int mi = 0; mi < 2; mi++)
         for (int oi = 0; oi < 4; oi++)
@@ -609,18 +615,23 @@ int main(int argc, char **argv) {
                     const float delayed = median_ms(&p, RUN_DELAYED, pick);
                     const double comm = (p.tp - 1) * chunk_ns / 1e6;
                     const double hidden = (plain + comm - delayed) / comm;
-                    printf("%-4s %-8s %6d %3d %6d %6d  %9.4f %9.4f %9.4f %6d %8.3f  %8.4f %9.4f %6.1f%%\n", p.m->name,
-                           p.op->name, p.T, p.tp, p.K, p.N, plain, fused[0], fused[1], pick, fused[pick] / plain, comm,
-                           delayed, 100.0 * hidden);
+                    int best = 0;
+                    for (int c = 1; c < CUDA_FLUX_N_CONFIGS; c++)
+                        if (fused[c] < fused[best]) best = c;
+                    printf("%-4s %-8s %6d %3d %6d %6d  %8.4f", p.m->name, p.op->name, p.T, p.tp, p.K, p.N, plain);
+                    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) printf(" %8.4f", fused[c]);
+                    printf(" %4d %4d %8.3f %8.3f  %8.4f %9.4f %6.1f%%\n", pick, best, fused[pick] / plain,
+                           fused[best] / plain, comm, delayed, 100.0 * hidden);
                     fflush(stdout);
                     if (json) {
                         fprintf(json, "%s  {\"model\": \"%s\", \"gemm\": \"%s\", \"kind\": \"%s\", \"tokens\": %d, "
-                                      "\"tp\": %d, \"K\": %d, \"N\": %d, \"plain_ms\": %.5f, \"fused_ms\": [%.5f, %.5f], "
-                                      "\"pick\": %d, \"fused_over_plain\": %.4f, \"comm_ms\": %.5f, \"delayed_ms\": %.5f, "
-                                      "\"hidden\": %.4f}",
+                                      "\"tp\": %d, \"K\": %d, \"N\": %d, \"plain_ms\": %.5f, \"fused_ms\": [",
                                 first ? "" : ",\n", p.m->name, p.op->name, ag ? "allgather_gemm" : "gemm_reducescatter",
-                                p.T, p.tp, p.K, p.N, plain, fused[0], fused[1], pick, fused[pick] / plain, comm, delayed,
-                                hidden);
+                                p.T, p.tp, p.K, p.N, plain);
+                        for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) fprintf(json, "%s%.5f", c ? ", " : "", fused[c]);
+                        fprintf(json, "], \"pick\": %d, \"best\": %d, \"pick_over_plain\": %.4f, \"best_over_plain\": "
+                                      "%.4f, \"comm_ms\": %.5f, \"delayed_ms\": %.5f, \"hidden\": %.4f}",
+                                pick, best, fused[pick] / plain, fused[best] / plain, comm, delayed, hidden);
                         fflush(json);
                     }
                     first = 0;

@@ -369,11 +369,14 @@ __device__ __forceinline__ void wgmma_async<128, true>(float (&d)[64], uint64_t 
                  : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
-/* The wgmma tile loop: 2 warpgroups, each 64 rows x BN with m64nBNk16, STAGES slices in the ring
- * and STAGES - 2 in flight ahead of the one computed (the slice before it may still be read by
- * its wgmma group, waited for one slice later). */
-template <class T, int BN, int STAGES, bool RS>
-__global__ void __launch_bounds__(THREADS, 1) flux_gemm_wgmma(const __grid_constant__ Params p) {
+/* The wgmma tile loop: 2 warpgroups, each 64 rows x BN with m64nBNk16, STAGES slices in the ring.
+ * INFLIGHT = 1: a slice's wgmma group is waited for one slice later, so the slice before the one
+ * computed may still be read and STAGES - 2 slices are loaded ahead; INFLIGHT = 0: each slice's
+ * group is waited for at once and STAGES - 1 are ahead, for two CTAs a SM, where one CTA's waits,
+ * prologue and epilogue run under the other's MMAs. */
+template <class T, int BN, int STAGES, int INFLIGHT, bool RS>
+__global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmma(const __grid_constant__ Params p) {
+    constexpr int AHEAD = STAGES - 1 - INFLIGHT; /* slices loaded ahead of the one computed */
     constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
     extern __shared__ unsigned char smem_raw[];
     T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -387,14 +390,14 @@ __global__ void __launch_bounds__(THREADS, 1) flux_gemm_wgmma(const __grid_const
     const T *w = static_cast<const T *>(p.w);
 
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; s++)
+    for (int s = 0; s < AHEAD; s++)
         if (s < KT) load_slice<T, BN>(Bs + s * B_STAGE, w, t.n0, N, K, s);
     if (!wait_chunk<RS>(p, t, &ok_shared)) {
         cp_async_wait_all();
         return;
     }
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; s++) {
+    for (int s = 0; s < AHEAD; s++) {
         if (s < KT) load_slice<T, BM>(As + s * A_STAGE, x, t.m_begin, t.m_end, K, s);
         cp_async_commit();
     }
@@ -404,10 +407,10 @@ __global__ void __launch_bounds__(THREADS, 1) flux_gemm_wgmma(const __grid_const
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
 
     for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait_group<STAGES - 3>();
+        cp_async_wait_group<AHEAD - 1>();
         fence_proxy_async();
         __syncthreads();
-        const int next = kt + STAGES - 2;
+        const int next = kt + AHEAD;
         if (next < KT) {
             load_slice<T, BM>(As + (next % STAGES) * A_STAGE, x, t.m_begin, t.m_end, K, next);
             load_slice<T, BN>(Bs + (next % STAGES) * B_STAGE, w, t.n0, N, K, next);
@@ -420,7 +423,7 @@ __global__ void __launch_bounds__(THREADS, 1) flux_gemm_wgmma(const __grid_const
         for (int kk = 0; kk < BK / 16; kk++)
             wgmma_async<BN, std::is_same<T, __nv_bfloat16>::value>(d, smem_desc(a_s + kk * 16), smem_desc(b_s + kk * 16));
         wgmma_commit();
-        wgmma_wait<1>();
+        wgmma_wait<INFLIGHT>();
     }
     wgmma_wait<0>();
     cp_async_wait_all();
@@ -467,17 +470,17 @@ __global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *
 
 /* The tile configurations (flux.h): the mainloop, the tile's columns, the ring's slices. */
 enum MainLoop { WGMMA, MMA_SYNC };
-constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 256, 128};
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 256, 128};
 const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {
-    "wgmma 128x256x64 4 stages", "wgmma 128x128x64 6 stages", "mma.sync 128x256x64 4 stages",
-    "mma.sync 128x128x64 3 stages"};
+    "wgmma 128x256x64 4 stages", "wgmma 128x128x64 6 stages", "wgmma 128x128x64 3 stages 2 CTAs/SM",
+    "mma.sync 128x256x64 4 stages", "mma.sync 128x128x64 3 stages 2 CTAs/SM"};
 
-template <class T, MainLoop LOOP, int BN, int STAGES, bool RS>
+template <class T, MainLoop LOOP, int BN, int STAGES, int INFLIGHT, bool RS>
 nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
     /* + 1024: the kernel aligns the ring to 1024 bytes (wgmma's swizzle atom) */
     constexpr size_t smem = (size_t)STAGES * (BM + BN) * BK * sizeof(T) + 1024;
     void (*kernel)(const Params) = nullptr;
-    if constexpr (LOOP == WGMMA) kernel = flux_gemm_wgmma<T, BN, STAGES, RS>;
+    if constexpr (LOOP == WGMMA) kernel = flux_gemm_wgmma<T, BN, STAGES, INFLIGHT, RS>;
     else kernel = flux_gemm_mma<T, BN, STAGES, RS>;
     /* once per device (the attribute is per device and context) */
     static int attribute_set[CUDA_MAX_DEVICES];
@@ -499,10 +502,11 @@ nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
 template <class T, bool RS>
 nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
     switch (config) {
-    case 0: return launch<T, WGMMA, 256, 4, RS>(p, blocks, stream);
-    case 1: return launch<T, WGMMA, 128, 6, RS>(p, blocks, stream);
-    case 2: return launch<T, MMA_SYNC, 256, 4, RS>(p, blocks, stream);
-    default: return launch<T, MMA_SYNC, 128, 3, RS>(p, blocks, stream);
+    case 0: return launch<T, WGMMA, 256, 4, 1, RS>(p, blocks, stream);
+    case 1: return launch<T, WGMMA, 128, 6, 1, RS>(p, blocks, stream);
+    case 2: return launch<T, WGMMA, 128, 3, 0, RS>(p, blocks, stream);
+    case 3: return launch<T, MMA_SYNC, 256, 4, 0, RS>(p, blocks, stream);
+    default: return launch<T, MMA_SYNC, 128, 3, 0, RS>(p, blocks, stream);
     }
 }
 

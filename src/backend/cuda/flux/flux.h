@@ -69,11 +69,11 @@ typedef struct cuda_flux_peers {
 
 /* Tile configurations, all 128 token rows a tile, 8 warps, K slices of 64 loaded by cp.async into
  * a ring: 0 = wgmma 128 x 256 (two warpgroups of m64n256k16, 4 slices), 1 = wgmma 128 x 128 (6
- * slices), for grids too small to fill the SMs with the first; 2 and 3 the same tiles on mma.sync
- * m16n8k16 (4 and 3 slices, the latter two CTAs a SM). CUDA_FLUX_CONFIG_AUTO picks by
+ * slices), 2 = wgmma 128 x 128 in 3 slices, two CTAs a SM; 3 and 4 = mma.sync m16n8k16 128 x 256
+ * (4 slices) and 128 x 128 (3 slices, two CTAs a SM). CUDA_FLUX_CONFIG_AUTO picks by
  * cuda_flux_pick. Every rank of a GEMM+ReduceScatter must run the same configuration (the signal
  * words are per tile): auto depends only on the shape and the SM count. */
-enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 4 };
+enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 5 };
 int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_out);
 const char *cuda_flux_config_name(int config);
 
