@@ -167,52 +167,72 @@ __device__ __forceinline__ bool wait_chunk(const Params &p, const TileCoord &t, 
     return *ok_shared != 0;
 }
 
-/* The epilogue from the accumulators, which for_each_pair hands out as (row, column, two adjacent
- * values): AllGather stores y; ReduceScatter stores a remote chunk's partial tile into its owner's
- * inbox and signals it, or sums the local chunk's tile with the other ranks' partials. */
-template <class T, bool RS, class ForEachPair>
-__device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, ForEachPair &&for_each_pair) {
+/* 16-byte vectors of 8 elements: packed from / unpacked to fp32 */
+template <class T>
+__device__ __forceinline__ uint4 pack8(const float4 a, const float4 b) {
+    return make_uint4(Pack<T>::pack(a.x, a.y), Pack<T>::pack(a.z, a.w), Pack<T>::pack(b.x, b.y), Pack<T>::pack(b.z, b.w));
+}
+template <class T>
+__device__ __forceinline__ void add8(float4 &a, float4 &b, const uint4 v) {
+    const float2 p0 = Pack<T>::unpack(v.x), p1 = Pack<T>::unpack(v.y), p2 = Pack<T>::unpack(v.z),
+                 p3 = Pack<T>::unpack(v.w);
+    a.x += p0.x, a.y += p0.y, a.z += p1.x, a.w += p1.y, b.x += p2.x, b.y += p2.y, b.z += p3.x, b.w += p3.y;
+}
+
+/* The epilogue. stage_tile(stage, ld) writes the fp32 accumulators into shared memory (the ring,
+ * free after the mainloop) at [tile row][tile column] with row stride ld, so that the stores are
+ * whole 16-byte vectors of 8 columns, a warp's consecutive: AllGather stores y; ReduceScatter
+ * stores a remote chunk's partial tile into its owner's inbox and signals it, or sums the local
+ * chunk's tile with the other ranks' partials (in rank order, one rounding). ld = BN + 8: a
+ * quarter-warp's float2 writes (4 rows x 32 bytes) land in distinct banks. */
+template <class T, int BN, bool RS, class StageTile>
+__device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, float *stage, StageTile &&stage_tile) {
+    constexpr int LD = BN + 8, VECTORS = BM * BN / 8;
     const int N = p.N;
-    if (!RS) {
-        uint32_t *y = static_cast<uint32_t *>(p.y);
-        for_each_pair([&](int row, int col, float v0, float v1) {
-            y[((int64_t)row * N + col) >> 1] = Pack<T>::pack(v0, v1);
-        });
-        return;
+    __syncthreads(); /* every warp is done reading the ring */
+    stage_tile(stage, LD);
+    __syncthreads();
+
+    /* the destination: y (AllGather: global rows; the local chunk: rows of the chunk) or slot
+     * p.rank of the owner's inbox */
+    uint4 *dst;
+    int64_t row_base;
+    if (!RS) dst = static_cast<uint4 *>(p.y), row_base = 0;
+    else if (t.chunk == p.rank) dst = static_cast<uint4 *>(p.y), row_base = -(int64_t)t.c_row0;
+    else dst = static_cast<uint4 *>(p.inbox[t.chunk]), row_base = (int64_t)p.rank * t.c_rows - t.c_row0;
+    const bool sum = RS && t.chunk == p.rank;
+    if (sum) {
+        /* the other ranks' partials of this tile: one thread waits for each */
+        bool ok = true;
+        const int src = threadIdx.x;
+        if (src < p.world && src != p.rank)
+            ok = wait_signal(p.signals[p.rank] + ((int64_t)src * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
+                             p.epoch, p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)src);
+        if (!__syncthreads_and(ok)) return;
     }
-    if (t.chunk != p.rank) {
-        /* a partial tile for rank t.chunk: into its inbox, slot p.rank, then its signal word */
-        uint32_t *slot = static_cast<uint32_t *>(p.inbox[t.chunk]);
-        const int64_t slot0 = (int64_t)p.rank * t.c_rows;
-        for_each_pair([&](int row, int col, float v0, float v1) {
-            slot[((slot0 + row - t.c_row0) * N + col) >> 1] = Pack<T>::pack(v0, v1);
-        });
+    const uint4 *inbox = static_cast<const uint4 *>(p.inbox[p.rank]);
+#pragma unroll 4
+    for (int v = threadIdx.x; v < VECTORS; v += THREADS) {
+        const int r = v / (BN / 8), c = (v % (BN / 8)) * 8;
+        const int row = t.m_begin + r, col = t.n0 + c;
+        if (row >= t.m_end || col >= N) continue;
+        float4 a = *reinterpret_cast<const float4 *>(stage + r * LD + c);
+        float4 b = *reinterpret_cast<const float4 *>(stage + r * LD + c + 4);
+        const int64_t at = ((row + row_base) * N + col) >> 3;
+        if (sum)
+            for (int s = 0; s < p.world; s++)
+                if (s != p.rank) add8<T>(a, b, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 8));
+        dst[at] = pack8<T>(a, b);
+    }
+    if (RS && t.chunk != p.rank) {
+        /* the partial tile is in rank t.chunk's inbox: its signal word */
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence_system();
             store_release_sys(p.signals[t.chunk] + ((int64_t)p.rank * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
                               p.epoch);
         }
-        return;
     }
-    /* the local chunk: the other ranks' partials of this tile, then one sum in rank order */
-    bool ok = true;
-    const int src = threadIdx.x;
-    if (src < p.world && src != p.rank)
-        ok = wait_signal(p.signals[p.rank] + ((int64_t)src * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n, p.epoch,
-                         p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)src);
-    if (!__syncthreads_and(ok)) return;
-    const uint32_t *inbox = static_cast<const uint32_t *>(p.inbox[p.rank]);
-    uint32_t *y = static_cast<uint32_t *>(p.y);
-    for_each_pair([&](int row, int col, float v0, float v1) {
-        const int64_t at = (int64_t)(row - t.c_row0) * N + col;
-        for (int s = 0; s < p.world; s++) {
-            if (s == p.rank) continue;
-            const float2 o = Pack<T>::unpack(__ldcg(inbox + (((int64_t)s * t.c_rows * N + at) >> 1)));
-            v0 += o.x, v1 += o.y;
-        }
-        y[at >> 1] = Pack<T>::pack(v0, v1);
-    });
 }
 
 /* The mma.sync tile loop: 8 warps of 64 x BN/4, ldmatrix.x4 fragments, STAGES slices in flight. */
@@ -221,6 +241,8 @@ __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm_mma(cons
     constexpr int WN = BN / 4;         /* a warp's columns; its rows: 64 */
     constexpr int MI = 4, NI = WN / 8; /* m16 and n8 fragments a warp */
     constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
+    static_assert(BM * (BN + 8) * sizeof(float) <= STAGES * (A_STAGE + B_STAGE) * sizeof(T),
+                  "the epilogue's fp32 tile fits in the ring");
     extern __shared__ unsigned char smem_raw[];
     T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     T *Bs = As + STAGES * A_STAGE;
@@ -294,19 +316,15 @@ __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm_mma(cons
     /* thread (g = lane / 4, q = lane % 4) holds rows g and g + 8 of each m16 fragment, columns 2q
      * and 2q + 1 of each n8 one */
     const int g = lane >> 2, q2 = (lane & 3) * 2;
-    epilogue<T, RS>(p, t, [&](auto &&f) {
+    epilogue<T, BN, RS>(p, t, reinterpret_cast<float *>(As), [&](float *stage, int ld) {
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = t.m_begin + wm * 64 + mi * 16 + g + h * 8;
-                if (row >= t.m_end) continue;
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    const int col = t.n0 + wn * WN + ni * 8 + q2;
-                    if (col < N) f(row, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-                }
-            }
+                for (int ni = 0; ni < NI; ni++)
+                    *reinterpret_cast<float2 *>(stage + (wm * 64 + mi * 16 + g + h * 8) * ld + wn * WN + ni * 8 + q2) =
+                        make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     });
 }
 
@@ -378,6 +396,8 @@ template <class T, int BN, int STAGES, int INFLIGHT, bool RS>
 __global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmma(const __grid_constant__ Params p) {
     constexpr int AHEAD = STAGES - 1 - INFLIGHT; /* slices loaded ahead of the one computed */
     constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
+    static_assert(BM * (BN + 8) * sizeof(float) <= STAGES * (A_STAGE + B_STAGE) * sizeof(T),
+                  "the epilogue's fp32 tile fits in the ring");
     extern __shared__ unsigned char smem_raw[];
     T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     T *Bs = As + STAGES * A_STAGE;
@@ -431,17 +451,13 @@ __global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmm
     /* warp w of the warpgroup holds rows 16w + g and 16w + g + 8 (g = lane / 4), columns 8j + 2q
      * and 8j + 2q + 1 (q = lane % 4) in d[4j .. 4j + 3] */
     const int g = lane >> 2, q2 = (lane & 3) * 2;
-    epilogue<T, RS>(p, t, [&](auto &&f) {
+    epilogue<T, BN, RS>(p, t, reinterpret_cast<float *>(As), [&](float *stage, int ld) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = t.m_begin + wg * 64 + (warp & 3) * 16 + g + h * 8;
-            if (row >= t.m_end) continue;
+        for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                const int col = t.n0 + j * 8 + q2;
-                if (col < N) f(row, col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-            }
-        }
+            for (int j = 0; j < BN / 8; j++)
+                *reinterpret_cast<float2 *>(stage + (wg * 64 + (warp & 3) * 16 + g + h * 8) * ld + j * 8 + q2) =
+                    make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
     });
 }
 
