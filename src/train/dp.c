@@ -254,12 +254,11 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     dp->owner = malloc(B * sizeof(int32_t));
     dp->dest = malloc(B * sizeof(int32_t));
     dp->blen = malloc(B * sizeof(int32_t));
-    /* a rank's sequences of a step fit the global budget */
-    dp->records_cap = RECORD_HEAD * (int64_t)global_seqs + 3 * (int64_t)global_tokens;
-    dp->records = malloc((size_t)dp->records_cap * sizeof(int32_t));
-    dp->send_cap = dp->recv_cap = dp->records_cap;
-    dp->send = malloc((size_t)dp->send_cap * sizeof(int32_t));
-    dp->recv = malloc((size_t)dp->recv_cap * sizeof(int32_t));
+    /* a rank's records of a step fit a whole global batch */
+    const size_t words = (size_t)(RECORD_HEAD * (int64_t)global_seqs + 3 * (int64_t)global_tokens);
+    dp->records = malloc(words * sizeof(int32_t));
+    dp->send = malloc(words * sizeof(int32_t));
+    dp->recv = malloc(words * sizeof(int32_t));
     const size_t T = (size_t)local_tokens, S = (size_t)local_seqs;
     dp->cu_seqlens = malloc((S + 1) * sizeof(int32_t));
     dp->tokens = malloc(T * sizeof(int32_t));
@@ -286,7 +285,7 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     free(counts), free(my_lengths);
     if (st == NOPAD_OK) {
         for (int32_t e = 0; e < dp->n_examples && st == NOPAD_OK; e++)
-            if (dp->lengths[e] > local_tokens) /* every rank sees it; the one that read it names it */
+            if (dp->lengths[e] > local_tokens) /* every rank sees it: they all fail alike */
                 st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: example %d has %d "
                                      "tokens, more than the batch budget of %d", e,
                                      dp->lengths[e], local_tokens);

@@ -98,13 +98,12 @@ typedef struct train_dp {
     int32_t n_batch, batch_tokens; // sequences and tokens
     int32_t *batch;               // [global_seqs] example numbers, in the loader's order
     int32_t *owner, *dest, *blen; // [global_seqs] who read it, who computes it, its length
-    /* this rank's sequences, as records (train_dp.c: length, type-0 length, masked count,
-     * label or target bits, then ids, masked positions and their labels, each `length` long) */
-    int32_t *records;             // [n_mine · record capacity]
-    int64_t records_cap;
+    /* this rank's sequences of the step, as records (dp.c: length, type-0 length, masked count,
+     * label or target bits, then ids, masked positions and their labels, each `length` long);
+     * records, send and recv hold 4·global_seqs + 3·global_tokens words: a whole global batch */
+    int32_t *records;
     int32_t n_mine;
-    int32_t *send, *recv;         // exchange buffers
-    int64_t send_cap, recv_cap;
+    int32_t *send, *recv;         // the exchange's records out and in
     size_t *counts;               // [4 · size] send counts and offsets, receive counts and offsets
     /* one micro-batch */
     train_batch micro;
@@ -117,8 +116,8 @@ typedef struct train_dp {
 
 /* Collective. Every rank gives its share (train_dataset_load_shard), whose indices become the
  * corpus's; the global batch budgets are the ranks' budgets times the ranks, one forward's those
- * of the context the step runs on. An example longer than local_tokens is an error naming its
- * line (on the rank that read it; the others report that a rank failed). */
+ * of the context the step runs on. An example longer than local_tokens, or no example in any
+ * share, is an error on every rank. */
 nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train_dataset *local,
                            int32_t local_tokens, int32_t local_seqs, int32_t global_tokens,
                            int32_t global_seqs, uint64_t seed, train_dp *out);
