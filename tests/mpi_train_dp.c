@@ -151,19 +151,17 @@ static double loss_diff(const steps *a, const steps *b, int64_t from, int64_t to
     return worst;
 }
 
-/* One process on rank 0 with the global budget, while the others wait. */
+/* One process (train_run without a communicator) on rank 0 with the global budget, while the
+ * others wait. */
 static void reference(const nopad_train_params *dp, const char *out, steps *s,
                       nopad_train_result *res) {
     if (RANK == 0) {
-        nopad_comm *one = NULL;
-        assert_nopad_ok(comm_world(1, &one));
         nopad_train_params p = *dp;
         p.batch_tokens = dp->batch_tokens * RANKS;
         p.batch_seqs = dp->batch_seqs * RANKS;
         p.output_dir = out;
         p.user = s;
-        assert_nopad_ok(train_run(&p, one, 1, res));
-        comm_free(one);
+        assert_nopad_ok(train_run(&p, NULL, 1, res));
     }
     assert_nopad_ok(comm_barrier(world, NULL));
 }
@@ -304,16 +302,13 @@ static void test_resume_at_one(void **state) {
     data_parallel(&p, straight, 1, &whole, &res);
     assert_int_equal(res.steps, 6);
     if (RANK == 0) {
-        nopad_comm *one = NULL;
-        assert_nopad_ok(comm_world(1, &one));
         nopad_train_params q = p;
         q.batch_tokens *= RANKS;
         q.batch_seqs *= RANKS;
         q.resume_dir = stopped;
         q.output_dir = resumed;
         q.user = &rest;
-        assert_nopad_ok(train_run(&q, one, 1, &res));
-        comm_free(one);
+        assert_nopad_ok(train_run(&q, NULL, 1, &res));
         assert_int_equal(res.resumed_step, 3);
         assert_int_equal(res.steps, 6);
         const double dl = loss_diff(&rest, &whole, 4, 6), dw = param_diff(resumed, straight, TRAIN_TASK_MLM);
@@ -324,9 +319,7 @@ static void test_resume_at_one(void **state) {
         /* another global budget is refused, naming both */
         q.batch_tokens = p.batch_tokens;
         q.output_dir = resumed;
-        assert_nopad_ok(comm_world(1, &one));
-        assert_int_equal(train_run(&q, one, 1, &res), NOPAD_ERR_INVALID_ARGUMENT);
-        comm_free(one);
+        assert_int_equal(train_run(&q, NULL, 1, &res), NOPAD_ERR_INVALID_ARGUMENT);
         assert_non_null(strstr(nopad_last_error(), "batch_tokens"));
     }
     assert_nopad_ok(comm_barrier(world, NULL));

@@ -1,6 +1,8 @@
-/* Data-parallel training's pure parts (src/train/dp.c), in one process: the balance plan from the
- * lengths alone, each rank's share of a data file against the file read whole, and the gradient
- * buckets. The multi-process runs are tests/mpi_train_dp.c. */
+/* Data-parallel training (src/train/dp.c) in one process: the balance plan from the lengths alone,
+ * each rank's share of a data file against the file read whole, the gradient buckets, and the
+ * data-parallel path at a world of one against one process. The multi-process runs are
+ * tests/mpi_train_dp.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,6 +243,95 @@ static void test_grad_buckets(void **state) {
     be->destroy(be);
 }
 
+/* ---- the data-parallel path at a world of one --------------------------------------------- */
+
+static void copy_into(const char *rel, const char *dir, const char *name) {
+    size_t len = 0;
+    char *data = test_read_file(test_data_path(rel), &len);
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+    free(data);
+}
+
+typedef struct losses {
+    double loss[8];
+} losses;
+
+static int record_loss(void *user, const nopad_train_progress *p) {
+    losses *l = user;
+    if (p->step < 8) l->loss[p->step] = p->loss;
+    return p->step >= 5;
+}
+
+static double max_param_diff(const char *a, const char *b, train_task task) {
+    nopad_backend *be = NULL;
+    const nopad_backend_params bp = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = 1};
+    assert_nopad_ok(nopad_backend_create(&bp, &be));
+    train_model ma, mb;
+    assert_nopad_ok(train_model_load(be, a, task, &ma));
+    assert_nopad_ok(train_model_load(be, b, task, &mb));
+    double worst = 0;
+    for (int64_t i = 0; i < ma.n_params; i++) {
+        const double d = fabs((double)ma.params[i] - (double)mb.params[i]);
+        if (!(d <= worst)) worst = d;
+    }
+    train_model_free(&ma);
+    train_model_free(&mb);
+    be->destroy(be);
+    return worst;
+}
+
+/* NOPAD_COMM_FORCE's case: one process through the data-parallel path (its own share of the file,
+ * the global loader over the lengths, the step's records, the loss's divisor and the bucket
+ * all-reduces, here copies) against train_run without a communicator, 5 steps of masked LM with
+ * LAMB and of classification with AdamW: losses within 1e-8 relative and parameters within 1e-6
+ * (the same sums: only the loss's double sum is grouped otherwise). */
+static void test_world_of_one(void **state) {
+    (void)state;
+    const char *which[] = {"train/bert_mlm", "train/bert_cls"};
+    const train_task tasks[] = {TRAIN_TASK_MLM, TRAIN_TASK_CLASSIFY};
+    for (int k = 0; k < 2; k++) {
+        char model[512], data[512], outs[2][512];
+        snprintf(model, sizeof model, "%s", test_make_temp_dir(1));
+        char rel[128];
+        snprintf(rel, sizeof rel, "%s/config.json", which[k]);
+        copy_into(rel, model, "config.json");
+        snprintf(rel, sizeof rel, "%s/model.safetensors", which[k]);
+        copy_into(rel, model, "model.safetensors");
+        copy_into("train/vocab.txt", model, "vocab.txt");
+        snprintf(data, sizeof data, "%s", test_data_path("train/cls_train.jsonl"));
+        losses got[2] = {{{0}}};
+        for (int path = 0; path < 2; path++) {
+            snprintf(outs[path], sizeof outs[path], "%s", test_make_temp_dir(2));
+            nopad_train_params p = nopad_train_default_params();
+            p.model_dir = model;
+            p.data_path = data;
+            p.output_dir = outs[path];
+            p.task = tasks[k] == TRAIN_TASK_MLM ? NOPAD_TRAIN_MLM : NOPAD_TRAIN_CLASSIFY;
+            p.optimizer = tasks[k] == TRAIN_TASK_MLM ? NOPAD_TRAIN_LAMB : NOPAD_TRAIN_ADAMW;
+            p.lr = 1e-3;
+            p.batch_tokens = 96;
+            p.batch_seqs = 8;
+            p.n_threads = 1;
+            p.on_step = record_loss;
+            p.user = &got[path];
+            nopad_comm *one = NULL;
+            if (path == 1) assert_nopad_ok(comm_world(1, &one));
+            nopad_train_result res;
+            assert_nopad_ok(train_run(&p, one, 1, &res));
+            comm_free(one);
+            assert_int_equal(res.steps, 5);
+        }
+        for (int s = 1; s <= 5; s++)
+            assert_true(fabs(got[1].loss[s] - got[0].loss[s]) <= 1e-8 * got[0].loss[s]);
+        assert_true(max_param_diff(outs[0], outs[1], tasks[k]) <= 1e-6);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_balance_skewed),
@@ -248,6 +339,7 @@ int main(void) {
         cmocka_unit_test(test_balance_edges),
         cmocka_unit_test(test_shards_are_the_file),
         cmocka_unit_test(test_grad_buckets),
+        cmocka_unit_test(test_world_of_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

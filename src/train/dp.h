@@ -143,15 +143,17 @@ nopad_status train_dp_agree(nopad_comm *comm, nopad_status st, const char *what)
 
 /* ---- the loop ---------------------------------------------------------------------------- */
 
-/* nopad_train (include/nopad.h) over `comm`: NULL or a communicator of one rank trains as one
- * process; more train data-parallel (with the exchange when `exchange` is set), each rank of
+/* nopad_train (include/nopad.h) over `comm`: NULL trains as one process; a communicator trains
+ * data-parallel over its ranks (with the exchange when `exchange` is set; a communicator of one
+ * rank runs the same path, collectives included), each rank of
  * p->batch_tokens and p->batch_seqs, so the global batch is theirs times the ranks and the run
  * takes the steps of one process given that budget (a checkpoint records the global budget: it
  * resumes at any world size that keeps it). Rank 0 alone writes the checkpoints, the best weights
  * and the log, and prints the exchange's balance at the end; every rank evaluates (the same
  * weights, so the same metrics) and calls on_step and on_eval; a stop asked for on any rank stops
  * every rank after the same step. Streaming, log_batches and pack_lines are one process's only.
- * nopad_train calls it with the launcher's world (nopad_world_size), exchange on. */
+ * nopad_train calls it with the launcher's world (nopad_world_size) when it has several ranks or
+ * NOPAD_COMM_FORCE is set, else with NULL; the exchange on. */
 nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchange,
                        nopad_train_result *out);
 

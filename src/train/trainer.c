@@ -24,6 +24,7 @@
 #include "train/train.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/knobs.h"
 #include "util/types.h"
 
 nopad_train_params nopad_train_default_params(void) {
@@ -541,10 +542,11 @@ static nopad_status check_dp_params(const nopad_train_params *p) {
 
 nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     if (!p || !out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: NULL argument");
-    /* under a launcher, its world trains data-parallel */
+    /* under a launcher, its world trains data-parallel; NOPAD_COMM_FORCE sends one process through
+     * the same path, its collectives through MPI or NCCL (the path's cost, measured alone) */
     const int32_t world = nopad_world_size();
     nopad_comm *comm = NULL;
-    if (world > 1) {
+    if (world > 1 || knob_int(KNOB_COMM_FORCE)) {
         nopad_status st = comm_world(world, &comm);
         if (st != NOPAD_OK) return nopad_wrap_error(st, "nopad_train over the launcher's %d processes",
                                                     (int)world);
@@ -560,10 +562,11 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
     memset(out, 0, sizeof *out);
     out->eval_accuracy = out->eval_loss = out->best_value = -1;
     const int32_t ranks = comm ? comm_size(comm) : 1;
+    const int parallel = comm != NULL; /* the data-parallel path, at any size (one: forced) */
     run r = {0};
     r.rank = comm ? comm_rank(comm) : 0;
     nopad_status st = check_params(p);
-    if (st == NOPAD_OK && ranks > 1) st = check_dp_params(p);
+    if (st == NOPAD_OK && parallel) st = check_dp_params(p);
     if (st != NOPAD_OK) return st;
     const train_task task = p->task == NOPAD_TRAIN_CLASSIFY ? TRAIN_TASK_CLASSIFY : TRAIN_TASK_MLM;
 #define CHECK(expr)                                                                                \
@@ -573,7 +576,7 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
     } while (0)
     /* the device's backend; train_model_load refuses one without the training ops, naming one */
     /* with several ranks on CUDA, each takes a GPU of its machine: device_index + its local rank */
-    const int32_t device_index = p->device_index + (ranks > 1 && p->device == NOPAD_DEVICE_CUDA
+    const int32_t device_index = p->device_index + (parallel && p->device == NOPAD_DEVICE_CUDA
                                                         ? comm_local_rank(comm) : 0);
     const nopad_backend_params bp = {.device = p->device, .device_index = device_index,
                                      .dtype = p->dtype, .n_threads = p->n_threads};
@@ -591,7 +594,7 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
         if (st == NOPAD_OK) st = folder_stage_recover(best_out);
         if (st == NOPAD_OK && p->resume_dir) st = folder_stage_recover(p->resume_dir);
     }
-    if (ranks > 1) st = train_dp_agree(comm, st, "nopad_train: the output and resume folders");
+    if (parallel) st = train_dp_agree(comm, st, "nopad_train: the output and resume folders");
     if (st != NOPAD_OK) goto done;
     CHECK(nopad_backend_create(&bp, &r.be));
     if (p->resume_dir) {
@@ -633,7 +636,7 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
         goto done;
     }
     const int32_t global_tokens = global_tokens64 > max_len ? (int32_t)global_tokens64 : max_len;
-    if (ranks > 1) {
+    if (parallel) {
         const train_data_params dp = data_params(&r, p, p->data_path);
         st = train_dataset_load_shard(p->data_path, r.tok, &dp, r.rank, ranks, &r.data);
         r.have_data = st == NOPAD_OK;
@@ -689,7 +692,7 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
     state = (train_state){.kind = p->optimizer == NOPAD_TRAIN_LAMB ? TRAIN_OPT_LAMB : TRAIN_OPT_ADAMW,
                           .opt = train_optimizer_defaults(), .schedule = train_schedule_defaults(),
                           .data_seed = p->seed, .epochs = p->epochs,
-                          .batch_tokens = ranks > 1 ? (int32_t)global_tokens64 : p->batch_tokens,
+                          .batch_tokens = (int32_t)global_tokens64,
                           .batch_seqs = (int32_t)global_seqs64,
                           .dropout = r.ctx.dropout, .attention_dropout = r.ctx.attention_dropout,
                           .stream_buffer = p->stream ? p->stream_buffer : 0,
@@ -724,7 +727,7 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
             saved.evals = NULL, saved.n_evals = 0;
         }
         if (r.rank == 0) st = resume_best(p, &state);
-        if (ranks > 1) st = train_dp_agree(comm, st, "resuming the best weights");
+        if (parallel) st = train_dp_agree(comm, st, "resuming the best weights");
         if (st != NOPAD_OK) goto done;
     }
     if (r.rank == 0 && p->log_path && !(r.log = fopen(p->log_path, "w"))) {
@@ -800,9 +803,9 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
     if (r.have_dp && r.rank == 0) { /* the exchange's effect, in tokens per rank and step */
         const train_dp_balance *b = &r.dp.run_balance;
         if (b->steps > 0)
-            fprintf(stderr, "nopad: data-parallel over %d ranks, %lld steps: tokens per rank and "
+            fprintf(stderr, "nopad: data-parallel over %d rank%s, %lld steps: tokens per rank and "
                     "step %.1f on average; the most loaded rank %.1f (%.3fx) as read, %.1f "
-                    "(%.3fx) %s; %lld sequences (%lld tokens) moved\n", (int)ranks,
+                    "(%.3fx) %s; %lld sequences (%lld tokens) moved\n", (int)ranks, ranks == 1 ? "" : "s",
                     (long long)b->steps, (double)b->total / (double)(b->steps * ranks),
                     (double)b->max_before / (double)b->steps,
                     (double)b->max_before * ranks / (double)b->total,
