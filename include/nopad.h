@@ -170,11 +170,15 @@ typedef struct nopad_model_params {
     int32_t cuda_graph_max_tokens;
     int32_t kv_cache_tokens;
     int32_t kv_block_size;
-    /* Tensor parallelism: the model is split over tp_size ranks (<= 1: one process, the default).
-     * Every rank of the launcher's world (mpirun / srun, whose size must be tp_size) loads only
-     * its shard. Rank 0 calls nopad_model_load and uses the model as with one process; every other
-     * rank calls nopad_tp_follow, which runs the steps rank 0 sends (docs/parallel.md). A build
-     * without MPI (CPU) or NCCL (CUDA) refuses tp_size > 1. */
+    /* Tensor parallelism: the model is split over tp_size ranks (<= 1: one process, the default),
+     * each of which holds only its shard (docs/parallel.md). Two ways to start them:
+     * - no launcher: nopad_model_load starts tp_size - 1 worker processes on this machine itself
+     *   (the nopad-worker program beside libnopad.so, or $NOPAD_TP_WORKER; one GPU each on CUDA)
+     *   and leads them; nopad_model_free ends them. Nothing else changes for the caller.
+     * - under a launcher (mpirun / srun, whose world must have tp_size ranks; on one machine or
+     *   several): rank 0 calls nopad_model_load and uses the model as with one process; every
+     *   other rank calls nopad_tp_follow, which runs the steps rank 0 sends.
+     * A build without MPI (CPU) or NCCL (CUDA) refuses tp_size > 1. */
     int32_t tp_size;
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
@@ -206,6 +210,11 @@ int32_t nopad_world_size(void);
  * until rank 0 frees its model (NOPAD_OK) or fails (an error naming rank 0's failure). Returns
  * NOPAD_ERR_INVALID_ARGUMENT on rank 0 or with tp_size <= 1. */
 nopad_status nopad_tp_follow(const char *dir, const nopad_model_params *params);
+/* The body of a worker that a leader started (nopad-worker calls it; so may a program of your own
+ * given as $NOPAD_TP_WORKER): receives the model and its parameters from the leader, loads this
+ * rank's shard and runs the leader's steps until the leader frees its model (NOPAD_OK).
+ * NOPAD_ERR_INVALID_ARGUMENT in a process that no leader started. */
+nopad_status nopad_tp_worker(void);
 
 /* ---- contexts ----------------------------------------------------------------------------- */
 

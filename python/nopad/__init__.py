@@ -28,8 +28,9 @@ carrying the library's message and status.
   ``decode_stream`` (a :class:`DecodeStream`), ``kind``.
 - :func:`attention_varlen`, :func:`attention_varlen_packed`: the fused varlen attention on torch
   tensors.
-- :func:`tp_follow`, :func:`world_rank`, :func:`world_size`: a model split over the processes of
-  ``mpirun -np N`` (``tp_size=N``; rank 0 uses the object, the others call ``tp_follow``).
+- ``tp_size=N``: a model split over N processes, which nopad starts itself with no launcher;
+  :func:`tp_follow`, :func:`world_rank`, :func:`world_size` for ``mpirun -np N`` (rank 0 uses
+  the object, the others call ``tp_follow``).
 
 The library is found through ``$NOPAD_LIBRARY``, else the copy installed with the package, else
 ``build/`` of the repository (see :func:`library_path`).

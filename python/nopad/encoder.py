@@ -173,17 +173,15 @@ def _int_arg(value: Any, name: str, lo: int, hi: int = 2**31 - 1) -> int:
 
 
 def _tp_size_arg(tp_size: Any) -> int:
-    """tp_size checked against the launcher's world: a split needs exactly that many processes,
-    which Python cannot start by itself (the CLI's --tp can: it runs mpirun)."""
+    """tp_size checked against the launcher's world: with no launcher the library starts the
+    other tp_size - 1 processes itself; under one, its world must have exactly tp_size."""
     tp = _int_arg(tp_size, "tp_size", 1, 1024)
     world = int(_native.library().nopad_world_size())
-    if tp > 1 and world != tp:
-        started = ("no launcher started this process" if world == 1
-                   else "the launcher started %d processes" % world)
+    if tp > 1 and world not in (1, tp):
         raise InvalidArgumentError(
-            "tp_size=%d splits the model over %d processes and %s: run the script under "
-            "mpirun -np %d python ... (or srun -n %d); rank 0 uses the model, the others call "
-            "nopad.tp_follow (docs/parallel.md)" % (tp, tp, started, tp, tp))
+            "tp_size=%d splits the model over %d processes and the launcher started %d: run the "
+            "script under mpirun -np %d python ... (or srun -n %d), or with no launcher, where "
+            "nopad starts the workers itself (docs/parallel.md)" % (tp, tp, world, tp, tp))
     return tp
 
 
@@ -248,9 +246,11 @@ class Encoder:
             cuda_graph_max_tokens: CUDA only: batches of at most this many tokens replay the
                 layers as a CUDA graph recorded per token-count bucket (T rounded up by at most
                 1/16); 0: the library default (2048); -1: never.
-            tp_size: split the model over this many processes (tensor parallelism): run the
-                script under ``mpirun -np tp_size``; this object lives on rank 0, and every
-                other rank calls :func:`nopad.tp_follow` with the same path and keywords.
+            tp_size: split the model over this many processes (tensor parallelism). With no
+                launcher, nopad starts tp_size - 1 worker processes on this machine (one GPU
+                each on CUDA) and ends them when this object closes. Under ``mpirun -np
+                tp_size``, this object lives on rank 0 and every other rank calls
+                :func:`nopad.tp_follow` with the same path and keywords.
 
         Raises:
             FileError: missing folder, config.json or weights.

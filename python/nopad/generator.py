@@ -108,10 +108,11 @@ class Generator:
             max_batch_tokens: most tokens in one forward step (longer prompts are fed in
                 chunks); None: the library's default (2048).
             threads: CPU threads; 0: OpenMP's default.
-            tp_size: split the model over this many processes (tensor parallelism): run the
-                script under ``mpirun -np tp_size``; this object (and an :class:`Engine` on
-                it) lives on rank 0, and every other rank calls :func:`nopad.tp_follow` with
-                the same model and keywords.
+            tp_size: split the model over this many processes (tensor parallelism). With no
+                launcher, nopad starts tp_size - 1 worker processes on this machine (one GPU
+                each on CUDA) and ends them when this object closes. Under ``mpirun -np
+                tp_size``, this object (and an :class:`Engine` on it) lives on rank 0 and every
+                other rank calls :func:`nopad.tp_follow` with the same model and keywords.
 
         Raises:
             FileError: a missing file or folder.

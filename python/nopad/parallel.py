@@ -1,9 +1,14 @@
-"""Tensor parallelism across processes (docs/parallel.md): a model split over the ranks of an MPI
-world that a launcher started (``mpirun -np N python script.py``, ``srun``).
+"""Tensor parallelism across processes (docs/parallel.md): a model split over several processes.
 
-Rank 0 loads the model with ``tp_size=N`` (:class:`Encoder`, :class:`Generator`) and uses it as
-usual; every other rank calls :func:`tp_follow` with the same path and keywords, which runs the
-steps rank 0 sends until rank 0 closes its model:
+With no launcher, ``tp_size=N`` is all it takes: the library starts N - 1 worker processes on this
+machine (its ``nopad-worker`` program, one GPU each on CUDA) and ends them when the object closes:
+
+>>> with nopad.Generator(path, tp_size=2) as gen:
+...     print(gen.generate(prompt, max_tokens=32))
+
+Under a launcher (``mpirun -np N python script.py``, ``srun``; on one machine or several), rank 0
+loads the model with ``tp_size=N`` and uses it as usual; every other rank calls :func:`tp_follow`
+with the same path and keywords, which runs the steps rank 0 sends until rank 0 closes its model:
 
 >>> if nopad.world_rank() == 0:
 ...     with nopad.Generator(path, tp_size=nopad.world_size()) as gen:

@@ -66,7 +66,12 @@ static nopad_status create_backend(nopad_model *m) {
                                    "nopad_model_load: this is rank %d of a tensor-parallel world of %d; rank 0 "
                                    "loads the model and leads, every other rank calls nopad_tp_follow",
                                    nopad_world_rank(), tp);
-        st = comm_world(tp, &m->comm);
+        if (m->comm) /* a worker the leader started: its world came with the leader's message */
+            st = NOPAD_OK;
+        else if (tp > 1 && !m->following && nopad_world_size() <= 1)
+            st = tp_start_workers(m->dir, &m->params, &m->comm); /* no launcher: start the other ranks */
+        else
+            st = comm_world(tp, &m->comm);
         if (st == NOPAD_OK && tp > 1 && m->params.device == NOPAD_DEVICE_CUDA)
             m->params.device_index = comm_local_rank(m->comm);
     }
@@ -230,15 +235,20 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
 }
 
 static nopad_status model_load(const char *dir, const nopad_model_params *params, int following,
-                               nopad_model **out) {
+                               nopad_comm *comm, nopad_model **out) {
+    if (!out || !dir || !*dir) comm_free(comm);
     if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_load: out is NULL");
     *out = NULL;
     if (!dir || !*dir)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_load: no folder given");
     nopad_model *m = calloc(1, sizeof *m);
-    if (!m) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_model_load: out of memory");
+    if (!m) {
+        comm_free(comm);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_model_load: out of memory");
+    }
     pthread_mutex_init(&m->tp_lock, NULL);
     m->following = following;
+    m->comm = comm;
     m->params = params ? *params : nopad_model_default_params();
     m->dir = strdup(dir);
     nopad_status st = m->dir ? load_model(m, dir)
@@ -253,11 +263,12 @@ static nopad_status model_load(const char *dir, const nopad_model_params *params
 }
 
 nopad_status nopad_model_load(const char *dir, const nopad_model_params *params, nopad_model **out) {
-    return model_load(dir, params, 0, out);
+    return model_load(dir, params, 0, NULL, out);
 }
 
-nopad_status model_load_follower(const char *dir, const nopad_model_params *params, nopad_model **out) {
-    return model_load(dir, params, 1, out);
+nopad_status model_load_follower(const char *dir, const nopad_model_params *params, nopad_comm *comm,
+                                 nopad_model **out) {
+    return model_load(dir, params, 1, comm, out);
 }
 
 void nopad_model_free(nopad_model *m) {

@@ -73,8 +73,15 @@ nopad_status context_create_backend(const nopad_model_params *p, void *cuda_stre
 nopad_status context_run_encoder(nopad_context *c, const nopad_seqs *seqs, int32_t rows, const int32_t *tokens,
                                  const int32_t *types, void *hidden);
 
-/* Loads a follower rank's shard (model.c): as nopad_model_load, marked following. */
-nopad_status model_load_follower(const char *dir, const nopad_model_params *params, nopad_model **out);
+/* Loads a follower rank's shard (model.c): as nopad_model_load, marked following, on `comm` (a
+ * worker's world, which the model then owns) or, when NULL, on the launcher's world. */
+nopad_status model_load_follower(const char *dir, const nopad_model_params *params, nopad_comm *comm,
+                                 nopad_model **out);
+
+/* The leader's side of a split model with no launcher (tp.c): starts params->tp_size - 1 workers
+ * on this machine (nopad-worker), sends them `dir` and `params`, and returns the world of them
+ * and this process (rank 0). */
+nopad_status tp_start_workers(const char *dir, const nopad_model_params *params, nopad_comm **out);
 
 /* ---- tensor parallelism: the leader's side of the step messages (tp.c) -------------------------
  * Each runs the call on this rank; on the leader of a split model it first tells the other ranks

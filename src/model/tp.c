@@ -1,7 +1,18 @@
-/* The tensor-parallel shard plan (tp.h). */
+/* The tensor-parallel shard plan (tp.h), the workers a leader starts without a launcher, and the
+ * step messages from rank 0 to the others. */
+#define _GNU_SOURCE /* dladdr: where this library (and so nopad-worker beside it) was loaded from */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "model/model_internal.h"
 #include "model/tp.h"
@@ -386,15 +397,11 @@ static nopad_status follow(follower *f) {
     }
 }
 
-nopad_status nopad_tp_follow(const char *dir, const nopad_model_params *params) {
-    if (!params || params->tp_size <= 1)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_tp_follow: tp_size must be > 1");
-    if (nopad_world_rank() == 0)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_tp_follow: this is rank 0, which loads the model with nopad_model_load "
-                               "and leads; the other ranks follow");
+/* Loads this rank's shard (on `comm` when given, else on the launcher's world) and runs the
+ * leader's messages until it stops. */
+static nopad_status follow_model(const char *dir, const nopad_model_params *params, nopad_comm *comm) {
     nopad_model *m = NULL;
-    nopad_status st = model_load_follower(dir, params, &m);
+    nopad_status st = model_load_follower(dir, params, comm, &m);
     if (st != NOPAD_OK) return st;
     follower f = {.m = m};
     f.contexts = malloc(sizeof *f.contexts);
@@ -411,4 +418,150 @@ nopad_status nopad_tp_follow(const char *dir, const nopad_model_params *params) 
     free(f.history), free(f.cu_history);
     nopad_model_free(m);
     return st;
+}
+
+nopad_status nopad_tp_follow(const char *dir, const nopad_model_params *params) {
+    if (!params || params->tp_size <= 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_tp_follow: tp_size must be > 1");
+    if (nopad_world_size() <= 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_tp_follow: no launcher started this process; with none, nopad_model_load "
+                               "with tp_size %d starts the other ranks itself (call only that), and under "
+                               "mpirun -np %d every rank but 0 calls nopad_tp_follow",
+                               params->tp_size, params->tp_size);
+    if (nopad_world_rank() == 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_tp_follow: this is rank 0, which loads the model with nopad_model_load "
+                               "and leads; the other ranks follow");
+    return follow_model(dir, params, NULL);
+}
+
+/* ---- workers started by the leader, without a launcher -----------------------------------------
+ *
+ * nopad_model_load with tp_size N in a process that no launcher started (its world is one rank)
+ * starts N - 1 workers on this machine itself, as vLLM's --tensor-parallel-size does: the
+ * nopad-worker program, through MPI_Comm_spawn (comm_spawn). The leader then sends them what to
+ * load, and each runs nopad_tp_worker: it loads its shard and follows, as a launched rank's
+ * nopad_tp_follow does, until the leader frees its model. */
+
+#define TP_WORKER_PROGRAM "nopad-worker"
+#define TP_WORKER_ARG "--tp-worker"             /* what nopad-worker is started with */
+#define TP_WORKER_CHECK_ARG "--tp-worker-check" /* it prints its library's build id and exits */
+enum { TP_WORKER_CHECK_S = 30 };
+
+/* What the leader sends its workers: the model to load and how (the leader's own parameters). */
+typedef struct tp_load_message {
+    nopad_model_params params; /* cuda_stream cleared: a pointer of the leader's process */
+    char dir[PATH_MAX];        /* absolute: the workers need not share the leader's working directory */
+} tp_load_message;
+
+/* nopad-worker's path: $NOPAD_TP_WORKER, else the file beside the library (or the program) this
+ * code was loaded from: build/ holds libnopad.so, nopad and nopad-worker; the Python package
+ * bundles nopad-worker beside its libnopad.so. */
+static nopad_status worker_program(char *out, size_t cap) {
+    const char *env = getenv("NOPAD_TP_WORKER");
+    if (env && *env) {
+        if (access(env, X_OK) != 0)
+            return nopad_set_error(NOPAD_ERR_IO, "NOPAD_TP_WORKER=%s: not an executable file (the program a "
+                                   "tensor-parallel leader starts its workers with: nopad-worker)", env);
+        snprintf(out, cap, "%s", env);
+        return NOPAD_OK;
+    }
+    Dl_info info;
+    const char *here = dladdr((void *)worker_program, &info) && info.dli_fname ? info.dli_fname : "";
+    const char *slash = strrchr(here, '/');
+    const int len = slash ? (int)(slash - here) : 1;
+    if ((size_t)snprintf(out, cap, "%.*s/%s", len, slash ? here : ".", TP_WORKER_PROGRAM) < cap &&
+        access(out, X_OK) == 0)
+        return NOPAD_OK;
+    return nopad_set_error(NOPAD_ERR_IO,
+                           "tensor parallelism without a launcher: no %s beside %s (%s is what the leader starts "
+                           "its workers with; build it: cmake --build BUILD --target nopad_worker), and "
+                           "NOPAD_TP_WORKER is not set; or start the ranks yourself: mpirun -np N ...",
+                           TP_WORKER_PROGRAM, *here ? here : "this program", TP_WORKER_PROGRAM);
+}
+
+extern char **environ;
+
+/* Runs `program --tp-worker-check` and expects this library's build id back. MPI_Comm_spawn waits
+ * forever for a worker that ends before MPI starts (a missing library, another build that
+ * refuses our message), so such a program is refused here, with what it said. */
+static nopad_status check_worker(const char *program) {
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0)
+        return nopad_set_error(NOPAD_ERR_IO, "tensor parallelism: pipe for %s: %s", program, strerror(errno));
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
+    posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+    char *argv[] = {(char *)program, TP_WORKER_CHECK_ARG, NULL};
+    pid_t pid = 0;
+    const int err = posix_spawn(&pid, program, &actions, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(pipe_fds[1]);
+    if (err != 0) {
+        close(pipe_fds[0]);
+        return nopad_set_error(NOPAD_ERR_IO, "tensor parallelism: cannot start %s: %s", program, strerror(err));
+    }
+    char said[1024];
+    size_t got = 0;
+    const time_t deadline = time(NULL) + TP_WORKER_CHECK_S;
+    struct pollfd p = {.fd = pipe_fds[0], .events = POLLIN};
+    while (got < sizeof said - 1 && time(NULL) < deadline && poll(&p, 1, 1000) >= 0) {
+        if (!(p.revents & (POLLIN | POLLHUP))) continue;
+        const ssize_t n = read(pipe_fds[0], said + got, sizeof said - 1 - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(pipe_fds[0]);
+    said[got] = '\0';
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == 0) { /* still running past the deadline */
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    while (got > 0 && (said[got - 1] == '\n' || said[got - 1] == '\r')) said[--got] = '\0';
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && strcmp(said, nopad_build_id()) == 0) return NOPAD_OK;
+    return nopad_set_error(NOPAD_ERR_IO,
+                           "tensor parallelism: %s cannot serve as this library's worker: `%s %s` %s%s%s (expected "
+                           "this library's build id, %s); build nopad-worker with this library, or set "
+                           "NOPAD_TP_WORKER",
+                           program, program, TP_WORKER_CHECK_ARG,
+                           WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "printed '" : "failed: '", said, "'",
+                           nopad_build_id());
+}
+
+nopad_status tp_start_workers(const char *dir, const nopad_model_params *params, nopad_comm **out) {
+    *out = NULL;
+    tp_load_message msg;
+    memset(&msg, 0, sizeof msg);
+    if (!realpath(dir, msg.dir))
+        return nopad_set_error(NOPAD_ERR_IO, "tensor parallelism: the model '%s': %s", dir, strerror(errno));
+    msg.params = *params;
+    msg.params.cuda_stream = NULL;
+    char program[PATH_MAX];
+    nopad_status st = worker_program(program, sizeof program);
+    if (st == NOPAD_OK) st = check_worker(program);
+    if (st == NOPAD_OK) st = comm_spawn(params->tp_size - 1, program, TP_WORKER_ARG, out);
+    if (st == NOPAD_OK) st = comm_host_broadcast(*out, &msg, sizeof msg, 0);
+    if (st != NOPAD_OK && *out) {
+        comm_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+nopad_status nopad_tp_worker(void) {
+    nopad_comm *comm = NULL;
+    nopad_status st = comm_parent(&comm);
+    if (st != NOPAD_OK) return st;
+    tp_load_message msg;
+    st = comm_host_broadcast(comm, &msg, sizeof msg, 0);
+    if (st != NOPAD_OK) {
+        comm_free(comm);
+        return st;
+    }
+    msg.dir[sizeof msg.dir - 1] = '\0';
+    return follow_model(msg.dir, &msg.params, comm); /* the model owns comm from here */
 }

@@ -8,9 +8,12 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #ifdef NOPAD_HAVE_MPI
 #include <mpi.h>
@@ -25,7 +28,18 @@ struct nopad_comm {
     int32_t local_rank, local_size; /* among the ranks of this machine */
     int forced;                     /* NOPAD_COMM_FORCE: a world of one still through MPI and NCCL */
 #ifdef NOPAD_HAVE_MPI
-    MPI_Comm mpi; /* a communicator of our own (never the caller's); MPI_COMM_NULL: no MPI */
+    MPI_Comm mpi;   /* a communicator of our own (never the caller's); MPI_COMM_NULL: no MPI */
+    MPI_Comm inter; /* a spawned world's link between leader and workers (disconnected with it);
+                       MPI_COMM_NULL otherwise */
+    /* a spawned world (comm_spawn / comm_parent) has no launcher to end it when a rank dies, and
+     * Open MPI leaves the others waiting: each rank watches the others' processes (one machine) */
+    int64_t *pids;      /* [size] each rank's process id; NULL when not spawned */
+    pthread_t watcher;
+    int watching;
+    int stop_watch;     /* __atomic: comm_free stops the watcher */
+    int lost;           /* __atomic: a rank ended unexpectedly (lost_why says which); the leader's
+                           calls fail from then on */
+    char lost_why[256];
 #endif
 #ifdef NOPAD_HAVE_CUDA
     comm_nccl *nccl; /* NCCL over these ranks, once attached to a CUDA backend */
@@ -148,11 +162,20 @@ static MPI_Op mpi_half_ops[2][3]; /* [bf16?][comm_reduce] */
 /* MPI_Finalize waits for every rank to finalise: a rank that leaves on an error while the others
  * wait for it in a collective would hang the job. So a failing exit aborts the world instead, and
  * the launcher ends every rank with a message naming this one; a clean exit finalises. */
+static int spawned_worlds; /* __atomic: worlds this process leads that comm_spawn started and are not freed */
+static int spawned_worker; /* this process is a worker that a leader started (comm_parent) */
+
 static void mpi_end_at_exit(int status, void *unused) {
     (void)unused;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    if (status != 0 && (nopad_world_size() <= 1 || spawned_worker)) {
+        /* no launcher's world to end: a leader's workers end with its process (Open MPI's daemon
+         * ends them), and a worker's own world was disconnected or is being ended (comm.c) */
+        if (__atomic_load_n(&spawned_worlds, __ATOMIC_ACQUIRE) == 0) MPI_Finalize();
+        return;
+    }
     if (status != 0) {
         /* said here: Open MPI's own notice of the abort does not always reach the launcher */
         int rank = 0, size = 1;
@@ -237,6 +260,130 @@ static nopad_status int_count(const nopad_comm *c, const char *op, size_t n, int
     return NOPAD_OK;
 }
 
+/* The rank-loss error of a spawned world. */
+static nopad_status lost_error(const nopad_comm *c, const char *op) {
+    return nopad_set_error(NOPAD_ERR_BACKEND, "%s on rank %d of %d: %s", op, c->rank, c->size, c->lost_why);
+}
+
+/* Waits for a collective that MPI's nonblocking call started (rc: what the call returned). Like
+ * MPI_Wait it polls; between polls it looks whether a spawned world lost a rank, which would leave
+ * the request pending forever (it is then left to the dead world). */
+static nopad_status mpi_finish(const nopad_comm *c, int rc, MPI_Request *req, const char *op) {
+    if (rc != MPI_SUCCESS) return mpi_error(rc, op, c);
+    for (;;) {
+        int done = 0;
+        rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, op, c);
+        if (done) return NOPAD_OK;
+        if (__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) return lost_error(c, op);
+    }
+}
+
+/* Whether process `pid` still runs: it exists and is no zombie (/proc/PID/stat's state). */
+static int process_alive(int64_t pid) {
+    char path[64], text[512];
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *close_paren = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+    return !close_paren || (close_paren[1] == ' ' && close_paren[2] != 'Z' && close_paren[2] != 'X');
+}
+
+/* The first rank of a spawned world whose process is gone, or -1. */
+static int32_t lost_rank(const nopad_comm *c) {
+    for (int32_t r = 0; r < c->size; r++)
+        if (r != c->rank && !process_alive(c->pids[r])) return r;
+    return -1;
+}
+
+/* A rank of a spawned world is gone. A worker ends too: nothing is left for it to do, and its peers
+ * may be waiting for it. The leader (the caller's process) ends its other workers, aborts NCCL so
+ * that stuck kernels return, and fails every later call of the world with the cause. */
+static void world_lost(nopad_comm *c, int32_t gone) {
+    if (c->rank != 0) {
+        fprintf(stderr, "nopad-worker: rank %d of %d: rank %d (pid %lld, %s) ended unexpectedly; this worker ends "
+                        "too\n", c->rank, c->size, gone, (long long)c->pids[gone], gone == 0 ? "the leader" : "a worker");
+        fflush(stderr);
+        _exit(1);
+    }
+    snprintf(c->lost_why, sizeof c->lost_why,
+             "tensor-parallel worker rank %d (pid %lld, started by this process) ended unexpectedly (its message, if "
+             "any, is above); the other workers were ended, and the model must be freed and loaded again",
+             gone, (long long)c->pids[gone]);
+    for (int32_t r = 1; r < c->size; r++)
+        if (r != gone) kill((pid_t)c->pids[r], SIGKILL);
+    fprintf(stderr, "nopad: %s\n", c->lost_why);
+    __atomic_store_n(&c->lost, 1, __ATOMIC_RELEASE);
+#ifdef NOPAD_HAVE_CUDA
+    comm_nccl *nccl = __atomic_load_n(&c->nccl, __ATOMIC_ACQUIRE);
+    if (nccl) comm_nccl_abort(nccl, c->lost_why);
+#endif
+}
+
+enum { WATCH_PERIOD_MS = 100 };
+
+static void sleep_ms(int ms) {
+    const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void *watcher_main(void *arg) {
+    nopad_comm *c = arg;
+    while (!__atomic_load_n(&c->stop_watch, __ATOMIC_ACQUIRE)) {
+        const int32_t gone = lost_rank(c);
+        if (gone >= 0) {
+            world_lost(c, gone);
+            return NULL;
+        }
+        sleep_ms(WATCH_PERIOD_MS);
+    }
+    return NULL;
+}
+
+/* A spawned world: every rank's process id, and the watcher. */
+static nopad_status watch_spawned(nopad_comm *c) {
+    c->pids = calloc((size_t)c->size, sizeof *c->pids);
+    if (!c->pids) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "comm: out of memory");
+    int64_t mine = (int64_t)getpid();
+    const int rc = MPI_Allgather(&mine, 1, MPI_INT64_T, c->pids, 1, MPI_INT64_T, c->mpi);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "comm: MPI_Allgather (the ranks' process ids)", c);
+    if (pthread_create(&c->watcher, NULL, watcher_main, c) != 0)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "comm: cannot start the thread that watches the workers");
+    c->watching = 1;
+    return NOPAD_OK;
+}
+
+/* Before a spawned world is disconnected (collective: a rank missing would hang it), its ranks meet
+ * in a barrier bounded by NOPAD_COMM_TIMEOUT. 0 when all came; otherwise a rank is stuck or gone:
+ * the leader ends its workers, a worker ends. */
+static int spawned_farewell(nopad_comm *c) {
+    if (__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) return -1;
+    MPI_Request req;
+    if (MPI_Ibarrier(c->mpi, &req) == MPI_SUCCESS) {
+        const double limit_ms = 1000.0 * (knob_float(KNOB_COMM_TIMEOUT) > 0 ? knob_float(KNOB_COMM_TIMEOUT) : 30);
+        for (double waited_ms = 0; waited_ms <= limit_ms; waited_ms += 1) {
+            int done = 0;
+            if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (done) return 0;
+            if ((long)waited_ms % WATCH_PERIOD_MS == 0 && lost_rank(c) >= 0) break;
+            sleep_ms(1);
+        }
+    }
+    if (c->rank != 0) {
+        fprintf(stderr, "nopad-worker: rank %d of %d: the leader did not end the model with this worker; ending\n",
+                c->rank, c->size);
+        fflush(stderr);
+        _exit(1);
+    }
+    fprintf(stderr, "nopad: the tensor-parallel workers did not end the model with this process (a worker is stuck "
+                    "or gone): ending them\n");
+    for (int32_t r = 1; r < c->size; r++) kill((pid_t)c->pids[r], SIGKILL);
+    return -1;
+}
+
 /* The communicator over `mpi` (ours from now on): its ranks, this machine's share, errors returned. */
 static nopad_status comm_from_mpi(MPI_Comm mpi, int forced, nopad_comm **out) {
     nopad_comm *c = calloc(1, sizeof *c);
@@ -245,6 +392,8 @@ static nopad_status comm_from_mpi(MPI_Comm mpi, int forced, nopad_comm **out) {
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "comm: out of memory");
     }
     c->mpi = mpi;
+    c->inter = MPI_COMM_NULL;
+    c->pids = NULL;
     c->forced = forced;
     MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
     int rank = 0, size = 1;
@@ -279,6 +428,8 @@ static nopad_status comm_single(int forced, nopad_comm **out) {
     c->forced = forced;
 #ifdef NOPAD_HAVE_MPI
     c->mpi = MPI_COMM_NULL;
+    c->inter = MPI_COMM_NULL;
+    c->pids = NULL;
 #endif
     *out = c;
     return NOPAD_OK;
@@ -328,6 +479,98 @@ nopad_status comm_world(int32_t want, nopad_comm **out) {
 #endif
 }
 
+nopad_status comm_spawn(int32_t workers, const char *program, const char *arg, nopad_comm **out) {
+    if (!out || !program || !arg)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "comm_spawn: program, argument or out is NULL");
+    *out = NULL;
+    if (workers < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "comm_spawn: %d workers; at least 1", workers);
+#ifndef NOPAD_HAVE_MPI
+    return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                           "tensor parallelism over %d ranks: this build of nopad has no MPI to start its workers "
+                           "(install it: apt-get install libopenmpi-dev openmpi-bin, then configure and build again)",
+                           workers + 1);
+#else
+    nopad_status st = mpi_start();
+    if (st != NOPAD_OK) return st;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    /* the workers of a CPU model may be more than the cores, and each runs its own threads
+     * (comm_attach counts the GPUs for a CUDA one) */
+    MPI_Info_set(info, "map_by", "slot:OVERSUBSCRIBE");
+    MPI_Info_set(info, "bind_to", "none");
+    int *codes = calloc((size_t)workers, sizeof *codes);
+    MPI_Comm self = MPI_COMM_NULL, inter = MPI_COMM_NULL, world = MPI_COMM_NULL;
+    int rc = codes ? MPI_Comm_dup(MPI_COMM_SELF, &self) : MPI_SUCCESS;
+    if (!codes) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "comm_spawn: out of memory");
+    else if (rc != MPI_SUCCESS) st = mpi_error(rc, "comm_spawn: MPI_Comm_dup", NULL);
+    if (st == NOPAD_OK) {
+        MPI_Comm_set_errhandler(self, MPI_ERRORS_RETURN);
+        char *argv[] = {(char *)arg, NULL};
+        rc = MPI_Comm_spawn(program, argv, workers, info, 0, self, &inter, codes);
+        if (rc != MPI_SUCCESS) {
+            char text[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
+            st = nopad_set_error(NOPAD_ERR_BACKEND, "tensor parallelism over %d ranks: starting %d workers (%s %s) "
+                                 "failed: MPI_Comm_spawn: %s", workers + 1, workers, program, arg, text);
+        }
+    }
+    if (st == NOPAD_OK) {
+        MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+        rc = MPI_Intercomm_merge(inter, 0, &world); /* low group: the leader is rank 0 */
+        if (rc != MPI_SUCCESS) st = mpi_error(rc, "comm_spawn: MPI_Intercomm_merge", NULL);
+    }
+    if (self != MPI_COMM_NULL) MPI_Comm_free(&self);
+    MPI_Info_free(&info);
+    free(codes);
+    if (st == NOPAD_OK) st = comm_from_mpi(world, 0, out);
+    if (st == NOPAD_OK) {
+        (*out)->inter = inter;
+        __atomic_add_fetch(&spawned_worlds, 1, __ATOMIC_ACQ_REL);
+        st = watch_spawned(*out);
+        if (st != NOPAD_OK) {
+            comm_free(*out);
+            *out = NULL;
+        }
+    } else if (inter != MPI_COMM_NULL) {
+        MPI_Comm_disconnect(&inter);
+    }
+    return st;
+#endif
+}
+
+nopad_status comm_parent(nopad_comm **out) {
+    if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "comm_parent: out is NULL");
+    *out = NULL;
+#ifndef NOPAD_HAVE_MPI
+    return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "comm_parent: this build of nopad has no MPI");
+#else
+    nopad_status st = mpi_start();
+    if (st != NOPAD_OK) return st;
+    MPI_Comm parent = MPI_COMM_NULL, world = MPI_COMM_NULL;
+    MPI_Comm_get_parent(&parent);
+    spawned_worker = parent != MPI_COMM_NULL; /* its launcher's world is its fellow workers' */
+    if (parent == MPI_COMM_NULL)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "this process was not started by a nopad leader (nopad_model_load with tp_size > 1 "
+                               "and no launcher starts its workers itself)");
+    MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+    const int rc = MPI_Intercomm_merge(parent, 1, &world); /* high group: after the leader */
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "comm_parent: MPI_Intercomm_merge", NULL);
+    st = comm_from_mpi(world, 0, out);
+    if (st == NOPAD_OK) {
+        (*out)->inter = parent;
+        st = watch_spawned(*out);
+        if (st != NOPAD_OK) {
+            comm_free(*out);
+            *out = NULL;
+        }
+    }
+    return st;
+#endif
+}
+
 nopad_status comm_split(nopad_comm *c, int32_t color, int32_t key, nopad_comm **out) {
     if (!c || !out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "comm_split: communicator or out is NULL");
     *out = NULL;
@@ -353,7 +596,22 @@ void comm_free(nopad_comm *c) {
 #ifdef NOPAD_HAVE_MPI
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (uses_mpi(c) && !finalized) MPI_Comm_free(&c->mpi);
+    if (c->watching) {
+        __atomic_store_n(&c->stop_watch, 1, __ATOMIC_RELEASE);
+        pthread_join(c->watcher, NULL);
+    }
+    if (uses_mpi(c) && !finalized) {
+        if (c->inter == MPI_COMM_NULL) {
+            MPI_Comm_free(&c->mpi);
+        } else if (spawned_farewell(c) == 0) {
+            /* leader and workers disconnect (collective), so that each can finalise alone later
+             * (Open MPI 4.1 hangs disconnecting the merged world itself; it is freed) */
+            MPI_Comm_free(&c->mpi);
+            MPI_Comm_disconnect(&c->inter);
+            if (c->rank == 0) __atomic_sub_fetch(&spawned_worlds, 1, __ATOMIC_ACQ_REL);
+        } /* else the world is dead: its handles are left to it */
+    }
+    free(c->pids);
 #endif
     free(c);
 }
@@ -426,6 +684,68 @@ static nopad_status copy_bytes(nopad_backend *be, void *dst, const void *src, si
     return NOPAD_OK;
 }
 
+#ifdef NOPAD_HAVE_MPI
+/* Element i of rank r's part of an all-gather of `n` floating-point elements of type t. */
+static float gathered_at(const void *all, size_t n, int32_t r, size_t i, comm_type t) {
+    const size_t k = (size_t)r * n + i;
+    if (t == COMM_F16) return f16_to_f32(((const uint16_t *)all)[k]);
+    if (t == COMM_BF16) return bf16_to_f32(((const uint16_t *)all)[k]);
+    return ((const float *)all)[k];
+}
+
+/* out[n] = the reduction over the `size` parts of all[size, n]. Floats are summed in double and
+ * rounded once (a few float parts: the correctly rounded sum but in rare ties, whatever the order);
+ * integers exactly. */
+static void reduce_parts(const void *all, int32_t size, size_t n, comm_type t, comm_reduce op, void *out) {
+    for (size_t i = 0; i < n; i++) {
+        if (t == COMM_I32 || t == COMM_I64) {
+            int64_t acc = t == COMM_I32 ? ((const int32_t *)all)[i] : ((const int64_t *)all)[i];
+            for (int32_t r = 1; r < size; r++) {
+                const int64_t v = t == COMM_I32 ? ((const int32_t *)all)[(size_t)r * n + i]
+                                                : ((const int64_t *)all)[(size_t)r * n + i];
+                acc = op == COMM_SUM ? acc + v : op == COMM_MAX ? (v > acc ? v : acc) : (v < acc ? v : acc);
+            }
+            if (t == COMM_I32) ((int32_t *)out)[i] = (int32_t)acc;
+            else ((int64_t *)out)[i] = acc;
+            continue;
+        }
+        double acc = gathered_at(all, n, 0, i, t);
+        for (int32_t r = 1; r < size; r++) {
+            const double v = gathered_at(all, n, r, i, t);
+            acc = op == COMM_SUM ? acc + v : op == COMM_MAX ? fmax(acc, v) : fmin(acc, v);
+        }
+        if (t == COMM_F32) ((float *)out)[i] = (float)acc;
+        else if (t == COMM_F16) ((uint16_t *)out)[i] = f32_to_f16((float)acc);
+        else ((uint16_t *)out)[i] = f32_to_bf16((float)acc);
+    }
+}
+
+/* The host all-reduce: every rank's part gathered, then reduced on each rank (reduce_parts). MPI's
+ * own reductions add in float in an order of their algorithm's choosing, which moved SmolLM2's
+ * logits at tp 3 by 5e-6 to 1.5e-5 of the row's norm from one process, order to order; this one
+ * gives every rank the same bits, independent of the algorithm, and is nonblocking (a spawned
+ * world's lost rank is noticed). In pieces of ALL_REDUCE_PIECE bytes a rank. */
+enum { ALL_REDUCE_PIECE = 1 << 20 };
+static nopad_status mpi_all_reduce(const nopad_comm *c, void *buf, size_t count, comm_type t, comm_reduce op) {
+    const size_t esize = comm_type_size(t), piece = ALL_REDUCE_PIECE / esize;
+    const size_t first = count < piece ? count : piece;
+    void *all = malloc((size_t)c->size * first * esize);
+    if (!all) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "comm_all_reduce: out of memory");
+    nopad_status st = NOPAD_OK;
+    for (size_t done = 0; done < count && st == NOPAD_OK;) {
+        const size_t n = count - done < piece ? count - done : piece;
+        char *part = (char *)buf + done * esize;
+        MPI_Request req;
+        const int rc = MPI_Iallgather(part, (int)n, mpi_type(t), all, (int)n, mpi_type(t), c->mpi, &req);
+        st = mpi_finish(c, rc, &req, "comm_all_reduce: MPI_Iallgather");
+        if (st == NOPAD_OK) reduce_parts(all, c->size, n, t, op, part);
+        done += n;
+    }
+    free(all);
+    return st;
+}
+#endif
+
 /* ---- collectives ------------------------------------------------------------------------------- */
 
 nopad_status comm_all_reduce(nopad_comm *c, nopad_backend *be, void *buf, size_t count, comm_type t,
@@ -441,16 +761,7 @@ nopad_status comm_all_reduce(nopad_comm *c, nopad_backend *be, void *buf, size_t
     case ROUTE_NCCL: return comm_nccl_all_reduce(c->nccl, be, buf, count, t, op);
 #endif
 #ifdef NOPAD_HAVE_MPI
-    case ROUTE_MPI:
-        /* in INT_MAX pieces: element-wise, so pieces change nothing */
-        for (size_t done = 0; done < count;) {
-            const size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
-            const int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + done * comm_type_size(t), (int)n, mpi_type(t),
-                                         mpi_op(t, op), c->mpi);
-            if (rc != MPI_SUCCESS) return mpi_error(rc, "comm_all_reduce: MPI_Allreduce", c);
-            done += n;
-        }
-        return NOPAD_OK;
+    case ROUTE_MPI: return mpi_all_reduce(c, buf, count, t, op);
 #endif
     default: break;
     }
@@ -475,8 +786,10 @@ nopad_status comm_all_gather(nopad_comm *c, nopad_backend *be, void *recv, const
         int n = 0;
         if ((st = int_count(c, name, count, &n)) != NOPAD_OK) return st;
         const int in_place = send == (const char *)recv + (size_t)c->rank * part;
-        const int rc = MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(t), recv, n, mpi_type(t), c->mpi);
-        return rc == MPI_SUCCESS ? NOPAD_OK : mpi_error(rc, "comm_all_gather: MPI_Allgather", c);
+        MPI_Request req;
+        const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(t), recv, n, mpi_type(t), c->mpi,
+                                      &req);
+        return mpi_finish(c, rc, &req, "comm_all_gather: MPI_Iallgather");
     }
 #endif
     default: break;
@@ -500,8 +813,9 @@ nopad_status comm_reduce_scatter(nopad_comm *c, nopad_backend *be, void *recv, c
     case ROUTE_MPI: {
         int n = 0;
         if ((st = int_count(c, name, count, &n)) != NOPAD_OK) return st;
-        const int rc = MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(t, op), c->mpi);
-        return rc == MPI_SUCCESS ? NOPAD_OK : mpi_error(rc, "comm_reduce_scatter: MPI_Reduce_scatter_block", c);
+        MPI_Request req;
+        const int rc = MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(t, op), c->mpi, &req);
+        return mpi_finish(c, rc, &req, "comm_reduce_scatter: MPI_Ireduce_scatter_block");
     }
 #endif
     default: break;
@@ -517,13 +831,15 @@ static nopad_status check_root(const nopad_comm *c, const char *op, int32_t root
 }
 
 #ifdef NOPAD_HAVE_MPI
-/* MPI_Bcast of `count` elements of `type` (`size` bytes each) in INT_MAX pieces. */
+/* MPI_Ibcast of `count` elements of `type` (`size` bytes each) in INT_MAX pieces. */
 static nopad_status mpi_broadcast(const nopad_comm *c, void *buf, size_t count, size_t size, MPI_Datatype type,
                                   int32_t root, const char *op) {
     for (size_t done = 0; done < count;) {
         const size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
-        const int rc = MPI_Bcast((char *)buf + done * size, (int)n, type, root, c->mpi);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, op, c);
+        MPI_Request req;
+        const int rc = MPI_Ibcast((char *)buf + done * size, (int)n, type, root, c->mpi, &req);
+        const nopad_status st = mpi_finish(c, rc, &req, op);
+        if (st != NOPAD_OK) return st;
         done += n;
     }
     return NOPAD_OK;
@@ -544,7 +860,7 @@ nopad_status comm_broadcast(nopad_comm *c, nopad_backend *be, void *buf, size_t 
 #endif
 #ifdef NOPAD_HAVE_MPI
     case ROUTE_MPI:
-        return mpi_broadcast(c, buf, count, comm_type_size(t), mpi_type(t), root, "comm_broadcast: MPI_Bcast");
+        return mpi_broadcast(c, buf, count, comm_type_size(t), mpi_type(t), root, "comm_broadcast: MPI_Ibcast");
 #endif
     default: break;
     }
@@ -567,8 +883,9 @@ static nopad_status mpi_all_to_allv(const nopad_comm *c, void *recv, const size_
         if (st == NOPAD_OK) st = int_count(c, name, recv_offsets[p], &roff[p]);
     }
     if (st == NOPAD_OK) {
-        const int rc = MPI_Alltoallv(send, scount, soff, mpi_type(t), recv, rcount, roff, mpi_type(t), c->mpi);
-        if (rc != MPI_SUCCESS) st = mpi_error(rc, "comm_all_to_allv: MPI_Alltoallv", c);
+        MPI_Request req;
+        const int rc = MPI_Ialltoallv(send, scount, soff, mpi_type(t), recv, rcount, roff, mpi_type(t), c->mpi, &req);
+        st = mpi_finish(c, rc, &req, "comm_all_to_allv: MPI_Ialltoallv");
     }
     free(ints);
     return st;
@@ -616,8 +933,10 @@ nopad_status comm_barrier(nopad_comm *c, nopad_backend *be) {
     /* the hosts meet first, so that the device part below waits only for stream work, never for a
      * slower host (the NCCL watchdog times device waits) */
     if (uses_mpi(c)) {
-        const int rc = MPI_Barrier(c->mpi);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "comm_barrier: MPI_Barrier", c);
+        MPI_Request req;
+        const int rc = MPI_Ibarrier(c->mpi, &req);
+        st = mpi_finish(c, rc, &req, "comm_barrier: MPI_Ibarrier");
+        if (st != NOPAD_OK) return st;
     }
 #endif
 #ifdef NOPAD_HAVE_CUDA
@@ -642,7 +961,7 @@ nopad_status comm_host_broadcast(nopad_comm *c, void *buf, size_t bytes, int32_t
     nopad_status st = check_root(c, name, root);
     if (st != NOPAD_OK) return st;
 #ifdef NOPAD_HAVE_MPI
-    if (uses_mpi(c)) return mpi_broadcast(c, buf, bytes, 1, MPI_BYTE, root, "comm_host_broadcast: MPI_Bcast");
+    if (uses_mpi(c)) return mpi_broadcast(c, buf, bytes, 1, MPI_BYTE, root, "comm_host_broadcast: MPI_Ibcast");
 #endif
     (void)buf, (void)bytes;
     return NOPAD_OK;

@@ -48,6 +48,15 @@ size_t comm_type_size(comm_type t);
  * already; a world of another size, no launcher, or a build without MPI is a clear
  * NOPAD_ERR_INVALID_ARGUMENT / NOPAD_ERR_UNSUPPORTED naming what to run instead. */
 nopad_status comm_world(int32_t want, nopad_comm **out);
+/* A world started from this process, with no launcher: `workers` processes of `program` (argv[1]
+ * = `arg`) on this machine, through MPI_Comm_spawn (Open MPI starts them; they may oversubscribe
+ * the cores, and are not bound to any). This process is rank 0 and the workers ranks 1..workers;
+ * each worker finds the world with comm_parent. Freeing the communicator disconnects the workers
+ * (collective: they free theirs too). */
+nopad_status comm_spawn(int32_t workers, const char *program, const char *arg, nopad_comm **out);
+/* In a process that comm_spawn started: the world of its leader (rank 0) and its workers.
+ * NOPAD_ERR_INVALID_ARGUMENT when no leader started this process. */
+nopad_status comm_parent(nopad_comm **out);
 /* A sub-group: ranks of equal `color` form one communicator, ordered by `key` (MPI_Comm_split). */
 nopad_status comm_split(nopad_comm *c, int32_t color, int32_t key, nopad_comm **out);
 void comm_free(nopad_comm *c);

@@ -134,6 +134,12 @@ static void abort_locked(comm_nccl *n, const char *cause) {
     fprintf(stderr, "nopad: rank %d: NCCL communicator aborted: %s\n", n->rank, n->cause);
 }
 
+void comm_nccl_abort(comm_nccl *n, const char *cause) {
+    pthread_mutex_lock(&n->lock);
+    abort_locked(n, cause);
+    pthread_mutex_unlock(&n->lock);
+}
+
 static void *watchdog_main(void *arg) {
     comm_nccl *n = arg;
     cudaSetDevice(n->device);

@@ -19,6 +19,9 @@ nopad_status comm_nccl_create(nopad_comm *c, nopad_backend *be, comm_nccl **out)
 /* Destroys the communicator (aborts it when it failed or has work that never completed). */
 void comm_nccl_free(comm_nccl *n);
 int32_t comm_nccl_device(const comm_nccl *n);
+/* Aborts the communicator now (a peer is known to be gone): stuck kernels return, and every later
+ * call fails naming `cause`. Safe from any thread. */
+void comm_nccl_abort(comm_nccl *n, const char *cause);
 
 /* The collectives of comm.h on be's device memory, enqueued on be->native_stream. */
 nopad_status comm_nccl_all_reduce(comm_nccl *n, nopad_backend *be, void *buf, size_t count, comm_type t,
