@@ -4,8 +4,9 @@ itself uses no network, while pip fetches the runtime dependency numpy from PyPI
 build_wheel builds libnopad.so with CMake from the repository this folder sits in (target
 nopad_shared, in <repo>/build-python/ unless $NOPAD_BUILD_DIR says otherwise; options from
 $NOPAD_CMAKE_ARGS), or takes $NOPAD_LIBRARY as it is, and writes a wheel holding the nopad
-package with the library at nopad/_lib/libnopad.so. build_editable (pip install -e ./python) puts
-the library in python/nopad/_lib/ and a .pth file pointing at python/.
+package with the library at nopad/_lib/libnopad.so and nopad-worker beside it (target
+nopad_worker: the processes that tp_size > 1 starts without a launcher). build_editable (pip
+install -e ./python) puts both in python/nopad/_lib/ and a .pth file pointing at python/.
 
 Metadata comes from pyproject.toml's [project] table. Progress ([1/3] configuring, [2/3]
 compiling, [3/3] bundling) goes to stderr, and to the terminal too when pip hides stderr.
@@ -30,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 PKG_ROOT = HERE.parent           # python/
 REPO = PKG_ROOT.parent           # the repository
 LIB_NAME = "libnopad.so"
+WORKER_NAME = "nopad-worker"
 
 __all__ = ["build_wheel", "build_editable", "build_sdist", "get_requires_for_build_wheel",
            "get_requires_for_build_editable", "get_requires_for_build_sdist",
@@ -190,7 +192,7 @@ def _library() -> Path:
     _run([cmake, "-S", REPO, "-B", build] + args)
     _log("[2/3] compiling libnopad.so with %d jobs (about a minute on 2 cores the first time; "
          "pip install -v shows the compiler's progress)" % jobs)
-    _run([cmake, "--build", build, "--target", "nopad_shared", "-j", str(jobs)])
+    _run([cmake, "--build", build, "--target", "nopad_shared", "nopad_worker", "-j", str(jobs)])
     lib = build / LIB_NAME
     if not lib.is_file():
         raise RuntimeError("nopad build: CMake finished but %s is missing" % lib)
@@ -236,12 +238,25 @@ def _write_wheel(directory: str, entries: List[Tuple[str, bytes, int]]) -> str:
     return filename
 
 
+def _worker(lib: Path) -> Optional[Path]:
+    """nopad-worker beside `lib` (the processes tp_size > 1 starts without a launcher), or None."""
+    worker = lib.parent / WORKER_NAME
+    if worker.is_file():
+        return worker
+    _log("no %s beside %s: the package will refuse tp_size > 1 without a launcher (mpirun "
+         "still works)" % (WORKER_NAME, lib))
+    return None
+
+
 def build_wheel(wheel_directory: str, config_settings: Optional[dict] = None,
                 metadata_directory: Optional[str] = None) -> str:
     lib = _library()
     _log("[3/3] bundling %s and the nopad package into a wheel" % lib)
     entries = [(n, p.read_bytes(), 0o644) for n, p in _package_files()]
     entries.append(("nopad/_lib/" + LIB_NAME, lib.read_bytes(), 0o755))
+    worker = _worker(lib)
+    if worker is not None:
+        entries.append(("nopad/_lib/" + WORKER_NAME, worker.read_bytes(), 0o755))
     return _write_wheel(wheel_directory, entries)
 
 
@@ -251,10 +266,14 @@ def build_editable(wheel_directory: str, config_settings: Optional[dict] = None,
     dest = PKG_ROOT / "nopad" / "_lib" / LIB_NAME
     _log("[3/3] copying %s to %s (editable install)" % (lib, dest))
     dest.parent.mkdir(exist_ok=True)
-    tmp = dest.with_suffix(".tmp")
-    shutil.copyfile(lib, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, dest)  # a new inode: a process that has the old one loaded keeps it
+    worker = _worker(lib)
+    for src, dst in ((lib, dest), (worker, dest.parent / WORKER_NAME)):
+        if src is None:
+            continue
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)  # a new inode: a process that has the old one loaded keeps it
     entries = [("nopad_editable.pth", (str(PKG_ROOT) + "\n").encode(), 0o644)]
     return _write_wheel(wheel_directory, entries)
 

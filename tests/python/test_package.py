@@ -133,6 +133,10 @@ def test_wheel_build_bundles_the_library(tmp_path):
         names = set(zf.namelist())
         assert "nopad/_lib/libnopad.so" in names and "nopad/__init__.py" in names
         assert "nopad/py.typed" in names
+        # the workers that tp_size > 1 starts without a launcher, when built beside the library
+        if (nopad.library_path().parent / "nopad-worker").is_file():
+            assert "nopad/_lib/nopad-worker" in names
+            assert zf.getinfo("nopad/_lib/nopad-worker").external_attr >> 16 & 0o111
         meta = zf.read("nopad-%s.dist-info/METADATA" % nopad.__version__).decode()
         assert "Requires-Dist: numpy" in meta
         record = zf.read("nopad-%s.dist-info/RECORD" % nopad.__version__).decode()
