@@ -33,7 +33,7 @@ extern "C" {
 
 namespace {
 
-constexpr int BM = 128, BK = 64, THREADS = 256;
+constexpr int BK = 64, THREADS = 256;
 constexpr int GROUP_M = 8; /* tile rows swept together, column by column */
 
 /* The error word: FLUX_ERR_TIMEOUT | kind << 8 | the rank waited for. */
@@ -121,7 +121,7 @@ __device__ __forceinline__ int chunk_at(int p, int rank, int world, bool rs) {
 struct TileCoord {
     int chunk, c_row0, c_rows, tiles_m, tile_m, tile_n, m_begin, m_end, n0;
 };
-template <int BN, bool RS>
+template <int BM, int BN, bool RS>
 __device__ __forceinline__ TileCoord locate(const Params &p) {
     TileCoord t;
     const int b = blockIdx.x;
@@ -185,7 +185,7 @@ __device__ __forceinline__ void add8(float4 &a, float4 &b, const uint4 v) {
  * stores a remote chunk's partial tile into its owner's inbox and signals it, or sums the local
  * chunk's tile with the other ranks' partials (in rank order, one rounding). ld = BN + 8: a
  * quarter-warp's float2 writes (4 rows x 32 bytes) land in distinct banks. */
-template <class T, int BN, bool RS, class StageTile>
+template <class T, int BM, int BN, bool RS, class StageTile>
 __device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, float *stage, StageTile &&stage_tile) {
     constexpr int LD = BN + 8, VECTORS = BM * BN / 8;
     const int N = p.N;
@@ -238,6 +238,7 @@ __device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, fl
 /* The mma.sync tile loop: 8 warps of 64 x BN/4, ldmatrix.x4 fragments, STAGES slices in flight. */
 template <class T, int BN, int STAGES, bool RS>
 __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm_mma(const __grid_constant__ Params p) {
+    constexpr int BM = 128;
     constexpr int WN = BN / 4;         /* a warp's columns; its rows: 64 */
     constexpr int MI = 4, NI = WN / 8; /* m16 and n8 fragments a warp */
     constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm_mma(cons
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
-    const TileCoord t = locate<BN, RS>(p);
+    const TileCoord t = locate<BM, BN, RS>(p);
     const int K = p.K, N = p.N, KT = K / BK;
     const T *x = static_cast<const T *>(p.x);
     const T *w = static_cast<const T *>(p.w);
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm_mma(cons
     /* thread (g = lane / 4, q = lane % 4) holds rows g and g + 8 of each m16 fragment, columns 2q
      * and 2q + 1 of each n8 one */
     const int g = lane >> 2, q2 = (lane & 3) * 2;
-    epilogue<T, BN, RS>(p, t, reinterpret_cast<float *>(As), [&](float *stage, int ld) {
+    epilogue<T, BM, BN, RS>(p, t, reinterpret_cast<float *>(As), [&](float *stage, int ld) {
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -386,15 +387,38 @@ __device__ __forceinline__ void wgmma_async<128, true>(float (&d)[64], uint64_t 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(desc_a), "l"(desc_b), "r"(1));
 }
+template <>
+__device__ __forceinline__ void wgmma_async<64, false>(float (&d)[32], uint64_t desc_a,
+                                                          uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_async<64, true>(float (&d)[32], uint64_t desc_a,
+                                                          uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
 
-/* The wgmma tile loop: 2 warpgroups, each 64 rows x BN with m64nBNk16, STAGES slices in the ring.
+/* The wgmma tile loop: 2 warpgroups, with BM = 128 each 64 rows x BN (m64nBNk16), with BM = 64
+ * each 64 rows x BN/2 (m64n(BN/2)k16); STAGES slices in the ring.
  * INFLIGHT = 1: a slice's wgmma group is waited for one slice later, so the slice before the one
  * computed may still be read and STAGES - 2 slices are loaded ahead; INFLIGHT = 0: each slice's
  * group is waited for at once and STAGES - 1 are ahead, for two CTAs a SM, where one CTA's waits,
  * prologue and epilogue run under the other's MMAs. */
-template <class T, int BN, int STAGES, int INFLIGHT, bool RS>
-__global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmma(const __grid_constant__ Params p) {
+template <class T, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
+__global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm_wgmma(const __grid_constant__ Params p) {
+    static_assert(BM == 128 || BM == 64, "two warpgroups split the tile's rows (128) or its columns (64)");
     constexpr int AHEAD = STAGES - 1 - INFLIGHT; /* slices loaded ahead of the one computed */
+    constexpr int WG_N = BM == 128 ? BN : BN / 2; /* a warpgroup's columns; its rows: 64 */
     constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
     static_assert(BM * (BN + 8) * sizeof(float) <= STAGES * (A_STAGE + B_STAGE) * sizeof(T),
                   "the epilogue's fp32 tile fits in the ring");
@@ -404,7 +428,7 @@ __global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmm
     __shared__ int ok_shared;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
-    const TileCoord t = locate<BN, RS>(p);
+    const TileCoord t = locate<BM, BN, RS>(p);
     const int K = p.K, N = p.N, KT = K / BK;
     const T *x = static_cast<const T *>(p.x);
     const T *w = static_cast<const T *>(p.w);
@@ -422,9 +446,10 @@ __global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmm
         cp_async_commit();
     }
 
-    float d[BN / 2];
+    const int wg_row = BM == 128 ? wg * 64 : 0, wg_col = BM == 128 ? 0 : wg * WG_N;
+    float d[WG_N / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    for (int i = 0; i < WG_N / 2; i++) d[i] = 0.0f;
 
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait_group<AHEAD - 1>();
@@ -436,12 +461,13 @@ __global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmm
             load_slice<T, BN>(Bs + (next % STAGES) * B_STAGE, w, t.n0, N, K, next);
         }
         cp_async_commit();
-        const T *a_s = As + (kt % STAGES) * A_STAGE + wg * 64 * BK;
-        const T *b_s = Bs + (kt % STAGES) * B_STAGE;
+        const T *a_s = As + (kt % STAGES) * A_STAGE + wg_row * BK;
+        const T *b_s = Bs + (kt % STAGES) * B_STAGE + wg_col * BK;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++)
-            wgmma_async<BN, std::is_same<T, __nv_bfloat16>::value>(d, smem_desc(a_s + kk * 16), smem_desc(b_s + kk * 16));
+            wgmma_async<WG_N, std::is_same<T, __nv_bfloat16>::value>(d, smem_desc(a_s + kk * 16),
+                                                                      smem_desc(b_s + kk * 16));
         wgmma_commit();
         wgmma_wait<INFLIGHT>();
     }
@@ -451,12 +477,12 @@ __global__ void __launch_bounds__(THREADS, INFLIGHT == 0 ? 2 : 1) flux_gemm_wgmm
     /* warp w of the warpgroup holds rows 16w + g and 16w + g + 8 (g = lane / 4), columns 8j + 2q
      * and 8j + 2q + 1 (q = lane % 4) in d[4j .. 4j + 3] */
     const int g = lane >> 2, q2 = (lane & 3) * 2;
-    epilogue<T, BN, RS>(p, t, reinterpret_cast<float *>(As), [&](float *stage, int ld) {
+    epilogue<T, BM, BN, RS>(p, t, reinterpret_cast<float *>(As), [&](float *stage, int ld) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++)
-                *reinterpret_cast<float2 *>(stage + (wg * 64 + (warp & 3) * 16 + g + h * 8) * ld + j * 8 + q2) =
+            for (int j = 0; j < WG_N / 8; j++)
+                *reinterpret_cast<float2 *>(stage + (wg_row + (warp & 3) * 16 + g + h * 8) * ld + wg_col + j * 8 + q2) =
                     make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
     });
 }
@@ -486,17 +512,19 @@ __global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *
 
 /* The tile configurations (flux.h): the mainloop, the tile's columns, the ring's slices. */
 enum MainLoop { WGMMA, MMA_SYNC };
-constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 256, 128};
+constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 128, 64, 128, 128};
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 128, 256, 128};
+constexpr int BM_MIN = 64, BN_MIN = 128; /* the smallest tiles: the ReduceScatter's signal words */
 const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {
     "wgmma 128x256x64 4 stages", "wgmma 128x128x64 6 stages", "wgmma 128x128x64 3 stages 2 CTAs/SM",
-    "mma.sync 128x256x64 4 stages", "mma.sync 128x128x64 3 stages 2 CTAs/SM"};
+    "wgmma 64x128x64 4 stages 2 CTAs/SM", "mma.sync 128x256x64 4 stages", "mma.sync 128x128x64 3 stages 2 CTAs/SM"};
 
-template <class T, MainLoop LOOP, int BN, int STAGES, int INFLIGHT, bool RS>
+template <class T, MainLoop LOOP, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
 nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
     /* + 1024: the kernel aligns the ring to 1024 bytes (wgmma's swizzle atom) */
     constexpr size_t smem = (size_t)STAGES * (BM + BN) * BK * sizeof(T) + 1024;
     void (*kernel)(const Params) = nullptr;
-    if constexpr (LOOP == WGMMA) kernel = flux_gemm_wgmma<T, BN, STAGES, INFLIGHT, RS>;
+    if constexpr (LOOP == WGMMA) kernel = flux_gemm_wgmma<T, BM, BN, STAGES, INFLIGHT, MIN_CTAS, RS>;
     else kernel = flux_gemm_mma<T, BN, STAGES, RS>;
     /* once per device (the attribute is per device and context) */
     static int attribute_set[CUDA_MAX_DEVICES];
@@ -518,16 +546,17 @@ nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
 template <class T, bool RS>
 nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
     switch (config) {
-    case 0: return launch<T, WGMMA, 256, 4, 1, RS>(p, blocks, stream);
-    case 1: return launch<T, WGMMA, 128, 6, 1, RS>(p, blocks, stream);
-    case 2: return launch<T, WGMMA, 128, 3, 0, RS>(p, blocks, stream);
-    case 3: return launch<T, MMA_SYNC, 256, 4, 0, RS>(p, blocks, stream);
-    default: return launch<T, MMA_SYNC, 128, 3, 0, RS>(p, blocks, stream);
+    case 0: return launch<T, WGMMA, 128, 256, 4, 1, 1, RS>(p, blocks, stream);
+    case 1: return launch<T, WGMMA, 128, 128, 6, 1, 1, RS>(p, blocks, stream);
+    case 2: return launch<T, WGMMA, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
+    case 3: return launch<T, WGMMA, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
+    case 4: return launch<T, MMA_SYNC, 128, 256, 4, 0, 1, RS>(p, blocks, stream);
+    default: return launch<T, MMA_SYNC, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
     }
 }
 
-int64_t tiles_of(int32_t rows, int32_t n_out, int bn) {
-    return ((int64_t)rows + BM - 1) / BM * (((int64_t)n_out + bn - 1) / bn);
+int64_t tiles_of(int32_t rows, int32_t n_out, int bm, int bn) {
+    return ((int64_t)rows + bm - 1) / bm * (((int64_t)n_out + bn - 1) / bn);
 }
 
 /* Arguments shared by both kernels; fills the chunk offsets and the tile prefix of p. */
@@ -550,7 +579,7 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
     if (*config == CUDA_FLUX_CONFIG_AUTO) *config = cuda_flux_pick(rows, W, n_out);
     if (*config < 0 || *config >= CUDA_FLUX_N_CONFIGS)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no config %d", what, *config);
-    const int bn = BN_OF[*config];
+    const int bm = BM_OF[*config], bn = BN_OF[*config];
     *p = Params{};
     p->K = n_in, p->N = n_out, p->world = W, p->rank = peers->rank;
     p->tiles_n = (n_out + bn - 1) / bn;
@@ -575,7 +604,7 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
     for (int pos = 0; pos < W; pos++) {
         const int chunk = rs ? (peers->rank + 1 + pos) % W : (peers->rank - pos + W) % W;
         p->tile0[pos] = (int32_t)t;
-        t += tiles_of(rows[chunk], n_out, bn);
+        t += tiles_of(rows[chunk], n_out, bm, bn);
     }
     p->tile0[W] = (int32_t)t;
     if (t > INT32_MAX) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: %lld tiles", what, (long long)t);
@@ -586,11 +615,13 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
 } // namespace
 
 extern "C" int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_out) {
-    int64_t tiles = 0;
-    for (int d = 0; d < world; d++) tiles += tiles_of(rows[d], n_out, 256);
-    /* 128 x 256 tiles run one CTA a SM: below a full wave of them the 128 x 128 tiles (two a SM,
-     * twice as many tiles) keep more SMs busy */
-    return tiles >= cuda_sm_count() ? 0 : 1;
+    int64_t tiles_256 = 0, tiles_128 = 0;
+    for (int d = 0; d < world; d++)
+        tiles_256 += tiles_of(rows[d], n_out, 128, 256), tiles_128 += tiles_of(rows[d], n_out, 128, 128);
+    /* the largest tiles that still give every SM one: 128 x 256 at one CTA a SM, 128 x 128 at
+     * two, else 64 x 128 (two a SM, four times the 128 x 256 tiles) */
+    const int sms = cuda_sm_count();
+    return tiles_256 >= sms ? 0 : tiles_128 >= 2 * sms ? 2 : 3;
 }
 
 extern "C" const char *cuda_flux_config_name(int config) {
@@ -661,13 +692,14 @@ extern "C" size_t cuda_flux_rs_inbox_bytes(nopad_dtype dtype, int32_t owner_rows
 }
 
 extern "C" size_t cuda_flux_rs_signal_words(int32_t owner_rows, int32_t n_out, int32_t world) {
-    return (size_t)world * tiles_of(owner_rows, n_out, 128);
+    return (size_t)world * tiles_of(owner_rows, n_out, BM_MIN, BN_MIN);
 }
 
 extern "C" void cuda_flux_rs_tiles(int config, int32_t owner_rows, int32_t n_out, int32_t *tiles_m,
                                    int32_t *tiles_n) {
-    const int bn = BN_OF[config >= 0 && config < CUDA_FLUX_N_CONFIGS ? config : 0];
-    *tiles_m = (owner_rows + BM - 1) / BM;
+    const int c = config >= 0 && config < CUDA_FLUX_N_CONFIGS ? config : 0;
+    *tiles_m = (owner_rows + BM_OF[c] - 1) / BM_OF[c];
+    const int bn = BN_OF[c];
     *tiles_n = (n_out + bn - 1) / bn;
 }
 

@@ -67,13 +67,16 @@ typedef struct cuda_flux_peers {
 
 #define CUDA_FLUX_DEFAULT_TIMEOUT_NS 2000000000ull /* 2 s: far beyond any transfer of one chunk */
 
-/* Tile configurations, all 128 token rows a tile, 8 warps, K slices of 64 loaded by cp.async into
- * a ring: 0 = wgmma 128 x 256 (two warpgroups of m64n256k16, 4 slices), 1 = wgmma 128 x 128 (6
- * slices), 2 = wgmma 128 x 128 in 3 slices, two CTAs a SM; 3 and 4 = mma.sync m16n8k16 128 x 256
- * (4 slices) and 128 x 128 (3 slices, two CTAs a SM). CUDA_FLUX_CONFIG_AUTO picks by
- * cuda_flux_pick. Every rank of a GEMM+ReduceScatter must run the same configuration (the signal
- * words are per tile): auto depends only on the shape and the SM count. */
-enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 5 };
+/* Tile configurations, 8 warps, K slices of 64 loaded by cp.async into a ring:
+ *   0 = wgmma 128 x 256 (two warpgroups of m64n256k16, 4 slices, one CTA a SM),
+ *   1 = wgmma 128 x 128 (6 slices, one CTA a SM),
+ *   2 = wgmma 128 x 128 (3 slices, two CTAs a SM),
+ *   3 = wgmma 64 x 128 (two warpgroups of m64n64k16, 4 slices, two CTAs a SM), for small grids,
+ *   4, 5 = mma.sync m16n8k16 128 x 256 (4 slices) and 128 x 128 (3 slices, two CTAs a SM).
+ * CUDA_FLUX_CONFIG_AUTO picks by cuda_flux_pick. Every rank of a GEMM+ReduceScatter must run the
+ * same configuration (the signal words are per tile): auto depends only on the shape and the SM
+ * count. */
+enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 6 };
 int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_out);
 const char *cuda_flux_config_name(int config);
 
@@ -97,7 +100,7 @@ nopad_status cuda_flux_gemm_rs(nopad_dtype dtype, void *y, const void *x, const 
                                uint32_t epoch, int config, cudaStream_t stream);
 
 /* Sizes of rank `owner`'s GEMM+ReduceScatter inbox and signal words (the signals are enough for
- * every configuration: the tiles are 128 rows and at least 128 columns). */
+ * every configuration: the tiles are at least 64 rows and 128 columns). */
 size_t cuda_flux_rs_inbox_bytes(nopad_dtype dtype, int32_t owner_rows, int32_t n_out, int32_t world);
 size_t cuda_flux_rs_signal_words(int32_t owner_rows, int32_t n_out, int32_t world);
 /* Where the partial tile (src's, tile m of the owner's chunk, tile n) is signalled in the owner's
