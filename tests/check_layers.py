@@ -3,10 +3,11 @@
 
 Each file's layer is its folder; a file may include its own layer and the layers below it:
 
-    tools/cli/         the public header only (nopad.h)
+    tools/cli/         the public header (nopad.h) and the programs' CPU settings (tools/cpu_settings.h)
+    tools/worker/      the same (nopad-worker)
     tools/serve/       the public header and the CLI's helpers (tools/cli/cli.h)
-    src/engine/        model/, backend/backend.h, io/, util/
-    src/train/         model/, backend/backend.h, io/, util/
+    src/engine/        model/, parallel/, backend/backend.h, io/, util/
+    src/train/         model/, parallel/, backend/backend.h, io/, util/
     src/model/         parallel/, backend/backend.h, io/, util/
     src/parallel/      backend/backend.h, util/
     src/backend/       backend/ (a backend's own folder and the op table), util/
@@ -24,10 +25,12 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 # (folder prefix, includes allowed by prefix); the first matching folder decides
 RULES = [
-    ("tools/cli/", ["nopad.h", "tools/cli/"]),
+    ("tools/cli/", ["nopad.h", "tools/cli/", "tools/cpu_settings.h"]),
+    ("tools/worker/", ["nopad.h", "tools/worker/", "tools/cpu_settings.h"]),
+    ("tools/cpu_settings.h", ["nopad.h"]),
     ("tools/serve/", ["nopad.h", "tools/serve/", "tools/cli/cli.h"]),
     ("src/engine/", ["nopad.h", "engine/", "model/", "parallel/", "backend/backend.h", "io/", "util/"]),
-    ("src/train/", ["nopad.h", "train/", "model/", "backend/backend.h", "io/", "util/"]),
+    ("src/train/", ["nopad.h", "train/", "model/", "parallel/", "backend/backend.h", "io/", "util/"]),
     ("src/model/", ["nopad.h", "model/", "parallel/", "backend/backend.h", "io/", "util/"]),
     ("src/parallel/", ["nopad.h", "parallel/", "backend/backend.h", "util/"]),
     ("src/backend/cuda/", ["nopad.h", "backend/backend.h", "backend/cuda/", "util/"]),
@@ -45,6 +48,8 @@ PROJECT = {p.name for p in (ROOT / "src").iterdir() if p.is_dir()} | {"tools"}
 def resolve(src: pathlib.Path, name: str) -> str:
     """The include as a path under src/ (or tools/cli/ for the CLI's own headers)."""
     rel = src.relative_to(ROOT).as_posix()
+    if name.startswith("../") and rel.startswith("tools/"):  # "../cpu_settings.h" from tools/cli/
+        return (src.parent / name).resolve().relative_to(ROOT).as_posix()
     if "/" not in name and (src.parent / name).exists():  # "cli.h" next to the file
         return (src.parent / name).relative_to(ROOT).as_posix() if rel.startswith("tools/") else \
             (src.parent / name).relative_to(ROOT / "src").as_posix()
@@ -55,6 +60,8 @@ def main() -> int:
     bad = []
     files = [p for p in ROOT.glob("src/**/*") if p.suffix in (".c", ".h", ".cu", ".cuh")]
     files += [p for p in ROOT.glob("tools/cli/*") if p.suffix in (".c", ".h")]
+    files += [p for p in ROOT.glob("tools/worker/*") if p.suffix in (".c", ".h")]
+    files += [ROOT / "tools" / "cpu_settings.h"]
     files += [p for p in ROOT.glob("tools/serve/*") if p.suffix in (".c", ".h")]
     for path in sorted(files):
         rel = path.relative_to(ROOT).as_posix()
