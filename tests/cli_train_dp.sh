@@ -7,6 +7,8 @@
 #     observed), the same learning rates, the same eval accuracy and loss printed once, the folder
 #     a model `nopad classify` runs; the balance line names both ranks' most loaded share;
 #   - the same under `mpirun -np 2` directly: the losses of --nproc 2 bit for bit;
+#   - --eval-every 8 --save-best: the evaluation lines of one process (the ranks share the eval
+#     batches), printed once, OUTPUT/best written;
 #   - a checkpoint written by 2 processes at step 10 (--stop-after), resumed by one process with
 #     the global budgets: steps 11-32 within 1e-5 of the one-process run that did not stop;
 #   - refusals: --nproc 3 in a world of 2, --stream, --log-batches, and a resume at another
@@ -106,6 +108,20 @@ if timeout 120 "${MPI[@]}" -np 2 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --output "
         fail "mpirun -np 2 logged other steps than --nproc 2"
 else
     fail "mpirun -np 2 nopad train: exit $?: $(cat "$TMP/mpi.err")"
+fi
+
+# evaluations during the run: the ranks share the eval batches; the lines those of one process,
+# printed once, the best weights saved once
+"$NOPAD_CLI" "${RUN[@]}" "${ONE[@]}" --eval-every 8 --save-best --output "$TMP/one_ev" --quiet \
+    >"$TMP/one_ev.out" 2>"$TMP/err" || fail "one process --eval-every: $(cat "$TMP/err")"
+if timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --nproc 2 --eval-every 8 --save-best \
+    --output "$TMP/two_ev" --quiet >"$TMP/two_ev.out" 2>"$TMP/err"; then
+    cmp -s <(sed "s|$TMP/one_ev|OUT|" "$TMP/one_ev.out") <(sed "s|$TMP/two_ev|OUT|" "$TMP/two_ev.out") ||
+        fail "--eval-every with --nproc 2: $(cat "$TMP/two_ev.out"); one process: $(cat "$TMP/one_ev.out")"
+    [ "$(grep -c '^eval at step' "$TMP/two_ev.out")" = 4 ] || fail "not 4 evaluations: $(cat "$TMP/two_ev.out")"
+    [ -f "$TMP/two_ev/best/model.safetensors" ] || fail "--save-best with --nproc 2: no best/"
+else
+    fail "--nproc 2 --eval-every: $(cat "$TMP/err")"
 fi
 
 # 2 processes stop at step 10; one process resumes with the global budgets

@@ -232,7 +232,8 @@ static nopad_status count_steps(run *r, int32_t epochs, int64_t *total) {
 }
 
 /* The eval data's mean loss (over batches, weighted by their rows) and, for classification with
- * labels, the accuracy of the argmax of the logits. */
+ * labels, the accuracy of the argmax of the logits. Data-parallel ranks take every size-th batch
+ * from their rank on, and add up their sums in rank order, so every rank gets the same numbers. */
 static nopad_status evaluate(run *r, nopad_train_result *out) {
     train_loader *l = &r->eval_loader;
     const int32_t C = r->model.num_labels;
@@ -242,13 +243,15 @@ static nopad_status evaluate(run *r, nopad_train_result *out) {
         if (!logits) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "evaluation: out of memory");
     }
     double loss_sum = 0;
-    int64_t rows = 0, correct = 0, seqs = 0;
+    int64_t rows = 0, correct = 0, seqs = 0, batch = 0;
+    const int32_t ranks = r->have_dp ? r->dp.size : 1, me = r->have_dp ? r->dp.rank : 0;
     /* the forward alone, without dropout (HF's model.eval()) */
     const float dropout = r->ctx.dropout, attention_dropout = r->ctx.attention_dropout;
     r->ctx.dropout = 0;
     r->ctx.attention_dropout = 0;
     nopad_status st = train_loader_seek(l, 0, 0);
     while (st == NOPAD_OK && train_loader_next(l)) {
+        if (batch++ % ranks != me) continue;
         const train_batch *b = &l->batch;
         double loss = 0;
         st = train_forward(&r->ctx, b);
@@ -271,6 +274,20 @@ static nopad_status evaluate(run *r, nopad_train_result *out) {
     r->ctx.dropout = dropout;
     r->ctx.attention_dropout = attention_dropout;
     if (st != NOPAD_OK) return nopad_wrap_error(st, "evaluation");
+    if (r->have_dp) {
+        double *sums = calloc(4 * (size_t)ranks, sizeof *sums), *mine = sums + 4 * (size_t)me;
+        if (!sums) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "evaluation: out of memory");
+        mine[0] = loss_sum, mine[1] = (double)rows, mine[2] = (double)correct, mine[3] = (double)seqs;
+        st = comm_all_gather(r->dp.comm, NULL, sums, mine, 4 * sizeof *sums, COMM_BYTE);
+        loss_sum = 0, rows = correct = seqs = 0;
+        for (int32_t k = 0; st == NOPAD_OK && k < ranks; k++) {
+            loss_sum += sums[4 * k];
+            rows += (int64_t)sums[4 * k + 1], correct += (int64_t)sums[4 * k + 2];
+            seqs += (int64_t)sums[4 * k + 3];
+        }
+        free(sums);
+        if (st != NOPAD_OK) return nopad_wrap_error(st, "evaluation");
+    }
     out->eval_examples = (int32_t)seqs;
     out->eval_loss = rows ? loss_sum / (double)rows : -1;
     out->eval_accuracy = r->model.task == TRAIN_TASK_CLASSIFY && C > 1 && seqs ?
