@@ -38,7 +38,10 @@
  * NVLink multicast is never used; keep NCCL_NVLS_ENABLE=0 in the environment.
  *
  * Usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens 1024,4096,16384]
- *                   [--tp 2,4,8] [--models 8b,70b] [--rate-gbs 400] [--devices N] */
+ *                   [--tp 2,4,8] [--models 8b,70b] [--rate-gbs 400] [--configs 0,1,...] [--pick C]
+ *                   [--devices N]
+ * (--configs: time only these tile configurations; --pick C: the delayed runs take configuration
+ * C instead of cuda_flux_pick's) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,7 +454,9 @@ static int run_devices(int W, const int32_t *tokens, int n_tokens, const int *us
 int main(int argc, char **argv) {
     const char *json_path = NULL;
     int32_t tokens[MAX_LIST] = {1024, 4096, 16384}, tps[MAX_LIST] = {2, 4, 8};
-    int n_tokens = 3, n_tps = 3, use_model[2] = {1, 1}, devices = 0;
+    int n_tokens = 3, n_tps = 3, use_model[2] = {1, 1}, devices = 0, n_configs = CUDA_FLUX_N_CONFIGS, forced_pick = -1;
+    int32_t configs[MAX_LIST] = {0};
+    for (int c = 0; c < CUDA_FLUX_N_CONFIGS && c < MAX_LIST; c++) configs[c] = c;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
@@ -466,14 +471,19 @@ int main(int argc, char **argv) {
             use_model[1] = strstr(s, "70b") ? 1 : 0;
         } else if (!strcmp(argv[i], "--rate-gbs") && i + 1 < argc) rate_gbs = atof(argv[++i]);
         else if (!strcmp(argv[i], "--devices") && i + 1 < argc) devices = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--configs") && i + 1 < argc) parse_list(argv[++i], configs, &n_configs);
+        else if (!strcmp(argv[i], "--pick") && i + 1 < argc) forced_pick = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens a,b] [--tp a,b] "
-                            "[--models 8b,70b] [--rate-gbs R] [--devices N]\n");
+                            "[--models 8b,70b] [--rate-gbs R] [--configs a,b] [--pick C] [--devices N]\n");
             return 2;
         }
     }
-    if (reps < 1 || reps > MAX_REPS || rate_gbs <= 0) {
-        fprintf(stderr, "flux_bench: --reps 1..%d, --rate-gbs > 0\n", MAX_REPS);
+    int bad_config = forced_pick >= CUDA_FLUX_N_CONFIGS;
+    for (int c = 0; c < n_configs; c++) bad_config |= configs[c] < 0 || configs[c] >= CUDA_FLUX_N_CONFIGS;
+    if (reps < 1 || reps > MAX_REPS || rate_gbs <= 0 || bad_config) {
+        fprintf(stderr, "flux_bench: --reps 1..%d, --rate-gbs > 0, configurations 0..%d\n", MAX_REPS,
+                CUDA_FLUX_N_CONFIGS - 1);
         return 2;
     }
     int n_dev = 0;
@@ -585,14 +595,16 @@ int main(int argc, char **argv) {
                         p.peers.buffers[d] = ag ? pool_x : d == 0 ? pool_inbox : pool_sink;
                         p.peers.signals[d] = d == 0 ? sig_own : sig_sink;
                     }
-                    const int pick = cuda_flux_pick(p.rows, p.tp, p.N);
+                    const int pick = forced_pick >= 0 ? forced_pick : cuda_flux_pick(p.rows, p.tp, p.N);
                     /* every chunk present: the own signals hold the epoch */
                     const size_t own_words = ag ? (size_t)p.tp : cuda_flux_rs_signal_words(p.rows[0], p.N, p.tp);
                     CHECK_NOPAD(cuda_flux_signal(sig_own, (int64_t)own_words, epoch, stream));
                     CHECK_CUDA(cudaStreamSynchronize(stream));
                     const float plain = median_ms(&p, RUN_PLAIN, 0);
                     float fused[CUDA_FLUX_N_CONFIGS];
-                    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) fused[c] = median_ms(&p, RUN_FUSED, c);
+                    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) fused[c] = NAN; /* not timed: --configs */
+                    for (int c = 0; c < n_configs; c++) fused[configs[c]] = median_ms(&p, RUN_FUSED, configs[c]);
+                    if (isnan(fused[pick])) fused[pick] = median_ms(&p, RUN_FUSED, pick);
 
                     /* the arrivals: position q's chunk (AllGather: rank -q; ReduceScatter: the sources
                      * in the order their partials of chunk 0 come) after q chunk transfers */
@@ -615,8 +627,8 @@ int main(int argc, char **argv) {
                     const float delayed = median_ms(&p, RUN_DELAYED, pick);
                     const double comm = (p.tp - 1) * chunk_ns / 1e6;
                     const double hidden = (plain + comm - delayed) / comm;
-                    int best = 0;
-                    for (int c = 1; c < CUDA_FLUX_N_CONFIGS; c++)
+                    int best = pick;
+                    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++)
                         if (fused[c] < fused[best]) best = c;
                     printf("%-4s %-8s %6d %3d %6d %6d  %8.4f", p.m->name, p.op->name, p.T, p.tp, p.K, p.N, plain);
                     for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) printf(" %8.4f", fused[c]);
@@ -628,7 +640,10 @@ int main(int argc, char **argv) {
                                       "\"tp\": %d, \"K\": %d, \"N\": %d, \"plain_ms\": %.5f, \"fused_ms\": [",
                                 first ? "" : ",\n", p.m->name, p.op->name, ag ? "allgather_gemm" : "gemm_reducescatter",
                                 p.T, p.tp, p.K, p.N, plain);
-                        for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) fprintf(json, "%s%.5f", c ? ", " : "", fused[c]);
+                        for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) {
+                            if (isnan(fused[c])) fprintf(json, "%snull", c ? ", " : "");
+                            else fprintf(json, "%s%.5f", c ? ", " : "", fused[c]);
+                        }
                         fprintf(json, "], \"pick\": %d, \"best\": %d, \"pick_over_plain\": %.4f, \"best_over_plain\": "
                                       "%.4f, \"comm_ms\": %.5f, \"delayed_ms\": %.5f, \"hidden\": %.4f}",
                                 pick, best, fused[pick] / plain, fused[best] / plain, comm, delayed, hidden);
