@@ -9,10 +9,10 @@
  *            collective; the GEMM+ReduceScatter's is the partial [T, H] GEMM);
  *   fused    each tile configuration and the one cuda_flux_pick takes, every chunk present (every
  *            signal set before the kernel): the fusion's own cost;
- *   delayed  the picked configuration with the other ranks' chunks arriving as over a link of
- *            --rate-gbs GB/s (default 400, NVLink 4 one direction on an H100 SXM): chunk p (p = 1
- *            .. tp-1, in the kernel's order) signalled p·bytes/rate after the kernel starts, by
- *            one CTA on a second stream (cuda_flux_emulate_arrivals; the data itself is already
+ *   delayed  the fastest configuration (or --pick's) with the other ranks' chunks arriving as over
+ *            a link of --rate-gbs GB/s (default 400, NVLink 4 one direction on an H100 SXM): chunk p
+ *            (p = 1 .. tp-1, in the kernel's order) signalled p·bytes/rate after the kernel starts,
+ *            by one CTA on a second stream (cuda_flux_emulate_arrivals; the data itself is already
  *            there, so the link's traffic costs this GPU's memory nothing); bytes = a rank's chunk
  *            of x (AllGather) or its partial of the local chunk of y (ReduceScatter);
  *   comm     (tp-1)·bytes/rate, the collective alone at that rate;
@@ -605,6 +605,11 @@ int main(int argc, char **argv) {
                     for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) fused[c] = NAN; /* not timed: --configs */
                     for (int c = 0; c < n_configs; c++) fused[configs[c]] = median_ms(&p, RUN_FUSED, configs[c]);
                     if (isnan(fused[pick])) fused[pick] = median_ms(&p, RUN_FUSED, pick);
+                    int best = pick;
+                    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++)
+                        if (fused[c] < fused[best]) best = c;
+                    /* the delayed runs take the fastest configuration (or --pick's) */
+                    const int timed = forced_pick >= 0 ? pick : best;
 
                     /* the arrivals: position q's chunk (AllGather: rank -q; ReduceScatter: the sources
                      * in the order their partials of chunk 0 come) after q chunk transfers */
@@ -612,24 +617,21 @@ int main(int argc, char **argv) {
                     const double chunk_ns = (double)p.chunk_bytes / (rate_gbs * 1e9) * 1e9;
                     cuda_flux_arrival items[CUDA_FLUX_MAX_WORLD];
                     int32_t tiles_m, tiles_n;
-                    cuda_flux_rs_tiles(pick, p.rows[0], p.N, &tiles_m, &tiles_n);
+                    cuda_flux_rs_tiles(timed, p.rows[0], p.N, &tiles_m, &tiles_n);
                     p.n_items = p.tp - 1;
                     for (int q = 1; q < p.tp; q++) {
                         const int from = ag ? p.tp - q : q;
                         items[q - 1] = (cuda_flux_arrival){
                             .at_ns = (uint64_t)(q * chunk_ns), .value = epoch,
                             .signals = ag ? sig_own + from
-                                          : sig_own + cuda_flux_rs_signal_index(pick, p.rows[0], p.N, p.tp, from, 0, 0),
+                                          : sig_own + cuda_flux_rs_signal_index(timed, p.rows[0], p.N, p.tp, from, 0, 0),
                             .n_signals = ag ? 1u : (uint32_t)(tiles_m * tiles_n)};
                     }
                     CHECK_CUDA(cudaMemcpy(dev_items, items, (size_t)p.n_items * sizeof items[0],
                                           cudaMemcpyHostToDevice));
-                    const float delayed = median_ms(&p, RUN_DELAYED, pick);
+                    const float delayed = median_ms(&p, RUN_DELAYED, timed);
                     const double comm = (p.tp - 1) * chunk_ns / 1e6;
                     const double hidden = (plain + comm - delayed) / comm;
-                    int best = pick;
-                    for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++)
-                        if (fused[c] < fused[best]) best = c;
                     printf("%-4s %-8s %6d %3d %6d %6d  %8.4f", p.m->name, p.op->name, p.T, p.tp, p.K, p.N, plain);
                     for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) printf(" %8.4f", fused[c]);
                     printf(" %4d %4d %8.3f %8.3f  %8.4f %9.4f %6.1f%%\n", pick, best, fused[pick] / plain,
@@ -645,8 +647,8 @@ int main(int argc, char **argv) {
                             else fprintf(json, "%s%.5f", c ? ", " : "", fused[c]);
                         }
                         fprintf(json, "], \"pick\": %d, \"best\": %d, \"pick_over_plain\": %.4f, \"best_over_plain\": "
-                                      "%.4f, \"comm_ms\": %.5f, \"delayed_ms\": %.5f, \"hidden\": %.4f}",
-                                pick, best, fused[pick] / plain, fused[best] / plain, comm, delayed, hidden);
+                                      "%.4f, \"comm_ms\": %.5f, \"delayed_config\": %d, \"delayed_ms\": %.5f, \"hidden\": %.4f}",
+                                pick, best, fused[pick] / plain, fused[best] / plain, comm, timed, delayed, hidden);
                         fflush(json);
                     }
                     first = 0;
