@@ -165,6 +165,29 @@ static float run_once(point *p, run_kind kind, int config) {
     return ms;
 }
 
+/* The GEMM rate of this GPU in this run, for the ideal times (BENCHMARKS.md): an 8192^3 cuBLASLt
+ * GEMM, median of reps after the warm-up, TFLOP/s. */
+static double reference_tflops(nopad_backend *be) {
+    const int32_t S = 8192;
+    void *a, *b, *c;
+    CHECK_CUDA(cudaMalloc(&a, (size_t)S * S * 2));
+    CHECK_CUDA(cudaMalloc(&b, (size_t)S * S * 2));
+    CHECK_CUDA(cudaMalloc(&c, (size_t)S * S * 2));
+    fill_random(be, a, (size_t)S * S);
+    fill_random(be, b, (size_t)S * S);
+    float ms[MAX_REPS];
+    for (int i = 0; i < WARMUP + reps; i++) {
+        CHECK_CUDA(cudaEventRecord(ev_start, stream));
+        CHECK_NOPAD(cuda_lt_matmul(&lt, dtype, c, a, b, NULL, NULL, S, S, S, CUBLASLT_EPILOGUE_DEFAULT, 0, 0, stream));
+        CHECK_CUDA(cudaEventRecord(ev_stop, stream));
+        CHECK_CUDA(cudaEventSynchronize(ev_stop));
+        if (i >= WARMUP) CHECK_CUDA(cudaEventElapsedTime(&ms[i - WARMUP], ev_start, ev_stop));
+    }
+    qsort(ms, (size_t)reps, sizeof ms[0], bench_cmp_float);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    return 2.0 * S * S * (double)S / (ms[reps / 2] * 1e9);
+}
+
 static float median_ms(point *p, run_kind kind, int config) {
     float ms[MAX_REPS];
     for (int i = 0; i < WARMUP; i++) run_once(p, kind, config);
@@ -555,6 +578,8 @@ int main(int argc, char **argv) {
     fill_random(be, pool_w, max_w);
     fill_random(be, pool_inbox, max_out ? max_out : 1);
     CHECK_CUDA(cudaDeviceSynchronize());
+    const double ref_tflops = reference_tflops(be);
+    printf("cuBLASLt 8192^3 %s GEMM: %.0f TFLOP/s\n", dname, ref_tflops);
 
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && !json) {
@@ -565,9 +590,9 @@ int main(int argc, char **argv) {
         fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"driver\": %d, \"runtime\": %d, \"cublaslt\": %zu, "
                       "\"build\": \"%s\", \"date\": \"%s\", \"dtype\": \"%s\", \"reps\": %d, \"warmup\": %d, "
                       "\"rate_gbs\": %.1f, \"rank\": 0, \"statistic\": \"median of CUDA-event times of single launches\", "
-                      "\"configs\": [",
+                      "\"ref_gemm_8192_tflops\": %.1f, \"configs\": [",
                 prop.name, prop.multiProcessorCount, driver, runtime, lt_version, nopad_build_id(), date, dname, reps,
-                WARMUP, rate_gbs);
+                WARMUP, rate_gbs, ref_tflops);
     for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) {
         printf("config %d: %s\n", c, cuda_flux_config_name(c));
         if (json) fprintf(json, "%s\"%s\"", c ? ", " : "", cuda_flux_config_name(c));
