@@ -11,7 +11,9 @@
 #        steps: info (the GPU, its driver and clocks as they are: nothing is changed), test
 #        (test_cuda_flux), bench (flux_bench, fp16, LLaMA-3-8B/70B x T 1024/4096/16384 x tp 2/4/8),
 #        bench-bf16 (the same at T 4096), quick (flux_bench at T 4096, tp 8 only);
-#        default "info test bench bench-bf16". FLUX_ARGS appends to every flux_bench run.
+#        default "info test bench bench-bf16". FLUX_ARGS appends to every flux_bench run; the test
+#        is stopped after TEST_TIMEOUT seconds (default 300), so a broken kernel leaves the call
+#        time for the benchmark.
 #        Logs and JSON to $OUT (flux_<date>_<gpu>_<dtype>.json).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,7 +61,7 @@ for step in $STEPS; do
         nvidia-smi topo -m 2>/dev/null | head -5
         ;;
     test)
-        "$BUILD/test_cuda_flux" 2>&1 | tee "$OUT/test_flux_$tag.log" || status=1
+        timeout "${TEST_TIMEOUT:-300}" "$BUILD/test_cuda_flux" 2>&1 | tee "$OUT/test_flux_$tag.log" || status=1
         ;;
     bench)
         "$BUILD/flux_bench" --json "$OUT/flux_${tag}_f16.json" ${FLUX_ARGS:-} 2>&1 | tee "$OUT/flux_${tag}_f16.log" ||
