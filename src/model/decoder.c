@@ -167,19 +167,31 @@ static nopad_status tp_sum(nopad_backend *be, const tp_shard *tp, void *x, size_
     return tp->comm ? comm_all_reduce(tp->comm, be, x, n, t, COMM_SUM) : NOPAD_OK;
 }
 
-/* logits[n, V] float32 = xn[n, hidden] · lm_headᵀ. With tensor parallelism each rank computes the
- * columns of its vocabulary rows into its slot of logits_parts, the all-gather brings every
- * rank's, and each rank's block is put in place: every rank then holds the same logits, and
- * samples the same ids as one process would. */
-static nopad_status lm_head(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
-                            decoder_state *s, const void *xn, int32_t n) {
+/* With tensor parallelism, the rank's part of the LM head for rows xn[n, hidden]: the columns of
+ * its vocabulary rows into its slot of logits_parts ([n, vocab_rows] packed), and, `with_best`,
+ * each row's greedy triple of them (row_argmax: max, id, exp-sum) all-gathered from every rank
+ * into best_parts [tp, n, 3]: greedy rows merge those (tp_greedy) without gathering the logits.
+ * Both run inside the recorded step for its first chunk of rows, whatever the output's
+ * parameters turn out to be: the triples are n · 3 floats. */
+static nopad_status tp_head_part(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                 decoder_state *s, const void *xn, int32_t n, int with_best) {
     const tp_shard *tp = &w->tp;
-    const int32_t H = cfg->hidden_size, V = cfg->vocab_size;
-    if (!tp->comm) return be->gemm_f32(be, s->logits, xn, w->lm_head, n, H, V);
+    float *mine = s->logits_parts + (size_t)tp->rank * n * tp->vocab_stride;
+    if (tp->vocab_rows > 0) TRY(be->gemm_f32(be, mine, xn, w->lm_head, n, cfg->hidden_size, tp->vocab_rows));
+    if (!with_best) return NOPAD_OK;
+    float *best = s->best_parts + (size_t)tp->rank * n * 3;
+    TRY(be->row_argmax(be, best, mine, n, tp->vocab_rows, tp->vocab_rows, tp->vocab0));
+    return comm_all_gather(tp->comm, be, s->best_parts, best, (size_t)n * 3, COMM_F32);
+}
+
+/* The ranks' parts of the LM head (tp_head_part) all-gathered and each rank's block put in place:
+ * logits[n, V] float32, the same on every rank. */
+static nopad_status tp_head_logits(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                                   decoder_state *s, int32_t n) {
+    const tp_shard *tp = &w->tp;
+    const int32_t V = cfg->vocab_size;
     const size_t part = (size_t)n * tp->vocab_stride; /* a rank's block: [n, vocab_rows] packed */
-    float *mine = s->logits_parts + (size_t)tp->rank * part;
-    if (tp->vocab_rows > 0) TRY(be->gemm_f32(be, mine, xn, w->lm_head, n, H, tp->vocab_rows));
-    TRY(comm_all_gather(tp->comm, be, s->logits_parts, mine, part, COMM_F32));
+    TRY(comm_all_gather(tp->comm, be, s->logits_parts, s->logits_parts + (size_t)tp->rank * part, part, COMM_F32));
     for (int32_t r = 0; r < tp->size; r++) {
         const int32_t v0 = r * tp->vocab_stride;
         const int32_t rows = V - v0 < tp->vocab_stride ? (V - v0 > 0 ? V - v0 : 0) : tp->vocab_stride;
@@ -188,6 +200,14 @@ static nopad_status lm_head(nopad_backend *be, const model_config *cfg, const de
                             (size_t)rows * sizeof(float), (size_t)rows * sizeof(float), (size_t)n));
     }
     return NOPAD_OK;
+}
+
+/* logits[n, V] float32 = xn[n, hidden] · lm_headᵀ, on every rank of a split model alike. */
+static nopad_status lm_head(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
+                            decoder_state *s, const void *xn, int32_t n) {
+    if (!w->tp.comm) return be->gemm_f32(be, s->logits, xn, w->lm_head, n, cfg->hidden_size, cfg->vocab_size);
+    TRY(tp_head_part(be, cfg, w, s, xn, n, 0));
+    return tp_head_logits(be, cfg, w, s, n);
 }
 
 /* embed .. layers .. final norm, and the first chunk of the LM head: only ops, on buffers that
@@ -264,7 +284,8 @@ static nopad_status step_forward(void *ctx) {
         src = s->last;
     }
     TRY(be->norm(be, s->xn, src, w->final_norm_w, w->final_norm_b, eps, c->n_rows, H, rms));
-    if (c->head_rows > 0) TRY(lm_head(be, cfg, w, s, s->xn, c->head_rows));
+    if (c->head_rows > 0)
+        TRY(tp->comm ? tp_head_part(be, cfg, w, s, s->xn, c->head_rows, 1) : lm_head(be, cfg, w, s, s->xn, c->head_rows));
     return NOPAD_OK;
 }
 
@@ -451,9 +472,9 @@ nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, 
         .n_rows = !want_rows ? 0 : batch->all_logits ? T : Bp,
         .gather = !batch->all_logits,
     };
-    /* with tensor parallelism the LM head waits for the output's parameters: greedy rows merge
-     * each rank's best id instead of gathering the logits (decoder_output_launch) */
-    call.head_rows = w->tp.comm ? 0 : call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
+    /* the first chunk of the LM head (with tensor parallelism: the rank's part and the greedy
+     * triples, tp_head_part; the logits are gathered only when the output needs them) */
+    call.head_rows = call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
     if (recorded) {
         /* tagged -1 / -2: the encoder's keys end in 0 */
         const int64_t key[4] = {Bp, width, call.n_rows, -1 - no_history};
@@ -488,13 +509,8 @@ static nopad_status tp_greedy(nopad_backend *be, const model_config *cfg, const 
     const size_t es = nopad_dtype_size(be->dtype);
     for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
         const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
-        float *mine = s->logits_parts + (size_t)tp->rank * n * tp->vocab_stride; /* [n, vocab_rows] */
-        float *best = s->best_parts + (size_t)tp->rank * n * 3;                  /* [n, 3] */
-        if (tp->vocab_rows > 0)
-            TRY(be->gemm_f32(be, mine, (const char *)s->xn + (size_t)r0 * H * es, w->lm_head, n, H,
-                             tp->vocab_rows));
-        TRY(be->row_argmax(be, best, mine, n, tp->vocab_rows, tp->vocab_rows, tp->vocab0));
-        TRY(comm_all_gather(tp->comm, be, s->best_parts, best, (size_t)n * 3, COMM_F32));
+        /* the first chunk's triples came with the step (step_forward) */
+        if (r0 > 0) TRY(tp_head_part(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n, 1));
         TRY(be->download(be, s->host_best, s->best_parts, (size_t)tp->size * n * 3 * sizeof(float)));
         for (int32_t r = 0; r < n; r++) {
             float top = -INFINITY, id = -1.0f;
@@ -544,7 +560,9 @@ nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, c
     }
     for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
         const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
-        if (r0 > 0 || w->tp.comm) TRY(lm_head(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n));
+        /* the first chunk came with the step: with tensor parallelism, only the rank's part */
+        if (r0 > 0) TRY(lm_head(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n));
+        else if (w->tp.comm) TRY(tp_head_logits(be, cfg, w, s, n));
         TRY(step_output(be, cfg, s, out, r0, n, out_rows <= s->logit_rows));
     }
     if (out->ids) s->feed_rows = out_rows;
