@@ -815,6 +815,11 @@ typedef struct nopad_train_params {
                                      [0, 1), 0 = off. Dropout of the attention probabilities
                                      (after the softmax). Evaluation runs without. Resuming, an
                                      unset rate (this one, or dropout) is the checkpoint's. */
+    int dp_exchange;              /* 1; data-parallel runs (under a launcher): before each step the
+                                     sequences that must move go to other processes so that each
+                                     holds equal tokens and attention work (docs/training.md); 0
+                                     trains each process on what it read (the same result: the
+                                     exchange only permutes the work). Ignored by one process. */
 } nopad_train_params;
 nopad_train_params nopad_train_default_params(void);
 

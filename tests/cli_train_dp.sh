@@ -102,6 +102,16 @@ else
     fail "--nproc 2 exit $?: $(cat "$TMP/two.err")"
 fi
 
+# --no-exchange: each process trains on what it read; the exchange only permutes the work
+if timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --nproc 2 --no-exchange --output "$TMP/noex" \
+    --log "$TMP/noex.log" >"$TMP/noex.out" 2>"$TMP/noex.err"; then
+    compare "$TMP/one.log" "$TMP/noex.log" 1 || fail "--nproc 2 --no-exchange against one process"
+    grep -q "data-parallel over 2 ranks, 32 steps: .*(no exchange)" "$TMP/noex.err" ||
+        fail "--no-exchange: no balance line saying so: $(cat "$TMP/noex.err")"
+else
+    fail "--nproc 2 --no-exchange exit $?: $(cat "$TMP/noex.err")"
+fi
+
 if timeout 120 "${MPI[@]}" -np 2 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --output "$TMP/mpi" \
     --log "$TMP/mpi.log" --quiet >"$TMP/mpi.out" 2>"$TMP/mpi.err"; then
     cmp -s <(grep -v '"eval' "$TMP/two.log") <(grep -v '"eval' "$TMP/mpi.log") ||

@@ -269,7 +269,7 @@ class TrainParams(ctypes.Structure):
                 ("whole_word_mask", ctypes.c_int),
                 ("pack_lines", ctypes.c_int),
                 ("early_stop_min_delta", ctypes.c_double),
-                ("attention_dropout", ctypes.c_double)]
+                ("attention_dropout", ctypes.c_double), ("dp_exchange", ctypes.c_int)]
 
 
 class TrainResult(ctypes.Structure):

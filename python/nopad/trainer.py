@@ -153,6 +153,9 @@ class Trainer:
     attention_dropout: the rate of the attention probabilities; None: ``dropout`` when that is
     given, else config.json's attention_probs_dropout_prob (BERT's 0.1); 0: off. Resuming, a rate
     left None (either) is the checkpoint's.
+    dp_exchange: under ``mpirun -np N`` (data-parallel training), move the sequences that must
+    move before each step so that every process holds equal work (the same result either way;
+    docs/training.md); False trains each process on what it read.
     stream: read the training data a window of ``stream_buffer`` bytes of text at a time instead
     of tokenizing it whole into memory (memory bounded whatever the corpus size; the blocks of the
     file shuffled per epoch, the examples of a window together; docs/training.md). ``nopad
@@ -184,7 +187,7 @@ class Trainer:
                  best_metric: Optional[str] = None, early_stop: int = 0,
                  whole_word_mask: bool = False, pack_lines: bool = False,
                  early_stop_min_delta: float = 0.0,
-                 attention_dropout: Optional[float] = None) -> None:
+                 attention_dropout: Optional[float] = None, dp_exchange: bool = True) -> None:
         self._strings = [_path(model, "model", True), _path(data, "data", True),
                          _path(eval_data, "eval_data"), _path(output, "output", True),
                          _path(resume, "resume"), _path(log, "log")]
@@ -224,6 +227,7 @@ class Trainer:
                 raise InvalidArgumentError("attention_dropout %r: expected a rate in [0, 1)"
                                            % (attention_dropout,))
             p.attention_dropout = float(attention_dropout)
+        p.dp_exchange = int(bool(dp_exchange))
         p.stream = int(bool(stream))
         if _whole(stream_buffer, "stream_buffer", 64) < 1024:
             raise InvalidArgumentError("stream_buffer %r: expected at least 1024 bytes"

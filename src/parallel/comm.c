@@ -444,7 +444,7 @@ nopad_status comm_world(int32_t want, nopad_comm **out) {
 #ifndef NOPAD_HAVE_MPI
     if (want > 1)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "tensor parallelism over %d ranks: this build of nopad has no MPI (install it: "
+                               "a world of %d ranks: this build of nopad has no MPI (install it: "
                                "apt-get install libopenmpi-dev openmpi-bin, then configure and build again)",
                                want);
     (void)launched;
@@ -452,14 +452,14 @@ nopad_status comm_world(int32_t want, nopad_comm **out) {
 #else
     if (want > 1 && launched <= 1)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "tensor parallelism over %d ranks: this process was not started by a launcher "
-                               "(its world has one rank); run it under `mpirun -np %d ...`, or use the CLI's "
-                               "--tp %d, which starts the ranks",
-                               want, want, want);
+                               "a world of %d ranks: this process was not started by a launcher (its world "
+                               "has one rank); run it under `mpirun -np %d ...`, or use the CLI's --tp %d or "
+                               "--nproc %d, which start the ranks",
+                               want, want, want, want);
     if (want > 1 && launched != want)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "tensor parallelism over %d ranks: the launcher's world has %d ranks; they must "
-                               "be equal (mpirun -np %d, or tp %d)",
+                               "a world of %d ranks: the launcher's world has %d ranks; they must be equal "
+                               "(mpirun -np %d, or %d ranks asked for)",
                                want, launched, want, launched);
     nopad_status st = mpi_start();
     if (st != NOPAD_OK) return st;
@@ -469,8 +469,8 @@ nopad_status comm_world(int32_t want, nopad_comm **out) {
     MPI_Comm_size(base, &size);
     if (want > 1 && size != want)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "tensor parallelism over %d ranks: MPI's world has %d ranks (the launcher's "
-                               "environment said %d)",
+                               "a world of %d ranks: MPI's world has %d ranks (the launcher's environment "
+                               "said %d)",
                                want, size, launched);
     MPI_Comm mine;
     const int rc = MPI_Comm_dup(base, &mine);

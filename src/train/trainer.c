@@ -37,7 +37,8 @@ nopad_train_params nopad_train_default_params(void) {
         .log_path = NULL, .log_batches = 0, .dropout = -1, .stream = 0,
         .stream_buffer = (int64_t)64 << 20, .eval_every = 0, .eval_every_epoch = 0,
         .save_best = 0, .best_metric = NOPAD_TRAIN_METRIC_AUTO, .early_stop = 0, .on_eval = NULL,
-        .whole_word_mask = 0, .pack_lines = 0, .early_stop_min_delta = 0, .attention_dropout = -1};
+        .whole_word_mask = 0, .pack_lines = 0, .early_stop_min_delta = 0, .attention_dropout = -1,
+        .dp_exchange = 1};
 }
 
 static double seconds(void) {
@@ -568,7 +569,7 @@ nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
         if (st != NOPAD_OK) return nopad_wrap_error(st, "nopad_train over the launcher's %d processes",
                                                     (int)world);
     }
-    nopad_status st = train_run(p, comm, 1, out);
+    nopad_status st = train_run(p, comm, p->dp_exchange != 0, out);
     comm_free(comm);
     return st;
 }

@@ -102,6 +102,8 @@ static const char train_help[] =
     "                      exchanged so that the processes hold equal work. Under a launcher\n"
     "                      (mpirun -np N nopad train ...) its processes train together without it.\n"
     "                      Only the first process prints and writes files (docs/training.md)\n"
+    "  --no-exchange       with several processes, train each on the sequences it read (no\n"
+    "                      exchange before the steps: the same result, unbalanced work)\n"
     "  --threads N         CPU threads (default: OpenMP's default)\n"
     "  --quiet             no progress line\n"
     "  -h, --help          show this help\n"
@@ -122,7 +124,7 @@ enum {
     OPT_RESUME, OPT_STOP_AFTER, OPT_LOG, OPT_LOG_BATCHES, OPT_DEVICE, OPT_DTYPE, OPT_STREAM,
     OPT_NO_STREAM, OPT_STREAM_BUFFER, OPT_EVAL_EVERY, OPT_SAVE_BEST, OPT_BEST_METRIC,
     OPT_EARLY_STOP, OPT_WHOLE_WORD_MASK, OPT_PACK_LINES, OPT_EARLY_STOP_MIN_DELTA,
-    OPT_ATTENTION_DROPOUT, OPT_NPROC,
+    OPT_ATTENTION_DROPOUT, OPT_NPROC, OPT_NO_EXCHANGE,
 };
 
 static const struct option long_options[] = {
@@ -154,6 +156,7 @@ static const struct option long_options[] = {
     {"pack-lines", no_argument, NULL, OPT_PACK_LINES},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"nproc", required_argument, NULL, OPT_NPROC},
+    {"no-exchange", no_argument, NULL, OPT_NO_EXCHANGE},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"stop-after", required_argument, NULL, OPT_STOP_AFTER},
@@ -313,6 +316,7 @@ static int parse_train_options(int argc, char **argv, nopad_train_params *o, tra
         case OPT_NPROC:
             if (parse_int("--nproc", optarg, 1, TP_MAX, &cl->nproc)) return -1;
             break;
+        case OPT_NO_EXCHANGE: o->dp_exchange = 0; break;
         case OPT_THREADS:
             if (parse_int("--threads", optarg, 0, 4096, &v)) return -1;
             o->n_threads = (int)v;
