@@ -768,6 +768,28 @@ nopad_status comm_all_reduce(nopad_comm *c, nopad_backend *be, void *buf, size_t
     return nopad_set_error(NOPAD_ERR_INTERNAL, "%s: no route", name);
 }
 
+nopad_status comm_all_reduce_async(nopad_comm *c, nopad_backend *be, void *buf, size_t count, comm_type t,
+                                   comm_reduce op) {
+#ifdef NOPAD_HAVE_CUDA
+    const char *name = "comm_all_reduce_async";
+    route r = ROUTE_COPY;
+    nopad_status st = check_args(c, name, t, 1, op);
+    if (st == NOPAD_OK) st = route_of(c, be, name, &r);
+    if (st != NOPAD_OK || count == 0) return st;
+    if (r == ROUTE_NCCL) return comm_nccl_all_reduce_async(c->nccl, be, buf, count, t, op);
+#endif
+    return comm_all_reduce(c, be, buf, count, t, op);
+}
+
+nopad_status comm_join(nopad_comm *c, nopad_backend *be) {
+    if (!c) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "comm_join: communicator is NULL");
+#ifdef NOPAD_HAVE_CUDA
+    if (c->nccl && on_device(be)) return comm_nccl_join(c->nccl, be);
+#endif
+    (void)be;
+    return NOPAD_OK;
+}
+
 nopad_status comm_all_gather(nopad_comm *c, nopad_backend *be, void *recv, const void *send, size_t count,
                              comm_type t) {
     const char *name = "comm_all_gather";

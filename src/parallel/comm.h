@@ -77,6 +77,15 @@ nopad_status comm_attach(nopad_comm *c, nopad_backend *be);
 /* buf[count] = reduce over ranks of buf[count], in place. */
 nopad_status comm_all_reduce(nopad_comm *c, nopad_backend *be, void *buf, size_t count, comm_type t,
                              comm_reduce op);
+/* The same all-reduce, left running while be's stream goes on with later work (a data-parallel
+ * backward's gradient buckets, each started as soon as it is written): on a CUDA backend NCCL runs
+ * it on a second stream after the work be's stream holds so far, and be's stream must not touch
+ * buf until comm_join. On host memory it completes before returning (MPI progresses only inside
+ * its calls: there is nothing to overlap with). */
+nopad_status comm_all_reduce_async(nopad_comm *c, nopad_backend *be, void *buf, size_t count, comm_type t,
+                                   comm_reduce op);
+/* be's stream waits for every comm_all_reduce_async started on it so far (nothing on the host). */
+nopad_status comm_join(nopad_comm *c, nopad_backend *be);
 /* recv[size · count] = rank 0's send[count] | rank 1's | ...; send may be recv + rank · count. */
 nopad_status comm_all_gather(nopad_comm *c, nopad_backend *be, void *recv, const void *send, size_t count,
                              comm_type t);

@@ -116,6 +116,10 @@ struct comm_nccl {
     cudaEvent_t events[WATCH_SLOTS];
     double enqueued_at[WATCH_SLOTS];
     uint64_t head, tail;
+    /* comm_all_reduce_async: the second stream its collectives run on, the point of a backend's
+     * stream they start after, and the point the backend's stream waits for (comm_join) */
+    cudaStream_t side;
+    cudaEvent_t side_start, side_done;
 };
 
 static double now_s(void) {
@@ -216,15 +220,19 @@ static nopad_status enter(comm_nccl *n, const char *op) {
 }
 
 /* After an enqueue: its result as a status, the watchdog's mark, the lock released. */
-static nopad_status leave(comm_nccl *n, nopad_backend *be, const char *op, ncclResult_t r) {
+static nopad_status leave_on(comm_nccl *n, cudaStream_t stream, const char *op, ncclResult_t r) {
     nopad_status st = NOPAD_OK;
     if (r != ncclSuccess && r != ncclInProgress)
         st = nopad_set_error(NOPAD_ERR_BACKEND, "%s on rank %d of %d (CUDA device %d): NCCL: %s (%s)", op, n->rank,
                              n->size, n->device, api.GetErrorString(r), api.GetLastError(n->comm));
     else
-        st = watch_locked(n, (cudaStream_t)be->native_stream, op);
+        st = watch_locked(n, stream, op);
     pthread_mutex_unlock(&n->lock);
     return st;
+}
+
+static nopad_status leave(comm_nccl *n, nopad_backend *be, const char *op, ncclResult_t r) {
+    return leave_on(n, (cudaStream_t)be->native_stream, op, r);
 }
 
 static ncclDataType_t nccl_type(comm_type t) {
@@ -356,6 +364,12 @@ nopad_status comm_nccl_create(nopad_comm *c, nopad_backend *be, comm_nccl **out)
             st = cuda_failure("cudaEventCreate", rank, e);
             goto fail;
         }
+    if ((e = cudaStreamCreateWithFlags(&n->side, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&n->side_start, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&n->side_done, cudaEventDisableTiming)) != cudaSuccess) {
+        st = cuda_failure("the stream of the overlapped all-reduces", rank, e);
+        goto fail;
+    }
     const int rc = pthread_create(&n->watchdog, NULL, watchdog_main, n);
     if (rc != 0) {
         st = nopad_set_error(NOPAD_ERR_BACKEND, "comm_attach on rank %d: the NCCL watchdog thread: %s", rank, strerror(rc));
@@ -392,6 +406,9 @@ void comm_nccl_free(comm_nccl *n) {
     }
     for (int i = 0; i < WATCH_SLOTS; i++)
         if (n->events[i]) cudaEventDestroy(n->events[i]);
+    if (n->side_start) cudaEventDestroy(n->side_start);
+    if (n->side_done) cudaEventDestroy(n->side_done);
+    if (n->side) cudaStreamDestroy(n->side);
     cudaFree(n->one);
     pthread_cond_destroy(&n->wake);
     pthread_mutex_destroy(&n->lock);
@@ -410,6 +427,29 @@ nopad_status comm_nccl_all_reduce(comm_nccl *n, nopad_backend *be, void *buf, si
     nopad_status st = enter(n, name);
     if (st != NOPAD_OK) return st;
     return leave(n, be, name, api.AllReduce(buf, buf, count, nccl_type(t), nccl_op(op), n->comm, STREAM(be)));
+}
+
+nopad_status comm_nccl_all_reduce_async(comm_nccl *n, nopad_backend *be, void *buf, size_t count, comm_type t,
+                                        comm_reduce op) {
+    const char *name = "comm_all_reduce_async";
+    nopad_status st = enter(n, name);
+    if (st != NOPAD_OK) return st;
+    cudaError_t e = cudaEventRecord(n->side_start, STREAM(be));
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(n->side, n->side_start, 0);
+    if (e != cudaSuccess) {
+        pthread_mutex_unlock(&n->lock);
+        return cuda_failure("comm_all_reduce_async: ordering the second stream after the backend's", n->rank, e);
+    }
+    return leave_on(n, n->side, name, api.AllReduce(buf, buf, count, nccl_type(t), nccl_op(op), n->comm, n->side));
+}
+
+nopad_status comm_nccl_join(comm_nccl *n, nopad_backend *be) {
+    nopad_status st = enter(n, "comm_join");
+    if (st != NOPAD_OK) return st;
+    cudaError_t e = cudaEventRecord(n->side_done, n->side);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(STREAM(be), n->side_done, 0);
+    pthread_mutex_unlock(&n->lock);
+    return e == cudaSuccess ? NOPAD_OK : cuda_failure("comm_join", n->rank, e);
 }
 
 nopad_status comm_nccl_all_gather(comm_nccl *n, nopad_backend *be, void *recv, const void *send, size_t count,

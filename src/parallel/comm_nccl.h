@@ -26,6 +26,11 @@ void comm_nccl_abort(comm_nccl *n, const char *cause);
 /* The collectives of comm.h on be's device memory, enqueued on be->native_stream. */
 nopad_status comm_nccl_all_reduce(comm_nccl *n, nopad_backend *be, void *buf, size_t count, comm_type t,
                                   comm_reduce op);
+/* comm_all_reduce_async and comm_join: NCCL on the communicator's second stream, ordered after
+ * be's stream with events. */
+nopad_status comm_nccl_all_reduce_async(comm_nccl *n, nopad_backend *be, void *buf, size_t count, comm_type t,
+                                        comm_reduce op);
+nopad_status comm_nccl_join(comm_nccl *n, nopad_backend *be);
 nopad_status comm_nccl_all_gather(comm_nccl *n, nopad_backend *be, void *recv, const void *send, size_t count,
                                   comm_type t);
 nopad_status comm_nccl_reduce_scatter(comm_nccl *n, nopad_backend *be, void *recv, const void *send,

@@ -437,13 +437,15 @@ nopad_status train_dp_next(train_dp *dp, int *got) {
     return NOPAD_OK;
 }
 
-/* A bucket's gradients summed across the ranks, as soon as the backward has finished them. */
+/* A bucket's gradients summed across the ranks, started as soon as the backward has finished
+ * them: on CUDA it runs on NCCL's second stream while the backward goes on with the layers below
+ * (comm_all_reduce_async); train_dp_forward_backward joins them before anything reads them. */
 static nopad_status reduce_bucket(void *user, int32_t bucket) {
     train_dp *dp = user;
     const train_model *m = dp->model;
     int64_t offset, count;
     train_grad_bucket(m, bucket, &offset, &count);
-    nopad_status st = comm_all_reduce(dp->comm, m->be, m->grads + offset, (size_t)count, COMM_F32, COMM_SUM);
+    nopad_status st = comm_all_reduce_async(dp->comm, m->be, m->grads + offset, (size_t)count, COMM_F32, COMM_SUM);
     if (st != NOPAD_OK && dp->bucket_status == NOPAD_OK) dp->bucket_status = st;
     return st;
 }
@@ -529,6 +531,7 @@ nopad_status train_dp_forward_backward(train_dp *dp, train_context *ctx, double 
     ctx->grads_ready = NULL;
     ctx->grads_user = NULL;
     if (st == NOPAD_OK) st = dp->bucket_status;
+    if (st == NOPAD_OK) st = comm_join(dp->comm, m->be); /* the sums, before the optimiser reads them */
     if (st != NOPAD_OK) return st;
     /* the loss: each rank's sum, added in rank order on every rank (the same double everywhere) */
     dp->loss_sums[dp->rank] = sum;
