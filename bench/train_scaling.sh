@@ -87,9 +87,9 @@ for n in $GPUS; do
     for exchange in $modes; do
         [ "$exchange" = off ] && [ "$has_no_exchange" = 0 ] && continue
         short=$(run "$n" "$exchange" "$WARMUP" "$OUT/short.log")
-        long=$(run "$n" "$exchange" $((WARMUP + STEPS)) "$OUT/long.log")
-        balance=$(grep -h "data-parallel over" "$OUT/long.log.err" || true)
-        python3 - "$RESULTS" "$n" "$exchange" "$short" "$long" "$WARMUP" "$STEPS" "$OUT/long.log" "$balance" <<'PY'
+        long=$(run "$n" "$exchange" $((WARMUP + STEPS)) "$OUT/long_${n}_$exchange.log")
+        balance=$(grep -h "data-parallel over" "$OUT/long_${n}_$exchange.log.err" || true)
+        python3 - "$RESULTS" "$n" "$exchange" "$short" "$long" "$WARMUP" "$STEPS" "$OUT/long_${n}_$exchange.log" "$balance" <<'PY'
 import json, sys
 out, n, exchange, short, long_, warmup, steps, log, balance = sys.argv[1:]
 lines = [json.loads(l) for l in open(log) if '"loss"' in l]
@@ -108,6 +108,18 @@ open(out, "a").write(json.dumps(rec) + "\n")
 PY
     done
 done
+
+# one GPU: the forced run is the plain run's arithmetic (a world of one sums nothing): equal losses
+if [ -f "$OUT/long_1_plain.log" ] && [ -f "$OUT/long_1_forced.log" ]; then
+    python3 - "$OUT/long_1_plain.log" "$OUT/long_1_forced.log" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:3])
+same = a == b
+print("one GPU, plain against forced: %d and %d steps, losses %s" % (len(a), len(b),
+      "identical" if same else "differ (max %.3g)" % max(abs(x - y) for x, y in zip(a, b))))
+sys.exit(0 if same else 1)
+PY
+fi
 
 python3 - "$RESULTS" <<'PY'
 import json, sys

@@ -4,7 +4,7 @@
 # SDPA, and the DEC benchmark. Smaller than gpu_check.sh's bundle (no MiniLM), so the SmolLM2 GGUF
 # can travel beside it in parts.
 #
-# Here:  [TESTS="..."] [BASE=OTHER_BUILD] [CLI=1] scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
+# Here:  [TESTS="..."] [BENCHES="..."] [BASE=OTHER_BUILD] [CLI=1] scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
 #        writes .gpu_carry/dec/bundle.tar.xz (binaries + the Debian libraries they need) and, with
 #        GGUF, splits it into PARTS pieces .gpu_carry/gN/gguf.N (carry one a device call, as the
 #        carry limit allows; the pieces gather in /tmp/nopad_gguf there while the machine stays
@@ -65,13 +65,15 @@ if [ "${1:-}" = "--stage" ]; then
     # the CLI only for the serve step (CLI=1): each binary costs ~3-4 MB of the carry compressed
     extra=()
     [ "${CLI:-0}" = 1 ] && extra+=("$B/nopad")
-    bins=("$B/libnopad.so" "$B/attn_paged_bench" "$B/gemv_bench" "${extra[@]}")
+    # the benchmarks of the attn and gemv steps (BENCHES="" leaves them out: ~4 MB each of the carry)
+    benches=(${BENCHES-attn_paged_bench gemv_bench})
+    bins=("$B/libnopad.so" "${benches[@]/#/$B/}" "${extra[@]}")
     for t in "${tests[@]}"; do bins+=("$B/tests/$t"); done
     for bin in "${bins[@]}"; do [ -f "$bin" ] || { echo "missing $bin" >&2; exit 1; }; done
     for bin in "${bins[@]}"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
         grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
         while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
-    cp "$B/libnopad.so" "$B/attn_paged_bench" "$B/gemv_bench" "${extra[@]}" "$stage/build/"
+    cp "$B/libnopad.so" "${benches[@]/#/$B/}" "${extra[@]}" "$stage/build/"
     for t in "${tests[@]}"; do cp "$B/tests/$t" "$stage/build/tests/"; done
     # BASE=OTHER_BUILD: that build's libnopad.so as base/ for the `ab` step
     if [ -n "${BASE:-}" ]; then

@@ -8,7 +8,8 @@
 #        writes .gpu_carry/train/bundle.tar.xz (test binaries, train_bench, the Debian libraries)
 # There: scripts/gpu_train.sh --run [steps]      (carry [".gpu_carry/train"])
 #        steps: test (every CUDA training test + the torch check), cli (nopad train --device cuda
-#        against the CPU's run of the same command), bench (TRAIN workload;
+#        against the CPU's run of the same command), dp1 (issue 41: the data-parallel path at world
+#        size one against the plain run, bench/train_scaling.sh with GPUS=1), bench (TRAIN workload;
 #        TRAIN_ARGS appends, e.g. "--shapes large"), profile (per-kernel times of BERT-large
 #        steps, nsys or ncu); default "test". Logs and JSON to $OUT.
 set -uo pipefail
@@ -132,6 +133,16 @@ sys.exit(0 if len(a) == len(b) and max(rel) <= 2e-2 else 1)
 PY
         head -3 "$D/reviews_test.jsonl" | python3 -c "import json,sys; [print(json.loads(l)['text']) for l in sys.stdin]" |
             "$BUILD/nopad" classify --model /tmp/nopad_train/tuned_cuda 2>&1 | tee "$OUT/cli_classify.log" || status=1
+        ;;
+    dp1)
+        # issue 41 on one GPU: the data-parallel path at world size one (NOPAD_COMM_FORCE=1: the
+        # gradient buckets' all-reduces through NCCL on its second stream) against the plain run,
+        # BERT-large MLM, lengths U[102, 512] (bench/train_scaling.sh; the bound: <= 1% slower),
+        # and the two runs' per-step losses, which must be equal (a world of one sums nothing)
+        mkdir -p "$OUT/dp1"
+        GPUS=1 STEPS=${DP_STEPS:-40} WARMUP=${DP_WARMUP:-8} NOPAD_MINILM_DIR=$BUILD/tokenizer timeout 560 \
+            bash "$ROOT/bench/train_scaling.sh" "$BUILD/nopad" "$OUT/dp1" 2>&1 | tee "$OUT/dp1/dp1.log" | tail -8
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         ;;
     bench)
         mkdir -p "$OUT/train"
