@@ -12,6 +12,7 @@
  *   set.
  * - A chunk that never arrives: the kernel ends within its timeout (50 ms here) and cuda_flux_check
  *   names the missing rank; the next call on the same buffers works.
+ * - Both kernels recorded into a CUDA graph and replayed.
  * - Refused shapes and arguments.
  *
  * The reference is the unfused path on the CPU: the chunks gathered (or the partials summed),
@@ -502,6 +503,68 @@ static void test_timeout(void **state) {
     run_rs(&c, &rng);
 }
 
+/* ---- a CUDA graph ---- */
+
+/* Both kernels record into a CUDA graph (thread-local capture, as the backend records forwards) and
+ * replay with every chunk and partial present (signals set before): no allocation, no
+ * synchronisation, nothing capture refuses; each replay gives the reference. */
+static void test_graph(void **state) {
+    (void)state;
+    uint64_t rng = 0x6772617068ULL;
+    enum { W = 4 };
+    const int d = 0, r = 2;
+    const int32_t rows[W] = {70, 129, 64, 3}, K = 128, N = 136;
+    int64_t M = 0;
+    for (int i = 0; i < W; i++) M += rows[i];
+    float *x = random_floats((size_t)M * K, -1.0f, 1.0f, &rng), *w = random_floats((size_t)N * K, -0.15f, 0.15f, &rng);
+    void *dx = test_to_device(gpu[d], x, (size_t)M * K), *dw = test_to_device(gpu[d], w, (size_t)N * K);
+    float *ref = malloc((size_t)M * N * sizeof(float)), *y = malloc((size_t)M * N * sizeof(float));
+    assert_nopad_ok(cpu->gemm(cpu, ref, x, w, NULL, NULL, (int32_t)M, K, N, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+    const uint32_t epoch = 3;
+    /* AllGather+GEMM: the gathered buffer complete, every chunk signalled */
+    uint32_t *signals = dev_alloc(cuda_flux_rs_signal_words(rows[r], N, W) * 4 + 64), *error = dev_alloc(4);
+    assert_int_equal(cudaMemset(error, 0, 4), cudaSuccess);
+    assert_nopad_ok(cuda_flux_signal(signals, W, epoch, streams[d]));
+    cuda_flux_peers peers = {.world = W, .rank = r, .error = error, .timeout_ns = TIMEOUT_NS};
+    for (int i = 0; i < W; i++) peers.buffers[i] = dx, peers.signals[i] = signals;
+    void *dy = dev_alloc((size_t)M * N * 2);
+    assert_int_equal(cudaStreamSynchronize(streams[d]), cudaSuccess);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_nopad_ok(cuda_flux_ag_gemm(DTYPES[d], dy, dw, &peers, rows, K, N, epoch, CUDA_FLUX_CONFIG_AUTO, streams[d]));
+    assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 2; replay++) {
+        poison(d, dy, (size_t)M * N);
+        assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
+        assert_nopad_ok(cuda_flux_check(&peers, streams[d]));
+        assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, dy, (size_t)M * N));
+        const double err = row_error("graph all-gather+gemm", y, ref, M, N);
+        if (!(err <= BOUND[d])) fail_msg("graph all-gather+gemm replay %d: row rel err %.3g", replay, err);
+    }
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+
+    /* GEMM+ReduceScatter at W = 1 (its own inbox, no peer: y is this rank's partial) in a graph */
+    const int32_t all[1] = {(int32_t)M};
+    cuda_flux_peers one = {.world = 1, .rank = 0, .error = error, .timeout_ns = TIMEOUT_NS};
+    one.buffers[0] = dev_alloc(cuda_flux_rs_inbox_bytes(DTYPES[d], (int32_t)M, N, 1)), one.signals[0] = signals;
+    assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_nopad_ok(cuda_flux_gemm_rs(DTYPES[d], dy, dx, dw, &one, all, K, N, epoch, CUDA_FLUX_CONFIG_AUTO, streams[d]));
+    assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    poison(d, dy, (size_t)M * N);
+    assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
+    assert_nopad_ok(cuda_flux_check(&one, streams[d]));
+    assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, dy, (size_t)M * N));
+    const double err = row_error("graph gemm+reduce-scatter", y, ref, M, N);
+    if (!(err <= BOUND[d])) fail_msg("graph gemm+reduce-scatter: row rel err %.3g", err);
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    cudaFree(one.buffers[0]), cudaFree(signals), cudaFree(error), cudaFree(dy);
+    gpu[d]->free(gpu[d], dx), gpu[d]->free(gpu[d], dw);
+    free(x), free(w), free(ref), free(y);
+}
+
 static void test_unsupported(void **state) {
     (void)state;
     void *buf = dev_alloc(1 << 20);
@@ -546,7 +609,7 @@ int main(void) {
     if (getenv("NOPAD_TEST_FILTER")) cmocka_set_test_filter(getenv("NOPAD_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unsupported), cmocka_unit_test(test_timeout), cmocka_unit_test(test_ag_gemm),
-        cmocka_unit_test(test_ag_push),     cmocka_unit_test(test_gemm_rs),
+        cmocka_unit_test(test_ag_push),     cmocka_unit_test(test_gemm_rs),     cmocka_unit_test(test_graph),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int d = 0; d < 2; d++) {
