@@ -694,8 +694,8 @@ static float gathered_at(const void *all, size_t n, int32_t r, size_t i, comm_ty
 }
 
 /* out[n] = the reduction over the `size` parts of all[size, n]. Floats are summed in double and
- * rounded once (a few float parts: the correctly rounded sum but in rare ties, whatever the order);
- * integers exactly. */
+ * rounded once: for a few float parts the double sum is exact or nearly, so the result does not
+ * depend on the order they come in. Integers exactly. */
 static void reduce_parts(const void *all, int32_t size, size_t n, comm_type t, comm_reduce op, void *out) {
     for (size_t i = 0; i < n; i++) {
         if (t == COMM_I32 || t == COMM_I64) {
