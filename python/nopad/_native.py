@@ -348,6 +348,7 @@ _PROTOTYPES = {
     "nopad_world_rank": (ctypes.c_int32, []),
     "nopad_world_size": (ctypes.c_int32, []),
     "nopad_tp_follow": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ModelParams)]),
+    "nopad_tp_worker": (ctypes.c_int, []),  # the body of nopad-worker (not called from Python)
     "nopad_model_get_info": (ctypes.c_int, [_p, ctypes.POINTER(ModelInfo)]),
     "nopad_model_tokenizer": (_p, [_p]),
     "nopad_model_tokenizer_error": (ctypes.c_char_p, [_p]),
