@@ -190,4 +190,9 @@ PY
     *) echo "unknown step $step" && status=1 ;;
     esac
 done
+# the device returns a limited number of files: every log and JSON in one archive (PACK=0: loose)
+if [ "${PACK:-1}" = 1 ]; then
+    (cd "$OUT" && tar cJf /tmp/nopad_results.tar.xz --exclude=results.tar.xz . &&
+        find . -mindepth 1 -delete && mv /tmp/nopad_results.tar.xz results.tar.xz)
+fi
 exit $status
