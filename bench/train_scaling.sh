@@ -73,7 +73,7 @@ run() {
     t0=$(date +%s.%N)
     NOPAD_COMM_FORCE=$force "$NOPAD" train --model "$MODEL" --task mlm --data "$DATA" --output "$OUT/ckpt" --device cuda \
         --dtype bf16 --epochs 1 --lr 1e-4 --warmup 0 --batch-tokens $((32 * 512)) --batch-seqs 32 \
-        --dropout 0 --seed 1 --nproc "$n" --stop-after "$stop" --log "$log" --quiet "${flags[@]}" \
+        --dropout 0 --seed 1 --nproc "$n" --stop-after "$stop" --log "$log" "${flags[@]}" \
         2>"$log.err" >/dev/null
     t1=$(date +%s.%N)
     python3 -c "print($t1 - $t0)"

@@ -839,6 +839,12 @@ typedef struct nopad_train_result {
     int64_t best_step;              /* the best of them (the earliest of equals), 0 without */
     double best_value;              /* its metric, -1 without */
     int early_stopped;              /* 1: early_stop ended the run */
+    /* data-parallel runs (dp_ranks > 1, or a forced world of one): the balance of this call's
+     * steps, in tokens. Per step, the most loaded process's tokens as read and as computed (after
+     * the exchange), summed over the steps; the tokens of the global batches (a process's mean is
+     * dp_tokens / dp_ranks); the sequences and tokens the exchange moved. 0 with one process. */
+    int32_t dp_ranks;
+    int64_t dp_steps, dp_tokens, dp_max_read, dp_max_computed, dp_moved_seqs, dp_moved_tokens;
 } nopad_train_result;
 
 /* Fine-tunes (or pretrains with MLM) model_dir on data_path and saves output_dir: an

@@ -92,7 +92,7 @@ if timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --nproc 2 --output "$TMP/two
         fail "--nproc 2 printed $(cat "$TMP/two.out"), one process $(cat "$TMP/one.out")"
     [ "$(grep -c '^eval accuracy: ' "$TMP/two.out")" = 1 ] || fail "eval accuracy not printed once"
     grep -q "^eval accuracy: 0.9" "$TMP/two.out" || fail "--nproc 2: $(cat "$TMP/two.out")"
-    grep -q "data-parallel over 2 ranks, 32 steps: .* after the exchange" "$TMP/two.err" ||
+    grep -q "data-parallel over 2 processes, 32 steps: .* after the exchange" "$TMP/two.err" ||
         fail "no balance line: $(cat "$TMP/two.err")"
     [ "$(grep -c '^trained 32 steps' "$TMP/two.err")" = 1 ] || fail "summary not printed once"
     echo "aa ab ac cd" | "$NOPAD_CLI" classify --model "$TMP/two" >/dev/null 2>"$TMP/err" ||
@@ -106,7 +106,7 @@ fi
 if timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --nproc 2 --no-exchange --output "$TMP/noex" \
     --log "$TMP/noex.log" >"$TMP/noex.out" 2>"$TMP/noex.err"; then
     compare "$TMP/one.log" "$TMP/noex.log" 1 || fail "--nproc 2 --no-exchange against one process"
-    grep -q "data-parallel over 2 ranks, 32 steps: .*(no exchange)" "$TMP/noex.err" ||
+    grep -q "data-parallel over 2 processes, 32 steps: .*(no exchange)" "$TMP/noex.err" ||
         fail "--no-exchange: no balance line saying so: $(cat "$TMP/noex.err")"
 else
     fail "--nproc 2 --no-exchange exit $?: $(cat "$TMP/noex.err")"

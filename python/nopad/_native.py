@@ -288,7 +288,10 @@ class TrainResult(ctypes.Structure):
                 ("best_metric", _enum),
                 ("best_step", ctypes.c_int64),
                 ("best_value", ctypes.c_double),
-                ("early_stopped", ctypes.c_int)]
+                ("early_stopped", ctypes.c_int), ("dp_ranks", ctypes.c_int32),
+                ("dp_steps", ctypes.c_int64), ("dp_tokens", ctypes.c_int64),
+                ("dp_max_read", ctypes.c_int64), ("dp_max_computed", ctypes.c_int64),
+                ("dp_moved_seqs", ctypes.c_int64), ("dp_moved_tokens", ctypes.c_int64)]
 
 
 LAYOUT_PACKED, LAYOUT_PADDED = 0, 1

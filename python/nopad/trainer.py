@@ -90,6 +90,10 @@ class TrainMetrics:
     best_value: Optional[float] = None
     early_stopped: bool = False     # early_stop ended the run
     evals: Tuple[TrainEval, ...] = ()  # the evaluations of this call, in order
+    # data-parallel runs (mpirun -np N): the most loaded process's tokens over the mean, as read
+    # and as computed after the exchange (None with one process)
+    dp_balance_read: Optional[float] = None
+    dp_balance_computed: Optional[float] = None
 
 
 def _path(value: Optional[PathLike], name: str, required: bool = False) -> Optional[bytes]:
@@ -341,4 +345,7 @@ class Trainer:
             best_step=out.best_step if out.best_step > 0 else None,
             best_metric=_METRIC_NAMES.get(out.best_metric) if out.best_step > 0 else None,
             best_value=out.best_value if out.best_step > 0 else None,
-            early_stopped=bool(out.early_stopped), evals=tuple(evals))
+            early_stopped=bool(out.early_stopped), evals=tuple(evals),
+            dp_balance_read=out.dp_max_read * out.dp_ranks / out.dp_tokens if out.dp_tokens else None,
+            dp_balance_computed=(out.dp_max_computed * out.dp_ranks / out.dp_tokens
+                                 if out.dp_tokens else None))

@@ -818,19 +818,15 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
             if (r.have_dp) CHECK(train_dp_any(&r.dp, &stop));
         }
     }
-    if (r.have_dp && r.rank == 0) { /* the exchange's effect, in tokens per rank and step */
+    if (r.have_dp) { /* the exchange's effect, in tokens per rank and step (the CLI prints it) */
         const train_dp_balance *b = &r.dp.run_balance;
-        if (b->steps > 0)
-            fprintf(stderr, "nopad: data-parallel over %d rank%s, %lld steps: tokens per rank and "
-                    "step %.1f on average; the most loaded rank %.1f (%.3fx) as read, %.1f "
-                    "(%.3fx) %s; %lld sequences (%lld tokens) moved\n", (int)ranks, ranks == 1 ? "" : "s",
-                    (long long)b->steps, (double)b->total / (double)(b->steps * ranks),
-                    (double)b->max_before / (double)b->steps,
-                    (double)b->max_before * ranks / (double)b->total,
-                    (double)b->max_after / (double)b->steps,
-                    (double)b->max_after * ranks / (double)b->total,
-                    exchange ? "after the exchange" : "(no exchange)",
-                    (long long)b->moved_seqs, (long long)b->moved_tokens);
+        out->dp_ranks = ranks;
+        out->dp_steps = b->steps;
+        out->dp_tokens = b->total;
+        out->dp_max_read = b->max_before;
+        out->dp_max_computed = b->max_after;
+        out->dp_moved_seqs = b->moved_seqs;
+        out->dp_moved_tokens = b->moved_tokens;
     }
     out->steps = r.model.step;
     /* the run's last step is evaluated too when evaluations are recorded */

@@ -611,6 +611,17 @@ int cmd_train(int argc, char **argv) {
                         "%.4f -> %.4f; saved %s\n",
                 res.steps - res.resumed_step, res.n_examples, res.n_truncated,
                 o.stream ? ", streamed" : "", took, res.first_loss, res.last_loss, o.output_dir);
+        if (res.dp_steps > 0) { /* the exchange's effect, in tokens per process and step */
+            const double steps = (double)res.dp_steps, mean = (double)res.dp_tokens / res.dp_ranks;
+            fprintf(stderr, "data-parallel over %d process%s, %" PRId64 " steps: tokens per process and "
+                            "step %.1f on average; the most loaded process %.1f (%.3fx) as read, %.1f (%.3fx) "
+                            "%s; %" PRId64 " sequences (%" PRId64 " tokens) moved\n",
+                    (int)res.dp_ranks, res.dp_ranks == 1 ? "" : "es", res.dp_steps, mean / steps,
+                    (double)res.dp_max_read / steps, (double)res.dp_max_read / mean,
+                    (double)res.dp_max_computed / steps, (double)res.dp_max_computed / mean,
+                    o.dp_exchange ? "after the exchange" : "(no exchange)", res.dp_moved_seqs,
+                    res.dp_moved_tokens);
+        }
     }
     if (o.eval_path) {
         if (res.eval_accuracy >= 0) printf("eval accuracy: %.4f\n", res.eval_accuracy);
