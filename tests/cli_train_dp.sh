@@ -15,13 +15,7 @@
 #     global budget, each exit 1 naming the problem.
 # Skipped without mpirun.
 set -uo pipefail
-: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
-: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
-MPIRUN="${NOPAD_MPIRUN:-$(command -v mpirun || true)}"
-if [ -z "$MPIRUN" ]; then
-    echo "SKIP: no mpirun"
-    exit 0
-fi
+source "$(dirname "$0")/mpi_lib.sh"
 # Open MPI keeps allocations until exit in components it unloads (tests/CMakeLists.txt, the MPI
 # tests): no leaks of ours; the sanitizer's other checks stay on
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -34,7 +28,6 @@ fail() {
     echo "FAIL: $*" >&2
     failures=$((failures + 1))
 }
-MPI=("$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none)
 
 # A bare BertModel from the MLM checkpoint (its head dropped, "bert." stripped).
 mkdir "$TMP/bare"
