@@ -1,0 +1,328 @@
+/* CPU linear layers on GGUF block-quantized weights: the activations' quantization, the portable
+ * dot products and the parallel GEMV / GEMM (quant.h). Weight blocks are read byte by byte
+ * (little-endian, any alignment), as io/gguf_dequant.c does. */
+#include "backend/cpu/quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "io/gguf_dequant.h"
+#include "util/error.h"
+
+enum { QK = CPU_QUANT_QK, QK_K = CPU_QUANT_QK_K };
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static float fp16(const uint8_t *p) { return gguf_fp16_to_f32(rd16(p)); }
+
+/* ---- formats -------------------------------------------------------------------------------- */
+
+typedef struct quant_format {
+    const char *name;
+    int32_t block;        /* elements per block */
+    size_t bytes;         /* bytes per weight block */
+    int k_quant;          /* activations as cpu_q8k_block (else cpu_q8_block) */
+} quant_format;
+
+static const quant_format *find_format(uint32_t type) {
+    static const quant_format q4_0 = {"Q4_0", QK, 18, 0}, q4_1 = {"Q4_1", QK, 20, 0},
+                              q8_0 = {"Q8_0", QK, 34, 0}, q4_k = {"Q4_K", QK_K, 144, 1},
+                              q5_k = {"Q5_K", QK_K, 176, 1}, q6_k = {"Q6_K", QK_K, 210, 1};
+    switch (type) {
+    case CPU_QUANT_Q4_0: return &q4_0;
+    case CPU_QUANT_Q4_1: return &q4_1;
+    case CPU_QUANT_Q8_0: return &q8_0;
+    case CPU_QUANT_Q4_K: return &q4_k;
+    case CPU_QUANT_Q5_K: return &q5_k;
+    case CPU_QUANT_Q6_K: return &q6_k;
+    default: return NULL;
+    }
+}
+
+/* The format of `type` for a row of K, or an error naming what is wrong. */
+static nopad_status check(const char *fn, uint32_t type, int32_t K, const quant_format **f) {
+    *f = find_format(type);
+    if (!*f)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: ggml type %u is not a quantized format the CPU runs "
+                               "(Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
+                               fn, type);
+    if (K <= 0 || K % (*f)->block != 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "%s: rows of K = %d values of %s, expected a positive multiple of "
+                               "its block of %d",
+                               fn, K, (*f)->name, (*f)->block);
+    return NOPAD_OK;
+}
+
+int32_t cpu_quant_block_size(uint32_t type) {
+    const quant_format *f = find_format(type);
+    return f ? f->block : 0;
+}
+
+size_t cpu_quant_row_bytes(uint32_t type, int32_t K) {
+    const quant_format *f = find_format(type);
+    return f && K > 0 ? (size_t)(K / f->block) * f->bytes : 0;
+}
+
+size_t cpu_quant_act_row_bytes(uint32_t type, int32_t K) {
+    const quant_format *f = find_format(type);
+    if (!f || K <= 0) return 0;
+    return f->k_quant ? (size_t)(K / QK_K) * sizeof(cpu_q8k_block)
+                      : (size_t)(K / QK) * sizeof(cpu_q8_block);
+}
+
+/* ---- activations ---------------------------------------------------------------------------- */
+
+/* n values to int8 with d = max|x| / 127 (0 for an all-zero block: every q is then 0), rounded
+ * to nearest: |x_i - d·q_i| <= d/2. */
+static float quantize_block(int8_t *q, const float *x, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < n; i++) {
+        /* x·(1/d) can round a hair past 127.5 only when it should give 127 */
+        long v = lrintf(x[i] * id);
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    return d;
+}
+
+nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int32_t K) {
+    const quant_format *f;
+    nopad_status st = check("cpu_quant_activations", type, K, &f);
+    if (st != NOPAD_OK) return st;
+    if (f->k_quant) {
+        cpu_q8k_block *b = act;
+        for (int32_t i = 0; i < K / QK_K; i++, x += QK_K) {
+            b[i].d = quantize_block(b[i].qs, x, QK_K);
+            for (int j = 0; j < QK_K / 16; j++) {
+                int s = 0;
+                for (int l = 0; l < 16; l++) s += b[i].qs[16 * j + l];
+                b[i].bsums[j] = (int16_t)s;
+            }
+        }
+    } else {
+        cpu_q8_block *b = act;
+        for (int32_t i = 0; i < K / QK; i++, x += QK) {
+            b[i].d = quantize_block(b[i].qs, x, QK);
+            int s = 0;
+            for (int l = 0; l < QK; l++) s += b[i].qs[l];
+            b[i].sum = s;
+        }
+    }
+    return NOPAD_OK;
+}
+
+/* ---- portable dot products: nb weight blocks w with activation blocks a --------------------- */
+
+static float dot_q8_0(const uint8_t *w, const cpu_q8_block *a, int32_t nb) {
+    float sum = 0.0f;
+    for (int32_t i = 0; i < nb; i++, w += 34) {
+        int32_t s = 0;
+        for (int l = 0; l < QK; l++) s += (int8_t)w[2 + l] * a[i].qs[l];
+        sum += fp16(w) * a[i].d * (float)s;
+    }
+    return sum;
+}
+
+/* Q4_0 and Q4_1: byte l of qs holds element l (low nibble) and l + 16 (high). */
+static int32_t nibbles_dot(const uint8_t *qs, const int8_t *a) {
+    int32_t s = 0;
+    for (int l = 0; l < QK / 2; l++) s += (qs[l] & 0x0f) * a[l] + (qs[l] >> 4) * a[l + QK / 2];
+    return s;
+}
+
+static float dot_q4_0(const uint8_t *w, const cpu_q8_block *a, int32_t nb) {
+    float sum = 0.0f;
+    for (int32_t i = 0; i < nb; i++, w += 18) /* Σ (q - 8)·a = Σ q·a - 8·Σ a */
+        sum += fp16(w) * a[i].d * (float)(nibbles_dot(w + 2, a[i].qs) - 8 * a[i].sum);
+    return sum;
+}
+
+static float dot_q4_1(const uint8_t *w, const cpu_q8_block *a, int32_t nb) {
+    float sum = 0.0f, sum_m = 0.0f;
+    for (int32_t i = 0; i < nb; i++, w += 20) {
+        sum += fp16(w) * a[i].d * (float)nibbles_dot(w + 4, a[i].qs);
+        sum_m += fp16(w + 2) * a[i].d * (float)a[i].sum;
+    }
+    return sum + sum_m;
+}
+
+/* ggml's get_scale_min_k4 (as io/gguf_dequant.c): the 6-bit scale and min of sub-block j. */
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+/* Q4_K and Q5_K: x = d·sc_j·q - dmin·m_j in sub-block j of 32, so a super-block gives
+ * d·d_a·Σ_j sc_j·Σ q·a - dmin·d_a·Σ_j m_j·Σ a. qs byte 32k + l holds element 64k + l (low nibble)
+ * and 64k + 32 + l (high); Q5_K's fifth bit of those is bit 2k / 2k+1 of qh[l]. */
+static float dot_q45_k(const uint8_t *w, const cpu_q8k_block *a, int32_t nb, int five_bits) {
+    const size_t bytes = five_bits ? 176 : 144;
+    float sum = 0.0f;
+    for (int32_t i = 0; i < nb; i++, w += bytes) {
+        const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five_bits ? 48 : 16);
+        const int8_t *q8 = a[i].qs;
+        int32_t sumi = 0, summ = 0;
+        for (int k = 0; k < 4; k++, qs += 32, q8 += 64) {
+            int sc0, m0, sc1, m1;
+            scale_min_k4(2 * k, scales, &sc0, &m0);
+            scale_min_k4(2 * k + 1, scales, &sc1, &m1);
+            int32_t s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                int lo = qs[l] & 0x0f, hi = qs[l] >> 4;
+                if (five_bits) {
+                    lo |= (qh[l] >> (2 * k) & 1) << 4;
+                    hi |= (qh[l] >> (2 * k + 1) & 1) << 4;
+                }
+                s0 += lo * q8[l];
+                s1 += hi * q8[l + 32];
+            }
+            sumi += sc0 * s0 + sc1 * s1;
+            summ += m0 * (a[i].bsums[4 * k] + a[i].bsums[4 * k + 1]) +
+                    m1 * (a[i].bsums[4 * k + 2] + a[i].bsums[4 * k + 3]);
+        }
+        sum += fp16(w) * a[i].d * (float)sumi - fp16(w + 2) * a[i].d * (float)summ;
+    }
+    return sum;
+}
+
+/* Q6_K (layout in io/gguf_dequant.c): x = d·scale_g·(q - 32) per group g of 16, so a super-block
+ * gives d·d_a·Σ_g scale_g·(Σ q·a - 32·Σ a). */
+static float dot_q6_k(const uint8_t *w, const cpu_q8k_block *a, int32_t nb) {
+    float sum = 0.0f;
+    for (int32_t i = 0; i < nb; i++, w += 210) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        int32_t group[16] = {0}; /* Σ q·a per group of 16 */
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+            const int8_t *q8 = a[i].qs + 128 * h;
+            int32_t *g = group + 8 * h;
+            for (int l = 0; l < 32; l++) {
+                const int q1 = (ql[l] & 0x0f) | (qh[l] & 3) << 4;
+                const int q2 = (ql[l + 32] & 0x0f) | (qh[l] >> 2 & 3) << 4;
+                const int q3 = (ql[l] >> 4) | (qh[l] >> 4 & 3) << 4;
+                const int q4 = (ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4;
+                g[l / 16] += q1 * q8[l];
+                g[l / 16 + 2] += q2 * q8[l + 32];
+                g[l / 16 + 4] += q3 * q8[l + 64];
+                g[l / 16 + 6] += q4 * q8[l + 96];
+            }
+        }
+        int32_t sumi = 0;
+        for (int j = 0; j < 16; j++) sumi += sc[j] * (group[j] - 32 * a[i].bsums[j]);
+        sum += fp16(w + 208) * a[i].d * (float)sumi;
+    }
+    return sum;
+}
+
+static float dot_portable(uint32_t type, const void *w, const void *act, int32_t nb) {
+    switch (type) {
+    case CPU_QUANT_Q8_0: return dot_q8_0(w, act, nb);
+    case CPU_QUANT_Q4_0: return dot_q4_0(w, act, nb);
+    case CPU_QUANT_Q4_1: return dot_q4_1(w, act, nb);
+    case CPU_QUANT_Q4_K: return dot_q45_k(w, act, nb, 0);
+    case CPU_QUANT_Q5_K: return dot_q45_k(w, act, nb, 1);
+    default: return dot_q6_k(w, act, nb);
+    }
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+#define HAVE_AVX2_PATH 1
+#else
+#define HAVE_AVX2_PATH 0
+#endif
+
+cpu_quant_isa cpu_quant_best_isa(void) {
+#if HAVE_AVX2_PATH
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return CPU_QUANT_AVX2;
+#endif
+    return CPU_QUANT_PORTABLE;
+}
+
+static float dot_on(cpu_quant_isa isa, uint32_t type, const void *w, const void *act,
+                    int32_t nb) {
+#if HAVE_AVX2_PATH
+    if (isa == CPU_QUANT_AVX2) return cpu_quant_dot_avx2(type, w, act, nb);
+#endif
+    (void)isa;
+    return dot_portable(type, w, act, nb);
+}
+
+nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t type, int32_t K,
+                           cpu_quant_isa isa) {
+    const quant_format *f;
+    nopad_status st = check("cpu_quant_dot", type, K, &f);
+    if (st != NOPAD_OK) return st;
+    if (isa == CPU_QUANT_AVX2 && cpu_quant_best_isa() != CPU_QUANT_AVX2)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "cpu_quant_dot: the AVX2 path asked for on a CPU (or build) "
+                               "without AVX2, FMA and F16C");
+    *out = dot_on(isa, type, w, act, K / f->block);
+    return NOPAD_OK;
+}
+
+/* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
+
+/* Weight rows per work item: a tile's rows (ROWS · K bytes of weights at 4-5 bits, tens of KB)
+ * stay in L2 while the tile's tokens pass over them. */
+enum { TILE_ROWS = 16, TILE_TOKENS = 32 };
+
+nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
+                              int32_t K, int32_t N, int n_threads) {
+    const quant_format *f;
+    nopad_status st = check("cpu_quant_linear", type, K, &f);
+    if (st != NOPAD_OK) return st;
+    if (T < 0 || N < 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cpu_quant_linear: T = %d tokens and N = %d rows, expected >= 0",
+                               T, N);
+    if (T == 0 || N == 0) return NOPAD_OK;
+    const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
+    uint8_t *act = malloc(act_bytes * (size_t)T); /* malloc's alignment suits both block types */
+    if (!act)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
+                               "cpu_quant_linear: %zu bytes for %d rows of quantized activations",
+                               act_bytes * (size_t)T, T);
+    const cpu_quant_isa isa = cpu_quant_best_isa();
+    const int32_t nb = K / f->block;
+    if (n_threads <= 0) n_threads = omp_get_max_threads();
+    const int32_t row_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+    const int32_t token_tiles = (T + TILE_TOKENS - 1) / TILE_TOKENS;
+    const int64_t tiles = (int64_t)row_tiles * token_tiles;
+#pragma omp parallel num_threads(n_threads) if ((int64_t)T * N * K > (1 << 18))
+    {
+#pragma omp for schedule(static)
+        for (int32_t t = 0; t < T; t++)
+            cpu_quant_activations(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K);
+        /* Decode (one token tile): each thread takes a run of rows and reads them once for all
+         * T tokens. Prefill: tiles of rows × tokens, so threads share neither. */
+#pragma omp for schedule(static)
+        for (int64_t tile = 0; tile < tiles; tile++) {
+            const int32_t r0 = (int32_t)(tile % row_tiles) * TILE_ROWS;
+            const int32_t t0 = (int32_t)(tile / row_tiles) * TILE_TOKENS;
+            const int32_t r1 = r0 + TILE_ROWS < N ? r0 + TILE_ROWS : N;
+            const int32_t t1 = t0 + TILE_TOKENS < T ? t0 + TILE_TOKENS : T;
+            for (int32_t r = r0; r < r1; r++) {
+                const uint8_t *wr = (const uint8_t *)w + w_bytes * (size_t)r;
+                for (int32_t t = t0; t < t1; t++)
+                    y[(size_t)t * N + r] = dot_on(isa, type, wr, act + act_bytes * (size_t)t, nb);
+            }
+        }
+    }
+    free(act);
+    return NOPAD_OK;
+}

@@ -1,0 +1,91 @@
+/* CPU linear layers on GGUF block-quantized weights, kept as stored: Q8_0, Q4_0, Q4_1 (blocks of
+ * 32), Q4_K, Q5_K, Q6_K (super-blocks of 256). Block layouts as ggml-common.h (and
+ * io/gguf_dequant.c, the float reference).
+ *
+ * A row of float activations is quantized once to int8 blocks (as llama.cpp's q8_0 / q8_K): a
+ * float scale d = max|x| / 127 per block and x_i ≈ d·q_i, |q_i| <= 127. A weight row times such
+ * a row is then integer sums per (sub-)block, scaled once per block in float. The only error
+ * beyond float rounding is the activations' rounding: at most d/2 = max|x|_block / 254 per
+ * element.
+ *
+ * Two paths give the same integers: portable C (quant.c) and AVX2 (quant_avx2.c, compiled per
+ * function for AVX2 + FMA + F16C and chosen at run time). Their float sums over blocks may be
+ * ordered differently: they agree to float rounding, exactly when every product is exact. */
+#ifndef NOPAD_BACKEND_CPU_QUANT_H
+#define NOPAD_BACKEND_CPU_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nopad.h"
+
+/* ggml type ids (the file's numbering): io/gguf.h names all but Q5_K. */
+enum {
+    CPU_QUANT_Q4_0 = 2,
+    CPU_QUANT_Q4_1 = 3,
+    CPU_QUANT_Q8_0 = 8,
+    CPU_QUANT_Q4_K = 12,
+    CPU_QUANT_Q5_K = 13,
+    CPU_QUANT_Q6_K = 14,
+};
+
+enum { CPU_QUANT_QK = 32, CPU_QUANT_QK_K = 256 }; /* elements per block / per super-block */
+
+/* The activations for Q8_0, Q4_0 and Q4_1 weights: 32 values. `sum` (Σ qs) lets Q4_1's offset
+ * m be applied once per block (Σ (d_w·q + m)·a = d_w·Σ q·a + m·Σ a). */
+typedef struct cpu_q8_block {
+    float d;
+    int32_t sum;
+    int8_t qs[CPU_QUANT_QK];
+} cpu_q8_block;
+
+/* The activations for the k-quants: 256 values, `bsums[j]` = Σ qs[16j .. 16j+15] (Q4_K / Q5_K
+ * subtract their mins per 32, Q6_K its offset of 32 per 16, from these). */
+typedef struct cpu_q8k_block {
+    float d;
+    int16_t bsums[CPU_QUANT_QK_K / 16];
+    int8_t qs[CPU_QUANT_QK_K];
+} cpu_q8k_block;
+
+typedef enum cpu_quant_isa {
+    CPU_QUANT_PORTABLE, /* plain C, any CPU */
+    CPU_QUANT_AVX2,     /* x86-64 with AVX2, FMA and F16C */
+} cpu_quant_isa;
+
+/* The fastest path this CPU runs. */
+cpu_quant_isa cpu_quant_best_isa(void);
+
+/* Elements per block of `type` (32 or 256), 0 when it is not one of the six formats. */
+int32_t cpu_quant_block_size(uint32_t type);
+
+/* Bytes of one weight row of K values (K a multiple of the block), as stored in the file. */
+size_t cpu_quant_row_bytes(uint32_t type, int32_t K);
+
+/* Bytes of one row of K quantized activations for weights of `type`: K/32 cpu_q8_block or
+ * K/256 cpu_q8k_block. */
+size_t cpu_quant_act_row_bytes(uint32_t type, int32_t K);
+
+/* x[K] -> act (cpu_quant_act_row_bytes(type, K) bytes, aligned as the blocks), the blocks that
+ * weights of `type` take. An unsupported type is NOPAD_ERR_UNSUPPORTED, a K that is not a whole
+ * number of blocks NOPAD_ERR_INVALID_ARGUMENT naming K and the block. */
+nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int32_t K);
+
+/* *out = (one weight row w of `type`, K values) · (one activation row act from
+ * cpu_quant_activations), on the path `isa` (CPU_QUANT_AVX2 on a CPU without it is
+ * NOPAD_ERR_UNSUPPORTED). Errors as cpu_quant_activations. */
+nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t type, int32_t K,
+                           cpu_quant_isa isa);
+
+/* y[T, N] = x[T, K] · W[N, K]ᵀ, W's N rows stored one after the other as in the GGUF file
+ * (row n at w + n · cpu_quant_row_bytes(type, K)). The rows of x are quantized once each; the
+ * dot products run on the best path, in parallel over W's rows (and over tokens when T is
+ * large) on n_threads OpenMP threads (<= 0: the OpenMP default). Errors as
+ * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the activations' buffer. */
+nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
+                              int32_t K, int32_t N, int n_threads);
+
+/* The AVX2 dot product of n_blocks blocks (quant_avx2.c; the checks are the caller's). Only on
+ * x86-64 builds. */
+float cpu_quant_dot_avx2(uint32_t type, const void *w, const void *act, int32_t n_blocks);
+
+#endif

@@ -1,0 +1,459 @@
+/* The CPU's quantized dot products (backend/cpu/quant.h) on random GGUF blocks of each format:
+ * the activations' int8 blocks, one row's dot product on the portable and AVX2 paths, and the
+ * GEMV / GEMM, all against dequantise (io/gguf_dequant, the test's own Q5_K) then a double dot
+ * with the float activations; extreme scales, all-equal blocks, the two paths bit for bit where
+ * every product is exact, and rows that are not whole blocks. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/quant.h"
+#include "io/gguf_dequant.h"
+
+/* ---- random data ---------------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+/* Uniform in [-1, 1), never exactly 0 (a zero would hide a missing term). */
+static float rnd_unit(void) {
+    float v = (float)((int32_t)rnd() >> 8) / 8388608.0f;
+    return v != 0.0f ? v : 0.5f;
+}
+
+/* An fp16 with exponent field in [e_lo, e_hi] (15 is 1.0), random mantissa, the given sign. */
+static uint16_t rnd_fp16(int e_lo, int e_hi, int negative) {
+    int e = e_lo + (int)(rnd() % (uint32_t)(e_hi - e_lo + 1));
+    int mantissa = (int)(rnd() & 0x3ff);
+    if (e == 0 && mantissa == 0) mantissa = 1; /* the smallest subnormal, not zero */
+    return (uint16_t)((negative ? 0x8000 : 0) | e << 10 | mantissa);
+}
+
+static void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+typedef struct format_case {
+    const char *name;
+    uint32_t type;
+    int32_t block;
+    size_t bytes;
+    int d_offset;  /* of the fp16 scale d in a block */
+    int m_offset;  /* of Q4_1's m / the k-quants' dmin, -1 if none */
+} format_case;
+
+static const format_case FORMATS[] = {
+    {"Q8_0", CPU_QUANT_Q8_0, 32, 34, 0, -1},    {"Q4_0", CPU_QUANT_Q4_0, 32, 18, 0, -1},
+    {"Q4_1", CPU_QUANT_Q4_1, 32, 20, 0, 2},     {"Q4_K", CPU_QUANT_Q4_K, 256, 144, 0, 2},
+    {"Q5_K", CPU_QUANT_Q5_K, 256, 176, 0, 2},   {"Q6_K", CPU_QUANT_Q6_K, 256, 210, 208, -1},
+};
+
+/* n_blocks random blocks: random quant / scale bytes, fp16 scales with exponents in
+ * [e_lo, e_hi] (Q4_1's m of either sign, dmin positive as ggml's quantizer writes it). */
+static void random_blocks(const format_case *f, uint8_t *w, int64_t n_blocks, int e_lo, int e_hi) {
+    for (int64_t b = 0; b < n_blocks; b++) {
+        uint8_t *p = w + b * (int64_t)f->bytes;
+        for (size_t i = 0; i < f->bytes; i++) p[i] = (uint8_t)rnd();
+        put16(p + f->d_offset, rnd_fp16(e_lo, e_hi, f->type == CPU_QUANT_Q8_0 && (rnd() & 1)));
+        if (f->m_offset >= 0)
+            put16(p + f->m_offset, rnd_fp16(e_lo, e_hi, f->type == CPU_QUANT_Q4_1 && (rnd() & 1)));
+    }
+}
+
+/* ---- the float reference -------------------------------------------------------------------- */
+
+/* ggml's dequantize_row_q5_K (io/gguf_dequant has no Q5_K): block_q5_K, 176 bytes: fp16 d,
+ * fp16 dmin, scales[12] (as Q4_K), qh[32], qs[128]; element 64k + l is qs[32k + l]'s low nibble
+ * plus 16 · bit 2k of qh[l], element 64k + 32 + l its high nibble plus 16 · bit 2k+1;
+ * x = d·sc·q - dmin·m. */
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+static void dequant_q5_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += 176) {
+        const float d = gguf_fp16_to_f32((uint16_t)(b[0] | b[1] << 8));
+        const float dmin = gguf_fp16_to_f32((uint16_t)(b[2] | b[3] << 8));
+        const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
+        for (int k = 0; k < 4; k++, ql += 32) {
+            int sc, m;
+            scale_min_k4(2 * k, scales, &sc, &m);
+            const float d1 = d * (float)sc, m1 = dmin * (float)m;
+            scale_min_k4(2 * k + 1, scales, &sc, &m);
+            const float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((ql[l] & 0x0f) + (qh[l] >> (2 * k) & 1) * 16) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] >> (2 * k + 1) & 1) * 16) - m2;
+        }
+    }
+}
+
+static void dequant(const format_case *f, const uint8_t *w, int64_t n, float *out) {
+    if (f->type == CPU_QUANT_Q5_K) dequant_q5_k(w, out, n / 256);
+    else assert_int_equal(gguf_dequantize(f->type, w, n, out), NOPAD_OK);
+}
+
+static double fp16_at(const uint8_t *p) { return gguf_fp16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* The most one element of a block can contribute per unit of |activation|, counting its scale
+ * part and its min part apart (both are summed on their own before they meet): |d|·max|q·sc|
+ * plus |m| or dmin·63. */
+static double block_cap(const format_case *f, const uint8_t *b) {
+    const double d = fabs(fp16_at(b + f->d_offset));
+    const double m = f->m_offset >= 0 ? fabs(fp16_at(b + f->m_offset)) : 0.0;
+    switch (f->type) {
+    case CPU_QUANT_Q8_0: return d * 128;
+    case CPU_QUANT_Q4_0: return d * 8;
+    case CPU_QUANT_Q4_1: return d * 15 + m;
+    case CPU_QUANT_Q4_K: return d * 63 * 15 + m * 63;
+    case CPU_QUANT_Q5_K: return d * 63 * 31 + m * 63;
+    default: return d * 128 * 32;
+    }
+}
+
+/* The tolerance of one dot product of weight row w (its dequantised values wf) with x[K]:
+ *  - the activations' rounding: element i moves by at most d_a/2 = max|x|_block / 254, so the
+ *    dot by at most Σ |w_i|·max|x|_block(i) / 254 (times 1 + 1e-6 for the float 1/d_a that
+ *    rounds it);
+ *  - float rounding: the per-block products (fp16·d_a, int -> float, their product) and the sum
+ *    over nb blocks (vector lanes then a horizontal sum on AVX2) each lose at most 2^-24 of
+ *    their size; (nb + 8)·2^-22 of M = Σ_blocks cap·Σ|x| bounds them with a factor 4 to spare.
+ *    The reference's own roundings (dequantise's "+ m", 2^-24 of cap) fall under the same M. */
+static double dot_tolerance(const format_case *f, const uint8_t *w, const float *wf,
+                            const float *x, int32_t K) {
+    const int32_t act_block = f->block; /* q8 blocks have the weights' block size */
+    double quant = 0.0, mag = 0.0;
+    for (int32_t b = 0; b < K / act_block; b++) {
+        double amax = 0.0, sum_abs = 0.0, w_abs = 0.0;
+        for (int32_t i = b * act_block; i < (b + 1) * act_block; i++) {
+            amax = fmax(amax, fabs(x[i]));
+            sum_abs += fabs(x[i]);
+            w_abs += fabs(wf[i]);
+        }
+        quant += w_abs * amax / 254.0 * (1 + 1e-6);
+        mag += block_cap(f, w + (size_t)b * f->bytes) * sum_abs * (1 + 1.0 / 127);
+    }
+    return quant + (K / f->block + 8) * ldexp(mag, -22);
+}
+
+static double dot_double(const float *a, const float *b, int32_t K) {
+    double s = 0.0;
+    for (int32_t i = 0; i < K; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* The paths this CPU runs. */
+static int paths(cpu_quant_isa isa[2]) {
+    isa[0] = CPU_QUANT_PORTABLE;
+    if (cpu_quant_best_isa() == CPU_QUANT_AVX2) {
+        isa[1] = CPU_QUANT_AVX2;
+        return 2;
+    }
+    return 1;
+}
+
+static const char *isa_name(cpu_quant_isa isa) {
+    return isa == CPU_QUANT_AVX2 ? "AVX2" : "portable";
+}
+
+/* Random x[K] whose blocks of 32 have magnitudes spread over 2^-4..2^4 (so a block's scale is
+ * its own, not the row's), times `scale`. */
+static void random_activations(float *x, int32_t K, float scale) {
+    for (int32_t b = 0; b < K / 32; b++) {
+        const float block_scale = scale * ldexpf(1.0f, (int)(rnd() % 9) - 4);
+        for (int32_t i = 32 * b; i < 32 * (b + 1); i++) x[i] = block_scale * rnd_unit();
+    }
+}
+
+/* One row of each path against the reference; returns the worst error / tolerance. */
+static double check_dot(const format_case *f, const uint8_t *w, const float *x, int32_t K,
+                        const char *label) {
+    float *wf = malloc(sizeof(float) * (size_t)K);
+    void *act = malloc(cpu_quant_act_row_bytes(f->type, K));
+    assert_non_null(wf);
+    assert_non_null(act);
+    dequant(f, w, K, wf);
+    assert_int_equal(cpu_quant_activations(act, x, f->type, K), NOPAD_OK);
+    const double want = dot_double(wf, x, K), tol = dot_tolerance(f, w, wf, x, K);
+    double worst = 0.0;
+    cpu_quant_isa isa[2];
+    for (int p = 0, n = paths(isa); p < n; p++) {
+        float got = NAN;
+        assert_int_equal(cpu_quant_dot(&got, w, act, f->type, K, isa[p]), NOPAD_OK);
+        const double err = fabs(got - want);
+        if (!(err <= tol))
+            fail_msg("%s %s %s K=%d: %.9g, want %.9g (error %.3g > tolerance %.3g)", f->name,
+                     isa_name(isa[p]), label, K, got, want, err, tol);
+        worst = fmax(worst, err / tol);
+    }
+    free(wf);
+    free(act);
+    return worst;
+}
+
+/* ---- the activations ------------------------------------------------------------------------ */
+
+static void test_activation_blocks(void **state) {
+    (void)state;
+    enum { K = 1024 };
+    float x[K];
+    random_activations(x, K, 3.0f);
+    cpu_q8_block a32[K / 32];
+    cpu_q8k_block a256[K / 256];
+    assert_int_equal(cpu_quant_activations(a32, x, CPU_QUANT_Q4_0, K), NOPAD_OK);
+    assert_int_equal(cpu_quant_activations(a256, x, CPU_QUANT_Q6_K, K), NOPAD_OK);
+    for (int32_t i = 0; i < K; i++) {
+        /* each element within half a step of its block's scale; the step is max|x| / 127 */
+        const cpu_q8_block *b = &a32[i / 32];
+        const cpu_q8k_block *bk = &a256[i / 256];
+        assert_true(fabs(x[i] - (double)b->d * b->qs[i % 32]) <= b->d * 0.5 * (1 + 1e-6));
+        assert_true(fabs(x[i] - (double)bk->d * bk->qs[i % 256]) <= bk->d * 0.5 * (1 + 1e-6));
+        assert_true(abs(b->qs[i % 32]) <= 127 && abs(bk->qs[i % 256]) <= 127);
+    }
+    for (int b = 0; b < K / 32; b++) {
+        float amax = 0.0f;
+        int sum = 0;
+        for (int l = 0; l < 32; l++) {
+            amax = fmaxf(amax, fabsf(x[32 * b + l]));
+            sum += a32[b].qs[l];
+        }
+        assert_true(a32[b].d == amax / 127.0f);
+        assert_int_equal(a32[b].sum, sum);
+    }
+    for (int b = 0; b < K / 256; b++)
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += a256[b].qs[16 * g + l];
+            assert_int_equal(a256[b].bsums[g], sum);
+        }
+}
+
+/* ---- one row -------------------------------------------------------------------------------- */
+
+static void test_dot(void **state) {
+    const format_case *f = *state;
+    const int32_t lengths[] = {f->block, 2 * f->block, 2048, 4096};
+    double worst = 0.0;
+    for (size_t c = 0; c < sizeof lengths / sizeof lengths[0]; c++) {
+        const int32_t K = lengths[c];
+        for (int rep = 0; rep < 20; rep++) {
+            uint8_t *w = malloc(cpu_quant_row_bytes(f->type, K));
+            float *x = malloc(sizeof(float) * (size_t)K);
+            assert_non_null(w);
+            assert_non_null(x);
+            random_blocks(f, w, K / f->block, 5, 12); /* scales 2^-10 .. 2^-2 */
+            random_activations(x, K, 1.0f);
+            worst = fmax(worst, check_dot(f, w, x, K, "random"));
+            free(w);
+            free(x);
+        }
+    }
+    printf("%s: worst error / tolerance %.3f\n", f->name, worst);
+}
+
+/* The largest and the smallest (subnormal) fp16 scales, with activations from 1e-6 to 1e4: the
+ * integer sums and float scaling must neither overflow nor flush to zero. */
+static void test_extreme_scales(void **state) {
+    const format_case *f = *state;
+    enum { K = 512 };
+    struct { int e_lo, e_hi; float x_scale; const char *label; } cases[] = {
+        {30, 30, 1e-6f, "fp16 scales near 65504, tiny x"},
+        {30, 30, 1e2f, "fp16 scales near 65504, large x"},
+        {0, 1, 1e4f, "subnormal fp16 scales, large x"},
+        {0, 0, 1e-6f, "subnormal fp16 scales, tiny x"},
+    };
+    uint8_t w[4096];
+    float x[K];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        random_blocks(f, w, K / f->block, cases[c].e_lo, cases[c].e_hi);
+        random_activations(x, K, cases[c].x_scale);
+        check_dot(f, w, x, K, cases[c].label);
+    }
+}
+
+/* Every quant byte of a block the same and every activation the same: one value repeated, the
+ * sums at their largest (all quants at the top for 0xff bytes). */
+static void test_all_equal_blocks(void **state) {
+    const format_case *f = *state;
+    enum { K = 512 };
+    const uint8_t fills[] = {0x11, 0x77, 0xff, 0x80};
+    uint8_t w[4096];
+    float x[K];
+    for (size_t c = 0; c < sizeof fills; c++) {
+        random_blocks(f, w, K / f->block, 8, 12);
+        for (int32_t b = 0; b < K / f->block; b++) { /* keep the fp16 fields, fill the rest */
+            uint8_t *p = w + b * f->bytes;
+            for (size_t i = 0; i < f->bytes; i++) {
+                const int is_d = (int)i >= f->d_offset && (int)i < f->d_offset + 2;
+                const int is_m = f->m_offset >= 0 && (int)i >= f->m_offset && (int)i < f->m_offset + 2;
+                if (!is_d && !is_m) p[i] = fills[c];
+            }
+        }
+        const float v = (c % 2 ? -1.0f : 1.0f) * (0.25f + 0.5f * fabsf(rnd_unit()));
+        for (int32_t i = 0; i < K; i++) x[i] = v;
+        check_dot(f, w, x, K, "all-equal blocks");
+    }
+}
+
+/* Power-of-two scales (weights 2^-4, activations 2^-3) and activations in [-2, 2]: every
+ * product and partial sum is a multiple of 2^-7 below 2^17, exact in float, so the two paths'
+ * sums agree bit for bit whatever their order: their integer parts must be the same. */
+static void test_paths_agree_exactly(void **state) {
+    const format_case *f = *state;
+    cpu_quant_isa isa[2];
+    if (paths(isa) < 2) {
+        printf("%s: this CPU has no AVX2 + FMA + F16C, the AVX2 path is not compared\n", f->name);
+        return;
+    }
+    enum { K = 512 };
+    uint8_t w[4096];
+    cpu_q8_block a32[K / 32];
+    cpu_q8k_block a256[K / 256];
+    for (int rep = 0; rep < 50; rep++) {
+        random_blocks(f, w, K / f->block, 11, 11);
+        for (int32_t b = 0; b < K / f->block; b++) {
+            uint8_t *p = w + b * f->bytes;
+            put16(p + f->d_offset, (uint16_t)((rnd() & 1 ? 0x8000 : 0) | 11 << 10));
+            if (f->m_offset >= 0)
+                put16(p + f->m_offset,
+                      (uint16_t)((f->type == CPU_QUANT_Q4_1 && rnd() & 1 ? 0x8000 : 0) | 11 << 10));
+        }
+        for (int b = 0; b < K / 32; b++) {
+            a32[b].d = 0.125f;
+            a32[b].sum = 0;
+            for (int l = 0; l < 32; l++) a32[b].sum += a32[b].qs[l] = (int8_t)((int)(rnd() % 5) - 2);
+        }
+        for (int b = 0; b < K / 256; b++) {
+            a256[b].d = 0.125f;
+            for (int g = 0; g < 16; g++) {
+                int s = 0;
+                for (int l = 0; l < 16; l++) s += a256[b].qs[16 * g + l] = (int8_t)((int)(rnd() % 5) - 2);
+                a256[b].bsums[g] = (int16_t)s;
+            }
+        }
+        const void *act = f->block == 256 ? (const void *)a256 : (const void *)a32;
+        float portable = NAN, avx2 = NAN;
+        assert_int_equal(cpu_quant_dot(&portable, w, act, f->type, K, CPU_QUANT_PORTABLE), NOPAD_OK);
+        assert_int_equal(cpu_quant_dot(&avx2, w, act, f->type, K, CPU_QUANT_AVX2), NOPAD_OK);
+        if (memcmp(&portable, &avx2, sizeof(float)) != 0)
+            fail_msg("%s: portable %.9g, AVX2 %.9g on exact data", f->name, portable, avx2);
+    }
+}
+
+/* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
+
+/* y[T, N] = x · Wᵀ against the reference element by element, and bit for bit against the one-row
+ * dot on the best path (the same blocks, the same sums). T = 1 and 7 (decode), 45 (prefill: two
+ * token tiles), N odd and not a multiple of the row tile. */
+static void test_linear(void **state) {
+    const format_case *f = *state;
+    const int32_t K = 2 * f->block + (f->block == 32 ? 512 : 0), N = 37;
+    const int32_t tokens[] = {1, 7, 45};
+    const size_t row_bytes = cpu_quant_row_bytes(f->type, K);
+    uint8_t *w = malloc(row_bytes * N);
+    float *wf = malloc(sizeof(float) * (size_t)K * N);
+    float *x = malloc(sizeof(float) * (size_t)K * 45), *y = malloc(sizeof(float) * 45 * N);
+    void *act = malloc(cpu_quant_act_row_bytes(f->type, K));
+    assert_true(w && wf && x && y && act);
+    random_blocks(f, w, (int64_t)N * (K / f->block), 5, 12);
+    dequant(f, w, (int64_t)N * K, wf);
+    const cpu_quant_isa best = cpu_quant_best_isa();
+    for (size_t c = 0; c < sizeof tokens / sizeof tokens[0]; c++) {
+        const int32_t T = tokens[c];
+        random_activations(x, K * T, 1.0f);
+        for (int threads = 1; threads <= 2; threads++) {
+            for (int32_t i = 0; i < T * N; i++) y[i] = NAN;
+            assert_int_equal(cpu_quant_linear(y, x, w, f->type, T, K, N, threads), NOPAD_OK);
+            for (int32_t t = 0; t < T; t++) {
+                assert_int_equal(cpu_quant_activations(act, x + (size_t)t * K, f->type, K), NOPAD_OK);
+                for (int32_t n = 0; n < N; n++) {
+                    const float *wr = wf + (size_t)n * K, *xr = x + (size_t)t * K;
+                    const double want = dot_double(wr, xr, K);
+                    const double tol = dot_tolerance(f, w + row_bytes * n, wr, xr, K);
+                    const float got = y[(size_t)t * N + n];
+                    if (!(fabs(got - want) <= tol))
+                        fail_msg("%s linear T=%d N=%d, %d threads, y[%d, %d] = %.9g, want %.9g "
+                                 "(tolerance %.3g)", f->name, T, N, threads, t, n, got, want, tol);
+                    float one = NAN;
+                    assert_int_equal(cpu_quant_dot(&one, w + row_bytes * n, act, f->type, K, best),
+                                     NOPAD_OK);
+                    if (memcmp(&one, &got, sizeof one) != 0)
+                        fail_msg("%s linear y[%d, %d] = %.9g, the one-row dot %.9g", f->name, t, n,
+                                 got, one);
+                }
+            }
+        }
+    }
+    free(w);
+    free(wf);
+    free(x);
+    free(y);
+    free(act);
+}
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+static void expect_error(nopad_status got, nopad_status want, const char *needle) {
+    assert_int_equal(got, want);
+    if (!strstr(nopad_last_error(), needle))
+        fail_msg("error \"%s\" does not name \"%s\"", nopad_last_error(), needle);
+}
+
+static void test_rows_not_whole_blocks(void **state) {
+    (void)state;
+    float x[320], y[4] = {0};
+    uint8_t w[4096] = {0};
+    cpu_q8k_block act[2];
+    for (int i = 0; i < 320; i++) x[i] = rnd_unit();
+    expect_error(cpu_quant_activations(act, x, CPU_QUANT_Q8_0, 48), NOPAD_ERR_INVALID_ARGUMENT,
+                 "K = 48");
+    expect_error(cpu_quant_activations(act, x, CPU_QUANT_Q8_0, 48), NOPAD_ERR_INVALID_ARGUMENT,
+                 "block of 32");
+    expect_error(cpu_quant_dot(y, w, act, CPU_QUANT_Q4_K, 320, CPU_QUANT_PORTABLE),
+                 NOPAD_ERR_INVALID_ARGUMENT, "block of 256");
+    expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q6_K, 1, 320, 1, 1),
+                 NOPAD_ERR_INVALID_ARGUMENT, "K = 320");
+    expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q4_1, 1, 0, 1, 1),
+                 NOPAD_ERR_INVALID_ARGUMENT, "K = 0");
+    expect_error(cpu_quant_linear(y, x, w, GGUF_TENSOR_F16, 1, 256, 1, 1), NOPAD_ERR_UNSUPPORTED,
+                 "type 1");
+    assert_int_equal(cpu_quant_block_size(GGUF_TENSOR_F32), 0);
+    assert_int_equal(cpu_quant_row_bytes(CPU_QUANT_Q5_K, 512), 352);
+}
+
+/* One test per format, named "<test> <format>" (the formats' order in FORMATS). */
+#define ONE_FORMAT(fn, i, name) {#fn " " name, fn, NULL, NULL, (void *)&FORMATS[i]}
+#define PER_FORMAT(fn)                                                                             \
+    ONE_FORMAT(fn, 0, "Q8_0"), ONE_FORMAT(fn, 1, "Q4_0"), ONE_FORMAT(fn, 2, "Q4_1"),                \
+        ONE_FORMAT(fn, 3, "Q4_K"), ONE_FORMAT(fn, 4, "Q5_K"), ONE_FORMAT(fn, 5, "Q6_K")
+
+int main(void) {
+    printf("best path on this CPU: %s\n", isa_name(cpu_quant_best_isa()));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_activation_blocks),
+        PER_FORMAT(test_dot),
+        PER_FORMAT(test_extreme_scales),
+        PER_FORMAT(test_all_equal_blocks),
+        PER_FORMAT(test_paths_agree_exactly),
+        PER_FORMAT(test_linear),
+        cmocka_unit_test(test_rows_not_whole_blocks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
