@@ -299,7 +299,7 @@ static double run_rs(const rs_case *c, uint64_t *rng) {
     for (int i = 0; i < W; i++) row0[i] = M, M += c->rows[i];
     row0[W] = M;
     const int32_t K = c->K, N = c->N, rows_r = c->rows[r];
-    const int config = c->config == CUDA_FLUX_CONFIG_AUTO ? cuda_flux_pick(c->rows, W, N) : c->config;
+    const int config = c->config == CUDA_FLUX_CONFIG_AUTO ? cuda_flux_pick(c->rows, W, K, N) : c->config;
     const float ws = sqrtf(3.0f / K);
 
     /* every rank's partial on the CPU; the others' rounded to the dtype, as their GEMMs store them */

@@ -620,7 +620,7 @@ int main(int argc, char **argv) {
                         p.peers.buffers[d] = ag ? pool_x : d == 0 ? pool_inbox : pool_sink;
                         p.peers.signals[d] = d == 0 ? sig_own : sig_sink;
                     }
-                    const int pick = forced_pick >= 0 ? forced_pick : cuda_flux_pick(p.rows, p.tp, p.N);
+                    const int pick = forced_pick >= 0 ? forced_pick : cuda_flux_pick(p.rows, p.tp, p.K, p.N);
                     /* every chunk present: the own signals hold the epoch */
                     const size_t own_words = ag ? (size_t)p.tp : cuda_flux_rs_signal_words(p.rows[0], p.N, p.tp);
                     CHECK_NOPAD(cuda_flux_signal(sig_own, (int64_t)own_words, epoch, stream));

@@ -1,14 +1,12 @@
 /* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter.
  *
- * A CTA of 8 warps owns a BM x BN output tile (128 or 64 rows): cp.async loads of x and w tiles (K
- * slices of 64, rows of 128 bytes XOR-swizzled by row: wgmma's 128-byte swizzle, and conflict-free
- * for ldmatrix) into a ring of STAGES slices, then either wgmma (two warpgroups, operands straight
- * from shared memory) or mma.sync m16n8k16 on ldmatrix.x4 fragments (each warp 64 x BN/4), fp32
- * accumulators, and an epilogue through shared memory. One CTA a tile, tiles in the order the
- * communication delivers them (the block scheduler hands out blocks in index order, so a CTA
- * waiting on a late chunk never keeps the tiles before it from running): a chunk's tiles
- * together, in groups of 8 tile rows swept column by column so a group's x rows and w columns are
- * reused from L2.
+ * A CTA of 8 warps (two warpgroups) owns a BM x BN output tile (128 or 64 rows): cp.async loads of
+ * x and w tiles (K slices of 64, rows of 128 bytes XOR-swizzled by row: wgmma's 128-byte swizzle)
+ * into a ring of STAGES slices, wgmma straight from shared memory into fp32 accumulators, and an
+ * epilogue through shared memory. One CTA a tile, tiles in the order the communication delivers
+ * them (the block scheduler hands out blocks in index order, so a CTA waiting on a late chunk
+ * never keeps the tiles before it from running): a chunk's tiles together, in groups of 8 tile
+ * rows swept column by column so a group's x rows and w columns are reused from L2.
  *
  * Waits: one thread (AllGather: the chunk's signal; ReduceScatter: one thread per source) spins
  * on ld.acquire.sys until the word equals the epoch, with __nanosleep between reads, and gives up
@@ -142,9 +140,9 @@ __device__ __forceinline__ TileCoord locate(const Params &p) {
 }
 
 /* One K slice (64 wide) of the x tile (BM rows) or the w tile (BN rows) into shared memory by
- * cp.async, 16-byte pieces: piece c of row r at c ^ (r & 7) in a row of 128 bytes, which is both
- * what ldmatrix reads without bank conflicts and wgmma's 128-byte swizzle (the stage 1024-byte
- * aligned). Rows past the tile's end (the chunk's, or N) are zero-filled. */
+ * cp.async, 16-byte pieces: piece c of row r at c ^ (r & 7) in a row of 128 bytes, wgmma's
+ * 128-byte swizzle (the stage 1024-byte aligned). Rows past the tile's end (the chunk's, or N) are
+ * zero-filled. */
 template <class T, int ROWS>
 __device__ __forceinline__ void load_slice(T *dst, const T *src, int row0, int row_end, int K, int kt) {
 #pragma unroll
@@ -236,100 +234,6 @@ __device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, fl
                               p.epoch);
         }
     }
-}
-
-/* The mma.sync tile loop: 8 warps of 64 x BN/4, ldmatrix.x4 fragments, STAGES slices in flight. */
-template <class T, int BN, int STAGES, bool RS>
-__global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1) flux_gemm_mma(const __grid_constant__ Params p) {
-    constexpr int BM = 128;
-    constexpr int WN = BN / 4;         /* a warp's columns; its rows: 64 */
-    constexpr int MI = 4, NI = WN / 8; /* m16 and n8 fragments a warp */
-    constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
-    static_assert(BM * (BN + 8) * sizeof(float) <= STAGES * (A_STAGE + B_STAGE) * sizeof(T),
-                  "the epilogue's fp32 tile fits in the ring");
-    extern __shared__ unsigned char smem_raw[];
-    T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    T *Bs = As + STAGES * A_STAGE;
-    __shared__ int ok_shared;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp >> 2, wn = warp & 3;
-    const TileCoord t = locate<BM, BN, RS>(p);
-    const int K = p.K, N = p.N, KT = K / BK;
-    const T *x = static_cast<const T *>(p.x);
-    const T *w = static_cast<const T *>(p.w);
-
-    /* The weights do not wait for anything: the first stages' are requested before the wait. */
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-        if (s < KT) load_slice<T, BN>(Bs + s * B_STAGE, w, t.n0, N, K, s);
-    if (!wait_chunk<RS>(p, t, &ok_shared)) {
-        cp_async_wait_all();
-        return;
-    }
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < KT) load_slice<T, BM>(As + s * A_STAGE, x, t.m_begin, t.m_end, K, s);
-        cp_async_commit();
-    }
-
-    float acc[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
-
-    for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait_group<STAGES - 2>();
-        __syncthreads();
-        const int next = kt + STAGES - 1;
-        if (next < KT) {
-            load_slice<T, BM>(As + (next % STAGES) * A_STAGE, x, t.m_begin, t.m_end, K, next);
-            load_slice<T, BN>(Bs + (next % STAGES) * B_STAGE, w, t.n0, N, K, next);
-        }
-        cp_async_commit();
-        const T *a_s = As + (kt % STAGES) * A_STAGE;
-        const T *b_s = Bs + (kt % STAGES) * B_STAGE;
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t af[MI][4], bf[NI][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                const int r = wm * 64 + mi * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
-                ldmatrix_x4(af[mi], a_s + r * BK + ((c ^ (r & 7)) << 3));
-            }
-#pragma unroll
-            for (int nj = 0; nj < NI / 2; nj++) {
-                const int r = wn * WN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                const int c = kk * 2 + ((lane >> 3) & 1);
-                uint32_t q[4];
-                ldmatrix_x4(q, b_s + r * BK + ((c ^ (r & 7)) << 3));
-                bf[2 * nj][0] = q[0], bf[2 * nj][1] = q[1], bf[2 * nj + 1][0] = q[2], bf[2 * nj + 1][1] = q[3];
-            }
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-                    mma16816<std::is_same<T, __nv_bfloat16>::value>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
-        }
-    }
-    cp_async_wait_all();
-
-    /* thread (g = lane / 4, q = lane % 4) holds rows g and g + 8 of each m16 fragment, columns 2q
-     * and 2q + 1 of each n8 one */
-    const int g = lane >> 2, q2 = (lane & 3) * 2;
-    epilogue<T, BM, BN, RS>(p, t, reinterpret_cast<float *>(As), [&](float *stage, int ld) {
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-                    *reinterpret_cast<float2 *>(stage + (wm * 64 + mi * 16 + g + h * 8) * ld + wn * WN + ni * 8 + q2) =
-                        make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    });
 }
 
 /* wgmma (sm_90a): the shared-memory matrix descriptor of a K-major tile of 128-byte rows in the
@@ -495,14 +399,14 @@ __device__ __forceinline__ void wgmma_async<64, true>(float (&d)[32], uint64_t d
                  : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
-/* The wgmma tile loop: 2 warpgroups, with BM = 128 each 64 rows x BN (m64nBNk16), with BM = 64
+/* The tile loop: 2 warpgroups, with BM = 128 each 64 rows x BN (m64nBNk16), with BM = 64
  * each 64 rows x BN/2 (m64n(BN/2)k16); STAGES slices in the ring.
  * INFLIGHT = 1: a slice's wgmma group is waited for one slice later, so the slice before the one
  * computed may still be read and STAGES - 2 slices are loaded ahead; INFLIGHT = 0: each slice's
  * group is waited for at once and STAGES - 1 are ahead, for two CTAs a SM, where one CTA's waits,
  * prologue and epilogue run under the other's MMAs. */
 template <class T, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
-__global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm_wgmma(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_constant__ Params p) {
     static_assert(BM == 128 || BM == 64, "two warpgroups split the tile's rows (128) or its columns (64)");
     constexpr int AHEAD = STAGES - 1 - INFLIGHT; /* slices loaded ahead of the one computed */
     constexpr int WG_N = BM == 128 ? BN : BN / 2; /* a warpgroup's columns; its rows: 64 */
@@ -597,22 +501,19 @@ __global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *
     }
 }
 
-/* The tile configurations (flux.h): the mainloop, the tile's columns, the ring's slices. */
-enum MainLoop { WGMMA, MMA_SYNC };
-constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 128, 64, 128, 128};
-constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 128, 256, 128};
+/* The tile configurations (flux.h): the tile's rows and columns. */
+constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 128, 64};
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 128};
 constexpr int BM_MIN = 64, BN_MIN = 128; /* the smallest tiles: the ReduceScatter's signal words */
-const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {
-    "wgmma 128x256x64 4 stages", "wgmma 128x128x64 6 stages", "wgmma 128x128x64 3 stages 2 CTAs/SM",
-    "wgmma 64x128x64 4 stages 2 CTAs/SM", "mma.sync 128x256x64 4 stages", "mma.sync 128x128x64 3 stages 2 CTAs/SM"};
+const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 128x256x64 4 stages", "wgmma 128x128x64 6 stages",
+                                                       "wgmma 128x128x64 3 stages 2 CTAs/SM",
+                                                       "wgmma 64x128x64 4 stages 2 CTAs/SM"};
 
-template <class T, MainLoop LOOP, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
+template <class T, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
 nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
     /* + 1024: the kernel aligns the ring to 1024 bytes (wgmma's swizzle atom) */
     constexpr size_t smem = (size_t)STAGES * (BM + BN) * BK * sizeof(T) + 1024;
-    void (*kernel)(const Params) = nullptr;
-    if constexpr (LOOP == WGMMA) kernel = flux_gemm_wgmma<T, BM, BN, STAGES, INFLIGHT, MIN_CTAS, RS>;
-    else kernel = flux_gemm_mma<T, BN, STAGES, RS>;
+    auto kernel = flux_gemm<T, BM, BN, STAGES, INFLIGHT, MIN_CTAS, RS>;
     /* once per device (the attribute is per device and context) */
     static int attribute_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
@@ -633,12 +534,10 @@ nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
 template <class T, bool RS>
 nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
     switch (config) {
-    case 0: return launch<T, WGMMA, 128, 256, 4, 1, 1, RS>(p, blocks, stream);
-    case 1: return launch<T, WGMMA, 128, 128, 6, 1, 1, RS>(p, blocks, stream);
-    case 2: return launch<T, WGMMA, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
-    case 3: return launch<T, WGMMA, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
-    case 4: return launch<T, MMA_SYNC, 128, 256, 4, 0, 1, RS>(p, blocks, stream);
-    default: return launch<T, MMA_SYNC, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
+    case 0: return launch<T, 128, 256, 4, 1, 1, RS>(p, blocks, stream);
+    case 1: return launch<T, 128, 128, 6, 1, 1, RS>(p, blocks, stream);
+    case 2: return launch<T, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
+    default: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
     }
 }
 
@@ -663,7 +562,7 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: K (%d) must be a multiple of %d and N (%d) of 8", what,
                                n_in, BK, n_out);
     if (!peers->error) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no error word", what);
-    if (*config == CUDA_FLUX_CONFIG_AUTO) *config = cuda_flux_pick(rows, W, n_out);
+    if (*config == CUDA_FLUX_CONFIG_AUTO) *config = cuda_flux_pick(rows, W, n_in, n_out);
     if (*config < 0 || *config >= CUDA_FLUX_N_CONFIGS)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no config %d", what, *config);
     const int bm = BM_OF[*config], bn = BN_OF[*config];
@@ -701,14 +600,18 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
 
 } // namespace
 
-extern "C" int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_out) {
+extern "C" int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, int32_t n_out) {
     int64_t tiles_256 = 0, tiles_128 = 0;
     for (int d = 0; d < world; d++)
         tiles_256 += tiles_of(rows[d], n_out, 128, 256), tiles_128 += tiles_of(rows[d], n_out, 128, 128);
-    /* the largest tiles that still give every SM one: 128 x 256 at one CTA a SM, 128 x 128 at
-     * two, else 64 x 128 (two a SM, four times the 128 x 256 tiles) */
+    /* Measured on an H100 at the LLaMA-3 8B/70B layers (bench/RESULTS.md FLUX; within 4% of the
+     * fastest configuration of each shape on average, 27% at worst): below a wave of 128 x 256
+     * tiles the 128 x 128 tiles (or 64 x 128 when even those are fewer than half the SMs); else
+     * 128 x 256, but at K <= 2048 the 128 x 128 tiles at two CTAs a SM, whose short mainloops
+     * leave the prologue and the epilogue exposed at one CTA a SM. */
     const int sms = cuda_sm_count();
-    return tiles_256 >= sms ? 0 : tiles_128 >= 2 * sms ? 2 : 3;
+    if (tiles_256 < sms) return tiles_128 < sms / 2 ? 3 : 1;
+    return n_in <= 2048 ? 2 : 0;
 }
 
 extern "C" const char *cuda_flux_config_name(int config) {
@@ -835,4 +738,18 @@ extern "C" nopad_status cuda_flux_emulate_arrivals(const cuda_flux_arrival *item
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return nopad_set_error(NOPAD_ERR_BACKEND, "flux arrivals: %s", cudaGetErrorString(e));
     return NOPAD_OK;
+}
+
+extern "C" int cuda_flux_wins(int all_gather, int32_t n_tokens, int32_t n_in, int32_t n_out, int32_t world) {
+    if (world < 2 || world > CUDA_FLUX_MAX_WORLD || n_in % BK || n_out % 8) return 0;
+    /* The collective's time over the GEMM's grows as (W - 1) / W over the side it does not move
+     * (AllGather: N, each rank's x chunk is T/W x K; ReduceScatter: K, each partial chunk T/W x N):
+     * the rule is a bound on that side times W / (W - 1). Measured on an H100, the other ranks'
+     * data arriving as over a 400 GB/s link (bench/RESULTS.md FLUX): the fused kernel beats the
+     * collective then cuBLASLt from 4096 tokens where that side is <= 4096 (AllGather) or <= 1400
+     * (ReduceScatter), e.g. QKV at tp 4-8, gate|up of 8B at tp 8, O at tp 4-8 of 8B and tp 8 of
+     * 70B; everywhere else its own cost (1.2-2.3x the GEMM's) outweighs what it hides. */
+    if (n_tokens < 4096) return 0;
+    const int64_t side = (int64_t)(all_gather ? n_out : n_in) * world / (world - 1);
+    return side <= (all_gather ? 4096 : 1400);
 }

@@ -67,17 +67,16 @@ typedef struct cuda_flux_peers {
 
 #define CUDA_FLUX_DEFAULT_TIMEOUT_NS 2000000000ull /* 2 s: far beyond any transfer of one chunk */
 
-/* Tile configurations, 8 warps, K slices of 64 loaded by cp.async into a ring:
- *   0 = wgmma 128 x 256 (two warpgroups of m64n256k16, 4 slices, one CTA a SM),
- *   1 = wgmma 128 x 128 (6 slices, one CTA a SM),
- *   2 = wgmma 128 x 128 (3 slices, two CTAs a SM),
- *   3 = wgmma 64 x 128 (two warpgroups of m64n64k16, 4 slices, two CTAs a SM), for small grids,
- *   4, 5 = mma.sync m16n8k16 128 x 256 (4 slices) and 128 x 128 (3 slices, two CTAs a SM).
- * CUDA_FLUX_CONFIG_AUTO picks by cuda_flux_pick. Every rank of a GEMM+ReduceScatter must run the
- * same configuration (the signal words are per tile): auto depends only on the shape and the SM
- * count. */
-enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 6 };
-int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_out);
+/* Tile configurations, two warpgroups of wgmma, K slices of 64 loaded by cp.async into a ring:
+ *   0 = 128 x 256 (m64n256k16 each, 4 slices, one CTA a SM),
+ *   1 = 128 x 128 (6 slices, one CTA a SM),
+ *   2 = 128 x 128 (3 slices, two CTAs a SM),
+ *   3 = 64 x 128 (m64n64k16 each, side by side, 4 slices, two CTAs a SM).
+ * CUDA_FLUX_CONFIG_AUTO takes cuda_flux_pick's. Every rank of a GEMM+ReduceScatter must run the
+ * same configuration (the signal words are per tile): the pick depends only on the shape and the
+ * SM count. */
+enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 4 };
+int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, int32_t n_out);
 const char *cuda_flux_config_name(int config);
 
 /* AllGather+GEMM: y[M, N] = x[M, K] · w[N, K]ᵀ, x = peers->buffers[peers->rank], rows[d] the rows
@@ -132,6 +131,12 @@ typedef struct cuda_flux_arrival {
 } cuda_flux_arrival;
 /* items: device memory holding n items. */
 nopad_status cuda_flux_emulate_arrivals(const cuda_flux_arrival *items, int32_t n, cudaStream_t stream);
+
+/* Whether the linear op should take the fused kernel (AllGather+GEMM: all_gather != 0, else
+ * GEMM+ReduceScatter) for T tokens in all, y[T, N] = x[T, K] · w[N, K]ᵀ (K and N of this rank's
+ * GEMM), at this world size, from the FLUX measurements (bench/RESULTS.md); 0: the collective,
+ * then cuBLASLt. */
+int cuda_flux_wins(int all_gather, int32_t n_tokens, int32_t n_in, int32_t n_out, int32_t world);
 
 #ifdef __cplusplus
 }
