@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
 #include <omp.h>
 
 #include "io/gguf_dequant.h"
@@ -275,11 +276,80 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
     return NOPAD_OK;
 }
 
+/* ---- float rows, for prefill ------------------------------------------------------------- */
+
+/* ggml's dequantize_row_q5_K (io/gguf_dequant has no Q5_K yet): x = d·sc·q - dmin·m, q the
+ * nibble plus 16 · its qh bit (layout at dot_q45_k). */
+static void dequant_q5_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += 176) {
+        const float d = fp16(b), dmin = fp16(b + 2);
+        const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
+        for (int k = 0; k < 4; k++, ql += 32) {
+            int sc, m;
+            scale_min_k4(2 * k, scales, &sc, &m);
+            const float d1 = d * (float)sc, m1 = dmin * (float)m;
+            scale_min_k4(2 * k + 1, scales, &sc, &m);
+            const float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((ql[l] & 0x0f) + (qh[l] >> (2 * k) & 1) * 16) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] >> (2 * k + 1) & 1) * 16) - m2;
+        }
+    }
+}
+
+static void dequant_rows(uint32_t type, const uint8_t *w, int64_t n_values, float *out) {
+    if (type == CPU_QUANT_Q5_K) dequant_q5_k(w, out, n_values / QK_K);
+    else gguf_dequantize(type, w, n_values, out); /* the five others: checked, cannot fail */
+}
+
 /* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
 
 /* Weight rows per work item: a tile's rows (ROWS · K bytes of weights at 4-5 bits, tens of KB)
  * stay in L2 while the tile's tokens pass over them. */
 enum { TILE_ROWS = 16, TILE_TOKENS = 32 };
+
+/* From CPU_QUANT_PREFILL_TOKENS tokens on, a weight row is used often enough that dequantising
+ * it once to float and running OpenBLAS's sgemm beats an integer dot product per (row, token):
+ * each dot unpacks the row's blocks again, sgemm reuses the floats from cache. Measured on the
+ * 2-core EPYC, one thread, all the linear layers of a step (docs/decoder.md): SmolLM2's shapes in
+ * Q4_1 break even at 16 tokens and gain 1.3x at 32 (195 ms, not 250), 2.6x at 512; LLaMA-1B's
+ * in Q4_K break even at 32. Tiles of PREFILL_ROWS rows: 64 · K floats stay in L2. */
+enum { PREFILL_ROWS = 64 };
+
+/* y = x · Wᵀ for many tokens: tiles of PREFILL_ROWS weight rows dequantised into a thread's
+ * scratch [PREFILL_ROWS, K], then sgemm over all T tokens. OpenBLAS must run single-threaded
+ * (the CPU backend sets it so): the threads are these. */
+static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *w, uint32_t type,
+                                       int32_t T, int32_t K, int32_t N, int n_threads) {
+    const size_t w_bytes = cpu_quant_row_bytes(type, K);
+    const int32_t tiles = (N + PREFILL_ROWS - 1) / PREFILL_ROWS;
+    int failed = 0;
+#pragma omp parallel num_threads(n_threads)
+    {
+        float *scratch = malloc(sizeof(float) * PREFILL_ROWS * (size_t)K);
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int32_t tile = 0; tile < tiles; tile++) {
+            if (!scratch) continue;
+            const int32_t r0 = tile * PREFILL_ROWS;
+            const int32_t rows = N - r0 < PREFILL_ROWS ? N - r0 : PREFILL_ROWS;
+            dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
+                        scratch, K, 0.0f, y + r0, N);
+        }
+        free(scratch);
+    }
+    if (failed)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
+                               "cpu_quant_linear: %zu bytes a thread for %d dequantised rows of "
+                               "K = %d",
+                               sizeof(float) * PREFILL_ROWS * (size_t)K, PREFILL_ROWS, K);
+    return NOPAD_OK;
+}
 
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                               int32_t K, int32_t N, int n_threads) {
@@ -291,6 +361,8 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
                                "cpu_quant_linear: T = %d tokens and N = %d rows, expected >= 0",
                                T, N);
     if (T == 0 || N == 0) return NOPAD_OK;
+    if (n_threads <= 0) n_threads = omp_get_max_threads();
+    if (T >= CPU_QUANT_PREFILL_TOKENS) return linear_dequantized(y, x, w, type, T, K, N, n_threads);
     const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
     uint8_t *act = malloc(act_bytes * (size_t)T); /* malloc's alignment suits both block types */
     if (!act)
@@ -299,7 +371,6 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
                                act_bytes * (size_t)T, T);
     const cpu_quant_isa isa = cpu_quant_best_isa();
     const int32_t nb = K / f->block;
-    if (n_threads <= 0) n_threads = omp_get_max_threads();
     const int32_t row_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
     const int32_t token_tiles = (T + TILE_TOKENS - 1) / TILE_TOKENS;
     const int64_t tiles = (int64_t)row_tiles * token_tiles;

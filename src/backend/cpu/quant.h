@@ -76,11 +76,17 @@ nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int
 nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t type, int32_t K,
                            cpu_quant_isa isa);
 
+/* From this many tokens on, cpu_quant_linear dequantises tiles of weight rows to float and
+ * runs sgemm (prefill) instead of the int8 dot products (decode). */
+enum { CPU_QUANT_PREFILL_TOKENS = 32 };
+
 /* y[T, N] = x[T, K] · W[N, K]ᵀ, W's N rows stored one after the other as in the GGUF file
- * (row n at w + n · cpu_quant_row_bytes(type, K)). The rows of x are quantized once each; the
- * dot products run on the best path, in parallel over W's rows (and over tokens when T is
- * large) on n_threads OpenMP threads (<= 0: the OpenMP default). Errors as
- * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the activations' buffer. */
+ * (row n at w + n · cpu_quant_row_bytes(type, K)), on n_threads OpenMP threads (<= 0: the
+ * OpenMP default). Below CPU_QUANT_PREFILL_TOKENS the rows of x are quantized once each and the
+ * dot products run on the best path, in parallel over W's rows (and tokens); from it on, each
+ * thread dequantises 64 rows at a time to float and multiplies them with OpenBLAS's sgemm,
+ * which must then be single-threaded (the CPU backend sets it so). Errors as
+ * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                               int32_t K, int32_t N, int n_threads);
 
