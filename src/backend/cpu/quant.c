@@ -240,15 +240,18 @@ static float dot_portable(uint32_t type, const void *w, const void *act, int32_t
 
 #if defined(__x86_64__)
 #define HAVE_AVX2_PATH 1
+#include <cpuid.h>
 #else
 #define HAVE_AVX2_PATH 0
 #endif
 
 cpu_quant_isa cpu_quant_best_isa(void) {
 #if HAVE_AVX2_PATH
+    /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c" */
+    unsigned eax, ebx, ecx = 0, edx;
+    const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
         return CPU_QUANT_AVX2;
 #endif
     return CPU_QUANT_PORTABLE;
