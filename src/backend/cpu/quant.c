@@ -245,7 +245,7 @@ static float dot_portable(uint32_t type, const void *w, const void *act, int32_t
 #define HAVE_AVX2_PATH 0
 #endif
 
-cpu_quant_isa cpu_quant_best_isa(void) {
+static cpu_quant_isa detect_isa(void) {
 #if HAVE_AVX2_PATH
     /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c" */
     unsigned eax, ebx, ecx = 0, edx;
@@ -255,6 +255,15 @@ cpu_quant_isa cpu_quant_best_isa(void) {
         return CPU_QUANT_AVX2;
 #endif
     return CPU_QUANT_PORTABLE;
+}
+
+/* Detected once: CPUID traps to the hypervisor in a VM (microseconds), once per linear layer
+ * would cost a decode step a fraction of a millisecond. Threads racing here store the same. */
+cpu_quant_isa cpu_quant_best_isa(void) {
+    static _Atomic int best = -1;
+    int isa = best;
+    if (isa < 0) best = isa = (int)detect_isa();
+    return (cpu_quant_isa)isa;
 }
 
 static float dot_on(cpu_quant_isa isa, uint32_t type, const void *w, const void *act,

@@ -12,6 +12,7 @@
 #if defined(__x86_64__)
 
 #include <immintrin.h>
+#include <string.h>
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 
@@ -65,14 +66,19 @@ TARGET static float dot_q4_0(const uint8_t *w, const cpu_q8_block *a, int32_t nb
 
 TARGET static float dot_q4_1(const uint8_t *w, const cpu_q8_block *a, int32_t nb) {
     __m256 acc = _mm256_setzero_ps();
-    float sum_m = 0.0f;
+    __m128 sum_m = _mm_setzero_ps();
     for (int32_t i = 0; i < nb; i++, w += 20) {
         const __m256i y = _mm256_loadu_si256((const __m256i *)a[i].qs);
         const __m256i s = dot_u8_i8(unpack_nibbles16(w + 4), y);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(w) * a[i].d), _mm256_cvtepi32_ps(s), acc);
-        sum_m += fp16_at(w + 2) * a[i].d * (float)a[i].sum;
+        /* d and m in one conversion: lane 0 d·d_a, lane 1 m·d_a·Σa */
+        int32_t dm16;
+        memcpy(&dm16, w, sizeof dm16);
+        const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm16)),
+                                     _mm_setr_ps(a[i].d, a[i].d * (float)a[i].sum, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(s), acc);
+        sum_m = _mm_add_ps(sum_m, dm);
     }
-    return hsum_ps(acc) + sum_m;
+    return hsum_ps(acc) + _mm_cvtss_f32(_mm_shuffle_ps(sum_m, sum_m, 1));
 }
 
 /* ggml's get_scale_min_k4 (as quant.c). */
