@@ -317,9 +317,10 @@ static void dequant_rows(uint32_t type, const uint8_t *w, int64_t n_values, floa
 
 /* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
 
-/* Weight rows per work item: a tile's rows (ROWS · K bytes of weights at 4-5 bits, tens of KB)
- * stay in L2 while the tile's tokens pass over them. */
-enum { TILE_ROWS = 16, TILE_TOKENS = 32 };
+/* Weight rows per work item of the int8 path: a tile's rows (TILE_ROWS · K bytes at 4-8 bits,
+ * tens of KB) stay in L1/L2 while the tokens (fewer than CPU_QUANT_PREFILL_TOKENS) pass over
+ * them. */
+enum { TILE_ROWS = 16 };
 
 /* From CPU_QUANT_PREFILL_TOKENS tokens on, a weight row is used often enough that dequantising
  * it once to float and running OpenBLAS's sgemm beats an integer dot product per (row, token):
@@ -383,25 +384,19 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
                                act_bytes * (size_t)T, T);
     const cpu_quant_isa isa = cpu_quant_best_isa();
     const int32_t nb = K / f->block;
-    const int32_t row_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
-    const int32_t token_tiles = (T + TILE_TOKENS - 1) / TILE_TOKENS;
-    const int64_t tiles = (int64_t)row_tiles * token_tiles;
+    const int32_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
 #pragma omp parallel num_threads(n_threads) if ((int64_t)T * N * K > (1 << 18))
     {
 #pragma omp for schedule(static)
         for (int32_t t = 0; t < T; t++)
             cpu_quant_activations(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K);
-        /* Decode (one token tile): each thread takes a run of rows and reads them once for all
-         * T tokens. Prefill: tiles of rows × tokens, so threads share neither. */
+        /* each thread a run of rows, each row read once for all T tokens */
 #pragma omp for schedule(static)
-        for (int64_t tile = 0; tile < tiles; tile++) {
-            const int32_t r0 = (int32_t)(tile % row_tiles) * TILE_ROWS;
-            const int32_t t0 = (int32_t)(tile / row_tiles) * TILE_TOKENS;
-            const int32_t r1 = r0 + TILE_ROWS < N ? r0 + TILE_ROWS : N;
-            const int32_t t1 = t0 + TILE_TOKENS < T ? t0 + TILE_TOKENS : T;
+        for (int32_t tile = 0; tile < tiles; tile++) {
+            const int32_t r0 = tile * TILE_ROWS, r1 = r0 + TILE_ROWS < N ? r0 + TILE_ROWS : N;
             for (int32_t r = r0; r < r1; r++) {
                 const uint8_t *wr = (const uint8_t *)w + w_bytes * (size_t)r;
-                for (int32_t t = t0; t < t1; t++)
+                for (int32_t t = 0; t < T; t++)
                     y[(size_t)t * N + r] = dot_on(isa, type, wr, act + act_bytes * (size_t)t, nb);
             }
         }

@@ -83,7 +83,7 @@ enum { CPU_QUANT_PREFILL_TOKENS = 32 };
 /* y[T, N] = x[T, K] · W[N, K]ᵀ, W's N rows stored one after the other as in the GGUF file
  * (row n at w + n · cpu_quant_row_bytes(type, K)), on n_threads OpenMP threads (<= 0: the
  * OpenMP default). Below CPU_QUANT_PREFILL_TOKENS the rows of x are quantized once each and the
- * dot products run on the best path, in parallel over W's rows (and tokens); from it on, each
+ * dot products run on the best path, in parallel over runs of W's rows; from it on, each
  * thread dequantises 64 rows at a time to float and multiplies them with OpenBLAS's sgemm,
  * which must then be single-threaded (the CPU backend sets it so). Errors as
  * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
