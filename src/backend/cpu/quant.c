@@ -1,6 +1,8 @@
 /* CPU linear layers on GGUF block-quantized weights: the activations' quantization, the portable
  * dot products and the parallel GEMV / GEMM (quant.h). Weight blocks are read byte by byte
- * (little-endian, any alignment), as io/gguf_dequant.c does. */
+ * (little-endian, any alignment), as io/gguf_dequant.c does; the backend layer may not include
+ * io/, so the fp16 conversion and the row dequantisers for prefill are this file's own (the
+ * test checks them against io/gguf_dequant). */
 #include "backend/cpu/quant.h"
 
 #include <math.h>
@@ -10,13 +12,28 @@
 #include <cblas.h>
 #include <omp.h>
 
-#include "io/gguf_dequant.h"
 #include "util/error.h"
 
 enum { QK = CPU_QUANT_QK, QK_K = CPU_QUANT_QK_K };
 
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static float fp16(const uint8_t *p) { return gguf_fp16_to_f32(rd16(p)); }
+/* The fp16 at p (little-endian) as float, exactly (scales are finite: no NaN / inf handling
+ * beyond keeping them NaN / inf). */
+static float fp16(const uint8_t *p) {
+    const uint32_t h = (uint32_t)(p[0] | p[1] << 8);
+    const uint32_t sign = (h & 0x8000u) << 16, exp = h >> 10 & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | man << 13;
+    else if (exp) bits = sign | (exp + 112) << 23 | man << 13; /* rebias 15 -> 127 */
+    else if (!man) bits = sign;
+    else { /* subnormal: man · 2^-24 */
+        int top = 9;
+        while (!(man >> top)) top--;
+        bits = sign | (uint32_t)(top + 103) << 23 | (man << (23 - top) & 0x7fffffu);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* ---- formats -------------------------------------------------------------------------------- */
 
@@ -290,29 +307,82 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
 
 /* ---- float rows, for prefill ------------------------------------------------------------- */
 
-/* ggml's dequantize_row_q5_K (io/gguf_dequant has no Q5_K yet): x = d·sc·q - dmin·m, q the
- * nibble plus 16 · its qh bit (layout at dot_q45_k). */
-static void dequant_q5_k(const uint8_t *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, b += 176) {
-        const float d = fp16(b), dmin = fp16(b + 2);
-        const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
-        for (int k = 0; k < 4; k++, ql += 32) {
+/* nb blocks of w to float, ggml's dequantize_row_* (x as in each dot product above). */
+static void dequant_q8_0(const uint8_t *w, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, w += 34, y += QK)
+        for (int l = 0; l < QK; l++) y[l] = (float)(int8_t)w[2 + l] * fp16(w);
+}
+
+static void dequant_q4_01(const uint8_t *w, float *y, int64_t nb, int with_min) {
+    for (int64_t i = 0; i < nb; i++, w += with_min ? 20 : 18, y += QK) {
+        const float d = fp16(w);
+        const uint8_t *qs = w + (with_min ? 4 : 2);
+        if (with_min) {
+            const float m = fp16(w + 2);
+            for (int l = 0; l < QK / 2; l++) {
+                y[l] = (float)(qs[l] & 0x0f) * d + m;
+                y[l + QK / 2] = (float)(qs[l] >> 4) * d + m;
+            }
+        } else {
+            for (int l = 0; l < QK / 2; l++) {
+                y[l] = (float)((qs[l] & 0x0f) - 8) * d;
+                y[l + QK / 2] = (float)((qs[l] >> 4) - 8) * d;
+            }
+        }
+    }
+}
+
+static void dequant_q45_k(const uint8_t *w, float *y, int64_t nb, int five_bits) {
+    for (int64_t i = 0; i < nb; i++, w += five_bits ? 176 : 144) {
+        const float d = fp16(w), dmin = fp16(w + 2);
+        const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five_bits ? 48 : 16);
+        for (int k = 0; k < 4; k++, qs += 32) {
             int sc, m;
             scale_min_k4(2 * k, scales, &sc, &m);
             const float d1 = d * (float)sc, m1 = dmin * (float)m;
             scale_min_k4(2 * k + 1, scales, &sc, &m);
             const float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++)
-                *y++ = d1 * (float)((ql[l] & 0x0f) + (qh[l] >> (2 * k) & 1) * 16) - m1;
-            for (int l = 0; l < 32; l++)
-                *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] >> (2 * k + 1) & 1) * 16) - m2;
+            for (int l = 0; l < 32; l++) {
+                int q = qs[l] & 0x0f;
+                if (five_bits) q |= (qh[l] >> (2 * k) & 1) << 4;
+                *y++ = d1 * (float)q - m1;
+            }
+            for (int l = 0; l < 32; l++) {
+                int q = qs[l] >> 4;
+                if (five_bits) q |= (qh[l] >> (2 * k + 1) & 1) << 4;
+                *y++ = d2 * (float)q - m2;
+            }
         }
     }
 }
 
+static void dequant_q6_k(const uint8_t *w, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, w += 210) {
+        const float d = fp16(w + 208);
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        for (int h = 0; h < 2; h++, y += 128, ql += 64, qh += 32, sc += 8)
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                y[l] = d * (float)sc[is] * (float)(((ql[l] & 0x0f) | (qh[l] & 3) << 4) - 32);
+                y[l + 32] = d * (float)sc[is + 2] *
+                            (float)(((ql[l + 32] & 0x0f) | (qh[l] >> 2 & 3) << 4) - 32);
+                y[l + 64] = d * (float)sc[is + 4] * (float)(((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32);
+                y[l + 96] = d * (float)sc[is + 6] *
+                            (float)(((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32);
+            }
+    }
+}
+
 static void dequant_rows(uint32_t type, const uint8_t *w, int64_t n_values, float *out) {
-    if (type == CPU_QUANT_Q5_K) dequant_q5_k(w, out, n_values / QK_K);
-    else gguf_dequantize(type, w, n_values, out); /* the five others: checked, cannot fail */
+    switch (type) {
+    case CPU_QUANT_Q8_0: dequant_q8_0(w, out, n_values / QK); break;
+    case CPU_QUANT_Q4_0: dequant_q4_01(w, out, n_values / QK, 0); break;
+    case CPU_QUANT_Q4_1: dequant_q4_01(w, out, n_values / QK, 1); break;
+    case CPU_QUANT_Q4_K: dequant_q45_k(w, out, n_values / QK_K, 0); break;
+    case CPU_QUANT_Q5_K: dequant_q45_k(w, out, n_values / QK_K, 1); break;
+    default: dequant_q6_k(w, out, n_values / QK_K);
+    }
 }
 
 /* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
