@@ -364,7 +364,9 @@ static void test_paths_agree_exactly(void **state) {
  * sums). Prefill (T = 45 from CPU_QUANT_PREFILL_TOKENS on: dequantised rows and sgemm) within
  * float rounding alone, K·2^-23·Σ|w·x| (a sum of K products loses at most K·2^-24 of Σ|w·x|;
  * the reference's "+ m" roundings are far below), with N = 101 over two row tiles of 64.
- * N odd everywhere, and not a multiple of any tile. */
+ * N odd everywhere, and not a multiple of any tile. Then accumulate onto a random y0 (the
+ * residual): y0 + y bit for bit on the int8 path (the same dot, one add), within y's tolerance
+ * plus one rounding of |y0 + y| on sgemm's (its beta = 1 may add in another order). */
 static void test_linear(void **state) {
     const format_case *f = *state;
     const int32_t K = 2 * f->block + (f->block == 32 ? 512 : 0);
@@ -375,8 +377,9 @@ static void test_linear(void **state) {
     uint8_t *w = malloc(row_bytes * N_max);
     float *wf = malloc(sizeof(float) * (size_t)K * N_max);
     float *x = malloc(sizeof(float) * (size_t)K * T_max), *y = malloc(sizeof(float) * T_max * N_max);
+    float *y0 = malloc(sizeof(float) * T_max * N_max), *z = malloc(sizeof(float) * T_max * N_max);
     void *act = malloc(cpu_quant_act_row_bytes(f->type, K));
-    assert_true(w && wf && x && y && act);
+    assert_true(w && wf && x && y && y0 && z && act);
     random_blocks(f, w, (int64_t)N_max * (K / f->block), 5, 12);
     dequant(f, w, (int64_t)N_max * K, wf);
     const cpu_quant_isa best = cpu_quant_best_isa();
@@ -386,7 +389,9 @@ static void test_linear(void **state) {
         random_activations(x, K * T, 1.0f);
         for (int threads = 1; threads <= 2; threads++) {
             for (int32_t i = 0; i < T * N; i++) y[i] = NAN;
-            assert_int_equal(cpu_quant_linear(y, x, w, f->type, T, K, N, threads), NOPAD_OK);
+            assert_int_equal(cpu_quant_linear(y, x, w, f->type, T, K, N, 0, threads), NOPAD_OK);
+            for (int32_t i = 0; i < T * N; i++) z[i] = y0[i] = rnd_unit();
+            assert_int_equal(cpu_quant_linear(z, x, w, f->type, T, K, N, 1, threads), NOPAD_OK);
             for (int32_t t = 0; t < T; t++) {
                 const float *xr = x + (size_t)t * K;
                 assert_int_equal(cpu_quant_activations(act, xr, f->type, K), NOPAD_OK);
@@ -404,6 +409,13 @@ static void test_linear(void **state) {
                     if (!(fabs(got - want) <= tol))
                         fail_msg("%s linear T=%d N=%d, %d threads, y[%d, %d] = %.9g, want %.9g "
                                  "(tolerance %.3g)", f->name, T, N, threads, t, n, got, want, tol);
+                    const size_t i = (size_t)t * N + n;
+                    const float sum = y0[i] + got;
+                    if (prefill ? !(fabs(z[i] - (y0[i] + want)) <=
+                                    tol + ldexp(fabs(y0[i]) + fabs(want), -23))
+                                : memcmp(&z[i], &sum, sizeof sum) != 0)
+                        fail_msg("%s linear T=%d accumulating: y[%d, %d] = %.9g, want %.9g + "
+                                 "%.9g", f->name, T, t, n, z[i], y0[i], got);
                     if (prefill) continue;
                     float one = NAN;
                     assert_int_equal(cpu_quant_dot(&one, w + row_bytes * n, act, f->type, K, best),
@@ -419,6 +431,8 @@ static void test_linear(void **state) {
     free(wf);
     free(x);
     free(y);
+    free(y0);
+    free(z);
     free(act);
 }
 
@@ -442,11 +456,11 @@ static void test_rows_not_whole_blocks(void **state) {
                  "block of 32");
     expect_error(cpu_quant_dot(y, w, act, CPU_QUANT_Q4_K, 320, CPU_QUANT_PORTABLE),
                  NOPAD_ERR_INVALID_ARGUMENT, "block of 256");
-    expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q6_K, 1, 320, 1, 1),
+    expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q6_K, 1, 320, 1, 0, 1),
                  NOPAD_ERR_INVALID_ARGUMENT, "K = 320");
-    expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q4_1, 1, 0, 1, 1),
+    expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q4_1, 1, 0, 1, 0, 1),
                  NOPAD_ERR_INVALID_ARGUMENT, "K = 0");
-    expect_error(cpu_quant_linear(y, x, w, GGUF_TENSOR_F16, 1, 256, 1, 1), NOPAD_ERR_UNSUPPORTED,
+    expect_error(cpu_quant_linear(y, x, w, GGUF_TENSOR_F16, 1, 256, 1, 0, 1), NOPAD_ERR_UNSUPPORTED,
                  "type 1");
     assert_int_equal(cpu_quant_block_size(GGUF_TENSOR_F32), 0);
     assert_int_equal(cpu_quant_row_bytes(CPU_QUANT_Q5_K, 512), 352);

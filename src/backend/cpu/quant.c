@@ -404,7 +404,8 @@ enum { PREFILL_ROWS = 64 };
  * scratch [PREFILL_ROWS, K], then sgemm over all T tokens. OpenBLAS must run single-threaded
  * (the CPU backend sets it so): the threads are these. */
 static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *w, uint32_t type,
-                                       int32_t T, int32_t K, int32_t N, int n_threads) {
+                                       int32_t T, int32_t K, int32_t N, int accumulate,
+                                       int n_threads) {
     const size_t w_bytes = cpu_quant_row_bytes(type, K);
     const int32_t tiles = (N + PREFILL_ROWS - 1) / PREFILL_ROWS;
     int failed = 0;
@@ -422,7 +423,7 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
             const int32_t rows = N - r0 < PREFILL_ROWS ? N - r0 : PREFILL_ROWS;
             dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
-                        scratch, K, 0.0f, y + r0, N);
+                        scratch, K, accumulate ? 1.0f : 0.0f, y + r0, N);
         }
         free(scratch);
     }
@@ -435,7 +436,7 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
 }
 
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
-                              int32_t K, int32_t N, int n_threads) {
+                              int32_t K, int32_t N, int accumulate, int n_threads) {
     const quant_format *f;
     nopad_status st = check("cpu_quant_linear", type, K, &f);
     if (st != NOPAD_OK) return st;
@@ -445,7 +446,8 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
                                T, N);
     if (T == 0 || N == 0) return NOPAD_OK;
     if (n_threads <= 0) n_threads = omp_get_max_threads();
-    if (T >= CPU_QUANT_PREFILL_TOKENS) return linear_dequantized(y, x, w, type, T, K, N, n_threads);
+    if (T >= CPU_QUANT_PREFILL_TOKENS)
+        return linear_dequantized(y, x, w, type, T, K, N, accumulate, n_threads);
     const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
     uint8_t *act = malloc(act_bytes * (size_t)T); /* malloc's alignment suits both block types */
     if (!act)
@@ -466,8 +468,11 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
             const int32_t r0 = tile * TILE_ROWS, r1 = r0 + TILE_ROWS < N ? r0 + TILE_ROWS : N;
             for (int32_t r = r0; r < r1; r++) {
                 const uint8_t *wr = (const uint8_t *)w + w_bytes * (size_t)r;
-                for (int32_t t = 0; t < T; t++)
-                    y[(size_t)t * N + r] = dot_on(isa, type, wr, act + act_bytes * (size_t)t, nb);
+                for (int32_t t = 0; t < T; t++) {
+                    const float dot = dot_on(isa, type, wr, act + act_bytes * (size_t)t, nb);
+                    float *out = y + (size_t)t * N + r;
+                    *out = accumulate ? *out + dot : dot;
+                }
             }
         }
     }

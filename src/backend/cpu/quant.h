@@ -80,7 +80,8 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
  * runs sgemm (prefill) instead of the int8 dot products (decode). */
 enum { CPU_QUANT_PREFILL_TOKENS = 32 };
 
-/* y[T, N] = x[T, K] · W[N, K]ᵀ, W's N rows stored one after the other as in the GGUF file
+/* y[T, N] = x[T, K] · W[N, K]ᵀ, or y += x · Wᵀ when `accumulate` (a residual added in place:
+ * y may be the residual, never x). W's N rows stored one after the other as in the GGUF file
  * (row n at w + n · cpu_quant_row_bytes(type, K)), on n_threads OpenMP threads (<= 0: the
  * OpenMP default). Below CPU_QUANT_PREFILL_TOKENS the rows of x are quantized once each and the
  * dot products run on the best path, in parallel over runs of W's rows; from it on, each
@@ -88,7 +89,7 @@ enum { CPU_QUANT_PREFILL_TOKENS = 32 };
  * which must then be single-threaded (the CPU backend sets it so). Errors as
  * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
-                              int32_t K, int32_t N, int n_threads);
+                              int32_t K, int32_t N, int accumulate, int n_threads);
 
 /* The AVX2 dot product of n_blocks blocks (quant_avx2.c; the checks are the caller's). Only on
  * x86-64 builds. */
