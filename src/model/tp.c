@@ -516,8 +516,15 @@ static nopad_status check_worker(const char *program) {
     }
     close(pipe_fds[0]);
     said[got] = '\0';
+    /* its output closes as it exits, a moment before it can be waited for: wait up to the deadline,
+     * then end it */
     int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == 0) { /* still running past the deadline */
+    pid_t done = 0;
+    while ((done = waitpid(pid, &status, WNOHANG)) == 0 && time(NULL) < deadline) {
+        const struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&pause, NULL);
+    }
+    if (done == 0) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
     }
