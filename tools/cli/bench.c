@@ -252,9 +252,9 @@ int cmd_bench(int argc, char **argv) {
             break;
         }
         n_run++;
-        if (json)
+        if (json) /* the rates in significant digits: a tiny model's TFLOP/s rounds to 0.000 */
             printf("{\"batch\": %d, \"max\": %d, \"tokens\": %d, \"ms\": %.4f, \"tokens_per_s\": %.0f, "
-                   "\"tflops\": %.3f%s%.4f}\n",
+                   "\"tflops\": %.6g%s%.6g}\n",
                    r.batch, r.max, r.tokens, r.ms, r.tokens_per_s, r.tflops,
                    ", \"fraction_of_peak\": ", peak > 0 ? r.tflops / peak : 0.0);
         else if (peak > 0)
