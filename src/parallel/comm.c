@@ -170,10 +170,14 @@ static void mpi_end_at_exit(int status, void *unused) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    /* a world this process leads that was not disconnected (its workers died, or the model was not
+     * freed) would be waited for by MPI_Finalize, forever if a worker is gone; the workers end on
+     * their own when this process is gone (their watcher) */
+    if (__atomic_load_n(&spawned_worlds, __ATOMIC_ACQUIRE) != 0) return;
     if (status != 0 && (nopad_world_size() <= 1 || spawned_worker)) {
         /* no launcher's world to end: a leader's workers end with its process (Open MPI's daemon
          * ends them), and a worker's own world was disconnected or is being ended (comm.c) */
-        if (__atomic_load_n(&spawned_worlds, __ATOMIC_ACQUIRE) == 0) MPI_Finalize();
+        MPI_Finalize();
         return;
     }
     if (status != 0) {
