@@ -1,0 +1,432 @@
+/* The grammar builder (rules of byte sets and rule references), its compiled form, and the JSON
+ * pieces every compiler shares: whitespace, UTF-8 characters, string content, any value. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+#include "util/error.h"
+
+void gb_init(gram_builder *b) {
+    memset(b, 0, sizeof(*b));
+    b->status = NOPAD_OK;
+    b->ws = b->json_unit = b->any_value = b->string_rule = b->utf8_char = -1;
+}
+
+void gb_discard(gram_builder *b) {
+    for (uint32_t r = 0; r < b->n_rules; r++) free(b->rules[r].syms);
+    free(b->rules);
+    free(b->sets);
+    memset(b, 0, sizeof(*b));
+}
+
+nopad_status gb_fail(gram_builder *b, nopad_status status, const char *fmt, ...) {
+    if (b->status != NOPAD_OK) return b->status;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    b->status = nopad_set_error(status, "%s", msg);
+    return b->status;
+}
+
+static int gb_grow(gram_builder *b, void **ptr, uint32_t *cap, uint32_t need, size_t elem) {
+    if (need <= *cap) return 1;
+    uint32_t cap2 = *cap ? *cap * 2 : 16;
+    while (cap2 < need) cap2 *= 2;
+    void *p = realloc(*ptr, (size_t)cap2 * elem);
+    if (!p) {
+        gb_fail(b, NOPAD_ERR_OUT_OF_MEMORY, "grammar: out of memory building the rules");
+        return 0;
+    }
+    *ptr = p;
+    *cap = cap2;
+    return 1;
+}
+
+int32_t gb_set(gram_builder *b, const uint32_t set[8]) {
+    if (b->status != NOPAD_OK) return GB_SET(0);
+    /* byte sets repeat a lot (digits, string characters): share them */
+    for (uint32_t i = 0; i < b->n_sets; i++)
+        if (!memcmp(b->sets[i], set, sizeof(b->sets[i]))) return GB_SET(i);
+    if (!gb_grow(b, (void **)&b->sets, &b->cap_sets, b->n_sets + 1, sizeof(b->sets[0])))
+        return GB_SET(0);
+    memcpy(b->sets[b->n_sets], set, sizeof(b->sets[0]));
+    return GB_SET(b->n_sets++);
+}
+
+int32_t gb_range(gram_builder *b, uint8_t lo, uint8_t hi) {
+    uint32_t set[8] = {0};
+    for (unsigned c = lo; c <= hi; c++) set[c >> 5] |= 1u << (c & 31);
+    return gb_set(b, set);
+}
+
+int32_t gb_byte(gram_builder *b, uint8_t byte) { return gb_range(b, byte, byte); }
+
+int32_t gb_rule_new(gram_builder *b) {
+    if (b->status != NOPAD_OK) return 0;
+    if (!gb_grow(b, (void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof(gb_rule))) return 0;
+    memset(&b->rules[b->n_rules], 0, sizeof(gb_rule));
+    return (int32_t)b->n_rules++;
+}
+
+void gb_rule_add(gram_builder *b, int32_t rule, const int32_t *syms, uint32_t n) {
+    if (b->status != NOPAD_OK) return;
+    b->total += n + 1;
+    if (b->total > GRAMMAR_MAX_SYMBOLS) {
+        gb_fail(b, NOPAD_ERR_UNSUPPORTED,
+                "grammar: more than %u symbols (a repetition or length bound too large to expand)",
+                GRAMMAR_MAX_SYMBOLS);
+        return;
+    }
+    gb_rule *r = &b->rules[rule];
+    if (!gb_grow(b, (void **)&r->syms, &r->cap, r->n + n + 1, sizeof(int32_t))) return;
+    if (r->n_alts++ > 0) r->syms[r->n++] = GB_ALT;
+    memcpy(r->syms + r->n, syms, n * sizeof(int32_t));
+    r->n += n;
+}
+
+int32_t gb_seq(gram_builder *b, const int32_t *syms, uint32_t n) {
+    if (n == 1 && !GB_IS_SET(syms[0])) return syms[0];
+    int32_t r = gb_rule_new(b);
+    gb_rule_add(b, r, syms, n);
+    return r;
+}
+
+int32_t gb_choice(gram_builder *b, const int32_t *syms, uint32_t n) {
+    int32_t r = gb_rule_new(b);
+    for (uint32_t i = 0; i < n; i++) gb_rule_add(b, r, &syms[i], 1);
+    return r;
+}
+
+int32_t gb_empty(gram_builder *b) {
+    int32_t r = gb_rule_new(b);
+    gb_rule_add(b, r, NULL, 0);
+    return r;
+}
+
+int32_t gb_opt(gram_builder *b, int32_t x) {
+    int32_t r = gb_rule_new(b);
+    gb_rule_add(b, r, &x, 1);
+    gb_rule_add(b, r, NULL, 0);
+    return r;
+}
+
+int32_t gb_star(gram_builder *b, int32_t x) {
+    /* R ::= x R | empty: right recursion, which the matcher runs in constant stack depth */
+    int32_t r = gb_rule_new(b);
+    int32_t seq[2] = {x, r};
+    gb_rule_add(b, r, seq, 2);
+    gb_rule_add(b, r, NULL, 0);
+    return r;
+}
+
+int32_t gb_repeat(gram_builder *b, int32_t x, int64_t min, int64_t max) {
+    if (max >= 0 && max < min) {
+        gb_fail(b, NOPAD_ERR_INVALID_ARGUMENT, "grammar: a repetition {%lld,%lld} with max < min",
+                (long long)min, (long long)max);
+        return 0;
+    }
+    if (min > GRAMMAR_MAX_SYMBOLS || max > (int64_t)GRAMMAR_MAX_SYMBOLS) {
+        gb_fail(b, NOPAD_ERR_UNSUPPORTED, "grammar: a repetition bound %lld is too large to expand",
+                (long long)(max > min ? max : min));
+        return 0;
+    }
+    /* the optional tail x (x (x)?)? for max - min copies, nested so that each one only comes
+     * after the one before; unbounded: x* */
+    int32_t tail = max < 0 ? gb_star(b, x) : -1;
+    for (int64_t i = min; max >= 0 && i < max && b->status == NOPAD_OK; i++) {
+        int32_t r = gb_rule_new(b);
+        int32_t seq[2] = {x, tail};
+        gb_rule_add(b, r, seq, tail >= 0 ? 2 : 1);
+        gb_rule_add(b, r, NULL, 0);
+        tail = r;
+    }
+    int32_t r = gb_rule_new(b);
+    for (int64_t i = 0; i < min && b->status == NOPAD_OK; i++) {
+        /* appended one symbol at a time into a single alternative */
+        gb_rule *rule = &b->rules[r];
+        b->total++;
+        if (b->total > GRAMMAR_MAX_SYMBOLS) {
+            gb_fail(b, NOPAD_ERR_UNSUPPORTED, "grammar: more than %u symbols (a repetition too "
+                    "large to expand)", GRAMMAR_MAX_SYMBOLS);
+            break;
+        }
+        if (!gb_grow(b, (void **)&rule->syms, &rule->cap, rule->n + 2, sizeof(int32_t))) break;
+        rule->syms[rule->n++] = x;
+        rule->n_alts = 1;
+    }
+    if (b->status != NOPAD_OK) return 0;
+    if (tail >= 0) {
+        gb_rule *rule = &b->rules[r];
+        if (!gb_grow(b, (void **)&rule->syms, &rule->cap, rule->n + 2, sizeof(int32_t))) return 0;
+        rule->syms[rule->n++] = tail;
+        rule->n_alts = 1;
+        b->total++;
+    }
+    if (b->rules[r].n_alts == 0) gb_rule_add(b, r, NULL, 0);
+    return r;
+}
+
+int32_t gb_literal(gram_builder *b, const char *bytes, size_t n) {
+    int32_t r = gb_rule_new(b);
+    int32_t buf[64];
+    /* long literals (enum values) in one alternative, 64 symbols at a time */
+    gb_rule *rule;
+    for (size_t i = 0; i < n && b->status == NOPAD_OK;) {
+        uint32_t k = 0;
+        while (k < 64 && i < n) buf[k++] = gb_byte(b, (uint8_t)bytes[i++]);
+        rule = &b->rules[r];
+        b->total += k;
+        if (b->total > GRAMMAR_MAX_SYMBOLS) {
+            gb_fail(b, NOPAD_ERR_UNSUPPORTED, "grammar: more than %u symbols", GRAMMAR_MAX_SYMBOLS);
+            break;
+        }
+        if (!gb_grow(b, (void **)&rule->syms, &rule->cap, rule->n + k + 1, sizeof(int32_t))) break;
+        memcpy(rule->syms + rule->n, buf, k * sizeof(int32_t));
+        rule->n += k;
+        rule->n_alts = 1;
+    }
+    if (b->status == NOPAD_OK && b->rules[r].n_alts == 0) gb_rule_add(b, r, NULL, 0);
+    return r;
+}
+
+/* ---- JSON pieces ---------------------------------------------------------------------------- */
+
+int32_t gb_ws(gram_builder *b) {
+    /* At most one whitespace byte where JSON allows any amount: a model may space its JSON as it
+     * learnt to ({"a": 1, "b": 2}), but cannot loop on whitespace forever. */
+    if (b->ws < 0) {
+        uint32_t set[8] = {0};
+        set[' ' >> 5] |= 1u << (' ' & 31);
+        set['\n' >> 5] |= 1u << ('\n' & 31);
+        b->ws = gb_opt(b, gb_set(b, set));
+    }
+    return b->ws;
+}
+
+int32_t gb_utf8_char(gram_builder *b) {
+    if (b->utf8_char < 0) {
+        /* the well-formed sequences of Unicode's table 3-7: no overlongs, no surrogates */
+        int32_t cont = gb_range(b, 0x80, 0xBF);
+        int32_t r = gb_rule_new(b);
+        int32_t s2[] = {gb_range(b, 0xC2, 0xDF), cont};
+        int32_t s3a[] = {gb_byte(b, 0xE0), gb_range(b, 0xA0, 0xBF), cont};
+        int32_t s3b[] = {gb_range(b, 0xE1, 0xEC), cont, cont};
+        int32_t s3c[] = {gb_byte(b, 0xED), gb_range(b, 0x80, 0x9F), cont};
+        int32_t s3d[] = {gb_range(b, 0xEE, 0xEF), cont, cont};
+        int32_t s4a[] = {gb_byte(b, 0xF0), gb_range(b, 0x90, 0xBF), cont, cont};
+        int32_t s4b[] = {gb_range(b, 0xF1, 0xF3), cont, cont, cont};
+        int32_t s4c[] = {gb_byte(b, 0xF4), gb_range(b, 0x80, 0x8F), cont, cont};
+        gb_rule_add(b, r, s2, 2);
+        gb_rule_add(b, r, s3a, 3);
+        gb_rule_add(b, r, s3b, 3);
+        gb_rule_add(b, r, s3c, 3);
+        gb_rule_add(b, r, s3d, 3);
+        gb_rule_add(b, r, s4a, 4);
+        gb_rule_add(b, r, s4b, 4);
+        gb_rule_add(b, r, s4c, 4);
+        b->utf8_char = r;
+    }
+    return b->utf8_char;
+}
+
+int32_t gb_json_unit(gram_builder *b) {
+    if (b->json_unit < 0) {
+        /* printable ASCII but " and \, a non-ASCII character, or an escape; \u escapes of
+         * surrogates are refused, so each unit is one character of the decoded string (what
+         * minLength / maxLength count) */
+        uint32_t plain[8] = {0};
+        for (unsigned c = 0x20; c < 0x80; c++)
+            if (c != '"' && c != '\\') plain[c >> 5] |= 1u << (c & 31);
+        uint32_t simple[8] = {0};
+        for (const char *p = "\"\\/bfnrt"; *p; p++) simple[(uint8_t)*p >> 5] |= 1u << (*p & 31);
+        uint32_t hex[8] = {0};
+        for (const char *p = "0123456789abcdefABCDEF"; *p; p++) hex[(uint8_t)*p >> 5] |= 1u << (*p & 31);
+        uint32_t hex_lead[8] = {0};
+        for (const char *p = "0123456789abcABC"; *p; p++) hex_lead[(uint8_t)*p >> 5] |= 1u << (*p & 31);
+        int32_t h = gb_set(b, hex);
+        int32_t bs = gb_byte(b, '\\');
+        int32_t u = gb_byte(b, 'u');
+        int32_t r = gb_rule_new(b);
+        int32_t one = gb_set(b, plain);
+        gb_rule_add(b, r, &one, 1);
+        int32_t utf8 = gb_utf8_char(b);
+        gb_rule_add(b, r, &utf8, 1);
+        int32_t esc[] = {bs, gb_set(b, simple)};
+        gb_rule_add(b, r, esc, 2);
+        int32_t u_plain[] = {bs, u, gb_set(b, hex_lead), h, h, h};
+        gb_rule_add(b, r, u_plain, 6);
+        {
+            uint32_t d[8] = {0}, low[8] = {0};
+            d['d' >> 5] |= 1u << ('d' & 31);
+            d['D' >> 5] |= 1u << ('D' & 31);
+            for (unsigned c = '0'; c <= '7'; c++) low[c >> 5] |= 1u << (c & 31);
+            int32_t seq[] = {bs, u, gb_set(b, d), gb_set(b, low), h, h};
+            gb_rule_add(b, r, seq, 6);
+            uint32_t ef[8] = {0};
+            for (const char *p = "efEF"; *p; p++) ef[(uint8_t)*p >> 5] |= 1u << (*p & 31);
+            int32_t seq2[] = {bs, u, gb_set(b, ef), h, h, h};
+            gb_rule_add(b, r, seq2, 6);
+        }
+        b->json_unit = r;
+    }
+    return b->json_unit;
+}
+
+int32_t gb_json_string(gram_builder *b) {
+    if (b->string_rule < 0) {
+        int32_t q = gb_byte(b, '"');
+        int32_t seq[] = {q, gb_star(b, gb_json_unit(b)), q};
+        b->string_rule = gb_seq(b, seq, 3);
+    }
+    return b->string_rule;
+}
+
+/* The number forms a JSON value may take, with bounded digit counts (18 integer digits, 18
+ * fraction digits, 3 exponent digits): a model cannot loop on digits forever. */
+static int32_t gb_any_number(gram_builder *b) {
+    int32_t digit = gb_range(b, '0', '9');
+    int32_t int_part_nz[] = {gb_range(b, '1', '9'), gb_repeat(b, digit, 0, 17)};
+    int32_t int_alts[] = {gb_byte(b, '0'), gb_seq(b, int_part_nz, 2)};
+    int32_t frac[] = {gb_byte(b, '.'), gb_repeat(b, digit, 1, 18)};
+    uint32_t e[8] = {0}, sign[8] = {0};
+    e['e' >> 5] |= 1u << ('e' & 31);
+    e['E' >> 5] |= 1u << ('E' & 31);
+    sign['+' >> 5] |= 1u << ('+' & 31);
+    sign['-' >> 5] |= 1u << ('-' & 31);
+    int32_t exp[] = {gb_set(b, e), gb_opt(b, gb_set(b, sign)), gb_repeat(b, digit, 1, 3)};
+    int32_t seq[] = {gb_opt(b, gb_byte(b, '-')), gb_choice(b, int_alts, 2),
+                     gb_opt(b, gb_seq(b, frac, 2)), gb_opt(b, gb_seq(b, exp, 3))};
+    return gb_seq(b, seq, 4);
+}
+
+int32_t gb_any_value(gram_builder *b) {
+    if (b->any_value < 0) {
+        int32_t value = gb_rule_new(b);
+        b->any_value = value;
+        int32_t ws = gb_ws(b);
+        int32_t str = gb_json_string(b);
+        /* object: { ws (kv (ws , ws kv)*)? ws } with kv = string ws : ws value */
+        int32_t kv_seq[] = {str, ws, gb_byte(b, ':'), ws, value};
+        int32_t kv = gb_seq(b, kv_seq, 5);
+        int32_t more_kv[] = {ws, gb_byte(b, ','), ws, kv};
+        int32_t members[] = {kv, gb_star(b, gb_seq(b, more_kv, 4))};
+        int32_t object[] = {gb_byte(b, '{'), ws, gb_opt(b, gb_seq(b, members, 2)), ws, gb_byte(b, '}')};
+        int32_t more_v[] = {ws, gb_byte(b, ','), ws, value};
+        int32_t items[] = {value, gb_star(b, gb_seq(b, more_v, 4))};
+        int32_t array[] = {gb_byte(b, '['), ws, gb_opt(b, gb_seq(b, items, 2)), ws, gb_byte(b, ']')};
+        int32_t alts[] = {gb_seq(b, object, 5), gb_seq(b, array, 5), str, gb_any_number(b),
+                          gb_literal(b, "true", 4), gb_literal(b, "false", 5), gb_literal(b, "null", 4)};
+        for (int i = 0; i < 7; i++) gb_rule_add(b, value, &alts[i], 1);
+    }
+    return b->any_value;
+}
+
+/* ---- the compiled form ---------------------------------------------------------------------- */
+
+nopad_status gb_finish(gram_builder *b, int32_t root, grammar **out) {
+    *out = NULL;
+    if (b->status != NOPAD_OK) {
+        nopad_status st = b->status;
+        gb_discard(b);
+        return st;
+    }
+    grammar *g = calloc(1, sizeof(*g));
+    /* a rule without alternatives (an empty anyOf) matches nothing: one alternative of the
+     * empty byte set */
+    int32_t nothing = gb_set(b, (const uint32_t[8]){0});
+    for (uint32_t r = 0; r < b->n_rules && b->status == NOPAD_OK; r++)
+        if (b->rules[r].n_alts == 0) gb_rule_add(b, (int32_t)r, &nothing, 1);
+    if (b->status != NOPAD_OK) {
+        free(g);
+        nopad_status st = b->status;
+        gb_discard(b);
+        return st;
+    }
+    size_t n_elems = 0, n_alts = 0;
+    for (uint32_t r = 0; r < b->n_rules; r++) {
+        gb_rule *rule = &b->rules[r];
+        n_alts++;
+        n_elems += 1;
+        for (uint32_t i = 0; i < rule->n; i++) {
+            if (rule->syms[i] == GB_ALT) n_alts++;
+            n_elems++;
+        }
+    }
+    if (g) {
+        g->elems = malloc(n_elems * sizeof(uint32_t));
+        g->alt_start = malloc(n_alts * sizeof(uint32_t));
+        g->rule_alt0 = malloc((b->n_rules + 1) * sizeof(uint32_t));
+        g->sets = malloc((b->n_sets ? b->n_sets : 1) * sizeof(g->sets[0]));
+    }
+    if (!g || !g->elems || !g->alt_start || !g->rule_alt0 || !g->sets) {
+        grammar_free(g);
+        gb_discard(b);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "grammar: out of memory compiling %zu elements",
+                               n_elems);
+    }
+    uint32_t e = 0, a = 0;
+    for (uint32_t r = 0; r < b->n_rules; r++) {
+        gb_rule *rule = &b->rules[r];
+        g->rule_alt0[r] = a;
+        g->alt_start[a++] = e;
+        for (uint32_t i = 0; i < rule->n; i++) {
+            int32_t s = rule->syms[i];
+            if (s == GB_ALT) {
+                g->elems[e++] = GRAM_END;
+                g->alt_start[a++] = e;
+            } else if (GB_IS_SET(s)) {
+                g->elems[e++] = GRAM_CHAR | GB_SET_ID(s) << 2;
+            } else {
+                g->elems[e++] = GRAM_REF | (uint32_t)s << 2;
+            }
+        }
+        g->elems[e++] = GRAM_END;
+    }
+    g->rule_alt0[b->n_rules] = a;
+    g->n_elems = e;
+    g->n_rules = b->n_rules;
+    if (b->n_sets) memcpy(g->sets, b->sets, b->n_sets * sizeof(g->sets[0]));
+    g->n_sets = b->n_sets;
+    g->root = (uint32_t)root;
+    gb_discard(b);
+    *out = g;
+    return NOPAD_OK;
+}
+
+void grammar_free(grammar *g) {
+    if (!g) return;
+    free(g->elems);
+    free(g->sets);
+    free(g->alt_start);
+    free(g->rule_alt0);
+    free(g);
+}
+
+size_t grammar_size(const grammar *g) { return g->n_elems; }
+
+/* ---- grammars of a regex and of a list of choices ------------------------------------------- */
+
+nopad_status grammar_from_regex(const char *pattern, size_t len, grammar **out) {
+    gram_builder b;
+    gb_init(&b);
+    int32_t root = gb_regex(&b, pattern, len, 0, "guided_regex");
+    return gb_finish(&b, root, out);
+}
+
+nopad_status grammar_from_choices(const char *const *choices, const size_t *lens, size_t n,
+                                  grammar **out) {
+    *out = NULL;
+    if (n == 0) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "guided_choice: an empty list of choices");
+    gram_builder b;
+    gb_init(&b);
+    int32_t root = gb_rule_new(&b);
+    for (size_t i = 0; i < n; i++) {
+        int32_t lit = gb_literal(&b, choices[i], lens[i]);
+        gb_rule_add(&b, root, &lit, 1);
+    }
+    return gb_finish(&b, root, out);
+}

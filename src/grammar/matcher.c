@@ -1,0 +1,310 @@
+/* The incremental matcher: the set of parse stacks the bytes so far leave open.
+ *
+ * A stack is a chain of nodes (pos, parent): pos is the element to match next in some
+ * alternative, parent the node to continue from when that alternative ends. Every stack's top
+ * waits on a byte set; accepting a byte advances each top whose set holds it and expands the
+ * result (entering referenced rules, leaving finished ones) until every new top waits on a byte
+ * set again, or the whole grammar has ended (the ACCEPT top).
+ *
+ * Nodes, tops and the start of each state live in three arrays that only grow along a path, so a
+ * save is three counters and a restore truncates them: the mask walk tries a token's bytes and
+ * rolls back in O(1). Within one step, continuations are hash-consed on (pos, parent) so that
+ * equal stacks are one node and an expansion reached twice (x* with x empty) stops there. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+#include "util/error.h"
+
+#define NO_NODE UINT32_MAX
+#define TOP_ACCEPT UINT32_MAX
+/* Rule entries without consuming a byte, nested: only a left-recursive grammar ($ref cycles
+ * with nothing consumed between) goes this deep; its deeper stacks are dropped. */
+#define MAX_EXPAND_DEPTH 512
+
+typedef struct mnode {
+    uint32_t pos, parent;
+} mnode;
+
+typedef struct mslot {
+    uint32_t pos, parent, node, stamp;
+    uint32_t expanded;
+} mslot;
+
+struct grammar_matcher {
+    const grammar *g;
+    mnode *nodes;
+    uint32_t n_nodes, cap_nodes;
+    uint32_t *tops;
+    uint32_t n_tops, cap_tops;
+    uint32_t *states; /* the first top of each state; the current state is the last */
+    uint32_t n_states, cap_states;
+    mslot *table;     /* this step's (pos, parent) -> node, and whether it was expanded */
+    uint32_t table_mask, table_used, stamp;
+    int failed;       /* out of memory inside a step: the step fails (the byte is refused) */
+};
+
+static int grow(void **ptr, uint32_t *cap, uint32_t need, size_t elem) {
+    if (need <= *cap) return 1;
+    uint32_t cap2 = *cap ? *cap * 2 : 64;
+    while (cap2 < need) cap2 *= 2;
+    void *p = realloc(*ptr, (size_t)cap2 * elem);
+    if (!p) return 0;
+    *ptr = p;
+    *cap = cap2;
+    return 1;
+}
+
+static uint32_t push_top(grammar_matcher *m, uint32_t top) {
+    if (!grow((void **)&m->tops, &m->cap_tops, m->n_tops + 1, sizeof(uint32_t))) {
+        m->failed = 1;
+        return 0;
+    }
+    m->tops[m->n_tops++] = top;
+    return 1;
+}
+
+static int table_rehash(grammar_matcher *m) {
+    uint32_t cap = (m->table_mask + 1) * 2;
+    mslot *t = calloc(cap, sizeof(mslot));
+    if (!t) return 0;
+    for (uint32_t i = 0; i <= m->table_mask; i++) {
+        mslot *s = &m->table[i];
+        if (s->stamp != m->stamp) continue;
+        uint32_t h = (s->pos * 0x9E3779B1u ^ s->parent * 0x85EBCA77u) & (cap - 1);
+        while (t[h].stamp == m->stamp) h = (h + 1) & (cap - 1);
+        t[h] = *s;
+    }
+    free(m->table);
+    m->table = t;
+    m->table_mask = cap - 1;
+    return 1;
+}
+
+/* This step's slot of (pos, parent), created empty when new; NULL when out of memory. */
+static mslot *slot(grammar_matcher *m, uint32_t pos, uint32_t parent) {
+    if (m->table_used * 2 >= m->table_mask && !table_rehash(m)) return NULL;
+    uint32_t h = (pos * 0x9E3779B1u ^ parent * 0x85EBCA77u) & m->table_mask;
+    for (;;) {
+        mslot *s = &m->table[h];
+        if (s->stamp != m->stamp) {
+            s->stamp = m->stamp;
+            s->pos = pos;
+            s->parent = parent;
+            s->node = NO_NODE;
+            s->expanded = 0;
+            m->table_used++;
+            return s;
+        }
+        if (s->pos == pos && s->parent == parent) return s;
+        h = (h + 1) & m->table_mask;
+    }
+}
+
+static void new_step(grammar_matcher *m) {
+    m->table_used = 0;
+    if (++m->stamp == 0) { /* the stamps wrapped: old slots could look current */
+        memset(m->table, 0, (m->table_mask + 1) * sizeof(mslot));
+        m->stamp = 1;
+    }
+}
+
+/* The node (pos, parent), shared with an equal one made in this step. */
+static uint32_t node_of(grammar_matcher *m, uint32_t pos, uint32_t parent) {
+    mslot *s = slot(m, pos, parent);
+    if (!s || !grow((void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof(mnode))) {
+        m->failed = 1;
+        return NO_NODE;
+    }
+    if (s->node == NO_NODE) {
+        m->nodes[m->n_nodes] = (mnode){pos, parent};
+        s->node = m->n_nodes++;
+    }
+    return s->node;
+}
+
+static void expand(grammar_matcher *m, uint32_t pos, uint32_t parent, int depth) {
+    const grammar *g = m->g;
+    for (;;) {
+        if (depth > MAX_EXPAND_DEPTH || m->failed) return;
+        uint32_t e = g->elems[pos];
+        if (GRAM_KIND(e) == GRAM_END) {
+            if (parent == NO_NODE) {
+                /* the whole grammar ended: once per step */
+                mslot *s = slot(m, UINT32_MAX, UINT32_MAX);
+                if (!s) { m->failed = 1; return; }
+                if (!s->expanded) {
+                    s->expanded = 1;
+                    push_top(m, TOP_ACCEPT);
+                }
+                return;
+            }
+            mnode p = m->nodes[parent];
+            pos = p.pos;
+            parent = p.parent;
+            depth++;
+            continue;
+        }
+        mslot *s = slot(m, pos, parent);
+        if (!s) { m->failed = 1; return; }
+        if (s->expanded) return;
+        s->expanded = 1;
+        if (GRAM_KIND(e) == GRAM_CHAR) {
+            uint32_t n = node_of(m, pos, parent);
+            if (n != NO_NODE) push_top(m, n);
+            return;
+        }
+        /* a rule reference: continue after it when the rule ends (the caller's own
+         * continuation when the reference ends its alternative, so x R loops stay flat) */
+        uint32_t ret = parent;
+        if (GRAM_KIND(g->elems[pos + 1]) != GRAM_END) {
+            ret = node_of(m, pos + 1, parent);
+            if (ret == NO_NODE) return;
+        }
+        uint32_t rule = GRAM_ARG(e);
+        for (uint32_t a = g->rule_alt0[rule]; a < g->rule_alt0[rule + 1]; a++)
+            expand(m, g->alt_start[a], ret, depth + 1);
+        return;
+    }
+}
+
+static int begin_state(grammar_matcher *m) {
+    if (!grow((void **)&m->states, &m->cap_states, m->n_states + 1, sizeof(uint32_t))) return 0;
+    m->states[m->n_states++] = m->n_tops;
+    return 1;
+}
+
+void grammar_matcher_reset(grammar_matcher *m) {
+    m->n_nodes = m->n_tops = m->n_states = 0;
+    m->failed = 0;
+    begin_state(m); /* capacity reserved at creation: cannot fail */
+    new_step(m);
+    const grammar *g = m->g;
+    for (uint32_t a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++)
+        expand(m, g->alt_start[a], NO_NODE, 0);
+}
+
+nopad_status grammar_matcher_create(const grammar *g, grammar_matcher **out) {
+    *out = NULL;
+    grammar_matcher *m = calloc(1, sizeof(*m));
+    if (!m) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "grammar matcher: out of memory");
+    m->g = g;
+    m->table_mask = 255;
+    m->table = calloc(m->table_mask + 1, sizeof(mslot));
+    if (!m->table || !grow((void **)&m->states, &m->cap_states, 64, sizeof(uint32_t))) {
+        grammar_matcher_free(m);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "grammar matcher: out of memory");
+    }
+    grammar_matcher_reset(m);
+    if (m->failed) {
+        grammar_matcher_free(m);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "grammar matcher: out of memory");
+    }
+    *out = m;
+    return NOPAD_OK;
+}
+
+void grammar_matcher_free(grammar_matcher *m) {
+    if (!m) return;
+    free(m->nodes);
+    free(m->tops);
+    free(m->states);
+    free(m->table);
+    free(m);
+}
+
+grammar_mark grammar_matcher_save(const grammar_matcher *m) {
+    return (grammar_mark){m->n_nodes, m->n_tops, m->n_states};
+}
+
+void grammar_matcher_restore(grammar_matcher *m, grammar_mark mark) {
+    m->n_nodes = mark.nodes;
+    m->n_tops = mark.tops;
+    m->n_states = mark.states;
+}
+
+int grammar_matcher_accept(grammar_matcher *m, uint8_t byte) {
+    grammar_mark before = grammar_matcher_save(m);
+    uint32_t first = m->states[m->n_states - 1], last = m->n_tops;
+    if (!begin_state(m)) return 0;
+    new_step(m);
+    m->failed = 0;
+    const grammar *g = m->g;
+    uint32_t word = byte >> 5, bit = 1u << (byte & 31);
+    for (uint32_t i = first; i < last; i++) {
+        uint32_t t = m->tops[i];
+        if (t == TOP_ACCEPT) continue;
+        mnode n = m->nodes[t];
+        if (g->sets[GRAM_ARG(g->elems[n.pos])][word] & bit) expand(m, n.pos + 1, n.parent, 0);
+    }
+    if (m->failed || m->n_tops == last) {
+        grammar_matcher_restore(m, before);
+        m->failed = 0;
+        return 0;
+    }
+    return 1;
+}
+
+int grammar_matcher_accept_bytes(grammar_matcher *m, const uint8_t *bytes, size_t n) {
+    grammar_mark before = grammar_matcher_save(m);
+    for (size_t i = 0; i < n; i++) {
+        if (!grammar_matcher_accept(m, bytes[i])) {
+            grammar_matcher_restore(m, before);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int grammar_matcher_is_accepting(const grammar_matcher *m) {
+    for (uint32_t i = m->states[m->n_states - 1]; i < m->n_tops; i++)
+        if (m->tops[i] == TOP_ACCEPT) return 1;
+    return 0;
+}
+
+int grammar_matcher_can_continue(const grammar_matcher *m) {
+    for (uint32_t i = m->states[m->n_states - 1]; i < m->n_tops; i++)
+        if (m->tops[i] != TOP_ACCEPT) return 1;
+    return 0;
+}
+
+nopad_status grammar_matcher_commit(grammar_matcher *m) {
+    /* copy the nodes the current tops reach, parents first, into fresh arrays */
+    uint32_t first = m->states[m->n_states - 1], count = m->n_tops - first;
+    uint32_t *map = malloc((size_t)(m->n_nodes ? m->n_nodes : 1) * sizeof(uint32_t));
+    mnode *nodes = malloc((size_t)(m->n_nodes ? m->n_nodes : 1) * sizeof(mnode));
+    uint32_t *chain = malloc((size_t)(m->n_nodes ? m->n_nodes : 1) * sizeof(uint32_t));
+    if (!map || !nodes || !chain) {
+        free(map);
+        free(nodes);
+        free(chain);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "grammar matcher: out of memory compacting");
+    }
+    memset(map, 0xFF, (size_t)m->n_nodes * sizeof(uint32_t));
+    uint32_t n_new = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t t = m->tops[first + i];
+        if (t == TOP_ACCEPT) continue;
+        uint32_t len = 0;
+        for (uint32_t x = t; x != NO_NODE && map[x] == NO_NODE; x = m->nodes[x].parent) chain[len++] = x;
+        while (len > 0) {
+            uint32_t x = chain[--len];
+            uint32_t p = m->nodes[x].parent;
+            nodes[n_new] = (mnode){m->nodes[x].pos, p == NO_NODE ? NO_NODE : map[p]};
+            map[x] = n_new++;
+        }
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t t = m->tops[first + i];
+        m->tops[i] = t == TOP_ACCEPT ? TOP_ACCEPT : map[t];
+    }
+    memcpy(m->nodes, nodes, (size_t)n_new * sizeof(mnode));
+    m->n_nodes = n_new;
+    m->n_tops = count;
+    m->states[0] = 0;
+    m->n_states = 1;
+    free(map);
+    free(nodes);
+    free(chain);
+    return NOPAD_OK;
+}

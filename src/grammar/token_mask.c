@@ -1,0 +1,279 @@
+/* Token masks: a trie of the vocabulary's token bytes, flattened in preorder, walked against the
+ * matcher. Each node tries one byte on top of its parent's state; a byte the grammar refuses
+ * skips the node's whole subtree (every token sharing that prefix) at once, and a save / restore
+ * of the matcher's arena is three counters, so the walk costs one matcher step per live trie
+ * node. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+#include "util/error.h"
+
+typedef struct trie_node {
+    uint32_t next;      /* the first node after this one's subtree */
+    uint32_t tok_first; /* this node's tokens: ids[tok_first .. tok_first + tok_count) */
+    uint16_t tok_count;
+    uint16_t depth;     /* bytes from the root: 1 for a first byte */
+    uint8_t byte;
+} trie_node;
+
+struct grammar_token_trie {
+    int32_t vocab_size;
+    uint8_t *bytes;     /* every token's bytes back to back */
+    uint64_t *offset;   /* token id -> offset in bytes; offset[vocab_size] = total */
+    trie_node *nodes;
+    uint32_t n_nodes;
+    int32_t *ids;       /* token ids by node (lexicographic order of their bytes) */
+    int32_t *eos;
+    int32_t n_eos;
+    uint32_t max_depth;
+};
+
+/* The longest token the trie holds: longer ones (none in real vocabularies) never match. */
+#define TRIE_MAX_TOKEN 1024
+
+static const grammar_token_trie *sort_trie;
+
+static int by_bytes(const void *pa, const void *pb) {
+    const grammar_token_trie *t = sort_trie;
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    uint64_t la = t->offset[a + 1] - t->offset[a], lb = t->offset[b + 1] - t->offset[b];
+    int c = memcmp(t->bytes + t->offset[a], t->bytes + t->offset[b], la < lb ? la : lb);
+    if (c) return c;
+    if (la != lb) return la < lb ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+nopad_status grammar_token_trie_create(const uint8_t *const *tokens, const uint32_t *lens,
+                                       int32_t vocab_size, const int32_t *eos_ids, int32_t n_eos,
+                                       grammar_token_trie **out) {
+    *out = NULL;
+    if (vocab_size <= 0 || n_eos < 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "token trie: vocab_size %d, %d EOS ids", vocab_size, n_eos);
+    for (int32_t i = 0; i < n_eos; i++)
+        if (eos_ids[i] < 0 || eos_ids[i] >= vocab_size)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "token trie: EOS id %d outside [0, %d)", eos_ids[i], vocab_size);
+    grammar_token_trie *t = calloc(1, sizeof(*t));
+    if (!t) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "token trie: out of memory");
+    t->vocab_size = vocab_size;
+    t->offset = malloc(((size_t)vocab_size + 1) * sizeof(uint64_t));
+    uint64_t total = 0;
+    int32_t n_tokens = 0;
+    for (int32_t i = 0; i < vocab_size; i++) {
+        uint32_t len = lens[i] <= TRIE_MAX_TOKEN ? lens[i] : 0;
+        total += len;
+        n_tokens += len > 0;
+    }
+    t->bytes = malloc(total ? total : 1);
+    t->ids = malloc(((size_t)n_tokens + 1) * sizeof(int32_t));
+    t->nodes = malloc((total ? total : 1) * sizeof(trie_node)); /* at most one node a byte */
+    t->eos = malloc(((size_t)n_eos + 1) * sizeof(int32_t));
+    if (!t->offset || !t->bytes || !t->ids || !t->nodes || !t->eos) {
+        grammar_token_trie_free(t);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "token trie: out of memory for %d tokens", vocab_size);
+    }
+    memcpy(t->eos, eos_ids, (size_t)n_eos * sizeof(int32_t));
+    t->n_eos = n_eos;
+    uint64_t at = 0;
+    int32_t k = 0;
+    for (int32_t i = 0; i < vocab_size; i++) {
+        uint32_t len = lens[i] <= TRIE_MAX_TOKEN ? lens[i] : 0;
+        t->offset[i] = at;
+        if (len) memcpy(t->bytes + at, tokens[i], len);
+        at += len;
+        if (len) t->ids[k++] = i;
+    }
+    t->offset[vocab_size] = at;
+    sort_trie = t;
+    qsort(t->ids, (size_t)n_tokens, sizeof(int32_t), by_bytes);
+    sort_trie = NULL;
+
+    /* preorder: each token after its lexicographic predecessor shares a prefix of it, so only
+     * the nodes below that prefix are new; a node's subtree ends when the path leaves it */
+    uint32_t path[TRIE_MAX_TOKEN + 1];
+    uint32_t depth = 0, n = 0;
+    const uint8_t *prev = NULL;
+    uint64_t prev_len = 0;
+    for (int32_t j = 0; j < n_tokens; j++) {
+        int32_t id = t->ids[j];
+        const uint8_t *s = t->bytes + t->offset[id];
+        uint64_t len = t->offset[id + 1] - t->offset[id];
+        uint64_t common = 0;
+        while (common < len && common < prev_len && s[common] == prev[common]) common++;
+        while (depth > common) t->nodes[path[--depth]].next = n;
+        for (; depth < len; depth++) {
+            t->nodes[n] = (trie_node){0, (uint32_t)j, 0, (uint16_t)(depth + 1), s[depth]};
+            path[depth] = n++;
+        }
+        trie_node *end = &t->nodes[path[len - 1]];
+        if (end->tok_count == 0) end->tok_first = (uint32_t)j;
+        end->tok_count++;
+        if (len > t->max_depth) t->max_depth = (uint32_t)len;
+        prev = s;
+        prev_len = len;
+    }
+    while (depth > 0) t->nodes[path[--depth]].next = n;
+    t->n_nodes = n;
+    *out = t;
+    return NOPAD_OK;
+}
+
+void grammar_token_trie_free(grammar_token_trie *t) {
+    if (!t) return;
+    free(t->bytes);
+    free(t->offset);
+    free(t->nodes);
+    free(t->ids);
+    free(t->eos);
+    free(t);
+}
+
+int32_t grammar_token_trie_vocab_size(const grammar_token_trie *t) { return t->vocab_size; }
+
+const uint8_t *grammar_token_trie_token(const grammar_token_trie *t, int32_t id, uint32_t *len) {
+    if (id < 0 || id >= t->vocab_size) {
+        *len = 0;
+        return NULL;
+    }
+    *len = (uint32_t)(t->offset[id + 1] - t->offset[id]);
+    return t->bytes + t->offset[id];
+}
+
+int32_t grammar_token_mask(const grammar_token_trie *t, grammar_matcher *m, uint32_t *mask) {
+    memset(mask, 0, ((size_t)t->vocab_size + 31) / 32 * sizeof(uint32_t));
+    grammar_mark marks[TRIE_MAX_TOKEN + 1];
+    marks[0] = grammar_matcher_save(m);
+    int32_t allowed = 0;
+    for (uint32_t i = 0; i < t->n_nodes;) {
+        const trie_node *nd = &t->nodes[i];
+        grammar_matcher_restore(m, marks[nd->depth - 1]);
+        if (!grammar_matcher_accept(m, nd->byte)) {
+            i = nd->next;
+            continue;
+        }
+        marks[nd->depth] = grammar_matcher_save(m);
+        for (uint32_t k = 0; k < nd->tok_count; k++) {
+            int32_t id = t->ids[nd->tok_first + k];
+            mask[id >> 5] |= 1u << (id & 31);
+        }
+        allowed += nd->tok_count;
+        i++;
+    }
+    grammar_matcher_restore(m, marks[0]);
+    if (grammar_matcher_is_accepting(m)) {
+        for (int32_t k = 0; k < t->n_eos; k++) {
+            int32_t id = t->eos[k];
+            if (!((mask[id >> 5] >> (id & 31)) & 1)) allowed++;
+            mask[id >> 5] |= 1u << (id & 31);
+        }
+    }
+    return allowed;
+}
+
+int grammar_matcher_accept_token(grammar_matcher *m, const grammar_token_trie *t, int32_t id) {
+    for (int32_t k = 0; k < t->n_eos; k++)
+        if (t->eos[k] == id) return grammar_matcher_is_accepting(m);
+    uint32_t len;
+    const uint8_t *s = grammar_token_trie_token(t, id, &len);
+    if (!s || len == 0) return 0;
+    return grammar_matcher_accept_bytes(m, s, len);
+}
+
+/* ---- a tokenizer's vocabulary as bytes ----------------------------------------------------------- */
+
+/* GPT-2's bytes_to_unicode inverted: code point -> byte, -1 for a code point no byte maps to. */
+static void byte_level_decoder(int16_t cp_to_byte[324]) {
+    for (int i = 0; i < 324; i++) cp_to_byte[i] = -1;
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        cp_to_byte[printable ? b : 256 + extra++] = (int16_t)b;
+    }
+}
+
+/* One UTF-8 character of s (len > 0): its code point, *adv its length; -1 when malformed. */
+static long utf8_next(const uint8_t *s, size_t len, size_t *adv) {
+    uint8_t c = s[0];
+    size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (n == 0 || n > len) return -1;
+    long v = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n; k++) {
+        if ((s[k] & 0xC0) != 0x80) return -1;
+        v = v << 6 | (s[k] & 0x3F);
+    }
+    *adv = n;
+    return v;
+}
+
+nopad_status grammar_token_trie_from_tokenizer(const nopad_tokenizer *tok, const int32_t *eos_ids,
+                                               int32_t n_eos, grammar_token_trie **out) {
+    *out = NULL;
+    nopad_tokenizer_kind kind = nopad_tokenizer_get_kind(tok);
+    if (kind != NOPAD_TOKENIZER_BPE_BYTE_LEVEL && kind != NOPAD_TOKENIZER_BPE_SENTENCEPIECE)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "token trie: a %s tokenizer (constrained decoding "
+                               "needs bpe-byte-level or bpe-sentencepiece)", nopad_tokenizer_kind_name(kind));
+    int32_t vocab = nopad_tokenizer_vocab_size(tok);
+    uint8_t *bytes = NULL;
+    uint32_t *lens = calloc((size_t)vocab + 1, sizeof(uint32_t));
+    const uint8_t **ptrs = calloc((size_t)vocab + 1, sizeof(*ptrs));
+    size_t total = 0;
+    for (int32_t id = 0; id < vocab; id++) {
+        size_t len = 0;
+        if (nopad_tokenizer_id_to_token(tok, id, &len)) total += len;
+    }
+    bytes = malloc(total + 1);
+    if (!lens || !ptrs || !bytes) {
+        free(lens);
+        free(ptrs);
+        free(bytes);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "token trie: out of memory for %d tokens", vocab);
+    }
+    int16_t cp_to_byte[324];
+    byte_level_decoder(cp_to_byte);
+    size_t at = 0;
+    for (int32_t id = 0; id < vocab; id++) {
+        size_t len = 0;
+        const uint8_t *s = (const uint8_t *)nopad_tokenizer_id_to_token(tok, id, &len);
+        ptrs[id] = bytes + at;
+        if (!s || len == 0) continue;
+        /* a special token (<|im_end|>, <s>) decodes to nothing without its specials: never text */
+        char text[8];
+        size_t text_len = 0;
+        nopad_status st = nopad_detokenize(tok, &id, 1, 1, text, sizeof(text), &text_len);
+        if ((st == NOPAD_OK || st == NOPAD_ERR_BUFFER_TOO_SMALL) && text_len == 0) continue;
+        size_t start = at, i = 0;
+        int ok = 1;
+        if (kind == NOPAD_TOKENIZER_BPE_BYTE_LEVEL) {
+            while (i < len && ok) {
+                size_t adv = 0;
+                long cp = utf8_next(s + i, len - i, &adv);
+                if (cp < 0 || cp >= 324 || cp_to_byte[cp] < 0) ok = 0;
+                else bytes[at++] = (uint8_t)cp_to_byte[cp];
+                i += adv;
+            }
+        } else if (len == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>') {
+            /* byte fallback <0xNN> */
+            static const char HEX[] = "0123456789ABCDEF";
+            const char *h1 = strchr(HEX, s[3]), *h2 = strchr(HEX, s[4]);
+            if (h1 && h2 && s[3] && s[4]) bytes[at++] = (uint8_t)((h1 - HEX) * 16 + (h2 - HEX));
+            else ok = 0;
+        } else {
+            /* SentencePiece: U+2581 is a space */
+            while (i < len) {
+                if (i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
+                    bytes[at++] = ' ';
+                    i += 3;
+                } else {
+                    bytes[at++] = s[i++];
+                }
+            }
+        }
+        if (!ok) at = start; /* not a byte-level spelling (an added token): never text here */
+        lens[id] = (uint32_t)(at - start);
+    }
+    nopad_status st = grammar_token_trie_create(ptrs, lens, vocab, eos_ids, n_eos, out);
+    free(lens);
+    free(ptrs);
+    free(bytes);
+    return st;
+}

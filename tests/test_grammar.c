@@ -1,0 +1,569 @@
+/* Constrained decoding (issue 44, src/grammar/): schemas, regexes and choices to grammars, the
+ * byte matcher on documents it must accept and reject, the token masks against brute force over
+ * random vocabularies, random walks through masks that must end in valid documents, the refused
+ * keywords, and the mask time on SmolLM2's vocabulary (printed; skipped without the GGUF).
+ *
+ * Also the C side of tests/python/test_grammar_schema.py (the jsonschema package as the
+ * reference), run as:
+ *   test_grammar --check CASES.json
+ *       CASES: [{"schema": S | "regex": R | "choices": [..] | "json_object": true,
+ *                "docs": ["text", ...]}]; prints a line per case: "ERR <message>", or one
+ *       character per document, 1 accepted, 0 refused;
+ *   test_grammar --generate CASES.json N SEED
+ *       prints, per case, N documents from random byte walks through the grammar (one JSON
+ *       string per line; a line "ERR <message>" for a grammar that does not compile). */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "grammar/grammar.h"
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static grammar *schema_grammar(const char *schema) {
+    grammar *g = NULL;
+    nopad_status st = grammar_from_json_schema(schema, strlen(schema), &g);
+    if (st != NOPAD_OK) fail_msg("schema %s: %s", schema, nopad_last_error());
+    return g;
+}
+
+static int matches(const grammar *g, const char *doc) {
+    grammar_matcher *m = NULL;
+    assert_nopad_ok(grammar_matcher_create(g, &m));
+    int ok = grammar_matcher_accept_bytes(m, (const uint8_t *)doc, strlen(doc)) &&
+             grammar_matcher_is_accepting(m);
+    grammar_matcher_free(m);
+    return ok;
+}
+
+static void expect_docs(const char *schema, const char *const *good, const char *const *bad) {
+    grammar *g = schema_grammar(schema);
+    for (const char *const *d = good; *d; d++)
+        if (!matches(g, *d)) fail_msg("schema %s refuses valid %s", schema, *d);
+    for (const char *const *d = bad; *d; d++)
+        if (matches(g, *d)) fail_msg("schema %s accepts invalid %s", schema, *d);
+    grammar_free(g);
+}
+
+/* A random walk over bytes: at each step one of the bytes the matcher takes; stops when
+ * accepting with probability 1/4, and after `soft` bytes prefers closing bytes, so that nested
+ * values end. Returns the length, or -1 when the walk died or ran past cap. */
+static long random_walk(grammar_matcher *m, char *out, long cap, long soft, uint64_t *rng) {
+    long n = 0;
+    while (n + 1 < cap) {
+        if (grammar_matcher_is_accepting(m) &&
+            (!grammar_matcher_can_continue(m) || test_rand_u32(rng) % 4 == 0 || n > soft))
+            break;
+        uint8_t allowed[256], closing[256];
+        int na = 0, nc = 0;
+        for (int b = 0; b < 256; b++) {
+            grammar_mark mark = grammar_matcher_save(m);
+            if (grammar_matcher_accept(m, (uint8_t)b)) {
+                allowed[na++] = (uint8_t)b;
+                if (strchr("\"}]0123456789el", b) && b) closing[nc++] = (uint8_t)b;
+            }
+            grammar_matcher_restore(m, mark);
+        }
+        if (na == 0) return -1;
+        uint8_t pick = n > soft && nc > 0 ? closing[test_rand_u32(rng) % nc] : allowed[test_rand_u32(rng) % na];
+        if (!grammar_matcher_accept(m, pick)) return -1;
+        out[n++] = (char)pick;
+    }
+    out[n] = 0;
+    return grammar_matcher_is_accepting(m) ? n : -1;
+}
+
+/* ---- documents ------------------------------------------------------------------------------ */
+
+static void test_objects(void **state) {
+    (void)state;
+    const char *schema =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+        "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
+        "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":1,\"maxItems\":3}},"
+        "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}";
+    const char *good[] = {"{\"name\":\"Ann\",\"age\":31}", "{\"name\": \"A\\\"b\", \"age\": 0}",
+                          "{\"name\":\"\",\"age\":150,\"tags\":[\"x\"]}",
+                          "{\"name\":\"é😀\",\"age\":7,\"tags\":[\"a\", \"b\",\"c\"]}",
+                          "{\n\"name\":\"x\\u00e9\",\"age\":99\n}", NULL};
+    const char *bad[] = {"{\"age\":31,\"name\":\"Ann\"}", /* order: canonical form only */
+                         "{\"name\":\"Ann\"}", "{\"name\":\"Ann\",\"age\":151}",
+                         "{\"name\":\"Ann\",\"age\":-1}", "{\"name\":\"Ann\",\"age\":01}",
+                         "{\"name\":\"Ann\",\"age\":3,\"tags\":[]}",
+                         "{\"name\":\"Ann\",\"age\":3,\"tags\":[\"a\",\"b\",\"c\",\"d\"]}",
+                         "{\"name\":\"Ann\",\"age\":3,\"x\":1}", "{\"name\":\"Ann\",\"age\":3}x",
+                         "{\"name\":\"A\nB\",\"age\":3}", "{\"name\":\"\\ud800\",\"age\":3}",
+                         "{  \"name\":\"Ann\",\"age\":3}", "{\"name\":\"\xC0\x80\",\"age\":3}", NULL};
+    expect_docs(schema, good, bad);
+
+    /* additionalProperties absent: extra keys after the listed ones, never a listed key again */
+    const char *open_schema = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},"
+                              "\"required\":[\"id\"]}";
+    const char *open_good[] = {"{\"id\":1}", "{\"id\":1,\"i\":[1,{\"a\":null}]}", "{\"id\":1,\"idx\":true}",
+                               "{\"id\":1,\"x\":\"y\",\"z\":-2.5e3}", NULL};
+    const char *open_bad[] = {"{\"id\":1,\"id\":2}", "{\"id\":1,\"\\u0069d\":2}", "{}", NULL};
+    expect_docs(open_schema, open_good, open_bad);
+}
+
+static void test_types_enums_unions(void **state) {
+    (void)state;
+    const char *schema =
+        "{\"$defs\":{\"Color\":{\"enum\":[\"red\",\"green\",\"a\\\"b\"],\"type\":\"string\"},"
+        "\"Node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+        "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/Node\"},{\"type\":\"null\"}]}},"
+        "\"required\":[\"v\",\"next\"],\"additionalProperties\":false}},"
+        "\"type\":\"object\",\"properties\":{\"c\":{\"$ref\":\"#/$defs/Color\"},"
+        "\"n\":{\"$ref\":\"#/$defs/Node\"},\"k\":{\"const\":{\"a\":[1,2.5,true]}},"
+        "\"t\":{\"type\":[\"number\",\"boolean\"]}},"
+        "\"required\":[\"c\",\"n\"],\"additionalProperties\":false}";
+    const char *good[] = {"{\"c\":\"red\",\"n\":{\"v\":1,\"next\":null}}",
+                          "{\"c\":\"a\\\"b\",\"n\":{\"v\":1,\"next\":{\"v\":-2,\"next\":null}},\"k\":{\"a\":[1,2.5,true]}}",
+                          "{\"c\":\"green\",\"n\":{\"v\":0,\"next\":null},\"t\":-0.5e-3}",
+                          "{\"c\":\"green\",\"n\":{\"v\":0,\"next\":null},\"t\":false}", NULL};
+    const char *bad[] = {"{\"c\":\"blue\",\"n\":{\"v\":1,\"next\":null}}",
+                         "{\"c\":\"red\",\"n\":{\"v\":1}}", "{\"c\":\"red\",\"n\":{\"v\":1,\"next\":null},\"k\":{\"a\":[1]}}",
+                         "{\"c\":\"red\",\"n\":{\"v\":1,\"next\":null},\"t\":\"1\"}",
+                         "{\"c\":\"red\",\"n\":{\"v\":1,\"next\":null},\"t\":1.}", NULL};
+    expect_docs(schema, good, bad);
+
+    /* integer bounds across signs and digit counts, exclusive bounds */
+    const char *ints = "{\"type\":\"integer\",\"minimum\":-125,\"exclusiveMaximum\":1000}";
+    const char *int_good[] = {"-125", "-99", "-1", "0", "7", "10", "999", "-100", NULL};
+    const char *int_bad[] = {"-126", "1000", "-0", "007", "1e2", "1.0", "", "-", NULL};
+    expect_docs(ints, int_good, int_bad);
+}
+
+static void test_strings(void **state) {
+    (void)state;
+    const char *lengths = "{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}";
+    const char *len_good[] = {"\"ab\"", "\"a\\nb\"", "\"éé\"", "\"\\u00e9ab\"", NULL};
+    const char *len_bad[] = {"\"a\"", "\"abcd\"", "\"\"", "\"a\\\"bc\"", NULL};
+    expect_docs(lengths, len_good, len_bad);
+
+    const char *pattern = "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3,4}(x|yz)?$\"}";
+    const char *pat_good[] = {"\"AB-123\"", "\"ZZ-0000x\"", "\"QQ-999yz\"", NULL};
+    const char *pat_bad[] = {"\"ab-123\"", "\"AB-12\"", "\"AB-12345\"", "\"AB-123y\"", "\" AB-123\"", NULL};
+    expect_docs(pattern, pat_good, pat_bad);
+
+    /* unanchored: a search, anything around the match */
+    const char *search = "{\"type\":\"string\",\"pattern\":\"a\\\"+b\"}";
+    const char *search_good[] = {"\"a\\\"b\"", "\"xxa\\\"\\\"by\"", NULL};
+    const char *search_bad[] = {"\"ab\"", "\"a\\\"\"", NULL};
+    expect_docs(search, search_good, search_bad);
+
+    const char *dates = "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"format\":\"date\"}}";
+    const char *date_good[] = {"[\"2024-02-29\",\"2000-02-29\",\"1999-12-31\",\"0001-01-01\"]", NULL};
+    const char *date_bad[] = {"[\"2023-02-29\"]", "[\"1900-02-29\"]", "[\"2024-04-31\"]", "[\"0000-01-01\"]",
+                              "[\"2024-1-01\"]", NULL};
+    expect_docs(dates, date_good, date_bad);
+
+    const char *formats = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"
+                          "\"at\":{\"type\":\"string\",\"format\":\"date-time\"},"
+                          "\"mail\":{\"type\":\"string\",\"format\":\"email\"}},"
+                          "\"required\":[\"id\",\"at\",\"mail\"],\"additionalProperties\":false}";
+    const char *fmt_good[] = {"{\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-05-06T07:08:09Z\","
+                              "\"mail\":\"a.b+c@ex-ample.co.uk\"}",
+                              "{\"id\":\"123E4567-E89B-12D3-A456-426614174000\",\"at\":\"2024-05-06T23:59:59.123+05:30\","
+                              "\"mail\":\"x@y.z\"}", NULL};
+    const char *fmt_bad[] = {"{\"id\":\"123e4567e89b12d3a456426614174000\",\"at\":\"2024-05-06T07:08:09Z\",\"mail\":\"x@y.z\"}",
+                             "{\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-05-06T24:00:00Z\",\"mail\":\"x@y.z\"}",
+                             "{\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-05-06T07:08:09Z\",\"mail\":\"xy.z\"}",
+                             NULL};
+    expect_docs(formats, fmt_good, fmt_bad);
+}
+
+static void test_regex_choices_json_object(void **state) {
+    (void)state;
+    grammar *g = NULL;
+    const char *re = "(yes|no)( [0-9]+)?\\.|[^a-z\\n]{2}";
+    assert_nopad_ok(grammar_from_regex(re, strlen(re), &g));
+    assert_true(matches(g, "yes."));
+    assert_true(matches(g, "no 42."));
+    assert_true(matches(g, "A\""));
+    assert_true(matches(g, "é!"));
+    assert_false(matches(g, "maybe."));
+    assert_false(matches(g, "yes"));
+    assert_false(matches(g, "ab"));
+    assert_false(matches(g, "A\n"));
+    grammar_free(g);
+
+    const char *choices[] = {"positive", "negative", "pos"};
+    size_t lens[] = {8, 8, 3};
+    assert_nopad_ok(grammar_from_choices(choices, lens, 3, &g));
+    grammar_matcher *m = NULL;
+    assert_nopad_ok(grammar_matcher_create(g, &m));
+    assert_true(grammar_matcher_accept_bytes(m, (const uint8_t *)"pos", 3));
+    /* "pos" is whole and also continues to "positive" */
+    assert_true(grammar_matcher_is_accepting(m));
+    assert_true(grammar_matcher_can_continue(m));
+    assert_false(grammar_matcher_accept(m, 'x'));
+    assert_true(grammar_matcher_accept_bytes(m, (const uint8_t *)"itive", 5));
+    assert_true(grammar_matcher_is_accepting(m));
+    assert_false(grammar_matcher_can_continue(m));
+    grammar_matcher_free(m);
+    assert_false(matches(g, "neg"));
+    grammar_free(g);
+
+    assert_nopad_ok(grammar_any_json_object(&g));
+    assert_true(matches(g, "{}"));
+    assert_true(matches(g, "{\"a\": [1, {\"b\": \"c\"}], \"a\": null}"));
+    assert_false(matches(g, "[1]"));
+    assert_false(matches(g, "{\"a\":1,}"));
+    assert_false(matches(g, "{\"a\"  :1}"));
+    grammar_free(g);
+}
+
+static void test_refused(void **state) {
+    (void)state;
+    struct {
+        const char *schema, *message;
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":3}}}",
+         "schema.properties.a: keyword \"multipleOf\" is not supported"},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"string\",\"format\":\"hostname\"}}",
+         "schema.items: format \"hostname\" is not supported"},
+        {"{\"type\":\"number\",\"minimum\":0.5}", "schema: keyword \"minimum\" on a number that may be fractional"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "schema.pattern: regex (a)\\1: an unsupported escape"},
+        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "lookaround"},
+        {"{\"type\":\"object\",\"patternProperties\":{}}", "keyword \"patternProperties\" is not supported"},
+        {"{\"$ref\":\"#/$defs/Missing\"}", "points at nothing"},
+        {"{\"type\":\"string\",\"maxLength\":100000000}", "too large"},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer lies within"},
+        {"{\"type\":\"string\",\"pattern\":\"[é]\"}", "non-ASCII character class member"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        grammar *g = NULL;
+        nopad_status st = grammar_from_json_schema(cases[i].schema, strlen(cases[i].schema), &g);
+        assert_null(g);
+        assert_int_not_equal(st, NOPAD_OK);
+        if (!strstr(nopad_last_error(), cases[i].message))
+            fail_msg("schema %s: error \"%s\" lacks \"%s\"", cases[i].schema, nopad_last_error(), cases[i].message);
+    }
+    /* annotations constrain nothing */
+    grammar *g = schema_grammar("{\"title\":\"T\",\"description\":\"d\",\"$schema\":\"x\",\"type\":\"boolean\","
+                                "\"default\":true,\"examples\":[false]}");
+    assert_true(matches(g, "true"));
+    assert_false(matches(g, "1"));
+    grammar_free(g);
+}
+
+/* A left-recursive schema and x* of a nullable x end (and refuse) instead of looping. */
+static void test_degenerate_grammars(void **state) {
+    (void)state;
+    grammar *g = schema_grammar("{\"$defs\":{\"A\":{\"anyOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"null\"}]}},"
+                                "\"$ref\":\"#/$defs/A\"}");
+    assert_true(matches(g, "null"));
+    assert_false(matches(g, "nul"));
+    grammar_free(g);
+    const char *re = "(a*|b?)*c";
+    assert_nopad_ok(grammar_from_regex(re, strlen(re), &g));
+    assert_true(matches(g, "aabac"));
+    assert_true(matches(g, "c"));
+    assert_false(matches(g, "aab"));
+    grammar_free(g);
+}
+
+/* ---- masks ---------------------------------------------------------------------------------- */
+
+static const char *const MASK_SCHEMAS[] = {
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
+    "\"n\":{\"type\":\"integer\",\"minimum\":-20,\"maximum\":300},"
+    "\"ok\":{\"type\":\"boolean\"},\"e\":{\"enum\":[\"ab\",\"b\\\"c\",null]},"
+    "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"maxItems\":3}},"
+    "\"required\":[\"name\",\"n\"],\"additionalProperties\":false}",
+    "{\"type\":\"object\"}",
+    "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^[a-c]+-\\\\d$\"},\"minItems\":1}",
+};
+
+/* A vocabulary of random byte strings (1-4 bytes) over JSON's alphabet (with the letters of the
+ * schemas' keys) plus a few non-ASCII
+ * bytes, every single byte of the alphabet also a token (so every document is reachable), one
+ * empty (special) token and one EOS. */
+static grammar_token_trie *random_trie(int32_t vocab, uint64_t *rng, uint8_t (*store)[4], uint32_t *lens, int32_t *eos) {
+    static const char ALPHA[] = "{}[]\":, -.0123456789eEabcmnokrstuflx\\\n\xC3\xA9\xE2\x82\xAC";
+    const int na = (int)sizeof(ALPHA) - 1;
+    const uint8_t *ptrs[4096];
+    for (int32_t i = 0; i < vocab; i++) {
+        if (i < na) {
+            store[i][0] = (uint8_t)ALPHA[i];
+            lens[i] = 1;
+        } else {
+            lens[i] = 1 + test_rand_u32(rng) % 4;
+            for (uint32_t k = 0; k < lens[i]; k++) store[i][k] = (uint8_t)ALPHA[test_rand_u32(rng) % na];
+        }
+        ptrs[i] = store[i];
+    }
+    lens[vocab - 2] = 0; /* a special token: never text */
+    *eos = vocab - 1;
+    lens[vocab - 1] = 0;
+    grammar_token_trie *t = NULL;
+    assert_nopad_ok(grammar_token_trie_create(ptrs, lens, vocab, eos, 1, &t));
+    return t;
+}
+
+static void test_masks_brute_force(void **state) {
+    (void)state;
+    uint64_t rng = 0x6a09e667f3bcc909ull;
+    enum { VOCAB = 700 };
+    static uint8_t store[VOCAB][4];
+    uint32_t lens[VOCAB];
+    int32_t eos;
+    grammar_token_trie *trie = random_trie(VOCAB, &rng, store, lens, &eos);
+    uint32_t mask[(VOCAB + 31) / 32];
+    int documents = 0;
+    for (size_t s = 0; s < sizeof(MASK_SCHEMAS) / sizeof(MASK_SCHEMAS[0]); s++) {
+        grammar *g = schema_grammar(MASK_SCHEMAS[s]);
+        for (int walk = 0; walk < 12; walk++) {
+            grammar_matcher *m = NULL;
+            assert_nopad_ok(grammar_matcher_create(g, &m));
+            char doc[4096];
+            size_t len = 0;
+            for (int step = 0; step < 400; step++) {
+                int32_t allowed = grammar_token_mask(trie, m, mask);
+                int32_t count = 0, pick_non_eos[VOCAB], n_non_eos = 0;
+                for (int32_t t = 0; t < VOCAB; t++) {
+                    int bit = (mask[t >> 5] >> (t & 31)) & 1;
+                    count += bit;
+                    int alive;
+                    if (t == eos) {
+                        alive = grammar_matcher_is_accepting(m);
+                    } else {
+                        grammar_mark mark = grammar_matcher_save(m);
+                        alive = lens[t] > 0 && grammar_matcher_accept_bytes(m, store[t], lens[t]);
+                        grammar_matcher_restore(m, mark);
+                    }
+                    if (bit != alive)
+                        fail_msg("schema %zu step %d token %d (\"%.*s\"): mask %d, matcher %d after \"%.*s\"",
+                                 s, step, t, (int)lens[t], (const char *)store[t], bit, alive, (int)len, doc);
+                    if (bit && t != eos) pick_non_eos[n_non_eos++] = t;
+                }
+                assert_int_equal(count, allowed);
+                if (allowed == 0) fail_msg("schema %zu: nothing allowed after \"%.*s\"", s, (int)len, doc);
+                int stop = grammar_matcher_is_accepting(m) &&
+                           (n_non_eos == 0 || test_rand_u32(&rng) % 3 == 0 || step > 200);
+                if (stop) break;
+                int32_t t = pick_non_eos[test_rand_u32(&rng) % n_non_eos];
+                assert_true(grammar_matcher_accept_token(m, trie, t));
+                memcpy(doc + len, store[t], lens[t]);
+                len += lens[t];
+                if (step % 16 == 0) assert_nopad_ok(grammar_matcher_commit(m));
+            }
+            if (grammar_matcher_is_accepting(m)) {
+                doc[len] = 0;
+                cJSON *parsed = cJSON_ParseWithLength(doc, len);
+                if (!parsed) fail_msg("schema %zu: the walk's document does not parse: %s", s, doc);
+                if (s == 0) { /* the required fields, with their bounds */
+                    const cJSON *n = cJSON_GetObjectItemCaseSensitive(parsed, "n");
+                    const cJSON *name = cJSON_GetObjectItemCaseSensitive(parsed, "name");
+                    assert_true(cJSON_IsNumber(n) && n->valuedouble >= -20 && n->valuedouble <= 300);
+                    assert_true(cJSON_IsString(name));
+                }
+                cJSON_Delete(parsed);
+                documents++;
+            }
+            grammar_matcher_free(m);
+        }
+        grammar_free(g);
+    }
+    /* most walks end within their 400 steps */
+    assert_true(documents >= 24);
+    grammar_token_trie_free(trie);
+}
+
+/* The mask time on SmolLM2's vocabulary (49,152 tokens) for a 10-field schema, at positions
+ * inside a key, a string value, a number and between fields. Printed, not bounded: the machine's
+ * load decides the numbers. */
+static void test_smollm2_mask_time(void **state) {
+    (void)state;
+    const char *path = getenv("NOPAD_SMOLLM2_GGUF");
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) {
+        fprintf(stderr, "SmolLM2 GGUF absent ($NOPAD_SMOLLM2_GGUF): mask timing skipped\n");
+        skip();
+    }
+    fclose(f);
+    nopad_tokenizer *tok = NULL;
+    assert_nopad_ok(nopad_tokenizer_load(path, &tok));
+    int32_t eos = nopad_tokenizer_token_to_id(tok, "<|im_end|>");
+    assert_true(eos >= 0);
+    grammar_token_trie *trie = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_nopad_ok(grammar_token_trie_from_tokenizer(tok, &eos, 1, &trie));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fprintf(stderr, "SmolLM2 trie: %.1f ms\n", (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
+    /* " {" and "\":" are tokens the model writes JSON with: the vocabulary decodes to real bytes */
+    int32_t vocab = grammar_token_trie_vocab_size(trie);
+    assert_int_equal(vocab, 49152);
+    const char *schema =
+        "{\"type\":\"object\",\"properties\":{"
+        "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},\"name\":{\"type\":\"string\",\"maxLength\":40},"
+        "\"email\":{\"type\":\"string\",\"format\":\"email\"},\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":130},"
+        "\"score\":{\"type\":\"number\"},\"active\":{\"type\":\"boolean\"},"
+        "\"role\":{\"enum\":[\"admin\",\"user\",\"guest\"]},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":5},"
+        "\"born\":{\"type\":\"string\",\"format\":\"date\"},"
+        "\"address\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9]{5}$\"}},"
+        "\"required\":[\"city\",\"zip\"],\"additionalProperties\":false}},"
+        "\"required\":[\"id\",\"name\",\"email\",\"age\",\"score\",\"active\",\"role\",\"tags\",\"born\",\"address\"],"
+        "\"additionalProperties\":false}";
+    grammar *g = schema_grammar(schema);
+    const char *doc =
+        "{\"id\": \"123e4567-e89b-12d3-a456-426614174000\", \"name\": \"Ada Lovelace\", \"email\": \"ada@ex.org\", "
+        "\"age\": 36, \"score\": 9.5, \"active\": true, \"role\": \"admin\", \"tags\": [\"math\", \"poet\"], "
+        "\"born\": \"1815-12-10\", \"address\": {\"city\": \"London\", \"zip\": \"12345\"}}";
+    struct {
+        const char *label;
+        const char *after; /* the prefix of doc the mask is taken after */
+    } points[] = {
+        {"start", ""},
+        {"in a key", "{\"id\": \"123e4567-e89b-12d3-a456-426614174000\", \"na"},
+        {"in a free string", "{\"id\": \"123e4567-e89b-12d3-a456-426614174000\", \"name\": \"Ada Lo"},
+        {"in a uuid", "{\"id\": \"123e45"},
+        {"in a number", "{\"id\": \"123e4567-e89b-12d3-a456-426614174000\", \"name\": \"Ada Lovelace\", \"email\": "
+                        "\"ada@ex.org\", \"age\": 36, \"score\": 9"},
+        {"after a value", "{\"id\": \"123e4567-e89b-12d3-a456-426614174000\", \"name\": \"Ada Lovelace\", \"email\": "
+                          "\"ada@ex.org\", \"age\": 36, \"score\": 9.5, \"active\": true"},
+        {"in an array", "{\"id\": \"123e4567-e89b-12d3-a456-426614174000\", \"name\": \"Ada Lovelace\", \"email\": "
+                        "\"ada@ex.org\", \"age\": 36, \"score\": 9.5, \"active\": true, \"role\": \"admin\", "
+                        "\"tags\": [\"math\", \"po"},
+    };
+    uint32_t *mask = malloc(((size_t)vocab + 31) / 32 * sizeof(uint32_t));
+    for (size_t p = 0; p < sizeof(points) / sizeof(points[0]); p++) {
+        grammar_matcher *m = NULL;
+        assert_nopad_ok(grammar_matcher_create(g, &m));
+        assert_true(!strncmp(doc, points[p].after, strlen(points[p].after)));
+        assert_true(grammar_matcher_accept_bytes(m, (const uint8_t *)points[p].after, strlen(points[p].after)));
+        int32_t allowed = 0;
+        const int reps = 20;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int r = 0; r < reps; r++) allowed = grammar_token_mask(trie, m, mask);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double us = ((t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3) / reps;
+        fprintf(stderr, "SmolLM2 mask %-17s %8.1f us  %6d tokens allowed\n", points[p].label, us, allowed);
+        /* the token the document continues with is allowed */
+        assert_true(allowed > 0);
+        grammar_matcher_free(m);
+    }
+    /* the whole document, token by token as the tokenizer splits it: every token allowed */
+    int32_t ids[512], n_ids = 0;
+    nopad_tokenize_params tp = nopad_tokenize_default_params();
+    tp.add_special_tokens = 0;
+    assert_nopad_ok(nopad_tokenize(tok, doc, strlen(doc), &tp, ids, 512, &n_ids));
+    grammar_matcher *m = NULL;
+    assert_nopad_ok(grammar_matcher_create(g, &m));
+    double total_us = 0;
+    for (int32_t i = 0; i < n_ids; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        grammar_token_mask(trie, m, mask);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        total_us += (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
+        if (!((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1)) fail_msg("token %d of the document refused", i);
+        assert_true(grammar_matcher_accept_token(m, trie, ids[i]));
+        assert_nopad_ok(grammar_matcher_commit(m));
+    }
+    grammar_token_mask(trie, m, mask);
+    assert_true((mask[eos >> 5] >> (eos & 31)) & 1);
+    fprintf(stderr, "SmolLM2 mask over the document's %d tokens: mean %.1f us\n", n_ids, total_us / n_ids);
+    grammar_matcher_free(m);
+    free(mask);
+    grammar_free(g);
+    grammar_token_trie_free(trie);
+    nopad_tokenizer_free(tok);
+}
+
+/* ---- the Python test's entry points ----------------------------------------------------------- */
+
+static nopad_status case_grammar(const cJSON *c, grammar **g) {
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(c, "schema");
+    const cJSON *regex = cJSON_GetObjectItemCaseSensitive(c, "regex");
+    const cJSON *choices = cJSON_GetObjectItemCaseSensitive(c, "choices");
+    if (schema) {
+        char *text = cJSON_PrintUnformatted(schema);
+        nopad_status st = grammar_from_json_schema(text, strlen(text), g);
+        free(text);
+        return st;
+    }
+    if (regex) return grammar_from_regex(regex->valuestring, strlen(regex->valuestring), g);
+    if (choices) {
+        int n = cJSON_GetArraySize(choices);
+        const char *texts[256];
+        size_t lens[256];
+        for (int i = 0; i < n && i < 256; i++) {
+            texts[i] = cJSON_GetArrayItem(choices, i)->valuestring;
+            lens[i] = strlen(texts[i]);
+        }
+        return grammar_from_choices(texts, lens, (size_t)(n < 256 ? n : 256), g);
+    }
+    return grammar_any_json_object(g);
+}
+
+static int run_cases(int argc, char **argv) {
+    size_t len;
+    char *text = test_read_file(argv[2], &len);
+    cJSON *cases = text ? cJSON_ParseWithLength(text, len) : NULL;
+    free(text);
+    if (!cases) {
+        fprintf(stderr, "%s: unreadable cases\n", argv[2]);
+        return 2;
+    }
+    int generate = !strcmp(argv[1], "--generate");
+    long per_case = generate && argc > 3 ? atol(argv[3]) : 0;
+    uint64_t rng = generate && argc > 4 ? strtoull(argv[4], NULL, 10) : 1;
+    for (const cJSON *c = cases->child; c; c = c->next) {
+        grammar *g = NULL;
+        if (case_grammar(c, &g) != NOPAD_OK) {
+            printf("ERR %s\n", nopad_last_error());
+            continue;
+        }
+        grammar_matcher *m = NULL;
+        if (grammar_matcher_create(g, &m) != NOPAD_OK) return 2;
+        if (generate) {
+            static char doc[8192];
+            for (long k = 0; k < per_case; k++) {
+                long n = -1;
+                for (int attempt = 0; attempt < 20 && n < 0; attempt++) {
+                    grammar_matcher_reset(m);
+                    n = random_walk(m, doc, sizeof(doc), 200, &rng);
+                }
+                cJSON *s = cJSON_CreateString(n >= 0 ? doc : "");
+                char *line = cJSON_PrintUnformatted(s);
+                printf("%s\n", n >= 0 ? line : "null");
+                free(line);
+                cJSON_Delete(s);
+            }
+        } else {
+            const cJSON *docs = cJSON_GetObjectItemCaseSensitive(c, "docs");
+            for (const cJSON *d = docs ? docs->child : NULL; d; d = d->next) {
+                grammar_matcher_reset(m);
+                int ok = grammar_matcher_accept_bytes(m, (const uint8_t *)d->valuestring, strlen(d->valuestring)) &&
+                         grammar_matcher_is_accepting(m);
+                putchar(ok ? '1' : '0');
+            }
+            putchar('\n');
+        }
+        grammar_matcher_free(m);
+        grammar_free(g);
+    }
+    cJSON_Delete(cases);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 2 && (!strcmp(argv[1], "--check") || !strcmp(argv[1], "--generate"))) return run_cases(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_objects),
+        cmocka_unit_test(test_types_enums_unions),
+        cmocka_unit_test(test_strings),
+        cmocka_unit_test(test_regex_choices_json_object),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_degenerate_grammars),
+        cmocka_unit_test(test_masks_brute_force),
+        cmocka_unit_test(test_smollm2_mask_time),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
