@@ -7,11 +7,13 @@
 
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,11 +36,14 @@ struct nopad_comm {
     /* a spawned world (comm_spawn / comm_parent) has no launcher to end it when a rank dies, and
      * Open MPI leaves the others waiting: each rank watches the others' processes (one machine) */
     int64_t *pids;      /* [size] each rank's process id; NULL when not spawned */
+    struct pollfd *exits; /* [size] a pidfd per other rank (readable once it ended; fd -1 for this
+                             rank, or where the kernel has no pidfd_open: /proc is read then) */
     pthread_t watcher;
     int watching;
     int stop_watch;     /* __atomic: comm_free stops the watcher */
     int lost;           /* __atomic: a rank ended unexpectedly (lost_why says which); the leader's
                            calls fail from then on */
+    int lost_claimed;   /* __atomic: world_lost's work is done once, by the first to see the loss */
     char lost_why[256];
 #endif
 #ifdef NOPAD_HAVE_CUDA
@@ -269,6 +274,23 @@ static nopad_status lost_error(const nopad_comm *c, const char *op) {
     return nopad_set_error(NOPAD_ERR_BACKEND, "%s on rank %d of %d: %s", op, c->rank, c->size, c->lost_why);
 }
 
+/* Before a host collective starts: NOPAD_OK, or the error of a spawned world that lost a rank.
+ * Nothing is sent to a rank that is gone: Open MPI's TCP transport (the one between a leader and
+ * the workers it spawned) aborts the process on a failed write, and a spawned leader's abort can
+ * hang in Open MPI. The watcher finds a loss within WATCH_PERIOD_MS; this finds it at once. */
+static int32_t lost_rank(const nopad_comm *c);
+static void world_lost(nopad_comm *c, int32_t gone);
+
+static nopad_status mpi_begin(nopad_comm *c, const char *op) {
+    if (!c->pids) return NOPAD_OK;
+    if (!__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) {
+        const int32_t gone = lost_rank(c);
+        if (gone < 0) return NOPAD_OK;
+        world_lost(c, gone);
+    }
+    return lost_error(c, op);
+}
+
 /* Waits for a collective that MPI's nonblocking call started (rc: what the call returned). Like
  * MPI_Wait it polls; between polls it looks whether a spawned world lost a rank, which would leave
  * the request pending forever (it is then left to the dead world). */
@@ -281,6 +303,13 @@ static nopad_status mpi_finish(const nopad_comm *c, int rc, MPI_Request *req, co
         if (done) return NOPAD_OK;
         if (__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) return lost_error(c, op);
     }
+}
+
+enum { WATCH_PERIOD_MS = 100 };
+
+static void sleep_ms(int ms) {
+    const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 /* Whether process `pid` still runs: it exists and is no zombie (/proc/PID/stat's state). */
@@ -296,10 +325,14 @@ static int process_alive(int64_t pid) {
     return !close_paren || (close_paren[1] == ' ' && close_paren[2] != 'Z' && close_paren[2] != 'X');
 }
 
-/* The first rank of a spawned world whose process is gone, or -1. */
+/* The first rank of a spawned world whose process is gone, or -1. One poll(2) on the pidfds (a
+ * microsecond or two: cheap enough before every host collective), /proc where there are none. */
 static int32_t lost_rank(const nopad_comm *c) {
+    if (c->exits && poll(c->exits, (nfds_t)c->size, 0) > 0)
+        for (int32_t r = 0; r < c->size; r++)
+            if (c->exits[r].revents) return r;
     for (int32_t r = 0; r < c->size; r++)
-        if (r != c->rank && !process_alive(c->pids[r])) return r;
+        if (r != c->rank && (!c->exits || c->exits[r].fd < 0) && !process_alive(c->pids[r])) return r;
     return -1;
 }
 
@@ -307,6 +340,10 @@ static int32_t lost_rank(const nopad_comm *c) {
  * may be waiting for it. The leader (the caller's process) ends its other workers, aborts NCCL so
  * that stuck kernels return, and fails every later call of the world with the cause. */
 static void world_lost(nopad_comm *c, int32_t gone) {
+    if (__atomic_exchange_n(&c->lost_claimed, 1, __ATOMIC_ACQ_REL)) {
+        while (!__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) sleep_ms(1); /* the other finder's cause */
+        return;
+    }
     if (c->rank != 0) {
         fprintf(stderr, "nopad-worker: rank %d of %d: rank %d (pid %lld, %s) ended unexpectedly; this worker ends "
                         "too\n", c->rank, c->size, gone, (long long)c->pids[gone], gone == 0 ? "the leader" : "a worker");
@@ -325,13 +362,6 @@ static void world_lost(nopad_comm *c, int32_t gone) {
     comm_nccl *nccl = __atomic_load_n(&c->nccl, __ATOMIC_ACQUIRE);
     if (nccl) comm_nccl_abort(nccl, c->lost_why);
 #endif
-}
-
-enum { WATCH_PERIOD_MS = 100 };
-
-static void sleep_ms(int ms) {
-    const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static void *watcher_main(void *arg) {
@@ -354,6 +384,15 @@ static nopad_status watch_spawned(nopad_comm *c) {
     int64_t mine = (int64_t)getpid();
     const int rc = MPI_Allgather(&mine, 1, MPI_INT64_T, c->pids, 1, MPI_INT64_T, c->mpi);
     if (rc != MPI_SUCCESS) return mpi_error(rc, "comm: MPI_Allgather (the ranks' process ids)", c);
+    c->exits = calloc((size_t)c->size, sizeof *c->exits);
+    if (!c->exits) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "comm: out of memory");
+    for (int32_t r = 0; r < c->size; r++) {
+        c->exits[r].fd = -1;
+        c->exits[r].events = POLLIN;
+#ifdef SYS_pidfd_open
+        if (r != c->rank) c->exits[r].fd = (int)syscall(SYS_pidfd_open, (pid_t)c->pids[r], 0);
+#endif
+    }
     if (pthread_create(&c->watcher, NULL, watcher_main, c) != 0)
         return nopad_set_error(NOPAD_ERR_BACKEND, "comm: cannot start the thread that watches the workers");
     c->watching = 1;
@@ -398,6 +437,7 @@ static nopad_status comm_from_mpi(MPI_Comm mpi, int forced, nopad_comm **out) {
     c->mpi = mpi;
     c->inter = MPI_COMM_NULL;
     c->pids = NULL;
+    c->exits = NULL;
     c->forced = forced;
     MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
     int rank = 0, size = 1;
@@ -615,6 +655,10 @@ void comm_free(nopad_comm *c) {
             if (c->rank == 0) __atomic_sub_fetch(&spawned_worlds, 1, __ATOMIC_ACQ_REL);
         } /* else the world is dead: its handles are left to it */
     }
+    if (c->exits)
+        for (int32_t r = 0; r < c->size; r++)
+            if (c->exits[r].fd >= 0) close(c->exits[r].fd);
+    free(c->exits);
     free(c->pids);
 #endif
     free(c);
@@ -730,7 +774,7 @@ static void reduce_parts(const void *all, int32_t size, size_t n, comm_type t, c
  * gives every rank the same bits, independent of the algorithm, and is nonblocking (a spawned
  * world's lost rank is noticed). In pieces of ALL_REDUCE_PIECE bytes a rank. */
 enum { ALL_REDUCE_PIECE = 1 << 20 };
-static nopad_status mpi_all_reduce(const nopad_comm *c, void *buf, size_t count, comm_type t, comm_reduce op) {
+static nopad_status mpi_all_reduce(nopad_comm *c, void *buf, size_t count, comm_type t, comm_reduce op) {
     const size_t esize = comm_type_size(t), piece = ALL_REDUCE_PIECE / esize;
     const size_t first = count < piece ? count : piece;
     void *all = malloc((size_t)c->size * first * esize);
@@ -740,6 +784,7 @@ static nopad_status mpi_all_reduce(const nopad_comm *c, void *buf, size_t count,
         const size_t n = count - done < piece ? count - done : piece;
         char *part = (char *)buf + done * esize;
         MPI_Request req;
+        if ((st = mpi_begin(c, "comm_all_reduce")) != NOPAD_OK) break;
         const int rc = MPI_Iallgather(part, (int)n, mpi_type(t), all, (int)n, mpi_type(t), c->mpi, &req);
         st = mpi_finish(c, rc, &req, "comm_all_reduce: MPI_Iallgather");
         if (st == NOPAD_OK) reduce_parts(all, c->size, n, t, op, part);
@@ -812,6 +857,7 @@ nopad_status comm_all_gather(nopad_comm *c, nopad_backend *be, void *recv, const
         int n = 0;
         if ((st = int_count(c, name, count, &n)) != NOPAD_OK) return st;
         const int in_place = send == (const char *)recv + (size_t)c->rank * part;
+        if ((st = mpi_begin(c, name)) != NOPAD_OK) return st;
         MPI_Request req;
         const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(t), recv, n, mpi_type(t), c->mpi,
                                       &req);
@@ -839,6 +885,7 @@ nopad_status comm_reduce_scatter(nopad_comm *c, nopad_backend *be, void *recv, c
     case ROUTE_MPI: {
         int n = 0;
         if ((st = int_count(c, name, count, &n)) != NOPAD_OK) return st;
+        if ((st = mpi_begin(c, name)) != NOPAD_OK) return st;
         MPI_Request req;
         const int rc = MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(t, op), c->mpi, &req);
         return mpi_finish(c, rc, &req, "comm_reduce_scatter: MPI_Ireduce_scatter_block");
@@ -858,13 +905,15 @@ static nopad_status check_root(const nopad_comm *c, const char *op, int32_t root
 
 #ifdef NOPAD_HAVE_MPI
 /* MPI_Ibcast of `count` elements of `type` (`size` bytes each) in INT_MAX pieces. */
-static nopad_status mpi_broadcast(const nopad_comm *c, void *buf, size_t count, size_t size, MPI_Datatype type,
+static nopad_status mpi_broadcast(nopad_comm *c, void *buf, size_t count, size_t size, MPI_Datatype type,
                                   int32_t root, const char *op) {
     for (size_t done = 0; done < count;) {
         const size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
+        nopad_status st = mpi_begin(c, op);
+        if (st != NOPAD_OK) return st;
         MPI_Request req;
         const int rc = MPI_Ibcast((char *)buf + done * size, (int)n, type, root, c->mpi, &req);
-        const nopad_status st = mpi_finish(c, rc, &req, op);
+        st = mpi_finish(c, rc, &req, op);
         if (st != NOPAD_OK) return st;
         done += n;
     }
@@ -894,7 +943,7 @@ nopad_status comm_broadcast(nopad_comm *c, nopad_backend *be, void *buf, size_t 
 }
 
 #ifdef NOPAD_HAVE_MPI
-static nopad_status mpi_all_to_allv(const nopad_comm *c, void *recv, const size_t *recv_counts,
+static nopad_status mpi_all_to_allv(nopad_comm *c, void *recv, const size_t *recv_counts,
                                     const size_t *recv_offsets, const void *send, const size_t *send_counts,
                                     const size_t *send_offsets, comm_type t) {
     const char *name = "comm_all_to_allv";
@@ -908,6 +957,7 @@ static nopad_status mpi_all_to_allv(const nopad_comm *c, void *recv, const size_
         if (st == NOPAD_OK) st = int_count(c, name, recv_counts[p], &rcount[p]);
         if (st == NOPAD_OK) st = int_count(c, name, recv_offsets[p], &roff[p]);
     }
+    if (st == NOPAD_OK) st = mpi_begin(c, name);
     if (st == NOPAD_OK) {
         MPI_Request req;
         const int rc = MPI_Ialltoallv(send, scount, soff, mpi_type(t), recv, rcount, roff, mpi_type(t), c->mpi, &req);
@@ -959,6 +1009,7 @@ nopad_status comm_barrier(nopad_comm *c, nopad_backend *be) {
     /* the hosts meet first, so that the device part below waits only for stream work, never for a
      * slower host (the NCCL watchdog times device waits) */
     if (uses_mpi(c)) {
+        if ((st = mpi_begin(c, name)) != NOPAD_OK) return st;
         MPI_Request req;
         const int rc = MPI_Ibarrier(c->mpi, &req);
         st = mpi_finish(c, rc, &req, "comm_barrier: MPI_Ibarrier");

@@ -38,8 +38,9 @@ def test_tp_follow_without_a_launcher_is_refused():
 # runs in a child process of its own: MPI starts once a process, and a world that lost a rank
 # leaves MPI in that process unusable.
 SPAWN = textwrap.dedent("""
-    import json, sys
+    import faulthandler, json, sys
     import numpy as np
+    faulthandler.dump_traceback_later(200, exit=True)  # a hang shows where, before the test's 240 s
     sys.path.insert(0, sys.argv[2])
     import nopad
     model, case = sys.argv[1], sys.argv[3]
@@ -163,8 +164,9 @@ def test_tp_size_1_is_one_process():
 # Rank 0 prints the greedy ids of three prompts (random ids from a fixed seed) as JSON; rank 1
 # follows until rank 0 closes its model.
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import faulthandler, json, sys
     import numpy as np
+    faulthandler.dump_traceback_later(200, exit=True)  # a hang shows where, before the test's 240 s
     sys.path.insert(0, sys.argv[2])
     import nopad
     model, tp = sys.argv[1], nopad.world_size()
