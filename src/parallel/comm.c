@@ -943,12 +943,24 @@ nopad_status comm_broadcast(nopad_comm *c, nopad_backend *be, void *buf, size_t 
 }
 
 #ifdef NOPAD_HAVE_MPI
-static nopad_status mpi_all_to_allv(nopad_comm *c, void *recv, const size_t *recv_counts,
-                                    const size_t *recv_offsets, const void *send, const size_t *send_counts,
-                                    const size_t *send_offsets, comm_type t) {
+/* A started MPI_Ialltoallv: MPI reads its int counts and offsets until it completes. */
+struct comm_host_request {
+    MPI_Request req;
+    int rc; /* what MPI_Ialltoallv returned */
+    int *ints; /* [4 · size] send counts, send offsets, receive counts, receive offsets */
+};
+
+static nopad_status mpi_all_to_allv_start(nopad_comm *c, void *recv, const size_t *recv_counts,
+                                          const size_t *recv_offsets, const void *send, const size_t *send_counts,
+                                          const size_t *send_offsets, comm_type t, comm_host_request **out) {
     const char *name = "comm_all_to_allv";
+    comm_host_request *r = calloc(1, sizeof *r);
     int *ints = malloc(4 * (size_t)c->size * sizeof *ints);
-    if (!ints) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
+    if (!r || !ints) {
+        free(r), free(ints);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
+    }
+    r->ints = ints;
     int *scount = ints, *soff = ints + c->size, *rcount = ints + 2 * c->size, *roff = ints + 3 * c->size;
     nopad_status st = NOPAD_OK;
     for (int32_t p = 0; p < c->size && st == NOPAD_OK; p++) {
@@ -958,13 +970,28 @@ static nopad_status mpi_all_to_allv(nopad_comm *c, void *recv, const size_t *rec
         if (st == NOPAD_OK) st = int_count(c, name, recv_offsets[p], &roff[p]);
     }
     if (st == NOPAD_OK) st = mpi_begin(c, name);
-    if (st == NOPAD_OK) {
-        MPI_Request req;
-        const int rc = MPI_Ialltoallv(send, scount, soff, mpi_type(t), recv, rcount, roff, mpi_type(t), c->mpi, &req);
-        st = mpi_finish(c, rc, &req, "comm_all_to_allv: MPI_Ialltoallv");
+    if (st != NOPAD_OK) {
+        free(ints), free(r);
+        return st;
     }
-    free(ints);
+    r->rc = MPI_Ialltoallv(send, scount, soff, mpi_type(t), recv, rcount, roff, mpi_type(t), c->mpi, &r->req);
+    *out = r;
+    return NOPAD_OK;
+}
+
+static nopad_status mpi_wait(nopad_comm *c, comm_host_request *r) {
+    const nopad_status st = mpi_finish(c, r->rc, &r->req, "comm_all_to_allv: MPI_Ialltoallv");
+    free(r->ints), free(r);
     return st;
+}
+
+static nopad_status mpi_all_to_allv(nopad_comm *c, void *recv, const size_t *recv_counts,
+                                    const size_t *recv_offsets, const void *send, const size_t *send_counts,
+                                    const size_t *send_offsets, comm_type t) {
+    comm_host_request *r = NULL;
+    const nopad_status st =
+        mpi_all_to_allv_start(c, recv, recv_counts, recv_offsets, send, send_counts, send_offsets, t, &r);
+    return st == NOPAD_OK ? mpi_wait(c, r) : st;
 }
 #endif
 
@@ -1042,4 +1069,34 @@ nopad_status comm_host_broadcast(nopad_comm *c, void *buf, size_t bytes, int32_t
 #endif
     (void)buf, (void)bytes;
     return NOPAD_OK;
+}
+
+nopad_status comm_host_all_to_allv_start(nopad_comm *c, void *recv, const size_t *recv_counts,
+                                         const size_t *recv_offsets, const void *send, const size_t *send_counts,
+                                         const size_t *send_offsets, comm_type t, comm_host_request **out) {
+    if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "comm_host_all_to_allv_start: out is NULL");
+    *out = NULL;
+#ifdef NOPAD_HAVE_MPI
+    if (c && uses_mpi(c)) {
+        nopad_status st = check_args(c, "comm_host_all_to_allv_start", t, 0, COMM_SUM);
+        if (st == NOPAD_OK && (!recv_counts || !recv_offsets || !send_counts || !send_offsets))
+            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                 "comm_host_all_to_allv_start on rank %d: counts and offsets must not be NULL",
+                                 c->rank);
+        if (st != NOPAD_OK) return st;
+        return mpi_all_to_allv_start(c, recv, recv_counts, recv_offsets, send, send_counts, send_offsets, t, out);
+    }
+#endif
+    /* no MPI: a world of one, whose exchange is a copy */
+    return comm_all_to_allv(c, NULL, recv, recv_counts, recv_offsets, send, send_counts, send_offsets, t);
+}
+
+nopad_status comm_host_wait(nopad_comm *c, comm_host_request *req) {
+    if (!req) return NOPAD_OK;
+#ifdef NOPAD_HAVE_MPI
+    return mpi_wait(c, req);
+#else
+    (void)c;
+    return nopad_set_error(NOPAD_ERR_INTERNAL, "comm_host_wait: a request in a build without MPI");
+#endif
 }

@@ -113,4 +113,17 @@ nopad_status comm_watch(nopad_comm *c, nopad_backend *be);
 /* ---- host control messages (a step's plan from rank 0): MPI on host memory, whatever backend -- */
 nopad_status comm_host_broadcast(nopad_comm *c, void *buf, size_t bytes, int32_t root);
 
+/* comm_all_to_allv on host memory, started here and finished by comm_host_wait, so that it
+ * overlaps the caller's work (a training step's exchange of the next step's sequences). MPI moves
+ * it inside the MPI calls in between (the step's own collectives) and inside the wait. recv and
+ * send stay untouched until the wait; the counts and offsets are copied. Every rank starts and
+ * waits the same exchanges in the same order, among its other collectives. *out is NULL when
+ * nothing is left to wait for (a world without MPI copies at once). */
+typedef struct comm_host_request comm_host_request;
+nopad_status comm_host_all_to_allv_start(nopad_comm *c, void *recv, const size_t *recv_counts,
+                                         const size_t *recv_offsets, const void *send, const size_t *send_counts,
+                                         const size_t *send_offsets, comm_type t, comm_host_request **out);
+/* Waits for the exchange and frees req (NULL: nothing to wait for). */
+nopad_status comm_host_wait(nopad_comm *c, comm_host_request *req);
+
 #endif

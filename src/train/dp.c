@@ -192,11 +192,29 @@ static int64_t record_size(const train_dp *dp, int32_t len) {
     return RECORD_HEAD + (int64_t)(dp->model->task == TRAIN_TASK_MLM ? 3 : 1) * len;
 }
 
+/* Drops the staged batches; an exchange in flight is waited for first (every rank staged it). */
+static nopad_status drop_staged(train_dp *dp) {
+    nopad_status st = NOPAD_OK;
+    for (int i = 0; i < 2; i++) {
+        train_dp_staged *g = &dp->staged[i];
+        const nopad_status w = comm_host_wait(dp->comm, g->exchange);
+        if (st == NOPAD_OK) st = w;
+        g->exchange = NULL;
+        g->valid = 0;
+    }
+    return st;
+}
+
 void train_dp_free(train_dp *dp) {
     if (!dp) return;
-    free(dp->lengths), free(dp->first), free(dp->order), free(dp->batch), free(dp->owner);
-    free(dp->dest), free(dp->blen), free(dp->records), free(dp->send), free(dp->recv);
-    free(dp->counts), free(dp->cu_seqlens), free(dp->tokens), free(dp->types);
+    drop_staged(dp);
+    for (int i = 0; i < 2; i++) {
+        train_dp_staged *g = &dp->staged[i];
+        free(g->batch), free(g->owner), free(g->dest), free(g->blen), free(g->send), free(g->recv);
+        free(g->counts);
+    }
+    free(dp->lengths), free(dp->first), free(dp->order), free(dp->records);
+    free(dp->cu_seqlens), free(dp->tokens), free(dp->types);
     free(dp->mlm_positions), free(dp->mlm_labels), free(dp->labels), free(dp->targets);
     free(dp->loss_sums);
     memset(dp, 0, sizeof *dp);
@@ -221,9 +239,13 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     /* every rank's example count, then every example's length */
     int32_t *counts = calloc((size_t)P, sizeof *counts);
     dp->first = calloc((size_t)P + 1, sizeof *dp->first);
-    dp->counts = calloc(4 * (size_t)P, sizeof *dp->counts);
     dp->loss_sums = calloc((size_t)P, sizeof *dp->loss_sums);
-    if (st == NOPAD_OK && (!counts || !dp->first || !dp->counts || !dp->loss_sums))
+    int missing = 0;
+    for (int i = 0; i < 2; i++) {
+        dp->staged[i].counts = calloc(4 * (size_t)P, sizeof *dp->staged[i].counts);
+        missing |= !dp->staged[i].counts;
+    }
+    if (st == NOPAD_OK && (!counts || !dp->first || missing || !dp->loss_sums))
         st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
     const int32_t mine = local->n_examples;
     if (st == NOPAD_OK) st = comm_all_gather(comm, NULL, counts, &mine, 1, COMM_I32);
@@ -250,15 +272,19 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     dp->lengths = malloc((size_t)n * sizeof *dp->lengths);
     dp->order = malloc((size_t)n * sizeof *dp->order);
     const size_t B = (size_t)global_seqs;
-    dp->batch = malloc(B * sizeof(int32_t));
-    dp->owner = malloc(B * sizeof(int32_t));
-    dp->dest = malloc(B * sizeof(int32_t));
-    dp->blen = malloc(B * sizeof(int32_t));
     /* a rank's records of a step fit a whole global batch */
     const size_t words = (size_t)(RECORD_HEAD * (int64_t)global_seqs + 3 * (int64_t)global_tokens);
+    for (int i = 0; i < 2; i++) {
+        train_dp_staged *g = &dp->staged[i];
+        g->batch = malloc(B * sizeof(int32_t));
+        g->owner = malloc(B * sizeof(int32_t));
+        g->dest = malloc(B * sizeof(int32_t));
+        g->blen = malloc(B * sizeof(int32_t));
+        g->send = malloc(words * sizeof(int32_t));
+        g->recv = malloc(words * sizeof(int32_t));
+        missing |= !g->batch || !g->owner || !g->dest || !g->blen || !g->send || !g->recv;
+    }
     dp->records = malloc(words * sizeof(int32_t));
-    dp->send = malloc(words * sizeof(int32_t));
-    dp->recv = malloc(words * sizeof(int32_t));
     const size_t T = (size_t)local_tokens, S = (size_t)local_seqs;
     dp->cu_seqlens = malloc((S + 1) * sizeof(int32_t));
     dp->tokens = malloc(T * sizeof(int32_t));
@@ -267,8 +293,7 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     dp->mlm_labels = malloc(T * sizeof(int32_t));
     dp->labels = malloc(S * sizeof(int32_t));
     dp->targets = malloc(S * sizeof(float));
-    if (!my_lengths || !dp->lengths || !dp->order || !dp->batch || !dp->owner || !dp->dest ||
-        !dp->blen || !dp->records || !dp->send || !dp->recv || !dp->cu_seqlens || !dp->tokens ||
+    if (!my_lengths || !dp->lengths || !dp->order || missing || !dp->records || !dp->cu_seqlens || !dp->tokens ||
         !dp->types || !dp->mlm_positions || !dp->mlm_labels || !dp->labels || !dp->targets) {
         free(counts), free(my_lengths);
         train_dp_free(dp);
@@ -276,7 +301,7 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     }
     for (int32_t j = 0; j < mine; j++)
         my_lengths[j] = (int32_t)(local->offsets[j + 1] - local->offsets[j]);
-    size_t *scount = dp->counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
+    size_t *scount = dp->staged[0].counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
     for (int32_t r = 0; r < P; r++) {
         scount[r] = (size_t)mine, soff[r] = 0;
         rcount[r] = (size_t)counts[r], roff[r] = (size_t)dp->first[r];
@@ -299,35 +324,39 @@ nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t cursor) {
     if (cursor < 0 || cursor > dp->n_examples)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dp_seek: cursor %d outside [0, %d]",
                                cursor, dp->n_examples);
+    nopad_status st = drop_staged(dp);
     train_shuffle(dp->order, dp->n_examples, dp->seed, epoch, 0, TRAIN_SHUFFLE_EXAMPLES);
     dp->epoch = epoch;
-    dp->cursor = cursor;
-    return NOPAD_OK;
+    dp->cursor = dp->pack_cursor = cursor;
+    return st;
 }
 
-/* The next global batch's examples from the cursor, as train_loader_next packs them. */
-static int32_t pack_next(train_dp *dp) {
+/* The global batch from *cursor in `order`, as train_loader_next packs it (batch and blen may be
+ * NULL: counted only); *cursor moves past it. Its sequences; *tokens their tokens. */
+static int32_t pack_from(const train_dp *dp, const int32_t *order, int32_t *cursor, int32_t *batch, int32_t *blen,
+                         int32_t *tokens) {
     int32_t B = 0, T = 0;
-    while (dp->cursor < dp->n_examples && B < dp->global_seqs) {
-        const int32_t e = dp->order[dp->cursor], len = dp->lengths[e];
+    while (*cursor < dp->n_examples && B < dp->global_seqs) {
+        const int32_t e = order[*cursor], len = dp->lengths[e];
         if (T + len > dp->global_tokens) break;
-        dp->batch[B] = e;
-        dp->blen[B++] = len;
+        if (batch) batch[B] = e, blen[B] = len;
+        B++;
         T += len;
-        dp->cursor++;
+        (*cursor)++;
     }
-    dp->n_batch = B;
-    dp->batch_tokens = T;
+    *tokens = T;
     return B;
 }
 
 int64_t train_dp_count_batches(train_dp *dp, uint32_t epoch) {
-    const uint32_t e0 = dp->epoch;
-    const int32_t c0 = dp->cursor;
+    /* an order of its own: the staged batches keep theirs */
+    int32_t *order = malloc((size_t)dp->n_examples * sizeof *order);
+    if (!order) return -1;
+    train_shuffle(order, dp->n_examples, dp->seed, epoch, 0, TRAIN_SHUFFLE_EXAMPLES);
     int64_t n = 0;
-    train_dp_seek(dp, epoch, 0);
-    while (pack_next(dp) > 0) n++;
-    train_dp_seek(dp, e0, c0);
+    int32_t cursor = 0, tokens = 0;
+    while (pack_from(dp, order, &cursor, NULL, NULL, &tokens) > 0) n++;
+    free(order);
     return n;
 }
 
@@ -367,74 +396,107 @@ static void add_balance(train_dp_balance *to, const train_dp_balance *b) {
     to->moved_seqs += b->moved_seqs, to->moved_tokens += b->moved_tokens;
 }
 
-nopad_status train_dp_next(train_dp *dp, int *got) {
-    *got = pack_next(dp) > 0;
-    if (!*got) return NOPAD_OK;
-    const int32_t P = dp->size, B = dp->n_batch, me = dp->rank;
-    for (int32_t i = 0; i < B; i++) dp->owner[i] = reader_of(dp, dp->batch[i]);
+/* Stages the global batch from the pack cursor into g: planned (the same on every rank), the
+ * records this rank sends built, and their exchange started. */
+static nopad_status stage(train_dp *dp, train_dp_staged *g) {
+    const int32_t P = dp->size, me = dp->rank;
+    g->valid = 1;
+    g->exchange = NULL;
+    g->balance = (train_dp_balance){0};
+    g->n_batch = pack_from(dp, dp->order, &dp->pack_cursor, g->batch, g->blen, &g->batch_tokens);
+    g->cursor = dp->pack_cursor;
+    const int32_t B = g->n_batch;
+    if (B == 0) return NOPAD_OK;
+    for (int32_t i = 0; i < B; i++) g->owner[i] = reader_of(dp, g->batch[i]);
     int32_t moved = 0;
     if (dp->exchange)
-        moved = train_balance_plan(dp->blen, dp->owner, B, P, dp->dest);
+        moved = train_balance_plan(g->blen, g->owner, B, P, g->dest);
     else
-        memcpy(dp->dest, dp->owner, (size_t)B * sizeof(int32_t));
+        memcpy(g->dest, g->owner, (size_t)B * sizeof(int32_t));
     /* the balance, in tokens */
     int64_t *before = calloc(2 * (size_t)P, sizeof *before), *after = before ? before + P : NULL;
     if (!before) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel step: out of memory");
-    train_dp_balance b = {.steps = 1, .total = dp->batch_tokens, .moved_seqs = moved};
+    train_dp_balance b = {.steps = 1, .total = g->batch_tokens, .moved_seqs = moved};
     for (int32_t i = 0; i < B; i++) {
-        before[dp->owner[i]] += dp->blen[i];
-        after[dp->dest[i]] += dp->blen[i];
-        if (dp->dest[i] != dp->owner[i]) b.moved_tokens += dp->blen[i];
+        before[g->owner[i]] += g->blen[i];
+        after[g->dest[i]] += g->blen[i];
+        if (g->dest[i] != g->owner[i]) b.moved_tokens += g->blen[i];
     }
     for (int32_t r = 0; r < P; r++) {
         if (before[r] > b.max_before) b.max_before = before[r];
         if (after[r] > b.max_after) b.max_after = after[r];
     }
     free(before);
-    dp->step_balance = b;
-    add_balance(&dp->run_balance, &b);
+    g->balance = b;
     /* what leaves and what arrives, in batch order per rank: counts from the lengths alone */
-    size_t *scount = dp->counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
-    memset(dp->counts, 0, 4 * (size_t)P * sizeof *dp->counts);
+    size_t *scount = g->counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
+    memset(g->counts, 0, 4 * (size_t)P * sizeof *g->counts);
     for (int32_t i = 0; i < B; i++) {
-        if (dp->owner[i] == dp->dest[i]) continue;
-        if (dp->owner[i] == me) scount[dp->dest[i]] += (size_t)record_size(dp, dp->blen[i]);
-        if (dp->dest[i] == me) rcount[dp->owner[i]] += (size_t)record_size(dp, dp->blen[i]);
+        if (g->owner[i] == g->dest[i]) continue;
+        if (g->owner[i] == me) scount[g->dest[i]] += (size_t)record_size(dp, g->blen[i]);
+        if (g->dest[i] == me) rcount[g->owner[i]] += (size_t)record_size(dp, g->blen[i]);
     }
     for (int32_t r = 1; r < P; r++) {
         soff[r] = soff[r - 1] + scount[r - 1];
         roff[r] = roff[r - 1] + rcount[r - 1];
     }
-    if (moved > 0) {
-        size_t *at = calloc((size_t)P, sizeof *at);
-        if (!at) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel step: out of memory");
-        for (int32_t i = 0; i < B; i++) {
-            const int32_t to = dp->dest[i];
-            if (dp->owner[i] != me || to == me) continue;
-            build_record(dp, dp->batch[i], dp->send + soff[to] + at[to]);
-            at[to] += (size_t)record_size(dp, dp->blen[i]);
-        }
-        free(at);
-        TRY(comm_all_to_allv(dp->comm, NULL, dp->recv, rcount, roff, dp->send, scount, soff, COMM_I32));
+    if (moved == 0) return NOPAD_OK;
+    size_t *at = calloc((size_t)P, sizeof *at);
+    if (!at) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel step: out of memory");
+    for (int32_t i = 0; i < B; i++) {
+        const int32_t to = g->dest[i];
+        if (g->owner[i] != me || to == me) continue;
+        build_record(dp, g->batch[i], g->send + soff[to] + at[to]);
+        at[to] += (size_t)record_size(dp, g->blen[i]);
     }
-    /* this rank's sequences in the batch's order: its own built here, the others' as received */
+    free(at);
+    return comm_host_all_to_allv_start(dp->comm, g->recv, rcount, roff, g->send, scount, soff, COMM_I32,
+                                       &g->exchange);
+}
+
+/* The staged batch g becomes this step's: its exchange received, and this rank's sequences in the
+ * batch's order (its own built here, the others' as received). */
+static nopad_status take(train_dp *dp, train_dp_staged *g) {
+    const nopad_status st = comm_host_wait(dp->comm, g->exchange);
+    g->exchange = NULL;
+    g->valid = 0;
+    if (st != NOPAD_OK) return st;
+    const int32_t P = dp->size, B = g->n_batch, me = dp->rank;
+    dp->n_batch = B;
+    dp->batch_tokens = g->batch_tokens;
+    dp->cursor = g->cursor;
+    dp->step_balance = g->balance;
+    if (B > 0) add_balance(&dp->run_balance, &g->balance);
+    size_t *rcount = g->counts + 2 * P, *roff = rcount + P;
     int64_t w = 0;
     memset(rcount, 0, (size_t)P * sizeof *rcount); /* now: what was read of each rank's part */
     dp->n_mine = 0;
     for (int32_t i = 0; i < B; i++) {
-        if (dp->dest[i] != me) continue;
-        const int64_t size = record_size(dp, dp->blen[i]);
-        if (dp->owner[i] == me) {
-            build_record(dp, dp->batch[i], dp->records + w);
+        if (g->dest[i] != me) continue;
+        const int64_t size = record_size(dp, g->blen[i]);
+        if (g->owner[i] == me) {
+            build_record(dp, g->batch[i], dp->records + w);
         } else {
-            const int32_t from = dp->owner[i];
-            memcpy(dp->records + w, dp->recv + roff[from] + rcount[from], (size_t)size * sizeof(int32_t));
+            const int32_t from = g->owner[i];
+            memcpy(dp->records + w, g->recv + roff[from] + rcount[from], (size_t)size * sizeof(int32_t));
             rcount[from] += (size_t)size;
         }
         w += size;
         dp->n_mine++;
     }
     return NOPAD_OK;
+}
+
+nopad_status train_dp_next(train_dp *dp, int *got) {
+    *got = 0;
+    train_dp_staged *now = &dp->staged[dp->next];
+    if (!now->valid) TRY(stage(dp, now)); /* the first step after a seek */
+    TRY(take(dp, now));
+    if (dp->n_batch == 0) return NOPAD_OK;
+    *got = 1;
+    /* the next step's batch, on its way while this one computes */
+    dp->next ^= 1;
+    return stage(dp, &dp->staged[dp->next]);
 }
 
 /* A bucket's gradients summed across the ranks, started as soon as the backward has finished

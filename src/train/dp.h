@@ -77,6 +77,21 @@ typedef struct train_dp_balance {
     int64_t moved_seqs, moved_tokens;
 } train_dp_balance;
 
+/* A global batch planned and sent on its way: the next step's is staged (planned, its records
+ * built, its exchange started) as the current step begins, so that its exchange overlaps the
+ * current step's forward and backward (MPI moves it inside their gradient all-reduces). */
+typedef struct train_dp_staged {
+    int valid;                     // staged; n_batch 0: the epoch's end
+    int32_t n_batch, batch_tokens; // sequences and tokens
+    int32_t *batch;                // [global_seqs] example numbers, in the loader's order
+    int32_t *owner, *dest, *blen;  // [global_seqs] who read it, who computes it, its length
+    int32_t *send, *recv;          // the exchange's records out and in (4·global_seqs + 3·global_tokens words)
+    size_t *counts;                // [4 · size] send counts and offsets, receive counts and offsets
+    int32_t cursor;                // the loader's position after this batch
+    train_dp_balance balance;
+    comm_host_request *exchange;   // in flight; NULL once received, or when nothing moves
+} train_dp_staged;
+
 typedef struct train_dp {
     nopad_comm *comm;
     int32_t rank, size;
@@ -92,19 +107,18 @@ typedef struct train_dp {
     int32_t local_tokens, local_seqs; // one forward's budget (the context's)
     uint64_t seed;
     uint32_t epoch;
-    int32_t cursor;
+    int32_t cursor;               // after the current step's batch (what a checkpoint saves)
+    int32_t pack_cursor;          // after the staged batch's
     int32_t *order;               // [n_examples]
-    /* the global batch of this step */
-    int32_t n_batch, batch_tokens; // sequences and tokens
-    int32_t *batch;               // [global_seqs] example numbers, in the loader's order
-    int32_t *owner, *dest, *blen; // [global_seqs] who read it, who computes it, its length
+    /* the global batch of this step, and the next one's staged */
+    int32_t n_batch, batch_tokens; // sequences and tokens of this step's
+    train_dp_staged staged[2];
+    int32_t next;                 // staged[next] is the next step's
     /* this rank's sequences of the step, as records (dp.c: length, type-0 length, masked count,
      * label or target bits, then ids, masked positions and their labels, each `length` long);
-     * records, send and recv hold 4·global_seqs + 3·global_tokens words: a whole global batch */
+     * records hold 4·global_seqs + 3·global_tokens words: a whole global batch */
     int32_t *records;
     int32_t n_mine;
-    int32_t *send, *recv;         // the exchange's records out and in
-    size_t *counts;               // [4 · size] send counts and offsets, receive counts and offsets
     /* one micro-batch */
     train_batch micro;
     int32_t *cu_seqlens, *tokens, *types, *mlm_positions, *mlm_labels, *labels;
@@ -126,10 +140,11 @@ void train_dp_free(train_dp *dp);
 /* The loader's position: example `cursor` of epoch `epoch`'s order (what a checkpoint saves,
  * the same numbers as one process's train_loader). */
 nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t cursor);
-/* The global batches of an epoch (from the lengths alone). */
+/* The global batches of an epoch (from the lengths alone); -1 when out of memory. */
 int64_t train_dp_count_batches(train_dp *dp, uint32_t epoch);
 /* Collective. The next global batch: planned (the same on every rank), exchanged, and this
- * rank's sequences built; *got = 0 at the epoch's end. */
+ * rank's sequences built; *got = 0 at the epoch's end. The batch after it is staged at once: its
+ * exchange runs while this one computes. */
 nopad_status train_dp_next(train_dp *dp, int *got);
 /* Collective. The step's forward and backward on this rank's sequences and the gradients summed
  * across ranks; *loss is the global batch's mean loss, the same on every rank. */

@@ -215,7 +215,9 @@ static nopad_status count_steps(run *r, int32_t epochs, int64_t *total) {
     *total = 0;
     for (int32_t e = 0; e < epochs; e++) {
         if (r->have_dp) {
-            *total += train_dp_count_batches(&r->dp, (uint32_t)e);
+            const int64_t n = train_dp_count_batches(&r->dp, (uint32_t)e);
+            if (n < 0) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "counting the training steps: out of memory");
+            *total += n;
             continue;
         }
         if (r->streaming) {
