@@ -291,6 +291,27 @@ static void test_all_to_allv_uneven(void **state) {
                 if ((uint8_t)recv[(ro[p] + rc[p]) * TYPE_SIZES[t] + g] != 0x77)
                     fail_msg("all_to_allv %s: the gap after rank %d's part was written", TYPE_NAMES[t], p);
         }
+        /* started, then other collectives while it is in flight (as a training step's exchange of
+         * the next step), then waited for: the same bytes. The counts are the caller's to reuse
+         * once started: overwritten before the wait. */
+        char *later = malloc((recv_total + 1) * TYPE_SIZES[t]);
+        size_t *counts = malloc(4 * (size_t)size * sizeof *counts);
+        assert_true(later && counts);
+        memcpy(counts, sc, 4 * (size_t)size * sizeof *counts);
+        memset(later, 0x77, (recv_total + 1) * TYPE_SIZES[t]);
+        comm_host_request *req = NULL;
+        assert_nopad_ok(comm_host_all_to_allv_start(c, later, counts + 2 * size, counts + 3 * size, send, counts,
+                                                    counts + size, t, &req));
+        memset(counts, 0xff, 4 * (size_t)size * sizeof *counts);
+        int64_t sum = rank + 1;
+        assert_nopad_ok(comm_all_reduce(c, NULL, &sum, 1, COMM_I64, COMM_SUM));
+        assert_int_equal(sum, (int64_t)size * (size + 1) / 2);
+        assert_nopad_ok(comm_barrier(c, NULL));
+        assert_nopad_ok(comm_host_wait(c, req));
+        if (memcmp(later, recv, (recv_total + 1) * TYPE_SIZES[t]) != 0)
+            fail_msg("all_to_allv %s started and waited: not the bytes of the blocking call", TYPE_NAMES[t]);
+        free(counts);
+        free(later);
         free(send);
         free(recv);
     }
