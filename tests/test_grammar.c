@@ -51,26 +51,31 @@ static void expect_docs(const char *schema, const char *const *good, const char 
 }
 
 /* A random walk over bytes: at each step one of the bytes the matcher takes; stops when
- * accepting with probability 1/4, and after `soft` bytes prefers closing bytes, so that nested
- * values end. Returns the length, or -1 when the walk died or ran past cap. */
+ * accepting with probability 1/4, and after `soft` bytes prefers closing bytes and a few letters,
+ * so that nested values and searched patterns end. Returns the length, or -1 when the walk died or ran past cap. */
 static long random_walk(grammar_matcher *m, char *out, long cap, long soft, uint64_t *rng) {
     long n = 0;
     while (n + 1 < cap) {
         if (grammar_matcher_is_accepting(m) &&
             (!grammar_matcher_can_continue(m) || test_rand_u32(rng) % 4 == 0 || n > soft))
             break;
-        uint8_t allowed[256], closing[256];
-        int na = 0, nc = 0;
+        /* past `soft`: closing bytes first, then a small alphabet (a pattern's "ab|cd" is
+         * met sooner among few letters than among every character) */
+        uint8_t allowed[256], closing[256], small[256];
+        int na = 0, nc = 0, ns = 0;
         for (int b = 0; b < 256; b++) {
             grammar_mark mark = grammar_matcher_save(m);
             if (grammar_matcher_accept(m, (uint8_t)b)) {
                 allowed[na++] = (uint8_t)b;
-                if (strchr("\"}]0123456789el", b) && b) closing[nc++] = (uint8_t)b;
+                if (b && strchr("\"}]0123456789el", b)) closing[nc++] = (uint8_t)b;
+                if (b && strchr("abcdfAZ:-.T@", b)) small[ns++] = (uint8_t)b;
             }
             grammar_matcher_restore(m, mark);
         }
         if (na == 0) return -1;
-        uint8_t pick = n > soft && nc > 0 ? closing[test_rand_u32(rng) % nc] : allowed[test_rand_u32(rng) % na];
+        uint8_t pick = allowed[test_rand_u32(rng) % na];
+        if (n > soft && nc > 0 && test_rand_u32(rng) % 2) pick = closing[test_rand_u32(rng) % nc];
+        else if (n > soft && ns > 0) pick = small[test_rand_u32(rng) % ns];
         if (!grammar_matcher_accept(m, pick)) return -1;
         out[n++] = (char)pick;
     }

@@ -286,8 +286,9 @@ int32_t gb_json_string(gram_builder *b) {
 }
 
 /* The number forms a JSON value may take, with bounded digit counts (18 integer digits, 18
- * fraction digits, 3 exponent digits): a model cannot loop on digits forever. */
-static int32_t gb_any_number(gram_builder *b) {
+ * fraction digits, 2 exponent digits): a model cannot loop on digits forever, and every number
+ * reads as a finite double (below 1e118). */
+int32_t gb_json_number(gram_builder *b) {
     int32_t digit = gb_range(b, '0', '9');
     int32_t int_part_nz[] = {gb_range(b, '1', '9'), gb_repeat(b, digit, 0, 17)};
     int32_t int_alts[] = {gb_byte(b, '0'), gb_seq(b, int_part_nz, 2)};
@@ -297,7 +298,7 @@ static int32_t gb_any_number(gram_builder *b) {
     e['E' >> 5] |= 1u << ('E' & 31);
     sign['+' >> 5] |= 1u << ('+' & 31);
     sign['-' >> 5] |= 1u << ('-' & 31);
-    int32_t exp[] = {gb_set(b, e), gb_opt(b, gb_set(b, sign)), gb_repeat(b, digit, 1, 3)};
+    int32_t exp[] = {gb_set(b, e), gb_opt(b, gb_set(b, sign)), gb_repeat(b, digit, 1, 2)};
     int32_t seq[] = {gb_opt(b, gb_byte(b, '-')), gb_choice(b, int_alts, 2),
                      gb_opt(b, gb_seq(b, frac, 2)), gb_opt(b, gb_seq(b, exp, 3))};
     return gb_seq(b, seq, 4);
@@ -318,7 +319,7 @@ int32_t gb_any_value(gram_builder *b) {
         int32_t more_v[] = {ws, gb_byte(b, ','), ws, value};
         int32_t items[] = {value, gb_star(b, gb_seq(b, more_v, 4))};
         int32_t array[] = {gb_byte(b, '['), ws, gb_opt(b, gb_seq(b, items, 2)), ws, gb_byte(b, ']')};
-        int32_t alts[] = {gb_seq(b, object, 5), gb_seq(b, array, 5), str, gb_any_number(b),
+        int32_t alts[] = {gb_seq(b, object, 5), gb_seq(b, array, 5), str, gb_json_number(b),
                           gb_literal(b, "true", 4), gb_literal(b, "false", 5), gb_literal(b, "null", 4)};
         for (int i = 0; i < 7; i++) gb_rule_add(b, value, &alts[i], 1);
     }

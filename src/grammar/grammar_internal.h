@@ -85,6 +85,7 @@ int32_t gb_ws(gram_builder *b);          /* at most one space or newline */
 int32_t gb_utf8_char(gram_builder *b);   /* one well-formed non-ASCII UTF-8 character */
 int32_t gb_json_unit(gram_builder *b);   /* one character of a JSON string's content */
 int32_t gb_json_string(gram_builder *b); /* a whole JSON string, quotes included */
+int32_t gb_json_number(gram_builder *b); /* any JSON number (bounded digit counts) */
 int32_t gb_any_value(gram_builder *b);   /* any JSON value */
 
 /* A regex (the subset of docs/grammar.md) to a symbol. json_string = 1: the pattern constrains a

@@ -3,7 +3,7 @@
  * Documents come out in one canonical form: the schema's properties in the schema's order
  * (extra keys, where allowed, after them), enum/const values in compact form, at most one space
  * or newline between tokens, integers of at most 18 digits, numbers of at most 18+18 digits and a
- * 3-digit exponent. Every document the grammar accepts validates (the grammar is never wider than
+ * 2-digit exponent. Every document the grammar accepts validates (the grammar is never wider than
  * the schema); some valid documents outside the canonical form are not accepted. Keywords the
  * compiler cannot enforce are refused by name and JSON path, never ignored; annotations (title,
  * description, default, examples, ...) are ignored. docs/grammar.md lists both. */
@@ -137,39 +137,62 @@ static void tb_number(text_buf *t, double v) {
     tb_put(t, buf, strlen(buf));
 }
 
+/* A scalar value's JSON text. */
 static void tb_value(text_buf *t, const cJSON *v) {
     if (cJSON_IsString(v)) tb_string(t, v->valuestring);
     else if (cJSON_IsNumber(v)) tb_number(t, v->valuedouble);
     else if (cJSON_IsTrue(v)) tb_put(t, "true", 4);
     else if (cJSON_IsFalse(v)) tb_put(t, "false", 5);
     else if (cJSON_IsNull(v)) tb_put(t, "null", 4);
-    else if (cJSON_IsArray(v)) {
-        tb_put(t, "[", 1);
-        for (const cJSON *x = v->child; x; x = x->next) {
-            tb_value(t, x);
-            if (x->next) tb_put(t, ",", 1);
-        }
-        tb_put(t, "]", 1);
-    } else if (cJSON_IsObject(v)) {
-        tb_put(t, "{", 1);
-        for (const cJSON *x = v->child; x; x = x->next) {
-            tb_string(t, x->string);
-            tb_put(t, ":", 1);
-            tb_value(t, x);
-            if (x->next) tb_put(t, ",", 1);
-        }
-        tb_put(t, "}", 1);
-    }
 }
 
+/* An enum / const value: its scalars as Python's json.dumps spells them, the same whitespace
+ * between an array's or object's tokens as everywhere else. */
 static int32_t value_literal(schema_compiler *c, const cJSON *v, const char *path) {
+    gram_builder *b = c->b;
+    if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        int is_obj = cJSON_IsObject(v);
+        int32_t ws = gb_ws(b);
+        int32_t rule = gb_rule_new(b);
+        int32_t open = gb_byte(b, is_obj ? '{' : '['), close = gb_byte(b, is_obj ? '}' : ']');
+        int32_t seq[2] = {open, ws};
+        int32_t acc = gb_seq(b, seq, 2);
+        for (const cJSON *x = v->child; x && b->status == NOPAD_OK; x = x->next) {
+            int32_t parts[8];
+            uint32_t n = 0;
+            parts[n++] = acc;
+            if (x != v->child) {
+                parts[n++] = ws;
+                parts[n++] = gb_byte(b, ',');
+                parts[n++] = ws;
+            }
+            if (is_obj) {
+                text_buf key = {0};
+                tb_string(&key, x->string);
+                if (key.oom) {
+                    free(key.p);
+                    return fail(c, NOPAD_ERR_OUT_OF_MEMORY, path, "out of memory");
+                }
+                parts[n++] = gb_literal(b, key.p, key.n);
+                free(key.p);
+                parts[n++] = ws;
+                parts[n++] = gb_byte(b, ':');
+                parts[n++] = ws;
+            }
+            parts[n++] = value_literal(c, x, path);
+            acc = gb_seq(b, parts, n);
+        }
+        int32_t tail[] = {acc, ws, close};
+        gb_rule_add(b, rule, tail, 3);
+        return rule;
+    }
     text_buf t = {0};
     tb_value(&t, v);
     if (t.oom) {
         free(t.p);
         return fail(c, NOPAD_ERR_OUT_OF_MEMORY, path, "out of memory");
     }
-    int32_t lit = gb_literal(c->b, t.p ? t.p : "", t.n);
+    int32_t lit = gb_literal(b, t.p ? t.p : "", t.n);
     free(t.p);
     return lit;
 }
@@ -572,21 +595,7 @@ static int32_t compile_type(schema_compiler *c, const cJSON *s, const char *type
                          "supported (bounds are enforced on \"type\": \"integer\")", KEYWORDS[i].name);
                 return fail(c, NOPAD_ERR_UNSUPPORTED, path, msg);
             }
-        /* any JSON number: the shape of gb_any_value's */
-        gram_builder *g = b;
-        int32_t digit = gb_range(g, '0', '9');
-        int32_t nz[] = {gb_range(g, '1', '9'), gb_repeat(g, digit, 0, 17)};
-        int32_t int_alts[] = {gb_byte(g, '0'), gb_seq(g, nz, 2)};
-        int32_t frac[] = {gb_byte(g, '.'), gb_repeat(g, digit, 1, 18)};
-        uint32_t e[8] = {0}, sign[8] = {0};
-        e['e' >> 5] |= 1u << ('e' & 31);
-        e['E' >> 5] |= 1u << ('E' & 31);
-        sign['+' >> 5] |= 1u << ('+' & 31);
-        sign['-' >> 5] |= 1u << ('-' & 31);
-        int32_t exp[] = {gb_set(g, e), gb_opt(g, gb_set(g, sign)), gb_repeat(g, digit, 1, 3)};
-        int32_t seq[] = {gb_opt(g, gb_byte(g, '-')), gb_choice(g, int_alts, 2),
-                         gb_opt(g, gb_seq(g, frac, 2)), gb_opt(g, gb_seq(g, exp, 3))};
-        return gb_seq(g, seq, 4);
+        return gb_json_number(b);
     }
     if (!strcmp(type, "string")) return compile_string(c, s, path);
     if (!strcmp(type, "array")) return compile_array(c, s, path);
