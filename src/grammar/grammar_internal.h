@@ -95,4 +95,12 @@ int32_t gb_any_value(gram_builder *b);   /* any JSON value */
 int32_t gb_regex(gram_builder *b, const char *pattern, size_t len, int json_string,
                  const char *where);
 
+/* 1 when the current state has the same stacks (by content, in the same order) as the state
+ * saved at `mark` on the current path: every byte then does the same in both. */
+int grammar_matcher_same_state(const grammar_matcher *m, grammar_mark mark);
+/* The current state's stacks as positions (each stack's positions from the top down, then
+ * UINT32_MAX) into key[cap]: the length, or 0 when it does not fit. Equal keys mean equal
+ * states. */
+uint32_t grammar_matcher_state_key(const grammar_matcher *m, uint32_t *key, uint32_t cap);
+
 #endif

@@ -308,3 +308,38 @@ nopad_status grammar_matcher_commit(grammar_matcher *m) {
     free(chain);
     return NOPAD_OK;
 }
+
+/* Stacks a and b hold the same positions all the way down. */
+static int same_stack(const grammar_matcher *m, uint32_t a, uint32_t b) {
+    while (a != b) {
+        if (a == NO_NODE || b == NO_NODE || m->nodes[a].pos != m->nodes[b].pos) return 0;
+        a = m->nodes[a].parent;
+        b = m->nodes[b].parent;
+    }
+    return 1;
+}
+
+int grammar_matcher_same_state(const grammar_matcher *m, grammar_mark mark) {
+    uint32_t a0 = m->states[mark.states - 1], an = mark.tops - a0;
+    uint32_t b0 = m->states[m->n_states - 1], bn = m->n_tops - b0;
+    if (an != bn) return 0;
+    for (uint32_t i = 0; i < an; i++) {
+        uint32_t a = m->tops[a0 + i], b = m->tops[b0 + i];
+        if ((a == TOP_ACCEPT) != (b == TOP_ACCEPT)) return 0;
+        if (a != TOP_ACCEPT && !same_stack(m, a, b)) return 0;
+    }
+    return 1;
+}
+
+uint32_t grammar_matcher_state_key(const grammar_matcher *m, uint32_t *key, uint32_t cap) {
+    uint32_t n = 0;
+    for (uint32_t i = m->states[m->n_states - 1]; i < m->n_tops; i++) {
+        for (uint32_t x = m->tops[i]; x != TOP_ACCEPT && x != NO_NODE; x = m->nodes[x].parent) {
+            if (n + 2 > cap) return 0;
+            key[n++] = m->nodes[x].pos;
+        }
+        if (n + 1 > cap) return 0;
+        key[n++] = m->tops[i] == TOP_ACCEPT ? UINT32_MAX - 1 : UINT32_MAX;
+    }
+    return n;
+}

@@ -22,7 +22,9 @@ struct grammar_token_trie {
     uint8_t *bytes;     /* every token's bytes back to back */
     uint64_t *offset;   /* token id -> offset in bytes; offset[vocab_size] = total */
     trie_node *nodes;
+    uint64_t (*below)[4]; /* per node: the bytes of its subtree (itself included), 256 bits */
     uint32_t n_nodes;
+    int32_t n_tokens;
     int32_t *ids;       /* token ids by node (lexicographic order of their bytes) */
     int32_t *eos;
     int32_t n_eos;
@@ -114,6 +116,34 @@ nopad_status grammar_token_trie_create(const uint8_t *const *tokens, const uint3
     }
     while (depth > 0) t->nodes[path[--depth]].next = n;
     t->n_nodes = n;
+    t->n_tokens = n_tokens;
+    /* each subtree's bytes, children before parents: a node's parent is the nearest node
+     * before it one level up */
+    t->below = calloc(n ? n : 1, sizeof(t->below[0]));
+    if (!t->below) {
+        grammar_token_trie_free(t);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "token trie: out of memory for %u nodes", n);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t b = t->nodes[i].byte;
+        t->below[i][b >> 6] |= 1ull << (b & 63);
+    }
+    {
+        uint32_t *parent = malloc((n ? n : 1) * sizeof(uint32_t));
+        if (!parent) {
+            grammar_token_trie_free(t);
+            return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "token trie: out of memory for %u nodes", n);
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t d = t->nodes[i].depth;
+            path[d - 1] = i;
+            parent[i] = d > 1 ? path[d - 2] : UINT32_MAX;
+        }
+        for (uint32_t i = n; i-- > 0;)
+            if (parent[i] != UINT32_MAX)
+                for (int w = 0; w < 4; w++) t->below[parent[i]][w] |= t->below[i][w];
+        free(parent);
+    }
     *out = t;
     return NOPAD_OK;
 }
@@ -123,6 +153,7 @@ void grammar_token_trie_free(grammar_token_trie *t) {
     free(t->bytes);
     free(t->offset);
     free(t->nodes);
+    free(t->below);
     free(t->ids);
     free(t->eos);
     free(t);
@@ -139,19 +170,78 @@ const uint8_t *grammar_token_trie_token(const grammar_token_trie *t, int32_t id,
     return t->bytes + t->offset[id];
 }
 
+enum { LOOP_UNKNOWN, LOOP_DEAD, LOOP_OTHER, LOOP_SAME };
+
+/* 1 when every byte of node i's subtree leads from the state at `start` back to it (learning
+ * the bytes' loop[] entries not known yet); the matcher is left anywhere on the path. */
+static int subtree_loops(const grammar_token_trie *t, grammar_matcher *m, uint32_t i, grammar_mark start,
+                         uint8_t loop[256]) {
+    for (int w = 0; w < 4; w++) {
+        for (uint64_t bits = t->below[i][w]; bits; bits &= bits - 1) {
+            int b = w * 64 + __builtin_ctzll(bits);
+            if (loop[b] == LOOP_UNKNOWN) {
+                grammar_matcher_restore(m, start);
+                int ok = grammar_matcher_accept(m, (uint8_t)b);
+                loop[b] = !ok ? LOOP_DEAD : grammar_matcher_same_state(m, start) ? LOOP_SAME : LOOP_OTHER;
+            }
+            if (loop[b] != LOOP_SAME) return 0;
+        }
+    }
+    return 1;
+}
+
 int32_t grammar_token_mask(const grammar_token_trie *t, grammar_matcher *m, uint32_t *mask) {
     memset(mask, 0, ((size_t)t->vocab_size + 31) / 32 * sizeof(uint32_t));
     grammar_mark marks[TRIE_MAX_TOKEN + 1];
+    /* in_start[d]: the bytes down to depth d all led back to the starting state (a string's
+     * characters inside a string): the node below needs no matcher step of its own, only
+     * loop[byte], learnt once per byte: LOOP_UNKNOWN, LOOP_DEAD, LOOP_OTHER (a different
+     * state), LOOP_SAME */
+    uint8_t in_start[TRIE_MAX_TOKEN + 1];
+    uint8_t loop[256] = {0};
     marks[0] = grammar_matcher_save(m);
+    in_start[0] = 1;
     int32_t allowed = 0;
     for (uint32_t i = 0; i < t->n_nodes;) {
         const trie_node *nd = &t->nodes[i];
-        grammar_matcher_restore(m, marks[nd->depth - 1]);
-        if (!grammar_matcher_accept(m, nd->byte)) {
+        uint32_t d = nd->depth;
+        int ok;
+        if (in_start[d - 1]) {
+            if (loop[nd->byte] == LOOP_UNKNOWN || loop[nd->byte] == LOOP_OTHER) {
+                /* the step from the start: the same as from any state equal to it */
+                grammar_matcher_restore(m, marks[0]);
+                ok = grammar_matcher_accept(m, nd->byte);
+                if (loop[nd->byte] == LOOP_UNKNOWN)
+                    loop[nd->byte] = !ok ? LOOP_DEAD : grammar_matcher_same_state(m, marks[0]) ? LOOP_SAME : LOOP_OTHER;
+                marks[d] = grammar_matcher_save(m);
+                in_start[d] = loop[nd->byte] == LOOP_SAME;
+                if (in_start[d]) marks[d] = marks[0];
+            } else {
+                ok = loop[nd->byte] == LOOP_SAME;
+                marks[d] = marks[0];
+                in_start[d] = 1;
+            }
+            if (in_start[d] && nd->next > i + 1 && subtree_loops(t, m, i, marks[0], loop)) {
+                /* every byte below leads back to the start: all the subtree's tokens */
+                uint32_t end = nd->next < t->n_nodes ? t->nodes[nd->next].tok_first : (uint32_t)t->n_tokens;
+                for (uint32_t k = nd->tok_first; k < end; k++) {
+                    int32_t id = t->ids[k];
+                    mask[id >> 5] |= 1u << (id & 31);
+                }
+                allowed += (int32_t)(end - nd->tok_first);
+                i = nd->next;
+                continue;
+            }
+        } else {
+            grammar_matcher_restore(m, marks[d - 1]);
+            ok = grammar_matcher_accept(m, nd->byte);
+            marks[d] = grammar_matcher_save(m);
+            in_start[d] = 0;
+        }
+        if (!ok) {
             i = nd->next;
             continue;
         }
-        marks[nd->depth] = grammar_matcher_save(m);
         for (uint32_t k = 0; k < nd->tok_count; k++) {
             int32_t id = t->ids[nd->tok_first + k];
             mask[id >> 5] |= 1u << (id & 31);
