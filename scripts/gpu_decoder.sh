@@ -46,7 +46,8 @@
 #        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
 #        test-comm (issue 39: every staged test again with NOPAD_COMM_FORCE=1, the tensor-parallel
 #        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
-#        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated),
+#        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated; AB_ROUNDS decode rounds,
+#        default 3),
 #        default "gguf test". Logs and JSON to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -193,7 +194,7 @@ for step in $STEPS; do
         # workloads and the decode-step grid with NOPAD_COMM_FORCE off and on, one library,
         # alternated (AB_ENGINE: SHAPE:REQUESTS pairs, default workload 4, then 1)
         echo "NCCL: ${NOPAD_NCCL_LIBRARY:-not found}"
-        for round in 1 2 3; do
+        for round in $(seq 1 "${AB_ROUNDS:-3}"); do
             for force in 0 1; do
                 f="$OUT/ab_comm_decode_force${force}_$round"
                 NOPAD_COMM_FORCE=$force timeout 150 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
