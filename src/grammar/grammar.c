@@ -84,7 +84,7 @@ void gb_rule_add(gram_builder *b, int32_t rule, const int32_t *syms, uint32_t n)
     gb_rule *r = &b->rules[rule];
     if (!gb_grow(b, (void **)&r->syms, &r->cap, r->n + n + 1, sizeof(int32_t))) return;
     if (r->n_alts++ > 0) r->syms[r->n++] = GB_ALT;
-    memcpy(r->syms + r->n, syms, n * sizeof(int32_t));
+    if (n) memcpy(r->syms + r->n, syms, n * sizeof(int32_t));
     r->n += n;
 }
 

@@ -298,7 +298,7 @@ nopad_status grammar_matcher_commit(grammar_matcher *m) {
         uint32_t t = m->tops[first + i];
         m->tops[i] = t == TOP_ACCEPT ? TOP_ACCEPT : map[t];
     }
-    memcpy(m->nodes, nodes, (size_t)n_new * sizeof(mnode));
+    if (n_new) memcpy(m->nodes, nodes, (size_t)n_new * sizeof(mnode));
     m->n_nodes = n_new;
     m->n_tops = count;
     m->states[0] = 0;

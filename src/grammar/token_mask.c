@@ -74,7 +74,7 @@ nopad_status grammar_token_trie_create(const uint8_t *const *tokens, const uint3
         grammar_token_trie_free(t);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "token trie: out of memory for %d tokens", vocab_size);
     }
-    memcpy(t->eos, eos_ids, (size_t)n_eos * sizeof(int32_t));
+    if (n_eos) memcpy(t->eos, eos_ids, (size_t)n_eos * sizeof(int32_t));
     t->n_eos = n_eos;
     uint64_t at = 0;
     int32_t k = 0;
