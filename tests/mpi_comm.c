@@ -319,6 +319,36 @@ static void test_all_to_allv_uneven(void **state) {
     comm_free(c);
 }
 
+/* A rank that never joins: the others' bounded wait ends in a clear error within the bound, and
+ * says the world is out of step. Rank 0 joins afterwards, so nothing is left pending. */
+static void test_wait_limit(void **state) {
+    (void)state;
+    nopad_comm *c = world();
+    const int32_t rank = comm_rank(c);
+    nopad_comm *d = NULL;
+    assert_nopad_ok(comm_split(c, 0, rank, &d));
+    int32_t value = rank + 1;
+    if (rank != 0) {
+        comm_set_wait_limit(d, 0.3);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const nopad_status st = comm_all_reduce(d, NULL, &value, 1, COMM_I32, COMM_SUM);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double waited = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        assert_int_equal(st, NOPAD_ERR_BACKEND);
+        assert_non_null(strstr(nopad_last_error(), "did not join within 0.3 s"));
+        assert_true(comm_timed_out(d));
+        assert_true(waited >= 0.3 && waited < 30); /* bounded: the test's own limit is far above */
+    } else {
+        assert_false(comm_timed_out(d));
+    }
+    assert_nopad_ok(comm_barrier(c, NULL));
+    if (rank == 0) assert_nopad_ok(comm_all_reduce(d, NULL, &value, 1, COMM_I32, COMM_SUM));
+    assert_nopad_ok(comm_barrier(c, NULL));
+    comm_free(d);
+    comm_free(c);
+}
+
 static void test_split_into_two_groups(void **state) {
     nopad_comm *c = world();
     const int32_t size = comm_size(c), rank = comm_rank(c);
@@ -436,6 +466,7 @@ int main(void) {
         cmocka_unit_test(test_broadcast_from_every_root),
         cmocka_unit_test(test_all_to_allv_uneven),
         cmocka_unit_test(test_split_into_two_groups),
+        cmocka_unit_test(test_wait_limit),
         cmocka_unit_test(test_barrier_waits_for_the_last),
         cmocka_unit_test(test_host_broadcast_big),
         cmocka_unit_test(test_world_of_one_under_the_launcher),

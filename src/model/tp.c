@@ -17,6 +17,7 @@
 #include "model/model_internal.h"
 #include "model/tp.h"
 #include "util/error.h"
+#include "util/knobs.h"
 
 static int fits(const model_config *cfg, int32_t size) {
     const int32_t nh = cfg->num_heads, kvh = cfg->num_kv_heads > 0 ? cfg->num_kv_heads : cfg->num_heads;
@@ -361,11 +362,19 @@ static nopad_status follow_context_create(follower *f, const tp_message *msg) {
 }
 
 /* Runs the leader's messages until it stops. A call that fails here failed on the leader too (the
- * same checks on the same data): the follower reports it to stderr and goes on with the next. */
+ * same checks on the same data): the follower reports it to stderr and goes on with the next.
+ * Within a step its collectives wait at most NOPAD_COMM_TIMEOUT seconds (default 30; the others
+ * are a step's work away at most): rank 0 failing alone after it announced the step (out of
+ * memory, say) leaves the others in a collective it never joins, and the follower then ends with
+ * that error (under a launcher its exit aborts the job) instead of waiting forever. The wait for
+ * the next step is not bounded: the leader may be idle. */
 static nopad_status follow(follower *f) {
+    const double step_limit_s = knob_float(KNOB_COMM_TIMEOUT) > 0 ? knob_float(KNOB_COMM_TIMEOUT) : 30;
     for (;;) {
         tp_message msg;
+        comm_set_wait_limit(f->m->comm, 0);
         nopad_status st = comm_host_broadcast(f->m->comm, &msg, sizeof msg, 0);
+        comm_set_wait_limit(f->m->comm, step_limit_s);
         if (st != NOPAD_OK) return nopad_wrap_error(st, "rank %d: waiting for rank 0's next step", f->m->tp.rank);
         if (msg.op == TP_STOP) return NOPAD_OK;
         if (msg.op == TP_CONTEXT_CREATE) {
@@ -389,6 +398,8 @@ static nopad_status follow(follower *f) {
                                        f->m->tp.rank, msg.op);
             }
         }
+        if (st != NOPAD_OK && comm_timed_out(f->m->comm))
+            return nopad_wrap_error(st, "rank %d: a step of rank 0's did not complete", f->m->tp.rank);
         if (st != NOPAD_OK) {
             fprintf(stderr, "nopad: rank %d: %s (rank 0 refused or failed the same step)\n", f->m->tp.rank,
                     nopad_last_error());
@@ -412,6 +423,8 @@ static nopad_status follow_model(const char *dir, const nopad_model_params *para
     f.contexts[0] = m->context;
     f.n_contexts = 1;
     st = follow(&f);
+    if (comm_timed_out(m->comm)) return st; /* a collective is still pending on these buffers: the
+                                               caller ends the process (nopad_tp_follow's contract) */
     for (int32_t i = 1; i < f.n_contexts; i++) context_destroy(f.contexts[i]);
     free(f.contexts);
     free(f.logits), free(f.logprobs), free(f.ids), free(f.ints), free(f.params), free(f.draws);

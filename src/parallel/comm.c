@@ -29,6 +29,11 @@ struct nopad_comm {
     int32_t rank, size;
     int32_t local_rank, local_size; /* among the ranks of this machine */
     int forced;                     /* NOPAD_COMM_FORCE: a world of one still through MPI and NCCL */
+    double wait_limit_s;            /* comm_set_wait_limit: 0 unbounded */
+    int timed_out;                  /* a host collective gave up waiting */
+    int abandoned;                  /* a host collective was left pending (timed out, or a spawned
+                                       world lost a rank): MPI may still write into its buffers
+                                       at any later MPI call, so ours are not freed */
 #ifdef NOPAD_HAVE_MPI
     MPI_Comm mpi;   /* a communicator of our own (never the caller's); MPI_COMM_NULL: no MPI */
     MPI_Comm inter; /* a spawned world's link between leader and workers (disconnected with it);
@@ -294,14 +299,31 @@ static nopad_status mpi_begin(nopad_comm *c, const char *op) {
 /* Waits for a collective that MPI's nonblocking call started (rc: what the call returned). Like
  * MPI_Wait it polls; between polls it looks whether a spawned world lost a rank, which would leave
  * the request pending forever (it is then left to the dead world). */
-static nopad_status mpi_finish(const nopad_comm *c, int rc, MPI_Request *req, const char *op) {
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static nopad_status mpi_finish(nopad_comm *c, int rc, MPI_Request *req, const char *op) {
     if (rc != MPI_SUCCESS) return mpi_error(rc, op, c);
-    for (;;) {
+    const double start = c->wait_limit_s > 0 ? now_s() : 0;
+    for (uint32_t polls = 1;; polls++) {
         int done = 0;
         rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_error(rc, op, c);
         if (done) return NOPAD_OK;
-        if (__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) return lost_error(c, op);
+        if (__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) {
+            c->abandoned = 1;
+            return lost_error(c, op);
+        }
+        if (c->wait_limit_s > 0 && polls % 1024 == 0 && now_s() - start > c->wait_limit_s) {
+            c->timed_out = c->abandoned = 1;
+            return nopad_set_error(NOPAD_ERR_BACKEND,
+                                   "%s on rank %d of %d: the other ranks did not join within %g s (a rank failed "
+                                   "alone or is stuck; NOPAD_COMM_TIMEOUT sets the bound); this rank's world is out "
+                                   "of step", op, c->rank, c->size, c->wait_limit_s);
+        }
     }
 }
 
@@ -644,7 +666,7 @@ void comm_free(nopad_comm *c) {
         __atomic_store_n(&c->stop_watch, 1, __ATOMIC_RELEASE);
         pthread_join(c->watcher, NULL);
     }
-    if (uses_mpi(c) && !finalized) {
+    if (uses_mpi(c) && !finalized && !c->abandoned) { /* an abandoned world is left to MPI */
         if (c->inter == MPI_COMM_NULL) {
             MPI_Comm_free(&c->mpi);
         } else if (spawned_farewell(c) == 0) {
@@ -790,7 +812,7 @@ static nopad_status mpi_all_reduce(nopad_comm *c, void *buf, size_t count, comm_
         if (st == NOPAD_OK) reduce_parts(all, c->size, n, t, op, part);
         done += n;
     }
-    free(all);
+    if (!c->abandoned) free(all);
     return st;
 }
 #endif
@@ -981,7 +1003,8 @@ static nopad_status mpi_all_to_allv_start(nopad_comm *c, void *recv, const size_
 
 static nopad_status mpi_wait(nopad_comm *c, comm_host_request *r) {
     const nopad_status st = mpi_finish(c, r->rc, &r->req, "comm_all_to_allv: MPI_Ialltoallv");
-    free(r->ints), free(r);
+    if (!c->abandoned) free(r->ints);
+    free(r);
     return st;
 }
 
@@ -1100,3 +1123,9 @@ nopad_status comm_host_wait(nopad_comm *c, comm_host_request *req) {
     return nopad_set_error(NOPAD_ERR_INTERNAL, "comm_host_wait: a request in a build without MPI");
 #endif
 }
+
+void comm_set_wait_limit(nopad_comm *c, double seconds) {
+    if (c) c->wait_limit_s = seconds > 0 ? seconds : 0;
+}
+
+int comm_timed_out(const nopad_comm *c) { return c && c->timed_out; }

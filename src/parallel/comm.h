@@ -110,6 +110,15 @@ nopad_status comm_barrier(nopad_comm *c, nopad_backend *be);
  * A no-op without NCCL. */
 nopad_status comm_watch(nopad_comm *c, nopad_backend *be);
 
+/* Bounds every later wait of this rank's host collectives (MPI) to `seconds` (0: unbounded, the
+ * default): one that waits longer fails with NOPAD_ERR_BACKEND saying so, and comm_timed_out
+ * then returns 1. The world is then out of step: the collective that gave up is still pending, and
+ * MPI may read and write its buffers at any later MPI call, so the process should end soon. A
+ * tensor-parallel follower bounds the collectives inside a step, where the others are at most a
+ * step's work away, and not its wait for the next step. */
+void comm_set_wait_limit(nopad_comm *c, double seconds);
+int comm_timed_out(const nopad_comm *c);
+
 /* ---- host control messages (a step's plan from rank 0): MPI on host memory, whatever backend -- */
 nopad_status comm_host_broadcast(nopad_comm *c, void *buf, size_t bytes, int32_t root);
 
