@@ -361,9 +361,12 @@ static void test_paths_agree_exactly(void **state) {
 
 /* y[T, N] = x · Wᵀ against the reference element by element. Decode (T = 1, 7, 31: the int8
  * path) also bit for bit against the one-row dot on the best path (the same blocks, the same
- * sums). Prefill (T = 45 from CPU_QUANT_PREFILL_TOKENS on: dequantised rows and sgemm) within
- * float rounding alone, K·2^-23·Σ|w·x| (a sum of K products loses at most K·2^-24 of Σ|w·x|;
- * the reference's "+ m" roundings are far below), with N = 101 over two row tiles of 64.
+ * sums). Prefill (T = 45 from CPU_QUANT_PREFILL_TOKENS on: dequantised rows and sgemm on x rounded
+ * as the int8 path rounds it, d·q per block) against the reference on that rounded x within float
+ * rounding alone, K·2^-23·Σ|w·x| (a sum of K products loses at most K·2^-24 of Σ|w·x|, the d·q
+ * products one rounding each; the reference's "+ m" roundings are far below): the two paths
+ * compute the same products, so a row's result does not depend on its step's token count.
+ * N = 101 over two row tiles of 64.
  * N odd everywhere, and not a multiple of any tile. Then accumulate onto a random y0 (the
  * residual): y0 + y bit for bit on the int8 path (the same dot, one add), within y's tolerance
  * plus one rounding of |y0 + y| on sgemm's (its beta = 1 may add in another order). */
@@ -379,7 +382,8 @@ static void test_linear(void **state) {
     float *x = malloc(sizeof(float) * (size_t)K * T_max), *y = malloc(sizeof(float) * T_max * N_max);
     float *y0 = malloc(sizeof(float) * T_max * N_max), *z = malloc(sizeof(float) * T_max * N_max);
     void *act = malloc(cpu_quant_act_row_bytes(f->type, K));
-    assert_true(w && wf && x && y && y0 && z && act);
+    float *xq = malloc(sizeof(float) * (size_t)K);
+    assert_true(w && wf && x && y && y0 && z && act && xq);
     random_blocks(f, w, (int64_t)N_max * (K / f->block), 5, 12);
     dequant(f, w, (int64_t)N_max * K, wf);
     const cpu_quant_isa best = cpu_quant_best_isa();
@@ -395,6 +399,14 @@ static void test_linear(void **state) {
             for (int32_t t = 0; t < T; t++) {
                 const float *xr = x + (size_t)t * K;
                 assert_int_equal(cpu_quant_activations(act, xr, f->type, K), NOPAD_OK);
+                if (prefill) { /* the row as the int8 path sees it: d·q per block */
+                    for (int32_t i = 0; i < K; i++) {
+                        const cpu_q8_block *b8 = (const cpu_q8_block *)act + i / 32;
+                        const cpu_q8k_block *bk = (const cpu_q8k_block *)act + i / 256;
+                        xq[i] = f->block == 32 ? b8->d * (float)b8->qs[i % 32] : bk->d * (float)bk->qs[i % 256];
+                    }
+                    xr = xq;
+                }
                 for (int32_t n = 0; n < N; n++) {
                     const float *wr = wf + (size_t)n * K;
                     const double want = dot_double(wr, xr, K);
@@ -434,6 +446,7 @@ static void test_linear(void **state) {
     free(y0);
     free(z);
     free(act);
+    free(xq);
 }
 
 /* ---- errors --------------------------------------------------------------------------------- */

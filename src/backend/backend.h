@@ -112,6 +112,20 @@ typedef struct nopad_kv_batch {
     int32_t max_blocks, block_size;
 } nopad_kv_batch;
 
+/* How a weight matrix is stored in backend memory. NOPAD_WEIGHT_DTYPE: elements of the backend's
+ * dtype, what every op reads. The others are GGUF's block formats, kept as the file stores them
+ * (numbered as ggml numbers its types): each row of K values is K / block blocks back to back,
+ * row n at w + n · row_bytes, and only gemm_q and embed_tokens_q read them. */
+typedef enum nopad_weight_format {
+    NOPAD_WEIGHT_DTYPE = 0,
+    NOPAD_WEIGHT_Q4_0 = 2, /* blocks of 32 */
+    NOPAD_WEIGHT_Q4_1 = 3,
+    NOPAD_WEIGHT_Q8_0 = 8,
+    NOPAD_WEIGHT_Q4_K = 12, /* super-blocks of 256 */
+    NOPAD_WEIGHT_Q5_K = 13,
+    NOPAD_WEIGHT_Q6_K = 14,
+} nopad_weight_format;
+
 /* What a capability query describes; each op reads the fields it needs. */
 typedef struct nopad_op_shape {
     int32_t n_tokens, n_in, n_out; /* gemm: [T, K] · [N, K]ᵀ; layernorm: n_in = dim */
@@ -119,6 +133,7 @@ typedef struct nopad_op_shape {
     int causal;                    /* attention */
     nopad_epilogue epilogue;       /* gemm */
     nopad_activation act;          /* gemm with NOPAD_EPILOGUE_BIAS_ACT */
+    nopad_weight_format weight_format; /* gemm: the weight's storage (a block format: gemm_q's) */
 } nopad_op_shape;
 
 /* One parameter tensor as the optimiser ops see it. Training keeps float32 master weights, their
@@ -489,7 +504,33 @@ struct nopad_backend {
                                  const int32_t *history, const int32_t *cu_history, int want_logprobs,
                                  int32_t *ids_out);
     nopad_status (*sample_wait)(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n);
+
+    /* ---- weights in a block format (NULL where the backend runs none: its models dequantise;
+     * nopad_backend_runs_format says which formats and row lengths a backend runs) ----------- */
+    /* gemm with w [N, K] in block format `format`: out[T, N] = epilogue(x[T, K] · wᵀ), in the
+     * backend's dtype, or float32 when out_f32 (the LM head, as gemm_f32). */
+    nopad_status (*gemm_q)(nopad_backend *be, void *out, const void *x, const void *w,
+                           nopad_weight_format format, const void *bias, const void *residual,
+                           int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_epilogue epilogue,
+                           nopad_activation act, int out_f32);
+    /* embed_tokens with the rows of word in block format `format`, each dequantised as it is
+     * gathered. */
+    nopad_status (*embed_tokens_q)(nopad_backend *be, float *out32, const int32_t *tokens,
+                                   const int32_t *feed, const int32_t *positions, int32_t n_tokens,
+                                   int32_t vocab_size, int32_t vocab0, int32_t vocab_rows,
+                                   int32_t n_positions, const void *word, nopad_weight_format format,
+                                   const void *pos, int32_t dim);
 };
+
+/* Whether `be` runs linear layers and embedding gathers on weights of `format` with rows of
+ * n_in values: always for NOPAD_WEIGHT_DTYPE; for a block format, when the backend has gemm_q and
+ * embed_tokens_q and its supports(NOPAD_OP_GEMM) accepts the format and row length (a backend
+ * without them, CUDA today, runs dequantised weights only). */
+static inline int nopad_backend_runs_format(nopad_backend *be, nopad_weight_format format, int32_t n_in) {
+    if (format == NOPAD_WEIGHT_DTYPE) return 1;
+    nopad_op_shape shape = {.n_tokens = 1, .n_in = n_in, .n_out = 1, .weight_format = format};
+    return be->gemm_q && be->embed_tokens_q && be->supports(be, NOPAD_OP_GEMM, &shape);
+}
 
 /* What a backend is created for: the device and its ordinal, the compute dtype, and the
  * device-specific settings. */

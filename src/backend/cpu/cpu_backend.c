@@ -66,9 +66,11 @@ static nopad_status cpu_copy_2d(nopad_backend *be, void *dst, size_t dst_pitch, 
 }
 
 /* Every op on every shape, but no device-side packing and no recorded graphs: the CPU runs ops
- * as they come, and its buffers are host memory the caller packs. */
+ * as they come, and its buffers are host memory the caller packs. GEMMs on weights in a block
+ * format: quant.h's six, on rows of whole blocks. */
 static int cpu_supports(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
-    (void)be, (void)shape;
+    (void)be;
+    if (op == NOPAD_OP_GEMM && shape) return cpu_runs_format(shape->weight_format, shape->n_in);
     return op != NOPAD_OP_PACK && op != NOPAD_OP_GRAPH;
 }
 
@@ -118,6 +120,8 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->swiglu = cpu_swiglu;
     be->gather_rows = cpu_gather_rows;
     be->gemm_f32 = cpu_gemm_f32;
+    be->gemm_q = cpu_gemm_q;
+    be->embed_tokens_q = cpu_embed_tokens_q;
     be->row_argmax = cpu_row_argmax;
     be->zero = cpu_zero;
     be->gemm_backward = cpu_gemm_backward;

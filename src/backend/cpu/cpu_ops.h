@@ -58,6 +58,18 @@ nopad_status cpu_embed_tokens(nopad_backend *be, float *out, const int32_t *toke
                               const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
                               int32_t vocab0, int32_t vocab_rows, int32_t n_positions,
                               const void *word, const void *pos, int32_t dim);
+/* Weights in a GGUF block format (cpu_quant_ops.c): whether the CPU runs `format` on rows of
+ * n_in values (quant.h's six formats, n_in a whole number of blocks; the dtype always), gemm_q and
+ * embed_tokens_q. */
+int cpu_runs_format(nopad_weight_format format, int32_t n_in);
+nopad_status cpu_gemm_q(nopad_backend *be, void *out, const void *x, const void *w,
+                        nopad_weight_format format, const void *bias, const void *residual,
+                        int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_epilogue epilogue,
+                        nopad_activation act, int out_f32);
+nopad_status cpu_embed_tokens_q(nopad_backend *be, float *out, const int32_t *tokens, const int32_t *feed,
+                                const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
+                                int32_t vocab0, int32_t vocab_rows, int32_t n_positions, const void *word,
+                                nopad_weight_format format, const void *pos, int32_t dim);
 nopad_status cpu_norm(nopad_backend *be, void *out, const float *x, const void *w, const void *b,
                       float eps, int32_t n_tokens, int32_t dim, int rms);
 nopad_status cpu_residual_add(nopad_backend *be, float *h, const void *x, int32_t n_tokens,

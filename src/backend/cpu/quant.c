@@ -385,6 +385,13 @@ static void dequant_rows(uint32_t type, const uint8_t *w, int64_t n_values, floa
     }
 }
 
+nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int32_t K) {
+    const quant_format *f;
+    nopad_status st = check("cpu_quant_dequantize", type, K, &f);
+    if (st == NOPAD_OK) dequant_rows(type, w, K, out);
+    return st;
+}
+
 /* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
 
 /* Weight rows per work item of the int8 path: a tile's rows (TILE_ROWS · K bytes at 4-8 bits,
@@ -402,13 +409,30 @@ enum { PREFILL_ROWS = 64 };
 
 /* y = x · Wᵀ for many tokens: tiles of PREFILL_ROWS weight rows dequantised into a thread's
  * scratch [PREFILL_ROWS, K], then sgemm over all T tokens. OpenBLAS must run single-threaded
- * (the CPU backend sets it so): the threads are these. */
+ * (the CPU backend sets it so): the threads are these. x is first rounded as the int8 path
+ * rounds it (each block to d·q, d and q as cpu_quant_activations makes them), so that both paths
+ * compute the same products and differ by float summation order only: a row's result does not
+ * depend on how many tokens share its step (a prompt whole or in chunks, alone or batched with
+ * others), as it does not with float weights. */
 static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *w, uint32_t type,
                                        int32_t T, int32_t K, int32_t N, int accumulate,
                                        int n_threads) {
     const size_t w_bytes = cpu_quant_row_bytes(type, K);
     const int32_t tiles = (N + PREFILL_ROWS - 1) / PREFILL_ROWS;
+    const int32_t block = find_format(type)->k_quant ? QK_K : QK;
+    float *xr = malloc(sizeof(float) * (size_t)T * K); /* [T, K] x rounded as the int8 path does */
+    if (!xr)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
+                               "cpu_quant_linear: %zu bytes for %d rows of rounded activations",
+                               sizeof(float) * (size_t)T * K, T);
     int failed = 0;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t b = 0; b < (int64_t)T * (K / block); b++) {
+        int8_t q[QK_K];
+        const float d = quantize_block(q, x + b * block, block);
+        for (int32_t i = 0; i < block; i++) xr[b * block + i] = d * (float)q[i];
+    }
+    x = xr;
 #pragma omp parallel num_threads(n_threads)
     {
         float *scratch = malloc(sizeof(float) * PREFILL_ROWS * (size_t)K);
@@ -427,6 +451,7 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
         }
         free(scratch);
     }
+    free(xr);
     if (failed)
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
                                "cpu_quant_linear: %zu bytes a thread for %d dequantised rows of "

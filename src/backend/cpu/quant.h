@@ -76,6 +76,10 @@ nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int
 nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t type, int32_t K,
                            cpu_quant_isa isa);
 
+/* out[K] = one weight row w of `type` as float (the embedding rows of a block-quantized table,
+ * dequantised as they are gathered). Errors as cpu_quant_activations. */
+nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int32_t K);
+
 /* From this many tokens on, cpu_quant_linear dequantises tiles of weight rows to float and
  * runs sgemm (prefill) instead of the int8 dot products (decode). */
 enum { CPU_QUANT_PREFILL_TOKENS = 32 };
@@ -84,9 +88,11 @@ enum { CPU_QUANT_PREFILL_TOKENS = 32 };
  * y may be the residual, never x). W's N rows stored one after the other as in the GGUF file
  * (row n at w + n · cpu_quant_row_bytes(type, K)), on n_threads OpenMP threads (<= 0: the
  * OpenMP default). Below CPU_QUANT_PREFILL_TOKENS the rows of x are quantized once each and the
- * dot products run on the best path, in parallel over runs of W's rows; from it on, each
- * thread dequantises 64 rows at a time to float and multiplies them with OpenBLAS's sgemm,
- * which must then be single-threaded (the CPU backend sets it so). Errors as
+ * dot products run on the best path, in parallel over runs of W's rows; from it on, x is
+ * rounded as those int8 blocks round it (d·q) and each thread dequantises 64 rows at a time to
+ * float and multiplies them with OpenBLAS's sgemm, which must then be single-threaded (the CPU
+ * backend sets it so). Both paths compute the same products: a row's result differs between them
+ * by float summation order only, whatever T is. Errors as
  * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                               int32_t K, int32_t N, int accumulate, int n_threads);

@@ -1,0 +1,74 @@
+/* CPU: the op table's linear layer and embedding gather on weights kept in a GGUF block format
+ * (backend.h, nopad_weight_format), on quant.c's kernels. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/quant.h"
+#include "util/error.h"
+
+int cpu_runs_format(nopad_weight_format format, int32_t n_in) {
+    if (format == NOPAD_WEIGHT_DTYPE) return 1;
+    const int32_t block = cpu_quant_block_size((uint32_t)format);
+    return block > 0 && n_in > 0 && n_in % block == 0;
+}
+
+nopad_status cpu_gemm_q(nopad_backend *be, void *out_, const void *x_, const void *w,
+                        nopad_weight_format format, const void *bias_, const void *residual_,
+                        int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_epilogue epilogue,
+                        nopad_activation act, int out_f32) {
+    (void)out_f32; /* the CPU's dtype is float32 */
+    float *out = out_;                 // [T, n_out]
+    const float *x = x_;               // [T, n_in]
+    const float *bias = bias_;         // [n_out]
+    const float *residual = residual_; // [T, n_out]
+    if (n_tokens == 0) return NOPAD_OK;
+    /* a residual is added by accumulating onto it, in place: no pass over a scratch copy */
+    const int accumulate = epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL;
+    if (accumulate && residual != out) memcpy(out, residual, (size_t)n_tokens * n_out * sizeof(float));
+    nopad_status st = cpu_quant_linear(out, x, w, (uint32_t)format, n_tokens, n_in, n_out, accumulate,
+                                       cpu_threads(be));
+    if (st != NOPAD_OK) return nopad_wrap_error(st, "cpu gemm_q");
+    if (epilogue == NOPAD_EPILOGUE_NONE) return NOPAD_OK;
+#pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
+    for (int32_t t = 0; t < n_tokens; t++) {
+        float *row = out + (size_t)t * n_out;
+        if (epilogue == NOPAD_EPILOGUE_BIAS_ACT)
+            for (int32_t i = 0; i < n_out; i++) row[i] = cpu_activate(row[i] + bias[i], act);
+        else
+            for (int32_t i = 0; i < n_out; i++) row[i] += bias[i];
+    }
+    return NOPAD_OK;
+}
+
+nopad_status cpu_embed_tokens_q(nopad_backend *be, float *out, const int32_t *tokens, const int32_t *feed,
+                                const int32_t *positions, int32_t n_tokens, int32_t vocab_size,
+                                int32_t vocab0, int32_t vocab_rows, int32_t n_positions, const void *word,
+                                nopad_weight_format format, const void *pos_, int32_t dim) {
+    const float *pos = pos_; // [P, dim] or NULL
+    if (!cpu_runs_format(format, dim))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "cpu embed_tokens_q: weight format %d with rows of %d values is not one the "
+                               "CPU runs",
+                               (int)format, dim);
+    const size_t row_bytes = cpu_quant_row_bytes((uint32_t)format, dim);
+#pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
+    for (int32_t t = 0; t < n_tokens; t++) {
+        float *row = out + (size_t)t * dim;
+        int32_t id = tokens[t], p = positions ? positions[t] : 0;
+        if (id < 0 && feed) id = feed[-1 - id]; /* the step before's id, sampled after this was packed */
+        if (id < 0 || id >= vocab_size || (pos && (p < 0 || p >= n_positions))) {
+            for (int32_t i = 0; i < dim; i++) row[i] = NAN;
+            continue;
+        }
+        if (id < vocab0 || id >= vocab0 + vocab_rows) { /* another rank's id */
+            for (int32_t i = 0; i < dim; i++) row[i] = pos ? pos[(size_t)p * dim + i] : 0.0f;
+            continue;
+        }
+        /* the format and dim were checked above: this cannot fail */
+        cpu_quant_dequantize(row, (const uint8_t *)word + (size_t)(id - vocab0) * row_bytes, (uint32_t)format, dim);
+        if (pos)
+            for (int32_t i = 0; i < dim; i++) row[i] += pos[(size_t)p * dim + i];
+    }
+    return NOPAD_OK;
+}
