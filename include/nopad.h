@@ -158,6 +158,19 @@ void nopad_decode_stream_free(nopad_decode_stream *stream);
 
 typedef struct nopad_model nopad_model;
 
+/* How a model holds its weights (nopad_model_params.weights). GGUF files store block-quantized
+ * formats (Q4_1, Q4_K, ...); a backend runs some of them as stored (docs/decoder.md). */
+typedef enum nopad_weights {
+    NOPAD_WEIGHTS_AUTO = 0, /* NATIVE for a GGUF file on the CPU; elsewhere the compute dtype */
+    NOPAD_WEIGHTS_NATIVE,   /* as stored: block formats the backend runs stay quantized (the rest,
+                               and every tensor on a backend without quantized kernels, CUDA
+                               today, is dequantised, with a one-line notice on stderr) */
+    NOPAD_WEIGHTS_F32,      /* dequantised to the compute dtype, which must be this one */
+    NOPAD_WEIGHTS_F16,
+    NOPAD_WEIGHTS_BF16,
+    NOPAD_WEIGHTS_FP8,      /* not yet: refused (NOPAD_ERR_UNSUPPORTED) */
+} nopad_weights;
+
 typedef struct nopad_model_params {
     nopad_device device;      /* default NOPAD_DEVICE_CPU */
     int32_t device_index;     /* CUDA: the device ordinal (as cudaSetDevice counts); default 0 */
@@ -180,6 +193,7 @@ typedef struct nopad_model_params {
      *   other rank calls nopad_tp_follow, which runs the steps rank 0 sends.
      * A build without MPI (CPU) or NCCL (CUDA) refuses tp_size > 1. */
     int32_t tp_size;
+    nopad_weights weights;    /* default NOPAD_WEIGHTS_AUTO */
 } nopad_model_params;
 nopad_model_params nopad_model_default_params(void);
 
@@ -289,6 +303,20 @@ nopad_status nopad_model_get_info(const nopad_model *model, nopad_model_info *ou
  * staging). Other contexts report theirs with nopad_context_memory. */
 nopad_status nopad_model_memory(const nopad_model *model, size_t *weights_bytes,
                                 size_t *workspace_bytes, size_t *backend_bytes);
+
+/* A group of the model's weight tensors as held in memory (a decoder's token_embd, attn_qkv,
+ * attn_output, ffn_gate_up, ffn_down, output; the others in one group "other"), per format: a
+ * group whose layers differ in format is listed once per format. */
+typedef struct nopad_weight_group {
+    const char *name;   /* "attn_qkv", ... */
+    const char *format; /* as held: "Q4_1", "Q6_K", ... (kept as stored) or "F32", "F16", "BF16" */
+    const char *stored; /* as in the file: "Q4_1", "Q5_0", "BF16", ... */
+    int32_t n_tensors;  /* the group's tensors of this format (a fused Q|K|V counts once) */
+    size_t bytes;       /* in memory */
+} nopad_weight_group;
+/* The model's weight groups: the count, and the first min(count, cap) of them into out (NULL
+ * with cap 0: the count only). Strings live as long as the model. */
+int32_t nopad_model_weight_groups(const nopad_model *model, nopad_weight_group *out, int32_t cap);
 
 /* The same for one context: its workspace and its backend's own buffers. */
 nopad_status nopad_context_memory(const nopad_context *ctx, size_t *workspace_bytes,

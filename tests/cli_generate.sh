@@ -155,30 +155,45 @@ else
         python3 -c 'import sys, json; j = json.load(sys.stdin); print(j["kind"], j["num_kv_heads"], j["eos_token_id"])')" = "decoder 3 2" ] ||
         fail "info --json on the GGUF"
 
+    # the weights as held: SmolLM2's Q4_1 layers and Q8_0 embeddings kept as stored (the CPU's
+    # default), or dequantised with --weights f32; fp8 is not there yet
+    for line in '  token_embd: +Q8_0, 1 tensors, 30.08 MB' '  attn_qkv: +Q4_1, 90 tensors, 10.37 MB' \
+        '  ffn_down: +Q4_1, 30 tensors, 16.59 MB'; do
+        grep -Eq "^$line\$" "$TMP/info" || fail "info on the GGUF lacks /$line/"
+    done
+    "$NOPAD_CLI" info --model "$GGUF" --weights f32 >"$TMP/info_f32" || fail "info --weights f32"
+    grep -Eq '^  attn_qkv: +F32 \(stored Q4_1\), 90 tensors, ' "$TMP/info_f32" || fail "info --weights f32 groups"
+    expect_fail 2 "unknown weights 'int3'" $N -- generate --model "$GGUF" --prompt hi --weights int3
+    expect_fail 1 "fp8 is not supported yet" $N -- generate --model "$GGUF" --prompt hi --weights fp8
+
     # --input: the longest answer first, so the later ones are held and written in order;
-    # the same bytes in groups of 3 and of 1, and as each prompt alone
+    # the same bytes in groups of 3 and of 1, and as each prompt alone. With the weights kept
+    # quantized, a row's activations are rounded to int8 and a float difference of 1e-7 between
+    # batchings can round one value the other way; dequantised (f32), batching changes the
+    # logits by float rounding only, and these greedy answers compare byte for byte.
+    W=(--weights f32)
     esc() { printf '%s' "$1" | python3 -c 'import sys; sys.stdout.write(sys.stdin.read().replace("\\", "\\\\").replace("\n", "\\n") + "\n")'; }
     { esc "$STORY"; esc "$FRANCE"; esc "$COLOURS"; esc 'Say \n literally'; } >"$TMP/prompts"
     grep -c '' "$TMP/prompts" | grep -qx 4 || fail "the prompts file has not 4 lines"
     : >"$TMP/alone"
     for p in "$STORY" "$FRANCE" "$COLOURS" 'Say \n literally'; do
-        "$NOPAD_CLI" generate --model "$GGUF" --prompt "$p" --max-tokens 24 >>"$TMP/alone" ||
+        "$NOPAD_CLI" generate --model "$GGUF" --prompt "$p" --max-tokens 24 "${W[@]}" >>"$TMP/alone" ||
             fail "generate --prompt '$p'"
     done
-    run "$TMP/grouped" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --batch 3
+    run "$TMP/grouped" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --batch 3 "${W[@]}"
     same "--input in groups of 3 == each prompt alone, in order" "$TMP/grouped" "$TMP/alone"
-    run "$TMP/single" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --batch 1
+    run "$TMP/single" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --batch 1 "${W[@]}"
     same "--input one at a time == each prompt alone" "$TMP/single" "$TMP/alone"
     # a KV pool of 64 tokens holds one prompt at a time here: groups of one
-    run "$TMP/small_kv" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --kv-tokens 64
+    run "$TMP/small_kv" generate --model "$GGUF" --input "$TMP/prompts" --max-tokens 24 --kv-tokens 64 "${W[@]}"
     same "--input with a small KV pool" "$TMP/small_kv" "$TMP/alone"
-    "$NOPAD_CLI" generate --model "$GGUF" --input - --max-tokens 24 <"$TMP/prompts" >"$TMP/stdin" ||
+    "$NOPAD_CLI" generate --model "$GGUF" --input - --max-tokens 24 "${W[@]}" <"$TMP/prompts" >"$TMP/stdin" ||
         fail "generate --input -"
     same "--input - reads stdin" "$TMP/stdin" "$TMP/alone"
     grep -q 'Paris' "$TMP/alone" || fail "the France answer lacks Paris"
 
     # seeded sampling: reproducible, and the same alone or beside other prompts
-    S=(--temperature 0.9 --top-p 0.95 --top-k 40 --seed 11 --max-tokens 16 --ignore-eos)
+    S=(--temperature 0.9 --top-p 0.95 --top-k 40 --seed 11 --max-tokens 16 --ignore-eos "${W[@]}")
     run "$TMP/s1" generate --model "$GGUF" --prompt "$STORY" "${S[@]}"
     run "$TMP/s2" generate --model "$GGUF" --prompt "$STORY" "${S[@]}"
     same "sampling with a seed is reproducible" "$TMP/s1" "$TMP/s2"

@@ -39,6 +39,9 @@ static uint32_t next_u32(uint64_t *s) {
 static nopad_model_params params_for(int32_t tp) {
     nopad_model_params p = nopad_model_default_params();
     p.tp_size = tp;
+    /* a split model holds float weights (a GGUF's are dequantised): so does the whole one it is
+     * compared with */
+    p.weights = NOPAD_WEIGHTS_F32;
     p.max_batch_tokens = 256;
     p.kv_cache_tokens = 2048;
     return p;

@@ -33,6 +33,8 @@ LIB_NAME = "libnopad.so"
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
+# nopad_weights: how a GGUF file's quantized weights are held
+WEIGHTS_CODES = {"auto": 0, "native": 1, "f32": 2, "f16": 3, "bf16": 4, "fp8": 5}
 POOLING_MODEL, POOLING_NONE, POOLING_CLS, POOLING_MEAN, POOLING_MAX = -1, 0, 1, 2, 3
 
 POOLING_NAMES = {POOLING_NONE: "none", POOLING_CLS: "cls", POOLING_MEAN: "mean", POOLING_MAX: "max"}
@@ -59,7 +61,8 @@ class ModelParams(ctypes.Structure):
                 ("cuda_graph_max_tokens", ctypes.c_int32),
                 ("kv_cache_tokens", ctypes.c_int32),
                 ("kv_block_size", ctypes.c_int32),
-                ("tp_size", ctypes.c_int32)]
+                ("tp_size", ctypes.c_int32),
+                ("weights", _enum)]
 
 
 class ModelStats(ctypes.Structure):

@@ -42,9 +42,17 @@ def _float_arg(value: Any, name: str) -> float:
     return float(value)
 
 
+def _parse_weights(weights: Any) -> int:
+    name = str(weights).lower()
+    if name in _native.WEIGHTS_CODES:
+        return _native.WEIGHTS_CODES[name]
+    raise InvalidArgumentError("weights %r is not 'auto', 'native', 'f32', 'f16', 'bf16' or 'fp8'"
+                               % (weights,))
+
+
 def _decoder_params(device: str, dtype: Optional[str], threads: int,
                     kv_cache_tokens: Optional[int], max_batch_tokens: Optional[int], tp_size: int,
-                    cuda_graph_max_tokens: int = 0) -> Tuple[int, Any]:
+                    cuda_graph_max_tokens: int = 0, weights: str = "auto") -> Tuple[int, Any]:
     """(device code, nopad_model_params) for loading a decoder, every argument checked: a
     Generator's, and those of tp_follow's ranks, which must cut their shards as rank 0's
     Generator does. `dtype` None: fp16 on CUDA, fp32 on the CPU."""
@@ -63,6 +71,7 @@ def _decoder_params(device: str, dtype: Optional[str], threads: int,
         params.max_batch_tokens = _int_arg(max_batch_tokens, "max_batch_tokens", 1)
     params.cuda_graph_max_tokens = _int_arg(cuda_graph_max_tokens, "cuda_graph_max_tokens", -1)
     params.tp_size = _tp_size_arg(tp_size)
+    params.weights = _parse_weights(weights)
     return dev, params
 
 
@@ -95,9 +104,9 @@ class Generator:
 
     def __init__(self, model: PathLike, device: str = "cpu", dtype: Optional[str] = None,
                  kv_cache_tokens: Optional[int] = None, max_batch_tokens: Optional[int] = None,
-                 threads: int = 0, tp_size: int = 1):
-        """Loads the decoder `model`: a ``.gguf`` file (config, weights — dequantised — and
-        tokenizer all from the file) or a Hugging Face folder.
+                 threads: int = 0, tp_size: int = 1, weights: str = "auto"):
+        """Loads the decoder `model`: a ``.gguf`` file (config, weights and tokenizer all from
+        the file) or a Hugging Face folder.
 
         Args:
             model: the GGUF file or the model folder.
@@ -113,6 +122,11 @@ class Generator:
                 each on CUDA) and ends them when this object closes. Under ``mpirun -np
                 tp_size``, this object (and an :class:`Engine` on it) lives on rank 0 and every
                 other rank calls :func:`nopad.tp_follow` with the same model and keywords.
+            weights: how a GGUF file's quantized weights are held: "auto" ("native" on the
+                CPU, else the compute dtype), "native" (as stored where the backend runs the
+                format, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K on the CPU; the rest
+                dequantised, said on stderr), "f32" / "f16" / "bf16" (dequantised; must be the
+                compute dtype). "fp8" is not supported yet.
 
         Raises:
             FileError: a missing file or folder.
@@ -130,7 +144,7 @@ class Generator:
         self._seq_handles: "set[Handle]" = set()
         self._engine_handles: "set[Handle]" = set()
         dev, params = _decoder_params(device, dtype, threads, kv_cache_tokens, max_batch_tokens,
-                                      tp_size)
+                                      tp_size, weights=weights)
         self.path = os.fspath(model)
         raw = _model_path_bytes(self.path)
         lib = _native.library()

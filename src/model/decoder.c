@@ -161,6 +161,22 @@ typedef struct step_call {
     int32_t head_rows;        /* rows of logits computed inside (the first chunk; 0: none) */
 } step_call;
 
+/* out[T, N] = epilogue(x[T, K] · wᵀ) for a weight in either storage: the backend's dtype (gemm) or
+ * a block format (gemm_q). */
+static nopad_status linear(nopad_backend *be, void *out, const void *x, const void *w, nopad_weight_format format,
+                           const void *bias, int32_t T, int32_t K, int32_t N, nopad_epilogue epilogue,
+                           nopad_activation act) {
+    if (format == NOPAD_WEIGHT_DTYPE) return be->gemm(be, out, x, w, bias, NULL, T, K, N, epilogue, act);
+    return be->gemm_q(be, out, x, w, format, bias, NULL, T, K, N, epilogue, act, 0);
+}
+
+/* The LM head's float32 logits out32[T, N] = x[T, K] · wᵀ, either storage. */
+static nopad_status linear_f32(nopad_backend *be, float *out32, const void *x, const void *w,
+                               nopad_weight_format format, int32_t T, int32_t K, int32_t N) {
+    if (format == NOPAD_WEIGHT_DTYPE) return be->gemm_f32(be, out32, x, w, T, K, N);
+    return be->gemm_q(be, out32, x, w, format, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU, 1);
+}
+
 /* With tensor parallelism, the partial sums of the ranks' [T, hidden] sub-layer outputs (or
  * embedding rows) made whole; nothing with tp 1. */
 static nopad_status tp_sum(nopad_backend *be, const tp_shard *tp, void *x, size_t n, comm_type t) {
@@ -177,7 +193,8 @@ static nopad_status tp_head_part(nopad_backend *be, const model_config *cfg, con
                                  decoder_state *s, const void *xn, int32_t n, int with_best) {
     const tp_shard *tp = &w->tp;
     float *mine = s->logits_parts + (size_t)tp->rank * n * tp->vocab_stride;
-    if (tp->vocab_rows > 0) TRY(be->gemm_f32(be, mine, xn, w->lm_head, n, cfg->hidden_size, tp->vocab_rows));
+    if (tp->vocab_rows > 0)
+        TRY(linear_f32(be, mine, xn, w->lm_head, w->lm_head_format, n, cfg->hidden_size, tp->vocab_rows));
     if (!with_best) return NOPAD_OK;
     float *best = s->best_parts + (size_t)tp->rank * n * 3;
     TRY(be->row_argmax(be, best, mine, n, tp->vocab_rows, tp->vocab_rows, tp->vocab0));
@@ -205,7 +222,8 @@ static nopad_status tp_head_logits(nopad_backend *be, const model_config *cfg, c
 /* logits[n, V] float32 = xn[n, hidden] · lm_headᵀ, on every rank of a split model alike. */
 static nopad_status lm_head(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
                             decoder_state *s, const void *xn, int32_t n) {
-    if (!w->tp.comm) return be->gemm_f32(be, s->logits, xn, w->lm_head, n, cfg->hidden_size, cfg->vocab_size);
+    if (!w->tp.comm)
+        return linear_f32(be, s->logits, xn, w->lm_head, w->lm_head_format, n, cfg->hidden_size, cfg->vocab_size);
     TRY(tp_head_part(be, cfg, w, s, xn, n, 0));
     return tp_head_logits(be, cfg, w, s, n);
 }
@@ -228,8 +246,14 @@ static nopad_status step_forward(void *ctx) {
     const float eps = cfg->layer_norm_eps;
     const comm_type dt = comm_type_of(be->dtype);
     /* GPT-2's learned positions join the sum once: rank 0 adds them */
-    TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, tp->vocab0, tp->vocab_rows,
-                         cfg->max_position_embeddings, w->tok_emb, tp->rank == 0 ? w->pos_emb : NULL, H));
+    if (w->tok_emb_format == NOPAD_WEIGHT_DTYPE)
+        TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, tp->vocab0,
+                             tp->vocab_rows, cfg->max_position_embeddings, w->tok_emb,
+                             tp->rank == 0 ? w->pos_emb : NULL, H));
+    else
+        TRY(be->embed_tokens_q(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, tp->vocab0,
+                               tp->vocab_rows, cfg->max_position_embeddings, w->tok_emb, w->tok_emb_format,
+                               tp->rank == 0 ? w->pos_emb : NULL, H));
     TRY(tp_sum(be, tp, s->h, (size_t)T * H, COMM_F32));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
     /* decode (one new token a sequence): RoPE and the KV store inside the attention, where the
@@ -240,8 +264,8 @@ static nopad_status step_forward(void *ctx) {
     TRY(be->norm(be, s->xn, s->h, w->layers[0].norm1_w, w->layers[0].norm1_b, eps, T, H, rms));
     for (int32_t l = 0; l < cfg->num_layers; l++) {
         const decoder_layer *L = &w->layers[l];
-        TRY(be->gemm(be, s->qkv, s->xn, L->qkv_w, L->qkv_b, NULL, T, H, qkv_dim,
-                     L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(linear(be, s->qkv, s->xn, L->qkv_w, L->qkv_format, L->qkv_b, T, H, qkv_dim,
+                   L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         if (decode_fused) {
             TRY(be->attention_paged_rope(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
                                          kvh, D, scale, llama ? w->inv_freq : NULL));
@@ -251,24 +275,24 @@ static nopad_status step_forward(void *ctx) {
             TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
                                     kvh, D, scale));
         }
-        TRY(be->gemm(be, s->tmp, s->attn, L->o_w, L->o_b, NULL, T, nh * D, H,
-                     L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(linear(be, s->tmp, s->attn, L->o_w, L->o_format, L->o_b, T, nh * D, H,
+                   L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         TRY(tp_sum(be, tp, s->tmp, (size_t)T * H, dt));
         TRY(be->add_norm(be, s->xn, s->h, s->tmp, L->norm2_w, L->norm2_b, eps, T, H, rms));
         if (llama) {
-            if (be->gemm_swiglu) {
+            if (be->gemm_swiglu && L->up_format == NOPAD_WEIGHT_DTYPE) {
                 TRY(be->gemm_swiglu(be, s->act, s->mlp, s->xn, L->up_w, T, H, F));
             } else {
-                TRY(be->gemm(be, s->mlp, s->xn, L->up_w, NULL, NULL, T, H, 2 * F,
-                             NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+                TRY(linear(be, s->mlp, s->xn, L->up_w, L->up_format, NULL, T, H, 2 * F, NOPAD_EPILOGUE_NONE,
+                           NOPAD_ACT_GELU));
                 TRY(be->swiglu(be, s->act, s->mlp, T, F));
             }
         } else {
-            TRY(be->gemm(be, s->act, s->xn, L->up_w, L->up_b, NULL, T, H, F,
-                         NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
+            TRY(linear(be, s->act, s->xn, L->up_w, L->up_format, L->up_b, T, H, F, NOPAD_EPILOGUE_BIAS_ACT,
+                       cfg->activation));
         }
-        TRY(be->gemm(be, s->tmp, s->act, L->down_w, L->down_b, NULL, T, F, H,
-                     L->down_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(linear(be, s->tmp, s->act, L->down_w, L->down_format, L->down_b, T, F, H,
+                   L->down_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         TRY(tp_sum(be, tp, s->tmp, (size_t)T * H, dt));
         if (l + 1 < cfg->num_layers) {
             const decoder_layer *next = &w->layers[l + 1];

@@ -17,6 +17,9 @@
  * (tp.vocab_rows). O's and down's biases are held by rank 0 only: they join the partial sums
  * once. With tp 1 they are the model's sizes. */
 typedef struct decoder_layer {
+    /* how each matrix is stored (backend.h): the backend's dtype, or a GGUF block format kept as
+     * in the file (gemm_q reads it) */
+    nopad_weight_format qkv_format, o_format, up_format, down_format;
     void *norm1_w, *norm1_b;  // [hidden] (b: LayerNorm only)
     void *qkv_w, *qkv_b;      // [(H + 2·KVH)·D, hidden], [(H + 2·KVH)·D] or NULL
     void *o_w, *o_b;          // [hidden, H·D], [hidden] or NULL
@@ -31,6 +34,11 @@ typedef struct decoder_weights {
     decoder_layer *layers;    // [num_layers]
     void *final_norm_w, *final_norm_b;
     void *lm_head;            // [V, hidden]; = tok_emb when tied
+    nopad_weight_format tok_emb_format, lm_head_format; /* as the layers' formats */
+    void *map;                // the GGUF file's mapping when weights point into it, else NULL
+    size_t map_size;
+    nopad_weight_group *groups; // [n_groups] the weights by group and format, for info
+    int32_t n_groups;
     float *inv_freq;          // [D/2] rotary frequencies, scaled (backend memory, float32) or NULL
     void **allocations;       // everything above, for freeing
     int32_t n_allocations;
@@ -48,11 +56,16 @@ struct safetensors_checkpoint;
 nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                      const struct safetensors_checkpoint *ckpt, const char *where,
                                      decoder_weights *out);
-/* From a GGUF file (llama.cpp's names), dequantised to float32 and converted to the backend's
- * dtype; the Q and K rows llama.cpp's converter permuted for its rotary layout are put back. */
+/* From a GGUF file (llama.cpp's names); the Q and K rows llama.cpp's converter permuted for its
+ * rotary layout are put back. With `native`, each linear weight and the token embeddings stay in
+ * the file's block format where the backend runs it (nopad_backend_runs_format; one process,
+ * tp 1): a lone tensor is read where the file's mapping holds it (which the weights then own:
+ * f->map is taken), a fused one (Q|K|V, gate|up) is copied block for block. Everything else is
+ * dequantised to float32 and converted to the backend's dtype, and with `native` a one-line
+ * notice on stderr names each group and format that was (once per model). */
 struct gguf_file;
 nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
-                                       const struct gguf_file *f, decoder_weights *out);
+                                       struct gguf_file *f, int native, decoder_weights *out);
 void decoder_weights_free(nopad_backend *be, decoder_weights *w);
 
 /* The inverse frequencies of rotary embeddings for cfg (HF's _compute_*_rope_parameters:

@@ -2,10 +2,12 @@
  * Hugging Face name (GGUF names are mapped), shape-checked against the config, converted to
  * float32, fused (Q|K|V into one matrix, LLaMA's gate|up into one), then to the backend's dtype.
  * GPT-2's Conv1D weights are stored [in, out] and are transposed to nn.Linear's [out, in]. */
+#define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "io/gguf.h"
 #include "io/gguf_dequant.h"
@@ -26,7 +28,8 @@ struct source {
     const model_config *cfg;
     float *scratch, *scratch2;
     size_t cap, cap2;
-    const char *dtype; /* of the checkpoint, for info */
+    const char *dtype;  /* of the checkpoint, for info */
+    const char *stored; /* of the tensor fetched last, for the weight groups */
 };
 
 static nopad_status reserve(float **buf, size_t *cap, size_t n, const char *where) {
@@ -61,7 +64,7 @@ static nopad_status st_fetch(source *src, const char *name, float **data, int64_
     nopad_status st = reserve(&src->scratch, &src->cap, (size_t)t->n_elements, src->where);
     if (st == NOPAD_OK) st = safetensors_to_f32(t, src->scratch);
     if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", src->where);
-    src->dtype = safetensors_dtype_name(t->dtype);
+    src->dtype = src->stored = safetensors_dtype_name(t->dtype);
     *data = src->scratch;
     return NOPAD_OK;
 }
@@ -78,9 +81,11 @@ static void unpermute_rows(float *dst, const float *src, int64_t n_heads, int64_
                        src + (h * head_size + 2 * i + j) * cols, (size_t)cols * sizeof(float));
 }
 
-/* GGUF: HF names mapped to llama.cpp's */
-static nopad_status gguf_fetch(source *src, const char *name, float **data, int64_t *rows,
-                               int64_t *cols, int *found) {
+/* The GGUF tensor of HF name `name` (llama.cpp's name into gname), or NULL; *permute_heads: the
+ * heads whose rotary halves llama.cpp's converter interleaved (Q and K of its llama
+ * architecture), else 0. */
+static const gguf_tensor *gguf_lookup(const source *src, const char *name, char gname[128],
+                                      int *permute_heads) {
     static const struct { const char *hf, *gguf; } map[] = {
         {"input_layernorm.weight", "attn_norm.weight"},
         {"self_attn.q_proj.weight", "attn_q.weight"},  {"self_attn.q_proj.bias", "attn_q.bias"},
@@ -91,26 +96,38 @@ static nopad_status gguf_fetch(source *src, const char *name, float **data, int6
         {"mlp.gate_proj.weight", "ffn_gate.weight"},   {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},
     };
-    char gname[128] = "";
-    int layer = -1, permute_heads = 0;
+    gname[0] = '\0';
+    *permute_heads = 0;
+    int layer = -1;
     char rest[96];
     if (sscanf(name, "model.layers.%d.%95s", &layer, rest) == 2) {
         for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-            if (strcmp(rest, map[i].hf) == 0) snprintf(gname, sizeof gname, "blk.%d.%s", layer, map[i].gguf);
-        if (strstr(rest, "q_proj")) permute_heads = src->cfg->num_heads;
-        if (strstr(rest, "k_proj")) permute_heads = src->cfg->num_kv_heads;
+            if (strcmp(rest, map[i].hf) == 0) snprintf(gname, 128, "blk.%d.%s", layer, map[i].gguf);
+        if (strstr(rest, "q_proj")) *permute_heads = src->cfg->num_heads;
+        if (strstr(rest, "k_proj")) *permute_heads = src->cfg->num_kv_heads;
     } else if (strcmp(name, "model.embed_tokens.weight") == 0) {
-        snprintf(gname, sizeof gname, "token_embd.weight");
+        snprintf(gname, 128, "token_embd.weight");
     } else if (strcmp(name, "model.norm.weight") == 0) {
-        snprintf(gname, sizeof gname, "output_norm.weight");
+        snprintf(gname, 128, "output_norm.weight");
     } else if (strcmp(name, "lm_head.weight") == 0) {
-        snprintf(gname, sizeof gname, "output.weight");
+        snprintf(gname, 128, "output.weight");
     }
-    *found = 0;
-    if (!gname[0]) return NOPAD_OK;
+    /* the rotary interleave of llama.cpp's llama architecture (its qwen2 keeps HF's order) */
+    if (src->cfg->family != FAMILY_LLAMA || strcmp(src->cfg->model_type, "qwen2") == 0) *permute_heads = 0;
+    if (!gname[0]) return NULL;
     const gguf_tensor *t = NULL;
     for (uint64_t i = 0; i < src->gguf->n_tensors && !t; i++)
         if (strcmp(src->gguf->tensors[i].name, gname) == 0) t = &src->gguf->tensors[i];
+    return t;
+}
+
+/* GGUF: HF names mapped to llama.cpp's */
+static nopad_status gguf_fetch(source *src, const char *name, float **data, int64_t *rows,
+                               int64_t *cols, int *found) {
+    char gname[128];
+    int permute_heads;
+    const gguf_tensor *t = gguf_lookup(src, name, gname, &permute_heads);
+    *found = 0;
     if (!t) return NOPAD_OK;
     *found = 1;
     if (t->n_dims < 1 || t->n_dims > 2)
@@ -124,9 +141,9 @@ static nopad_status gguf_fetch(source *src, const char *name, float **data, int6
     if (st != NOPAD_OK) return st;
     const char *tn = gguf_tensor_type_name(t->type);
     if (t->n_dims == 2 && tn) src->dtype = tn;
+    src->stored = tn;
     *data = src->scratch;
-    /* the rotary interleave of llama.cpp's llama architecture (its qwen2 keeps HF's order) */
-    if (permute_heads > 0 && src->cfg->family == FAMILY_LLAMA && strcmp(src->cfg->model_type, "qwen2") != 0) {
+    if (permute_heads > 0) {
         const int64_t D = src->cfg->head_size;
         if (D % 2 != 0) /* the halves would skip a row of each head */
             return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s': head size %lld is odd",
@@ -144,11 +161,80 @@ static nopad_status gguf_fetch(source *src, const char *name, float **data, int6
 
 /* ---- building the weights ------------------------------------------------------------------- */
 
+#define TRY(expr)                                                                           \
+    do {                                                                                           \
+        nopad_status st_ = (expr);                                                                 \
+        if (st_ != NOPAD_OK) return st_;                                                           \
+    } while (0)
+
+/* A group and format that was dequantised although native formats were asked for. */
+typedef struct notice {
+    const char *group;
+    char stored[48];
+    char reason[112];
+    int32_t n_tensors;
+} notice;
+
 typedef struct loader {
     nopad_backend *be;
     source *src;
     decoder_weights *w;
+    int native;        /* keep block formats the backend runs (GGUF only) */
+    int uses_map;      /* a weight points into the GGUF file's mapping */
+    notice notices[16];
+    int32_t n_notices;
 } loader;
+
+/* The group a tensor belongs to, by its HF name (llama.cpp's names for the groups). */
+static const char *group_of(const char *name) {
+    static const struct { const char *part, *group; } groups[] = {
+        {"embed_tokens", "token_embd"}, {"wte.", "token_embd"},       {"wpe.", "position_embd"},
+        {"q_proj.weight", "attn_qkv"},  {"k_proj.weight", "attn_qkv"}, {"v_proj.weight", "attn_qkv"},
+        {"c_attn.weight", "attn_qkv"},  {"o_proj.weight", "attn_output"},
+        {"attn.c_proj.weight", "attn_output"}, {"gate_proj.weight", "ffn_gate_up"},
+        {"up_proj.weight", "ffn_gate_up"}, {"c_fc.weight", "ffn_gate_up"},
+        {"down_proj.weight", "ffn_down"}, {"mlp.c_proj.weight", "ffn_down"}, {"lm_head", "output"},
+    };
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+        if (strstr(name, groups[i].part)) return groups[i].group;
+    return "norms_biases";
+}
+
+/* Counts `bytes` of one tensor under its group and format (held in memory, stored in the file). */
+static nopad_status add_to_group(loader *ld, const char *group, const char *held, const char *stored,
+                                 size_t bytes) {
+    decoder_weights *w = ld->w;
+    for (int32_t i = 0; i < w->n_groups; i++) {
+        nopad_weight_group *g = &w->groups[i];
+        if (strcmp(g->name, group) == 0 && strcmp(g->format, held) == 0 && strcmp(g->stored, stored) == 0) {
+            g->n_tensors++;
+            g->bytes += bytes;
+            return NOPAD_OK;
+        }
+    }
+    nopad_weight_group *grown = realloc(w->groups, (size_t)(w->n_groups + 1) * sizeof *grown);
+    if (!grown) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", ld->src->where);
+    w->groups = grown;
+    w->groups[w->n_groups++] = (nopad_weight_group){.name = group, .format = held, .stored = stored,
+                                                    .n_tensors = 1, .bytes = bytes};
+    return NOPAD_OK;
+}
+
+/* Remembers that a tensor of `group`, stored as `stored`, is dequantised for `reason`. */
+static void add_notice(loader *ld, const char *group, const char *stored, const char *reason) {
+    for (int32_t i = 0; i < ld->n_notices; i++)
+        if (strcmp(ld->notices[i].group, group) == 0 && strcmp(ld->notices[i].stored, stored) == 0 &&
+            strcmp(ld->notices[i].reason, reason) == 0) {
+            ld->notices[i].n_tensors++;
+            return;
+        }
+    if (ld->n_notices == (int32_t)(sizeof ld->notices / sizeof ld->notices[0])) return;
+    notice *n = &ld->notices[ld->n_notices++];
+    n->group = group;
+    snprintf(n->stored, sizeof n->stored, "%s", stored);
+    snprintf(n->reason, sizeof n->reason, "%s", reason);
+    n->n_tensors = 1;
+}
 
 static nopad_status track_alloc(loader *ld, size_t n, void **out) {
     decoder_weights *w = ld->w;
@@ -206,7 +292,116 @@ static nopad_status put_part(loader *ld, const char *name, int64_t rows, int64_t
             memmove(data + i * nc, data + (r0 + i) * cols + c0, (size_t)nc * sizeof(float));
     }
     char *base = (char *)dst + offset * nopad_dtype_size(ld->be->dtype);
-    return ld->be->upload_f32(ld->be, base, data, (size_t)(nr * nc));
+    st = ld->be->upload_f32(ld->be, base, data, (size_t)(nr * nc));
+    const char *held = nopad_dtype_name(ld->be->dtype);
+    if (st == NOPAD_OK)
+        st = add_to_group(ld, group_of(name), held, ld->src->stored ? ld->src->stored : held,
+                          (size_t)(nr * nc) * nopad_dtype_size(ld->be->dtype));
+    return st;
+}
+
+/* The block formats a backend may run (backend.h's nopad_weight_format), by ggml type id. */
+static int is_block_format(uint32_t type) {
+    return type == NOPAD_WEIGHT_Q4_0 || type == NOPAD_WEIGHT_Q4_1 || type == NOPAD_WEIGHT_Q8_0 ||
+           type == NOPAD_WEIGHT_Q4_K || type == NOPAD_WEIGHT_Q5_K || type == NOPAD_WEIGHT_Q6_K;
+}
+
+/* A linear weight (or the token embeddings) kept in the GGUF file's block format: the n_parts
+ * tensors of HF names `names`, each [rows[i], cols] (Q, K, V; gate, up; or one), their rows one
+ * after another in *out. A lone tensor whose rows need no reordering is read where the file's
+ * mapping holds it; parts are copied block for block (Q's and K's rows put back in HF's order).
+ * *kept = 0 when the weight is to be dequantised instead: the loader was not asked for native
+ * formats, a float type (silently), or a block format the backend cannot run (with a notice). A
+ * tensor that is missing or misshapen is left to the float path, which names what is wrong. */
+static nopad_status get_native(loader *ld, int n_parts, const char *const names[], const int64_t rows[],
+                               int64_t cols, void **out, nopad_weight_format *format, int *kept) {
+    *kept = 0;
+    *format = NOPAD_WEIGHT_DTYPE;
+    source *src = ld->src;
+    if (!ld->native || !src->gguf) return NOPAD_OK;
+    const gguf_tensor *t[3];
+    int permute[3];
+    char gname[128];
+    for (int i = 0; i < n_parts; i++) {
+        t[i] = gguf_lookup(src, names[i], gname, &permute[i]);
+        if (!t[i] || t[i]->n_dims != 2 || t[i]->dims[0] != cols || t[i]->dims[1] != rows[i]) return NOPAD_OK;
+    }
+    const char *group = group_of(names[0]);
+    const uint32_t type = t[0]->type;
+    const char *type_name = gguf_tensor_type_name(type);
+    if (type == 0 || type == 1 || type == 30) return NOPAD_OK; /* F32, F16, BF16: float already */
+    for (int i = 1; i < n_parts; i++)
+        if (t[i]->type != type) { /* one fused matrix has one format */
+            char mixed[48] = "";
+            for (int k = 0; k < n_parts; k++) {
+                const char *tk = gguf_tensor_type_name(t[k]->type);
+                snprintf(mixed + strlen(mixed), sizeof mixed - strlen(mixed), "%s%s", k ? " + " : "", tk ? tk : "?");
+            }
+            add_notice(ld, group, mixed, "one fused matrix holds one format");
+            return NOPAD_OK;
+        }
+    char reason[112];
+    nopad_backend *be = ld->be;
+    if (ld->w->tp.size > 1) {
+        add_notice(ld, group, type_name, "a split model (tp > 1) holds float weights only, for now");
+        return NOPAD_OK;
+    }
+    if (!is_block_format(type) || !nopad_backend_runs_format(be, (nopad_weight_format)type, (int32_t)cols)) {
+        if (!be->gemm_q)
+            snprintf(reason, sizeof reason, "the %s backend has no quantized kernels yet", be->name);
+        else if (!is_block_format(type) || !nopad_backend_runs_format(be, (nopad_weight_format)type, 256 * 1024))
+            snprintf(reason, sizeof reason, "the %s backend has no kernel for %s", be->name, type_name);
+        else
+            snprintf(reason, sizeof reason, "its rows of %lld values are not whole blocks of %s", (long long)cols,
+                     type_name);
+        add_notice(ld, group, type_name, reason);
+        return NOPAD_OK;
+    }
+    const gguf_file *f = src->gguf;
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++) total += (size_t)t[i]->nbytes;
+    if (n_parts == 1 && !permute[0] && f->map) {
+        *out = (void *)(f->bytes + f->data_offset + t[0]->offset); /* bounds checked at parse */
+        ld->uses_map = 1;
+    } else {
+        decoder_weights *w = ld->w;
+        void **grown = realloc(w->allocations, (size_t)(w->n_allocations + 1) * sizeof *grown);
+        if (!grown) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
+        w->allocations = grown;
+        nopad_status st = be->alloc(be, total, out);
+        if (st != NOPAD_OK) return st;
+        w->allocations[w->n_allocations++] = *out;
+        char *dst = *out;
+        for (int i = 0; i < n_parts; i++) {
+            const uint8_t *data = f->bytes + f->data_offset + t[i]->offset;
+            const size_t row_bytes = (size_t)t[i]->nbytes / (size_t)rows[i];
+            const int64_t D = src->cfg->head_size, half = D / 2;
+            if (permute[i] > 0 && (D % 2 != 0 || rows[i] != permute[i] * D))
+                return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has %lld rows, expected %lld heads of "
+                                       "an even size %lld", src->where, t[i]->name, (long long)rows[i],
+                                       (long long)permute[i], (long long)D);
+            for (int64_t r = 0; r < rows[i] && st == NOPAD_OK; r++) {
+                /* llama.cpp's row h·D + 2i + j is HF's row h·D + j·D/2 + i (unpermute_rows) */
+                int64_t from = r;
+                if (permute[i] > 0) {
+                    const int64_t h = r / D, k = r % D, j = k / half, ii = k % half;
+                    from = h * D + 2 * ii + j;
+                }
+                st = be->upload(be, dst + (size_t)r * row_bytes, data + (size_t)from * row_bytes, row_bytes);
+            }
+            if (st != NOPAD_OK) return st;
+            dst += t[i]->nbytes;
+        }
+    }
+    ld->w->bytes += total;
+    for (int i = 0; i < n_parts; i++) {
+        ld->w->n_params += rows[i] * cols;
+        TRY(add_to_group(ld, group, type_name, type_name, (size_t)t[i]->nbytes));
+    }
+    src->dtype = type_name;
+    *format = (nopad_weight_format)type;
+    *kept = 1;
+    return NOPAD_OK;
 }
 
 static nopad_status put(loader *ld, const char *name, int64_t rows, int64_t cols, int transposed,
@@ -228,11 +423,6 @@ static nopad_status get_part(loader *ld, const char *name, int64_t rows, int64_t
     return st == NOPAD_OK ? put_part(ld, name, rows, cols, transposed, r0, nr, c0, nc, *out, 0, 0, NULL) : st;
 }
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        nopad_status st_ = (expr);                                                                 \
-        if (st_ != NOPAD_OK) return st_;                                                           \
-    } while (0)
 
 static nopad_status load_gpt2(loader *ld, const model_config *c) {
     decoder_weights *w = ld->w;
@@ -282,18 +472,29 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
     const int64_t q0 = (int64_t)tp->head0 * D, qn = (int64_t)tp->heads * D;
     const int64_t k0 = (int64_t)tp->kv_head0 * D, kn = (int64_t)tp->kv_heads * D;
     const int64_t f0 = tp->ffn0, fn = tp->ffn;
-    TRY(get_part(ld, "model.embed_tokens.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H,
-                 &w->tok_emb));
-    char n[128];
+    int kept;
+    const char *embed_name[] = {"model.embed_tokens.weight"};
+    TRY(get_native(ld, 1, embed_name, (const int64_t[]){c->vocab_size}, H, &w->tok_emb, &w->tok_emb_format, &kept));
+    if (!kept)
+        TRY(get_part(ld, "model.embed_tokens.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H,
+                     &w->tok_emb));
+    char n[128], n1[128], n2[128];
     for (int32_t l = 0; l < c->num_layers; l++) {
         decoder_layer *L = &w->layers[l];
 #define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), n)
+#define NAME_IN(buf, suffix) (snprintf(buf, sizeof buf, "model.layers.%d.%s", l, suffix), buf)
         TRY(get(ld, NAME("input_layernorm.weight"), H, 1, 0, &L->norm1_w));
-        TRY(track_alloc(ld, (size_t)((qn + 2 * kn) * H), &L->qkv_w));
-        TRY(put_part(ld, NAME("self_attn.q_proj.weight"), qd, H, 0, q0, qn, 0, H, L->qkv_w, 0, 0, NULL));
-        TRY(put_part(ld, NAME("self_attn.k_proj.weight"), kd, H, 0, k0, kn, 0, H, L->qkv_w, (size_t)(qn * H), 0, NULL));
-        TRY(put_part(ld, NAME("self_attn.v_proj.weight"), kd, H, 0, k0, kn, 0, H, L->qkv_w,
-                     (size_t)((qn + kn) * H), 0, NULL));
+        const char *qkv_names[] = {NAME("self_attn.q_proj.weight"), NAME_IN(n1, "self_attn.k_proj.weight"),
+                                   NAME_IN(n2, "self_attn.v_proj.weight")};
+        TRY(get_native(ld, 3, qkv_names, (const int64_t[]){qd, kd, kd}, H, &L->qkv_w, &L->qkv_format, &kept));
+        if (!kept) {
+            TRY(track_alloc(ld, (size_t)((qn + 2 * kn) * H), &L->qkv_w));
+            TRY(put_part(ld, NAME("self_attn.q_proj.weight"), qd, H, 0, q0, qn, 0, H, L->qkv_w, 0, 0, NULL));
+            TRY(put_part(ld, NAME("self_attn.k_proj.weight"), kd, H, 0, k0, kn, 0, H, L->qkv_w, (size_t)(qn * H), 0,
+                         NULL));
+            TRY(put_part(ld, NAME("self_attn.v_proj.weight"), kd, H, 0, k0, kn, 0, H, L->qkv_w,
+                         (size_t)((qn + kn) * H), 0, NULL));
+        }
         if (c->qkv_bias) {
             TRY(track_alloc(ld, (size_t)(qn + 2 * kn), &L->qkv_b));
             TRY(put_part(ld, NAME("self_attn.q_proj.bias"), qd, 1, 0, q0, qn, 0, 1, L->qkv_b, 0, 0, NULL));
@@ -301,21 +502,35 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
             TRY(put_part(ld, NAME("self_attn.v_proj.bias"), kd, 1, 0, k0, kn, 0, 1, L->qkv_b, (size_t)(qn + kn), 0,
                          NULL));
         }
-        TRY(get_part(ld, NAME("self_attn.o_proj.weight"), H, qd, 0, 0, H, q0, qn, &L->o_w));
+        const char *o_name[] = {NAME("self_attn.o_proj.weight")};
+        TRY(get_native(ld, 1, o_name, (const int64_t[]){H}, qd, &L->o_w, &L->o_format, &kept));
+        if (!kept) TRY(get_part(ld, NAME("self_attn.o_proj.weight"), H, qd, 0, 0, H, q0, qn, &L->o_w));
         if (c->o_bias && tp->rank == 0) TRY(get(ld, NAME("self_attn.o_proj.bias"), H, 1, 0, &L->o_b)); /* added once */
         TRY(get(ld, NAME("post_attention_layernorm.weight"), H, 1, 0, &L->norm2_w));
-        TRY(track_alloc(ld, (size_t)(2 * fn * H), &L->up_w));
-        TRY(put_part(ld, NAME("mlp.gate_proj.weight"), F, H, 0, f0, fn, 0, H, L->up_w, 0, 0, NULL));
-        TRY(put_part(ld, NAME("mlp.up_proj.weight"), F, H, 0, f0, fn, 0, H, L->up_w, (size_t)(fn * H), 0, NULL));
-        TRY(get_part(ld, NAME("mlp.down_proj.weight"), H, F, 0, 0, H, f0, fn, &L->down_w));
+        const char *up_names[] = {NAME("mlp.gate_proj.weight"), NAME_IN(n1, "mlp.up_proj.weight")};
+        TRY(get_native(ld, 2, up_names, (const int64_t[]){F, F}, H, &L->up_w, &L->up_format, &kept));
+        if (!kept) {
+            TRY(track_alloc(ld, (size_t)(2 * fn * H), &L->up_w));
+            TRY(put_part(ld, NAME("mlp.gate_proj.weight"), F, H, 0, f0, fn, 0, H, L->up_w, 0, 0, NULL));
+            TRY(put_part(ld, NAME("mlp.up_proj.weight"), F, H, 0, f0, fn, 0, H, L->up_w, (size_t)(fn * H), 0,
+                         NULL));
+        }
+        const char *down_name[] = {NAME("mlp.down_proj.weight")};
+        TRY(get_native(ld, 1, down_name, (const int64_t[]){H}, F, &L->down_w, &L->down_format, &kept));
+        if (!kept) TRY(get_part(ld, NAME("mlp.down_proj.weight"), H, F, 0, 0, H, f0, fn, &L->down_w));
+#undef NAME_IN
 #undef NAME
     }
     TRY(get(ld, "model.norm.weight", H, 1, 0, &w->final_norm_w));
     /* an untied head; a tied one may still be stored (it equals the embeddings) */
     if (!c->tie_word_embeddings) {
-        TRY(get_part(ld, "lm_head.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H, &w->lm_head));
+        const char *head_name[] = {"lm_head.weight"};
+        TRY(get_native(ld, 1, head_name, (const int64_t[]){c->vocab_size}, H, &w->lm_head, &w->lm_head_format, &kept));
+        if (!kept)
+            TRY(get_part(ld, "lm_head.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H, &w->lm_head));
     } else {
         w->lm_head = w->tok_emb;
+        w->lm_head_format = w->tok_emb_format;
     }
     float *inv = malloc((size_t)(D / 2) * sizeof *inv);
     if (!inv) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", ld->src->where);
@@ -341,16 +556,21 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
 }
 
 static nopad_status load(nopad_backend *be, const model_config *cfg, const tp_shard *tp, source *src,
-                         decoder_weights *out) {
+                         int native, int *uses_map, decoder_weights *out) {
     memset(out, 0, sizeof *out);
     nopad_status planned = tp ? NOPAD_OK : tp_shard_plan(cfg, NULL, 0, 1, &out->tp);
     if (tp) out->tp = *tp;
     if (planned != NOPAD_OK) return planned;
     out->layers = calloc((size_t)cfg->num_layers, sizeof *out->layers);
     if (!out->layers) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
-    loader ld = {.be = be, .src = src, .w = out};
+    loader ld = {.be = be, .src = src, .w = out, .native = native};
     nopad_status st = cfg->family == FAMILY_GPT2 ? load_gpt2(&ld, cfg) : load_llama(&ld, cfg);
     out->weights_dtype = src->dtype ? src->dtype : "F32";
+    *uses_map = ld.uses_map;
+    for (int32_t i = 0; i < ld.n_notices && st == NOPAD_OK; i++)
+        fprintf(stderr, "nopad: notice: %s %s (%d %s) dequantised to %s: %s\n", ld.notices[i].group,
+                ld.notices[i].stored, ld.notices[i].n_tensors, ld.notices[i].n_tensors == 1 ? "weight" : "weights",
+                nopad_dtype_name(be->dtype), ld.notices[i].reason);
     free(src->scratch);
     free(src->scratch2);
     if (st != NOPAD_OK) decoder_weights_free(be, out);
@@ -361,18 +581,33 @@ nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg,
                                      const safetensors_checkpoint *ckpt, const char *where,
                                      decoder_weights *out) {
     source src = {.where = where, .fetch = st_fetch, .ckpt = ckpt, .cfg = cfg};
-    return load(be, cfg, tp, &src, out);
+    int uses_map;
+    return load(be, cfg, tp, &src, 0, &uses_map, out);
 }
 
 nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
-                                       const gguf_file *f, decoder_weights *out) {
+                                       gguf_file *f, int native, decoder_weights *out) {
     source src = {.where = f->path ? f->path : "gguf", .fetch = gguf_fetch, .gguf = f, .cfg = cfg};
-    return load(be, cfg, tp, &src, out);
+    int uses_map = 0;
+    nopad_status st = load(be, cfg, tp, &src, native, &uses_map, out);
+    if (st == NOPAD_OK && uses_map) {
+        /* the weights read the file's mapping from now on: theirs to unmap */
+        out->map = f->map;
+        out->map_size = f->map_size;
+        f->map = NULL;
+        /* loading touched pages the weights never read again (the tensors copied or dequantised,
+         * the metadata): let them go, so the process holds what a step reads; the tensors kept
+         * in the mapping come back from the page cache at their first use */
+        madvise(out->map, out->map_size, MADV_DONTNEED);
+    }
+    return st;
 }
 
 void decoder_weights_free(nopad_backend *be, decoder_weights *w) {
     for (int32_t i = 0; i < w->n_allocations; i++) be->free(be, w->allocations[i]);
+    if (w->map) munmap(w->map, w->map_size);
     free(w->allocations);
+    free(w->groups);
     free(w->layers);
     memset(w, 0, sizeof *w);
 }

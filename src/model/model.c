@@ -90,7 +90,12 @@ static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     st = gguf_model_config(&f, &m->cfg);
     if (st == NOPAD_OK) st = chat_template_from_gguf(&f, &m->chat_template);
     if (st == NOPAD_OK) st = create_backend(m);
-    if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &m->tp, &f, &m->dec);
+    /* block formats stay as stored where asked for, or by default on the CPU in one process (the
+     * CUDA backend and a split model run none yet: native there dequantises with a notice) */
+    const nopad_weights w = m->params.weights;
+    const int native = w == NOPAD_WEIGHTS_NATIVE || (w == NOPAD_WEIGHTS_AUTO && m->params.device == NOPAD_DEVICE_CPU &&
+                                                     m->params.tp_size <= 1);
+    if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &m->tp, &f, native, &m->dec);
     gguf_close(&f);
     if (st != NOPAD_OK) return st;
     if (m->be->release_staging) m->be->release_staging(m->be);
@@ -234,6 +239,34 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     return NOPAD_OK;
 }
 
+/* The weights choice against the compute dtype: a float choice names the dtype the weights are
+ * held in, which is the compute dtype's. */
+static nopad_status check_weights(const nopad_model_params *p) {
+    static const struct { nopad_weights w; nopad_dtype dtype; const char *name; } floats[] = {
+        {NOPAD_WEIGHTS_F32, NOPAD_DTYPE_F32, "f32"},
+        {NOPAD_WEIGHTS_F16, NOPAD_DTYPE_F16, "f16"},
+        {NOPAD_WEIGHTS_BF16, NOPAD_DTYPE_BF16, "bf16"},
+    };
+    if (p->weights == NOPAD_WEIGHTS_AUTO || p->weights == NOPAD_WEIGHTS_NATIVE) return NOPAD_OK;
+    if (p->weights == NOPAD_WEIGHTS_FP8)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "nopad_model_load: weights fp8 is not supported yet (FP8 weights on Hopper are "
+                               "planned); use auto, native, f32, f16 or bf16");
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++)
+        if (p->weights == floats[i].w) {
+            if (p->dtype != floats[i].dtype)
+                return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                       "nopad_model_load: weights %s are held in the compute dtype, which is %s: "
+                                       "ask for that compute dtype too (or weights auto / native)",
+                                       floats[i].name, nopad_dtype_name(p->dtype));
+            return NOPAD_OK;
+        }
+    return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                           "nopad_model_load: weights %d is not a nopad_weights value (auto, native, f32, f16, "
+                           "bf16, fp8)",
+                           (int)p->weights);
+}
+
 static nopad_status model_load(const char *dir, const nopad_model_params *params, int following,
                                nopad_comm *comm, nopad_model **out) {
     if (!out || !dir || !*dir) comm_free(comm);
@@ -251,8 +284,8 @@ static nopad_status model_load(const char *dir, const nopad_model_params *params
     m->comm = comm;
     m->params = params ? *params : nopad_model_default_params();
     m->dir = strdup(dir);
-    nopad_status st = m->dir ? load_model(m, dir)
-                             : nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "out of memory");
+    nopad_status st = m->dir ? check_weights(&m->params) : nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == NOPAD_OK) st = load_model(m, dir);
     if (st != NOPAD_OK) {
         nopad_model_free(m);
         return st;
@@ -300,6 +333,20 @@ nopad_status nopad_model_memory(const nopad_model *m, size_t *weights_bytes,
     if (!m) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_model_memory: model is NULL");
     if (weights_bytes) *weights_bytes = m->weights.bytes + m->dec.bytes;
     return nopad_context_memory(m->context, workspace_bytes, backend_bytes);
+}
+
+int32_t nopad_model_weight_groups(const nopad_model *m, nopad_weight_group *out, int32_t cap) {
+    if (!m) return 0;
+    if (m->cfg.causal) {
+        for (int32_t i = 0; i < m->dec.n_groups && i < cap; i++) out[i] = m->dec.groups[i];
+        return m->dec.n_groups;
+    }
+    /* encoders: one group, as the checkpoint stores it */
+    if (cap > 0)
+        out[0] = (nopad_weight_group){.name = "all", .format = nopad_dtype_name(m->be->dtype),
+                                      .stored = m->weights.weights_dtype,
+                                      .n_tensors = 0, .bytes = m->weights.bytes};
+    return 1;
 }
 
 nopad_context *nopad_model_context(nopad_model *m) { return m ? m->context : NULL; }

@@ -87,6 +87,7 @@ int parse_u64(const char *name, const char *s, uint64_t *out);  /* whole decimal
 int parse_pooling(const char *s, nopad_pooling *out); /* cls, mean, max, none */
 int parse_device(const char *s, nopad_device *out);   /* cpu, cuda */
 int parse_dtype(const char *s, nopad_dtype *out);     /* fp32, fp16, bf16 */
+int parse_weights(const char *s, nopad_weights *out); /* auto, native, f32, f16, bf16, fp8 */
 /* The same look-ups without a message. */
 int device_from_name(const char *s, nopad_device *out);
 int dtype_from_name(const char *s, nopad_dtype *out);

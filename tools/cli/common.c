@@ -201,6 +201,20 @@ int parse_dtype(const char *s, nopad_dtype *out) {
     return -1;
 }
 
+int parse_weights(const char *s, nopad_weights *out) {
+    static const struct { const char *name; nopad_weights w; } names[] = {
+        {"auto", NOPAD_WEIGHTS_AUTO}, {"native", NOPAD_WEIGHTS_NATIVE}, {"f32", NOPAD_WEIGHTS_F32},
+        {"f16", NOPAD_WEIGHTS_F16},   {"bf16", NOPAD_WEIGHTS_BF16},     {"fp8", NOPAD_WEIGHTS_FP8},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].w;
+            return 0;
+        }
+    print_error("unknown weights '%s' (expected auto, native, f32, f16, bf16 or fp8)", s);
+    return -1;
+}
+
 /* ---- model loading ----------------------------------------------------------------------- */
 
 /* Whether `path` starts with the GGUF magic. */

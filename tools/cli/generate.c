@@ -74,6 +74,11 @@ static const char generate_help[] =
     "  --device D              cpu (default) or cuda\n"
     "  --dtype T               compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
     "  --threads N             CPU threads (default: OpenMP's default)\n"
+    "  --weights W             how a GGUF file's quantized weights are held: auto (default:\n"
+    "                          native on the CPU, else the compute dtype), native (as stored,\n"
+    "                          where the backend runs the format; the rest dequantised, said on\n"
+    "                          stderr), f32, f16, bf16 (dequantised; the compute dtype's), fp8\n"
+    "                          (not yet)\n"
     TP_HELP
     "  -h, --help              show this help\n"
     "\n"
@@ -92,6 +97,7 @@ typedef struct generate_options {
     nopad_device device;
     nopad_dtype dtype;
     int dtype_given;
+    nopad_weights weights;
 } generate_options;
 
 enum {
@@ -115,6 +121,7 @@ enum {
     OPT_MAX_RUNNING,
     OPT_STEP_TOKENS,
     OPT_TP,
+    OPT_WEIGHTS,
 };
 
 static const struct option long_options[] = {
@@ -138,6 +145,7 @@ static const struct option long_options[] = {
     {"max-running", required_argument, NULL, OPT_MAX_RUNNING},
     {"step-tokens", required_argument, NULL, OPT_STEP_TOKENS},
     {"tp", required_argument, NULL, OPT_TP},
+    {"weights", required_argument, NULL, OPT_WEIGHTS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -202,6 +210,7 @@ static int parse_generate_options(int argc, char **argv, generate_options *o) {
         case OPT_MAX_RUNNING: bad = parse_int("--max-running", v, 1, 65536, &o->max_running); break;
         case OPT_STEP_TOKENS: bad = parse_int("--step-tokens", v, 1, 1 << 20, &o->step_tokens); break;
         case OPT_TP: bad = parse_int("--tp", v, 1, TP_MAX, &o->tp); break;
+        case OPT_WEIGHTS: bad = parse_weights(v, &o->weights); break;
         default: cli_print_opt_error(&p); return -1;
         }
         if (bad) return -1;
@@ -509,6 +518,7 @@ static nopad_model_params generate_model_params(const generate_options *o) {
     mp.kv_cache_tokens = (int32_t)o->kv_tokens;
     mp.kv_block_size = KV_BLOCK;
     mp.tp_size = (int32_t)o->tp;
+    mp.weights = o->weights;
     return mp;
 }
 
@@ -535,7 +545,7 @@ int cmd_generate(int argc, char **argv) {
             .step_tokens = (int32_t)o.step_tokens, .device = o.device,
             .dtype = o.dtype_given ? o.dtype
                      : o.device == NOPAD_DEVICE_CUDA ? NOPAD_DTYPE_F16 : NOPAD_DTYPE_F32,
-            .threads = (int)o.threads, .tp = (int32_t)o.tp};
+            .threads = (int)o.threads, .tp = (int32_t)o.tp, .weights = o.weights};
         if (rank > 0) {
             const nopad_model_params mp = requests_model_params(&ro);
             return tp_follow(o.model, &mp);

@@ -13,17 +13,19 @@
 #include "nopad.h"
 
 static const char info_help[] =
-    "usage: nopad info --model M [--json] [--device D] [--dtype T]\n"
+    "usage: nopad info --model M [--json] [--device D] [--dtype T] [--weights W]\n"
     "\n"
     "Loads a model and prints what it is: an encoder's architecture, sizes, tokenizer and\n"
     "default pooling; a decoder's architecture, sizes, context length, tokenizer and its\n"
-    "beginning and end of sequence tokens.\n"
+    "beginning and end of sequence tokens; for both, how each group of weights is held in\n"
+    "memory (its format, and the file's where that differs) and the bytes they take.\n"
     "\n"
     "options:\n"
     "  --model M       a Hugging Face model folder or a .gguf file [required]\n"
     "  --json          print one JSON object instead of aligned 'key: value' lines\n"
     "  --device D      cpu (default) or cuda\n"
     "  --dtype T       compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
+    "  --weights W     auto (default), native, f32, f16 or bf16: as nopad generate holds them\n"
     "  -h, --help      show this help\n";
 
 /* Shortest decimal that reads back as the same float: 1e-12, not 9.99999996e-13. */
@@ -63,6 +65,32 @@ static void format_token(char *buf, size_t cap, const nopad_model *model, int32_
     else snprintf(buf, cap, "%" PRId32, id);
 }
 
+/* The model's weight groups (nopad_model_weight_groups), or NULL with *n = 0 when out of memory. */
+static nopad_weight_group *weight_groups(const nopad_model *model, int32_t *n) {
+    *n = nopad_model_weight_groups(model, NULL, 0);
+    nopad_weight_group *g = calloc((size_t)(*n > 0 ? *n : 1), sizeof *g);
+    if (!g) *n = 0;
+    else nopad_model_weight_groups(model, g, *n);
+    return g;
+}
+
+/* "weights in memory" and a line per group: format (stored as), tensors, bytes. */
+static void print_weights_text(const nopad_model *model) {
+    size_t bytes = 0;
+    nopad_model_memory(model, &bytes, NULL, NULL);
+    print_field("weights in memory", "%zu bytes (%.1f MB)", bytes, (double)bytes / 1e6);
+    int32_t n;
+    nopad_weight_group *g = weight_groups(model, &n);
+    for (int32_t i = 0; i < n; i++) {
+        char key[64], stored[48] = "";
+        snprintf(key, sizeof key, "  %s", g[i].name);
+        if (strcmp(g[i].format, g[i].stored) != 0) snprintf(stored, sizeof stored, " (stored %s)", g[i].stored);
+        print_field(key, "%s%s, %" PRId32 " tensors, %.2f MB", g[i].format, stored, g[i].n_tensors,
+                    (double)g[i].bytes / 1e6);
+    }
+    free(g);
+}
+
 static void print_decoder_text(const nopad_model *model, const nopad_model_info *m) {
     char eps[32], bos[160], eos[160];
     format_float(eps, sizeof eps, m->layer_norm_eps);
@@ -89,6 +117,7 @@ static void print_decoder_text(const nopad_model *model, const nopad_model_info 
     else print_field("tokenizer", "%s", or_unknown(m->tokenizer_kind));
     print_field("bos token", "%s", bos);
     print_field("eos token", "%s", eos);
+    print_weights_text(model);
 }
 
 static void print_info_text(const nopad_model *model, const nopad_model_info *m) {
@@ -129,6 +158,7 @@ static void print_info_text(const nopad_model *model, const nopad_model_info *m)
             n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", nopad_model_label(model, i));
         print_field("labels", "%" PRId32 " (%s%s)", n_labels, names, n >= sizeof names ? "..." : "");
     }
+    print_weights_text(model);
 }
 
 static int print_info_json(const nopad_model *model, const nopad_model_info *m) {
@@ -175,6 +205,23 @@ static int print_info_json(const nopad_model *model, const nopad_model_info *m) 
         cJSON_AddStringToObject(o, "pooling", pooling_name(m->pooling));
         cJSON_AddBoolToObject(o, "normalize", m->normalize != 0);
     }
+    size_t bytes = 0;
+    nopad_model_memory(model, &bytes, NULL, NULL);
+    cJSON_AddNumberToObject(o, "weights_bytes", (double)bytes);
+    cJSON *groups = cJSON_AddArrayToObject(o, "weight_groups");
+    int32_t n;
+    nopad_weight_group *g = weight_groups(model, &n);
+    for (int32_t i = 0; groups && i < n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        if (!e) break;
+        cJSON_AddStringToObject(e, "name", g[i].name);
+        cJSON_AddStringToObject(e, "format", g[i].format);
+        cJSON_AddStringToObject(e, "stored", g[i].stored);
+        cJSON_AddNumberToObject(e, "n_tensors", g[i].n_tensors);
+        cJSON_AddNumberToObject(e, "bytes", (double)g[i].bytes);
+        cJSON_AddItemToArray(groups, e);
+    }
+    free(g);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return -1;
@@ -183,13 +230,14 @@ static int print_info_json(const nopad_model *model, const nopad_model_info *m) 
     return 0;
 }
 
-enum { OPT_MODEL = 256, OPT_JSON, OPT_DEVICE, OPT_DTYPE };
+enum { OPT_MODEL = 256, OPT_JSON, OPT_DEVICE, OPT_DTYPE, OPT_WEIGHTS };
 
 static const struct option long_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
     {"json", no_argument, NULL, OPT_JSON},
     {"device", required_argument, NULL, OPT_DEVICE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"weights", required_argument, NULL, OPT_WEIGHTS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -200,6 +248,7 @@ int cmd_info(int argc, char **argv) {
     nopad_device device = NOPAD_DEVICE_CPU;
     nopad_dtype dtype = NOPAD_DTYPE_F32;
     int dtype_given = 0;
+    nopad_weights weights = NOPAD_WEIGHTS_AUTO;
     cli_parser p = cli_parser_start(argc, argv, long_options);
     int c;
     while ((c = cli_getopt(&p)) != -1) {
@@ -213,6 +262,7 @@ int cmd_info(int argc, char **argv) {
             bad = parse_dtype(optarg, &dtype);
             dtype_given = 1;
             break;
+        case OPT_WEIGHTS: bad = parse_weights(optarg, &weights); break;
         default:
             cli_print_opt_error(&p);
             bad = 1;
@@ -227,7 +277,9 @@ int cmd_info(int argc, char **argv) {
         fputs("usage: nopad info --model M [--json]   (nopad info --help)\n", stderr);
         return EXIT_USAGE;
     }
-    nopad_model *model = open_model(model_dir, device, dtype, dtype_given, 0);
+    nopad_model_params params = model_params(device, dtype, dtype_given, 0);
+    params.weights = weights;
+    nopad_model *model = open_model_with(model_dir, &params);
     if (!model) return EXIT_ERROR;
     nopad_model_info info;
     nopad_status status = nopad_model_get_info(model, &info);

@@ -457,6 +457,7 @@ nopad_model_params requests_model_params(const requests_options *o) {
     mp.kv_cache_tokens = 16;
     mp.max_batch_tokens = 16;
     mp.tp_size = o->tp;
+    mp.weights = o->weights;
     return mp;
 }
 

@@ -20,6 +20,7 @@ typedef struct requests_options {
     int32_t kv_tokens, max_running, step_tokens;
     nopad_device device;
     nopad_dtype dtype;        /* resolved: fp32 on the CPU, fp16 on CUDA unless given */
+    nopad_weights weights;    /* --weights */
     int threads;
     int32_t tp;               /* --tp: ranks the model is split over */
 } requests_options;
