@@ -124,49 +124,28 @@ int32_t gb_star(gram_builder *b, int32_t x) {
 }
 
 int32_t gb_repeat(gram_builder *b, int32_t x, int64_t min, int64_t max) {
+    if (b->status != NOPAD_OK) return 0;
     if (max >= 0 && max < min) {
         gb_fail(b, NOPAD_ERR_INVALID_ARGUMENT, "grammar: a repetition {%lld,%lld} with max < min",
                 (long long)min, (long long)max);
         return 0;
     }
-    if (min > GRAMMAR_MAX_SYMBOLS || max > (int64_t)GRAMMAR_MAX_SYMBOLS) {
-        gb_fail(b, NOPAD_ERR_UNSUPPORTED, "grammar: a repetition bound %lld is too large to expand",
-                (long long)(max > min ? max : min));
+    if (min > GRAMMAR_MAX_COUNT || max > GRAMMAR_MAX_COUNT) {
+        gb_fail(b, NOPAD_ERR_UNSUPPORTED, "grammar: a repetition bound %lld above %u",
+                (long long)(max > min ? max : min), GRAMMAR_MAX_COUNT);
         return 0;
     }
-    /* the optional tail x (x (x)?)? for max - min copies, nested so that each one only comes
-     * after the one before; unbounded: x* */
-    int32_t tail = max < 0 ? gb_star(b, x) : -1;
-    for (int64_t i = min; max >= 0 && i < max && b->status == NOPAD_OK; i++) {
-        int32_t r = gb_rule_new(b);
-        int32_t seq[2] = {x, tail};
-        gb_rule_add(b, r, seq, tail >= 0 ? 2 : 1);
-        gb_rule_add(b, r, NULL, 0);
-        tail = r;
-    }
+    if (min == 0 && max < 0) return gb_star(b, x);
+    if (min == 0 && max == 1) return gb_opt(b, x);
+    /* a counted repetition: the matcher carries the count, so x{0,4000} is one element and a
+     * bounded string's characters differ only by the count (which the mask walk exploits) */
+    int32_t body = gb_seq(b, &x, 1);
     int32_t r = gb_rule_new(b);
-    for (int64_t i = 0; i < min && b->status == NOPAD_OK; i++) {
-        /* appended one symbol at a time into a single alternative */
-        gb_rule *rule = &b->rules[r];
-        b->total++;
-        if (b->total > GRAMMAR_MAX_SYMBOLS) {
-            gb_fail(b, NOPAD_ERR_UNSUPPORTED, "grammar: more than %u symbols (a repetition too "
-                    "large to expand)", GRAMMAR_MAX_SYMBOLS);
-            break;
-        }
-        if (!gb_grow(b, (void **)&rule->syms, &rule->cap, rule->n + 2, sizeof(int32_t))) break;
-        rule->syms[rule->n++] = x;
-        rule->n_alts = 1;
-    }
     if (b->status != NOPAD_OK) return 0;
-    if (tail >= 0) {
-        gb_rule *rule = &b->rules[r];
-        if (!gb_grow(b, (void **)&rule->syms, &rule->cap, rule->n + 2, sizeof(int32_t))) return 0;
-        rule->syms[rule->n++] = tail;
-        rule->n_alts = 1;
-        b->total++;
-    }
-    if (b->rules[r].n_alts == 0) gb_rule_add(b, r, NULL, 0);
+    b->rules[r].is_repeat = 1;
+    b->rules[r].rep_body = body;
+    b->rules[r].rep_min = (uint32_t)min;
+    b->rules[r].rep_max = max < 0 ? UINT32_MAX : (uint32_t)max;
     return r;
 }
 
@@ -335,12 +314,16 @@ nopad_status gb_finish(gram_builder *b, int32_t root, grammar **out) {
         gb_discard(b);
         return st;
     }
+    /* the start as a reference, so that a counted repetition at the top is run as one */
+    int32_t start = gb_rule_new(b);
+    gb_rule_add(b, start, &root, 1);
+    root = start;
     grammar *g = calloc(1, sizeof(*g));
     /* a rule without alternatives (an empty anyOf) matches nothing: one alternative of the
      * empty byte set */
     int32_t nothing = gb_set(b, (const uint32_t[8]){0});
     for (uint32_t r = 0; r < b->n_rules && b->status == NOPAD_OK; r++)
-        if (b->rules[r].n_alts == 0) gb_rule_add(b, (int32_t)r, &nothing, 1);
+        if (b->rules[r].n_alts == 0 && !b->rules[r].is_repeat) gb_rule_add(b, (int32_t)r, &nothing, 1);
     if (b->status != NOPAD_OK) {
         free(g);
         nopad_status st = b->status;
@@ -362,8 +345,9 @@ nopad_status gb_finish(gram_builder *b, int32_t root, grammar **out) {
         g->alt_start = malloc(n_alts * sizeof(uint32_t));
         g->rule_alt0 = malloc((b->n_rules + 1) * sizeof(uint32_t));
         g->sets = malloc((b->n_sets ? b->n_sets : 1) * sizeof(g->sets[0]));
+        g->repeat = calloc(b->n_rules + 1, sizeof(g->repeat[0]));
     }
-    if (!g || !g->elems || !g->alt_start || !g->rule_alt0 || !g->sets) {
+    if (!g || !g->elems || !g->alt_start || !g->rule_alt0 || !g->sets || !g->repeat) {
         grammar_free(g);
         gb_discard(b);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "grammar: out of memory compiling %zu elements",
@@ -382,12 +366,15 @@ nopad_status gb_finish(gram_builder *b, int32_t root, grammar **out) {
             } else if (GB_IS_SET(s)) {
                 g->elems[e++] = GRAM_CHAR | GB_SET_ID(s) << 2;
             } else {
-                g->elems[e++] = GRAM_REF | (uint32_t)s << 2;
+                g->elems[e++] = (b->rules[s].is_repeat ? GRAM_REPEAT : GRAM_REF) | (uint32_t)s << 2;
             }
         }
         g->elems[e++] = GRAM_END;
     }
     g->rule_alt0[b->n_rules] = a;
+    for (uint32_t r = 0; r < b->n_rules; r++)
+        if (b->rules[r].is_repeat)
+            g->repeat[r] = (grammar_repeat){(uint32_t)b->rules[r].rep_body, b->rules[r].rep_min, b->rules[r].rep_max};
     g->n_elems = e;
     g->n_rules = b->n_rules;
     if (b->n_sets) memcpy(g->sets, b->sets, b->n_sets * sizeof(g->sets[0]));
@@ -404,6 +391,7 @@ void grammar_free(grammar *g) {
     free(g->sets);
     free(g->alt_start);
     free(g->rule_alt0);
+    free(g->repeat);
     free(g);
 }
 

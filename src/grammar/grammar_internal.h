@@ -9,8 +9,15 @@
 
 /* ---- the compiled grammar -----------------------------------------------------------------------
  * elems: every alternative of every rule, back to back, each closed by GRAM_END. An element is
- * kind (low 2 bits) | payload << 2: GRAM_CHAR payload = byte set id, GRAM_REF payload = rule id. */
-enum { GRAM_END = 0, GRAM_CHAR = 1, GRAM_REF = 2 };
+ * kind (low 2 bits) | payload << 2: GRAM_CHAR payload = byte set id, GRAM_REF payload = rule id,
+ * GRAM_REPEAT payload = the id of a repetition rule (repeat[id]: body{min,max}), which the
+ * matcher runs with a count in the stack node. */
+enum { GRAM_END = 0, GRAM_CHAR = 1, GRAM_REF = 2, GRAM_REPEAT = 3 };
+
+typedef struct grammar_repeat {
+    uint32_t body;     /* the repeated rule */
+    uint32_t min, max; /* max UINT32_MAX: unbounded */
+} grammar_repeat;
 #define GRAM_KIND(e) ((e) & 3u)
 #define GRAM_ARG(e) ((e) >> 2)
 
@@ -22,6 +29,7 @@ struct grammar {
     uint32_t *alt_start;   /* elems index of each alternative's first element */
     uint32_t *rule_alt0;   /* rule r's alternatives: alt_start[rule_alt0[r] .. rule_alt0[r + 1]) */
     uint32_t n_rules;
+    grammar_repeat *repeat; /* by rule id; meaningful for the rules GRAM_REPEAT names */
     uint32_t root;
 };
 
@@ -38,6 +46,9 @@ typedef struct gb_rule {
     int32_t *syms; /* alternatives separated by GB_ALT */
     uint32_t n, cap;
     uint32_t n_alts;
+    int is_repeat; /* a counted repetition of rep_body, no alternatives of its own */
+    int32_t rep_body;
+    uint32_t rep_min, rep_max;
 } gb_rule;
 
 typedef struct gram_builder {
@@ -51,9 +62,11 @@ typedef struct gram_builder {
     int32_t json_unit, any_value, string_rule, utf8_char;
 } gram_builder;
 
-/* The most symbols a grammar may hold: bounds the memory and compile time a request can take
- * (a schema's {"maxLength": 1000000} or a regex's a{1000}{1000} are refused, not expanded). */
+/* The most symbols a grammar may hold: bounds the memory and compile time a request can take. */
 #define GRAMMAR_MAX_SYMBOLS (1u << 20)
+/* The largest repetition bound (maxLength, maxItems, a regex's {m,n}): counts stay far from
+ * overflow. */
+#define GRAMMAR_MAX_COUNT 1000000000u
 
 void gb_init(gram_builder *b);
 void gb_discard(gram_builder *b);
@@ -98,6 +111,12 @@ int32_t gb_regex(gram_builder *b, const char *pattern, size_t len, int json_stri
 /* 1 when the current state has the same stacks (by content, in the same order) as the state
  * saved at `mark` on the current path: every byte then does the same in both. */
 int grammar_matcher_same_state(const grammar_matcher *m, grammar_mark mark);
+/* After steps from the state at `mark`: 1 when the current state is that one with a single
+ * counted repetition one count further (a bounded string's character), *counter naming that
+ * repetition's node and *slack the steps in a row of that kind the start's shape lasts: the
+ * count may grow by that much before the repetition's bounds change what may follow. */
+int grammar_matcher_counted_step(const grammar_matcher *m, grammar_mark mark, uint32_t *counter,
+                                 uint32_t *slack);
 /* The current state's stacks as positions (each stack's positions from the top down, then
  * UINT32_MAX) into key[cap]: the length, or 0 when it does not fit. Equal keys mean equal
  * states. */

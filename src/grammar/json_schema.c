@@ -371,7 +371,8 @@ static int length_bound(schema_compiler *c, const cJSON *s, const char *key, int
         fail(c, NOPAD_ERR_INVALID_ARGUMENT, path, msg);
         return 0;
     }
-    *out = v->valuedouble > 1e9 ? 1000000000 : (int64_t)v->valuedouble;
+    /* past GRAMMAR_MAX_COUNT: refused by gb_repeat, not clamped (clamping a minimum would widen) */
+    *out = v->valuedouble > 2e9 ? 2000000000 : (int64_t)v->valuedouble;
     return 1;
 }
 

@@ -283,8 +283,10 @@ static int rx_braces(rx *r, int64_t *min, int64_t *max) {
     size_t i = r->i + 1;
     int64_t a = 0, bnd = -1;
     int have_a = 0, have_b = 0, comma = 0;
+    /* numbers past GRAMMAR_MAX_COUNT saturate just above it, so gb_repeat refuses them */
     while (i < r->n && r->p[i] >= '0' && r->p[i] <= '9') {
-        if (a < 100000000) a = a * 10 + (r->p[i] - '0');
+        a = a * 10 + (r->p[i] - '0');
+        if (a > GRAMMAR_MAX_COUNT) a = (int64_t)GRAMMAR_MAX_COUNT + 1;
         have_a = 1;
         i++;
     }
@@ -293,7 +295,8 @@ static int rx_braces(rx *r, int64_t *min, int64_t *max) {
         i++;
         bnd = 0;
         while (i < r->n && r->p[i] >= '0' && r->p[i] <= '9') {
-            if (bnd < 100000000) bnd = bnd * 10 + (r->p[i] - '0');
+            bnd = bnd * 10 + (r->p[i] - '0');
+            if (bnd > GRAMMAR_MAX_COUNT) bnd = (int64_t)GRAMMAR_MAX_COUNT + 1;
             have_b = 1;
             i++;
         }

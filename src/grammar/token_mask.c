@@ -14,6 +14,7 @@ typedef struct trie_node {
     uint32_t tok_first; /* this node's tokens: ids[tok_first .. tok_first + tok_count) */
     uint16_t tok_count;
     uint16_t depth;     /* bytes from the root: 1 for a first byte */
+    uint16_t deepest;   /* the largest depth in the subtree */
     uint8_t byte;
 } trie_node;
 
@@ -104,7 +105,7 @@ nopad_status grammar_token_trie_create(const uint8_t *const *tokens, const uint3
         while (common < len && common < prev_len && s[common] == prev[common]) common++;
         while (depth > common) t->nodes[path[--depth]].next = n;
         for (; depth < len; depth++) {
-            t->nodes[n] = (trie_node){0, (uint32_t)j, 0, (uint16_t)(depth + 1), s[depth]};
+            t->nodes[n] = (trie_node){0, (uint32_t)j, 0, (uint16_t)(depth + 1), (uint16_t)(depth + 1), s[depth]};
             path[depth] = n++;
         }
         trie_node *end = &t->nodes[path[len - 1]];
@@ -139,9 +140,11 @@ nopad_status grammar_token_trie_create(const uint8_t *const *tokens, const uint3
             path[d - 1] = i;
             parent[i] = d > 1 ? path[d - 2] : UINT32_MAX;
         }
-        for (uint32_t i = n; i-- > 0;)
-            if (parent[i] != UINT32_MAX)
-                for (int w = 0; w < 4; w++) t->below[parent[i]][w] |= t->below[i][w];
+        for (uint32_t i = n; i-- > 0;) {
+            if (parent[i] == UINT32_MAX) continue;
+            for (int w = 0; w < 4; w++) t->below[parent[i]][w] |= t->below[i][w];
+            if (t->nodes[i].deepest > t->nodes[parent[i]].deepest) t->nodes[parent[i]].deepest = t->nodes[i].deepest;
+        }
         free(parent);
     }
     *out = t;
@@ -170,86 +173,141 @@ const uint8_t *grammar_token_trie_token(const grammar_token_trie *t, int32_t id,
     return t->bytes + t->offset[id];
 }
 
-enum { LOOP_UNKNOWN, LOOP_DEAD, LOOP_OTHER, LOOP_SAME };
+/* What one byte does from the mask's starting state: LOOP_SAME leads back to it (a free
+ * string's character), LOOP_COUNT back to it with one counted repetition one further (a bounded
+ * string's character), LOOP_OTHER elsewhere, LOOP_DEAD nowhere. */
+enum { LOOP_UNKNOWN, LOOP_DEAD, LOOP_OTHER, LOOP_SAME, LOOP_COUNT };
 
-/* 1 when every byte of node i's subtree leads from the state at `start` back to it (learning
- * the bytes' loop[] entries not known yet); the matcher is left anywhere on the path. */
-static int subtree_loops(const grammar_token_trie *t, grammar_matcher *m, uint32_t i, grammar_mark start,
-                         uint8_t loop[256]) {
-    for (int w = 0; w < 4; w++) {
-        for (uint64_t bits = t->below[i][w]; bits; bits &= bits - 1) {
-            int b = w * 64 + __builtin_ctzll(bits);
-            if (loop[b] == LOOP_UNKNOWN) {
-                grammar_matcher_restore(m, start);
-                int ok = grammar_matcher_accept(m, (uint8_t)b);
-                loop[b] = !ok ? LOOP_DEAD : grammar_matcher_same_state(m, start) ? LOOP_SAME : LOOP_OTHER;
-            }
-            if (loop[b] != LOOP_SAME) return 0;
+typedef struct mask_walk {
+    const grammar_token_trie *t;
+    grammar_matcher *m;
+    grammar_mark start;
+    uint8_t loop[256];
+    uint32_t counter, slack; /* the repetition LOOP_COUNT bytes advance, and its slack */
+    int have_counter;
+    /* the walk's path (depths 1..depth): a classification truncates the matcher to the start,
+     * so the path's replayed states (real with units > 0) must be replayed again after it */
+    uint8_t *real;
+    const uint32_t *units;
+    uint32_t depth;
+} mask_walk;
+
+static uint8_t classify(mask_walk *w, uint8_t b) {
+    if (w->loop[b] != LOOP_UNKNOWN) return w->loop[b];
+    for (uint32_t k = 1; k <= w->depth; k++)
+        if (w->units[k] > 0) w->real[k] = 0;
+    grammar_matcher_restore(w->m, w->start);
+    uint8_t c;
+    uint32_t counter, slack;
+    if (!grammar_matcher_accept(w->m, b)) {
+        c = LOOP_DEAD;
+    } else if (grammar_matcher_same_state(w->m, w->start)) {
+        c = LOOP_SAME;
+    } else if (grammar_matcher_counted_step(w->m, w->start, &counter, &slack) &&
+               (!w->have_counter || counter == w->counter)) {
+        c = LOOP_COUNT;
+        w->counter = counter;
+        w->slack = slack;
+        w->have_counter = 1;
+    } else {
+        c = LOOP_OTHER;
+    }
+    w->loop[b] = c;
+    return c;
+}
+
+/* 1 when every path below node i (at `units` counted steps) stays in the starting state's
+ * shape: its bytes all LOOP_SAME or LOOP_COUNT, and the deepest path within the slack. */
+static int subtree_loops(mask_walk *w, uint32_t i, uint32_t units) {
+    int counted = 0;
+    for (int k = 0; k < 4; k++) {
+        for (uint64_t bits = w->t->below[i][k]; bits; bits &= bits - 1) {
+            uint8_t c = classify(w, (uint8_t)(k * 64 + __builtin_ctzll(bits)));
+            if (c == LOOP_COUNT) counted = 1;
+            else if (c != LOOP_SAME) return 0;
         }
     }
-    return 1;
+    const trie_node *nd = &w->t->nodes[i];
+    /* the node's own byte is counted in units already */
+    return !counted || units + (uint32_t)(nd->deepest - nd->depth) <= w->slack;
+}
+
+static void allow(const grammar_token_trie *t, uint32_t first, uint32_t end, uint32_t *mask) {
+    for (uint32_t k = first; k < end; k++) {
+        int32_t id = t->ids[k];
+        mask[id >> 5] |= 1u << (id & 31);
+    }
 }
 
 int32_t grammar_token_mask(const grammar_token_trie *t, grammar_matcher *m, uint32_t *mask) {
     memset(mask, 0, ((size_t)t->vocab_size + 31) / 32 * sizeof(uint32_t));
+    mask_walk w = {t, m, grammar_matcher_save(m), {0}, 0, 0, 0, NULL, NULL, 0};
+    /* per depth d of the current path: marks[d] the matcher's state after its bytes (when
+     * real[d]); in_start[d]: every byte so far was LOOP_SAME or LOOP_COUNT, units[d] of the
+     * latter, so the state is the start's with the counter units further and needs no matcher
+     * step of its own; bytes[d] the path, replayed when such a state is needed for real */
     grammar_mark marks[TRIE_MAX_TOKEN + 1];
-    /* in_start[d]: the bytes down to depth d all led back to the starting state (a string's
-     * characters inside a string): the node below needs no matcher step of its own, only
-     * loop[byte], learnt once per byte: LOOP_UNKNOWN, LOOP_DEAD, LOOP_OTHER (a different
-     * state), LOOP_SAME */
-    uint8_t in_start[TRIE_MAX_TOKEN + 1];
-    uint8_t loop[256] = {0};
-    marks[0] = grammar_matcher_save(m);
-    in_start[0] = 1;
+    uint8_t in_start[TRIE_MAX_TOKEN + 1], real[TRIE_MAX_TOKEN + 1], bytes[TRIE_MAX_TOKEN + 1];
+    uint32_t units[TRIE_MAX_TOKEN + 1];
+    marks[0] = w.start;
+    in_start[0] = real[0] = 1;
+    units[0] = 0;
+    w.real = real;
+    w.units = units;
     int32_t allowed = 0;
     for (uint32_t i = 0; i < t->n_nodes;) {
         const trie_node *nd = &t->nodes[i];
         uint32_t d = nd->depth;
+        bytes[d] = nd->byte;
+        w.depth = d - 1; /* the path above this node */
         int ok;
-        if (in_start[d - 1]) {
-            if (loop[nd->byte] == LOOP_UNKNOWN || loop[nd->byte] == LOOP_OTHER) {
-                /* the step from the start: the same as from any state equal to it */
-                grammar_matcher_restore(m, marks[0]);
-                ok = grammar_matcher_accept(m, nd->byte);
-                if (loop[nd->byte] == LOOP_UNKNOWN)
-                    loop[nd->byte] = !ok ? LOOP_DEAD : grammar_matcher_same_state(m, marks[0]) ? LOOP_SAME : LOOP_OTHER;
-                marks[d] = grammar_matcher_save(m);
-                in_start[d] = loop[nd->byte] == LOOP_SAME;
-                if (in_start[d]) marks[d] = marks[0];
-            } else {
-                ok = loop[nd->byte] == LOOP_SAME;
-                marks[d] = marks[0];
-                in_start[d] = 1;
-            }
-            if (in_start[d] && nd->next > i + 1 && subtree_loops(t, m, i, marks[0], loop)) {
-                /* every byte below leads back to the start: all the subtree's tokens */
+        uint8_t c = in_start[d - 1] ? classify(&w, nd->byte) : LOOP_UNKNOWN;
+        if (c == LOOP_DEAD) {
+            ok = 0;
+        } else if (c == LOOP_SAME || (c == LOOP_COUNT && units[d - 1] + 1 <= w.slack)) {
+            ok = 1;
+            in_start[d] = 1;
+            units[d] = units[d - 1] + (c == LOOP_COUNT);
+            real[d] = units[d] == 0;
+            marks[d] = w.start;
+            w.depth = d;
+            if (nd->next > i + 1 && subtree_loops(&w, i, units[d])) {
+                /* every path below stays in the start's shape: all the subtree's tokens */
                 uint32_t end = nd->next < t->n_nodes ? t->nodes[nd->next].tok_first : (uint32_t)t->n_tokens;
-                for (uint32_t k = nd->tok_first; k < end; k++) {
-                    int32_t id = t->ids[k];
-                    mask[id >> 5] |= 1u << (id & 31);
-                }
+                allow(t, nd->tok_first, end, mask);
                 allowed += (int32_t)(end - nd->tok_first);
                 i = nd->next;
                 continue;
             }
         } else {
+            if (!real[d - 1]) {
+                /* the start's state with the counter further: replay the path to have it */
+                grammar_matcher_restore(m, w.start);
+                int replayed = 1;
+                for (uint32_t k = 1; k < d && replayed; k++) replayed = grammar_matcher_accept(m, bytes[k]);
+                if (!replayed) { /* cannot happen: the classification said these bytes pass */
+                    i = nd->next;
+                    continue;
+                }
+                marks[d - 1] = grammar_matcher_save(m);
+                real[d - 1] = 1;
+            }
             grammar_matcher_restore(m, marks[d - 1]);
             ok = grammar_matcher_accept(m, nd->byte);
             marks[d] = grammar_matcher_save(m);
             in_start[d] = 0;
+            real[d] = 1;
+            units[d] = 0;
         }
         if (!ok) {
             i = nd->next;
             continue;
         }
-        for (uint32_t k = 0; k < nd->tok_count; k++) {
-            int32_t id = t->ids[nd->tok_first + k];
-            mask[id >> 5] |= 1u << (id & 31);
-        }
+        allow(t, nd->tok_first, nd->tok_first + nd->tok_count, mask);
         allowed += nd->tok_count;
         i++;
     }
-    grammar_matcher_restore(m, marks[0]);
+    grammar_matcher_restore(m, w.start);
     if (grammar_matcher_is_accepting(m)) {
         for (int32_t k = 0; k < t->n_eos; k++) {
             int32_t id = t->eos[k];
