@@ -112,11 +112,11 @@ int32_t gb_regex(gram_builder *b, const char *pattern, size_t len, int json_stri
  * saved at `mark` on the current path: every byte then does the same in both. */
 int grammar_matcher_same_state(const grammar_matcher *m, grammar_mark mark);
 /* After steps from the state at `mark`: 1 when the current state is that one with a single
- * counted repetition one count further (a bounded string's character), *counter naming that
- * repetition's node and *slack the steps in a row of that kind the start's shape lasts: the
- * count may grow by that much before the repetition's bounds change what may follow. */
+ * counted repetition further by *delta >= 1 (a bounded string's characters), *counter naming
+ * that repetition's node in the marked state and *slack how far its count may go from there
+ * (in steps of one) before the repetition's bounds change what may follow. */
 int grammar_matcher_counted_step(const grammar_matcher *m, grammar_mark mark, uint32_t *counter,
-                                 uint32_t *slack);
+                                 uint32_t *slack, uint32_t *delta);
 /* The current state's stacks as positions (each stack's positions from the top down, then
  * UINT32_MAX) into key[cap]: the length, or 0 when it does not fit. Equal keys mean equal
  * states. */

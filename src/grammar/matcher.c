@@ -414,11 +414,11 @@ int grammar_matcher_same_state(const grammar_matcher *m, grammar_mark mark) {
 }
 
 int grammar_matcher_counted_step(const grammar_matcher *m, grammar_mark mark, uint32_t *counter,
-                                 uint32_t *slack) {
+                                 uint32_t *slack, uint32_t *delta) {
     uint32_t a0 = m->states[mark.states - 1], an = mark.tops - a0;
     uint32_t b0 = m->states[m->n_states - 1], bn = m->n_tops - b0;
     if (an != bn) return 0;
-    uint32_t diff = NO_NODE;
+    uint32_t diff = NO_NODE, by = 0;
     for (uint32_t i = 0; i < an; i++) {
         uint32_t a = m->tops[a0 + i], b = m->tops[b0 + i];
         if ((a == TOP_ACCEPT) != (b == TOP_ACCEPT)) return 0;
@@ -428,9 +428,10 @@ int grammar_matcher_counted_step(const grammar_matcher *m, grammar_mark mark, ui
             mnode na = m->nodes[a], nb = m->nodes[b];
             if (na.pos != nb.pos) return 0;
             if (na.count != nb.count) {
-                if (nb.count != na.count + 1 || GRAM_KIND(m->g->elems[na.pos]) != GRAM_REPEAT) return 0;
-                if (diff != NO_NODE && diff != a) return 0;
+                if (nb.count < na.count || GRAM_KIND(m->g->elems[na.pos]) != GRAM_REPEAT) return 0;
+                if (diff != NO_NODE && (diff != a || nb.count - na.count != by)) return 0;
                 diff = a;
+                by = nb.count - na.count;
             }
             a = na.parent;
             b = nb.parent;
@@ -445,6 +446,7 @@ int grammar_matcher_counted_step(const grammar_matcher *m, grammar_mark mark, ui
     if (done < r->min && r->min < limit) limit = r->min;
     *counter = diff;
     *slack = limit - done;
+    *delta = by;
     return 1;
 }
 

@@ -192,26 +192,33 @@ typedef struct mask_walk {
     uint32_t depth;
 } mask_walk;
 
+/* 1 when the matcher's current state is the start's with the counter `*units` further (0: the
+ * start itself) within the slack: the walk may go on as from the start. */
+static int back_at_start(mask_walk *w, uint32_t *units) {
+    uint32_t counter, slack, delta;
+    if (grammar_matcher_same_state(w->m, w->start)) {
+        *units = 0;
+        return 1;
+    }
+    if (!grammar_matcher_counted_step(w->m, w->start, &counter, &slack, &delta)) return 0;
+    if (w->have_counter && counter != w->counter) return 0;
+    w->counter = counter;
+    w->slack = slack;
+    w->have_counter = 1;
+    *units = delta;
+    return delta <= slack;
+}
+
 static uint8_t classify(mask_walk *w, uint8_t b) {
     if (w->loop[b] != LOOP_UNKNOWN) return w->loop[b];
     for (uint32_t k = 1; k <= w->depth; k++)
         if (w->units[k] > 0) w->real[k] = 0;
     grammar_matcher_restore(w->m, w->start);
     uint8_t c;
-    uint32_t counter, slack;
-    if (!grammar_matcher_accept(w->m, b)) {
-        c = LOOP_DEAD;
-    } else if (grammar_matcher_same_state(w->m, w->start)) {
-        c = LOOP_SAME;
-    } else if (grammar_matcher_counted_step(w->m, w->start, &counter, &slack) &&
-               (!w->have_counter || counter == w->counter)) {
-        c = LOOP_COUNT;
-        w->counter = counter;
-        w->slack = slack;
-        w->have_counter = 1;
-    } else {
-        c = LOOP_OTHER;
-    }
+    uint32_t units;
+    if (!grammar_matcher_accept(w->m, b)) c = LOOP_DEAD;
+    else if (back_at_start(w, &units)) c = units == 0 ? LOOP_SAME : units == 1 ? LOOP_COUNT : LOOP_OTHER;
+    else c = LOOP_OTHER;
     w->loop[b] = c;
     return c;
 }
@@ -295,9 +302,12 @@ int32_t grammar_token_mask(const grammar_token_trie *t, grammar_matcher *m, uint
             grammar_matcher_restore(m, marks[d - 1]);
             ok = grammar_matcher_accept(m, nd->byte);
             marks[d] = grammar_matcher_save(m);
-            in_start[d] = 0;
             real[d] = 1;
-            units[d] = 0;
+            /* back in the start's shape after a detour (a UTF-8 character's bytes): on from
+             * there as from the start */
+            in_start[d] = ok && d < nd->deepest && back_at_start(&w, &units[d]);
+            if (!in_start[d]) units[d] = 0;
+            else if (units[d] == 0) marks[d] = w.start; /* the same state, and never truncated */
         }
         if (!ok) {
             i = nd->next;
