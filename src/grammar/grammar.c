@@ -193,9 +193,11 @@ int32_t gb_utf8_char(gram_builder *b) {
         int32_t r = gb_rule_new(b);
         int32_t s2[] = {gb_range(b, 0xC2, 0xDF), cont};
         int32_t s3a[] = {gb_byte(b, 0xE0), gb_range(b, 0xA0, 0xBF), cont};
-        int32_t s3b[] = {gb_range(b, 0xE1, 0xEC), cont, cont};
+        uint32_t e1_ef[8] = {0}; /* E1-EC and EE-EF: the same shape, one alternative */
+        for (unsigned c = 0xE1; c <= 0xEF; c++)
+            if (c != 0xED) e1_ef[c >> 5] |= 1u << (c & 31);
+        int32_t s3b[] = {gb_set(b, e1_ef), cont, cont};
         int32_t s3c[] = {gb_byte(b, 0xED), gb_range(b, 0x80, 0x9F), cont};
-        int32_t s3d[] = {gb_range(b, 0xEE, 0xEF), cont, cont};
         int32_t s4a[] = {gb_byte(b, 0xF0), gb_range(b, 0x90, 0xBF), cont, cont};
         int32_t s4b[] = {gb_range(b, 0xF1, 0xF3), cont, cont, cont};
         int32_t s4c[] = {gb_byte(b, 0xF4), gb_range(b, 0x80, 0x8F), cont, cont};
@@ -203,7 +205,6 @@ int32_t gb_utf8_char(gram_builder *b) {
         gb_rule_add(b, r, s3a, 3);
         gb_rule_add(b, r, s3b, 3);
         gb_rule_add(b, r, s3c, 3);
-        gb_rule_add(b, r, s3d, 3);
         gb_rule_add(b, r, s4a, 4);
         gb_rule_add(b, r, s4b, 4);
         gb_rule_add(b, r, s4c, 4);
@@ -212,44 +213,37 @@ int32_t gb_utf8_char(gram_builder *b) {
     return b->utf8_char;
 }
 
+/* The set of the bytes in `chars`. */
+static int32_t gb_chars(gram_builder *b, const char *chars) {
+    uint32_t set[8] = {0};
+    for (const char *p = chars; *p; p++) set[(uint8_t)*p >> 5] |= 1u << (*p & 31);
+    return gb_set(b, set);
+}
+
 int32_t gb_json_unit(gram_builder *b) {
     if (b->json_unit < 0) {
         /* printable ASCII but " and \, a non-ASCII character, or an escape; \u escapes of
          * surrogates are refused, so each unit is one character of the decoded string (what
-         * minLength / maxLength count) */
+         * minLength / maxLength count). The escapes share their backslash: the fewer the
+         * alternatives after a character, the cheaper each matcher step inside a string. */
         uint32_t plain[8] = {0};
         for (unsigned c = 0x20; c < 0x80; c++)
             if (c != '"' && c != '\\') plain[c >> 5] |= 1u << (c & 31);
-        uint32_t simple[8] = {0};
-        for (const char *p = "\"\\/bfnrt"; *p; p++) simple[(uint8_t)*p >> 5] |= 1u << (*p & 31);
-        uint32_t hex[8] = {0};
-        for (const char *p = "0123456789abcdefABCDEF"; *p; p++) hex[(uint8_t)*p >> 5] |= 1u << (*p & 31);
-        uint32_t hex_lead[8] = {0};
-        for (const char *p = "0123456789abcABC"; *p; p++) hex_lead[(uint8_t)*p >> 5] |= 1u << (*p & 31);
-        int32_t h = gb_set(b, hex);
-        int32_t bs = gb_byte(b, '\\');
-        int32_t u = gb_byte(b, 'u');
+        int32_t h = gb_chars(b, "0123456789abcdefABCDEF");
+        int32_t u_plain[] = {gb_chars(b, "0123456789abcABC"), h, h, h};
+        int32_t u_d[] = {gb_chars(b, "dD"), gb_chars(b, "01234567"), h, h};
+        int32_t u_ef[] = {gb_chars(b, "efEF"), h, h, h};
+        int32_t hex4_alts[] = {gb_seq(b, u_plain, 4), gb_seq(b, u_d, 4), gb_seq(b, u_ef, 4)};
+        int32_t u_seq[] = {gb_byte(b, 'u'), gb_choice(b, hex4_alts, 3)};
+        int32_t after_alts[] = {gb_chars(b, "\"\\/bfnrt"), gb_seq(b, u_seq, 2)};
+        int32_t escape[] = {gb_byte(b, '\\'), gb_choice(b, after_alts, 2)};
         int32_t r = gb_rule_new(b);
         int32_t one = gb_set(b, plain);
         gb_rule_add(b, r, &one, 1);
         int32_t utf8 = gb_utf8_char(b);
         gb_rule_add(b, r, &utf8, 1);
-        int32_t esc[] = {bs, gb_set(b, simple)};
-        gb_rule_add(b, r, esc, 2);
-        int32_t u_plain[] = {bs, u, gb_set(b, hex_lead), h, h, h};
-        gb_rule_add(b, r, u_plain, 6);
-        {
-            uint32_t d[8] = {0}, low[8] = {0};
-            d['d' >> 5] |= 1u << ('d' & 31);
-            d['D' >> 5] |= 1u << ('D' & 31);
-            for (unsigned c = '0'; c <= '7'; c++) low[c >> 5] |= 1u << (c & 31);
-            int32_t seq[] = {bs, u, gb_set(b, d), gb_set(b, low), h, h};
-            gb_rule_add(b, r, seq, 6);
-            uint32_t ef[8] = {0};
-            for (const char *p = "efEF"; *p; p++) ef[(uint8_t)*p >> 5] |= 1u << (*p & 31);
-            int32_t seq2[] = {bs, u, gb_set(b, ef), h, h, h};
-            gb_rule_add(b, r, seq2, 6);
-        }
+        int32_t esc = gb_seq(b, escape, 2);
+        gb_rule_add(b, r, &esc, 1);
         b->json_unit = r;
     }
     return b->json_unit;
