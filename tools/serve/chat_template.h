@@ -34,14 +34,40 @@ typedef struct chat_template {
     char *default_system;
 } chat_template;
 
+/* A call an assistant turn made (it goes back into the prompt): arguments as JSON text. */
+typedef struct chat_tool_call {
+    const char *id, *name, *arguments;
+} chat_tool_call;
+
 typedef struct chat_message {
-    const char *role;    /* "system", "user", "assistant" */
-    const char *content; /* UTF-8 */
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* UTF-8; "" for an assistant turn that only calls tools */
+    const chat_tool_call *tool_calls; /* an assistant turn's calls, n_tool_calls of them */
+    int n_tool_calls;
+    const char *tool_call_id; /* a tool turn: the call it answers, or NULL */
 } chat_message;
+
+/* A function the model may call: its name and its OpenAI definition as JSON text
+ * ({"type": "function", "function": {"name", "description", "parameters"}}). */
+typedef struct chat_tool {
+    const char *name, *json;
+} chat_tool;
+
+/* How a family writes tool definitions, calls and results, and how its answers call tools:
+ * Hermes / Qwen2.5 (<tool_call>{"name", "arguments"}</tool_call>; the format for every family
+ * without one of its own, SmolLM2 included), Llama-3.1 (a bare {"name", "parameters"} object) or
+ * Mistral ([TOOL_CALLS] [{"name", "arguments"}, ...]). */
+typedef enum chat_tool_format { TOOLS_HERMES, TOOLS_LLAMA3, TOOLS_MISTRAL } chat_tool_format;
+
+chat_tool_format chat_template_tool_format(const chat_template *t);
 
 /* Recognises a template's family from its text as llama.cpp does. 0, or -1 when the text matches
  * none of the families (the caller names --chat-template). */
 int chat_template_detect(const char *text, chat_template *out);
+/* The turn markers of other chat formats found in an unrecognised template ("<start_of_turn>",
+ * "<|user|>", ...), comma-separated into buf (cap bytes), for the error that names them; "" when
+ * none is found. */
+void chat_template_markers(const char *text, char *buf, size_t cap);
 /* The family named `name` ("chatml", "llama3", ...; chat_template_names lists them), or -1. */
 int chat_template_by_name(const char *name, chat_template *out);
 /* "chatml, llama3, llama2, ..." for messages. */
@@ -52,5 +78,10 @@ void chat_template_free(chat_template *t);
 /* The prompt for `n` messages followed by the assistant's turn, as a new NUL-terminated string
  * (*len its length), or NULL when out of memory. */
 char *chat_template_apply(const chat_template *t, const chat_message *messages, int n, size_t *len);
+/* The same with `n_tools` tool definitions offered to the model in the family's tool format
+ * (chat_template_tool_format); tool turns and assistant turns with calls are written in that
+ * format whether tools are offered or not. */
+char *chat_template_apply_tools(const chat_template *t, const chat_message *messages, int n,
+                                const chat_tool *tools, int n_tools, size_t *len);
 
 #endif

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "serve.h"
+#include "tool_calls.h"
 
 struct gen_job {
     waiter w;                  /* w.lock guards everything below but the list links */
@@ -39,6 +40,10 @@ struct gen_job {
     char *text;                /* everything released so far */
     size_t text_len, text_cap, streamed; /* bytes of text already sent as events */
     int oom, done;
+    /* tools offered (chat): the answer is parsed for calls at its end, and a stream holds back
+     * what may be the start of one (tool_calls.h) */
+    int tools, max_calls, called;
+    chat_tool_format tool_format;
     int shutdown;              /* ended by the shutdown's deadline before the engine ended it */
     nopad_finish_reason finish;
     /* the event stream */
@@ -50,7 +55,10 @@ struct gen_job {
     int listed, ended;
 };
 
+static uint64_t random_seed(server *s);
+
 static const char *finish_name(const gen_job *j) {
+    if (j->called) return "tool_calls";
     if (j->stopped) return "stop";
     return nopad_finish_reason_name(j->finish);
 }
@@ -297,6 +305,72 @@ static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
     return o;
 }
 
+/* "call_" and 24 random hex digits, as OpenAI's ids look. */
+static void call_id(server *s, char out[32]) {
+    static const char hex[] = "0123456789abcdef";
+    memcpy(out, "call_", 5);
+    for (int half = 0; half < 2; half++) {
+        uint64_t x = random_seed(s);
+        for (int k = 0; k < 12; k++, x >>= 4) out[5 + 12 * half + k] = hex[x & 15];
+    }
+    out[29] = '\0';
+}
+
+/* [{"index"?, "id", "type": "function", "function": {"name", "arguments"}}]; index in a stream's
+ * delta only, as OpenAI sends them. */
+static cJSON *tool_calls_json(server *s, const tool_answer *a, int with_index) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; arr && i < a->n_calls; i++) {
+        cJSON *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
+        char id[32];
+        call_id(s, id);
+        if (!c || !f) {
+            cJSON_Delete(c), cJSON_Delete(f), cJSON_Delete(arr);
+            return NULL;
+        }
+        if (with_index) cJSON_AddNumberToObject(c, "index", i);
+        cJSON_AddStringToObject(c, "id", id);
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON_AddStringToObject(f, "name", a->calls[i].name);
+        cJSON_AddStringToObject(f, "arguments", a->calls[i].arguments);
+        cJSON_AddItemToObject(c, "function", f);
+        cJSON_AddItemToArray(arr, c);
+    }
+    return arr;
+}
+
+/* A chat choice whose answer called tools: message {"role", "content" (null when none),
+ * "tool_calls"}, or a stream's delta {"content"?, "tool_calls"} (content: what was not sent yet). */
+static cJSON *tool_choice_json(const gen_job *j, const tool_answer *a, const char *content, int delta,
+                               cJSON *logprobs) {
+    cJSON *c = cJSON_CreateObject(), *m = cJSON_CreateObject(), *calls = tool_calls_json(j->srv, a, delta);
+    if (!c || !m || !calls) {
+        cJSON_Delete(c), cJSON_Delete(m), cJSON_Delete(calls), cJSON_Delete(logprobs);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (!delta) cJSON_AddStringToObject(m, "role", "assistant");
+    if (content) cJSON_AddStringToObject(m, "content", content);
+    else if (!delta) cJSON_AddNullToObject(m, "content");
+    cJSON_AddItemToObject(m, "tool_calls", calls);
+    cJSON_AddItemToObject(c, delta ? "delta" : "message", m);
+    if (logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs);
+    else cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    return c;
+}
+
+/* With the job's lock, j done: parses the answer for calls (tools offered). 0 (a->n_calls 0: no
+ * call, the answer is text), -1 out of memory. */
+static int parse_calls(gen_job *j, tool_answer *a) {
+    *a = (tool_answer){0};
+    if (!j->tools) return 0;
+    if (tool_answer_parse(j->tool_format, j->text ? j->text : "", j->text_len, j->max_calls, a))
+        return -1;
+    j->called = a->n_calls > 0;
+    return 0;
+}
+
 /* Why an ended request has no answer: the engine's error, or a cancellation (the shutdown). */
 static void failure(gen_job *j, api_error *e) {
     if (j->oom) {
@@ -328,9 +402,24 @@ static enum MHD_Result answer_plain(http_req *q, gen_job *j) {
     }
     pthread_mutex_lock(&j->w.lock);
     cJSON *lp = j->logprobs ? logprobs_json(j, 0, j->n_tokens) : NULL;
+    tool_answer calls;
+    const int parsed = parse_calls(j, &calls);
     pthread_mutex_unlock(&j->w.lock);
-    cJSON *root = envelope(j, j->kind == GEN_CHAT ? "chat.completion" : "text_completion",
-                           choice_json(j, j->text ? j->text : "", j->text_len, 0, 1, finish_name(j), lp));
+    if (parsed) {
+        cJSON_Delete(lp);
+        api_error e;
+        api_fail(&e, 500, "server_error", NULL, NULL, "out of memory for the answer");
+        return http_reply_error(q, &e);
+    }
+    cJSON *choice = NULL;
+    if (calls.n_calls) {
+        choice = tool_choice_json(j, &calls, calls.content, 0, lp);
+        if (choice) cJSON_ReplaceItemInObject(choice, "finish_reason", cJSON_CreateString("tool_calls"));
+    } else {
+        choice = choice_json(j, j->text ? j->text : "", j->text_len, 0, 1, finish_name(j), lp);
+    }
+    tool_answer_free(&calls);
+    cJSON *root = envelope(j, j->kind == GEN_CHAT ? "chat.completion" : "text_completion", choice);
     if (root) cJSON_AddItemToObject(root, "usage", usage_json(j));
     metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
     return http_reply_json(q, 200, root);
@@ -372,14 +461,39 @@ static int fill_events(gen_job *j) {
         if (out_event(j, envelope(j, chunk_object(j), choice_json(j, "", 0, 1, 1, NULL, NULL)))) return -1;
         j->role_sent = 1;
     }
-    if (j->text_len > j->streamed) {
+    if (j->end_sent) return 0;
+    /* with tools, what may be a call waits for the end (then sent as calls, or as text) */
+    tool_answer calls = {0};
+    if (j->done && !j->end_sent && !failed(j) && parse_calls(j, &calls)) return -1;
+    size_t release = j->text_len;
+    if (j->tools && !(j->done && !calls.n_calls)) {
+        release = tool_text_releasable(j->tool_format, j->text ? j->text : "", j->text_len);
+        if (release < j->streamed) release = j->streamed;
+    }
+    if (release > j->streamed) {
         cJSON *lp = j->logprobs && j->n_tokens > j->lp_sent ? logprobs_json(j, j->lp_sent, j->n_tokens) : NULL;
         if (lp) j->lp_sent = j->n_tokens;
         if (out_event(j, envelope(j, chunk_object(j),
-                                  choice_json(j, j->text + j->streamed, j->text_len - j->streamed,
-                                              1, 0, NULL, lp))))
+                                  choice_json(j, j->text + j->streamed, release - j->streamed,
+                                              1, 0, NULL, lp)))) {
+            tool_answer_free(&calls);
             return -1;
-        j->streamed = j->text_len;
+        }
+        j->streamed = release;
+    }
+    if (calls.n_calls) {
+        /* the content not sent yet: the calls' content (trimmed) after the text streamed before
+         * the first call (white space before it left out) */
+        const char *sent = j->text ? j->text : "";
+        size_t n_sent = j->streamed;
+        while (n_sent && strchr(" \t\r\n", *sent)) sent++, n_sent--;
+        const char *rest = calls.content;
+        if (rest && strlen(rest) >= n_sent && strncmp(rest, sent, n_sent) == 0) rest += n_sent;
+        else rest = NULL;
+        const int rc = out_event(j, envelope(j, chunk_object(j),
+                                             tool_choice_json(j, &calls, rest && *rest ? rest : NULL, 1, NULL)));
+        tool_answer_free(&calls);
+        if (rc) return -1;
     }
     if (j->done && !j->end_sent) {
         if (failed(j)) {
@@ -482,7 +596,9 @@ static int prompt_ids(server *s, const gen_request *r, int32_t **ids, int32_t *n
                             "the model has no chat template: use /v1/completions, or start the "
                             "server with --chat-template NAME");
         size_t len;
-        char *text = chat_template_apply(&s->tmpl, r->messages, r->n_messages, &len);
+        const int offer = r->n_tools && !r->tool_choice_none;
+        char *text = chat_template_apply_tools(&s->tmpl, r->messages, r->n_messages, r->tools,
+                                               offer ? r->n_tools : 0, &len);
         if (!text) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         const int rc = tokenize(s, text, ids, n, e);
         free(text);
@@ -546,6 +662,9 @@ static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e)
     j->kind = r->kind;
     j->stream = r->stream;
     j->include_usage = r->include_usage;
+    j->tools = r->kind == GEN_CHAT && r->n_tools && !r->tool_choice_none;
+    j->tool_format = chat_template_tool_format(&s->tmpl);
+    j->max_calls = r->parallel_tool_calls ? 0 : 1;
     j->created = (long long)time(NULL);
     j->t0 = q->t0;
     j->prompt_tokens = n;

@@ -136,14 +136,13 @@ static int check_neutral(const cJSON *obj, api_error *e) {
             return api_fail(e, 400, INVALID, "unsupported_value", "response_format",
                             "'response_format' other than {\"type\": \"text\"} is not supported");
     }
-    static const char *const lists[] = {"tools", "functions"};
-    for (int i = 0; i < 2; i++)
-        if ((v = field(obj, lists[i])) && !(cJSON_IsArray(v) && !v->child))
-            return api_fail(e, 400, INVALID, "unsupported_value", lists[i],
-                            "'%s' (tool calling) is not supported by nopad serve", lists[i]);
-    if ((v = field(obj, "tool_choice")) && !(cJSON_IsString(v) && strcmp(v->valuestring, "none") == 0))
-        return api_fail(e, 400, INVALID, "unsupported_value", "tool_choice",
-                        "'tool_choice' other than \"none\" is not supported");
+    if ((v = field(obj, "functions")) && !(cJSON_IsArray(v) && !v->child))
+        return api_fail(e, 400, INVALID, "unsupported_value", "functions",
+                        "'functions' (the deprecated form of tools) is not supported: send 'tools'");
+    if ((v = field(obj, "function_call")))
+        return api_fail(e, 400, INVALID, "unsupported_value", "function_call",
+                        "'function_call' (the deprecated form of tool_choice) is not supported: "
+                        "send 'tool_choice'");
     if ((v = field(obj, "skip_special_tokens")) && !cJSON_IsTrue(v))
         return api_fail(e, 400, INVALID, "unsupported_value", "skip_special_tokens",
                         "'skip_special_tokens' must be true: special tokens are always left out "
@@ -180,7 +179,7 @@ static const char *const chat_fields[] = {
     "min_p", "repetition_penalty", "seed", "stop", "stop_token_ids", "stream", "stream_options",
     "ignore_eos", "min_tokens", "n", "logprobs", "top_logprobs", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice", "functions",
-    "skip_special_tokens", "add_generation_prompt", NULL};
+    "function_call", "skip_special_tokens", "add_generation_prompt", NULL};
 
 /* ---- pieces ------------------------------------------------------------------------------------ */
 
@@ -260,6 +259,45 @@ static int get_content(const cJSON *msg, int index, char **out, api_error *e) {
     return 0;
 }
 
+/* An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+ * "arguments": JSON text}}], arguments checked to be JSON (they go into the prompt as such). */
+static int get_tool_calls(const cJSON *arr, int index, chat_message *m, api_error *e) {
+    char name[96];
+    snprintf(name, sizeof name, "messages[%d].tool_calls", index);
+    if (!cJSON_IsArray(arr)) return wrong_type(e, name, "an array of tool calls", arr);
+    const int n = cJSON_GetArraySize(arr);
+    if (!n) return 0;
+    chat_tool_call *calls = calloc((size_t)n, sizeof *calls);
+    if (!calls) return oom(e);
+    m->tool_calls = calls;
+    int k = 0;
+    for (const cJSON *c = arr->child; c; c = c->next, k++) {
+        snprintf(name, sizeof name, "messages[%d].tool_calls[%d]", index, k);
+        if (!cJSON_IsObject(c)) return wrong_type(e, name, "an object", c);
+        const cJSON *id = field(c, "id"), *type = field(c, "type"), *fn = field(c, "function");
+        if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "function") == 0))
+            return api_fail(e, 400, INVALID, "invalid_value", name, "'%s.type' must be \"function\"", name);
+        if (id && !cJSON_IsString(id)) return wrong_type(e, name, "an object with a string 'id'", id);
+        const cJSON *fname = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+        const cJSON *args = cJSON_IsObject(fn) ? field(fn, "arguments") : NULL;
+        if (!cJSON_IsString(fname) || !fname->valuestring[0] || (args && !cJSON_IsString(args)))
+            return api_fail(e, 400, INVALID, "invalid_value", name,
+                            "'%s' must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                            "\"arguments\": a JSON string}}", name);
+        cJSON *parsed = args ? cJSON_Parse(args->valuestring) : NULL;
+        if (args && !parsed)
+            return api_fail(e, 400, INVALID, "invalid_value", name,
+                            "'%s.function.arguments' must be a JSON text", name);
+        cJSON_Delete(parsed);
+        calls[k].id = id ? strdup(id->valuestring) : NULL;
+        calls[k].name = strdup(fname->valuestring);
+        calls[k].arguments = strdup(args ? args->valuestring : "{}");
+        m->n_tool_calls = k + 1;
+        if ((id && !calls[k].id) || !calls[k].name || !calls[k].arguments) return oom(e);
+    }
+    return 0;
+}
+
 static int get_messages(const cJSON *obj, gen_request *r, api_error *e) {
     const cJSON *msgs = field(obj, "messages");
     if (!msgs) return api_fail(e, 400, INVALID, "missing_field", "messages", "'messages' is required");
@@ -283,23 +321,127 @@ static int get_messages(const cJSON *obj, gen_request *r, api_error *e) {
         const char *canon = strcmp(rn, "system") == 0 || strcmp(rn, "developer") == 0 ? "system"
                             : strcmp(rn, "user") == 0                                ? "user"
                             : strcmp(rn, "assistant") == 0                           ? "assistant"
+                            : strcmp(rn, "tool") == 0                                ? "tool"
                                                                                      : NULL;
         if (!canon)
             return api_fail(e, 400, INVALID, "invalid_value", name,
-                            "'%s' must be \"system\", \"developer\", \"user\" or \"assistant\", "
-                            "got \"%.64s\"",
+                            "'%s' must be \"system\", \"developer\", \"user\", \"assistant\" or "
+                            "\"tool\", got \"%.64s\"",
                             name, rn);
+        const int assistant = strcmp(canon, "assistant") == 0, tool = strcmp(canon, "tool") == 0;
         for (const cJSON *f = m->child; f; f = f->next)
-            if (strcmp(f->string, "role") && strcmp(f->string, "content") && strcmp(f->string, "name"))
+            if (strcmp(f->string, "role") && strcmp(f->string, "content") && strcmp(f->string, "name") &&
+                !(assistant && (!strcmp(f->string, "tool_calls") || !strcmp(f->string, "refusal"))) &&
+                !(tool && !strcmp(f->string, "tool_call_id")))
                 return api_fail(e, 400, INVALID, "unknown_parameter", f->string,
                                 "Unrecognized field in messages[%d]: %s", i, f->string);
-        char *content = NULL;
-        if (get_content(m, i, &content, e)) return -1;
-        r->messages[i].role = canon; /* a static string */
-        r->messages[i].content = content;
+        chat_message *out = &r->messages[i];
+        out->role = canon; /* a static string */
         r->n_messages = i + 1;
+        const cJSON *calls = assistant ? field(m, "tool_calls") : NULL;
+        if (calls && get_tool_calls(calls, i, out, e)) return -1;
+        const cJSON *call_id = tool ? field(m, "tool_call_id") : NULL;
+        if (call_id) {
+            snprintf(name, sizeof name, "messages[%d].tool_call_id", i);
+            if (!cJSON_IsString(call_id)) return wrong_type(e, name, "a string", call_id);
+            if (!(out->tool_call_id = strdup(call_id->valuestring))) return oom(e);
+        }
+        char *content = NULL;
+        if (out->n_tool_calls && !field(m, "content")) content = strdup(""); /* calls alone */
+        else if (get_content(m, i, &content, e)) return -1;
+        if (!content) return oom(e);
+        out->content = content;
     }
     return 0;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description", "parameters", "strict"}}], each
+ * kept as its name and its definition's JSON text (what the prompt lists). */
+static int get_tools(const cJSON *obj, gen_request *r, api_error *e) {
+    const cJSON *tools = field(obj, "tools");
+    if (!tools) return 0;
+    if (!cJSON_IsArray(tools)) return wrong_type(e, "tools", "an array of tools", tools);
+    const int n = cJSON_GetArraySize(tools);
+    if (!n) return 0;
+    if (n > 128)
+        return api_fail(e, 400, INVALID, "invalid_value", "tools", "'tools' holds at most 128 tools");
+    r->tools = calloc((size_t)n, sizeof *r->tools);
+    if (!r->tools) return oom(e);
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next, k++) {
+        char name[64];
+        snprintf(name, sizeof name, "tools[%d]", k);
+        const cJSON *type = cJSON_IsObject(t) ? field(t, "type") : NULL;
+        const cJSON *fn = cJSON_IsObject(t) ? field(t, "function") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(fn))
+            return api_fail(e, 400, INVALID, "invalid_value", name,
+                            "'%s' must be {\"type\": \"function\", \"function\": {...}} (the only "
+                            "kind of tool nopad serve offers a model)", name);
+        static const char *const fn_fields[] = {"name", "description", "parameters", "strict", NULL};
+        if (check_known(fn, fn_fields, e)) return -1;
+        const cJSON *fname = field(fn, "name"), *desc = field(fn, "description");
+        const cJSON *params = field(fn, "parameters"), *strict = field(fn, "strict");
+        snprintf(name, sizeof name, "tools[%d].function.name", k);
+        if (!cJSON_IsString(fname)) return wrong_type(e, name, "a string", fname);
+        const size_t len = strlen(fname->valuestring);
+        if (!len || len > 64 || strspn(fname->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                           "0123456789_-") != len)
+            return api_fail(e, 400, INVALID, "invalid_value", name,
+                            "'%s' must be 1 to 64 letters, digits, '_' or '-'", name);
+        for (int j = 0; j < k; j++)
+            if (strcmp(r->tools[j].name, fname->valuestring) == 0)
+                return api_fail(e, 400, INVALID, "invalid_value", name,
+                                "'%s': two tools are named \"%s\"", name, fname->valuestring);
+        snprintf(name, sizeof name, "tools[%d].function", k);
+        if (desc && !cJSON_IsString(desc)) return wrong_type(e, name, "an object with a string 'description'", desc);
+        if (params && !cJSON_IsObject(params))
+            return wrong_type(e, name, "an object whose 'parameters' is a JSON schema object", params);
+        if (strict && !cJSON_IsBool(strict)) return wrong_type(e, name, "an object with a boolean 'strict'", strict);
+        /* the definition as the prompt lists it: type, then the function's name, description and
+         * parameters (strict is a promise about decoding, not something the model reads) */
+        cJSON *def = cJSON_CreateObject(), *f = cJSON_CreateObject();
+        if (!def || !f) {
+            cJSON_Delete(def), cJSON_Delete(f);
+            return oom(e);
+        }
+        cJSON_AddStringToObject(def, "type", "function");
+        cJSON_AddItemToObject(def, "function", f);
+        cJSON_AddStringToObject(f, "name", fname->valuestring);
+        if (desc) cJSON_AddStringToObject(f, "description", desc->valuestring);
+        if (params) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(params, 1));
+        r->tools[k].json = cJSON_PrintUnformatted(def);
+        cJSON_Delete(def);
+        r->tools[k].name = strdup(fname->valuestring);
+        r->n_tools = k + 1;
+        if (!r->tools[k].json || !r->tools[k].name) return oom(e);
+    }
+    return 0;
+}
+
+/* tool_choice: "auto" (the default with tools) and "none" are taken; "required" and a named
+ * function would need decoding constrained to a call, which is not wired yet: refused, never
+ * accepted and ignored. */
+static int get_tool_choice(const cJSON *obj, gen_request *r, api_error *e) {
+    const cJSON *c = field(obj, "tool_choice");
+    if (!c) return 0;
+    if (cJSON_IsString(c) && strcmp(c->valuestring, "none") == 0) {
+        r->tool_choice_none = 1;
+        return 0;
+    }
+    if (cJSON_IsString(c) && strcmp(c->valuestring, "auto") == 0) {
+        if (!r->n_tools)
+            return api_fail(e, 400, INVALID, "invalid_value", "tool_choice",
+                            "'tool_choice' \"auto\" is only allowed when 'tools' are given");
+        return 0;
+    }
+    if ((cJSON_IsString(c) && strcmp(c->valuestring, "required") == 0) || cJSON_IsObject(c))
+        return api_fail(e, 400, INVALID, "unsupported_value", "tool_choice",
+                        "'tool_choice' %s needs constrained decoding (the answer forced into a "
+                        "call), which nopad serve does not support yet: use \"auto\" or \"none\"",
+                        cJSON_IsObject(c) ? "naming a function" : "\"required\"");
+    return api_fail(e, 400, INVALID, "invalid_value", "tool_choice",
+                    "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                    "\"function\", \"function\": {\"name\"}}");
 }
 
 static int get_prompt(const cJSON *obj, gen_request *r, api_error *e) {
@@ -521,7 +663,7 @@ static cJSON *parse_object(const char *body, size_t len, api_error *e) {
 int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *r,
                             api_error *e) {
     *r = (gen_request){.kind = kind, .max_tokens = -1, .temperature = 1.0, .top_p = 1.0,
-                       .repetition_penalty = 1.0};
+                       .repetition_penalty = 1.0, .parallel_tool_calls = 1};
     cJSON *root = parse_object(body, len, e);
     int rc = -1;
     if (!root) goto done;
@@ -537,7 +679,11 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
         oom(e);
         goto done;
     }
-    if (kind == GEN_CHAT ? get_messages(root, r, e) : get_prompt(root, r, e)) goto done;
+    if (kind == GEN_CHAT ? get_messages(root, r, e) || get_tools(root, r, e) ||
+                               get_tool_choice(root, r, e) ||
+                               get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e)
+                         : get_prompt(root, r, e))
+        goto done;
     if (get_bool(root, "stream", &r->stream, e)) goto done;
     const cJSON *so = field(root, "stream_options");
     if (so) {
@@ -612,8 +758,23 @@ void gen_request_free(gen_request *r) {
     free(r->model);
     free(r->prompt);
     free(r->prompt_ids);
-    for (int i = 0; i < r->n_messages; i++) free((char *)r->messages[i].content);
+    for (int i = 0; i < r->n_messages; i++) {
+        chat_message *m = &r->messages[i];
+        free((char *)m->content);
+        free((char *)m->tool_call_id);
+        for (int k = 0; k < m->n_tool_calls; k++) {
+            free((char *)m->tool_calls[k].id);
+            free((char *)m->tool_calls[k].name);
+            free((char *)m->tool_calls[k].arguments);
+        }
+        free((chat_tool_call *)m->tool_calls);
+    }
     free(r->messages);
+    for (int i = 0; i < r->n_tools; i++) {
+        free((char *)r->tools[i].name);
+        free((char *)r->tools[i].json);
+    }
+    free(r->tools);
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     free(r->stop_ids);

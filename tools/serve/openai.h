@@ -3,8 +3,8 @@
  * HTTP): fuzz/fuzz_serve_request.c drives them.
  *
  * Strict by design: a field of the wrong type, a value out of range, an `n` other than 1, a
- * feature nopad does not implement (logprobs, penalties other than repetition_penalty, tools, a
- * non-text response_format, ...) and any field the route does not know are a 400 naming the
+ * feature nopad does not implement (top logprobs, penalties other than repetition_penalty,
+ * tool_choice "required", a non-text response_format, ...) and any field the route does not know are a 400 naming the
  * field, never silently ignored. Fields that change nothing (user, metadata, store, ...) are
  * accepted. The body is one JSON object and nothing after it; its strings hold no NUL (cJSON
  * would cut them there) and are UTF-8, else a 400 naming the string (messages[1].content,
@@ -61,6 +61,12 @@ typedef struct gen_request {
     int ignore_eos;
     int logprobs;           /* 1: each chosen token's log-probability (completions "logprobs": 0,
                                chat "logprobs": true); the top alternatives are not reported */
+    /* chat: the tools offered (names and definitions owned), tool_choice "none" (the tools are
+     * not offered then), parallel_tool_calls (0: at most one call is returned) */
+    chat_tool *tools;
+    int n_tools;
+    int tool_choice_none;
+    int parallel_tool_calls;
 } gen_request;
 
 /* Parses a completions (kind GEN_COMPLETION) or chat body. 0, or -1 with e filled (400). */

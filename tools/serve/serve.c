@@ -215,10 +215,17 @@ static int setup_decoder(server *s, nopad_model *m, const char *path) {
         s->has_template = 1;
     } else if (text) {
         if (chat_template_detect(text, &s->tmpl) != 0) {
+            char markers[512];
+            chat_template_markers(text, markers, sizeof markers);
             print_error("model '%s' has a chat template nopad does not recognise (not ChatML, "
-                        "Llama-3, Llama-2 or Mistral); name its format with --chat-template NAME "
-                        "(%s). It begins: %.200s",
-                        path, chat_template_names(), text);
+                        "Llama-3, Llama-2 or Mistral); %s%s%s. If the model was trained on one of "
+                        "nopad's formats, start the server with --chat-template NAME (%s); a model "
+                        "of another format has no chat route yet (any NAME serves /v1/completions "
+                        "with prompts in the model's own format, but chat would write NAME's "
+                        "format). The template begins: %.200s",
+                        path, markers[0] ? "it holds the markers " : "it holds no turn marker nopad knows",
+                        markers, markers[0] ? " (none of which is a format nopad writes)" : "",
+                        chat_template_names(), text);
             return -1;
         }
         s->has_template = 1;
