@@ -40,10 +40,11 @@ class Engine:
                  max_step_tokens: Optional[int] = None, max_running: Optional[int] = None,
                  max_queue: Optional[int] = None, kv_block_size: Optional[int] = None,
                  prefix_sharing: bool = True, threads: int = 0,
-                 overlap_steps: Optional[bool] = None):
+                 overlap_steps: Optional[bool] = None, weights: str = "auto"):
         """Starts an engine on `model`: a :class:`Generator` (whose loaded weights it shares;
         it must stay open while the engine runs) or a GGUF file / model folder (loaded here,
-        with `device`, `dtype` and `threads`; closed with the engine).
+        with `device`, `dtype`, `threads` and `weights` (as :class:`Generator` takes them);
+        closed with the engine).
 
         Args:
             kv_cache_tokens: the engine's own KV pool in tokens over all running requests
@@ -60,7 +61,7 @@ class Engine:
         self._handle: Optional[Handle] = None
         self._own_generator = not isinstance(model, Generator)
         self.generator = (Generator(model, device=device, dtype=dtype, kv_cache_tokens=16,
-                                    max_batch_tokens=16, threads=threads)
+                                    max_batch_tokens=16, threads=threads, weights=weights)
                           if self._own_generator else model)
         lib = _native.library()
         p = lib.nopad_engine_default_params()

@@ -528,7 +528,11 @@ struct nopad_backend {
  * without them, CUDA today, runs dequantised weights only). */
 static inline int nopad_backend_runs_format(nopad_backend *be, nopad_weight_format format, int32_t n_in) {
     if (format == NOPAD_WEIGHT_DTYPE) return 1;
-    nopad_op_shape shape = {.n_tokens = 1, .n_in = n_in, .n_out = 1, .weight_format = format};
+    nopad_op_shape shape = {0}; /* no designated initializers: the CUDA sources compile it as C++ */
+    shape.n_tokens = 1;
+    shape.n_in = n_in;
+    shape.n_out = 1;
+    shape.weight_format = format;
     return be->gemm_q && be->embed_tokens_q && be->supports(be, NOPAD_OP_GEMM, &shape);
 }
 
