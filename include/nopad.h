@@ -305,13 +305,15 @@ nopad_status nopad_model_memory(const nopad_model *model, size_t *weights_bytes,
                                 size_t *workspace_bytes, size_t *backend_bytes);
 
 /* A group of the model's weight tensors as held in memory (a decoder's token_embd, attn_qkv,
- * attn_output, ffn_gate_up, ffn_down, output; the others in one group "other"), per format: a
- * group whose layers differ in format is listed once per format. */
+ * attn_output, ffn_gate_up, ffn_down, output, and norms_biases for the rest; an encoder's weights
+ * in one group, "all"), per format held and format stored: a group whose layers differ in format
+ * is listed once per pair. */
 typedef struct nopad_weight_group {
     const char *name;   /* "attn_qkv", ... */
     const char *format; /* as held: "Q4_1", "Q6_K", ... (kept as stored) or "F32", "F16", "BF16" */
     const char *stored; /* as in the file: "Q4_1", "Q5_0", "BF16", ... */
-    int32_t n_tensors;  /* the group's tensors of this format (a fused Q|K|V counts once) */
+    int32_t n_tensors;  /* the file's tensors in the group with this format (Q, K and V count
+                           one each); 0 for an encoder's one group, "all" */
     size_t bytes;       /* in memory */
 } nopad_weight_group;
 /* The model's weight groups: the count, and the first min(count, cap) of them into out (NULL
@@ -604,6 +606,28 @@ const char *nopad_finish_reason_name(nopad_finish_reason finish);
 typedef void (*nopad_request_fn)(void *user, uint64_t request_id, int32_t token, const char *text,
                                  nopad_finish_reason finish);
 
+/* ---- constrained decoding (docs/grammar.md) ------------------------------------------------ */
+
+/* What a request's output must be: a JSON document valid under a schema, any JSON object, a text
+ * matching a regular expression, or one of a list of texts. Compiled once and shared: any number
+ * of requests may use one at once, and each keeps it alive while it runs (free it when you no
+ * longer submit with it). The engine masks each step's choice to the tokens that keep the output
+ * a prefix of such a document, and allows the end-of-sequence ids only once it is whole; a whole
+ * document that admits nothing more ends the request (NOPAD_FINISH_STOP). The output is then
+ * always valid, unless max_tokens stops it first (NOPAD_FINISH_LENGTH). */
+typedef struct nopad_constraint nopad_constraint;
+/* A JSON schema (its text, len bytes): the keywords docs/grammar.md lists. An unsupported keyword
+ * is NOPAD_ERR_UNSUPPORTED naming it and its path in the schema; a malformed schema
+ * NOPAD_ERR_INVALID_ARGUMENT naming where. */
+nopad_status nopad_constraint_json_schema(const char *schema, size_t len, nopad_constraint **out);
+/* Any JSON object (OpenAI's response_format {"type": "json_object"}). */
+nopad_status nopad_constraint_json_object(nopad_constraint **out);
+/* Text the whole of which matches `pattern` (vLLM's guided_regex; the subset in docs/grammar.md). */
+nopad_status nopad_constraint_regex(const char *pattern, size_t len, nopad_constraint **out);
+/* Exactly one of the n texts (vLLM's guided_choice). */
+nopad_status nopad_constraint_choices(const char *const *choices, int32_t n, nopad_constraint **out);
+void nopad_constraint_free(nopad_constraint *constraint);
+
 typedef struct nopad_request_params {
     const int32_t *prompt_ids;  /* the prompt as ids [n_prompt_ids], or NULL and prompt_text */
     int32_t n_prompt_ids;
@@ -623,6 +647,8 @@ typedef struct nopad_request_params {
     void *user;                 /* on_token's first argument */
     int logprobs;               /* 1: keep each generated id's log-probability, for
                                    nopad_request_logprobs */
+    const nopad_constraint *constraint; /* NULL: none; else the output follows it (above). Needs
+                                   the model's tokenizer; refused on a split model (tp_size > 1) */
 } nopad_request_params;
 nopad_request_params nopad_request_default_params(void);
 

@@ -167,7 +167,8 @@ class RequestParams(ctypes.Structure):
                 ("n_stop_strings", ctypes.c_int32),
                 ("on_token", RequestFn),
                 ("user", ctypes.c_void_p),
-                ("logprobs", ctypes.c_int)]
+                ("logprobs", ctypes.c_int),
+                ("constraint", ctypes.c_void_p)]
 
 
 class RequestStats(ctypes.Structure):

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/constraint.h"
 #include "engine/kv_blocks.h"
 #include "engine/request_queue.h"
 #include "engine/scheduler.h"
@@ -40,6 +41,7 @@ typedef struct launched_step {
     float *logprobs;                 // [R] their log-probabilities (steps with a row asking)
     nopad_sampling_params *sampling; // [R]
     uint64_t *draws;                 // [R]
+    const uint32_t **masks;          // [R] each row's allowed ids (a constrained request's), or NULL
     decoder_output out;
     double t_launch;                 // seconds (request_now)
 } launched_step;
@@ -49,6 +51,10 @@ struct nopad_engine {
     nopad_context *ctx;
     nopad_engine_params params;
     const nopad_tokenizer *tok;
+    /* constrained decoding: the vocabulary's token bytes as a trie, built at the first request
+     * with a constraint (under trie_lock: submits may come from several threads) */
+    grammar_token_trie *trie;
+    pthread_mutex_t trie_lock;
     kv_blocks kv;
     request_queue queue;
     scheduler sched;
@@ -153,6 +159,9 @@ static nopad_finish_reason id_finish(const nopad_engine *e, const request *r) {
         if (id == r->stop_ids[k]) return NOPAD_FINISH_STOP;
     for (int32_t k = 0; k < cfg->n_eos && !r->ignore_eos; k++)
         if (id == cfg->eos_token_ids[k]) return NOPAD_FINISH_STOP;
+    /* a whole document that admits nothing more (its EOS would be the only choice left) */
+    if (r->matcher && grammar_matcher_is_accepting(r->matcher) && !grammar_matcher_can_continue(r->matcher))
+        return NOPAD_FINISH_STOP;
     if (r->n_tokens - r->n_prompt == r->max_tokens) return NOPAD_FINISH_LENGTH;
     return NOPAD_FINISH_NONE;
 }
@@ -227,9 +236,18 @@ static decoder_batch pack_step(nopad_engine *e) {
  * repetition penalty reads them. */
 static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
     size_t history = 0;
-    int penalty = 0, want_logprobs = 0;
+    int penalty = 0, want_logprobs = 0, masked = 0;
     for (int32_t b = 0; b < l->n; b++) {
         const request *r = l->items[b].r;
+        l->masks[b] = NULL;
+        if (r->matcher && l->items[b].generates && !r->ended) {
+            /* the ids before this one are in (the step before was taken): the matcher is there */
+            if (grammar_token_mask(e->trie, r->matcher, r->mask) == 0)
+                return nopad_set_error(NOPAD_ERR_INTERNAL, "request %llu: its constraint allows no next token "
+                                       "after %d generated", (unsigned long long)r->id, r->n_tokens - r->n_prompt);
+            l->masks[b] = r->mask;
+            masked = 1;
+        }
         l->sampling[b] = r->sampling;
         l->draws[b] = (uint64_t)(r->n_tokens - r->n_prompt); /* the index of the id it samples */
         penalty |= r->sampling.repetition_penalty != 1.0f;
@@ -237,7 +255,7 @@ static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
         history += (size_t)l->items[b].computed_after;
     }
     l->out = (decoder_output){.ids = l->ids, .params = l->sampling, .draws = l->draws,
-                              .logprobs = want_logprobs ? l->logprobs : NULL};
+                              .logprobs = want_logprobs ? l->logprobs : NULL, .masks = masked ? l->masks : NULL};
     if (!penalty) return NOPAD_OK;
     if (history > e->history_cap) {
         int32_t *h = realloc(e->history, history * sizeof *h);
@@ -382,6 +400,16 @@ static void take_step(nopad_engine *e) {
         if (r->logprobs) r->logprobs[r->n_tokens - r->n_prompt] = l->logprobs[b]; /* before its id */
         r->tokens[r->n_tokens++] = l->ids[b];
         generated++;
+        if (r->matcher && (!grammar_matcher_accept_token(r->matcher, e->trie, l->ids[b]) ||
+                           grammar_matcher_commit(r->matcher) != NOPAD_OK)) {
+            /* the mask allowed only ids the matcher takes: a broken invariant, not the model's */
+            r->n_tokens--;
+            end_and_retire(e, r, NOPAD_FINISH_ERROR,
+                           nopad_set_error(NOPAD_ERR_INTERNAL, "request %llu: id %d was sampled under its "
+                                           "constraint's mask but the constraint refuses it",
+                                           (unsigned long long)r->id, l->ids[b]));
+            continue;
+        }
         r->ending = id_finish(e, r);
         if (r->ending != NOPAD_FINISH_NONE) scheduler_remove(s, r); /* its blocks back before the next plan */
         request_ref(r);
@@ -456,6 +484,8 @@ static void engine_destroy(nopad_engine *e) {
     request_queue_destroy(&e->queue);
     nopad_context_free(e->ctx);
     pthread_mutex_destroy(&e->stats_lock);
+    grammar_token_trie_free(e->trie);
+    pthread_mutex_destroy(&e->trie_lock);
     free(e->cu_q);
     free(e->tokens);
     free(e->seqlen_k);
@@ -466,6 +496,7 @@ static void engine_destroy(nopad_engine *e) {
         free(e->steps[k].logprobs);
         free(e->steps[k].sampling);
         free(e->steps[k].draws);
+        free(e->steps[k].masks);
     }
     free(e->history);
     free(e->cu_history);
@@ -499,6 +530,7 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
     e->model = model;
     e->tok = nopad_model_tokenizer(model);
     pthread_mutex_init(&e->stats_lock, NULL);
+    pthread_mutex_init(&e->trie_lock, NULL);
     request_queue_init(&e->queue, p.max_queue);
     nopad_context_params cp = nopad_context_default_params();
     cp.max_batch_tokens = p.max_step_tokens;
@@ -534,7 +566,8 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
             l->logprobs = malloc(R * sizeof *l->logprobs);
             l->sampling = malloc(R * sizeof *l->sampling);
             l->draws = malloc(R * sizeof *l->draws);
-            ok = ok && l->items && l->ids && l->logprobs && l->sampling && l->draws;
+            l->masks = malloc(R * sizeof *l->masks);
+            ok = ok && l->items && l->ids && l->logprobs && l->sampling && l->draws && l->masks;
         }
         if (!ok) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
         /* the overlap pays where the device samples while the host goes on; on a backend that
@@ -616,6 +649,29 @@ static nopad_status prompt_ids(const nopad_engine *e, const nopad_request_params
     return NOPAD_OK;
 }
 
+/* A constrained request needs the vocabulary's trie (built once, here) and one process's
+ * sampling: a split model's ranks would each need the masks. */
+static nopad_status constraint_ready(nopad_engine *e, const char *fn) {
+    if (!e->tok)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: a constraint needs the model's tokenizer (its "
+                               "tokens' bytes) and the model has none", fn);
+    if (e->model->comm)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: constrained decoding on a model split over %d ranks "
+                               "is not supported yet", fn, e->model->tp.size);
+    pthread_mutex_lock(&e->trie_lock);
+    nopad_status st = NOPAD_OK;
+    if (!e->trie) {
+        const model_config *cfg = &e->model->cfg;
+        st = grammar_token_trie_from_tokenizer(e->tok, cfg->eos_token_ids, cfg->n_eos, &e->trie);
+        if (st != NOPAD_OK) st = nopad_wrap_error(st, "%s: the vocabulary's trie for constrained decoding", fn);
+        else if (grammar_token_trie_vocab_size(e->trie) > cfg->vocab_size)
+            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: the tokenizer has %d tokens, the model's "
+                                 "vocabulary %d", fn, grammar_token_trie_vocab_size(e->trie), cfg->vocab_size);
+    }
+    pthread_mutex_unlock(&e->trie_lock);
+    return st;
+}
+
 nopad_status nopad_engine_submit(nopad_engine *e, const nopad_request_params *p,
                                  nopad_request **out) {
     static const char fn[] = "nopad_engine_submit";
@@ -640,6 +696,7 @@ nopad_status nopad_engine_submit(nopad_engine *e, const nopad_request_params *p,
                                fn);
     nopad_status st = sampling_check(&p->sampling);
     if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", fn);
+    if (p->constraint && (st = constraint_ready(e, fn)) != NOPAD_OK) return st;
     int32_t *prompt, n_prompt;
     st = prompt_ids(e, p, &prompt, &n_prompt);
     if (st != NOPAD_OK) return st;
@@ -663,6 +720,16 @@ nopad_status nopad_engine_submit(nopad_engine *e, const nopad_request_params *p,
         st = request_create(p, prompt, n_prompt, e->kv.block_size, e->tok,
                             request_queue_next_id(&e->queue), &r);
     free(prompt);
+    if (st == NOPAD_OK && r->matcher) {
+        /* the model's whole vocabulary: ids past the tokenizer's (a padded embedding) stay 0 */
+        r->mask = calloc((size_t)(cfg->vocab_size + 31) / 32, sizeof *r->mask);
+        if (!r->mask) {
+            request_unref(r);
+            request_unref(r);
+            r = NULL;
+            st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        }
+    }
     if (st == NOPAD_OK) {
         st = request_queue_push(&e->queue, r);
         if (st != NOPAD_OK) { /* never seen by the engine: both references go */

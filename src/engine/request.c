@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/constraint.h"
 #include "util/error.h"
 
 double request_now(void) {
@@ -40,6 +41,9 @@ static void request_destroy(request *r) {
     free(r->blocks);
     free(r->block_hashes);
     free(r->stop_ids);
+    grammar_matcher_free(r->matcher);
+    free(r->mask);
+    constraint_unref(r->constraint);
     nopad_decode_stream_free(r->detok);
     stop_text_free(&r->stop);
     free(r->text);
@@ -86,6 +90,11 @@ nopad_status request_create(const nopad_request_params *p, const int32_t *prompt
         if (st != NOPAD_OK) st = nopad_wrap_error(st, "nopad_engine_submit");
     }
     if (st == NOPAD_OK && tok) st = nopad_decode_stream_create(tok, 1, &r->detok);
+    if (st == NOPAD_OK && p->constraint) {
+        constraint_ref(p->constraint);
+        r->constraint = p->constraint;
+        st = grammar_matcher_create(constraint_grammar(p->constraint), &r->matcher);
+    }
     if (st != NOPAD_OK) {
         request_destroy(r);
         return st;

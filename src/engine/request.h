@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "engine/stop_text.h"
+#include "grammar/grammar.h"
 #include "nopad.h"
 
 struct nopad_request {
@@ -25,6 +26,9 @@ struct nopad_request {
     int32_t *stop_ids, n_stop_ids;
     nopad_request_fn on_token;
     void *user;
+    const nopad_constraint *constraint; // NULL, or a reference held while the request lives
+    grammar_matcher *matcher;      // the engine thread's: the output so far, through the constraint
+    uint32_t *mask;                // [(vocab + 31) / 32] the allowed ids of its next step
 
     /* the engine thread's: the sequence and its KV blocks */
     int32_t *tokens;               // [n_prompt + max_tokens] the prompt, then each generated id

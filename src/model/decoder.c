@@ -325,7 +325,7 @@ static nopad_status step_output(nopad_backend *be, const model_config *cfg, deco
     if (out->logits) return be->download(be, out->logits + (size_t)r0 * V, s->logits,
                                          (size_t)n * V * sizeof(float));
     const int32_t *cu_h = out->cu_history;
-    if (queue && r0 == 0 && be->sample_begin && be->sample_wait) {
+    if (queue && r0 == 0 && be->sample_begin && be->sample_wait && !out->masks) {
         nopad_status st = be->sample_begin(be, s->logits, n, V, out->params, out->draws, out->history, cu_h,
                                            out->logprobs != NULL, s->feed);
         if (st == NOPAD_OK) s->ids_pending = n;
@@ -343,7 +343,7 @@ static nopad_status sample_on_host(nopad_backend *be, const model_config *cfg, d
                                    const decoder_output *out, int32_t r0, int32_t n) {
     const int32_t V = cfg->vocab_size;
     const int32_t *cu_h = out->cu_history;
-    if (be->sample) {
+    if (be->sample && !out->masks) {
         /* the chunk's histories start at cu_h[r0]: hand the op offsets from there */
         if (!cu_h || r0 == 0)
             return be->sample(be, s->logits, n, V, out->params + r0, out->draws + r0,
@@ -361,9 +361,13 @@ static nopad_status sample_on_host(nopad_backend *be, const model_config *cfg, d
     float *host = malloc((size_t)n * V * sizeof *host);
     if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder step: out of memory");
     nopad_status st = be->download(be, host, s->logits, (size_t)n * V * sizeof(float));
-    const float *rows = host;
+    float *rows = host;
     for (int32_t r = 0; r < n && st == NOPAD_OK; r++) {
         const int32_t b = r0 + r;
+        const uint32_t *mask = out->masks ? out->masks[b] : NULL;
+        if (mask) /* a constrained row: the ids its constraint refuses cannot be chosen */
+            for (int32_t t = 0; t < V; t++)
+                if (!(mask[t >> 5] >> (t & 31) & 1u)) rows[(size_t)r * V + t] = -INFINITY;
         const int32_t *hist = cu_h ? out->history + cu_h[b] : NULL;
         const int32_t n_hist = cu_h ? cu_h[b + 1] - cu_h[b] : 0;
         st = sample_token(&s->scratch, rows + (size_t)r * V, V, &out->params[b], hist, n_hist,

@@ -137,6 +137,10 @@ typedef struct decoder_output {
     const nopad_sampling_params *params;  // [B]
     const uint64_t *draws;                // [B] draw counters
     const int32_t *history, *cu_history;  // host: ids for the repetition penalty, [B+1] (or NULL)
+    const uint32_t *const *masks;         // host [B]: row b's allowed ids, bit t of word t/32
+                                          // ((V + 31) / 32 words; NULL: all), or NULL for none.
+                                          // A masked step samples on the host (a device mask is
+                                          // to come) and never leaves its sampling queued
 } decoder_output;
 
 /* Runs the step. Decode-only steps (one new token per sequence) replay a recorded graph per
