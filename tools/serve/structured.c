@@ -1,0 +1,105 @@
+/* response_format {"type": "json_object"} / {"type": "json_schema", "json_schema": {"schema": ...}}
+ * and vLLM's guided_json (a schema, as an object or its text), guided_regex and guided_choice, to
+ * a nopad_constraint (the engine then masks every step to the documents it allows). */
+#include "structured.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define INVALID "invalid_request_error"
+
+/* JSON null counts as absent, as the OpenAI API treats it. */
+static const cJSON *field(const cJSON *obj, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* The library's refusal of a schema, regex or choice list as a 400 on `param`. */
+static int refused(api_error *e, nopad_status st, const char *param) {
+    return api_fail(e, 400, INVALID, st == NOPAD_ERR_UNSUPPORTED ? "unsupported_value" : "invalid_value", param,
+                    "'%s': %s", param, nopad_last_error());
+}
+
+/* A schema given as a JSON object (or, for guided_json, its text). */
+static int from_schema(const cJSON *schema, const char *param, nopad_constraint **out, api_error *e) {
+    if (cJSON_IsString(schema)) {
+        const nopad_status st = nopad_constraint_json_schema(schema->valuestring, strlen(schema->valuestring), out);
+        return st == NOPAD_OK ? 0 : refused(e, st, param);
+    }
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return api_fail(e, 400, INVALID, "invalid_type", param, "'%s' must be a JSON schema (an object)", param);
+    char *text = cJSON_PrintUnformatted(schema);
+    if (!text) return api_fail(e, 500, "server_error", NULL, param, "out of memory");
+    const nopad_status st = nopad_constraint_json_schema(text, strlen(text), out);
+    cJSON_free(text);
+    return st == NOPAD_OK ? 0 : refused(e, st, param);
+}
+
+static int from_response_format(const cJSON *v, nopad_constraint **out, api_error *e) {
+    const cJSON *type = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return api_fail(e, 400, INVALID, "invalid_type", "response_format",
+                        "'response_format' must be an object with a string 'type' (\"text\", \"json_object\" or "
+                        "\"json_schema\")");
+    if (!strcmp(type->valuestring, "text")) return 0;
+    if (!strcmp(type->valuestring, "json_object")) {
+        const nopad_status st = nopad_constraint_json_object(out);
+        return st == NOPAD_OK ? 0 : refused(e, st, "response_format");
+    }
+    if (!strcmp(type->valuestring, "json_schema")) {
+        const cJSON *js = field(v, "json_schema");
+        const cJSON *schema = cJSON_IsObject(js) ? field(js, "schema") : NULL;
+        if (!schema)
+            return api_fail(e, 400, INVALID, "invalid_value", "response_format.json_schema.schema",
+                            "'response_format' of type \"json_schema\" needs json_schema.schema");
+        /* strict or not, the output follows the schema: nopad never samples outside it */
+        return from_schema(schema, "response_format.json_schema.schema", out, e);
+    }
+    return api_fail(e, 400, INVALID, "unsupported_value", "response_format.type",
+                    "'response_format' type \"%s\" is not supported (\"text\", \"json_object\" or \"json_schema\")",
+                    type->valuestring);
+}
+
+static int from_choices(const cJSON *v, nopad_constraint **out, api_error *e) {
+    const int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    if (n < 1)
+        return api_fail(e, 400, INVALID, "invalid_value", "guided_choice",
+                        "'guided_choice' must be a non-empty list of strings");
+    const char **choices = malloc((size_t)n * sizeof *choices);
+    if (!choices) return api_fail(e, 500, "server_error", NULL, "guided_choice", "out of memory");
+    int i = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, v) {
+        if (!cJSON_IsString(c)) {
+            free(choices);
+            return api_fail(e, 400, INVALID, "invalid_type", "guided_choice",
+                            "'guided_choice' item %d is not a string", i);
+        }
+        choices[i++] = c->valuestring;
+    }
+    const nopad_status st = nopad_constraint_choices(choices, n, out);
+    free(choices);
+    return st == NOPAD_OK ? 0 : refused(e, st, "guided_choice");
+}
+
+int structured_constraint(const cJSON *body, nopad_constraint **out, api_error *e) {
+    *out = NULL;
+    const cJSON *rf = field(body, "response_format"), *gj = field(body, "guided_json"),
+                *gr = field(body, "guided_regex"), *gc = field(body, "guided_choice");
+    const cJSON *rf_type = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+    const int rf_constrains = rf && !(cJSON_IsString(rf_type) && !strcmp(rf_type->valuestring, "text"));
+    if (rf_constrains + !!gj + !!gr + !!gc > 1)
+        return api_fail(e, 400, INVALID, "invalid_value", gj ? "guided_json" : gr ? "guided_regex" : "guided_choice",
+                        "give at most one of response_format (other than text), guided_json, guided_regex and "
+                        "guided_choice");
+    if (rf) return from_response_format(rf, out, e);
+    if (gj) return from_schema(gj, "guided_json", out, e);
+    if (gc) return from_choices(gc, out, e);
+    if (gr) {
+        if (!cJSON_IsString(gr))
+            return api_fail(e, 400, INVALID, "invalid_type", "guided_regex", "'guided_regex' must be a string");
+        const nopad_status st = nopad_constraint_regex(gr->valuestring, strlen(gr->valuestring), out);
+        return st == NOPAD_OK ? 0 : refused(e, st, "guided_regex");
+    }
+    return 0;
+}

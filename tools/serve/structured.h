@@ -1,0 +1,17 @@
+/* Structured outputs in nopad serve: the request fields that constrain a generation (OpenAI's
+ * response_format, vLLM's guided_json / guided_regex / guided_choice) as a nopad_constraint. */
+#ifndef NOPAD_SERVE_STRUCTURED_H
+#define NOPAD_SERVE_STRUCTURED_H
+
+#include <cjson/cJSON.h>
+
+#include "nopad.h"
+#include "openai.h"
+
+/* The constraint a request body asks for: *out NULL when none (response_format absent or "text").
+ * At most one of response_format (non-text), guided_json, guided_regex and guided_choice. A bad
+ * or unsupported one is -1 with e filled: 400 naming the field, with the schema keyword and its
+ * path where the schema is the cause (an unsupported keyword is never ignored). */
+int structured_constraint(const cJSON *body, nopad_constraint **out, api_error *e);
+
+#endif
