@@ -82,11 +82,12 @@ static void print_weights_text(const nopad_model *model) {
     int32_t n;
     nopad_weight_group *g = weight_groups(model, &n);
     for (int32_t i = 0; i < n; i++) {
-        char key[64], stored[48] = "";
+        char key[64], stored[48] = "", tensors[32] = "";
         snprintf(key, sizeof key, "  %s", g[i].name);
         if (strcmp(g[i].format, g[i].stored) != 0) snprintf(stored, sizeof stored, " (stored %s)", g[i].stored);
-        print_field(key, "%s%s, %" PRId32 " tensors, %.2f MB", g[i].format, stored, g[i].n_tensors,
-                    (double)g[i].bytes / 1e6);
+        /* an encoder's one group counts no tensors */
+        if (g[i].n_tensors > 0) snprintf(tensors, sizeof tensors, ", %" PRId32 " tensors", g[i].n_tensors);
+        print_field(key, "%s%s%s, %.2f MB", g[i].format, stored, tensors, (double)g[i].bytes / 1e6);
     }
     free(g);
 }
