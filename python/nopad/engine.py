@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 from typing import Any, Iterator, List, Optional, Sequence as SequenceT, Union
 
 import numpy as np
@@ -123,7 +124,9 @@ class Engine:
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                repetition_penalty: float = 1.0, seed: int = 0, ignore_eos: bool = False,
                stop: Union[None, str, SequenceT[str]] = None,
-               stop_ids: Optional[SequenceT[int]] = None, logprobs: bool = False) -> "Request":
+               stop_ids: Optional[SequenceT[int]] = None, logprobs: bool = False,
+               json_schema: Any = None, json_object: bool = False, regex: Optional[str] = None,
+               choices: Optional[SequenceT[str]] = None) -> "Request":
         """Submits one request (safe from any thread) and returns its :class:`Request`.
 
         Args:
@@ -135,15 +138,22 @@ class Engine:
             stop: a string or strings that end the request (its text stops before them).
             stop_ids: ids that end the request (the id is kept).
             logprobs: keep each generated id's log-probability (:meth:`Request.logprobs`).
+            json_schema, json_object, regex, choices: at most one; the output is then a JSON
+                document valid under the schema (a dict, its JSON text, or a Pydantic model
+                class), any JSON object, a text the regex matches whole, or one of the choices.
+                Each step chooses only among the tokens that keep it so (docs/grammar.md); it
+                ends once the document is whole, or at max_tokens (finish_reason "length").
 
         Raises:
             InvalidArgumentError: an empty prompt, bad sampling settings, ids outside the
                 vocabulary, text or stop strings without a tokenizer.
             TooLongError: prompt + max_tokens exceed the model's context or the KV pool.
             QueueFullError: max_queue requests are waiting already (retry later).
+            UnsupportedError: a schema keyword nopad does not enforce (named with its path).
         """
         lib = _native.library()
         p = lib.nopad_request_default_params()
+        constraint = _constraint(json_schema, json_object, regex, choices)
         keep: List[Any] = []  # buffers the call reads
         vocab = self.generator.info.vocab_size
         if isinstance(prompt, _TEXT):
@@ -189,8 +199,13 @@ class Engine:
             p.stop_ids = _native.ptr(sid)
             p.n_stop_ids = int(sid.size)
         out = ctypes.c_void_p()
-        with self._handle.use() as e:
-            _native.check(lib.nopad_engine_submit(e, ctypes.byref(p), ctypes.byref(out)))
+        p.constraint = constraint
+        try:
+            with self._handle.use() as e:
+                _native.check(lib.nopad_engine_submit(e, ctypes.byref(p), ctypes.byref(out)))
+        finally:
+            if constraint:
+                lib.nopad_constraint_free(constraint)  # the request holds its own reference
         return Request(self, out.value)
 
     def stats(self) -> dict:
@@ -200,6 +215,37 @@ class Engine:
         with self._handle.use() as e:
             _native.check(lib.nopad_engine_get_stats(e, ctypes.byref(st)))
         return {name: getattr(st, name) for name, _ in _native.EngineStats._fields_}
+
+
+def _constraint(json_schema: Any, json_object: bool, regex: Optional[str],
+                choices: Optional[SequenceT[str]]) -> Optional[int]:
+    """The nopad_constraint that submit's arguments ask for, or None."""
+    given = [x for x in (json_schema is not None, bool(json_object), regex is not None,
+                         choices is not None) if x]
+    if len(given) > 1:
+        raise InvalidArgumentError("give at most one of json_schema, json_object, regex and choices")
+    if not given:
+        return None
+    lib = _native.library()
+    out = ctypes.c_void_p()
+    if json_schema is not None:
+        if hasattr(json_schema, "model_json_schema"):  # a Pydantic model class
+            json_schema = json_schema.model_json_schema()
+        text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+        raw = text.encode("utf-8")
+        _native.check(lib.nopad_constraint_json_schema(raw, len(raw), ctypes.byref(out)))
+    elif json_object:
+        _native.check(lib.nopad_constraint_json_object(ctypes.byref(out)))
+    elif regex is not None:
+        raw = prompt_utf8(regex, "regex")
+        _native.check(lib.nopad_constraint_regex(raw, len(raw), ctypes.byref(out)))
+    else:
+        if isinstance(choices, _TEXT):
+            raise TypeError("choices must be a list of str, not a str")
+        items = [prompt_utf8(x, "choices[%d]" % i) for i, x in enumerate(choices)]
+        arr = (ctypes.c_char_p * max(len(items), 1))(*items)
+        _native.check(lib.nopad_constraint_choices(arr, len(items), ctypes.byref(out)))
+    return out.value
 
 
 class Request:
