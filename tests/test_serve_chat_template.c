@@ -9,10 +9,10 @@
 #include "testutil.h"
 
 static const chat_message conv[] = {
-    {"system", "Be brief."},
-    {"user", "Hi"},
-    {"assistant", " Hello! "},
-    {"user", "Bye"},
+    {.role = "system", .content = "Be brief."},
+    {.role = "user", .content = "Hi"},
+    {.role = "assistant", .content = " Hello! "},
+    {.role = "user", .content = "Bye"},
 };
 
 static void expect_prompt(chat_family f, const chat_message *m, int n, const char *want) {

@@ -44,6 +44,12 @@ struct gen_job {
      * what may be the start of one (tool_calls.h) */
     int tools, max_calls, called;
     chat_tool_format tool_format;
+    /* /v1/responses: what its object repeats, its message item's id, its events' numbers */
+    char *instructions;
+    double temperature, top_p;
+    int32_t max_output_tokens; /* -1: not given */
+    char msg_id[40];
+    long seq;
     int shutdown;              /* ended by the shutdown's deadline before the engine ended it */
     nopad_finish_reason finish;
     /* the event stream */
@@ -70,6 +76,7 @@ static void job_release(gen_job *j) {
     if (left) return;
     pthread_mutex_destroy(&j->w.lock);
     free(j->end_ids);
+    free(j->instructions);
     free(j->ids);
     free(j->text);
     free(j->out);
@@ -394,11 +401,222 @@ static int failed(const gen_job *j) {
     return j->oom || j->finish == NOPAD_FINISH_ERROR || (j->finish == NOPAD_FINISH_CANCELLED && !j->stopped);
 }
 
+/* ---- /v1/responses ------------------------------------------------------------------------- */
+
+/* The answer's message item: {"type": "message", "id", "status", "role", "content":
+ * [{"type": "output_text", "text", "annotations": []}]} (content empty while in progress). */
+static cJSON *response_message(const gen_job *j, int with_text) {
+    cJSON *item = cJSON_CreateObject(), *content = cJSON_CreateArray();
+    if (!item || !content) {
+        cJSON_Delete(item), cJSON_Delete(content);
+        return NULL;
+    }
+    cJSON_AddStringToObject(item, "type", "message");
+    cJSON_AddStringToObject(item, "id", j->msg_id);
+    cJSON_AddStringToObject(item, "status", with_text ? (j->finish == NOPAD_FINISH_LENGTH ? "incomplete" : "completed")
+                                                      : "in_progress");
+    cJSON_AddStringToObject(item, "role", "assistant");
+    if (with_text) {
+        cJSON *part = cJSON_CreateObject();
+        if (part) {
+            cJSON_AddStringToObject(part, "type", "output_text");
+            cJSON_AddStringToObject(part, "text", j->text ? j->text : "");
+            cJSON_AddItemToObject(part, "annotations", cJSON_CreateArray());
+            cJSON_AddItemToArray(content, part);
+        }
+    }
+    cJSON_AddItemToObject(item, "content", content);
+    return item;
+}
+
+/* The response object: in progress (no output, no usage) or final (completed, or incomplete when
+ * max_output_tokens ended it). */
+static cJSON *response_json(const gen_job *j, int final) {
+    cJSON *r = cJSON_CreateObject(), *output = cJSON_CreateArray();
+    if (!r || !output) {
+        cJSON_Delete(r), cJSON_Delete(output);
+        return NULL;
+    }
+    const int cut = final && j->finish == NOPAD_FINISH_LENGTH;
+    cJSON_AddStringToObject(r, "id", j->id);
+    cJSON_AddStringToObject(r, "object", "response");
+    cJSON_AddNumberToObject(r, "created_at", (double)j->created);
+    cJSON_AddStringToObject(r, "status", !final ? "in_progress" : cut ? "incomplete" : "completed");
+    cJSON_AddNullToObject(r, "error");
+    if (cut) {
+        cJSON *d = cJSON_AddObjectToObject(r, "incomplete_details");
+        if (d) cJSON_AddStringToObject(d, "reason", "max_output_tokens");
+    } else {
+        cJSON_AddNullToObject(r, "incomplete_details");
+    }
+    if (j->instructions) cJSON_AddStringToObject(r, "instructions", j->instructions);
+    else cJSON_AddNullToObject(r, "instructions");
+    if (j->max_output_tokens > 0) cJSON_AddNumberToObject(r, "max_output_tokens", j->max_output_tokens);
+    else cJSON_AddNullToObject(r, "max_output_tokens");
+    cJSON_AddObjectToObject(r, "metadata");
+    cJSON_AddStringToObject(r, "model", j->srv->decoder_name);
+    if (final) cJSON_AddItemToArray(output, response_message(j, 1));
+    cJSON_AddItemToObject(r, "output", output);
+    cJSON_AddTrueToObject(r, "parallel_tool_calls");
+    cJSON_AddFalseToObject(r, "store"); /* nothing is kept after the answer */
+    cJSON_AddNumberToObject(r, "temperature", j->temperature);
+    cJSON *text = cJSON_AddObjectToObject(r, "text");
+    cJSON *format = text ? cJSON_AddObjectToObject(text, "format") : NULL;
+    if (format) cJSON_AddStringToObject(format, "type", "text");
+    cJSON_AddStringToObject(r, "tool_choice", "auto");
+    cJSON_AddItemToObject(r, "tools", cJSON_CreateArray());
+    cJSON_AddNumberToObject(r, "top_p", j->top_p);
+    cJSON_AddStringToObject(r, "truncation", "disabled");
+    if (final) {
+        cJSON *u = cJSON_AddObjectToObject(r, "usage");
+        if (u) {
+            cJSON_AddNumberToObject(u, "input_tokens", j->prompt_tokens);
+            cJSON *d = cJSON_AddObjectToObject(u, "input_tokens_details");
+            if (d) cJSON_AddNumberToObject(d, "cached_tokens", 0);
+            cJSON_AddNumberToObject(u, "output_tokens", j->n_tokens);
+            d = cJSON_AddObjectToObject(u, "output_tokens_details");
+            if (d) cJSON_AddNumberToObject(d, "reasoning_tokens", 0);
+            cJSON_AddNumberToObject(u, "total_tokens", j->prompt_tokens + j->n_tokens);
+        }
+    } else {
+        cJSON_AddNullToObject(r, "usage");
+    }
+    return r;
+}
+
+/* "event: TYPE\ndata: {"type": TYPE, "sequence_number", ...obj's fields}\n\n"; deletes obj. */
+static int out_put(gen_job *j, const char *s, size_t n);
+static int response_event(gen_job *j, const char *type, cJSON *obj) {
+    cJSON *ev = cJSON_CreateObject();
+    if (!ev || !obj) {
+        cJSON_Delete(ev), cJSON_Delete(obj);
+        return -1;
+    }
+    cJSON_AddStringToObject(ev, "type", type);
+    cJSON_AddNumberToObject(ev, "sequence_number", (double)j->seq++);
+    while (obj->child) {
+        cJSON *item = cJSON_DetachItemViaPointer(obj, obj->child);
+        cJSON_AddItemToObject(ev, item->string, item); /* the key is copied before the old one goes */
+    }
+    cJSON_Delete(obj);
+    char *s = cJSON_PrintUnformatted(ev);
+    cJSON_Delete(ev);
+    if (!s) return -1;
+    const int rc = out_put(j, "event: ", 7) || out_put(j, type, strlen(type)) || out_put(j, "\ndata: ", 7) ||
+                   out_put(j, s, strlen(s)) || out_put(j, "\n\n", 2);
+    free(s);
+    return rc;
+}
+
+/* {"response": the object} */
+static cJSON *wrap_response(const gen_job *j, int final) {
+    cJSON *o = cJSON_CreateObject();
+    if (o) cJSON_AddItemToObject(o, "response", response_json(j, final));
+    return o;
+}
+
+/* {"item_id", "output_index": 0, "content_index": 0} and more fields to follow. */
+static cJSON *text_event(const gen_job *j) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "item_id", j->msg_id);
+    cJSON_AddNumberToObject(o, "output_index", 0);
+    cJSON_AddNumberToObject(o, "content_index", 0);
+    return o;
+}
+
+static cJSON *text_part(const char *text) {
+    cJSON *p = cJSON_CreateObject();
+    if (!p) return NULL;
+    cJSON_AddStringToObject(p, "type", "output_text");
+    cJSON_AddStringToObject(p, "text", text);
+    cJSON_AddItemToObject(p, "annotations", cJSON_CreateArray());
+    return p;
+}
+
+/* With the job's lock: a /v1/responses stream's events for what came since the last call, as the
+ * openai client's responses stream reads them (response.created, .in_progress,
+ * .output_item.added, .content_part.added, then .output_text.delta per release, then
+ * .output_text.done, .content_part.done, .output_item.done and .completed or .incomplete; a
+ * failure is an "error" event). The stream ends without [DONE], as OpenAI's does. */
+static int fill_response_events(gen_job *j) {
+    if (j->end_sent) return 0;
+    if (!j->role_sent) {
+        cJSON *item = cJSON_CreateObject(), *part = cJSON_CreateObject();
+        if (item) {
+            cJSON_AddNumberToObject(item, "output_index", 0);
+            cJSON_AddItemToObject(item, "item", response_message(j, 0));
+        }
+        if (part) cJSON_AddItemToObject(part, "part", text_part(""));
+        cJSON *te = text_event(j);
+        if (te && part) cJSON_AddItemToObject(te, "part", cJSON_DetachItemFromObject(part, "part"));
+        cJSON_Delete(part);
+        if (response_event(j, "response.created", wrap_response(j, 0)) ||
+            response_event(j, "response.in_progress", wrap_response(j, 0)) ||
+            response_event(j, "response.output_item.added", item) ||
+            response_event(j, "response.content_part.added", te))
+            return -1;
+        j->role_sent = 1;
+    }
+    if (j->text_len > j->streamed) {
+        cJSON *d = text_event(j);
+        char *t = malloc(j->text_len - j->streamed + 1);
+        if (d && t) {
+            memcpy(t, j->text + j->streamed, j->text_len - j->streamed);
+            t[j->text_len - j->streamed] = '\0';
+            cJSON_AddStringToObject(d, "delta", t);
+            cJSON_AddItemToObject(d, "logprobs", cJSON_CreateArray());
+        }
+        free(t);
+        if (response_event(j, "response.output_text.delta", t ? d : (cJSON_Delete(d), NULL))) return -1;
+        j->streamed = j->text_len;
+    }
+    if (!j->done) return 0;
+    if (failed(j)) {
+        api_error e;
+        failure(j, &e);
+        cJSON *err = cJSON_CreateObject();
+        if (err) {
+            if (e.code) cJSON_AddStringToObject(err, "code", e.code);
+            else cJSON_AddStringToObject(err, "code", e.type);
+            cJSON_AddStringToObject(err, "message", e.message);
+            cJSON_AddNullToObject(err, "param");
+        }
+        if (response_event(j, "error", err)) return -1;
+    } else {
+        const char *text = j->text ? j->text : "";
+        cJSON *done = text_event(j), *part = text_event(j), *item = cJSON_CreateObject();
+        if (done) {
+            cJSON_AddStringToObject(done, "text", text);
+            cJSON_AddItemToObject(done, "logprobs", cJSON_CreateArray());
+        }
+        if (part) cJSON_AddItemToObject(part, "part", text_part(text));
+        if (item) {
+            cJSON_AddNumberToObject(item, "output_index", 0);
+            cJSON_AddItemToObject(item, "item", response_message(j, 1));
+        }
+        if (response_event(j, "response.output_text.done", done) ||
+            response_event(j, "response.content_part.done", part) ||
+            response_event(j, "response.output_item.done", item) ||
+            response_event(j, j->finish == NOPAD_FINISH_LENGTH ? "response.incomplete" : "response.completed",
+                           wrap_response(j, 1)))
+            return -1;
+        metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
+    }
+    j->end_sent = 1;
+    if (j->q) http_count(j->q, 200);
+    return 0;
+}
+
 static enum MHD_Result answer_plain(http_req *q, gen_job *j) {
     if (failed(j)) {
         api_error e;
         failure(j, &e);
         return http_reply_error(q, &e);
+    }
+    if (j->kind == GEN_RESPONSES) {
+        metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
+        return http_reply_json(q, 200, response_json(j, 1));
     }
     pthread_mutex_lock(&j->w.lock);
     cJSON *lp = j->logprobs ? logprobs_json(j, 0, j->n_tokens) : NULL;
@@ -543,7 +761,7 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
     pthread_mutex_lock(&j->w.lock);
     if (j->out_pos == j->out_len) {
         j->out_pos = j->out_len = 0;
-        if (fill_events(j)) {
+        if (j->kind == GEN_RESPONSES ? fill_response_events(j) : fill_events(j)) {
             pthread_mutex_unlock(&j->w.lock);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -590,9 +808,10 @@ static int tokenize(server *s, const char *text, int32_t **ids, int32_t *n, api_
 
 /* The prompt's ids: the text tokenized, the ids given, or the messages through the template. */
 static int prompt_ids(server *s, const gen_request *r, int32_t **ids, int32_t *n, api_error *e) {
-    if (r->kind == GEN_CHAT) {
+    if (r->kind != GEN_COMPLETION) {
         if (!s->has_template)
-            return api_fail(e, 400, "invalid_request_error", "no_chat_template", "messages",
+            return api_fail(e, 400, "invalid_request_error", "no_chat_template",
+                            r->kind == GEN_CHAT ? "messages" : "input",
                             "the model has no chat template: use /v1/completions, or start the "
                             "server with --chat-template NAME");
         size_t len;
@@ -617,6 +836,22 @@ static int prompt_ids(server *s, const gen_request *r, int32_t **ids, int32_t *n
     return 0;
 }
 
+/* The text of token ids (special tokens left out, as the answers' text), or NULL when out of
+ * memory. */
+static char *detokenize(server *s, const int32_t *ids, int32_t n) {
+    size_t len = 0, cap = 256;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        char *text = malloc(cap);
+        if (!text) return NULL;
+        nopad_status st = nopad_detokenize(s->dec_tok, ids, (size_t)n, 1, text, cap, &len);
+        if (st == NOPAD_OK) return text;
+        free(text);
+        if (st != NOPAD_ERR_BUFFER_TOO_SMALL) return strdup("");
+        cap = len + 1;
+    }
+    return NULL;
+}
+
 static uint64_t random_seed(server *s) {
     uint64_t x = atomic_fetch_add(&s->next_id, 1) * 0x9E3779B97F4A7C15ull;
     struct timespec ts;
@@ -635,7 +870,7 @@ static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e)
     if (n >= ctx) {
         free(ids);
         return api_fail(e, 400, "invalid_request_error", "context_length_exceeded",
-                        r->kind == GEN_CHAT ? "messages" : "prompt",
+                        r->kind == GEN_CHAT ? "messages" : r->kind == GEN_RESPONSES ? "input" : "prompt",
                         "This model's maximum context length is %d tokens. However, your prompt "
                         "has %d tokens (no room for a completion).",
                         ctx, n);
@@ -644,7 +879,8 @@ static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e)
     if (max_tokens <= 0) max_tokens = r->kind == GEN_COMPLETION && ctx - n > 16 ? 16 : ctx - n;
     if ((int64_t)n + max_tokens > ctx) {
         free(ids);
-        return api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+        return api_fail(e, 400, "invalid_request_error", "context_length_exceeded",
+                        r->kind == GEN_RESPONSES ? "max_output_tokens" : "max_tokens",
                         "This model's maximum context length is %d tokens. However, you requested "
                         "%lld tokens (%d in the prompt, %d in the completion).",
                         ctx, (long long)n + max_tokens, n, max_tokens);
@@ -668,9 +904,36 @@ static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e)
     j->created = (long long)time(NULL);
     j->t0 = q->t0;
     j->prompt_tokens = n;
-    snprintf(j->id, sizeof j->id, "%s-%llu", r->kind == GEN_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    if (r->kind == GEN_RESPONSES) { /* OpenAI's ids: a prefix and hex */
+        snprintf(j->id, sizeof j->id, "resp_%016llx%08llx", (unsigned long long)random_seed(s),
+                 (unsigned long long)atomic_fetch_add(&s->next_id, 1) & 0xffffffffull);
+        snprintf(j->msg_id, sizeof j->msg_id, "msg_%016llx", (unsigned long long)random_seed(s));
+        j->temperature = r->temperature;
+        j->top_p = r->top_p;
+        j->max_output_tokens = r->max_tokens;
+        if (r->instructions && !(j->instructions = strdup(r->instructions))) {
+            free(ids);
+            j->refs = 1; /* no call will come */
+            job_release(j);
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    } else {
+        snprintf(j->id, sizeof j->id, "%s-%llu", r->kind == GEN_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    }
 
+    if (r->echo) { /* the prompt leads the text, as the first thing released */
+        char *echo = r->prompt ? strdup(r->prompt) : detokenize(s, r->prompt_ids, r->n_prompt_ids);
+        if (!echo) {
+            free(ids);
+            j->refs = 1; /* no call will come */
+            job_release(j);
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        j->text = echo;
+        j->text_len = strlen(echo);
+        j->text_cap = j->text_len + 1;
+    }
     nopad_request_params p = nopad_request_default_params();
     p.prompt_ids = ids;
     p.n_prompt_ids = n;

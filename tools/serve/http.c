@@ -235,6 +235,7 @@ typedef struct route {
 static const route routes[] = {
     {"/v1/completions", "POST", ROUTE_COMPLETIONS, 1},
     {"/v1/chat/completions", "POST", ROUTE_CHAT, 1},
+    {"/v1/responses", "POST", ROUTE_RESPONSES, 1},
     {"/v1/embeddings", "POST", ROUTE_EMBEDDINGS, 1},
     {"/embed", "POST", ROUTE_EMBED, 1},
     {"/predict", "POST", ROUTE_PREDICT, 1},
@@ -304,6 +305,7 @@ static enum MHD_Result dispatch(http_req *q) {
     switch (q->route) {
     case ROUTE_COMPLETIONS: return gen_handle(q, GEN_COMPLETION);
     case ROUTE_CHAT: return gen_handle(q, GEN_CHAT);
+    case ROUTE_RESPONSES: return gen_handle(q, GEN_RESPONSES);
     case ROUTE_EMBEDDINGS: return embed_handle(q, 0);
     case ROUTE_EMBED: return embed_handle(q, 1);
     case ROUTE_PREDICT: return classify_handle(q, 0);

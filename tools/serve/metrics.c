@@ -13,6 +13,7 @@ static const double step_bounds[] = {0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 
 
 static const char *const route_names[N_ROUTES] = {
     [ROUTE_COMPLETIONS] = "/v1/completions", [ROUTE_CHAT] = "/v1/chat/completions",
+    [ROUTE_RESPONSES] = "/v1/responses",
     [ROUTE_EMBEDDINGS] = "/v1/embeddings",   [ROUTE_EMBED] = "/embed",
     [ROUTE_PREDICT] = "/predict",            [ROUTE_RERANK] = "/rerank",
     [ROUTE_MODELS] = "/v1/models",           [ROUTE_HEALTH] = "/health",

@@ -14,6 +14,7 @@
 typedef enum metrics_route {
     ROUTE_COMPLETIONS,
     ROUTE_CHAT,
+    ROUTE_RESPONSES,
     ROUTE_EMBEDDINGS,
     ROUTE_EMBED, /* TEI */
     ROUTE_PREDICT, /* TEI */

@@ -117,8 +117,6 @@ static int check_neutral(const cJSON *obj, api_error *e) {
         return api_fail(e, 400, INVALID, "unsupported_value", "top_logprobs",
                         "'top_logprobs' must be 0: nopad serve reports the chosen tokens' "
                         "log-probabilities, not the most likely alternatives");
-    if ((v = field(obj, "echo")) && !cJSON_IsFalse(v))
-        return api_fail(e, 400, INVALID, "unsupported_value", "echo", "'echo' is not supported");
     if ((v = field(obj, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
         return api_fail(e, 400, INVALID, "unsupported_value", "suffix", "'suffix' is not supported");
     static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
@@ -180,6 +178,14 @@ static const char *const chat_fields[] = {
     "ignore_eos", "min_tokens", "n", "logprobs", "top_logprobs", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice", "functions",
     "function_call", "skip_special_tokens", "add_generation_prompt", NULL};
+
+/* /v1/responses, text only. "top_k", "min_p", "repetition_penalty" and "seed" are vLLM's
+ * extensions, as on the other routes. */
+static const char *const responses_fields[] = {
+    HARMLESS, "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k",
+    "min_p", "repetition_penalty", "seed", "stream", "text", "tools", "tool_choice", "truncation",
+    "previous_response_id", "reasoning", "include", "background", "top_logprobs",
+    "max_tool_calls", NULL};
 
 /* ---- pieces ------------------------------------------------------------------------------------ */
 
@@ -351,6 +357,131 @@ static int get_messages(const cJSON *obj, gen_request *r, api_error *e) {
         else if (get_content(m, i, &content, e)) return -1;
         if (!content) return oom(e);
         out->content = content;
+    }
+    return 0;
+}
+
+/* One /v1/responses input message's content: a string, or parts {"type": "input_text" |
+ * "output_text" | "text", "text"} joined. */
+static int get_input_content(const cJSON *c, const char *name, char **out, api_error *e) {
+    if (!c) return api_fail(e, 400, INVALID, "missing_field", name, "'%s' is required", name);
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return *out ? 0 : oom(e);
+    }
+    if (!cJSON_IsArray(c)) return wrong_type(e, name, "a string or an array of text parts", c);
+    size_t len = 0;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL;
+        const cJSON *text = cJSON_IsObject(p) ? field(p, "text") : NULL;
+        if (!cJSON_IsString(type) || !cJSON_IsString(text) ||
+            (strcmp(type->valuestring, "input_text") && strcmp(type->valuestring, "output_text") &&
+             strcmp(type->valuestring, "text")))
+            return api_fail(e, 400, INVALID, "unsupported_value", name,
+                            "'%s' parts must be {\"type\": \"input_text\", \"text\": ...} (nopad "
+                            "serve takes text only)", name);
+        len += strlen(text->valuestring);
+    }
+    if (!(*out = malloc(len + 1))) return oom(e);
+    len = 0;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const char *t = field(p, "text")->valuestring;
+        memcpy(*out + len, t, strlen(t));
+        len += strlen(t);
+    }
+    (*out)[len] = '\0';
+    return 0;
+}
+
+/* /v1/responses: instructions (a system message first) and input (a string: one user message;
+ * or message items {"type": "message"?, "role", "content"}), and the fields that would ask for
+ * more than text (tools, structured output, stored conversations, reasoning): 400s. */
+static int get_responses_input(const cJSON *obj, gen_request *r, api_error *e) {
+    const cJSON *v;
+    if ((v = field(obj, "tools")) && !(cJSON_IsArray(v) && !v->child))
+        return api_fail(e, 400, INVALID, "unsupported_value", "tools",
+                        "'tools' on /v1/responses is not supported yet: use /v1/chat/completions, "
+                        "which takes tools");
+    if ((v = field(obj, "tool_choice")) &&
+        !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+        return api_fail(e, 400, INVALID, "unsupported_value", "tool_choice",
+                        "'tool_choice' on /v1/responses must be \"auto\" or \"none\" (no tools "
+                        "are taken there yet)");
+    if ((v = field(obj, "text"))) {
+        const cJSON *format = cJSON_IsObject(v) ? field(v, "format") : NULL;
+        const cJSON *type = cJSON_IsObject(format) ? field(format, "type") : NULL;
+        if (!cJSON_IsObject(v) || (format && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text"))))
+            return api_fail(e, 400, INVALID, "unsupported_value", "text.format",
+                            "'text.format' other than {\"type\": \"text\"} (structured output) is "
+                            "not supported yet: it needs the grammar-constrained sampler");
+        for (const cJSON *f = v->child; f; f = f->next)
+            if (strcmp(f->string, "format"))
+                return api_fail(e, 400, INVALID, "unsupported_value", "text", "'text.%s' is not supported",
+                                f->string);
+    }
+    if ((v = field(obj, "previous_response_id")))
+        return api_fail(e, 400, INVALID, "unsupported_value", "previous_response_id",
+                        "'previous_response_id' is not supported: nopad serve stores no responses "
+                        "(send the conversation as input)");
+    if ((v = field(obj, "reasoning")))
+        return api_fail(e, 400, INVALID, "unsupported_value", "reasoning", "'reasoning' is not supported");
+    if ((v = field(obj, "include")) && !(cJSON_IsArray(v) && !v->child))
+        return api_fail(e, 400, INVALID, "unsupported_value", "include", "'include' is not supported");
+    if ((v = field(obj, "background")) && !cJSON_IsFalse(v))
+        return api_fail(e, 400, INVALID, "unsupported_value", "background",
+                        "'background' is not supported: the answer comes on the request's connection");
+    if ((v = field(obj, "truncation")) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "disabled")))
+        return api_fail(e, 400, INVALID, "unsupported_value", "truncation",
+                        "'truncation' must be \"disabled\": a conversation over the context is a 400");
+    const cJSON *instructions = field(obj, "instructions"), *in = field(obj, "input");
+    if (instructions && !cJSON_IsString(instructions)) return wrong_type(e, "instructions", "a string", instructions);
+    if (!in) return api_fail(e, 400, INVALID, "missing_field", "input", "'input' is required");
+    if (!cJSON_IsString(in) && !cJSON_IsArray(in))
+        return wrong_type(e, "input", "a string or an array of messages", in);
+    const int n_items = cJSON_IsString(in) ? 1 : cJSON_GetArraySize(in);
+    if (n_items == 0 || (cJSON_IsString(in) && !in->valuestring[0]))
+        return api_fail(e, 400, INVALID, "invalid_value", "input", "'input' must not be empty");
+    r->messages = calloc((size_t)n_items + 1, sizeof *r->messages);
+    if (!r->messages) return oom(e);
+    if (instructions) {
+        r->instructions = strdup(instructions->valuestring);
+        char *content = strdup(instructions->valuestring);
+        r->messages[r->n_messages++] = (chat_message){.role = "system", .content = content};
+        if (!content || !r->instructions) return oom(e);
+    }
+    if (cJSON_IsString(in)) {
+        char *content = strdup(in->valuestring);
+        r->messages[r->n_messages++] = (chat_message){.role = "user", .content = content};
+        return content ? 0 : oom(e);
+    }
+    int i = 0;
+    for (const cJSON *m = in->child; m; m = m->next, i++) {
+        char name[64];
+        snprintf(name, sizeof name, "input[%d]", i);
+        if (!cJSON_IsObject(m)) return wrong_type(e, name, "a message object", m);
+        const cJSON *type = field(m, "type"), *role = field(m, "role");
+        if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "message")))
+            return api_fail(e, 400, INVALID, "unsupported_value", name,
+                            "'%s' of type \"%.64s\" is not supported: nopad serve takes message "
+                            "items of text", name, cJSON_IsString(type) ? type->valuestring : "?");
+        for (const cJSON *f = m->child; f; f = f->next)
+            if (strcmp(f->string, "type") && strcmp(f->string, "role") && strcmp(f->string, "content") &&
+                strcmp(f->string, "id") && strcmp(f->string, "status"))
+                return api_fail(e, 400, INVALID, "unknown_parameter", f->string,
+                                "Unrecognized field in %s: %s", name, f->string);
+        const char *rn = cJSON_IsString(role) ? role->valuestring : "";
+        const char *canon = !strcmp(rn, "system") || !strcmp(rn, "developer") ? "system"
+                            : !strcmp(rn, "user")                            ? "user"
+                            : !strcmp(rn, "assistant")                       ? "assistant"
+                                                                             : NULL;
+        snprintf(name, sizeof name, "input[%d].role", i);
+        if (!canon)
+            return api_fail(e, 400, INVALID, "invalid_value", name,
+                            "'%s' must be \"system\", \"developer\", \"user\" or \"assistant\"", name);
+        snprintf(name, sizeof name, "input[%d].content", i);
+        char *content = NULL;
+        if (get_input_content(field(m, "content"), name, &content, e)) return -1;
+        r->messages[r->n_messages++] = (chat_message){.role = canon, .content = content};
     }
     return 0;
 }
@@ -667,7 +798,9 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
     cJSON *root = parse_object(body, len, e);
     int rc = -1;
     if (!root) goto done;
-    if (check_known(root, kind == GEN_CHAT ? chat_fields : completion_fields, e) ||
+    if (check_known(root, kind == GEN_CHAT ? chat_fields : kind == GEN_RESPONSES ? responses_fields
+                                                                                 : completion_fields,
+                    e) ||
         check_neutral(root, e))
         goto done;
     const cJSON *model = field(root, "model");
@@ -679,10 +812,11 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
         oom(e);
         goto done;
     }
-    if (kind == GEN_CHAT ? get_messages(root, r, e) || get_tools(root, r, e) ||
-                               get_tool_choice(root, r, e) ||
-                               get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e)
-                         : get_prompt(root, r, e))
+    if (kind == GEN_CHAT        ? get_messages(root, r, e) || get_tools(root, r, e) ||
+                                      get_tool_choice(root, r, e) ||
+                                      get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e)
+        : kind == GEN_RESPONSES ? get_responses_input(root, r, e)
+                                : get_prompt(root, r, e))
         goto done;
     if (get_bool(root, "stream", &r->stream, e)) goto done;
     const cJSON *so = field(root, "stream_options");
@@ -710,6 +844,7 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
     double seed = -1;
     if (get_int32(root, "max_tokens", 1, &max_tokens, e) ||
         (kind == GEN_CHAT && get_int32(root, "max_completion_tokens", 1, &max_completion, e)) ||
+        (kind == GEN_RESPONSES && get_int32(root, "max_output_tokens", 1, &max_tokens, e)) ||
         get_int32(root, "min_tokens", 0, &r->min_tokens, e) ||
         get_int32(root, "top_k", -1, &r->top_k, e) ||
         get_number(root, "temperature", 0, 0, 100, 0, "in [0, 100]", &r->temperature, e) ||
@@ -743,6 +878,13 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
             r->logprobs = 1; /* 0: the chosen tokens' log-probabilities, no alternatives */
         }
     }
+    if (kind == GEN_COMPLETION && get_bool(root, "echo", &r->echo, e)) goto done;
+    if (r->echo && r->logprobs) {
+        api_fail(e, 400, INVALID, "unsupported_value", "echo",
+                 "'echo' with 'logprobs' would need the prompt tokens' log-probabilities, which "
+                 "nopad does not compute: send one of them");
+        goto done;
+    }
     if (field(root, "seed")) {
         r->has_seed = 1;
         r->seed = (uint64_t)(int64_t)seed; /* a negative seed is a stream of its own too */
@@ -775,6 +917,7 @@ void gen_request_free(gen_request *r) {
         free((char *)r->tools[i].json);
     }
     free(r->tools);
+    free(r->instructions);
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     free(r->stop_ids);

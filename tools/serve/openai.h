@@ -34,9 +34,12 @@ int api_fail(api_error *e, int status, const char *type, const char *code, const
 #endif
     ;
 
-typedef enum gen_kind { GEN_COMPLETION, GEN_CHAT } gen_kind;
+/* GEN_RESPONSES: /v1/responses, text in and out: its input and instructions become chat messages
+ * (instructions the system message), max_output_tokens max_tokens. */
+typedef enum gen_kind { GEN_COMPLETION, GEN_CHAT, GEN_RESPONSES } gen_kind;
 
-/* A /v1/completions or /v1/chat/completions request. Strings are owned (gen_request_free). */
+/* A /v1/completions, /v1/chat/completions or /v1/responses request. Strings are owned
+ * (gen_request_free). */
 typedef struct gen_request {
     gen_kind kind;
     char *model;            /* NULL when absent */
@@ -45,9 +48,11 @@ typedef struct gen_request {
     char *prompt;
     int32_t *prompt_ids;
     int32_t n_prompt_ids;
-    /* chat */
+    int echo;               /* the prompt's text leads the answer's text */
+    /* chat and responses */
     chat_message *messages; /* roles and contents owned here */
     int n_messages;
+    char *instructions;     /* responses: as given (also messages[0]), NULL when absent */
     int32_t max_tokens;     /* -1: not given (completions: 16; chat: what the context leaves) */
     int32_t min_tokens;     /* 0: none */
     double temperature, top_p, min_p, repetition_penalty;
@@ -69,7 +74,8 @@ typedef struct gen_request {
     int parallel_tool_calls;
 } gen_request;
 
-/* Parses a completions (kind GEN_COMPLETION) or chat body. 0, or -1 with e filled (400). */
+/* Parses a completions (kind GEN_COMPLETION), chat or responses body. 0, or -1 with e filled
+ * (400). */
 int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *out,
                             api_error *e);
 void gen_request_free(gen_request *r);

@@ -1,11 +1,13 @@
 /* `nopad serve`: what the server's files share. One concept per file:
  *   serve.c          the command: options, loading the models, start, SIGTERM, shutdown
  *   http.c           libmicrohttpd glue: routing, bodies, API key, replies, suspend / resume
- *   generation.c     /v1/completions and /v1/chat/completions on the engine, plain and SSE
+ *   generation.c     /v1/completions, /v1/chat/completions and /v1/responses on the engine,
+ *                    plain and SSE
  *   embeddings.c     /v1/embeddings and TEI's /embed, /predict and /rerank, batched across
  *                    requests by one thread
  *   openai.c         the request bodies, parsed and checked; the error object
- *   chat_template.c  messages -> prompt, by template family
+ *   chat_template.c  messages (and tools) -> prompt, by template family
+ *   tool_calls.c     an answer's text -> tool calls
  *   metrics.c        Prometheus counters and histograms
  * It uses the public API (nopad.h) and the CLI's helpers (cli.h) only. */
 #ifndef NOPAD_TOOLS_SERVE_H

@@ -1,0 +1,143 @@
+"""nopad serve's /v1/responses (text) and completions' echo, through the official openai client.
+A response equals the chat completion of the same messages (instructions as the system message:
+the same prompt, so the same greedy text and token counts), plain and streamed (the events in
+OpenAI's order with their sequence numbers, the deltas adding up to the text, the client's stream
+helper assembling the same response); a string input, a message list and input_text parts are the
+same request; what would need more than text (tools, structured output, stored conversations) is
+a 400 naming the field. echo puts the prompt's text before the completion, plain and streamed, and
+with logprobs (prompt log-probabilities are not computed) is a 400.
+
+Needs what tests/python/test_serve.py needs; skipped without it. Loopback only."""
+import json
+
+import pytest
+
+from test_serve import DEC_NAME, GGUF, KEY, Server, pytestmark  # noqa: F401  (the skip condition)
+
+openai = pytest.importorskip("openai")
+
+QUESTION = "What is the capital of France?"
+BRIEF = "Answer briefly."
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--model", GGUF, "--api-key", KEY, "--threads", "2")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url() + "/v1", api_key=KEY, max_retries=0)
+
+
+def _chat(client, max_tokens):
+    return client.chat.completions.create(
+        model=DEC_NAME, max_tokens=max_tokens, temperature=0,
+        messages=[{"role": "system", "content": BRIEF}, {"role": "user", "content": QUESTION}])
+
+
+@pytest.mark.parametrize("max_tokens", [40, 5])
+def test_response_equals_chat(client, max_tokens):
+    chat = _chat(client, max_tokens)
+    r = client.responses.create(model=DEC_NAME, instructions=BRIEF, input=QUESTION,
+                                max_output_tokens=max_tokens, temperature=0)
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == DEC_NAME
+    assert r.output_text == chat.choices[0].message.content
+    assert len(r.output) == 1 and r.output[0].type == "message" and r.output[0].role == "assistant"
+    assert [c.type for c in r.output[0].content] == ["output_text"]
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.instructions == BRIEF and r.max_output_tokens == max_tokens
+    if chat.choices[0].finish_reason == "length":
+        assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    else:
+        assert r.status == "completed" and r.incomplete_details is None
+
+
+def test_response_streamed(client):
+    kw = dict(model=DEC_NAME, instructions=BRIEF, input=QUESTION, max_output_tokens=40, temperature=0)
+    plain = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    types = [e.type for e in events]
+    last = "response.completed" if plain.status == "completed" else "response.incomplete"
+    n_deltas = types.count("response.output_text.delta")
+    assert types == (["response.created", "response.in_progress", "response.output_item.added",
+                      "response.content_part.added"] + ["response.output_text.delta"] * n_deltas
+                     + ["response.output_text.done", "response.content_part.done",
+                        "response.output_item.done", last])
+    assert n_deltas >= 1
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == plain.output_text == events[-4].text == events[-1].response.output_text
+    ids = {e.item_id for e in events if hasattr(e, "item_id")} | {events[2].item.id, events[-2].item.id}
+    assert len(ids) == 1
+    assert events[-1].response.usage.output_tokens == plain.usage.output_tokens
+    if plain.status == "completed":  # the helper insists on response.completed
+        with client.responses.stream(**kw) as stream:
+            final = stream.get_final_response()
+        assert final.output_text == plain.output_text
+
+
+def test_input_forms(client):
+    kw = dict(model=DEC_NAME, max_output_tokens=8, temperature=0)
+    a = client.responses.create(input=QUESTION, **kw)
+    b = client.responses.create(input=[{"role": "user", "content": QUESTION}], **kw)
+    c = client.responses.create(input=[{"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "What is the capital "}, {"type": "input_text", "text": "of France?"}]}], **kw)
+    assert a.output_text == b.output_text == c.output_text
+    # a conversation: the assistant's earlier output_text goes back into the prompt
+    conv = client.responses.create(input=[
+        {"role": "developer", "content": BRIEF}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+        {"role": "user", "content": QUESTION}], **kw)
+    chat = client.chat.completions.create(model=DEC_NAME, max_tokens=8, temperature=0, messages=[
+        {"role": "system", "content": BRIEF}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": QUESTION}])
+    assert conv.output_text == chat.choices[0].message.content
+
+
+@pytest.mark.parametrize("extra,param", [
+    (dict(tools=[{"type": "function", "name": "f", "parameters": {}}]), "tools"),
+    (dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}), "text.format"),
+    (dict(previous_response_id="resp_1"), "previous_response_id"),
+    (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "1"}]), "input[0]"),
+    (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input[0].content"),
+    (dict(input=""), "input"),
+    (dict(extra_body={"max_tokens": 5}), "max_tokens"),
+    (dict(truncation="auto"), "truncation"),
+])
+def test_refusals(client, extra, param):
+    kw = dict(model=DEC_NAME, input=QUESTION, max_output_tokens=4)
+    kw.update(extra)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**kw)
+    assert e.value.body["param"] == param and e.value.body["message"], e.value.body
+
+
+@pytest.mark.parametrize("prompt", ["The capital of France is", [504, 3575, 282]])
+def test_echo(client, prompt):
+    kw = dict(model=DEC_NAME, prompt=prompt, max_tokens=6, temperature=0)
+    plain = client.completions.create(**kw)
+    echoed = client.completions.create(echo=True, **kw)
+    head = prompt if isinstance(prompt, str) else None
+    if head is None:  # ids: the prompt's text is their decoding, the echo's head
+        head = echoed.choices[0].text[:len(echoed.choices[0].text) - len(plain.choices[0].text)]
+        assert head and not head.startswith(" ")
+    assert echoed.choices[0].text == head + plain.choices[0].text
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens
+    chunks = list(client.completions.create(echo=True, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == echoed.choices[0].text
+    assert chunks[0].choices[0].text.startswith(head)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(echo=True, logprobs=0, **kw)
+    assert e.value.body["param"] == "echo"
+
+
+def test_echo_only_on_completions(server):
+    status, _, body = server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "echo": True})
+    assert status == 400 and json.loads(body)["error"]["param"] == "echo"
