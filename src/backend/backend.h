@@ -528,10 +528,12 @@ struct nopad_backend {
  * without them, CUDA today, runs dequantised weights only). */
 static inline int nopad_backend_runs_format(nopad_backend *be, nopad_weight_format format, int32_t n_in) {
     if (format == NOPAD_WEIGHT_DTYPE) return 1;
-    nopad_op_shape shape = {0}; /* no designated initializers: the CUDA sources compile it as C++ */
-    shape.n_tokens = 1;
-    shape.n_in = n_in;
-    shape.n_out = 1;
+    /* every field assigned, no initializer list: the CUDA sources compile this as C++, which has
+     * no designated initializers before C++20 and warns of members a {0} leaves out */
+    nopad_op_shape shape;
+    shape.n_tokens = 1, shape.n_in = n_in, shape.n_out = 1;
+    shape.n_heads = 0, shape.head_size = 0, shape.causal = 0;
+    shape.epilogue = NOPAD_EPILOGUE_NONE, shape.act = NOPAD_ACT_GELU;
     shape.weight_format = format;
     return be->gemm_q && be->embed_tokens_q && be->supports(be, NOPAD_OP_GEMM, &shape);
 }
