@@ -131,7 +131,7 @@ expect "max_tokens of the wrong type" 400 POST /v1/completions '{"prompt": "Hi",
 expect "messages of the wrong type" 400 POST /v1/chat/completions '{"messages": "Hi"}' "${auth[@]}"
 expect "temperature out of range" 400 POST /v1/completions '{"prompt": "Hi", "temperature": -0.5}' "${auth[@]}"
 expect "top_p 0" 400 POST /v1/completions '{"prompt": "Hi", "top_p": 0}' "${auth[@]}"
-expect "n = 2" 400 POST /v1/completions '{"prompt": "Hi", "n": 2}' "${auth[@]}"
+expect "n = 17 (at most 16)" 400 POST /v1/completions '{"prompt": "Hi", "n": 17}' "${auth[@]}"
 expect "top_logprobs" 400 POST /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 2}' "${auth[@]}"
 expect "logprobs 3 (completions)" 400 POST /v1/completions '{"prompt": "x", "logprobs": 3}' "${auth[@]}"
 expect "tools" 400 POST /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}' "${auth[@]}"

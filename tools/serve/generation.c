@@ -1,9 +1,11 @@
-/* POST /v1/completions and /v1/chat/completions: one engine request per HTTP request.
+/* POST /v1/completions, /v1/chat/completions and /v1/responses: one engine request per choice
+ * (n of them, seeds seed, seed + 1, ...: the engine's prefix cache shares the prompt's KV blocks).
  *
- * The engine's thread hands each token's text to the request's job (on_token) and has the waker
- * thread resume the connection (serve.h), which answers at the end (plain JSON: woken only then)
- * or sends the text as Server-Sent Events as it comes (stream: true; every wake-up sends what came since, then `data: [DONE]`). A client that
- * leaves cancels its request (nopad_request_free), which frees its KV blocks at the engine's next
+ * The engine's thread hands each token's text to its choice's job (on_token) and has the waker
+ * thread resume the connection (serve.h), which answers once every choice has ended (plain JSON)
+ * or sends the text as Server-Sent Events as it comes (stream: true; every wake-up sends what
+ * came since, each choice's chunks with its index, then `data: [DONE]`). A client that leaves
+ * cancels its requests (nopad_request_free), which frees their KV blocks at the engine's next
  * iteration; a stream notices at its next write. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +16,17 @@
 #include "tool_calls.h"
 
 struct gen_job {
-    waiter w;                  /* w.lock guards everything below but the list links */
+    waiter w;                  /* choice 0's: wl of every choice */
+    waiter *wl;                /* wl->lock guards everything below but the list links, in every
+                                  choice of the request: one lock, one connection */
+    gen_job *lead;             /* choice 0 (itself for choice 0) */
+    int index;                 /* the choice's */
+    gen_job **choices;         /* the lead's: its n_choices choices, itself first */
+    int n_choices;
     server *srv;
     http_req *q;               /* NULL once the HTTP request has ended */
-    int refs;                  /* the HTTP request's and the engine's */
+    int refs;                  /* the HTTP request's and the engine's (and the lead's: one for
+                                  every other choice, which keeps the lead's lock alive) */
     gen_kind kind;
     int stream, include_usage;
     char id[40];
@@ -55,13 +64,21 @@ struct gen_job {
     /* the event stream */
     char *out;
     size_t out_len, out_cap, out_pos;
-    int role_sent, end_sent;
+    int role_sent, end_sent;   /* this choice's first and last chunks */
+    int stream_ended;          /* the lead's: [DONE] written (responses: the last event) */
     /* server->jobs (under srv->jobs_lock) */
     gen_job *prev, *next;
     int listed, ended;
 };
 
 static uint64_t random_seed(server *s);
+
+/* With the lock: every choice of lead's request has ended. */
+static int all_done(const gen_job *lead) {
+    for (int i = 0; i < lead->n_choices; i++)
+        if (!lead->choices[i]->done) return 0;
+    return 1;
+}
 
 static const char *finish_name(const gen_job *j) {
     if (j->called) return "tool_calls";
@@ -70,17 +87,22 @@ static const char *finish_name(const gen_job *j) {
 }
 
 static void job_release(gen_job *j) {
-    pthread_mutex_lock(&j->w.lock);
+    pthread_mutex_lock(&j->wl->lock);
     const int left = --j->refs;
-    pthread_mutex_unlock(&j->w.lock);
+    pthread_mutex_unlock(&j->wl->lock);
     if (left) return;
-    pthread_mutex_destroy(&j->w.lock);
+    gen_job *lead = j->lead;
+    if (lead == j) {
+        pthread_mutex_destroy(&j->w.lock);
+        free(j->choices);
+    }
     free(j->end_ids);
     free(j->instructions);
     free(j->ids);
     free(j->text);
     free(j->out);
     free(j);
+    if (lead != j) job_release(lead); /* the choice's hold on the lead's lock */
 }
 
 static void release_job(void *arg) { job_release(arg); }
@@ -101,13 +123,13 @@ static void unlist(server *s, gen_job *j) {
  * waiting for the engine, which acts on a cancel only between steps (a long prompt's step takes
  * seconds on the CPU) while libmicrohttpd must not be stopped with a connection suspended. */
 static void end_by_shutdown(gen_job *j) {
-    pthread_mutex_lock(&j->w.lock);
+    pthread_mutex_lock(&j->wl->lock);
     if (!j->done) {
         j->shutdown = j->done = 1;
         j->finish = NOPAD_FINISH_CANCELLED;
-        waiter_wake(&j->w);
+        waiter_wake(j->wl);
     }
-    pthread_mutex_unlock(&j->w.lock);
+    pthread_mutex_unlock(&j->wl->lock);
 }
 
 static int is_end_id(const gen_job *j, int32_t token) {
@@ -123,9 +145,9 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
     server *s = j->srv;
     int cancel = 0;
     const int last = finish != NOPAD_FINISH_NONE;
-    pthread_mutex_lock(&j->w.lock);
+    pthread_mutex_lock(&j->wl->lock);
     if (j->shutdown) { /* answered already (gen_cancel_all): its reference goes with the last call */
-        pthread_mutex_unlock(&j->w.lock);
+        pthread_mutex_unlock(&j->wl->lock);
         if (last) {
             unlist(s, j);
             job_release(j);
@@ -169,8 +191,8 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
      * goes to the waker thread (serve.h), which holds a reference until it is done. */
     const int wake = j->stream || last;
     if (wake) j->refs++;
-    pthread_mutex_unlock(&j->w.lock);
-    if (wake) waker_post(s, &j->w, release_job, j);
+    pthread_mutex_unlock(&j->wl->lock);
+    if (wake) waker_post(s, j->wl, release_job, j);
     if (cancel) nopad_engine_cancel(s->engine, request_id);
     if (last) {
         unlist(s, j);
@@ -180,12 +202,20 @@ static void on_token(void *user, uint64_t request_id, int32_t token, const char 
 
 /* ---- answers ------------------------------------------------------------------------------- */
 
-static cJSON *usage_json(const gen_job *j) {
+/* The completion tokens of every choice (lead: choice 0). */
+static int32_t completion_tokens(const gen_job *lead) {
+    int32_t n = 0;
+    for (int i = 0; i < lead->n_choices; i++) n += lead->choices[i]->n_tokens;
+    return n;
+}
+
+/* The prompt counted once (its KV blocks are shared), the choices' completions summed. */
+static cJSON *usage_json(const gen_job *lead) {
     cJSON *u = cJSON_CreateObject();
     if (!u) return NULL;
-    cJSON_AddNumberToObject(u, "prompt_tokens", j->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", j->n_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", j->prompt_tokens + j->n_tokens);
+    cJSON_AddNumberToObject(u, "prompt_tokens", lead->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion_tokens(lead));
+    cJSON_AddNumberToObject(u, "total_tokens", lead->prompt_tokens + completion_tokens(lead));
     return u;
 }
 
@@ -216,7 +246,7 @@ static cJSON *choice_json(const gen_job *j, const char *text, size_t len, int de
         cJSON_Delete(logprobs);
         return NULL;
     }
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     char *t = NULL;
     if (text) {
         t = malloc(len + 1);
@@ -355,7 +385,7 @@ static cJSON *tool_choice_json(const gen_job *j, const tool_answer *a, const cha
         cJSON_Delete(c), cJSON_Delete(m), cJSON_Delete(calls), cJSON_Delete(logprobs);
         return NULL;
     }
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     if (!delta) cJSON_AddStringToObject(m, "role", "assistant");
     if (content) cJSON_AddStringToObject(m, "content", content);
     else if (!delta) cJSON_AddNullToObject(m, "content");
@@ -603,31 +633,18 @@ static int fill_response_events(gen_job *j) {
             return -1;
         metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
     }
-    j->end_sent = 1;
+    j->end_sent = j->stream_ended = 1;
     if (j->q) http_count(j->q, 200);
     return 0;
 }
 
-static enum MHD_Result answer_plain(http_req *q, gen_job *j) {
-    if (failed(j)) {
-        api_error e;
-        failure(j, &e);
-        return http_reply_error(q, &e);
-    }
-    if (j->kind == GEN_RESPONSES) {
-        metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
-        return http_reply_json(q, 200, response_json(j, 1));
-    }
-    pthread_mutex_lock(&j->w.lock);
+/* With the job's lock: choice j's part of a plain answer, or NULL (out of memory). */
+static cJSON *plain_choice(gen_job *j) {
     cJSON *lp = j->logprobs ? logprobs_json(j, 0, j->n_tokens) : NULL;
     tool_answer calls;
-    const int parsed = parse_calls(j, &calls);
-    pthread_mutex_unlock(&j->w.lock);
-    if (parsed) {
+    if (parse_calls(j, &calls)) {
         cJSON_Delete(lp);
-        api_error e;
-        api_fail(&e, 500, "server_error", NULL, NULL, "out of memory for the answer");
-        return http_reply_error(q, &e);
+        return NULL;
     }
     cJSON *choice = NULL;
     if (calls.n_calls) {
@@ -637,15 +654,51 @@ static enum MHD_Result answer_plain(http_req *q, gen_job *j) {
         choice = choice_json(j, j->text ? j->text : "", j->text_len, 0, 1, finish_name(j), lp);
     }
     tool_answer_free(&calls);
-    cJSON *root = envelope(j, j->kind == GEN_CHAT ? "chat.completion" : "text_completion", choice);
-    if (root) cJSON_AddItemToObject(root, "usage", usage_json(j));
-    metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
+    return choice;
+}
+
+/* The answer once every choice has ended (lead: choice 0): the first failure's error, or the
+ * choices in index order. */
+static enum MHD_Result answer_plain(http_req *q, gen_job *lead) {
+    for (int i = 0; i < lead->n_choices; i++)
+        if (failed(lead->choices[i])) {
+            api_error e;
+            failure(lead->choices[i], &e);
+            return http_reply_error(q, &e);
+        }
+    if (lead->kind == GEN_RESPONSES) {
+        metrics_tokens(&lead->srv->metrics, lead->prompt_tokens, lead->n_tokens);
+        return http_reply_json(q, 200, response_json(lead, 1));
+    }
+    pthread_mutex_lock(&lead->wl->lock);
+    cJSON *root = envelope(lead, lead->kind == GEN_CHAT ? "chat.completion" : "text_completion",
+                           plain_choice(lead));
+    cJSON *choices = root ? cJSON_GetObjectItemCaseSensitive(root, "choices") : NULL;
+    for (int i = 1; root && i < lead->n_choices; i++) {
+        cJSON *c = plain_choice(lead->choices[i]);
+        if (!c) {
+            cJSON_Delete(root);
+            root = NULL;
+        } else {
+            cJSON_AddItemToArray(choices, c);
+        }
+    }
+    pthread_mutex_unlock(&lead->wl->lock);
+    if (!root) {
+        api_error e;
+        api_fail(&e, 500, "server_error", NULL, NULL, "out of memory for the answer");
+        return http_reply_error(q, &e);
+    }
+    cJSON_AddItemToObject(root, "usage", usage_json(lead));
+    metrics_tokens(&lead->srv->metrics, lead->prompt_tokens, completion_tokens(lead));
     return http_reply_json(q, 200, root);
 }
 
 /* ---- the event stream ----------------------------------------------------------------------- */
 
-static int out_put(gen_job *j, const char *s, size_t n) {
+/* Into the lead's event buffer: the choices' events share the connection. */
+static int out_put(gen_job *choice, const char *s, size_t n) {
+    gen_job *j = choice->lead;
     if (j->out_len + n > j->out_cap) {
         size_t cap = j->out_cap ? j->out_cap : 1024;
         while (cap < j->out_len + n) cap *= 2;
@@ -673,13 +726,14 @@ static const char *chunk_object(const gen_job *j) {
     return j->kind == GEN_CHAT ? "chat.completion.chunk" : "text_completion";
 }
 
-/* With the job's lock: the events for what came since the last call. */
+/* With the job's lock: choice j's events for what came since the last call, up to its last chunk
+ * (or its error event). */
 static int fill_events(gen_job *j) {
     if (j->kind == GEN_CHAT && !j->role_sent) {
         if (out_event(j, envelope(j, chunk_object(j), choice_json(j, "", 0, 1, 1, NULL, NULL)))) return -1;
         j->role_sent = 1;
     }
-    if (j->end_sent) return 0;
+    if (j->end_sent || j->lead->stream_ended) return 0;
     /* with tools, what may be a call waits for the end (then sent as calls, or as text) */
     tool_answer calls = {0};
     if (j->done && !j->end_sent && !failed(j) && parse_calls(j, &calls)) return -1;
@@ -737,20 +791,38 @@ static int fill_events(gen_job *j) {
                                                       ? logprobs_json(j, j->lp_sent, j->n_tokens)
                                                       : NULL))))
                 return -1;
-            if (j->include_usage) {
-                cJSON *root = envelope(j, chunk_object(j), cJSON_CreateObject());
-                if (!root) return -1;
-                cJSON_DeleteItemFromObject(root, "choices");
-                cJSON_AddItemToObject(root, "choices", cJSON_CreateArray());
-                cJSON_AddItemToObject(root, "usage", usage_json(j));
-                if (out_event(j, root)) return -1;
-            }
-            metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
         }
-        if (out_put(j, "data: [DONE]\n\n", 14)) return -1;
         j->end_sent = 1;
-        if (j->q) http_count(j->q, 200);
     }
+    return 0;
+}
+
+/* With the lock: every choice's events (lead: choice 0), then, once all have ended, the usage
+ * chunk when asked and [DONE]; a choice that failed ends the stream after its error event. */
+static int fill_all(gen_job *lead) {
+    if (lead->stream_ended) return 0;
+    int ended = 1, failure = 0;
+    for (int i = 0; i < lead->n_choices; i++) {
+        gen_job *c = lead->choices[i];
+        if (fill_events(c)) return -1;
+        ended &= c->end_sent;
+        failure |= c->end_sent && failed(c);
+    }
+    if (!ended && !failure) return 0;
+    if (!failure) {
+        if (lead->include_usage) {
+            cJSON *root = envelope(lead, chunk_object(lead), cJSON_CreateObject());
+            if (!root) return -1;
+            cJSON_DeleteItemFromObject(root, "choices");
+            cJSON_AddItemToObject(root, "choices", cJSON_CreateArray());
+            cJSON_AddItemToObject(root, "usage", usage_json(lead));
+            if (out_event(lead, root)) return -1;
+        }
+        metrics_tokens(&lead->srv->metrics, lead->prompt_tokens, completion_tokens(lead));
+    }
+    if (out_put(lead, "data: [DONE]\n\n", 14)) return -1;
+    lead->stream_ended = 1;
+    if (lead->q) http_count(lead->q, 200);
     return 0;
 }
 
@@ -758,11 +830,11 @@ static int fill_events(gen_job *j) {
 static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen_job *j = cls;
-    pthread_mutex_lock(&j->w.lock);
+    pthread_mutex_lock(&j->wl->lock);
     if (j->out_pos == j->out_len) {
         j->out_pos = j->out_len = 0;
-        if (j->kind == GEN_RESPONSES ? fill_response_events(j) : fill_events(j)) {
-            pthread_mutex_unlock(&j->w.lock);
+        if (j->kind == GEN_RESPONSES ? fill_response_events(j) : fill_all(j)) {
+            pthread_mutex_unlock(&j->wl->lock);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -771,15 +843,15 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
         if (n > max) n = max;
         memcpy(buf, j->out + j->out_pos, n);
         j->out_pos += n;
-        pthread_mutex_unlock(&j->w.lock);
+        pthread_mutex_unlock(&j->wl->lock);
         return (ssize_t)n;
     }
-    if (j->end_sent) {
-        pthread_mutex_unlock(&j->w.lock);
+    if (j->stream_ended) {
+        pthread_mutex_unlock(&j->wl->lock);
         return MHD_CONTENT_READER_END_OF_STREAM;
     }
-    waiter_sleep(&j->w); /* until the next token: on_token resumes the connection */
-    pthread_mutex_unlock(&j->w.lock);
+    waiter_sleep(j->wl); /* until the next token: on_token resumes the connection */
+    pthread_mutex_unlock(&j->wl->lock);
     return 0;
 }
 
@@ -861,7 +933,162 @@ static uint64_t random_seed(server *s) {
     return x;
 }
 
-/* Submits r; on success *out is the job (q holds one reference, the engine the other). */
+/* Choice i of n_choices (i > 0: of lead's request), not yet submitted: the HTTP request's
+ * reference and the engine's (and, for i > 0, one on the lead). NULL when out of memory. */
+static gen_job *new_choice(http_req *q, const gen_request *r, gen_job *lead, int i, int n_choices,
+                           int32_t prompt_tokens) {
+    server *s = q->srv;
+    gen_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->srv = s;
+    j->q = q;
+    j->refs = 2;
+    j->index = i;
+    if (lead) {
+        j->lead = lead;
+        j->wl = &lead->w;
+        pthread_mutex_lock(&lead->w.lock);
+        lead->refs++;
+        pthread_mutex_unlock(&lead->w.lock);
+        memcpy(j->id, lead->id, sizeof j->id);
+    } else {
+        j->lead = j;
+        j->wl = &j->w;
+        pthread_mutex_init(&j->w.lock, NULL);
+        j->w.conn = q->conn;
+        j->choices = calloc((size_t)n_choices, sizeof *j->choices);
+        if (!j->choices) {
+            pthread_mutex_destroy(&j->w.lock);
+            free(j);
+            return NULL;
+        }
+        if (r->kind == GEN_RESPONSES) /* OpenAI's ids: a prefix and hex */
+            snprintf(j->id, sizeof j->id, "resp_%016llx%08llx", (unsigned long long)random_seed(s),
+                     (unsigned long long)atomic_fetch_add(&s->next_id, 1) & 0xffffffffull);
+        else
+            snprintf(j->id, sizeof j->id, "%s-%llu", r->kind == GEN_CHAT ? "chatcmpl" : "cmpl",
+                     (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    }
+    j->kind = r->kind;
+    j->stream = r->stream;
+    j->include_usage = r->include_usage;
+    j->tools = r->kind == GEN_CHAT && r->n_tools && !r->tool_choice_none;
+    j->tool_format = chat_template_tool_format(&s->tmpl);
+    j->max_calls = r->parallel_tool_calls ? 0 : 1;
+    j->created = (long long)time(NULL);
+    j->t0 = q->t0;
+    j->prompt_tokens = prompt_tokens;
+    j->logprobs = r->logprobs;
+    int oom = 0;
+    if (r->kind == GEN_RESPONSES) {
+        snprintf(j->msg_id, sizeof j->msg_id, "msg_%016llx", (unsigned long long)random_seed(s));
+        j->temperature = r->temperature;
+        j->top_p = r->top_p;
+        j->max_output_tokens = r->max_tokens;
+        oom |= r->instructions && !(j->instructions = strdup(r->instructions));
+    }
+    if (r->echo) { /* the prompt leads the text, as the first thing released */
+        j->text = r->prompt ? strdup(r->prompt) : detokenize(s, r->prompt_ids, r->n_prompt_ids);
+        oom |= !j->text;
+        j->text_len = j->text ? strlen(j->text) : 0;
+        j->text_cap = j->text_len + 1;
+    }
+    if (r->min_tokens > 0) {
+        /* the end ids the engine would stop at, and the stop ids, are watched here instead */
+        j->min_tokens = r->min_tokens;
+        j->end_ids = malloc(((size_t)r->n_stop_ids + 1) * sizeof *j->end_ids);
+        oom |= !j->end_ids;
+        if (j->end_ids && r->n_stop_ids) memcpy(j->end_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *j->end_ids);
+        j->n_end_ids = r->n_stop_ids;
+        if (j->end_ids && !r->ignore_eos && s->dec_info.eos_token_id >= 0)
+            j->end_ids[j->n_end_ids++] = s->dec_info.eos_token_id;
+    }
+    if (oom) {
+        j->refs = 1; /* no call will come */
+        job_release(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Submits choice j (its seed: the request's + its index, else a random one) and lists it; on
+ * success it joins its lead's choices. -1 with e filled when the engine refuses it (j is gone). */
+static int submit_choice(server *s, gen_job *j, const gen_request *r, const int32_t *ids, int32_t n,
+                         int32_t max_tokens, api_error *e) {
+    nopad_request_params p = nopad_request_default_params();
+    p.prompt_ids = ids;
+    p.n_prompt_ids = n;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = r->ignore_eos;
+    p.sampling.temperature = (float)r->temperature;
+    p.sampling.top_k = r->top_k;
+    p.sampling.top_p = (float)r->top_p;
+    p.sampling.min_p = (float)r->min_p;
+    p.sampling.repetition_penalty = (float)r->repetition_penalty;
+    p.sampling.seed = r->has_seed ? r->seed + (uint64_t)j->index : random_seed(s);
+    p.stop_strings = (const char *const *)r->stops;
+    p.n_stop_strings = r->n_stops;
+    p.stop_ids = r->stop_ids;
+    p.n_stop_ids = r->n_stop_ids;
+    if (r->min_tokens > 0) { /* watched in on_token */
+        p.ignore_eos = 1;
+        p.stop_ids = NULL;
+        p.n_stop_ids = 0;
+    }
+    p.on_token = on_token;
+    p.logprobs = r->logprobs;
+    p.user = j;
+    nopad_status st = nopad_engine_submit(s->engine, &p, &j->req);
+    if (st != NOPAD_OK) {
+        const char *msg = nopad_last_error();
+        if (st == NOPAD_ERR_QUEUE_FULL)
+            api_fail(e, 429, "rate_limit_error", "queue_full", NULL,
+                     "the server is busy (%ld requests are waiting): retry later", s->o.max_queue);
+        else if (st == NOPAD_ERR_TOO_LONG)
+            api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", msg);
+        else if (st == NOPAD_ERR_INVALID_ARGUMENT)
+            api_fail(e, 400, "invalid_request_error", "invalid_value", NULL, "%s", msg);
+        else
+            api_fail(e, 500, "server_error", NULL, NULL, "%s", msg);
+        j->refs = 1; /* no call will come */
+        job_release(j);
+        return -1;
+    }
+    pthread_mutex_lock(&j->wl->lock);
+    j->lead->choices[j->lead->n_choices++] = j;
+    pthread_mutex_unlock(&j->wl->lock);
+    pthread_mutex_lock(&s->jobs_lock);
+    j->engine_id = nopad_request_id(j->req);
+    if (!j->ended) {
+        j->listed = 1;
+        j->prev = NULL;
+        j->next = s->jobs;
+        if (s->jobs) s->jobs->prev = j;
+        s->jobs = j;
+        if (s->cancelling) end_by_shutdown(j);
+    }
+    pthread_mutex_unlock(&s->jobs_lock);
+    return 0;
+}
+
+/* The HTTP request's end (lead: choice 0): every choice cancelled if it still runs (its blocks
+ * go back) and the request's references released, the lead's last. */
+static void drop_choices(gen_job *lead) {
+    pthread_mutex_lock(&lead->wl->lock);
+    lead->w.conn = NULL;
+    for (int i = 0; i < lead->n_choices; i++) lead->choices[i]->q = NULL;
+    const int n = lead->n_choices;
+    pthread_mutex_unlock(&lead->wl->lock);
+    for (int i = n - 1; i >= 0; i--) {
+        gen_job *c = lead->choices[i];
+        nopad_request_free(c->req);
+        c->req = NULL;
+        job_release(c);
+    }
+}
+
+/* Submits r's choices; on success *out is the lead (choice 0; q holds a reference on every
+ * choice, the engine another). */
 static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e) {
     server *s = q->srv;
     int32_t *ids = NULL, n = 0;
@@ -885,119 +1112,25 @@ static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e)
                         "%lld tokens (%d in the prompt, %d in the completion).",
                         ctx, (long long)n + max_tokens, n, max_tokens);
     }
-    gen_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        free(ids);
-        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    }
-    pthread_mutex_init(&j->w.lock, NULL);
-    j->w.conn = q->conn;
-    j->srv = s;
-    j->q = q;
-    j->refs = 2;
-    j->kind = r->kind;
-    j->stream = r->stream;
-    j->include_usage = r->include_usage;
-    j->tools = r->kind == GEN_CHAT && r->n_tools && !r->tool_choice_none;
-    j->tool_format = chat_template_tool_format(&s->tmpl);
-    j->max_calls = r->parallel_tool_calls ? 0 : 1;
-    j->created = (long long)time(NULL);
-    j->t0 = q->t0;
-    j->prompt_tokens = n;
-    if (r->kind == GEN_RESPONSES) { /* OpenAI's ids: a prefix and hex */
-        snprintf(j->id, sizeof j->id, "resp_%016llx%08llx", (unsigned long long)random_seed(s),
-                 (unsigned long long)atomic_fetch_add(&s->next_id, 1) & 0xffffffffull);
-        snprintf(j->msg_id, sizeof j->msg_id, "msg_%016llx", (unsigned long long)random_seed(s));
-        j->temperature = r->temperature;
-        j->top_p = r->top_p;
-        j->max_output_tokens = r->max_tokens;
-        if (r->instructions && !(j->instructions = strdup(r->instructions))) {
-            free(ids);
-            j->refs = 1; /* no call will come */
-            job_release(j);
-            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const int n_choices = r->n > 1 ? r->n : 1;
+    gen_job *lead = NULL;
+    int rc = 0;
+    for (int i = 0; i < n_choices && !rc; i++) {
+        gen_job *j = new_choice(q, r, lead, i, n_choices, n);
+        if (!j) {
+            rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            break;
         }
-    } else {
-        snprintf(j->id, sizeof j->id, "%s-%llu", r->kind == GEN_CHAT ? "chatcmpl" : "cmpl",
-                 (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+        if (!lead) lead = j;
+        rc = submit_choice(s, j, r, ids, n, max_tokens, e);
+        if (rc && j == lead) lead = NULL; /* gone with its refusal */
     }
-
-    if (r->echo) { /* the prompt leads the text, as the first thing released */
-        char *echo = r->prompt ? strdup(r->prompt) : detokenize(s, r->prompt_ids, r->n_prompt_ids);
-        if (!echo) {
-            free(ids);
-            j->refs = 1; /* no call will come */
-            job_release(j);
-            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        }
-        j->text = echo;
-        j->text_len = strlen(echo);
-        j->text_cap = j->text_len + 1;
-    }
-    nopad_request_params p = nopad_request_default_params();
-    p.prompt_ids = ids;
-    p.n_prompt_ids = n;
-    p.max_tokens = max_tokens;
-    p.ignore_eos = r->ignore_eos;
-    p.sampling.temperature = (float)r->temperature;
-    p.sampling.top_k = r->top_k;
-    p.sampling.top_p = (float)r->top_p;
-    p.sampling.min_p = (float)r->min_p;
-    p.sampling.repetition_penalty = (float)r->repetition_penalty;
-    p.sampling.seed = r->has_seed ? r->seed : random_seed(s);
-    p.stop_strings = (const char *const *)r->stops;
-    p.n_stop_strings = r->n_stops;
-    p.stop_ids = r->stop_ids;
-    p.n_stop_ids = r->n_stop_ids;
-    if (r->min_tokens > 0) {
-        /* the end ids the engine would stop at, and the stop ids, are watched here instead */
-        j->min_tokens = r->min_tokens;
-        j->end_ids = malloc(((size_t)r->n_stop_ids + 1) * sizeof *j->end_ids);
-        if (!j->end_ids) {
-            free(ids);
-            job_release(j);
-            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        }
-        if (r->n_stop_ids) memcpy(j->end_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *j->end_ids);
-        j->n_end_ids = r->n_stop_ids;
-        if (!r->ignore_eos && s->dec_info.eos_token_id >= 0) j->end_ids[j->n_end_ids++] = s->dec_info.eos_token_id;
-        p.ignore_eos = 1;
-        p.stop_ids = NULL;
-        p.n_stop_ids = 0;
-    }
-    p.on_token = on_token;
-    p.logprobs = r->logprobs;
-    j->logprobs = r->logprobs;
-    p.user = j;
-    nopad_status st = nopad_engine_submit(s->engine, &p, &j->req);
     free(ids);
-    if (st != NOPAD_OK) {
-        const char *msg = nopad_last_error();
-        if (st == NOPAD_ERR_QUEUE_FULL)
-            api_fail(e, 429, "rate_limit_error", "queue_full", NULL,
-                     "the server is busy (%ld requests are waiting): retry later", s->o.max_queue);
-        else if (st == NOPAD_ERR_TOO_LONG)
-            api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", msg);
-        else if (st == NOPAD_ERR_INVALID_ARGUMENT)
-            api_fail(e, 400, "invalid_request_error", "invalid_value", NULL, "%s", msg);
-        else
-            api_fail(e, 500, "server_error", NULL, NULL, "%s", msg);
-        j->refs = 1; /* no call will come */
-        job_release(j);
+    if (rc) {
+        if (lead) drop_choices(lead);
         return -1;
     }
-    pthread_mutex_lock(&s->jobs_lock);
-    j->engine_id = nopad_request_id(j->req);
-    if (!j->ended) {
-        j->listed = 1;
-        j->prev = NULL;
-        j->next = s->jobs;
-        if (s->jobs) s->jobs->prev = j;
-        s->jobs = j;
-        if (s->cancelling) end_by_shutdown(j);
-    }
-    pthread_mutex_unlock(&s->jobs_lock);
-    *out = j;
+    *out = lead;
     return 0;
 }
 
@@ -1039,26 +1172,22 @@ enum MHD_Result gen_handle(http_req *q, gen_kind kind) {
             return ok;
         }
     }
-    pthread_mutex_lock(&j->w.lock);
-    const int done = j->done;
-    if (!done) waiter_sleep(&j->w); /* on_token resumes it at the end */
-    pthread_mutex_unlock(&j->w.lock);
+    pthread_mutex_lock(&j->wl->lock);
+    const int done = all_done(j);
+    if (!done) waiter_sleep(j->wl); /* on_token resumes it at each choice's end */
+    pthread_mutex_unlock(&j->wl->lock);
     return done ? answer_plain(q, j) : MHD_YES;
 }
 
 void gen_request_closed(http_req *q, int completed_ok) {
     (void)completed_ok;
-    gen_job *j = q->gen;
+    gen_job *lead = q->gen;
     q->gen = NULL;
-    pthread_mutex_lock(&j->w.lock);
-    j->w.conn = NULL;
-    j->q = NULL;
-    const int done = j->done;
-    pthread_mutex_unlock(&j->w.lock);
+    pthread_mutex_lock(&lead->wl->lock);
+    const int done = all_done(lead);
+    pthread_mutex_unlock(&lead->wl->lock);
     if (!done) metrics_cancelled(&q->srv->metrics);
-    nopad_request_free(j->req); /* cancels it if it still runs; its blocks go back */
-    j->req = NULL;
-    job_release(j);
+    drop_choices(lead);
 }
 
 void gen_cancel_all(server *s) {

@@ -107,10 +107,6 @@ static int oom(api_error *e) {
  * in a way nopad does not implement. */
 static int check_neutral(const cJSON *obj, api_error *e) {
     const cJSON *v;
-    if ((v = field(obj, "n")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
-        return api_fail(e, 400, INVALID, "unsupported_value", "n",
-                        "'n' must be 1: nopad serve answers one choice per request (send n "
-                        "requests instead)");
     if ((v = field(obj, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
         return api_fail(e, 400, INVALID, "unsupported_value", "best_of", "'best_of' must be 1");
     if ((v = field(obj, "top_logprobs")) && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
@@ -794,7 +790,7 @@ static cJSON *parse_object(const char *body, size_t len, api_error *e) {
 int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *r,
                             api_error *e) {
     *r = (gen_request){.kind = kind, .max_tokens = -1, .temperature = 1.0, .top_p = 1.0,
-                       .repetition_penalty = 1.0, .parallel_tool_calls = 1};
+                       .repetition_penalty = 1.0, .parallel_tool_calls = 1, .n = 1};
     cJSON *root = parse_object(body, len, e);
     int rc = -1;
     if (!root) goto done;
@@ -842,6 +838,12 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
     }
     int32_t max_tokens = -1, max_completion = -1;
     double seed = -1;
+    if (get_int32(root, "n", 1, &r->n, e)) goto done;
+    if (r->n > GEN_MAX_CHOICES) {
+        api_fail(e, 400, INVALID, "invalid_value", "n", "'n' must be at most %d, got %d",
+                 GEN_MAX_CHOICES, r->n);
+        goto done;
+    }
     if (get_int32(root, "max_tokens", 1, &max_tokens, e) ||
         (kind == GEN_CHAT && get_int32(root, "max_completion_tokens", 1, &max_completion, e)) ||
         (kind == GEN_RESPONSES && get_int32(root, "max_output_tokens", 1, &max_tokens, e)) ||

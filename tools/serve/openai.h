@@ -2,7 +2,7 @@
  * the error object every failure answers with. Pure functions of the body's bytes (no model, no
  * HTTP): fuzz/fuzz_serve_request.c drives them.
  *
- * Strict by design: a field of the wrong type, a value out of range, an `n` other than 1, a
+ * Strict by design: a field of the wrong type, a value out of range, a
  * feature nopad does not implement (top logprobs, penalties other than repetition_penalty,
  * tool_choice "required", a non-text response_format, ...) and any field the route does not know are a 400 naming the
  * field, never silently ignored. Fields that change nothing (user, metadata, store, ...) are
@@ -38,6 +38,8 @@ int api_fail(api_error *e, int status, const char *type, const char *code, const
  * (instructions the system message), max_output_tokens max_tokens. */
 typedef enum gen_kind { GEN_COMPLETION, GEN_CHAT, GEN_RESPONSES } gen_kind;
 
+enum { GEN_MAX_CHOICES = 16 };
+
 /* A /v1/completions, /v1/chat/completions or /v1/responses request. Strings are owned
  * (gen_request_free). */
 typedef struct gen_request {
@@ -53,6 +55,8 @@ typedef struct gen_request {
     chat_message *messages; /* roles and contents owned here */
     int n_messages;
     char *instructions;     /* responses: as given (also messages[0]), NULL when absent */
+    int32_t n;              /* choices: n engine requests of the same prompt (seeds seed, seed + 1,
+                               ...), at most GEN_MAX_CHOICES */
     int32_t max_tokens;     /* -1: not given (completions: 16; chat: what the context leaves) */
     int32_t min_tokens;     /* 0: none */
     double temperature, top_p, min_p, repetition_penalty;
