@@ -3,8 +3,10 @@ A response equals the chat completion of the same messages (instructions as the 
 the same prompt, so the same greedy text and token counts), plain and streamed (the events in
 OpenAI's order with their sequence numbers, the deltas adding up to the text, the client's stream
 helper assembling the same response); a string input, a message list and input_text parts are the
-same request; what would need more than text (tools, structured output, stored conversations) is
-a 400 naming the field. echo puts the prompt's text before the completion, plain and streamed, and
+same request; tools as on chat (the same prompt, so the same calls for the same seed, as
+function_call items, plain and streamed, and function_call / function_call_output items back
+into the prompt); what would need more (structured output, stored conversations, forced calls)
+is a 400 naming the field. echo puts the prompt's text before the completion, plain and streamed, and
 with logprobs (prompt log-probabilities are not computed) is a 400.
 
 Needs what tests/python/test_serve.py needs; skipped without it. Loopback only."""
@@ -101,10 +103,12 @@ def test_input_forms(client):
 
 
 @pytest.mark.parametrize("extra,param", [
-    (dict(tools=[{"type": "function", "name": "f", "parameters": {}}]), "tools"),
+    (dict(tools=[{"type": "function", "name": "f", "parameters": {}}], tool_choice="required"), "tool_choice"),
+    (dict(tools=[{"type": "web_search"}]), "tools[0]"),
+    (dict(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]), "input[0]"),
     (dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}), "text.format"),
     (dict(previous_response_id="resp_1"), "previous_response_id"),
-    (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "1"}]), "input[0]"),
+    (dict(input=[{"type": "reasoning", "id": "rs_1", "summary": []}]), "input[0]"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input[0].content"),
     (dict(input=""), "input"),
     (dict(extra_body={"max_tokens": 5}), "max_tokens"),
@@ -141,3 +145,58 @@ def test_echo_only_on_completions(server):
     status, _, body = server.request("POST", "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "echo": True})
     assert status == 400 and json.loads(body)["error"]["param"] == "echo"
+
+
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"]}}]
+ASK = "What's the weather in Paris? Use the tool."
+
+
+# On the development machine (2026-12-07) seed 6 makes SmolLM2 call a tool, seed 2 answers in text
+@pytest.mark.parametrize("seed", [6, 2])
+def test_tools_equal_chat(client, seed):
+    """The tools reach the prompt as on chat: the same seed gives the chat's answer, as items."""
+    chat_tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS]
+    chat = client.chat.completions.create(model=DEC_NAME, messages=[{"role": "user", "content": ASK}],
+                                          tools=chat_tools, max_tokens=60, temperature=0.7, seed=seed)
+    kw = dict(model=DEC_NAME, input=ASK, tools=TOOLS, max_output_tokens=60, temperature=0.7,
+              extra_body={"seed": seed})
+    r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    want = chat.choices[0].message
+    assert [(c.name, c.arguments) for c in calls] == \
+           [(c.function.name, c.function.arguments) for c in want.tool_calls or []]
+    for c in calls:
+        assert c.call_id.startswith("call_") and c.id == "fc_" + c.call_id[5:] and c.status == "completed"
+        assert isinstance(json.loads(c.arguments), dict)
+    assert (r.output_text or None) == want.content
+    assert r.status == ("completed" if calls or chat.choices[0].finish_reason == "stop" else "incomplete")
+    events = list(client.responses.create(stream=True, **kw))
+    final = events[-1].response
+    assert [(o.type, getattr(o, "name", None), getattr(o, "arguments", None)) for o in final.output] == \
+           [(o.type, getattr(o, "name", None), getattr(o, "arguments", None)) for o in r.output]
+    assert final.output_text.strip() == r.output_text.strip()  # a stream's text is untrimmed
+    types = [e.type for e in events]
+    assert types.count("response.function_call_arguments.done") == len(calls)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    if final.status == "completed":  # the client's helper assembles the same items
+        with client.responses.stream(**kw) as stream:
+            got = stream.get_final_response()
+        assert [o.type for o in got.output] == [o.type for o in r.output]
+
+
+def test_call_items_go_back_into_the_prompt(client):
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": json.dumps({"city": "Paris"})},
+             {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}]
+    r = client.responses.create(model=DEC_NAME, input=items, tools=TOOLS, max_output_tokens=12, temperature=0)
+    chat_tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS]
+    chat = client.chat.completions.create(model=DEC_NAME, tools=chat_tools, max_tokens=12, temperature=0, messages=[
+        items[0],
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": items[1]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}])
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.output_text == (chat.choices[0].message.content or "")

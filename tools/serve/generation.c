@@ -59,6 +59,11 @@ struct gen_job {
     int32_t max_output_tokens; /* -1: not given */
     char msg_id[40];
     long seq;
+    int has_message;           /* the output holds the message item (streamed: announced) */
+    char *final_text;          /* the message's text once done (with calls: the text outside them) */
+    int answer_parsed;         /* with tools: the calls, parsed once so events and object agree */
+    tool_answer answer;
+    char (*call_ids)[32];
     int shutdown;              /* ended by the shutdown's deadline before the engine ended it */
     nopad_finish_reason finish;
     /* the event stream */
@@ -98,6 +103,9 @@ static void job_release(gen_job *j) {
     }
     free(j->end_ids);
     free(j->instructions);
+    free(j->final_text);
+    free(j->call_ids);
+    tool_answer_free(&j->answer);
     free(j->ids);
     free(j->text);
     free(j->out);
@@ -408,6 +416,18 @@ static int parse_calls(gen_job *j, tool_answer *a) {
     return 0;
 }
 
+/* With the lock, j (/v1/responses) done: its calls parsed once, their ids made then. -1 when
+ * out of memory. */
+static int response_calls(gen_job *j) {
+    if (j->answer_parsed) return 0;
+    if (parse_calls(j, &j->answer)) return -1;
+    j->answer_parsed = 1;
+    if (!j->answer.n_calls) return 0;
+    if (!(j->call_ids = calloc((size_t)j->answer.n_calls, sizeof *j->call_ids))) return -1;
+    for (int k = 0; k < j->answer.n_calls; k++) call_id(j->srv, j->call_ids[k]);
+    return 0;
+}
+
 /* Why an ended request has no answer: the engine's error, or a cancellation (the shutdown). */
 static void failure(gen_job *j, api_error *e) {
     if (j->oom) {
@@ -450,12 +470,28 @@ static cJSON *response_message(const gen_job *j, int with_text) {
         cJSON *part = cJSON_CreateObject();
         if (part) {
             cJSON_AddStringToObject(part, "type", "output_text");
-            cJSON_AddStringToObject(part, "text", j->text ? j->text : "");
+            cJSON_AddStringToObject(part, "text", j->final_text ? j->final_text : j->text ? j->text : "");
             cJSON_AddItemToObject(part, "annotations", cJSON_CreateArray());
             cJSON_AddItemToArray(content, part);
         }
     }
     cJSON_AddItemToObject(item, "content", content);
+    return item;
+}
+
+/* Call k's output item {"type": "function_call", "id": "fc_...", "call_id", "name",
+ * "arguments", "status"} (arguments "" while in progress, as OpenAI announces it). */
+static cJSON *call_item(const gen_job *j, int k, int complete) {
+    cJSON *item = cJSON_CreateObject();
+    if (!item) return NULL;
+    char id[40];
+    snprintf(id, sizeof id, "fc_%s", j->call_ids[k] + 5);
+    cJSON_AddStringToObject(item, "type", "function_call");
+    cJSON_AddStringToObject(item, "id", id);
+    cJSON_AddStringToObject(item, "call_id", j->call_ids[k]);
+    cJSON_AddStringToObject(item, "name", j->answer.calls[k].name);
+    cJSON_AddStringToObject(item, "arguments", complete ? j->answer.calls[k].arguments : "");
+    cJSON_AddStringToObject(item, "status", complete ? "completed" : "in_progress");
     return item;
 }
 
@@ -467,7 +503,7 @@ static cJSON *response_json(const gen_job *j, int final) {
         cJSON_Delete(r), cJSON_Delete(output);
         return NULL;
     }
-    const int cut = final && j->finish == NOPAD_FINISH_LENGTH;
+    const int cut = final && j->finish == NOPAD_FINISH_LENGTH && !j->answer.n_calls;
     cJSON_AddStringToObject(r, "id", j->id);
     cJSON_AddStringToObject(r, "object", "response");
     cJSON_AddNumberToObject(r, "created_at", (double)j->created);
@@ -485,7 +521,8 @@ static cJSON *response_json(const gen_job *j, int final) {
     else cJSON_AddNullToObject(r, "max_output_tokens");
     cJSON_AddObjectToObject(r, "metadata");
     cJSON_AddStringToObject(r, "model", j->srv->decoder_name);
-    if (final) cJSON_AddItemToArray(output, response_message(j, 1));
+    if (final && j->has_message) cJSON_AddItemToArray(output, response_message(j, 1));
+    for (int k = 0; final && k < j->answer.n_calls; k++) cJSON_AddItemToArray(output, call_item(j, k, 1));
     cJSON_AddItemToObject(r, "output", output);
     cJSON_AddTrueToObject(r, "parallel_tool_calls");
     cJSON_AddFalseToObject(r, "store"); /* nothing is kept after the answer */
@@ -493,7 +530,7 @@ static cJSON *response_json(const gen_job *j, int final) {
     cJSON *text = cJSON_AddObjectToObject(r, "text");
     cJSON *format = text ? cJSON_AddObjectToObject(text, "format") : NULL;
     if (format) cJSON_AddStringToObject(format, "type", "text");
-    cJSON_AddStringToObject(r, "tool_choice", "auto");
+    cJSON_AddStringToObject(r, "tool_choice", j->tools ? "auto" : "none");
     cJSON_AddItemToObject(r, "tools", cJSON_CreateArray());
     cJSON_AddNumberToObject(r, "top_p", j->top_p);
     cJSON_AddStringToObject(r, "truncation", "disabled");
@@ -564,42 +601,63 @@ static cJSON *text_part(const char *text) {
     return p;
 }
 
+/* The message item's announcement: output_item.added, content_part.added. */
+static int start_message(gen_job *j) {
+    cJSON *item = cJSON_CreateObject(), *te = text_event(j);
+    if (item) {
+        cJSON_AddNumberToObject(item, "output_index", 0);
+        cJSON_AddItemToObject(item, "item", response_message(j, 0));
+    }
+    if (te) cJSON_AddItemToObject(te, "part", text_part(""));
+    j->has_message = 1;
+    return response_event(j, "response.output_item.added", item) ||
+           response_event(j, "response.content_part.added", te);
+}
+
+static int text_delta(gen_job *j, const char *text, size_t len) {
+    if (!j->has_message && start_message(j)) return -1;
+    cJSON *d = text_event(j);
+    char *t = malloc(len + 1);
+    if (d && t) {
+        memcpy(t, text, len);
+        t[len] = '\0';
+        cJSON_AddStringToObject(d, "delta", t);
+        cJSON_AddItemToObject(d, "logprobs", cJSON_CreateArray());
+    }
+    free(t);
+    return response_event(j, "response.output_text.delta", t ? d : (cJSON_Delete(d), NULL));
+}
+
 /* With the job's lock: a /v1/responses stream's events for what came since the last call, as the
- * openai client's responses stream reads them (response.created, .in_progress,
- * .output_item.added, .content_part.added, then .output_text.delta per release, then
- * .output_text.done, .content_part.done, .output_item.done and .completed or .incomplete; a
- * failure is an "error" event). The stream ends without [DONE], as OpenAI's does. */
+ * openai client's responses stream reads them: response.created and .in_progress; the message
+ * item (output_item.added, content_part.added) once it has text, an output_text.delta per
+ * release, output_text.done, content_part.done, output_item.done; with tools, each call an item
+ * after it (output_item.added, function_call_arguments.delta and .done, output_item.done); then
+ * .completed or .incomplete. A failure is an "error" event. With tools, what may be a call waits
+ * for the end (tool_calls.h), and so does white space that leads the text (it may be all there is
+ * before a call). The stream ends without [DONE], as OpenAI's does. */
 static int fill_response_events(gen_job *j) {
     if (j->end_sent) return 0;
     if (!j->role_sent) {
-        cJSON *item = cJSON_CreateObject(), *part = cJSON_CreateObject();
-        if (item) {
-            cJSON_AddNumberToObject(item, "output_index", 0);
-            cJSON_AddItemToObject(item, "item", response_message(j, 0));
-        }
-        if (part) cJSON_AddItemToObject(part, "part", text_part(""));
-        cJSON *te = text_event(j);
-        if (te && part) cJSON_AddItemToObject(te, "part", cJSON_DetachItemFromObject(part, "part"));
-        cJSON_Delete(part);
         if (response_event(j, "response.created", wrap_response(j, 0)) ||
-            response_event(j, "response.in_progress", wrap_response(j, 0)) ||
-            response_event(j, "response.output_item.added", item) ||
-            response_event(j, "response.content_part.added", te))
+            response_event(j, "response.in_progress", wrap_response(j, 0)))
             return -1;
         j->role_sent = 1;
     }
-    if (j->text_len > j->streamed) {
-        cJSON *d = text_event(j);
-        char *t = malloc(j->text_len - j->streamed + 1);
-        if (d && t) {
-            memcpy(t, j->text + j->streamed, j->text_len - j->streamed);
-            t[j->text_len - j->streamed] = '\0';
-            cJSON_AddStringToObject(d, "delta", t);
-            cJSON_AddItemToObject(d, "logprobs", cJSON_CreateArray());
-        }
-        free(t);
-        if (response_event(j, "response.output_text.delta", t ? d : (cJSON_Delete(d), NULL))) return -1;
-        j->streamed = j->text_len;
+    const int ok = j->done && !failed(j);
+    if (ok && j->tools && response_calls(j)) return -1;
+    const int calls = j->answer.n_calls > 0;
+    const char *text = j->text ? j->text : "";
+    size_t release = j->text_len;
+    if (j->tools && !(ok && !calls)) {
+        release = tool_text_releasable(j->tool_format, text, j->text_len);
+        size_t lead = 0;
+        while (lead < release && strchr(" \t\r\n", text[lead])) lead++;
+        if (release < j->streamed || (!j->has_message && lead == release)) release = j->streamed;
+    }
+    if (release > j->streamed) {
+        if (text_delta(j, text + j->streamed, release - j->streamed)) return -1;
+        j->streamed = release;
     }
     if (!j->done) return 0;
     if (failed(j)) {
@@ -614,22 +672,68 @@ static int fill_response_events(gen_job *j) {
         }
         if (response_event(j, "error", err)) return -1;
     } else {
-        const char *text = j->text ? j->text : "";
-        cJSON *done = text_event(j), *part = text_event(j), *item = cJSON_CreateObject();
-        if (done) {
-            cJSON_AddStringToObject(done, "text", text);
-            cJSON_AddItemToObject(done, "logprobs", cJSON_CreateArray());
+        if (calls) {
+            /* the content not sent yet: the calls' content (trimmed) after what was streamed */
+            const char *sent = text;
+            size_t n_sent = j->streamed;
+            while (n_sent && strchr(" \t\r\n", *sent)) sent++, n_sent--;
+            const char *rest = j->answer.content;
+            if (rest && strlen(rest) >= n_sent && strncmp(rest, sent, n_sent) == 0) rest += n_sent;
+            else rest = "";
+            if (*rest && text_delta(j, rest, strlen(rest))) return -1;
+            j->final_text = malloc(j->streamed + strlen(rest) + 1);
+            if (!j->final_text) return -1;
+            memcpy(j->final_text, text, j->streamed);
+            strcpy(j->final_text + j->streamed, rest);
+        } else if (!j->has_message && start_message(j)) { /* an answer without text has its item */
+            return -1;
         }
-        if (part) cJSON_AddItemToObject(part, "part", text_part(text));
-        if (item) {
-            cJSON_AddNumberToObject(item, "output_index", 0);
-            cJSON_AddItemToObject(item, "item", response_message(j, 1));
+        if (j->has_message) {
+            const char *final = j->final_text ? j->final_text : text;
+            cJSON *done = text_event(j), *part = text_event(j), *item = cJSON_CreateObject();
+            if (done) {
+                cJSON_AddStringToObject(done, "text", final);
+                cJSON_AddItemToObject(done, "logprobs", cJSON_CreateArray());
+            }
+            if (part) cJSON_AddItemToObject(part, "part", text_part(final));
+            if (item) {
+                cJSON_AddNumberToObject(item, "output_index", 0);
+                cJSON_AddItemToObject(item, "item", response_message(j, 1));
+            }
+            if (response_event(j, "response.output_text.done", done) ||
+                response_event(j, "response.content_part.done", part) ||
+                response_event(j, "response.output_item.done", item))
+                return -1;
         }
-        if (response_event(j, "response.output_text.done", done) ||
-            response_event(j, "response.content_part.done", part) ||
-            response_event(j, "response.output_item.done", item) ||
-            response_event(j, j->finish == NOPAD_FINISH_LENGTH ? "response.incomplete" : "response.completed",
-                           wrap_response(j, 1)))
+        for (int k = 0; k < j->answer.n_calls; k++) {
+            const int index = j->has_message + k;
+            char item_id[40];
+            snprintf(item_id, sizeof item_id, "fc_%s", j->call_ids[k] + 5);
+            cJSON *added = cJSON_CreateObject(), *delta = cJSON_CreateObject(),
+                  *args = cJSON_CreateObject(), *done = cJSON_CreateObject();
+            if (!added || !delta || !args || !done) {
+                cJSON_Delete(added), cJSON_Delete(delta), cJSON_Delete(args), cJSON_Delete(done);
+                return -1;
+            }
+            cJSON_AddNumberToObject(added, "output_index", index);
+            cJSON_AddItemToObject(added, "item", call_item(j, k, 0));
+            cJSON_AddStringToObject(delta, "item_id", item_id);
+            cJSON_AddNumberToObject(delta, "output_index", index);
+            cJSON_AddStringToObject(delta, "delta", j->answer.calls[k].arguments);
+            cJSON_AddStringToObject(args, "item_id", item_id);
+            cJSON_AddNumberToObject(args, "output_index", index);
+            cJSON_AddStringToObject(args, "name", j->answer.calls[k].name);
+            cJSON_AddStringToObject(args, "arguments", j->answer.calls[k].arguments);
+            cJSON_AddNumberToObject(done, "output_index", index);
+            cJSON_AddItemToObject(done, "item", call_item(j, k, 1));
+            if (response_event(j, "response.output_item.added", added) ||
+                response_event(j, "response.function_call_arguments.delta", delta) ||
+                response_event(j, "response.function_call_arguments.done", args) ||
+                response_event(j, "response.output_item.done", done))
+                return -1;
+        }
+        const int cut = j->finish == NOPAD_FINISH_LENGTH && !calls;
+        if (response_event(j, cut ? "response.incomplete" : "response.completed", wrap_response(j, 1)))
             return -1;
         metrics_tokens(&j->srv->metrics, j->prompt_tokens, j->n_tokens);
     }
@@ -667,8 +771,20 @@ static enum MHD_Result answer_plain(http_req *q, gen_job *lead) {
             return http_reply_error(q, &e);
         }
     if (lead->kind == GEN_RESPONSES) {
+        pthread_mutex_lock(&lead->wl->lock);
+        int rc = lead->tools ? response_calls(lead) : 0;
+        if (!rc && lead->answer.n_calls && lead->answer.content)
+            rc = !(lead->final_text = strdup(lead->answer.content));
+        lead->has_message = !lead->answer.n_calls || lead->answer.content;
+        cJSON *root = rc ? NULL : response_json(lead, 1);
+        pthread_mutex_unlock(&lead->wl->lock);
+        if (!root) {
+            api_error e;
+            api_fail(&e, 500, "server_error", NULL, NULL, "out of memory for the answer");
+            return http_reply_error(q, &e);
+        }
         metrics_tokens(&lead->srv->metrics, lead->prompt_tokens, lead->n_tokens);
-        return http_reply_json(q, 200, response_json(lead, 1));
+        return http_reply_json(q, 200, root);
     }
     pthread_mutex_lock(&lead->wl->lock);
     cJSON *root = envelope(lead, lead->kind == GEN_CHAT ? "chat.completion" : "text_completion",
@@ -972,7 +1088,7 @@ static gen_job *new_choice(http_req *q, const gen_request *r, gen_job *lead, int
     j->kind = r->kind;
     j->stream = r->stream;
     j->include_usage = r->include_usage;
-    j->tools = r->kind == GEN_CHAT && r->n_tools && !r->tool_choice_none;
+    j->tools = r->kind != GEN_COMPLETION && r->n_tools && !r->tool_choice_none;
     j->tool_format = chat_template_tool_format(&s->tmpl);
     j->max_calls = r->parallel_tool_calls ? 0 : 1;
     j->created = (long long)time(NULL);

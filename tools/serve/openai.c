@@ -389,20 +389,61 @@ static int get_input_content(const cJSON *c, const char *name, char **out, api_e
     return 0;
 }
 
+static int get_tools(const cJSON *obj, int flat, gen_request *r, api_error *e);
+static int get_tool_choice(const cJSON *obj, gen_request *r, api_error *e);
+
+/* A /v1/responses input item of a call the model made ({"type": "function_call", "call_id",
+ * "name", "arguments": JSON text}: consecutive ones join one assistant message) or of its result
+ * ({"type": "function_call_output", "call_id", "output": text}: a tool message). */
+static int get_call_item(const cJSON *m, int index, gen_request *r, api_error *e) {
+    char name[64];
+    snprintf(name, sizeof name, "input[%d]", index);
+    const int output = !strcmp(field(m, "type")->valuestring, "function_call_output");
+    static const char *const call_fields[] = {"type", "id", "call_id", "name", "arguments", "status", NULL};
+    static const char *const output_fields[] = {"type", "id", "call_id", "output", "status", NULL};
+    if (check_known(m, output ? output_fields : call_fields, e)) return -1;
+    const cJSON *call_id = field(m, "call_id");
+    if (!cJSON_IsString(call_id))
+        return api_fail(e, 400, INVALID, "invalid_value", name, "'%s.call_id' must be a string", name);
+    if (output) {
+        const cJSON *out = field(m, "output");
+        if (!cJSON_IsString(out))
+            return api_fail(e, 400, INVALID, "invalid_value", name, "'%s.output' must be a string", name);
+        char *content = strdup(out->valuestring), *id = strdup(call_id->valuestring);
+        r->messages[r->n_messages++] = (chat_message){.role = "tool", .content = content, .tool_call_id = id};
+        return content && id ? 0 : oom(e);
+    }
+    const cJSON *fname = field(m, "name"), *args = field(m, "arguments");
+    if (!cJSON_IsString(fname) || !fname->valuestring[0] || !cJSON_IsString(args))
+        return api_fail(e, 400, INVALID, "invalid_value", name,
+                        "'%s' must be {\"type\": \"function_call\", \"call_id\", \"name\", "
+                        "\"arguments\": a JSON string}", name);
+    cJSON *parsed = cJSON_Parse(args->valuestring);
+    if (!parsed)
+        return api_fail(e, 400, INVALID, "invalid_value", name, "'%s.arguments' must be a JSON text", name);
+    cJSON_Delete(parsed);
+    chat_message *prev = r->n_messages ? &r->messages[r->n_messages - 1] : NULL;
+    if (!prev || strcmp(prev->role, "assistant") || !prev->n_tool_calls || prev->content[0])
+        prev = &r->messages[r->n_messages++], *prev = (chat_message){.role = "assistant", .content = strdup("")};
+    if (!prev->content) return oom(e);
+    chat_tool_call *calls = realloc((chat_tool_call *)prev->tool_calls, (size_t)(prev->n_tool_calls + 1) * sizeof *calls);
+    if (!calls) return oom(e);
+    prev->tool_calls = calls;
+    calls[prev->n_tool_calls] = (chat_tool_call){strdup(call_id->valuestring), strdup(fname->valuestring),
+                                                 strdup(args->valuestring)};
+    prev->n_tool_calls++;
+    const chat_tool_call *c = &calls[prev->n_tool_calls - 1];
+    return c->id && c->name && c->arguments ? 0 : oom(e);
+}
+
 /* /v1/responses: instructions (a system message first) and input (a string: one user message;
  * or message items {"type": "message"?, "role", "content"}), and the fields that would ask for
  * more than text (tools, structured output, stored conversations, reasoning): 400s. */
 static int get_responses_input(const cJSON *obj, gen_request *r, api_error *e) {
     const cJSON *v;
-    if ((v = field(obj, "tools")) && !(cJSON_IsArray(v) && !v->child))
-        return api_fail(e, 400, INVALID, "unsupported_value", "tools",
-                        "'tools' on /v1/responses is not supported yet: use /v1/chat/completions, "
-                        "which takes tools");
-    if ((v = field(obj, "tool_choice")) &&
-        !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
-        return api_fail(e, 400, INVALID, "unsupported_value", "tool_choice",
-                        "'tool_choice' on /v1/responses must be \"auto\" or \"none\" (no tools "
-                        "are taken there yet)");
+    if (get_tools(obj, 1, r, e) || get_tool_choice(obj, r, e) ||
+        get_bool(obj, "parallel_tool_calls", &r->parallel_tool_calls, e))
+        return -1;
     if ((v = field(obj, "text"))) {
         const cJSON *format = cJSON_IsObject(v) ? field(v, "format") : NULL;
         const cJSON *type = cJSON_IsObject(format) ? field(format, "type") : NULL;
@@ -456,6 +497,11 @@ static int get_responses_input(const cJSON *obj, gen_request *r, api_error *e) {
         snprintf(name, sizeof name, "input[%d]", i);
         if (!cJSON_IsObject(m)) return wrong_type(e, name, "a message object", m);
         const cJSON *type = field(m, "type"), *role = field(m, "role");
+        if (cJSON_IsString(type) && (!strcmp(type->valuestring, "function_call") ||
+                                     !strcmp(type->valuestring, "function_call_output"))) {
+            if (get_call_item(m, i, r, e)) return -1;
+            continue;
+        }
         if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "message")))
             return api_fail(e, 400, INVALID, "unsupported_value", name,
                             "'%s' of type \"%.64s\" is not supported: nopad serve takes message "
@@ -484,7 +530,7 @@ static int get_responses_input(const cJSON *obj, gen_request *r, api_error *e) {
 
 /* tools: [{"type": "function", "function": {"name", "description", "parameters", "strict"}}], each
  * kept as its name and its definition's JSON text (what the prompt lists). */
-static int get_tools(const cJSON *obj, gen_request *r, api_error *e) {
+static int get_tools(const cJSON *obj, int flat, gen_request *r, api_error *e) {
     const cJSON *tools = field(obj, "tools");
     if (!tools) return 0;
     if (!cJSON_IsArray(tools)) return wrong_type(e, "tools", "an array of tools", tools);
@@ -498,17 +544,22 @@ static int get_tools(const cJSON *obj, gen_request *r, api_error *e) {
     for (const cJSON *t = tools->child; t; t = t->next, k++) {
         char name[64];
         snprintf(name, sizeof name, "tools[%d]", k);
+        /* chat: {"type": "function", "function": {...}}; /v1/responses: the function's fields
+         * beside "type" (flat) */
         const cJSON *type = cJSON_IsObject(t) ? field(t, "type") : NULL;
-        const cJSON *fn = cJSON_IsObject(t) ? field(t, "function") : NULL;
+        const cJSON *fn = !cJSON_IsObject(t) ? NULL : flat ? t : field(t, "function");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(fn))
             return api_fail(e, 400, INVALID, "invalid_value", name,
-                            "'%s' must be {\"type\": \"function\", \"function\": {...}} (the only "
-                            "kind of tool nopad serve offers a model)", name);
+                            flat ? "'%s' must be {\"type\": \"function\", \"name\", ...} (the only kind "
+                                   "of tool nopad serve offers a model)"
+                                 : "'%s' must be {\"type\": \"function\", \"function\": {...}} (the only "
+                                   "kind of tool nopad serve offers a model)", name);
         static const char *const fn_fields[] = {"name", "description", "parameters", "strict", NULL};
-        if (check_known(fn, fn_fields, e)) return -1;
+        static const char *const flat_fields[] = {"type", "name", "description", "parameters", "strict", NULL};
+        if (check_known(fn, flat ? flat_fields : fn_fields, e)) return -1;
         const cJSON *fname = field(fn, "name"), *desc = field(fn, "description");
         const cJSON *params = field(fn, "parameters"), *strict = field(fn, "strict");
-        snprintf(name, sizeof name, "tools[%d].function.name", k);
+        snprintf(name, sizeof name, flat ? "tools[%d].name" : "tools[%d].function.name", k);
         if (!cJSON_IsString(fname)) return wrong_type(e, name, "a string", fname);
         const size_t len = strlen(fname->valuestring);
         if (!len || len > 64 || strspn(fname->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -519,7 +570,7 @@ static int get_tools(const cJSON *obj, gen_request *r, api_error *e) {
             if (strcmp(r->tools[j].name, fname->valuestring) == 0)
                 return api_fail(e, 400, INVALID, "invalid_value", name,
                                 "'%s': two tools are named \"%s\"", name, fname->valuestring);
-        snprintf(name, sizeof name, "tools[%d].function", k);
+        snprintf(name, sizeof name, flat ? "tools[%d]" : "tools[%d].function", k);
         if (desc && !cJSON_IsString(desc)) return wrong_type(e, name, "an object with a string 'description'", desc);
         if (params && !cJSON_IsObject(params))
             return wrong_type(e, name, "an object whose 'parameters' is a JSON schema object", params);
@@ -556,7 +607,7 @@ static int get_tool_choice(const cJSON *obj, gen_request *r, api_error *e) {
         return 0;
     }
     if (cJSON_IsString(c) && strcmp(c->valuestring, "auto") == 0) {
-        if (!r->n_tools)
+        if (!r->n_tools && r->kind == GEN_CHAT)
             return api_fail(e, 400, INVALID, "invalid_value", "tool_choice",
                             "'tool_choice' \"auto\" is only allowed when 'tools' are given");
         return 0;
@@ -808,7 +859,7 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
         oom(e);
         goto done;
     }
-    if (kind == GEN_CHAT        ? get_messages(root, r, e) || get_tools(root, r, e) ||
+    if (kind == GEN_CHAT        ? get_messages(root, r, e) || get_tools(root, 0, r, e) ||
                                       get_tool_choice(root, r, e) ||
                                       get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e)
         : kind == GEN_RESPONSES ? get_responses_input(root, r, e)

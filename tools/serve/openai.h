@@ -35,7 +35,8 @@ int api_fail(api_error *e, int status, const char *type, const char *code, const
     ;
 
 /* GEN_RESPONSES: /v1/responses, text in and out: its input and instructions become chat messages
- * (instructions the system message), max_output_tokens max_tokens. */
+ * (instructions the system message; function_call items an assistant turn's calls,
+ * function_call_output items tool turns), its tools chat's, max_output_tokens max_tokens. */
 typedef enum gen_kind { GEN_COMPLETION, GEN_CHAT, GEN_RESPONSES } gen_kind;
 
 enum { GEN_MAX_CHOICES = 16 };
