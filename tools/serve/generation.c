@@ -855,8 +855,12 @@ static int fill_events(gen_job *j) {
     if (j->done && !j->end_sent && !failed(j) && parse_calls(j, &calls)) return -1;
     size_t release = j->text_len;
     if (j->tools && !(j->done && !calls.n_calls)) {
-        release = tool_text_releasable(j->tool_format, j->text ? j->text : "", j->text_len);
-        if (release < j->streamed) release = j->streamed;
+        /* white space that leads the text waits too: it may be all there is before a call */
+        const char *text = j->text ? j->text : "";
+        release = tool_text_releasable(j->tool_format, text, j->text_len);
+        size_t lead = 0;
+        while (lead < release && strchr(" \t\r\n", text[lead])) lead++;
+        if (release < j->streamed || (!j->streamed && lead == release)) release = j->streamed;
     }
     if (release > j->streamed) {
         cJSON *lp = j->logprobs && j->n_tokens > j->lp_sent ? logprobs_json(j, j->lp_sent, j->n_tokens) : NULL;
