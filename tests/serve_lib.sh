@@ -28,6 +28,9 @@ SERVE_ARGS=()
 start() {
     local name="$1"
     shift
+    # the log exists before the loop reads it: the background shell may not have opened it yet
+    # (sed on a missing file would end the script under set -e)
+    : >"$TMP/$name.log"
     "$NOPAD_CLI" serve --port 0 "${SERVE_ARGS[@]}" "$@" 2>"$TMP/$name.log" &
     PID=$!
     PIDS+=("$PID")
