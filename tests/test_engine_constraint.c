@@ -143,6 +143,7 @@ static void test_schema_under_load(void **state) {
         assert_int_equal(f, f_alone[i]);
         assert_int_equal(n, n_alone[i]);
         assert_memory_equal(ids, alone[i], (size_t)n * sizeof *ids);
+        nopad_request_free(fr[i]);
     }
     nopad_engine_free(e);
     nopad_model_free(m);
