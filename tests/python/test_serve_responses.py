@@ -5,7 +5,7 @@ OpenAI's order with their sequence numbers, the deltas adding up to the text, th
 helper assembling the same response); a string input, a message list and input_text parts are the
 same request; tools as on chat (the same prompt, so the same calls for the same seed, as
 function_call items, plain and streamed, and function_call / function_call_output items back
-into the prompt); what would need more (structured output, stored conversations, forced calls)
+into the prompt); what would need more (stored conversations, forced calls)
 is a 400 naming the field. echo puts the prompt's text before the completion, plain and streamed, and
 with logprobs (prompt log-probabilities are not computed) is a 400.
 
@@ -106,7 +106,7 @@ def test_input_forms(client):
     (dict(tools=[{"type": "function", "name": "f", "parameters": {}}], tool_choice="required"), "tool_choice"),
     (dict(tools=[{"type": "web_search"}]), "tools[0]"),
     (dict(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]), "input[0]"),
-    (dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}), "text.format"),
+    (dict(text={"format": {"type": "yaml"}}), "text.format.type"),
     (dict(previous_response_id="resp_1"), "previous_response_id"),
     (dict(input=[{"type": "reasoning", "id": "rs_1", "summary": []}]), "input[0]"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input[0].content"),

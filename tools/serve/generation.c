@@ -1157,6 +1157,7 @@ static int submit_choice(server *s, gen_job *j, const gen_request *r, const int3
     }
     p.on_token = on_token;
     p.logprobs = r->logprobs;
+    p.constraint = r->constraint; /* the engine's request holds its own reference */
     p.user = j;
     nopad_status st = nopad_engine_submit(s->engine, &p, &j->req);
     if (st != NOPAD_OK) {
@@ -1168,6 +1169,8 @@ static int submit_choice(server *s, gen_job *j, const gen_request *r, const int3
             api_fail(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", msg);
         else if (st == NOPAD_ERR_INVALID_ARGUMENT)
             api_fail(e, 400, "invalid_request_error", "invalid_value", NULL, "%s", msg);
+        else if (st == NOPAD_ERR_UNSUPPORTED)
+            api_fail(e, 400, "invalid_request_error", "unsupported_value", NULL, "%s", msg);
         else
             api_fail(e, 500, "server_error", NULL, NULL, "%s", msg);
         j->refs = 1; /* no call will come */

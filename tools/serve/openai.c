@@ -1,5 +1,6 @@
 /* Parsing and checking the OpenAI-style request bodies (see openai.h). */
 #include "openai.h"
+#include "structured.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -124,12 +125,6 @@ static int check_neutral(const cJSON *obj, api_error *e) {
     if ((v = field(obj, "logit_bias")) && !(cJSON_IsObject(v) && !v->child))
         return api_fail(e, 400, INVALID, "unsupported_value", "logit_bias",
                         "'logit_bias' is not supported by nopad serve");
-    if ((v = field(obj, "response_format"))) {
-        const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-            return api_fail(e, 400, INVALID, "unsupported_value", "response_format",
-                            "'response_format' other than {\"type\": \"text\"} is not supported");
-    }
     if ((v = field(obj, "functions")) && !(cJSON_IsArray(v) && !v->child))
         return api_fail(e, 400, INVALID, "unsupported_value", "functions",
                         "'functions' (the deprecated form of tools) is not supported: send 'tools'");
@@ -166,14 +161,15 @@ static const char *const completion_fields[] = {
     HARMLESS, "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "stream", "stream_options",
     "ignore_eos", "min_tokens", "n", "best_of", "logprobs", "echo", "suffix", "presence_penalty",
-    "frequency_penalty", "logit_bias", "response_format", "skip_special_tokens", NULL};
+    "frequency_penalty", "logit_bias", "response_format", "guided_json", "guided_regex", "guided_choice",
+    "skip_special_tokens", NULL};
 
 static const char *const chat_fields[] = {
     HARMLESS, "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
     "min_p", "repetition_penalty", "seed", "stop", "stop_token_ids", "stream", "stream_options",
     "ignore_eos", "min_tokens", "n", "logprobs", "top_logprobs", "presence_penalty",
-    "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice", "functions",
-    "function_call", "skip_special_tokens", "add_generation_prompt", NULL};
+    "frequency_penalty", "logit_bias", "response_format", "guided_json", "guided_regex", "guided_choice",
+    "tools", "tool_choice", "functions", "function_call", "skip_special_tokens", "add_generation_prompt", NULL};
 
 /* /v1/responses, text only. "top_k", "min_p", "repetition_penalty" and "seed" are vLLM's
  * extensions, as on the other routes. */
@@ -446,11 +442,9 @@ static int get_responses_input(const cJSON *obj, gen_request *r, api_error *e) {
         return -1;
     if ((v = field(obj, "text"))) {
         const cJSON *format = cJSON_IsObject(v) ? field(v, "format") : NULL;
-        const cJSON *type = cJSON_IsObject(format) ? field(format, "type") : NULL;
-        if (!cJSON_IsObject(v) || (format && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text"))))
-            return api_fail(e, 400, INVALID, "unsupported_value", "text.format",
-                            "'text.format' other than {\"type\": \"text\"} (structured output) is "
-                            "not supported yet: it needs the grammar-constrained sampler");
+        if (!cJSON_IsObject(v))
+            return api_fail(e, 400, INVALID, "invalid_type", "text", "'text' must be an object");
+        if (format && structured_text_format(format, &r->constraint, e)) return -1;
         for (const cJSON *f = v->child; f; f = f->next)
             if (strcmp(f->string, "format"))
                 return api_fail(e, 400, INVALID, "unsupported_value", "text", "'text.%s' is not supported",
@@ -942,6 +936,8 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
         r->has_seed = 1;
         r->seed = (uint64_t)(int64_t)seed; /* a negative seed is a stream of its own too */
     }
+    /* response_format / guided_*: the output follows a schema, a regex or choices */
+    if (kind != GEN_RESPONSES && structured_constraint(root, &r->constraint, e)) goto done;
     rc = 0;
 done:
     cJSON_Delete(root);
@@ -950,6 +946,8 @@ done:
 }
 
 void gen_request_free(gen_request *r) {
+    nopad_constraint_free(r->constraint);
+    r->constraint = NULL;
     free(r->model);
     free(r->prompt);
     free(r->prompt_ids);

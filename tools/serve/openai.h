@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "chat_template.h"
+#include "nopad.h"
 
 /* An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with an HTTP status. */
 typedef struct api_error {
@@ -77,6 +78,8 @@ typedef struct gen_request {
     int n_tools;
     int tool_choice_none;
     int parallel_tool_calls;
+    nopad_constraint *constraint; /* response_format, guided_* or text.format: what the output must
+                                     be (structured.h); NULL: free text */
 } gen_request;
 
 /* Parses a completions (kind GEN_COMPLETION), chat or responses body. 0, or -1 with e filled

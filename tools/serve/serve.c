@@ -52,6 +52,8 @@ static const char serve_help[] =
     "  --device D              cpu (default) or cuda\n"
     "  --dtype T               compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
     "  --threads N             CPU threads (default: OpenMP's default)\n"
+    "  --weights W             a GGUF file's quantized weights: auto (default: as stored on the\n"
+    "                          CPU), native, f32, f16, bf16 (dequantised; the compute dtype's)\n"
     TP_HELP
     "                          It splits --model (else --embedding-model); the other model\n"
     "                          runs whole on rank 0, which alone serves HTTP\n"
@@ -79,6 +81,7 @@ enum {
     OPT_DTYPE,
     OPT_THREADS,
     OPT_TP,
+    OPT_WEIGHTS,
 };
 
 static const struct option long_options[] = {
@@ -98,6 +101,7 @@ static const struct option long_options[] = {
     {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN},
     {"device", required_argument, NULL, OPT_DEVICE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"weights", required_argument, NULL, OPT_WEIGHTS},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"tp", required_argument, NULL, OPT_TP},
     {"help", no_argument, NULL, 'h'},
@@ -148,6 +152,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
             break;
         case OPT_THREADS: bad = parse_int("--threads", v, 0, 4096, &o->threads); break;
         case OPT_TP: bad = parse_int("--tp", v, 1, TP_MAX, &o->tp); break;
+        case OPT_WEIGHTS: bad = parse_weights(v, &o->weights); break;
         default: cli_print_opt_error(&p); return -1;
         }
         if (bad) return -1;
@@ -189,6 +194,7 @@ static const char *default_path(const char *name, char *buf, size_t cap) {
 static nopad_model_params load_params(const serve_options *o, long tp) {
     nopad_model_params mp = model_params(o->device, o->dtype, o->dtype_given, (int)o->threads);
     mp.tp_size = (int32_t)tp;
+    mp.weights = o->weights;
     return mp;
 }
 

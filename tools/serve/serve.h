@@ -33,6 +33,7 @@ typedef struct serve_options {
     nopad_device device;
     nopad_dtype dtype;
     int dtype_given;
+    nopad_weights weights;    /* --weights */
 } serve_options;
 
 typedef struct gen_job gen_job;

@@ -103,3 +103,27 @@ int structured_constraint(const cJSON *body, nopad_constraint **out, api_error *
     }
     return 0;
 }
+
+int structured_text_format(const cJSON *format, nopad_constraint **out, api_error *e) {
+    *out = NULL;
+    const cJSON *type = cJSON_IsObject(format) ? field(format, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return api_fail(e, 400, INVALID, "invalid_type", "text.format",
+                        "'text.format' must be an object with a string 'type' (\"text\", \"json_object\" or "
+                        "\"json_schema\")");
+    if (!strcmp(type->valuestring, "text")) return 0;
+    if (!strcmp(type->valuestring, "json_object")) {
+        const nopad_status st = nopad_constraint_json_object(out);
+        return st == NOPAD_OK ? 0 : refused(e, st, "text.format");
+    }
+    if (!strcmp(type->valuestring, "json_schema")) {
+        const cJSON *schema = field(format, "schema");
+        if (!schema)
+            return api_fail(e, 400, INVALID, "invalid_value", "text.format.schema",
+                            "'text.format' of type \"json_schema\" needs 'schema'");
+        return from_schema(schema, "text.format.schema", out, e);
+    }
+    return api_fail(e, 400, INVALID, "unsupported_value", "text.format.type",
+                    "'text.format' type \"%s\" is not supported (\"text\", \"json_object\" or \"json_schema\")",
+                    type->valuestring);
+}

@@ -13,5 +13,8 @@
  * or unsupported one is -1 with e filled: 400 naming the field, with the schema keyword and its
  * path where the schema is the cause (an unsupported keyword is never ignored). */
 int structured_constraint(const cJSON *body, nopad_constraint **out, api_error *e);
+/* /v1/responses' text.format: {"type": "text"} (no constraint), {"type": "json_object"} or
+ * {"type": "json_schema", "name", "schema", "strict"}. */
+int structured_text_format(const cJSON *format, nopad_constraint **out, api_error *e);
 
 #endif
