@@ -87,7 +87,8 @@ def main() -> None:
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--out")
     args = ap.parse_args()
-    env = dict(os.environ, NOPAD_LIBRARY=str(Path(args.library).resolve()), OMP_WAIT_POLICY="PASSIVE")
+    env = dict(os.environ, NOPAD_LIBRARY=str(Path(args.library).resolve()))
+    env.pop("OMP_WAIT_POLICY", None)  # OpenMP's own default (threads spin a while between regions)
     load = os.getloadavg()
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
