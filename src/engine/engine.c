@@ -664,9 +664,13 @@ static nopad_status constraint_ready(nopad_engine *e, const char *fn) {
         const model_config *cfg = &e->model->cfg;
         st = grammar_token_trie_from_tokenizer(e->tok, cfg->eos_token_ids, cfg->n_eos, &e->trie);
         if (st != NOPAD_OK) st = nopad_wrap_error(st, "%s: the vocabulary's trie for constrained decoding", fn);
-        else if (grammar_token_trie_vocab_size(e->trie) > cfg->vocab_size)
+        else if (grammar_token_trie_vocab_size(e->trie) > cfg->vocab_size) {
+            /* the masks hold the model's vocabulary: a larger tokenizer's would not fit them */
             st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: the tokenizer has %d tokens, the model's "
                                  "vocabulary %d", fn, grammar_token_trie_vocab_size(e->trie), cfg->vocab_size);
+            grammar_token_trie_free(e->trie);
+            e->trie = NULL;
+        }
     }
     pthread_mutex_unlock(&e->trie_lock);
     return st;
