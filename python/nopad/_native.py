@@ -65,6 +65,14 @@ class ModelParams(ctypes.Structure):
                 ("weights", _enum)]
 
 
+class WeightGroup(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p),
+                ("format", ctypes.c_char_p),
+                ("stored", ctypes.c_char_p),
+                ("n_tensors", ctypes.c_int32),
+                ("bytes", ctypes.c_size_t)]
+
+
 class ModelStats(ctypes.Structure):
     _fields_ = [("forwards", ctypes.c_int64),
                 ("graph_replays", ctypes.c_int64),
@@ -360,6 +368,7 @@ _PROTOTYPES = {
     "nopad_model_tokenizer": (_p, [_p]),
     "nopad_model_tokenizer_error": (ctypes.c_char_p, [_p]),
     "nopad_model_chat_template": (ctypes.c_char_p, [_p]),
+    "nopad_model_weight_groups": (ctypes.c_int32, [_p, ctypes.POINTER(WeightGroup), ctypes.c_int32]),
     "nopad_model_memory": (ctypes.c_int, [_p, ctypes.POINTER(ctypes.c_size_t),
                                           ctypes.POINTER(ctypes.c_size_t),
                                           ctypes.POINTER(ctypes.c_size_t)]),

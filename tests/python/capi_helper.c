@@ -32,6 +32,7 @@ static void abi(void) {
     FIELD(nopad_model_params, kv_cache_tokens);
     FIELD(nopad_model_params, kv_block_size);
     FIELD(nopad_model_params, tp_size);
+    FIELD(nopad_model_params, weights);
     SIZE(nopad_model_params);
     FIELD(nopad_model_info, model_type);
     FIELD(nopad_model_info, family);

@@ -163,7 +163,9 @@ def test_engine_text_streams_and_stops(gguf):
     chat = "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n"
     prompts = [chat % q for q in ("What is the capital of France?", "Count from one to ten.",
                                   "Name a colour.")]
-    with nopad.Generator(gguf) as gen, nopad.Engine(gen) as eng:
+    # dequantised: with the weights kept quantized a row's int8-rounded activations depend on
+    # what shares its step, and Generator.generate batches the three prompts differently
+    with nopad.Generator(gguf, weights="f32") as gen, nopad.Engine(gen) as eng:
         want = gen.generate(prompts, max_tokens=24)
         reqs = [eng.submit(p, max_tokens=24) for p in prompts]
         pieces = ["".join(reqs[0])]  # streamed
