@@ -12,7 +12,8 @@
  * logprobs must give the same ids. Mismatches are counted and printed before the test fails.
  * Then the backend's row_argmax (a tensor-parallel rank's greedy choice over its share of the
  * vocabulary) against the CPU op and a double-precision sum, directly and replayed from a CUDA
- * graph. Exit code 77 (skipped) without a GPU. */
+ * graph; and the device merge of ranks' greedy triples against the host's. Exit code 77 (skipped)
+ * without a GPU. */
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math.h>
@@ -526,6 +527,96 @@ static void test_row_argmax_arguments(void **state) {
     gpu->destroy(gpu);
 }
 
+/* ---- greedy merge ------------------------------------------------------------------------- */
+
+/* The device merge of ranks' triples (greedy_merge_begin, then sample_wait) against the host's
+ * (sampling_merge_greedy, which the CPU tensor-parallel path runs): parts 1, 2, 3, 4 and 8 of
+ * rows 1, 7 and 300, each row one of: distinct maxes, the same max on several parts (the lowest
+ * part wins), some parts -inf, exp-sums from 1 to the vocabulary's size, maxes hundreds of nats
+ * apart. Ids equal; log-probabilities within 2 float ulps of the host's (both take the same double
+ * expression, exp and log within an ulp of double, and round once to float), and without
+ * logprobs the same ids. Then the rows with no choice: a NaN part, or only -inf parts, fail
+ * sample_wait naming the row. */
+static void fill_triples(float *best, int32_t parts, int32_t n, uint64_t *rng) {
+    const int32_t stride = 1 + rng_below(rng, 50000); /* ids a part holds */
+    for (int32_t r = 0; r < n; r++) {
+        const int kind = rng_below(rng, 4);
+        const float base = (float)(rng_normal(rng) * 10.0);
+        for (int32_t k = 0; k < parts; k++) {
+            float *t = best + ((size_t)k * n + r) * 3;
+            float m = base + (float)(kind == 3 ? rng_normal(rng) * 300.0 : rng_normal(rng) * 3.0);
+            if (kind == 1 && rng_below(rng, 2)) m = base; /* ties across parts */
+            const int inf = kind == 2 && k != (r % parts) && rng_below(rng, 2);
+            t[0] = inf ? -INFINITY : m;
+            t[1] = inf ? -1.0f : (float)(k * stride + rng_below(rng, stride));
+            t[2] = inf ? 0.0f : (float)(1.0 + rng_unit(rng) * stride);
+        }
+    }
+}
+
+static void test_greedy_merge_against_host(void **state) {
+    (void)state;
+    static const int32_t PARTS[] = {1, 2, 3, 4, 8}, NS[] = {1, 7, 300};
+    nopad_backend *gpu;
+    assert_nopad_ok(nopad_backend_cuda_create(NOPAD_DTYPE_F16, 0, NULL, &gpu));
+    assert_non_null(gpu->greedy_merge_begin);
+    uint64_t rng = 20261207;
+    int64_t checked = 0;
+    float worst_ulps = 0.0f;
+    for (size_t pi = 0; pi < sizeof PARTS / sizeof PARTS[0]; pi++)
+        for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+            const int32_t parts = PARTS[pi], n = NS[ni];
+            const size_t bytes = (size_t)parts * n * 3 * sizeof(float);
+            float *best = malloc(bytes), *d_best, *lp = malloc((size_t)n * sizeof *lp);
+            int32_t *ids = malloc((size_t)n * sizeof *ids), *ids2 = malloc((size_t)n * sizeof *ids2), *d_ids;
+            fill_triples(best, parts, n, &rng);
+            assert_nopad_ok(gpu->alloc(gpu, bytes, (void **)&d_best));
+            assert_nopad_ok(gpu->alloc(gpu, (size_t)n * sizeof(int32_t), (void **)&d_ids));
+            assert_nopad_ok(gpu->upload(gpu, d_best, best, bytes));
+            assert_nopad_ok(gpu->greedy_merge_begin(gpu, d_best, parts, n, 1, d_ids));
+            assert_nopad_ok(gpu->sample_wait(gpu, ids, lp, n));
+            assert_nopad_ok(gpu->greedy_merge_begin(gpu, d_best, parts, n, 0, d_ids));
+            assert_nopad_ok(gpu->sample_wait(gpu, ids2, NULL, n));
+            int32_t *fed = malloc((size_t)n * sizeof *fed); /* ids_out: the next step's feed */
+            assert_nopad_ok(gpu->download(gpu, fed, d_ids, (size_t)n * sizeof(int32_t)));
+            for (int32_t r = 0; r < n; r++) {
+                int32_t want;
+                float want_lp;
+                assert_nopad_ok(sampling_merge_greedy(best, parts, n, r, &want, &want_lp));
+                const float ulps = fabsf(lp[r] - want_lp) / fmaxf(fabsf(want_lp) * FLT_EPSILON, FLT_MIN);
+                if (ids[r] != want || ids2[r] != want || fed[r] != want || !(ulps <= 2.0f))
+                    fail_msg("greedy merge, %d parts, %d rows, row %d: GPU id %d / %d (fed %d) logprob %.9g, host "
+                             "id %d logprob %.9g", parts, n, r, ids[r], ids2[r], fed[r], lp[r], want, want_lp);
+                worst_ulps = fmaxf(worst_ulps, ulps);
+                checked++;
+            }
+            /* a NaN part, then only -inf parts, in a random row: sample_wait names it */
+            const int32_t bad_row = rng_below(&rng, n);
+            for (int pass = 0; pass < 2; pass++) {
+                for (int32_t k = 0; k < parts; k++) {
+                    float *t = best + ((size_t)k * n + bad_row) * 3;
+                    if (pass == 0 && k == parts - 1) t[0] = NAN;
+                    if (pass == 1) t[0] = -INFINITY, t[1] = -1.0f, t[2] = 0.0f;
+                }
+                assert_nopad_ok(gpu->upload(gpu, d_best, best, bytes));
+                assert_nopad_ok(gpu->greedy_merge_begin(gpu, d_best, parts, n, 1, d_ids));
+                char row_name[32];
+                snprintf(row_name, sizeof row_name, "row %d ", bad_row);
+                assert_nopad_error(gpu->sample_wait(gpu, ids, lp, n), NOPAD_ERR_INVALID_ARGUMENT, row_name);
+            }
+            gpu->free(gpu, d_best);
+            gpu->free(gpu, d_ids);
+            free(best);
+            free(lp);
+            free(ids);
+            free(ids2);
+            free(fed);
+        }
+    printf("  greedy merge: %lld rows, log-probabilities at most %.1f float ulps from the host's\n",
+           (long long)checked, worst_ulps);
+    gpu->destroy(gpu);
+}
+
 int main(void) {
     if (test_skip_without_gpu()) return 77;
     const struct CMUnitTest tests[] = {
@@ -534,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_row_argmax_arguments),
         cmocka_unit_test(test_row_argmax_against_cpu),
         cmocka_unit_test(test_row_argmax_graph),
+        cmocka_unit_test(test_greedy_merge_against_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -504,6 +504,13 @@ struct nopad_backend {
                                  const int32_t *history, const int32_t *cu_history, int want_logprobs,
                                  int32_t *ids_out);
     nopad_status (*sample_wait)(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n);
+    /* The greedy choice of a split model's rows from its ranks' row_argmax triples, merged on the
+     * device, as sample_begin samples: best[parts, n, 3] (backend memory, part k's row r at
+     * (k * n + r) * 3) merged as sampling_merge_greedy (model/sampling.h) merges them; the ids
+     * land in ids_out[n] (the next step's feed) and come back through sample_wait(n), with their
+     * log-probabilities when want_logprobs. NULL: the caller merges on the host. */
+    nopad_status (*greedy_merge_begin)(nopad_backend *be, const float *best, int32_t parts, int32_t n,
+                                       int want_logprobs, int32_t *ids_out);
 
     /* ---- weights in a block format (NULL where the backend runs none: its models dequantise;
      * nopad_backend_runs_format says which formats and row lengths a backend runs) ----------- */

@@ -541,26 +541,9 @@ static nopad_status tp_greedy(nopad_backend *be, const model_config *cfg, const 
         if (r0 > 0) TRY(tp_head_part(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n, 1));
         TRY(be->download(be, s->host_best, s->best_parts, (size_t)tp->size * n * 3 * sizeof(float)));
         for (int32_t r = 0; r < n; r++) {
-            float top = -INFINITY, id = -1.0f;
-            for (int32_t k = 0; k < tp->size; k++) {
-                const float *t = s->host_best + ((size_t)k * n + r) * 3;
-                if (t[0] != t[0])
-                    return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                                           "sampling: logits of row %d hold NaN or +inf (ids from %d); a "
-                                           "logit must be finite or -inf", r0 + r, k * tp->vocab_stride);
-                if (t[0] > top) top = t[0], id = t[1];
-            }
-            if (top == -INFINITY)
-                return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                                       "sampling: logits are all -inf (%d ids); no id can be chosen",
-                                       cfg->vocab_size);
-            double z = 0;
-            for (int32_t k = 0; k < tp->size; k++) {
-                const float *t = s->host_best + ((size_t)k * n + r) * 3;
-                if (t[0] > -INFINITY) z += (double)t[2] * exp((double)t[0] - top);
-            }
-            out->ids[r0 + r] = (int32_t)id;
-            if (out->logprobs) out->logprobs[r0 + r] = (float)-log(z);
+            nopad_status st = sampling_merge_greedy(s->host_best, tp->size, n, r, &out->ids[r0 + r],
+                                                    out->logprobs ? &out->logprobs[r0 + r] : NULL);
+            if (st != NOPAD_OK) return nopad_wrap_error(st, "sequence %d of the step", r0 + r);
         }
     }
     /* the next step may name these ids before its launch (tokens < 0) */
@@ -582,7 +565,14 @@ nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, c
     const size_t es = nopad_dtype_size(be->dtype);
     const int32_t H = cfg->hidden_size;
     if (w->tp.comm && out->ids && all_greedy(out, out_rows)) {
-        TRY(tp_greedy(be, cfg, w, s, out, out_rows));
+        /* one chunk (the step's own triples) merges on the device, and the host waits for the ids
+         * in decoder_step_wait, as after sample_begin */
+        if (out_rows <= s->logit_rows && be->greedy_merge_begin && be->sample_wait) {
+            TRY(be->greedy_merge_begin(be, s->best_parts, w->tp.size, out_rows, out->logprobs != NULL, s->feed));
+            s->ids_pending = out_rows;
+        } else {
+            TRY(tp_greedy(be, cfg, w, s, out, out_rows));
+        }
         s->feed_rows = out_rows;
         return NOPAD_OK;
     }

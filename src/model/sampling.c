@@ -424,3 +424,27 @@ nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab
     *out_id = chosen;
     return NOPAD_OK;
 }
+
+nopad_status sampling_merge_greedy(const float *best, int32_t parts, int32_t n, int32_t r, int32_t *out_id,
+                                   float *out_logprob) {
+    float top = -INFINITY, id = -1.0f;
+    for (int32_t k = 0; k < parts; k++) {
+        const float *t = best + ((size_t)k * n + r) * 3;
+        if (t[0] != t[0])
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "sampling: the logits hold NaN or +inf (part %d of %d); a logit must be "
+                                   "finite or -inf", k, parts);
+        if (t[0] > top) top = t[0], id = t[1];
+    }
+    if (top == -INFINITY)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "sampling: the logits are all -inf; no id can be chosen");
+    double z = 0;
+    for (int32_t k = 0; k < parts; k++) {
+        const float *t = best + ((size_t)k * n + r) * 3;
+        if (t[0] > -INFINITY) z += (double)t[2] * exp((double)t[0] - top);
+    }
+    *out_id = (int32_t)id;
+    if (out_logprob) *out_logprob = (float)-log(z);
+    return NOPAD_OK;
+}

@@ -58,4 +58,13 @@ nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab
                           const nopad_sampling_params *p, const int32_t *history,
                           int32_t n_history, uint64_t step, int32_t *out_id, float *out_logprob);
 
+/* The greedy choice of row r of a split model from its ranks' row_argmax triples (backend.h):
+ * best[parts, n, 3] (host) holds part k's {max, id, exp-sum} of row r at best + (k * n + r) * 3.
+ * The largest max wins, the lowest part on ties (parts hold ids in order, so the lowest id wins,
+ * as in sample_token); *out_logprob (may be NULL) = -log Σ_k sum_k · exp(max_k - max), the sum in
+ * double. A part holding NaN / +inf, or every part -inf, is NOPAD_ERR_INVALID_ARGUMENT. The CUDA
+ * merge (greedy_merge_begin) computes the same. */
+nopad_status sampling_merge_greedy(const float *best, int32_t parts, int32_t n, int32_t r, int32_t *out_id,
+                                   float *out_logprob);
+
 #endif

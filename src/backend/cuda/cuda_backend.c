@@ -268,6 +268,35 @@ static nopad_status cu_gemm_swiglu(nopad_backend *be, void *out, void *gate_up, 
     if (st != NOPAD_OK) return st;
     return cuda_dec_swiglu(be->dtype, out, gate_up, n_tokens, n_ffn, s->stream);
 }
+/* The sampling's buffers grown to `need` bytes each: sample_dev (device) and sample_host (pinned
+ * staging, so that the ids' download runs without the host: a pageable one would hold the caller
+ * until the step before it had run). No graph names them (sampling runs after the recorded part of
+ * a step), so growing them keeps the graphs; they grow by doubling, as the penalty's histories grow
+ * every step. */
+static nopad_status sample_staging(cuda_state *s, size_t need) {
+    if (need > s->sample_dev_bytes) {
+        if (s->sample_dev) {
+            cudaStreamSynchronize(s->stream);
+            cudaFree(s->sample_dev);
+            s->sample_dev = NULL;
+            s->sample_dev_bytes = 0;
+        }
+        const size_t bytes = need < 4096 ? 8192 : 2 * need;
+        nopad_status st = cuda_check(cudaMalloc(&s->sample_dev, bytes), "sampling buffer");
+        if (st != NOPAD_OK) return st;
+        s->sample_dev_bytes = bytes;
+    }
+    if (need > s->sample_host_bytes) {
+        if (s->sample_host) cudaFreeHost(s->sample_host);
+        s->sample_host = NULL;
+        s->sample_host_bytes = 0;
+        nopad_status st = cuda_check(cudaMallocHost(&s->sample_host, 2 * need), "sampling staging");
+        if (st != NOPAD_OK) return st;
+        s->sample_host_bytes = 2 * need;
+    }
+    return NOPAD_OK;
+}
+
 /* Sampling in two halves: sample_begin queues the parameters' upload (rows and histories in one
  * copy), the kernel and the ids' download into pinned staging (the call returns at once);
  * sample_wait waits for them, the step's one synchronisation. The next step's forward may be
@@ -283,31 +312,8 @@ static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n,
     /* device and host layout: rows [n] | ids [n] | logprobs [n] | history [n_hist] */
     const size_t rows_bytes = (size_t)n * sizeof(cuda_sample_row);
     const size_t need = rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float)) + (size_t)n_hist * sizeof(int32_t);
-    /* no graph names this buffer (sampling runs after the recorded part of a step), so growing
-     * it keeps the graphs; it grows by doubling, as the penalty's histories grow every step */
-    nopad_status st = NOPAD_OK;
-    if (need > s->sample_dev_bytes) {
-        if (s->sample_dev) {
-            cudaStreamSynchronize(s->stream);
-            cudaFree(s->sample_dev);
-            s->sample_dev = NULL;
-            s->sample_dev_bytes = 0;
-        }
-        const size_t bytes = need < 4096 ? 8192 : 2 * need;
-        st = cuda_check(cudaMalloc(&s->sample_dev, bytes), "sampling buffer");
-        if (st != NOPAD_OK) return st;
-        s->sample_dev_bytes = bytes;
-    }
-    if (need > s->sample_host_bytes) {
-        /* pinned, so that the ids' download runs without the host: a pageable one would hold the
-         * caller until the step before it had run */
-        if (s->sample_host) cudaFreeHost(s->sample_host);
-        s->sample_host = NULL;
-        s->sample_host_bytes = 0;
-        st = cuda_check(cudaMallocHost(&s->sample_host, 2 * need), "sampling staging");
-        if (st != NOPAD_OK) return st;
-        s->sample_host_bytes = 2 * need;
-    }
+    nopad_status st = sample_staging(s, need);
+    if (st != NOPAD_OK) return st;
     char *h = s->sample_host, *d = s->sample_dev;
     cuda_sample_row *rows = (cuda_sample_row *)h;
     for (int32_t r = 0; r < n; r++) {
@@ -341,6 +347,31 @@ static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n,
         st = cuda_check(cudaMemcpyAsync(h + rows_bytes + id_bytes, d_logprobs, (size_t)n * sizeof(float),
                                         cudaMemcpyDeviceToHost, s->stream),
                         "sampling download");
+    if (st == NOPAD_OK) s->sample_pending = n;
+    return st;
+}
+
+/* The greedy merge in sample_begin's halves: the kernel writes ids (into ids_out) and
+ * log-probabilities where sample_wait reads them back, rows [n] | ids [n] | logprobs [n] as
+ * sample_begin lays them out (the rows' slot unused). */
+static nopad_status cu_greedy_merge_begin(nopad_backend *be, const float *best, int32_t parts, int32_t n,
+                                          int want_logprobs, int32_t *ids_out) {
+    CUDA_ENTER(be, s);
+    s->sample_pending = 0;
+    if (n <= 0) return NOPAD_OK;
+    const size_t rows_bytes = (size_t)n * sizeof(cuda_sample_row), id_bytes = (size_t)n * sizeof(int32_t);
+    nopad_status st = sample_staging(s, rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float)));
+    if (st != NOPAD_OK) return st;
+    char *h = s->sample_host, *d = s->sample_dev;
+    float *d_logprobs = (float *)(d + rows_bytes + id_bytes);
+    st = cuda_greedy_merge(best, parts, n, ids_out, want_logprobs ? d_logprobs : NULL, s->stream);
+    if (st == NOPAD_OK)
+        st = cuda_check(cudaMemcpyAsync(h + rows_bytes, ids_out, id_bytes, cudaMemcpyDeviceToHost, s->stream),
+                        "greedy merge download");
+    if (st == NOPAD_OK && want_logprobs)
+        st = cuda_check(cudaMemcpyAsync(h + rows_bytes + id_bytes, d_logprobs, (size_t)n * sizeof(float),
+                                        cudaMemcpyDeviceToHost, s->stream),
+                        "greedy merge download");
     if (st == NOPAD_OK) s->sample_pending = n;
     return st;
 }
@@ -524,6 +555,7 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->sample = cu_sample;
     be->sample_begin = cu_sample_begin;
     be->sample_wait = cu_sample_wait;
+    be->greedy_merge_begin = cu_greedy_merge_begin;
     /* training (train/): each op family fills its entries */
     cuda_train_install_ops(be);
     cuda_train_install_gemm_optim(be);

@@ -111,3 +111,45 @@ extern "C" nopad_status cuda_row_argmax(float *best, const float *x, int32_t row
                       (int)cols, (int)ld, (int)id0);
     return launch_status("row_argmax");
 }
+
+/* The merge of the ranks' triples best[parts, n, 3], one thread a row, as sampling_merge_greedy
+ * (model/sampling.c): the largest max, the lowest part on ties, the log-probability -log of the
+ * parts' exp-sums rescaled to the winner's max, summed in double in part order. A row with a NaN
+ * part, or only -inf parts, gets id -1 (sample_wait reports it). */
+__global__ void greedy_merge_kernel(const float *best, int parts, int n, int *ids, float *logprobs) {
+    allow_dependent_launch();
+    wait_for_upstream_grid(); // best is the all-gather's output
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    float top = -INFINITY;
+    int id = -1, bad = 0;
+    for (int k = 0; k < parts; k++) {
+        const float *t = best + ((size_t)k * n + r) * 3;
+        bad |= t[0] != t[0];
+        if (t[0] > top) top = t[0], id = (int)t[1];
+    }
+    if (bad || top == -INFINITY) {
+        ids[r] = -1;
+        if (logprobs) logprobs[r] = NAN;
+        return;
+    }
+    double z = 0.0;
+    for (int k = 0; k < parts; k++) {
+        const float *t = best + ((size_t)k * n + r) * 3;
+        if (t[0] > -INFINITY) z += (double)t[2] * exp((double)t[0] - (double)top);
+    }
+    ids[r] = id;
+    if (logprobs) logprobs[r] = (float)-log(z);
+}
+
+extern "C" nopad_status cuda_greedy_merge(const float *best, int32_t parts, int32_t n, int32_t *ids, float *logprobs,
+                                          void *stream) {
+    if (parts < 1 || n < 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda greedy merge: %d parts of %d rows; need parts >= 1 and rows >= 0", parts, n);
+    if (n == 0) return NOPAD_OK;
+    enum { MERGE_THREADS = 128 };
+    launch_row_kernel(greedy_merge_kernel, dim3((unsigned)((n + MERGE_THREADS - 1) / MERGE_THREADS)),
+                      dim3(MERGE_THREADS), (cudaStream_t)stream, best, (int)parts, (int)n, (int *)ids, logprobs);
+    return launch_status("greedy merge");
+}

@@ -39,6 +39,13 @@ nopad_status cuda_sample_rows(float *logits, int32_t n, int32_t vocab, const cud
 nopad_status cuda_row_argmax(float *best, const float *x, int32_t rows, int32_t cols, int32_t ld,
                              int32_t id0, void *stream);
 
+/* greedy_merge_begin's kernel (backend.h): ids[r] (device) = the greedy choice of row r from the
+ * ranks' row_argmax triples best[parts, n, 3] (device), as sampling_merge_greedy (model/sampling.h)
+ * chooses it, logprobs[r] (device, may be NULL) its log-probability; -1 (and NaN) for a row with a
+ * NaN part or only -inf parts. No host synchronisation; enqueued on stream. */
+nopad_status cuda_greedy_merge(const float *best, int32_t parts, int32_t n, int32_t *ids, float *logprobs,
+                               void *stream);
+
 #ifdef __cplusplus
 }
 #endif
