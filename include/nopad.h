@@ -626,6 +626,15 @@ nopad_status nopad_constraint_json_object(nopad_constraint **out);
 nopad_status nopad_constraint_regex(const char *pattern, size_t len, nopad_constraint **out);
 /* Exactly one of the n texts (vLLM's guided_choice). */
 nopad_status nopad_constraint_choices(const char *const *choices, int32_t n, nopad_constraint **out);
+/* JSON values inside fixed text, as a model family writes tool calls: `open`, then min_count (>= 1)
+ * to max_count values (max_count -1: no limit) joined by `separator`, then `close`; each value
+ * valid against one of the n_schemas JSON schemas (each compiled on its own: its $ref resolve
+ * within it). E.g. Hermes calls: open "<tool_call>\n", separator "\n</tool_call>\n<tool_call>\n",
+ * close "\n</tool_call>", one schema per tool. Errors as nopad_constraint_json_schema's, the
+ * path starting "schemas[i]". */
+nopad_status nopad_constraint_json_sequence(const char *const *schemas, int32_t n_schemas, const char *open,
+                                            const char *separator, const char *close, int32_t min_count,
+                                            int32_t max_count, nopad_constraint **out);
 void nopad_constraint_free(nopad_constraint *constraint);
 
 typedef struct nopad_request_params {

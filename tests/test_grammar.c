@@ -298,21 +298,23 @@ static const char *const MASK_SCHEMAS[] = {
     "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":5},\"maxItems\":4}",
 };
 
-/* A vocabulary of random byte strings (1-7 bytes) over JSON's alphabet (with the letters of the
- * schemas' keys) plus a few non-ASCII
- * bytes, every single byte of the alphabet also a token (so every document is reachable), one
- * empty (special) token and one EOS. */
-static grammar_token_trie *random_trie(int32_t vocab, uint64_t *rng, uint8_t (*store)[8], uint32_t *lens, int32_t *eos) {
-    static const char ALPHA[] = "{}[]\":, -.0123456789eEabcmnokrstuflx\\\n\xC3\xA9\xE2\x82\xAC";
-    const int na = (int)sizeof(ALPHA) - 1;
+/* The alphabet of the random vocabularies: JSON's (with the letters of the schemas' keys) plus a
+ * few non-ASCII bytes; the sequence test adds the bytes of its framing. */
+static const char JSON_ALPHA[] = "{}[]\":, -.0123456789eEabcmnokrstuflx\\\n\xC3\xA9\xE2\x82\xAC";
+
+/* A vocabulary of random byte strings (1-7 bytes) over `alpha`, every single byte of the alphabet
+ * also a token (so every document is reachable), one empty (special) token and one EOS. */
+static grammar_token_trie *random_trie(const char *alpha, int32_t vocab, uint64_t *rng, uint8_t (*store)[8],
+                                       uint32_t *lens, int32_t *eos) {
+    const int na = (int)strlen(alpha);
     const uint8_t *ptrs[4096];
     for (int32_t i = 0; i < vocab; i++) {
         if (i < na) {
-            store[i][0] = (uint8_t)ALPHA[i];
+            store[i][0] = (uint8_t)alpha[i];
             lens[i] = 1;
         } else {
             lens[i] = 1 + (i % 3 ? test_rand_u32(rng) % 4 : test_rand_u32(rng) % 7);
-            for (uint32_t k = 0; k < lens[i]; k++) store[i][k] = (uint8_t)ALPHA[test_rand_u32(rng) % na];
+            for (uint32_t k = 0; k < lens[i]; k++) store[i][k] = (uint8_t)alpha[test_rand_u32(rng) % na];
         }
         ptrs[i] = store[i];
     }
@@ -324,55 +326,69 @@ static grammar_token_trie *random_trie(int32_t vocab, uint64_t *rng, uint8_t (*s
     return t;
 }
 
+enum { BRUTE_VOCAB = 700 };
+
+/* One random walk through g's masks, each mask checked token by token against the matcher fed
+ * the token's bytes. The document into doc[0..*len) (NUL-terminated); 1 when it is whole. */
+static int walk_checking_masks(const grammar *g, const grammar_token_trie *trie, uint8_t (*store)[8],
+                               const uint32_t *lens, int32_t eos, uint64_t *rng, const char *label, char *doc,
+                               size_t *len) {
+    grammar_matcher *m = NULL;
+    assert_nopad_ok(grammar_matcher_create(g, &m));
+    uint32_t mask[(BRUTE_VOCAB + 31) / 32];
+    *len = 0;
+    for (int step = 0; step < 400; step++) {
+        int32_t allowed = grammar_token_mask(trie, m, mask);
+        int32_t count = 0, pick_non_eos[BRUTE_VOCAB], n_non_eos = 0;
+        for (int32_t t = 0; t < BRUTE_VOCAB; t++) {
+            int bit = (mask[t >> 5] >> (t & 31)) & 1;
+            count += bit;
+            int alive;
+            if (t == eos) {
+                alive = grammar_matcher_is_accepting(m);
+            } else {
+                grammar_mark mark = grammar_matcher_save(m);
+                alive = lens[t] > 0 && grammar_matcher_accept_bytes(m, store[t], lens[t]);
+                grammar_matcher_restore(m, mark);
+            }
+            if (bit != alive)
+                fail_msg("%s step %d token %d (\"%.*s\"): mask %d, matcher %d after \"%.*s\"", label, step, t,
+                         (int)lens[t], (const char *)store[t], bit, alive, (int)*len, doc);
+            if (bit && t != eos) pick_non_eos[n_non_eos++] = t;
+        }
+        assert_int_equal(count, allowed);
+        if (allowed == 0) fail_msg("%s: nothing allowed after \"%.*s\"", label, (int)*len, doc);
+        int stop = grammar_matcher_is_accepting(m) &&
+                   (n_non_eos == 0 || test_rand_u32(rng) % 3 == 0 || step > 200);
+        if (stop) break;
+        int32_t t = pick_non_eos[test_rand_u32(rng) % n_non_eos];
+        assert_true(grammar_matcher_accept_token(m, trie, t));
+        memcpy(doc + *len, store[t], lens[t]);
+        *len += lens[t];
+        if (step % 16 == 0) assert_nopad_ok(grammar_matcher_commit(m));
+    }
+    doc[*len] = 0;
+    const int whole = grammar_matcher_is_accepting(m);
+    grammar_matcher_free(m);
+    return whole;
+}
+
 static void test_masks_brute_force(void **state) {
     (void)state;
     uint64_t rng = 0x6a09e667f3bcc909ull;
-    enum { VOCAB = 700 };
-    static uint8_t store[VOCAB][8];
-    uint32_t lens[VOCAB];
+    static uint8_t store[BRUTE_VOCAB][8];
+    uint32_t lens[BRUTE_VOCAB];
     int32_t eos;
-    grammar_token_trie *trie = random_trie(VOCAB, &rng, store, lens, &eos);
-    uint32_t mask[(VOCAB + 31) / 32];
+    grammar_token_trie *trie = random_trie(JSON_ALPHA, BRUTE_VOCAB, &rng, store, lens, &eos);
     int documents = 0;
     for (size_t s = 0; s < sizeof(MASK_SCHEMAS) / sizeof(MASK_SCHEMAS[0]); s++) {
         grammar *g = schema_grammar(MASK_SCHEMAS[s]);
+        char label[32];
+        snprintf(label, sizeof label, "schema %zu", s);
         for (int walk = 0; walk < 12; walk++) {
-            grammar_matcher *m = NULL;
-            assert_nopad_ok(grammar_matcher_create(g, &m));
             char doc[4096];
-            size_t len = 0;
-            for (int step = 0; step < 400; step++) {
-                int32_t allowed = grammar_token_mask(trie, m, mask);
-                int32_t count = 0, pick_non_eos[VOCAB], n_non_eos = 0;
-                for (int32_t t = 0; t < VOCAB; t++) {
-                    int bit = (mask[t >> 5] >> (t & 31)) & 1;
-                    count += bit;
-                    int alive;
-                    if (t == eos) {
-                        alive = grammar_matcher_is_accepting(m);
-                    } else {
-                        grammar_mark mark = grammar_matcher_save(m);
-                        alive = lens[t] > 0 && grammar_matcher_accept_bytes(m, store[t], lens[t]);
-                        grammar_matcher_restore(m, mark);
-                    }
-                    if (bit != alive)
-                        fail_msg("schema %zu step %d token %d (\"%.*s\"): mask %d, matcher %d after \"%.*s\"",
-                                 s, step, t, (int)lens[t], (const char *)store[t], bit, alive, (int)len, doc);
-                    if (bit && t != eos) pick_non_eos[n_non_eos++] = t;
-                }
-                assert_int_equal(count, allowed);
-                if (allowed == 0) fail_msg("schema %zu: nothing allowed after \"%.*s\"", s, (int)len, doc);
-                int stop = grammar_matcher_is_accepting(m) &&
-                           (n_non_eos == 0 || test_rand_u32(&rng) % 3 == 0 || step > 200);
-                if (stop) break;
-                int32_t t = pick_non_eos[test_rand_u32(&rng) % n_non_eos];
-                assert_true(grammar_matcher_accept_token(m, trie, t));
-                memcpy(doc + len, store[t], lens[t]);
-                len += lens[t];
-                if (step % 16 == 0) assert_nopad_ok(grammar_matcher_commit(m));
-            }
-            if (grammar_matcher_is_accepting(m)) {
-                doc[len] = 0;
+            size_t len;
+            if (walk_checking_masks(g, trie, store, lens, eos, &rng, label, doc, &len)) {
                 cJSON *parsed = cJSON_ParseWithLength(doc, len);
                 if (!parsed) fail_msg("schema %zu: the walk's document does not parse: %s", s, doc);
                 if (s == 0) { /* the required fields, with their bounds */
@@ -384,12 +400,153 @@ static void test_masks_brute_force(void **state) {
                 cJSON_Delete(parsed);
                 documents++;
             }
-            grammar_matcher_free(m);
         }
         grammar_free(g);
     }
     /* most walks end within their 400 steps */
     assert_true(documents >= 32);
+    grammar_token_trie_free(trie);
+}
+
+/* ---- JSON sequences (tool calls) ------------------------------------------------------------ */
+
+/* Two tools as Hermes calls: each schema {"name": const, "arguments": parameters}, the second
+ * with its own $defs (resolved within that schema, not the first). */
+static const char *const CALL_SCHEMAS[] = {
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get_weather\"},"
+    "\"arguments\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8},"
+    "\"unit\":{\"enum\":[\"c\",\"f\"]}},\"required\":[\"city\"],\"additionalProperties\":false}},"
+    "\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false}",
+    "{\"$defs\":{\"N\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}},\"type\":\"object\","
+    "\"properties\":{\"name\":{\"const\":\"add\"},\"arguments\":{\"type\":\"object\",\"properties\":"
+    "{\"a\":{\"$ref\":\"#/$defs/N\"},\"b\":{\"$ref\":\"#/$defs/N\"}},\"required\":[\"a\",\"b\"],"
+    "\"additionalProperties\":false}},\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false}",
+};
+static const char HERMES_OPEN[] = "<tool_call>\n", HERMES_SEP[] = "\n</tool_call>\n<tool_call>\n",
+                  HERMES_CLOSE[] = "\n</tool_call>";
+
+static grammar *call_grammar(size_t n_schemas, int32_t min_count, int32_t max_count) {
+    size_t lens[2] = {strlen(CALL_SCHEMAS[0]), strlen(CALL_SCHEMAS[1])};
+    grammar *g = NULL;
+    nopad_status st = grammar_from_json_sequence(CALL_SCHEMAS, lens, n_schemas, HERMES_OPEN, HERMES_SEP,
+                                                 HERMES_CLOSE, min_count, max_count, &g);
+    if (st != NOPAD_OK) fail_msg("json sequence: %s", nopad_last_error());
+    return g;
+}
+
+#define WEATHER "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+#define ADD "<tool_call>\n{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":99}}\n</tool_call>"
+
+static void test_json_sequence(void **state) {
+    (void)state;
+    /* one call, of either tool (tool_choice "required" without parallel calls) */
+    grammar *g = call_grammar(2, 1, 1);
+    assert_true(matches(g, WEATHER));
+    assert_true(matches(g, ADD));
+    assert_true(matches(g, "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"\",\"unit\":\"f\"}}\n</tool_call>"));
+    assert_false(matches(g, WEATHER "\n" ADD)); /* one at most */
+    assert_false(matches(g, "")); /* one at least */
+    assert_false(matches(g, "{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":2}}")); /* no markers */
+    assert_false(matches(g, "<tool_call>\n{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":2}}</tool_call>"));
+    assert_false(matches(g, "<tool_call>\n{\"name\":\"sub\",\"arguments\":{\"a\":1,\"b\":2}}\n</tool_call>"));
+    assert_false(matches(g, "<tool_call>\n{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":100}}\n</tool_call>"));
+    /* a tool's arguments are not another's */
+    assert_false(matches(g, "<tool_call>\n{\"name\":\"add\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>"));
+    assert_false(matches(g, "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Parisienne\"}}\n</tool_call>"));
+    grammar_free(g);
+
+    /* a named function: exactly that one */
+    g = call_grammar(1, 1, 1);
+    assert_true(matches(g, WEATHER));
+    assert_false(matches(g, ADD));
+    grammar_free(g);
+
+    /* parallel calls: one or more */
+    g = call_grammar(2, 1, -1);
+    assert_true(matches(g, ADD));
+    assert_true(matches(g, WEATHER "\n" ADD "\n" WEATHER));
+    assert_false(matches(g, WEATHER ADD)); /* the separator's newline */
+    assert_false(matches(g, WEATHER "\n"));
+    grammar_free(g);
+
+    /* two to three */
+    g = call_grammar(2, 2, 3);
+    assert_false(matches(g, ADD));
+    assert_true(matches(g, ADD "\n" ADD));
+    assert_true(matches(g, ADD "\n" ADD "\n" WEATHER));
+    assert_false(matches(g, ADD "\n" ADD "\n" WEATHER "\n" ADD));
+    grammar_free(g);
+
+    /* a Mistral-style list: bare JSON framing */
+    size_t len0 = strlen(CALL_SCHEMAS[1]);
+    assert_nopad_ok(grammar_from_json_sequence(&CALL_SCHEMAS[1], &len0, 1, "[", ", ", "]", 1, -1, &g));
+    assert_true(matches(g, "[{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":2}}]"));
+    assert_true(matches(g, "[{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":2}}, {\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}]"));
+    assert_false(matches(g, "[]"));
+    grammar_free(g);
+
+    /* refusals: the schema's keyword named with the schema's index; bad counts */
+    const char *bad[] = {CALL_SCHEMAS[0], "{\"type\":\"integer\",\"multipleOf\":2}"};
+    size_t bad_lens[] = {strlen(bad[0]), strlen(bad[1])};
+    g = NULL;
+    assert_int_equal(grammar_from_json_sequence(bad, bad_lens, 2, "", ",", "", 1, 1, &g), NOPAD_ERR_UNSUPPORTED);
+    assert_null(g);
+    if (!strstr(nopad_last_error(), "schemas[1]: keyword \"multipleOf\" is not supported"))
+        fail_msg("error: %s", nopad_last_error());
+    assert_int_equal(grammar_from_json_sequence(bad, bad_lens, 1, "", ",", "", 0, 1, &g), NOPAD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(grammar_from_json_sequence(bad, bad_lens, 1, "", ",", "", 3, 2, &g), NOPAD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(grammar_from_json_sequence(bad, bad_lens, 0, "", ",", "", 1, 1, &g), NOPAD_ERR_INVALID_ARGUMENT);
+    const char *not_json = "{\"type\":";
+    size_t not_json_len = strlen(not_json);
+    assert_int_equal(grammar_from_json_sequence(&not_json, &not_json_len, 1, "", ",", "", 1, 1, &g),
+                     NOPAD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(nopad_last_error(), "schemas[0]: not valid JSON"));
+    assert_null(g);
+}
+
+/* The masks of call sequences against brute force on a random vocabulary that holds the
+ * framing's bytes; every whole walk is calls whose JSON parses and names one of the tools. */
+static void test_json_sequence_masks_brute_force(void **state) {
+    (void)state;
+    uint64_t rng = 0xbb67ae8584caa73bull;
+    static uint8_t store[BRUTE_VOCAB][8];
+    uint32_t lens[BRUTE_VOCAB];
+    int32_t eos;
+    char alpha[128];
+    snprintf(alpha, sizeof alpha, "%s<>/_gwhdiy", JSON_ALPHA);
+    grammar_token_trie *trie = random_trie(alpha, BRUTE_VOCAB, &rng, store, lens, &eos);
+    const int32_t counts[][2] = {{1, 1}, {1, -1}, {2, 3}};
+    int documents = 0, calls = 0;
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        grammar *g = call_grammar(2, counts[c][0], counts[c][1]);
+        char label[48];
+        snprintf(label, sizeof label, "calls {%d,%d}", counts[c][0], counts[c][1]);
+        for (int walk = 0; walk < 10; walk++) {
+            char doc[4096];
+            size_t len;
+            if (!walk_checking_masks(g, trie, store, lens, eos, &rng, label, doc, &len)) continue;
+            documents++;
+            int n = 0;
+            for (const char *p = doc; (p = strstr(p, HERMES_OPEN)); n++) {
+                p += strlen(HERMES_OPEN);
+                const char *end = strstr(p, HERMES_CLOSE);
+                assert_non_null(end);
+                cJSON *call = cJSON_ParseWithLength(p, (size_t)(end - p));
+                if (!call) fail_msg("%s: a call that does not parse in %s", label, doc);
+                const cJSON *name = cJSON_GetObjectItemCaseSensitive(call, "name");
+                assert_true(cJSON_IsString(name));
+                assert_true(!strcmp(name->valuestring, "get_weather") || !strcmp(name->valuestring, "add"));
+                assert_true(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(call, "arguments")));
+                cJSON_Delete(call);
+            }
+            assert_true(n >= counts[c][0]);
+            if (counts[c][1] > 0) assert_true(n <= counts[c][1]);
+            calls += n;
+        }
+        grammar_free(g);
+    }
+    assert_true(documents >= 10);
+    assert_true(calls > documents); /* some walks made several calls */
     grammar_token_trie_free(trie);
 }
 
@@ -582,6 +739,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_degenerate_grammars),
         cmocka_unit_test(test_masks_brute_force),
+        cmocka_unit_test(test_json_sequence),
+        cmocka_unit_test(test_json_sequence_masks_brute_force),
         cmocka_unit_test(test_smollm2_mask_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

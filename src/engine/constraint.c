@@ -73,6 +73,32 @@ nopad_status nopad_constraint_choices(const char *const *choices, int32_t n, nop
     return wrap(st, &g, out);
 }
 
+nopad_status nopad_constraint_json_sequence(const char *const *schemas, int32_t n_schemas, const char *open,
+                                            const char *separator, const char *close, int32_t min_count,
+                                            int32_t max_count, nopad_constraint **out) {
+    if (!out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_constraint_json_sequence: out is NULL");
+    *out = NULL;
+    if (!schemas || n_schemas < 1)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_constraint_json_sequence: %d schemas; at least 1",
+                               n_schemas);
+    if (!open || !separator || !close)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_constraint_json_sequence: open, separator and close must be texts (\"\" for none)");
+    size_t *lens = malloc((size_t)n_schemas * sizeof *lens);
+    if (!lens) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_constraint_json_sequence: out of memory");
+    nopad_status st = NOPAD_OK;
+    for (int32_t i = 0; i < n_schemas && st == NOPAD_OK; i++) {
+        if (!schemas[i]) st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_constraint_json_sequence: schema %d is NULL", i);
+        else lens[i] = strlen(schemas[i]);
+    }
+    grammar *g = NULL;
+    if (st == NOPAD_OK)
+        st = grammar_from_json_sequence(schemas, lens, (size_t)n_schemas, open, separator, close, min_count,
+                                        max_count, &g);
+    free(lens);
+    return wrap(st, &g, out);
+}
+
 const grammar *constraint_grammar(const nopad_constraint *c) { return c->g; }
 
 void constraint_ref(const nopad_constraint *c) {

@@ -22,6 +22,13 @@ typedef struct grammar grammar;
  * keyword and its JSON path ("schema.properties.age: keyword \"multipleOf\" is not supported");
  * a malformed schema -> NOPAD_ERR_INVALID_ARGUMENT naming where. */
 nopad_status grammar_from_json_schema(const char *schema, size_t len, grammar **out);
+/* JSON values inside fixed text (tool calls): `open`, then min_count to max_count values (max_count
+ * -1: no limit) joined by `separator`, then `close`; each value valid against one of the
+ * n_schemas schemas (schemas[i]: its text, lens[i] bytes), each compiled on its own so that its
+ * $ref resolve within it. Errors as grammar_from_json_schema's, the path starting "schemas[i]". */
+nopad_status grammar_from_json_sequence(const char *const *schemas, const size_t *lens, size_t n_schemas,
+                                        const char *open, const char *separator, const char *close,
+                                        int32_t min_count, int32_t max_count, grammar **out);
 /* response_format {"type": "json_object"}: any JSON object. */
 nopad_status grammar_any_json_object(grammar **out);
 /* vLLM's guided_regex: the output (raw bytes, not a JSON string) matches the whole pattern. */

@@ -731,18 +731,55 @@ static int32_t compile(schema_compiler *c, const cJSON *s, const char *path) {
     return sym;
 }
 
-nopad_status grammar_from_json_schema(const char *schema, size_t len, grammar **out) {
-    *out = NULL;
+/* One schema's text into the builder: its start symbol (0 with the builder failed). Each schema
+ * has its own compiler, so its $ref resolve within it; `path` names it in errors. */
+static int32_t compile_schema_text(gram_builder *b, const char *schema, size_t len, const char *path) {
     cJSON *root = cJSON_ParseWithLength(schema, len);
-    if (!root) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "schema: not valid JSON");
-    gram_builder b;
-    gb_init(&b);
-    schema_compiler c = {&b, root, NULL, 0, 0, 0};
-    int32_t top = compile(&c, root, "schema");
+    if (!root) {
+        gb_fail(b, NOPAD_ERR_INVALID_ARGUMENT, "%s: not valid JSON", path);
+        return 0;
+    }
+    schema_compiler c = {b, root, NULL, 0, 0, 0};
+    int32_t top = compile(&c, root, path);
     for (size_t i = 0; i < c.n_refs; i++) free(c.refs[i].ref);
     free(c.refs);
     cJSON_Delete(root);
+    return top;
+}
+
+nopad_status grammar_from_json_schema(const char *schema, size_t len, grammar **out) {
+    *out = NULL;
+    gram_builder b;
+    gb_init(&b);
+    int32_t top = compile_schema_text(&b, schema, len, "schema");
     return gb_finish(&b, top, out);
+}
+
+nopad_status grammar_from_json_sequence(const char *const *schemas, const size_t *lens, size_t n_schemas,
+                                        const char *open, const char *separator, const char *close,
+                                        int32_t min_count, int32_t max_count, grammar **out) {
+    *out = NULL;
+    if (n_schemas == 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "json sequence: no schema; at least 1");
+    if (min_count < 1 || (max_count >= 0 && max_count < min_count))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "json sequence: %d to %d values; at least 1, and max_count -1 or >= min_count",
+                               min_count, max_count);
+    gram_builder b;
+    gb_init(&b);
+    int32_t value = gb_rule_new(&b);
+    for (size_t i = 0; i < n_schemas; i++) {
+        char path[32];
+        snprintf(path, sizeof path, "schemas[%zu]", i);
+        int32_t alt = compile_schema_text(&b, schemas[i], lens[i], path);
+        gb_rule_add(&b, value, &alt, 1);
+    }
+    /* open value (separator value){min-1, max-1} close */
+    int32_t next[] = {gb_literal(&b, separator, strlen(separator)), value};
+    int32_t more = max_count == 1 ? gb_empty(&b)
+                                  : gb_repeat(&b, gb_seq(&b, next, 2), min_count - 1, max_count < 0 ? -1 : max_count - 1);
+    int32_t whole[] = {gb_literal(&b, open, strlen(open)), value, more, gb_literal(&b, close, strlen(close))};
+    return gb_finish(&b, gb_seq(&b, whole, 4), out);
 }
 
 nopad_status grammar_any_json_object(grammar **out) {
