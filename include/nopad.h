@@ -456,10 +456,18 @@ nopad_status nopad_attention_varlen(nopad_device device, nopad_dtype dtype, void
 
 /* ---- generation: sampling ------------------------------------------------------------------ */
 
-/* How the next token is chosen from a sequence's logits, in Hugging Face's order: repetition
- * penalty, temperature, top-k, top-p, min-p, then a draw (or the argmax when temperature is 0).
+/* One entry of OpenAI's logit_bias: `bias` in [-100, 100] added to id's logit. */
+typedef struct nopad_logit_bias {
+    int32_t id;
+    float bias;
+} nopad_logit_bias;
+
+/* How the next token is chosen from a sequence's logits: a constraint's mask (refused ids -inf),
+ * logit_bias, then in Hugging Face's order the repetition penalty, vLLM's frequency and presence
+ * penalties, temperature, top-k, top-p, min-p, then a draw (or the argmax when temperature is 0).
  * The draw is a function of (seed, the token's index in the sequence's output) only, so a request
- * gives the same tokens alone or batched with others. */
+ * gives the same tokens alone or batched with others. The fields from presence_penalty on are
+ * off when zero, so a zero-initialised tail keeps the sampling of the fields before it. */
 typedef struct nopad_sampling_params {
     float temperature;        /* 0: greedy (the argmax, lowest id on ties); > 0: logits / t */
     int32_t top_k;            /* keep the k most likely ids; 0: all */
@@ -468,7 +476,20 @@ typedef struct nopad_sampling_params {
     float repetition_penalty; /* ids already in the prompt or output: logit / p when positive,
                                  logit * p when negative (HF's CTRL rule); 1: none */
     uint64_t seed;            /* the request's random stream */
+    /* OpenAI's penalties over the ids GENERATED so far (not the prompt), c(t) times id t:
+     * logit[t] = (logit[t] - frequency_penalty · c(t)) - presence_penalty · [c(t) > 0], each in
+     * float32, after the repetition penalty. Both in [-2, 2]; 0: off */
+    float presence_penalty;
+    float frequency_penalty;
+    /* [n_logit_bias] (id, bias) pairs added to the logits first (after a constraint's mask), each
+     * id at most once, ids in the vocabulary, bias in [-100, 100], n_logit_bias <=
+     * NOPAD_MAX_LOGIT_BIAS; NULL / 0: none. Read during the call that takes the params
+     * (nopad_engine_submit copies them) */
+    const nopad_logit_bias *logit_bias;
+    int32_t n_logit_bias;
 } nopad_sampling_params;
+#define NOPAD_MAX_LOGIT_BIAS 1024 /* logit_bias entries a request may carry */
+#define NOPAD_MAX_TOP_LOGPROBS 20 /* most likely alternatives a request may ask for per token */
 nopad_sampling_params nopad_sampling_default_params(void); /* greedy, everything off */
 
 /* ---- generation: sequences and steps (decoder models) ------------------------------------- */
@@ -658,6 +679,9 @@ typedef struct nopad_request_params {
                                    nopad_request_logprobs */
     const nopad_constraint *constraint; /* NULL: none; else the output follows it (above). Needs
                                    the model's tokenizer; refused on a split model (tp_size > 1) */
+    int32_t top_logprobs;       /* 0..NOPAD_MAX_TOP_LOGPROBS: keep, for each generated id, the
+                                   that many most likely ids and their log-probabilities, for
+                                   nopad_request_top_logprobs; 0: none */
 } nopad_request_params;
 nopad_request_params nopad_request_default_params(void);
 
@@ -697,6 +721,19 @@ nopad_status nopad_request_text(nopad_request *r, char *text, size_t capacity, s
  * the number delivered. A request submitted without logprobs is NOPAD_ERR_INVALID_ARGUMENT. Any
  * thread, on_token included (an id's log-probability is there before the call carrying it). */
 nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capacity, int32_t *n);
+
+/* The top_logprobs (k, as submitted) most likely ids of each generated id's step, delivered so
+ * far, in order: for generated id i, ids[i * k + j] and logprobs[i * k + j], j < k, most likely
+ * first, ties in order of the lower id. The distribution is the one nopad_request_logprobs uses
+ * (the id drawn is among them when it ranks within k, with the same log-probability): the logits
+ * after the constraint's mask, logit_bias and the penalties, ranked by logit; each
+ * log-probability under what the draw kept (-inf for an id that top-k, top-p or min-p dropped, or
+ * whose logit is -inf), for greedy at temperature 1 over every id. Ids past the vocabulary's size are
+ * -1 with -inf. ids and logprobs [capacity * k] receive the first min(capacity, delivered) ids'
+ * lists and *n the number of ids delivered. A request submitted with top_logprobs 0 is
+ * NOPAD_ERR_INVALID_ARGUMENT. Any thread, on_token included. */
+nopad_status nopad_request_top_logprobs(nopad_request *r, int32_t *ids, float *logprobs, int32_t capacity,
+                                        int32_t *n);
 
 /* The engine's id of the request (unique per engine, from 1), as on_token receives it. */
 uint64_t nopad_request_id(const nopad_request *r);

@@ -1,9 +1,12 @@
 /* Sampling (issue 21): greedy and the repetition penalty, HF's warpers against probabilities
  * computed here in double from transformers' definitions (logits_process.py), the
- * counter-based draw, the errors, and the reuse of the scratch. Logits are random with fixed
+ * counter-based draw, the errors, and the reuse of the scratch; OpenAI's presence and frequency
+ * penalties and logit_bias against a plain reference, and the top log-probabilities against a
+ * softmax in double (issue 44). Logits are random with fixed
  * seeds; nothing here is timed against a bound (the last test prints ns per call). */
 #include "testutil.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,6 +198,8 @@ static void test_default_params(void **unused) {
     assert_true(p.min_p == 0.0f);
     assert_true(p.repetition_penalty == 1.0f);
     assert_true(p.seed == 0);
+    assert_true(p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f);
+    assert_true(p.logit_bias == NULL && p.n_logit_bias == 0);
     assert_nopad_ok(sampling_check(&p));
 }
 
@@ -244,7 +249,47 @@ static void test_bad_params(void **unused) {
     p.top_p = 1e-30f;
     p.min_p = 0.999f;
     p.repetition_penalty = 1e-30f;
+    p.presence_penalty = -2.0f;
+    p.frequency_penalty = 2.0f;
+    const nopad_logit_bias edges[] = {{0, -100.0f}, {7, 100.0f}};
+    p.logit_bias = edges;
+    p.n_logit_bias = 2;
     assert_nopad_ok(sampling_check(&p));
+
+    // OpenAI's ranges for the penalties and logit_bias
+    const float bad_openai_penalty[] = {-2.001f, 2.5f, NAN, INFINITY};
+    for (int i = 0; i < 4; i++) {
+        p = nopad_sampling_default_params();
+        p.presence_penalty = bad_openai_penalty[i];
+        assert_nopad_error(sampling_check(&p), NOPAD_ERR_INVALID_ARGUMENT, "presence_penalty is");
+        assert_nopad_error(sampling_check(&p), NOPAD_ERR_INVALID_ARGUMENT, "[-2, 2]");
+        p = nopad_sampling_default_params();
+        p.frequency_penalty = bad_openai_penalty[i];
+        assert_nopad_error(sampling_check(&p), NOPAD_ERR_INVALID_ARGUMENT, "frequency_penalty is");
+    }
+    p = nopad_sampling_default_params();
+    p.n_logit_bias = 1;
+    assert_nopad_error(sampling_check(&p), NOPAD_ERR_INVALID_ARGUMENT, "1 entries and is NULL");
+    const nopad_logit_bias bad_bias[][2] = {{{1, 100.5f}, {2, 0.0f}}, {{1, NAN}, {2, 0.0f}},
+                                            {{-1, 1.0f}, {2, 0.0f}}, {{3, 1.0f}, {3, -1.0f}}};
+    const char *const bad_bias_says[] = {"logit_bias[0] is (id 1, bias 100.5)", "bias nan",
+                                         "(id -1, bias 1)", "lists id 3 twice"};
+    for (int i = 0; i < 4; i++) {
+        p.logit_bias = bad_bias[i];
+        p.n_logit_bias = 2;
+        assert_nopad_error(sampling_check(&p), NOPAD_ERR_INVALID_ARGUMENT, bad_bias_says[i]);
+    }
+    p.n_logit_bias = NOPAD_MAX_LOGIT_BIAS + 1;
+    assert_nopad_error(sampling_check(&p), NOPAD_ERR_INVALID_ARGUMENT, "0 to 1024 entries");
+    p.n_logit_bias = -1;
+    assert_nopad_error(sampling_check(&p), NOPAD_ERR_INVALID_ARGUMENT, "-1 entries");
+    // an id past the vocab: only the call knows the vocab
+    const nopad_logit_bias past[] = {{SMALL_V, 1.0f}};
+    p.logit_bias = past;
+    p.n_logit_bias = 1;
+    assert_nopad_ok(sampling_check(&p));
+    assert_nopad_error(sample_token(&s, x, SMALL_V, &p, NULL, 0, 0, &id, NULL), NOPAD_ERR_INVALID_ARGUMENT,
+                       "logit_bias[0] names id 8; ids must be in [0, 8)");
     assert_int_equal(s.n_allocs, 0); // bad params fail before the scratch is touched
     sampler_scratch_free(&s);
 }
@@ -812,6 +857,244 @@ static double ns_per_call(sampler_scratch *s, const float *x, int32_t vocab,
     return (seconds() - t0) * 1e9 / REPS;
 }
 
+/* ---- OpenAI's penalties and logit_bias (issue 44) ------------------------------------------- */
+
+/* log softmax of y[id] over y[vocab] in double. */
+static double log_softmax_at(const float *y, int32_t vocab, int32_t id) {
+    double m = -INFINITY, z = 0;
+    for (int32_t i = 0; i < vocab; i++) m = y[i] > m ? y[i] : m;
+    for (int32_t i = 0; i < vocab; i++) z += exp((double)y[i] - m);
+    return (double)y[id] - m - log(z);
+}
+
+/* The definitions on a hand-made case: penalties count only the generated ids (the last `step`
+ * of the history), logit_bias adds first. */
+static void test_penalties_by_hand(void **unused) {
+    const float x[4] = {1.0f, 0.5f, 0.25f, 0.0f};
+    const int32_t hist[5] = {0, 1, 2, 2, 3}; // prompt 0 1, output 2 2 3
+    sampler_scratch s;
+    sampler_scratch_init(&s);
+    nopad_sampling_params p = nopad_sampling_default_params();
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    float lp;
+    // x2 = 0.25 - 2 * 0.5 - 0.25 = -1, x3 = 0 - 0.5 - 0.25 = -0.75; ids 0, 1 are prompt only
+    const float want[4] = {1.0f, 0.5f, -1.0f, -0.75f};
+    assert_int_equal(draw(&s, x, 4, &p, hist, 5, 3, &lp), 0);
+    assert_true(fabs(lp - log_softmax_at(want, 4, 0)) < 1e-6);
+    // step 1: only the last id (3) is output
+    const float want1[4] = {1.0f, 0.5f, 0.25f, -0.75f};
+    assert_int_equal(draw(&s, x, 4, &p, hist, 5, 1, &lp), 0);
+    assert_true(fabs(lp - log_softmax_at(want1, 4, 0)) < 1e-6);
+    // a step past the history counts all of it (as the history holds no more)
+    const float want_all[4] = {0.25f, -0.25f, -1.0f, -0.75f};
+    assert_int_equal(draw(&s, x, 4, &p, hist, 5, 9, &lp), 0);
+    assert_true(fabs(lp - log_softmax_at(want_all, 4, 0)) < 1e-6);
+    // logit_bias: id 1 to 1.25
+    const nopad_logit_bias bias[] = {{1, 0.75f}};
+    p.logit_bias = bias;
+    p.n_logit_bias = 1;
+    const float want_b[4] = {1.0f, 1.25f, -1.0f, -0.75f};
+    assert_int_equal(draw(&s, x, 4, &p, hist, 5, 3, &lp), 1);
+    assert_true(fabs(lp - log_softmax_at(want_b, 4, 1)) < 1e-6);
+    // negative penalties encourage repeats: x2 = 0.25 + 2 * 2 = 4.25
+    p.n_logit_bias = 0;
+    p.frequency_penalty = -2.0f;
+    p.presence_penalty = 0.0f;
+    assert_int_equal(draw(&s, x, 4, &p, hist, 5, 3, &lp), 2);
+    // logit_bias -100 all but bans an id: greedy and sampled never take it
+    const nopad_logit_bias ban[] = {{0, -100.0f}};
+    nopad_sampling_params q = sampled(1.0f);
+    q.logit_bias = ban;
+    q.n_logit_bias = 1;
+    for (uint64_t step = 0; step < 2000; step++) assert_int_not_equal(draw(&s, x, 4, &q, NULL, 0, step, NULL), 0);
+    sampler_scratch_free(&s);
+}
+
+/* The reference of the processing before the warpers, in fp32 as sampling.h defines it:
+ * logit_bias, HF's repetition penalty once per distinct history id (a positive logit divided,
+ * clamped to FLT_MAX), then logit - frequency · count - presence over the last min(step, n) ids. */
+static void ref_process(float *y, int32_t vocab, const nopad_sampling_params *p, const int32_t *hist,
+                        int32_t n_hist, uint64_t step) {
+    for (int32_t j = 0; j < p->n_logit_bias; j++) y[p->logit_bias[j].id] += p->logit_bias[j].bias;
+    unsigned char *seen = calloc((size_t)vocab, 1);
+    int32_t *count = calloc((size_t)vocab, sizeof *count);
+    assert_true(seen && count);
+    for (int32_t h = 0; h < n_hist; h++) {
+        const int32_t id = hist[h];
+        if (seen[id]) continue;
+        seen[id] = 1;
+        float v = y[id] < 0 ? y[id] * p->repetition_penalty : y[id] / p->repetition_penalty;
+        y[id] = v > FLT_MAX ? FLT_MAX : v;
+    }
+    const int32_t first = step < (uint64_t)n_hist ? n_hist - (int32_t)step : 0;
+    for (int32_t h = first; h < n_hist; h++) count[hist[h]]++;
+    for (int32_t i = 0; i < vocab; i++)
+        if (count[i] > 0) y[i] = (y[i] - p->frequency_penalty * (float)count[i]) - p->presence_penalty;
+    free(seen);
+    free(count);
+}
+
+/* Random rows and params: sample_token with the penalties and logit_bias chooses exactly what it
+ * chooses without them on logits processed by the reference (the same id, the same
+ * log-probability bit for bit, the same top log-probabilities): the processing is OpenAI's and
+ * HF's, and it enters the warpers as the logits do. */
+static void test_penalties_and_bias_against_reference(void **unused) {
+    enum { TRIALS = 400, MAX_HIST = 300, TOP = 5 };
+    static const int32_t vocabs[] = {1, 50, 1000, 49152};
+    uint64_t state = 0xB1A5;
+    sampler_scratch s, t;
+    sampler_scratch_init(&s);
+    sampler_scratch_init(&t);
+    int differ = 0; // rows where the processing changed the choice: the test sees it work
+    for (int trial = 0; trial < TRIALS; trial++) {
+        const int32_t V = vocabs[trial % 4];
+        float *x = malloc((size_t)V * sizeof *x), *y = malloc((size_t)V * sizeof *y);
+        int32_t hist[MAX_HIST];
+        nopad_logit_bias bias[64];
+        fill_normal(x, V, 1.0 + 2.0 * (test_rand_u32(&state) % 4), &state);
+        const int32_t n_hist = (int32_t)(test_rand_u32(&state) % MAX_HIST);
+        // a small pool, so that ids repeat
+        const int32_t pool = 1 + (int32_t)(test_rand_u32(&state) % (V < 40 ? V : 40));
+        const int32_t base = (int32_t)(test_rand_u32(&state) % V);
+        for (int32_t h = 0; h < n_hist; h++) hist[h] = (base + (int32_t)(test_rand_u32(&state) % pool)) % V;
+        const uint64_t step = test_rand_u32(&state) % (MAX_HIST + 20);
+        nopad_sampling_params p = sampled(trial % 5 == 0 ? 0.0f : 0.3f + (float)(test_rand_u32(&state) % 100) / 50.0f);
+        p.seed = test_rand_u32(&state);
+        p.top_k = trial % 3 == 0 ? (int32_t)(1 + test_rand_u32(&state) % 50) : 0;
+        p.top_p = trial % 4 == 1 ? 0.9f : 1.0f;
+        p.min_p = trial % 7 == 2 ? 0.05f : 0.0f;
+        p.repetition_penalty = trial % 2 ? 1.0f : 1.3f;
+        p.presence_penalty = (float)((int)(test_rand_u32(&state) % 9) - 4) * 0.5f;
+        p.frequency_penalty = (float)((int)(test_rand_u32(&state) % 9) - 4) * 0.5f;
+        p.n_logit_bias = (int32_t)(test_rand_u32(&state) % (V < 64 ? V + 1 : 65));
+        for (int32_t j = 0; j < p.n_logit_bias; j++) // distinct ids: a stride coprime to nothing repeated
+            bias[j] = (nopad_logit_bias){(base + j) % V, (float)((int)(test_rand_u32(&state) % 401) - 200) / 2.0f};
+        p.logit_bias = bias;
+        memcpy(y, x, (size_t)V * sizeof *y);
+        ref_process(y, V, &p, hist, n_hist, step);
+        nopad_sampling_params plain = p;
+        plain.repetition_penalty = 1.0f;
+        plain.presence_penalty = plain.frequency_penalty = 0.0f;
+        plain.n_logit_bias = 0;
+        int32_t id, want_id, ids[TOP], want_ids[TOP], bare_id;
+        float lp, want_lp, lps[TOP], want_lps[TOP];
+        assert_nopad_ok(sample_token(&s, x, V, &p, hist, n_hist, step, &id, &lp));
+        assert_nopad_ok(sampling_top_logprobs(&s, TOP, ids, lps));
+        assert_nopad_ok(sample_token(&t, y, V, &plain, NULL, 0, step, &want_id, &want_lp));
+        assert_nopad_ok(sampling_top_logprobs(&t, TOP, want_ids, want_lps));
+        assert_int_equal(id, want_id);
+        assert_memory_equal(&lp, &want_lp, sizeof lp);
+        assert_memory_equal(ids, want_ids, sizeof ids);
+        assert_memory_equal(lps, want_lps, sizeof lps);
+        assert_nopad_ok(sample_token(&t, x, V, &plain, NULL, 0, step, &bare_id, NULL));
+        differ += bare_id != id;
+        free(x);
+        free(y);
+    }
+    printf("  %d rows, %d of them chose otherwise without the processing\n", TRIALS, differ);
+    assert_true(differ > TRIALS / 4);
+    sampler_scratch_free(&s);
+    sampler_scratch_free(&t);
+}
+
+/* ---- top log-probabilities (issue 44) --------------------------------------------------------- */
+
+typedef struct by_logit {
+    float x;
+    int32_t id;
+} by_logit;
+
+/* Descending logit, then ascending id (-0 and +0 equal, as the comparisons see them). */
+static int by_logit_descending(const void *a, const void *b) {
+    const by_logit *p = a, *q = b;
+    if (p->x != q->x) return p->x > q->x ? -1 : 1;
+    return p->id - q->id;
+}
+
+/* The top log-probabilities against a softmax in double of the same logits (ref_probs: HF's
+ * warpers; greedy: temperature 1, nothing dropped): the ids in the order of the logits with ties
+ * by the lower id, each log-probability within 1e-5 (relative beyond magnitude 1; the issue asks
+ * 1e-4: the host works in double and rounds once to float, ~1e-7), -inf exactly for the ids the
+ * warpers drop; the chosen id's entry equals out_logprob. Rows: normal, ties from a few values,
+ * some -inf; a vocab smaller than n pads with (-1, -inf). */
+static void test_top_logprobs(void **unused) {
+    enum { V = 3000, TOP = NOPAD_MAX_TOP_LOGPROBS };
+    static const float tie_values[] = {2.0f, 1.0f, 0.0f, -0.0f, -3.0f};
+    uint64_t state = 0x7095;
+    float *x = malloc(V * sizeof *x);
+    double *probs = malloc(V * sizeof *probs);
+    by_logit *order = malloc(V * sizeof *order);
+    sampler_scratch s;
+    sampler_scratch_init(&s);
+    int32_t ids[TOP];
+    float lps[TOP];
+    assert_nopad_error(sampling_top_logprobs(&s, 5, ids, lps), NOPAD_ERR_INVALID_ARGUMENT,
+                       "after a successful sample_token");
+    int dropped = 0, chosen_listed = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        const int shape = trial % 3;
+        if (shape == 1)
+            for (int32_t i = 0; i < V; i++) x[i] = tie_values[test_rand_u32(&state) % 5];
+        else
+            fill_normal(x, V, 2.0, &state);
+        if (shape == 2)
+            for (int32_t i = 0; i < V; i++)
+                if (test_rand_u32(&state) % 100 < 99) x[i] = -INFINITY; // ~30 finite: -inf in the top 20
+        nopad_sampling_params p = sampled(trial % 4 == 0 ? 0.0f : 0.5f + 0.25f * (float)(trial % 5));
+        p.seed = (uint64_t)trial;
+        p.top_k = trial % 4 == 1 ? 7 : 0;
+        p.top_p = trial % 4 == 2 ? 0.6f : 1.0f;
+        p.min_p = trial % 8 == 3 ? 0.2f : 0.0f;
+        const int32_t n = 1 + trial % TOP;
+        int32_t id;
+        float lp;
+        assert_nopad_ok(sample_token(&s, x, V, &p, NULL, 0, (uint64_t)trial, &id, &lp));
+        assert_nopad_ok(sampling_top_logprobs(&s, n, ids, lps));
+        nopad_sampling_params r = p;
+        if (r.temperature == 0.0f) r.temperature = 1.0f; // greedy's: temperature 1, nothing dropped
+        ref_probs(x, V, &r, NULL, 0, probs);
+        for (int32_t i = 0; i < V; i++) order[i] = (by_logit){x[i] == 0.0f ? 0.0f : x[i], i};
+        qsort(order, V, sizeof *order, by_logit_descending);
+        for (int32_t j = 0; j < n; j++) {
+            assert_int_equal(ids[j], order[j].id);
+            const double want = probs[order[j].id] > 0 ? log(probs[order[j].id]) : -INFINITY;
+            if (want == -INFINITY) {
+                assert_true(lps[j] == -INFINITY);
+                dropped++;
+            } else if (!(fabs(lps[j] - want) <= 1e-5 * fmax(1.0, fabs(want)))) {
+                fail_msg("trial %d entry %d (id %d): logprob %.9g, softmax in double %.9g", trial, j, ids[j],
+                         (double)lps[j], want);
+            }
+            if (ids[j] == id) {
+                assert_memory_equal(&lps[j], &lp, sizeof lp);
+                chosen_listed++;
+            }
+        }
+    }
+    assert_true(dropped > 0 && chosen_listed > 20);
+    // a vocab smaller than n: the rest is (-1, -inf); n 0 writes nothing
+    float small[3] = {0.5f, 2.0f, 0.5f};
+    nopad_sampling_params g = nopad_sampling_default_params();
+    int32_t id;
+    assert_nopad_ok(sample_token(&s, small, 3, &g, NULL, 0, 0, &id, NULL));
+    assert_nopad_ok(sampling_top_logprobs(&s, 5, ids, lps));
+    const int32_t want_ids[5] = {1, 0, 2, -1, -1};
+    assert_memory_equal(ids, want_ids, sizeof want_ids);
+    assert_true(fabs(lps[0] - log_softmax_at(small, 3, 1)) < 1e-6 && lps[1] == lps[2] && lps[3] == -INFINITY &&
+                lps[4] == -INFINITY);
+    assert_nopad_ok(sampling_top_logprobs(&s, 0, NULL, NULL));
+    assert_nopad_error(sampling_top_logprobs(&s, TOP + 1, ids, lps), NOPAD_ERR_INVALID_ARGUMENT, "at most 20");
+    // a failed call leaves nothing to rank
+    small[1] = NAN;
+    assert_nopad_error(sample_token(&s, small, 3, &g, NULL, 0, 0, &id, NULL), NOPAD_ERR_INVALID_ARGUMENT, "NaN");
+    assert_nopad_error(sampling_top_logprobs(&s, 1, ids, lps), NOPAD_ERR_INVALID_ARGUMENT, "sample_token");
+    sampler_scratch_free(&s);
+    free(x);
+    free(probs);
+    free(order);
+}
+
 static void test_print_speed(void **unused) {
     const int32_t vocabs[] = {49152, 128256};
     float *x = malloc(128256 * sizeof *x);
@@ -850,6 +1133,9 @@ int main(void) {
         cmocka_unit_test(test_min_p),
         cmocka_unit_test(test_combined),
         cmocka_unit_test(test_large_vocab_reuses_scratch),
+        cmocka_unit_test(test_penalties_by_hand),
+        cmocka_unit_test(test_penalties_and_bias_against_reference),
+        cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_print_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,5 @@
-/* Sampling on the host: repetition penalty, temperature, top-k, top-p, min-p, draw (sampling.h
- * says whose rules and how ties go). A call is a few O(V) passes plus what a filter needs: top-k
+/* Sampling on the host: logit_bias, repetition, frequency and presence penalties, temperature,
+ * top-k, top-p, min-p, draw (sampling.h says whose rules and how ties go). A call is a few O(V) passes plus what a filter needs: top-k
  * keeps a heap of k logits, top-p sorts only the ids of the one weight bin where p is reached. */
 #include "model/sampling.h"
 
@@ -18,8 +18,43 @@ nopad_sampling_params nopad_sampling_default_params(void) {
         .min_p = 0.0f,
         .repetition_penalty = 1.0f,
         .seed = 0,
+        .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
+        .logit_bias = NULL,
+        .n_logit_bias = 0,
     };
     return p;
+}
+
+static int compare_ids(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* logit_bias's entries: each id once (the device applies them all at once), biases as OpenAI's. */
+static nopad_status check_logit_bias(const nopad_sampling_params *p) {
+    const int32_t n = p->n_logit_bias;
+    if (n == 0) return NOPAD_OK;
+    if (n < 0 || n > NOPAD_MAX_LOGIT_BIAS || !p->logit_bias)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "sampling: logit_bias has %d entries%s; it must be 0 to %d entries "
+                               "(id, bias)", n, p->logit_bias ? "" : " and is NULL",
+                               NOPAD_MAX_LOGIT_BIAS);
+    int32_t ids[NOPAD_MAX_LOGIT_BIAS];
+    for (int32_t j = 0; j < n; j++) {
+        const nopad_logit_bias *b = &p->logit_bias[j];
+        if (b->id < 0 || !(b->bias >= -100.0f && b->bias <= 100.0f))
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "sampling: logit_bias[%d] is (id %d, bias %g); ids must be >= 0 and "
+                                   "biases in [-100, 100]", j, b->id, (double)b->bias);
+        ids[j] = b->id;
+    }
+    qsort(ids, (size_t)n, sizeof *ids, compare_ids);
+    for (int32_t j = 1; j < n; j++)
+        if (ids[j] == ids[j - 1])
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "sampling: logit_bias lists id %d twice; each id may appear once", ids[j]);
+    return NOPAD_OK;
 }
 
 nopad_status sampling_check(const nopad_sampling_params *p) {
@@ -43,7 +78,15 @@ nopad_status sampling_check(const nopad_sampling_params *p) {
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "sampling: repetition_penalty is %g; it must be a finite number > 0 "
                                "(1: off)", (double)p->repetition_penalty);
-    return NOPAD_OK;
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "sampling: presence_penalty is %g; it must be in [-2, 2] (0: off)",
+                               (double)p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "sampling: frequency_penalty is %g; it must be in [-2, 2] (0: off)",
+                               (double)p->frequency_penalty);
+    return check_logit_bias(p);
 }
 
 /* ---- the random draw ------------------------------------------------------------------------ */
@@ -75,11 +118,12 @@ void sampler_scratch_free(sampler_scratch *s) {
     free(s->keys);
     free(s->heap);
     free(s->seen);
+    free(s->counts);
     memset(s, 0, sizeof *s);
 }
 
 enum { SCRATCH_BYTES_PER_ID = sizeof(float) + sizeof(double) + sizeof(int32_t) + sizeof(uint64_t) +
-                               sizeof(float) + sizeof(uint8_t) };
+                               sizeof(float) + sizeof(uint8_t) + sizeof(int32_t) };
 
 static nopad_status scratch_reserve(sampler_scratch *s, int32_t vocab) {
     if (vocab <= s->capacity) return NOPAD_OK;
@@ -92,8 +136,9 @@ static nopad_status scratch_reserve(sampler_scratch *s, int32_t vocab) {
     s->keys = malloc(n * sizeof *s->keys);
     s->heap = malloc(n * sizeof *s->heap);
     s->seen = calloc(n, sizeof *s->seen);
+    s->counts = calloc(n, sizeof *s->counts);
     s->n_allocs = n_allocs;
-    if (!s->logits || !s->weight || !s->ids || !s->keys || !s->heap || !s->seen) {
+    if (!s->logits || !s->weight || !s->ids || !s->keys || !s->heap || !s->seen || !s->counts) {
         sampler_scratch_free(s);
         s->n_allocs = n_allocs;
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
@@ -291,6 +336,13 @@ static float max_logit(const float *x, int32_t n) {
     return m[0];
 }
 
+/* Greedy's normaliser: Σ exp(x - xmax) over the row, in double. */
+static double greedy_z(const float *x, int32_t n, float xmax) {
+    double z = 0;
+    for (int32_t i = 0; i < n; i++) z += exp((double)x[i] - xmax);
+    return z;
+}
+
 /* ---- sample_token --------------------------------------------------------------------------- */
 
 static nopad_status check_call(const sampler_scratch *s, const float *logits, int32_t vocab,
@@ -314,12 +366,32 @@ static nopad_status check_call(const sampler_scratch *s, const float *logits, in
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                    "sampling: history[%d] is %d; ids must be in [0, %d)", h,
                                    history[h], vocab);
+    for (int32_t j = 0; j < p->n_logit_bias; j++)
+        if (p->logit_bias[j].id >= vocab)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "sampling: logit_bias[%d] names id %d; ids must be in [0, %d)", j,
+                                   p->logit_bias[j].id, vocab);
     return NOPAD_OK;
+}
+
+/* OpenAI's frequency and presence penalties over the output (the last n ids of the history), as
+ * vLLM applies them: logit - frequency · count, then - presence, in fp32, once per distinct id. */
+static void penalise_output(sampler_scratch *s, float *x, const nopad_sampling_params *p,
+                            const int32_t *output, int32_t n) {
+    int32_t *count = s->counts;
+    for (int32_t h = 0; h < n; h++) count[output[h]]++;
+    for (int32_t h = 0; h < n; h++) {
+        const int32_t id = output[h];
+        if (count[id] == 0) continue; // done at its first occurrence
+        x[id] = (x[id] - p->frequency_penalty * (float)count[id]) - p->presence_penalty;
+        count[id] = 0;
+    }
 }
 
 nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab,
                           const nopad_sampling_params *p, const int32_t *history,
                           int32_t n_history, uint64_t step, int32_t *out_id, float *out_logprob) {
+    if (s) s->last.vocab = 0;
     nopad_status st = check_call(s, logits, vocab, p, history, n_history, out_id);
     if (st != NOPAD_OK) return st;
     st = scratch_reserve(s, vocab);
@@ -340,6 +412,8 @@ nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab
                                "-inf", logits[i] != logits[i] ? "NaN" : "+inf", i, vocab);
     }
 
+    for (int32_t j = 0; j < p->n_logit_bias; j++) x[p->logit_bias[j].id] += p->logit_bias[j].bias;
+
     // HF's RepetitionPenaltyLogitsProcessor, once per distinct id, in fp32 as HF computes it;
     // a positive logit that overflows when divided by a tiny penalty stays the largest float
     if (p->repetition_penalty != 1.0f && n_history > 0) {
@@ -353,6 +427,9 @@ nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab
         }
         for (int32_t h = 0; h < n_history; h++) s->seen[history[h]] = 0;
     }
+    const int32_t n_output = step < (uint64_t)n_history ? (int32_t)step : n_history;
+    if ((p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) && n_output > 0)
+        penalise_output(s, x, p, history + (n_history - n_output), n_output);
 
     const float xmax = max_logit(x, vocab);
     if (xmax == -INFINITY)
@@ -363,11 +440,13 @@ nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab
     if (p->temperature == 0.0f) {
         int32_t best = 0;
         while (x[best] != xmax) best++; // the lowest id among equal maxima
+        double log_z = NAN; // sampling_top_logprobs sums it when this call did not
         if (out_logprob) {
-            double z = 0;
-            for (int32_t i = 0; i < vocab; i++) z += exp((double)x[i] - xmax);
-            *out_logprob = (float)-log(z);
+            log_z = log(greedy_z(x, vocab, xmax));
+            *out_logprob = (float)-log_z;
         }
+        s->last = (sampler_last_draw){.vocab = vocab, .n_kept = -1, .xmax = xmax, .inv_t = 1.0,
+                                      .log_z = log_z};
         *out_id = best;
         return NOPAD_OK;
     }
@@ -421,7 +500,56 @@ nopad_status sample_token(sampler_scratch *s, const float *logits, int32_t vocab
         if (acc > target) break;
     }
     if (out_logprob) *out_logprob = (float)(-distance(xmax, x[chosen], inv_t) - log(z));
+    s->last = (sampler_last_draw){.vocab = vocab, .n_kept = n, .xmax = xmax, .inv_t = inv_t,
+                                  .log_z = log(z)};
     *out_id = chosen;
+    return NOPAD_OK;
+}
+
+/* Whether id is among ids[0, n), which are in ascending order. */
+static int holds_id(const int32_t *ids, int32_t n, int32_t id) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && ids[lo] == id;
+}
+
+nopad_status sampling_top_logprobs(const sampler_scratch *s, int32_t n, int32_t *ids, float *logprobs) {
+    if (!s || s->last.vocab == 0 || n < 0 || (n > 0 && (!ids || !logprobs)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "sampling: top logprobs need a scratch after a successful sample_token, "
+                               "n >= 0 and ids, logprobs [n]");
+    if (n > NOPAD_MAX_TOP_LOGPROBS)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "sampling: %d top logprobs; at most %d", n,
+                               NOPAD_MAX_TOP_LOGPROBS);
+    const sampler_last_draw *d = &s->last;
+    const float *x = s->logits;
+    const double log_z = d->log_z == d->log_z ? d->log_z : log(greedy_z(x, d->vocab, d->xmax));
+    // the n best rank keys, ascending, by insertion: one comparison an id once n are held
+    uint64_t best[NOPAD_MAX_TOP_LOGPROBS];
+    const int32_t held_max = n < d->vocab ? n : d->vocab;
+    int32_t held = 0;
+    for (int32_t i = 0; i < d->vocab && held_max > 0; i++) {
+        const uint64_t key = rank_key(x[i], i);
+        if (held == held_max && key >= best[held - 1]) continue;
+        int32_t j = held < held_max ? held++ : held - 1;
+        for (; j > 0 && best[j - 1] > key; j--) best[j] = best[j - 1];
+        best[j] = key;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        if (j >= held) {
+            ids[j] = -1;
+            logprobs[j] = -INFINITY;
+            continue;
+        }
+        const int32_t id = key_id(best[j]);
+        const int kept = x[id] > -INFINITY && (d->n_kept < 0 || holds_id(s->ids, d->n_kept, id));
+        ids[j] = id;
+        logprobs[j] = kept ? (float)(-distance(d->xmax, x[id], d->inv_t) - log_z) : -INFINITY;
+    }
     return NOPAD_OK;
 }
 
