@@ -1,10 +1,12 @@
 /* Data-parallel training (src/train/dp.c through train_run, the loop behind nopad_train), run
  * under mpirun at 2, 3 and 4 ranks on the tiny BERTs of tests/data/train (hidden 32, 2 layers,
- * 64 ids, 32 positions, dropout 0):
+ * 64 ids, 32 positions):
  *   - N ranks of B tokens and S sequences each against one process of N·B and N·S (run on rank 0
  *     with a world of one inside the same job): every step's loss and every parameter after 5
  *     steps within the bounds below, with the exchange off and on, masked LM with AdamW and with
- *     LAMB, and 3-label classification with AdamW;
+ *     LAMB, and 3-label classification with AdamW, all without dropout; then masked LM with AdamW
+ *     and classification with LAMB with dropout and attention dropout at 0.2 (masks keyed by the
+ *     example: the same bounds);
  *   - the exchange on data skewed on purpose (rank 0 reads every long line): the most loaded
  *     rank's tokens over the mean, averaged over the run, above 1.3 as read and at most 1.1 after
  *     the exchange, and the results those of the run without it;
@@ -22,7 +24,6 @@
  * relative (observed: see the printed maxima). */
 #include <math.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -30,6 +31,7 @@
 #include "parallel/comm.h"
 #include "train/checkpoint.h"
 #include "train/dp.h"
+#include "train_lib.h"
 
 enum { N_WORDS = 59, MAX_STEPS = 16 };
 
@@ -46,32 +48,6 @@ static int on_step(void *user, const nopad_train_progress *p) {
     steps *s = user;
     if (p->step <= MAX_STEPS) s->loss[p->step] = p->loss;
     return s->stop_at > 0 && p->step >= s->stop_at;
-}
-
-static void copy_file(const char *from, const char *dir, const char *name) {
-    size_t len = 0;
-    char *data = test_read_file(from, &len);
-    char path[700];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
-    free(data);
-}
-
-/* A model folder: the tiny BERT of `which` with the 64-id vocabulary. */
-static const char *model_folder(const char *which) {
-    static char dirs[2][512];
-    char *dir = dirs[which[11] == 'c'];
-    snprintf(dir, sizeof dirs[0], "%s", test_make_temp_dir(1));
-    char path[600];
-    snprintf(path, sizeof path, "%s/config.json", which);
-    copy_file(test_data_path(path), dir, "config.json");
-    snprintf(path, sizeof path, "%s/model.safetensors", which);
-    copy_file(test_data_path(path), dir, "model.safetensors");
-    copy_file(test_data_path("train/vocab.txt"), dir, "vocab.txt");
-    return dir;
 }
 
 /* n lines of lo..hi random words (the same text on every rank: drawn from the seed alone). Lines
@@ -121,26 +97,6 @@ static nopad_train_params params(const char *model, const char *data, train_task
     return p;
 }
 
-/* The largest difference between the parameters of two saved folders (rank 0). */
-static double param_diff(const char *a, const char *b, train_task task) {
-    nopad_backend *be = NULL;
-    const nopad_backend_params bp = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = 1};
-    assert_nopad_ok(nopad_backend_create(&bp, &be));
-    train_model ma, mb;
-    assert_nopad_ok(train_model_load(be, a, task, &ma));
-    assert_nopad_ok(train_model_load(be, b, task, &mb));
-    assert_int_equal(ma.n_params, mb.n_params);
-    double worst = 0;
-    for (int64_t i = 0; i < ma.n_params; i++) {
-        const double d = fabs((double)ma.params[i] - (double)mb.params[i]);
-        if (!(d <= worst)) worst = d; /* NaN propagates */
-    }
-    train_model_free(&ma);
-    train_model_free(&mb);
-    be->destroy(be);
-    return worst;
-}
-
 static double loss_diff(const steps *a, const steps *b, int64_t from, int64_t to) {
     double worst = 0;
     for (int64_t s = from; s <= to; s++) {
@@ -174,13 +130,17 @@ static void data_parallel(const nopad_train_params *dp, const char *out, int exc
     assert_nopad_ok(train_run(&p, world, exchange, res));
 }
 
-/* N ranks x (B, S) against one process x (N·B, N·S): 5 steps, exchange off and on. */
+/* N ranks x (B, S) against one process x (N·B, N·S): 5 steps, exchange off and on; `dropout`
+ * both the hidden and the attention dropout (their masks keyed by the example, so the same
+ * wherever a sequence is computed). */
 static void check_against_one(const char *which, train_task task, nopad_train_optimizer opt,
-                              const char *data_path, int32_t tokens, int32_t seqs) {
-    char data[600]; /* test_data_path's buffer is reused by model_folder */
+                              const char *data_path, int32_t tokens, int32_t seqs, float dropout) {
+    char data[600]; /* test_data_path's buffer is reused by train_test_model_folder */
     snprintf(data, sizeof data, "%s", data_path);
-    const char *model = model_folder(which);
+    char model[512];
+    train_test_model_folder(which, 1, model);
     nopad_train_params p = params(model, data, task, opt, tokens, seqs);
+    p.dropout = p.attention_dropout = dropout;
     char ref_dir[512], dp_dir[512];
     shared_dir(ref_dir);
     steps ref = {.stop_at = 5};
@@ -195,10 +155,10 @@ static void check_against_one(const char *which, train_task task, nopad_train_op
         if (RANK == 0) {
             assert_int_equal(ref_res.steps, 5);
             assert_int_equal(res.n_examples, ref_res.n_examples);
-            const double dl = loss_diff(&got, &ref, 1, 5), dw = param_diff(dp_dir, ref_dir, task);
-            printf("%s %s, %d ranks, exchange %s: losses within %.2e relative, parameters %.2e\n",
-                   task == TRAIN_TASK_MLM ? "MLM" : "classification",
-                   opt == NOPAD_TRAIN_LAMB ? "LAMB" : "AdamW", RANKS, exchange ? "on" : "off", dl, dw);
+            const double dl = loss_diff(&got, &ref, 1, 5), dw = train_test_max_param_diff(dp_dir, ref_dir, task);
+            printf("%s %s%s, %d ranks, exchange %s: losses within %.2e relative, parameters %.2e\n",
+                   task == TRAIN_TASK_MLM ? "MLM" : "classification", opt == NOPAD_TRAIN_LAMB ? "LAMB" : "AdamW",
+                   dropout > 0 ? " with dropout" : "", RANKS, exchange ? "on" : "off", dl, dw);
             assert_true(dl <= 1e-5);
             assert_true(dw <= 1e-5);
         }
@@ -210,18 +170,30 @@ static const char *mlm_data(void) { return corpus(160, 40, 2, 29, 17); }
 
 static void test_mlm_adamw(void **state) {
     (void)state;
-    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8);
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, 0);
 }
 
 static void test_mlm_lamb(void **state) {
     (void)state;
-    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_LAMB, mlm_data(), 96, 8);
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_LAMB, mlm_data(), 96, 8, 0);
 }
 
 static void test_classify_adamw(void **state) {
     (void)state;
     check_against_one("train/bert_cls", TRAIN_TASK_CLASSIFY, NOPAD_TRAIN_ADAMW,
-                      test_data_path("train/cls_train.jsonl"), 64, 6);
+                      test_data_path("train/cls_train.jsonl"), 64, 6, 0);
+}
+
+/* With dropout and attention dropout at 0.2: a data-parallel run draws one process's masks. */
+static void test_mlm_adamw_dropout(void **state) {
+    (void)state;
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, 0.2f);
+}
+
+static void test_classify_lamb_dropout(void **state) {
+    (void)state;
+    check_against_one("train/bert_cls", TRAIN_TASK_CLASSIFY, NOPAD_TRAIN_LAMB,
+                      test_data_path("train/cls_train.jsonl"), 64, 6, 0.2f);
 }
 
 /* The run's mean of the most loaded rank's tokens over the mean rank's, as read and after the
@@ -256,7 +228,8 @@ static void test_skewed_exchange(void **state) {
     /* long lines of ~41 bytes, short ones of ~23 (5 words): n_long·41·(N-1) = (n - n_long)·23 */
     const int n_long = 23 * n / (41 * (RANKS - 1) + 23);
     const char *data = corpus(n, n_long, 2, 8, 23);
-    const char *model = model_folder("train/bert_mlm");
+    char model[512];
+    train_test_model_folder("train/bert_mlm", 1, model);
     nopad_train_params p = params(model, data, TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, 512, 64);
     p.on_step = NULL;
     p.epochs = 1;
@@ -274,12 +247,12 @@ static void test_skewed_exchange(void **state) {
     if (RANK == 0) {
         printf("skewed data, %d ranks: the most loaded rank over the mean, %.3f as read, %.3f after "
                "the exchange; parameters equal to the run without it within %.2e\n", RANKS,
-               ratio[1][0], ratio[1][1], param_diff(dirs[0], dirs[1], TRAIN_TASK_MLM));
+               ratio[1][0], ratio[1][1], train_test_max_param_diff(dirs[0], dirs[1], TRAIN_TASK_MLM));
         assert_true(ratio[0][0] > 1.3);
         assert_true(fabs(ratio[0][1] - ratio[0][0]) < 1e-12); /* nothing moves without it */
         assert_true(fabs(ratio[1][0] - ratio[0][0]) < 1e-12); /* the same batches */
         assert_true(ratio[1][1] <= 1.1);
-        assert_true(param_diff(dirs[0], dirs[1], TRAIN_TASK_MLM) <= 1e-5);
+        assert_true(train_test_max_param_diff(dirs[0], dirs[1], TRAIN_TASK_MLM) <= 1e-5);
     }
     assert_nopad_ok(comm_barrier(world, NULL));
 }
@@ -288,7 +261,8 @@ static void test_skewed_exchange(void **state) {
  * to step 6; the N ranks' run to step 6 is the reference. */
 static void test_resume_at_one(void **state) {
     (void)state;
-    const char *model = model_folder("train/bert_mlm");
+    char model[512];
+    train_test_model_folder("train/bert_mlm", 1, model);
     const char *data = mlm_data();
     nopad_train_params p = params(model, data, TRAIN_TASK_MLM, NOPAD_TRAIN_LAMB, 96, 8);
     char stopped[512], straight[512], resumed[512];
@@ -311,7 +285,7 @@ static void test_resume_at_one(void **state) {
         assert_nopad_ok(train_run(&q, NULL, 1, &res));
         assert_int_equal(res.resumed_step, 3);
         assert_int_equal(res.steps, 6);
-        const double dl = loss_diff(&rest, &whole, 4, 6), dw = param_diff(resumed, straight, TRAIN_TASK_MLM);
+        const double dl = loss_diff(&rest, &whole, 4, 6), dw = train_test_max_param_diff(resumed, straight, TRAIN_TASK_MLM);
         printf("%d ranks stopped at step 3, resumed in one process to step 6: losses within %.2e, "
                "parameters %.2e of the %d ranks' straight run\n", RANKS, dl, dw, RANKS);
         assert_true(dl <= 1e-5);
@@ -334,7 +308,8 @@ int main(void) {
     RANKS = comm_size(world);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlm_adamw),      cmocka_unit_test(test_mlm_lamb),
-        cmocka_unit_test(test_classify_adamw), cmocka_unit_test(test_skewed_exchange),
+        cmocka_unit_test(test_classify_adamw), cmocka_unit_test(test_mlm_adamw_dropout),
+        cmocka_unit_test(test_classify_lamb_dropout), cmocka_unit_test(test_skewed_exchange),
         cmocka_unit_test(test_resume_at_one),
     };
     const int failed = MPI_RUN_TESTS(tests);

@@ -98,7 +98,7 @@ static const bwd_case CASES[] = {
  * (p = 0.15: the forwards' and the backward's DROPOUT kernels), the CPU ops applying the same mask */
 enum { N_VARIANTS = 4, VARIANT_DROPOUT = 2 };
 static const char *const VARIANTS[N_VARIANTS] = {"mma", "wgmma", "dropout-mma", "dropout-wgmma"};
-static const nopad_attention_dropout DROPOUT = {0.15f, 0x0123456789ABCDEFull, 7};
+static const nopad_attention_dropout DROPOUT = {0.15f, 0x0123456789ABCDEFull, 7, NULL}; /* examples: each case's */
 static const nopad_attention_dropout *drop; /* the variant's: NULL or &DROPOUT */
 static int variant;
 
@@ -271,17 +271,29 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
     int32_t *d_cu = dev_alloc(g, (size_t)(B + 1) * sizeof(int32_t));
     assert_nopad_ok(g->upload_i32(g, d_cu, cu, (size_t)B + 1));
     const nopad_seqs seqs_cpu = {B, T, max_len, cu}, seqs_gpu = {B, T, max_len, d_cu};
+    /* with dropout, each sequence's masks keyed by an example number (every other one past 2³²:
+     * its high word in the key), the CPU reading them from the host, the GPU from its copy */
+    int64_t *examples = malloc((size_t)B * sizeof *examples);
+    for (int32_t s = 0; s < B; s++) examples[s] = 1000 + 37 * (int64_t)s + ((int64_t)(s & 1) << 32);
+    int64_t *d_examples = dev_alloc(g, (size_t)B * sizeof *examples);
+    assert_nopad_ok(g->upload(g, d_examples, examples, (size_t)B * sizeof *examples));
+    nopad_attention_dropout keyed_cpu = {0, 0, 0, NULL}, keyed_gpu = {0, 0, 0, NULL};
+    if (drop) {
+        keyed_cpu = *drop, keyed_cpu.examples = examples;
+        keyed_gpu = *drop, keyed_gpu.examples = d_examples;
+    }
+    const nopad_attention_dropout *drop_cpu = drop ? &keyed_cpu : NULL, *drop_gpu = drop ? &keyed_gpu : NULL;
 
     /* CPU forward: out_ref [T, H] float32, lse_ref [T, heads] */
     float *out_ref = malloc((size_t)n_out * sizeof(float)), *lse_ref = malloc((size_t)n_lse * sizeof(float));
-    assert_nopad_ok(cpu->attention_lse(cpu, out_ref, lse_ref, qkv, &seqs_cpu, heads, d, scale, causal, drop));
+    assert_nopad_ok(cpu->attention_lse(cpu, out_ref, lse_ref, qkv, &seqs_cpu, heads, d, scale, causal, drop_cpu));
 
     /* GPU forward into poisoned out / lse with guard rows */
     void *d_out = dev_alloc(g, (size_t)(n_out + GUARD_ROWS * H) * 2);
     float *d_lse = dev_alloc(g, (size_t)(n_lse + GUARD_ROWS * heads) * sizeof(float));
     poison(g, d_out, (size_t)(n_out + GUARD_ROWS * H));
     poison32(g, d_lse, (size_t)(n_lse + GUARD_ROWS * heads));
-    assert_nopad_ok(g->attention_lse(g, d_out, d_lse, d_qkv, &seqs_gpu, heads, d, scale, causal, drop));
+    assert_nopad_ok(g->attention_lse(g, d_out, d_lse, d_qkv, &seqs_gpu, heads, d, scale, causal, drop_gpu));
     float *out_gpu = download(g, d_out, (size_t)(n_out + GUARD_ROWS * H));
     float *lse_gpu = download32(g, d_lse, (size_t)(n_lse + GUARD_ROWS * heads));
     check_written("forward out", out_gpu, n_out, GUARD_ROWS * H, label);
@@ -303,27 +315,27 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
     void *d_dqkv = dev_alloc(g, (size_t)(n_qkv + GUARD_ROWS * 3 * H) * 2);
     poison(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     assert_nopad_ok(g->attention_backward(g, d_dqkv, d_dout, d_qkv, d_out_r, d_lse_ref, &seqs_gpu, heads, d, scale,
-                                          causal, drop));
+                                          causal, drop_gpu));
     float *dqkv_gpu = download(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     check_written("backward dqkv", dqkv_gpu, n_qkv, GUARD_ROWS * 3 * H, label);
     float *dqkv_ref = malloc((size_t)n_qkv * sizeof(float));
     assert_nopad_ok(cpu->attention_backward(cpu, dqkv_ref, dout, qkv, out_r, lse_ref, &seqs_cpu, heads, d, scale,
-                                            causal, drop));
+                                            causal, drop_cpu));
     compare_dqkv(label, "backward", dqkv_gpu, dqkv_ref, T, heads, d, BOUND[dt]);
 
     /* the chain: GPU forward then GPU backward, against the CPU backward on the GPU forward's
      * outputs (bounded), and against the float32 CPU chain (printed) */
     poison(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     assert_nopad_ok(g->attention_backward(g, d_dqkv, d_dout, d_qkv, d_out, d_lse, &seqs_gpu, heads, d, scale,
-                                          causal, drop));
+                                          causal, drop_gpu));
     free(dqkv_gpu);
     dqkv_gpu = download(g, d_dqkv, (size_t)(n_qkv + GUARD_ROWS * 3 * H));
     check_written("chain dqkv", dqkv_gpu, n_qkv, GUARD_ROWS * 3 * H, label);
     assert_nopad_ok(cpu->attention_backward(cpu, dqkv_ref, dout, qkv, out_gpu, lse_gpu, &seqs_cpu, heads, d, scale,
-                                            causal, drop));
+                                            causal, drop_cpu));
     compare_dqkv(label, "chain", dqkv_gpu, dqkv_ref, T, heads, d, BOUND[dt]);
     assert_nopad_ok(cpu->attention_backward(cpu, dqkv_ref, dout, qkv, out_ref, lse_ref, &seqs_cpu, heads, d, scale,
-                                            causal, drop));
+                                            causal, drop_cpu));
     compare_dqkv(label, "vs fp32", dqkv_gpu, dqkv_ref, T, heads, d, 0);
 
     if (c->dump && dump_dir() && !drop) { /* the torch check has no dropout */
@@ -333,8 +345,8 @@ static void run_case(const bwd_case *c, int case_index, int32_t d, int dt, int c
     }
 
     g->free(g, d_qkv), g->free(g, d_dout), g->free(g, d_cu), g->free(g, d_out), g->free(g, d_lse);
-    g->free(g, d_out_r), g->free(g, d_lse_ref), g->free(g, d_dqkv);
-    free(qkv), free(dout), free(out_ref), free(lse_ref), free(out_gpu), free(lse_gpu), free(out_r);
+    g->free(g, d_out_r), g->free(g, d_lse_ref), g->free(g, d_dqkv), g->free(g, d_examples);
+    free(qkv), free(dout), free(out_ref), free(examples), free(lse_ref), free(out_gpu), free(lse_gpu), free(out_r);
     free(dqkv_gpu), free(dqkv_ref), free(cu);
 }
 
@@ -474,7 +486,7 @@ static void test_unsupported(void **state) {
                        "head size 48");
     assert_nopad_error(g->attention_backward(g, p, p, p, p, p, &seqs, 2, 96, 1.0f, 1, NULL), NOPAD_ERR_UNSUPPORTED,
                        "head size 96");
-    const nopad_attention_dropout bad_p = {1.0f, 1, 0}, bad_site = {0.1f, 1, 40000};
+    const nopad_attention_dropout bad_p = {1.0f, 1, 0, NULL}, bad_site = {0.1f, 1, 40000, NULL};
     assert_nopad_error(g->attention_lse(g, p, p, p, &seqs, 2, 64, 1.0f, 0, &bad_p), NOPAD_ERR_INVALID_ARGUMENT,
                        "dropout rate 1");
     assert_nopad_error(g->attention_backward(g, p, p, p, p, p, &seqs, 2, 64, 1.0f, 0, &bad_site),

@@ -2,8 +2,8 @@
  * norm_backward.cu, loss.cu, through the op table of train/ops.c) against the CPU backend's ops,
  * the float32 reference, in fp16 and bf16:
  *   zero, activation and activation_backward (every activation; the bias gradient with and
- *   without, dx aliasing dy), dropout (the mask equal to the CPU's bit for bit, at offsets inside
- *   a Philox block, misaligned views), layernorm_backward (dbias with and without, ds aliasing dy,
+ *   without, dx aliasing dy), dropout (the mask equal to the CPU's bit for bit on random sequence
+ *   lengths 1 .. 512, rows cutting Philox blocks, example numbers past 2³², misaligned views), layernorm_backward (dbias with and without, ds aliasing dy,
  *   two runs bit-identical; rows up to 1024 a warp each, wider ones up to 4096 a block each),
  *   embed_backward (random sequence lengths, position offset 0 and 2,
  *   token types 2 and 3 and none, ids repeating), select_rows, scatter_add_rows (repeated rows),
@@ -253,86 +253,115 @@ static int64_t expect_dropout(const char *what, int d, const float *got, const f
     return dropped;
 }
 
+/* A device copy of host[n] int64 (example numbers). */
+static int64_t *to_i64(int d, const int64_t *host, size_t n) {
+    void *p;
+    assert_nopad_ok(gpu[d]->alloc(gpu[d], (n ? n : 1) * sizeof(int64_t), &p));
+    if (n) assert_nopad_ok(gpu[d]->upload(gpu[d], p, host, n * sizeof(int64_t)));
+    return p;
+}
+
+/* Dropout of packed rows keyed by (site, example, position, column): random sequence lengths in
+ * [1, 512] (T = 1 among them: one sequence of one token; the longest the cap), rows of 1, 7, 37
+ * (blocks of 4 cut by the row's end, no 16-byte vectors), 768 and 1024 columns, random example
+ * numbers with some past 2³² (their high word in the key), and none (sequence s is example s);
+ * aligned and a view one element in; in place as its own backward. */
 static void test_dropout(void **state) {
-    const int64_t sizes[] = {1, 7, 1000, 4099, (1 << 20) + 5};
-    const uint64_t offsets[] = {0, 3, 4096 + 2, (1ULL << 33) + 1};
+    typedef struct { int32_t T, dim; } drop_case;
+    const drop_case cases[] = {{1, 768}, {5, 1}, {300, 7}, {517, 37}, {4096, 768}, {2049, 1024}};
     const float rates[] = {0.1f, 0.5f};
-    const uint64_t seed = 0x9e3779b97f4a7c15ULL;
+    const uint64_t key = 0x9e3779b97f4a7c15ULL;
+    const uint32_t sites[] = {0, 23};
     uint64_t rng = 0x64726f70ULL;
     for (int d = 0; d < 2; d++)
-        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
-            for (size_t oi = 0; oi < sizeof offsets / sizeof offsets[0]; oi++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (int keyed = 0; keyed < 2; keyed++)
                 for (size_t pi = 0; pi < 2; pi++) {
-                    const int64_t n = sizes[si];
+                    const int32_t T = cases[ci].T == 4096 ? big_T() : cases[ci].T, dim = cases[ci].dim;
+                    const int64_t n = (int64_t)T * dim;
                     const float p = rates[pi];
+                    const uint32_t site = sites[pi];
+                    int32_t B, longest;
+                    int32_t *cu = random_cu_seqlens(T, 512, &rng, &B, &longest);
+                    int64_t *examples = malloc((size_t)B * sizeof(int64_t));
+                    for (int32_t s = 0; s < B; s++)
+                        examples[s] = (int64_t)test_rand_u32(&rng) + (s % 3 == 0 ? (int64_t)(s + 1) << 32 : 0);
+                    const nopad_seqs cpu_seqs = {B, T, longest, cu};
+                    int32_t *cu_dev = to_i32(d, cu, (size_t)B + 1);
+                    int64_t *ex_dev = keyed ? to_i64(d, examples, (size_t)B) : NULL;
+                    const nopad_seqs gpu_seqs = {B, T, longest, cu_dev};
                     /* |x| in [0.1, 1]: kept values stay normal numbers in fp16 */
                     float *x = random_floats((size_t)n + 1, 0.1f, 1.0f, &rng);
                     for (int64_t i = 0; i <= n; i++)
                         if (test_rand_u32(&rng) & 1) x[i] = -x[i];
                     void *x_dev = to_dtype(d, x, (size_t)n + 1), *y_dev = alloc_dtype(d, (size_t)n + 1);
                     float *ref = malloc((size_t)(n + 1) * sizeof(float));
+                    const int64_t *cpu_ex = keyed ? examples : NULL;
                     char what[160];
                     /* aligned, then a view one element in (no 16-byte vectors) */
                     for (int shift = 0; shift < 2; shift++) {
-                        assert_nopad_ok(cpu->dropout(cpu, ref, x + shift, NULL, n, p, seed, offsets[oi]));
+                        assert_nopad_ok(cpu->dropout(cpu, ref, x + shift, NULL, &cpu_seqs, cpu_ex, dim, p, key, site));
                         poison(d, y_dev, (size_t)n + 1);
                         void *xs = (char *)x_dev + 2 * shift, *ys = (char *)y_dev + 2 * shift;
-                        assert_nopad_ok(gpu[d]->dropout(gpu[d], ys, xs, NULL, n, p, seed, offsets[oi]));
+                        assert_nopad_ok(gpu[d]->dropout(gpu[d], ys, xs, NULL, &gpu_seqs, ex_dev, dim, p, key, site));
                         float *all = get_dtype(d, y_dev, (size_t)n + 1);
-                        snprintf(what, sizeof what, "%s dropout n %lld offset %llu p %.1f%s", DTYPE_NAMES[d],
-                                 (long long)n, (unsigned long long)offsets[oi], p, shift ? " (misaligned)" : "");
+                        snprintf(what, sizeof what, "%s dropout T %d (%d sequences) dim %d p %.1f%s%s", DTYPE_NAMES[d],
+                                 T, B, dim, p, keyed ? "" : " (no example numbers)", shift ? " (misaligned)" : "");
                         const int64_t dropped = expect_dropout(what, d, all + shift, ref, n);
                         /* nothing outside the n elements was written */
                         if (!isnan(all[shift ? 0 : n])) fail_msg("%s: an element past the range was written", what);
-                        if (n == sizes[4] && shift == 0 && oi == 0) {
+                        if (n >= 1000000 && shift == 0) {
                             const double rate = (double)dropped / n, sd = sqrt(p * (1 - p) / n);
-                            printf("%s dropout p %.1f over %lld elements: dropped %.4f (5 sd = %.4f)\n",
-                                   DTYPE_NAMES[d], p, (long long)n, rate, 5 * sd);
+                            printf("%s: dropped %.4f (5 sd = %.4f)\n", what, rate, 5 * sd);
                             if (fabs(rate - p) > 5 * sd) fail_msg("%s: dropped fraction %.4f", what, rate);
                         }
                         free(all);
                     }
                     /* in place (y = x), its own backward: the same mask again */
-                    assert_nopad_ok(cpu->dropout(cpu, ref, x, NULL, n, p, seed, offsets[oi]));
-                    assert_nopad_ok(gpu[d]->dropout(gpu[d], x_dev, x_dev, NULL, n, p, seed, offsets[oi]));
+                    assert_nopad_ok(cpu->dropout(cpu, ref, x, NULL, &cpu_seqs, cpu_ex, dim, p, key, site));
+                    assert_nopad_ok(gpu[d]->dropout(gpu[d], x_dev, x_dev, NULL, &gpu_seqs, ex_dev, dim, p, key, site));
                     float *got = get_dtype(d, x_dev, (size_t)n);
-                    snprintf(what, sizeof what, "%s dropout n %lld offset %llu p %.1f in place", DTYPE_NAMES[d],
-                             (long long)n, (unsigned long long)offsets[oi], p);
+                    snprintf(what, sizeof what, "%s dropout T %d dim %d p %.1f in place", DTYPE_NAMES[d], T, dim, p);
                     expect_dropout(what, d, got, ref, n);
                     free(got);
-                    release(d, x_dev), release(d, y_dev);
-                    free(x), free(ref);
+                    release(d, x_dev), release(d, y_dev), release(d, cu_dev);
+                    if (ex_dev) release(d, ex_dev);
+                    free(x), free(ref), free(cu), free(examples);
                 }
-    /* p = 0: the identity */
+    /* p = 0: the identity; with a residual (a sub-layer's dropped output joining the residual
+     * stream), in place over x: residual + the CPU's dropped values within one rounding of the
+     * sum; both terms positive */
     for (int d = 0; d < 2; d++) {
-        float *x = random_floats(1000, 0.1f, 1.0f, &rng);
-        void *x_dev = to_dtype(d, x, 1000), *y_dev = alloc_dtype(d, 1000);
-        poison(d, y_dev, 1000);
-        assert_nopad_ok(gpu[d]->dropout(gpu[d], y_dev, x_dev, NULL, 1000, 0.0f, seed, 5));
-        float *got = get_dtype(d, y_dev, 1000);
-        for (int i = 0; i < 1000; i++)
-            if (got[i] != x[i]) fail_msg("%s dropout p = 0: element %d %g != %g", DTYPE_NAMES[d], i, got[i], x[i]);
-        free(got), free(x);
-        release(d, x_dev), release(d, y_dev);
-    }
-    /* with a residual (a sub-layer's dropped output joining the residual stream), in place over x:
-     * residual + the CPU's dropped values within one rounding of the sum; both terms positive */
-    for (int d = 0; d < 2; d++) {
-        const int64_t n = 100003;
+        const int32_t T = 1031, dim = 97;
+        const int64_t n = (int64_t)T * dim;
+        int32_t B, longest;
+        int32_t *cu = random_cu_seqlens(T, 512, &rng, &B, &longest);
+        int64_t *examples = malloc((size_t)B * sizeof(int64_t));
+        for (int32_t s = 0; s < B; s++) examples[s] = 1000 + 7 * s;
+        const nopad_seqs cpu_seqs = {B, T, longest, cu};
+        int32_t *cu_dev = to_i32(d, cu, (size_t)B + 1);
+        int64_t *ex_dev = to_i64(d, examples, (size_t)B);
+        const nopad_seqs gpu_seqs = {B, T, longest, cu_dev};
         float *x = random_floats((size_t)n, 0.5f, 1.5f, &rng), *r = random_floats((size_t)n, 0.5f, 1.5f, &rng);
         float *ref = malloc(sizeof(float) * (size_t)n);
-        void *x_dev = to_dtype(d, x, (size_t)n), *r_dev = to_dtype(d, r, (size_t)n);
-        assert_nopad_ok(cpu->dropout(cpu, ref, x, r, n, 0.1f, seed, 77));
-        assert_nopad_ok(gpu[d]->dropout(gpu[d], x_dev, x_dev, r_dev, n, 0.1f, seed, 77));
-        float *got = get_dtype(d, x_dev, (size_t)n);
+        void *x_dev = to_dtype(d, x, (size_t)n), *r_dev = to_dtype(d, r, (size_t)n), *y_dev = alloc_dtype(d, (size_t)n);
+        poison(d, y_dev, (size_t)n);
+        assert_nopad_ok(gpu[d]->dropout(gpu[d], y_dev, x_dev, NULL, &gpu_seqs, ex_dev, dim, 0.0f, key, 3));
+        float *got = get_dtype(d, y_dev, (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            if (got[i] != x[i]) fail_msg("%s dropout p = 0: element %lld %g != %g", DTYPE_NAMES[d], (long long)i, got[i], x[i]);
+        free(got);
+        assert_nopad_ok(cpu->dropout(cpu, ref, x, r, &cpu_seqs, examples, dim, 0.1f, key, 3));
+        assert_nopad_ok(gpu[d]->dropout(gpu[d], x_dev, x_dev, r_dev, &gpu_seqs, ex_dev, dim, 0.1f, key, 3));
+        got = get_dtype(d, x_dev, (size_t)n);
         for (int64_t i = 0; i < n; i++)
             if (!(fabs((double)got[i] - ref[i]) <= ELEMENT_BOUND[d] * fabs(ref[i])))
                 fail_msg("%s dropout with residual: element %lld: %g, the CPU %g", DTYPE_NAMES[d], (long long)i,
                          got[i], ref[i]);
-        free(got), free(x), free(r), free(ref);
-        release(d, x_dev), release(d, r_dev);
+        free(got), free(x), free(r), free(ref), free(cu), free(examples);
+        release(d, x_dev), release(d, r_dev), release(d, y_dev), release(d, cu_dev), release(d, ex_dev);
     }
-    printf("dropout: masks equal to the CPU's (2 dtypes x 5 sizes x 4 offsets x 2 rates, aligned, misaligned, "
+    printf("dropout: masks equal to the CPU's (2 dtypes x 6 shapes x keyed or not x 2 rates, aligned, misaligned, "
            "in place, with a residual), values within %.3g / %.3g\n", ELEMENT_BOUND[0], ELEMENT_BOUND[1]);
 }
 
@@ -667,6 +696,7 @@ typedef struct graph_case {
     void *x, *dy_act, *dx_act, *s, *dy_ln, *ds, *w, *drop, *logits, *dlogits;
     float *g32[4], *losses;
     int32_t *labels;
+    nopad_seqs seqs;    /* the dropout's sequences (cu_seqlens on the device) */
     float *g32_init[4]; /* host */
 } graph_case;
 
@@ -676,7 +706,7 @@ static nopad_status graph_ops(int d, graph_case *g) {
     if (st == NOPAD_OK)
         st = be->layernorm_backward(be, g->ds, g->g32[1], g->g32[2], g->g32[3], g->dy_ln, g->s, g->w, 1e-12f, g->T,
                                     g->H);
-    if (st == NOPAD_OK) st = be->dropout(be, g->drop, g->ds, NULL, (int64_t)g->T * g->H, 0.1f, 42, 1000);
+    if (st == NOPAD_OK) st = be->dropout(be, g->drop, g->ds, NULL, &g->seqs, NULL, g->H, 0.1f, 42, 1000);
     if (st == NOPAD_OK)
         st = be->cross_entropy(be, g->losses, g->dlogits, g->logits, g->labels, g->n, g->classes, 1.0f / g->n);
     return st;
@@ -734,6 +764,10 @@ static void test_graph_capture(void **state) {
         float nan[64];
         for (int i = 0; i < g.n; i++) nan[i] = NAN;
         g.losses = to_f32(d, nan, (size_t)g.n);
+        int32_t B, longest;
+        int32_t *cu = random_cu_seqlens(g.T, 512, &rng, &B, &longest);
+        g.seqs = (nopad_seqs){B, g.T, longest, to_i32(d, cu, (size_t)B + 1)};
+        free(cu);
 
         /* once directly: grows the scratch, gives the expected bits */
         graph_reset(d, &g);
@@ -762,7 +796,8 @@ static void test_graph_capture(void **state) {
         free(direct), free(replayed);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
-        void *bufs[] = {g.x, g.dy_act, g.dx_act, g.s, g.dy_ln, g.ds, g.w, g.drop, g.logits, g.dlogits, g.labels, g.losses};
+        void *bufs[] = {g.x,      g.dy_act,  g.dx_act, g.s,      g.dy_ln,  g.ds,
+                        g.w,      g.drop,    g.logits, g.dlogits, g.labels, g.losses, (void *)g.seqs.cu_seqlens};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) release(d, bufs[k]);
         for (int k = 0; k < 4; k++) release(d, g.g32[k]), free(g.g32_init[k]);
     }

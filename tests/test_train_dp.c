@@ -10,6 +10,7 @@
 
 #include "testutil.h"
 #include "train/dp.h"
+#include "train_lib.h"
 
 enum { N_SPECIAL = 5, VOCAB = 64, N_WORDS = VOCAB - N_SPECIAL };
 
@@ -245,18 +246,6 @@ static void test_grad_buckets(void **state) {
 
 /* ---- the data-parallel path at a world of one --------------------------------------------- */
 
-static void copy_into(const char *rel, const char *dir, const char *name) {
-    size_t len = 0;
-    char *data = test_read_file(test_data_path(rel), &len);
-    char path[700];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
-    free(data);
-}
-
 typedef struct losses {
     double loss[8];
 } losses;
@@ -267,42 +256,21 @@ static int record_loss(void *user, const nopad_train_progress *p) {
     return p->step >= 5;
 }
 
-static double max_param_diff(const char *a, const char *b, train_task task) {
-    nopad_backend *be = NULL;
-    const nopad_backend_params bp = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = 1};
-    assert_nopad_ok(nopad_backend_create(&bp, &be));
-    train_model ma, mb;
-    assert_nopad_ok(train_model_load(be, a, task, &ma));
-    assert_nopad_ok(train_model_load(be, b, task, &mb));
-    double worst = 0;
-    for (int64_t i = 0; i < ma.n_params; i++) {
-        const double d = fabs((double)ma.params[i] - (double)mb.params[i]);
-        if (!(d <= worst)) worst = d;
-    }
-    train_model_free(&ma);
-    train_model_free(&mb);
-    be->destroy(be);
-    return worst;
-}
-
 /* NOPAD_COMM_FORCE's case: one process through the data-parallel path (its own share of the file,
  * the global loader over the lengths, the step's records, the loss's divisor and the bucket
  * all-reduces, here copies) against train_run without a communicator, 5 steps of masked LM with
- * LAMB and of classification with AdamW: losses within 1e-8 relative and parameters within 1e-6
- * (the same sums: only the loss's double sum is grouped otherwise). */
+ * LAMB and of classification with AdamW, without dropout and with both dropouts at 0.2: losses
+ * within 1e-8 relative and parameters within 1e-6 (the same sums: only the loss's double sum is
+ * grouped otherwise). */
 static void test_world_of_one(void **state) {
     (void)state;
     const char *which[] = {"train/bert_mlm", "train/bert_cls"};
     const train_task tasks[] = {TRAIN_TASK_MLM, TRAIN_TASK_CLASSIFY};
-    for (int k = 0; k < 2; k++) {
+    for (int run = 0; run < 4; run++) {
+        const int k = run & 1;
+        const float dropout = run < 2 ? 0.0f : 0.2f; /* hidden and attention dropout */
         char model[512], data[512], outs[2][512];
-        snprintf(model, sizeof model, "%s", test_make_temp_dir(1));
-        char rel[128];
-        snprintf(rel, sizeof rel, "%s/config.json", which[k]);
-        copy_into(rel, model, "config.json");
-        snprintf(rel, sizeof rel, "%s/model.safetensors", which[k]);
-        copy_into(rel, model, "model.safetensors");
-        copy_into("train/vocab.txt", model, "vocab.txt");
+        train_test_model_folder(which[k], 1, model);
         snprintf(data, sizeof data, "%s", test_data_path("train/cls_train.jsonl"));
         losses got[2] = {{{0}}};
         for (int path = 0; path < 2; path++) {
@@ -317,6 +285,7 @@ static void test_world_of_one(void **state) {
             p.batch_tokens = 96;
             p.batch_seqs = 8;
             p.n_threads = 1;
+            p.dropout = p.attention_dropout = dropout;
             p.on_step = record_loss;
             p.user = &got[path];
             nopad_comm *one = NULL;
@@ -328,7 +297,7 @@ static void test_world_of_one(void **state) {
         }
         for (int s = 1; s <= 5; s++)
             assert_true(fabs(got[1].loss[s] - got[0].loss[s]) <= 1e-8 * got[0].loss[s]);
-        assert_true(max_param_diff(outs[0], outs[1], tasks[k]) <= 1e-6);
+        assert_true(train_test_max_param_diff(outs[0], outs[1], tasks[k]) <= 1e-6);
     }
 }
 

@@ -227,53 +227,143 @@ static void test_philox_known_answers(void **state) {
     for (int i = 0; i < 4; i++) assert_int_equal(philox_bits(0x0123456789abcdefull, 20 + i), out[i]);
 }
 
+/* The mask bit of row t (sequence s, cu[s] <= t < cu[s + 1]) and column c: backend.h's definition. */
+static int kept_by_definition(uint64_t key, uint32_t site, const int64_t *examples, const int32_t *cu, int32_t s,
+                              int32_t t, int32_t c, float p) {
+    const uint64_t example = examples ? (uint64_t)examples[s] : (uint64_t)s;
+    return hidden_dropout_bits(key, site, example, (uint32_t)(t - cu[s]), (uint32_t)c) >=
+           (uint32_t)((double)p * 4294967296.0);
+}
+
+/* Dropout on a packed batch of 40 sequences of random lengths 1 .. 24 (ones included), rows of 37
+ * columns (blocks of 4 cut by the row's end), example numbers random, one past 2³² (its high word
+ * folds into the key): every element kept or dropped as backend.h defines it, the rate, the
+ * residual form, the self-backward, the thread count, another site, and p = 0. */
 static void test_dropout(void **state) {
     uint64_t rng = 18;
-    const int64_t n = 100000;
+    enum { B = 40, DIM = 37 };
+    int32_t cu[B + 1] = {0};
+    int64_t examples[B];
+    for (int32_t s = 0; s < B; s++) {
+        cu[s + 1] = cu[s] + (s % 9 == 0 ? 1 : 1 + (int32_t)(test_rand_u32(&rng) % 24));
+        examples[s] = (int64_t)(test_rand_u32(&rng) % 100000);
+    }
+    examples[7] = (int64_t)((1ull << 32) + 12345);
+    const int32_t T = cu[B];
+    const int64_t n = (int64_t)T * DIM;
+    const nopad_seqs seqs = {B, T, 24, cu};
     const float p = 0.1f;
-    const uint64_t seed = 42, offset = 1000;
+    const uint64_t key = 42;
+    const uint32_t site = 5;
     float *x = random_floats(n, 0.5f, 1.5f, &rng), *y = malloc(sizeof(float) * n);
     float *dy = random_floats(n, 0.5f, 1.5f, &rng), *dx = malloc(sizeof(float) * n);
-    assert_nopad_ok(be->dropout(be, y, x, NULL, n, p, seed, offset));
+    assert_nopad_ok(be->dropout(be, y, x, NULL, &seqs, examples, DIM, p, key, site));
     int64_t dropped = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (y[i] == 0.0f) {
-            dropped++;
-        } else if (fabsf(y[i] - x[i] / (1 - p)) > 1e-6f * y[i]) {
-            fail_msg("dropout element %lld: %g, want %g", (long long)i, y[i], x[i] / (1 - p));
-        }
-        /* the mask is the generator's */
-        if ((y[i] == 0.0f) != (philox_bits(seed, offset + (uint64_t)i) < (uint32_t)(p * 4294967296.0)))
-            fail_msg("dropout element %lld: kept or dropped against its counter", (long long)i);
-    }
-    /* binomial(n, p): mean 10000, standard deviation 95; 5 standard deviations */
+    for (int32_t s = 0; s < B; s++)
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++)
+            for (int32_t c = 0; c < DIM; c++) {
+                const int64_t i = (int64_t)t * DIM + c;
+                if (y[i] == 0.0f) dropped++;
+                else if (fabsf(y[i] - x[i] / (1 - p)) > 1e-6f * y[i])
+                    fail_msg("dropout element %lld: %g, want %g", (long long)i, y[i], x[i] / (1 - p));
+                if ((y[i] != 0.0f) != kept_by_definition(key, site, examples, cu, s, t, c, p))
+                    fail_msg("dropout row %d column %d: kept or dropped against its counter", t, c);
+            }
+    /* binomial(n, p): n = T·37 (about 18000), standard deviation about 40; 5 of them */
     if (fabs((double)dropped - p * n) > 5 * sqrt(n * p * (1 - p)))
         fail_msg("dropout p=%.2f dropped %lld of %lld", p, (long long)dropped, (long long)n);
     /* with a residual: residual + the same dropped values, in one pass */
     float *with_res = malloc(sizeof(float) * n);
-    assert_nopad_ok(be->dropout(be, with_res, x, dy, n, p, seed, offset));
+    assert_nopad_ok(be->dropout(be, with_res, x, dy, &seqs, examples, DIM, p, key, site));
     for (int64_t i = 0; i < n; i++)
         if (with_res[i] != dy[i] + y[i])
             fail_msg("dropout with residual, element %lld: %g, want %g", (long long)i, with_res[i], dy[i] + y[i]);
     free(with_res);
     /* the backward is the same call on the gradient: zeros exactly where the forward dropped */
-    assert_nopad_ok(be->dropout(be, dx, dy, NULL, n, p, seed, offset));
+    assert_nopad_ok(be->dropout(be, dx, dy, NULL, &seqs, examples, DIM, p, key, site));
     for (int64_t i = 0; i < n; i++)
         if ((dx[i] == 0.0f) != (y[i] == 0.0f))
             fail_msg("dropout backward element %lld: mask differs from the forward's", (long long)i);
-    /* another thread count gives the same bits; another offset another mask; p = 0 the identity */
+    /* another thread count gives the same bits; another site another mask; no example numbers
+     * key sequence s as example s; p = 0 the identity */
     nopad_backend *one = NULL;
     assert_nopad_ok(nopad_backend_cpu_create(1, &one));
-    assert_nopad_ok(one->dropout(one, dx, x, NULL, n, p, seed, offset));
+    assert_nopad_ok(one->dropout(one, dx, x, NULL, &seqs, examples, DIM, p, key, site));
     assert_memory_equal(dx, y, sizeof(float) * n);
-    assert_nopad_ok(one->dropout(one, dx, x, NULL, n, p, seed, offset + 1));
+    assert_nopad_ok(one->dropout(one, dx, x, NULL, &seqs, examples, DIM, p, key, site + 1));
     int64_t same = 0;
     for (int64_t i = 0; i < n; i++) same += (dx[i] == 0.0f) && (y[i] == 0.0f);
-    if (same > 2 * p * p * n) fail_msg("dropout: offsets 1000 and 1001 share %lld dropped elements", (long long)same);
-    assert_nopad_ok(one->dropout(one, dx, x, NULL, n, 0.0f, seed, offset));
+    if (same > 2 * p * p * n) fail_msg("dropout: sites 5 and 6 share %lld dropped elements", (long long)same);
+    assert_nopad_ok(one->dropout(one, dx, x, NULL, &seqs, NULL, DIM, p, key, site));
+    for (int32_t s = 0; s < B; s++)
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++)
+            for (int32_t c = 0; c < DIM; c++)
+                if ((dx[(int64_t)t * DIM + c] != 0.0f) != kept_by_definition(key, site, NULL, cu, s, t, c, p))
+                    fail_msg("dropout without example numbers, row %d column %d: not sequence %d's bit", t, c, s);
+    assert_nopad_ok(one->dropout(one, dx, x, NULL, &seqs, examples, DIM, 0.0f, key, site));
     assert_memory_equal(dx, x, sizeof(float) * n);
     one->destroy(one);
     free(x), free(y), free(dy), free(dx);
+}
+
+/* A sequence's masks do not depend on where it sits: the same examples packed in another order,
+ * beside other sequences, give their rows the same output bit for bit, both for the hidden dropout
+ * and for the attention's (whose output rows are a function of the sequence's own rows and
+ * masks). Batch a: examples 70, 3, 500 (lengths 5, 1, 19); batch b: 500, 8, 70, 3 (lengths 19, 6,
+ * 5, 1). */
+static void test_dropout_keyed_by_example(void **state) {
+    uint64_t rng = 19;
+    enum { HEADS = 2, D = 8, H = HEADS * D };
+    const int32_t len_of[] = {5, 1, 19, 6};    /* by example slot: 70, 3, 500, 8 */
+    const int64_t number_of[] = {70, 3, 500, 8};
+    const int slots_a[] = {0, 1, 2}, slots_b[] = {2, 3, 0, 1};
+    float *rows[4], *qkv_rows[4];
+    for (int k = 0; k < 4; k++) {
+        rows[k] = random_floats((int64_t)len_of[k] * H, 0.5f, 1.5f, &rng);
+        qkv_rows[k] = random_floats((int64_t)len_of[k] * 3 * H, -1.5f, 1.5f, &rng);
+    }
+    const int *slots[2] = {slots_a, slots_b};
+    const int32_t n_seqs[2] = {3, 4};
+    float *y[2], *att[2];
+    int32_t cu[2][5];
+    for (int b = 0; b < 2; b++) {
+        int64_t examples[4];
+        cu[b][0] = 0;
+        for (int s = 0; s < n_seqs[b]; s++) {
+            cu[b][s + 1] = cu[b][s] + len_of[slots[b][s]];
+            examples[s] = number_of[slots[b][s]];
+        }
+        const int32_t T = cu[b][n_seqs[b]];
+        float *x = malloc(sizeof(float) * T * H), *qkv = malloc(sizeof(float) * T * 3 * H);
+        for (int s = 0; s < n_seqs[b]; s++) {
+            const int k = slots[b][s];
+            memcpy(x + (size_t)cu[b][s] * H, rows[k], sizeof(float) * len_of[k] * H);
+            memcpy(qkv + (size_t)cu[b][s] * 3 * H, qkv_rows[k], sizeof(float) * len_of[k] * 3 * H);
+        }
+        const nopad_seqs seqs = {n_seqs[b], T, 19, cu[b]};
+        y[b] = malloc(sizeof(float) * T * H);
+        att[b] = malloc(sizeof(float) * T * H);
+        float *lse = malloc(sizeof(float) * T * HEADS);
+        assert_nopad_ok(be->dropout(be, y[b], x, NULL, &seqs, examples, H, 0.3f, 77, 2));
+        const nopad_attention_dropout drop = {0.3f, 77, 1, examples};
+        assert_nopad_ok(be->attention_lse(be, att[b], lse, qkv, &seqs, HEADS, D, 0.35f, 0, &drop));
+        free(x), free(qkv), free(lse);
+    }
+    int64_t dropped = 0;
+    for (int s = 0; s < n_seqs[0]; s++) {
+        const int k = slots_a[s];
+        int sb = 0;
+        while (slots_b[sb] != k) sb++;
+        const size_t at_a = (size_t)cu[0][s] * H, at_b = (size_t)cu[1][sb] * H, n = (size_t)len_of[k] * H;
+        if (memcmp(y[0] + at_a, y[1] + at_b, n * sizeof(float)) != 0)
+            fail_msg("dropout: example %lld's rows differ between the batches", (long long)number_of[k]);
+        if (memcmp(att[0] + at_a, att[1] + at_b, n * sizeof(float)) != 0)
+            fail_msg("attention dropout: example %lld's rows differ between the batches", (long long)number_of[k]);
+        for (size_t i = 0; i < n; i++) dropped += y[0][at_a + i] == 0.0f;
+    }
+    assert_true(dropped > 0); /* the masks did drop something: 25 rows of 16 at 0.3 */
+    for (int b = 0; b < 2; b++) free(y[b]), free(att[b]);
+    for (int k = 0; k < 4; k++) free(rows[k]), free(qkv_rows[k]);
 }
 
 /* ---- LayerNorm ---------------------------------------------------------------------------- */
@@ -439,7 +529,8 @@ static void attention_ref(double *out, double *lse, const double *qkv, const att
                     const uint32_t threshold = (uint32_t)((double)c->drop->p * 4294967296.0);
                     for (int32_t j = 0; j < n_keys; j++)
                         p[j] *= attention_dropout_bits(c->drop->key, c->drop->site, (uint32_t)h,
-                                                       (uint32_t)start, (uint32_t)i, (uint32_t)j) >= threshold
+                                                       (uint64_t)c->drop->examples[s], (uint32_t)i,
+                                                       (uint32_t)j) >= threshold
                                     ? 1.0 / (1.0 - (double)c->drop->p)
                                     : 0.0;
                 }
@@ -469,7 +560,8 @@ static double attn_objective(void *ctx_, const double *qkv) {
  * against central differences of the reference with the mask fixed. */
 static void test_attention_backward(void **state) {
     uint64_t rng = 15;
-    const nopad_attention_dropout drop = {0.3f, 0x5EEDull, 5};
+    const int64_t examples[] = {9, 4, (int64_t)((1ull << 33) + 4)}; /* the last one's high word: the key */
+    const nopad_attention_dropout drop = {0.3f, 0x5EEDull, 5, examples};
     for (int variant = 0; variant < 4; variant++) {
         const int causal = variant & 1, dropped = variant >> 1;
         const int32_t cu[] = {0, 4, 5, dropped ? 23 : 11}, T = cu[3], heads = 2, d = 4, H = heads * d;
@@ -502,23 +594,27 @@ static void test_attention_backward(void **state) {
 }
 
 /* The attention's dropout mask: about p of the probabilities dropped, different sites, heads,
- * sequences and keys drawing different masks, and the four scores of a Philox block different
+ * examples (also 2³² apart: the high word in the key) and keys drawing different masks, apart
+ * from the hidden dropout's at the same numbers, and the four scores of a Philox block different
  * words of it. */
 static void test_attention_dropout_bits(void **state) {
     (void)state;
     const uint32_t threshold = (uint32_t)(0.1 * 4294967296.0);
-    int64_t dropped = 0, n = 0, same_site = 0, same_head = 0, same_start = 0;
+    int64_t dropped = 0, n = 0, same_site = 0, same_head = 0, same_example = 0, same_high = 0, same_hidden = 0;
     for (uint32_t i = 0; i < 64; i++)
         for (uint32_t j = 0; j < 64; j++) {
             const uint32_t b = attention_dropout_bits(42, 3, 1, 100, i, j);
             dropped += b < threshold, n++;
             same_site += b == attention_dropout_bits(42, 4, 1, 100, i, j);
             same_head += b == attention_dropout_bits(42, 3, 2, 100, i, j);
-            same_start += b == attention_dropout_bits(42, 3, 1, 101, i, j);
+            same_example += b == attention_dropout_bits(42, 3, 1, 101, i, j);
+            same_high += b == attention_dropout_bits(42, 3, 1, 100 + (1ull << 32), i, j);
+            same_hidden += b == hidden_dropout_bits(42, 3, 100, i, j);
         }
     print_message("attention dropout p 0.1: %.4f of %lld dropped\n", (double)dropped / n, (long long)n);
     assert_true(fabs((double)dropped / n - 0.1) < 0.02); /* 4.7 standard deviations of 4096 draws */
-    assert_true(same_site == 0 && same_head == 0 && same_start == 0);
+    /* 4096 pairs of independent 32-bit words: a coincidence has probability 1e-6 */
+    assert_true(same_site == 0 && same_head == 0 && same_example == 0 && same_high == 0 && same_hidden == 0);
     uint32_t block[4];
     attention_dropout_block(42, 3, 1, 100, 16, 32, block);
     assert_int_equal(attention_dropout_bits(42, 3, 1, 100, 16, 32), block[0]);
@@ -597,6 +693,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_backward),      cmocka_unit_test(test_activation_backward),
         cmocka_unit_test(test_layernorm_backward), cmocka_unit_test(test_embed_backward),
         cmocka_unit_test(test_attention_backward), cmocka_unit_test(test_attention_dropout_bits),
+        cmocka_unit_test(test_dropout_keyed_by_example),
         cmocka_unit_test(test_scatter_add_rows),
         cmocka_unit_test(test_losses),             cmocka_unit_test(test_philox_known_answers),
         cmocka_unit_test(test_dropout),

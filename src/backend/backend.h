@@ -46,15 +46,19 @@ typedef struct nopad_seqs {
 } nopad_seqs;
 
 /* Dropout of the attention probabilities (training; BERT's attention_probs_dropout_prob): the
- * probability P_ij of query i and key j (positions inside their sequence) of head h, in the
- * sequence starting at packed row `start`, is kept and scaled by 1/(1 - p) when
- * attention_dropout_bits(key, site, h, start, i, j) >= p·2³² (util/philox.h), else it is 0.
- * The softmax's normaliser is that of the undropped scores, as in torch's dropout(softmax(S)).
- * A counter per score: the backward regenerates the mask instead of storing it. */
+ * probability P_ij of query i and key j (positions inside their sequence) of head h, in sequence
+ * s of the batch, is kept and scaled by 1/(1 - p) when
+ * attention_dropout_bits(key, site, h, examples[s], i, j) >= p·2³² (util/philox.h), else it is 0.
+ * Keyed by the example's number, a sequence's mask does not depend on where it sits in the batch
+ * (or on which data-parallel rank computes it). The softmax's normaliser is that of the undropped
+ * scores, as in torch's dropout(softmax(S)). A counter per score: the backward regenerates the
+ * mask instead of storing it. */
 typedef struct nopad_attention_dropout {
-    float p;       /* in [0, 1); 0: off */
-    uint64_t key;  /* the step's key */
-    uint32_t site; /* the layer, < 2^15 */
+    float p;                 /* in [0, 1); 0: off */
+    uint64_t key;            /* the step's key */
+    uint32_t site;           /* the layer, < 2^15 */
+    const int64_t *examples; /* [B] in backend memory: each sequence's example number; NULL:
+                                sequence s is example s */
 } nopad_attention_dropout;
 
 /* DeBERTa's relative positions, as attention_rel reads them. */
@@ -323,14 +327,18 @@ struct nopad_backend {
                                  nopad_activation act);
     nopad_status (*gemm_dx_act)(nopad_backend *be, void *dx, const void *dy, const void *w, const void *aux,
                                 int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_activation act);
-    /* Dropout with a counter-based generator: y[i] = x[i] / (1 - p) when
-     * philox_bits(seed, offset + i) >= p·2³² (util/philox.h), else 0, plus residual[i] when
-     * residual is not NULL (a sub-layer's dropped output joining the residual stream in one
-     * pass); 0 <= p < 1, y may alias x. It is its own backward: the same call (residual NULL) on
-     * dy regenerates the mask from the counters, so no mask is stored. A step gives each dropout
-     * site its own range of offsets. */
+    /* Dropout of a packed batch's rows with a counter-based generator: y[t, c] = x[t, c] / (1 - p)
+     * when hidden_dropout_bits(key, site, examples[s], t - cu_seqlens[s], c) >= p·2³²
+     * (util/philox.h), t being a row of sequence s, else 0; plus residual[t, c] when residual is
+     * not NULL (a sub-layer's dropped output joining the residual stream in one pass). x, y,
+     * residual are [seqs->n_tokens, dim]; 0 <= p < 1, y may alias x. examples: [B] in backend
+     * memory, each sequence's number in the corpus (NULL: sequence s is example s), so a token's
+     * mask is the same wherever its sequence sits. It is its own backward: the same call
+     * (residual NULL) on dy regenerates the mask from the counters, so no mask is stored. A step
+     * gives each dropout site its own number. */
     nopad_status (*dropout)(nopad_backend *be, void *y, const void *x, const void *residual,
-                            int64_t n, float p, uint64_t seed, uint64_t offset);
+                            const nopad_seqs *seqs, const int64_t *examples, int32_t dim, float p,
+                            uint64_t key, uint32_t site);
     /* Backward of layernorm's fused form y = LN(s)·w + b with s = x + bias + residual, from the
      * LayerNorm's input s [T, dim] (which training keeps; mean and variance are recomputed) and
      * dy [T, dim]: ds[T, dim] = ∂L/∂s, which is also the gradient of x and of residual (ds may

@@ -559,6 +559,7 @@ nopad_status train_loader_init(const train_dataset *d, int32_t max_tokens, int32
     const size_t T = (size_t)max_tokens, B = (size_t)max_seqs;
     out->order = malloc((size_t)d->n_examples * sizeof(int32_t));
     out->examples = malloc(B * sizeof(int32_t));
+    out->numbers = malloc(B * sizeof(int64_t));
     out->cu_seqlens = malloc((B + 1) * sizeof(int32_t));
     out->tokens = malloc(T * sizeof(int32_t));
     out->types = malloc(T * sizeof(int32_t));
@@ -566,7 +567,7 @@ nopad_status train_loader_init(const train_dataset *d, int32_t max_tokens, int32
     out->mlm_labels = malloc(T * sizeof(int32_t));
     out->labels = malloc(B * sizeof(int32_t));
     out->targets = malloc(B * sizeof(float));
-    if (!out->order || !out->examples || !out->cu_seqlens || !out->tokens || !out->types ||
+    if (!out->order || !out->examples || !out->numbers || !out->cu_seqlens || !out->tokens || !out->types ||
         !out->mlm_positions || !out->mlm_labels || !out->labels || !out->targets) {
         train_loader_free(out);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "train_loader_init: out of memory");
@@ -607,13 +608,14 @@ int train_loader_next(train_loader *l) {
             else l->labels[B] = d->labels[e];
         }
         for (int32_t i = 0; i < len; i++) l->types[T + i] = i < d->type0_len[e] ? 0 : 1;
+        l->numbers[B] = d->index[e];
         l->examples[B++] = e;
         T += len;
         l->cu_seqlens[B] = T;
         l->cursor++;
     }
     train_batch b = {.n_seqs = B, .cu_seqlens = l->cu_seqlens, .tokens = l->tokens,
-                     .types = l->types};
+                     .types = l->types, .examples = l->numbers};
     if (mlm) {
         b.n_masked = M;
         b.mlm_positions = l->mlm_positions;
@@ -628,7 +630,7 @@ int train_loader_next(train_loader *l) {
 
 void train_loader_free(train_loader *l) {
     if (!l) return;
-    free(l->order), free(l->examples), free(l->cu_seqlens), free(l->tokens), free(l->types);
+    free(l->order), free(l->examples), free(l->numbers), free(l->cu_seqlens), free(l->tokens), free(l->types);
     free(l->mlm_positions), free(l->mlm_labels), free(l->labels), free(l->targets);
     memset(l, 0, sizeof *l);
 }

@@ -138,6 +138,7 @@ typedef struct train_loader {
     /* the current batch; batch's pointers point here */
     train_batch batch;
     int32_t *examples;     // [max_seqs] the example index of each sequence of the batch
+    int64_t *numbers;      // [max_seqs] its number in the corpus (data->index): batch.examples
     int32_t *cu_seqlens, *tokens, *types, *mlm_positions, *mlm_labels, *labels;
     float *targets;
 } train_loader;

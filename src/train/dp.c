@@ -186,8 +186,10 @@ nopad_status train_dp_any(train_dp *dp, int *flag) {
 /* ---- the run --------------------------------------------------------------------------------- */
 
 /* Int32 words of a sequence's record: length, type-0 length, masked count, label (or the bits
- * of a regression target), then ids[len] and, for MLM, masked positions[len] and labels[len]. */
-enum { RECORD_HEAD = 4 };
+ * of a regression target), the example's number in the corpus (two words: it keys the sequence's
+ * dropout masks on whichever rank computes it), then ids[len] and, for MLM, masked
+ * positions[len] and labels[len]. */
+enum { RECORD_HEAD = 6 };
 static int64_t record_size(const train_dp *dp, int32_t len) {
     return RECORD_HEAD + (int64_t)(dp->model->task == TRAIN_TASK_MLM ? 3 : 1) * len;
 }
@@ -216,7 +218,7 @@ void train_dp_free(train_dp *dp) {
     free(dp->lengths), free(dp->first), free(dp->order), free(dp->records);
     free(dp->cu_seqlens), free(dp->tokens), free(dp->types);
     free(dp->mlm_positions), free(dp->mlm_labels), free(dp->labels), free(dp->targets);
-    free(dp->loss_sums);
+    free(dp->examples), free(dp->loss_sums);
     memset(dp, 0, sizeof *dp);
 }
 
@@ -293,8 +295,9 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     dp->mlm_labels = malloc(T * sizeof(int32_t));
     dp->labels = malloc(S * sizeof(int32_t));
     dp->targets = malloc(S * sizeof(float));
+    dp->examples = malloc(S * sizeof(int64_t));
     if (!my_lengths || !dp->lengths || !dp->order || missing || !dp->records || !dp->cu_seqlens || !dp->tokens ||
-        !dp->types || !dp->mlm_positions || !dp->mlm_labels || !dp->labels || !dp->targets) {
+        !dp->types || !dp->mlm_positions || !dp->mlm_labels || !dp->labels || !dp->targets || !dp->examples) {
         free(counts), free(my_lengths);
         train_dp_free(dp);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
@@ -380,6 +383,7 @@ static void build_record(const train_dp *dp, int32_t e, int32_t *rec) {
     rec[0] = len;
     rec[1] = d->type0_len[j];
     rec[2] = rec[3] = 0;
+    memcpy(&rec[4], &d->index[j], sizeof(int64_t));
     if (dp->model->task == TRAIN_TASK_MLM) {
         rec[2] = train_mask_example(d, dp->seed, dp->epoch, j, rec + RECORD_HEAD,
                                     rec + RECORD_HEAD + len, rec + RECORD_HEAD + 2 * len);
@@ -524,6 +528,7 @@ static void micro_batch(train_dp *dp, int32_t *next, int64_t *at) {
         if (T + len > dp->local_tokens) break;
         memcpy(dp->tokens + T, rec + RECORD_HEAD, (size_t)len * sizeof(int32_t));
         for (int32_t i = 0; i < len; i++) dp->types[T + i] = i < rec[1] ? 0 : 1;
+        memcpy(&dp->examples[B], &rec[4], sizeof(int64_t));
         if (mlm) {
             for (int32_t i = 0; i < rec[2]; i++) {
                 dp->mlm_positions[M + i] = T + rec[RECORD_HEAD + len + i];
@@ -541,7 +546,7 @@ static void micro_batch(train_dp *dp, int32_t *next, int64_t *at) {
         (*next)++;
     }
     dp->micro = (train_batch){.n_seqs = B, .cu_seqlens = dp->cu_seqlens, .tokens = dp->tokens,
-                              .types = dp->types};
+                              .types = dp->types, .examples = dp->examples};
     if (mlm) {
         dp->micro.n_masked = M;
         dp->micro.mlm_positions = dp->mlm_positions;

@@ -85,7 +85,7 @@ typedef struct train_dp_staged {
     int32_t n_batch, batch_tokens; // sequences and tokens
     int32_t *batch;                // [global_seqs] example numbers, in the loader's order
     int32_t *owner, *dest, *blen;  // [global_seqs] who read it, who computes it, its length
-    int32_t *send, *recv;          // the exchange's records out and in (4·global_seqs + 3·global_tokens words)
+    int32_t *send, *recv;          // the exchange's records out and in (6·global_seqs + 3·global_tokens words)
     size_t *counts;                // [4 · size] send counts and offsets, receive counts and offsets
     int32_t cursor;                // the loader's position after this batch
     train_dp_balance balance;
@@ -115,14 +115,15 @@ typedef struct train_dp {
     train_dp_staged staged[2];
     int32_t next;                 // staged[next] is the next step's
     /* this rank's sequences of the step, as records (dp.c: length, type-0 length, masked count,
-     * label or target bits, then ids, masked positions and their labels, each `length` long);
-     * records hold 4·global_seqs + 3·global_tokens words: a whole global batch */
+     * label or target bits, example number, then ids, masked positions and their labels, each
+     * `length` long); records hold 6·global_seqs + 3·global_tokens words: a whole global batch */
     int32_t *records;
     int32_t n_mine;
     /* one micro-batch */
     train_batch micro;
     int32_t *cu_seqlens, *tokens, *types, *mlm_positions, *mlm_labels, *labels;
     float *targets;
+    int64_t *examples;            // [local_seqs] the micro-batch's example numbers
     double *loss_sums;            // [size] each rank's loss sum of the step
     train_dp_balance step_balance, run_balance;
     nopad_status bucket_status;   // the first failed bucket all-reduce of a backward

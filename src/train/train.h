@@ -7,7 +7,7 @@
  *
  * What is here: BERT (post-LayerNorm, token types, learned positions), float32 master weights,
  * gradients and moments, and a copy of the weights in the backend's dtype for the ops (the CPU
- * backend computes on the float32 weights themselves; CUDA on a bf16 / fp16 copy), dropout off. See docs/training.md for what is
+ * backend computes on the float32 weights themselves; CUDA on a bf16 / fp16 copy). See docs/training.md for what is
  * left (CUDA ops, bf16 compute copies, dropout, data, checkpoints, the CLI). */
 #ifndef NOPAD_TRAIN_TRAIN_H
 #define NOPAD_TRAIN_TRAIN_H
@@ -119,6 +119,8 @@ typedef struct train_batch {
     const int32_t *cu_seqlens; // [B+1], cu[0] = 0, every length in [1, max_position_embeddings]
     const int32_t *tokens;     // [T]
     const int32_t *types;      // [T] or NULL (all 0)
+    const int64_t *examples;   // [B] each sequence's number in the corpus, which keys its dropout
+                               // masks; NULL: sequence s is example s
     /* TRAIN_TASK_MLM: the masked rows (packed indices) and the ids to predict there */
     int32_t n_masked;          // M >= 1
     const int32_t *mlm_positions; // [M] in [0, T)
@@ -162,13 +164,16 @@ typedef struct train_context {
     float *losses;    // [R] float32
     float *targets;   // [B] regression targets
     int32_t *tokens, *types, *cu_seqlens, *rows, *labels; // [T], [T], [B+1], [T], [T]
+    int64_t *examples; // [B] the batch's example numbers
+    const int64_t *batch_examples; // the last uploaded batch's: examples, or NULL when it had none
     void *d_drop;     // [T, H] the gradient of a dropped sub-layer output
     /* Dropout after the embeddings and after each sub-layer's output projection, before the
      * residual add (BERT's hidden_dropout_prob); 0 (the default of a new context) turns it off.
      * attention_dropout drops the attention probabilities (BERT's
      * attention_probs_dropout_prob; 0 turns it off). Masks come from Philox counters keyed by
-     * dropout_seed and the model's step count, one range of counters per site, so the backward
-     * regenerates them and a resumed run draws the same ones. */
+     * dropout_seed and the model's step count, the site, and each token's example number
+     * (train_batch.examples) and position in its sequence, so the backward regenerates them, a
+     * resumed run draws the same ones, and a data-parallel run draws those of one process. */
     float dropout;
     float attention_dropout;
     uint64_t dropout_seed;

@@ -26,9 +26,10 @@ static void *at(const train_context *ctx, const void *base, size_t elements) {
 }
 
 /* Dropout sites of a step: 0 after the embeddings, 1 + 2l after layer l's attention output
- * projection, 2 + 2l after its FFN output. Each site's counters start at site·2³² (a site has
- * T·H < 2³² elements); each step has its own key. Layer l's attention probabilities draw
- * from attention_dropout_bits with site l (counters of their own, util/philox.h). */
+ * projection, 2 + 2l after its FFN output; layer l's attention probabilities are site l of the
+ * attention's own counters (util/philox.h). Each step has its own key, and a mask bit is keyed by
+ * the example's number and the token's position in its sequence (ctx->batch_examples), so it
+ * does not depend on where the sequence sits in the batch or on which rank computes it. */
 enum { DROP_EMBED = 0 };
 static int drop_attn(int l) { return 1 + 2 * l; }
 static int drop_ffn(int l) { return 2 + 2 * l; }
@@ -37,21 +38,21 @@ static uint64_t dropout_key(const train_context *ctx) {
     return ctx->dropout_seed + (uint64_t)ctx->model->step * 0x9E3779B97F4A7C15ull;
 }
 
-/* Layer l's attention-probability dropout, NULL when off: the step's key, the layer as its site
- * (its counters are apart from the hidden dropout's; util/philox.h). */
+/* Layer l's attention-probability dropout, NULL when off: the step's key, the layer as its site. */
 static const nopad_attention_dropout *attention_drop(const train_context *ctx, int l,
                                                      nopad_attention_dropout *buf) {
     if (!(ctx->attention_dropout > 0)) return NULL;
-    *buf = (nopad_attention_dropout){ctx->attention_dropout, dropout_key(ctx), (uint32_t)l};
+    *buf = (nopad_attention_dropout){ctx->attention_dropout, dropout_key(ctx), (uint32_t)l,
+                                     ctx->batch_examples};
     return buf;
 }
 
-/* y[n] = dropout(x) (+ residual): the site's mask; the backward is the same call on a gradient. */
-static nopad_status drop(const train_context *ctx, int site, void *y, const void *x,
-                         const void *residual, size_t n) {
+/* y[T, H] = dropout(x) (+ residual): the site's mask; the backward is the same call on a gradient. */
+static nopad_status drop(const train_context *ctx, const nopad_seqs *seqs, int site, void *y,
+                         const void *x, const void *residual) {
     nopad_backend *be = ctx->model->be;
-    return be->dropout(be, y, x, residual, (int64_t)n, ctx->dropout, dropout_key(ctx),
-                       (uint64_t)site << 32);
+    return be->dropout(be, y, x, residual, seqs, ctx->batch_examples, ctx->model->cfg.hidden_size,
+                       ctx->dropout, dropout_key(ctx), (uint32_t)site);
 }
 
 void train_context_free(train_context *ctx) {
@@ -61,7 +62,7 @@ void train_context_free(train_context *ctx) {
                     ctx->d_attn,    ctx->d_qkv,    ctx->d_ffn,    ctx->head_in,   ctx->head_pre,
                     ctx->head_act,  ctx->head_norm, ctx->d_head_a, ctx->d_head_b, ctx->logits,
                     ctx->losses,    ctx->targets,  ctx->tokens,   ctx->types,     ctx->cu_seqlens,
-                    ctx->rows,      ctx->labels,   ctx->d_drop};
+                    ctx->rows,      ctx->labels,   ctx->d_drop,   ctx->examples};
     for (size_t i = 0; be && i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     memset(ctx, 0, sizeof *ctx);
@@ -112,6 +113,7 @@ nopad_status train_context_init(train_model *m, int32_t max_tokens, int32_t max_
     ALLOC(tokens, T * sizeof(int32_t));
     ALLOC(types, T * sizeof(int32_t));
     ALLOC(cu_seqlens, (B + 1) * sizeof(int32_t));
+    ALLOC(examples, B * sizeof(int64_t));
     ALLOC(rows, T * sizeof(int32_t));
     ALLOC(labels, T * sizeof(int32_t));
 #undef ALLOC
@@ -202,7 +204,7 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
                   c->vocab_size, c->max_position_embeddings, c->type_vocab_size, w->word, w->pos,
                   w->type, w->embed_ln_w, w->embed_ln_b, eps, H));
     const int dropout = ctx->dropout > 0;
-    if (dropout) TRY(drop(ctx, DROP_EMBED, ctx->hidden, ctx->hidden, NULL, TH));
+    if (dropout) TRY(drop(ctx, seqs, DROP_EMBED, ctx->hidden, ctx->hidden, NULL));
     for (int l = 0; l < c->num_layers; l++) {
         const train_layer *L = &w->layers[l];
         void *x = at(ctx, ctx->hidden, l * TH), *x_next = at(ctx, ctx->hidden, (l + 1) * TH);
@@ -220,7 +222,7 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
         if (dropout) { // s1 = x + dropout(attn·Woᵀ + bo)
             TRY(be->gemm(be, s1, attn, L->attn_out_w, L->attn_out_b, NULL, T, H, H,
                          NOPAD_EPILOGUE_BIAS, c->activation));
-            TRY(drop(ctx, drop_attn(l), s1, s1, x, TH));
+            TRY(drop(ctx, seqs, drop_attn(l), s1, s1, x));
         } else {
             TRY(be->gemm(be, s1, attn, L->attn_out_w, L->attn_out_b, x, T, H, H,
                          NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
@@ -241,7 +243,7 @@ static nopad_status encoder_forward_train(train_context *ctx, const nopad_seqs *
         if (dropout) { // s2 = x1 + dropout(a·W2ᵀ + b2)
             TRY(be->gemm(be, s2, a, L->ffn_out_w, L->ffn_out_b, NULL, T, I, H, NOPAD_EPILOGUE_BIAS,
                          c->activation));
-            TRY(drop(ctx, drop_ffn(l), s2, s2, x1, TH));
+            TRY(drop(ctx, seqs, drop_ffn(l), s2, s2, x1));
         } else {
             TRY(be->gemm(be, s2, a, L->ffn_out_w, L->ffn_out_b, x1, T, I, H,
                          NOPAD_EPILOGUE_BIAS_RESIDUAL, c->activation));
@@ -282,7 +284,7 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
                                    d, s2, L->ffn_ln_w, eps, T, H));
         const void *d_branch = d;
         if (dropout) {
-            TRY(drop(ctx, drop_ffn(l), ctx->d_drop, d, NULL, TH));
+            TRY(drop(ctx, seqs, drop_ffn(l), ctx->d_drop, d, NULL));
             d_branch = ctx->d_drop;
         }
         // d_ffn[T, I] = ∂L/∂u = (d·W2) ⊙ act'(u) (one kernel where the backend fuses it), dW2 += dᵀ·a
@@ -302,7 +304,7 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
                                    d, s1, L->attn_ln_w, eps, T, H));
         d_branch = d;
         if (dropout) {
-            TRY(drop(ctx, drop_attn(l), ctx->d_drop, d, NULL, TH));
+            TRY(drop(ctx, seqs, drop_attn(l), ctx->d_drop, d, NULL));
             d_branch = ctx->d_drop;
         }
         // d_attn[T, H] = d·Wo, dWo += dᵀ·attn
@@ -316,7 +318,7 @@ static nopad_status encoder_backward(train_context *ctx, const nopad_seqs *seqs)
         TRY(be->gemm_backward(be, d, G->qkv_w, G->qkv_b, ctx->d_qkv, x, L->qkv_w, T, H, 3 * H, 1));
         TRY(grads_ready(ctx, c->num_layers - l)); /* layer l's gradients are whole */
     }
-    if (dropout) TRY(drop(ctx, DROP_EMBED, d, d, NULL, TH));
+    if (dropout) TRY(drop(ctx, seqs, DROP_EMBED, d, d, NULL));
     TRY(be->embed_backward(be, m->g.word, m->g.pos, m->g.type, m->g.embed_ln_w,
                            m->g.embed_ln_b, d, ctx->tokens, ctx->types, seqs,
                            c->position_offset, m->w.word, m->w.pos, m->w.type,
@@ -439,6 +441,8 @@ static nopad_status upload_inputs(train_context *ctx, const train_batch *b, nopa
     if (b->types) TRY(be->upload_i32(be, ctx->types, b->types, (size_t)T));
     else TRY(be->zero(be, ctx->types, (size_t)T * sizeof(int32_t)));
     TRY(be->upload_i32(be, ctx->cu_seqlens, b->cu_seqlens, (size_t)B + 1));
+    if (b->examples) TRY(be->upload(be, ctx->examples, b->examples, (size_t)B * sizeof(int64_t)));
+    ctx->batch_examples = b->examples ? ctx->examples : NULL;
     *seqs = (nopad_seqs){B, T, max_len, ctx->cu_seqlens};
     return NOPAD_OK;
 }

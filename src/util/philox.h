@@ -47,25 +47,55 @@ NOPAD_PHILOX_FN uint32_t philox_bits(uint64_t seed, uint64_t index) {
     return out[index & 3];
 }
 
+/* Training's dropout masks are keyed by the example, not by the batch: a mask bit is a function of
+ * the step's key, the dropout site, the example's number in the corpus and the position inside
+ * its sequence, so it does not depend on where the sequence sits in a packed batch, nor on which
+ * process of a data-parallel run computes it. The example's low 32 bits are a counter word; its
+ * high bits fold into the key (times an odd constant: distinct high words give distinct keys). */
+NOPAD_PHILOX_FN uint64_t dropout_example_key(uint64_t key, uint64_t example) {
+    return key ^ ((example >> 32) * 0x9E3779B97F4A7C15ull);
+}
+
+/* Hidden-state dropout (after the embeddings and the sub-layers' output projections): the block of
+ * columns 4·(col / 4) .. + 3 of the token at `position` of example `example` at dropout site
+ * `site` (< 2³¹: counter[3]'s top bit stays clear, apart from the attention's blocks below). */
+NOPAD_PHILOX_FN void hidden_dropout_block(uint64_t key, uint32_t site, uint64_t example, uint32_t position,
+                                          uint32_t col, uint32_t out[4]) {
+    const uint32_t counter[4] = {col >> 2, position, (uint32_t)example, site & 0x7FFFFFFFu};
+    const uint64_t k = dropout_example_key(key, example);
+    const uint32_t k2[2] = {(uint32_t)k, (uint32_t)(k >> 32)};
+    philox4x32_10(counter, k2, out);
+}
+
+/* The 32 bits of column `col`: word col & 3 of its block. */
+NOPAD_PHILOX_FN uint32_t hidden_dropout_bits(uint64_t key, uint32_t site, uint64_t example, uint32_t position,
+                                             uint32_t col) {
+    uint32_t out[4];
+    hidden_dropout_block(key, site, example, position, col, out);
+    return out[col & 3];
+}
+
 /* Attention-probability dropout: the bits of score (query i, key j) — positions inside their
- * sequence — of head `head` at dropout site `site` (the layer), in the sequence starting at packed
- * row `start`. One Philox block serves the 2 x 2 scores {i, i+8} x {j, j+8} with bit 3 of i and j
+ * sequence — of head `head` at dropout site `site` (the layer), in the sequence of example
+ * `example`. One Philox block serves the 2 x 2 scores {i, i+8} x {j, j+8} with bit 3 of i and j
  * clear: exactly the four scores a thread of an mma.m16n8k16 kernel holds in two neighbouring n8
  * tiles, whichever of queries or keys are its rows (the forward's S, the backward's Sᵀ), so each
  * block is drawn once and no bit is wasted. counter[3]'s top bit keeps these blocks apart from
- * philox_bits' (whose counter[2..3] are 0) under the same key. */
-NOPAD_PHILOX_FN void attention_dropout_block(uint64_t seed, uint32_t site, uint32_t head, uint32_t start,
+ * the hidden dropout's (and philox_bits') under the same key. */
+NOPAD_PHILOX_FN void attention_dropout_block(uint64_t seed, uint32_t site, uint32_t head, uint64_t example,
                                              uint32_t i, uint32_t j, uint32_t out[4]) {
-    const uint32_t counter[4] = {i & ~8u, j & ~8u, start, 0x80000000u | (site << 16) | (head & 0xFFFFu)};
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    const uint32_t counter[4] = {i & ~8u, j & ~8u, (uint32_t)example,
+                                 0x80000000u | (site << 16) | (head & 0xFFFFu)};
+    const uint64_t k = dropout_example_key(seed, example);
+    const uint32_t key[2] = {(uint32_t)k, (uint32_t)(k >> 32)};
     philox4x32_10(counter, key, out);
 }
 
 /* The 32 bits of score (i, j): word ((i >> 3) & 1)·2 + ((j >> 3) & 1) of its block. */
-NOPAD_PHILOX_FN uint32_t attention_dropout_bits(uint64_t seed, uint32_t site, uint32_t head, uint32_t start,
+NOPAD_PHILOX_FN uint32_t attention_dropout_bits(uint64_t seed, uint32_t site, uint32_t head, uint64_t example,
                                                 uint32_t i, uint32_t j) {
     uint32_t out[4];
-    attention_dropout_block(seed, site, head, start, i, j, out);
+    attention_dropout_block(seed, site, head, example, i, j, out);
     return out[((i >> 3) & 1) * 2 + ((j >> 3) & 1)];
 }
 

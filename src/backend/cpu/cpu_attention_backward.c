@@ -19,23 +19,26 @@ typedef struct {
     double scale;       /* 1 / (1 - p) */
     uint64_t key;
     uint32_t site;
+    const int64_t *examples; /* [B] or NULL: sequence s is example s */
 } dropout_rule;
 
 static dropout_rule dropout_rule_of(const nopad_attention_dropout *drop) {
-    dropout_rule r = {0, 0, 1.0, 0, 0};
+    dropout_rule r = {0, 0, 1.0, 0, 0, NULL};
     if (drop && drop->p > 0) {
         r.on = 1;
         r.threshold = dropout_threshold(drop->p);
         r.scale = 1.0 / (1.0 - (double)drop->p);
         r.key = drop->key;
         r.site = drop->site;
+        r.examples = drop->examples;
     }
     return r;
 }
 
-/* Z_ij: 1/(1 - p) for a kept probability, 0 for a dropped one. */
-static double dropout_factor(const dropout_rule *r, int32_t head, int32_t start, int32_t i, int32_t j) {
-    return attention_dropout_bits(r->key, r->site, (uint32_t)head, (uint32_t)start, (uint32_t)i, (uint32_t)j) >=
+/* Z_ij of sequence s: 1/(1 - p) for a kept probability, 0 for a dropped one. */
+static double dropout_factor(const dropout_rule *r, int32_t head, int32_t s, int32_t i, int32_t j) {
+    const uint64_t example = r->examples ? (uint64_t)r->examples[s] : (uint64_t)s;
+    return attention_dropout_bits(r->key, r->site, (uint32_t)head, example, (uint32_t)i, (uint32_t)j) >=
                    r->threshold
                ? r->scale
                : 0.0;
@@ -82,7 +85,7 @@ nopad_status cpu_attention_lse(nopad_backend *be, void *out_, float *lse, const 
                 for (int32_t j = 0; j < n_keys; j++) sum += (p[j] = exp(p[j] - max_score));
                 lse[(size_t)(start + i) * n_heads + h] = (float)(max_score + log(sum));
                 if (dr.on) /* the normaliser stays the undropped one */
-                    for (int32_t j = 0; j < n_keys; j++) p[j] *= dropout_factor(&dr, h, start, i, j);
+                    for (int32_t j = 0; j < n_keys; j++) p[j] *= dropout_factor(&dr, h, s, i, j);
                 float *o = out + (size_t)(start + i) * hidden + (size_t)h * head_size;
                 for (int32_t d = 0; d < head_size; d++) {
                     double acc = 0;
@@ -152,7 +155,7 @@ nopad_status cpu_attention_backward(nopad_backend *be, void *dqkv_, const void *
                         dp += (double)do_i[d] * v[d];
                     }
                     const double p = exp(dot * scale - row_lse); /* P_ij */
-                    const double z = dr.on ? dropout_factor(&dr, h, start, i, j) : 1.0; /* Z_ij */
+                    const double z = dr.on ? dropout_factor(&dr, h, s, i, j) : 1.0; /* Z_ij */
                     const double ds = p * (dp * z - D) * scale;  /* dS_ij, with dq's and dk's scale */
                     for (int32_t d = 0; d < head_size; d++) {
                         dq_acc[d] += ds * k[d];

@@ -123,17 +123,27 @@ nopad_status cpu_activation_backward(nopad_backend *be, void *dx_, float *db, co
 }
 
 nopad_status cpu_dropout(nopad_backend *be, void *y_, const void *x_, const void *residual_,
-                         int64_t n, float p, uint64_t seed, uint64_t offset) {
-    float *y = y_;                 // [n], may alias x
-    const float *x = x_;           // [n]
-    const float *res = residual_;  // [n] or NULL
+                         const nopad_seqs *seqs, const int64_t *examples, int32_t dim, float p, uint64_t key,
+                         uint32_t site) {
+    float *y = y_;                 // [T, dim], may alias x
+    const float *x = x_;           // [T, dim]
+    const float *res = residual_;  // [T, dim] or NULL
+    const int32_t *cu = seqs->cu_seqlens;
     /* keep when the 32 bits reach p·2³²: probability 1 - p up to 2⁻³² */
     const uint32_t threshold = dropout_threshold(p);
     const float scale = (float)(1.0 / (1.0 - p));
-#pragma omp parallel for schedule(static) num_threads(cpu_threads(be))
-    for (int64_t i = 0; i < n; i++) {
-        const float kept = philox_bits(seed, offset + (uint64_t)i) >= threshold ? x[i] * scale : 0.0f;
-        y[i] = res ? res[i] + kept : kept;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu_threads(be))
+    for (int32_t s = 0; s < seqs->n_seqs; s++) {
+        const uint64_t example = examples ? (uint64_t)examples[s] : (uint64_t)s;
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++) {
+            const size_t row = (size_t)t * dim;
+            uint32_t bits[4];
+            for (int32_t c = 0; c < dim; c++) {
+                if ((c & 3) == 0) hidden_dropout_block(key, site, example, (uint32_t)(t - cu[s]), (uint32_t)c, bits);
+                const float kept = bits[c & 3] >= threshold ? x[row + c] * scale : 0.0f;
+                y[row + c] = res ? res[row + c] + kept : kept;
+            }
+        }
     }
     return NOPAD_OK;
 }

@@ -99,8 +99,8 @@ nopad_status cpu_activation(nopad_backend *be, void *y, const void *x, int32_t n
 nopad_status cpu_activation_backward(nopad_backend *be, void *dx, float *db, const void *dy,
                                      const void *x, int32_t n_tokens, int32_t dim,
                                      nopad_activation act);
-nopad_status cpu_dropout(nopad_backend *be, void *y, const void *x, const void *residual, int64_t n, float p,
-                         uint64_t seed, uint64_t offset);
+nopad_status cpu_dropout(nopad_backend *be, void *y, const void *x, const void *residual, const nopad_seqs *seqs,
+                         const int64_t *examples, int32_t dim, float p, uint64_t key, uint32_t site);
 nopad_status cpu_layernorm_backward(nopad_backend *be, void *ds, float *dw, float *db, float *dbias,
                                     const void *dy, const void *s, const void *w, float eps,
                                     int32_t n_tokens, int32_t dim);

@@ -132,6 +132,11 @@ static __device__ __forceinline__ void store_warp_rows(uint16_t *out, uint16_t *
     }
 }
 
+/* The number that keys sequence seq's dropout masks: its example's, or seq when none is given. */
+static __device__ __forceinline__ uint64_t attention_dropout_example(const attention_dropout_params &d, int seq) {
+    return d.examples ? (uint64_t)d.examples[seq] : (uint64_t)seq;
+}
+
 /* Training's attention dropout on the m16 accumulator layout: the mask factors (d.scale or 0) of
  * the eight scores a thread holds in two neighbouring n8 tiles, z[dt][e] for tile dt (0, 1) and
  * element e: row r0 + 8·(e >> 1), column c0 + 8·dt + (e & 1). r0 is the thread's first row of
@@ -141,13 +146,12 @@ static __device__ __forceinline__ void store_warp_rows(uint16_t *out, uint16_t *
  * one Philox block (util/philox.h), so two blocks cover the eight. */
 template <bool QROWS>
 static __device__ __forceinline__ void attention_dropout_pair(float z[2][4], const attention_dropout_params &d,
-                                                              int head, int start, int r0, int c0) {
+                                                              int head, uint64_t example, int r0, int c0) {
 #pragma unroll
     for (int b = 0; b < 2; b++) {
         const uint32_t row = (uint32_t)r0, col = (uint32_t)(c0 + b);
         uint32_t w[4];
-        attention_dropout_block(d.key, d.site, (uint32_t)head, (uint32_t)start, QROWS ? row : col, QROWS ? col : row,
-                                w);
+        attention_dropout_block(d.key, d.site, (uint32_t)head, example, QROWS ? row : col, QROWS ? col : row, w);
 #pragma unroll
         for (int dt = 0; dt < 2; dt++)
 #pragma unroll
@@ -161,11 +165,11 @@ static __device__ __forceinline__ void attention_dropout_pair(float z[2][4], con
  * with bit 3 clear, n0 a multiple of 16), each multiplied by its mask factor. */
 template <int NT>
 static __device__ __forceinline__ void attention_dropout_tile(float *s, const attention_dropout_params &d, int head,
-                                                              int start, int row_a, int n0, int lane) {
+                                                              uint64_t example, int row_a, int n0, int lane) {
 #pragma unroll
     for (int tp = 0; tp < NT / 2; tp++) {
         float z[2][4];
-        attention_dropout_pair<true>(z, d, head, start, row_a, n0 + tp * 16 + (lane & 3) * 2);
+        attention_dropout_pair<true>(z, d, head, example, row_a, n0 + tp * 16 + (lane & 3) * 2);
 #pragma unroll
         for (int dt = 0; dt < 2; dt++)
 #pragma unroll

@@ -32,6 +32,7 @@ struct attention_dropout_params {
     float scale;
     uint64_t key;
     uint32_t site;
+    const int64_t *examples; /* [B] each sequence's example number, which keys its masks; NULL: s */
 };
 
 /* wgmma.cu: the wgmma kernels, head sizes 64 and 128: block_m query rows (64 | 128: one or two

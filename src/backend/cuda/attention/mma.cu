@@ -66,6 +66,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
     const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M;
     if (m0 >= len) return;
+    const uint64_t example = DROPOUT ? attention_dropout_example(drop, seq) : 0; // keys the masks
 
     const attention_head hd = attention_head_of<D>(qkv, start, head, n_heads);
     const int hidden = hd.hidden;
@@ -137,7 +138,7 @@ attention_varlen_kernel(uint16_t *__restrict__ out,        // [T, heads*D]
 
         online_softmax_tile<NT, DT>(s, o, m_run, l_run, scale_log2);
         if constexpr (DROPOUT) /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
-            attention_dropout_tile<NT>(&s[0][0], drop, head, start, row_a, n0, lane);
+            attention_dropout_tile<NT>(&s[0][0], drop, head, example, row_a, n0, lane);
 
         /* O += P V. The S accumulators of n-tiles 2k, 2k+1 are exactly the A fragment of k-step k.
          * V rows in shared memory are B in row-major: ldmatrix.trans. */
@@ -174,7 +175,7 @@ static cudaError_t launch(void *out, const void *qkv, const int32_t *cu_seqlens,
     constexpr int BLOCK_M = 16 * NWARPS;
     const size_t smem = (size_t)(BLOCK_M + 4 * BLOCK_N) * (D + 8) * sizeof(uint16_t);
     auto kernel = attention_varlen_kernel<D, NWARPS, BLOCK_N, BF16, DROPOUT>;
-    const attention_dropout_params no_drop = {0, 1.0f, 0, 0};
+    const attention_dropout_params no_drop = {0, 1.0f, 0, 0, nullptr};
     /* above 48 KB a kernel must opt in; done once per instantiation and device (also keeps it out
      * of graph capture after the first call) */
     static int attr_set[CUDA_MAX_DEVICES];

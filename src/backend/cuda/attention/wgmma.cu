@@ -137,6 +137,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
     const int m_block = causal ? (int)(gridDim.z - 1 - blockIdx.z) : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M;
     if (m0 >= len) return;
+    const uint64_t example = DROPOUT ? attention_dropout_example(drop, seq) : 0; // keys the masks
 
     const attention_head hd = attention_head_of<D>(qkv, start, head, n_heads);
     const int hidden = hd.hidden;
@@ -241,7 +242,7 @@ attention_varlen_wgmma_kernel(uint16_t *__restrict__ out,        // [T, heads*64
         }
 
         if constexpr (DROPOUT) /* training: P ⊙ Z weights V; l_run keeps the undropped sum */
-            attention_dropout_tile<WT>(s, drop, head, start, row_a, n0, lane);
+            attention_dropout_tile<WT>(s, drop, head, example, row_a, n0, lane);
 
         /* O += P V: P from registers (S groups 2k, 2k+1 form the A fragment of k-step k), V through the
          * transposing descriptor, 16 keys = 2048 bytes per k-step */
@@ -514,7 +515,7 @@ static cudaError_t launch_wgmma(void *out, const void *qkv, const int32_t *cu_se
     const size_t smem = (size_t)(BLOCK_M + (PIPE ? 8 : 4) * BLOCK_N) * D * sizeof(uint16_t) + 1024;
     auto kernel = PIPE ? attention_varlen_wgmma_pipe_kernel<D, NWG, BLOCK_N, BF16>
                        : attention_varlen_wgmma_kernel<D, NWG, BLOCK_N, BF16, DROPOUT>;
-    const attention_dropout_params no_drop = {0, 1.0f, 0, 0};
+    const attention_dropout_params no_drop = {0, 1.0f, 0, 0, nullptr};
     const unsigned m_blocks = (unsigned)((max_seqlen + BLOCK_M - 1) / BLOCK_M);
     /* The one-warpgroup d = 64 kernel with 64-key tiles fits five CTAs a SM (<= 96 registers, 42 KB
      * of shared memory); asking for FOUR_CTA_SMEM bytes of shared memory holds it to four. Five win

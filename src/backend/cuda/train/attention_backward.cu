@@ -169,6 +169,7 @@ attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D
     const int len = cu_seqlens[seq + 1] - start;
     const int n0 = blockIdx.x * BLOCK_N;  // this CTA's first key
     if (n0 >= len) return;
+    const uint64_t example = DROPOUT ? attention_dropout_example(drop, seq) : 0; // keys the masks
 
     const int hidden = n_heads * D;
     const size_t row_stride = (size_t)3 * hidden;
@@ -261,7 +262,7 @@ attention_bwd_kernel(uint16_t *__restrict__ dqkv,             // [T, 3, heads, D
             const float2 l2 = *reinterpret_cast<const float2 *>(l_s + qc);
             const float2 d2 = *reinterpret_cast<const float2 *>(ds_s + qc);
             if constexpr (DROPOUT) {
-                if ((t & 1) == 0) attention_dropout_pair<false>(z, drop, head, start, key_w + lane / 4, m0 + qc);
+                if ((t & 1) == 0) attention_dropout_pair<false>(z, drop, head, example, key_w + lane / 4, m0 + qc);
             }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -437,12 +438,13 @@ static nopad_status check_args(const char *op, const void *a, const void *b, con
 
 /* The kernels' form of a dropout (threshold 0: none). */
 static attention_dropout_params dropout_params_of(const nopad_attention_dropout *drop) {
-    attention_dropout_params d = {0, 1.0f, 0, 0};
+    attention_dropout_params d = {0, 1.0f, 0, 0, nullptr};
     if (drop && drop->p > 0.0f) {
         d.threshold = dropout_threshold(drop->p);
         d.scale = (float)(1.0 / (1.0 - (double)drop->p));
         d.key = drop->key;
         d.site = drop->site;
+        d.examples = drop->examples;
     }
     return d;
 }

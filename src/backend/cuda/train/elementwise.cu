@@ -1,6 +1,6 @@
 /* CUDA training kernels that work element by element or row by row: the activation alone and its
- * backward with the bias gradient (a deterministic column sum), dropout from Philox counters (the
- * CPU's mask bit for bit), the heads' row gather and row scatter-add, and the second pass shared
+ * backward with the bias gradient (a deterministic column sum), dropout from Philox counters keyed
+ * by the example (the CPU's mask bit for bit), the heads' row gather and row scatter-add, and the second pass shared
  * by every column sum of the family. fp16 / bf16 storage, float32 arithmetic. */
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/train/train_kernels.h"
@@ -248,98 +248,87 @@ extern "C" nopad_status cuda_train_column_finish(float *const out[3], const floa
 
 /* ---- dropout ------------------------------------------------------------------------------------------ */
 
-/* Applies the mask to the 8 elements of a group whose first counter index sits SH (= index & 3)
- * into its Philox block: element j's 32 bits are bits[SH + j] of the three blocks drawn. */
-template <typename T, int SH>
-static __device__ __forceinline__ void dropout_group(float v[GROUP], const uint32_t bits[12], uint32_t threshold,
-                                                     float scale) {
-#pragma unroll
-    for (int j = 0; j < GROUP; j++) v[j] = bits[SH + j] >= threshold ? v[j] * scale : 0.0f;
-}
-
-/* y[i] = x[i]·scale where philox_bits(seed, offset + i) >= threshold, else 0, plus residual[i]
- * when residual is not NULL (y may alias x). */
+/* y[t, c] = x[t, c]·scale where hidden_dropout_bits(key, site, example of t's sequence, t's
+ * position in it, c) >= threshold, else 0, plus residual[t, c] when residual is not NULL (y may
+ * alias x). A thread takes 8 columns of one row, starting on a multiple of 8: two whole Philox
+ * blocks. VEC8: dim % 8 == 0 and aligned tensors (16-byte loads). */
 template <typename T, bool VEC8>
-__global__ void dropout_kernel(T *y, const T *x, const T *residual, size_t n, uint32_t threshold, float scale,
-                               uint64_t seed, uint64_t offset) {
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    const size_t n_groups = (n + GROUP - 1) / GROUP;
+__global__ void dropout_kernel(T *y, const T *x, const T *residual, const int32_t *cu_seqlens, int n_seqs,
+                               const int64_t *examples, int n_tokens, int dim, uint32_t threshold, float scale,
+                               uint64_t key, uint32_t site) {
+    const int groups_per_row = (dim + GROUP - 1) / GROUP;
+    const size_t n_groups = (size_t)n_tokens * groups_per_row;
     for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < n_groups; g += (size_t)gridDim.x * blockDim.x) {
-        const size_t i = g * GROUP;
-        const uint64_t first = offset + i; /* the counter index of element i */
-        const int sh = (int)(first & 3);
-        /* 8 elements span two Philox blocks of 4, three unless they start on a block */
-        uint32_t bits[12];
-#pragma unroll
-        for (int k = 0; k < 3; k++) {
-            if (k == 2 && sh == 0) {
-                bits[8] = bits[9] = bits[10] = bits[11] = 0;
-                break;
-            }
-            const uint64_t block = (first >> 2) + k;
-            const uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), 0, 0};
-            philox4x32_10(counter, key, bits + 4 * k);
-        }
+        const int t = (int)(g / groups_per_row), c0 = (int)(g % groups_per_row) * GROUP;
+        const int seq = sequence_of(cu_seqlens, n_seqs, t);
+        const uint64_t example = examples ? (uint64_t)examples[seq] : (uint64_t)seq;
+        const uint32_t position = (uint32_t)(t - cu_seqlens[seq]);
+        uint32_t bits[GROUP];
+        hidden_dropout_block(key, site, example, position, (uint32_t)c0, bits);
+        if (c0 + 4 < dim) hidden_dropout_block(key, site, example, position, (uint32_t)c0 + 4, bits + 4);
+        else bits[4] = bits[5] = bits[6] = bits[7] = 0;
+        const size_t i = (size_t)t * dim + c0;
         float v[GROUP];
-        const bool whole = i + GROUP <= n;
-        if (VEC8 && whole) {
+        if (VEC8) {
             load_vec<T, GROUP>(v, x + i);
         } else {
 #pragma unroll
-            for (int j = 0; j < GROUP; j++) v[j] = i + j < n ? to_f32(x[i + j]) : 0.0f;
+            for (int j = 0; j < GROUP; j++) v[j] = c0 + j < dim ? to_f32(x[i + j]) : 0.0f;
         }
-        /* a switch keeps every index into bits[] a constant, so bits[] stays in registers */
-        switch (sh) {
-        case 0: dropout_group<T, 0>(v, bits, threshold, scale); break;
-        case 1: dropout_group<T, 1>(v, bits, threshold, scale); break;
-        case 2: dropout_group<T, 2>(v, bits, threshold, scale); break;
-        default: dropout_group<T, 3>(v, bits, threshold, scale); break;
-        }
+#pragma unroll
+        for (int j = 0; j < GROUP; j++) v[j] = bits[j] >= threshold ? v[j] * scale : 0.0f;
         if (residual) {
             float r[GROUP];
-            if (VEC8 && whole) {
+            if (VEC8) {
                 load_vec<T, GROUP>(r, residual + i);
             } else {
 #pragma unroll
-                for (int j = 0; j < GROUP; j++) r[j] = i + j < n ? to_f32(residual[i + j]) : 0.0f;
+                for (int j = 0; j < GROUP; j++) r[j] = c0 + j < dim ? to_f32(residual[i + j]) : 0.0f;
             }
 #pragma unroll
             for (int j = 0; j < GROUP; j++) v[j] += r[j];
         }
-        if (VEC8 && whole) {
+        if (VEC8) {
             store_vec<T, GROUP>(y + i, v);
         } else {
 #pragma unroll
             for (int j = 0; j < GROUP; j++)
-                if (i + j < n) y[i + j] = from_f32<T>(v[j]);
+                if (c0 + j < dim) y[i + j] = from_f32<T>(v[j]);
         }
     }
 }
 
 template <typename T>
-static nopad_status dropout_t(void *y, const void *x, const void *residual, int64_t n, float p, uint64_t seed,
-                              uint64_t offset, cudaStream_t stream) {
+static nopad_status dropout_t(void *y, const void *x, const void *residual, const int32_t *cu_seqlens,
+                              int32_t n_seqs, const int64_t *examples, int32_t n_tokens, int32_t dim, float p,
+                              uint64_t key, uint32_t site, cudaStream_t stream) {
     /* the CPU's threshold and scale, computed the same way on the host */
     const uint32_t threshold = dropout_threshold(p);
     const float scale = (float)(1.0 / (1.0 - p));
-    const size_t groups = ((size_t)n + GROUP - 1) / GROUP;
-    if (aligned16(y) && aligned16(x) && (!residual || aligned16(residual)))
+    const size_t groups = (size_t)n_tokens * (size_t)((dim + GROUP - 1) / GROUP);
+    if (dim % GROUP == 0 && aligned16(y) && aligned16(x) && (!residual || aligned16(residual)))
         dropout_kernel<T, true><<<grid_for(groups, EW_THREADS), EW_THREADS, 0, stream>>>(
-            (T *)y, (const T *)x, (const T *)residual, (size_t)n, threshold, scale, seed, offset);
+            (T *)y, (const T *)x, (const T *)residual, cu_seqlens, n_seqs, examples, n_tokens, dim, threshold,
+            scale, key, site);
     else
         dropout_kernel<T, false><<<grid_for(groups, EW_THREADS), EW_THREADS, 0, stream>>>(
-            (T *)y, (const T *)x, (const T *)residual, (size_t)n, threshold, scale, seed, offset);
+            (T *)y, (const T *)x, (const T *)residual, cu_seqlens, n_seqs, examples, n_tokens, dim, threshold,
+            scale, key, site);
     return launch_status("train dropout");
 }
 
 extern "C" nopad_status cuda_train_dropout(nopad_dtype dtype, void *y, const void *x, const void *residual,
-                                           int64_t n, float p, uint64_t seed, uint64_t offset, void *stream) {
-    if (n <= 0) return NOPAD_OK;
+                                           const int32_t *cu_seqlens, int32_t n_seqs, const int64_t *examples,
+                                           int32_t n_tokens, int32_t dim, float p, uint64_t key, uint32_t site,
+                                           void *stream) {
+    if (n_tokens <= 0 || dim <= 0) return NOPAD_OK;
     if (!(p >= 0.0f && p < 1.0f))
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda dropout: p = %g is outside [0, 1)", (double)p);
     cudaStream_t s = (cudaStream_t)stream;
-    DISPATCH_DTYPE(dtype, dropout_t<__half>(y, x, residual, n, p, seed, offset, s),
-                   dropout_t<__nv_bfloat16>(y, x, residual, n, p, seed, offset, s));
+    DISPATCH_DTYPE(dtype,
+                   dropout_t<__half>(y, x, residual, cu_seqlens, n_seqs, examples, n_tokens, dim, p, key, site, s),
+                   dropout_t<__nv_bfloat16>(y, x, residual, cu_seqlens, n_seqs, examples, n_tokens, dim, p, key,
+                                            site, s));
 }
 
 /* ---- row gather and scatter-add --------------------------------------------------------------------- */

@@ -70,10 +70,12 @@ static nopad_status cu_activation_backward(nopad_backend *be, void *dx, float *d
     return cuda_train_activation_backward(be->dtype, dx, db32, dy, x, n_tokens, dim, act, partial32, s->stream);
 }
 
-static nopad_status cu_dropout(nopad_backend *be, void *y, const void *x, const void *residual, int64_t n,
-                               float p, uint64_t seed, uint64_t offset) {
+static nopad_status cu_dropout(nopad_backend *be, void *y, const void *x, const void *residual,
+                               const nopad_seqs *seqs, const int64_t *examples, int32_t dim, float p, uint64_t key,
+                               uint32_t site) {
     CUDA_ENTER(be, s);
-    return cuda_train_dropout(be->dtype, y, x, residual, n, p, seed, offset, s->stream);
+    return cuda_train_dropout(be->dtype, y, x, residual, seqs->cu_seqlens, seqs->n_seqs, examples, seqs->n_tokens,
+                              dim, p, key, site, s->stream);
 }
 
 static nopad_status cu_layernorm_backward(nopad_backend *be, void *ds, float *dw32, float *db32, float *dbias32,

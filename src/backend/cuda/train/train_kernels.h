@@ -39,11 +39,13 @@ nopad_status cuda_train_activation_backward(nopad_dtype dtype, void *dx, float *
                                             const void *x, int32_t n_tokens, int32_t dim,
                                             nopad_activation act, float *partial32, void *stream);
 
-/* y[i] = x[i] / (1 - p) where philox_bits(seed, offset + i) >= p·2³², else 0, plus residual[i]
- * when residual is not NULL (y may alias x): the CPU's mask bit for bit (util/philox.h is
- * compiled for the device too). */
+/* The dropout op of backend.h on [n_tokens, dim] rows: y[t, c] = x[t, c] / (1 - p) where
+ * hidden_dropout_bits(key, site, examples[s], t - cu_seqlens[s], c) >= p·2³² (t in sequence s;
+ * examples NULL: s), else 0, plus residual[t, c] when residual is not NULL (y may alias x): the
+ * CPU's mask bit for bit (util/philox.h is compiled for the device too). */
 nopad_status cuda_train_dropout(nopad_dtype dtype, void *y, const void *x, const void *residual,
-                                int64_t n, float p, uint64_t seed, uint64_t offset, void *stream);
+                                const int32_t *cu_seqlens, int32_t n_seqs, const int64_t *examples,
+                                int32_t n_tokens, int32_t dim, float p, uint64_t key, uint32_t site, void *stream);
 
 /* out[n, dim] = x[rows[i], :]. */
 nopad_status cuda_train_select_rows(nopad_dtype dtype, void *out, const void *x, const int32_t *rows,
