@@ -1,8 +1,9 @@
 /* The CPU's quantized dot products (backend/cpu/quant.h) on random GGUF blocks of each format:
- * the activations' int8 blocks, one row's dot product on the portable and AVX2 paths, and the
- * GEMV / GEMM, all against dequantise (io/gguf_dequant, the test's own Q5_K) then a double dot
- * with the float activations; extreme scales, all-equal blocks, the two paths bit for bit where
- * every product is exact, and rows that are not whole blocks. */
+ * the activations' int8 blocks, one row's dot product on every path this CPU runs (portable,
+ * AVX2, AVX2 + VNNI), and the GEMV / GEMM, all against dequantise (io/gguf_dequant, the test's
+ * own Q5_K) then a double dot with the float activations; extreme scales, all-equal blocks, the
+ * paths bit for bit where every product is exact, the GEMM bit for bit against the one-row dot,
+ * the embedding rows' dequantisation, and rows that are not whole blocks. */
 #include "testutil.h"
 
 #include <math.h>
@@ -54,19 +55,25 @@ typedef struct format_case {
 
 static const format_case FORMATS[] = {
     {"Q8_0", CPU_QUANT_Q8_0, 32, 34, 0, -1},    {"Q4_0", CPU_QUANT_Q4_0, 32, 18, 0, -1},
-    {"Q4_1", CPU_QUANT_Q4_1, 32, 20, 0, 2},     {"Q4_K", CPU_QUANT_Q4_K, 256, 144, 0, 2},
+    {"Q4_1", CPU_QUANT_Q4_1, 32, 20, 0, 2},     {"Q5_0", CPU_QUANT_Q5_0, 32, 22, 0, -1},
+    {"Q5_1", CPU_QUANT_Q5_1, 32, 24, 0, 2},     {"Q4_K", CPU_QUANT_Q4_K, 256, 144, 0, 2},
     {"Q5_K", CPU_QUANT_Q5_K, 256, 176, 0, 2},   {"Q6_K", CPU_QUANT_Q6_K, 256, 210, 208, -1},
 };
 
+/* Q4_1's and Q5_1's m may take either sign (the k-quants' dmin is positive as ggml writes it). */
+static int signed_min(const format_case *f) {
+    return f->type == CPU_QUANT_Q4_1 || f->type == CPU_QUANT_Q5_1;
+}
+
 /* n_blocks random blocks: random quant / scale bytes, fp16 scales with exponents in
- * [e_lo, e_hi] (Q4_1's m of either sign, dmin positive as ggml's quantizer writes it). */
+ * [e_lo, e_hi] (m of either sign, dmin positive: signed_min). */
 static void random_blocks(const format_case *f, uint8_t *w, int64_t n_blocks, int e_lo, int e_hi) {
     for (int64_t b = 0; b < n_blocks; b++) {
         uint8_t *p = w + b * (int64_t)f->bytes;
         for (size_t i = 0; i < f->bytes; i++) p[i] = (uint8_t)rnd();
         put16(p + f->d_offset, rnd_fp16(e_lo, e_hi, f->type == CPU_QUANT_Q8_0 && (rnd() & 1)));
         if (f->m_offset >= 0)
-            put16(p + f->m_offset, rnd_fp16(e_lo, e_hi, f->type == CPU_QUANT_Q4_1 && (rnd() & 1)));
+            put16(p + f->m_offset, rnd_fp16(e_lo, e_hi, signed_min(f) && (rnd() & 1)));
     }
 }
 
@@ -122,6 +129,8 @@ static double block_cap(const format_case *f, const uint8_t *b) {
     case CPU_QUANT_Q8_0: return d * 128;
     case CPU_QUANT_Q4_0: return d * 8;
     case CPU_QUANT_Q4_1: return d * 15 + m;
+    case CPU_QUANT_Q5_0: return d * 16;
+    case CPU_QUANT_Q5_1: return d * 31 + m;
     case CPU_QUANT_Q4_K: return d * 63 * 15 + m * 63;
     case CPU_QUANT_Q5_K: return d * 63 * 31 + m * 63;
     default: return d * 128 * 32;
@@ -159,18 +168,15 @@ static double dot_double(const float *a, const float *b, int32_t K) {
     return s;
 }
 
-/* The paths this CPU runs. */
-static int paths(cpu_quant_isa isa[2]) {
-    isa[0] = CPU_QUANT_PORTABLE;
-    if (cpu_quant_best_isa() == CPU_QUANT_AVX2) {
-        isa[1] = CPU_QUANT_AVX2;
-        return 2;
-    }
-    return 1;
+/* The paths this CPU runs, in isa[0..n): each up to the best. */
+static int paths(cpu_quant_isa isa[3]) {
+    int n = 0;
+    for (int i = CPU_QUANT_PORTABLE; i <= (int)cpu_quant_best_isa(); i++) isa[n++] = (cpu_quant_isa)i;
+    return n;
 }
 
 static const char *isa_name(cpu_quant_isa isa) {
-    return isa == CPU_QUANT_AVX2 ? "AVX2" : "portable";
+    return isa == CPU_QUANT_AVX2_VNNI ? "AVX2+VNNI" : isa == CPU_QUANT_AVX2 ? "AVX2" : "portable";
 }
 
 /* Random x[K] whose blocks of 32 have magnitudes spread over 2^-4..2^4 (so a block's scale is
@@ -193,7 +199,7 @@ static double check_dot(const format_case *f, const uint8_t *w, const float *x, 
     assert_int_equal(cpu_quant_activations(act, x, f->type, K), NOPAD_OK);
     const double want = dot_double(wf, x, K), tol = dot_tolerance(f, w, wf, x, K);
     double worst = 0.0;
-    cpu_quant_isa isa[2];
+    cpu_quant_isa isa[3];
     for (int p = 0, n = paths(isa); p < n; p++) {
         float got = NAN;
         assert_int_equal(cpu_quant_dot(&got, w, act, f->type, K, isa[p]), NOPAD_OK);
@@ -317,8 +323,9 @@ static void test_all_equal_blocks(void **state) {
  * sums agree bit for bit whatever their order: their integer parts must be the same. */
 static void test_paths_agree_exactly(void **state) {
     const format_case *f = *state;
-    cpu_quant_isa isa[2];
-    if (paths(isa) < 2) {
+    cpu_quant_isa isa[3];
+    const int n_paths = paths(isa);
+    if (n_paths < 2) {
         printf("%s: this CPU has no AVX2 + FMA + F16C, the AVX2 path is not compared\n", f->name);
         return;
     }
@@ -332,8 +339,7 @@ static void test_paths_agree_exactly(void **state) {
             uint8_t *p = w + b * f->bytes;
             put16(p + f->d_offset, (uint16_t)((rnd() & 1 ? 0x8000 : 0) | 11 << 10));
             if (f->m_offset >= 0)
-                put16(p + f->m_offset,
-                      (uint16_t)((f->type == CPU_QUANT_Q4_1 && rnd() & 1 ? 0x8000 : 0) | 11 << 10));
+                put16(p + f->m_offset, (uint16_t)((signed_min(f) && rnd() & 1 ? 0x8000 : 0) | 11 << 10));
         }
         for (int b = 0; b < K / 32; b++) {
             a32[b].d = 0.125f;
@@ -349,95 +355,110 @@ static void test_paths_agree_exactly(void **state) {
             }
         }
         const void *act = f->block == 256 ? (const void *)a256 : (const void *)a32;
-        float portable = NAN, avx2 = NAN;
+        float portable = NAN;
         assert_int_equal(cpu_quant_dot(&portable, w, act, f->type, K, CPU_QUANT_PORTABLE), NOPAD_OK);
-        assert_int_equal(cpu_quant_dot(&avx2, w, act, f->type, K, CPU_QUANT_AVX2), NOPAD_OK);
-        if (memcmp(&portable, &avx2, sizeof(float)) != 0)
-            fail_msg("%s: portable %.9g, AVX2 %.9g on exact data", f->name, portable, avx2);
+        for (int p = 1; p < n_paths; p++) {
+            float other = NAN;
+            assert_int_equal(cpu_quant_dot(&other, w, act, f->type, K, isa[p]), NOPAD_OK);
+            if (memcmp(&portable, &other, sizeof(float)) != 0)
+                fail_msg("%s: portable %.9g, %s %.9g on exact data", f->name, portable, isa_name(isa[p]), other);
+        }
     }
 }
 
 /* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
 
-/* y[T, N] = x · Wᵀ against the reference element by element. Decode (T = 1, 7, 31: the int8
- * path) also bit for bit against the one-row dot on the best path (the same blocks, the same
- * sums). Prefill (T = 45 from CPU_QUANT_PREFILL_TOKENS on: dequantised rows and sgemm on x rounded
- * as the int8 path rounds it, d·q per block) against the reference on that rounded x within float
- * rounding alone, K·2^-23·Σ|w·x| (a sum of K products loses at most K·2^-24 of Σ|w·x|, the d·q
- * products one rounding each; the reference's "+ m" roundings are far below): the two paths
- * compute the same products, so a row's result does not depend on its step's token count.
- * N = 101 over two row tiles of 64.
- * N odd everywhere, and not a multiple of any tile. Then accumulate onto a random y0 (the
- * residual): y0 + y bit for bit on the int8 path (the same dot, one add), within y's tolerance
- * plus one rounding of |y0 + y| on sgemm's (its beta = 1 may add in another order). */
+/* y[T, N] = x · Wᵀ on every path against the reference element by element: T = 1, 7, 31
+ * (decode), 45 and 133 (prefill: over the GEMM's chunks of 64 tokens, not a multiple of its tiles
+ * of 4 tokens), N = 37 and 101 (odd: over tiles of 16 rows, not a multiple of the 2- and 4-row
+ * tiles), 1 and 2 threads. The int8 GEMM (every T on AVX2 and VNNI, T < CPU_QUANT_PREFILL_TOKENS
+ * on the portable path) within the dot's tolerance and bit for bit against the one-row dot on the
+ * same path (the same blocks, the same sums): a row's result does not depend on how many tokens
+ * share its step. AVX2's and VNNI's bit for bit with each other. The portable path from
+ * CPU_QUANT_PREFILL_TOKENS on (dequantised rows and sgemm on x rounded as the int8 path rounds it,
+ * d·q per block) against the reference on that rounded x within float rounding alone,
+ * K·2^-23·Σ|w·x| (a sum of K products loses at most K·2^-24 of Σ|w·x|, the d·q products one
+ * rounding each; the reference's "+ m" roundings are far below). Then accumulate onto a random y0
+ * (the residual): y0 + y bit for bit on the int8 path (the same dot, one add), within y's
+ * tolerance plus one rounding of |y0 + y| on sgemm's (its beta = 1 may add in another order). */
 static void test_linear(void **state) {
     const format_case *f = *state;
     const int32_t K = 2 * f->block + (f->block == 32 ? 512 : 0);
-    const struct { int32_t T, N; } cases[] = {{1, 37}, {7, 37}, {31, 37}, {45, 101}};
+    const struct { int32_t T, N; } cases[] = {{1, 37}, {7, 37}, {31, 37}, {45, 101}, {133, 101}};
     assert_true(cases[2].T < CPU_QUANT_PREFILL_TOKENS && cases[3].T >= CPU_QUANT_PREFILL_TOKENS);
-    const int32_t T_max = 45, N_max = 101;
-    const size_t row_bytes = cpu_quant_row_bytes(f->type, K);
+    const int32_t T_max = 133, N_max = 101;
+    const size_t row_bytes = cpu_quant_row_bytes(f->type, K), act_bytes = cpu_quant_act_row_bytes(f->type, K);
     uint8_t *w = malloc(row_bytes * N_max);
     float *wf = malloc(sizeof(float) * (size_t)K * N_max);
     float *x = malloc(sizeof(float) * (size_t)K * T_max), *y = malloc(sizeof(float) * T_max * N_max);
     float *y0 = malloc(sizeof(float) * T_max * N_max), *z = malloc(sizeof(float) * T_max * N_max);
-    void *act = malloc(cpu_quant_act_row_bytes(f->type, K));
+    float *y_simd = malloc(sizeof(float) * T_max * N_max); /* the first SIMD path's y */
+    uint8_t *act = malloc(act_bytes * T_max);
     float *xq = malloc(sizeof(float) * (size_t)K);
-    assert_true(w && wf && x && y && y0 && z && act && xq);
+    assert_true(w && wf && x && y && y0 && z && y_simd && act && xq);
     random_blocks(f, w, (int64_t)N_max * (K / f->block), 5, 12);
     dequant(f, w, (int64_t)N_max * K, wf);
-    const cpu_quant_isa best = cpu_quant_best_isa();
+    cpu_quant_isa isa[3];
+    const int n_paths = paths(isa);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int32_t T = cases[c].T, N = cases[c].N;
-        const int prefill = T >= CPU_QUANT_PREFILL_TOKENS;
         random_activations(x, K * T, 1.0f);
-        for (int threads = 1; threads <= 2; threads++) {
-            for (int32_t i = 0; i < T * N; i++) y[i] = NAN;
-            assert_int_equal(cpu_quant_linear(y, x, w, f->type, T, K, N, 0, threads), NOPAD_OK);
-            for (int32_t i = 0; i < T * N; i++) z[i] = y0[i] = rnd_unit();
-            assert_int_equal(cpu_quant_linear(z, x, w, f->type, T, K, N, 1, threads), NOPAD_OK);
-            for (int32_t t = 0; t < T; t++) {
-                const float *xr = x + (size_t)t * K;
-                assert_int_equal(cpu_quant_activations(act, xr, f->type, K), NOPAD_OK);
-                if (prefill) { /* the row as the int8 path sees it: d·q per block */
-                    for (int32_t i = 0; i < K; i++) {
-                        const cpu_q8_block *b8 = (const cpu_q8_block *)act + i / 32;
-                        const cpu_q8k_block *bk = (const cpu_q8k_block *)act + i / 256;
-                        xq[i] = f->block == 32 ? b8->d * (float)b8->qs[i % 32] : bk->d * (float)bk->qs[i % 256];
-                    }
-                    xr = xq;
+        for (int32_t t = 0; t < T; t++)
+            assert_int_equal(cpu_quant_activations(act + act_bytes * t, x + (size_t)t * K, f->type, K), NOPAD_OK);
+        for (int p = 0; p < n_paths; p++)
+            for (int threads = 1; threads <= 2; threads++) {
+                const int sgemm = isa[p] == CPU_QUANT_PORTABLE && T >= CPU_QUANT_PREFILL_TOKENS;
+                for (int32_t i = 0; i < T * N; i++) y[i] = NAN;
+                assert_int_equal(cpu_quant_linear_on(y, x, w, f->type, T, K, N, 0, threads, isa[p]), NOPAD_OK);
+                for (int32_t i = 0; i < T * N; i++) z[i] = y0[i] = rnd_unit();
+                assert_int_equal(cpu_quant_linear_on(z, x, w, f->type, T, K, N, 1, threads, isa[p]), NOPAD_OK);
+                if (isa[p] != CPU_QUANT_PORTABLE) {
+                    if (isa[p] == isa[1] && threads == 1) memcpy(y_simd, y, sizeof(float) * T * N);
+                    else if (memcmp(y_simd, y, sizeof(float) * T * N) != 0)
+                        fail_msg("%s linear T=%d: %s with %d threads differs from %s", f->name, T,
+                                 isa_name(isa[p]), threads, isa_name(isa[1]));
                 }
-                for (int32_t n = 0; n < N; n++) {
-                    const float *wr = wf + (size_t)n * K;
-                    const double want = dot_double(wr, xr, K);
-                    double tol = 0.0;
-                    if (prefill) {
-                        for (int32_t i = 0; i < K; i++) tol += fabs((double)wr[i] * xr[i]);
-                        tol = K * ldexp(tol, -23);
-                    } else {
-                        tol = dot_tolerance(f, w + row_bytes * n, wr, xr, K);
+                for (int32_t t = 0; t < T; t++) {
+                    const float *xr = x + (size_t)t * K;
+                    const uint8_t *at = act + act_bytes * t;
+                    if (sgemm) { /* the row as the int8 path sees it: d·q per block */
+                        for (int32_t i = 0; i < K; i++) {
+                            const cpu_q8_block *b8 = (const cpu_q8_block *)at + i / 32;
+                            const cpu_q8k_block *bk = (const cpu_q8k_block *)at + i / 256;
+                            xq[i] = f->block == 32 ? b8->d * (float)b8->qs[i % 32] : bk->d * (float)bk->qs[i % 256];
+                        }
+                        xr = xq;
                     }
-                    const float got = y[(size_t)t * N + n];
-                    if (!(fabs(got - want) <= tol))
-                        fail_msg("%s linear T=%d N=%d, %d threads, y[%d, %d] = %.9g, want %.9g "
-                                 "(tolerance %.3g)", f->name, T, N, threads, t, n, got, want, tol);
-                    const size_t i = (size_t)t * N + n;
-                    const float sum = y0[i] + got;
-                    if (prefill ? !(fabs(z[i] - (y0[i] + want)) <=
-                                    tol + ldexp(fabs(y0[i]) + fabs(want), -23))
-                                : memcmp(&z[i], &sum, sizeof sum) != 0)
-                        fail_msg("%s linear T=%d accumulating: y[%d, %d] = %.9g, want %.9g + "
-                                 "%.9g", f->name, T, t, n, z[i], y0[i], got);
-                    if (prefill) continue;
-                    float one = NAN;
-                    assert_int_equal(cpu_quant_dot(&one, w + row_bytes * n, act, f->type, K, best),
-                                     NOPAD_OK);
-                    if (memcmp(&one, &got, sizeof one) != 0)
-                        fail_msg("%s linear y[%d, %d] = %.9g, the one-row dot %.9g", f->name, t, n,
-                                 got, one);
+                    for (int32_t n = 0; n < N; n++) {
+                        const float *wr = wf + (size_t)n * K;
+                        const double want = dot_double(wr, xr, K);
+                        double tol = 0.0;
+                        if (sgemm) {
+                            for (int32_t i = 0; i < K; i++) tol += fabs((double)wr[i] * xr[i]);
+                            tol = K * ldexp(tol, -23);
+                        } else {
+                            tol = dot_tolerance(f, w + row_bytes * n, wr, xr, K);
+                        }
+                        const size_t i = (size_t)t * N + n;
+                        const float got = y[i];
+                        if (!(fabs(got - want) <= tol))
+                            fail_msg("%s linear %s T=%d N=%d, %d threads, y[%d, %d] = %.9g, want %.9g "
+                                     "(tolerance %.3g)", f->name, isa_name(isa[p]), T, N, threads, t, n, got,
+                                     want, tol);
+                        const float sum = y0[i] + got;
+                        if (sgemm ? !(fabs(z[i] - (y0[i] + want)) <= tol + ldexp(fabs(y0[i]) + fabs(want), -23))
+                                  : memcmp(&z[i], &sum, sizeof sum) != 0)
+                            fail_msg("%s linear %s T=%d accumulating: y[%d, %d] = %.9g, want %.9g + %.9g",
+                                     f->name, isa_name(isa[p]), T, t, n, z[i], y0[i], got);
+                        if (sgemm) continue;
+                        float one = NAN;
+                        assert_int_equal(cpu_quant_dot(&one, w + row_bytes * n, at, f->type, K, isa[p]), NOPAD_OK);
+                        if (memcmp(&one, &got, sizeof one) != 0)
+                            fail_msg("%s linear %s T=%d y[%d, %d] = %.9g, the one-row dot %.9g", f->name,
+                                     isa_name(isa[p]), T, t, n, got, one);
+                    }
                 }
             }
-        }
     }
     free(w);
     free(wf);
@@ -445,8 +466,31 @@ static void test_linear(void **state) {
     free(y);
     free(y0);
     free(z);
+    free(y_simd);
     free(act);
     free(xq);
+}
+
+/* The embedding rows' dequantisation (cpu_quant_dequantize) bit for bit against the reference's
+ * on random blocks, rows of one block and of many. */
+static void test_dequantize(void **state) {
+    const format_case *f = *state;
+    const int32_t lengths[] = {f->block, 9 * f->block};
+    for (size_t c = 0; c < sizeof lengths / sizeof lengths[0]; c++) {
+        const int32_t K = lengths[c];
+        uint8_t *w = malloc(cpu_quant_row_bytes(f->type, K));
+        float *got = malloc(sizeof(float) * (size_t)K), *want = malloc(sizeof(float) * (size_t)K);
+        assert_true(w && got && want);
+        random_blocks(f, w, K / f->block, 0, 30);
+        dequant(f, w, K, want);
+        assert_int_equal(cpu_quant_dequantize(got, w, f->type, K), NOPAD_OK);
+        for (int32_t i = 0; i < K; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                fail_msg("%s dequantize K=%d: value %d is %.9g, want %.9g", f->name, K, i, got[i], want[i]);
+        free(w);
+        free(got);
+        free(want);
+    }
 }
 
 /* ---- errors --------------------------------------------------------------------------------- */
@@ -469,6 +513,10 @@ static void test_rows_not_whole_blocks(void **state) {
                  "block of 32");
     expect_error(cpu_quant_dot(y, w, act, CPU_QUANT_Q4_K, 320, CPU_QUANT_PORTABLE),
                  NOPAD_ERR_INVALID_ARGUMENT, "block of 256");
+    expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q5_0, 1, 48, 1, 0, 1), NOPAD_ERR_INVALID_ARGUMENT,
+                 "K = 48 values of Q5_0");
+    expect_error(cpu_quant_dequantize(y, w, CPU_QUANT_Q5_1, 40), NOPAD_ERR_INVALID_ARGUMENT,
+                 "Q5_1, expected a positive multiple of its block of 32");
     expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q6_K, 1, 320, 1, 0, 1),
                  NOPAD_ERR_INVALID_ARGUMENT, "K = 320");
     expect_error(cpu_quant_linear(y, x, w, CPU_QUANT_Q4_1, 1, 0, 1, 0, 1),
@@ -477,13 +525,16 @@ static void test_rows_not_whole_blocks(void **state) {
                  "type 1");
     assert_int_equal(cpu_quant_block_size(GGUF_TENSOR_F32), 0);
     assert_int_equal(cpu_quant_row_bytes(CPU_QUANT_Q5_K, 512), 352);
+    assert_int_equal(cpu_quant_row_bytes(CPU_QUANT_Q5_0, 64), 44);
+    assert_int_equal(cpu_quant_row_bytes(CPU_QUANT_Q5_1, 64), 48);
 }
 
 /* One test per format, named "<test> <format>" (the formats' order in FORMATS). */
 #define ONE_FORMAT(fn, i, name) {#fn " " name, fn, NULL, NULL, (void *)&FORMATS[i]}
 #define PER_FORMAT(fn)                                                                             \
     ONE_FORMAT(fn, 0, "Q8_0"), ONE_FORMAT(fn, 1, "Q4_0"), ONE_FORMAT(fn, 2, "Q4_1"),                \
-        ONE_FORMAT(fn, 3, "Q4_K"), ONE_FORMAT(fn, 4, "Q5_K"), ONE_FORMAT(fn, 5, "Q6_K")
+        ONE_FORMAT(fn, 3, "Q5_0"), ONE_FORMAT(fn, 4, "Q5_1"), ONE_FORMAT(fn, 5, "Q4_K"),            \
+        ONE_FORMAT(fn, 6, "Q5_K"), ONE_FORMAT(fn, 7, "Q6_K")
 
 int main(void) {
     printf("best path on this CPU: %s\n", isa_name(cpu_quant_best_isa()));
@@ -494,6 +545,7 @@ int main(void) {
         PER_FORMAT(test_all_equal_blocks),
         PER_FORMAT(test_paths_agree_exactly),
         PER_FORMAT(test_linear),
+        PER_FORMAT(test_dequantize),
         cmocka_unit_test(test_rows_not_whole_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /* GGUF tensor data to float32: fp16 -> f32 on all 65536 inputs against two references, every
  * supported type bit for bit against the `gguf` package's dequantize() (fixtures of
- * scripts/make_gguf_dequant_fixtures.py), row slices against the whole tensor, the errors
- * (unsupported types, rows out of range), and a timing print for Q4_1 on 4096 x 4096. */
+ * scripts/make_gguf_dequant_fixtures.py; Q5_0 and Q5_1 against their definition on random
+ * blocks), row slices against the whole tensor, the errors (unsupported types, rows out of
+ * range), and a timing print for Q4_1 on 4096 x 4096. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 
 #include "testutil.h"
@@ -199,6 +200,39 @@ static void test_row_slices(void **state) {
     }
 }
 
+/* Q5_0 and Q5_1 on random blocks against ggml's definition evaluated in double: element e of a
+ * block is the nibble of qs[e mod 16] (low for e < 16, high above) plus 16 · bit e of the
+ * little-endian qh; x = (q - 16)·d or q·d + m. Both are exact in double and rounded once to float
+ * (Q5_0's product is exact in float too), so the conversion must match bit for bit. Scales span
+ * subnormal to 2^15, either sign. */
+static void test_q5_blocks(void **state) {
+    (void)state;
+    enum { BLOCKS = 200, QK = 32 };
+    uint64_t rng = 0x5bd1e995u;
+    for (int with_min = 0; with_min <= 1; with_min++) {
+        const int bytes = with_min ? 24 : 22;
+        uint8_t data[BLOCKS * 24];
+        float got[BLOCKS * QK];
+        for (int i = 0; i < BLOCKS * bytes; i++) data[i] = (uint8_t)test_rand_u32(&rng);
+        for (int b = 0; b < BLOCKS; b++) /* no inf / NaN scales: exponent field below 31 */
+            for (int k = 0; k < 1 + with_min; k++) data[b * bytes + 2 * k + 1] &= 0xf7;
+        assert_nopad_ok(gguf_dequantize(with_min ? GGUF_TENSOR_Q5_1 : GGUF_TENSOR_Q5_0, data, BLOCKS * QK, got));
+        for (int b = 0; b < BLOCKS; b++) {
+            const uint8_t *blk = data + b * bytes;
+            const double d = fp16_by_definition((uint16_t)(blk[0] | blk[1] << 8));
+            const double m = with_min ? fp16_by_definition((uint16_t)(blk[2] | blk[3] << 8)) : 0.0;
+            const uint8_t *qh = blk + (with_min ? 4 : 2), *qs = qh + 4;
+            for (int e = 0; e < QK; e++) {
+                const int nibble = e < 16 ? qs[e] & 0x0f : qs[e - 16] >> 4;
+                const int q = nibble + 16 * (qh[e / 8] >> (e % 8) & 1);
+                const float want = (float)(with_min ? q * d + m : (q - 16) * d);
+                if (bits_of(got[b * QK + e]) != bits_of(want))
+                    fail_msg("Q5_%d block %d element %d: %.9g, want %.9g", with_min, b, e, got[b * QK + e], want);
+            }
+        }
+    }
+}
+
 static void test_unsupported_types(void **state) {
     const fixtures *fx = *state;
     float out[512];
@@ -209,7 +243,7 @@ static void test_unsupported_types(void **state) {
     assert_int_equal(q5k->type, 13);
     assert_nopad_error(gguf_tensor_to_f32(&fx->g, q5k, out), NOPAD_ERR_UNSUPPORTED,
                        "tensor 'bad.q5_k' has ggml type Q5_K (13), which cannot be converted to "
-                       "float32 (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
+                       "float32 (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)");
     assert_nopad_error(gguf_tensor_to_f32(&fx->g, q5k, out), NOPAD_ERR_UNSUPPORTED, "dequant.gguf");
     assert_nopad_error(gguf_rows_to_f32(&fx->g, q5k, 0, 1, out), NOPAD_ERR_UNSUPPORTED,
                        "tensor 'bad.q5_k' has ggml type Q5_K (13)");
@@ -325,6 +359,7 @@ int main(void) {
         cmocka_unit_test(test_bf16),
         cmocka_unit_test_setup_teardown(test_known_answers, open_fixtures, close_fixtures),
         cmocka_unit_test_setup_teardown(test_row_slices, open_fixtures, close_fixtures),
+        cmocka_unit_test(test_q5_blocks),
         cmocka_unit_test_setup_teardown(test_unsupported_types, open_fixtures, close_fixtures),
         cmocka_unit_test_setup_teardown(test_rows_out_of_range, open_fixtures, close_fixtures),
         cmocka_unit_test(test_q4_1_throughput),

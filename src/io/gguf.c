@@ -59,7 +59,7 @@ static const struct {
 } tensor_types[] = {
     [0] = {"F32", 1, 4, 1},           [1] = {"F16", 1, 2, 1},
     [2] = {"Q4_0", 32, 18, 1},        [3] = {"Q4_1", 32, 20, 1},
-    [6] = {"Q5_0", 32, 22, 0},        [7] = {"Q5_1", 32, 24, 0},
+    [6] = {"Q5_0", 32, 22, 1},        [7] = {"Q5_1", 32, 24, 1},
     [8] = {"Q8_0", 32, 34, 1},        [9] = {"Q8_1", 32, 36, 0},
     [10] = {"Q2_K", 256, 84, 0},      [11] = {"Q3_K", 256, 110, 0},
     [12] = {"Q4_K", 256, 144, 1},     [13] = {"Q5_K", 256, 176, 0},
@@ -789,7 +789,7 @@ nopad_status gguf_tensor_data(const gguf_file *f, const gguf_tensor *t, const vo
     if (!name || !tensor_types[t->type].supported)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: tensor '%s' has ggml type %s (%u), which is not supported "
-                               "(F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)",
+                               "(F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)",
                                where, t->name, name ? name : "unknown", t->type);
     *data = f->bytes + f->data_offset + t->offset;
     *nbytes = (size_t)t->nbytes;

@@ -49,6 +49,8 @@ typedef enum gguf_tensor_type {
     GGUF_TENSOR_F16 = 1,
     GGUF_TENSOR_Q4_0 = 2,
     GGUF_TENSOR_Q4_1 = 3,
+    GGUF_TENSOR_Q5_0 = 6,
+    GGUF_TENSOR_Q5_1 = 7,
     GGUF_TENSOR_Q8_0 = 8,
     GGUF_TENSOR_Q4_K = 12,
     GGUF_TENSOR_Q6_K = 14,
@@ -150,7 +152,7 @@ uint32_t gguf_read_u32(const uint8_t *p);
 /* The tensor called `name`, or NULL. */
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
 /* Where a tensor's bytes are (inside the file, checked at parse). A type other than F32, F16,
- * BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K is NOPAD_ERR_UNSUPPORTED naming the type and tensor. */
+ * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K is NOPAD_ERR_UNSUPPORTED naming the type and tensor. */
 nopad_status gguf_tensor_data(const gguf_file *f, const gguf_tensor *t, const void **data,
                               size_t *nbytes);
 

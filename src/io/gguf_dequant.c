@@ -4,9 +4,10 @@
  *
  * Why the result is ggml's bit for bit on any build: every product of a quant and an fp16 scale
  * is exact in float32. An fp16 has 11 significant bits; Q8_0 multiplies it by |q| <= 128,
- * Q4_0 by |q| <= 8, Q4_1 by q <= 15, Q4_K by a scale <= 63 then q <= 15, Q6_K by |scale| <= 128
- * then |q| <= 32: 23 significant bits at most, and nothing leaves float32's exponent range. So
- * a value is rounded at most once, at Q4_1's "+ m" or Q4_K's "- dmin·m", whatever the order of
+ * Q4_0 by |q| <= 8, Q4_1 by q <= 15, Q5_0 by |q| <= 16, Q5_1 by q <= 31, Q4_K by a scale <= 63
+ * then q <= 15, Q6_K by |scale| <= 128 then |q| <= 32: 23 significant bits at most, and nothing
+ * leaves float32's exponent range. So a value is rounded at most once, at Q4_1's / Q5_1's "+ m"
+ * or Q4_K's "- dmin·m", whatever the order of
  * the multiplies and whether the compiler fuses a multiply-add; the code keeps ggml's order. */
 #include "io/gguf_dequant.h"
 
@@ -91,6 +92,38 @@ static void deq_q4_1(const uint8_t *b, float *y, int64_t nb) {
     }
 }
 
+/* The 32 fifth bits of Q5_0 / Q5_1 (qh, little-endian): bit e belongs to element e. */
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* block_q5_0, 22 bytes: fp16 d, qh[4], qs[16]; element j (j < 16) is qs[j]'s low nibble plus 16 ·
+ * bit j of qh, element j + 16 its high nibble plus 16 · bit j + 16; x = (q - 16)·d */
+static void deq_q5_0(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += 22, y += QK) {
+        const float d = gguf_fp16_to_f32(rd16(b));
+        const uint32_t qh = rd32(b + 2);
+        const uint8_t *qs = b + 6;
+        for (int j = 0; j < QK / 2; j++) {
+            y[j] = (float)((int)((qs[j] & 0x0f) | (qh >> j & 1) << 4) - 16) * d;
+            y[j + QK / 2] = (float)((int)((qs[j] >> 4) | (qh >> (j + 16) & 1) << 4) - 16) * d;
+        }
+    }
+}
+
+/* block_q5_1, 24 bytes: fp16 d, fp16 m, qh[4], qs[16] as Q5_0; x = q·d + m */
+static void deq_q5_1(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += 24, y += QK) {
+        const float d = gguf_fp16_to_f32(rd16(b)), m = gguf_fp16_to_f32(rd16(b + 2));
+        const uint32_t qh = rd32(b + 4);
+        const uint8_t *qs = b + 8;
+        for (int j = 0; j < QK / 2; j++) {
+            y[j] = (float)(int)((qs[j] & 0x0f) | (qh >> j & 1) << 4) * d + m;
+            y[j + QK / 2] = (float)(int)((qs[j] >> 4) | (qh >> (j + 16) & 1) << 4) * d + m;
+        }
+    }
+}
+
 /* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) from the 12 bytes
  * q[0..3] = sc0..3 (low 6 bits), q[4..7] = m0..3 (low 6 bits), q[8..11] = sc4..7 (low nibble)
  * and m4..7 (high nibble), the top 2 bits of sc4..7 / m4..7 in the top bits of q[0..3] / q[4..7]. */
@@ -161,7 +194,8 @@ typedef struct deq_type {
 static const deq_type *find_type(uint32_t type) {
     static const deq_type f32 = {1, 4, deq_f32}, f16 = {1, 2, deq_f16}, bf16 = {1, 2, deq_bf16},
                           q8_0 = {QK, 34, deq_q8_0}, q4_0 = {QK, 18, deq_q4_0},
-                          q4_1 = {QK, 20, deq_q4_1}, q4_k = {QK_K, 144, deq_q4_k},
+                          q4_1 = {QK, 20, deq_q4_1}, q5_0 = {QK, 22, deq_q5_0},
+                          q5_1 = {QK, 24, deq_q5_1}, q4_k = {QK_K, 144, deq_q4_k},
                           q6_k = {QK_K, 210, deq_q6_k};
     switch (type) {
     case GGUF_TENSOR_F32: return &f32;
@@ -170,13 +204,15 @@ static const deq_type *find_type(uint32_t type) {
     case GGUF_TENSOR_Q8_0: return &q8_0;
     case GGUF_TENSOR_Q4_0: return &q4_0;
     case GGUF_TENSOR_Q4_1: return &q4_1;
+    case GGUF_TENSOR_Q5_0: return &q5_0;
+    case GGUF_TENSOR_Q5_1: return &q5_1;
     case GGUF_TENSOR_Q4_K: return &q4_k;
     case GGUF_TENSOR_Q6_K: return &q6_k;
     default: return NULL;
     }
 }
 
-#define SUPPORTED "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K"
+#define SUPPORTED "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K"
 
 static const char *type_name(uint32_t type) {
     const char *name = gguf_tensor_type_name(type);

@@ -46,11 +46,14 @@ typedef struct quant_format {
 
 static const quant_format *find_format(uint32_t type) {
     static const quant_format q4_0 = {"Q4_0", QK, 18, 0}, q4_1 = {"Q4_1", QK, 20, 0},
+                              q5_0 = {"Q5_0", QK, 22, 0}, q5_1 = {"Q5_1", QK, 24, 0},
                               q8_0 = {"Q8_0", QK, 34, 0}, q4_k = {"Q4_K", QK_K, 144, 1},
                               q5_k = {"Q5_K", QK_K, 176, 1}, q6_k = {"Q6_K", QK_K, 210, 1};
     switch (type) {
     case CPU_QUANT_Q4_0: return &q4_0;
     case CPU_QUANT_Q4_1: return &q4_1;
+    case CPU_QUANT_Q5_0: return &q5_0;
+    case CPU_QUANT_Q5_1: return &q5_1;
     case CPU_QUANT_Q8_0: return &q8_0;
     case CPU_QUANT_Q4_K: return &q4_k;
     case CPU_QUANT_Q5_K: return &q5_k;
@@ -65,7 +68,7 @@ static nopad_status check(const char *fn, uint32_t type, int32_t K, const quant_
     if (!*f)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: ggml type %u is not a quantized format the CPU runs "
-                               "(Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
+                               "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
                                fn, type);
     if (K <= 0 || K % (*f)->block != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -146,24 +149,34 @@ static float dot_q8_0(const uint8_t *w, const cpu_q8_block *a, int32_t nb) {
     return sum;
 }
 
-/* Q4_0 and Q4_1: byte l of qs holds element l (low nibble) and l + 16 (high). */
-static int32_t nibbles_dot(const uint8_t *qs, const int8_t *a) {
+/* Q4_0 and Q4_1: byte l of qs holds element l (low nibble) and l + 16 (high). Q5_0 and Q5_1
+ * add bit e of qh (4 bytes, little-endian) as 16 to element e. */
+static int32_t nibbles_dot(const uint8_t *qs, const uint8_t *qh, const int8_t *a) {
+    const uint32_t high = qh ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24
+                             : 0;
     int32_t s = 0;
-    for (int l = 0; l < QK / 2; l++) s += (qs[l] & 0x0f) * a[l] + (qs[l] >> 4) * a[l + QK / 2];
+    for (int l = 0; l < QK / 2; l++)
+        s += (int)((qs[l] & 0x0f) | (high >> l & 1) << 4) * a[l] +
+             (int)((qs[l] >> 4) | (high >> (l + QK / 2) & 1) << 4) * a[l + QK / 2];
     return s;
 }
 
-static float dot_q4_0(const uint8_t *w, const cpu_q8_block *a, int32_t nb) {
+/* Q4_0 (fp16 d, qs[16]; x = (q - 8)·d) and Q5_0 (fp16 d, qh[4], qs[16]; x = (q - 16)·d):
+ * Σ (q - o)·a = Σ q·a - o·Σ a. */
+static float dot_q4_5_0(const uint8_t *w, const cpu_q8_block *a, int32_t nb, int five_bits) {
+    const int32_t offset = five_bits ? 16 : 8;
     float sum = 0.0f;
-    for (int32_t i = 0; i < nb; i++, w += 18) /* Σ (q - 8)·a = Σ q·a - 8·Σ a */
-        sum += fp16(w) * a[i].d * (float)(nibbles_dot(w + 2, a[i].qs) - 8 * a[i].sum);
+    for (int32_t i = 0; i < nb; i++, w += five_bits ? 22 : 18)
+        sum += fp16(w) * a[i].d *
+               (float)(nibbles_dot(w + (five_bits ? 6 : 2), five_bits ? w + 2 : NULL, a[i].qs) - offset * a[i].sum);
     return sum;
 }
 
-static float dot_q4_1(const uint8_t *w, const cpu_q8_block *a, int32_t nb) {
+/* Q4_1 (fp16 d, fp16 m, qs[16]) and Q5_1 (fp16 d, fp16 m, qh[4], qs[16]): x = q·d + m. */
+static float dot_q4_5_1(const uint8_t *w, const cpu_q8_block *a, int32_t nb, int five_bits) {
     float sum = 0.0f, sum_m = 0.0f;
-    for (int32_t i = 0; i < nb; i++, w += 20) {
-        sum += fp16(w) * a[i].d * (float)nibbles_dot(w + 4, a[i].qs);
+    for (int32_t i = 0; i < nb; i++, w += five_bits ? 24 : 20) {
+        sum += fp16(w) * a[i].d * (float)nibbles_dot(w + (five_bits ? 8 : 4), five_bits ? w + 4 : NULL, a[i].qs);
         sum_m += fp16(w + 2) * a[i].d * (float)a[i].sum;
     }
     return sum + sum_m;
@@ -245,8 +258,10 @@ static float dot_q6_k(const uint8_t *w, const cpu_q8k_block *a, int32_t nb) {
 static float dot_portable(uint32_t type, const void *w, const void *act, int32_t nb) {
     switch (type) {
     case CPU_QUANT_Q8_0: return dot_q8_0(w, act, nb);
-    case CPU_QUANT_Q4_0: return dot_q4_0(w, act, nb);
-    case CPU_QUANT_Q4_1: return dot_q4_1(w, act, nb);
+    case CPU_QUANT_Q4_0: return dot_q4_5_0(w, act, nb, 0);
+    case CPU_QUANT_Q4_1: return dot_q4_5_1(w, act, nb, 0);
+    case CPU_QUANT_Q5_0: return dot_q4_5_0(w, act, nb, 1);
+    case CPU_QUANT_Q5_1: return dot_q4_5_1(w, act, nb, 1);
     case CPU_QUANT_Q4_K: return dot_q45_k(w, act, nb, 0);
     case CPU_QUANT_Q5_K: return dot_q45_k(w, act, nb, 1);
     default: return dot_q6_k(w, act, nb);
@@ -269,7 +284,8 @@ static cpu_quant_isa detect_isa(void) {
     const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
-        return CPU_QUANT_AVX2;
+        return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? CPU_QUANT_AVX2_VNNI
+                                                                                          : CPU_QUANT_AVX2;
 #endif
     return CPU_QUANT_PORTABLE;
 }
@@ -283,25 +299,46 @@ cpu_quant_isa cpu_quant_best_isa(void) {
     return (cpu_quant_isa)isa;
 }
 
-static float dot_on(cpu_quant_isa isa, uint32_t type, const void *w, const void *act,
-                    int32_t nb) {
+/* The path `isa` on this CPU, or an error naming `fn`. */
+static nopad_status check_isa(const char *fn, cpu_quant_isa isa) {
+    if (isa > cpu_quant_best_isa())
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: the %s path asked for on a CPU (or build) without %s", fn,
+                               isa == CPU_QUANT_AVX2 ? "AVX2" : "AVX-512 VNNI",
+                               isa == CPU_QUANT_AVX2 ? "AVX2, FMA and F16C" : "AVX2, FMA, F16C, AVX512VNNI and AVX512VL");
+    return NOPAD_OK;
+}
+
+/* y[t · ldy + r] (+)= row r · token t, rows w_bytes apart, tokens act_bytes apart. */
+static void gemm_on(cpu_quant_isa isa, uint32_t type, const uint8_t *w, size_t w_bytes, int32_t rows,
+                    const uint8_t *act, size_t act_bytes, int32_t tokens, int32_t nb, float *y,
+                    size_t ldy, int accumulate) {
 #if HAVE_AVX2_PATH
-    if (isa == CPU_QUANT_AVX2) return cpu_quant_dot_avx2(type, w, act, nb);
+    if (isa == CPU_QUANT_AVX2_VNNI && find_format(type)->block == QK) { /* the k-quants: AVX2's */
+        cpu_quant_gemm_vnni(type, w, w_bytes, rows, act, act_bytes, tokens, nb, y, ldy, accumulate);
+        return;
+    }
+    if (isa != CPU_QUANT_PORTABLE) {
+        cpu_quant_gemm_avx2(type, w, w_bytes, rows, act, act_bytes, tokens, nb, y, ldy, accumulate);
+        return;
+    }
 #endif
     (void)isa;
-    return dot_portable(type, w, act, nb);
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t t = 0; t < tokens; t++) {
+            const float dot = dot_portable(type, w + w_bytes * (size_t)r, act + act_bytes * (size_t)t, nb);
+            float *out = y + ldy * (size_t)t + r;
+            *out = accumulate ? *out + dot : dot;
+        }
 }
 
 nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t type, int32_t K,
                            cpu_quant_isa isa) {
     const quant_format *f;
     nopad_status st = check("cpu_quant_dot", type, K, &f);
+    if (st == NOPAD_OK) st = check_isa("cpu_quant_dot", isa);
     if (st != NOPAD_OK) return st;
-    if (isa == CPU_QUANT_AVX2 && cpu_quant_best_isa() != CPU_QUANT_AVX2)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "cpu_quant_dot: the AVX2 path asked for on a CPU (or build) "
-                               "without AVX2, FMA and F16C");
-    *out = dot_on(isa, type, w, act, K / f->block);
+    gemm_on(isa, type, w, 0, 1, act, 0, 1, K / f->block, out, 1, 0);
     return NOPAD_OK;
 }
 
@@ -313,21 +350,21 @@ static void dequant_q8_0(const uint8_t *w, float *y, int64_t nb) {
         for (int l = 0; l < QK; l++) y[l] = (float)(int8_t)w[2 + l] * fp16(w);
 }
 
-static void dequant_q4_01(const uint8_t *w, float *y, int64_t nb, int with_min) {
-    for (int64_t i = 0; i < nb; i++, w += with_min ? 20 : 18, y += QK) {
-        const float d = fp16(w);
-        const uint8_t *qs = w + (with_min ? 4 : 2);
-        if (with_min) {
-            const float m = fp16(w + 2);
-            for (int l = 0; l < QK / 2; l++) {
-                y[l] = (float)(qs[l] & 0x0f) * d + m;
-                y[l + QK / 2] = (float)(qs[l] >> 4) * d + m;
-            }
-        } else {
-            for (int l = 0; l < QK / 2; l++) {
-                y[l] = (float)((qs[l] & 0x0f) - 8) * d;
-                y[l + QK / 2] = (float)((qs[l] >> 4) - 8) * d;
-            }
+/* Q4_0, Q4_1, Q5_0, Q5_1 (layouts at their dot products). */
+static void dequant_q4_5(const uint8_t *w, float *y, int64_t nb, int five_bits, int with_min) {
+    const size_t bytes = (five_bits ? 22 : 18) + (with_min ? 2 : 0);
+    const int offset = with_min ? 0 : five_bits ? 16 : 8;
+    for (int64_t i = 0; i < nb; i++, w += bytes, y += QK) {
+        const float d = fp16(w), m = with_min ? fp16(w + 2) : 0.0f;
+        const uint8_t *qh = w + (with_min ? 4 : 2), *qs = qh + (five_bits ? 4 : 0);
+        const uint32_t high = five_bits ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                                              (uint32_t)qh[3] << 24
+                                        : 0;
+        for (int l = 0; l < QK / 2; l++) {
+            const int lo = (int)((qs[l] & 0x0f) | (high >> l & 1) << 4) - offset;
+            const int hi = (int)((qs[l] >> 4) | (high >> (l + QK / 2) & 1) << 4) - offset;
+            y[l] = with_min ? (float)lo * d + m : (float)lo * d;
+            y[l + QK / 2] = with_min ? (float)hi * d + m : (float)hi * d;
         }
     }
 }
@@ -377,8 +414,10 @@ static void dequant_q6_k(const uint8_t *w, float *y, int64_t nb) {
 static void dequant_rows(uint32_t type, const uint8_t *w, int64_t n_values, float *out) {
     switch (type) {
     case CPU_QUANT_Q8_0: dequant_q8_0(w, out, n_values / QK); break;
-    case CPU_QUANT_Q4_0: dequant_q4_01(w, out, n_values / QK, 0); break;
-    case CPU_QUANT_Q4_1: dequant_q4_01(w, out, n_values / QK, 1); break;
+    case CPU_QUANT_Q4_0: dequant_q4_5(w, out, n_values / QK, 0, 0); break;
+    case CPU_QUANT_Q4_1: dequant_q4_5(w, out, n_values / QK, 0, 1); break;
+    case CPU_QUANT_Q5_0: dequant_q4_5(w, out, n_values / QK, 1, 0); break;
+    case CPU_QUANT_Q5_1: dequant_q4_5(w, out, n_values / QK, 1, 1); break;
     case CPU_QUANT_Q4_K: dequant_q45_k(w, out, n_values / QK_K, 0); break;
     case CPU_QUANT_Q5_K: dequant_q45_k(w, out, n_values / QK_K, 1); break;
     default: dequant_q6_k(w, out, n_values / QK_K);
@@ -394,17 +433,15 @@ nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int3
 
 /* ---- GEMV / GEMM ---------------------------------------------------------------------------- */
 
-/* Weight rows per work item of the int8 path: a tile's rows (TILE_ROWS · K bytes at 4-8 bits,
- * tens of KB) stay in L1/L2 while the tokens (fewer than CPU_QUANT_PREFILL_TOKENS) pass over
- * them. */
-enum { TILE_ROWS = 16 };
+/* Weight rows per work item of the int8 path, and tokens per pass over them: a tile's rows
+ * (TILE_ROWS · K bytes at 4-8 bits, tens of KB) stay in L1/L2 while a chunk of TOKEN_CHUNK
+ * quantized rows of x (about 100 KB at K = 1536) passes over them from L2. */
+enum { TILE_ROWS = 16, TOKEN_CHUNK = 64 };
 
-/* From CPU_QUANT_PREFILL_TOKENS tokens on, a weight row is used often enough that dequantising
- * it once to float and running OpenBLAS's sgemm beats an integer dot product per (row, token):
- * each dot unpacks the row's blocks again, sgemm reuses the floats from cache. Measured on the
- * 2-core EPYC, one thread, all the linear layers of a step (docs/decoder.md): SmolLM2's shapes in
- * Q4_1 break even at 16 tokens and gain 1.3x at 32 (195 ms, not 250), 2.6x at 512; LLaMA-1B's
- * in Q4_K break even at 32. Tiles of PREFILL_ROWS rows: 64 · K floats stay in L2. */
+/* On the portable path, from CPU_QUANT_PREFILL_TOKENS tokens on, a weight row is used often
+ * enough that dequantising it once to float and running OpenBLAS's sgemm beats an integer dot
+ * product per (row, token): each dot unpacks the row's blocks again, sgemm reuses the floats from
+ * cache (docs/decoder.md). Tiles of PREFILL_ROWS rows: 64 · K floats stay in L2. */
 enum { PREFILL_ROWS = 64 };
 
 /* y = x · Wᵀ for many tokens: tiles of PREFILL_ROWS weight rows dequantised into a thread's
@@ -460,10 +497,11 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
     return NOPAD_OK;
 }
 
-nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
-                              int32_t K, int32_t N, int accumulate, int n_threads) {
+nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32_t type, int32_t T,
+                                 int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa) {
     const quant_format *f;
     nopad_status st = check("cpu_quant_linear", type, K, &f);
+    if (st == NOPAD_OK) st = check_isa("cpu_quant_linear", isa);
     if (st != NOPAD_OK) return st;
     if (T < 0 || N < 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -471,7 +509,7 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
                                T, N);
     if (T == 0 || N == 0) return NOPAD_OK;
     if (n_threads <= 0) n_threads = omp_get_max_threads();
-    if (T >= CPU_QUANT_PREFILL_TOKENS)
+    if (isa == CPU_QUANT_PORTABLE && T >= CPU_QUANT_PREFILL_TOKENS)
         return linear_dequantized(y, x, w, type, T, K, N, accumulate, n_threads);
     const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
     uint8_t *act = malloc(act_bytes * (size_t)T); /* malloc's alignment suits both block types */
@@ -479,7 +517,6 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
                                "cpu_quant_linear: %zu bytes for %d rows of quantized activations",
                                act_bytes * (size_t)T, T);
-    const cpu_quant_isa isa = cpu_quant_best_isa();
     const int32_t nb = K / f->block;
     const int32_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
 #pragma omp parallel num_threads(n_threads) if ((int64_t)T * N * K > (1 << 18))
@@ -487,20 +524,21 @@ nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t 
 #pragma omp for schedule(static)
         for (int32_t t = 0; t < T; t++)
             cpu_quant_activations(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K);
-        /* each thread a run of rows, each row read once for all T tokens */
+        /* each thread a run of row tiles, each tile read from memory once for all T tokens */
 #pragma omp for schedule(static)
         for (int32_t tile = 0; tile < tiles; tile++) {
-            const int32_t r0 = tile * TILE_ROWS, r1 = r0 + TILE_ROWS < N ? r0 + TILE_ROWS : N;
-            for (int32_t r = r0; r < r1; r++) {
-                const uint8_t *wr = (const uint8_t *)w + w_bytes * (size_t)r;
-                for (int32_t t = 0; t < T; t++) {
-                    const float dot = dot_on(isa, type, wr, act + act_bytes * (size_t)t, nb);
-                    float *out = y + (size_t)t * N + r;
-                    *out = accumulate ? *out + dot : dot;
-                }
-            }
+            const int32_t r0 = tile * TILE_ROWS, rows = N - r0 < TILE_ROWS ? N - r0 : TILE_ROWS;
+            for (int32_t t0 = 0; t0 < T; t0 += TOKEN_CHUNK)
+                gemm_on(isa, type, (const uint8_t *)w + w_bytes * (size_t)r0, w_bytes, rows,
+                        act + act_bytes * (size_t)t0, act_bytes, T - t0 < TOKEN_CHUNK ? T - t0 : TOKEN_CHUNK, nb,
+                        y + (size_t)t0 * N + r0, (size_t)N, accumulate);
         }
     }
     free(act);
     return NOPAD_OK;
+}
+
+nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
+                              int32_t K, int32_t N, int accumulate, int n_threads) {
+    return cpu_quant_linear_on(y, x, w, type, T, K, N, accumulate, n_threads, cpu_quant_best_isa());
 }

@@ -1,5 +1,5 @@
-/* CPU linear layers on GGUF block-quantized weights, kept as stored: Q8_0, Q4_0, Q4_1 (blocks of
- * 32), Q4_K, Q5_K, Q6_K (super-blocks of 256). Block layouts as ggml-common.h (and
+/* CPU linear layers on GGUF block-quantized weights, kept as stored: Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1 (blocks of 32), Q4_K, Q5_K, Q6_K (super-blocks of 256). Block layouts as ggml-common.h (and
  * io/gguf_dequant.c, the float reference).
  *
  * A row of float activations is quantized once to int8 blocks (as llama.cpp's q8_0 / q8_K): a
@@ -19,10 +19,12 @@
 
 #include "nopad.h"
 
-/* ggml type ids (the file's numbering): io/gguf.h names all but Q5_K. */
+/* ggml type ids (the file's numbering), as io/gguf.h's. */
 enum {
     CPU_QUANT_Q4_0 = 2,
     CPU_QUANT_Q4_1 = 3,
+    CPU_QUANT_Q5_0 = 6,
+    CPU_QUANT_Q5_1 = 7,
     CPU_QUANT_Q8_0 = 8,
     CPU_QUANT_Q4_K = 12,
     CPU_QUANT_Q5_K = 13,
@@ -31,8 +33,8 @@ enum {
 
 enum { CPU_QUANT_QK = 32, CPU_QUANT_QK_K = 256 }; /* elements per block / per super-block */
 
-/* The activations for Q8_0, Q4_0 and Q4_1 weights: 32 values. `sum` (Σ qs) lets Q4_1's offset
- * m be applied once per block (Σ (d_w·q + m)·a = d_w·Σ q·a + m·Σ a). */
+/* The activations for the formats of 32 values: `sum` (Σ qs) lets Q4_1's and Q5_1's offset m
+ * be applied once per block (Σ (d_w·q + m)·a = d_w·Σ q·a + m·Σ a), as Q4_0's 8 and Q5_0's 16. */
 typedef struct cpu_q8_block {
     float d;
     int32_t sum;
@@ -48,14 +50,15 @@ typedef struct cpu_q8k_block {
 } cpu_q8k_block;
 
 typedef enum cpu_quant_isa {
-    CPU_QUANT_PORTABLE, /* plain C, any CPU */
-    CPU_QUANT_AVX2,     /* x86-64 with AVX2, FMA and F16C */
+    CPU_QUANT_PORTABLE,   /* plain C, any CPU */
+    CPU_QUANT_AVX2,       /* x86-64 with AVX2, FMA and F16C */
+    CPU_QUANT_AVX2_VNNI,  /* and AVX512VNNI + AVX512VL: VPDPBUSD on 256-bit vectors */
 } cpu_quant_isa;
 
 /* The fastest path this CPU runs. */
 cpu_quant_isa cpu_quant_best_isa(void);
 
-/* Elements per block of `type` (32 or 256), 0 when it is not one of the six formats. */
+/* Elements per block of `type` (32 or 256), 0 when it is not one of the eight formats. */
 int32_t cpu_quant_block_size(uint32_t type);
 
 /* Bytes of one weight row of K values (K a multiple of the block), as stored in the file. */
@@ -71,8 +74,8 @@ size_t cpu_quant_act_row_bytes(uint32_t type, int32_t K);
 nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int32_t K);
 
 /* *out = (one weight row w of `type`, K values) · (one activation row act from
- * cpu_quant_activations), on the path `isa` (CPU_QUANT_AVX2 on a CPU without it is
- * NOPAD_ERR_UNSUPPORTED). Errors as cpu_quant_activations. */
+ * cpu_quant_activations), on the path `isa` (one this CPU lacks is NOPAD_ERR_UNSUPPORTED). Errors
+ * as cpu_quant_activations. */
 nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t type, int32_t K,
                            cpu_quant_isa isa);
 
@@ -80,25 +83,39 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
  * dequantised as they are gathered). Errors as cpu_quant_activations. */
 nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int32_t K);
 
-/* From this many tokens on, cpu_quant_linear dequantises tiles of weight rows to float and
- * runs sgemm (prefill) instead of the int8 dot products (decode). */
+/* From this many tokens on, the portable path of cpu_quant_linear dequantises tiles of weight rows
+ * to float and runs sgemm (prefill) instead of the int8 dot products (decode). */
 enum { CPU_QUANT_PREFILL_TOKENS = 32 };
 
 /* y[T, N] = x[T, K] · W[N, K]ᵀ, or y += x · Wᵀ when `accumulate` (a residual added in place:
  * y may be the residual, never x). W's N rows stored one after the other as in the GGUF file
  * (row n at w + n · cpu_quant_row_bytes(type, K)), on n_threads OpenMP threads (<= 0: the
- * OpenMP default). Below CPU_QUANT_PREFILL_TOKENS the rows of x are quantized once each and the
- * dot products run on the best path, in parallel over runs of W's rows; from it on, x is
- * rounded as those int8 blocks round it (d·q) and each thread dequantises 64 rows at a time to
- * float and multiplies them with OpenBLAS's sgemm, which must then be single-threaded (the CPU
- * backend sets it so). Both paths compute the same products: a row's result differs between them
- * by float summation order only, whatever T is. Errors as
+ * OpenMP default), in parallel over runs of W's rows, on the best path. The rows of x are
+ * quantized once each; on AVX2 the int8 dot products run as a small GEMM (tiles of weight rows ×
+ * tokens) for any T, and a row's result is bit for bit its one-row dot's (cpu_quant_dot), whatever
+ * T is. On the portable path, from CPU_QUANT_PREFILL_TOKENS tokens on, x is rounded as those int8
+ * blocks round it (d·q) and each thread dequantises 64 rows at a time to float and multiplies them
+ * with OpenBLAS's sgemm, which must then be single-threaded (the CPU backend sets it so): the same
+ * products, a row's result differing from the dot's by float summation order only. Errors as
  * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                               int32_t K, int32_t N, int accumulate, int n_threads);
 
-/* The AVX2 dot product of n_blocks blocks (quant_avx2.c; the checks are the caller's). Only on
- * x86-64 builds. */
-float cpu_quant_dot_avx2(uint32_t type, const void *w, const void *act, int32_t n_blocks);
+/* cpu_quant_linear on the path `isa` (the tests run each; a path this CPU lacks is
+ * NOPAD_ERR_UNSUPPORTED). */
+nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32_t type, int32_t T,
+                                 int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa);
+
+/* The x86-64 GEMMs (quant_tiles.h, compiled by quant_avx2.c and quant_vnni.c; the checks are the
+ * caller's; only on x86-64 builds): y[t · ldy + r] = (or += when `accumulate`) weight row r ·
+ * activation row t, for n_rows rows w_bytes apart and n_tokens rows of cpu_quant_activations
+ * act_bytes apart, n_blocks blocks each. Both give the same floats bit for bit. */
+void cpu_quant_gemm_avx2(uint32_t type, const void *w, size_t w_bytes, int32_t n_rows, const void *act,
+                         size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy,
+                         int accumulate);
+/* the blocks of 32 only */
+void cpu_quant_gemm_vnni(uint32_t type, const void *w, size_t w_bytes, int32_t n_rows, const void *act,
+                         size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy,
+                         int accumulate);
 
 #endif

@@ -1,0 +1,381 @@
+/* The tile kernels of quant.h's GEMM on x86-64, written once and compiled twice: by quant_avx2.c
+ * for AVX2 + FMA + F16C and by quant_vnni.c with AVX-512 VNNI's VPDPBUSD on 256-bit vectors besides
+ * (QUANT_TILES_VNNI), each defining TARGET (the functions' target attribute), QUANT_TILES_VNNI and
+ * QUANT_TILES_GEMM (the entry point's name) before including it. Both give the same integer sums,
+ * hence the same floats bit for bit.
+ *
+ * The core step multiplies unsigned bytes by signed bytes and sums them into int32 lanes:
+ * _mm256_maddubs_epi16 (pairs into int16) then _mm256_madd_epi16, or VPDPBUSD in one. Weight
+ * quants are made unsigned (0..15, 0..31, 0..63) and the activations are |q| <= 127, so a maddubs
+ * pair is at most 2·63·127 = 16002 and never saturates. Q8_0's signed weights use the sign trick
+ * (|w| × a·sign(w)): at most 2·128·127 = 32512. Offsets (Q4_0's 8, Q5_0's 16, Q6_K's 32) and
+ * mins are taken off with the activations' block sums, in integers, as in quant.c.
+ *
+ * Every kernel computes a tile of R weight rows × C activation rows: a weight block is unpacked
+ * once for the C tokens and an activation block loaded once for the R rows; the R·C independent
+ * sums also hide the latency of each one's chain of multiply-adds, which bounds a lone dot product
+ * (prefill was dequantised tiles and sgemm before this, docs/decoder.md). A (row, token) pair's
+ * arithmetic is the same whatever the tile, in the same order, so its result is bit for bit the
+ * one-row dot's (R = C = 1): a row's output does not depend on how many tokens share its step. */
+#ifndef NOPAD_BACKEND_CPU_QUANT_TILES_H
+#define NOPAD_BACKEND_CPU_QUANT_TILES_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "backend/cpu/quant.h"
+
+/* the tile kernels take R and C as constants from their callers: inlined, their loops unroll and
+ * the R·C accumulators live in registers */
+#define KERNEL TARGET static inline __attribute__((always_inline))
+
+enum { QK = CPU_QUANT_QK, QK_K = CPU_QUANT_QK_K };
+enum { R_MAX = QUANT_TILES_ROWS32, C_MAX = 4 }; /* the largest tile any kernel below is called with (C_MAX: one SSE register) */
+
+TARGET static inline float fp16_at(const uint8_t *p) {
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+}
+
+TARGET static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* acc + Σ u·a over 32 bytes as 8 int32 (u unsigned, a signed): VPDPBUSD where the CPU has it,
+ * else pairs summed into int16 (maddubs) then into int32 (madd). */
+TARGET static inline __m256i dot_u8_i8(__m256i acc, __m256i u, __m256i a) {
+#if QUANT_TILES_VNNI
+    return _mm256_dpbusd_epi32(acc, u, a);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* 16 bytes of nibble pairs -> 32 bytes: elements 0..15 (low nibbles) then 16..31 (high). */
+TARGET static inline __m256i unpack_nibbles16(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+/* Q5_0 / Q5_1's 32 fifth bits (qh, little-endian) -> 16 in byte i where bit i is set, else 0
+ * (ggml's bytes_from_bits_32: each byte gets its qh byte, then is compared with its own bit). */
+TARGET static inline __m256i fifth_bits(const uint8_t *qh) {
+    int32_t bits;
+    memcpy(&bits, qh, sizeof bits);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                   0x0101010101010101, 0x0000000000000000));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                          _mm256_set1_epi64x(-1));
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* v[0..C-1] in lanes 0..C-1 (C is 1 or 4), built from scalars: a vector load of floats just
+ * stored one by one would wait for the stores (no store forwarding). */
+KERNEL __m128 lanes(const float v[C_MAX], const int C) {
+    return C == 1 ? _mm_set_ss(v[0]) : _mm_setr_ps(v[0], v[1], v[2], v[3]);
+}
+
+/* ---- blocks of 32: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 --------------------------------------------- */
+
+/* A weight block of 32 unpacked for the tile: u its quants as unsigned bytes (|q| for Q8_0), q
+ * Q8_0's signed quants (their signs), dm its fp16 d and m as floats (lanes 0 and 1). */
+typedef struct block32 {
+    __m256i u, q;
+    __m128 dm;
+} block32;
+
+KERNEL block32 unpack32(uint32_t type, const uint8_t *w) {
+    block32 b;
+    b.q = _mm256_setzero_si256();
+    b.dm = _mm_setzero_ps();
+    switch (type) {
+    case CPU_QUANT_Q8_0:
+        b.q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        b.u = _mm256_abs_epi8(b.q);
+        b.dm = _mm_set_ss(fp16_at(w));
+        break;
+    case CPU_QUANT_Q4_0:
+        b.u = unpack_nibbles16(w + 2);
+        b.dm = _mm_set_ss(fp16_at(w));
+        break;
+    case CPU_QUANT_Q5_0:
+        b.u = _mm256_or_si256(unpack_nibbles16(w + 6), fifth_bits(w + 2));
+        b.dm = _mm_set_ss(fp16_at(w));
+        break;
+    default: { /* Q4_1, Q5_1: d and m in one conversion */
+        int32_t dm16;
+        memcpy(&dm16, w, sizeof dm16);
+        b.dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm16));
+        b.u = type == CPU_QUANT_Q4_1 ? unpack_nibbles16(w + 4)
+                                     : _mm256_or_si256(unpack_nibbles16(w + 8), fifth_bits(w + 4));
+    }
+    }
+    return b;
+}
+
+/* out[r·C + c] = row r · token c, for R rows of nb blocks (w_bytes apart) and C <= 4 rows of
+ * activations (a_bytes apart). Per block: Q8_0 d_w·d_a·Σ |q|·a·sign(q); Q4_0 / Q5_0 d_w·d_a·(Σ
+ * q·a - 8·Σa / 16·Σa), the offset in one lane's sum; Q4_1 / Q5_1 d_w·d_a·Σ q·a, and m·(d_a·Σa)
+ * summed on its own, the tile's tokens in the lanes of one register per row (a lane's sum is the
+ * same whatever C is). */
+KERNEL void tile32(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a_bytes,
+                   int32_t nb, float *out, const int R, const int C) {
+    const size_t bytes = type == CPU_QUANT_Q8_0   ? 34
+                         : type == CPU_QUANT_Q4_0 ? 18
+                         : type == CPU_QUANT_Q4_1 ? 20
+                         : type == CPU_QUANT_Q5_0 ? 22
+                                                  : 24;
+    const int with_min = type == CPU_QUANT_Q4_1 || type == CPU_QUANT_Q5_1;
+    const int32_t offset = type == CPU_QUANT_Q4_0 ? 8 : type == CPU_QUANT_Q5_0 ? 16 : 0;
+    __m256 acc[R_MAX][C_MAX];
+    __m128 sum_m[R_MAX];
+    for (int r = 0; r < R; r++) {
+        sum_m[r] = _mm_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    }
+    for (int32_t i = 0; i < nb; i++) {
+        block32 wb[R_MAX];
+        for (int r = 0; r < R; r++) wb[r] = unpack32(type, w + w_bytes * (size_t)r + bytes * (size_t)i);
+        if (with_min) {
+            float s_a[C_MAX] = {0};
+            for (int c = 0; c < C; c++) {
+                const cpu_q8_block *ab = (const cpu_q8_block *)(a + a_bytes * (size_t)c) + i;
+                s_a[c] = ab->d * (float)ab->sum;
+            }
+            const __m128 s = lanes(s_a, C);
+            for (int r = 0; r < R; r++)
+                sum_m[r] = _mm_fmadd_ps(_mm_shuffle_ps(wb[r].dm, wb[r].dm, 0x55), s, sum_m[r]);
+        }
+        for (int c = 0; c < C; c++) {
+            const cpu_q8_block *ab = (const cpu_q8_block *)(a + a_bytes * (size_t)c) + i;
+            const __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
+            for (int r = 0; r < R; r++) {
+                /* the offset's -o·Σa starts lane 0 */
+                const __m256i start = offset ? _mm256_setr_epi32(-offset * ab->sum, 0, 0, 0, 0, 0, 0, 0)
+                                             : _mm256_setzero_si256();
+                const __m256i dot = type == CPU_QUANT_Q8_0 ? dot_u8_i8(start, wb[r].u, _mm256_sign_epi8(y, wb[r].q))
+                                                           : dot_u8_i8(start, wb[r].u, y);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(wb[r].dm) * ab->d),
+                                            _mm256_cvtepi32_ps(dot), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float m[4];
+        _mm_storeu_ps(m, sum_m[r]);
+        for (int c = 0; c < C; c++) out[r * C + c] = with_min ? hsum_ps(acc[r][c]) + m[c] : hsum_ps(acc[r][c]);
+    }
+}
+
+#if !QUANT_TILES_VNNI /* VPDPBUSD has no part in the k-quants: their sub-block scales need madd */
+/* ---- the k-quants: Q4_K, Q5_K, Q6_K --------------------------------------------------------- */
+
+/* ggml's get_scale_min_k4 (as quant.c). */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+/* Q4_K and Q5_K (layouts in quant.c): per 64 elements one 32-byte load of qs gives sub-blocks
+ * 2k (low nibbles) and 2k+1 (high); Q5_K adds bit 2k / 2k+1 of qh as 16. The scales multiply
+ * the int16 pair sums (madd), the mins go through the block sums. */
+KERNEL void tile45_k(int five_bits, const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a_bytes,
+                     int32_t nb, float *out, const int R, const int C) {
+    const size_t bytes = five_bits ? 176 : 144;
+    const __m256i low4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc[R_MAX][C_MAX];
+    __m128 sum_m[R_MAX]; /* the mins' part: the tile's tokens in the lanes */
+    for (int r = 0; r < R; r++) {
+        sum_m[r] = _mm_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    }
+    for (int32_t i = 0; i < nb; i++) {
+        __m256i sumi[R_MAX][C_MAX];
+        int32_t summ[R_MAX][C_MAX];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                sumi[r][c] = _mm256_setzero_si256();
+                summ[r][c] = 0;
+            }
+        for (int k = 0; k < 4; k++) {
+            __m256i lo[R_MAX], hi[R_MAX], sc0[R_MAX], sc1[R_MAX];
+            int m0[R_MAX], m1[R_MAX];
+            for (int r = 0; r < R; r++) {
+                const uint8_t *wb = w + w_bytes * (size_t)r + bytes * (size_t)i;
+                int s0, s1;
+                scale_min_k4(2 * k, wb + 4, &s0, &m0[r]);
+                scale_min_k4(2 * k + 1, wb + 4, &s1, &m1[r]);
+                sc0[r] = _mm256_set1_epi16((int16_t)s0);
+                sc1[r] = _mm256_set1_epi16((int16_t)s1);
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(wb + (five_bits ? 48 : 16) + 32 * k));
+                lo[r] = _mm256_and_si256(q, low4);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                if (five_bits) {
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(wb + 16));
+                    lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), one), 4));
+                    hi[r] = _mm256_or_si256(hi[r], _mm256_slli_epi16(
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + 1), one), 4));
+                }
+            }
+            for (int c = 0; c < C; c++) {
+                const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
+                const __m256i y0 = _mm256_loadu_si256((const __m256i *)(ab->qs + 64 * k));
+                const __m256i y1 = _mm256_loadu_si256((const __m256i *)(ab->qs + 64 * k + 32));
+                const int32_t b0 = ab->bsums[4 * k] + ab->bsums[4 * k + 1];
+                const int32_t b1 = ab->bsums[4 * k + 2] + ab->bsums[4 * k + 3];
+                for (int r = 0; r < R; r++) {
+                    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], y0), sc0[r]);
+                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], y1), sc1[r]);
+                    sumi[r][c] = _mm256_add_epi32(sumi[r][c], _mm256_add_epi32(p0, p1));
+                    summ[r][c] += m0[r] * b0 + m1[r] * b1;
+                }
+            }
+        }
+        float d_a[C_MAX] = {0};
+        for (int c = 0; c < C; c++) d_a[c] = ((const cpu_q8k_block *)(a + a_bytes * (size_t)c))[i].d;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wb = w + w_bytes * (size_t)r + bytes * (size_t)i;
+            int32_t mins[C_MAX] = {0};
+            for (int c = 0; c < C; c++) {
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(wb) * d_a[c]), _mm256_cvtepi32_ps(sumi[r][c]),
+                                            acc[r][c]);
+                mins[c] = summ[r][c];
+            }
+            /* lane c: dmin·d_a·Σ m·bsum, as the one-token sum computes it */
+            const __m128 dmin_da = _mm_mul_ps(_mm_set1_ps(fp16_at(wb + 2)), lanes(d_a, C));
+            const __m128i m = C == 1 ? _mm_cvtsi32_si128(mins[0]) : _mm_setr_epi32(mins[0], mins[1], mins[2], mins[3]);
+            sum_m[r] = _mm_sub_ps(sum_m[r], _mm_mul_ps(dmin_da, _mm_cvtepi32_ps(m)));
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float m[4];
+        _mm_storeu_ps(m, sum_m[r]);
+        for (int c = 0; c < C; c++) out[r * C + c] = hsum_ps(acc[r][c]) + m[c];
+    }
+}
+
+/* Q6_K (layout in io/gguf_dequant.c): per half of 128, 32-byte loads of ql[0..31], ql[32..63]
+ * and qh[0..31] give four runs of 32 quants (0..63); a run's two groups of 16 sit in the two
+ * 128-bit lanes, so one madd with (scale_lo, scale_hi) per lane applies both scales. The
+ * offset 32 comes off as 32·Σ_g scale_g·bsum_g. */
+KERNEL void tile6_k(const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a_bytes, int32_t nb,
+                    float *out, const int R, const int C) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(3);
+    __m256 acc[R_MAX][C_MAX];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int32_t i = 0; i < nb; i++) {
+        __m256i sumi[R_MAX][C_MAX];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) sumi[r][c] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++)
+            for (int run = 0; run < 4; run++) {
+                __m256i q[R_MAX], scale[R_MAX];
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *wb = w + w_bytes * (size_t)r + 210 * (size_t)i;
+                    const int8_t *sc = (const int8_t *)(wb + 192);
+                    const __m256i l = _mm256_loadu_si256((const __m256i *)(wb + 64 * h + 32 * (run & 1)));
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+                    q[r] = _mm256_or_si256(
+                        _mm256_and_si256(run < 2 ? l : _mm256_srli_epi16(l, 4), low4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * run), low2), 4));
+                    const int g = 8 * h + 2 * run;
+                    scale[r] = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                }
+                for (int c = 0; c < C; c++) {
+                    const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
+                    const __m256i y = _mm256_loadu_si256((const __m256i *)(ab->qs + 128 * h + 32 * run));
+                    for (int r = 0; r < R; r++)
+                        sumi[r][c] = _mm256_add_epi32(sumi[r][c],
+                                                      _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), scale[r]));
+                }
+            }
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wb = w + w_bytes * (size_t)r + 210 * (size_t)i;
+            const int8_t *sc = (const int8_t *)(wb + 192);
+            for (int c = 0; c < C; c++) {
+                const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
+                int32_t offset = 0;
+                for (int g = 0; g < 16; g++) offset += sc[g] * ab->bsums[g];
+                const __m256i s = _mm256_sub_epi32(sumi[r][c], _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(wb + 208) * ab->d), _mm256_cvtepi32_ps(s),
+                                            acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) out[r * C + c] = hsum_ps(acc[r][c]);
+}
+
+#endif
+
+/* ---- the tiles ------------------------------------------------------------------------------ */
+
+KERNEL void tile(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a_bytes, int32_t nb,
+                 float *out, const int R, const int C) {
+    switch (type) {
+#if !QUANT_TILES_VNNI
+    case CPU_QUANT_Q4_K: tile45_k(0, w, w_bytes, a, a_bytes, nb, out, R, C); break;
+    case CPU_QUANT_Q5_K: tile45_k(1, w, w_bytes, a, a_bytes, nb, out, R, C); break;
+    case CPU_QUANT_Q6_K: tile6_k(w, w_bytes, a, a_bytes, nb, out, R, C); break;
+#endif
+    case CPU_QUANT_Q8_0: tile32(CPU_QUANT_Q8_0, w, w_bytes, a, a_bytes, nb, out, R, C); break;
+    case CPU_QUANT_Q4_0: tile32(CPU_QUANT_Q4_0, w, w_bytes, a, a_bytes, nb, out, R, C); break;
+    case CPU_QUANT_Q4_1: tile32(CPU_QUANT_Q4_1, w, w_bytes, a, a_bytes, nb, out, R, C); break;
+    case CPU_QUANT_Q5_0: tile32(CPU_QUANT_Q5_0, w, w_bytes, a, a_bytes, nb, out, R, C); break;
+    default: tile32(CPU_QUANT_Q5_1, w, w_bytes, a, a_bytes, nb, out, R, C);
+    }
+}
+
+/* One function per tile shape, each with every format's kernel inlined. */
+#define TILE_FN(R, C)                                                                              \
+    TARGET static void tile_##R##x##C(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_t *a, \
+                                      size_t a_bytes, int32_t nb, float *out) {                     \
+        tile(type, w, w_bytes, a, a_bytes, nb, out, R, C);                                          \
+    }
+#define TILE_FN_OF(R, C) TILE_FN(R, C) /* R expanded first */
+#define TILE_NAME(R, C) tile_##R##x##C
+#define TILE_OF(R, C) TILE_NAME(R, C)
+TILE_FN(1, 1)
+TILE_FN(1, 4)
+TILE_FN_OF(QUANT_TILES_ROWS32, 1)
+TILE_FN_OF(QUANT_TILES_ROWS32, 4)
+
+void QUANT_TILES_GEMM(uint32_t type, const void *w_, size_t w_bytes, int32_t n_rows, const void *act,
+                      size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy,
+                      int accumulate) {
+    const uint8_t *w = w_, *a = act;
+    /* Tiles of QUANT_TILES_ROWS32 rows × 4 tokens for the blocks of 32, 1 × 4 for the k-quants
+     * (their per-block integer sums take a register per pair besides the float sums): as many
+     * accumulators as the registers hold beside the unpacked weights (docs/decoder.md). */
+    const int tile_r = cpu_quant_block_size(type) == QK ? QUANT_TILES_ROWS32 : 1, tile_c = 4;
+    float out[R_MAX * C_MAX];
+    for (int32_t r0 = 0; r0 < n_rows;) {
+        const int R = n_rows - r0 >= tile_r ? tile_r : 1;
+        for (int32_t t0 = 0; t0 < n_tokens;) {
+            const int C = n_tokens - t0 >= tile_c ? tile_c : 1;
+            const uint8_t *wt = w + w_bytes * (size_t)r0, *at = a + act_bytes * (size_t)t0;
+            if (R > 1) (C == 4 ? TILE_OF(QUANT_TILES_ROWS32, 4) : TILE_OF(QUANT_TILES_ROWS32, 1))(type, wt, w_bytes, at, act_bytes, n_blocks, out);
+            else (C == 4 ? tile_1x4 : tile_1x1)(type, wt, w_bytes, at, act_bytes, n_blocks, out);
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < C; c++) {
+                    float *dst = y + ldy * (size_t)(t0 + c) + (r0 + r);
+                    *dst = accumulate ? *dst + out[r * C + c] : out[r * C + c];
+                }
+            t0 += C;
+        }
+        r0 += R;
+    }
+}
+
+#endif
