@@ -1,8 +1,9 @@
 /* libFuzzer target: grammars from JSON schemas, regexes and choices (src/grammar/), then text
  * through the matcher and masks over a small vocabulary.
  *
- * Input: a mode byte (0 schema, 1 regex, 2 choices split at '\n', 3 any JSON object), the
- * grammar's source up to the first NUL, then the text. Invariants: a refused byte leaves the
+ * Input: a mode byte (0 schema, 1 regex, 2 choices split at '\n', 3 any JSON object, 4 a JSON
+ * sequence: schemas split at 0x1E, between "<", "," and ">", 1 to (mode byte / 5) % 4 values or,
+ * when that is 0, any number), the grammar's source up to the first NUL, then the text. Invariants: a refused byte leaves the
  * state as it was; a restore returns to the saved state; every token a mask allows is accepted
  * by the matcher and every refused one is not; EOS is allowed exactly when accepting. */
 #include <stddef.h>
@@ -52,7 +53,7 @@ static void check_mask(grammar_matcher *m, const grammar_token_trie *trie) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    int mode = data[0] % 4;
+    const int mode = data[0] % 5, max_count = (data[0] / 5) % 4;
     data++;
     size--;
     const uint8_t *nul = memchr(data, 0, size);
@@ -78,8 +79,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         }
         st = grammar_from_choices(choices, lens, n, &g);
-    } else {
+    } else if (mode == 3) {
         st = grammar_any_json_object(&g);
+    } else {
+        const char *schemas[16];
+        size_t lens[16], n = 0, start = 0;
+        for (size_t i = 0; i <= src_len && n < 16; i++) {
+            if (i == src_len || data[i] == 0x1E) {
+                schemas[n] = (const char *)data + start;
+                lens[n++] = i - start;
+                start = i + 1;
+            }
+        }
+        st = grammar_from_json_sequence(schemas, lens, n, "<", ",", ">", 1, max_count ? max_count : -1, &g);
     }
     if (st != NOPAD_OK) {
         if (g) __builtin_trap();

@@ -18,19 +18,12 @@ import time
 
 import pytest
 
-from test_serve import DEC_NAME, GGUF, KEY, Server, pytestmark  # noqa: F401  (the skip condition)
+from serve_fixtures import DEC_NAME, GGUF, KEY, Server, pytestmark, server  # noqa: F401  (the skip condition)
 
 openai = pytest.importorskip("openai")
 
 PROMPT = "Once upon a time"
 CHAT = [{"role": "user", "content": "Name a colour."}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server("--model", GGUF, "--api-key", KEY, "--threads", "2")
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,24 +14,12 @@ import json
 
 import pytest
 
-from test_serve import DEC_NAME, GGUF, KEY, Server, pytestmark  # noqa: F401  (the skip condition)
+from serve_fixtures import DEC_NAME, client, pytestmark, server  # noqa: F401  (the skip condition)
 
 openai = pytest.importorskip("openai")
 
 QUESTION = "What is the capital of France?"
 BRIEF = "Answer briefly."
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server("--model", GGUF, "--api-key", KEY, "--threads", "2")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url() + "/v1", api_key=KEY, max_retries=0)
 
 
 def _chat(client, max_tokens):
@@ -103,7 +91,8 @@ def test_input_forms(client):
 
 
 @pytest.mark.parametrize("extra,param", [
-    (dict(tools=[{"type": "function", "name": "f", "parameters": {}}], tool_choice="required"), "tool_choice"),
+    (dict(tools=[{"type": "function", "name": "f", "parameters": {}}],
+          tool_choice={"type": "function", "name": "g"}), "tool_choice"),
     (dict(tools=[{"type": "web_search"}]), "tools[0]"),
     (dict(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]), "input[0]"),
     (dict(text={"format": {"type": "yaml"}}), "text.format.type"),

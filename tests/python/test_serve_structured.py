@@ -11,7 +11,7 @@ from typing import List, Literal
 
 import pytest
 
-from test_serve import DEC_NAME, GGUF, KEY, Server, pytestmark  # noqa: F401
+from serve_fixtures import DEC_NAME, client, pytestmark, server  # noqa: F401
 
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
@@ -26,18 +26,6 @@ class Planet(pydantic.BaseModel):
 
 
 ASK = [{"role": "user", "content": "Describe a planet as JSON."}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server("--model", GGUF, "--api-key", KEY, "--threads", "2")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url() + "/v1", api_key=KEY, max_retries=0)
 
 
 def _parse(client, **kw):

@@ -4,9 +4,9 @@ turns and assistant turns with calls are checked through the engine: the server'
 equals the in-process engine's on the prompt written out here by hand (the model's own Jinja
 template rendered with the Hermes blocks). A sampled answer that calls a tool comes back as
 tool_calls with JSON arguments, plain and streamed (the client's stream helper assembles the
-same calls); every answer is well-formed either way. tool_choice "required" or a named function
-(constrained decoding, not wired yet) and the deprecated functions are 400s. A chat template nopad
-does not recognise stops the server with an error naming the template's markers.
+same calls); every answer is well-formed either way. The deprecated functions are 400s. A chat
+template nopad does not recognise stops the server with an error naming the template's markers.
+tool_choice "required" and a named function (forced by the grammar): test_serve_tool_choice.py.
 
 The parser itself (Hermes, Llama-3 and Mistral formats, malformed calls, what a stream holds back)
 is tested in tests/test_serve_tools.c. Needs what tests/python/test_serve.py needs; skipped
@@ -19,8 +19,8 @@ import pytest
 
 import nopad
 from conftest import DATA
-from test_serve import (CLI, DEC_NAME, GGUF, KEY, Server, _engine_text,  # noqa: F401
-                        pytestmark)
+from serve_fixtures import CLI, DEC_NAME, GGUF, client, pytestmark, server  # noqa: F401
+from test_serve import _engine_text
 
 openai = pytest.importorskip("openai")
 
@@ -30,18 +30,6 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]}}}
 TOOLS = [WEATHER]
 ASK = [{"role": "user", "content": "What's the weather in Paris? Use the tool."}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server("--model", GGUF, "--api-key", KEY, "--threads", "2")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url() + "/v1", api_key=KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +192,6 @@ def test_parallel_tool_calls_false_keeps_one(client):
 
 
 @pytest.mark.parametrize("extra,param,words", [
-    (dict(tools=TOOLS, tool_choice="required"), "tool_choice", "constrained decoding"),
-    (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
-     "tool_choice", "constrained decoding"),
     (dict(tool_choice="auto"), "tool_choice", "only allowed when 'tools'"),
     (dict(tools=[{"type": "code_interpreter"}]), "tools[0]", "function"),
     (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools[0].function.name", "letters"),

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from test_serve import GGUF, KEY, MINILM, Server, pytestmark  # noqa: F401  (the skip condition)
+from serve_fixtures import GGUF, KEY, MINILM, Server, pytestmark  # noqa: F401  (the skip condition)
 
 
 @pytest.fixture(scope="module")

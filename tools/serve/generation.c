@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "serve.h"
+#include "structured.h"
 #include "tool_calls.h"
 
 struct gen_job {
@@ -53,6 +54,8 @@ struct gen_job {
      * what may be the start of one (tool_calls.h) */
     int tools, max_calls, called;
     chat_tool_format tool_format;
+    int tool_choice_required;  /* "required" or named (tool_choice_name, "" for "required") */
+    char tool_choice_name[72];
     /* /v1/responses: what its object repeats, its message item's id, its events' numbers */
     char *instructions;
     double temperature, top_p;
@@ -530,7 +533,13 @@ static cJSON *response_json(const gen_job *j, int final) {
     cJSON *text = cJSON_AddObjectToObject(r, "text");
     cJSON *format = text ? cJSON_AddObjectToObject(text, "format") : NULL;
     if (format) cJSON_AddStringToObject(format, "type", "text");
-    cJSON_AddStringToObject(r, "tool_choice", j->tools ? "auto" : "none");
+    if (j->tool_choice_name[0]) {
+        cJSON *choice = cJSON_AddObjectToObject(r, "tool_choice");
+        if (choice) cJSON_AddStringToObject(choice, "type", "function");
+        if (choice) cJSON_AddStringToObject(choice, "name", j->tool_choice_name);
+    } else {
+        cJSON_AddStringToObject(r, "tool_choice", j->tool_choice_required ? "required" : j->tools ? "auto" : "none");
+    }
     cJSON_AddItemToObject(r, "tools", cJSON_CreateArray());
     cJSON_AddNumberToObject(r, "top_p", j->top_p);
     cJSON_AddStringToObject(r, "truncation", "disabled");
@@ -1095,6 +1104,9 @@ static gen_job *new_choice(http_req *q, const gen_request *r, gen_job *lead, int
     j->tools = r->kind != GEN_COMPLETION && r->n_tools && !r->tool_choice_none;
     j->tool_format = chat_template_tool_format(&s->tmpl);
     j->max_calls = r->parallel_tool_calls ? 0 : 1;
+    j->tool_choice_required = r->tool_choice_required;
+    if (r->tool_choice_named >= 0)
+        snprintf(j->tool_choice_name, sizeof j->tool_choice_name, "%s", r->tools[r->tool_choice_named].name);
     j->created = (long long)time(NULL);
     j->t0 = q->t0;
     j->prompt_tokens = prompt_tokens;
@@ -1275,6 +1287,13 @@ enum MHD_Result gen_handle(http_req *q, gen_kind kind) {
             api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
                      "The model '%.200s' does not exist: this server generates with '%s'", r.model,
                      s->decoder_name);
+            gen_request_free(&r);
+            return http_reply_error(q, &e);
+        }
+        /* tool_choice required / named: the constraint needs the template's call format (without a
+         * template start() refuses the chat) */
+        if (r.tool_choice_required && s->has_template &&
+            structured_tool_choice(&r, chat_template_tool_format(&s->tmpl), &r.constraint, &e)) {
             gen_request_free(&r);
             return http_reply_error(q, &e);
         }

@@ -223,11 +223,11 @@ static int get_stop(const cJSON *obj, gen_request *r, api_error *e) {
     return 0;
 }
 
-/* A chat message's content: a string, or an array of {"type": "text", "text"} parts, joined. */
-static int get_content(const cJSON *msg, int index, char **out, api_error *e) {
-    char name[64];
-    snprintf(name, sizeof name, "messages[%d].content", index);
-    const cJSON *c = field(msg, "content");
+/* A message's content `c` (named `name` in errors): a string, or an array of text parts {"type",
+ * "text"} joined, each part's type one of part_types (NULL-terminated; the first is the one
+ * errors name): chat's "text", /v1/responses' "input_text", "output_text" and "text". */
+static int get_text_content(const cJSON *c, const char *name, const char *const *part_types, char **out,
+                            api_error *e) {
     if (!c) return api_fail(e, 400, INVALID, "missing_field", name, "'%s' is required", name);
     if (cJSON_IsString(c)) {
         *out = strdup(c->valuestring);
@@ -238,15 +238,16 @@ static int get_content(const cJSON *msg, int index, char **out, api_error *e) {
     for (const cJSON *p = c->child; p; p = p->next) {
         const cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL;
         const cJSON *text = cJSON_IsObject(p) ? field(p, "text") : NULL;
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text))
+        int known = 0;
+        for (const char *const *t = part_types; *t && cJSON_IsString(type) && !known; t++)
+            known = strcmp(type->valuestring, *t) == 0;
+        if (!known || !cJSON_IsString(text))
             return api_fail(e, 400, INVALID, "unsupported_value", name,
-                            "'%s' parts must be {\"type\": \"text\", \"text\": ...} (nopad serve "
-                            "takes text only)",
-                            name);
+                            "'%s' parts must be {\"type\": \"%s\", \"text\": ...} (nopad serve takes "
+                            "text only)", name, part_types[0]);
         len += strlen(text->valuestring);
     }
-    *out = malloc(len + 1);
-    if (!*out) return oom(e);
+    if (!(*out = malloc(len + 1))) return oom(e);
     len = 0;
     for (const cJSON *p = c->child; p; p = p->next) {
         const char *t = field(p, "text")->valuestring;
@@ -256,6 +257,9 @@ static int get_content(const cJSON *msg, int index, char **out, api_error *e) {
     (*out)[len] = '\0';
     return 0;
 }
+
+static const char *const CHAT_PARTS[] = {"text", NULL};
+static const char *const RESPONSES_PARTS[] = {"input_text", "output_text", "text", NULL};
 
 /* An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
  * "arguments": JSON text}}], arguments checked to be JSON (they go into the prompt as such). */
@@ -345,43 +349,12 @@ static int get_messages(const cJSON *obj, gen_request *r, api_error *e) {
             if (!(out->tool_call_id = strdup(call_id->valuestring))) return oom(e);
         }
         char *content = NULL;
+        snprintf(name, sizeof name, "messages[%d].content", i);
         if (out->n_tool_calls && !field(m, "content")) content = strdup(""); /* calls alone */
-        else if (get_content(m, i, &content, e)) return -1;
+        else if (get_text_content(field(m, "content"), name, CHAT_PARTS, &content, e)) return -1;
         if (!content) return oom(e);
         out->content = content;
     }
-    return 0;
-}
-
-/* One /v1/responses input message's content: a string, or parts {"type": "input_text" |
- * "output_text" | "text", "text"} joined. */
-static int get_input_content(const cJSON *c, const char *name, char **out, api_error *e) {
-    if (!c) return api_fail(e, 400, INVALID, "missing_field", name, "'%s' is required", name);
-    if (cJSON_IsString(c)) {
-        *out = strdup(c->valuestring);
-        return *out ? 0 : oom(e);
-    }
-    if (!cJSON_IsArray(c)) return wrong_type(e, name, "a string or an array of text parts", c);
-    size_t len = 0;
-    for (const cJSON *p = c->child; p; p = p->next) {
-        const cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL;
-        const cJSON *text = cJSON_IsObject(p) ? field(p, "text") : NULL;
-        if (!cJSON_IsString(type) || !cJSON_IsString(text) ||
-            (strcmp(type->valuestring, "input_text") && strcmp(type->valuestring, "output_text") &&
-             strcmp(type->valuestring, "text")))
-            return api_fail(e, 400, INVALID, "unsupported_value", name,
-                            "'%s' parts must be {\"type\": \"input_text\", \"text\": ...} (nopad "
-                            "serve takes text only)", name);
-        len += strlen(text->valuestring);
-    }
-    if (!(*out = malloc(len + 1))) return oom(e);
-    len = 0;
-    for (const cJSON *p = c->child; p; p = p->next) {
-        const char *t = field(p, "text")->valuestring;
-        memcpy(*out + len, t, strlen(t));
-        len += strlen(t);
-    }
-    (*out)[len] = '\0';
     return 0;
 }
 
@@ -516,7 +489,7 @@ static int get_responses_input(const cJSON *obj, gen_request *r, api_error *e) {
                             "'%s' must be \"system\", \"developer\", \"user\" or \"assistant\"", name);
         snprintf(name, sizeof name, "input[%d].content", i);
         char *content = NULL;
-        if (get_input_content(field(m, "content"), name, &content, e)) return -1;
+        if (get_text_content(field(m, "content"), name, RESPONSES_PARTS, &content, e)) return -1;
         r->messages[r->n_messages++] = (chat_message){.role = canon, .content = content};
     }
     return 0;
@@ -590,9 +563,10 @@ static int get_tools(const cJSON *obj, int flat, gen_request *r, api_error *e) {
     return 0;
 }
 
-/* tool_choice: "auto" (the default with tools) and "none" are taken; "required" and a named
- * function would need decoding constrained to a call, which is not wired yet: refused, never
- * accepted and ignored. */
+/* tool_choice: "auto" (the default with tools), "none" (the tools are not offered), "required"
+ * (one or more calls, parallel_tool_calls allowing) or a named function (exactly one call of it:
+ * chat's {"type": "function", "function": {"name"}}, /v1/responses' {"type": "function", "name"});
+ * the last two are forced by a constraint built once the model's call format is known. */
 static int get_tool_choice(const cJSON *obj, gen_request *r, api_error *e) {
     const cJSON *c = field(obj, "tool_choice");
     if (!c) return 0;
@@ -606,14 +580,33 @@ static int get_tool_choice(const cJSON *obj, gen_request *r, api_error *e) {
                             "'tool_choice' \"auto\" is only allowed when 'tools' are given");
         return 0;
     }
-    if ((cJSON_IsString(c) && strcmp(c->valuestring, "required") == 0) || cJSON_IsObject(c))
-        return api_fail(e, 400, INVALID, "unsupported_value", "tool_choice",
-                        "'tool_choice' %s needs constrained decoding (the answer forced into a "
-                        "call), which nopad serve does not support yet: use \"auto\" or \"none\"",
-                        cJSON_IsObject(c) ? "naming a function" : "\"required\"");
+    if (cJSON_IsString(c) && strcmp(c->valuestring, "required") == 0) {
+        if (!r->n_tools)
+            return api_fail(e, 400, INVALID, "invalid_value", "tool_choice",
+                            "'tool_choice' \"required\" is only allowed when 'tools' are given");
+        r->tool_choice_required = 1;
+        return 0;
+    }
+    const cJSON *type = cJSON_IsObject(c) ? field(c, "type") : NULL;
+    const cJSON *fn = r->kind == GEN_RESPONSES ? c : cJSON_IsObject(c) ? field(c, "function") : NULL;
+    const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "function") == 0 && cJSON_IsString(name)) {
+        for (int k = 0; k < r->n_tools; k++)
+            if (strcmp(r->tools[k].name, name->valuestring) == 0) {
+                r->tool_choice_required = 1;
+                r->tool_choice_named = k;
+                return 0;
+            }
+        return api_fail(e, 400, INVALID, "invalid_value", "tool_choice",
+                        "'tool_choice' names the function \"%.64s\", which is not among 'tools'",
+                        name->valuestring);
+    }
     return api_fail(e, 400, INVALID, "invalid_value", "tool_choice",
-                    "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
-                    "\"function\", \"function\": {\"name\"}}");
+                    r->kind == GEN_RESPONSES
+                        ? "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                          "\"function\", \"name\"}"
+                        : "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                          "\"function\", \"function\": {\"name\"}}");
 }
 
 static int get_prompt(const cJSON *obj, gen_request *r, api_error *e) {
@@ -835,7 +828,8 @@ static cJSON *parse_object(const char *body, size_t len, api_error *e) {
 int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *r,
                             api_error *e) {
     *r = (gen_request){.kind = kind, .max_tokens = -1, .temperature = 1.0, .top_p = 1.0,
-                       .repetition_penalty = 1.0, .parallel_tool_calls = 1, .n = 1};
+                       .repetition_penalty = 1.0, .parallel_tool_calls = 1, .tool_choice_named = -1,
+                       .n = 1};
     cJSON *root = parse_object(body, len, e);
     int rc = -1;
     if (!root) goto done;

@@ -77,6 +77,9 @@ typedef struct gen_request {
     chat_tool *tools;
     int n_tools;
     int tool_choice_none;
+    int tool_choice_required; /* "required" or a named function: the answer is calls only, forced by
+                                 a constraint (structured_tool_choice) */
+    int tool_choice_named;    /* the named function's index in tools; -1: any of them */
     int parallel_tool_calls;
     nopad_constraint *constraint; /* response_format, guided_* or text.format: what the output must
                                      be (structured.h); NULL: free text */

@@ -3,6 +3,7 @@
  * a nopad_constraint (the engine then masks every step to the documents it allows). */
 #include "structured.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,4 +127,98 @@ int structured_text_format(const cJSON *format, nopad_constraint **out, api_erro
     return api_fail(e, 400, INVALID, "unsupported_value", "text.format.type",
                     "'text.format' type \"%s\" is not supported (\"text\", \"json_object\" or \"json_schema\")",
                     type->valuestring);
+}
+
+/* ---- tool_choice "required" / a named function ---------------------------------------------- */
+
+/* 1 when every $ref in v points into the schema's $defs / definitions, which a tool's call schema
+ * carries at its root (a "#" or "#/properties/..." pointer would mean something else there). */
+static int refs_into_defs(const cJSON *v, const char **bad) {
+    for (const cJSON *c = v ? v->child : NULL; c; c = c->next) {
+        if (c->string && !strcmp(c->string, "$ref") && cJSON_IsString(c) &&
+            strncmp(c->valuestring, "#/$defs/", 8) && strncmp(c->valuestring, "#/definitions/", 14)) {
+            *bad = c->valuestring;
+            return 0;
+        }
+        if ((cJSON_IsObject(c) || cJSON_IsArray(c)) && !refs_into_defs(c, bad)) return 0;
+    }
+    return 1;
+}
+
+/* The schema of one call of a tool: {"name": its name, <args_key>: its parameters}, the
+ * parameters' $defs / definitions moved to the root so that their $ref still resolve. Parameters
+ * absent or {}: no arguments ({}), as OpenAI reads them. NULL when out of memory. */
+static char *call_schema(const char *name, const cJSON *params, const char *args_key) {
+    cJSON *args = params && params->child ? cJSON_Duplicate(params, 1)
+                         : cJSON_Parse("{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}");
+    cJSON *s = cJSON_CreateObject(), *props = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    cJSON *required = cJSON_CreateArray();
+    char *text = NULL;
+    if (args && s && props && fn && required) {
+        cJSON *defs = cJSON_DetachItemFromObjectCaseSensitive(args, "$defs");
+        cJSON *definitions = cJSON_DetachItemFromObjectCaseSensitive(args, "definitions");
+        cJSON_AddStringToObject(s, "type", "object");
+        cJSON_AddStringToObject(fn, "const", name);
+        cJSON_AddItemToObject(props, "name", fn), fn = NULL;
+        cJSON_AddItemToObject(props, args_key, args), args = NULL;
+        cJSON_AddItemToObject(s, "properties", props), props = NULL;
+        cJSON_AddItemToArray(required, cJSON_CreateString("name"));
+        cJSON_AddItemToArray(required, cJSON_CreateString(args_key));
+        cJSON_AddItemToObject(s, "required", required), required = NULL;
+        cJSON_AddFalseToObject(s, "additionalProperties");
+        if (defs) cJSON_AddItemToObject(s, "$defs", defs);
+        if (definitions) cJSON_AddItemToObject(s, "definitions", definitions);
+        text = cJSON_PrintUnformatted(s);
+    }
+    cJSON_Delete(args), cJSON_Delete(s), cJSON_Delete(props), cJSON_Delete(fn), cJSON_Delete(required);
+    return text;
+}
+
+int structured_tool_choice(const gen_request *r, chat_tool_format format, nopad_constraint **out,
+                           api_error *e) {
+    if (*out)
+        return api_fail(e, 400, INVALID, "invalid_value", "tool_choice",
+                        "'tool_choice' %s makes the answer tool calls: it cannot be combined with a "
+                        "structured output (response_format, guided_* or text.format)",
+                        r->tool_choice_named >= 0 ? "naming a function" : "\"required\"");
+    const int first = r->tool_choice_named >= 0 ? r->tool_choice_named : 0;
+    const int n = r->tool_choice_named >= 0 ? 1 : r->n_tools;
+    char **schemas = calloc((size_t)n, sizeof *schemas);
+    if (!schemas) return api_fail(e, 500, "server_error", NULL, "tools", "out of memory");
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const int k = first + i;
+        char param[64];
+        snprintf(param, sizeof param, r->kind == GEN_RESPONSES ? "tools[%d].parameters" : "tools[%d].function.parameters", k);
+        cJSON *def = cJSON_Parse(r->tools[k].json); /* {"type", "function": {"name", "description", "parameters"}} */
+        const cJSON *params = field(field(def, "function"), "parameters");
+        const char *bad_ref = NULL;
+        nopad_constraint *alone = NULL;
+        if (!def) {
+            rc = api_fail(e, 500, "server_error", NULL, "tools", "out of memory");
+        } else if (params && !refs_into_defs(params, &bad_ref)) {
+            rc = api_fail(e, 400, INVALID, "unsupported_value", param,
+                          "'%s': a $ref to \"%.100s\" is not supported with tool_choice: only refs into the "
+                          "parameters' $defs or definitions", param, bad_ref);
+        } else if (params && from_schema(params, param, &alone, e)) {
+            rc = -1; /* compiled alone first: the error names the keyword by its path in them */
+        } else if (!(schemas[i] = call_schema(r->tools[k].name, params, format == TOOLS_LLAMA3 ? "parameters" : "arguments"))) {
+            rc = api_fail(e, 500, "server_error", NULL, "tools", "out of memory");
+        }
+        nopad_constraint_free(alone);
+        cJSON_Delete(def);
+    }
+    if (!rc) {
+        /* the families' own call syntax (tool_calls.h), one call or, with parallel calls under
+         * "required", any number */
+        const int32_t max = r->tool_choice_named < 0 && r->parallel_tool_calls ? -1 : 1;
+        const char *open = format == TOOLS_HERMES ? "<tool_call>\n" : format == TOOLS_MISTRAL ? "[" : "";
+        const char *sep = format == TOOLS_HERMES ? "\n</tool_call>\n<tool_call>\n" : format == TOOLS_MISTRAL ? ", " : ";";
+        const char *close = format == TOOLS_HERMES ? "\n</tool_call>" : format == TOOLS_MISTRAL ? "]" : "";
+        const nopad_status st = nopad_constraint_json_sequence((const char *const *)schemas, n, open, sep, close, 1, max, out);
+        if (st != NOPAD_OK) rc = refused(e, st, "tools");
+    }
+    for (int i = 0; i < n; i++) cJSON_free(schemas[i]);
+    free(schemas);
+    return rc;
 }
