@@ -28,44 +28,12 @@
 #   - bad flags and files: exit 2 (command line) or 1 (error) with a message naming the problem.
 set -euo pipefail
 
-: "${NOPAD_CLI:?NOPAD_CLI must name the nopad binary}"
-: "${NOPAD_TEST_DATA:?NOPAD_TEST_DATA must name tests/data}"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-D="$NOPAD_TEST_DATA/train"
-
-failures=0
-fail() {
-    echo "FAIL: $*" >&2
-    failures=$((failures + 1))
-}
+source "$(dirname "$0")/train_lib.sh"
 
 # The MLM checkpoint with its tokenizer, and a bare BertModel made from it.
-mkdir "$TMP/mlm" "$TMP/bare"
+mkdir "$TMP/mlm"
 cp "$D/bert_mlm/config.json" "$D/bert_mlm/model.safetensors" "$D/vocab.txt" "$TMP/mlm/"
-cp "$D/vocab.txt" "$TMP/bare/"
-python3 - "$D/bert_mlm" "$TMP/bare" <<'PY'
-import json, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-blob = open(src + "/model.safetensors", "rb").read()
-n = struct.unpack("<Q", blob[:8])[0]
-header = json.loads(blob[8:8 + n])
-data = blob[8 + n:]
-out, parts, offset = {}, [], 0
-for name, t in header.items():
-    if name == "__metadata__" or not name.startswith("bert."):
-        continue  # cls.predictions.* dropped
-    a, b = t["data_offsets"]
-    out[name[len("bert."):]] = dict(t, data_offsets=[offset, offset + b - a])
-    parts.append(data[a:b])
-    offset += b - a
-h = json.dumps(out).encode()
-h += b" " * (-len(h) % 8)
-open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(parts))
-cfg = json.load(open(src + "/config.json"))
-cfg["architectures"] = ["BertModel"]
-json.dump(cfg, open(dst + "/config.json", "w"))
-PY
+bare_model "$TMP/bare"
 
 "$NOPAD_CLI" train --help >"$TMP/help" && grep -q -- '--num-labels' "$TMP/help" && grep -q -- '--stream-buffer' "$TMP/help" &&
     grep -q -- '--attention-dropout P' "$TMP/help" ||
@@ -682,8 +650,4 @@ cp "$D/cls_train.jsonl" "$TMP/data_copy.jsonl"
 expect_fail 2 "is the --data file" "${C[@]}" --data "$TMP/data_copy.jsonl" --log "$TMP/data_copy.jsonl"
 cmp -s "$TMP/data_copy.jsonl" "$D/cls_train.jsonl" || fail "--log naming --data changed the data"
 
-if [ "$failures" -ne 0 ]; then
-    echo "$failures failure(s)" >&2
-    exit 1
-fi
-echo "cli_train: all passed"
+finish cli_train

@@ -11,49 +11,21 @@
 #     batches), printed once, OUTPUT/best written;
 #   - a checkpoint written by 2 processes at step 10 (--stop-after), resumed by one process with
 #     the global budgets: steps 11-32 within 1e-5 of the one-process run that did not stop;
-#   - refusals: --nproc 3 in a world of 2, --stream, --log-batches, and a resume at another
-#     global budget, each exit 1 naming the problem.
+#   - --log-batches: each global batch logged once, the batch one process logs (ids, types,
+#     labels), with the rank that computed each sequence;
+#   - --pack-lines (masked LM, dropout 0.1, logged with --log-batches): the batches one process
+#     cuts and packs, the losses within 1e-5;
+#   - refusals: --nproc 3 in a world of 2, --stream, and a resume at another global budget, each
+#     exit 1 naming the problem.
 # Skipped without mpirun.
 set -uo pipefail
 source "$(dirname "$0")/mpi_lib.sh"
+source "$(dirname "$0")/train_lib.sh"
 # Open MPI keeps allocations until exit in components it unloads (tests/CMakeLists.txt, the MPI
 # tests): no leaks of ours; the sanitizer's other checks stay on
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 export OMP_NUM_THREADS=1
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-D="$NOPAD_TEST_DATA/train"
-failures=0
-fail() {
-    echo "FAIL: $*" >&2
-    failures=$((failures + 1))
-}
-
-# A bare BertModel from the MLM checkpoint (its head dropped, "bert." stripped).
-mkdir "$TMP/bare"
-cp "$D/vocab.txt" "$TMP/bare/"
-python3 - "$D/bert_mlm" "$TMP/bare" <<'PY'
-import json, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-blob = open(src + "/model.safetensors", "rb").read()
-n = struct.unpack("<Q", blob[:8])[0]
-header = json.loads(blob[8:8 + n])
-data = blob[8 + n:]
-out, parts, offset = {}, [], 0
-for name, t in header.items():
-    if name == "__metadata__" or not name.startswith("bert."):
-        continue
-    a, b = t["data_offsets"]
-    out[name[len("bert."):]] = dict(t, data_offsets=[offset, offset + b - a])
-    parts.append(data[a:b])
-    offset += b - a
-h = json.dumps(out).encode()
-h += b" " * ((8 - len(h) % 8) % 8)
-open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(parts))
-cfg = json.load(open(src + "/config.json"))
-cfg["architectures"] = ["BertModel"]
-json.dump(cfg, open(dst + "/config.json", "w"))
-PY
+bare_model "$TMP/bare"
 
 RUN=(train --model "$TMP/bare" --task classify --num-labels 2 --data "$D/cls_train.jsonl"
      --eval "$D/cls_eval.jsonl" --epochs 8 --lr 3e-3 --threads 1)
@@ -145,6 +117,64 @@ else
     grep -q "batch_tokens 64, but the checkpoint's is 128" "$TMP/err" || fail "budget: $(cat "$TMP/err")"
 fi
 
+# same_batches A B: every step of B's log (--nproc 2 --log-batches) holds the batch of A's (one
+# process): the same sequences, ids, types, masked positions and labels, each sequence's rank
+# (sequence_ranks) 0 or 1, and both ranks computing some; losses within 1e-5 relative
+same_batches() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+def steps(path):
+    return {j["step"]: j for j in map(json.loads, open(path)) if "loss" in j}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+assert sorted(a) == sorted(b) and a, "steps %s against %s" % (sorted(b), sorted(a))
+fields = [k for k in ("cu_seqlens", "input_ids", "token_type_ids", "mlm_positions", "mlm_labels", "labels")
+          if k in a[1]]
+assert "cu_seqlens" in fields and "input_ids" in fields, fields
+ranks = set()
+for k in a:
+    for f in fields:
+        assert a[k][f] == b[k][f], "step %d: %s differs" % (k, f)
+    assert "sequence_ranks" not in a[k]
+    r = b[k]["sequence_ranks"]
+    assert len(r) == len(b[k]["cu_seqlens"]) - 1 and set(r) <= {0, 1}, "step %d: sequence_ranks %s" % (k, r)
+    ranks |= set(r)
+    assert abs(b[k]["loss"] - a[k]["loss"]) <= 1e-5 * a[k]["loss"], "step %d: loss" % k
+assert ranks == {0, 1}, ranks
+print("%d steps: the same batches (%s), both ranks computing" % (len(a), ", ".join(fields)))
+PY
+}
+
+# --log-batches: the global batch logged once, as one process logs it, with each sequence's rank
+"$NOPAD_CLI" "${RUN[@]}" "${ONE[@]}" --epochs 1 --output "$TMP/one_lb" --log "$TMP/one_lb.log" --log-batches \
+    --quiet >/dev/null 2>"$TMP/err" || fail "one process --log-batches: $(cat "$TMP/err")"
+if timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" --epochs 1 --nproc 2 --output "$TMP/two_lb" \
+    --log "$TMP/two_lb.log" --log-batches --quiet >/dev/null 2>"$TMP/err"; then
+    same_batches "$TMP/one_lb.log" "$TMP/two_lb.log" || fail "--nproc 2 --log-batches against one process"
+else
+    fail "--nproc 2 --log-batches: $(cat "$TMP/err")"
+fi
+
+# --pack-lines (masked LM on the lines of cls_train.jsonl): the pieces one process cuts from the
+# whole file, a piece crossing from one process's share into the other's; logged with
+# --log-batches, the batches are one process's
+python3 -c "
+import json
+with open('$TMP/lines.txt', 'w') as f:
+    for line in open('$D/cls_train.jsonl'):
+        f.write(json.loads(line)['text'] + '\n')"
+mkdir "$TMP/mlm"
+cp "$D/bert_mlm/config.json" "$D/bert_mlm/model.safetensors" "$D/vocab.txt" "$TMP/mlm/"
+MLM=(train --model "$TMP/mlm" --task mlm --data "$TMP/lines.txt" --pack-lines --epochs 2 --lr 1e-3
+     --threads 1 --dropout 0.1 --log-batches)
+"$NOPAD_CLI" "${MLM[@]}" --batch-tokens 128 --batch-seqs 16 --output "$TMP/one_pk" --log "$TMP/one_pk.log" \
+    --quiet >/dev/null 2>"$TMP/err" || fail "one process --pack-lines: $(cat "$TMP/err")"
+if timeout 120 "$NOPAD_CLI" "${MLM[@]}" --batch-tokens 64 --batch-seqs 8 --nproc 2 --output "$TMP/two_pk" \
+    --log "$TMP/two_pk.log" --quiet >/dev/null 2>"$TMP/err"; then
+    same_batches "$TMP/one_pk.log" "$TMP/two_pk.log" || fail "--nproc 2 --pack-lines against one process"
+else
+    fail "--nproc 2 --pack-lines: $(cat "$TMP/err")"
+fi
+
 # refusals
 expect_error() { # WHAT PATTERN COMMAND...
     local what="$1" pattern="$2"
@@ -159,12 +189,6 @@ expect_error "--nproc 3 in a world of 2" "--nproc 3 needs a world of 3 processes
     "${MPI[@]}" -np 2 "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 3
 expect_error "--nproc 2 --stream" "streaming is for one process" \
     "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 2 --stream
-expect_error "--nproc 2 --log-batches" "log_batches logs one process's batches" \
-    "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 2 --log "$TMP/x.log" --log-batches
 expect_error "--nproc 0" "--nproc" "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 0
 
-if [ "$failures" -ne 0 ]; then
-    echo "cli_train_dp: $failures failure(s)"
-    exit 1
-fi
-echo "cli_train_dp: all passed"
+finish cli_train_dp

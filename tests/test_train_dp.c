@@ -156,7 +156,8 @@ static void test_balance_edges(void **state) {
 
 /* Each rank's share of a corpus, its indices shifted by the examples of the ranks before it, is
  * the corpus read whole cut in order: the same ids, token types, lines and masking (keyed by the
- * corpus's example number), for 1 to 5 ranks, lines of text and JSONL pairs. */
+ * corpus's example number), for 1 to 5 ranks; and packed lines cut share by share are the whole
+ * file's pieces. */
 static void test_shards_are_the_file(void **state) {
     (void)state;
     nopad_tokenizer *tok = test_word_tokenizer(N_WORDS);
@@ -205,10 +206,41 @@ static void test_shards_are_the_file(void **state) {
         }
         assert_int_equal(e, whole.n_examples);
     }
-    /* packed lines are cut across the whole file: refused */
+    train_dataset_free(&whole);
+    /* packed lines: each share cut from the first multiple of 32 among its tokens, its last piece
+     * running on into the next shares' first tokens (what train_dp_init gathers), gives the
+     * pieces of the whole file, also at 64 ranks, whose shares (about 20 tokens) are shorter than
+     * a piece */
     p.pack = 1;
-    train_dataset part;
-    assert_int_equal(train_dataset_load_shard(path, tok, &p, 0, 2, &part), NOPAD_ERR_UNSUPPORTED);
+    assert_nopad_ok(train_dataset_load(path, tok, &p, &whole));
+    const int32_t rank_counts[] = {1, 2, 3, 5, 64};
+    for (size_t rc = 0; rc < sizeof rank_counts / sizeof rank_counts[0]; rc++) {
+        const int32_t ranks = rank_counts[rc];
+        train_dataset parts[64];
+        for (int32_t r = 0; r < ranks; r++) assert_nopad_ok(train_dataset_load_shard(path, tok, &p, r, ranks, &parts[r]));
+        int64_t before = 0;
+        int32_t e = 0;
+        for (int32_t r = 0; r < ranks; r++) {
+            int32_t tail[31];
+            int64_t n_tail = 0;
+            for (int32_t k = r + 1; k < ranks && n_tail < 31; k++)
+                for (int64_t t = 0; t < parts[k].n_tokens && n_tail < 31; t++) tail[n_tail++] = parts[k].ids[t];
+            const int64_t own = parts[r].n_tokens;
+            assert_nopad_ok(train_dataset_pack(&parts[r], (32 - before % 32) % 32, tail, n_tail));
+            before += own;
+            for (int32_t j = 0; j < parts[r].n_examples; j++, e++) {
+                assert_true(e < whole.n_examples);
+                const int64_t n = parts[r].offsets[j + 1] - parts[r].offsets[j];
+                assert_int_equal(n, whole.offsets[e + 1] - whole.offsets[e]);
+                assert_memory_equal(parts[r].ids + parts[r].offsets[j], whole.ids + whole.offsets[e],
+                                    (size_t)n * sizeof(int32_t));
+                assert_int_equal(parts[r].line[j], whole.line[e]);
+                assert_int_equal(parts[r].index[j] + (e - j), whole.index[e]);
+            }
+        }
+        assert_int_equal(e, whole.n_examples);
+        for (int32_t r = 0; r < ranks; r++) train_dataset_free(&parts[r]);
+    }
     train_dataset_free(&whole);
     nopad_tokenizer_free(tok);
 }

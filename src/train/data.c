@@ -375,21 +375,32 @@ size_t train_dataset_bytes(const train_dataset *d) {
  * keeps the remainder only when it fills a block; here it is a shorter last example). A piece is
  * keyed by its place (index = its number), so its masking is its own; a piece with no token that
  * can be masked (only specials) is dropped and counted in n_skipped. */
-static nopad_status pack_examples(train_dataset *d) {
-    const int64_t L = d->params.max_length, n_tokens = d->n_tokens;
+nopad_status train_dataset_pack(train_dataset *d, int64_t first_cut, const int32_t *tail, int64_t n_tail) {
+    const int64_t L = d->params.max_length, n_own = d->n_tokens, n_all = n_own + n_tail;
+    if (first_cut < 0 || n_tail < 0 || (n_tail > 0 && !tail))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_pack: first cut %lld, tail of %lld",
+                               (long long)first_cut, (long long)n_tail);
+    if (n_all > d->cap_tokens) { /* the tail goes after the dataset's own tokens */
+        int32_t *ids = realloc(d->ids, (size_t)n_all * sizeof *ids);
+        if (!ids) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
+        d->ids = ids;
+        d->cap_tokens = n_all;
+    }
+    if (n_tail > 0) memcpy(d->ids + n_own, tail, (size_t)n_tail * sizeof *tail);
     const int64_t *old_off = d->offsets;
     const int64_t *old_line = d->line;
     const int32_t n_old = d->n_examples;
-    int64_t *off = malloc((size_t)(n_tokens / L + 2) * sizeof *off);
-    int64_t *line = malloc((size_t)(n_tokens / L + 1) * sizeof *line);
+    const int64_t max_pieces = n_own > first_cut ? (n_own - first_cut + L - 1) / L : 0;
+    int64_t *off = malloc((size_t)(max_pieces + 1) * sizeof *off);
+    int64_t *line = malloc((size_t)(max_pieces + 1) * sizeof *line);
     if (!off || !line) {
         free(off), free(line);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "training data: out of memory");
     }
     int32_t n = 0, e = 0; /* e: the old example holding the piece's first token */
     int64_t kept = 0;     /* tokens of the kept pieces, written to ids from the start */
-    for (int64_t at = 0; at < n_tokens; at += L) {
-        const int64_t end = at + L < n_tokens ? at + L : n_tokens;
+    for (int64_t at = first_cut; at < n_own; at += L) {
+        const int64_t end = at + L < n_all ? at + L : n_all;
         while (e + 1 < n_old && old_off[e + 1] <= at) e++;
         int maskable = 0;
         for (int64_t i = at; i < end && !maskable; i++) maskable = !d->special[d->ids[i]];
@@ -437,7 +448,7 @@ nopad_status train_dataset_parse(const char *text, size_t len, const char *path,
     if (st != NOPAD_OK) return st;
     st = train_dataset_add_lines(out, tok, text, len, len, path, 1, 0);
     if (st == NOPAD_OK && params->pack && params->task == TRAIN_TASK_MLM && out->n_examples > 0)
-        st = pack_examples(out);
+        st = train_dataset_pack(out, 0, NULL, 0);
     if (st == NOPAD_OK && out->n_examples == 0)
         st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no training example (%d lines skipped: blank, or "
                              "nothing to mask)", path, out->n_skipped);

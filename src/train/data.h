@@ -99,6 +99,14 @@ nopad_status train_dataset_add_lines(train_dataset *d, const nopad_tokenizer *to
                                      size_t len, size_t owned, const char *path,
                                      int64_t first_line, int64_t first_index);
 void train_dataset_clear(train_dataset *d);
+/* params.pack (masked LM): the dataset's examples, lying one after another in ids, cut anew into
+ * pieces of max_length tokens (train_dataset_parse does it to the whole file). A piece starts at
+ * first_cut and every max_length tokens after it while it starts inside the dataset's own tokens;
+ * the last ones run on into tail[n_tail], the tokens that follow the dataset's in the file (a
+ * data-parallel rank's share: the next ranks' first tokens; tokens before first_cut end the
+ * previous rank's last piece). Pieces are numbered from 0 (index), and one with no token that can
+ * be masked is dropped (n_skipped). */
+nopad_status train_dataset_pack(train_dataset *d, int64_t first_cut, const int32_t *tail, int64_t n_tail);
 /* The bytes the dataset has allocated. */
 size_t train_dataset_bytes(const train_dataset *d);
 

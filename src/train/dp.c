@@ -123,10 +123,6 @@ nopad_status train_dataset_load_shard(const char *path, const nopad_tokenizer *t
     if (!path || !tok || !params || ranks < 1 || rank < 0 || rank >= ranks)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dataset_load_shard: bad argument "
                                "(rank %d of %d)", rank, ranks);
-    if (params->pack)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "training data: packed lines are cut across "
-                               "the file, not in each rank's share: data-parallel training takes "
-                               "each line as an example (no --pack-lines)");
     char *text = NULL;
     size_t len = 0;
     TRY(read_file(path, 0, &text, &len));
@@ -137,6 +133,37 @@ nopad_status train_dataset_load_shard(const char *path, const nopad_tokenizer *t
     if (st == NOPAD_OK) st = train_dataset_add_lines(out, tok, text + lo, len - lo, hi - lo, path, line, 0);
     free(text);
     if (st != NOPAD_OK) train_dataset_free(out);
+    return st;
+}
+
+/* params.pack on this rank's share, collective: the pieces one process cuts from the whole file.
+ * A rank's tokens follow the earlier ranks' in the file, so its pieces start where the multiples
+ * of max_length fall among its tokens (those before the first end the previous rank's last piece),
+ * and its last piece runs on into the next ranks' first tokens: every rank gathers every rank's
+ * token count and first max_length - 1 tokens. */
+static nopad_status pack_share(nopad_comm *comm, train_dataset *d) {
+    const int32_t P = comm_size(comm), me = comm_rank(comm);
+    const int64_t L = d->params.max_length, H = L - 1; /* a piece's tokens after its first */
+    int64_t *counts = calloc((size_t)P, sizeof *counts);
+    int32_t *heads = calloc((size_t)P * (size_t)H + 1, sizeof *heads), *tail = malloc((size_t)H * sizeof *tail + 1);
+    if (!counts || !heads || !tail) {
+        free(counts), free(heads), free(tail);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "packing the training lines: out of memory");
+    }
+    int32_t *mine = heads + (size_t)me * H;
+    const int64_t own = d->n_tokens;
+    memcpy(mine, d->ids, (size_t)(own < H ? own : H) * sizeof *mine);
+    nopad_status st = comm_all_gather(comm, NULL, counts, &own, sizeof own, COMM_BYTE);
+    if (st == NOPAD_OK) st = comm_all_gather(comm, NULL, heads, mine, (size_t)H, COMM_I32);
+    int64_t before = 0, n_tail = 0;
+    for (int32_t r = 0; r < me; r++) before += counts[r];
+    for (int32_t r = me + 1; r < P && n_tail < H; r++) {
+        const int64_t take = counts[r] < H - n_tail ? counts[r] : H - n_tail;
+        memcpy(tail + n_tail, heads + (size_t)r * H, (size_t)take * sizeof *tail);
+        n_tail += take;
+    }
+    if (st == NOPAD_OK) st = train_dataset_pack(d, (L - before % L) % L, tail, n_tail);
+    free(counts), free(heads), free(tail);
     return st;
 }
 
@@ -219,6 +246,9 @@ void train_dp_free(train_dp *dp) {
     free(dp->cu_seqlens), free(dp->tokens), free(dp->types);
     free(dp->mlm_positions), free(dp->mlm_labels), free(dp->labels), free(dp->targets);
     free(dp->examples), free(dp->loss_sums);
+    free(dp->gathered_records), free(dp->gathered_ranks), free(dp->g_cu_seqlens), free(dp->g_tokens);
+    free(dp->g_types), free(dp->g_mlm_positions), free(dp->g_mlm_labels), free(dp->g_labels);
+    free(dp->g_targets), free(dp->g_examples);
     memset(dp, 0, sizeof *dp);
 }
 
@@ -238,6 +268,10 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     dp->seed = seed;
     const int32_t P = dp->size;
     nopad_status st = comm_attach(comm, m->be);
+    if (local->params.pack && local->params.task == TRAIN_TASK_MLM) { /* the whole file's pieces */
+        const nopad_status packed = train_dp_agree(comm, pack_share(comm, local), "packing the training lines");
+        if (st == NOPAD_OK) st = packed;
+    }
     /* every rank's example count, then every example's length */
     int32_t *counts = calloc((size_t)P, sizeof *counts);
     dp->first = calloc((size_t)P + 1, sizeof *dp->first);
@@ -466,6 +500,7 @@ static nopad_status take(train_dp *dp, train_dp_staged *g) {
     g->valid = 0;
     if (st != NOPAD_OK) return st;
     const int32_t P = dp->size, B = g->n_batch, me = dp->rank;
+    dp->now = g;
     dp->n_batch = B;
     dp->batch_tokens = g->batch_tokens;
     dp->cursor = g->cursor;
@@ -503,6 +538,101 @@ nopad_status train_dp_next(train_dp *dp, int *got) {
     return stage(dp, &dp->staged[dp->next]);
 }
 
+/* A record's fields appended to batch b's arrays (cu_seqlens[B + 1], tokens and types at T,
+ * masked rows at M, label or target and example at B); moves B, T and M on. */
+static void append_record(const train_dp *dp, const int32_t *rec, train_batch *b, int32_t *cu_seqlens,
+                          int32_t *tokens, int32_t *types, int32_t *mlm_positions, int32_t *mlm_labels,
+                          int32_t *labels, float *targets, int64_t *examples) {
+    const int mlm = dp->model->task == TRAIN_TASK_MLM;
+    const int32_t len = rec[0], B = b->n_seqs, T = cu_seqlens[B], M = b->n_masked;
+    memcpy(tokens + T, rec + RECORD_HEAD, (size_t)len * sizeof(int32_t));
+    for (int32_t i = 0; i < len; i++) types[T + i] = i < rec[1] ? 0 : 1;
+    memcpy(&examples[B], &rec[4], sizeof(int64_t));
+    if (mlm) {
+        for (int32_t i = 0; i < rec[2]; i++) {
+            mlm_positions[M + i] = T + rec[RECORD_HEAD + len + i];
+            mlm_labels[M + i] = rec[RECORD_HEAD + 2 * len + i];
+        }
+        b->n_masked = M + rec[2];
+    } else if (dp->model->num_labels == 1) {
+        memcpy(&targets[B], &rec[3], sizeof(float));
+    } else {
+        labels[B] = rec[3];
+    }
+    cu_seqlens[B + 1] = T + len;
+    b->n_seqs = B + 1;
+}
+
+nopad_status train_dp_gather_batch(train_dp *dp, int32_t root, const train_batch **batch, const int32_t **ranks) {
+    *batch = NULL;
+    *ranks = NULL;
+    const train_dp_staged *g = dp->now;
+    if (!g || dp->n_batch == 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dp_gather_batch: no step taken");
+    const int32_t P = dp->size, B = g->n_batch, me = dp->rank;
+    const size_t words = (size_t)(RECORD_HEAD * (int64_t)dp->global_seqs + 3 * (int64_t)dp->global_tokens);
+    const size_t S = (size_t)dp->global_seqs, T = (size_t)dp->global_tokens;
+    if (!dp->gathered_records) {
+        dp->gathered_records = malloc(words * sizeof(int32_t));
+        dp->gathered_ranks = malloc(S * sizeof(int32_t));
+        dp->g_cu_seqlens = malloc((S + 1) * sizeof(int32_t));
+        dp->g_tokens = malloc(T * sizeof(int32_t));
+        dp->g_types = malloc(T * sizeof(int32_t));
+        dp->g_mlm_positions = malloc(T * sizeof(int32_t));
+        dp->g_mlm_labels = malloc(T * sizeof(int32_t));
+        dp->g_labels = malloc(S * sizeof(int32_t));
+        dp->g_targets = malloc(S * sizeof(float));
+        dp->g_examples = malloc(S * sizeof(int64_t));
+    }
+    size_t *counts = calloc(4 * (size_t)P, sizeof *counts);
+    if (!counts || !dp->gathered_records || !dp->gathered_ranks || !dp->g_cu_seqlens || !dp->g_tokens ||
+        !dp->g_types || !dp->g_mlm_positions || !dp->g_mlm_labels || !dp->g_labels || !dp->g_targets ||
+        !dp->g_examples) {
+        free(counts);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "gathering the global batch: out of memory");
+    }
+    /* every rank's records go to the root: their sizes follow from the plan */
+    size_t *scount = counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
+    for (int32_t i = 0; i < B; i++) {
+        const size_t size = (size_t)record_size(dp, g->blen[i]);
+        if (g->dest[i] == me) scount[root] += size;
+        if (me == root) rcount[g->dest[i]] += size;
+    }
+    for (int32_t r = 1; r < P; r++) roff[r] = roff[r - 1] + rcount[r - 1];
+    nopad_status st = comm_all_to_allv(dp->comm, NULL, dp->gathered_records, rcount, roff, dp->records, scount,
+                                       soff, COMM_I32);
+    if (st != NOPAD_OK || me != root) {
+        free(counts);
+        return st;
+    }
+    /* the loader's order: sequence i is the next record of the rank that computed it */
+    train_batch *b = &dp->gathered;
+    *b = (train_batch){.cu_seqlens = dp->g_cu_seqlens, .tokens = dp->g_tokens, .types = dp->g_types,
+                       .examples = dp->g_examples};
+    dp->g_cu_seqlens[0] = 0;
+    memset(rcount, 0, (size_t)P * sizeof *rcount); /* now: what was read of each rank's part */
+    for (int32_t i = 0; i < B; i++) {
+        const int32_t r = g->dest[i];
+        const int32_t *rec = dp->gathered_records + roff[r] + rcount[r];
+        rcount[r] += (size_t)record_size(dp, rec[0]);
+        dp->gathered_ranks[i] = r;
+        append_record(dp, rec, b, dp->g_cu_seqlens, dp->g_tokens, dp->g_types, dp->g_mlm_positions,
+                      dp->g_mlm_labels, dp->g_labels, dp->g_targets, dp->g_examples);
+    }
+    if (dp->model->task == TRAIN_TASK_MLM) {
+        b->mlm_positions = dp->g_mlm_positions;
+        b->mlm_labels = dp->g_mlm_labels;
+    } else if (dp->model->num_labels == 1) {
+        b->targets = dp->g_targets;
+    } else {
+        b->labels = dp->g_labels;
+    }
+    free(counts);
+    *batch = b;
+    *ranks = dp->gathered_ranks;
+    return NOPAD_OK;
+}
+
 /* A bucket's gradients summed across the ranks, started as soon as the backward has finished
  * them: on CUDA it runs on NCCL's second stream while the backward goes on with the layers below
  * (comm_all_reduce_async); train_dp_forward_backward joins them before anything reads them. */
@@ -518,42 +648,25 @@ static nopad_status reduce_bucket(void *user, int32_t bucket) {
 
 /* The records from `*next` that fit one forward, as a batch; *next moves past them. */
 static void micro_batch(train_dp *dp, int32_t *next, int64_t *at) {
-    const int mlm = dp->model->task == TRAIN_TASK_MLM;
-    const int regression = !mlm && dp->model->num_labels == 1;
-    int32_t B = 0, T = 0, M = 0;
+    train_batch *b = &dp->micro;
+    *b = (train_batch){.cu_seqlens = dp->cu_seqlens, .tokens = dp->tokens, .types = dp->types,
+                       .examples = dp->examples};
     dp->cu_seqlens[0] = 0;
-    while (*next < dp->n_mine && B < dp->local_seqs) {
+    while (*next < dp->n_mine && b->n_seqs < dp->local_seqs) {
         const int32_t *rec = dp->records + *at;
-        const int32_t len = rec[0];
-        if (T + len > dp->local_tokens) break;
-        memcpy(dp->tokens + T, rec + RECORD_HEAD, (size_t)len * sizeof(int32_t));
-        for (int32_t i = 0; i < len; i++) dp->types[T + i] = i < rec[1] ? 0 : 1;
-        memcpy(&dp->examples[B], &rec[4], sizeof(int64_t));
-        if (mlm) {
-            for (int32_t i = 0; i < rec[2]; i++) {
-                dp->mlm_positions[M + i] = T + rec[RECORD_HEAD + len + i];
-                dp->mlm_labels[M + i] = rec[RECORD_HEAD + 2 * len + i];
-            }
-            M += rec[2];
-        } else if (regression) {
-            memcpy(&dp->targets[B], &rec[3], sizeof(float));
-        } else {
-            dp->labels[B] = rec[3];
-        }
-        T += len;
-        dp->cu_seqlens[++B] = T;
-        *at += record_size(dp, len);
+        if (dp->cu_seqlens[b->n_seqs] + rec[0] > dp->local_tokens) break;
+        append_record(dp, rec, b, dp->cu_seqlens, dp->tokens, dp->types, dp->mlm_positions, dp->mlm_labels,
+                      dp->labels, dp->targets, dp->examples);
+        *at += record_size(dp, rec[0]);
         (*next)++;
     }
-    dp->micro = (train_batch){.n_seqs = B, .cu_seqlens = dp->cu_seqlens, .tokens = dp->tokens,
-                              .types = dp->types, .examples = dp->examples};
-    if (mlm) {
-        dp->micro.n_masked = M;
-        dp->micro.mlm_positions = dp->mlm_positions;
-        dp->micro.mlm_labels = dp->mlm_labels;
+    if (dp->model->task == TRAIN_TASK_MLM) {
+        b->mlm_positions = dp->mlm_positions;
+        b->mlm_labels = dp->mlm_labels;
+    } else if (dp->model->num_labels == 1) {
+        b->targets = dp->targets;
     } else {
-        dp->micro.labels = regression ? NULL : dp->labels;
-        dp->micro.targets = regression ? dp->targets : NULL;
+        b->labels = dp->labels;
     }
 }
 

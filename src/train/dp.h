@@ -53,7 +53,9 @@ int32_t train_balance_plan(const int32_t *lengths, const int32_t *owner, int32_t
  * bytes [rank·size/ranks, (rank+1)·size/ranks), tokenized as train_dataset_load tokenizes them,
  * with their file line numbers; index[] counts from 0 on this rank (train_dp_init adds the
  * examples of the ranks before it, making them the corpus's numbers). A rank may get no example.
- * params->pack is refused (pieces cut across shares). */
+ * With params->pack the lines are kept whole here; train_dp_init cuts every rank's share into the
+ * pieces one process cuts from the whole file (a piece may start in one share and end in the
+ * next). */
 nopad_status train_dataset_load_shard(const char *path, const nopad_tokenizer *tok,
                                       const train_data_params *params, int32_t rank, int32_t ranks,
                                       train_dataset *out);
@@ -114,6 +116,7 @@ typedef struct train_dp {
     int32_t n_batch, batch_tokens; // sequences and tokens of this step's
     train_dp_staged staged[2];
     int32_t next;                 // staged[next] is the next step's
+    train_dp_staged *now;         // the step's plan (its batch, owners and destinations), once taken
     /* this rank's sequences of the step, as records (dp.c: length, type-0 length, masked count,
      * label or target bits, example number, then ids, masked positions and their labels, each
      * `length` long); records hold 6·global_seqs + 3·global_tokens words: a whole global batch */
@@ -125,6 +128,12 @@ typedef struct train_dp {
     float *targets;
     int64_t *examples;            // [local_seqs] the micro-batch's example numbers
     double *loss_sums;            // [size] each rank's loss sum of the step
+    /* the global batch gathered on one rank (train_dp_gather_batch; allocated at its first call) */
+    train_batch gathered;
+    int32_t *gathered_records, *gathered_ranks;
+    int32_t *g_cu_seqlens, *g_tokens, *g_types, *g_mlm_positions, *g_mlm_labels, *g_labels;
+    float *g_targets;
+    int64_t *g_examples;
     train_dp_balance step_balance, run_balance;
     nopad_status bucket_status;   // the first failed bucket all-reduce of a backward
 } train_dp;
@@ -151,6 +160,13 @@ nopad_status train_dp_next(train_dp *dp, int *got);
  * across ranks; *loss is the global batch's mean loss, the same on every rank. */
 nopad_status train_dp_forward_backward(train_dp *dp, train_context *ctx, double *loss);
 
+/* Collective. The step's global batch on rank `root` (after train_dp_next): its sequences in the
+ * loader's order, as one process's loader packs them (the same ids, types, masked positions,
+ * labels and example numbers), and ranks[B] the rank that computed each (after the exchange);
+ * the other ranks send theirs and get NULLs. For logging (log_batches): one message of the
+ * batch's records to the root. */
+nopad_status train_dp_gather_batch(train_dp *dp, int32_t root, const train_batch **batch, const int32_t **ranks);
+
 /* Collective: the largest of every rank's flag (a stop asked for on any rank stops them all). */
 nopad_status train_dp_any(train_dp *dp, int *flag);
 /* Collective: fails on every rank when `st` failed on one, naming the rank (the others' message
@@ -167,7 +183,9 @@ nopad_status train_dp_agree(nopad_comm *comm, nopad_status st, const char *what)
  * resumes at any world size that keeps it). Rank 0 alone writes the checkpoints, the best weights
  * and the log, and prints the exchange's balance at the end; every rank evaluates (the same
  * weights, so the same metrics) and calls on_step and on_eval; a stop asked for on any rank stops
- * every rank after the same step. Streaming, log_batches and pack_lines are one process's only.
+ * every rank after the same step; log_batches logs each global batch once (rank 0), as one process
+ * logs it, with the rank of each sequence, and pack_lines cuts one process's pieces. Streaming is
+ * one process's only.
  * nopad_train calls it with the launcher's world (nopad_world_size) when it has several ranks or
  * NOPAD_COMM_FORCE is set, else with NULL; the exchange on. */
 nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchange,

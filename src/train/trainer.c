@@ -389,7 +389,7 @@ static void log_ints(FILE *f, const char *key, const int32_t *v, int32_t n) {
 
 /* The step's line of the JSONL log: what it computed, and with log_batches the batch itself. */
 static nopad_status log_step(run *r, const nopad_train_params *p, const nopad_train_progress *pr,
-                             const train_batch *b, int32_t batch_tokens) {
+                             const train_batch *b, const int32_t *seq_ranks, int32_t batch_tokens) {
     FILE *f = r->log;
     fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.17g, \"lr\": %.9g, "
                "\"grad_norm\": %.9g, \"tokens\": %d", (long long)pr->step, (int)pr->epoch,
@@ -415,6 +415,7 @@ static nopad_status log_step(run *r, const nopad_train_params *p, const nopad_tr
             for (int32_t s = 0; s < b->n_seqs; s++) fprintf(f, s ? ",%.9g" : "%.9g", (double)b->targets[s]);
             fputc(']', f);
         }
+        if (seq_ranks) log_ints(f, "sequence_ranks", seq_ranks, b->n_seqs); /* who computed each */
     }
     fputs("}\n", f);
     if (ferror(f))
@@ -551,12 +552,6 @@ static nopad_status check_dp_params(const nopad_train_params *p) {
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "data-parallel training reads each rank's "
                                "share of the data into memory; streaming is for one process "
                                "(stream = 0, `nopad train --no-stream`)");
-    if (p->log_batches)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "data-parallel training: log_batches logs "
-                               "one process's batches; a global batch is spread over the ranks");
-    if (p->pack_lines)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "data-parallel training: pack_lines cuts the "
-                               "whole file into pieces, not each rank's share (pack_lines = 0)");
     return NOPAD_OK;
 }
 
@@ -806,7 +801,10 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
                 .step = r.model.step, .total_steps = total, .epoch = (int32_t)e,
                 .epochs = p->epochs, .loss = loss, .lr = state.opt.lr, .grad_norm = norm,
                 .tokens = tokens, .elapsed_s = seconds() - start};
-            if (r.log) CHECK(log_step(&r, p, &pr, b, batch_tokens));
+            const int32_t *seq_ranks = NULL;
+            if (r.have_dp && p->log_batches && p->log_path) /* the global batch, on rank 0 */
+                CHECK(train_dp_gather_batch(&r.dp, 0, &b, &seq_ranks));
+            if (r.log) CHECK(log_step(&r, p, &pr, b, seq_ranks, batch_tokens));
             /* evaluated before the save, so a checkpoint holds the evaluations of its steps */
             if (p->eval_every > 0 && r.model.step % p->eval_every == 0)
                 CHECK(record_eval(&r, p, &state, (int32_t)e, out, &stop));
