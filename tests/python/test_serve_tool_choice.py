@@ -8,7 +8,8 @@ without parallel_tool_calls; one or more under "required" with them.
 Two decoders: SmolLM2 (the default decoder, which sometimes calls a tool by itself) and a tiny
 random decoder (tests/data/models/llama_gqa's weights, its vocabulary grown to the GPT-2-style test
 tokenizer's 400 tokens plus ChatML's two markers): without the mask it never writes a valid call,
-the hard case. Refusals: a tool whose parameters hold an unsupported keyword (400 naming it and
+the hard case; served with the chatml, llama3 and mistral-v3 templates, so each family's call
+syntax is forced and parsed back. Refusals: a tool whose parameters hold an unsupported keyword (400 naming it and
 its path), a $ref outside the parameters' $defs, an unknown named function, "required" without
 tools or beside a structured output.
 
@@ -167,9 +168,14 @@ def test_unsupported_keyword_without_tool_choice_is_only_listed(client):
 # ---- the tiny random decoder --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_client(tmp_path_factory):
-    folder = make_tiny_chat_decoder(tmp_path_factory.mktemp("tool_choice") / "tiny_chat")
-    s = Server("--model", str(folder), "--chat-template", "chatml", "--api-key", KEY, "--threads", "2")
+def tiny_folder(tmp_path_factory):
+    return make_tiny_chat_decoder(tmp_path_factory.mktemp("tool_choice") / "tiny_chat")
+
+
+# the three call syntaxes: Hermes blocks (chatml), Llama-3's bare object, Mistral's bare array
+@pytest.fixture(scope="module", params=["chatml", "llama3", "mistral-v3"])
+def tiny_client(tiny_folder, request):
+    s = Server("--model", str(tiny_folder), "--chat-template", request.param, "--api-key", KEY, "--threads", "2")
     yield openai.OpenAI(base_url=s.url() + "/v1", api_key=KEY, max_retries=0)
     s.stop()
 
