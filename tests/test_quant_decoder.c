@@ -6,6 +6,9 @@
  *   decode logits (the int8 path) and greedy ids;
  * - the real SmolLM2-135M-Instruct Q4_1 (NOPAD_SMOLLM2_GGUF; skipped without it): logits of the
  *   prompts and of decode steps, and generation;
+ * - SmolLM2 in llama.cpp's Q4_K_M mix (NOPAD_SMOLLM2_Q4_K_M_GGUF, skipped without it; made from
+ *   the Q4_1 file by `llama-quantize --allow-requantize in.gguf out.gguf Q4_K_M`): Q5_0, Q4_K,
+ *   Q6_K and Q8_0 tensors held as stored, the same comparisons;
  * - the weights choice: fp8 refused, a float choice that is not the compute dtype refused, native on
  *   a float checkpoint loads as it is. */
 #include <math.h>
@@ -16,15 +19,16 @@
 
 #include "golden.h"
 
-/* A prompt of at least 32 tokens runs every linear layer (and an LM head of as many rows) by
- * dequantising tiles of weight rows to float and sgemm on the activations rounded as the int8
- * path rounds them (cpu_quant_linear): the same products as the int8 dot products, equal to float
- * rounding (test_cpu_quant). A model is more than one op, though: the float ops between them
+/* Every step's linear layers run the int8 GEMM (on x86; on the portable path a prompt of at least
+ * 32 tokens dequantises tiles of weight rows to float and runs sgemm on the activations rounded as
+ * the int8 path rounds them, equal to float rounding): a row's products do not depend on the
+ * step's token count (test_cpu_quant). A model is more than one op, though: the float ops between them
  * (attention whole or over a cache) differ by 1e-7 between a prompt fed whole and in chunks, and a
  * value that lies that close to a rounding boundary of its int8 block rounds the other way, moving
  * by d = max|x|_block / 127 (measured on the tiny model: rows equal to 3e-7 up to the first such
  * value, at position 18 of 80, then up to 2e-2 in this random model, whose sharp attention carries
- * it to every later row). So a prompt whole and in chunks agree within the int8 bound below. */
+ * it to every later row). So a prompt whole and in chunks agree within the int8 bound below
+ * (measured since the int8 GEMM: equal, 0 on the tiny model). */
 /* Every step (prefill too, see above) quantizes each activation row to int8 per block of 32 /
  * 256, d = max|x| / 127: each value moves by at most d / 2, about uniformly in [-d/2, d/2], so a
  * dot product over K values moves by about |w|·d·sqrt(K / 12) against |y| ≈ |w|·|x|: a relative
@@ -267,6 +271,50 @@ static void test_smollm2(void **state) {
     free(err_f32);
 }
 
+/* SmolLM2 in llama.cpp's Q4_K_M mix: its 576-wide rows are no whole super-blocks, so llama.cpp
+ * stores Q, K, O, gate and up as Q5_0, half the V and down as Q8_0 / Q6_K, the other down as
+ * Q4_K. Q5_0 and the rest are held as stored; a Q|K|V of Q5_0 + Q5_0 + Q8_0 is dequantised with a
+ * notice. The same bounds as the Q4_1 file's: the same model, the int8 rounding of the same
+ * activations. */
+static void test_smollm2_q4_k_m(void **state) {
+    (void)state;
+    const char *path = getenv("NOPAD_SMOLLM2_Q4_K_M_GGUF");
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) {
+        printf("  NOPAD_SMOLLM2_Q4_K_M_GGUF not set or missing: skipped\n");
+        skip();
+    }
+    fclose(f);
+    char *err_native, *err_f32;
+    nopad_model *native = load_capturing(path, NOPAD_WEIGHTS_NATIVE, &err_native);
+    nopad_model *dequant = load_capturing(path, NOPAD_WEIGHTS_F32, &err_f32);
+    assert_non_null(strstr(err_native, "nopad: notice: attn_qkv Q5_0 + Q5_0 + Q8_0"));
+    assert_null(strstr(err_native, "no kernel")); /* every format has one */
+    nopad_weight_group g[32];
+    const int32_t n = nopad_model_weight_groups(native, g, 32);
+    assert_true(n > 0 && n <= 32);
+    assert_non_null(find_group(g, n, "attn_output", "Q5_0"));
+    assert_non_null(find_group(g, n, "ffn_gate_up", "Q5_0"));
+    assert_non_null(find_group(g, n, "attn_qkv", "Q5_0"));
+    assert_non_null(find_group(g, n, "ffn_down", "Q4_K"));
+    assert_non_null(find_group(g, n, "ffn_down", "Q6_K"));
+    size_t bytes_native, bytes_f32;
+    assert_nopad_ok(nopad_model_memory(native, &bytes_native, NULL, NULL));
+    assert_nopad_ok(nopad_model_memory(dequant, &bytes_f32, NULL, NULL));
+    const int32_t lens[4] = {9, 3, 21, 6};
+    compare_result r = compare_models(native, dequant, 4, lens, 0, 6, 16, 11);
+    printf("  SmolLM2 Q4_K_M: %zu bytes native, %zu dequantised; max row rel err against dequantised: "
+           "prompts' last logits %.2e, decode %.2e; greedy %d / %d equal\n",
+           bytes_native, bytes_f32, r.prefill, r.decode, r.greedy_equal, r.greedy_total);
+    if (!(r.prefill <= DECODE_BOUND_SMOLLM2)) fail_msg("last logits: %.3e", r.prefill);
+    if (!(r.decode <= DECODE_BOUND_SMOLLM2)) fail_msg("decode logits: %.3e", r.decode);
+    assert_true(bytes_native * 3 < bytes_f32);
+    nopad_model_free(native);
+    nopad_model_free(dequant);
+    free(err_native);
+    free(err_f32);
+}
+
 static void test_weights_choice(void **state) {
     (void)state;
     nopad_model *m = NULL;
@@ -294,6 +342,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_smollm2),
+        cmocka_unit_test(test_smollm2_q4_k_m),
         cmocka_unit_test(test_weights_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
