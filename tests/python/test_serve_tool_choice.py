@@ -125,8 +125,9 @@ def test_pydantic_tool_with_defs(client):
 def test_responses_required_and_named(client):
     flat = [dict(type="function", **t["function"]) for t in TOOLS]
     for choice, names in (("required", PARAMS), ({"type": "function", "name": "add"}, ["add"])):
-        r = client.responses.create(model=DEC_NAME, input=ASK[0]["content"], tools=flat, tool_choice=choice,
-                                    max_output_tokens=160, temperature=0)
+        kw = dict(model=DEC_NAME, input=ASK[0]["content"], tools=flat, tool_choice=choice,
+                  max_output_tokens=160, temperature=0)
+        r = client.responses.create(**kw)
         calls = [o for o in r.output if o.type == "function_call"]
         assert calls and len(calls) == len(r.output)  # calls only, no message
         for c in calls:
@@ -134,6 +135,11 @@ def test_responses_required_and_named(client):
             jsonschema.validate(json.loads(c.arguments), PARAMS[c.name])
         echoed = r.tool_choice if isinstance(r.tool_choice, str) else r.tool_choice.model_dump(exclude_none=True)
         assert echoed == choice
+        # streamed: the same calls, as function_call items of the completed response
+        events = list(client.responses.create(stream=True, **kw))
+        assert events[-1].type == "response.completed"
+        assert [(o.type, o.name, o.arguments) for o in events[-1].response.output] == \
+               [(c.type, c.name, c.arguments) for c in calls]
 
 
 WEIRD = {"type": "function", "function": {"name": "f", "parameters": {
