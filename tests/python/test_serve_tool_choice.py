@@ -32,13 +32,13 @@ WEATHER = {"type": "function", "function": {
         "city": {"type": "string", "maxLength": 24},
         "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"],
         "additionalProperties": False}}}
-# integers bounded: an unbounded one may take 18 digits, more than the double that the parsed
-# arguments go through keeps
+# b unbounded: the random model writes up to 18 digits, which must come back as written (an int,
+# not a double's rounding)
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers",
     "parameters": {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
-        "b": {"type": "integer", "minimum": -1000, "maximum": 1000}}, "required": ["a", "b"],
+        "b": {"type": "integer"}}, "required": ["a", "b"],
         "additionalProperties": False}}}
 TOOLS = [WEATHER, ADD]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -55,7 +55,10 @@ def _check_calls(choice, names, count=None):
     for c in m.tool_calls:
         assert c.type == "function" and c.id.startswith("call_")
         assert c.function.name in names
-        jsonschema.validate(json.loads(c.function.arguments), PARAMS[c.function.name])
+        args = json.loads(c.function.arguments)
+        jsonschema.validate(args, PARAMS[c.function.name])
+        props = PARAMS[c.function.name]["properties"]
+        assert all(isinstance(v, int) for k, v in args.items() if props[k].get("type") == "integer"), args
     return [(c.function.name, c.function.arguments) for c in m.tool_calls]
 
 
@@ -198,7 +201,8 @@ def test_tiny_decoder_calls_nothing_unforced(tiny_client):
 
 
 @pytest.mark.parametrize("choice,names", [
-    ("required", PARAMS), ({"type": "function", "function": {"name": "get_weather"}}, ["get_weather"])])
+    ("required", PARAMS), ({"type": "function", "function": {"name": "get_weather"}}, ["get_weather"]),
+    ({"type": "function", "function": {"name": "add"}}, ["add"])], ids=["required", "named_weather", "named_add"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tiny_decoder_forced(tiny_client, choice, names, seed):
     kw = dict(seed=seed, tool_choice=choice, **TINY)

@@ -38,23 +38,114 @@ size_t tool_text_releasable(chat_tool_format format, const char *text, size_t le
     return at ? (size_t)(at - text) : len - partial_tail(text, len, marker);
 }
 
+/* ---- the text of parsed JSON -------------------------------------------------------------------
+ * The arguments are returned as the model spelt them, white space outside strings removed: printed
+ * back from cJSON, a number would pass through a double (an 18-digit integer rounded). These scan
+ * text that cJSON has already parsed, so they need not check it. */
+
+typedef struct span {
+    const char *p;
+    size_t n;
+} span;
+
+/* The end of the JSON value that starts at or after s[i] (white space first). */
+static size_t skip_value(const char *s, size_t n, size_t i) {
+    while (i < n && is_space(s[i])) i++;
+    if (i < n && s[i] == '"') {
+        for (i++; i < n && s[i] != '"'; i++)
+            if (s[i] == '\\') i++;
+        return i + 1 < n ? i + 1 : n;
+    }
+    if (i < n && (s[i] == '{' || s[i] == '[')) {
+        for (int depth = 0; i < n; i++) {
+            if (s[i] == '"') i = skip_value(s, n, i) - 1;
+            else if (s[i] == '{' || s[i] == '[') depth++;
+            else if ((s[i] == '}' || s[i] == ']') && --depth == 0) return i + 1;
+        }
+        return n;
+    }
+    while (i < n && !is_space(s[i]) && s[i] != ',' && s[i] != '}' && s[i] != ']') i++;
+    return i;
+}
+
+/* The text of the value of obj's first member spelt "key" (quotes included), or {NULL, 0}. */
+static span member_text(span obj, const char *key) {
+    const char *s = obj.p;
+    size_t i = 0;
+    while (i < obj.n && s[i] != '{') i++;
+    for (i++; i < obj.n;) {
+        while (i < obj.n && (is_space(s[i]) || s[i] == ',')) i++;
+        if (i >= obj.n || s[i] == '}') break;
+        const size_t key_end = skip_value(s, obj.n, i);
+        size_t v = key_end;
+        while (v < obj.n && (is_space(s[v]) || s[v] == ':')) v++;
+        const size_t end = skip_value(s, obj.n, v);
+        if (key_end - i == strlen(key) && memcmp(s + i, key, key_end - i) == 0) return (span){s + v, end - v};
+        i = end;
+    }
+    return (span){NULL, 0};
+}
+
+/* The items of an array's text into items[cap]: their count. */
+static int array_items(span arr, span *items, int cap) {
+    const char *s = arr.p;
+    size_t i = 0;
+    int k = 0;
+    while (i < arr.n && s[i] != '[') i++;
+    for (i++; i < arr.n && k < cap;) {
+        while (i < arr.n && (is_space(s[i]) || s[i] == ',')) i++;
+        if (i >= arr.n || s[i] == ']') break;
+        const size_t end = skip_value(s, arr.n, i);
+        items[k++] = (span){s + i, end - i};
+        i = end;
+    }
+    return k;
+}
+
+/* The text without white space outside strings, or NULL when out of memory. */
+static char *compact(span t) {
+    char *out = malloc(t.n + 1);
+    if (!out) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        if (t.p[i] == '"') {
+            const size_t end = skip_value(t.p, t.n, i);
+            memcpy(out + k, t.p + i, end - i);
+            k += end - i;
+            i = end - 1;
+        } else if (!is_space(t.p[i])) {
+            out[k++] = t.p[i];
+        }
+    }
+    out[k] = '\0';
+    return out;
+}
+
 /* ---- one call --------------------------------------------------------------------------------- */
 
 /* A call object {"name": string, <args_key>: object} (or the other key of "arguments" /
- * "parameters"; arguments given as a string holding an object are taken too) into *out.
- * 0, 1 when it is not one, -1 when out of memory. */
-static int call_from_json(const cJSON *obj, tool_call *out) {
+ * "parameters"; arguments given as a string holding an object are taken too), whose text is raw,
+ * into *out. 0, 1 when it is not one, -1 when out of memory. */
+static int call_from_json(const cJSON *obj, span raw, tool_call *out) {
     if (!cJSON_IsObject(obj)) return 1;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(obj, "name");
     if (!cJSON_IsString(name) || !name->valuestring[0]) return 1;
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(obj, "arguments");
-    if (!args) args = cJSON_GetObjectItemCaseSensitive(obj, "parameters");
+    span args_text = member_text(raw, "\"arguments\"");
+    if (!args) {
+        args = cJSON_GetObjectItemCaseSensitive(obj, "parameters");
+        args_text = member_text(raw, "\"parameters\"");
+    }
     cJSON *parsed = NULL;
-    if (cJSON_IsString(args)) args = parsed = cJSON_Parse(args->valuestring);
+    if (cJSON_IsString(args)) {
+        args_text = (span){args->valuestring, strlen(args->valuestring)};
+        args = parsed = cJSON_Parse(args->valuestring);
+    }
     int rc = 1;
     if (!args || cJSON_IsObject(args)) {
         out->name = strdup(name->valuestring);
-        out->arguments = args ? cJSON_PrintUnformatted(args) : strdup("{}");
+        /* a key spelt with escapes is not found in the text: printed back then */
+        out->arguments = !args ? strdup("{}") : args_text.p ? compact(args_text) : cJSON_PrintUnformatted(args);
         rc = out->name && out->arguments ? 0 : -1;
         if (rc) {
             free(out->name);
@@ -120,9 +211,10 @@ static void add_call(builder *b, tool_call *call) {
     b->kept++;
 }
 
-/* The objects of a JSON array (or the one object) v as calls; 0 when every item is a call, 1 when
- * one is not (nothing kept then), -1 when out of memory. */
-static int calls_from_value(builder *b, const cJSON *v) {
+/* The objects of a JSON array (or the one object) v as calls, raw[i] the text of item i (of v
+ * when it is one object); 0 when every item is a call, 1 when one is not (nothing kept then), -1
+ * when out of memory. */
+static int calls_from_value(builder *b, const cJSON *v, const span *raw) {
     const int many = cJSON_IsArray(v);
     const int n = many ? cJSON_GetArraySize(v) : 1;
     if (n == 0) return 1;
@@ -130,7 +222,7 @@ static int calls_from_value(builder *b, const cJSON *v) {
     if (!calls) return -1;
     int rc = 0, got = 0;
     for (const cJSON *item = many ? v->child : v; item && got < n && !rc; item = item->next, got++)
-        rc = call_from_json(item, &calls[got]);
+        rc = call_from_json(item, raw[got], &calls[got]);
     if (rc) {
         for (int i = 0; i < got; i++) free(calls[i].name), free(calls[i].arguments);
     } else {
@@ -154,7 +246,7 @@ static void parse_hermes(builder *b, const char *text, size_t len) {
         const size_t after = (size_t)(close - text) + strlen(hermes_close);
         cJSON *v = parse_whole(inner, (size_t)(close - inner));
         tool_call call = {0};
-        const int rc = v ? call_from_json(v, &call) : 1;
+        const int rc = v ? call_from_json(v, (span){inner, (size_t)(close - inner)}, &call) : 1;
         cJSON_Delete(v);
         if (rc == 0) add_call(b, &call);
         else if (rc < 0) b->failed = 1;
@@ -170,6 +262,8 @@ static int parse_llama3(builder *b, const char *text, size_t len) {
     if (len - pos >= strlen(python_tag) && memcmp(text + pos, python_tag, strlen(python_tag)) == 0)
         pos += strlen(python_tag);
     cJSON *all = cJSON_CreateArray();
+    span *raw = NULL; /* each call's text */
+    int n = 0;
     if (!all) return -1;
     int rc = 0;
     while (pos < len && rc == 0) {
@@ -185,12 +279,21 @@ static int parse_llama3(builder *b, const char *text, size_t len) {
             rc = 1;
             break;
         }
+        span *grown = realloc(raw, (size_t)(n + 1) * sizeof *raw);
+        if (!grown) {
+            cJSON_Delete(v);
+            rc = -1;
+            break;
+        }
+        raw = grown;
+        raw[n++] = (span){text + pos, (semi ? (size_t)(semi - text) : len) - pos};
         cJSON_AddItemToArray(all, v);
         pos = semi ? (size_t)(semi - text) + 1 : len;
         while (pos < len && is_space(text[pos])) pos++;
     }
-    if (rc == 0) rc = calls_from_value(b, all);
+    if (rc == 0) rc = calls_from_value(b, all, raw);
     cJSON_Delete(all);
+    free(raw);
     return rc;
 }
 
@@ -203,7 +306,11 @@ static int parse_mistral(builder *b, const char *text, size_t len) {
         cJSON_Delete(v);
         return 1;
     }
-    const int rc = calls_from_value(b, v);
+    const int n = cJSON_GetArraySize(v);
+    span *raw = malloc((size_t)(n ? n : 1) * sizeof *raw);
+    const int rc = !raw ? -1 : array_items((span){calls, (size_t)(text + len - calls)}, raw, n) == n
+                                   ? calls_from_value(b, v, raw) : 1;
+    free(raw);
     cJSON_Delete(v);
     if (rc == 0 && marker) add_content(b, text, (size_t)(marker - text));
     return rc;
