@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_embed.h"
 #include "backend/cpu/cpu_ops.h"
 
 nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tokens, const int32_t *feed,
@@ -18,17 +19,11 @@ nopad_status cpu_embed_tokens(nopad_backend *be, float *out_, const int32_t *tok
 #pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
         float *row = out + (size_t)t * dim;
-        int32_t id = tokens[t], p = positions ? positions[t] : 0;
-        if (id < 0 && feed) id = feed[-1 - id]; /* the step before's id, sampled after this was packed */
-        if (id < 0 || id >= vocab_size || (pos && (p < 0 || p >= n_positions))) {
-            for (int32_t i = 0; i < dim; i++) row[i] = NAN;
-            continue;
-        }
-        if (id < vocab0 || id >= vocab0 + vocab_rows) { /* another rank's id */
-            for (int32_t i = 0; i < dim; i++) row[i] = pos ? pos[(size_t)p * dim + i] : 0.0f;
-            continue;
-        }
-        const float *w = word + (size_t)(id - vocab0) * dim;
+        int32_t p;
+        const int32_t local = cpu_embed_row(row, t, tokens, feed, positions, vocab_size, vocab0, vocab_rows,
+                                            n_positions, pos, dim, &p);
+        if (local < 0) continue;
+        const float *w = word + (size_t)local * dim;
         if (pos) {
             const float *pr = pos + (size_t)p * dim;
             for (int32_t i = 0; i < dim; i++) row[i] = w[i] + pr[i];

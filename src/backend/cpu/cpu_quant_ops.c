@@ -1,8 +1,8 @@
 /* CPU: the op table's linear layer and embedding gather on weights kept in a GGUF block format
  * (backend.h, nopad_weight_format), on quant.c's kernels. */
-#include <math.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_embed.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/quant.h"
 #include "util/error.h"
@@ -55,18 +55,12 @@ nopad_status cpu_embed_tokens_q(nopad_backend *be, float *out, const int32_t *to
 #pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
     for (int32_t t = 0; t < n_tokens; t++) {
         float *row = out + (size_t)t * dim;
-        int32_t id = tokens[t], p = positions ? positions[t] : 0;
-        if (id < 0 && feed) id = feed[-1 - id]; /* the step before's id, sampled after this was packed */
-        if (id < 0 || id >= vocab_size || (pos && (p < 0 || p >= n_positions))) {
-            for (int32_t i = 0; i < dim; i++) row[i] = NAN;
-            continue;
-        }
-        if (id < vocab0 || id >= vocab0 + vocab_rows) { /* another rank's id */
-            for (int32_t i = 0; i < dim; i++) row[i] = pos ? pos[(size_t)p * dim + i] : 0.0f;
-            continue;
-        }
+        int32_t p;
+        const int32_t local = cpu_embed_row(row, t, tokens, feed, positions, vocab_size, vocab0, vocab_rows,
+                                            n_positions, pos, dim, &p);
+        if (local < 0) continue;
         /* the format and dim were checked above: this cannot fail */
-        cpu_quant_dequantize(row, (const uint8_t *)word + (size_t)(id - vocab0) * row_bytes, (uint32_t)format, dim);
+        cpu_quant_dequantize(row, (const uint8_t *)word + (size_t)local * row_bytes, (uint32_t)format, dim);
         if (pos)
             for (int32_t i = 0; i < dim; i++) row[i] += pos[(size_t)p * dim + i];
     }
