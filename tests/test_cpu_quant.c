@@ -251,6 +251,41 @@ static void test_activation_blocks(void **state) {
         }
 }
 
+/* Every path's activation blocks byte for byte the portable path's: random rows of mixed block
+ * scales, values on the rounding boundaries (k + 1/2 steps, ties to even), a block of zeros, and
+ * blocks holding an inf and a NaN (the same -127 / 0 codes and scale on every path). */
+static void test_activation_paths(void **state) {
+    (void)state;
+    enum { K = 1024 };
+    cpu_quant_isa isa[3];
+    const int n_paths = paths(isa);
+    float x[K];
+    for (int rep = 0; rep < 40; rep++) {
+        random_activations(x, K, rep % 2 ? 1e-3f : 7.0f);
+        if (rep % 4 == 0) /* block 1: halfway values of the step max / 127 */
+            for (int i = 32; i < 64; i++) x[i] = i == 32 ? 127.0f : (float)((int)(rnd() % 254) - 127) + 0.5f;
+        if (rep == 2) {
+            for (int i = 64; i < 96; i++) x[i] = 0.0f;
+            x[300] = INFINITY;
+            x[700] = NAN;
+        }
+        for (int kind = 0; kind < 2; kind++) {
+            const uint32_t type = kind ? CPU_QUANT_Q6_K : CPU_QUANT_Q4_1;
+            const size_t bytes = cpu_quant_act_row_bytes(type, K);
+            uint8_t want[K / 32 * sizeof(cpu_q8_block) + K / 256 * sizeof(cpu_q8k_block)], got[sizeof want];
+            memset(want, 0, sizeof want); /* padding compared too: equal when both start equal */
+            memset(got, 0, sizeof got);
+            assert_int_equal(cpu_quant_activations_on(want, x, type, K, CPU_QUANT_PORTABLE), NOPAD_OK);
+            for (int p = 1; p < n_paths; p++) {
+                assert_int_equal(cpu_quant_activations_on(got, x, type, K, isa[p]), NOPAD_OK);
+                if (memcmp(want, got, bytes) != 0)
+                    fail_msg("%s activations on %s differ from the portable path's (rep %d)",
+                             kind ? "256-blocks" : "32-blocks", isa_name(isa[p]), rep);
+            }
+        }
+    }
+}
+
 /* ---- one row -------------------------------------------------------------------------------- */
 
 static void test_dot(void **state) {
@@ -540,6 +575,7 @@ int main(void) {
     printf("best path on this CPU: %s\n", isa_name(cpu_quant_best_isa()));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_activation_blocks),
+        cmocka_unit_test(test_activation_paths),
         PER_FORMAT(test_dot),
         PER_FORMAT(test_extreme_scales),
         PER_FORMAT(test_all_equal_blocks),

@@ -95,6 +95,16 @@ size_t cpu_quant_act_row_bytes(uint32_t type, int32_t K) {
                       : (size_t)(K / QK) * sizeof(cpu_q8_block);
 }
 
+/* The path `isa` on this CPU, or an error naming `fn`. */
+static nopad_status check_isa(const char *fn, cpu_quant_isa isa) {
+    if (isa > cpu_quant_best_isa())
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: the %s path asked for on a CPU (or build) without %s", fn,
+                               isa == CPU_QUANT_AVX2 ? "AVX2" : "AVX-512 VNNI",
+                               isa == CPU_QUANT_AVX2 ? "AVX2, FMA and F16C" : "AVX2, FMA, F16C, AVX512VNNI and AVX512VL");
+    return NOPAD_OK;
+}
+
 /* ---- activations ---------------------------------------------------------------------------- */
 
 /* n values to int8 with d = max|x| / 127 (0 for an all-zero block: every q is then 0), rounded
@@ -111,10 +121,27 @@ static float quantize_block(int8_t *q, const float *x, int n) {
     return d;
 }
 
-nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int32_t K) {
+nopad_status cpu_quant_activations_on(void *act, const float *x, uint32_t type, int32_t K, cpu_quant_isa isa) {
     const quant_format *f;
     nopad_status st = check("cpu_quant_activations", type, K, &f);
+    if (st == NOPAD_OK) st = check_isa("cpu_quant_activations", isa);
     if (st != NOPAD_OK) return st;
+#if defined(__x86_64__)
+    if (isa != CPU_QUANT_PORTABLE) { /* the same blocks bit for bit */
+        if (f->k_quant) {
+            cpu_q8k_block *b = act;
+            for (int32_t i = 0; i < K / QK_K; i++, x += QK_K) b[i].d = cpu_quant_quantize_avx2(b[i].qs, b[i].bsums, x, QK_K);
+        } else {
+            cpu_q8_block *b = act;
+            for (int32_t i = 0; i < K / QK; i++, x += QK) {
+                int16_t sums[2];
+                b[i].d = cpu_quant_quantize_avx2(b[i].qs, sums, x, QK);
+                b[i].sum = sums[0] + sums[1];
+            }
+        }
+        return NOPAD_OK;
+    }
+#endif
     if (f->k_quant) {
         cpu_q8k_block *b = act;
         for (int32_t i = 0; i < K / QK_K; i++, x += QK_K) {
@@ -135,6 +162,10 @@ nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int
         }
     }
     return NOPAD_OK;
+}
+
+nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int32_t K) {
+    return cpu_quant_activations_on(act, x, type, K, cpu_quant_best_isa());
 }
 
 /* ---- portable dot products: nb weight blocks w with activation blocks a --------------------- */
@@ -297,16 +328,6 @@ cpu_quant_isa cpu_quant_best_isa(void) {
     int isa = best;
     if (isa < 0) best = isa = (int)detect_isa();
     return (cpu_quant_isa)isa;
-}
-
-/* The path `isa` on this CPU, or an error naming `fn`. */
-static nopad_status check_isa(const char *fn, cpu_quant_isa isa) {
-    if (isa > cpu_quant_best_isa())
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "%s: the %s path asked for on a CPU (or build) without %s", fn,
-                               isa == CPU_QUANT_AVX2 ? "AVX2" : "AVX-512 VNNI",
-                               isa == CPU_QUANT_AVX2 ? "AVX2, FMA and F16C" : "AVX2, FMA, F16C, AVX512VNNI and AVX512VL");
-    return NOPAD_OK;
 }
 
 /* y[t · ldy + r] (+)= row r · token t, rows w_bytes apart, tokens act_bytes apart. */
@@ -523,7 +544,7 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
     {
 #pragma omp for schedule(static)
         for (int32_t t = 0; t < T; t++)
-            cpu_quant_activations(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K);
+            cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
         /* each thread a run of row tiles, each tile read from memory once for all T tokens */
 #pragma omp for schedule(static)
         for (int32_t tile = 0; tile < tiles; tile++) {

@@ -73,6 +73,10 @@ size_t cpu_quant_act_row_bytes(uint32_t type, int32_t K);
  * number of blocks NOPAD_ERR_INVALID_ARGUMENT naming K and the block. */
 nopad_status cpu_quant_activations(void *act, const float *x, uint32_t type, int32_t K);
 
+/* cpu_quant_activations on the path `isa` (the same blocks bit for bit on every path; a path this
+ * CPU lacks is NOPAD_ERR_UNSUPPORTED). */
+nopad_status cpu_quant_activations_on(void *act, const float *x, uint32_t type, int32_t K, cpu_quant_isa isa);
+
 /* *out = (one weight row w of `type`, K values) · (one activation row act from
  * cpu_quant_activations), on the path `isa` (one this CPU lacks is NOPAD_ERR_UNSUPPORTED). Errors
  * as cpu_quant_activations. */
@@ -100,6 +104,11 @@ enum { CPU_QUANT_PREFILL_TOKENS = 32 };
  * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                               int32_t K, int32_t N, int accumulate, int n_threads);
+
+/* The AVX2 quantization of n values x (n a multiple of 32) to int8 q with their sums per 16,
+ * returning d (quant_avx2.c, cpu_quant_activations's on x86-64 CPUs with AVX2; bit for bit the
+ * portable one's). */
+float cpu_quant_quantize_avx2(int8_t *q, int16_t *sums16, const float *x, int32_t n);
 
 /* cpu_quant_linear on the path `isa` (the tests run each; a path this CPU lacks is
  * NOPAD_ERR_UNSUPPORTED). */
