@@ -15,8 +15,11 @@
 #     labels), with the rank that computed each sequence;
 #   - --pack-lines (masked LM, dropout 0.1, logged with --log-batches): the batches one process
 #     cuts and packs, the losses within 1e-5;
-#   - refusals: --nproc 3 in a world of 2, --stream, and a resume at another global budget, each
-#     exit 1 naming the problem.
+#   - --stream (windows of 1 KiB): the batches one process streams, step by step; a streamed
+#     checkpoint of 2 processes at step 6 resumed by one process streaming: the later steps within
+#     1e-5 of the straight run;
+#   - refusals: --nproc 3 in a world of 2 and a resume at another global budget, each exit 1
+#     naming the problem.
 # Skipped without mpirun.
 set -uo pipefail
 source "$(dirname "$0")/mpi_lib.sh"
@@ -175,6 +178,28 @@ else
     fail "--nproc 2 --pack-lines: $(cat "$TMP/err")"
 fi
 
+# --stream (a 1 KiB buffer: blocks of 64 bytes, 16 a window, about 4 windows an epoch): each
+# process reads its blocks of each window; the batches and steps one process streams; stopped at
+# step 6 (inside the epoch's windows) and resumed by one process streaming, the later steps those
+# of the straight run
+STREAM=(--stream --stream-buffer 1k --log-batches)
+"$NOPAD_CLI" "${RUN[@]}" "${ONE[@]}" "${STREAM[@]}" --output "$TMP/one_st" --log "$TMP/one_st.log" --quiet \
+    >/dev/null 2>"$TMP/err" || fail "one process --stream: $(cat "$TMP/err")"
+if timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" "${STREAM[@]}" --nproc 2 --output "$TMP/two_st" \
+    --log "$TMP/two_st.log" --quiet >/dev/null 2>"$TMP/err"; then
+    same_batches "$TMP/one_st.log" "$TMP/two_st.log" || fail "--nproc 2 --stream against one process"
+else
+    fail "--nproc 2 --stream: $(cat "$TMP/err")"
+fi
+timeout 120 "$NOPAD_CLI" "${RUN[@]}" "${TWO[@]}" "${STREAM[@]}" --nproc 2 --output "$TMP/st_stopped" \
+    --log "$TMP/st_stopped.log" --stop-after 6 --quiet >/dev/null 2>"$TMP/err" || fail "--nproc 2 --stream --stop-after 6: $(cat "$TMP/err")"
+if "$NOPAD_CLI" "${RUN[@]}" "${ONE[@]}" "${STREAM[@]}" --resume "$TMP/st_stopped" --output "$TMP/st_resumed" \
+    --log "$TMP/st_resumed.log" --quiet >/dev/null 2>"$TMP/err"; then
+    compare "$TMP/one_st.log" "$TMP/st_resumed.log" 7 || fail "a streamed run of 2 processes resumed in one"
+else
+    fail "resuming 2 streaming processes' checkpoint in one: $(cat "$TMP/err")"
+fi
+
 # refusals
 expect_error() { # WHAT PATTERN COMMAND...
     local what="$1" pattern="$2"
@@ -187,8 +212,6 @@ expect_error() { # WHAT PATTERN COMMAND...
 }
 expect_error "--nproc 3 in a world of 2" "--nproc 3 needs a world of 3 processes, and the launcher started 2" \
     "${MPI[@]}" -np 2 "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 3
-expect_error "--nproc 2 --stream" "streaming is for one process" \
-    "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 2 --stream
 expect_error "--nproc 0" "--nproc" "$NOPAD_CLI" "${RUN[@]}" --output "$TMP/x" --nproc 0
 
 finish cli_train_dp

@@ -130,11 +130,21 @@ static void data_parallel(const nopad_train_params *dp, const char *out, int exc
     assert_nopad_ok(train_run(&p, world, exchange, res));
 }
 
-/* N ranks x (B, S) against one process x (N·B, N·S): 5 steps, exchange off and on; `dropout`
- * both the hidden and the attention dropout (their masks keyed by the example, so the same
- * wherever a sequence is computed); `pack`: pack_lines (the ranks cut one process's pieces). */
+/* What a comparison varies: `dropout` both the hidden and the attention dropout (their masks keyed
+ * by the example, so the same wherever a sequence is computed); `pack`: pack_lines (the ranks cut
+ * one process's pieces); `stream_buffer` > 0: the data streamed with that buffer (each rank reads
+ * its blocks of each window), against one process streaming it. */
+typedef struct variant {
+    float dropout;
+    int pack;
+    int64_t stream_buffer;
+} variant;
+
+/* N ranks x (B, S) against one process x (N·B, N·S): 5 steps, exchange off and on. */
 static void check_against_one(const char *which, train_task task, nopad_train_optimizer opt,
-                              const char *data_path, int32_t tokens, int32_t seqs, float dropout, int pack) {
+                              const char *data_path, int32_t tokens, int32_t seqs, variant v) {
+    const float dropout = v.dropout;
+    const int pack = v.pack;
     char data[600]; /* test_data_path's buffer is reused by train_test_model_folder */
     snprintf(data, sizeof data, "%s", data_path);
     char model[512];
@@ -142,6 +152,8 @@ static void check_against_one(const char *which, train_task task, nopad_train_op
     nopad_train_params p = params(model, data, task, opt, tokens, seqs);
     p.dropout = p.attention_dropout = dropout;
     p.pack_lines = pack;
+    p.stream = v.stream_buffer > 0;
+    p.stream_buffer = v.stream_buffer > 0 ? v.stream_buffer : p.stream_buffer;
     char ref_dir[512], dp_dir[512];
     shared_dir(ref_dir);
     steps ref = {.stop_at = 5};
@@ -157,10 +169,11 @@ static void check_against_one(const char *which, train_task task, nopad_train_op
             assert_int_equal(ref_res.steps, 5);
             assert_int_equal(res.n_examples, ref_res.n_examples);
             const double dl = loss_diff(&got, &ref, 1, 5), dw = train_test_max_param_diff(dp_dir, ref_dir, task);
-            printf("%s %s%s%s, %d ranks, exchange %s: %d examples, losses within %.2e relative, parameters "
+            printf("%s %s%s%s%s, %d ranks, exchange %s: %d examples, losses within %.2e relative, parameters "
                    "%.2e\n", task == TRAIN_TASK_MLM ? "MLM" : "classification",
                    opt == NOPAD_TRAIN_LAMB ? "LAMB" : "AdamW", dropout > 0 ? " with dropout" : "",
-                   pack ? " on packed lines" : "", RANKS, exchange ? "on" : "off", res.n_examples, dl, dw);
+                   pack ? " on packed lines" : "", p.stream ? " streamed" : "", RANKS, exchange ? "on" : "off",
+                   res.n_examples, dl, dw);
             assert_true(dl <= 1e-5);
             assert_true(dw <= 1e-5);
         }
@@ -172,37 +185,48 @@ static const char *mlm_data(void) { return corpus(160, 40, 2, 29, 17); }
 
 static void test_mlm_adamw(void **state) {
     (void)state;
-    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, 0, 0);
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, (variant){0});
 }
 
 static void test_mlm_lamb(void **state) {
     (void)state;
-    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_LAMB, mlm_data(), 96, 8, 0, 0);
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_LAMB, mlm_data(), 96, 8, (variant){0});
 }
 
 static void test_classify_adamw(void **state) {
     (void)state;
     check_against_one("train/bert_cls", TRAIN_TASK_CLASSIFY, NOPAD_TRAIN_ADAMW,
-                      test_data_path("train/cls_train.jsonl"), 64, 6, 0, 0);
+                      test_data_path("train/cls_train.jsonl"), 64, 6, (variant){0});
 }
 
 /* With dropout and attention dropout at 0.2: a data-parallel run draws one process's masks. */
 static void test_mlm_adamw_dropout(void **state) {
     (void)state;
-    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, 0.2f, 0);
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, (variant){.dropout = 0.2f});
 }
 
 /* pack_lines: the lines concatenated and cut into pieces of the model's 32 positions, a piece
  * starting in one rank's share and ending in the next ones' where the cut falls so. */
 static void test_mlm_packed(void **state) {
     (void)state;
-    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, 0.1f, 1);
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8, (variant){.dropout = 0.1f, .pack = 1});
+}
+
+/* Streamed in blocks of 64 bytes, 16 a window (a buffer of 1 KiB: about 25 lines a window, so the
+ * 5 steps cross windows), each rank reading its blocks of each window; masked LM with dropout,
+ * classification with LAMB. */
+static void test_streamed(void **state) {
+    (void)state;
+    check_against_one("train/bert_mlm", TRAIN_TASK_MLM, NOPAD_TRAIN_ADAMW, mlm_data(), 96, 8,
+                      (variant){.dropout = 0.1f, .stream_buffer = 1024});
+    check_against_one("train/bert_cls", TRAIN_TASK_CLASSIFY, NOPAD_TRAIN_LAMB,
+                      test_data_path("train/cls_train.jsonl"), 64, 6, (variant){.stream_buffer = 1024});
 }
 
 static void test_classify_lamb_dropout(void **state) {
     (void)state;
     check_against_one("train/bert_cls", TRAIN_TASK_CLASSIFY, NOPAD_TRAIN_LAMB,
-                      test_data_path("train/cls_train.jsonl"), 64, 6, 0.2f, 0);
+                      test_data_path("train/cls_train.jsonl"), 64, 6, (variant){.dropout = 0.2f});
 }
 
 /* The run's mean of the most loaded rank's tokens over the mean rank's, as read and after the
@@ -319,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_mlm_adamw),      cmocka_unit_test(test_mlm_lamb),
         cmocka_unit_test(test_classify_adamw), cmocka_unit_test(test_mlm_adamw_dropout),
         cmocka_unit_test(test_classify_lamb_dropout), cmocka_unit_test(test_mlm_packed),
+        cmocka_unit_test(test_streamed),
         cmocka_unit_test(test_skewed_exchange),
         cmocka_unit_test(test_resume_at_one),
     };

@@ -242,7 +242,7 @@ void train_dp_free(train_dp *dp) {
         free(g->batch), free(g->owner), free(g->dest), free(g->blen), free(g->send), free(g->recv);
         free(g->counts);
     }
-    free(dp->lengths), free(dp->first), free(dp->order), free(dp->records);
+    free(dp->lengths), free(dp->order), free(dp->reader), free(dp->local_index), free(dp->records);
     free(dp->cu_seqlens), free(dp->tokens), free(dp->types);
     free(dp->mlm_positions), free(dp->mlm_labels), free(dp->labels), free(dp->targets);
     free(dp->examples), free(dp->loss_sums);
@@ -252,74 +252,35 @@ void train_dp_free(train_dp *dp) {
     memset(dp, 0, sizeof *dp);
 }
 
-nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train_dataset *local,
-                           int32_t local_tokens, int32_t local_seqs, int32_t global_tokens,
-                           int32_t global_seqs, uint64_t seed, train_dp *out) {
-    memset(out, 0, sizeof *out);
-    train_dp *dp = out;
+/* What every run holds whatever its data: the staged batches, the records, one micro-batch. */
+static nopad_status init_run(nopad_comm *comm, int exchange, train_model *m, int32_t local_tokens,
+                             int32_t local_seqs, int32_t global_tokens, int32_t global_seqs, uint64_t seed,
+                             train_dp *dp) {
+    memset(dp, 0, sizeof *dp);
     dp->comm = comm;
     dp->rank = comm_rank(comm);
     dp->size = comm_size(comm);
     dp->exchange = exchange;
     dp->model = m;
-    dp->local = local;
     dp->local_tokens = local_tokens, dp->local_seqs = local_seqs;
     dp->global_tokens = global_tokens, dp->global_seqs = global_seqs;
     dp->seed = seed;
-    const int32_t P = dp->size;
-    nopad_status st = comm_attach(comm, m->be);
-    if (local->params.pack && local->params.task == TRAIN_TASK_MLM) { /* the whole file's pieces */
-        const nopad_status packed = train_dp_agree(comm, pack_share(comm, local), "packing the training lines");
-        if (st == NOPAD_OK) st = packed;
-    }
-    /* every rank's example count, then every example's length */
-    int32_t *counts = calloc((size_t)P, sizeof *counts);
-    dp->first = calloc((size_t)P + 1, sizeof *dp->first);
-    dp->loss_sums = calloc((size_t)P, sizeof *dp->loss_sums);
-    int missing = 0;
-    for (int i = 0; i < 2; i++) {
-        dp->staged[i].counts = calloc(4 * (size_t)P, sizeof *dp->staged[i].counts);
-        missing |= !dp->staged[i].counts;
-    }
-    if (st == NOPAD_OK && (!counts || !dp->first || missing || !dp->loss_sums))
-        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
-    const int32_t mine = local->n_examples;
-    if (st == NOPAD_OK) st = comm_all_gather(comm, NULL, counts, &mine, 1, COMM_I32);
-    int64_t n = 0;
-    for (int32_t r = 0; st == NOPAD_OK && r < P; r++) {
-        dp->first[r] = (int32_t)n;
-        n += counts[r];
-        if (n > INT32_MAX)
-            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: %lld examples, more "
-                                 "than %d", (long long)n, INT32_MAX);
-    }
-    if (st == NOPAD_OK && n == 0)
-        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: no training example in "
-                             "any rank's share (blank, or nothing to mask)");
-    if (st != NOPAD_OK) {
-        free(counts);
-        train_dp_free(dp);
-        return st;
-    }
-    dp->first[P] = (int32_t)n;
-    dp->n_examples = (int32_t)n;
-    for (int32_t j = 0; j < mine; j++) local->index[j] += dp->first[dp->rank];
-    int32_t *my_lengths = malloc(((size_t)mine + 1) * sizeof *my_lengths);
-    dp->lengths = malloc((size_t)n * sizeof *dp->lengths);
-    dp->order = malloc((size_t)n * sizeof *dp->order);
-    const size_t B = (size_t)global_seqs;
+    const size_t P = (size_t)dp->size, B = (size_t)global_seqs;
     /* a rank's records of a step fit a whole global batch */
     const size_t words = (size_t)(RECORD_HEAD * (int64_t)global_seqs + 3 * (int64_t)global_tokens);
+    int missing = 0;
     for (int i = 0; i < 2; i++) {
         train_dp_staged *g = &dp->staged[i];
+        g->counts = calloc(4 * P, sizeof *g->counts);
         g->batch = malloc(B * sizeof(int32_t));
         g->owner = malloc(B * sizeof(int32_t));
         g->dest = malloc(B * sizeof(int32_t));
         g->blen = malloc(B * sizeof(int32_t));
         g->send = malloc(words * sizeof(int32_t));
         g->recv = malloc(words * sizeof(int32_t));
-        missing |= !g->batch || !g->owner || !g->dest || !g->blen || !g->send || !g->recv;
+        missing |= !g->counts || !g->batch || !g->owner || !g->dest || !g->blen || !g->send || !g->recv;
     }
+    dp->loss_sums = calloc(P, sizeof *dp->loss_sums);
     dp->records = malloc(words * sizeof(int32_t));
     const size_t T = (size_t)local_tokens, S = (size_t)local_seqs;
     dp->cu_seqlens = malloc((S + 1) * sizeof(int32_t));
@@ -330,40 +291,175 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
     dp->labels = malloc(S * sizeof(int32_t));
     dp->targets = malloc(S * sizeof(float));
     dp->examples = malloc(S * sizeof(int64_t));
-    if (!my_lengths || !dp->lengths || !dp->order || missing || !dp->records || !dp->cu_seqlens || !dp->tokens ||
-        !dp->types || !dp->mlm_positions || !dp->mlm_labels || !dp->labels || !dp->targets || !dp->examples) {
-        free(counts), free(my_lengths);
-        train_dp_free(dp);
+    if (missing || !dp->loss_sums || !dp->records || !dp->cu_seqlens || !dp->tokens || !dp->types ||
+        !dp->mlm_positions || !dp->mlm_labels || !dp->labels || !dp->targets || !dp->examples)
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
+    return comm_attach(comm, m->be);
+}
+
+/* The per-example arrays for n examples (a streamed window's may grow). */
+static nopad_status reserve_examples(train_dp *dp, int64_t n) {
+    if (n > INT32_MAX)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: %lld examples, more than %d",
+                               (long long)n, INT32_MAX);
+    if (n <= dp->cap_examples) return NOPAD_OK;
+    int32_t **arrays[] = {&dp->lengths, &dp->order, &dp->reader, &dp->local_index};
+    for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++) {
+        int32_t *a = realloc(*arrays[k], (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+        if (!a) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
+        *arrays[k] = a;
     }
-    for (int32_t j = 0; j < mine; j++)
-        my_lengths[j] = (int32_t)(local->offsets[j + 1] - local->offsets[j]);
-    size_t *scount = dp->staged[0].counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
-    for (int32_t r = 0; r < P; r++) {
-        scount[r] = (size_t)mine, soff[r] = 0;
-        rcount[r] = (size_t)counts[r], roff[r] = (size_t)dp->first[r];
+    dp->cap_examples = (int32_t)n;
+    return NOPAD_OK;
+}
+
+nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train_dataset *local,
+                           int32_t local_tokens, int32_t local_seqs, int32_t global_tokens,
+                           int32_t global_seqs, uint64_t seed, train_dp *out) {
+    train_dp *dp = out;
+    nopad_status st = init_run(comm, exchange, m, local_tokens, local_seqs, global_tokens, global_seqs, seed, dp);
+    st = train_dp_agree(comm, st, "data-parallel training");
+    dp->local = local;
+    const int32_t P = dp->size;
+    if (local->params.pack && local->params.task == TRAIN_TASK_MLM) { /* the whole file's pieces */
+        const nopad_status packed = train_dp_agree(comm, pack_share(comm, local), "packing the training lines");
+        if (st == NOPAD_OK) st = packed;
     }
-    st = comm_all_to_allv(comm, NULL, dp->lengths, rcount, roff, my_lengths, scount, soff, COMM_I32);
-    free(counts), free(my_lengths);
+    /* every rank's example count, then every example's length */
+    int32_t *counts = calloc((size_t)P, sizeof *counts), *first = calloc((size_t)P + 1, sizeof *first);
+    if (st == NOPAD_OK && (!counts || !first))
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
+    const int32_t mine = local->n_examples;
+    if (st == NOPAD_OK) st = comm_all_gather(comm, NULL, counts, &mine, 1, COMM_I32);
+    int64_t n = 0;
+    for (int32_t r = 0; st == NOPAD_OK && r < P; r++) {
+        first[r] = (int32_t)n;
+        n += counts[r];
+        if (n > INT32_MAX)
+            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: %lld examples, more "
+                                 "than %d", (long long)n, INT32_MAX);
+    }
+    if (st == NOPAD_OK && n == 0)
+        st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: no training example in "
+                             "any rank's share (blank, or nothing to mask)");
+    if (st == NOPAD_OK) st = reserve_examples(dp, n);
+    int32_t *my_lengths = st == NOPAD_OK ? malloc(((size_t)mine + 1) * sizeof *my_lengths) : NULL;
+    if (st == NOPAD_OK && !my_lengths)
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
     if (st == NOPAD_OK) {
-        for (int32_t e = 0; e < dp->n_examples && st == NOPAD_OK; e++)
-            if (dp->lengths[e] > local_tokens) /* every rank sees it: they all fail alike */
-                st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: example %d has %d "
-                                     "tokens, more than the batch budget of %d", e,
-                                     dp->lengths[e], local_tokens);
+        first[P] = (int32_t)n;
+        dp->n_examples = (int32_t)n;
+        for (int32_t j = 0; j < mine; j++) {
+            local->index[j] += first[dp->rank];
+            my_lengths[j] = (int32_t)(local->offsets[j + 1] - local->offsets[j]);
+        }
+        for (int32_t r = 0; r < P; r++)
+            for (int32_t e = first[r]; e < first[r + 1]; e++) dp->reader[e] = r, dp->local_index[e] = e - first[r];
+        size_t *scount = dp->staged[0].counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P;
+        for (int32_t r = 0; r < P; r++) {
+            scount[r] = (size_t)mine, soff[r] = 0;
+            rcount[r] = (size_t)counts[r], roff[r] = (size_t)first[r];
+        }
+        st = comm_all_to_allv(comm, NULL, dp->lengths, rcount, roff, my_lengths, scount, soff, COMM_I32);
     }
-    if (st == NOPAD_OK) st = train_dp_seek(dp, 0, 0);
+    free(counts), free(first), free(my_lengths);
+    for (int32_t e = 0; st == NOPAD_OK && e < dp->n_examples; e++)
+        if (dp->lengths[e] > local_tokens) /* every rank sees it: they all fail alike */
+            st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "training data: example %d has %d "
+                                 "tokens, more than the batch budget of %d", e, dp->lengths[e], local_tokens);
+    if (st == NOPAD_OK) st = train_dp_seek(dp, 0, 0, 0);
     if (st != NOPAD_OK) train_dp_free(dp);
     return st;
 }
 
-nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t cursor) {
+nopad_status train_dp_sum_counts(void *comm, nopad_status st, int64_t *values, size_t n) {
+    st = train_dp_agree(comm, st, "reading the training data");
+    if (st == NOPAD_OK && n > 0) st = comm_all_reduce(comm, NULL, values, n, COMM_I64, COMM_SUM);
+    return st;
+}
+
+nopad_status train_dp_init_stream(nopad_comm *comm, int exchange, train_model *m, train_stream *stream,
+                                  int32_t local_tokens, int32_t local_seqs, int32_t global_tokens,
+                                  int32_t global_seqs, uint64_t seed, train_dp *out) {
+    train_dp *dp = out;
+    nopad_status st = init_run(comm, exchange, m, local_tokens, local_seqs, global_tokens, global_seqs, seed, dp);
+    dp->stream = stream;
+    dp->local = &stream->data;
+    st = train_dp_agree(comm, st, "data-parallel training");
+    if (st == NOPAD_OK) st = train_dp_seek(dp, 0, 0, 0);
+    if (st != NOPAD_OK) train_dp_free(dp);
+    return st;
+}
+
+/* Streamed (collective): window w of the epoch. Each rank reads its blocks of it; every example's
+ * length goes to every rank (one all-to-all-v), laid out as one process reads the window (its
+ * blocks in the epoch's order, each block's lines in file order), with the rank that read it;
+ * the window's order is train_loader's over it. */
+static nopad_status load_window(train_dp *dp, int32_t w) {
+    train_stream *s = dp->stream;
+    const int32_t P = dp->size;
+    TRY(drop_staged(dp));
+    TRY(train_dp_agree(dp->comm, train_stream_seek(s, dp->epoch, w, 0), "reading the training data"));
+    dp->window = w;
+    const int32_t first = w * s->window_blocks;
+    const int32_t last = w >= s->n_windows ? first
+                       : s->n_blocks - first < s->window_blocks ? s->n_blocks : first + s->window_blocks;
+    int64_t n = 0;
+    for (int32_t i = first; i < last; i++) n += s->first_example[s->block_order[i] + 1] - s->first_example[s->block_order[i]];
+    TRY(reserve_examples(dp, n)); /* the same n on every rank: they fail alike */
+    size_t *counts = calloc(5 * (size_t)P + 1, sizeof *counts);
+    int32_t *by_rank = malloc((size_t)(n > 0 ? n : 1) * sizeof *by_rank);
+    int32_t *mine = malloc((size_t)(s->data.n_examples + 1) * sizeof *mine);
+    nopad_status st = NOPAD_OK;
+    if (!counts || !by_rank || !mine)
+        st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "data-parallel training: out of memory");
+    st = train_dp_agree(dp->comm, st, "reading the training data");
+    if (st == NOPAD_OK) {
+        size_t *scount = counts, *soff = scount + P, *rcount = soff + P, *roff = rcount + P, *at = roff + P;
+        for (int32_t i = first; i < last; i++) {
+            const int32_t b = s->block_order[i];
+            rcount[train_stream_block_reader(s, b)] += (size_t)(s->first_example[b + 1] - s->first_example[b]);
+        }
+        for (int32_t r = 1; r < P; r++) roff[r] = roff[r - 1] + rcount[r - 1];
+        for (int32_t j = 0; j < s->data.n_examples; j++)
+            mine[j] = (int32_t)(s->data.offsets[j + 1] - s->data.offsets[j]);
+        for (int32_t r = 0; r < P; r++) scount[r] = (size_t)s->data.n_examples;
+        st = comm_all_to_allv(dp->comm, NULL, by_rank, rcount, roff, mine, scount, soff, COMM_I32);
+        /* the window's examples in one process's order: each block's from the rank that read it */
+        int32_t e = 0;
+        for (int32_t i = first; st == NOPAD_OK && i < last; i++) {
+            const int32_t b = s->block_order[i], r = train_stream_block_reader(s, b);
+            for (int64_t k = s->first_example[b]; k < s->first_example[b + 1]; k++, e++) {
+                dp->reader[e] = r;
+                dp->local_index[e] = (int32_t)at[r];
+                dp->lengths[e] = by_rank[roff[r] + at[r]++];
+            }
+        }
+    }
+    free(counts), free(by_rank), free(mine);
+    TRY(st);
+    dp->n_examples = (int32_t)n;
+    train_shuffle(dp->order, dp->n_examples, dp->seed, dp->epoch, (uint32_t)w, TRAIN_SHUFFLE_EXAMPLES);
+    dp->cursor = dp->pack_cursor = 0;
+    return NOPAD_OK;
+}
+
+nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t window, int32_t cursor) {
+    dp->epoch = epoch;
+    if (dp->stream) {
+        if (window < 0 || window > dp->stream->n_windows)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dp_seek: window %d outside [0, %d]",
+                                   window, dp->stream->n_windows);
+        TRY(load_window(dp, window));
+    } else if (window != 0) {
+        return nopad_set_error(NOPAD_ERR_FORMAT, "window %d of an epoch whose data is held in memory (it "
+                               "has one)", window);
+    }
     if (cursor < 0 || cursor > dp->n_examples)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_dp_seek: cursor %d outside [0, %d]",
                                cursor, dp->n_examples);
     nopad_status st = drop_staged(dp);
-    train_shuffle(dp->order, dp->n_examples, dp->seed, epoch, 0, TRAIN_SHUFFLE_EXAMPLES);
-    dp->epoch = epoch;
+    if (!dp->stream) train_shuffle(dp->order, dp->n_examples, dp->seed, epoch, 0, TRAIN_SHUFFLE_EXAMPLES);
     dp->cursor = dp->pack_cursor = cursor;
     return st;
 }
@@ -385,34 +481,31 @@ static int32_t pack_from(const train_dp *dp, const int32_t *order, int32_t *curs
     return B;
 }
 
-int64_t train_dp_count_batches(train_dp *dp, uint32_t epoch) {
-    /* an order of its own: the staged batches keep theirs */
-    int32_t *order = malloc((size_t)dp->n_examples * sizeof *order);
-    if (!order) return -1;
-    train_shuffle(order, dp->n_examples, dp->seed, epoch, 0, TRAIN_SHUFFLE_EXAMPLES);
-    int64_t n = 0;
+nopad_status train_dp_count_batches(train_dp *dp, uint32_t epoch, int64_t *n) {
+    *n = 0;
     int32_t cursor = 0, tokens = 0;
-    while (pack_from(dp, order, &cursor, NULL, NULL, &tokens) > 0) n++;
-    free(order);
-    return n;
-}
-
-/* The rank that read example e. */
-static int32_t reader_of(const train_dp *dp, int32_t e) {
-    int32_t lo = 0, hi = dp->size - 1; /* the last r with first[r] <= e */
-    while (lo < hi) {
-        const int32_t mid = (lo + hi + 1) / 2;
-        if (dp->first[mid] <= e) lo = mid;
-        else hi = mid - 1;
+    if (dp->stream) { /* each window read (collective), as one process counts a streamed epoch */
+        dp->epoch = epoch;
+        for (int32_t w = 0; w < dp->stream->n_windows; w++) {
+            TRY(load_window(dp, w));
+            for (cursor = 0; pack_from(dp, dp->order, &cursor, NULL, NULL, &tokens) > 0;) (*n)++;
+        }
+        return NOPAD_OK;
     }
-    return lo;
+    /* an order of its own: the staged batches keep theirs */
+    int32_t *order = malloc((size_t)(dp->n_examples > 0 ? dp->n_examples : 1) * sizeof *order);
+    if (!order) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "counting the training steps: out of memory");
+    train_shuffle(order, dp->n_examples, dp->seed, epoch, 0, TRAIN_SHUFFLE_EXAMPLES);
+    while (pack_from(dp, order, &cursor, NULL, NULL, &tokens) > 0) (*n)++;
+    free(order);
+    return NOPAD_OK;
 }
 
 /* The record of this rank's example e (the corpus's number) at rec: masked as one process masks
  * it in this epoch. */
 static void build_record(const train_dp *dp, int32_t e, int32_t *rec) {
     const train_dataset *d = dp->local;
-    const int32_t j = e - dp->first[dp->rank];
+    const int32_t j = dp->local_index[e];
     const int32_t len = (int32_t)(d->offsets[j + 1] - d->offsets[j]);
     rec[0] = len;
     rec[1] = d->type0_len[j];
@@ -445,7 +538,7 @@ static nopad_status stage(train_dp *dp, train_dp_staged *g) {
     g->cursor = dp->pack_cursor;
     const int32_t B = g->n_batch;
     if (B == 0) return NOPAD_OK;
-    for (int32_t i = 0; i < B; i++) g->owner[i] = reader_of(dp, g->batch[i]);
+    for (int32_t i = 0; i < B; i++) g->owner[i] = dp->reader[g->batch[i]];
     int32_t moved = 0;
     if (dp->exchange)
         moved = train_balance_plan(g->blen, g->owner, B, P, g->dest);
@@ -531,6 +624,13 @@ nopad_status train_dp_next(train_dp *dp, int *got) {
     train_dp_staged *now = &dp->staged[dp->next];
     if (!now->valid) TRY(stage(dp, now)); /* the first step after a seek */
     TRY(take(dp, now));
+    /* streamed: a window's end reads the next window (the step does not overlap that) */
+    while (dp->n_batch == 0 && dp->stream && dp->window < dp->stream->n_windows) {
+        TRY(load_window(dp, dp->window + 1));
+        now = &dp->staged[dp->next];
+        TRY(stage(dp, now));
+        TRY(take(dp, now));
+    }
     if (dp->n_batch == 0) return NOPAD_OK;
     *got = 1;
     /* the next step's batch, on its way while this one computes */

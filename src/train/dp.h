@@ -29,6 +29,7 @@
 
 #include "parallel/comm.h"
 #include "train/data.h"
+#include "train/stream.h"
 #include "train/train.h"
 
 /* ---- the balance plan (a pure function of the lengths) ---------------------------------------- */
@@ -99,11 +100,15 @@ typedef struct train_dp {
     int32_t rank, size;
     int exchange;                 // 1: balance each global batch across the ranks
     train_model *model;
-    train_dataset *local;         // this rank's share; index[] the corpus's example numbers
-    /* the corpus */
-    int32_t n_examples;           // every rank's together
+    train_dataset *local;         // this rank's share (streamed: its blocks of the window); index[] the
+                                  // corpus's example numbers
+    train_stream *stream;         // streamed data (train_dp_init_stream), else NULL
+    int32_t window;               // streamed: the window loaded (0 in memory)
+    /* the corpus (streamed: the window), every rank's examples together */
+    int32_t n_examples;
     int32_t *lengths;             // [n_examples] tokens of each
-    int32_t *first;               // [size + 1] rank r read examples first[r] .. first[r+1]-1
+    int32_t *reader, *local_index; // [n_examples] the rank that read each, and where in its `local`
+    int32_t cap_examples;         // the arrays' length
     /* the global loader: train_loader's order and packing over every example */
     int32_t global_tokens, global_seqs;
     int32_t local_tokens, local_seqs; // one forward's budget (the context's)
@@ -147,11 +152,27 @@ nopad_status train_dp_init(nopad_comm *comm, int exchange, train_model *m, train
                            int32_t global_seqs, uint64_t seed, train_dp *out);
 void train_dp_free(train_dp *dp);
 
-/* The loader's position: example `cursor` of epoch `epoch`'s order (what a checkpoint saves,
- * the same numbers as one process's train_loader). */
-nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t cursor);
-/* The global batches of an epoch (from the lengths alone); -1 when out of memory. */
-int64_t train_dp_count_batches(train_dp *dp, uint32_t epoch);
+/* Streamed data: `stream`, opened by train_stream_open_share (rank and ranks the communicator's,
+ * train_dp_sum_counts as its sum with the communicator as user), read a window at a time: the
+ * windows of one process streaming the file with the same parameters, each rank reading its
+ * blocks of each window, the window's lengths exchanged when it is read (one all-to-all-v), its
+ * global batches train_loader's over it (from the same seed, epoch and window). A window's end
+ * reads the next one (collective), so the next step's exchange does not overlap that step.
+ * Collective, as train_dp_init. */
+nopad_status train_dp_init_stream(nopad_comm *comm, int exchange, train_model *m, train_stream *stream,
+                                  int32_t local_tokens, int32_t local_seqs, int32_t global_tokens,
+                                  int32_t global_seqs, uint64_t seed, train_dp *out);
+/* train_stream_sum_fn over the communicator `comm` (a nopad_comm *): agrees on st, then sums n
+ * int64 values across the ranks. */
+nopad_status train_dp_sum_counts(void *comm, nopad_status st, int64_t *values, size_t n);
+
+/* The loader's position: example `cursor` of window `window` (0 in memory) of epoch `epoch`'s
+ * order (what a checkpoint saves, the same numbers as one process's train_loader or
+ * train_stream). Collective when streamed. */
+nopad_status train_dp_seek(train_dp *dp, uint32_t epoch, int32_t window, int32_t cursor);
+/* The global batches of an epoch, from the lengths alone (streamed: reading every window,
+ * collective; the position is then lost: seek). */
+nopad_status train_dp_count_batches(train_dp *dp, uint32_t epoch, int64_t *n);
 /* Collective. The next global batch: planned (the same on every rank), exchanged, and this
  * rank's sequences built; *got = 0 at the epoch's end. The batch after it is staged at once: its
  * exchange runs while this one computes. */
@@ -184,8 +205,9 @@ nopad_status train_dp_agree(nopad_comm *comm, nopad_status st, const char *what)
  * and the log, and prints the exchange's balance at the end; every rank evaluates (the same
  * weights, so the same metrics) and calls on_step and on_eval; a stop asked for on any rank stops
  * every rank after the same step; log_batches logs each global batch once (rank 0), as one process
- * logs it, with the rank of each sequence, and pack_lines cuts one process's pieces. Streaming is
- * one process's only.
+ * logs it, with the rank of each sequence, and pack_lines cuts one process's pieces; streamed data
+ * (stream) is read by every rank a window at a time, each its blocks of the window
+ * (train_dp_init_stream).
  * nopad_train calls it with the launcher's world (nopad_world_size) when it has several ranks or
  * NOPAD_COMM_FORCE is set, else with NULL; the exchange on. */
 nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchange,

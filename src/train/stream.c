@@ -136,28 +136,82 @@ static nopad_status check_budget(const train_stream *s) {
     return NOPAD_OK;
 }
 
-/* The pass of train_stream_open: every block in file order, tokenized and counted. */
-static nopad_status scan(train_stream *s) {
-    int64_t newlines = 0, examples = 0;
-    for (int32_t b = 0; b < s->n_blocks; b++) {
-        s->newlines_before[b] = newlines;
+/* The '\n' bytes of each of the share's blocks into newlines_before (made a prefix by scan). */
+static nopad_status count_newlines(train_stream *s) {
+    for (int32_t b = s->share_first; b < s->share_end; b++) {
+        const int64_t start = (int64_t)b * s->block_bytes;
+        const int64_t end = start + s->block_bytes < s->size ? start + s->block_bytes : s->size;
+        TRY(ensure_text(s, (size_t)(end - start)));
+        TRY(read_exact(s, 0, start, (size_t)(end - start)));
+        int64_t n = 0;
+        for (int64_t i = 0; i < end - start; i++) n += s->text[i] == '\n';
+        s->newlines_before[b] = n;
+    }
+    return NOPAD_OK;
+}
+
+/* The share's blocks tokenized and counted: first_example[b] = the examples of block b (made a
+ * prefix by scan), and the share's tokens, truncated and skipped lines. */
+static nopad_status count_examples(train_stream *s) {
+    for (int32_t b = s->share_first; b < s->share_end; b++) {
         const char *lines;
         size_t owned, len;
         int64_t first_line, in_block;
         TRY(read_block(s, b, &lines, &owned, &len, &first_line, &in_block));
-        newlines += in_block;
         train_dataset_clear(&s->data);
-        TRY(train_dataset_add_lines(&s->data, s->tok, lines, len, owned, s->path, first_line, examples));
+        TRY(train_dataset_add_lines(&s->data, s->tok, lines, len, owned, s->path, first_line, 0));
         TRY(check_budget(s));
-        s->first_example[b] = examples;
-        examples += s->data.n_examples;
+        s->first_example[b] = s->data.n_examples;
         s->n_tokens += s->data.n_tokens;
         s->n_truncated += s->data.n_truncated;
         s->n_skipped += s->data.n_skipped;
         note_peak(s);
     }
-    s->first_example[s->n_blocks] = s->n_examples = examples;
+    return NOPAD_OK;
+}
+
+/* Counts for every block: the share's own, then summed over the ranks (sum: each rank holds
+ * zeros for the blocks of the others). */
+static nopad_status sum_counts(train_stream *s, nopad_status st, int64_t *values, size_t n,
+                               train_stream_sum_fn sum, void *user) {
+    return sum ? sum(user, st, values, n) : st;
+}
+
+/* The pass of train_stream_open: the share's blocks (every block for one process) in file order,
+ * their '\n' bytes counted (line numbers), then tokenized and counted; with several ranks the
+ * counts of every rank's blocks are summed after each half. */
+static nopad_status scan(train_stream *s, train_stream_sum_fn sum, void *user) {
+    const size_t n = (size_t)s->n_blocks;
+    memset(s->newlines_before, 0, (n + 1) * sizeof(int64_t));
+    memset(s->first_example, 0, (n + 1) * sizeof(int64_t));
+    TRY(sum_counts(s, count_newlines(s), s->newlines_before, n, sum, user));
+    int64_t before = 0;
+    for (size_t b = 0; b < n; b++) { /* counts into prefixes */
+        const int64_t in_block = s->newlines_before[b];
+        s->newlines_before[b] = before;
+        before += in_block;
+    }
+    nopad_status st = count_examples(s);
     train_dataset_clear(&s->data);
+    int64_t totals[3] = {s->n_tokens, s->n_truncated, s->n_skipped};
+    s->first_example[n] = 0;
+    if (sum) { /* the blocks' example counts and the totals, in one sum */
+        int64_t *all = malloc((n + 3) * sizeof *all);
+        if (!all) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", s->path);
+        if (all) memcpy(all, s->first_example, n * sizeof *all), memcpy(all + n, totals, sizeof totals);
+        st = sum_counts(s, st, all, all ? n + 3 : 0, sum, user);
+        if (st == NOPAD_OK) memcpy(s->first_example, all, n * sizeof *all), memcpy(totals, all + n, sizeof totals);
+        free(all);
+    }
+    TRY(st);
+    s->n_tokens = totals[0], s->n_truncated = totals[1], s->n_skipped = totals[2];
+    int64_t examples = 0;
+    for (size_t b = 0; b <= n; b++) {
+        const int64_t in_block = s->first_example[b];
+        s->first_example[b] = examples;
+        examples += in_block;
+    }
+    s->n_examples = examples;
     if (examples == 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no training example (%lld lines "
                                "skipped: blank, or nothing to mask)", s->path,
@@ -178,6 +232,7 @@ static nopad_status load_window(train_stream *s, int32_t w) {
         const int32_t b = s->block_order[i];
         const int64_t expect = s->first_example[b + 1] - s->first_example[b];
         if (expect == 0) continue; // no example starts here: nothing to read
+        if (b < s->share_first || b >= s->share_end) continue; // another rank's
         const char *lines;
         size_t owned, len;
         int64_t first_line, newlines;
@@ -190,7 +245,7 @@ static nopad_status load_window(train_stream *s, int32_t w) {
                                    "(block %d had %lld examples when opened, now %d)", s->path, b,
                                    (long long)expect, s->data.n_examples - before);
     }
-    if (s->data.n_examples > 0) {
+    if (s->data.n_examples > 0 && s->ranks == 1) {
         TRY(train_loader_init(&s->data, s->max_tokens, s->max_seqs, s->seed, &s->loader));
         s->have_loader = 1;
         s->loader.window = (uint32_t)w;
@@ -204,10 +259,29 @@ nopad_status train_stream_open(const char *path, const nopad_tokenizer *tok,
                                const train_data_params *params, const train_stream_params *sp,
                                int32_t max_tokens, int32_t max_seqs, uint64_t seed,
                                train_stream *out) {
+    return train_stream_open_share(path, tok, params, sp, max_tokens, max_seqs, seed, 0, 1, NULL, NULL, out);
+}
+
+int32_t train_stream_share_first(int32_t n_blocks, int32_t rank, int32_t ranks) {
+    return (int32_t)((int64_t)n_blocks * rank / ranks);
+}
+
+int32_t train_stream_block_reader(const train_stream *s, int32_t b) {
+    int32_t r = (int32_t)((int64_t)b * s->ranks / (s->n_blocks > 0 ? s->n_blocks : 1));
+    while (r + 1 < s->ranks && train_stream_share_first(s->n_blocks, r + 1, s->ranks) <= b) r++;
+    while (r > 0 && train_stream_share_first(s->n_blocks, r, s->ranks) > b) r--;
+    return r;
+}
+
+nopad_status train_stream_open_share(const char *path, const nopad_tokenizer *tok,
+                                     const train_data_params *params, const train_stream_params *sp,
+                                     int32_t max_tokens, int32_t max_seqs, uint64_t seed, int32_t rank,
+                                     int32_t ranks, train_stream_sum_fn sum, void *user, train_stream *out) {
     memset(out, 0, sizeof *out);
     out->fd = -1;
-    if (!path || !tok || !params || !sp)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_stream_open: NULL argument");
+    if (!path || !tok || !params || !sp || ranks < 1 || rank < 0 || rank >= ranks || (ranks > 1 && !sum))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_stream_open: NULL argument, or rank %d "
+                               "of %d", rank, ranks);
     if (sp->block_bytes < 1 || sp->window_blocks < 1 || max_tokens < 1 || max_seqs < 1)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "train_stream_open: blocks of %lld "
                                "bytes, %d a window, batches of %d tokens and %d sequences: "
@@ -219,6 +293,7 @@ nopad_status train_stream_open(const char *path, const nopad_tokenizer *tok,
     out->max_tokens = max_tokens;
     out->max_seqs = max_seqs;
     out->seed = seed;
+    out->ranks = ranks;
     nopad_status st = train_dataset_init(tok, params, &out->data);
     if (st != NOPAD_OK) return st;
     out->path = strdup(path);
@@ -237,6 +312,8 @@ nopad_status train_stream_open(const char *path, const nopad_tokenizer *tok,
                                  (long long)blocks, (long long)out->block_bytes);
         out->n_blocks = (int32_t)blocks;
         out->n_windows = (int32_t)((blocks + out->window_blocks - 1) / out->window_blocks);
+        out->share_first = train_stream_share_first(out->n_blocks, rank, ranks);
+        out->share_end = train_stream_share_first(out->n_blocks, rank + 1, ranks);
     }
     if (st == NOPAD_OK) {
         const size_t n = (size_t)out->n_blocks;
@@ -246,8 +323,10 @@ nopad_status train_stream_open(const char *path, const nopad_tokenizer *tok,
         if (!out->newlines_before || !out->first_example || !out->block_order)
             st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
     }
-    if (st == NOPAD_OK) st = scan(out);
-    if (st == NOPAD_OK) st = train_stream_seek(out, 0, 0, 0);
+    /* with several ranks the scan's sums are collective: every rank takes part, failed or not */
+    if (sum) st = sum(user, st, NULL, 0);
+    if (st == NOPAD_OK) st = scan(out, sum, user);
+    if (st == NOPAD_OK && ranks == 1) st = train_stream_seek(out, 0, 0, 0); /* a rank's: by train_dp */
     if (st != NOPAD_OK) train_stream_close(out);
     return st;
 }

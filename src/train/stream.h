@@ -46,6 +46,9 @@ typedef struct train_stream {
     int64_t *newlines_before; // [n_blocks] '\n' bytes before each block's start
     int64_t *first_example;   // [n_blocks + 1] corpus index of each block's first example
     int64_t n_examples, n_tokens, n_truncated, n_skipped;
+    /* the blocks this process reads: every one, or a data-parallel rank's [share_first, share_end)
+     * of `ranks` (train_stream_open_share) */
+    int32_t ranks, share_first, share_end;
     /* batching */
     int32_t max_tokens, max_seqs;
     uint64_t seed;
@@ -67,6 +70,25 @@ nopad_status train_stream_open(const char *path, const nopad_tokenizer *tok,
                                const train_data_params *params, const train_stream_params *sp,
                                int32_t max_tokens, int32_t max_seqs, uint64_t seed,
                                train_stream *out);
+/* Data-parallel streaming (train/dp.h): rank `rank` of `ranks` reads the blocks of its 1/N of the
+ * file (blocks share_first(rank) .. share_first(rank + 1) - 1), and only those: its '\n' bytes and
+ * examples are counted at opening, then summed with the other ranks' by `sum` (collective: every
+ * rank's values added in place, after the ranks agree on `st`, each rank's status so far: a
+ * failure on one is returned on all; called with n = 0 to agree alone), so every rank knows every
+ * block's line numbers and example count, and each window's reading (train_stream_seek) reads the
+ * rank's blocks of the window only, without a loader (train_dp packs the window's examples of
+ * every rank). Lines, example numbers and windows are those of train_stream_open on the whole file
+ * with the same parameters; the stream is not positioned (train_dp seeks it). ranks 1: the stream
+ * of train_stream_open (sum unused). */
+typedef nopad_status (*train_stream_sum_fn)(void *user, nopad_status st, int64_t *values, size_t n);
+nopad_status train_stream_open_share(const char *path, const nopad_tokenizer *tok,
+                                     const train_data_params *params, const train_stream_params *sp,
+                                     int32_t max_tokens, int32_t max_seqs, uint64_t seed, int32_t rank,
+                                     int32_t ranks, train_stream_sum_fn sum, void *user, train_stream *out);
+/* The first block of rank `rank` of `ranks` among n_blocks, and the rank that reads block b. */
+int32_t train_stream_share_first(int32_t n_blocks, int32_t rank, int32_t ranks);
+int32_t train_stream_block_reader(const train_stream *s, int32_t b);
+
 /* Positions the stream at example `cursor` of window `window` of epoch `epoch` (what a
  * checkpoint saved: s->epoch, s->window, s->loader.cursor after a batch). */
 nopad_status train_stream_seek(train_stream *s, uint32_t epoch, int32_t window, int32_t cursor);

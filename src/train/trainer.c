@@ -187,11 +187,11 @@ static nopad_status load_data(run *r, const nopad_train_params *p, const char *p
 /* The training data's position: an epoch, the window of a streamed one (0 in memory) and the
  * examples of the epoch's (or window's) order already batched. */
 static nopad_status data_seek(run *r, uint32_t epoch, int32_t window, int32_t cursor) {
+    if (r->have_dp) return train_dp_seek(&r->dp, epoch, window, cursor);
     if (r->streaming) return train_stream_seek(&r->stream, epoch, window, cursor);
     if (window != 0)
         return nopad_set_error(NOPAD_ERR_FORMAT, "window %d of an epoch whose data is held in "
                                "memory (it has one)", window);
-    if (r->have_dp) return train_dp_seek(&r->dp, epoch, cursor);
     return train_loader_seek(&r->loader, epoch, cursor);
 }
 
@@ -215,8 +215,9 @@ static nopad_status count_steps(run *r, int32_t epochs, int64_t *total) {
     *total = 0;
     for (int32_t e = 0; e < epochs; e++) {
         if (r->have_dp) {
-            const int64_t n = train_dp_count_batches(&r->dp, (uint32_t)e);
-            if (n < 0) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "counting the training steps: out of memory");
+            int64_t n = 0;
+            nopad_status st = train_dp_count_batches(&r->dp, (uint32_t)e, &n);
+            if (st != NOPAD_OK) return st;
             *total += n;
             continue;
         }
@@ -546,15 +547,6 @@ static nopad_status resume_best(const nopad_train_params *p, const train_state *
     return st;
 }
 
-/* What data-parallel training does not take yet, refused on every rank alike. */
-static nopad_status check_dp_params(const nopad_train_params *p) {
-    if (p->stream)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "data-parallel training reads each rank's "
-                               "share of the data into memory; streaming is for one process "
-                               "(stream = 0, `nopad train --no-stream`)");
-    return NOPAD_OK;
-}
-
 nopad_status nopad_train(const nopad_train_params *p, nopad_train_result *out) {
     if (!p || !out) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_train: NULL argument");
     /* under a launcher, its world trains data-parallel; NOPAD_COMM_FORCE sends one process through
@@ -581,7 +573,6 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
     run r = {0};
     r.rank = comm ? comm_rank(comm) : 0;
     nopad_status st = check_params(p);
-    if (st == NOPAD_OK && parallel) st = check_dp_params(p);
     if (st != NOPAD_OK) return st;
     const train_task task = p->task == NOPAD_TRAIN_CLASSIFY ? TRAIN_TASK_CLASSIFY : TRAIN_TASK_MLM;
 #define CHECK(expr)                                                                                \
@@ -651,7 +642,18 @@ nopad_status train_run(const nopad_train_params *p, nopad_comm *comm, int exchan
         goto done;
     }
     const int32_t global_tokens = global_tokens64 > max_len ? (int32_t)global_tokens64 : max_len;
-    if (parallel) {
+    if (parallel && p->stream) { /* each rank reads its blocks of each window */
+        const train_data_params dp = data_params(&r, p, p->data_path);
+        const train_stream_params sp = train_stream_params_for_buffer(p->stream_buffer);
+        CHECK(train_stream_open_share(p->data_path, r.tok, &dp, &sp, budget, p->batch_seqs, p->seed, r.rank,
+                                      ranks, train_dp_sum_counts, comm, &r.stream));
+        r.streaming = 1;
+        CHECK(train_dp_init_stream(comm, exchange, &r.model, &r.stream, budget, p->batch_seqs, global_tokens,
+                                   (int32_t)global_seqs64, p->seed, &r.dp));
+        r.have_dp = 1;
+        out->n_examples = r.stream.n_examples < INT32_MAX ? (int32_t)r.stream.n_examples : INT32_MAX;
+        out->n_truncated = r.stream.n_truncated < INT32_MAX ? (int32_t)r.stream.n_truncated : INT32_MAX;
+    } else if (parallel) {
         const train_data_params dp = data_params(&r, p, p->data_path);
         st = train_dataset_load_shard(p->data_path, r.tok, &dp, r.rank, ranks, &r.data);
         r.have_data = st == NOPAD_OK;

@@ -90,10 +90,11 @@ static const char train_help[] =
     "                      whole into memory (4 bytes a token): memory bounded by the window\n"
     "                      whatever the corpus size; blocks of the file shuffled per epoch, the\n"
     "                      examples of a window shuffled together. The default for data over\n"
-    "                      1 GiB (said on stderr); --no-stream holds such data in memory\n"
+    "                      1 GiB a process (said on stderr); --no-stream holds such data in\n"
+    "                      memory. With --nproc each process reads its 1/N of each window\n"
     "  --stream-buffer S   the text a streamed window holds (default 64M; k, M, G suffixes;\n"
     "                      at least 1k): more mixes the data better; the loader holds about\n"
-    "                      2.5x S (English text, WordPiece)\n"
+    "                      2.5x S (English text, WordPiece), 1/N of it a process with --nproc\n"
     "  --nproc N           train data-parallel over N processes of this machine (one per GPU with\n"
     "                      --device cuda), started under mpirun: each reads 1/N of --data and\n"
     "                      computes a batch of --batch-tokens and --batch-seqs, so a step's batch\n"
@@ -560,15 +561,16 @@ int cmd_train(int argc, char **argv) {
             print_error("cannot read %s '%s'", i ? "--eval" : "--data", files[i]);
             return EXIT_ERROR;
         }
-    /* data too large to hold tokenized is streamed, and the run says so */
+    /* data too large to hold tokenized is streamed, and the run says so (with several processes,
+     * each holds its share of the file: that is what must fit) */
     struct stat info;
-    if (!cl.stream_given && !o.pack_lines && world == 1 && stat(o.data_path, &info) == 0 &&
-        (int64_t)info.st_size > AUTO_STREAM_BYTES) {
+    if (!cl.stream_given && !o.pack_lines && stat(o.data_path, &info) == 0 &&
+        (int64_t)info.st_size / world > AUTO_STREAM_BYTES) {
         o.stream = 1;
-        if (!cl.quiet)
-            fprintf(stderr, "%s is %.1f GiB: streaming it in windows of %.0f MiB (--no-stream "
+        if (!cl.quiet && rank == 0)
+            fprintf(stderr, "%s is %.1f GiB%s: streaming it in windows of %.0f MiB (--no-stream "
                             "holds it in memory)\n", o.data_path,
-                    (double)info.st_size / (double)AUTO_STREAM_BYTES,
+                    (double)info.st_size / (double)AUTO_STREAM_BYTES, world > 1 ? ", over 1 a process" : "",
                     (double)o.stream_buffer / (1 << 20));
     }
     progress_state ps = {.quiet = cl.quiet, .enabled = isatty(STDERR_FILENO), .every = 10,
