@@ -145,7 +145,7 @@ static nopad_status pack_share(nopad_comm *comm, train_dataset *d) {
     const int32_t P = comm_size(comm), me = comm_rank(comm);
     const int64_t L = d->params.max_length, H = L - 1; /* a piece's tokens after its first */
     int64_t *counts = calloc((size_t)P, sizeof *counts);
-    int32_t *heads = calloc((size_t)P * (size_t)H + 1, sizeof *heads), *tail = malloc((size_t)H * sizeof *tail + 1);
+    int32_t *heads = calloc((size_t)P * (size_t)H, sizeof *heads), *tail = malloc((size_t)H * sizeof *tail);
     if (!counts || !heads || !tail) {
         free(counts), free(heads), free(tail);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "packing the training lines: out of memory");

@@ -6,8 +6,10 @@
  *   (train_dataset_load_shard); the ranks then exchange the examples' lengths (4 bytes an
  *   example), so each knows every example's length and which rank read it. The global batches
  *   are those one process makes with the global budget (train_loader's shuffle and packing over
- *   all examples, from the same seed), and an example's masking is keyed by its number in the
- *   corpus, so a run's steps do not depend on the world size.
+ *   all examples, from the same seed), and an example's masking and dropout masks are keyed by
+ *   its number in the corpus, so a run's steps do not depend on the world size. Packed lines are
+ *   cut into one process's pieces across the shares; streamed data is read a window at a time,
+ *   each rank reading its blocks of the window (train_dp_init_stream).
  * - The exchange: the sequences of a global batch start on the ranks that read them, which is
  *   unbalanced (one rank may hold twice another's tokens, and every all-reduce waits for the
  *   slowest). train_balance_plan reassigns them from the lengths alone, balancing each rank's

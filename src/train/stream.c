@@ -197,10 +197,17 @@ static nopad_status scan(train_stream *s, train_stream_sum_fn sum, void *user) {
     s->first_example[n] = 0;
     if (sum) { /* the blocks' example counts and the totals, in one sum */
         int64_t *all = malloc((n + 3) * sizeof *all);
-        if (!all) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", s->path);
-        if (all) memcpy(all, s->first_example, n * sizeof *all), memcpy(all + n, totals, sizeof totals);
-        st = sum_counts(s, st, all, all ? n + 3 : 0, sum, user);
-        if (st == NOPAD_OK) memcpy(s->first_example, all, n * sizeof *all), memcpy(totals, all + n, sizeof totals);
+        if (all) {
+            memcpy(all, s->first_example, n * sizeof *all);
+            memcpy(all + n, totals, sizeof totals);
+        } else {
+            st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", s->path);
+        }
+        st = sum_counts(s, st, all, all ? n + 3 : 0, sum, user); /* agreed first: no sum after a failure */
+        if (st == NOPAD_OK) {
+            memcpy(s->first_example, all, n * sizeof *all);
+            memcpy(totals, all + n, sizeof totals);
+        }
         free(all);
     }
     TRY(st);
