@@ -36,10 +36,12 @@ enum { MAX_MODELS = 8, STEPS = 5 };
 
 /* One random batch: `n_seqs` sequences of lengths in [1, max_len] (the first 1, the second
  * max_len), ids in [lo, vocab), ~15% of the positions masked (at least one a sequence), labels
- * for classification in [0, 3). */
+ * for classification in [0, 3), random example numbers (every third past 2³²) keying the
+ * dropout masks. */
 typedef struct batch_data {
     train_batch b;
     int32_t cu[65], tokens[64 * 512], positions[64 * 512], mlm_labels[64 * 512], labels[64];
+    int64_t examples[64];
 } batch_data;
 
 static void make_batch(batch_data *d, int32_t n_seqs, int32_t max_len, int32_t vocab, uint64_t *rng) {
@@ -52,6 +54,7 @@ static void make_batch(batch_data *d, int32_t n_seqs, int32_t max_len, int32_t v
     int32_t M = 0;
     for (int32_t s = 0; s < n_seqs; s++) {
         d->labels[s] = (int32_t)(test_rand_u32(rng) % 3);
+        d->examples[s] = (int64_t)test_rand_u32(rng) + (s % 3 == 0 ? (int64_t)1 << 32 : 0);
         int any = 0;
         for (int32_t t = d->cu[s]; t < d->cu[s + 1]; t++) {
             d->tokens[t] = lo + (int32_t)(test_rand_u32(rng) % (uint32_t)(vocab - lo));
@@ -63,7 +66,7 @@ static void make_batch(batch_data *d, int32_t n_seqs, int32_t max_len, int32_t v
         }
     }
     (void)T;
-    d->b = (train_batch){.n_seqs = n_seqs, .cu_seqlens = d->cu, .tokens = d->tokens,
+    d->b = (train_batch){.n_seqs = n_seqs, .cu_seqlens = d->cu, .tokens = d->tokens, .examples = d->examples,
                          .n_masked = M, .mlm_positions = d->positions, .mlm_labels = d->mlm_labels,
                          .labels = d->labels};
 }
