@@ -3,9 +3,10 @@
  *
  * Input: a mode byte (0 schema, 1 regex, 2 choices split at '\n', 3 any JSON object, 4 a JSON
  * sequence: schemas split at 0x1E, between "<", "," and ">", 1 to (mode byte / 5) % 4 values or,
- * when that is 0, any number), the grammar's source up to the first NUL, then the text. Invariants: a refused byte leaves the
- * state as it was; a restore returns to the saved state; every token a mask allows is accepted
- * by the matcher and every refused one is not; EOS is allowed exactly when accepting. */
+ * when that is 0, any number), the grammar's source up to the first NUL, then the text.
+ * Invariants: a refused byte leaves the state as it was; a restore returns to the saved state;
+ * every token a mask allows is accepted by the matcher and every refused one is not; EOS is
+ * allowed exactly when accepting. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

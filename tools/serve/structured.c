@@ -189,8 +189,10 @@ int structured_tool_choice(const gen_request *r, chat_tool_format format, nopad_
     for (int i = 0; i < n && !rc; i++) {
         const int k = first + i;
         char param[64];
-        snprintf(param, sizeof param, r->kind == GEN_RESPONSES ? "tools[%d].parameters" : "tools[%d].function.parameters", k);
-        cJSON *def = cJSON_Parse(r->tools[k].json); /* {"type", "function": {"name", "description", "parameters"}} */
+        snprintf(param, sizeof param,
+                 r->kind == GEN_RESPONSES ? "tools[%d].parameters" : "tools[%d].function.parameters", k);
+        /* the definition: {"type", "function": {"name", "description", "parameters"}} */
+        cJSON *def = cJSON_Parse(r->tools[k].json);
         const cJSON *params = field(field(def, "function"), "parameters");
         const char *bad_ref = NULL;
         nopad_constraint *alone = NULL;
@@ -202,7 +204,8 @@ int structured_tool_choice(const gen_request *r, chat_tool_format format, nopad_
                           "parameters' $defs or definitions", param, bad_ref);
         } else if (params && from_schema(params, param, &alone, e)) {
             rc = -1; /* compiled alone first: the error names the keyword by its path in them */
-        } else if (!(schemas[i] = call_schema(r->tools[k].name, params, format == TOOLS_LLAMA3 ? "parameters" : "arguments"))) {
+        } else if (!(schemas[i] = call_schema(r->tools[k].name, params,
+                                              format == TOOLS_LLAMA3 ? "parameters" : "arguments"))) {
             rc = api_fail(e, 500, "server_error", NULL, "tools", "out of memory");
         }
         nopad_constraint_free(alone);
@@ -213,9 +216,12 @@ int structured_tool_choice(const gen_request *r, chat_tool_format format, nopad_
          * "required", any number */
         const int32_t max = r->tool_choice_named < 0 && r->parallel_tool_calls ? -1 : 1;
         const char *open = format == TOOLS_HERMES ? "<tool_call>\n" : format == TOOLS_MISTRAL ? "[" : "";
-        const char *sep = format == TOOLS_HERMES ? "\n</tool_call>\n<tool_call>\n" : format == TOOLS_MISTRAL ? ", " : ";";
+        const char *sep = format == TOOLS_HERMES    ? "\n</tool_call>\n<tool_call>\n"
+                          : format == TOOLS_MISTRAL ? ", "
+                                                    : ";";
         const char *close = format == TOOLS_HERMES ? "\n</tool_call>" : format == TOOLS_MISTRAL ? "]" : "";
-        const nopad_status st = nopad_constraint_json_sequence((const char *const *)schemas, n, open, sep, close, 1, max, out);
+        const nopad_status st =
+            nopad_constraint_json_sequence((const char *const *)schemas, n, open, sep, close, 1, max, out);
         if (st != NOPAD_OK) rc = refused(e, st, "tools");
     }
     for (int i = 0; i < n; i++) cJSON_free(schemas[i]);
