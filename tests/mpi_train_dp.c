@@ -3,10 +3,11 @@
  * 64 ids, 32 positions):
  *   - N ranks of B tokens and S sequences each against one process of N·B and N·S (run on rank 0
  *     with a world of one inside the same job): every step's loss and every parameter after 5
- *     steps within the bounds below, with the exchange off and on, masked LM with AdamW and with
- *     LAMB, and 3-label classification with AdamW, all without dropout; then masked LM with AdamW
- *     and classification with LAMB with dropout and attention dropout at 0.2 (masks keyed by the
- *     example: the same bounds);
+ *     steps within the bounds below, every step's batch as logged (log_batches) the same, with
+ *     the exchange off and on, masked LM with AdamW and with LAMB, and 3-label classification
+ *     with AdamW, all without dropout; then masked LM with AdamW and classification with LAMB
+ *     with dropout and attention dropout at 0.2 (masks keyed by the example: the same bounds);
+ *     masked LM on packed lines; and both tasks streamed in small windows;
  *   - the exchange on data skewed on purpose (rank 0 reads every long line): the most loaded
  *     rank's tokens over the mean, averaged over the run, above 1.3 as read and at most 1.1 after
  *     the exchange, and the results those of the run without it;
@@ -140,7 +141,42 @@ typedef struct variant {
     int64_t stream_buffer;
 } variant;
 
-/* N ranks x (B, S) against one process x (N·B, N·S): 5 steps, exchange off and on. */
+/* Rank 0: every step of the N ranks' log (log_batches) holds the batch of one process's: the same
+ * sequences, ids, types, masked rows and labels, and sequence_ranks naming a rank for each. */
+static void expect_logged_batches(const char *ref_log, const char *dp_log) {
+    size_t len_a = 0, len_b = 0;
+    char *a = test_read_file(ref_log, &len_a), *b = test_read_file(dp_log, &len_b);
+    static const char *const fields[] = {"cu_seqlens", "input_ids", "token_type_ids", "mlm_positions",
+                                         "mlm_labels", "labels", "targets"};
+    int logged = 0;
+    char *save_a = NULL, *save_b = NULL;
+    for (char *la = strtok_r(a, "\n", &save_a), *lb = strtok_r(b, "\n", &save_b); la && lb;
+         la = strtok_r(NULL, "\n", &save_a), lb = strtok_r(NULL, "\n", &save_b)) {
+        cJSON *ja = cJSON_Parse(la), *jb = cJSON_Parse(lb);
+        assert_non_null(ja);
+        assert_non_null(jb);
+        if (cJSON_GetObjectItem(ja, "loss")) {
+            assert_non_null(cJSON_GetObjectItem(ja, "cu_seqlens"));
+            for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+                const cJSON *fa = cJSON_GetObjectItem(ja, fields[k]);
+                if (fa && !cJSON_Compare(fa, cJSON_GetObjectItem(jb, fields[k]), 1))
+                    fail_msg("step %d: %s differs from one process's", logged + 1, fields[k]);
+            }
+            const cJSON *ranks = cJSON_GetObjectItem(jb, "sequence_ranks");
+            assert_non_null(ranks);
+            assert_int_equal(cJSON_GetArraySize(ranks), cJSON_GetArraySize(cJSON_GetObjectItem(ja, "cu_seqlens")) - 1);
+            for (const cJSON *r = ranks->child; r; r = r->next) assert_true(r->valueint >= 0 && r->valueint < RANKS);
+            logged++;
+        }
+        cJSON_Delete(ja);
+        cJSON_Delete(jb);
+    }
+    assert_int_equal(logged, 5);
+    free(a), free(b);
+}
+
+/* N ranks x (B, S) against one process x (N·B, N·S): 5 steps, exchange off and on, their batches
+ * logged (log_batches) and compared too. */
 static void check_against_one(const char *which, train_task task, nopad_train_optimizer opt,
                               const char *data_path, int32_t tokens, int32_t seqs, variant v) {
     const float dropout = v.dropout;
@@ -154,13 +190,18 @@ static void check_against_one(const char *which, train_task task, nopad_train_op
     p.pack_lines = pack;
     p.stream = v.stream_buffer > 0;
     p.stream_buffer = v.stream_buffer > 0 ? v.stream_buffer : p.stream_buffer;
-    char ref_dir[512], dp_dir[512];
+    p.log_batches = 1;
+    char ref_dir[512], dp_dir[512], ref_log[600], dp_log[600];
     shared_dir(ref_dir);
+    snprintf(ref_log, sizeof ref_log, "%s/log.jsonl", ref_dir);
+    p.log_path = ref_log;
     steps ref = {.stop_at = 5};
     nopad_train_result ref_res;
     reference(&p, ref_dir, &ref, &ref_res);
     for (int exchange = 0; exchange <= 1; exchange++) {
         shared_dir(dp_dir);
+        snprintf(dp_log, sizeof dp_log, "%s/log.jsonl", dp_dir);
+        p.log_path = dp_log;
         steps got = {.stop_at = 5};
         nopad_train_result res;
         data_parallel(&p, dp_dir, exchange, &got, &res);
@@ -176,6 +217,7 @@ static void check_against_one(const char *which, train_task task, nopad_train_op
                    res.n_examples, dl, dw);
             assert_true(dl <= 1e-5);
             assert_true(dw <= 1e-5);
+            expect_logged_batches(ref_log, dp_log);
         }
         assert_nopad_ok(comm_barrier(world, NULL));
     }
