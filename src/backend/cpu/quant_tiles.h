@@ -337,15 +337,25 @@ KERNEL void tile(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_t 
     }
 }
 
-/* One function per tile shape, each with every format's kernel inlined. */
+/* One function per tile shape, each with every format's kernel inlined: n_tiles tiles of R rows
+ * one after the other (rows w_bytes apart) against C tokens, into y[c · ldy + r]. */
 #define TILE_FN(R, C)                                                                              \
-    TARGET static void tile_##R##x##C(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_t *a, \
-                                      size_t a_bytes, int32_t nb, float *out) {                     \
-        tile(type, w, w_bytes, a, a_bytes, nb, out, R, C);                                          \
+    TARGET static void tiles_##R##x##C(uint32_t type, const uint8_t *w, size_t w_bytes, int32_t n_tiles,  \
+                                       const uint8_t *a, size_t a_bytes, int32_t nb, float *y, size_t ldy, \
+                                       int accumulate) {                                            \
+        for (int32_t k = 0; k < n_tiles; k++) {                                                     \
+            float out[R * C];                                                                       \
+            tile(type, w + w_bytes * (size_t)k * R, w_bytes, a, a_bytes, nb, out, R, C);            \
+            for (int r = 0; r < R; r++)                                                             \
+                for (int c = 0; c < C; c++) {                                                       \
+                    float *dst = y + ldy * (size_t)c + (size_t)k * R + r;                           \
+                    *dst = accumulate ? *dst + out[r * C + c] : out[r * C + c];                     \
+                }                                                                                   \
+        }                                                                                           \
     }
 #define TILE_FN_OF(R, C) TILE_FN(R, C) /* R expanded first */
-#define TILE_NAME(R, C) tile_##R##x##C
-#define TILE_OF(R, C) TILE_NAME(R, C)
+#define TILES_NAME(R, C) tiles_##R##x##C
+#define TILES_OF(R, C) TILES_NAME(R, C)
 TILE_FN(1, 1)
 TILE_FN(1, 4)
 TILE_FN_OF(QUANT_TILES_ROWS32, 1)
@@ -357,24 +367,24 @@ void QUANT_TILES_GEMM(uint32_t type, const void *w_, size_t w_bytes, int32_t n_r
     const uint8_t *w = w_, *a = act;
     /* Tiles of QUANT_TILES_ROWS32 rows × 4 tokens for the blocks of 32, 1 × 4 for the k-quants
      * (their per-block integer sums take a register per pair besides the float sums): as many
-     * accumulators as the registers hold beside the unpacked weights (docs/decoder.md). */
-    const int tile_r = cpu_quant_block_size(type) == QK ? QUANT_TILES_ROWS32 : 1, tile_c = 4;
-    float out[R_MAX * C_MAX];
-    for (int32_t r0 = 0; r0 < n_rows;) {
-        const int R = n_rows - r0 >= tile_r ? tile_r : 1;
-        for (int32_t t0 = 0; t0 < n_tokens;) {
-            const int C = n_tokens - t0 >= tile_c ? tile_c : 1;
-            const uint8_t *wt = w + w_bytes * (size_t)r0, *at = a + act_bytes * (size_t)t0;
-            if (R > 1) (C == 4 ? TILE_OF(QUANT_TILES_ROWS32, 4) : TILE_OF(QUANT_TILES_ROWS32, 1))(type, wt, w_bytes, at, act_bytes, n_blocks, out);
-            else (C == 4 ? tile_1x4 : tile_1x1)(type, wt, w_bytes, at, act_bytes, n_blocks, out);
-            for (int r = 0; r < R; r++)
-                for (int c = 0; c < C; c++) {
-                    float *dst = y + ldy * (size_t)(t0 + c) + (r0 + r);
-                    *dst = accumulate ? *dst + out[r * C + c] : out[r * C + c];
-                }
-            t0 += C;
-        }
-        r0 += R;
+     * accumulators as the registers hold beside the unpacked weights (docs/decoder.md). Below 4
+     * tokens (decode) one row at a time: the weights come from DRAM there, and rows read side by
+     * side are streams the hardware prefetchers follow badly (SmolLM2's Q8_0 LM head, 30 MB, ran
+     * at a third of one row's rate in 4-row tiles). The caller's rows are few (a tile of them
+     * stays in L1 while every group of tokens passes). */
+    const int wide = cpu_quant_block_size(type) == QK && n_tokens >= 4;
+    const int32_t R = wide ? QUANT_TILES_ROWS32 : 1, full = n_rows / R * R;
+    for (int32_t t0 = 0; t0 < n_tokens;) {
+        const int four = n_tokens - t0 >= 4;
+        const uint8_t *at = a + act_bytes * (size_t)t0;
+        float *yt = y + ldy * (size_t)t0;
+        if (wide)
+            (four ? TILES_OF(QUANT_TILES_ROWS32, 4) : TILES_OF(QUANT_TILES_ROWS32, 1))(
+                type, w, w_bytes, full / R, at, act_bytes, n_blocks, yt, ldy, accumulate);
+        (four ? tiles_1x4 : tiles_1x1)(type, w + w_bytes * (size_t)(wide ? full : 0), w_bytes,
+                                       wide ? n_rows - full : n_rows, at, act_bytes, n_blocks,
+                                       yt + (wide ? full : 0), ldy, accumulate);
+        t0 += four ? 4 : 1;
     }
 }
 
