@@ -95,7 +95,9 @@ class TokenizeParams(ctypes.Structure):
 
 class SamplingParams(ctypes.Structure):
     _fields_ = [("temperature", ctypes.c_float), ("top_k", ctypes.c_int32), ("top_p", ctypes.c_float),
-                ("min_p", ctypes.c_float), ("repetition_penalty", ctypes.c_float), ("seed", ctypes.c_uint64)]
+                ("min_p", ctypes.c_float), ("repetition_penalty", ctypes.c_float), ("seed", ctypes.c_uint64),
+                ("presence_penalty", ctypes.c_float), ("frequency_penalty", ctypes.c_float),
+                ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_int32)]
 
 
 class GenerateParams(ctypes.Structure):

@@ -7,9 +7,13 @@
  * shared memory) and random mixes. Logits: normal, exact ties from a few values (+0 and -0 among
  * them), some -inf, a flat row, logits near FLT_MAX (the penalty clamps, weights underflow),
  * logits over hundreds of nats, and the error rows (a NaN, a +inf, all -inf, a history id outside
- * the vocab, params sampling_check refuses), where the GPU gives -1. Every id must equal the
- * host's and every log-probability be within 1e-5 (relative beyond magnitude 1); a call without
- * logprobs must give the same ids. Mismatches are counted and printed before the test fails.
+ * the vocab, params sampling_check refuses, a mask that allows only -inf logits), where the GPU
+ * gives -1. Rows also carry constraint masks (random, a single allowed id, every id allowed), the
+ * presence and frequency penalties, logit_bias, and ask for the top log-probabilities (1, 3, 5 or
+ * 20 a batch); the host's reference is sample_token (then sampling_top_logprobs) on the masked
+ * logits. Every id must equal the host's (top ids too) and every log-probability be within 1e-5
+ * (relative beyond magnitude 1; -inf exactly); a call without logprobs and top ids must give the
+ * same ids. Mismatches are counted and printed before the test fails.
  * Then the backend's row_argmax (a tensor-parallel rank's greedy choice over its share of the
  * vocabulary) against the CPU op and a double-precision sum, directly and replayed from a CUDA
  * graph; and the device merge of ranks' greedy triples against the host's. Exit code 77 (skipped)
@@ -26,7 +30,10 @@
 #include "cuda_testutil.h"
 #include "model/sampling.h"
 
-enum { ROWS = 64, BATCHES = 4, MAX_HISTORY = 3000 };
+enum { ROWS = 64, BATCHES = 4, MAX_HISTORY = 3000, MAX_BIAS = 300, TOP = NOPAD_MAX_TOP_LOGPROBS };
+
+/* The top log-probabilities each batch asks for. */
+static const int32_t BATCH_TOP[BATCHES] = {5, 20, 1, 3};
 
 /* 600000: the repetition penalty's bitmap outgrows the kernel's private histograms. */
 static const int32_t VOCABS[] = {1, 7, 1000, 32000, 49152, 151936, 600000};
@@ -94,10 +101,11 @@ enum { N_COMBOS = sizeof COMBOS / sizeof COMBOS[0] };
 
 typedef enum kind {
     K_NORMAL, K_TIES, K_NEG_INF, K_FLAT, K_HUGE, K_WIDE, // sampled
-    K_NAN, K_POS_INF, K_ALL_NEG_INF, K_BAD_HISTORY, K_BAD_PARAMS, // errors: -1
+    K_NAN, K_POS_INF, K_ALL_NEG_INF, K_BAD_HISTORY, K_BAD_PARAMS, K_MASKED_NEG_INF, // errors: -1
 } kind;
 static const char *const KIND_NAMES[] = {"normal", "ties", "some -inf", "flat", "huge", "wide",
-                                         "NaN", "+inf", "all -inf", "bad history", "bad params"};
+                                         "NaN", "+inf", "all -inf", "bad history", "bad params",
+                                         "a mask allowing only -inf"};
 
 /* The sampled kinds, in the order rows take them (normal most often). */
 static const kind KIND_CYCLE[] = {K_NORMAL, K_TIES, K_NEG_INF, K_NORMAL, K_FLAT,
@@ -165,11 +173,15 @@ static int32_t fill_history(int32_t *h, const float *x, int32_t V, uint64_t *s) 
     return n;
 }
 
+static const char *const MASK_NAMES[] = {"no mask", "a random mask", "one id allowed", "every id allowed",
+                                         "a mask allowing only -inf"};
+
 static void describe(char *buf, size_t cap, const nopad_sampling_params *p, kind k,
-                     int32_t n_hist) {
-    snprintf(buf, cap, "%s logits, t %g top_k %d top_p %g min_p %g penalty %g, %d history ids",
-             KIND_NAMES[k], (double)p->temperature, p->top_k, (double)p->top_p, (double)p->min_p,
-             (double)p->repetition_penalty, n_hist);
+                     int32_t n_hist, int mask_kind) {
+    snprintf(buf, cap, "%s logits, t %g top_k %d top_p %g min_p %g penalty %g presence %g frequency %g, "
+             "%d logit_bias, %s, %d history ids", KIND_NAMES[k], (double)p->temperature, p->top_k,
+             (double)p->top_p, (double)p->min_p, (double)p->repetition_penalty, (double)p->presence_penalty,
+             (double)p->frequency_penalty, p->n_logit_bias, MASK_NAMES[mask_kind], n_hist);
 }
 
 static int close_logprob(float got, float want) {
@@ -182,15 +194,23 @@ static int close_logprob(float got, float want) {
 /* ---- a batch: rows, the host's choices, the GPU's ------------------------------------------ */
 
 typedef struct batch {
-    int32_t V;
+    int32_t V, words, n_top;
     float *logits;   /* [ROWS, V] host */
     int32_t *hist;   /* [ROWS * MAX_HISTORY] host, the rows' histories one after another */
     int32_t n_hist;
+    nopad_logit_bias *bias; /* [ROWS * MAX_BIAS] the rows' logit_bias pairs one after another */
+    int32_t n_bias;
+    uint32_t *masks; /* [ROWS, words] the masked rows' bitmaps, n_masks of them */
+    int32_t n_masks;
+    float *masked;   /* [V] scratch: a row's logits after its mask */
     cuda_sample_row rows[ROWS];
     nopad_sampling_params params[ROWS];
     kind kinds[ROWS];
+    int mask_kinds[ROWS];
     int32_t want_id[ROWS];
     float want_lp[ROWS];
+    int32_t want_top_id[ROWS * TOP];
+    float want_top_lp[ROWS * TOP];
 } batch;
 
 /* Params for row r of batch b: the combos in turn, every fourth row a random mix. */
@@ -210,8 +230,50 @@ static nopad_sampling_params row_params(int r, int b, int32_t V, uint64_t *rng) 
         p.min_p = c->min_p;
         p.repetition_penalty = c->repetition_penalty;
     }
+    if (r % 3 == 0) { // OpenAI's penalties, in their whole range
+        p.presence_penalty = (float)(4.0 * rng_unit(rng) - 2.0);
+        p.frequency_penalty = (float)(4.0 * rng_unit(rng) - 2.0);
+    }
     p.seed = rng_next(rng);
     return p;
+}
+
+/* Row r's logit_bias (every sixth row): up to MAX_BIAS distinct ids, consecutive from a random one,
+ * biases in [-100, 100]; appended to the batch's pairs. */
+static void row_bias(batch *bt, int r, nopad_sampling_params *p, uint64_t *rng) {
+    if (r % 6 != 0) return;
+    const int32_t V = bt->V, n = 1 + rng_below(rng, V < MAX_BIAS ? V : MAX_BIAS), first = rng_below(rng, V);
+    nopad_logit_bias *b = bt->bias + bt->n_bias;
+    for (int32_t j = 0; j < n; j++) b[j] = (nopad_logit_bias){(first + j) % V, (float)(200.0 * rng_unit(rng) - 100.0)};
+    p->logit_bias = b;
+    p->n_logit_bias = n;
+    bt->n_bias += n;
+}
+
+/* Row r's mask kind: 0 none, 1 random (each id kept with probability 1/2 or 1/20), 2 a single id,
+ * 3 every id, 4 only ids of -inf logits (an error row). */
+static int row_mask_kind(int r, kind k) {
+    if (k >= K_NAN) return k == K_MASKED_NEG_INF ? 4 : 0; // a mask could hide the other errors
+    return r % 5 == 1 ? 1 : r % 10 == 2 ? 2 : r % 10 == 7 ? 3 : 0;
+}
+
+/* Fills the mask of row r's logits x (when it has one) into the batch's next bitmap and returns its
+ * index from 1 (0: none); bt->masked = x with the refused ids -inf. */
+static int32_t row_mask(batch *bt, const float *x, int mask_kind, uint64_t *rng) {
+    const int32_t V = bt->V;
+    memcpy(bt->masked, x, (size_t)V * sizeof *x);
+    if (mask_kind == 0) return 0;
+    uint32_t *m = bt->masks + (size_t)bt->n_masks * bt->words;
+    memset(m, 0, (size_t)bt->words * sizeof *m);
+    const double keep = rng_below(rng, 2) ? 0.5 : 0.05;
+    const int32_t only = rng_below(rng, V);
+    for (int32_t i = 0; i < V; i++) {
+        const int allowed = mask_kind == 1 ? rng_unit(rng) < keep : mask_kind == 2 ? i == only
+                          : mask_kind == 3 ? 1 : x[i] == -INFINITY;
+        if (allowed) m[i >> 5] |= 1u << (i & 31);
+        else bt->masked[i] = -INFINITY;
+    }
+    return ++bt->n_masks;
 }
 
 /* Fills batch b's rows (the last five are the error rows) and the host's choices; returns the
@@ -219,14 +281,19 @@ static nopad_sampling_params row_params(int r, int b, int32_t V, uint64_t *rng) 
 static int make_batch(batch *bt, int b, sampler_scratch *scratch, uint64_t *rng) {
     const int32_t V = bt->V;
     int refused = 0;
-    bt->n_hist = 0;
+    bt->n_hist = bt->n_bias = bt->n_masks = 0;
+    bt->n_top = BATCH_TOP[b % BATCHES];
     for (int r = 0; r < ROWS; r++) {
         float *x = bt->logits + (size_t)r * V;
         const kind k = r == ROWS - 1 ? K_NAN : r == ROWS - 2 ? K_POS_INF
                      : r == ROWS - 3 ? K_ALL_NEG_INF : r == ROWS - 4 ? K_BAD_HISTORY
-                     : r == ROWS - 5 ? K_BAD_PARAMS : KIND_CYCLE[(r * 5 + b) % N_CYCLE];
-        fill_logits(x, V, k, rng);
+                     : r == ROWS - 5 ? K_BAD_PARAMS : r == ROWS - 6 ? K_MASKED_NEG_INF
+                     : KIND_CYCLE[(r * 5 + b) % N_CYCLE];
+        fill_logits(x, V, k == K_MASKED_NEG_INF ? K_NEG_INF : k, rng);
         nopad_sampling_params p = row_params(r, b, V, rng);
+        row_bias(bt, r, &p, rng);
+        const int mask_kind = row_mask_kind(r, k);
+        const int32_t mask_index = row_mask(bt, x, mask_kind, rng);
         if (k == K_BAD_PARAMS) p.top_p = 0.0f;
         const uint64_t step = rng_next(rng) % 5000;
         int32_t *h = bt->hist + bt->n_hist;
@@ -236,15 +303,23 @@ static int make_batch(batch *bt, int b, sampler_scratch *scratch, uint64_t *rng)
             h[rng_below(rng, n_h)] = rng_below(rng, 2) ? V : -1;
         }
         bt->kinds[r] = k;
+        bt->mask_kinds[r] = mask_kind;
         bt->params[r] = p;
         bt->rows[r] = (cuda_sample_row){.temperature = p.temperature, .top_p = p.top_p,
                                         .min_p = p.min_p,
                                         .repetition_penalty = p.repetition_penalty,
+                                        .presence_penalty = p.presence_penalty,
+                                        .frequency_penalty = p.frequency_penalty,
                                         .top_k = p.top_k, .history_start = bt->n_hist,
-                                        .history_len = n_h, .seed = p.seed, .step = step};
+                                        .history_len = n_h,
+                                        .bias_start = p.n_logit_bias ? (int32_t)(p.logit_bias - bt->bias) : 0,
+                                        .bias_len = p.n_logit_bias, .mask_index = mask_index,
+                                        .seed = p.seed, .step = step};
         bt->n_hist += n_h;
-        if (sample_token(scratch, x, V, &p, h, n_h, step, &bt->want_id[r], &bt->want_lp[r]) !=
-            NOPAD_OK) {
+        if (sample_token(scratch, bt->masked, V, &p, h, n_h, step, &bt->want_id[r], &bt->want_lp[r]) !=
+                NOPAD_OK ||
+            sampling_top_logprobs(scratch, bt->n_top, bt->want_top_id + r * TOP, bt->want_top_lp + r * TOP) !=
+                NOPAD_OK) {
             bt->want_id[r] = -1;
             refused++;
         }
@@ -253,14 +328,17 @@ static int make_batch(batch *bt, int b, sampler_scratch *scratch, uint64_t *rng)
 }
 
 typedef struct device_batch {
-    float *logits, *lp;
+    float *logits, *lp, *top_lp;
     cuda_sample_row *rows;
-    int32_t *hist, *ids;
+    int32_t *hist, *ids, *top_ids;
+    nopad_logit_bias *bias;
+    uint32_t *masks;
 } device_batch;
 
-/* One call on fresh logits; returns its time in ms (events around the launch). */
+/* One call on fresh logits, with the log-probabilities and the batch's top ones or with neither;
+ * returns its time in ms (events around the launch). */
 static float run_gpu(const batch *bt, const device_batch *d, int with_logprobs, int32_t *ids,
-                     float *lp) {
+                     float *lp, int32_t *top_ids, float *top_lp) {
     const size_t n = (size_t)ROWS * bt->V;
     CUDA_OK(cudaMemcpy(d->logits, bt->logits, n * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d->ids, 0x7f, ROWS * sizeof(int32_t)));
@@ -268,8 +346,9 @@ static float run_gpu(const batch *bt, const device_batch *d, int with_logprobs, 
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
     CUDA_OK(cudaEventRecord(e0, 0));
-    assert_nopad_ok(cuda_sample_rows(d->logits, ROWS, bt->V, d->rows, d->hist, d->ids,
-                                     with_logprobs ? d->lp : NULL, NULL));
+    const int32_t n_top = with_logprobs ? bt->n_top : 0;
+    assert_nopad_ok(cuda_sample_rows(d->logits, ROWS, bt->V, d->rows, d->hist, d->bias, d->masks, d->ids,
+                                     with_logprobs ? d->lp : NULL, n_top, d->top_ids, d->top_lp, NULL));
     CUDA_OK(cudaEventRecord(e1, 0));
     CUDA_OK(cudaDeviceSynchronize());
     float ms = 0.0f;
@@ -277,8 +356,11 @@ static float run_gpu(const batch *bt, const device_batch *d, int with_logprobs, 
     CUDA_OK(cudaEventDestroy(e0));
     CUDA_OK(cudaEventDestroy(e1));
     CUDA_OK(cudaMemcpy(ids, d->ids, ROWS * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    if (with_logprobs)
+    if (with_logprobs) {
         CUDA_OK(cudaMemcpy(lp, d->lp, ROWS * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(top_ids, d->top_ids, (size_t)ROWS * n_top * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(top_lp, d->top_lp, (size_t)ROWS * n_top * sizeof(float), cudaMemcpyDeviceToHost));
+    }
     return ms;
 }
 
@@ -289,19 +371,27 @@ static void test_against_host(void **state) {
     uint64_t rng = 20261201;
     sampler_scratch scratch;
     sampler_scratch_init(&scratch);
-    int64_t total = 0, mismatches = 0, refused = 0;
+    int64_t total = 0, mismatches = 0, refused = 0, masked_rows = 0;
     for (size_t vi = 0; vi < sizeof VOCABS / sizeof VOCABS[0]; vi++) {
         batch *bt = calloc(1, sizeof *bt);
         bt->V = VOCABS[vi];
         const size_t n = (size_t)ROWS * bt->V;
+        bt->words = (bt->V + 31) / 32;
         bt->logits = malloc(n * sizeof *bt->logits);
         bt->hist = malloc((size_t)ROWS * MAX_HISTORY * sizeof *bt->hist);
+        bt->bias = malloc((size_t)ROWS * MAX_BIAS * sizeof *bt->bias);
+        bt->masks = malloc((size_t)ROWS * bt->words * sizeof *bt->masks);
+        bt->masked = malloc((size_t)bt->V * sizeof *bt->masked);
         device_batch d;
         CUDA_OK(cudaMalloc((void **)&d.logits, n * sizeof(float)));
         CUDA_OK(cudaMalloc((void **)&d.lp, ROWS * sizeof(float)));
         CUDA_OK(cudaMalloc((void **)&d.rows, sizeof bt->rows));
         CUDA_OK(cudaMalloc((void **)&d.hist, (size_t)ROWS * MAX_HISTORY * sizeof(int32_t)));
         CUDA_OK(cudaMalloc((void **)&d.ids, ROWS * sizeof(int32_t)));
+        CUDA_OK(cudaMalloc((void **)&d.bias, (size_t)ROWS * MAX_BIAS * sizeof(nopad_logit_bias)));
+        CUDA_OK(cudaMalloc((void **)&d.masks, (size_t)ROWS * bt->words * sizeof(uint32_t)));
+        CUDA_OK(cudaMalloc((void **)&d.top_ids, (size_t)ROWS * TOP * sizeof(int32_t)));
+        CUDA_OK(cudaMalloc((void **)&d.top_lp, (size_t)ROWS * TOP * sizeof(float)));
         float best_ms = 1e30f;
         for (int b = 0; b < BATCHES; b++) {
             refused += make_batch(bt, b, &scratch, &rng);
@@ -309,25 +399,44 @@ static void test_against_host(void **state) {
             if (bt->n_hist > 0)
                 CUDA_OK(cudaMemcpy(d.hist, bt->hist, (size_t)bt->n_hist * sizeof(int32_t),
                                    cudaMemcpyHostToDevice));
+            if (bt->n_bias > 0)
+                CUDA_OK(cudaMemcpy(d.bias, bt->bias, (size_t)bt->n_bias * sizeof(nopad_logit_bias),
+                                   cudaMemcpyHostToDevice));
+            if (bt->n_masks > 0)
+                CUDA_OK(cudaMemcpy(d.masks, bt->masks, (size_t)bt->n_masks * bt->words * sizeof(uint32_t),
+                                   cudaMemcpyHostToDevice));
             // with logprobs twice (the second timed), then without: the ids must not change
-            int32_t got_id[ROWS], again_id[ROWS];
-            float got_lp[ROWS], ms;
-            run_gpu(bt, &d, 1, got_id, got_lp);
-            ms = run_gpu(bt, &d, 1, again_id, got_lp);
+            int32_t got_id[ROWS], again_id[ROWS], top_id[ROWS * TOP];
+            float got_lp[ROWS], top_lp[ROWS * TOP], ms;
+            const int32_t k = bt->n_top;
+            run_gpu(bt, &d, 1, got_id, got_lp, top_id, top_lp);
+            ms = run_gpu(bt, &d, 1, again_id, got_lp, top_id, top_lp);
             if (ms < best_ms) best_ms = ms;
-            run_gpu(bt, &d, 0, again_id, NULL);
+            run_gpu(bt, &d, 0, again_id, NULL, NULL, NULL);
             for (int r = 0; r < ROWS; r++) {
                 total++;
                 const int ok_id = got_id[r] == bt->want_id[r] && again_id[r] == got_id[r];
                 const int ok_lp = bt->want_id[r] < 0 || close_logprob(got_lp[r], bt->want_lp[r]);
-                if (ok_id && ok_lp) continue;
+                int ok_top = 1, bad_j = -1;
+                for (int j = 0; j < k && bt->want_id[r] >= 0 && ok_top; j++) {
+                    ok_top = top_id[r * k + j] == bt->want_top_id[r * TOP + j] &&
+                             close_logprob(top_lp[r * k + j], bt->want_top_lp[r * TOP + j]);
+                    if (!ok_top) bad_j = j;
+                }
+                masked_rows += bt->mask_kinds[r] != 0;
+                if (ok_id && ok_lp && ok_top) continue;
                 mismatches++;
-                char what[256];
-                describe(what, sizeof what, &bt->params[r], bt->kinds[r], bt->rows[r].history_len);
+                char what[400];
+                describe(what, sizeof what, &bt->params[r], bt->kinds[r], bt->rows[r].history_len,
+                         bt->mask_kinds[r]);
                 printf("  MISMATCH vocab %d batch %d row %d (%s): host id %d logprob %.7g, GPU id "
                        "%d logprob %.7g, without logprobs %d\n", bt->V, b, r, what,
                        bt->want_id[r], (double)bt->want_lp[r], got_id[r], (double)got_lp[r],
                        again_id[r]);
+                if (bad_j >= 0)
+                    printf("    top %d of %d: host id %d logprob %.7g, GPU id %d logprob %.7g\n", bad_j, k,
+                           bt->want_top_id[r * TOP + bad_j], (double)bt->want_top_lp[r * TOP + bad_j],
+                           top_id[r * k + bad_j], (double)top_lp[r * k + bad_j]);
             }
         }
         printf("  vocab %6d: %d batches of %d rows, %.3f ms a call\n", bt->V, BATCHES, ROWS,
@@ -337,24 +446,31 @@ static void test_against_host(void **state) {
         cudaFree(d.rows);
         cudaFree(d.hist);
         cudaFree(d.ids);
+        cudaFree(d.bias);
+        cudaFree(d.masks);
+        cudaFree(d.top_ids);
+        cudaFree(d.top_lp);
         free(bt->logits);
         free(bt->hist);
+        free(bt->bias);
+        free(bt->masks);
+        free(bt->masked);
         free(bt);
     }
     sampler_scratch_free(&scratch);
-    printf("  %lld rows (%lld the host refused), %lld mismatches\n", (long long)total,
-           (long long)refused, (long long)mismatches);
-    assert_true(refused >= 5 * BATCHES * (int64_t)(sizeof VOCABS / sizeof VOCABS[0]));
+    printf("  %lld rows (%lld the host refused, %lld masked), %lld mismatches\n", (long long)total,
+           (long long)refused, (long long)masked_rows, (long long)mismatches);
+    assert_true(refused >= 6 * BATCHES * (int64_t)(sizeof VOCABS / sizeof VOCABS[0]));
     assert_int_equal(mismatches, 0);
 }
 
 /* The launcher's own checks, and a call of no rows. */
 static void test_arguments(void **state) {
     (void)state;
-    assert_nopad_ok(cuda_sample_rows(NULL, 0, 10, NULL, NULL, NULL, NULL, NULL));
-    assert_nopad_error(cuda_sample_rows(NULL, 1, 10, NULL, NULL, NULL, NULL, NULL),
+    assert_nopad_ok(cuda_sample_rows(NULL, 0, 10, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL));
+    assert_nopad_error(cuda_sample_rows(NULL, 1, 10, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL),
                        NOPAD_ERR_INVALID_ARGUMENT, "NULL");
-    assert_nopad_error(cuda_sample_rows(NULL, 1, 0, NULL, NULL, NULL, NULL, NULL),
+    assert_nopad_error(cuda_sample_rows(NULL, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL),
                        NOPAD_ERR_INVALID_ARGUMENT, "vocab");
     float *d;
     int32_t *id;
@@ -362,8 +478,12 @@ static void test_arguments(void **state) {
     CUDA_OK(cudaMalloc((void **)&d, 4));
     CUDA_OK(cudaMalloc((void **)&id, 4));
     CUDA_OK(cudaMalloc((void **)&row, sizeof *row));
-    assert_nopad_error(cuda_sample_rows(d, 1, 2000000, row, NULL, id, NULL, NULL),
+    assert_nopad_error(cuda_sample_rows(d, 1, 2000000, row, NULL, NULL, NULL, id, NULL, 0, NULL, NULL, NULL),
                        NOPAD_ERR_UNSUPPORTED, "vocab of 2000000");
+    assert_nopad_error(cuda_sample_rows(d, 1, 10, row, NULL, NULL, NULL, id, NULL, 21, id, d, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "21 top ids; 0 to 20");
+    assert_nopad_error(cuda_sample_rows(d, 1, 10, row, NULL, NULL, NULL, id, NULL, 2, NULL, d, NULL),
+                       NOPAD_ERR_INVALID_ARGUMENT, "without their arrays");
     cudaFree(d);
     cudaFree(id);
     cudaFree(row);
@@ -574,9 +694,9 @@ static void test_greedy_merge_against_host(void **state) {
             assert_nopad_ok(gpu->alloc(gpu, (size_t)n * sizeof(int32_t), (void **)&d_ids));
             assert_nopad_ok(gpu->upload(gpu, d_best, best, bytes));
             assert_nopad_ok(gpu->greedy_merge_begin(gpu, d_best, parts, n, 1, d_ids));
-            assert_nopad_ok(gpu->sample_wait(gpu, ids, lp, n));
+            assert_nopad_ok(gpu->sample_wait(gpu, ids, lp, n, 0, NULL, NULL));
             assert_nopad_ok(gpu->greedy_merge_begin(gpu, d_best, parts, n, 0, d_ids));
-            assert_nopad_ok(gpu->sample_wait(gpu, ids2, NULL, n));
+            assert_nopad_ok(gpu->sample_wait(gpu, ids2, NULL, n, 0, NULL, NULL));
             int32_t *fed = malloc((size_t)n * sizeof *fed); /* ids_out: the next step's feed */
             assert_nopad_ok(gpu->download(gpu, fed, d_ids, (size_t)n * sizeof(int32_t)));
             for (int32_t r = 0; r < n; r++) {
@@ -602,7 +722,8 @@ static void test_greedy_merge_against_host(void **state) {
                 assert_nopad_ok(gpu->greedy_merge_begin(gpu, d_best, parts, n, 1, d_ids));
                 char row_name[32];
                 snprintf(row_name, sizeof row_name, "row %d ", bad_row);
-                assert_nopad_error(gpu->sample_wait(gpu, ids, lp, n), NOPAD_ERR_INVALID_ARGUMENT, row_name);
+                assert_nopad_error(gpu->sample_wait(gpu, ids, lp, n, 0, NULL, NULL), NOPAD_ERR_INVALID_ARGUMENT,
+                                   row_name);
             }
             gpu->free(gpu, d_best);
             gpu->free(gpu, d_ids);

@@ -123,13 +123,22 @@ class ContextParams(ctypes.Structure):
                 ("kv_block_size", ctypes.c_int32)]
 
 
+class LogitBias(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int32),
+                ("bias", ctypes.c_float)]
+
+
 class SamplingParams(ctypes.Structure):
     _fields_ = [("temperature", ctypes.c_float),
                 ("top_k", ctypes.c_int32),
                 ("top_p", ctypes.c_float),
                 ("min_p", ctypes.c_float),
                 ("repetition_penalty", ctypes.c_float),
-                ("seed", ctypes.c_uint64)]
+                ("seed", ctypes.c_uint64),
+                ("presence_penalty", ctypes.c_float),
+                ("frequency_penalty", ctypes.c_float),
+                ("logit_bias", ctypes.c_void_p),
+                ("n_logit_bias", ctypes.c_int32)]
 
 
 class GenerateParams(ctypes.Structure):
@@ -176,7 +185,8 @@ class RequestParams(ctypes.Structure):
                 ("on_token", RequestFn),
                 ("user", ctypes.c_void_p),
                 ("logprobs", ctypes.c_int),
-                ("constraint", ctypes.c_void_p)]
+                ("constraint", ctypes.c_void_p),
+                ("top_logprobs", ctypes.c_int32)]
 
 
 class RequestStats(ctypes.Structure):
@@ -412,6 +422,7 @@ _PROTOTYPES = {
                                           ctypes.POINTER(ctypes.c_size_t)]),
     "nopad_request_id": (ctypes.c_uint64, [_p]),
     "nopad_request_logprobs": (ctypes.c_int, [_p, _p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]),
+    "nopad_request_top_logprobs": (ctypes.c_int, [_p, _p, _p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]),
     "nopad_request_cancel": (ctypes.c_int, [_p]),
     "nopad_request_free": (None, [_p]),
     "nopad_constraint_json_schema": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_p)]),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import json
-from typing import Any, Iterator, List, Optional, Sequence as SequenceT, Union
+from typing import Any, Iterator, List, Mapping, Optional, Sequence as SequenceT, Tuple, Union
 
 import numpy as np
 
@@ -11,7 +11,7 @@ from . import _arrays, _native
 from ._handle import Handle
 from .encoder import PathLike, _int_arg
 from .errors import InvalidArgumentError
-from .generator import Generator, _float_arg, _is_int
+from .generator import Generator, _float_arg, _is_int, _set_openai_sampling
 from .tokenizer import prompt_utf8
 
 __all__ = ["Engine", "Request"]
@@ -126,7 +126,9 @@ class Engine:
                stop: Union[None, str, SequenceT[str]] = None,
                stop_ids: Optional[SequenceT[int]] = None, logprobs: bool = False,
                json_schema: Any = None, json_object: bool = False, regex: Optional[str] = None,
-               choices: Optional[SequenceT[str]] = None) -> "Request":
+               choices: Optional[SequenceT[str]] = None, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, logit_bias: Optional[Mapping[int, float]] = None,
+               top_logprobs: int = 0) -> "Request":
         """Submits one request (safe from any thread) and returns its :class:`Request`.
 
         Args:
@@ -138,6 +140,9 @@ class Engine:
             stop: a string or strings that end the request (its text stops before them).
             stop_ids: ids that end the request (the id is kept).
             logprobs: keep each generated id's log-probability (:meth:`Request.logprobs`).
+            presence_penalty, frequency_penalty, logit_bias, top_logprobs: as
+                :meth:`Generator.generate` for the first three; top_logprobs (0 to 20) keeps each
+                generated id's step's that many most likely ids (:meth:`Request.top_logprobs`).
             json_schema, json_object, regex, choices: at most one; the output is then a JSON
                 document valid under the schema (a dict, its JSON text, or a Pydantic model
                 class), any JSON object, a text the regex matches whole, or one of the choices.
@@ -169,6 +174,7 @@ class Engine:
         p.max_tokens = _int_arg(max_tokens, "max_tokens", -2**31)
         p.ignore_eos = 1 if ignore_eos else 0
         p.logprobs = 1 if logprobs else 0
+        p.top_logprobs = _int_arg(top_logprobs, "top_logprobs", -2**31)
         s = p.sampling
         s.temperature = _float_arg(temperature, "temperature")
         s.top_k = _int_arg(top_k, "top_k", -2**31)
@@ -178,6 +184,7 @@ class Engine:
         if not _is_int(seed) or not 0 <= int(seed) <= 2**64 - 1:
             raise InvalidArgumentError("seed must be an int in [0, 2^64)")
         s.seed = int(seed)
+        _set_openai_sampling(s, presence_penalty, frequency_penalty, logit_bias, keep)
         p.sampling = s
         if stop is not None:
             if isinstance(stop, _TEXT):
@@ -206,7 +213,7 @@ class Engine:
         finally:
             if constraint:
                 lib.nopad_constraint_free(constraint)  # the request holds its own reference
-        return Request(self, out.value)
+        return Request(self, out.value, p.top_logprobs)
 
     def stats(self) -> dict:
         """The engine's counters (running, waiting, KV blocks, steps, tokens, preemptions, ...)."""
@@ -252,11 +259,12 @@ class Request:
     """One submitted request: iterate it for its text as it comes (whole characters), or call
     :meth:`result`. Thread-safe to cancel; one reader at a time."""
 
-    def __init__(self, engine: Engine, handle: int):
+    def __init__(self, engine: Engine, handle: int, top_logprobs: int = 0):
         self.engine = engine
         self._handle = Handle(handle, _native.library().nopad_request_free, "Request")
         self.ids: List[int] = []
         self.finish_reason: Optional[str] = None
+        self._top_logprobs = top_logprobs
         self._text_seen = 0
         self.id = int(_native.library().nopad_request_id(handle))
 
@@ -334,6 +342,21 @@ class Request:
             buf = np.empty(max(n.value, 1), np.float32)
             _native.check(lib.nopad_request_logprobs(r, _native.ptr(buf), buf.size, ctypes.byref(n)))
         return buf[:min(n.value, buf.size)].tolist()
+
+    def top_logprobs(self) -> List[List[Tuple[int, float]]]:
+        """For each id delivered so far (submitted with top_logprobs=k): its step's k most likely
+        ids with their log-probabilities, most likely first (ties: the lower id first), in the
+        distribution :meth:`logprobs` uses; -inf for an id the sampling's filters dropped."""
+        lib = _native.library()
+        n = ctypes.c_int32()
+        with self._handle.use() as r:
+            _native.check(lib.nopad_request_top_logprobs(r, None, None, 0, ctypes.byref(n)))
+            k = self._top_logprobs
+            ids = np.empty(max(n.value * k, 1), np.int32)
+            lps = np.empty(max(n.value * k, 1), np.float32)
+            _native.check(lib.nopad_request_top_logprobs(r, _native.ptr(ids), _native.ptr(lps), n.value,
+                                                         ctypes.byref(n)))
+        return [[(int(ids[i * k + j]), float(lps[i * k + j])) for j in range(k)] for i in range(n.value)]
 
     def stats(self) -> dict:
         lib = _native.library()

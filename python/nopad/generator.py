@@ -7,7 +7,7 @@ import os
 import queue
 import threading
 import weakref
-from typing import Any, Iterator, List, Optional, Sequence as SequenceT, Tuple, Union
+from typing import Any, Iterator, List, Mapping, Optional, Sequence as SequenceT, Tuple, Union
 
 import numpy as np
 
@@ -40,6 +40,29 @@ def _float_arg(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError("%s must be a number, not %s" % (name, type(value).__name__))
     return float(value)
+
+
+def _set_openai_sampling(s: _native.SamplingParams, presence_penalty: Any, frequency_penalty: Any,
+                         logit_bias: Optional[Mapping[int, float]], keep: List[Any]) -> None:
+    """OpenAI's presence and frequency penalties and logit_bias ({id: bias}) into s; the pairs'
+    array goes into `keep`, which must outlive every call that reads s (ranges: the library's)."""
+    s.presence_penalty = _float_arg(presence_penalty, "presence_penalty")
+    s.frequency_penalty = _float_arg(frequency_penalty, "frequency_penalty")
+    if logit_bias is None:
+        return
+    if not isinstance(logit_bias, Mapping):
+        raise TypeError("logit_bias must be a dict {token id: bias}, not %s" % type(logit_bias).__name__)
+    pairs = (_native.LogitBias * max(len(logit_bias), 1))()
+    for j, (tid, bias) in enumerate(logit_bias.items()):
+        if not _is_int(tid):  # OpenAI's JSON gives ids as strings: a server converts them
+            raise TypeError("logit_bias keys must be token ids (int), not %s" % type(tid).__name__)
+        if not -2**31 <= int(tid) < 2**31:
+            raise InvalidArgumentError("logit_bias id %d is outside the vocabulary" % int(tid))
+        pairs[j].id = int(tid)
+        pairs[j].bias = _float_arg(bias, "logit_bias[%d]" % int(tid))
+    keep.append(pairs)
+    s.logit_bias = ctypes.cast(pairs, ctypes.c_void_p)
+    s.n_logit_bias = len(logit_bias)
 
 
 def _parse_weights(weights: Any) -> int:
@@ -303,7 +326,10 @@ class Generator:
 
     @staticmethod
     def _params(max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
-                repetition_penalty: float, seed: int, ignore_eos: bool) -> _native.GenerateParams:
+                repetition_penalty: float, seed: int, ignore_eos: bool, presence_penalty: float = 0.0,
+                frequency_penalty: float = 0.0,
+                logit_bias: Optional[Mapping[int, float]] = None) -> _native.GenerateParams:
+        """The params; their logit_bias pairs live as long as the returned object (its .keep)."""
         p = _native.library().nopad_generate_default_params()
         p.max_tokens = _int_arg(max_tokens, "max_tokens", 0)
         p.ignore_eos = 1 if ignore_eos else 0
@@ -318,7 +344,10 @@ class Generator:
         if not 0 <= int(seed) <= 2**64 - 1:
             raise InvalidArgumentError("seed must be in [0, 2^64), got %d" % int(seed))
         s.seed = int(seed)
+        keep: List[Any] = []
+        _set_openai_sampling(s, presence_penalty, frequency_penalty, logit_bias, keep)
         p.sampling = s
+        p.keep = keep
         return p
 
     # ---- generation --------------------------------------------------------------------------
@@ -326,13 +355,15 @@ class Generator:
     def generate_ids(self, prompts: Any, max_tokens: int = 128, temperature: float = 0.0,
                      top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                      repetition_penalty: float = 1.0, seed: int = 0,
-                     ignore_eos: bool = False) -> List[List[int]]:
+                     ignore_eos: bool = False, presence_penalty: float = 0.0,
+                     frequency_penalty: float = 0.0,
+                     logit_bias: Optional[Mapping[int, float]] = None) -> List[List[int]]:
         """The new token ids of each prompt (an end-of-sequence id that ended one included, as
         Hugging Face's ``generate`` keeps it). Arguments as :meth:`generate`."""
         ids, cu = self._pack(prompts)
         n = cu.size - 1
         params = self._params(max_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-                              seed, ignore_eos)
+                              seed, ignore_eos, presence_penalty, frequency_penalty, logit_bias)
         if n == 0:
             return []
         out = np.zeros((n, max(params.max_tokens, 1)), dtype=np.int32)
@@ -344,7 +375,9 @@ class Generator:
     def generate(self, prompts: Any, max_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, seed: int = 0,
-                 ignore_eos: bool = False) -> List[str]:
+                 ignore_eos: bool = False, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0,
+                 logit_bias: Optional[Mapping[int, float]] = None) -> List[str]:
         """Generates text for each prompt; returns one string per prompt (a list also for one).
 
         Args:
@@ -360,6 +393,10 @@ class Generator:
                 positive, logit * r when negative (Hugging Face's rule; 1: off).
             seed: the prompt's random stream; a prompt gives the same tokens alone or batched.
             ignore_eos: keep going past the model's end-of-sequence ids.
+            presence_penalty, frequency_penalty: OpenAI's, in [-2, 2] (0: off), over the ids
+                generated so far (not the prompt): an id's logit loses frequency_penalty times
+                its count, then presence_penalty once if it appeared.
+            logit_bias: {token id: bias in [-100, 100]} added to the logits first (OpenAI's).
 
         Returns:
             The new text of each prompt (special tokens such as the end-of-sequence one left
@@ -372,7 +409,8 @@ class Generator:
             OutOfMemoryError: the prompts need more KV blocks than ``kv_cache_tokens`` holds.
         """
         outs = self.generate_ids(prompts, max_tokens, temperature, top_k, top_p, min_p,
-                                 repetition_penalty, seed, ignore_eos)
+                                 repetition_penalty, seed, ignore_eos, presence_penalty,
+                                 frequency_penalty, logit_bias)
         if not outs:
             return []
         tok = self._need_tokenizer()
@@ -381,7 +419,9 @@ class Generator:
     def stream(self, prompt: Prompt, max_tokens: int = 128, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                repetition_penalty: float = 1.0, seed: int = 0,
-               ignore_eos: bool = False) -> "TokenStream":
+               ignore_eos: bool = False, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0,
+               logit_bias: Optional[Mapping[int, float]] = None) -> "TokenStream":
         """Generates for one prompt, yielding the text as the tokens come.
 
         >>> for piece in gen.stream(prompt, max_tokens=64):
@@ -405,7 +445,7 @@ class Generator:
             prompt = items
         ids, cu = self._pack(prompt)
         params = self._params(max_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-                              seed, ignore_eos)
+                              seed, ignore_eos, presence_penalty, frequency_penalty, logit_bias)
         # the library checks the settings and the prompt at once when there is nothing to run
         check = _native.GenerateParams.from_buffer_copy(params)
         check.max_tokens = 0

@@ -494,29 +494,36 @@ struct nopad_backend {
      * ids[n] (host) = the next id of each row of logits32 [n, vocab] (backend memory, float32,
      * clobbered), chosen as sample_token (model/sampling.h) chooses it: params[n] and draws[n]
      * (host) each row's parameters and draw counter, history (host) the ids of every row's
-     * prompt and output for the repetition penalty, row r's at [cu_history[r], cu_history[r+1]).
-     * logprobs[n] (host) or NULL. Waits for the ids: the step's one host synchronisation. A row
-     * of NaN / +inf / all -inf logits is NOPAD_ERR_INVALID_ARGUMENT naming the row. */
+     * prompt and output for the penalties, row r's at [cu_history[r], cu_history[r+1]).
+     * masks (host) [n] or NULL: row r's allowed ids, bit t of word t / 32 ((vocab + 31) / 32
+     * words; masks[r] NULL: every id), the refused ids -inf before anything else (the host
+     * sampler's caller does the same). logprobs[n] (host) or NULL. n_top (0 to
+     * NOPAD_MAX_TOP_LOGPROBS): top_ids and top_logprobs [n, n_top] (host) receive each row's
+     * sampling_top_logprobs. Waits for the ids: the step's one host synchronisation. A row of
+     * NaN / +inf / all -inf logits (after its mask) is NOPAD_ERR_INVALID_ARGUMENT naming the row. */
     nopad_status (*sample)(nopad_backend *be, float *logits32, int32_t n, int32_t vocab,
                            const nopad_sampling_params *params, const uint64_t *draws,
-                           const int32_t *history, const int32_t *cu_history, int32_t *ids,
-                           float *logprobs);
+                           const int32_t *history, const int32_t *cu_history, const uint32_t *const *masks,
+                           int32_t *ids, float *logprobs, int32_t n_top, int32_t *top_ids, float *top_logprobs);
     /* sample in two halves, where the backend can leave the work running: sample_begin queues it
-     * (the inputs are read before it returns) and returns; sample_wait(n) waits for its n ids
-     * (and their log-probabilities when sample_begin was asked for them) and checks them as sample
-     * does. In between, only work queued behind the sampling may run on the backend (the next
-     * step's forward). The ids also land in ids_out[n] on the device (the next step's feed; NULL:
-     * not kept). NULL: only sample. */
+     * (the inputs, masks included, are read before it returns) and returns; sample_wait(n, n_top)
+     * waits for its n ids (their log-probabilities when sample_begin was asked for them, and the
+     * top n_top of each row when it asked for as many) and checks them as sample does. In between,
+     * only work queued behind the sampling may run on the backend (the next step's forward). The
+     * ids also land in ids_out[n] on the device (the next step's feed; NULL: not kept). NULL: only
+     * sample. */
     nopad_status (*sample_begin)(nopad_backend *be, float *logits32, int32_t n, int32_t vocab,
                                  const nopad_sampling_params *params, const uint64_t *draws,
-                                 const int32_t *history, const int32_t *cu_history, int want_logprobs,
+                                 const int32_t *history, const int32_t *cu_history,
+                                 const uint32_t *const *masks, int want_logprobs, int32_t n_top,
                                  int32_t *ids_out);
-    nopad_status (*sample_wait)(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n);
+    nopad_status (*sample_wait)(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n, int32_t n_top,
+                                int32_t *top_ids, float *top_logprobs);
     /* The greedy choice of a split model's rows from its ranks' row_argmax triples, merged on the
      * device, as sample_begin samples: best[parts, n, 3] (backend memory, part k's row r at
      * (k * n + r) * 3) merged as sampling_merge_greedy (model/sampling.h) merges them; the ids
-     * land in ids_out[n] (the next step's feed) and come back through sample_wait(n), with their
-     * log-probabilities when want_logprobs. NULL: the caller merges on the host. */
+     * land in ids_out[n] (the next step's feed) and come back through sample_wait(n, 0), with
+     * their log-probabilities when want_logprobs. NULL: the caller merges on the host. */
     nopad_status (*greedy_merge_begin)(nopad_backend *be, const float *best, int32_t parts, int32_t n,
                                        int want_logprobs, int32_t *ids_out);
 

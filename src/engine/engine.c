@@ -39,6 +39,8 @@ typedef struct launched_step {
     int32_t n, n_tokens;             // rows and tokens
     int32_t *ids;                    // [R] sampled
     float *logprobs;                 // [R] their log-probabilities (steps with a row asking)
+    int32_t *top_ids;                // [R, n_top] each row's most likely ids (n_top: the step's
+    float *top_lps;                  // largest top_logprobs) and their log-probabilities
     nopad_sampling_params *sampling; // [R]
     uint64_t *draws;                 // [R]
     const uint32_t **masks;          // [R] each row's allowed ids (a constrained request's), or NULL
@@ -237,6 +239,7 @@ static decoder_batch pack_step(nopad_engine *e) {
 static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
     size_t history = 0;
     int penalty = 0, want_logprobs = 0, masked = 0;
+    int32_t n_top = 0;
     for (int32_t b = 0; b < l->n; b++) {
         const request *r = l->items[b].r;
         l->masks[b] = NULL;
@@ -250,12 +253,16 @@ static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
         }
         l->sampling[b] = r->sampling;
         l->draws[b] = (uint64_t)(r->n_tokens - r->n_prompt); /* the index of the id it samples */
-        penalty |= r->sampling.repetition_penalty != 1.0f;
+        penalty |= r->sampling.repetition_penalty != 1.0f || r->sampling.presence_penalty != 0.0f ||
+                   r->sampling.frequency_penalty != 0.0f;
         want_logprobs |= r->logprobs != NULL;
+        if (r->top_logprobs > n_top) n_top = r->top_logprobs;
         history += (size_t)l->items[b].computed_after;
     }
     l->out = (decoder_output){.ids = l->ids, .params = l->sampling, .draws = l->draws,
-                              .logprobs = want_logprobs ? l->logprobs : NULL, .masks = masked ? l->masks : NULL};
+                              .logprobs = want_logprobs ? l->logprobs : NULL, .masks = masked ? l->masks : NULL,
+                              .n_top = n_top, .top_ids = n_top ? l->top_ids : NULL,
+                              .top_logprobs = n_top ? l->top_lps : NULL};
     if (!penalty) return NOPAD_OK;
     if (history > e->history_cap) {
         int32_t *h = realloc(e->history, history * sizeof *h);
@@ -397,7 +404,13 @@ static void take_step(nopad_engine *e) {
             continue;
         }
         if (!it->generates) continue; /* a prompt chunk short of the end */
-        if (r->logprobs) r->logprobs[r->n_tokens - r->n_prompt] = l->logprobs[b]; /* before its id */
+        const int32_t index = r->n_tokens - r->n_prompt; /* its place in the output */
+        if (r->logprobs) r->logprobs[index] = l->logprobs[b]; /* before its id */
+        if (r->top_ids) { /* the step's first top_logprobs of its n_top */
+            const size_t k = (size_t)r->top_logprobs, n_top = (size_t)l->out.n_top;
+            memcpy(r->top_ids + index * k, l->top_ids + b * n_top, k * sizeof *r->top_ids);
+            memcpy(r->top_lps + index * k, l->top_lps + b * n_top, k * sizeof *r->top_lps);
+        }
         r->tokens[r->n_tokens++] = l->ids[b];
         generated++;
         if (r->matcher && (!grammar_matcher_accept_token(r->matcher, e->trie, l->ids[b]) ||
@@ -494,6 +507,8 @@ static void engine_destroy(nopad_engine *e) {
         free(e->steps[k].items);
         free(e->steps[k].ids);
         free(e->steps[k].logprobs);
+        free(e->steps[k].top_ids);
+        free(e->steps[k].top_lps);
         free(e->steps[k].sampling);
         free(e->steps[k].draws);
         free(e->steps[k].masks);
@@ -564,10 +579,13 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
             l->items = malloc(R * sizeof *l->items);
             l->ids = malloc(R * sizeof *l->ids);
             l->logprobs = malloc(R * sizeof *l->logprobs);
+            l->top_ids = malloc(R * NOPAD_MAX_TOP_LOGPROBS * sizeof *l->top_ids);
+            l->top_lps = malloc(R * NOPAD_MAX_TOP_LOGPROBS * sizeof *l->top_lps);
             l->sampling = malloc(R * sizeof *l->sampling);
             l->draws = malloc(R * sizeof *l->draws);
             l->masks = malloc(R * sizeof *l->masks);
-            ok = ok && l->items && l->ids && l->logprobs && l->sampling && l->draws && l->masks;
+            ok = ok && l->items && l->ids && l->logprobs && l->top_ids && l->top_lps && l->sampling && l->draws &&
+                 l->masks;
         }
         if (!ok) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
         /* the overlap pays where the device samples while the host goes on; on a backend that
@@ -676,6 +694,18 @@ static nopad_status constraint_ready(nopad_engine *e, const char *fn) {
     return st;
 }
 
+/* top_logprobs in range. It and logit_bias need one process's sampling: a split model's ranks
+ * would each need the pairs, and its greedy merge keeps no top ids. */
+static nopad_status sampling_extras_ready(const nopad_engine *e, const nopad_request_params *p, const char *fn) {
+    if (p->top_logprobs < 0 || p->top_logprobs > NOPAD_MAX_TOP_LOGPROBS)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: top_logprobs is %d; it must be in [0, %d]", fn,
+                               p->top_logprobs, NOPAD_MAX_TOP_LOGPROBS);
+    if (e->model->comm && (p->top_logprobs > 0 || p->sampling.n_logit_bias > 0))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: %s on a model split over %d ranks is not supported yet",
+                               fn, p->top_logprobs > 0 ? "top_logprobs" : "logit_bias", e->model->tp.size);
+    return NOPAD_OK;
+}
+
 nopad_status nopad_engine_submit(nopad_engine *e, const nopad_request_params *p,
                                  nopad_request **out) {
     static const char fn[] = "nopad_engine_submit";
@@ -698,8 +728,9 @@ nopad_status nopad_engine_submit(nopad_engine *e, const nopad_request_params *p,
                                "%s: stop strings need a tokenizer and the model has none; use "
                                "stop_ids",
                                fn);
-    nopad_status st = sampling_check(&p->sampling);
+    nopad_status st = sampling_check_vocab(&p->sampling, cfg->vocab_size);
     if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", fn);
+    if ((st = sampling_extras_ready(e, p, fn)) != NOPAD_OK) return st;
     if (p->constraint && (st = constraint_ready(e, fn)) != NOPAD_OK) return st;
     int32_t *prompt, n_prompt;
     st = prompt_ids(e, p, &prompt, &n_prompt);

@@ -38,6 +38,9 @@ static void request_destroy(request *r) {
     if (!r) return;
     free(r->tokens);
     free(r->logprobs);
+    free(r->top_ids);
+    free(r->top_lps);
+    free(r->logit_bias);
     free(r->blocks);
     free(r->block_hashes);
     free(r->stop_ids);
@@ -78,8 +81,21 @@ nopad_status request_create(const nopad_request_params *p, const int32_t *prompt
     r->block_hashes = malloc(max_blocks * sizeof *r->block_hashes);
     r->stop_ids = malloc(((size_t)p->n_stop_ids + 1) * sizeof *r->stop_ids);
     if (p->logprobs) r->logprobs = calloc((size_t)p->max_tokens, sizeof *r->logprobs);
+    const size_t k = (size_t)p->top_logprobs, n_bias = (size_t)p->sampling.n_logit_bias;
+    r->top_logprobs = p->top_logprobs;
+    if (k) {
+        r->top_ids = malloc((size_t)p->max_tokens * k * sizeof *r->top_ids);
+        r->top_lps = malloc((size_t)p->max_tokens * k * sizeof *r->top_lps);
+    }
+    /* the caller's pairs may go once submit returns */
+    if (n_bias) {
+        r->logit_bias = malloc(n_bias * sizeof *r->logit_bias);
+        if (r->logit_bias) memcpy(r->logit_bias, p->sampling.logit_bias, n_bias * sizeof *r->logit_bias);
+    }
+    r->sampling.logit_bias = r->logit_bias;
     nopad_status st = NOPAD_OK;
-    if (!r->tokens || !r->blocks || !r->block_hashes || !r->stop_ids || (p->logprobs && !r->logprobs))
+    if (!r->tokens || !r->blocks || !r->block_hashes || !r->stop_ids || (p->logprobs && !r->logprobs) ||
+        (k && (!r->top_ids || !r->top_lps)) || (n_bias && !r->logit_bias))
         st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "nopad_engine_submit: out of memory");
     if (st == NOPAD_OK) {
         memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
@@ -281,6 +297,29 @@ nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capaci
     /* out may be NULL with capacity 0 (a caller asking for the count only): memcpy must not see it */
     const int32_t n_copy = delivered < capacity ? delivered : capacity;
     if (n_copy > 0) memcpy(out, r->logprobs, (size_t)n_copy * sizeof *out);
+    pthread_mutex_unlock(&r->lock);
+    *n = delivered;
+    return NOPAD_OK;
+}
+
+nopad_status nopad_request_top_logprobs(nopad_request *r, int32_t *ids, float *logprobs, int32_t capacity,
+                                        int32_t *n) {
+    if (!r || !n || capacity < 0 || (capacity > 0 && (!ids || !logprobs)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_request_top_logprobs: need a request, ids and logprobs [capacity * "
+                               "top_logprobs] (capacity >= 0) and n");
+    if (!r->top_ids)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "nopad_request_top_logprobs: request %llu was submitted with top_logprobs 0",
+                               (unsigned long long)r->id);
+    pthread_mutex_lock(&r->lock);
+    const int32_t delivered = r->n_delivered;
+    const int32_t n_copy = delivered < capacity ? delivered : capacity;
+    const size_t entries = (size_t)(n_copy > 0 ? n_copy : 0) * (size_t)r->top_logprobs;
+    if (entries) {
+        memcpy(ids, r->top_ids, entries * sizeof *ids);
+        memcpy(logprobs, r->top_lps, entries * sizeof *logprobs);
+    }
     pthread_mutex_unlock(&r->lock);
     *n = delivered;
     return NOPAD_OK;

@@ -22,7 +22,8 @@ struct nopad_request {
     /* what was asked */
     int32_t n_prompt, max_tokens;
     int ignore_eos;
-    nopad_sampling_params sampling;
+    nopad_sampling_params sampling; // its logit_bias points to logit_bias below
+    nopad_logit_bias *logit_bias;  // [sampling.n_logit_bias] the request's copy, or NULL
     int32_t *stop_ids, n_stop_ids;
     nopad_request_fn on_token;
     void *user;
@@ -34,6 +35,10 @@ struct nopad_request {
     int32_t *tokens;               // [n_prompt + max_tokens] the prompt, then each generated id
     float *logprobs;               // [max_tokens] each generated id's log-probability, or NULL
                                    // (not asked); written before the id is delivered
+    int32_t top_logprobs;          // k: the most likely ids kept per generated id (0: none)
+    int32_t *top_ids;              // [max_tokens, k] each generated id's step's top ids, or NULL
+    float *top_lps;                // [max_tokens, k] their log-probabilities; both written before
+                                   // the id is delivered
     int32_t n_tokens;              // prompt + generated so far
     int32_t n_computed;            // leading tokens whose keys and values are in `blocks` (or
                                    // being written there by a launched step)

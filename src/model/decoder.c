@@ -325,9 +325,9 @@ static nopad_status step_output(nopad_backend *be, const model_config *cfg, deco
     if (out->logits) return be->download(be, out->logits + (size_t)r0 * V, s->logits,
                                          (size_t)n * V * sizeof(float));
     const int32_t *cu_h = out->cu_history;
-    if (queue && r0 == 0 && be->sample_begin && be->sample_wait && !out->masks) {
+    if (queue && r0 == 0 && be->sample_begin && be->sample_wait) {
         nopad_status st = be->sample_begin(be, s->logits, n, V, out->params, out->draws, out->history, cu_h,
-                                           out->logprobs != NULL, s->feed);
+                                           out->masks, out->logprobs != NULL, out->n_top, s->feed);
         if (st == NOPAD_OK) s->ids_pending = n;
         return st;
     }
@@ -343,17 +343,22 @@ static nopad_status sample_on_host(nopad_backend *be, const model_config *cfg, d
                                    const decoder_output *out, int32_t r0, int32_t n) {
     const int32_t V = cfg->vocab_size;
     const int32_t *cu_h = out->cu_history;
-    if (be->sample && !out->masks) {
+    const size_t k = (size_t)out->n_top;
+    if (be->sample) {
+        const uint32_t *const *masks = out->masks ? out->masks + r0 : NULL;
+        int32_t *top_ids = k ? out->top_ids + r0 * k : NULL;
+        float *top_lps = k ? out->top_logprobs + r0 * k : NULL;
         /* the chunk's histories start at cu_h[r0]: hand the op offsets from there */
         if (!cu_h || r0 == 0)
-            return be->sample(be, s->logits, n, V, out->params + r0, out->draws + r0,
-                              out->history, cu_h, out->ids + r0, out->logprobs ? out->logprobs + r0 : NULL);
+            return be->sample(be, s->logits, n, V, out->params + r0, out->draws + r0, out->history, cu_h, masks,
+                              out->ids + r0, out->logprobs ? out->logprobs + r0 : NULL, out->n_top, top_ids,
+                              top_lps);
         int32_t *cu = malloc(((size_t)n + 1) * sizeof *cu);
         if (!cu) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "decoder step: out of memory");
         for (int32_t r = 0; r <= n; r++) cu[r] = cu_h[r0 + r] - cu_h[r0];
         nopad_status st = be->sample(be, s->logits, n, V, out->params + r0, out->draws + r0,
-                                     out->history + cu_h[r0], cu, out->ids + r0,
-                                     out->logprobs ? out->logprobs + r0 : NULL);
+                                     out->history + cu_h[r0], cu, masks, out->ids + r0,
+                                     out->logprobs ? out->logprobs + r0 : NULL, out->n_top, top_ids, top_lps);
         free(cu);
         return st;
     }
@@ -372,6 +377,8 @@ static nopad_status sample_on_host(nopad_backend *be, const model_config *cfg, d
         const int32_t n_hist = cu_h ? cu_h[b + 1] - cu_h[b] : 0;
         st = sample_token(&s->scratch, rows + (size_t)r * V, V, &out->params[b], hist, n_hist,
                           out->draws[b], &out->ids[b], out->logprobs ? &out->logprobs[b] : NULL);
+        if (st == NOPAD_OK && k)
+            st = sampling_top_logprobs(&s->scratch, out->n_top, out->top_ids + b * k, out->top_logprobs + b * k);
         if (st != NOPAD_OK) st = nopad_wrap_error(st, "sequence %d of the step", b);
     }
     free(host);
@@ -414,7 +421,7 @@ nopad_status decoder_step_wait(nopad_backend *be, decoder_state *s, const decode
     const int32_t n = s->ids_pending;
     if (n == 0) return NOPAD_OK;
     s->ids_pending = 0;
-    return be->sample_wait(be, out->ids, out->logprobs, n);
+    return be->sample_wait(be, out->ids, out->logprobs, n, out->n_top, out->top_ids, out->top_logprobs);
 }
 
 nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
@@ -517,11 +524,16 @@ nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, 
     return NOPAD_OK;
 }
 
-/* Every row's choice is the arg-max of its logits (greedy, no repetition penalty). */
+/* Every row's choice is the arg-max of its logits (greedy, nothing changes the logits). A split
+ * model's ranks decide it alike: masks and top ids, which only the leader would see, never reach
+ * one (the engine refuses them there). */
 static int all_greedy(const decoder_output *out, int32_t rows) {
-    for (int32_t r = 0; r < rows; r++)
-        if (out->params[r].temperature != 0.0f || (out->params[r].repetition_penalty != 1.0f && out->cu_history))
-            return 0;
+    for (int32_t r = 0; r < rows; r++) {
+        const nopad_sampling_params *p = &out->params[r];
+        const int penalised = (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+                               p->frequency_penalty != 0.0f) && out->cu_history;
+        if (p->temperature != 0.0f || penalised || p->n_logit_bias > 0) return 0;
+    }
     return 1;
 }
 
@@ -564,6 +576,11 @@ nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, c
                                out_rows);
     const size_t es = nopad_dtype_size(be->dtype);
     const int32_t H = cfg->hidden_size;
+    if (w->tp.comm && out->ids)
+        for (int32_t r = 0; r < out_rows; r++)
+            if (out->params[r].n_logit_bias > 0) /* its pairs stay in the leader's memory */
+                return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "decoder step: row %d has a logit_bias; a split "
+                                       "model (tp_size > 1) samples without one", r);
     if (w->tp.comm && out->ids && all_greedy(out, out_rows)) {
         /* one chunk (the step's own triples) merges on the device, and the host waits for the ids
          * in decoder_step_wait, as after sample_begin */

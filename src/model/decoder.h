@@ -136,11 +136,14 @@ typedef struct decoder_output {
     float *logprobs;                      // host [B] or NULL
     const nopad_sampling_params *params;  // [B]
     const uint64_t *draws;                // [B] draw counters
-    const int32_t *history, *cu_history;  // host: ids for the repetition penalty, [B+1] (or NULL)
+    const int32_t *history, *cu_history;  // host: ids for the penalties, [B+1] (or NULL)
     const uint32_t *const *masks;         // host [B]: row b's allowed ids, bit t of word t/32
-                                          // ((V + 31) / 32 words; NULL: all), or NULL for none.
-                                          // A masked step samples on the host (a device mask is
-                                          // to come) and never leaves its sampling queued
+                                          // ((V + 31) / 32 words; NULL: all), or NULL for none;
+                                          // read before decoder_output_launch returns
+    int32_t n_top;                        // 0..NOPAD_MAX_TOP_LOGPROBS most likely ids per row
+                                          // (0 on a split model, as masks are NULL there)
+    int32_t *top_ids;                     // host [B, n_top] (sampling_top_logprobs), or NULL
+    float *top_logprobs;                  // host [B, n_top], or NULL
 } decoder_output;
 
 /* Runs the step. Decode-only steps (one new token per sequence) replay a recorded graph per

@@ -179,7 +179,9 @@ static nopad_status decode_locked(nopad_context *c, int32_t B, nopad_sequence *c
         if (st == NOPAD_OK) memcpy(table + (size_t)b * max_blocks, s->blocks, (size_t)s->n_blocks * sizeof *table);
     }
     int penalty = 0;
-    for (int32_t b = 0; out->ids && b < B; b++) penalty |= out->params[b].repetition_penalty != 1.0f;
+    for (int32_t b = 0; out->ids && b < B; b++)
+        penalty |= out->params[b].repetition_penalty != 1.0f || out->params[b].presence_penalty != 0.0f ||
+                   out->params[b].frequency_penalty != 0.0f;
     if (st == NOPAD_OK && penalty) {
         st = step_histories(B, seqs, cu, tokens, &history, &cu_history);
         out->history = history;
@@ -237,7 +239,7 @@ nopad_status nopad_decode_sample(nopad_context *c, int32_t n_seqs, nopad_sequenc
     for (int32_t b = 0; b < n_seqs && st == NOPAD_OK; b++) {
         p[b] = params ? params[b] : nopad_sampling_default_params();
         dr[b] = draws ? draws[b] : 0;
-        st = sampling_check(&p[b]);
+        st = sampling_check_vocab(&p[b], c->model->cfg.vocab_size);
         if (st != NOPAD_OK) st = nopad_wrap_error(st, "nopad_decode_sample: sequence %d", b);
     }
     if (st == NOPAD_OK) {
@@ -284,9 +286,9 @@ nopad_status nopad_generate(nopad_context *c, int32_t n, const int32_t *cu, cons
     if (p.max_tokens < 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "nopad_generate: max_tokens %d < 0",
                                p.max_tokens);
-    st = sampling_check(&p.sampling);
-    if (st != NOPAD_OK) return st;
     const model_config *cfg = &c->model->cfg;
+    st = sampling_check_vocab(&p.sampling, cfg->vocab_size);
+    if (st != NOPAD_OK) return st;
     for (int32_t i = 0; i < n; i++) {
         if (cu[i + 1] - cu[i] < 1)
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,

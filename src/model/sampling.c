@@ -89,6 +89,17 @@ nopad_status sampling_check(const nopad_sampling_params *p) {
     return check_logit_bias(p);
 }
 
+nopad_status sampling_check_vocab(const nopad_sampling_params *p, int32_t vocab) {
+    nopad_status st = sampling_check(p);
+    if (st != NOPAD_OK) return st;
+    for (int32_t j = 0; j < p->n_logit_bias; j++)
+        if (p->logit_bias[j].id >= vocab)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "sampling: logit_bias[%d] names id %d; ids must be in [0, %d)", j,
+                                   p->logit_bias[j].id, vocab);
+    return NOPAD_OK;
+}
+
 /* ---- the random draw ------------------------------------------------------------------------ */
 
 /* SplitMix64's output function (Steele, Lea, Flood 2014). */
@@ -359,18 +370,13 @@ static nopad_status check_call(const sampler_scratch *s, const float *logits, in
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "sampling: history is %s with n_history %d; it must be >= 0 ids",
                                history ? "given" : "NULL", n_history);
-    nopad_status st = sampling_check(p);
+    nopad_status st = sampling_check_vocab(p, vocab);
     if (st != NOPAD_OK) return st;
     for (int32_t h = 0; h < n_history; h++)
         if (history[h] < 0 || history[h] >= vocab)
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                    "sampling: history[%d] is %d; ids must be in [0, %d)", h,
                                    history[h], vocab);
-    for (int32_t j = 0; j < p->n_logit_bias; j++)
-        if (p->logit_bias[j].id >= vocab)
-            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                                   "sampling: logit_bias[%d] names id %d; ids must be in [0, %d)", j,
-                                   p->logit_bias[j].id, vocab);
     return NOPAD_OK;
 }
 

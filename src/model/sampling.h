@@ -62,6 +62,9 @@ void sampler_scratch_free(sampler_scratch *s);
  * negative or repeated id or a bias outside [-100, 100] (ids past the vocab: sample_token). */
 nopad_status sampling_check(const nopad_sampling_params *p);
 
+/* sampling_check, then the logit_bias ids against a vocab of `vocab` ids. */
+nopad_status sampling_check_vocab(const nopad_sampling_params *p, int32_t vocab);
+
 /* A uniform double in [0, 1) with 53 random bits, a pure function of (seed, step). */
 double sampling_uniform(uint64_t seed, uint64_t step);
 

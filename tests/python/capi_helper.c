@@ -82,6 +82,10 @@ static void abi(void) {
     FIELD(nopad_sampling_params, min_p);
     FIELD(nopad_sampling_params, repetition_penalty);
     FIELD(nopad_sampling_params, seed);
+    FIELD(nopad_sampling_params, presence_penalty);
+    FIELD(nopad_sampling_params, frequency_penalty);
+    FIELD(nopad_sampling_params, logit_bias);
+    FIELD(nopad_sampling_params, n_logit_bias);
     SIZE(nopad_sampling_params);
     FIELD(nopad_generate_params, max_tokens);
     FIELD(nopad_generate_params, ignore_eos);

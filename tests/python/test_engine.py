@@ -179,6 +179,85 @@ def test_engine_text_streams_and_stops(gguf):
         assert s["finish"] == "stop" and s["generated_tokens"] >= 1
 
 
+def _log_softmax(rows):
+    m = rows.max(axis=1, keepdims=True)
+    return rows - (np.log(np.exp(rows - m).sum(axis=1, keepdims=True)) + m)
+
+
+def test_engine_top_logprobs():
+    """top_logprobs=5 on a greedy request: each step's 5 most likely ids (ties: the lower id) and
+    their log-probabilities equal a softmax in double of the model's logits (Generator.decode of
+    the whole sequence) within 1e-4, the issue's bound (both sides CPU fp32; the batch shapes
+    differ by 1e-6 relative); the chosen id is the first, with logprobs()'s value. Sampled with
+    top_k=3: the two ids past the kept ones are -inf. Refusals: 21, and reading without asking."""
+    with nopad.Generator(MODELS / "llama_gqa") as gen, \
+            nopad.Engine(gen, kv_cache_tokens=4096, max_running=4, max_step_tokens=256) as eng:
+        prompt = _prompts(1, gen.info.vocab_size, seed=11)[0]
+        r = eng.submit(prompt, max_tokens=8, ignore_eos=True, logprobs=True, top_logprobs=5)
+        r.result()
+        top = r.top_logprobs()
+        assert len(top) == 8 and all(len(t) == 5 for t in top)
+        with gen.sequence() as seq:
+            logits = gen.decode(seq, prompt + r.ids[:-1], all_logits=True).astype(np.float64)
+        lsm = _log_softmax(logits[len(prompt) - 1:])
+        for i, step in enumerate(top):
+            want_ids = np.argsort(-lsm[i], kind="stable")[:5]  # stable: equal values by the lower id
+            assert [t for t, _ in step] == want_ids.tolist()
+            np.testing.assert_allclose([lp for _, lp in step], lsm[i][want_ids], rtol=0, atol=1e-4)
+            assert step[0][0] == r.ids[i] and step[0][1] == r.logprobs()[i]
+        r.close()
+        s = eng.submit(prompt, max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=5, temperature=0.7,
+                       top_k=3, seed=5)
+        s.result()
+        for i, step in enumerate(s.top_logprobs()):
+            lps = [lp for _, lp in step]
+            assert all(np.isfinite(lps[:3])) and lps[3:] == [-np.inf, -np.inf]
+            assert s.ids[i] in [t for t, _ in step[:3]]
+            assert abs(np.logaddexp.reduce(lps[:3])) < 1e-5  # the kept ids hold the whole mass
+        s.close()
+        with pytest.raises(nopad.InvalidArgumentError, match="top_logprobs is 21"):
+            eng.submit(prompt, max_tokens=2, top_logprobs=21)
+        plain = eng.submit(prompt, max_tokens=2, ignore_eos=True)
+        plain.result()
+        with pytest.raises(nopad.InvalidArgumentError, match="top_logprobs 0"):
+            plain.top_logprobs()
+        plain.close()
+
+
+def test_engine_openai_penalties_and_logit_bias():
+    """presence/frequency penalties and logit_bias through the engine give what the generator
+    gives (one sampler, two paths), change the output, and are refused out of range."""
+    with nopad.Generator(MODELS / "llama_gqa") as gen, \
+            nopad.Engine(gen, kv_cache_tokens=4096, max_running=4, max_step_tokens=256) as eng:
+        vocab = gen.info.vocab_size
+        prompts = _prompts(3, vocab, seed=21)
+        plain = [gen.generate_ids([p], max_tokens=16, ignore_eos=True)[0] for p in prompts]
+        first = plain[0][0]
+        cases = [dict(frequency_penalty=1.5, presence_penalty=0.5),
+                 dict(frequency_penalty=-2.0, temperature=0.9, seed=4),
+                 dict(logit_bias={first: -100.0, 7: 3.5}),
+                 dict(logit_bias={5: 100.0})]
+        for kw in cases:
+            for p, base in zip(prompts, plain):
+                want = gen.generate_ids([p], max_tokens=16, ignore_eos=True, **kw)[0]
+                r = eng.submit(p, max_tokens=16, ignore_eos=True, **kw)
+                r.result()
+                assert r.ids == want, kw
+                r.close()
+            if "logit_bias" in kw and 5 in kw["logit_bias"]:
+                assert want == [5] * 16  # +100 outweighs any logit of the tiny model
+        # a -100 bias on the first greedy id moves the first choice; penalties change the text
+        assert gen.generate_ids([prompts[0]], max_tokens=1, logit_bias={first: -100.0})[0][0] != first
+        assert any(gen.generate_ids([p], max_tokens=16, ignore_eos=True, frequency_penalty=2.0)[0] != b
+                   for p, b in zip(prompts, plain))
+        for kw, word in [(dict(presence_penalty=2.5), "presence_penalty"),
+                         (dict(frequency_penalty=-3.0), "frequency_penalty"),
+                         (dict(logit_bias={0: 101.0}), "logit_bias"),
+                         (dict(logit_bias={vocab: 1.0}), "logit_bias")]:
+            with pytest.raises(nopad.InvalidArgumentError, match=word):
+                eng.submit(prompts[0], max_tokens=2, **kw)
+
+
 def test_engine_logprobs():
     """A greedy request's logprobs are log-softmax of the model's logits at its ids (the same
     model scored whole through Generator.decode); sampled ones are finite and <= 0; a request

@@ -138,6 +138,10 @@ def test_seeded_sampling(gen):
     (dict(min_p=1.0), "min_p"),
     (dict(min_p=-0.1), "min_p"),
     (dict(repetition_penalty=0.0), "repetition_penalty"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=-2.01), "frequency_penalty"),
+    (dict(logit_bias={0: 100.5}), "logit_bias"),
+    (dict(logit_bias={10**7: 1.0}), "logit_bias"),
     (dict(max_tokens=-1), "max_tokens"),
     (dict(seed=-1), "seed"),
 ])

@@ -297,86 +297,117 @@ static nopad_status sample_staging(cuda_state *s, size_t need) {
     return NOPAD_OK;
 }
 
-/* Sampling in two halves: sample_begin queues the parameters' upload (rows and histories in one
- * copy), the kernel and the ids' download into pinned staging (the call returns at once);
- * sample_wait waits for them, the step's one synchronisation. The next step's forward may be
- * queued in between (it reads the ids from ids_out); its sampling is not: the staging is one. */
+/* The sampling staging, device and host alike: what comes back first, then what goes up, so that
+ * each direction is one copy:
+ *   ids [n] | logprobs [n] | top ids [n, k] | top logprobs [n, k] |
+ *   rows [n] | history [n_hist] | logit_bias pairs [n_bias] | masks [n_masked, (vocab + 31) / 32]
+ * (the back part a multiple of 8 bytes: the rows' 64-bit fields stay aligned). */
+static size_t sample_back_bytes(int32_t n, int32_t n_top) {
+    return (size_t)n * (1 + (size_t)n_top) * (sizeof(int32_t) + sizeof(float));
+}
+
+/* Sampling in two halves: sample_begin queues the inputs' upload (rows, histories, logit_bias
+ * pairs and masks in one copy), the kernel and the outputs' download into pinned staging (the
+ * call returns at once); sample_wait waits for them, the step's one synchronisation. The next
+ * step's forward may be queued in between (it reads the ids from ids_out); its sampling is not:
+ * the staging is one. */
 static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
                                     const nopad_sampling_params *params, const uint64_t *draws,
-                                    const int32_t *history, const int32_t *cu_history, int want_logprobs,
-                                    int32_t *ids_out) {
+                                    const int32_t *history, const int32_t *cu_history, const uint32_t *const *masks,
+                                    int want_logprobs, int32_t n_top, int32_t *ids_out) {
     CUDA_ENTER(be, s);
     s->sample_pending = 0;
     if (n <= 0) return NOPAD_OK;
     const int32_t n_hist = cu_history ? cu_history[n] : 0;
-    /* device and host layout: rows [n] | ids [n] | logprobs [n] | history [n_hist] */
+    const size_t words = ((size_t)vocab + 31) / 32;
+    size_t n_bias = 0, n_masked = 0;
+    for (int32_t r = 0; r < n; r++) {
+        n_bias += params[r].n_logit_bias > 0 ? (size_t)params[r].n_logit_bias : 0;
+        n_masked += masks && masks[r];
+    }
+    const size_t back = sample_back_bytes(n, n_top);
     const size_t rows_bytes = (size_t)n * sizeof(cuda_sample_row);
-    const size_t need = rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float)) + (size_t)n_hist * sizeof(int32_t);
+    const size_t hist_off = back + rows_bytes, bias_off = hist_off + (size_t)n_hist * sizeof(int32_t);
+    const size_t mask_off = bias_off + n_bias * sizeof(nopad_logit_bias);
+    const size_t need = mask_off + n_masked * words * sizeof(uint32_t);
     nopad_status st = sample_staging(s, need);
     if (st != NOPAD_OK) return st;
     char *h = s->sample_host, *d = s->sample_dev;
-    cuda_sample_row *rows = (cuda_sample_row *)h;
+    cuda_sample_row *rows = (cuda_sample_row *)(h + back);
+    nopad_logit_bias *bias = (nopad_logit_bias *)(h + bias_off);
+    uint32_t *mask = (uint32_t *)(h + mask_off);
+    int32_t bias_at = 0, mask_index = 0;
     for (int32_t r = 0; r < n; r++) {
         const nopad_sampling_params *p = &params[r];
+        const int32_t n_b = p->n_logit_bias > 0 ? p->n_logit_bias : 0;
+        if (n_b) memcpy(bias + bias_at, p->logit_bias, (size_t)n_b * sizeof *bias);
+        const int masked = masks && masks[r];
+        if (masked) memcpy(mask + (size_t)mask_index * words, masks[r], words * sizeof *mask);
+        mask_index += masked;
         rows[r] = (cuda_sample_row){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
-                                    .repetition_penalty = p->repetition_penalty, .top_k = p->top_k,
+                                    .repetition_penalty = p->repetition_penalty,
+                                    .presence_penalty = p->presence_penalty,
+                                    .frequency_penalty = p->frequency_penalty, .top_k = p->top_k,
                                     .history_start = cu_history ? cu_history[r] : 0,
                                     .history_len = cu_history ? cu_history[r + 1] - cu_history[r] : 0,
-                                    .seed = p->seed, .step = draws[r]};
+                                    .bias_start = bias_at, .bias_len = p->n_logit_bias,
+                                    .mask_index = masked ? mask_index : 0, .seed = p->seed, .step = draws[r]};
+        bias_at += n_b;
     }
-    const size_t hist_off = rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float));
     if (n_hist) memcpy(h + hist_off, history, (size_t)n_hist * sizeof(int32_t));
-    st = cuda_check(cudaMemcpyAsync(d, h, rows_bytes, cudaMemcpyHostToDevice, s->stream), "sampling upload");
-    if (st == NOPAD_OK && n_hist)
-        st = cuda_check(cudaMemcpyAsync(d + hist_off, h + hist_off, (size_t)n_hist * sizeof(int32_t),
-                                        cudaMemcpyHostToDevice, s->stream),
-                        "sampling upload");
-    int32_t *d_ids = ids_out ? ids_out : (int32_t *)(d + rows_bytes);
-    float *d_logprobs = (float *)(d + rows_bytes + (size_t)n * sizeof(int32_t));
+    st = cuda_check(cudaMemcpyAsync(d + back, h + back, need - back, cudaMemcpyHostToDevice, s->stream),
+                    "sampling upload");
+    int32_t *d_ids = ids_out ? ids_out : (int32_t *)d;
+    float *d_logprobs = (float *)(d + (size_t)n * sizeof(int32_t));
+    int32_t *d_top_ids = (int32_t *)(d + (size_t)n * (sizeof(int32_t) + sizeof(float)));
+    float *d_top_lps = (float *)(d_top_ids + (size_t)n * n_top);
     if (st == NOPAD_OK)
-        st = cuda_sample_rows(logits, n, vocab, (const cuda_sample_row *)d, (const int32_t *)(d + hist_off), d_ids,
-                              want_logprobs ? d_logprobs : NULL, s->stream);
-    /* ids and log-probabilities sit side by side in the staging: one copy back unless the ids
-     * went to ids_out */
+        st = cuda_sample_rows(logits, n, vocab, (const cuda_sample_row *)(d + back), (const int32_t *)(d + hist_off),
+                              (const nopad_logit_bias *)(d + bias_off), (const uint32_t *)(d + mask_off), d_ids,
+                              want_logprobs ? d_logprobs : NULL, n_top, d_top_ids, d_top_lps, s->stream);
+    /* the outputs sit side by side in the staging: one copy back unless the ids went to ids_out
+     * (then the ids, and what follows them in a second copy) */
     const size_t id_bytes = (size_t)n * sizeof(int32_t);
-    const size_t back = id_bytes + (want_logprobs && !ids_out ? (size_t)n * sizeof(float) : 0);
+    const size_t rest = (want_logprobs || n_top ? (size_t)n * sizeof(float) : 0) +
+                        (size_t)n * n_top * (sizeof(int32_t) + sizeof(float));
     if (st == NOPAD_OK)
-        st = cuda_check(cudaMemcpyAsync(h + rows_bytes, d_ids, back, cudaMemcpyDeviceToHost, s->stream),
+        st = cuda_check(cudaMemcpyAsync(h, d_ids, ids_out ? id_bytes : id_bytes + rest, cudaMemcpyDeviceToHost,
+                                        s->stream),
                         "sampling download");
-    if (st == NOPAD_OK && want_logprobs && ids_out)
-        st = cuda_check(cudaMemcpyAsync(h + rows_bytes + id_bytes, d_logprobs, (size_t)n * sizeof(float),
-                                        cudaMemcpyDeviceToHost, s->stream),
+    if (st == NOPAD_OK && ids_out && rest)
+        st = cuda_check(cudaMemcpyAsync(h + id_bytes, d + id_bytes, rest, cudaMemcpyDeviceToHost, s->stream),
                         "sampling download");
     if (st == NOPAD_OK) s->sample_pending = n;
     return st;
 }
 
 /* The greedy merge in sample_begin's halves: the kernel writes ids (into ids_out) and
- * log-probabilities where sample_wait reads them back, rows [n] | ids [n] | logprobs [n] as
- * sample_begin lays them out (the rows' slot unused). */
+ * log-probabilities where sample_wait reads them back, ids [n] | logprobs [n] as sample_begin lays
+ * them out. */
 static nopad_status cu_greedy_merge_begin(nopad_backend *be, const float *best, int32_t parts, int32_t n,
                                           int want_logprobs, int32_t *ids_out) {
     CUDA_ENTER(be, s);
     s->sample_pending = 0;
     if (n <= 0) return NOPAD_OK;
-    const size_t rows_bytes = (size_t)n * sizeof(cuda_sample_row), id_bytes = (size_t)n * sizeof(int32_t);
-    nopad_status st = sample_staging(s, rows_bytes + (size_t)n * (sizeof(int32_t) + sizeof(float)));
+    const size_t id_bytes = (size_t)n * sizeof(int32_t);
+    nopad_status st = sample_staging(s, sample_back_bytes(n, 0));
     if (st != NOPAD_OK) return st;
     char *h = s->sample_host, *d = s->sample_dev;
-    float *d_logprobs = (float *)(d + rows_bytes + id_bytes);
+    float *d_logprobs = (float *)(d + id_bytes);
     st = cuda_greedy_merge(best, parts, n, ids_out, want_logprobs ? d_logprobs : NULL, s->stream);
     if (st == NOPAD_OK)
-        st = cuda_check(cudaMemcpyAsync(h + rows_bytes, ids_out, id_bytes, cudaMemcpyDeviceToHost, s->stream),
+        st = cuda_check(cudaMemcpyAsync(h, ids_out, id_bytes, cudaMemcpyDeviceToHost, s->stream),
                         "greedy merge download");
     if (st == NOPAD_OK && want_logprobs)
-        st = cuda_check(cudaMemcpyAsync(h + rows_bytes + id_bytes, d_logprobs, (size_t)n * sizeof(float),
+        st = cuda_check(cudaMemcpyAsync(h + id_bytes, d_logprobs, (size_t)n * sizeof(float),
                                         cudaMemcpyDeviceToHost, s->stream),
                         "greedy merge download");
     if (st == NOPAD_OK) s->sample_pending = n;
     return st;
 }
 
-static nopad_status cu_sample_wait(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n) {
+static nopad_status cu_sample_wait(nopad_backend *be, int32_t *ids, float *logprobs, int32_t n, int32_t n_top,
+                                   int32_t *top_ids, float *top_logprobs) {
     CUDA_ENTER(be, s);
     if (n <= 0) return NOPAD_OK;
     if (s->sample_pending != n)
@@ -385,23 +416,30 @@ static nopad_status cu_sample_wait(nopad_backend *be, int32_t *ids, float *logpr
     s->sample_pending = 0;
     nopad_status st = cuda_check(cudaStreamSynchronize(s->stream), "sampling");
     if (st != NOPAD_OK) return st;
-    const char *h = (const char *)s->sample_host + (size_t)n * sizeof(cuda_sample_row);
-    memcpy(ids, h, (size_t)n * sizeof(int32_t));
-    if (logprobs) memcpy(logprobs, h + (size_t)n * sizeof(int32_t), (size_t)n * sizeof(float));
+    const char *h = (const char *)s->sample_host;
+    const size_t id_bytes = (size_t)n * sizeof(int32_t), top_bytes = (size_t)n * n_top * sizeof(int32_t);
+    memcpy(ids, h, id_bytes);
+    if (logprobs) memcpy(logprobs, h + id_bytes, (size_t)n * sizeof(float));
+    if (n_top > 0) {
+        memcpy(top_ids, h + 2 * id_bytes, top_bytes);
+        memcpy(top_logprobs, h + 2 * id_bytes + top_bytes, (size_t)n * n_top * sizeof(float));
+    }
     for (int32_t r = 0; r < n; r++)
         if (ids[r] < 0)
             return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                                   "sampling: the logits of row %d hold NaN or +inf, or are all -inf; no id "
-                                   "can be chosen",
+                                   "sampling: the logits of row %d hold NaN or +inf, or are all -inf (after its "
+                                   "mask); no id can be chosen",
                                    r);
     return NOPAD_OK;
 }
 
 static nopad_status cu_sample(nopad_backend *be, float *logits, int32_t n, int32_t vocab,
                               const nopad_sampling_params *params, const uint64_t *draws, const int32_t *history,
-                              const int32_t *cu_history, int32_t *ids, float *logprobs) {
-    nopad_status st = cu_sample_begin(be, logits, n, vocab, params, draws, history, cu_history, logprobs != NULL, NULL);
-    return st == NOPAD_OK ? cu_sample_wait(be, ids, logprobs, n) : st;
+                              const int32_t *cu_history, const uint32_t *const *masks, int32_t *ids, float *logprobs,
+                              int32_t n_top, int32_t *top_ids, float *top_logprobs) {
+    nopad_status st = cu_sample_begin(be, logits, n, vocab, params, draws, history, cu_history, masks,
+                                      logprobs != NULL, n_top, NULL);
+    return st == NOPAD_OK ? cu_sample_wait(be, ids, logprobs, n, n_top, top_ids, top_logprobs) : st;
 }
 static nopad_status cu_swiglu(nopad_backend *be, void *out, const void *gate_up, int32_t n_tokens, int32_t dim) {
     CUDA_ENTER(be, s);

@@ -1,8 +1,12 @@
 /* CUDA: the sampler of src/model/sampling.c on the GPU, one CTA of 1024 threads per row, so that a
  * decode step sends back only the chosen ids (and their log-probabilities), not rows of logits.
  * Same rules, order and ties as sample_token (sampling.h); nothing is sorted or allocated:
+ *   - a constraint's mask first (refused ids -inf in the row), then logit_bias, a thread a pair
+ *     (sampling_check refuses a repeated id);
  *   - repetition penalty once per distinct history id: a bitmap of the vocab in shared memory, the
- *     thread whose atomicOr sets an id's bit applies it;
+ *     thread whose atomicOr sets an id's bit applies it; the frequency and presence penalties the
+ *     same way over the output, that thread counting the id's occurrences (the output listed in
+ *     shared memory when it fits);
  *   - greedy: the lowest id among the maxima, found in the pass that checks the row and takes its
  *     max;
  *   - top-k: the k-th largest logit by radix select over the order-preserving bits of the float
@@ -16,6 +20,8 @@
  *     the largest key left differ and ends when one id is left (the bin's ids and logits are
  *     listed in shared memory when they fit, so that those rounds skip the rest of the row);
  *   - min-p: the weight against min_p;
+ *   - the top log-probabilities: n_top rounds of a block minimum of the rank keys above the last
+ *     round's (ranking every id, -inf last), each id's log-probability from the row's kept set;
  *   - the draw: inverse CDF in id order over three levels of contiguous ranges. Each warp sums the
  *     kept weights of its 32nd of the row, one thread scans the 32 sums in order and finds the warp
  *     whose range holds u x the total; the 32 warps then sum 32 pieces of that range, the piece
@@ -288,6 +294,17 @@ struct Row {
 
     __device__ bool candidate(float v) const { return v >= lowest && v > -INFINITY; }
 
+    /* Whether the filters keep id i (logit v), its weight underflowed or not. */
+    __device__ bool kept(int i, float v) const {
+        if (!candidate(v)) return false;
+        const double d = distance(xmax, v, inv_t);
+        if (cut_bin < N_BINS) {
+            const int b = weight_bin(d);
+            if (b > cut_bin || (b == cut_bin && rank_key(v, i) > boundary)) return false;
+        }
+        return d <= min_p_d && exp(-d) >= min_p;
+    }
+
     /* The weight of id i (logit v) when the filters keep it, else 0. */
     __device__ double kept_weight(int i, float v) const {
         if (!candidate(v)) return 0.0;
@@ -322,9 +339,41 @@ static __device__ __forceinline__ void visit_cut_bin(const Row &row, bool listed
     }
 }
 
+/* sampling_top_logprobs of sampling.c (all threads call it): the n_top smallest rank keys of the
+ * row x[vocab] (the processed logits), one block minimum a round over the keys above the last
+ * round's; id i's log-probability -(xmax - v) · inv_t - log_total when kept(i, v), else -inf.
+ * Thread 0 writes top_ids / top_lps [n_top]; past the vocab (-1, -inf). */
+template <typename Kept>
+static __device__ void top_logprobs_of_row(const float *x, int lo, int hi, float xmax, double inv_t,
+                                           double log_total, const Kept &kept, int n_top, int32_t *top_ids,
+                                           float *top_lps, double *s_red) {
+    uint64_t prev = 0;
+    for (int j = 0; j < n_top; j++) {
+        uint64_t best = ~0ull; // no id's key: the NaN-free keys are below it
+        warp_pass(x, lo, hi, [&](int i, float v, bool ok) {
+            const uint64_t key = rank_key(v, i);
+            if (ok && (j == 0 || key > prev) && key < best) best = key;
+        });
+        best = block_reduce(best, MinU64(), s_red);
+        if (threadIdx.x == 0) {
+            int id = -1;
+            float lp = -INFINITY;
+            if (best != ~0ull) {
+                id = (int)(uint32_t)best;
+                const float v = x[id];
+                if (v > -INFINITY && kept(id, v)) lp = (float)(-distance(xmax, v, inv_t) - log_total);
+            }
+            top_ids[j] = id;
+            top_lps[j] = lp;
+        }
+        prev = best;
+    }
+}
+
 __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const int32_t *history,
-                   int32_t *ids, float *logprobs) {
+                   const nopad_logit_bias *biases, const uint32_t *masks, int32_t *ids, float *logprobs,
+                   int n_top, int32_t *top_ids, float *top_logprobs) {
     __shared__ double s_red[SAMPLE_WARPS];
     __shared__ double s_mass[N_BINS]; // top-p's weight bins, then its digit bins (merged)
     __shared__ double s_wsum[SAMPLE_WARPS]; // the draw: kept weight of each warp's range
@@ -340,6 +389,7 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
                                                                               : PRIV_BYTES));
     float *list_x = reinterpret_cast<float *>(list_id + LIST_CAP);
     unsigned *topk_count = reinterpret_cast<unsigned *>(list_id); // before the list
+    int *out_ids = list_id; // the output's ids for its penalties, before both
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, r = blockIdx.x;
     float *x = logits + (size_t)r * vocab;
@@ -347,6 +397,8 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
     const float t = p.temperature, pen = p.repetition_penalty;
     const int hl = p.history_len;
     const int32_t *hist = history ? history + p.history_start : nullptr;
+    int32_t *row_top_ids = top_ids + (size_t)r * n_top;
+    float *row_top_lps = top_logprobs + (size_t)r * n_top;
     // each warp's range of the row (passes, and the draw's first level)
     const int span = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
     const int lo = min(warp * span, vocab), hi = min(lo + span, vocab);
@@ -358,30 +410,66 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
             if (logprobs) logprobs[r] = (lp_);                                                     \
         }                                                                                          \
     } while (0)
+    // a row without a choice lists no ids (its -1 is the error the host reports)
+#define FINISH_NONE()                                                                              \
+    do {                                                                                           \
+        FINISH(-1, NAN);                                                                           \
+        for (int j = tid; j < n_top; j += SAMPLE_THREADS) {                                        \
+            row_top_ids[j] = -1;                                                                   \
+            row_top_lps[j] = NAN;                                                                  \
+        }                                                                                          \
+    } while (0)
 
     // sampling_check's ranges; the host reports what -1 stands for
     const bool bad_params = !(t >= 0.0f && t <= FLT_MAX) || p.top_k < 0 ||
                             !(p.top_p > 0.0f && p.top_p <= 1.0f) ||
                             !(p.min_p >= 0.0f && p.min_p < 1.0f) ||
                             !(pen > 0.0f && pen <= FLT_MAX) || hl < 0 ||
-                            (hl > 0 && (!hist || p.history_start < 0));
+                            (hl > 0 && (!hist || p.history_start < 0)) ||
+                            !(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f) ||
+                            !(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f) ||
+                            p.bias_len < 0 || (p.bias_len > 0 && (!biases || p.bias_start < 0)) ||
+                            p.mask_index < 0 || (p.mask_index > 0 && !masks);
     if (bad_params) {
-        FINISH(-1, NAN);
+        FINISH_NONE();
         return;
+    }
+    const int words = (vocab + 31) / 32;
+
+    // the constraint's mask: the refused ids are -inf before anything reads the row
+    if (p.mask_index > 0) {
+        const uint32_t *mask = masks + (size_t)(p.mask_index - 1) * words;
+        for (int i = tid; i < vocab; i += SAMPLE_THREADS)
+            if (!(mask[i >> 5] >> (i & 31) & 1u)) x[i] = -INFINITY;
+        __syncthreads();
+    }
+    // logit_bias, a thread a pair (no id twice); its ids are checked here, the logits with the max
+    int bad = 0;
+    if (p.bias_len > 0) {
+        for (int j = tid; j < p.bias_len; j += SAMPLE_THREADS) {
+            const nopad_logit_bias b = biases[p.bias_start + j];
+            if (b.id < 0 || b.id >= vocab || !(b.bias >= -100.0f && b.bias <= 100.0f)) {
+                bad = 1;
+                continue;
+            }
+            x[b.id] = __fadd_rn(x[b.id], b.bias);
+        }
+        __syncthreads();
     }
 
     // check_call's history ids; HF's repetition penalty in fp32, once per distinct id: by the
     // thread whose atomicOr sets the id's bit. The host checks the logits before the penalty,
     // which would turn +inf into FLT_MAX: the penalised ids are checked here.
-    int bad = 0;
     const bool penalise = pen != 1.0f && hl > 0;
+    // the output: the last min(step, history_len) ids of the history
+    const int n_out = (uint64_t)hl < p.step ? hl : (int)p.step;
+    const bool penalise_output = (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && n_out > 0;
     // top-k's first digit is counted in the pass that takes the max
     const bool top_k = t > 0.0f && p.top_k > 1 && p.top_k < vocab;
-    if (penalise)
-        for (int i = tid; i < (vocab + 31) / 32; i += SAMPLE_THREADS) bitmap[i] = 0;
-    if (top_k)
-        for (int i = tid; i < TOPK_BINS; i += SAMPLE_THREADS) topk_count[i] = 0;
-    if (penalise || top_k) __syncthreads();
+    if (penalise || penalise_output) {
+        for (int i = tid; i < words; i += SAMPLE_THREADS) bitmap[i] = 0;
+        __syncthreads();
+    }
     for (int h = tid; h < hl; h += SAMPLE_THREADS) {
         const int id = hist[h];
         if (id < 0 || id >= vocab) {
@@ -398,9 +486,40 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
     }
     if (penalise) __syncthreads(); // the penalised logits, for every thread
 
+    // OpenAI's frequency and presence penalties over the output, as vLLM orders them: the thread
+    // that sets a distinct id's bit counts its occurrences and applies both, in fp32
+    if (__syncthreads_or(bad)) {
+        FINISH_NONE();
+        return;
+    }
+    if (penalise_output) {
+        const int32_t *output = hist + (hl - n_out);
+        const bool listed = n_out <= 2 * LIST_CAP; // the list's ids and logits hold as many ints
+        if (listed)
+            for (int h = tid; h < n_out; h += SAMPLE_THREADS) out_ids[h] = output[h];
+        if (penalise)
+            for (int i = tid; i < words; i += SAMPLE_THREADS) bitmap[i] = 0;
+        __syncthreads();
+        const int32_t *out = listed ? out_ids : output;
+        for (int h = tid; h < n_out; h += SAMPLE_THREADS) {
+            const int id = out[h];
+            const uint32_t bit = 1u << (id & 31);
+            if (atomicOr(&bitmap[id >> 5], bit) & bit) continue;
+            int count = 0;
+            for (int g = 0; g < n_out; g++) count += out[g] == id;
+            const float v = __fsub_rn(x[id], __fmul_rn(p.frequency_penalty, (float)count));
+            x[id] = __fsub_rn(v, p.presence_penalty);
+        }
+        __syncthreads(); // every thread has read the list (top-k's counts overlay it)
+    }
+    if (top_k) {
+        for (int i = tid; i < TOPK_BINS; i += SAMPLE_THREADS) topk_count[i] = 0;
+        __syncthreads();
+    }
+
     // NaN / +inf, the max and the lowest id holding it (a lane sees its ids in ascending order);
     // greedy's sum of exp(logit - max), taken from the lane's running max (expf, in double)
-    const bool greedy_lp = t == 0.0f && logprobs;
+    const bool greedy_lp = t == 0.0f && (logprobs || n_top > 0);
     float m = -INFINITY;
     int arg = INT_MAX;
     double zg = 0.0;
@@ -420,21 +539,24 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
         if (top_k) warp_count(topk_count, bin);
     });
     if (__syncthreads_or(bad)) {
-        FINISH(-1, NAN);
+        FINISH_NONE();
         return;
     }
     const float xmax = block_reduce(m, MaxF(), s_red);
     if (xmax == -INFINITY) {
-        FINISH(-1, NAN);
+        FINISH_NONE();
         return;
     }
 
     if (t == 0.0f) { // greedy: the lowest id among the maxima; logprob at temperature 1
         const int best = block_reduce(m == xmax ? arg : INT_MAX, MinI(), s_red);
         double z = 0.0;
-        if (logprobs)
+        if (greedy_lp)
             z = block_reduce(m > -INFINITY ? zg * exp((double)m - (double)xmax) : 0.0, SumD(),
                              s_red);
+        if (n_top > 0)
+            top_logprobs_of_row(x, lo, hi, xmax, 1.0, log(z), [](int, float) { return true; }, n_top,
+                                row_top_ids, row_top_lps, s_red);
         FINISH(best, (float)-log(z));
         return;
     }
@@ -674,6 +796,10 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
     __syncthreads();
     const double total = s_total, target = s_target;
     const int pick = s_pick;
+    if (n_top > 0)
+        top_logprobs_of_row(x, lo, hi, xmax, row.inv_t, log(total),
+                            [&](int i, float v) { return row.kept(i, v); }, n_top, row_top_ids, row_top_lps,
+                            s_red);
     if (pick < 0) {
         const int c = s_chosen;
         FINISH(c, c >= 0 ? (float)(-distance(xmax, x[c], row.inv_t) - log(total)) : NAN);
@@ -752,6 +878,7 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
             logprobs[r] =
                 chosen >= 0 ? (float)(-distance(xmax, x[chosen], row.inv_t) - log(total)) : NAN;
     }
+#undef FINISH_NONE
 #undef FINISH
 }
 
@@ -759,7 +886,9 @@ sample_rows_kernel(float *logits, int vocab, const cuda_sample_row *rows, const 
 
 extern "C" nopad_status cuda_sample_rows(float *logits, int32_t n, int32_t vocab,
                                          const cuda_sample_row *rows, const int32_t *history,
-                                         int32_t *ids, float *logprobs, void *stream) {
+                                         const nopad_logit_bias *biases, const uint32_t *masks,
+                                         int32_t *ids, float *logprobs, int32_t n_top, int32_t *top_ids,
+                                         float *top_logprobs, void *stream) {
     if (n < 0 || vocab <= 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cuda sample_rows: %d rows of vocab %d; rows must be >= 0 and the "
@@ -768,6 +897,11 @@ extern "C" nopad_status cuda_sample_rows(float *logits, int32_t n, int32_t vocab
     if (!logits || !rows || !ids)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda sample_rows: %s is NULL",
                                !logits ? "logits" : !rows ? "rows" : "ids");
+    if (n_top < 0 || n_top > NOPAD_MAX_TOP_LOGPROBS || (n_top > 0 && (!top_ids || !top_logprobs)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cuda sample_rows: %d top ids%s; 0 to %d, with top_ids and top_logprobs",
+                               n_top, n_top > 0 && (!top_ids || !top_logprobs) ? " without their arrays" : "",
+                               NOPAD_MAX_TOP_LOGPROBS);
     const size_t bitmap = ((size_t)vocab + 31) / 32 * sizeof(uint32_t);
     const size_t smem = (bitmap > PRIV_BYTES ? bitmap : PRIV_BYTES) + LIST_BYTES;
     if (smem > MAX_DYNAMIC_SMEM)
@@ -786,7 +920,7 @@ extern "C" nopad_status cuda_sample_rows(float *logits, int32_t n, int32_t vocab
                                    cudaGetErrorString(e));
         if (dev >= 0) cuda_cache_store(&attr_set[dev], 1);
     }
-    sample_rows_kernel<<<n, SAMPLE_THREADS, smem, (cudaStream_t)stream>>>(logits, vocab, rows,
-                                                                          history, ids, logprobs);
+    sample_rows_kernel<<<n, SAMPLE_THREADS, smem, (cudaStream_t)stream>>>(
+        logits, vocab, rows, history, biases, masks, ids, logprobs, n_top, top_ids, top_logprobs);
     return launch_status("sample_rows");
 }
