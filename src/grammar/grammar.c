@@ -107,19 +107,38 @@ int32_t gb_empty(gram_builder *b) {
     return r;
 }
 
+/* x's rule when it is one (not a byte set) and the builder works, else NULL. */
+static const gb_rule *rule_of(const gram_builder *b, int32_t x) {
+    return b->status == NOPAD_OK && !GB_IS_SET(x) ? &b->rules[x] : NULL;
+}
+
+/* 1 when x is body{0,} or body{1,} (a regex's "a+"): its star is body's. */
+static int unbounded_from_one(const gb_rule *x) {
+    return x && x->is_repeat && x->rep_min <= 1 && x->rep_max == UINT32_MAX;
+}
+
 int32_t gb_opt(gram_builder *b, int32_t x) {
+    const gb_rule *rx = rule_of(b, x);
+    if (rx && rx->shape != GB_PLAIN) return x;                   /* (x*)? = x*, (x?)? = x? */
+    if (unbounded_from_one(rx)) return gb_star(b, rx->rep_body); /* (x+)? = x* */
     int32_t r = gb_rule_new(b);
     gb_rule_add(b, r, &x, 1);
     gb_rule_add(b, r, NULL, 0);
+    if (b->status == NOPAD_OK) b->rules[r].shape = GB_OPT, b->rules[r].inner = x;
     return r;
 }
 
 int32_t gb_star(gram_builder *b, int32_t x) {
+    const gb_rule *rx = rule_of(b, x);
+    if (rx && rx->shape == GB_STAR) return x;                     /* (x*)* = x* */
+    if (rx && rx->shape == GB_OPT) return gb_star(b, rx->inner);  /* (x?)* = x* */
+    if (unbounded_from_one(rx)) return gb_star(b, rx->rep_body); /* (x+)* = x* */
     /* R ::= x R | empty: right recursion, which the matcher runs in constant stack depth */
     int32_t r = gb_rule_new(b);
     int32_t seq[2] = {x, r};
     gb_rule_add(b, r, seq, 2);
     gb_rule_add(b, r, NULL, 0);
+    if (b->status == NOPAD_OK) b->rules[r].shape = GB_STAR, b->rules[r].inner = x;
     return r;
 }
 
@@ -137,6 +156,9 @@ int32_t gb_repeat(gram_builder *b, int32_t x, int64_t min, int64_t max) {
     }
     if (min == 0 && max < 0) return gb_star(b, x);
     if (min == 0 && max == 1) return gb_opt(b, x);
+    const gb_rule *rx = rule_of(b, x);
+    if (rx && rx->shape == GB_STAR && max != 0) return x;                 /* (x*){m,n} = x* */
+    if (rx && rx->shape == GB_OPT && max < 0) return gb_star(b, rx->inner); /* (x?){m,} = x* */
     /* a counted repetition: the matcher carries the count, so x{0,4000} is one element and a
      * bounded string's characters differ only by the count (which the mask walk exploits) */
     int32_t body = gb_seq(b, &x, 1);

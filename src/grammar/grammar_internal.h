@@ -49,6 +49,11 @@ typedef struct gb_rule {
     int is_repeat; /* a counted repetition of rep_body, no alternatives of its own */
     int32_t rep_body;
     uint32_t rep_min, rep_max;
+    /* made by gb_star / gb_opt (of `inner`): a star or option of one is itself or a star, so
+     * stacked and nested quantifiers ("a**", "((a*)?)*") stay one rule instead of nested
+     * nullable loops, which the matcher expands at a cost that grows with their depth */
+    enum { GB_PLAIN, GB_STAR, GB_OPT } shape;
+    int32_t inner;
 } gb_rule;
 
 typedef struct gram_builder {

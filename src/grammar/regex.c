@@ -352,16 +352,17 @@ static int32_t rx_concat(rx *r) {
 }
 
 static int32_t rx_alternation(rx *r) {
-    int32_t rule = gb_rule_new(r->b);
+    int32_t rule = -1;
     for (;;) {
-        int32_t alt = rx_concat(r);
+        int32_t alt = rx_concat(r); /* a rule */
         if (rx_failed(r)) return 0;
+        const int more = r->i < r->n && r->p[r->i] == '|';
+        /* one alternative is itself: a group adds no rule, so "((a*))*" is a star of a star */
+        if (rule < 0 && !more) return alt;
+        if (rule < 0) rule = gb_rule_new(r->b);
         gb_rule_add(r->b, rule, &alt, 1);
-        if (r->i < r->n && r->p[r->i] == '|') {
-            r->i++;
-            continue;
-        }
-        return rule;
+        if (!more) return rule;
+        r->i++;
     }
 }
 
