@@ -783,6 +783,9 @@ typedef struct nopad_engine_stats {
                                        it was queued behind it) to its ids taken */
     double tokens_per_s;            /* ids delivered per second of wall time over the last 64
                                        steps (0 after a second without a step) */
+    int64_t masks_built;            /* constraint masks computed: one a constrained row a step */
+    double mask_ms;                 /* the host time they took, in total (the engine thread's, while
+                                       the device runs the step's forward where it samples) */
 } nopad_engine_stats;
 nopad_status nopad_engine_get_stats(nopad_engine *engine, nopad_engine_stats *out);
 

@@ -214,7 +214,9 @@ class EngineStats(ctypes.Structure):
                 ("prompt_tokens_shared", ctypes.c_int64),
                 ("preemptions", ctypes.c_int64),
                 ("last_step_ms", ctypes.c_double),
-                ("tokens_per_s", ctypes.c_double)]
+                ("tokens_per_s", ctypes.c_double),
+                ("masks_built", ctypes.c_int64),
+                ("mask_ms", ctypes.c_double)]
 
 
 class TrainProgress(ctypes.Structure):

@@ -22,9 +22,11 @@
  * functions that create it, submit to it, cancel in it, read its counters and free it. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/constraint.h"
 #include "engine/kv_blocks.h"
+#include "engine/mask_pool.h"
 #include "engine/request_queue.h"
 #include "engine/scheduler.h"
 #include "model/model_internal.h"
@@ -56,7 +58,12 @@ struct nopad_engine {
     /* constrained decoding: the vocabulary's token bytes as a trie, built at the first request
      * with a constraint (under trie_lock: submits may come from several threads) */
     grammar_token_trie *trie;
+    mask_pool *mask_pool;               /* made with the trie where the host has cores to spare */
     pthread_mutex_t trie_lock;
+    /* a step's constrained rows, for the mask workers: [R] each */
+    grammar_matcher **mask_matchers;
+    uint32_t **mask_bitmaps;
+    int32_t *mask_rows;
     kv_blocks kv;
     request_queue queue;
     scheduler sched;
@@ -238,18 +245,17 @@ static decoder_batch pack_step(nopad_engine *e) {
  * repetition penalty reads them. */
 static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
     size_t history = 0;
-    int penalty = 0, want_logprobs = 0, masked = 0;
-    int32_t n_top = 0;
+    int penalty = 0, want_logprobs = 0;
+    int32_t n_top = 0, masked = 0;
     for (int32_t b = 0; b < l->n; b++) {
         const request *r = l->items[b].r;
         l->masks[b] = NULL;
         if (r->matcher && l->items[b].generates && !r->ended) {
             /* the ids before this one are in (the step before was taken): the matcher is there */
-            if (grammar_token_mask(e->trie, r->matcher, r->mask) == 0)
-                return nopad_set_error(NOPAD_ERR_INTERNAL, "request %llu: its constraint allows no next token "
-                                       "after %d generated", (unsigned long long)r->id, r->n_tokens - r->n_prompt);
+            e->mask_matchers[masked] = r->matcher;
+            e->mask_bitmaps[masked] = r->mask;
+            e->mask_rows[masked++] = b;
             l->masks[b] = r->mask;
-            masked = 1;
         }
         l->sampling[b] = r->sampling;
         l->draws[b] = (uint64_t)(r->n_tokens - r->n_prompt); /* the index of the id it samples */
@@ -258,6 +264,26 @@ static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
         want_logprobs |= r->logprobs != NULL;
         if (r->top_logprobs > n_top) n_top = r->top_logprobs;
         history += (size_t)l->items[b].computed_after;
+    }
+    if (masked) {
+        const double t0 = request_now();
+        int32_t empty = -1;
+        if (e->mask_pool && masked > 1) {
+            empty = mask_pool_run(e->mask_pool, e->trie, e->mask_matchers, e->mask_bitmaps, masked);
+        } else {
+            for (int32_t j = 0; j < masked && empty < 0; j++)
+                if (grammar_token_mask(e->trie, e->mask_matchers[j], e->mask_bitmaps[j]) == 0) empty = j;
+        }
+        const double ms = 1e3 * (request_now() - t0);
+        pthread_mutex_lock(&e->stats_lock);
+        e->stats.masks_built += masked;
+        e->stats.mask_ms += ms;
+        pthread_mutex_unlock(&e->stats_lock);
+        if (empty >= 0) {
+            const request *r = l->items[e->mask_rows[empty]].r;
+            return nopad_set_error(NOPAD_ERR_INTERNAL, "request %llu: its constraint allows no next token "
+                                   "after %d generated", (unsigned long long)r->id, r->n_tokens - r->n_prompt);
+        }
     }
     l->out = (decoder_output){.ids = l->ids, .params = l->sampling, .draws = l->draws,
                               .logprobs = want_logprobs ? l->logprobs : NULL, .masks = masked ? l->masks : NULL,
@@ -497,8 +523,12 @@ static void engine_destroy(nopad_engine *e) {
     request_queue_destroy(&e->queue);
     nopad_context_free(e->ctx);
     pthread_mutex_destroy(&e->stats_lock);
+    mask_pool_free(e->mask_pool);
     grammar_token_trie_free(e->trie);
     pthread_mutex_destroy(&e->trie_lock);
+    free(e->mask_matchers);
+    free(e->mask_bitmaps);
+    free(e->mask_rows);
     free(e->cu_q);
     free(e->tokens);
     free(e->seqlen_k);
@@ -573,7 +603,11 @@ nopad_status nopad_engine_create(nopad_model *model, const nopad_engine_params *
         e->table = malloc(R * (size_t)e->max_blocks * sizeof *e->table);
         e->cu_history = malloc((R + 1) * sizeof *e->cu_history);
         e->pending = malloc(R * sizeof *e->pending);
-        int ok = e->cu_q && e->tokens && e->seqlen_k && e->table && e->cu_history && e->pending;
+        e->mask_matchers = malloc(R * sizeof *e->mask_matchers);
+        e->mask_bitmaps = malloc(R * sizeof *e->mask_bitmaps);
+        e->mask_rows = malloc(R * sizeof *e->mask_rows);
+        int ok = e->cu_q && e->tokens && e->seqlen_k && e->table && e->cu_history && e->pending &&
+                 e->mask_matchers && e->mask_bitmaps && e->mask_rows;
         for (int k = 0; k < 2; k++) {
             launched_step *l = &e->steps[k];
             l->items = malloc(R * sizeof *l->items);
@@ -689,6 +723,13 @@ static nopad_status constraint_ready(nopad_engine *e, const char *fn) {
             grammar_token_trie_free(e->trie);
             e->trie = NULL;
         }
+    }
+    /* the host's spare cores build a step's masks side by side: up to 8 threads with the engine's */
+    if (st == NOPAD_OK && !e->mask_pool) {
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const int workers = cores > 8 ? 7 : (int)cores - 1;
+        if (workers >= 1 && (st = mask_pool_create(workers, &e->mask_pool)) != NOPAD_OK)
+            st = nopad_wrap_error(st, "%s: the constraint masks' workers", fn);
     }
     pthread_mutex_unlock(&e->trie_lock);
     return st;
