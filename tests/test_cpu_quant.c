@@ -406,12 +406,12 @@ static void test_paths_agree_exactly(void **state) {
 /* y[T, N] = x · Wᵀ on every path against the reference element by element: T = 1, 7, 31
  * (decode), 45 and 133 (prefill: over the GEMM's chunks of 64 tokens, not a multiple of its tiles
  * of 4 tokens), N = 37 and 101 (odd: over tiles of 16 rows, not a multiple of the 2- and 4-row
- * tiles), 1 and 2 threads. The int8 GEMM (every T on AVX2 and VNNI, T < CPU_QUANT_PREFILL_TOKENS
- * on the portable path) within the dot's tolerance and bit for bit against the one-row dot on the
- * same path (the same blocks, the same sums): a row's result does not depend on how many tokens
- * share its step. AVX2's and VNNI's bit for bit with each other. The portable path from
- * CPU_QUANT_PREFILL_TOKENS on (dequantised rows and sgemm on x rounded as the int8 path rounds it,
- * d·q per block) against the reference on that rounded x within float rounding alone,
+ * tiles), 1 and 2 threads. The int8 GEMM (below cpu_quant_sgemm_tokens: 32 on the portable path,
+ * 128 for the k-quants on x86, every T for the blocks of 32 on x86) within the dot's tolerance and
+ * bit for bit against the one-row dot on the same path (the same blocks, the same sums): a row's
+ * result does not depend on how many tokens share its step. AVX2's and VNNI's bit for bit with
+ * each other. From cpu_quant_sgemm_tokens on (dequantised rows and sgemm on x rounded as the int8
+ * path rounds it, d·q per block) against the reference on that rounded x within float rounding alone,
  * K·2^-23·Σ|w·x| (a sum of K products loses at most K·2^-24 of Σ|w·x|, the d·q products one
  * rounding each; the reference's "+ m" roundings are far below). Then accumulate onto a random y0
  * (the residual): y0 + y bit for bit on the int8 path (the same dot, one add), within y's
@@ -420,7 +420,9 @@ static void test_linear(void **state) {
     const format_case *f = *state;
     const int32_t K = 2 * f->block + (f->block == 32 ? 512 : 0);
     const struct { int32_t T, N; } cases[] = {{1, 37}, {7, 37}, {31, 37}, {45, 101}, {133, 101}};
-    assert_true(cases[2].T < CPU_QUANT_PREFILL_TOKENS && cases[3].T >= CPU_QUANT_PREFILL_TOKENS);
+    /* the sgemm path's thresholds fall between the cases: 32 (portable), 128 (k-quants on x86) */
+    assert_true(cpu_quant_sgemm_tokens(f->type, CPU_QUANT_PORTABLE) == 32);
+    assert_true(cpu_quant_sgemm_tokens(f->type, cpu_quant_best_isa()) > 45);
     const int32_t T_max = 133, N_max = 101;
     const size_t row_bytes = cpu_quant_row_bytes(f->type, K), act_bytes = cpu_quant_act_row_bytes(f->type, K);
     uint8_t *w = malloc(row_bytes * N_max);
@@ -442,12 +444,12 @@ static void test_linear(void **state) {
             assert_int_equal(cpu_quant_activations(act + act_bytes * t, x + (size_t)t * K, f->type, K), NOPAD_OK);
         for (int p = 0; p < n_paths; p++)
             for (int threads = 1; threads <= 2; threads++) {
-                const int sgemm = isa[p] == CPU_QUANT_PORTABLE && T >= CPU_QUANT_PREFILL_TOKENS;
+                const int sgemm = T >= cpu_quant_sgemm_tokens(f->type, isa[p]);
                 for (int32_t i = 0; i < T * N; i++) y[i] = NAN;
                 assert_int_equal(cpu_quant_linear_on(y, x, w, f->type, T, K, N, 0, threads, isa[p]), NOPAD_OK);
                 for (int32_t i = 0; i < T * N; i++) z[i] = y0[i] = rnd_unit();
                 assert_int_equal(cpu_quant_linear_on(z, x, w, f->type, T, K, N, 1, threads, isa[p]), NOPAD_OK);
-                if (isa[p] != CPU_QUANT_PORTABLE) {
+                if (isa[p] != CPU_QUANT_PORTABLE && !sgemm) {
                     if (isa[p] == isa[1] && threads == 1) memcpy(y_simd, y, sizeof(float) * T * N);
                     else if (memcmp(y_simd, y, sizeof(float) * T * N) != 0)
                         fail_msg("%s linear T=%d: %s with %d threads differs from %s", f->name, T,

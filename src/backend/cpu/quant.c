@@ -459,10 +459,12 @@ nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int3
  * quantized rows of x (about 100 KB at K = 1536) passes over them from L2. */
 enum { TILE_ROWS = 16, TOKEN_CHUNK = 64 };
 
-/* On the portable path, from CPU_QUANT_PREFILL_TOKENS tokens on, a weight row is used often
- * enough that dequantising it once to float and running OpenBLAS's sgemm beats an integer dot
- * product per (row, token): each dot unpacks the row's blocks again, sgemm reuses the floats from
- * cache (docs/decoder.md). Tiles of PREFILL_ROWS rows: 64 · K floats stay in L2. */
+/* From cpu_quant_sgemm_tokens on, a weight row is used often enough that dequantising it once to
+ * float and running OpenBLAS's sgemm beats the int8 dot products: on the portable path each dot
+ * unpacks the row's blocks again; the k-quants' int8 GEMM on x86 (4 tokens × 1 row) loses to
+ * sgemm's float tiles from about 128 tokens on (LLaMA-1B's shapes, one thread: 1.00-1.10x sgemm
+ * at 128, 0.77-0.94x at 512, 1.75-2.1x at 32; docs/decoder.md). Tiles of PREFILL_ROWS rows:
+ * 64 · K floats stay in L2. */
 enum { PREFILL_ROWS = 64 };
 
 /* y = x · Wᵀ for many tokens: tiles of PREFILL_ROWS weight rows dequantised into a thread's
@@ -518,6 +520,12 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
     return NOPAD_OK;
 }
 
+int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa) {
+    const quant_format *f = find_format(type);
+    if (isa == CPU_QUANT_PORTABLE) return 32;
+    return f && f->k_quant ? 128 : INT32_MAX;
+}
+
 nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                                  int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa) {
     const quant_format *f;
@@ -530,7 +538,7 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
                                T, N);
     if (T == 0 || N == 0) return NOPAD_OK;
     if (n_threads <= 0) n_threads = omp_get_max_threads();
-    if (isa == CPU_QUANT_PORTABLE && T >= CPU_QUANT_PREFILL_TOKENS)
+    if (T >= cpu_quant_sgemm_tokens(type, isa))
         return linear_dequantized(y, x, w, type, T, K, N, accumulate, n_threads);
     const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
     uint8_t *act = malloc(act_bytes * (size_t)T); /* malloc's alignment suits both block types */

@@ -87,20 +87,22 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
  * dequantised as they are gathered). Errors as cpu_quant_activations. */
 nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int32_t K);
 
-/* From this many tokens on, the portable path of cpu_quant_linear dequantises tiles of weight rows
- * to float and runs sgemm (prefill) instead of the int8 dot products (decode). */
-enum { CPU_QUANT_PREFILL_TOKENS = 32 };
+/* From this many tokens on, cpu_quant_linear dequantises tiles of weight rows to float and runs
+ * sgemm instead of the int8 dot products, for weights of `type` on the path `isa`: 32 on the
+ * portable path, 128 for the k-quants on x86 (where sgemm's reuse of a float tile beats their
+ * int8 GEMM: docs/decoder.md), never for the blocks of 32 on x86. */
+int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa);
 
 /* y[T, N] = x[T, K] · W[N, K]ᵀ, or y += x · Wᵀ when `accumulate` (a residual added in place:
  * y may be the residual, never x). W's N rows stored one after the other as in the GGUF file
  * (row n at w + n · cpu_quant_row_bytes(type, K)), on n_threads OpenMP threads (<= 0: the
  * OpenMP default), in parallel over runs of W's rows, on the best path. The rows of x are
- * quantized once each; on AVX2 the int8 dot products run as a small GEMM (tiles of weight rows ×
- * tokens) for any T, and a row's result is bit for bit its one-row dot's (cpu_quant_dot), whatever
- * T is. On the portable path, from CPU_QUANT_PREFILL_TOKENS tokens on, x is rounded as those int8
- * blocks round it (d·q) and each thread dequantises 64 rows at a time to float and multiplies them
- * with OpenBLAS's sgemm, which must then be single-threaded (the CPU backend sets it so): the same
- * products, a row's result differing from the dot's by float summation order only. Errors as
+ * quantized once each; below cpu_quant_sgemm_tokens the int8 dot products run (on x86 as a small
+ * GEMM: tiles of weight rows × tokens), and a row's result is bit for bit its one-row dot's
+ * (cpu_quant_dot), whatever T is. From it on, x is rounded as those int8 blocks round it (d·q) and
+ * each thread dequantises 64 rows at a time to float and multiplies them with OpenBLAS's sgemm,
+ * which must then be single-threaded (the CPU backend sets it so): the same products, a row's
+ * result differing from the dot's by float summation order only. Errors as
  * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                               int32_t K, int32_t N, int accumulate, int n_threads);
