@@ -8,7 +8,9 @@ model and its peak resident memory (a child process per point, so RSS is the poi
         --llama-bench /path/to/llama-bench --out bench/results/quant_cpu_DATE.json
 
 The rates are medians over --reps timed repetitions after one untimed warm-up; the prompts are
-random ids (seeded). The machine, its load and the versions go into the JSON."""
+random ids (seeded). With --rounds N the alternation (nopad, then llama.cpp, per thread count) runs
+N times, each row marked with its round: on a machine shared with other work, the best round of
+each is the least disturbed. The machine, its load and the versions go into the JSON."""
 import argparse
 import json
 import os
@@ -85,30 +87,33 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=1, help="times to repeat the whole alternation")
     ap.add_argument("--out")
     args = ap.parse_args()
     env = dict(os.environ, NOPAD_LIBRARY=str(Path(args.library).resolve()))
     env.pop("OMP_WAIT_POLICY", None)  # OpenMP's own default (threads spin a while between regions)
     load = os.getloadavg()
     rows = []
-    for threads in [int(t) for t in args.threads.split(",")]:
-        for weights in args.weights.split(","):
-            r = run_nopad(str(REPO / "python"), args.gguf, threads, weights, args.reps, args.pp, args.tg, env)
-            rows.append(dict(engine="nopad", weights=weights, threads=threads, **r))
-            print("nopad %-6s t%d: tg %.1f tok/s, pp %.1f tok/s, load %.2f s, first token %.3f s, RSS %.0f MB"
-                  % (weights, threads, r["tg_tokens_per_s"], r["pp_tokens_per_s"], r["load_s"], r["first_token_s"],
-                     r["peak_rss_mb"]), flush=True)
-        if args.llama_bench:
-            r = run_llama(args.llama_bench, args.gguf, threads, args.reps, args.pp, args.tg)
-            rows.append(dict(engine="llama.cpp", threads=threads, **r))
-            print("llama.cpp    t%d: tg %.1f tok/s, pp %.1f tok/s" % (threads, r["tg_tokens_per_s"],
-                                                                       r["pp_tokens_per_s"]), flush=True)
+    for rnd in range(args.rounds):
+        for threads in [int(t) for t in args.threads.split(",")]:
+            for weights in args.weights.split(","):
+                r = run_nopad(str(REPO / "python"), args.gguf, threads, weights, args.reps, args.pp, args.tg, env)
+                rows.append(dict(engine="nopad", weights=weights, threads=threads, round=rnd,
+                                 load_avg=os.getloadavg()[0], **r))
+                print("round %d nopad %-6s t%d: tg %.1f tok/s, pp %.1f tok/s, load %.2f s, first token %.3f s, "
+                      "RSS %.0f MB" % (rnd, weights, threads, r["tg_tokens_per_s"], r["pp_tokens_per_s"], r["load_s"],
+                                       r["first_token_s"], r["peak_rss_mb"]), flush=True)
+            if args.llama_bench:
+                r = run_llama(args.llama_bench, args.gguf, threads, args.reps, args.pp, args.tg)
+                rows.append(dict(engine="llama.cpp", threads=threads, round=rnd, load_avg=os.getloadavg()[0], **r))
+                print("round %d llama.cpp    t%d: tg %.1f tok/s, pp %.1f tok/s" % (rnd, threads, r["tg_tokens_per_s"],
+                                                                                  r["pp_tokens_per_s"]), flush=True)
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
             platform.machine(), "cpus": os.cpu_count(), "load_before": load, "load_after": os.getloadavg(),
             "gguf": Path(args.gguf).name, "gguf_bytes": Path(args.gguf).stat().st_size,
             "nopad_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                            capture_output=True, text=True).stdout.strip(),
-            "pp": args.pp, "tg": args.tg, "reps": args.reps}
+            "pp": args.pp, "tg": args.tg, "reps": args.reps, "rounds": args.rounds}
     if args.out:
         Path(args.out).write_text(json.dumps({"info": info, "rows": rows}, indent=1) + "\n")
     print(json.dumps(info))
