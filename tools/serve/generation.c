@@ -42,11 +42,14 @@ struct gen_job {
     int32_t *end_ids;
     int32_t n_end_ids;
     int stopped;               /* ended that way */
-    /* logprobs: every generated id (on_token), and how many the stream has reported */
+    /* logprobs: every generated id (on_token), and how many the stream has reported;
+     * top_logprobs: the alternatives a position lists (gen_request's) */
     int logprobs;
+    int32_t top_logprobs;
     int32_t *ids;
     int32_t ids_cap, lp_sent;
-    size_t lp_offset;          /* completions' text_offset of the next token */
+    size_t lp_offset;          /* completions' text_offset of the next token, in characters (code
+                                  points: what OpenAI's and vLLM's clients index) */
     char *text;                /* everything released so far */
     size_t text_len, text_cap, streamed; /* bytes of text already sent as events */
     int oom, done;
@@ -299,46 +302,103 @@ static char *token_text(const gen_job *j, int32_t id) {
     return big;
 }
 
+/* A log-probability as JSON can hold it: -inf (an id that top-k, top-p, min-p or a constraint
+ * dropped) is -9999.0, as vLLM reports it. */
+static double finite_logprob(float lp) { return lp >= -9999.0f ? (double)lp : -9999.0; }
+
+/* Chat's {"token", "logprob", "bytes"}: bytes are the token text's UTF-8 (a token alone that is
+ * part of a character is U+FFFD there, as nopad_detokenize gives it). NULL when out of memory. */
+static cJSON *chat_token_json(const char *text, float lp) {
+    cJSON *entry = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+    if (!entry || !bytes) {
+        cJSON_Delete(entry), cJSON_Delete(bytes);
+        return NULL;
+    }
+    for (const unsigned char *b = (const unsigned char *)text; *b; b++)
+        cJSON_AddItemToArray(bytes, cJSON_CreateNumber(*b));
+    cJSON_AddStringToObject(entry, "token", text);
+    cJSON_AddNumberToObject(entry, "logprob", finite_logprob(lp));
+    cJSON_AddItemToObject(entry, "bytes", bytes);
+    return entry;
+}
+
+/* The alternatives of one position, most likely first (ids -1, past the vocabulary, left out):
+ * chat [{"token", "logprob", "bytes"}]; completions {token: logprob}, with the chosen token added
+ * when it is not among them (OpenAI's legacy API: up to logprobs + 1 entries; two ids of the same
+ * text share a key, the more likely one's value kept). NULL when out of memory. */
+static cJSON *top_json(gen_job *j, const int32_t *ids, const float *lps, int32_t chosen, const char *chosen_text,
+                       float chosen_lp) {
+    const int chat = j->kind == GEN_CHAT;
+    cJSON *top = chat ? cJSON_CreateArray() : cJSON_CreateObject();
+    int has_chosen = 0;
+    for (int32_t k = 0; top && k < j->top_logprobs; k++) {
+        if (ids[k] < 0) continue;
+        char *t = token_text(j, ids[k]);
+        if (!t) {
+            cJSON_Delete(top);
+            return NULL;
+        }
+        has_chosen |= ids[k] == chosen;
+        if (chat) cJSON_AddItemToArray(top, chat_token_json(t, lps[k]));
+        else if (!cJSON_HasObjectItem(top, t)) cJSON_AddNumberToObject(top, t, finite_logprob(lps[k]));
+        free(t);
+    }
+    if (top && !chat && !has_chosen && !cJSON_HasObjectItem(top, chosen_text))
+        cJSON_AddNumberToObject(top, chosen_text, finite_logprob(chosen_lp));
+    return top;
+}
+
 /* With the job's lock: the logprobs of generated tokens [from, to) in the answer's format:
- * completions {"tokens", "token_logprobs", "top_logprobs": null, "text_offset"}, chat
- * {"content": [{"token", "logprob", "bytes", "top_logprobs": []}], "refusal": null}. The values
- * are the engine's (the sampler's, nopad.h: nopad_request_logprobs). NULL when out of memory. */
+ * completions {"tokens", "token_logprobs", "top_logprobs" (null for logprobs 0), "text_offset"},
+ * chat {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}. The
+ * values are the engine's (the sampler's, nopad.h: nopad_request_logprobs and
+ * nopad_request_top_logprobs). NULL when out of memory. */
 static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
-    float *lp = malloc((size_t)(to > 0 ? to : 1) * sizeof *lp);
-    int32_t n = 0;
-    if (!lp || !j->req || nopad_request_logprobs(j->req, lp, to, &n) != NOPAD_OK || n < to) {
-        free(lp);
+    const size_t k = (size_t)j->top_logprobs, slots = (size_t)(to > 0 ? to : 1);
+    float *lp = malloc(slots * sizeof *lp);
+    int32_t *top_ids = k ? malloc(slots * k * sizeof *top_ids) : NULL;
+    float *top_lps = k ? malloc(slots * k * sizeof *top_lps) : NULL;
+    int32_t n = 0, n_top = 0;
+    if (!lp || (k && (!top_ids || !top_lps)) || !j->req || nopad_request_logprobs(j->req, lp, to, &n) != NOPAD_OK ||
+        n < to || (k && (nopad_request_top_logprobs(j->req, top_ids, top_lps, to, &n_top) != NOPAD_OK || n_top < to))) {
+        free(lp), free(top_ids), free(top_lps);
         return NULL;
     }
     cJSON *o = cJSON_CreateObject();
     const int chat = j->kind == GEN_CHAT;
     cJSON *content = chat ? cJSON_CreateArray() : NULL;
     cJSON *tokens = chat ? NULL : cJSON_CreateArray(), *values = chat ? NULL : cJSON_CreateArray();
-    cJSON *offsets = chat ? NULL : cJSON_CreateArray();
-    if (!o || (chat ? !content : (!tokens || !values || !offsets))) {
-        cJSON_Delete(o), cJSON_Delete(content), cJSON_Delete(tokens), cJSON_Delete(values), cJSON_Delete(offsets);
-        free(lp);
-        return NULL;
-    }
-    for (int32_t i = from; i < to; i++) {
+    cJSON *offsets = chat ? NULL : cJSON_CreateArray(), *tops = chat || !k ? NULL : cJSON_CreateArray();
+    int ok = o && (chat ? content != NULL : tokens && values && offsets && (!k || tops));
+    for (int32_t i = from; ok && i < to; i++) {
         char *t = token_text(j, j->ids[i]);
         const char *text = t ? t : "";
+        cJSON *top = k ? top_json(j, top_ids + (size_t)i * k, top_lps + (size_t)i * k, j->ids[i], text, lp[i]) : NULL;
+        ok = !k || top;
         if (chat) {
-            cJSON *entry = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
-            for (const unsigned char *b = (const unsigned char *)text; *b; b++)
-                cJSON_AddItemToArray(bytes, cJSON_CreateNumber(*b));
-            cJSON_AddStringToObject(entry, "token", text);
-            cJSON_AddNumberToObject(entry, "logprob", lp[i]);
-            cJSON_AddItemToObject(entry, "bytes", bytes);
-            cJSON_AddItemToObject(entry, "top_logprobs", cJSON_CreateArray());
-            cJSON_AddItemToArray(content, entry);
+            cJSON *entry = ok ? chat_token_json(text, lp[i]) : NULL;
+            ok = entry != NULL;
+            if (entry) {
+                cJSON_AddItemToObject(entry, "top_logprobs", top ? top : cJSON_CreateArray());
+                cJSON_AddItemToArray(content, entry);
+            } else {
+                cJSON_Delete(top);
+            }
         } else {
             cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
-            cJSON_AddItemToArray(values, cJSON_CreateNumber(lp[i]));
+            cJSON_AddItemToArray(values, cJSON_CreateNumber(finite_logprob(lp[i])));
             cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)j->lp_offset));
-            j->lp_offset += strlen(text);
+            if (top) cJSON_AddItemToArray(tops, top);
+            for (const unsigned char *b = (const unsigned char *)text; *b; b++)
+                j->lp_offset += (*b & 0xC0) != 0x80; /* characters, as clients index the text */
         }
         free(t);
+    }
+    free(lp), free(top_ids), free(top_lps);
+    if (!ok) {
+        cJSON_Delete(o), cJSON_Delete(content), cJSON_Delete(tokens), cJSON_Delete(values), cJSON_Delete(offsets),
+            cJSON_Delete(tops);
+        return NULL;
     }
     if (chat) {
         cJSON_AddItemToObject(o, "content", content);
@@ -346,10 +406,10 @@ static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
     } else {
         cJSON_AddItemToObject(o, "tokens", tokens);
         cJSON_AddItemToObject(o, "token_logprobs", values);
-        cJSON_AddNullToObject(o, "top_logprobs");
+        if (tops) cJSON_AddItemToObject(o, "top_logprobs", tops);
+        else cJSON_AddNullToObject(o, "top_logprobs");
         cJSON_AddItemToObject(o, "text_offset", offsets);
     }
-    free(lp);
     return o;
 }
 
@@ -1111,6 +1171,7 @@ static gen_job *new_choice(http_req *q, const gen_request *r, gen_job *lead, int
     j->t0 = q->t0;
     j->prompt_tokens = prompt_tokens;
     j->logprobs = r->logprobs;
+    j->top_logprobs = r->top_logprobs;
     int oom = 0;
     if (r->kind == GEN_RESPONSES) {
         snprintf(j->msg_id, sizeof j->msg_id, "msg_%016llx", (unsigned long long)random_seed(s));
@@ -1157,6 +1218,10 @@ static int submit_choice(server *s, gen_job *j, const gen_request *r, const int3
     p.sampling.top_p = (float)r->top_p;
     p.sampling.min_p = (float)r->min_p;
     p.sampling.repetition_penalty = (float)r->repetition_penalty;
+    p.sampling.presence_penalty = (float)r->presence_penalty;
+    p.sampling.frequency_penalty = (float)r->frequency_penalty;
+    p.sampling.logit_bias = r->logit_bias;
+    p.sampling.n_logit_bias = r->n_logit_bias;
     p.sampling.seed = r->has_seed ? r->seed + (uint64_t)j->index : random_seed(s);
     p.stop_strings = (const char *const *)r->stops;
     p.n_stop_strings = r->n_stops;
@@ -1169,6 +1234,7 @@ static int submit_choice(server *s, gen_job *j, const gen_request *r, const int3
     }
     p.on_token = on_token;
     p.logprobs = r->logprobs;
+    p.top_logprobs = r->top_logprobs;
     p.constraint = r->constraint; /* the engine's request holds its own reference */
     p.user = j;
     nopad_status st = nopad_engine_submit(s->engine, &p, &j->req);
@@ -1227,6 +1293,11 @@ static void drop_choices(gen_job *lead) {
 static int start(http_req *q, const gen_request *r, gen_job **out, api_error *e) {
     server *s = q->srv;
     int32_t *ids = NULL, n = 0;
+    for (int32_t k = 0; k < r->n_logit_bias; k++)
+        if (r->logit_bias[k].id >= s->dec_info.vocab_size)
+            return api_fail(e, 400, "invalid_request_error", "invalid_value", "logit_bias",
+                            "'logit_bias' key '%d' is outside the vocabulary [0, %d)", r->logit_bias[k].id,
+                            s->dec_info.vocab_size);
     if (prompt_ids(s, r, &ids, &n, e)) return -1;
     const int32_t ctx = s->context_tokens;
     if (n >= ctx) {

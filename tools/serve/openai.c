@@ -110,21 +110,8 @@ static int check_neutral(const cJSON *obj, api_error *e) {
     const cJSON *v;
     if ((v = field(obj, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
         return api_fail(e, 400, INVALID, "unsupported_value", "best_of", "'best_of' must be 1");
-    if ((v = field(obj, "top_logprobs")) && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
-        return api_fail(e, 400, INVALID, "unsupported_value", "top_logprobs",
-                        "'top_logprobs' must be 0: nopad serve reports the chosen tokens' "
-                        "log-probabilities, not the most likely alternatives");
     if ((v = field(obj, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
         return api_fail(e, 400, INVALID, "unsupported_value", "suffix", "'suffix' is not supported");
-    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (int i = 0; i < 2; i++)
-        if ((v = field(obj, penalties[i])) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
-            return api_fail(e, 400, INVALID, "unsupported_value", penalties[i],
-                            "'%s' is not supported by nopad serve (use repetition_penalty)",
-                            penalties[i]);
-    if ((v = field(obj, "logit_bias")) && !(cJSON_IsObject(v) && !v->child))
-        return api_fail(e, 400, INVALID, "unsupported_value", "logit_bias",
-                        "'logit_bias' is not supported by nopad serve");
     if ((v = field(obj, "functions")) && !(cJSON_IsArray(v) && !v->child))
         return api_fail(e, 400, INVALID, "unsupported_value", "functions",
                         "'functions' (the deprecated form of tools) is not supported: send 'tools'");
@@ -825,6 +812,78 @@ static cJSON *parse_object(const char *body, size_t len, api_error *e) {
     return root;
 }
 
+/* logit_bias: {"<token id>": bias, ...}, OpenAI's shape: each key a token id written in decimal
+ * (at most once), each bias a number in [-100, 100]. The ids are checked against the vocabulary
+ * where the model is known (generation.c). */
+static int get_logit_bias(const cJSON *root, gen_request *r, api_error *e) {
+    const cJSON *v = field(root, "logit_bias");
+    if (!v) return 0;
+    if (!cJSON_IsObject(v)) return wrong_type(e, "logit_bias", "an object of token ids to biases", v);
+    const int count = cJSON_GetArraySize(v);
+    if (count > NOPAD_MAX_LOGIT_BIAS)
+        return api_fail(e, 400, INVALID, "invalid_value", "logit_bias",
+                        "'logit_bias' holds %d entries; at most %d are allowed", count, NOPAD_MAX_LOGIT_BIAS);
+    r->logit_bias = malloc((size_t)(count ? count : 1) * sizeof *r->logit_bias);
+    if (!r->logit_bias) return oom(e);
+    for (const cJSON *f = v->child; f; f = f->next) {
+        const char *key = f->string;
+        size_t digits = 0;
+        while (key[digits] >= '0' && key[digits] <= '9') digits++;
+        const double id = digits && !key[digits] && digits <= 10 ? strtod(key, NULL) : -1;
+        if (!(id >= 0 && id <= 2147483647.0))
+            return api_fail(e, 400, INVALID, "invalid_value", "logit_bias",
+                            "'logit_bias' key '%.64s' is not a token id (a whole number >= 0 in "
+                            "decimal, as a string)", key);
+        for (int32_t k = 0; k < r->n_logit_bias; k++)
+            if (r->logit_bias[k].id == (int32_t)id)
+                return api_fail(e, 400, INVALID, "invalid_value", "logit_bias",
+                                "'logit_bias' key '%.64s' names token %d, which an earlier key names too",
+                                key, (int32_t)id);
+        if (!cJSON_IsNumber(f))
+            return api_fail(e, 400, INVALID, "invalid_type", "logit_bias",
+                            "'logit_bias' key '%.64s': the bias must be a number in [-100, 100], got %s",
+                            key, type_name(f));
+        if (!in_range(f->valuedouble, -100, 0, 100, 0))
+            return api_fail(e, 400, INVALID, "invalid_value", "logit_bias",
+                            "'logit_bias' key '%.64s': the bias must be in [-100, 100], got %g", key,
+                            f->valuedouble);
+        r->logit_bias[r->n_logit_bias++] = (nopad_logit_bias){.id = (int32_t)id, .bias = (float)f->valuedouble};
+    }
+    return 0;
+}
+
+/* Chat: "logprobs" true, with "top_logprobs" alternatives (0..20, logprobs true required).
+ * Completions: "logprobs" k, OpenAI's legacy API (0..5 there; up to 20 here, as vLLM): the chosen
+ * tokens' log-probabilities and, k > 0, the k most likely alternatives. /v1/responses: its
+ * "top_logprobs" must be 0 (its output_text logprobs are not reported). */
+static int get_logprobs(const cJSON *root, gen_kind kind, gen_request *r, api_error *e) {
+    double top = 0;
+    if (kind == GEN_RESPONSES) {
+        if (get_whole(root, "top_logprobs", 0, NOPAD_MAX_TOP_LOGPROBS, &top, e)) return -1;
+        if (top > 0)
+            return api_fail(e, 400, INVALID, "unsupported_value", "top_logprobs",
+                            "'top_logprobs' must be 0 on /v1/responses (nopad serve does not report "
+                            "output_text logprobs there): use /v1/chat/completions");
+        return 0;
+    }
+    if (kind == GEN_CHAT) {
+        if (get_bool(root, "logprobs", &r->logprobs, e) ||
+            get_whole(root, "top_logprobs", 0, NOPAD_MAX_TOP_LOGPROBS, &top, e))
+            return -1;
+        if (top > 0 && !r->logprobs)
+            return api_fail(e, 400, INVALID, "invalid_value", "top_logprobs",
+                            "'top_logprobs' needs 'logprobs': true");
+        r->top_logprobs = (int32_t)top;
+        return 0;
+    }
+    const cJSON *lp = field(root, "logprobs");
+    if (!lp) return 0;
+    if (get_whole(root, "logprobs", 0, NOPAD_MAX_TOP_LOGPROBS, &top, e)) return -1;
+    r->logprobs = 1;
+    r->top_logprobs = (int32_t)top;
+    return 0;
+}
+
 int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_request *r,
                             api_error *e) {
     *r = (gen_request){.kind = kind, .max_tokens = -1, .temperature = 1.0, .top_p = 1.0,
@@ -902,23 +961,10 @@ int openai_parse_generation(const char *body, size_t len, gen_kind kind, gen_req
                  "'min_tokens' (%d) must not exceed 'max_tokens' (%d)", r->min_tokens, r->max_tokens);
         goto done;
     }
-    const cJSON *lp = field(root, "logprobs");
-    if (lp && !cJSON_IsNull(lp)) {
-        if (kind == GEN_CHAT) { /* chat: a boolean */
-            if (get_bool(root, "logprobs", &r->logprobs, e)) goto done;
-        } else if (!cJSON_IsNumber(lp) || lp->valuedouble != 0) {
-            /* completions: the number of most likely alternatives to list at each position */
-            if (cJSON_IsNumber(lp) && lp->valuedouble > 0 && lp->valuedouble == floor(lp->valuedouble))
-                api_fail(e, 400, INVALID, "unsupported_value", "logprobs",
-                         "'logprobs' must be 0: nopad serve reports the chosen tokens' "
-                         "log-probabilities, not the %g most likely alternatives", lp->valuedouble);
-            else
-                wrong_type(e, "logprobs", "0", lp);
-            goto done;
-        } else {
-            r->logprobs = 1; /* 0: the chosen tokens' log-probabilities, no alternatives */
-        }
-    }
+    if (get_number(root, "presence_penalty", -2, 0, 2, 0, "in [-2, 2]", &r->presence_penalty, e) ||
+        get_number(root, "frequency_penalty", -2, 0, 2, 0, "in [-2, 2]", &r->frequency_penalty, e) ||
+        get_logit_bias(root, r, e) || get_logprobs(root, kind, r, e))
+        goto done;
     if (kind == GEN_COMPLETION && get_bool(root, "echo", &r->echo, e)) goto done;
     if (r->echo && r->logprobs) {
         api_fail(e, 400, INVALID, "unsupported_value", "echo",
@@ -966,6 +1012,7 @@ void gen_request_free(gen_request *r) {
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     free(r->stop_ids);
+    free(r->logit_bias);
     *r = (gen_request){0};
 }
 

@@ -3,8 +3,8 @@
  * HTTP): fuzz/fuzz_serve_request.c drives them.
  *
  * Strict by design: a field of the wrong type, a value out of range, a
- * feature nopad does not implement (top logprobs, penalties other than repetition_penalty,
- * tool_choice "required", a non-text response_format, ...) and any field the route does not know are a 400 naming the
+ * feature nopad does not implement (a suffix, best_of above 1, /v1/responses' top_logprobs,
+ * echo with logprobs, ...) and any field the route does not know are a 400 naming the
  * field, never silently ignored. Fields that change nothing (user, metadata, store, ...) are
  * accepted. The body is one JSON object and nothing after it; its strings hold no NUL (cJSON
  * would cut them there) and are UTF-8, else a 400 naming the string (messages[1].content,
@@ -70,8 +70,15 @@ typedef struct gen_request {
     int32_t *stop_ids;
     int32_t n_stop_ids;
     int ignore_eos;
-    int logprobs;           /* 1: each chosen token's log-probability (completions "logprobs": 0,
-                               chat "logprobs": true); the top alternatives are not reported */
+    /* OpenAI's penalties over the generated ids, in [-2, 2] (nopad.h: nopad_sampling_params) */
+    double presence_penalty, frequency_penalty;
+    nopad_logit_bias *logit_bias; /* [n_logit_bias], ids distinct (not yet checked against the
+                                     vocabulary: the parser knows no model) */
+    int32_t n_logit_bias;
+    int logprobs;           /* 1: each chosen token's log-probability (completions "logprobs": k,
+                               chat "logprobs": true) */
+    int32_t top_logprobs;   /* and that many most likely alternatives at each position
+                               (completions k, chat "top_logprobs"), 0..NOPAD_MAX_TOP_LOGPROBS */
     /* chat: the tools offered (names and definitions owned), tool_choice "none" (the tools are
      * not offered then), parallel_tool_calls (0: at most one call is returned) */
     chat_tool *tools;
