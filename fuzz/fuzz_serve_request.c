@@ -67,7 +67,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         if (r.max_tokens == 0 || r.max_tokens < -1 || r.min_tokens < 0 || r.top_k < 0) __builtin_trap();
         if (!(r.temperature >= 0) || !(r.top_p > 0 && r.top_p <= 1) || !(r.min_p >= 0 && r.min_p < 1) ||
-            !(r.repetition_penalty > 0))
+            !(r.repetition_penalty > 0) || !(r.presence_penalty >= -2 && r.presence_penalty <= 2) ||
+            !(r.frequency_penalty >= -2 && r.frequency_penalty <= 2))
+            __builtin_trap();
+        /* what the engine refuses must not get past the parser: logit_bias ids distinct and >= 0,
+         * biases in [-100, 100]; top_logprobs in range and only with logprobs */
+        if (r.n_logit_bias < 0 || r.n_logit_bias > NOPAD_MAX_LOGIT_BIAS || (r.n_logit_bias && !r.logit_bias))
+            __builtin_trap();
+        for (int32_t i = 0; i < r.n_logit_bias; i++) {
+            if (r.logit_bias[i].id < 0 || !(r.logit_bias[i].bias >= -100 && r.logit_bias[i].bias <= 100))
+                __builtin_trap();
+            for (int32_t k = 0; k < i; k++)
+                if (r.logit_bias[k].id == r.logit_bias[i].id) __builtin_trap();
+        }
+        if (r.top_logprobs < 0 || r.top_logprobs > NOPAD_MAX_TOP_LOGPROBS || (r.top_logprobs && !r.logprobs))
             __builtin_trap();
         check_no_nul(body, len);
         check_utf8(r.prompt);
