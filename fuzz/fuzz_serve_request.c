@@ -12,8 +12,12 @@
 #include "chat_template.h"
 #include "openai.h"
 
+static void check_utf8(const char *text);
+
+/* An error's message goes back as JSON: it must be UTF-8 even where it quotes a cut text. */
 static void check_error(const api_error *e) {
     if (e->status < 400 || e->status > 500 || !e->message[0] || !e->type) __builtin_trap();
+    check_utf8(e->message);
 }
 
 /* A text the server passes on must be UTF-8 as the tokenizers check it (no overlong forms, no

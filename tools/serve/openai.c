@@ -12,6 +12,22 @@
 
 #define INVALID "invalid_request_error"
 
+/* The length of the UTF-8 character at s (as the tokenizers check it: no overlong forms, no
+ * surrogates, nothing above U+10FFFF), or 0 when s holds none. */
+static int utf8_char(const unsigned char *s) {
+    const int need = *s < 0x80 ? 0 : *s >= 0xC2 && *s <= 0xDF ? 1 : *s >= 0xE0 && *s <= 0xEF ? 2
+                   : *s >= 0xF0 && *s <= 0xF4 ? 3 : -1;
+    if (need < 0) return 0;
+    unsigned cp = need ? *s & (0x3Fu >> need) : *s;
+    for (int k = 1; k <= need; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (s[k] & 0x3F);
+    }
+    static const unsigned least[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < least[need] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return 0;
+    return need + 1;
+}
+
 int api_fail(api_error *e, int status, const char *type, const char *code, const char *param,
              const char *fmt, ...) {
     e->status = status;
@@ -22,6 +38,19 @@ int api_fail(api_error *e, int status, const char *type, const char *code, const
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* a quoted text cut at its byte limit (%.64s), or the message at its size, may end inside a
+     * character: the message goes back as JSON, which must be UTF-8, so such bytes are dropped */
+    unsigned char *in = (unsigned char *)e->message, *out = in;
+    while (*in) {
+        const int n = utf8_char(in);
+        if (!n) {
+            in++;
+            continue;
+        }
+        memmove(out, in, (size_t)n);
+        out += n, in += n;
+    }
+    *out = '\0';
     return -1;
 }
 
@@ -845,8 +874,8 @@ static int get_logit_bias(const cJSON *root, gen_request *r, api_error *e) {
                             key, type_name(f));
         if (!in_range(f->valuedouble, -100, 0, 100, 0))
             return api_fail(e, 400, INVALID, "invalid_value", "logit_bias",
-                            "'logit_bias' key '%.64s': the bias must be in [-100, 100], got %g", key,
-                            f->valuedouble);
+                            "'logit_bias' key '%.64s': the bias must be in [-100, 100], got %g",
+                            key, f->valuedouble);
         r->logit_bias[r->n_logit_bias++] = (nopad_logit_bias){.id = (int32_t)id, .bias = (float)f->valuedouble};
     }
     return 0;
