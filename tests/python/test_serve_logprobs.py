@@ -157,6 +157,27 @@ def test_chat_top_logprobs_match_softmax(client, gen):
     assert [e.top_logprobs for e in plain] == [[]] * 8 and [e.logprob for e in plain] == [e.logprob for e in content]
 
 
+def test_sampled_alternatives(client):
+    """Sampled (temperature 1, seeded): completions logprobs=1 lists the most likely token and, as
+    OpenAI documents, the chosen one beside it when it is another (with its token_logprob); under
+    top_k=2 the alternatives past the 2 kept have probability 0, reported as vLLM does (-9999.0),
+    and the kept two hold the whole mass."""
+    kw = dict(model=MODEL, prompt=prompt_ids(4), max_tokens=12, temperature=1.0, seed=7,
+              extra_body={"ignore_eos": True})
+    lp = client.completions.create(logprobs=1, **kw).choices[0].logprobs
+    for top, token, value in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs):
+        # a byte token that is part of a character is "\ufffd" alone, the key of several ids
+        assert token in top and (top[token] == value or token == "\ufffd") and 1 <= len(top) <= 2
+    assert any(len(top) == 2 for top in lp.top_logprobs)  # some draws are not the argmax
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=1.0, seed=3,
+                                          logprobs=True, top_logprobs=5,
+                                          extra_body={"ignore_eos": True, "top_k": 2})
+    for e in chat.choices[0].logprobs.content:
+        values = [a.logprob for a in e.top_logprobs]
+        assert values[2:] == [-9999.0] * 3 and e.token in [a.token for a in e.top_logprobs[:2]]
+        assert abs(np.logaddexp.reduce(values[:2])) < 1e-5
+
+
 def test_logit_bias_forces_and_bans(client, gen):
     """Greedy: +100 on an id makes it every token (the tiny model's logits span far less than
     100); -100 on the greedy first choice gives the runner-up instead; the reported
