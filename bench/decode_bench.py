@@ -81,7 +81,8 @@ class ModelParams(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int), ("device_index", ctypes.c_int32), ("dtype", ctypes.c_int),
                 ("n_threads", ctypes.c_int), ("max_batch_tokens", ctypes.c_int32),
                 ("cuda_stream", ctypes.c_void_p), ("cuda_graph_max_tokens", ctypes.c_int32),
-                ("kv_cache_tokens", ctypes.c_int32), ("kv_block_size", ctypes.c_int32)]
+                ("kv_cache_tokens", ctypes.c_int32), ("kv_block_size", ctypes.c_int32),
+                ("tp_size", ctypes.c_int32), ("weights", ctypes.c_int)]  # as python/nopad/_native.py
 
 
 class ModelStats(ctypes.Structure):

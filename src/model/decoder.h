@@ -94,8 +94,9 @@ typedef struct decoder_state {
                                  // (V: the whole vocabulary, every rank's columns in place)
     float *logits_parts;         // tp > 1: [tp, logit_rows, vocab_stride] every rank's columns
                                  // of the chunk, as the all-gather leaves them; else NULL
-    float *best_parts;           // tp > 1: [tp, logit_rows, 3] every rank's greedy triples
-                                 // (backend row_argmax); else NULL
+    float *best_parts;           // [tp, logit_rows, 3] every rank's greedy triples (backend
+                                 // row_argmax) with tp > 1, or one process's where the backend
+                                 // merges them on the device; else NULL
     float *host_best;            // their host copy, merged by every rank alike
     int32_t logit_rows;          // rows of logits computed at a time
     int32_t *i32;                // a step's tokens, positions, slots, rows, cu_q, seqlen_k, table
