@@ -78,21 +78,8 @@ if [ "${1:-}" = "--stage" ]; then
     mkdir -p "$stage/build/tests" "$stage/build/deplibs" "$ROOT/.gpu_carry"
     deplibs "$B/libnopad.so" "$B"/tests/test_cuda_* ${BASE:+"$BASE/libnopad.so"} |
         while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
-    # all-MiniLM-L6-v2 with fp16 weights (the fp32 file is larger than a call carries; fp16 and
-    # bf16 backends round the weights to their dtype anyway), with its tokenizer for the Python tests
-    (cd "$ROOT" && python3 - "$stage/minilm_f16" <<'PY'
-import os, shutil, subprocess, sys
-from safetensors.numpy import load_file, save_file
-dst = sys.argv[1]
-src = subprocess.check_output(["scripts/fetch_default_model.sh"]).decode().strip()
-os.makedirs(dst + "/1_Pooling", exist_ok=True)
-save_file({k: v.astype("float16") for k, v in load_file(src + "/model.safetensors").items()}, dst + "/model.safetensors")
-for f in ["config.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
-          "tokenizer.json", "tokenizer_config.json", "vocab.txt"]:
-    if os.path.exists(os.path.join(src, f)):
-        shutil.copy(os.path.join(src, f), os.path.join(dst, f))
-PY
-    ) || { echo "staging MiniLM failed" >&2; exit 1; }
+    # all-MiniLM-L6-v2 with fp16 weights and its tokenizer (for the Python tests too)
+    python3 "$ROOT/scripts/make_minilm_f16.py" "$stage/minilm_f16" || { echo "staging MiniLM failed" >&2; exit 1; }
     cp "$B/nopad" "$B/libnopad.so" "$stage/build/"
     [ -x "$B/gemm_bench" ] && cp "$B/gemm_bench" "$stage/build/"
     cp "$B"/tests/test_cuda_* "$stage/build/tests/"

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The GPU machine's check of the decoders, in one device call: the CUDA decoder and sampling tests,
 # PyTorch's own half-precision error on the same inputs, the paged attention alone against torch
-# SDPA, and the DEC benchmark. Smaller than gpu_check.sh's bundle (no MiniLM), so the SmolLM2 GGUF
+# SDPA, and the DEC benchmark. Smaller than gpu_check.sh's bundle, so the SmolLM2 GGUF (and MiniLM)
 # can travel beside it in parts.
 #
 # Here:  [TESTS="..."] [BENCHES="..."] [BASE=OTHER_BUILD] [CLI=1] scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
 #        writes .gpu_carry/dec/bundle.tar.xz (binaries + the Debian libraries they need) and, with
-#        GGUF, splits it into PARTS pieces .gpu_carry/gN/gguf.N (carry one a device call, as the
-#        carry limit allows; the pieces gather in /tmp/nopad_gguf there while the machine stays
-#        warm, and so does the unpacked bundle). GGUF_WHEEL: the `gguf` package for the `half`
+#        GGUF, splits a tar of it (and, with MINILM=1, of all-MiniLM-L6-v2 in fp16) into PARTS
+#        pieces .gpu_carry/gN/models.tar.N (carry one a device call, as the carry limit allows;
+#        the pieces gather in /tmp/nopad_gguf there while the machine stays warm, and so does the
+#        unpacked bundle). GGUF_WHEEL: the `gguf` package for the `half`
 #        step's SmolLM2 part (transformers reads GGUF through it), carried with the last piece.
 # There: scripts/gpu_decoder.sh --run [steps]      (carry [".gpu_carry/dec"], then [".gpu_carry/gN"])
-#        steps: gguf (keep this call's GGUF piece), test (every staged test), half (HF fp16/bf16
-#        error), attn, gemv (tools/gemv_bench: the linear layers alone), decode, ab (the decode
-#        grid of base/ and this build alternated, BASE= at staging), engine (bench/engine_bench.py,
+#        steps: gguf (keep this call's piece of the models; the last one unpacks them), test
+#        (every staged test), half (HF fp16/bf16 error), attn, gemv (tools/gemv_bench: the linear
+#        layers alone), decode, ab (the decode grid of base/ and this build alternated, BASE= at staging), engine (bench/engine_bench.py,
 #        nopad alone: --peers none), ab-engine (workloads 4 and 1 through the engine, base/ and this
 #        build alternated; AB_ENGINE="smollm2:64 1b:32"),
 #        issue 22's benchmarks, each within one 10-minute device call (the JSON is rewritten as it
@@ -81,16 +82,26 @@ if [ "${1:-}" = "--stage" ]; then
         mkdir -p "$stage/build/base"
         cp "$BASE/libnopad.so" "$stage/build/base/"
     fi
-    (cd "$stage" && tar cJf "$CARRY/bundle.tar.xz" build)
+    # xz -9e: its 64 MiB window finds the code the binaries share (each links the library's
+    # kernels), so seven test binaries and the library pack into ~6 MB, not ~45
+    (cd "$stage" && tar cf - build | xz -9e -T1 > "$CARRY/bundle.tar.xz")
     if [ -n "${3:-}" ]; then
+        # the models travel as one tar in PARTS pieces: the GGUF and, with MINILM=1,
+        # all-MiniLM-L6-v2 with fp16 weights (minilm_f16/)
         parts=${4:-3}
+        mkdir -p "$stage/models"
+        ln -s "$(cd "$(dirname "$3")" && pwd)/$(basename "$3")" "$stage/models/$(basename "$3")"
+        if [ "${MINILM:-0}" = 1 ]; then
+            python3 "$ROOT/scripts/make_minilm_f16.py" "$stage/models/minilm_f16" || { echo "staging MiniLM failed" >&2; exit 1; }
+        fi
+        tar chf "$stage/models.tar" -C "$stage/models" .
         rm -rf "$ROOT"/.gpu_carry/g[0-9]
-        split -n "$parts" -d -a 1 "$3" "$stage/gguf."
+        split -n "$parts" -d -a 1 "$stage/models.tar" "$stage/models.tar."
         for ((i = 0; i < parts; i++)); do
             mkdir -p "$ROOT/.gpu_carry/g$i"
-            mv "$stage/gguf.$i" "$ROOT/.gpu_carry/g$i/"
-            sha256sum "$3" | cut -d' ' -f1 > "$ROOT/.gpu_carry/g$i/gguf.sha256"
-            echo "$parts" > "$ROOT/.gpu_carry/g$i/gguf.parts"
+            mv "$stage/models.tar.$i" "$ROOT/.gpu_carry/g$i/"
+            sha256sum "$stage/models.tar" | cut -d' ' -f1 > "$ROOT/.gpu_carry/g$i/models.sha256"
+            echo "$parts" > "$ROOT/.gpu_carry/g$i/models.parts"
         done
         [ -n "${5:-}" ] && cp "$5" "$ROOT/.gpu_carry/g$((parts - 1))/"
     fi
@@ -118,6 +129,8 @@ if [ -z "${NOPAD_NCCL_LIBRARY:-}" ]; then
 fi
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the shared machines
 GGUF=/tmp/nopad_gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+# all-MiniLM-L6-v2 in fp16 when the models' parts carried it (MINILM=1 at staging)
+[ -d /tmp/nopad_gguf/minilm_f16 ] && export NOPAD_MINILM_DIR=/tmp/nopad_gguf/minilm_f16
 status=0
 {
     date -u
@@ -132,14 +145,14 @@ for step in $STEPS; do
             [ -d "$d" ] && cp "$d"/* /tmp/nopad_gguf/
         done
         ls /tmp/nopad_gguf
-        if [ ! -f "$GGUF" ] && [ -f /tmp/nopad_gguf/gguf.sha256 ] &&
-            [ "$(ls /tmp/nopad_gguf/gguf.[0-9] 2>/dev/null | wc -l)" -ge "$(cat /tmp/nopad_gguf/gguf.parts)" ]; then
-            cat /tmp/nopad_gguf/gguf.[0-9] > "$GGUF.part"
-            if [ "$(sha256sum "$GGUF.part" | cut -d' ' -f1)" = "$(cat /tmp/nopad_gguf/gguf.sha256)" ]; then
-                mv "$GGUF.part" "$GGUF"
-                echo "gguf: assembled $GGUF"
+        if [ ! -f "$GGUF" ] && [ -f /tmp/nopad_gguf/models.sha256 ] &&
+            [ "$(ls /tmp/nopad_gguf/models.tar.[0-9] 2>/dev/null | wc -l)" -ge "$(cat /tmp/nopad_gguf/models.parts)" ]; then
+            cat /tmp/nopad_gguf/models.tar.[0-9] > /tmp/nopad_gguf/models.tar
+            if [ "$(sha256sum /tmp/nopad_gguf/models.tar | cut -d' ' -f1)" = "$(cat /tmp/nopad_gguf/models.sha256)" ]; then
+                tar xf /tmp/nopad_gguf/models.tar -C /tmp/nopad_gguf && rm /tmp/nopad_gguf/models.tar*
+                echo "models: assembled $(ls /tmp/nopad_gguf)"
             else
-                echo "gguf: checksum mismatch" && status=1
+                echo "models: checksum mismatch" && status=1
             fi
         fi
         ;;
