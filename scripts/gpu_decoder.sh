@@ -14,8 +14,8 @@
 # There: scripts/gpu_decoder.sh --run [steps]      (carry [".gpu_carry/dec"], then [".gpu_carry/gN"])
 #        steps: gguf (keep this call's piece of the models; the last one unpacks them), test
 #        (every staged test), half (HF fp16/bf16 error), attn, gemv (tools/gemv_bench: the linear
-#        layers alone), decode, ab (the decode grid of base/ and this build alternated, BASE= at staging), engine (bench/engine_bench.py,
-#        nopad alone: --peers none), ab-engine (workloads 4 and 1 through the engine, base/ and this
+#        layers alone), decode, ab (the decode grid of base/ and this build alternated, BASE= at
+#        staging), engine (bench/engine_bench.py, nopad alone: --peers none), ab-engine (workloads 4 and 1 through the engine, base/ and this
 #        build alternated; AB_ENGINE="smollm2:64 1b:32"),
 #        issue 22's benchmarks, each within one 10-minute device call (the JSON is rewritten as it
 #        goes, so a cut run keeps what it measured):
