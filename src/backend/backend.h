@@ -124,6 +124,8 @@ typedef enum nopad_weight_format {
     NOPAD_WEIGHT_DTYPE = 0,
     NOPAD_WEIGHT_Q4_0 = 2, /* blocks of 32 */
     NOPAD_WEIGHT_Q4_1 = 3,
+    NOPAD_WEIGHT_Q5_0 = 6,
+    NOPAD_WEIGHT_Q5_1 = 7,
     NOPAD_WEIGHT_Q8_0 = 8,
     NOPAD_WEIGHT_Q4_K = 12, /* super-blocks of 256 */
     NOPAD_WEIGHT_Q5_K = 13,

@@ -300,12 +300,10 @@ static nopad_status put_part(loader *ld, const char *name, int64_t rows, int64_t
     return st;
 }
 
-/* The block formats a backend may run (backend.h's nopad_weight_format), by ggml type id. Q5_0
- * and Q5_1 are numbered as nopad_weight_format numbers the others (ggml's ids; backend.h does not
- * name them yet). */
+/* The block formats a backend may run (backend.h's nopad_weight_format), by ggml type id. */
 static int is_block_format(uint32_t type) {
-    return type == NOPAD_WEIGHT_Q4_0 || type == NOPAD_WEIGHT_Q4_1 || type == NOPAD_WEIGHT_Q8_0 ||
-           type == GGUF_TENSOR_Q5_0 || type == GGUF_TENSOR_Q5_1 || type == NOPAD_WEIGHT_Q4_K ||
+    return type == NOPAD_WEIGHT_Q4_0 || type == NOPAD_WEIGHT_Q4_1 || type == NOPAD_WEIGHT_Q5_0 ||
+           type == NOPAD_WEIGHT_Q5_1 || type == NOPAD_WEIGHT_Q8_0 || type == NOPAD_WEIGHT_Q4_K ||
            type == NOPAD_WEIGHT_Q5_K || type == NOPAD_WEIGHT_Q6_K;
 }
 
