@@ -49,6 +49,8 @@
 #        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
 #        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated; AB_ROUNDS decode rounds,
 #        default 3),
+#        constrained (issue 44: bench/constrained_bench.py, the SERVE constrained row; carry
+#        .gpu_carry/ctok too),
 #        default "gguf test". Logs and JSON to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -226,6 +228,22 @@ for step in $STEPS; do
                 done
             done
         done
+        ;;
+    constrained)
+        # issue 44's SERVE constrained row: 64 requests, half under a 10-field JSON schema, against
+        # the same requests unconstrained (bench/constrained_bench.py); random checkpoints of the
+        # smollm2 and 1b shapes with the tokenizers staged here (carry .gpu_carry/ctok, written by
+        # `bench/constrained_bench.py tokenizers`), then the real SmolLM2 when its GGUF is here
+        mkdir -p "$OUT/constrained"
+        timeout 300 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
+            --tokenizers "$ROOT/.gpu_carry/ctok" --out "$OUT/constrained/random.json" ${CONSTRAINED_ARGS:-} \
+            2>&1 | tee "$OUT/constrained/random.log" | grep '^# ' || status=1
+        if [ -f "$GGUF" ]; then
+            timeout 200 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
+                --tokenizers "$ROOT/.gpu_carry/ctok" --shapes smollm2 --model "smollm2=$GGUF" \
+                --out "$OUT/constrained/smollm2_gguf.json" ${CONSTRAINED_ARGS:-} \
+                2>&1 | tee "$OUT/constrained/smollm2_gguf.log" | grep '^# ' || status=1
+        fi
         ;;
     half)
         args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")
