@@ -157,6 +157,35 @@ def test_chat_top_logprobs_match_softmax(client, gen):
     assert [e.top_logprobs for e in plain] == [[]] * 8 and [e.logprob for e in plain] == [e.logprob for e in content]
 
 
+def test_responses_logprobs_match_chat(client, gen):
+    """/v1/responses with include ["message.output_text.logprobs"] and top_logprobs 5: the
+    output_text part lists chat's entries {token, logprob, bytes, top_logprobs}, against the
+    softmax within 1e-4; the streamed output_text.delta events carry the same entries in order,
+    and output_text.done all of them; without the include and with top_logprobs 0 the list is
+    empty, as OpenAI's."""
+    prompt = gen.tokenizer.encode(CHAT_TEXT)  # input "Say something." is that user message
+    ids, rows = reference(gen, prompt, 8)
+    kw = dict(model=MODEL, input=CHAT[0]["content"], max_output_tokens=8, temperature=0, top_logprobs=5,
+              include=["message.output_text.logprobs"])
+    r = client.responses.create(**kw)
+    assert r.usage.input_tokens == len(prompt) and r.top_logprobs == 5
+    entries = r.output[0].content[0].logprobs
+    n = r.usage.output_tokens
+    assert 1 <= n <= 8 and len(entries) == n
+    for e, t, row in zip(entries, ids, rows):
+        assert e.token == text(gen, t) and abs(e.logprob - row[t]) <= ATOL
+        want = top_ids(row, 5)
+        assert [a.token for a in e.top_logprobs] == [text(gen, w) for w in want]
+        np.testing.assert_allclose([a.logprob for a in e.top_logprobs], row[want], rtol=0, atol=ATOL)
+    events = list(client.responses.create(stream=True, **kw))
+    streamed = [e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]
+    done = [ev for ev in events if ev.type == "response.output_text.done"]
+    assert len(done) == 1 and [e.model_dump() for e in done[0].logprobs] == [e.model_dump() for e in entries]
+    plain = client.responses.create(model=MODEL, input=CHAT[0]["content"], max_output_tokens=8, temperature=0)
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == r.output_text
+
+
 def test_sampled_alternatives(client):
     """Sampled (temperature 1, seeded): completions logprobs=1 lists the most likely token and, as
     OpenAI documents, the chosen one beside it when it is another (with its token_logprob); under
@@ -236,7 +265,9 @@ def test_penalties_follow_their_definition(client, gen, presence, frequency):
     ("completions", {"logprobs": True}, "logprobs", "whole number"),
     ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs", "'logprobs': true"),
-    ("responses", {"top_logprobs": 2}, "top_logprobs", "/v1/chat/completions"),
+    ("responses", {"top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+    ("responses", {"include": ["file_search_call.results"]}, "include", "message.output_text.logprobs"),
+    ("responses", {"include": "message.output_text.logprobs"}, "include", "an array"),
 ])
 def test_refusals_name_the_field(server, route, body, param, says):
     base = {"completions": {"prompt": "Hi"}, "chat/completions": {"messages": CHAT},

@@ -328,7 +328,7 @@ static cJSON *chat_token_json(const char *text, float lp) {
  * text share a key, the more likely one's value kept). NULL when out of memory. */
 static cJSON *top_json(gen_job *j, const int32_t *ids, const float *lps, int32_t chosen, const char *chosen_text,
                        float chosen_lp) {
-    const int chat = j->kind == GEN_CHAT;
+    const int chat = j->kind != GEN_COMPLETION;
     cJSON *top = chat ? cJSON_CreateArray() : cJSON_CreateObject();
     int has_chosen = 0;
     for (int32_t k = 0; top && k < j->top_logprobs; k++) {
@@ -365,7 +365,7 @@ static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
         return NULL;
     }
     cJSON *o = cJSON_CreateObject();
-    const int chat = j->kind == GEN_CHAT;
+    const int chat = j->kind != GEN_COMPLETION; /* /v1/responses lists chat's entries */
     cJSON *content = chat ? cJSON_CreateArray() : NULL;
     cJSON *tokens = chat ? NULL : cJSON_CreateArray(), *values = chat ? NULL : cJSON_CreateArray();
     cJSON *offsets = chat ? NULL : cJSON_CreateArray(), *tops = chat || !k ? NULL : cJSON_CreateArray();
@@ -411,6 +411,16 @@ static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
         cJSON_AddItemToObject(o, "text_offset", offsets);
     }
     return o;
+}
+
+/* With the job's lock: /v1/responses' "logprobs" of an output_text part or event, the entries of
+ * generated tokens [from, to) as chat lists them; [] without logprobs. NULL when out of memory. */
+static cJSON *response_logprobs(gen_job *j, int32_t from, int32_t to) {
+    if (!j->logprobs || from >= to) return cJSON_CreateArray();
+    cJSON *o = logprobs_json(j, from, to);
+    cJSON *content = o ? cJSON_DetachItemFromObject(o, "content") : NULL;
+    cJSON_Delete(o);
+    return content;
 }
 
 /* "call_" and 24 random hex digits, as OpenAI's ids look. */
@@ -518,7 +528,7 @@ static int failed(const gen_job *j) {
 
 /* The answer's message item: {"type": "message", "id", "status", "role", "content":
  * [{"type": "output_text", "text", "annotations": []}]} (content empty while in progress). */
-static cJSON *response_message(const gen_job *j, int with_text) {
+static cJSON *response_message(gen_job *j, int with_text) {
     cJSON *item = cJSON_CreateObject(), *content = cJSON_CreateArray();
     if (!item || !content) {
         cJSON_Delete(item), cJSON_Delete(content);
@@ -535,6 +545,7 @@ static cJSON *response_message(const gen_job *j, int with_text) {
             cJSON_AddStringToObject(part, "type", "output_text");
             cJSON_AddStringToObject(part, "text", j->final_text ? j->final_text : j->text ? j->text : "");
             cJSON_AddItemToObject(part, "annotations", cJSON_CreateArray());
+            cJSON_AddItemToObject(part, "logprobs", response_logprobs(j, 0, j->n_tokens));
             cJSON_AddItemToArray(content, part);
         }
     }
@@ -560,7 +571,7 @@ static cJSON *call_item(const gen_job *j, int k, int complete) {
 
 /* The response object: in progress (no output, no usage) or final (completed, or incomplete when
  * max_output_tokens ended it). */
-static cJSON *response_json(const gen_job *j, int final) {
+static cJSON *response_json(gen_job *j, int final) {
     cJSON *r = cJSON_CreateObject(), *output = cJSON_CreateArray();
     if (!r || !output) {
         cJSON_Delete(r), cJSON_Delete(output);
@@ -601,6 +612,7 @@ static cJSON *response_json(const gen_job *j, int final) {
         cJSON_AddStringToObject(r, "tool_choice", j->tool_choice_required ? "required" : j->tools ? "auto" : "none");
     }
     cJSON_AddItemToObject(r, "tools", cJSON_CreateArray());
+    cJSON_AddNumberToObject(r, "top_logprobs", j->top_logprobs);
     cJSON_AddNumberToObject(r, "top_p", j->top_p);
     cJSON_AddStringToObject(r, "truncation", "disabled");
     if (final) {
@@ -645,7 +657,7 @@ static int response_event(gen_job *j, const char *type, cJSON *obj) {
 }
 
 /* {"response": the object} */
-static cJSON *wrap_response(const gen_job *j, int final) {
+static cJSON *wrap_response(gen_job *j, int final) {
     cJSON *o = cJSON_CreateObject();
     if (o) cJSON_AddItemToObject(o, "response", response_json(j, final));
     return o;
@@ -691,7 +703,10 @@ static int text_delta(gen_job *j, const char *text, size_t len) {
         memcpy(t, text, len);
         t[len] = '\0';
         cJSON_AddStringToObject(d, "delta", t);
-        cJSON_AddItemToObject(d, "logprobs", cJSON_CreateArray());
+        /* the tokens generated since the last delta (a held-back piece of text reports its
+         * tokens with the delta before it, as chat's chunks do) */
+        cJSON_AddItemToObject(d, "logprobs", response_logprobs(j, j->lp_sent, j->n_tokens));
+        j->lp_sent = j->n_tokens;
     }
     free(t);
     return response_event(j, "response.output_text.delta", t ? d : (cJSON_Delete(d), NULL));
@@ -762,7 +777,7 @@ static int fill_response_events(gen_job *j) {
             cJSON *done = text_event(j), *part = text_event(j), *item = cJSON_CreateObject();
             if (done) {
                 cJSON_AddStringToObject(done, "text", final);
-                cJSON_AddItemToObject(done, "logprobs", cJSON_CreateArray());
+                cJSON_AddItemToObject(done, "logprobs", response_logprobs(j, 0, j->n_tokens));
             }
             if (part) cJSON_AddItemToObject(part, "part", text_part(final));
             if (item) {

@@ -445,8 +445,6 @@ static int get_responses_input(const cJSON *obj, gen_request *r, api_error *e) {
                         "(send the conversation as input)");
     if ((v = field(obj, "reasoning")))
         return api_fail(e, 400, INVALID, "unsupported_value", "reasoning", "'reasoning' is not supported");
-    if ((v = field(obj, "include")) && !(cJSON_IsArray(v) && !v->child))
-        return api_fail(e, 400, INVALID, "unsupported_value", "include", "'include' is not supported");
     if ((v = field(obj, "background")) && !cJSON_IsFalse(v))
         return api_fail(e, 400, INVALID, "unsupported_value", "background",
                         "'background' is not supported: the answer comes on the request's connection");
@@ -883,16 +881,26 @@ static int get_logit_bias(const cJSON *root, gen_request *r, api_error *e) {
 
 /* Chat: "logprobs" true, with "top_logprobs" alternatives (0..20, logprobs true required).
  * Completions: "logprobs" k, OpenAI's legacy API (0..5 there; up to 20 here, as vLLM): the chosen
- * tokens' log-probabilities and, k > 0, the k most likely alternatives. /v1/responses: its
- * "top_logprobs" must be 0 (its output_text logprobs are not reported). */
+ * tokens' log-probabilities and, k > 0, the k most likely alternatives. /v1/responses: "include"
+ * ["message.output_text.logprobs"] reports them on the output_text part and its events, with
+ * "top_logprobs" alternatives (0..20; more than 0 reports them without the include too). */
 static int get_logprobs(const cJSON *root, gen_kind kind, gen_request *r, api_error *e) {
     double top = 0;
     if (kind == GEN_RESPONSES) {
+        const cJSON *include = field(root, "include");
+        if (include && !cJSON_IsArray(include))
+            return wrong_type(e, "include", "an array of strings", include);
+        for (const cJSON *v = include ? include->child : NULL; v; v = v->next) {
+            if (!cJSON_IsString(v)) return wrong_type(e, "include", "an array of strings", v);
+            if (strcmp(v->valuestring, "message.output_text.logprobs") != 0)
+                return api_fail(e, 400, INVALID, "unsupported_value", "include",
+                                "'include' value '%.64s' is not supported (nopad serve includes only "
+                                "\"message.output_text.logprobs\")", v->valuestring);
+            r->logprobs = 1;
+        }
         if (get_whole(root, "top_logprobs", 0, NOPAD_MAX_TOP_LOGPROBS, &top, e)) return -1;
-        if (top > 0)
-            return api_fail(e, 400, INVALID, "unsupported_value", "top_logprobs",
-                            "'top_logprobs' must be 0 on /v1/responses (nopad serve does not report "
-                            "output_text logprobs there): use /v1/chat/completions");
+        r->top_logprobs = (int32_t)top;
+        if (top > 0) r->logprobs = 1;
         return 0;
     }
     if (kind == GEN_CHAT) {
