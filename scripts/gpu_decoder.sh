@@ -234,10 +234,13 @@ for step in $STEPS; do
         # the same requests unconstrained (bench/constrained_bench.py); random checkpoints of the
         # smollm2 and 1b shapes with the tokenizers staged here (carry .gpu_carry/ctok, written by
         # `bench/constrained_bench.py tokenizers`), then the real SmolLM2 when its GGUF is here
+        # (CONSTRAINED_RANDOM=0: the real SmolLM2 only)
         mkdir -p "$OUT/constrained"
-        timeout 300 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
-            --tokenizers "$ROOT/.gpu_carry/ctok" --out "$OUT/constrained/random.json" ${CONSTRAINED_ARGS:-} \
-            2>&1 | tee "$OUT/constrained/random.log" | grep '^# ' || status=1
+        if [ "${CONSTRAINED_RANDOM:-1}" = 1 ]; then
+            timeout 300 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
+                --tokenizers "$ROOT/.gpu_carry/ctok" --out "$OUT/constrained/random.json" ${CONSTRAINED_ARGS:-} \
+                2>&1 | tee "$OUT/constrained/random.log" | grep '^# ' || status=1
+        fi
         if [ -f "$GGUF" ]; then
             timeout 200 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
                 --tokenizers "$ROOT/.gpu_carry/ctok" --shapes smollm2 --model "smollm2=$GGUF" \
