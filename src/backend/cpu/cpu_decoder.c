@@ -1,7 +1,7 @@
 /* CPU: the decoder ops of the op table (float32), the reference the CUDA ones are tested against:
  * token embedding, LayerNorm / RMSNorm into a new buffer (alone or after a residual add), rotary
- * embeddings with the paged KV store, causal attention over it, SwiGLU, and the row gather for the
- * LM head. */
+ * embeddings with the paged KV store, SwiGLU, and the row gather for the LM head; the causal
+ * attention over the paged KV store is cpu_attention_paged.c's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,63 +91,6 @@ nopad_status cpu_rope_kv_store(nopad_backend *be, void *qkv_, void *k_cache_, vo
         const float *k = qkv + (size_t)t * row + (size_t)n_heads * head_size;
         memcpy(k_cache + (size_t)slots[t] * kv, k, kv * sizeof(float));
         memcpy(v_cache + (size_t)slots[t] * kv, k + kv, kv * sizeof(float));
-    }
-    return NOPAD_OK;
-}
-
-nopad_status cpu_attention_paged(nopad_backend *be, void *out_, const void *qkv_,
-                                 const void *k_cache_, const void *v_cache_,
-                                 const nopad_kv_batch *kv, int32_t n_heads, int32_t n_kv_heads,
-                                 int32_t head_size, float scale) {
-    float *out = out_;                                      // [T, H·D]
-    const float *qkv = qkv_;                                // [T, H + 2·KVH, D]
-    const float *k_cache = k_cache_, *v_cache = v_cache_;   // [slots, KVH, D]
-    const size_t row = (size_t)(n_heads + 2 * n_kv_heads) * head_size;
-    const size_t kvrow = (size_t)n_kv_heads * head_size;
-    const int32_t group = n_heads / n_kv_heads, D = head_size;
-    /* one task per (new token, head); scores for up to max_k keys in a per-thread buffer */
-#pragma omp parallel num_threads(cpu_threads(be))
-    {
-        float *scores = malloc((size_t)(kv->max_k > 0 ? kv->max_k : 1) * sizeof(float));
-        float *acc = malloc((size_t)D * sizeof(float));
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t task = 0; task < (int64_t)kv->n_tokens * n_heads; task++) {
-            const int32_t t = (int32_t)(task / n_heads), h = (int32_t)(task % n_heads);
-            if (!scores || !acc) continue;
-            int32_t b = 0;
-            while (kv->cu_q[b + 1] <= t) b++;
-            const int32_t n_new = kv->cu_q[b + 1] - kv->cu_q[b];
-            const int32_t pos = kv->seqlen_k[b] - n_new + (t - kv->cu_q[b]);
-            const int32_t *blocks = kv->block_table + (size_t)b * kv->max_blocks;
-            const float *q = qkv + (size_t)t * row + (size_t)h * D;
-            const int32_t kvh = h / group;
-            float max = -INFINITY;
-            for (int32_t j = 0; j <= pos; j++) {
-                const size_t slot = (size_t)blocks[j / kv->block_size] * kv->block_size + j % kv->block_size;
-                const float *k = k_cache + slot * kvrow + (size_t)kvh * D;
-                float s = 0.0f;
-                for (int32_t d = 0; d < D; d++) s += q[d] * k[d];
-                scores[j] = s * scale;
-                if (scores[j] > max) max = scores[j];
-            }
-            float sum = 0.0f;
-            for (int32_t j = 0; j <= pos; j++) {
-                scores[j] = expf(scores[j] - max);
-                sum += scores[j];
-            }
-            for (int32_t d = 0; d < D; d++) acc[d] = 0.0f;
-            for (int32_t j = 0; j <= pos; j++) {
-                const size_t slot = (size_t)blocks[j / kv->block_size] * kv->block_size + j % kv->block_size;
-                const float *v = v_cache + slot * kvrow + (size_t)kvh * D;
-                const float p = scores[j];
-                for (int32_t d = 0; d < D; d++) acc[d] += p * v[d];
-            }
-            float *o = out + (size_t)t * n_heads * D + (size_t)h * D;
-            const float inv = 1.0f / sum;
-            for (int32_t d = 0; d < D; d++) o[d] = acc[d] * inv;
-        }
-        free(scores);
-        free(acc);
     }
     return NOPAD_OK;
 }
