@@ -102,3 +102,22 @@ def test_refusals(client):
     with pytest.raises(openai.BadRequestError, match="response_format"):
         client.chat.completions.create(model=DEC_NAME, messages=ASK, max_tokens=8,
                                        response_format={"type": "yaml"})
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("chat/completions", {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "n"}}},
+     "response_format.json_schema.schema"),
+    ("chat/completions", {"messages": ASK, "response_format": {"type": "yaml"}}, "response_format.type"),
+    ("chat/completions", {"messages": ASK, "response_format": "json"}, "response_format"),
+    ("responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
+    ("responses", {"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ("responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": "n",
+                                                     "schema": {"type": "string", "format": "hostname"}}}},
+     "text.format.schema"),
+])
+def test_format_refusals_name_the_field(server, route, body, param):
+    """chat's response_format and /v1/responses' text.format share one parser: each refusal is a
+    400 naming the field where the problem is."""
+    status, _, raw = server.request("POST", "/v1/" + route, {"model": DEC_NAME, **body})
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["param"] == param, err

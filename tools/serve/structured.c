@@ -36,28 +36,42 @@ static int from_schema(const cJSON *schema, const char *param, nopad_constraint 
     return st == NOPAD_OK ? 0 : refused(e, st, param);
 }
 
-static int from_response_format(const cJSON *v, nopad_constraint **out, api_error *e) {
+/* A format object, chat's response_format or /v1/responses' text.format (`param`): {"type": "text"},
+ * {"type": "json_object"} or {"type": "json_schema", ...} with the schema at json_schema.schema
+ * (response_format) or at schema (text.format): schema_path. */
+static int from_format(const cJSON *v, const char *param, const char *schema_path, nopad_constraint **out,
+                       api_error *e) {
+    char where[64];
     const cJSON *type = cJSON_IsObject(v) ? field(v, "type") : NULL;
     if (!cJSON_IsString(type))
-        return api_fail(e, 400, INVALID, "invalid_type", "response_format",
-                        "'response_format' must be an object with a string 'type' (\"text\", \"json_object\" or "
-                        "\"json_schema\")");
+        return api_fail(e, 400, INVALID, "invalid_type", param,
+                        "'%s' must be an object with a string 'type' (\"text\", \"json_object\" or "
+                        "\"json_schema\")", param);
     if (!strcmp(type->valuestring, "text")) return 0;
     if (!strcmp(type->valuestring, "json_object")) {
         const nopad_status st = nopad_constraint_json_object(out);
-        return st == NOPAD_OK ? 0 : refused(e, st, "response_format");
+        return st == NOPAD_OK ? 0 : refused(e, st, param);
     }
     if (!strcmp(type->valuestring, "json_schema")) {
-        const cJSON *js = field(v, "json_schema");
-        const cJSON *schema = cJSON_IsObject(js) ? field(js, "schema") : NULL;
+        /* schema_path: "json_schema.schema" or "schema", one or two keys down */
+        const char *dot = strchr(schema_path, '.');
+        const cJSON *schema = v;
+        if (dot) {
+            char outer[32];
+            snprintf(outer, sizeof outer, "%.*s", (int)(dot - schema_path), schema_path);
+            schema = field(schema, outer);
+        }
+        schema = cJSON_IsObject(schema) ? field(schema, dot ? dot + 1 : schema_path) : NULL;
+        snprintf(where, sizeof where, "%s.%s", param, schema_path);
         if (!schema)
-            return api_fail(e, 400, INVALID, "invalid_value", "response_format.json_schema.schema",
-                            "'response_format' of type \"json_schema\" needs json_schema.schema");
+            return api_fail(e, 400, INVALID, "invalid_value", where,
+                            "'%s' of type \"json_schema\" needs '%s'", param, schema_path);
         /* strict or not, the output follows the schema: nopad never samples outside it */
-        return from_schema(schema, "response_format.json_schema.schema", out, e);
+        return from_schema(schema, where, out, e);
     }
-    return api_fail(e, 400, INVALID, "unsupported_value", "response_format.type",
-                    "'response_format' type \"%s\" is not supported (\"text\", \"json_object\" or \"json_schema\")",
+    snprintf(where, sizeof where, "%s.type", param);
+    return api_fail(e, 400, INVALID, "unsupported_value", where,
+                    "'%s' type \"%s\" is not supported (\"text\", \"json_object\" or \"json_schema\")", param,
                     type->valuestring);
 }
 
@@ -93,7 +107,7 @@ int structured_constraint(const cJSON *body, nopad_constraint **out, api_error *
         return api_fail(e, 400, INVALID, "invalid_value", gj ? "guided_json" : gr ? "guided_regex" : "guided_choice",
                         "give at most one of response_format (other than text), guided_json, guided_regex and "
                         "guided_choice");
-    if (rf) return from_response_format(rf, out, e);
+    if (rf) return from_format(rf, "response_format", "json_schema.schema", out, e);
     if (gj) return from_schema(gj, "guided_json", out, e);
     if (gc) return from_choices(gc, out, e);
     if (gr) {
@@ -107,26 +121,7 @@ int structured_constraint(const cJSON *body, nopad_constraint **out, api_error *
 
 int structured_text_format(const cJSON *format, nopad_constraint **out, api_error *e) {
     *out = NULL;
-    const cJSON *type = cJSON_IsObject(format) ? field(format, "type") : NULL;
-    if (!cJSON_IsString(type))
-        return api_fail(e, 400, INVALID, "invalid_type", "text.format",
-                        "'text.format' must be an object with a string 'type' (\"text\", \"json_object\" or "
-                        "\"json_schema\")");
-    if (!strcmp(type->valuestring, "text")) return 0;
-    if (!strcmp(type->valuestring, "json_object")) {
-        const nopad_status st = nopad_constraint_json_object(out);
-        return st == NOPAD_OK ? 0 : refused(e, st, "text.format");
-    }
-    if (!strcmp(type->valuestring, "json_schema")) {
-        const cJSON *schema = field(format, "schema");
-        if (!schema)
-            return api_fail(e, 400, INVALID, "invalid_value", "text.format.schema",
-                            "'text.format' of type \"json_schema\" needs 'schema'");
-        return from_schema(schema, "text.format.schema", out, e);
-    }
-    return api_fail(e, 400, INVALID, "unsupported_value", "text.format.type",
-                    "'text.format' type \"%s\" is not supported (\"text\", \"json_object\" or \"json_schema\")",
-                    type->valuestring);
+    return from_format(format, "text.format", "schema", out, e);
 }
 
 /* ---- tool_choice "required" / a named function ---------------------------------------------- */
