@@ -10,7 +10,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "util/error.h"
 
-enum { LANES = CPU_ATTN_LANES, KEYS = CPU_ATTN_KEYS };
+enum { LANES = CPU_ATTN_LANES, NARROW = CPU_ATTN_NARROW, KEYS = CPU_ATTN_KEYS };
 
 /* cpu_attention_paged.h's 2^x in scalar float, the same steps as the AVX2 path's. */
 static inline float exp2_portable(float x) {
@@ -32,40 +32,40 @@ static inline float exp2_portable(float x) {
 
 /* The chunk kernel (cpu_attention_chunk_fn) in plain C: loops over the lanes, which the compiler
  * vectorises for the baseline ISA. */
-static void chunk_portable(const float *qt, const float *const *k, const float *const *v, int32_t n_keys, int32_t D,
+static void chunk_portable(int32_t lanes, const float *qt, const float *const *k, const float *const *v, int32_t n_keys, int32_t D,
                            const int32_t *pos, int32_t key0, float *p, float *m, float *l, float *ot) {
     for (int32_t j = 0; j < n_keys; j++) {
-        float *s = p + (size_t)j * LANES;
-        for (int r = 0; r < LANES; r++) s[r] = 0.0f;
+        float *s = p + (size_t)j * lanes;
+        for (int r = 0; r < lanes; r++) s[r] = 0.0f;
         for (int32_t d = 0; d < D; d++) {
-            const float kd = k[j][d], *q = qt + (size_t)d * LANES;
-            for (int r = 0; r < LANES; r++) s[r] += q[r] * kd;
+            const float kd = k[j][d], *q = qt + (size_t)d * lanes;
+            for (int r = 0; r < lanes; r++) s[r] += q[r] * kd;
         }
         if (pos)
-            for (int r = 0; r < LANES; r++)
+            for (int r = 0; r < lanes; r++)
                 if (key0 + j > pos[r]) s[r] = -INFINITY;
     }
     float m_new[LANES], alpha[LANES];
-    for (int r = 0; r < LANES; r++) {
+    for (int r = 0; r < lanes; r++) {
         float mx = m[r];
-        for (int32_t j = 0; j < n_keys; j++) mx = p[(size_t)j * LANES + r] > mx ? p[(size_t)j * LANES + r] : mx;
+        for (int32_t j = 0; j < n_keys; j++) mx = p[(size_t)j * lanes + r] > mx ? p[(size_t)j * lanes + r] : mx;
         m_new[r] = mx;
         alpha[r] = exp2_portable(m[r] - mx); /* 0 at the first chunk (m = -inf) */
         m[r] = mx;
         l[r] *= alpha[r];
     }
     for (int32_t j = 0; j < n_keys; j++)
-        for (int r = 0; r < LANES; r++) {
-            const float w = exp2_portable(p[(size_t)j * LANES + r] - m_new[r]);
-            p[(size_t)j * LANES + r] = w;
+        for (int r = 0; r < lanes; r++) {
+            const float w = exp2_portable(p[(size_t)j * lanes + r] - m_new[r]);
+            p[(size_t)j * lanes + r] = w;
             l[r] += w;
         }
     for (int32_t d = 0; d < D; d++) {
-        float *o = ot + (size_t)d * LANES;
-        for (int r = 0; r < LANES; r++) o[r] *= alpha[r];
+        float *o = ot + (size_t)d * lanes;
+        for (int r = 0; r < lanes; r++) o[r] *= alpha[r];
         for (int32_t j = 0; j < n_keys; j++) {
-            const float vd = v[j][d], *w = p + (size_t)j * LANES;
-            for (int r = 0; r < LANES; r++) o[r] += vd * w[r];
+            const float vd = v[j][d], *w = p + (size_t)j * lanes;
+            for (int r = 0; r < lanes; r++) o[r] += vd * w[r];
         }
     }
 }
@@ -89,27 +89,29 @@ typedef struct tile_scratch {
 } tile_scratch;
 
 /* Task tile of sequence b's rows for KV head g: rows tile·LANES .. of n_new · group, row i being
- * new token i / group and query head g · group + i % group. */
+ * new token i / group and query head g · group + i % group. A tile of up to NARROW rows (decode)
+ * runs NARROW lanes: half the work of LANES. */
 static void run_tile(cpu_attention_chunk_fn *chunk, tile_scratch *sc, float *out, const float *qkv,
                      const float *k_cache, const float *v_cache, const nopad_kv_batch *kv, int32_t b, int32_t g,
                      int32_t tile, int32_t n_heads, int32_t n_kv_heads, int32_t D, float q_scale) {
     const int32_t group = n_heads / n_kv_heads, bs = kv->block_size;
     const int32_t first = kv->cu_q[b], n_new = kv->cu_q[b + 1] - first, past = kv->seqlen_k[b] - n_new;
     const int32_t row0 = tile * LANES, rows = n_new * group - row0 < LANES ? n_new * group - row0 : LANES;
+    const int32_t lanes = rows <= NARROW ? NARROW : LANES;
     const size_t qkv_row = (size_t)(n_heads + 2 * n_kv_heads) * D, kv_row = (size_t)n_kv_heads * D;
     const int32_t *blocks = kv->block_table + (size_t)b * kv->max_blocks;
     int32_t pos[LANES];
     float m[LANES], l[LANES];
-    for (int r = 0; r < LANES; r++) {
+    for (int32_t r = 0; r < lanes; r++) {
         /* lanes past the rows repeat the last row's position, on zero queries: finite, unused */
         const int32_t i = row0 + (r < rows ? r : rows - 1);
         pos[r] = past + i / group;
         m[r] = -INFINITY;
         l[r] = 0.0f;
         const float *q = qkv + (size_t)(first + i / group) * qkv_row + (size_t)(g * group + i % group) * D;
-        for (int32_t d = 0; d < D; d++) sc->qt[(size_t)d * LANES + r] = r < rows ? q[d] * q_scale : 0.0f;
+        for (int32_t d = 0; d < D; d++) sc->qt[(size_t)d * lanes + r] = r < rows ? q[d] * q_scale : 0.0f;
     }
-    memset(sc->ot, 0, (size_t)D * LANES * sizeof(float));
+    memset(sc->ot, 0, (size_t)D * lanes * sizeof(float));
     /* keys 0 .. the last row's position; masking only where a chunk passes the first row's */
     const int32_t n_keys = pos[rows - 1] + 1, unmasked = pos[0] + 1;
     for (int32_t key0 = 0; key0 < n_keys; key0 += KEYS) {
@@ -120,13 +122,13 @@ static void run_tile(cpu_attention_chunk_fn *chunk, tile_scratch *sc, float *out
             sc->k[j] = k_cache + slot * kv_row + (size_t)g * D;
             sc->v[j] = v_cache + slot * kv_row + (size_t)g * D;
         }
-        chunk(sc->qt, sc->k, sc->v, nk, D, key0 + nk > unmasked ? pos : NULL, key0, sc->p, m, l, sc->ot);
+        chunk(lanes, sc->qt, sc->k, sc->v, nk, D, key0 + nk > unmasked ? pos : NULL, key0, sc->p, m, l, sc->ot);
     }
-    for (int r = 0; r < rows; r++) {
+    for (int32_t r = 0; r < rows; r++) {
         const int32_t i = row0 + r;
         float *o = out + (size_t)(first + i / group) * n_heads * D + (size_t)(g * group + i % group) * D;
         const float inv = 1.0f / l[r];
-        for (int32_t d = 0; d < D; d++) o[d] = sc->ot[(size_t)d * LANES + r] * inv;
+        for (int32_t d = 0; d < D; d++) o[d] = sc->ot[(size_t)d * lanes + r] * inv;
     }
 }
 

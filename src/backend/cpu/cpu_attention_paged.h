@@ -15,14 +15,16 @@
 #include "backend/cpu/quant.h"
 
 #define CPU_ATTN_LANES 16 /* query rows of a tile: two AVX2 vectors */
+#define CPU_ATTN_NARROW 8 /* a tile of at most 8 rows (a decode step's group of heads) takes 8 lanes */
 #define CPU_ATTN_KEYS 32  /* keys of a chunk */
 
-/* One chunk of n_keys (1 .. CPU_ATTN_KEYS) keys for a tile. qt [D][LANES]: the rows' queries,
- * scaled; k[j], v[j]: key j's rows of D floats. pos [LANES]: each row's position, key0 + j beyond
- * it is masked; NULL when no key of the chunk is beyond any row's. m, l [LANES]: the running max
- * (log2 units) and sum of the rows' weights, updated; ot [D][LANES]: the running Σ weight · v,
- * rescaled and accumulated. p: scratch [KEYS][LANES]. */
-typedef void cpu_attention_chunk_fn(const float *qt, const float *const *k, const float *const *v, int32_t n_keys,
+/* One chunk of n_keys (1 .. CPU_ATTN_KEYS) keys for a tile of `lanes` lanes (CPU_ATTN_LANES or
+ * CPU_ATTN_NARROW). qt [D][lanes]: the rows' queries, scaled; k[j], v[j]: key j's rows of D
+ * floats. pos [lanes]: each row's position, key0 + j beyond it is masked; NULL when no key of the
+ * chunk is beyond any row's. m, l [lanes]: the running max (log2 units) and sum of the rows'
+ * weights, updated; ot [D][lanes]: the running Σ weight · v, rescaled and accumulated. p: scratch
+ * [KEYS][lanes]. */
+typedef void cpu_attention_chunk_fn(int32_t lanes, const float *qt, const float *const *k, const float *const *v, int32_t n_keys,
                                     int32_t D, const int32_t *pos, int32_t key0, float *p, float *m, float *l,
                                     float *ot);
 cpu_attention_chunk_fn cpu_attention_chunk_avx2;

@@ -1,6 +1,7 @@
 /* cpu_attention_paged.h's chunk kernel and 2^x in AVX2 + FMA, compiled for those on their own (the
  * attribute), so the library needs no global -mavx2; cpu_attention_paged.c calls them only where
- * cpu_quant_best_isa found AVX2 and FMA. A tile's 16 lanes are two 8-float vectors. */
+ * cpu_quant_best_isa found AVX2 and FMA. A tile's 16 lanes are two 8-float vectors, a narrow
+ * tile's 8 one. */
 #if defined(__x86_64__)
 
 #include <immintrin.h>
@@ -10,7 +11,7 @@
 
 #define TARGET __attribute__((target("avx2,fma")))
 
-_Static_assert(CPU_ATTN_LANES == 16, "the AVX2 kernel holds a tile's rows in two vectors");
+_Static_assert(CPU_ATTN_LANES == 16 && CPU_ATTN_NARROW == 8, "the AVX2 kernel holds a tile's rows in one or two vectors");
 
 /* The portable exp2's steps on 8 lanes: round to nearest (ROUNDPS), the polynomial by FMA, 2^n
  * added to the exponent bits. A NaN x stays NaN (MAXPS returns its second operand; CVTPS2DQ gives
@@ -41,110 +42,103 @@ TARGET void cpu_attention_exp2_avx2(float *y, const float *x, int32_t n) {
     }
 }
 
-/* Scores of 4 keys for the tile's 16 rows: 8 independent chains of multiply-adds, enough to hide
- * FMA's latency; per d one load of the rows' queries serves 4 keys. */
-TARGET static inline void scores_4(const float *qt, const float *const *k, int32_t D, float *s) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0, e1 = a0;
-    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
-    for (int32_t d = 0; d < D; d++) {
-        const __m256 q0 = _mm256_load_ps(qt + (size_t)d * 16), q1 = _mm256_load_ps(qt + (size_t)d * 16 + 8);
-        __m256 kd = _mm256_broadcast_ss(k0 + d);
-        a0 = _mm256_fmadd_ps(q0, kd, a0), a1 = _mm256_fmadd_ps(q1, kd, a1);
-        kd = _mm256_broadcast_ss(k1 + d);
-        b0 = _mm256_fmadd_ps(q0, kd, b0), b1 = _mm256_fmadd_ps(q1, kd, b1);
-        kd = _mm256_broadcast_ss(k2 + d);
-        c0 = _mm256_fmadd_ps(q0, kd, c0), c1 = _mm256_fmadd_ps(q1, kd, c1);
-        kd = _mm256_broadcast_ss(k3 + d);
-        e0 = _mm256_fmadd_ps(q0, kd, e0), e1 = _mm256_fmadd_ps(q1, kd, e1);
-    }
-    _mm256_store_ps(s, a0), _mm256_store_ps(s + 8, a1);
-    _mm256_store_ps(s + 16, b0), _mm256_store_ps(s + 24, b1);
-    _mm256_store_ps(s + 32, c0), _mm256_store_ps(s + 40, c1);
-    _mm256_store_ps(s + 48, e0), _mm256_store_ps(s + 56, e1);
-}
+#define INLINE __attribute__((always_inline)) inline
 
-TARGET static inline void scores_1(const float *qt, const float *k, int32_t D, float *s) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    for (int32_t d = 0; d < D; d++) {
-        const __m256 kd = _mm256_broadcast_ss(k + d);
-        a0 = _mm256_fmadd_ps(_mm256_load_ps(qt + (size_t)d * 16), kd, a0);
-        a1 = _mm256_fmadd_ps(_mm256_load_ps(qt + (size_t)d * 16 + 8), kd, a1);
-    }
-    _mm256_store_ps(s, a0), _mm256_store_ps(s + 8, a1);
-}
-
-TARGET void cpu_attention_chunk_avx2(const float *qt, const float *const *k, const float *const *v, int32_t n_keys,
-                                     int32_t D, const int32_t *pos, int32_t key0, float *p, float *m, float *l,
-                                     float *ot) {
+/* The chunk kernel for a tile of NV vectors of 8 lanes (1 or 2; a constant once inlined, so the
+ * loops over vectors unroll and the accumulators stay in registers). Scores of 8 / NV keys at a
+ * time and the output 8 / NV values of d at a time: 8 independent chains of multiply-adds, enough
+ * to hide FMA's latency, and one load of a d's (or a key's) row vectors serves all of them. */
+TARGET static INLINE void chunk_vectors(const int NV, const float *qt, const float *const *k, const float *const *v,
+                                        int32_t n_keys, int32_t D, const int32_t *pos, int32_t key0, float *p, float *m,
+                                        float *l, float *ot) {
+    const int W = 8 * NV, STEP = 8 / NV; /* lanes; keys (and values of d) a step */
     int32_t j = 0;
-    for (; j + 4 <= n_keys; j += 4) scores_4(qt, k + j, D, p + (size_t)j * 16);
-    for (; j < n_keys; j++) scores_1(qt, k[j], D, p + (size_t)j * 16);
-    const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+    for (; j + STEP <= n_keys; j += STEP) {
+        __m256 acc[8][2];
+        for (int i = 0; i < STEP; i++)
+            for (int h = 0; h < NV; h++) acc[i][h] = _mm256_setzero_ps();
+        for (int32_t d = 0; d < D; d++) {
+            __m256 q[2];
+            for (int h = 0; h < NV; h++) q[h] = _mm256_load_ps(qt + (size_t)d * W + 8 * h);
+            for (int i = 0; i < STEP; i++) {
+                const __m256 kd = _mm256_broadcast_ss(k[j + i] + d);
+                for (int h = 0; h < NV; h++) acc[i][h] = _mm256_fmadd_ps(q[h], kd, acc[i][h]);
+            }
+        }
+        for (int i = 0; i < STEP; i++)
+            for (int h = 0; h < NV; h++) _mm256_store_ps(p + (size_t)(j + i) * W + 8 * h, acc[i][h]);
+    }
+    for (; j < n_keys; j++) {
+        __m256 acc[2];
+        for (int h = 0; h < NV; h++) acc[h] = _mm256_setzero_ps();
+        for (int32_t d = 0; d < D; d++) {
+            const __m256 kd = _mm256_broadcast_ss(k[j] + d);
+            for (int h = 0; h < NV; h++) acc[h] = _mm256_fmadd_ps(_mm256_load_ps(qt + (size_t)d * W + 8 * h), kd, acc[h]);
+        }
+        for (int h = 0; h < NV; h++) _mm256_store_ps(p + (size_t)j * W + 8 * h, acc[h]);
+    }
     if (pos) {
-        const __m256i pos0 = _mm256_loadu_si256((const __m256i *)pos), pos1 = _mm256_loadu_si256((const __m256i *)(pos + 8));
+        const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
         for (j = 0; j < n_keys; j++) {
             const __m256i key = _mm256_set1_epi32(key0 + j);
-            float *s = p + (size_t)j * 16;
-            _mm256_store_ps(s, _mm256_blendv_ps(_mm256_load_ps(s), minus_inf,
-                                                _mm256_castsi256_ps(_mm256_cmpgt_epi32(key, pos0))));
-            _mm256_store_ps(s + 8, _mm256_blendv_ps(_mm256_load_ps(s + 8), minus_inf,
-                                                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(key, pos1))));
+            for (int h = 0; h < NV; h++) {
+                float *s = p + (size_t)j * W + 8 * h;
+                const __m256i row_pos = _mm256_loadu_si256((const __m256i *)(pos + 8 * h));
+                _mm256_store_ps(s, _mm256_blendv_ps(_mm256_load_ps(s), minus_inf,
+                                                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(key, row_pos))));
+            }
         }
     }
-    const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
-    __m256 max0 = m0, max1 = m1;
-    for (j = 0; j < n_keys; j++) {
-        max0 = _mm256_max_ps(_mm256_load_ps(p + (size_t)j * 16), max0);
-        max1 = _mm256_max_ps(_mm256_load_ps(p + (size_t)j * 16 + 8), max1);
+    __m256 old_max[2], max[2], alpha[2], sum[2];
+    for (int h = 0; h < NV; h++) max[h] = old_max[h] = _mm256_loadu_ps(m + 8 * h);
+    for (j = 0; j < n_keys; j++)
+        for (int h = 0; h < NV; h++) max[h] = _mm256_max_ps(_mm256_load_ps(p + (size_t)j * W + 8 * h), max[h]);
+    for (int h = 0; h < NV; h++) {
+        alpha[h] = exp2_8(_mm256_sub_ps(old_max[h], max[h])); /* the old sums' weight: 0 at the first chunk */
+        _mm256_storeu_ps(m + 8 * h, max[h]);
+        sum[h] = _mm256_setzero_ps();
     }
-    /* the old sums' weight: 0 at the first chunk (m = -inf) */
-    const __m256 alpha0 = exp2_8(_mm256_sub_ps(m0, max0)), alpha1 = exp2_8(_mm256_sub_ps(m1, max1));
-    _mm256_storeu_ps(m, max0), _mm256_storeu_ps(m + 8, max1);
-    __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
-    for (j = 0; j < n_keys; j++) {
-        float *s = p + (size_t)j * 16;
-        const __m256 w0 = exp2_8(_mm256_sub_ps(_mm256_load_ps(s), max0));
-        const __m256 w1 = exp2_8(_mm256_sub_ps(_mm256_load_ps(s + 8), max1));
-        _mm256_store_ps(s, w0), _mm256_store_ps(s + 8, w1);
-        sum0 = _mm256_add_ps(sum0, w0), sum1 = _mm256_add_ps(sum1, w1);
-    }
-    _mm256_storeu_ps(l, _mm256_fmadd_ps(_mm256_loadu_ps(l), alpha0, sum0));
-    _mm256_storeu_ps(l + 8, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8), alpha1, sum1));
-    /* ot[d] = alpha · ot[d] + Σ_j v[j][d] · w[j], 4 d at a time: 8 accumulators over the keys */
+    for (j = 0; j < n_keys; j++)
+        for (int h = 0; h < NV; h++) {
+            float *s = p + (size_t)j * W + 8 * h;
+            const __m256 w = exp2_8(_mm256_sub_ps(_mm256_load_ps(s), max[h]));
+            _mm256_store_ps(s, w);
+            sum[h] = _mm256_add_ps(sum[h], w);
+        }
+    for (int h = 0; h < NV; h++) _mm256_storeu_ps(l + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * h), alpha[h], sum[h]));
+    /* ot[d] = alpha · ot[d] + Σ_j v[j][d] · w[j] */
     int32_t d = 0;
-    for (; d + 4 <= D; d += 4) {
-        float *o = ot + (size_t)d * 16;
-        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(o), alpha0), a1 = _mm256_mul_ps(_mm256_load_ps(o + 8), alpha1);
-        __m256 b0 = _mm256_mul_ps(_mm256_load_ps(o + 16), alpha0), b1 = _mm256_mul_ps(_mm256_load_ps(o + 24), alpha1);
-        __m256 c0 = _mm256_mul_ps(_mm256_load_ps(o + 32), alpha0), c1 = _mm256_mul_ps(_mm256_load_ps(o + 40), alpha1);
-        __m256 e0 = _mm256_mul_ps(_mm256_load_ps(o + 48), alpha0), e1 = _mm256_mul_ps(_mm256_load_ps(o + 56), alpha1);
+    for (; d + STEP <= D; d += STEP) {
+        __m256 acc[8][2];
+        for (int i = 0; i < STEP; i++)
+            for (int h = 0; h < NV; h++) acc[i][h] = _mm256_mul_ps(_mm256_load_ps(ot + (size_t)(d + i) * W + 8 * h), alpha[h]);
         for (j = 0; j < n_keys; j++) {
-            const float *vj = v[j] + d;
-            const __m256 w0 = _mm256_load_ps(p + (size_t)j * 16), w1 = _mm256_load_ps(p + (size_t)j * 16 + 8);
-            __m256 vd = _mm256_broadcast_ss(vj);
-            a0 = _mm256_fmadd_ps(vd, w0, a0), a1 = _mm256_fmadd_ps(vd, w1, a1);
-            vd = _mm256_broadcast_ss(vj + 1);
-            b0 = _mm256_fmadd_ps(vd, w0, b0), b1 = _mm256_fmadd_ps(vd, w1, b1);
-            vd = _mm256_broadcast_ss(vj + 2);
-            c0 = _mm256_fmadd_ps(vd, w0, c0), c1 = _mm256_fmadd_ps(vd, w1, c1);
-            vd = _mm256_broadcast_ss(vj + 3);
-            e0 = _mm256_fmadd_ps(vd, w0, e0), e1 = _mm256_fmadd_ps(vd, w1, e1);
+            __m256 w[2];
+            for (int h = 0; h < NV; h++) w[h] = _mm256_load_ps(p + (size_t)j * W + 8 * h);
+            for (int i = 0; i < STEP; i++) {
+                const __m256 vd = _mm256_broadcast_ss(v[j] + d + i);
+                for (int h = 0; h < NV; h++) acc[i][h] = _mm256_fmadd_ps(vd, w[h], acc[i][h]);
+            }
         }
-        _mm256_store_ps(o, a0), _mm256_store_ps(o + 8, a1);
-        _mm256_store_ps(o + 16, b0), _mm256_store_ps(o + 24, b1);
-        _mm256_store_ps(o + 32, c0), _mm256_store_ps(o + 40, c1);
-        _mm256_store_ps(o + 48, e0), _mm256_store_ps(o + 56, e1);
+        for (int i = 0; i < STEP; i++)
+            for (int h = 0; h < NV; h++) _mm256_store_ps(ot + (size_t)(d + i) * W + 8 * h, acc[i][h]);
     }
     for (; d < D; d++) {
-        float *o = ot + (size_t)d * 16;
-        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(o), alpha0), a1 = _mm256_mul_ps(_mm256_load_ps(o + 8), alpha1);
+        __m256 acc[2];
+        for (int h = 0; h < NV; h++) acc[h] = _mm256_mul_ps(_mm256_load_ps(ot + (size_t)d * W + 8 * h), alpha[h]);
         for (j = 0; j < n_keys; j++) {
             const __m256 vd = _mm256_broadcast_ss(v[j] + d);
-            a0 = _mm256_fmadd_ps(vd, _mm256_load_ps(p + (size_t)j * 16), a0);
-            a1 = _mm256_fmadd_ps(vd, _mm256_load_ps(p + (size_t)j * 16 + 8), a1);
+            for (int h = 0; h < NV; h++) acc[h] = _mm256_fmadd_ps(vd, _mm256_load_ps(p + (size_t)j * W + 8 * h), acc[h]);
         }
-        _mm256_store_ps(o, a0), _mm256_store_ps(o + 8, a1);
+        for (int h = 0; h < NV; h++) _mm256_store_ps(ot + (size_t)d * W + 8 * h, acc[h]);
     }
+}
+
+TARGET void cpu_attention_chunk_avx2(int32_t lanes, const float *qt, const float *const *k, const float *const *v,
+                                     int32_t n_keys, int32_t D, const int32_t *pos, int32_t key0, float *p, float *m,
+                                     float *l, float *ot) {
+    if (lanes == 8) chunk_vectors(1, qt, k, v, n_keys, D, pos, key0, p, m, l, ot);
+    else chunk_vectors(2, qt, k, v, n_keys, D, pos, key0, p, m, l, ot);
 }
 
 #endif
