@@ -3,7 +3,8 @@
  * reads the same paged cache: grouped-query, multi-head and multi-query heads, several sequences
  * of random lengths (1 and the longest included) with and without history, prompts spanning many
  * KV blocks and key chunks, decode steps, head sizes off the kernels' 4-wide steps, block sizes
- * that cut the key chunks; and its 2^x against exp2 in double. */
+ * that cut the key chunks; a sequence alone or cut in two bit for bit as in the batch; and its 2^x
+ * against exp2 in double. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -144,7 +145,8 @@ static void run_case(const paged_case *pc, uint64_t *rng) {
      * an output, a weighted mean of values in [-1, 1], moves by at most twice its weights'
      * relative error, plus the float sums of up to max_k weights and products (sqrt(n)·u in
      * practice). 1e-5 at q_range 1 (scores of a few units), 4e-5 at 8 (scores up to 60: their
-     * rounding alone is ~4e-6 a weight); measured below it by 5-20x. */
+     * rounding alone is ~4e-6 a weight). Measured: 0.8-1.7e-7 at 1, up to 9e-7 (decode) and
+     * 1.5e-6 (the 600-token prompt) at 8. */
     const double tol = pc->q_range > 1.0f ? 4e-5 : 1e-5;
     cpu_quant_isa isa[2];
     for (int pi = 0, n = paths(isa); pi < n; pi++) {
@@ -159,6 +161,25 @@ static void run_case(const paged_case *pc, uint64_t *rng) {
             if (err > worst) worst = err;
         }
         print_message("%-44s path %d: T %4d, max_k %4d, worst error %.2e\n", pc->what, (int)isa[pi], T, max_k, worst);
+        /* the last sequence alone, and its new tokens' second half as a step of its own (the first
+         * half then history), give the same bits: a row's arithmetic does not depend on the rows
+         * that share its tile or step, so a prompt computes the same whole, in chunks or batched */
+        const int32_t last = B - 1, n_new = cu[B] - cu[last], half = n_new / 2;
+        float *alone = malloc((size_t)n_new * H * D * sizeof *alone);
+        for (int split = 0; split < 2; split++) {
+            const int32_t skip = split ? half : 0, cu1[2] = {0, n_new - skip};
+            const nopad_kv_batch one = {.n_seqs = 1, .n_tokens = n_new - skip, .max_q = n_new - skip,
+                                        .max_k = seqlen[last], .no_history = 0, .cu_q = cu1, .seqlen_k = seqlen + last,
+                                        .block_table = table + (size_t)last * max_blocks, .max_blocks = max_blocks,
+                                        .block_size = BS};
+            assert_int_equal(cpu_attention_paged_on(isa[pi], be, alone, qkv + (size_t)(cu[last] + skip) * row, kc, vc,
+                                                    &one, H, KVH, D, scale),
+                             NOPAD_OK);
+            if (memcmp(alone, out + (size_t)(cu[last] + skip) * H * D, (size_t)(n_new - skip) * H * D * sizeof *alone))
+                fail_msg("%s, path %d: the last sequence %s differs from the batch's", pc->what, (int)isa[pi],
+                         split ? "from its middle on" : "alone");
+        }
+        free(alone);
     }
     if (be->attention_paged) { /* the op table's entry is one of the paths */
         assert_int_equal(be->attention_paged(be, out, qkv, kc, vc, &kv, H, KVH, D, scale), NOPAD_OK);
