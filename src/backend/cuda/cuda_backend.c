@@ -18,6 +18,7 @@
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/sampling_ops.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/quant/quant.h"
 #include "backend/cuda/state.h"
 #include "backend/cuda/train/train_ops.h"
 #include "util/error.h"
@@ -456,10 +457,52 @@ static nopad_status cu_row_argmax(nopad_backend *be, float *best, const float *x
     return cuda_row_argmax(best, x, rows, cols, ld, id0, s->stream);
 }
 
-/* Every op and shape, except attention heads over 128 (the generic kernel's limit). */
+/* ---- weights in a block format (quant/quant.h) ---- */
+/* A decode step's few tokens on the quantized GEMV (the weights read once, dequantised in
+ * registers); more tokens dequantise the weight into split_ws (results that end within one op)
+ * and run the ordinary GEMM with its epilogue: the scratch grows to the largest weight that a
+ * prompt has met, N·K 16-bit values (docs/decoder.md). */
+static nopad_status cu_gemm_q(nopad_backend *be, void *out, const void *x, const void *w, nopad_weight_format format,
+                              const void *bias, const void *residual, int32_t n_tokens, int32_t n_in, int32_t n_out,
+                              nopad_epilogue epilogue, nopad_activation act, int out_f32) {
+    CUDA_ENTER(be, s);
+    if (n_tokens == 0) return NOPAD_OK;
+    if (!cuda_quant_runs(format, n_in))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "cuda gemm_q: weight format %d with rows of %d values is not one the CUDA backend "
+                               "runs (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 in blocks of 32; Q4_K, Q5_K, Q6_K of 256)",
+                               (int)format, n_in);
+    if (out_f32 && epilogue != NOPAD_EPILOGUE_NONE)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "cuda gemm_q: a float32 output takes no epilogue (got %d)",
+                               (int)epilogue);
+    if (n_tokens <= CUDA_QGEMV_MAX_T)
+        return cuda_qgemv(be->dtype, out, x, w, format, epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
+                          epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,
+                          epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, out_f32, s->stream);
+    nopad_status st = grow_workspace(be, s, (void **)&s->split_ws, &s->split_ws_bytes,
+                                     (size_t)n_out * (size_t)n_in * 2, "gemm_q scratch");
+    if (st == NOPAD_OK) st = cuda_quant_dequantize(be->dtype, s->split_ws, w, format, n_out, n_in, s->stream);
+    if (st != NOPAD_OK) return st;
+    if (out_f32) return cuda_lt_matmul_f32(&s->lt, be->dtype, out, x, s->split_ws, n_tokens, n_in, n_out, s->stream);
+    return cuda_gemm_linear(&s->lt, be->dtype, out, x, s->split_ws, bias, residual, n_tokens, n_in, n_out, epilogue,
+                            act, s->stream);
+}
+static nopad_status cu_embed_tokens_q(nopad_backend *be, float *out, const int32_t *tokens, const int32_t *feed,
+                                      const int32_t *positions, int32_t n_tokens, int32_t vocab_size, int32_t vocab0,
+                                      int32_t vocab_rows, int32_t n_positions, const void *word,
+                                      nopad_weight_format format, const void *pos, int32_t dim) {
+    CUDA_ENTER(be, s);
+    return cuda_quant_embed_tokens(be->dtype, out, tokens, feed, positions, n_tokens, vocab_size, vocab0, vocab_rows,
+                                   n_positions, word, format, pos, dim, s->stream);
+}
+
+/* Every op and shape, except attention heads over 128 (the generic kernel's limit) and weights in
+ * a block format other than quant/'s eight or with rows that are not whole blocks. */
 static int cu_supports(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
     (void)be;
     if (op == NOPAD_OP_ATTENTION && shape) return shape->head_size >= 1 && shape->head_size <= 128;
+    if (op == NOPAD_OP_GEMM && shape && shape->weight_format != NOPAD_WEIGHT_DTYPE)
+        return cuda_quant_runs(shape->weight_format, shape->n_in);
     return 1;
 }
 
@@ -594,6 +637,8 @@ nopad_status nopad_backend_cuda_create(nopad_dtype dtype, int device, void *stre
     be->sample_begin = cu_sample_begin;
     be->sample_wait = cu_sample_wait;
     be->greedy_merge_begin = cu_greedy_merge_begin;
+    be->gemm_q = cu_gemm_q;
+    be->embed_tokens_q = cu_embed_tokens_q;
     /* training (train/): each op family fills its entries */
     cuda_train_install_ops(be);
     cuda_train_install_gemm_optim(be);
