@@ -32,13 +32,13 @@ template <int FMT> __host__ __device__ constexpr bool qformat_has_min() {
            FMT == NOPAD_WEIGHT_Q5_K;
 }
 
-__device__ __forceinline__ uint32_t q_ld16(const uint8_t *p) { return *reinterpret_cast<const uint16_t *>(p); }
+__host__ __device__ __forceinline__ uint32_t q_ld16(const uint8_t *p) { return *reinterpret_cast<const uint16_t *>(p); }
 /* 4 bytes at a 2-byte aligned address, little-endian */
-__device__ __forceinline__ uint32_t q_ld32(const uint8_t *p) { return q_ld16(p) | q_ld16(p + 2) << 16; }
-__device__ __forceinline__ float q_half(const uint8_t *p) { return __half2float(__ushort_as_half((uint16_t)q_ld16(p))); }
+__host__ __device__ __forceinline__ uint32_t q_ld32(const uint8_t *p) { return q_ld16(p) | q_ld16(p + 2) << 16; }
+__host__ __device__ __forceinline__ float q_half(const uint8_t *p) { return __half2float(__ushort_as_half((uint16_t)q_ld16(p))); }
 
 /* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) from the 12 bytes q. */
-__device__ __forceinline__ void q_scale_min_k4(int j, const uint8_t *q, int &sc, int &m) {
+__host__ __device__ __forceinline__ void q_scale_min_k4(int j, const uint8_t *q, int &sc, int &m) {
     if (j < 4) {
         sc = q[j] & 63;
         m = q[j + 4] & 63;
@@ -58,7 +58,7 @@ struct q_lane {
 };
 
 /* Chunk c (0 .. K/32 - 1) of the row at `row`, the part of lane l4. */
-template <int FMT> __device__ __forceinline__ q_lane q_read_chunk(const uint8_t *row, int c, int l4) {
+template <int FMT> __host__ __device__ __forceinline__ q_lane q_read_chunk(const uint8_t *row, int c, int l4) {
     q_lane r;
     r.min = 0.0f;
     if (FMT == NOPAD_WEIGHT_Q4_0 || FMT == NOPAD_WEIGHT_Q4_1 || FMT == NOPAD_WEIGHT_Q5_0 ||
