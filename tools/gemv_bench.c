@@ -13,7 +13,14 @@
  * than the L2 cache, so every replay reads them from memory. The device-to-device copy rate of 1 GB
  * (bytes read + written), measured in the same run, is the ceiling the floor of DEC uses.
  *
- * Usage: gemv_bench [--dtype f16|bf16] [--tokens 1,8,16,32] [--reps R]
+ * --format q4_0|q4_1|q5_0|q5_1|q8_0|q4_k|q5_k|q6_k keeps the weights in that GGUF block format
+ * (random blocks, scales of 1/64) and runs the backend's gemm_q on them (backend/cuda/quant/): the
+ * quantized GEMV up to 32 tokens, above it the weight dequantised into a scratch and the GEMM, so
+ * any token count goes (one direct call per mode first: the scratch grows outside the capture).
+ * gate|up is then a plain [2F, K] product (the decoder applies SwiGLU after it on such weights).
+ * The default, f16, is the compute dtype's own weights on the gemv kernels (tokens <= 32).
+ *
+ * Usage: gemv_bench [--dtype f16|bf16] [--format f16|q4_0|...] [--tokens 1,8,16,32] [--reps R]
  * Prints one JSON object per (mode, tokens) on stdout, a copy-rate object first. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +31,11 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm/gemv.h"
+#include "backend/cuda/quant/quant.h"
 
 #include "bench_check.h"
 
-enum { MAX_LIST = 16, MAX_REPS = 101, LAYERS = 16, HIDDEN = 2048, FFN = 5632, QKV = (32 + 2 * 4) * 64,
+enum { MAX_LIST = 16, MAX_TOKENS = 1024, MAX_REPS = 101, LAYERS = 16, HIDDEN = 2048, FFN = 5632, QKV = (32 + 2 * 4) * 64,
        VOCAB = 32000, HEAD_COPIES = 4 };
 
 /* Random values in [-scale, scale] into n elements of backend memory, uploaded in chunks. */
@@ -42,11 +50,62 @@ static void fill(nopad_backend *be, void *dst, size_t n, float scale) {
     free(host);
 }
 
+/* The GGUF block formats by name: ggml's id, values and bytes a block, where its fp16 scale d and
+ * (Q4_1, Q5_1: m; k-quants: dmin) min sit. */
+typedef struct block_format {
+    const char *name;
+    nopad_weight_format format;
+    int values, bytes, d_at, m_at;
+} block_format;
+static const block_format FORMATS[] = {
+    {"q4_0", NOPAD_WEIGHT_Q4_0, 32, 18, 0, -1},   {"q4_1", NOPAD_WEIGHT_Q4_1, 32, 20, 0, 2},
+    {"q5_0", NOPAD_WEIGHT_Q5_0, 32, 22, 0, -1},   {"q5_1", NOPAD_WEIGHT_Q5_1, 32, 24, 0, 2},
+    {"q8_0", NOPAD_WEIGHT_Q8_0, 32, 34, 0, -1},   {"q4_k", NOPAD_WEIGHT_Q4_K, 256, 144, 0, 2},
+    {"q5_k", NOPAD_WEIGHT_Q5_K, 256, 176, 0, 2},  {"q6_k", NOPAD_WEIGHT_Q6_K, 256, 210, 208, -1},
+};
+
+/* rows × K values of random blocks of f (d = m = 1/64, fp16 0x2400) into backend memory */
+static void fill_blocks(nopad_backend *be, void *dst, const block_format *f, size_t rows, int K) {
+    const size_t row_bytes = (size_t)(K / f->values) * f->bytes, chunk_rows = ((size_t)1 << 24) / row_bytes + 1;
+    unsigned char *host = malloc(chunk_rows * row_bytes);
+    for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+        const size_t n = rows - r0 < chunk_rows ? rows - r0 : chunk_rows, blocks = n * (K / f->values);
+        for (size_t i = 0; i < n * row_bytes; i++) host[i] = (unsigned char)(bench_uniform() * 127.0f + 128.0f);
+        for (size_t b = 0; b < blocks; b++) {
+            unsigned char *p = host + b * f->bytes;
+            p[f->d_at] = 0x00, p[f->d_at + 1] = 0x24;
+            if (f->m_at >= 0) p[f->m_at] = 0x00, p[f->m_at + 1] = 0x24;
+        }
+        CHECK_NOPAD(be->upload(be, (char *)dst + r0 * row_bytes, host, n * row_bytes));
+        CHECK_NOPAD(be->synchronize(be));
+    }
+    free(host);
+}
+
 typedef struct model {
     void *qkv[LAYERS], *o[LAYERS], *gate_up[LAYERS], *down[LAYERS], *head[HEAD_COPIES];
-    void *x, *y;   /* activations: x [32, FFN], y [32, 2·FFN] in the compute dtype */
-    float *logits; /* [32, VOCAB] */
+    void *x, *y;   /* activations: x [T, FFN], y [T, 2·FFN] in the compute dtype */
+    float *logits; /* [T, VOCAB] */
+    const block_format *blocks; /* the weights' block format, NULL: the compute dtype */
+    nopad_backend *be;
 } model;
+
+/* Bytes of a weight of n_out rows of K values. */
+static size_t weight_bytes(const model *m, size_t n_out, int K) {
+    return m->blocks ? n_out * cuda_quant_row_bytes(m->blocks->format, K) : n_out * (size_t)K * 2;
+}
+
+/* y[T, N] = x · wᵀ on either kind of weight (out_f32: float32 logits) */
+static void linear(const model *m, nopad_dtype dt, void *y, const void *w, int T, int K, int N, int out_f32,
+                   cudaStream_t st) {
+    if (m->blocks)
+        CHECK_NOPAD(m->be->gemm_q(m->be, y, m->x, w, m->blocks->format, NULL, NULL, T, K, N, NOPAD_EPILOGUE_NONE,
+                                  NOPAD_ACT_GELU, out_f32));
+    else if (out_f32)
+        CHECK_NOPAD(cuda_gemv_f32(dt, y, m->x, w, T, K, N, st));
+    else
+        CHECK_NOPAD(cuda_gemv(dt, y, m->x, w, NULL, NULL, T, K, N, -1, st));
+}
 
 static const char *MODES[] = {"chain", "qkv", "o", "gateup", "down", "head"};
 enum { N_MODES = 6 };
@@ -56,38 +115,50 @@ static size_t enqueue(nopad_dtype dt, const model *m, int mode, int T, cudaStrea
     size_t bytes = 0;
     for (int l = 0; l < LAYERS; l++) {
         if (mode == 0 || mode == 1) {
-            CHECK_NOPAD(cuda_gemv(dt, m->y, m->x, m->qkv[l], NULL, NULL, T, HIDDEN, QKV, -1, st));
-            bytes += (size_t)QKV * HIDDEN * 2;
+            linear(m, dt, m->y, m->qkv[l], T, HIDDEN, QKV, 0, st);
+            bytes += weight_bytes(m, QKV, HIDDEN);
         }
         if (mode == 0 || mode == 2) {
-            CHECK_NOPAD(cuda_gemv(dt, m->y, m->x, m->o[l], NULL, NULL, T, HIDDEN, HIDDEN, -1, st));
-            bytes += (size_t)HIDDEN * HIDDEN * 2;
+            linear(m, dt, m->y, m->o[l], T, HIDDEN, HIDDEN, 0, st);
+            bytes += weight_bytes(m, HIDDEN, HIDDEN);
         }
         if (mode == 0 || mode == 3) {
-            CHECK_NOPAD(cuda_gemv_swiglu(dt, m->y, m->x, m->gate_up[l], T, HIDDEN, FFN, st));
-            bytes += (size_t)2 * FFN * HIDDEN * 2;
+            if (m->blocks) linear(m, dt, m->y, m->gate_up[l], T, HIDDEN, 2 * FFN, 0, st);
+            else CHECK_NOPAD(cuda_gemv_swiglu(dt, m->y, m->x, m->gate_up[l], T, HIDDEN, FFN, st));
+            bytes += weight_bytes(m, 2 * FFN, HIDDEN);
         }
         if (mode == 0 || mode == 4) {
-            CHECK_NOPAD(cuda_gemv(dt, m->y, m->x, m->down[l], NULL, NULL, T, FFN, HIDDEN, -1, st));
-            bytes += (size_t)HIDDEN * FFN * 2;
+            linear(m, dt, m->y, m->down[l], T, FFN, HIDDEN, 0, st);
+            bytes += weight_bytes(m, HIDDEN, FFN);
         }
     }
     const int heads = mode == 0 ? 1 : mode == 5 ? HEAD_COPIES : 0;
     for (int h = 0; h < heads; h++) {
-        CHECK_NOPAD(cuda_gemv_f32(dt, m->logits, m->x, m->head[h], T, HIDDEN, VOCAB, st));
-        bytes += (size_t)VOCAB * HIDDEN * 2;
+        linear(m, dt, m->logits, m->head[h], T, HIDDEN, VOCAB, 1, st);
+        bytes += weight_bytes(m, VOCAB, HIDDEN);
     }
     return bytes;
 }
 
 int main(int argc, char **argv) {
     nopad_dtype dtype = NOPAD_DTYPE_F16;
+    const block_format *blocks = NULL;
     int reps = 21;
     int tokens[MAX_LIST] = {1, 8, 16, 32}, n_tokens = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--dtype")) dtype = !strcmp(v, "bf16") ? NOPAD_DTYPE_BF16 : NOPAD_DTYPE_F16, i++;
         else if (!strcmp(a, "--reps")) reps = atoi(v), i++;
+        else if (!strcmp(a, "--format")) {
+            blocks = NULL;
+            for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++)
+                if (!strcmp(v, FORMATS[f].name)) blocks = &FORMATS[f];
+            if (!blocks && strcmp(v, "f16")) {
+                fprintf(stderr, "gemv_bench: --format f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k\n");
+                return 2;
+            }
+            i++;
+        }
         else if (!strcmp(a, "--tokens")) {
             n_tokens = 0;
             for (const char *s = v; *s && n_tokens < MAX_LIST;) {
@@ -104,11 +175,15 @@ int main(int argc, char **argv) {
     }
     if (reps < 1) reps = 1;
     if (reps > MAX_REPS) reps = MAX_REPS;
-    for (int i = 0; i < n_tokens; i++)
-        if (tokens[i] < 1 || tokens[i] > CUDA_GEMV_MAX_T) {
-            fprintf(stderr, "gemv_bench: tokens must be 1 to %d\n", (int)CUDA_GEMV_MAX_T);
+    const int most_tokens = blocks ? MAX_TOKENS : CUDA_GEMV_MAX_T;
+    int max_t = 1;
+    for (int i = 0; i < n_tokens; i++) {
+        if (tokens[i] < 1 || tokens[i] > most_tokens) {
+            fprintf(stderr, "gemv_bench: tokens must be 1 to %d\n", most_tokens);
             return 2;
         }
+        max_t = tokens[i] > max_t ? tokens[i] : max_t;
+    }
     nopad_backend *be;
     CHECK_NOPAD(nopad_backend_cuda_create(dtype, 0, NULL, &be));
     cudaStream_t stream = (cudaStream_t)cuda_backend_stream(be);
@@ -138,25 +213,28 @@ int main(int argc, char **argv) {
     }
 
     model m;
+    m.blocks = blocks;
+    m.be = be;
     const float ws = 0.03f; /* ~1/sqrt(K): outputs of order one */
+    /* each weight [n_out, K] allocated and filled in its storage */
+#define WEIGHT(ptr, n_out, K)                                                                                \
+    do {                                                                                                     \
+        CHECK_NOPAD(be->alloc(be, weight_bytes(&m, (n_out), (K)), &(ptr)));                                  \
+        if (blocks) fill_blocks(be, (ptr), blocks, (n_out), (K));                                            \
+        else fill(be, (ptr), (size_t)(n_out) * (K), ws);                                                     \
+    } while (0)
     for (int l = 0; l < LAYERS; l++) {
-        CHECK_NOPAD(be->alloc(be, (size_t)QKV * HIDDEN * 2, &m.qkv[l]));
-        CHECK_NOPAD(be->alloc(be, (size_t)HIDDEN * HIDDEN * 2, &m.o[l]));
-        CHECK_NOPAD(be->alloc(be, (size_t)2 * FFN * HIDDEN * 2, &m.gate_up[l]));
-        CHECK_NOPAD(be->alloc(be, (size_t)HIDDEN * FFN * 2, &m.down[l]));
-        fill(be, m.qkv[l], (size_t)QKV * HIDDEN, ws);
-        fill(be, m.o[l], (size_t)HIDDEN * HIDDEN, ws);
-        fill(be, m.gate_up[l], (size_t)2 * FFN * HIDDEN, ws);
-        fill(be, m.down[l], (size_t)HIDDEN * FFN, ws);
+        WEIGHT(m.qkv[l], QKV, HIDDEN);
+        WEIGHT(m.o[l], HIDDEN, HIDDEN);
+        WEIGHT(m.gate_up[l], 2 * FFN, HIDDEN);
+        WEIGHT(m.down[l], HIDDEN, FFN);
     }
-    for (int h = 0; h < HEAD_COPIES; h++) {
-        CHECK_NOPAD(be->alloc(be, (size_t)VOCAB * HIDDEN * 2, &m.head[h]));
-        fill(be, m.head[h], (size_t)VOCAB * HIDDEN, ws);
-    }
-    CHECK_NOPAD(be->alloc(be, (size_t)32 * FFN * 2, &m.x));
-    CHECK_NOPAD(be->alloc(be, (size_t)32 * 2 * FFN * 2, &m.y));
-    CHECK_NOPAD(be->alloc(be, (size_t)32 * VOCAB * sizeof(float), (void **)&m.logits));
-    fill(be, m.x, (size_t)32 * FFN, 1.0f);
+    for (int h = 0; h < HEAD_COPIES; h++) WEIGHT(m.head[h], VOCAB, HIDDEN);
+#undef WEIGHT
+    CHECK_NOPAD(be->alloc(be, (size_t)max_t * FFN * 2, &m.x));
+    CHECK_NOPAD(be->alloc(be, (size_t)max_t * 2 * FFN * 2, &m.y));
+    CHECK_NOPAD(be->alloc(be, (size_t)max_t * VOCAB * sizeof(float), (void **)&m.logits));
+    fill(be, m.x, (size_t)max_t * FFN, 1.0f);
     CHECK_CUDA(cudaStreamSynchronize(stream));
 
     for (int ti = 0; ti < n_tokens; ti++) {
@@ -164,6 +242,7 @@ int main(int argc, char **argv) {
         for (int mode = 0; mode < N_MODES; mode++) {
             cudaGraph_t graph;
             cudaGraphExec_t exec;
+            if (blocks) enqueue(dtype, &m, mode, T, stream); /* gemm_q's scratch grows outside the capture */
             CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
             const size_t bytes = enqueue(dtype, &m, mode, T, stream);
             CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
@@ -180,9 +259,10 @@ int main(int argc, char **argv) {
             }
             qsort(us, (size_t)reps, sizeof *us, bench_cmp_float);
             const float med = us[reps / 2];
-            printf("{\"mode\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"us\": %.1f, \"min_us\": %.1f, "
-                   "\"weight_bytes\": %zu, \"gbps\": %.1f}\n",
-                   MODES[mode], T, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", med, us[0], bytes,
+            printf("{\"mode\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"format\": \"%s\", \"us\": %.1f, "
+                   "\"min_us\": %.1f, \"weight_bytes\": %zu, \"gbps\": %.1f}\n",
+                   MODES[mode], T, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", blocks ? blocks->name : "f16", med,
+                   us[0], bytes,
                    bytes / (med * 1e-6) / 1e9);
             fflush(stdout);
             CHECK_CUDA(cudaGraphExecDestroy(exec));
