@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/activation.cuh"
+#include "backend/cuda/common.h"
 #include "backend/cuda/ptx_helpers.cuh"
 #include "backend/cuda/quant/quant.cuh"
 
@@ -61,6 +62,7 @@ template <bool BF16> __device__ __forceinline__ uint32_t ones2() { return BF16 ?
 template <bool BF16, int FMT, int NT>
 __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
     __shared__ float partial[WARPS][NT * 4][32];
+    allow_dependent_launch();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, l4 = lane % 4;
     const int n0 = blockIdx.x * FEATS;
     /* rows past N read row N - 1 (in bounds) and are never stored */
@@ -81,9 +83,20 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     const int n_chunks = p.K / CHUNK;
     const uint2 zero = make_uint2(0, 0);
-#pragma unroll 2
+    /* the warp's first chunk of weights is read before the kernel ahead has finished (they do not
+     * depend on it), each next one while the current one is multiplied: two chunks in flight */
+    q_lane a = {}, b = {};
+    if (warp < n_chunks) {
+        a = q_read_chunk<FMT>(w_lo, warp, l4);
+        b = q_read_chunk<FMT>(w_hi, warp, l4);
+    }
+    wait_for_upstream_grid(); /* x and the residual may come from it */
     for (int c = warp; c < n_chunks; c += WARPS) {
-        const q_lane a = q_read_chunk<FMT>(w_lo, c, l4), b = q_read_chunk<FMT>(w_hi, c, l4);
+        q_lane next_a = a, next_b = b;
+        if (c + WARPS < n_chunks) {
+            next_a = q_read_chunk<FMT>(w_lo, c + WARPS, l4);
+            next_b = q_read_chunk<FMT>(w_hi, c + WARPS, l4);
+        }
         /* A: row g in registers 0 and 2, row g + 8 in 1 and 3 (m16n8k16's fragment order) */
         const uint32_t a_lo[4] = {pack2<BF16>(a.v[0], a.v[1]), pack2<BF16>(b.v[0], b.v[1]),
                                   pack2<BF16>(a.v[2], a.v[3]), pack2<BF16>(b.v[2], b.v[3])};
@@ -120,6 +133,8 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
                 acc[j][3] += b.min * sum[3];
             }
         }
+        a = next_a;
+        b = next_b;
     }
     /* acc[j][r]: row g + 8·(r / 2), token 8j + 2·l4 + r % 2 */
 #pragma unroll
@@ -146,13 +161,15 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
     }
 }
 
+/* With programmatic dependent launch (cuda_pdl_enabled) as the fp16 gemv: the weights of the first
+ * chunks stream in while the kernel ahead finishes. */
 template <bool BF16, int FMT> cudaError_t launch_format(const params &p, cudaStream_t stream) {
     const dim3 grid((unsigned)((p.N + FEATS - 1) / FEATS)), block(THREADS);
-    if (p.T <= 8) qgemv_kernel<BF16, FMT, 1><<<grid, block, 0, stream>>>(p);
-    else if (p.T <= 16) qgemv_kernel<BF16, FMT, 2><<<grid, block, 0, stream>>>(p);
-    else if (p.T <= 24) qgemv_kernel<BF16, FMT, 3><<<grid, block, 0, stream>>>(p);
-    else qgemv_kernel<BF16, FMT, 4><<<grid, block, 0, stream>>>(p);
-    return cudaGetLastError();
+    const bool pdl = cuda_pdl_enabled() != 0;
+    if (p.T <= 8) return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 1>, grid, block, 0, stream, pdl, p);
+    if (p.T <= 16) return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 2>, grid, block, 0, stream, pdl, p);
+    if (p.T <= 24) return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 3>, grid, block, 0, stream, pdl, p);
+    return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 4>, grid, block, 0, stream, pdl, p);
 }
 
 /* The kernel for p's format (checked by the caller: one of the eight). */
