@@ -8,8 +8,9 @@
  * {1, 2, 3, 8, 9, 33, 130} (the GEMV up to 32 tokens, its 8-token tiles part filled, and the
  * dequantise-then-GEMM path above), N in {1, 7, 577} (odd: the 16-row tiles part filled), K of
  * 1, 2, 3 blocks and a long row (1536 / 2048); every epilogue (none, bias, bias + each activation,
- * bias + residual) and the float32 output. The activations are rounded to the dtype first (as the
- * GPU sees them) and scaled so that the outputs stay well inside fp16's range.
+ * bias + residual) and the float32 output; the prompts' path also in slices of output rows (the
+ * scratch cap made small). The activations are rounded to the dtype first (as the GPU sees them)
+ * and scaled so that the outputs stay well inside fp16's range.
  *
  * Bound, per output (ref in double from the dequantised weights, M = Σ_k cap_k·|x_k| + |bias|
  * with cap_k = |scale|·max|q| + |min| of k's chunk: the size of what is summed, scale and min
@@ -52,6 +53,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/quant.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/quant/quant_gemm.h"
 #include "nopad.h"
 
 static nopad_backend *gpu[2];
@@ -297,6 +299,15 @@ static void test_gemm_q(void **state) {
                         calls++;
                     }
                 }
+            /* the prompts' path in slices of rows: a 256 KiB cap cuts 577 rows into 8 or 13 slices, the
+             * last one 17 rows or 1 */
+            cuda_quant_set_scratch_cap((size_t)256 << 10);
+            for (int ep = 0; ep < N_EP; ep++) {
+                const double e = check_gemm(di, f, ORDINARY, 33, long_k, 577, ep, ACTS[(ep + fi) % 5]);
+                worst = e > worst ? e : worst;
+                calls++;
+            }
+            cuda_quant_set_scratch_cap(0);
             printf("  %-4s %s: %d calls, worst |err| / bound %.3f\n", DTYPE_NAMES[di], f->name, calls, worst);
             if (!(worst <= 1.0)) failures++;
         }

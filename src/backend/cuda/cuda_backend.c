@@ -19,6 +19,7 @@
 #include "backend/cuda/sampling_ops.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant/quant.h"
+#include "backend/cuda/quant/quant_gemm.h"
 #include "backend/cuda/state.h"
 #include "backend/cuda/train/train_ops.h"
 #include "util/error.h"
@@ -460,8 +461,8 @@ static nopad_status cu_row_argmax(nopad_backend *be, float *best, const float *x
 /* ---- weights in a block format (quant/quant.h) ---- */
 /* A decode step's few tokens on the quantized GEMV (the weights read once, dequantised in
  * registers); more tokens dequantise the weight into split_ws (results that end within one op)
- * and run the ordinary GEMM with its epilogue: the scratch grows to the largest weight that a
- * prompt has met, N·K 16-bit values (docs/decoder.md). */
+ * and run the ordinary GEMM with its epilogue (quant/quant_gemm.h: at most about 64 MiB of
+ * scratch, larger weights in slices of rows). */
 static nopad_status cu_gemm_q(nopad_backend *be, void *out, const void *x, const void *w, nopad_weight_format format,
                               const void *bias, const void *residual, int32_t n_tokens, int32_t n_in, int32_t n_out,
                               nopad_epilogue epilogue, nopad_activation act, int out_f32) {
@@ -480,12 +481,10 @@ static nopad_status cu_gemm_q(nopad_backend *be, void *out, const void *x, const
                           epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,
                           epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, out_f32, s->stream);
     nopad_status st = grow_workspace(be, s, (void **)&s->split_ws, &s->split_ws_bytes,
-                                     (size_t)n_out * (size_t)n_in * 2, "gemm_q scratch");
-    if (st == NOPAD_OK) st = cuda_quant_dequantize(be->dtype, s->split_ws, w, format, n_out, n_in, s->stream);
+                                     cuda_quant_gemm_scratch_bytes(n_tokens, n_in, n_out, out_f32), "gemm_q scratch");
     if (st != NOPAD_OK) return st;
-    if (out_f32) return cuda_lt_matmul_f32(&s->lt, be->dtype, out, x, s->split_ws, n_tokens, n_in, n_out, s->stream);
-    return cuda_gemm_linear(&s->lt, be->dtype, out, x, s->split_ws, bias, residual, n_tokens, n_in, n_out, epilogue,
-                            act, s->stream);
+    return cuda_quant_gemm(&s->lt, be->dtype, out, x, w, format, bias, residual, n_tokens, n_in, n_out, epilogue, act,
+                           out_f32, s->split_ws, s->stream);
 }
 static nopad_status cu_embed_tokens_q(nopad_backend *be, float *out, const int32_t *tokens, const int32_t *feed,
                                       const int32_t *positions, int32_t n_tokens, int32_t vocab_size, int32_t vocab0,
