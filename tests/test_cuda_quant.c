@@ -24,7 +24,7 @@
  * - 1.25: the activations' slopes (|GELU'|, |SiLU'| <= 1.13, tanh and ReLU <= 1); 2^-18 their
  *   own float error;
  * - floor: half fp16's smallest subnormal (2^-25) for fp16 outputs, else 0.
- * A single wrong nibble of a K = 2048 row moves an output by |scale·x|, about 8x this bound.
+ * A misread layout misplaces runs of values, each moving an output by far more than this bound.
  * Outputs are NaN-poisoned before each call, so an unwritten element fails.
  * The prompts' path in fp16 cannot hold weights beyond 65504 (the same limit as dequantising at
  * load, --weights f16): the huge scales run there in bf16 only.
