@@ -361,7 +361,9 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
     const gguf_file *f = src->gguf;
     size_t total = 0;
     for (int i = 0; i < n_parts; i++) total += (size_t)t[i]->nbytes;
-    if (n_parts == 1 && !permute[0] && f->map) {
+    /* the mapping is host memory: only a backend working in host memory (device -1: the CPU) reads
+     * a weight there; a device backend gets a copy */
+    if (n_parts == 1 && !permute[0] && f->map && be->device < 0) {
         *out = (void *)(f->bytes + f->data_offset + t[0]->offset); /* bounds checked at parse */
         ld->uses_map = 1;
     } else {
@@ -381,7 +383,8 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
                 return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has %lld rows, expected %lld heads of "
                                        "an even size %lld", src->where, t[i]->name, (long long)rows[i],
                                        (long long)permute[i], (long long)D);
-            for (int64_t r = 0; r < rows[i] && st == NOPAD_OK; r++) {
+            if (!permute[i]) st = be->upload(be, dst, data, (size_t)t[i]->nbytes); /* one copy, as stored */
+            for (int64_t r = 0; permute[i] && r < rows[i] && st == NOPAD_OK; r++) {
                 /* llama.cpp's row h·D + 2i + j is HF's row h·D + j·D/2 + i (unpermute_rows) */
                 int64_t from = r;
                 if (permute[i] > 0) {
