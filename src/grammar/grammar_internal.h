@@ -127,4 +127,14 @@ int grammar_matcher_counted_step(const grammar_matcher *m, grammar_mark mark, ui
  * states. */
 uint32_t grammar_matcher_state_key(const grammar_matcher *m, uint32_t *key, uint32_t cap);
 
+/* The matcher keeps the masks of its last few states (each of `words` words, over the vocabulary
+ * `trie`): equal states have equal masks, and a free string's characters lead back to the state
+ * they started from. find: 1 and mask / *allowed filled when the current state's mask is kept;
+ * put: keeps it (the least recently used entry goes). Out of memory only stops the keeping. */
+int grammar_mask_cache_find(grammar_matcher *m, const void *trie, uint32_t *mask, size_t words, int32_t *allowed);
+void grammar_mask_cache_put(grammar_matcher *m, const void *trie, const uint32_t *mask, size_t words,
+                            int32_t allowed);
+/* How many masks came from the kept ones (for the tests). */
+uint64_t grammar_mask_cache_hits(const grammar_matcher *m);
+
 #endif

@@ -41,6 +41,19 @@ typedef struct eslot {
     uint32_t pos, parent, count, stamp;
 } eslot;
 
+#define MASK_CACHE_ENTRIES 4
+#define MASK_CACHE_KEY 256 /* the longest state key cached, in words */
+
+typedef struct mask_cache_entry {
+    const void *trie;   /* the vocabulary the mask is of (NULL: an empty entry) */
+    uint32_t *key;      /* [MASK_CACHE_KEY] the state (grammar_matcher_state_key) */
+    uint32_t key_len;
+    uint32_t *mask;     /* [words] */
+    size_t words;
+    int32_t allowed;
+    uint64_t used;      /* cache_clock at the last hit or fill: the oldest is replaced */
+} mask_cache_entry;
+
 struct grammar_matcher {
     const grammar *g;
     mnode *nodes;
@@ -54,6 +67,10 @@ struct grammar_matcher {
     eslot *expanded;
     uint32_t expanded_mask, expanded_used, stamp;
     int failed;       /* out of memory inside a step: the step fails (the byte is refused) */
+    /* the masks of the last states seen (grammar_mask_cache_*): a free string's characters come
+     * back to the same state token after token, and its mask is then a copy */
+    mask_cache_entry cache[MASK_CACHE_ENTRIES];
+    uint64_t cache_clock, cache_hits;
 };
 
 static int grow(void **ptr, uint32_t *cap, uint32_t need, size_t elem) {
@@ -289,6 +306,10 @@ void grammar_matcher_free(grammar_matcher *m) {
     free(m->states);
     free(m->intern);
     free(m->expanded);
+    for (int i = 0; i < MASK_CACHE_ENTRIES; i++) {
+        free(m->cache[i].key);
+        free(m->cache[i].mask);
+    }
     free(m);
 }
 
@@ -463,3 +484,51 @@ uint32_t grammar_matcher_state_key(const grammar_matcher *m, uint32_t *key, uint
     }
     return n;
 }
+
+/* ---- the masks of recent states ------------------------------------------------------------ */
+
+int grammar_mask_cache_find(grammar_matcher *m, const void *trie, uint32_t *mask, size_t words, int32_t *allowed) {
+    uint32_t key[MASK_CACHE_KEY];
+    const uint32_t n = grammar_matcher_state_key(m, key, MASK_CACHE_KEY);
+    if (n == 0) return 0;
+    for (int i = 0; i < MASK_CACHE_ENTRIES; i++) {
+        mask_cache_entry *c = &m->cache[i];
+        if (c->trie != trie || c->words != words || c->key_len != n || memcmp(c->key, key, n * sizeof *key) != 0)
+            continue;
+        memcpy(mask, c->mask, words * sizeof *mask);
+        *allowed = c->allowed;
+        c->used = ++m->cache_clock;
+        m->cache_hits++;
+        return 1;
+    }
+    return 0;
+}
+
+void grammar_mask_cache_put(grammar_matcher *m, const void *trie, const uint32_t *mask, size_t words,
+                            int32_t allowed) {
+    uint32_t key[MASK_CACHE_KEY];
+    const uint32_t n = grammar_matcher_state_key(m, key, MASK_CACHE_KEY);
+    if (n == 0) return; /* a state too large to key: not cached */
+    mask_cache_entry *c = &m->cache[0];
+    for (int i = 1; i < MASK_CACHE_ENTRIES; i++)
+        if (m->cache[i].used < c->used) c = &m->cache[i];
+    if (!c->key) c->key = malloc(MASK_CACHE_KEY * sizeof *c->key);
+    if (c->words != words) {
+        free(c->mask);
+        c->mask = malloc(words * sizeof *c->mask);
+        c->words = words;
+    }
+    if (!c->key || !c->mask) { /* out of memory: the entry stays empty, masks are computed */
+        c->trie = NULL;
+        c->words = 0;
+        return;
+    }
+    memcpy(c->key, key, n * sizeof *key);
+    c->key_len = n;
+    memcpy(c->mask, mask, words * sizeof *mask);
+    c->allowed = allowed;
+    c->trie = trie;
+    c->used = ++m->cache_clock;
+}
+
+uint64_t grammar_mask_cache_hits(const grammar_matcher *m) { return m->cache_hits; }
