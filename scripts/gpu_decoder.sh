@@ -49,6 +49,9 @@
 #        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
 #        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated; AB_ROUNDS decode rounds,
 #        default 3),
+#        quant (issue 43: bench/quant_gpu.py, the GGUF's decode step native against f16, and
+#        gemv_bench --format per GEMV_FORMATS), sanitize (compute-sanitizer memcheck over SANITIZE,
+#        default test_cuda_quant),
 #        constrained (issue 44: bench/constrained_bench.py, the SERVE constrained row; carry
 #        .gpu_carry/ctok too),
 #        default "gguf test". Logs and JSON to $OUT.
@@ -227,6 +230,32 @@ for step in $STEPS; do
                     echo "== $w force $force round $round: $(grep -E '^# nopad .* rep ' "$f.log" | sed 's/^# nopad //' | tr '\n' ' ')"
                 done
             done
+        done
+        ;;
+    quant)
+        # issue 43's GPU rows: the GGUF's decode step with its blocks kept against dequantised to
+        # fp16 (bench/quant_gpu.py), and the quantized GEMV alone per format (gemv_bench --format)
+        [ -f "$GGUF" ] || { echo "quant: no GGUF (the gguf step first)"; status=1; continue; }
+        mkdir -p "$OUT/quant"
+        timeout 300 python3 "$ROOT/bench/quant_gpu.py" --library "$BUILD/libnopad.so" --gguf "$GGUF" \
+            --out "$OUT/quant/smollm2_q4_1.json" ${QUANT_ARGS:-} 2>&1 | tee "$OUT/quant/smollm2_q4_1.log" | grep -v '^{' || status=1
+        for fmt in f16 ${GEMV_FORMATS:-q4_1 q8_0 q4_k q6_k}; do
+            timeout 120 "$BUILD/gemv_bench" --format $fmt --tokens 1,8,32,64 > "$OUT/quant/gemv_$fmt.jsonl" 2>&1 || status=1
+            echo "== gemv $fmt: $(tr '\n' ' ' < "$OUT/quant/gemv_$fmt.jsonl" | cut -c1-600)"
+        done
+        ;;
+    sanitize)
+        # compute-sanitizer's memcheck over the staged tests named in SANITIZE (default
+        # test_cuda_quant), their kernels only: whole models under memcheck take minutes
+        cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+        [ -n "$cs" ] || { echo "sanitize: no compute-sanitizer"; status=1; continue; }
+        for t in ${SANITIZE:-test_cuda_quant}; do
+            (cd "$ROOT" && env -u NOPAD_SMOLLM2_GGUF timeout 400 "$cs" --tool memcheck --error-exitcode 9 "$BUILD/tests/$t") \
+                > "$OUT/${t}_memcheck.log" 2>&1
+            rc=$?
+            tail -4 "$OUT/${t}_memcheck.log"
+            echo "$t under memcheck: exit $rc"
+            [ $rc -eq 0 ] || status=1
         done
         ;;
     constrained)
