@@ -50,7 +50,8 @@ static void test_exp2(void **state) {
             }
             const double want = exp2((double)x[i]), err = fabs((double)y[i] - want) / want;
             if (err > worst) worst = err;
-            if (!(err <= 1.5e-7)) fail_msg("path %d: 2^%.9g = %.9g, want %.9g (%.2e)", (int)isa[pi], x[i], y[i], want, err);
+            if (!(err <= 1.5e-7))
+                fail_msg("path %d: 2^%.9g = %.9g, want %.9g (%.2e)", (int)isa[pi], x[i], y[i], want, err);
         }
         if (!isnan(y[N - 2])) fail_msg("path %d: 2^NaN = %g", (int)isa[pi], y[N - 2]);
         print_message("exp2 path %d: worst relative error %.3e\n", (int)isa[pi], worst);
@@ -184,7 +185,8 @@ static void run_case(const paged_case *pc, uint64_t *rng) {
     if (be->attention_paged) { /* the op table's entry is one of the paths */
         assert_int_equal(be->attention_paged(be, out, qkv, kc, vc, &kv, H, KVH, D, scale), NOPAD_OK);
         for (size_t i = 0; i < (size_t)T * H * D; i++)
-            if (!(fabs((double)out[i] - want[i]) <= tol)) fail_msg("%s: the op table's attention_paged at %zu", pc->what, i);
+            if (!(fabs((double)out[i] - want[i]) <= tol))
+                fail_msg("%s: the op table's attention_paged at %zu", pc->what, i);
     }
     free(cu), free(seqlen), free(table), free(perm), free(qkv), free(kc), free(vc), free(out), free(want);
 }

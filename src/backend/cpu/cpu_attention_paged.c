@@ -32,8 +32,9 @@ static inline float exp2_portable(float x) {
 
 /* The chunk kernel (cpu_attention_chunk_fn) in plain C: loops over the lanes, which the compiler
  * vectorises for the baseline ISA. */
-static void chunk_portable(int32_t lanes, const float *qt, const float *const *k, const float *const *v, int32_t n_keys, int32_t D,
-                           const int32_t *pos, int32_t key0, float *p, float *m, float *l, float *ot) {
+static void chunk_portable(int32_t lanes, const float *qt, const float *const *k, const float *const *v,
+                           int32_t n_keys, int32_t D, const int32_t *pos, int32_t key0, float *p, float *m, float *l,
+                           float *ot) {
     for (int32_t j = 0; j < n_keys; j++) {
         float *s = p + (size_t)j * lanes;
         for (int r = 0; r < lanes; r++) s[r] = 0.0f;

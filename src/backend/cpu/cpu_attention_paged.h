@@ -24,9 +24,9 @@
  * chunk is beyond any row's. m, l [lanes]: the running max (log2 units) and sum of the rows'
  * weights, updated; ot [D][lanes]: the running Σ weight · v, rescaled and accumulated. p: scratch
  * [KEYS][lanes]. */
-typedef void cpu_attention_chunk_fn(int32_t lanes, const float *qt, const float *const *k, const float *const *v, int32_t n_keys,
-                                    int32_t D, const int32_t *pos, int32_t key0, float *p, float *m, float *l,
-                                    float *ot);
+typedef void cpu_attention_chunk_fn(int32_t lanes, const float *qt, const float *const *k, const float *const *v,
+                                    int32_t n_keys, int32_t D, const int32_t *pos, int32_t key0, float *p, float *m,
+                                    float *l, float *ot);
 cpu_attention_chunk_fn cpu_attention_chunk_avx2;
 
 /* 2^x for x <= 0 (and -inf: 0, NaN: NaN), the kernels' exponential: n = round(x), a degree-6

@@ -10,8 +10,10 @@
 #include "backend/cpu/cpu_attention_paged.h"
 
 #define TARGET __attribute__((target("avx2,fma")))
+#define INLINE __attribute__((always_inline)) inline
 
-_Static_assert(CPU_ATTN_LANES == 16 && CPU_ATTN_NARROW == 8, "the AVX2 kernel holds a tile's rows in one or two vectors");
+_Static_assert(CPU_ATTN_LANES == 16 && CPU_ATTN_NARROW == 8,
+               "the AVX2 kernel holds a tile's rows in one or two vectors");
 
 /* The portable exp2's steps on 8 lanes: round to nearest (ROUNDPS), the polynomial by FMA, 2^n
  * added to the exponent bits. A NaN x stays NaN (MAXPS returns its second operand; CVTPS2DQ gives
@@ -27,7 +29,8 @@ TARGET static inline __m256 exp2_8(__m256 x) {
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(CPU_ATTN_EXP2_C2));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(CPU_ATTN_EXP2_C1));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i scaled = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
+    const __m256i scaled =
+        _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
     return _mm256_andnot_ps(_mm256_cmp_ps(x, lowest, _CMP_LT_OQ), _mm256_castsi256_ps(scaled));
 }
 
@@ -41,8 +44,6 @@ TARGET void cpu_attention_exp2_avx2(float *y, const float *x, int32_t n) {
         for (int32_t t = i; t < n; t++) y[t] = res[t - i];
     }
 }
-
-#define INLINE __attribute__((always_inline)) inline
 
 /* The chunk kernel for a tile of NV vectors of 8 lanes (1 or 2; a constant once inlined, so the
  * loops over vectors unroll and the accumulators stay in registers). Scores of 8 / NV keys at a
@@ -73,7 +74,8 @@ TARGET static INLINE void chunk_vectors(const int NV, const float *qt, const flo
         for (int h = 0; h < NV; h++) acc[h] = _mm256_setzero_ps();
         for (int32_t d = 0; d < D; d++) {
             const __m256 kd = _mm256_broadcast_ss(k[j] + d);
-            for (int h = 0; h < NV; h++) acc[h] = _mm256_fmadd_ps(_mm256_load_ps(qt + (size_t)d * W + 8 * h), kd, acc[h]);
+            for (int h = 0; h < NV; h++)
+                acc[h] = _mm256_fmadd_ps(_mm256_load_ps(qt + (size_t)d * W + 8 * h), kd, acc[h]);
         }
         for (int h = 0; h < NV; h++) _mm256_store_ps(p + (size_t)j * W + 8 * h, acc[h]);
     }
@@ -105,13 +107,15 @@ TARGET static INLINE void chunk_vectors(const int NV, const float *qt, const flo
             _mm256_store_ps(s, w);
             sum[h] = _mm256_add_ps(sum[h], w);
         }
-    for (int h = 0; h < NV; h++) _mm256_storeu_ps(l + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * h), alpha[h], sum[h]));
+    for (int h = 0; h < NV; h++)
+        _mm256_storeu_ps(l + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * h), alpha[h], sum[h]));
     /* ot[d] = alpha · ot[d] + Σ_j v[j][d] · w[j] */
     int32_t d = 0;
     for (; d + STEP <= D; d += STEP) {
         __m256 acc[8][2];
         for (int i = 0; i < STEP; i++)
-            for (int h = 0; h < NV; h++) acc[i][h] = _mm256_mul_ps(_mm256_load_ps(ot + (size_t)(d + i) * W + 8 * h), alpha[h]);
+            for (int h = 0; h < NV; h++)
+                acc[i][h] = _mm256_mul_ps(_mm256_load_ps(ot + (size_t)(d + i) * W + 8 * h), alpha[h]);
         for (j = 0; j < n_keys; j++) {
             __m256 w[2];
             for (int h = 0; h < NV; h++) w[h] = _mm256_load_ps(p + (size_t)j * W + 8 * h);
@@ -128,7 +132,8 @@ TARGET static INLINE void chunk_vectors(const int NV, const float *qt, const flo
         for (int h = 0; h < NV; h++) acc[h] = _mm256_mul_ps(_mm256_load_ps(ot + (size_t)d * W + 8 * h), alpha[h]);
         for (j = 0; j < n_keys; j++) {
             const __m256 vd = _mm256_broadcast_ss(v[j] + d);
-            for (int h = 0; h < NV; h++) acc[h] = _mm256_fmadd_ps(vd, _mm256_load_ps(p + (size_t)j * W + 8 * h), acc[h]);
+            for (int h = 0; h < NV; h++)
+                acc[h] = _mm256_fmadd_ps(vd, _mm256_load_ps(p + (size_t)j * W + 8 * h), acc[h]);
         }
         for (int h = 0; h < NV; h++) _mm256_store_ps(ot + (size_t)d * W + 8 * h, acc[h]);
     }
