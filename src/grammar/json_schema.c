@@ -359,7 +359,7 @@ static const struct {
     {"time", "^" RX_TIME "$"},
     {"date-time", "^" RX_DATE "T" RX_TIME "$"},
     {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
-    {"email", "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\\.[A-Za-z0-9-]{1,63}){1,4}$"},
+    {"email", "^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)+$"},
 };
 
 static int length_bound(schema_compiler *c, const cJSON *s, const char *key, int64_t *out, const char *path) {

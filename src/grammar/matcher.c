@@ -466,7 +466,7 @@ int grammar_matcher_counted_step(const grammar_matcher *m, grammar_mark mark, ui
     uint32_t limit = r->max;
     if (done < r->min && r->min < limit) limit = r->min;
     *counter = diff;
-    *slack = limit - done;
+    *slack = limit - done - 1;
     *delta = by;
     return 1;
 }
