@@ -43,7 +43,8 @@ def load(lib, path, weights, kv_tokens):
 def run(args, lib, shape, weights, bw, rng):
     C, W, N = args.context, args.warmup, args.steps
     prefill = C - W - (N + 1) // 2
-    m, load_s = load(lib, args.gguf, weights, max(args.batches) * (C + 16) + 64)
+    # each sequence ends at C + N / 2 tokens (a prompt of C - W - N/2, then W + N steps), in blocks of 16
+    m, load_s = load(lib, args.gguf, weights, max(args.batches) * (C + N + 16))
     mem = m.memory()
     rows = []
     try:

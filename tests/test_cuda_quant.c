@@ -237,9 +237,19 @@ static double check_gemm(int di, const format_case *f, regime r, int32_t T, int3
             }
             ref = ep == EP_BIAS_ACT ? activate(pre, act) : pre;
             if (ep == EP_BIAS_RESIDUAL) ref += res[(size_t)t * N + n];
-            const double bound = u_out * fabs(ref) + 1.25 * E * mag + 0x1p-18 * fabs(pre) + floor;
+            double bound = u_out * fabs(ref) + 1.25 * E * mag + 0x1p-18 * fabs(pre) + floor;
+            if (T > 32) {
+                /* the prompts' path: its GEMM rounds the product + bias before the residual is
+                 * added (measured 1.4-1.6x the one-rounding bound with tiny weights, where the
+                 * sum is the bias and the residual), and fp16 weights below 2^-14 are subnormal:
+                 * each off by up to half the smallest one, 2^-25, whatever its size */
+                if (ep == EP_BIAS_RESIDUAL) bound += u_out * fabs(pre);
+                if (DTYPES[di] == NOPAD_DTYPE_F16)
+                    for (int32_t k = 0; k < K; k++) bound += 0x1p-25 * fabs(x[(size_t)t * K + k]);
+            }
             const double v = got[(size_t)t * N + n], err = fabs(v - ref);
-            const double ratio = isfinite(v) ? err / bound : INFINITY;
+            /* all-zero rows (huge scales' activations scaled to fp16's smallest values) are exact */
+            const double ratio = !isfinite(v) ? INFINITY : err == 0.0 ? 0.0 : err / bound;
             if (!(ratio <= 1.0) && worst <= 1.0)
                 printf("    %s %s %s T %d K %d N %d %s: y[%d, %d] = %.9g, want %.9g (|err| %.3g > %.3g)\n",
                        DTYPE_NAMES[di], f->name, REGIME_NAMES[r], T, K, N, EP_NAMES[ep], t, n, v, ref, err, bound);
