@@ -147,11 +147,13 @@ def run_shape(args, nopad, shape, out):
         shutil.copy(os.path.join(args.tokenizers, shape, "tokenizer.json"), os.path.join(path, "tokenizer.json"))
     prompts, outs = ec.throughput_workload(args.requests, args.seed, V)
     constrained = [i % 2 == 1 for i in range(args.requests)]
-    res = {"shape": shape, "checkpoint": info, "requests": args.requests, "constrained": sum(constrained),
+    res = {"shape": shape, "checkpoint": info, "weights": args.weights, "requests": args.requests,
+           "constrained": sum(constrained),
            "prompt_tokens": sum(map(len, prompts)), "max_tokens": sum(outs), "records": []}
     out["shapes"].append(res)
     kv = sum(len(p) + o for p, o in zip(prompts, outs)) + 16 * args.requests
-    with nopad.Generator(path, device=args.device, dtype=args.dtype, kv_cache_tokens=16, max_batch_tokens=16) as gen, \
+    with nopad.Generator(path, device=args.device, dtype=args.dtype, kv_cache_tokens=16, max_batch_tokens=16,
+                         weights=args.weights) as gen, \
             nopad.Engine(gen, kv_cache_tokens=kv, max_running=args.requests, max_queue=args.requests,
                          max_step_tokens=4096, prefix_sharing=False) as eng:
         # warm-up: the constrained pass (it builds the vocabulary's trie) then the plain one
@@ -193,6 +195,7 @@ def main():
     r.add_argument("--reps", type=int, default=3)
     r.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     r.add_argument("--dtype")
+    r.add_argument("--weights", default="auto", help="nopad's weights (auto, native, f16, ...): a GGUF's blocks kept or not")
     r.add_argument("--seed", type=int, default=ec.SEED)
     args = ap.parse_args()
     if args.cmd == "tokenizers":

@@ -270,12 +270,14 @@ for step in $STEPS; do
                 --tokenizers "$ROOT/.gpu_carry/ctok" --out "$OUT/constrained/random.json" ${CONSTRAINED_ARGS:-} \
                 2>&1 | tee "$OUT/constrained/random.log" | grep '^# ' || status=1
         fi
-        if [ -f "$GGUF" ]; then
+        # the real SmolLM2 with its blocks kept (native) and dequantised to fp16
+        for w in ${CONSTRAINED_WEIGHTS:-native f16}; do
+            [ -f "$GGUF" ] || break
             timeout 200 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
-                --tokenizers "$ROOT/.gpu_carry/ctok" --shapes smollm2 --model "smollm2=$GGUF" \
-                --out "$OUT/constrained/smollm2_gguf.json" ${CONSTRAINED_ARGS:-} \
-                2>&1 | tee "$OUT/constrained/smollm2_gguf.log" | grep '^# ' || status=1
-        fi
+                --tokenizers "$ROOT/.gpu_carry/ctok" --shapes smollm2 --model "smollm2=$GGUF" --weights $w \
+                --out "$OUT/constrained/smollm2_gguf_$w.json" ${CONSTRAINED_ARGS:-} \
+                2>&1 | tee "$OUT/constrained/smollm2_gguf_$w.log" | grep '^# ' || status=1
+        done
         ;;
     half)
         args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")
