@@ -2,9 +2,9 @@
  * (portable C, and AVX2 + FMA where the CPU has them) against a double-precision reference that
  * reads the same paged cache: grouped-query, multi-head and multi-query heads, several sequences
  * of random lengths (1 and the longest included) with and without history, prompts spanning many
- * KV blocks and key chunks, decode steps, head sizes off the kernels' 4-wide steps, block sizes
- * that cut the key chunks; a sequence alone or cut in two bit for bit as in the batch; and its 2^x
- * against exp2 in double. */
+ * KV blocks, key chunks and key segments (merged, one masking some rows whole), decode steps, head
+ * sizes off the kernels' 4-wide steps, block sizes that cut the key chunks; a sequence alone or cut
+ * in two bit for bit as in the batch; and its 2^x against exp2 in double. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -64,8 +64,9 @@ typedef struct paged_case {
     const char *what;
     int32_t n_seqs, n_heads, n_kv_heads, head_size, block_size;
     int32_t max_new;  /* new tokens of a sequence: 1 .. max_new, the last max_new and (B > 1) the first 1 */
-    int32_t max_past; /* keys before them: 0 .. max_past (0: prompts only) */
+    int32_t max_past; /* keys before them: min_past .. max_past (0: prompts only) */
     float q_range;    /* queries uniform in ±q_range: 1 gives scores of ~1, 8 sharp softmaxes */
+    int32_t min_past;
 } paged_case;
 
 /* out[T, H·D] in double: sequence b's token t at position p attends to keys 0 .. p through the
@@ -113,7 +114,7 @@ static void run_case(const paged_case *pc, uint64_t *rng) {
     int32_t max_q = 0, max_k = 0, max_blocks = 0;
     for (int32_t b = 0; b < B; b++) {
         const int32_t n_new = b == B - 1 ? pc->max_new : b == 0 ? 1 : 1 + (int32_t)(test_rand_u32(rng) % pc->max_new);
-        const int32_t past = pc->max_past ? (int32_t)(test_rand_u32(rng) % (pc->max_past + 1)) : 0;
+        const int32_t past = pc->min_past + (int32_t)(test_rand_u32(rng) % (pc->max_past - pc->min_past + 1));
         cu[b + 1] = cu[b] + n_new;
         seqlen[b] = past + n_new;
         if (n_new > max_q) max_q = n_new;
@@ -195,21 +196,24 @@ static void test_paged_attention(void **state) {
     uint64_t rng = 0x43A77E47104ull;
     const paged_case cases[] = {
         /* SmolLM2's heads (9 over 3: 3 rows a token, tiles of 16 rows cut tokens), prompts only */
-        {"GQA 9/3 D64 prompts", 6, 9, 3, 64, 16, 150, 0, 1.0f},
+        {"GQA 9/3 D64 prompts", 6, 9, 3, 64, 16, 150, 0, 1.0f, 0},
         /* prompts appended to histories (pos > 0), chunks straddling history and new keys */
-        {"GQA 9/3 D64 prompts after history", 5, 9, 3, 64, 16, 70, 200, 1.0f},
+        {"GQA 9/3 D64 prompts after history", 5, 9, 3, 64, 16, 70, 600, 1.0f, 0},
+        /* a tile across the first key segment's end (CPU_ATTN_SEGMENT 512): its rows before it read
+         * no key of the second segment, those after it both */
+        {"GQA 9/3 D64 prompt across a segment's end", 1, 9, 3, 64, 16, 30, 500, 1.0f, 500},
         /* one long prompt over many blocks and chunks, sharp softmaxes: the running max moves */
-        {"GQA 9/3 D64 one long prompt, sharp", 1, 9, 3, 64, 16, 600, 0, 8.0f},
+        {"GQA 9/3 D64 one long prompt, sharp", 1, 9, 3, 64, 16, 600, 0, 8.0f, 0},
         /* decode: one new token a sequence over long histories */
-        {"GQA 9/3 D64 decode", 7, 9, 3, 64, 16, 1, 900, 1.0f},
-        {"GQA 9/3 D64 decode, sharp", 3, 9, 3, 64, 16, 1, 300, 8.0f},
+        {"GQA 9/3 D64 decode", 7, 9, 3, 64, 16, 1, 900, 1.0f, 0},
+        {"GQA 9/3 D64 decode, sharp", 3, 9, 3, 64, 16, 1, 1100, 8.0f, 0},
         /* multi-head (a group of 1), block size 7 (blocks cut the chunks of 32), D 128 */
-        {"MHA 4/4 D128 block 7", 4, 4, 4, 128, 7, 45, 40, 1.0f},
+        {"MHA 4/4 D128 block 7", 4, 4, 4, 128, 7, 45, 700, 1.0f, 0},
         /* multi-query: a group of 20 rows a token, more than a tile */
-        {"MQA 20/1 D32", 3, 20, 1, 32, 16, 9, 50, 1.0f},
+        {"MQA 20/1 D32", 3, 20, 1, 32, 16, 9, 50, 1.0f, 0},
         /* D 18 and 6: the 4-wide steps' tails; a group of 8 (2 tokens a tile) */
-        {"GQA 16/2 D18 block 5", 4, 16, 2, 18, 5, 20, 33, 1.0f},
-        {"GQA 8/1 D6 block 1", 3, 8, 1, 6, 1, 17, 5, 1.0f},
+        {"GQA 16/2 D18 block 5", 4, 16, 2, 18, 5, 20, 600, 1.0f, 0},
+        {"GQA 8/1 D6 block 1", 3, 8, 1, 6, 1, 17, 5, 1.0f, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &rng);
 }

@@ -46,18 +46,20 @@ static void chunk_portable(int32_t lanes, const float *qt, const float *const *k
             for (int r = 0; r < lanes; r++)
                 if (key0 + j > pos[r]) s[r] = -INFINITY;
     }
-    float m_new[LANES], alpha[LANES];
+    float base[LANES], alpha[LANES];
     for (int r = 0; r < lanes; r++) {
         float mx = m[r];
         for (int32_t j = 0; j < n_keys; j++) mx = p[(size_t)j * lanes + r] > mx ? p[(size_t)j * lanes + r] : mx;
-        m_new[r] = mx;
-        alpha[r] = exp2_portable(m[r] - mx); /* 0 at the first chunk (m = -inf) */
+        /* the weights' base: the max, or 0 for a row with every key so far masked (-inf: its
+         * weights 2^-inf are 0, not 2^(-inf + inf)) */
+        base[r] = mx == -INFINITY ? 0.0f : mx;
+        alpha[r] = exp2_portable(m[r] - base[r]); /* 0 at the row's first unmasked chunk (m = -inf) */
         m[r] = mx;
         l[r] *= alpha[r];
     }
     for (int32_t j = 0; j < n_keys; j++)
         for (int r = 0; r < lanes; r++) {
-            const float w = exp2_portable(p[(size_t)j * lanes + r] - m_new[r]);
+            const float w = exp2_portable(p[(size_t)j * lanes + r] - base[r]);
             p[(size_t)j * lanes + r] = w;
             l[r] += w;
         }
@@ -89,34 +91,61 @@ typedef struct tile_scratch {
     const float *k[KEYS], *v[KEYS];
 } tile_scratch;
 
-/* Task tile of sequence b's rows for KV head g: rows tile·LANES .. of n_new · group, row i being
+/* Tile `tile` of sequence b's rows for KV head g: rows tile·LANES .. of n_new · group, row i being
  * new token i / group and query head g · group + i % group. A tile of up to NARROW rows (decode)
  * runs NARROW lanes: half the work of LANES. */
-static void run_tile(cpu_attention_chunk_fn *chunk, tile_scratch *sc, float *out, const float *qkv,
-                     const float *k_cache, const float *v_cache, const nopad_kv_batch *kv, int32_t b, int32_t g,
-                     int32_t tile, int32_t n_heads, int32_t n_kv_heads, int32_t D, float q_scale) {
-    const int32_t group = n_heads / n_kv_heads, bs = kv->block_size;
-    const int32_t first = kv->cu_q[b], n_new = kv->cu_q[b + 1] - first, past = kv->seqlen_k[b] - n_new;
-    const int32_t row0 = tile * LANES, rows = n_new * group - row0 < LANES ? n_new * group - row0 : LANES;
-    const int32_t lanes = rows <= NARROW ? NARROW : LANES;
+typedef struct tile_shape {
+    int32_t first, past, row0, rows, lanes, n_keys; /* n_keys: the keys its last row reads */
+} tile_shape;
+
+static tile_shape shape_of(const nopad_kv_batch *kv, int32_t b, int32_t tile, int32_t group) {
+    tile_shape t;
+    const int32_t n_new = kv->cu_q[b + 1] - kv->cu_q[b];
+    t.first = kv->cu_q[b];
+    t.past = kv->seqlen_k[b] - n_new;
+    t.row0 = tile * LANES;
+    t.rows = n_new * group - t.row0 < LANES ? n_new * group - t.row0 : LANES;
+    t.lanes = t.rows <= NARROW ? NARROW : LANES;
+    t.n_keys = t.past + (t.row0 + t.rows - 1) / group + 1;
+    return t;
+}
+
+/* A task: one segment of a tile's keys for one KV head. A tile whose keys span several segments
+ * leaves each segment's running max, sum and output in a partial slot ([2 + D][lanes]: m, l, ot)
+ * for merge_tile; one of a single segment writes its rows. */
+typedef struct attn_task {
+    int32_t b, g, tile, segment, n_segments;
+    int64_t partial; /* the segment's slot (merge_tile's: segment 0's), -1: the tile is one segment */
+} attn_task;
+
+enum { SEGMENT = CPU_ATTN_SEGMENT };
+
+static void run_tile(cpu_attention_chunk_fn *chunk, tile_scratch *sc, float *out, float *partial,
+                     const float *qkv, const float *k_cache, const float *v_cache, const nopad_kv_batch *kv,
+                     const attn_task *task, int32_t n_heads, int32_t n_kv_heads, int32_t D, float q_scale) {
+    const int32_t group = n_heads / n_kv_heads, bs = kv->block_size, g = task->g;
+    const tile_shape t = shape_of(kv, task->b, task->tile, group);
+    const int32_t lanes = t.lanes;
     const size_t qkv_row = (size_t)(n_heads + 2 * n_kv_heads) * D, kv_row = (size_t)n_kv_heads * D;
-    const int32_t *blocks = kv->block_table + (size_t)b * kv->max_blocks;
+    const int32_t *blocks = kv->block_table + (size_t)task->b * kv->max_blocks;
     int32_t pos[LANES];
     float m[LANES], l[LANES];
     for (int32_t r = 0; r < lanes; r++) {
         /* lanes past the rows repeat the last row's position, on zero queries: finite, unused */
-        const int32_t i = row0 + (r < rows ? r : rows - 1);
-        pos[r] = past + i / group;
+        const int32_t i = t.row0 + (r < t.rows ? r : t.rows - 1);
+        pos[r] = t.past + i / group;
         m[r] = -INFINITY;
         l[r] = 0.0f;
-        const float *q = qkv + (size_t)(first + i / group) * qkv_row + (size_t)(g * group + i % group) * D;
-        for (int32_t d = 0; d < D; d++) sc->qt[(size_t)d * lanes + r] = r < rows ? q[d] * q_scale : 0.0f;
+        const float *q = qkv + (size_t)(t.first + i / group) * qkv_row + (size_t)(g * group + i % group) * D;
+        for (int32_t d = 0; d < D; d++) sc->qt[(size_t)d * lanes + r] = r < t.rows ? q[d] * q_scale : 0.0f;
     }
     memset(sc->ot, 0, (size_t)D * lanes * sizeof(float));
-    /* keys 0 .. the last row's position; masking only where a chunk passes the first row's */
-    const int32_t n_keys = pos[rows - 1] + 1, unmasked = pos[0] + 1;
-    for (int32_t key0 = 0; key0 < n_keys; key0 += KEYS) {
-        const int32_t nk = n_keys - key0 < KEYS ? n_keys - key0 : KEYS;
+    /* the segment's keys, up to the last row's position; masking only where a chunk passes the
+     * first row's (a row can find its whole segment masked: its max stays -inf, its sums 0) */
+    const int32_t key_begin = task->segment * SEGMENT, unmasked = pos[0] + 1;
+    const int32_t key_end = t.n_keys - key_begin < SEGMENT ? t.n_keys : key_begin + SEGMENT;
+    for (int32_t key0 = key_begin; key0 < key_end; key0 += KEYS) {
+        const int32_t nk = key_end - key0 < KEYS ? key_end - key0 : KEYS;
         for (int32_t j = 0; j < nk; j++) {
             const int32_t key = key0 + j;
             const size_t slot = (size_t)blocks[key / bs] * bs + key % bs;
@@ -125,11 +154,48 @@ static void run_tile(cpu_attention_chunk_fn *chunk, tile_scratch *sc, float *out
         }
         chunk(lanes, sc->qt, sc->k, sc->v, nk, D, key0 + nk > unmasked ? pos : NULL, key0, sc->p, m, l, sc->ot);
     }
-    for (int32_t r = 0; r < rows; r++) {
-        const int32_t i = row0 + r;
-        float *o = out + (size_t)(first + i / group) * n_heads * D + (size_t)(g * group + i % group) * D;
+    if (partial) {
+        memcpy(partial, m, (size_t)lanes * sizeof(float));
+        memcpy(partial + lanes, l, (size_t)lanes * sizeof(float));
+        memcpy(partial + 2 * lanes, sc->ot, (size_t)D * lanes * sizeof(float));
+        return;
+    }
+    for (int32_t r = 0; r < t.rows; r++) {
+        const int32_t i = t.row0 + r;
+        float *o = out + (size_t)(t.first + i / group) * n_heads * D + (size_t)(g * group + i % group) * D;
         const float inv = 1.0f / l[r];
         for (int32_t d = 0; d < D; d++) o[d] = sc->ot[(size_t)d * lanes + r] * inv;
+    }
+}
+
+/* A split tile's rows from its segments' partial slots (task->n_segments of them from `slots`,
+ * slot_floats apart), in segment order: each segment's sums weighed by 2^(its max − the rows'
+ * max), lane-wise into acc [D][lanes]. Segment 0 holds key 0, which every row reads, so the rows'
+ * max is finite and a segment that masks a row whole weighs 0 for it. */
+static void merge_tile(float *out, float *acc, const float *slots, size_t slot_floats, const nopad_kv_batch *kv,
+                       const attn_task *task, int32_t n_heads, int32_t n_kv_heads, int32_t D) {
+    const int32_t group = n_heads / n_kv_heads, g = task->g;
+    const tile_shape t = shape_of(kv, task->b, task->tile, group);
+    const int32_t lanes = t.lanes;
+    float max[LANES], sum[LANES], w[LANES];
+    for (int32_t r = 0; r < lanes; r++) max[r] = -INFINITY, sum[r] = 0.0f;
+    for (int32_t s = 0; s < task->n_segments; s++)
+        for (int32_t r = 0; r < lanes; r++) max[r] = fmaxf(max[r], slots[s * slot_floats + r]);
+    memset(acc, 0, (size_t)D * lanes * sizeof(float));
+    for (int32_t s = 0; s < task->n_segments; s++) {
+        const float *m = slots + s * slot_floats, *l = m + lanes, *ot = m + 2 * lanes;
+        for (int32_t r = 0; r < lanes; r++) {
+            w[r] = exp2_portable(m[r] - max[r]);
+            sum[r] += w[r] * l[r];
+        }
+        for (int32_t d = 0; d < D; d++)
+            for (int32_t r = 0; r < lanes; r++) acc[(size_t)d * lanes + r] += w[r] * ot[(size_t)d * lanes + r];
+    }
+    for (int32_t r = 0; r < t.rows; r++) {
+        const int32_t i = t.row0 + r;
+        float *o = out + (size_t)(t.first + i / group) * n_heads * D + (size_t)(g * group + i % group) * D;
+        const float inv = 1.0f / sum[r];
+        for (int32_t d = 0; d < D; d++) o[d] = acc[(size_t)d * lanes + r] * inv;
     }
 }
 
@@ -144,15 +210,44 @@ nopad_status cpu_attention_paged_on(cpu_quant_isa isa, nopad_backend *be, void *
 #if defined(__x86_64__)
     if (isa != CPU_QUANT_PORTABLE) chunk = cpu_attention_chunk_avx2;
 #endif
-    /* tasks: sequence b's tiles × KV heads from task_start[b] */
-    int64_t *task_start = malloc(((size_t)B + 1) * sizeof *task_start);
-    if (!task_start) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu attention_paged: no task list");
-    task_start[0] = 0;
+    /* The tasks, each sequence's last tiles (the most keys) first so the short ones fill in at the
+     * end; after them one entry per split tile, for the merges once every task ran. */
+    int64_t n_tasks = 0, n_split = 0, n_partials = 0;
     for (int32_t b = 0; b < B; b++) {
-        const int64_t rows = (int64_t)(kv->cu_q[b + 1] - kv->cu_q[b]) * group;
-        task_start[b + 1] = task_start[b] + (rows + LANES - 1) / LANES * n_kv_heads;
+        const int32_t n_tiles = ((kv->cu_q[b + 1] - kv->cu_q[b]) * group + LANES - 1) / LANES;
+        for (int32_t tile = 0; tile < n_tiles; tile++) {
+            const int32_t n_seg = (shape_of(kv, b, tile, group).n_keys + SEGMENT - 1) / SEGMENT;
+            n_tasks += (int64_t)n_seg * n_kv_heads;
+            if (n_seg > 1) n_split += n_kv_heads, n_partials += (int64_t)n_seg * n_kv_heads;
+        }
     }
-    const int64_t n_tasks = task_start[B];
+    attn_task *tasks = malloc(((size_t)n_tasks + (size_t)n_split + 1) * sizeof *tasks);
+    float *partials = n_partials ? malloc((size_t)n_partials * (2 + D) * LANES * sizeof(float)) : NULL;
+    if (!tasks || (n_partials && !partials)) {
+        free(tasks);
+        free(partials);
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu attention_paged: no task list for %lld tasks",
+                               (long long)n_tasks);
+    }
+    attn_task *split = tasks + n_tasks; /* [n_split]: partial is the tile's segment 0's slot */
+    int64_t next = 0, next_split = 0, next_partial = 0;
+    for (int32_t b = 0; b < B; b++) {
+        const int32_t n_tiles = ((kv->cu_q[b + 1] - kv->cu_q[b]) * group + LANES - 1) / LANES;
+        for (int32_t tile = n_tiles - 1; tile >= 0; tile--) {
+            const int32_t n_seg = (shape_of(kv, b, tile, group).n_keys + SEGMENT - 1) / SEGMENT;
+            for (int32_t g = 0; g < n_kv_heads; g++) {
+                for (int32_t seg = 0; seg < n_seg; seg++)
+                    tasks[next++] = (attn_task){.b = b, .g = g, .tile = tile, .segment = seg, .n_segments = n_seg,
+                                                .partial = n_seg > 1 ? next_partial + seg : -1};
+                if (n_seg > 1) {
+                    split[next_split++] = (attn_task){.b = b, .g = g, .tile = tile, .segment = 0,
+                                                      .n_segments = n_seg, .partial = next_partial};
+                    next_partial += n_seg;
+                }
+            }
+        }
+    }
+    const size_t slot_floats = (size_t)(2 + D) * LANES; /* a slot's room: the widest tile's */
     const float q_scale = scale * 1.44269504088896341f; /* log2(e): scores in log2 units */
     int failed = 0;
 #pragma omp parallel num_threads(cpu_threads_for(be, n_tasks))
@@ -166,26 +261,24 @@ nopad_status cpu_attention_paged_on(cpu_quant_isa isa, nopad_backend *be, void *
 #pragma omp atomic write
             failed = 1;
         }
-        /* a sequence's last tiles (the most keys) first, so the short ones fill in at the end */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < n_tasks; task++) {
+        for (int64_t i = 0; i < n_tasks; i++) {
             if (!sc.qt || !sc.ot || !sc.p) continue;
-            int32_t lo = 0, hi = B - 1; /* the sequence: the last b with task_start[b] <= task */
-            while (lo < hi) {
-                const int32_t mid = (lo + hi + 1) / 2;
-                if (task_start[mid] <= task) lo = mid;
-                else hi = mid - 1;
-            }
-            const int64_t local = task - task_start[lo];
-            const int32_t n_tiles = (int32_t)((task_start[lo + 1] - task_start[lo]) / n_kv_heads);
-            run_tile(chunk, &sc, out, qkv, k_cache, v_cache, kv, lo, (int32_t)(local % n_kv_heads),
-                     n_tiles - 1 - (int32_t)(local / n_kv_heads), n_heads, n_kv_heads, D, q_scale);
+            const attn_task *task = &tasks[i];
+            run_tile(chunk, &sc, out, task->partial >= 0 ? partials + (size_t)task->partial * slot_floats : NULL,
+                     qkv, k_cache, v_cache, kv, task, n_heads, n_kv_heads, D, q_scale);
         }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_split; i++)
+            if (!failed)
+                merge_tile(out, sc.ot, partials + (size_t)split[i].partial * slot_floats, slot_floats, kv, &split[i],
+                           n_heads, n_kv_heads, D);
         free(sc.qt);
         free(sc.ot);
         free(sc.p);
     }
-    free(task_start);
+    free(tasks);
+    free(partials);
     if (failed) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "cpu attention_paged: no scratch memory");
     return NOPAD_OK;
 }

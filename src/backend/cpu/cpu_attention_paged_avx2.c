@@ -79,8 +79,8 @@ TARGET static INLINE void chunk_vectors(const int NV, const float *qt, const flo
         }
         for (int h = 0; h < NV; h++) _mm256_store_ps(p + (size_t)j * W + 8 * h, acc[h]);
     }
+    const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
     if (pos) {
-        const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
         for (j = 0; j < n_keys; j++) {
             const __m256i key = _mm256_set1_epi32(key0 + j);
             for (int h = 0; h < NV; h++) {
@@ -91,19 +91,21 @@ TARGET static INLINE void chunk_vectors(const int NV, const float *qt, const flo
             }
         }
     }
-    __m256 old_max[2], max[2], alpha[2], sum[2];
+    __m256 old_max[2], max[2], base[2], alpha[2], sum[2];
     for (int h = 0; h < NV; h++) max[h] = old_max[h] = _mm256_loadu_ps(m + 8 * h);
     for (j = 0; j < n_keys; j++)
         for (int h = 0; h < NV; h++) max[h] = _mm256_max_ps(_mm256_load_ps(p + (size_t)j * W + 8 * h), max[h]);
     for (int h = 0; h < NV; h++) {
-        alpha[h] = exp2_8(_mm256_sub_ps(old_max[h], max[h])); /* the old sums' weight: 0 at the first chunk */
+        /* the weights' base: the max, or 0 in a row with every key so far masked (portable's) */
+        base[h] = _mm256_andnot_ps(_mm256_cmp_ps(max[h], minus_inf, _CMP_EQ_OQ), max[h]);
+        alpha[h] = exp2_8(_mm256_sub_ps(old_max[h], base[h])); /* the old sums' weight: 0 at the first chunk */
         _mm256_storeu_ps(m + 8 * h, max[h]);
         sum[h] = _mm256_setzero_ps();
     }
     for (j = 0; j < n_keys; j++)
         for (int h = 0; h < NV; h++) {
             float *s = p + (size_t)j * W + 8 * h;
-            const __m256 w = exp2_8(_mm256_sub_ps(_mm256_load_ps(s), max[h]));
+            const __m256 w = exp2_8(_mm256_sub_ps(_mm256_load_ps(s), base[h]));
             _mm256_store_ps(s, w);
             sum[h] = _mm256_add_ps(sum[h], w);
         }
