@@ -147,8 +147,8 @@ static void run_case(const paged_case *pc, uint64_t *rng) {
      * an output, a weighted mean of values in [-1, 1], moves by at most twice its weights'
      * relative error, plus the float sums of up to max_k weights and products (sqrt(n)·u in
      * practice). 1e-5 at q_range 1 (scores of a few units), 4e-5 at 8 (scores up to 60: their
-     * rounding alone is ~4e-6 a weight). Measured: 0.8-1.7e-7 at 1, up to 9e-7 (decode) and
-     * 1.5e-6 (the 600-token prompt) at 8. */
+     * rounding alone is ~4e-6 a weight). Measured: 0.7-1.7e-7 at 1, up to 9e-7 (decode) and
+     * 1.8e-6 (the 600-token prompt) at 8. */
     const double tol = pc->q_range > 1.0f ? 4e-5 : 1e-5;
     cpu_quant_isa isa[2];
     for (int pi = 0, n = paths(isa); pi < n; pi++) {
