@@ -162,9 +162,9 @@ typedef struct nopad_model nopad_model;
  * formats (Q4_1, Q4_K, ...); a backend runs some of them as stored (docs/decoder.md). */
 typedef enum nopad_weights {
     NOPAD_WEIGHTS_AUTO = 0, /* NATIVE for a GGUF file on the CPU; elsewhere the compute dtype */
-    NOPAD_WEIGHTS_NATIVE,   /* as stored: block formats the backend runs stay quantized (the rest,
-                               and every tensor on a backend without quantized kernels, CUDA
-                               today, is dequantised, with a one-line notice on stderr) */
+    NOPAD_WEIGHTS_NATIVE,   /* as stored: block formats the backend runs stay quantized (the CPU
+                               and CUDA run Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K; the
+                               rest is dequantised, with a one-line notice on stderr) */
     NOPAD_WEIGHTS_F32,      /* dequantised to the compute dtype, which must be this one */
     NOPAD_WEIGHTS_F16,
     NOPAD_WEIGHTS_BF16,

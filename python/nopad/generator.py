@@ -147,9 +147,9 @@ class Generator:
                 other rank calls :func:`nopad.tp_follow` with the same model and keywords.
             weights: how a GGUF file's quantized weights are held: "auto" ("native" on the
                 CPU, else the compute dtype), "native" (as stored where the backend runs the
-                format, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K on the CPU; the rest
-                dequantised, said on stderr), "f32" / "f16" / "bf16" (dequantised; must be the
-                compute dtype). "fp8" is not supported yet.
+                format: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K on the CPU and
+                CUDA; the rest dequantised, said on stderr), "f32" / "f16" / "bf16" (dequantised;
+                must be the compute dtype). "fp8" is not supported yet.
 
         Raises:
             FileError: a missing file or folder.

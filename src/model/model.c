@@ -90,11 +90,14 @@ static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     st = gguf_model_config(&f, &m->cfg);
     if (st == NOPAD_OK) st = chat_template_from_gguf(&f, &m->chat_template);
     if (st == NOPAD_OK) st = create_backend(m);
-    /* block formats stay as stored where asked for, or by default in one process on either
-     * backend: each keeps the formats its kernels run (nopad_backend_runs_format) and dequantises
-     * the rest with a notice. A split model (tp > 1) runs none yet: native there dequantises. */
+    /* block formats stay as stored where asked for (each backend keeps the formats its kernels
+     * run, nopad_backend_runs_format, and dequantises the rest with a notice), and by default on
+     * the CPU in one process. CUDA's default stays dequantised to the compute dtype: its quantized
+     * GEMV decodes SmolLM2 Q4_1 1.09-1.36x slower than the fp16 copy (bench/RESULTS.md QUANT), so
+     * --weights native buys memory there, not speed, for now. A split model (tp > 1) runs none. */
     const nopad_weights w = m->params.weights;
-    const int native = w == NOPAD_WEIGHTS_NATIVE || (w == NOPAD_WEIGHTS_AUTO && m->params.tp_size <= 1);
+    const int native = w == NOPAD_WEIGHTS_NATIVE || (w == NOPAD_WEIGHTS_AUTO && m->params.device == NOPAD_DEVICE_CPU &&
+                                                     m->params.tp_size <= 1);
     if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &m->tp, &f, native, &m->dec);
     gguf_close(&f);
     if (st != NOPAD_OK) return st;
