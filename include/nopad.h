@@ -119,6 +119,16 @@ nopad_tokenizer_kind nopad_tokenizer_get_kind(const nopad_tokenizer *tok);
 /* The kind's stable name ("wordpiece", "bpe-byte-level", ...; see above). Never NULL. */
 const char *nopad_tokenizer_kind_name(nopad_tokenizer_kind kind);
 
+/* The raw bytes an id adds to a text, whole UTF-8 characters or not (OpenAI's logprobs "bytes"):
+ * a byte-level BPE token mapped back through GPT-2's bytes_to_unicode; a SentencePiece BPE token
+ * with "▁" as a space and <0xNN> as the byte NN. A special token (one decode drops with
+ * skip_special_tokens) and an added token that is not a byte-level spelling add nothing (0
+ * bytes). out[capacity] receives them and *len their number; NOPAD_ERR_BUFFER_TOO_SMALL (with
+ * *len) when capacity < *len, except for out NULL and capacity 0 (a measure: NOPAD_OK). Other kinds (WordPiece, Unigram, plain BPE, whose spacing depends on
+ * the neighbours): NOPAD_ERR_UNSUPPORTED; an id outside the vocabulary: NOPAD_ERR_INVALID_ARGUMENT. */
+nopad_status nopad_tokenizer_token_bytes(const nopad_tokenizer *tok, int32_t id, uint8_t *out, size_t capacity,
+                                         size_t *len);
+
 /* Ids back to text, exactly as Hugging Face tokenizers' decode: each id's token (added tokens
  * first), then the tokenizer.json "decoder" (ByteLevel, Metaspace, ByteFallback, Fuse, Strip,
  * Replace, WordPiece, BPEDecoder, CTC, Sequence; none: tokens joined by " "). Bytes that are not
@@ -721,6 +731,11 @@ nopad_status nopad_request_text(nopad_request *r, char *text, size_t capacity, s
  * the number delivered. A request submitted without logprobs is NOPAD_ERR_INVALID_ARGUMENT. Any
  * thread, on_token included (an id's log-probability is there before the call carrying it). */
 nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capacity, int32_t *n);
+/* The same from generated id `first` on (>= 0): out[capacity] receives the log-probabilities of
+ * ids first .. first + min(capacity, delivered - first) - 1, *n the number delivered, so a reader
+ * that streams them copies each once. */
+nopad_status nopad_request_logprobs_from(nopad_request *r, int32_t first, float *out, int32_t capacity,
+                                         int32_t *n);
 
 /* The top_logprobs (k, as submitted) most likely ids of each generated id's step, delivered so
  * far, in order: for generated id i, ids[i * k + j] and logprobs[i * k + j], j < k, most likely
@@ -734,6 +749,10 @@ nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capaci
  * NOPAD_ERR_INVALID_ARGUMENT. Any thread, on_token included. */
 nopad_status nopad_request_top_logprobs(nopad_request *r, int32_t *ids, float *logprobs, int32_t capacity,
                                         int32_t *n);
+/* The same from generated id `first` on (>= 0): ids and logprobs [capacity * k] receive the lists
+ * of ids first .. first + min(capacity, delivered - first) - 1, *n the number delivered. */
+nopad_status nopad_request_top_logprobs_from(nopad_request *r, int32_t first, int32_t *ids, float *logprobs,
+                                             int32_t capacity, int32_t *n);
 
 /* The engine's id of the request (unique per engine, from 1), as on_token receives it. */
 uint64_t nopad_request_id(const nopad_request *r);

@@ -624,6 +624,73 @@ static void test_id_to_token(void **state) {
     nopad_tokenizer_free(tok);
 }
 
+/* nopad_tokenizer_token_bytes: over a text's ids, the bytes join into the text itself (byte-level
+ * BPE, where ids split characters too, and SentencePiece BPE with its byte fallback); a special
+ * token has none; the errors. */
+static void token_bytes_rejoin(nopad_tokenizer *tok, const char *text, int specials, int stripped_space) {
+    int32_t ids[512], n = 0;
+    nopad_tokenize_params tp = nopad_tokenize_default_params();
+    tp.add_special_tokens = specials;
+    assert_nopad_ok(nopad_tokenize(tok, text, strlen(text), &tp, ids, 512, &n));
+    char joined[2048];
+    size_t at = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t len = 0;
+        assert_nopad_ok(nopad_tokenizer_token_bytes(tok, ids[i], (uint8_t *)joined + at, sizeof joined - at, &len));
+        at += len;
+    }
+    joined[at] = '\0';
+    /* SentencePiece's decoder strips the text's first space, which its first token does carry */
+    char decoded[2048] = " ";
+    size_t dlen = 0;
+    assert_nopad_ok(nopad_detokenize(tok, ids, (size_t)n, 1, decoded + stripped_space, sizeof decoded - 1, &dlen));
+    dlen += (size_t)stripped_space;
+    assert_int_equal(at, dlen);
+    assert_memory_equal(joined, decoded, dlen);
+}
+
+static void test_token_bytes(void **state) {
+    /* characters of 1-4 bytes, split across ids by byte-level BPE's small vocabulary */
+    static const char text[] = "Caf\xC3\xA9 \xE2\x82\xAC" "5 \xF0\x9F\x98\x80 na\xC3\xAF" "ve, x  y\n";
+    nopad_tokenizer *gpt2 = load_json_file("tokenizer/bpe_gpt2.json");
+    token_bytes_rejoin(gpt2, text, 0, 0);
+    size_t len = 0;
+    uint8_t one[1];
+    int32_t ids[64], n = 0;
+    assert_nopad_ok(nopad_tokenize(gpt2, "\xE2\x82\xAC", 3, NULL, ids, 64, &n));
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        assert_nopad_ok(nopad_tokenizer_token_bytes(gpt2, ids[i], NULL, 0, &len)); /* a measure */
+        total += len;
+    }
+    assert_int_equal(total, 3);
+    /* too small a buffer: the length and an error; out of the vocabulary */
+    assert_int_equal(nopad_tokenizer_token_bytes(gpt2, id_of(gpt2, "Ġword"), one, 1, &len), NOPAD_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(len, 5); /* " word" */
+    assert_int_equal(nopad_tokenizer_token_bytes(gpt2, -1, one, 1, &len), NOPAD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(nopad_tokenizer_token_bytes(gpt2, nopad_tokenizer_vocab_size(gpt2), one, 1, &len),
+                     NOPAD_ERR_INVALID_ARGUMENT);
+    nopad_tokenizer_free(gpt2);
+    /* SentencePiece BPE (LLaMA-2's, when the parity files are there): "▁" spaces, <0xNN> bytes,
+     * the BOS a special token of no bytes */
+    size_t flen;
+    char *data = test_read_file(test_data_path("tokenizer/parity/spbpe_llama2.json"), &flen);
+    if (data) {
+        nopad_tokenizer *sp = NULL;
+        assert_nopad_ok(tokenizer_from_json(data, flen, "spbpe_llama2.json", &sp));
+        free(data);
+        /* "€" and "😀" are tokens of their own here, and so are lone "▁"s (spaces, not special tokens) */
+        token_bytes_rejoin(sp, "Hello \xE2\x82\xAC world \xF0\x9F\x98\x80", 1, 1);
+        assert_nopad_ok(nopad_tokenizer_token_bytes(sp, id_of(sp, "<s>"), one, 1, &len));
+        assert_int_equal(len, 0);
+        nopad_tokenizer_free(sp);
+    }
+    /* WordPiece: a token's spacing depends on its neighbours */
+    nopad_tokenizer *wp = load_json_file("tokenizer/small_tokenizer.json");
+    assert_int_equal(nopad_tokenizer_token_bytes(wp, id_of(wp, "un"), one, 1, &len), NOPAD_ERR_UNSUPPORTED);
+    nopad_tokenizer_free(wp);
+}
+
 static void test_kinds(void **state) {
     assert_string_equal(nopad_tokenizer_kind_name(NOPAD_TOKENIZER_WORDPIECE), "wordpiece");
     assert_string_equal(nopad_tokenizer_kind_name(NOPAD_TOKENIZER_BPE_BYTE_LEVEL), "bpe-byte-level");
@@ -675,6 +742,7 @@ int main(void) {
         cmocka_unit_test(test_bad_ids_and_buffers),
         cmocka_unit_test(test_unsupported_and_malformed_decoders),
         cmocka_unit_test(test_id_to_token),
+        cmocka_unit_test(test_token_bytes),
         cmocka_unit_test(test_kinds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -358,6 +358,8 @@ _PROTOTYPES = {
     "nopad_tokenizer_vocab_size": (ctypes.c_int32, [_p]),
     "nopad_tokenizer_token_to_id": (ctypes.c_int32, [_p, ctypes.c_char_p]),
     "nopad_tokenizer_id_to_token": (_p, [_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]),
+    "nopad_tokenizer_token_bytes": (ctypes.c_int, [_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
+                                                   ctypes.POINTER(ctypes.c_size_t)]),
     "nopad_tokenizer_get_kind": (ctypes.c_int, [_p]),
     "nopad_tokenizer_kind_name": (ctypes.c_char_p, [ctypes.c_int]),
     "nopad_detokenize": (ctypes.c_int, [_p, _p, ctypes.c_size_t, ctypes.c_int, _p, ctypes.c_size_t,

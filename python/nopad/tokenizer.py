@@ -157,6 +157,30 @@ class Tokenizer:
             p = _native.library().nopad_tokenizer_id_to_token(ptr, int(id), ctypes.byref(n))
             return None if not p else ctypes.string_at(p, n.value).decode("utf-8")
 
+    def token_bytes(self, id: int) -> bytes:
+        """The raw bytes the id adds to a text, whole UTF-8 characters or not (OpenAI's logprobs
+        ``bytes``): b"" for a special token. Byte-level and SentencePiece BPE only.
+
+        Raises:
+            InvalidArgumentError: an id outside the vocabulary.
+            UnsupportedError: a WordPiece, Unigram or plain BPE tokenizer (a token's spacing
+                depends on its neighbours).
+        """
+        if isinstance(id, bool) or not isinstance(id, (int, np.integer)):
+            raise TypeError("id must be an int, not %s" % type(id).__name__)
+        if not -2**31 <= int(id) < 2**31:
+            raise InvalidArgumentError("id %d is outside the vocabulary (0 to %d)" % (id, self._vocab_size - 1))
+        lib = _native.library()
+        buf = ctypes.create_string_buffer(256)
+        n = ctypes.c_size_t(0)
+        with self._use() as ptr:
+            st = lib.nopad_tokenizer_token_bytes(ptr, int(id), buf, len(buf), ctypes.byref(n))
+            if st == _native.STATUS_BUFFER_TOO_SMALL:
+                buf = ctypes.create_string_buffer(n.value)
+                st = lib.nopad_tokenizer_token_bytes(ptr, int(id), buf, len(buf), ctypes.byref(n))
+            _native.check(st)
+        return buf.raw[:n.value]
+
     @property
     def kind(self) -> str:
         """What the tokenizer is: ``"wordpiece"``, ``"bpe-byte-level"`` (GPT-2, RoBERTa, LLaMA-3),

@@ -284,19 +284,55 @@ nopad_status nopad_request_text(nopad_request *r, char *text, size_t capacity, s
     return st;
 }
 
-nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capacity, int32_t *n) {
-    if (!r || !n || capacity < 0 || (capacity > 0 && !out))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_request_logprobs: need a request, out[capacity >= 0] and n");
+/* Ids [first, first + min(capacity, delivered - first)) of a request's per-id records. */
+static int32_t range_count(int32_t delivered, int32_t first, int32_t capacity) {
+    const int32_t avail = delivered > first ? delivered - first : 0;
+    return avail < capacity ? avail : capacity;
+}
+
+static nopad_status logprobs_from(nopad_request *r, int32_t first, float *out, int32_t capacity, int32_t *n,
+                                  const char *fn) {
+    if (!r || !n || first < 0 || capacity < 0 || (capacity > 0 && !out))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need a request, first >= 0, out[capacity >= 0] "
+                               "and n", fn);
     if (!r->logprobs)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_request_logprobs: request %llu was submitted without logprobs",
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: request %llu was submitted without logprobs", fn,
                                (unsigned long long)r->id);
     pthread_mutex_lock(&r->lock);
     const int32_t delivered = r->n_delivered;
     /* out may be NULL with capacity 0 (a caller asking for the count only): memcpy must not see it */
-    const int32_t n_copy = delivered < capacity ? delivered : capacity;
-    if (n_copy > 0) memcpy(out, r->logprobs, (size_t)n_copy * sizeof *out);
+    const int32_t n_copy = range_count(delivered, first, capacity);
+    if (n_copy > 0) memcpy(out, r->logprobs + first, (size_t)n_copy * sizeof *out);
+    pthread_mutex_unlock(&r->lock);
+    *n = delivered;
+    return NOPAD_OK;
+}
+
+nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capacity, int32_t *n) {
+    return logprobs_from(r, 0, out, capacity, n, "nopad_request_logprobs");
+}
+
+nopad_status nopad_request_logprobs_from(nopad_request *r, int32_t first, float *out, int32_t capacity,
+                                         int32_t *n) {
+    return logprobs_from(r, first, out, capacity, n, "nopad_request_logprobs_from");
+}
+
+static nopad_status top_logprobs_from(nopad_request *r, int32_t first, int32_t *ids, float *logprobs,
+                                      int32_t capacity, int32_t *n, const char *fn) {
+    if (!r || !n || first < 0 || capacity < 0 || (capacity > 0 && (!ids || !logprobs)))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need a request, first >= 0, ids and logprobs "
+                               "[capacity * top_logprobs] (capacity >= 0) and n", fn);
+    if (!r->top_ids)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: request %llu was submitted with top_logprobs 0", fn,
+                               (unsigned long long)r->id);
+    pthread_mutex_lock(&r->lock);
+    const int32_t delivered = r->n_delivered;
+    const int32_t n_copy = range_count(delivered, first, capacity);
+    const size_t k = (size_t)r->top_logprobs, entries = (size_t)(n_copy > 0 ? n_copy : 0) * k;
+    if (entries) {
+        memcpy(ids, r->top_ids + (size_t)first * k, entries * sizeof *ids);
+        memcpy(logprobs, r->top_lps + (size_t)first * k, entries * sizeof *logprobs);
+    }
     pthread_mutex_unlock(&r->lock);
     *n = delivered;
     return NOPAD_OK;
@@ -304,25 +340,12 @@ nopad_status nopad_request_logprobs(nopad_request *r, float *out, int32_t capaci
 
 nopad_status nopad_request_top_logprobs(nopad_request *r, int32_t *ids, float *logprobs, int32_t capacity,
                                         int32_t *n) {
-    if (!r || !n || capacity < 0 || (capacity > 0 && (!ids || !logprobs)))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_request_top_logprobs: need a request, ids and logprobs [capacity * "
-                               "top_logprobs] (capacity >= 0) and n");
-    if (!r->top_ids)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "nopad_request_top_logprobs: request %llu was submitted with top_logprobs 0",
-                               (unsigned long long)r->id);
-    pthread_mutex_lock(&r->lock);
-    const int32_t delivered = r->n_delivered;
-    const int32_t n_copy = delivered < capacity ? delivered : capacity;
-    const size_t entries = (size_t)(n_copy > 0 ? n_copy : 0) * (size_t)r->top_logprobs;
-    if (entries) {
-        memcpy(ids, r->top_ids, entries * sizeof *ids);
-        memcpy(logprobs, r->top_lps, entries * sizeof *logprobs);
-    }
-    pthread_mutex_unlock(&r->lock);
-    *n = delivered;
-    return NOPAD_OK;
+    return top_logprobs_from(r, 0, ids, logprobs, capacity, n, "nopad_request_top_logprobs");
+}
+
+nopad_status nopad_request_top_logprobs_from(nopad_request *r, int32_t first, int32_t *ids, float *logprobs,
+                                             int32_t capacity, int32_t *n) {
+    return top_logprobs_from(r, first, ids, logprobs, capacity, n, "nopad_request_top_logprobs_from");
 }
 
 uint64_t nopad_request_id(const nopad_request *r) { return r ? r->id : 0; }

@@ -376,30 +376,6 @@ int grammar_matcher_accept_token(grammar_matcher *m, const grammar_token_trie *t
 
 /* ---- a tokenizer's vocabulary as bytes ----------------------------------------------------------- */
 
-/* GPT-2's bytes_to_unicode inverted: code point -> byte, -1 for a code point no byte maps to. */
-static void byte_level_decoder(int16_t cp_to_byte[324]) {
-    for (int i = 0; i < 324; i++) cp_to_byte[i] = -1;
-    int extra = 0;
-    for (int b = 0; b < 256; b++) {
-        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        cp_to_byte[printable ? b : 256 + extra++] = (int16_t)b;
-    }
-}
-
-/* One UTF-8 character of s (len > 0): its code point, *adv its length; -1 when malformed. */
-static long utf8_next(const uint8_t *s, size_t len, size_t *adv) {
-    uint8_t c = s[0];
-    size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-    if (n == 0 || n > len) return -1;
-    long v = n == 1 ? c : c & (0x7F >> n);
-    for (size_t k = 1; k < n; k++) {
-        if ((s[k] & 0xC0) != 0x80) return -1;
-        v = v << 6 | (s[k] & 0x3F);
-    }
-    *adv = n;
-    return v;
-}
-
 nopad_status grammar_token_trie_from_tokenizer(const nopad_tokenizer *tok, const int32_t *eos_ids,
                                                int32_t n_eos, grammar_token_trie **out) {
     *out = NULL;
@@ -408,63 +384,29 @@ nopad_status grammar_token_trie_from_tokenizer(const nopad_tokenizer *tok, const
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "token trie: a %s tokenizer (constrained decoding "
                                "needs bpe-byte-level or bpe-sentencepiece)", nopad_tokenizer_kind_name(kind));
     int32_t vocab = nopad_tokenizer_vocab_size(tok);
-    uint8_t *bytes = NULL;
     uint32_t *lens = calloc((size_t)vocab + 1, sizeof(uint32_t));
     const uint8_t **ptrs = calloc((size_t)vocab + 1, sizeof(*ptrs));
+    /* each token's bytes (nopad_tokenizer_token_bytes: special and added tokens have none), back to
+     * back; no token has more bytes than its spelling (a byte is one character or more there) */
     size_t total = 0;
     for (int32_t id = 0; id < vocab; id++) {
         size_t len = 0;
         if (nopad_tokenizer_id_to_token(tok, id, &len)) total += len;
     }
-    bytes = malloc(total + 1);
+    uint8_t *bytes = malloc(total + 1);
     if (!lens || !ptrs || !bytes) {
         free(lens);
         free(ptrs);
         free(bytes);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "token trie: out of memory for %d tokens", vocab);
     }
-    int16_t cp_to_byte[324];
-    byte_level_decoder(cp_to_byte);
     size_t at = 0;
     for (int32_t id = 0; id < vocab; id++) {
-        size_t len = 0;
-        const uint8_t *s = (const uint8_t *)nopad_tokenizer_id_to_token(tok, id, &len);
         ptrs[id] = bytes + at;
-        if (!s || len == 0) continue;
-        /* a special token (<|im_end|>, <s>) decodes to nothing without its specials: never text */
-        char text[8];
-        size_t text_len = 0;
-        nopad_status st = nopad_detokenize(tok, &id, 1, 1, text, sizeof(text), &text_len);
-        if ((st == NOPAD_OK || st == NOPAD_ERR_BUFFER_TOO_SMALL) && text_len == 0) continue;
-        size_t start = at, i = 0;
-        int ok = 1;
-        if (kind == NOPAD_TOKENIZER_BPE_BYTE_LEVEL) {
-            while (i < len && ok) {
-                size_t adv = 0;
-                long cp = utf8_next(s + i, len - i, &adv);
-                if (cp < 0 || cp >= 324 || cp_to_byte[cp] < 0) ok = 0;
-                else bytes[at++] = (uint8_t)cp_to_byte[cp];
-                i += adv;
-            }
-        } else if (len == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>') {
-            /* byte fallback <0xNN> */
-            static const char HEX[] = "0123456789ABCDEF";
-            const char *h1 = strchr(HEX, s[3]), *h2 = strchr(HEX, s[4]);
-            if (h1 && h2 && s[3] && s[4]) bytes[at++] = (uint8_t)((h1 - HEX) * 16 + (h2 - HEX));
-            else ok = 0;
-        } else {
-            /* SentencePiece: U+2581 is a space */
-            while (i < len) {
-                if (i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
-                    bytes[at++] = ' ';
-                    i += 3;
-                } else {
-                    bytes[at++] = s[i++];
-                }
-            }
-        }
-        if (!ok) at = start; /* not a byte-level spelling (an added token): never text here */
-        lens[id] = (uint32_t)(at - start);
+        size_t len = 0;
+        if (nopad_tokenizer_token_bytes(tok, id, bytes + at, total - at, &len) != NOPAD_OK) len = 0;
+        lens[id] = (uint32_t)len;
+        at += len;
     }
     nopad_status st = grammar_token_trie_create(ptrs, lens, vocab, eos_ids, n_eos, out);
     free(lens);

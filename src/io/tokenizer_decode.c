@@ -23,6 +23,7 @@
  * for the id that settles it, or for the flush, which decodes the window whole. So every chunk
  * is valid UTF-8 and the chunks plus the flush are the whole decode. */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -884,6 +885,95 @@ const char *nopad_tokenizer_id_to_token(const nopad_tokenizer *tok, int32_t id, 
     if (!e) return NULL;
     if (len) *len = e->len;
     return tok->decoder->pool + e->off;
+}
+
+/* GPT-2's bytes_to_unicode inverted: code point -> byte, -1 for a code point no byte maps to
+ * (filled once, by pthread_once). */
+static int16_t cp_to_byte[324];
+static pthread_once_t cp_to_byte_once = PTHREAD_ONCE_INIT;
+
+static void byte_level_decoder(void) {
+    for (int i = 0; i < 324; i++) cp_to_byte[i] = -1;
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        cp_to_byte[printable ? b : 256 + extra++] = (int16_t)b;
+    }
+}
+
+/* One UTF-8 character of s (len > 0): its code point, *adv its length; -1 when malformed. */
+static long utf8_next(const uint8_t *s, size_t len, size_t *adv) {
+    uint8_t c = s[0];
+    size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (n == 0 || n > len) return -1;
+    long v = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n; k++) {
+        if ((s[k] & 0xC0) != 0x80) return -1;
+        v = v << 6 | (s[k] & 0x3F);
+    }
+    *adv = n;
+    return v;
+}
+
+nopad_status nopad_tokenizer_token_bytes(const nopad_tokenizer *tok, int32_t id, uint8_t *out, size_t capacity,
+                                         size_t *len) {
+    static const char fn[] = "nopad_tokenizer_token_bytes";
+    if (!tok || !len || (capacity > 0 && !out))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: need a tokenizer, out[capacity] and len", fn);
+    *len = 0;
+    const nopad_tokenizer_kind kind = nopad_tokenizer_get_kind(tok);
+    if (kind != NOPAD_TOKENIZER_BPE_BYTE_LEVEL && kind != NOPAD_TOKENIZER_BPE_SENTENCEPIECE)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: a %s tokenizer's tokens have no bytes of their own (their "
+                               "spacing depends on the neighbours)", fn, nopad_tokenizer_kind_name(kind));
+    size_t n = 0;
+    const uint8_t *s = (const uint8_t *)nopad_tokenizer_id_to_token(tok, id, &n);
+    if (id < 0 || id >= nopad_tokenizer_vocab_size(tok))
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: id %d is outside the vocabulary (0 to %d)", fn, id,
+                               nopad_tokenizer_vocab_size(tok) - 1);
+    if (!s || n == 0) return NOPAD_OK;
+    /* a special token (<|im_end|>, <s>) decodes to nothing without its specials and to something
+     * with them (a lone "▁" decodes to nothing either way: SentencePiece's decoder strips a
+     * leading space, but the token is a space) */
+    char text[8];
+    size_t text_len = 0, with_len = 0;
+    nopad_status st = nopad_detokenize(tok, &id, 1, 1, text, sizeof text, &text_len);
+    if ((st == NOPAD_OK || st == NOPAD_ERR_BUFFER_TOO_SMALL) && text_len == 0) {
+        st = nopad_detokenize(tok, &id, 1, 0, text, sizeof text, &with_len);
+        if ((st == NOPAD_OK || st == NOPAD_ERR_BUFFER_TOO_SMALL) && with_len > 0) return NOPAD_OK;
+    }
+    /* the bytes, written while they fit and counted past that */
+    size_t at = 0, i = 0;
+#define PUT(b) (at < capacity ? (void)(out[at] = (uint8_t)(b)) : (void)0, at++)
+    if (kind == NOPAD_TOKENIZER_BPE_BYTE_LEVEL) {
+        pthread_once(&cp_to_byte_once, byte_level_decoder);
+        while (i < n) {
+            size_t adv = 0;
+            const long cp = utf8_next(s + i, n - i, &adv);
+            if (cp < 0 || cp >= 324 || cp_to_byte[cp] < 0) return NOPAD_OK; /* an added token's own spelling */
+            PUT(cp_to_byte[cp]);
+            i += adv;
+        }
+    } else if (n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>') {
+        static const char HEX[] = "0123456789ABCDEF";
+        const char *h1 = s[3] ? strchr(HEX, s[3]) : NULL, *h2 = s[4] ? strchr(HEX, s[4]) : NULL;
+        if (!h1 || !h2) return NOPAD_OK;
+        PUT((h1 - HEX) * 16 + (h2 - HEX)); /* byte fallback <0xNN> */
+    } else {
+        while (i < n) { /* SentencePiece: U+2581 is a space */
+            if (i + 3 <= n && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
+                PUT(' ');
+                i += 3;
+            } else {
+                PUT(s[i++]);
+            }
+        }
+    }
+#undef PUT
+    *len = at;
+    if (at > capacity && out) /* out NULL and capacity 0: a measure */
+        return nopad_set_error(NOPAD_ERR_BUFFER_TOO_SMALL, "%s: id %d has %zu bytes, room for %zu", fn, id, at,
+                               capacity);
+    return NOPAD_OK;
 }
 
 /* `index` is the id's position in the caller's array, SIZE_MAX for the stream's one id. */

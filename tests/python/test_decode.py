@@ -165,6 +165,24 @@ def test_minilm_round_trip(minilm):
     assert "".join(streamed(tok, ids, skip=True)) == tok.decode(ids, skip_special_tokens=True)
 
 
+def test_token_bytes(tmp_path):
+    """Tokenizer.token_bytes: a text's ids give back its bytes, characters split across ids
+    included; a special token has none; WordPiece refuses (its spacing depends on neighbours)."""
+    text = "Caf\u00e9 \u20ac5 \U0001F600 na\u00efve"
+    with nopad.Tokenizer(folder(tmp_path, os.path.join(DATA, "bpe_gpt2.json"))) as tok:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()
+        assert any(len(tok.token_bytes(i)) == 1 and tok.token_bytes(i)[0] >= 0x80 for i in ids)  # a split character
+        with pytest.raises(nopad.InvalidArgumentError):
+            tok.token_bytes(tok.vocab_size)
+    with nopad.Tokenizer(folder(tmp_path / "r", os.path.join(DATA, "bpe_roberta.json"))) as tok:
+        assert tok.token_bytes(tok.token_to_id("<s>")) == b""
+        assert tok.token_bytes(tok.token_to_id("\u0120th")) == b" th"
+    with nopad.Tokenizer(folder(tmp_path / "w", os.path.join(DATA, "small_tokenizer.json"))) as tok:
+        with pytest.raises(nopad.UnsupportedError):
+            tok.token_bytes(tok.token_to_id("un"))
+
+
 def test_id_to_token(tmp_path):
     with nopad.Tokenizer(folder(tmp_path, os.path.join(DATA, "bpe_roberta.json"))) as tok:
         for token in ("<s>", "<mask>", "Ġth", "a"):

@@ -306,16 +306,25 @@ static char *token_text(const gen_job *j, int32_t id) {
  * dropped) is -9999.0, as vLLM reports it. */
 static double finite_logprob(float lp) { return lp >= -9999.0f ? (double)lp : -9999.0; }
 
-/* Chat's {"token", "logprob", "bytes"}: bytes are the token text's UTF-8 (a token alone that is
- * part of a character is U+FFFD there, as nopad_detokenize gives it). NULL when out of memory. */
-static cJSON *chat_token_json(const char *text, float lp) {
+/* Chat's {"token", "logprob", "bytes"}: token is the id decoded alone (a token that is part of a
+ * character is U+FFFD there, as nopad_detokenize gives it), bytes its raw bytes
+ * (nopad_tokenizer_token_bytes), whose runs over several tokens make the characters; for a
+ * tokenizer whose tokens have no bytes of their own (WordPiece, Unigram), the text's. NULL when out
+ * of memory. */
+static cJSON *chat_token_json(const gen_job *j, int32_t id, const char *text, float lp) {
     cJSON *entry = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
     if (!entry || !bytes) {
         cJSON_Delete(entry), cJSON_Delete(bytes);
         return NULL;
     }
-    for (const unsigned char *b = (const unsigned char *)text; *b; b++)
-        cJSON_AddItemToArray(bytes, cJSON_CreateNumber(*b));
+    uint8_t raw[256];
+    size_t n_raw = 0;
+    if (nopad_tokenizer_token_bytes(j->srv->dec_tok, id, raw, sizeof raw, &n_raw) == NOPAD_OK) {
+        for (size_t i = 0; i < n_raw; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber(raw[i]));
+    } else {
+        for (const unsigned char *b = (const unsigned char *)text; *b; b++)
+            cJSON_AddItemToArray(bytes, cJSON_CreateNumber(*b));
+    }
     cJSON_AddStringToObject(entry, "token", text);
     cJSON_AddNumberToObject(entry, "logprob", finite_logprob(lp));
     cJSON_AddItemToObject(entry, "bytes", bytes);
@@ -339,7 +348,7 @@ static cJSON *top_json(gen_job *j, const int32_t *ids, const float *lps, int32_t
             return NULL;
         }
         has_chosen |= ids[k] == chosen;
-        if (chat) cJSON_AddItemToArray(top, chat_token_json(t, lps[k]));
+        if (chat) cJSON_AddItemToArray(top, chat_token_json(j, ids[k], t, lps[k]));
         else if (!cJSON_HasObjectItem(top, t)) cJSON_AddNumberToObject(top, t, finite_logprob(lps[k]));
         free(t);
     }
@@ -354,13 +363,16 @@ static cJSON *top_json(gen_job *j, const int32_t *ids, const float *lps, int32_t
  * values are the engine's (the sampler's, nopad.h: nopad_request_logprobs and
  * nopad_request_top_logprobs). NULL when out of memory. */
 static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
-    const size_t k = (size_t)j->top_logprobs, slots = (size_t)(to > 0 ? to : 1);
+    /* only [from, to) is read: a stream copies each token's values once */
+    const size_t k = (size_t)j->top_logprobs, slots = (size_t)(to > from ? to - from : 1);
     float *lp = malloc(slots * sizeof *lp);
     int32_t *top_ids = k ? malloc(slots * k * sizeof *top_ids) : NULL;
     float *top_lps = k ? malloc(slots * k * sizeof *top_lps) : NULL;
     int32_t n = 0, n_top = 0;
-    if (!lp || (k && (!top_ids || !top_lps)) || !j->req || nopad_request_logprobs(j->req, lp, to, &n) != NOPAD_OK ||
-        n < to || (k && (nopad_request_top_logprobs(j->req, top_ids, top_lps, to, &n_top) != NOPAD_OK || n_top < to))) {
+    if (!lp || (k && (!top_ids || !top_lps)) || !j->req ||
+        nopad_request_logprobs_from(j->req, from, lp, to - from, &n) != NOPAD_OK || n < to ||
+        (k && (nopad_request_top_logprobs_from(j->req, from, top_ids, top_lps, to - from, &n_top) != NOPAD_OK ||
+               n_top < to))) {
         free(lp), free(top_ids), free(top_lps);
         return NULL;
     }
@@ -373,10 +385,11 @@ static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
     for (int32_t i = from; ok && i < to; i++) {
         char *t = token_text(j, j->ids[i]);
         const char *text = t ? t : "";
-        cJSON *top = k ? top_json(j, top_ids + (size_t)i * k, top_lps + (size_t)i * k, j->ids[i], text, lp[i]) : NULL;
+        const size_t r = (size_t)(i - from); /* its place in what was read */
+        cJSON *top = k ? top_json(j, top_ids + r * k, top_lps + r * k, j->ids[i], text, lp[r]) : NULL;
         ok = !k || top;
         if (chat) {
-            cJSON *entry = ok ? chat_token_json(text, lp[i]) : NULL;
+            cJSON *entry = ok ? chat_token_json(j, j->ids[i], text, lp[r]) : NULL;
             ok = entry != NULL;
             if (entry) {
                 cJSON_AddItemToObject(entry, "top_logprobs", top ? top : cJSON_CreateArray());
@@ -386,7 +399,7 @@ static cJSON *logprobs_json(gen_job *j, int32_t from, int32_t to) {
             }
         } else {
             cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
-            cJSON_AddItemToArray(values, cJSON_CreateNumber(finite_logprob(lp[i])));
+            cJSON_AddItemToArray(values, cJSON_CreateNumber(finite_logprob(lp[r])));
             cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)j->lp_offset));
             if (top) cJSON_AddItemToArray(tops, top);
             for (const unsigned char *b = (const unsigned char *)text; *b; b++)
