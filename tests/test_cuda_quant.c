@@ -6,8 +6,11 @@
  * blocks with fp16 scales of ordinary size, tiny ones (fp16 exponents 0..3: subnormal to 2.4e-4)
  * and huge ones (2^14 .. 65504), and all-equal blocks (every quant byte and scale the same); T in
  * {1, 2, 3, 8, 9, 33, 130} (the GEMV up to 32 tokens, its 8-token tiles part filled, and the
- * dequantise-then-GEMM path above), N in {1, 7, 577} (odd: the 16-row tiles part filled), K of
- * 1, 2, 3 blocks and a long row (1536 / 2048); every epilogue (none, bias, bias + each activation,
+ * dequantise-then-GEMM path above), N in {1, 7, 17, 577} (odd: the 16-row tiles part filled), K of
+ * 1, 2, 3 blocks, a long row (1536 / 2048) and a longer one (6496 / 6400: the staged GEMV's ring
+ * of stages wraps); every GEMV call also runs on the weight copied 2 bytes past a 16-byte boundary
+ * (the direct kernel, for weights not 16-byte aligned), which must give the same bits as the
+ * staged kernel on the aligned copy (both sum the same chunks in the same order); every epilogue (none, bias, bias + each activation,
  * bias + residual) and the float32 output; the prompts' path also in slices of output rows (the
  * scratch cap made small). The activations are rounded to the dtype first (as the GPU sees them)
  * and scaled so that the outputs stay well inside fp16's range.
@@ -218,6 +221,30 @@ static double check_gemm(int di, const format_case *f, regime r, int32_t T, int3
     assert_nopad_ok(be->gemm_q(be, dout, dx, dw, f->format, db, dr, T, K, N, epilogue, act, f32));
     if (f32) assert_nopad_ok(be->download(be, got, dout, (size_t)T * N * sizeof(float)));
     else assert_nopad_ok(be->download_f32(be, got, dout, (size_t)T * N));
+    if (T <= 32) {
+        /* the same weight 2 bytes past a 16-byte boundary runs the GEMV's direct kernel (the staged
+         * one needs w 16-byte aligned, as the backend allocates it): the same bits */
+        void *dw_odd;
+        float *got_odd = malloc((size_t)T * N * sizeof(float));
+        assert_nopad_ok(be->alloc(be, (size_t)N * row_bytes + 16, &dw_odd));
+        assert_nopad_ok(be->upload(be, (char *)dw_odd + 2, w, (size_t)N * row_bytes));
+        poison(be, dout, (size_t)T * N, f32);
+        assert_nopad_ok(be->gemm_q(be, dout, dx, (char *)dw_odd + 2, f->format, db, dr, T, K, N, epilogue, act, f32));
+        if (f32) assert_nopad_ok(be->download(be, got_odd, dout, (size_t)T * N * sizeof(float)));
+        else assert_nopad_ok(be->download_f32(be, got_odd, dout, (size_t)T * N));
+        if (memcmp(got, got_odd, (size_t)T * N * sizeof(float))) {
+            for (int64_t i = 0; i < (int64_t)T * N; i++)
+                if (memcmp(&got[i], &got_odd[i], sizeof(float))) {
+                    printf("    %s %s %s T %d K %d N %d %s: y[%d, %d] staged %.9g, direct %.9g\n", DTYPE_NAMES[di],
+                           f->name, REGIME_NAMES[r], T, K, N, EP_NAMES[ep], (int)(i / N), (int)(i % N), got[i],
+                           got_odd[i]);
+                    break;
+                }
+            failures++;
+        }
+        be->free(be, dw_odd);
+        free(got_odd);
+    }
     const double u_out = f32 ? 0.0 : U_DTYPE[di];
     const double E = 0x1p-17 + (T > 32 ? U_DTYPE[di] : 0.0);
     const double floor = !f32 && DTYPES[di] == NOPAD_DTYPE_F16 ? 0x1p-25 : 0.0;
@@ -274,8 +301,9 @@ static double check_gemm(int di, const format_case *f, regime r, int32_t T, int3
 static const int32_t TOKENS[] = {1, 2, 3, 8, 9, 33, 130};
 enum { N_TOKENS = sizeof TOKENS / sizeof TOKENS[0] };
 
-/* (N, K in blocks; 0: the long row) */
-static const int32_t SHAPES[][2] = {{1, 1}, {7, 2}, {577, 3}, {7, 0}, {577, 0}};
+/* (N, K in blocks; 0: the long row; 203 blocks of 32 or 25 super-blocks: the staged GEMV's ring
+ * (7 to 12 stages of 256 values) wraps twice and more, its last stage part filled for blocks of 32) */
+static const int32_t SHAPES[][2] = {{1, 1}, {7, 2}, {577, 3}, {7, 0}, {577, 0}, {17, -1}};
 enum { N_SHAPES = sizeof SHAPES / sizeof SHAPES[0] };
 
 static void test_gemm_q(void **state) {
@@ -290,7 +318,9 @@ static void test_gemm_q(void **state) {
             for (int ti = 0; ti < N_TOKENS; ti++)
                 for (int si = 0; si < N_SHAPES; si++) {
                     const int32_t T = TOKENS[ti], N = SHAPES[si][0];
-                    const int32_t K = SHAPES[si][1] ? SHAPES[si][1] * f->block : long_k;
+                    const int32_t K = SHAPES[si][1] > 0 ? SHAPES[si][1] * f->block
+                                      : SHAPES[si][1] < 0 ? (f->block == 32 ? 203 * 32 : 25 * 256)
+                                                          : long_k;
                     const int ep = (ti + si) % N_EP;
                     const nopad_activation act = ACTS[(ti * N_SHAPES + si) % 5];
                     const double e = check_gemm(di, f, ORDINARY, T, K, N, ep, act);

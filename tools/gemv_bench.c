@@ -19,8 +19,11 @@
  * any token count goes (one direct call per mode first: the scratch grows outside the capture).
  * gate|up is then a plain [2F, K] product (the decoder applies SwiGLU after it on such weights).
  * The default, f16, is the compute dtype's own weights on the gemv kernels (tokens <= 32).
+ * --misalign puts each block-format weight 2 bytes past a 16-byte boundary, which runs the
+ * quantized GEMV's direct kernel (2-byte loads) instead of the staged one (qgemv.cuh): the two
+ * measured on the same shapes.
  *
- * Usage: gemv_bench [--dtype f16|bf16] [--format f16|q4_0|...] [--tokens 1,8,16,32] [--reps R]
+ * Usage: gemv_bench [--dtype f16|bf16] [--format f16|q4_0|...] [--misalign] [--tokens 1,8,16,32] [--reps R]
  * Prints one JSON object per (mode, tokens) on stdout, a copy-rate object first. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,12 +146,13 @@ static size_t enqueue(nopad_dtype dt, const model *m, int mode, int T, cudaStrea
 int main(int argc, char **argv) {
     nopad_dtype dtype = NOPAD_DTYPE_F16;
     const block_format *blocks = NULL;
-    int reps = 21;
+    int reps = 21, misalign = 0; /* bytes a block-format weight starts past a 16-byte boundary */
     int tokens[MAX_LIST] = {1, 8, 16, 32}, n_tokens = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--dtype")) dtype = !strcmp(v, "bf16") ? NOPAD_DTYPE_BF16 : NOPAD_DTYPE_F16, i++;
         else if (!strcmp(a, "--reps")) reps = atoi(v), i++;
+        else if (!strcmp(a, "--misalign")) misalign = 2;
         else if (!strcmp(a, "--format")) {
             blocks = NULL;
             for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++)
@@ -219,7 +223,8 @@ int main(int argc, char **argv) {
     /* each weight [n_out, K] allocated and filled in its storage */
 #define WEIGHT(ptr, n_out, K)                                                                                \
     do {                                                                                                     \
-        CHECK_NOPAD(be->alloc(be, weight_bytes(&m, (n_out), (K)), &(ptr)));                                  \
+        CHECK_NOPAD(be->alloc(be, weight_bytes(&m, (n_out), (K)) + 16, &(ptr)));                             \
+        if (blocks) (ptr) = (char *)(ptr) + misalign;                                                        \
         if (blocks) fill_blocks(be, (ptr), blocks, (n_out), (K));                                            \
         else fill(be, (ptr), (size_t)(n_out) * (K), ws);                                                     \
     } while (0)
@@ -259,10 +264,10 @@ int main(int argc, char **argv) {
             }
             qsort(us, (size_t)reps, sizeof *us, bench_cmp_float);
             const float med = us[reps / 2];
-            printf("{\"mode\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"format\": \"%s\", \"us\": %.1f, "
-                   "\"min_us\": %.1f, \"weight_bytes\": %zu, \"gbps\": %.1f}\n",
-                   MODES[mode], T, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", blocks ? blocks->name : "f16", med,
-                   us[0], bytes,
+            printf("{\"mode\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"format\": \"%s\", \"misalign\": %d, "
+                   "\"us\": %.1f, \"min_us\": %.1f, \"weight_bytes\": %zu, \"gbps\": %.1f}\n",
+                   MODES[mode], T, dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16", blocks ? blocks->name : "f16",
+                   blocks ? misalign : 0, med, us[0], bytes,
                    bytes / (med * 1e-6) / 1e9);
             fflush(stdout);
             CHECK_CUDA(cudaGraphExecDestroy(exec));

@@ -59,83 +59,73 @@ template <bool BF16> __device__ __forceinline__ uint32_t pack2(int a, int b) {
 }
 template <bool BF16> __device__ __forceinline__ uint32_t ones2() { return BF16 ? 0x3f803f80u : 0x3c003c00u; }
 
-template <bool BF16, int FMT, int NT>
-__global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
-    __shared__ float partial[WARPS][NT * 4][32];
-    allow_dependent_launch();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, l4 = lane % 4;
-    const int n0 = blockIdx.x * FEATS;
-    /* rows past N read row N - 1 (in bounds) and are never stored */
-    const int r_lo = min(n0 + g, p.N - 1), r_hi = min(n0 + g + 8, p.N - 1);
-    const uint8_t *w = static_cast<const uint8_t *>(p.w);
-    const uint8_t *w_lo = w + (size_t)r_lo * p.row_bytes, *w_hi = w + (size_t)r_hi * p.row_bytes;
-    const uint16_t *x = static_cast<const uint16_t *>(p.x);
-    const uint16_t *x_row[NT];
-    bool x_ok[NT];
+/* Where lane (g, l4) reads token tile j's activations (token 8j + g, values 4·l4 ..) and whether
+ * that token exists (x_ok: else zeros). */
+template <int NT> struct x_lanes {
+    const uint16_t *row[NT];
+    bool ok[NT];
+};
+template <int NT> __device__ __forceinline__ x_lanes<NT> x_lanes_of(const params &p, int g, int l4) {
+    x_lanes<NT> xl;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         const int t = 8 * j + g;
-        x_ok[j] = t < p.T;
-        x_row[j] = x + (size_t)(x_ok[j] ? t : 0) * p.K + 4 * l4;
+        xl.ok[j] = t < p.T;
+        xl.row[j] = static_cast<const uint16_t *>(p.x) + (size_t)(xl.ok[j] ? t : 0) * p.K + 4 * l4;
     }
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    const int n_chunks = p.K / CHUNK;
+    return xl;
+}
+
+/* acc += chunk c of rows g (a) and g + 8 (b) times every token tile's activations at c. Both
+ * kernels below run this same code in the same chunk order, so they give the same bits. */
+template <bool BF16, int FMT, int NT>
+__device__ __forceinline__ void multiply_chunk(float (&acc)[NT][4], const q_lane &a, const q_lane &b,
+                                               const x_lanes<NT> &xl, int c) {
     const uint2 zero = make_uint2(0, 0);
-    /* the warp's first chunk of weights is read before the kernel ahead has finished (they do not
-     * depend on it), each next one while the current one is multiplied: two chunks in flight */
-    q_lane a = {}, b = {};
-    if (warp < n_chunks) {
-        a = q_read_chunk<FMT>(w_lo, warp, l4);
-        b = q_read_chunk<FMT>(w_hi, warp, l4);
-    }
-    wait_for_upstream_grid(); /* x and the residual may come from it */
-    for (int c = warp; c < n_chunks; c += WARPS) {
-        q_lane next_a = a, next_b = b;
-        if (c + WARPS < n_chunks) {
-            next_a = q_read_chunk<FMT>(w_lo, c + WARPS, l4);
-            next_b = q_read_chunk<FMT>(w_hi, c + WARPS, l4);
-        }
-        /* A: row g in registers 0 and 2, row g + 8 in 1 and 3 (m16n8k16's fragment order) */
-        const uint32_t a_lo[4] = {pack2<BF16>(a.v[0], a.v[1]), pack2<BF16>(b.v[0], b.v[1]),
-                                  pack2<BF16>(a.v[2], a.v[3]), pack2<BF16>(b.v[2], b.v[3])};
-        const uint32_t a_hi[4] = {pack2<BF16>(a.v[4], a.v[5]), pack2<BF16>(b.v[4], b.v[5]),
-                                  pack2<BF16>(a.v[6], a.v[7]), pack2<BF16>(b.v[6], b.v[7])};
-        const uint32_t ones[4] = {ones2<BF16>(), ones2<BF16>(), ones2<BF16>(), ones2<BF16>()};
+    /* A: row g in registers 0 and 2, row g + 8 in 1 and 3 (m16n8k16's fragment order) */
+    const uint32_t a_lo[4] = {pack2<BF16>(a.v[0], a.v[1]), pack2<BF16>(b.v[0], b.v[1]),
+                              pack2<BF16>(a.v[2], a.v[3]), pack2<BF16>(b.v[2], b.v[3])};
+    const uint32_t a_hi[4] = {pack2<BF16>(a.v[4], a.v[5]), pack2<BF16>(b.v[4], b.v[5]),
+                              pack2<BF16>(a.v[6], a.v[7]), pack2<BF16>(b.v[6], b.v[7])};
+    const uint32_t ones[4] = {ones2<BF16>(), ones2<BF16>(), ones2<BF16>(), ones2<BF16>()};
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const uint2 xl = x_ok[j] ? *reinterpret_cast<const uint2 *>(x_row[j] + c * CHUNK) : zero;
-            const uint2 xh = x_ok[j] ? *reinterpret_cast<const uint2 *>(x_row[j] + c * CHUNK + 16) : zero;
-            float lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma16816<BF16>(lo, a_lo, xl.x, xl.y);
-            if (FMT == NOPAD_WEIGHT_Q6_K) {
-                float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma16816<BF16>(hi, a_hi, xh.x, xh.y);
-                acc[j][0] += a.scale * lo[0] + a.scale_hi * hi[0];
-                acc[j][1] += a.scale * lo[1] + a.scale_hi * hi[1];
-                acc[j][2] += b.scale * lo[2] + b.scale_hi * hi[2];
-                acc[j][3] += b.scale * lo[3] + b.scale_hi * hi[3];
-            } else {
-                mma16816<BF16>(lo, a_hi, xh.x, xh.y);
-                acc[j][0] += a.scale * lo[0];
-                acc[j][1] += a.scale * lo[1];
-                acc[j][2] += b.scale * lo[2];
-                acc[j][3] += b.scale * lo[3];
-            }
-            if (qformat_has_min<FMT>()) {
-                float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* Σ x of tokens 2·l4, 2·l4 + 1, twice */
-                mma16816<BF16>(sum, ones, xl.x, xl.y);
-                mma16816<BF16>(sum, ones, xh.x, xh.y);
-                acc[j][0] += a.min * sum[0];
-                acc[j][1] += a.min * sum[1];
-                acc[j][2] += b.min * sum[2];
-                acc[j][3] += b.min * sum[3];
-            }
+    for (int j = 0; j < NT; j++) {
+        const uint2 xlo = xl.ok[j] ? *reinterpret_cast<const uint2 *>(xl.row[j] + c * CHUNK) : zero;
+        const uint2 xhi = xl.ok[j] ? *reinterpret_cast<const uint2 *>(xl.row[j] + c * CHUNK + 16) : zero;
+        float lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma16816<BF16>(lo, a_lo, xlo.x, xlo.y);
+        if (FMT == NOPAD_WEIGHT_Q6_K) {
+            float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma16816<BF16>(hi, a_hi, xhi.x, xhi.y);
+            acc[j][0] += a.scale * lo[0] + a.scale_hi * hi[0];
+            acc[j][1] += a.scale * lo[1] + a.scale_hi * hi[1];
+            acc[j][2] += b.scale * lo[2] + b.scale_hi * hi[2];
+            acc[j][3] += b.scale * lo[3] + b.scale_hi * hi[3];
+        } else {
+            mma16816<BF16>(lo, a_hi, xhi.x, xhi.y);
+            acc[j][0] += a.scale * lo[0];
+            acc[j][1] += a.scale * lo[1];
+            acc[j][2] += b.scale * lo[2];
+            acc[j][3] += b.scale * lo[3];
         }
-        a = next_a;
-        b = next_b;
+        if (qformat_has_min<FMT>()) {
+            float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* Σ x of tokens 2·l4, 2·l4 + 1, twice */
+            mma16816<BF16>(sum, ones, xlo.x, xlo.y);
+            mma16816<BF16>(sum, ones, xhi.x, xhi.y);
+            acc[j][0] += a.min * sum[0];
+            acc[j][1] += a.min * sum[1];
+            acc[j][2] += b.min * sum[2];
+            acc[j][3] += b.min * sum[3];
+        }
     }
+}
+
+/* The warps' sums added in warp order through `partial` (shared, WARPS × NT·4 × 32 floats; the
+ * caller has synchronised any earlier use of it), then the epilogue and the store. */
+template <bool BF16, int NT>
+__device__ __forceinline__ void reduce_and_store(float (*partial)[NT * 4][32], const float (&acc)[NT][4],
+                                                 const params &p, int n0) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     /* acc[j][r]: row g + 8·(r / 2), token 8j + 2·l4 + r % 2 */
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -161,15 +151,176 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
     }
 }
 
+/* The direct kernel: each lane reads its chunks' bytes from global memory itself, 16 bits at a
+ * time (a block is only 2-byte aligned), one chunk ahead. For weights not 16-byte aligned. */
+template <bool BF16, int FMT, int NT>
+__global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
+    __shared__ float partial[WARPS][NT * 4][32];
+    allow_dependent_launch();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, l4 = lane % 4;
+    const int n0 = blockIdx.x * FEATS;
+    /* rows past N read row N - 1 (in bounds) and are never stored */
+    const int r_lo = min(n0 + g, p.N - 1), r_hi = min(n0 + g + 8, p.N - 1);
+    const uint8_t *w = static_cast<const uint8_t *>(p.w);
+    const uint8_t *w_lo = w + (size_t)r_lo * p.row_bytes, *w_hi = w + (size_t)r_hi * p.row_bytes;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    const int n_chunks = p.K / CHUNK;
+    /* the warp's first chunk of weights is read before the kernel ahead has finished (they do not
+     * depend on it), each next one while the current one is multiplied: two chunks in flight */
+    q_lane a = {}, b = {};
+    if (warp < n_chunks) {
+        a = q_read_chunk<FMT>(w_lo, warp, l4);
+        b = q_read_chunk<FMT>(w_hi, warp, l4);
+    }
+    wait_for_upstream_grid(); /* x and the residual may come from it */
+    const x_lanes<NT> xl = x_lanes_of<NT>(p, g, l4);
+    for (int c = warp; c < n_chunks; c += WARPS) {
+        q_lane next_a = a, next_b = b;
+        if (c + WARPS < n_chunks) {
+            next_a = q_read_chunk<FMT>(w_lo, c + WARPS, l4);
+            next_b = q_read_chunk<FMT>(w_hi, c + WARPS, l4);
+        }
+        multiply_chunk<BF16, FMT, NT>(acc, a, b, xl, c);
+        a = next_a;
+        b = next_b;
+    }
+    reduce_and_store<BF16, NT>(partial, acc, p, n0);
+}
+
+/* The staged kernel's shared-memory ring. Stage s is values 256s .. 256s + 255 of the CTA's 16
+ * rows: 8 blocks of 32 or one super-block a row, `BYTES` contiguous bytes of each row, chunk
+ * 8s + w for warp w (the direct kernel's chunk-to-warp map). A row's run is copied with 16-byte
+ * cp.async from the 16-byte aligned address at or below its start (the rows are contiguous, so
+ * those bytes belong to the weight whenever w itself is 16-byte aligned) and up to its last byte
+ * (the last 16 bytes zero-filled past it): SEG bytes a row hold the run at any alignment. STAGES
+ * fills about 32 KiB: ~30 KiB of weights in flight a CTA, which at one CTA a SM (N = 2048: 128
+ * CTAs) is about what an H100 needs in flight to run at its copy rate (3.3 TB/s × ~1 µs / 132). */
+template <int FMT> struct stage_ring {
+    static constexpr int BLOCKS = qformat<FMT>::BLOCK == CHUNK ? WARPS : 1; /* a row's blocks a stage */
+    static constexpr int BYTES = BLOCKS * qformat<FMT>::BYTES;
+    static constexpr int SEG = (BYTES + 15) / 16 * 16 + 16;
+    static constexpr int STAGES = 32768 / (FEATS * SEG);
+    static constexpr int RING = STAGES * FEATS * SEG;
+};
+
+/* 16 bytes global -> shared, of which the first src_bytes (1..16) are read and the rest zeroed */
+__device__ __forceinline__ void cp_async16_part(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+
+/* Piece `piece` (0 .. SEG/16 - 1) of stage s of row `row` (its first byte at `row`): the 16
+ * bytes at `from` go to the row's slot + 16·piece, of which src_bytes (1..16) are read and the
+ * rest zeroed; src_bytes 0: nothing to copy. The run of `bytes` bytes starts at offset
+ * run_offset(row, s) of the slot. Host and device (the host checks the ring's layout). */
+struct stage_piece {
+    const uint8_t *from;
+    int src_bytes;
+};
+template <int FMT> __host__ __device__ __forceinline__ const uint8_t *stage_run(const uint8_t *row, int s) {
+    return row + (size_t)s * stage_ring<FMT>::BYTES;
+}
+template <int FMT> __host__ __device__ __forceinline__ int run_offset(const uint8_t *row, int s) {
+    return (int)(reinterpret_cast<uintptr_t>(stage_run<FMT>(row, s)) & 15);
+}
+/* bytes of stage s's run in each row: 8 blocks of 32 (fewer in the last stage) or one super-block */
+template <int FMT> __host__ __device__ __forceinline__ int stage_bytes(int s, int n_chunks) {
+    if (qformat<FMT>::BLOCK != CHUNK) return stage_ring<FMT>::BYTES;
+    const int blocks = n_chunks - WARPS * s;
+    return (blocks < WARPS ? blocks : WARPS) * qformat<FMT>::BYTES;
+}
+template <int FMT>
+__host__ __device__ __forceinline__ stage_piece stage_piece_of(const uint8_t *row, int s, int bytes, int piece) {
+    const uint8_t *run = stage_run<FMT>(row, s);
+    const uint8_t *from = run - run_offset<FMT>(row, s) + 16 * piece;
+    const long left = (long)(run + bytes - from); /* the run's bytes at and after `from` */
+    return stage_piece{from, left <= 0 ? 0 : left < 16 ? (int)left : 16};
+}
+
+/* Stage s of the CTA's rows n0 .. n0 + 15 (rows past N: row N - 1) into buf, row r's slot at
+ * buf + r·SEG, one 16-byte piece a thread at a time. */
+template <int FMT>
+__device__ __forceinline__ void copy_stage(uint8_t *buf, const params &p, int n0, int s, int n_chunks) {
+    using R = stage_ring<FMT>;
+    constexpr int PIECES = R::SEG / 16;
+    const int bytes = stage_bytes<FMT>(s, n_chunks);
+    for (int e = threadIdx.x; e < FEATS * PIECES; e += THREADS) {
+        const int r = e / PIECES, piece = e % PIECES;
+        const uint8_t *row = static_cast<const uint8_t *>(p.w) + (size_t)min(n0 + r, p.N - 1) * p.row_bytes;
+        const stage_piece c = stage_piece_of<FMT>(row, s, bytes, piece);
+        if (c.src_bytes) cp_async16_part(buf + r * R::SEG + 16 * piece, c.from, c.src_bytes);
+    }
+}
+
+/* The staged kernel: the CTA copies its rows' bytes into a ring of STAGES stages with 16-byte
+ * cp.async, STAGES - 1 stages ahead of the warps, which decode from shared memory (q_read_chunk,
+ * as the direct kernel). Needs w 16-byte aligned. The first STAGES - 1 stages are requested before
+ * griddepcontrol.wait: the weights stream in while the kernel ahead finishes. */
+template <bool BF16, int FMT, int NT>
+__global__ void __launch_bounds__(THREADS, 1) qgemv_staged_kernel(const params p) {
+    using R = stage_ring<FMT>;
+    static_assert(R::STAGES >= 2, "a ring of at least two stages");
+    static_assert(R::RING >= (int)sizeof(float) * WARPS * NT * 4 * 32, "the warps' partial sums reuse the ring");
+    __shared__ __align__(16) uint8_t ring[R::RING];
+    allow_dependent_launch();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, l4 = lane % 4;
+    const int n0 = blockIdx.x * FEATS;
+    const int n_chunks = p.K / CHUNK, n_stages = (n_chunks + WARPS - 1) / WARPS;
+    /* where rows g and g + 8 start in global memory: their runs' offsets mod 16 in the ring */
+    const uint8_t *w = static_cast<const uint8_t *>(p.w);
+    const uint8_t *w_lo = w + (size_t)min(n0 + g, p.N - 1) * p.row_bytes;
+    const uint8_t *w_hi = w + (size_t)min(n0 + g + 8, p.N - 1) * p.row_bytes;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    /* one commit group a stage, empty past the last: group i is stage i */
+    for (int s = 0; s < R::STAGES - 1; s++) {
+        if (s < n_stages) copy_stage<FMT>(ring + (s % R::STAGES) * FEATS * R::SEG, p, n0, s, n_chunks);
+        cp_async_commit();
+    }
+    wait_for_upstream_grid(); /* x and the residual may come from it */
+    const x_lanes<NT> xl = x_lanes_of<NT>(p, g, l4);
+    for (int s = 0; s < n_stages; s++) {
+        /* into the slot stage s - 1 used: every warp is past it (the barrier ending s - 1) */
+        const int ahead = s + R::STAGES - 1;
+        if (ahead < n_stages) copy_stage<FMT>(ring + (ahead % R::STAGES) * FEATS * R::SEG, p, n0, ahead, n_chunks);
+        cp_async_commit();
+        cp_async_wait_group<R::STAGES - 1>(); /* this thread's pieces of stage s have landed */
+        __syncthreads();                      /* and every thread's */
+        const int c = WARPS * s + warp;
+        if (c < n_chunks) {
+            const uint8_t *buf = ring + (s % R::STAGES) * FEATS * R::SEG;
+            const q_lane a = q_read_chunk<FMT>(buf + g * R::SEG + run_offset<FMT>(w_lo, s), warp, l4);
+            const q_lane b = q_read_chunk<FMT>(buf + (g + 8) * R::SEG + run_offset<FMT>(w_hi, s), warp, l4);
+            multiply_chunk<BF16, FMT, NT>(acc, a, b, xl, c);
+        }
+        __syncthreads(); /* stage s's slot may be refilled */
+    }
+    cp_async_wait_all(); /* nothing left in flight (every stage was waited for above) */
+    reduce_and_store<BF16, NT>(reinterpret_cast<float (*)[NT * 4][32]>(ring), acc, p, n0);
+}
+
+template <bool BF16, int FMT, int NT>
+cudaError_t launch_tile(const params &p, dim3 grid, dim3 block, bool pdl, cudaStream_t stream) {
+    if (reinterpret_cast<uintptr_t>(p.w) % 16 == 0)
+        return launch_maybe_pdl(qgemv_staged_kernel<BF16, FMT, NT>, grid, block, 0, stream, pdl, p);
+    return launch_maybe_pdl(qgemv_kernel<BF16, FMT, NT>, grid, block, 0, stream, pdl, p);
+}
+
 /* With programmatic dependent launch (cuda_pdl_enabled) as the fp16 gemv: the weights of the first
- * chunks stream in while the kernel ahead finishes. */
+ * chunks stream in while the kernel ahead finishes. The one place the two kernels part: the staged
+ * kernel (16-byte copies into shared memory, ~30 KiB in flight a CTA) wherever w is 16-byte
+ * aligned, which every weight the backend allocates is; the direct one (2-byte loads, two chunks
+ * in flight a warp) for a w at any other address. They give the same bits (test_cuda_quant
+ * checks). */
 template <bool BF16, int FMT> cudaError_t launch_format(const params &p, cudaStream_t stream) {
     const dim3 grid((unsigned)((p.N + FEATS - 1) / FEATS)), block(THREADS);
     const bool pdl = cuda_pdl_enabled() != 0;
-    if (p.T <= 8) return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 1>, grid, block, 0, stream, pdl, p);
-    if (p.T <= 16) return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 2>, grid, block, 0, stream, pdl, p);
-    if (p.T <= 24) return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 3>, grid, block, 0, stream, pdl, p);
-    return launch_maybe_pdl(qgemv_kernel<BF16, FMT, 4>, grid, block, 0, stream, pdl, p);
+    if (p.T <= 8) return launch_tile<BF16, FMT, 1>(p, grid, block, pdl, stream);
+    if (p.T <= 16) return launch_tile<BF16, FMT, 2>(p, grid, block, pdl, stream);
+    if (p.T <= 24) return launch_tile<BF16, FMT, 3>(p, grid, block, pdl, stream);
+    return launch_tile<BF16, FMT, 4>(p, grid, block, pdl, stream);
 }
 
 /* The kernel for p's format (checked by the caller: one of the eight). */
