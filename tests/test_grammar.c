@@ -430,6 +430,53 @@ static void test_masks_brute_force(void **state) {
     grammar_token_trie_free(trie);
 }
 
+/* The shared mask cache: two compilations of one schema (as two requests make them) share their
+ * states' masks, and every mask through the cache equals the one computed without it, along
+ * documents walked on the random vocabulary, a third schema's walk after them included (its
+ * states may have the positions of schema 0's, never its fingerprint). */
+static void test_shared_mask_cache(void **state) {
+    (void)state;
+    uint64_t rng = 0x3c6ef372fe94f82bull;
+    static uint8_t store[BRUTE_VOCAB][8];
+    uint32_t lens[BRUTE_VOCAB];
+    int32_t eos;
+    grammar_token_trie *trie = random_trie(JSON_ALPHA, BRUTE_VOCAB, &rng, store, lens, &eos);
+    grammar_mask_cache *cache = NULL;
+    assert_nopad_ok(grammar_mask_cache_create(trie, 64, &cache));
+    grammar *g[3] = {schema_grammar(MASK_SCHEMAS[0]), schema_grammar(MASK_SCHEMAS[0]), schema_grammar(MASK_SCHEMAS[3])};
+    uint32_t shared[(BRUTE_VOCAB + 31) / 32], plain[(BRUTE_VOCAB + 31) / 32];
+    uint64_t hits_before = 0, misses = 0, hits = 0;
+    for (int k = 0; k < 3; k++) {
+        grammar_matcher *m = NULL, *ref = NULL;
+        assert_nopad_ok(grammar_matcher_create(g[k], &m));
+        assert_nopad_ok(grammar_matcher_create(g[k], &ref));
+        uint64_t walk = 0x9e3779b97f4a7c15ull; /* the same walk for both copies of schema 0 */
+        for (int step = 0; step < 60; step++) {
+            const int32_t a = grammar_token_mask_shared(cache, m, shared), b = grammar_token_mask(trie, ref, plain);
+            assert_int_equal(a, b);
+            assert_memory_equal(shared, plain, sizeof shared);
+            int32_t allowed_ids[BRUTE_VOCAB], n = 0;
+            for (int32_t id = 0; id < BRUTE_VOCAB; id++)
+                if (((plain[id >> 5] >> (id & 31)) & 1) && id != eos) allowed_ids[n++] = id;
+            if (n == 0) break;
+            walk = walk * 6364136223846793005ull + 1442695040888963407ull;
+            const int32_t id = allowed_ids[(walk >> 33) % (uint64_t)n];
+            assert_true(grammar_matcher_accept_token(m, trie, id) && grammar_matcher_accept_token(ref, trie, id));
+            assert_nopad_ok(grammar_matcher_commit(m));
+            assert_nopad_ok(grammar_matcher_commit(ref));
+        }
+        grammar_matcher_free(m);
+        grammar_matcher_free(ref);
+        grammar_mask_cache_counts(cache, &hits, &misses);
+        if (k == 0) hits_before = hits;
+        /* the second copy of schema 0 walks the first's states: every mask from the cache */
+        if (k == 1) assert_true(hits - hits_before >= 30);
+    }
+    for (int k = 0; k < 3; k++) grammar_free(g[k]);
+    grammar_mask_cache_free(cache);
+    grammar_token_trie_free(trie);
+}
+
 /* ---- JSON sequences (tool calls) ------------------------------------------------------------ */
 
 /* Two tools as Hermes calls: each schema {"name": const, "arguments": parameters}, the second
@@ -652,7 +699,7 @@ static void test_smollm2_mask_time(void **state) {
             assert_int_equal(grammar_token_mask(trie, m, mask), allowed);
             clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
             kept_us += ((t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3) / reps;
-            assert_int_equal(grammar_mask_cache_hits(m), 1);
+            assert_int_equal(grammar_matcher_kept_hits(m), 1);
             grammar_matcher_free(m);
         }
         fprintf(stderr, "SmolLM2 mask %-20s %8.1f us CPU computed, %5.1f us kept  %6d tokens allowed\n",
@@ -717,7 +764,7 @@ static void test_smollm2_mask_time(void **state) {
     grammar_token_mask(trie, m, mask);
     assert_true((mask[eos >> 5] >> (eos & 31)) & 1);
     /* the name's and the tags' free characters come back to their states */
-    const uint64_t hits = grammar_mask_cache_hits(m);
+    const uint64_t hits = grammar_matcher_kept_hits(m);
     assert_true(hits > 0);
     fprintf(stderr, "SmolLM2 mask over the document's %d tokens: mean %.1f us CPU, the slowest %.1f us (before "
             "token %d), %llu of them kept masks\n", n_ids, total_us / n_ids, max_us, max_at, (unsigned long long)hits);
@@ -818,6 +865,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_masks_brute_force),
         cmocka_unit_test(test_json_sequence),
         cmocka_unit_test(test_json_sequence_masks_brute_force),
+        cmocka_unit_test(test_shared_mask_cache),
         cmocka_unit_test(test_smollm2_mask_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -60,6 +60,7 @@ struct nopad_engine {
      * with a constraint (under trie_lock: submits may come from several threads) */
     grammar_token_trie *trie;
     mask_pool *mask_pool;               /* made with the trie where the host has cores to spare */
+    grammar_mask_cache *mask_cache;     /* the masks every request's equal states share (with the trie) */
     pthread_mutex_t trie_lock;
     /* a step's constrained rows, for the mask workers: [R] each */
     grammar_matcher **mask_matchers;
@@ -270,10 +271,10 @@ static nopad_status sampling_inputs(nopad_engine *e, launched_step *l) {
         const double t0 = request_now();
         int32_t empty = -1;
         if (e->mask_pool && masked > 1) {
-            empty = mask_pool_run(e->mask_pool, e->trie, e->mask_matchers, e->mask_bitmaps, masked);
+            empty = mask_pool_run(e->mask_pool, e->mask_cache, e->mask_matchers, e->mask_bitmaps, masked);
         } else {
             for (int32_t j = 0; j < masked && empty < 0; j++)
-                if (grammar_token_mask(e->trie, e->mask_matchers[j], e->mask_bitmaps[j]) == 0) empty = j;
+                if (grammar_token_mask_shared(e->mask_cache, e->mask_matchers[j], e->mask_bitmaps[j]) == 0) empty = j;
         }
         const double ms = 1e3 * (request_now() - t0);
         pthread_mutex_lock(&e->stats_lock);
@@ -525,6 +526,7 @@ static void engine_destroy(nopad_engine *e) {
     nopad_context_free(e->ctx);
     pthread_mutex_destroy(&e->stats_lock);
     mask_pool_free(e->mask_pool);
+    grammar_mask_cache_free(e->mask_cache);
     grammar_token_trie_free(e->trie);
     pthread_mutex_destroy(&e->trie_lock);
     free(e->mask_matchers);
@@ -721,6 +723,12 @@ static nopad_status constraint_ready(nopad_engine *e, const char *fn) {
             /* the masks hold the model's vocabulary: a larger tokenizer's would not fit them */
             st = nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: the tokenizer has %d tokens, the model's "
                                  "vocabulary %d", fn, grammar_token_trie_vocab_size(e->trie), cfg->vocab_size);
+            grammar_token_trie_free(e->trie);
+            e->trie = NULL;
+        }
+        /* 512 states: a schema's structural states, and a bounded string's every count, for the
+         * requests under way (SmolLM2: 3 MB of masks) */
+        if (st == NOPAD_OK && (st = grammar_mask_cache_create(e->trie, 512, &e->mask_cache)) != NOPAD_OK) {
             grammar_token_trie_free(e->trie);
             e->trie = NULL;
         }

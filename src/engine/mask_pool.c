@@ -10,7 +10,7 @@
 #include "util/error.h"
 
 typedef struct mask_job {
-    const grammar_token_trie *trie;
+    grammar_mask_cache *cache;
     grammar_matcher *const *matchers;
     uint32_t *const *masks;
     int32_t n;
@@ -33,7 +33,7 @@ static void take_rows(mask_pool *p, const mask_job *job) {
     for (;;) {
         const int j = atomic_fetch_add(&p->next, 1);
         if (j >= job->n) return;
-        if (grammar_token_mask(job->trie, job->matchers[j], job->masks[j]) == 0) {
+        if (grammar_token_mask_shared(job->cache, job->matchers[j], job->masks[j]) == 0) {
             int seen = atomic_load(&p->empty);
             while (j < seen && !atomic_compare_exchange_weak(&p->empty, &seen, j)) {}
         }
@@ -97,9 +97,9 @@ void mask_pool_free(mask_pool *p) {
     free(p);
 }
 
-int32_t mask_pool_run(mask_pool *p, const grammar_token_trie *trie, grammar_matcher *const *matchers,
+int32_t mask_pool_run(mask_pool *p, grammar_mask_cache *cache, grammar_matcher *const *matchers,
                       uint32_t *const *masks, int32_t n) {
-    const mask_job job = {.trie = trie, .matchers = matchers, .masks = masks, .n = n};
+    const mask_job job = {.cache = cache, .matchers = matchers, .masks = masks, .n = n};
     pthread_mutex_lock(&p->lock);
     p->job = job;
     atomic_store(&p->next, 0);

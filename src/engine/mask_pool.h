@@ -16,10 +16,10 @@ typedef struct mask_pool mask_pool;
 nopad_status mask_pool_create(int n_workers, mask_pool **out);
 /* Stops and joins the workers; no run may be in flight. NULL is a no-op. */
 void mask_pool_free(mask_pool *p);
-/* masks[j] = grammar_token_mask(trie, matchers[j], ...) for j < n, rows handed out one at a time
- * to the workers and the calling thread; returns once all are done: the lowest j whose mask
+/* masks[j] = grammar_token_mask_shared(cache, matchers[j], ...) for j < n, rows handed out one at
+ * a time to the workers and the calling thread; returns once all are done: the lowest j whose mask
  * allows no token, or -1. One caller at a time. */
-int32_t mask_pool_run(mask_pool *p, const grammar_token_trie *trie, grammar_matcher *const *matchers,
+int32_t mask_pool_run(mask_pool *p, grammar_mask_cache *cache, grammar_matcher *const *matchers,
                       uint32_t *const *masks, int32_t n);
 
 #endif

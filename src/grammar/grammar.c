@@ -323,6 +323,26 @@ int32_t gb_any_value(gram_builder *b) {
 
 /* ---- the compiled form ---------------------------------------------------------------------- */
 
+/* FNV-1a over n bytes, continuing from h. */
+static uint64_t fnv1a(uint64_t h, const void *bytes, size_t n) {
+    const unsigned char *p = bytes;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Everything a matcher reads of the grammar, hashed. */
+static uint64_t grammar_fingerprint(const grammar *g) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint32_t n_alts = g->rule_alt0[g->n_rules];
+    const uint32_t sizes[5] = {g->n_elems, g->n_sets, g->n_rules, n_alts, g->root};
+    h = fnv1a(h, sizes, sizeof sizes);
+    h = fnv1a(h, g->elems, (size_t)g->n_elems * sizeof *g->elems);
+    h = fnv1a(h, g->sets, (size_t)g->n_sets * sizeof g->sets[0]);
+    h = fnv1a(h, g->alt_start, (size_t)n_alts * sizeof *g->alt_start);
+    h = fnv1a(h, g->rule_alt0, ((size_t)g->n_rules + 1) * sizeof *g->rule_alt0);
+    return fnv1a(h, g->repeat, ((size_t)g->n_rules + 1) * sizeof g->repeat[0]);
+}
+
 nopad_status gb_finish(gram_builder *b, int32_t root, grammar **out) {
     *out = NULL;
     if (b->status != NOPAD_OK) {
@@ -396,6 +416,7 @@ nopad_status gb_finish(gram_builder *b, int32_t root, grammar **out) {
     if (b->n_sets) memcpy(g->sets, b->sets, b->n_sets * sizeof(g->sets[0]));
     g->n_sets = b->n_sets;
     g->root = (uint32_t)root;
+    g->fingerprint = grammar_fingerprint(g);
     gb_discard(b);
     *out = g;
     return NOPAD_OK;

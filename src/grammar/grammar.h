@@ -95,4 +95,17 @@ int32_t grammar_token_mask(const grammar_token_trie *trie, grammar_matcher *m, u
 /* Feeds an emitted token: 1 when its bytes were accepted (EOS: when the matcher was accepting). */
 int grammar_matcher_accept_token(grammar_matcher *m, const grammar_token_trie *trie, int32_t id);
 
+/* Masks shared between requests on one vocabulary: equal grammars (by content: a schema compiled
+ * once per request) in equal states have equal masks, so each state's is computed once while it
+ * stays among the cache's n_entries most recently used. Thread-safe. */
+typedef struct grammar_mask_cache grammar_mask_cache;
+nopad_status grammar_mask_cache_create(const grammar_token_trie *trie, uint32_t n_entries,
+                                       grammar_mask_cache **out);
+void grammar_mask_cache_free(grammar_mask_cache *cache);
+/* grammar_token_mask on the cache's trie, through the cache (any thread; the matcher is one
+ * thread's at a time, as always). */
+int32_t grammar_token_mask_shared(grammar_mask_cache *cache, grammar_matcher *m, uint32_t *mask);
+/* Masks found in the cache and computed, so far. */
+void grammar_mask_cache_counts(grammar_mask_cache *cache, uint64_t *hits, uint64_t *misses);
+
 #endif

@@ -31,6 +31,9 @@ struct grammar {
     uint32_t n_rules;
     grammar_repeat *repeat; /* by rule id; meaningful for the rules GRAM_REPEAT names */
     uint32_t root;
+    /* a hash of all the above: two compilations of one schema are equal grammars, whose equal
+     * states share masks (grammar_mask_cache) */
+    uint64_t fingerprint;
 };
 
 /* ---- the builder ----------------------------------------------------------------------------------
@@ -131,10 +134,12 @@ uint32_t grammar_matcher_state_key(const grammar_matcher *m, uint32_t *key, uint
  * `trie`): equal states have equal masks, and a free string's characters lead back to the state
  * they started from. find: 1 and mask / *allowed filled when the current state's mask is kept;
  * put: keeps it (the least recently used entry goes). Out of memory only stops the keeping. */
-int grammar_mask_cache_find(grammar_matcher *m, const void *trie, uint32_t *mask, size_t words, int32_t *allowed);
-void grammar_mask_cache_put(grammar_matcher *m, const void *trie, const uint32_t *mask, size_t words,
+int grammar_matcher_kept_find(grammar_matcher *m, const void *trie, uint32_t *mask, size_t words, int32_t *allowed);
+void grammar_matcher_kept_put(grammar_matcher *m, const void *trie, const uint32_t *mask, size_t words,
                             int32_t allowed);
 /* How many masks came from the kept ones (for the tests). */
-uint64_t grammar_mask_cache_hits(const grammar_matcher *m);
+uint64_t grammar_matcher_kept_hits(const grammar_matcher *m);
+/* The grammar a matcher runs. */
+const grammar *grammar_matcher_grammar(const grammar_matcher *m);
 
 #endif

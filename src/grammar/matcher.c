@@ -67,7 +67,7 @@ struct grammar_matcher {
     eslot *expanded;
     uint32_t expanded_mask, expanded_used, stamp;
     int failed;       /* out of memory inside a step: the step fails (the byte is refused) */
-    /* the masks of the last states seen (grammar_mask_cache_*): a free string's characters come
+    /* the masks of the last states seen (grammar_matcher_kept_*): a free string's characters come
      * back to the same state token after token, and its mask is then a copy */
     mask_cache_entry cache[MASK_CACHE_ENTRIES];
     uint64_t cache_clock, cache_hits;
@@ -487,7 +487,7 @@ uint32_t grammar_matcher_state_key(const grammar_matcher *m, uint32_t *key, uint
 
 /* ---- the masks of recent states ------------------------------------------------------------ */
 
-int grammar_mask_cache_find(grammar_matcher *m, const void *trie, uint32_t *mask, size_t words, int32_t *allowed) {
+int grammar_matcher_kept_find(grammar_matcher *m, const void *trie, uint32_t *mask, size_t words, int32_t *allowed) {
     uint32_t key[MASK_CACHE_KEY];
     const uint32_t n = grammar_matcher_state_key(m, key, MASK_CACHE_KEY);
     if (n == 0) return 0;
@@ -504,7 +504,7 @@ int grammar_mask_cache_find(grammar_matcher *m, const void *trie, uint32_t *mask
     return 0;
 }
 
-void grammar_mask_cache_put(grammar_matcher *m, const void *trie, const uint32_t *mask, size_t words,
+void grammar_matcher_kept_put(grammar_matcher *m, const void *trie, const uint32_t *mask, size_t words,
                             int32_t allowed) {
     uint32_t key[MASK_CACHE_KEY];
     const uint32_t n = grammar_matcher_state_key(m, key, MASK_CACHE_KEY);
@@ -531,4 +531,6 @@ void grammar_mask_cache_put(grammar_matcher *m, const void *trie, const uint32_t
     c->used = ++m->cache_clock;
 }
 
-uint64_t grammar_mask_cache_hits(const grammar_matcher *m) { return m->cache_hits; }
+uint64_t grammar_matcher_kept_hits(const grammar_matcher *m) { return m->cache_hits; }
+
+const grammar *grammar_matcher_grammar(const grammar_matcher *m) { return m->g; }

@@ -273,7 +273,7 @@ static void allow(const grammar_token_trie *t, uint32_t first, uint32_t end, uin
 int32_t grammar_token_mask(const grammar_token_trie *t, grammar_matcher *m, uint32_t *mask) {
     const size_t words = ((size_t)t->vocab_size + 31) / 32;
     int32_t kept = 0;
-    if (grammar_mask_cache_find(m, t, mask, words, &kept)) return kept;
+    if (grammar_matcher_kept_find(m, t, mask, words, &kept)) return kept;
     memset(mask, 0, words * sizeof(uint32_t));
     mask_walk w = {t, m, grammar_matcher_save(m), {0}, 0, 0, 0, NULL, NULL, NULL, 0};
     /* per depth d of the current path: marks[d] the matcher's state after its bytes (when
@@ -361,7 +361,7 @@ int32_t grammar_token_mask(const grammar_token_trie *t, grammar_matcher *m, uint
             mask[id >> 5] |= 1u << (id & 31);
         }
     }
-    grammar_mask_cache_put(m, t, mask, words, allowed);
+    grammar_matcher_kept_put(m, t, mask, words, allowed);
     return allowed;
 }
 
