@@ -65,6 +65,37 @@ template <bool BF16> __device__ __forceinline__ uint32_t pack2(int a, int b) {
 }
 template <bool BF16> __device__ __forceinline__ uint32_t ones2() { return BF16 ? 0x3f803f80u : 0x3c003c00u; }
 
+/* What a lane holds of one chunk of one row for the MMAs: pair[k] the 16-bit values v[2k],
+ * v[2k + 1] of q_lane in the dtype (pairs 0, 1 the first 16 values, 2, 3 the second), and the
+ * chunk's scales and min. */
+struct q_frag {
+    uint32_t pair[4];
+    float scale, scale_hi, min;
+};
+template <bool BF16, int FMT> __device__ __forceinline__ q_frag q_read_frag(const uint8_t *row, int c, int l4) {
+    q_frag f;
+    if constexpr (!BF16 && q_has_pairs<FMT>()) { /* the bytes put in place, one subtraction a pair */
+        const q_pairs q = q_read_pairs<FMT>(row, c, l4);
+        const __half2 bias = __half2half2(__ushort_as_half((unsigned short)q_pair_bias<FMT>()));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&q.pair[k]), bias);
+            f.pair[k] = *reinterpret_cast<const uint32_t *>(&h);
+        }
+        f.scale = q.scale;
+        f.scale_hi = q.scale_hi;
+        f.min = q.min;
+        return f;
+    }
+    const q_lane q = q_read_chunk<FMT>(row, c, l4);
+#pragma unroll
+    for (int k = 0; k < 4; k++) f.pair[k] = pack2<BF16>(q.v[2 * k], q.v[2 * k + 1]);
+    f.scale = q.scale;
+    f.scale_hi = q.scale_hi;
+    f.min = q.min;
+    return f;
+}
+
 /* Where lane (g, l4) reads token tile j's activations (token 8j + g, values 4·l4 ..) and whether
  * that token exists (x_ok: else zeros). */
 template <int NT> struct x_lanes {
@@ -85,14 +116,12 @@ template <int NT> __device__ __forceinline__ x_lanes<NT> x_lanes_of(const params
 /* acc += chunk c of rows g (a) and g + 8 (b) times every token tile's activations at c. Both
  * kernels below run this same code in the same chunk order, so they give the same bits. */
 template <bool BF16, int FMT, int NT>
-__device__ __forceinline__ void multiply_chunk(float (&acc)[NT][4], const q_lane &a, const q_lane &b,
+__device__ __forceinline__ void multiply_chunk(float (&acc)[NT][4], const q_frag &a, const q_frag &b,
                                                const x_lanes<NT> &xl, int c) {
     const uint2 zero = make_uint2(0, 0);
     /* A: row g in registers 0 and 2, row g + 8 in 1 and 3 (m16n8k16's fragment order) */
-    const uint32_t a_lo[4] = {pack2<BF16>(a.v[0], a.v[1]), pack2<BF16>(b.v[0], b.v[1]),
-                              pack2<BF16>(a.v[2], a.v[3]), pack2<BF16>(b.v[2], b.v[3])};
-    const uint32_t a_hi[4] = {pack2<BF16>(a.v[4], a.v[5]), pack2<BF16>(b.v[4], b.v[5]),
-                              pack2<BF16>(a.v[6], a.v[7]), pack2<BF16>(b.v[6], b.v[7])};
+    const uint32_t a_lo[4] = {a.pair[0], b.pair[0], a.pair[1], b.pair[1]};
+    const uint32_t a_hi[4] = {a.pair[2], b.pair[2], a.pair[3], b.pair[3]};
     const uint32_t ones[4] = {ones2<BF16>(), ones2<BF16>(), ones2<BF16>(), ones2<BF16>()};
 #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -175,18 +204,18 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
     const int n_chunks = p.K / CHUNK;
     /* the warp's first chunk of weights is read before the kernel ahead has finished (they do not
      * depend on it), each next one while the current one is multiplied: two chunks in flight */
-    q_lane a = {}, b = {};
+    q_frag a = {}, b = {};
     if (warp < n_chunks) {
-        a = q_read_chunk<FMT>(w_lo, warp, l4);
-        b = q_read_chunk<FMT>(w_hi, warp, l4);
+        a = q_read_frag<BF16, FMT>(w_lo, warp, l4);
+        b = q_read_frag<BF16, FMT>(w_hi, warp, l4);
     }
     wait_for_upstream_grid(); /* x and the residual may come from it */
     const x_lanes<NT> xl = x_lanes_of<NT>(p, g, l4);
     for (int c = warp; c < n_chunks; c += WARPS) {
-        q_lane next_a = a, next_b = b;
+        q_frag next_a = a, next_b = b;
         if (c + WARPS < n_chunks) {
-            next_a = q_read_chunk<FMT>(w_lo, c + WARPS, l4);
-            next_b = q_read_chunk<FMT>(w_hi, c + WARPS, l4);
+            next_a = q_read_frag<BF16, FMT>(w_lo, c + WARPS, l4);
+            next_b = q_read_frag<BF16, FMT>(w_hi, c + WARPS, l4);
         }
         multiply_chunk<BF16, FMT, NT>(acc, a, b, xl, c);
         a = next_a;
@@ -260,7 +289,7 @@ __device__ __forceinline__ void copy_stage(uint8_t *buf, const params &p, int n0
 }
 
 /* The staged kernel: the CTA copies its rows' bytes into a ring of STAGES stages with 16-byte
- * cp.async, STAGES - 1 stages ahead of the warps, which decode from shared memory (q_read_chunk,
+ * cp.async, STAGES - 1 stages ahead of the warps, which decode from shared memory (q_read_frag,
  * as the direct kernel). Needs w 16-byte aligned. The first STAGES - 1 stages are requested before
  * griddepcontrol.wait: the weights stream in while the kernel ahead finishes. */
 template <bool BF16, int FMT, int NT>
@@ -297,8 +326,8 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_staged_kernel(const params p
         const int c = WARPS * s + warp;
         if (c < n_chunks) {
             const uint8_t *buf = ring + (s % R::STAGES) * FEATS * R::SEG;
-            const q_lane a = q_read_chunk<FMT>(buf + g * R::SEG + run_offset<FMT>(w_lo, s), warp, l4);
-            const q_lane b = q_read_chunk<FMT>(buf + (g + 8) * R::SEG + run_offset<FMT>(w_hi, s), warp, l4);
+            const q_frag a = q_read_frag<BF16, FMT>(buf + g * R::SEG + run_offset<FMT>(w_lo, s), warp, l4);
+            const q_frag b = q_read_frag<BF16, FMT>(buf + (g + 8) * R::SEG + run_offset<FMT>(w_hi, s), warp, l4);
             multiply_chunk<BF16, FMT, NT>(acc, a, b, xl, c);
         }
         __syncthreads(); /* stage s's slot may be refilled */

@@ -133,4 +133,49 @@ template <int FMT> __host__ __device__ __forceinline__ q_lane q_read_chunk(const
     return r;
 }
 
+/* Q4_0, Q4_1 and Q8_0 read straight into fp16 pairs (q_read_pairs): a lane's values of a chunk as
+ * pair[k] = the fp16 bits of bias + v[2k] (low half) and bias + v[2k + 1] (high half), bias + v in
+ * 1024 .. 2047 (fp16's integers a step apart, so pair - bias, in fp16, is v exactly), `bias` the
+ * fp16 bits of q_pair_bias: no integer is formed, each half is a byte (or nibble) of the block
+ * moved into place and or-ed with 0x6400. scale, scale_hi and min as q_read_chunk's. */
+template <int FMT> __host__ __device__ constexpr bool q_has_pairs() {
+    return FMT == NOPAD_WEIGHT_Q4_0 || FMT == NOPAD_WEIGHT_Q4_1 || FMT == NOPAD_WEIGHT_Q8_0;
+}
+/* 1024 + Q4_0's offset 8 (v = nibble - 8), 1024 (Q4_1: v = nibble), 1024 + 128 (Q8_0: the byte's
+ * sign bit flipped is v + 128) */
+template <int FMT> __host__ __device__ constexpr uint32_t q_pair_bias() {
+    return FMT == NOPAD_WEIGHT_Q4_0 ? 0x6408u : FMT == NOPAD_WEIGHT_Q8_0 ? 0x6480u : 0x6400u;
+}
+struct q_pairs {
+    uint32_t pair[4];
+    float scale, scale_hi, min;
+};
+/* bytes 0, 1 of u into the low bytes of its two halves, and bytes 2, 3, or-ed with 0x6400 */
+__host__ __device__ __forceinline__ uint32_t q_pair01(uint32_t u) { return (u & 0xffu) | (u & 0xff00u) << 8 | 0x64006400u; }
+__host__ __device__ __forceinline__ uint32_t q_pair23(uint32_t u) { return (u >> 16 & 0xffu) | (u >> 8 & 0xff0000u) | 0x64006400u; }
+
+/* Chunk c of the row at `row`, the part of lane l4, for the formats of q_has_pairs. */
+template <int FMT> __host__ __device__ __forceinline__ q_pairs q_read_pairs(const uint8_t *row, int c, int l4) {
+    q_pairs r;
+    const uint8_t *b = row + (size_t)c * qformat<FMT>::BYTES;
+    r.scale = r.scale_hi = q_half(b);
+    uint32_t lo, hi; /* the bytes of values 4·l4 .. 4·l4 + 3 and 16 + 4·l4 .. as bias + v - 1024 */
+    if (FMT == NOPAD_WEIGHT_Q8_0) {
+        r.min = 0.0f;
+        lo = q_ld32(b + 2 + 4 * l4) ^ 0x80808080u;
+        hi = q_ld32(b + 18 + 4 * l4) ^ 0x80808080u;
+    } else { /* Q4_0: d, qs[16]; Q4_1: d, m, qs[16]; byte j holds value j (low nibble) and j + 16 */
+        constexpr bool has_m = FMT == NOPAD_WEIGHT_Q4_1;
+        r.min = has_m ? q_half(b + 2) : 0.0f;
+        const uint32_t qs = q_ld32(b + (has_m ? 4 : 2) + 4 * l4);
+        lo = qs & 0x0f0f0f0fu;
+        hi = qs >> 4 & 0x0f0f0f0fu;
+    }
+    r.pair[0] = q_pair01(lo);
+    r.pair[1] = q_pair23(lo);
+    r.pair[2] = q_pair01(hi);
+    r.pair[3] = q_pair23(hi);
+    return r;
+}
+
 #endif
