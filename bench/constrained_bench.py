@@ -101,16 +101,18 @@ def check_document(text):
             and len(d["address"]["zip"]) == 5 and d["address"]["zip"].isdigit())
 
 
-def timed_run(eng, prompts, outs, constrained, label):
-    """One pass of the requests; constrained[i]: request i under the schema. Its row."""
+def timed_run(eng, prompts, outs, constrained, label, seed):
+    """One pass of the requests; constrained[i]: request i under the schema; request i samples with
+    seed + i (each pass its own seeds: another pass's documents, so masks one pass kept in the
+    engine's shared cache do not serve the next). Its row."""
     s0 = eng.stats()
     t0 = time.perf_counter()
     reqs = []
     for i, (p, o) in enumerate(zip(prompts, outs)):
         if constrained[i]:
-            reqs.append(eng.submit(p, max_tokens=o, temperature=0.7, seed=1000 + i, json_schema=SCHEMA))
+            reqs.append(eng.submit(p, max_tokens=o, temperature=0.7, seed=seed + i, json_schema=SCHEMA))
         else:
-            reqs.append(eng.submit(p, max_tokens=o, temperature=0.7, seed=1000 + i, ignore_eos=True))
+            reqs.append(eng.submit(p, max_tokens=o, temperature=0.7, seed=seed + i, ignore_eos=True))
     for r in reqs:
         r.result()
     wall = time.perf_counter() - t0
@@ -157,12 +159,13 @@ def run_shape(args, nopad, shape, out):
             nopad.Engine(gen, kv_cache_tokens=kv, max_running=args.requests, max_queue=args.requests,
                          max_step_tokens=4096, prefix_sharing=False) as eng:
         # warm-up: the constrained pass (it builds the vocabulary's trie) then the plain one
-        first = timed_run(eng, prompts, outs, constrained, "warm-up c")
-        timed_run(eng, prompts, first["produced"], [False] * args.requests, "warm-up p")
+        first = timed_run(eng, prompts, outs, constrained, "warm-up c", 1000)
+        timed_run(eng, prompts, first["produced"], [False] * args.requests, "warm-up p", 1000)
         for rep in range(args.reps):
-            c = timed_run(eng, prompts, outs, constrained, "constrained")
+            seed = 1000 * (rep + 2)
+            c = timed_run(eng, prompts, outs, constrained, "constrained", seed)
             # the plain pass asks each request for what the constrained pass just produced
-            p = timed_run(eng, prompts, c["produced"], [False] * args.requests, "plain")
+            p = timed_run(eng, prompts, c["produced"], [False] * args.requests, "plain", seed)
             if p["tokens"] != c["tokens"]:
                 p["error"] = "token counts differ: %d against %d" % (p["tokens"], c["tokens"])
             res["records"] += [c, p]
