@@ -302,7 +302,7 @@ static const int32_t TOKENS[] = {1, 2, 3, 8, 9, 33, 130};
 enum { N_TOKENS = sizeof TOKENS / sizeof TOKENS[0] };
 
 /* (N, K in blocks; 0: the long row; 203 blocks of 32 or 25 super-blocks: the staged GEMV's ring
- * (7 to 12 stages of 256 values) wraps twice and more, its last stage part filled for blocks of 32) */
+ * (4 to 8 stages of 512 values) wraps, its last stage part filled) */
 static const int32_t SHAPES[][2] = {{1, 1}, {7, 2}, {577, 3}, {7, 0}, {577, 0}, {17, -1}};
 enum { N_SHAPES = sizeof SHAPES / sizeof SHAPES[0] };
 

@@ -224,19 +224,23 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
     reduce_and_store<BF16, NT>(partial, acc, p, n0);
 }
 
-/* The staged kernel's shared-memory ring. Stage s is values 256s .. 256s + 255 of the CTA's 16
- * rows: 8 blocks of 32 or one super-block a row, `BYTES` contiguous bytes of each row, chunk
- * 8s + w for warp w (the direct kernel's chunk-to-warp map). A row's run is copied with 16-byte
- * cp.async from the 16-byte aligned address at or below its start (the rows are contiguous, so
- * those bytes belong to the weight whenever w itself is 16-byte aligned) and up to its last byte
- * (the last 16 bytes zero-filled past it): SEG bytes a row hold the run at any alignment. STAGES
- * fills about 32 KiB: ~30 KiB of weights in flight a CTA, which at one CTA a SM (N = 2048: 128
- * CTAs) is about what an H100 needs in flight to run at its copy rate (3.3 TB/s × ~1 µs / 132). */
+/* The staged kernel's shared-memory ring. Stage s is values 512s .. 512s + 511 of the CTA's 16
+ * rows: 16 blocks of 32 or two super-blocks a row, `BYTES` contiguous bytes of each row, chunks
+ * 16s + w and 16s + 8 + w for warp w, in that order (the direct kernel's chunk-to-warp map and
+ * order; two chunks a warp between two barriers, whose reads and MMAs can overlap). A row's run is
+ * copied with 16-byte cp.async from the 16-byte aligned address at or below its start (the rows
+ * are contiguous, so those bytes belong to the weight whenever w itself is 16-byte aligned) and up
+ * to its last byte (the last 16 bytes zero-filled past it): SEG bytes a row hold the run at any
+ * alignment. STAGES fills up to 40 KiB (3 to 7 stages): 27-34 KiB of weights requested ahead a
+ * CTA, which at one CTA a SM (N = 2048: 128 CTAs) is about what an H100 needs in flight to run at
+ * its copy rate (3.3 TB/s × ~1 µs / 132 SMs = 25 KiB). */
+enum { CHUNKS_A_WARP = 2, STAGE_CHUNKS = WARPS * CHUNKS_A_WARP };
 template <int FMT> struct stage_ring {
-    static constexpr int BLOCKS = qformat<FMT>::BLOCK == CHUNK ? WARPS : 1; /* a row's blocks a stage */
+    /* a row's blocks a stage */
+    static constexpr int BLOCKS = qformat<FMT>::BLOCK == CHUNK ? STAGE_CHUNKS : STAGE_CHUNKS * CHUNK / qformat<FMT>::BLOCK;
     static constexpr int BYTES = BLOCKS * qformat<FMT>::BYTES;
     static constexpr int SEG = (BYTES + 15) / 16 * 16 + 16;
-    static constexpr int STAGES = 32768 / (FEATS * SEG);
+    static constexpr int STAGES = 40960 / (FEATS * SEG);
     static constexpr int RING = STAGES * FEATS * SEG;
 };
 
@@ -259,11 +263,12 @@ template <int FMT> __host__ __device__ __forceinline__ const uint8_t *stage_run(
 template <int FMT> __host__ __device__ __forceinline__ int run_offset(const uint8_t *row, int s) {
     return (int)(reinterpret_cast<uintptr_t>(stage_run<FMT>(row, s)) & 15);
 }
-/* bytes of stage s's run in each row: 8 blocks of 32 (fewer in the last stage) or one super-block */
+/* bytes of stage s's run in each row: 16 blocks of 32 (fewer in the last stage) or two
+ * super-blocks (one in the last stage of an odd count) */
 template <int FMT> __host__ __device__ __forceinline__ int stage_bytes(int s, int n_chunks) {
-    if (qformat<FMT>::BLOCK != CHUNK) return stage_ring<FMT>::BYTES;
-    const int blocks = n_chunks - WARPS * s;
-    return (blocks < WARPS ? blocks : WARPS) * qformat<FMT>::BYTES;
+    constexpr int per_block = qformat<FMT>::BLOCK / CHUNK; /* chunks a block: 1 or 8 */
+    const int blocks = (n_chunks - STAGE_CHUNKS * s) / per_block;
+    return (blocks < stage_ring<FMT>::BLOCKS ? blocks : stage_ring<FMT>::BLOCKS) * qformat<FMT>::BYTES;
 }
 template <int FMT>
 __host__ __device__ __forceinline__ stage_piece stage_piece_of(const uint8_t *row, int s, int bytes, int piece) {
@@ -301,7 +306,7 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_staged_kernel(const params p
     allow_dependent_launch();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, l4 = lane % 4;
     const int n0 = blockIdx.x * FEATS;
-    const int n_chunks = p.K / CHUNK, n_stages = (n_chunks + WARPS - 1) / WARPS;
+    const int n_chunks = p.K / CHUNK, n_stages = (n_chunks + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
     /* where rows g and g + 8 start in global memory: their runs' offsets mod 16 in the ring */
     const uint8_t *w = static_cast<const uint8_t *>(p.w);
     const uint8_t *w_lo = w + (size_t)min(n0 + g, p.N - 1) * p.row_bytes;
@@ -323,12 +328,17 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_staged_kernel(const params p
         cp_async_commit();
         cp_async_wait_group<R::STAGES - 1>(); /* this thread's pieces of stage s have landed */
         __syncthreads();                      /* and every thread's */
-        const int c = WARPS * s + warp;
-        if (c < n_chunks) {
-            const uint8_t *buf = ring + (s % R::STAGES) * FEATS * R::SEG;
-            const q_frag a = q_read_frag<BF16, FMT>(buf + g * R::SEG + run_offset<FMT>(w_lo, s), warp, l4);
-            const q_frag b = q_read_frag<BF16, FMT>(buf + (g + 8) * R::SEG + run_offset<FMT>(w_hi, s), warp, l4);
-            multiply_chunk<BF16, FMT, NT>(acc, a, b, xl, c);
+        const uint8_t *buf = ring + (s % R::STAGES) * FEATS * R::SEG;
+        const uint8_t *run_lo = buf + g * R::SEG + run_offset<FMT>(w_lo, s);
+        const uint8_t *run_hi = buf + (g + 8) * R::SEG + run_offset<FMT>(w_hi, s);
+#pragma unroll
+        for (int h = 0; h < CHUNKS_A_WARP; h++) {
+            const int in_stage = WARPS * h + warp, c = STAGE_CHUNKS * s + in_stage;
+            if (c < n_chunks) {
+                const q_frag a = q_read_frag<BF16, FMT>(run_lo, in_stage, l4);
+                const q_frag b = q_read_frag<BF16, FMT>(run_hi, in_stage, l4);
+                multiply_chunk<BF16, FMT, NT>(acc, a, b, xl, c);
+            }
         }
         __syncthreads(); /* stage s's slot may be refilled */
     }
