@@ -13,7 +13,11 @@
  * same products. The MMAs' fp32 sums Σ q·x are exact up to fp32 accumulation (each product of a
  * small integer and a 16-bit x is exact), then scaled by the row's chunk scale in fp32; the
  * formats with a min add min · Σ x, Σ x from the same MMA with A all ones. Q6_K's two scales per
- * chunk (one per 16 values) scale the two MMAs apart. */
+ * chunk (one per 16 values) scale the two MMAs apart.
+ *
+ * Two kernels read the blocks, chosen in launch_tile: the staged one (16-byte cp.async into a
+ * shared-memory ring) for w 16-byte aligned, the direct one (2-byte loads from global memory) for
+ * any other w. Both run multiply_chunk on the same chunks in the same order: the same bits. */
 #ifndef NOPAD_BACKEND_CUDA_QUANT_QGEMV_CUH
 #define NOPAD_BACKEND_CUDA_QUANT_QGEMV_CUH
 
@@ -49,8 +53,8 @@ template <bool BF16> __device__ __forceinline__ uint16_t from_float(float v) {
     return __half_as_ushort(__float2half_rn(v));
 }
 /* two small integers (|a|, |b| <= 128, exact in either dtype) as one fragment register, a in the
- * low half. fp16 without conversions (int -> float -> half2 is three conversions a pair, at the
- * SM's conversion rate, 16 a clock: they bounded the GEMV): fp16's values 1024 .. 2047 are
+ * low half. fp16 without conversions (int -> float -> half2 is three conversions a pair, which the
+ * CUDA guide rates at 16 a clock a SM, a quarter of integer or fp16 arithmetic): fp16's values 1024 .. 2047 are
  * 0x6400 + their distance from 1024 in bits, so 0x6480 + q is 1152 + q, and 1152 + q - 1152 is q
  * exactly (every |q| <= 128; checked on the host for each). bf16's 7 mantissa bits hold no such
  * run of 257 integers: it converts. */

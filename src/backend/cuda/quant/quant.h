@@ -42,7 +42,8 @@ int cuda_quant_runs(nopad_weight_format format, int32_t n_in);
 size_t cuda_quant_row_bytes(nopad_weight_format format, int32_t n_in);
 
 /* y[T, N] = x[T, K] · w[N, K]ᵀ, 1 <= T <= CUDA_QGEMV_MAX_T, x in `dtype` (F16 or BF16, 8-byte
- * aligned). out_f32: y float32, no epilogue (bias, residual NULL, act < 0). Else y in dtype with
+ * aligned), w 2-byte aligned; a w 16-byte aligned (as the backend allocates) streams through
+ * shared memory with 16-byte copies, any other w is read 2 bytes at a time (slower, same bits). out_f32: y float32, no epilogue (bias, residual NULL, act < 0). Else y in dtype with
  * + bias[N] (NULL: none), act (a nopad_activation, < 0: none) and + residual[T, N] (NULL: none;
  * may alias y), in fp32 with one rounding at the store. Unsupported shapes or formats are
  * NOPAD_ERR_UNSUPPORTED, naming them. */
