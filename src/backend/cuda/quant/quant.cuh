@@ -133,18 +133,24 @@ template <int FMT> __host__ __device__ __forceinline__ q_lane q_read_chunk(const
     return r;
 }
 
-/* Q4_0, Q4_1 and Q8_0 read straight into fp16 pairs (q_read_pairs): a lane's values of a chunk as
- * pair[k] = the fp16 bits of bias + v[2k] (low half) and bias + v[2k + 1] (high half), bias + v in
- * 1024 .. 2047 (fp16's integers a step apart, so pair - bias, in fp16, is v exactly), `bias` the
- * fp16 bits of q_pair_bias: no integer is formed, each half is a byte (or nibble) of the block
- * moved into place and or-ed with 0x6400. scale, scale_hi and min as q_read_chunk's. */
+/* Q4_0, Q4_1, Q8_0, Q4_K and Q6_K read straight into fp16 pairs (q_read_pairs): a lane's values of
+ * a chunk as pair[k] = the fp16 bits of bias + v[2k] (low half) and bias + v[2k + 1] (high half),
+ * bias + v in 1024 .. 2047 (fp16's integers a step apart, so pair - bias, in fp16, is v exactly),
+ * `bias` the fp16 bits of q_pair_bias: no integer is formed, each half is a byte of the block (or
+ * its nibble, with Q6_K's two high bits) moved into place and or-ed with 0x6400. scale, scale_hi
+ * and min as q_read_chunk's. (Q5_0, Q5_1 and Q5_K spread one bit a value from qh: they form
+ * integers.) */
 template <int FMT> __host__ __device__ constexpr bool q_has_pairs() {
-    return FMT == NOPAD_WEIGHT_Q4_0 || FMT == NOPAD_WEIGHT_Q4_1 || FMT == NOPAD_WEIGHT_Q8_0;
+    return FMT == NOPAD_WEIGHT_Q4_0 || FMT == NOPAD_WEIGHT_Q4_1 || FMT == NOPAD_WEIGHT_Q8_0 ||
+           FMT == NOPAD_WEIGHT_Q4_K || FMT == NOPAD_WEIGHT_Q6_K;
 }
-/* 1024 + Q4_0's offset 8 (v = nibble - 8), 1024 (Q4_1: v = nibble), 1024 + 128 (Q8_0: the byte's
- * sign bit flipped is v + 128) */
+/* 1024 + the value a stored 0 stands for, negated: Q4_0's 8 (v = nibble - 8), Q8_0's 128 (the
+ * byte's sign bit flipped is v + 128), Q6_K's 32; Q4_1 and Q4_K store v itself */
 template <int FMT> __host__ __device__ constexpr uint32_t q_pair_bias() {
-    return FMT == NOPAD_WEIGHT_Q4_0 ? 0x6408u : FMT == NOPAD_WEIGHT_Q8_0 ? 0x6480u : 0x6400u;
+    return FMT == NOPAD_WEIGHT_Q4_0 ? 0x6408u
+           : FMT == NOPAD_WEIGHT_Q8_0 ? 0x6480u
+           : FMT == NOPAD_WEIGHT_Q6_K ? 0x6420u
+                                      : 0x6400u;
 }
 struct q_pairs {
     uint32_t pair[4];
@@ -157,16 +163,40 @@ __host__ __device__ __forceinline__ uint32_t q_pair23(uint32_t u) { return (u >>
 /* Chunk c of the row at `row`, the part of lane l4, for the formats of q_has_pairs. */
 template <int FMT> __host__ __device__ __forceinline__ q_pairs q_read_pairs(const uint8_t *row, int c, int l4) {
     q_pairs r;
-    const uint8_t *b = row + (size_t)c * qformat<FMT>::BYTES;
-    r.scale = r.scale_hi = q_half(b);
+    r.min = 0.0f;
     uint32_t lo, hi; /* the bytes of values 4·l4 .. 4·l4 + 3 and 16 + 4·l4 .. as bias + v - 1024 */
-    if (FMT == NOPAD_WEIGHT_Q8_0) {
-        r.min = 0.0f;
+    if (FMT == NOPAD_WEIGHT_Q8_0) { /* d, int8 qs[32] */
+        const uint8_t *b = row + (size_t)c * qformat<FMT>::BYTES;
+        r.scale = r.scale_hi = q_half(b);
         lo = q_ld32(b + 2 + 4 * l4) ^ 0x80808080u;
         hi = q_ld32(b + 18 + 4 * l4) ^ 0x80808080u;
+    } else if (FMT == NOPAD_WEIGHT_Q4_K) { /* q_read_chunk's layout, nibble s % 2 of each byte */
+        const uint8_t *b = row + (size_t)(c / 8) * qformat<FMT>::BYTES;
+        const int s = c % 8;
+        int sc, m;
+        q_scale_min_k4(s, b + 4, sc, m);
+        r.scale = r.scale_hi = q_half(b) * (float)sc;
+        r.min = -(q_half(b + 2) * (float)m);
+        const uint8_t *qs = b + 16 + 32 * (s / 2);
+        const int shift = 4 * (s % 2);
+        lo = q_ld32(qs + 4 * l4) >> shift & 0x0f0f0f0fu;
+        hi = q_ld32(qs + 16 + 4 * l4) >> shift & 0x0f0f0f0fu;
+    } else if (FMT == NOPAD_WEIGHT_Q6_K) { /* q_read_chunk's layout: nibble | 2 high bits << 4, 0 .. 63 */
+        const uint8_t *b = row + (size_t)(c / 8) * qformat<FMT>::BYTES;
+        const int h = (c % 8) / 4, cc = c % 4;
+        const float d = q_half(b + 208);
+        const int8_t *sc = reinterpret_cast<const int8_t *>(b + 192) + 8 * h + 2 * cc;
+        r.scale = d * (float)sc[0];
+        r.scale_hi = d * (float)sc[1];
+        const uint8_t *ql = b + 64 * h + 32 * (cc % 2), *qh = b + 128 + 32 * h;
+        const int ns = 4 * (cc / 2), hs = 2 * cc;
+        lo = (q_ld32(ql + 4 * l4) >> ns & 0x0f0f0f0fu) | (q_ld32(qh + 4 * l4) >> hs & 0x03030303u) << 4;
+        hi = (q_ld32(ql + 16 + 4 * l4) >> ns & 0x0f0f0f0fu) | (q_ld32(qh + 16 + 4 * l4) >> hs & 0x03030303u) << 4;
     } else { /* Q4_0: d, qs[16]; Q4_1: d, m, qs[16]; byte j holds value j (low nibble) and j + 16 */
         constexpr bool has_m = FMT == NOPAD_WEIGHT_Q4_1;
-        r.min = has_m ? q_half(b + 2) : 0.0f;
+        const uint8_t *b = row + (size_t)c * qformat<FMT>::BYTES;
+        r.scale = r.scale_hi = q_half(b);
+        if (has_m) r.min = q_half(b + 2);
         const uint32_t qs = q_ld32(b + (has_m ? 4 : 2) + 4 * l4);
         lo = qs & 0x0f0f0f0fu;
         hi = qs >> 4 & 0x0f0f0f0fu;
