@@ -267,26 +267,21 @@ for step in $STEPS; do
         # the same requests unconstrained (bench/constrained_bench.py); random checkpoints of the
         # smollm2 and 1b shapes with the tokenizers staged here (carry .gpu_carry/ctok, written by
         # `bench/constrained_bench.py tokenizers`), then the real SmolLM2 when its GGUF is here
-        # (CONSTRAINED_RANDOM=0: the real SmolLM2 only; MASK_WORKERS="7 14": each run once per
-        # NOPAD_MASK_WORKERS value, "-" for the library's default)
+        # (CONSTRAINED_RANDOM=0: the real SmolLM2 only)
         mkdir -p "$OUT/constrained"
-        for mw in ${MASK_WORKERS:--}; do
-            if [ "$mw" = - ]; then unset NOPAD_MASK_WORKERS; tag=""; else export NOPAD_MASK_WORKERS=$mw; tag="_mw$mw"; fi
-            if [ "${CONSTRAINED_RANDOM:-1}" = 1 ]; then
-                timeout 300 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
-                    --tokenizers "$ROOT/.gpu_carry/ctok" --out "$OUT/constrained/random$tag.json" ${CONSTRAINED_ARGS:-} \
-                    2>&1 | tee "$OUT/constrained/random$tag.log" | grep '^# [a-z0-9]*:' | sed "s/^/$tag /" || status=1
-            fi
-            # the real SmolLM2 with its blocks kept (native) and dequantised to fp16
-            for w in ${CONSTRAINED_WEIGHTS:-native f16}; do
-                [ -f "$GGUF" ] || break
-                timeout 200 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
-                    --tokenizers "$ROOT/.gpu_carry/ctok" --shapes smollm2 --model "smollm2=$GGUF" --weights $w \
-                    --out "$OUT/constrained/smollm2_gguf_$w$tag.json" ${CONSTRAINED_ARGS:-} \
-                    2>&1 | tee "$OUT/constrained/smollm2_gguf_$w$tag.log" | grep '^# [a-z0-9]*:' | sed "s/^/$tag $w /" || status=1
-            done
+        if [ "${CONSTRAINED_RANDOM:-1}" = 1 ]; then
+            timeout 300 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
+                --tokenizers "$ROOT/.gpu_carry/ctok" --out "$OUT/constrained/random.json" ${CONSTRAINED_ARGS:-} \
+                2>&1 | tee "$OUT/constrained/random.log" | grep '^# [a-z0-9]*:' || status=1
+        fi
+        # the real SmolLM2 with its blocks kept (native) and dequantised to fp16
+        for w in ${CONSTRAINED_WEIGHTS:-native f16}; do
+            [ -f "$GGUF" ] || break
+            timeout 200 python3 "$ROOT/bench/constrained_bench.py" run --library "$BUILD/libnopad.so" \
+                --tokenizers "$ROOT/.gpu_carry/ctok" --shapes smollm2 --model "smollm2=$GGUF" --weights $w \
+                --out "$OUT/constrained/smollm2_gguf_$w.json" ${CONSTRAINED_ARGS:-} \
+                2>&1 | tee "$OUT/constrained/smollm2_gguf_$w.log" | grep '^# [a-z0-9]*:' | sed "s/^/$w /" || status=1
         done
-        unset NOPAD_MASK_WORKERS
         ;;
     half)
         args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")

@@ -32,7 +32,6 @@
 #include "model/model_internal.h"
 #include "model/sampling.h"
 #include "util/error.h"
-#include "util/knobs.h"
 
 enum { RATE_STEPS = 64 }; /* steps remembered for tokens_per_s */
 
@@ -735,8 +734,9 @@ static nopad_status constraint_ready(nopad_engine *e, const char *fn) {
     }
     /* the host's spare cores build a step's masks side by side: up to 8 threads with the engine's */
     if (st == NOPAD_OK && !e->mask_pool) {
-        const long cores = sysconf(_SC_NPROCESSORS_ONLN), asked = knob_int(KNOB_MASK_WORKERS);
-        const int workers = asked >= 0 ? (int)asked : cores > 8 ? 7 : (int)cores - 1;
+        /* 7: 14 built a step's masks no faster on a 16-core host (docs/grammar.md) */
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const int workers = cores > 8 ? 7 : (int)cores - 1;
         if (workers >= 1 && (st = mask_pool_create(workers, &e->mask_pool)) != NOPAD_OK)
             st = nopad_wrap_error(st, "%s: the constraint masks' workers", fn);
     }

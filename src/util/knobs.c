@@ -67,9 +67,6 @@ static const knob_def KNOBS[KNOB_COUNT] = {
     [KNOB_COMM_TIMEOUT] = {"NOPAD_COMM_TIMEOUT", KIND_FLOAT, 30, NULL,
                            "seconds an NCCL collective may stay incomplete before the watchdog aborts the "
                            "communicator (a dead or stuck peer)"},
-    [KNOB_MASK_WORKERS] = {"NOPAD_MASK_WORKERS", KIND_INT, -1, NULL,
-                           "threads that build constraint masks beside the engine thread (-1: 7, or the cores "
-                           "less one where fewer)"},
 };
 
 static double values[KNOB_COUNT]; /* each knob's value, parsed as its kind says */

@@ -30,7 +30,6 @@ typedef enum knob_id {
     KNOB_FMHA_RESCALE,        /* float */
     KNOB_COMM_FORCE,          /* int: 1 = a world of one still goes through MPI and NCCL */
     KNOB_COMM_TIMEOUT,        /* float: seconds before the NCCL watchdog aborts a collective */
-    KNOB_MASK_WORKERS,        /* int: constraint mask workers beside the engine thread (-1: by cores) */
     KNOB_COUNT
 } knob_id;
 
