@@ -93,7 +93,7 @@ static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     /* block formats stay as stored where asked for (each backend keeps the formats its kernels
      * run, nopad_backend_runs_format, and dequantises the rest with a notice), and by default on
      * the CPU in one process. CUDA's default stays dequantised to the compute dtype: its quantized
-     * GEMV decodes SmolLM2 Q4_1 1.09-1.36x slower than the fp16 copy (bench/RESULTS.md QUANT), so
+     * GEMV decodes SmolLM2 Q4_1 1.07-1.31x slower than the fp16 copy (bench/RESULTS.md QUANT), so
      * --weights native buys memory there, not speed, for now. A split model (tp > 1) runs none. */
     const nopad_weights w = m->params.weights;
     const int native = w == NOPAD_WEIGHTS_NATIVE || (w == NOPAD_WEIGHTS_AUTO && m->params.device == NOPAD_DEVICE_CPU &&
