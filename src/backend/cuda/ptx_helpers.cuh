@@ -1,5 +1,6 @@
 /* Small PTX helpers shared by the op families: the attention kernels (attention/), the skinny GEMM
- * (gemm/skinny.cu) and the row-wise kernels (common.cuh). */
+ * (gemm/skinny.cu), the GEMVs (gemm/gemv.cu, quant/qgemv.cuh) and the row-wise kernels
+ * (common.cuh). */
 #ifndef NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 #define NOPAD_BACKEND_CUDA_PTX_HELPERS_CUH
 
@@ -7,6 +8,16 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+
+/* An fp16 or bf16 element's bits to float and back (round to nearest). */
+template <bool BF16> static __device__ __forceinline__ float to_float(uint16_t bits) {
+    if (BF16) return __uint_as_float((uint32_t)bits << 16);
+    return __half2float(__ushort_as_half(bits));
+}
+template <bool BF16> static __device__ __forceinline__ uint16_t from_float(float v) {
+    if (BF16) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    return __half_as_ushort(__float2half_rn(v));
+}
 
 static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);

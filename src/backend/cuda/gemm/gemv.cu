@@ -60,14 +60,6 @@ __device__ __forceinline__ uint4 load_activations(const void *p) {
     return v;
 }
 
-template <bool BF16> __device__ __forceinline__ float to_float(uint16_t bits) {
-    if (BF16) return __uint_as_float((uint32_t)bits << 16);
-    return __half2float(__ushort_as_half(bits));
-}
-template <bool BF16> __device__ __forceinline__ uint16_t from_float(float v) {
-    if (BF16) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    return __half_as_ushort(__float2half_rn(v));
-}
 
 /* The warps' partial sums (acc[s][j][r]: feature g + 8·(r / 2), token 8j + 2q + r % 2) meet in
  * `partial` [WARPS][ACC][32] and are added in warp order; then the epilogue and the store. */

@@ -44,14 +44,6 @@ struct params {
     size_t row_bytes;
 };
 
-template <bool BF16> __device__ __forceinline__ float to_float(uint16_t bits) {
-    if (BF16) return __uint_as_float((uint32_t)bits << 16);
-    return __half2float(__ushort_as_half(bits));
-}
-template <bool BF16> __device__ __forceinline__ uint16_t from_float(float v) {
-    if (BF16) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    return __half_as_ushort(__float2half_rn(v));
-}
 /* two small integers (|a|, |b| <= 128, exact in either dtype) as one fragment register, a in the
  * low half. fp16 without conversions (int -> float -> half2 is three conversions a pair, which the
  * CUDA guide rates at 16 a clock a SM, a quarter of integer or fp16 arithmetic): fp16's values 1024 .. 2047 are
@@ -248,14 +240,9 @@ template <int FMT> struct stage_ring {
     static constexpr int RING = STAGES * FEATS * SEG;
 };
 
-/* 16 bytes global -> shared, of which the first src_bytes (1..16) are read and the rest zeroed */
-__device__ __forceinline__ void cp_async16_part(void *dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-
 /* Piece `piece` (0 .. SEG/16 - 1) of stage s of row `row` (its first byte at `row`): the 16
- * bytes at `from` go to the row's slot + 16·piece, of which src_bytes (1..16) are read and the
- * rest zeroed; src_bytes 0: nothing to copy. The run of `bytes` bytes starts at offset
+ * bytes at `from` go to the row's slot + 16·piece, of which the first src_bytes (1..16) are the
+ * weight's (copy_stage reads only those and zeroes the rest); src_bytes 0: nothing to copy. The run of `bytes` bytes starts at offset
  * run_offset(row, s) of the slot. Host and device (the host checks the ring's layout). */
 struct stage_piece {
     const uint8_t *from;
@@ -295,10 +282,10 @@ __device__ __forceinline__ void copy_stage(uint8_t *buf, const params &p, int n0
         const stage_piece c = stage_piece_of<FMT>(row, s, bytes, piece);
         uint8_t *to = buf + r * R::SEG + 16 * piece;
         if (c.src_bytes == 16) {
-            cp_async16_part(to, c.from, 16);
+            cp_async16(to, c.from, true);
         } else if (c.src_bytes > 0) {
-            /* a run's last piece: its bytes one by one (the blocks are 2-byte aligned: pairs), so
-             * no 16-byte read reaches past the weight's end (compute-sanitizer flagged cp.async's
+            /* a run's last piece: its bytes in pairs (the blocks are 2-byte aligned), so no
+             * 16-byte read reaches past the weight's end (compute-sanitizer flagged cp.async's
              * zero-filling form there as a 16-byte read); the slot is free as for cp.async, and
              * the barrier that publishes the stage publishes these stores too */
             for (int i = 0; i < 16; i += 2) {

@@ -52,6 +52,20 @@ __host__ __device__ __forceinline__ void q_scale_min_k4(int j, const uint8_t *q,
  * 4·l4 .. 4·l4 + 3 and v[4..7] those of 16 + 4·l4 .. 16 + 4·l4 + 3 (l4 in 0..3; four lanes read a
  * chunk), the offsets (Q4_0's 8, Q5_0's 16, Q6_K's 32) already subtracted; value = scale·v + min,
  * scale_hi for v[4..7]. */
+/* Q4_K / Q5_K chunk c (0 .. K/32 - 1): its super-block of the row at `row` (returned), the
+ * sub-block *s (c % 8), and that sub-block's scale d·sc and min -dmin·m (x = scale·q + min). */
+template <int FMT>
+__host__ __device__ __forceinline__ const uint8_t *q_k_sub_block(const uint8_t *row, int c, int *s, float *scale,
+                                                               float *min) {
+    const uint8_t *b = row + (size_t)(c / 8) * qformat<FMT>::BYTES;
+    *s = c % 8;
+    int sc, m;
+    q_scale_min_k4(*s, b + 4, sc, m);
+    *scale = q_half(b) * (float)sc;
+    *min = -(q_half(b + 2) * (float)m);
+    return b;
+}
+
 struct q_lane {
     int v[8];
     float scale, scale_hi, min;
@@ -95,12 +109,9 @@ template <int FMT> __host__ __device__ __forceinline__ q_lane q_read_chunk(const
         /* d, dmin, scales[12], [qh[32],] qs[128]: sub-block s's element l is qs[32·(s/2) + l]'s
          * nibble s % 2, and (Q5_K) 16 · bit s of qh[l]; x = d·sc_s·q - dmin·m_s */
         constexpr bool five = FMT == NOPAD_WEIGHT_Q5_K;
-        const uint8_t *b = row + (size_t)(c / 8) * qformat<FMT>::BYTES;
-        const int s = c % 8;
-        int sc, m;
-        q_scale_min_k4(s, b + 4, sc, m);
-        r.scale = r.scale_hi = q_half(b) * (float)sc;
-        r.min = -(q_half(b + 2) * (float)m);
+        int s;
+        const uint8_t *b = q_k_sub_block<FMT>(row, c, &s, &r.scale, &r.min);
+        r.scale_hi = r.scale;
         const uint8_t *qs = b + (five ? 48 : 16) + 32 * (s / 2);
         const uint32_t lo = q_ld32(qs + 4 * l4), hi = q_ld32(qs + 16 + 4 * l4);
         const uint32_t hlo = five ? q_ld32(b + 16 + 4 * l4) : 0, hhi = five ? q_ld32(b + 32 + 4 * l4) : 0;
@@ -171,12 +182,9 @@ template <int FMT> __host__ __device__ __forceinline__ q_pairs q_read_pairs(cons
         lo = q_ld32(b + 2 + 4 * l4) ^ 0x80808080u;
         hi = q_ld32(b + 18 + 4 * l4) ^ 0x80808080u;
     } else if (FMT == NOPAD_WEIGHT_Q4_K) { /* q_read_chunk's layout, nibble s % 2 of each byte */
-        const uint8_t *b = row + (size_t)(c / 8) * qformat<FMT>::BYTES;
-        const int s = c % 8;
-        int sc, m;
-        q_scale_min_k4(s, b + 4, sc, m);
-        r.scale = r.scale_hi = q_half(b) * (float)sc;
-        r.min = -(q_half(b + 2) * (float)m);
+        int s;
+        const uint8_t *b = q_k_sub_block<FMT>(row, c, &s, &r.scale, &r.min);
+        r.scale_hi = r.scale;
         const uint8_t *qs = b + 16 + 32 * (s / 2);
         const int shift = 4 * (s % 2);
         lo = q_ld32(qs + 4 * l4) >> shift & 0x0f0f0f0fu;
