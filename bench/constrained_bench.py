@@ -17,6 +17,10 @@ Here (the gguf package reads SmolLM2's GGUF):
 On the GPU machine:
     python3 bench/constrained_bench.py run --library libnopad.so --tokenizers DIR --out r.json
         [--shapes smollm2,1b] [--model smollm2=PATH.gguf] (a real model for a shape instead)
+Where the difference goes (one constrained and one plain pass of a shape under CUPTI, through
+torch.profiler; engine_profile.py's steps: each step's device span and the idle gap after it, and
+the device time per kernel name):
+    python3 bench/constrained_bench.py profile --library libnopad.so --tokenizers DIR --out p.json
 """
 import argparse
 import json
@@ -141,12 +145,7 @@ def timed_run(eng, prompts, outs, constrained, label, seed):
 
 def run_shape(args, nopad, shape, out):
     V = VOCAB[shape]
-    model = dict(m.split("=", 1) for m in args.model).get(shape)
-    if model:
-        path, info = model, {"model": model}
-    else:
-        path, info = ec.checkpoint(shape)
-        shutil.copy(os.path.join(args.tokenizers, shape, "tokenizer.json"), os.path.join(path, "tokenizer.json"))
+    path, info = checkpoint_for(args, shape)
     prompts, outs = ec.throughput_workload(args.requests, args.seed, V)
     constrained = [i % 2 == 1 for i in range(args.requests)]
     res = {"shape": shape, "checkpoint": info, "weights": args.weights, "requests": args.requests,
@@ -182,13 +181,74 @@ def run_shape(args, nopad, shape, out):
     ec.save_json(args.out, out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("tokenizers", help="write DIR/<shape>/tokenizer.json from SmolLM2's GGUF")
-    t.add_argument("--gguf", required=True)
-    t.add_argument("--out", required=True)
-    r = sub.add_parser("run")
+def profile_shape(args, nopad, shape, out):
+    """One constrained and one plain pass under CUPTI, after a warm-up of each: per pass the sums of
+    the steps' device spans and of the idle gaps between them, and the device time per kernel."""
+    from torch.profiler import ProfilerActivity, profile
+    import torch
+    import decode_profile  # its trace reader
+    import engine_profile  # its step cutter
+
+    path, info = checkpoint_for(args, shape)
+    prompts, outs = ec.throughput_workload(args.requests, args.seed, VOCAB[shape])
+    constrained = [i % 2 == 1 for i in range(args.requests)]
+    res = {"shape": shape, "checkpoint": info, "weights": args.weights, "passes": []}
+    out["shapes"].append(res)
+    kv = sum(len(p) + o for p, o in zip(prompts, outs)) + 16 * args.requests
+    with nopad.Generator(path, device="cuda", dtype=args.dtype, kv_cache_tokens=16, max_batch_tokens=16,
+                         weights=args.weights) as gen, \
+            nopad.Engine(gen, kv_cache_tokens=kv, max_running=args.requests, max_queue=args.requests,
+                         max_step_tokens=4096, prefix_sharing=False) as eng:
+        first = timed_run(eng, prompts, outs, constrained, "warm-up c", 1000)
+        timed_run(eng, prompts, first["produced"], [False] * args.requests, "warm-up p", 1000)
+        seed, produced = 2000, None
+        for label in ("constrained", "plain"):
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                if label == "constrained":
+                    row = timed_run(eng, prompts, outs, constrained, label, seed)
+                    produced = row["produced"]
+                else:
+                    row = timed_run(eng, prompts, produced, [False] * args.requests, label, seed)
+                torch.cuda.synchronize()
+            events = decode_profile.trace_events(prof)
+            steps = engine_profile.steps_of(events)
+            rows, _ = engine_profile.analyse(steps)
+            kernels = {}
+            for e in events:
+                if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+                    k = kernels.setdefault(e["name"][:80], [0, 0.0])
+                    k[0] += 1
+                    k[1] += e["dur"]
+            top = sorted(kernels.items(), key=lambda kv_: -kv_[1][1])[:25]
+            p = {"run": label, "wall_s": row["wall_s"], "tokens": row["tokens"], "steps": len(rows),
+                 "engine_steps": row["steps"], "mask_ms": row["mask_ms"],
+                 "span_s_sum": round(sum(r["span_us"] for r in rows) / 1e6, 4),
+                 "gap_s_sum": round(sum(r["gap_us"] for r in rows if r["gap_us"] is not None) / 1e6, 4),
+                 "span_us_median": statistics.median(r["span_us"] for r in rows) if rows else None,
+                 "gap_us_median": statistics.median(r["gap_us"] for r in rows if r["gap_us"] is not None)
+                 if len(rows) > 1 else None,
+                 "kernels": [{"name": n, "count": c, "ms": round(t / 1e3, 3)} for n, (c, t) in top]}
+            res["passes"].append(p)
+            print("# %s %-11s wall %.3f s  device spans %.3f s  gaps %.3f s  (median span %.0f us, gap %.0f us)" % (
+                shape, label, p["wall_s"], p["span_s_sum"], p["gap_s_sum"], p["span_us_median"] or 0,
+                p["gap_us_median"] or 0), flush=True)
+            for k in p["kernels"][:12]:
+                print("#     %8.3f ms %6d  %s" % (k["ms"], k["count"], k["name"]), flush=True)
+            ec.save_json(args.out, out)
+
+
+def checkpoint_for(args, shape):
+    """A shape's checkpoint: the real model given for it, else a random one with its tokenizer."""
+    model = dict(m.split("=", 1) for m in args.model).get(shape)
+    if model:
+        return model, {"model": model}
+    path, info = ec.checkpoint(shape)
+    shutil.copy(os.path.join(args.tokenizers, shape, "tokenizer.json"), os.path.join(path, "tokenizer.json"))
+    return path, info
+
+
+def add_run_args(r):
     r.add_argument("--library", required=True)
     r.add_argument("--tokenizers", required=True, help="the folder `tokenizers` wrote")
     r.add_argument("--out", required=True)
@@ -200,6 +260,17 @@ def main():
     r.add_argument("--dtype")
     r.add_argument("--weights", default="auto", help="nopad's weights (auto, native, f16, ...): a GGUF's blocks kept or not")
     r.add_argument("--seed", type=int, default=ec.SEED)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tokenizers", help="write DIR/<shape>/tokenizer.json from SmolLM2's GGUF")
+    t.add_argument("--gguf", required=True)
+    t.add_argument("--out", required=True)
+    for name in ("run", "profile"):
+        r = sub.add_parser(name)
+        add_run_args(r)
     args = ap.parse_args()
     if args.cmd == "tokenizers":
         for shape, n in VOCAB.items():
@@ -213,7 +284,7 @@ def main():
     print(json.dumps(out["info"]), flush=True)
     for shape in args.shapes.split(","):
         try:
-            run_shape(args, nopad, shape, out)
+            (profile_shape if args.cmd == "profile" else run_shape)(args, nopad, shape, out)
         except Exception as e:  # noqa: BLE001
             out["shapes"].append({"shape": shape, "error": "%s: %s" % (type(e).__name__, e)})
             print("# %s: error %s" % (shape, e), flush=True)

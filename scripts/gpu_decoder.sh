@@ -48,12 +48,13 @@
 #        test-comm (issue 39: every staged test again with NOPAD_COMM_FORCE=1, the tensor-parallel
 #        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
 #        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated; AB_ROUNDS decode rounds,
-#        default 3),
+#        default 3, of AB_STEPS steps, default 20),
 #        quant (issue 43: bench/quant_gpu.py, the GGUF's decode step native against f16, and
 #        gemv_bench --format per GEMV_FORMATS), sanitize (compute-sanitizer memcheck over SANITIZE,
 #        default test_cuda_quant),
+#        pytest-cuda (tests/python/test_cuda_engine.py: the engine on CUDA),
 #        constrained (issue 44: bench/constrained_bench.py, the SERVE constrained row; carry
-#        .gpu_carry/ctok too),
+#        .gpu_carry/ctok too), constrained-profile (the same under CUPTI: where the cost goes),
 #        default "gguf test". Logs and JSON to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -191,6 +192,13 @@ for step in $STEPS; do
         echo "torch_attention_backward_check: exit $rc"
         [ $rc -eq 0 ] || status=1
         ;;
+    pytest-cuda)
+        # the Python package's CUDA engine tests (tests/python/test_cuda_engine.py) on this build
+        (cd "$ROOT" && PYTHONPATH=$ROOT/python NOPAD_LIBRARY=$BUILD/libnopad.so timeout 300 \
+            python3 -m pytest -q -p no:cacheprovider tests/python/test_cuda_engine.py) > "$OUT/pytest_cuda.log" 2>&1 ||
+            status=1
+        tail -n 5 "$OUT/pytest_cuda.log"
+        ;;
     test-comm)
         # issue 39: the tensor-parallel path at world size one: every staged test again with
         # NOPAD_COMM_FORCE=1, so models keep a group of one and their collectives (NCCL all-reduces,
@@ -216,7 +224,7 @@ for step in $STEPS; do
             for force in 0 1; do
                 f="$OUT/ab_comm_decode_force${force}_$round"
                 NOPAD_COMM_FORCE=$force timeout 150 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
-                    --sections decode --dtypes fp16 --batches ${AB_BATCHES:-1,8,64} --contexts 512 --prefill 1x64 \
+                    --sections decode --dtypes fp16 --batches ${AB_BATCHES:-1,8,64} --steps ${AB_STEPS:-20} --contexts 512 --prefill 1x64 \
                     --prefill-reps 1 --prefill-warmup 0 --out "$f.json" > "$f.log" 2>&1 || status=1
                 echo "== decode force $force round $round: $(grep '^| [0-9]' "$f.log" | awk -F'|' '{printf "%s:%s ", $2, $3}')"
             done
@@ -282,6 +290,14 @@ for step in $STEPS; do
                 --out "$OUT/constrained/smollm2_gguf_$w.json" ${CONSTRAINED_ARGS:-} \
                 2>&1 | tee "$OUT/constrained/smollm2_gguf_$w.log" | grep '^# [a-z0-9]*:' | sed "s/^/$w /" || status=1
         done
+        ;;
+    constrained-profile)
+        # where the constrained requests' cost goes: one constrained and one plain pass per shape
+        # under CUPTI (bench/constrained_bench.py profile: device spans, idle gaps, kernels)
+        mkdir -p "$OUT/constrained"
+        timeout 300 python3 "$ROOT/bench/constrained_bench.py" profile --library "$BUILD/libnopad.so" \
+            --tokenizers "$ROOT/.gpu_carry/ctok" --out "$OUT/constrained/profile.json" ${CONSTRAINED_ARGS:-} \
+            2>&1 | tee "$OUT/constrained/profile.log" | grep '^# [a-z0-9]* ' || status=1
         ;;
     half)
         args=("$ROOT/tests/data" --out "$OUT/hf_half_error.json")

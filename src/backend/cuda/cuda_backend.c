@@ -276,6 +276,11 @@ static nopad_status cu_gemm_swiglu(nopad_backend *be, void *out, void *gate_up, 
  * a step), so growing them keeps the graphs; they grow by doubling, as the penalty's histories grow
  * every step. */
 static nopad_status sample_staging(cuda_state *s, size_t need) {
+    if (!s->sample_done) {
+        nopad_status st = cuda_check(cudaEventCreateWithFlags(&s->sample_done, cudaEventDisableTiming),
+                                     "sampling event");
+        if (st != NOPAD_OK) return st;
+    }
     if (need > s->sample_dev_bytes) {
         if (s->sample_dev) {
             cudaStreamSynchronize(s->stream);
@@ -379,6 +384,7 @@ static nopad_status cu_sample_begin(nopad_backend *be, float *logits, int32_t n,
     if (st == NOPAD_OK && ids_out && rest)
         st = cuda_check(cudaMemcpyAsync(h + id_bytes, d + id_bytes, rest, cudaMemcpyDeviceToHost, s->stream),
                         "sampling download");
+    if (st == NOPAD_OK) st = cuda_check(cudaEventRecord(s->sample_done, s->stream), "sampling event");
     if (st == NOPAD_OK) s->sample_pending = n;
     return st;
 }
@@ -404,6 +410,7 @@ static nopad_status cu_greedy_merge_begin(nopad_backend *be, const float *best, 
         st = cuda_check(cudaMemcpyAsync(h + id_bytes, d_logprobs, (size_t)n * sizeof(float),
                                         cudaMemcpyDeviceToHost, s->stream),
                         "greedy merge download");
+    if (st == NOPAD_OK) st = cuda_check(cudaEventRecord(s->sample_done, s->stream), "greedy merge event");
     if (st == NOPAD_OK) s->sample_pending = n;
     return st;
 }
@@ -416,7 +423,10 @@ static nopad_status cu_sample_wait(nopad_backend *be, int32_t *ids, float *logpr
         return nopad_set_error(NOPAD_ERR_INTERNAL, "cuda sampling: waiting for %d ids, %d were asked for", n,
                                s->sample_pending);
     s->sample_pending = 0;
-    nopad_status st = cuda_check(cudaStreamSynchronize(s->stream), "sampling");
+    /* the sampling's event, not the stream: the next step's forward, queued behind the sampling
+     * (the engine's overlap), runs on while the host takes these ids and builds that step's
+     * sampling inputs (constraint masks among them) */
+    nopad_status st = cuda_check(cudaEventSynchronize(s->sample_done), "sampling");
     if (st != NOPAD_OK) return st;
     const char *h = (const char *)s->sample_host;
     const size_t id_bytes = (size_t)n * sizeof(int32_t), top_bytes = (size_t)n * n_top * sizeof(int32_t);
@@ -534,6 +544,7 @@ static void cu_destroy(nopad_backend *be) {
         if (s->rel_ws) cudaFree(s->rel_ws);
         if (s->rel_rows) cudaFree(s->rel_rows);
         if (s->sample_host) cudaFreeHost(s->sample_host);
+        if (s->sample_done) cudaEventDestroy(s->sample_done);
         if (s->own_stream && s->stream) cudaStreamDestroy(s->stream);
         free(s);
     }

@@ -53,6 +53,8 @@ typedef struct cuda_state {
     void *sample_host; /* its host staging */
     size_t sample_host_bytes;
     int32_t sample_pending; /* rows of ids sample_begin queued, not yet waited for */
+    cudaEvent_t sample_done; /* recorded after their download: sample_wait waits for it, not for the
+                                next step's forward queued behind it (created with the staging) */
     float *attn_bwd_ws; /* attention_backward: dq32 and dsum (grown on demand, stream-ordered) */
     size_t attn_bwd_ws_bytes;
     float *rel_ws;      /* attention_rel: the c2p / p2c projections (grown on demand, stream-ordered) */
