@@ -48,7 +48,8 @@
 #        test-comm (issue 39: every staged test again with NOPAD_COMM_FORCE=1, the tensor-parallel
 #        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
 #        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated; AB_ROUNDS decode rounds,
-#        default 3, of AB_STEPS steps, default 20),
+#        default 3, of AB_STEPS steps, default 20), ab-comm-profile (a decode step's kernels
+#        under CUPTI with the path off and on),
 #        quant (issue 43: bench/quant_gpu.py, the GGUF's decode step native against f16, and
 #        gemv_bench --format per GEMV_FORMATS), sanitize (compute-sanitizer memcheck over SANITIZE,
 #        default test_cuda_quant),
@@ -238,6 +239,16 @@ for step in $STEPS; do
                     echo "== $w force $force round $round: $(grep -E '^# nopad .* rep ' "$f.log" | sed 's/^# nopad //' | tr '\n' ' ')"
                 done
             done
+        done
+        ;;
+    ab-comm-profile)
+        # where a decode step differs with the path at world size one: the CUPTI timeline of
+        # AB_PROFILE_BATCH (default 64) rows at context 512, NOPAD_COMM_FORCE off and on
+        for force in 0 1; do
+            f="$OUT/ab_comm_profile_b${AB_PROFILE_BATCH:-64}_force$force"
+            NOPAD_COMM_FORCE=$force timeout 150 python3 "$ROOT/bench/decode_profile.py" --library "$BUILD/libnopad.so" \
+                --batch "${AB_PROFILE_BATCH:-64}" --context 512 --timeline --steps 20 > "$f.json" 2> "$f.log" || status=1
+            echo "== decode step profile force $force: $(head -c 300 "$f.json" | tr '\n' ' ')"
         done
         ;;
     quant)
