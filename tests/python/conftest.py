@@ -9,6 +9,7 @@ imported from python/ unless it is installed. Environment: NOPAD_MINILM_DIR (all
 from scripts/fetch_default_model.sh; its tests are skipped without it), NOPAD_CLI (the nopad
 CLI; default build/nopad next to the library).
 """
+import json
 import os
 import sys
 from pathlib import Path
@@ -34,7 +35,6 @@ except ImportError:
 
 def _golden_tensors(folder):
     """Names of the tensors in folder/golden.safetensors (its JSON header), or () when absent."""
-    import json
     import struct
     path = folder / "golden.safetensors"
     if not path.is_file():
@@ -117,3 +117,30 @@ def capi_helper(tmp_path_factory):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return exe
+
+
+def make_tiny_chat_decoder(folder):
+    """llama_gqa (2 layers, hidden 96) with the GPT-2-style byte-level test tokenizer (400 tokens)
+    plus <|im_start|> and <|im_end|> (the end of a turn: its EOS); the embedding and head rows the
+    vocabulary gained drawn at random with the old rows' spread; a context of 4096 (RoPE: the
+    weights do not depend on it) for the tool prompt. The folder."""
+    folder.mkdir()
+    src = DATA / "models" / "llama_gqa"
+    tok = json.loads((DATA / "tokenizer" / "bpe_gpt2.json").read_text())
+    n = len(tok["model"]["vocab"])
+    tok["added_tokens"] = [dict(id=n + i, content=c, single_word=False, lstrip=False, rstrip=False,
+                                normalized=False, special=True)
+                           for i, c in enumerate(["<|im_start|>", "<|im_end|>"])]
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(vocab_size=n + 2, max_position_embeddings=4096, bos_token_id=n, eos_token_id=n + 1)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "generation_config.json").write_text(json.dumps(dict(bos_token_id=n, eos_token_id=n + 1)))
+    from safetensors.numpy import load_file, save_file
+    w = load_file(str(src / "model.safetensors"))
+    rng = np.random.default_rng(44)
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        extra = rng.normal(0, w[k].std(), (n + 2 - w[k].shape[0], w[k].shape[1])).astype(np.float32)
+        w[k] = np.concatenate([w[k], extra])
+    save_file(w, str(folder / "model.safetensors"))
+    return folder

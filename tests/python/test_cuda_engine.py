@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import nopad
-from serve_fixtures import make_tiny_chat_decoder
+from conftest import make_tiny_chat_decoder
 
 
 def _cuda_build(folder):
