@@ -330,13 +330,15 @@ cpu_quant_isa cpu_quant_best_isa(void) {
     return (cpu_quant_isa)isa;
 }
 
-/* y[t · ldy + r] (+)= row r · token t, rows w_bytes apart, tokens act_bytes apart. */
+/* y[t · ldy + r] (+)= row r · token t, rows w_bytes apart, tokens act_bytes apart; `panels` and
+ * `scratch` as cpu_quant_gemm_vnni's (or NULL), for the VNNI path. */
 static void gemm_on(cpu_quant_isa isa, uint32_t type, const uint8_t *w, size_t w_bytes, int32_t rows,
                     const uint8_t *act, size_t act_bytes, int32_t tokens, int32_t nb, float *y,
-                    size_t ldy, int accumulate) {
+                    size_t ldy, int accumulate, const cpu_q8_panel *panels, cpu_w_panel *scratch) {
 #if HAVE_AVX2_PATH
     if (isa == CPU_QUANT_AVX2_VNNI && find_format(type)->block == QK) { /* the k-quants: AVX2's */
-        cpu_quant_gemm_vnni(type, w, w_bytes, rows, act, act_bytes, tokens, nb, y, ldy, accumulate);
+        cpu_quant_gemm_vnni(type, w, w_bytes, rows, act, act_bytes, tokens, nb, y, ldy, accumulate, panels,
+                            scratch);
         return;
     }
     if (isa != CPU_QUANT_PORTABLE) {
@@ -345,6 +347,8 @@ static void gemm_on(cpu_quant_isa isa, uint32_t type, const uint8_t *w, size_t w
     }
 #endif
     (void)isa;
+    (void)panels;
+    (void)scratch;
     for (int32_t r = 0; r < rows; r++)
         for (int32_t t = 0; t < tokens; t++) {
             const float dot = dot_portable(type, w + w_bytes * (size_t)r, act + act_bytes * (size_t)t, nb);
@@ -359,7 +363,7 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
     nopad_status st = check("cpu_quant_dot", type, K, &f);
     if (st == NOPAD_OK) st = check_isa("cpu_quant_dot", isa);
     if (st != NOPAD_OK) return st;
-    gemm_on(isa, type, w, 0, 1, act, 0, 1, K / f->block, out, 1, 0);
+    gemm_on(isa, type, w, 0, 1, act, 0, 1, K / f->block, out, 1, 0, NULL, NULL);
     return NOPAD_OK;
 }
 
@@ -541,29 +545,55 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
     if (T >= cpu_quant_sgemm_tokens(type, isa))
         return linear_dequantized(y, x, w, type, T, K, N, accumulate, n_threads);
     const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
+    const int32_t nb = K / f->block;
+    /* prompts on VNNI: the activations' panels, made once here for every thread's rows */
+    const int32_t groups = isa == CPU_QUANT_AVX2_VNNI && f->block == QK ? T / 4 : 0;
     uint8_t *act = malloc(act_bytes * (size_t)T); /* malloc's alignment suits both block types */
-    if (!act)
+    cpu_q8_panel *panels = groups ? malloc(sizeof(cpu_q8_panel) * (size_t)groups * nb) : NULL;
+    if (!act || (groups && !panels)) {
+        free(act);
+        free(panels);
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
                                "cpu_quant_linear: %zu bytes for %d rows of quantized activations",
-                               act_bytes * (size_t)T, T);
-    const int32_t nb = K / f->block;
+                               act_bytes * (size_t)T + sizeof(cpu_q8_panel) * (size_t)groups * nb, T);
+    }
     const int32_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+    int failed = 0;
 #pragma omp parallel num_threads(n_threads) if ((int64_t)T * N * K > (1 << 18))
     {
 #pragma omp for schedule(static)
         for (int32_t t = 0; t < T; t++)
             cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
+#if HAVE_AVX2_PATH
+#pragma omp for schedule(static)
+        for (int32_t g = 0; g < groups; g++)
+            cpu_quant_pack_vnni(type, act + act_bytes * (size_t)(4 * g), act_bytes, nb, panels + (size_t)g * nb);
+#endif
+        /* a thread's tile of weight rows as panels, 4 rows a panel */
+        cpu_w_panel *scratch = groups ? malloc(sizeof(cpu_w_panel) * (TILE_ROWS / 4) * (size_t)nb) : NULL;
+        if (groups && !scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
         /* each thread a run of row tiles, each tile read from memory once for all T tokens */
 #pragma omp for schedule(static)
         for (int32_t tile = 0; tile < tiles; tile++) {
+            if (groups && !scratch) continue;
             const int32_t r0 = tile * TILE_ROWS, rows = N - r0 < TILE_ROWS ? N - r0 : TILE_ROWS;
             for (int32_t t0 = 0; t0 < T; t0 += TOKEN_CHUNK)
                 gemm_on(isa, type, (const uint8_t *)w + w_bytes * (size_t)r0, w_bytes, rows,
                         act + act_bytes * (size_t)t0, act_bytes, T - t0 < TOKEN_CHUNK ? T - t0 : TOKEN_CHUNK, nb,
-                        y + (size_t)t0 * N + r0, (size_t)N, accumulate);
+                        y + (size_t)t0 * N + r0, (size_t)N, accumulate,
+                        panels ? panels + (size_t)(t0 / 4) * nb : NULL, scratch);
         }
+        free(scratch);
     }
     free(act);
+    free(panels);
+    if (failed)
+        return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
+                               "cpu_quant_linear: %zu bytes a thread for %d weight rows as panels of K = %d",
+                               sizeof(cpu_w_panel) * (TILE_ROWS / 4) * (size_t)nb, TILE_ROWS, K);
     return NOPAD_OK;
 }
 

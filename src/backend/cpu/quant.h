@@ -117,6 +117,26 @@ float cpu_quant_quantize_avx2(int8_t *q, int16_t *sums16, const float *x, int32_
 nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                                  int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa);
 
+/* The VNNI GEMM's operands for prompts (blocks of 32), laid out once so that its kernel of 4
+ * weight rows × 4 tokens finds each block's scales and quants together, converted and unpacked:
+ * one block of 4 tokens' activations, and one block of 4 weight rows. Q8_0's signed weights meet
+ * activations moved to unsigned (q + 128, VPDPBUSD's unsigned operand), the 128·Σw that adds taken
+ * off by starting each lane's sum at -128 × that lane's weights (the same integers as |w|·a·sign(w),
+ * without a sign per token and row). */
+typedef struct cpu_q8_panel {
+    float d[4];             /* d_a of the 4 tokens */
+    float d_sum[4];         /* d_a · Σq: Q4_1's and Q5_1's m multiply it */
+    int32_t offset_sum[4];  /* -8 · Σq (Q4_0), -16 · Σq (Q5_0), else 0 */
+    uint8_t q[4][CPU_QUANT_QK]; /* Q8_0: q + 128; the others: q (int8) */
+} cpu_q8_panel;
+
+typedef struct cpu_w_panel {
+    float d[4][4];          /* d_w of each row, 4 times (the tile's 4 tokens) */
+    float m[4];             /* Q4_1's and Q5_1's m, else 0 */
+    int32_t start[4][8];    /* Q8_0: -128 · each lane's 4 weights summed, else 0 */
+    uint8_t q[4][CPU_QUANT_QK]; /* Q8_0's int8 quants; the others' unsigned 0..15 / 0..31 */
+} cpu_w_panel;
+
 /* The x86-64 GEMMs (quant_tiles.h, compiled by quant_avx2.c and quant_vnni.c; the checks are the
  * caller's; only on x86-64 builds): y[t · ldy + r] = (or += when `accumulate`) weight row r ·
  * activation row t, for n_rows rows w_bytes apart and n_tokens rows of cpu_quant_activations
@@ -124,9 +144,15 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
 void cpu_quant_gemm_avx2(uint32_t type, const void *w, size_t w_bytes, int32_t n_rows, const void *act,
                          size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy,
                          int accumulate);
-/* the blocks of 32 only */
+/* The blocks of 32 only. With `panels` (cpu_quant_pack_vnni of the same n_tokens rows: n_tokens / 4
+ * groups of n_blocks panels) and `scratch` (n_rows / 4 · n_blocks weight panels), whole groups of
+ * 4 tokens and 4 rows run the prompt kernel on them, the same floats bit for bit; without them
+ * (NULL), or for the rows and tokens left over, the kernels that read the blocks as stored. */
 void cpu_quant_gemm_vnni(uint32_t type, const void *w, size_t w_bytes, int32_t n_rows, const void *act,
                          size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy,
-                         int accumulate);
+                         int accumulate, const cpu_q8_panel *panels, cpu_w_panel *scratch);
+/* panels[n_blocks] = the n_blocks blocks of 4 rows of cpu_quant_activations (act_bytes apart) for
+ * weights of `type`, a block of 32 (quant_vnni.c). */
+void cpu_quant_pack_vnni(uint32_t type, const void *act, size_t act_bytes, int32_t n_blocks, cpu_q8_panel *panels);
 
 #endif

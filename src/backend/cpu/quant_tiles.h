@@ -358,16 +358,19 @@ KERNEL void tile(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_t 
 #define TILES_OF(R, C) TILES_NAME(R, C)
 TILE_FN(1, 1)
 TILE_FN(1, 4)
+#if QUANT_TILES_ROWS32 > 1
 TILE_FN_OF(QUANT_TILES_ROWS32, 1)
 TILE_FN_OF(QUANT_TILES_ROWS32, 4)
+#endif
 
-void QUANT_TILES_GEMM(uint32_t type, const void *w_, size_t w_bytes, int32_t n_rows, const void *act,
-                      size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy,
-                      int accumulate) {
-    const uint8_t *w = w_, *a = act;
-    /* Tiles of QUANT_TILES_ROWS32 rows × 4 tokens for the blocks of 32, 1 × 4 for the k-quants
-     * (their per-block integer sums take a register per pair besides the float sums): as many
-     * accumulators as the registers hold beside the unpacked weights (docs/decoder.md). Below 4
+/* y[t · ldy + r] (+)= row r · token t with the kernels above, reading the blocks as stored. */
+TARGET static void gemm_stored(uint32_t type, const uint8_t *w, size_t w_bytes, int32_t n_rows, const uint8_t *a,
+                               size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy,
+                               int accumulate) {
+    /* Tiles of QUANT_TILES_ROWS32 rows × 4 tokens for the blocks of 32 (AVX2: 2; VNNI's prompts
+     * run on panels, below, and come here only for the rows and tokens left over), 1 × 4 for the
+     * k-quants (their per-block integer sums take a register per pair besides the float sums): as
+     * many accumulators as the registers hold beside the unpacked weights (docs/decoder.md). Below 4
      * tokens (decode) one row at a time: the weights come from DRAM there, and rows read side by
      * side are streams the hardware prefetchers follow badly (SmolLM2's Q8_0 LM head, 30 MB, ran
      * at a third of one row's rate in 4-row tiles). The caller's rows are few (a tile of them
@@ -387,5 +390,131 @@ void QUANT_TILES_GEMM(uint32_t type, const void *w_, size_t w_bytes, int32_t n_r
         t0 += four ? 4 : 1;
     }
 }
+
+
+#if QUANT_TILES_VNNI
+/* ---- prompts on panels (quant.h's cpu_q8_panel, cpu_w_panel): 4 rows × 4 tokens ----------------- */
+
+/* The 4 rows from w (w_bytes apart) as n_blocks weight panels. */
+TARGET static void pack_rows(uint32_t type, const uint8_t *w, size_t w_bytes, int32_t nb, cpu_w_panel *out) {
+    const size_t bytes = cpu_quant_row_bytes(type, QK);
+    for (int32_t i = 0; i < nb; i++)
+        for (int r = 0; r < 4; r++) {
+            const block32 b = unpack32(type, w + w_bytes * (size_t)r + bytes * (size_t)i);
+            const float d = _mm_cvtss_f32(b.dm);
+            _mm_storeu_ps(out[i].d[r], _mm_set1_ps(d));
+            out[i].m[r] = _mm_cvtss_f32(_mm_shuffle_ps(b.dm, b.dm, 0x55));
+            /* VPDPBUSD of 128 (unsigned) with the signed quants: 128 · each lane's sum (b.q is 0
+             * for the other formats) */
+            const __m256i sum128 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), b.q);
+            _mm256_storeu_si256((__m256i *)out[i].start[r], _mm256_sub_epi32(_mm256_setzero_si256(), sum128));
+            _mm256_storeu_si256((__m256i *)out[i].q[r], type == CPU_QUANT_Q8_0 ? b.q : b.u);
+        }
+}
+
+void cpu_quant_pack_vnni(uint32_t type, const void *act, size_t act_bytes, int32_t nb, cpu_q8_panel *out) {
+    const int32_t offset = type == CPU_QUANT_Q4_0 ? 8 : type == CPU_QUANT_Q5_0 ? 16 : 0;
+    for (int32_t i = 0; i < nb; i++)
+        for (int c = 0; c < 4; c++) {
+            const cpu_q8_block *ab = (const cpu_q8_block *)((const uint8_t *)act + act_bytes * (size_t)c) + i;
+            out[i].d[c] = ab->d;
+            out[i].d_sum[c] = ab->d * (float)ab->sum;
+            out[i].offset_sum[c] = -offset * ab->sum;
+            memcpy(out[i].q[c], ab->qs, QK);
+            if (type == CPU_QUANT_Q8_0)
+                for (int l = 0; l < QK; l++) out[i].q[c][l] ^= 0x80; /* q + 128 as unsigned */
+        }
+}
+
+/* tile32's sums on panels: per (row, token) the same integers in the same lanes, the same scale
+ * d_w·d_a and the same fused multiply-adds, so the same floats bit for bit. What it saves per
+ * (row, token) and block is Q8_0's sign (the lanes start at -128 · Σw instead), the scale's
+ * scalar product and broadcast (4 rows × 4 tokens of products in 4 vector multiplies), and every
+ * weight block's unpacking and conversion, done once per call instead of once per 4 tokens. */
+KERNEL void tile_panels(uint32_t type, const cpu_w_panel *wp, const cpu_q8_panel *ap, int32_t nb, float *y,
+                        size_t ldy, int accumulate) {
+    const int with_min = type == CPU_QUANT_Q4_1 || type == CPU_QUANT_Q5_1;
+    const int with_offset = type == CPU_QUANT_Q4_0 || type == CPU_QUANT_Q5_0;
+    __m256 acc[4][4];
+    __m128 sum_m[4];
+    for (int r = 0; r < 4; r++) {
+        sum_m[r] = _mm_setzero_ps();
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
+    }
+    for (int32_t i = 0; i < nb; i++) {
+        const cpu_w_panel *w = wp + i;
+        const cpu_q8_panel *a = ap + i;
+        const __m128 d_a = _mm_loadu_ps(a->d);
+        float scale[4][4]; /* d_w · d_a */
+        for (int r = 0; r < 4; r++) _mm_storeu_ps(scale[r], _mm_mul_ps(_mm_loadu_ps(w->d[r]), d_a));
+        if (with_min)
+            for (int r = 0; r < 4; r++) sum_m[r] = _mm_fmadd_ps(_mm_set1_ps(w->m[r]), _mm_loadu_ps(a->d_sum), sum_m[r]);
+        __m256i wq[4];
+        for (int r = 0; r < 4; r++) wq[r] = _mm256_loadu_si256((const __m256i *)w->q[r]);
+        for (int c = 0; c < 4; c++) {
+            const __m256i aq = _mm256_loadu_si256((const __m256i *)a->q[c]);
+            const __m256i start = with_offset ? _mm256_setr_epi32(a->offset_sum[c], 0, 0, 0, 0, 0, 0, 0)
+                                              : _mm256_setzero_si256();
+            for (int r = 0; r < 4; r++) {
+                const __m256i dot = type == CPU_QUANT_Q8_0
+                                        ? _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)w->start[r]), aq, wq[r])
+                                        : _mm256_dpbusd_epi32(start, wq[r], aq);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(scale[r][c]), _mm256_cvtepi32_ps(dot), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float m[4];
+        _mm_storeu_ps(m, sum_m[r]);
+        for (int c = 0; c < 4; c++) {
+            const float v = with_min ? hsum_ps(acc[r][c]) + m[c] : hsum_ps(acc[r][c]);
+            float *dst = y + ldy * (size_t)c + r;
+            *dst = accumulate ? *dst + v : v;
+        }
+    }
+}
+
+TARGET static void tiles_panels(uint32_t type, const cpu_w_panel *wp, const cpu_q8_panel *ap, int32_t nb, float *y,
+                                size_t ldy, int accumulate) {
+    switch (type) {
+    case CPU_QUANT_Q8_0: tile_panels(CPU_QUANT_Q8_0, wp, ap, nb, y, ldy, accumulate); break;
+    case CPU_QUANT_Q4_0: tile_panels(CPU_QUANT_Q4_0, wp, ap, nb, y, ldy, accumulate); break;
+    case CPU_QUANT_Q4_1: tile_panels(CPU_QUANT_Q4_1, wp, ap, nb, y, ldy, accumulate); break;
+    case CPU_QUANT_Q5_0: tile_panels(CPU_QUANT_Q5_0, wp, ap, nb, y, ldy, accumulate); break;
+    default: tile_panels(CPU_QUANT_Q5_1, wp, ap, nb, y, ldy, accumulate);
+    }
+}
+
+void QUANT_TILES_GEMM(uint32_t type, const void *w_, size_t w_bytes, int32_t n_rows, const void *act,
+                      size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy, int accumulate,
+                      const cpu_q8_panel *panels, cpu_w_panel *scratch) {
+    const uint8_t *w = w_, *a = act;
+    const int32_t groups = panels ? n_tokens / 4 : 0, quads = n_rows / 4;
+    if (groups == 0 || quads == 0) {
+        gemm_stored(type, w, w_bytes, n_rows, a, act_bytes, n_tokens, n_blocks, y, ldy, accumulate);
+        return;
+    }
+    /* the caller's rows are few (a tile of them, packed here once, stays in L1/L2 while every group
+     * of 4 tokens passes) */
+    for (int32_t q = 0; q < quads; q++)
+        pack_rows(type, w + w_bytes * (size_t)(4 * q), w_bytes, n_blocks, scratch + (size_t)q * n_blocks);
+    for (int32_t g = 0; g < groups; g++)
+        for (int32_t q = 0; q < quads; q++)
+            tiles_panels(type, scratch + (size_t)q * n_blocks, panels + (size_t)g * n_blocks, n_blocks,
+                         y + ldy * (size_t)(4 * g) + 4 * q, ldy, accumulate);
+    /* the rows past the last 4 for the grouped tokens, then every row for the tokens past them */
+    if (n_rows > 4 * quads)
+        gemm_stored(type, w + w_bytes * (size_t)(4 * quads), w_bytes, n_rows - 4 * quads, a, act_bytes, 4 * groups,
+                    n_blocks, y + 4 * quads, ldy, accumulate);
+    if (n_tokens > 4 * groups)
+        gemm_stored(type, w, w_bytes, n_rows, a + act_bytes * (size_t)(4 * groups), act_bytes, n_tokens - 4 * groups,
+                    n_blocks, y + ldy * (size_t)(4 * groups), ldy, accumulate);
+}
+#else
+void QUANT_TILES_GEMM(uint32_t type, const void *w, size_t w_bytes, int32_t n_rows, const void *act,
+                      size_t act_bytes, int32_t n_tokens, int32_t n_blocks, float *y, size_t ldy, int accumulate) {
+    gemm_stored(type, w, w_bytes, n_rows, act, act_bytes, n_tokens, n_blocks, y, ldy, accumulate);
+}
+#endif
 
 #endif
