@@ -580,11 +580,12 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
         for (int32_t tile = 0; tile < tiles; tile++) {
             if (groups && !scratch) continue;
             const int32_t r0 = tile * TILE_ROWS, rows = N - r0 < TILE_ROWS ? N - r0 : TILE_ROWS;
-            for (int32_t t0 = 0; t0 < T; t0 += TOKEN_CHUNK)
+            /* on panels all T tokens in one call: the tile's rows are packed once for them */
+            const int32_t chunk = panels ? T : TOKEN_CHUNK;
+            for (int32_t t0 = 0; t0 < T; t0 += chunk)
                 gemm_on(isa, type, (const uint8_t *)w + w_bytes * (size_t)r0, w_bytes, rows,
-                        act + act_bytes * (size_t)t0, act_bytes, T - t0 < TOKEN_CHUNK ? T - t0 : TOKEN_CHUNK, nb,
-                        y + (size_t)t0 * N + r0, (size_t)N, accumulate,
-                        panels ? panels + (size_t)(t0 / 4) * nb : NULL, scratch);
+                        act + act_bytes * (size_t)t0, act_bytes, T - t0 < chunk ? T - t0 : chunk, nb,
+                        y + (size_t)t0 * N + r0, (size_t)N, accumulate, panels, scratch);
         }
         free(scratch);
     }
