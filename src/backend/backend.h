@@ -117,9 +117,12 @@ typedef struct nopad_kv_batch {
 } nopad_kv_batch;
 
 /* How a weight matrix is stored in backend memory. NOPAD_WEIGHT_DTYPE: elements of the backend's
- * dtype, what every op reads. The others are GGUF's block formats, kept as the file stores them
- * (numbered as ggml numbers its types): each row of K values is K / block blocks back to back,
- * row n at w + n · row_bytes, and only gemm_q and embed_tokens_q read them. */
+ * dtype, what every op reads. The others are read by gemm_q and embed_tokens_q only: GGUF's block
+ * formats, kept as the file stores them (numbered as ggml numbers its types): each row of K values
+ * is K / block blocks back to back, row n at w + n · row_bytes; and FP8 E4M3 with a float32 scale
+ * per output row (numbered past ggml's types): w [N, K] as N rows of K E4M3 bytes (row n at
+ * w + n · K), then the N scales at w + align16(N · K), row n's values code · scale[n]
+ * (docs/fp8.md). */
 typedef enum nopad_weight_format {
     NOPAD_WEIGHT_DTYPE = 0,
     NOPAD_WEIGHT_Q4_0 = 2, /* blocks of 32 */
@@ -130,7 +133,13 @@ typedef enum nopad_weight_format {
     NOPAD_WEIGHT_Q4_K = 12, /* super-blocks of 256 */
     NOPAD_WEIGHT_Q5_K = 13,
     NOPAD_WEIGHT_Q6_K = 14,
+    NOPAD_WEIGHT_FP8_E4M3 = 256, /* per output channel scales; CUDA (Hopper) only */
 } nopad_weight_format;
+
+/* Where the N float32 scales of an FP8 E4M3 weight [N, K] start: after the codes, 16-byte aligned. */
+static inline size_t nopad_fp8_scales_offset(int64_t n_out, int64_t n_in) {
+    return ((size_t)n_out * (size_t)n_in + 15) / 16 * 16;
+}
 
 /* What a capability query describes; each op reads the fields it needs. */
 typedef struct nopad_op_shape {

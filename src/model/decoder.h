@@ -52,9 +52,11 @@ typedef struct decoder_weights {
  * Qwen2ForCausalLM / MistralForCausalLM, with or without a task prefix). */
 struct safetensors_checkpoint;
 /* tp: the rank's shard (tp_shard_plan), NULL: the whole model. Only the shard reaches the backend;
- * the host holds one tensor at a time. */
+ * the host holds one tensor at a time. F8_E4M3 weights with their `weight_scale` stay FP8 where
+ * the backend runs it; fp8: the LLaMA family's linear weights are quantized to FP8 E4M3 per output
+ * channel (a backend without FP8 kernels, GPT-2 or tp > 1: NOPAD_ERR_UNSUPPORTED; docs/fp8.md). */
 nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
-                                     const struct safetensors_checkpoint *ckpt, const char *where,
+                                     const struct safetensors_checkpoint *ckpt, const char *where, int fp8,
                                      decoder_weights *out);
 /* From a GGUF file (llama.cpp's names); the Q and K rows llama.cpp's converter permuted for its
  * rotary layout are put back. With `native`, each linear weight and the token embeddings stay in
@@ -65,7 +67,7 @@ nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg,
  * notice on stderr names each group and format that was (once per model). */
 struct gguf_file;
 nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
-                                       struct gguf_file *f, int native, decoder_weights *out);
+                                       struct gguf_file *f, int native, int fp8, decoder_weights *out);
 void decoder_weights_free(nopad_backend *be, decoder_weights *w);
 
 /* The inverse frequencies of rotary embeddings for cfg (HF's _compute_*_rope_parameters:

@@ -1,7 +1,11 @@
 /* Loading decoder weights from a safetensors checkpoint or a GGUF file: every tensor by its
  * Hugging Face name (GGUF names are mapped), shape-checked against the config, converted to
  * float32, fused (Q|K|V into one matrix, LLaMA's gate|up into one), then to the backend's dtype.
- * GPT-2's Conv1D weights are stored [in, out] and are transposed to nn.Linear's [out, in]. */
+ * GPT-2's Conv1D weights are stored [in, out] and are transposed to nn.Linear's [out, in].
+ * FP8 (docs/fp8.md): an F8_E4M3 safetensors weight with its `weight_scale` (per tensor or per
+ * output channel) stays FP8 where the backend runs it, and `--weights fp8` quantizes the LLaMA
+ * family's linear weights per output channel at load; elsewhere an F8 weight is dequantised
+ * (code · scale in float32) like any other. */
 #define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #include <math.h>
 #include <stdio.h>
@@ -9,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "io/fp8.h"
 #include "io/gguf.h"
 #include "io/gguf_dequant.h"
 #include "io/safetensors.h"
@@ -41,9 +46,9 @@ static nopad_status reserve(float **buf, size_t *cap, size_t n, const char *wher
     return NOPAD_OK;
 }
 
-/* safetensors: the name as given, or under the task model's or the base model's prefix */
-static nopad_status st_fetch(source *src, const char *name, float **data, int64_t *rows,
-                             int64_t *cols, int *found) {
+/* safetensors: the tensor of `name` as given, or under the task model's or the base model's
+ * prefix, or NULL. */
+static const safetensors_tensor *st_find(const source *src, const char *name) {
     static const char *const prefixes[] = {"", "transformer.", "model."};
     const safetensors_tensor *t = NULL;
     char full[256];
@@ -54,6 +59,85 @@ static nopad_status st_fetch(source *src, const char *name, float **data, int64_
         if (!t && strncmp(name, "transformer.", 12) == 0) t = safetensors_checkpoint_find(src->ckpt, name + 12);
         if (!t && strncmp(name, "model.", 6) == 0) t = safetensors_checkpoint_find(src->ckpt, name + 6);
     }
+    return t;
+}
+
+/* The tensor beside F8 weight t ("<t minus .weight>.<suffix>"), or NULL. */
+static const safetensors_tensor *st_beside(const source *src, const safetensors_tensor *t, const char *suffix) {
+    char name[288];
+    const size_t n = strlen(t->name);
+    const size_t stem = n > 7 && strcmp(t->name + n - 7, ".weight") == 0 ? n - 7 : n;
+    snprintf(name, sizeof name, "%.*s.%s", (int)stem, t->name, suffix);
+    return safetensors_checkpoint_find(src->ckpt, name);
+}
+
+/* The scale of each of the `rows` rows of F8_E4M3 weight t, into scales[rows]: its
+ * `weight_scale`, a scalar or [1] (per tensor, repeated) or [rows] or [rows, 1] (per output
+ * channel), finite and positive. Every other FP8 layout is refused, naming the tensor. */
+static nopad_status st_fp8_scales(source *src, const safetensors_tensor *t, int64_t rows, float *scales) {
+    static const char supported[] = "nopad runs F8_E4M3 weights with a 'weight_scale' per tensor (a scalar or [1]) "
+                                    "or per output channel ([N] or [N, 1])";
+    const safetensors_tensor *s = st_beside(src, t, "weight_scale");
+    if (!s) {
+        const safetensors_tensor *inv = st_beside(src, t, "weight_scale_inv");
+        if (inv)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "%s: tensor '%s' has block-wise scales ('%s', %d dimensions): %s, not scales "
+                                   "per block",
+                                   src->where, t->name, inv->name, inv->ndim, supported);
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: F8_E4M3 tensor '%s' has no '%s' beside it: %s", src->where,
+                               t->name, "weight_scale", supported);
+    }
+    const int per_tensor = s->n_elements == 1 && (s->ndim == 0 || s->ndim == 1 || (s->ndim == 2 && s->shape[0] == 1));
+    const int per_channel = s->n_elements == rows && (s->ndim == 1 || (s->ndim == 2 && s->shape[1] == 1));
+    if (!per_tensor && !per_channel) {
+        char shape[96] = "";
+        for (int d = 0; d < s->ndim; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "",
+                     (long long)s->shape[d]);
+        return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has a '%s' of shape [%s] for %lld rows: %s",
+                               src->where, t->name, s->name, shape, (long long)rows, supported);
+    }
+    float one[1];
+    nopad_status st = safetensors_to_f32(s, per_tensor ? one : scales);
+    if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", src->where);
+    for (int64_t r = 0; r < rows; r++) {
+        if (per_tensor) scales[r] = one[0];
+        if (!(scales[r] > 0.0f) || !isfinite(scales[r]))
+            return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has a scale of %g for row %lld (expected finite "
+                                   "and positive)", src->where, s->name, (double)scales[r], (long long)r);
+    }
+    return NOPAD_OK;
+}
+
+/* An F8 safetensors weight's codes as float32 values (code · its row's scale), into dst[rows, cols]. */
+static nopad_status st_fp8_to_f32(source *src, const safetensors_tensor *t, int64_t rows, int64_t cols, float *dst) {
+    float *scales = malloc((size_t)rows * sizeof *scales);
+    if (!scales) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
+    nopad_status st = st_fp8_scales(src, t, rows, scales);
+    const uint8_t *codes = t->data;
+    for (int64_t r = 0; r < rows && st == NOPAD_OK; r++)
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = fp8_e4m3_to_f32(codes[r * cols + c]) * scales[r];
+    free(scales);
+    return st;
+}
+
+/* FP8 layouts other than E4M3 with per-tensor or per-channel scales: refused, naming the tensor. */
+static nopad_status st_check_fp8(const source *src, const safetensors_tensor *t) {
+    if (t->dtype == ST_F8_E5M2)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "%s: tensor '%s' is F8_E5M2: nopad runs FP8 weights stored as F8_E4M3, with a "
+                               "'weight_scale' per tensor or per output channel",
+                               src->where, t->name);
+    if (t->dtype == ST_F8_E4M3 && t->ndim != 2)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: F8_E4M3 tensor '%s' has %d dimensions: nopad runs FP8 "
+                               "weight matrices only ([out, in])", src->where, t->name, t->ndim);
+    return NOPAD_OK;
+}
+
+static nopad_status st_fetch(source *src, const char *name, float **data, int64_t *rows,
+                             int64_t *cols, int *found) {
+    const safetensors_tensor *t = st_find(src, name);
     *found = t != NULL;
     if (!t) return NOPAD_OK;
     if (t->ndim < 1 || t->ndim > 2)
@@ -61,9 +145,14 @@ static nopad_status st_fetch(source *src, const char *name, float **data, int64_
                                src->where, t->name, t->ndim);
     *rows = t->shape[0];
     *cols = t->ndim == 2 ? t->shape[1] : 1;
-    nopad_status st = reserve(&src->scratch, &src->cap, (size_t)t->n_elements, src->where);
-    if (st == NOPAD_OK) st = safetensors_to_f32(t, src->scratch);
-    if (st != NOPAD_OK) return nopad_wrap_error(st, "%s", src->where);
+    nopad_status st = st_check_fp8(src, t);
+    if (st == NOPAD_OK) st = reserve(&src->scratch, &src->cap, (size_t)t->n_elements, src->where);
+    if (st != NOPAD_OK) return st;
+    if (t->dtype == ST_F8_E4M3)
+        st = st_fp8_to_f32(src, t, *rows, *cols, src->scratch);
+    else if ((st = safetensors_to_f32(t, src->scratch)) != NOPAD_OK)
+        return nopad_wrap_error(st, "%s", src->where);
+    if (st != NOPAD_OK) return st;
     src->dtype = src->stored = safetensors_dtype_name(t->dtype);
     *data = src->scratch;
     return NOPAD_OK;
@@ -180,6 +269,7 @@ typedef struct loader {
     source *src;
     decoder_weights *w;
     int native;        /* keep block formats the backend runs (GGUF only) */
+    int fp8;           /* --weights fp8: the LLaMA family's linear weights quantized to FP8 E4M3 */
     int uses_map;      /* a weight points into the GGUF file's mapping */
     notice notices[16];
     int32_t n_notices;
@@ -307,6 +397,109 @@ static int is_block_format(uint32_t type) {
            type == NOPAD_WEIGHT_Q5_K || type == NOPAD_WEIGHT_Q6_K;
 }
 
+/* A linear weight held as FP8 E4M3 (backend.h's layout: the codes of its N = Σ rows[i] rows, then
+ * their N scales): the n_parts tensors of HF names `names` (Q, K, V; gate, up; or one), each
+ * [rows[i], cols]. A part stored F8_E4M3 keeps its codes and scales as they are (a per-tensor scale
+ * repeated per row); any other part, with --weights fp8, is fetched as float32 and quantized per
+ * output channel (io/fp8.h). *kept = 0 when the weight goes the float path instead: nothing asks
+ * for FP8, it is the embeddings or the LM head (held in the compute dtype: a gather and the logits'
+ * float32 GEMM read them), the model is split (tp > 1), or the backend does not run FP8 on rows of
+ * `cols` values (a notice names the group when the file stores FP8). A part that is missing or
+ * misshapen is left to the float path too, which names what is wrong. */
+static nopad_status get_fp8(loader *ld, int n_parts, const char *const names[], const int64_t rows[], int64_t cols,
+                            void **out, nopad_weight_format *format, int *kept) {
+    source *src = ld->src;
+    nopad_backend *be = ld->be;
+    const char *group = group_of(names[0]);
+    const safetensors_tensor *stored[3] = {NULL, NULL, NULL};
+    int any_f8 = 0;
+    for (int i = 0; i < n_parts && src->ckpt; i++) {
+        const safetensors_tensor *t = st_find(src, names[i]);
+        if (t && t->dtype == ST_F8_E4M3 && t->ndim == 2 && t->shape[0] == rows[i] && t->shape[1] == cols) {
+            stored[i] = t;
+            any_f8 = 1;
+        }
+    }
+    if (!ld->fp8 && !any_f8) return NOPAD_OK;
+    if (strcmp(group, "token_embd") == 0 || strcmp(group, "output") == 0) {
+        if (any_f8) add_notice(ld, group, "F8_E4M3", "the embeddings and the LM head are held in the compute dtype");
+        return NOPAD_OK;
+    }
+    if (ld->w->tp.size > 1) {
+        add_notice(ld, group, "F8_E4M3", "a split model (tp > 1) holds float weights only, for now");
+        return NOPAD_OK;
+    }
+    if (!nopad_backend_runs_format(be, NOPAD_WEIGHT_FP8_E4M3, (int32_t)cols)) {
+        char reason[112];
+        if (!nopad_backend_runs_format(be, NOPAD_WEIGHT_FP8_E4M3, 4096))
+            snprintf(reason, sizeof reason, "the %s backend has no FP8 kernels (they run on CUDA, Hopper)", be->name);
+        else
+            snprintf(reason, sizeof reason, "its rows of %lld values are not a multiple of 16 (FP8 GEMMs need it)",
+                     (long long)cols);
+        add_notice(ld, group, "F8_E4M3", reason);
+        return NOPAD_OK;
+    }
+    int64_t n_rows = 0;
+    for (int i = 0; i < n_parts; i++) n_rows += rows[i];
+    const size_t scales_at = nopad_fp8_scales_offset(n_rows, cols), total = scales_at + (size_t)n_rows * sizeof(float);
+    uint8_t *host = malloc(total);
+    if (!host) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
+    memset(host, 0, scales_at); /* the padding before the scales, so the upload copies no garbage */
+    const char *stored_as[3];
+    nopad_status st = NOPAD_OK;
+    int64_t row0 = 0;
+    for (int i = 0; i < n_parts && st == NOPAD_OK; i++) {
+        uint8_t *codes = host + (size_t)row0 * (size_t)cols;
+        float *scales = (float *)(host + scales_at) + row0;
+        if (stored[i]) {
+            memcpy(codes, stored[i]->data, (size_t)(rows[i] * cols));
+            st = st_fp8_scales(src, stored[i], rows[i], scales);
+            stored_as[i] = "F8_E4M3";
+        } else {
+            float *data;
+            int64_t r, c;
+            int found;
+            st = src->fetch(src, names[i], &data, &r, &c, &found);
+            if (st == NOPAD_OK && (!found || r != rows[i] || c != cols)) {
+                free(host);
+                return NOPAD_OK; /* the float path names what is wrong */
+            }
+            for (int64_t k = 0; st == NOPAD_OK && k < rows[i] * cols; k++)
+                if (!isfinite(data[k]))
+                    st = nopad_set_error(NOPAD_ERR_FORMAT,
+                                         "%s: tensor '%s' holds %s at element %lld; the weights are corrupt",
+                                         src->where, names[i], isnan(data[k]) ? "NaN" : "an infinity", (long long)k);
+            if (st == NOPAD_OK) fp8_e4m3_quantize_rows(data, rows[i], cols, codes, scales);
+            stored_as[i] = src->stored ? src->stored : "F32";
+        }
+        row0 += rows[i];
+    }
+    if (st == NOPAD_OK) {
+        decoder_weights *w = ld->w;
+        void **grown = realloc(w->allocations, (size_t)(w->n_allocations + 1) * sizeof *grown);
+        if (!grown) st = nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
+        else w->allocations = grown;
+        if (st == NOPAD_OK) st = be->alloc(be, total, out);
+        if (st == NOPAD_OK) {
+            w->allocations[w->n_allocations++] = *out;
+            st = be->upload(be, *out, host, total);
+        }
+    }
+    free(host);
+    if (st != NOPAD_OK) return st;
+    ld->w->bytes += total;
+    for (int i = 0; i < n_parts; i++) {
+        ld->w->n_params += rows[i] * cols;
+        /* the codes and this part's share of the scales */
+        const size_t part_bytes = (size_t)(rows[i] * cols) + (size_t)rows[i] * sizeof(float) +
+                                  (i == 0 ? scales_at - (size_t)(n_rows * cols) : 0);
+        TRY(add_to_group(ld, group, "F8_E4M3", stored_as[i], part_bytes));
+    }
+    *format = NOPAD_WEIGHT_FP8_E4M3;
+    *kept = 1;
+    return NOPAD_OK;
+}
+
 /* A linear weight (or the token embeddings) kept in the GGUF file's block format: the n_parts
  * tensors of HF names `names`, each [rows[i], cols] (Q, K, V; gate, up; or one), their rows one
  * after another in *out. A lone tensor whose rows need no reordering is read where the file's
@@ -319,7 +512,8 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
     *kept = 0;
     *format = NOPAD_WEIGHT_DTYPE;
     source *src = ld->src;
-    if (!ld->native || !src->gguf) return NOPAD_OK;
+    TRY(get_fp8(ld, n_parts, names, rows, cols, out, format, kept));
+    if (*kept || ld->fp8 || !ld->native || !src->gguf) return NOPAD_OK;
     const gguf_tensor *t[3];
     int permute[3];
     char gname[128];
@@ -560,14 +754,23 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
 }
 
 static nopad_status load(nopad_backend *be, const model_config *cfg, const tp_shard *tp, source *src,
-                         int native, int *uses_map, decoder_weights *out) {
+                         int native, int fp8, int *uses_map, decoder_weights *out) {
     memset(out, 0, sizeof *out);
     nopad_status planned = tp ? NOPAD_OK : tp_shard_plan(cfg, NULL, 0, 1, &out->tp);
     if (tp) out->tp = *tp;
     if (planned != NOPAD_OK) return planned;
+    if (fp8 && !nopad_backend_runs_format(be, NOPAD_WEIGHT_FP8_E4M3, 4096))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights run on CUDA (Hopper); the %s backend has no FP8 "
+                               "kernels", src->where, be->name);
+    if (fp8 && cfg->family == FAMILY_GPT2)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights are for the LLaMA family (llama, mistral, "
+                               "qwen2); GPT-2's layers are held in the compute dtype (weights auto)", src->where);
+    if (fp8 && out->tp.size > 1)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights on a split model (tp %d) are not supported yet",
+                               src->where, out->tp.size);
     out->layers = calloc((size_t)cfg->num_layers, sizeof *out->layers);
     if (!out->layers) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
-    loader ld = {.be = be, .src = src, .w = out, .native = native};
+    loader ld = {.be = be, .src = src, .w = out, .native = native, .fp8 = fp8};
     nopad_status st = cfg->family == FAMILY_GPT2 ? load_gpt2(&ld, cfg) : load_llama(&ld, cfg);
     out->weights_dtype = src->dtype ? src->dtype : "F32";
     *uses_map = ld.uses_map;
@@ -582,18 +785,18 @@ static nopad_status load(nopad_backend *be, const model_config *cfg, const tp_sh
 }
 
 nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
-                                     const safetensors_checkpoint *ckpt, const char *where,
+                                     const safetensors_checkpoint *ckpt, const char *where, int fp8,
                                      decoder_weights *out) {
     source src = {.where = where, .fetch = st_fetch, .ckpt = ckpt, .cfg = cfg};
     int uses_map;
-    return load(be, cfg, tp, &src, 0, &uses_map, out);
+    return load(be, cfg, tp, &src, 0, fp8, &uses_map, out);
 }
 
 nopad_status decoder_weights_load_gguf(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
-                                       gguf_file *f, int native, decoder_weights *out) {
+                                       gguf_file *f, int native, int fp8, decoder_weights *out) {
     source src = {.where = f->path ? f->path : "gguf", .fetch = gguf_fetch, .gguf = f, .cfg = cfg};
     int uses_map = 0;
-    nopad_status st = load(be, cfg, tp, &src, native, &uses_map, out);
+    nopad_status st = load(be, cfg, tp, &src, native, fp8, &uses_map, out);
     if (st == NOPAD_OK && uses_map) {
         /* the weights read the file's mapping from now on: theirs to unmap */
         out->map = f->map;

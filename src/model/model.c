@@ -98,7 +98,8 @@ static nopad_status load_gguf_model(nopad_model *m, const char *path) {
     const nopad_weights w = m->params.weights;
     const int native = w == NOPAD_WEIGHTS_NATIVE || (w == NOPAD_WEIGHTS_AUTO && m->params.device == NOPAD_DEVICE_CPU &&
                                                      m->params.tp_size <= 1);
-    if (st == NOPAD_OK) st = decoder_weights_load_gguf(m->be, &m->cfg, &m->tp, &f, native, &m->dec);
+    if (st == NOPAD_OK)
+        st = decoder_weights_load_gguf(m->be, &m->cfg, &m->tp, &f, native, w == NOPAD_WEIGHTS_FP8, &m->dec);
     gguf_close(&f);
     if (st != NOPAD_OK) return st;
     if (m->be->release_staging) m->be->release_staging(m->be);
@@ -203,8 +204,13 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     safetensors_checkpoint ckpt;
     st = safetensors_checkpoint_open(dir, &ckpt);
     if (st != NOPAD_OK) return st;
-    st = m->cfg.causal ? decoder_weights_load_st(m->be, &m->cfg, &m->tp, &ckpt, dir, &m->dec)
-                       : encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights, &m->tp);
+    const int fp8 = m->params.weights == NOPAD_WEIGHTS_FP8;
+    if (fp8 && !m->cfg.causal)
+        st = nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights are for decoders; an encoder holds its weights "
+                             "in the compute dtype (weights auto)", dir);
+    else
+        st = m->cfg.causal ? decoder_weights_load_st(m->be, &m->cfg, &m->tp, &ckpt, dir, fp8, &m->dec)
+                           : encoder_weights_load(m->be, &m->cfg, &ckpt, dir, &m->weights, &m->tp);
     safetensors_checkpoint_close(&ckpt);
     if (st != NOPAD_OK) return st;
     /* the fp32 staging of the largest tensor (the word embeddings) is not needed any more */
@@ -251,10 +257,15 @@ static nopad_status check_weights(const nopad_model_params *p) {
         {NOPAD_WEIGHTS_BF16, NOPAD_DTYPE_BF16, "bf16"},
     };
     if (p->weights == NOPAD_WEIGHTS_AUTO || p->weights == NOPAD_WEIGHTS_NATIVE) return NOPAD_OK;
-    if (p->weights == NOPAD_WEIGHTS_FP8)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                               "nopad_model_load: weights fp8 is not supported yet (FP8 weights on Hopper are "
-                               "planned); use auto, native, f32, f16 or bf16");
+    /* FP8 E4M3 weights run on CUDA's FP8 kernels (Hopper: cuBLASLt's FP8 GEMM, a GEMV converting
+     * E4M3 with sm_89's cvt); the loader quantizes them (docs/fp8.md) */
+    if (p->weights == NOPAD_WEIGHTS_FP8) {
+        if (p->device != NOPAD_DEVICE_CUDA)
+            return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                   "nopad_model_load: weights fp8 is not supported yet on the CPU: fp8 weights run on "
+                                   "CUDA (Hopper); use auto, native, f32, f16 or bf16");
+        return NOPAD_OK;
+    }
     for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++)
         if (p->weights == floats[i].w) {
             if (p->dtype != floats[i].dtype)

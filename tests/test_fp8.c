@@ -1,0 +1,246 @@
+/* FP8 E4M3 weights on the host (docs/fp8.md):
+ * - io/fp8.h's conversions against ml_dtypes' float8_e4m3fn (tests/data/fp8, written by
+ *   scripts/make_fp8_fixtures.py): all 256 codes, and the rounding of random floats, the ties
+ *   between neighbouring codes, subnormals, NaN, infinities and values past 448 (saturating);
+ * - the per-output-channel quantizer: scales, codes, and its error bound, on random rows with wide
+ *   scales (and a row of zeros);
+ * - an F8_E4M3 safetensors LLaMA (tiny_f8: per-channel scales [N, 1] and [N] in layer 0, per-tensor
+ *   scalar and [1] in layer 1) on the CPU, which dequantises it at load (code · scale in float32),
+ *   against the same model written with those products in F32 (tiny_f8_ref): logits equal bit for
+ *   bit, and the notice and weight groups of the dequantised layers;
+ * - what is refused, each naming the tensor: E5M2 weights, block-wise scales (weight_scale_inv), a
+ *   scale of the wrong shape, a missing scale; and `weights fp8` on the CPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io/fp8.h"
+#include "testutil.h"
+
+static uint32_t bits_of(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+static void test_all_codes(void **state) {
+    (void)state;
+    FILE *f = fopen(test_data_path("fp8/e4m3_codes.txt"), "r");
+    assert_non_null(f);
+    unsigned code, want;
+    int n = 0;
+    while (fscanf(f, "%u %x", &code, &want) == 2) {
+        const float v = fp8_e4m3_to_f32((uint8_t)code);
+        float w;
+        memcpy(&w, &want, sizeof w);
+        if (isnan(w)) {
+            if (!isnan(v)) fail_msg("code 0x%02x: %g, expected NaN", code, (double)v);
+        } else if (bits_of(v) != want) {
+            fail_msg("code 0x%02x: %a, expected %a", code, (double)v, (double)w);
+        }
+        /* every finite code survives the way back (0x80, -0, stays -0) */
+        if (!isnan(w) && fp8_e4m3_from_f32(v) != code)
+            fail_msg("code 0x%02x -> %a -> 0x%02x", code, (double)v, fp8_e4m3_from_f32(v));
+        n++;
+    }
+    fclose(f);
+    assert_int_equal(n, 256);
+}
+
+static void test_rounding(void **state) {
+    (void)state;
+    FILE *f = fopen(test_data_path("fp8/e4m3_round.txt"), "r");
+    assert_non_null(f);
+    unsigned xb, want;
+    int n = 0, ties = 0, saturated = 0;
+    while (fscanf(f, "%x %u", &xb, &want) == 2) {
+        float x;
+        memcpy(&x, &xb, sizeof x);
+        const uint8_t got = fp8_e4m3_from_f32(x);
+        if (isnan(x)) {
+            if ((got & 0x7F) != 0x7F) fail_msg("NaN -> 0x%02x, expected a NaN code", got);
+        } else if (got != want) {
+            fail_msg("%a (0x%08x) -> 0x%02x, expected 0x%02x", (double)x, xb, got, want);
+        }
+        /* a tie: exactly halfway between the two codes around it */
+        if (!isnan(x) && fabsf(x) < 448.0f && (want & 0x7F) < 0x7E) {
+            const float lo = fabsf(fp8_e4m3_to_f32((uint8_t)(want & 0x7F)));
+            const float other = fabsf(x) > lo ? fp8_e4m3_to_f32((uint8_t)((want & 0x7F) + 1))
+                                              : fp8_e4m3_to_f32((uint8_t)((want & 0x7F) - 1));
+            if ((want & 0x7F) > 0 && fabsf(x) - lo == (fabsf(other) - lo) / 2) ties++;
+        }
+        if ((want & 0x7F) == 0x7E && !(fabsf(x) == 448.0f)) saturated++;
+        n++;
+    }
+    fclose(f);
+    assert_true(n > 2000);
+    /* the fixture holds both signs of every tie between positive codes, and values past 448 */
+    if (ties < 200) fail_msg("only %d ties in the fixture", ties);
+    if (saturated < 8) fail_msg("only %d saturated values in the fixture", saturated);
+}
+
+/* Per output channel: scale = amax / 448, codes of w / scale; each value reproduced within half
+ * an E4M3 step: 2^-4 of itself for normal codes (3 mantissa bits), 2^-10·scale in the subnormal
+ * range (steps of 2^-9·scale), plus the float32 rounding of the division and the product
+ * (2^-23 relative, two of them). The row's largest value maps onto 448 exactly or within one
+ * rounding of the division. */
+static void test_quantize_rows(void **state) {
+    (void)state;
+    enum { ROWS = 37, COLS = 129 };
+    float *w = malloc(ROWS * COLS * sizeof *w), *scales = malloc(ROWS * sizeof *scales);
+    uint8_t *q = malloc(ROWS * COLS);
+    srand(43);
+    for (int r = 0; r < ROWS; r++) {
+        const float row_scale = ldexpf(1.0f, r % 31 - 15); /* 2^-15 .. 2^15 */
+        for (int c = 0; c < COLS; c++) {
+            const float u = (float)rand() / (float)RAND_MAX - 0.5f;
+            w[r * COLS + c] = r == 5 ? 0.0f : u * row_scale * (c % 7 == 0 ? 8.0f : 1.0f);
+        }
+    }
+    fp8_e4m3_quantize_rows(w, ROWS, COLS, q, scales);
+    for (int r = 0; r < ROWS; r++) {
+        float amax = 0;
+        for (int c = 0; c < COLS; c++) amax = fmaxf(amax, fabsf(w[r * COLS + c]));
+        assert_true(scales[r] == (r == 5 ? 1.0f : amax / 448.0f));
+        int at_max = 0;
+        for (int c = 0; c < COLS; c++) {
+            const float x = w[r * COLS + c], back = fp8_e4m3_to_f32(q[r * COLS + c]) * scales[r];
+            const double bound = fmax(fabs(x) * 0x1p-4, scales[r] * 0x1p-10) * (1 + 0x1p-20);
+            if (fabs((double)back - x) > bound)
+                fail_msg("row %d col %d: %a -> %a, off by more than %a", r, c, (double)x, (double)back, bound);
+            if ((q[r * COLS + c] & 0x7F) == 0x7E) at_max++;
+        }
+        if (r != 5) assert_true(at_max >= 1);
+    }
+    free(w);
+    free(scales);
+    free(q);
+}
+
+/* Loads `dir` (CPU, weights auto), with what the load writes to stderr into *err (caller frees). */
+static nopad_status load_capturing(const char *dir, nopad_model **m, char **err) {
+    nopad_model_params p = nopad_model_default_params();
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    const int saved = dup(2);
+    assert_true(saved >= 0);
+    dup2(fileno(tmp), 2);
+    nopad_status st = nopad_model_load(dir, &p, m);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    long n = ftell(tmp);
+    rewind(tmp);
+    *err = calloc((size_t)n + 1, 1);
+    assert_int_equal(fread(*err, 1, (size_t)n, tmp), (size_t)n);
+    fclose(tmp);
+    fputs(*err, stderr);
+    return st;
+}
+
+/* The F8 model and its dequantised twin through the same steps: every position's logits of two
+ * prompts, then decode steps, equal bit for bit (the CPU holds the F8 weights as the same float32
+ * products, so every op sees the same numbers). */
+static void test_f8_checkpoint_on_cpu(void **state) {
+    (void)state;
+    nopad_model *f8 = NULL, *ref = NULL;
+    char *err = NULL, *err_ref = NULL;
+    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8"), &f8, &err));
+    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8_ref"), &ref, &err_ref));
+    /* the notice: each group of both layers (a fused Q|K|V counts once), dequantised because the
+     * CPU has no FP8 kernels */
+    assert_non_null(strstr(err, "attn_qkv F8_E4M3 (2 weights) dequantised to F32"));
+    assert_non_null(strstr(err, "ffn_down F8_E4M3 (2 weights)"));
+    assert_non_null(strstr(err, "no FP8 kernels"));
+    assert_null(strstr(err_ref, "notice"));
+    nopad_weight_group g[16];
+    const int32_t n_groups = nopad_model_weight_groups(f8, g, 16);
+    int f8_stored = 0;
+    for (int32_t i = 0; i < n_groups; i++) {
+        assert_string_equal(g[i].format, "F32");
+        if (strcmp(g[i].stored, "F8_E4M3") == 0) f8_stored += g[i].n_tensors;
+    }
+    assert_int_equal(f8_stored, 14); /* 7 linear weights a layer */
+
+    nopad_model_info info;
+    assert_nopad_ok(nopad_model_get_info(f8, &info));
+    const int32_t V = info.vocab_size, B = 2, cu[3] = {0, 9, 40};
+    int32_t ids[40];
+    srand(8);
+    for (int t = 0; t < 40; t++) ids[t] = rand() % V;
+    float *a = malloc((size_t)40 * V * sizeof *a), *b = malloc((size_t)40 * V * sizeof *b);
+    nopad_context *ca = nopad_model_context(f8), *cb = nopad_model_context(ref);
+    nopad_sequence *sa[2], *sb[2];
+    for (int i = 0; i < B; i++) {
+        assert_nopad_ok(nopad_sequence_create(ca, &sa[i]));
+        assert_nopad_ok(nopad_sequence_create(cb, &sb[i]));
+    }
+    assert_nopad_ok(nopad_decode(ca, B, sa, cu, ids, 1, a));
+    assert_nopad_ok(nopad_decode(cb, B, sb, cu, ids, 1, b));
+    assert_memory_equal(a, b, (size_t)40 * V * sizeof *a);
+    /* the logits are not flat: a model whose weights were read wrong would not pass by chance */
+    float lo = a[0], hi = a[0];
+    for (size_t i = 0; i < (size_t)40 * V; i++) lo = fminf(lo, a[i]), hi = fmaxf(hi, a[i]);
+    assert_true(hi - lo > 1.0f);
+    const int32_t step_cu[3] = {0, 1, 2};
+    for (int s = 0; s < 4; s++) {
+        const int32_t next[2] = {(7 * s + 3) % V, (11 * s + 5) % V};
+        assert_nopad_ok(nopad_decode(ca, B, sa, step_cu, next, 0, a));
+        assert_nopad_ok(nopad_decode(cb, B, sb, step_cu, next, 0, b));
+        assert_memory_equal(a, b, (size_t)B * V * sizeof *a);
+    }
+    for (int i = 0; i < B; i++) {
+        nopad_sequence_free(sa[i]);
+        nopad_sequence_free(sb[i]);
+    }
+    free(a);
+    free(b);
+    free(err);
+    free(err_ref);
+    nopad_model_free(f8);
+    nopad_model_free(ref);
+}
+
+static void expect_refused(const char *dir, nopad_status want, const char *needle) {
+    nopad_model *m = NULL;
+    char *err = NULL;
+    const nopad_status st = load_capturing(test_data_path(dir), &m, &err);
+    free(err);
+    if (st != want) fail_msg("%s: status %d, expected %d (%s)", dir, (int)st, (int)want, nopad_last_error());
+    assert_null(m);
+    const char *msg = nopad_last_error();
+    if (!strstr(msg, needle)) fail_msg("%s: '%s' does not say '%s'", dir, msg, needle);
+    /* every message names the tensor */
+    if (!strstr(msg, "model.layers.0.self_attn.q_proj.weight"))
+        fail_msg("%s: '%s' does not name the tensor", dir, msg);
+}
+
+static void test_refused(void **state) {
+    (void)state;
+    expect_refused("fp8/bad_e5m2", NOPAD_ERR_UNSUPPORTED, "is F8_E5M2: nopad runs FP8 weights stored as F8_E4M3");
+    expect_refused("fp8/bad_block_scale", NOPAD_ERR_UNSUPPORTED, "has block-wise scales ('model.layers.0.self_attn."
+                                                                 "q_proj.weight_scale_inv'");
+    expect_refused("fp8/bad_scale_shape", NOPAD_ERR_FORMAT, "of shape [32] for 64 rows");
+    expect_refused("fp8/bad_no_scale", NOPAD_ERR_FORMAT, "has no 'weight_scale' beside it");
+    /* fp8 weights on the CPU: refused before anything loads */
+    nopad_model_params p = nopad_model_default_params();
+    p.weights = NOPAD_WEIGHTS_FP8;
+    nopad_model *m = NULL;
+    assert_nopad_error(nopad_model_load(test_data_path("fp8/tiny_f8_ref"), &p, &m), NOPAD_ERR_UNSUPPORTED,
+                       "fp8 weights run on CUDA (Hopper)");
+    assert_null(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_all_codes),
+        cmocka_unit_test(test_rounding),
+        cmocka_unit_test(test_quantize_rows),
+        cmocka_unit_test(test_f8_checkpoint_on_cpu),
+        cmocka_unit_test(test_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
