@@ -119,9 +119,10 @@ static void test_quantize_rows(void **state) {
     free(q);
 }
 
-/* Loads `dir` (CPU, weights auto), with what the load writes to stderr into *err (caller frees). */
-static nopad_status load_capturing(const char *dir, nopad_model **m, char **err) {
+/* Loads `dir` (CPU, `weights`), with what the load writes to stderr into *err (caller frees). */
+static nopad_status load_capturing(const char *dir, nopad_weights weights, nopad_model **m, char **err) {
     nopad_model_params p = nopad_model_default_params();
+    p.weights = weights;
     fflush(stderr);
     FILE *tmp = tmpfile();
     assert_non_null(tmp);
@@ -148,8 +149,8 @@ static void test_f8_checkpoint_on_cpu(void **state) {
     (void)state;
     nopad_model *f8 = NULL, *ref = NULL;
     char *err = NULL, *err_ref = NULL;
-    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8"), &f8, &err));
-    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8_ref"), &ref, &err_ref));
+    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8"), NOPAD_WEIGHTS_AUTO, &f8, &err));
+    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8_ref"), NOPAD_WEIGHTS_AUTO, &ref, &err_ref));
     /* the notice: each group of both layers (a fused Q|K|V counts once), dequantised because the
      * CPU has no FP8 kernels */
     assert_non_null(strstr(err, "attn_qkv F8_E4M3 (2 weights) dequantised to F32"));
@@ -196,10 +197,29 @@ static void test_f8_checkpoint_on_cpu(void **state) {
         nopad_sequence_free(sa[i]);
         nopad_sequence_free(sb[i]);
     }
+    /* weights f32 asked for: the same dequantised weights, without the notice */
+    nopad_model *f32 = NULL;
+    char *err_f32 = NULL;
+    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8"), NOPAD_WEIGHTS_F32, &f32, &err_f32));
+    assert_null(strstr(err_f32, "notice"));
+    nopad_sequence *sf[2];
+    for (int i = 0; i < B; i++) {
+        assert_nopad_ok(nopad_sequence_create(nopad_model_context(f32), &sf[i]));
+        assert_nopad_ok(nopad_sequence_create(cb, &sb[i]));
+    }
+    assert_nopad_ok(nopad_decode(nopad_model_context(f32), B, sf, cu, ids, 1, a));
+    assert_nopad_ok(nopad_decode(cb, B, sb, cu, ids, 1, b));
+    assert_memory_equal(a, b, (size_t)40 * V * sizeof *a);
+    for (int i = 0; i < B; i++) {
+        nopad_sequence_free(sf[i]);
+        nopad_sequence_free(sb[i]);
+    }
     free(a);
     free(b);
     free(err);
     free(err_ref);
+    free(err_f32);
+    nopad_model_free(f32);
     nopad_model_free(f8);
     nopad_model_free(ref);
 }
@@ -207,7 +227,7 @@ static void test_f8_checkpoint_on_cpu(void **state) {
 static void expect_refused(const char *dir, nopad_status want, const char *needle) {
     nopad_model *m = NULL;
     char *err = NULL;
-    const nopad_status st = load_capturing(test_data_path(dir), &m, &err);
+    const nopad_status st = load_capturing(test_data_path(dir), NOPAD_WEIGHTS_AUTO, &m, &err);
     free(err);
     if (st != want) fail_msg("%s: status %d, expected %d (%s)", dir, (int)st, (int)want, nopad_last_error());
     assert_null(m);

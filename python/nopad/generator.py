@@ -149,7 +149,9 @@ class Generator:
                 CPU, else the compute dtype), "native" (as stored where the backend runs the
                 format: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K on the CPU and
                 CUDA; the rest dequantised, said on stderr), "f32" / "f16" / "bf16" (dequantised;
-                must be the compute dtype). "fp8" is not supported yet.
+                must be the compute dtype), "fp8" (CUDA, Hopper: the linear layers quantized to
+                FP8 E4M3 per output channel at load; an F8_E4M3 checkpoint with its
+                ``weight_scale`` stays FP8 on CUDA whatever this says; docs/fp8.md).
 
         Raises:
             FileError: a missing file or folder.

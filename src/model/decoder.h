@@ -52,9 +52,11 @@ typedef struct decoder_weights {
  * Qwen2ForCausalLM / MistralForCausalLM, with or without a task prefix). */
 struct safetensors_checkpoint;
 /* tp: the rank's shard (tp_shard_plan), NULL: the whole model. Only the shard reaches the backend;
- * the host holds one tensor at a time. F8_E4M3 weights with their `weight_scale` stay FP8 where
- * the backend runs it; fp8: the LLaMA family's linear weights are quantized to FP8 E4M3 per output
- * channel (a backend without FP8 kernels, GPT-2 or tp > 1: NOPAD_ERR_UNSUPPORTED; docs/fp8.md). */
+ * the host holds one tensor at a time. fp8 (docs/fp8.md): 0, F8_E4M3 weights with their
+ * `weight_scale` stay FP8 where the backend runs it (else dequantised, with a notice); > 0
+ * (--weights fp8), the LLaMA family's linear weights are quantized to FP8 E4M3 per output channel
+ * too (a backend without FP8 kernels, GPT-2 or tp > 1: NOPAD_ERR_UNSUPPORTED); < 0 (a float
+ * --weights), everything is dequantised to the backend's dtype. */
 nopad_status decoder_weights_load_st(nopad_backend *be, const model_config *cfg, const tp_shard *tp,
                                      const struct safetensors_checkpoint *ckpt, const char *where, int fp8,
                                      decoder_weights *out);

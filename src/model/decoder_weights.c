@@ -269,7 +269,9 @@ typedef struct loader {
     source *src;
     decoder_weights *w;
     int native;        /* keep block formats the backend runs (GGUF only) */
-    int fp8;           /* --weights fp8: the LLaMA family's linear weights quantized to FP8 E4M3 */
+    int fp8;           /* > 0 (--weights fp8): the LLaMA family's linear weights quantized to FP8
+                          E4M3; 0: F8_E4M3 weights kept where the backend runs them; < 0 (a float
+                          --weights): everything dequantised */
     int uses_map;      /* a weight points into the GGUF file's mapping */
     notice notices[16];
     int32_t n_notices;
@@ -420,7 +422,7 @@ static nopad_status get_fp8(loader *ld, int n_parts, const char *const names[], 
             any_f8 = 1;
         }
     }
-    if (!ld->fp8 && !any_f8) return NOPAD_OK;
+    if (ld->fp8 < 0 || (ld->fp8 == 0 && !any_f8)) return NOPAD_OK;
     if (strcmp(group, "token_embd") == 0 || strcmp(group, "output") == 0) {
         if (any_f8) add_notice(ld, group, "F8_E4M3", "the embeddings and the LM head are held in the compute dtype");
         return NOPAD_OK;
@@ -513,7 +515,7 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
     *format = NOPAD_WEIGHT_DTYPE;
     source *src = ld->src;
     TRY(get_fp8(ld, n_parts, names, rows, cols, out, format, kept));
-    if (*kept || ld->fp8 || !ld->native || !src->gguf) return NOPAD_OK;
+    if (*kept || ld->fp8 > 0 || !ld->native || !src->gguf) return NOPAD_OK;
     const gguf_tensor *t[3];
     int permute[3];
     char gname[128];
@@ -759,13 +761,13 @@ static nopad_status load(nopad_backend *be, const model_config *cfg, const tp_sh
     nopad_status planned = tp ? NOPAD_OK : tp_shard_plan(cfg, NULL, 0, 1, &out->tp);
     if (tp) out->tp = *tp;
     if (planned != NOPAD_OK) return planned;
-    if (fp8 && !nopad_backend_runs_format(be, NOPAD_WEIGHT_FP8_E4M3, 4096))
+    if (fp8 > 0 && !nopad_backend_runs_format(be, NOPAD_WEIGHT_FP8_E4M3, 4096))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights run on CUDA (Hopper); the %s backend has no FP8 "
                                "kernels", src->where, be->name);
-    if (fp8 && cfg->family == FAMILY_GPT2)
+    if (fp8 > 0 && cfg->family == FAMILY_GPT2)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights are for the LLaMA family (llama, mistral, "
                                "qwen2); GPT-2's layers are held in the compute dtype (weights auto)", src->where);
-    if (fp8 && out->tp.size > 1)
+    if (fp8 > 0 && out->tp.size > 1)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights on a split model (tp %d) are not supported yet",
                                src->where, out->tp.size);
     out->layers = calloc((size_t)cfg->num_layers, sizeof *out->layers);

@@ -204,8 +204,11 @@ static nopad_status load_model(nopad_model *m, const char *dir) {
     safetensors_checkpoint ckpt;
     st = safetensors_checkpoint_open(dir, &ckpt);
     if (st != NOPAD_OK) return st;
-    const int fp8 = m->params.weights == NOPAD_WEIGHTS_FP8;
-    if (fp8 && !m->cfg.causal)
+    /* decoder_weights_load_st's fp8: quantize (weights fp8), keep F8 weights (auto, native) or
+     * dequantise them (a float choice) */
+    const nopad_weights wc = m->params.weights;
+    const int fp8 = wc == NOPAD_WEIGHTS_FP8 ? 1 : wc == NOPAD_WEIGHTS_AUTO || wc == NOPAD_WEIGHTS_NATIVE ? 0 : -1;
+    if (fp8 > 0 && !m->cfg.causal)
         st = nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: fp8 weights are for decoders; an encoder holds its weights "
                              "in the compute dtype (weights auto)", dir);
     else

@@ -78,7 +78,8 @@ static const char generate_help[] =
     "                          native on the CPU, else the compute dtype), native (as stored,\n"
     "                          where the backend runs the format; the rest dequantised, said on\n"
     "                          stderr), f32, f16, bf16 (dequantised; the compute dtype's), fp8\n"
-    "                          (not yet)\n"
+    "                          (CUDA: the linear layers quantized to FP8 E4M3 per output\n"
+    "                          channel; docs/fp8.md)\n"
     TP_HELP
     "  -h, --help              show this help\n"
     "\n"

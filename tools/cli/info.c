@@ -25,7 +25,7 @@ static const char info_help[] =
     "  --json          print one JSON object instead of aligned 'key: value' lines\n"
     "  --device D      cpu (default) or cuda\n"
     "  --dtype T       compute dtype: fp32 (CPU default), fp16 (CUDA default) or bf16\n"
-    "  --weights W     auto (default), native, f32, f16 or bf16: as nopad generate holds them\n"
+    "  --weights W     auto (default), native, f32, f16, bf16 or fp8: as nopad generate holds them\n"
     "  -h, --help      show this help\n";
 
 /* Shortest decimal that reads back as the same float: 1e-12, not 9.99999996e-13. */

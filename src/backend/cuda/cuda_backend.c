@@ -18,6 +18,8 @@
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/sampling_ops.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/quant/fp8.h"
+#include "backend/cuda/quant/fp8_gemm.h"
 #include "backend/cuda/quant/quant.h"
 #include "backend/cuda/quant/quant_gemm.h"
 #include "backend/cuda/state.h"
@@ -478,6 +480,17 @@ static nopad_status cu_gemm_q(nopad_backend *be, void *out, const void *x, const
                               nopad_epilogue epilogue, nopad_activation act, int out_f32) {
     CUDA_ENTER(be, s);
     if (n_tokens == 0) return NOPAD_OK;
+    if (format == NOPAD_WEIGHT_FP8_E4M3) { /* quant/fp8.h: the GEMV, or cuBLASLt's FP8 GEMM */
+        if (n_tokens <= CUDA_FP8_GEMV_MAX_T && !(out_f32 && epilogue != NOPAD_EPILOGUE_NONE))
+            return cuda_fp8_gemv(be->dtype, out, x, w, epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias,
+                                 epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL, n_tokens, n_in, n_out,
+                                 epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1, out_f32, s->stream);
+        nopad_status fst = grow_workspace(be, s, (void **)&s->split_ws, &s->split_ws_bytes,
+                                          cuda_fp8_gemm_scratch_bytes(n_tokens, n_in, n_out), "fp8 gemm scratch");
+        return fst != NOPAD_OK ? fst
+                               : cuda_fp8_gemm(&s->lt, be->dtype, out, x, w, bias, residual, n_tokens, n_in, n_out,
+                                               epilogue, act, out_f32, s->split_ws, s->stream);
+    }
     if (!cuda_quant_runs(format, n_in))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "cuda gemm_q: weight format %d with rows of %d values is not one the CUDA backend "
@@ -510,6 +523,8 @@ static nopad_status cu_embed_tokens_q(nopad_backend *be, float *out, const int32
 static int cu_supports(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
     (void)be;
     if (op == NOPAD_OP_ATTENTION && shape) return shape->head_size >= 1 && shape->head_size <= 128;
+    if (op == NOPAD_OP_GEMM && shape && shape->weight_format == NOPAD_WEIGHT_FP8_E4M3)
+        return cuda_fp8_runs(shape->n_in);
     if (op == NOPAD_OP_GEMM && shape && shape->weight_format != NOPAD_WEIGHT_DTYPE)
         return cuda_quant_runs(shape->weight_format, shape->n_in);
     return 1;

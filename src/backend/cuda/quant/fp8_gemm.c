@@ -1,0 +1,186 @@
+/* The prompts' FP8 linear op (fp8_gemm.h). */
+#ifdef NOPAD_HAVE_CUDA
+
+#include <stdio.h>
+
+#include "backend/cuda/quant/fp8_gemm.h"
+
+#include "backend/cuda/quant/fp8.h"
+#include "util/error.h"
+
+#define DEFAULT_SCRATCH_CAP ((size_t)64 << 20)
+enum { SCRATCH_ALIGN = 256, LD_MULTIPLE = 16 };
+
+static size_t scratch_cap = DEFAULT_SCRATCH_CAP;
+static cuda_fp8_gemm_way forced = CUDA_FP8_GEMM_AUTO, last_way = CUDA_FP8_GEMM_AUTO;
+static int outer_vec_refused; /* cuBLASLt refused outer-vector scaling once: not asked again */
+
+void cuda_fp8_set_scratch_cap(size_t bytes) { scratch_cap = bytes ? bytes : DEFAULT_SCRATCH_CAP; }
+void cuda_fp8_gemm_force(cuda_fp8_gemm_way way) { forced = way; }
+cuda_fp8_gemm_way cuda_fp8_gemm_last_way(void) { return last_way; }
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Scratch of one token: its codes, its scale, and its row of sums (fp32, padded: the larger way). */
+static size_t per_token_bytes(int32_t K, int32_t N) {
+    return (size_t)K + sizeof(float) + align_up((size_t)N, LD_MULTIPLE) * sizeof(float);
+}
+
+/* Tokens a slice takes: all when they fit the cap, else as many as do (at least 1). */
+static int32_t slice_tokens(int32_t T, int32_t K, int32_t N) {
+    const size_t fit = scratch_cap / (per_token_bytes(K, N) + 3 * SCRATCH_ALIGN);
+    return fit >= (size_t)T ? T : fit > 0 ? (int32_t)fit : 1;
+}
+
+size_t cuda_fp8_gemm_scratch_bytes(int32_t n_tokens, int32_t n_in, int32_t n_out) {
+    const size_t t = (size_t)slice_tokens(n_tokens, n_in, n_out);
+    return align_up(t * (size_t)n_in, SCRATCH_ALIGN) + align_up(t * sizeof(float), SCRATCH_ALIGN) +
+           t * align_up((size_t)n_out, LD_MULTIPLE) * sizeof(float);
+}
+
+static nopad_status lt_check(cublasStatus_t st, const char *what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return NOPAD_OK;
+    return nopad_set_error(NOPAD_ERR_BACKEND, "cublasLt fp8 %s: status %d", what, (int)st);
+}
+
+/* One FP8 GEMM: acc[T, N] (rows ld apart) = scale_w[n] · scale_x[t] · Σ_k xq[t, k] · wq[n, k]
+ * with scales (outer-vector scaling; acc in the dtype), or the bare sums without (acc float32).
+ * In cuBLASLt's column-major terms as cublaslt.c: D[N, T] = op(A)[N, K] · B[K, T], A = wq seen as
+ * K x N (transposed: FP8 wants the TN layout), B = xq as K x T. *refused: cuBLASLt has no
+ * algorithm for it (not an error: the caller takes the other way). */
+static nopad_status fp8_matmul(cuda_lt *lt, nopad_dtype dtype, void *acc, size_t ld, const uint8_t *xq,
+                               const float *xs, const uint8_t *wq, const float *ws, int32_t T, int32_t K, int32_t N,
+                               int scaled, cudaStream_t stream, int *refused) {
+    *refused = 0;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld_layout = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    const cudaDataType_t out_type = scaled ? (dtype == NOPAD_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F) : CUDA_R_32F;
+    const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+    nopad_status st = lt_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans), "transa");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof no_trans),
+                      "transb");
+    if (st == NOPAD_OK && scaled) {
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        st = lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode),
+                      "a scale mode");
+        if (st == NOPAD_OK)
+            st = lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode),
+                          "b scale mode");
+        if (st == NOPAD_OK)
+            st = lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws),
+                          "a scales");
+        if (st == NOPAD_OK)
+            st = lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs),
+                          "b scales");
+        if (st != NOPAD_OK) *refused = 1; /* an older cuBLASLt without the attributes */
+    }
+    if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K), "layout a");
+    if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, T, K), "layout b");
+    if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&ld_layout, out_type, N, T, (int64_t)ld), "layout d");
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    size_t ws_bytes = CUDA_LT_WORKSPACE_BYTES;
+    if (st == NOPAD_OK) st = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    if (st == NOPAD_OK)
+        st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                           sizeof ws_bytes),
+                      "preference");
+    if (st == NOPAD_OK) {
+        const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(lt->handle, desc, la, lb, ld_layout, ld_layout, pref, 1,
+                                                                &result, &found);
+        /* with outer-vector scales any refusal means this cuBLASLt or GPU lacks them */
+        if ((h != CUBLAS_STATUS_SUCCESS && (scaled || h == CUBLAS_STATUS_NOT_SUPPORTED)) ||
+            (h == CUBLAS_STATUS_SUCCESS && found == 0)) {
+            *refused = 1;
+            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                                 "cublasLt: no FP8 algorithm for a [%d, %d] x [%d, %d]ᵀ GEMM%s", T, K, N, K,
+                                 scaled ? " with outer-vector scales" : "");
+        } else {
+            st = lt_check(h, "heuristic");
+        }
+    }
+    if (st == NOPAD_OK) {
+        const float alpha = 1.0f, beta = 0.0f;
+        const cublasStatus_t m = cublasLtMatmul(lt->handle, desc, &alpha, wq, la, xq, lb, &beta, acc, ld_layout, acc,
+                                                ld_layout, &result.algo, lt->workspace, CUDA_LT_WORKSPACE_BYTES, stream);
+        if (scaled && (m == CUBLAS_STATUS_NOT_SUPPORTED || m == CUBLAS_STATUS_INVALID_VALUE)) *refused = 1;
+        st = lt_check(m, "matmul");
+    }
+    /* cuBLASLt reads the descriptors when the matmul is enqueued: they can go now */
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld_layout) cublasLtMatrixLayoutDestroy(ld_layout);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return st;
+}
+
+nopad_status cuda_fp8_gemm(cuda_lt *lt, nopad_dtype dtype, void *out, const void *x, const void *w, const void *bias,
+                           const void *residual, int32_t n_tokens, int32_t n_in, int32_t n_out,
+                           nopad_epilogue epilogue, nopad_activation act, int out_f32, void *scratch,
+                           cudaStream_t stream) {
+    if (n_tokens == 0) return NOPAD_OK;
+    if (!cuda_fp8_runs(n_in))
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "fp8 gemm: rows of %d values (needs a positive multiple of 16)",
+                               n_in);
+    if (out_f32 && epilogue != NOPAD_EPILOGUE_NONE)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "fp8 gemm: a float32 output takes no epilogue");
+    const size_t out_bytes = out_f32 ? sizeof(float) : 2;
+    const uint8_t *wq = w;
+    const float *ws = (const float *)(wq + nopad_fp8_scales_offset(n_out, n_in));
+    const void *ep_bias = epilogue == NOPAD_EPILOGUE_NONE ? NULL : bias;
+    const void *ep_residual = epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL ? residual : NULL;
+    const int ep_act = epilogue == NOPAD_EPILOGUE_BIAS_ACT ? (int)act : -1;
+    const int32_t slice = slice_tokens(n_tokens, n_in, n_out);
+    uint8_t *xq = scratch;
+    float *xs = (float *)((char *)scratch + align_up((size_t)slice * (size_t)n_in, SCRATCH_ALIGN));
+    void *acc = (char *)xs + align_up((size_t)slice * sizeof(float), SCRATCH_ALIGN);
+    for (int32_t t0 = 0; t0 < n_tokens; t0 += slice) {
+        const int32_t T = n_tokens - t0 < slice ? n_tokens - t0 : slice;
+        char *out_t = (char *)out + (size_t)t0 * (size_t)n_out * out_bytes;
+        const void *residual_t = ep_residual ? (const char *)ep_residual + (size_t)t0 * (size_t)n_out * 2 : NULL;
+        nopad_status st = cuda_fp8_quantize_tokens(dtype, xq, xs, (const char *)x + (size_t)t0 * (size_t)n_in * 2, T,
+                                                   n_in, stream);
+        if (st != NOPAD_OK) return st;
+        /* outer-vector scaling: into out itself when nothing follows, else into the scratch and
+         * the epilogue's pass from there */
+        const int outer_vec_fits = !out_f32 && n_out % LD_MULTIPLE == 0;
+        int refused = 1;
+        if (forced == CUDA_FP8_GEMM_OUTER_VEC || (forced == CUDA_FP8_GEMM_AUTO && outer_vec_fits && !outer_vec_refused)) {
+            if (!outer_vec_fits)
+                return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "fp8 gemm: outer-vector scaling needs a dtype output "
+                                       "and N a multiple of 16 (N %d)", n_out);
+            const int direct = ep_bias == NULL && ep_residual == NULL && ep_act < 0;
+            st = fp8_matmul(lt, dtype, direct ? (void *)out_t : acc, (size_t)n_out, xq, xs, wq, ws, T, n_in, n_out, 1,
+                            stream, &refused);
+            if (st == NOPAD_OK) {
+                last_way = CUDA_FP8_GEMM_OUTER_VEC;
+                if (!direct)
+                    st = cuda_fp8_epilogue(dtype, out_t, acc, 0, (size_t)n_out, NULL, NULL, ep_bias, ep_act, residual_t,
+                                           T, n_out, 0, stream);
+                if (st != NOPAD_OK) return st;
+                continue;
+            }
+            if (!refused || forced == CUDA_FP8_GEMM_OUTER_VEC) return st;
+            if (!outer_vec_refused)
+                fprintf(stderr, "nopad: notice: %s; FP8 GEMMs apply their scales in a pass after the GEMM instead\n",
+                        nopad_last_error());
+            outer_vec_refused = 1;
+            nopad_clear_error();
+        }
+        const size_t ld = (size_t)n_out + (size_t)(LD_MULTIPLE - n_out % LD_MULTIPLE) % LD_MULTIPLE;
+        st = fp8_matmul(lt, dtype, acc, ld, xq, xs, wq, ws, T, n_in, n_out, 0, stream, &refused);
+        if (st == NOPAD_OK)
+            st = cuda_fp8_epilogue(dtype, out_t, acc, 1, ld, ws, xs, ep_bias, ep_act, residual_t, T, n_out, out_f32,
+                                   stream);
+        if (st != NOPAD_OK) return st;
+        last_way = CUDA_FP8_GEMM_UNSCALED;
+    }
+    return NOPAD_OK;
+}
+
+#endif /* NOPAD_HAVE_CUDA */
