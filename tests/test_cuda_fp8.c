@@ -29,13 +29,11 @@
  * step: 2^-4 relative, 2^-10·scale among the subnormals) plus both paths' bounds above.
  *
  * Decoders (tests/data/fp8): tiny_f8 (an F8_E4M3 checkpoint, kept FP8 on CUDA) against tiny_f8_ref
- * (the same weights dequantised, F32 on disk, fp16 on the device): prompts fed in chunks of 16
- * tokens and the decode steps after them run the GEMV on the same weight values (rounded to fp16 on
- * the reference side, 2^-11): max row relative error of the logits within test_cuda_decoder's fp16
- * bound 2e-2; a prompt in one step (T > 32: activations quantized, 2^-4 a value) within 0.15. `weights fp8` on tiny_f8_ref against `weights f16`: each weight moves by
- * up to 2^-4 of itself (about 3.6% rms, in quadrature over 9 linear layers): within 0.15, greedy
- * ids printed. A misread layout gives errors of order 1. The weight groups say F8_E4M3 and count
- * N·K + 4·N bytes (+ the 16-byte padding).
+ * (the same weights dequantised, F32 on disk, fp16 on the device), and tiny_f8_ref with weights fp8
+ * against tiny_f8_requant (its weights quantized per channel on the host and dequantised, fp16 on
+ * the device): the GEMV paths within the fp16 bound, a prompt step within the activations' bound
+ * (GEMV_BOUND, PROMPT_BOUND below); the weight groups say F8_E4M3 and count N·K + 4·N bytes (+ the
+ * 16-byte padding); the device bytes. GPT-2 with weights fp8 refused.
  * No GPU: exit 77 (ctest: skipped). */
 #include <math.h>
 #include <stdio.h>
@@ -424,6 +422,15 @@ static nopad_model *load_cuda(const char *rel, nopad_weights weights) {
     return m;
 }
 
+/* Logits of two models that compute with the same weight values (one FP8, one fp16 holding code ·
+ * scale rounded to fp16, 2^-11): through the GEMV (prompts fed 16 tokens at a time, decode steps)
+ * they differ by fp16 roundings, within test_cuda_decoder's fp16 bound. A prompt in one step (the
+ * GEMM) quantizes every linear layer's activations per token, up to 2^-4 a value: on these random
+ * models that moves the logits by up to 0.144 (max row relative error over 20 prompts of 31
+ * tokens, in float64 on the host: scripts/make_fp8_fixtures.py --measure; tests/data/models/
+ * llama_gqa moves as much), so 0.3. A misread weight or scale moves them by order 1. */
+static const double GEMV_BOUND = 2e-2, PROMPT_BOUND = 0.3;
+
 typedef struct decoder_compare {
     double prompt, chunked, decode;
     int greedy_equal, greedy_total;
@@ -527,38 +534,49 @@ static void expect_fp8_groups(nopad_model *m, int64_t want_params) {
 
 static void test_decoders(void **state) {
     (void)state;
-    /* tiny_f8's linear weights: 2 layers of q 64x64, k, v 32x64, o 64x64, gate, up 128x64, down 64x128 */
-    const int64_t linear_params = 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 2 * 128 * 64 + 64 * 128);
+    /* the linear weights of the fixtures: 2 layers of q 64x48, k, v 32x48, o 48x64, gate, up 96x48,
+     * down 48x96 */
+    const int64_t linear_params = 2 * (64 * 48 + 2 * 32 * 48 + 48 * 64 + 2 * 96 * 48 + 48 * 96);
     nopad_model *f8 = load_cuda("fp8/tiny_f8", NOPAD_WEIGHTS_AUTO);
     nopad_model *ref = load_cuda("fp8/tiny_f8_ref", NOPAD_WEIGHTS_F16);
     printf("  tiny_f8 (F8_E4M3 on disk) on CUDA:\n");
     expect_fp8_groups(f8, linear_params);
     decoder_compare r = compare(f8, ref);
-    printf("  F8 checkpoint vs its dequantised twin in fp16: prompt logits %.2e (bound 0.15), chunked %.2e and "
-           "decode %.2e (bound 2e-2), greedy %d / %d equal\n",
-           r.prompt, r.chunked, r.decode, r.greedy_equal, r.greedy_total);
-    assert_true(r.prompt <= 0.15);
-    assert_true(r.chunked <= 2e-2);
-    assert_true(r.decode <= 2e-2);
+    printf("  F8 checkpoint vs its dequantised twin in fp16: prompt logits %.2e (bound %.2g), chunked %.2e and "
+           "decode %.2e (bound %.2g), greedy %d / %d equal\n",
+           r.prompt, PROMPT_BOUND, r.chunked, r.decode, GEMV_BOUND, r.greedy_equal, r.greedy_total);
+    assert_true(r.prompt <= PROMPT_BOUND);
+    assert_true(r.chunked <= GEMV_BOUND);
+    assert_true(r.decode <= GEMV_BOUND);
     nopad_model_free(f8);
+    /* weights fp8: the same codes and scales as tiny_f8_requant holds dequantised (test_fp8 checks
+     * them against io/fp8.c on the host) */
     nopad_model *q = load_cuda("fp8/tiny_f8_ref", NOPAD_WEIGHTS_FP8);
+    nopad_model *requant = load_cuda("fp8/tiny_f8_requant", NOPAD_WEIGHTS_F16);
     printf("  tiny_f8_ref with weights fp8:\n");
     expect_fp8_groups(q, linear_params);
+    r = compare(q, requant);
+    printf("  weights fp8 vs the requantized weights in fp16: prompt logits %.2e (bound %.2g), chunked %.2e and "
+           "decode %.2e (bound %.2g), greedy %d / %d equal\n",
+           r.prompt, PROMPT_BOUND, r.chunked, r.decode, GEMV_BOUND, r.greedy_equal, r.greedy_total);
+    assert_true(r.prompt <= PROMPT_BOUND);
+    assert_true(r.chunked <= GEMV_BOUND);
+    assert_true(r.decode <= GEMV_BOUND);
     r = compare(q, ref);
-    printf("  weights fp8 vs f16: prompt logits %.2e, chunked %.2e, decode %.2e (bound 0.15 each), greedy %d / %d "
+    printf("  weights fp8 vs f16, for the record (in float64 on the host FP8 weights move this random model's "
+           "logits by up to 0.059, with FP8 activations 0.18): prompt %.2e, chunked %.2e, decode %.2e, greedy %d / %d "
            "equal\n",
            r.prompt, r.chunked, r.decode, r.greedy_equal, r.greedy_total);
-    assert_true(r.prompt <= 0.15);
-    assert_true(r.chunked <= 0.15);
-    assert_true(r.decode <= 0.15);
     size_t bytes_q, bytes_ref, work, backend;
     assert_nopad_ok(nopad_model_memory(q, &bytes_q, &work, &backend));
     assert_nopad_ok(nopad_model_memory(ref, &bytes_ref, &work, &backend));
     printf("  weights on the device: fp8 %zu bytes, f16 %zu bytes\n", bytes_q, bytes_ref);
-    assert_true(bytes_q < bytes_ref);
+    /* the linear weights' fp16 bytes halved (less the scales); the rest as it was */
+    assert_true(bytes_q < bytes_ref && bytes_ref - bytes_q >= (size_t)linear_params / 2);
     nopad_model_free(q);
+    nopad_model_free(requant);
     nopad_model_free(ref);
-    /* a model whose rows are not multiples of 16 cannot run FP8: GPT-2 is refused outright */
+    /* GPT-2 is refused outright */
     nopad_model_params p = nopad_model_default_params();
     p.device = NOPAD_DEVICE_CUDA;
     p.dtype = NOPAD_DTYPE_F16;

@@ -4,6 +4,7 @@
  *   between neighbouring codes, subnormals, NaN, infinities and values past 448 (saturating);
  * - the per-output-channel quantizer: scales, codes, and its error bound, on random rows with wide
  *   scales (and a row of zeros);
+ * - tiny_f8_requant, the GPU test's reference for weights fp8, against this quantizer, bit for bit;
  * - an F8_E4M3 safetensors LLaMA (tiny_f8: per-channel scales [N, 1] and [N] in layer 0, per-tensor
  *   scalar and [1] in layer 1) on the CPU, which dequantises it at load (code · scale in float32),
  *   against the same model written with those products in F32 (tiny_f8_ref): logits equal bit for
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "io/fp8.h"
+#include "io/safetensors.h"
 #include "testutil.h"
 
 static uint32_t bits_of(float f) {
@@ -224,6 +226,43 @@ static void test_f8_checkpoint_on_cpu(void **state) {
     nopad_model_free(ref);
 }
 
+/* tiny_f8_requant (test_cuda_fp8's reference for weights fp8) holds tiny_f8_ref's linear weights as
+ * this quantizer gives them, dequantised: equal bit for bit (ml_dtypes wrote it). */
+static void test_requant_fixture(void **state) {
+    (void)state;
+    safetensors_checkpoint ref, requant;
+    assert_nopad_ok(safetensors_checkpoint_open(test_data_path("fp8/tiny_f8_ref"), &ref));
+    assert_nopad_ok(safetensors_checkpoint_open(test_data_path("fp8/tiny_f8_requant"), &requant));
+    int checked = 0;
+    for (int i = 0; i < ref.files[0].n_tensors; i++) {
+        const safetensors_tensor *t = &ref.files[0].tensors[i];
+        if (!strstr(t->name, "proj.weight")) continue;
+        const safetensors_tensor *r = safetensors_checkpoint_find(&requant, t->name);
+        assert_non_null(r);
+        assert_int_equal(t->ndim, 2);
+        const int64_t rows = t->shape[0], cols = t->shape[1];
+        float *w = malloc((size_t)(rows * cols) * sizeof *w), *want = malloc((size_t)(rows * cols) * sizeof *want);
+        float *scales = malloc((size_t)rows * sizeof *scales);
+        uint8_t *q = malloc((size_t)(rows * cols));
+        assert_nopad_ok(safetensors_to_f32(t, w));
+        assert_nopad_ok(safetensors_to_f32(r, want));
+        fp8_e4m3_quantize_rows(w, rows, cols, q, scales);
+        for (int64_t k = 0; k < rows * cols; k++) {
+            const float got = fp8_e4m3_to_f32(q[k]) * scales[k / cols];
+            if (bits_of(got) != bits_of(want[k]))
+                fail_msg("%s [%lld]: %a, the fixture %a", t->name, (long long)k, (double)got, (double)want[k]);
+        }
+        free(w);
+        free(want);
+        free(scales);
+        free(q);
+        checked++;
+    }
+    assert_int_equal(checked, 14);
+    safetensors_checkpoint_close(&ref);
+    safetensors_checkpoint_close(&requant);
+}
+
 static void expect_refused(const char *dir, nopad_status want, const char *needle) {
     nopad_model *m = NULL;
     char *err = NULL;
@@ -260,6 +299,7 @@ int main(void) {
         cmocka_unit_test(test_rounding),
         cmocka_unit_test(test_quantize_rows),
         cmocka_unit_test(test_f8_checkpoint_on_cpu),
+        cmocka_unit_test(test_requant_fixture),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

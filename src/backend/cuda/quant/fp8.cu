@@ -56,9 +56,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) fp8_gemv_kernel(const gemv_pa
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (int k = lane * GEMV_CHUNK; k < p.K; k += 32 * GEMV_CHUNK) {
+    /* the next chunk's codes are loaded before this one's products: one load in flight a lane
+     * while it computes */
+    const int first = lane * GEMV_CHUNK, stride = 32 * GEMV_CHUNK;
+    uint4 next = first < p.K ? __ldg(reinterpret_cast<const uint4 *>(row + first)) : make_uint4(0, 0, 0, 0);
+    for (int k = first; k < p.K; k += stride) {
+        const uint4 codes = next;
+        if (k + stride < p.K) next = __ldg(reinterpret_cast<const uint4 *>(row + k + stride));
         float wf[16];
-        e4m3x16_to_f32(__ldg(reinterpret_cast<const uint4 *>(row + k)), wf);
+        e4m3x16_to_f32(codes, wf);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t < p.T) {
