@@ -222,7 +222,11 @@ for step in $STEPS; do
         # alternated (AB_ENGINE: SHAPE:REQUESTS pairs, default workload 4, then 1)
         echo "NCCL: ${NOPAD_NCCL_LIBRARY:-not found}"
         for round in $(seq 1 "${AB_ROUNDS:-3}"); do
-            for force in 0 1; do
+            # odd rounds off first, even rounds on first: a GPU that slows as a run goes on
+            # (clocks, heat) must not always charge the same side
+            order="0 1"
+            [ $((round % 2)) = 0 ] && order="1 0"
+            for force in $order; do
                 f="$OUT/ab_comm_decode_force${force}_$round"
                 NOPAD_COMM_FORCE=$force timeout 150 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
                     --sections decode --dtypes fp16 --batches ${AB_BATCHES:-1,8,64} --steps ${AB_STEPS:-20} --contexts 512 --prefill 1x64 \
