@@ -65,6 +65,10 @@ SHAPES = {
     # a check of the script on the CPU
     "tiny": dict(vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+    # LLaMA-3-8B shape (issue 42's engine under tensor parallelism)
+    "8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+               rope_theta=500000.0),
     # SmolLM2-135M shape (the default decoder; random weights; the LM head is the embedding matrix)
     "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
@@ -150,11 +154,12 @@ def ptr(a):
 class Model:
     """A loaded nopad model, its default context and the sequences made on it."""
 
-    def __init__(self, lib, path, device, dtype, max_batch_tokens, kv_cache_tokens):
+    def __init__(self, lib, path, device, dtype, max_batch_tokens, kv_cache_tokens, tp_size=1):
         self.lib = lib
         p = lib.nopad_model_default_params()
         p.device = 1 if device == "cuda" else 0
         p.dtype = DTYPE_CODE[dtype]
+        p.tp_size = tp_size  # > 1: nopad starts tp_size - 1 workers, one GPU each
         p.max_batch_tokens = max_batch_tokens
         p.kv_cache_tokens = kv_cache_tokens
         self.max_batch_tokens = max_batch_tokens
@@ -447,14 +452,15 @@ def kv_pool_tokens(args, shape, es, points, block):
     c = counts(shape)
     need = max((B * (math.ceil(C / block) + 2) * block for B, C in points), default=block)
     need = max(need, 8192 + 16 * block)  # the prefill points
-    per_token = c["kv_values_per_token"] * es
+    # with tensor parallelism every GPU holds 1 / tp of the weights and of each token's KV
+    per_token = c["kv_values_per_token"] * es / args.tp
     if args.device == "cuda":
         import torch
         torch.cuda.empty_cache()
         free = torch.cuda.mem_get_info()[0]
         T, H, V = args.max_batch_tokens, shape["hidden_size"], shape["vocab_size"]
         work = T * (12 * H + 3 * shape["intermediate_size"] + V) * es + (256 << 20)
-        room = free - c["params"] * es - work - (3 << 30)
+        room = free - c["params"] * es / args.tp - work - (3 << 30)
     else:
         room = 8 << 30
     fit = max(0, int(room // per_token) // block * block)
@@ -472,7 +478,7 @@ def run_decode(args, lib, folder, shape, dtype, bw, out, deadline, reserve_s):
     t0 = time.time()
     for attempt in range(4):  # a pool the device refuses: half of it, the points that need more skipped
         try:
-            m = Model(lib, folder, args.device, dtype, args.max_batch_tokens, pool)
+            m = Model(lib, folder, args.device, dtype, args.max_batch_tokens, pool, args.tp)
             break
         except RuntimeError as e:
             if attempt == 3 or "status 5" not in str(e) or pool <= 16384:
@@ -533,10 +539,11 @@ def run_decode(args, lib, folder, shape, dtype, bw, out, deadline, reserve_s):
                 ms = statistics.median(times) * 1e3
                 kv_mean = prefill + W + (N + 1) / 2  # keys attended per timed step, the new one included
                 wb, kvb = decode_bytes(shape, B, kv_mean, es)
-                floor_ms = (wb + kvb) / (bw["read_plus_write_GBps"] * 1e9) * 1e3
+                # the floor of one GPU's share (tp > 1: each reads 1 / tp of the bytes)
+                floor_ms = (wb + kvb) / args.tp / (bw["read_plus_write_GBps"] * 1e9) * 1e3
                 row.update(ms=ms, ms_min=min(times) * 1e3, ms_max=max(times) * 1e3, tokens_per_s=B / ms * 1e3,
                            kv_tokens_mean=kv_mean, weight_bytes=wb, kv_bytes=kvb, floor_ms=floor_ms,
-                           x_floor=ms / floor_ms, ids_bytes=B * 4, steps=N, warmup=W,
+                           x_floor=ms / floor_ms, ids_bytes=B * 4, steps=N, warmup=W, tp=args.tp,
                            graph_replays=s1["graph_replays"] - s0["graph_replays"])
                 print(f"# decode {dtype} {B} x {C}: {ms:.3f} ms/step, {row['tokens_per_s']:.0f} tok/s, "
                       f"floor {floor_ms:.3f} ms, x{row['x_floor']:.2f} (prefill {row['prefill_s']:.1f} s, "
@@ -913,6 +920,9 @@ def main():
     ap.add_argument("--out", help="the JSON of every number (rewritten after each section)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--shape", default="1b", choices=sorted(SHAPES))
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor parallelism: the decode section on this many GPUs (nopad starts the "
+                         "workers; the floor is one GPU's share of the bytes); the HF sections need 1")
     ap.add_argument("--dtypes", help="comma list (default fp16,bf16 on cuda, f32 on cpu)")
     ap.add_argument("--batches", help="decode batches (default 1,8,32,64,128,256; tiny: 1,8,32)")
     ap.add_argument("--contexts", help="decode contexts (default 512,2048; tiny: 64,256)")
@@ -946,6 +956,8 @@ def main():
     args.peer_batches = ints(args.peer_batches)
     args.peer_context = args.peer_context or (64 if tiny else 512)
     sections = set(args.sections.split(","))
+    if args.tp > 1 and sections - {"decode"}:
+        ap.error("--tp %d runs the decode section only (--sections decode)" % args.tp)
     shape = SHAPES[args.shape]
     folder = args.folder or f"/tmp/nopad_dec_{args.shape}"
     deadline = Deadline(args.budget_s)
