@@ -204,8 +204,8 @@ static double check_gemm(int di, int32_t T, int32_t K, int32_t N, int ep, nopad_
     fp8_weight w = make_weight(be, N, K);
     float *x = malloc((size_t)T * K * sizeof *x), *bias = malloc((size_t)N * sizeof *bias);
     float *res = malloc((size_t)T * N * sizeof *res);
-    /* outputs of order 10: the rows' scales reach 2^8, so x is scaled down to keep fp16 far from
-     * its largest value */
+    /* outputs of a few hundred at most (rows' scales up to 2^8, K up to 1040): x is scaled down to
+     * keep fp16 far from its largest value */
     for (int64_t i = 0; i < (int64_t)T * K; i++) x[i] = rnd_unit() / 16.0f;
     for (int32_t n = 0; n < N; n++) bias[n] = rnd_unit();
     for (int64_t i = 0; i < (int64_t)T * N; i++) res[i] = rnd_unit();
