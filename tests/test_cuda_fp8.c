@@ -20,9 +20,11 @@
  *   before the epilogue's pass rounds again: one more u_out·|pre|.
  * and the output's own rounding: |got - ref| <= u_out·|ref| + 1.25·E·M + 2^-18·|pre| + floor, u_out
  * 2^-11 (fp16), 2^-8 (bf16), 0 (float32); 1.25 the activations' slopes; floor 2^-25 for fp16.
- * Both GEMM ways are forced in turn where they apply (outer-vector scaling: a dtype output, N a
- * multiple of 16; a cuBLASLt that refuses it is printed, not failed); T = 512 also runs in slices of
- * tokens (the scratch cap made small). Outputs are NaN-poisoned first: an unwritten one fails.
+ * Every GEMM way is forced in turn where it applies (outer-vector scaling: a dtype output, N a
+ * multiple of 16; unscaled; the GEMV of last resort, whose reference is the GEMV's): a way cuBLASLt
+ * refuses is printed, not failed (AUTO falls back), and AUTO's way is printed for N = 64 and 577;
+ * T = 512 also runs in slices of tokens (the scratch cap made small). Outputs are NaN-poisoned
+ * first: an unwritten one fails.
  *
  * GEMV against GEMM, T in {1, 7, 32}: the same weights, the GEMM's activations quantized; they
  * differ by the activations' rounding: |Δ| <= Σ_k |w_k|·(|x_k|·2^-4 + s_t·2^-10) (half an E4M3
@@ -67,6 +69,7 @@ static float rnd_unit(void) {
 }
 
 static int failures;
+static int refusals; /* forced GEMM ways cuBLASLt refused (printed) */
 
 /* ---- weights -------------------------------------------------------------------------------- */
 
@@ -220,9 +223,11 @@ static double check_gemm(int di, int32_t T, int32_t K, int32_t N, int ep, nopad_
                                                              : NOPAD_EPILOGUE_NONE;
     const nopad_status st = be->gemm_q(be, dout, dx, w.dev, NOPAD_WEIGHT_FP8_E4M3, db, dr, T, K, N, epilogue, act, f32);
     double worst = 0.0;
-    if (st == NOPAD_ERR_UNSUPPORTED && way && strcmp(way, "outer-vec") == 0) {
-        printf("    %s T %d K %d N %d: %s (not available here)\n", DTYPE_NAMES[di], T, K, N, nopad_last_error());
+    if (st == NOPAD_ERR_UNSUPPORTED && way && (strcmp(way, "outer-vec") == 0 || strcmp(way, "unscaled") == 0)) {
+        printf("    %s T %d K %d N %d, %s forced: %s (not available here)\n", DTYPE_NAMES[di], T, K, N, way,
+               nopad_last_error());
         nopad_clear_error();
+        refusals++;
     } else {
         assert_nopad_ok(st);
         worst = compare_gemm(di, T, K, N, ep, act, way, &w, x, bias, res, dout);
@@ -248,7 +253,8 @@ static double compare_gemm(int di, int32_t T, int32_t K, int32_t N, int ep, nopa
     float *got = malloc((size_t)T * N * sizeof *got);
     if (f32) assert_nopad_ok(be->download(be, got, dout, (size_t)T * N * sizeof(float)));
     else assert_nopad_ok(be->download_f32(be, got, dout, (size_t)T * N));
-    const int gemm = T > CUDA_FP8_GEMV_MAX_T;
+    /* the GEMM's activations are quantized; the GEMV's, also the GEMM's way of last resort, not */
+    const int gemm = T > CUDA_FP8_GEMV_MAX_T && cuda_fp8_gemm_last_way() != CUDA_FP8_GEMM_GEMV;
     double *xd = malloc((size_t)T * K * sizeof *xd);
     float *xs = malloc((size_t)T * sizeof *xs);
     if (gemm) quantize_tokens_host(x, T, K, xd, xs, NULL);
@@ -302,14 +308,15 @@ static void test_gemm_q(void **state) {
                     const int32_t N = SHAPES[s][0], K = SHAPES[s][1], T = TOKENS[ti];
                     const nopad_activation act = ACTS[act_i++ % (sizeof ACTS / sizeof ACTS[0])];
                     const int gemm = T > CUDA_FP8_GEMV_MAX_T;
-                    /* the GEMM both ways where outer-vector scaling applies, else AUTO */
-                    const int two_ways = gemm && ep != EP_F32 && N % 16 == 0;
-                    for (int way = 0; way < (two_ways ? 2 : 1); way++) {
-                        const char *way_name = !two_ways ? NULL : way == 0 ? "outer-vec" : "unscaled";
-                        cuda_fp8_gemm_force(!two_ways ? CUDA_FP8_GEMM_AUTO
-                                            : way == 0 ? CUDA_FP8_GEMM_OUTER_VEC
-                                                       : CUDA_FP8_GEMM_UNSCALED);
-                        const double r = check_gemm(di, T, K, N, ep, act, way_name);
+                    /* the GEMM every way: outer-vector scales where they apply (a dtype output, N a
+                     * multiple of 16), unscaled, the GEMV of last resort; T <= 32 the GEMV */
+                    static const cuda_fp8_gemm_way WAYS[3] = {CUDA_FP8_GEMM_OUTER_VEC, CUDA_FP8_GEMM_UNSCALED,
+                                                              CUDA_FP8_GEMM_GEMV};
+                    static const char *const WAY_NAMES[3] = {"outer-vec", "unscaled", "gemv"};
+                    for (int way = gemm ? 0 : 2; way < 3; way++) {
+                        if (way == 0 && (ep == EP_F32 || N % 16 != 0)) continue;
+                        cuda_fp8_gemm_force(gemm ? WAYS[way] : CUDA_FP8_GEMM_AUTO);
+                        const double r = check_gemm(di, T, K, N, ep, act, gemm ? WAY_NAMES[way] : NULL);
                         cases++;
                         if (!(r <= 1.0)) failures++;
                     }
@@ -323,11 +330,18 @@ static void test_gemm_q(void **state) {
             if (!(check_gemm(di, 512, 1040, 64, ep, NOPAD_ACT_SILU, "sliced") <= 1.0)) failures++;
         }
     cuda_fp8_set_scratch_cap(0);
-    /* AUTO on a 16-multiple N again: which way it took, for the record */
-    check_gemm(0, 130, 1040, 64, EP_NONE, NOPAD_ACT_GELU, NULL);
-    printf("  gemm_q: %d failing cases of %d; the FP8 GEMM's way here: %s\n", failures, cases,
-           cuda_fp8_gemm_last_way() == CUDA_FP8_GEMM_OUTER_VEC ? "outer-vector scales in cuBLASLt"
-                                                               : "unscaled cuBLASLt FP8 GEMM + a scaling pass");
+    /* AUTO, for the record: the way it takes on a 16-multiple N and on an odd one */
+    static const char *const WAY_SAID[4] = {"none", "outer-vector scales in cuBLASLt",
+                                            "unscaled cuBLASLt FP8 GEMM + a scaling pass",
+                                            "the FP8 GEMV over slices of 32 tokens (cuBLASLt refused)"};
+    for (int i = 0; i < 2; i++) {
+        const int32_t N = i == 0 ? 64 : 577;
+        cases++;
+        if (!(check_gemm(0, 130, 1040, N, EP_BIAS, NOPAD_ACT_GELU, NULL) <= 1.0)) failures++;
+        printf("  the FP8 GEMM's way here, N %d: %s\n", N, WAY_SAID[cuda_fp8_gemm_last_way()]);
+    }
+    printf("  gemm_q: %d failing cases of %d; %d forced cuBLASLt ways refused (printed above)\n", failures, cases,
+           refusals);
     assert_int_equal(failures, 0);
 }
 

@@ -14,6 +14,7 @@ enum { SCRATCH_ALIGN = 256, LD_MULTIPLE = 16 };
 static size_t scratch_cap = DEFAULT_SCRATCH_CAP;
 static cuda_fp8_gemm_way forced = CUDA_FP8_GEMM_AUTO, last_way = CUDA_FP8_GEMM_AUTO;
 static int outer_vec_refused; /* cuBLASLt refused outer-vector scaling once: not asked again */
+static int unscaled_refused;  /* it refused an unscaled FP8 GEMM (said once) */
 
 void cuda_fp8_set_scratch_cap(size_t bytes) { scratch_cap = bytes ? bytes : DEFAULT_SCRATCH_CAP; }
 void cuda_fp8_gemm_force(cuda_fp8_gemm_way way) { forced = way; }
@@ -92,22 +93,20 @@ static nopad_status fp8_matmul(cuda_lt *lt, nopad_dtype dtype, void *acc, size_t
     if (st == NOPAD_OK) {
         const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(lt->handle, desc, la, lb, ld_layout, ld_layout, pref, 1,
                                                                 &result, &found);
-        /* with outer-vector scales any refusal means this cuBLASLt or GPU lacks them */
-        if ((h != CUBLAS_STATUS_SUCCESS && (scaled || h == CUBLAS_STATUS_NOT_SUPPORTED)) ||
-            (h == CUBLAS_STATUS_SUCCESS && found == 0)) {
+        /* any refusal of the heuristic (no algorithm, a layout or scale mode it does not take):
+         * the caller takes another way */
+        if (h != CUBLAS_STATUS_SUCCESS || found == 0) {
             *refused = 1;
             st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                                 "cublasLt: no FP8 algorithm for a [%d, %d] x [%d, %d]ᵀ GEMM%s", T, K, N, K,
-                                 scaled ? " with outer-vector scales" : "");
-        } else {
-            st = lt_check(h, "heuristic");
+                                 "cublasLt: no FP8 algorithm for a [%d, %d] x [%d, %d]ᵀ GEMM%s (status %d)", T, K, N,
+                                 K, scaled ? " with outer-vector scales" : "", (int)h);
         }
     }
     if (st == NOPAD_OK) {
         const float alpha = 1.0f, beta = 0.0f;
         const cublasStatus_t m = cublasLtMatmul(lt->handle, desc, &alpha, wq, la, xq, lb, &beta, acc, ld_layout, acc,
                                                 ld_layout, &result.algo, lt->workspace, CUDA_LT_WORKSPACE_BYTES, stream);
-        if (scaled && (m == CUBLAS_STATUS_NOT_SUPPORTED || m == CUBLAS_STATUS_INVALID_VALUE)) *refused = 1;
+        if (m == CUBLAS_STATUS_NOT_SUPPORTED || m == CUBLAS_STATUS_INVALID_VALUE) *refused = 1;
         st = lt_check(m, "matmul");
     }
     /* cuBLASLt reads the descriptors when the matmul is enqueued: they can go now */
@@ -143,8 +142,10 @@ nopad_status cuda_fp8_gemm(cuda_lt *lt, nopad_dtype dtype, void *out, const void
         const int32_t T = n_tokens - t0 < slice ? n_tokens - t0 : slice;
         char *out_t = (char *)out + (size_t)t0 * (size_t)n_out * out_bytes;
         const void *residual_t = ep_residual ? (const char *)ep_residual + (size_t)t0 * (size_t)n_out * 2 : NULL;
-        nopad_status st = cuda_fp8_quantize_tokens(dtype, xq, xs, (const char *)x + (size_t)t0 * (size_t)n_in * 2, T,
-                                                   n_in, stream);
+        nopad_status st = forced == CUDA_FP8_GEMM_GEMV
+                              ? NOPAD_OK
+                              : cuda_fp8_quantize_tokens(dtype, xq, xs, (const char *)x + (size_t)t0 * (size_t)n_in * 2,
+                                                         T, n_in, stream);
         if (st != NOPAD_OK) return st;
         /* outer-vector scaling: into out itself when nothing follows, else into the scratch and
          * the epilogue's pass from there */
@@ -172,13 +173,34 @@ nopad_status cuda_fp8_gemm(cuda_lt *lt, nopad_dtype dtype, void *out, const void
             outer_vec_refused = 1;
             nopad_clear_error();
         }
-        const size_t ld = (size_t)n_out + (size_t)(LD_MULTIPLE - n_out % LD_MULTIPLE) % LD_MULTIPLE;
-        st = fp8_matmul(lt, dtype, acc, ld, xq, xs, wq, ws, T, n_in, n_out, 0, stream, &refused);
-        if (st == NOPAD_OK)
-            st = cuda_fp8_epilogue(dtype, out_t, acc, 1, ld, ws, xs, ep_bias, ep_act, residual_t, T, n_out, out_f32,
-                                   stream);
-        if (st != NOPAD_OK) return st;
-        last_way = CUDA_FP8_GEMM_UNSCALED;
+        if (forced != CUDA_FP8_GEMM_GEMV) {
+            const size_t ld = (size_t)n_out + (size_t)(LD_MULTIPLE - n_out % LD_MULTIPLE) % LD_MULTIPLE;
+            st = fp8_matmul(lt, dtype, acc, ld, xq, xs, wq, ws, T, n_in, n_out, 0, stream, &refused);
+            if (st == NOPAD_OK) {
+                st = cuda_fp8_epilogue(dtype, out_t, acc, 1, ld, ws, xs, ep_bias, ep_act, residual_t, T, n_out,
+                                       out_f32, stream);
+                if (st != NOPAD_OK) return st;
+                last_way = CUDA_FP8_GEMM_UNSCALED;
+                continue;
+            }
+            if (!refused || forced == CUDA_FP8_GEMM_UNSCALED) return st;
+            if (!unscaled_refused)
+                fprintf(stderr, "nopad: notice: %s; such FP8 prompts run the FP8 GEMV over slices of %d tokens\n",
+                        nopad_last_error(), (int)CUDA_FP8_GEMV_MAX_T);
+            unscaled_refused = 1;
+            nopad_clear_error();
+        }
+        /* the GEMV, CUDA_FP8_GEMV_MAX_T tokens at a time, on the activations unquantized */
+        for (int32_t g0 = 0; g0 < T; g0 += CUDA_FP8_GEMV_MAX_T) {
+            const int32_t gt = T - g0 < CUDA_FP8_GEMV_MAX_T ? T - g0 : CUDA_FP8_GEMV_MAX_T;
+            const size_t rows = (size_t)t0 + (size_t)g0;
+            st = cuda_fp8_gemv(dtype, (char *)out + rows * (size_t)n_out * out_bytes,
+                               (const char *)x + rows * (size_t)n_in * 2, w, ep_bias,
+                               ep_residual ? (const char *)ep_residual + rows * (size_t)n_out * 2 : NULL, gt, n_in,
+                               n_out, ep_act, out_f32, stream);
+            if (st != NOPAD_OK) return st;
+        }
+        last_way = CUDA_FP8_GEMM_GEMV;
     }
     return NOPAD_OK;
 }

@@ -8,7 +8,10 @@
  *   of 16 and a dtype output;
  * - unscaled: the FP8 GEMM's fp32 sums into a scratch (rows padded to a multiple of 16), both
  *   scales and the epilogue in the pass after it. Taken for the rest (odd N, the float32 output)
- *   and wherever cuBLASLt refuses the first (said once on stderr).
+ *   and wherever cuBLASLt refuses the first (said once on stderr);
+ * - and should cuBLASLt refuse that too (a shape its FP8 kernels do not take): the GEMV over
+ *   slices of CUDA_FP8_GEMV_MAX_T tokens, on the activations as they are (said once on stderr):
+ *   slow for long prompts, never wrong.
  * Prompts longer than the scratch cap (64 MiB) allows are done in slices of tokens.
  * cuBLASLt's descriptors are made for each call and its heuristic asked each time, as torch's
  * scaled_mm does (docs/fp8.md: what that costs is for the GPU run to measure). C only: it needs
@@ -29,9 +32,10 @@ typedef enum cuda_fp8_gemm_way {
     CUDA_FP8_GEMM_AUTO = 0,      /* outer-vector scaling where it applies and cuBLASLt runs it */
     CUDA_FP8_GEMM_OUTER_VEC = 1, /* forced: an error where cuBLASLt refuses it */
     CUDA_FP8_GEMM_UNSCALED = 2,
+    CUDA_FP8_GEMM_GEMV = 3,      /* the GEMV over slices of tokens */
 } cuda_fp8_gemm_way;
 void cuda_fp8_gemm_force(cuda_fp8_gemm_way way);
-/* The way the last cuda_fp8_gemm call took (OUTER_VEC or UNSCALED; AUTO before any). */
+/* The way the last cuda_fp8_gemm call took (OUTER_VEC, UNSCALED or GEMV; AUTO before any). */
 cuda_fp8_gemm_way cuda_fp8_gemm_last_way(void);
 
 /* Bytes of scratch cuda_fp8_gemm needs for this shape (at most about the cap, at least one token's). */
