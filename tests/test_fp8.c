@@ -9,6 +9,9 @@
  *   scalar and [1] in layer 1) on the CPU, which dequantises it at load (code · scale in float32),
  *   against the same model written with those products in F32 (tiny_f8_ref): logits equal bit for
  *   bit, and the notice and weight groups of the dequantised layers;
+ * - the loader's FP8 layout (backend.h), on a CPU backend made to claim FP8: tiny_f8's F8 weights kept
+ *   as stored (per-tensor scales repeated per row), tiny_f8_ref quantized with weights fp8, each fused
+ *   matrix's codes and scales where they belong, and the groups' bytes;
  * - what is refused, each naming the tensor: E5M2 weights, block-wise scales (weight_scale_inv), a
  *   scale of the wrong shape, a missing scale; and `weights fp8` on the CPU. */
 #include <math.h>
@@ -17,8 +20,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "io/fp8.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "model/decoder.h"
 #include "testutil.h"
 
 static uint32_t bits_of(float f) {
@@ -263,6 +269,126 @@ static void test_requant_fixture(void **state) {
     safetensors_checkpoint_close(&requant);
 }
 
+/* ---- the loader's FP8 layout, on a CPU backend that claims FP8 -------------------------------- */
+
+/* The CPU backend has no FP8 kernels; the loader asks supports(): this one says yes for rows of
+ * multiples of 16, so the loader lays FP8 weights out in host memory, where the test reads them. */
+static int (*cpu_supports)(nopad_backend *, nopad_op, const nopad_op_shape *);
+static int claims_fp8(nopad_backend *be, nopad_op op, const nopad_op_shape *shape) {
+    if (op == NOPAD_OP_GEMM && shape && shape->weight_format == NOPAD_WEIGHT_FP8_E4M3) return shape->n_in % 16 == 0;
+    return cpu_supports(be, op, shape);
+}
+
+static const char *const PARTS[][3] = {
+    {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
+    {"self_attn.o_proj", NULL, NULL},
+    {"mlp.gate_proj", "mlp.up_proj", NULL},
+    {"mlp.down_proj", NULL, NULL},
+};
+
+/* The fused matrix at w (backend.h's FP8 layout) against its parts in the checkpoint: an F8 part's
+ * codes as stored and its weight_scale (repeated per row when per tensor); a float part's codes and
+ * scales as fp8_e4m3_quantize_rows gives them. */
+static void expect_layout(const safetensors_checkpoint *ckpt, int32_t layer, int matrix, const uint8_t *w) {
+    int64_t n_rows = 0, cols = 0;
+    const safetensors_tensor *t[3] = {NULL, NULL, NULL};
+    char name[128];
+    for (int i = 0; i < 3 && PARTS[matrix][i]; i++) {
+        snprintf(name, sizeof name, "model.layers.%d.%s.weight", layer, PARTS[matrix][i]);
+        t[i] = safetensors_checkpoint_find(ckpt, name);
+        assert_non_null(t[i]);
+        n_rows += t[i]->shape[0];
+        cols = t[i]->shape[1];
+    }
+    const float *scales = (const float *)(w + nopad_fp8_scales_offset(n_rows, cols));
+    int64_t row0 = 0;
+    for (int i = 0; i < 3 && t[i]; i++) {
+        const int64_t rows = t[i]->shape[0];
+        uint8_t *want_q = malloc((size_t)(rows * cols));
+        float *want_s = malloc((size_t)rows * sizeof *want_s);
+        if (t[i]->dtype == ST_F8_E4M3) {
+            memcpy(want_q, t[i]->data, (size_t)(rows * cols));
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight_scale", layer, PARTS[matrix][i]);
+            const safetensors_tensor *s = safetensors_checkpoint_find(ckpt, name);
+            assert_non_null(s);
+            float *file_s = malloc((size_t)s->n_elements * sizeof *file_s);
+            assert_nopad_ok(safetensors_to_f32(s, file_s));
+            for (int64_t r = 0; r < rows; r++) want_s[r] = file_s[s->n_elements == 1 ? 0 : r];
+            free(file_s);
+        } else {
+            float *f = malloc((size_t)(rows * cols) * sizeof *f);
+            assert_nopad_ok(safetensors_to_f32(t[i], f));
+            fp8_e4m3_quantize_rows(f, rows, cols, want_q, want_s);
+            free(f);
+        }
+        if (memcmp(w + row0 * cols, want_q, (size_t)(rows * cols)))
+            fail_msg("layer %d %s: codes differ", layer, PARTS[matrix][i]);
+        for (int64_t r = 0; r < rows; r++)
+            if (bits_of(scales[row0 + r]) != bits_of(want_s[r]))
+                fail_msg("layer %d %s row %lld: scale %a, want %a", layer, PARTS[matrix][i], (long long)r,
+                         (double)scales[row0 + r], (double)want_s[r]);
+        free(want_q);
+        free(want_s);
+        row0 += rows;
+    }
+}
+
+static void load_claiming_fp8(const char *rel, int fp8, nopad_backend **be, model_config *cfg,
+                              safetensors_checkpoint *ckpt, decoder_weights *w) {
+    assert_nopad_ok(nopad_backend_cpu_create(1, be));
+    cpu_supports = (*be)->supports;
+    (*be)->supports = claims_fp8;
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", test_data_path(rel));
+    size_t len;
+    char *json = test_read_file(path, &len);
+    assert_non_null(json);
+    assert_nopad_ok(hf_config_parse(json, len, path, cfg));
+    free(json);
+    assert_nopad_ok(safetensors_checkpoint_open(test_data_path(rel), ckpt));
+    assert_nopad_ok(decoder_weights_load_st(*be, cfg, NULL, ckpt, rel, fp8, w));
+}
+
+/* tiny_f8 (F8 on disk) kept as stored; tiny_f8_ref quantized with weights fp8: every fused matrix's
+ * codes and scales where backend.h says, the embeddings and the head in the dtype, the groups'
+ * bytes. */
+static void test_loader_layout(void **state) {
+    (void)state;
+    for (int which = 0; which < 2; which++) {
+        nopad_backend *be;
+        model_config cfg;
+        safetensors_checkpoint ckpt;
+        decoder_weights w;
+        load_claiming_fp8(which == 0 ? "fp8/tiny_f8" : "fp8/tiny_f8_ref", which, &be, &cfg, &ckpt, &w);
+        assert_int_equal(w.tok_emb_format, NOPAD_WEIGHT_DTYPE);
+        assert_int_equal(w.lm_head_format, NOPAD_WEIGHT_DTYPE);
+        for (int32_t l = 0; l < cfg.num_layers; l++) {
+            const decoder_layer *L = &w.layers[l];
+            assert_int_equal(L->qkv_format, NOPAD_WEIGHT_FP8_E4M3);
+            assert_int_equal(L->o_format, NOPAD_WEIGHT_FP8_E4M3);
+            assert_int_equal(L->up_format, NOPAD_WEIGHT_FP8_E4M3);
+            assert_int_equal(L->down_format, NOPAD_WEIGHT_FP8_E4M3);
+            expect_layout(&ckpt, l, 0, L->qkv_w);
+            expect_layout(&ckpt, l, 1, L->o_w);
+            expect_layout(&ckpt, l, 2, L->up_w);
+            expect_layout(&ckpt, l, 3, L->down_w);
+        }
+        size_t fp8_bytes = 0;
+        for (int32_t i = 0; i < w.n_groups; i++)
+            if (strcmp(w.groups[i].format, "F8_E4M3") == 0) {
+                fp8_bytes += w.groups[i].bytes;
+                assert_string_equal(w.groups[i].stored, which == 0 ? "F8_E4M3" : "F32");
+            }
+        /* 2 layers: qkv [128, 48], o [48, 64], gate|up [192, 48], down [48, 96]: codes, 4 bytes a
+         * row of scales, each matrix's codes padded to 16 (all are multiples of 16 here) */
+        const size_t codes = 2 * (128 * 48 + 48 * 64 + 192 * 48 + 48 * 96), rows = 2 * (128 + 48 + 192 + 48);
+        assert_int_equal(fp8_bytes, codes + 4 * rows);
+        decoder_weights_free(be, &w);
+        safetensors_checkpoint_close(&ckpt);
+        be->destroy(be);
+    }
+}
+
 static void expect_refused(const char *dir, nopad_status want, const char *needle) {
     nopad_model *m = NULL;
     char *err = NULL;
@@ -300,6 +426,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_rows),
         cmocka_unit_test(test_f8_checkpoint_on_cpu),
         cmocka_unit_test(test_requant_fixture),
+        cmocka_unit_test(test_loader_layout),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
