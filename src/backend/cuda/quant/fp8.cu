@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "backend/cuda/activation.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/quant/fp8.h"
@@ -13,10 +15,18 @@ namespace {
 
 constexpr float E4M3_MAX = 448.0f;
 
-/* ---- the GEMV -------------------------------------------------------------------------------- */
+/* ---- the GEMV ---------------------------------------------------------------------------------- */
 
-constexpr int GEMV_WARPS = 8; /* a block: 8 warps, one weight row each */
-constexpr int GEMV_CHUNK = 16; /* bytes of a row a lane loads at once */
+/* Tensor cores, as qgemv.cuh: a block of 8 warps takes 16 weight rows and every token (tiles of 8,
+ * NT of them); warp w sums the k-blocks of 64 values w, w + 8, ... with m16n8k16 MMAs (fp32
+ * accumulation), and the warps' sums meet in shared memory. A lane (g = lane / 4, l4 = lane % 4)
+ * loads 16 bytes of rows g and g + 8 at k-block offset 16·l4 (one 16-byte load each), and 16
+ * activations of token g of each tile at the same offset: the MMA's k order is permuted, the same
+ * way for both operands (logical k 2·l4 + {0, 1} and 2·l4 + 8 + {0, 1} of MMA j are the lane's
+ * bytes 4j + {0, 1} and 4j + {2, 3}), which a sum over k does not see. The E4M3 pairs become fp16
+ * pairs with one cvt each (exact: E4M3 ⊂ fp16, and ⊂ bf16 for the bf16 MMA); the activations are
+ * used as they are. Each weight byte is read once, each activation once per 16 rows. */
+constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32, GEMV_ROWS = 16, KBLOCK = 64;
 
 struct gemv_params {
     void *y;
@@ -27,67 +37,80 @@ struct gemv_params {
     int out_f32;
 };
 
-/* 16 E4M3 codes to floats: 8 cvt.rn.f16x2.e4m3x2, exact (E4M3 ⊂ fp16), then fp16 -> fp32, exact. */
-__device__ __forceinline__ void e4m3x16_to_f32(const uint4 raw, float *out) {
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const __nv_fp8x2_storage_t pair = (__nv_fp8x2_storage_t)((words[i] >> (16 * h)) & 0xffffu);
-            const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-            const float2 f = __half22float2(__half2(r));
-            out[4 * i + 2 * h] = f.x;
-            out[4 * i + 2 * h + 1] = f.y;
-        }
-    }
+/* Two E4M3 codes (the low byte first) as an MMA register of two fp16 (or bf16) values. */
+template <bool BF16> __device__ __forceinline__ uint32_t e4m3x2_reg(uint32_t pair) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pair & 0xffffu), __NV_E4M3);
+    if (!BF16) return (uint32_t)h.x | ((uint32_t)h.y << 16);
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y); /* exact: E4M3 ⊂ bf16 */
+    return *reinterpret_cast<const uint32_t *>(&b);
 }
 
-/* Warp w of the block: row n = blockIdx.x · 8 + w; lane l sums the 16-value chunks l, l + 32, ...
- * of the row for each of the NT (>= T) tokens, the warp adds the lanes' sums, lane 0 applies the
- * scale and the epilogue. */
 template <typename T, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) fp8_gemv_kernel(const gemv_params p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n = blockIdx.x * GEMV_WARPS + warp;
-    if (n >= p.N) return; /* a whole warp leaves: the shuffles below stay full-warp */
-    const uint8_t *row = static_cast<const uint8_t *>(p.w) + (size_t)n * p.K;
+__global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_kernel(const gemv_params p) {
+    constexpr bool BF16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
+    __shared__ float partial[GEMV_WARPS][NT * 4][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, l4 = lane % 4;
+    const int n0 = blockIdx.x * GEMV_ROWS;
+    /* rows past N read row N - 1 (in bounds) and are never stored */
+    const uint8_t *w = static_cast<const uint8_t *>(p.w);
+    const uint8_t *w_lo = w + (size_t)min(n0 + g, p.N - 1) * p.K, *w_hi = w + (size_t)min(n0 + g + 8, p.N - 1) * p.K;
     const T *x = static_cast<const T *>(p.x);
-    float acc[NT];
+    float acc[NT][4];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    /* the next chunk's codes are loaded before this one's products: one load in flight a lane
-     * while it computes */
-    const int first = lane * GEMV_CHUNK, stride = 32 * GEMV_CHUNK;
-    uint4 next = first < p.K ? __ldg(reinterpret_cast<const uint4 *>(row + first)) : make_uint4(0, 0, 0, 0);
-    for (int k = first; k < p.K; k += stride) {
-        const uint4 codes = next;
-        if (k + stride < p.K) next = __ldg(reinterpret_cast<const uint4 *>(row + k + stride));
-        float wf[16];
-        e4m3x16_to_f32(codes, wf);
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    /* the lane's 16 bytes of k-block kb (zeros past K: K is a multiple of 16, so a lane's bytes
+     * are all in or all out) */
+    auto load_rows = [&](int kb, uint4 &lo, uint4 &hi) {
+        const int k = kb * KBLOCK + 16 * l4;
+        lo = k < p.K ? __ldg(reinterpret_cast<const uint4 *>(w_lo + k)) : zero;
+        hi = k < p.K ? __ldg(reinterpret_cast<const uint4 *>(w_hi + k)) : zero;
+    };
+    const int n_kblocks = (p.K + KBLOCK - 1) / KBLOCK;
+    uint4 lo_next, hi_next;
+    if (warp < n_kblocks) load_rows(warp, lo_next, hi_next);
+    for (int kb = warp; kb < n_kblocks; kb += GEMV_WARPS) {
+        const uint4 lo = lo_next, hi = hi_next; /* the next k-block's bytes load during this one's MMAs */
+        if (kb + GEMV_WARPS < n_kblocks) load_rows(kb + GEMV_WARPS, lo_next, hi_next);
+        const int k = kb * KBLOCK + 16 * l4;
+        const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
+        uint32_t a[4][4];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < p.T) {
-                float xf[16];
-                load_vec<T, 8>(xf, x + (size_t)t * p.K + k);
-                load_vec<T, 8>(xf + 8, x + (size_t)t * p.K + k + 8);
-                float s = acc[t];
+        for (int j = 0; j < 4; j++) {
+            a[j][0] = e4m3x2_reg<BF16>(wl[j]);
+            a[j][1] = e4m3x2_reg<BF16>(wh[j]);
+            a[j][2] = e4m3x2_reg<BF16>(wl[j] >> 16);
+            a[j][3] = e4m3x2_reg<BF16>(wh[j] >> 16);
+        }
 #pragma unroll
-                for (int j = 0; j < 16; j++) s = fmaf(wf[j], xf[j], s);
-                acc[t] = s;
+        for (int tile = 0; tile < NT; tile++) {
+            const int t = 8 * tile + g;
+            uint4 x0 = zero, x1 = zero;
+            if (t < p.T && k < p.K) {
+                const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)t * p.K + k);
+                x0 = xr[0];
+                x1 = xr[1];
             }
+            const uint32_t b[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) mma16816<BF16>(acc[tile], a[j], b[2 * j], b[2 * j + 1]);
         }
     }
+    /* acc[j][r]: row n0 + g + 8·(r / 2), token 8j + 2·l4 + r % 2 */
 #pragma unroll
-    for (int t = 0; t < NT; t++)
+    for (int j = 0; j < NT; j++)
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
-    if (lane != 0) return;
-    const float scale = p.scales[n];
+        for (int r = 0; r < 4; r++) partial[warp][j * 4 + r][lane] = acc[j][r];
+    __syncthreads();
+    for (int e = threadIdx.x; e < NT * 4 * 32; e += GEMV_THREADS) {
+        const int j = e / 128, r = (e / 32) % 4, l = e % 32;
+        const int t = 8 * j + 2 * (l % 4) + r % 2, n = n0 + l / 4 + 8 * (r / 2);
+        if (t >= p.T || n >= p.N) continue;
+        float v = 0.0f;
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= p.T) break;
-        float v = acc[t] * scale;
+        for (int wi = 0; wi < GEMV_WARPS; wi++) v += partial[wi][j * 4 + r][l]; /* warp order */
+        v *= p.scales[n];
         const size_t i = (size_t)t * p.N + n;
         if (p.out_f32) {
             static_cast<float *>(p.y)[i] = v;
@@ -102,14 +125,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) fp8_gemv_kernel(const gemv_pa
 
 template <typename T>
 cudaError_t gemv_launch(const gemv_params &p, cudaStream_t s) {
-    const dim3 grid((unsigned)((p.N + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
-    /* the token count rounded up to a power of two: the accumulators stay in registers */
-    if (p.T <= 1) fp8_gemv_kernel<T, 1><<<grid, block, 0, s>>>(p);
-    else if (p.T <= 2) fp8_gemv_kernel<T, 2><<<grid, block, 0, s>>>(p);
-    else if (p.T <= 4) fp8_gemv_kernel<T, 4><<<grid, block, 0, s>>>(p);
-    else if (p.T <= 8) fp8_gemv_kernel<T, 8><<<grid, block, 0, s>>>(p);
-    else if (p.T <= 16) fp8_gemv_kernel<T, 16><<<grid, block, 0, s>>>(p);
-    else fp8_gemv_kernel<T, 32><<<grid, block, 0, s>>>(p);
+    const dim3 grid((unsigned)((p.N + GEMV_ROWS - 1) / GEMV_ROWS)), block(GEMV_THREADS);
+    /* tiles of 8 tokens: 1 for a decode step of up to 8 sequences, up to 4 */
+    if (p.T <= 8) fp8_gemv_kernel<T, 1><<<grid, block, 0, s>>>(p);
+    else if (p.T <= 16) fp8_gemv_kernel<T, 2><<<grid, block, 0, s>>>(p);
+    else if (p.T <= 24) fp8_gemv_kernel<T, 3><<<grid, block, 0, s>>>(p);
+    else fp8_gemv_kernel<T, 4><<<grid, block, 0, s>>>(p);
     return cudaGetLastError();
 }
 

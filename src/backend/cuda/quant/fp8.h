@@ -3,10 +3,11 @@
  * w + nopad_fp8_scales_offset(N, K); docs/fp8.md). Hopper (sm_90a, the build's target; the
  * conversions need sm_89's cvt).
  *
- * - cuda_fp8_gemv: a decode step's 1 .. CUDA_FP8_GEMV_MAX_T tokens. Each warp streams one weight row
- *   in 16-byte loads (half the bytes of fp16), converts E4M3 pairs to fp16 pairs with one cvt each
- *   (exact: every E4M3 value is an fp16), multiplies with the activations as they are (fp16 / bf16,
- *   not quantized) in fp32 and applies the row's scale once to the sum.
+ * - cuda_fp8_gemv: a decode step's 1 .. CUDA_FP8_GEMV_MAX_T tokens. A block takes 16 weight rows,
+ *   its warps split K; the rows stream in 16-byte loads (half the bytes of fp16), E4M3 pairs become
+ *   fp16 pairs with one cvt each (exact: every E4M3 value is an fp16, and a bf16) straight into
+ *   m16n8k16 MMA fragments with the activations as they are (fp16 / bf16, not quantized), fp32
+ *   accumulation, the row's scale applied once to the sum (as qgemv.cuh for the GGUF formats).
  * - cuda_fp8_quantize_tokens: the prompts' activations per token, for the FP8 GEMM
  *   (fp8_gemm.h): scale = max|x_t| / 448 (1 for a row of zeros), codes = E4M3(x / scale), nearest
  *   even and saturating, as io/fp8.h on the host, bit for bit.
