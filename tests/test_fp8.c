@@ -176,6 +176,7 @@ static void test_f8_checkpoint_on_cpu(void **state) {
 
     nopad_model_info info;
     assert_nopad_ok(nopad_model_get_info(f8, &info));
+    assert_string_equal(info.weights_dtype, "F8_E4M3"); /* the checkpoint's, though held in F32 */
     const int32_t V = info.vocab_size, B = 2, cu[3] = {0, 9, 40};
     int32_t ids[40];
     srand(8);

@@ -153,7 +153,10 @@ static nopad_status st_fetch(source *src, const char *name, float **data, int64_
     else if ((st = safetensors_to_f32(t, src->scratch)) != NOPAD_OK)
         return nopad_wrap_error(st, "%s", src->where);
     if (st != NOPAD_OK) return st;
-    src->dtype = src->stored = safetensors_dtype_name(t->dtype);
+    src->stored = safetensors_dtype_name(t->dtype);
+    /* the checkpoint's dtype for info: its tensors', or F8_E4M3 once a weight is (the rest of an FP8
+     * checkpoint, embeddings and norms, is in a float dtype) */
+    if (!src->dtype || strcmp(src->dtype, "F8_E4M3") != 0) src->dtype = src->stored;
     *data = src->scratch;
     return NOPAD_OK;
 }
@@ -456,7 +459,7 @@ static nopad_status get_fp8(loader *ld, int n_parts, const char *const names[], 
         if (stored[i]) {
             memcpy(codes, stored[i]->data, (size_t)(rows[i] * cols));
             st = st_fp8_scales(src, stored[i], rows[i], scales);
-            stored_as[i] = "F8_E4M3";
+            stored_as[i] = src->dtype = "F8_E4M3";
         } else {
             float *data;
             int64_t r, c;
