@@ -467,12 +467,14 @@ enum { TILE_ROWS = 16, TOKEN_CHUNK = 64 };
  * float and running OpenBLAS's sgemm beats the int8 dot products: on the portable path each dot
  * unpacks the row's blocks again; the k-quants' int8 GEMM on x86 (4 tokens × 1 row) loses to
  * sgemm's float tiles from about 128 tokens on (LLaMA-1B's shapes, one thread: 1.00-1.10x sgemm
- * at 128, 0.77-0.94x at 512, 1.75-2.1x at 32; docs/decoder.md). Tiles of PREFILL_ROWS rows:
- * 64 · K floats stay in L2. */
-enum { PREFILL_ROWS = 64 };
+ * at 128, 0.77-0.94x at 512, 1.75-2.1x at 32; docs/decoder.md). Tiles of up to PREFILL_ROWS rows:
+ * each sgemm call lays out (packs) all T rows of x again, so fewer, larger tiles pack less (256
+ * rows against 64: LLaMA-1B's Q4_K layers at 512 tokens 1.08-1.10x, one thread), down to
+ * PREFILL_ROWS_MIN while there are fewer than 4 tiles a thread to share out. */
+enum { PREFILL_ROWS = 256, PREFILL_ROWS_MIN = 64 };
 
-/* y = x · Wᵀ for many tokens: tiles of PREFILL_ROWS weight rows dequantised into a thread's
- * scratch [PREFILL_ROWS, K], then sgemm over all T tokens. OpenBLAS must run single-threaded
+/* y = x · Wᵀ for many tokens: tiles of weight rows dequantised into a thread's scratch
+ * [tile_rows, K], then sgemm over all T tokens. OpenBLAS must run single-threaded
  * (the CPU backend sets it so): the threads are these. x is first rounded as the int8 path
  * rounds it (each block to d·q, d and q as cpu_quant_activations makes them), so that both paths
  * compute the same products and differ by float summation order only: a row's result does not
@@ -482,7 +484,9 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
                                        int32_t T, int32_t K, int32_t N, int accumulate,
                                        int n_threads) {
     const size_t w_bytes = cpu_quant_row_bytes(type, K);
-    const int32_t tiles = (N + PREFILL_ROWS - 1) / PREFILL_ROWS;
+    int32_t tile_rows = PREFILL_ROWS;
+    while (tile_rows > PREFILL_ROWS_MIN && (N + tile_rows - 1) / tile_rows < 4 * n_threads) tile_rows /= 2;
+    const int32_t tiles = (N + tile_rows - 1) / tile_rows;
     const int32_t block = find_format(type)->k_quant ? QK_K : QK;
     float *xr = malloc(sizeof(float) * (size_t)T * K); /* [T, K] x rounded as the int8 path does */
     if (!xr)
@@ -499,7 +503,7 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
     x = xr;
 #pragma omp parallel num_threads(n_threads)
     {
-        float *scratch = malloc(sizeof(float) * PREFILL_ROWS * (size_t)K);
+        float *scratch = malloc(sizeof(float) * (size_t)tile_rows * K);
         if (!scratch) {
 #pragma omp atomic write
             failed = 1;
@@ -507,8 +511,8 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
 #pragma omp for schedule(static)
         for (int32_t tile = 0; tile < tiles; tile++) {
             if (!scratch) continue;
-            const int32_t r0 = tile * PREFILL_ROWS;
-            const int32_t rows = N - r0 < PREFILL_ROWS ? N - r0 : PREFILL_ROWS;
+            const int32_t r0 = tile * tile_rows;
+            const int32_t rows = N - r0 < tile_rows ? N - r0 : tile_rows;
             dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
                         scratch, K, accumulate ? 1.0f : 0.0f, y + r0, N);
@@ -520,7 +524,7 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
         return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY,
                                "cpu_quant_linear: %zu bytes a thread for %d dequantised rows of "
                                "K = %d",
-                               sizeof(float) * PREFILL_ROWS * (size_t)K, PREFILL_ROWS, K);
+                               sizeof(float) * (size_t)tile_rows * K, tile_rows, K);
     return NOPAD_OK;
 }
 
