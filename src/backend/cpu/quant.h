@@ -100,8 +100,8 @@ int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa);
  * quantized once each; below cpu_quant_sgemm_tokens the int8 dot products run (on x86 as a small
  * GEMM: tiles of weight rows × tokens), and a row's result is bit for bit its one-row dot's
  * (cpu_quant_dot), whatever T is. From it on, x is rounded as those int8 blocks round it (d·q) and
- * each thread dequantises 64 rows at a time to float and multiplies them with OpenBLAS's sgemm,
- * which must then be single-threaded (the CPU backend sets it so): the same products, a row's
+ * each thread dequantises up to 256 rows at a time to float and multiplies them with OpenBLAS's
+ * sgemm, which must then be single-threaded (the CPU backend sets it so): the same products, a row's
  * result differing from the dot's by float summation order only. Errors as
  * cpu_quant_activations, NOPAD_ERR_OUT_OF_MEMORY for the scratch buffers. */
 nopad_status cpu_quant_linear(float *y, const float *x, const void *w, uint32_t type, int32_t T,
