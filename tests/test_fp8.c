@@ -12,6 +12,7 @@
  * - the loader's FP8 layout (backend.h), on a CPU backend made to claim FP8: tiny_f8's F8 weights kept
  *   as stored (per-tensor scales repeated per row), tiny_f8_ref quantized with weights fp8, each fused
  *   matrix's codes and scales where they belong, and the groups' bytes;
+ * - an E4M3 NaN code in a weight refused, naming the tensor, kept as FP8 or dequantised;
  * - what is refused, each naming the tensor: E5M2 weights, block-wise scales (weight_scale_inv), a
  *   scale of the wrong shape, a missing scale; and `weights fp8` on the CPU. */
 #include <math.h>
@@ -390,6 +391,68 @@ static void test_loader_layout(void **state) {
     }
 }
 
+/* tiny_f8 with one E4M3 NaN code (0x7F) in layer 0's k_proj: refused, naming the tensor, whether
+ * the weight is kept as FP8 (a backend claiming FP8) or dequantised (the CPU). */
+static void test_nan_code(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", test_data_path("fp8/tiny_f8"));
+    size_t len, cfg_len;
+    char *bytes = test_read_file(path, &len);
+    assert_non_null(bytes);
+    safetensors_file f;
+    assert_nopad_ok(safetensors_parse((const uint8_t *)bytes, len, "tiny_f8", &f));
+    const safetensors_tensor *t = safetensors_find(&f, "model.layers.0.self_attn.k_proj.weight");
+    assert_non_null(t);
+    ((uint8_t *)bytes)[(const char *)t->data - bytes + 100] = 0x7F;
+    safetensors_close(&f);
+    const char *dir = test_make_temp_dir(0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *out = fopen(path, "wb");
+    assert_non_null(out);
+    assert_int_equal(fwrite(bytes, 1, len, out), len);
+    fclose(out);
+    free(bytes);
+    snprintf(path, sizeof path, "%s/config.json", test_data_path("fp8/tiny_f8"));
+    char *cfg_json = test_read_file(path, &cfg_len);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    out = fopen(path, "wb");
+    assert_non_null(out);
+    assert_int_equal(fwrite(cfg_json, 1, cfg_len, out), cfg_len);
+    fclose(out);
+    free(cfg_json);
+    for (int kept = 0; kept < 2; kept++) {
+        nopad_model *m = NULL;
+        nopad_status st;
+        if (kept) {
+            nopad_backend *be;
+            assert_nopad_ok(nopad_backend_cpu_create(1, &be));
+            cpu_supports = be->supports;
+            be->supports = claims_fp8;
+            model_config cfg;
+            size_t n;
+            char *json = test_read_file(path, &n);
+            assert_nopad_ok(hf_config_parse(json, n, path, &cfg));
+            free(json);
+            safetensors_checkpoint ckpt;
+            assert_nopad_ok(safetensors_checkpoint_open(dir, &ckpt));
+            decoder_weights w;
+            st = decoder_weights_load_st(be, &cfg, NULL, &ckpt, dir, 0, &w);
+            safetensors_checkpoint_close(&ckpt);
+            be->destroy(be);
+        } else {
+            char *err = NULL;
+            st = load_capturing(dir, NOPAD_WEIGHTS_AUTO, &m, &err);
+            free(err);
+        }
+        assert_int_equal(st, NOPAD_ERR_FORMAT);
+        assert_null(m);
+        if (!strstr(nopad_last_error(), "model.layers.0.self_attn.k_proj.weight") ||
+            !strstr(nopad_last_error(), "NaN at element 100"))
+            fail_msg("%s: '%s'", kept ? "kept" : "dequantised", nopad_last_error());
+    }
+}
+
 static void expect_refused(const char *dir, nopad_status want, const char *needle) {
     nopad_model *m = NULL;
     char *err = NULL;
@@ -428,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_f8_checkpoint_on_cpu),
         cmocka_unit_test(test_requant_fixture),
         cmocka_unit_test(test_loader_layout),
+        cmocka_unit_test(test_nan_code),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -458,7 +458,12 @@ static nopad_status get_fp8(loader *ld, int n_parts, const char *const names[], 
         float *scales = (float *)(host + scales_at) + row0;
         if (stored[i]) {
             memcpy(codes, stored[i]->data, (size_t)(rows[i] * cols));
-            st = st_fp8_scales(src, stored[i], rows[i], scales);
+            for (int64_t k = 0; k < rows[i] * cols && st == NOPAD_OK; k++)
+                if ((codes[k] & 0x7F) == 0x7F) /* E4M3's NaN, which the float path would refuse too */
+                    st = nopad_set_error(NOPAD_ERR_FORMAT,
+                                         "%s: tensor '%s' holds NaN at element %lld; the weights are corrupt",
+                                         src->where, stored[i]->name, (long long)k);
+            if (st == NOPAD_OK) st = st_fp8_scales(src, stored[i], rows[i], scales);
             stored_as[i] = src->dtype = "F8_E4M3";
         } else {
             float *data;
