@@ -1,6 +1,7 @@
 /* The prompts' FP8 linear op (fp8_gemm.h). */
 #ifdef NOPAD_HAVE_CUDA
 
+#include <pthread.h>
 #include <stdio.h>
 
 #include "backend/cuda/quant/fp8_gemm.h"
@@ -37,6 +38,48 @@ size_t cuda_fp8_gemm_scratch_bytes(int32_t n_tokens, int32_t n_in, int32_t n_out
     const size_t t = (size_t)slice_tokens(n_tokens, n_in, n_out);
     return align_up(t * (size_t)n_in, SCRATCH_ALIGN) + align_up(t * sizeof(float), SCRATCH_ALIGN) +
            t * align_up((size_t)n_out, LD_MULTIPLE) * sizeof(float);
+}
+
+/* The heuristic's answer per shape, kept as cublaslt.c keeps its plans (asking costs tens of
+ * microseconds a call): the algorithm, or that there is none. One table for the process, keyed by
+ * the cuBLASLt handle too, under a lock (contexts on other threads share it); full, it overwrites
+ * its entries in turn. */
+typedef struct algo_entry {
+    cublasLtHandle_t handle;
+    int32_t T, K, N;
+    size_t ld;
+    int dtype, scaled, found;
+    cublasLtMatmulAlgo_t algo;
+} algo_entry;
+enum { ALGO_CACHE_SIZE = 256 };
+static algo_entry algo_cache[ALGO_CACHE_SIZE];
+static int algo_count, algo_next;
+static pthread_mutex_t algo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int algo_find(const algo_entry *key, algo_entry *out) {
+    int hit = 0;
+    pthread_mutex_lock(&algo_lock);
+    for (int i = 0; i < algo_count && !hit; i++) {
+        const algo_entry *e = &algo_cache[i];
+        if (e->handle == key->handle && e->T == key->T && e->K == key->K && e->N == key->N && e->ld == key->ld &&
+            e->dtype == key->dtype && e->scaled == key->scaled) {
+            *out = *e;
+            hit = 1;
+        }
+    }
+    pthread_mutex_unlock(&algo_lock);
+    return hit;
+}
+
+static void algo_keep(const algo_entry *e) {
+    pthread_mutex_lock(&algo_lock);
+    if (algo_count < ALGO_CACHE_SIZE) {
+        algo_cache[algo_count++] = *e;
+    } else {
+        algo_cache[algo_next] = *e;
+        algo_next = (algo_next + 1) % ALGO_CACHE_SIZE;
+    }
+    pthread_mutex_unlock(&algo_lock);
 }
 
 static nopad_status lt_check(cublasStatus_t st, const char *what) {
@@ -82,30 +125,38 @@ static nopad_status fp8_matmul(cuda_lt *lt, nopad_dtype dtype, void *acc, size_t
     if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K), "layout a");
     if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, T, K), "layout b");
     if (st == NOPAD_OK) st = lt_check(cublasLtMatrixLayoutCreate(&ld_layout, out_type, N, T, (int64_t)ld), "layout d");
-    cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
-    size_t ws_bytes = CUDA_LT_WORKSPACE_BYTES;
-    if (st == NOPAD_OK) st = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    if (st == NOPAD_OK)
-        st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                           sizeof ws_bytes),
-                      "preference");
-    if (st == NOPAD_OK) {
-        const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(lt->handle, desc, la, lb, ld_layout, ld_layout, pref, 1,
-                                                                &result, &found);
-        /* any refusal of the heuristic (no algorithm, a layout or scale mode it does not take):
-         * the caller takes another way */
-        if (h != CUBLAS_STATUS_SUCCESS || found == 0) {
-            *refused = 1;
-            st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
-                                 "cublasLt: no FP8 algorithm for a [%d, %d] x [%d, %d]ᵀ GEMM%s (status %d)", T, K, N,
-                                 K, scaled ? " with outer-vector scales" : "", (int)h);
+    algo_entry plan = {.handle = lt->handle, .T = T, .K = K, .N = N, .ld = ld, .dtype = (int)dtype,
+                       .scaled = scaled};
+    int status = CUBLAS_STATUS_SUCCESS;
+    if (st == NOPAD_OK && !algo_find(&plan, &plan)) {
+        cublasLtMatmulHeuristicResult_t result;
+        int found = 0;
+        size_t ws_bytes = CUDA_LT_WORKSPACE_BYTES;
+        st = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+        if (st == NOPAD_OK)
+            st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                               &ws_bytes, sizeof ws_bytes),
+                          "preference");
+        if (st == NOPAD_OK) {
+            status = (int)cublasLtMatmulAlgoGetHeuristic(lt->handle, desc, la, lb, ld_layout, ld_layout, pref, 1,
+                                                         &result, &found);
+            plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+            if (plan.found) plan.algo = result.algo;
+            algo_keep(&plan);
         }
+    }
+    /* any refusal of the heuristic (no algorithm, a layout or scale mode it does not take): the
+     * caller takes another way */
+    if (st == NOPAD_OK && !plan.found) {
+        *refused = 1;
+        st = nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                             "cublasLt: no FP8 algorithm for a [%d, %d] x [%d, %d]ᵀ GEMM%s (status %d)", T, K, N, K,
+                             scaled ? " with outer-vector scales" : "", status);
     }
     if (st == NOPAD_OK) {
         const float alpha = 1.0f, beta = 0.0f;
         const cublasStatus_t m = cublasLtMatmul(lt->handle, desc, &alpha, wq, la, xq, lb, &beta, acc, ld_layout, acc,
-                                                ld_layout, &result.algo, lt->workspace, CUDA_LT_WORKSPACE_BYTES, stream);
+                                                ld_layout, &plan.algo, lt->workspace, CUDA_LT_WORKSPACE_BYTES, stream);
         if (m == CUBLAS_STATUS_NOT_SUPPORTED || m == CUBLAS_STATUS_INVALID_VALUE) *refused = 1;
         st = lt_check(m, "matmul");
     }

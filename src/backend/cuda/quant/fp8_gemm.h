@@ -13,9 +13,8 @@
  *   slices of CUDA_FP8_GEMV_MAX_T tokens, on the activations as they are (said once on stderr):
  *   slow for long prompts, never wrong.
  * Prompts longer than the scratch cap (64 MiB) allows are done in slices of tokens.
- * cuBLASLt's descriptors are made for each call and its heuristic asked each time, as torch's
- * scaled_mm does (docs/fp8.md: what that costs is for the GPU run to measure). C only: it needs
- * the backend's cuBLASLt state. */
+ * cuBLASLt's descriptors are made for each call (cheap), its heuristic's answer kept per shape.
+ * C only: it needs the backend's cuBLASLt state. */
 #ifndef NOPAD_BACKEND_CUDA_QUANT_FP8_GEMM_H
 #define NOPAD_BACKEND_CUDA_QUANT_FP8_GEMM_H
 
