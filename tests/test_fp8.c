@@ -12,6 +12,7 @@
  * - the loader's FP8 layout (backend.h), on a CPU backend made to claim FP8: tiny_f8's F8 weights kept
  *   as stored (per-tensor scales repeated per row), tiny_f8_ref quantized with weights fp8, each fused
  *   matrix's codes and scales where they belong, and the groups' bytes;
+ * - weights fp8 on a GGUF file: the dequantised, un-permuted weights quantized per channel;
  * - an E4M3 NaN code in a weight refused, naming the tensor, kept as FP8 or dequantised;
  * - what is refused, each naming the tensor: E5M2 weights, block-wise scales (weight_scale_inv), a
  *   scale of the wrong shape, a missing scale; and `weights fp8` on the CPU. */
@@ -23,6 +24,8 @@
 
 #include "backend/backend.h"
 #include "io/fp8.h"
+#include "io/gguf.h"
+#include "io/gguf_config.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
@@ -391,6 +394,53 @@ static void test_loader_layout(void **state) {
     }
 }
 
+/* One FP8 matrix at q ([rows, cols], backend.h's layout) against the float32 matrix f quantized by
+ * io/fp8: equal codes and scales. */
+static void expect_quantized(const uint8_t *q, const float *f, int64_t rows, int64_t cols, const char *what) {
+    uint8_t *codes = malloc((size_t)(rows * cols));
+    float *scales = malloc((size_t)rows * sizeof *scales);
+    fp8_e4m3_quantize_rows(f, rows, cols, codes, scales);
+    if (memcmp(q, codes, (size_t)(rows * cols))) fail_msg("%s: codes differ", what);
+    if (memcmp(q + nopad_fp8_scales_offset(rows, cols), scales, (size_t)rows * sizeof *scales))
+        fail_msg("%s: scales differ", what);
+    free(codes);
+    free(scales);
+}
+
+/* weights fp8 on a GGUF file (tests/data/gguf/quant_tiny.gguf: Q4_K, Q6_K, Q8_0 blocks; Q and K
+ * rows permuted by llama.cpp's converter): each fused matrix is the file's weights dequantised and
+ * put back in HF's row order (the float load, weights f32) quantized per channel. */
+static void test_gguf_to_fp8(void **state) {
+    (void)state;
+    nopad_backend *be;
+    assert_nopad_ok(nopad_backend_cpu_create(1, &be));
+    cpu_supports = be->supports;
+    be->supports = claims_fp8;
+    gguf_file f;
+    model_config cfg;
+    assert_nopad_ok(gguf_open(test_data_path("gguf/quant_tiny.gguf"), &f));
+    assert_nopad_ok(gguf_model_config(&f, &cfg));
+    decoder_weights q, ref;
+    assert_nopad_ok(decoder_weights_load_gguf(be, &cfg, NULL, &f, 0, 1, &q));
+    assert_nopad_ok(decoder_weights_load_gguf(be, &cfg, NULL, &f, 0, -1, &ref));
+    gguf_close(&f);
+    const int64_t H = cfg.hidden_size, F = cfg.intermediate_size, D = cfg.head_size;
+    const int64_t qkv = (int64_t)(cfg.num_heads + 2 * cfg.num_kv_heads) * D;
+    for (int32_t l = 0; l < cfg.num_layers; l++) {
+        const decoder_layer *a = &q.layers[l], *b = &ref.layers[l];
+        assert_int_equal(a->qkv_format, NOPAD_WEIGHT_FP8_E4M3);
+        assert_int_equal(b->qkv_format, NOPAD_WEIGHT_DTYPE);
+        expect_quantized(a->qkv_w, b->qkv_w, qkv, H, "attn_qkv");
+        expect_quantized(a->o_w, b->o_w, H, (int64_t)cfg.num_heads * D, "attn_output");
+        expect_quantized(a->up_w, b->up_w, 2 * F, H, "ffn_gate_up");
+        expect_quantized(a->down_w, b->down_w, H, F, "ffn_down");
+    }
+    assert_int_equal(q.tok_emb_format, NOPAD_WEIGHT_DTYPE);
+    decoder_weights_free(be, &q);
+    decoder_weights_free(be, &ref);
+    be->destroy(be);
+}
+
 /* tiny_f8 with one E4M3 NaN code (0x7F) in layer 0's k_proj: refused, naming the tensor, whether
  * the weight is kept as FP8 (a backend claiming FP8) or dequantised (the CPU). */
 static void test_nan_code(void **state) {
@@ -492,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_requant_fixture),
         cmocka_unit_test(test_loader_layout),
         cmocka_unit_test(test_nan_code),
+        cmocka_unit_test(test_gguf_to_fp8),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
