@@ -7,9 +7,9 @@
 # Here:  bench/tp_multi.sh --stage BUILD     BUILD: a CUDA build with MPI (cmake -DNOPAD_CUDA=ON
 #                                            -DNOPAD_MPI=ON; targets nopad_shared nopad_worker);
 #                                            writes .gpu_carry/tp (the library, nopad-worker and
-#                                            what they link) and .gpu_carry/ompi (Open MPI, which
-#                                            the GPU machines lack: scripts/openmpi_carry.sh)
-# There: bench/tp_multi.sh --run [steps]     carry [".gpu_carry/tp", ".gpu_carry/ompi"]
+#                                            what they link) and .gpu_carry/ompi (this machine's
+#                                            Open MPI: scripts/openmpi_carry.sh; optional there)
+# There: bench/tp_multi.sh --run [steps]     carry [".gpu_carry/tp"] (and ".gpu_carry/ompi")
 #   steps (default "check run arrivals decode hf"):
 #     check     greedy ids at every tp against tp = 1, and logits against the CPU in float32
 #     run       ENGINE workload 1 with 64 and 256 requests at every tp
@@ -55,8 +55,15 @@ mkdir -p "$OUT" /tmp/nopad_tp
 [ -f "$CARRY/bundle.tar.xz" ] || { echo "no bundle: bench/tp_multi.sh --stage BUILD here, carry .gpu_carry/tp" >&2; exit 1; }
 rm -rf /tmp/nopad_tp/build && tar xJf "$CARRY/bundle.tar.xz" -C /tmp/nopad_tp
 BUILD=/tmp/nopad_tp/build
-# shellcheck source=../scripts/openmpi_carry.sh
-source "$ROOT/scripts/openmpi_carry.sh" --use || exit 1
+# Open MPI: the carried copy where it came with the call, else the machine's own (the lent
+# machines' Ubuntu 24.04 has Open MPI 4.1 in /usr/bin, seen 2026-12-07; its libmpi.so.40 serves a
+# library built against Debian's 4.1)
+if [ -f "$ROOT/.gpu_carry/ompi/openmpi.tar.xz" ]; then
+    # shellcheck source=../scripts/openmpi_carry.sh
+    source "$ROOT/scripts/openmpi_carry.sh" --use || exit 1
+else
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
 export LD_LIBRARY_PATH=$BUILD/deplibs:$LD_LIBRARY_PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # NCCL lives in the Python environment there (nvidia.nccl); nopad opens it at run time

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Open MPI for the GPU machines, which have none (docs/parallel.md, "On the lent GPU machines").
+# Open MPI for a machine that has none, or another version (docs/parallel.md, "On a machine
+# without Open MPI"; the lent GPU machines' Ubuntu 24.04 turned out to have Open MPI 4.1 of its own).
 # nopad's tensor parallelism on CUDA starts its workers through Open MPI (MPI_Comm_spawn, or a
 # command under mpirun) and sends NCCL's unique id over it, and libnopad.so links this machine's
 # Open MPI (Debian's 4.1). This packs that Open MPI's runtime (mpirun, orted, the libraries, the
