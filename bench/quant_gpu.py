@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import decode_bench as db  # noqa: E402
 
-WEIGHTS = {"native": 1, "f16": 3}  # nopad_weights (include/nopad.h)
+WEIGHTS = {"native": 1, "f16": 3, "fp8": 5}  # nopad_weights (include/nopad.h)
 
 
 def load(lib, path, weights, kv_tokens):

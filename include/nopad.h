@@ -178,7 +178,10 @@ typedef enum nopad_weights {
     NOPAD_WEIGHTS_F32,      /* dequantised to the compute dtype, which must be this one */
     NOPAD_WEIGHTS_F16,
     NOPAD_WEIGHTS_BF16,
-    NOPAD_WEIGHTS_FP8,      /* not yet: refused (NOPAD_ERR_UNSUPPORTED) */
+    NOPAD_WEIGHTS_FP8,      /* CUDA (Hopper): float weights quantized at load to FP8 E4M3 with a
+                               float32 scale per output row (docs/fp8.md); an F8_E4M3 safetensors
+                               checkpoint stays FP8 under AUTO there. The CPU refuses it
+                               (NOPAD_ERR_UNSUPPORTED) and dequantises an F8 checkpoint */
 } nopad_weights;
 
 typedef struct nopad_model_params {
