@@ -113,6 +113,7 @@ def main() -> None:
             "gguf": Path(args.gguf).name, "gguf_bytes": Path(args.gguf).stat().st_size,
             "nopad_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                            capture_output=True, text=True).stdout.strip(),
+            "library": str(Path(args.library).resolve()),  # the tree's HEAD above need not be its build's
             "pp": args.pp, "tg": args.tg, "reps": args.reps, "rounds": args.rounds}
     if args.out:
         Path(args.out).write_text(json.dumps({"info": info, "rows": rows}, indent=1) + "\n")
