@@ -22,9 +22,10 @@
  *   before the epilogue's pass rounds again: one more u_out·|pre|.
  * and the output's own rounding: |got - ref| <= u_out·|ref| + 1.25·E·M + 2^-18·|pre| + floor, u_out
  * 2^-11 (fp16), 2^-8 (bf16), 0 (float32); 1.25 the activations' slopes; floor 2^-25 for fp16.
- * Every GEMM way is forced in turn where it applies (outer-vector scaling: a dtype output, N a
- * multiple of 16; unscaled; the GEMV of last resort, whose reference is the GEMV's): a way cuBLASLt
- * refuses is printed, not failed (AUTO falls back), and AUTO's way is printed for N = 64 and 577;
+ * Both GEMM ways are forced in turn where they apply (outer-vector scaling: a dtype output, N a
+ * multiple of 16; the GEMV of last resort, whose reference is the GEMV's): outer-vector scaling
+ * refused by cuBLASLt is printed, not failed (AUTO falls back; the first H100 run, cuBLAS 13.1,
+ * refused none), and AUTO's way is printed for N = 64 and 577;
  * T = 512 also runs in slices of tokens (the scratch cap made small). Outputs are NaN-poisoned
  * first: an unwritten one fails.
  *
@@ -230,7 +231,7 @@ static double check_gemm(int di, int32_t T, int32_t K, int32_t N, int ep, nopad_
                                                              : NOPAD_EPILOGUE_NONE;
     const nopad_status st = be->gemm_q(be, dout, dx, w.dev, NOPAD_WEIGHT_FP8_E4M3, db, dr, T, K, N, epilogue, act, f32);
     double worst = 0.0;
-    if (st == NOPAD_ERR_UNSUPPORTED && way && (strcmp(way, "outer-vec") == 0 || strcmp(way, "unscaled") == 0)) {
+    if (st == NOPAD_ERR_UNSUPPORTED && way && strcmp(way, "outer-vec") == 0) {
         printf("    %s T %d K %d N %d, %s forced: %s (not available here)\n", DTYPE_NAMES[di], T, K, N, way,
                nopad_last_error());
         nopad_clear_error();
@@ -316,11 +317,10 @@ static void test_gemm_q(void **state) {
                     const nopad_activation act = ACTS[act_i++ % (sizeof ACTS / sizeof ACTS[0])];
                     const int gemm = T > CUDA_FP8_GEMV_MAX_T;
                     /* the GEMM every way: outer-vector scales where they apply (a dtype output, N a
-                     * multiple of 16), unscaled, the GEMV of last resort; T <= 32 the GEMV */
-                    static const cuda_fp8_gemm_way WAYS[3] = {CUDA_FP8_GEMM_OUTER_VEC, CUDA_FP8_GEMM_UNSCALED,
-                                                              CUDA_FP8_GEMM_GEMV};
-                    static const char *const WAY_NAMES[3] = {"outer-vec", "unscaled", "gemv"};
-                    for (int way = gemm ? 0 : 2; way < 3; way++) {
+                     * multiple of 16), the GEMV of last resort; T <= 32 the GEMV */
+                    static const cuda_fp8_gemm_way WAYS[2] = {CUDA_FP8_GEMM_OUTER_VEC, CUDA_FP8_GEMM_GEMV};
+                    static const char *const WAY_NAMES[2] = {"outer-vec", "gemv"};
+                    for (int way = gemm ? 0 : 1; way < 2; way++) {
                         if (way == 0 && (ep == EP_F32 || N % 16 != 0)) continue;
                         cuda_fp8_gemm_force(gemm ? WAYS[way] : CUDA_FP8_GEMM_AUTO);
                         const double r = check_gemm(di, T, K, N, ep, act, gemm ? WAY_NAMES[way] : NULL);
@@ -338,16 +338,15 @@ static void test_gemm_q(void **state) {
         }
     cuda_fp8_set_scratch_cap(0);
     /* AUTO, for the record: the way it takes on a 16-multiple N and on an odd one */
-    static const char *const WAY_SAID[4] = {"none", "outer-vector scales in cuBLASLt",
-                                            "unscaled cuBLASLt FP8 GEMM + a scaling pass",
-                                            "the FP8 GEMV over slices of 32 tokens (cuBLASLt refused)"};
+    static const char *const WAY_SAID[3] = {"none", "outer-vector scales in cuBLASLt",
+                                            "the FP8 GEMV over slices of 32 tokens"};
     for (int i = 0; i < 2; i++) {
         const int32_t N = i == 0 ? 64 : 577;
         cases++;
         if (!(check_gemm(0, 130, 1040, N, EP_BIAS, NOPAD_ACT_GELU, NULL) <= 1.0)) failures++;
         printf("  the FP8 GEMM's way here, N %d: %s\n", N, WAY_SAID[cuda_fp8_gemm_last_way()]);
     }
-    printf("  gemm_q: %d failing cases of %d; %d forced cuBLASLt ways refused (printed above)\n", failures, cases,
+    printf("  gemm_q: %d failing cases of %d; %d forced outer-vector GEMMs refused (printed above)\n", failures, cases,
            refusals);
     assert_int_equal(failures, 0);
 }
@@ -452,10 +451,12 @@ static nopad_model *load_cuda(const char *rel, nopad_weights weights) {
  * scale rounded to fp16, 2^-11): through the GEMV (prompts fed 16 tokens at a time, decode steps)
  * they differ by fp16 roundings, within test_cuda_decoder's fp16 bound. A prompt in one step (the
  * GEMM) quantizes every linear layer's activations per token, up to 2^-4 a value: on these random
- * models that moves the logits by up to 0.144 (max row relative error over 20 prompts of 31
- * tokens, in float64 on the host: scripts/make_fp8_fixtures.py --measure; tests/data/models/
- * llama_gqa moves as much), so 0.3. A misread weight or scale moves them by order 1. */
-static const double GEMV_BOUND = 2e-2, PROMPT_BOUND = 0.3;
+ * models (hidden 32, heads of 32) that moves the logits by up to 0.242 (max row relative error
+ * over 100 prompts of 31 tokens, in float64 on the host: scripts/make_fp8_fixtures.py --measure;
+ * median 0.12), so 0.4. A misread scale moves them further: one matrix's row scales shifted by one
+ * row moves them by 0.6 to 0.97 (the worst of 10 prompts, in float64; o_proj, down_proj or
+ * gate_proj). */
+static const double GEMV_BOUND = 2e-2, PROMPT_BOUND = 0.4;
 
 typedef struct decoder_compare {
     double prompt, chunked, decode;
@@ -560,9 +561,9 @@ static void expect_fp8_groups(nopad_model *m, int64_t want_params) {
 
 static void test_decoders(void **state) {
     (void)state;
-    /* the linear weights of the fixtures: 2 layers of q 64x48, k, v 32x48, o 48x64, gate, up 96x48,
-     * down 48x96 */
-    const int64_t linear_params = 2 * (64 * 48 + 2 * 32 * 48 + 48 * 64 + 2 * 96 * 48 + 48 * 96);
+    /* the linear weights of the fixtures: 2 layers of q 128x32, k, v 64x32, o 32x128, gate, up 96x32,
+     * down 32x96 */
+    const int64_t linear_params = 2 * (128 * 32 + 2 * 64 * 32 + 32 * 128 + 2 * 96 * 32 + 32 * 96);
     nopad_model *f8 = load_cuda("fp8/tiny_f8", NOPAD_WEIGHTS_AUTO);
     nopad_model *ref = load_cuda("fp8/tiny_f8_ref", NOPAD_WEIGHTS_F16);
     printf("  tiny_f8 (F8_E4M3 on disk) on CUDA:\n");
@@ -590,7 +591,7 @@ static void test_decoders(void **state) {
     assert_true(r.decode <= GEMV_BOUND);
     r = compare(q, ref);
     printf("  weights fp8 vs f16, for the record (in float64 on the host FP8 weights move this random model's "
-           "logits by up to 0.059, with FP8 activations 0.18): prompt %.2e, chunked %.2e, decode %.2e, greedy %d / %d "
+           "logits by up to 0.084, with FP8 activations 0.27): prompt %.2e, chunked %.2e, decode %.2e, greedy %d / %d "
            "equal\n",
            r.prompt, r.chunked, r.decode, r.greedy_equal, r.greedy_total);
     size_t bytes_q, bytes_ref, work, backend;

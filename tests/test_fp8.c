@@ -384,9 +384,9 @@ static void test_loader_layout(void **state) {
                 fp8_bytes += w.groups[i].bytes;
                 assert_string_equal(w.groups[i].stored, which == 0 ? "F8_E4M3" : "F32");
             }
-        /* 2 layers: qkv [128, 48], o [48, 64], gate|up [192, 48], down [48, 96]: codes, 4 bytes a
+        /* 2 layers: qkv [256, 32], o [32, 128], gate|up [192, 32], down [32, 96]: codes, 4 bytes a
          * row of scales, each matrix's codes padded to 16 (all are multiples of 16 here) */
-        const size_t codes = 2 * (128 * 48 + 48 * 64 + 192 * 48 + 48 * 96), rows = 2 * (128 + 48 + 192 + 48);
+        const size_t codes = 2 * (256 * 32 + 32 * 128 + 192 * 32 + 32 * 96), rows = 2 * (256 + 32 + 192 + 32);
         assert_int_equal(fp8_bytes, codes + 4 * rows);
         decoder_weights_free(be, &w);
         safetensors_checkpoint_close(&ckpt);
@@ -522,7 +522,7 @@ static void test_refused(void **state) {
     expect_refused("fp8/bad_e5m2", NOPAD_ERR_UNSUPPORTED, "is F8_E5M2: nopad runs FP8 weights stored as F8_E4M3");
     expect_refused("fp8/bad_block_scale", NOPAD_ERR_UNSUPPORTED, "has block-wise scales ('model.layers.0.self_attn."
                                                                  "q_proj.weight_scale_inv'");
-    expect_refused("fp8/bad_scale_shape", NOPAD_ERR_FORMAT, "of shape [32] for 64 rows");
+    expect_refused("fp8/bad_scale_shape", NOPAD_ERR_FORMAT, "of shape [32] for 128 rows");
     expect_refused("fp8/bad_no_scale", NOPAD_ERR_FORMAT, "has no 'weight_scale' beside it");
     /* fp8 weights on the CPU: refused before anything loads */
     nopad_model_params p = nopad_model_default_params();

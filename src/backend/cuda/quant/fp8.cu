@@ -165,23 +165,14 @@ __global__ void __launch_bounds__(QUANT_THREADS) quantize_tokens_kernel(uint8_t 
 /* ---- the GEMM's epilogue -------------------------------------------------------------------- */
 
 template <typename T>
-__global__ void epilogue_kernel(void *out, const void *acc, int acc_f32, size_t ld_acc, const float *row_scales,
-                                const float *token_scales, const T *bias, int act, const T *residual, int T_rows,
-                                int N, int out_f32) {
+__global__ void epilogue_kernel(T *out, const T *acc, const T *bias, int act, const T *residual, int T_rows, int N) {
     const size_t total = (size_t)T_rows * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t t = i / (size_t)N, n = i % (size_t)N, a = t * ld_acc + n;
-        float v = acc_f32 ? static_cast<const float *>(acc)[a] : to_f32(static_cast<const T *>(acc)[a]);
-        if (row_scales) v *= row_scales[n];
-        if (token_scales) v *= token_scales[t];
-        if (out_f32) {
-            static_cast<float *>(out)[i] = v;
-            continue;
-        }
-        if (bias) v += to_f32(bias[n]);
+        float v = to_f32(acc[i]);
+        if (bias) v += to_f32(bias[i % (size_t)N]);
         if (act >= 0) v = apply_activation(v, act);
         if (residual) v += to_f32(residual[i]);
-        static_cast<T *>(out)[i] = from_f32<T>(v);
+        out[i] = from_f32<T>(v);
     }
 }
 
@@ -240,25 +231,21 @@ extern "C" nopad_status cuda_fp8_quantize_tokens(nopad_dtype dtype, uint8_t *xq,
     return launched("fp8 quantize", cudaGetLastError());
 }
 
-extern "C" nopad_status cuda_fp8_epilogue(nopad_dtype dtype, void *out, const void *acc, int acc_f32, size_t ld_acc,
-                                          const float *row_scales, const float *token_scales, const void *bias,
-                                          int act, const void *residual, int32_t n_tokens, int32_t n_out, int out_f32,
-                                          void *stream) {
+extern "C" nopad_status cuda_fp8_epilogue(nopad_dtype dtype, void *out, const void *acc, const void *bias, int act,
+                                          const void *residual, int32_t n_tokens, int32_t n_out, void *stream) {
     nopad_status st = check_dtype("fp8 epilogue", dtype);
     if (st != NOPAD_OK || n_tokens == 0) return st;
-    if (out_f32 && (bias || residual || act >= 0))
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "fp8 epilogue: a float32 output takes no epilogue");
     const size_t total = (size_t)n_tokens * (size_t)n_out;
     const unsigned blocks = (unsigned)(total / 256 + 1 < 65536 ? total / 256 + 1 : 65536);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (dtype == NOPAD_DTYPE_BF16)
         epilogue_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(
-            out, acc, acc_f32, ld_acc, row_scales, token_scales, static_cast<const __nv_bfloat16 *>(bias), act,
-            static_cast<const __nv_bfloat16 *>(residual), n_tokens, n_out, out_f32);
+            static_cast<__nv_bfloat16 *>(out), static_cast<const __nv_bfloat16 *>(acc),
+            static_cast<const __nv_bfloat16 *>(bias), act, static_cast<const __nv_bfloat16 *>(residual), n_tokens,
+            n_out);
     else
-        epilogue_kernel<__half><<<blocks, 256, 0, s>>>(out, acc, acc_f32, ld_acc, row_scales, token_scales,
+        epilogue_kernel<__half><<<blocks, 256, 0, s>>>(static_cast<__half *>(out), static_cast<const __half *>(acc),
                                                        static_cast<const __half *>(bias), act,
-                                                       static_cast<const __half *>(residual), n_tokens, n_out,
-                                                       out_f32);
+                                                       static_cast<const __half *>(residual), n_tokens, n_out);
     return launched("fp8 epilogue", cudaGetLastError());
 }

@@ -11,8 +11,7 @@
  * - cuda_fp8_quantize_tokens: the prompts' activations per token, for the FP8 GEMM
  *   (fp8_gemm.h): scale = max|x_t| / 448 (1 for a row of zeros), codes = E4M3(x / scale), nearest
  *   even and saturating, as io/fp8.h on the host, bit for bit.
- * - cuda_fp8_epilogue: the GEMM's accumulator (float32, or already scaled in the dtype) to the
- *   output: · row scale · token scale, + bias, activation, + residual.
+ * - cuda_fp8_epilogue: the GEMM's scaled output (in the dtype) + bias, activation, + residual.
  * Nothing synchronises or allocates: every call can be captured in a CUDA graph. */
 #ifndef NOPAD_BACKEND_CUDA_QUANT_FP8_H
 #define NOPAD_BACKEND_CUDA_QUANT_FP8_H
@@ -45,14 +44,11 @@ nopad_status cuda_fp8_gemv(nopad_dtype dtype, void *y, const void *x, const void
 nopad_status cuda_fp8_quantize_tokens(nopad_dtype dtype, uint8_t *xq, float *xs, const void *x, int32_t n_tokens,
                                       int32_t n_in, void *stream);
 
-/* out[t, n] = act(acc[t, n] · row_scales[n] · token_scales[t] + bias[n]) + residual[t, n], for
- * t < T, n < N: acc float32 (acc_f32) or dtype, rows ld_acc elements apart; row_scales,
- * token_scales, bias, residual NULL when not applied, act < 0 none; out float32 (out_f32: no bias,
- * act or residual) or dtype, rows N apart. residual may alias out; acc may alias out when it is
- * in the dtype with ld_acc = N. */
-nopad_status cuda_fp8_epilogue(nopad_dtype dtype, void *out, const void *acc, int acc_f32, size_t ld_acc,
-                               const float *row_scales, const float *token_scales, const void *bias, int act,
-                               const void *residual, int32_t n_tokens, int32_t n_out, int out_f32, void *stream);
+/* out[t, n] = act(acc[t, n] + bias[n]) + residual[t, n], for t < T, n < N, everything in dtype with
+ * rows N apart, in fp32 with one rounding at the store: bias, residual NULL when not applied, act < 0
+ * none. residual and acc may alias out. */
+nopad_status cuda_fp8_epilogue(nopad_dtype dtype, void *out, const void *acc, const void *bias, int act,
+                               const void *residual, int32_t n_tokens, int32_t n_out, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,17 +1,15 @@
 /* The FP8 linear op for more tokens than the GEMV takes (fp8.h, CUDA_FP8_GEMV_MAX_T): the
  * activations quantized per token to E4M3 (cuda_fp8_quantize_tokens), then cuBLASLt's FP8 GEMM
  * on Hopper's tensor cores, the weight's row scales and the tokens' scales applied to the fp32
- * sums. Two ways, the first that cuBLASLt runs:
+ * sums, in the first of two ways that applies:
  * - outer-vector scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F for A and B, cuBLASLt 12.9+):
  *   the scales applied inside the GEMM, the output written in the compute dtype; a bias,
  *   activation or residual then in one pass over it (cuda_fp8_epilogue). Taken for N a multiple
- *   of 16 and a dtype output;
- * - unscaled: the FP8 GEMM's fp32 sums into a scratch (rows padded to a multiple of 16), both
- *   scales and the epilogue in the pass after it. Taken for the rest (odd N, the float32 output)
- *   and wherever cuBLASLt refuses the first (said once on stderr);
- * - and should cuBLASLt refuse that too (a shape its FP8 kernels do not take): the GEMV over
- *   slices of CUDA_FP8_GEMV_MAX_T tokens, on the activations as they are (said once on stderr):
- *   slow for long prompts, never wrong.
+ *   of 16 and a dtype output where cuBLASLt runs it (a refusal is kept per shape, said once);
+ * - the GEMV over slices of CUDA_FP8_GEMV_MAX_T tokens, on the activations as they are, for the
+ *   rest (odd N, the float32 output, a refused shape): slower for long prompts, never wrong.
+ *   An unscaled FP8 GEMM (fp32 sums, the scales in a pass after) was the middle way until the
+ *   first H100 run: cuBLAS 13.1 refused it for every shape tried (docs/fp8.md).
  * Prompts longer than the scratch cap (64 MiB) allows are done in slices of tokens.
  * cuBLASLt's descriptors are made for each call (cheap), its heuristic's answer kept per shape.
  * C only: it needs the backend's cuBLASLt state. */
@@ -30,11 +28,10 @@
 typedef enum cuda_fp8_gemm_way {
     CUDA_FP8_GEMM_AUTO = 0,      /* outer-vector scaling where it applies and cuBLASLt runs it */
     CUDA_FP8_GEMM_OUTER_VEC = 1, /* forced: an error where cuBLASLt refuses it */
-    CUDA_FP8_GEMM_UNSCALED = 2,
-    CUDA_FP8_GEMM_GEMV = 3,      /* the GEMV over slices of tokens */
+    CUDA_FP8_GEMM_GEMV = 2,      /* the GEMV over slices of tokens */
 } cuda_fp8_gemm_way;
 void cuda_fp8_gemm_force(cuda_fp8_gemm_way way);
-/* The way the last cuda_fp8_gemm call took (OUTER_VEC, UNSCALED or GEMV; AUTO before any). */
+/* The way the last cuda_fp8_gemm call took (OUTER_VEC or GEMV; AUTO before any). */
 cuda_fp8_gemm_way cuda_fp8_gemm_last_way(void);
 
 /* Bytes of scratch cuda_fp8_gemm needs for this shape (at most about the cap, at least one token's). */
