@@ -453,7 +453,7 @@ static nopad_model *load_cuda(const char *rel, nopad_weights weights) {
  * GEMM) quantizes every linear layer's activations per token, up to 2^-4 a value: on these random
  * models (hidden 32, heads of 32) that moves the logits by up to 0.242 (max row relative error
  * over 100 prompts of 31 tokens, in float64 on the host: scripts/make_fp8_fixtures.py --measure;
- * median 0.12), so 0.4. A misread scale moves them further: one matrix's row scales shifted by one
+ * median 0.115), so 0.4. A misread scale moves them further: one matrix's row scales shifted by one
  * row moves them by 0.6 to 0.97 (the worst of 10 prompts, in float64; o_proj, down_proj or
  * gate_proj). */
 static const double GEMV_BOUND = 2e-2, PROMPT_BOUND = 0.4;
