@@ -9,7 +9,8 @@
  * - the GEMV over slices of CUDA_FP8_GEMV_MAX_T tokens, on the activations as they are, for the
  *   rest (odd N, the float32 output, a refused shape): slower for long prompts, never wrong.
  *   An unscaled FP8 GEMM (fp32 sums, the scales in a pass after) was the middle way until the
- *   first H100 run: cuBLAS 13.1 refused it for every shape tried (docs/fp8.md).
+ *   first H100 run: cuBLAS 13.1 refused it for every N not a multiple of 16, leaving it only the
+ *   float32 output, which the engine never asks of FP8 weights (docs/fp8.md).
  * Prompts longer than the scratch cap (64 MiB) allows are done in slices of tokens.
  * cuBLASLt's descriptors are made for each call (cheap), its heuristic's answer kept per shape.
  * C only: it needs the backend's cuBLASLt state. */
