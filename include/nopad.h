@@ -283,7 +283,7 @@ typedef struct nopad_model_info {
     const char *model_type;   /* config.json model_type: "bert", "roberta", ... */
     const char *family;       /* "BERT", "RoBERTa", "DistilBERT", "ALBERT", "DeBERTa-v2" */
     const char *activation;   /* "gelu", "gelu_new", "relu" */
-    const char *weights_dtype;/* dtype of the tensors in the file: "F32", "F16", "BF16" (or "mixed") */
+    const char *weights_dtype;/* dtype of the tensors in the file: "F32", "F16", "BF16", "F8_E4M3" (or "mixed") */
     const char *compute_dtype;/* "F32", "F16", "BF16" */
     int32_t vocab_size;
     int32_t hidden_size;
