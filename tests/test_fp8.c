@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backend/backend.h"
 #include "io/fp8.h"
@@ -131,29 +130,6 @@ static void test_quantize_rows(void **state) {
     free(q);
 }
 
-/* Loads `dir` (CPU, `weights`), with what the load writes to stderr into *err (caller frees). */
-static nopad_status load_capturing(const char *dir, nopad_weights weights, nopad_model **m, char **err) {
-    nopad_model_params p = nopad_model_default_params();
-    p.weights = weights;
-    fflush(stderr);
-    FILE *tmp = tmpfile();
-    assert_non_null(tmp);
-    const int saved = dup(2);
-    assert_true(saved >= 0);
-    dup2(fileno(tmp), 2);
-    nopad_status st = nopad_model_load(dir, &p, m);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    long n = ftell(tmp);
-    rewind(tmp);
-    *err = calloc((size_t)n + 1, 1);
-    assert_int_equal(fread(*err, 1, (size_t)n, tmp), (size_t)n);
-    fclose(tmp);
-    fputs(*err, stderr);
-    return st;
-}
-
 /* The F8 model and its dequantised twin through the same steps: every position's logits of two
  * prompts, then decode steps, equal bit for bit (the CPU holds the F8 weights as the same float32
  * products, so every op sees the same numbers). */
@@ -161,8 +137,8 @@ static void test_f8_checkpoint_on_cpu(void **state) {
     (void)state;
     nopad_model *f8 = NULL, *ref = NULL;
     char *err = NULL, *err_ref = NULL;
-    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8"), NOPAD_WEIGHTS_AUTO, &f8, &err));
-    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8_ref"), NOPAD_WEIGHTS_AUTO, &ref, &err_ref));
+    assert_nopad_ok(test_load_capturing(test_data_path("fp8/tiny_f8"), NOPAD_WEIGHTS_AUTO, &f8, &err));
+    assert_nopad_ok(test_load_capturing(test_data_path("fp8/tiny_f8_ref"), NOPAD_WEIGHTS_AUTO, &ref, &err_ref));
     /* the notice: each group of both layers (a fused Q|K|V counts once), dequantised because the
      * CPU has no FP8 kernels */
     assert_non_null(strstr(err, "attn_qkv F8_E4M3 (2 weights) dequantised to F32"));
@@ -213,7 +189,7 @@ static void test_f8_checkpoint_on_cpu(void **state) {
     /* weights f32 asked for: the same dequantised weights, without the notice */
     nopad_model *f32 = NULL;
     char *err_f32 = NULL;
-    assert_nopad_ok(load_capturing(test_data_path("fp8/tiny_f8"), NOPAD_WEIGHTS_F32, &f32, &err_f32));
+    assert_nopad_ok(test_load_capturing(test_data_path("fp8/tiny_f8"), NOPAD_WEIGHTS_F32, &f32, &err_f32));
     assert_null(strstr(err_f32, "notice"));
     nopad_sequence *sf[2];
     for (int i = 0; i < B; i++) {
@@ -492,7 +468,7 @@ static void test_nan_code(void **state) {
             be->destroy(be);
         } else {
             char *err = NULL;
-            st = load_capturing(dir, NOPAD_WEIGHTS_AUTO, &m, &err);
+            st = test_load_capturing(dir, NOPAD_WEIGHTS_AUTO, &m, &err);
             free(err);
         }
         assert_int_equal(st, NOPAD_ERR_FORMAT);
@@ -506,7 +482,7 @@ static void test_nan_code(void **state) {
 static void expect_refused(const char *dir, nopad_status want, const char *needle) {
     nopad_model *m = NULL;
     char *err = NULL;
-    const nopad_status st = load_capturing(test_data_path(dir), NOPAD_WEIGHTS_AUTO, &m, &err);
+    const nopad_status st = test_load_capturing(test_data_path(dir), NOPAD_WEIGHTS_AUTO, &m, &err);
     free(err);
     if (st != want) fail_msg("%s: status %d, expected %d (%s)", dir, (int)st, (int)want, nopad_last_error());
     assert_null(m);

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "golden.h"
 
@@ -48,26 +47,8 @@ static const double DECODE_BOUND_SMOLLM2 = 0.15;
 
 /* Loads `path` with `weights`, with what the load writes to stderr into *err (caller frees). */
 static nopad_model *load_capturing(const char *path, nopad_weights weights, char **err) {
-    nopad_model_params p = nopad_model_default_params();
-    p.weights = weights;
-    fflush(stderr);
-    FILE *tmp = tmpfile();
-    assert_non_null(tmp);
-    const int saved = dup(2);
-    assert_true(saved >= 0);
-    dup2(fileno(tmp), 2);
     nopad_model *m = NULL;
-    nopad_status st = nopad_model_load(path, &p, &m);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    long n = ftell(tmp);
-    rewind(tmp);
-    *err = calloc((size_t)n + 1, 1);
-    assert_int_equal(fread(*err, 1, (size_t)n, tmp), (size_t)n);
-    fclose(tmp);
-    fputs(*err, stderr); /* still shown in the test's log */
-    assert_nopad_ok(st);
+    assert_nopad_ok(test_load_capturing(path, weights, &m, err));
     return m;
 }
 

@@ -19,6 +19,28 @@ const char *test_data_path(const char *rel) {
     return buf;
 }
 
+nopad_status test_load_capturing(const char *path, nopad_weights weights, nopad_model **m, char **err) {
+    nopad_model_params p = nopad_model_default_params();
+    p.weights = weights;
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    const int saved = dup(2);
+    assert_true(saved >= 0);
+    dup2(fileno(tmp), 2);
+    nopad_status st = nopad_model_load(path, &p, m);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    long n = ftell(tmp);
+    rewind(tmp);
+    *err = calloc((size_t)n + 1, 1);
+    assert_int_equal(fread(*err, 1, (size_t)n, tmp), (size_t)n);
+    fclose(tmp);
+    fputs(*err, stderr);
+    return st;
+}
+
 const char *test_minilm_dir(void) {
     static char buf[4096];
     const char *dir = getenv("NOPAD_MINILM_DIR");

@@ -13,6 +13,9 @@
 
 /* $NOPAD_TEST_DATA/<rel> in a static buffer (tests/data in the source tree). */
 const char *test_data_path(const char *rel);
+/* nopad_model_load of path (CPU) with `weights`, what the load writes to stderr captured into *err
+ * (the caller frees) and still echoed to stderr, for the test's log. */
+nopad_status test_load_capturing(const char *path, nopad_weights weights, nopad_model **m, char **err);
 /* $NOPAD_MINILM_DIR, or NULL when unset or missing. */
 const char *test_minilm_dir(void);
 /* Reads a whole file; returns NULL on failure. Caller frees. */
