@@ -183,11 +183,16 @@ def test_logprobs_equal_engine(client, engine):
                 for v in ch.choices[0].logprobs.token_logprobs]
     np.testing.assert_allclose(streamed, want, rtol=0, atol=1e-5)
     msgs = [{"role": "user", "content": "Name a colour."}]
-    chat = client.chat.completions.create(model=DEC_NAME, messages=msgs, max_tokens=8, logprobs=True)
+    chat = client.chat.completions.create(model=DEC_NAME, messages=msgs, max_tokens=8, logprobs=True,
+                                          temperature=0)
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens
-    assert all(e.logprob <= 0.0 and e.top_logprobs == [] and bytes(e.bytes).decode("utf-8", "replace") == e.token
-               for e in content)
+    for e in content:
+        assert e.logprob <= 0.0 and e.top_logprobs == []
+        try:
+            assert bytes(e.bytes).decode("utf-8") == e.token
+        except UnicodeDecodeError:  # a token that is part of a character: its text is U+FFFD
+            assert "\ufffd" in e.token
 
 
 @pytest.mark.parametrize("extra,param", [
