@@ -29,6 +29,7 @@
 #include "backend/cuda/activation.cuh"
 #include "backend/cuda/common.h"
 #include "backend/cuda/ptx_helpers.cuh"
+#include "backend/cuda/quant/mma_rows.cuh"
 #include "backend/cuda/quant/quant.cuh"
 
 namespace qgemv {
@@ -151,37 +152,6 @@ __device__ __forceinline__ void multiply_chunk(float (&acc)[NT][4], const q_frag
     }
 }
 
-/* The warps' sums added in warp order through `partial` (shared, WARPS × NT·4 × 32 floats; the
- * caller has synchronised any earlier use of it), then the epilogue and the store. */
-template <bool BF16, int NT>
-__device__ __forceinline__ void reduce_and_store(float (*partial)[NT * 4][32], const float (&acc)[NT][4],
-                                                 const params &p, int n0) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    /* acc[j][r]: row g + 8·(r / 2), token 8j + 2·l4 + r % 2 */
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) partial[warp][j * 4 + r][lane] = acc[j][r];
-    __syncthreads();
-    for (int e = threadIdx.x; e < NT * 4 * 32; e += THREADS) {
-        const int j = e / 128, r = (e / 32) % 4, l = e % 32;
-        const int t = 8 * j + 2 * (l % 4) + r % 2, n = n0 + l / 4 + 8 * (r / 2);
-        if (t >= p.T || n >= p.N) continue;
-        float v = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < WARPS; wi++) v += partial[wi][j * 4 + r][l]; /* warp order */
-        const size_t i = (size_t)t * p.N + n;
-        if (p.out_f32) {
-            static_cast<float *>(p.y)[i] = v;
-            continue;
-        }
-        if (p.bias) v += to_float<BF16>(static_cast<const uint16_t *>(p.bias)[n]);
-        if (p.act >= 0) v = apply_activation(v, p.act);
-        if (p.residual) v += to_float<BF16>(static_cast<const uint16_t *>(p.residual)[i]);
-        static_cast<uint16_t *>(p.y)[i] = from_float<BF16>(v);
-    }
-}
-
 /* The direct kernel: each lane reads its chunks' bytes from global memory itself, 16 bits at a
  * time (a block is only 2-byte aligned), one chunk ahead. For weights not 16-byte aligned. */
 template <bool BF16, int FMT, int NT>
@@ -217,7 +187,7 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_kernel(const params p) {
         a = next_a;
         b = next_b;
     }
-    reduce_and_store<BF16, NT>(partial, acc, p, n0);
+    mma_rows_reduce_store<BF16, WARPS, NT>(partial, acc, n0, p.T, p.N, nullptr, p.y, p.bias, p.residual, p.act, p.out_f32);
 }
 
 /* The staged kernel's shared-memory ring. Stage s is values 512s .. 512s + 511 of the CTA's 16
@@ -346,7 +316,8 @@ __global__ void __launch_bounds__(THREADS, 1) qgemv_staged_kernel(const params p
         __syncthreads(); /* stage s's slot may be refilled */
     }
     cp_async_wait_all(); /* nothing left in flight (every stage was waited for above) */
-    reduce_and_store<BF16, NT>(reinterpret_cast<float (*)[NT * 4][32]>(ring), acc, p, n0);
+    mma_rows_reduce_store<BF16, WARPS, NT>(reinterpret_cast<float (*)[NT * 4][32]>(ring), acc, n0, p.T, p.N, nullptr, p.y,
+                                          p.bias, p.residual, p.act, p.out_f32);
 }
 
 template <bool BF16, int FMT, int NT>
