@@ -10,6 +10,7 @@
 #include "backend/cuda/activation.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/quant/fp8.h"
+#include "backend/cuda/quant/mma_rows.cuh"
 
 namespace {
 
@@ -26,7 +27,7 @@ constexpr float E4M3_MAX = 448.0f;
  * bytes 4j + {0, 1} and 4j + {2, 3}), which a sum over k does not see. The E4M3 pairs become fp16
  * pairs with one cvt each (exact: E4M3 ⊂ fp16, and ⊂ bf16 for the bf16 MMA); the activations are
  * used as they are. Each weight byte is read once, each activation once per 16 rows. */
-constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32, GEMV_ROWS = 16, KBLOCK = 64;
+constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32, GEMV_ROWS = 16, KBLOCK = 64, PREFETCH = 4;
 
 struct gemv_params {
     void *y;
@@ -50,6 +51,7 @@ template <typename T, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_kernel(const gemv_params p) {
     constexpr bool BF16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
     __shared__ float partial[GEMV_WARPS][NT * 4][32];
+    allow_dependent_launch();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, l4 = lane % 4;
     const int n0 = blockIdx.x * GEMV_ROWS;
     /* rows past N read row N - 1 (in bounds) and are never stored */
@@ -67,71 +69,63 @@ __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_kernel(const gemv_param
         lo = k < p.K ? __ldg(reinterpret_cast<const uint4 *>(w_lo + k)) : zero;
         hi = k < p.K ? __ldg(reinterpret_cast<const uint4 *>(w_hi + k)) : zero;
     };
+    /* the warp's k-blocks are warp, warp + 8, ...: the i-th of them is warp + 8i */
     const int n_kblocks = (p.K + KBLOCK - 1) / KBLOCK;
-    uint4 lo_next, hi_next;
-    if (warp < n_kblocks) load_rows(warp, lo_next, hi_next);
-    for (int kb = warp; kb < n_kblocks; kb += GEMV_WARPS) {
-        const uint4 lo = lo_next, hi = hi_next; /* the next k-block's bytes load during this one's MMAs */
-        if (kb + GEMV_WARPS < n_kblocks) load_rows(kb + GEMV_WARPS, lo_next, hi_next);
-        const int k = kb * KBLOCK + 16 * l4;
-        const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
-        uint32_t a[4][4];
+    const int mine = warp < n_kblocks ? (n_kblocks - warp + GEMV_WARPS - 1) / GEMV_WARPS : 0;
+    /* PREFETCH k-blocks in flight a warp, in registers: the weights' first ones are requested
+     * before griddepcontrol.wait (they stream in while the kernel ahead finishes), and every
+     * k-block's MMAs run while the loads of the next PREFETCH - 1 are on their way */
+    uint4 lo[PREFETCH], hi[PREFETCH];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            a[j][0] = e4m3x2_reg<BF16>(wl[j]);
-            a[j][1] = e4m3x2_reg<BF16>(wh[j]);
-            a[j][2] = e4m3x2_reg<BF16>(wl[j] >> 16);
-            a[j][3] = e4m3x2_reg<BF16>(wh[j] >> 16);
-        }
+    for (int u = 0; u < PREFETCH; u++)
+        if (u < mine) load_rows(warp + u * GEMV_WARPS, lo[u], hi[u]);
+    wait_for_upstream_grid(); /* x, the residual and y may belong to the kernel ahead */
+    for (int i0 = 0; i0 < mine; i0 += PREFETCH) {
 #pragma unroll
-        for (int tile = 0; tile < NT; tile++) {
-            const int t = 8 * tile + g;
-            uint4 x0 = zero, x1 = zero;
-            if (t < p.T && k < p.K) {
-                const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)t * p.K + k);
-                x0 = xr[0];
-                x1 = xr[1];
+        for (int u = 0; u < PREFETCH; u++) {
+            const int i = i0 + u;
+            if (i >= mine) break;
+            const uint4 wlo = lo[u], whi = hi[u];
+            if (i + PREFETCH < mine) load_rows(warp + (i + PREFETCH) * GEMV_WARPS, lo[u], hi[u]);
+            const int k = (warp + i * GEMV_WARPS) * KBLOCK + 16 * l4;
+            const uint32_t wl[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, wh[4] = {whi.x, whi.y, whi.z, whi.w};
+            uint32_t a[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                a[j][0] = e4m3x2_reg<BF16>(wl[j]);
+                a[j][1] = e4m3x2_reg<BF16>(wh[j]);
+                a[j][2] = e4m3x2_reg<BF16>(wl[j] >> 16);
+                a[j][3] = e4m3x2_reg<BF16>(wh[j] >> 16);
             }
-            const uint32_t b[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-            for (int j = 0; j < 4; j++) mma16816<BF16>(acc[tile], a[j], b[2 * j], b[2 * j + 1]);
+            for (int tile = 0; tile < NT; tile++) {
+                const int t = 8 * tile + g;
+                uint4 x0 = zero, x1 = zero;
+                if (t < p.T && k < p.K) {
+                    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)t * p.K + k);
+                    x0 = xr[0];
+                    x1 = xr[1];
+                }
+                const uint32_t b[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma16816<BF16>(acc[tile], a[j], b[2 * j], b[2 * j + 1]);
+            }
         }
     }
-    /* acc[j][r]: row n0 + g + 8·(r / 2), token 8j + 2·l4 + r % 2 */
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) partial[warp][j * 4 + r][lane] = acc[j][r];
-    __syncthreads();
-    for (int e = threadIdx.x; e < NT * 4 * 32; e += GEMV_THREADS) {
-        const int j = e / 128, r = (e / 32) % 4, l = e % 32;
-        const int t = 8 * j + 2 * (l % 4) + r % 2, n = n0 + l / 4 + 8 * (r / 2);
-        if (t >= p.T || n >= p.N) continue;
-        float v = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < GEMV_WARPS; wi++) v += partial[wi][j * 4 + r][l]; /* warp order */
-        v *= p.scales[n];
-        const size_t i = (size_t)t * p.N + n;
-        if (p.out_f32) {
-            static_cast<float *>(p.y)[i] = v;
-            continue;
-        }
-        if (p.bias) v += to_f32(static_cast<const T *>(p.bias)[n]);
-        if (p.act >= 0) v = apply_activation(v, p.act);
-        if (p.residual) v += to_f32(static_cast<const T *>(p.residual)[i]);
-        static_cast<T *>(p.y)[i] = from_f32<T>(v);
-    }
+    mma_rows_reduce_store<BF16, GEMV_WARPS, NT>(partial, acc, n0, p.T, p.N, p.scales, p.y, p.bias, p.residual, p.act,
+                                                p.out_f32);
 }
 
 template <typename T>
 cudaError_t gemv_launch(const gemv_params &p, cudaStream_t s) {
     const dim3 grid((unsigned)((p.N + GEMV_ROWS - 1) / GEMV_ROWS)), block(GEMV_THREADS);
     /* tiles of 8 tokens: 1 for a decode step of up to 8 sequences, up to 4 */
-    if (p.T <= 8) fp8_gemv_kernel<T, 1><<<grid, block, 0, s>>>(p);
-    else if (p.T <= 16) fp8_gemv_kernel<T, 2><<<grid, block, 0, s>>>(p);
-    else if (p.T <= 24) fp8_gemv_kernel<T, 3><<<grid, block, 0, s>>>(p);
-    else fp8_gemv_kernel<T, 4><<<grid, block, 0, s>>>(p);
-    return cudaGetLastError();
+    /* with programmatic dependent launch, as the other GEMVs of a decode step (cuda_pdl_enabled) */
+    const bool pdl = cuda_pdl_enabled() != 0;
+    if (p.T <= 8) return launch_maybe_pdl(fp8_gemv_kernel<T, 1>, grid, block, 0, s, pdl, p);
+    if (p.T <= 16) return launch_maybe_pdl(fp8_gemv_kernel<T, 2>, grid, block, 0, s, pdl, p);
+    if (p.T <= 24) return launch_maybe_pdl(fp8_gemv_kernel<T, 3>, grid, block, 0, s, pdl, p);
+    return launch_maybe_pdl(fp8_gemv_kernel<T, 4>, grid, block, 0, s, pdl, p);
 }
 
 /* ---- the activations' quantizer ------------------------------------------------------------- */
