@@ -1,5 +1,7 @@
-"""Issue 43's QUANT GPU rows: the decode step of a GGUF model on CUDA with its blocks kept
-(weights native: the quantized GEMV) against the same file dequantised to fp16 (weights f16).
+"""Issue 43's QUANT GPU rows: the decode step of a model on CUDA in several weight formats, e.g.
+a GGUF file with its blocks kept (weights native: the quantized GEMV) against the same file
+dequantised to fp16 (weights f16), or a float checkpoint quantized to FP8 at load (weights fp8)
+against its fp16 weights. --weights lists the formats; the table compares each to the last.
 
 For each batch B (context 512: a prompt of 512 - warm-up - steps/2 random ids, then timed greedy
 steps through nopad_decode_sample), the median step time after the warm-up, against the step's
@@ -8,7 +10,9 @@ bytes) / the device-to-device copy rate measured in the same run. The LM head of
 the embedding, so the weights' bytes are what a step reads (plus B embedding rows, left out).
 The two runs alternate --rounds times; each row is the best round's median.
 
-    python3 bench/quant_gpu.py --library build-cuda/libnopad.so --gguf SmolLM2.gguf --out q.json
+    python3 bench/quant_gpu.py --library build-cuda/libnopad.so --model SmolLM2.gguf --out q.json
+    python3 bench/quant_gpu.py --library build-cuda/libnopad.so --shape 1b --weights fp8,f16 --out q.json
+        (no --model: decode_bench's random fp16 checkpoint of the shape, in /tmp/nopad_dec_<shape>)
 """
 import argparse
 import ctypes
@@ -44,7 +48,7 @@ def run(args, lib, shape, weights, bw, rng):
     C, W, N = args.context, args.warmup, args.steps
     prefill = C - W - (N + 1) // 2
     # each sequence ends at C + N / 2 tokens (a prompt of C - W - N/2, then W + N steps), in blocks of 16
-    m, load_s = load(lib, args.gguf, weights, max(args.batches) * (C + N + 16))
+    m, load_s = load(lib, args.model, weights, max(args.batches) * (C + N + 16))
     mem = m.memory()
     rows = []
     try:
@@ -80,7 +84,10 @@ def run(args, lib, shape, weights, bw, rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--library", required=True)
-    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--model", "--gguf", help="a GGUF file or a checkpoint folder (default: the shape's random "
+                    "fp16 checkpoint)")
+    ap.add_argument("--weights", default="native,f16", help="comma list of %s; each is compared to the last" %
+                    ",".join(WEIGHTS))
     ap.add_argument("--out", required=True)
     ap.add_argument("--shape", default="smollm2", choices=sorted(db.SHAPES), help="the file's shape (for the KV bytes)")
     ap.add_argument("--batches", default="1,8,32,64")
@@ -90,17 +97,26 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.weights = args.weights.split(",")
+    for w in args.weights:
+        if w not in WEIGHTS:
+            ap.error("--weights: %r is not one of %s" % (w, ", ".join(WEIGHTS)))
     lib = db.load_lib(args.library)
     shape = db.SHAPES[args.shape]
+    if not args.model:
+        args.model = "/tmp/nopad_dec_" + args.shape
+        db.make_checkpoint(shape, args.model)
+    model_bytes = (os.path.getsize(args.model) if os.path.isfile(args.model) else
+                   sum(os.path.getsize(os.path.join(args.model, f)) for f in os.listdir(args.model)))
     bw = db.copy_bandwidth("cuda")
     out = {"info": {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "library": args.library,
-                    "nopad": lib.nopad_version().decode(), "gguf": os.path.basename(args.gguf),
-                    "gguf_bytes": os.path.getsize(args.gguf), "args": vars(args)},
+                    "nopad": lib.nopad_version().decode(), "model": os.path.basename(args.model),
+                    "model_bytes": model_bytes, "args": vars(args)},
            "copy": bw, "runs": []}
     print(json.dumps(out["info"]), "\n# copy %.0f GB/s read+write" % bw["read_plus_write_GBps"], flush=True)
     rng = np.random.default_rng(db.SEED)
     for r in range(args.rounds):
-        for weights in ("native", "f16"):
+        for weights in args.weights:
             res = run(args, lib, shape, weights, bw, rng)
             res["round"] = r
             out["runs"].append(res)
@@ -117,11 +133,13 @@ def main():
     out["best"] = list(best.values())
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)
-    print("| batch | native ms (x floor) | f16 ms (x floor) | native / f16 |")
+    ref = args.weights[-1]
+    print("| batch | " + " | ".join("%s ms (x floor)" % w for w in args.weights) + " | " +
+          " | ".join("%s / %s" % (w, ref) for w in args.weights[:-1]) + " |")
     for B in args.batches:
-        n, f = best[("native", B)], best[("f16", B)]
-        print("| %d | %.3f (%.2f) | %.3f (%.2f) | %.2f |" % (B, n["ms"], n["x_floor"], f["ms"], f["x_floor"],
-                                                          n["ms"] / f["ms"]))
+        cells = ["%.3f (%.2f)" % (best[(w, B)]["ms"], best[(w, B)]["x_floor"]) for w in args.weights]
+        ratios = ["%.2f" % (best[(w, B)]["ms"] / best[(ref, B)]["ms"]) for w in args.weights[:-1]]
+        print("| %d | %s | %s |" % (B, " | ".join(cells), " | ".join(ratios)))
 
 
 if __name__ == "__main__":

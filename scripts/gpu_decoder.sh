@@ -49,9 +49,11 @@
 #        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
 #        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated; AB_ROUNDS decode rounds,
 #        default 3, of AB_STEPS steps, default 20), ab-comm-profile (a decode step's kernels
-#        under CUPTI with the path off and on),
+#        under CUPTI with the path off and on), ab-env (the decode grid under each of AB_ENVS's
+#        environments, alternated),
 #        quant (issue 43: bench/quant_gpu.py, the GGUF's decode step native against f16, and
-#        gemv_bench --format per GEMV_FORMATS), sanitize (compute-sanitizer memcheck over SANITIZE,
+#        gemv_bench --format per GEMV_FORMATS), quant-fp8 (FP8 weights against fp16 on random
+#        checkpoints, and the FP8 GEMV alone), sanitize (compute-sanitizer memcheck over SANITIZE,
 #        default test_cuda_quant),
 #        pytest-cuda (tests/python/test_cuda_engine.py: the engine on CUDA),
 #        constrained (issue 44: bench/constrained_bench.py, the SERVE constrained row; carry
@@ -245,6 +247,24 @@ for step in $STEPS; do
             done
         done
         ;;
+    ab-env)
+        # the decode grid under several environments, one library, their order rotated each
+        # round: AB_ENVS="VAR=a OTHER=b;VAR=c;..." (';' between variants, spaces inside one),
+        # AB_ROUNDS rounds (default 2) of AB_STEPS steps (default 100) at AB_BATCHES
+        IFS=';' read -r -a variants <<< "${AB_ENVS:?ab-env needs AB_ENVS}"
+        n=${#variants[@]}
+        for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+            for k in $(seq 0 $((n - 1))); do
+                v=$(( (k + round - 1) % n ))
+                f="$OUT/ab_env_v${v}_$round"
+                env ${variants[$v]} timeout 150 python3 "$ROOT/bench/decode_bench.py" --library "$BUILD/libnopad.so" \
+                    --sections decode --dtypes fp16 --batches ${AB_BATCHES:-1,8,32,64} --steps ${AB_STEPS:-100} --contexts 512 \
+                    --prefill 1x64 --prefill-reps 1 --prefill-warmup 0 --out "$f.json" > "$f.log" 2>&1 || status=1
+                echo "== [${variants[$v]}] round $round: $(grep '^| [0-9]' "$f.log" | awk -F'|' '{printf "%s:%s ", $2, $3}')"
+                grep '^XP ' "$f.log"
+            done
+        done
+        ;;
     ab-comm-profile)
         # where a decode step differs with the path at world size one: the CUPTI timeline of
         # AB_PROFILE_BATCH (default 64) rows at context 512, NOPAD_COMM_FORCE off and on
@@ -269,6 +289,21 @@ for step in $STEPS; do
             # the same weights 2 bytes off: the direct kernel, which reads any address
             timeout 120 "$BUILD/gemv_bench" --format $fmt --tokens 1,8,32 --misalign > "$OUT/quant/gemv_${fmt}_misaligned.jsonl" 2>&1 || status=1
             echo "== gemv $fmt misaligned: $(grep -o '"mode": "chain", "tokens": [0-9]*.*"us": [0-9.]*' "$OUT/quant/gemv_${fmt}_misaligned.jsonl" | tr '\n' ' ')"
+        done
+        ;;
+    quant-fp8)
+        # issue 43's FP8 rows: random fp16 checkpoints of FP8_SHAPES (default "1b smollm2") decoded
+        # with their linear weights quantized to FP8 at load against fp16 (bench/quant_gpu.py), and
+        # the FP8 GEMV alone (gemv_bench --format fp8) beside the fp16 one
+        mkdir -p "$OUT/quant"
+        for shape in ${FP8_SHAPES:-1b smollm2}; do
+            timeout 300 python3 "$ROOT/bench/quant_gpu.py" --library "$BUILD/libnopad.so" --shape "$shape" \
+                --weights fp8,f16 --out "$OUT/quant/fp8_$shape.json" ${QUANT_ARGS:-} 2>&1 |
+                tee "$OUT/quant/fp8_$shape.log" | grep -v '^{' || status=1
+        done
+        for fmt in f16 fp8; do
+            timeout 120 "$BUILD/gemv_bench" --format $fmt --tokens 1,8,32 > "$OUT/quant/gemv_$fmt.jsonl" 2>&1 || status=1
+            echo "== gemv $fmt: $(grep -o '"mode": "chain", "tokens": [0-9]*.*"us": [0-9.]*' "$OUT/quant/gemv_$fmt.jsonl" | tr '\n' ' ')"
         done
         ;;
     sanitize)

@@ -19,6 +19,8 @@
  * any token count goes (one direct call per mode first: the scratch grows outside the capture).
  * gate|up is then a plain [2F, K] product (the decoder applies SwiGLU after it on such weights).
  * The default, f16, is the compute dtype's own weights on the gemv kernels (tokens <= 32).
+ * --format fp8 keeps them as FP8 E4M3 codes with a float32 scale a row (NOPAD_WEIGHT_FP8_E4M3,
+ * quant/fp8.h: the FP8 GEMV up to 32 tokens, cuBLASLt's FP8 GEMM above); random codes, scales 1/64.
  * --misalign puts each block-format weight 2 bytes past a 16-byte boundary, which runs the
  * quantized GEMV's direct kernel (2-byte loads) instead of the staged one (qgemv.cuh): the two
  * measured on the same shapes.
@@ -65,10 +67,30 @@ static const block_format FORMATS[] = {
     {"q5_0", NOPAD_WEIGHT_Q5_0, 32, 22, 0, -1},   {"q5_1", NOPAD_WEIGHT_Q5_1, 32, 24, 0, 2},
     {"q8_0", NOPAD_WEIGHT_Q8_0, 32, 34, 0, -1},   {"q4_k", NOPAD_WEIGHT_Q4_K, 256, 144, 0, 2},
     {"q5_k", NOPAD_WEIGHT_Q5_K, 256, 176, 0, 2},  {"q6_k", NOPAD_WEIGHT_Q6_K, 256, 210, 208, -1},
+    {"fp8", NOPAD_WEIGHT_FP8_E4M3, 1, 1, -1, -1}, /* codes, then a float32 scale a row */
 };
+
+/* rows × K random E4M3 codes (never a NaN: 0x7f, 0xff), then a scale of 1/64 a row */
+static void fill_fp8(nopad_backend *be, void *dst, size_t rows, int K) {
+    const size_t codes = rows * (size_t)K, at = nopad_fp8_scales_offset((int64_t)rows, K);
+    unsigned char *host = calloc(at + rows * sizeof(float), 1);
+    for (size_t i = 0; i < codes; i++) {
+        const unsigned char c = (unsigned char)(bench_uniform() * 127.0f + 128.0f);
+        host[i] = (c & 0x7f) == 0x7f ? (unsigned char)(c - 1) : c;
+    }
+    float *scale = (float *)(host + at);
+    for (size_t r = 0; r < rows; r++) scale[r] = 1.0f / 64.0f;
+    CHECK_NOPAD(be->upload(be, dst, host, at + rows * sizeof(float)));
+    CHECK_NOPAD(be->synchronize(be));
+    free(host);
+}
 
 /* rows × K values of random blocks of f (d = m = 1/64, fp16 0x2400) into backend memory */
 static void fill_blocks(nopad_backend *be, void *dst, const block_format *f, size_t rows, int K) {
+    if (f->format == NOPAD_WEIGHT_FP8_E4M3) {
+        fill_fp8(be, dst, rows, K);
+        return;
+    }
     const size_t row_bytes = (size_t)(K / f->values) * f->bytes, chunk_rows = ((size_t)1 << 24) / row_bytes + 1;
     unsigned char *host = malloc(chunk_rows * row_bytes);
     for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
@@ -95,6 +117,8 @@ typedef struct model {
 
 /* Bytes of a weight of n_out rows of K values. */
 static size_t weight_bytes(const model *m, size_t n_out, int K) {
+    if (m->blocks && m->blocks->format == NOPAD_WEIGHT_FP8_E4M3)
+        return nopad_fp8_scales_offset((int64_t)n_out, K) + n_out * sizeof(float);
     return m->blocks ? n_out * cuda_quant_row_bytes(m->blocks->format, K) : n_out * (size_t)K * 2;
 }
 
@@ -158,7 +182,7 @@ int main(int argc, char **argv) {
             for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++)
                 if (!strcmp(v, FORMATS[f].name)) blocks = &FORMATS[f];
             if (!blocks && strcmp(v, "f16")) {
-                fprintf(stderr, "gemv_bench: --format f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k\n");
+                fprintf(stderr, "gemv_bench: --format f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or fp8\n");
                 return 2;
             }
             i++;
@@ -176,6 +200,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "gemv_bench: unknown argument %s\n", a);
             return 2;
         }
+    }
+    if (misalign && blocks && blocks->format == NOPAD_WEIGHT_FP8_E4M3) {
+        fprintf(stderr, "gemv_bench: --misalign is for the GGUF block formats (FP8 weights need 16-byte rows)\n");
+        return 2;
     }
     if (reps < 1) reps = 1;
     if (reps > MAX_REPS) reps = MAX_REPS;
