@@ -1,4 +1,7 @@
-/* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter.
+/* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter, in two
+ * mainloops: configurations 0-3 (flux_gemm, described here) and the TMA, warp-specialized,
+ * persistent configurations 4-5 (flux_gemm_ws, described above it), which share its tile order,
+ * signals, waits and destinations.
  *
  * A CTA of 8 warps (two warpgroups) owns a BM x BN output tile (128 or 64 rows): cp.async loads of
  * x and w tiles (K slices of 64, rows of 128 bytes XOR-swizzled by row: wgmma's 128-byte swizzle)
@@ -579,7 +582,9 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
                 if (s != p.rank)
                     ok = wait_signal(p.signals[p.rank] + ((int64_t)s * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
                                      p.epoch, p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)s);
-        /* the warp's reads of the inbox after lane 0's acquires; on a timeout the tile is left */
+        /* __syncwarp orders the warp's reads of the inbox after lane 0's acquires (as the
+         * __syncthreads after wait_signal does in epilogue()); on a timeout the tile is left */
+        __syncwarp();
         if (!__shfl_sync(0xffffffffu, ok ? 1 : 0, 0)) return;
     }
     const uint2 *inbox = static_cast<const uint2 *>(p.inbox[p.rank]);
