@@ -43,6 +43,7 @@ constexpr int GROUP_M = 8; /* tile rows swept together, column by column */
 /* The error word: FLUX_ERR_TIMEOUT | kind << 8 | the rank waited for. */
 constexpr uint32_t FLUX_ERR_TIMEOUT = 0x80000000u;
 constexpr uint32_t KIND_AG = 1, KIND_RS = 2;
+constexpr uint32_t KIND_STALL = 3; /* flux_gemm_ws: an mbarrier never completed (a bug, not a peer) */
 
 struct Params {
     const void *x; /* AllGather: the gathered buffer [M, K]; ReduceScatter: this rank's x [M, K] */
@@ -551,6 +552,29 @@ __device__ __forceinline__ void regs_alloc(void) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
+/* mbar_wait with a bound: false (and KIND_STALL in the error word) once the phase has not
+ * completed within twice the signal timeout plus 1 s. No wait of a correct kernel comes near it
+ * (a slice waits at most for one signal's timeout); it turns a pipeline bug into an error that
+ * cuda_flux_check reports instead of a hung device. */
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ bool mbar_wait_bounded(uint64_t *bar, uint32_t parity, const Params &p) {
+    if (mbar_try_wait(bar, parity)) return true;
+    const uint64_t start = globaltimer(), limit = 2 * p.timeout_ns + 1000000000ull;
+    while (!mbar_try_wait(bar, parity))
+        if (globaltimer() - start > limit) {
+            atomicCAS(p.error, 0u, FLUX_ERR_TIMEOUT | KIND_STALL << 8);
+            return false;
+        }
+    return true;
+}
+
 /* 4 fp32 to 4 packed elements (8 bytes), and 4 packed elements added to 4 fp32 */
 template <class T>
 __device__ __forceinline__ uint2 pack4(const float4 a) {
@@ -657,7 +681,8 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
             /* w of the first slices first: they need no signal */
             for (int kt = 0; kt < ahead; kt++) {
                 const int gk = g + kt, s = gk % STAGES;
-                if (gk >= STAGES) mbar_wait(&empty[s], ((gk / STAGES) + 1) & 1); /* phase gk / STAGES - 1 */
+                if (gk >= STAGES && !mbar_wait_bounded(&empty[s], ((gk / STAGES) + 1) & 1, p)) /* phase gk/STAGES - 1 */
+                    return;
                 mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
                 tma_load_2d(Bs + s * B_STAGE, &map_w, &full[s], kt * BK, t.n0);
             }
@@ -670,7 +695,7 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
             for (int kt = 0; kt < KT; kt++, g++) {
                 const int s = g % STAGES;
                 if (kt >= ahead) {
-                    if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);
+                    if (g >= STAGES && !mbar_wait_bounded(&empty[s], ((g / STAGES) + 1) & 1, p)) return;
                     mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
                     tma_load_2d(Bs + s * B_STAGE, &map_w, &full[s], kt * BK, t.n0);
                 }
@@ -685,14 +710,16 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
     const int cw = wg - 1, warp = (tid >> 5) & 3;                   /* consumer warpgroup 0..1, its warp */
     float *blk = epi + (cw * 4 + warp) * WS_EPI_FLOATS;             /* this warp's epilogue block */
     float d[BN / 2];
-    int g = 0; /* slices consumed so far, all tiles */
+    int g = 0;            /* slices consumed so far, all tiles */
+    bool stalled = false; /* a full barrier timed out (reported): the rest runs without waiting, so
+                           * every consumer warp still reaches the named barriers and the kernel ends */
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
         const TileCoord t = locate<BM, BN, RS>(p, tile);
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
         for (int kt = 0; kt < KT; kt++, g++) {
             const int s = g % STAGES;
-            mbar_wait(&full[s], (g / STAGES) & 1);
+            if (!stalled && !mbar_wait_bounded(&full[s], (g / STAGES) & 1, p)) stalled = true;
             const T *a_s = As + s * A_STAGE + cw * 64 * BK, *b_s = Bs + s * B_STAGE;
             wgmma_fence();
 #pragma unroll
@@ -1030,6 +1057,12 @@ extern "C" nopad_status cuda_flux_check(const cuda_flux_peers *peers, cudaStream
     cudaMemcpy(peers->error, &zero, sizeof zero, cudaMemcpyHostToDevice);
     const double ms = (peers->timeout_ns ? peers->timeout_ns : CUDA_FLUX_DEFAULT_TIMEOUT_NS) / 1e6;
     const unsigned kind = (word >> 8) & 0xff, who = word & 0xff;
+    if (kind == KIND_STALL)
+        return nopad_set_error(NOPAD_ERR_BACKEND,
+                               "flux gemm on rank %d: the TMA pipeline stalled (an mbarrier phase never completed "
+                               "within twice the timeout plus 1 s: a kernel bug, not a late peer); the output is "
+                               "undefined",
+                               peers->rank);
     if (kind == KIND_AG)
         return nopad_set_error(NOPAD_ERR_BACKEND,
                                "flux all-gather+gemm on rank %d: the chunk of rank %u did not arrive within %.1f ms "
