@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
     });
 }
 
-/* ---- configurations 4 and 5: TMA, warp specialization, persistent CTAs ----------------------------
+/* ---- configurations 4-6: TMA, warp specialization, persistent CTAs (6: in clusters of 2) -------
  *
  * 384 threads. Warpgroup 0 is the producer: one thread issues the TMA copies (cp.async.bulk.tensor,
  * boxes of 64 columns x 128 rows of x and x BN rows of w, 128-byte swizzle: the layout the cp.async
@@ -512,6 +512,15 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
  * never wait on a slice that is not coming, the grid drains, the caller gets the error and the
  * output is undefined. The x box may reach past the chunk (into the next chunk's rows, maybe still
  * in flight, or past M: zeros): those rows only make output rows that are never stored.
+ *
+ * Configuration 6 runs the same loop in clusters of 2 CTAs (flux_gemm_ws<..., CLUSTER = 2>): the
+ * pair takes tiles 2u and 2u + 1, which in the tile order mostly share w's columns; then each CTA
+ * loads half of each w slice (64 x BN/2 boxes) and multicasts it into both, a third less read from
+ * L2 (a 128 x 256 slice is 48 KB for 4.2 MFLOP; 132 SMs at cuBLASLt's rate read ~8 TB/s
+ * without it). A slot's empty barrier then counts both CTAs' consumer warps (the peer writes into
+ * it), and each producer stays until both have released its slots, so no multicast or remote
+ * arrival lands in a CTA that has left. The ring protocol of both forms is model-checked in
+ * tools/flux_ring_model.py.
  *
  * Epilogue, per consumer warp (16 rows x BN), without a CTA barrier: 32 columns at a time through
  * a 16 x 32 fp32 block of its own in shared memory (row stride 40 floats: a half-warp's float2
