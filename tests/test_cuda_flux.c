@@ -5,14 +5,18 @@
  *
  * - AllGather+GEMM against all-gather-then-GEMM: y[M, N] = x[M, K] · w[N, K]ᵀ with x gathered from
  *   W = 2, 4, 8 chunks of random, odd sizes (M odd, a chunk of 0 rows too), every rank's view,
- *   both tile configurations, fp16 and bf16; twice on the same buffers with a new epoch (nothing is
+ *   every tile configuration, fp16 and bf16; twice on the same buffers with a new epoch (nothing is
  *   reset between calls). The same after every rank pushed its chunk with cuda_flux_ag_push.
  * - GEMM+ReduceScatter against GEMM-then-reduce-scatter: each rank's partial x_s · w_sᵀ, the local
  *   chunk's sum in y, and this rank's partial tiles in the other ranks' inboxes with their signals
  *   set.
  * - A chunk that never arrives: the kernel ends within its timeout (50 ms here) and cuda_flux_check
  *   names the missing rank; the next call on the same buffers works.
- * - Both kernels recorded into a CUDA graph and replayed.
+ * - Both kernels recorded into a CUDA graph and replayed (the AllGather also in the TMA
+ *   configurations 4, 5 and 6).
+ * - Every configuration also with more tiles than SMs (the persistent ones 4-6 then take
+ *   several tiles a CTA; 6 pairs them in clusters, an odd count leaving one CTA a tile it does
+ *   not store) and with a chunk of 0 rows; the timeouts of both kernels in every one.
  * - Refused shapes and arguments.
  *
  * The reference is the unfused path on the CPU: the chunks gathered (or the partials summed),
@@ -120,6 +124,23 @@ static double row_error(const char *what, const float *y, const float *ref, int6
     return test_max_row_rel_error(y, ref, rows, cols);
 }
 
+/* The tiles of a call under `config` (cuda_flux_rs_tiles' sizes, summed over the chunks), and the
+ * device's SMs: the persistent configurations take several tiles a CTA when there are more. */
+static int tile_count(const int32_t *rows, int W, int32_t N, int config) {
+    int total = 0;
+    for (int i = 0; i < W; i++) {
+        int32_t tm, tn;
+        cuda_flux_rs_tiles(config, rows[i], N, &tm, &tn);
+        total += tm * tn;
+    }
+    return total;
+}
+static int test_sm_count(void) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    return sms;
+}
+
 /* ---- AllGather+GEMM ---- */
 
 typedef struct ag_case {
@@ -215,11 +236,24 @@ static void test_ag_gemm(void **state) {
                    cuda_flux_config_name(config), worst_cfg[config]);
             if (!(worst_cfg[config] <= worst)) worst = worst_cfg[config];
         }
-        /* a rank with no rows, and a K of several pipeline rounds */
-        ag_case c = {.d = d, .W = 4, .rank = 1, .config = CUDA_FLUX_CONFIG_AUTO, .rows = {129, 0, 77, 257},
-                     .K = 1024, .N = 264};
-        const double e = run_ag(&c, &rng);
-        if (!(e <= worst)) worst = e;
+        /* a rank with no rows, and a K of several pipeline rounds: the pick's and every configuration */
+        for (int config = CUDA_FLUX_CONFIG_AUTO; config < CUDA_FLUX_N_CONFIGS; config++) {
+            ag_case c = {.d = d, .W = 4, .rank = 1, .config = config, .rows = {129, 0, 77, 257}, .K = 1024, .N = 264};
+            const double e = run_ag(&c, &rng);
+            if (!(e <= worst)) worst = e;
+        }
+        /* more tiles than SMs (~160 of 128 x 256, ~290 of 128 x 128 at 132 SMs): a persistent CTA
+         * takes several tiles, its ring's phases wrap within and across them (16 slices a tile),
+         * the last column tile reaches past N; W = 8, odd M */
+        for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++) {
+            ag_case c = {.d = d, .W = 8, .config = config, .K = 1024, .N = 1032};
+            random_rows(c.rows, c.W, 300, 600, &rng);
+            c.rank = (int)(test_rand_u32(&rng) % (uint32_t)c.W);
+            const double e = run_ag(&c, &rng);
+            printf("%s all-gather+gemm config %d, %d tiles on %d SMs: row rel err %.3g\n", DTYPE_NAMES[d], config,
+                   tile_count(c.rows, c.W, c.N, config), test_sm_count(), e);
+            if (!(e <= worst)) worst = e;
+        }
         printf("%s all-gather+gemm worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, BOUND[d]);
     }
     fail_if_failed("all-gather+gemm");
@@ -449,10 +483,24 @@ static void test_gemm_rs(void **state) {
                    cuda_flux_config_name(config), worst_cfg[config]);
             if (!(worst_cfg[config] <= worst)) worst = worst_cfg[config];
         }
-        rs_case c = {.d = d, .W = 4, .rank = 2, .config = CUDA_FLUX_CONFIG_AUTO, .rows = {300, 0, 131, 255},
-                     .K = 1024, .N = 392, .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
-        const double e = run_rs(&c, &rng);
-        if (!(e <= worst)) worst = e;
+        for (int config = CUDA_FLUX_CONFIG_AUTO; config < CUDA_FLUX_N_CONFIGS; config++) {
+            rs_case c = {.d = d, .W = 4, .rank = 2, .config = config, .rows = {300, 0, 131, 255}, .K = 1024, .N = 392,
+                         .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
+            const double e = run_rs(&c, &rng);
+            if (!(e <= worst)) worst = e;
+        }
+        /* more tiles than SMs (~145 of 128 x 256, ~270 of 128 x 128): persistent CTAs take several
+         * tiles, remote and local ones (the local chunk's last, waiting for the peers' partials) */
+        for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++) {
+            rs_case c = {.d = d, .W = 4, .config = config, .K = 512, .N = 2056,
+                         .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
+            random_rows(c.rows, c.W, 300, 600, &rng);
+            c.rank = (int)(test_rand_u32(&rng) % (uint32_t)c.W);
+            const double e = run_rs(&c, &rng);
+            printf("%s gemm+reduce-scatter config %d, %d tiles on %d SMs: row rel err %.3g\n", DTYPE_NAMES[d], config,
+                   tile_count(c.rows, c.W, c.N, config), test_sm_count(), e);
+            if (!(e <= worst)) worst = e;
+        }
         printf("%s gemm+reduce-scatter worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, BOUND[d]);
     }
     fail_if_failed("gemm+reduce-scatter");
@@ -497,10 +545,12 @@ static void test_timeout(void **state) {
     assert_nopad_ok(cuda_flux_check(&peers, streams[d]));
     cudaFree(gathered), cudaFree(dw), cudaFree(dy), cudaFree(signals), cudaFree(error);
 
-    /* GEMM+ReduceScatter: one source's partials never come */
-    rs_case c = {.d = 0, .W = 4, .rank = 0, .config = CUDA_FLUX_CONFIG_AUTO, .rows = {257, 3, 128, 99},
-                 .K = 128, .N = 136, .timeout_ns = TIMEOUT_NS, .missing = 2};
-    run_rs(&c, &rng);
+    /* GEMM+ReduceScatter: one source's partials never come, in every configuration */
+    for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++) {
+        rs_case c = {.d = 0, .W = 4, .rank = 0, .config = config, .rows = {257, 3, 128, 99},
+                     .K = 128, .N = 136, .timeout_ns = TIMEOUT_NS, .missing = 2};
+        run_rs(&c, &rng);
+    }
 }
 
 /* ---- a CUDA graph ---- */
@@ -531,19 +581,26 @@ static void test_graph(void **state) {
     assert_int_equal(cudaStreamSynchronize(streams[d]), cudaSuccess);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    assert_nopad_ok(cuda_flux_ag_gemm(DTYPES[d], dy, dw, &peers, rows, K, N, epoch, CUDA_FLUX_CONFIG_AUTO, streams[d]));
-    assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
-    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int replay = 0; replay < 2; replay++) {
-        poison(d, dy, (size_t)M * N);
-        assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
-        assert_nopad_ok(cuda_flux_check(&peers, streams[d]));
-        assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, dy, (size_t)M * N));
-        const double err = row_error("graph all-gather+gemm", y, ref, M, N);
-        if (!(err <= BOUND[d])) fail_msg("graph all-gather+gemm replay %d: row rel err %.3g", replay, err);
+    /* the pick's configuration, and the TMA ones (their tensor maps are encoded on the host during
+     * the capture and baked into the graph as kernel parameters) */
+    const int graph_configs[4] = {CUDA_FLUX_CONFIG_AUTO, 4, 5, 6};
+    for (int gc = 0; gc < 4; gc++) {
+        assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        assert_nopad_ok(
+            cuda_flux_ag_gemm(DTYPES[d], dy, dw, &peers, rows, K, N, epoch, graph_configs[gc], streams[d]));
+        assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
+        assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        for (int replay = 0; replay < 2; replay++) {
+            poison(d, dy, (size_t)M * N);
+            assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
+            assert_nopad_ok(cuda_flux_check(&peers, streams[d]));
+            assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, dy, (size_t)M * N));
+            const double err = row_error("graph all-gather+gemm", y, ref, M, N);
+            if (!(err <= BOUND[d]))
+                fail_msg("graph all-gather+gemm config %d replay %d: row rel err %.3g", graph_configs[gc], replay, err);
+        }
+        cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
     }
-    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
 
     /* GEMM+ReduceScatter at W = 1 (its own inbox, no peer: y is this rank's partial) in a graph */
     const int32_t all[1] = {(int32_t)M};

@@ -1,4 +1,7 @@
-/* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter.
+/* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter, in two
+ * mainloops: configurations 0-3 (flux_gemm, described here) and the TMA, warp-specialized,
+ * persistent configurations 4-5 (flux_gemm_ws, described above it), which share its tile order,
+ * signals, waits and destinations.
  *
  * A CTA of 8 warps (two warpgroups) owns a BM x BN output tile (128 or 64 rows): cp.async loads of
  * x and w tiles (K slices of 64, rows of 128 bytes XOR-swizzled by row: wgmma's 128-byte swizzle)
@@ -19,6 +22,7 @@
 
 #include <type_traits>
 
+#include <cuda.h> /* CUtensorMap and its enums only: the encoder comes from the runtime's entry point */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,6 +30,7 @@
 #include "backend/cuda/common.h"
 #include "backend/cuda/flux/flux.h"
 #include "backend/cuda/ptx_helpers.cuh"
+#include <pthread.h>
 extern "C" {
 #include "util/error.h"
 }
@@ -38,6 +43,7 @@ constexpr int GROUP_M = 8; /* tile rows swept together, column by column */
 /* The error word: FLUX_ERR_TIMEOUT | kind << 8 | the rank waited for. */
 constexpr uint32_t FLUX_ERR_TIMEOUT = 0x80000000u;
 constexpr uint32_t KIND_AG = 1, KIND_RS = 2;
+constexpr uint32_t KIND_STALL = 3; /* flux_gemm_ws: an mbarrier never completed (a bug, not a peer) */
 
 struct Params {
     const void *x; /* AllGather: the gathered buffer [M, K]; ReduceScatter: this rank's x [M, K] */
@@ -115,15 +121,15 @@ __device__ __forceinline__ int chunk_at(int p, int rank, int world, bool rs) {
     return rs ? (rank + 1 + p) % world : (rank - p + world) % world;
 }
 
-/* Where block b's tile lies: its chunk, the chunk's rows, the tile's place in the chunk (groups of
- * GROUP_M tile rows swept column by column) and its rows and first column. */
+/* Where tile b (a block's index, or a persistent CTA's tile) lies: its chunk, the chunk's rows,
+ * the tile's place in the chunk (groups of GROUP_M tile rows swept column by column) and its rows
+ * and first column. */
 struct TileCoord {
     int chunk, c_row0, c_rows, tiles_m, tile_m, tile_n, m_begin, m_end, n0;
 };
 template <int BM, int BN, bool RS>
-__device__ __forceinline__ TileCoord locate(const Params &p) {
+__device__ __forceinline__ TileCoord locate(const Params &p, int b) {
     TileCoord t;
-    const int b = blockIdx.x;
     int pos = 0;
     while (pos + 1 < p.world && b >= p.tile0[pos + 1]) pos++;
     t.chunk = chunk_at(pos, p.rank, p.world, RS);
@@ -419,7 +425,7 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
     __shared__ int ok_shared;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
-    const TileCoord t = locate<BM, BN, RS>(p);
+    const TileCoord t = locate<BM, BN, RS>(p, blockIdx.x);
     const int K = p.K, N = p.N, KT = K / BK;
     const T *x = static_cast<const T *>(p.x);
     const T *w = static_cast<const T *>(p.w);
@@ -478,6 +484,351 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
     });
 }
 
+/* ---- configurations 4-6: TMA, warp specialization, persistent CTAs (6: in clusters of 2) -------
+ *
+ * 384 threads. Warpgroup 0 is the producer: one thread issues the TMA copies (cp.async.bulk.tensor,
+ * boxes of 64 columns x 128 rows of x and x BN rows of w, 128-byte swizzle: the layout the cp.async
+ * kernel builds by hand) into a ring of STAGES slices, each guarded by a "full" mbarrier (the
+ * slice's bytes landed) and an "empty" one (both consumer warpgroups' wgmmas are done with it).
+ * It keeps 32 registers (setmaxnreg.dec). Warpgroups 1 and 2 are consumers, rows 0-63 and 64-127
+ * of the 128 x BN tile, m64nBNk16 from the ring; 224 registers each (setmaxnreg.inc). The CTA's
+ * allocation is 160 a thread (__maxnreg__): 128 x 32 + 256 x 224 = 61440 of the 65536, so a
+ * 128-thread kernel of up to 32 registers still fits beside it on a SM (the emulated peers'
+ * arrivals kernel: with every SM's registers taken by the persistent grid, it would wait for the
+ * grid, which waits for it, until the timeout).
+ *
+ * Persistent: min(SMs, tiles) CTAs, CTA c taking tiles c, c + grid, ... in the order locate()
+ * numbers them, the order the data arrives (AllGather: the local chunk, then rank - 1, ...;
+ * ReduceScatter: the local chunk's tiles, which wait for the peers' partials, last). Producer and
+ * consumers walk the same sequence; a running slice count g (across tiles) gives the ring slot
+ * g % STAGES and the phase (g / STAGES) & 1, so the producer loads the next tile's first slices
+ * while the consumers are still in this tile's epilogue.
+ *
+ * The AllGather's wait sits in the producer: for a remote chunk's tile it first loads the w boxes
+ * of the first min(STAGES, K/64) slices (their full barriers expect the x bytes too, so no
+ * consumer starts early), then waits for the chunk's signal (acquire, then a proxy fence so the
+ * async proxy's reads come after it), then loads the x boxes. On a timeout the error word is set
+ * and the producer loads the rows anyway (the memory is there, the values stale): the consumers
+ * never wait on a slice that is not coming, the grid drains, the caller gets the error and the
+ * output is undefined. The x box may reach past the chunk (into the next chunk's rows, maybe still
+ * in flight, or past M: zeros): those rows only make output rows that are never stored.
+ *
+ * Configuration 6 runs the same loop in clusters of 2 CTAs (flux_gemm_ws<..., CLUSTER = 2>): the
+ * pair takes tiles 2u and 2u + 1, which in the tile order mostly share w's columns; then each CTA
+ * loads half of each w slice (64 x BN/2 boxes) and multicasts it into both, a third less read from
+ * L2 (a 128 x 256 slice is 48 KB for 4.2 MFLOP; 132 SMs at cuBLASLt's rate read ~8 TB/s
+ * without it). A slot's empty barrier then counts both CTAs' consumer warps (the peer writes into
+ * it), and each producer stays until both have released its slots, so no multicast or remote
+ * arrival lands in a CTA that has left. The ring protocol of both forms is model-checked in
+ * tools/flux_ring_model.py.
+ *
+ * Epilogue, per consumer warp (16 rows x BN), without a CTA barrier: 32 columns at a time through
+ * a 16 x 32 fp32 block of its own in shared memory (row stride 40 floats: a half-warp's float2
+ * writes cover the 32 banks once; its float4 reads are whole 128-byte rows), then 8-byte stores,
+ * rows of 64 bytes a quarter-warp. Destinations as in epilogue(): y, slot `rank` of the owner's
+ * inbox (then, after the consumers' named barrier, one thread's system fence and release of the
+ * tile's signal), or the local tile plus the W - 1 peers' partials in rank order, one rounding
+ * (lane 0 of each warp acquires the W - 1 signals, __syncwarp orders the warp's reads after). */
+constexpr int WS_THREADS = 384, WS_BM = 128;
+constexpr int WS_PRODUCER_REGS = 32, WS_CONSUMER_REGS = 224;
+constexpr int WS_EPI_COLS = 32, WS_EPI_LD = 40; /* a warp's epilogue block: 16 x 32 fp32, row stride 40 */
+constexpr int WS_EPI_FLOATS = 16 * WS_EPI_LD;   /* per consumer warp */
+
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row)
+        : "memory");
+}
+/* the same box into the same offset of every CTA of the cluster in cta_mask, completing as
+ * transactions on each one's mbarrier at `bar`'s offset */
+__device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int col,
+                                                      int row, uint16_t cta_mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_addr(dst)),
+                 "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row), "h"(cta_mask)
+                 : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_cta_rank(void) {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+/* one arrival on the mbarrier at the same offset as `bar` in the cluster's CTA `cta` */
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)),
+                 "r"(cta)
+                 : "memory");
+}
+__device__ __forceinline__ void cluster_sync_all(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+/* the generic proxy's view of global memory (the acquire of a signal) ordered before the async
+ * proxy's reads (the TMA copies of the chunk it announced) */
+__device__ __forceinline__ void fence_proxy_async_global(void) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int REGS>
+__device__ __forceinline__ void regs_dealloc(void) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void regs_alloc(void) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+/* mbar_wait with a bound: false (and KIND_STALL in the error word) once the phase has not
+ * completed within twice the signal timeout plus 1 s. No wait of a correct kernel comes near it
+ * (a slice waits at most for one signal's timeout); it turns a pipeline bug into an error that
+ * cuda_flux_check reports instead of a hung device. */
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ bool mbar_wait_bounded(uint64_t *bar, uint32_t parity, const Params &p) {
+    if (mbar_try_wait(bar, parity)) return true;
+    const uint64_t start = globaltimer(), limit = 2 * p.timeout_ns + 1000000000ull;
+    while (!mbar_try_wait(bar, parity))
+        if (globaltimer() - start > limit) {
+            atomicCAS(p.error, 0u, FLUX_ERR_TIMEOUT | KIND_STALL << 8);
+            return false;
+        }
+    return true;
+}
+
+/* 4 fp32 to 4 packed elements (8 bytes), and 4 packed elements added to 4 fp32 */
+template <class T>
+__device__ __forceinline__ uint2 pack4(const float4 a) {
+    return make_uint2(Pack<T>::pack(a.x, a.y), Pack<T>::pack(a.z, a.w));
+}
+template <class T>
+__device__ __forceinline__ void add4(float4 &a, const uint2 v) {
+    const float2 p0 = Pack<T>::unpack(v.x), p1 = Pack<T>::unpack(v.y);
+    a.x += p0.x, a.y += p0.y, a.z += p1.x, a.w += p1.y;
+}
+
+/* One consumer warp's share of the tile's epilogue: rows r0 .. r0 + 15 of the tile (r0 = 64 x its
+ * warpgroup + 16 x its warp there), every column. d: the warp's wgmma accumulators (row g and
+ * g + 8, g = lane / 4, columns 8j + 2q and 8j + 2q + 1, q = lane % 4, in d[4j .. 4j + 3]). */
+template <class T, int BN, bool RS>
+__device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t, const float (&d)[BN / 2], int r0,
+                                            float *blk, int lane) {
+    const int N = p.N;
+    uint2 *dst;
+    int64_t row_base; /* the destination's row of tile row r: t.m_begin + r + row_base (in units of N) */
+    if (!RS) dst = static_cast<uint2 *>(p.y), row_base = 0;
+    else if (t.chunk == p.rank) dst = static_cast<uint2 *>(p.y), row_base = -(int64_t)t.c_row0;
+    else dst = static_cast<uint2 *>(p.inbox[t.chunk]), row_base = (int64_t)p.rank * t.c_rows - t.c_row0;
+    const bool sum = RS && t.chunk == p.rank;
+    if (sum) {
+        bool ok = true;
+        if (lane == 0)
+            for (int s = 0; s < p.world && ok; s++)
+                if (s != p.rank)
+                    ok = wait_signal(p.signals[p.rank] + ((int64_t)s * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
+                                     p.epoch, p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)s);
+        /* __syncwarp orders the warp's reads of the inbox after lane 0's acquires (as the
+         * __syncthreads after wait_signal does in epilogue()); on a timeout the tile is left */
+        __syncwarp();
+        if (!__shfl_sync(0xffffffffu, ok ? 1 : 0, 0)) return;
+    }
+    const uint2 *inbox = static_cast<const uint2 *>(p.inbox[p.rank]);
+    const int g = lane >> 2, q2 = (lane & 3) * 2;
+#pragma unroll
+    for (int cb = 0; cb < BN / WS_EPI_COLS; cb++) {
+#pragma unroll
+        for (int jj = 0; jj < WS_EPI_COLS / 8; jj++) {
+            const int j = cb * (WS_EPI_COLS / 8) + jj;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *reinterpret_cast<float2 *>(blk + (g + 8 * h) * WS_EPI_LD + jj * 8 + q2) =
+                    make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 16 * WS_EPI_COLS / 4 / 32; i++) {
+            const int v = i * 32 + lane, r = v / (WS_EPI_COLS / 4), c = (v % (WS_EPI_COLS / 4)) * 4;
+            const int row = t.m_begin + r0 + r, col = t.n0 + cb * WS_EPI_COLS + c;
+            /* N is a multiple of 8 and col of 4: col < N means the 4 columns are in */
+            if (row < t.m_end && col < N) {
+                float4 a = *reinterpret_cast<const float4 *>(blk + r * WS_EPI_LD + c);
+                if (sum)
+                    for (int s = 0; s < p.world; s++)
+                        if (s != p.rank)
+                            add4<T>(a, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 4));
+                dst[((row + row_base) * N + col) / 4] = pack4<T>(a);
+            }
+        }
+        __syncwarp(); /* the block is read before the next 32 columns overwrite it */
+    }
+}
+
+template <class T, int BN, int STAGES, int CLUSTER, bool RS>
+__global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
+                                               const __grid_constant__ CUtensorMap map_x, /* x [M, K], 64 x 128 boxes */
+                                               const __grid_constant__ CUtensorMap map_w, /* w [N, K], 64 x BN boxes */
+                                               const __grid_constant__ CUtensorMap map_w_half) /* 64 x BN/2 boxes */ {
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "one CTA, or a pair sharing w");
+    constexpr int BM = WS_BM, A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
+    constexpr uint32_t STAGE_BYTES = (uint32_t)(A_STAGE + B_STAGE) * sizeof(T);
+    static_assert(128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * 160, "the CTA's registers");
+    extern __shared__ unsigned char smem_raw[];
+    /* the swizzle acts on address bits: every slice starts on a 1024-byte boundary (the same offset
+     * in both CTAs of a cluster: multicast writes there) */
+    T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* [STAGES][BM][64] */
+    T *Bs = As + STAGES * A_STAGE;                                                   /* [STAGES][BN][64] */
+    float *epi = reinterpret_cast<float *>(Bs + STAGES * B_STAGE);                   /* [8][16][WS_EPI_LD] */
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int n_tiles = p.tile0[p.world], KT = p.K / BK;
+    /* CLUSTER 2: cluster c takes units u = c, c + clusters, ...; unit u is tiles 2u (CTA 0) and
+     * 2u + 1 (CTA 1). A CTA whose tile would be past the last runs tile 2u again and stores
+     * nothing, so both CTAs always walk the same slices. */
+    const uint32_t cta = CLUSTER == 2 ? cluster_cta_rank() : 0;
+    const int first = CLUSTER == 2 ? (int)(blockIdx.x / 2) : (int)blockIdx.x;
+    const int stride = CLUSTER == 2 ? (int)(gridDim.x / 2) : (int)gridDim.x;
+    const int n_units = CLUSTER == 2 ? (n_tiles + 1) / 2 : n_tiles;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);            /* the producer's arrive.expect_tx; the rest is bytes */
+            mbar_init(&empty[s], 8 * CLUSTER); /* lane 0 of each consumer warp of the cluster */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if constexpr (CLUSTER == 2) cluster_sync_all(); /* the peer's barriers are initialised before use */
+    else __syncthreads();
+
+    if (wg == 0) {
+        /* ---- producer ---- */
+        regs_dealloc<WS_PRODUCER_REGS>();
+        if (tid != 0) return;
+        tma_prefetch_map(&map_x);
+        tma_prefetch_map(&map_w);
+        if constexpr (CLUSTER == 2) tma_prefetch_map(&map_w_half);
+        int g = 0; /* slices issued so far, all tiles */
+        for (int u = first; u < n_units; u += stride) {
+            int tile = u, share = 0;
+            if constexpr (CLUSTER == 2) {
+                const int t1 = 2 * u + 1 < n_tiles ? 2 * u + 1 : 2 * u;
+                tile = cta ? t1 : 2 * u;
+                /* the pair's w tile is the same: each CTA loads half of it into both */
+                share = locate<BM, BN, RS>(p, 2 * u).n0 == locate<BM, BN, RS>(p, t1).n0;
+            }
+            const TileCoord t = locate<BM, BN, RS>(p, tile);
+            auto load_w = [&](int s, int kt) {
+                if (CLUSTER == 2 && share)
+                    tma_load_2d_multicast(Bs + s * B_STAGE + cta * (BN / 2) * BK, &map_w_half, &full[s], kt * BK,
+                                          t.n0 + (int)cta * (BN / 2), (uint16_t)0x3);
+                else
+                    tma_load_2d(Bs + s * B_STAGE, &map_w, &full[s], kt * BK, t.n0);
+            };
+            const int ahead = KT < STAGES ? KT : STAGES;
+            /* w of the first slices first: they need no signal */
+            for (int kt = 0; kt < ahead; kt++) {
+                const int gk = g + kt, s = gk % STAGES;
+                if (gk >= STAGES && !mbar_wait_bounded(&empty[s], ((gk / STAGES) + 1) & 1, p)) /* phase gk/STAGES - 1 */
+                    return;
+                mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
+                load_w(s, kt);
+            }
+            if (!RS && t.chunk != p.rank) {
+                /* false: timed out (reported) or another CTA did; the rows are loaded regardless */
+                wait_signal(p.signals[p.rank] + t.chunk, p.epoch, p.error, p.timeout_ns,
+                            FLUX_ERR_TIMEOUT | KIND_AG << 8 | (uint32_t)t.chunk);
+                fence_proxy_async_global();
+            }
+            for (int kt = 0; kt < KT; kt++, g++) {
+                const int s = g % STAGES;
+                if (kt >= ahead) {
+                    if (g >= STAGES && !mbar_wait_bounded(&empty[s], ((g / STAGES) + 1) & 1, p)) return;
+                    mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
+                    load_w(s, kt);
+                }
+                tma_load_2d(As + s * A_STAGE, &map_x, &full[s], kt * BK, t.m_begin);
+            }
+        }
+        if constexpr (CLUSTER == 2) {
+            /* The peer's consumers arrive on this CTA's empty barriers: this thread stays (and with
+             * it the CTA's shared memory) until the last use of every slot has been released by
+             * both CTAs. Use g' of slot s is the (g' / STAGES)-th completion of empty[s]. */
+            for (int s = 0; s < STAGES && s < g; s++) {
+                const int last = s + (g - 1 - s) / STAGES * STAGES;
+                if (!mbar_wait_bounded(&empty[s], (last / STAGES) & 1, p)) return;
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    regs_alloc<WS_CONSUMER_REGS>();
+    const int cw = wg - 1, warp = (tid >> 5) & 3;                   /* consumer warpgroup 0..1, its warp */
+    float *blk = epi + (cw * 4 + warp) * WS_EPI_FLOATS;             /* this warp's epilogue block */
+    float d[BN / 2];
+    int g = 0;            /* slices consumed so far, all tiles */
+    bool stalled = false; /* a full barrier timed out (reported): the rest runs without waiting, so
+                           * every consumer warp still reaches the named barriers and the kernel ends */
+    /* slot s released: this CTA's producer, and with CLUSTER 2 the peer's, which multicasts into it */
+    auto release = [&](int s) {
+        if (lane == 0) {
+            mbar_arrive(&empty[s]);
+            if constexpr (CLUSTER == 2) mbar_arrive_cluster(&empty[s], cta ^ 1u);
+        }
+    };
+    for (int u = first; u < n_units; u += stride) {
+        int tile = u;
+        bool dummy = false; /* CLUSTER 2, odd tile count: the pair's tile again, nothing stored */
+        if constexpr (CLUSTER == 2) {
+            tile = 2 * u + (int)cta;
+            if (tile >= n_tiles) tile = 2 * u, dummy = true;
+        }
+        const TileCoord t = locate<BM, BN, RS>(p, tile);
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+        for (int kt = 0; kt < KT; kt++, g++) {
+            const int s = g % STAGES;
+            if (!stalled && !mbar_wait_bounded(&full[s], (g / STAGES) & 1, p)) stalled = true;
+            const T *a_s = As + s * A_STAGE + cw * 64 * BK, *b_s = Bs + s * B_STAGE;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                wgmma_async<BN, std::is_same<T, __nv_bfloat16>::value>(d, smem_desc(a_s + kk * 16),
+                                                                       smem_desc(b_s + kk * 16));
+            wgmma_commit();
+            /* the slice before this one is no longer read: its slot goes back to the producer(s) */
+            wgmma_wait<1>();
+            if (kt > 0) release((g - 1) % STAGES);
+        }
+        wgmma_wait<0>();
+        release((g - 1) % STAGES);
+        if (dummy) continue;
+
+        epilogue_ws<T, BN, RS>(p, t, d, cw * 64 + warp * 16, blk, lane);
+        if (RS && t.chunk != p.rank) {
+            /* the partial tile is in rank t.chunk's inbox, every consumer thread's stores done: its signal */
+            named_bar_sync(1, 256);
+            if (tid == 128) {
+                __threadfence_system();
+                store_release_sys(p.signals[t.chunk] + ((int64_t)p.rank * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
+                                  p.epoch);
+            }
+        }
+    }
+}
+
 __global__ void signal_kernel(uint32_t *words, int64_t n, uint32_t value) {
     __threadfence_system();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -502,12 +853,17 @@ __global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *
 }
 
 /* The tile configurations (flux.h): the tile's rows and columns. */
-constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 128, 64};
-constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 128};
+constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 128, 64, 128, 128, 128};
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 128, 256, 128, 256};
 constexpr int BM_MIN = 64, BN_MIN = 128; /* the smallest tiles: the ReduceScatter's signal words */
-const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 128x256x64 4 stages", "wgmma 128x128x64 6 stages",
+const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 128x256x64 4 stages",
+                                                       "wgmma 128x128x64 6 stages",
                                                        "wgmma 128x128x64 3 stages 2 CTAs/SM",
-                                                       "wgmma 64x128x64 4 stages 2 CTAs/SM"};
+                                                       "wgmma 64x128x64 4 stages 2 CTAs/SM",
+                                                       "tma warp-specialized persistent 128x256x64 4 stages",
+                                                       "tma warp-specialized persistent 128x128x64 6 stages",
+                                                       "tma warp-specialized persistent 128x256x64 4 stages, "
+                                                       "clusters of 2 sharing w by multicast"};
 
 template <class T, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
 nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
@@ -531,13 +887,116 @@ nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
     return NOPAD_OK;
 }
 
+/* ---- host: the tensor maps of flux_gemm_ws ---- */
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the driver the runtime already loaded (libcuda is not linked); NULL
+ * if it has none */
+encode_tiled_fn tensor_map_encoder_fn; /* set once, under tensor_map_encoder_once */
+pthread_once_t tensor_map_encoder_once = PTHREAD_ONCE_INIT;
+void look_up_tensor_map_encoder(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        tensor_map_encoder_fn = (encode_tiled_fn)fn;
+    else
+        cudaGetLastError();
+}
+
+/* A row-major [rows, cols] 16-bit matrix (cols a multiple of 64, 16-byte aligned) as 64-column x
+ * box_rows boxes in the 128-byte swizzle; rows past the end read as zeros. A pure host function:
+ * no device work, fine inside graph capture (the map is a kernel parameter). */
+nopad_status encode_map(CUtensorMap *map, const void *base, int64_t rows, int32_t cols, int box_rows) {
+    pthread_once(&tensor_map_encoder_once, look_up_tensor_map_encoder);
+    if (!tensor_map_encoder_fn)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "flux gemm: the driver has no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * 2}; /* bytes from row to row */
+    const cuuint32_t box[2] = {(cuuint32_t)BK, (cuuint32_t)box_rows};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    const CUresult r = tensor_map_encoder_fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(base), dims,
+                                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: tensor map of [%lld, %d] (%d-row boxes): CUresult %d",
+                               (long long)rows, cols, box_rows, (int)r);
+    return NOPAD_OK;
+}
+
+template <class T, int BN, int STAGES, int CLUSTER, bool RS>
+nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
+    /* + 1024: the kernel aligns the ring to 1024 bytes (the swizzle atom) */
+    constexpr size_t smem =
+        (size_t)STAGES * (WS_BM + BN) * BK * sizeof(T) + 8 * WS_EPI_FLOATS * sizeof(float) + 1024;
+    static_assert(smem <= 227 * 1024, "the ring and the epilogue blocks fit a SM's shared memory");
+    CUtensorMap map_x, map_w, map_w_half;
+    nopad_status st = encode_map(&map_x, p.x, p.row0[p.world], p.K, WS_BM);
+    if (st == NOPAD_OK) st = encode_map(&map_w, p.w, p.N, p.K, BN);
+    if (st == NOPAD_OK) st = CLUSTER == 2 ? encode_map(&map_w_half, p.w, p.N, p.K, BN / 2) : NOPAD_OK;
+    if (st != NOPAD_OK) return st;
+    if (CLUSTER == 1) map_w_half = map_w; /* not read */
+    auto kernel = flux_gemm_ws<T, BN, STAGES, CLUSTER, RS>;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = CLUSTER, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(WS_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = CLUSTER > 1 ? 1 : 0;
+    /* once per device: the shared memory opt-in and, for clusters, how many fit at once (a GPC
+     * may hold fewer pairs than its SMs / 2; a cluster beyond those would run its tiles after
+     * another has finished all of its own) */
+    static int attribute_set[CUDA_MAX_DEVICES], clusters_fit[CUDA_MAX_DEVICES];
+    const int dev = cuda_current_device();
+    if (dev < 0 || !cuda_cache_load(&attribute_set[dev])) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: %zu bytes of shared memory: %s", smem,
+                                   cudaGetErrorString(e));
+        int fit = 0;
+        if (CLUSTER > 1) {
+            cfg.gridDim = dim3(CLUSTER, 1, 1);
+            if (cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess || fit <= 0) {
+                cudaGetLastError();
+                fit = 0;
+            }
+        }
+        if (dev >= 0) cuda_cache_store(&clusters_fit[dev], fit), cuda_cache_store(&attribute_set[dev], 1);
+    }
+    const int sms = cuda_sm_count();
+    int units = tiles, most = sms > 0 ? sms : tiles; /* persistent: one CTA a SM at most */
+    if (CLUSTER > 1) {
+        const int fit = dev >= 0 ? cuda_cache_load(&clusters_fit[dev]) : 0;
+        units = (tiles + CLUSTER - 1) / CLUSTER;
+        most = fit > 0 ? fit : (sms > 0 ? sms / CLUSTER : units);
+        if (most < 1) most = 1;
+    }
+    cfg.gridDim = dim3((unsigned)((units < most ? units : most) * CLUSTER), 1, 1);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, map_x, map_w, map_w_half);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: launch of %u persistent CTAs (clusters of %d): %s",
+                               cfg.gridDim.x, CLUSTER, cudaGetErrorString(e));
+    return NOPAD_OK;
+}
+
 template <class T, bool RS>
 nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
     switch (config) {
     case 0: return launch<T, 128, 256, 4, 1, 1, RS>(p, blocks, stream);
     case 1: return launch<T, 128, 128, 6, 1, 1, RS>(p, blocks, stream);
     case 2: return launch<T, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
-    default: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
+    case 3: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
+    case 4: return launch_ws<T, 256, 4, 1, RS>(p, blocks, stream);
+    case 5: return launch_ws<T, 128, 6, 1, RS>(p, blocks, stream);
+    default: return launch_ws<T, 256, 4, 2, RS>(p, blocks, stream);
     }
 }
 
@@ -712,6 +1171,12 @@ extern "C" nopad_status cuda_flux_check(const cuda_flux_peers *peers, cudaStream
     cudaMemcpy(peers->error, &zero, sizeof zero, cudaMemcpyHostToDevice);
     const double ms = (peers->timeout_ns ? peers->timeout_ns : CUDA_FLUX_DEFAULT_TIMEOUT_NS) / 1e6;
     const unsigned kind = (word >> 8) & 0xff, who = word & 0xff;
+    if (kind == KIND_STALL)
+        return nopad_set_error(NOPAD_ERR_BACKEND,
+                               "flux gemm on rank %d: the TMA pipeline stalled (an mbarrier phase never completed "
+                               "within twice the timeout plus 1 s: a kernel bug, not a late peer); the output is "
+                               "undefined",
+                               peers->rank);
     if (kind == KIND_AG)
         return nopad_set_error(NOPAD_ERR_BACKEND,
                                "flux all-gather+gemm on rank %d: the chunk of rank %u did not arrive within %.1f ms "
