@@ -22,17 +22,25 @@
 #        cuBLAS: the machine's CUDA 13 toolkit and torch's nvidia-cublas wheel have it), and the
 #        sdist's gguf-py (bench/make_gguf_shape.py writes GGUF through it) into
 #        .gpu_carry/lcp/lcp.tar.xz (at most 20 MB, checked).
+# Or:    bench/llamacpp_gpu.sh --stage-src [LLAMA_CPP_SRC]: the sources instead (~5 MB,
+#        .gpu_carry/lcp/lcp-src.tar.xz), built with the same flags by --run on the GPU machine
+#        (nvcc 13, CMake, ninja there; all its cores) when no lcp.tar.xz is carried.
 # There: bench/llamacpp_gpu.sh --run [models|bench|batched ...]   (carry [".gpu_carry/lcp"])
 #        models: the f16 GGUF of each shape from random weights, then llama-quantize to each of
 #          QUANTS (default "Q4_1 Q8_0 Q4_K_M"), in $LCP_MODELS (default /tmp/lcp/models), kept
 #          while the machine stays warm (a file already there is not made again);
 #        bench: llama-bench -p 512 -n 128 -ngl 99 -fa off -o json on every file
-#          ($OUT/llamacpp_bench_<shape>_<quant>.json, stderr beside it in .log);
+#          (bench_<shape>_<quant>.json, stderr beside it in .log);
 #        batched: llama-batched-bench -ngl 99 -fa off -npp 448 -ntg 128 -npl 1,8,32,64 (each
 #          sequence decodes from 448 to 576 tokens of context: 512 on average, as
 #          bench/quant_gpu.py's --context 512) --output-format jsonl
-#          ($OUT/llamacpp_batched_<shape>_<quant>.jsonl);
-#        default: models bench batched. Environment: SHAPES (default "smollm2 llama1b"),
+#          (batched_<shape>_<quant>.jsonl);
+#        default: models bench batched. The raw files gather in $LCP_DIR/out (default /tmp/lcp/out);
+#        after each step $OUT gets three files (a device call brings back 8 at most):
+#          llamacpp_gpu_<date>_<gpu>.json (every llama-bench row and llama-batched-bench row, each
+#          with its shape and quant, and the build), .log (what this script printed), and
+#          _raw.tar.gz (the raw files: JSON, JSONL, each tool's stderr, the quantize logs).
+#        Environment: SHAPES (default "smollm2 llama1b"),
 #        QUANTS, LCP_BENCH_ARGS / LCP_BATCHED_ARGS (appended).
 #        bench/llamacpp_gpu.sh --paths: one line per file, "<shape> <quant> <path> <quant_gpu shape>",
 #        for bench/quant_gpu.py on the same files in the same call (the fourth column is
@@ -49,6 +57,33 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY="$ROOT/.gpu_carry/lcp"
 MAX_BYTES=$((20 * 1024 * 1024))
 BINS=(llama-bench llama-batched-bench llama-quantize)
+# the build's flags (also those of the carried build, above)
+CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real -DBUILD_SHARED_LIBS=OFF \
+-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF \
+-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+
+if [ "${1:-}" = "--stage-src" ]; then
+    # the fallback: the sources (~5 MB), built on the GPU machine by --run (its 16 cores, nvcc 13)
+    SRC=${2:-$(ls -d /tmp/lcp-src/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | tail -1)}
+    [ -f "$SRC/CMakeLists.txt" ] || { echo "no llama.cpp sources in '$SRC'" >&2; exit 1; }
+    SRC=$(cd "$SRC" && pwd)
+    mkdir -p "$CARRY"
+    rm -f "$CARRY/lcp.tar.xz"
+    stage=$(mktemp -d)
+    trap 'rm -rf "$stage"' EXIT
+    echo "$(basename "$(dirname "$(dirname "$SRC")")") sdist, vendor/llama.cpp" > "$stage/SOURCE"
+    # what the three tools' build needs: no model files, docs, web UI, nor the other backends
+    tar cf "$stage/src.tar" -C "$(dirname "$SRC")" --exclude=llama.cpp/models --exclude=llama.cpp/media \
+        --exclude=llama.cpp/docs --exclude=llama.cpp/tools/ui --exclude=.git \
+        $(for b in vulkan sycl opencl metal hexagon et webgpu openvino cann hip musa zdnn zendnn virtgpu blas rpc; do echo "--exclude=llama.cpp/ggml/src/ggml-$b"; done) \
+        llama.cpp || exit 1
+    tar rf "$stage/src.tar" -C "$stage" SOURCE || exit 1
+    xz -9 -T1 < "$stage/src.tar" > "$CARRY/lcp-src.tar.xz" || exit 1
+    size=$(stat -c %s "$CARRY/lcp-src.tar.xz")
+    [ "$size" -gt "$MAX_BYTES" ] && { echo "lcp-src.tar.xz is $size bytes, over $MAX_BYTES" >&2; exit 1; }
+    echo "staged $CARRY/lcp-src.tar.xz: $size bytes (built there by --run: ~5 min of device time, a guess)"
+    exit 0
+fi
 
 if [ "${1:-}" = "--stage" ]; then
     B=$(cd "${2:-/tmp/lcp-cuda}" && pwd) || exit 1
@@ -123,10 +158,28 @@ shift
 steps=(${*:-models bench batched})
 OUT=${OUT:-$ROOT/llamacpp_gpu_out}
 LCP=${LCP_DIR:-/tmp/lcp}
-mkdir -p "$OUT" "$MODELS" "$LCP"
+RAW=$LCP/out
+mkdir -p "$OUT" "$MODELS" "$RAW"
 if [ ! -x "$LCP/lcp/bin/llama-bench" ]; then
-    [ -f "$CARRY/lcp.tar.xz" ] || { echo "no $CARRY/lcp.tar.xz: bench/llamacpp_gpu.sh --stage here, carry .gpu_carry/lcp" >&2; exit 1; }
-    tar xJf "$CARRY/lcp.tar.xz" -C "$LCP" || exit 1
+    if [ -f "$CARRY/lcp.tar.xz" ]; then
+        tar xJf "$CARRY/lcp.tar.xz" -C "$LCP" || exit 1
+    elif [ -f "$CARRY/lcp-src.tar.xz" ]; then
+        # the sources instead of the binaries (--stage-src): built here on all cores, the flags
+        # as the carried build's
+        echo "building llama.cpp from $CARRY/lcp-src.tar.xz ($(date -u +%H:%M:%S))"
+        rm -rf "$LCP/src" && mkdir -p "$LCP/src" "$LCP/lcp/bin" && tar xJf "$CARRY/lcp-src.tar.xz" -C "$LCP/src" || exit 1
+        cmake -S "$LCP/src/llama.cpp" -B "$LCP/build" -G Ninja $CMAKE_FLAGS > "$LCP/cmake.log" 2>&1 &&
+            ninja -C "$LCP/build" -j"$(nproc)" "${BINS[@]}" > "$LCP/ninja.log" 2>&1 ||
+            { echo "building llama.cpp failed:" >&2; tail -30 "$LCP/cmake.log" "$LCP/ninja.log" >&2; exit 1; }
+        for b in "${BINS[@]}"; do cp "$LCP/build/bin/$b" "$LCP/lcp/bin/"; done
+        cp -r "$LCP/src/llama.cpp/gguf-py/gguf" "$LCP/lcp/gguf"
+        { echo "llama.cpp: built on this machine from lcp-src.tar.xz ($(cat "$LCP/src/SOURCE" 2>/dev/null))"
+          echo "cmake $CMAKE_FLAGS"; } > "$LCP/lcp/BUILD_INFO"
+        echo "built ($(date -u +%H:%M:%S))"
+    else
+        echo "no $CARRY/lcp.tar.xz nor lcp-src.tar.xz: bench/llamacpp_gpu.sh --stage (or --stage-src) here, carry .gpu_carry/lcp" >&2
+        exit 1
+    fi
 fi
 BIN=$LCP/lcp/bin
 # cuBLAS 13: the toolkit's, else torch's nvidia-cublas wheel (nvidia/cu13/lib or nvidia/cublas/lib);
@@ -147,14 +200,44 @@ EOF
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${cublas_dirs:+:$cublas_dirs}:$LCP/lcp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$LCP/lcp${PYTHONPATH:+:$PYTHONPATH}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -c 'A-Za-z0-9\n' '_' | sed 's/_*$//')
+tag="llamacpp_gpu_$(date -u +%Y-%m-%d)_${gpu:-nogpu}"
+exec > >(tee -a "$RAW/run.log") 2>&1
+collect() {  # $OUT gets three files, rewritten after every step: a cut call keeps what it measured
+    python3 - "$LCP" "$OUT/$tag.json" <<'PYEOF' || echo "collecting the JSON failed" >&2
+import glob, json, os, sys
+lcp, out = sys.argv[1], sys.argv[2]
+raw = os.path.join(lcp, "out")
+def text(path):
+    return open(path).read() if os.path.exists(path) else None
+doc = {"build": text(os.path.join(lcp, "lcp", "BUILD_INFO")), "env": text(os.path.join(raw, "env.txt")),
+       "llama_bench": [], "llama_batched_bench": []}
+for f in sorted(glob.glob(os.path.join(raw, "bench_*.json"))):
+    shape, quant = os.path.basename(f)[len("bench_"):-len(".json")].split("_", 1)
+    try:
+        rows = json.load(open(f))
+    except ValueError as e:
+        doc["llama_bench"].append({"shape": shape, "quant": quant, "error": "unreadable %s: %s" % (f, e)})
+        continue
+    doc["llama_bench"] += [dict(r, shape=shape, quant=quant) for r in rows]
+for f in sorted(glob.glob(os.path.join(raw, "batched_*.jsonl"))):
+    shape, quant = os.path.basename(f)[len("batched_"):-len(".jsonl")].split("_", 1)
+    for line in open(f):
+        if line.startswith("{"):
+            doc["llama_batched_bench"].append(dict(json.loads(line), shape=shape, quant=quant))
+json.dump(doc, open(out, "w"), indent=1)
+PYEOF
+    cp "$RAW/run.log" "$OUT/$tag.log"
+    tar czf "$OUT/${tag}_raw.tar.gz" --warning=no-file-changed -C "$RAW" .
+}
+trap collect EXIT
 {
     date -u
     cat "$LCP/lcp/BUILD_INFO" | head -20
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     for b in "${BINS[@]}"; do echo "ldd $b:"; ldd "$BIN/$b" | grep -E 'cuda|cublas|not found|gomp'; done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv 2>&1
-} > "$OUT/llamacpp_env.txt" 2>&1
-cat "$OUT/llamacpp_env.txt"
+} > "$RAW/env.txt" 2>&1
+cat "$RAW/env.txt"
 if ldd "$BIN/llama-bench" | grep -q "not found"; then
     echo "llama-bench has unresolved libraries (above): LD_LIBRARY_PATH needs cuBLAS 13" >&2
     exit 1
@@ -175,9 +258,9 @@ for step in "${steps[@]}"; do
             for q in "${QUANTS[@]}"; do
                 f=$MODELS/${s}_$q.gguf
                 [ -f "$f" ] && continue
-                "$BIN/llama-quantize" "$f16" "$f.part" "$q" > "$OUT/llamacpp_quantize_${s}_$q.log" 2>&1 &&
-                    mv "$f.part" "$f" || { echo "llama-quantize $s $q failed:" >&2; tail -20 "$OUT/llamacpp_quantize_${s}_$q.log" >&2; exit 1; }
-                tail -3 "$OUT/llamacpp_quantize_${s}_$q.log"
+                "$BIN/llama-quantize" "$f16" "$f.part" "$q" > "$RAW/quantize_${s}_$q.log" 2>&1 &&
+                    mv "$f.part" "$f" || { echo "llama-quantize $s $q failed:" >&2; tail -20 "$RAW/quantize_${s}_$q.log" >&2; exit 1; }
+                tail -3 "$RAW/quantize_${s}_$q.log"
             done
         done
         ls -la "$MODELS"
@@ -187,7 +270,7 @@ for step in "${steps[@]}"; do
             for q in "${QUANTS[@]}"; do
                 f=$MODELS/${s}_$q.gguf
                 [ -f "$f" ] || { echo "no $f (the models step makes it)" >&2; status=1; continue; }
-                j=$OUT/llamacpp_bench_${s}_$q.json
+                j=$RAW/bench_${s}_$q.json
                 "$BIN/llama-bench" -m "$f" -p 512 -n 128 -ngl "$NGL" -fa off -o json ${LCP_BENCH_ARGS:-} \
                     > "$j" 2> "${j%.json}.log" || { echo "llama-bench $s $q failed:" >&2; tail -20 "${j%.json}.log" >&2; status=1; continue; }
                 # one line a test: pp512 / tg128 tokens/s (mean ± sd over llama-bench's repetitions)
@@ -205,7 +288,7 @@ for r in json.load(open(sys.argv[1])):
             for q in "${QUANTS[@]}"; do
                 f=$MODELS/${s}_$q.gguf
                 [ -f "$f" ] || { echo "no $f (the models step makes it)" >&2; status=1; continue; }
-                j=$OUT/llamacpp_batched_${s}_$q.jsonl
+                j=$RAW/batched_${s}_$q.jsonl
                 # -c: 64 sequences of 448 + 128 tokens (a sequence's share of the cache when it is
                 # split per sequence; llama-batched-bench checks each row fits)
                 "$BIN/llama-batched-bench" -m "$f" -ngl "$NGL" -fa off -c $((64 * 576)) -b 2048 -ub 512 \
@@ -225,5 +308,6 @@ for line in open(sys.argv[1]):
         ;;
     *) echo "unknown step '$step' (models bench batched)" >&2; exit 2 ;;
     esac
+    collect
 done
 exit $status
