@@ -24,7 +24,9 @@
 #        .gpu_carry/lcp/lcp.tar.xz (at most 20 MB, checked).
 # Or:    bench/llamacpp_gpu.sh --stage-src [LLAMA_CPP_SRC]: the sources instead (~5 MB,
 #        .gpu_carry/lcp/lcp-src.tar.xz), built with the same flags by --run on the GPU machine
-#        (nvcc 13, CMake, ninja there; all its cores) when no lcp.tar.xz is carried.
+#        (nvcc 13, CMake, ninja there; all its cores) when no lcp.tar.xz is carried. With
+#        LCP_KEEP_BUILD=1 that build comes back as $OUT/lcp.tar.xz: put it in .gpu_carry/lcp/ (in
+#        place of lcp-src.tar.xz) and later calls skip the build.
 # There: bench/llamacpp_gpu.sh --run [models|bench|batched ...]   (carry [".gpu_carry/lcp"])
 #        models: the f16 GGUF of each shape from random weights, then llama-quantize to each of
 #          QUANTS (default "Q4_1 Q8_0 Q4_K_M"), in $LCP_MODELS (default /tmp/lcp/models), kept
@@ -35,7 +37,8 @@
 #          sequence decodes from 448 to 576 tokens of context: 512 on average, as
 #          bench/quant_gpu.py's --context 512) --output-format jsonl
 #          (batched_<shape>_<quant>.jsonl);
-#        default: models bench batched. The raw files gather in $LCP_DIR/out (default /tmp/lcp/out);
+#        default: models bench batched. LCP_NGL (99), LCP_PP, LCP_TG, LCP_NPP, LCP_NPL, LCP_NTG
+#        change the lengths and layers (a check on a CPU: small ones, LCP_NGL=0). The raw files gather in $LCP_DIR/out (default /tmp/lcp/out);
 #        after each step $OUT gets three files (a device call brings back 8 at most):
 #          llamacpp_gpu_<date>_<gpu>.json (every llama-bench row and llama-batched-bench row, each
 #          with its shape and quant, and the build), .log (what this script printed), and
@@ -58,9 +61,10 @@ CARRY="$ROOT/.gpu_carry/lcp"
 MAX_BYTES=$((20 * 1024 * 1024))
 BINS=(llama-bench llama-batched-bench llama-quantize)
 # the build's flags (also those of the carried build, above)
-CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real -DBUILD_SHARED_LIBS=OFF \
+# (LCP_CMAKE_FLAGS replaces them: a CPU build, -DGGML_CUDA=OFF, tests the script on a machine with no GPU)
+CMAKE_FLAGS=${LCP_CMAKE_FLAGS:-"-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real -DBUILD_SHARED_LIBS=OFF \
 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF \
--DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"}
 
 if [ "${1:-}" = "--stage-src" ]; then
     # the fallback: the sources (~5 MB), built on the GPU machine by --run (its 16 cores, nvcc 13)
@@ -160,45 +164,6 @@ OUT=${OUT:-$ROOT/llamacpp_gpu_out}
 LCP=${LCP_DIR:-/tmp/lcp}
 RAW=$LCP/out
 mkdir -p "$OUT" "$MODELS" "$RAW"
-if [ ! -x "$LCP/lcp/bin/llama-bench" ]; then
-    if [ -f "$CARRY/lcp.tar.xz" ]; then
-        tar xJf "$CARRY/lcp.tar.xz" -C "$LCP" || exit 1
-    elif [ -f "$CARRY/lcp-src.tar.xz" ]; then
-        # the sources instead of the binaries (--stage-src): built here on all cores, the flags
-        # as the carried build's
-        echo "building llama.cpp from $CARRY/lcp-src.tar.xz ($(date -u +%H:%M:%S))"
-        rm -rf "$LCP/src" && mkdir -p "$LCP/src" "$LCP/lcp/bin" && tar xJf "$CARRY/lcp-src.tar.xz" -C "$LCP/src" || exit 1
-        cmake -S "$LCP/src/llama.cpp" -B "$LCP/build" -G Ninja $CMAKE_FLAGS > "$LCP/cmake.log" 2>&1 &&
-            ninja -C "$LCP/build" -j"$(nproc)" "${BINS[@]}" > "$LCP/ninja.log" 2>&1 ||
-            { echo "building llama.cpp failed:" >&2; tail -30 "$LCP/cmake.log" "$LCP/ninja.log" >&2; exit 1; }
-        for b in "${BINS[@]}"; do cp "$LCP/build/bin/$b" "$LCP/lcp/bin/"; done
-        cp -r "$LCP/src/llama.cpp/gguf-py/gguf" "$LCP/lcp/gguf"
-        { echo "llama.cpp: built on this machine from lcp-src.tar.xz ($(cat "$LCP/src/SOURCE" 2>/dev/null))"
-          echo "cmake $CMAKE_FLAGS"; } > "$LCP/lcp/BUILD_INFO"
-        echo "built ($(date -u +%H:%M:%S))"
-    else
-        echo "no $CARRY/lcp.tar.xz nor lcp-src.tar.xz: bench/llamacpp_gpu.sh --stage (or --stage-src) here, carry .gpu_carry/lcp" >&2
-        exit 1
-    fi
-fi
-BIN=$LCP/lcp/bin
-# cuBLAS 13: the toolkit's, else torch's nvidia-cublas wheel (nvidia/cu13/lib or nvidia/cublas/lib);
-# the carried libraries (the CUDA runtime) last, so a machine's own newer one wins
-cublas_dirs=$(python3 - <<'EOF' 2>/dev/null
-import glob, importlib.util as u
-dirs = []
-for name in ("nvidia.cu13", "nvidia.cublas", "nvidia"):
-    try:
-        s = u.find_spec(name)
-    except Exception:
-        continue
-    for loc in (s.submodule_search_locations or []) if s else []:
-        dirs += sorted({p.rsplit("/", 1)[0] for p in glob.glob(loc + "/**/libcublas.so.*", recursive=True)})
-print(":".join(dict.fromkeys(dirs)))
-EOF
-)
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64${cublas_dirs:+:$cublas_dirs}:$LCP/lcp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$LCP/lcp${PYTHONPATH:+:$PYTHONPATH}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -c 'A-Za-z0-9\n' '_' | sed 's/_*$//')
 tag="llamacpp_gpu_$(date -u +%Y-%m-%d)_${gpu:-nogpu}"
 exec > >(tee -a "$RAW/run.log") 2>&1
@@ -230,6 +195,59 @@ PYEOF
     tar czf "$OUT/${tag}_raw.tar.gz" --warning=no-file-changed -C "$RAW" .
 }
 trap collect EXIT
+if [ ! -x "$LCP/lcp/bin/llama-bench" ]; then
+    if [ -f "$CARRY/lcp.tar.xz" ]; then
+        tar xJf "$CARRY/lcp.tar.xz" -C "$LCP" || exit 1
+    elif [ -f "$CARRY/lcp-src.tar.xz" ]; then
+        # the sources instead of the binaries (--stage-src): built here on all cores, the flags
+        # as the carried build's
+        echo "building llama.cpp from $CARRY/lcp-src.tar.xz ($(date -u +%H:%M:%S))"
+        rm -rf "$LCP/src" && mkdir -p "$LCP/src" "$LCP/lcp/bin" && tar xJf "$CARRY/lcp-src.tar.xz" -C "$LCP/src" || exit 1
+        # CMake and ninja may be the Python environment's (pip's cmake and ninja) alone
+        PATH=$PATH:$(dirname "$(command -v python3)")
+        for t in cmake ninja; do command -v $t > /dev/null || { echo "no $t on PATH" >&2; exit 1; }; done
+        case "$CMAKE_FLAGS" in *GGML_CUDA=ON*)
+            [ -x /usr/local/cuda/bin/nvcc ] || CMAKE_FLAGS="${CMAKE_FLAGS//\/usr\/local\/cuda\/bin\/nvcc/$(command -v nvcc)}" ;;
+        esac
+        cmake -S "$LCP/src/llama.cpp" -B "$LCP/build" -G Ninja $CMAKE_FLAGS > "$RAW/cmake.log" 2>&1 &&
+            ninja -C "$LCP/build" -j"$(nproc)" "${BINS[@]}" > "$RAW/ninja.log" 2>&1 ||
+            { echo "building llama.cpp failed:" >&2; tail -n 30 "$RAW/cmake.log" "$RAW/ninja.log" >&2; exit 1; }
+        for b in "${BINS[@]}"; do strip -o "$LCP/lcp/bin/$b" "$LCP/build/bin/$b" || exit 1; done
+        cp -r "$LCP/src/llama.cpp/gguf-py/gguf" "$LCP/lcp/gguf"
+        { echo "llama.cpp: built on $(hostname) from lcp-src.tar.xz ($(cat "$LCP/src/SOURCE" 2>/dev/null)), $(date -u)"
+          echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+          echo "cmake $CMAKE_FLAGS"; } > "$LCP/lcp/BUILD_INFO"
+        echo "built ($(date -u +%H:%M:%S)): $(du -sh "$LCP/lcp/bin" | cut -f1) of binaries"
+        if [ "${LCP_KEEP_BUILD:-0}" = 1 ]; then
+            # the binaries back through $OUT (16 MiB a file at most), to carry as lcp.tar.xz next
+            # time and skip the build; the window spans all three binaries (they share ggml)
+            mkdir -p "$OUT"
+            (cd "$LCP" && tar cf - lcp | xz -9 --lzma2=preset=9,dict=192MiB -T1 > "$OUT/lcp.tar.xz")
+            echo "lcp.tar.xz for the carry: $(stat -c %s "$OUT/lcp.tar.xz") bytes ($(date -u +%H:%M:%S))"
+        fi
+    else
+        echo "no $CARRY/lcp.tar.xz nor lcp-src.tar.xz: bench/llamacpp_gpu.sh --stage (or --stage-src) here, carry .gpu_carry/lcp" >&2
+        exit 1
+    fi
+fi
+BIN=$LCP/lcp/bin
+# cuBLAS 13: the toolkit's, else torch's nvidia-cublas wheel (nvidia/cu13/lib or nvidia/cublas/lib);
+# the carried libraries (the CUDA runtime) last, so a machine's own newer one wins
+cublas_dirs=$(python3 - <<'EOF' 2>/dev/null
+import glob, importlib.util as u
+dirs = []
+for name in ("nvidia.cu13", "nvidia.cublas", "nvidia"):
+    try:
+        s = u.find_spec(name)
+    except Exception:
+        continue
+    for loc in (s.submodule_search_locations or []) if s else []:
+        dirs += sorted({p.rsplit("/", 1)[0] for p in glob.glob(loc + "/**/libcublas.so.*", recursive=True)})
+print(":".join(dict.fromkeys(dirs)))
+EOF
+)
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${cublas_dirs:+:$cublas_dirs}:$LCP/lcp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$LCP/lcp${PYTHONPATH:+:$PYTHONPATH}
 {
     date -u
     cat "$LCP/lcp/BUILD_INFO" | head -20
@@ -243,6 +261,10 @@ if ldd "$BIN/llama-bench" | grep -q "not found"; then
     exit 1
 fi
 NGL=${LCP_NGL:-99}
+# llama-bench's prompt and generation lengths; llama-batched-bench's prompt, generated tokens and
+# batches (ascending: the last sizes the cache). Lists given twice append in both tools, hence
+# variables rather than LCP_*_ARGS for these.
+PP=${LCP_PP:-512} TG=${LCP_TG:-128} NPP=${LCP_NPP:-448} NTG=${LCP_NTG:-128} NPL=${LCP_NPL:-1,8,32,64}
 status=0
 for step in "${steps[@]}"; do
     echo "=== $step ($(date -u +%H:%M:%S)) ==="
@@ -259,8 +281,8 @@ for step in "${steps[@]}"; do
                 f=$MODELS/${s}_$q.gguf
                 [ -f "$f" ] && continue
                 "$BIN/llama-quantize" "$f16" "$f.part" "$q" > "$RAW/quantize_${s}_$q.log" 2>&1 &&
-                    mv "$f.part" "$f" || { echo "llama-quantize $s $q failed:" >&2; tail -20 "$RAW/quantize_${s}_$q.log" >&2; exit 1; }
-                tail -3 "$RAW/quantize_${s}_$q.log"
+                    mv "$f.part" "$f" || { echo "llama-quantize $s $q failed:" >&2; tail -n 20 "$RAW/quantize_${s}_$q.log" >&2; exit 1; }
+                tail -n 3 "$RAW/quantize_${s}_$q.log"
             done
         done
         ls -la "$MODELS"
@@ -271,8 +293,8 @@ for step in "${steps[@]}"; do
                 f=$MODELS/${s}_$q.gguf
                 [ -f "$f" ] || { echo "no $f (the models step makes it)" >&2; status=1; continue; }
                 j=$RAW/bench_${s}_$q.json
-                "$BIN/llama-bench" -m "$f" -p 512 -n 128 -ngl "$NGL" -fa off -o json ${LCP_BENCH_ARGS:-} \
-                    > "$j" 2> "${j%.json}.log" || { echo "llama-bench $s $q failed:" >&2; tail -20 "${j%.json}.log" >&2; status=1; continue; }
+                "$BIN/llama-bench" -m "$f" -p "$PP" -n "$TG" -ngl "$NGL" -fa off -o json ${LCP_BENCH_ARGS:-} \
+                    > "$j" 2> "${j%.json}.log" || { echo "llama-bench $s $q failed:" >&2; tail -n 20 "${j%.json}.log" >&2; status=1; continue; }
                 # one line a test: pp512 / tg128 tokens/s (mean ± sd over llama-bench's repetitions)
                 python3 -c '
 import json, sys
@@ -289,11 +311,11 @@ for r in json.load(open(sys.argv[1])):
                 f=$MODELS/${s}_$q.gguf
                 [ -f "$f" ] || { echo "no $f (the models step makes it)" >&2; status=1; continue; }
                 j=$RAW/batched_${s}_$q.jsonl
-                # -c: 64 sequences of 448 + 128 tokens (a sequence's share of the cache when it is
-                # split per sequence; llama-batched-bench checks each row fits)
-                "$BIN/llama-batched-bench" -m "$f" -ngl "$NGL" -fa off -c $((64 * 576)) -b 2048 -ub 512 \
-                    -npp 448 -ntg 128 -npl 1,8,32,64 --output-format jsonl ${LCP_BATCHED_ARGS:-} \
-                    > "$j" 2> "${j%.jsonl}.log" || { echo "llama-batched-bench $s $q failed:" >&2; tail -20 "${j%.jsonl}.log" >&2; status=1; continue; }
+                # -c: the most sequences, each of NPP + NTG tokens (a sequence's share of the cache
+                # when it is split per sequence; llama-batched-bench checks each row fits)
+                "$BIN/llama-batched-bench" -m "$f" -ngl "$NGL" -fa off -c $((${NPL##*,} * (NPP + NTG))) -b 2048 -ub 512 \
+                    -npp "$NPP" -ntg "$NTG" -npl "$NPL" --output-format jsonl ${LCP_BATCHED_ARGS:-} \
+                    > "$j" 2> "${j%.jsonl}.log" || { echo "llama-batched-bench $s $q failed:" >&2; tail -n 20 "${j%.jsonl}.log" >&2; status=1; continue; }
                 python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
