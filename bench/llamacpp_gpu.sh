@@ -25,8 +25,9 @@
 # Or:    bench/llamacpp_gpu.sh --stage-src [LLAMA_CPP_SRC]: the sources instead (~5 MB,
 #        .gpu_carry/lcp/lcp-src.tar.xz), built with the same flags by --run on the GPU machine
 #        (nvcc 13, CMake, ninja there; all its cores) when no lcp.tar.xz is carried. With
-#        LCP_KEEP_BUILD=1 that build comes back as $OUT/lcp.tar.xz: put it in .gpu_carry/lcp/ (in
-#        place of lcp-src.tar.xz) and later calls skip the build.
+#        LCP_KEEP_BUILD=1 that build comes back as $OUT/lcp.tar.xz.part0, part1 ... (15 MiB each):
+#        `cat lcp.tar.xz.part* > .gpu_carry/lcp/lcp.tar.xz` here (and remove lcp-src.tar.xz), and
+#        later calls skip the build.
 # There: bench/llamacpp_gpu.sh --run [models|bench|batched ...]   (carry [".gpu_carry/lcp"])
 #        models: the f16 GGUF of each shape from random weights, then llama-quantize to each of
 #          QUANTS (default "Q4_1 Q8_0 Q4_K_M"), in $LCP_MODELS (default /tmp/lcp/models), kept
@@ -96,6 +97,7 @@ if [ "${1:-}" = "--stage" ]; then
     stage=$(mktemp -d)
     trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/lcp/bin" "$stage/lcp/lib" "$CARRY"
+    rm -f "$CARRY/lcp-src.tar.xz"  # the binaries replace the sources (--stage-src) in the carry
     for b in "${BINS[@]}"; do
         [ -x "$B/bin/$b" ] || { echo "missing $B/bin/$b (build it: ninja -C $B ${BINS[*]})" >&2; exit 1; }
         strip -o "$stage/lcp/bin/$b" "$B/bin/$b" || exit 1
@@ -221,9 +223,10 @@ if [ ! -x "$LCP/lcp/bin/llama-bench" ]; then
         if [ "${LCP_KEEP_BUILD:-0}" = 1 ]; then
             # the binaries back through $OUT (16 MiB a file at most), to carry as lcp.tar.xz next
             # time and skip the build; the window spans all three binaries (they share ggml)
-            mkdir -p "$OUT"
-            (cd "$LCP" && tar cf - lcp | xz -9 --lzma2=preset=9,dict=192MiB -T1 > "$OUT/lcp.tar.xz")
-            echo "lcp.tar.xz for the carry: $(stat -c %s "$OUT/lcp.tar.xz") bytes ($(date -u +%H:%M:%S))"
+            # (in pieces of 15 MiB: cat lcp.tar.xz.part* > .gpu_carry/lcp/lcp.tar.xz here)
+            (cd "$LCP" && tar cf - lcp | xz -9 --lzma2=preset=9,dict=192MiB -T1 > "$LCP/lcp.tar.xz") &&
+                split -b 15M -d -a 1 "$LCP/lcp.tar.xz" "$OUT/lcp.tar.xz.part"
+            echo "lcp.tar.xz for the carry: $(stat -c %s "$LCP/lcp.tar.xz") bytes in $(ls "$OUT"/lcp.tar.xz.part* | wc -l) pieces ($(date -u +%H:%M:%S))"
         fi
     else
         echo "no $CARRY/lcp.tar.xz nor lcp-src.tar.xz: bench/llamacpp_gpu.sh --stage (or --stage-src) here, carry .gpu_carry/lcp" >&2
