@@ -3,15 +3,16 @@
 # vendor/llama.cpp), carried to the GPU machine, timed on GGUF files made there from random weights
 # (the models cannot travel: the carry holds ~20 MB of ours).
 #
-# Build here (2 cores: ~1 h; sm_90a only, flash attention kernels left out, see below):
-#   pip download --no-binary :all: --no-deps llama-cpp-python   # vendor/llama.cpp inside
-#   cmake -S .../vendor/llama.cpp -B /tmp/lcp-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
-#     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
-#     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
-#     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+# The build (sm_90a only; the flash-attention kernels left out, see below):
+#   pip download --no-binary :all: --no-deps llama-cpp-python   # 0.3.36: vendor/llama.cpp inside
+#   cmake -S .../vendor/llama.cpp -B /tmp/lcp-cuda -G Ninja $CMAKE_FLAGS   # (below)
 #   bench/llamacpp_gpu.sh --patch .../vendor/llama.cpp    # llama-batched-bench flushes its rows
-#   nice -n 10 ninja -C /tmp/lcp-cuda -j2 llama-bench llama-batched-bench llama-quantize
-# GGML_CUDA_FA=OFF: no flash-attention kernels (a third of ggml-cuda's compile). llama-bench's
+#   ninja -C /tmp/lcp-cuda llama-bench llama-batched-bench llama-quantize
+# On the 2-core development machine this is hours: ~290 steps, ~190 of them nvcc (mmvq.cu alone
+# 70 s of CPU, an mmq instance 45 s, measured here), when other work shares the cores; so the
+# sources travel (--stage-src, 5 MB) and the GPU machine builds them on its 16 cores, once
+# (LCP_KEEP_BUILD=1 brings the binaries back to carry next time). --stage packs a build made here.
+# GGML_CUDA_FA=OFF: no flash-attention kernels (82 of ggml-cuda's template files). llama-bench's
 # default is `-fa auto`, which turns flash attention on where the backend has it; in this build it
 # resolves to off, so the rows are llama.cpp's `-fa 0` (this script passes -fa off to say so). At
 # context 512 attention is a small share of a decode step; the rows say flash_attn 0.
@@ -43,8 +44,8 @@
 #          (it comes before any step; ~5-10 min on 16 cores, a guess: a build cut by
 #          LCP_BUILD_TIMEOUT, default 540 s, exits 3 and the next call goes on);
 #        default: models bench batched. LCP_NGL (99), LCP_PP, LCP_TG, LCP_NPP, LCP_NPL, LCP_NTG
-#        change the lengths and layers (a check on a CPU: small ones, LCP_NGL=0). The raw files gather in $LCP_DIR/out (default /tmp/lcp/out);
-#        after each step $OUT gets three files (a device call brings back 8 at most):
+#        change the lengths and layers (a check on a CPU: small ones, LCP_NGL=0). The raw files
+#        gather in $LCP_DIR/out (default /tmp/lcp/out); after each step $OUT gets three files (a device call brings back 8 at most):
 #          llamacpp_gpu_<date>_<gpu>.json (every llama-bench row and llama-batched-bench row, each
 #          with its shape and quant, and the build), .log (what this script printed), and
 #          _raw.tar.gz (the raw files: JSON, JSONL, each tool's stderr, the quantize logs).
@@ -60,6 +61,8 @@
 #            vocab 32000, RoPE base 10000), so quant_gpu.py's --shape 1b counts its KV bytes right.
 #            (make_gguf_shape.py's own default is LLaMA-3.2-1B: 8 KV heads, FFN 8192; the CPU rows'
 #            file; LCP_1B_ARGS="" picks that one instead, and quant_gpu.py has no shape for it.)
+# SmolLM2's rows of 576 are no multiple of 256, so its Q4_K_M file is mostly Q5_0 (llama-quantize's
+# fallback for Q4_K; Q8_0 for Q6_K), as SmolLM2's published Q4_K_M files are; llama1b's is Q4_K/Q6_K.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY="$ROOT/.gpu_carry/lcp"
