@@ -234,7 +234,11 @@ if [ ! -x "$LCP/lcp/bin/llama-bench" ]; then
         PATH=$PATH:$(dirname "$(command -v python3)")
         for t in cmake ninja; do command -v $t > /dev/null || { echo "no $t on PATH" >&2; exit 1; }; done
         case "$CMAKE_FLAGS" in *GGML_CUDA=ON*)
-            [ -x /usr/local/cuda/bin/nvcc ] || CMAKE_FLAGS="${CMAKE_FLAGS//\/usr\/local\/cuda\/bin\/nvcc/$(command -v nvcc)}" ;;
+            [ -x /usr/local/cuda/bin/nvcc ] || CMAKE_FLAGS="${CMAKE_FLAGS//\/usr\/local\/cuda\/bin\/nvcc/$(command -v nvcc)}"
+            # ggml-cuda compiles against cuBLAS's header and links its library: the toolkit's
+            cuda_root=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")
+            [ -f "$cuda_root/include/cublas_v2.h" ] && ls "$cuda_root"/lib64/libcublas.so "$cuda_root"/targets/*/lib/libcublas.so 2> /dev/null | grep -q libcublas ||
+                { echo "no cublas_v2.h or libcublas.so in the CUDA toolkit at $cuda_root: ggml-cuda needs both" >&2; exit 1; } ;;
         esac
         if [ ! -f "$LCP/build/build.ninja" ]; then
             cmake -S "$LCP/src/llama.cpp" -B "$LCP/build" -G Ninja $CMAKE_FLAGS > "$RAW/cmake.log" 2>&1 ||
