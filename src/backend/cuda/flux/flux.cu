@@ -1,6 +1,6 @@
 /* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter, in two
- * mainloops: configurations 0-3 (flux_gemm, described here) and the TMA, warp-specialized,
- * persistent configurations 4-5 (flux_gemm_ws, described above it), which share its tile order,
+ * mainloops: configurations 0-1 (flux_gemm, described here) and the TMA, warp-specialized,
+ * persistent configurations 2-3 (flux_gemm_ws, described above it), which share its tile order,
  * signals, waits and destinations.
  *
  * A CTA of 8 warps (two warpgroups) owns a BM x BN output tile (128 or 64 rows): cp.async loads of
@@ -225,10 +225,18 @@ __device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, fl
         float4 a = *reinterpret_cast<const float4 *>(stage + r * LD + c);
         float4 b = *reinterpret_cast<const float4 *>(stage + r * LD + c + 4);
         const int64_t at = ((row + row_base) * N + col) >> 3;
-        if (sum)
-            for (int s = 0; s < p.world; s++)
-                if (s != p.rank)
-                    add8<T>(a, b, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 8));
+        if (sum) {
+            /* every peer's vector requested before the first add (a loop over the runtime world
+             * issued them one latency apart), then the adds in rank order */
+            uint4 part[CUDA_FLUX_MAX_WORLD];
+#pragma unroll
+            for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
+                if (s < p.world && s != p.rank)
+                    part[s] = __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 8);
+#pragma unroll
+            for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
+                if (s < p.world && s != p.rank) add8<T>(a, b, part[s]);
+        }
         dst[at] = pack8<T>(a, b);
     }
     if (RS && t.chunk != p.rank) {
@@ -484,7 +492,7 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
     });
 }
 
-/* ---- configurations 4-6: TMA, warp specialization, persistent CTAs (6: in clusters of 2) -------
+/* ---- configurations 2 and 3: TMA, warp specialization, persistent CTAs ----------------------------
  *
  * 384 threads. Warpgroup 0 is the producer: one thread issues the TMA copies (cp.async.bulk.tensor,
  * boxes of 64 columns x 128 rows of x and x BN rows of w, 128-byte swizzle: the layout the cp.async
@@ -513,15 +521,6 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
  * output is undefined. The x box may reach past the chunk (into the next chunk's rows, maybe still
  * in flight, or past M: zeros): those rows only make output rows that are never stored.
  *
- * Configuration 6 runs the same loop in clusters of 2 CTAs (flux_gemm_ws<..., CLUSTER = 2>): the
- * pair takes tiles 2u and 2u + 1, which in the tile order mostly share w's columns; then each CTA
- * loads half of each w slice (64 x BN/2 boxes) and multicasts it into both, a third less read from
- * L2 (a 128 x 256 slice is 48 KB for 4.2 MFLOP; 132 SMs at cuBLASLt's rate read ~8 TB/s
- * without it). A slot's empty barrier then counts both CTAs' consumer warps (the peer writes into
- * it), and each producer stays until both have released its slots, so no multicast or remote
- * arrival lands in a CTA that has left. The ring protocol of both forms is model-checked in
- * tools/flux_ring_model.py.
- *
  * Epilogue, per consumer warp (16 rows x BN), without a CTA barrier: 32 columns at a time through
  * a 16 x 32 fp32 block of its own in shared memory (row stride 40 floats: a half-warp's float2
  * writes cover the 32 banks once; its float4 reads are whole 128-byte rows), then 8-byte stores,
@@ -540,30 +539,6 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, u
             smem_addr(dst)),
         "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row)
         : "memory");
-}
-/* the same box into the same offset of every CTA of the cluster in cta_mask, completing as
- * transactions on each one's mbarrier at `bar`'s offset */
-__device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int col,
-                                                      int row, uint16_t cta_mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_addr(dst)),
-                 "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row), "h"(cta_mask)
-                 : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_cta_rank(void) {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* one arrival on the mbarrier at the same offset as `bar` in the cluster's CTA `cta` */
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t cta) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)),
-                 "r"(cta)
-                 : "memory");
-}
-__device__ __forceinline__ void cluster_sync_all(void) {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
@@ -664,10 +639,17 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
             /* N is a multiple of 8 and col of 4: col < N means the 4 columns are in */
             if (row < t.m_end && col < N) {
                 float4 a = *reinterpret_cast<const float4 *>(blk + r * WS_EPI_LD + c);
-                if (sum)
-                    for (int s = 0; s < p.world; s++)
-                        if (s != p.rank)
-                            add4<T>(a, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 4));
+                if (sum) {
+                    /* every peer's vector requested before the first add, as in epilogue() */
+                    uint2 part[CUDA_FLUX_MAX_WORLD];
+#pragma unroll
+                    for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
+                        if (s < p.world && s != p.rank)
+                            part[s] = __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 4);
+#pragma unroll
+                    for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
+                        if (s < p.world && s != p.rank) add4<T>(a, part[s]);
+                }
                 dst[((row + row_base) * N + col) / 4] = pack4<T>(a);
             }
         }
@@ -675,18 +657,15 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
     }
 }
 
-template <class T, int BN, int STAGES, int CLUSTER, bool RS>
+template <class T, int BN, int STAGES, bool RS>
 __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
                                                const __grid_constant__ CUtensorMap map_x, /* x [M, K], 64 x 128 boxes */
-                                               const __grid_constant__ CUtensorMap map_w, /* w [N, K], 64 x BN boxes */
-                                               const __grid_constant__ CUtensorMap map_w_half) /* 64 x BN/2 boxes */ {
-    static_assert(CLUSTER == 1 || CLUSTER == 2, "one CTA, or a pair sharing w");
+                                               const __grid_constant__ CUtensorMap map_w) /* w [N, K], 64 x BN boxes */ {
     constexpr int BM = WS_BM, A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
     constexpr uint32_t STAGE_BYTES = (uint32_t)(A_STAGE + B_STAGE) * sizeof(T);
     static_assert(128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * 160, "the CTA's registers");
     extern __shared__ unsigned char smem_raw[];
-    /* the swizzle acts on address bits: every slice starts on a 1024-byte boundary (the same offset
-     * in both CTAs of a cluster: multicast writes there) */
+    /* the swizzle acts on address bits: every slice starts on a 1024-byte boundary */
     T *As = reinterpret_cast<T *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* [STAGES][BM][64] */
     T *Bs = As + STAGES * A_STAGE;                                                   /* [STAGES][BN][64] */
     float *epi = reinterpret_cast<float *>(Bs + STAGES * B_STAGE);                   /* [8][16][WS_EPI_LD] */
@@ -694,23 +673,15 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
 
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int n_tiles = p.tile0[p.world], KT = p.K / BK;
-    /* CLUSTER 2: cluster c takes units u = c, c + clusters, ...; unit u is tiles 2u (CTA 0) and
-     * 2u + 1 (CTA 1). A CTA whose tile would be past the last runs tile 2u again and stores
-     * nothing, so both CTAs always walk the same slices. */
-    const uint32_t cta = CLUSTER == 2 ? cluster_cta_rank() : 0;
-    const int first = CLUSTER == 2 ? (int)(blockIdx.x / 2) : (int)blockIdx.x;
-    const int stride = CLUSTER == 2 ? (int)(gridDim.x / 2) : (int)gridDim.x;
-    const int n_units = CLUSTER == 2 ? (n_tiles + 1) / 2 : n_tiles;
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);            /* the producer's arrive.expect_tx; the rest is bytes */
-            mbar_init(&empty[s], 8 * CLUSTER); /* lane 0 of each consumer warp of the cluster */
+            mbar_init(&full[s], 1);  /* the producer's arrive.expect_tx; the rest is the copies' bytes */
+            mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if constexpr (CLUSTER == 2) cluster_sync_all(); /* the peer's barriers are initialised before use */
-    else __syncthreads();
+    __syncthreads();
 
     if (wg == 0) {
         /* ---- producer ---- */
@@ -718,24 +689,9 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
         if (tid != 0) return;
         tma_prefetch_map(&map_x);
         tma_prefetch_map(&map_w);
-        if constexpr (CLUSTER == 2) tma_prefetch_map(&map_w_half);
         int g = 0; /* slices issued so far, all tiles */
-        for (int u = first; u < n_units; u += stride) {
-            int tile = u, share = 0;
-            if constexpr (CLUSTER == 2) {
-                const int t1 = 2 * u + 1 < n_tiles ? 2 * u + 1 : 2 * u;
-                tile = cta ? t1 : 2 * u;
-                /* the pair's w tile is the same: each CTA loads half of it into both */
-                share = locate<BM, BN, RS>(p, 2 * u).n0 == locate<BM, BN, RS>(p, t1).n0;
-            }
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
             const TileCoord t = locate<BM, BN, RS>(p, tile);
-            auto load_w = [&](int s, int kt) {
-                if (CLUSTER == 2 && share)
-                    tma_load_2d_multicast(Bs + s * B_STAGE + cta * (BN / 2) * BK, &map_w_half, &full[s], kt * BK,
-                                          t.n0 + (int)cta * (BN / 2), (uint16_t)0x3);
-                else
-                    tma_load_2d(Bs + s * B_STAGE, &map_w, &full[s], kt * BK, t.n0);
-            };
             const int ahead = KT < STAGES ? KT : STAGES;
             /* w of the first slices first: they need no signal */
             for (int kt = 0; kt < ahead; kt++) {
@@ -743,7 +699,7 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
                 if (gk >= STAGES && !mbar_wait_bounded(&empty[s], ((gk / STAGES) + 1) & 1, p)) /* phase gk/STAGES - 1 */
                     return;
                 mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
-                load_w(s, kt);
+                tma_load_2d(Bs + s * B_STAGE, &map_w, &full[s], kt * BK, t.n0);
             }
             if (!RS && t.chunk != p.rank) {
                 /* false: timed out (reported) or another CTA did; the rows are loaded regardless */
@@ -756,18 +712,9 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
                 if (kt >= ahead) {
                     if (g >= STAGES && !mbar_wait_bounded(&empty[s], ((g / STAGES) + 1) & 1, p)) return;
                     mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
-                    load_w(s, kt);
+                    tma_load_2d(Bs + s * B_STAGE, &map_w, &full[s], kt * BK, t.n0);
                 }
                 tma_load_2d(As + s * A_STAGE, &map_x, &full[s], kt * BK, t.m_begin);
-            }
-        }
-        if constexpr (CLUSTER == 2) {
-            /* The peer's consumers arrive on this CTA's empty barriers: this thread stays (and with
-             * it the CTA's shared memory) until the last use of every slot has been released by
-             * both CTAs. Use g' of slot s is the (g' / STAGES)-th completion of empty[s]. */
-            for (int s = 0; s < STAGES && s < g; s++) {
-                const int last = s + (g - 1 - s) / STAGES * STAGES;
-                if (!mbar_wait_bounded(&empty[s], (last / STAGES) & 1, p)) return;
             }
         }
         return;
@@ -781,20 +728,7 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
     int g = 0;            /* slices consumed so far, all tiles */
     bool stalled = false; /* a full barrier timed out (reported): the rest runs without waiting, so
                            * every consumer warp still reaches the named barriers and the kernel ends */
-    /* slot s released: this CTA's producer, and with CLUSTER 2 the peer's, which multicasts into it */
-    auto release = [&](int s) {
-        if (lane == 0) {
-            mbar_arrive(&empty[s]);
-            if constexpr (CLUSTER == 2) mbar_arrive_cluster(&empty[s], cta ^ 1u);
-        }
-    };
-    for (int u = first; u < n_units; u += stride) {
-        int tile = u;
-        bool dummy = false; /* CLUSTER 2, odd tile count: the pair's tile again, nothing stored */
-        if constexpr (CLUSTER == 2) {
-            tile = 2 * u + (int)cta;
-            if (tile >= n_tiles) tile = 2 * u, dummy = true;
-        }
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
         const TileCoord t = locate<BM, BN, RS>(p, tile);
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
@@ -808,13 +742,12 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
                 wgmma_async<BN, std::is_same<T, __nv_bfloat16>::value>(d, smem_desc(a_s + kk * 16),
                                                                        smem_desc(b_s + kk * 16));
             wgmma_commit();
-            /* the slice before this one is no longer read: its slot goes back to the producer(s) */
+            /* the slice before this one is no longer read: its slot goes back to the producer */
             wgmma_wait<1>();
-            if (kt > 0) release((g - 1) % STAGES);
+            if (kt > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);
         }
         wgmma_wait<0>();
-        release((g - 1) % STAGES);
-        if (dummy) continue;
+        if (lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);
 
         epilogue_ws<T, BN, RS>(p, t, d, cw * 64 + warp * 16, blk, lane);
         if (RS && t.chunk != p.rank) {
@@ -853,17 +786,13 @@ __global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *
 }
 
 /* The tile configurations (flux.h): the tile's rows and columns. */
-constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 128, 64, 128, 128, 128};
-constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {256, 128, 128, 128, 256, 128, 256};
+constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 64, 128, 128};
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 256, 128};
 constexpr int BM_MIN = 64, BN_MIN = 128; /* the smallest tiles: the ReduceScatter's signal words */
-const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 128x256x64 4 stages",
-                                                       "wgmma 128x128x64 6 stages",
-                                                       "wgmma 128x128x64 3 stages 2 CTAs/SM",
+const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 128x128x64 3 stages 2 CTAs/SM",
                                                        "wgmma 64x128x64 4 stages 2 CTAs/SM",
                                                        "tma warp-specialized persistent 128x256x64 4 stages",
-                                                       "tma warp-specialized persistent 128x128x64 6 stages",
-                                                       "tma warp-specialized persistent 128x256x64 4 stages, "
-                                                       "clusters of 2 sharing w by multicast"};
+                                                       "tma warp-specialized persistent 128x128x64 6 stages"};
 
 template <class T, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
 nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
@@ -928,75 +857,43 @@ nopad_status encode_map(CUtensorMap *map, const void *base, int64_t rows, int32_
     return NOPAD_OK;
 }
 
-template <class T, int BN, int STAGES, int CLUSTER, bool RS>
+template <class T, int BN, int STAGES, bool RS>
 nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
     /* + 1024: the kernel aligns the ring to 1024 bytes (the swizzle atom) */
     constexpr size_t smem =
         (size_t)STAGES * (WS_BM + BN) * BK * sizeof(T) + 8 * WS_EPI_FLOATS * sizeof(float) + 1024;
     static_assert(smem <= 227 * 1024, "the ring and the epilogue blocks fit a SM's shared memory");
-    CUtensorMap map_x, map_w, map_w_half;
+    CUtensorMap map_x, map_w;
     nopad_status st = encode_map(&map_x, p.x, p.row0[p.world], p.K, WS_BM);
     if (st == NOPAD_OK) st = encode_map(&map_w, p.w, p.N, p.K, BN);
-    if (st == NOPAD_OK) st = CLUSTER == 2 ? encode_map(&map_w_half, p.w, p.N, p.K, BN / 2) : NOPAD_OK;
     if (st != NOPAD_OK) return st;
-    if (CLUSTER == 1) map_w_half = map_w; /* not read */
-    auto kernel = flux_gemm_ws<T, BN, STAGES, CLUSTER, RS>;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = CLUSTER, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(WS_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = CLUSTER > 1 ? 1 : 0;
-    /* once per device: the shared memory opt-in and, for clusters, how many fit at once (a GPC
-     * may hold fewer pairs than its SMs / 2; a cluster beyond those would run its tiles after
-     * another has finished all of its own) */
-    static int attribute_set[CUDA_MAX_DEVICES], clusters_fit[CUDA_MAX_DEVICES];
+    auto kernel = flux_gemm_ws<T, BN, STAGES, RS>;
+    static int attribute_set[CUDA_MAX_DEVICES];
     const int dev = cuda_current_device();
     if (dev < 0 || !cuda_cache_load(&attribute_set[dev])) {
         const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: %zu bytes of shared memory: %s", smem,
                                    cudaGetErrorString(e));
-        int fit = 0;
-        if (CLUSTER > 1) {
-            cfg.gridDim = dim3(CLUSTER, 1, 1);
-            if (cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess || fit <= 0) {
-                cudaGetLastError();
-                fit = 0;
-            }
-        }
-        if (dev >= 0) cuda_cache_store(&clusters_fit[dev], fit), cuda_cache_store(&attribute_set[dev], 1);
+        if (dev >= 0) cuda_cache_store(&attribute_set[dev], 1);
     }
     const int sms = cuda_sm_count();
-    int units = tiles, most = sms > 0 ? sms : tiles; /* persistent: one CTA a SM at most */
-    if (CLUSTER > 1) {
-        const int fit = dev >= 0 ? cuda_cache_load(&clusters_fit[dev]) : 0;
-        units = (tiles + CLUSTER - 1) / CLUSTER;
-        most = fit > 0 ? fit : (sms > 0 ? sms / CLUSTER : units);
-        if (most < 1) most = 1;
-    }
-    cfg.gridDim = dim3((unsigned)((units < most ? units : most) * CLUSTER), 1, 1);
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, map_x, map_w, map_w_half);
-    if (e == cudaSuccess) e = cudaGetLastError();
+    const int grid = sms > 0 && sms < tiles ? sms : tiles; /* persistent: one CTA a SM at most */
+    kernel<<<grid, WS_THREADS, smem, stream>>>(p, map_x, map_w);
+    const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
-        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: launch of %u persistent CTAs (clusters of %d): %s",
-                               cfg.gridDim.x, CLUSTER, cudaGetErrorString(e));
+        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: launch of %d persistent CTAs: %s", grid,
+                               cudaGetErrorString(e));
     return NOPAD_OK;
 }
 
 template <class T, bool RS>
 nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
     switch (config) {
-    case 0: return launch<T, 128, 256, 4, 1, 1, RS>(p, blocks, stream);
-    case 1: return launch<T, 128, 128, 6, 1, 1, RS>(p, blocks, stream);
-    case 2: return launch<T, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
-    case 3: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
-    case 4: return launch_ws<T, 256, 4, 1, RS>(p, blocks, stream);
-    case 5: return launch_ws<T, 128, 6, 1, RS>(p, blocks, stream);
-    default: return launch_ws<T, 256, 4, 2, RS>(p, blocks, stream);
+    case 0: return launch<T, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
+    case 1: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
+    case 2: return launch_ws<T, 256, 4, RS>(p, blocks, stream);
+    default: return launch_ws<T, 128, 6, RS>(p, blocks, stream);
     }
 }
 
@@ -1060,17 +957,24 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
 } // namespace
 
 extern "C" int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, int32_t n_out) {
+    /* Measured on an H100 at the LLaMA-3 8B/70B layers (bench/RESULTS.md FLUX, derived by
+     * tools/flux_rules.py from its JSON: 1.008x the fastest configuration of each shape on average,
+     * 1.22x at worst, the fastest at 68 of 72 points in fp16 and 24 of 24 in bf16):
+     * - K < 2048: 128 x 128 tiles at two CTAs a SM, whose short mainloops leave the prologue and the
+     *   epilogue (the ReduceScatter's reads of the peers' partials) exposed at one CTA a SM;
+     * - fewer 128 x 128 tiles than half the SMs: 64 x 128 tiles, two CTAs a SM;
+     * - else the persistent TMA kernel, 128 x 256 tiles unless 128 x 128 ones keep more of the
+     *   last wave's SMs busy (by more than 10%: the 128 x 256 tile reads less of L2 a FLOP). */
     int64_t tiles_256 = 0, tiles_128 = 0;
     for (int d = 0; d < world; d++)
         tiles_256 += tiles_of(rows[d], n_out, 128, 256), tiles_128 += tiles_of(rows[d], n_out, 128, 128);
-    /* Measured on an H100 at the LLaMA-3 8B/70B layers (bench/RESULTS.md FLUX; within 4% of the
-     * fastest configuration of each shape on average, 27% at worst): below a wave of 128 x 256
-     * tiles the 128 x 128 tiles (or 64 x 128 when even those are fewer than half the SMs); else
-     * 128 x 256, but at K <= 2048 the 128 x 128 tiles at two CTAs a SM, whose short mainloops
-     * leave the prologue and the epilogue exposed at one CTA a SM. */
-    const int sms = cuda_sm_count();
-    if (tiles_256 < sms) return tiles_128 < sms / 2 ? 3 : 1;
-    return n_in <= 2048 ? 2 : 0;
+    if (n_in < 2048) return 0;
+    int sms = cuda_sm_count();
+    if (sms < 1) sms = 1;
+    if (tiles_128 < sms / 2) return 1;
+    const int64_t waves_256 = (tiles_256 + sms - 1) / sms, waves_128 = (tiles_128 + sms - 1) / sms;
+    /* busy_128 > 1.1 busy_256, busy = tiles / (SMs x waves) */
+    return 10 * tiles_128 * waves_256 > 11 * tiles_256 * waves_128 ? 3 : 2;
 }
 
 extern "C" const char *cuda_flux_config_name(int config) {
@@ -1210,11 +1114,13 @@ extern "C" int cuda_flux_wins(int all_gather, int32_t n_tokens, int32_t n_in, in
     /* The collective's time over the GEMM's grows as (W - 1) / W over the side it does not move
      * (AllGather: N, each rank's x chunk is T/W x K; ReduceScatter: K, each partial chunk T/W x N):
      * the rule is a bound on that side times W / (W - 1). Measured on an H100, the other ranks'
-     * data arriving as over a 400 GB/s link (bench/RESULTS.md FLUX): the fused kernel beats the
-     * collective then cuBLASLt from 4096 tokens where that side is <= 4096 (AllGather) or <= 1400
-     * (ReduceScatter), e.g. QKV at tp 4-8, gate|up of 8B at tp 8, O at tp 4-8 of 8B and tp 8 of
-     * 70B; everywhere else its own cost (1.2-2.3x the GEMM's) outweighs what it hides. */
+     * data arriving as over a 400 GB/s link (bench/RESULTS.md FLUX, derived by tools/flux_rules.py:
+     * it matches the sign of the share hidden at 59 of 72 points, taking 5 losers of -5% to -10%):
+     * from 4096 tokens, AllGather where that side is <= 10240 (the collective >= ~16% of the GEMM,
+     * more than the TMA kernel's own cost, 0.98-1.24x the GEMM's), ReduceScatter where it is <= 1400
+     * (its own cost is 1.1-2.3x the GEMM's: only O at tp 4-8 hides enough). Beyond those sides the
+     * collective is < 10% of the GEMM and the share hidden is noise around a loss. */
     if (n_tokens < 4096) return 0;
     const int64_t side = (int64_t)(all_gather ? n_out : n_in) * world / (world - 1);
-    return side <= (all_gather ? 4096 : 1400);
+    return side <= (all_gather ? 10240 : 1400);
 }

@@ -68,20 +68,19 @@ typedef struct cuda_flux_peers {
 #define CUDA_FLUX_DEFAULT_TIMEOUT_NS 2000000000ull /* 2 s: far beyond any transfer of one chunk */
 
 /* Tile configurations, two warpgroups of wgmma, K slices of 64 in a ring of shared memory:
- * one CTA a tile, 256 threads loading the slices by cp.async:
- *   0 = 128 x 256 (m64n256k16 each, 4 slices, one CTA a SM),
- *   1 = 128 x 128 (6 slices, one CTA a SM),
- *   2 = 128 x 128 (3 slices, two CTAs a SM),
- *   3 = 64 x 128 (m64n64k16 each, side by side, 4 slices, two CTAs a SM);
+ * one CTA a tile, 256 threads loading the slices by cp.async, two CTAs a SM:
+ *   0 = 128 x 128 (3 slices),
+ *   1 = 64 x 128 (m64n64k16 each, side by side, 4 slices);
  * persistent CTAs (one a SM) of a TMA producer warp and two consumer warpgroups (flux.cu):
- *   4 = 128 x 256 (4 slices),
- *   5 = 128 x 128 (6 slices),
- *   6 = 128 x 256 (4 slices), clusters of 2 CTAs whose tiles share w's columns, each loading
- *       half of the w slice into both (TMA multicast).
+ *   2 = 128 x 256 (4 slices),
+ *   3 = 128 x 128 (6 slices).
+ * (The H100 run of f359b49 dropped the others, fastest nowhere or within 5% of another where the
+ * fused path loses anyway: 128 x 256 and 128 x 128 at one CTA a SM by cp.async, and 128 x 256 in
+ * clusters of 2 sharing w by TMA multicast; docs/parallel.md.)
  * CUDA_FLUX_CONFIG_AUTO takes cuda_flux_pick's. Every rank of a GEMM+ReduceScatter must run the
  * same configuration (the signal words are per tile): the pick depends only on the shape and the
  * SM count. */
-enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 7 };
+enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 4 };
 int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, int32_t n_out);
 const char *cuda_flux_config_name(int config);
 
