@@ -174,15 +174,22 @@ KERNEL void tile32(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_
 #if !QUANT_TILES_VNNI /* VPDPBUSD has no part in the k-quants: their sub-block scales need madd */
 /* ---- the k-quants: Q4_K, Q5_K, Q6_K --------------------------------------------------------- */
 
-/* A Q4_K / Q5_K block's 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4 for all 8
- * sub-blocks at once, as llama.cpp's utmp shuffle): int16 lanes 0..7 the scales, 8..15 the mins. */
+/* A Q4_K / Q5_K block's 12 bytes of 6-bit scales and mins at q (ggml's get_scale_min_k4 for all 8
+ * sub-blocks at once, in a vector; reads 16 bytes, the last 4 the block's own quants, unused):
+ * int16 lanes 0..7 the scales, 8..15 the mins. Bytes 0..3 hold scales 0..3 and bytes 4..7 mins
+ * 0..3 in their low 6 bits; bytes 8..11 scales 4..7 (low nibble) and mins 4..7 (high nibble),
+ * whose top 2 bits are the top 2 bits of bytes 0..3 and 4..7. */
 TARGET static inline __m256i scales_mins_k4(const uint8_t *q) {
-    uint32_t u[3];
-    memcpy(u, q, sizeof u);
-    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    const uint32_t sc_lo = u[0] & m6, sc_hi = (u[2] & m4) | ((u[0] >> 6) & m2) << 4;
-    const uint32_t mn_lo = u[1] & m6, mn_hi = ((u[2] >> 4) & m4) | ((u[1] >> 6) & m2) << 4;
-    return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi));
+    const __m128i v = _mm_loadu_si128((const __m128i *)q);
+    const __m128i low = _mm_and_si128(v, _mm_set_epi64x(0, 0x3f3f3f3f3f3f3f3f)); /* bytes 0..7 */
+    const __m128i b8 = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11, 8, 9, 10, 11));
+    const __m128i nib = _mm_blend_epi32(_mm_and_si128(b8, _mm_set1_epi8(0x0f)),
+                                        _mm_and_si128(_mm_srli_epi16(b8, 4), _mm_set1_epi8(0x0f)), 0x8);
+    const __m128i top = _mm_shuffle_epi8(_mm_and_si128(_mm_srli_epi16(v, 6), _mm_set1_epi8(3)),
+                                         _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+    const __m128i all = _mm_or_si128(low, _mm_or_si128(nib, _mm_slli_epi16(top, 4))); /* sc 0-3, m 0-3, sc 4-7, m 4-7 */
+    return _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(all, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
 }
 
 /* s2 holds 8 int16 in each 128-bit half: lane a of them in every int16 of the low half, lane b in
@@ -261,12 +268,14 @@ KERNEL void tile45_k(int five_bits, const uint8_t *w, size_t w_bytes, const uint
             }
         }
         for (int r = 0; r < R; r++) {
-            const uint8_t *wb = w + w_bytes * (size_t)r + bytes * (size_t)i;
+            int32_t dm16; /* d and dmin, converted in one */
+            memcpy(&dm16, w + w_bytes * (size_t)r + bytes * (size_t)i, sizeof dm16);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm16));
             for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(wb) * d_a[c]), _mm256_cvtepi32_ps(sumi[r][c]),
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm) * d_a[c]), _mm256_cvtepi32_ps(sumi[r][c]),
                                             acc[r][c]);
             /* lane c: dmin·d_a·Σ m·bsum, as the one-token sum computes it */
-            const __m128 dmin_da = _mm_mul_ps(_mm_set1_ps(fp16_at(wb + 2)), lanes(d_a, C));
+            const __m128 dmin_da = _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x55), lanes(d_a, C));
             const __m128i m = C == 1 ? _mm_cvtsi32_si128(summ[r][0])
                                      : _mm_setr_epi32(summ[r][0], summ[r][1], summ[r][2], summ[r][3]);
             sum_m[r] = _mm_sub_ps(sum_m[r], _mm_mul_ps(dmin_da, _mm_cvtepi32_ps(m)));
