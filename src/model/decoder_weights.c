@@ -551,7 +551,9 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
                    nopad_backend_runs_format(be, (nopad_weight_format)t[k]->type, (int32_t)cols);
         }
         if (!runs) {
-            add_notice(ld, group, names_of, "one fused matrix holds one format");
+            add_notice(ld, group, names_of,
+                       ld->w->tp.size > 1 ? "a split model (tp > 1) holds float weights only, for now"
+                                          : "the backend holds a fused matrix in one format");
             return NOPAD_OK;
         }
     }
