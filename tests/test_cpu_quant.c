@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/quant.h"
 #include "io/gguf_dequant.h"
 
@@ -566,6 +568,87 @@ static void test_rows_not_whole_blocks(void **state) {
     assert_int_equal(cpu_quant_row_bytes(CPU_QUANT_Q5_1, 64), 48);
 }
 
+/* A fused weight whose parts differ in format (backend.h's NOPAD_WEIGHT_MIXED: a Q4_K_M file's Q4_K
+ * Q and K beside a Q6_K V) through the CPU backend's gemm_q: each part's columns of out are bit for
+ * bit what cpu_quant_linear gives for that part alone, at decode (1), the int8 GEMM's (7, 45) and
+ * the k-quants' sgemm token counts (133), plain and with bias + residual, on 1 and 2 threads; a
+ * header whose rows do not add up to n_out is a clear error. */
+static void test_mixed_weight(void **state) {
+    (void)state;
+    const format_case *part[3] = {&FORMATS[5], &FORMATS[7], &FORMATS[0]}; /* Q4_K, Q6_K, Q8_0 */
+    const int32_t rows[3] = {37, 19, 11}, K = 512, N = 37 + 19 + 11, T_max = 133;
+    size_t bytes = NOPAD_MIXED_HEADER, at[3];
+    for (int i = 0; i < 3; i++) {
+        at[i] = bytes;
+        bytes += cpu_quant_row_bytes(part[i]->type, K) * (size_t)rows[i];
+    }
+    uint8_t *w = calloc(bytes, 1);
+    float *x = malloc(sizeof(float) * (size_t)K * T_max), *bias = malloc(sizeof(float) * N);
+    float *res = malloc(sizeof(float) * T_max * N), *y = malloc(sizeof(float) * T_max * N);
+    float *want = malloc(sizeof(float) * T_max * N);
+    assert_true(w && x && bias && res && y && want);
+    nopad_mixed_weight h = {.n_parts = 3};
+    for (int i = 0; i < 3; i++) {
+        h.format[i] = part[i]->type;
+        h.rows[i] = rows[i];
+        random_blocks(part[i], w + at[i], (int64_t)rows[i] * (K / part[i]->block), 5, 12);
+    }
+    memcpy(w, &h, sizeof h);
+    for (int32_t n = 0; n < N; n++) bias[n] = rnd_unit();
+    for (int threads = 1; threads <= 2; threads++) {
+        nopad_backend *be = NULL;
+        nopad_backend_params bp = {.device = NOPAD_DEVICE_CPU, .dtype = NOPAD_DTYPE_F32, .n_threads = threads};
+        assert_int_equal(nopad_backend_create(&bp, &be), NOPAD_OK);
+        assert_true(nopad_backend_runs_format(be, NOPAD_WEIGHT_MIXED, K));
+        const int32_t Ts[] = {1, 7, 45, 133};
+        for (size_t c = 0; c < sizeof Ts / sizeof Ts[0]; c++) {
+            const int32_t T = Ts[c];
+            random_activations(x, K * T, 1.0f);
+            for (int residual = 0; residual <= 1; residual++) {
+                for (int32_t i = 0; i < T * N; i++) {
+                    res[i] = rnd_unit();
+                    y[i] = NAN;
+                    want[i] = residual ? res[i] : NAN;
+                }
+                int32_t row0 = 0;
+                for (int i = 0; i < 3; i++) {
+                    /* y as scratch: the part alone, [T, rows[i]], onto its columns of the residual */
+                    for (int32_t t = 0; t < T; t++)
+                        for (int32_t n = 0; n < rows[i]; n++) y[(size_t)t * rows[i] + n] = res[(size_t)t * N + row0 + n];
+                    assert_int_equal(
+                        cpu_quant_linear(y, x, w + at[i], part[i]->type, T, K, rows[i], residual, threads), NOPAD_OK);
+                    for (int32_t t = 0; t < T; t++)
+                        for (int32_t n = 0; n < rows[i]; n++) want[(size_t)t * N + row0 + n] = y[(size_t)t * rows[i] + n];
+                    row0 += rows[i];
+                }
+                if (residual)
+                    for (int32_t t = 0; t < T; t++)
+                        for (int32_t n = 0; n < N; n++) want[(size_t)t * N + n] += bias[n];
+                for (int32_t i = 0; i < T * N; i++) y[i] = NAN;
+                assert_int_equal(be->gemm_q(be, y, x, w, NOPAD_WEIGHT_MIXED, residual ? bias : NULL,
+                                            residual ? res : NULL, T, K, N,
+                                            residual ? NOPAD_EPILOGUE_BIAS_RESIDUAL : NOPAD_EPILOGUE_NONE,
+                                            NOPAD_ACT_GELU, 1),
+                                 NOPAD_OK);
+                for (int32_t i = 0; i < T * N; i++)
+                    if (memcmp(&y[i], &want[i], sizeof y[i]) != 0)
+                        fail_msg("mixed weight T=%d, %d threads%s: y[%d, %d] = %.9g, the part alone %.9g", T, threads,
+                                 residual ? ", bias + residual" : "", i / N, i % N, y[i], want[i]);
+            }
+        }
+        expect_error(be->gemm_q(be, y, x, w, NOPAD_WEIGHT_MIXED, NULL, NULL, 1, K, N + 1, NOPAD_EPILOGUE_NONE,
+                                NOPAD_ACT_GELU, 1),
+                     NOPAD_ERR_INVALID_ARGUMENT, "holds 67 rows, expected 1-4 parts and n_out = 68");
+        be->destroy(be);
+    }
+    free(w);
+    free(x);
+    free(bias);
+    free(res);
+    free(y);
+    free(want);
+}
+
 /* One test per format, named "<test> <format>" (the formats' order in FORMATS). */
 #define ONE_FORMAT(fn, i, name) {#fn " " name, fn, NULL, NULL, (void *)&FORMATS[i]}
 #define PER_FORMAT(fn)                                                                             \
@@ -585,6 +668,7 @@ int main(void) {
         PER_FORMAT(test_linear),
         PER_FORMAT(test_dequantize),
         cmocka_unit_test(test_rows_not_whole_blocks),
+        cmocka_unit_test(test_mixed_weight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

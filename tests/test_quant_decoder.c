@@ -1,7 +1,7 @@
 /* GGUF decoders with their block-quantized weights kept as stored on the CPU (docs/decoder.md,
  * "Quantized weights on the CPU") against the same file dequantised (weights f32):
  * - tests/data/gguf/quant_tiny.gguf (scripts/make_gguf_quant_fixtures.py: random Q4_K, Q6_K and
- *   Q8_0 weights, layer 1's Q|K|V of mixed formats): the notice for the group that falls back,
+ *   Q8_0 weights, layer 1's Q|K|V of mixed formats, held as stored part by part): no notice,
  *   the weight groups and bytes, prefill logits (the dequantising path, float rounding only),
  *   decode logits (the int8 path) and greedy ids;
  * - the real SmolLM2-135M-Instruct Q4_1 (NOPAD_SMOLLM2_GGUF; skipped without it): logits of the
@@ -177,21 +177,23 @@ static void test_tiny(void **state) {
     char *err_native, *err_f32;
     nopad_model *native = load_capturing(path, NOPAD_WEIGHTS_AUTO, &err_native); /* the CPU's default: native */
     nopad_model *dequant = load_capturing(path, NOPAD_WEIGHTS_F32, &err_f32);
-    /* layer 1's Q|K|V mixes Q4_K and Q6_K: dequantised, said once; nothing said when asked for f32 */
-    assert_non_null(strstr(err_native, "nopad: notice: attn_qkv Q4_K + Q4_K + Q6_K (1 weight) dequantised to F32"));
-    assert_int_equal(count(err_native, "nopad: notice"), 1);
+    /* layer 1's Q|K|V mixes Q4_K and Q6_K: held as stored, each part in its format (backend.h's
+     * NOPAD_WEIGHT_MIXED), so nothing falls back and nothing is said */
+    assert_null(strstr(err_native, "notice"));
     assert_null(strstr(err_f32, "notice"));
 
     /* what is held: the embeddings (and the tied head) as Q6_K, layer 0's Q|K|V as Q4_K, layer
-     * 1's as F32, both layers' down projections as Q6_K, the O projections as Q8_0 */
+     * 1's Q and K as Q4_K and its V as Q6_K (with the mixed weight's header of 64 bytes), both
+     * layers' down projections as Q6_K, the O projections as Q8_0; no float copy */
     nopad_weight_group g[32];
     const int32_t n = nopad_model_weight_groups(native, g, 32);
     assert_true(n > 0 && n <= 32);
     const nopad_weight_group *emb = find_group(g, n, "token_embd", "Q6_K");
     assert_non_null(emb);
     assert_int_equal(emb->bytes, 512 * 256 / 256 * 210);
-    assert_int_equal(group_bytes(g, n, "attn_qkv", "Q4_K"), (256 + 2 * 128) * 256 / 256 * 144);
-    assert_int_equal(group_bytes(g, n, "attn_qkv", "F32"), (256 + 2 * 128) * 256 * 4);
+    assert_int_equal(group_bytes(g, n, "attn_qkv", "Q4_K"), (256 + 2 * 128 + 256 + 128) * 144 + 64);
+    assert_int_equal(group_bytes(g, n, "attn_qkv", "Q6_K"), 128 * 210);
+    assert_int_equal(group_bytes(g, n, "attn_qkv", "F32"), 0);
     assert_non_null(find_group(g, n, "attn_output", "Q8_0"));
     assert_non_null(find_group(g, n, "ffn_gate_up", "Q4_K"));
     const nopad_weight_group *down = find_group(g, n, "ffn_down", "Q6_K");
@@ -254,8 +256,8 @@ static void test_smollm2(void **state) {
 
 /* SmolLM2 in llama.cpp's Q4_K_M mix: its 576-wide rows are no whole super-blocks, so llama.cpp
  * stores Q, K, O, gate and up as Q5_0, half the V and down as Q8_0 / Q6_K, the other down as
- * Q4_K. Q5_0 and the rest are held as stored; a Q|K|V of Q5_0 + Q5_0 + Q8_0 is dequantised with a
- * notice. The same bounds as the Q4_1 file's: the same model, the int8 rounding of the same
+ * Q4_K. Q5_0 and the rest are held as stored, a Q|K|V of Q5_0 + Q5_0 + Q8_0 too (each part in its
+ * format). The same bounds as the Q4_1 file's: the same model, the int8 rounding of the same
  * activations. */
 static void test_smollm2_q4_k_m(void **state) {
     (void)state;
@@ -269,14 +271,15 @@ static void test_smollm2_q4_k_m(void **state) {
     char *err_native, *err_f32;
     nopad_model *native = load_capturing(path, NOPAD_WEIGHTS_NATIVE, &err_native);
     nopad_model *dequant = load_capturing(path, NOPAD_WEIGHTS_F32, &err_f32);
-    assert_non_null(strstr(err_native, "nopad: notice: attn_qkv Q5_0 + Q5_0 + Q8_0"));
-    assert_null(strstr(err_native, "no kernel")); /* every format has one */
+    assert_null(strstr(err_native, "notice")); /* every format has a kernel; mixed Q|K|V are kept as stored */
     nopad_weight_group g[32];
     const int32_t n = nopad_model_weight_groups(native, g, 32);
     assert_true(n > 0 && n <= 32);
     assert_non_null(find_group(g, n, "attn_output", "Q5_0"));
     assert_non_null(find_group(g, n, "ffn_gate_up", "Q5_0"));
     assert_non_null(find_group(g, n, "attn_qkv", "Q5_0"));
+    assert_non_null(find_group(g, n, "attn_qkv", "Q8_0"));
+    assert_null(find_group(g, n, "attn_qkv", "F32"));
     assert_non_null(find_group(g, n, "ffn_down", "Q4_K"));
     assert_non_null(find_group(g, n, "ffn_down", "Q6_K"));
     size_t bytes_native, bytes_f32;

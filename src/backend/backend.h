@@ -134,7 +134,20 @@ typedef enum nopad_weight_format {
     NOPAD_WEIGHT_Q5_K = 13,
     NOPAD_WEIGHT_Q6_K = 14,
     NOPAD_WEIGHT_FP8_E4M3 = 256, /* per output channel scales; CUDA (Hopper) only */
+    NOPAD_WEIGHT_MIXED = 257,    /* runs of rows in block formats of their own: nopad_mixed_weight */
 } nopad_weight_format;
+
+/* A fused weight whose parts are stored in different block formats (a Q4_K_M file's Q|K|V: Q and K
+ * in Q4_K, V in Q6_K), kept as stored rather than dequantised: this header, NOPAD_MIXED_HEADER bytes,
+ * then part 0's rows[0] rows in format[0] (as the block format stores them), part 1's, and so on. A
+ * gemm_q over it is one gemm per part into its columns of out [T, Σ rows], so each output equals
+ * what the part alone would give. gemm_q only: the embeddings never take it. The CPU runs it. */
+enum { NOPAD_MIXED_PARTS = 4, NOPAD_MIXED_HEADER = 64 };
+typedef struct nopad_mixed_weight {
+    uint32_t n_parts;
+    uint32_t format[NOPAD_MIXED_PARTS]; /* nopad_weight_format, each a block format */
+    int32_t rows[NOPAD_MIXED_PARTS];
+} nopad_mixed_weight;
 
 /* Where the N float32 scales of an FP8 E4M3 weight [N, K] start: after the codes, 16-byte aligned. */
 static inline size_t nopad_fp8_scales_offset(int64_t n_out, int64_t n_in) {

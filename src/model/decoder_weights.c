@@ -535,18 +535,29 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
     const uint32_t type = t[0]->type;
     const char *type_name = gguf_tensor_type_name(type);
     if (type == 0 || type == 1 || type == 30) return NOPAD_OK; /* F32, F16, BF16: float already */
-    for (int i = 1; i < n_parts; i++)
-        if (t[i]->type != type) { /* one fused matrix has one format */
-            char mixed[48] = "";
-            for (int k = 0; k < n_parts; k++) {
-                const char *tk = gguf_tensor_type_name(t[k]->type);
-                snprintf(mixed + strlen(mixed), sizeof mixed - strlen(mixed), "%s%s", k ? " + " : "", tk ? tk : "?");
-            }
-            add_notice(ld, group, mixed, "one fused matrix holds one format");
+    nopad_backend *be = ld->be;
+    int mixed = 0;
+    for (int i = 1; i < n_parts; i++) mixed |= t[i]->type != type;
+    if (mixed) {
+        /* parts in different block formats stay as stored, each run of rows in its own, where the
+         * backend runs such a weight (backend.h's NOPAD_WEIGHT_MIXED) and every part's format */
+        int runs = ld->w->tp.size <= 1 && nopad_backend_runs_format(be, NOPAD_WEIGHT_MIXED, (int32_t)cols);
+        char names_of[48] = "";
+        for (int k = 0; k < n_parts; k++) {
+            const char *tk = gguf_tensor_type_name(t[k]->type);
+            snprintf(names_of + strlen(names_of), sizeof names_of - strlen(names_of), "%s%s", k ? " + " : "",
+                     tk ? tk : "?");
+            runs = runs && is_block_format(t[k]->type) &&
+                   nopad_backend_runs_format(be, (nopad_weight_format)t[k]->type, (int32_t)cols);
+        }
+        if (!runs) {
+            add_notice(ld, group, names_of,
+                       ld->w->tp.size > 1 ? "a split model (tp > 1) holds float weights only, for now"
+                                          : "the backend holds a fused matrix in one format");
             return NOPAD_OK;
         }
+    }
     char reason[112];
-    nopad_backend *be = ld->be;
     if (ld->w->tp.size > 1) {
         add_notice(ld, group, type_name, "a split model (tp > 1) holds float weights only, for now");
         return NOPAD_OK;
@@ -563,7 +574,8 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
         return NOPAD_OK;
     }
     const gguf_file *f = src->gguf;
-    size_t total = 0;
+    const size_t header = mixed ? NOPAD_MIXED_HEADER : 0; /* the parts' formats and rows, before them */
+    size_t total = header;
     for (int i = 0; i < n_parts; i++) total += (size_t)t[i]->nbytes;
     /* the mapping is host memory: only a backend working in host memory (device -1: the CPU) reads
      * a weight there; a device backend gets a copy */
@@ -579,6 +591,18 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
         if (st != NOPAD_OK) return st;
         w->allocations[w->n_allocations++] = *out;
         char *dst = *out;
+        if (mixed) {
+            uint8_t h[NOPAD_MIXED_HEADER] = {0};
+            nopad_mixed_weight mw = {.n_parts = (uint32_t)n_parts};
+            for (int i = 0; i < n_parts; i++) {
+                mw.format[i] = t[i]->type;
+                mw.rows[i] = (int32_t)rows[i];
+            }
+            memcpy(h, &mw, sizeof mw);
+            st = be->upload(be, dst, h, header);
+            if (st != NOPAD_OK) return st;
+            dst += header;
+        }
         for (int i = 0; i < n_parts; i++) {
             const uint8_t *data = f->bytes + f->data_offset + t[i]->offset;
             const size_t row_bytes = (size_t)t[i]->nbytes / (size_t)rows[i];
@@ -604,10 +628,11 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
     ld->w->bytes += total;
     for (int i = 0; i < n_parts; i++) {
         ld->w->n_params += rows[i] * cols;
-        TRY(add_to_group(ld, group, type_name, type_name, (size_t)t[i]->nbytes));
+        const char *part_type = gguf_tensor_type_name(t[i]->type);
+        TRY(add_to_group(ld, group, part_type, part_type, (size_t)t[i]->nbytes + (i == 0 ? header : 0)));
     }
     src->dtype = type_name;
-    *format = (nopad_weight_format)type;
+    *format = mixed ? NOPAD_WEIGHT_MIXED : (nopad_weight_format)type;
     *kept = 1;
     return NOPAD_OK;
 }

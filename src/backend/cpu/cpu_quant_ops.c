@@ -7,8 +7,11 @@
 #include "backend/cpu/quant.h"
 #include "util/error.h"
 
+_Static_assert(sizeof(nopad_mixed_weight) <= NOPAD_MIXED_HEADER, "the mixed weight's header outgrew its bytes");
+
 int cpu_runs_format(nopad_weight_format format, int32_t n_in) {
     if (format == NOPAD_WEIGHT_DTYPE) return 1;
+    if (format == NOPAD_WEIGHT_MIXED) return n_in > 0; /* its parts' formats are asked on their own */
     const int32_t block = cpu_quant_block_size((uint32_t)format);
     return block > 0 && n_in > 0 && n_in % block == 0;
 }
@@ -26,8 +29,29 @@ nopad_status cpu_gemm_q(nopad_backend *be, void *out_, const void *x_, const voi
     /* a residual is added by accumulating onto it, in place: no pass over a scratch copy */
     const int accumulate = epilogue == NOPAD_EPILOGUE_BIAS_RESIDUAL;
     if (accumulate && residual != out) memcpy(out, residual, (size_t)n_tokens * n_out * sizeof(float));
-    nopad_status st = cpu_quant_linear(out, x, w, (uint32_t)format, n_tokens, n_in, n_out, accumulate,
-                                       cpu_threads(be));
+    nopad_status st = NOPAD_OK;
+    if (format == NOPAD_WEIGHT_MIXED) {
+        /* each part's rows into its columns of out: the same floats as the part alone */
+        nopad_mixed_weight h;
+        memcpy(&h, w, sizeof h);
+        int64_t rows = 0;
+        for (uint32_t i = 0; i < h.n_parts && i < NOPAD_MIXED_PARTS; i++) rows += h.rows[i];
+        if (h.n_parts < 1 || h.n_parts > NOPAD_MIXED_PARTS || rows != n_out)
+            return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                                   "cpu gemm_q: a mixed-format weight of %u parts holds %lld rows, expected 1-%d parts "
+                                   "and n_out = %d",
+                                   h.n_parts, (long long)rows, NOPAD_MIXED_PARTS, n_out);
+        const uint8_t *part = (const uint8_t *)w + NOPAD_MIXED_HEADER;
+        int32_t row0 = 0;
+        for (uint32_t i = 0; i < h.n_parts && st == NOPAD_OK; i++) {
+            st = cpu_quant_linear_ld(out + row0, (size_t)n_out, x, part, h.format[i], n_tokens, n_in, h.rows[i],
+                                     accumulate, cpu_threads(be), cpu_quant_best_isa());
+            part += cpu_quant_row_bytes(h.format[i], n_in) * (size_t)h.rows[i];
+            row0 += h.rows[i];
+        }
+    } else {
+        st = cpu_quant_linear(out, x, w, (uint32_t)format, n_tokens, n_in, n_out, accumulate, cpu_threads(be));
+    }
     if (st != NOPAD_OK) return nopad_wrap_error(st, "cpu gemm_q");
     if (epilogue == NOPAD_EPILOGUE_NONE) return NOPAD_OK;
 #pragma omp parallel for num_threads(cpu_threads_for(be, n_tokens))
@@ -46,7 +70,7 @@ nopad_status cpu_embed_tokens_q(nopad_backend *be, float *out, const int32_t *to
                                 int32_t vocab0, int32_t vocab_rows, int32_t n_positions, const void *word,
                                 nopad_weight_format format, const void *pos_, int32_t dim) {
     const float *pos = pos_; // [P, dim] or NULL
-    if (!cpu_runs_format(format, dim))
+    if (format == NOPAD_WEIGHT_MIXED || !cpu_runs_format(format, dim))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "cpu embed_tokens_q: weight format %d with rows of %d values is not one the "
                                "CPU runs",

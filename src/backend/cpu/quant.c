@@ -480,7 +480,7 @@ enum { PREFILL_ROWS = 256, PREFILL_ROWS_MIN = 64 };
  * compute the same products and differ by float summation order only: a row's result does not
  * depend on how many tokens share its step (a prompt whole or in chunks, alone or batched with
  * others), as it does not with float weights. */
-static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *w, uint32_t type,
+static nopad_status linear_dequantized(float *y, size_t ldy, const float *x, const uint8_t *w, uint32_t type,
                                        int32_t T, int32_t K, int32_t N, int accumulate,
                                        int n_threads) {
     const size_t w_bytes = cpu_quant_row_bytes(type, K);
@@ -515,7 +515,7 @@ static nopad_status linear_dequantized(float *y, const float *x, const uint8_t *
             const int32_t rows = N - r0 < tile_rows ? N - r0 : tile_rows;
             dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
-                        scratch, K, accumulate ? 1.0f : 0.0f, y + r0, N);
+                        scratch, K, accumulate ? 1.0f : 0.0f, y + r0, (int)ldy);
         }
         free(scratch);
     }
@@ -536,6 +536,11 @@ int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa) {
 
 nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                                  int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa) {
+    return cpu_quant_linear_ld(y, (size_t)N, x, w, type, T, K, N, accumulate, n_threads, isa);
+}
+
+nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const void *w, uint32_t type, int32_t T,
+                                 int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa) {
     const quant_format *f;
     nopad_status st = check("cpu_quant_linear", type, K, &f);
     if (st == NOPAD_OK) st = check_isa("cpu_quant_linear", isa);
@@ -544,10 +549,13 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cpu_quant_linear: T = %d tokens and N = %d rows, expected >= 0",
                                T, N);
+    if (ldy < (size_t)N)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cpu_quant_linear: rows of y %zu floats apart, expected >= N = %d", ldy, N);
     if (T == 0 || N == 0) return NOPAD_OK;
     if (n_threads <= 0) n_threads = omp_get_max_threads();
     if (T >= cpu_quant_sgemm_tokens(type, isa))
-        return linear_dequantized(y, x, w, type, T, K, N, accumulate, n_threads);
+        return linear_dequantized(y, ldy, x, w, type, T, K, N, accumulate, n_threads);
     const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
     const int32_t nb = K / f->block;
     /* prompts on VNNI: the activations' panels, made once here for every thread's rows */
@@ -589,7 +597,7 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
             for (int32_t t0 = 0; t0 < T; t0 += chunk)
                 gemm_on(isa, type, (const uint8_t *)w + w_bytes * (size_t)r0, w_bytes, rows,
                         act + act_bytes * (size_t)t0, act_bytes, T - t0 < chunk ? T - t0 : chunk, nb,
-                        y + (size_t)t0 * N + r0, (size_t)N, accumulate, panels, scratch);
+                        y + (size_t)t0 * ldy + r0, ldy, accumulate, panels, scratch);
         }
         free(scratch);
     }

@@ -117,6 +117,12 @@ float cpu_quant_quantize_avx2(int8_t *q, int16_t *sums16, const float *x, int32_
 nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32_t type, int32_t T,
                                  int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa);
 
+/* cpu_quant_linear_on into y's first N columns, its rows ldy floats apart (ldy >= N, else
+ * NOPAD_ERR_INVALID_ARGUMENT): y[t · ldy + n]. A fused weight whose parts differ in format runs
+ * one part at a time into its columns (cpu_quant_ops.c, backend.h's NOPAD_WEIGHT_MIXED). */
+nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const void *w, uint32_t type, int32_t T,
+                                 int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa);
+
 /* The VNNI GEMM's operands for prompts (blocks of 32), laid out once so that its kernel of 4
  * weight rows × 4 tokens finds each block's scales and quants together, converted and unpacked:
  * one block of 4 tokens' activations, and one block of 4 weight rows. Q8_0's signed weights meet

@@ -174,20 +174,36 @@ KERNEL void tile32(uint32_t type, const uint8_t *w, size_t w_bytes, const uint8_
 #if !QUANT_TILES_VNNI /* VPDPBUSD has no part in the k-quants: their sub-block scales need madd */
 /* ---- the k-quants: Q4_K, Q5_K, Q6_K --------------------------------------------------------- */
 
-/* ggml's get_scale_min_k4 (as quant.c). */
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | (q[j - 4] >> 6) << 4;
-        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
-    }
+/* A Q4_K / Q5_K block's 12 bytes of 6-bit scales and mins at q (ggml's get_scale_min_k4 for all 8
+ * sub-blocks at once, in a vector; reads 16 bytes, the last 4 the block's own quants, unused):
+ * int16 lanes 0..7 the scales, 8..15 the mins. Bytes 0..3 hold scales 0..3 and bytes 4..7 mins
+ * 0..3 in their low 6 bits; bytes 8..11 scales 4..7 (low nibble) and mins 4..7 (high nibble),
+ * whose top 2 bits are the top 2 bits of bytes 0..3 and 4..7. */
+TARGET static inline __m256i scales_mins_k4(const uint8_t *q) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)q);
+    const __m128i low = _mm_and_si128(v, _mm_set_epi64x(0, 0x3f3f3f3f3f3f3f3f)); /* bytes 0..7 */
+    const __m128i b8 = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11, 8, 9, 10, 11));
+    const __m128i nib = _mm_blend_epi32(_mm_and_si128(b8, _mm_set1_epi8(0x0f)),
+                                        _mm_and_si128(_mm_srli_epi16(b8, 4), _mm_set1_epi8(0x0f)), 0x8);
+    const __m128i top = _mm_shuffle_epi8(_mm_and_si128(_mm_srli_epi16(v, 6), _mm_set1_epi8(3)),
+                                         _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+    const __m128i all = _mm_or_si128(low, _mm_or_si128(nib, _mm_slli_epi16(top, 4))); /* sc 0-3, m 0-3, sc 4-7, m 4-7 */
+    return _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(all, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
+}
+
+/* s2 holds 8 int16 in each 128-bit half: lane a of them in every int16 of the low half, lane b in
+ * every int16 of the high half (one byte shuffle) */
+KERNEL __m256i pick16(__m256i s2, const int a, const int b) {
+    return _mm256_shuffle_epi8(s2, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (2 * b + 1) + 2 * b)),
+                                                    _mm_set1_epi16((short)(0x0100 * (2 * a + 1) + 2 * a))));
 }
 
 /* Q4_K and Q5_K (layouts in quant.c): per 64 elements one 32-byte load of qs gives sub-blocks
  * 2k (low nibbles) and 2k+1 (high); Q5_K adds bit 2k / 2k+1 of qh as 16. The scales multiply
- * the int16 pair sums (madd), the mins go through the block sums. */
+ * the int16 pair sums (madd), the mins go through the block sums: Σ_j m_j·(bsum_2j + bsum_2j+1),
+ * one madd of the 8 mins with the 8 pair sums. The scales and mins are unpacked once per block
+ * in vectors (scales_mins_k4); the integers are ggml's, summed in the same lanes whatever the tile. */
 KERNEL void tile45_k(int five_bits, const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a_bytes,
                      int32_t nb, float *out, const int R, const int C) {
     const size_t bytes = five_bits ? 176 : 144;
@@ -199,23 +215,20 @@ KERNEL void tile45_k(int five_bits, const uint8_t *w, size_t w_bytes, const uint
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     }
     for (int32_t i = 0; i < nb; i++) {
-        __m256i sumi[R_MAX][C_MAX];
-        int32_t summ[R_MAX][C_MAX];
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) {
-                sumi[r][c] = _mm256_setzero_si256();
-                summ[r][c] = 0;
-            }
+        __m256i sumi[R_MAX][C_MAX], sc2[R_MAX];
+        __m128i mins[R_MAX];
+        for (int r = 0; r < R; r++) {
+            const __m256i sm = scales_mins_k4(w + w_bytes * (size_t)r + bytes * (size_t)i + 4);
+            sc2[r] = _mm256_permute2x128_si256(sm, sm, 0x00); /* the scales in both halves */
+            mins[r] = _mm256_extracti128_si256(sm, 1);
+            for (int c = 0; c < C; c++) sumi[r][c] = _mm256_setzero_si256();
+        }
         for (int k = 0; k < 4; k++) {
             __m256i lo[R_MAX], hi[R_MAX], sc0[R_MAX], sc1[R_MAX];
-            int m0[R_MAX], m1[R_MAX];
             for (int r = 0; r < R; r++) {
                 const uint8_t *wb = w + w_bytes * (size_t)r + bytes * (size_t)i;
-                int s0, s1;
-                scale_min_k4(2 * k, wb + 4, &s0, &m0[r]);
-                scale_min_k4(2 * k + 1, wb + 4, &s1, &m1[r]);
-                sc0[r] = _mm256_set1_epi16((int16_t)s0);
-                sc1[r] = _mm256_set1_epi16((int16_t)s1);
+                sc0[r] = pick16(sc2[r], 2 * k, 2 * k);
+                sc1[r] = pick16(sc2[r], 2 * k + 1, 2 * k + 1);
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(wb + (five_bits ? 48 : 16) + 32 * k));
                 lo[r] = _mm256_and_si256(q, low4);
                 hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
@@ -231,29 +244,40 @@ KERNEL void tile45_k(int five_bits, const uint8_t *w, size_t w_bytes, const uint
                 const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
                 const __m256i y0 = _mm256_loadu_si256((const __m256i *)(ab->qs + 64 * k));
                 const __m256i y1 = _mm256_loadu_si256((const __m256i *)(ab->qs + 64 * k + 32));
-                const int32_t b0 = ab->bsums[4 * k] + ab->bsums[4 * k + 1];
-                const int32_t b1 = ab->bsums[4 * k + 2] + ab->bsums[4 * k + 3];
                 for (int r = 0; r < R; r++) {
                     const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], y0), sc0[r]);
                     const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], y1), sc1[r]);
                     sumi[r][c] = _mm256_add_epi32(sumi[r][c], _mm256_add_epi32(p0, p1));
-                    summ[r][c] += m0[r] * b0 + m1[r] * b1;
                 }
             }
         }
         float d_a[C_MAX] = {0};
-        for (int c = 0; c < C; c++) d_a[c] = ((const cpu_q8k_block *)(a + a_bytes * (size_t)c))[i].d;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *wb = w + w_bytes * (size_t)r + bytes * (size_t)i;
-            int32_t mins[C_MAX] = {0};
-            for (int c = 0; c < C; c++) {
-                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(wb) * d_a[c]), _mm256_cvtepi32_ps(sumi[r][c]),
-                                            acc[r][c]);
-                mins[c] = summ[r][c];
+        int32_t summ[R_MAX][C_MAX];
+        for (int c = 0; c < C; c++) {
+            const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
+            d_a[c] = ab->d;
+            /* the 8 sub-blocks' activation sums: bsums paired (|sum| <= 64·127, no int16 overflow) */
+            const __m128i b0 = _mm_loadu_si128((const __m128i *)ab->bsums);
+            const __m128i b1 = _mm_loadu_si128((const __m128i *)(ab->bsums + 8));
+            const __m128i pairs = _mm_hadd_epi16(b0, b1);
+            for (int r = 0; r < R; r++) {
+                __m128i p = _mm_madd_epi16(mins[r], pairs);
+                p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4e));
+                p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xb1));
+                summ[r][c] = _mm_cvtsi128_si32(p);
             }
+        }
+        for (int r = 0; r < R; r++) {
+            int32_t dm16; /* d and dmin, converted in one */
+            memcpy(&dm16, w + w_bytes * (size_t)r + bytes * (size_t)i, sizeof dm16);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm16));
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm) * d_a[c]), _mm256_cvtepi32_ps(sumi[r][c]),
+                                            acc[r][c]);
             /* lane c: dmin·d_a·Σ m·bsum, as the one-token sum computes it */
-            const __m128 dmin_da = _mm_mul_ps(_mm_set1_ps(fp16_at(wb + 2)), lanes(d_a, C));
-            const __m128i m = C == 1 ? _mm_cvtsi32_si128(mins[0]) : _mm_setr_epi32(mins[0], mins[1], mins[2], mins[3]);
+            const __m128 dmin_da = _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x55), lanes(d_a, C));
+            const __m128i m = C == 1 ? _mm_cvtsi32_si128(summ[r][0])
+                                     : _mm_setr_epi32(summ[r][0], summ[r][1], summ[r][2], summ[r][3]);
             sum_m[r] = _mm_sub_ps(sum_m[r], _mm_mul_ps(dmin_da, _mm_cvtepi32_ps(m)));
         }
     }
@@ -266,8 +290,9 @@ KERNEL void tile45_k(int five_bits, const uint8_t *w, size_t w_bytes, const uint
 
 /* Q6_K (layout in io/gguf_dequant.c): per half of 128, 32-byte loads of ql[0..31], ql[32..63]
  * and qh[0..31] give four runs of 32 quants (0..63); a run's two groups of 16 sit in the two
- * 128-bit lanes, so one madd with (scale_lo, scale_hi) per lane applies both scales. The
- * offset 32 comes off as 32·Σ_g scale_g·bsum_g. */
+ * 128-bit lanes, so one madd with (scale_lo, scale_hi) per lane applies both scales (picked from the
+ * half's 8 scales by a byte shuffle). The offset 32 comes off as 32·Σ_g scale_g·bsum_g, one madd of
+ * the 16 scales with the 16 block sums. */
 KERNEL void tile6_k(const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a_bytes, int32_t nb,
                     float *out, const int R, const int C) {
     const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(3);
@@ -275,22 +300,28 @@ KERNEL void tile6_k(const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     for (int32_t i = 0; i < nb; i++) {
-        __m256i sumi[R_MAX][C_MAX];
-        for (int r = 0; r < R; r++)
+        __m256i sumi[R_MAX][C_MAX], sc16[R_MAX];
+        for (int r = 0; r < R; r++) {
+            sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + w_bytes * (size_t)r + 210 * (size_t)i + 192)));
             for (int c = 0; c < C; c++) sumi[r][c] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++)
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i half_sc[R_MAX], qh[R_MAX];
+            for (int r = 0; r < R; r++) {
+                /* scales 8h .. 8h+7 in both halves */
+                half_sc[r] = h == 0 ? _mm256_permute2x128_si256(sc16[r], sc16[r], 0x00)
+                                    : _mm256_permute2x128_si256(sc16[r], sc16[r], 0x11);
+                qh[r] = _mm256_loadu_si256((const __m256i *)(w + w_bytes * (size_t)r + 210 * (size_t)i + 128 + 32 * h));
+            }
             for (int run = 0; run < 4; run++) {
                 __m256i q[R_MAX], scale[R_MAX];
                 for (int r = 0; r < R; r++) {
                     const uint8_t *wb = w + w_bytes * (size_t)r + 210 * (size_t)i;
-                    const int8_t *sc = (const int8_t *)(wb + 192);
                     const __m256i l = _mm256_loadu_si256((const __m256i *)(wb + 64 * h + 32 * (run & 1)));
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
                     q[r] = _mm256_or_si256(
                         _mm256_and_si256(run < 2 ? l : _mm256_srli_epi16(l, 4), low4),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * run), low2), 4));
-                    const int g = 8 * h + 2 * run;
-                    scale[r] = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[r], 2 * run), low2), 4));
+                    scale[r] = pick16(half_sc[r], 2 * run, 2 * run + 1); /* groups 8h + 2run, + 1 */
                 }
                 for (int c = 0; c < C; c++) {
                     const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
@@ -300,13 +331,18 @@ KERNEL void tile6_k(const uint8_t *w, size_t w_bytes, const uint8_t *a, size_t a
                                                       _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), scale[r]));
                 }
             }
-        for (int r = 0; r < R; r++) {
-            const uint8_t *wb = w + w_bytes * (size_t)r + 210 * (size_t)i;
-            const int8_t *sc = (const int8_t *)(wb + 192);
-            for (int c = 0; c < C; c++) {
-                const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
-                int32_t offset = 0;
-                for (int g = 0; g < 16; g++) offset += sc[g] * ab->bsums[g];
+        }
+        for (int c = 0; c < C; c++) {
+            const cpu_q8k_block *ab = (const cpu_q8k_block *)(a + a_bytes * (size_t)c) + i;
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)ab->bsums);
+            for (int r = 0; r < R; r++) {
+                const uint8_t *wb = w + w_bytes * (size_t)r + 210 * (size_t)i;
+                /* Σ_g sc_g·bsum_g: |sc·bsum| <= 128·2032, 8 int32 lanes of two each */
+                const __m256i o = _mm256_madd_epi16(sc16[r], bsums);
+                __m128i o4 = _mm_add_epi32(_mm256_castsi256_si128(o), _mm256_extracti128_si256(o, 1));
+                o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0x4e));
+                o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
+                const int32_t offset = _mm_cvtsi128_si32(o4);
                 const __m256i s = _mm256_sub_epi32(sumi[r][c], _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
                 acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(wb + 208) * ab->d), _mm256_cvtepi32_ps(s),
                                             acc[r][c]);
