@@ -225,18 +225,10 @@ __device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, fl
         float4 a = *reinterpret_cast<const float4 *>(stage + r * LD + c);
         float4 b = *reinterpret_cast<const float4 *>(stage + r * LD + c + 4);
         const int64_t at = ((row + row_base) * N + col) >> 3;
-        if (sum) {
-            /* every peer's vector requested before the first add (a loop over the runtime world
-             * issued them one latency apart), then the adds in rank order */
-            uint4 part[CUDA_FLUX_MAX_WORLD];
-#pragma unroll
-            for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
-                if (s < p.world && s != p.rank)
-                    part[s] = __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 8);
-#pragma unroll
-            for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
-                if (s < p.world && s != p.rank) add8<T>(a, b, part[s]);
-        }
+        if (sum)
+            for (int s = 0; s < p.world; s++)
+                if (s != p.rank)
+                    add8<T>(a, b, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 8));
         dst[at] = pack8<T>(a, b);
     }
     if (RS && t.chunk != p.rank) {
@@ -639,17 +631,10 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
             /* N is a multiple of 8 and col of 4: col < N means the 4 columns are in */
             if (row < t.m_end && col < N) {
                 float4 a = *reinterpret_cast<const float4 *>(blk + r * WS_EPI_LD + c);
-                if (sum) {
-                    /* every peer's vector requested before the first add, as in epilogue() */
-                    uint2 part[CUDA_FLUX_MAX_WORLD];
-#pragma unroll
-                    for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
-                        if (s < p.world && s != p.rank)
-                            part[s] = __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 4);
-#pragma unroll
-                    for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
-                        if (s < p.world && s != p.rank) add4<T>(a, part[s]);
-                }
+                if (sum)
+                    for (int s = 0; s < p.world; s++)
+                        if (s != p.rank)
+                            add4<T>(a, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 4));
                 dst[((row + row_base) * N + col) / 4] = pack4<T>(a);
             }
         }
