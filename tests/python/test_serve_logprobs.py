@@ -118,13 +118,19 @@ def test_completions_top_logprobs_match_softmax(client, gen):
     check_completion_logprobs(gen, lp, ids, rows, 5)
     chunks = list(client.completions.create(stream=True, **kw))
     parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    # the same entries; log-probabilities within float32's rounding (each request computes its own
+    # logits: see test_chat_top_logprobs_match_softmax)
     assert [t for p in parts for t in p.tokens] == lp.tokens
-    assert [v for p in parts for v in p.token_logprobs] == lp.token_logprobs
-    assert [d for p in parts for d in p.top_logprobs] == lp.top_logprobs
+    np.testing.assert_allclose([v for p in parts for v in p.token_logprobs], lp.token_logprobs, rtol=1e-5, atol=1e-6)
+    streamed_top = [d for p in parts for d in p.top_logprobs]
+    assert [sorted(d) for d in streamed_top] == [sorted(d) for d in lp.top_logprobs]
+    np.testing.assert_allclose([d[t] for d in streamed_top for t in sorted(d)],
+                               [d[t] for d in lp.top_logprobs for t in sorted(d)], rtol=1e-5, atol=1e-6)
     assert [o for p in parts for o in p.text_offset] == lp.text_offset
     # logprobs 0: the chosen tokens only, top_logprobs null (as before)
     zero = client.completions.create(**{**kw, "logprobs": 0}).choices[0].logprobs
-    assert zero.top_logprobs is None and zero.token_logprobs == lp.token_logprobs
+    assert zero.top_logprobs is None
+    np.testing.assert_allclose(zero.token_logprobs, lp.token_logprobs, rtol=1e-5, atol=1e-6)
 
 
 def test_chat_top_logprobs_match_softmax(client, gen):
@@ -153,10 +159,19 @@ def test_chat_top_logprobs_match_softmax(client, gen):
     chunks = list(client.chat.completions.create(stream=True, **kw))
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
                 for e in c.choices[0].logprobs.content]
-    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    # the same entries; the log-probabilities within float32's rounding, not bit for bit: each request
+    # computes its own logits, and the second's prompt may come from the prefix cache the first
+    # filled (a CI run saw -3.0160367 against -3.0160356)
+    assert len(streamed) == len(content)
+    for a, b in zip(streamed, content):
+        assert (a.token, a.bytes) == (b.token, b.bytes)
+        assert [(x.token, x.bytes) for x in a.top_logprobs] == [(x.token, x.bytes) for x in b.top_logprobs]
+        np.testing.assert_allclose([a.logprob] + [x.logprob for x in a.top_logprobs],
+                                   [b.logprob] + [x.logprob for x in b.top_logprobs], rtol=1e-5, atol=1e-6)
     # logprobs without top_logprobs: empty lists, as OpenAI
     plain = client.chat.completions.create(**{**kw, "top_logprobs": None}).choices[0].logprobs.content
-    assert [e.top_logprobs for e in plain] == [[]] * 8 and [e.logprob for e in plain] == [e.logprob for e in content]
+    assert [e.top_logprobs for e in plain] == [[]] * 8
+    np.testing.assert_allclose([e.logprob for e in plain], [e.logprob for e in content], rtol=1e-5, atol=1e-6)
 
 
 def test_responses_logprobs_match_chat(client, gen):
