@@ -450,7 +450,8 @@ def kv_pool_tokens(args, shape, es, points, block):
     """KV tokens the largest point needs, and what fits the GPU's free memory next to the weights
     and workspace (CUDA) or 8 GiB (CPU)."""
     c = counts(shape)
-    need = max((B * (math.ceil(C / block) + 2) * block for B, C in points), default=block)
+    # a point's sequences end at C + steps // 2 (run_decode centres the timed steps on C)
+    need = max((B * math.ceil((C + args.steps // 2) / block) * block for B, C in points), default=block)
     need = max(need, 8192 + 16 * block)  # the prefill points
     # with tensor parallelism every GPU holds 1 / tp of the weights and of each token's KV
     per_token = c["kv_values_per_token"] * es / args.tp

@@ -121,7 +121,7 @@ def table(out):
             w["requests"], w["prompt_tokens"], w["output_tokens"], w["longest_output"]),
                   "| system | useful tokens/s | wall s | TTFT p50 ms | TTFT p99 ms | rows generated | nopad × | note |",
                   "|---|---|---|---|---|---|---|---|"]
-        nop = next((r for r in w["results"] if r["peer"] == "nopad" and _produced(r)), None)
+        nop = next((r for r in w["results"] if r["peer"].startswith("nopad") and _produced(r)), None)
         for r in w["results"]:
             name = PEER_NAMES.get(r["peer"], r["peer"])
             if not _produced(r):  # skipped, failed, or ran without a token: its error instead of numbers
@@ -163,6 +163,11 @@ def main():
     ap.add_argument("--peer-reps", type=int, default=2, help="timed runs of a peer at most")
     ap.add_argument("--budget-s", type=float, default=570, help="the whole run's time budget")
     ap.add_argument("--folder", help="the checkpoint folder (default /tmp/nopad_dec_<shape>)")
+    ap.add_argument("--weights", default="auto",
+                    help="nopad's weights, a comma list of auto, native, f16, bf16, fp8: one nopad row each "
+                         "(issue 43: FP8 or a GGUF's blocks against fp16), with its bytes in memory")
+    ap.add_argument("--model", help="nopad's model instead of the shape's random checkpoint (a GGUF file or a "
+                                    "folder: its weights; the shape still sets the workload's vocabulary)")
     ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"],
                     help="nopad: step n+1 planned and queued before step n's ids are back (auto: on CUDA)")
     args = ap.parse_args()
@@ -203,17 +208,32 @@ def main():
                                  "output_tokens": sum(outs), "longest_output": max(outs),
                                  "longest_prompt": max(map(len, prompts)), "results": []})
 
-    # nopad first, in this process; its memory goes back before the peers start
-    with nopad.Generator(folder, device=args.device, dtype=args.dtype, kv_cache_tokens=16,
-                         max_batch_tokens=16) as gen:
-        for w in out["workloads"]:
-            wl = json.load(open(w["workload"]))
-            try:
-                w["results"].append(run_nopad(args, gen, w["requests"], wl["prompts"], wl["outs"]))
-            except Exception as e:  # noqa: BLE001
-                w["results"].append({"peer": "nopad", "error": "%s: %s" % (type(e).__name__, e)})
-                print("# nopad %d requests: error %s" % (w["requests"], e), flush=True)
-            ec.save_json(args.out, out)
+    # nopad first, in this process, once per --weights; its memory goes back before the peers start
+    weights_list = args.weights.split(",")
+    for weights in weights_list:
+        peer = "nopad" if len(weights_list) == 1 else "nopad weights %s" % weights
+        try:
+            gen = nopad.Generator(args.model or folder, device=args.device, dtype=args.dtype, kv_cache_tokens=16,
+                                  max_batch_tokens=16, weights=weights)
+        except Exception as e:  # noqa: BLE001
+            for w in out["workloads"]:
+                w["results"].append({"peer": peer, "error": "load: %s: %s" % (type(e).__name__, e)})
+            print("# %s: load failed: %s" % (peer, e), flush=True)
+            continue
+        with gen:
+            mem = gen.memory
+            for w in out["workloads"]:
+                wl = json.load(open(w["workload"]))
+                try:
+                    r = run_nopad(args, gen, w["requests"], wl["prompts"], wl["outs"])
+                except Exception as e:  # noqa: BLE001
+                    r = {"error": "%s: %s" % (type(e).__name__, e)}
+                    print("# %s %d requests: error %s" % (peer, w["requests"], e), flush=True)
+                r.update(peer=peer, weights=weights, memory=mem)
+                if "error" not in r:
+                    r["note"] = "weights %.0f MB" % (mem["weights"] / 1e6)
+                w["results"].append(r)
+                ec.save_json(args.out, out)
 
     todo = [(w, p) for w in out["workloads"] for p in peers]
     for i, (w, p) in enumerate(todo):
@@ -235,7 +255,7 @@ def main():
     print(table(out))
     failed = [r for w in out["workloads"] for r in w["results"] if "error" in r]
     print("\ntotal %.0f s; JSON %s%s" % (out["total_s"], args.out, "; %d failed" % len(failed) if failed else ""))
-    return 1 if any(r["peer"] == "nopad" for r in failed) else 0
+    return 1 if any(r["peer"].startswith("nopad") for r in failed) else 0
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@
 #        checkpoints, and the FP8 GEMV alone), sanitize (compute-sanitizer memcheck over SANITIZE,
 #        default test_cuda_quant),
 #        pytest-cuda (tests/python/test_cuda_engine.py: the engine on CUDA),
+#        engine-fp8 (issue 43: workloads 1 and 4 through the engine, fp16 and FP8 weights),
 #        constrained (issue 44: bench/constrained_bench.py, the SERVE constrained row; carry
 #        .gpu_carry/ctok too), constrained-profile (the same under CUPTI: where the cost goes),
 #        default "gguf test". Logs and JSON to $OUT.
@@ -448,6 +449,18 @@ PY
     engine)
         timeout 300 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" \
             --out "$OUT/engine.json" --peers none ${ENGINE_ARGS:-} 2>&1 | tee "$OUT/engine.log" || status=1
+        ;;
+    engine-fp8)
+        # issue 43: workloads 1 (1b, 32 requests) and 4 (smollm2, 64) through the engine with fp16
+        # and FP8 weights (the random checkpoints quantized at load), tokens/s and bytes in memory
+        mkdir -p "$OUT/engine_fp8"
+        for a in "1b 32" "smollm2 64"; do
+            read -r shp nreq <<< "$a"
+            timeout 280 python3 "$ROOT/bench/engine_bench.py" --library "$BUILD/libnopad.so" --shape "$shp" \
+                --requests "$nreq" --peers none --reps 2 --weights f16,fp8 \
+                --out "$OUT/engine_fp8/engine_fp8_${shp}_$nreq.json" ${ENGINE_FP8_ARGS:-} 2>&1 |
+                tee "$OUT/engine_fp8/engine_fp8_${shp}_$nreq.log" | grep -v '^{' || status=1
+        done
         ;;
     engine-peers | engine-peers-256 | engine-smol)
         case $step in
