@@ -573,9 +573,10 @@ __device__ __forceinline__ void regs_alloc(void) {
 }
 
 /* mbar_wait with a bound: false (and KIND_STALL in the error word) once the phase has not
- * completed within twice the signal timeout plus 1 s. No wait of a correct kernel comes near it
- * (a slice waits at most for one signal's timeout); it turns a pipeline bug into an error that
- * cuda_flux_check reports instead of a hung device. */
+ * completed within W + 1 times the signal timeout plus 1 s. No wait of a correct kernel comes
+ * near it (a slice waits at most for one signal's timeout; a slot of partial boxes for the W - 1
+ * sources' signals one after the other, each within its timeout); it turns a pipeline bug into an
+ * error that cuda_flux_check reports instead of a hung device. */
 __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
     uint32_t done;
     asm volatile("{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\nselp.u32 %0, 1, 0, q;\n}\n"
@@ -586,7 +587,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
 }
 __device__ __forceinline__ bool mbar_wait_bounded(uint64_t *bar, uint32_t parity, const Params &p) {
     if (mbar_try_wait(bar, parity)) return true;
-    const uint64_t start = globaltimer(), limit = 2 * p.timeout_ns + 1000000000ull;
+    const uint64_t start = globaltimer(), limit = (uint64_t)(p.world + 1) * p.timeout_ns + 1000000000ull;
     while (!mbar_try_wait(bar, parity))
         if (globaltimer() - start > limit) {
             atomicCAS(p.error, 0u, FLUX_ERR_TIMEOUT | KIND_STALL << 8);
@@ -687,7 +688,8 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
             const int row = t.m_begin + r0 + r, col = t.n0 + cb * WS_EPI_COLS + c;
             /* N is a multiple of 8 and col of 4: col < N means the 4 columns are in */
             if (row < t.m_end && col < N)
-                dst[((row + row_base) * N + col) / 4] = pack4<T>(*reinterpret_cast<const float4 *>(blk + r * WS_EPI_LD + c));
+                dst[((row + row_base) * N + col) / 4] =
+                    pack4<T>(*reinterpret_cast<const float4 *>(blk + r * WS_EPI_LD + c));
         }
         __syncwarp(); /* the block is read before the next 32 columns overwrite it */
     }
@@ -1184,8 +1186,8 @@ extern "C" nopad_status cuda_flux_check(const cuda_flux_peers *peers, cudaStream
     if (kind == KIND_STALL)
         return nopad_set_error(NOPAD_ERR_BACKEND,
                                "flux gemm on rank %d: the TMA pipeline stalled (an mbarrier phase never completed "
-                               "within twice the timeout plus 1 s: a kernel bug, not a late peer); the output is "
-                               "undefined",
+                               "within (world + 1) times the timeout plus 1 s: a kernel bug, not a late peer); the "
+                               "output is undefined",
                                peers->rank);
     if (kind == KIND_AG)
         return nopad_set_error(NOPAD_ERR_BACKEND,
