@@ -823,8 +823,10 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
                 if (i0 + k < pb.n)
                     add_box<T, BN>(d, box_at<T, BN, STAGES>(As, Bs, s, k), (i0 + k) % pb.col_boxes, cw * 64 + warp * 16,
                                    lane);
-            /* the warp's ldmatrix reads are done (they return registers): the slot goes back. No proxy
-             * fence before the TMA overwrites it, as in CUTLASS's TMA-loaded epilogue sources. */
+            /* the warp's reads of the slot (generic proxy) ordered before the TMA's next writes into
+             * it (async proxy), as CUTLASS's sm90 epilogue does before releasing a TMA-loaded
+             * source tile; then the slot goes back */
+            fence_proxy_async();
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[s]);
         }
