@@ -10,7 +10,8 @@ the w part the rest: 3 for 128x256 with 4 stages, 2 for 128x128 with 6), the las
 part full, each source's signal arriving late. Checks: every slice a consumer reads holds that
 slice's x and w, every partial slot the boxes of that tile and slot (and no stale one past a
 part-full slot's boxes is read); no copy lands in a slot a warp still reads; no deadlock. (The
-cluster form of the deleted configuration 6 was checked here too: git show b6128f6.) Usage:
+cluster form of the deleted configuration 6 was checked here too: git show b6128f6.) And
+add_box's ldmatrix addresses against wgmma's accumulator layout (check_box_fragments). Usage:
 tools/flux_ring_model.py (prints ok).
 """
 import random
@@ -108,7 +109,35 @@ def run_single(seed, STAGES, PER_SLOT, KT, tiles, signal_delay, box_delay):
     assert all(not h for h in held)
     return True
 
+def check_box_fragments():
+    """add_box's addresses, simulated: a 128 x 64 box as TMA writes it (128-byte swizzle: 16-byte
+    piece c of row r at c ^ (r % 8)), read by ldmatrix.x4 at add_box's lane addresses (lanes
+    8m..8m+7 give matrix m's rows; lane l gets row l/4, elements 2(l%4), 2(l%4)+1 of each), put
+    where add_box puts them; each lane's d[4j + 2h + e] must be wgmma's accumulator element (row
+    r0 + l/4 + 8h, column 8j + 2(l%4) + e) for every column box and warp."""
+    mem = {r * 128 + (((c // 8) ^ (r % 8)) * 16) + (c % 8) * 2: (r, c) for r in range(128) for c in range(64)}
+    for cb in range(4):
+        for r0 in range(0, 128, 16):
+            got = {}
+            for jj in range(0, 8, 2):
+                addr = []
+                for lane in range(32):
+                    row = r0 + (lane & 7) + ((lane >> 3) & 1) * 8
+                    addr.append(row * 128 + (((jj + (lane >> 4)) ^ (row & 7)) << 4))
+                for lane in range(32):
+                    for m in range(4):
+                        base = addr[8 * m + lane // 4] + (lane % 4) * 4
+                        at = 4 * (8 * cb + jj + (m >> 1)) + 2 * (m & 1)
+                        got[(lane, at)], got[(lane, at + 1)] = mem[base], mem[base + 2]
+            for lane in range(32):
+                for j in range(8 * cb, 8 * cb + 8):
+                    for h in range(2):
+                        for e in range(2):
+                            want = (r0 + lane // 4 + 8 * h, 8 * j + 2 * (lane % 4) + e - 64 * cb)
+                            assert got[(lane, 4 * j + 2 * h + e)] == want, (cb, r0, lane, j, h, e)
+
 if __name__ == "__main__":
+    check_box_fragments()
     RUNS = 4000
     for seed in range(RUNS):
         r = random.Random(seed)
@@ -120,4 +149,4 @@ if __name__ == "__main__":
         delays = [r.choice([0, 0, 5, 40]) for _ in range(n_tiles)]
         src_delays = {(t, i): r.choice([0, 0, 3, 30]) for t in range(n_tiles) for i in range(8)}
         run_single(seed, STAGES, PER_SLOT, KT, tiles, lambda t: delays[t], lambda t, i: src_delays[(t, i)])
-    print("ok: %d single-CTA runs (slices and partial boxes)" % RUNS)
+    print("ok: add_box's fragments; %d single-CTA runs (slices and partial boxes)" % RUNS)
