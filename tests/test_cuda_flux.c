@@ -9,11 +9,12 @@
  *   reset between calls). The same after every rank pushed its chunk with cuda_flux_ag_push.
  * - GEMM+ReduceScatter against GEMM-then-reduce-scatter: each rank's partial x_s · w_sᵀ, the local
  *   chunk's sum in y, and this rank's partial tiles in the other ranks' inboxes with their signals
- *   set.
+ *   set; also from a rank with no rows (no local tile). In the TMA configurations the peers'
+ *   partials come through the ring as boxes (W - 1 = 1, 3 and 7 sources; a part-full last slot;
+ *   column boxes past N skipped where N = 200, 392 and 2056 end inside a tile).
  * - A chunk that never arrives: the kernel ends within its timeout (50 ms here) and cuda_flux_check
  *   names the missing rank; the next call on the same buffers works.
- * - Both kernels recorded into a CUDA graph and replayed (the AllGather also in the TMA
- *   configurations 2 and 3).
+ * - Both kernels recorded into a CUDA graph and replayed (also in the TMA configurations 2 and 3).
  * - Every configuration also with more tiles than SMs (the persistent ones 2 and 3 then take
  *   several tiles a CTA) and with a chunk of 0 rows; the timeouts of both kernels in every one.
  * - Refused shapes and arguments.
@@ -487,6 +488,10 @@ static void test_gemm_rs(void **state) {
                          .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
             const double e = run_rs(&c, &rng);
             if (!(e <= worst)) worst = e;
+            /* the rank with no rows: no local tile, no sum (the TMA configurations encode no inbox
+             * map for it); its partial tiles still go to every other rank's inbox */
+            c.rank = 1;
+            run_rs(&c, &rng);
         }
         /* more tiles than SMs (~145 of 128 x 256, ~270 of 128 x 128): persistent CTAs take several
          * tiles, remote and local ones (the local chunk's last, waiting for the peers' partials) */
@@ -601,21 +606,25 @@ static void test_graph(void **state) {
         cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
     }
 
-    /* GEMM+ReduceScatter at W = 1 (its own inbox, no peer: y is this rank's partial) in a graph */
+    /* GEMM+ReduceScatter at W = 1 (its own inbox, no peer: y is this rank's partial) in a graph:
+     * the pick's configuration and the TMA ones */
     const int32_t all[1] = {(int32_t)M};
     cuda_flux_peers one = {.world = 1, .rank = 0, .error = error, .timeout_ns = TIMEOUT_NS};
     one.buffers[0] = dev_alloc(cuda_flux_rs_inbox_bytes(DTYPES[d], (int32_t)M, N, 1)), one.signals[0] = signals;
-    assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    assert_nopad_ok(cuda_flux_gemm_rs(DTYPES[d], dy, dx, dw, &one, all, K, N, epoch, CUDA_FLUX_CONFIG_AUTO, streams[d]));
-    assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
-    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    poison(d, dy, (size_t)M * N);
-    assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
-    assert_nopad_ok(cuda_flux_check(&one, streams[d]));
-    assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, dy, (size_t)M * N));
-    const double err = row_error("graph gemm+reduce-scatter", y, ref, M, N);
-    if (!(err <= BOUND[d])) fail_msg("graph gemm+reduce-scatter: row rel err %.3g", err);
-    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    for (int gc = 0; gc < 3; gc++) {
+        assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        assert_nopad_ok(
+            cuda_flux_gemm_rs(DTYPES[d], dy, dx, dw, &one, all, K, N, epoch, graph_configs[gc], streams[d]));
+        assert_int_equal(cudaStreamEndCapture(streams[d], &graph), cudaSuccess);
+        assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        poison(d, dy, (size_t)M * N);
+        assert_int_equal(cudaGraphLaunch(exec, streams[d]), cudaSuccess);
+        assert_nopad_ok(cuda_flux_check(&one, streams[d]));
+        assert_nopad_ok(gpu[d]->download_f32(gpu[d], y, dy, (size_t)M * N));
+        const double err = row_error("graph gemm+reduce-scatter", y, ref, M, N);
+        if (!(err <= BOUND[d])) fail_msg("graph gemm+reduce-scatter config %d: row rel err %.3g", graph_configs[gc], err);
+        cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    }
     cudaFree(one.buffers[0]), cudaFree(signals), cudaFree(error), cudaFree(dy);
     gpu[d]->free(gpu[d], dx), gpu[d]->free(gpu[d], dw);
     free(x), free(w), free(ref), free(y);

@@ -518,8 +518,19 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
  * writes cover the 32 banks once; its float4 reads are whole 128-byte rows), then 8-byte stores,
  * rows of 64 bytes a quarter-warp. Destinations as in epilogue(): y, slot `rank` of the owner's
  * inbox (then, after the consumers' named barrier, one thread's system fence and release of the
- * tile's signal), or the local tile plus the W - 1 peers' partials in rank order, one rounding
- * (lane 0 of each warp acquires the W - 1 signals, __syncwarp orders the warp's reads after). */
+ * tile's signal), or, for a local tile, y = the tile plus the W - 1 peers' partials, one rounding.
+ *
+ * The ReduceScatter's partials come through the ring (PartialBoxes below): after a local tile's
+ * last K slice the producer acquires the W - 1 sources' signals of the tile, in rank order, each
+ * before its first box (then fence.proxy.async.global, as for the AllGather's chunk), and loads
+ * their partial tiles from the local inbox as 128 x 64 boxes (a 3-D tensor map: column, row,
+ * source slot), PER_SLOT boxes a ring slot, through the same full / empty barriers: the slot
+ * count g runs on over them, so the slices and boxes of the next tile follow in the same ring.
+ * The consumers wait on each slot's full barrier, add its boxes into their accumulators
+ * (ldmatrix from the swizzled box: the fragment's own rows and columns), release the slot and
+ * store y once. The waits left the consumers: the partials' reads are bulk copies in flight under
+ * the tile's last MMAs, and the epilogue touches shared memory only. On a timeout (reported) the
+ * producer loads the boxes anyway, as the AllGather's rows, and the output is undefined. */
 constexpr int WS_THREADS = 384, WS_BM = 128;
 constexpr int WS_PRODUCER_REGS = 32, WS_CONSUMER_REGS = 224;
 constexpr int WS_EPI_COLS = 32, WS_EPI_LD = 40; /* a warp's epilogue block: 16 x 32 fp32, row stride 40 */
@@ -530,6 +541,15 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, u
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
             smem_addr(dst)),
         "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row)
+        : "memory");
+}
+/* a box of the 3-D map of the local inbox ([W][rows][N]: column, row, source slot) */
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int col, int row,
+                                            int slot) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row), "r"(slot)
         : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
@@ -553,9 +573,10 @@ __device__ __forceinline__ void regs_alloc(void) {
 }
 
 /* mbar_wait with a bound: false (and KIND_STALL in the error word) once the phase has not
- * completed within twice the signal timeout plus 1 s. No wait of a correct kernel comes near it
- * (a slice waits at most for one signal's timeout); it turns a pipeline bug into an error that
- * cuda_flux_check reports instead of a hung device. */
+ * completed within W + 1 times the signal timeout plus 1 s. No wait of a correct kernel comes
+ * near it (a slice waits at most for one signal's timeout; a slot of partial boxes for the W - 1
+ * sources' signals one after the other, each within its timeout); it turns a pipeline bug into an
+ * error that cuda_flux_check reports instead of a hung device. */
 __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
     uint32_t done;
     asm volatile("{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\nselp.u32 %0, 1, 0, q;\n}\n"
@@ -566,7 +587,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
 }
 __device__ __forceinline__ bool mbar_wait_bounded(uint64_t *bar, uint32_t parity, const Params &p) {
     if (mbar_try_wait(bar, parity)) return true;
-    const uint64_t start = globaltimer(), limit = 2 * p.timeout_ns + 1000000000ull;
+    const uint64_t start = globaltimer(), limit = (uint64_t)(p.world + 1) * p.timeout_ns + 1000000000ull;
     while (!mbar_try_wait(bar, parity))
         if (globaltimer() - start > limit) {
             atomicCAS(p.error, 0u, FLUX_ERR_TIMEOUT | KIND_STALL << 8);
@@ -575,20 +596,71 @@ __device__ __forceinline__ bool mbar_wait_bounded(uint64_t *bar, uint32_t parity
     return true;
 }
 
-/* 4 fp32 to 4 packed elements (8 bytes), and 4 packed elements added to 4 fp32 */
+/* 4 fp32 to 4 packed elements (8 bytes) */
 template <class T>
 __device__ __forceinline__ uint2 pack4(const float4 a) {
     return make_uint2(Pack<T>::pack(a.x, a.y), Pack<T>::pack(a.z, a.w));
 }
-template <class T>
-__device__ __forceinline__ void add4(float4 &a, const uint2 v) {
-    const float2 p0 = Pack<T>::unpack(v.x), p1 = Pack<T>::unpack(v.y);
-    a.x += p0.x, a.y += p0.y, a.z += p1.x, a.w += p1.y;
+
+/* The ReduceScatter's partial boxes (configurations 2-3): a local-chunk tile's W - 1 peer partial
+ * tiles come through the ring as 128-row x 64-column boxes of the local inbox (16 KB, the 128-byte
+ * swizzle of the x and w boxes), after the tile's K slices, as extra slices of the tile. A ring
+ * slot holds 1 + BN / 128 boxes (its x part one, its w part BN / 128). Box i of the tile is source
+ * index i / col_boxes (the peers in rank order, the local rank skipped), column box i % col_boxes;
+ * col_boxes = the tile's 64-column boxes that reach into N (a box wholly past N is not loaded).
+ * So the consumers add each element's W - 1 partials in rank order, as epilogue() does. */
+template <int BN>
+struct PartialBoxes {
+    static constexpr int PER_SLOT = 1 + BN / 128;
+    int n, col_boxes; /* boxes of the tile (0: not a local ReduceScatter tile), column boxes a source */
+};
+template <int BN, bool RS>
+__device__ __forceinline__ PartialBoxes<BN> partial_boxes(const Params &p, const TileCoord &t) {
+    PartialBoxes<BN> b{0, 0};
+    if (RS && t.chunk == p.rank) {
+        b.col_boxes = min(BN / BK, (p.N - t.n0 + BK - 1) / BK);
+        b.n = (p.world - 1) * b.col_boxes;
+    }
+    return b;
+}
+/* where box k (0 .. PER_SLOT - 1) of ring slot s lies: the slot's x part, then its w part */
+template <class T, int BN, int STAGES>
+__device__ __forceinline__ T *box_at(T *As, T *Bs, int s, int k) {
+    return k == 0 ? As + s * (WS_BM * BK) : Bs + s * (BN * BK) + (k - 1) * (WS_BM * BK);
+}
+
+/* d (a consumer warp's accumulators: rows r0 + g and r0 + g + 8 of the tile, g = lane / 4; columns
+ * 8j + 2q, 8j + 2q + 1, q = lane % 4, in d[4j .. 4j + 3]) += column box cb of a partial box (128 x 64
+ * in the 128-byte swizzle: 16-byte piece c of row r at c ^ (r & 7)). ldmatrix.x4 hands each lane
+ * exactly that fragment of four 8 x 8 matrices (rows r0..r0+7 / r0+8..r0+15, pieces c / c + 1);
+ * a matrix's 8 row pieces are 8 distinct bank groups under the swizzle. cb is a runtime value: the
+ * branch per column box keeps d's indices constant (d stays in registers). */
+template <class T, int BN>
+__device__ __forceinline__ void add_box(float (&d)[BN / 2], const T *box, int cb, int r0, int lane) {
+    const int row = r0 + (lane & 7) + ((lane >> 3) & 1) * 8, piece_hi = lane >> 4;
+    const unsigned char *base = reinterpret_cast<const unsigned char *>(box) + row * 128;
+#pragma unroll
+    for (int c = 0; c < BN / BK; c++) {
+        if (c != cb) continue;
+#pragma unroll
+        for (int jj = 0; jj < 8; jj += 2) {
+            uint32_t v[4];
+            ldmatrix_x4(v, base + (((jj + piece_hi) ^ (row & 7)) << 4));
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                /* matrix m: rows + 8 (m & 1), piece jj + (m >> 1) -> d[4j + 2h], j = 8c + jj + (m >> 1), h = m & 1 */
+                const float2 f = Pack<T>::unpack(v[m]);
+                const int at = 4 * (8 * c + jj + (m >> 1)) + 2 * (m & 1);
+                d[at] += f.x, d[at + 1] += f.y;
+            }
+        }
+    }
 }
 
 /* One consumer warp's share of the tile's epilogue: rows r0 .. r0 + 15 of the tile (r0 = 64 x its
  * warpgroup + 16 x its warp there), every column. d: the warp's wgmma accumulators (row g and
- * g + 8, g = lane / 4, columns 8j + 2q and 8j + 2q + 1, q = lane % 4, in d[4j .. 4j + 3]). */
+ * g + 8, g = lane / 4, columns 8j + 2q and 8j + 2q + 1, q = lane % 4, in d[4j .. 4j + 3]), the
+ * peers' partials already added for a local ReduceScatter tile. */
 template <class T, int BN, bool RS>
 __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t, const float (&d)[BN / 2], int r0,
                                             float *blk, int lane) {
@@ -598,20 +670,6 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
     if (!RS) dst = static_cast<uint2 *>(p.y), row_base = 0;
     else if (t.chunk == p.rank) dst = static_cast<uint2 *>(p.y), row_base = -(int64_t)t.c_row0;
     else dst = static_cast<uint2 *>(p.inbox[t.chunk]), row_base = (int64_t)p.rank * t.c_rows - t.c_row0;
-    const bool sum = RS && t.chunk == p.rank;
-    if (sum) {
-        bool ok = true;
-        if (lane == 0)
-            for (int s = 0; s < p.world && ok; s++)
-                if (s != p.rank)
-                    ok = wait_signal(p.signals[p.rank] + ((int64_t)s * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
-                                     p.epoch, p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)s);
-        /* __syncwarp orders the warp's reads of the inbox after lane 0's acquires (as the
-         * __syncthreads after wait_signal does in epilogue()); on a timeout the tile is left */
-        __syncwarp();
-        if (!__shfl_sync(0xffffffffu, ok ? 1 : 0, 0)) return;
-    }
-    const uint2 *inbox = static_cast<const uint2 *>(p.inbox[p.rank]);
     const int g = lane >> 2, q2 = (lane & 3) * 2;
 #pragma unroll
     for (int cb = 0; cb < BN / WS_EPI_COLS; cb++) {
@@ -629,14 +687,9 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
             const int v = i * 32 + lane, r = v / (WS_EPI_COLS / 4), c = (v % (WS_EPI_COLS / 4)) * 4;
             const int row = t.m_begin + r0 + r, col = t.n0 + cb * WS_EPI_COLS + c;
             /* N is a multiple of 8 and col of 4: col < N means the 4 columns are in */
-            if (row < t.m_end && col < N) {
-                float4 a = *reinterpret_cast<const float4 *>(blk + r * WS_EPI_LD + c);
-                if (sum)
-                    for (int s = 0; s < p.world; s++)
-                        if (s != p.rank)
-                            add4<T>(a, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 4));
-                dst[((row + row_base) * N + col) / 4] = pack4<T>(a);
-            }
+            if (row < t.m_end && col < N)
+                dst[((row + row_base) * N + col) / 4] =
+                    pack4<T>(*reinterpret_cast<const float4 *>(blk + r * WS_EPI_LD + c));
         }
         __syncwarp(); /* the block is read before the next 32 columns overwrite it */
     }
@@ -645,7 +698,9 @@ __device__ __forceinline__ void epilogue_ws(const Params &p, const TileCoord &t,
 template <class T, int BN, int STAGES, bool RS>
 __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
                                                const __grid_constant__ CUtensorMap map_x, /* x [M, K], 64 x 128 boxes */
-                                               const __grid_constant__ CUtensorMap map_w) /* w [N, K], 64 x BN boxes */ {
+                                               const __grid_constant__ CUtensorMap map_w, /* w [N, K], 64 x BN boxes */
+                                               const __grid_constant__ CUtensorMap map_p) /* ReduceScatter: the local
+                                                 inbox [W][rows][N], 64 x 128 x 1 boxes; else unused */ {
     constexpr int BM = WS_BM, A_STAGE = BM * BK, B_STAGE = BN * BK; /* elements */
     constexpr uint32_t STAGE_BYTES = (uint32_t)(A_STAGE + B_STAGE) * sizeof(T);
     static_assert(128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * 160, "the CTA's registers");
@@ -701,6 +756,30 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
                 }
                 tma_load_2d(As + s * A_STAGE, &map_x, &full[s], kt * BK, t.m_begin);
             }
+            /* a local ReduceScatter tile: the peers' partial tiles, PER_SLOT boxes a slot, each
+             * source's signal acquired (then the proxy fence) before its first box is loaded. On a
+             * timeout (reported) the boxes are loaded anyway, as the AllGather's rows are. */
+            const PartialBoxes<BN> pb = partial_boxes<BN, RS>(p, t);
+            int acquired = 0; /* sources (index among the peers, rank order) acquired */
+            for (int i0 = 0; i0 < pb.n; i0 += PartialBoxes<BN>::PER_SLOT, g++) {
+                const int s = g % STAGES, n = min(PartialBoxes<BN>::PER_SLOT, pb.n - i0);
+                const int last = (i0 + n - 1) / pb.col_boxes;
+                if (acquired <= last) {
+                    for (; acquired <= last; acquired++) {
+                        const int src = acquired < p.rank ? acquired : acquired + 1;
+                        wait_signal(p.signals[p.rank] + ((int64_t)src * t.tiles_m + t.tile_m) * p.tiles_n + t.tile_n,
+                                    p.epoch, p.error, p.timeout_ns, FLUX_ERR_TIMEOUT | KIND_RS << 8 | (uint32_t)src);
+                    }
+                    fence_proxy_async_global();
+                }
+                if (g >= STAGES && !mbar_wait_bounded(&empty[s], ((g / STAGES) + 1) & 1, p)) return;
+                mbar_arrive_expect_tx(&full[s], (uint32_t)n * (WS_BM * BK) * sizeof(T));
+                for (int k = 0; k < n; k++) {
+                    const int i = i0 + k, src_i = i / pb.col_boxes, src = src_i < p.rank ? src_i : src_i + 1;
+                    tma_load_3d(box_at<T, BN, STAGES>(As, Bs, s, k), &map_p, &full[s], t.n0 + (i % pb.col_boxes) * BK,
+                                t.m_begin - t.c_row0, src);
+                }
+            }
         }
         return;
     }
@@ -733,6 +812,24 @@ __global__ void __maxnreg__(160) flux_gemm_ws(const __grid_constant__ Params p,
         }
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);
+
+        /* a local ReduceScatter tile: the peers' partial boxes, added as they land (rank order) */
+        const PartialBoxes<BN> pb = partial_boxes<BN, RS>(p, t);
+        for (int i0 = 0; i0 < pb.n; i0 += PartialBoxes<BN>::PER_SLOT, g++) {
+            const int s = g % STAGES;
+            if (!stalled && !mbar_wait_bounded(&full[s], (g / STAGES) & 1, p)) stalled = true;
+#pragma unroll
+            for (int k = 0; k < PartialBoxes<BN>::PER_SLOT; k++)
+                if (i0 + k < pb.n)
+                    add_box<T, BN>(d, box_at<T, BN, STAGES>(As, Bs, s, k), (i0 + k) % pb.col_boxes, cw * 64 + warp * 16,
+                                   lane);
+            /* the warp's reads of the slot (generic proxy) ordered before the TMA's next writes into
+             * it (async proxy), as CUTLASS's sm90 epilogue does before releasing a TMA-loaded
+             * source tile; then the slot goes back */
+            fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+        }
 
         epilogue_ws<T, BN, RS>(p, t, d, cw * 64 + warp * 16, blk, lane);
         if (RS && t.chunk != p.rank) {
@@ -842,15 +939,43 @@ nopad_status encode_map(CUtensorMap *map, const void *base, int64_t rows, int32_
     return NOPAD_OK;
 }
 
+/* The local ReduceScatter inbox, W slots of [rows, N] (N a multiple of 8, 16-byte aligned), as a
+ * 3-D tensor (column, row, slot) of 64-column x 128-row x 1-slot boxes in the 128-byte swizzle: a
+ * box's rows past the slot's end and columns past N read as zeros (never the next slot's rows,
+ * which a peer may still be writing). */
+nopad_status encode_inbox_map(CUtensorMap *map, const void *base, int32_t rows, int32_t cols, int32_t world) {
+    pthread_once(&tensor_map_encoder_once, look_up_tensor_map_encoder);
+    if (!tensor_map_encoder_fn)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "flux gemm: the driver has no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)world};
+    const cuuint64_t strides[2] = {(cuuint64_t)cols * 2, (cuuint64_t)cols * 2 * (cuuint64_t)rows}; /* bytes */
+    const cuuint32_t box[3] = {(cuuint32_t)BK, (cuuint32_t)WS_BM, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    const CUresult r = tensor_map_encoder_fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void *>(base), dims,
+                                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: tensor map of the inbox [%d][%d, %d]: CUresult %d",
+                               (int)world, (int)rows, (int)cols, (int)r);
+    return NOPAD_OK;
+}
+
 template <class T, int BN, int STAGES, bool RS>
 nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
     /* + 1024: the kernel aligns the ring to 1024 bytes (the swizzle atom) */
     constexpr size_t smem =
         (size_t)STAGES * (WS_BM + BN) * BK * sizeof(T) + 8 * WS_EPI_FLOATS * sizeof(float) + 1024;
     static_assert(smem <= 227 * 1024, "the ring and the epilogue blocks fit a SM's shared memory");
-    CUtensorMap map_x, map_w;
+    CUtensorMap map_x, map_w, map_p;
     nopad_status st = encode_map(&map_x, p.x, p.row0[p.world], p.K, WS_BM);
     if (st == NOPAD_OK) st = encode_map(&map_w, p.w, p.N, p.K, BN);
+    /* the peers' partials of the local chunk; without local rows or peers the kernel never reads it */
+    const int32_t local_rows = p.row0[p.rank + 1] - p.row0[p.rank];
+    if (st == NOPAD_OK && RS && local_rows > 0 && p.world > 1)
+        st = encode_inbox_map(&map_p, p.inbox[p.rank], local_rows, p.N, p.world);
+    else
+        map_p = map_x;
     if (st != NOPAD_OK) return st;
     auto kernel = flux_gemm_ws<T, BN, STAGES, RS>;
     static int attribute_set[CUDA_MAX_DEVICES];
@@ -864,7 +989,7 @@ nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
     }
     const int sms = cuda_sm_count();
     const int grid = sms > 0 && sms < tiles ? sms : tiles; /* persistent: one CTA a SM at most */
-    kernel<<<grid, WS_THREADS, smem, stream>>>(p, map_x, map_w);
+    kernel<<<grid, WS_THREADS, smem, stream>>>(p, map_x, map_w, map_p);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: launch of %d persistent CTAs: %s", grid,
@@ -1063,8 +1188,8 @@ extern "C" nopad_status cuda_flux_check(const cuda_flux_peers *peers, cudaStream
     if (kind == KIND_STALL)
         return nopad_set_error(NOPAD_ERR_BACKEND,
                                "flux gemm on rank %d: the TMA pipeline stalled (an mbarrier phase never completed "
-                               "within twice the timeout plus 1 s: a kernel bug, not a late peer); the output is "
-                               "undefined",
+                               "within (world + 1) times the timeout plus 1 s: a kernel bug, not a late peer); the "
+                               "output is undefined",
                                peers->rank);
     if (kind == KIND_AG)
         return nopad_set_error(NOPAD_ERR_BACKEND,
