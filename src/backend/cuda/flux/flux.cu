@@ -225,10 +225,18 @@ __device__ __forceinline__ void epilogue(const Params &p, const TileCoord &t, fl
         float4 a = *reinterpret_cast<const float4 *>(stage + r * LD + c);
         float4 b = *reinterpret_cast<const float4 *>(stage + r * LD + c + 4);
         const int64_t at = ((row + row_base) * N + col) >> 3;
-        if (sum)
-            for (int s = 0; s < p.world; s++)
-                if (s != p.rank)
-                    add8<T>(a, b, __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 8));
+        if (sum) {
+            /* every peer's vector requested before the first add (a loop over the runtime world
+             * issued them one latency apart), then the adds in rank order */
+            uint4 part[CUDA_FLUX_MAX_WORLD];
+#pragma unroll
+            for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
+                if (s < p.world && s != p.rank)
+                    part[s] = __ldcg(inbox + (((int64_t)s * t.c_rows + row - t.c_row0) * N + col) / 8);
+#pragma unroll
+            for (int s = 0; s < CUDA_FLUX_MAX_WORLD; s++)
+                if (s < p.world && s != p.rank) add8<T>(a, b, part[s]);
+        }
         dst[at] = pack8<T>(a, b);
     }
     if (RS && t.chunk != p.rank) {
