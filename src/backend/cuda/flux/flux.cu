@@ -884,21 +884,28 @@ const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 128x128x64 3 stage
                                                        "tma warp-specialized persistent 128x256x64 4 stages",
                                                        "tma warp-specialized persistent 128x128x64 6 stages"};
 
+/* Lets `kernel` take `smem` bytes of dynamic shared memory, once per device (the attribute is per
+ * device and context); `attribute_set` is the kernel's own record of the devices done, one static
+ * array per kernel instantiation (a template's statics would be shared by kernels of one type). */
+nopad_status allow_dynamic_smem(int (&attribute_set)[CUDA_MAX_DEVICES], const void *kernel, size_t smem) {
+    const int dev = cuda_current_device();
+    if (dev >= 0 && cuda_cache_load(&attribute_set[dev])) return NOPAD_OK;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: %zu bytes of shared memory: %s", smem,
+                               cudaGetErrorString(e));
+    if (dev >= 0) cuda_cache_store(&attribute_set[dev], 1);
+    return NOPAD_OK;
+}
+
 template <class T, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
 nopad_status launch(const Params &p, int blocks, cudaStream_t stream) {
     /* + 1024: the kernel aligns the ring to 1024 bytes (wgmma's swizzle atom) */
     constexpr size_t smem = (size_t)STAGES * (BM + BN) * BK * sizeof(T) + 1024;
     auto kernel = flux_gemm<T, BM, BN, STAGES, INFLIGHT, MIN_CTAS, RS>;
-    /* once per device (the attribute is per device and context) */
     static int attribute_set[CUDA_MAX_DEVICES];
-    const int dev = cuda_current_device();
-    if (dev < 0 || !cuda_cache_load(&attribute_set[dev])) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess)
-            return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: %zu bytes of shared memory: %s", smem,
-                                   cudaGetErrorString(e));
-        if (dev >= 0) cuda_cache_store(&attribute_set[dev], 1);
-    }
+    const nopad_status st = allow_dynamic_smem(attribute_set, reinterpret_cast<const void *>(kernel), smem);
+    if (st != NOPAD_OK) return st;
     kernel<<<blocks, THREADS, smem, stream>>>(p);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
@@ -987,14 +994,8 @@ nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
     if (st != NOPAD_OK) return st;
     auto kernel = flux_gemm_ws<T, BN, STAGES, RS>;
     static int attribute_set[CUDA_MAX_DEVICES];
-    const int dev = cuda_current_device();
-    if (dev < 0 || !cuda_cache_load(&attribute_set[dev])) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess)
-            return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: %zu bytes of shared memory: %s", smem,
-                                   cudaGetErrorString(e));
-        if (dev >= 0) cuda_cache_store(&attribute_set[dev], 1);
-    }
+    st = allow_dynamic_smem(attribute_set, reinterpret_cast<const void *>(kernel), smem);
+    if (st != NOPAD_OK) return st;
     const int sms = cuda_sm_count();
     const int grid = sms > 0 && sms < tiles ? sms : tiles; /* persistent: one CTA a SM at most */
     kernel<<<grid, WS_THREADS, smem, stream>>>(p, map_x, map_w, map_p);
