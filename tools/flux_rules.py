@@ -17,7 +17,7 @@ import json
 import math
 import sys
 
-SMS = 132  # the H100's; cuda_flux_pick reads the device's
+SMS = 132  # the H100's and the H200's; cuda_flux_pick reads the device's
 # flux.cu's configurations, in its order (CONFIG_NAMES)
 CONFIGS = ["wgmma 128x128x64 3 stages 2 CTAs/SM", "wgmma 64x128x64 4 stages 2 CTAs/SM",
            "tma warp-specialized persistent 128x256x64 4 stages",
@@ -29,9 +29,8 @@ def tiles(rows, n_out, bm, bn):
 
 
 def pick(rows, world, n_in, n_out, sms=SMS):
-    """cuda_flux_pick"""
-    if n_in < 2048:
-        return 0
+    """cuda_flux_pick (n_in: no longer a rule: since the ReduceScatter's partials come through the
+    TMA ring, 128 x 128 tiles at two CTAs a SM no longer win at K < 2048)"""
     t128, t256 = tiles(rows, n_out, 128, 128), tiles(rows, n_out, 128, 256)
     if t128 < sms // 2:
         return 1
@@ -41,11 +40,13 @@ def pick(rows, world, n_in, n_out, sms=SMS):
     return 3 if busy128 > 1.1 * busy256 else 2
 
 
-def wins(all_gather, n_tokens, n_in, n_out, world, ag_side=10240, rs_side=1400):
-    """cuda_flux_wins (the bounds as arguments for the sweep below)"""
+def wins(all_gather, n_tokens, n_in, n_out, world, ag_side=20480, rs_side=16384):
+    """cuda_flux_wins (the side bounds as arguments for the sweep below)"""
     if world < 2 or world > 8 or n_in % 64 or n_out % 8:
         return False
-    if n_tokens < 4096:
+    if all_gather and n_tokens < 4096:
+        return False
+    if not all_gather and n_tokens > 8192:
         return False
     side = (n_out if all_gather else n_in) * world / (world - 1)
     return side <= (ag_side if all_gather else rs_side)
@@ -71,8 +72,9 @@ def main(paths):
         print(f"  pick: {g:.3f}x the fastest configuration (geometric mean), worst {worst[0]:.3f}x "
               f"({w['model']} {w['gemm']} T {w['tokens']} tp {w['tp']}); the fastest at "
               f"{sum(x == 1.0 for x in ratios)} of {len(ratios)} points")
-        for label, ag_side, rs_side in [("the rule", 10240, 1400)] + [
-                (f"AG side <= {s}", s, 1400) for s in (2048, 4096, 8192, 16384, 65536)]:
+        for label, ag_side, rs_side in [("the rule", 20480, 16384)] + [
+                (f"AG side <= {s}", s, 16384) for s in (4096, 10240, 16384, 65536)] + [
+                (f"RS side <= {s}", 20480, s) for s in (1400, 4096, 10240, 65536)]:
             match, taken_losses, left_gains = 0, [], []
             for r in rows:
                 ag = r["kind"] == "allgather_gemm"

@@ -1076,18 +1076,20 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
 } // namespace
 
 extern "C" int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, int32_t n_out) {
-    /* Measured on an H100 at the LLaMA-3 8B/70B layers (bench/RESULTS.md FLUX, derived by
-     * tools/flux_rules.py from its JSON: 1.008x the fastest configuration of each shape on average,
-     * 1.22x at worst, the fastest at 68 of 72 points in fp16 and 24 of 24 in bf16):
-     * - K < 2048: 128 x 128 tiles at two CTAs a SM, whose short mainloops leave the prologue and the
-     *   epilogue (the ReduceScatter's reads of the peers' partials) exposed at one CTA a SM;
+    /* Measured on an H200 (132 SMs, as the H100) at the LLaMA-3 8B/70B layers, the ReduceScatter's
+     * partials through the TMA ring (bench/results/flux_2026-12-07c_H200, build C; derived by
+     * tools/flux_rules.py from its JSON: 1.001x the fastest configuration of each shape on average,
+     * 1.07x at worst, the fastest at 71 of 72 points in fp16 and 24 of 24 in bf16):
      * - fewer 128 x 128 tiles than half the SMs: 64 x 128 tiles, two CTAs a SM;
      * - else the persistent TMA kernel, 128 x 256 tiles unless 128 x 128 ones keep more of the
-     *   last wave's SMs busy (by more than 10%: the 128 x 256 tile reads less of L2 a FLOP). */
+     *   last wave's SMs busy (by more than 10%: the 128 x 256 tile reads less of L2 a FLOP).
+     * K no longer matters (n_in is unused): the old rule's 128 x 128 tiles at two CTAs a SM for
+     * K < 2048 hid the ReduceScatter's partial reads of the epilogue; through the ring, the TMA
+     * kernel is 1.3-2.2x faster there. */
+    (void)n_in;
     int64_t tiles_256 = 0, tiles_128 = 0;
     for (int d = 0; d < world; d++)
         tiles_256 += tiles_of(rows[d], n_out, 128, 256), tiles_128 += tiles_of(rows[d], n_out, 128, 128);
-    if (n_in < 2048) return 0;
     int sms = cuda_sm_count();
     if (sms < 1) sms = 1;
     if (tiles_128 < sms / 2) return 1;
@@ -1232,14 +1234,21 @@ extern "C" int cuda_flux_wins(int all_gather, int32_t n_tokens, int32_t n_in, in
     if (world < 2 || world > CUDA_FLUX_MAX_WORLD || n_in % BK || n_out % 8) return 0;
     /* The collective's time over the GEMM's grows as (W - 1) / W over the side it does not move
      * (AllGather: N, each rank's x chunk is T/W x K; ReduceScatter: K, each partial chunk T/W x N):
-     * the rule is a bound on that side times W / (W - 1). Measured on an H100, the other ranks'
-     * data arriving as over a 400 GB/s link (bench/RESULTS.md FLUX, derived by tools/flux_rules.py:
-     * it matches the sign of the share hidden at 59 of 72 points, taking 5 losers of -5% to -10%):
-     * from 4096 tokens, AllGather where that side is <= 10240 (the collective >= ~16% of the GEMM,
-     * more than the TMA kernel's own cost, 0.98-1.24x the GEMM's), ReduceScatter where it is <= 1400
-     * (its own cost is 1.1-2.3x the GEMM's: only O at tp 4-8 hides enough). Beyond those sides the
-     * collective is < 10% of the GEMM and the share hidden is noise around a loss. */
-    if (n_tokens < 4096) return 0;
+     * the rule bounds that side times W / (W - 1), and the tokens. Measured on an H200 (132 SMs),
+     * the other ranks' data arriving as over a 400 GB/s link (bench/results/flux_2026-12-07c_H200,
+     * build C; derived by tools/flux_rules.py: it matches the sign of the share hidden at 59 of 72
+     * points in fp16 and 22 of 24 in bf16; it takes 9 losers, 6 of them within -13%, and leaves 6
+     * winners):
+     * - AllGather from 4096 tokens where that side is <= 20480 (at 1024 tokens the fused kernel's own
+     *   cost, 1.0-1.5x the GEMM's, outweighs the collective); beyond it the collective is < 7% of
+     *   the GEMM and the share hidden is noise around a loss;
+     * - ReduceScatter up to 8192 tokens where that side is <= 16384 (the TMA ring's own cost is
+     *   0.91-1.43x the GEMM's). At 16384 tokens it lost at 10 of 12 points, the delayed run slower
+     *   than the fused one by 0.8-1.2x the whole collective even where the last partial came long
+     *   before the kernel needed it: likely the emulation's arrivals CTA holding one SM that the
+     *   persistent kernel's static schedule counts on (docs/parallel.md); until a bench without that
+     *   is run, the rule follows the measurement. */
     const int64_t side = (int64_t)(all_gather ? n_out : n_in) * world / (world - 1);
-    return side <= (all_gather ? 10240 : 1400);
+    if (all_gather) return n_tokens >= 4096 && side <= 20480;
+    return n_tokens <= 8192 && side <= 16384;
 }
