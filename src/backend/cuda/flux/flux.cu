@@ -1245,9 +1245,9 @@ extern "C" int cuda_flux_wins(int all_gather, int32_t n_tokens, int32_t n_in, in
      * - ReduceScatter up to 8192 tokens where that side is <= 16384 (the TMA ring's own cost is
      *   0.91-1.43x the GEMM's). At 16384 tokens it lost at 10 of 12 points, the delayed run slower
      *   than the fused one by 0.8-1.2x the whole collective even where the last partial came long
-     *   before the kernel needed it: likely the emulation's arrivals CTA holding one SM that the
-     *   persistent kernel's static schedule counts on (docs/parallel.md); until a bench without that
-     *   is run, the rule follows the measurement. */
+     *   before the kernel needed it, as if one CTA or the kernel started a collective late: not
+     *   explained yet (docs/parallel.md has the check); until then the rule follows the
+     *   measurement. */
     const int64_t side = (int64_t)(all_gather ? n_out : n_in) * world / (world - 1);
     if (all_gather) return n_tokens >= 4096 && side <= 20480;
     return n_tokens <= 8192 && side <= 16384;
