@@ -10,7 +10,8 @@
 # There: scripts/gpu_flux.sh --run [steps]     (carry [".gpu_carry/flux"])
 #        steps: info (the GPU, its driver and clocks as they are: nothing is changed), test
 #        (test_cuda_flux), bench (flux_bench, fp16, LLaMA-3-8B/70B x T 1024/4096/16384 x tp 2/4/8),
-#        bench-bf16 (the same at T 4096), quick (flux_bench at T 4096, tp 8 only);
+#        bench-bf16 (the same at T 4096), bench-ctas (fp16 at T 4096 and 16384, the persistent grids
+#        at FLUX_CTAS CTAs, default 131), quick (flux_bench at T 4096, tp 8 only);
 #        default "info test bench bench-bf16". FLUX_ARGS appends to every flux_bench run; the test
 #        is stopped after TEST_TIMEOUT seconds (default 300), so a broken kernel leaves the call
 #        time for the benchmark.
@@ -72,6 +73,13 @@ for step in $STEPS; do
     bench-bf16)
         "$BUILD/flux_bench" --dtype bf16 --tokens 4096 --json "$OUT/flux_${tag}_bf16.json" ${FLUX_ARGS:-} 2>&1 |
             tee "$OUT/flux_${tag}_bf16.log" || status=1
+        ;;
+    bench-ctas)
+        # fp16 at T 4096 and 16384 with the persistent grids at FLUX_CTAS CTAs (default 131: the
+        # H100's and H200's 132 SMs less one, left to the emulated arrivals' CTA): whether the
+        # delayed runs' loss at T = 16384 (docs/parallel.md) is the emulation's
+        "$BUILD/flux_bench" --max-ctas "${FLUX_CTAS:-131}" --tokens 4096,16384 --json "$OUT/flux_${tag}_f16_ctas.json" \
+            ${FLUX_ARGS:-} 2>&1 | tee "$OUT/flux_${tag}_f16_ctas.log" || status=1
         ;;
     quick)
         "$BUILD/flux_bench" --tokens 4096 --tp 8 ${FLUX_ARGS:-} 2>&1 | tee "$OUT/flux_${tag}_quick.log" || status=1

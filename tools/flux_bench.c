@@ -39,9 +39,10 @@
  *
  * Usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens 1024,4096,16384]
  *                   [--tp 2,4,8] [--models 8b,70b] [--rate-gbs 400] [--configs 0,1,...] [--pick C]
- *                   [--devices N]
+ *                   [--max-ctas N] [--devices N]
  * (--configs: time only these tile configurations; --pick C: the delayed runs take configuration
- * C instead of cuda_flux_pick's) */
+ * C instead of cuda_flux_pick's; --max-ctas N: the persistent configurations 2-3 on at most N CTAs,
+ * e.g. SMs - 1 to leave the emulated arrivals' CTA an SM of its own) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,7 @@ static cuda_lt lt;
 static nopad_dtype dtype = NOPAD_DTYPE_F16;
 static int reps = 20;
 static double rate_gbs = 400.0;
+static int32_t max_ctas = 0; /* --max-ctas: cuda_flux_peers.max_ctas of every fused launch; 0: one CTA a SM */
 
 /* Device pools, sized for the largest shape, filled once with random values. */
 static void *pool_x, *pool_w, *pool_y, *pool_inbox, *pool_sink;
@@ -432,7 +434,8 @@ static int run_devices(int W, const int32_t *tokens, int n_tokens, const int *us
                 }
                 for (int d = 0; d < W; d++) {
                     rs[d].peers = (cuda_flux_peers){.world = W, .rank = d, .error = rs[d].error,
-                                                    .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS};
+                                                    .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS,
+                                                    .max_ctas = max_ctas};
                     for (int e = 0; e < W; e++) {
                         rs[d].peers.buffers[e] = ag ? rs[e].x : rs[e].inbox;
                         rs[d].peers.signals[e] = rs[e].signals;
@@ -496,16 +499,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--devices") && i + 1 < argc) devices = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--configs") && i + 1 < argc) parse_list(argv[++i], configs, &n_configs);
         else if (!strcmp(argv[i], "--pick") && i + 1 < argc) forced_pick = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--max-ctas") && i + 1 < argc) max_ctas = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens a,b] [--tp a,b] "
-                            "[--models 8b,70b] [--rate-gbs R] [--configs a,b] [--pick C] [--devices N]\n");
+                            "[--models 8b,70b] [--rate-gbs R] [--configs a,b] [--pick C] [--max-ctas N] [--devices N]\n");
             return 2;
         }
     }
     int bad_config = forced_pick >= CUDA_FLUX_N_CONFIGS;
     for (int c = 0; c < n_configs; c++) bad_config |= configs[c] < 0 || configs[c] >= CUDA_FLUX_N_CONFIGS;
-    if (reps < 1 || reps > MAX_REPS || rate_gbs <= 0 || bad_config) {
-        fprintf(stderr, "flux_bench: --reps 1..%d, --rate-gbs > 0, configurations 0..%d\n", MAX_REPS,
+    if (reps < 1 || reps > MAX_REPS || rate_gbs <= 0 || bad_config || max_ctas < 0) {
+        fprintf(stderr, "flux_bench: --reps 1..%d, --rate-gbs > 0, configurations 0..%d, --max-ctas >= 0\n", MAX_REPS,
                 CUDA_FLUX_N_CONFIGS - 1);
         return 2;
     }
@@ -525,9 +529,9 @@ int main(int argc, char **argv) {
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     const char *dname = dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16";
     printf("flux_bench: %s, %d SMs, driver %d, runtime %d, cuBLASLt %zu, build %s, %s, %s; median of %d runs after "
-           "%d warm-up; link %.0f GB/s; this process is rank 0\n",
+           "%d warm-up; link %.0f GB/s; this process is rank 0; persistent grids at most %d CTAs (0: one a SM)\n",
            prop.name, prop.multiProcessorCount, driver, runtime, lt_version, nopad_build_id(), date, dname, reps,
-           WARMUP, rate_gbs);
+           WARMUP, rate_gbs, max_ctas);
 
     if (devices) {
         FILE *json = json_path ? fopen(json_path, "w") : NULL;
@@ -590,9 +594,9 @@ int main(int argc, char **argv) {
         fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"driver\": %d, \"runtime\": %d, \"cublaslt\": %zu, "
                       "\"build\": \"%s\", \"date\": \"%s\", \"dtype\": \"%s\", \"reps\": %d, \"warmup\": %d, "
                       "\"rate_gbs\": %.1f, \"rank\": 0, \"statistic\": \"median of CUDA-event times of single launches\", "
-                      "\"ref_gemm_8192_tflops\": %.1f, \"configs\": [",
+                      "\"ref_gemm_8192_tflops\": %.1f, \"max_ctas\": %d, \"configs\": [",
                 prop.name, prop.multiProcessorCount, driver, runtime, lt_version, nopad_build_id(), date, dname, reps,
-                WARMUP, rate_gbs, ref_tflops);
+                WARMUP, rate_gbs, ref_tflops, max_ctas);
     for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) {
         printf("config %d: %s\n", c, cuda_flux_config_name(c));
         if (json) fprintf(json, "%s\"%s\"", c ? ", " : "", cuda_flux_config_name(c));
@@ -613,7 +617,7 @@ int main(int argc, char **argv) {
                     for (int d = 0; d < p.tp; d++) p.rows[d] = p.T / p.tp;
                     const int ag = p.op->all_gather;
                     p.peers = (cuda_flux_peers){.world = p.tp, .rank = 0, .error = error_word,
-                                                .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS};
+                                                .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .max_ctas = max_ctas};
                     for (int d = 0; d < p.tp; d++) {
                         /* AllGather: one gathered buffer (only rank 0's is read); ReduceScatter: rank 0's
                          * inbox, the others' all in one sink */

@@ -977,7 +977,7 @@ nopad_status encode_inbox_map(CUtensorMap *map, const void *base, int32_t rows, 
 }
 
 template <class T, int BN, int STAGES, bool RS>
-nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
+nopad_status launch_ws(const Params &p, int tiles, int max_ctas, cudaStream_t stream) {
     /* + 1024: the kernel aligns the ring to 1024 bytes (the swizzle atom) */
     constexpr size_t smem =
         (size_t)STAGES * (WS_BM + BN) * BK * sizeof(T) + 8 * WS_EPI_FLOATS * sizeof(float) + 1024;
@@ -997,7 +997,8 @@ nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
     st = allow_dynamic_smem(attribute_set, reinterpret_cast<const void *>(kernel), smem);
     if (st != NOPAD_OK) return st;
     const int sms = cuda_sm_count();
-    const int grid = sms > 0 && sms < tiles ? sms : tiles; /* persistent: one CTA a SM at most */
+    int grid = sms > 0 && sms < tiles ? sms : tiles; /* persistent: one CTA a SM at most */
+    if (max_ctas > 0 && max_ctas < grid) grid = max_ctas; /* any grid >= 1 takes every tile */
     kernel<<<grid, WS_THREADS, smem, stream>>>(p, map_x, map_w, map_p);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
@@ -1007,12 +1008,12 @@ nopad_status launch_ws(const Params &p, int tiles, cudaStream_t stream) {
 }
 
 template <class T, bool RS>
-nopad_status launch_config(int config, const Params &p, int blocks, cudaStream_t stream) {
+nopad_status launch_config(int config, const Params &p, int blocks, int max_ctas, cudaStream_t stream) {
     switch (config) {
     case 0: return launch<T, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
     case 1: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
-    case 2: return launch_ws<T, 256, 4, RS>(p, blocks, stream);
-    default: return launch_ws<T, 128, 6, RS>(p, blocks, stream);
+    case 2: return launch_ws<T, 256, 4, RS>(p, blocks, max_ctas, stream);
+    default: return launch_ws<T, 128, 6, RS>(p, blocks, max_ctas, stream);
     }
 }
 
@@ -1037,6 +1038,9 @@ nopad_status prepare(const char *what, Params *p, nopad_dtype dtype, const cuda_
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "%s: K (%d) must be a multiple of %d and N (%d) of 8", what,
                                n_in, BK, n_out);
     if (!peers->error) return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no error word", what);
+    if (peers->max_ctas < 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: max_ctas %d (0: one CTA a SM, else > 0)", what,
+                               (int)peers->max_ctas);
     if (*config == CUDA_FLUX_CONFIG_AUTO) *config = cuda_flux_pick(rows, W, n_in, n_out);
     if (*config < 0 || *config >= CUDA_FLUX_N_CONFIGS)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT, "%s: no config %d", what, *config);
@@ -1115,8 +1119,8 @@ extern "C" nopad_status cuda_flux_ag_gemm(nopad_dtype dtype, void *y, const void
                                "flux all-gather+gemm: y or w NULL or not 16-byte aligned");
     p.x = peers->buffers[peers->rank], p.w = w, p.y = y;
     if (blocks == 0) return NOPAD_OK;
-    return dtype == NOPAD_DTYPE_F16 ? launch_config<__half, false>(config, p, blocks, stream)
-                                    : launch_config<__nv_bfloat16, false>(config, p, blocks, stream);
+    return dtype == NOPAD_DTYPE_F16 ? launch_config<__half, false>(config, p, blocks, peers->max_ctas, stream)
+                                    : launch_config<__nv_bfloat16, false>(config, p, blocks, peers->max_ctas, stream);
 }
 
 extern "C" nopad_status cuda_flux_gemm_rs(nopad_dtype dtype, void *y, const void *x, const void *w,
@@ -1132,8 +1136,8 @@ extern "C" nopad_status cuda_flux_gemm_rs(nopad_dtype dtype, void *y, const void
                                "flux gemm+reduce-scatter: y, x or w NULL or not 16-byte aligned");
     p.x = x, p.w = w, p.y = y;
     if (blocks == 0) return NOPAD_OK;
-    return dtype == NOPAD_DTYPE_F16 ? launch_config<__half, true>(config, p, blocks, stream)
-                                    : launch_config<__nv_bfloat16, true>(config, p, blocks, stream);
+    return dtype == NOPAD_DTYPE_F16 ? launch_config<__half, true>(config, p, blocks, peers->max_ctas, stream)
+                                    : launch_config<__nv_bfloat16, true>(config, p, blocks, peers->max_ctas, stream);
 }
 
 extern "C" nopad_status cuda_flux_ag_push(nopad_dtype dtype, const cuda_flux_peers *peers, const int32_t *rows,

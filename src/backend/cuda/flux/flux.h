@@ -63,6 +63,10 @@ typedef struct cuda_flux_peers {
     uint32_t *signals[CUDA_FLUX_MAX_WORLD];
     uint32_t *error;
     uint64_t timeout_ns;
+    /* The persistent configurations (2-3) launch min(SMs, tiles) CTAs, or at most max_ctas when it
+     * is > 0 (each CTA then takes more tiles); the others ignore it. 0: one CTA a SM. For leaving
+     * SMs to concurrent kernels, and for tools/flux_bench --max-ctas (the emulated arrivals' CTA). */
+    int32_t max_ctas;
 } cuda_flux_peers;
 
 #define CUDA_FLUX_DEFAULT_TIMEOUT_NS 2000000000ull /* 2 s: far beyond any transfer of one chunk */
