@@ -48,7 +48,8 @@ static const quant_format *find_format(uint32_t type) {
     static const quant_format q4_0 = {"Q4_0", QK, 18, 0}, q4_1 = {"Q4_1", QK, 20, 0},
                               q5_0 = {"Q5_0", QK, 22, 0}, q5_1 = {"Q5_1", QK, 24, 0},
                               q8_0 = {"Q8_0", QK, 34, 0}, q4_k = {"Q4_K", QK_K, 144, 1},
-                              q5_k = {"Q5_K", QK_K, 176, 1}, q6_k = {"Q6_K", QK_K, 210, 1};
+                              q5_k = {"Q5_K", QK_K, 176, 1}, q6_k = {"Q6_K", QK_K, 210, 1},
+                              q4_k_r8 = {"Q4_K_R8", QK_K, CPU_QUANT_R8_BYTES / 8, 1}; /* bytes a row */
     switch (type) {
     case CPU_QUANT_Q4_0: return &q4_0;
     case CPU_QUANT_Q4_1: return &q4_1;
@@ -58,6 +59,7 @@ static const quant_format *find_format(uint32_t type) {
     case CPU_QUANT_Q4_K: return &q4_k;
     case CPU_QUANT_Q5_K: return &q5_k;
     case CPU_QUANT_Q6_K: return &q6_k;
+    case CPU_QUANT_Q4_K_R8: return &q4_k_r8;
     default: return NULL;
     }
 }
@@ -68,7 +70,7 @@ static nopad_status check(const char *fn, uint32_t type, int32_t K, const quant_
     if (!*f)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: ggml type %u is not a quantized format the CPU runs "
-                               "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                               "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q4_K repacked)",
                                fn, type);
     if (K <= 0 || K % (*f)->block != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -299,6 +301,94 @@ static float dot_portable(uint32_t type, const void *w, const void *act, int32_t
     }
 }
 
+/* ---- Q4_K repacked, 8 rows interleaved (quant.h's CPU_QUANT_Q4_K_R8) ------------------------- */
+
+nopad_status cpu_quant_repack_q4_k_r8(void *dst_, const void *src_, int32_t K, int32_t N) {
+    if (K <= 0 || K % QK_K != 0 || N < 0 || N % 8 != 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cpu_quant_repack_q4_k_r8: %d rows of K = %d, expected a multiple of 8 rows of a "
+                               "positive multiple of 256 values",
+                               N, K);
+    uint8_t *dst = dst_;
+    const uint8_t *src = src_;
+    const int32_t nb = K / QK_K;
+    const size_t row = (size_t)nb * 144;
+    for (int32_t g = 0; g < N / 8; g++)
+        for (int32_t i = 0; i < nb; i++) {
+            uint8_t *o = dst + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES;
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *b = src + (size_t)(8 * g + r) * row + (size_t)i * 144;
+                memcpy(o + 2 * r, b, 2);
+                memcpy(o + 16 + 2 * r, b + 2, 2);
+                for (int j = 0; j < 8; j++) {
+                    int sc, m;
+                    scale_min_k4(j, b + 4, &sc, &m);
+                    o[32 + 8 * j + r] = (uint8_t)sc;
+                    o[96 + 16 * (j / 2) + 2 * r + j % 2] = (uint8_t)m;
+                }
+                for (int k = 0; k < 4; k++)
+                    for (int l = 0; l < 8; l++) memcpy(o + 160 + 256 * k + 32 * l + 4 * r, b + 16 + 32 * k + 4 * l, 4);
+            }
+        }
+    return NOPAD_OK;
+}
+
+/* Row r of a group's super-block o (CPU_QUANT_Q4_K_R8) to 256 floats, as dequant_q45_k. */
+static void dequant_r8_row(const uint8_t *o, int r, float *y) {
+    const float d = fp16(o + 2 * r), dmin = fp16(o + 16 + 2 * r);
+    for (int k = 0; k < 4; k++) {
+        const float d1 = d * (float)o[32 + 8 * (2 * k) + r], m1 = dmin * (float)o[96 + 16 * k + 2 * r];
+        const float d2 = d * (float)o[32 + 8 * (2 * k + 1) + r], m2 = dmin * (float)o[96 + 16 * k + 2 * r + 1];
+        for (int l = 0; l < 32; l++) {
+            const uint8_t q = o[160 + 256 * k + 32 * (l / 4) + 4 * r + l % 4];
+            y[64 * k + l] = d1 * (float)(q & 0x0f) - m1;
+            y[64 * k + 32 + l] = d2 * (float)(q >> 4) - m2;
+        }
+    }
+}
+
+/* rows (a multiple of 8) repacked rows of K to float [rows, K] */
+static void dequant_r8(const uint8_t *w, int32_t K, int32_t rows, float *out) {
+    const int32_t nb = K / QK_K;
+    for (int32_t g = 0; g < rows / 8; g++)
+        for (int r = 0; r < 8; r++)
+            for (int32_t i = 0; i < nb; i++)
+                dequant_r8_row(w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES, r,
+                               out + (size_t)(8 * g + r) * K + (size_t)i * QK_K);
+}
+
+/* The portable GEMV on the repacked rows: per row and super-block the exact integers of
+ * dot_q45_k, then the AVX2 path's two fused multiply-adds (fmaf), so the same floats bit for bit. */
+static void gemm_r8_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+                             int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    for (int32_t g = 0; g < n_groups; g++)
+        for (int32_t t = 0; t < n_tokens; t++) {
+            const cpu_q8k_block *a = (const cpu_q8k_block *)(act + act_bytes * (size_t)t);
+            float acc[8] = {0};
+            for (int32_t i = 0; i < nb; i++) {
+                const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES;
+                for (int r = 0; r < 8; r++) {
+                    int32_t sumi = 0, summ = 0;
+                    for (int j = 0; j < 8; j++) {
+                        int32_t s = 0;
+                        for (int l = 0; l < 32; l++) {
+                            const uint8_t q = o[160 + 256 * (j / 2) + 32 * (l / 4) + 4 * r + l % 4];
+                            s += (j % 2 ? q >> 4 : q & 0x0f) * a[i].qs[64 * (j / 2) + 32 * (j % 2) + l];
+                        }
+                        sumi += o[32 + 8 * j + r] * s;
+                        summ += o[96 + 16 * (j / 2) + 2 * r + j % 2] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+                    }
+                    acc[r] = fmaf((float)sumi, fp16(o + 2 * r) * a[i].d, acc[r]);
+                    acc[r] = fmaf(-(float)summ, fp16(o + 16 + 2 * r) * a[i].d, acc[r]);
+                }
+            }
+            for (int r = 0; r < 8; r++) {
+                float *dst = y + ldy * (size_t)t + 8 * g + r;
+                *dst = accumulate ? *dst + acc[r] : acc[r];
+            }
+        }
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
 #if defined(__x86_64__)
@@ -335,6 +425,16 @@ cpu_quant_isa cpu_quant_best_isa(void) {
 static void gemm_on(cpu_quant_isa isa, uint32_t type, const uint8_t *w, size_t w_bytes, int32_t rows,
                     const uint8_t *act, size_t act_bytes, int32_t tokens, int32_t nb, float *y,
                     size_t ldy, int accumulate, const cpu_q8_panel *panels, cpu_w_panel *scratch) {
+    if (type == CPU_QUANT_Q4_K_R8) { /* rows: a multiple of 8 (cpu_quant_linear_ld's check) */
+#if HAVE_AVX2_PATH
+        if (isa != CPU_QUANT_PORTABLE) {
+            cpu_quant_gemm_r8_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+            return;
+        }
+#endif
+        gemm_r8_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+        return;
+    }
 #if HAVE_AVX2_PATH
     if (isa == CPU_QUANT_AVX2_VNNI && find_format(type)->block == QK) { /* the k-quants: AVX2's */
         cpu_quant_gemm_vnni(type, w, w_bytes, rows, act, act_bytes, tokens, nb, y, ldy, accumulate, panels,
@@ -362,6 +462,8 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
     const quant_format *f;
     nopad_status st = check("cpu_quant_dot", type, K, &f);
     if (st == NOPAD_OK) st = check_isa("cpu_quant_dot", isa);
+    if (st == NOPAD_OK && type == CPU_QUANT_Q4_K_R8)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cpu_quant_dot: Q4_K repacked holds rows in groups of 8, not one");
     if (st != NOPAD_OK) return st;
     gemm_on(isa, type, w, 0, 1, act, 0, 1, K / f->block, out, 1, 0, NULL, NULL);
     return NOPAD_OK;
@@ -452,6 +554,9 @@ static void dequant_rows(uint32_t type, const uint8_t *w, int64_t n_values, floa
 nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int32_t K) {
     const quant_format *f;
     nopad_status st = check("cpu_quant_dequantize", type, K, &f);
+    if (st == NOPAD_OK && type == CPU_QUANT_Q4_K_R8)
+        return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
+                               "cpu_quant_dequantize: Q4_K repacked holds rows in groups of 8, not one");
     if (st == NOPAD_OK) dequant_rows(type, w, K, out);
     return st;
 }
@@ -513,7 +618,8 @@ static nopad_status linear_dequantized(float *y, size_t ldy, const float *x, con
             if (!scratch) continue;
             const int32_t r0 = tile * tile_rows;
             const int32_t rows = N - r0 < tile_rows ? N - r0 : tile_rows;
-            dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
+            if (type == CPU_QUANT_Q4_K_R8) dequant_r8(w + w_bytes * (size_t)r0, K, rows, scratch); /* r0, rows: 8s */
+            else dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
                         scratch, K, accumulate ? 1.0f : 0.0f, y + r0, (int)ldy);
         }
@@ -552,6 +658,9 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
     if (ldy < (size_t)N)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cpu_quant_linear: rows of y %zu floats apart, expected >= N = %d", ldy, N);
+    if (type == CPU_QUANT_Q4_K_R8 && N % 8 != 0)
+        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
+                               "cpu_quant_linear: Q4_K repacked in groups of 8 rows, N = %d is not a multiple of 8", N);
     if (T == 0 || N == 0) return NOPAD_OK;
     if (n_threads <= 0) n_threads = omp_get_max_threads();
     if (T >= cpu_quant_sgemm_tokens(type, isa))

@@ -29,6 +29,9 @@ enum {
     CPU_QUANT_Q4_K = 12,
     CPU_QUANT_Q5_K = 13,
     CPU_QUANT_Q6_K = 14,
+    /* Q4_K repacked at load, 8 rows interleaved (no file holds it): backend.h's
+     * NOPAD_WEIGHT_Q4_K_R8, below */
+    CPU_QUANT_Q4_K_R8 = 258,
 };
 
 enum { CPU_QUANT_QK = 32, CPU_QUANT_QK_K = 256 }; /* elements per block / per super-block */
@@ -122,6 +125,34 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
  * one part at a time into its columns (cpu_quant_ops.c, backend.h's NOPAD_WEIGHT_MIXED). */
 nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const void *w, uint32_t type, int32_t T,
                                  int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa);
+
+/* Q4_K repacked for the GEMV (CPU_QUANT_Q4_K_R8): N rows (N a multiple of 8) in groups of 8, each
+ * group's super-block i one block of CPU_QUANT_R8_BYTES bytes that holds the 8 rows' super-block i
+ * (group g's block i at w + (8g · K/256 + i) · CPU_QUANT_R8_BYTES, so a row still averages
+ * cpu_quant_row_bytes = K/256 · 148 bytes, 2.8% over Q4_K's 144: the scales and mins a byte
+ * each instead of 6 bits). Laid out so that one 32-byte load holds the same 4 quant bytes of all 8
+ * rows, and a kernel keeps the 8 rows' sums in the 8 lanes of one register (llama.cpp repacks its
+ * Q4_K likewise, ggml-cpu/repack.cpp's q4_K_8x8): an activation's 4 bytes are broadcast once for 8
+ * rows, int16 sums run over 8 products before the scales' madd, and no row needs a horizontal sum.
+ *   [0, 16)      d of rows 0..7 (fp16)
+ *   [16, 32)     dmin of rows 0..7 (fp16)
+ *   [32, 96)     scales: byte 8j + r = row r's 6-bit scale of sub-block j (0..7)
+ *   [96, 160)    mins: byte 16p + 2r + e = row r's 6-bit min of sub-block 2p + e
+ *   [160, 1184)  quants: byte 256k + 32l + 4r + b = row r's qs byte 32k + 4l + b (k 0..3, l 0..7):
+ *                its low nibble element 64k + 4l + b, its high nibble element 64k + 32 + 4l + b */
+enum { CPU_QUANT_R8_BYTES = 1184 };
+
+/* dst = the N rows of K values of Q4_K at src (as stored) repacked as CPU_QUANT_Q4_K_R8
+ * (cpu_quant_row_bytes(CPU_QUANT_Q4_K_R8, K) · N bytes; dst and src apart). N not a multiple of 8
+ * or K not of 256 is NOPAD_ERR_INVALID_ARGUMENT. */
+nopad_status cpu_quant_repack_q4_k_r8(void *dst, const void *src, int32_t K, int32_t N);
+
+/* The AVX2 GEMV on CPU_QUANT_Q4_K_R8 (quant_avx2.c): y[t · ldy + r] (+)= row r · token t for
+ * n_groups groups of 8 rows (group g at w + g · 8 · nb · 148) and n_tokens activation rows act_bytes
+ * apart, nb super-blocks each. The same floats bit for bit as the portable path's (quant.c): the
+ * same exact integers per super-block, then the same two fused multiply-adds. */
+void cpu_quant_gemm_r8_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
+                            int32_t nb, float *y, size_t ldy, int accumulate);
 
 /* The VNNI GEMM's operands for prompts (blocks of 32), laid out once so that its kernel of 4
  * weight rows × 4 tokens finds each block's scales and quants together, converted and unpacked:
