@@ -333,28 +333,36 @@ nopad_status cpu_quant_repack_q4_k_r8(void *dst_, const void *src_, int32_t K, i
     return NOPAD_OK;
 }
 
-/* Row r of a group's super-block o (CPU_QUANT_Q4_K_R8) to 256 floats, as dequant_q45_k. */
-static void dequant_r8_row(const uint8_t *o, int r, float *y) {
-    const float d = fp16(o + 2 * r), dmin = fp16(o + 16 + 2 * r);
-    for (int k = 0; k < 4; k++) {
-        const float d1 = d * (float)o[32 + 8 * (2 * k) + r], m1 = dmin * (float)o[96 + 16 * k + 2 * r];
-        const float d2 = d * (float)o[32 + 8 * (2 * k + 1) + r], m2 = dmin * (float)o[96 + 16 * k + 2 * r + 1];
-        for (int l = 0; l < 32; l++) {
-            const uint8_t q = o[160 + 256 * k + 32 * (l / 4) + 4 * r + l % 4];
-            y[64 * k + l] = d1 * (float)(q & 0x0f) - m1;
-            y[64 * k + 32 + l] = d2 * (float)(q >> 4) - m2;
-        }
-    }
-}
-
-/* rows (a multiple of 8) repacked rows of K to float [rows, K] */
+/* rows (a multiple of 8) repacked rows of K to float [rows, K], the values of dequant_q45_k bit for
+ * bit (the same d·sc and dmin·m products, the same d1·q - m1): a group's super-block at a time, its
+ * 32-byte runs of 8 rows' quants each written to the 8 rows (one pass over the weights in order:
+ * prompts dequantise every row once a call, and a row at a time ran 1.1x slower, docs/decoder.md) */
 static void dequant_r8(const uint8_t *w, int32_t K, int32_t rows, float *out) {
     const int32_t nb = K / QK_K;
     for (int32_t g = 0; g < rows / 8; g++)
-        for (int r = 0; r < 8; r++)
-            for (int32_t i = 0; i < nb; i++)
-                dequant_r8_row(w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES, r,
-                               out + (size_t)(8 * g + r) * K + (size_t)i * QK_K);
+        for (int32_t i = 0; i < nb; i++) {
+            const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES;
+            float dl[8][8], ml[8][8]; /* [row][sub-block] */
+            for (int r = 0; r < 8; r++) {
+                const float d = fp16(o + 2 * r), dmin = fp16(o + 16 + 2 * r);
+                for (int j = 0; j < 8; j++) {
+                    dl[r][j] = d * (float)o[32 + 8 * j + r];
+                    ml[r][j] = dmin * (float)o[96 + 16 * (j / 2) + 2 * r + j % 2];
+                }
+            }
+            float *y = out + (size_t)8 * g * K + (size_t)i * QK_K;
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 8; l++) {
+                    const uint8_t *q = o + 160 + 256 * k + 32 * l;
+                    for (int r = 0; r < 8; r++) {
+                        float *yr = y + (size_t)r * K + 64 * k + 4 * l;
+                        for (int b = 0; b < 4; b++) {
+                            yr[b] = dl[r][2 * k] * (float)(q[4 * r + b] & 0x0f) - ml[r][2 * k];
+                            yr[32 + b] = dl[r][2 * k + 1] * (float)(q[4 * r + b] >> 4) - ml[r][2 * k + 1];
+                        }
+                    }
+                }
+        }
 }
 
 /* The portable GEMV on the repacked rows: per row and super-block the exact integers of
