@@ -32,6 +32,7 @@ enum {
     /* Q4_K repacked at load, 8 rows interleaved (no file holds it): backend.h's
      * NOPAD_WEIGHT_Q4_K_R8, below */
     CPU_QUANT_Q4_K_R8 = 258,
+    CPU_QUANT_Q6_K_R8 = 259, /* Q6_K likewise: NOPAD_WEIGHT_Q6_K_R8 */
 };
 
 enum { CPU_QUANT_QK = 32, CPU_QUANT_QK_K = 256 }; /* elements per block / per super-block */
@@ -142,10 +143,23 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
  *                its low nibble element 64k + 4l + b, its high nibble element 64k + 32 + 4l + b */
 enum { CPU_QUANT_R8_BYTES = 1184 };
 
+/* Q6_K repacked likewise (CPU_QUANT_Q6_K_R8): a group's super-block i of CPU_QUANT_R8_BYTES_6 bytes,
+ * 8 · 210 (the same bytes as stored), at w + (8g · K/256 + i) · CPU_QUANT_R8_BYTES_6:
+ *   [0, 16)       d of rows 0..7 (fp16)
+ *   [16, 144)     scales: byte 16p + 2r + e = row r's int8 scale of group 2p + e (16 groups of 16)
+ *   [144, 1168)   ql: byte 512h + 32m + 4r + b = row r's ql byte 64h + 4m + b (h 0..1, m 0..15)
+ *   [1168, 1680)  qh: byte 256h + 32m + 4r + b = row r's qh byte 32h + 4m + b (m 0..7)
+ * (ql and qh as io/gguf_dequant.c's Q6_K: quant element 128h + 32·run + l from ql byte 64h + l
+ * (runs 0, 2) or 64h + 32 + l (runs 1, 3), low nibble for runs 0-1, high for 2-3, and bits 2·run of
+ * qh byte 32h + l.) */
+enum { CPU_QUANT_R8_BYTES_6 = 1680 };
+
 /* dst = the N rows of K values of Q4_K at src (as stored) repacked as CPU_QUANT_Q4_K_R8
  * (cpu_quant_row_bytes(CPU_QUANT_Q4_K_R8, K) · N bytes; dst and src apart). N not a multiple of 8
  * or K not of 256 is NOPAD_ERR_INVALID_ARGUMENT. */
 nopad_status cpu_quant_repack_q4_k_r8(void *dst, const void *src, int32_t K, int32_t N);
+/* The same for Q6_K rows as stored -> CPU_QUANT_Q6_K_R8. */
+nopad_status cpu_quant_repack_q6_k_r8(void *dst, const void *src, int32_t K, int32_t N);
 
 /* The AVX2 GEMV on CPU_QUANT_Q4_K_R8 (quant_avx2.c): y[t · ldy + r] (+)= row r · token t for
  * n_groups groups of 8 rows (group g at w + g · 8 · nb · 148) and n_tokens activation rows act_bytes
@@ -153,6 +167,9 @@ nopad_status cpu_quant_repack_q4_k_r8(void *dst, const void *src, int32_t K, int
  * same exact integers per super-block, then the same two fused multiply-adds. */
 void cpu_quant_gemm_r8_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
                             int32_t nb, float *y, size_t ldy, int accumulate);
+/* The same on CPU_QUANT_Q6_K_R8 (groups at w + g · 8 · nb · 210). */
+void cpu_quant_gemm_r8_6_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
+                              int32_t nb, float *y, size_t ldy, int accumulate);
 
 /* The VNNI GEMM's operands for prompts (blocks of 32), laid out once so that its kernel of 4
  * weight rows × 4 tokens finds each block's scales and quants together, converted and unpacked:
