@@ -654,7 +654,7 @@ static void test_mixed_weight(void **state) {
  * test_extreme_scales and all-equal blocks; K = 768 (3 super-blocks, an odd count), N = 8, 40 and
  * 104 (odd counts of groups of 8, over the GEMV's tiles of 16 rows), T = 1, 3, 7, 45 and 133 (the
  * int8 GEMV in groups of 4 tokens and one at a time, or sgemm on the rows dequantised where the path
- * takes it: the portable path from 32 tokens, Q6_K's on x86 from 128). Each y[t, n] within the dot's tolerance of the float
+ * takes it: the portable path from 32 tokens). Each y[t, n] within the dot's tolerance of the float
  * reference (the stored rows dequantised); on the int8 path bit for bit across the paths (the same
  * exact integers, then the same two fused multiply-adds), bit for bit against T = 1 on that token
  * (a row's result does not depend on how many tokens share its step), and with accumulate y0 + y

@@ -739,9 +739,10 @@ static nopad_status linear_dequantized(float *y, size_t ldy, const float *x, con
 int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa) {
     const quant_format *f = find_format(type);
     if (isa == CPU_QUANT_PORTABLE) return 32;
-    /* the repacked Q4_K's GEMV takes 4 tokens at a time: 1.5x sgemm at 512 tokens (LLaMA-1B's
-     * gate|up rows, one thread: 145 ms against 212-221) */
-    if (type == CPU_QUANT_Q4_K_R8) return INT32_MAX;
+    /* the repacked k-quants' GEMV takes 4 tokens at a time: at 512 tokens, one thread, 1.5x sgemm
+     * on LLaMA-1B's Q4_K gate|up rows (145 ms against 212-221), 1.2x on its Q6_K down rows (247
+     * against 296-346) */
+    if (type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8) return INT32_MAX;
     return f && f->k_quant ? 128 : INT32_MAX;
 }
 

@@ -94,7 +94,7 @@ nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int3
 /* From this many tokens on, cpu_quant_linear dequantises tiles of weight rows to float and runs
  * sgemm instead of the int8 dot products, for weights of `type` on the path `isa`: 32 on the
  * portable path, 128 for the k-quants on x86 (where sgemm's reuse of a float tile beats their
- * int8 GEMM: docs/decoder.md), never for the blocks of 32 and the repacked Q4_K on x86. */
+ * int8 GEMM: docs/decoder.md), never for the blocks of 32 and the repacked k-quants on x86. */
 int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa);
 
 /* y[T, N] = x[T, K] · W[N, K]ᵀ, or y += x · Wᵀ when `accumulate` (a residual added in place:

@@ -145,18 +145,20 @@ TARGET void cpu_quant_gemm_r8_avx2(const void *w_, int32_t n_groups, const void 
  * groups' scales). The offset 32 comes off as 32·Σ_g sc_g·bsum_g (8 madds of the rows' scale pairs
  * with the activations' block-sum pairs); then acc = fma(sumi, d·d_a, acc): the integers of
  * dot_q6_k, the portable path's floats bit for bit. */
-TARGET static inline __m256 r8_6_dot(const uint8_t *w, const cpu_q8k_block *a, int32_t nb) {
+TARGET static inline __attribute__((always_inline)) void r8_6_dot(const uint8_t *w, const cpu_q8k_block *const *a,
+                                                                  int32_t nb, __m256 *out, const int C) {
     const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30);
     /* lane r's first (second) int16 in both of its halves: byte indices within each 128-bit half */
     const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5,
                                             8, 9, 8, 9, 12, 13, 12, 13);
     const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES_6) {
         for (int o = 0; o < CPU_QUANT_R8_BYTES_6; o += 64) /* as r8_dot: 4 super-blocks ahead */
             _mm_prefetch((const char *)w + 4 * CPU_QUANT_R8_BYTES_6 + o, _MM_HINT_T0);
-        const int8_t *q8 = a[i].qs;
-        __m256i sumi = _mm256_setzero_si256(), offs = _mm256_setzero_si256();
+        __m256i sumi[4], offs[4];
+        for (int c = 0; c < C; c++) sumi[c] = offs[c] = _mm256_setzero_si256();
         /* group g's scales as (sc, sc) per row lane, read back by the madds below as memory operands
          * (the 8 pairs held in registers beside the quants spilled: 1.06x the stored rows from L2,
          * against 1.32x this way) */
@@ -164,53 +166,65 @@ TARGET static inline __m256 r8_6_dot(const uint8_t *w, const cpu_q8k_block *a, i
         for (int p = 0; p < 8; p++) {
             /* lane r: row r's scales of groups 2p, 2p+1 as int16 */
             const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * p)));
-            int32_t bs;
-            memcpy(&bs, a[i].bsums + 2 * p, sizeof bs);
-            offs = _mm256_add_epi32(offs, _mm256_madd_epi16(pair, _mm256_set1_epi32(bs)));
+            for (int c = 0; c < C; c++) {
+                int32_t bs;
+                memcpy(&bs, a[c][i].bsums + 2 * p, sizeof bs);
+                offs[c] = _mm256_add_epi32(offs[c], _mm256_madd_epi16(pair, _mm256_set1_epi32(bs)));
+            }
             sc[2 * p] = _mm256_shuffle_epi8(pair, dup_lo);
             sc[2 * p + 1] = _mm256_shuffle_epi8(pair, dup_hi);
         }
         for (int h = 0; h < 2; h++)
             for (int gp = 0; gp < 2; gp++) /* positions 16gp .. 16gp+15 of each run: group 8h + 2run + gp */
                 for (int half = 0; half < 2; half++) {
-                    __m256i t[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                                    _mm256_setzero_si256()};
+                    __m256i q[2][4]; /* the two 4-position steps' 4 runs, shared by the C tokens */
                     for (int mm = 0; mm < 2; mm++) {
                         const int m = 4 * gp + 2 * half + mm;
                         const __m256i la = _mm256_loadu_si256((const __m256i *)(w + 144 + 512 * h + 32 * m));
                         const __m256i lb = _mm256_loadu_si256((const __m256i *)(w + 144 + 512 * h + 32 * (m + 8)));
                         const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 1168 + 256 * h + 32 * m));
-                        const __m256i q[4] = {
-                            _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
-                            _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, bits45)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low4),
-                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45))};
-                        for (int run = 0; run < 4; run++) {
-                            int32_t av;
-                            memcpy(&av, q8 + 128 * h + 32 * run + 4 * m, sizeof av);
-                            t[run] = _mm256_add_epi16(t[run], _mm256_maddubs_epi16(q[run], _mm256_set1_epi32(av)));
-                        }
+                        q[mm][0] = _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
+                        q[mm][1] = _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+                        q[mm][2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, bits45));
+                        q[mm][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low4),
+                                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
                     }
-                    for (int run = 0; run < 4; run++)
-                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(t[run], sc[8 * h + 2 * run + gp]));
+                    const int m0 = 4 * gp + 2 * half;
+                    for (int c = 0; c < C; c++)
+                        for (int run = 0; run < 4; run++) {
+                            int32_t a0, a1;
+                            memcpy(&a0, a[c][i].qs + 128 * h + 32 * run + 4 * m0, sizeof a0);
+                            memcpy(&a1, a[c][i].qs + 128 * h + 32 * run + 4 * m0 + 4, sizeof a1);
+                            const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(q[0][run], _mm256_set1_epi32(a0)),
+                                                               _mm256_maddubs_epi16(q[1][run], _mm256_set1_epi32(a1)));
+                            sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(t, sc[8 * h + 2 * run + gp]));
+                        }
                 }
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offs, 5));
-        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)), _mm256_set1_ps(a[i].d));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        for (int c = 0; c < C; c++) {
+            const __m256i s = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(offs[c], 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d8, _mm256_set1_ps(a[c][i].d)), acc[c]);
+        }
     }
-    return acc;
+    for (int c = 0; c < C; c++) out[c] = acc[c];
 }
 
 TARGET void cpu_quant_gemm_r8_6_avx2(const void *w_, int32_t n_groups, const void *act, size_t act_bytes,
                                      int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
     const uint8_t *w = w_;
     for (int32_t g = 0; g < n_groups; g++)
-        for (int32_t t = 0; t < n_tokens; t++) {
-            const __m256 v = r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6,
-                                      (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)t), nb);
-            float *dst = y + ldy * (size_t)t + 8 * g;
-            _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v) : v);
+        for (int32_t t = 0; t < n_tokens;) {
+            const int C = n_tokens - t >= 4 ? 4 : 1; /* groups of 4 tokens share the unpacking */
+            const cpu_q8k_block *a[4];
+            for (int c = 0; c < C; c++) a[c] = (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)(t + c));
+            __m256 v[4];
+            if (C == 4) r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 4);
+            else r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 1);
+            for (int c = 0; c < C; c++) {
+                float *dst = y + ldy * (size_t)(t + c) + 8 * g;
+                _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v[c]) : v[c]);
+            }
+            t += C;
         }
 }
 
