@@ -649,6 +649,151 @@ static void test_mixed_weight(void **state) {
     free(want);
 }
 
+/* Q4_K and Q6_K repacked at load, 8 rows interleaved (quant.h's CPU_QUANT_Q4_K_R8, _Q6_K_R8), through
+ * cpu_quant_linear on every path: random rows (fp16 scales 2^-10..2^-3), the extreme scales of
+ * test_extreme_scales and all-equal blocks; K = 768 (3 super-blocks, an odd count), N = 8, 40 and
+ * 104 (odd counts of groups of 8, over the GEMV's tiles of 16 rows), T = 1, 3, 7, 45 and 133 (the
+ * int8 GEMV in groups of 4 tokens and one at a time, or sgemm on the rows dequantised where the path
+ * takes it: the portable path from 32 tokens). Each y[t, n] within the dot's tolerance of the float
+ * reference (the stored rows dequantised); on the int8 path bit for bit across the paths (the same
+ * exact integers, then the same two fused multiply-adds), bit for bit against T = 1 on that token
+ * (a row's result does not depend on how many tokens share its step), and with accumulate y0 + y
+ * bit for bit; on sgemm's bit for bit against the stored rows' (the same dequantised floats, the
+ * same sgemm calls). The repacking's errors: N not a multiple of 8, and the one-row entry points. */
+typedef struct repacked_case {
+    const format_case *stored;
+    uint32_t type; /* CPU_QUANT_Q4_K_R8 or CPU_QUANT_Q6_K_R8 */
+    nopad_status (*repack)(void *dst, const void *src, int32_t K, int32_t N);
+} repacked_case;
+
+static const repacked_case REPACKED[] = {
+    {&FORMATS[5], CPU_QUANT_Q4_K_R8, cpu_quant_repack_q4_k_r8},
+    {&FORMATS[7], CPU_QUANT_Q6_K_R8, cpu_quant_repack_q6_k_r8},
+};
+
+static void test_k_repacked(void **state) {
+    const repacked_case *rc = *state;
+    const format_case *f = rc->stored;
+    const uint32_t R8 = rc->type;
+    enum { K = 768, N_MAX = 104, T_MAX = 133 };
+    const size_t row_bytes = cpu_quant_row_bytes(f->type, K);
+    const size_t r8_bytes = cpu_quant_row_bytes(R8, K);
+    assert_int_equal(r8_bytes * 8, (size_t)(K / 256) * (R8 == CPU_QUANT_Q4_K_R8 ? CPU_QUANT_R8_BYTES : CPU_QUANT_R8_BYTES_6));
+    uint8_t *w = malloc(row_bytes * N_MAX), *wr = malloc(r8_bytes * N_MAX);
+    float *wf = malloc(sizeof(float) * (size_t)K * N_MAX), *x = malloc(sizeof(float) * (size_t)K * T_MAX);
+    float *y = malloc(sizeof(float) * T_MAX * N_MAX), *y1 = malloc(sizeof(float) * N_MAX);
+    float *ys = malloc(sizeof(float) * T_MAX * N_MAX), *y0 = malloc(sizeof(float) * T_MAX * N_MAX);
+    float *z = malloc(sizeof(float) * T_MAX * N_MAX), *y_int8 = malloc(sizeof(float) * T_MAX * N_MAX);
+    uint8_t *act = malloc(cpu_quant_act_row_bytes(f->type, K) * T_MAX);
+    assert_true(w && wr && wf && x && y && y1 && ys && y0 && z && y_int8 && act);
+    const size_t act_bytes = cpu_quant_act_row_bytes(f->type, K);
+    struct { int e_lo, e_hi; float x_scale; int fill; const char *label; } data[] = {
+        {5, 12, 1.0f, -1, "random"},
+        {30, 30, 1e-6f, -1, "fp16 scales near 65504, tiny x"},
+        {0, 1, 1e4f, -1, "subnormal fp16 scales, large x"},
+        {8, 12, 1.0f, 0xff, "all-equal blocks 0xff"},
+        {8, 12, 1.0f, 0x77, "all-equal blocks 0x77"},
+    };
+    const struct { int32_t T, N; } cases[] = {{1, 40}, {3, 8}, {7, 104}, {45, 40}, {133, 104}};
+    cpu_quant_isa isa[3];
+    const int n_paths = paths(isa);
+    for (size_t d = 0; d < sizeof data / sizeof data[0]; d++) {
+        random_blocks(f, w, (int64_t)N_MAX * (K / 256), data[d].e_lo, data[d].e_hi);
+        if (data[d].fill >= 0) {
+            for (int64_t b = 0; b < (int64_t)N_MAX * (K / 256); b++) { /* all but d (and dmin) */
+                if (f->type == CPU_QUANT_Q4_K) memset(w + b * 144 + 4, data[d].fill, 140);
+                else memset(w + b * 210, data[d].fill, 208);
+            }
+        }
+        dequant(f, w, (int64_t)N_MAX * K, wf);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            const int32_t T = cases[c].T, N = cases[c].N;
+            assert_int_equal(rc->repack(wr, w, K, N), NOPAD_OK);
+            if (data[d].fill >= 0) {
+                const float v = (c % 2 ? -1.0f : 1.0f) * (0.25f + 0.5f * fabsf(rnd_unit()));
+                for (int32_t i = 0; i < K * T; i++) x[i] = v;
+            } else {
+                random_activations(x, K * T, data[d].x_scale);
+            }
+            for (int32_t t = 0; t < T; t++)
+                assert_int_equal(cpu_quant_activations(act + act_bytes * t, x + (size_t)t * K, f->type, K),
+                                 NOPAD_OK);
+            int have_int8 = 0; /* 1 + the path whose int8 GEMV's y is in y_int8 */
+            for (int p = 0; p < n_paths; p++)
+                for (int threads = 1; threads <= 2; threads++) {
+                    const int sg = T >= cpu_quant_sgemm_tokens(R8, isa[p]);
+                    for (int32_t i = 0; i < T * N; i++) y[i] = NAN;
+                    assert_int_equal(cpu_quant_linear_on(y, x, wr, R8, T, K, N, 0, threads, isa[p]),
+                                     NOPAD_OK);
+                    for (int32_t i = 0; i < T * N; i++) z[i] = y0[i] = rnd_unit();
+                    assert_int_equal(cpu_quant_linear_on(z, x, wr, R8, T, K, N, 1, threads, isa[p]),
+                                     NOPAD_OK);
+                    if (sg) { /* the stored rows' sgemm: the same floats */
+                        assert_int_equal(cpu_quant_linear_on(ys, x, w, f->type, T, K, N, 0, threads, isa[p]),
+                                         NOPAD_OK);
+                        if (memcmp(ys, y, sizeof(float) * T * N) != 0)
+                            fail_msg("%s repacked (%s) %s T=%d N=%d: sgemm differs from the stored rows'",
+                                     f->name, data[d].label, isa_name(isa[p]), T, N);
+                    } else if (!have_int8) { /* the first path on the int8 GEMV (portable's is sgemm from 32) */
+                        memcpy(y_int8, y, sizeof(float) * T * N);
+                        have_int8 = isa[p] + 1;
+                    } else if (memcmp(y_int8, y, sizeof(float) * T * N) != 0) {
+                        fail_msg("%s repacked (%s) T=%d N=%d: %s with %d threads differs from %s", f->name, data[d].label, T,
+                                 N, isa_name(isa[p]), threads, isa_name((cpu_quant_isa)(have_int8 - 1)));
+                    }
+                    for (int32_t t = 0; t < T; t++) {
+                        if (!sg && T > 1) {
+                            assert_int_equal(cpu_quant_linear_on(y1, x + (size_t)t * K, wr, R8, 1, K, N,
+                                                                 0, threads, isa[p]),
+                                             NOPAD_OK);
+                            if (memcmp(y1, y + (size_t)t * N, sizeof(float) * N) != 0)
+                                fail_msg("%s repacked (%s) %s T=%d: token %d differs from it alone", f->name, data[d].label,
+                                         isa_name(isa[p]), T, t);
+                        }
+                        const float *xr = x + (size_t)t * K;
+                        for (int32_t n = 0; n < N; n++) {
+                            const float *wrow = wf + (size_t)n * K;
+                            const double want = dot_double(wrow, xr, K);
+                            double tol = dot_tolerance(f, w + row_bytes * n, wrow, xr, K);
+                            if (sg) { /* x rounded to d·q first (test_linear's bound on top of the rounding) */
+                                double mag = 0.0;
+                                for (int32_t i = 0; i < K; i++) mag += fabs((double)wrow[i] * xr[i]);
+                                tol += K * ldexp(mag, -23);
+                            }
+                            const size_t i = (size_t)t * N + n;
+                            if (!(fabs(y[i] - want) <= tol))
+                                fail_msg("%s repacked (%s) %s T=%d N=%d, %d threads: y[%d, %d] = %.9g, want %.9g "
+                                         "(tolerance %.3g)", f->name, data[d].label, isa_name(isa[p]), T, N, threads, t, n, y[i],
+                                         want, tol);
+                            const float sum = y0[i] + y[i];
+                            if (sg ? !(fabs(z[i] - (y0[i] + want)) <= tol + ldexp(fabs(y0[i]) + fabs(want), -23))
+                                   : memcmp(&z[i], &sum, sizeof sum) != 0)
+                                fail_msg("%s repacked (%s) %s T=%d accumulating: y[%d, %d] = %.9g, want %.9g + %.9g",
+                                         f->name, data[d].label, isa_name(isa[p]), T, t, n, z[i], y0[i], y[i]);
+                        }
+                    }
+                }
+        }
+    }
+    expect_error(rc->repack(wr, w, K, 12), NOPAD_ERR_INVALID_ARGUMENT, "12 rows");
+    expect_error(cpu_quant_linear(y, x, wr, R8, 1, K, 12, 0, 1), NOPAD_ERR_INVALID_ARGUMENT,
+                 "N = 12 is not a multiple of 8");
+    expect_error(cpu_quant_dot(y, wr, act, R8, K, CPU_QUANT_PORTABLE), NOPAD_ERR_UNSUPPORTED,
+                 "groups of 8");
+    expect_error(cpu_quant_dequantize(y, wr, R8, K), NOPAD_ERR_UNSUPPORTED, "groups of 8");
+    free(w);
+    free(wr);
+    free(wf);
+    free(x);
+    free(y);
+    free(y1);
+    free(ys);
+    free(y0);
+    free(z);
+    free(y_int8);
+    free(act);
+}
+
 /* One test per format, named "<test> <format>" (the formats' order in FORMATS). */
 #define ONE_FORMAT(fn, i, name) {#fn " " name, fn, NULL, NULL, (void *)&FORMATS[i]}
 #define PER_FORMAT(fn)                                                                             \
@@ -669,6 +814,8 @@ int main(void) {
         PER_FORMAT(test_dequantize),
         cmocka_unit_test(test_rows_not_whole_blocks),
         cmocka_unit_test(test_mixed_weight),
+        {"test_k_repacked Q4_K", test_k_repacked, NULL, NULL, (void *)&REPACKED[0]},
+        {"test_k_repacked Q6_K", test_k_repacked, NULL, NULL, (void *)&REPACKED[1]},
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

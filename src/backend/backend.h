@@ -135,6 +135,9 @@ typedef enum nopad_weight_format {
     NOPAD_WEIGHT_Q6_K = 14,
     NOPAD_WEIGHT_FP8_E4M3 = 256, /* per output channel scales; CUDA (Hopper) only */
     NOPAD_WEIGHT_MIXED = 257,    /* runs of rows in block formats of their own: nopad_mixed_weight */
+    NOPAD_WEIGHT_Q4_K_R8 = 258,  /* Q4_K laid out by the CPU at load, 8 rows interleaved (pack_q; the CPU's
+                                    backend/cpu/quant.h says how); gemm_q only, never a file's */
+    NOPAD_WEIGHT_Q6_K_R8 = 259,  /* Q6_K likewise */
 } nopad_weight_format;
 
 /* A fused weight whose parts are stored in different block formats (a Q4_K_M file's Q|K|V: Q and K
@@ -559,6 +562,16 @@ struct nopad_backend {
                            nopad_weight_format format, const void *bias, const void *residual,
                            int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_epilogue epilogue,
                            nopad_activation act, int out_f32);
+    /* Optional (NULL: weights are held as the file stores them). packed_format: the format a linear
+     * weight of `format`, rows × cols, is held in when the backend lays it out at load for its
+     * kernels (the CPU: Q4_K and Q6_K in groups of 8 interleaved rows, NOPAD_WEIGHT_Q4_K_R8 / _Q6_K_R8), with its bytes
+     * in *bytes; else `format` itself, *bytes untouched. pack_q: dst (backend memory, those bytes)
+     * = the rows at src (host memory, as stored) in that layout. Never for embeddings (their rows
+     * are gathered one at a time). */
+    nopad_weight_format (*packed_format)(nopad_backend *be, nopad_weight_format format, int64_t rows, int64_t cols,
+                                         size_t *bytes);
+    nopad_status (*pack_q)(nopad_backend *be, void *dst, const void *src, nopad_weight_format format, int64_t rows,
+                           int64_t cols);
     /* embed_tokens with the rows of word in block format `format`, each dequantised as it is
      * gathered. */
     nopad_status (*embed_tokens_q)(nopad_backend *be, float *out32, const int32_t *tokens,

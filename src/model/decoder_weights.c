@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "io/fp8.h"
 #include "io/gguf.h"
@@ -517,8 +518,22 @@ static nopad_status get_fp8(loader *ld, int n_parts, const char *const names[], 
  * *kept = 0 when the weight is to be dequantised instead: the loader was not asked for native
  * formats, a float type (silently), or a block format the backend cannot run (with a notice). A
  * tensor that is missing or misshapen is left to the float path, which names what is wrong. */
+/* The whole pages of [p, p + n) in the file's read-only mapping let go once their tensor is copied:
+ * the load's peak then holds one tensor of the file beside the model's copies, not all of them until
+ * the end (LLaMA-1B's Q4_K_M with its Q4_K and Q6_K packed: a peak RSS of 1162 MB for the 638 MB
+ * file before). A page read again comes back from the page cache. */
+static void drop_mapped(const void *p, size_t n) {
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    const uintptr_t a = ((uintptr_t)p + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    const uintptr_t b = ((uintptr_t)p + n) / (uintptr_t)page * (uintptr_t)page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* A linear weight (pack: the backend may lay it out for its kernels, backend.h's pack_q) or the
+ * embeddings (pack 0: their rows are gathered one at a time) kept in the file's block format(s). */
 static nopad_status get_native(loader *ld, int n_parts, const char *const names[], const int64_t rows[],
-                               int64_t cols, void **out, nopad_weight_format *format, int *kept) {
+                               int64_t cols, int pack, void **out, nopad_weight_format *format, int *kept) {
     *kept = 0;
     *format = NOPAD_WEIGHT_DTYPE;
     source *src = ld->src;
@@ -575,11 +590,30 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
     }
     const gguf_file *f = src->gguf;
     const size_t header = mixed ? NOPAD_MIXED_HEADER : 0; /* the parts' formats and rows, before them */
+    /* each part as the backend holds it: laid out for its kernels at load where it says so (the
+     * packed rows replace the stored ones: no second copy), else as stored */
+    nopad_weight_format held[3];
+    size_t held_bytes[3];
+    int packs = 0, same = 1;
+    for (int i = 0; i < n_parts; i++) {
+        held[i] = (nopad_weight_format)t[i]->type;
+        held_bytes[i] = (size_t)t[i]->nbytes;
+        if (pack && be->packed_format && be->pack_q)
+            held[i] = be->packed_format(be, held[i], rows[i], cols, &held_bytes[i]);
+        packs |= held[i] != (nopad_weight_format)t[i]->type;
+        same &= held[i] == held[0];
+    }
+    if (!mixed && !same) /* one format for the whole matrix: keep every part as stored */
+        for (int i = 0; i < n_parts; i++) {
+            held[i] = (nopad_weight_format)t[i]->type;
+            held_bytes[i] = (size_t)t[i]->nbytes;
+            packs = 0;
+        }
     size_t total = header;
-    for (int i = 0; i < n_parts; i++) total += (size_t)t[i]->nbytes;
+    for (int i = 0; i < n_parts; i++) total += held_bytes[i];
     /* the mapping is host memory: only a backend working in host memory (device -1: the CPU) reads
      * a weight there; a device backend gets a copy */
-    if (n_parts == 1 && !permute[0] && f->map && be->device < 0) {
+    if (n_parts == 1 && !permute[0] && !packs && f->map && be->device < 0) {
         *out = (void *)(f->bytes + f->data_offset + t[0]->offset); /* bounds checked at parse */
         ld->uses_map = 1;
     } else {
@@ -595,7 +629,7 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
             uint8_t h[NOPAD_MIXED_HEADER] = {0};
             nopad_mixed_weight mw = {.n_parts = (uint32_t)n_parts};
             for (int i = 0; i < n_parts; i++) {
-                mw.format[i] = t[i]->type;
+                mw.format[i] = (uint32_t)held[i];
                 mw.rows[i] = (int32_t)rows[i];
             }
             memcpy(h, &mw, sizeof mw);
@@ -611,7 +645,14 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
                 return nopad_set_error(NOPAD_ERR_FORMAT, "%s: tensor '%s' has %lld rows, expected %lld heads of "
                                        "an even size %lld", src->where, t[i]->name, (long long)rows[i],
                                        (long long)permute[i], (long long)D);
-            if (!permute[i]) st = be->upload(be, dst, data, (size_t)t[i]->nbytes); /* one copy, as stored */
+            /* packed: the rows in order in host memory first (unpermuted where they need it) */
+            uint8_t *ordered = NULL;
+            if (held[i] != (nopad_weight_format)t[i]->type && permute[i]) {
+                ordered = malloc((size_t)t[i]->nbytes);
+                if (!ordered) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", src->where);
+            }
+            if (!permute[i] && held[i] == (nopad_weight_format)t[i]->type)
+                st = be->upload(be, dst, data, (size_t)t[i]->nbytes); /* one copy, as stored */
             for (int64_t r = 0; permute[i] && r < rows[i] && st == NOPAD_OK; r++) {
                 /* llama.cpp's row h·D + 2i + j is HF's row h·D + j·D/2 + i (unpermute_rows) */
                 int64_t from = r;
@@ -619,20 +660,25 @@ static nopad_status get_native(loader *ld, int n_parts, const char *const names[
                     const int64_t h = r / D, k = r % D, j = k / half, ii = k % half;
                     from = h * D + 2 * ii + j;
                 }
-                st = be->upload(be, dst + (size_t)r * row_bytes, data + (size_t)from * row_bytes, row_bytes);
+                if (ordered) memcpy(ordered + (size_t)r * row_bytes, data + (size_t)from * row_bytes, row_bytes);
+                else st = be->upload(be, dst + (size_t)r * row_bytes, data + (size_t)from * row_bytes, row_bytes);
             }
+            if (st == NOPAD_OK && held[i] != (nopad_weight_format)t[i]->type)
+                st = be->pack_q(be, dst, ordered ? ordered : data, (nopad_weight_format)t[i]->type, rows[i], cols);
+            free(ordered);
             if (st != NOPAD_OK) return st;
-            dst += t[i]->nbytes;
+            if (f->map) drop_mapped(data, (size_t)t[i]->nbytes); /* copied: the mapped rows are not read again */
+            dst += held_bytes[i];
         }
     }
     ld->w->bytes += total;
     for (int i = 0; i < n_parts; i++) {
         ld->w->n_params += rows[i] * cols;
         const char *part_type = gguf_tensor_type_name(t[i]->type);
-        TRY(add_to_group(ld, group, part_type, part_type, (size_t)t[i]->nbytes + (i == 0 ? header : 0)));
+        TRY(add_to_group(ld, group, part_type, part_type, held_bytes[i] + (i == 0 ? header : 0)));
     }
     src->dtype = type_name;
-    *format = mixed ? NOPAD_WEIGHT_MIXED : (nopad_weight_format)type;
+    *format = mixed ? NOPAD_WEIGHT_MIXED : held[0];
     *kept = 1;
     return NOPAD_OK;
 }
@@ -707,7 +753,7 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
     const int64_t f0 = tp->ffn0, fn = tp->ffn;
     int kept;
     const char *embed_name[] = {"model.embed_tokens.weight"};
-    TRY(get_native(ld, 1, embed_name, (const int64_t[]){c->vocab_size}, H, &w->tok_emb, &w->tok_emb_format, &kept));
+    TRY(get_native(ld, 1, embed_name, (const int64_t[]){c->vocab_size}, H, 0, &w->tok_emb, &w->tok_emb_format, &kept));
     if (!kept)
         TRY(get_part(ld, "model.embed_tokens.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H,
                      &w->tok_emb));
@@ -719,7 +765,7 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
         TRY(get(ld, NAME("input_layernorm.weight"), H, 1, 0, &L->norm1_w));
         const char *qkv_names[] = {NAME("self_attn.q_proj.weight"), NAME_IN(n1, "self_attn.k_proj.weight"),
                                    NAME_IN(n2, "self_attn.v_proj.weight")};
-        TRY(get_native(ld, 3, qkv_names, (const int64_t[]){qd, kd, kd}, H, &L->qkv_w, &L->qkv_format, &kept));
+        TRY(get_native(ld, 3, qkv_names, (const int64_t[]){qd, kd, kd}, H, 1, &L->qkv_w, &L->qkv_format, &kept));
         if (!kept) {
             TRY(track_alloc(ld, (size_t)((qn + 2 * kn) * H), &L->qkv_w));
             TRY(put_part(ld, NAME("self_attn.q_proj.weight"), qd, H, 0, q0, qn, 0, H, L->qkv_w, 0, 0, NULL));
@@ -736,12 +782,12 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
                          NULL));
         }
         const char *o_name[] = {NAME("self_attn.o_proj.weight")};
-        TRY(get_native(ld, 1, o_name, (const int64_t[]){H}, qd, &L->o_w, &L->o_format, &kept));
+        TRY(get_native(ld, 1, o_name, (const int64_t[]){H}, qd, 1, &L->o_w, &L->o_format, &kept));
         if (!kept) TRY(get_part(ld, NAME("self_attn.o_proj.weight"), H, qd, 0, 0, H, q0, qn, &L->o_w));
         if (c->o_bias && tp->rank == 0) TRY(get(ld, NAME("self_attn.o_proj.bias"), H, 1, 0, &L->o_b)); /* added once */
         TRY(get(ld, NAME("post_attention_layernorm.weight"), H, 1, 0, &L->norm2_w));
         const char *up_names[] = {NAME("mlp.gate_proj.weight"), NAME_IN(n1, "mlp.up_proj.weight")};
-        TRY(get_native(ld, 2, up_names, (const int64_t[]){F, F}, H, &L->up_w, &L->up_format, &kept));
+        TRY(get_native(ld, 2, up_names, (const int64_t[]){F, F}, H, 1, &L->up_w, &L->up_format, &kept));
         if (!kept) {
             TRY(track_alloc(ld, (size_t)(2 * fn * H), &L->up_w));
             TRY(put_part(ld, NAME("mlp.gate_proj.weight"), F, H, 0, f0, fn, 0, H, L->up_w, 0, 0, NULL));
@@ -749,7 +795,7 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
                          NULL));
         }
         const char *down_name[] = {NAME("mlp.down_proj.weight")};
-        TRY(get_native(ld, 1, down_name, (const int64_t[]){H}, F, &L->down_w, &L->down_format, &kept));
+        TRY(get_native(ld, 1, down_name, (const int64_t[]){H}, F, 1, &L->down_w, &L->down_format, &kept));
         if (!kept) TRY(get_part(ld, NAME("mlp.down_proj.weight"), H, F, 0, 0, H, f0, fn, &L->down_w));
 #undef NAME_IN
 #undef NAME
@@ -758,7 +804,7 @@ static nopad_status load_llama(loader *ld, const model_config *c) {
     /* an untied head; a tied one may still be stored (it equals the embeddings) */
     if (!c->tie_word_embeddings) {
         const char *head_name[] = {"lm_head.weight"};
-        TRY(get_native(ld, 1, head_name, (const int64_t[]){c->vocab_size}, H, &w->lm_head, &w->lm_head_format, &kept));
+        TRY(get_native(ld, 1, head_name, (const int64_t[]){c->vocab_size}, H, 1, &w->lm_head, &w->lm_head_format, &kept));
         if (!kept)
             TRY(get_part(ld, "lm_head.weight", c->vocab_size, H, 0, tp->vocab0, tp->vocab_rows, 0, H, &w->lm_head));
     } else {

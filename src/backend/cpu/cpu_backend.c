@@ -122,6 +122,8 @@ nopad_status nopad_backend_cpu_create(int n_threads, nopad_backend **out) {
     be->gemm_f32 = cpu_gemm_f32;
     be->gemm_q = cpu_gemm_q;
     be->embed_tokens_q = cpu_embed_tokens_q;
+    be->packed_format = cpu_packed_format;
+    be->pack_q = cpu_pack_q;
     be->row_argmax = cpu_row_argmax;
     be->zero = cpu_zero;
     be->gemm_backward = cpu_gemm_backward;

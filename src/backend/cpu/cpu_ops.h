@@ -62,6 +62,10 @@ nopad_status cpu_embed_tokens(nopad_backend *be, float *out, const int32_t *toke
  * n_in values (quant.h's six formats, n_in a whole number of blocks; the dtype always), gemm_q and
  * embed_tokens_q. */
 int cpu_runs_format(nopad_weight_format format, int32_t n_in);
+nopad_weight_format cpu_packed_format(nopad_backend *be, nopad_weight_format format, int64_t rows, int64_t cols,
+                                      size_t *bytes);
+nopad_status cpu_pack_q(nopad_backend *be, void *dst, const void *src, nopad_weight_format format, int64_t rows,
+                        int64_t cols);
 nopad_status cpu_gemm_q(nopad_backend *be, void *out, const void *x, const void *w,
                         nopad_weight_format format, const void *bias, const void *residual,
                         int32_t n_tokens, int32_t n_in, int32_t n_out, nopad_epilogue epilogue,

@@ -29,6 +29,10 @@ enum {
     CPU_QUANT_Q4_K = 12,
     CPU_QUANT_Q5_K = 13,
     CPU_QUANT_Q6_K = 14,
+    /* Q4_K repacked at load, 8 rows interleaved (no file holds it): backend.h's
+     * NOPAD_WEIGHT_Q4_K_R8, below */
+    CPU_QUANT_Q4_K_R8 = 258,
+    CPU_QUANT_Q6_K_R8 = 259, /* Q6_K likewise: NOPAD_WEIGHT_Q6_K_R8 */
 };
 
 enum { CPU_QUANT_QK = 32, CPU_QUANT_QK_K = 256 }; /* elements per block / per super-block */
@@ -90,7 +94,7 @@ nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int3
 /* From this many tokens on, cpu_quant_linear dequantises tiles of weight rows to float and runs
  * sgemm instead of the int8 dot products, for weights of `type` on the path `isa`: 32 on the
  * portable path, 128 for the k-quants on x86 (where sgemm's reuse of a float tile beats their
- * int8 GEMM: docs/decoder.md), never for the blocks of 32 on x86. */
+ * int8 GEMM: docs/decoder.md), never for the blocks of 32 and the repacked k-quants on x86. */
 int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa);
 
 /* y[T, N] = x[T, K] · W[N, K]ᵀ, or y += x · Wᵀ when `accumulate` (a residual added in place:
@@ -122,6 +126,50 @@ nopad_status cpu_quant_linear_on(float *y, const float *x, const void *w, uint32
  * one part at a time into its columns (cpu_quant_ops.c, backend.h's NOPAD_WEIGHT_MIXED). */
 nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const void *w, uint32_t type, int32_t T,
                                  int32_t K, int32_t N, int accumulate, int n_threads, cpu_quant_isa isa);
+
+/* Q4_K repacked for the GEMV (CPU_QUANT_Q4_K_R8): N rows (N a multiple of 8) in groups of 8, each
+ * group's super-block i one block of CPU_QUANT_R8_BYTES bytes that holds the 8 rows' super-block i
+ * (group g's block i at w + (8g · K/256 + i) · CPU_QUANT_R8_BYTES, so a row still averages
+ * cpu_quant_row_bytes = K/256 · 148 bytes, 2.8% over Q4_K's 144: the scales and mins a byte
+ * each instead of 6 bits). Laid out so that one 32-byte load holds the same 4 quant bytes of all 8
+ * rows, and a kernel keeps the 8 rows' sums in the 8 lanes of one register (llama.cpp repacks its
+ * Q4_K likewise, ggml-cpu/repack.cpp's q4_K_8x8): an activation's 4 bytes are broadcast once for 8
+ * rows, int16 sums run over 8 products before the scales' madd, and no row needs a horizontal sum.
+ *   [0, 16)      d of rows 0..7 (fp16)
+ *   [16, 32)     dmin of rows 0..7 (fp16)
+ *   [32, 96)     scales: byte 8j + r = row r's 6-bit scale of sub-block j (0..7)
+ *   [96, 160)    mins: byte 16p + 2r + e = row r's 6-bit min of sub-block 2p + e
+ *   [160, 1184)  quants: byte 256k + 32l + 4r + b = row r's qs byte 32k + 4l + b (k 0..3, l 0..7):
+ *                its low nibble element 64k + 4l + b, its high nibble element 64k + 32 + 4l + b */
+enum { CPU_QUANT_R8_BYTES = 1184 };
+
+/* Q6_K repacked likewise (CPU_QUANT_Q6_K_R8): a group's super-block i of CPU_QUANT_R8_BYTES_6 bytes,
+ * 8 · 210 (the same bytes as stored), at w + (8g · K/256 + i) · CPU_QUANT_R8_BYTES_6:
+ *   [0, 16)       d of rows 0..7 (fp16)
+ *   [16, 144)     scales: byte 16p + 2r + e = row r's int8 scale of group 2p + e (16 groups of 16)
+ *   [144, 1168)   ql: byte 512h + 32m + 4r + b = row r's ql byte 64h + 4m + b (h 0..1, m 0..15)
+ *   [1168, 1680)  qh: byte 256h + 32m + 4r + b = row r's qh byte 32h + 4m + b (m 0..7)
+ * (ql and qh as io/gguf_dequant.c's Q6_K: quant element 128h + 32·run + l from ql byte 64h + l
+ * (runs 0, 2) or 64h + 32 + l (runs 1, 3), low nibble for runs 0-1, high for 2-3, and bits 2·run of
+ * qh byte 32h + l.) */
+enum { CPU_QUANT_R8_BYTES_6 = 1680 };
+
+/* dst = the N rows of K values of Q4_K at src (as stored) repacked as CPU_QUANT_Q4_K_R8
+ * (cpu_quant_row_bytes(CPU_QUANT_Q4_K_R8, K) · N bytes; dst and src apart). N not a multiple of 8
+ * or K not of 256 is NOPAD_ERR_INVALID_ARGUMENT. */
+nopad_status cpu_quant_repack_q4_k_r8(void *dst, const void *src, int32_t K, int32_t N);
+/* The same for Q6_K rows as stored -> CPU_QUANT_Q6_K_R8. */
+nopad_status cpu_quant_repack_q6_k_r8(void *dst, const void *src, int32_t K, int32_t N);
+
+/* The AVX2 GEMV on CPU_QUANT_Q4_K_R8 (quant_avx2.c): y[t · ldy + r] (+)= row r · token t for
+ * n_groups groups of 8 rows (group g at w + g · 8 · nb · 148) and n_tokens activation rows act_bytes
+ * apart, nb super-blocks each. The same floats bit for bit as the portable path's (quant.c): the
+ * same exact integers per super-block, then the same two fused multiply-adds. */
+void cpu_quant_gemm_r8_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
+                            int32_t nb, float *y, size_t ldy, int accumulate);
+/* The same on CPU_QUANT_Q6_K_R8 (groups at w + g · 8 · nb · 210). */
+void cpu_quant_gemm_r8_6_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
+                              int32_t nb, float *y, size_t ldy, int accumulate);
 
 /* The VNNI GEMM's operands for prompts (blocks of 32), laid out once so that its kernel of 4
  * weight rows × 4 tokens finds each block's scales and quants together, converted and unpacked:

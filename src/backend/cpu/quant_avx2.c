@@ -49,4 +49,183 @@ TARGET float cpu_quant_quantize_avx2(int8_t *q, int16_t *sums16, const float *x,
     return d;
 }
 
+/* ---- Q4_K repacked, 8 rows in the lanes (quant.h's CPU_QUANT_Q4_K_R8) --------------------------- */
+
+/* One token's sums for a group of 8 rows: lane r of the result is row r's dot. Per super-block the
+ * integers are exact and the portable path's (Σ_j sc_j·Σ q·a and Σ_j m_j·Σ a, summed per row in
+ * int32 lanes), then acc = fma(sumi, d·d_a, acc) and acc = fma(-summ, dmin·d_a, acc). Per 32
+ * bytes of quants (4 bytes of 8 rows) one broadcast of 4 activations for the low nibbles and one for
+ * the high, and the maddubs results summed in int16 over a sub-block: 8 of them, each pair at most
+ * 2·15·127, so |sum| <= 30480 and never saturates. */
+/* C tokens (1 or 4) against a group: out[c] lane r = row r · token c. The weights' unpacking (the
+ * nibbles of each 32-byte load, the scales and mins) is shared by the C tokens; a token's integers
+ * and float operations are the same whatever C is, so its result is too (bit for bit). */
+TARGET static inline __attribute__((always_inline)) void r8_dot(const uint8_t *w, const cpu_q8k_block *const *a,
+                                                                int32_t nb, __m256 *out, const int C) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[4];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES) {
+        /* the group's stream 4 super-blocks ahead (past a group's end, the next group's: the rows are
+         * one stream): from DRAM 8.4-8.8 ns a row's super-block against 10.0-12.7 without, 1.8 KB to
+         * 9 KB ahead all within the noise of each other but 1 KB (docs/decoder.md) */
+        for (int o = 0; o < CPU_QUANT_R8_BYTES; o += 64)
+            _mm_prefetch((const char *)w + 4 * CPU_QUANT_R8_BYTES + o, _MM_HINT_T0);
+        __m256i sumi[4];
+        for (int c = 0; c < C; c++) sumi[c] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            __m256i s_lo[4], s_hi[4];
+            for (int c = 0; c < C; c++) s_lo[c] = s_hi[c] = _mm256_setzero_si256();
+            const uint8_t *qs = w + 160 + 256 * k;
+            for (int l = 0; l < 8; l++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * l));
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                for (int c = 0; c < C; c++) {
+                    int32_t alo, ahi;
+                    memcpy(&alo, a[c][i].qs + 64 * k + 4 * l, 4);
+                    memcpy(&ahi, a[c][i].qs + 64 * k + 32 + 4 * l, 4);
+                    s_lo[c] = _mm256_add_epi16(s_lo[c], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(alo)));
+                    s_hi[c] = _mm256_add_epi16(s_hi[c], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(ahi)));
+                }
+            }
+            /* the 8 rows' scales of sub-blocks 2k and 2k+1 as (sc, sc) int16 pairs, lane r row r */
+            __m256i sc0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 32 + 16 * k)));
+            __m256i sc1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 40 + 16 * k)));
+            sc0 = _mm256_or_si256(sc0, _mm256_slli_epi32(sc0, 16));
+            sc1 = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
+            for (int c = 0; c < C; c++) {
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(s_lo[c], sc0));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(s_hi[c], sc1));
+            }
+        }
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        const __m256 dmin8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16)));
+        for (int c = 0; c < C; c++) {
+            /* the mins: lane r (m_2p, m_2p+1) · (Σa over sub-block 2p, over 2p+1), |Σa| <= 32·127 */
+            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)a[c][i].bsums),
+                                                 _mm_loadu_si128((const __m128i *)(a[c][i].bsums + 8)));
+            const __m256i b[4] = {_mm256_broadcastd_epi32(pairs), _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 0x55)),
+                                  _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 0xaa)),
+                                  _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 0xff))};
+            __m256i summ = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++)
+                summ = _mm256_add_epi32(
+                    summ, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 96 + 16 * p))), b[p]));
+            const __m256 da = _mm256_set1_ps(a[c][i].d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_mul_ps(d8, da), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmin8, da), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) out[c] = acc[c];
+}
+
+TARGET void cpu_quant_gemm_r8_avx2(const void *w_, int32_t n_groups, const void *act, size_t act_bytes,
+                                   int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    const uint8_t *w = w_;
+    for (int32_t g = 0; g < n_groups; g++)
+        for (int32_t t = 0; t < n_tokens;) {
+            const int C = n_tokens - t >= 4 ? 4 : 1; /* groups of 4 tokens share the unpacking */
+            const cpu_q8k_block *a[4];
+            for (int c = 0; c < C; c++) a[c] = (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)(t + c));
+            __m256 v[4];
+            if (C == 4) r8_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES, a, nb, v, 4);
+            else r8_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES, a, nb, v, 1);
+            for (int c = 0; c < C; c++) {
+                float *dst = y + ldy * (size_t)(t + c) + 8 * g;
+                _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v[c]) : v[c]);
+            }
+            t += C;
+        }
+}
+
+/* Q6_K's 8 rows in the lanes (quant.h's CPU_QUANT_Q6_K_R8): per 4 quant positions of a half, one load
+ * each of ql (two) and qh gives the 4 runs' 6-bit quants of 8 rows × 4 elements; 4 broadcasts of 4
+ * activations. A maddubs pair is at most 2·63·127 = 16002, so two are summed in int16 before each
+ * madd by the group's scales (as (sc, sc) pairs of each row, a byte shuffle of the row's two
+ * groups' scales). The offset 32 comes off as 32·Σ_g sc_g·bsum_g (8 madds of the rows' scale pairs
+ * with the activations' block-sum pairs); then acc = fma(sumi, d·d_a, acc): the integers of
+ * dot_q6_k, the portable path's floats bit for bit. */
+TARGET static inline __attribute__((always_inline)) void r8_6_dot(const uint8_t *w, const cpu_q8k_block *const *a,
+                                                                  int32_t nb, __m256 *out, const int C) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30);
+    /* lane r's first (second) int16 in both of its halves: byte indices within each 128-bit half */
+    const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5,
+                                            8, 9, 8, 9, 12, 13, 12, 13);
+    const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+    __m256 acc[4];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES_6) {
+        for (int o = 0; o < CPU_QUANT_R8_BYTES_6; o += 64) /* as r8_dot: 4 super-blocks ahead */
+            _mm_prefetch((const char *)w + 4 * CPU_QUANT_R8_BYTES_6 + o, _MM_HINT_T0);
+        __m256i sumi[4], offs[4];
+        for (int c = 0; c < C; c++) sumi[c] = offs[c] = _mm256_setzero_si256();
+        /* group g's scales as (sc, sc) per row lane, read back by the madds below as memory operands
+         * (the 8 pairs held in registers beside the quants spilled: 1.06x the stored rows from L2,
+         * against 1.32x this way) */
+        __m256i sc[16];
+        for (int p = 0; p < 8; p++) {
+            /* lane r: row r's scales of groups 2p, 2p+1 as int16 */
+            const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * p)));
+            for (int c = 0; c < C; c++) {
+                int32_t bs;
+                memcpy(&bs, a[c][i].bsums + 2 * p, sizeof bs);
+                offs[c] = _mm256_add_epi32(offs[c], _mm256_madd_epi16(pair, _mm256_set1_epi32(bs)));
+            }
+            sc[2 * p] = _mm256_shuffle_epi8(pair, dup_lo);
+            sc[2 * p + 1] = _mm256_shuffle_epi8(pair, dup_hi);
+        }
+        for (int h = 0; h < 2; h++)
+            for (int gp = 0; gp < 2; gp++) /* positions 16gp .. 16gp+15 of each run: group 8h + 2run + gp */
+                for (int half = 0; half < 2; half++) {
+                    __m256i q[2][4]; /* the two 4-position steps' 4 runs, shared by the C tokens */
+                    for (int mm = 0; mm < 2; mm++) {
+                        const int m = 4 * gp + 2 * half + mm;
+                        const __m256i la = _mm256_loadu_si256((const __m256i *)(w + 144 + 512 * h + 32 * m));
+                        const __m256i lb = _mm256_loadu_si256((const __m256i *)(w + 144 + 512 * h + 32 * (m + 8)));
+                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 1168 + 256 * h + 32 * m));
+                        q[mm][0] = _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
+                        q[mm][1] = _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+                        q[mm][2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(qh, bits45));
+                        q[mm][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low4),
+                                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
+                    }
+                    const int m0 = 4 * gp + 2 * half;
+                    for (int c = 0; c < C; c++)
+                        for (int run = 0; run < 4; run++) {
+                            int32_t a0, a1;
+                            memcpy(&a0, a[c][i].qs + 128 * h + 32 * run + 4 * m0, sizeof a0);
+                            memcpy(&a1, a[c][i].qs + 128 * h + 32 * run + 4 * m0 + 4, sizeof a1);
+                            const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(q[0][run], _mm256_set1_epi32(a0)),
+                                                               _mm256_maddubs_epi16(q[1][run], _mm256_set1_epi32(a1)));
+                            sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(t, sc[8 * h + 2 * run + gp]));
+                        }
+                }
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        for (int c = 0; c < C; c++) {
+            const __m256i s = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(offs[c], 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d8, _mm256_set1_ps(a[c][i].d)), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) out[c] = acc[c];
+}
+
+TARGET void cpu_quant_gemm_r8_6_avx2(const void *w_, int32_t n_groups, const void *act, size_t act_bytes,
+                                     int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    const uint8_t *w = w_;
+    for (int32_t g = 0; g < n_groups; g++)
+        for (int32_t t = 0; t < n_tokens;) {
+            const int C = n_tokens - t >= 4 ? 4 : 1; /* groups of 4 tokens share the unpacking */
+            const cpu_q8k_block *a[4];
+            for (int c = 0; c < C; c++) a[c] = (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)(t + c));
+            __m256 v[4];
+            if (C == 4) r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 4);
+            else r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 1);
+            for (int c = 0; c < C; c++) {
+                float *dst = y + ldy * (size_t)(t + c) + 8 * g;
+                _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v[c]) : v[c]);
+            }
+            t += C;
+        }
+}
+
 #endif
