@@ -186,20 +186,26 @@ static nopad_status tp_sum(nopad_backend *be, const tp_shard *tp, void *x, size_
 }
 
 /* With tensor parallelism, the rank's part of the LM head for rows xn[n, hidden]: the columns of
- * its vocabulary rows into its slot of logits_parts ([n, vocab_rows] packed), and, `with_best`,
- * each row's greedy triple of them (row_argmax: max, id, exp-sum) all-gathered from every rank
- * into best_parts [tp, n, 3]: greedy rows merge those (tp_greedy) without gathering the logits.
- * Both run inside the recorded step for its first chunk of rows, whatever the output's
- * parameters turn out to be: the triples are n · 3 floats. */
+ * its vocabulary rows into s->logits, packed [n, vocab_rows] (the full logits are gathered from
+ * there only when the output needs them, tp_head_logits). The first chunk's part runs inside the
+ * recorded step, whatever the output's parameters turn out to be. */
 static nopad_status tp_head_part(nopad_backend *be, const model_config *cfg, const decoder_weights *w,
-                                 decoder_state *s, const void *xn, int32_t n, int with_best) {
+                                 decoder_state *s, const void *xn, int32_t n) {
     const tp_shard *tp = &w->tp;
-    float *mine = s->logits_parts + (size_t)tp->rank * n * tp->vocab_stride;
-    if (tp->vocab_rows > 0)
-        TRY(linear_f32(be, mine, xn, w->lm_head, w->lm_head_format, n, cfg->hidden_size, tp->vocab_rows));
-    if (!with_best) return NOPAD_OK;
+    if (tp->vocab_rows == 0) return NOPAD_OK;
+    return linear_f32(be, s->logits, xn, w->lm_head, w->lm_head_format, n, cfg->hidden_size, tp->vocab_rows);
+}
+
+/* Each greedy row's triple of the rank's part (row_argmax: max, id, exp-sum), all-gathered from
+ * every rank into best_parts [tp, n, 3]: greedy rows merge those (tp_greedy, greedy_merge_begin)
+ * without gathering the logits. Queued with the output, after the replay, as the one-process
+ * path's row_argmax is: inside the recorded step, this and the part's place in logits_parts
+ * made a forced world of one 5-7% slower a decode step than one process (H100, 32-64 rows,
+ * bench/results/tp_world1_2026-12-07f_H100). */
+static nopad_status tp_head_best(nopad_backend *be, const decoder_weights *w, decoder_state *s, int32_t n) {
+    const tp_shard *tp = &w->tp;
     float *best = s->best_parts + (size_t)tp->rank * n * 3;
-    TRY(be->row_argmax(be, best, mine, n, tp->vocab_rows, tp->vocab_rows, tp->vocab0));
+    TRY(be->row_argmax(be, best, s->logits, n, tp->vocab_rows, tp->vocab_rows, tp->vocab0));
     return comm_all_gather(tp->comm, be, s->best_parts, best, (size_t)n * 3, COMM_F32);
 }
 
@@ -210,7 +216,8 @@ static nopad_status tp_head_logits(nopad_backend *be, const model_config *cfg, c
     const tp_shard *tp = &w->tp;
     const int32_t V = cfg->vocab_size;
     const size_t part = (size_t)n * tp->vocab_stride; /* a rank's block: [n, vocab_rows] packed */
-    TRY(comm_all_gather(tp->comm, be, s->logits_parts, s->logits_parts + (size_t)tp->rank * part, part, COMM_F32));
+    /* the rank's part leaves s->logits before the blocks are copied back over it (stream order) */
+    TRY(comm_all_gather(tp->comm, be, s->logits_parts, s->logits, part, COMM_F32));
     for (int32_t r = 0; r < tp->size; r++) {
         const int32_t v0 = r * tp->vocab_stride;
         const int32_t rows = V - v0 < tp->vocab_stride ? (V - v0 > 0 ? V - v0 : 0) : tp->vocab_stride;
@@ -226,7 +233,7 @@ static nopad_status lm_head(nopad_backend *be, const model_config *cfg, const de
                             decoder_state *s, const void *xn, int32_t n) {
     if (!w->tp.comm)
         return linear_f32(be, s->logits, xn, w->lm_head, w->lm_head_format, n, cfg->hidden_size, cfg->vocab_size);
-    TRY(tp_head_part(be, cfg, w, s, xn, n, 0));
+    TRY(tp_head_part(be, cfg, w, s, xn, n));
     return tp_head_logits(be, cfg, w, s, n);
 }
 
@@ -311,7 +318,7 @@ static nopad_status step_forward(void *ctx) {
     }
     TRY(be->norm(be, s->xn, src, w->final_norm_w, w->final_norm_b, eps, c->n_rows, H, rms));
     if (c->head_rows > 0)
-        TRY(tp->comm ? tp_head_part(be, cfg, w, s, s->xn, c->head_rows, 1) : lm_head(be, cfg, w, s, s->xn, c->head_rows));
+        TRY(tp->comm ? tp_head_part(be, cfg, w, s, s->xn, c->head_rows) : lm_head(be, cfg, w, s, s->xn, c->head_rows));
     return NOPAD_OK;
 }
 
@@ -509,8 +516,8 @@ nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, 
         .n_rows = !want_rows ? 0 : batch->all_logits ? T : Bp,
         .gather = !batch->all_logits,
     };
-    /* the first chunk of the LM head (with tensor parallelism: the rank's part and the greedy
-     * triples, tp_head_part; the logits are gathered only when the output needs them) */
+    /* the first chunk of the LM head (with tensor parallelism the rank's part, tp_head_part; the
+     * greedy triples and the logits are gathered with the output, as it needs them) */
     call.head_rows = call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
     if (recorded) {
         /* tagged -1 / -2: the encoder's keys end in 0 */
@@ -551,8 +558,9 @@ static nopad_status tp_greedy(nopad_backend *be, const model_config *cfg, const 
     const size_t es = nopad_dtype_size(be->dtype);
     for (int32_t r0 = 0; r0 < out_rows; r0 += s->logit_rows) {
         const int32_t n = out_rows - r0 < s->logit_rows ? out_rows - r0 : s->logit_rows;
-        /* the first chunk's triples came with the step (step_forward) */
-        if (r0 > 0) TRY(tp_head_part(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n, 1));
+        /* the first chunk's part came with the step (step_forward) */
+        if (r0 > 0) TRY(tp_head_part(be, cfg, w, s, (const char *)s->xn + (size_t)r0 * H * es, n));
+        TRY(tp_head_best(be, w, s, n));
         TRY(be->download(be, s->host_best, s->best_parts, (size_t)tp->size * n * 3 * sizeof(float)));
         for (int32_t r = 0; r < n; r++) {
             nopad_status st = sampling_merge_greedy(s->host_best, tp->size, n, r, &out->ids[r0 + r],
@@ -590,8 +598,8 @@ nopad_status decoder_output_launch(nopad_backend *be, const model_config *cfg, c
      * kernel (H100, docs/decoder.md: a decode step of 64 rows 1.33 against 1.45 ms). */
     const int greedy = out->ids && !out->masks && out->n_top == 0 && all_greedy(out, out_rows);
     if (greedy && out_rows <= s->logit_rows && be->greedy_merge_begin && be->sample_wait && be->row_argmax) {
-        if (!w->tp.comm)
-            TRY(be->row_argmax(be, s->best_parts, s->logits, out_rows, cfg->vocab_size, cfg->vocab_size, 0));
+        if (w->tp.comm) TRY(tp_head_best(be, w, s, out_rows));
+        else TRY(be->row_argmax(be, s->best_parts, s->logits, out_rows, cfg->vocab_size, cfg->vocab_size, 0));
         TRY(be->greedy_merge_begin(be, s->best_parts, w->tp.size, out_rows, out->logprobs != NULL, s->feed));
         s->ids_pending = out_rows;
         s->feed_rows = out_rows;
