@@ -141,18 +141,44 @@ static int test_sm_count(void) {
     return sms;
 }
 
-/* ---- AllGather+GEMM ---- */
-
-typedef struct ag_case {
+/* One call of either kernel: dtype DTYPES[d], W ranks, this rank's view, the chunks' rows. */
+typedef struct flux_case {
     int d, W, rank, config;
     int32_t rows[CUDA_FLUX_MAX_WORLD];
     int32_t K, N;
-    int32_t max_ctas; /* cuda_flux_peers.max_ctas; 0: one CTA a SM */
-} ag_case;
+    int32_t max_ctas;    /* cuda_flux_peers.max_ctas; 0: one CTA a SM */
+    uint64_t timeout_ns; /* GEMM+ReduceScatter only (AllGather+GEMM: the default) */
+    int missing;         /* GEMM+ReduceScatter only: a source whose partials never arrive, or -1 */
+} flux_case;
+typedef double (*run_fn)(const flux_case *c, uint64_t *rng);
+
+/* The worse of two errors; NaN is the worst. */
+static double worse(double a, double b) { return !(b <= a) ? b : a; }
+
+/* More tiles than SMs: c's world with chunks of 300-600 rows (odd total) and a random rank's view,
+ * so each persistent CTA takes several tiles (its ring's phases wrapping within and across them).
+ * For the persistent configurations also the same on 3 CTAs (peers.max_ctas): 50-100 tiles a CTA,
+ * the ring's phases wrapping hundreds of times, the remote chunks' waits (AllGather) or the local
+ * chunk's partial boxes (ReduceScatter) in the middle of a CTA's run. Returns the worse row error. */
+static double run_many_tiles(const char *kernel, flux_case c, run_fn run, uint64_t *rng) {
+    random_rows(c.rows, c.W, 300, 600, rng);
+    c.rank = (int)(test_rand_u32(rng) % (uint32_t)c.W);
+    const int tiles = tile_count(c.rows, c.W, c.N, c.config);
+    double worst = run(&c, rng);
+    printf("%s %s config %d, %d tiles on %d SMs: row rel err %.3g\n", DTYPE_NAMES[c.d], kernel, c.config, tiles,
+           test_sm_count(), worst);
+    if (c.config < CUDA_FLUX_CONFIG_TMA_256) return worst; /* max_ctas bounds the persistent grids only */
+    c.max_ctas = 3;
+    const double e3 = run(&c, rng);
+    printf("%s %s config %d, %d tiles on 3 CTAs: row rel err %.3g\n", DTYPE_NAMES[c.d], kernel, c.config, tiles, e3);
+    return worse(worst, e3);
+}
+
+/* ---- AllGather+GEMM ---- */
 
 /* One rank's AllGather+GEMM with the other chunks fed in random order; twice, new epoch each time.
  * Returns the worse row error. */
-static double run_ag(const ag_case *c, uint64_t *rng) {
+static double run_ag(const flux_case *c, uint64_t *rng) {
     const int d = c->d, W = c->W, r = c->rank;
     int64_t M = 0, row0[CUDA_FLUX_MAX_WORLD + 1];
     for (int i = 0; i < W; i++) row0[i] = M, M += c->rows[i];
@@ -224,7 +250,7 @@ static void test_ag_gemm(void **state) {
         double worst = 0, worst_cfg[CUDA_FLUX_N_CONFIGS] = {0};
         for (int wi = 0; wi < 3; wi++)
             for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++) {
-                ag_case c = {.d = d, .W = worlds[wi], .config = config, .K = 256, .N = 328};
+                flux_case c = {.d = d, .W = worlds[wi], .config = config, .K = 256, .N = 328};
                 random_rows(c.rows, c.W, 1, 300, &rng);
                 c.rank = (int)(test_rand_u32(&rng) % (uint32_t)c.W);
                 double e = run_ag(&c, &rng);
@@ -240,29 +266,15 @@ static void test_ag_gemm(void **state) {
         }
         /* a rank with no rows, and a K of several pipeline rounds: the pick's and every configuration */
         for (int config = CUDA_FLUX_CONFIG_AUTO; config < CUDA_FLUX_N_CONFIGS; config++) {
-            ag_case c = {.d = d, .W = 4, .rank = 1, .config = config, .rows = {129, 0, 77, 257}, .K = 1024, .N = 264};
+            flux_case c = {.d = d, .W = 4, .rank = 1, .config = config, .rows = {129, 0, 77, 257}, .K = 1024, .N = 264};
             const double e = run_ag(&c, &rng);
             if (!(e <= worst)) worst = e;
         }
-        /* more tiles than SMs (~160 of 128 x 256, ~290 of 128 x 128 at 132 SMs): a persistent CTA
-         * takes several tiles, its ring's phases wrap within and across them (16 slices a tile),
-         * the last column tile reaches past N; W = 8, odd M */
+        /* more tiles than SMs (~160 of 128 x 256, ~290 of 128 x 128 at 132 SMs; 16 slices a
+         * tile), the last column tile reaching past N; W = 8 */
         for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++) {
-            ag_case c = {.d = d, .W = 8, .config = config, .K = 1024, .N = 1032};
-            random_rows(c.rows, c.W, 300, 600, &rng);
-            c.rank = (int)(test_rand_u32(&rng) % (uint32_t)c.W);
-            const double e = run_ag(&c, &rng);
-            printf("%s all-gather+gemm config %d, %d tiles on %d SMs: row rel err %.3g\n", DTYPE_NAMES[d], config,
-                   tile_count(c.rows, c.W, c.N, config), test_sm_count(), e);
-            if (!(e <= worst)) worst = e;
-            if (config < 2) continue; /* max_ctas bounds the persistent grids only */
-            /* the same on 3 CTAs (peers.max_ctas): 50-100 tiles a CTA, its ring's phases wrapping
-             * hundreds of times, remote chunks' waits in the middle of a CTA's run */
-            c.max_ctas = 3;
-            const double e3 = run_ag(&c, &rng);
-            printf("%s all-gather+gemm config %d, %d tiles on 3 CTAs: row rel err %.3g\n", DTYPE_NAMES[d], config,
-                   tile_count(c.rows, c.W, c.N, config), e3);
-            if (!(e3 <= worst)) worst = e3;
+            const flux_case c = {.d = d, .W = 8, .config = config, .K = 1024, .N = 1032};
+            worst = worse(worst, run_many_tiles("all-gather+gemm", c, run_ag, &rng));
         }
         printf("%s all-gather+gemm worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, BOUND[d]);
     }
@@ -328,17 +340,8 @@ static void test_ag_push(void **state) {
 
 /* ---- GEMM+ReduceScatter ---- */
 
-typedef struct rs_case {
-    int d, W, rank, config;
-    int32_t rows[CUDA_FLUX_MAX_WORLD];
-    int32_t K, N;
-    uint64_t timeout_ns;
-    int missing;      /* a source whose partials never arrive, or -1 */
-    int32_t max_ctas; /* cuda_flux_peers.max_ctas; 0: one CTA a SM */
-} rs_case;
-
 /* Returns the row error of y (the local chunk's sum) or, with c->missing >= 0, checks the timeout. */
-static double run_rs(const rs_case *c, uint64_t *rng) {
+static double run_rs(const flux_case *c, uint64_t *rng) {
     const int d = c->d, W = c->W, r = c->rank;
     int64_t M = 0, row0[CUDA_FLUX_MAX_WORLD + 1];
     for (int i = 0; i < W; i++) row0[i] = M, M += c->rows[i];
@@ -483,8 +486,8 @@ static void test_gemm_rs(void **state) {
         for (int wi = 0; wi < 3; wi++)
             for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++)
                 for (int k = 0; k < 2; k++) {
-                    rs_case c = {.d = d, .W = worlds[wi], .config = config, .K = 192, .N = 200,
-                                 .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
+                    flux_case c = {.d = d, .W = worlds[wi], .config = config, .K = 192, .N = 200,
+                                   .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
                     random_rows(c.rows, c.W, 1, 300, &rng);
                     c.rank = (int)(test_rand_u32(&rng) % (uint32_t)c.W);
                     const double e = run_rs(&c, &rng);
@@ -496,8 +499,8 @@ static void test_gemm_rs(void **state) {
             if (!(worst_cfg[config] <= worst)) worst = worst_cfg[config];
         }
         for (int config = CUDA_FLUX_CONFIG_AUTO; config < CUDA_FLUX_N_CONFIGS; config++) {
-            rs_case c = {.d = d, .W = 4, .rank = 2, .config = config, .rows = {300, 0, 131, 255}, .K = 1024, .N = 392,
-                         .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
+            flux_case c = {.d = d, .W = 4, .rank = 2, .config = config, .rows = {300, 0, 131, 255}, .K = 1024, .N = 392,
+                           .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
             const double e = run_rs(&c, &rng);
             if (!(e <= worst)) worst = e;
             /* the rank with no rows: no local tile, no sum (the TMA configurations encode no inbox
@@ -508,22 +511,9 @@ static void test_gemm_rs(void **state) {
         /* more tiles than SMs (~145 of 128 x 256, ~270 of 128 x 128): persistent CTAs take several
          * tiles, remote and local ones (the local chunk's last, waiting for the peers' partials) */
         for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++) {
-            rs_case c = {.d = d, .W = 4, .config = config, .K = 512, .N = 2056,
-                         .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
-            random_rows(c.rows, c.W, 300, 600, &rng);
-            c.rank = (int)(test_rand_u32(&rng) % (uint32_t)c.W);
-            const double e = run_rs(&c, &rng);
-            printf("%s gemm+reduce-scatter config %d, %d tiles on %d SMs: row rel err %.3g\n", DTYPE_NAMES[d], config,
-                   tile_count(c.rows, c.W, c.N, config), test_sm_count(), e);
-            if (!(e <= worst)) worst = e;
-            if (config < 2) continue; /* max_ctas bounds the persistent grids only */
-            /* the same on 3 CTAs (peers.max_ctas): each CTA's remote tiles, then its share of the
-             * local chunk's, whose partial boxes it waits for */
-            c.max_ctas = 3;
-            const double e3 = run_rs(&c, &rng);
-            printf("%s gemm+reduce-scatter config %d, %d tiles on 3 CTAs: row rel err %.3g\n", DTYPE_NAMES[d], config,
-                   tile_count(c.rows, c.W, c.N, config), e3);
-            if (!(e3 <= worst)) worst = e3;
+            const flux_case c = {.d = d, .W = 4, .config = config, .K = 512, .N = 2056,
+                                 .timeout_ns = CUDA_FLUX_DEFAULT_TIMEOUT_NS, .missing = -1};
+            worst = worse(worst, run_many_tiles("gemm+reduce-scatter", c, run_rs, &rng));
         }
         printf("%s gemm+reduce-scatter worst row rel err %.3g (bound %.3g)\n", DTYPE_NAMES[d], worst, BOUND[d]);
     }
@@ -571,8 +561,8 @@ static void test_timeout(void **state) {
 
     /* GEMM+ReduceScatter: one source's partials never come, in every configuration */
     for (int config = 0; config < CUDA_FLUX_N_CONFIGS; config++) {
-        rs_case c = {.d = 0, .W = 4, .rank = 0, .config = config, .rows = {257, 3, 128, 99},
-                     .K = 128, .N = 136, .timeout_ns = TIMEOUT_NS, .missing = 2};
+        flux_case c = {.d = 0, .W = 4, .rank = 0, .config = config, .rows = {257, 3, 128, 99},
+                       .K = 128, .N = 136, .timeout_ns = TIMEOUT_NS, .missing = 2};
         run_rs(&c, &rng);
     }
 }
@@ -607,7 +597,7 @@ static void test_graph(void **state) {
     cudaGraphExec_t exec;
     /* the pick's configuration, and the TMA ones (their tensor maps are encoded on the host during
      * the capture and baked into the graph as kernel parameters) */
-    const int graph_configs[3] = {CUDA_FLUX_CONFIG_AUTO, 2, 3};
+    const int graph_configs[3] = {CUDA_FLUX_CONFIG_AUTO, CUDA_FLUX_CONFIG_TMA_256, CUDA_FLUX_CONFIG_TMA_128};
     for (int gc = 0; gc < 3; gc++) {
         assert_int_equal(cudaStreamBeginCapture(streams[d], cudaStreamCaptureModeThreadLocal), cudaSuccess);
         assert_nopad_ok(

@@ -933,47 +933,50 @@ void look_up_tensor_map_encoder(void) {
         cudaGetLastError();
 }
 
-/* A row-major [rows, cols] 16-bit matrix (cols a multiple of 64, 16-byte aligned) as 64-column x
- * box_rows boxes in the 128-byte swizzle; rows past the end read as zeros. A pure host function:
- * no device work, fine inside graph capture (the map is a kernel parameter). */
-nopad_status encode_map(CUtensorMap *map, const void *base, int64_t rows, int32_t cols, int box_rows) {
+/* Encodes a 16-bit tensor of `dims` dimensions (sizes[0] contiguous; strides[i]: bytes from one
+ * index of dimension i + 1 to the next) read in `box` boxes, element strides 1, in the 128-byte
+ * swizzle (a 64-element row of 128 bytes, wgmma's layout), elements past the end read as zeros.
+ * `what` names the tensor in the error. A pure host function: no device work, fine inside graph
+ * capture (the map is a kernel parameter). */
+nopad_status encode_tiled(CUtensorMap *map, const char *what, const void *base, cuuint32_t dims,
+                          const cuuint64_t *sizes, const cuuint64_t *strides, const cuuint32_t *box) {
     pthread_once(&tensor_map_encoder_once, look_up_tensor_map_encoder);
     if (!tensor_map_encoder_fn)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "flux gemm: the driver has no cuTensorMapEncodeTiled");
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)cols * 2}; /* bytes from row to row */
-    const cuuint32_t box[2] = {(cuuint32_t)BK, (cuuint32_t)box_rows};
-    const cuuint32_t elem_strides[2] = {1, 1};
-    const CUresult r = tensor_map_encoder_fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(base), dims,
-                                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    const CUresult r = tensor_map_encoder_fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, dims, const_cast<void *>(base),
+                                             sizes, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: tensor map of [%lld, %d] (%d-row boxes): CUresult %d",
-                               (long long)rows, cols, box_rows, (int)r);
+        return nopad_set_error(NOPAD_ERR_BACKEND,
+                               "flux gemm: tensor map of %s (%u-D, sizes %llu x %llu x %llu from the innermost, "
+                               "boxes %u x %u x %u): CUresult %d",
+                               what, (unsigned)dims, (unsigned long long)sizes[0], (unsigned long long)sizes[1],
+                               dims > 2 ? (unsigned long long)sizes[2] : 1ull, (unsigned)box[0], (unsigned)box[1],
+                               dims > 2 ? (unsigned)box[2] : 1u, (int)r);
     return NOPAD_OK;
 }
 
+/* A row-major [rows, cols] 16-bit matrix (cols a multiple of 64, 16-byte aligned) as 64-column x
+ * box_rows boxes; rows past the end read as zeros. */
+nopad_status encode_map(CUtensorMap *map, const char *what, const void *base, int64_t rows, int32_t cols,
+                        int box_rows) {
+    const cuuint64_t sizes[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * 2}; /* bytes from row to row */
+    const cuuint32_t box[2] = {(cuuint32_t)BK, (cuuint32_t)box_rows};
+    return encode_tiled(map, what, base, 2, sizes, strides, box);
+}
+
 /* The local ReduceScatter inbox, W slots of [rows, N] (N a multiple of 8, 16-byte aligned), as a
- * 3-D tensor (column, row, slot) of 64-column x 128-row x 1-slot boxes in the 128-byte swizzle: a
- * box's rows past the slot's end and columns past N read as zeros (never the next slot's rows,
- * which a peer may still be writing). */
+ * 3-D tensor (column, row, slot) of 64-column x 128-row x 1-slot boxes: a box's rows past the
+ * slot's end and columns past N read as zeros (never the next slot's rows, which a peer may still
+ * be writing). */
 nopad_status encode_inbox_map(CUtensorMap *map, const void *base, int32_t rows, int32_t cols, int32_t world) {
-    pthread_once(&tensor_map_encoder_once, look_up_tensor_map_encoder);
-    if (!tensor_map_encoder_fn)
-        return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "flux gemm: the driver has no cuTensorMapEncodeTiled");
-    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)world};
+    const cuuint64_t sizes[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)world};
     const cuuint64_t strides[2] = {(cuuint64_t)cols * 2, (cuuint64_t)cols * 2 * (cuuint64_t)rows}; /* bytes */
     const cuuint32_t box[3] = {(cuuint32_t)BK, (cuuint32_t)WS_BM, 1};
-    const cuuint32_t elem_strides[3] = {1, 1, 1};
-    const CUresult r = tensor_map_encoder_fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void *>(base), dims,
-                                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return nopad_set_error(NOPAD_ERR_BACKEND, "flux gemm: tensor map of the inbox [%d][%d, %d]: CUresult %d",
-                               (int)world, (int)rows, (int)cols, (int)r);
-    return NOPAD_OK;
+    return encode_tiled(map, "the inbox", base, 3, sizes, strides, box);
 }
 
 template <class T, int BN, int STAGES, bool RS>
@@ -983,8 +986,8 @@ nopad_status launch_ws(const Params &p, int tiles, int max_ctas, cudaStream_t st
         (size_t)STAGES * (WS_BM + BN) * BK * sizeof(T) + 8 * WS_EPI_FLOATS * sizeof(float) + 1024;
     static_assert(smem <= 227 * 1024, "the ring and the epilogue blocks fit a SM's shared memory");
     CUtensorMap map_x, map_w, map_p;
-    nopad_status st = encode_map(&map_x, p.x, p.row0[p.world], p.K, WS_BM);
-    if (st == NOPAD_OK) st = encode_map(&map_w, p.w, p.N, p.K, BN);
+    nopad_status st = encode_map(&map_x, "x", p.x, p.row0[p.world], p.K, WS_BM);
+    if (st == NOPAD_OK) st = encode_map(&map_w, "w", p.w, p.N, p.K, BN);
     /* the peers' partials of the local chunk; without local rows or peers the kernel never reads it */
     const int32_t local_rows = p.row0[p.rank + 1] - p.row0[p.rank];
     if (st == NOPAD_OK && RS && local_rows > 0 && p.world > 1)

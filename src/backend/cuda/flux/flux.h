@@ -85,6 +85,8 @@ typedef struct cuda_flux_peers {
  * same configuration (the signal words are per tile): the pick depends only on the shape and the
  * SM count. */
 enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 4 };
+/* the persistent TMA configurations (those peers->max_ctas bounds): 128 x 256 and 128 x 128 */
+enum { CUDA_FLUX_CONFIG_TMA_256 = 2, CUDA_FLUX_CONFIG_TMA_128 = 3 };
 int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, int32_t n_out);
 const char *cuda_flux_config_name(int config);
 
