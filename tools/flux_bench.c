@@ -14,7 +14,13 @@
  *            (p = 1 .. tp-1, in the kernel's order) signalled p·bytes/rate after the kernel starts,
  *            by one CTA on a second stream (cuda_flux_emulate_arrivals; the data itself is already
  *            there, so the link's traffic costs this GPU's memory nothing); bytes = a rank's chunk
- *            of x (AllGather) or its partial of the local chunk of y (ReduceScatter);
+ *            of x (AllGather) or its partial of the local chunk of y (ReduceScatter). The
+ *            persistent grid runs on SMs - 1 CTAs here by default (--delayed-ctas): the arrivals
+ *            CTA must be resident beside it, and with one persistent CTA on every SM it waited for
+ *            an SM to free up, which delayed every emulated signal (on an H100 the share hidden at
+ *            T = 16384 went from -14..-73% to +26..+87% at 10 of 12 ReduceScatter points with one
+ *            SM left free: bench/results/flux_2026-12-07d_H100). Real peers signal from their own
+ *            GPUs, so the fused runs with every chunk present (and --devices) keep the full grid;
  *   comm     (tp-1)·bytes/rate, the collective alone at that rate;
  *   hidden   the share of comm the fused kernel hides: (plain + comm - delayed) / comm, against
  *            running the collective, then the GEMM.
@@ -37,12 +43,7 @@
  *            relative error over rank 0's output, a check that the peers' data arrived).
  * NVLink multicast is never used; keep NCCL_NVLS_ENABLE=0 in the environment.
  *
- * Usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens 1024,4096,16384]
- *                   [--tp 2,4,8] [--models 8b,70b] [--rate-gbs 400] [--configs 0,1,...] [--pick C]
- *                   [--max-ctas N] [--devices N]
- * (--configs: time only these tile configurations; --pick C: the delayed runs take configuration
- * C instead of cuda_flux_pick's; --max-ctas N: the persistent configurations 2-3 on at most N CTAs,
- * e.g. SMs - 1 to leave the emulated arrivals' CTA an SM of its own) */
+ * Usage: flux_bench --help (below, in usage()). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +83,9 @@ static cuda_lt lt;
 static nopad_dtype dtype = NOPAD_DTYPE_F16;
 static int reps = 20;
 static double rate_gbs = 400.0;
-static int32_t max_ctas = 0; /* --max-ctas: cuda_flux_peers.max_ctas of every fused launch; 0: one CTA a SM */
+/* cuda_flux_peers.max_ctas (0: one CTA a SM) of the fused runs with every chunk present and of --devices
+ * (--max-ctas), and of the delayed runs (--delayed-ctas; -1 until main sets the default, SMs - 1) */
+static int32_t max_ctas = 0, delayed_ctas = -1;
 
 /* Device pools, sized for the largest shape, filled once with random values. */
 static void *pool_x, *pool_w, *pool_y, *pool_inbox, *pool_sink;
@@ -138,6 +141,8 @@ static uint32_t epoch = 1;
 /* One timed launch, ms. Fused with every chunk present: the signals hold the epoch already. Delayed:
  * the signals are cleared first, and the feeder sets them. */
 static float run_once(point *p, run_kind kind, int config) {
+    cuda_flux_peers peers = p->peers;
+    if (kind == RUN_DELAYED) peers.max_ctas = delayed_ctas;
     const size_t own_words = cuda_flux_rs_signal_words(p->rows[0], p->N, p->tp);
     if (kind == RUN_DELAYED)
         CHECK_CUDA(cudaMemsetAsync(sig_own, 0, (p->op->all_gather ? (size_t)p->tp : own_words) * 4, stream));
@@ -150,9 +155,9 @@ static float run_once(point *p, run_kind kind, int config) {
         CHECK_NOPAD(cuda_lt_matmul(&lt, dtype, pool_y, pool_x, pool_w, NULL, NULL, p->T, p->K, p->N,
                                    CUBLASLT_EPILOGUE_DEFAULT, 0, 0, stream));
     } else if (p->op->all_gather) {
-        CHECK_NOPAD(cuda_flux_ag_gemm(dtype, pool_y, pool_w, &p->peers, p->rows, p->K, p->N, epoch, config, stream));
+        CHECK_NOPAD(cuda_flux_ag_gemm(dtype, pool_y, pool_w, &peers, p->rows, p->K, p->N, epoch, config, stream));
     } else {
-        CHECK_NOPAD(cuda_flux_gemm_rs(dtype, pool_y, pool_x, pool_w, &p->peers, p->rows, p->K, p->N, epoch, config,
+        CHECK_NOPAD(cuda_flux_gemm_rs(dtype, pool_y, pool_x, pool_w, &peers, p->rows, p->K, p->N, epoch, config,
                                       stream));
     }
     if (kind == RUN_DELAYED) {
@@ -163,7 +168,7 @@ static float run_once(point *p, run_kind kind, int config) {
     CHECK_CUDA(cudaEventSynchronize(ev_stop));
     float ms = 0;
     CHECK_CUDA(cudaEventElapsedTime(&ms, ev_start, ev_stop));
-    if (kind != RUN_PLAIN) CHECK_NOPAD(cuda_flux_check(&p->peers, stream));
+    if (kind != RUN_PLAIN) CHECK_NOPAD(cuda_flux_check(&peers, stream));
     return ms;
 }
 
@@ -477,6 +482,26 @@ static int run_devices(int W, const int32_t *tokens, int n_tokens, const int *us
     return 0;
 }
 
+static void usage(FILE *to) {
+    fprintf(to,
+            "usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens 1024,4096,16384] [--tp 2,4,8]\n"
+            "                  [--models 8b,70b] [--rate-gbs 400] [--configs 0,1,...] [--pick C] [--max-ctas N]\n"
+            "                  [--delayed-ctas N] [--devices N]\n"
+            "Flux's fused kernels on one GPU with emulated peers (or --devices N GPUs of this host): the plain\n"
+            "cuBLASLt GEMM, each tile configuration with every chunk present, and the fastest (or --pick C) with\n"
+            "the other ranks' chunks arriving as over a --rate-gbs GB/s link; the share of the collective hidden.\n"
+            "  --configs a,b      time only these tile configurations (0..%d)\n"
+            "  --pick C           the delayed runs take configuration C, not the fastest\n"
+            "  --max-ctas N       the persistent configurations on at most N CTAs in the runs with every chunk\n"
+            "                     present and with --devices (default 0: one CTA a SM, the full grid)\n"
+            "  --delayed-ctas N   the same for the delayed runs only (default: SMs - 1; 0: the full grid). The\n"
+            "                     emulated peers' arrivals CTA must be resident while the persistent grid runs;\n"
+            "                     with a CTA on every SM it waits for one to free up, and every emulated signal\n"
+            "                     comes late. Real peers need no such CTA: the other runs keep the full grid.\n"
+            "Times: the median of --reps (default 20) CUDA-event times after 5 warm-up runs.\n",
+            CUDA_FLUX_N_CONFIGS - 1);
+}
+
 int main(int argc, char **argv) {
     const char *json_path = NULL;
     int32_t tokens[MAX_LIST] = {1024, 4096, 16384}, tps[MAX_LIST] = {2, 4, 8};
@@ -500,9 +525,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--configs") && i + 1 < argc) parse_list(argv[++i], configs, &n_configs);
         else if (!strcmp(argv[i], "--pick") && i + 1 < argc) forced_pick = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-ctas") && i + 1 < argc) max_ctas = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: flux_bench [--json FILE] [--dtype f16|bf16] [--reps N] [--tokens a,b] [--tp a,b] "
-                            "[--models 8b,70b] [--rate-gbs R] [--configs a,b] [--pick C] [--max-ctas N] [--devices N]\n");
+        else if (!strcmp(argv[i], "--delayed-ctas") && i + 1 < argc) {
+            delayed_ctas = atoi(argv[++i]);
+            if (delayed_ctas < 0) {
+                fprintf(stderr, "flux_bench: --delayed-ctas %d: 0 (the full grid) or more\n", delayed_ctas);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "flux_bench: unknown or incomplete option %s\n", argv[i]);
+            usage(stderr);
             return 2;
         }
     }
@@ -528,10 +562,13 @@ int main(int argc, char **argv) {
     const time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     const char *dname = dtype == NOPAD_DTYPE_BF16 ? "bf16" : "f16";
+    /* the delayed runs leave the emulated arrivals' CTA an SM (usage()) */
+    if (delayed_ctas < 0) delayed_ctas = prop.multiProcessorCount > 1 ? prop.multiProcessorCount - 1 : 0;
     printf("flux_bench: %s, %d SMs, driver %d, runtime %d, cuBLASLt %zu, build %s, %s, %s; median of %d runs after "
-           "%d warm-up; link %.0f GB/s; this process is rank 0; persistent grids at most %d CTAs (0: one a SM)\n",
+           "%d warm-up; link %.0f GB/s; this process is rank 0; persistent grids at most %d CTAs with every chunk "
+           "present, %d in the delayed runs (0: one a SM)\n",
            prop.name, prop.multiProcessorCount, driver, runtime, lt_version, nopad_build_id(), date, dname, reps,
-           WARMUP, rate_gbs, max_ctas);
+           WARMUP, rate_gbs, max_ctas, delayed_ctas);
 
     if (devices) {
         FILE *json = json_path ? fopen(json_path, "w") : NULL;
@@ -594,9 +631,9 @@ int main(int argc, char **argv) {
         fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"driver\": %d, \"runtime\": %d, \"cublaslt\": %zu, "
                       "\"build\": \"%s\", \"date\": \"%s\", \"dtype\": \"%s\", \"reps\": %d, \"warmup\": %d, "
                       "\"rate_gbs\": %.1f, \"rank\": 0, \"statistic\": \"median of CUDA-event times of single launches\", "
-                      "\"ref_gemm_8192_tflops\": %.1f, \"max_ctas\": %d, \"configs\": [",
+                      "\"ref_gemm_8192_tflops\": %.1f, \"max_ctas\": %d, \"delayed_ctas\": %d, \"configs\": [",
                 prop.name, prop.multiProcessorCount, driver, runtime, lt_version, nopad_build_id(), date, dname, reps,
-                WARMUP, rate_gbs, ref_tflops, max_ctas);
+                WARMUP, rate_gbs, ref_tflops, max_ctas, delayed_ctas);
     for (int c = 0; c < CUDA_FLUX_N_CONFIGS; c++) {
         printf("config %d: %s\n", c, cuda_flux_config_name(c));
         if (json) fprintf(json, "%s\"%s\"", c ? ", " : "", cuda_flux_config_name(c));
