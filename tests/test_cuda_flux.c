@@ -14,9 +14,10 @@
  *   column boxes past N skipped where N = 200, 392 and 2056 end inside a tile).
  * - A chunk that never arrives: the kernel ends within its timeout (50 ms here) and cuda_flux_check
  *   names the missing rank; the next call on the same buffers works.
- * - Both kernels recorded into a CUDA graph and replayed (also in the TMA configurations 2 and 3).
- * - Every configuration also with more tiles than SMs (the persistent ones 2 and 3 then take
- *   several tiles a CTA) and with a chunk of 0 rows; the timeouts of both kernels in every one.
+ * - Both kernels recorded into a CUDA graph and replayed (also in the TMA configurations 1 and 2).
+ * - Every configuration also with more tiles than SMs (the persistent ones 1 and 2 then take
+ *   several tiles a CTA, and again on 3 CTAs) and with a chunk of 0 rows; the timeouts of both
+ *   kernels in every one.
  * - Refused shapes and arguments.
  *
  * The reference is the unfused path on the CPU: the chunks gathered (or the partials summed),

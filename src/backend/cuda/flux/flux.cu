@@ -1,6 +1,6 @@
 /* Flux's fused kernels (flux.h): one tile loop for AllGather+GEMM and GEMM+ReduceScatter, in two
- * mainloops: configurations 0-1 (flux_gemm, described here) and the TMA, warp-specialized,
- * persistent configurations 2-3 (flux_gemm_ws, described above it), which share its tile order,
+ * mainloops: configuration 0 (flux_gemm, described here) and the TMA, warp-specialized,
+ * persistent configurations 1-2 (flux_gemm_ws, described above it), which share its tile order,
  * signals, waits and destinations.
  *
  * A CTA of 8 warps (two warpgroups) owns a BM x BN output tile (128 or 64 rows): cp.async loads of
@@ -418,7 +418,9 @@ __device__ __forceinline__ void wgmma_async<64, true>(float (&d)[32], uint64_t d
  * INFLIGHT = 1: a slice's wgmma group is waited for one slice later, so the slice before the one
  * computed may still be read and STAGES - 2 slices are loaded ahead; INFLIGHT = 0: each slice's
  * group is waited for at once and STAGES - 1 are ahead, for two CTAs a SM, where one CTA's waits,
- * prologue and epilogue run under the other's MMAs. */
+ * prologue and epilogue run under the other's MMAs. Only BM = 64, INFLIGHT = 1 is launched now
+ * (configuration 0); BM = 128 with INFLIGHT = 0 was the 128 x 128 configuration, deleted when the
+ * pick stopped taking it (docs/parallel.md has its last numbers). */
 template <class T, int BM, int BN, int STAGES, int INFLIGHT, int MIN_CTAS, bool RS>
 __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_constant__ Params p) {
     static_assert(BM == 128 || BM == 64, "two warpgroups split the tile's rows (128) or its columns (64)");
@@ -492,7 +494,7 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS) flux_gemm(const __grid_cons
     });
 }
 
-/* ---- configurations 2 and 3: TMA, warp specialization, persistent CTAs ----------------------------
+/* ---- configurations 1 and 2: TMA, warp specialization, persistent CTAs ----------------------------
  *
  * 384 threads. Warpgroup 0 is the producer: one thread issues the TMA copies (cp.async.bulk.tensor,
  * boxes of 64 columns x 128 rows of x and x BN rows of w, 128-byte swizzle: the layout the cp.async
@@ -610,7 +612,7 @@ __device__ __forceinline__ uint2 pack4(const float4 a) {
     return make_uint2(Pack<T>::pack(a.x, a.y), Pack<T>::pack(a.z, a.w));
 }
 
-/* The ReduceScatter's partial boxes (configurations 2-3): a local-chunk tile's W - 1 peer partial
+/* The ReduceScatter's partial boxes (configurations 1-2): a local-chunk tile's W - 1 peer partial
  * tiles come through the ring as 128-row x 64-column boxes of the local inbox (16 KB, the 128-byte
  * swizzle of the x and w boxes), after the tile's K slices, as extra slices of the tile. A ring
  * slot holds 1 + BN / 128 boxes (its x part one, its w part BN / 128). Box i of the tile is source
@@ -876,11 +878,10 @@ __global__ void __launch_bounds__(128) arrivals_kernel(const cuda_flux_arrival *
 }
 
 /* The tile configurations (flux.h): the tile's rows and columns. */
-constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {128, 64, 128, 128};
-constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {128, 128, 256, 128};
+constexpr int BM_OF[CUDA_FLUX_N_CONFIGS] = {64, 128, 128};
+constexpr int BN_OF[CUDA_FLUX_N_CONFIGS] = {128, 256, 128};
 constexpr int BM_MIN = 64, BN_MIN = 128; /* the smallest tiles: the ReduceScatter's signal words */
-const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 128x128x64 3 stages 2 CTAs/SM",
-                                                       "wgmma 64x128x64 4 stages 2 CTAs/SM",
+const char *const CONFIG_NAMES[CUDA_FLUX_N_CONFIGS] = {"wgmma 64x128x64 4 stages 2 CTAs/SM",
                                                        "tma warp-specialized persistent 128x256x64 4 stages",
                                                        "tma warp-specialized persistent 128x128x64 6 stages"};
 
@@ -1013,9 +1014,8 @@ nopad_status launch_ws(const Params &p, int tiles, int max_ctas, cudaStream_t st
 template <class T, bool RS>
 nopad_status launch_config(int config, const Params &p, int blocks, int max_ctas, cudaStream_t stream) {
     switch (config) {
-    case 0: return launch<T, 128, 128, 3, 0, 2, RS>(p, blocks, stream);
-    case 1: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
-    case 2: return launch_ws<T, 256, 4, RS>(p, blocks, max_ctas, stream);
+    case 0: return launch<T, 64, 128, 4, 1, 2, RS>(p, blocks, stream);
+    case 1: return launch_ws<T, 256, 4, RS>(p, blocks, max_ctas, stream);
     default: return launch_ws<T, 128, 6, RS>(p, blocks, max_ctas, stream);
     }
 }
@@ -1092,17 +1092,19 @@ extern "C" int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, 
      *   last wave's SMs busy (by more than 10%: the 128 x 256 tile reads less of L2 a FLOP).
      * K no longer matters (n_in is unused): the old rule's 128 x 128 tiles at two CTAs a SM for
      * K < 2048 hid the ReduceScatter's partial reads of the epilogue; through the ring, the TMA
-     * kernel is 1.2-1.7x faster there. */
+     * kernel is 1.2-1.7x faster there, and that configuration is deleted. On the H100 run of 2026-12-07d
+     * (bench/results/flux_2026-12-07d_H100, fp16) the rule took the fastest of these three at 71
+     * of 72 points with every chunk present (1.045x at the other: 8B o, T 1024, tp 8). */
     (void)n_in;
     int64_t tiles_256 = 0, tiles_128 = 0;
     for (int d = 0; d < world; d++)
         tiles_256 += tiles_of(rows[d], n_out, 128, 256), tiles_128 += tiles_of(rows[d], n_out, 128, 128);
     int sms = cuda_sm_count();
     if (sms < 1) sms = 1;
-    if (tiles_128 < sms / 2) return 1;
+    if (tiles_128 < sms / 2) return 0;
     const int64_t waves_256 = (tiles_256 + sms - 1) / sms, waves_128 = (tiles_128 + sms - 1) / sms;
     /* busy_128 > 1.1 busy_256, busy = tiles / (SMs x waves) */
-    return 10 * tiles_128 * waves_256 > 11 * tiles_256 * waves_128 ? 3 : 2;
+    return 10 * tiles_128 * waves_256 > 11 * tiles_256 * waves_128 ? CUDA_FLUX_CONFIG_TMA_128 : CUDA_FLUX_CONFIG_TMA_256;
 }
 
 extern "C" const char *cuda_flux_config_name(int config) {
@@ -1241,21 +1243,24 @@ extern "C" int cuda_flux_wins(int all_gather, int32_t n_tokens, int32_t n_in, in
     if (world < 2 || world > CUDA_FLUX_MAX_WORLD || n_in % BK || n_out % 8) return 0;
     /* The collective's time over the GEMM's grows as (W - 1) / W over the side it does not move
      * (AllGather: N, each rank's x chunk is T/W x K; ReduceScatter: K, each partial chunk T/W x N):
-     * the rule bounds that side times W / (W - 1), and the tokens. Measured on an H200 (132 SMs),
-     * the other ranks' data arriving as over a 400 GB/s link (bench/results/flux_2026-12-07c_H200,
-     * build C; derived by tools/flux_rules.py: it matches the sign of the share hidden at 59 of 72
-     * points in fp16 and 22 of 24 in bf16; it takes 9 losers, 6 of them within -13%, and leaves 6
-     * winners):
-     * - AllGather from 4096 tokens where that side is <= 20480 (at 1024 tokens the fused kernel's own
-     *   cost, 1.0-1.5x the GEMM's, outweighs the collective); beyond it the collective is < 7% of
-     *   the GEMM and the share hidden is noise around a loss;
-     * - ReduceScatter up to 8192 tokens where that side is <= 16384 (the TMA ring's own cost is
-     *   0.91-1.43x the GEMM's). At 16384 tokens it lost at 10 of 12 points, the delayed run slower
-     *   than the fused one by 0.8-1.2x the whole collective even where the last partial came long
-     *   before the kernel needed it, as if one CTA or the kernel started a collective late: not
-     *   explained yet (docs/parallel.md has the check); until then the rule follows the
-     *   measurement. */
+     * the rule bounds that side times W / (W - 1), and the AllGather's tokens. Fitted by
+     * tools/flux_rules.py on an H100, fp16, the other ranks' data arriving as over a 400 GB/s link
+     * (bench/results/flux_2026-12-07d_H100): at T = 4096 and 16384 the 48 points whose delayed runs
+     * left the emulated arrivals' CTA an SM (the persistent grid on 131 of 132: the _ctas JSON); at
+     * T = 1024 only the full-grid run exists (11 of its 24 grids leave an SM free). It matches the sign
+     * of the share hidden at 43 of the 48 (64 of all 72) and saves 7.09 of the 7.27 ms a perfect
+     * rule would over the 48; it takes one loser (8B qkv, T 4096, tp 8: -12%):
+     * - AllGather from 4096 tokens where that side is <= 20480. At 1024 tokens the fused kernel's
+     *   own cost (0.99-1.34x the GEMM's) outweighs the collective: it lost at 10 of 12 points. Beyond
+     *   20480 (gate|up at tp 2) the collective is < 7% of the GEMM and the share hidden is noise
+     *   around zero (8B: -191% and -73%, 70B: +111% and +6%).
+     * - ReduceScatter at any T where that side is <= 12288: all 20 such points of T 4096 and 16384
+     *   gain, +26% to +130%. Its old bound of 8192 tokens came from T = 16384's losses, which were
+     *   the emulation's (the arrivals CTA waiting for an SM). Above 12288 are the down GEMMs at tp 2
+     *   (8B: side 14336, +2% and -91%; 70B: 28672, -223% and +18%), where the collective is 6-13% of
+     *   the GEMM. */
     const int64_t side = (int64_t)(all_gather ? n_out : n_in) * world / (world - 1);
     if (all_gather) return n_tokens >= 4096 && side <= 20480;
-    return n_tokens <= 8192 && side <= 16384;
+    (void)n_tokens;
+    return side <= 12288;
 }

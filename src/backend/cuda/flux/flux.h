@@ -63,9 +63,10 @@ typedef struct cuda_flux_peers {
     uint32_t *signals[CUDA_FLUX_MAX_WORLD];
     uint32_t *error;
     uint64_t timeout_ns;
-    /* The persistent configurations (2-3) launch min(SMs, tiles) CTAs, or at most max_ctas when it
-     * is > 0 (each CTA then takes more tiles); the others ignore it. 0: one CTA a SM. For leaving
-     * SMs to concurrent kernels, and for tools/flux_bench --max-ctas (the emulated arrivals' CTA). */
+    /* The persistent configurations (1-2) launch min(SMs, tiles) CTAs, or at most max_ctas when it
+     * is > 0 (each CTA then takes more tiles); configuration 0 ignores it. 0: one CTA a SM. For
+     * leaving SMs to concurrent kernels, and for tools/flux_bench's delayed runs (the emulated
+     * arrivals' CTA must be resident beside the grid). */
     int32_t max_ctas;
 } cuda_flux_peers;
 
@@ -73,20 +74,21 @@ typedef struct cuda_flux_peers {
 
 /* Tile configurations, two warpgroups of wgmma, K slices of 64 in a ring of shared memory:
  * one CTA a tile, 256 threads loading the slices by cp.async, two CTAs a SM:
- *   0 = 128 x 128 (3 slices),
- *   1 = 64 x 128 (m64n64k16 each, side by side, 4 slices);
+ *   0 = 64 x 128 (m64n64k16 each, side by side, 4 slices);
  * persistent CTAs (one a SM) of a TMA producer warp and two consumer warpgroups (flux.cu):
- *   2 = 128 x 256 (4 slices),
- *   3 = 128 x 128 (6 slices).
- * (The H100 run of f359b49 dropped the others, fastest nowhere or within 5% of another where the
- * fused path loses anyway: 128 x 256 and 128 x 128 at one CTA a SM by cp.async, and 128 x 256 in
- * clusters of 2 sharing w by TMA multicast; docs/parallel.md.)
+ *   1 = 128 x 256 (4 slices),
+ *   2 = 128 x 128 (6 slices).
+ * (Dropped after measurement, docs/parallel.md: 128 x 128 by cp.async at two CTAs a SM, picked
+ * nowhere since the ReduceScatter's partials came through the TMA ring (it was configuration 0,
+ * and these were 1-3, up to the runs of 2026-12-07d); 128 x 256 and 128 x 128 at one CTA a SM by
+ * cp.async and 128 x 256 in clusters of 2 sharing w by TMA multicast, fastest nowhere or within 5%
+ * of another where the fused path loses anyway, in the H100 run of f359b49.)
  * CUDA_FLUX_CONFIG_AUTO takes cuda_flux_pick's. Every rank of a GEMM+ReduceScatter must run the
  * same configuration (the signal words are per tile): the pick depends only on the shape and the
  * SM count. */
-enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 4 };
+enum { CUDA_FLUX_CONFIG_AUTO = -1, CUDA_FLUX_N_CONFIGS = 3 };
 /* the persistent TMA configurations (those peers->max_ctas bounds): 128 x 256 and 128 x 128 */
-enum { CUDA_FLUX_CONFIG_TMA_256 = 2, CUDA_FLUX_CONFIG_TMA_128 = 3 };
+enum { CUDA_FLUX_CONFIG_TMA_256 = 1, CUDA_FLUX_CONFIG_TMA_128 = 2 };
 int cuda_flux_pick(const int32_t *rows, int32_t world, int32_t n_in, int32_t n_out);
 const char *cuda_flux_config_name(int config);
 
