@@ -47,15 +47,17 @@ def pick(rows, world, n_in, n_out, sms=SMS):
     return 2 if busy128 > 1.1 * busy256 else 1
 
 
-AG_SIDE, RS_SIDE, AG_MIN_TOKENS, RS_MAX_TOKENS = 20480, 12288, 4096, None
+AG_SIDE, RS_SIDE, AG_MIN_TOKENS, RS_MIN_TOKENS, RS_MAX_TOKENS = 20480, 12288, 4096, 1024, None
 
 
 def wins(all_gather, n_tokens, n_in, n_out, world, ag_side=AG_SIDE, rs_side=RS_SIDE, ag_min_tokens=AG_MIN_TOKENS,
-         rs_max_tokens=RS_MAX_TOKENS):
+         rs_min_tokens=RS_MIN_TOKENS, rs_max_tokens=RS_MAX_TOKENS):
     """cuda_flux_wins (the bounds as arguments for the sweep below; rs_max_tokens None: no bound)"""
     if world < 2 or world > 8 or n_in % 64 or n_out % 8:
         return False
     if all_gather and n_tokens < ag_min_tokens:
+        return False
+    if not all_gather and n_tokens < rs_min_tokens:  # the fewest tokens measured: decode stays unfused
         return False
     if not all_gather and rs_max_tokens is not None and n_tokens > rs_max_tokens:
         return False
@@ -103,7 +105,7 @@ def main(paths, merge):
         variants += [(f"AG from {t} tokens", {"ag_min_tokens": t}) for t in (1024, 16384)]
         variants += [(f"RS side <= {s}", {"rs_side": s}) for s in (4096, 10240, 16384, 65536)]
         variants += [(f"RS up to {t} tokens", {"rs_max_tokens": t}) for t in (4096, 8192)]
-        variants += [("the old rule (RS side <= 16384, up to 8192 tokens)", {"rs_side": 16384, "rs_max_tokens": 8192})]
+        variants += [("the old rule (RS side <= 16384, up to 8192 tokens)", {"rs_side": 16384, "rs_max_tokens": 8192, "rs_min_tokens": 0})]
         for label, bounds in variants:
             match, taken_losses, left_gains, saved = 0, [], [], 0.0
             for r in rows:

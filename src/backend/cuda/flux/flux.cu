@@ -1254,13 +1254,13 @@ extern "C" int cuda_flux_wins(int all_gather, int32_t n_tokens, int32_t n_in, in
      *   own cost (0.99-1.34x the GEMM's) outweighs the collective: it lost at 10 of 12 points. Beyond
      *   20480 (gate|up at tp 2) the collective is < 7% of the GEMM and the share hidden is noise
      *   around zero (8B: -191% and -73%, 70B: +111% and +6%).
-     * - ReduceScatter at any T where that side is <= 12288: all 20 such points of T 4096 and 16384
-     *   gain, +26% to +130%. Its old bound of 8192 tokens came from T = 16384's losses, which were
-     *   the emulation's (the arrivals CTA waiting for an SM). Above 12288 are the down GEMMs at tp 2
+     * - ReduceScatter from 1024 tokens (the fewest measured: decode steps stay unfused) where that
+     *   side is <= 12288: all 20 such points of T 4096 and 16384 gain, +26% to +130%, and the 10 of
+     *   T 1024. Its old upper bound of 8192 tokens came from T = 16384's losses, which were the
+     *   emulation's (the arrivals CTA waiting for an SM). Above 12288 are the down GEMMs at tp 2
      *   (8B: side 14336, +2% and -91%; 70B: 28672, -223% and +18%), where the collective is 6-13% of
      *   the GEMM. */
     const int64_t side = (int64_t)(all_gather ? n_out : n_in) * world / (world - 1);
     if (all_gather) return n_tokens >= 4096 && side <= 20480;
-    (void)n_tokens;
-    return side <= 12288;
+    return n_tokens >= 1024 && side <= 12288;
 }
