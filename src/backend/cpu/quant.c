@@ -305,34 +305,45 @@ static float dot_portable(uint32_t type, const void *w, const void *act, int32_t
 
 /* ---- Q4_K repacked, 8 rows interleaved (quant.h's CPU_QUANT_Q4_K_R8) ------------------------- */
 
-nopad_status cpu_quant_repack_q4_k_r8(void *dst_, const void *src_, int32_t K, int32_t N) {
+/* The repacked formats' layout at load: the N rows (N a multiple of 8, K of 256) of src as stored
+ * (src_bytes a row's super-block) into groups of 8 rows, group g's super-block i at
+ * dst + (g · K/256 + i) · dst_bytes, `move` putting row r's super-block b into its places in o. */
+static nopad_status repack_r8(const char *fn, void *dst_, const void *src_, int32_t K, int32_t N, size_t src_bytes,
+                              size_t dst_bytes, void (*move)(uint8_t *o, int r, const uint8_t *b)) {
     if (K <= 0 || K % QK_K != 0 || N < 0 || N % 8 != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cpu_quant_repack_q4_k_r8: %d rows of K = %d, expected a multiple of 8 rows of a "
-                               "positive multiple of 256 values",
-                               N, K);
+                               "%s: %d rows of K = %d, expected a multiple of 8 rows of a positive multiple of 256 "
+                               "values",
+                               fn, N, K);
     uint8_t *dst = dst_;
     const uint8_t *src = src_;
     const int32_t nb = K / QK_K;
-    const size_t row = (size_t)nb * 144;
+    const size_t row = (size_t)nb * src_bytes;
     for (int32_t g = 0; g < N / 8; g++)
         for (int32_t i = 0; i < nb; i++) {
-            uint8_t *o = dst + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES;
-            for (int r = 0; r < 8; r++) {
-                const uint8_t *b = src + (size_t)(8 * g + r) * row + (size_t)i * 144;
-                memcpy(o + 2 * r, b, 2);
-                memcpy(o + 16 + 2 * r, b + 2, 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    scale_min_k4(j, b + 4, &sc, &m);
-                    o[32 + 8 * j + r] = (uint8_t)sc;
-                    o[96 + 16 * (j / 2) + 2 * r + j % 2] = (uint8_t)m;
-                }
-                for (int k = 0; k < 4; k++)
-                    for (int l = 0; l < 8; l++) memcpy(o + 160 + 256 * k + 32 * l + 4 * r, b + 16 + 32 * k + 4 * l, 4);
-            }
+            uint8_t *o = dst + ((size_t)g * nb + i) * dst_bytes;
+            for (int r = 0; r < 8; r++) move(o, r, src + (size_t)(8 * g + r) * row + (size_t)i * src_bytes);
         }
     return NOPAD_OK;
+}
+
+/* Row r's Q4_K super-block b (d, dmin, 12 bytes of scales and mins, 128 of quants) into CPU_QUANT_Q4_K_R8's
+ * block o. */
+static void move_q4_k_r8(uint8_t *o, int r, const uint8_t *b) {
+    memcpy(o + 2 * r, b, 2);
+    memcpy(o + 16 + 2 * r, b + 2, 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, b + 4, &sc, &m);
+        o[32 + 8 * j + r] = (uint8_t)sc;
+        o[96 + 16 * (j / 2) + 2 * r + j % 2] = (uint8_t)m;
+    }
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < 8; l++) memcpy(o + 160 + 256 * k + 32 * l + 4 * r, b + 16 + 32 * k + 4 * l, 4);
+}
+
+nopad_status cpu_quant_repack_q4_k_r8(void *dst, const void *src, int32_t K, int32_t N) {
+    return repack_r8("cpu_quant_repack_q4_k_r8", dst, src, K, N, 144, CPU_QUANT_R8_BYTES, move_q4_k_r8);
 }
 
 /* rows (a multiple of 8) repacked rows of K to float [rows, K], the values of dequant_q45_k bit for
@@ -399,30 +410,18 @@ static void gemm_r8_portable(const uint8_t *w, int32_t n_groups, const uint8_t *
         }
 }
 
-nopad_status cpu_quant_repack_q6_k_r8(void *dst_, const void *src_, int32_t K, int32_t N) {
-    if (K <= 0 || K % QK_K != 0 || N < 0 || N % 8 != 0)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cpu_quant_repack_q6_k_r8: %d rows of K = %d, expected a multiple of 8 rows of a "
-                               "positive multiple of 256 values",
-                               N, K);
-    uint8_t *dst = dst_;
-    const uint8_t *src = src_;
-    const int32_t nb = K / QK_K;
-    const size_t row = (size_t)nb * 210;
-    for (int32_t g = 0; g < N / 8; g++)
-        for (int32_t i = 0; i < nb; i++) {
-            uint8_t *o = dst + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_6;
-            for (int r = 0; r < 8; r++) {
-                const uint8_t *b = src + (size_t)(8 * g + r) * row + (size_t)i * 210; /* ql, qh, scales, d */
-                memcpy(o + 2 * r, b + 208, 2);
-                for (int p = 0; p < 8; p++) memcpy(o + 16 + 16 * p + 2 * r, b + 192 + 2 * p, 2);
-                for (int h = 0; h < 2; h++) {
-                    for (int m = 0; m < 16; m++) memcpy(o + 144 + 512 * h + 32 * m + 4 * r, b + 64 * h + 4 * m, 4);
-                    for (int m = 0; m < 8; m++) memcpy(o + 1168 + 256 * h + 32 * m + 4 * r, b + 128 + 32 * h + 4 * m, 4);
-                }
-            }
-        }
-    return NOPAD_OK;
+/* Row r's Q6_K super-block b (ql, qh, scales, d) into CPU_QUANT_Q6_K_R8's block o. */
+static void move_q6_k_r8(uint8_t *o, int r, const uint8_t *b) {
+    memcpy(o + 2 * r, b + 208, 2);
+    for (int p = 0; p < 8; p++) memcpy(o + 16 + 16 * p + 2 * r, b + 192 + 2 * p, 2);
+    for (int h = 0; h < 2; h++) {
+        for (int m = 0; m < 16; m++) memcpy(o + 144 + 512 * h + 32 * m + 4 * r, b + 64 * h + 4 * m, 4);
+        for (int m = 0; m < 8; m++) memcpy(o + 1168 + 256 * h + 32 * m + 4 * r, b + 128 + 32 * h + 4 * m, 4);
+    }
+}
+
+nopad_status cpu_quant_repack_q6_k_r8(void *dst, const void *src, int32_t K, int32_t N) {
+    return repack_r8("cpu_quant_repack_q6_k_r8", dst, src, K, N, 210, CPU_QUANT_R8_BYTES_6, move_q6_k_r8);
 }
 
 /* Row r's quant e (0..255) of a Q6_K group super-block o (CPU_QUANT_Q6_K_R8), 0..63. */

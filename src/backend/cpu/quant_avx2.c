@@ -119,25 +119,6 @@ TARGET static inline __attribute__((always_inline)) void r8_dot(const uint8_t *w
     for (int c = 0; c < C; c++) out[c] = acc[c];
 }
 
-TARGET void cpu_quant_gemm_r8_avx2(const void *w_, int32_t n_groups, const void *act, size_t act_bytes,
-                                   int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
-    const uint8_t *w = w_;
-    for (int32_t g = 0; g < n_groups; g++)
-        for (int32_t t = 0; t < n_tokens;) {
-            const int C = n_tokens - t >= 4 ? 4 : 1; /* groups of 4 tokens share the unpacking */
-            const cpu_q8k_block *a[4];
-            for (int c = 0; c < C; c++) a[c] = (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)(t + c));
-            __m256 v[4];
-            if (C == 4) r8_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES, a, nb, v, 4);
-            else r8_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES, a, nb, v, 1);
-            for (int c = 0; c < C; c++) {
-                float *dst = y + ldy * (size_t)(t + c) + 8 * g;
-                _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v[c]) : v[c]);
-            }
-            t += C;
-        }
-}
-
 /* Q6_K's 8 rows in the lanes (quant.h's CPU_QUANT_Q6_K_R8): per 4 quant positions of a half, one load
  * each of ql (two) and qh gives the 4 runs' 6-bit quants of 8 rows × 4 elements; 4 broadcasts of 4
  * activations. A maddubs pair is at most 2·63·127 = 16002, so two are summed in int16 before each
@@ -209,8 +190,16 @@ TARGET static inline __attribute__((always_inline)) void r8_6_dot(const uint8_t 
     for (int c = 0; c < C; c++) out[c] = acc[c];
 }
 
-TARGET void cpu_quant_gemm_r8_6_avx2(const void *w_, int32_t n_groups, const void *act, size_t act_bytes,
-                                     int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+/* A kernel's C tokens (1 or 4) against a group of 8 rows: lane r of out[c] is row r · token c. */
+typedef void r8_kernel(const uint8_t *w, const cpu_q8k_block *const *a, int32_t nb, __m256 *out, const int C);
+
+/* The repacked formats' GEMV: each group of 8 rows (group_bytes a super-block) against the tokens 4
+ * at a time (they share the weights' unpacking), the rest one at a time. Inlined with a constant
+ * `dot` (r8_dot, r8_6_dot), so the kernel is inlined too and its C a constant. */
+TARGET static inline __attribute__((always_inline)) void gemm_r8(r8_kernel *dot, size_t group_bytes, const void *w_,
+                                                                 int32_t n_groups, const void *act, size_t act_bytes,
+                                                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy,
+                                                                 int accumulate) {
     const uint8_t *w = w_;
     for (int32_t g = 0; g < n_groups; g++)
         for (int32_t t = 0; t < n_tokens;) {
@@ -218,14 +207,24 @@ TARGET void cpu_quant_gemm_r8_6_avx2(const void *w_, int32_t n_groups, const voi
             const cpu_q8k_block *a[4];
             for (int c = 0; c < C; c++) a[c] = (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)(t + c));
             __m256 v[4];
-            if (C == 4) r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 4);
-            else r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 1);
+            if (C == 4) dot(w + (size_t)g * nb * group_bytes, a, nb, v, 4);
+            else dot(w + (size_t)g * nb * group_bytes, a, nb, v, 1);
             for (int c = 0; c < C; c++) {
                 float *dst = y + ldy * (size_t)(t + c) + 8 * g;
                 _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v[c]) : v[c]);
             }
             t += C;
         }
+}
+
+TARGET void cpu_quant_gemm_r8_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                   int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8(r8_dot, CPU_QUANT_R8_BYTES, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
+}
+
+TARGET void cpu_quant_gemm_r8_6_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                     int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8(r8_6_dot, CPU_QUANT_R8_BYTES_6, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
 }
 
 #endif
