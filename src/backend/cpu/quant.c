@@ -784,16 +784,28 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
                                act_bytes * (size_t)T + sizeof(cpu_q8_panel) * (size_t)groups * nb, T);
     }
     const int32_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+    /* Decode's few rows of x are quantized here, before the threads start (0.1-0.3 us a row of
+     * SmolLM2's 576-1536 values): in the parallel region they cost a barrier while one thread
+     * quantizes and the others wait, on top of the fork and the join, and a step runs ~210 such
+     * regions (docs/decoder.md). From the tokens on that the threads share, in the region. */
+    const int early = T < 4 * n_threads;
+    if (early)
+        for (int32_t t = 0; t < T; t++)
+            cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
     int failed = 0;
 #pragma omp parallel num_threads(n_threads) if ((int64_t)T * N * K > (1 << 18))
     {
+        if (!early) {
 #pragma omp for schedule(static)
-        for (int32_t t = 0; t < T; t++)
-            cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
+            for (int32_t t = 0; t < T; t++)
+                cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
+        }
 #if HAVE_AVX2_PATH
+        if (groups) { /* an omp for's barrier only where there are panels to make */
 #pragma omp for schedule(static)
-        for (int32_t g = 0; g < groups; g++)
-            cpu_quant_pack_vnni(type, act + act_bytes * (size_t)(4 * g), act_bytes, nb, panels + (size_t)g * nb);
+            for (int32_t g = 0; g < groups; g++)
+                cpu_quant_pack_vnni(type, act + act_bytes * (size_t)(4 * g), act_bytes, nb, panels + (size_t)g * nb);
+        }
 #endif
         /* a thread's tile of weight rows as panels, 4 rows a panel */
         cpu_w_panel *scratch = groups ? malloc(sizeof(cpu_w_panel) * (TILE_ROWS / 4) * (size_t)nb) : NULL;
@@ -801,8 +813,9 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
 #pragma omp atomic write
             failed = 1;
         }
-        /* each thread a run of row tiles, each tile read from memory once for all T tokens */
-#pragma omp for schedule(static)
+        /* each thread a run of row tiles, each tile read from memory once for all T tokens; the
+         * region's join is the only wait */
+#pragma omp for schedule(static) nowait
         for (int32_t tile = 0; tile < tiles; tile++) {
             if (groups && !scratch) continue;
             const int32_t r0 = tile * TILE_ROWS, rows = N - r0 < TILE_ROWS ? N - r0 : TILE_ROWS;
