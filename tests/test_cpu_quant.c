@@ -650,7 +650,7 @@ static void test_mixed_weight(void **state) {
 }
 
 /* Q4_K, Q6_K and Q4_1 repacked at load, 8 rows interleaved (quant.h's CPU_QUANT_Q4_K_R8, _Q6_K_R8,
- * _Q4_1_R8), through
+ * _Q4_1_R8, _Q8_0_R8), through
  * cpu_quant_linear on every path: random rows (fp16 scales 2^-10..2^-3), the extreme scales of
  * test_extreme_scales and all-equal blocks; K = 768 (3 super-blocks, an odd count; 24 blocks of 32), N = 8, 40 and
  * 104 (odd counts of groups of 8, over the GEMV's tiles of 16 rows), T = 1, 3, 7, 45 and 133 (the
@@ -663,7 +663,7 @@ static void test_mixed_weight(void **state) {
  * same sgemm calls). The repacking's errors: N not a multiple of 8, and the one-row entry points. */
 typedef struct repacked_case {
     const format_case *stored;
-    uint32_t type;       /* CPU_QUANT_Q4_K_R8, _Q6_K_R8 or _Q4_1_R8 */
+    uint32_t type;       /* CPU_QUANT_Q4_K_R8, _Q6_K_R8, _Q4_1_R8 or _Q8_0_R8 */
     size_t group_bytes;  /* a group's block: 8 rows' blocks */
     nopad_status (*repack)(void *dst, const void *src, int32_t K, int32_t N);
 } repacked_case;
@@ -672,6 +672,7 @@ static const repacked_case REPACKED[] = {
     {&FORMATS[5], CPU_QUANT_Q4_K_R8, CPU_QUANT_R8_BYTES, cpu_quant_repack_q4_k_r8},
     {&FORMATS[7], CPU_QUANT_Q6_K_R8, CPU_QUANT_R8_BYTES_6, cpu_quant_repack_q6_k_r8},
     {&FORMATS[2], CPU_QUANT_Q4_1_R8, CPU_QUANT_R8_BYTES_4_1, cpu_quant_repack_q4_1_r8},
+    {&FORMATS[0], CPU_QUANT_Q8_0_R8, CPU_QUANT_R8_BYTES_8_0, cpu_quant_repack_q8_0_r8},
 };
 
 static void test_k_repacked(void **state) {
@@ -707,6 +708,7 @@ static void test_k_repacked(void **state) {
             for (int64_t b = 0; b < (int64_t)N_MAX * nb; b++) { /* all but d (and dmin, m) */
                 if (f->type == CPU_QUANT_Q4_K) memset(w + b * 144 + 4, data[d].fill, 140);
                 else if (f->type == CPU_QUANT_Q4_1) memset(w + b * 20 + 4, data[d].fill, 16);
+                else if (f->type == CPU_QUANT_Q8_0) memset(w + b * 34 + 2, data[d].fill, 32);
                 else memset(w + b * 210, data[d].fill, 208);
             }
         }
@@ -822,6 +824,7 @@ int main(void) {
         {"test_k_repacked Q4_K", test_k_repacked, NULL, NULL, (void *)&REPACKED[0]},
         {"test_k_repacked Q6_K", test_k_repacked, NULL, NULL, (void *)&REPACKED[1]},
         {"test_k_repacked Q4_1", test_k_repacked, NULL, NULL, (void *)&REPACKED[2]},
+        {"test_k_repacked Q8_0", test_k_repacked, NULL, NULL, (void *)&REPACKED[3]},
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

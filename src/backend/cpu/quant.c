@@ -51,7 +51,8 @@ static const quant_format *find_format(uint32_t type) {
                               q5_k = {"Q5_K", QK_K, 176, 1}, q6_k = {"Q6_K", QK_K, 210, 1},
                               q4_k_r8 = {"Q4_K_R8", QK_K, CPU_QUANT_R8_BYTES / 8, 1}, /* bytes a row */
                               q6_k_r8 = {"Q6_K_R8", QK_K, CPU_QUANT_R8_BYTES_6 / 8, 1},
-                              q4_1_r8 = {"Q4_1_R8", QK, CPU_QUANT_R8_BYTES_4_1 / 8, 0};
+                              q4_1_r8 = {"Q4_1_R8", QK, CPU_QUANT_R8_BYTES_4_1 / 8, 0},
+                              q8_0_r8 = {"Q8_0_R8", QK, CPU_QUANT_R8_BYTES_8_0 / 8, 0};
     switch (type) {
     case CPU_QUANT_Q4_0: return &q4_0;
     case CPU_QUANT_Q4_1: return &q4_1;
@@ -64,13 +65,15 @@ static const quant_format *find_format(uint32_t type) {
     case CPU_QUANT_Q4_K_R8: return &q4_k_r8;
     case CPU_QUANT_Q6_K_R8: return &q6_k_r8;
     case CPU_QUANT_Q4_1_R8: return &q4_1_r8;
+    case CPU_QUANT_Q8_0_R8: return &q8_0_r8;
     default: return NULL;
     }
 }
 
 /* A format laid out at load in groups of 8 interleaved rows (no file holds it). */
 static int is_r8(uint32_t type) {
-    return type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8 || type == CPU_QUANT_Q4_1_R8;
+    return type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8 || type == CPU_QUANT_Q4_1_R8 ||
+           type == CPU_QUANT_Q8_0_R8;
 }
 
 /* The format of `type` for a row of K, or an error naming what is wrong. */
@@ -79,7 +82,7 @@ static nopad_status check(const char *fn, uint32_t type, int32_t K, const quant_
     if (!*f)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: ggml type %u is not a quantized format the CPU runs "
-                               "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q4_K / Q6_K / Q4_1 repacked)",
+                               "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q4_K / Q6_K / Q4_1 / Q8_0 repacked)",
                                fn, type);
     if (K <= 0 || K % (*f)->block != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -557,6 +560,55 @@ static void gemm_r8_4_1_portable(const uint8_t *w, int32_t n_groups, const uint8
         }
 }
 
+/* ---- Q8_0 repacked, 8 rows interleaved (quant.h's CPU_QUANT_Q8_0_R8) ------------------------- */
+
+/* Row r's Q8_0 block b (d, 32 int8) into CPU_QUANT_Q8_0_R8's block o. */
+static void move_q8_0_r8(uint8_t *o, int r, const uint8_t *b) {
+    memcpy(o + 2 * r, b, 2);
+    for (int l = 0; l < 8; l++) memcpy(o + 16 + 32 * l + 4 * r, b + 2 + 4 * l, 4);
+}
+
+nopad_status cpu_quant_repack_q8_0_r8(void *dst, const void *src, int32_t K, int32_t N) {
+    return repack_r8("cpu_quant_repack_q8_0_r8", dst, src, K, N, QK, 34, CPU_QUANT_R8_BYTES_8_0, move_q8_0_r8);
+}
+
+/* rows (a multiple of 8) repacked Q8_0 rows of K to float [rows, K]: dequant_q8_0's q·d bit for bit. */
+static void dequant_r8_8_0(const uint8_t *w, int32_t K, int32_t rows, float *out) {
+    const int32_t nb = K / QK;
+    for (int32_t g = 0; g < rows / 8; g++)
+        for (int32_t i = 0; i < nb; i++) {
+            const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_8_0;
+            for (int r = 0; r < 8; r++) {
+                const float d = fp16(o + 2 * r);
+                float *y = out + (size_t)(8 * g + r) * K + (size_t)i * QK;
+                for (int l = 0; l < QK; l++) y[l] = (float)(int8_t)o[16 + 32 * (l / 4) + 4 * r + l % 4] * d;
+            }
+        }
+}
+
+/* The portable GEMV on repacked Q8_0: per row and block the exact Σ q·a, then the AVX2 path's fused
+ * multiply-add (fmaf): the same floats bit for bit. */
+static void gemm_r8_8_0_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    for (int32_t g = 0; g < n_groups; g++)
+        for (int32_t t = 0; t < n_tokens; t++) {
+            const cpu_q8_block *a = (const cpu_q8_block *)(act + act_bytes * (size_t)t);
+            float acc[8] = {0};
+            for (int32_t i = 0; i < nb; i++) {
+                const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_8_0;
+                for (int r = 0; r < 8; r++) {
+                    int32_t s = 0;
+                    for (int l = 0; l < QK; l++) s += (int8_t)o[16 + 32 * (l / 4) + 4 * r + l % 4] * a[i].qs[l];
+                    acc[r] = fmaf((float)s, fp16(o + 2 * r) * a[i].d, acc[r]);
+                }
+            }
+            for (int r = 0; r < 8; r++) {
+                float *dst = y + ldy * (size_t)t + 8 * g + r;
+                *dst = accumulate ? *dst + acc[r] : acc[r];
+            }
+        }
+}
+
 static cpu_quant_isa detect_isa(void) {
 #if HAVE_AVX2_PATH
     /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c" */
@@ -612,6 +664,16 @@ static void gemm_on(cpu_quant_isa isa, uint32_t type, const uint8_t *w, size_t w
         }
 #endif
         gemm_r8_4_1_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+        return;
+    }
+    if (type == CPU_QUANT_Q8_0_R8) {
+#if HAVE_AVX2_PATH
+        if (isa != CPU_QUANT_PORTABLE) {
+            cpu_quant_gemm_r8_8_0_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+            return;
+        }
+#endif
+        gemm_r8_8_0_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
         return;
     }
 #if HAVE_AVX2_PATH
@@ -800,6 +862,7 @@ static nopad_status linear_dequantized(float *y, size_t ldy, const float *x, con
             if (type == CPU_QUANT_Q4_K_R8) dequant_r8(w + w_bytes * (size_t)r0, K, rows, scratch); /* r0, rows: 8s */
             else if (type == CPU_QUANT_Q6_K_R8) dequant_r8_6(w + w_bytes * (size_t)r0, K, rows, scratch);
             else if (type == CPU_QUANT_Q4_1_R8) dequant_r8_4_1(w + w_bytes * (size_t)r0, K, rows, scratch);
+            else if (type == CPU_QUANT_Q8_0_R8) dequant_r8_8_0(w + w_bytes * (size_t)r0, K, rows, scratch);
             else dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
                         scratch, K, accumulate ? 1.0f : 0.0f, y + r0, (int)ldy);

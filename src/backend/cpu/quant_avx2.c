@@ -232,6 +232,37 @@ TARGET static inline __attribute__((always_inline)) void r8_4_1_dot(const uint8_
     for (int c = 0; c < C; c++) out[c] = _mm256_add_ps(acc[c], accm[c]);
 }
 
+/* Q8_0's 8 rows in the lanes (quant.h's CPU_QUANT_Q8_0_R8): per block 8 loads of 32 bytes (4 quants
+ * of 8 rows each), |w| shared by the C tokens, each token's 4 activations broadcast and signed by w
+ * (maddubs takes an unsigned operand: |w|·(a·sign(w)) = w·a), each maddubs result (up to
+ * 2·127·127) widened by madd at once; then acc = fma(Σ q·a, d·d_a, acc): the portable path's
+ * floats bit for bit. */
+TARGET static inline __attribute__((always_inline)) void r8_8_0_dot(const uint8_t *w, const void *const *a_, int32_t nb,
+                                                                    __m256 *out, const int C) {
+    const cpu_q8_block *a[4];
+    for (int c = 0; c < C; c++) a[c] = a_[c];
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES_8_0) {
+        __m256i s[4];
+        for (int c = 0; c < C; c++) s[c] = _mm256_setzero_si256();
+        for (int l = 0; l < 8; l++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * l)), u = _mm256_abs_epi8(v);
+            for (int c = 0; c < C; c++) {
+                int32_t a4;
+                memcpy(&a4, a[c][i].qs + 4 * l, 4);
+                const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(_mm256_set1_epi32(a4), v));
+                s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(p, ones));
+            }
+        }
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        for (int c = 0; c < C; c++)
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_mul_ps(d8, _mm256_set1_ps(a[c][i].d)), acc[c]);
+    }
+    for (int c = 0; c < C; c++) out[c] = acc[c];
+}
+
 /* A kernel's C tokens (1 or 4) against a group of 8 rows: lane r of out[c] is row r · token c (a[c]
  * token c's activation blocks, the kernel's block type). */
 typedef void r8_kernel(const uint8_t *w, const void *const *a, int32_t nb, __m256 *out, const int C);
@@ -273,6 +304,11 @@ TARGET void cpu_quant_gemm_r8_6_avx2(const void *w, int32_t n_groups, const void
 TARGET void cpu_quant_gemm_r8_4_1_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
                                        int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
     gemm_r8(r8_4_1_dot, CPU_QUANT_R8_BYTES_4_1, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
+}
+
+TARGET void cpu_quant_gemm_r8_8_0_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                       int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8(r8_8_0_dot, CPU_QUANT_R8_BYTES_8_0, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
 }
 
 #endif
