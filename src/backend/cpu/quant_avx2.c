@@ -208,6 +208,8 @@ TARGET static inline __attribute__((always_inline)) void r8_4_1_dot(const uint8_
     __m256 acc[4], accm[4];
     for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm256_setzero_ps();
     for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES_4_1) {
+        for (int o = 0; o < CPU_QUANT_R8_BYTES_4_1; o += 64)
+            _mm_prefetch((const char *)w + 8 * CPU_QUANT_R8_BYTES_4_1 + o, _MM_HINT_T0);
         __m256i s[4];
         for (int c = 0; c < C; c++) s[c] = _mm256_setzero_si256();
         for (int l = 0; l < 4; l++) {
@@ -245,6 +247,8 @@ TARGET static inline __attribute__((always_inline)) void r8_8_0_dot(const uint8_
     __m256 acc[4];
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES_8_0) {
+        for (int o = 0; o < CPU_QUANT_R8_BYTES_8_0; o += 64)
+            _mm_prefetch((const char *)w + 4 * CPU_QUANT_R8_BYTES_8_0 + o, _MM_HINT_T0);
         __m256i s[4];
         for (int c = 0; c < C; c++) s[c] = _mm256_setzero_si256();
         for (int l = 0; l < 8; l++) {
