@@ -649,9 +649,10 @@ static void test_mixed_weight(void **state) {
     free(want);
 }
 
-/* Q4_K and Q6_K repacked at load, 8 rows interleaved (quant.h's CPU_QUANT_Q4_K_R8, _Q6_K_R8), through
+/* Q4_K, Q6_K and Q4_1 repacked at load, 8 rows interleaved (quant.h's CPU_QUANT_Q4_K_R8, _Q6_K_R8,
+ * _Q4_1_R8, _Q8_0_R8), through
  * cpu_quant_linear on every path: random rows (fp16 scales 2^-10..2^-3), the extreme scales of
- * test_extreme_scales and all-equal blocks; K = 768 (3 super-blocks, an odd count), N = 8, 40 and
+ * test_extreme_scales and all-equal blocks; K = 768 (3 super-blocks, an odd count; 24 blocks of 32), N = 8, 40 and
  * 104 (odd counts of groups of 8, over the GEMV's tiles of 16 rows), T = 1, 3, 7, 45 and 133 (the
  * int8 GEMV in groups of 4 tokens and one at a time, or sgemm on the rows dequantised where the path
  * takes it: the portable path from 32 tokens). Each y[t, n] within the dot's tolerance of the float
@@ -662,13 +663,16 @@ static void test_mixed_weight(void **state) {
  * same sgemm calls). The repacking's errors: N not a multiple of 8, and the one-row entry points. */
 typedef struct repacked_case {
     const format_case *stored;
-    uint32_t type; /* CPU_QUANT_Q4_K_R8 or CPU_QUANT_Q6_K_R8 */
+    uint32_t type;       /* CPU_QUANT_Q4_K_R8, _Q6_K_R8, _Q4_1_R8 or _Q8_0_R8 */
+    size_t group_bytes;  /* a group's block: 8 rows' blocks */
     nopad_status (*repack)(void *dst, const void *src, int32_t K, int32_t N);
 } repacked_case;
 
 static const repacked_case REPACKED[] = {
-    {&FORMATS[5], CPU_QUANT_Q4_K_R8, cpu_quant_repack_q4_k_r8},
-    {&FORMATS[7], CPU_QUANT_Q6_K_R8, cpu_quant_repack_q6_k_r8},
+    {&FORMATS[5], CPU_QUANT_Q4_K_R8, CPU_QUANT_R8_BYTES, cpu_quant_repack_q4_k_r8},
+    {&FORMATS[7], CPU_QUANT_Q6_K_R8, CPU_QUANT_R8_BYTES_6, cpu_quant_repack_q6_k_r8},
+    {&FORMATS[2], CPU_QUANT_Q4_1_R8, CPU_QUANT_R8_BYTES_4_1, cpu_quant_repack_q4_1_r8},
+    {&FORMATS[0], CPU_QUANT_Q8_0_R8, CPU_QUANT_R8_BYTES_8_0, cpu_quant_repack_q8_0_r8},
 };
 
 static void test_k_repacked(void **state) {
@@ -678,7 +682,8 @@ static void test_k_repacked(void **state) {
     enum { K = 768, N_MAX = 104, T_MAX = 133 };
     const size_t row_bytes = cpu_quant_row_bytes(f->type, K);
     const size_t r8_bytes = cpu_quant_row_bytes(R8, K);
-    assert_int_equal(r8_bytes * 8, (size_t)(K / 256) * (R8 == CPU_QUANT_Q4_K_R8 ? CPU_QUANT_R8_BYTES : CPU_QUANT_R8_BYTES_6));
+    const int32_t nb = K / f->block;
+    assert_int_equal(r8_bytes * 8, (size_t)nb * rc->group_bytes);
     uint8_t *w = malloc(row_bytes * N_MAX), *wr = malloc(r8_bytes * N_MAX);
     float *wf = malloc(sizeof(float) * (size_t)K * N_MAX), *x = malloc(sizeof(float) * (size_t)K * T_MAX);
     float *y = malloc(sizeof(float) * T_MAX * N_MAX), *y1 = malloc(sizeof(float) * N_MAX);
@@ -698,10 +703,12 @@ static void test_k_repacked(void **state) {
     cpu_quant_isa isa[3];
     const int n_paths = paths(isa);
     for (size_t d = 0; d < sizeof data / sizeof data[0]; d++) {
-        random_blocks(f, w, (int64_t)N_MAX * (K / 256), data[d].e_lo, data[d].e_hi);
+        random_blocks(f, w, (int64_t)N_MAX * nb, data[d].e_lo, data[d].e_hi);
         if (data[d].fill >= 0) {
-            for (int64_t b = 0; b < (int64_t)N_MAX * (K / 256); b++) { /* all but d (and dmin) */
+            for (int64_t b = 0; b < (int64_t)N_MAX * nb; b++) { /* all but d (and dmin, m) */
                 if (f->type == CPU_QUANT_Q4_K) memset(w + b * 144 + 4, data[d].fill, 140);
+                else if (f->type == CPU_QUANT_Q4_1) memset(w + b * 20 + 4, data[d].fill, 16);
+                else if (f->type == CPU_QUANT_Q8_0) memset(w + b * 34 + 2, data[d].fill, 32);
                 else memset(w + b * 210, data[d].fill, 208);
             }
         }
@@ -816,6 +823,8 @@ int main(void) {
         cmocka_unit_test(test_mixed_weight),
         {"test_k_repacked Q4_K", test_k_repacked, NULL, NULL, (void *)&REPACKED[0]},
         {"test_k_repacked Q6_K", test_k_repacked, NULL, NULL, (void *)&REPACKED[1]},
+        {"test_k_repacked Q4_1", test_k_repacked, NULL, NULL, (void *)&REPACKED[2]},
+        {"test_k_repacked Q8_0", test_k_repacked, NULL, NULL, (void *)&REPACKED[3]},
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

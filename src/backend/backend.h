@@ -138,6 +138,8 @@ typedef enum nopad_weight_format {
     NOPAD_WEIGHT_Q4_K_R8 = 258,  /* Q4_K laid out by the CPU at load, 8 rows interleaved (pack_q; the CPU's
                                     backend/cpu/quant.h says how); gemm_q only, never a file's */
     NOPAD_WEIGHT_Q6_K_R8 = 259,  /* Q6_K likewise */
+    NOPAD_WEIGHT_Q4_1_R8 = 260,  /* Q4_1 likewise */
+    NOPAD_WEIGHT_Q8_0_R8 = 261,  /* Q8_0 likewise */
 } nopad_weight_format;
 
 /* A fused weight whose parts are stored in different block formats (a Q4_K_M file's Q|K|V: Q and K
@@ -564,7 +566,8 @@ struct nopad_backend {
                            nopad_activation act, int out_f32);
     /* Optional (NULL: weights are held as the file stores them). packed_format: the format a linear
      * weight of `format`, rows × cols, is held in when the backend lays it out at load for its
-     * kernels (the CPU: Q4_K and Q6_K in groups of 8 interleaved rows, NOPAD_WEIGHT_Q4_K_R8 / _Q6_K_R8), with its bytes
+     * kernels (the CPU: Q4_K, Q6_K, Q4_1 and Q8_0 in groups of 8 interleaved rows, NOPAD_WEIGHT_Q4_K_R8 / _Q6_K_R8 / _Q4_1_R8 /
+     * _Q8_0_R8), with its bytes
      * in *bytes; else `format` itself, *bytes untouched. pack_q: dst (backend memory, those bytes)
      * = the rows at src (host memory, as stored) in that layout. Never for embeddings (their rows
      * are gathered one at a time). */

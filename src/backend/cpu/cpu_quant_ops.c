@@ -9,7 +9,8 @@
 #include "util/error.h"
 
 _Static_assert(sizeof(nopad_mixed_weight) <= NOPAD_MIXED_HEADER, "the mixed weight's header outgrew its bytes");
-_Static_assert((int)NOPAD_WEIGHT_Q4_K_R8 == (int)CPU_QUANT_Q4_K_R8 && (int)NOPAD_WEIGHT_Q6_K_R8 == (int)CPU_QUANT_Q6_K_R8,
+_Static_assert((int)NOPAD_WEIGHT_Q4_K_R8 == (int)CPU_QUANT_Q4_K_R8 && (int)NOPAD_WEIGHT_Q6_K_R8 == (int)CPU_QUANT_Q6_K_R8 &&
+                   (int)NOPAD_WEIGHT_Q4_1_R8 == (int)CPU_QUANT_Q4_1_R8 && (int)NOPAD_WEIGHT_Q8_0_R8 == (int)CPU_QUANT_Q8_0_R8,
                "a repacked format has one number");
 
 int cpu_runs_format(nopad_weight_format format, int32_t n_in) {
@@ -19,18 +20,26 @@ int cpu_runs_format(nopad_weight_format format, int32_t n_in) {
     return block > 0 && n_in > 0 && n_in % block == 0;
 }
 
-/* Q4_K and Q6_K are held in groups of 8 interleaved rows where the CPU runs the AVX2 GEMV (quant.h's
- * CPU_QUANT_Q4_K_R8 and _Q6_K_R8: one memory stream, the 8 rows' sums in one register; LLaMA-1B's
- * shapes at one token 1.3-1.75x (Q4_K) and 1.15-1.3x (Q6_K) the rows as stored, docs/decoder.md),
- * Q4_K in 2.8% more bytes, Q6_K in the same; rows not a multiple of 8, or beyond int32, stay as
- * stored. */
+/* Q4_K, Q6_K, Q4_1 and Q8_0 are held in groups of 8 interleaved rows where the CPU runs the AVX2
+ * GEMV (quant.h's CPU_QUANT_Q4_K_R8, _Q6_K_R8, _Q4_1_R8 and _Q8_0_R8: one memory stream, the 8 rows'
+ * sums in one register; LLaMA-1B's shapes at one token 1.3-1.75x (Q4_K) and 1.15-1.3x (Q6_K) the
+ * rows as stored; SmolLM2 Q4_1's decode and prompts 1.2x and 1.7x on one thread, docs/decoder.md),
+ * Q4_K in 2.8% more bytes, the others in the same; rows not a multiple of 8, or beyond int32, stay
+ * as stored. Q4_1 and Q8_0 only without VNNI: there the prompts' panel kernel (VPDPBUSD) reads the
+ * rows as stored, and the repacked GEMV was not measured against it. */
 nopad_weight_format cpu_packed_format(nopad_backend *be, nopad_weight_format format, int64_t rows, int64_t cols,
                                       size_t *bytes) {
     (void)be;
-    if ((format != NOPAD_WEIGHT_Q4_K && format != NOPAD_WEIGHT_Q6_K) || rows <= 0 || rows % 8 != 0 || rows > INT32_MAX || cols <= 0 ||
-        cols % CPU_QUANT_QK_K != 0 || cols > INT32_MAX || cpu_quant_best_isa() == CPU_QUANT_PORTABLE)
+    const nopad_weight_format packed = format == NOPAD_WEIGHT_Q4_K   ? NOPAD_WEIGHT_Q4_K_R8
+                                       : format == NOPAD_WEIGHT_Q6_K ? NOPAD_WEIGHT_Q6_K_R8
+                                       : format == NOPAD_WEIGHT_Q4_1 ? NOPAD_WEIGHT_Q4_1_R8
+                                       : format == NOPAD_WEIGHT_Q8_0 ? NOPAD_WEIGHT_Q8_0_R8
+                                                                     : format;
+    const int32_t block = cpu_quant_block_size((uint32_t)format);
+    if (packed == format || rows <= 0 || rows % 8 != 0 || rows > INT32_MAX || cols <= 0 || cols % block != 0 ||
+        cols > INT32_MAX || cpu_quant_best_isa() == CPU_QUANT_PORTABLE ||
+        (cpu_quant_block_size((uint32_t)format) == CPU_QUANT_QK && cpu_quant_best_isa() != CPU_QUANT_AVX2))
         return format;
-    const nopad_weight_format packed = format == NOPAD_WEIGHT_Q4_K ? NOPAD_WEIGHT_Q4_K_R8 : NOPAD_WEIGHT_Q6_K_R8;
     *bytes = cpu_quant_row_bytes((uint32_t)packed, (int32_t)cols) * (size_t)rows;
     return packed;
 }
@@ -43,8 +52,10 @@ nopad_status cpu_pack_q(nopad_backend *be, void *dst, const void *src, nopad_wei
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cpu pack_q: a weight of format %d, %lld x %lld, is held as stored", (int)format,
                                (long long)rows, (long long)cols);
-    return packed == NOPAD_WEIGHT_Q4_K_R8 ? cpu_quant_repack_q4_k_r8(dst, src, (int32_t)cols, (int32_t)rows)
-                                          : cpu_quant_repack_q6_k_r8(dst, src, (int32_t)cols, (int32_t)rows);
+    return packed == NOPAD_WEIGHT_Q4_K_R8   ? cpu_quant_repack_q4_k_r8(dst, src, (int32_t)cols, (int32_t)rows)
+           : packed == NOPAD_WEIGHT_Q6_K_R8 ? cpu_quant_repack_q6_k_r8(dst, src, (int32_t)cols, (int32_t)rows)
+           : packed == NOPAD_WEIGHT_Q4_1_R8 ? cpu_quant_repack_q4_1_r8(dst, src, (int32_t)cols, (int32_t)rows)
+                                            : cpu_quant_repack_q8_0_r8(dst, src, (int32_t)cols, (int32_t)rows);
 }
 
 nopad_status cpu_gemm_q(nopad_backend *be, void *out_, const void *x_, const void *w,
@@ -102,7 +113,7 @@ nopad_status cpu_embed_tokens_q(nopad_backend *be, float *out, const int32_t *to
                                 nopad_weight_format format, const void *pos_, int32_t dim) {
     const float *pos = pos_; // [P, dim] or NULL
     if (format == NOPAD_WEIGHT_MIXED || format == NOPAD_WEIGHT_Q4_K_R8 || format == NOPAD_WEIGHT_Q6_K_R8 ||
-        !cpu_runs_format(format, dim))
+        format == NOPAD_WEIGHT_Q4_1_R8 || format == NOPAD_WEIGHT_Q8_0_R8 || !cpu_runs_format(format, dim))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "cpu embed_tokens_q: weight format %d with rows of %d values is not one the "
                                "CPU runs",

@@ -50,7 +50,9 @@ static const quant_format *find_format(uint32_t type) {
                               q8_0 = {"Q8_0", QK, 34, 0}, q4_k = {"Q4_K", QK_K, 144, 1},
                               q5_k = {"Q5_K", QK_K, 176, 1}, q6_k = {"Q6_K", QK_K, 210, 1},
                               q4_k_r8 = {"Q4_K_R8", QK_K, CPU_QUANT_R8_BYTES / 8, 1}, /* bytes a row */
-                              q6_k_r8 = {"Q6_K_R8", QK_K, CPU_QUANT_R8_BYTES_6 / 8, 1};
+                              q6_k_r8 = {"Q6_K_R8", QK_K, CPU_QUANT_R8_BYTES_6 / 8, 1},
+                              q4_1_r8 = {"Q4_1_R8", QK, CPU_QUANT_R8_BYTES_4_1 / 8, 0},
+                              q8_0_r8 = {"Q8_0_R8", QK, CPU_QUANT_R8_BYTES_8_0 / 8, 0};
     switch (type) {
     case CPU_QUANT_Q4_0: return &q4_0;
     case CPU_QUANT_Q4_1: return &q4_1;
@@ -62,8 +64,16 @@ static const quant_format *find_format(uint32_t type) {
     case CPU_QUANT_Q6_K: return &q6_k;
     case CPU_QUANT_Q4_K_R8: return &q4_k_r8;
     case CPU_QUANT_Q6_K_R8: return &q6_k_r8;
+    case CPU_QUANT_Q4_1_R8: return &q4_1_r8;
+    case CPU_QUANT_Q8_0_R8: return &q8_0_r8;
     default: return NULL;
     }
+}
+
+/* A format laid out at load in groups of 8 interleaved rows (no file holds it). */
+static int is_r8(uint32_t type) {
+    return type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8 || type == CPU_QUANT_Q4_1_R8 ||
+           type == CPU_QUANT_Q8_0_R8;
 }
 
 /* The format of `type` for a row of K, or an error naming what is wrong. */
@@ -72,7 +82,7 @@ static nopad_status check(const char *fn, uint32_t type, int32_t K, const quant_
     if (!*f)
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED,
                                "%s: ggml type %u is not a quantized format the CPU runs "
-                               "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q4_K / Q6_K repacked)",
+                               "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q4_K / Q6_K / Q4_1 / Q8_0 repacked)",
                                fn, type);
     if (K <= 0 || K % (*f)->block != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
@@ -305,34 +315,45 @@ static float dot_portable(uint32_t type, const void *w, const void *act, int32_t
 
 /* ---- Q4_K repacked, 8 rows interleaved (quant.h's CPU_QUANT_Q4_K_R8) ------------------------- */
 
-nopad_status cpu_quant_repack_q4_k_r8(void *dst_, const void *src_, int32_t K, int32_t N) {
-    if (K <= 0 || K % QK_K != 0 || N < 0 || N % 8 != 0)
+/* The repacked formats' layout at load: the N rows (N a multiple of 8, K of the block) of src as
+ * stored (src_bytes a row's block) into groups of 8 rows, group g's block i at
+ * dst + (g · K/block + i) · dst_bytes, `move` putting row r's block b into its places in o. */
+static nopad_status repack_r8(const char *fn, void *dst_, const void *src_, int32_t K, int32_t N, int32_t block,
+                              size_t src_bytes, size_t dst_bytes, void (*move)(uint8_t *o, int r, const uint8_t *b)) {
+    if (K <= 0 || K % block != 0 || N < 0 || N % 8 != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cpu_quant_repack_q4_k_r8: %d rows of K = %d, expected a multiple of 8 rows of a "
-                               "positive multiple of 256 values",
-                               N, K);
+                               "%s: %d rows of K = %d, expected a multiple of 8 rows of a positive multiple of %d "
+                               "values",
+                               fn, N, K, block);
     uint8_t *dst = dst_;
     const uint8_t *src = src_;
-    const int32_t nb = K / QK_K;
-    const size_t row = (size_t)nb * 144;
+    const int32_t nb = K / block;
+    const size_t row = (size_t)nb * src_bytes;
     for (int32_t g = 0; g < N / 8; g++)
         for (int32_t i = 0; i < nb; i++) {
-            uint8_t *o = dst + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES;
-            for (int r = 0; r < 8; r++) {
-                const uint8_t *b = src + (size_t)(8 * g + r) * row + (size_t)i * 144;
-                memcpy(o + 2 * r, b, 2);
-                memcpy(o + 16 + 2 * r, b + 2, 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    scale_min_k4(j, b + 4, &sc, &m);
-                    o[32 + 8 * j + r] = (uint8_t)sc;
-                    o[96 + 16 * (j / 2) + 2 * r + j % 2] = (uint8_t)m;
-                }
-                for (int k = 0; k < 4; k++)
-                    for (int l = 0; l < 8; l++) memcpy(o + 160 + 256 * k + 32 * l + 4 * r, b + 16 + 32 * k + 4 * l, 4);
-            }
+            uint8_t *o = dst + ((size_t)g * nb + i) * dst_bytes;
+            for (int r = 0; r < 8; r++) move(o, r, src + (size_t)(8 * g + r) * row + (size_t)i * src_bytes);
         }
     return NOPAD_OK;
+}
+
+/* Row r's Q4_K super-block b (d, dmin, 12 bytes of scales and mins, 128 of quants) into CPU_QUANT_Q4_K_R8's
+ * block o. */
+static void move_q4_k_r8(uint8_t *o, int r, const uint8_t *b) {
+    memcpy(o + 2 * r, b, 2);
+    memcpy(o + 16 + 2 * r, b + 2, 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, b + 4, &sc, &m);
+        o[32 + 8 * j + r] = (uint8_t)sc;
+        o[96 + 16 * (j / 2) + 2 * r + j % 2] = (uint8_t)m;
+    }
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < 8; l++) memcpy(o + 160 + 256 * k + 32 * l + 4 * r, b + 16 + 32 * k + 4 * l, 4);
+}
+
+nopad_status cpu_quant_repack_q4_k_r8(void *dst, const void *src, int32_t K, int32_t N) {
+    return repack_r8("cpu_quant_repack_q4_k_r8", dst, src, K, N, QK_K, 144, CPU_QUANT_R8_BYTES, move_q4_k_r8);
 }
 
 /* rows (a multiple of 8) repacked rows of K to float [rows, K], the values of dequant_q45_k bit for
@@ -399,30 +420,18 @@ static void gemm_r8_portable(const uint8_t *w, int32_t n_groups, const uint8_t *
         }
 }
 
-nopad_status cpu_quant_repack_q6_k_r8(void *dst_, const void *src_, int32_t K, int32_t N) {
-    if (K <= 0 || K % QK_K != 0 || N < 0 || N % 8 != 0)
-        return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
-                               "cpu_quant_repack_q6_k_r8: %d rows of K = %d, expected a multiple of 8 rows of a "
-                               "positive multiple of 256 values",
-                               N, K);
-    uint8_t *dst = dst_;
-    const uint8_t *src = src_;
-    const int32_t nb = K / QK_K;
-    const size_t row = (size_t)nb * 210;
-    for (int32_t g = 0; g < N / 8; g++)
-        for (int32_t i = 0; i < nb; i++) {
-            uint8_t *o = dst + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_6;
-            for (int r = 0; r < 8; r++) {
-                const uint8_t *b = src + (size_t)(8 * g + r) * row + (size_t)i * 210; /* ql, qh, scales, d */
-                memcpy(o + 2 * r, b + 208, 2);
-                for (int p = 0; p < 8; p++) memcpy(o + 16 + 16 * p + 2 * r, b + 192 + 2 * p, 2);
-                for (int h = 0; h < 2; h++) {
-                    for (int m = 0; m < 16; m++) memcpy(o + 144 + 512 * h + 32 * m + 4 * r, b + 64 * h + 4 * m, 4);
-                    for (int m = 0; m < 8; m++) memcpy(o + 1168 + 256 * h + 32 * m + 4 * r, b + 128 + 32 * h + 4 * m, 4);
-                }
-            }
-        }
-    return NOPAD_OK;
+/* Row r's Q6_K super-block b (ql, qh, scales, d) into CPU_QUANT_Q6_K_R8's block o. */
+static void move_q6_k_r8(uint8_t *o, int r, const uint8_t *b) {
+    memcpy(o + 2 * r, b + 208, 2);
+    for (int p = 0; p < 8; p++) memcpy(o + 16 + 16 * p + 2 * r, b + 192 + 2 * p, 2);
+    for (int h = 0; h < 2; h++) {
+        for (int m = 0; m < 16; m++) memcpy(o + 144 + 512 * h + 32 * m + 4 * r, b + 64 * h + 4 * m, 4);
+        for (int m = 0; m < 8; m++) memcpy(o + 1168 + 256 * h + 32 * m + 4 * r, b + 128 + 32 * h + 4 * m, 4);
+    }
+}
+
+nopad_status cpu_quant_repack_q6_k_r8(void *dst, const void *src, int32_t K, int32_t N) {
+    return repack_r8("cpu_quant_repack_q6_k_r8", dst, src, K, N, QK_K, 210, CPU_QUANT_R8_BYTES_6, move_q6_k_r8);
 }
 
 /* Row r's quant e (0..255) of a Q6_K group super-block o (CPU_QUANT_Q6_K_R8), 0..63. */
@@ -489,6 +498,117 @@ static void gemm_r8_6_portable(const uint8_t *w, int32_t n_groups, const uint8_t
 #define HAVE_AVX2_PATH 0
 #endif
 
+/* ---- Q4_1 repacked, 8 rows interleaved (quant.h's CPU_QUANT_Q4_1_R8) ------------------------- */
+
+/* Row r's Q4_1 block b (d, m, 16 bytes of nibble pairs) into CPU_QUANT_Q4_1_R8's block o. */
+static void move_q4_1_r8(uint8_t *o, int r, const uint8_t *b) {
+    memcpy(o + 2 * r, b, 2);
+    memcpy(o + 16 + 2 * r, b + 2, 2);
+    for (int l = 0; l < 4; l++) memcpy(o + 32 + 32 * l + 4 * r, b + 4 + 4 * l, 4);
+}
+
+nopad_status cpu_quant_repack_q4_1_r8(void *dst, const void *src, int32_t K, int32_t N) {
+    return repack_r8("cpu_quant_repack_q4_1_r8", dst, src, K, N, QK, 20, CPU_QUANT_R8_BYTES_4_1, move_q4_1_r8);
+}
+
+/* rows (a multiple of 8) repacked Q4_1 rows of K to float [rows, K]: dequant_q4_5's values bit for
+ * bit (the same q·d + m). */
+static void dequant_r8_4_1(const uint8_t *w, int32_t K, int32_t rows, float *out) {
+    const int32_t nb = K / QK;
+    for (int32_t g = 0; g < rows / 8; g++)
+        for (int32_t i = 0; i < nb; i++) {
+            const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_4_1;
+            for (int r = 0; r < 8; r++) {
+                const float d = fp16(o + 2 * r), m = fp16(o + 16 + 2 * r);
+                float *y = out + (size_t)(8 * g + r) * K + (size_t)i * QK;
+                for (int l = 0; l < QK / 2; l++) {
+                    const uint8_t q = o[32 + 32 * (l / 4) + 4 * r + l % 4];
+                    y[l] = (float)(q & 0x0f) * d + m;
+                    y[l + QK / 2] = (float)(q >> 4) * d + m;
+                }
+            }
+        }
+}
+
+/* The portable GEMV on repacked Q4_1: per row and block the exact Σ q·a, then the AVX2 path's two
+ * fused multiply-adds (fmaf) into the q part and the m part, summed at the end: the same floats bit
+ * for bit. */
+static void gemm_r8_4_1_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    for (int32_t g = 0; g < n_groups; g++)
+        for (int32_t t = 0; t < n_tokens; t++) {
+            const cpu_q8_block *a = (const cpu_q8_block *)(act + act_bytes * (size_t)t);
+            float acc[8] = {0}, accm[8] = {0};
+            for (int32_t i = 0; i < nb; i++) {
+                const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_4_1;
+                const float s_a = a[i].d * (float)a[i].sum;
+                for (int r = 0; r < 8; r++) {
+                    int32_t s = 0;
+                    for (int l = 0; l < QK / 2; l++) {
+                        const uint8_t q = o[32 + 32 * (l / 4) + 4 * r + l % 4];
+                        s += (q & 0x0f) * a[i].qs[l] + (q >> 4) * a[i].qs[l + QK / 2];
+                    }
+                    acc[r] = fmaf((float)s, fp16(o + 2 * r) * a[i].d, acc[r]);
+                    accm[r] = fmaf(fp16(o + 16 + 2 * r), s_a, accm[r]);
+                }
+            }
+            for (int r = 0; r < 8; r++) {
+                float *dst = y + ldy * (size_t)t + 8 * g + r;
+                const float v = acc[r] + accm[r];
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+}
+
+/* ---- Q8_0 repacked, 8 rows interleaved (quant.h's CPU_QUANT_Q8_0_R8) ------------------------- */
+
+/* Row r's Q8_0 block b (d, 32 int8) into CPU_QUANT_Q8_0_R8's block o. */
+static void move_q8_0_r8(uint8_t *o, int r, const uint8_t *b) {
+    memcpy(o + 2 * r, b, 2);
+    for (int l = 0; l < 8; l++) memcpy(o + 16 + 32 * l + 4 * r, b + 2 + 4 * l, 4);
+}
+
+nopad_status cpu_quant_repack_q8_0_r8(void *dst, const void *src, int32_t K, int32_t N) {
+    return repack_r8("cpu_quant_repack_q8_0_r8", dst, src, K, N, QK, 34, CPU_QUANT_R8_BYTES_8_0, move_q8_0_r8);
+}
+
+/* rows (a multiple of 8) repacked Q8_0 rows of K to float [rows, K]: dequant_q8_0's q·d bit for bit. */
+static void dequant_r8_8_0(const uint8_t *w, int32_t K, int32_t rows, float *out) {
+    const int32_t nb = K / QK;
+    for (int32_t g = 0; g < rows / 8; g++)
+        for (int32_t i = 0; i < nb; i++) {
+            const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_8_0;
+            for (int r = 0; r < 8; r++) {
+                const float d = fp16(o + 2 * r);
+                float *y = out + (size_t)(8 * g + r) * K + (size_t)i * QK;
+                for (int l = 0; l < QK; l++) y[l] = (float)(int8_t)o[16 + 32 * (l / 4) + 4 * r + l % 4] * d;
+            }
+        }
+}
+
+/* The portable GEMV on repacked Q8_0: per row and block the exact Σ q·a, then the AVX2 path's fused
+ * multiply-add (fmaf): the same floats bit for bit. */
+static void gemm_r8_8_0_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    for (int32_t g = 0; g < n_groups; g++)
+        for (int32_t t = 0; t < n_tokens; t++) {
+            const cpu_q8_block *a = (const cpu_q8_block *)(act + act_bytes * (size_t)t);
+            float acc[8] = {0};
+            for (int32_t i = 0; i < nb; i++) {
+                const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_8_0;
+                for (int r = 0; r < 8; r++) {
+                    int32_t s = 0;
+                    for (int l = 0; l < QK; l++) s += (int8_t)o[16 + 32 * (l / 4) + 4 * r + l % 4] * a[i].qs[l];
+                    acc[r] = fmaf((float)s, fp16(o + 2 * r) * a[i].d, acc[r]);
+                }
+            }
+            for (int r = 0; r < 8; r++) {
+                float *dst = y + ldy * (size_t)t + 8 * g + r;
+                *dst = accumulate ? *dst + acc[r] : acc[r];
+            }
+        }
+}
+
 static cpu_quant_isa detect_isa(void) {
 #if HAVE_AVX2_PATH
     /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c" */
@@ -536,6 +656,26 @@ static void gemm_on(cpu_quant_isa isa, uint32_t type, const uint8_t *w, size_t w
         gemm_r8_6_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
         return;
     }
+    if (type == CPU_QUANT_Q4_1_R8) {
+#if HAVE_AVX2_PATH
+        if (isa != CPU_QUANT_PORTABLE) {
+            cpu_quant_gemm_r8_4_1_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+            return;
+        }
+#endif
+        gemm_r8_4_1_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+        return;
+    }
+    if (type == CPU_QUANT_Q8_0_R8) {
+#if HAVE_AVX2_PATH
+        if (isa != CPU_QUANT_PORTABLE) {
+            cpu_quant_gemm_r8_8_0_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+            return;
+        }
+#endif
+        gemm_r8_8_0_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+        return;
+    }
 #if HAVE_AVX2_PATH
     if (isa == CPU_QUANT_AVX2_VNNI && find_format(type)->block == QK) { /* the k-quants: AVX2's */
         cpu_quant_gemm_vnni(type, w, w_bytes, rows, act, act_bytes, tokens, nb, y, ldy, accumulate, panels,
@@ -563,7 +703,7 @@ nopad_status cpu_quant_dot(float *out, const void *w, const void *act, uint32_t 
     const quant_format *f;
     nopad_status st = check("cpu_quant_dot", type, K, &f);
     if (st == NOPAD_OK) st = check_isa("cpu_quant_dot", isa);
-    if (st == NOPAD_OK && (type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8))
+    if (st == NOPAD_OK && is_r8(type))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cpu_quant_dot: %s holds rows in groups of 8, not one", f->name);
     if (st != NOPAD_OK) return st;
     gemm_on(isa, type, w, 0, 1, act, 0, 1, K / f->block, out, 1, 0, NULL, NULL);
@@ -655,7 +795,7 @@ static void dequant_rows(uint32_t type, const uint8_t *w, int64_t n_values, floa
 nopad_status cpu_quant_dequantize(float *out, const void *w, uint32_t type, int32_t K) {
     const quant_format *f;
     nopad_status st = check("cpu_quant_dequantize", type, K, &f);
-    if (st == NOPAD_OK && (type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8))
+    if (st == NOPAD_OK && is_r8(type))
         return nopad_set_error(NOPAD_ERR_UNSUPPORTED, "cpu_quant_dequantize: %s holds rows in groups of 8, not one",
                                f->name);
     if (st == NOPAD_OK) dequant_rows(type, w, K, out);
@@ -721,6 +861,8 @@ static nopad_status linear_dequantized(float *y, size_t ldy, const float *x, con
             const int32_t rows = N - r0 < tile_rows ? N - r0 : tile_rows;
             if (type == CPU_QUANT_Q4_K_R8) dequant_r8(w + w_bytes * (size_t)r0, K, rows, scratch); /* r0, rows: 8s */
             else if (type == CPU_QUANT_Q6_K_R8) dequant_r8_6(w + w_bytes * (size_t)r0, K, rows, scratch);
+            else if (type == CPU_QUANT_Q4_1_R8) dequant_r8_4_1(w + w_bytes * (size_t)r0, K, rows, scratch);
+            else if (type == CPU_QUANT_Q8_0_R8) dequant_r8_8_0(w + w_bytes * (size_t)r0, K, rows, scratch);
             else dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
                         scratch, K, accumulate ? 1.0f : 0.0f, y + r0, (int)ldy);
@@ -742,7 +884,7 @@ int32_t cpu_quant_sgemm_tokens(uint32_t type, cpu_quant_isa isa) {
     /* the repacked k-quants' GEMV takes 4 tokens at a time: at 512 tokens, one thread, 1.5x sgemm
      * on LLaMA-1B's Q4_K gate|up rows (145 ms against 212-221), 1.2x on its Q6_K down rows (247
      * against 296-346) */
-    if (type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8) return INT32_MAX;
+    if (is_r8(type)) return INT32_MAX;
     return f && f->k_quant ? 128 : INT32_MAX;
 }
 
@@ -764,7 +906,7 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
     if (ldy < (size_t)N)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cpu_quant_linear: rows of y %zu floats apart, expected >= N = %d", ldy, N);
-    if ((type == CPU_QUANT_Q4_K_R8 || type == CPU_QUANT_Q6_K_R8) && N % 8 != 0)
+    if (is_r8(type) && N % 8 != 0)
         return nopad_set_error(NOPAD_ERR_INVALID_ARGUMENT,
                                "cpu_quant_linear: %s in groups of 8 rows, N = %d is not a multiple of 8", f->name, N);
     if (T == 0 || N == 0) return NOPAD_OK;
@@ -774,7 +916,7 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
     const size_t act_bytes = cpu_quant_act_row_bytes(type, K), w_bytes = cpu_quant_row_bytes(type, K);
     const int32_t nb = K / f->block;
     /* prompts on VNNI: the activations' panels, made once here for every thread's rows */
-    const int32_t groups = isa == CPU_QUANT_AVX2_VNNI && f->block == QK ? T / 4 : 0;
+    const int32_t groups = isa == CPU_QUANT_AVX2_VNNI && f->block == QK && !is_r8(type) ? T / 4 : 0;
     uint8_t *act = malloc(act_bytes * (size_t)T); /* malloc's alignment suits both block types */
     cpu_q8_panel *panels = groups ? malloc(sizeof(cpu_q8_panel) * (size_t)groups * nb) : NULL;
     if (!act || (groups && !panels)) {
@@ -785,16 +927,28 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
                                act_bytes * (size_t)T + sizeof(cpu_q8_panel) * (size_t)groups * nb, T);
     }
     const int32_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+    /* Decode's few rows of x are quantized here, before the threads start (0.1-0.3 us a row of
+     * SmolLM2's 576-1536 values): in the parallel region they cost a barrier while one thread
+     * quantizes and the others wait, on top of the fork and the join, and a step runs ~210 such
+     * regions (docs/decoder.md). From the tokens on that the threads share, in the region. */
+    const int early = T < 4 * n_threads;
+    if (early)
+        for (int32_t t = 0; t < T; t++)
+            cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
     int failed = 0;
 #pragma omp parallel num_threads(n_threads) if ((int64_t)T * N * K > (1 << 18))
     {
+        if (!early) {
 #pragma omp for schedule(static)
-        for (int32_t t = 0; t < T; t++)
-            cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
+            for (int32_t t = 0; t < T; t++)
+                cpu_quant_activations_on(act + act_bytes * (size_t)t, x + (size_t)t * K, type, K, isa);
+        }
 #if HAVE_AVX2_PATH
+        if (groups) { /* an omp for's barrier only where there are panels to make */
 #pragma omp for schedule(static)
-        for (int32_t g = 0; g < groups; g++)
-            cpu_quant_pack_vnni(type, act + act_bytes * (size_t)(4 * g), act_bytes, nb, panels + (size_t)g * nb);
+            for (int32_t g = 0; g < groups; g++)
+                cpu_quant_pack_vnni(type, act + act_bytes * (size_t)(4 * g), act_bytes, nb, panels + (size_t)g * nb);
+        }
 #endif
         /* a thread's tile of weight rows as panels, 4 rows a panel */
         cpu_w_panel *scratch = groups ? malloc(sizeof(cpu_w_panel) * (TILE_ROWS / 4) * (size_t)nb) : NULL;
@@ -802,8 +956,9 @@ nopad_status cpu_quant_linear_ld(float *y, size_t ldy, const float *x, const voi
 #pragma omp atomic write
             failed = 1;
         }
-        /* each thread a run of row tiles, each tile read from memory once for all T tokens */
-#pragma omp for schedule(static)
+        /* each thread a run of row tiles, each tile read from memory once for all T tokens; the
+         * region's join is the only wait */
+#pragma omp for schedule(static) nowait
         for (int32_t tile = 0; tile < tiles; tile++) {
             if (groups && !scratch) continue;
             const int32_t r0 = tile * TILE_ROWS, rows = N - r0 < TILE_ROWS ? N - r0 : TILE_ROWS;

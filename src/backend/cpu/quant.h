@@ -33,6 +33,8 @@ enum {
      * NOPAD_WEIGHT_Q4_K_R8, below */
     CPU_QUANT_Q4_K_R8 = 258,
     CPU_QUANT_Q6_K_R8 = 259, /* Q6_K likewise: NOPAD_WEIGHT_Q6_K_R8 */
+    CPU_QUANT_Q4_1_R8 = 260, /* Q4_1 likewise: NOPAD_WEIGHT_Q4_1_R8 */
+    CPU_QUANT_Q8_0_R8 = 261, /* Q8_0 likewise: NOPAD_WEIGHT_Q8_0_R8 */
 };
 
 enum { CPU_QUANT_QK = 32, CPU_QUANT_QK_K = 256 }; /* elements per block / per super-block */
@@ -154,12 +156,34 @@ enum { CPU_QUANT_R8_BYTES = 1184 };
  * qh byte 32h + l.) */
 enum { CPU_QUANT_R8_BYTES_6 = 1680 };
 
+/* Q4_1 repacked likewise (CPU_QUANT_Q4_1_R8): a group's block i of 32 values in CPU_QUANT_R8_BYTES_4_1
+ * bytes, 8 · 20 (the same bytes as stored), at w + (8g · K/32 + i) · CPU_QUANT_R8_BYTES_4_1:
+ *   [0, 16)    d of rows 0..7 (fp16)
+ *   [16, 32)   m of rows 0..7 (fp16)
+ *   [32, 160)  quants: byte 32l + 4r + b = row r's qs byte 4l + b (l 0..3): its low nibble element
+ *              4l + b, its high nibble element 16 + 4l + b
+ * One 32-byte load is 4 quant bytes of each of the 8 rows; a kernel sums each row's Σ q·a in int16
+ * over the block (8 maddubs results, each at most 2·15·127: |sum| <= 30480) and keeps the 8 rows'
+ * sums in one register's lanes. */
+enum { CPU_QUANT_R8_BYTES_4_1 = 160 };
+
+/* Q8_0 repacked likewise (CPU_QUANT_Q8_0_R8): a group's block i of 32 in CPU_QUANT_R8_BYTES_8_0 bytes,
+ * 8 · 34 (the same bytes as stored), at w + (8g · K/32 + i) · CPU_QUANT_R8_BYTES_8_0:
+ *   [0, 16)    d of rows 0..7 (fp16)
+ *   [16, 272)  quants: byte 32l + 4r + b = row r's qs byte 4l + b (l 0..7), element 4l + b
+ * A maddubs result of two int8 products is up to 2·127·127, so each is widened (madd) at once. */
+enum { CPU_QUANT_R8_BYTES_8_0 = 272 };
+
 /* dst = the N rows of K values of Q4_K at src (as stored) repacked as CPU_QUANT_Q4_K_R8
  * (cpu_quant_row_bytes(CPU_QUANT_Q4_K_R8, K) · N bytes; dst and src apart). N not a multiple of 8
  * or K not of 256 is NOPAD_ERR_INVALID_ARGUMENT. */
 nopad_status cpu_quant_repack_q4_k_r8(void *dst, const void *src, int32_t K, int32_t N);
 /* The same for Q6_K rows as stored -> CPU_QUANT_Q6_K_R8. */
 nopad_status cpu_quant_repack_q6_k_r8(void *dst, const void *src, int32_t K, int32_t N);
+/* The same for Q4_1 rows as stored -> CPU_QUANT_Q4_1_R8 (K a multiple of 32). */
+nopad_status cpu_quant_repack_q4_1_r8(void *dst, const void *src, int32_t K, int32_t N);
+/* The same for Q8_0 rows as stored -> CPU_QUANT_Q8_0_R8 (K a multiple of 32). */
+nopad_status cpu_quant_repack_q8_0_r8(void *dst, const void *src, int32_t K, int32_t N);
 
 /* The AVX2 GEMV on CPU_QUANT_Q4_K_R8 (quant_avx2.c): y[t · ldy + r] (+)= row r · token t for
  * n_groups groups of 8 rows (group g at w + g · 8 · nb · 148) and n_tokens activation rows act_bytes
@@ -170,6 +194,15 @@ void cpu_quant_gemm_r8_avx2(const void *w, int32_t n_groups, const void *act, si
 /* The same on CPU_QUANT_Q6_K_R8 (groups at w + g · 8 · nb · 210). */
 void cpu_quant_gemm_r8_6_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
                               int32_t nb, float *y, size_t ldy, int accumulate);
+/* The same on CPU_QUANT_Q4_1_R8 (groups at w + g · 8 · nb · 20, nb blocks of 32, act cpu_q8_block):
+ * per row and block the exact Σ q·a, then acc = fma(Σ q·a, d·d_a, acc) and accm = fma(m, d_a·Σa,
+ * accm) per row, the row's result acc + accm (the portable path's floats bit for bit). */
+void cpu_quant_gemm_r8_4_1_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
+                                int32_t nb, float *y, size_t ldy, int accumulate);
+/* The same on CPU_QUANT_Q8_0_R8 (groups at w + g · 8 · nb · 34): per row and block the exact Σ q·a,
+ * then acc = fma(Σ q·a, d·d_a, acc) (the portable path's floats bit for bit). */
+void cpu_quant_gemm_r8_8_0_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
+                                int32_t nb, float *y, size_t ldy, int accumulate);
 
 /* The VNNI GEMM's operands for prompts (blocks of 32), laid out once so that its kernel of 4
  * weight rows × 4 tokens finds each block's scales and quants together, converted and unpacked:

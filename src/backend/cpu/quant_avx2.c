@@ -60,8 +60,10 @@ TARGET float cpu_quant_quantize_avx2(int8_t *q, int16_t *sums16, const float *x,
 /* C tokens (1 or 4) against a group: out[c] lane r = row r · token c. The weights' unpacking (the
  * nibbles of each 32-byte load, the scales and mins) is shared by the C tokens; a token's integers
  * and float operations are the same whatever C is, so its result is too (bit for bit). */
-TARGET static inline __attribute__((always_inline)) void r8_dot(const uint8_t *w, const cpu_q8k_block *const *a,
-                                                                int32_t nb, __m256 *out, const int C) {
+TARGET static inline __attribute__((always_inline)) void r8_dot(const uint8_t *w, const void *const *a_, int32_t nb,
+                                                                __m256 *out, const int C) {
+    const cpu_q8k_block *a[4];
+    for (int c = 0; c < C; c++) a[c] = a_[c];
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     __m256 acc[4];
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
@@ -119,25 +121,6 @@ TARGET static inline __attribute__((always_inline)) void r8_dot(const uint8_t *w
     for (int c = 0; c < C; c++) out[c] = acc[c];
 }
 
-TARGET void cpu_quant_gemm_r8_avx2(const void *w_, int32_t n_groups, const void *act, size_t act_bytes,
-                                   int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
-    const uint8_t *w = w_;
-    for (int32_t g = 0; g < n_groups; g++)
-        for (int32_t t = 0; t < n_tokens;) {
-            const int C = n_tokens - t >= 4 ? 4 : 1; /* groups of 4 tokens share the unpacking */
-            const cpu_q8k_block *a[4];
-            for (int c = 0; c < C; c++) a[c] = (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)(t + c));
-            __m256 v[4];
-            if (C == 4) r8_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES, a, nb, v, 4);
-            else r8_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES, a, nb, v, 1);
-            for (int c = 0; c < C; c++) {
-                float *dst = y + ldy * (size_t)(t + c) + 8 * g;
-                _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v[c]) : v[c]);
-            }
-            t += C;
-        }
-}
-
 /* Q6_K's 8 rows in the lanes (quant.h's CPU_QUANT_Q6_K_R8): per 4 quant positions of a half, one load
  * each of ql (two) and qh gives the 4 runs' 6-bit quants of 8 rows × 4 elements; 4 broadcasts of 4
  * activations. A maddubs pair is at most 2·63·127 = 16002, so two are summed in int16 before each
@@ -145,8 +128,10 @@ TARGET void cpu_quant_gemm_r8_avx2(const void *w_, int32_t n_groups, const void 
  * groups' scales). The offset 32 comes off as 32·Σ_g sc_g·bsum_g (8 madds of the rows' scale pairs
  * with the activations' block-sum pairs); then acc = fma(sumi, d·d_a, acc): the integers of
  * dot_q6_k, the portable path's floats bit for bit. */
-TARGET static inline __attribute__((always_inline)) void r8_6_dot(const uint8_t *w, const cpu_q8k_block *const *a,
-                                                                  int32_t nb, __m256 *out, const int C) {
+TARGET static inline __attribute__((always_inline)) void r8_6_dot(const uint8_t *w, const void *const *a_, int32_t nb,
+                                                                  __m256 *out, const int C) {
+    const cpu_q8k_block *a[4];
+    for (int c = 0; c < C; c++) a[c] = a_[c];
     const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30);
     /* lane r's first (second) int16 in both of its halves: byte indices within each 128-bit half */
     const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5,
@@ -209,23 +194,125 @@ TARGET static inline __attribute__((always_inline)) void r8_6_dot(const uint8_t 
     for (int c = 0; c < C; c++) out[c] = acc[c];
 }
 
-TARGET void cpu_quant_gemm_r8_6_avx2(const void *w_, int32_t n_groups, const void *act, size_t act_bytes,
-                                     int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+/* Q4_1's 8 rows in the lanes (quant.h's CPU_QUANT_Q4_1_R8): per block 4 loads of 32 bytes (4 quant
+ * bytes of 8 rows each), their low and high nibbles against broadcasts of the 4 activations they
+ * meet, the 8 maddubs results summed in int16 (each at most 2·15·127, so |sum| <= 30480), one madd
+ * into the rows' int32 lanes; then acc = fma(Σ q·a, d·d_a, acc) and accm = fma(m, d_a·Σa, accm)
+ * (two chains: the m part is independent of the quants), the result acc + accm: the portable
+ * path's floats bit for bit. */
+TARGET static inline __attribute__((always_inline)) void r8_4_1_dot(const uint8_t *w, const void *const *a_, int32_t nb,
+                                                                    __m256 *out, const int C) {
+    const cpu_q8_block *a[4];
+    for (int c = 0; c < C; c++) a[c] = a_[c];
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[4], accm[4];
+    for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm256_setzero_ps();
+    for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES_4_1) {
+        for (int o = 0; o < CPU_QUANT_R8_BYTES_4_1; o += 64)
+            _mm_prefetch((const char *)w + 8 * CPU_QUANT_R8_BYTES_4_1 + o, _MM_HINT_T0);
+        __m256i s[4];
+        for (int c = 0; c < C; c++) s[c] = _mm256_setzero_si256();
+        for (int l = 0; l < 4; l++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 + 32 * l));
+            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            for (int c = 0; c < C; c++) {
+                int32_t alo, ahi;
+                memcpy(&alo, a[c][i].qs + 4 * l, 4);
+                memcpy(&ahi, a[c][i].qs + 16 + 4 * l, 4);
+                s[c] = _mm256_add_epi16(s[c], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(alo)));
+                s[c] = _mm256_add_epi16(s[c], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(ahi)));
+            }
+        }
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16)));
+        for (int c = 0; c < C; c++) {
+            const __m256i sumi = _mm256_madd_epi16(s[c], ones);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(d8, _mm256_set1_ps(a[c][i].d)), acc[c]);
+            accm[c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(a[c][i].d * (float)a[c][i].sum), accm[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) out[c] = _mm256_add_ps(acc[c], accm[c]);
+}
+
+/* Q8_0's 8 rows in the lanes (quant.h's CPU_QUANT_Q8_0_R8): per block 8 loads of 32 bytes (4 quants
+ * of 8 rows each), |w| shared by the C tokens, each token's 4 activations broadcast and signed by w
+ * (maddubs takes an unsigned operand: |w|·(a·sign(w)) = w·a), each maddubs result (up to
+ * 2·127·127) widened by madd at once; then acc = fma(Σ q·a, d·d_a, acc): the portable path's
+ * floats bit for bit. */
+TARGET static inline __attribute__((always_inline)) void r8_8_0_dot(const uint8_t *w, const void *const *a_, int32_t nb,
+                                                                    __m256 *out, const int C) {
+    const cpu_q8_block *a[4];
+    for (int c = 0; c < C; c++) a[c] = a_[c];
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int32_t i = 0; i < nb; i++, w += CPU_QUANT_R8_BYTES_8_0) {
+        for (int o = 0; o < CPU_QUANT_R8_BYTES_8_0; o += 64)
+            _mm_prefetch((const char *)w + 4 * CPU_QUANT_R8_BYTES_8_0 + o, _MM_HINT_T0);
+        __m256i s[4];
+        for (int c = 0; c < C; c++) s[c] = _mm256_setzero_si256();
+        for (int l = 0; l < 8; l++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * l)), u = _mm256_abs_epi8(v);
+            for (int c = 0; c < C; c++) {
+                int32_t a4;
+                memcpy(&a4, a[c][i].qs + 4 * l, 4);
+                const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(_mm256_set1_epi32(a4), v));
+                s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(p, ones));
+            }
+        }
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        for (int c = 0; c < C; c++)
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_mul_ps(d8, _mm256_set1_ps(a[c][i].d)), acc[c]);
+    }
+    for (int c = 0; c < C; c++) out[c] = acc[c];
+}
+
+/* A kernel's C tokens (1 or 4) against a group of 8 rows: lane r of out[c] is row r · token c (a[c]
+ * token c's activation blocks, the kernel's block type). */
+typedef void r8_kernel(const uint8_t *w, const void *const *a, int32_t nb, __m256 *out, const int C);
+
+/* The repacked formats' GEMV: each group of 8 rows (group_bytes a super-block) against the tokens 4
+ * at a time (they share the weights' unpacking), the rest one at a time. Inlined with a constant
+ * `dot` (r8_dot, r8_6_dot), so the kernel is inlined too and its C a constant. */
+TARGET static inline __attribute__((always_inline)) void gemm_r8(r8_kernel *dot, size_t group_bytes, const void *w_,
+                                                                 int32_t n_groups, const void *act, size_t act_bytes,
+                                                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy,
+                                                                 int accumulate) {
     const uint8_t *w = w_;
     for (int32_t g = 0; g < n_groups; g++)
         for (int32_t t = 0; t < n_tokens;) {
             const int C = n_tokens - t >= 4 ? 4 : 1; /* groups of 4 tokens share the unpacking */
-            const cpu_q8k_block *a[4];
-            for (int c = 0; c < C; c++) a[c] = (const cpu_q8k_block *)((const uint8_t *)act + act_bytes * (size_t)(t + c));
+            const void *a[4];
+            for (int c = 0; c < C; c++) a[c] = (const uint8_t *)act + act_bytes * (size_t)(t + c);
             __m256 v[4];
-            if (C == 4) r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 4);
-            else r8_6_dot(w + (size_t)g * nb * CPU_QUANT_R8_BYTES_6, a, nb, v, 1);
+            if (C == 4) dot(w + (size_t)g * nb * group_bytes, a, nb, v, 4);
+            else dot(w + (size_t)g * nb * group_bytes, a, nb, v, 1);
             for (int c = 0; c < C; c++) {
                 float *dst = y + ldy * (size_t)(t + c) + 8 * g;
                 _mm256_storeu_ps(dst, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dst), v[c]) : v[c]);
             }
             t += C;
         }
+}
+
+TARGET void cpu_quant_gemm_r8_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                   int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8(r8_dot, CPU_QUANT_R8_BYTES, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
+}
+
+TARGET void cpu_quant_gemm_r8_6_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                     int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8(r8_6_dot, CPU_QUANT_R8_BYTES_6, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
+}
+
+TARGET void cpu_quant_gemm_r8_4_1_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                       int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8(r8_4_1_dot, CPU_QUANT_R8_BYTES_4_1, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
+}
+
+TARGET void cpu_quant_gemm_r8_8_0_avx2(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                       int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8(r8_8_0_dot, CPU_QUANT_R8_BYTES_8_0, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
 }
 
 #endif
