@@ -36,8 +36,11 @@ def test_pydantic_schema_regex_choices(gguf):
         sights: List[str] = pydantic.Field(max_length=3)
 
     with nopad.Generator(gguf) as gen, nopad.Engine(gen) as eng:
+        # sampled: some documents wander into an extra property (pydantic's schema allows them)
+        # until max_tokens; which ones depends on the CPU's kernels' summation order, so six
+        # seeds, at least two of them whole (4 of 6 whole with the AVX2 kernels, 2026-12-07)
         reqs = [eng.submit(CHAT % "Describe a city as JSON.", max_tokens=120, temperature=1.0,
-                           seed=s, json_schema=City) for s in range(3)]
+                           seed=s, json_schema=City) for s in range(6)]
         whole = 0
         for r in reqs:
             text = r.result()
