@@ -53,12 +53,6 @@ static nopad_model *load_capturing(const char *path, nopad_weights weights, char
     return m;
 }
 
-static int count(const char *text, const char *needle) {
-    int n = 0;
-    for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle)) n++;
-    return n;
-}
-
 static const nopad_weight_group *find_group(const nopad_weight_group *g, int32_t n, const char *name,
                                             const char *format) {
     for (int32_t i = 0; i < n; i++)

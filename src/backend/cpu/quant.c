@@ -390,8 +390,9 @@ static void dequant_r8(const uint8_t *w, int32_t K, int32_t rows, float *out) {
 
 /* The portable GEMV on the repacked rows: per row and super-block the exact integers of
  * dot_q45_k, then the AVX2 path's two fused multiply-adds (fmaf), so the same floats bit for bit. */
-static void gemm_r8_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+static void gemm_r8_portable(const void *w_, int32_t n_groups, const void *act_, size_t act_bytes,
                              int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    const uint8_t *w = w_, *act = act_;
     for (int32_t g = 0; g < n_groups; g++)
         for (int32_t t = 0; t < n_tokens; t++) {
             const cpu_q8k_block *a = (const cpu_q8k_block *)(act + act_bytes * (size_t)t);
@@ -464,8 +465,9 @@ static void dequant_r8_6(const uint8_t *w, int32_t K, int32_t rows, float *out) 
 
 /* The portable GEMV on repacked Q6_K: dot_q6_k's integers, then one fused multiply-add (fmaf) as
  * the AVX2 path's, the same floats bit for bit. */
-static void gemm_r8_6_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+static void gemm_r8_6_portable(const void *w_, int32_t n_groups, const void *act_, size_t act_bytes,
                                int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    const uint8_t *w = w_, *act = act_;
     for (int32_t g = 0; g < n_groups; g++)
         for (int32_t t = 0; t < n_tokens; t++) {
             const cpu_q8k_block *a = (const cpu_q8k_block *)(act + act_bytes * (size_t)t);
@@ -533,8 +535,9 @@ static void dequant_r8_4_1(const uint8_t *w, int32_t K, int32_t rows, float *out
 /* The portable GEMV on repacked Q4_1: per row and block the exact Σ q·a, then the AVX2 path's two
  * fused multiply-adds (fmaf) into the q part and the m part, summed at the end: the same floats bit
  * for bit. */
-static void gemm_r8_4_1_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+static void gemm_r8_4_1_portable(const void *w_, int32_t n_groups, const void *act_, size_t act_bytes,
                                  int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    const uint8_t *w = w_, *act = act_;
     for (int32_t g = 0; g < n_groups; g++)
         for (int32_t t = 0; t < n_tokens; t++) {
             const cpu_q8_block *a = (const cpu_q8_block *)(act + act_bytes * (size_t)t);
@@ -588,8 +591,9 @@ static void dequant_r8_8_0(const uint8_t *w, int32_t K, int32_t rows, float *out
 
 /* The portable GEMV on repacked Q8_0: per row and block the exact Σ q·a, then the AVX2 path's fused
  * multiply-add (fmaf): the same floats bit for bit. */
-static void gemm_r8_8_0_portable(const uint8_t *w, int32_t n_groups, const uint8_t *act, size_t act_bytes,
+static void gemm_r8_8_0_portable(const void *w_, int32_t n_groups, const void *act_, size_t act_bytes,
                                  int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    const uint8_t *w = w_, *act = act_;
     for (int32_t g = 0; g < n_groups; g++)
         for (int32_t t = 0; t < n_tokens; t++) {
             const cpu_q8_block *a = (const cpu_q8_block *)(act + act_bytes * (size_t)t);
@@ -631,49 +635,36 @@ cpu_quant_isa cpu_quant_best_isa(void) {
     return (cpu_quant_isa)isa;
 }
 
+/* The repacked formats' GEMMs (quant.h's CPU_QUANT_*_R8): groups of 8 rows against the tokens, the
+ * portable C and the AVX2 kernel giving the same floats. */
+typedef void (*gemm_r8_fn)(const void *w, int32_t n_groups, const void *act, size_t act_bytes, int32_t n_tokens,
+                           int32_t nb, float *y, size_t ldy, int accumulate);
+#if HAVE_AVX2_PATH
+#define R8_AVX2(f) f
+#else
+#define R8_AVX2(f) NULL
+#endif
+static const struct {
+    uint32_t type;
+    gemm_r8_fn portable, avx2;
+} R8_GEMMS[] = {
+    {CPU_QUANT_Q4_K_R8, gemm_r8_portable, R8_AVX2(cpu_quant_gemm_r8_avx2)},
+    {CPU_QUANT_Q6_K_R8, gemm_r8_6_portable, R8_AVX2(cpu_quant_gemm_r8_6_avx2)},
+    {CPU_QUANT_Q4_1_R8, gemm_r8_4_1_portable, R8_AVX2(cpu_quant_gemm_r8_4_1_avx2)},
+    {CPU_QUANT_Q8_0_R8, gemm_r8_8_0_portable, R8_AVX2(cpu_quant_gemm_r8_8_0_avx2)},
+};
+
 /* y[t · ldy + r] (+)= row r · token t, rows w_bytes apart, tokens act_bytes apart; `panels` and
  * `scratch` as cpu_quant_gemm_vnni's (or NULL), for the VNNI path. */
 static void gemm_on(cpu_quant_isa isa, uint32_t type, const uint8_t *w, size_t w_bytes, int32_t rows,
                     const uint8_t *act, size_t act_bytes, int32_t tokens, int32_t nb, float *y,
                     size_t ldy, int accumulate, const cpu_q8_panel *panels, cpu_w_panel *scratch) {
-    if (type == CPU_QUANT_Q4_K_R8) { /* rows: a multiple of 8 (cpu_quant_linear_ld's check) */
-#if HAVE_AVX2_PATH
-        if (isa != CPU_QUANT_PORTABLE) {
-            cpu_quant_gemm_r8_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
-            return;
-        }
-#endif
-        gemm_r8_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
-        return;
-    }
-    if (type == CPU_QUANT_Q6_K_R8) {
-#if HAVE_AVX2_PATH
-        if (isa != CPU_QUANT_PORTABLE) {
-            cpu_quant_gemm_r8_6_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
-            return;
-        }
-#endif
-        gemm_r8_6_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
-        return;
-    }
-    if (type == CPU_QUANT_Q4_1_R8) {
-#if HAVE_AVX2_PATH
-        if (isa != CPU_QUANT_PORTABLE) {
-            cpu_quant_gemm_r8_4_1_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
-            return;
-        }
-#endif
-        gemm_r8_4_1_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
-        return;
-    }
-    if (type == CPU_QUANT_Q8_0_R8) {
-#if HAVE_AVX2_PATH
-        if (isa != CPU_QUANT_PORTABLE) {
-            cpu_quant_gemm_r8_8_0_avx2(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
-            return;
-        }
-#endif
-        gemm_r8_8_0_portable(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
+    /* the repacked formats (rows: a multiple of 8, cpu_quant_linear_ld's check) */
+    for (size_t k = 0; k < sizeof R8_GEMMS / sizeof R8_GEMMS[0]; k++) {
+        if (type != R8_GEMMS[k].type) continue;
+        const gemm_r8_fn gemm =
+            isa != CPU_QUANT_PORTABLE && R8_GEMMS[k].avx2 ? R8_GEMMS[k].avx2 : R8_GEMMS[k].portable;
+        gemm(w, rows / 8, act, act_bytes, tokens, nb, y, ldy, accumulate);
         return;
     }
 #if HAVE_AVX2_PATH
