@@ -513,56 +513,6 @@ nopad_status cpu_quant_repack_q4_1_r8(void *dst, const void *src, int32_t K, int
     return repack_r8("cpu_quant_repack_q4_1_r8", dst, src, K, N, QK, 20, CPU_QUANT_R8_BYTES_4_1, move_q4_1_r8);
 }
 
-/* rows (a multiple of 8) repacked Q4_1 rows of K to float [rows, K]: dequant_q4_5's values bit for
- * bit (the same q·d + m). */
-static void dequant_r8_4_1(const uint8_t *w, int32_t K, int32_t rows, float *out) {
-    const int32_t nb = K / QK;
-    for (int32_t g = 0; g < rows / 8; g++)
-        for (int32_t i = 0; i < nb; i++) {
-            const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_4_1;
-            for (int r = 0; r < 8; r++) {
-                const float d = fp16(o + 2 * r), m = fp16(o + 16 + 2 * r);
-                float *y = out + (size_t)(8 * g + r) * K + (size_t)i * QK;
-                for (int l = 0; l < QK / 2; l++) {
-                    const uint8_t q = o[32 + 32 * (l / 4) + 4 * r + l % 4];
-                    y[l] = (float)(q & 0x0f) * d + m;
-                    y[l + QK / 2] = (float)(q >> 4) * d + m;
-                }
-            }
-        }
-}
-
-/* The portable GEMV on repacked Q4_1: per row and block the exact Σ q·a, then the AVX2 path's two
- * fused multiply-adds (fmaf) into the q part and the m part, summed at the end: the same floats bit
- * for bit. */
-static void gemm_r8_4_1_portable(const void *w_, int32_t n_groups, const void *act_, size_t act_bytes,
-                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
-    const uint8_t *w = w_, *act = act_;
-    for (int32_t g = 0; g < n_groups; g++)
-        for (int32_t t = 0; t < n_tokens; t++) {
-            const cpu_q8_block *a = (const cpu_q8_block *)(act + act_bytes * (size_t)t);
-            float acc[8] = {0}, accm[8] = {0};
-            for (int32_t i = 0; i < nb; i++) {
-                const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_4_1;
-                const float s_a = a[i].d * (float)a[i].sum;
-                for (int r = 0; r < 8; r++) {
-                    int32_t s = 0;
-                    for (int l = 0; l < QK / 2; l++) {
-                        const uint8_t q = o[32 + 32 * (l / 4) + 4 * r + l % 4];
-                        s += (q & 0x0f) * a[i].qs[l] + (q >> 4) * a[i].qs[l + QK / 2];
-                    }
-                    acc[r] = fmaf((float)s, fp16(o + 2 * r) * a[i].d, acc[r]);
-                    accm[r] = fmaf(fp16(o + 16 + 2 * r), s_a, accm[r]);
-                }
-            }
-            for (int r = 0; r < 8; r++) {
-                float *dst = y + ldy * (size_t)t + 8 * g + r;
-                const float v = acc[r] + accm[r];
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
-}
-
 /* ---- Q8_0 repacked, 8 rows interleaved (quant.h's CPU_QUANT_Q8_0_R8) ------------------------- */
 
 /* Row r's Q8_0 block b (d, 32 int8) into CPU_QUANT_Q8_0_R8's block o. */
@@ -575,42 +525,74 @@ nopad_status cpu_quant_repack_q8_0_r8(void *dst, const void *src, int32_t K, int
     return repack_r8("cpu_quant_repack_q8_0_r8", dst, src, K, N, QK, 34, CPU_QUANT_R8_BYTES_8_0, move_q8_0_r8);
 }
 
-/* rows (a multiple of 8) repacked Q8_0 rows of K to float [rows, K]: dequant_q8_0's q·d bit for bit. */
-static void dequant_r8_8_0(const uint8_t *w, int32_t K, int32_t rows, float *out) {
+/* ---- the blocks of 32 repacked (Q4_1 and Q8_0): their reference dequantiser and portable GEMV -- */
+
+/* Row r's value l (0..31) of a repacked block o: Q4_1's nibble (low nibbles are values 0..15, high
+ * 16..31; quants from byte 32, after the 8 d and 8 m), Q8_0's int8 (from byte 16, after the 8 d). */
+static inline int r8_32_quant(const uint8_t *o, int q4_1, int r, int l) {
+    if (!q4_1) return (int8_t)o[16 + 32 * (l / 4) + 4 * r + l % 4];
+    const uint8_t q = o[32 + 32 * (l % 16 / 4) + 4 * r + l % 4];
+    return l < 16 ? q & 0x0f : q >> 4;
+}
+
+/* rows (a multiple of 8) repacked Q4_1 (q4_1) or Q8_0 rows of K to float [rows, K]: dequant_q4_5's
+ * q·d + m and dequant_q8_0's q·d bit for bit. */
+static void dequant_r8_32(const uint8_t *w, int32_t K, int32_t rows, float *out, int q4_1) {
     const int32_t nb = K / QK;
+    const size_t block_bytes = q4_1 ? CPU_QUANT_R8_BYTES_4_1 : CPU_QUANT_R8_BYTES_8_0;
     for (int32_t g = 0; g < rows / 8; g++)
         for (int32_t i = 0; i < nb; i++) {
-            const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_8_0;
+            const uint8_t *o = w + ((size_t)g * nb + i) * block_bytes;
             for (int r = 0; r < 8; r++) {
                 const float d = fp16(o + 2 * r);
                 float *y = out + (size_t)(8 * g + r) * K + (size_t)i * QK;
-                for (int l = 0; l < QK; l++) y[l] = (float)(int8_t)o[16 + 32 * (l / 4) + 4 * r + l % 4] * d;
+                if (q4_1) {
+                    const float m = fp16(o + 16 + 2 * r);
+                    for (int l = 0; l < QK; l++) y[l] = (float)r8_32_quant(o, 1, r, l) * d + m;
+                } else {
+                    for (int l = 0; l < QK; l++) y[l] = (float)r8_32_quant(o, 0, r, l) * d;
+                }
             }
         }
 }
 
-/* The portable GEMV on repacked Q8_0: per row and block the exact Σ q·a, then the AVX2 path's fused
- * multiply-add (fmaf): the same floats bit for bit. */
-static void gemm_r8_8_0_portable(const void *w_, int32_t n_groups, const void *act_, size_t act_bytes,
-                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+/* The portable GEMV on repacked Q4_1 (q4_1) or Q8_0: per row and block the exact Σ q·a, then the AVX2
+ * paths' fused multiply-adds (fmaf): into the q part, and for Q4_1 the m part, summed at the end;
+ * the same floats bit for bit. */
+static inline void gemm_r8_32_portable(int q4_1, const void *w_, int32_t n_groups, const void *act_,
+                                       size_t act_bytes, int32_t n_tokens, int32_t nb, float *y, size_t ldy,
+                                       int accumulate) {
     const uint8_t *w = w_, *act = act_;
+    const size_t block_bytes = q4_1 ? CPU_QUANT_R8_BYTES_4_1 : CPU_QUANT_R8_BYTES_8_0;
     for (int32_t g = 0; g < n_groups; g++)
         for (int32_t t = 0; t < n_tokens; t++) {
             const cpu_q8_block *a = (const cpu_q8_block *)(act + act_bytes * (size_t)t);
-            float acc[8] = {0};
+            float acc[8] = {0}, accm[8] = {0};
             for (int32_t i = 0; i < nb; i++) {
-                const uint8_t *o = w + ((size_t)g * nb + i) * CPU_QUANT_R8_BYTES_8_0;
+                const uint8_t *o = w + ((size_t)g * nb + i) * block_bytes;
                 for (int r = 0; r < 8; r++) {
                     int32_t s = 0;
-                    for (int l = 0; l < QK; l++) s += (int8_t)o[16 + 32 * (l / 4) + 4 * r + l % 4] * a[i].qs[l];
+                    for (int l = 0; l < QK; l++) s += r8_32_quant(o, q4_1, r, l) * a[i].qs[l];
                     acc[r] = fmaf((float)s, fp16(o + 2 * r) * a[i].d, acc[r]);
+                    if (q4_1) accm[r] = fmaf(fp16(o + 16 + 2 * r), a[i].d * (float)a[i].sum, accm[r]);
                 }
             }
             for (int r = 0; r < 8; r++) {
                 float *dst = y + ldy * (size_t)t + 8 * g + r;
-                *dst = accumulate ? *dst + acc[r] : acc[r];
+                const float v = q4_1 ? acc[r] + accm[r] : acc[r];
+                *dst = accumulate ? *dst + v : v;
             }
         }
+}
+
+static void gemm_r8_4_1_portable(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8_32_portable(1, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
+}
+
+static void gemm_r8_8_0_portable(const void *w, int32_t n_groups, const void *act, size_t act_bytes,
+                                 int32_t n_tokens, int32_t nb, float *y, size_t ldy, int accumulate) {
+    gemm_r8_32_portable(0, w, n_groups, act, act_bytes, n_tokens, nb, y, ldy, accumulate);
 }
 
 static cpu_quant_isa detect_isa(void) {
@@ -852,8 +834,8 @@ static nopad_status linear_dequantized(float *y, size_t ldy, const float *x, con
             const int32_t rows = N - r0 < tile_rows ? N - r0 : tile_rows;
             if (type == CPU_QUANT_Q4_K_R8) dequant_r8(w + w_bytes * (size_t)r0, K, rows, scratch); /* r0, rows: 8s */
             else if (type == CPU_QUANT_Q6_K_R8) dequant_r8_6(w + w_bytes * (size_t)r0, K, rows, scratch);
-            else if (type == CPU_QUANT_Q4_1_R8) dequant_r8_4_1(w + w_bytes * (size_t)r0, K, rows, scratch);
-            else if (type == CPU_QUANT_Q8_0_R8) dequant_r8_8_0(w + w_bytes * (size_t)r0, K, rows, scratch);
+            else if (type == CPU_QUANT_Q4_1_R8) dequant_r8_32(w + w_bytes * (size_t)r0, K, rows, scratch, 1);
+            else if (type == CPU_QUANT_Q8_0_R8) dequant_r8_32(w + w_bytes * (size_t)r0, K, rows, scratch, 0);
             else dequant_rows(type, w + w_bytes * (size_t)r0, (int64_t)rows * K, scratch);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, K, 1.0f, x, K,
                         scratch, K, accumulate ? 1.0f : 0.0f, y + r0, (int)ldy);
