@@ -38,7 +38,7 @@ nopad_weight_format cpu_packed_format(nopad_backend *be, nopad_weight_format for
     const int32_t block = cpu_quant_block_size((uint32_t)format);
     if (packed == format || rows <= 0 || rows % 8 != 0 || rows > INT32_MAX || cols <= 0 || cols % block != 0 ||
         cols > INT32_MAX || cpu_quant_best_isa() == CPU_QUANT_PORTABLE ||
-        (cpu_quant_block_size((uint32_t)format) == CPU_QUANT_QK && cpu_quant_best_isa() != CPU_QUANT_AVX2))
+        (block == CPU_QUANT_QK && cpu_quant_best_isa() != CPU_QUANT_AVX2))
         return format;
     *bytes = cpu_quant_row_bytes((uint32_t)packed, (int32_t)cols) * (size_t)rows;
     return packed;
