@@ -4,7 +4,7 @@
 # SDPA, and the DEC benchmark. Smaller than gpu_check.sh's bundle, so the SmolLM2 GGUF (and MiniLM)
 # can travel beside it in parts.
 #
-# Here:  [TESTS="..."] [BENCHES="..."] [BASE=OTHER_BUILD] [CLI=1] scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
+# Here:  [TESTS="..."] [BENCHES="..."] [BASE=OTHER_BUILD] [CLI=1] [BLAS_STUB=1] scripts/gpu_decoder.sh --stage build-cuda [GGUF PARTS [GGUF_WHEEL]]
 #        writes .gpu_carry/dec/bundle.tar.xz (binaries + the Debian libraries they need) and, with
 #        GGUF, splits a tar of it (and, with MINILM=1, of all-MiniLM-L6-v2 in fp16) into PARTS
 #        pieces .gpu_carry/gN/models.tar.N (carry one a device call, as the carry limit allows;
@@ -52,7 +52,8 @@
 #        under CUPTI with the path off and on), ab-env (the decode grid under each of AB_ENVS's
 #        environments, alternated),
 #        quant (issue 43: bench/quant_gpu.py, the GGUF's decode step native against f16, and
-#        gemv_bench --format per GEMV_FORMATS), quant-fp8 (FP8 weights against fp16 on random
+#        gemv_bench --format per GEMV_FORMATS), quant-peer (the same decode step on the random GGUF
+#        files bench/llamacpp_gpu.sh made in this call, beside llama.cpp CUDA's rows), quant-fp8 (FP8 weights against fp16 on random
 #        checkpoints, and the FP8 GEMV alone), sanitize (compute-sanitizer memcheck over SANITIZE,
 #        default test_cuda_quant),
 #        pytest-cuda (tests/python/test_cuda_engine.py: the engine on CUDA),
@@ -82,9 +83,21 @@ if [ "${1:-}" = "--stage" ]; then
     bins=("$B/libnopad.so" "${benches[@]/#/$B/}" "${extra[@]}")
     for t in "${tests[@]}"; do bins+=("$B/tests/$t"); done
     for bin in "${bins[@]}"; do [ -f "$bin" ] || { echo "missing $bin" >&2; exit 1; }; done
+    # BLAS_STUB=1: OpenBLAS (36 MB, ~5 MB of the carry with the Fortran runtime it needs) left out
+    # for a stub libopenblas.so.0 whose cblas_sgemm stops the program with a message: the GPU
+    # paths never call the CPU's GEMM, and the room goes to another bundle (llama.cpp's)
+    skip='libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas'
+    [ "${BLAS_STUB:-0}" = 1 ] && skip="$skip|libopenblas|libgfortran|libquadmath"
     for bin in "${bins[@]}"; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
-        grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublasLt|libcublas)\.so' |
-        while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
+        grep -Ev "/($skip)\.so" | while read -r lib; do cp -L "$lib" "$stage/build/deplibs/"; done
+    if [ "${BLAS_STUB:-0}" = 1 ]; then
+        # the three OpenBLAS symbols the library uses (nm -D); a binary that needs more fails to load
+        printf '%s\n' '#include <stdio.h>' '#include <stdlib.h>' \
+            'void cblas_sgemm(void) { fputs("cblas_sgemm: OpenBLAS was left out of this GPU bundle (BLAS_STUB=1)\n", stderr); abort(); }' \
+            'void openblas_set_num_threads(int n) { (void)n; }' \
+            'const char *openblas_get_corename(void) { return "none (BLAS_STUB)"; }' > "$stage/blas_stub.c"
+        cc -shared -fPIC -O2 -Wl,-soname,libopenblas.so.0 -o "$stage/build/deplibs/libopenblas.so.0" "$stage/blas_stub.c" || exit 1
+    fi
     cp "$B/libnopad.so" "${benches[@]/#/$B/}" "${extra[@]}" "$stage/build/"
     for t in "${tests[@]}"; do cp "$B/tests/$t" "$stage/build/tests/"; done
     # BASE=OTHER_BUILD: that build's libnopad.so as base/ for the `ab` step
@@ -290,6 +303,19 @@ for step in $STEPS; do
             # the same weights 2 bytes off: the direct kernel, which reads any address
             timeout 120 "$BUILD/gemv_bench" --format $fmt --tokens 1,8,32 --misalign > "$OUT/quant/gemv_${fmt}_misaligned.jsonl" 2>&1 || status=1
             echo "== gemv $fmt misaligned: $(grep -o '"mode": "chain", "tokens": [0-9]*.*"us": [0-9.]*' "$OUT/quant/gemv_${fmt}_misaligned.jsonl" | tr '\n' ' ')"
+        done
+        ;;
+    quant-peer)
+        # issue 43's GPU rows beside llama.cpp CUDA: nopad's decode step (bench/quant_gpu.py, native
+        # against f16) on the files bench/llamacpp_gpu.sh made in this call (its `models` step,
+        # /tmp/lcp/models while the machine is warm), one JSON a file; QUANT_PEER_FILTER (a regex on
+        # "<shape> <quant>") picks some
+        mkdir -p "$OUT/quant"
+        bash "$ROOT/bench/llamacpp_gpu.sh" --paths | grep -E "${QUANT_PEER_FILTER:-.}" | while read -r shape quant path qshape; do
+            [ -f "$path" ] || { echo "quant-peer: no $path (llamacpp_gpu.sh --run models first)"; continue; }
+            timeout 240 python3 "$ROOT/bench/quant_gpu.py" --library "$BUILD/libnopad.so" --model "$path" --shape "$qshape" \
+                --out "$OUT/quant/peer_${shape}_$quant.json" ${QUANT_ARGS:-} 2>&1 |
+                tee "$OUT/quant/peer_${shape}_$quant.log" | grep -v '^{'
         done
         ;;
     quant-fp8)
