@@ -11,7 +11,8 @@
  * Steps: T = tp (a row a rank), T = 5 (at tp 4 the chunks are 2, 2, 1, 0: a rank with no row),
  * three sequences packed with T = 5·tp - 1 (not a multiple of tp: the last chunk padded), the same
  * sequences' next prompt chunks (attention over the history the split steps cached), and decode
- * steps after them (the all-reduce path, on that cache). Then a greedy generation of two prompts.
+ * steps after them (the all-reduce path, on that cache), and a step of the workspace's 61 rows (its
+ * chunks fill the padding rows). Then a greedy generation of two prompts.
  *
  * What must hold:
  *   - every logit of the sequence-parallel model is the split model's, bit for bit. On the CPU the
@@ -32,6 +33,7 @@
 #include "util/knobs.h"
 
 static int32_t world, rank;
+enum { MAX_ROWS = 61 };
 
 #define CHECK(st)                                                                                      \
     do {                                                                                           \
@@ -43,7 +45,9 @@ static nopad_model_params params_for(int32_t tp) {
     nopad_model_params p = nopad_model_default_params();
     p.tp_size = tp;
     p.weights = NOPAD_WEIGHTS_F32;
-    p.max_batch_tokens = 64;
+    /* 61 rows at most: a full step's chunks over 2, 3, 4 ranks take 62, 63, 64 rows (tp - 1 of
+     * padding at tp 4), the decoder's spare rows (AddressSanitizer's builds see any row past them) */
+    p.max_batch_tokens = MAX_ROWS;
     p.kv_cache_tokens = 512;
     return p;
 }
@@ -135,7 +139,7 @@ static const char *write_random_llama(uint64_t seed) {
 
 /* ---- the steps ------------------------------------------------------------------------------ */
 
-enum { B = 3, MAX_STEPS = 8 };
+enum { B = 3, MAX_STEPS = 9 };
 
 typedef struct run {
     int n_steps;
@@ -189,6 +193,10 @@ static void run_steps(nopad_model *m, int32_t V, run *r) {
     step(m, r, "a decode step after them", s, B, one, 0, V, &rng);
     step(m, r, "another decode step", s, B, one, 0, V, &rng);
     for (int b = 0; b < B; b++) nopad_sequence_free(s[b]);
+    const int32_t full[1] = {MAX_ROWS};
+    CHECK(nopad_sequence_create(nopad_model_context(m), &s[0]));
+    step(m, r, "a step of the workspace's every row", s, 1, full, 1, V, &rng);
+    nopad_sequence_free(s[0]);
     /* greedy generation: two prompts prefilled together, then decoded */
     int32_t cu[3] = {0, 6, 6 + 2 * world + 1}, prompt[6 + 2 * 4 + 1];
     for (int32_t t = 0; t < cu[2]; t++) prompt[t] = (int32_t)(test_rand_u32(&rng) % (uint32_t)V);
