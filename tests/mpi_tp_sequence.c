@@ -1,7 +1,7 @@
 /* Sequence parallelism in a split decoder's prompt steps (model/tp.h's tp_seq), under mpirun at 2,
  * 3 and 4 ranks (tp = the world's size). Each model runs the same steps three times: whole (one
  * process), split with the all-reduces, and split sequence-parallel (NOPAD_TP_SEQUENCE_PARALLEL,
- * set on every rank with knob_set_int before the load, where tp_shard_plan reads it). Rank 0 loads
+ * set with knob_set_int before the load, where rank 0's value goes to every rank). Rank 0 loads
  * and compares; every other rank follows each split load (nopad_tp_follow).
  *
  * Models: a random LLaMA written here (12 query heads, one key/value head, intermediate 144: it
@@ -222,9 +222,10 @@ static int splits(const char *dir) {
 }
 
 /* A split load of dir on every rank, sequence-parallel or not: rank 0's model, NULL on the others
- * (which follow it until rank 0 frees it). */
+ * (which follow it until rank 0 frees it). The other ranks' switch says the opposite: rank 0's
+ * choice is every rank's (ranks that chose apart would meet in different collectives). */
 static nopad_model *load_split(const char *dir, int sequence_parallel) {
-    knob_set_int(KNOB_TP_SEQUENCE_PARALLEL, sequence_parallel);
+    knob_set_int(KNOB_TP_SEQUENCE_PARALLEL, rank == 0 ? sequence_parallel : !sequence_parallel);
     nopad_model_params p = params_for(world);
     if (rank != 0) {
         CHECK(nopad_tp_follow(dir, &p));

@@ -33,7 +33,8 @@ typedef struct tp_shard {
     int32_t vocab0, vocab_rows;/* ids [vocab0, vocab0 + vocab_rows) held (the last rank may hold
                                   fewer than the stride) */
     int32_t seq_min_tokens;    /* forwards of at least this many rows run sequence-parallel
-                                  (tp_seq_plan); 0: none. NOPAD_TP_SEQUENCE_PARALLEL=1 gives size */
+                                  (tp_seq_plan); 0: none. NOPAD_TP_SEQUENCE_PARALLEL=1 gives size
+                                  (a loaded model's ranks take rank 0's: model.c) */
 } tp_shard;
 
 /* The shard of `rank` of `size` for cfg; size 1 holds everything. A size that does not divide the
