@@ -46,7 +46,9 @@
 #        the PROFILE_SHAPE, default 1b (or smollm2);
 #        ncu times each kernel alone with cold caches, so the sum exceeds the step's replay time);
 #        test-comm (issue 39: every staged test again with NOPAD_COMM_FORCE=1, the tensor-parallel
-#        path at world size one on NCCL), ab-comm (its cost: the decode grid and the engine's
+#        path at world size one on NCCL), test-seq (issue 40: the same with
+#        NOPAD_TP_SEQUENCE_PARALLEL=1 too: prompt steps and encoder forwards through the
+#        sequence-parallel path, its NCCL reduce-scatters and all-gathers), ab-comm (its cost: the decode grid and the engine's
 #        workloads 4 and 1 with NOPAD_COMM_FORCE off and on, alternated; AB_ROUNDS decode rounds,
 #        default 3, of AB_STEPS steps, default 20), ab-comm-profile (a decode step's kernels
 #        under CUPTI with the path off and on), ab-env (the decode grid under each of AB_ENVS's
@@ -216,19 +218,25 @@ for step in $STEPS; do
             status=1
         tail -n 5 "$OUT/pytest_cuda.log"
         ;;
-    test-comm)
+    test-comm|test-seq)
         # issue 39: the tensor-parallel path at world size one: every staged test again with
         # NOPAD_COMM_FORCE=1, so models keep a group of one and their collectives (NCCL all-reduces,
-        # the LM head's merge of greedy choices) run inside every step
+        # the LM head's merge of greedy choices) run inside every step. test-seq (issue 40): with
+        # NOPAD_TP_SEQUENCE_PARALLEL=1 too, every prompt step and encoder forward sequence-parallel
+        # (at one rank the chunk is every row: NCCL's reduce-scatter and all-gather in place, and
+        # gate|up and SwiGLU unfused); the row split itself is tested on the CPU (mpi_tp_sequence)
+        seq=0 tag=comm
+        [ "$step" = test-seq ] && seq=1 tag=seq
         echo "NCCL: ${NOPAD_NCCL_LIBRARY:-not found}"
         [ -f "$GGUF" ] && export NOPAD_SMOLLM2_GGUF=$GGUF
         for t in $(ls "$BUILD/tests"); do
             [ "$t" = test_cuda_attention_backward ] && continue
-            echo "== $t (NOPAD_COMM_FORCE=1)"
-            (cd "$ROOT" && NOPAD_COMM_FORCE=1 timeout 300 "$BUILD/tests/$t") > "$OUT/${t}_comm.log" 2>&1
+            echo "== $t (NOPAD_COMM_FORCE=1 NOPAD_TP_SEQUENCE_PARALLEL=$seq)"
+            (cd "$ROOT" && NOPAD_COMM_FORCE=1 NOPAD_TP_SEQUENCE_PARALLEL=$seq timeout 300 "$BUILD/tests/$t") \
+                > "$OUT/${t}_$tag.log" 2>&1
             rc=$?
-            tail -5 "$OUT/${t}_comm.log"
-            echo "$t (NOPAD_COMM_FORCE=1): exit $rc"
+            tail -5 "$OUT/${t}_$tag.log"
+            echo "$t (NOPAD_COMM_FORCE=1 NOPAD_TP_SEQUENCE_PARALLEL=$seq): exit $rc"
             [ $rc -eq 0 ] || status=1
         done
         ;;

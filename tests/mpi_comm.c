@@ -220,6 +220,19 @@ static void test_reduce_scatter(void **state) {
                 assert_nopad_ok(comm_reduce_scatter(c, NULL, recv, send, n, t, (comm_reduce)op));
                 /* this rank's part: elements rank · n .. of every rank's send */
                 check_reduced("reduce_scatter", t, (comm_reduce)op, recv, n, seed, (uint64_t)rank * n, size);
+                /* in place (recv = send + rank · n) the same, and the very bits the all-reduce gives
+                 * this block (a residual stream split by rows must equal the replicated one) */
+                const size_t es = TYPE_SIZES[t];
+                char *in_place = fill(t, (size_t)size * n, seed, rank, 0), *reduced = fill(t, (size_t)size * n, seed, rank, 0);
+                assert_nopad_ok(comm_reduce_scatter(c, NULL, in_place + (size_t)rank * n * es, in_place, n, t,
+                                                    (comm_reduce)op));
+                assert_nopad_ok(comm_all_reduce(c, NULL, reduced, (size_t)size * n, t, (comm_reduce)op));
+                if (memcmp(in_place + (size_t)rank * n * es, recv, n * es) != 0)
+                    fail_msg("reduce_scatter %s op %d n %zu: in place differs", TYPE_NAMES[t], op, n);
+                if (memcmp(reduced + (size_t)rank * n * es, recv, n * es) != 0)
+                    fail_msg("reduce_scatter %s op %d n %zu: not the all-reduce's bits", TYPE_NAMES[t], op, n);
+                free(in_place);
+                free(reduced);
                 free(send);
                 free(recv);
             }

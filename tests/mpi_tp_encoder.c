@@ -1,9 +1,12 @@
 /* Tensor-parallel encoders against the whole model, under mpirun -np W (every rank runs this
  * program; tp = W). For each tiny encoder of tests/data/models every rank loads the whole model
  * and its own shard (model/tp.h) on the CPU backend, runs both on the same random packed batch
- * and compares the last hidden states (and a classification head's logits). A model whose heads
- * or intermediate size W does not divide must be refused by tp_shard_plan instead, with its
- * message. */
+ * and compares the last hidden states (and a classification head's logits). The shard runs twice:
+ * with the all-reduces, and sequence-parallel (its rows split between the ranks: tp_seq), which
+ * must give the very same bits (the host reduce-scatter sums as the all-reduce does, and every other
+ * op works row by row); also on a batch of T = W rows and one of T = 5 (at W = 4 a rank holds no
+ * row). A model whose heads or intermediate size W does not divide must be refused by
+ * tp_shard_plan instead, with its message. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,14 +73,16 @@ typedef struct batch {
     int32_t *ids, *types;
 } batch;
 
-static batch random_batch(const model_config *cfg, uint64_t seed) {
-    batch b = {.n_seqs = 8};
+/* n_seqs > 0: sequences of lens[n_seqs] instead of random lengths */
+static batch random_batch(const model_config *cfg, uint64_t seed, int n_seqs, const int32_t *lens) {
+    batch b = {.n_seqs = n_seqs > 0 ? n_seqs : 8};
     const int32_t max_len = cfg->max_position_embeddings - cfg->position_offset;
     uint64_t rng = seed;
     int32_t len[8];
     for (int s = 0; s < b.n_seqs; s++) len[s] = 1 + (int32_t)(test_rand_u32(&rng) % (uint32_t)max_len);
     len[test_rand_u32(&rng) % 4] = 1;
     len[4 + test_rand_u32(&rng) % 4] = max_len;
+    if (n_seqs > 0) memcpy(len, lens, (size_t)n_seqs * sizeof *len);
     for (int s = 0; s < b.n_seqs; s++) {
         b.cu[s + 1] = b.cu[s] + len[s];
         if (len[s] > b.max_seqlen) b.max_seqlen = len[s];
@@ -143,36 +148,50 @@ static void test_shards_match_the_whole_model(void **state) {
         assert_true(whole.n_params == shard.n_params);           // every rank reports the whole model
         assert_string_equal(whole.weights_dtype, shard.weights_dtype);
 
-        const batch b = random_batch(&cfg, 0x7e45u + (uint64_t)i);
-        const int32_t H = cfg.hidden_size, L = cfg.head.present ? cfg.head.num_labels : 1;
-        float *want = malloc((size_t)b.n_tokens * H * sizeof *want);
-        float *got = malloc((size_t)b.n_tokens * H * sizeof *got);
-        float *want_logits = malloc((size_t)b.n_seqs * L * sizeof *want_logits);
-        float *got_logits = malloc((size_t)b.n_seqs * L * sizeof *got_logits);
-        assert_true(want && got && want_logits && got_logits);
-        for (int64_t k = 0; k < (int64_t)b.n_tokens * H; k++) got[k] = NAN; // unwritten rows fail
-        forward(be, &cfg, &whole, &b, want, want_logits);
-        forward(be, &cfg, &shard, &b, got, got_logits);
-        const double err = test_max_row_rel_error(got, want, b.n_tokens, H);
-        const double logit_err = cfg.head.present ? test_max_row_rel_error(got_logits, want_logits, b.n_seqs, L) : 0.0;
-        printf("  tp %d %-15s heads %d/%d ffn %3d/%-3d B=%d T=%-3d weights %6zu of %6zu bytes, "
-               "max row rel err %.2e",
-               world.size, MODELS[i], tp.heads, cfg.num_heads, tp.ffn, cfg.intermediate_size, b.n_seqs,
-               b.n_tokens, shard.bytes, whole.bytes, err);
-        if (cfg.head.present) printf(", logits %.2e", logit_err);
-        printf("\n");
-        if (!(err <= TP_BOUND))
-            fail_msg("%s rank %d of %d: hidden states row-relative error %.3e > %.0e", MODELS[i],
-                     world.rank, world.size, err, TP_BOUND);
-        if (!(logit_err <= TP_BOUND))
-            fail_msg("%s rank %d of %d: logits row-relative error %.3e > %.0e", MODELS[i], world.rank,
-                     world.size, logit_err, TP_BOUND);
-        free(want);
-        free(got);
-        free(want_logits);
-        free(got_logits);
-        free(b.ids);
-        free(b.types);
+        // the random batch, T = W (one sequence), T = 5 (two)
+        const int32_t tp_rows[1] = {world.size}, five[2] = {2, 3};
+        const batch batches[3] = {random_batch(&cfg, 0x7e45u + (uint64_t)i, 0, NULL),
+                                  random_batch(&cfg, 0x7e46u + (uint64_t)i, 1, tp_rows),
+                                  random_batch(&cfg, 0x7e47u + (uint64_t)i, 2, five)};
+        for (int bi = 0; bi < 3; bi++) {
+            const batch b = batches[bi];
+            const int32_t H = cfg.hidden_size, L = cfg.head.present ? cfg.head.num_labels : 1;
+            const size_t n = (size_t)b.n_tokens * H, nl = (size_t)b.n_seqs * L;
+            float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got), *seq = malloc(n * sizeof *seq);
+            float *want_logits = malloc(nl * sizeof *want_logits), *got_logits = malloc(nl * sizeof *got_logits);
+            float *seq_logits = malloc(nl * sizeof *seq_logits);
+            assert_true(want && got && seq && want_logits && got_logits && seq_logits);
+            for (size_t k = 0; k < n; k++) got[k] = seq[k] = NAN; // unwritten rows fail
+            for (size_t k = 0; k < nl; k++) got_logits[k] = seq_logits[k] = NAN;
+            forward(be, &cfg, &whole, &b, want, want_logits);
+            shard.tp.seq_min_tokens = 0;
+            forward(be, &cfg, &shard, &b, got, got_logits);
+            shard.tp.seq_min_tokens = world.size;
+            forward(be, &cfg, &shard, &b, seq, seq_logits);
+            const double err = test_max_row_rel_error(got, want, b.n_tokens, H);
+            const double logit_err = cfg.head.present ? test_max_row_rel_error(got_logits, want_logits, b.n_seqs, L) : 0.0;
+            if (bi == 0) {
+                printf("  tp %d %-15s heads %d/%d ffn %3d/%-3d B=%d T=%-3d weights %6zu of %6zu bytes, "
+                       "max row rel err %.2e",
+                       world.size, MODELS[i], tp.heads, cfg.num_heads, tp.ffn, cfg.intermediate_size, b.n_seqs,
+                       b.n_tokens, shard.bytes, whole.bytes, err);
+                if (cfg.head.present) printf(", logits %.2e", logit_err);
+                printf("\n");
+            }
+            if (!(err <= TP_BOUND))
+                fail_msg("%s rank %d of %d, T %d: hidden states row-relative error %.3e > %.0e", MODELS[i],
+                         world.rank, world.size, b.n_tokens, err, TP_BOUND);
+            if (!(logit_err <= TP_BOUND))
+                fail_msg("%s rank %d of %d, T %d: logits row-relative error %.3e > %.0e", MODELS[i], world.rank,
+                         world.size, b.n_tokens, logit_err, TP_BOUND);
+            if (memcmp(seq, got, n * sizeof *seq) != 0 || (cfg.head.present && memcmp(seq_logits, got_logits, nl * sizeof *seq) != 0))
+                fail_msg("%s rank %d of %d, T %d: sequence-parallel hidden states or logits differ from the "
+                         "all-reduces' (bit for bit expected)", MODELS[i], world.rank, world.size, b.n_tokens);
+            free(want), free(got), free(seq);
+            free(want_logits), free(got_logits), free(seq_logits);
+            free(b.ids);
+            free(b.types);
+        }
         encoder_weights_free(be, &whole);
         encoder_weights_free(be, &shard);
         compared++;

@@ -86,9 +86,12 @@ nopad_status decoder_state_init(nopad_backend *be, const model_config *cfg, cons
     for (int32_t b = 0; b < s->n_blocks; b++) s->free_blocks[b] = s->n_blocks - 1 - b;
     s->n_free = s->n_blocks;
     const size_t mlp = cfg->family == FAMILY_LLAMA ? 2 * F : F;
-    if (st == NOPAD_OK) st = alloc(be, s, T * H * sizeof(float), (void **)&s->h);
-    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->tmp);
-    if (st == NOPAD_OK) st = alloc(be, s, T * H * es, &s->xn);
+    /* the residual stream's buffers: with tensor parallelism, room for a sequence-parallel step's
+     * padded chunks (tp.h: size · ceil(T / size) <= T + size - 1 rows) */
+    const size_t Th = T + (tp->comm ? (size_t)tp->size - 1 : 0);
+    if (st == NOPAD_OK) st = alloc(be, s, Th * H * sizeof(float), (void **)&s->h);
+    if (st == NOPAD_OK) st = alloc(be, s, Th * H * es, &s->tmp);
+    if (st == NOPAD_OK) st = alloc(be, s, Th * H * es, &s->xn);
     if (st == NOPAD_OK) st = alloc(be, s, T * (nh + 2 * kvh) * D * es, &s->qkv);
     if (st == NOPAD_OK) st = alloc(be, s, T * nh * D * es, &s->attn);
     if (st == NOPAD_OK) st = alloc(be, s, T * mlp * es, &s->mlp);
@@ -161,16 +164,9 @@ typedef struct step_call {
     int32_t n_tokens, n_rows; /* n_rows: rows of h the LM head reads (B, or T for all logits) */
     int gather;               /* the rows are each sequence's last token, gathered from h */
     int32_t head_rows;        /* rows of logits computed inside (the first chunk; 0: none) */
+    int seq;                  /* sequence-parallel (tp.h): the residual stream split by rows */
+    tp_seq sq;                /* with seq: this rank's rows */
 } step_call;
-
-/* out[T, N] = epilogue(x[T, K] · wᵀ) for a weight in either storage: the backend's dtype (gemm) or
- * a block format (gemm_q). */
-static nopad_status linear(nopad_backend *be, void *out, const void *x, const void *w, nopad_weight_format format,
-                           const void *bias, int32_t T, int32_t K, int32_t N, nopad_epilogue epilogue,
-                           nopad_activation act) {
-    if (format == NOPAD_WEIGHT_DTYPE) return be->gemm(be, out, x, w, bias, NULL, T, K, N, epilogue, act);
-    return be->gemm_q(be, out, x, w, format, bias, NULL, T, K, N, epilogue, act, 0);
-}
 
 /* The LM head's float32 logits out32[T, N] = x[T, K] · wᵀ, either storage. */
 static nopad_status linear_f32(nopad_backend *be, float *out32, const void *x, const void *w,
@@ -183,6 +179,27 @@ static nopad_status linear_f32(nopad_backend *be, float *out32, const void *x, c
  * embedding rows) made whole; nothing with tp 1. */
 static nopad_status tp_sum(nopad_backend *be, const tp_shard *tp, void *x, size_t n, comm_type t) {
     return tp->comm ? comm_all_reduce(tp->comm, be, x, n, t, COMM_SUM) : NOPAD_OK;
+}
+
+/* A column-split linear layer of the step (QKV, gate|up): out[T, N] from x[T, K], of which a
+ * sequence-parallel step's rank holds its rows only: the others' are gathered first. */
+static nopad_status column_linear(const step_call *c, void *out, void *x, const void *w, nopad_weight_format format,
+                                  const void *bias, int32_t K, int32_t N, nopad_epilogue epilogue,
+                                  nopad_activation act) {
+    if (c->seq) return tp_ag_linear(c->be, &c->w->tp, &c->sq, out, x, w, format, bias, c->n_tokens, K, N, epilogue, act);
+    return tp_linear(c->be, out, x, w, format, bias, c->n_tokens, K, N, epilogue, act);
+}
+
+/* A row-split linear layer of the step (O, down): out[T, H] = x[T, K] · wᵀ summed over the ranks,
+ * every row on every rank (the all-reduce), or a sequence-parallel step's rank's rows. */
+static nopad_status row_linear(const step_call *c, void *out, const void *x, const void *w, nopad_weight_format format,
+                               const void *bias, int32_t K) {
+    nopad_backend *be = c->be;
+    const int32_t T = c->n_tokens, H = c->cfg->hidden_size;
+    const nopad_epilogue epilogue = bias ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE;
+    if (c->seq) return tp_linear_rs(be, &c->w->tp, &c->sq, out, x, w, format, bias, T, K, H, epilogue, NOPAD_ACT_GELU);
+    TRY(tp_linear(be, out, x, w, format, bias, T, K, H, epilogue, NOPAD_ACT_GELU));
+    return tp_sum(be, &c->w->tp, out, (size_t)T * H, comm_type_of(be->dtype));
 }
 
 /* With tensor parallelism, the rank's part of the LM head for rows xn[n, hidden]: the columns of
@@ -239,9 +256,11 @@ static nopad_status lm_head(nopad_backend *be, const model_config *cfg, const de
 
 /* embed .. layers .. final norm, and the first chunk of the LM head: only ops, on buffers that
  * stay put, so that a decode step can be recorded once and replayed. With tensor parallelism the
- * heads, intermediate columns and vocabulary rows are this rank's (model/tp.h), and three sums
- * make the residual stream whole on every rank: after the embedding, and after each layer's O
- * and down projections. */
+ * heads, intermediate columns and vocabulary rows are this rank's (model/tp.h), and sums make the
+ * residual stream whole on every rank: after the embedding, and after each layer's O and down
+ * projections. A sequence-parallel step (c->seq) reduce-scatters there instead: each rank adds and
+ * norms its block of rows, which the next column-split GEMM gathers, and the stream is gathered
+ * whole after the last layer for the final norm and the LM head, which run as without it. */
 static nopad_status step_forward(void *ctx) {
     const step_call *c = ctx;
     nopad_backend *be = c->be;
@@ -253,7 +272,12 @@ static nopad_status step_forward(void *ctx) {
                   kvh = tp->kv_heads, F = tp->ffn, V = cfg->vocab_size;
     const int llama = cfg->family == FAMILY_LLAMA, rms = cfg->norm == NORM_RMSNORM;
     const float eps = cfg->layer_norm_eps;
-    const comm_type dt = comm_type_of(be->dtype);
+    const size_t es = nopad_dtype_size(be->dtype);
+    /* the rows this rank adds and norms: all T, or a sequence-parallel step's block (at their own
+     * places in h, xn and tmp) */
+    const int32_t r0 = c->seq ? c->sq.row0 : 0, nr = c->seq ? c->sq.rows : T;
+    float *h_own = s->h + (size_t)r0 * H;
+    void *xn_own = (char *)s->xn + (size_t)r0 * H * es, *tmp_own = (char *)s->tmp + (size_t)r0 * H * es;
     /* GPT-2's learned positions join the sum once: rank 0 adds them */
     if (w->tok_emb_format == NOPAD_WEIGHT_DTYPE)
         TRY(be->embed_tokens(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, tp->vocab0,
@@ -263,18 +287,21 @@ static nopad_status step_forward(void *ctx) {
         TRY(be->embed_tokens_q(be, s->h, c->d_tokens, s->feed, llama ? NULL : c->d_pos, T, V, tp->vocab0,
                                tp->vocab_rows, cfg->max_position_embeddings, w->tok_emb, w->tok_emb_format,
                                tp->rank == 0 ? w->pos_emb : NULL, H));
-    TRY(tp_sum(be, tp, s->h, (size_t)T * H, COMM_F32));
+    if (c->seq) /* every rank's rows summed into their owner's block */
+        TRY(comm_reduce_scatter(tp->comm, be, h_own, s->h, (size_t)c->sq.chunk * H, COMM_F32, COMM_SUM));
+    else
+        TRY(tp_sum(be, tp, s->h, (size_t)T * H, COMM_F32));
     const int32_t qkv_dim = (nh + 2 * kvh) * D;
     /* decode (one new token a sequence): RoPE and the KV store inside the attention, where the
      * backend fuses them */
     const int decode_fused = be->attention_paged_rope && c->kv.max_q == 1 && c->kv.n_tokens == c->kv.n_seqs;
     const float scale = 1.0f / sqrtf((float)D);
     /* a sub-layer's output joins h32 in the same pass that norms the next sub-layer's input */
-    TRY(be->norm(be, s->xn, s->h, w->layers[0].norm1_w, w->layers[0].norm1_b, eps, T, H, rms));
+    if (nr > 0) TRY(be->norm(be, xn_own, h_own, w->layers[0].norm1_w, w->layers[0].norm1_b, eps, nr, H, rms));
     for (int32_t l = 0; l < cfg->num_layers; l++) {
         const decoder_layer *L = &w->layers[l];
-        TRY(linear(be, s->qkv, s->xn, L->qkv_w, L->qkv_format, L->qkv_b, T, H, qkv_dim,
-                   L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
+        TRY(column_linear(c, s->qkv, s->xn, L->qkv_w, L->qkv_format, L->qkv_b, H, qkv_dim,
+                          L->qkv_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
         if (decode_fused) {
             TRY(be->attention_paged_rope(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
                                          kvh, D, scale, llama ? w->inv_freq : NULL));
@@ -284,33 +311,34 @@ static nopad_status step_forward(void *ctx) {
             TRY(be->attention_paged(be, s->attn, s->qkv, s->k_cache[l], s->v_cache[l], &c->kv, nh,
                                     kvh, D, scale));
         }
-        TRY(linear(be, s->tmp, s->attn, L->o_w, L->o_format, L->o_b, T, nh * D, H,
-                   L->o_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        TRY(tp_sum(be, tp, s->tmp, (size_t)T * H, dt));
-        TRY(be->add_norm(be, s->xn, s->h, s->tmp, L->norm2_w, L->norm2_b, eps, T, H, rms));
+        TRY(row_linear(c, s->tmp, s->attn, L->o_w, L->o_format, L->o_b, nh * D));
+        if (nr > 0) TRY(be->add_norm(be, xn_own, h_own, tmp_own, L->norm2_w, L->norm2_b, eps, nr, H, rms));
         if (llama) {
-            if (be->gemm_swiglu && L->up_format == NOPAD_WEIGHT_DTYPE) {
+            /* the fused gate|up + SwiGLU GEMM has no gathering form: a sequence-parallel step runs
+             * the two */
+            if (be->gemm_swiglu && L->up_format == NOPAD_WEIGHT_DTYPE && !c->seq) {
                 TRY(be->gemm_swiglu(be, s->act, s->mlp, s->xn, L->up_w, T, H, F));
             } else {
-                TRY(linear(be, s->mlp, s->xn, L->up_w, L->up_format, NULL, T, H, 2 * F, NOPAD_EPILOGUE_NONE,
-                           NOPAD_ACT_GELU));
+                TRY(column_linear(c, s->mlp, s->xn, L->up_w, L->up_format, NULL, H, 2 * F, NOPAD_EPILOGUE_NONE,
+                                  NOPAD_ACT_GELU));
                 TRY(be->swiglu(be, s->act, s->mlp, T, F));
             }
         } else {
-            TRY(linear(be, s->act, s->xn, L->up_w, L->up_format, L->up_b, T, H, F, NOPAD_EPILOGUE_BIAS_ACT,
-                       cfg->activation));
+            TRY(column_linear(c, s->act, s->xn, L->up_w, L->up_format, L->up_b, H, F, NOPAD_EPILOGUE_BIAS_ACT,
+                              cfg->activation));
         }
-        TRY(linear(be, s->tmp, s->act, L->down_w, L->down_format, L->down_b, T, F, H,
-                   L->down_b ? NOPAD_EPILOGUE_BIAS : NOPAD_EPILOGUE_NONE, NOPAD_ACT_GELU));
-        TRY(tp_sum(be, tp, s->tmp, (size_t)T * H, dt));
+        TRY(row_linear(c, s->tmp, s->act, L->down_w, L->down_format, L->down_b, F));
+        if (nr == 0) continue;
         if (l + 1 < cfg->num_layers) {
             const decoder_layer *next = &w->layers[l + 1];
-            TRY(be->add_norm(be, s->xn, s->h, s->tmp, next->norm1_w, next->norm1_b, eps, T, H, rms));
+            TRY(be->add_norm(be, xn_own, h_own, tmp_own, next->norm1_w, next->norm1_b, eps, nr, H, rms));
         } else {
-            TRY(be->residual_add(be, s->h, s->tmp, T, H)); /* the final norm reads only the rows asked */
+            TRY(be->residual_add(be, h_own, tmp_own, nr, H)); /* the final norm reads only the rows asked */
         }
     }
     if (c->n_rows == 0) return NOPAD_OK;
+    if (c->seq) /* the stream whole again: the rows asked may be any rank's */
+        TRY(comm_all_gather(tp->comm, be, s->h, h_own, (size_t)c->sq.chunk * H, COMM_F32));
     const float *src = s->h;
     if (c->gather) {
         TRY(be->gather_rows(be, s->last, s->h, c->d_rows, c->n_rows, H));
@@ -519,6 +547,9 @@ nopad_status decoder_forward_launch(nopad_backend *be, const model_config *cfg, 
     /* the first chunk of the LM head (with tensor parallelism the rank's part, tp_head_part; the
      * greedy triples and the logits are gathered with the output, as it needs them) */
     call.head_rows = call.n_rows < s->logit_rows ? call.n_rows : s->logit_rows;
+    /* sequence parallelism for prompt steps of enough rows (tp.h); decode steps, few rows and
+     * recorded in CUDA graphs, keep the all-reduces */
+    call.seq = !decode_only && tp_seq_plan(&w->tp, T, &call.sq);
     if (recorded) {
         /* tagged -1 / -2: the encoder's keys end in 0 */
         const int64_t key[4] = {Bp, width, call.n_rows, -1 - no_history};

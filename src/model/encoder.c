@@ -3,7 +3,9 @@
  * Every tensor is packed [T, ...]; only the attention op looks at sequence boundaries.
  * Under tensor parallelism a rank runs its heads and intermediate columns (Hl, Il: encoder.h);
  * the two products over them, attn·Woᵀ and ffn·W2ᵀ, are partial sums that one all-reduce each
- * makes whole before the LayerNorm. */
+ * makes whole before the LayerNorm. A sequence-parallel forward (model/tp.h) reduce-scatters them
+ * instead, each rank LayerNorms its block of rows, and the next column-split GEMM (FFN-in, the next
+ * layer's QKV) gathers the blocks first. */
 #include <math.h>
 #include <string.h>
 
@@ -20,7 +22,7 @@
 void encoder_workspace_free(nopad_backend *be, encoder_workspace *ws) {
     void *bufs[] = {ws->hidden, ws->embed,  ws->qkv,    ws->context, ws->attn,
                     ws->ffn,    ws->pooled, ws->tokens, ws->types,   ws->cu_seqlens,
-                    ws->head,   ws->logits};
+                    ws->head,   ws->logits, ws->seq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(be, bufs[i]);
     const uint32_t generation = ws->generation + 1; /* the buffers are gone: graphs naming them too */
@@ -53,7 +55,10 @@ nopad_status encoder_workspace_reserve(nopad_backend *be, const model_config *cf
     if (E != H) ALLOC(embed, T * E * es);
     ALLOC(qkv, T * 3 * Hl * es);
     ALLOC(context, T * Hl * es);
-    ALLOC(attn, T * H * es);
+    /* a sequence-parallel forward's padded chunks (tp.h): size · ceil(T / size) <= T + size - 1 rows */
+    const size_t Tseq = tp && tp->seq_min_tokens > 0 ? T + (size_t)tp->size - 1 : 0;
+    ALLOC(attn, (Tseq ? Tseq : T) * H * es);
+    if (Tseq) ALLOC(seq, Tseq * H * es);
     ALLOC(ffn, T * Il * es);
     ALLOC(pooled, B * H * es);
     if (cfg->head.present) {
@@ -93,6 +98,11 @@ nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const en
     const int32_t heads = w->tp.heads, Hl = heads * cfg->head_size, Il = w->tp.ffn;
     const comm_type elem = comm_type_of(be->dtype);
     const float eps = cfg->layer_norm_eps;
+    // sequence parallelism: this rank LayerNorms rows [row0, row0 + rows) only (all T without it)
+    tp_seq sq;
+    const int seq = tp_seq_plan(&w->tp, T, &sq);
+    const size_t own = seq ? (size_t)sq.row0 * H * nopad_dtype_size(be->dtype) : 0;
+    const int32_t nr = seq ? sq.rows : T;
     // DeBERTa scales by 1/sqrt(d · (1 + its number of relative terms)), every other family 1/sqrt(d)
     const int32_t scale_factor = cfg->attention_scale_factor > 0 ? cfg->attention_scale_factor : 1;
     const float scale = 1.0f / sqrtf((float)cfg->head_size * (float)scale_factor);
@@ -105,11 +115,18 @@ nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const en
         TRY(be->gemm(be, hidden, ws->embed, w->embed_proj_weight, w->embed_proj_bias, NULL, T,
                        E, H, NOPAD_EPILOGUE_BIAS, cfg->activation));
 
+    // x[T, H], the residual stream: `hidden`, whole on every rank; a sequence-parallel forward keeps
+    // it in ws->seq after the first layer (each rank's rows), and gathers it into hidden at the end
+    void *x = hidden;
     for (int step = 0; step < w->n_steps; step++) {
         const encoder_layer *L = w->schedule[step];
         // qkv[T, 3Hl] = x · Wqkvᵀ + bqkv
-        TRY(be->gemm(be, ws->qkv, hidden, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * Hl,
-                       NOPAD_EPILOGUE_BIAS, cfg->activation));
+        if (x != hidden)
+            TRY(tp_ag_linear(be, &w->tp, &sq, ws->qkv, x, L->qkv_weight, NOPAD_WEIGHT_DTYPE, L->qkv_bias, T, H,
+                             3 * Hl, NOPAD_EPILOGUE_BIAS, cfg->activation));
+        else
+            TRY(be->gemm(be, ws->qkv, x, L->qkv_weight, L->qkv_bias, NULL, T, H, 3 * Hl,
+                           NOPAD_EPILOGUE_BIAS, cfg->activation));
         // context[T, Hl] = softmax(q·kᵀ·scale)·v per sequence and head; DeBERTa adds its
         // relative terms q·pos_keyᵀ and k·pos_queryᵀ to the scores
         if (L->rel_pos_key || L->rel_pos_query)
@@ -119,21 +136,42 @@ nopad_status encoder_layers(nopad_backend *be, const model_config *cfg, const en
             TRY(be->attention(be, ws->context, ws->qkv, seqs, heads, cfg->head_size,
                               scale, 0));
         // x1[T, H] = LN(x + context · Woᵀ + bo), the product summed over the ranks' heads
-        void *x1 = ws->attn;
-        TRY(be->gemm(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, Hl, H,
-                       NOPAD_EPILOGUE_NONE, cfg->activation));
-        if (w->tp.comm) TRY(comm_all_reduce(w->tp.comm, be, x1, (size_t)T * H, elem, COMM_SUM));
-        TRY(be->layernorm(be, x1, L->attn_out_bias, hidden, L->attn_ln_weight,
-                                        L->attn_ln_bias, eps, T, H));
+        char *x1 = ws->attn;
+        if (seq) {
+            TRY(tp_linear_rs(be, &w->tp, &sq, x1, ws->context, L->attn_out_weight, NOPAD_WEIGHT_DTYPE, NULL, T,
+                             Hl, H, NOPAD_EPILOGUE_NONE, cfg->activation));
+        } else {
+            TRY(be->gemm(be, x1, ws->context, L->attn_out_weight, NULL, NULL, T, Hl, H,
+                           NOPAD_EPILOGUE_NONE, cfg->activation));
+            if (w->tp.comm) TRY(comm_all_reduce(w->tp.comm, be, x1, (size_t)T * H, elem, COMM_SUM));
+        }
+        if (nr > 0)
+            TRY(be->layernorm(be, x1 + own, L->attn_out_bias, (char *)x + own, L->attn_ln_weight,
+                              L->attn_ln_bias, eps, nr, H));
         // ffn[T, Il] = act(x1 · W1ᵀ + b1)
-        TRY(be->gemm(be, ws->ffn, x1, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, Il,
-                       NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
+        if (seq)
+            TRY(tp_ag_linear(be, &w->tp, &sq, ws->ffn, x1, L->ffn_in_weight, NOPAD_WEIGHT_DTYPE, L->ffn_in_bias, T,
+                             H, Il, NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
+        else
+            TRY(be->gemm(be, ws->ffn, x1, L->ffn_in_weight, L->ffn_in_bias, NULL, T, H, Il,
+                           NOPAD_EPILOGUE_BIAS_ACT, cfg->activation));
         // x[T, H] = LN(x1 + ffn · W2ᵀ + b2), the product summed over the ranks' columns
-        TRY(be->gemm(be, hidden, ws->ffn, L->ffn_out_weight, NULL, NULL, T, Il, H,
-                       NOPAD_EPILOGUE_NONE, cfg->activation));
-        if (w->tp.comm) TRY(comm_all_reduce(w->tp.comm, be, hidden, (size_t)T * H, elem, COMM_SUM));
-        TRY(be->layernorm(be, hidden, L->ffn_out_bias, x1, L->ffn_ln_weight,
-                                        L->ffn_ln_bias, eps, T, H));
+        if (seq) {
+            x = ws->seq; /* the old x is spent: x1 carries the stream */
+            TRY(tp_linear_rs(be, &w->tp, &sq, x, ws->ffn, L->ffn_out_weight, NOPAD_WEIGHT_DTYPE, NULL, T, Il, H,
+                             NOPAD_EPILOGUE_NONE, cfg->activation));
+        } else {
+            TRY(be->gemm(be, x, ws->ffn, L->ffn_out_weight, NULL, NULL, T, Il, H,
+                           NOPAD_EPILOGUE_NONE, cfg->activation));
+            if (w->tp.comm) TRY(comm_all_reduce(w->tp.comm, be, x, (size_t)T * H, elem, COMM_SUM));
+        }
+        if (nr > 0)
+            TRY(be->layernorm(be, (char *)x + own, L->ffn_out_bias, x1 + own, L->ffn_ln_weight,
+                              L->ffn_ln_bias, eps, nr, H));
+    }
+    if (x != hidden) { // the ranks' rows of the last hidden states, gathered whole
+        TRY(comm_all_gather(w->tp.comm, be, x, (char *)x + own, (size_t)sq.chunk * H, elem));
+        TRY(be->copy(be, hidden, x, (size_t)T * H * nopad_dtype_size(be->dtype)));
     }
     return NOPAD_OK;
 }

@@ -78,7 +78,8 @@ typedef struct encoder_workspace {
     void *embed;       // [T, E] ALBERT only
     void *qkv;         // [T, 3Hl]
     void *context;     // [T, Hl] attention output of this rank's heads
-    void *attn;        // [T, H] x1 (encoder.c)
+    void *attn;        // [T, H] x1 (encoder.c); T + tp - 1 rows where sequence parallelism may run
+    void *seq;         // [T + tp - 1, H] a sequence-parallel forward's residual stream (NULL: none)
     void *ffn;         // [T, Il]
     void *pooled;      // [B, H]
     void *head;        // [B, H] the classification head's pooled rows (models with a head)

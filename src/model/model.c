@@ -77,6 +77,10 @@ static nopad_status create_backend(nopad_model *m) {
     }
     if (st == NOPAD_OK)
         st = tp_shard_plan(&m->cfg, m->comm, m->comm ? comm_rank(m->comm) : 0, tp, &m->tp);
+    /* rank 0's choice of sequence parallelism (NOPAD_TP_SEQUENCE_PARALLEL) for every rank: ranks
+     * that chose apart would meet in different collectives */
+    if (st == NOPAD_OK && m->comm)
+        st = comm_host_broadcast(m->comm, &m->tp.seq_min_tokens, sizeof m->tp.seq_min_tokens, 0);
     if (st == NOPAD_OK) st = context_create_backend(&m->params, m->params.cuda_stream, &m->be);
     if (st == NOPAD_OK && m->comm) st = comm_attach(m->comm, m->be);
     return st;

@@ -62,6 +62,7 @@ nopad_status tp_shard_plan(const model_config *cfg, nopad_comm *comm, int32_t ra
     out->vocab0 = rank * out->vocab_stride;
     const int32_t left = V - out->vocab0;
     out->vocab_rows = left < 0 ? 0 : left < out->vocab_stride ? left : out->vocab_stride;
+    out->seq_min_tokens = comm && knob_int(KNOB_TP_SEQUENCE_PARALLEL) ? size : 0;
     return NOPAD_OK;
 }
 

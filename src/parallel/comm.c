@@ -144,30 +144,10 @@ static uint16_t f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
-/* inout[i] = op(in[i], inout[i]) over 2-byte halves, in float32, rounded back. */
-#define HALF_OP(name, to_f32, from_f32, expr)                                                      \
-    static void name(void *in, void *inout, int *len, MPI_Datatype *type) {                        \
-        (void)type;                                                                                \
-        const uint16_t *a = in;                                                                    \
-        uint16_t *b = inout;                                                                       \
-        for (int i = 0; i < *len; i++) {                                                           \
-            const float x = to_f32(a[i]), y = to_f32(b[i]);                                        \
-            b[i] = from_f32(expr);                                                                 \
-        }                                                                                          \
-    }
-HALF_OP(f16_sum, f16_to_f32, f32_to_f16, x + y)
-HALF_OP(f16_max, f16_to_f32, f32_to_f16, fmaxf(x, y))
-HALF_OP(f16_min, f16_to_f32, f32_to_f16, fminf(x, y))
-HALF_OP(bf16_sum, bf16_to_f32, f32_to_bf16, x + y)
-HALF_OP(bf16_max, bf16_to_f32, f32_to_bf16, fmaxf(x, y))
-HALF_OP(bf16_min, bf16_to_f32, f32_to_bf16, fminf(x, y))
-#undef HALF_OP
-
 /* MPI's part of the process: started once (unless the caller started it), finalised at exit. */
 static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_ready;
 static MPI_Datatype mpi_f16, mpi_bf16;
-static MPI_Op mpi_half_ops[2][3]; /* [bf16?][comm_reduce] */
 
 /* MPI_Finalize waits for every rank to finalise: a rank that leaves on an error while the others
  * wait for it in a collective would hang the job. So a failing exit aborts the world instead, and
@@ -211,7 +191,7 @@ static nopad_status mpi_error(int rc, const char *op, const nopad_comm *c) {
 }
 
 /* MPI initialised (thread level MPI_THREAD_MULTIPLE: the engine's thread and the caller's may both
- * run collectives on communicators of their own), with our half types and reductions. */
+ * run collectives on communicators of their own), with our half types. */
 static nopad_status mpi_start(void) {
     pthread_mutex_lock(&mpi_lock);
     nopad_status st = NOPAD_OK;
@@ -236,9 +216,6 @@ static nopad_status mpi_start(void) {
     MPI_Type_commit(&mpi_f16);
     MPI_Type_contiguous(2, MPI_BYTE, &mpi_bf16);
     MPI_Type_commit(&mpi_bf16);
-    MPI_User_function *const fns[2][3] = {{f16_sum, f16_max, f16_min}, {bf16_sum, bf16_max, bf16_min}};
-    for (int b = 0; b < 2; b++)
-        for (int r = 0; r < 3; r++) MPI_Op_create(fns[b][r], 1, &mpi_half_ops[b][r]);
     mpi_ready = 1;
 done:
     pthread_mutex_unlock(&mpi_lock);
@@ -255,11 +232,6 @@ static MPI_Datatype mpi_type(comm_type t) {
     case COMM_BYTE: break;
     }
     return MPI_BYTE;
-}
-
-static MPI_Op mpi_op(comm_type t, comm_reduce op) {
-    if (t == COMM_F16 || t == COMM_BF16) return mpi_half_ops[t == COMM_BF16][op];
-    return op == COMM_MAX ? MPI_MAX : op == COMM_MIN ? MPI_MIN : MPI_SUM;
 }
 
 static int uses_mpi(const nopad_comm *c) { return c->mpi != MPI_COMM_NULL; }
@@ -815,6 +787,30 @@ static nopad_status mpi_all_reduce(nopad_comm *c, void *buf, size_t count, comm_
     if (!c->abandoned) free(all);
     return st;
 }
+
+/* The host reduce-scatter: every rank's part of this rank's block exchanged (an all-to-all), then
+ * reduced here as mpi_all_reduce reduces (reduce_parts, floats in double, rounded once): a block
+ * gets the bits the all-reduce gives those elements, so a residual stream split by rows
+ * (sequence parallelism, model/tp.h) equals the replicated one's. recv may be send + rank · count
+ * (in place): send is read whole into the exchange before recv is written. The exchange holds
+ * size · count elements, as many as send. */
+static nopad_status mpi_reduce_scatter(nopad_comm *c, void *recv, const void *send, size_t count, comm_type t,
+                                       comm_reduce op) {
+    const char *name = "comm_reduce_scatter";
+    int n = 0;
+    nopad_status st = int_count(c, name, count, &n);
+    if (st != NOPAD_OK) return st;
+    void *all = malloc((size_t)c->size * count * comm_type_size(t));
+    if (!all) return nopad_set_error(NOPAD_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
+    MPI_Request req;
+    if ((st = mpi_begin(c, name)) == NOPAD_OK) {
+        const int rc = MPI_Ialltoall(send, n, mpi_type(t), all, n, mpi_type(t), c->mpi, &req);
+        st = mpi_finish(c, rc, &req, "comm_reduce_scatter: MPI_Ialltoall");
+    }
+    if (st == NOPAD_OK) reduce_parts(all, c->size, count, t, op, recv);
+    if (!c->abandoned) free(all);
+    return st;
+}
 #endif
 
 /* ---- collectives ------------------------------------------------------------------------------- */
@@ -904,14 +900,7 @@ nopad_status comm_reduce_scatter(nopad_comm *c, nopad_backend *be, void *recv, c
     case ROUTE_NCCL: return comm_nccl_reduce_scatter(c->nccl, be, recv, send, count, t, op);
 #endif
 #ifdef NOPAD_HAVE_MPI
-    case ROUTE_MPI: {
-        int n = 0;
-        if ((st = int_count(c, name, count, &n)) != NOPAD_OK) return st;
-        if ((st = mpi_begin(c, name)) != NOPAD_OK) return st;
-        MPI_Request req;
-        const int rc = MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(t, op), c->mpi, &req);
-        return mpi_finish(c, rc, &req, "comm_reduce_scatter: MPI_Ireduce_scatter_block");
-    }
+    case ROUTE_MPI: return mpi_reduce_scatter(c, recv, send, count, t, op);
 #endif
     default: break;
     }

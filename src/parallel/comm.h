@@ -89,7 +89,9 @@ nopad_status comm_join(nopad_comm *c, nopad_backend *be);
 /* recv[size · count] = rank 0's send[count] | rank 1's | ...; send may be recv + rank · count. */
 nopad_status comm_all_gather(nopad_comm *c, nopad_backend *be, void *recv, const void *send, size_t count,
                              comm_type t);
-/* recv[count] = reduce over ranks of their send[rank · count .. (rank + 1) · count). */
+/* recv[count] = reduce over ranks of their send[rank · count .. (rank + 1) · count); recv may be
+ * send + rank · count. On host memory floats are summed as comm_all_reduce sums them (in double,
+ * rounded once): the same bits as the all-reduce gives those elements. */
 nopad_status comm_reduce_scatter(nopad_comm *c, nopad_backend *be, void *recv, const void *send,
                                  size_t count, comm_type t, comm_reduce op);
 /* buf[count] = root's buf[count]. */

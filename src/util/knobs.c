@@ -67,6 +67,13 @@ static const knob_def KNOBS[KNOB_COUNT] = {
     [KNOB_COMM_TIMEOUT] = {"NOPAD_COMM_TIMEOUT", KIND_FLOAT, 30, NULL,
                            "seconds an NCCL collective may stay incomplete before the watchdog aborts the "
                            "communicator (a dead or stuck peer)"},
+    /* off by default: on the CPU the split gains nothing (the same bytes move, in two collectives
+     * instead of one), and on CUDA it is to pay once the fused AllGather / ReduceScatter GEMMs are
+     * wired in (model/tp_seq.c); until then a test and measurement switch */
+    [KNOB_TP_SEQUENCE_PARALLEL] = {"NOPAD_TP_SEQUENCE_PARALLEL", KIND_SWITCH, 0, NULL,
+                                   "1 = a split model's forwards of at least tp rows (not decode steps) run "
+                                   "sequence-parallel: the residual stream split by rows, reduce-scatter and "
+                                   "all-gather in place of each all-reduce"},
 };
 
 static double values[KNOB_COUNT]; /* each knob's value, parsed as its kind says */

@@ -30,6 +30,7 @@ typedef enum knob_id {
     KNOB_FMHA_RESCALE,        /* float */
     KNOB_COMM_FORCE,          /* int: 1 = a world of one still goes through MPI and NCCL */
     KNOB_COMM_TIMEOUT,        /* float: seconds before the NCCL watchdog aborts a collective */
+    KNOB_TP_SEQUENCE_PARALLEL,/* switch: forwards of >= tp rows split the residual stream by rows */
     KNOB_COUNT
 } knob_id;
 
